@@ -1,0 +1,7 @@
+"""``python -m lagom_megatron`` is the ``lagom`` command."""
+
+import sys
+
+from lagom_megatron.cli import main
+
+sys.exit(main())

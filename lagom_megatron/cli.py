@@ -1,0 +1,75 @@
+"""The ``lagom`` command: a thin dispatcher over the subcommand modules in ``commands/``.
+
+Each subcommand lives in its own module ``lagom_megatron.commands.<name>`` that defines
+``add_arguments(parser)`` and ``run(args) -> int``. A subcommand module imports torch, Megatron
+or anything heavy inside ``run`` only, so that ``lagom --help`` stays fast and works without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from lagom_megatron import __version__
+
+# subcommand -> (module under lagom_megatron.commands, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "search": ("search", "search a plan from a profile file"),
+    "plan": ("plan", "show, diff, validate or export plan files"),
+    "bench": ("bench", "benchmarks: search scaling, simulated cluster comparison"),
+    "simulate": ("simulate", "run profile -> fit -> search -> apply -> verify on a simulated GPU cluster"),
+    "doctor": ("doctor", "pre-flight checks of a preset or command line and the environment"),
+    "build-tuner": ("build_tuner", "build the NCCL tuner plugin shared library"),
+}
+
+
+def _load(module: str):
+    return importlib.import_module(f"lagom_megatron.commands.{module}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Builds the top-level parser; subcommand modules add their own arguments lazily.
+
+    Returns:
+        The parser. Subcommands whose module is missing are left out.
+    """
+    parser = argparse.ArgumentParser(
+        prog="lagom",
+        description="Lagom for Megatron-Core: per-collective NCCL configurations for overlapped communication.",
+    )
+    parser.add_argument("--version", action="version", version=f"lagom-megatron {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        try:
+            mod = _load(module)
+        except ModuleNotFoundError as exc:
+            if exc.name == f"lagom_megatron.commands.{module}":
+                continue
+            raise
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``lagom`` console script.
+
+    Returns:
+        The process exit code: 0 on success, 2 on bad input (the error is printed on one line).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"lagom {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

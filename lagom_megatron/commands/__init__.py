@@ -1,0 +1,1 @@
+"""Subcommands of the ``lagom`` command, one module each (see ``lagom_megatron.cli``)."""

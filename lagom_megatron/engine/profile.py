@@ -1,0 +1,215 @@
+"""Profile files: what the warm-up profiler (or the simulator) measured, and what the search reads.
+
+This is the contract between measurement and search. The warm-up profiler in
+``lagom_megatron.integration`` and the simulated backend both write a ``Profile``; ``lagom
+search --profile P`` reads it. The search sees nothing else of the system it tunes.
+
+One ``Sample`` is one overlap region measured once under one ``CommConfig``:
+
+    t_comm_us   start -> end of the collective (all calls of the site in that iteration, summed)
+    t_comp_us   the compute of the region alone, with no collective beside it
+    t_region_us start of the collective -> end of both the collective and the overlapped compute
+
+so that the unified cost model (DESIGN.md section 3) can fit T_comm(x) from ``t_comm_us`` and the
+slowdown s(x) from ``t_region_us`` against ``t_comp_us``. Times are microseconds; a region's time
+is the slowest rank's (the profiler all-gathers before writing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from lagom_megatron.engine.knobs import CommConfig
+
+PROFILE_SCHEMA_VERSION = 1
+
+Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast"]
+OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
+Backend = Literal["nccl", "gloo", "sim"]
+BACKENDS: tuple[str, ...] = ("nccl", "gloo", "sim")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CollectiveSite:
+    """One place in Megatron-Core that issues an overlapped collective (DESIGN.md section 2).
+
+    ``site_id`` is stable across iterations and identical on every rank of ``group``, e.g.
+    ``dp.grad_reduce_scatter[chunk0.bucket3]``, ``tp.sp_all_gather[layer7.fc1]``, ``pp.send_next``.
+    ``nbytes`` is the full message size in bytes of one call: for all-gather the gathered output,
+    for reduce-scatter the unscattered input, for all-reduce the buffer, for send/recv the tensor.
+    """
+
+    site_id: str
+    op: str
+    nbytes: int
+    dtype: str
+    group: str
+    """Megatron process-group name: dp, dp_cp, tp, pp, ep, cp, ..."""
+    group_size: int
+    n_nodes: int = 1
+    """Nodes spanned by the group (1 = intra-node only)."""
+    calls_per_iter: int = 1
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"site {self.site_id!r}: op must be one of {list(OPS)}; got {self.op!r}")
+        if self.nbytes < 0:
+            raise ValueError(f"site {self.site_id!r}: nbytes must be >= 0; got {self.nbytes}")
+        if self.group_size < 1 or self.n_nodes < 1 or self.calls_per_iter < 1:
+            raise ValueError(
+                f"site {self.site_id!r}: group_size ({self.group_size}), n_nodes ({self.n_nodes}) and "
+                f"calls_per_iter ({self.calls_per_iter}) must all be >= 1"
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sample:
+    """One measurement of one overlap region under one config (microseconds)."""
+
+    site_id: str
+    config: CommConfig
+    t_comm_us: float
+    t_comp_us: float
+    t_region_us: float
+    iteration: int = 0
+
+
+@dataclass(kw_only=True, slots=True)
+class Profile:
+    """Everything the search needs: sites, measured samples, and the iteration they belong to."""
+
+    backend: str
+    """nccl, gloo or sim: selects the knob domains the search scans."""
+    cluster: str
+    """Name of a ClusterSpec under configs/clusters/ (or a path to one)."""
+    iteration_us: float
+    """Median measured iteration time under NCCL defaults, microseconds."""
+    sites: list[CollectiveSite]
+    samples: list[Sample]
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    """What was profiled: model dims, parallel layout, world size, cluster, NCCL and lagom versions."""
+    schema_version: int = PROFILE_SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "backend": self.backend,
+            "cluster": self.cluster,
+            "iteration_us": self.iteration_us,
+            "fingerprint": self.fingerprint,
+            "sites": [
+                {k: getattr(s, k) for k in CollectiveSite.__slots__} for s in self.sites
+            ],
+            "samples": [
+                {
+                    "site_id": s.site_id,
+                    "config": s.config.to_dict(),
+                    "t_comm_us": s.t_comm_us,
+                    "t_comp_us": s.t_comp_us,
+                    "t_region_us": s.t_region_us,
+                    "iteration": s.iteration,
+                }
+                for s in self.samples
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "<profile>") -> "Profile":
+        """Builds a profile from ``to_dict`` output.
+
+        Raises:
+            ValueError: wrong schema version, unknown backend, missing field, or a sample whose
+                site id is not among the sites (each message names ``source``).
+        """
+        try:
+            version = data["schema_version"]
+            if version != PROFILE_SCHEMA_VERSION:
+                raise ValueError(f"schema_version must be {PROFILE_SCHEMA_VERSION}; got {version!r}")
+            if data["backend"] not in BACKENDS:
+                raise ValueError(f"backend must be one of {list(BACKENDS)}; got {data['backend']!r}")
+            sites = [CollectiveSite(**s) for s in data["sites"]]
+            known = {s.site_id for s in sites}
+            samples = []
+            for s in data["samples"]:
+                if s["site_id"] not in known:
+                    raise ValueError(f"sample for unknown site {s['site_id']!r}")
+                samples.append(
+                    Sample(
+                        site_id=s["site_id"],
+                        config=CommConfig.from_dict(s["config"]),
+                        t_comm_us=float(s["t_comm_us"]),
+                        t_comp_us=float(s["t_comp_us"]),
+                        t_region_us=float(s["t_region_us"]),
+                        iteration=int(s.get("iteration", 0)),
+                    )
+                )
+            return cls(
+                backend=data["backend"],
+                cluster=data["cluster"],
+                iteration_us=float(data["iteration_us"]),
+                sites=sites,
+                samples=samples,
+                fingerprint=dict(data.get("fingerprint", {})),
+            )
+        except KeyError as exc:
+            raise ValueError(f"{source}: missing field {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: {exc}") from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the profile as JSON atomically (temporary file in the same folder + rename)."""
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Profile":
+        """Reads a profile file.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: not valid JSON (names the file, line and column) or not a valid profile.
+        """
+        return cls.from_dict(read_json(path), source=str(path))
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Writes ``data`` as indented JSON to ``path`` atomically: a reader never sees a partial file.
+
+    The temporary file is created in the target folder so that ``os.replace`` is a rename on one
+    file system; it is removed if writing fails.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Reads a JSON file.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: invalid JSON; the message names the file, line and column.
+    """
+    path = Path(path)
+    text = path.read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
