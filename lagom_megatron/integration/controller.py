@@ -146,6 +146,8 @@ class LagomController:
         from lagom_megatron.integration.sites import GroupNames, SiteRegistry
 
         args = ctx.args
+        if self.rank != 0:  # one copy of the tuner's warnings, not one per rank
+            logging.getLogger("lagom").setLevel(logging.ERROR)
         on_gpu = torch.cuda.is_available()
         self.backend = "nccl" if on_gpu else "gloo"
         cluster_name = self._resolve_cluster(on_gpu)
@@ -235,7 +237,10 @@ class LagomController:
     def on_iteration_start(self, iteration: int) -> None:
         """Applies this iteration's assignment and arms the profiler."""
         self.registry.start_iteration()
-        if self.mode == "tune":
+        if self.mode == "tune" and self.tuner.done:
+            self.router.set_assignment(self.tuner.assignment())
+            self.profiler.start_iteration(timed=False)
+        elif self.mode == "tune":
             step = self._step = self.tuner.start_iteration(iteration)
             self.router.set_assignment(step.assignment)
             timed = step.timed or step.kind in ("settle", "applied")

@@ -54,6 +54,11 @@ _GROUP_GETTERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 )
 
 
+# A group whose ranks equal those of the named group is called by that name (context parallel 1,
+# one distributed-optimizer instance): the collectives are then the plain data-parallel ones.
+_SAME_AS = {"dp_cp": "dp", "intra_dist_opt": "dp_cp"}
+
+
 def _group_ranks(group: Any) -> tuple[int, ...]:
     import torch.distributed as dist
 
@@ -115,6 +120,9 @@ class GroupNames:
         if id(group) in self._by_id:
             return self._by_id[id(group)]
         ranks = _group_ranks(group)
+        same = self._by_name.get(_SAME_AS.get(name, ""))
+        if same is not None and same.ranks == ranks:
+            name = same.name  # e.g. the dp_cp group of a run without context parallelism is dp
         info = GroupInfo(name=name, ranks=ranks, n_nodes=len({r // self.local_world_size for r in ranks}))
         self._by_id[id(group)] = info
         self._by_ranks.setdefault(ranks, info)
