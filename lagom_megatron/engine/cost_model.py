@@ -71,9 +71,9 @@ NCCL_BASE_LATENCY_US = 3.0
 """Kernel launch and setup of one NCCL call, microseconds."""
 PRIOR_A = 1.0
 PRIOR_B = 1.0
-RIDGE_COMM = 0.05
+RIDGE_COMM = 0.005
 """Pull of alpha, beta towards 1 relative to one sample's squared relative error."""
-RIDGE_SLOWDOWN = 0.1
+RIDGE_SLOWDOWN = 0.02
 
 
 def region_time_us(t_comm_us: Any, t_comp_us: Any, s: Any) -> Any:
