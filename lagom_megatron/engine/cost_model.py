@@ -31,6 +31,7 @@ shape works for the evaluation functions.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -74,6 +75,8 @@ PRIOR_B = 1.0
 RIDGE_COMM = 0.005
 """Pull of alpha, beta towards 1 relative to one sample's squared relative error."""
 RIDGE_SLOWDOWN = 0.02
+NOISE_REL = 0.02
+"""Relative timing noise assumed when weighting slowdown observations (2% of a region)."""
 
 
 def region_time_us(t_comm_us: Any, t_comp_us: Any, s: Any) -> Any:
@@ -306,17 +309,25 @@ class CostModel:
         """
         if not profile.sites:
             raise ValueError("profile has no collective sites to fit")
-        samples = [s for s in profile.samples if s.iteration > 0] or list(profile.samples)
+        usable = [s for s in profile.samples if math.isfinite(s.t_comm_us) and math.isfinite(s.t_region_us) and s.t_comm_us > 0]
+        samples = [s for s in usable if s.iteration > 0] or usable
         if len({s.site_id for s in samples}) < len(profile.sites):
-            samples = list(profile.samples)
+            samples = usable
         by_site: dict[str, list] = {s.site_id: [] for s in profile.sites}
         for smp in samples:
             by_site[smp.site_id].append(smp)
         missing = [k for k, v in by_site.items() if not v]
         if missing:
-            raise ValueError(f"profile has no sample for site(s) {missing[:5]}")
+            raise ValueError(f"profile has no usable sample (finite t_comm_us > 0 and t_region_us) for site(s) {missing[:5]}")
         backend = "gloo" if profile.backend == "gloo" else cluster.backend
-        t_comp = [float(np.median([s.t_comp_us for s in by_site[site.site_id]])) for site in profile.sites]
+        # T_comp: the compute measured alone (NaN in samples where it was not measured, e.g.
+        # iterations that did not serialise). A site never measured alone falls back to its
+        # shortest region, an upper bound (its slowdown is then not observable and stays prior).
+        t_comp = []
+        for site in profile.sites:
+            comp = [s.t_comp_us for s in by_site[site.site_id] if math.isfinite(s.t_comp_us)]
+            comp = comp or [s.t_comp_us for s in profile.samples if s.site_id == site.site_id and math.isfinite(s.t_comp_us)]
+            t_comp.append(float(np.median(comp)) if comp else min(s.t_region_us for s in by_site[site.site_id]))
         model = cls.from_priors(profile.sites, t_comp, cluster, backend=backend)
         # Flatten samples into arrays: j indexes samples.
         rows = [(i, smp) for i, site in enumerate(profile.sites) for smp in by_site[site.site_id]]
@@ -326,7 +337,7 @@ class CostModel:
         nc_J, nt_J, chunk_J = codes[:, 2], codes[:, 3], codes[:, 4]
         y_comm = np.array([max(smp.t_comm_us, 1e-6) for _, smp in rows])
         y_region = np.array([smp.t_region_us for _, smp in rows])
-        y_comp = np.array([smp.t_comp_us for _, smp in rows])
+        y_comp = model.t_comp_us_S[i_J]
         lat, xfer, ctas, wire, hbm_mult = model._prior_parts(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
         calls = model.calls_S[i_J]
         # T_comm: minimise sum((alpha f1 + beta f2 - y)/y)^2 + ridge ((alpha-1)^2 + (beta-1)^2).
@@ -335,12 +346,14 @@ class CostModel:
         # Slowdown: observed only where the compute branch is active (region longer than comm).
         r = (y_region - y_comp) / y_comm
         observed = (y_region > 1.01 * y_comm) & (r > 0)
-        r = np.clip(r, 0.0, 0.95)
+        r = np.clip(r, 0.0, 0.9)
         s_obs = r / (1.0 - r)
         g1 = ctas / model.cluster.sms_per_gpu
         g2 = hbm_mult * (wire * calls / y_comm) * 1e-3 / model.cluster.hbm_gbps
         w = observed.astype(float)
-        scale = np.maximum(s_obs, 0.02)
+        # Weight each point by how precisely it pins s: a timing error of NOISE_REL of the region
+        # moves r by NOISE_REL * region / T_comm and s by that / (1 - r)^2.
+        scale = NOISE_REL * (y_region / y_comm) / (1.0 - r) ** 2 + 0.05 * s_obs + 1e-3
         model.a_S, model.b_S = _ridge2(i_J, len(profile.sites), w * g1 / scale, w * g2 / scale, w * s_obs / scale,
                                        RIDGE_SLOWDOWN, PRIOR_A, PRIOR_B, lo=0.0,
                                        ref=(np.bincount(i_J, g1 / scale, len(profile.sites)), np.bincount(i_J, g2 / scale, len(profile.sites))))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -103,8 +104,23 @@ def test_fit_errors():
     problem = build()
     prof = profile_from(problem)
     prof.samples = [s for s in prof.samples if s.site_id != "tp.ag[0]"]
-    with pytest.raises(ValueError, match=r"no sample for site\(s\) \['tp.ag\[0\]'\]"):
+    with pytest.raises(ValueError, match=r"no usable sample .* for site\(s\) \['tp.ag\[0\]'\]"):
         CostModel.fit(prof, problem.cluster)
+    with pytest.raises(ValueError, match="profile has no collective sites"):
+        CostModel.fit(type(prof)(backend="nccl", cluster="h100-sxm-ib400", iteration_us=1.0, sites=[], samples=[]),
+                      problem.cluster)
+
+
+def test_fit_tolerates_unmeasured_compute_and_failed_samples():
+    # The tuner measures compute alone in one serialised iteration; other samples carry NaN.
+    truth = build(sites=[site()], comp_ratio=2.0)
+    prof = profile_from(truth)
+    nan = float("nan")
+    prof.samples = [prof.samples[0]] + [replace(s, t_comp_us=nan) for s in prof.samples[1:]]
+    prof.samples.append(replace(prof.samples[1], t_comm_us=nan, iteration=9))
+    fitted = CostModel.fit(prof, truth.cluster)
+    assert fitted.t_comp_us_S[0] == pytest.approx(truth.model.t_comp_us_S[0])
+    assert fitted.n_points == 4 and fitted.mape < 1.0
 
 
 def test_engine_imports_without_torch_or_megatron():
