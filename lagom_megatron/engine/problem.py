@@ -256,8 +256,7 @@ class SearchProblem:
                     backend=self.backend, mechanism=self.mechanism)
 
     def _config(self, i: int, st: State) -> CommConfig:
-        d = self.domains_S[i]
-        tun = {k: len(d[k]) > 1 for k in SEARCH_KNOBS}
+        tun = {k: self.tunable[k][i] for k in SEARCH_KNOBS}
         alg, proto = int(st.alg[i]), int(st.proto[i])
         lvl = int(st.lvl[i])
         chunk = None
