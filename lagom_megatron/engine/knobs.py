@@ -225,6 +225,8 @@ def algorithms_for(*, op: str, cluster: Any, n_nodes: int = 1, group_size: int =
             continue
         if alg == "NVLSTree" and n_nodes < 2:
             continue
+        if alg in ("NVLS", "NVLSTree") and group_size <= 2 * n_nodes:
+            continue  # two GPUs per NVLink domain: a direct copy, nothing for the switch to do (our rule)
         if alg == "NVLS" and n_nodes > 1 and op != "all_reduce":
             continue  # NVLS all-gather / reduce-scatter are modelled inside one NVLink domain only
         if alg.startswith("CollNet") and not (cluster.collnet and n_nodes > 1):
@@ -304,7 +306,7 @@ def validate_config(config: CommConfig, *, op: str, cluster: Any, mechanism: str
     """
     backend = cluster.backend if cluster is not None else "nccl"
     mech = mechanism or default_mechanism(backend)
-    group_size = group_size or max(2, n_nodes)
+    group_size = group_size or max(2, n_nodes * getattr(cluster, "gpus_per_node", 1))  # whole nodes
     c = config
     if backend == "gloo":
         for knob in ("algorithm", "protocol", "n_threads", "cta_policy", "cga_cluster_size"):
