@@ -136,6 +136,7 @@ def test_scopes_per_mechanism_and_nccl_version():
     assert knob_scope("n_channels", backend="gloo") == "communicator"
     assert knob_scope("chunk_size", backend="gloo") == "call"
     assert knob_scope("algorithm", backend="gloo") is None
+    assert [tuner_abi(v) for v in ((2, 18, 0), (2, 21, 5), (2, 22, 3), (2, 27, 5), (2, 28, 3), (2, 30, 7))] == [0, 2, 3, 4, 5, 6]
     with pytest.raises(ValueError, match="mechanism .* must be one of"):
         knob_scope("n_channels", backend="gloo", mechanism="tuner")
 
