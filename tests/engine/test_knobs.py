@@ -7,7 +7,7 @@ import pytest
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import (
     ALGORITHMS_FOR_OP, N_THREADS, CommConfig, applicable, domains, knob_scope, max_channels, probe_configs,
-    validate_config, validate_cta_range, validate_env,
+    tuner_abi, validate_config, validate_cta_range, validate_env,
 )
 
 CLUSTERS = ("h100-sxm-ib400", "a100-ib100", "h200-sxm", "cpu-gloo")
