@@ -141,6 +141,30 @@ class CostModel:
         self.max_channels = max_channels(c)
         if self.gamma_S is None:
             self.gamma_S = np.ones(len(sites))
+        self._static_tables()
+
+    def _static_tables(self) -> None:
+        """Per site and algorithm code: algorithm steps and wire bytes of one call (S x 8)."""
+        i = np.arange(len(self.sites))[:, None]
+        alg = np.arange(ALG_NONE + 1)[None, :]
+        op, n, nb, nodes = self.op_S[i], self.n_S[i], self.nbytes_S[i], self.nodes_S[i]
+        frac = (n - 1.0) / n
+        log2n = np.ceil(np.log2(np.maximum(n, 2.0)))
+        ring_steps = np.where(op == _AR, 2.0 * (n - 1.0), np.where(np.isin(op, [_SEND, _RECV]), 1.0, n - 1.0))
+        steps = np.select(
+            [alg == _TREE, alg == _NVLS, alg == _NVLSTREE, (alg == _CNDIRECT) | (alg == _CNCHAIN), alg == _PAT,
+             (alg == ALG_NONE) & (op == _A2A)],
+            [2.0 * log2n, np.where(op == _AR, 2.0, 1.0), 2.0 + 2.0 * np.log2(np.maximum(nodes, 1.0)), 4.0, log2n, 1.0 + log2n],
+            default=ring_steps,
+        )
+        wire_factor = np.select(
+            [op == _AR, np.isin(op, [_AG, _RS, _A2A])],
+            [np.where((alg == _NVLS) | (alg == _NVLSTREE), 1.5 * frac, np.where(alg >= _CNDIRECT, frac, 2.0 * frac)), frac],
+            default=1.0,
+        )
+        wire = wire_factor * nb
+        self.steps_SA = np.broadcast_to(steps, (len(self.sites), ALG_NONE + 1)).copy()
+        self.wire_SA = np.broadcast_to(wire, (len(self.sites), ALG_NONE + 1)).copy()
 
     # ---- defaults ---------------------------------------------------------------------------
 
@@ -210,22 +234,9 @@ class CostModel:
 
     def _prior_parts(self, i, alg, proto, nc, nt, chunk):
         """Latency (us), transfer time (us), effective channels and wire bytes of one call."""
-        op, n, nb, nodes = self.op_S[i], self.n_S[i], self.nbytes_S[i], self.nodes_S[i]
-        frac = (n - 1.0) / n
-        log2n = np.ceil(np.log2(np.maximum(n, 2.0)))
-        ring_steps = np.where(op == _AR, 2.0 * (n - 1.0), np.where(np.isin(op, [_SEND, _RECV]), 1.0, n - 1.0))
-        steps = np.select(
-            [alg == _TREE, alg == _NVLS, alg == _NVLSTREE, (alg == _CNDIRECT) | (alg == _CNCHAIN), alg == _PAT,
-             (alg == ALG_NONE) & (op == _A2A)],
-            [2.0 * log2n, np.where(op == _AR, 2.0, 1.0), 2.0 + 2.0 * np.log2(np.maximum(nodes, 1.0)), 4.0, log2n, 1.0 + log2n],
-            default=ring_steps,
-        )
-        wire_factor = np.select(
-            [op == _AR, np.isin(op, [_AG, _RS, _A2A])],
-            [np.where((alg == _NVLS) | (alg == _NVLSTREE), 1.5 * frac, np.where(alg >= _CNDIRECT, frac, 2.0 * frac)), frac],
-            default=1.0,
-        )
-        wire = wire_factor * nb
+        n, nb = self.n_S[i], self.nbytes_S[i]
+        steps = self.steps_SA[i, alg]
+        wire = self.wire_SA[i, alg]
         if self.gloo:
             pieces = np.where(chunk > 0, np.ceil(nb / np.maximum(chunk, 1.0)), 1.0)
             n_eff = np.minimum(nc, pieces)
@@ -390,7 +401,9 @@ class CostModel:
 
 
 def _softmin(x, y):
-    return (x ** -SOFTMIN_P + y ** -SOFTMIN_P) ** (-1.0 / SOFTMIN_P)
+    """(x^-4 + y^-4)^(-1/4) (SOFTMIN_P = 4), written with square roots: faster than powers."""
+    x2, y2 = 1.0 / (x * x), 1.0 / (y * y)
+    return 1.0 / np.sqrt(np.sqrt(x2 * x2 + y2 * y2))
 
 
 def _ridge2(i_J, S, f1, f2, y, lam, p1, p2, *, lo, ref=None):
