@@ -120,8 +120,13 @@ class SearchProblem:
                         kept = tuple(x for x in d[k] if x in values)
                         d[k] = kept or d[k][:1]
             doms.append(d)
+        fp = dict(fingerprint or {})
+        fp.setdefault("cluster", model.cluster.name)
+        fp.setdefault("nccl_version", model.cluster.nccl_version)
+        fp.setdefault("lagom_version", __version__)
+        fp.setdefault("backend", backend)
         problem = cls(model=model, cluster=model.cluster, backend=backend, mechanism=mech, iteration_us=0.0,
-                      domains_S=doms, fingerprint=dict(fingerprint or {}))
+                      domains_S=doms, fingerprint=fp)
         if iteration_us is None:
             iteration_us = float(problem.evaluate(problem.default_state())[2].sum())
         problem.iteration_us = float(iteration_us)
@@ -133,9 +138,6 @@ class SearchProblem:
         """A problem from a profile: fits the cost model unless one is given."""
         model = model or CostModel.fit(profile, cluster)
         fp = dict(profile.fingerprint)
-        fp.setdefault("cluster", cluster.name)
-        fp.setdefault("nccl_version", cluster.nccl_version)
-        fp.setdefault("lagom_version", __version__)
         fp.setdefault("backend", profile.backend)
         return cls.from_model(model, iteration_us=profile.iteration_us, mechanism=mechanism, fingerprint=fp,
                               domain_override=domain_override)
