@@ -174,7 +174,8 @@ class CostModel:
         Our approximation of NCCL's tuning (documented, not NCCL's exact table): Ring, except
         all-reduce on NVLS inside an NVSwitch sm90 node from 256 KiB and Tree across nodes
         below 8 MiB; LL below 64 KiB, LL128 below 4 MiB on sm80+ NVLink, Simple above; one
-        channel per 128 KiB up to 32 (24 before sm90); 512 threads; default chunk (code 0).
+        channel per 128 KiB up to 32 inside a node (24 before sm90), 16 across nodes (about 16
+        SMs on an 8-NIC node, nccl#689); 512 threads; default chunk (code 0).
         On gloo: 2 worker threads (ProcessGroupGloo's default), no splitting.
         """
         S = len(self.sites)
@@ -191,8 +192,8 @@ class CostModel:
         proto = np.where(nb < 65536, _LL, np.where((nb < 4 * 2**20) & ~inter & (c.sm_arch >= 80), _LL128, _SIMPLE))
         proto = np.where(np.isin(alg, [_NVLS, _NVLSTREE, _CNDIRECT, _CNCHAIN, _PAT]), _SIMPLE, proto)
         proto = np.where(p2p, PROTO_NONE, proto)
-        cap = min(self.max_channels, 32 if c.sm_arch >= 90 else 24)
-        nc = np.clip(np.ceil(nb / 131072.0), 1, cap)
+        cap = np.where(inter, 16, 32 if c.sm_arch >= 90 else 24)  # ~16 SMs on an 8-NIC node (nccl#689)
+        nc = np.clip(np.ceil(nb / 131072.0), 1, np.minimum(cap, self.max_channels))
         return (alg.astype(np.int64), proto.astype(np.int64), nc.astype(float), np.full(S, 512.0), np.zeros(S))
 
     def encode(self, i: int, config: CommConfig) -> tuple[int, int, float, float, float]:
