@@ -80,6 +80,8 @@ GAMMA_GRID = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
 """Per-channel bandwidth scales tried when fitting (relative to the ClusterSpec prior)."""
 RIDGE_GAMMA = 1e-4
 """Pull of gamma towards 1 (per unit of squared log), so equal fits keep the prior."""
+IRLS_STEPS = 4
+"""Reweighting passes of the T_comm fit (weights 1/sqrt|relative residual|, i.e. towards L1)."""
 NOISE_REL = 0.02
 """Relative timing noise assumed when weighting slowdown observations (2% of a region)."""
 
@@ -378,8 +380,15 @@ class CostModel:
             err = np.bincount(i_J, (a_g[i_J] * f1 + b_g[i_J] * f2 - 1.0) ** 2, S) + RIDGE_GAMMA * np.log(g) ** 2
             take = err < best_err - 1e-12
             best_err[take], alpha[take], beta[take], gamma[take] = err[take], a_g[take], b_g[take], g
-        model.alpha_S, model.beta_S, model.gamma_S = alpha, beta, gamma
+        model.gamma_S = gamma
         lat, xfer, ctas, wire, hbm_mult = model._prior_parts(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
+        # Iteratively reweighted least squares towards the least absolute relative error (what
+        # MAPE measures): a few wild samples (CPU timings, a straggling rank) no longer drag the fit.
+        f1, f2 = calls * lat / y_comm, calls * xfer / y_comm
+        for _ in range(IRLS_STEPS):
+            w = 1.0 / np.sqrt(np.maximum(np.abs(alpha[i_J] * f1 + beta[i_J] * f2 - 1.0), 0.02))
+            alpha, beta = _ridge2(i_J, S, w * f1, w * f2, w, RIDGE_COMM, 1.0, 1.0, lo=0.05)
+        model.alpha_S, model.beta_S = alpha, beta
         # Slowdown: observed only where the compute branch is active (region longer than comm).
         r = (y_region - y_comp) / y_comm
         observed = (y_region > 1.01 * y_comm) & (r > 0)
