@@ -16,7 +16,7 @@ Sub-models (our design; the Lagom paper's formulas are not public, see the resea
     bw(x)     = softmin( n_eff * per_channel_bw(proto, n_threads, chunk), link_eff(alg, proto) * link_bw )
     s(x)      = a * sm_share(x) + b * hbm_share(x)
     sm_share  = n_eff CTAs / SMs (a CTA holds its SM whatever its thread count)
-    hbm_share = hbm_mult(proto) * wire_bytes * calls / T_comm / HBM bandwidth
+    hbm_share = hbm_mult(proto, chunk) * wire_bytes * calls / T_comm / HBM bandwidth
 
 ``wire_bytes`` uses the bus-bandwidth factors (all-reduce 2(n-1)/n, all-gather and
 reduce-scatter (n-1)/n of the full size; NVLS reduces in the switch). ``link_bw`` is NVLink
@@ -80,6 +80,8 @@ GAMMA_GRID = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
 """Per-channel bandwidth scales tried when fitting (relative to the ClusterSpec prior)."""
 RIDGE_GAMMA = 1e-4
 """Pull of gamma towards 1 (per unit of squared log), so equal fits keep the prior."""
+CHUNK_L2_FLOOR = 0.6
+"""Share of the HBM traffic a very small chunk still causes (the rest stays in L2)."""
 IRLS_STEPS = 4
 """Reweighting passes of the T_comm fit (weights 1/sqrt|relative residual|, i.e. towards L1)."""
 NOISE_REL = 0.02
@@ -262,7 +264,10 @@ class CostModel:
         bw = _softmin(n_eff * per_ch, link)
         lat = NCCL_BASE_LATENCY_US * np.where(p == _SIMPLE, 1.0, 0.5) + steps * self.hop_S[i] * _PROTO_LAT[p]
         # A CTA holds a whole SM whatever its thread count (NCCL CTAs do not share SMs, nccl#689).
-        return lat, wire / (bw * 1e3), n_eff, wire, _PROTO_HBM[p]
+        # Smaller chunks stay in L2 between the steps of a channel: less of the collective's
+        # traffic reaches HBM (our design; Lagom's introduction: chunk size moves compute a lot).
+        l2 = CHUNK_L2_FLOOR + (1.0 - CHUNK_L2_FLOOR) * np.sqrt(chunk_eff_bytes / _PROTO_DEFAULT_CHUNK[p])
+        return lat, wire / (bw * 1e3), n_eff, wire, _PROTO_HBM[p] * l2
 
     def evaluate(self, i, alg, proto, nc, nt, chunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """T_comm (us), s, T_region (us) for site indices ``i`` under config codes (broadcast).
