@@ -61,19 +61,28 @@ class SiteRouter:
         self.active = True
         self.calls_routed = 0
         self._scope: tuple[str, Any] | None = None
+        self._routes: dict[str, tuple[CommConfig, Any]] = {}
+        self._buckets: dict[tuple[int, str, bool], tuple[str, str, list[Any], GroupInfo]] = {}
 
     # -------------------------------------------------------------- configuration
     def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
         """Site id -> config for the coming iteration (missing = defaults)."""
-        self.assignment = {k: v for k, v in assignment.items() if not v.is_default()}
+        assignment = {k: v for k, v in assignment.items() if not v.is_default()}
+        if assignment != self.assignment:
+            self.assignment = assignment
+            self._routes = {}
 
     def _route(self, site_id: str, info: GroupInfo) -> tuple[CommConfig | None, Any]:
-        cfg = self.assignment.get(site_id)
-        if cfg is None:
-            return None, None
+        """(config, pool group or None) of a site; resolved once per assignment, then a dict hit."""
+        route = self._routes.get(site_id)
+        if route is None:
+            cfg = self.assignment.get(site_id)
+            if cfg is None:
+                return None, None
+            group = self.pool.group_for(info, cfg) if self.pool is not None else None
+            route = self._routes[site_id] = (cfg, group)
         self.calls_routed += 1
-        group = self.pool.group_for(info, cfg) if self.pool is not None else None
-        return cfg, group
+        return route
 
     # -------------------------------------------------------------- DDP bucket groups
     def bucket_sync(self, bucket_group: Any, kind: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -91,16 +100,20 @@ class SiteRouter:
         distopt = bucket_group.ddp_config.use_distributed_optimizer
         attr = "intra_distributed_optimizer_instance_group" if distopt else "data_parallel_group"
         group = getattr(bucket_group, attr)
-        info = self.registry.groups.lookup(group)
-        if kind == "grad":
-            rs = distopt and not force_all_reduce
-            op, name = ("reduce_scatter", "grad_reduce_scatter") if rs else ("all_reduce", "grad_all_reduce")
-            tensors = [b.grad_data for b in bucket_group.buckets]
-        else:
-            op, name = "all_gather", "param_all_gather"
-            tensors = [b.param_data for b in bucket_group.buckets]
-        site_id = f"{info.name}.{name}[{tag}]"
-        self.registry.record(site_id, op=op, nbytes=tensor_nbytes(tensors), dtype=dtype_name(tensors[0]), group=info)
+        rs = kind == "grad" and distopt and not force_all_reduce
+        key = (id(bucket_group), kind, rs)
+        known = self._buckets.get(key)
+        if known is None:  # bucket layout is fixed after DDP construction: describe it once
+            info = self.registry.groups.lookup(group)
+            if kind == "grad":
+                op, name = ("reduce_scatter", "grad_reduce_scatter") if rs else ("all_reduce", "grad_all_reduce")
+                tensors = [b.grad_data for b in bucket_group.buckets]
+            else:
+                op, name = "all_gather", "param_all_gather"
+                tensors = [b.param_data for b in bucket_group.buckets]
+            known = self._buckets[key] = (f"{info.name}.{name}[{tag}]", op, tensors, info)
+        site_id, op, tensors, info = known
+        self.registry.record_tensor(site_id, op=op, tensor=tensors, group=info)
         cfg, pool_group = self._route(site_id, info)
         self.profiler.poll()
         prev_scope = self._scope
@@ -146,7 +159,7 @@ class SiteRouter:
             tensor = _arg(args, kwargs, "output_tensor", 0)
         else:  # reduce_scatter, all_to_all: the full input
             tensor = _arg(args, kwargs, "input", 1)
-        self.registry.record(site_id, op=op, nbytes=tensor_nbytes(tensor), dtype=dtype_name(tensor), group=info)
+        self.registry.record_tensor(site_id, op=op, tensor=tensor, group=info)
         cfg, pool_group = self._route(site_id, info)
         if pool_group is not None:
             if "group" in kwargs or len(args) <= GROUP_ARG[op]:

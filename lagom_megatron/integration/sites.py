@@ -188,6 +188,8 @@ class SiteRecord:
 class _Stream:
     count: int = 0
     period: int | None = None
+    ids: list[str] = field(default_factory=list)
+    """Site id of each call position (formatted once)."""
 
 
 class SiteRegistry:
@@ -252,8 +254,12 @@ class SiteRegistry:
         n = s.count
         s.count += 1
         if s.period:
-            return f"{group.name}.{kind}[{n % s.period}]", max(1, (self.num_microbatches if per_microbatch else 1))
-        return f"{group.name}.{kind}[{n}]", 1
+            n %= s.period
+        try:
+            return s.ids[n], (self.num_microbatches if per_microbatch and s.period else 1)
+        except IndexError:
+            s.ids.extend(f"{group.name}.{kind}[{i}]" for i in range(len(s.ids), n + 1))
+            return s.ids[n], (self.num_microbatches if per_microbatch and s.period else 1)
 
     def record(self, site_id: str, *, op: str, nbytes: int, dtype: str, group: GroupInfo) -> SiteRecord:
         """Counts one call of ``site_id`` (creating its record on first sight this iteration)."""
@@ -265,13 +271,28 @@ class SiteRegistry:
         rec.calls += 1
         return rec
 
+    def record_tensor(self, site_id: str, *, op: str, tensor: Any, group: GroupInfo) -> None:
+        """``record`` that sizes ``tensor`` only on the first call of the site in an iteration.
+
+        Calls of one site id carry tensors of one size (ids are per call position), so later
+        calls only count; this keeps the per-call cost to two dict operations.
+        """
+        rec = self.records.get(site_id)
+        if rec is None:
+            self.records[site_id] = SiteRecord(site_id=site_id, op=op, nbytes=tensor_nbytes(tensor),
+                                               dtype=dtype_name(tensor), group=group, calls=1)
+        else:
+            rec.calls += 1
+
     def sites(self) -> list[CollectiveSite]:
         """The sites of the current iteration as engine ``CollectiveSite`` records, sorted by id."""
         return [self.records[k].to_site() for k in sorted(self.records)]
 
 
 def dtype_name(tensor: Any) -> str:
-    """``torch.float32`` -> ``float32``."""
+    """``torch.float32`` -> ``float32`` (the first tensor's for a list of tensors)."""
+    if isinstance(tensor, (list, tuple)):
+        tensor = tensor[0] if tensor else None
     return str(getattr(tensor, "dtype", "unknown")).replace("torch.", "")
 
 
