@@ -91,7 +91,7 @@ def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
         overlap_p2p_comm=args.overlap_p2p_comm,
         batch_p2p_comm=not args.overlap_p2p_comm,
         gradient_accumulation_fusion=False,
-        deallocate_pipeline_outputs=True,
+        deallocate_pipeline_outputs=False,
         **fused,
     )
 
