@@ -91,7 +91,10 @@ def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
         overlap_p2p_comm=args.overlap_p2p_comm,
         batch_p2p_comm=not args.overlap_p2p_comm,
         gradient_accumulation_fusion=False,
-        deallocate_pipeline_outputs=False,
+        # Megatron frees a pipeline stage's output right after posting its send. NCCL sends are
+        # stream-ordered, but a gloo isend reads the tensor later from its own thread, so on CPU
+        # the freed storage would be sent (seen as wrong losses under --overlap-p2p-communication).
+        deallocate_pipeline_outputs=on_gpu,
         **fused,
     )
 
