@@ -22,11 +22,17 @@ TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4"
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    out = tmp_path_factory.mktemp("corpus")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_sample_corpus.py"), "--output-dir", str(out),
-                           "--max-bytes", "60000"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return str(out / "sample_text_document")
+    """A real-text indexed dataset: the first ~60 kB of the standard library's docstrings."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from make_sample_corpus import stdlib_docstrings
+    finally:
+        sys.path.pop(0)
+    from lagom_megatron.integration.data import write_indexed_dataset
+
+    prefix = tmp_path_factory.mktemp("corpus") / "sample_text_document"
+    write_indexed_dataset(stdlib_docstrings(min_chars=80, max_bytes=60_000), prefix)
+    return str(prefix)
 
 
 def torchrun(nproc, *argv, timeout=120):
