@@ -228,8 +228,7 @@ class Tuner:
             if n == warm + 1:
                 return Step(iteration=it, kind="serialized", assignment={}, serialize=True)
             k = n - warm - 2
-            cfg = self.probes[k]
-            return Step(iteration=it, kind="probe", assignment={s: cfg for s in self._sites}, probe_index=k)
+            return Step(iteration=it, kind="probe", assignment=self._probe_assignment(k), probe_index=k)
         if self.phase in (Phase.SEARCHED, Phase.VERIFYING):
             if self.phase is Phase.SEARCHED:
                 return Step(iteration=it, kind="settle", assignment=self._plan_assignment(), timed=False)
@@ -249,6 +248,17 @@ class Tuner:
     def done(self) -> bool:
         """True once APPLIED or FELL_BACK: nothing left to measure."""
         return self.phase in (Phase.APPLIED, Phase.FELL_BACK)
+
+    def _probe_assignment(self, k: int) -> dict[str, CommConfig]:
+        """Probe ``k`` for every site, minus the knobs that do not apply to the site's op
+        (``knobs.applicable``: a send/recv site keeps only what NCCL's P2P path honours)."""
+        from lagom_megatron.engine import knobs
+
+        strip = getattr(knobs, "applicable", None)
+        cfg = self.probes[k]
+        if strip is None:
+            return {sid: cfg for sid in self._sites}
+        return {sid: strip(cfg, op=site.op, backend=self.backend) for sid, site in self._sites.items()}
 
     def _plan_assignment(self) -> dict[str, CommConfig]:
         if self.plan is None:
@@ -326,7 +336,7 @@ class Tuner:
             )
         self._sites = {s.site_id: s for s in m.sites}
         self._default_us.append(m.iteration_us)
-        self._raw_samples.extend(self._keep(m, DEFAULT))
+        self._raw_samples.extend(self._keep(m, {}))
         self._log(m.iteration, f"profiled {len(self._sites)} sites under defaults: iteration {m.iteration_us:.0f} us")
 
     def _record_serialized(self, m: IterationMeasurement) -> None:
@@ -342,8 +352,9 @@ class Tuner:
         self._log(m.iteration, f"serialized iteration: T_comp of {len(self._t_comp_us)} regions, iteration {m.iteration_us:.0f} us")
 
     def _record_probe(self, m: IterationMeasurement, k: int | None) -> None:
-        cfg = self.probes[k if k is not None else 0]
-        kept = self._keep(m, cfg)
+        k = k if k is not None else 0
+        cfg = self.probes[k]
+        kept = self._keep(m, self._probe_assignment(k))
         seen = {s.site_id for s in kept}
         missing = sorted(set(self._sites) - seen)
         if missing:
@@ -352,14 +363,16 @@ class Tuner:
                 f"{len(self._sites)} sites, e.g. {missing[:5]}"
             )
         self._raw_samples.extend(kept)
-        self._log(m.iteration, f"probe {k + 1 if k is not None else 1}/{len(self.probes)} {cfg.to_dict()}: iteration {m.iteration_us:.0f} us")
+        self._log(m.iteration, f"probe {k + 1}/{len(self.probes)} {cfg.to_dict()}: iteration {m.iteration_us:.0f} us")
 
-    def _keep(self, m: IterationMeasurement, expected: CommConfig) -> list[Sample]:
+    def _keep(self, m: IterationMeasurement, assigned: dict[str, CommConfig]) -> list[Sample]:
+        """The samples of known sites, each checked against the config assigned to its site."""
         out = []
         for s in m.samples:
             if s.site_id not in self._sites:
                 log.warning("iteration %d: sample for site %r not seen under defaults; ignored", m.iteration, s.site_id)
                 continue
+            expected = assigned.get(s.site_id, DEFAULT)
             if s.config != expected:
                 raise ValueError(
                     f"iteration {m.iteration}: site {s.site_id!r} reports config {s.config.to_dict()} "
