@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
@@ -38,12 +38,14 @@ class SimulatedCluster:
         preset: a ``Preset`` (``lagom_megatron.presets.load_preset``).
         cluster: a ``ClusterSpec``; defaults to the preset's cluster. Must be a GPU cluster.
         seed: seeds every noise draw; the same seed and assignments give the same timings.
+        nthreads: NCCL_NTHREADS of the simulated launch (None = the preset's env, else NCCL's
+            default); process scope, so assignments cannot change it.
 
     Raises:
         ValueError: a CPU (gloo) cluster, or a layout the workload model cannot split.
     """
 
-    def __init__(self, preset: Any, cluster: Any = None, *, seed: int = 0) -> None:
+    def __init__(self, preset: Any, cluster: Any = None, *, seed: int = 0, nthreads: int | None = None) -> None:
         from lagom_megatron.engine.cluster import ClusterSpec
 
         spec = ClusterSpec.load(cluster or preset.cluster)
@@ -54,6 +56,7 @@ class SimulatedCluster:
         self.gpu = Gpu.from_cluster(spec)
         self.workload = Workload.from_preset(preset, self.gpu)
         self.seed = seed
+        self.nthreads = nthreads if nthreads is not None else _env_threads(preset.env)
         self._prog = self.workload.program()
         self._win = timeline.windows(self._prog)
         self._sites = self.workload.sites()
@@ -77,6 +80,10 @@ class SimulatedCluster:
 
     def _cost(self, i: int, cfg: CommConfig, channel_cap: int | None) -> CommCost:
         coll = self._prog.calls[i].coll
+        # NCCL_NTHREADS is read once per process: a running job cannot change it per call or per
+        # communicator (DESIGN.md section 5), so an assignment's n_threads does not reach the
+        # kernels; the launch environment's value (``nthreads``) does.
+        cfg = replace(cfg, n_threads=self.nthreads)
         key = (coll, cfg, channel_cap)
         hit = self._cost_cache.get(key)
         if hit is None:
@@ -130,6 +137,11 @@ class SimulatedCluster:
                                   t_comm_us=t_comm, t_comp_us=busy if serialize else math.nan,
                                   t_region_us=t_region, iteration=iteration))
         return IterationMeasurement(iteration=iteration, iteration_us=total, sites=list(self._sites), samples=samples)
+
+
+def _env_threads(env: dict[str, str]) -> int | None:
+    value = env.get("NCCL_NTHREADS")
+    return int(value) if value else None
 
 
 @dataclass(kw_only=True)
