@@ -39,7 +39,7 @@ WORKLOADS: tuple[str, ...] = ("gpt3-13b-h100x64", "llama3-8b-h100x8", "llama3-70
 CLUSTERS: dict[str, str] = {"high": "h100-sxm-ib400", "low": "a100-ib100"}
 
 COLUMNS = (
-    "preset", "cluster", "bandwidth", "sites", "default_ms", "efficiency_ms", "cap_ms", "autoccl_ms",
+    "preset", "cluster", "bandwidth", "microbatches", "sites", "default_ms", "efficiency_ms", "cap_ms", "autoccl_ms",
     "lagom_plan_ms", "lagom_kept_ms", "lagom_phase", "speedup_vs_default", "speedup_vs_autoccl",
     "plan_speedup_vs_default", "autoccl_speedup_vs_default", "efficiency_speedup_vs_default", "cap_speedup_vs_default",
     "lagom_evaluations", "lagom_search_s", "autoccl_evaluations", "model_mape_pct", "predicted_plan_ms", "prediction_error_pct",
@@ -52,15 +52,31 @@ def _median_us(sim: Any, assignment: dict, *, iters: int, base: int, channel_cap
     )
 
 
-def run_one(preset_name: str, cluster: str, *, seed: int, iters: int, cap: int) -> dict[str, Any]:
-    """One row of the table: every method on one preset and cluster."""
+def with_microbatches(preset: Any, n: int) -> Any:
+    """The preset with its global batch cut to ``n`` micro-batches per data-parallel rank (short
+    gradient accumulation: the data-parallel collectives then overlap a larger share of the
+    iteration). Raises ValueError for ``n < 1``."""
+    if n < 1:
+        raise ValueError(f"micro-batches per rank must be >= 1; got {n}")
+    p = preset.parallel
+    dp = preset.world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size)
+    gbs = preset.training.micro_batch_size * dp * n
+    return preset.model_copy(update={"training": preset.training.model_copy(update={"global_batch_size": gbs})})
+
+
+def run_one(preset_name: str, cluster: str, *, seed: int, iters: int, cap: int, microbatches: int | None = None) -> dict[str, Any]:
+    """One row of the table: every method on one preset and cluster (``microbatches``: None = the
+    preset's own global batch, else that many micro-batches per data-parallel rank)."""
     from lagom_megatron.presets import load_preset
     from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
 
     preset = load_preset(preset_name)
+    if microbatches is not None:
+        preset = with_microbatches(preset, microbatches)
     sim = SimulatedCluster(preset, cluster, seed=seed)
     base = 10_000
-    row: dict[str, Any] = {"preset": preset_name, "cluster": sim.cluster.name, "sites": len(sim.sites)}
+    row: dict[str, Any] = {"preset": preset_name, "cluster": sim.cluster.name, "sites": len(sim.sites),
+                           "microbatches": sim.workload.microbatches}
     default = _median_us(sim, {}, iters=iters, base=base)
     eff = _median_us(sim, {s.site_id: CommConfig(cta_policy="EFFICIENCY") for s in sim.sites}, iters=iters, base=base)
     capped = _median_us(sim, {}, iters=iters, base=base, channel_cap=cap)
@@ -110,13 +126,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     methods = [("efficiency_speedup_vs_default", "CTA policy EFFICIENCY"), ("cap_speedup_vs_default", "static channel cap"),
                ("autoccl_speedup_vs_default", "AutoCCL-style"), ("plan_speedup_vs_default", "lagom plan"),
                ("speedup_vs_default", "lagom (after verify)")]
-    labels = [f"{r['preset'].split('-h100')[0]}\n{r['bandwidth']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(rows)), 4.5))
+    labels = [f"{r['preset'].split('-h100')[0]}\n{r['bandwidth']}, {r['microbatches']} mb" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, 1.0 * len(rows)), 4.8))
     width = 0.8 / len(methods)
     for j, (key, name) in enumerate(methods):
         ax.bar([i + (j - len(methods) / 2 + 0.5) * width for i in range(len(rows))], [r[key] for r in rows], width, label=name)
     ax.axhspan(*PAPER_VS_NCCL, color="grey", alpha=0.15, label="paper: 1.07-1.33x over NCCL (real clusters)")
     ax.axhline(1.0, color="black", linewidth=0.8)
+    values = [r[k] for r in rows for k, _ in methods]
+    ax.set_ylim(min(0.85, min(values) - 0.02), max(PAPER_VS_NCCL[1], max(values)) + 0.05)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("speed-up over NCCL defaults (SIMULATED)")
@@ -142,19 +160,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--iters", type=int, default=5, help="simulated iterations per median")
     ap.add_argument("--cap", type=int, default=8, help="channels of the static-cap baseline")
+    ap.add_argument("--microbatches", nargs="+", default=["preset", "2"],
+                    help="micro-batches per DP rank: 'preset' (the preset's global batch) and/or numbers (short accumulation)")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     t0 = time.perf_counter()
-    for preset in args.presets:
-        for bw in args.bandwidth:
-            row = run_one(preset, CLUSTERS[bw], seed=args.seed, iters=args.iters, cap=args.cap)
-            row["bandwidth"] = bw
-            rows.append(row)
-            print(f"  {preset:24s} {row['cluster']:15s} default {row['default_ms']:9.1f} ms  lagom x{row['speedup_vs_default']:.3f} "
-                  f"({row['lagom_phase']}, plan x{row['plan_speedup_vs_default']:.3f})  autoccl x{row['autoccl_speedup_vs_default']:.3f}", flush=True)
+    accum = [None if m == "preset" else int(m) for m in args.microbatches]
+    for mb in accum:
+        for preset in args.presets:
+            for bw in args.bandwidth:
+                row = run_one(preset, CLUSTERS[bw], seed=args.seed, iters=args.iters, cap=args.cap, microbatches=mb)
+                row["bandwidth"] = bw
+                rows.append(row)
+                print(f"  {preset:24s} {row['cluster']:15s} {row['microbatches']:4d} mb  default {row['default_ms']:9.1f} ms  lagom x{row['speedup_vs_default']:.3f} "
+                      f"({row['lagom_phase']}, plan x{row['plan_speedup_vs_default']:.3f})  autoccl x{row['autoccl_speedup_vs_default']:.3f}", flush=True)
     write_csv(rows, out / "simulated.csv")
     if not args.no_plot:
         plot(rows, out / "simulated.png")
@@ -167,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
 def print_table(rows: list[dict[str, Any]]) -> None:
     """The table on stdout, with the paper's figures beside ours."""
     print("\nSIMULATED iteration times (ms, median) -- from lagom_megatron's simulator, not real hardware")
-    hdr = f"{'preset':22s} {'bw':4s} {'sites':>5s} {'default':>9s} {'effic.':>9s} {'cap':>9s} {'autoccl':>9s} {'lagom':>9s} {'kept':>9s}  {'vs def':>6s} {'vs auto':>7s} {'evals':>7s} {'search s':>8s} {'MAPE%':>6s} {'pred err%':>9s}"
+    hdr = f"{'preset':22s} {'bw':4s} {'mb':>4s} {'sites':>5s} {'default':>9s} {'effic.':>9s} {'cap':>9s} {'autoccl':>9s} {'lagom':>9s} {'kept':>9s}  {'vs def':>6s} {'vs auto':>7s} {'evals':>7s} {'search s':>8s} {'MAPE%':>6s} {'pred err%':>9s}"
     print(hdr)
     for r in rows:
-        print(f"{r['preset'][:22]:22s} {r['bandwidth']:4s} {r['sites']:5d} {r['default_ms']:9.1f} {r['efficiency_ms']:9.1f} {r['cap_ms']:9.1f} "
+        print(f"{r['preset'][:22]:22s} {r['bandwidth']:4s} {r['microbatches']:4d} {r['sites']:5d} {r['default_ms']:9.1f} {r['efficiency_ms']:9.1f} {r['cap_ms']:9.1f} "
               f"{r['autoccl_ms']:9.1f} {r['lagom_plan_ms']:9.1f} {r['lagom_kept_ms']:9.1f}  {r['speedup_vs_default']:6.3f} {r['speedup_vs_autoccl']:7.3f} "
               f"{r['lagom_evaluations'] or 0:7d} {r['lagom_search_s'] or 0:8.3f} {r['model_mape_pct'] or 0:6.1f} {r['prediction_error_pct'] or 0:9.1f}")
     vs_def = [r["speedup_vs_default"] for r in rows]
