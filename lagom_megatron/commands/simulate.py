@@ -15,7 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", default=None, help="override the preset's cluster (name or path)")
     parser.add_argument("--method", default="priority", choices=["priority", "autoccl", "exhaustive", "nccl-default"])
     parser.add_argument("--seed", type=int, default=0, help="noise seed (same seed, same timings)")
-    parser.add_argument("--verify-iters", type=int, default=3, help="timed iterations per arm in verification")
+    parser.add_argument("--verify-iters", type=int, default=None,
+                        help="timed iterations per arm in verification (default: the preset's lagom_verify_iters)")
     parser.add_argument("--profile-out", default=None, help="write the profile the search saw (JSON)")
     parser.add_argument("--plan-out", default=None, help="write the searched plan (JSON)")
     parser.add_argument("--json", action="store_true", help="print the tuner's summary as JSON")
@@ -23,15 +24,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import logging
     import time
 
     from lagom_megatron.presets import load_preset
     from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
 
     t0 = time.perf_counter()
+    logging.getLogger("lagom.tuner").setLevel(logging.ERROR)  # the phases are printed below
     preset = load_preset(args.preset)
     sim = SimulatedCluster(preset, args.cluster, seed=args.seed)
-    result = run_lifecycle(sim, method=args.method, verify_iters=args.verify_iters)
+    verify_iters = args.verify_iters if args.verify_iters is not None else preset.lagom.lagom_verify_iters
+    result = run_lifecycle(sim, method=args.method, verify_iters=verify_iters)
     tuner = result.tuner
     summary = tuner.summary()
     if args.profile_out and tuner.profile is not None:
@@ -59,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if "measured_plan_us" in summary:
         print(f"    measured, plan (median)      : {summary['measured_plan_us'] / 1e3:10.1f} ms")
         print(f"    measured, defaults (median)  : {summary['measured_default_us'] / 1e3:10.1f} ms  (x{summary['speedup']:.3f})")
-    print(f"    after tuning ({tuner.phase.value}) : {result.final_median_us / 1e3:10.1f} ms")
+    print(f"    {'after tuning (' + tuner.phase.value + ')':29s}: {result.final_median_us / 1e3:10.1f} ms")
     if summary.get("model_mape_pct") is not None:
         print(f"  cost model MAPE on its profiled points: {summary['model_mape_pct']:.1f}%")
     print(f"  result: {tuner.phase.value.upper()}: {tuner.reason}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import logging
 import statistics
 import time
 from pathlib import Path
@@ -82,7 +83,7 @@ def run_one(preset_name: str, cluster: str, *, seed: int, iters: int, cap: int, 
     capped = _median_us(sim, {}, iters=iters, base=base, channel_cap=cap)
     runs = {}
     for method in ("autoccl", "priority"):
-        r = run_lifecycle(sim, method=method, verify_iters=3, after_iters=0)
+        r = run_lifecycle(sim, method=method, verify_iters=preset.lagom.lagom_verify_iters, after_iters=0)
         plan = r.tuner.plan
         assignment = {k: e.config for k, e in plan.entries.items()} if plan is not None else {}
         plan_us = _median_us(sim, assignment, iters=iters, base=base)
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="micro-batches per DP rank: 'preset' (the preset's global batch) and/or numbers (short accumulation)")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
+    logging.getLogger("lagom.tuner").setLevel(logging.ERROR)  # fall-backs are columns of the table
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
