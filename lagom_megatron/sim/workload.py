@@ -3,9 +3,13 @@ kernels and collectives Megatron-Core issues, in issue order.
 
 What is simulated (and what is not):
 
-* **One representative rank**: the first tensor-parallel rank of the last pipeline stage (it holds
-  the output layer, the heaviest stage). Every stage runs the same layers, so its timeline stands
-  for the iteration; the 1F1B / interleaved pipeline bubble is added as idle time
+* **One representative rank**: the first tensor-parallel rank of the first pipeline stage. It
+  finishes its backward last, so its data-parallel communication sets the end of the iteration,
+  and it is the only stage where Megatron's DDP splits gradients into buckets (``pp_rank > 0``
+  and virtual chunks after the first use one bucket; megatron-core ``DistributedDataParallel``
+  and Megatron-LM's ``disable_bucketing=(model_chunk_idx > 0)``). Every stage runs the same
+  layers (the output layer's cost is added when PP is 1 only), so its timeline stands for the
+  iteration; the 1F1B / interleaved pipeline bubble is added as idle time
   ``(pp - 1) * (t_fwd + t_bwd) / v`` per iteration, from the kernels' standalone times (Megatron's
   schedule analysis; Narayanan et al. 2021). A 64-GPU preset is therefore one rank's timeline, not
   64, which is what makes ``lagom simulate`` fast.
@@ -204,29 +208,37 @@ class Workload:
         return attn + mlp
 
     def output_params(self) -> float:
+        """Output-layer parameters on this rank (untied, PP 1 only: otherwise on the last stage)."""
+        return self.vocab * self.hidden / self.tp if self.pp == 1 else 0.0
+
+    def embedding_params(self) -> float:
         return self.vocab * self.hidden / self.tp
 
     def _coll(self, op: str, nbytes: float, group: str) -> Collective:
         return Collective(op=op, nbytes=int(nbytes), group_size=self.sizes[group], n_nodes=self.nodes[group])
 
     def global_layer(self, chunk: int, i: int) -> int:
-        """Megatron's layer numbering (0-based here) on the last pipeline stage."""
-        return chunk * self.pp * self.layers_per_chunk + (self.pp - 1) * self.layers_per_chunk + i
+        """Megatron's layer numbering (0-based here) on the first pipeline stage."""
+        return chunk * self.pp * self.layers_per_chunk + i
 
     def buckets(self) -> list[list[tuple[int, list[int], float]]]:
         """Per chunk: DDP buckets in backward order as (bucket id, local layer indices, params).
 
-        The last chunk's first bucket also holds the output layer (its gradients are ready first)."""
+        Chunk 0 is split into buckets of ``bucket_params`` (at layer granularity); the last chunk's
+        first bucket also holds the output layer (PP 1), chunk 0's last bucket the embedding (its
+        gradients are ready last). Chunks after the first are one bucket each (Megatron-LM's
+        ``disable_bucketing`` for virtual chunks), as is everything without overlapped grad reduce."""
         out = []
         for c in range(self.chunks):
             order = list(range(self.layers_per_chunk - 1, -1, -1))
             acc = self.output_params() if c == self.chunks - 1 else 0.0
+            limit = self.bucket_params if (c == 0 and self.overlap_grad) else float("inf")
             cur: list[int] = []
             bks = []
             for li in order:
                 cur.append(li)
-                acc += self.layer_params()
-                if acc >= self.bucket_params:
+                acc += self.layer_params() + (self.embedding_params() if (c == 0 and li == 0) else 0.0)
+                if acc >= limit:
                     bks.append((len(bks), cur, acc))
                     cur, acc = [], 0.0
             if cur:
@@ -288,7 +300,7 @@ class Workload:
         for i, call in enumerate(prog.calls):
             if call.stream in ("dp", "dp_cp") and "grad" in (call.site_id or ""):
                 prog.wait(i)
-        params = self.layer_params() * self.layers_per_chunk * self.chunks + self.output_params()
+        params = self.layer_params() * self.layers_per_chunk * self.chunks + self.output_params() + self.embedding_params()
         shard = params / (self.dp * self.cp) if self.dist_opt else params
         prog.kernel(_elementwise("optimizer.adam", shard * ADAM_BYTES_PER_PARAM), mbs - 1)
         if not (self.dist_opt and self.overlap_param) and self.dist_opt:
@@ -333,8 +345,10 @@ class Workload:
     def _forward_chunk(self, prog, c, mb, buckets, ag_idx, ag_done, pending_send) -> None:
         g = self.dp_group()
         act_bytes = self.tokens * self.hidden * 2 / (self.tp if self.sp else 1)
-        if self.pp > 1:
+        if self.pp > 1 and c > 0:
             prog.blocking(Call(f"pp.recv_prev[chunk{c}]", self._coll("recv", act_bytes, "pp"), "pp", mb))
+        if c == 0:
+            prog.kernel(_elementwise("embedding", self.tokens * self.hidden * 2 * 2), mb)
         fwd_bucket_order = list(reversed(buckets)) if buckets else []
         layer_to_bucket = {li: b for b, lis, _ in (buckets or []) for li in lis}
         for li in range(self.layers_per_chunk):
@@ -349,12 +363,12 @@ class Workload:
                     if nxt and (c, nxt[0]) not in ag_idx:  # prefetch the next bucket
                         ag_idx[(c, nxt[0])] = prog.launch(self._ag_call(c, nxt[0], buckets, mb))
             self._layer_forward(prog, c, li, mb)
-        if c == self.chunks - 1:
+        if self.pp > 1:
+            self._send(prog, f"pp.send_next[chunk{c}]", act_bytes, mb, pending_send)
+        elif c == self.chunks - 1:
             T = self.tokens
             prog.kernel(_gemm("output", T, self.vocab / self.tp, self.hidden, self._sms()), mb)
             prog.kernel(_elementwise("cross_entropy", T * self.vocab / self.tp * 8), mb)
-        elif self.pp > 1:
-            self._send(prog, f"pp.send_next[chunk{c}]", act_bytes, mb, pending_send)
 
     def _ag_call(self, c, b, buckets, mb) -> Call:
         p = next(p for bb, _, p in buckets if bb == b)
@@ -458,14 +472,16 @@ class Workload:
     def _backward_chunk(self, prog, c, mb, buckets, pending_send) -> None:
         g = self.dp_group()
         act_bytes = self.tokens * self.hidden * 2 / (self.tp if self.sp else 1)
-        if c == self.chunks - 1:
+        if self.pp > 1:
+            prog.blocking(Call(f"pp.recv_next[chunk{c}]", self._coll("recv", act_bytes, "pp"), "pp", mb))
+        elif c == self.chunks - 1:
             prog.kernel(_gemm("output.dgrad", self.tokens, self.hidden, self.vocab / self.tp, self._sms()), mb)
             prog.kernel(_gemm("output.wgrad", self.tokens, self.hidden, self.vocab / self.tp, self._sms()), mb)
-        elif self.pp > 1:
-            prog.blocking(Call(f"pp.recv_next[chunk{c}]", self._coll("recv", act_bytes, "pp"), "pp", mb))
         last_layer_of = {lis[-1]: (b, p) for b, lis, p in (buckets or [])}
         for li in range(self.layers_per_chunk - 1, -1, -1):
             self._layer_backward(prog, c, li, mb)
+            if c == 0 and li == 0:
+                prog.kernel(_elementwise("embedding.bwd", self.tokens * self.hidden * 2 * 3), mb)
             if buckets is not None and self.overlap_grad and li in last_layer_of:
                 b, p = last_layer_of[li]
                 op, name = ("reduce_scatter", "grad_reduce_scatter") if self.dist_opt else ("all_reduce", "grad_all_reduce")
@@ -474,7 +490,7 @@ class Workload:
             for b, _, p in buckets:
                 op, name = ("reduce_scatter", "grad_reduce_scatter") if self.dist_opt else ("all_reduce", "grad_all_reduce")
                 prog.blocking(Call(None, self._coll(op, p * 4, g), g, mb))
-        if self.pp > 1:
+        if self.pp > 1 and c > 0:
             self._send(prog, f"pp.send_prev[chunk{c}]", act_bytes, mb, pending_send)
 
 

@@ -44,17 +44,17 @@ def test_sites_follow_the_hooks_naming_and_shapes(gpt13b):
         assert s.group == s.site_id.split(".")[0] or (s.group == "dp_cp" and s.site_id.startswith("dp."))
     w = gpt13b.workload
     # TP2 x PP2 x DP16 on 8-GPU nodes: the DP group (stride 2) spans 4 nodes, the TP pair one
-    tp = next(s for s in sites if s.site_id == "tp.sp_all_gather[layer39.fc1]")
+    tp = next(s for s in sites if s.site_id == "tp.sp_all_gather[layer19.fc1]")
     assert (tp.op, tp.group_size, tp.n_nodes) == ("all_gather", 2, 1)
-    # layer 39 is the last layer of stage 1 (40 layers / PP2 -> layers 20..39 on the last stage)
+    # the representative rank is pipeline stage 0: layers 0..19 of 40 (PP2)
     assert tp.nbytes == 2 * 2048 * 5120 * 2, "micro-batch 2 x seq 2048 tokens x hidden 5120 x bf16"
     assert tp.calls_per_iter == w.microbatches == 512 // (2 * 16)
     rs = [s for s in sites if s.site_id.startswith("dp.grad_reduce_scatter")]
     assert rs and all((s.op, s.group, s.group_size, s.n_nodes, s.dtype) == ("reduce_scatter", "dp", 16, 4, "fp32") for s in rs)
     # every layer and the output layer are in exactly one bucket: bytes add up to the stage's grads
-    params = w.layer_params() * w.layers_per_chunk + w.output_params()
+    params = w.layer_params() * w.layers_per_chunk + w.vocab * w.hidden / w.tp  # + embedding, no output layer
     assert sum(s.nbytes for s in rs) == pytest.approx(4 * params, rel=1e-6)
-    assert {s.site_id for s in sites if s.group == "pp"} == {"pp.recv_prev[chunk0]", "pp.send_prev[chunk0]"}
+    assert {s.site_id for s in sites if s.group == "pp"} == {"pp.send_next[chunk0]", "pp.recv_next[chunk0]"}
 
 
 def test_layout_specific_sites():
@@ -80,13 +80,13 @@ def test_serialized_iteration_reports_compute_alone(gpt13b):
     s = gpt13b.run_iteration(iteration=1, serialize=True)
     assert all(math.isnan(x.t_comp_us) for x in m.samples)
     by = {x.site_id: x for x in s.samples}
-    tp = by["tp.sp_all_gather[layer39.fc1]"]
+    tp = by["tp.sp_all_gather[layer19.fc1]"]
     assert tp.t_comp_us > tp.t_comm_us > 0  # a dgrad GEMM hides the all-gather
     assert s.iteration_us > m.iteration_us  # nothing overlaps
 
 
 def test_fewer_channels_slow_the_collective_and_speed_the_region_compute(gpt13b):
-    sid = "tp.sp_all_gather[layer39.fc1]"
+    sid = "tp.sp_all_gather[layer19.fc1]"
     d = {x.site_id: x for x in gpt13b.run_iteration(iteration=9).samples}[sid]
     few = {x.site_id: x for x in gpt13b.run_iteration(iteration=9, assignment={sid: CommConfig(n_channels=2)}).samples}[sid]
     assert few.t_comm_us > 2 * d.t_comm_us
@@ -179,3 +179,15 @@ def test_workload_rejects_bad_layout():
     p = load_preset("gpt3-13b-h100x64").model_copy(update={"world_size": 62})
     with pytest.raises(ValueError, match=r"world_size \(62\) must be a multiple of TP\*PP\*CP \(2\*2\*1\)"):
         Workload.from_preset(p, SimulatedCluster(load_preset("gpt3-13b-h100x64")).gpu)
+
+
+def test_ddp_buckets_only_on_the_first_virtual_chunk():
+    # megatron-core DDP: one bucket when pp_rank > 0; Megatron-LM: disable_bucketing for chunks > 0
+    w = SimulatedCluster(load_preset("llama3-70b-h100x64")).workload
+    b = w.buckets()
+    assert len(b) == w.chunks == 5
+    assert all(len(chunk) == 1 for chunk in b[1:])
+    per_layer = w.layer_params()
+    expected = max(1, round(w.layers_per_chunk * per_layer / w.bucket_params))
+    assert len(b[0]) >= min(expected, w.layers_per_chunk) - 1 and len(b[0]) > 1
+    assert sorted(li for _, lis, _ in b[0] for li in lis) == list(range(w.layers_per_chunk))
