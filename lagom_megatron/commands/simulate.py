@@ -52,12 +52,12 @@ def run(args: argparse.Namespace) -> int:
     for it, phase, msg in tuner.events:
         print(f"  [{phase:>9}] iteration {it:>2}: {msg}")
     pred = summary["search"].get("predicted_iteration_us")
-    pred_def = summary["search"].get("predicted_default_iteration_us")
+    pred_def = summary["search"].get("predicted_default_iteration_us", summary["search"].get("default_iteration_us"))
     print("  iteration times (simulated):")
     if summary.get("default_iteration_us"):
         print(f"    profiled under NCCL defaults : {summary['default_iteration_us'] / 1e3:10.1f} ms")
     if isinstance(pred_def, (int, float)):
-        print(f"    predicted, NCCL defaults     : {pred_def / 1e3:10.1f} ms")
+        print(f"    model, NCCL defaults         : {pred_def / 1e3:10.1f} ms")
     if isinstance(pred, (int, float)):
         print(f"    predicted, plan              : {pred / 1e3:10.1f} ms")
     if "measured_plan_us" in summary:
