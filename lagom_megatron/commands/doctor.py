@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, help="ranks in the job; default: the preset's or $WORLD_SIZE")
     parser.add_argument("--gpus-per-node", type=int, help="default: the cluster's or $LOCAL_WORLD_SIZE")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--no-preset-env", action="store_true",
+                        help="check the environment as it is (the launch scripts have exported the "
+                             "preset's env and the plan's env file already)")
     parser.add_argument("argv", nargs=argparse.REMAINDER,
                         help="-- followed by pretrain_gpt.py arguments (Megatron-LM flag names)")
 
@@ -53,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     gpus_per_node = args.gpus_per_node
     environ = dict(os.environ)
     if preset is not None:
-        environ.update(preset.env)
+        if not args.no_preset_env:
+            environ.update(preset.env)
         cluster = cluster or preset.cluster
         world_size = world_size or preset.world_size
         if gpus_per_node is None and preset.slurm is not None:
