@@ -232,6 +232,8 @@ def rule_heads(s: RunShape) -> list[Finding]:
     out = []
     heads = s.get("num_attention_heads")
     groups = s.get("num_query_groups")
+    if s.args.get("group_query_attention") is False:
+        groups = None  # Megatron-LM's parse_args defaults num_query_groups to 1 and ignores it then
     if heads is not None and int(heads) % s.tp:
         out.append(Finding(
             "error", "heads-tp",

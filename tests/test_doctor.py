@@ -118,6 +118,14 @@ def test_every_rule_has_a_case():
     assert len(RULES) == 12  # a new rule needs a case in CASES
 
 
+def test_query_groups_ignored_without_group_query_attention():
+    """Megatron-LM's parse_args leaves num_query_groups at 1 unless --group-query-attention is given."""
+    args = base_args(num_query_groups=1, group_query_attention=False)
+    assert findings_of(args) == []
+    assert [f.rule for f in findings_of(base_args(num_query_groups=1, group_query_attention=True))] == [
+        "query-groups-tp"]
+
+
 def test_cdmc_not_required_on_blackwell():
     assert findings_of(env={}, cluster=B200) == []
 
