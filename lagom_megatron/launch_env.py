@@ -7,7 +7,8 @@ prints lines for ``eval`` in ``scripts/slurm/*.sbatch``:
 
 * ``export NAME=value`` for each variable of the preset's ``env`` (NCCL_*, CUDA_DEVICE_MAX_CONNECTIONS),
   so that every rank inherits identical values through ``srun`` (mismatched NCCL settings across
-  ranks are a classic hang);
+  ranks are a classic hang), and ``LAGOM_CLUSTER`` (the preset's cluster, which lagom's
+  controller and the Megatron-LM adapter read);
 * ``LAGOM_EXPORTS``: the names exported; ``LAGOM_NODES``, ``LAGOM_GPUS_PER_NODE``,
   ``LAGOM_WORLD_SIZE``; ``LAGOM_MASTER_PORT`` (derived from ``SLURM_JOB_ID``);
 * ``LAGOM_PLAN_ENV``: the saved plan's env file when it exists (``<plan>.env`` or the plan path
@@ -126,8 +127,9 @@ def shell_lines(preset: Preset, *, layout: str, root: str, plan: str | None = No
             f"the allocation has {allocated} nodes but preset {preset.name!r} needs {slurm.nodes}; "
             f"submit with --nodes={slurm.nodes}")
     q = shlex.quote
-    lines = [f"export {k}={q(str(v))}" for k, v in preset.env.items()]
-    lines.append(f"LAGOM_EXPORTS=({' '.join(q(k) for k in preset.env)})")
+    exports = {**preset.env, "LAGOM_CLUSTER": preset.env.get("LAGOM_CLUSTER", preset.cluster)}
+    lines = [f"export {k}={q(str(v))}" for k, v in exports.items()]
+    lines.append(f"LAGOM_EXPORTS=({' '.join(q(k) for k in exports)})")
     lines += [
         f"LAGOM_PRESET_NAME={q(preset.name)}",
         f"LAGOM_NODES={slurm.nodes}",

@@ -20,7 +20,7 @@ FAKE_SRUN = r"""#!/bin/bash
 # records its arguments and the NCCL/CUDA/rendezvous environment; with FAKE_SRUN_EXEC=N runs the
 # command for N tasks with SLURM_PROCID/SLURM_LOCALID set, as srun does
 echo "$@" > "$FAKE_LOG/srun.args"
-env | grep -E '^(NCCL_[A-Z0-9_]*|CUDA_DEVICE_MAX_CONNECTIONS|MASTER_ADDR|MASTER_PORT|TORCH_NCCL_[A-Z_]*|WORLD_SIZE|LOCAL_WORLD_SIZE)=' | sort > "$FAKE_LOG/srun.env"
+env | grep -E '^(NCCL_[A-Z0-9_]*|LAGOM_CLUSTER|CUDA_DEVICE_MAX_CONNECTIONS|MASTER_ADDR|MASTER_PORT|TORCH_NCCL_[A-Z_]*|WORLD_SIZE|LOCAL_WORLD_SIZE)=' | sort > "$FAKE_LOG/srun.env"
 while [[ $# -gt 0 && "$1" == --* ]]; do shift; done
 for ((i = 0; i < ${FAKE_SRUN_EXEC:-0}; i++)); do SLURM_PROCID=$i SLURM_LOCALID=$i "$@" || exit $?; done
 """
@@ -65,8 +65,10 @@ def test_per_node_dry_run_prints_exact_commands(fake):
     proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-70b-h100x64", "--", "--train-iters", "5")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[:4] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
-                         "export NCCL_P2P_NET_CHUNKSIZE=2097152", "export NCCL_DEBUG=WARN"]
+    assert lines[:5] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
+                         "export NCCL_P2P_NET_CHUNKSIZE=2097152", "export NCCL_DEBUG=WARN",
+                         "export LAGOM_CLUSTER=h100-sxm-ib400"]
+    lines = lines[:4] + lines[5:]
     doctor = shlex.split(lines[4])
     assert doctor[:5] == [PY, "-m", "lagom_megatron.cli", "doctor", "--no-preset-env"]
     assert lines[5] == f"export MASTER_ADDR=node-a07 MASTER_PORT={20000 + 123456 % 40000}"
@@ -85,8 +87,9 @@ def test_per_gpu_dry_run_prints_exact_commands(fake):
     proc = fake(PER_GPU, "--dry-run", "--preset", "llama2-7b-a100x32-ib100", slurm=False)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[:3] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
-                         "export NCCL_DEBUG=WARN"]
+    assert lines[:4] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
+                         "export NCCL_DEBUG=WARN", "export LAGOM_CLUSTER=a100-ib100"]
+    lines = lines[:3] + lines[4:]
     assert lines[4] == "export MASTER_ADDR=FIRST_NODE_OF_THE_ALLOCATION MASTER_PORT=29500"
     assert lines[5] == "export WORLD_SIZE=32 LOCAL_WORLD_SIZE=8 OMP_NUM_THREADS=1"
     srun = shlex.split(lines[6])
@@ -99,7 +102,7 @@ def test_per_node_run_exports_settings_to_every_rank(fake):
     proc = fake(PER_NODE, "--preset", "llama3-8b-h100x8", extra_env={"SLURM_JOB_NUM_NODES": "1"})
     assert proc.returncode == 0, proc.stderr
     env = (fake.log / "srun.env").read_text().splitlines()
-    assert env == ["CUDA_DEVICE_MAX_CONNECTIONS=1", "MASTER_ADDR=node-a07", "MASTER_PORT=23456",
+    assert env == ["CUDA_DEVICE_MAX_CONNECTIONS=1", "LAGOM_CLUSTER=h100-sxm-ib400", "MASTER_ADDR=node-a07", "MASTER_PORT=23456",
                    "NCCL_DEBUG=WARN", "TORCH_NCCL_AVOID_RECORD_STREAMS=1"]
     assert (fake.log / "srun.args").read_text().startswith("--kill-on-bad-exit=1 --nodes=1 ")
 
