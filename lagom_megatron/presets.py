@@ -161,12 +161,29 @@ class Preset(_Section):
         return load_model(self.model)
 
     def to_args(self) -> dict[str, Any]:
-        """Flattens the argument sections into argparse destinations -> values."""
+        """Flattens the argument sections into argparse destinations -> values.
+
+        The optional fields of ``OMIT_WHEN_DEFAULT`` appear only when a preset sets them to a
+        value other than their default, so that a parser without those flags still takes every
+        preset that does not use them.
+        """
         out: dict[str, Any] = {}
-        out.update(self.model_spec().model_dump())
-        for section in (self.parallel, self.training, self.overlap, self.data, self.lagom):
-            out.update(section.model_dump())
+        for section in (self.model_spec(), self.parallel, self.training, self.overlap, self.data, self.lagom):
+            defaults = type(section).model_fields
+            for key, value in section.model_dump().items():
+                if key in OMIT_WHEN_DEFAULT and value == defaults[key].default:
+                    continue
+                out[key] = value
         return out
+
+
+OMIT_WHEN_DEFAULT: frozenset[str] = frozenset({
+    "kv_channels", "rotary_base", "add_bias_linear", "moe_ffn_hidden_size", "moe_token_dispatcher_type",
+    "moe_grouped_gemm", "num_virtual_stages_per_pipeline_rank", "expert_tensor_parallel_size",
+    "overlap_param_gather_with_optimizer_step", "overlap_moe_expert_parallel_comm", "use_torch_fsdp2",
+    "use_megatron_fsdp",
+})
+"""Optional Megatron-LM destinations that ``Preset.to_args`` leaves out while at their default."""
 
 
 def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:

@@ -86,7 +86,9 @@ def _take(dst, src, idx) -> None:
 def _site_values(problem: SearchProblem, st, i: int, knob: str) -> list[float]:
     if problem.scope[knob] == "call" and problem.tunable[knob][i]:
         row = problem.vals[knob][i]
-        return list(row[~np.isnan(row)])
+        values = list(row[~np.isnan(row)])
+        current = float(st.get(knob)[i])  # NCCL's own choice, which the priority search may keep
+        return values if current in values else values + [current]
     return [float(st.get(knob)[i])]
 
 

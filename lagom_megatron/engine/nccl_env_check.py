@@ -305,7 +305,7 @@ def check_nccl_env(environ: Mapping[str, str], *, nccl_version: str | None = Non
                 "(ncclInvalidArgument, src/init.cc)",
                 f"lower {low_var} or raise {high_var}",
             ))
-        elif len(values) == 1:
+        elif len(values) == 1 and (get(low_var) is None or get(high_var) is None):
             (only,) = values
             other = high_var if only == low_var else low_var
             issues.append(EnvIssue(

@@ -249,6 +249,7 @@ class SearchProblem:
         default_iter = self.iteration_us
         predicted = self.iteration_us - float(d_region.sum()) + float(t_region.sum())
         stats = {**stats, "n_sites": len(self.sites), "default_iteration_us": round(default_iter, 3),
+                 "predicted_default_iteration_us": round(default_iter, 3),
                  "predicted_iteration_us": round(predicted, 3),
                  "predicted_speedup": round(default_iter / predicted, 4) if predicted > 0 else None,
                  "model_mape_pct": None if np.isnan(self.model.mape) else round(self.model.mape, 3)}
@@ -256,8 +257,7 @@ class SearchProblem:
                     backend=self.backend, mechanism=self.mechanism)
 
     def _config(self, i: int, st: State) -> CommConfig:
-        d = self.domains_S[i]
-        tun = {k: len(d[k]) > 1 for k in SEARCH_KNOBS}
+        tun = {k: self.tunable[k][i] for k in SEARCH_KNOBS}
         alg, proto = int(st.alg[i]), int(st.proto[i])
         lvl = int(st.lvl[i])
         chunk = None

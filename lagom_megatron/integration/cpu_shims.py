@@ -1,0 +1,177 @@
+"""Shims that let Megatron-Core 0.16.1 train a GPTModel on CPU with gloo.
+
+Megatron-Core assumes a GPU in a handful of places: it allocates with
+``device=torch.cuda.current_device()`` or a literal ``device="cuda"``, keeps its dropout RNG in
+the CUDA generator, calls ``torch.cuda.synchronize()`` after batched p2p, and dispatches the
+distributed optimizer on ``param.type() == "torch.cuda.FloatTensor"``. Each shim below redirects
+one of these to the CPU and says which Megatron-Core call needs it (checked against
+megatron-core 0.16.1 with torch 2.13.0).
+
+:func:`apply` installs them only when CUDA is unavailable (GPU runs are never touched), is
+idempotent, and returns nothing; :func:`remove` restores every original. They must be applied
+before the model, the DDP wrapper or the optimizer is built. These are process-global changes to
+``torch.cuda``/``torch.Tensor``; that is acceptable because a process without CUDA could not have
+used the originals.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
+import torch
+
+_ORIGINALS: list[tuple[Any, str, Any]] = []
+"""(owner, attribute, original own value or _MISSING) in installation order; empty when not applied."""
+
+_DEVICE_LITERAL_MODULES = (
+    "megatron.core.pipeline_parallel.schedules",   # total_num_tokens = torch.zeros([], device="cuda")
+    "megatron.core.transformer.utils",             # get_default_causal_mask: torch.ones(..., device="cuda")
+    "megatron.core.optimizer.optimizer",           # _scale / _dummy_overflow_buf: torch.tensor(..., device="cuda")
+    "megatron.core.optimizer.distrib_optimizer",   # grad-norm and overflow buffers on "cuda"
+    "megatron.core.optimizer.clip_grads",          # total_norm / dummy_overflow_buf on "cuda"
+    "megatron.core.optimizer.grad_scaler",         # loss-scale tensors on "cuda"
+    "megatron.core.utils",                         # local_multi_tensor_l2_norm: torch.tensor(device="cuda")
+)
+"""Modules that pass ``device="cuda"`` literals to tensor factories; they get a torch proxy."""
+
+_CUDA_TYPE_CALLERS = frozenset({
+    "megatron.core.optimizer.distrib_optimizer",
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+})
+"""Modules whose ``tensor.type()`` calls get the CUDA type name of a CPU tensor."""
+
+
+def _cpu_device(device: Any) -> Any:
+    if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda"):
+        return "cpu"
+    if isinstance(device, str) and device.startswith("cuda:"):
+        return "cpu"
+    return device
+
+
+class _CpuTorch(types.ModuleType):
+    """Stands in for ``torch`` inside one Megatron module: tensor factories map a CUDA device to
+    the CPU; every other attribute is torch's own."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+def _make_cpu_torch() -> _CpuTorch:
+    proxy = _CpuTorch("lagom_cpu_torch")
+    for name in ("zeros", "empty", "ones", "tensor", "full", "arange"):
+        factory = getattr(torch, name)
+
+        def cpu_factory(*args, _factory=factory, **kwargs):
+            if "device" in kwargs:
+                kwargs["device"] = _cpu_device(kwargs["device"])
+            return _factory(*args, **kwargs)
+
+        setattr(proxy, name, cpu_factory)
+    return proxy
+
+
+_MISSING = object()
+
+
+def _set(owner: Any, name: str, value: Any) -> None:
+    # Record the owner's own entry (not an inherited one), so remove() can put back exactly that.
+    _ORIGINALS.append((owner, name, vars(owner).get(name, _MISSING)))
+    setattr(owner, name, value)
+
+
+def is_applied() -> bool:
+    """True while the shims are installed."""
+    return bool(_ORIGINALS)
+
+
+def apply(force: bool = False) -> bool:
+    """Installs the CPU shims when CUDA is unavailable.
+
+    Args:
+        force: install even if CUDA is available (tests only; never on a GPU run).
+
+    Returns:
+        True if the shims are installed after the call (now or earlier), False on a CUDA machine.
+    """
+    if _ORIGINALS:
+        return True
+    if torch.cuda.is_available() and not force:
+        return False
+    import megatron.core.tensor_parallel.random as mc_random
+    from megatron.core.transformer import torch_norm
+
+    # model_parallel_cuda_manual_seed -> CudaRNGStatesTracker.add() calls torch.cuda.get_rng_state()
+    # and torch.cuda.manual_seed(); fork() (dropout inside tensor-parallel regions) calls
+    # _get_cuda_rng_state/_set_cuda_rng_state. Keep those RNG states in the CPU generator.
+    _set(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
+    _set(torch.cuda, "manual_seed", lambda seed: torch.manual_seed(seed))
+    _set(mc_random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state())
+    _set(mc_random, "_set_cuda_rng_state", lambda new_state, *a, **k: torch.set_rng_state(new_state))
+
+    # _ParamAndGradBuffer (DDP), p2p_communication recv buffers, tensor_parallel mappings/layers and
+    # GPTModel allocate with device=torch.cuda.current_device(); "cpu" is a valid device there.
+    _set(torch.cuda, "current_device", lambda: "cpu")
+
+    # P2PCommunicator._communicate calls torch.cuda.synchronize() after batch_isend_irecv when
+    # batch_p2p_sync is on (the default); gloo's wait() already synchronises.
+    _set(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    # LanguageModule.setup_embeddings_and_output_layer moves the tied output weight with
+    # weight.data.cuda() when PP > 1; on CPU the tensor stays where it is.
+    _set(torch.Tensor, "cuda", lambda self, *a, **k: self)
+
+    # DistributedOptimizer._build_model_and_main_param_groups and
+    # Float16OptimizerWithFloat16Params.__init__ accept only params whose param.type() is
+    # 'torch.cuda.{Float,Half,BFloat16}Tensor', and clip_grad_by_total_norm_fp32 asserts
+    # grad.type() == 'torch.cuda.FloatTensor'. Answer with the CUDA name for calls made from those
+    # modules only; everyone else sees the true type.
+    original_type = torch.Tensor.type
+
+    def tensor_type(self, *args, **kwargs):
+        result = original_type(self, *args, **kwargs)
+        if (not args and not kwargs and isinstance(result, str) and result.startswith("torch.")
+                and ".cuda." not in result
+                and sys._getframe(1).f_globals.get("__name__") in _CUDA_TYPE_CALLERS):
+            return "torch.cuda." + result[len("torch."):]
+        return result
+
+    _set(torch.Tensor, "type", tensor_type)
+
+    # WrappedTorchNorm.__new__ (the local layer spec's LayerNorm) asserts not
+    # config.sequence_parallel. Build it with SP off and mark its parameters sequence_parallel=True,
+    # which makes finalize_model_grads all-reduce their gradients over the TP group, as TE does.
+    original_new = torch_norm.WrappedTorchNorm.__dict__["__new__"].__func__
+
+    def norm_new(cls, config, hidden_size, eps=1e-5, *args, **kwargs):
+        sequence_parallel = config.sequence_parallel
+        config.sequence_parallel = False
+        try:
+            module = original_new(cls, config, hidden_size, eps, *args, **kwargs)
+        finally:
+            config.sequence_parallel = sequence_parallel
+        for param in module.parameters():
+            param.sequence_parallel = sequence_parallel
+        return module
+
+    _set(torch_norm.WrappedTorchNorm, "__new__", staticmethod(norm_new))
+
+    # device="cuda" literals in the modules listed in _DEVICE_LITERAL_MODULES.
+    proxy = _make_cpu_torch()
+    for module_name in _DEVICE_LITERAL_MODULES:
+        _set(importlib.import_module(module_name), "torch", proxy)
+    return True
+
+
+def remove() -> None:
+    """Restores every original patched by :func:`apply` (no-op when not applied)."""
+    while _ORIGINALS:
+        owner, name, value = _ORIGINALS.pop()
+        if value is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, value)

@@ -1,0 +1,198 @@
+"""The GPT model of ``pretrain_gpt.py``: Megatron-Core's ``GPTModel`` chunks wrapped in
+Megatron-Core's ``DistributedDataParallel``, built from parsed Megatron-LM arguments.
+
+Layer implementation: Transformer Engine's spec when TE is installed and a GPU is present (or
+``--transformer-impl transformer_engine``), otherwise the local (plain torch) spec.
+
+Layout-invariant initialisation (our design, not Megatron-LM's): before each transformer layer
+is built, the CPU generator is reseeded from ``--seed`` and the layer's *global* number. With
+``use_cpu_initialization`` (always on without a GPU) Megatron initialises every weight as the
+full, unsharded matrix from that generator and then keeps this rank's shard, so a layer starts
+from the same values whatever the tensor-, pipeline- or virtual-pipeline layout. The embedding
+is built first from ``--seed`` itself and the output layer right after the last layer, so they
+match across layouts too. That is what lets TP=2, DP=2 and PP=2 runs reproduce a single-process
+run's losses. Megatron-LM instead offsets the seed by pipeline rank, so its PP runs start from
+different weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+LAYER_SEED_STRIDE = 1009
+"""Seed of global layer k (1-based) = --seed + k x 1009 (a prime, so nearby seeds never collide)."""
+
+
+def te_available() -> bool:
+    """True when Transformer Engine's PyTorch extension imports."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # ImportError, or a TE build that fails to load its CUDA library
+        return False
+    return True
+
+
+def use_transformer_engine(args: argparse.Namespace) -> bool:
+    """Resolves ``--transformer-impl``: TE when asked, or by default when TE and a GPU are present.
+
+    Raises:
+        ValueError: ``--transformer-impl transformer_engine`` without TE or without a GPU.
+    """
+    if args.transformer_impl == "local":
+        return False
+    usable = torch.cuda.is_available() and te_available()
+    if args.transformer_impl == "transformer_engine" and not usable:
+        raise ValueError("--transformer-impl transformer_engine needs Transformer Engine and a CUDA GPU; "
+                         "use --transformer-impl local")
+    return usable
+
+
+def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
+    """Megatron-Core ``TransformerConfig`` from validated arguments.
+
+    On CPU, fused kernels (bias-GeLU, bias-dropout-add, masked softmax, RoPE) are turned off and
+    weights are initialised on the CPU; on a GPU they keep Megatron-Core's defaults.
+    """
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+    fused = {} if on_gpu else dict(
+        bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
+        apply_rope_fusion=False, persist_layer_norm=False,
+    )
+    return TransformerConfig(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        ffn_hidden_size=args.ffn_hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        normalization=args.normalization,
+        gated_linear_unit=args.swiglu,
+        activation_func=F.silu if args.swiglu else F.gelu,
+        num_moe_experts=args.num_experts,
+        moe_router_topk=args.moe_router_topk,
+        use_cpu_initialization=args.use_cpu_initialization or not on_gpu,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        sequence_parallel=args.sequence_parallel,
+        tp_comm_overlap=args.tp_comm_overlap,
+        overlap_p2p_comm=args.overlap_p2p_comm,
+        batch_p2p_comm=not args.overlap_p2p_comm,
+        gradient_accumulation_fusion=False,
+        deallocate_pipeline_outputs=True,
+        **fused,
+    )
+
+
+def layer_spec(args: argparse.Namespace, *, use_te: bool):
+    """The transformer-layer ``ModuleSpec`` (TE or local), with layout-invariant seeding."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if use_te:
+        spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(num_experts=args.num_experts)
+    else:
+        spec = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=args.num_experts,
+                                                        normalization=args.normalization)
+    spec.module = seeded_layer_class(spec.module, args.seed)
+    return spec
+
+
+def seeded_layer_class(layer_cls: type, seed: int) -> type:
+    """A subclass of ``layer_cls`` (Megatron's ``TransformerLayer``) that reseeds the CPU generator
+    from ``seed`` and its global 1-based layer number before building its weights.
+
+    The global number is computed with Megatron-Core's own ``get_transformer_layer_offset``, as
+    ``TransformerLayer.__init__`` does.
+    """
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+    from megatron.core.utils import get_pg_rank
+
+    class SeededLayer(layer_cls):
+        def __init__(self, config, submodules, layer_number: int = 1, *args, **kwargs):
+            pg_collection = kwargs.get("pg_collection")
+            pp_rank = get_pg_rank(pg_collection.pp) if pg_collection is not None else None
+            global_number = layer_number + get_transformer_layer_offset(config, kwargs.get("vp_stage"), pp_rank)
+            torch.manual_seed(seed + LAYER_SEED_STRIDE * global_number)
+            super().__init__(config, submodules, layer_number, *args, **kwargs)
+
+    SeededLayer.__name__ = SeededLayer.__qualname__ = layer_cls.__name__
+    return SeededLayer
+
+
+def ddp_config(args: argparse.Namespace):
+    """Megatron-Core ``DistributedDataParallelConfig`` from ``--overlap-grad-reduce``,
+    ``--overlap-param-gather``, ``--use-distributed-optimizer`` and ``--ddp-bucket-size``."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=args.bf16 or args.fp16,
+        overlap_grad_reduce=args.overlap_grad_reduce,
+        overlap_param_gather=args.overlap_param_gather,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        bucket_size=args.ddp_bucket_size,
+    )
+
+
+def build_model(args: argparse.Namespace, config, ddp_cfg, *, use_te: bool) -> list:
+    """Builds this rank's model chunks (one per virtual pipeline stage) wrapped in Megatron-Core DDP.
+
+    Sets the schedule hooks on ``config`` the way Megatron-LM's ``setup_model_and_optimizer``
+    does: ``no_sync_func``, ``grad_sync_func`` (with ``--overlap-grad-reduce``) and
+    ``finalize_model_grads_func``.
+
+    Args:
+        args: validated arguments (padded_vocab_size, seed, seq lengths, parallel sizes).
+        config: from :func:`transformer_config`.
+        ddp_cfg: from :func:`ddp_config`.
+        use_te: Transformer Engine layers.
+
+    Returns:
+        A list of ``DistributedDataParallel`` modules, one per virtual pipeline stage (length 1
+        without interleaving).
+    """
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+    from megatron.core.models.gpt import GPTModel
+
+    spec = layer_spec(args, use_te=use_te)
+    vpp = args.virtual_pipeline_model_parallel_size
+    chunks = []
+    for vp_stage in range(vpp or 1):
+        stage = vp_stage if vpp else None
+        torch.manual_seed(args.seed)  # embedding of the first stage; layers reseed themselves
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=args.padded_vocab_size,
+            max_sequence_length=args.max_position_embeddings,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+            parallel_output=True,
+            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+            position_embedding_type=args.position_embedding_type,
+            vp_stage=stage,
+        )
+        if torch.cuda.is_available():
+            model.cuda(torch.cuda.current_device())
+        # Megatron-LM wraps every chunk but the first without bucketing (their grads are reduced in
+        # finalize_model_grads, not overlapped with the backward of other chunks).
+        chunks.append(DistributedDataParallel(config=config, ddp_config=ddp_cfg, module=model,
+                                              disable_bucketing=vp_stage > 0))
+    single = len(chunks) == 1
+    config.no_sync_func = chunks[0].no_sync if single else [c.no_sync for c in chunks]
+    if args.overlap_grad_reduce:
+        config.grad_sync_func = chunks[0].start_grad_sync if single else [c.start_grad_sync for c in chunks]
+    config.finalize_model_grads_func = finalize_model_grads
+    return chunks
