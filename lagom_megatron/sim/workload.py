@@ -24,13 +24,17 @@ What is simulated (and what is not):
   ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (the preset's env) makes kernels start in issue order
   (``lagom_megatron.sim.timeline``).
 
-Sites use the real hooks' naming scheme: ``dp.grad_reduce_scatter[chunk{c}.bucket{b}]``
-(``dp.grad_all_reduce`` without the distributed optimizer), ``dp.param_all_gather[chunk{c}.bucket{b}]``,
-``tp.sp_all_gather[layer{l}.{module}]``, ``tp.sp_reduce_scatter[...]``, ``tp.all_reduce[...]``,
-``pp.send_next[chunk{c}]`` / ``pp.recv_prev`` / ``pp.send_prev`` / ``pp.recv_next``,
-``ep.all_to_all[layer{l}.dispatch|combine]``, ``cp.ring_exchange[layer{l}]``; group names dp,
-dp_cp, tp, pp, ep, cp. Blocking collectives that overlap nothing (the forward sequence-parallel
-all-gather / reduce-scatter) run under NCCL defaults and are not sites.
+Sites carry the ids, ops, bytes, dtypes and groups the real hooks report
+(``lagom_megatron.integration.sites``): ``dp.grad_reduce_scatter[chunk{c}.bucket{b}]``
+(``dp.grad_all_reduce`` without the distributed optimizer; fp32 gradient buffer),
+``dp.param_all_gather[chunk{c}.bucket{b}]`` (bf16 parameters), the backward tensor-parallel
+streams ``tp.sp_all_gather[n]`` / ``tp.sp_reduce_scatter[n]`` / ``tp.dgrad_all_reduce[n]``
+(n = call order within a micro-batch), one ``pp.send_recv`` site per pipeline (op ``send``),
+the MoE dispatcher's forward ``ep.dispatch_all_to_all[n]`` / ``ep.combine_all_to_all[n]``, and
+``cp.ring_exchange[layer{l}]`` (context-parallel ring attention, which the real hooks do not
+report yet). Group names dp, dp_cp, tp, pp, ep, cp; ``dp_cp`` only with context parallelism.
+Collectives the hooks do not see (the forward sequence-parallel all-gather / reduce-scatter, the
+MoE all-to-alls of the backward pass) run under NCCL defaults and are not sites.
 
 Not modelled: expert-parameter gradient sync when the expert data-parallel size exceeds 1,
 Transformer Engine userbuffers beyond a fixed SM reservation (``tp_comm_overlap``), activation
@@ -149,6 +153,7 @@ class Workload:
     bucket_params: int
     nodes: dict[str, int]
     sizes: dict[str, int]
+    _counters: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_preset(cls, preset: Any, gpu: Gpu) -> "Workload":
@@ -214,6 +219,14 @@ class Workload:
     def embedding_params(self) -> float:
         return self.vocab * self.hidden / self.tp
 
+    def _stream_id(self, group: str, kind: str) -> str:
+        """``{group}.{kind}[n]``: the n-th call of this stream in the current micro-batch, the way the
+        real hooks number call streams without a structural index (integration/sites.py)."""
+        key = (group, kind)
+        n = self._counters.get(key, 0)
+        self._counters[key] = n + 1
+        return f"{group}.{kind}[{n}]"
+
     def _coll(self, op: str, nbytes: float, group: str) -> Collective:
         return Collective(op=op, nbytes=int(nbytes), group_size=self.sizes[group], n_nodes=self.nodes[group])
 
@@ -267,7 +280,7 @@ class Workload:
             n = counts[sid]
             if not sid.startswith("dp."):
                 n = int(round(n * scale))
-            dtype = "fp32" if "grad_" in sid and sid.startswith("dp.") else "bf16"
+            dtype = "float32" if "grad_" in sid and sid.startswith("dp.") else "bfloat16"
             out.append(CollectiveSite(site_id=sid, op=call.coll.op, nbytes=call.coll.nbytes, dtype=dtype,
                                       group=call.stream, group_size=call.coll.group_size,
                                       n_nodes=call.coll.n_nodes, calls_per_iter=max(1, n)))
@@ -284,6 +297,7 @@ class Workload:
         ag_idx: dict[tuple[int, int], int] = {}
         pending_send: dict[str, int] = {}
         for mb in range(mbs):
+            self._counters = {}
             prog.mb_start_op[mb] = len(prog.ops)
             if mb == mbs - 1 and self.pp > 1:
                 prog.ops.append(("I", self.bubble_us(), mb))
@@ -346,7 +360,7 @@ class Workload:
         g = self.dp_group()
         act_bytes = self.tokens * self.hidden * 2 / (self.tp if self.sp else 1)
         if self.pp > 1 and c > 0:
-            prog.blocking(Call(f"pp.recv_prev[chunk{c}]", self._coll("recv", act_bytes, "pp"), "pp", mb))
+            prog.blocking(Call("pp.send_recv", self._coll("send", act_bytes, "pp"), "pp", mb))
         if c == 0:
             prog.kernel(_elementwise("embedding", self.tokens * self.hidden * 2 * 2), mb)
         fwd_bucket_order = list(reversed(buckets)) if buckets else []
@@ -364,7 +378,7 @@ class Workload:
                         ag_idx[(c, nxt[0])] = prog.launch(self._ag_call(c, nxt[0], buckets, mb))
             self._layer_forward(prog, c, li, mb)
         if self.pp > 1:
-            self._send(prog, f"pp.send_next[chunk{c}]", act_bytes, mb, pending_send)
+            self._send(prog, "pp.send_recv", act_bytes, mb, pending_send)
         elif c == self.chunks - 1:
             T = self.tokens
             prog.kernel(_gemm("output", T, self.vocab / self.tp, self.hidden, self._sms()), mb)
@@ -403,10 +417,10 @@ class Workload:
         if self.experts:
             prog.kernel(ks["router"], mb)
             a2a = self.tokens * self.topk * self.hidden * 2
-            prog.blocking(Call(f"ep.all_to_all[layer{layer}.dispatch]", self._coll("all_to_all", a2a, "ep"), "ep", mb))
+            prog.blocking(Call(self._stream_id("ep", "dispatch_all_to_all"), self._coll("all_to_all", a2a, "ep"), "ep", mb))
             for n in ("fc1", "act", "fc2"):
                 prog.kernel(ks[n], mb)
-            prog.blocking(Call(f"ep.all_to_all[layer{layer}.combine]", self._coll("all_to_all", a2a, "ep"), "ep", mb))
+            prog.blocking(Call(self._stream_id("ep", "combine_all_to_all"), self._coll("all_to_all", a2a, "ep"), "ep", mb))
         else:
             self._tp_fwd(prog, mb, "all_gather")
             for n in ("fc1", "act", "fc2"):
@@ -420,15 +434,15 @@ class Workload:
         wgrad = ComputeKernel(f"{module}.wgrad", k.kind, k.flops, k.hbm_bytes, k.max_sms)
         nbytes = self.tokens * self.hidden * 2
         if self.tp > 1 and not self.tp_comm_overlap and self.sp:
-            ag = prog.launch(Call(f"tp.sp_all_gather[layer{layer}.{module}]", self._coll("all_gather", nbytes, "tp"), "tp", mb))
+            ag = prog.launch(Call(self._stream_id("tp", "sp_all_gather"), self._coll("all_gather", nbytes, "tp"), "tp", mb))
             prog.kernel(dgrad, mb)
             prog.wait(ag)
-            rs = prog.launch(Call(f"tp.sp_reduce_scatter[layer{layer}.{module}]", self._coll("reduce_scatter", nbytes, "tp"), "tp", mb))
+            rs = prog.launch(Call(self._stream_id("tp", "sp_reduce_scatter"), self._coll("reduce_scatter", nbytes, "tp"), "tp", mb))
             prog.kernel(wgrad, mb)
             prog.wait(rs)
         elif self.tp > 1 and not self.tp_comm_overlap:
             prog.kernel(dgrad, mb)
-            ar = prog.launch(Call(f"tp.all_reduce[layer{layer}.{module}]", self._coll("all_reduce", nbytes, "tp"), "tp", mb))
+            ar = prog.launch(Call(self._stream_id("tp", "dgrad_all_reduce"), self._coll("all_reduce", nbytes, "tp"), "tp", mb))
             prog.kernel(wgrad, mb)
             prog.wait(ar)
         else:
@@ -440,12 +454,12 @@ class Workload:
         layer = self.global_layer(c, li)
         if self.experts:
             a2a = self.tokens * self.topk * self.hidden * 2
-            prog.blocking(Call(f"ep.all_to_all[layer{layer}.combine]", self._coll("all_to_all", a2a, "ep"), "ep", mb))
+            prog.blocking(Call(None, self._coll("all_to_all", a2a, "ep"), "ep", mb))
             for n in ("fc2", "fc1"):
                 prog.kernel(ks[n], mb)
                 prog.kernel(ks[n], mb)
             prog.kernel(ks["act"], mb)
-            prog.blocking(Call(f"ep.all_to_all[layer{layer}.dispatch]", self._coll("all_to_all", a2a, "ep"), "ep", mb))
+            prog.blocking(Call(None, self._coll("all_to_all", a2a, "ep"), "ep", mb))
             prog.kernel(ks["router"], mb)
         else:
             self._tp_fwd(prog, mb, "all_gather")
@@ -473,7 +487,7 @@ class Workload:
         g = self.dp_group()
         act_bytes = self.tokens * self.hidden * 2 / (self.tp if self.sp else 1)
         if self.pp > 1:
-            prog.blocking(Call(f"pp.recv_next[chunk{c}]", self._coll("recv", act_bytes, "pp"), "pp", mb))
+            prog.blocking(Call("pp.send_recv", self._coll("send", act_bytes, "pp"), "pp", mb))
         elif c == self.chunks - 1:
             prog.kernel(_gemm("output.dgrad", self.tokens, self.hidden, self.vocab / self.tp, self._sms()), mb)
             prog.kernel(_gemm("output.wgrad", self.tokens, self.hidden, self.vocab / self.tp, self._sms()), mb)
@@ -491,7 +505,7 @@ class Workload:
                 op, name = ("reduce_scatter", "grad_reduce_scatter") if self.dist_opt else ("all_reduce", "grad_all_reduce")
                 prog.blocking(Call(None, self._coll(op, p * 4, g), g, mb))
         if self.pp > 1 and c > 0:
-            self._send(prog, f"pp.send_prev[chunk{c}]", act_bytes, mb, pending_send)
+            self._send(prog, "pp.send_recv", act_bytes, mb, pending_send)
 
 
 def prog_microbatches(w: Workload) -> int:
