@@ -165,7 +165,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="micro-batches per DP rank: 'preset' (the preset's global batch) and/or numbers (short accumulation)")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
-    logging.getLogger("lagom.tuner").setLevel(logging.ERROR)  # fall-backs are columns of the table
+    tuner_log = logging.getLogger("lagom.tuner")
+    level = tuner_log.level
+    tuner_log.setLevel(logging.ERROR)  # fall-backs are columns of the table
+    try:
+        return _run(args)
+    finally:
+        tuner_log.setLevel(level)
+
+
+def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

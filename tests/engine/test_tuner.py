@@ -7,6 +7,7 @@ tests/sim/ runs the lifecycle against the real engine and the simulator.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import types
@@ -199,6 +200,7 @@ def test_preconditions_name_what_was_seen(fake_engine):
 
 
 def test_site_with_wrong_config_or_missing_probe_sample_keeps_defaults(fake_engine, caplog):
+    caplog.set_level(logging.WARNING, logger="lagom.tuner")
     t = _tuner()
     first_probe = True
     for it in range(t.profiling_iters):
