@@ -107,3 +107,22 @@ def test_cta_policy_efficiency_uses_fewer_channels_than_default():
     eff = resolve_config(g, AG, CommConfig(cta_policy="EFFICIENCY"))
     assert eff.n_channels < default.n_channels
     assert busbw_gbs(g, AG, CommConfig(cta_policy="EFFICIENCY")) >= 0.8 * busbw_gbs(g, AG)
+
+
+# Source: NVIDIA/Megatron-LM README (performance section): Megatron-Core trains GPT models "with up
+# to 47% Model FLOP Utilization (MFU) on H100 clusters" (GPT-3 175B, weak scaling to 6144 GPUs).
+def test_gpt3_175b_model_flop_utilization_on_h100():
+    from lagom_megatron.presets import load_preset
+    from lagom_megatron.sim.backend import SimulatedCluster
+
+    preset = load_preset("gpt3-175b-h100x512")
+    sim = SimulatedCluster(preset, seed=0)
+    m, w, t = preset.model_spec(), sim.workload, preset.training
+    tokens = t.global_batch_size * t.seq_length
+    per_layer = m.hidden_size * (w.q_dim + 2 * w.kv_dim) + w.q_dim * m.hidden_size + 2 * m.hidden_size * w.ffn
+    params = m.num_layers * per_layer + 2 * w.vocab * m.hidden_size
+    # 6 FLOPs per parameter and token, plus causal attention (PaLM appendix B, halved for causality)
+    flops = 6 * params * tokens + 6 * m.num_layers * tokens * t.seq_length * w.q_dim
+    us = sim.run_iteration(iteration=1).iteration_us
+    mfu = flops / (us * 1e-6 * preset.world_size * sim.gpu.peak_tflops * 1e12)
+    assert 0.40 <= mfu <= 0.50, f"MFU {mfu:.1%}"

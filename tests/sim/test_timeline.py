@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lagom_megatron.sim import timeline
-from lagom_megatron.sim.device import CommCost, ComputeKernel, Gpu
+from lagom_megatron.sim.device import COMPUTE_EFF, CommCost, ComputeKernel, Gpu
 from lagom_megatron.sim.workload import Call, Collective, Program
 
 GPU = Gpu(sms=100, hbm_gbs=1000.0, peak_tflops=100.0, nvlink_gbs=100.0, net_gbs=10.0, gpus_per_node=8, sm_arch=90,
@@ -19,8 +19,8 @@ def _cost(t_us: float, ctas: int = 10, hbm_mult: float = 0.0) -> CommCost:
 
 
 def _math_kernel(us_alone: float) -> ComputeKernel:
-    # pure math: flops / (100 TFLOP/s * 0.72 gemm efficiency) us, plus the fixed 1 us launch cost
-    return ComputeKernel("k", "gemm", (us_alone - 1.0) * 100e6 * 0.72, 0.0)
+    # pure math: flops / (100 TFLOP/s * GEMM efficiency) us, plus the fixed 1 us launch cost
+    return ComputeKernel("k", "gemm", (us_alone - 1.0) * 100e6 * COMPUTE_EFF["gemm"], 0.0)
 
 
 def _run(prog, costs, **kw):
