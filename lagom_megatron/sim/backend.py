@@ -24,7 +24,7 @@ from lagom_megatron.engine.profile import CollectiveSite, Sample
 from lagom_megatron.engine.tuner import IterationMeasurement, Phase, Step, Tuner
 from lagom_megatron.sim import timeline
 from lagom_megatron.sim.device import CommCost, Gpu, comm_cost, resolve_config
-from lagom_megatron.sim.workload import Workload, prog_microbatches, steady_copies
+from lagom_megatron.sim.workload import Workload, steady_copies
 
 SIGMA_ITERATION = 0.01
 """Relative standard deviation of whole-iteration noise (stragglers, clocks), on top of the

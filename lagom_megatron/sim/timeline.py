@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from lagom_megatron.sim.device import HBM_EFF, KAPPA_COMM, CommCost, Gpu, compute_time_us
-from lagom_megatron.sim.workload import Program
+from lagom_megatron.sim.program import Program
 
 WINDOW_CAP = 2000
 """Most kernels a window scans (keeps window construction linear on long programs)."""

@@ -48,6 +48,7 @@ from typing import Any
 
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.sim.device import Collective, ComputeKernel, Gpu, compute_time_us
+from lagom_megatron.sim.program import Call, Program, elementwise, gemm, group_nodes
 
 MICROBATCH_CAP = 4
 """Micro-batches simulated explicitly; the rest are copies of the steady one (module docstring)."""
@@ -56,62 +57,6 @@ UB_SMS = 16
 ADAM_BYTES_PER_PARAM = 28.0
 """HBM bytes per parameter of a distributed-optimizer Adam step (fp32 param, grad, m, v read and
 written, bf16 param written)."""
-
-
-@dataclass(slots=True)
-class Call:
-    """One collective call: ``site_id`` None = not a site (runs under NCCL defaults, unmeasured)."""
-
-    site_id: str | None
-    coll: Collective
-    stream: str
-    microbatch: int = 0
-
-
-@dataclass(slots=True)
-class Program:
-    """The compute stream in issue order plus the collective calls it launches.
-
-    ``ops``: ("K", ComputeKernel, microbatch) | ("L", call index) | ("W", call index) | ("I", us, microbatch).
-    """
-
-    ops: list[tuple] = field(default_factory=list)
-    calls: list[Call] = field(default_factory=list)
-    mb_start_op: dict[int, int] = field(default_factory=dict)
-    """Index of the first op of each micro-batch (to measure the steady micro-batch's span)."""
-
-    def kernel(self, k: ComputeKernel, mb: int) -> None:
-        self.ops.append(("K", k, mb))
-
-    def launch(self, call: Call) -> int:
-        """Appends a launch; returns the call index, or -1 for a group of one rank (no collective)."""
-        if call.coll.group_size <= 1:
-            return -1
-        self.calls.append(call)
-        idx = len(self.calls) - 1
-        self.ops.append(("L", idx))
-        return idx
-
-    def wait(self, idx: int) -> None:
-        if idx >= 0:
-            self.ops.append(("W", idx))
-
-    def blocking(self, call: Call) -> None:
-        self.wait(self.launch(call))
-
-
-def _gemm(name: str, m: float, n: float, k: float, max_sms: int | None = None) -> ComputeKernel:
-    """A bf16 GEMM (m x k) @ (k x n): 2mnk FLOPs, operands and result read/written once."""
-    return ComputeKernel(name, "gemm", 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n), max_sms)
-
-
-def _elementwise(name: str, nbytes: float, kind: str = "elementwise") -> ComputeKernel:
-    return ComputeKernel(name, kind, nbytes / 4.0, nbytes)
-
-
-def group_nodes(*, stride: int, size: int, gpus_per_node: int) -> int:
-    """Nodes spanned by a group of ``size`` ranks ``stride`` apart starting at rank 0."""
-    return len({(i * stride) // gpus_per_node for i in range(size)})
 
 
 @dataclass(kw_only=True)
@@ -316,7 +261,7 @@ class Workload:
                 prog.wait(i)
         params = self.layer_params() * self.layers_per_chunk * self.chunks + self.output_params() + self.embedding_params()
         shard = params / (self.dp * self.cp) if self.dist_opt else params
-        prog.kernel(_elementwise("optimizer.adam", shard * ADAM_BYTES_PER_PARAM), mbs - 1)
+        prog.kernel(elementwise("optimizer.adam", shard * ADAM_BYTES_PER_PARAM), mbs - 1)
         if not (self.dist_opt and self.overlap_param) and self.dist_opt:
             for c in range(self.chunks):
                 for b, _, p in buckets[c]:
@@ -335,20 +280,20 @@ class Workload:
         T, h, tp, q, kv = self.tokens, self.hidden, self.tp, self.q_dim, self.kv_dim
         sms = self._sms()
         ks = [
-            _elementwise("norm1", 4 * T * h / (tp if self.sp else 1), "norm"),
-            _gemm("qkv", T, (q + 2 * kv) / tp, h, sms),
+            elementwise("norm1", 4 * T * h / (tp if self.sp else 1), "norm"),
+            gemm("qkv", T, (q + 2 * kv) / tp, h, sms),
             ComputeKernel("attention", "attention", 2.0 * T * self.seq * q / tp, 2.0 * T * (2 * q + 2 * kv) / tp),
-            _gemm("proj", T, h, q / tp, sms),
-            _elementwise("norm2", 6 * T * h / (tp if self.sp else 1), "norm"),
+            gemm("proj", T, h, q / tp, sms),
+            elementwise("norm2", 6 * T * h / (tp if self.sp else 1), "norm"),
         ]
         if self.experts:
             tt = T * self.topk
-            ks += [_gemm("router", T, self.experts, h), _gemm("fc1", tt, self.ffn * (2 if self.swiglu else 1), h),
-                   _elementwise("act", tt * self.ffn * 6), _gemm("fc2", tt, h, self.ffn)]
+            ks += [gemm("router", T, self.experts, h), gemm("fc1", tt, self.ffn * (2 if self.swiglu else 1), h),
+                   elementwise("act", tt * self.ffn * 6), gemm("fc2", tt, h, self.ffn)]
         else:
             up = 2 if self.swiglu else 1
-            ks += [_gemm("fc1", T, up * self.ffn / tp, h, sms), _elementwise("act", T * self.ffn * 6 / tp),
-                   _gemm("fc2", T, h, self.ffn / tp, sms)]
+            ks += [gemm("fc1", T, up * self.ffn / tp, h, sms), elementwise("act", T * self.ffn * 6 / tp),
+                   gemm("fc2", T, h, self.ffn / tp, sms)]
         return ks
 
     def _tp_fwd(self, prog: Program, mb: int, op: str) -> None:
@@ -362,7 +307,7 @@ class Workload:
         if self.pp > 1 and c > 0:
             prog.blocking(Call("pp.send_recv", self._coll("send", act_bytes, "pp"), "pp", mb))
         if c == 0:
-            prog.kernel(_elementwise("embedding", self.tokens * self.hidden * 2 * 2), mb)
+            prog.kernel(elementwise("embedding", self.tokens * self.hidden * 2 * 2), mb)
         fwd_bucket_order = list(reversed(buckets)) if buckets else []
         layer_to_bucket = {li: b for b, lis, _ in (buckets or []) for li in lis}
         for li in range(self.layers_per_chunk):
@@ -381,8 +326,8 @@ class Workload:
             self._send(prog, "pp.send_recv", act_bytes, mb, pending_send)
         elif c == self.chunks - 1:
             T = self.tokens
-            prog.kernel(_gemm("output", T, self.vocab / self.tp, self.hidden, self._sms()), mb)
-            prog.kernel(_elementwise("cross_entropy", T * self.vocab / self.tp * 8), mb)
+            prog.kernel(gemm("output", T, self.vocab / self.tp, self.hidden, self._sms()), mb)
+            prog.kernel(elementwise("cross_entropy", T * self.vocab / self.tp * 8), mb)
 
     def _ag_call(self, c, b, buckets, mb) -> Call:
         p = next(p for bb, _, p in buckets if bb == b)
@@ -489,13 +434,13 @@ class Workload:
         if self.pp > 1:
             prog.blocking(Call("pp.send_recv", self._coll("send", act_bytes, "pp"), "pp", mb))
         elif c == self.chunks - 1:
-            prog.kernel(_gemm("output.dgrad", self.tokens, self.hidden, self.vocab / self.tp, self._sms()), mb)
-            prog.kernel(_gemm("output.wgrad", self.tokens, self.hidden, self.vocab / self.tp, self._sms()), mb)
+            prog.kernel(gemm("output.dgrad", self.tokens, self.hidden, self.vocab / self.tp, self._sms()), mb)
+            prog.kernel(gemm("output.wgrad", self.tokens, self.hidden, self.vocab / self.tp, self._sms()), mb)
         last_layer_of = {lis[-1]: (b, p) for b, lis, p in (buckets or [])}
         for li in range(self.layers_per_chunk - 1, -1, -1):
             self._layer_backward(prog, c, li, mb)
             if c == 0 and li == 0:
-                prog.kernel(_elementwise("embedding.bwd", self.tokens * self.hidden * 2 * 3), mb)
+                prog.kernel(elementwise("embedding.bwd", self.tokens * self.hidden * 2 * 3), mb)
             if buckets is not None and self.overlap_grad and li in last_layer_of:
                 b, p = last_layer_of[li]
                 op, name = ("reduce_scatter", "grad_reduce_scatter") if self.dist_opt else ("all_reduce", "grad_all_reduce")

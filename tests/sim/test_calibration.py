@@ -12,7 +12,7 @@ from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.sim import timeline
 from lagom_megatron.sim.device import Collective, ComputeKernel, Gpu, busbw_gbs, comm_cost, resolve_config
-from lagom_megatron.sim.workload import Call, Program
+from lagom_megatron.sim.program import Call, Program
 
 GIB = 1 << 30
 

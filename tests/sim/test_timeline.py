@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lagom_megatron.sim import timeline
-from lagom_megatron.sim.device import COMPUTE_EFF, CommCost, ComputeKernel, Gpu
-from lagom_megatron.sim.workload import Call, Collective, Program
+from lagom_megatron.sim.device import COMPUTE_EFF, Collective, CommCost, ComputeKernel, Gpu
+from lagom_megatron.sim.program import Call, Program
 
 GPU = Gpu(sms=100, hbm_gbs=1000.0, peak_tflops=100.0, nvlink_gbs=100.0, net_gbs=10.0, gpus_per_node=8, sm_arch=90,
           nvswitch=True, nvlink_latency_us=1.0, net_latency_us=5.0, max_channels=64)
