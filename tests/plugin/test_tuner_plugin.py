@@ -1,0 +1,130 @@
+"""Builds the NCCL tuner plugin and its C harness with gcc, runs the harness, and checks the
+plugin's answers for tables written here (the expected values are worked out from the table)."""
+
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+
+from lagom_megatron.cli import main
+from lagom_megatron.nccl_plugin import PLUGIN_DIR, build_harness, build_tuner
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed: the tuner plugin is built with gcc")
+
+ALGOS = ["tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat"]
+PROTOS = ["ll", "ll128", "simple"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tuner")
+    return build_tuner(out), build_harness(out)
+
+
+def _query(built, table, tag, n_ranks, n_nodes, coll, nbytes):
+    lib, harness = built
+    proc = subprocess.run([str(harness), str(lib), "--query", str(table), tag, str(n_ranks), str(n_nodes),
+                           coll, str(nbytes)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    fields = dict(kv.split("=") for kv in proc.stdout.split())
+    algo, proto = int(fields["algo"]), int(fields["proto"])
+    return {"algo": ALGOS[algo] if algo >= 0 else None, "proto": PROTOS[proto] if proto >= 0 else None,
+            "channels": int(fields["channels"]), "chunk": int(fields["chunk"]), "log": proc.stderr}
+
+
+def test_harness_passes_every_case(built):
+    lib, harness = built
+    listed = subprocess.run([str(harness), str(lib), "--list"], capture_output=True, text=True, check=True)
+    names = listed.stdout.split()
+    assert {"several_comms", "malformed_tables", "empty_table", "missing_table", "older_abis"} <= set(names)
+    proc = subprocess.run([str(harness), str(lib)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    passed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("PASS ")]
+    assert passed == names, f"got {passed} but should be {names}"
+
+
+def test_harness_under_address_sanitizer(tmp_path):
+    """Same cases with ASan/UBSan/LeakSanitizer: every error path must free what it allocated."""
+    flags = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+    probe = subprocess.run(["gcc", *flags, "-x", "c", "-", "-o", str(tmp_path / "probe")],
+                           input="int main(void){return 0;}", capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("gcc here has no AddressSanitizer runtime")
+    lib = build_tuner(tmp_path, extra_cflags=flags)
+    harness = build_harness(tmp_path, extra_cflags=flags)
+    proc = subprocess.run([str(harness), str(lib)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ERROR: " not in proc.stderr, proc.stderr
+
+
+def test_exports_only_the_abi_structs(built):
+    lib = ctypes.CDLL(str(built[0]))
+    for version in (3, 4, 5, 6):
+        assert hasattr(lib, f"ncclTunerPlugin_v{version}")
+    for internal in ("lagomInit", "lagomGetCollInfo", "loadTable", "parseRow"):
+        assert not hasattr(lib, internal), f"{internal} should be hidden"
+
+
+def test_extended_table_per_communicator(built, tmp_path):
+    table = tmp_path / "plan.csv"
+    table.write_text(
+        "# collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff,chunkSize,commTag\n"
+        "reducescatter,0,33554432,ring,simple,4,-1,8,-1,-1,262144,dp_cp\n"
+        "allgather,0,-1,ring,ll,2,-1,8,-1,-1,-1,dp_cp\n"
+        "allgather,0,-1,nvls,simple,6,1,4,-1,-1,-1,tp\n"
+        "allreduce,0,-1,tree,ll128,12,-1,-1\n")
+    rs = _query(built, table, "dp_cp", 8, 1, "reducescatter", 33554432)
+    assert (rs["algo"], rs["proto"], rs["channels"], rs["chunk"]) == ("ring", "simple", 4, 262144)
+    rs_big = _query(built, table, "dp_cp", 8, 1, "reducescatter", 33554433)
+    assert (rs_big["algo"], rs_big["channels"], rs_big["chunk"]) == (None, 0, -1)
+    ag = _query(built, table, "dp_cp", 8, 1, "allgather", 1 << 20)
+    assert (ag["algo"], ag["proto"], ag["channels"], ag["chunk"]) == ("ring", "ll", 2, -1)
+    tp = _query(built, table, "tp", 4, 1, "allgather", 1 << 20)
+    assert (tp["algo"], tp["proto"], tp["channels"]) == ("nvls", "simple", 6)
+    tp_two_nodes = _query(built, table, "tp", 4, 2, "allgather", 1 << 20)
+    assert tp_two_nodes["channels"] == 0 and tp_two_nodes["algo"] is None
+    any_comm = _query(built, table, "-", 16, 2, "allreduce", 100)
+    assert (any_comm["algo"], any_comm["proto"], any_comm["channels"]) == ("tree", "ll128", 12)
+    assert "1 of 4 rows" in any_comm["log"]
+
+
+def test_ten_column_table_of_nccl_example_format(built, tmp_path):
+    """The 10-column rows NCCL's example plugin reads are accepted unchanged."""
+    table = tmp_path / "nccl_tuner.conf"
+    table.write_text("allreduce,65537,1048576,ring,simple,4,1,8,1,0\n")
+    hit = _query(built, table, "-", 8, 1, "allreduce", 65537)
+    assert (hit["algo"], hit["proto"], hit["channels"]) == ("ring", "simple", 4)
+    miss = _query(built, table, "-", 8, 1, "allreduce", 65536)
+    assert (miss["algo"], miss["channels"]) == (None, 0)
+
+
+def test_malformed_table_keeps_nccl_choice(built, tmp_path):
+    table = tmp_path / "bad.csv"
+    table.write_text("allreduce,0,-1,ring,simple,4,-1,-1\nallreduce,0,-1,ring,simple,4,-1,-1,x\n")
+    res = _query(built, table, "-", 8, 1, "allreduce", 4096)
+    assert (res["algo"], res["channels"]) == (None, 0)
+    assert "line 2: numPipeOps 'x'" in res["log"] and "the whole table is ignored" in res["log"]
+
+
+def test_makefile_build_and_test_targets(tmp_path):
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    proc = subprocess.run(["make", "-C", str(PLUGIN_DIR), "test", f"BUILD_DIR={tmp_path}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 failed" in proc.stdout
+    assert (tmp_path / "libnccl-tuner-lagom.so").is_file()
+
+
+def test_build_tuner_command(tmp_path, capsys):
+    assert main(["build-tuner", "-o", str(tmp_path / "out")]) == 0
+    lib = tmp_path / "out" / "libnccl-tuner-lagom.so"
+    assert capsys.readouterr().out.splitlines()[0] == str(lib.resolve())
+    assert hasattr(ctypes.CDLL(str(lib)), "ncclTunerPlugin_v6")
+
+
+def test_missing_compiler_is_a_clear_error(tmp_path, capsys):
+    assert main(["build-tuner", "-o", str(tmp_path), "--cc", "no-such-cc-lagom"]) == 2
+    err = capsys.readouterr().err
+    assert "C compiler 'no-such-cc-lagom' not found on PATH" in err and "gcc" in err
