@@ -381,3 +381,80 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
             dist.all_reduce(probe, group=group)
             torch.cuda.synchronize(device)
     return group
+
+
+def comm_tag(desc: str) -> str:
+    """The tuner-plugin tag of a pool entry whose ``group_desc`` is ``desc``.
+
+    Characters the plugin does not accept become ``_``; a description longer than 63 characters
+    is cut to 54 and followed by ``_`` and 8 hex digits of its SHA-256, so tags stay distinct.
+    The plan table's ``commTag`` column must carry this value for rows meant for that entry.
+    """
+    import hashlib
+
+    tag = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "_.:/-[]") else "_" for ch in desc) or "_"
+    if len(tag) > 63:
+        tag = f"{tag[:54]}_{hashlib.sha256(desc.encode()).hexdigest()[:8]}"
+    return tag
+
+
+class NcclPoolBackend:
+    """Pool backend for ``integration.comm_pool.CommPool`` on NCCL (``make_backend("nccl")``).
+
+    Two mechanisms (``engine.knobs.MECHANISMS``):
+
+    * tuner plugin (default when ``NCCL_TUNER_PLUGIN`` is set): algorithm, protocol, channels and
+      chunk size are per call, from the plan table. Every non-default config still gets an entry
+      keyed by its communicator-scope knobs (CTA policy, CGA cluster size), because the plugin
+      reads the table when a communicator is created: entries created after the plan exist see it,
+      the group's own communicators (created at start-up) do not. Rows for an entry carry its tag
+      (``comm_tag(desc)``).
+    * communicator (no plugin): one entry per distinct (n_channels, algorithm, protocol,
+      cta_policy, cga_cluster_size), applied with ``ncclConfig_t`` and NCCL_ALGO/NCCL_PROTO.
+
+    Args:
+        use_tuner_plugin: None = ``NCCL_TUNER_PLUGIN`` is set in the environment.
+        tuner_table: plan table for the plugin (``LAGOM_TUNER_CONFIG`` during entry creation);
+            None = the process environment's.
+    """
+
+    name = "nccl"
+
+    def __init__(self, use_tuner_plugin: bool | None = None, tuner_table: str | os.PathLike | None = None) -> None:
+        self.use_tuner_plugin = bool(os.environ.get("NCCL_TUNER_PLUGIN")) if use_tuner_plugin is None else use_tuner_plugin
+        self.tuner_table = tuner_table
+
+    def _entry_config(self, config: CommConfig) -> CommConfig:
+        if self.use_tuner_plugin:  # per-call knobs travel through the plugin table
+            return CommConfig(cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
+        return CommConfig(n_channels=config.n_channels, algorithm=config.algorithm, protocol=config.protocol,
+                          cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
+
+    def entry_key(self, config: CommConfig) -> tuple | None:
+        """None when the group's own communicator serves ``config`` (all defaults, or, without the
+        plugin, no communicator-scope knob set), else the communicator-scope part of ``config``
+        as a tuple of strings.
+
+        Raises:
+            ValueError: a value outside NCCL's domains (see ``nccl_options_for``).
+        """
+        entry = self._entry_config(config)
+        nccl_options_for(entry, use_tuner_plugin=self.use_tuner_plugin)  # validates
+        if config.is_default() or (not self.use_tuner_plugin and entry.is_default()):
+            return None  # e.g. only chunk_size, which needs the plugin: nothing an entry can apply
+
+        def part(v: Any) -> str:
+            return "any" if v is None else str(v)
+        if self.use_tuner_plugin:
+            return ("plugin", part(entry.cta_policy), part(entry.cga_cluster_size))
+        return ("env", part(entry.n_channels), part(entry.algorithm), part(entry.protocol),
+                part(entry.cta_policy), part(entry.cga_cluster_size))
+
+    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str) -> Any:
+        """Creates the entry with ``create_nccl_pool_entry``; collective over all ranks.
+
+        Raises:
+            RuntimeError: NCCL is not available. ValueError: see ``create_nccl_pool_entry``.
+        """
+        return create_nccl_pool_entry(list(ranks), self._entry_config(config), tag=comm_tag(desc),
+                                      use_tuner_plugin=self.use_tuner_plugin, tuner_table=self.tuner_table)

@@ -190,3 +190,48 @@ def test_clean_refusal_without_nccl(monkeypatch):
     with pytest.raises(RuntimeError, match="NCCL is not available"):
         nccl_config_fields()
     assert "LAGOM_TUNER_COMM_TAG" not in os.environ
+
+
+def test_comm_tag_sanitises_and_keeps_long_descriptions_distinct():
+    from lagom_megatron.integration.nccl_pool import comm_tag
+
+    assert comm_tag("LAGOM_POOL_DP_plugin_any_2") == "LAGOM_POOL_DP_plugin_any_2"
+    assert comm_tag("pool dp=4;x") == "pool_dp_4_x"
+    long_a, long_b = "LAGOM_POOL_DP_CP_" + "a" * 60, "LAGOM_POOL_DP_CP_" + "a" * 59 + "b"
+    assert len(comm_tag(long_a)) == 63 and comm_tag(long_a) != comm_tag(long_b)
+    nccl_options_for(CommConfig(), tag=comm_tag(long_a))  # accepted by the tag check
+
+
+def test_backend_keys_per_mechanism():
+    from lagom_megatron.integration.nccl_pool import NcclPoolBackend
+
+    tuner = NcclPoolBackend(use_tuner_plugin=True)
+    env = NcclPoolBackend(use_tuner_plugin=False)
+    assert tuner.name == env.name == "nccl"
+    assert tuner.entry_key(CommConfig()) is None and env.entry_key(CommConfig()) is None
+    cfg = CommConfig(n_channels=4, protocol="Simple", chunk_size=131072)
+    assert tuner.entry_key(cfg) == ("plugin", "any", "any")
+    assert tuner.entry_key(CommConfig(n_channels=8, cga_cluster_size=2)) == ("plugin", "any", "2")
+    assert env.entry_key(cfg) == ("env", "4", "any", "Simple", "any", "any")
+    assert env.entry_key(CommConfig(chunk_size=131072)) is None, "chunk size needs the plugin"
+    assert tuner.entry_key(CommConfig(chunk_size=131072)) == ("plugin", "any", "any")
+    with pytest.raises(ValueError, match="LL128 is never forced"):
+        env.entry_key(CommConfig(protocol="LL128"))
+    assert tuner.entry_key(CommConfig(protocol="LL128")) == ("plugin", "any", "any")
+
+
+def test_backend_mode_follows_the_environment(monkeypatch):
+    from lagom_megatron.integration.nccl_pool import NcclPoolBackend
+
+    monkeypatch.setenv("NCCL_TUNER_PLUGIN", "/opt/libnccl-tuner-lagom.so")
+    assert NcclPoolBackend().use_tuner_plugin is True
+    monkeypatch.delenv("NCCL_TUNER_PLUGIN")
+    assert NcclPoolBackend().use_tuner_plugin is False
+
+
+@pytest.mark.skipif(_torch_has_nccl(), reason="this torch has NCCL; the refusal is for CPU builds")
+def test_backend_create_group_refuses_without_nccl():
+    from lagom_megatron.integration.nccl_pool import NcclPoolBackend
+
+    with pytest.raises(RuntimeError, match="^NCCL is not available"):
+        NcclPoolBackend(use_tuner_plugin=False).create_group((0, 1), CommConfig(n_channels=2), "LAGOM_POOL_DP_env_2")
