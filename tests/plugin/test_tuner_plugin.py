@@ -143,3 +143,42 @@ def test_gpu_check_script_fails_gracefully_without_a_gpu(tmp_path):
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| build tuner plugin | ok | 4 ABI structs exported |" in summary
     assert "| overlap sweep | skipped |" in summary and "| NCCL pool + tuner plugin | skipped |" in summary
+
+
+def test_exported_plan_table_is_read_by_the_plugin(built, tmp_path):
+    """Contract with `lagom plan export --format nccl-tuner-csv --extended`: every exported row is
+    accepted, and each entry's call gets the entry's algorithm, protocol, channels and chunk."""
+    export = pytest.importorskip("lagom_megatron.engine.export", reason="the plan exporter is not in this checkout")
+    import inspect
+
+    from lagom_megatron.engine.knobs import CommConfig
+    from lagom_megatron.engine.plan import Plan, PlanEntry
+
+    if "extended" not in inspect.signature(export.export_plan).parameters:
+        pytest.skip("export_plan has no extended= parameter")
+    entries = {
+        "dp.grad_reduce_scatter[bucket0]": PlanEntry(
+            config=CommConfig(algorithm="Ring", protocol="Simple", n_channels=4, chunk_size=131072),
+            predicted_t_comm_us=100.0, predicted_t_region_us=120.0, group="dp", op="reduce_scatter",
+            nbytes=8 << 20, group_size=8, n_nodes=1),
+        "tp.sp_all_gather[layer0]": PlanEntry(
+            config=CommConfig(algorithm="Ring", protocol="LL", n_channels=2),
+            predicted_t_comm_us=10.0, predicted_t_region_us=30.0, group="tp", op="all_gather",
+            nbytes=1 << 16, group_size=4, n_nodes=1),
+    }
+    text = export.export_plan(Plan(entries=entries), "nccl-tuner-csv", extended=True)
+    table = tmp_path / "plan.csv"
+    table.write_text(text if isinstance(text, str) else str(text))
+    rows = [line.split(",") for line in table.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert rows, "the exporter wrote no rows"
+    colls = {"reduce_scatter": "reducescatter", "all_gather": "allgather"}
+    for site, entry in entries.items():
+        row = next(r for r in rows if r[0] == colls[entry.op] and int(r[1]) <= entry.nbytes
+                   and (int(r[2]) == -1 or entry.nbytes <= int(r[2])))
+        tag = row[11].strip() if len(row) > 11 and row[11].strip() not in ("", "*") else "-"
+        got = _query(built, table, tag, entry.group_size, entry.n_nodes, colls[entry.op], entry.nbytes)
+        assert "ignored" not in got["log"], got["log"]
+        cfg = entry.config
+        assert (got["algo"], got["proto"]) == (cfg.algorithm.lower(), cfg.protocol.lower()), site
+        assert got["channels"] == cfg.n_channels, site
+        assert got["chunk"] == (cfg.chunk_size or -1), site
