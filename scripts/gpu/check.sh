@@ -24,7 +24,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 pick_python() {
-  for py in "${PYTHON:-}" "$REPO/.venv/bin/python" python3 python; do
+  local candidates=("$REPO/.venv/bin/python" python3 python)
+  [ -n "${PYTHON:-}" ] && candidates=("$PYTHON")  # an explicit PYTHON is the only one tried
+  for py in "${candidates[@]}"; do
     [ -n "$py" ] || continue
     command -v "$py" >/dev/null 2>&1 || continue
     if "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
@@ -48,7 +50,7 @@ START=$(date +%s)
 
 PY=$(pick_python) || PY=""
 if [ -z "$PY" ]; then
-  record "python with CUDA torch" "FAILED" "none of \$PYTHON, .venv/bin/python, python3 sees a GPU"
+  record "python with CUDA torch" "FAILED" "${PYTHON:-.venv/bin/python, python3, python}: no CUDA device seen by torch"
 else
   timeout 60 "$PY" - >> "$OUT/env.txt" 2>&1 <<'EOF'
 import torch, torch.distributed as dist

@@ -138,10 +138,16 @@ def test_gpu_check_script_fails_gracefully_without_a_gpu(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: run scripts/gpu/check.sh for real")
     script = PLUGIN_DIR.parents[1] / "scripts" / "gpu" / "check.sh"
-    proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+                          env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| build tuner plugin | ok | 4 ABI structs exported |" in summary
+    assert "no CUDA device seen by torch" in summary
     assert "| overlap sweep | skipped |" in summary and "| NCCL pool + tuner plugin | skipped |" in summary
 
 
