@@ -60,6 +60,7 @@ typedef struct {
   long long chunkSize; /* bytes > 0, or -1 */
   char tag[LAGOM_TAG_MAX];
   int line;            /* line number in the table, for logs */
+  int noted;           /* set once the row's algorithm/protocol could not be applied (log once) */
 } LagomRow;
 
 /* Per-communicator state, allocated in init and freed in finalize. */
@@ -374,31 +375,23 @@ static ncclResult_t lagomGetCollInfo(void *context, ncclFunc_t collType, size_t 
   }
   float *table = (float *)collCostTable;
   int a = row->algo, p = row->proto;
+  const char *why = NULL;
   if (table && (a >= 0 || p >= 0)) {
     if (a >= numAlgo || p >= numProto) {
-      LOG(ctx, NCCL_LOG_INFO, "line %d: %s/%s outside NCCL's %dx%d cost table; keeping NCCL's "
-          "algorithm and protocol", row->line, algoName(a), protoName(p), numAlgo, numProto);
-      a = p = -1;
-    } else if (a >= 0 && p < 0) {
-      p = cheapestEnabled(table, a * numProto, 1, numProto);
-      if (p < 0) a = -1;
-    } else if (a < 0 && p >= 0) {
-      a = cheapestEnabled(table, p, numProto, numAlgo);
-      if (a < 0) p = -1;
+      why = "is outside NCCL's cost table";
+    } else {
+      if (a >= 0 && p < 0) p = cheapestEnabled(table, a * numProto, 1, numProto);
+      if (a < 0 && p >= 0) a = cheapestEnabled(table, p, numProto, numAlgo);
+      if (a < 0 || p < 0 || table[a * numProto + p] < 0.0f)
+        why = "is disabled by NCCL"; /* NCCL_ALGO_PROTO_IGNORE: never re-enable it */
+      else
+        table[a * numProto + p] = 0.0f; /* preferred: NCCL takes the cheapest entry */
     }
-    if (a >= 0 && p >= 0) {
-      float *entry = &table[a * numProto + p];
-      if (*entry < 0.0f) {
-        LOG(ctx, NCCL_LOG_INFO, "line %d: %s/%s is disabled by NCCL for %s %zu bytes; keeping "
-            "NCCL's algorithm and protocol", row->line, algoName(a), protoName(p),
-            collName((int)collType), nBytes);
-      } else {
-        *entry = 0.0f; /* preferred: NCCL takes the cheapest entry */
-      }
-    } else if (row->algo >= 0 || row->proto >= 0) {
-      LOG(ctx, NCCL_LOG_INFO, "line %d: no enabled entry for %s/%s; keeping NCCL's algorithm "
-          "and protocol", row->line, algoName(row->algo), protoName(row->proto));
-    }
+    /* Logged once per row: this repeats on every call of the same shape. */
+    if (why && !__atomic_exchange_n(&((LagomRow *)row)->noted, 1, __ATOMIC_RELAXED))
+      LOG(ctx, NCCL_LOG_INFO, "line %d: %s/%s %s for %s %zu bytes; keeping NCCL's algorithm and "
+          "protocol (logged once per row)", row->line, algoName(row->algo), protoName(row->proto),
+          why, collName((int)collType), nBytes);
   }
   if (row->channels > 0 && nChannels) *nChannels = row->channels;
   LOG(ctx, NCCL_LOG_TRACE, "tag '%s' %s %zu bytes: line %d -> %s/%s channels %d", ctx->tag,

@@ -229,6 +229,11 @@ static void test_disabled_entry_kept(void) {
   t[LAGOM_ALGO_RING][LAGOM_PROTO_LL] = 10.0f + 3.0f * LAGOM_ALGO_RING;
   CHECK(changedEntries(t) == 0, "nothing else changed");
   CHECK(strstr(gLog, "ring/ll is disabled by NCCL"), "log:\n%s", gLog);
+  resetLog();
+  fillTable(t);
+  t[LAGOM_ALGO_RING][LAGOM_PROTO_LL] = IGN;
+  CHECK(collInfo(a, ncclFuncAllReduce, 4096, t) == 4, "second call");
+  CHECK(!strstr(gLog, "disabled by NCCL"), "logged once per row, got again:\n%s", gLog);
   gV6->finalize(a);
 }
 
@@ -239,8 +244,10 @@ static void test_bounds(void) {
   fillTable(t);
   int nChannels = 0;
   /* a cost table with fewer algorithms than the row's ring (index 1): nothing written into it */
+  resetLog();
   gV6->getCollInfo(a, ncclFuncAllReduce, 4096, 1, (float **)t, 1, NP, 0, &nChannels);
   CHECK(changedEntries(t) == 0, "out-of-bounds row must not touch the table");
+  CHECK(strstr(gLog, "line 2: ring/ll is outside NCCL's cost table"), "log:\n%s", gLog);
   CHECK(nChannels == 4, "channels %d", nChannels);
   fillTable(t);
   nChannels = 0;
