@@ -38,12 +38,18 @@
 #define LAGOM_MAX_FIELDS 12
 #define LAGOM_MIN_FIELDS 8
 
-#define LOG(ctx, level, fmt, ...)                                                              \
+/* NCCL filters every message, warnings included, by subsystem (NCCL_DEBUG_SUBSYS, default
+ * INIT,BOOTSTRAP,ENV): init-time messages carry INIT so that a bad table is visible with plain
+ * NCCL_DEBUG=WARN; per-call messages carry TUNING only. */
+#define LOG_FLAGS(ctx, flags, level, fmt, ...)                                                 \
   do {                                                                                         \
     if ((ctx)->logFn)                                                                          \
-      (ctx)->logFn(level, LAGOM_NCCL_SUBSYS_TUNING, __FILE__, __LINE__, "LAGOM/tuner: " fmt,   \
-                   ##__VA_ARGS__);                                                             \
+      (ctx)->logFn(level, flags, __FILE__, __LINE__, "LAGOM/tuner: " fmt, ##__VA_ARGS__);      \
   } while (0)
+#define LOG_INIT(ctx, level, fmt, ...)                                                         \
+  LOG_FLAGS(ctx, LAGOM_NCCL_SUBSYS_INIT | LAGOM_NCCL_SUBSYS_TUNING, level, fmt, ##__VA_ARGS__)
+#define LOG_CALL(ctx, level, fmt, ...)                                                         \
+  LOG_FLAGS(ctx, LAGOM_NCCL_SUBSYS_TUNING, level, fmt, ##__VA_ARGS__)
 
 /* One table row; -1 in an int field means "any" (match) or "NCCL's" (output). */
 typedef struct {
@@ -244,7 +250,7 @@ static int rowAppliesToComm(const LagomContext *ctx, const LagomRow *row) {
 static void loadTable(LagomContext *ctx, const char *path) {
   FILE *fp = fopen(path, "r");
   if (!fp) {
-    LOG(ctx, NCCL_LOG_WARN, "cannot open plan table '%s' (%s); NCCL keeps its own choices",
+    LOG_INIT(ctx, NCCL_LOG_WARN, "cannot open plan table '%s' (%s); NCCL keeps its own choices",
         path, strerror(errno));
     return;
   }
@@ -260,7 +266,7 @@ static void loadTable(LagomContext *ctx, const char *path) {
     if (*s == '\0' || *s == '#') continue;
     LagomRow row;
     if (parseRow(s, &row, err, sizeof(err)) != 0) {
-      LOG(ctx, NCCL_LOG_WARN, "plan table '%s' line %d: %s; the whole table is ignored and "
+      LOG_INIT(ctx, NCCL_LOG_WARN, "plan table '%s' line %d: %s; the whole table is ignored and "
           "NCCL keeps its own choices", path, lineNo, err);
       failed = 1;
       break;
@@ -272,7 +278,7 @@ static void loadTable(LagomContext *ctx, const char *path) {
       int newCap = capRows ? 2 * capRows : 16;
       LagomRow *grown = realloc(rows, (size_t)newCap * sizeof(LagomRow));
       if (!grown) {
-        LOG(ctx, NCCL_LOG_WARN, "out of memory reading plan table '%s'; NCCL keeps its own "
+        LOG_INIT(ctx, NCCL_LOG_WARN, "out of memory reading plan table '%s'; NCCL keeps its own "
             "choices", path);
         failed = 1;
         break;
@@ -283,7 +289,7 @@ static void loadTable(LagomContext *ctx, const char *path) {
     rows[ctx->nRows++] = row;
   }
   if (!failed && ferror(fp)) {
-    LOG(ctx, NCCL_LOG_WARN, "error reading plan table '%s'; NCCL keeps its own choices", path);
+    LOG_INIT(ctx, NCCL_LOG_WARN, "error reading plan table '%s'; NCCL keeps its own choices", path);
     failed = 1;
   }
   free(line);
@@ -295,7 +301,7 @@ static void loadTable(LagomContext *ctx, const char *path) {
     return;
   }
   ctx->rows = rows;
-  LOG(ctx, NCCL_LOG_INFO, "comm 0x%llx tag '%s' nRanks %zu nNodes %zu: %d of %d rows of '%s' apply",
+  LOG_INIT(ctx, NCCL_LOG_INFO, "comm 0x%llx tag '%s' nRanks %zu nNodes %zu: %d of %d rows of '%s' apply",
       (unsigned long long)ctx->commId, ctx->tag, ctx->nRanks, ctx->nNodes, ctx->nRows, nTotal,
       path);
 }
@@ -307,7 +313,7 @@ static ncclResult_t lagomInit(void **context, uint64_t commId, size_t nRanks, si
   if (!ctx) {
     /* No context: every call then keeps NCCL's choice. Never fail communicator creation. */
     if (logFn)
-      logFn(NCCL_LOG_WARN, LAGOM_NCCL_SUBSYS_TUNING, __FILE__, __LINE__,
+      logFn(NCCL_LOG_WARN, LAGOM_NCCL_SUBSYS_INIT | LAGOM_NCCL_SUBSYS_TUNING, __FILE__, __LINE__,
             "LAGOM/tuner: out of memory in init; NCCL keeps its own choices");
     return ncclSuccess;
   }
@@ -320,17 +326,17 @@ static ncclResult_t lagomInit(void **context, uint64_t commId, size_t nRanks, si
     if (validTag(tag)) {
       strcpy(ctx->tag, tag);
     } else {
-      LOG(ctx, NCCL_LOG_WARN, "ignoring %s='%.80s': longer than %d characters or has characters "
+      LOG_INIT(ctx, NCCL_LOG_WARN, "ignoring %s='%.80s': longer than %d characters or has characters "
           "other than letters, digits and _.:/*-[]", LAGOM_TUNER_COMM_TAG_ENV, tag,
           LAGOM_TAG_MAX - 1);
     }
   }
   const char *path = getenv(LAGOM_TUNER_CONFIG_ENV);
   if (!path || !*path) path = getenv(LAGOM_TUNER_CONFIG_FALLBACK_ENV);
-  LOG(ctx, NCCL_LOG_INFO, "ABI v%d init: comm 0x%llx tag '%s' nRanks %zu nNodes %zu", abiVersion,
+  LOG_INIT(ctx, NCCL_LOG_INFO, "ABI v%d init: comm 0x%llx tag '%s' nRanks %zu nNodes %zu", abiVersion,
       (unsigned long long)commId, ctx->tag, nRanks, nNodes);
   if (!path || !*path) {
-    LOG(ctx, NCCL_LOG_INFO, "no plan table (%s and %s unset); NCCL keeps its own choices",
+    LOG_INIT(ctx, NCCL_LOG_INFO, "no plan table (%s and %s unset); NCCL keeps its own choices",
         LAGOM_TUNER_CONFIG_ENV, LAGOM_TUNER_CONFIG_FALLBACK_ENV);
   } else {
     loadTable(ctx, path);
@@ -369,7 +375,7 @@ static ncclResult_t lagomGetCollInfo(void *context, ncclFunc_t collType, size_t 
     break;
   }
   if (!row) {
-    LOG(ctx, NCCL_LOG_TRACE, "tag '%s' %s %zu bytes: no row; NCCL's choice", ctx->tag,
+    LOG_CALL(ctx, NCCL_LOG_TRACE, "tag '%s' %s %zu bytes: no row; NCCL's choice", ctx->tag,
         collName((int)collType), nBytes);
     return ncclSuccess;
   }
@@ -389,12 +395,12 @@ static ncclResult_t lagomGetCollInfo(void *context, ncclFunc_t collType, size_t 
     }
     /* Logged once per row: this repeats on every call of the same shape. */
     if (why && !__atomic_exchange_n(&((LagomRow *)row)->noted, 1, __ATOMIC_RELAXED))
-      LOG(ctx, NCCL_LOG_INFO, "line %d: %s/%s %s for %s %zu bytes; keeping NCCL's algorithm and "
+      LOG_CALL(ctx, NCCL_LOG_INFO, "line %d: %s/%s %s for %s %zu bytes; keeping NCCL's algorithm and "
           "protocol (logged once per row)", row->line, algoName(row->algo), protoName(row->proto),
           why, collName((int)collType), nBytes);
   }
   if (row->channels > 0 && nChannels) *nChannels = row->channels;
-  LOG(ctx, NCCL_LOG_TRACE, "tag '%s' %s %zu bytes: line %d -> %s/%s channels %d", ctx->tag,
+  LOG_CALL(ctx, NCCL_LOG_TRACE, "tag '%s' %s %zu bytes: line %d -> %s/%s channels %d", ctx->tag,
       collName((int)collType), nBytes, row->line, algoName(row->algo), protoName(row->proto),
       row->channels);
   return ncclSuccess;

@@ -49,7 +49,6 @@ static char gTablePath[512];
 /* Stands in for NCCL's logger: keeps every message so tests can assert on them. */
 static void mockLogger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
                        const char *fmt, ...) {
-  (void)flags;
   (void)file;
   (void)line;
   char msg[1024];
@@ -57,7 +56,9 @@ static void mockLogger(ncclDebugLogLevel level, unsigned long flags, const char 
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  int n = snprintf(gLog + gLogLen, sizeof(gLog) - gLogLen, "[%d] %s\n", (int)level, msg);
+  /* "[level/subsystem flags] message": NCCL shows a message only when its flags meet
+   * NCCL_DEBUG_SUBSYS (default INIT,BOOTSTRAP,ENV), warnings included */
+  int n = snprintf(gLog + gLogLen, sizeof(gLog) - gLogLen, "[%d/%lu] %s\n", (int)level, flags, msg);
   if (n > 0 && gLogLen + (size_t)n < sizeof(gLog)) gLogLen += (size_t)n;
   if (getenv("LAGOM_TEST_VERBOSE")) fprintf(stderr, "    log[%d] %s\n", (int)level, msg);
 }
@@ -228,7 +229,7 @@ static void test_disabled_entry_kept(void) {
   CHECK(t[LAGOM_ALGO_RING][LAGOM_PROTO_LL] == IGN, "a disabled entry must stay -1");
   t[LAGOM_ALGO_RING][LAGOM_PROTO_LL] = 10.0f + 3.0f * LAGOM_ALGO_RING;
   CHECK(changedEntries(t) == 0, "nothing else changed");
-  CHECK(strstr(gLog, "ring/ll is disabled by NCCL"), "log:\n%s", gLog);
+  CHECK(strstr(gLog, "[3/64] LAGOM/tuner: line 2: ring/ll is disabled by NCCL"), "log:\n%s", gLog);
   resetLog();
   fillTable(t);
   t[LAGOM_ALGO_RING][LAGOM_PROTO_LL] = IGN;
@@ -263,6 +264,9 @@ static void expectIgnored(const char *table, const char *logNeedle) {
   CHECK(a != NULL, "init must still give a context");
   CHECK(strstr(gLog, "LAGOM/tuner:") && strstr(gLog, logNeedle), "want '%s' in log:\n%s",
         logNeedle, gLog);
+  /* init-time messages carry INIT (1) | TUNING (64): visible with NCCL's default subsystems */
+  CHECK(!strstr(gLog, "/64] LAGOM/tuner: comm") && strstr(gLog, "/65] LAGOM/tuner:"),
+        "init-time messages must carry the INIT subsystem:\n%s", gLog);
   float t[NA][NP];
   for (int coll = 0; coll < LAGOM_NUM_TUNED_FUNCS; coll++) {
     fillTable(t);
@@ -313,7 +317,8 @@ static void test_missing_table(void) {
   setenv(LAGOM_TUNER_CONFIG_ENV, "/nonexistent/lagom/plan.csv", 1);
   resetLog();
   void *a = initComm("dp", 8, 1, 1);
-  CHECK(strstr(gLog, "cannot open plan table '/nonexistent/lagom/plan.csv'"), "log:\n%s", gLog);
+  CHECK(strstr(gLog, "[2/65] LAGOM/tuner: cannot open plan table '/nonexistent/lagom/plan.csv'"),
+        "a WARN with the INIT subsystem, log:\n%s", gLog);
   float t[NA][NP];
   fillTable(t);
   CHECK(collInfo(a, ncclFuncAllReduce, 4096, t) == 0 && changedEntries(t) == 0, "no change");
