@@ -29,7 +29,7 @@ pick_python() {
   for py in "${candidates[@]}"; do
     [ -n "$py" ] || continue
     command -v "$py" >/dev/null 2>&1 || continue
-    if "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+    if timeout 30 "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
       echo "$py"
       return 0
     fi
@@ -52,7 +52,7 @@ PY=$(pick_python) || PY=""
 if [ -z "$PY" ]; then
   record "python with CUDA torch" "FAILED" "${PYTHON:-.venv/bin/python, python3, python}: no CUDA device seen by torch"
 else
-  timeout 60 "$PY" - >> "$OUT/env.txt" 2>&1 <<'EOF'
+  timeout 30 "$PY" - >> "$OUT/env.txt" 2>&1 <<'EOF'
 import torch, torch.distributed as dist
 print("python torch", torch.__version__, "cuda", torch.version.cuda)
 print("device", torch.cuda.get_device_name(0), "sms", torch.cuda.get_device_properties(0).multi_processor_count)
@@ -77,7 +77,11 @@ fi
 
 # 3. overlap sweep
 if [ -n "$PY" ]; then
-  if timeout 300 "$PY" "$REPO/scripts/gpu/overlap_sweep.py" "$OUT" > "$OUT/overlap.log" 2>&1; then
+  # budget: the whole script stays under 8 minutes (probe <= 90 s, NCCL step <= 100 s)
+  SWEEP_BUDGET=$(( 330 - ($(date +%s) - START) ))
+  [ "$SWEEP_BUDGET" -lt 30 ] && SWEEP_BUDGET=30
+  if timeout $(( SWEEP_BUDGET + 30 )) "$PY" "$REPO/scripts/gpu/overlap_sweep.py" "$OUT" --budget-s "$SWEEP_BUDGET" \
+      > "$OUT/overlap.log" 2>&1; then
     record "overlap sweep" "$("$PY" -c "import json;print(json.load(open('$OUT/overlap.json'))['status'])" 2>/dev/null || echo '?')" \
       "overlap.csv, overlap.json, overlap.log"
   else
@@ -99,7 +103,7 @@ EOF
        -u NCCL_CGA_CLUSTER_SIZE -u NCCL_CTA_POLICY -u NCCL_NVLS_NCHANNELS \
        NCCL_TUNER_PLUGIN="$LIB" LAGOM_TUNER_CONFIG="$OUT/plan_table.csv" \
        NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV,TUNING NCCL_DEBUG_FILE="$OUT/nccl_debug.%p.log" \
-       timeout 180 "$PY" "$REPO/scripts/gpu/nccl_check.py" "$OUT" > "$OUT/nccl_check.log" 2>&1; then
+       timeout 100 "$PY" "$REPO/scripts/gpu/nccl_check.py" "$OUT" > "$OUT/nccl_check.log" 2>&1; then
     record "NCCL pool + tuner plugin" "ok" "nccl.json; LAGOM/tuner lines: $(cat "$OUT"/nccl_debug.*.log 2>/dev/null | grep -c 'LAGOM/tuner:')"
   else
     record "NCCL pool + tuner plugin" "FAILED" "see nccl.json, nccl_check.log, nccl_debug.*.log"
@@ -129,6 +133,9 @@ r = json.load(open(sys.argv[1]))
 print(f"status {r.get('status')}; {r.get('reason', '')}")
 print(f"GPU {r.get('gpu')}, {r.get('sms')} SMs, HBM copy {r.get('hbm_copy_gbps')} GB/s")
 for name, f in (r.get("fits") or {}).items():
+    if f.get("a_sm") is None:
+        print(f"- {name}: too few points ({f['points']})")
+        continue
     print(f"- {name}: s = {f['a_sm']:.3f} * sm_share + {f['b_hbm']:.3f} * hbm_share; "
           f"max s {f['max_slowdown']:.3f}; fit MAPE {f['mape_percent']}% over {f['points']} points")
 EOF

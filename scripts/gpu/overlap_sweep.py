@@ -28,6 +28,28 @@ import time
 from pathlib import Path
 
 
+try:  # module level, so that the kernel's globals (tl) resolve when Triton compiles it
+    import triton
+    import triton.language as tl
+except Exception as _exc:  # noqa: BLE001 - any import failure means "no Triton"
+    triton = tl = None
+    TRITON_ERROR = f"{type(_exc).__name__}: {_exc}"
+
+if triton is not None:
+
+    @triton.jit
+    def copy_kernel(src, dst, n_elements, reps, BLOCK: tl.constexpr):
+        """Copies src to dst ``reps`` times with the grid's CTAs only: CTA ``pid`` handles blocks
+        pid, pid + grid, ... (a persistent loop), so the grid size is the number of CTAs held."""
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        for _ in range(reps):
+            for start in range(pid * BLOCK, n_elements, nprog * BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                mask = offs < n_elements
+                tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
 def _events_ms(torch, fn, stream=None):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s = stream or torch.cuda.current_stream()
@@ -41,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir")
     parser.add_argument("--quick", action="store_true", help="fewer points (smoke run)")
+    parser.add_argument("--budget-s", type=float, default=180.0,
+                        help="wall-clock budget of the sweep; points past it are skipped (default 180)")
     args = parser.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,24 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         (out / "overlap.json").write_text(json.dumps(result, indent=2))
         print("overlap sweep skipped: no CUDA device")
         return 0
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError as exc:
-        result.update(status="skipped", reason=f"triton is not installed ({exc}); the N-CTA copy kernel needs it")
+    if triton is None:
+        result.update(status="skipped", reason=f"triton is not usable ({TRITON_ERROR}); the N-CTA copy kernel needs it")
         (out / "overlap.json").write_text(json.dumps(result, indent=2))
         print(result["reason"])
         return 0
-
-    @triton.jit
-    def copy_kernel(src, dst, n_elements, reps, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        nprog = tl.num_programs(0)
-        for _ in range(reps):
-            for start in range(pid * BLOCK, n_elements, nprog * BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                mask = offs < n_elements
-                tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
 
     dev = torch.device("cuda", 0)
     props = torch.cuda.get_device_properties(dev)
@@ -132,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     t0 = time.time()
-    for name, compute in computes.items():
+    truncated = False
+    for k, (name, compute) in enumerate(computes.items()):
+        kind_deadline = t0 + args.budget_s * (k + 1) / len(computes)  # each kind gets its share
         compute()
         torch.cuda.synchronize()
         alone = []
@@ -143,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         t_comp_alone = statistics.median(alone)
         for warps in warps_list:
             for n in n_list:
+                if time.time() > kind_deadline:
+                    truncated = True
+                    break
                 launch_copy(n, warps, 1)  # compile + warm up
                 torch.cuda.synchronize()
                 s, e = _events_ms(torch, lambda: launch_copy(n, warps, 1))
@@ -180,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     fits = {}
     for name in computes:
         pts = [r for r in rows if r["compute"] == name]
+        if len(pts) < 2:
+            fits[name] = {"points": len(pts), "a_sm": None, "b_hbm": None, "mape_percent": None, "max_slowdown": None}
+            continue
         A = np.array([[r["sm_share"], r["hbm_share"]] for r in pts])
         s = np.array([r["slowdown"] for r in pts])
         coef, *_ = np.linalg.lstsq(A, s, rcond=None)
@@ -188,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         mape = float(np.mean(np.abs(pred[big] - s[big]) / np.abs(s[big])) * 100) if big.any() else None
         fits[name] = {"a_sm": float(coef[0]), "b_hbm": float(coef[1]), "mape_percent": mape,
                       "max_slowdown": float(s.max()), "points": len(pts)}
-    result.update(status="ok", fits=fits, points=len(rows), wall_s=round(time.time() - t0, 1))
+    result.update(status="ok", fits=fits, points=len(rows), truncated=truncated, wall_s=round(time.time() - t0, 1))
     (out / "overlap.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(fits, indent=2))
     return 0
