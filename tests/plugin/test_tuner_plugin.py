@@ -141,7 +141,11 @@ def test_gpu_check_script_fails_gracefully_without_a_gpu(tmp_path):
     import os
     import sys
 
-    env = {**os.environ, "PYTHON": sys.executable}
+    # A torch that fails to import stands in for "no CUDA torch" and keeps the probe fast.
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "torch.py").write_text("raise ImportError('torch hidden by the test')\n")
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(shadow)}
     proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
                           env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
