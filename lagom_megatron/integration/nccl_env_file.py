@@ -156,3 +156,23 @@ def read_env_file(path: str | os.PathLike) -> dict[str, str]:
         key, value = words[1].split("=", 1)
         env[key] = value
     return validate_process_env(env)
+
+
+def write_plan_env_file(plan_path: str | os.PathLike, env: Mapping[str, Any], *,
+                        tuner_plugin: str | os.PathLike | None = None,
+                        tuner_table: str | os.PathLike | None = None) -> Path:
+    """Writes the env file of the plan saved at ``plan_path`` (``Plan.env`` plus, optionally,
+    the tuner plugin and its table), beside it: ``runs/plan.json`` -> ``runs/plan.env``.
+
+    Returns:
+        The env file's path.
+
+    Raises:
+        ValueError: see ``validate_process_env``.
+    """
+    values: dict[str, Any] = dict(env)
+    if tuner_plugin is not None:
+        values["NCCL_TUNER_PLUGIN"] = os.fspath(tuner_plugin)
+    if tuner_table is not None:
+        values["LAGOM_TUNER_CONFIG"] = os.fspath(tuner_table)
+    return write_env_file(values, env_file_path(plan_path), source=Path(plan_path).name)

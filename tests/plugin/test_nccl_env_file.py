@@ -70,3 +70,15 @@ def test_reading_a_hand_edited_file_validates_it(tmp_path):
 def test_validate_orders_knobs_first():
     assert list(validate_process_env({"LAGOM_TUNER_CONFIG": "t.csv", "NCCL_BUFFSIZE": 1 << 22, "NCCL_NTHREADS": 512})) == [
         "NCCL_NTHREADS", "NCCL_BUFFSIZE", "LAGOM_TUNER_CONFIG"]
+
+
+def test_plan_env_file_with_tuner_paths(tmp_path):
+    from lagom_megatron.integration.nccl_env_file import write_plan_env_file
+
+    plan = tmp_path / "runs" / "plan.json"
+    path = write_plan_env_file(plan, {"NCCL_NTHREADS": "256"}, tuner_plugin=tmp_path / "libnccl-tuner-lagom.so",
+                               tuner_table=tmp_path / "runs" / "plan.csv")
+    assert path == tmp_path / "runs" / "plan.env"
+    assert path.read_text().splitlines()[0] == "# written by lagom: process-scope NCCL settings of plan.json"
+    assert read_env_file(path) == {"NCCL_NTHREADS": "256", "NCCL_TUNER_PLUGIN": str(tmp_path / "libnccl-tuner-lagom.so"),
+                                   "LAGOM_TUNER_CONFIG": str(tmp_path / "runs" / "plan.csv")}
