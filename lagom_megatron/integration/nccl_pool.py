@@ -398,6 +398,45 @@ def comm_tag(desc: str) -> str:
     return tag
 
 
+def pool_entry_tag(group: str, entry: str) -> str:
+    """Tag of a pool entry of process group ``group``: ``"<group>/<entry>"`` (sanitised by
+    ``comm_tag``). Plan-table rows tagged with the group name (what ``lagom plan export``
+    writes) apply to the group's own communicator and to all its entries (the plugin matches
+    ``"<row tag>/..."``); rows tagged with the full entry tag apply to that entry only."""
+    return comm_tag(f"{group}/{entry}")
+
+
+@contextlib.contextmanager
+def comm_tag_scope(tag: str, environ: Any = None) -> Iterator[None]:
+    """Sets ``LAGOM_TUNER_COMM_TAG`` for communicators created in the ``with`` body.
+
+    For a process group's own communicator (e.g. Megatron's ``dp``) to receive the plan-table
+    rows tagged with its name, create it eagerly inside this scope: the default group bound to a
+    device (``init_process_group(device_id=...)``) makes ``new_group`` create the communicator at
+    once, while a lazily created one is made at its first collective, outside the scope.
+
+    Raises:
+        ValueError: a tag the plugin would refuse.
+    """
+    nccl_options_for(CommConfig(), tag=tag)  # validates the tag
+    with scoped_env({TUNER_COMM_TAG_ENV: tag}, environ):
+        yield
+
+
+def _group_from_desc(desc: str) -> tuple[str, str] | None:
+    """(group, entry) from CommPool's ``LAGOM_POOL_<GROUP>_<key...>`` with this backend's keys."""
+    rest = desc[len("LAGOM_POOL_"):] if desc.startswith("LAGOM_POOL_") else None
+    if not rest:
+        return None
+    for marker in ("_plugin", "_env"):  # first element of NcclPoolBackend.entry_key
+        i = rest.find(marker + "_")
+        if i < 0 and rest.endswith(marker):
+            i = len(rest) - len(marker)
+        if i > 0:
+            return rest[:i].lower(), rest[i + 1:]
+    return None
+
+
 class NcclPoolBackend:
     """Pool backend for ``integration.comm_pool.CommPool`` on NCCL (``make_backend("nccl")``).
 
@@ -407,8 +446,8 @@ class NcclPoolBackend:
       chunk size are per call, from the plan table. Every non-default config still gets an entry
       keyed by its communicator-scope knobs (CTA policy, CGA cluster size), because the plugin
       reads the table when a communicator is created: entries created after the plan exist see it,
-      the group's own communicators (created at start-up) do not. Rows for an entry carry its tag
-      (``comm_tag(desc)``).
+      the group's own communicators (created at start-up) do not. An entry of group ``dp`` is
+      tagged ``dp/<key>`` (``pool_entry_tag``), so the rows the exporter tags ``dp`` reach it.
     * communicator (no plugin): one entry per distinct (n_channels, algorithm, protocol,
       cta_policy, cga_cluster_size), applied with ``ncclConfig_t`` and NCCL_ALGO/NCCL_PROTO.
 
@@ -450,11 +489,20 @@ class NcclPoolBackend:
         return ("env", part(entry.n_channels), part(entry.algorithm), part(entry.protocol),
                 part(entry.cta_policy), part(entry.cga_cluster_size))
 
-    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str) -> Any:
+    def tag_for(self, desc: str, group: str | None = None) -> str:
+        """The entry's tuner tag: ``"<group>/<key>"`` from CommPool's description
+        ``LAGOM_POOL_<GROUP>_<key>`` (or the given ``group``); ``comm_tag(desc)`` when the
+        description has another form (then only rows with that exact tag, or ``*``, apply)."""
+        parsed = _group_from_desc(desc)
+        if group is not None:
+            return pool_entry_tag(group, parsed[1] if parsed else desc)
+        return pool_entry_tag(*parsed) if parsed else comm_tag(desc)
+
+    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str, *, group: str | None = None) -> Any:
         """Creates the entry with ``create_nccl_pool_entry``; collective over all ranks.
 
         Raises:
             RuntimeError: NCCL is not available. ValueError: see ``create_nccl_pool_entry``.
         """
-        return create_nccl_pool_entry(list(ranks), self._entry_config(config), tag=comm_tag(desc),
+        return create_nccl_pool_entry(list(ranks), self._entry_config(config), tag=self.tag_for(desc, group),
                                       use_tuner_plugin=self.use_tuner_plugin, tuner_table=self.tuner_table)

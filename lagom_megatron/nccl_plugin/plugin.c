@@ -11,6 +11,8 @@
  *   - states a preference for the row's algorithm/protocol by setting that cost-table entry to
  *     0.0 (never touching an entry NCCL disabled with -1.0, never indexing out of bounds);
  *   - sets *nChannels when the row gives a channel count.
+ * A row tagged "dp" applies to communicators tagged "dp" and "dp/<anything>" (a process group
+ * and its pool entries); an empty tag or "*" applies to every communicator.
  * On a miss it writes nothing at all, so NCCL keeps its own choice (unlike NCCL's example plugin,
  * which first writes one channel). getChunkSize() (ABI v6) sets the row's chunk size in bytes.
  *
@@ -238,11 +240,19 @@ static int parseRow(char *line, LagomRow *row, char *err, size_t errLen) {
   return 0;
 }
 
+/* A row's tag names a communicator ("dp/entry3") or a process group ("dp"): it applies to the
+ * communicator with exactly that tag and to every communicator tagged "<row tag>/...", i.e. the
+ * group's own communicator and its pool entries. */
+static int tagMatches(const char *rowTag, const char *commTag) {
+  if (rowTag[0] == '\0') return 1;
+  size_t n = strlen(rowTag);
+  return strncmp(rowTag, commTag, n) == 0 && (commTag[n] == '\0' || commTag[n] == '/');
+}
+
 static int rowAppliesToComm(const LagomContext *ctx, const LagomRow *row) {
   if (row->nRanks != -1 && (size_t)row->nRanks != ctx->nRanks) return 0;
   if (row->nNodes != -1 && (size_t)row->nNodes != ctx->nNodes) return 0;
-  if (row->tag[0] != '\0' && strcmp(row->tag, ctx->tag) != 0) return 0;
-  return 1;
+  return tagMatches(row->tag, ctx->tag);
 }
 
 /* Reads the table at `path` and keeps the rows that apply to ctx's communicator. Any error

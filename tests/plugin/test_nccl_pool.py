@@ -235,3 +235,27 @@ def test_backend_create_group_refuses_without_nccl():
 
     with pytest.raises(RuntimeError, match="^NCCL is not available"):
         NcclPoolBackend(use_tuner_plugin=False).create_group((0, 1), CommConfig(n_channels=2), "LAGOM_POOL_DP_env_2")
+
+
+def test_entry_tags_extend_the_group_name():
+    from lagom_megatron.integration.nccl_pool import NcclPoolBackend, pool_entry_tag
+
+    backend = NcclPoolBackend(use_tuner_plugin=True)
+    # CommPool's description: LAGOM_POOL_<GROUP>_<key parts joined by _>
+    assert backend.tag_for("LAGOM_POOL_DP_CP_plugin_any_2") == "dp_cp/plugin_any_2"
+    assert backend.tag_for("LAGOM_POOL_TP_env_4_Ring_Simple_any_any") == "tp/env_4_Ring_Simple_any_any"
+    assert backend.tag_for("LAGOM_POOL_DP_plugin_any_any", group="dp") == "dp/plugin_any_any"
+    assert backend.tag_for("something else") == "something_else"
+    assert pool_entry_tag("ep", "x" * 80).startswith("ep/") and len(pool_entry_tag("ep", "x" * 80)) == 63
+
+
+def test_comm_tag_scope_sets_and_restores():
+    from lagom_megatron.integration.nccl_pool import comm_tag_scope
+
+    environ = {}
+    with comm_tag_scope("dp", environ):
+        assert environ == {"LAGOM_TUNER_COMM_TAG": "dp"}
+    assert environ == {}
+    with pytest.raises(ValueError, match="tag must be"):
+        with comm_tag_scope("d p", environ):
+            pass

@@ -82,6 +82,10 @@ def test_extended_table_per_communicator(built, tmp_path):
     assert (ag["algo"], ag["proto"], ag["channels"], ag["chunk"]) == ("ring", "ll", 2, -1)
     tp = _query(built, table, "tp", 4, 1, "allgather", 1 << 20)
     assert (tp["algo"], tp["proto"], tp["channels"]) == ("nvls", "simple", 6)
+    tp_entry = _query(built, table, "tp/plugin_any_2", 4, 1, "allgather", 1 << 20)
+    assert (tp_entry["algo"], tp_entry["channels"]) == ("nvls", 6), "a pool entry of tp gets tp's rows"
+    tp_cp = _query(built, table, "tp_cp", 4, 1, "allgather", 1 << 20)
+    assert tp_cp["channels"] == 0, "tp_cp is another group"
     tp_two_nodes = _query(built, table, "tp", 4, 2, "allgather", 1 << 20)
     assert tp_two_nodes["channels"] == 0 and tp_two_nodes["algo"] is None
     any_comm = _query(built, table, "-", 16, 2, "allreduce", 100)
@@ -186,9 +190,11 @@ def test_exported_plan_table_is_read_by_the_plugin(built, tmp_path):
         row = next(r for r in rows if r[0] == colls[entry.op] and int(r[1]) <= entry.nbytes
                    and (int(r[2]) == -1 or entry.nbytes <= int(r[2])))
         tag = row[11].strip() if len(row) > 11 and row[11].strip() not in ("", "*") else "-"
-        got = _query(built, table, tag, entry.group_size, entry.n_nodes, colls[entry.op], entry.nbytes)
-        assert "ignored" not in got["log"], got["log"]
-        cfg = entry.config
-        assert (got["algo"], got["proto"]) == (cfg.algorithm.lower(), cfg.protocol.lower()), site
-        assert got["channels"] == cfg.n_channels, site
-        assert got["chunk"] == (cfg.chunk_size or -1), site
+        # the group's own communicator, and a pool entry of that group (tagged "<group>/<key>")
+        for comm in (tag, f"{tag}/plugin_any_any" if tag != "-" else "-"):
+            got = _query(built, table, comm, entry.group_size, entry.n_nodes, colls[entry.op], entry.nbytes)
+            assert "ignored" not in got["log"], got["log"]
+            cfg = entry.config
+            assert (got["algo"], got["proto"]) == (cfg.algorithm.lower(), cfg.protocol.lower()), (site, comm)
+            assert got["channels"] == cfg.n_channels, (site, comm)
+            assert got["chunk"] == (cfg.chunk_size or -1), (site, comm)

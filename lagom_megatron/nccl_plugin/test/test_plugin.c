@@ -369,6 +369,37 @@ static void test_match_fields(void) {
   gV6->finalize(a);
 }
 
+static void test_group_tag_prefix(void) {
+  writeTable("allreduce,0,-1,ring,simple,3,-1,-1,-1,-1,-1,dp\n"
+             "allreduce,0,-1,tree,simple,5,-1,-1,-1,-1,-1,dp/entry1\n");
+  float t[NA][NP];
+  void *group = initComm("dp", 8, 1, 1);
+  void *entry = initComm("dp/entry1", 8, 1, 2);
+  void *other = initComm("dp_cp/entry1", 8, 1, 3);
+  void *longer = initComm("dpx", 8, 1, 4);
+  fillTable(t);
+  CHECK(collInfo(group, ncclFuncAllReduce, 64, t) == 3, "the group's own communicator");
+  fillTable(t);
+  CHECK(collInfo(entry, ncclFuncAllReduce, 64, t) == 3, "the group row comes first for its entry");
+  fillTable(t);
+  CHECK(collInfo(other, ncclFuncAllReduce, 64, t) == 0 && changedEntries(t) == 0, "dp_cp is not dp");
+  fillTable(t);
+  CHECK(collInfo(longer, ncclFuncAllReduce, 64, t) == 0, "dpx is not dp");
+  gV6->finalize(group);
+  gV6->finalize(entry);
+  gV6->finalize(other);
+  gV6->finalize(longer);
+  writeTable("allreduce,0,-1,tree,simple,5,-1,-1,-1,-1,-1,dp/entry1\n");
+  group = initComm("dp", 8, 1, 1);
+  entry = initComm("dp/entry1", 8, 1, 2);
+  fillTable(t);
+  CHECK(collInfo(group, ncclFuncAllReduce, 64, t) == 0, "an entry's row is not the group's");
+  fillTable(t);
+  CHECK(collInfo(entry, ncclFuncAllReduce, 64, t) == 5, "the entry's own row");
+  gV6->finalize(group);
+  gV6->finalize(entry);
+}
+
 static void test_bad_tag_env(void) {
   writeTable(kMainTable);
   resetLog();
@@ -500,6 +531,7 @@ static const struct {
     {"no_table_configured", test_no_table_configured},
     {"fallback_env", test_fallback_env},
     {"match_fields", test_match_fields},
+    {"group_tag_prefix", test_group_tag_prefix},
     {"bad_tag_env", test_bad_tag_env},
     {"null_context", test_null_context},
     {"older_abis", test_older_abis},
