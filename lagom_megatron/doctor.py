@@ -575,3 +575,50 @@ def preflight(args: Any, environ: Mapping[str, str] | None = None, cluster: Any 
         log(f"lagom doctor: {n_err} error(s), {len(findings) - n_err} warning(s); stopping before training")
         raise SystemExit(1)
     return findings
+
+
+def detect_cluster(preset_name: str | None = None, environ: Mapping[str, str] | None = None) -> Any:
+    """The cluster a training process checks against, in this order: ``$LAGOM_CLUSTER`` (the SLURM
+    scripts export the preset's); ``cpu-gloo`` without CUDA; the preset's cluster; else what torch
+    reports about the local GPU.
+
+    Returns:
+        A ``ClusterSpec`` or a dict with ``gpus_per_node`` (``$LOCAL_WORLD_SIZE``), ``sm_arch``,
+        ``nccl_version`` and ``backend`` from torch.
+
+    Raises:
+        ValueError: ``$LAGOM_CLUSTER`` or the preset names an unknown cluster or preset.
+    """
+    import torch
+
+    environ = os.environ if environ is None else environ
+    if environ.get("LAGOM_CLUSTER"):
+        return _load_cluster(environ["LAGOM_CLUSTER"])
+    if not torch.cuda.is_available():
+        return _load_cluster("cpu-gloo")
+    if preset_name:
+        from lagom_megatron.presets import load_preset
+
+        return _load_cluster(load_preset(preset_name).cluster)
+    major, minor = torch.cuda.get_device_capability()
+    nccl = torch.cuda.nccl.version()
+    return {"gpus_per_node": _int_env(environ, "LOCAL_WORLD_SIZE"), "sm_arch": major * 10 + minor,
+            "backend": "nccl", "nccl_version": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)}
+
+
+def preflight_pretrain(args: Any, environ: Mapping[str, str] | None = None) -> list[Finding]:
+    """``pretrain_gpt.py --lagom``: ``preflight`` on the parsed arguments with ``detect_cluster``.
+
+    Call it before any process group is created; prints on rank 0 only.
+
+    Raises:
+        SystemExit: code 1 when the doctor finds errors.
+    """
+    environ = os.environ if environ is None else environ
+
+    def log(line: str) -> None:
+        if environ.get("RANK", "0") == "0":
+            print(line, flush=True)
+
+    cluster = detect_cluster(getattr(args, "preset_name", None), environ)
+    return preflight(args, environ, cluster, log=log)

@@ -196,3 +196,23 @@ def test_command_line_exit_codes(capsys, monkeypatch):
 def test_command_needs_input(capsys):
     assert main(["doctor"]) == 2
     assert "give --preset" in capsys.readouterr().err
+
+
+def test_detect_cluster_and_preflight_pretrain(capsys):
+    """Without CUDA the doctor checks against cpu-gloo; $LAGOM_CLUSTER wins when set."""
+    import torch
+
+    from lagom_megatron.doctor import detect_cluster, preflight_pretrain
+
+    assert detect_cluster(environ={"LAGOM_CLUSTER": "a100-ib100"}).name == "a100-ib100"
+    if not torch.cuda.is_available():
+        assert detect_cluster(environ={}).backend == "gloo"
+    ns = argparse.Namespace(**base_args(), preset_name=None)
+    env = {**BASE_ENV, "WORLD_SIZE": "16", "RANK": "0", "LAGOM_CLUSTER": "h100-sxm-ib400"}
+    assert preflight_pretrain(ns, env) == []
+    with pytest.raises(SystemExit):
+        preflight_pretrain(argparse.Namespace(**base_args(num_layers=9)), env)
+    assert "[layers-pp]" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # another rank: stops silently
+        preflight_pretrain(argparse.Namespace(**base_args(num_layers=9)), {**env, "RANK": "3"})
+    assert capsys.readouterr().out == ""
