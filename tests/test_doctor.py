@@ -216,3 +216,18 @@ def test_detect_cluster_and_preflight_pretrain(capsys):
     with pytest.raises(SystemExit):  # another rank: stops silently
         preflight_pretrain(argparse.Namespace(**base_args(num_layers=9)), {**env, "RANK": "3"})
     assert capsys.readouterr().out == ""
+
+
+def test_pretrain_gpt_with_lagom_stops_on_doctor_errors():
+    """scripts/pretrain_gpt.py --lagom runs the doctor before creating any process group."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "pretrain_gpt.py"
+    env = {**os.environ, "WORLD_SIZE": "4", "RANK": "0", "LAGOM_CLUSTER": "cpu-gloo"}
+    proc = subprocess.run([sys.executable, str(script), "--preset", "cpu-tp2-dp2", "--mock-data", "--lagom",
+                           "--tp-comm-overlap"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "[tp-comm-overlap] tp_comm_overlap is set on a CPU (gloo) cluster" in proc.stdout
