@@ -65,31 +65,6 @@ def _rank0_print(line: str) -> None:
         print(line, flush=True)
 
 
-def detect_cluster() -> Any:
-    """The cluster the doctor checks against: ``$LAGOM_CLUSTER`` when set, else the local GPU.
-
-    Returns:
-        A ``ClusterSpec`` (from ``$LAGOM_CLUSTER``) or a dict with ``gpus_per_node``
-        (``$LOCAL_WORLD_SIZE``), ``sm_arch`` and ``nccl_version`` from torch, and ``backend``.
-    """
-    name = os.environ.get("LAGOM_CLUSTER")
-    if name:
-        from lagom_megatron.engine.cluster import ClusterSpec
-
-        return ClusterSpec.load(name)
-    import torch
-
-    info: dict[str, Any] = {"gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None}
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        nccl = torch.cuda.nccl.version()
-        info.update(sm_arch=major * 10 + minor, backend="nccl",
-                    nccl_version=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl))
-    else:
-        info.update(sm_arch=None, backend="gloo", nccl_version=None)
-    return info
-
-
 class LagomHooks:
     """lagom's callbacks driven from Megatron-LM's ``train_step`` (module docstring).
 
@@ -160,7 +135,7 @@ class LagomHooks:
         Args:
             args: Megatron-LM's parsed arguments.
             callbacks: callback objects to drive; default ``[LagomController.from_args(args)]``.
-            cluster: for the doctor; default ``detect_cluster()``.
+            cluster: for the doctor; default ``lagom_megatron.doctor.detect_cluster()``.
 
         Returns:
             self.
@@ -173,7 +148,7 @@ class LagomHooks:
             raise RuntimeError("lagom hooks are already installed around train_step")
         if not getattr(args, "lagom", False):
             return self
-        from lagom_megatron.doctor import preflight
+        from lagom_megatron.doctor import detect_cluster, preflight
 
         preflight(args, os.environ, detect_cluster() if cluster is None else cluster, log=_rank0_print)
         if callbacks is None:

@@ -196,3 +196,38 @@ def test_command_line_exit_codes(capsys, monkeypatch):
 def test_command_needs_input(capsys):
     assert main(["doctor"]) == 2
     assert "give --preset" in capsys.readouterr().err
+
+
+def test_detect_cluster_and_preflight_pretrain(capsys):
+    """Without CUDA the doctor checks against cpu-gloo; $LAGOM_CLUSTER wins when set."""
+    import torch
+
+    from lagom_megatron.doctor import detect_cluster, preflight_pretrain
+
+    assert detect_cluster(environ={"LAGOM_CLUSTER": "a100-ib100"}).name == "a100-ib100"
+    if not torch.cuda.is_available():
+        assert detect_cluster(environ={}).backend == "gloo"
+    ns = argparse.Namespace(**base_args(), preset_name=None)
+    env = {**BASE_ENV, "WORLD_SIZE": "16", "RANK": "0", "LAGOM_CLUSTER": "h100-sxm-ib400"}
+    assert preflight_pretrain(ns, env) == []
+    with pytest.raises(SystemExit):
+        preflight_pretrain(argparse.Namespace(**base_args(num_layers=9)), env)
+    assert "[layers-pp]" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # another rank: stops silently
+        preflight_pretrain(argparse.Namespace(**base_args(num_layers=9)), {**env, "RANK": "3"})
+    assert capsys.readouterr().out == ""
+
+
+def test_pretrain_gpt_with_lagom_stops_on_doctor_errors():
+    """scripts/pretrain_gpt.py --lagom runs the doctor before creating any process group."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "pretrain_gpt.py"
+    env = {**os.environ, "WORLD_SIZE": "4", "RANK": "0", "LAGOM_CLUSTER": "cpu-gloo"}
+    proc = subprocess.run([sys.executable, str(script), "--preset", "cpu-tp2-dp2", "--mock-data", "--lagom",
+                           "--tp-comm-overlap"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "[tp-comm-overlap] tp_comm_overlap is set on a CPU (gloo) cluster" in proc.stdout

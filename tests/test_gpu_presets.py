@@ -127,3 +127,17 @@ def test_preset_to_megatron_lm_flags_round_trip():
     for key, value in expected.items():
         assert parsed[key] == value, key
     assert parsed["add_bias_linear"] is False
+
+
+@pytest.mark.parametrize("name", GPU_PRESETS)
+def test_our_pretrain_gpt_takes_every_gpu_preset(name):
+    """scripts/pretrain_gpt.py --preset NAME: parsed and validated for the preset's world size."""
+    from lagom_megatron.integration.arguments import parse_args, validate_args
+
+    preset = load_preset(name)
+    args = validate_args(parse_args(["--preset", name]), preset.world_size)
+    model = preset.model_spec()
+    assert (args.num_layers, args.add_bias_linear) == (model.num_layers, model.add_bias_linear)
+    assert args.rotary_base == (model.rotary_base or 10000)
+    overridden = parse_args(["--preset", name, "--micro-batch-size", "7"])
+    assert overridden.micro_batch_size == 7

@@ -6,6 +6,7 @@ import argparse
 import ast
 import importlib
 import inspect
+import re
 import sys
 import textwrap
 import types
@@ -255,3 +256,16 @@ def test_chain_extra_args_providers():
 
     parser = chain_extra_args_providers(a, None, b)(argparse.ArgumentParser())
     assert order == ["a", "b"] and parser.parse_args(["--a", "1", "--b", "2"]).b == "2"
+
+
+def test_adapter_matches_the_controller_and_training_context():
+    """The adapter builds TrainingContext by keyword and calls the controller's four callbacks."""
+    from lagom_megatron.integration.controller import LagomController
+    from lagom_megatron.integration.training import TrainingContext
+
+    inspect.signature(LagomController.from_args).bind(argparse.Namespace())
+    for name, n_args in (("on_setup", 1), ("on_iteration_start", 1), ("on_iteration_end", 3), ("on_train_end", 0)):
+        inspect.signature(getattr(LagomController, name)).bind(object(), *[object()] * n_args)
+    source = inspect.getsource(LagomHooks._on_setup)
+    used = set(re.findall(r"\b(\w+)=", source.split("TrainingContext(")[1].split(")\n")[0]))
+    assert used == set(inspect.signature(TrainingContext).parameters)

@@ -81,7 +81,7 @@ def _validate(args, plan) -> int:
         from lagom_megatron.engine.profile import Profile
 
         expected = dict(Profile.load(args.profile).fingerprint)
-        diff = [k for k in plan.fingerprint_mismatch(expected) if k in expected]
+        diff = plan.fingerprint_mismatch(expected)
         if diff:
             for k in diff:
                 print(f"fingerprint mismatch: {k}: plan {plan.fingerprint.get(k)!r}, profile {expected.get(k)!r}", file=sys.stderr)

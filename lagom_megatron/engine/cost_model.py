@@ -16,7 +16,7 @@ Sub-models (our design; the Lagom paper's formulas are not public, see the resea
     bw(x)     = softmin( n_eff * per_channel_bw(proto, n_threads, chunk), link_eff(alg, proto) * link_bw )
     s(x)      = a * sm_share(x) + b * hbm_share(x)
     sm_share  = n_eff CTAs / SMs (a CTA holds its SM whatever its thread count)
-    hbm_share = hbm_mult(proto) * wire_bytes * calls / T_comm / HBM bandwidth
+    hbm_share = hbm_mult(proto, chunk) * wire_bytes * calls / T_comm / HBM bandwidth
 
 ``wire_bytes`` uses the bus-bandwidth factors (all-reduce 2(n-1)/n, all-gather and
 reduce-scatter (n-1)/n of the full size; NVLS reduces in the switch). ``link_bw`` is NVLink
@@ -80,6 +80,10 @@ GAMMA_GRID = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
 """Per-channel bandwidth scales tried when fitting (relative to the ClusterSpec prior)."""
 RIDGE_GAMMA = 1e-4
 """Pull of gamma towards 1 (per unit of squared log), so equal fits keep the prior."""
+CHUNK_L2_FLOOR = 0.6
+"""Share of the HBM traffic a very small chunk still causes (the rest stays in L2)."""
+IRLS_STEPS = 4
+"""Reweighting passes of the T_comm fit (weights 1/sqrt|relative residual|, i.e. towards L1)."""
 NOISE_REL = 0.02
 """Relative timing noise assumed when weighting slowdown observations (2% of a region)."""
 
@@ -141,6 +145,30 @@ class CostModel:
         self.max_channels = max_channels(c)
         if self.gamma_S is None:
             self.gamma_S = np.ones(len(sites))
+        self._static_tables()
+
+    def _static_tables(self) -> None:
+        """Per site and algorithm code: algorithm steps and wire bytes of one call (S x 8)."""
+        i = np.arange(len(self.sites))[:, None]
+        alg = np.arange(ALG_NONE + 1)[None, :]
+        op, n, nb, nodes = self.op_S[i], self.n_S[i], self.nbytes_S[i], self.nodes_S[i]
+        frac = (n - 1.0) / n
+        log2n = np.ceil(np.log2(np.maximum(n, 2.0)))
+        ring_steps = np.where(op == _AR, 2.0 * (n - 1.0), np.where(np.isin(op, [_SEND, _RECV]), 1.0, n - 1.0))
+        steps = np.select(
+            [alg == _TREE, alg == _NVLS, alg == _NVLSTREE, (alg == _CNDIRECT) | (alg == _CNCHAIN), alg == _PAT,
+             (alg == ALG_NONE) & (op == _A2A)],
+            [2.0 * log2n, np.where(op == _AR, 2.0, 1.0), 2.0 + 2.0 * np.log2(np.maximum(nodes, 1.0)), 4.0, log2n, 1.0 + log2n],
+            default=ring_steps,
+        )
+        wire_factor = np.select(
+            [op == _AR, np.isin(op, [_AG, _RS, _A2A])],
+            [np.where((alg == _NVLS) | (alg == _NVLSTREE), 1.5 * frac, np.where(alg >= _CNDIRECT, frac, 2.0 * frac)), frac],
+            default=1.0,
+        )
+        wire = wire_factor * nb
+        self.steps_SA = np.broadcast_to(steps, (len(self.sites), ALG_NONE + 1)).copy()
+        self.wire_SA = np.broadcast_to(wire, (len(self.sites), ALG_NONE + 1)).copy()
 
     # ---- defaults ---------------------------------------------------------------------------
 
@@ -150,7 +178,8 @@ class CostModel:
         Our approximation of NCCL's tuning (documented, not NCCL's exact table): Ring, except
         all-reduce on NVLS inside an NVSwitch sm90 node from 256 KiB and Tree across nodes
         below 8 MiB; LL below 64 KiB, LL128 below 4 MiB on sm80+ NVLink, Simple above; one
-        channel per 128 KiB up to 32 (24 before sm90); 512 threads; default chunk (code 0).
+        channel per 128 KiB up to 32 inside a node (24 before sm90), 16 across nodes (about 16
+        SMs on an 8-NIC node, nccl#689); 512 threads; default chunk (code 0).
         On gloo: 2 worker threads (ProcessGroupGloo's default), no splitting.
         """
         S = len(self.sites)
@@ -167,8 +196,8 @@ class CostModel:
         proto = np.where(nb < 65536, _LL, np.where((nb < 4 * 2**20) & ~inter & (c.sm_arch >= 80), _LL128, _SIMPLE))
         proto = np.where(np.isin(alg, [_NVLS, _NVLSTREE, _CNDIRECT, _CNCHAIN, _PAT]), _SIMPLE, proto)
         proto = np.where(p2p, PROTO_NONE, proto)
-        cap = min(self.max_channels, 32 if c.sm_arch >= 90 else 24)
-        nc = np.clip(np.ceil(nb / 131072.0), 1, cap)
+        cap = np.where(inter, 16, 32 if c.sm_arch >= 90 else 24)  # ~16 SMs on an 8-NIC node (nccl#689)
+        nc = np.clip(np.ceil(nb / 131072.0), 1, np.minimum(cap, self.max_channels))
         return (alg.astype(np.int64), proto.astype(np.int64), nc.astype(float), np.full(S, 512.0), np.zeros(S))
 
     def encode(self, i: int, config: CommConfig) -> tuple[int, int, float, float, float]:
@@ -210,22 +239,9 @@ class CostModel:
 
     def _prior_parts(self, i, alg, proto, nc, nt, chunk):
         """Latency (us), transfer time (us), effective channels and wire bytes of one call."""
-        op, n, nb, nodes = self.op_S[i], self.n_S[i], self.nbytes_S[i], self.nodes_S[i]
-        frac = (n - 1.0) / n
-        log2n = np.ceil(np.log2(np.maximum(n, 2.0)))
-        ring_steps = np.where(op == _AR, 2.0 * (n - 1.0), np.where(np.isin(op, [_SEND, _RECV]), 1.0, n - 1.0))
-        steps = np.select(
-            [alg == _TREE, alg == _NVLS, alg == _NVLSTREE, (alg == _CNDIRECT) | (alg == _CNCHAIN), alg == _PAT,
-             (alg == ALG_NONE) & (op == _A2A)],
-            [2.0 * log2n, np.where(op == _AR, 2.0, 1.0), 2.0 + 2.0 * np.log2(np.maximum(nodes, 1.0)), 4.0, log2n, 1.0 + log2n],
-            default=ring_steps,
-        )
-        wire_factor = np.select(
-            [op == _AR, np.isin(op, [_AG, _RS, _A2A])],
-            [np.where((alg == _NVLS) | (alg == _NVLSTREE), 1.5 * frac, np.where(alg >= _CNDIRECT, frac, 2.0 * frac)), frac],
-            default=1.0,
-        )
-        wire = wire_factor * nb
+        n, nb = self.n_S[i], self.nbytes_S[i]
+        steps = self.steps_SA[i, alg]
+        wire = self.wire_SA[i, alg]
         if self.gloo:
             pieces = np.where(chunk > 0, np.ceil(nb / np.maximum(chunk, 1.0)), 1.0)
             n_eff = np.minimum(nc, pieces)
@@ -248,7 +264,10 @@ class CostModel:
         bw = _softmin(n_eff * per_ch, link)
         lat = NCCL_BASE_LATENCY_US * np.where(p == _SIMPLE, 1.0, 0.5) + steps * self.hop_S[i] * _PROTO_LAT[p]
         # A CTA holds a whole SM whatever its thread count (NCCL CTAs do not share SMs, nccl#689).
-        return lat, wire / (bw * 1e3), n_eff, wire, _PROTO_HBM[p]
+        # Smaller chunks stay in L2 between the steps of a channel: less of the collective's
+        # traffic reaches HBM (our design; Lagom's introduction: chunk size moves compute a lot).
+        l2 = CHUNK_L2_FLOOR + (1.0 - CHUNK_L2_FLOOR) * np.sqrt(chunk_eff_bytes / _PROTO_DEFAULT_CHUNK[p])
+        return lat, wire / (bw * 1e3), n_eff, wire, _PROTO_HBM[p] * l2
 
     def evaluate(self, i, alg, proto, nc, nt, chunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """T_comm (us), s, T_region (us) for site indices ``i`` under config codes (broadcast).
@@ -366,8 +385,15 @@ class CostModel:
             err = np.bincount(i_J, (a_g[i_J] * f1 + b_g[i_J] * f2 - 1.0) ** 2, S) + RIDGE_GAMMA * np.log(g) ** 2
             take = err < best_err - 1e-12
             best_err[take], alpha[take], beta[take], gamma[take] = err[take], a_g[take], b_g[take], g
-        model.alpha_S, model.beta_S, model.gamma_S = alpha, beta, gamma
+        model.gamma_S = gamma
         lat, xfer, ctas, wire, hbm_mult = model._prior_parts(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
+        # Iteratively reweighted least squares towards the least absolute relative error (what
+        # MAPE measures): a few wild samples (CPU timings, a straggling rank) no longer drag the fit.
+        f1, f2 = calls * lat / y_comm, calls * xfer / y_comm
+        for _ in range(IRLS_STEPS):
+            w = 1.0 / np.sqrt(np.maximum(np.abs(alpha[i_J] * f1 + beta[i_J] * f2 - 1.0), 0.02))
+            alpha, beta = _ridge2(i_J, S, w * f1, w * f2, w, RIDGE_COMM, 1.0, 1.0, lo=0.05)
+        model.alpha_S, model.beta_S = alpha, beta
         # Slowdown: observed only where the compute branch is active (region longer than comm).
         r = (y_region - y_comp) / y_comm
         observed = (y_region > 1.01 * y_comm) & (r > 0)
@@ -390,7 +416,9 @@ class CostModel:
 
 
 def _softmin(x, y):
-    return (x ** -SOFTMIN_P + y ** -SOFTMIN_P) ** (-1.0 / SOFTMIN_P)
+    """(x^-4 + y^-4)^(-1/4) (SOFTMIN_P = 4), written with square roots: faster than powers."""
+    x2, y2 = 1.0 / (x * x), 1.0 / (y * y)
+    return 1.0 / np.sqrt(np.sqrt(x2 * x2 + y2 * y2))
 
 
 def _ridge2(i_J, S, f1, f2, y, lam, p1, p2, *, lo, ref=None):

@@ -1,8 +1,9 @@
 """Plan exporters: the formats stock NCCL and Megatron-LM read.
 
 - ``megatron-yaml``: Megatron-LM's ``--nccl-communicator-config-path`` file. Keys are Megatron
-  process-group names (dp, dp_cp, tp, pp, ep, cp, ...); values hold ``min_ctas`` and
-  ``max_ctas`` (always both: NCCL rejects a one-sided range, NCCL PR#2256) and
+  process-group names (dp, dp_cp, tp, pp, ep, cp, ...); values hold ``min_ctas`` (1) and
+  ``max_ctas`` (the largest channel count the plan gives the group's sites; always both: NCCL
+  rejects a one-sided range, NCCL PR#2256) and
   ``cga_cluster_size`` where the plan sets one. Megatron copies only these keys (and net_name,
   is_high_priority_stream) into ``ProcessGroupNCCL.Options().config``. Never empty: an empty
   file loads as None and Megatron's lookup fails, so a plan without CTA choices exports ``{}``.
@@ -89,8 +90,10 @@ def _megatron_yaml(plan: Plan, cluster) -> str:
             continue
         fields = {}
         if ch:
-            # The communicator's range must admit every site's channel count (the tuner picks within it).
-            lo, hi = (max(ch), max(ch)) if plan.mechanism != "tuner" else (min(ch), max(ch))
+            # maxCTAs caps every call of the communicator; NCCL (or the tuner plugin) picks within
+            # [1, max]. min_ctas stays 1 so that calls keep NCCL's own smaller counts, as the
+            # search assumed (a raised minimum would force every call up to it).
+            lo, hi = 1, max(ch)
             validate_cta_range(lo, hi, cluster=cluster or _AnyNccl())
             fields["min_ctas"], fields["max_ctas"] = lo, hi
         if cga:

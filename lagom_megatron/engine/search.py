@@ -52,9 +52,11 @@ def _objective(problem: SearchProblem, idx, alg, proto, nc, nt, lvl, objective: 
     return t_comm if objective == "comm" else t_region
 
 
-def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, objective: str, count: Counter) -> bool:
+def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, objective: str, count: Counter,
+              min_gain: float = 0.0) -> bool:
     """Scans ``knob`` over its domain for the sites ``idx`` at once (others fixed); keeps the
-    best value per site when it beats the current one. Mutates ``st``; returns True on a change.
+    best value per site when it beats the current one by more than the fraction ``min_gain``.
+    Mutates ``st``; returns True on a change.
     """
     idx = idx[problem.tunable[knob][idx]]
     if idx.size == 0:
@@ -82,7 +84,7 @@ def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, obj
     count.add(valid.sum() + idx.size)
     best = np.argmin(obj, axis=1)
     best_obj = obj[np.arange(idx.size), best]
-    better = best_obj < cur * (1.0 - 1e-9) - 1e-12
+    better = best_obj < cur * (1.0 - max(min_gain, 1e-9)) - 1e-12
     if not better.any():
         return False
     rows = idx[better]
@@ -143,13 +145,13 @@ def decide_unit(problem: SearchProblem, st: State, knob: str, governed: np.ndarr
 
 
 def descend(problem: SearchProblem, st: State, idx: np.ndarray, knobs: tuple[str, ...], objective: str,
-            count: Counter, rounds: int) -> None:
+            count: Counter, rounds: int, min_gain: float = 0.0) -> None:
     """Coordinate descent of ``knobs`` (call scope) for the sites ``idx``, at most ``rounds``
     passes, stopping early when a pass changes nothing."""
     for _ in range(rounds):
         changed = False
         for knob in knobs:
-            changed |= scan_knob(problem, st, idx, knob, objective, count)
+            changed |= scan_knob(problem, st, idx, knob, objective, count, min_gain)
         if not changed:
             return
 

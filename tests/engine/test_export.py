@@ -32,7 +32,7 @@ def test_megatron_yaml_has_both_cta_ends_per_group():
     for group, cfg in data.items():
         assert set(cfg) == {"min_ctas", "max_ctas"}
         chosen = [e.config.n_channels for e in plan.entries.values() if e.group == group]
-        assert (cfg["min_ctas"], cfg["max_ctas"]) == (min(chosen), max(chosen))
+        assert (cfg["min_ctas"], cfg["max_ctas"]) == (1, max(chosen))
 
 
 def test_megatron_yaml_never_empty_and_checks_ranges():
@@ -40,15 +40,16 @@ def test_megatron_yaml_never_empty_and_checks_ranges():
     text = export_plan(plan, "megatron-yaml")
     assert yaml.safe_load(text) == {}
     bad = Plan(entries={"tp.x": _entry(CommConfig(n_channels=99))})
-    with pytest.raises(ValueError, match="min_ctas 99 is not allowed; allowed: integers 1..64"):
+    with pytest.raises(ValueError, match="max_ctas 99 is not allowed; allowed: integers 1..64"):
         export_plan(bad, "megatron-yaml")
 
 
-def test_megatron_yaml_communicator_mechanism_pins_the_cap():
+def test_megatron_yaml_communicator_mechanism_writes_the_searched_cap():
     plan = _mixed_plan(mechanism="communicator")
     data = yaml.safe_load(export_plan(plan, "megatron-yaml"))
-    for cfg in data.values():
-        assert cfg["min_ctas"] == cfg["max_ctas"]
+    for group, cfg in data.items():
+        caps = {e.config.n_channels for e in plan.entries.values() if e.group == group}
+        assert cfg == {"min_ctas": 1, "max_ctas": max(caps)}
 
 
 def test_tuner_csv_matches_nccl_example_plugin_columns():

@@ -51,6 +51,9 @@ def test_fingerprint_mismatch_names_the_fields():
     assert plan.fingerprint_mismatch(expected) == []
     expected.update(world_size=32, cluster="a100-ib100", extra="x")
     assert plan.fingerprint_mismatch(expected) == ["cluster", "extra", "world_size"]
+    # Fields the run does not state (here the NCCL and lagom versions the search added) are not compared.
+    assert "nccl_version" in plan.fingerprint
+    assert plan.fingerprint_mismatch({"world_size": 16}) == []
     with pytest.raises(ValueError, match=r"\(cluster, extra, world_size differ\).*world_size: plan has 16, run has 32"):
         plan.check_fingerprint(expected)
 

@@ -148,3 +148,30 @@ def test_unknown_method():
     with pytest.raises(ValueError, match=r"method must be one of .*'priority'.*got 'greedy'"):
         search(build(), method="greedy")
     assert set(METHODS) == {"priority", "autoccl", "exhaustive", "nccl-default"}
+
+
+@pytest.mark.parametrize("cluster, mechanism", [("h100-sxm-ib400", None), ("a100-ib100", None), ("h200-sxm", None),
+                                                ("h100-sxm-ib400", "communicator"), ("h100-sxm-ib400", "env")])
+def test_every_planned_config_passes_nccl_validation(cluster, mechanism):
+    from lagom_megatron.engine.knobs import validate_config, validate_env
+
+    problem = synthetic_problem(n_sites=60, seed=11, cluster=cluster, mechanism=mechanism)
+    for method in ("priority", "autoccl"):
+        plan = search(problem, method=method).plan
+        for site_id, e in plan.entries.items():
+            validate_config(e.config, op=e.op, cluster=problem.cluster, mechanism=plan.mechanism, n_nodes=e.n_nodes,
+                            group_size=e.group_size)
+        validate_env(plan.env)
+    if cluster == "h200-sxm":  # tuner plugin v6: chunk sizes are searched per call
+        assert any(e.config.chunk_size for e in search(problem, method="priority").plan.entries.values())
+
+
+def test_gloo_plans_pass_validation():
+    from lagom_megatron.engine.knobs import validate_config
+
+    sites = [site(site_id=f"dp.ar[{i}]", op="all_reduce", nbytes=(1 + 4 * i) * 2**20, group="dp", group_size=2)
+             for i in range(4)]
+    problem = build(sites=sites, cluster="cpu-gloo", comp_ratio=[0.3, 1.0, 2.0, 4.0])
+    for method in ("priority", "autoccl", "exhaustive"):
+        for e in search(problem, method=method).plan.entries.values():
+            validate_config(e.config, op=e.op, cluster=problem.cluster, group_size=2)
