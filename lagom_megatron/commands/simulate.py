@@ -19,6 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed iterations per arm in verification (default: the preset's lagom_verify_iters)")
     parser.add_argument("--profile-out", default=None, help="write the profile the search saw (JSON)")
     parser.add_argument("--plan-out", default=None, help="write the searched plan (JSON)")
+    parser.add_argument("--show", type=int, default=5, metavar="N",
+                        help="print the N sites with the largest predicted saving (0: none)")
     parser.add_argument("--json", action="store_true", help="print the tuner's summary as JSON")
 
 
@@ -64,8 +66,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"    measured, plan (median)      : {summary['measured_plan_us'] / 1e3:10.1f} ms")
         print(f"    measured, defaults (median)  : {summary['measured_default_us'] / 1e3:10.1f} ms  (x{summary['speedup']:.3f})")
     print(f"    {'after tuning (' + tuner.phase.value + ')':29s}: {result.final_median_us / 1e3:10.1f} ms")
+    if args.show > 0 and tuner.plan is not None:
+        _print_top_sites(tuner.plan, args.show)
     if summary.get("model_mape_pct") is not None:
         print(f"  cost model MAPE on its profiled points: {summary['model_mape_pct']:.1f}%")
     print(f"  result: {tuner.phase.value.upper()}: {tuner.reason}")
     print(f"  wall time {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _print_top_sites(plan, n: int) -> None:
+    """The ``n`` sites whose predicted region time drops most under the plan (model figures)."""
+    rows = sorted(plan.entries.items(), key=lambda kv: kv[1].predicted_t_region_us - kv[1].predicted_default_t_region_us)
+    rows = [(sid, e) for sid, e in rows if not e.config.is_default()][:n]
+    if not rows:
+        return
+    print(f"  largest predicted savings ({plan.method}; region time per iteration, model):")
+    for sid, e in rows:
+        saved = e.predicted_default_t_region_us - e.predicted_t_region_us
+        print(f"    {sid:40s} {str(e.config.to_dict()):58s} {e.predicted_default_t_region_us / 1e3:8.2f} -> "
+              f"{e.predicted_t_region_us / 1e3:8.2f} ms ({saved / 1e3:+.2f})")

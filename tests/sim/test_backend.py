@@ -175,6 +175,7 @@ def test_lagom_simulate_64_gpu_preset_cli_under_60s():
     for phase in ("profiling", "probing", "searched", "verifying"):
         assert f"[{phase:>9}]" in out.stdout, out.stdout
     assert "SIMULATED" in out.stdout and "predicted, plan" in out.stdout and "measured, defaults" in out.stdout
+    assert "largest predicted savings" in out.stdout and re.search(r"result: (APPLIED|FELL_BACK): ", out.stdout)
     assert wall < 60, f"lagom simulate took {wall:.1f} s"
 
 
