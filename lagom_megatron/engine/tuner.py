@@ -247,6 +247,11 @@ class Tuner:
         return self.next_step().assignment
 
     @property
+    def iterations_finished(self) -> int:
+        """Iterations finished since the tuner started (warm-up included)."""
+        return self._n_finished
+
+    @property
     def done(self) -> bool:
         """True once APPLIED or FELL_BACK: nothing left to measure."""
         return self.phase in (Phase.APPLIED, Phase.FELL_BACK)
