@@ -448,7 +448,7 @@ class Workload:
         if buckets is not None and not self.overlap_grad:
             for b, _, p in buckets:
                 op, name = ("reduce_scatter", "grad_reduce_scatter") if self.dist_opt else ("all_reduce", "grad_all_reduce")
-                prog.blocking(Call(None, self._coll(op, p * 4, g), g, mb))
+                prog.blocking(Call(f"dp.{name}[chunk{c}.bucket{b}]", self._coll(op, p * 4, g), g, mb))
         if self.pp > 1 and c > 0:
             self._send(prog, "pp.send_recv", act_bytes, mb, pending_send)
 

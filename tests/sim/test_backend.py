@@ -195,3 +195,14 @@ def test_ddp_buckets_only_on_the_first_virtual_chunk():
     expected = max(1, round(w.layers_per_chunk * per_layer / w.bucket_params))
     assert len(b[0]) >= min(expected, w.layers_per_chunk) - 1 and len(b[0]) > 1
     assert sorted(li for _, lis, _ in b[0] for li in lis) == list(range(w.layers_per_chunk))
+
+
+def test_without_overlapped_grad_reduce_one_blocking_bucket_per_chunk():
+    p = load_preset("gpt3-13b-h100x64")
+    p = p.model_copy(update={"overlap": p.overlap.model_copy(update={"overlap_grad_reduce": False, "overlap_param_gather": False})})
+    sim = SimulatedCluster(p)
+    rs = [s for s in sim.sites if s.site_id.startswith("dp.grad_reduce_scatter")]
+    assert [s.site_id for s in rs] == ["dp.grad_reduce_scatter[chunk0.bucket0]"]
+    m = sim.run_iteration(iteration=1)
+    (sample,) = [x for x in m.samples if x.site_id == rs[0].site_id]
+    assert sample.t_region_us == pytest.approx(sample.t_comm_us)  # nothing overlaps a blocking call
