@@ -122,6 +122,9 @@ class Tuner:
         agree: ``agree(plan) -> plan`` called once on the searched plan, e.g. broadcast rank 0's plan
             and check digests. Raising any exception makes the tuner fall back to defaults.
 
+    Every rank must feed the same (all-gathered) measurements: fit and search are deterministic,
+    so all ranks then reach ``agree`` in the same iteration, or fall back in the same iteration.
+
     Raises:
         ValueError: unknown backend.
     """
