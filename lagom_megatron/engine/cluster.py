@@ -1,0 +1,159 @@
+"""Cluster descriptions: the hardware facts the cost model starts from (its priors).
+
+A ``ClusterSpec`` is loaded from ``configs/clusters/<name>.yaml`` (or any YAML path). It holds what
+the cost model cannot learn from a handful of warm-up samples: SMs per GPU (to turn CTAs into a
+share of the device), HBM bandwidth (to turn collective traffic into a share of memory bandwidth),
+link bandwidths and latencies (to predict collective time under configs never profiled), and the
+NCCL version (which decides the knob domains and which knob can be set at which scope).
+
+Units are in the key names: every ``*_gbps`` value is GB/s (gigaBYTES per second, as NCCL's
+bus-bandwidth figures), every ``*_us`` value microseconds.
+
+This module is not a topology detector: it describes a cluster the user names.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+CLUSTERS_DIR = Path(os.environ.get("LAGOM_CONFIGS", Path(__file__).resolve().parents[2] / "configs")) / "clusters"
+"""``configs/clusters`` of the source tree, or ``$LAGOM_CONFIGS/clusters`` (same rule as presets)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterSpec:
+    """One cluster: a node type, its interconnect and its NCCL version.
+
+    On the gloo backend the GPU terms map onto the CPU host: ``sms_per_gpu`` = CPU cores the
+    ranks share, ``hbm_gbps`` = DRAM bandwidth, ``nvlink_gbps_per_gpu`` = loopback bandwidth.
+    """
+
+    name: str
+    """Short name, also the YAML file's stem: ``h100-sxm-ib400``."""
+    gpu: str
+    """Device model, for humans and fingerprints: ``H100-SXM5-80GB``."""
+    sms_per_gpu: int
+    """Streaming multiprocessors per GPU (CPU cores on gloo): one NCCL CTA occupies one SM."""
+    hbm_gbps: float
+    """Device memory bandwidth, GB/s."""
+    nvlink_gbps_per_gpu: float
+    """Intra-node bandwidth per GPU and direction, GB/s (NVLink; loopback on gloo)."""
+    gpus_per_node: int
+    """GPUs (ranks) per node."""
+    net_gbps_per_gpu: float
+    """Inter-node network bandwidth per GPU and direction, GB/s (400 Gb/s NIC = 50 GB/s)."""
+    peak_bf16_tflops: float
+    """Dense BF16 peak, TFLOP/s (compute-time lower bounds in the simulator)."""
+    nccl_version: str
+    """NCCL runtime version, ``"2.27.5"``; ``"none"`` on gloo."""
+    sm_arch: int
+    """Compute capability times ten: 80 = Ampere, 90 = Hopper, 100 = Blackwell; 0 on CPU."""
+    nvswitch: bool
+    """NVSwitch in the node (needed, with sm90+, for the NVLS algorithms)."""
+    backend: Literal["nccl", "gloo"] = "nccl"
+    """Communication backend of the cluster."""
+    collnet: bool = False
+    """IB SHARP (CollNet) available in the network."""
+    nvlink_latency_us: float = 1.0
+    """Latency of one algorithm step inside a node, microseconds (Simple protocol)."""
+    net_latency_us: float = 5.0
+    """Latency of one algorithm step across nodes, microseconds (Simple protocol)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("nccl", "gloo"):
+            raise ValueError(f"cluster {self.name!r}: backend must be one of ['nccl', 'gloo']; got {self.backend!r}")
+        for key in ("sms_per_gpu", "gpus_per_node"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"cluster {self.name!r}: {key} must be an integer >= 1; got {value!r}")
+        for key in ("hbm_gbps", "nvlink_gbps_per_gpu", "net_gbps_per_gpu", "peak_bf16_tflops"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"cluster {self.name!r}: {key} must be a number > 0 (GB/s or TFLOP/s); got {value!r}")
+        for key in ("nvlink_latency_us", "net_latency_us"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"cluster {self.name!r}: {key} must be a number >= 0 (us); got {value!r}")
+        if self.backend == "nccl":
+            parse_version(self.nccl_version)  # raises on a malformed version
+
+    @property
+    def nccl(self) -> tuple[int, int, int]:
+        """The NCCL version as a tuple, ``(0, 0, 0)`` on gloo."""
+        return parse_version(self.nccl_version) if self.backend == "nccl" else (0, 0, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields, JSON/YAML-ready."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "<cluster>") -> "ClusterSpec":
+        """Builds a spec from a mapping (a parsed YAML file).
+
+        Raises:
+            ValueError: unknown or missing key (names the key, the allowed keys and ``source``),
+                or a value outside its domain.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: a cluster file must be a mapping of keys to values; got {type(data).__name__}")
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise ValueError(f"{source}: unknown cluster key(s) {unknown}; allowed: {allowed}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+
+    @classmethod
+    def load(cls, name_or_path: "str | os.PathLike | ClusterSpec") -> "ClusterSpec":
+        """Loads ``configs/clusters/<name>.yaml`` or a YAML file path (a ClusterSpec passes through).
+
+        Raises:
+            FileNotFoundError: neither a known cluster name nor an existing file (lists the names).
+            ValueError: the file is not valid YAML or not a valid cluster.
+        """
+        if isinstance(name_or_path, ClusterSpec):
+            return name_or_path
+        path = Path(name_or_path)
+        if not path.is_file():
+            candidate = CLUSTERS_DIR / f"{name_or_path}.yaml"
+            if not candidate.is_file():
+                raise FileNotFoundError(
+                    f"cluster {str(name_or_path)!r} is neither a file nor one of {available_clusters()}"
+                )
+            path = candidate
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: invalid YAML: {exc}") from None
+        return cls.from_dict(data, source=str(path))
+
+
+def available_clusters() -> list[str]:
+    """Names of the cluster files under ``configs/clusters``."""
+    return sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml")) if CLUSTERS_DIR.is_dir() else []
+
+
+def parse_version(version: str) -> tuple[int, int, int]:
+    """``"2.27.5"`` -> ``(2, 27, 5)``; ``"2.30"`` -> ``(2, 30, 0)``.
+
+    Raises:
+        ValueError: not of the form MAJOR.MINOR[.PATCH] (names the value).
+    """
+    parts = str(version).split(".")
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        nums = []
+    if not 2 <= len(nums) <= 3:
+        raise ValueError(f"nccl_version must look like '2.27.5'; got {version!r}")
+    nums += [0] * (3 - len(nums))
+    return (nums[0], nums[1], nums[2])

@@ -1,0 +1,460 @@
+"""The unified cost model of an overlap region (DESIGN.md section 3) and its fitting.
+
+For one region, with ``s(x)`` the fractional slowdown communication inflicts on the overlapped
+compute and ``T_comm(x)`` the collective's duration (already including what compute does to it):
+
+    T_region(x) = max( T_comm(x),  T_comp + T_comm(x) * s(x) / (1 + s(x)) )
+
+While the collective runs, compute advances at rate 1/(1+s); after it ends, at full speed. The
+branches meet where T_comm = T_comp (1 + s): one formula for the communication-bound and the
+computation-bound regime.
+
+Sub-models (our design; the Lagom paper's formulas are not public, see the research notes):
+
+    T_comm(x) = calls * ( alpha * latency(alg, proto, steps) + beta * wire_bytes / bw(x) )
+    per_channel_bw = gamma * prior(cluster) * eff(proto) * (n_threads / 512)^0.6 * eff(chunk)
+    bw(x)     = softmin( n_eff * per_channel_bw(proto, n_threads, chunk), link_eff(alg, proto) * link_bw )
+    s(x)      = a * sm_share(x) + b * hbm_share(x)
+    sm_share  = n_eff CTAs / SMs (a CTA holds its SM whatever its thread count)
+    hbm_share = hbm_mult(proto, chunk) * wire_bytes * calls / T_comm / HBM bandwidth
+
+``wire_bytes`` uses the bus-bandwidth factors (all-reduce 2(n-1)/n, all-gather and
+reduce-scatter (n-1)/n of the full size; NVLS reduces in the switch). ``link_bw`` is NVLink
+inside a node and the network across nodes (``ClusterSpec``). ``alpha``, ``beta`` (per site) and
+``a``, ``b`` (per region) are fitted by least squares with a ridge pull towards the priors
+(1, 1, 1, 1), so a site with a single sample keeps the ClusterSpec prediction scaled to it. On
+gloo the same formulas hold with worker threads for CTAs (sm_share = threads / cores), DRAM for
+HBM and loopback for NVLink: the contention is CPU time and memory bandwidth.
+
+Shape legend: ``_S`` one value per site, ``_SK`` sites x candidate configs; any numpy-broadcast
+shape works for the evaluation functions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.engine.knobs import ALGORITHMS, DEFAULT_CHUNK, PROTOCOLS, CommConfig, max_channels
+from lagom_megatron.engine.profile import OPS, CollectiveSite, Profile
+
+ALG_NONE = len(ALGORITHMS)  # point-to-point on NCCL, or gloo: no algorithm choice
+PROTO_NONE = len(PROTOCOLS)
+_RING, _TREE, _NVLS, _NVLSTREE, _CNDIRECT, _CNCHAIN, _PAT = range(7)
+_LL, _LL128, _SIMPLE = range(3)
+_OP = {op: i for i, op in enumerate(OPS)}
+_AR, _AG, _RS, _A2A, _SEND, _RECV, _BCAST = (_OP[o] for o in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast"))
+
+# Per-protocol constants, indexed LL, LL128, Simple, none.
+_PROTO_LAT = np.array([0.3, 0.5, 1.0, 1.0])
+"""Latency of one step relative to Simple (LL and LL128 avoid the flag round trip)."""
+_PROTO_CH_EFF = np.array([0.6, 0.95, 1.0, 1.0])
+"""Per-channel throughput relative to Simple."""
+_PROTO_LINK_EFF = np.array([0.5, 0.9375, 1.0, 1.0])
+"""Share of the link the protocol's payload can use: LL 8 of 16 bytes, LL128 120 of 128."""
+_PROTO_HBM = np.array([5.0, 2.7, 2.5, 2.0])
+"""HBM bytes per wire byte (NCCL maintainers: NVLink bytes x2-3 in HBM; LL doubles for flags)."""
+_PROTO_CHUNK_HALF = np.array([4096.0, 65536.0, 65536.0, 65536.0])
+"""Chunk size at which a channel reaches half of its large-chunk throughput, bytes."""
+_PROTO_DEFAULT_CHUNK = np.array([DEFAULT_CHUNK["LL"], DEFAULT_CHUNK["LL128"], DEFAULT_CHUNK["Simple"], 0.0])
+# Per-algorithm constants, indexed as knobs.ALGORITHMS plus none.
+_ALG_LINK_EFF = np.array([1.0, 0.85, 1.0, 0.95, 1.0, 0.95, 0.9, 1.0])
+_ALG_CH_MULT = np.array([1.0, 1.0, 2.0, 1.5, 1.0, 1.0, 1.0, 1.0])
+"""Per-channel throughput multiplier: NVLS CTAs drive the switch's multicast, few suffice."""
+
+SOFTMIN_P = 4.0
+"""Sharpness of the bandwidth saturation: bw = (x^-p + y^-p)^(-1/p)."""
+DEFAULT_THREADS = 512
+NCCL_BASE_LATENCY_US = 3.0
+"""Kernel launch and setup of one NCCL call, microseconds."""
+PRIOR_A = 1.0
+PRIOR_B = 1.0
+RIDGE_COMM = 0.005
+"""Pull of alpha, beta towards 1 relative to one sample's squared relative error."""
+RIDGE_SLOWDOWN = 0.02
+GAMMA_GRID = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
+"""Per-channel bandwidth scales tried when fitting (relative to the ClusterSpec prior)."""
+RIDGE_GAMMA = 1e-4
+"""Pull of gamma towards 1 (per unit of squared log), so equal fits keep the prior."""
+CHUNK_L2_FLOOR = 0.6
+"""Share of the HBM traffic a very small chunk still causes (the rest stays in L2)."""
+IRLS_STEPS = 4
+"""Reweighting passes of the T_comm fit (weights 1/sqrt|relative residual|, i.e. towards L1)."""
+NOISE_REL = 0.02
+"""Relative timing noise assumed when weighting slowdown observations (2% of a region)."""
+
+
+def region_time_us(t_comm_us: Any, t_comp_us: Any, s: Any) -> Any:
+    """The unified region formula (DESIGN.md section 3), elementwise on scalars or numpy arrays.
+
+    Args:
+        t_comm_us: collective duration, microseconds.
+        t_comp_us: duration of the overlapped compute alone, microseconds.
+        s: fractional compute slowdown while the collective runs (>= 0).
+
+    Returns:
+        ``max(t_comm, t_comp + t_comm * s / (1 + s))`` in microseconds; continuous where
+        ``t_comm == t_comp * (1 + s)``.
+    """
+    return np.maximum(t_comm_us, t_comp_us + t_comm_us * (s / (1.0 + s)))
+
+
+@dataclass
+class CostModel:
+    """A fitted cost model for a fixed list of sites on one cluster.
+
+    Build with ``CostModel.fit(profile, cluster)`` (from measurements) or
+    ``CostModel.from_priors(...)`` (ClusterSpec priors only, for synthetic problems). Per-site
+    parameters are numpy arrays in the order of ``sites``.
+    """
+
+    cluster: ClusterSpec
+    backend: str
+    sites: list[CollectiveSite]
+    t_comp_us_S: np.ndarray
+    alpha_S: np.ndarray
+    beta_S: np.ndarray
+    a_S: np.ndarray
+    b_S: np.ndarray
+    gamma_S: np.ndarray | None = None
+    """Per-channel bandwidth relative to the ClusterSpec prior (where bandwidth saturates); 1 if None."""
+    mape: float = float("nan")
+    """Mean absolute percentage error of T_region on the fitted samples, %."""
+    mape_comm: float = float("nan")
+    """Same for T_comm, %."""
+    n_points: int = 0
+    index: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.index = {s.site_id: i for i, s in enumerate(self.sites)}
+        c, sites = self.cluster, self.sites
+        self.op_S = np.array([_OP[s.op] for s in sites], dtype=np.int64)
+        self.nbytes_S = np.array([float(s.nbytes) for s in sites])
+        self.n_S = np.array([float(max(s.group_size, 1)) for s in sites])
+        self.nodes_S = np.array([float(s.n_nodes) for s in sites])
+        self.calls_S = np.array([float(s.calls_per_iter) for s in sites])
+        inter = self.nodes_S > 1
+        self.link_S = np.where(inter, c.net_gbps_per_gpu, c.nvlink_gbps_per_gpu)
+        self.hop_S = np.where(inter, c.net_latency_us, c.nvlink_latency_us)
+        self.gloo = self.backend == "gloo"
+        self.pcb = c.nvlink_gbps_per_gpu / (2.0 if self.gloo else 16.0)
+        self.max_channels = max_channels(c)
+        if self.gamma_S is None:
+            self.gamma_S = np.ones(len(sites))
+        self._static_tables()
+
+    def _static_tables(self) -> None:
+        """Per site and algorithm code: algorithm steps and wire bytes of one call (S x 8)."""
+        i = np.arange(len(self.sites))[:, None]
+        alg = np.arange(ALG_NONE + 1)[None, :]
+        op, n, nb, nodes = self.op_S[i], self.n_S[i], self.nbytes_S[i], self.nodes_S[i]
+        frac = (n - 1.0) / n
+        log2n = np.ceil(np.log2(np.maximum(n, 2.0)))
+        ring_steps = np.where(op == _AR, 2.0 * (n - 1.0), np.where(np.isin(op, [_SEND, _RECV]), 1.0, n - 1.0))
+        steps = np.select(
+            [alg == _TREE, alg == _NVLS, alg == _NVLSTREE, (alg == _CNDIRECT) | (alg == _CNCHAIN), alg == _PAT,
+             (alg == ALG_NONE) & (op == _A2A)],
+            [2.0 * log2n, np.where(op == _AR, 2.0, 1.0), 2.0 + 2.0 * np.log2(np.maximum(nodes, 1.0)), 4.0, log2n, 1.0 + log2n],
+            default=ring_steps,
+        )
+        wire_factor = np.select(
+            [op == _AR, np.isin(op, [_AG, _RS, _A2A])],
+            [np.where((alg == _NVLS) | (alg == _NVLSTREE), 1.5 * frac, np.where(alg >= _CNDIRECT, frac, 2.0 * frac)), frac],
+            default=1.0,
+        )
+        wire = wire_factor * nb
+        self.steps_SA = np.broadcast_to(steps, (len(self.sites), ALG_NONE + 1)).copy()
+        self.wire_SA = np.broadcast_to(wire, (len(self.sites), ALG_NONE + 1)).copy()
+
+    # ---- defaults ---------------------------------------------------------------------------
+
+    def default_codes(self) -> tuple[np.ndarray, ...]:
+        """NCCL's own choice per site as codes ``(alg_S, proto_S, nc_S, nt_S, chunk_S)``.
+
+        Our approximation of NCCL's tuning (documented, not NCCL's exact table): Ring, except
+        all-reduce on NVLS inside an NVSwitch sm90 node from 256 KiB and Tree across nodes
+        below 8 MiB; LL below 64 KiB, LL128 below 4 MiB on sm80+ NVLink, Simple above; one
+        channel per 128 KiB up to 32 inside a node (24 before sm90), 16 across nodes (about 16
+        SMs on an 8-NIC node, nccl#689); 512 threads; default chunk (code 0).
+        On gloo: 2 worker threads (ProcessGroupGloo's default), no splitting.
+        """
+        S = len(self.sites)
+        if self.gloo:
+            return (np.full(S, ALG_NONE), np.full(S, PROTO_NONE), np.full(S, 2.0), np.full(S, 512.0), np.zeros(S))
+        c = self.cluster
+        nb, op, inter = self.nbytes_S, self.op_S, self.nodes_S > 1
+        p2p = np.isin(op, [_A2A, _SEND, _RECV])
+        nvls_ok = c.nvswitch and c.sm_arch >= 90 and c.nccl >= (2, 17, 0)
+        alg = np.full(S, _RING)
+        alg = np.where((op == _AR) & ~inter & nvls_ok & (nb >= 262144), _NVLS, alg)
+        alg = np.where((op == _AR) & inter & (nb < 8 * 2**20), _TREE, alg)
+        alg = np.where(p2p, ALG_NONE, alg)
+        proto = np.where(nb < 65536, _LL, np.where((nb < 4 * 2**20) & ~inter & (c.sm_arch >= 80), _LL128, _SIMPLE))
+        proto = np.where(np.isin(alg, [_NVLS, _NVLSTREE, _CNDIRECT, _CNCHAIN, _PAT]), _SIMPLE, proto)
+        proto = np.where(p2p, PROTO_NONE, proto)
+        cap = np.where(inter, 16, 32 if c.sm_arch >= 90 else 24)  # ~16 SMs on an 8-NIC node (nccl#689)
+        nc = np.clip(np.ceil(nb / 131072.0), 1, np.minimum(cap, self.max_channels))
+        return (alg.astype(np.int64), proto.astype(np.int64), nc.astype(float), np.full(S, 512.0), np.zeros(S))
+
+    def encode(self, i: int, config: CommConfig) -> tuple[int, int, float, float, float]:
+        """Codes of ``config`` for site ``i`` with NCCL's choice filled in where a knob is None."""
+        d_alg, d_proto, d_nc, d_nt, _ = (x[i] for x in self.default_codes_cached())
+        if self.gloo:
+            return (ALG_NONE, PROTO_NONE, float(config.n_channels or d_nc), 512.0, float(config.chunk_size or 0))
+        alg = ALGORITHMS.index(config.algorithm) if config.algorithm else int(d_alg)
+        if config.protocol:
+            proto = PROTOCOLS.index(config.protocol)
+            if not config.algorithm and alg not in (_RING, _TREE, ALG_NONE) and proto != _SIMPLE:
+                alg = _RING  # NCCL falls back to an algorithm that runs the requested protocol
+        elif config.algorithm and alg not in (_RING, _TREE):
+            proto = _SIMPLE
+        else:
+            proto = int(d_proto) if int(d_proto) != PROTO_NONE or alg == ALG_NONE else _SIMPLE
+        nc = float(config.n_channels or d_nc)
+        nt = float(config.n_threads or d_nt)
+        return (alg, proto, nc, nt, float(config.chunk_size or 0))
+
+    def default_codes_cached(self) -> tuple[np.ndarray, ...]:
+        if not hasattr(self, "_defaults"):
+            self._defaults = self.default_codes()
+        return self._defaults
+
+    def decode(self, alg: int, proto: int, nc: float, nt: float, chunk: float) -> CommConfig:
+        """The CommConfig of a code tuple (code ``none``/0 become ``None``)."""
+        if self.gloo:
+            return CommConfig(n_channels=int(nc), chunk_size=int(chunk) or None)
+        return CommConfig(
+            algorithm=None if alg == ALG_NONE else ALGORITHMS[int(alg)],
+            protocol=None if proto == PROTO_NONE else PROTOCOLS[int(proto)],
+            n_channels=None if alg == ALG_NONE else int(nc),
+            n_threads=int(nt),
+            chunk_size=int(chunk) or None,
+        )
+
+    # ---- evaluation (vectorised) ------------------------------------------------------------
+
+    def _prior_parts(self, i, alg, proto, nc, nt, chunk):
+        """Latency (us), transfer time (us), effective channels and wire bytes of one call."""
+        n, nb = self.n_S[i], self.nbytes_S[i]
+        steps = self.steps_SA[i, alg]
+        wire = self.wire_SA[i, alg]
+        if self.gloo:
+            pieces = np.maximum(1.0, np.where(chunk > 0, np.ceil(nb / np.maximum(chunk, 1.0)), 1.0))
+            n_eff = np.minimum(nc, pieces)
+            lat = self.hop_S[i] * steps * np.ceil(pieces / n_eff)
+            bw = _softmin(n_eff * self.pcb * self.gamma_S[i], self.link_S[i])
+            return lat, wire / (bw * 1e3), n_eff, wire, np.ones_like(n_eff)
+        p = np.where(proto == PROTO_NONE, _SIMPLE, proto)
+        chunk_eff_bytes = np.where(chunk > 0, chunk, _PROTO_DEFAULT_CHUNK[p])
+        # An explicit chunk leaves channels idle when one loop (n ranks x chunk) covers the message.
+        n_eff = np.where(chunk > 0, np.minimum(nc, np.maximum(1.0, np.ceil(nb / (n * np.maximum(chunk, 1.0))))), nc)
+        half = _PROTO_CHUNK_HALF[p]
+        chunk_eff = (chunk_eff_bytes / (chunk_eff_bytes + half)) / (_PROTO_DEFAULT_CHUNK[p] / (_PROTO_DEFAULT_CHUNK[p] + half))
+        threads_on = (p == _LL) | (p == _SIMPLE)  # LL128 and P2P run NCCL's fixed thread count
+        nt_eff = np.where(threads_on, nt, DEFAULT_THREADS)
+        # Fewer threads per CTA move less per channel; never profiled (process scope), so the
+        # prior is deliberately pessimistic: throughput ~ threads^0.6.
+        thr_eff = (nt_eff / DEFAULT_THREADS) ** 0.6
+        per_ch = self.pcb * self.gamma_S[i] * _PROTO_CH_EFF[p] * _ALG_CH_MULT[alg] * thr_eff * chunk_eff
+        link = self.link_S[i] * _ALG_LINK_EFF[alg] * _PROTO_LINK_EFF[p]
+        bw = _softmin(n_eff * per_ch, link)
+        lat = NCCL_BASE_LATENCY_US * np.where(p == _SIMPLE, 1.0, 0.5) + steps * self.hop_S[i] * _PROTO_LAT[p]
+        # A CTA holds a whole SM whatever its thread count (NCCL CTAs do not share SMs, nccl#689).
+        # Smaller chunks stay in L2 between the steps of a channel: less of the collective's
+        # traffic reaches HBM (our design; Lagom's introduction: chunk size moves compute a lot).
+        l2 = CHUNK_L2_FLOOR + (1.0 - CHUNK_L2_FLOOR) * np.sqrt(chunk_eff_bytes / _PROTO_DEFAULT_CHUNK[p])
+        return lat, wire / (bw * 1e3), n_eff, wire, _PROTO_HBM[p] * l2
+
+    def evaluate(self, i, alg, proto, nc, nt, chunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """T_comm (us), s, T_region (us) for site indices ``i`` under config codes (broadcast).
+
+        This is the search's hot path: every element of the broadcast result is one model
+        evaluation.
+        """
+        lat, xfer, ctas, wire, hbm_mult = self._prior_parts(i, alg, proto, nc, nt, chunk)
+        calls = self.calls_S[i]
+        t_comm = calls * (self.alpha_S[i] * lat + self.beta_S[i] * xfer)
+        sm_share = ctas / self.cluster.sms_per_gpu
+        hbm_share = hbm_mult * (wire * calls / np.maximum(t_comm, 1e-9)) * 1e-3 / self.cluster.hbm_gbps
+        s = self.a_S[i] * sm_share + self.b_S[i] * hbm_share
+        return t_comm, s, region_time_us(t_comm, self.t_comp_us_S[i], s)
+
+    def _site(self, site: "CollectiveSite | str") -> int:
+        key = site if isinstance(site, str) else site.site_id
+        if key not in self.index:
+            raise ValueError(f"site {key!r} is not in this cost model ({len(self.sites)} sites)")
+        return self.index[key]
+
+    def t_comm_us(self, site: "CollectiveSite | str", cfg: CommConfig) -> float:
+        """Predicted collective time of ``site`` under ``cfg``, microseconds per iteration."""
+        i = self._site(site)
+        return float(self.evaluate(i, *self.encode(i, cfg))[0])
+
+    def slowdown(self, site: "CollectiveSite | str", cfg: CommConfig) -> float:
+        """Predicted fractional compute slowdown s while ``site``'s collective runs under ``cfg``."""
+        i = self._site(site)
+        return float(self.evaluate(i, *self.encode(i, cfg))[1])
+
+    def t_region_us(self, site: "CollectiveSite | str", cfg: CommConfig) -> float:
+        """Predicted overlap-region time of ``site`` under ``cfg``, microseconds."""
+        i = self._site(site)
+        return float(self.evaluate(i, *self.encode(i, cfg))[2])
+
+    # ---- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def from_priors(cls, sites: Sequence[CollectiveSite], t_comp_us: Sequence[float], cluster: ClusterSpec, *,
+                    backend: str | None = None, alpha=1.0, beta=1.0, a=PRIOR_A, b=PRIOR_B, gamma=1.0) -> "CostModel":
+        """A model from ClusterSpec priors only (no measurements): synthetic problems and tests.
+
+        ``alpha``, ``beta``, ``a``, ``b``, ``gamma`` are scalars or one value per site.
+
+        Raises:
+            ValueError: ``t_comp_us`` does not have one value per site.
+        """
+        S = len(sites)
+        if len(t_comp_us) != S:
+            raise ValueError(f"t_comp_us must have one value per site ({S}); got {len(t_comp_us)}")
+
+        def arr(x):
+            return np.broadcast_to(np.asarray(x, dtype=float), (S,)).copy()
+
+        return cls(cluster=cluster, backend=backend or cluster.backend, sites=list(sites),
+                   t_comp_us_S=arr(t_comp_us), alpha_S=arr(alpha), beta_S=arr(beta), a_S=arr(a), b_S=arr(b),
+                   gamma_S=arr(gamma))
+
+    @classmethod
+    def fit(cls, profile: Profile, cluster: ClusterSpec) -> "CostModel":
+        """Fits alpha, beta (T_comm) and a, b (slowdown) per site from the profile's samples.
+
+        Works with one default sample plus a few probe samples per site (the warm-up): each site
+        solves two 2x2 ridge least-squares problems, pulled towards the ClusterSpec priors so a
+        site with one sample (or whose compute branch is never observed) stays well defined.
+        Samples of iteration 0 are left out when a later one exists (start-up effects).
+
+        Raises:
+            ValueError: the profile has no sites, or a site has no sample.
+        """
+        if not profile.sites:
+            raise ValueError("profile has no collective sites to fit")
+        usable = [s for s in profile.samples if math.isfinite(s.t_comm_us) and math.isfinite(s.t_region_us) and s.t_comm_us > 0]
+        samples = [s for s in usable if s.iteration > 0] or usable
+        if len({s.site_id for s in samples}) < len(profile.sites):
+            samples = usable
+        by_site: dict[str, list] = {s.site_id: [] for s in profile.sites}
+        for smp in samples:
+            by_site[smp.site_id].append(smp)
+        missing = [k for k, v in by_site.items() if not v]
+        if missing:
+            raise ValueError(f"profile has no usable sample (finite t_comm_us > 0 and t_region_us) for site(s) {missing[:5]}")
+        backend = "gloo" if profile.backend == "gloo" else cluster.backend
+        # T_comp: the compute measured alone (NaN in samples where it was not measured, e.g.
+        # iterations that did not serialise). A site never measured alone falls back to its
+        # shortest region, an upper bound (its slowdown is then not observable and stays prior).
+        t_comp = []
+        for site in profile.sites:
+            comp = [s.t_comp_us for s in by_site[site.site_id] if math.isfinite(s.t_comp_us)]
+            comp = comp or [s.t_comp_us for s in profile.samples if s.site_id == site.site_id and math.isfinite(s.t_comp_us)]
+            t_comp.append(float(np.median(comp)) if comp else min(s.t_region_us for s in by_site[site.site_id]))
+        model = cls.from_priors(profile.sites, t_comp, cluster, backend=backend)
+        # Flatten samples into arrays: j indexes samples.
+        rows = [(i, smp) for i, site in enumerate(profile.sites) for smp in by_site[site.site_id]]
+        i_J = np.array([i for i, _ in rows])
+        codes = np.array([model.encode(i, smp.config) for i, smp in rows], dtype=float)
+        alg_J, proto_J = codes[:, 0].astype(np.int64), codes[:, 1].astype(np.int64)
+        nc_J, nt_J, chunk_J = codes[:, 2], codes[:, 3], codes[:, 4]
+        y_comm = np.array([max(smp.t_comm_us, 1e-6) for _, smp in rows])
+        y_region = np.array([smp.t_region_us for _, smp in rows])
+        y_comp = model.t_comp_us_S[i_J]
+        S, calls = len(profile.sites), model.calls_S[i_J]
+        # T_comm: for each per-channel bandwidth scale gamma on a grid, minimise
+        # sum((alpha f1 + beta f2 - y)/y)^2 + ridge ((alpha-1)^2 + (beta-1)^2); keep per site the
+        # gamma with the smallest error (plus a mild pull towards 1). gamma places the channel
+        # count where bandwidth saturates, which alpha and beta alone cannot move.
+        best_err = np.full(S, np.inf)
+        alpha, beta, gamma = np.ones(S), np.ones(S), np.ones(S)
+        for g in GAMMA_GRID:
+            model.gamma_S = np.full(S, g)
+            lat, xfer, _, _, _ = model._prior_parts(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
+            f1, f2 = calls * lat / y_comm, calls * xfer / y_comm
+            a_g, b_g = _ridge2(i_J, S, f1, f2, np.ones_like(f1), RIDGE_COMM, 1.0, 1.0, lo=0.05)
+            err = np.bincount(i_J, (a_g[i_J] * f1 + b_g[i_J] * f2 - 1.0) ** 2, S) + RIDGE_GAMMA * np.log(g) ** 2
+            take = err < best_err - 1e-12
+            best_err[take], alpha[take], beta[take], gamma[take] = err[take], a_g[take], b_g[take], g
+        model.gamma_S = gamma
+        lat, xfer, ctas, wire, hbm_mult = model._prior_parts(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
+        # Iteratively reweighted least squares towards the least absolute relative error (what
+        # MAPE measures): a few wild samples (CPU timings, a straggling rank) no longer drag the fit.
+        f1, f2 = calls * lat / y_comm, calls * xfer / y_comm
+        for _ in range(IRLS_STEPS):
+            w = 1.0 / np.sqrt(np.maximum(np.abs(alpha[i_J] * f1 + beta[i_J] * f2 - 1.0), 0.02))
+            alpha, beta = _ridge2(i_J, S, w * f1, w * f2, w, RIDGE_COMM, 1.0, 1.0, lo=0.05)
+        model.alpha_S, model.beta_S = alpha, beta
+        # Slowdown: observed only where the compute branch is active (region longer than comm).
+        r = (y_region - y_comp) / y_comm
+        observed = (y_region > 1.01 * y_comm) & (r > 0)
+        r = np.clip(r, 0.0, 0.9)
+        s_obs = r / (1.0 - r)
+        g1 = ctas / model.cluster.sms_per_gpu
+        g2 = hbm_mult * (wire * calls / y_comm) * 1e-3 / model.cluster.hbm_gbps
+        w = observed.astype(float)
+        # Weight each point by how precisely it pins s: a timing error of NOISE_REL of the region
+        # moves r by NOISE_REL * region / T_comm and s by that / (1 - r)^2.
+        scale = NOISE_REL * (y_region / y_comm) / (1.0 - r) ** 2 + 0.05 * s_obs + 1e-3
+        model.a_S, model.b_S = _ridge2(i_J, len(profile.sites), w * g1 / scale, w * g2 / scale, w * s_obs / scale,
+                                       RIDGE_SLOWDOWN, PRIOR_A, PRIOR_B, lo=0.0,
+                                       ref=(np.bincount(i_J, g1 / scale, len(profile.sites)), np.bincount(i_J, g2 / scale, len(profile.sites))))
+        t_comm_hat, _, t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
+        model.mape = float(100.0 * np.mean(np.abs(t_region_hat - y_region) / np.maximum(y_region, 1e-9)))
+        model.mape_comm = float(100.0 * np.mean(np.abs(t_comm_hat - y_comm) / y_comm))
+        model.n_points = len(rows)
+        return model
+
+
+def _softmin(x, y):
+    """(x^-4 + y^-4)^(-1/4) (SOFTMIN_P = 4), written with square roots: faster than powers."""
+    x2, y2 = 1.0 / (x * x), 1.0 / (y * y)
+    return 1.0 / np.sqrt(np.sqrt(x2 * x2 + y2 * y2))
+
+
+def _ridge2(i_J, S, f1, f2, y, lam, p1, p2, *, lo, ref=None):
+    """Per-site 2-parameter ridge least squares: min sum (c1 f1 + c2 f2 - y)^2 + lam*(w1 (c1-p1)^2 + w2 (c2-p2)^2).
+
+    ``ref`` optionally scales the ridge per site by the features' size so it stays relative.
+    Solved for all sites at once as batched 2x2 normal equations; results clipped to ``>= lo``.
+    """
+    A11 = np.bincount(i_J, f1 * f1, S)
+    A12 = np.bincount(i_J, f1 * f2, S)
+    A22 = np.bincount(i_J, f2 * f2, S)
+    r1 = np.bincount(i_J, f1 * y, S)
+    r2 = np.bincount(i_J, f2 * y, S)
+    if ref is None:
+        w1 = w2 = np.ones(S)
+    else:
+        w1, w2 = (np.maximum(x * x, 1e-12) for x in ref)
+    A11, A22 = A11 + lam * w1, A22 + lam * w2
+    r1, r2 = r1 + lam * w1 * p1, r2 + lam * w2 * p2
+    det = A11 * A22 - A12 * A12
+    c1 = (r1 * A22 - r2 * A12) / det
+    c2 = (A11 * r2 - A12 * r1) / det
+    return np.maximum(c1, lo), np.maximum(c2, lo)
+
+
+def wire_bytes(op: str, nbytes: int, group_size: int) -> float:
+    """Bytes each rank sends for one call under Ring (bus-bandwidth factors of nccl-tests).
+
+    all-reduce 2(n-1)/n, all-gather / reduce-scatter / all-to-all (n-1)/n of the full size,
+    broadcast / send / recv the full size.
+    """
+    n = max(group_size, 1)
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n * nbytes
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n * nbytes
+    return float(nbytes)
+
+

@@ -1,0 +1,222 @@
+"""Plan files: which CommConfig each collective site gets, and what the plan was searched for.
+
+A plan is JSON (``PLAN_SCHEMA_VERSION``): a fingerprint (model dims, parallel layout, world size,
+cluster, NCCL version, lagom version), one entry per site id with its config and predicted
+times, the process-scope environment (``env``: knobs only the launch environment can set, such as
+NCCL_NTHREADS) and the search statistics. It is written atomically and loaded with validation:
+a corrupted file is reported with its name and the line/column of the damage, a plan made for
+another run is reported with the names of the fingerprint fields that differ.
+
+``Plan.digest()`` is what ranks compare before applying a plan (DESIGN.md section 4, rank
+consistency): a sha256 over the canonical JSON of everything but the statistics, which hold
+wall-clock figures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.profile import read_json, write_json_atomic
+
+PLAN_SCHEMA_VERSION = 1
+"""Version of the plan file format; bump on any incompatible change (a test freezes it)."""
+
+FINGERPRINT_FIELDS: tuple[str, ...] = (
+    "model", "parallel", "world_size", "cluster", "nccl_version", "lagom_version", "backend",
+)
+"""Fields a fingerprint usually holds; any other key is compared too."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanEntry:
+    """The chosen config of one collective site and what the cost model predicts for it."""
+
+    config: CommConfig
+    predicted_t_comm_us: float
+    """Predicted collective time per iteration under ``config``, microseconds."""
+    predicted_t_region_us: float
+    """Predicted overlap-region time under ``config``, microseconds."""
+    group: str
+    """Megatron process-group name of the site's communicator (dp, dp_cp, tp, pp, ep, cp, ...)."""
+    op: str = "all_reduce"
+    """Collective op, as in CollectiveSite.op (exporters need it)."""
+    nbytes: int = 0
+    """Message size of one call, bytes (the tuner table's byte range)."""
+    group_size: int = 0
+    """Ranks in the communicator (the tuner table's nRanks)."""
+    n_nodes: int = 1
+    """Nodes the communicator spans (the tuner table's nNodes)."""
+    predicted_default_t_region_us: float = 0.0
+    """Predicted region time under NCCL's defaults, microseconds (for `plan show`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "predicted_t_comm_us": self.predicted_t_comm_us,
+            "predicted_t_region_us": self.predicted_t_region_us,
+            "predicted_default_t_region_us": self.predicted_default_t_region_us,
+            "group": self.group,
+            "op": self.op,
+            "nbytes": self.nbytes,
+            "group_size": self.group_size,
+            "n_nodes": self.n_nodes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PlanEntry":
+        known = {"config", "predicted_t_comm_us", "predicted_t_region_us", "predicted_default_t_region_us",
+                 "group", "op", "nbytes", "group_size", "n_nodes"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown entry field(s) {unknown}; allowed: {sorted(known)}")
+        return cls(
+            config=CommConfig.from_dict(data["config"]),
+            predicted_t_comm_us=float(data["predicted_t_comm_us"]),
+            predicted_t_region_us=float(data["predicted_t_region_us"]),
+            predicted_default_t_region_us=float(data.get("predicted_default_t_region_us", 0.0)),
+            group=str(data["group"]),
+            op=str(data.get("op", "all_reduce")),
+            nbytes=int(data.get("nbytes", 0)),
+            group_size=int(data.get("group_size", 0)),
+            n_nodes=int(data.get("n_nodes", 1)),
+        )
+
+
+@dataclass(kw_only=True)
+class Plan:
+    """Site id -> PlanEntry, plus fingerprint, method, process-scope env and search statistics."""
+
+    entries: dict[str, PlanEntry]
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    method: str = "priority"
+    """Searcher that produced the plan: priority, autoccl, exhaustive, nccl-default."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Process-scope knobs as environment variables (NCCL_NTHREADS, ...) for the next launch."""
+    stats: dict[str, Any] = field(default_factory=dict)
+    """Search statistics: model_evaluations, wall_time_s, predicted/default iteration time, ..."""
+    backend: str = "nccl"
+    mechanism: str = "tuner"
+    """How the plan is applied: tuner, communicator, env (NCCL) or gloo; see knobs.MECHANISMS."""
+    schema_version: int = PLAN_SCHEMA_VERSION
+
+    def to_dict(self, *, with_stats: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema_version": self.schema_version,
+            "method": self.method,
+            "backend": self.backend,
+            "mechanism": self.mechanism,
+            "fingerprint": self.fingerprint,
+            "env": dict(self.env),
+            "entries": {k: e.to_dict() for k, e in self.entries.items()},
+        }
+        if with_stats:
+            out["stats"] = self.stats
+        return out
+
+    def digest(self) -> str:
+        """sha256 hex digest of the canonical JSON (sorted keys, no whitespace) without stats."""
+        text = json.dumps(self.to_dict(with_stats=False), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the plan as JSON atomically (temporary file in the same folder + rename)."""
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "<plan>") -> "Plan":
+        """Builds a plan from ``to_dict`` output, validating every field.
+
+        Raises:
+            ValueError: wrong schema version, missing or unknown field, bad entry (the message
+                names ``source`` and the entry's site id).
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: a plan must be a JSON object; got {type(data).__name__}")
+        version = data.get("schema_version")
+        if version != PLAN_SCHEMA_VERSION:
+            raise ValueError(f"{source}: plan schema_version must be {PLAN_SCHEMA_VERSION}; got {version!r}")
+        known = {"schema_version", "method", "backend", "mechanism", "fingerprint", "env", "entries", "stats"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown plan field(s) {unknown}; allowed: {sorted(known)}")
+        if not isinstance(data.get("entries"), dict):
+            raise ValueError(f"{source}: missing field 'entries' (an object of site id -> entry)")
+        entries = {}
+        for site_id, raw in data["entries"].items():
+            try:
+                entries[site_id] = PlanEntry.from_dict(raw)
+            except KeyError as exc:
+                raise ValueError(f"{source}: entry {site_id!r}: missing field {exc.args[0]!r}") from None
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{source}: entry {site_id!r}: {exc}") from None
+        env = data.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+            raise ValueError(f"{source}: 'env' must be an object of variable -> value")
+        return cls(
+            entries=entries,
+            fingerprint=dict(data.get("fingerprint") or {}),
+            method=str(data.get("method", "priority")),
+            env={k: str(v) for k, v in env.items()},
+            stats=dict(data.get("stats") or {}),
+            backend=str(data.get("backend", "nccl")),
+            mechanism=str(data.get("mechanism", "tuner")),
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        """Reads and validates a plan file.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: invalid JSON (names the file, line and column) or an invalid plan.
+        """
+        return cls.from_dict(read_json(path), source=str(path))
+
+    def fingerprint_mismatch(self, expected: dict[str, Any]) -> list[str]:
+        """Names of the fields of ``expected`` whose values differ in the plan's fingerprint (sorted).
+
+        A field ``expected`` names that the plan lacks counts as differing. Fields only the plan
+        has (the search adds cluster, nccl_version, lagom_version, backend when the profile did
+        not state them) are not compared: a run that does not state them accepts any value.
+        """
+        return sorted(k for k in expected if self.fingerprint.get(k, _MISSING) != expected[k])
+
+    def check_fingerprint(self, expected: dict[str, Any], *, source: str = "plan") -> None:
+        """Raises ValueError naming each differing field with both values, if any differ."""
+        diff = self.fingerprint_mismatch(expected)
+        if diff:
+            detail = "; ".join(f"{k}: plan has {self.fingerprint.get(k)!r}, run has {expected.get(k)!r}" for k in diff)
+            raise ValueError(f"{source} was made for another run ({', '.join(diff)} differ): {detail}")
+
+    def with_stats(self, **stats: Any) -> "Plan":
+        """A copy with ``stats`` updated (plans are not mutated by searchers)."""
+        return replace(self, stats={**self.stats, **stats})
+
+
+_MISSING = object()
+
+
+def diff_plans(a: Plan, b: Plan) -> list[str]:
+    """Human-readable differences between two plans, one line each (empty when equal)."""
+    lines = []
+    for k in sorted(set(a.fingerprint) | set(b.fingerprint)):
+        if a.fingerprint.get(k, _MISSING) == b.fingerprint.get(k, _MISSING):
+            continue
+        lines.append(f"fingerprint.{k}: {a.fingerprint.get(k)!r} -> {b.fingerprint.get(k)!r}")
+    if a.method != b.method:
+        lines.append(f"method: {a.method} -> {b.method}")
+    for k in sorted(set(a.env) | set(b.env)):
+        if a.env.get(k) != b.env.get(k):
+            lines.append(f"env.{k}: {a.env.get(k)!r} -> {b.env.get(k)!r}")
+    for site in sorted(set(a.entries) | set(b.entries)):
+        ea, eb = a.entries.get(site), b.entries.get(site)
+        if ea is None or eb is None:
+            lines.append(f"{site}: {'only in second' if ea is None else 'only in first'}")
+        elif ea.config != eb.config:
+            lines.append(f"{site}: {ea.config.to_dict()} -> {eb.config.to_dict()}")
+    return lines

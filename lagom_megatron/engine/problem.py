@@ -1,0 +1,314 @@
+"""The search problem: sites, their overlap regions (as a fitted cost model), the cluster, the
+mechanism that applies a plan, and the knob domains of every site, encoded as numpy arrays.
+
+Every searcher (``priority`` in ``search.py``; ``nccl-default``, ``autoccl``, ``exhaustive`` in
+``baselines.py``) takes one ``SearchProblem`` and returns a ``SearchResult``; searchers register
+by name with ``@register("name")``. They never mutate the problem: each works on its own
+``State`` (per-site config codes) and builds a new ``Plan``.
+
+Config codes (see ``cost_model``): algorithm index (``ALG_NONE`` for point-to-point / gloo),
+protocol index, n_channels, n_threads, and a chunk *level*: 0 = NCCL's own chunk, 1..4 = the
+protocol's chunk domain (``knobs.chunk_domain``), so a protocol change keeps a valid chunk.
+Shape legend: ``_S`` per site, ``_SK`` per site and candidate value.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from lagom_megatron import __version__
+from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.engine.cost_model import ALG_NONE, PROTO_NONE, CostModel
+from lagom_megatron.engine.knobs import (
+    ALGORITHMS, KNOB_ORDER, PROTOCOLS, PROTOCOLS_FOR_ALGORITHM, CommConfig, chunk_domain, default_mechanism, domains,
+    knob_scope,
+)
+from lagom_megatron.engine.plan import Plan, PlanEntry
+from lagom_megatron.engine.profile import CollectiveSite, Profile
+
+SEARCH_KNOBS: tuple[str, ...] = ("n_channels", "chunk_size", "n_threads", "protocol", "algorithm")
+"""Knobs the cost model distinguishes, in knob-priority order (CTA policy and CGA cluster size
+are validated and exported but not modelled, so no searcher changes them)."""
+
+_CHUNK_LEVELS = np.zeros((len(PROTOCOLS) + 1, 5))
+for _p, _name in enumerate(PROTOCOLS):
+    _CHUNK_LEVELS[_p, 1:] = chunk_domain(_name)
+_CHUNK_LEVELS[PROTO_NONE, 1:] = chunk_domain(None, "gloo") + (chunk_domain(None, "gloo")[-1],)
+_COMPAT = np.zeros((len(ALGORITHMS) + 1, len(PROTOCOLS) + 1), dtype=bool)
+for _a, _name in enumerate(ALGORITHMS):
+    for _pn in PROTOCOLS_FOR_ALGORITHM[_name]:
+        _COMPAT[_a, PROTOCOLS.index(_pn)] = True
+_COMPAT[ALG_NONE, PROTO_NONE] = True
+_SIMPLE = PROTOCOLS.index("Simple")
+
+
+@dataclass
+class State:
+    """Per-site config codes; a searcher's working copy (arrays of shape (S,))."""
+
+    alg: np.ndarray
+    proto: np.ndarray
+    nc: np.ndarray
+    nt: np.ndarray
+    lvl: np.ndarray
+
+    def copy(self) -> "State":
+        return State(*(x.copy() for x in (self.alg, self.proto, self.nc, self.nt, self.lvl)))
+
+    def get(self, knob: str) -> np.ndarray:
+        return getattr(self, _FIELD[knob])
+
+
+_FIELD = {"algorithm": "alg", "protocol": "proto", "n_channels": "nc", "n_threads": "nt", "chunk_size": "lvl"}
+
+
+@dataclass
+class SearchResult:
+    """A plan and the statistics of the search that produced it."""
+
+    plan: Plan
+    stats: dict[str, Any]
+    """model_evaluations, wall_time_s, predicted_iteration_us, default_iteration_us, n_sites, ..."""
+
+
+@dataclass
+class SearchProblem:
+    """Everything a searcher needs; built with ``from_profile`` or ``from_model``.
+
+    ``domains_S[i][knob]`` is the tuple of values site i may take (``(None,)`` = not tunable);
+    ``scope[knob]`` is call / communicator / process / None under ``mechanism``;
+    ``comm_S[i]`` names site i's communicator (its Megatron group).
+    """
+
+    model: CostModel
+    cluster: ClusterSpec
+    backend: str
+    mechanism: str
+    iteration_us: float
+    domains_S: list[dict[str, tuple]]
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    scope: dict[str, str | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sites: list[CollectiveSite] = self.model.sites
+        self.comm_S = [s.group for s in self.sites]
+        v = self.cluster.nccl
+        self.scope = {k: knob_scope(k, backend=self.backend, mechanism=self.mechanism, nccl_version=v) for k in KNOB_ORDER}
+        self._encode_domains()
+
+    @classmethod
+    def from_model(cls, model: CostModel, *, iteration_us: float | None = None, mechanism: str | None = None,
+                   fingerprint: dict | None = None, domain_override: dict[str, tuple] | None = None) -> "SearchProblem":
+        """A problem over ``model``'s sites; ``domain_override`` narrows knob domains (e.g. for
+        instances small enough for ``exhaustive``): each given tuple is intersected with the
+        site's own domain (an empty intersection keeps the site's first value).
+
+        ``iteration_us`` defaults to the sum of default region times (no non-overlapped time).
+        """
+        backend = model.backend
+        mech = mechanism or default_mechanism(backend)
+        doms = []
+        for s in model.sites:
+            d = domains(backend=backend, cluster=model.cluster, op=s.op, n_nodes=s.n_nodes, group_size=s.group_size, mechanism=mech)
+            if domain_override:
+                for k, values in domain_override.items():
+                    if len(d[k]) > 1:
+                        kept = tuple(x for x in d[k] if x in values)
+                        d[k] = kept or d[k][:1]
+            doms.append(d)
+        fp = dict(fingerprint or {})
+        fp.setdefault("cluster", model.cluster.name)
+        fp.setdefault("nccl_version", model.cluster.nccl_version)
+        fp.setdefault("lagom_version", __version__)
+        fp.setdefault("backend", backend)
+        problem = cls(model=model, cluster=model.cluster, backend=backend, mechanism=mech, iteration_us=0.0,
+                      domains_S=doms, fingerprint=fp)
+        if iteration_us is None:
+            iteration_us = float(problem.evaluate(problem.default_state())[2].sum())
+        problem.iteration_us = float(iteration_us)
+        return problem
+
+    @classmethod
+    def from_profile(cls, profile: Profile, cluster: ClusterSpec, *, model: CostModel | None = None,
+                     mechanism: str | None = None, domain_override: dict[str, tuple] | None = None) -> "SearchProblem":
+        """A problem from a profile: fits the cost model unless one is given."""
+        model = model or CostModel.fit(profile, cluster)
+        fp = dict(profile.fingerprint)
+        fp.setdefault("backend", profile.backend)
+        return cls.from_model(model, iteration_us=profile.iteration_us, mechanism=mechanism, fingerprint=fp,
+                              domain_override=domain_override)
+
+    # ---- encoded domains --------------------------------------------------------------------
+
+    def _encode_domains(self) -> None:
+        """vals[knob]: (S, K) float codes padded with NaN; tunable[knob]: (S,) bool."""
+        S = len(self.sites)
+        self.vals: dict[str, np.ndarray] = {}
+        self.tunable: dict[str, np.ndarray] = {}
+        for knob in SEARCH_KNOBS:
+            rows = [self._codes(knob, d[knob]) for d in self.domains_S]
+            K = max((len(r) for r in rows), default=1)
+            arr = np.full((S, K), np.nan)
+            for i, r in enumerate(rows):
+                arr[i, : len(r)] = r
+            self.vals[knob] = arr
+            self.tunable[knob] = np.array([len(d[knob]) > 1 for d in self.domains_S], dtype=bool)
+
+    @staticmethod
+    def _codes(knob: str, values: tuple) -> list[float]:
+        if values == (None,):
+            return []
+        if knob == "algorithm":
+            return [float(ALGORITHMS.index(v)) for v in values]
+        if knob == "protocol":
+            return [float(PROTOCOLS.index(v)) for v in values]
+        if knob == "chunk_size":
+            return [float(i) for i in range(len(values))]  # levels: index in (None,) + chunk_domain
+        return [float(v) for v in values]
+
+    def default_state(self) -> State:
+        """NCCL's own choice for every site (the model's approximation of it)."""
+        alg, proto, nc, nt, _ = self.model.default_codes_cached()
+        return State(alg.astype(np.int64).copy(), proto.astype(np.int64).copy(), nc.astype(float).copy(),
+                     nt.astype(float).copy(), np.zeros(len(self.sites), dtype=np.int64))
+
+    def chunk_bytes(self, proto: np.ndarray, lvl: np.ndarray) -> np.ndarray:
+        return _CHUNK_LEVELS[proto, lvl]
+
+    def evaluate(self, st: State, idx: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(t_comm, s, t_region) of the sites ``idx`` (all when None) under state ``st``."""
+        if idx is None:
+            idx = np.arange(len(self.sites))
+        return self.model.evaluate(idx, st.alg[idx], st.proto[idx], st.nc[idx], st.nt[idx],
+                                   self.chunk_bytes(st.proto[idx], st.lvl[idx]))
+
+    def evaluate_codes(self, idx, alg, proto, nc, nt, lvl):
+        """Like ``evaluate`` on explicit (broadcastable) code arrays; incompatible algorithm /
+        protocol pairs get an infinite time."""
+        alg = np.asarray(alg, dtype=np.int64)
+        proto = np.asarray(proto, dtype=np.int64)
+        lvl = np.asarray(lvl, dtype=np.int64)
+        t_comm, s, t_region = self.model.evaluate(idx, alg, proto, nc, nt, self.chunk_bytes(proto, lvl))
+        bad = ~_COMPAT[alg, proto]
+        if np.any(bad):
+            t_comm = np.where(bad, np.inf, t_comm)
+            t_region = np.where(bad, np.inf, t_region)
+        return t_comm, s, t_region
+
+    # ---- shared-scope units -----------------------------------------------------------------
+
+    def shared_units(self) -> list[tuple[str, str, np.ndarray]]:
+        """(knob, unit key, governed site indices) for each tunable knob wider than a call.
+
+        Process scope: one unit over all sites where the knob is tunable. Communicator scope:
+        one unit per communicator (Megatron group).
+        """
+        units = []
+        for knob in SEARCH_KNOBS:
+            scope = self.scope.get(knob)
+            if scope not in ("communicator", "process"):
+                continue
+            governed = np.flatnonzero(self.tunable[knob])
+            if governed.size == 0:
+                continue
+            if scope == "process":
+                units.append((knob, "process", governed))
+            else:
+                # NCCL_ALGO / NCCL_PROTO take per-function lists (2.24+): one value per op there.
+                per_op = knob in ("algorithm", "protocol")
+                keys = [f"comm:{self.comm_S[i]}" + (f":{self.sites[i].op}" if per_op else "") for i in governed]
+                for key in dict.fromkeys(keys):
+                    units.append((knob, key, np.array([i for i, k in zip(governed, keys) if k == key])))
+        return units
+
+    # ---- plan -------------------------------------------------------------------------------
+
+    def make_plan(self, st: State | None, *, method: str, stats: dict[str, Any]) -> Plan:
+        """A Plan from a final state (None = leave everything to NCCL)."""
+        default = self.default_state()
+        d_comm, _, d_region = self.evaluate(default)
+        use = st if st is not None else default
+        t_comm, _, t_region = self.evaluate(use)
+        configs = self._configs(st) if st is not None else [CommConfig()] * len(self.sites)
+        t_comm_l, t_region_l, d_region_l = (np.round(x, 3).tolist() for x in (t_comm, t_region, d_region))
+        entries = {
+            site.site_id: PlanEntry(
+                config=configs[i], predicted_t_comm_us=t_comm_l[i], predicted_t_region_us=t_region_l[i],
+                predicted_default_t_region_us=d_region_l[i], group=site.group, op=site.op, nbytes=site.nbytes,
+                group_size=site.group_size, n_nodes=site.n_nodes)
+            for i, site in enumerate(self.sites)
+        }
+        env = {}
+        if st is not None and self.scope.get("n_threads") == "process" and self.tunable["n_threads"].any():
+            chosen = {int(st.nt[i]) for i in np.flatnonzero(self.tunable["n_threads"])}
+            if chosen != {512}:
+                env["NCCL_NTHREADS"] = str(max(chosen))
+        if st is not None and self.scope.get("n_channels") == "process" and self.tunable["n_channels"].any():
+            cap = max(int(st.nc[i]) for i in np.flatnonzero(self.tunable["n_channels"]))
+            env["NCCL_MIN_CTAS"], env["NCCL_MAX_CTAS"] = "1", str(cap)
+        default_iter = self.iteration_us
+        predicted = self.iteration_us - float(d_region.sum()) + float(t_region.sum())
+        stats = {**stats, "n_sites": len(self.sites), "default_iteration_us": round(default_iter, 3),
+                 "predicted_default_iteration_us": round(default_iter, 3),
+                 "predicted_iteration_us": round(predicted, 3),
+                 "predicted_speedup": round(default_iter / predicted, 4) if predicted > 0 else None,
+                 "model_mape_pct": None if np.isnan(self.model.mape) else round(self.model.mape, 3)}
+        return Plan(entries=entries, fingerprint=dict(self.fingerprint), method=method, env=env, stats=stats,
+                    backend=self.backend, mechanism=self.mechanism)
+
+    def _configs(self, st: State) -> list[CommConfig]:
+        """One CommConfig per site; knobs a site cannot tune stay None (NCCL's choice)."""
+        tun = {k: self.tunable[k].tolist() for k in SEARCH_KNOBS}
+        chunk = self.chunk_bytes(st.proto, st.lvl).astype(np.int64).tolist()
+        alg, proto, nc, nt = (x.astype(np.int64).tolist() for x in (st.alg, st.proto, st.nc, st.nt))
+        out = []
+        for i in range(len(self.sites)):
+            out.append(CommConfig(
+                algorithm=ALGORITHMS[alg[i]] if tun["algorithm"][i] and alg[i] != ALG_NONE else None,
+                protocol=PROTOCOLS[proto[i]] if tun["protocol"][i] and proto[i] != PROTO_NONE else None,
+                n_channels=nc[i] if tun["n_channels"][i] else None,
+                n_threads=nt[i] if tun["n_threads"][i] else None,
+                chunk_size=chunk[i] if tun["chunk_size"][i] and chunk[i] > 0 else None,
+            ))
+        return out
+
+
+Searcher = Callable[[SearchProblem], SearchResult]
+SEARCHERS: dict[str, Searcher] = {}
+"""Registered searchers by name (filled by ``@register``)."""
+
+
+def register(name: str) -> Callable[[Searcher], Searcher]:
+    """Class-free registry decorator: ``@register("priority") def priority(problem): ...``.
+
+    Raises:
+        ValueError: the name is taken.
+    """
+    def wrap(fn: Searcher) -> Searcher:
+        if name in SEARCHERS:
+            raise ValueError(f"searcher {name!r} is already registered")
+        SEARCHERS[name] = fn
+        return fn
+    return wrap
+
+
+class Timer:
+    """Wall-clock seconds since construction (``time.perf_counter``)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def compat(alg: np.ndarray, proto: np.ndarray) -> np.ndarray:
+    """True where NCCL runs algorithm code ``alg`` with protocol code ``proto``."""
+    return _COMPAT[alg, proto]
+
+
+SIMPLE = _SIMPLE

@@ -1,0 +1,529 @@
+"""The tuning lifecycle: profile -> probe -> fit + search -> agree -> verify -> applied | fell back.
+
+A backend-agnostic state machine that the real Megatron integration (NCCL or gloo) and the
+simulated cluster (``lagom_megatron.sim``) both drive the same way, one training iteration at a
+time::
+
+    tuner = Tuner(Tuner.Config(), cluster=spec, backend="nccl", fingerprint=fp, agree=broadcast_plan)
+    for it in range(train_iters):
+        step = tuner.start_iteration(it)        # what to apply: step.assignment, step.serialize
+        ... run the iteration with step.assignment (site id -> CommConfig; missing = NCCL defaults),
+            waiting on every collective at launch when step.serialize is true ...
+        tuner.finish_iteration(IterationMeasurement(iteration=it, iteration_us=..., sites=..., samples=...))
+
+The tuner sees only what the backend measured (``IterationMeasurement``: sites and per-region
+samples) and hands the search only a ``Profile``; it never sees how the timings came about.
+
+Schedule (a fixed number of iterations, independent of the number of sites; DESIGN.md section 4):
+
+    PROFILING  ``warmup_iters`` untimed iterations under defaults (allocator, communicator warm-up)
+               1 iteration under defaults, overlapped: every site's T_comm and T_region, and the
+                 default iteration time
+               1 "serialized" iteration under defaults: every collective is waited on at launch, so
+                 the compute of each region runs alone; its per-site ``t_comp_us`` is T_comp
+    PROBING    1 iteration per probe config (``knobs.probe_configs``), applied to all sites at once:
+                 each gives every region one more (config, T_comm, T_region) point
+    SEARCHED   the cost model is fitted (``CostModel.fit``) and searched (``search.search``) at the
+               end of the last probe iteration; ``agree(plan)`` makes the ranks consistent
+    VERIFYING  plan and defaults alternate, ``verify_iters`` timed iterations each (the first
+               iteration under the plan is not timed: communicator pool creation)
+    APPLIED    the plan's median iteration time beat the defaults' by more than the measured spread
+    FELL_BACK  it did not, or fit / search / agreement failed: defaults from then on, with the reason
+
+Samples measured in overlapped iterations carry ``t_comp_us`` as the backend saw it (often
+unknown, NaN); the tuner replaces it with the serialized iteration's value for that site before
+the profile is written, so every sample in the profile has the same T_comp for its region.
+
+The priority search, the cost model and the verification rule follow DESIGN.md sections 3-4; the
+lifecycle and the serialized-iteration measurement of T_comp are our design (the Lagom paper's
+text on profiling is not available).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Literal
+
+from lagom_megatron.engine.knobs import DEFAULT, CommConfig
+from lagom_megatron.engine.profile import BACKENDS, CollectiveSite, Profile, Sample
+
+log = logging.getLogger("lagom.tuner")
+
+METHODS: tuple[str, ...] = ("priority", "autoccl", "exhaustive", "nccl-default")
+
+
+class Phase(Enum):
+    """Where the tuner is in its lifecycle (module docstring gives the schedule)."""
+
+    PROFILING = "profiling"
+    PROBING = "probing"
+    SEARCHED = "searched"
+    VERIFYING = "verifying"
+    APPLIED = "applied"
+    FELL_BACK = "fell_back"
+
+
+StepKind = Literal["warmup", "default", "serialized", "probe", "settle", "verify-plan", "verify-default", "applied", "fell-back"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Step:
+    """What the next iteration must do.
+
+    ``assignment`` maps site id -> CommConfig to apply (a missing site = NCCL defaults).
+    ``serialize``: wait on every collective right after launching it (T_comp measurement).
+    ``timed``: whether the tuner uses this iteration's measurement (backends may skip timing
+    collectives when it is false).
+    """
+
+    iteration: int
+    kind: StepKind
+    assignment: dict[str, CommConfig]
+    serialize: bool = False
+    timed: bool = True
+    probe_index: int | None = None
+    """Index into the probe configs for ``kind == "probe"``."""
+
+
+@dataclass(kw_only=True, slots=True)
+class IterationMeasurement:
+    """What a backend measured in one iteration.
+
+    ``iteration_us``: wall time of the whole iteration (slowest rank), microseconds.
+    ``sites``: the collective sites seen in the iteration (may be empty after profiling).
+    ``samples``: one ``Sample`` per site region (its ``config`` is what was applied; ``t_comm_us``
+    sums all calls of the site; ``t_comp_us`` may be NaN where compute alone was not measured).
+    """
+
+    iteration: int
+    iteration_us: float
+    sites: list[CollectiveSite] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not (self.iteration_us > 0 and math.isfinite(self.iteration_us)):
+            raise ValueError(f"iteration {self.iteration}: iteration_us must be a positive finite number; got {self.iteration_us!r}")
+
+
+class Tuner:
+    """The lifecycle state machine (module docstring). One instance per training run and rank.
+
+    Args:
+        config: ``Tuner.Config``.
+        cluster: a ``ClusterSpec`` (anything with a ``name``) or a cluster name, passed to
+            ``CostModel.fit`` / ``search`` and recorded in the profile.
+        backend: ``nccl``, ``gloo`` or ``sim`` (selects knob domains and probe configs).
+        fingerprint: what is being tuned (model, layout, world size, cluster, versions); copied into
+            the profile and hence the plan.
+        agree: ``agree(plan) -> plan`` called once on the searched plan, e.g. broadcast rank 0's plan
+            and check digests. Raising any exception makes the tuner fall back to defaults.
+
+    Every rank must feed the same (all-gathered) measurements: fit and search are deterministic,
+    so all ranks then reach ``agree`` in the same iteration, or fall back in the same iteration.
+
+    Raises:
+        ValueError: unknown backend.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Tuner settings (``--lagom-warmup-iters``, ``--lagom-verify-iters``, ``--lagom-method``)."""
+
+        warmup_iters: int = 1
+        """Untimed iterations under defaults before profiling (iteration 0 is always one: the
+        allocator and communicators warm up there)."""
+        verify_iters: int = 3
+        """Timed iterations per arm (plan, defaults) in verification; medians are compared."""
+        method: str = "priority"
+        """Searcher: priority, autoccl, exhaustive, nccl-default."""
+        min_gain: float = 0.002
+        """Smallest relative gain (fraction of the default median) a plan must show to be kept."""
+        noise_rule: Literal["half-range", "none"] = "half-range"
+        """half-range: the gain must also exceed half the larger per-arm range (max - min) of the
+        verification measurements; none: ``min_gain`` alone decides."""
+        probe_configs: list[CommConfig] | None = None
+        """Probe configs applied to all sites; None = ``knobs.probe_configs(backend, cluster)``."""
+
+        def __post_init__(self) -> None:
+            if self.warmup_iters < 1:
+                raise ValueError(f"lagom.warmup_iters must be >= 1 (iteration 0 is never timed); got {self.warmup_iters}")
+            if self.verify_iters < 1:
+                raise ValueError(f"lagom.verify_iters must be >= 1; got {self.verify_iters}")
+            if self.method not in METHODS:
+                raise ValueError(f"lagom.method must be one of {list(METHODS)}; got {self.method!r}")
+            if not 0.0 <= self.min_gain < 1.0:
+                raise ValueError(f"lagom.min_gain must be in [0, 1); got {self.min_gain}")
+            if self.noise_rule not in ("half-range", "none"):
+                raise ValueError(f"lagom.noise_rule must be 'half-range' or 'none'; got {self.noise_rule!r}")
+
+    def __init__(
+        self,
+        config: "Tuner.Config",
+        *,
+        cluster: Any,
+        backend: str,
+        fingerprint: dict[str, Any] | None = None,
+        agree: Callable[[Any], Any] | None = None,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {list(BACKENDS)}; got {backend!r}")
+        self.config = config
+        self.cluster = cluster
+        self.backend = backend
+        self.fingerprint = dict(fingerprint or {})
+        self.agree = agree
+        self.phase = Phase.PROFILING
+        self.reason = ""
+        """Why the tuner ended where it did (APPLIED or FELL_BACK), one line."""
+        self.plan: Any = None
+        """The searched (and agreed) Plan, once SEARCHED; kept for inspection after a fall-back."""
+        self.profile: Profile | None = None
+        self.search_stats: dict[str, Any] = {}
+        self.model_mape: float | None = None
+        self.events: list[tuple[int, str, str]] = []
+        """(iteration, phase, message) for each transition, for reports and ``lagom simulate``."""
+        self._probes: list[CommConfig] | None = None
+        self._sites: dict[str, CollectiveSite] = {}
+        self._default_us: list[float] = []
+        self._t_comp_us: dict[str, float] = {}
+        self._raw_samples: list[Sample] = []
+        self._verify_plan_us: list[float] = []
+        self._verify_default_us: list[float] = []
+        self._excluded: dict[str, str] = {}
+        """Site id -> why it was left out of the profile (it keeps NCCL defaults)."""
+        self._started: Step | None = None
+        self._last_finished = -1
+        self._n_finished = 0
+
+    # ------------------------------------------------------------------ schedule
+
+    @property
+    def probes(self) -> list[CommConfig]:
+        """The probe configs, resolved once (``Config.probe_configs`` or ``knobs.probe_configs``)."""
+        if self._probes is None:
+            if self.config.probe_configs is not None:
+                self._probes = list(self.config.probe_configs)
+            else:
+                from lagom_megatron.engine import knobs
+
+                self._probes = list(knobs.probe_configs(self.backend, self.cluster))
+            if any(p.is_default() for p in self._probes):
+                raise ValueError("probe configs must differ from NCCL defaults (the default iteration is already measured)")
+        return self._probes
+
+    @property
+    def profiling_iters(self) -> int:
+        """Iterations from start to the search: warm-up + default + serialized + one per probe."""
+        return self.config.warmup_iters + 2 + len(self.probes)
+
+    def next_step(self) -> Step:
+        """What the next iteration (``self._n_finished``-th since start) must do; no state change."""
+        n = self._n_finished
+        it = self._last_finished + 1
+        warm = self.config.warmup_iters
+        if self.phase in (Phase.PROFILING, Phase.PROBING):
+            if n < warm:
+                return Step(iteration=it, kind="warmup", assignment={}, timed=False)
+            if n == warm:
+                return Step(iteration=it, kind="default", assignment={})
+            if n == warm + 1:
+                return Step(iteration=it, kind="serialized", assignment={}, serialize=True)
+            k = n - warm - 2
+            return Step(iteration=it, kind="probe", assignment=self._probe_assignment(k), probe_index=k)
+        if self.phase in (Phase.SEARCHED, Phase.VERIFYING):
+            if self.phase is Phase.SEARCHED:
+                return Step(iteration=it, kind="settle", assignment=self._plan_assignment(), timed=False)
+            done = len(self._verify_plan_us) + len(self._verify_default_us)
+            if done % 2 == 0:
+                return Step(iteration=it, kind="verify-default", assignment={})
+            return Step(iteration=it, kind="verify-plan", assignment=self._plan_assignment())
+        if self.phase is Phase.APPLIED:
+            return Step(iteration=it, kind="applied", assignment=self._plan_assignment(), timed=False)
+        return Step(iteration=it, kind="fell-back", assignment={}, timed=False)
+
+    def assignment(self) -> dict[str, CommConfig]:
+        """Site id -> CommConfig to apply in the next iteration (empty = NCCL defaults everywhere)."""
+        return self.next_step().assignment
+
+    @property
+    def iterations_finished(self) -> int:
+        """Iterations finished since the tuner started (warm-up included)."""
+        return self._n_finished
+
+    @property
+    def done(self) -> bool:
+        """True once APPLIED or FELL_BACK: nothing left to measure."""
+        return self.phase in (Phase.APPLIED, Phase.FELL_BACK)
+
+    def _probe_assignment(self, k: int) -> dict[str, CommConfig]:
+        """Probe ``k`` for every site, minus the knobs that do not apply to the site's op
+        (``knobs.applicable``: a send/recv site keeps only what NCCL's P2P path honours)."""
+        from lagom_megatron.engine import knobs
+
+        strip = getattr(knobs, "applicable", None)
+        cfg = self.probes[k]
+        if strip is None:
+            return {sid: cfg for sid in self._sites}
+        return {sid: strip(cfg, op=site.op, backend=self.backend) for sid, site in self._sites.items()}
+
+    def _plan_assignment(self) -> dict[str, CommConfig]:
+        if self.plan is None:
+            return {}
+        return {sid: e.config for sid, e in self.plan.entries.items() if not e.config.is_default()}
+
+    # ------------------------------------------------------------------ iteration pairs
+
+    def start_iteration(self, iteration: int) -> Step:
+        """Marks ``iteration`` as running and returns its ``Step``.
+
+        Optional: a backend may call only ``assignment()`` and ``finish_iteration``. When called,
+        the matching ``finish_iteration`` must carry the same iteration number.
+
+        Raises:
+            RuntimeError: an iteration was started and not finished, or ``iteration`` does not come
+                after the last finished one.
+        """
+        if self._started is not None:
+            raise RuntimeError(
+                f"start_iteration({iteration}): iteration {self._started.iteration} was started and not finished"
+            )
+        if iteration <= self._last_finished:
+            raise RuntimeError(f"start_iteration({iteration}): iteration {self._last_finished} already finished")
+        step = self.next_step()
+        self._started = Step(
+            iteration=iteration, kind=step.kind, assignment=step.assignment, serialize=step.serialize,
+            timed=step.timed, probe_index=step.probe_index,
+        )
+        return self._started
+
+    def finish_iteration(self, measurement: IterationMeasurement) -> Phase:
+        """Records one iteration's measurement and advances the lifecycle.
+
+        Returns:
+            The phase after this iteration.
+
+        Raises:
+            RuntimeError: ``measurement.iteration`` differs from the started iteration, or is not
+                after the last finished one.
+
+        Bad measurements never raise: the default iteration reporting no sites makes the tuner
+        fall back; a site whose sample is missing from a probe iteration, or that reports another
+        config than the one assigned, is excluded (it keeps NCCL defaults) with a warning naming
+        the site, what was expected and what was found.
+        """
+        it = measurement.iteration
+        if self._started is not None and it != self._started.iteration:
+            raise RuntimeError(
+                f"finish_iteration({it}): iteration {self._started.iteration} was started; measurements must match"
+            )
+        if it <= self._last_finished:
+            raise RuntimeError(f"finish_iteration({it}): iteration {self._last_finished} already finished")
+        step = self.next_step()
+        self._started = None
+        self._last_finished = it
+        self._n_finished += 1
+        if step.kind == "default":
+            self._record_default(measurement)
+        elif step.kind == "serialized":
+            self._record_serialized(measurement)
+        elif step.kind == "probe":
+            self._record_probe(measurement, step.probe_index)
+        elif step.kind == "verify-plan":
+            self._verify_plan_us.append(measurement.iteration_us)
+        elif step.kind == "verify-default":
+            self._verify_default_us.append(measurement.iteration_us)
+        self._advance(it)
+        return self.phase
+
+    # ------------------------------------------------------------------ recording
+
+    def _record_default(self, m: IterationMeasurement) -> None:
+        if not m.sites:
+            self._fall_back(m.iteration, f"iteration {m.iteration}: no collective sites were reported under defaults; "
+                                         "nothing overlapped to tune (are the lagom hooks installed?)")
+            return
+        self._sites = {s.site_id: s for s in m.sites}
+        self._default_us.append(m.iteration_us)
+        self._raw_samples.extend(self._keep(m, {}))
+        self._log(m.iteration, f"profiled {len(self._sites)} sites under defaults: iteration {m.iteration_us:.0f} us")
+
+    def _record_serialized(self, m: IterationMeasurement) -> None:
+        by_site: dict[str, list[float]] = {}
+        for s in m.samples:
+            if s.site_id in self._sites and math.isfinite(s.t_comp_us):
+                by_site.setdefault(s.site_id, []).append(s.t_comp_us)
+        missing = sorted(set(self._sites) - set(by_site))
+        if missing:
+            log.warning("serialized iteration %d: no T_comp for %d site(s), e.g. %s; they keep defaults",
+                        m.iteration, len(missing), missing[:5])
+        self._t_comp_us = {sid: statistics.median(v) for sid, v in by_site.items()}
+        self._log(m.iteration, f"serialized iteration: T_comp of {len(self._t_comp_us)} regions, iteration {m.iteration_us:.0f} us")
+
+    def _record_probe(self, m: IterationMeasurement, k: int | None) -> None:
+        k = k if k is not None else 0
+        cfg = self.probes[k]
+        kept = self._keep(m, self._probe_assignment(k))
+        seen = {s.site_id for s in kept}
+        for sid in sorted(set(self._sites) - seen - set(self._excluded)):
+            self._exclude(sid, f"probe iteration {m.iteration} ({cfg.to_dict()}): expected a sample, found none")
+        self._raw_samples.extend(kept)
+        self._log(m.iteration, f"probe {k + 1}/{len(self.probes)} {cfg.to_dict()}: iteration {m.iteration_us:.0f} us")
+
+    def _keep(self, m: IterationMeasurement, assigned: dict[str, CommConfig]) -> list[Sample]:
+        """The samples of known sites, each checked against the config assigned to its site."""
+        out = []
+        for s in m.samples:
+            if s.site_id not in self._sites:
+                log.warning("iteration %d: sample for site %r not seen under defaults; ignored", m.iteration, s.site_id)
+                continue
+            expected = assigned.get(s.site_id, DEFAULT)
+            if s.config != expected:
+                self._exclude(s.site_id, f"iteration {m.iteration}: assigned {expected.to_dict() or 'defaults'}, "
+                                         f"found config {s.config.to_dict()}")
+                continue
+            out.append(s)
+        return out
+
+    def _exclude(self, site_id: str, why: str) -> None:
+        """Leaves ``site_id`` out of the profile (it keeps NCCL defaults), saying why, once."""
+        if site_id not in self._excluded:
+            self._excluded[site_id] = why
+            log.warning("lagom: site %r keeps NCCL defaults: %s", site_id, why)
+
+    # ------------------------------------------------------------------ transitions
+
+    def _advance(self, it: int) -> None:
+        if self.phase is Phase.PROFILING and self._n_finished >= self.config.warmup_iters + 2:
+            self.phase = Phase.PROBING
+        if self.phase is Phase.PROBING and self._n_finished >= self.profiling_iters:
+            self._start_search(it)
+            return
+        if self.phase is Phase.SEARCHED:
+            self.phase = Phase.VERIFYING
+            self._log(it, f"verifying: plan vs defaults, {self.config.verify_iters} iterations each, alternating")
+            return
+        if self.phase is Phase.VERIFYING and min(len(self._verify_plan_us), len(self._verify_default_us)) >= self.config.verify_iters:
+            self._finish_verify(it)
+
+    def build_profile(self) -> Profile:
+        """The profile of everything measured so far, T_comp filled in from the serialized iteration.
+
+        Raises:
+            RuntimeError: called before the default and serialized iterations were measured.
+        """
+        if not self._default_us or not self._t_comp_us:
+            raise RuntimeError(
+                f"build_profile: needs the default and serialized iterations; have {len(self._default_us)} "
+                f"default and {'a' if self._t_comp_us else 'no'} serialized measurement"
+            )
+        usable = {sid for sid in self._t_comp_us if sid not in self._excluded}
+        samples = [
+            Sample(site_id=s.site_id, config=s.config, t_comm_us=s.t_comm_us, t_comp_us=self._t_comp_us[s.site_id],
+                   t_region_us=s.t_region_us, iteration=s.iteration)
+            for s in self._raw_samples
+            if s.site_id in usable
+        ]
+        sites = [s for sid, s in self._sites.items() if sid in usable]
+        name = getattr(self.cluster, "name", self.cluster)
+        return Profile(backend=self.backend, cluster=str(name), iteration_us=statistics.median(self._default_us),
+                       sites=sites, samples=samples, fingerprint=dict(self.fingerprint))
+
+    def _start_search(self, it: int) -> None:
+        """PROBING -> SEARCHED (or FELL_BACK): fit the cost model, search, agree on the plan."""
+        assert self.phase is Phase.PROBING, f"search started in phase {self.phase.name}"
+        from lagom_megatron.engine import cost_model, search
+
+        self.profile = self.build_profile()
+        if not self.profile.sites:
+            self._fall_back(it, f"no site left to tune ({len(self._excluded)} of {len(self._sites)} excluded, e.g. "
+                                f"{next(iter(self._excluded.items()), ('-', '-'))})")
+            return
+        try:
+            model = cost_model.CostModel.fit(self.profile, self.cluster)
+            self.model_mape = float(model.mape)
+            result = search.search(self.profile, self.cluster, method=self.config.method, model=model)
+        except Exception as exc:  # noqa: BLE001 - tuning must never stop training: keep defaults, say why
+            log.debug("fit/search failure", exc_info=True)
+            self._fall_back(it, f"fit/search failed: {type(exc).__name__}: {exc}")
+            return
+        self.search_stats = dict(getattr(result, "stats", {}) or {})
+        plan = result.plan
+        if self.agree is not None:
+            try:
+                plan = self.agree(plan)
+            except Exception as exc:  # noqa: BLE001 - any failure of the hook means "keep defaults"
+                self._fall_back(it, f"rank agreement failed: {exc}")
+                return
+        self.plan = plan
+        n_tuned = sum(1 for e in plan.entries.values() if not e.config.is_default())
+        if n_tuned == 0:
+            self._fall_back(it, f"search ({self.config.method}) kept NCCL defaults for every site")
+            return
+        self.phase = Phase.SEARCHED
+        pred = self.search_stats.get("predicted_iteration_us")
+        pred_txt = f", predicted iteration {pred:.0f} us" if isinstance(pred, (int, float)) else ""
+        self._log(it, f"searched ({self.config.method}): {n_tuned}/{len(plan.entries)} sites tuned, "
+                      f"model MAPE {self.model_mape:.1f}%{pred_txt}")
+
+    def _finish_verify(self, it: int) -> None:
+        """VERIFYING -> APPLIED | FELL_BACK by the noise rule (Config.min_gain, Config.noise_rule)."""
+        assert self.phase is Phase.VERIFYING, f"verify finished in phase {self.phase.name}"
+        plan_us = statistics.median(self._verify_plan_us)
+        base_us = statistics.median(self._verify_default_us)
+        gain = base_us - plan_us
+        spread = 0.0
+        if self.config.noise_rule == "half-range":
+            spread = max(_half_range(self._verify_plan_us), _half_range(self._verify_default_us))
+        need = max(spread, self.config.min_gain * base_us)
+        txt = f"plan {plan_us:.0f} us vs defaults {base_us:.0f} us (median of {len(self._verify_plan_us)}), gain {gain:.0f} us, needed > {need:.0f} us"
+        if gain > need:
+            self.phase = Phase.APPLIED
+            self.reason = txt
+            self._log(it, f"applied: {txt}")
+        else:
+            self._fall_back(it, txt)
+
+    def _fall_back(self, it: int, reason: str) -> None:
+        self.phase = Phase.FELL_BACK
+        self.reason = reason
+        self._log(it, f"fell back to NCCL defaults: {reason}")
+        log.warning("lagom: keeping NCCL defaults: %s", reason)
+
+    def _log(self, it: int, msg: str) -> None:
+        self.events.append((it, self.phase.value, msg))
+        log.info("lagom [%s] iteration %d: %s", self.phase.value, it, msg)
+
+    # ------------------------------------------------------------------ report
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready state: phase, reason, iteration medians, gain, model error and search stats."""
+        out: dict[str, Any] = {
+            "phase": self.phase.value,
+            "reason": self.reason,
+            "method": self.config.method,
+            "iterations_finished": self._n_finished,
+            "profiling_iters": self.profiling_iters if self._probes is not None or self.config.probe_configs is not None else None,
+            "n_sites": len(self._sites),
+            "n_samples": len(self._raw_samples),
+            "excluded_sites": dict(self._excluded),
+            "default_iteration_us": statistics.median(self._default_us) if self._default_us else None,
+            "model_mape_pct": self.model_mape,
+            "search": self.search_stats,
+            "verify_plan_us": list(self._verify_plan_us),
+            "verify_default_us": list(self._verify_default_us),
+        }
+        if self._verify_plan_us and self._verify_default_us:
+            p, d = statistics.median(self._verify_plan_us), statistics.median(self._verify_default_us)
+            out["measured_plan_us"], out["measured_default_us"], out["speedup"] = p, d, d / p
+        if self.plan is not None and hasattr(self.plan, "digest"):
+            out["plan_digest"] = self.plan.digest()
+        out["events"] = [{"iteration": i, "phase": p, "message": m} for i, p, m in self.events]
+        return out
+
+
+def _half_range(xs: list[float]) -> float:
+    return (max(xs) - min(xs)) / 2.0 if len(xs) > 1 else 0.0

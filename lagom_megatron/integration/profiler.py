@@ -1,0 +1,238 @@
+"""Warm-up profiler: start and end of every collective site and the compute it overlaps.
+
+For each call of a site the profiler keeps four instants (seconds of ``time.perf_counter``):
+
+    t_issue   just before the collective is launched
+    t_end     first instant the collective was seen complete (``Work.is_completed()``)
+    t_wait    when the code that overlapped it asks for the result (``wait()`` is called), i.e.
+              the end of the overlapped compute
+    t_serial  in a serialized iteration, when the collective, waited on right after launch, ended
+
+and turns them into one ``Sample`` per site and iteration (sums over the site's calls):
+
+    t_comm_us   = t_end - t_issue
+    t_region_us = max(t_end, t_wait) - t_issue
+    t_comp_us   = t_wait - t_serial      serialized iterations only (compute alone); NaN otherwise
+
+Completion polling on CPU: the profiler checks ``is_completed()`` of the outstanding handles at
+every hook point (each collective issue, each ``wait()``) and finally inside ``wait()`` before
+blocking, so ``t_end`` is exact when a hook point falls near the completion and otherwise an
+upper bound whose error is the gap between two hook points (in Megatron's backward pass: one
+layer's gradient computation). No background thread is used: on a small CPU it would take a
+core from the compute being measured.
+
+Synchronous collectives (forward tensor-parallel reductions, ``finalize_model_grads``, pipeline
+P2P of the non-interleaved schedule) overlap nothing: ``t_comm = t_region = duration`` and
+``t_comp = 0``.
+
+GPU path (``CudaEventTiming``): CUDA events recorded on the current (compute) stream before the
+launch, after the serialized wait and after the consumer's ``wait()`` (which makes the compute
+stream wait for NCCL's stream), resolved once per iteration after a device synchronisation. It
+is selected when CUDA is available and is not exercised by the CPU test suite. Without an event
+on NCCL's internal stream, an overlapped ``t_comm`` on GPU is the region time (an upper bound);
+the serialized iteration gives the exact communication-alone time.
+
+The measurement scheme (serialized iteration for compute alone, polling resolution) is our
+design; the Lagom paper's profiler text is not available.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(slots=True)
+class CallTiming:
+    """The instants of one collective call (seconds; None = not observed)."""
+
+    site_id: str
+    t_issue: float
+    t_end: float | None = None
+    t_wait: float | None = None
+    t_serial: float | None = None
+    work: Any = None
+    cuda: Any = None
+
+
+def _is_completed(work: Any) -> bool:
+    works = getattr(work, "works", None)  # torch's _CoalescingManager holds a list of Work
+    if works is not None:
+        return all(w is None or w.is_completed() for w in works)
+    fn = getattr(work, "is_completed", None)
+    return bool(fn()) if fn is not None else False
+
+
+class TimedWork:
+    """Wraps an async ``Work`` (or a coalescing manager) so that ``wait()`` stamps the profiler.
+
+    Behaves like the wrapped handle: ``wait()`` returns what it returns, other attributes pass
+    through. Waiting twice is allowed (the second wait stamps nothing).
+    """
+
+    __slots__ = ("_work", "_timing", "_profiler")
+
+    def __init__(self, work: Any, timing: CallTiming, profiler: "Profiler") -> None:
+        self._work = work
+        self._timing = timing
+        self._profiler = profiler
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        t = self._timing
+        if t.t_wait is None:
+            clock = self._profiler.clock
+            t.t_wait = clock()
+            self._profiler.poll()
+            if t.cuda is not None:
+                result = self._work.wait(*args, **kwargs)
+                t.cuda.record("wait")
+                return result
+            result = self._work.wait(*args, **kwargs)
+            if t.t_end is None:
+                t.t_end = clock()
+            return result
+        return self._work.wait(*args, **kwargs)
+
+    def is_completed(self) -> bool:
+        return _is_completed(self._work)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+class CudaEventTiming:
+    """CUDA events of one call on the current stream (GPU path; see module docstring)."""
+
+    __slots__ = ("events",)
+
+    def __init__(self) -> None:
+        self.events: dict[str, Any] = {}
+        self.record("issue")
+
+    def record(self, name: str) -> None:
+        import torch
+
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self.events[name] = ev
+
+    def elapsed_us(self, a: str, b: str) -> float:
+        """Microseconds between events ``a`` and ``b`` (NaN if either is missing)."""
+        if a not in self.events or b not in self.events:
+            return math.nan
+        return float(self.events[a].elapsed_time(self.events[b])) * 1000.0
+
+
+class Profiler:
+    """Per-iteration timing of collective sites (module docstring gives the formulas).
+
+    Usage, once per iteration::
+
+        profiler.start_iteration(timed=True, serialize=False)
+        handle = profiler.issue(site_id, work, t_issue)      # async call, in the hooks
+        profiler.sync(site_id, t0, t1)                       # synchronous call
+        timings = profiler.finish_iteration()                # site_id -> (t_comm, t_comp, t_region) us
+
+    Args:
+        clock: seconds; ``time.perf_counter`` by default.
+        use_cuda_events: time with CUDA events (GPU path); default: ``torch.cuda.is_available()``
+            is checked by the caller and passed here.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.perf_counter, use_cuda_events: bool = False) -> None:
+        self.clock = clock
+        self.use_cuda_events = use_cuda_events
+        self.timed = False
+        self.serialize = False
+        self._calls: list[CallTiming] = []
+        self._outstanding: list[CallTiming] = []
+        self._sync: dict[str, float] = {}
+
+    def start_iteration(self, *, timed: bool, serialize: bool = False) -> None:
+        """Begins an iteration; ``timed=False`` makes every hook a pass-through for the profiler."""
+        self.timed = timed
+        self.serialize = serialize and timed
+        self._calls = []
+        self._outstanding = []
+        self._sync = {}
+
+    def issue(self, site_id: str, work: Any, t_issue: float) -> Any:
+        """Registers an async call launched at ``t_issue``; returns the handle the caller keeps.
+
+        In a serialized iteration the call is waited on here, before the caller's compute runs.
+        """
+        if not self.timed or work is None:
+            return work
+        timing = CallTiming(site_id=site_id, t_issue=t_issue, work=work)
+        if self.use_cuda_events:
+            timing.cuda = CudaEventTiming()  # issue event recorded after launch: the launch is async
+        if self.serialize:
+            work.wait()
+            timing.t_end = timing.t_serial = self.clock()
+            if timing.cuda is not None:
+                timing.cuda.record("serial")
+        else:
+            self._outstanding.append(timing)
+        self._calls.append(timing)
+        return TimedWork(work, timing, self)
+
+    def sync(self, site_id: str, t0: float, t1: float) -> None:
+        """Registers a synchronous call that ran from ``t0`` to ``t1`` (seconds)."""
+        if self.timed:
+            self._sync[site_id] = self._sync.get(site_id, 0.0) + (t1 - t0)
+
+    def poll(self) -> None:
+        """Stamps ``t_end`` of every outstanding call that has completed since the last poll."""
+        if not self._outstanding:
+            return
+        now = None
+        still = []
+        for t in self._outstanding:
+            if t.t_end is not None:
+                continue
+            if _is_completed(t.work):
+                now = now if now is not None else self.clock()
+                t.t_end = now
+            else:
+                still.append(t)
+        self._outstanding = still
+
+    def finish_iteration(self) -> dict[str, tuple[float, float, float]]:
+        """Site id -> (t_comm_us, t_comp_us, t_region_us) summed over the site's calls.
+
+        ``t_comp_us`` is NaN for async sites outside a serialized iteration, 0 for synchronous
+        sites. Calls never waited on by their consumer count up to their completion.
+        """
+        if not self.timed:
+            return {}
+        self.poll()
+        if self.use_cuda_events and self._calls:
+            import torch
+
+            torch.cuda.synchronize()
+        out: dict[str, list[float]] = {}
+        for t in self._calls:
+            if t.cuda is not None:
+                comm = t.cuda.elapsed_us("issue", "serial") if self.serialize else t.cuda.elapsed_us("issue", "wait")
+                region = t.cuda.elapsed_us("issue", "wait")
+                comp = t.cuda.elapsed_us("serial", "wait") if self.serialize else math.nan
+            else:
+                end = t.t_end
+                if end is None:  # never completed nor waited in this iteration: wait now
+                    t.work.wait()
+                    end = t.t_end = self.clock()
+                wait = t.t_wait if t.t_wait is not None else end
+                comm = (end - t.t_issue) * 1e6
+                region = (max(end, wait) - t.t_issue) * 1e6
+                comp = (wait - t.t_serial) * 1e6 if (self.serialize and t.t_serial is not None and t.t_wait is not None) else math.nan
+            acc = out.setdefault(t.site_id, [0.0, 0.0, 0.0])
+            acc[0] += comm
+            acc[1] += comp
+            acc[2] += region
+        for sid, dt in self._sync.items():
+            acc = out.setdefault(sid, [0.0, 0.0, 0.0])
+            acc[0] += dt * 1e6
+            acc[2] += dt * 1e6
+        return {k: (v[0], v[1], v[2]) for k, v in out.items()}

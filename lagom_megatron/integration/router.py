@@ -1,0 +1,205 @@
+"""Site router: what every patched collective call does (identify its site, route it, time it).
+
+``patches.py`` replaces Megatron-Core's collective entry points with thin wrappers that call the
+methods here; this module holds no patch itself. For each call it
+
+1. finds the collective site (``sites.SiteRegistry``: DDP bucket tag, call-order stream, or the
+   pipeline),
+2. routes it under the configuration assigned to that site for this iteration: the communicator
+   pool entry of its group (``comm_pool.CommPool``) and, for per-call knobs, the chunked issue,
+3. hands the launch instant and the returned handle to the ``profiler.Profiler``.
+
+Calls that are synchronous and outside any tagged scope (forward tensor-parallel reductions,
+loss all-reduces, lagom's own consensus traffic) take a fast path of one attribute check.
+Routing never changes which tensors are communicated, in which order, or the bucket layout.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.integration.comm_pool import CommPool, chunked_call
+from lagom_megatron.integration.profiler import Profiler
+from lagom_megatron.integration.sites import GroupInfo, SiteRegistry, dtype_name, tensor_nbytes
+
+# Positional index of ``group`` in each torch.distributed function lagom wraps.
+GROUP_ARG = {"all_reduce": 2, "all_gather": 2, "reduce_scatter": 3, "all_to_all": 4}
+# Stream kind of an async call outside any scope, by (group name, op).
+_ASYNC_KIND = {
+    ("tp", "all_gather"): "sp_all_gather",
+    ("tp", "reduce_scatter"): "sp_reduce_scatter",
+    ("tp", "all_reduce"): "dgrad_all_reduce",
+}
+
+
+def _arg(args: tuple, kwargs: dict, name: str, index: int, default: Any = None) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if len(args) > index else default
+
+
+class SiteRouter:
+    """Per-rank routing state shared by all patched entry points.
+
+    Args:
+        registry: the rank's ``SiteRegistry``.
+        profiler: the rank's ``Profiler``.
+        pool: the rank's ``CommPool`` (None: never reroute; chunking still applies).
+        clock: seconds; ``time.perf_counter``.
+    """
+
+    def __init__(self, registry: SiteRegistry, profiler: Profiler, pool: CommPool | None = None,
+                 *, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.registry = registry
+        self.profiler = profiler
+        self.pool = pool
+        self.clock = clock
+        self.assignment: dict[str, CommConfig] = {}
+        self.active = True
+        self.calls_routed = 0
+        self._scope: tuple[str, Any] | None = None
+
+    # -------------------------------------------------------------- configuration
+    def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
+        """Site id -> config for the coming iteration (missing = defaults)."""
+        self.assignment = {k: v for k, v in assignment.items() if not v.is_default()}
+
+    def _route(self, site_id: str, info: GroupInfo) -> tuple[CommConfig | None, Any]:
+        cfg = self.assignment.get(site_id)
+        if cfg is None:
+            return None, None
+        self.calls_routed += 1
+        group = self.pool.group_for(info, cfg) if self.pool is not None else None
+        return cfg, group
+
+    # -------------------------------------------------------------- DDP bucket groups
+    def bucket_sync(self, bucket_group: Any, kind: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``start_grad_sync`` (kind ``grad``) or ``start_param_sync`` (kind ``param``) of a bucket group."""
+        tag = self.registry.bucket_tag(bucket_group) if self.active else None
+        if tag is None:
+            return orig(bucket_group, *args, **kwargs)
+        handle_attr = "grad_reduce_handle" if kind == "grad" else "param_gather_handle"
+        if kind == "grad":
+            force_all_reduce = bool(_arg(args, kwargs, "force_all_reduce", 0, False))
+            if bucket_group.is_first_batch and bucket_group.grad_reduce_handle is not None:
+                return orig(bucket_group, *args, **kwargs)  # Megatron's own no-op path
+        elif _arg(args, kwargs, "force_sync", 0, False) and bucket_group.param_gather_handle is not None:
+            return orig(bucket_group, *args, **kwargs)  # only waits for the outstanding gather
+        distopt = bucket_group.ddp_config.use_distributed_optimizer
+        attr = "intra_distributed_optimizer_instance_group" if distopt else "data_parallel_group"
+        group = getattr(bucket_group, attr)
+        info = self.registry.groups.lookup(group)
+        if kind == "grad":
+            rs = distopt and not force_all_reduce
+            op, name = ("reduce_scatter", "grad_reduce_scatter") if rs else ("all_reduce", "grad_all_reduce")
+            tensors = [b.grad_data for b in bucket_group.buckets]
+        else:
+            op, name = "all_gather", "param_all_gather"
+            tensors = [b.param_data for b in bucket_group.buckets]
+        site_id = f"{info.name}.{name}[{tag}]"
+        self.registry.record(site_id, op=op, nbytes=tensor_nbytes(tensors), dtype=dtype_name(tensors[0]), group=info)
+        cfg, pool_group = self._route(site_id, info)
+        self.profiler.poll()
+        prev_scope = self._scope
+        self._scope = ("bucket", (cfg, info))
+        if pool_group is not None:
+            setattr(bucket_group, attr, pool_group)
+        t0 = self.clock()
+        try:
+            result = orig(bucket_group, *args, **kwargs)
+        finally:
+            if pool_group is not None:
+                setattr(bucket_group, attr, group)
+            self._scope = prev_scope
+        handle = getattr(bucket_group, handle_attr)
+        if handle is None:
+            self.profiler.sync(site_id, t0, self.clock())
+        else:
+            setattr(bucket_group, handle_attr, self.profiler.issue(site_id, handle, t0))
+        return result
+
+    # -------------------------------------------------------------- collectives
+    def collective(self, op: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A torch.distributed collective (or a Megatron alias of one) with ``op`` in GROUP_ARG."""
+        scope = self._scope
+        async_op = kwargs.get("async_op", False) or (len(args) > GROUP_ARG[op] + 1 and args[GROUP_ARG[op] + 1])
+        if scope is None and not async_op or not self.active:
+            return orig(*args, **kwargs)
+        if scope is not None and scope[0] == "bucket":
+            cfg, info = scope[1]
+            if cfg is not None and cfg.chunk_size:
+                return chunked_call(op, orig, args, kwargs, int(cfg.chunk_size), info.size)
+            return orig(*args, **kwargs)
+        group = _arg(args, kwargs, "group", GROUP_ARG[op])
+        info = self.registry.groups.lookup(group)
+        if scope is not None:
+            kind, per_mb = scope[1]
+        else:
+            kind, per_mb = _ASYNC_KIND.get((info.name, op), f"async_{op}"), True
+        site_id, _ = self.registry.stream_site_id(info, kind, per_microbatch=per_mb)
+        if op == "all_reduce":
+            tensor = _arg(args, kwargs, "tensor", 0)
+        elif op == "all_gather":
+            tensor = _arg(args, kwargs, "output_tensor", 0)
+        else:  # reduce_scatter, all_to_all: the full input
+            tensor = _arg(args, kwargs, "input", 1)
+        self.registry.record(site_id, op=op, nbytes=tensor_nbytes(tensor), dtype=dtype_name(tensor), group=info)
+        cfg, pool_group = self._route(site_id, info)
+        if pool_group is not None:
+            if "group" in kwargs or len(args) <= GROUP_ARG[op]:
+                kwargs = dict(kwargs, group=pool_group)
+            else:
+                args = args[: GROUP_ARG[op]] + (pool_group,) + args[GROUP_ARG[op] + 1:]
+        self.profiler.poll()
+        t0 = self.clock()
+        if cfg is not None and cfg.chunk_size and op != "all_to_all":
+            work = chunked_call(op, orig, args, kwargs, int(cfg.chunk_size), info.size)
+        else:
+            work = orig(*args, **kwargs)
+        if async_op:
+            return self.profiler.issue(site_id, work, t0)
+        self.profiler.sync(site_id, t0, self.clock())
+        return work
+
+    @contextmanager
+    def scope(self, kind: str, *, per_microbatch: bool) -> Iterator[None]:
+        """Tags every collective issued inside as stream ``kind`` (``finalize_all_reduce``, ...)."""
+        prev = self._scope
+        self._scope = ("stream", (kind, per_microbatch))
+        try:
+            yield
+        finally:
+            self._scope = prev
+
+    # -------------------------------------------------------------- pipeline P2P
+    def p2p(self, communicator: Any, orig: Callable[..., Any], kwargs: dict) -> Any:
+        """``P2PCommunicator._communicate``: one site per pipeline (see ``sites``), routed as a whole."""
+        if not self.active:
+            return orig(communicator, **kwargs)
+        group = communicator.pp_group
+        info = self.registry.groups.lookup(group)
+        site_id = f"{info.name}.send_recv"
+        sent = [t for t in (kwargs.get("tensor_send_next"), kwargs.get("tensor_send_prev")) if t is not None]
+        nbytes = max((tensor_nbytes(t) for t in sent), default=0)
+        if not nbytes and kwargs.get("tensor_shape") is not None:
+            n = 1
+            for d in kwargs["tensor_shape"]:
+                n *= int(d)
+            dtype = communicator.config.pipeline_dtype
+            nbytes = n * (dtype.itemsize if dtype is not None else 4)
+        dtype = dtype_name(sent[0]) if sent else str(communicator.config.pipeline_dtype).replace("torch.", "")
+        self.registry.record(site_id, op="send", nbytes=nbytes, dtype=dtype, group=info)
+        cfg, pool_group = self._route(site_id, info)
+        self.profiler.poll()
+        if pool_group is not None:
+            communicator.pp_group = pool_group
+        t0 = self.clock()
+        try:
+            return orig(communicator, **kwargs)
+        finally:
+            self.profiler.sync(site_id, t0, self.clock())
+            if pool_group is not None:
+                communicator.pp_group = group
