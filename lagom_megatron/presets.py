@@ -54,14 +54,29 @@ class ModelSpec(_Section):
     untie_embeddings_and_output_weights: bool = False
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
+    kv_channels: int | None = None
+    """Projection size per attention head; None = hidden_size / num_attention_heads."""
+    rotary_base: int | None = None
+    """RoPE base (theta); None = Megatron-LM's default (10000)."""
+    add_bias_linear: bool = True
+    """False = ``--disable-bias-linear`` (Llama and Mixtral have no bias in linear layers)."""
+    moe_ffn_hidden_size: int | None = None
+    """FFN hidden size of each expert; None = ffn_hidden_size."""
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] | None = None
+    moe_grouped_gemm: bool = False
 
 
 class ParallelSpec(_Section):
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     num_layers_per_virtual_pipeline_stage: int | None = None
+    num_virtual_stages_per_pipeline_rank: int | None = None
+    """Virtual pipeline stages (model chunks) per pipeline rank; at most one of this and
+    num_layers_per_virtual_pipeline_stage may be set, as in Megatron-LM."""
     context_parallel_size: int = 1
     expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None
+    """None = tensor_model_parallel_size, as in Megatron-LM."""
     sequence_parallel: bool = False
 
 
@@ -88,6 +103,10 @@ class OverlapSpec(_Section):
     ddp_bucket_size: int | None = None
     tp_comm_overlap: bool = False
     overlap_p2p_comm: bool = False
+    overlap_param_gather_with_optimizer_step: bool = False
+    overlap_moe_expert_parallel_comm: bool = False
+    use_torch_fsdp2: bool = False
+    use_megatron_fsdp: bool = False
 
 
 class DataSpec(_Section):
@@ -142,12 +161,29 @@ class Preset(_Section):
         return load_model(self.model)
 
     def to_args(self) -> dict[str, Any]:
-        """Flattens the argument sections into argparse destinations -> values."""
+        """Flattens the argument sections into argparse destinations -> values.
+
+        The optional fields of ``OMIT_WHEN_DEFAULT`` appear only when a preset sets them to a
+        value other than their default, so that a parser without those flags still takes every
+        preset that does not use them.
+        """
         out: dict[str, Any] = {}
-        out.update(self.model_spec().model_dump())
-        for section in (self.parallel, self.training, self.overlap, self.data, self.lagom):
-            out.update(section.model_dump())
+        for section in (self.model_spec(), self.parallel, self.training, self.overlap, self.data, self.lagom):
+            defaults = type(section).model_fields
+            for key, value in section.model_dump().items():
+                if key in OMIT_WHEN_DEFAULT and value == defaults[key].default:
+                    continue
+                out[key] = value
         return out
+
+
+OMIT_WHEN_DEFAULT: frozenset[str] = frozenset({
+    "kv_channels", "rotary_base", "add_bias_linear", "moe_ffn_hidden_size", "moe_token_dispatcher_type",
+    "moe_grouped_gemm", "num_virtual_stages_per_pipeline_rank", "expert_tensor_parallel_size",
+    "overlap_param_gather_with_optimizer_step", "overlap_moe_expert_parallel_comm", "use_torch_fsdp2",
+    "use_megatron_fsdp",
+})
+"""Optional Megatron-LM destinations that ``Preset.to_args`` leaves out while at their default."""
 
 
 def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:

@@ -19,6 +19,10 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    if args.lagom:  # lagom doctor before any process group exists; exits 1 on errors
+        from lagom_megatron.doctor import preflight_pretrain
+
+        preflight_pretrain(args)
     from lagom_megatron.integration.training import pretrain
 
     pretrain(args)

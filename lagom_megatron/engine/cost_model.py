@@ -243,7 +243,7 @@ class CostModel:
         steps = self.steps_SA[i, alg]
         wire = self.wire_SA[i, alg]
         if self.gloo:
-            pieces = np.where(chunk > 0, np.ceil(nb / np.maximum(chunk, 1.0)), 1.0)
+            pieces = np.maximum(1.0, np.where(chunk > 0, np.ceil(nb / np.maximum(chunk, 1.0)), 1.0))
             n_eff = np.minimum(nc, pieces)
             lat = self.hop_S[i] * steps * np.ceil(pieces / n_eff)
             bw = _softmin(n_eff * self.pcb * self.gamma_S[i], self.link_S[i])

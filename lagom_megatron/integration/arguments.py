@@ -73,6 +73,11 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--num-experts", type=int, default=None, help="Mixture-of-experts experts per layer.")
     g.add_argument("--moe-router-topk", type=int, default=2)
+    g.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall", "flex"), default="allgather")
+    g.add_argument("--moe-grouped-gemm", action="store_true", help="Grouped GEMM for the experts (GPU).")
+    g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false",
+                   help="No bias in the linear layers (Llama, Mixtral).")
+    g.add_argument("--rotary-base", type=int, default=10000, help="RoPE base (theta).")
     g.add_argument("--transformer-impl", choices=("local", "transformer_engine"), default=None,
                    help="Layer implementation; default: transformer_engine when it is installed and a "
                         "GPU is present, else local.")

@@ -78,6 +78,34 @@ def _make_cpu_torch() -> _CpuTorch:
 _MISSING = object()
 
 
+FORWARD_P2P_TAG = 1
+"""gloo tag of activations (send_next -> recv_prev)."""
+BACKWARD_P2P_TAG = 2
+"""gloo tag of gradients (send_prev -> recv_next)."""
+
+
+def _tagged_p2p_ops(*, as_dict: bool):
+    """Replacement of ``p2p_communication._batched_p2p_ops`` (as_dict False: returns a list of
+    requests) or ``_p2p_ops`` (as_dict True: returns {"send_next": req, ...}) that posts each
+    direction of pipeline traffic under its own tag."""
+    import torch.distributed as dist
+
+    def p2p_ops(*, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
+                prev_pipeline_rank, next_pipeline_rank):
+        reqs = {}
+        if tensor_send_next is not None:
+            reqs["send_next"] = dist.isend(tensor_send_next, next_pipeline_rank, group=group, tag=FORWARD_P2P_TAG)
+        if tensor_recv_prev is not None:
+            reqs["recv_prev"] = dist.irecv(tensor_recv_prev, prev_pipeline_rank, group=group, tag=FORWARD_P2P_TAG)
+        if tensor_send_prev is not None:
+            reqs["send_prev"] = dist.isend(tensor_send_prev, prev_pipeline_rank, group=group, tag=BACKWARD_P2P_TAG)
+        if tensor_recv_next is not None:
+            reqs["recv_next"] = dist.irecv(tensor_recv_next, next_pipeline_rank, group=group, tag=BACKWARD_P2P_TAG)
+        return reqs if as_dict else list(reqs.values())
+
+    return p2p_ops
+
+
 def _set(owner: Any, name: str, value: Any) -> None:
     # Record the owner's own entry (not an inherited one), so remove() can put back exactly that.
     _ORIGINALS.append((owner, name, vars(owner).get(name, _MISSING)))
@@ -159,6 +187,17 @@ def apply(force: bool = False) -> bool:
         return module
 
     _set(torch_norm.WrappedTorchNorm, "__new__", staticmethod(norm_new))
+
+    # P2PCommunicator._communicate posts pipeline sends/receives through _batched_p2p_ops or
+    # _p2p_ops without tags. With PP = 2 the previous and the next stage are the same rank, so
+    # activations (send_next -> recv_prev) and gradients (send_prev -> recv_next) travel between the
+    # same pair; gloo matches untagged messages in posting order, and the interleaved schedule posts
+    # them in different orders on the two ranks, so a gradient can land in an activation buffer.
+    # Give each direction its own tag (the rank order of the original is kept).
+    from megatron.core.pipeline_parallel import p2p_communication
+
+    _set(p2p_communication, "_batched_p2p_ops", _tagged_p2p_ops(as_dict=False))
+    _set(p2p_communication, "_p2p_ops", _tagged_p2p_ops(as_dict=True))
 
     # device="cuda" literals in the modules listed in _DEVICE_LITERAL_MODULES.
     proxy = _make_cpu_torch()

@@ -132,7 +132,9 @@ def build_train_dataset(args, tokenizer):
     )
     n_samples = args.train_iters * args.global_batch_size
     cls = MockGPTDataset if args.mock_data else GPTDataset
-    train, _, _ = BlendedMegatronDatasetBuilder(cls, [n_samples, 0, 0], lambda: True, config).build()
+    # Validation and test sizes None (not 0): GPTDataset loops forever sizing a split of 0 tokens
+    # for a request of 0 samples (megatron-core 0.16.1, _get_num_epochs).
+    train, _, _ = BlendedMegatronDatasetBuilder(cls, [n_samples, None, None], lambda: True, config).build()
     if train is None:
         raise ValueError(f"--split {args.split!r} leaves no training documents")
     return train

@@ -76,6 +76,9 @@ def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
         activation_func=F.silu if args.swiglu else F.gelu,
         num_moe_experts=args.num_experts,
         moe_router_topk=args.moe_router_topk,
+        moe_token_dispatcher_type=getattr(args, "moe_token_dispatcher_type", "allgather"),
+        moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False),
+        add_bias_linear=getattr(args, "add_bias_linear", True),
         use_cpu_initialization=args.use_cpu_initialization or not on_gpu,
         params_dtype=dtype,
         pipeline_dtype=dtype,
@@ -91,7 +94,10 @@ def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
         overlap_p2p_comm=args.overlap_p2p_comm,
         batch_p2p_comm=not args.overlap_p2p_comm,
         gradient_accumulation_fusion=False,
-        deallocate_pipeline_outputs=True,
+        # Megatron frees a pipeline stage's output right after posting its send. NCCL sends are
+        # stream-ordered, but a gloo isend reads the tensor later from its own thread, so on CPU
+        # the freed storage would be sent (seen as wrong losses under --overlap-p2p-communication).
+        deallocate_pipeline_outputs=on_gpu,
         **fused,
     )
 
@@ -101,9 +107,11 @@ def layer_spec(args: argparse.Namespace, *, use_te: bool):
     from megatron.core.models.gpt import gpt_layer_specs
 
     if use_te:
-        spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(num_experts=args.num_experts)
+        spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=args.num_experts, moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False))
     else:
         spec = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=args.num_experts,
+                                                        moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False),
                                                         normalization=args.normalization)
     spec.module = seeded_layer_class(spec.module, args.seed)
     return spec
@@ -182,6 +190,7 @@ def build_model(args: argparse.Namespace, config, ddp_cfg, *, use_te: bool) -> l
             parallel_output=True,
             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
             position_embedding_type=args.position_embedding_type,
+            rotary_base=getattr(args, "rotary_base", 10000),
             vp_stage=stage,
         )
         if torch.cuda.is_available():

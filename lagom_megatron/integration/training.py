@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import math
 import os
 import random
@@ -88,7 +89,7 @@ def _lagom_callback(args: argparse.Namespace, log: Callable[[str], None]):
     if not args.lagom:
         return None
     try:
-        from lagom_megatron.integration import controller
+        controller = importlib.import_module("lagom_megatron.integration.controller")
     except ModuleNotFoundError as exc:
         if exc.name != "lagom_megatron.integration.controller":
             raise

@@ -1,0 +1,75 @@
+"""``lagom doctor``: pre-flight checks of a preset or a ``pretrain_gpt.py`` command line.
+
+    lagom doctor --preset llama3-70b-h100x64
+    lagom doctor --cluster h100-sxm-ib400 --world-size 64 -- --tensor-model-parallel-size 4 ...
+    lagom doctor --preset llama3-8b-h100x8 -- --context-parallel-size 4   # preset + overrides
+
+Exit code 0 when there is no error (warnings are printed), 1 when there is at least one error,
+2 on bad input (unknown preset or cluster). The rules are in ``lagom_megatron.doctor``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the doctor's options; everything after ``--`` is a ``pretrain_gpt.py`` command line."""
+    parser.add_argument("--preset", help="preset name (configs/presets/) or path")
+    parser.add_argument("--cluster", help="cluster name (configs/clusters/) or path; default: the preset's")
+    parser.add_argument("--world-size", type=int, help="ranks in the job; default: the preset's or $WORLD_SIZE")
+    parser.add_argument("--gpus-per-node", type=int, help="default: the cluster's or $LOCAL_WORLD_SIZE")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--no-preset-env", action="store_true",
+                        help="check the environment as it is (the launch scripts have exported the "
+                             "preset's env and the plan's env file already)")
+    parser.add_argument("argv", nargs=argparse.REMAINDER,
+                        help="-- followed by pretrain_gpt.py arguments (Megatron-LM flag names)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the rules and prints the findings.
+
+    Returns:
+        0 without errors, 1 with at least one error.
+
+    Raises:
+        ValueError: neither ``--preset`` nor a command line, or an unknown preset / cluster.
+    """
+    from lagom_megatron.doctor import errors, run_doctor
+    from lagom_megatron.megatron_args import argv_to_args
+
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if args.preset:
+        argv = ["--preset", args.preset, *argv]
+    if not argv:
+        raise ValueError("give --preset NAME and/or a pretrain_gpt.py command line after --")
+    parsed = argv_to_args(argv)
+    preset = parsed.pop("_preset", None)
+    target: object = parsed
+    cluster = args.cluster
+    world_size = args.world_size
+    gpus_per_node = args.gpus_per_node
+    environ = dict(os.environ)
+    if preset is not None:
+        if not args.no_preset_env:
+            environ.update(preset.env)
+        cluster = cluster or preset.cluster
+        world_size = world_size or preset.world_size
+        if gpus_per_node is None and preset.slurm is not None:
+            gpus_per_node = preset.slurm.gpus_per_node
+    findings = run_doctor(target, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node)
+    n_err = len(errors(findings))
+    if args.json:
+        print(json.dumps([{"level": f.level, "rule": f.rule, "what": f.what, "why": f.why, "fix": f.fix}
+                          for f in findings], indent=1))
+    else:
+        for f in findings:
+            print(f)
+        name = f"preset {preset.name}" if preset is not None else "command line"
+        print(f"lagom doctor: {name}: {n_err} error(s), {len(findings) - n_err} warning(s)")
+    return 1 if n_err else 0
