@@ -5,7 +5,8 @@
   does: within each (algorithm, protocol) pair, coordinate descent over channels, threads and
   chunk size; the fastest pair wins. Knobs wider than a call (a process-wide thread count, a
   communicator's channel cap) are decided once per unit for the sum of T_comm, because stock
-  NCCL cannot set them per call (AutoCCL's own NCCL fork can).
+  NCCL cannot set them per call (AutoCCL's own NCCL fork can). AutoCCL measures, so a move must
+  gain more than ``AUTOCCL_MIN_GAIN`` of T_comm (its timing noise) to be taken.
 - ``exhaustive``: the joint product of every site's space and every shared knob's domain, on the
   cost model; refuses above ``EXHAUSTIVE_LIMIT`` joint configurations. It exists to show that
   the priority search lands within 1% of the optimum on small instances.
@@ -21,6 +22,8 @@ from lagom_megatron.engine.cost_model import ALG_NONE
 from lagom_megatron.engine.problem import SEARCH_KNOBS, SearchProblem, SearchResult, Timer, compat, register
 from lagom_megatron.engine.search import Counter, decide_unit, descend
 
+AUTOCCL_MIN_GAIN = 0.01
+"""Smallest relative T_comm gain the autoccl baseline acts on (below it, measurements cannot tell)."""
 EXHAUSTIVE_LIMIT = 2_000_000
 """Largest joint configuration count ``exhaustive`` accepts (about a second of numpy work)."""
 
@@ -51,11 +54,13 @@ def autoccl(problem: SearchProblem, *, rounds: int = 3) -> SearchResult:
     best_obj = np.full(S, np.inf)
     if fixed.size:
         trial = st.copy()
-        descend(problem, trial, fixed, inner, "comm", count, rounds)
+        descend(problem, trial, fixed, inner, "comm", count, rounds, AUTOCCL_MIN_GAIN)
         best_obj[fixed] = problem.evaluate(trial, fixed)[0]
         _take(best, trial, fixed)
     tun = np.flatnonzero(pair_tunable)
     if tun.size:
+        best_obj[tun] = problem.evaluate(st, tun)[0]  # NCCL's own pair is the one to beat
+        count.add(tun.size)
         algs = problem.vals["algorithm"][tun]
         protos = problem.vals["protocol"][tun]
         pairs = {(int(a), int(p)) for a in np.unique(algs[~np.isnan(algs)]) for p in np.unique(protos[~np.isnan(protos)])}
@@ -67,10 +72,10 @@ def autoccl(problem: SearchProblem, *, rounds: int = 3) -> SearchResult:
                 continue
             trial = st.copy()
             trial.alg[ok], trial.proto[ok], trial.lvl[ok] = a, p, 0
-            descend(problem, trial, ok, inner, "comm", count, rounds)
+            descend(problem, trial, ok, inner, "comm", count, rounds, AUTOCCL_MIN_GAIN)
             t_comm = problem.evaluate(trial, ok)[0]
             count.add(ok.size)
-            better = t_comm < best_obj[ok]
+            better = t_comm < best_obj[ok] * (1.0 - AUTOCCL_MIN_GAIN)
             best_obj[ok[better]] = t_comm[better]
             _take(best, trial, ok[better])
     stats = {"method": "autoccl", "model_evaluations": count.n, "wall_time_s": round(timer(), 6)}
@@ -86,7 +91,9 @@ def _take(dst, src, idx) -> None:
 def _site_values(problem: SearchProblem, st, i: int, knob: str) -> list[float]:
     if problem.scope[knob] == "call" and problem.tunable[knob][i]:
         row = problem.vals[knob][i]
-        return list(row[~np.isnan(row)])
+        values = list(row[~np.isnan(row)])
+        current = float(st.get(knob)[i])  # NCCL's own choice, which the priority search may keep
+        return values if current in values else values + [current]
     return [float(st.get(knob)[i])]
 
 

@@ -148,6 +148,18 @@ Scope = Literal["call", "communicator", "process"]
 SCOPES: tuple[str, ...] = ("call", "communicator", "process")
 
 
+TUNER_ABI_SINCE: tuple[tuple[tuple[int, int, int], int], ...] = (
+    ((2, 30, 0), 6), ((2, 28, 0), 5), ((2, 24, 0), 4), ((2, 22, 0), 3), ((2, 21, 0), 2), ((2, 19, 0), 1),
+)
+"""Newest tuner plugin ABI per NCCL version: v3 (2.22) edits the cost table, v4 (2.24) adds regBuff,
+v5 (2.28) per-communicator constants, v6 (2.30) getChunkSize. lagom's plugin implements v3-v6."""
+
+
+def tuner_abi(nccl_version: tuple[int, int, int]) -> int:
+    """Newest tuner plugin ABI NCCL ``nccl_version`` loads (0 = none)."""
+    return next((abi for since, abi in TUNER_ABI_SINCE if nccl_version >= since), 0)
+
+
 def default_mechanism(backend: str) -> str:
     """The mechanism a backend uses unless told otherwise: ``tuner`` (nccl, sim) or ``gloo``.
 
@@ -202,10 +214,12 @@ def knob_scope(knob: str, *, backend: str, mechanism: str | None = None, nccl_ve
         return None if knob == "chunk_size" else "process"
     if mechanism == "communicator":
         return None if knob == "chunk_size" else "communicator"
-    # tuner plugin
+    # tuner plugin (lagom's implements ABI v3-v6): per call from v3; chunk size from v6. Below
+    # v3 the plugin does not load and the communicator pool sets these per communicator.
+    abi = tuner_abi(v)
     if knob == "chunk_size":
-        return "call" if v >= (2, 30, 0) else None
-    return "call" if v >= (2, 22, 0) else "communicator"
+        return "call" if abi >= 6 else None
+    return "call" if abi >= 3 else "communicator"
 
 
 def algorithms_for(*, op: str, cluster: Any, n_nodes: int = 1, group_size: int = 2) -> tuple[str, ...]:
@@ -225,6 +239,8 @@ def algorithms_for(*, op: str, cluster: Any, n_nodes: int = 1, group_size: int =
             continue
         if alg == "NVLSTree" and n_nodes < 2:
             continue
+        if alg in ("NVLS", "NVLSTree") and group_size <= 2 * n_nodes:
+            continue  # two GPUs per NVLink domain: a direct copy, nothing for the switch to do (our rule)
         if alg == "NVLS" and n_nodes > 1 and op != "all_reduce":
             continue  # NVLS all-gather / reduce-scatter are modelled inside one NVLink domain only
         if alg.startswith("CollNet") and not (cluster.collnet and n_nodes > 1):
@@ -304,7 +320,7 @@ def validate_config(config: CommConfig, *, op: str, cluster: Any, mechanism: str
     """
     backend = cluster.backend if cluster is not None else "nccl"
     mech = mechanism or default_mechanism(backend)
-    group_size = group_size or max(2, n_nodes)
+    group_size = group_size or max(2, n_nodes * getattr(cluster, "gpus_per_node", 1))  # whole nodes
     c = config
     if backend == "gloo":
         for knob in ("algorithm", "protocol", "n_threads", "cta_policy", "cga_cluster_size"):

@@ -178,12 +178,13 @@ class Plan:
         return cls.from_dict(read_json(path), source=str(path))
 
     def fingerprint_mismatch(self, expected: dict[str, Any]) -> list[str]:
-        """Names of the fingerprint fields whose values differ from ``expected`` (sorted).
+        """Names of the fields of ``expected`` whose values differ in the plan's fingerprint (sorted).
 
-        A field present on one side only counts as differing.
+        A field ``expected`` names that the plan lacks counts as differing. Fields only the plan
+        has (the search adds cluster, nccl_version, lagom_version, backend when the profile did
+        not state them) are not compared: a run that does not state them accepts any value.
         """
-        keys = set(self.fingerprint) | set(expected)
-        return sorted(k for k in keys if self.fingerprint.get(k, _MISSING) != expected.get(k, _MISSING))
+        return sorted(k for k in expected if self.fingerprint.get(k, _MISSING) != expected[k])
 
     def check_fingerprint(self, expected: dict[str, Any], *, source: str = "plan") -> None:
         """Raises ValueError naming each differing field with both values, if any differ."""
@@ -203,7 +204,9 @@ _MISSING = object()
 def diff_plans(a: Plan, b: Plan) -> list[str]:
     """Human-readable differences between two plans, one line each (empty when equal)."""
     lines = []
-    for k in a.fingerprint_mismatch(b.fingerprint):
+    for k in sorted(set(a.fingerprint) | set(b.fingerprint)):
+        if a.fingerprint.get(k, _MISSING) == b.fingerprint.get(k, _MISSING):
+            continue
         lines.append(f"fingerprint.{k}: {a.fingerprint.get(k)!r} -> {b.fingerprint.get(k)!r}")
     if a.method != b.method:
         lines.append(f"method: {a.method} -> {b.method}")

@@ -120,8 +120,13 @@ class SearchProblem:
                         kept = tuple(x for x in d[k] if x in values)
                         d[k] = kept or d[k][:1]
             doms.append(d)
+        fp = dict(fingerprint or {})
+        fp.setdefault("cluster", model.cluster.name)
+        fp.setdefault("nccl_version", model.cluster.nccl_version)
+        fp.setdefault("lagom_version", __version__)
+        fp.setdefault("backend", backend)
         problem = cls(model=model, cluster=model.cluster, backend=backend, mechanism=mech, iteration_us=0.0,
-                      domains_S=doms, fingerprint=dict(fingerprint or {}))
+                      domains_S=doms, fingerprint=fp)
         if iteration_us is None:
             iteration_us = float(problem.evaluate(problem.default_state())[2].sum())
         problem.iteration_us = float(iteration_us)
@@ -133,9 +138,6 @@ class SearchProblem:
         """A problem from a profile: fits the cost model unless one is given."""
         model = model or CostModel.fit(profile, cluster)
         fp = dict(profile.fingerprint)
-        fp.setdefault("cluster", cluster.name)
-        fp.setdefault("nccl_version", cluster.nccl_version)
-        fp.setdefault("lagom_version", __version__)
         fp.setdefault("backend", profile.backend)
         return cls.from_model(model, iteration_us=profile.iteration_us, mechanism=mechanism, fingerprint=fp,
                               domain_override=domain_override)
@@ -231,13 +233,15 @@ class SearchProblem:
         d_comm, _, d_region = self.evaluate(default)
         use = st if st is not None else default
         t_comm, _, t_region = self.evaluate(use)
-        entries = {}
-        for i, site in enumerate(self.sites):
-            cfg = CommConfig() if st is None else self._config(i, st)
-            entries[site.site_id] = PlanEntry(
-                config=cfg, predicted_t_comm_us=round(float(t_comm[i]), 3), predicted_t_region_us=round(float(t_region[i]), 3),
-                predicted_default_t_region_us=round(float(d_region[i]), 3), group=site.group, op=site.op,
-                nbytes=site.nbytes, group_size=site.group_size, n_nodes=site.n_nodes)
+        configs = self._configs(st) if st is not None else [CommConfig()] * len(self.sites)
+        t_comm_l, t_region_l, d_region_l = (np.round(x, 3).tolist() for x in (t_comm, t_region, d_region))
+        entries = {
+            site.site_id: PlanEntry(
+                config=configs[i], predicted_t_comm_us=t_comm_l[i], predicted_t_region_us=t_region_l[i],
+                predicted_default_t_region_us=d_region_l[i], group=site.group, op=site.op, nbytes=site.nbytes,
+                group_size=site.group_size, n_nodes=site.n_nodes)
+            for i, site in enumerate(self.sites)
+        }
         env = {}
         if st is not None and self.scope.get("n_threads") == "process" and self.tunable["n_threads"].any():
             chosen = {int(st.nt[i]) for i in np.flatnonzero(self.tunable["n_threads"])}
@@ -249,27 +253,28 @@ class SearchProblem:
         default_iter = self.iteration_us
         predicted = self.iteration_us - float(d_region.sum()) + float(t_region.sum())
         stats = {**stats, "n_sites": len(self.sites), "default_iteration_us": round(default_iter, 3),
+                 "predicted_default_iteration_us": round(default_iter, 3),
                  "predicted_iteration_us": round(predicted, 3),
                  "predicted_speedup": round(default_iter / predicted, 4) if predicted > 0 else None,
                  "model_mape_pct": None if np.isnan(self.model.mape) else round(self.model.mape, 3)}
         return Plan(entries=entries, fingerprint=dict(self.fingerprint), method=method, env=env, stats=stats,
                     backend=self.backend, mechanism=self.mechanism)
 
-    def _config(self, i: int, st: State) -> CommConfig:
-        d = self.domains_S[i]
-        tun = {k: len(d[k]) > 1 for k in SEARCH_KNOBS}
-        alg, proto = int(st.alg[i]), int(st.proto[i])
-        lvl = int(st.lvl[i])
-        chunk = None
-        if tun["chunk_size"] and lvl > 0:
-            chunk = int(self.chunk_bytes(np.array(proto), np.array(lvl)))
-        return CommConfig(
-            algorithm=ALGORITHMS[alg] if tun["algorithm"] and alg != ALG_NONE else None,
-            protocol=PROTOCOLS[proto] if tun["protocol"] and proto != PROTO_NONE else None,
-            n_channels=int(st.nc[i]) if tun["n_channels"] else None,
-            n_threads=int(st.nt[i]) if tun["n_threads"] else None,
-            chunk_size=chunk,
-        )
+    def _configs(self, st: State) -> list[CommConfig]:
+        """One CommConfig per site; knobs a site cannot tune stay None (NCCL's choice)."""
+        tun = {k: self.tunable[k].tolist() for k in SEARCH_KNOBS}
+        chunk = self.chunk_bytes(st.proto, st.lvl).astype(np.int64).tolist()
+        alg, proto, nc, nt = (x.astype(np.int64).tolist() for x in (st.alg, st.proto, st.nc, st.nt))
+        out = []
+        for i in range(len(self.sites)):
+            out.append(CommConfig(
+                algorithm=ALGORITHMS[alg[i]] if tun["algorithm"][i] and alg[i] != ALG_NONE else None,
+                protocol=PROTOCOLS[proto[i]] if tun["protocol"][i] and proto[i] != PROTO_NONE else None,
+                n_channels=nc[i] if tun["n_channels"][i] else None,
+                n_threads=nt[i] if tun["n_threads"][i] else None,
+                chunk_size=chunk[i] if tun["chunk_size"][i] and chunk[i] > 0 else None,
+            ))
+        return out
 
 
 Searcher = Callable[[SearchProblem], SearchResult]

@@ -10,7 +10,8 @@ paper's algorithm is not public):
    fixed, on the cost model; up to ``rounds`` passes while something changes. A knob whose
    scope is wider than one call (a process-wide thread count, a communicator's channel cap or
    gloo thread count) is decided once, when its highest-priority site reaches it, for the sum
-   of the region times of all the sites it governs, and stays fixed after that.
+   of the region times of all the sites it governs (each site answering every candidate value
+   with one pass over its own knobs), and stays fixed after that.
 3. Cost: O(sum over sites of sum over knobs of domain size) model evaluations: linear in sites.
 
 Implementation note: the sites that decide a shared knob ("leaders") run one by one in priority
@@ -51,9 +52,11 @@ def _objective(problem: SearchProblem, idx, alg, proto, nc, nt, lvl, objective: 
     return t_comm if objective == "comm" else t_region
 
 
-def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, objective: str, count: Counter) -> bool:
+def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, objective: str, count: Counter,
+              min_gain: float = 0.0) -> bool:
     """Scans ``knob`` over its domain for the sites ``idx`` at once (others fixed); keeps the
-    best value per site when it beats the current one. Mutates ``st``; returns True on a change.
+    best value per site when it beats the current one by more than the fraction ``min_gain``.
+    Mutates ``st``; returns True on a change.
     """
     idx = idx[problem.tunable[knob][idx]]
     if idx.size == 0:
@@ -81,7 +84,7 @@ def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, obj
     count.add(valid.sum() + idx.size)
     best = np.argmin(obj, axis=1)
     best_obj = obj[np.arange(idx.size), best]
-    better = best_obj < cur * (1.0 - 1e-9) - 1e-12
+    better = best_obj < cur * (1.0 - max(min_gain, 1e-9)) - 1e-12
     if not better.any():
         return False
     rows = idx[better]
@@ -99,10 +102,13 @@ def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, obj
 
 
 def decide_unit(problem: SearchProblem, st: State, knob: str, governed: np.ndarray, objective: str, count: Counter,
-                default_nc: np.ndarray) -> None:
+                default_nc: np.ndarray, *, lookahead: bool = False) -> None:
     """Decides a knob of communicator or process scope once for all ``governed`` sites: the value
-    minimising the sum of their objective under their current configs. On NCCL a communicator's
-    channel count is a cap (ncclConfig_t.maxCTAs): each site keeps min(NCCL's choice, cap)."""
+    minimising the sum of their objective, under their current configs or, with ``lookahead``,
+    after one pass of each site over its per-call knobs (linear: values x sites x domains).
+    On NCCL a communicator's channel count is a cap (ncclConfig_t.maxCTAs): each site keeps
+    min(NCCL's choice, cap). Only the shared knob is kept; the sites' own knobs are searched
+    when they are reached."""
     row = problem.vals[knob][governed[0]]
     values = row[~np.isnan(row)]
     K = values.size
@@ -114,23 +120,38 @@ def decide_unit(problem: SearchProblem, st: State, knob: str, governed: np.ndarr
     codes[knob] = cand.astype(np.int64) if knob in ("algorithm", "protocol", "chunk_size") else cand
     if knob == "algorithm":
         codes["protocol"] = np.where(compat(codes["algorithm"], codes["protocol"]), codes["protocol"], SIMPLE)
-    obj = _objective(problem, governed[None, :], codes["algorithm"], codes["protocol"], codes["n_channels"],
-                     codes["n_threads"], codes["chunk_size"], objective)
-    count.add(obj.size)
-    k = int(np.argmin(obj.sum(axis=1)))
+    if lookahead:
+        # Each governed site answers every candidate value with one pass over its per-call knobs,
+        # so the value is judged by what the sites will make of it, not by their start configs.
+        call_knobs = tuple(kn for kn in SEARCH_KNOBS if problem.scope[kn] == "call")
+        totals = np.empty(K)
+        for j in range(K):
+            trial = st.copy()
+            for name in SEARCH_KNOBS:
+                trial.get(name)[governed] = codes[name][j]
+            descend(problem, trial, governed, call_knobs, objective, count, rounds=1)
+            t_comm, _, t_region = problem.evaluate(trial, governed)
+            count.add(governed.size)
+            totals[j] = (t_comm if objective == "comm" else t_region).sum()
+    else:
+        obj = _objective(problem, governed[None, :], codes["algorithm"], codes["protocol"], codes["n_channels"],
+                         codes["n_threads"], codes["chunk_size"], objective)
+        count.add(obj.size)
+        totals = obj.sum(axis=1)
+    k = int(np.argmin(totals))
     for name in SEARCH_KNOBS:
         if name == knob or (knob == "algorithm" and name == "protocol"):
             st.get(name)[governed] = codes[name][k]
 
 
 def descend(problem: SearchProblem, st: State, idx: np.ndarray, knobs: tuple[str, ...], objective: str,
-            count: Counter, rounds: int) -> None:
+            count: Counter, rounds: int, min_gain: float = 0.0) -> None:
     """Coordinate descent of ``knobs`` (call scope) for the sites ``idx``, at most ``rounds``
     passes, stopping early when a pass changes nothing."""
     for _ in range(rounds):
         changed = False
         for knob in knobs:
-            changed |= scan_knob(problem, st, idx, knob, objective, count)
+            changed |= scan_knob(problem, st, idx, knob, objective, count, min_gain)
         if not changed:
             return
 
@@ -161,7 +182,7 @@ def priority(problem: SearchProblem, *, rounds: int = 3) -> SearchResult:
                 if problem.scope[knob] == "call":
                     changed |= scan_knob(problem, st, one, knob, "region", count)
                 for unit in [u for u in pending if u[0] == knob]:
-                    decide_unit(problem, st, knob, unit[1], "region", count, default_nc)
+                    decide_unit(problem, st, knob, unit[1], "region", count, default_nc, lookahead=True)
                     pending.remove(unit)
             if not changed and not pending:
                 break

@@ -122,6 +122,9 @@ class Tuner:
         agree: ``agree(plan) -> plan`` called once on the searched plan, e.g. broadcast rank 0's plan
             and check digests. Raising any exception makes the tuner fall back to defaults.
 
+    Every rank must feed the same (all-gathered) measurements: fit and search are deterministic,
+    so all ranks then reach ``agree`` in the same iteration, or fall back in the same iteration.
+
     Raises:
         ValueError: unknown backend.
     """
@@ -190,6 +193,8 @@ class Tuner:
         self._raw_samples: list[Sample] = []
         self._verify_plan_us: list[float] = []
         self._verify_default_us: list[float] = []
+        self._excluded: dict[str, str] = {}
+        """Site id -> why it was left out of the profile (it keeps NCCL defaults)."""
         self._started: Step | None = None
         self._last_finished = -1
         self._n_finished = 0
@@ -228,8 +233,7 @@ class Tuner:
             if n == warm + 1:
                 return Step(iteration=it, kind="serialized", assignment={}, serialize=True)
             k = n - warm - 2
-            cfg = self.probes[k]
-            return Step(iteration=it, kind="probe", assignment={s: cfg for s in self._sites}, probe_index=k)
+            return Step(iteration=it, kind="probe", assignment=self._probe_assignment(k), probe_index=k)
         if self.phase in (Phase.SEARCHED, Phase.VERIFYING):
             if self.phase is Phase.SEARCHED:
                 return Step(iteration=it, kind="settle", assignment=self._plan_assignment(), timed=False)
@@ -246,9 +250,25 @@ class Tuner:
         return self.next_step().assignment
 
     @property
+    def iterations_finished(self) -> int:
+        """Iterations finished since the tuner started (warm-up included)."""
+        return self._n_finished
+
+    @property
     def done(self) -> bool:
         """True once APPLIED or FELL_BACK: nothing left to measure."""
         return self.phase in (Phase.APPLIED, Phase.FELL_BACK)
+
+    def _probe_assignment(self, k: int) -> dict[str, CommConfig]:
+        """Probe ``k`` for every site, minus the knobs that do not apply to the site's op
+        (``knobs.applicable``: a send/recv site keeps only what NCCL's P2P path honours)."""
+        from lagom_megatron.engine import knobs
+
+        strip = getattr(knobs, "applicable", None)
+        cfg = self.probes[k]
+        if strip is None:
+            return {sid: cfg for sid in self._sites}
+        return {sid: strip(cfg, op=site.op, backend=self.backend) for sid, site in self._sites.items()}
 
     def _plan_assignment(self) -> dict[str, CommConfig]:
         if self.plan is None:
@@ -289,8 +309,11 @@ class Tuner:
         Raises:
             RuntimeError: ``measurement.iteration`` differs from the started iteration, or is not
                 after the last finished one.
-            ValueError: the default iteration saw no collective sites, or a probe iteration is
-                missing samples for sites seen under defaults (names up to five of them).
+
+        Bad measurements never raise: the default iteration reporting no sites makes the tuner
+        fall back; a site whose sample is missing from a probe iteration, or that reports another
+        config than the one assigned, is excluded (it keeps NCCL defaults) with a warning naming
+        the site, what was expected and what was found.
         """
         it = measurement.iteration
         if self._started is not None and it != self._started.iteration:
@@ -320,13 +343,12 @@ class Tuner:
 
     def _record_default(self, m: IterationMeasurement) -> None:
         if not m.sites:
-            raise ValueError(
-                f"iteration {m.iteration}: no collective sites were reported under defaults; "
-                "nothing overlapped to tune (are the lagom hooks installed?)"
-            )
+            self._fall_back(m.iteration, f"iteration {m.iteration}: no collective sites were reported under defaults; "
+                                         "nothing overlapped to tune (are the lagom hooks installed?)")
+            return
         self._sites = {s.site_id: s for s in m.sites}
         self._default_us.append(m.iteration_us)
-        self._raw_samples.extend(self._keep(m, DEFAULT))
+        self._raw_samples.extend(self._keep(m, {}))
         self._log(m.iteration, f"profiled {len(self._sites)} sites under defaults: iteration {m.iteration_us:.0f} us")
 
     def _record_serialized(self, m: IterationMeasurement) -> None:
@@ -342,31 +364,35 @@ class Tuner:
         self._log(m.iteration, f"serialized iteration: T_comp of {len(self._t_comp_us)} regions, iteration {m.iteration_us:.0f} us")
 
     def _record_probe(self, m: IterationMeasurement, k: int | None) -> None:
-        cfg = self.probes[k if k is not None else 0]
-        kept = self._keep(m, cfg)
+        k = k if k is not None else 0
+        cfg = self.probes[k]
+        kept = self._keep(m, self._probe_assignment(k))
         seen = {s.site_id for s in kept}
-        missing = sorted(set(self._sites) - seen)
-        if missing:
-            raise ValueError(
-                f"probe iteration {m.iteration} ({cfg.to_dict()}): no sample for {len(missing)} of "
-                f"{len(self._sites)} sites, e.g. {missing[:5]}"
-            )
+        for sid in sorted(set(self._sites) - seen - set(self._excluded)):
+            self._exclude(sid, f"probe iteration {m.iteration} ({cfg.to_dict()}): expected a sample, found none")
         self._raw_samples.extend(kept)
-        self._log(m.iteration, f"probe {k + 1 if k is not None else 1}/{len(self.probes)} {cfg.to_dict()}: iteration {m.iteration_us:.0f} us")
+        self._log(m.iteration, f"probe {k + 1}/{len(self.probes)} {cfg.to_dict()}: iteration {m.iteration_us:.0f} us")
 
-    def _keep(self, m: IterationMeasurement, expected: CommConfig) -> list[Sample]:
+    def _keep(self, m: IterationMeasurement, assigned: dict[str, CommConfig]) -> list[Sample]:
+        """The samples of known sites, each checked against the config assigned to its site."""
         out = []
         for s in m.samples:
             if s.site_id not in self._sites:
                 log.warning("iteration %d: sample for site %r not seen under defaults; ignored", m.iteration, s.site_id)
                 continue
+            expected = assigned.get(s.site_id, DEFAULT)
             if s.config != expected:
-                raise ValueError(
-                    f"iteration {m.iteration}: site {s.site_id!r} reports config {s.config.to_dict()} "
-                    f"but {expected.to_dict() or 'defaults'} was assigned"
-                )
+                self._exclude(s.site_id, f"iteration {m.iteration}: assigned {expected.to_dict() or 'defaults'}, "
+                                         f"found config {s.config.to_dict()}")
+                continue
             out.append(s)
         return out
+
+    def _exclude(self, site_id: str, why: str) -> None:
+        """Leaves ``site_id`` out of the profile (it keeps NCCL defaults), saying why, once."""
+        if site_id not in self._excluded:
+            self._excluded[site_id] = why
+            log.warning("lagom: site %r keeps NCCL defaults: %s", site_id, why)
 
     # ------------------------------------------------------------------ transitions
 
@@ -394,13 +420,14 @@ class Tuner:
                 f"build_profile: needs the default and serialized iterations; have {len(self._default_us)} "
                 f"default and {'a' if self._t_comp_us else 'no'} serialized measurement"
             )
+        usable = {sid for sid in self._t_comp_us if sid not in self._excluded}
         samples = [
             Sample(site_id=s.site_id, config=s.config, t_comm_us=s.t_comm_us, t_comp_us=self._t_comp_us[s.site_id],
                    t_region_us=s.t_region_us, iteration=s.iteration)
             for s in self._raw_samples
-            if s.site_id in self._t_comp_us
+            if s.site_id in usable
         ]
-        sites = [s for sid, s in self._sites.items() if sid in self._t_comp_us]
+        sites = [s for sid, s in self._sites.items() if sid in usable]
         name = getattr(self.cluster, "name", self.cluster)
         return Profile(backend=self.backend, cluster=str(name), iteration_us=statistics.median(self._default_us),
                        sites=sites, samples=samples, fingerprint=dict(self.fingerprint))
@@ -411,12 +438,17 @@ class Tuner:
         from lagom_megatron.engine import cost_model, search
 
         self.profile = self.build_profile()
+        if not self.profile.sites:
+            self._fall_back(it, f"no site left to tune ({len(self._excluded)} of {len(self._sites)} excluded, e.g. "
+                                f"{next(iter(self._excluded.items()), ('-', '-'))})")
+            return
         try:
             model = cost_model.CostModel.fit(self.profile, self.cluster)
             self.model_mape = float(model.mape)
             result = search.search(self.profile, self.cluster, method=self.config.method, model=model)
-        except (ValueError, RuntimeError, ArithmeticError, KeyError) as exc:
-            self._fall_back(it, f"fit/search failed: {exc}")
+        except Exception as exc:  # noqa: BLE001 - tuning must never stop training: keep defaults, say why
+            log.debug("fit/search failure", exc_info=True)
+            self._fall_back(it, f"fit/search failed: {type(exc).__name__}: {exc}")
             return
         self.search_stats = dict(getattr(result, "stats", {}) or {})
         plan = result.plan
@@ -477,6 +509,7 @@ class Tuner:
             "profiling_iters": self.profiling_iters if self._probes is not None or self.config.probe_configs is not None else None,
             "n_sites": len(self._sites),
             "n_samples": len(self._raw_samples),
+            "excluded_sites": dict(self._excluded),
             "default_iteration_us": statistics.median(self._default_us) if self._default_us else None,
             "model_mape_pct": self.model_mape,
             "search": self.search_stats,

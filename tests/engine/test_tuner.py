@@ -7,6 +7,7 @@ tests/sim/ runs the lifecycle against the real engine and the simulator.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import types
@@ -193,23 +194,41 @@ def test_preconditions_name_what_was_seen(fake_engine):
     t.finish_iteration(IterationMeasurement(iteration=0, iteration_us=1.0))
     with pytest.raises(RuntimeError, match="iteration 0 already finished"):
         t.finish_iteration(IterationMeasurement(iteration=0, iteration_us=1.0))
-    # the default iteration must report sites
-    with pytest.raises(ValueError, match="no collective sites"):
-        t.finish_iteration(IterationMeasurement(iteration=1, iteration_us=1.0))
+    # a default iteration without sites: nothing to tune, defaults kept (training goes on)
+    assert t.finish_iteration(IterationMeasurement(iteration=1, iteration_us=1.0)) is Phase.FELL_BACK
+    assert "no collective sites" in t.reason and t.assignment() == {}
 
 
-def test_wrong_config_reported_in_probe_is_an_error(fake_engine):
+def test_site_with_wrong_config_or_missing_probe_sample_keeps_defaults(fake_engine, caplog):
+    caplog.set_level(logging.WARNING, logger="lagom.tuner")
     t = _tuner()
+    first_probe = True
     for it in range(t.profiling_iters):
-        step = t.next_step()
+        step = t.start_iteration(it)
         m = _measure(step)
-        if step.kind == "probe":
+        if step.kind == "probe" and first_probe:
             m.samples[0] = Sample(site_id=SITES[0].site_id, config=DEFAULT, t_comm_us=1, t_comp_us=1, t_region_us=1)
-            with pytest.raises(ValueError, match="reports config {} but .*n_channels"):
-                t.finish_iteration(m)
-            return
+            first_probe = False
+        elif step.kind == "probe":
+            del m.samples[1]
         t.finish_iteration(m)
-    pytest.fail("no probe iteration reached")
+    excluded = t.summary()["excluded_sites"]
+    assert "assigned {'n_channels': 4}, found config {}" in excluded[SITES[0].site_id]
+    assert "expected a sample, found none" in excluded[SITES[1].site_id]
+    assert SITES[0].site_id in caplog.text
+    # nothing left to tune: defaults kept, with the reason
+    assert t.phase is Phase.FELL_BACK and "no site left to tune" in t.reason
+    assert not fake_engine["search"]
+
+
+def test_search_exception_falls_back(fake_engine, monkeypatch):
+    def boom(*a, **k):
+        raise IndexError("site index 7 out of range")
+
+    monkeypatch.setattr(sys.modules["lagom_megatron.engine.search"], "search", boom)
+    t = _tuner()
+    _run(t, t.profiling_iters)
+    assert t.phase is Phase.FELL_BACK and "IndexError: site index 7" in t.reason
 
 
 @pytest.mark.parametrize(

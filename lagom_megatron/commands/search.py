@@ -1,0 +1,35 @@
+"""``lagom search``: fit the cost model on a profile and search a plan.
+
+    lagom search --profile profile.json [--cluster h100-sxm-ib400] [--method priority] -o plan.json
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", required=True, help="profile JSON written by the warm-up profiler or the simulator")
+    parser.add_argument("--cluster", default=None, help="cluster name under configs/clusters or a YAML path (default: the profile's)")
+    parser.add_argument("--method", default="priority", help="priority (default), autoccl, exhaustive or nccl-default")
+    parser.add_argument("--mechanism", default=None, help="how the plan is applied: tuner, communicator, env (NCCL) or gloo")
+    parser.add_argument("-o", "--output", required=True, help="plan JSON to write (atomically)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.engine.profile import Profile
+    from lagom_megatron.engine.search import METHODS, search
+
+    if args.method not in METHODS:
+        raise ValueError(f"--method must be one of {list(METHODS)}; got {args.method!r}")
+    profile = Profile.load(args.profile)
+    cluster = ClusterSpec.load(args.cluster or profile.cluster)
+    result = search(profile, cluster, method=args.method, mechanism=args.mechanism)
+    result.plan.save(args.output)
+    s = result.stats
+    print(f"{args.method}: {s['n_sites']} sites, {s['model_evaluations']:,} model evaluations, {s['wall_time_s']:.3f} s; "
+          f"cost model MAPE {s['model_mape_pct']}%")
+    print(f"predicted iteration {s['predicted_iteration_us']:.1f} us vs NCCL defaults {s['default_iteration_us']:.1f} us "
+          f"(x{s['predicted_speedup']}); plan written to {args.output}")
+    return 0

@@ -1,0 +1,159 @@
+"""Plan exporters: the formats stock NCCL and Megatron-LM read.
+
+- ``megatron-yaml``: Megatron-LM's ``--nccl-communicator-config-path`` file. Keys are Megatron
+  process-group names (dp, dp_cp, tp, pp, ep, cp, ...); values hold ``min_ctas`` (1) and
+  ``max_ctas`` (the largest channel count the plan gives the group's sites; always both: NCCL
+  rejects a one-sided range, NCCL PR#2256) and
+  ``cga_cluster_size`` where the plan sets one. Megatron copies only these keys (and net_name,
+  is_high_priority_stream) into ``ProcessGroupNCCL.Options().config``. Never empty: an empty
+  file loads as None and Megatron's lookup fails, so a plan without CTA choices exports ``{}``.
+- ``nccl-tuner-csv``: the table of NCCL's example tuner plugin,
+  ``collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff``
+  (``-1`` = any), so NCCL's own example plugin reads it too; ``extended=True`` appends lagom's
+  plugin's ``chunkSize`` and ``commTag`` columns. Rows are per (communicator, op, byte size):
+  two sites the plugin cannot tell apart get the first (highest-gain) site's row, and a comment
+  says so.
+- ``env``: ``export NAME=VALUE`` lines of the plan's process-scope knobs only, checked with
+  ``knobs.validate_env`` (never LL128 forced, never a global algorithm list without Ring).
+"""
+
+from __future__ import annotations
+
+from lagom_megatron.engine.knobs import P2P_OPS, validate_cta_range, validate_env
+from lagom_megatron.engine.plan import Plan, PlanEntry
+
+FORMATS: tuple[str, ...] = ("megatron-yaml", "nccl-tuner-csv", "env")
+
+TUNER_COLUMNS: tuple[str, ...] = (
+    "collective_type", "min_bytes", "max_bytes", "algorithm", "protocol", "channels", "nNodes", "nRanks",
+    "numPipeOps", "regBuff",
+)
+"""Columns of NCCL's example tuner plugin table, in order."""
+TUNER_EXTENDED_COLUMNS: tuple[str, ...] = TUNER_COLUMNS + ("chunkSize", "commTag")
+"""The two optional trailing columns lagom's own plugin understands."""
+
+TUNER_COLLECTIVE = {"broadcast": "broadcast", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+                    "all_reduce": "allreduce"}
+"""lagom op -> the plugin's collective_type (NCCL's tuner is not consulted for P2P ops)."""
+TUNER_ALGORITHM = {"Tree": "tree", "Ring": "ring", "CollNetDirect": "collnet_direct", "CollNetChain": "collnet_chain",
+                   "NVLS": "nvls", "NVLSTree": "nvls_tree", "PAT": "pat"}
+TUNER_PROTOCOL = {"LL": "ll", "LL128": "ll128", "Simple": "simple"}
+
+
+def export_plan(plan: Plan, fmt: str, *, extended: bool = False, cluster=None) -> str:
+    """The plan as text in ``fmt`` (megatron-yaml, nccl-tuner-csv or env).
+
+    Args:
+        plan: the plan to export.
+        fmt: one of ``FORMATS``.
+        extended: nccl-tuner-csv only: add the chunkSize and commTag columns.
+        cluster: a ClusterSpec to check CTA ranges against (64 CTAs from NCCL 2.25, else 32);
+            without it the 64 limit applies.
+
+    Raises:
+        ValueError: unknown format (names it and the allowed set), or a value the target would
+            reject (a CTA range, an env variable).
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {list(FORMATS)}; got {fmt!r}")
+    if plan.backend == "gloo" and fmt != "env":
+        raise ValueError(f"format {fmt!r} is for NCCL plans; this plan is for backend 'gloo' (use it directly)")
+    if fmt == "megatron-yaml":
+        return _megatron_yaml(plan, cluster)
+    if fmt == "nccl-tuner-csv":
+        return _tuner_csv(plan, extended)
+    return _env(plan)
+
+
+class _AnyNccl:
+    """Stands in for a ClusterSpec in CTA checks when none is given (NCCL >= 2.25 limits)."""
+
+    backend = "nccl"
+    nccl = (2, 25, 0)
+    nccl_version = "2.25+"
+
+
+def _megatron_yaml(plan: Plan, cluster) -> str:
+    groups: dict[str, list[PlanEntry]] = {}
+    for entry in plan.entries.values():
+        groups.setdefault(entry.group, []).append(entry)
+    lines = [
+        "# Megatron-LM --nccl-communicator-config-path file written by lagom",
+        f"# plan method: {plan.method}; keys are Megatron process-group names; both CTA ends always set",
+    ]
+    body = []
+    for group in sorted(groups):
+        entries = groups[group]
+        ch = [e.config.n_channels for e in entries if e.config.n_channels is not None and e.op not in P2P_OPS]
+        cga = {e.config.cga_cluster_size for e in entries if e.config.cga_cluster_size is not None}
+        if not ch and not cga:
+            continue
+        fields = {}
+        if ch:
+            # maxCTAs caps every call of the communicator; NCCL (or the tuner plugin) picks within
+            # [1, max]. min_ctas stays 1 so that calls keep NCCL's own smaller counts, as the
+            # search assumed (a raised minimum would force every call up to it).
+            lo, hi = 1, max(ch)
+            validate_cta_range(lo, hi, cluster=cluster or _AnyNccl())
+            fields["min_ctas"], fields["max_ctas"] = lo, hi
+        if cga:
+            fields["cga_cluster_size"] = max(cga)
+        body.append(f"{group}: {{" + ", ".join(f"{k}: {v}" for k, v in fields.items()) + "}")
+    return "\n".join(lines + (body or ["{}"])) + "\n"
+
+
+def _tuner_csv(plan: Plan, extended: bool) -> str:
+    columns = TUNER_EXTENDED_COLUMNS if extended else TUNER_COLUMNS
+    lines = [
+        "# NCCL tuner table written by lagom (format of NCCL's example tuner plugin)",
+        "# " + ",".join(columns),
+        "# collective_type: broadcast|reduce|allgather|reducescatter|allreduce; min/max_bytes inclusive",
+        "# algorithm: tree|ring|collnet_direct|collnet_chain|nvls|nvls_tree|pat|-1; protocol: ll|ll128|simple|-1",
+        "# channels, nNodes, nRanks, numPipeOps: integer or -1 (any); regBuff: 0|1|-1",
+    ]
+    if extended:
+        lines.append("# chunkSize: bytes or -1 (NCCL's); commTag: process-group name, empty or * = any communicator")
+    order = sorted(plan.entries.items(), key=lambda kv: -(kv[1].predicted_default_t_region_us - kv[1].predicted_t_region_us))
+    seen: dict[tuple, str] = {}
+    for site_id, e in order:
+        c = e.config
+        if e.op not in TUNER_COLLECTIVE or (c.algorithm is None and c.protocol is None and c.n_channels is None and c.chunk_size is None):
+            continue
+        key = (e.group if extended else "*", e.op, e.nbytes, e.n_nodes, e.group_size)
+        if key in seen:
+            lines.append(f"# {site_id}: same (communicator, collective, size) as {seen[key]}; its row applies")
+            continue
+        seen[key] = site_id
+        row = [TUNER_COLLECTIVE[e.op], str(e.nbytes), str(e.nbytes),
+               TUNER_ALGORITHM.get(c.algorithm, "-1"), TUNER_PROTOCOL.get(c.protocol, "-1"),
+               str(c.n_channels if c.n_channels is not None else -1), str(e.n_nodes or -1), str(e.group_size or -1), "-1", "-1"]
+        if extended:
+            row += [str(c.chunk_size if c.chunk_size is not None else -1), e.group]
+        lines.append(f"# {site_id}")
+        lines.append(",".join(row))
+    return "\n".join(lines) + "\n"
+
+
+def _env(plan: Plan) -> str:
+    validate_env(plan.env)
+    lines = ["# process-scope NCCL settings of a lagom plan: source before launching every rank"]
+    lines += [f"export {k}={v}" for k, v in sorted(plan.env.items())]
+    return "\n".join(lines) + "\n"
+
+
+def parse_tuner_csv(text: str) -> list[dict[str, str]]:
+    """Rows of a tuner table as dicts (comments and blank lines skipped); 10 or 12 columns.
+
+    Raises:
+        ValueError: a row with another column count (names the line number).
+    """
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        cells = line.split(",")
+        if len(cells) not in (len(TUNER_COLUMNS), len(TUNER_EXTENDED_COLUMNS)):
+            raise ValueError(f"tuner table line {n}: expected {len(TUNER_COLUMNS)} or {len(TUNER_EXTENDED_COLUMNS)} columns; got {len(cells)}")
+        rows.append(dict(zip(TUNER_EXTENDED_COLUMNS, cells)))
+    return rows

@@ -1,0 +1,95 @@
+"""Builds lagom's NCCL tuner plugin (``plugin.c``) into a shared library with gcc.
+
+The plugin needs neither CUDA nor NCCL's sources: it declares the tuner ABI itself
+(``lagom_tuner.h``) and NCCL ``dlopen()``s it at communicator creation when
+``NCCL_TUNER_PLUGIN`` names the library. This module only runs the C compiler; it imports
+nothing beyond the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+PLUGIN_DIR = Path(__file__).resolve().parent
+"""Directory holding ``plugin.c``, ``lagom_tuner.h`` and the ``Makefile``."""
+LIBRARY_NAME = "libnccl-tuner-lagom.so"
+"""File name of the built plugin (NCCL also finds it as ``NCCL_TUNER_PLUGIN=lagom`` on the
+library path, from its ``libnccl-tuner-<name>.so`` naming rule)."""
+HARNESS_SOURCE = PLUGIN_DIR / "test" / "test_plugin.c"
+"""The C test harness (present in a source checkout, not in an installed wheel)."""
+
+_WARN = ["-std=gnu11", "-Wall", "-Wextra"]
+
+
+def find_compiler(cc: str | None = None) -> str:
+    """Returns the path of the C compiler to use: ``cc``, else ``$CC``, else ``gcc``.
+
+    Raises:
+        FileNotFoundError: when that compiler is not on ``PATH`` (names it and how to get gcc).
+    """
+    name = cc or os.environ.get("CC") or "gcc"
+    path = shutil.which(name)
+    if path is None:
+        raise FileNotFoundError(
+            f"C compiler {name!r} not found on PATH; the NCCL tuner plugin is built with gcc "
+            "(Debian/Ubuntu: apt-get install gcc), or set CC to another C compiler"
+        )
+    return path
+
+
+def _compile(args: list[str], out: Path, what: str) -> Path:
+    """Runs the compiler writing to a temporary file beside ``out``, then renames it (atomic)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run(args + ["-o", tmp], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building {what} failed ({' '.join(args)}):\n{proc.stderr.strip()}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def build_tuner(out_dir: str | os.PathLike, *, cc: str | None = None,
+                extra_cflags: list[str] | tuple[str, ...] = ()) -> Path:
+    """Compiles the tuner plugin into ``out_dir/libnccl-tuner-lagom.so``.
+
+    Args:
+        out_dir: directory for the library (created if missing).
+        cc: C compiler; default ``$CC`` or ``gcc``.
+        extra_cflags: more compiler flags (e.g. sanitizers in tests).
+
+    Returns:
+        The absolute path of the library; it exports ``ncclTunerPlugin_v6`` to ``_v3``.
+
+    Raises:
+        FileNotFoundError: no C compiler.
+        RuntimeError: the compiler failed (its messages are included).
+    """
+    out = Path(out_dir).resolve() / LIBRARY_NAME
+    args = [find_compiler(cc), *_WARN, "-O2", "-g", *extra_cflags, "-fPIC", "-shared",
+            "-fvisibility=hidden", str(PLUGIN_DIR / "plugin.c")]
+    return _compile(args, out, "the NCCL tuner plugin")
+
+
+def build_harness(out_dir: str | os.PathLike, *, cc: str | None = None,
+                  extra_cflags: list[str] | tuple[str, ...] = ()) -> Path:
+    """Compiles the C test harness ``test/test_plugin.c`` into ``out_dir/test_plugin``.
+
+    Raises:
+        FileNotFoundError: no C compiler, or no harness source (installed wheel, not a checkout).
+        RuntimeError: the compiler failed.
+    """
+    if not HARNESS_SOURCE.is_file():
+        raise FileNotFoundError(f"test harness source {HARNESS_SOURCE} is missing (not a source checkout)")
+    out = Path(out_dir).resolve() / "test_plugin"
+    args = [find_compiler(cc), *_WARN, "-O1", "-g", *extra_cflags, str(HARNESS_SOURCE), "-ldl"]
+    return _compile(args, out, "the tuner plugin test harness")

@@ -1,0 +1,188 @@
+"""The simulated backend: a GPU-cluster preset run on the simulator, behind the interface the tuner
+drives on real hardware (an assignment in, an ``IterationMeasurement`` out).
+
+``SimulatedCluster.run_iteration(step)`` applies ``step.assignment`` (site id -> CommConfig; a
+missing site keeps NCCL defaults) to one simulated iteration and reports exactly what the real
+profiler reports: per site, the collective's time, the region time and, in a serialized
+iteration, the compute alone. Nothing else leaves this module: the tuner and the search never see
+the device model, the workload or the timeline (tests/sim/test_isolation.py checks this).
+
+``run_lifecycle`` is the whole ``--lagom`` pipeline on the simulator: profile, probe, fit, search,
+apply and verify with ``lagom_megatron.engine.tuner.Tuner``, unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from lagom_megatron.engine.knobs import DEFAULT, CommConfig
+from lagom_megatron.engine.profile import CollectiveSite, Sample
+from lagom_megatron.engine.tuner import IterationMeasurement, Phase, Step, Tuner
+from lagom_megatron.sim import timeline
+from lagom_megatron.sim.device import CommCost, Gpu, comm_cost, resolve_config
+from lagom_megatron.sim.workload import Workload, steady_copies
+
+SIGMA_ITERATION = 0.01
+"""Relative standard deviation of whole-iteration noise (stragglers, clocks), on top of the
+per-kernel noise: a few percent peak to peak, so that verification has something to reject."""
+
+
+class SimulatedCluster:
+    """One preset on one simulated cluster (representative rank; see ``sim.workload``).
+
+    Args:
+        preset: a ``Preset`` (``lagom_megatron.presets.load_preset``).
+        cluster: a ``ClusterSpec``; defaults to the preset's cluster. Must be a GPU cluster.
+        seed: seeds every noise draw; the same seed and assignments give the same timings.
+        nthreads: NCCL_NTHREADS of the simulated launch (None = the preset's env, else NCCL's
+            default); process scope, so assignments cannot change it.
+
+    Raises:
+        ValueError: a CPU (gloo) cluster, or a layout the workload model cannot split.
+    """
+
+    def __init__(self, preset: Any, cluster: Any = None, *, seed: int = 0, nthreads: int | None = None) -> None:
+        from lagom_megatron.engine.cluster import ClusterSpec
+
+        spec = ClusterSpec.load(cluster or preset.cluster)
+        if getattr(spec, "backend", "nccl") != "nccl":
+            raise ValueError(f"cluster {spec.name!r} is a {spec.backend} cluster; the simulator models GPU clusters (nccl)")
+        self.preset = preset
+        self.cluster = spec
+        self.gpu = Gpu.from_cluster(spec)
+        self.workload = Workload.from_preset(preset, self.gpu)
+        self.seed = seed
+        self.nthreads = nthreads if nthreads is not None else _env_threads(preset.env)
+        self._prog = self.workload.program()
+        self._win = timeline.windows(self._prog)
+        self._sites = self.workload.sites()
+        self._site_calls: dict[str, list[int]] = {}
+        for i, c in enumerate(self._prog.calls):
+            if c.site_id is not None:
+                self._site_calls.setdefault(c.site_id, []).append(i)
+        self._cost_cache: dict[tuple, CommCost] = {}
+
+    @property
+    def sites(self) -> list[CollectiveSite]:
+        """The collective sites the real hooks would report for this preset."""
+        return list(self._sites)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What is simulated: preset, model layout, world size, cluster (for the profile and plan)."""
+        w = self.workload
+        return {"preset": self.preset.name, "cluster": self.cluster.name, "world_size": self.preset.world_size,
+                "tp": w.tp, "pp": w.pp, "cp": w.cp, "dp": w.dp, "ep": w.ep, "vpp": w.chunks,
+                "microbatches": w.microbatches, "backend": "sim"}
+
+    def _cost(self, i: int, cfg: CommConfig, channel_cap: int | None) -> CommCost:
+        coll = self._prog.calls[i].coll
+        # NCCL_NTHREADS is read once per process: a running job cannot change it per call or per
+        # communicator (DESIGN.md section 5), so an assignment's n_threads does not reach the
+        # kernels; the launch environment's value (``nthreads``) does.
+        cfg = replace(cfg, n_threads=self.nthreads)
+        key = (coll, cfg, channel_cap)
+        hit = self._cost_cache.get(key)
+        if hit is None:
+            r = resolve_config(self.gpu, coll, cfg)
+            if channel_cap is not None and r.n_channels > channel_cap:
+                r = type(r)(algorithm=r.algorithm, protocol=r.protocol, n_channels=channel_cap,
+                            n_threads=r.n_threads, chunk_size=r.chunk_size)
+            hit = self._cost_cache[key] = comm_cost(self.gpu, coll, r)
+        return hit
+
+    def run_iteration(self, step: Step | None = None, *, iteration: int = 0, assignment: dict[str, CommConfig] | None = None,
+                      serialize: bool = False, channel_cap: int | None = None) -> IterationMeasurement:
+        """Simulates one iteration.
+
+        Args:
+            step: the tuner's ``Step`` (its iteration, assignment and serialize flag), or the same
+                given as ``iteration`` / ``assignment`` / ``serialize``.
+            channel_cap: a static cap on every collective's channels (NCCL_MAX_NCHANNELS-style
+                baseline), applied after the assignment.
+
+        Returns:
+            An ``IterationMeasurement``: iteration time (us) and one sample per site; a sample's
+            ``t_comp_us`` is the window's compute alone in a serialized iteration and NaN otherwise.
+        """
+        if step is not None:
+            iteration, assignment, serialize = step.iteration, step.assignment, step.serialize
+        assignment = assignment or {}
+        unknown = sorted(set(assignment) - set(self._site_calls))
+        if unknown:
+            raise ValueError(f"assignment names {len(unknown)} unknown site(s), e.g. {unknown[:3]}")
+        calls = self._prog.calls
+        costs = [self._cost(i, assignment.get(c.site_id, DEFAULT) if c.site_id else DEFAULT, channel_cap)
+                 for i, c in enumerate(calls)]
+        seed = hash((self.seed, iteration)) & 0x7FFFFFFF
+        res = timeline.run(self._prog, self.gpu, costs, serialize=serialize, cdmc1=self.workload.cdmc1,
+                           seed=seed, win=self._win)
+        w = self.workload
+        steady = 0.0
+        if steady_copies(w) > 0:
+            steady = res.mb_start_us[2] - res.mb_start_us[1]
+        total = res.total_us + steady_copies(w) * steady
+        total *= 1.0 + random.Random(seed ^ 0x5EED).gauss(0.0, SIGMA_ITERATION)
+        samples = []
+        for site in self._sites:
+            idx = self._site_calls[site.site_id]
+            scale = site.calls_per_iter / len(idx)
+            t_comm = sum(res.calls[i].t_comm_us for i in idx) * scale
+            busy = sum(res.calls[i].window_busy_us for i in idx) * scale
+            t_region = sum(max(res.calls[i].t_comm_us, res.calls[i].window_busy_us) for i in idx) * scale
+            samples.append(Sample(site_id=site.site_id, config=assignment.get(site.site_id, DEFAULT),
+                                  t_comm_us=t_comm, t_comp_us=busy if serialize else math.nan,
+                                  t_region_us=t_region, iteration=iteration))
+        return IterationMeasurement(iteration=iteration, iteration_us=total, sites=list(self._sites), samples=samples)
+
+
+def _env_threads(env: dict[str, str]) -> int | None:
+    value = env.get("NCCL_NTHREADS")
+    return int(value) if value else None
+
+
+@dataclass(kw_only=True)
+class LifecycleResult:
+    """What ``run_lifecycle`` did: the tuner (phase, plan, profile, summary) and each iteration."""
+
+    tuner: Tuner
+    steps: list[tuple[Step, float]] = field(default_factory=list)
+    """(step, measured iteration us) for every simulated iteration."""
+    final_us: list[float] = field(default_factory=list)
+    """Iteration times after the lifecycle ended (plan or defaults, as kept)."""
+
+    @property
+    def final_median_us(self) -> float:
+        return statistics.median(self.final_us)
+
+
+def run_lifecycle(sim: SimulatedCluster, *, method: str = "priority", verify_iters: int = 3, warmup_iters: int = 1,
+                  after_iters: int = 3, probe_configs: list[CommConfig] | None = None) -> LifecycleResult:
+    """Runs profile -> probe -> fit + search -> agree -> verify on ``sim`` with the real ``Tuner``,
+    then ``after_iters`` more iterations with whatever the tuner kept.
+
+    Returns:
+        A ``LifecycleResult``.
+    """
+    cfg = Tuner.Config(warmup_iters=warmup_iters, verify_iters=verify_iters, method=method, probe_configs=probe_configs)
+    tuner = Tuner(cfg, cluster=sim.cluster, backend="sim", fingerprint=sim.fingerprint())
+    out = LifecycleResult(tuner=tuner)
+    it = 0
+    while not tuner.done:
+        step = tuner.start_iteration(it)
+        m = sim.run_iteration(step)
+        out.steps.append((step, m.iteration_us))
+        tuner.finish_iteration(m)
+        it += 1
+    for _ in range(after_iters):
+        step = tuner.start_iteration(it)
+        m = sim.run_iteration(step)
+        out.steps.append((step, m.iteration_us))
+        out.final_us.append(m.iteration_us)
+        tuner.finish_iteration(m)
+        it += 1
+    assert tuner.phase in (Phase.APPLIED, Phase.FELL_BACK), tuner.phase
+    return out

@@ -1,0 +1,335 @@
+"""Device model of the simulated GPU cluster: how long compute and communication kernels take, alone
+and when they share one GPU.
+
+This is the simulator's hardware, and nothing here is visible to the engine: the search only
+ever sees the timings the simulated backend reports (``lagom_megatron.sim.backend``).
+
+Compute kernels (GEMM, attention, element-wise, norm) are described by FLOPs, HBM bytes and the
+SMs they can use. Their time follows a roofline with imperfect overlap of math and memory
+(our design, constant ``OVERLAP_GAMMA``)::
+
+    t_math = flops / (peak_flops * eff_kind * sms_free / sms)       (SMs lost to comm CTAs slow math)
+    t_mem  = hbm_bytes / hbm_free_bw                               (HBM lost to comm slows memory)
+    t      = max(t_math, t_mem) + OVERLAP_GAMMA * min(t_math, t_mem)
+
+Communication kernels hold ``n_channels`` CTAs (one SM each; NCCL CTAs never share an SM with
+compute, nccl#689) for their whole duration and move data at::
+
+    bw = min(n_channels * per_channel_gbs(protocol, n_threads, chunk), link_gbs * protocol_eff)
+
+where the link is NVLink inside a node and the network across nodes (``net_gbps_per_gpu`` times
+the group's ranks per node, since NCCL runs one ring per NIC). Each wire byte costs
+``HBM_MULT[op kind][protocol]`` bytes of HBM traffic (NVLink bytes x2-3, nccl#1428), scaled by
+the chunk size (large chunks spill L2). When compute and communication together ask for more HBM
+bandwidth than the device has, both get a proportional share (the sharing rule).
+
+Defaults that NCCL would choose (``resolve_config``) follow NCCL's documented behaviour in broad
+strokes: NVLS for intra-node all-reduce on sm90 NVSwitch systems, Ring otherwise; LL below 64 KiB,
+LL128 below 4 MiB, Simple above; 32 channels intra-node on sm90 (24 on sm80), 16 across nodes.
+The constants are calibrated, not derived: tests/sim/test_calibration.py checks them against the
+public figures cited there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from lagom_megatron.engine.knobs import CommConfig
+
+KIB = 1024
+MIB = 1024 * 1024
+
+KAPPA_COMPUTE = 0.8
+"""Memory-system interference on compute: math runs ``1 + KAPPA_COMPUTE * share`` slower, with
+``share`` the fraction of HBM bandwidth the running collectives draw (L2 pollution, DRAM row
+conflicts; nccl#1433: both sides slow down even with spare SMs). Our calibration."""
+KAPPA_COMM = 0.5
+"""The same on communication: bandwidth divided by ``1 + KAPPA_COMM * share`` of compute's HBM draw."""
+OVERLAP_GAMMA = 0.25
+"""Fraction of the shorter of (math, memory) time that a kernel fails to hide (our calibration)."""
+
+COMPUTE_EFF: dict[str, float] = {"gemm": 0.60, "attention": 0.45, "elementwise": 0.05, "norm": 0.05}
+"""Achieved fraction of peak bf16 FLOP/s per kernel kind. Large square GEMMs reach ~70% of peak;
+transformer GEMMs and the small kernels this model leaves out (softmax, dropout, rotary, bias)
+bring a GPT-3 175B iteration to Megatron-LM's reported "up to 47%" MFU on H100 (calibration test)."""
+HBM_EFF = 0.85
+"""Achievable fraction of the HBM datasheet bandwidth."""
+
+PROTOCOL_LINK_EFF: dict[tuple[int, str], float] = {
+    (90, "Simple"): 0.82, (90, "LL128"): 0.78, (90, "LL"): 0.42,
+    (80, "Simple"): 0.76, (80, "LL128"): 0.72, (80, "LL"): 0.40,
+}
+"""Fraction of the NVLink line rate each protocol reaches (sm arch, protocol): H100 Simple ~370 of
+450 GB/s (nccl-tests#212: "~20% protocol overhead"); A100 ~200-230 of 300 GB/s (nccl-tests#149,
+#178); LL spends half of each 8-byte word on a flag."""
+NET_EFF: dict[str, float] = {"Simple": 0.94, "LL128": 0.90, "LL": 0.45}
+"""Fraction of a NIC's line rate: 46-48 GB/s per 400 Gb/s NIC (nccl-tests#290)."""
+PER_CHANNEL_GBS: dict[tuple[int, str], float] = {
+    (90, "Simple"): 22.0, (90, "LL128"): 20.0, (90, "LL"): 9.0,
+    (80, "Simple"): 15.0, (80, "LL128"): 13.0, (80, "LL"): 6.5,
+}
+"""GB/s one channel moves at 512 threads and the protocol's default chunk (sm arch, protocol)."""
+NVLS_BUSBW_FACTOR = 1.07
+"""NVLS all-reduce bus bandwidth / NVLink line rate: ~480 GB/s busbw on 8xH100 (nccl-tests#212)."""
+LATENCY_US: dict[str, float] = {"LL": 4.0, "LL128": 6.0, "Simple": 9.0}
+"""Launch + first-step latency of a collective, per protocol (microseconds)."""
+HOP_SCALE: dict[str, float] = {"LL": 0.5, "LL128": 0.8, "Simple": 1.0}
+"""Per-step latency relative to the cluster's nvlink/net latency, per protocol."""
+HBM_MULT: dict[str, dict[str, float]] = {
+    "reduce": {"Simple": 3.0, "LL128": 3.2, "LL": 4.0},
+    "copy": {"Simple": 2.0, "LL128": 2.2, "LL": 3.0},
+    "nvls": {"Simple": 1.2, "LL128": 1.2, "LL": 1.2},
+}
+"""HBM bytes per wire byte: reductions read two operands and write one; copies read and write;
+NVLS reduces in the switch (NVLink bytes x2-3 for HBM, nccl#1428)."""
+BUSBW_FACTOR_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Gpu:
+    """One GPU of a cluster, in the simulator's units (GB/s, TFLOP/s)."""
+
+    sms: int
+    hbm_gbs: float
+    peak_tflops: float
+    nvlink_gbs: float
+    """Per direction, per GPU."""
+    net_gbs: float
+    """Network line rate per GPU (one NIC per GPU), GB/s."""
+    gpus_per_node: int
+    sm_arch: int
+    nvswitch: bool
+    nvlink_latency_us: float
+    net_latency_us: float
+    max_channels: int
+
+    @classmethod
+    def from_cluster(cls, spec: Any) -> "Gpu":
+        """Builds the device from a ``ClusterSpec`` (configs/clusters/*.yaml)."""
+        major, minor = (int(x) for x in str(spec.nccl_version).split(".")[:2])
+        return cls(
+            sms=int(spec.sms_per_gpu), hbm_gbs=float(spec.hbm_gbps), peak_tflops=float(spec.peak_bf16_tflops),
+            nvlink_gbs=float(spec.nvlink_gbps_per_gpu), net_gbs=float(spec.net_gbps_per_gpu),
+            gpus_per_node=int(spec.gpus_per_node), sm_arch=int(spec.sm_arch), nvswitch=bool(spec.nvswitch),
+            nvlink_latency_us=float(getattr(spec, "nvlink_latency_us", 1.0)),
+            net_latency_us=float(getattr(spec, "net_latency_us", 5.0)),
+            max_channels=64 if (major, minor) >= (2, 25) else 32,
+        )
+
+    @property
+    def arch_key(self) -> int:
+        return 90 if self.sm_arch >= 90 else 80
+
+
+# ---------------------------------------------------------------------------------------- compute
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeKernel:
+    """A compute kernel: ``flops`` (FLOP), ``hbm_bytes`` (bytes), ``kind`` (gemm, attention,
+    elementwise, norm), ``max_sms`` (None = all SMs of the device)."""
+
+    name: str
+    kind: str
+    flops: float
+    hbm_bytes: float
+    max_sms: int | None = None
+
+
+def compute_time_us(gpu: Gpu, k: ComputeKernel, *, sms_free: float | None = None, hbm_gbs: float | None = None,
+                    comm_hbm_share: float = 0.0) -> float:
+    """Duration in microseconds of ``k`` given the SMs and HBM bandwidth (GB/s) left to it and the
+    fraction of HBM bandwidth concurrent collectives draw (``KAPPA_COMPUTE``)."""
+    sms = gpu.sms if sms_free is None else max(1.0, sms_free)
+    if k.max_sms is not None:
+        sms = min(sms, k.max_sms)
+    bw = gpu.hbm_gbs * HBM_EFF if hbm_gbs is None else max(1.0, hbm_gbs)
+    t_math = k.flops / (gpu.peak_tflops * 1e6 * COMPUTE_EFF[k.kind] * sms / gpu.sms) * (1.0 + KAPPA_COMPUTE * comm_hbm_share)
+    t_mem = k.hbm_bytes / (bw * 1e3)
+    return max(t_math, t_mem) + OVERLAP_GAMMA * min(t_math, t_mem) + 1.0
+
+
+def hbm_demand_gbs(gpu: Gpu, k: ComputeKernel, *, sms_free: float | None = None) -> float:
+    """HBM bandwidth (GB/s) the kernel draws when it runs unhindered on ``sms_free`` SMs."""
+    return k.hbm_bytes / (compute_time_us(gpu, k, sms_free=sms_free) * 1e3)
+
+
+# ---------------------------------------------------------------------------------- communication
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Collective:
+    """One collective call as the device sees it: op, full message bytes, group shape."""
+
+    op: str
+    nbytes: int
+    group_size: int
+    n_nodes: int = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Resolved:
+    """A ``CommConfig`` with every knob decided (what NCCL would actually run)."""
+
+    algorithm: str
+    protocol: str
+    n_channels: int
+    n_threads: int
+    chunk_size: int
+
+
+DEFAULT_CHUNK = {"Simple": 512 * KIB, "LL128": 576000, "LL": 32 * KIB}
+
+
+def _algorithms(gpu: Gpu, c: Collective) -> tuple[str, ...]:
+    if c.op in ("send", "recv", "all_to_all"):
+        return ("P2P",)
+    algs = ["Ring"]
+    if c.op == "all_reduce":
+        algs.append("Tree")
+    nvls_ok = gpu.nvswitch and gpu.sm_arch >= 90 and c.n_nodes == 1 and c.group_size > 2
+    if nvls_ok and c.op in ("all_reduce", "all_gather", "reduce_scatter"):
+        algs.append("NVLS")
+    return tuple(algs)
+
+
+def _default_channels(gpu: Gpu, c: Collective, algorithm: str, protocol: str) -> int:
+    if algorithm == "P2P":
+        base = 8 if c.n_nodes == 1 else 4
+    elif algorithm == "NVLS":
+        base = 16
+    elif c.n_nodes > 1:
+        base = 16
+    else:
+        base = 32 if gpu.arch_key == 90 else 24
+    # NCCL lowers the channel count for small messages (each channel needs a few chunks)
+    per_rank = max(1, c.nbytes // max(1, c.group_size))
+    by_size = max(1, per_rank // (DEFAULT_CHUNK[protocol] // 2))
+    return int(min(base, by_size, gpu.max_channels))
+
+
+def efficiency_channels(gpu: Gpu, c: Collective, algorithm: str, protocol: str, n_threads: int, chunk: int) -> int:
+    """CTA policy EFFICIENCY: the fewest channels reaching 85% of the link-limited bandwidth."""
+    cap = _link_gbs(gpu, c, algorithm, protocol)
+    ch = per_channel_gbs(gpu, protocol, n_threads, chunk)
+    return int(max(1, min(gpu.max_channels, math.ceil(0.85 * cap / ch))))
+
+
+def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
+    """What NCCL runs for ``c`` under ``cfg``: requested knobs where NCCL honours them, its own
+    choice elsewhere. An algorithm or protocol NCCL cannot run for the op is ignored (NCCL keeps
+    its own choice when a tuner proposes an unavailable one)."""
+    algs = _algorithms(gpu, c)
+    if algs == ("P2P",):
+        alg = "P2P"
+    elif cfg.algorithm in algs:
+        alg = cfg.algorithm
+    elif c.op == "all_reduce" and "NVLS" in algs and c.nbytes >= 1 * MIB:
+        alg = "NVLS"
+    else:
+        alg = "Ring"
+    if alg in ("NVLS", "P2P"):
+        proto = "Simple"
+    elif cfg.protocol in ("LL", "LL128", "Simple"):
+        proto = cfg.protocol
+    else:
+        proto = "LL" if c.nbytes < 64 * KIB else ("LL128" if c.nbytes < 4 * MIB else "Simple")
+    threads = cfg.n_threads if cfg.n_threads in (64, 128, 256, 512) and proto != "LL128" else 512
+    chunk = cfg.chunk_size if cfg.chunk_size and proto == "Simple" else DEFAULT_CHUNK[proto]
+    if cfg.n_channels is not None and alg != "P2P":
+        channels = int(min(max(1, cfg.n_channels), gpu.max_channels))
+    elif cfg.cta_policy == "EFFICIENCY" and alg != "P2P":
+        channels = efficiency_channels(gpu, c, alg, proto, threads, chunk)
+    else:
+        channels = _default_channels(gpu, c, alg, proto)
+    return Resolved(algorithm=alg, protocol=proto, n_channels=channels, n_threads=threads, chunk_size=chunk)
+
+
+def per_channel_gbs(gpu: Gpu, protocol: str, n_threads: int, chunk: int) -> float:
+    """GB/s one channel moves: more threads and larger chunks (less per-step overhead) go faster."""
+    base = PER_CHANNEL_GBS[(gpu.arch_key, protocol)]
+    threads = (min(n_threads, 512) / 512.0) ** 0.6
+    ref = DEFAULT_CHUNK[protocol]
+    step = (chunk / (chunk + 64 * KIB)) / (ref / (ref + 64 * KIB))
+    return base * threads * step
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """Wire bytes per rank / message bytes (nccl-tests PERFORMANCE.md: all-reduce 2(n-1)/n,
+    all-gather / reduce-scatter / all-to-all (n-1)/n, send/recv and broadcast 1)."""
+    if n <= 1:
+        return 0.0
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def _link_gbs(gpu: Gpu, c: Collective, algorithm: str, protocol: str) -> float:
+    """Link-limited bus bandwidth, GB/s."""
+    nvl = gpu.nvlink_gbs * PROTOCOL_LINK_EFF[(gpu.arch_key, protocol)]
+    if algorithm == "NVLS":
+        nvl = gpu.nvlink_gbs * (NVLS_BUSBW_FACTOR if c.op == "all_reduce" else PROTOCOL_LINK_EFF[(90, "Simple")] * 1.05)
+    if c.n_nodes <= 1:
+        return nvl
+    per_node = max(1, c.group_size // c.n_nodes)
+    net = gpu.net_gbs * NET_EFF[protocol] * per_node
+    if c.op in ("send", "recv", "all_to_all"):
+        net = gpu.net_gbs * NET_EFF[protocol]
+    if algorithm == "Tree":
+        net *= 0.92
+    return min(nvl, net)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommCost:
+    """A collective's standalone cost: latency (us), wire bytes per rank, bandwidth (GB/s), CTAs
+    held and HBM bytes per wire byte."""
+
+    latency_us: float
+    wire_bytes: float
+    bw_gbs: float
+    ctas: int
+    hbm_mult: float
+
+    @property
+    def t_alone_us(self) -> float:
+        return self.latency_us + self.wire_bytes / (self.bw_gbs * 1e3)
+
+
+def comm_cost(gpu: Gpu, c: Collective, r: Resolved) -> CommCost:
+    """Standalone cost of ``c`` run as ``r`` (no compute beside it)."""
+    n = c.group_size
+    wire = busbw_factor(c.op, n) * c.nbytes
+    link = _link_gbs(gpu, c, r.algorithm, r.protocol)
+    proto = r.protocol
+    rate = r.n_channels * per_channel_gbs(gpu, proto, r.n_threads, r.chunk_size)
+    if r.algorithm == "NVLS":
+        rate *= 1.6  # the switch does the reduction: fewer CTAs move more bus bytes
+    bw = min(rate, link)
+    if c.op in ("all_reduce",):
+        steps = 2 * (n - 1) if r.algorithm == "Ring" else 2 * max(1, math.ceil(math.log2(max(n, 2))))
+    elif c.op in ("all_gather", "reduce_scatter", "all_to_all"):
+        steps = n - 1
+    else:
+        steps = 1
+    if r.algorithm == "NVLS":
+        steps = 2
+    hop = gpu.net_latency_us if c.n_nodes > 1 else gpu.nvlink_latency_us
+    latency = LATENCY_US[proto] + steps * hop * HOP_SCALE[proto]
+    kind = "nvls" if r.algorithm == "NVLS" else ("reduce" if c.op in ("all_reduce", "reduce_scatter") else "copy")
+    mult = HBM_MULT[kind][proto]
+    if proto == "Simple":
+        mult *= 0.75 + 0.25 * min(r.chunk_size, 4 * MIB) / DEFAULT_CHUNK["Simple"]
+    ctas = r.n_channels if r.algorithm != "P2P" else r.n_channels
+    return CommCost(latency_us=latency, wire_bytes=wire, bw_gbs=max(bw, 1e-3), ctas=ctas, hbm_mult=mult)
+
+
+def busbw_gbs(gpu: Gpu, c: Collective, cfg: CommConfig = CommConfig()) -> float:
+    """Bus bandwidth (GB/s) of ``c`` alone under ``cfg``, as nccl-tests reports it:
+    ``busbw = factor(op, n) * nbytes / time``."""
+    cost = comm_cost(gpu, c, resolve_config(gpu, c, cfg))
+    return cost.wire_bytes / (cost.t_alone_us * 1e3)

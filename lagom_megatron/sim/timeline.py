@@ -1,0 +1,222 @@
+"""Discrete-event timeline of one iteration on one GPU: a compute stream and one communication
+stream per process group, sharing SMs and HBM bandwidth (rules in ``lagom_megatron.sim.device``).
+
+Rules (our design, documented in docs/simulator.md):
+
+* The compute stream runs its ops in order: a kernel, a launch (enqueues a collective on its
+  group's stream; takes no time), a wait (blocks until that collective ends), an idle gap
+  (pipeline bubble).
+* A communication stream runs its collectives one at a time in launch order. A collective first
+  spends its latency, then moves its wire bytes at its bandwidth times the HBM share factor; it
+  holds its CTAs throughout.
+* While collectives run, the compute kernel gets ``sms - sum(CTAs)`` SMs; when compute and
+  communication together ask for more HBM bandwidth than the device delivers, every party gets
+  the same fraction of what it asked for (proportional share).
+* ``CUDA_DEVICE_MAX_CONNECTIONS=1``: one hardware queue, so kernels start in issue order; a
+  launched collective that cannot start yet (its stream is busy) holds back every compute kernel
+  issued after it, and collectives start in launch order across streams (Megatron-LM#1468).
+* ``serialize``: every collective is waited on right after its launch (the tuner's T_comp probe).
+* Noise: each kernel's work is multiplied by a seeded normal factor (compute ``sigma_comp``,
+  communication ``sigma_comm``).
+
+The window of a collective is the compute kernels issued after its launch and before either its
+wait or the next launch on the same stream: the compute it overlaps by construction. Its region
+time is ``max(t_comm, busy time of the window's kernels)``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from lagom_megatron.sim.device import HBM_EFF, KAPPA_COMM, CommCost, Gpu, compute_time_us
+from lagom_megatron.sim.program import Program
+
+WINDOW_CAP = 2000
+"""Most kernels a window scans (keeps window construction linear on long programs)."""
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """Times of one collective call (microseconds from iteration start)."""
+
+    launch_us: float = -1.0
+    start_us: float = -1.0
+    end_us: float = -1.0
+    window_busy_us: float = 0.0
+
+    @property
+    def t_comm_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass(slots=True)
+class TimelineResult:
+    total_us: float
+    calls: list[CallRecord]
+    mb_start_us: dict[int, float]
+
+
+def windows(prog: Program) -> list[list[int]]:
+    """For each call, the op indices of the kernels in its window (module docstring)."""
+    out: list[list[int]] = [[] for _ in prog.calls]
+    ops = prog.ops
+    for p, op in enumerate(ops):
+        if op[0] != "L":
+            continue
+        i = op[1]
+        stream = prog.calls[i].stream
+        win = out[i]
+        for q in range(p + 1, min(len(ops), p + 1 + WINDOW_CAP)):
+            o = ops[q]
+            if o[0] == "K":
+                win.append(q)
+            elif o[0] == "W" and o[1] == i:
+                break
+            elif o[0] == "L" and prog.calls[o[1]].stream == stream:
+                break
+    return out
+
+
+def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = False, cdmc1: bool = False,
+        seed: int = 0, sigma_comp: float = 0.02, sigma_comm: float = 0.03,
+        win: list[list[int]] | None = None) -> TimelineResult:
+    """Simulates ``prog`` with ``costs[i]`` the standalone cost of call ``i``.
+
+    Returns:
+        Total iteration time (us, until the compute stream and every collective are done), one
+        ``CallRecord`` per call, and the time each micro-batch's first op was reached.
+    """
+    rng = random.Random(seed)
+    ops = prog.ops
+    n_calls = len(prog.calls)
+    rec = [CallRecord() for _ in range(n_calls)]
+    win = win if win is not None else windows(prog)
+    owner: dict[int, list[int]] = {}
+    for i, ks in enumerate(win):
+        for q in ks:
+            owner.setdefault(q, []).append(i)
+    mb_at = {v: k for k, v in prog.mb_start_op.items()}
+    mb_start: dict[int, float] = {}
+    hbm = gpu.hbm_gbs * HBM_EFF
+
+    streams: dict[str, deque] = {}
+    active: dict[int, list] = {}  # call -> [phase_left_latency_us, bytes_left]
+    unstarted: deque = deque()  # launched, not started, in launch order
+    done = [False] * n_calls
+    t = 0.0
+    pc = 0
+    cur = None  # ("K", q, kernel, frac_left, noise, start) | ("I", end)
+    blocked_on = -1
+
+    def try_start_comm() -> None:
+        for i in list(unstarted):
+            s = streams[prog.calls[i].stream]
+            if s[0] != i:
+                if cdmc1:
+                    return
+                continue
+            unstarted.remove(i)
+            rec[i].start_us = t
+            c = costs[i]
+            active[i] = [c.latency_us, c.wire_bytes * max(0.2, 1.0 + rng.gauss(0.0, sigma_comm))]
+
+    while True:
+        # advance the compute stream as far as it can go at time t
+        progressed = True
+        while progressed:
+            progressed = False
+            try_start_comm()
+            if cur is not None or pc >= len(ops):
+                break
+            if pc in mb_at and mb_at[pc] not in mb_start:
+                mb_start[mb_at[pc]] = t
+            op = ops[pc]
+            kind = op[0]
+            if blocked_on >= 0:
+                if done[blocked_on]:
+                    blocked_on = -1
+                    progressed = True
+            elif kind == "L":
+                i = op[1]
+                rec[i].launch_us = t
+                streams.setdefault(prog.calls[i].stream, deque()).append(i)
+                unstarted.append(i)
+                pc += 1
+                progressed = True
+                if serialize:
+                    blocked_on = i
+            elif kind == "W":
+                if done[op[1]]:
+                    pc += 1
+                    progressed = True
+            elif kind == "I":
+                cur = ("I", t + op[1])
+                pc += 1
+            else:  # kernel
+                if cdmc1 and unstarted:
+                    break
+                noise = max(0.2, 1.0 + rng.gauss(0.0, sigma_comp))
+                cur = ["K", pc, op[1], 1.0, noise, t]
+                pc += 1
+        if cur is None and pc >= len(ops) and not active and not unstarted:
+            break
+        # rates
+        ctas = sum(costs[i].ctas for i in active)
+        comm_demand = {i: costs[i].bw_gbs * costs[i].hbm_mult for i, a in active.items() if a[0] <= 0.0}
+        k_time = None
+        d_c = 0.0
+        if cur is not None and cur[0] == "K":
+            k = cur[2]
+            sms_free = gpu.sms - ctas
+            k_time = compute_time_us(gpu, k, sms_free=sms_free)
+            d_c = k.hbm_bytes / (k_time * 1e3)
+        comm_total = sum(comm_demand.values())
+        demand = d_c + comm_total
+        f = min(1.0, hbm / demand) if demand > 0 else 1.0
+        if k_time is not None and (f < 1.0 or comm_total > 0.0):
+            k_time = compute_time_us(gpu, cur[2], sms_free=gpu.sms - ctas, hbm_gbs=d_c * f if f < 1.0 else None,
+                                     comm_hbm_share=comm_total * f / hbm)
+        # compute's HBM draw also slows the collectives (KAPPA_COMM)
+        fc = f / (1.0 + KAPPA_COMM * min(1.0, d_c * f / hbm))
+        # next event
+        dt = float("inf")
+        if cur is not None:
+            dt = min(dt, cur[3] * k_time * cur[4]) if cur[0] == "K" else min(dt, cur[1] - t)
+        for i, a in active.items():
+            if a[0] > 0.0:
+                dt = min(dt, a[0])
+            else:
+                dt = min(dt, a[1] / (costs[i].bw_gbs * fc * 1e3))
+        if dt == float("inf"):
+            raise RuntimeError(f"timeline deadlock at op {pc} ({ops[pc] if pc < len(ops) else 'end'}), t={t:.1f} us")
+        dt = max(dt, 0.0)
+        t += dt
+        # apply progress
+        if cur is not None:
+            if cur[0] == "K":
+                cur[3] -= dt / (k_time * cur[4])
+                if cur[3] <= 1e-9:
+                    dur = t - cur[5]
+                    for i in owner.get(cur[1], ()):
+                        rec[i].window_busy_us += dur
+                    cur = None
+            elif t >= cur[1] - 1e-9:
+                cur = None
+        for i in list(active):
+            a = active[i]
+            if a[0] > 0.0:
+                a[0] -= dt
+                if a[0] <= 1e-9:
+                    a[0] = 0.0
+                    if a[1] <= 0.0:
+                        a[1] = 0.0
+            else:
+                a[1] -= dt * costs[i].bw_gbs * fc * 1e3
+            if a[0] <= 0.0 and a[1] <= 1e-6:
+                del active[i]
+                done[i] = True
+                rec[i].end_us = t
+                streams[prog.calls[i].stream].popleft()
+    return TimelineResult(total_us=t, calls=rec, mb_start_us=mb_start)

@@ -1,0 +1,14 @@
+#!/usr/bin/env python
+"""The simulated-cluster comparison table (same as ``lagom bench simulated``):
+
+    .venv/bin/python scripts/bench_simulated.py [--out bench_out] [--presets ...] [--bandwidth high low]
+
+Writes bench_out/simulated.csv and bench_out/simulated.png. All numbers are simulated.
+"""
+
+import sys
+
+from lagom_megatron.sim.bench import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,45 @@
+"""Cluster files: the four shipped clusters load, bad files fail with clear messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from lagom_megatron.engine.cluster import ClusterSpec, available_clusters, parse_version
+
+
+def test_shipped_clusters_load_with_expected_facts():
+    assert {"h100-sxm-ib400", "a100-ib100", "h200-sxm", "cpu-gloo"} <= set(available_clusters())
+    h100 = ClusterSpec.load("h100-sxm-ib400")
+    a100 = ClusterSpec.load("a100-ib100")
+    # 400 Gb/s per GPU is 50 GB/s; 100 Gb/s is 12.5 GB/s: the high- and low-bandwidth clusters.
+    assert (h100.net_gbps_per_gpu, a100.net_gbps_per_gpu) == (400 / 8, 100 / 8)
+    assert (h100.sms_per_gpu, h100.sm_arch, h100.nvswitch, h100.backend) == (132, 90, True, "nccl")
+    assert ClusterSpec.load("cpu-gloo").backend == "gloo"
+    assert ClusterSpec.load("h200-sxm").nccl >= (2, 30, 0)
+    assert ClusterSpec.load(h100) is h100
+
+
+def test_unknown_key_and_missing_file(tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text((ClusterSpec.load("a100-ib100").to_dict() | {"hbm_gb": 1}).__repr__().replace("'", '"'))
+    with pytest.raises(ValueError, match=r"unknown cluster key\(s\) \['hbm_gb'\]"):
+        ClusterSpec.load(bad)
+    with pytest.raises(FileNotFoundError, match="h100-sxm-ib400"):
+        ClusterSpec.load("no-such-cluster")
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("sms_per_gpu", 0, "sms_per_gpu must be an integer >= 1"),
+    ("hbm_gbps", -1, "hbm_gbps must be a number > 0"),
+    ("nccl_version", "2.x", "nccl_version must look like"),
+    ("backend", "mpi", "backend must be one of"),
+])
+def test_bad_values(key, value, fragment):
+    data = ClusterSpec.load("h100-sxm-ib400").to_dict() | {key: value}
+    with pytest.raises(ValueError, match=fragment):
+        ClusterSpec.from_dict(data)
+
+
+def test_parse_version():
+    assert parse_version("2.27.5") == (2, 27, 5)
+    assert parse_version("2.30") == (2, 30, 0)

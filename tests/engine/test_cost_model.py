@@ -1,0 +1,135 @@
+"""The unified cost model: region formula, sub-models, fitting from warm-up samples."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from lagom_megatron.engine.cost_model import CostModel, region_time_us, wire_bytes
+from lagom_megatron.engine.knobs import CommConfig
+
+from .factory import build, profile_from, site
+
+
+def test_region_formula_branches():
+    # Communication-bound: the collective outlasts compute even when compute is slowed.
+    assert region_time_us(100.0, 50.0, 0.5) == 100.0
+    # Computation-bound: compute runs at 1/(1+s) while the collective runs (T_comm), then alone.
+    t_comm, t_comp, s = 30.0, 100.0, 0.5
+    done_during = t_comm / (1 + s)  # compute done while the collective runs
+    assert region_time_us(t_comm, t_comp, s) == pytest.approx(t_comm + (t_comp - done_during))
+
+
+@pytest.mark.parametrize("t_comp, s", [(100.0, 0.0), (100.0, 0.3), (7.5, 2.0)])
+def test_region_formula_continuous_where_branches_meet(t_comp, s):
+    edge = t_comp * (1 + s)  # T_comm where max() switches branch
+    eps = 1e-7 * edge
+    left, at, right = (float(region_time_us(edge + d, t_comp, s)) for d in (-eps, 0.0, eps))
+    assert at == pytest.approx(edge, rel=1e-12)
+    assert abs(left - at) <= 2 * eps and abs(right - at) <= 2 * eps
+    # Both branches give the same value at the edge.
+    assert t_comp + edge * s / (1 + s) == pytest.approx(edge, rel=1e-12)
+
+
+def test_wire_bytes_bus_factors():
+    assert wire_bytes("all_reduce", 800, 8) == 2 * 7 / 8 * 800
+    assert wire_bytes("all_gather", 800, 8) == 7 / 8 * 800
+    assert wire_bytes("send", 800, 2) == 800
+
+
+def test_channels_trade_communication_speed_for_compute_slowdown(h100):
+    problem = build(sites=[site()])
+    m = problem.model
+    few, many = CommConfig(n_channels=2), CommConfig(n_channels=32)
+    assert m.t_comm_us("tp.ag[0]", few) > 2 * m.t_comm_us("tp.ag[0]", many)
+    assert m.slowdown("tp.ag[0]", few) < m.slowdown("tp.ag[0]", many)
+    # Bandwidth saturates at the NVLink: 64 channels are barely faster than 32.
+    assert m.t_comm_us("tp.ag[0]", CommConfig(n_channels=64)) > 0.95 * m.t_comm_us("tp.ag[0]", many)
+    # Transfer time of a bandwidth-bound call is close to wire bytes / link bandwidth.
+    ideal_us = wire_bytes("all_gather", 64 * 2**20, 8) / (h100.nvlink_gbps_per_gpu * 1e3)
+    assert ideal_us < m.t_comm_us("tp.ag[0]", CommConfig(n_channels=64, protocol="Simple")) < 1.3 * ideal_us
+    with pytest.raises(ValueError, match="not in this cost model"):
+        m.t_comm_us("nope", few)
+
+
+def test_fit_recovers_hidden_parameters_from_warmup_samples():
+    sites = [site(site_id=f"tp.ag[{i}]", nbytes=(4 + 8 * i) * 2**20) for i in range(4)]
+    truth = build(sites=sites, comp_ratio=[0.5, 1.5, 2.0, 3.0], alpha=[0.8, 1.2, 1.0, 1.5], beta=[1.3, 0.7, 1.1, 0.9],
+                  a=[0.5, 1.0, 2.0, 0.7], b=[2.0, 0.4, 1.0, 1.5])
+    fitted = CostModel.fit(profile_from(truth), truth.cluster)
+    assert fitted.n_points == 4 * (1 + 3)
+    assert fitted.mape < 1.0, f"got MAPE {fitted.mape:.3f}% on noise-free samples but should be < 1%"
+    # Held-out configs (never profiled) are predicted close to the truth.
+    for cfg in (CommConfig(n_channels=4, protocol="Simple"), CommConfig(n_channels=24, protocol="LL128")):
+        for s in sites:
+            want, got = truth.model.t_region_us(s, cfg), fitted.t_region_us(s, cfg)
+            assert got == pytest.approx(want, rel=0.1), f"{s.site_id} {cfg}: got {got:.1f} but should be {want:.1f}"
+
+
+def test_fit_with_noise_reports_mape_below_ten_percent():
+    sites = [site(site_id=f"dp.rs[{i}]", op="reduce_scatter", nbytes=2**(20 + i), group="dp", group_size=16, n_nodes=2)
+             for i in range(8)]
+    truth = build(sites=sites, comp_ratio=np.linspace(0.3, 3.0, 8))
+    fitted = CostModel.fit(profile_from(truth, noise=0.03, seed=1), truth.cluster)
+    assert 0.0 < fitted.mape < 10.0
+    assert np.isfinite(fitted.a_S).all() and (fitted.a_S >= 0).all()
+
+
+def test_fit_with_a_single_sample_keeps_priors_scaled_to_it():
+    truth = build(sites=[site()], comp_ratio=2.0, beta=2.0)
+    fitted = CostModel.fit(profile_from(truth, probes=[]), truth.cluster)
+    measured = truth.model.t_comm_us("tp.ag[0]", CommConfig())
+    assert fitted.t_comm_us("tp.ag[0]", CommConfig()) == pytest.approx(measured, rel=0.05)
+    assert (fitted.a_S[0], fitted.b_S[0]) == pytest.approx((1.0, 1.0), abs=0.3)
+
+
+def test_fit_on_gloo_profile(gloo):
+    sites = [site(site_id="dp.ar[0]", op="all_reduce", nbytes=32 * 2**20, group="dp", group_size=2)]
+    truth = build(sites=sites, cluster="cpu-gloo", comp_ratio=1.5, a=0.8, b=0.5)
+    fitted = CostModel.fit(profile_from(truth), gloo)
+    assert fitted.backend == "gloo" and fitted.mape < 1.0
+    # sm_share is busy worker threads / cores: a tensor split into 1 MiB pieces keeps 2 threads
+    # busy and slows compute more than 1 thread; unsplit, a single thread works either way.
+    split2, split1 = CommConfig(n_channels=2, chunk_size=2**20), CommConfig(n_channels=1, chunk_size=2**20)
+    assert fitted.slowdown("dp.ar[0]", split2) > fitted.slowdown("dp.ar[0]", split1)
+    assert fitted.t_comm_us("dp.ar[0]", split2) < fitted.t_comm_us("dp.ar[0]", split1)
+    assert fitted.slowdown("dp.ar[0]", CommConfig(n_channels=2)) == fitted.slowdown("dp.ar[0]", CommConfig(n_channels=1))
+
+
+def test_fit_errors():
+    problem = build()
+    prof = profile_from(problem)
+    prof.samples = [s for s in prof.samples if s.site_id != "tp.ag[0]"]
+    with pytest.raises(ValueError, match=r"no usable sample .* for site\(s\) \['tp.ag\[0\]'\]"):
+        CostModel.fit(prof, problem.cluster)
+    with pytest.raises(ValueError, match="profile has no collective sites"):
+        CostModel.fit(type(prof)(backend="nccl", cluster="h100-sxm-ib400", iteration_us=1.0, sites=[], samples=[]),
+                      problem.cluster)
+
+
+def test_fit_tolerates_unmeasured_compute_and_failed_samples():
+    # The tuner measures compute alone in one serialised iteration; other samples carry NaN.
+    truth = build(sites=[site()], comp_ratio=2.0)
+    prof = profile_from(truth)
+    nan = float("nan")
+    prof.samples = [prof.samples[0]] + [replace(s, t_comp_us=nan) for s in prof.samples[1:]]
+    prof.samples.append(replace(prof.samples[1], t_comm_us=nan, iteration=9))
+    fitted = CostModel.fit(prof, truth.cluster)
+    assert fitted.t_comp_us_S[0] == pytest.approx(truth.model.t_comp_us_S[0])
+    assert fitted.n_points == 4 and fitted.mape < 1.0
+
+
+def test_engine_imports_without_torch_or_megatron():
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['megatron'] = None\n"
+            "import lagom_megatron.engine.cluster, lagom_megatron.engine.knobs, lagom_megatron.engine.cost_model\n"
+            "import lagom_megatron.engine.search, lagom_megatron.engine.baselines, lagom_megatron.engine.plan\n"
+            "import lagom_megatron.engine.export, lagom_megatron.engine.bench, lagom_megatron.engine.problem\n"
+            "import lagom_megatron.commands.search, lagom_megatron.commands.plan\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('pydantic', 'scipy', 'matplotlib')]\n"
+            "assert not bad, bad\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,90 @@
+"""Plan files: round trip, digest, fingerprint checks, corrupted files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.plan import PLAN_SCHEMA_VERSION, Plan, PlanEntry, diff_plans
+from lagom_megatron.engine.search import search
+
+from .factory import build, site
+
+
+def _plan():
+    problem = build(sites=[site(), site(site_id="tp.ag[1]", nbytes=2**20)], comp_ratio=[3.0, 0.5])
+    return search(problem, method="priority").plan
+
+
+def test_schema_version_is_frozen():
+    assert PLAN_SCHEMA_VERSION == 1, "changing the plan format needs a new version and a migration note"
+
+
+def test_round_trip_and_atomic_write(tmp_path):
+    plan = _plan()
+    path = tmp_path / "sub" / "plan.json"
+    plan.save(path)
+    assert [p.name for p in path.parent.iterdir()] == ["plan.json"]  # no temporary file left behind
+    loaded = Plan.load(path)
+    assert loaded.entries == plan.entries
+    assert loaded.fingerprint == plan.fingerprint and loaded.env == plan.env and loaded.method == "priority"
+    assert loaded.digest() == plan.digest()
+    assert json.loads(path.read_text())["schema_version"] == PLAN_SCHEMA_VERSION
+
+
+def test_digest_covers_configs_but_not_statistics():
+    plan = _plan()
+    assert len(plan.digest()) == 64
+    assert plan.with_stats(wall_time_s=123.0).digest() == plan.digest()
+    changed = Plan(**{**plan.__dict__, "entries": dict(plan.entries)})
+    e = changed.entries["tp.ag[0]"]
+    changed.entries["tp.ag[0]"] = PlanEntry(**{**{k: getattr(e, k) for k in e.__slots__}, "config": CommConfig(n_channels=3)})
+    assert changed.digest() != plan.digest()
+    assert diff_plans(plan, changed) == [f"tp.ag[0]: {e.config.to_dict()} -> {{'n_channels': 3}}"]
+
+
+def test_fingerprint_mismatch_names_the_fields():
+    plan = _plan()
+    expected = dict(plan.fingerprint)
+    assert plan.fingerprint_mismatch(expected) == []
+    expected.update(world_size=32, cluster="a100-ib100", extra="x")
+    assert plan.fingerprint_mismatch(expected) == ["cluster", "extra", "world_size"]
+    # Fields the run does not state (here the NCCL and lagom versions the search added) are not compared.
+    assert "nccl_version" in plan.fingerprint
+    assert plan.fingerprint_mismatch({"world_size": 16}) == []
+    with pytest.raises(ValueError, match=r"\(cluster, extra, world_size differ\).*world_size: plan has 16, run has 32"):
+        plan.check_fingerprint(expected)
+
+
+def test_truncated_json_names_file_and_position(tmp_path):
+    path = tmp_path / "plan.json"
+    _plan().save(path)
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(ValueError) as info:
+        Plan.load(path)
+    message = str(info.value)
+    assert str(path) in message and "invalid JSON at line" in message and "column" in message
+
+
+@pytest.mark.parametrize("mutate, fragment", [
+    (lambda d: d.update(schema_version=99), "schema_version must be 1; got 99"),
+    (lambda d: d.update(bogus=1), r"unknown plan field\(s\) \['bogus'\]"),
+    (lambda d: d.pop("entries"), "missing field 'entries'"),
+    (lambda d: d["entries"]["tp.ag[0]"].pop("group"), r"entry 'tp.ag\[0\]': missing field 'group'"),
+    (lambda d: d["entries"]["tp.ag[0]"]["config"].update(n_chanels=4), r"entry 'tp.ag\[0\]': unknown CommConfig field"),
+])
+def test_invalid_plan_content(tmp_path, mutate, fragment):
+    data = _plan().to_dict()
+    mutate(data)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=fragment):
+        Plan.load(path)
+
+
+def test_missing_file():
+    with pytest.raises(FileNotFoundError):
+        Plan.load("/nonexistent/plan.json")
