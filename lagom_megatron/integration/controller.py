@@ -16,7 +16,8 @@
 The tuner's ``agree`` hook is ``consensus.agree_plan``: rank 0's plan is broadcast and every
 rank's digest checked; a mismatch aborts tuning (defaults kept, training continues).
 
-Files go to the run directory: the folder of ``--lagom-plan``, else ``./lagom_out``:
+Files go to the run directory: the folder of ``--lagom-plan``, else ``./lagom_out/<preset>``
+(``./lagom_out/run`` without a preset):
 ``plan.json`` (or ``--lagom-plan``), ``profile.json`` (``lagom search --profile`` re-searches it
 offline), ``report.md`` (or ``--lagom-report``) and the report's PNG.
 """
@@ -85,7 +86,7 @@ class LagomController:
         self.warmup_iters = warmup_iters
         self.verify_iters = verify_iters
         self.method = method
-        run_dir = Path(plan_path).parent if plan_path else Path(DEFAULT_RUN_DIR)
+        run_dir = Path(plan_path).parent if plan_path else Path(DEFAULT_RUN_DIR) / (preset_name or "run")
         self.run_dir = run_dir
         self.plan_path = Path(plan_path) if plan_path else run_dir / "plan.json"
         self.profile_path = run_dir / "profile.json"
@@ -300,8 +301,9 @@ class LagomController:
             self._t_default = dict(merged)
             self._last_sites = {s.site_id: s for s in m.sites}
         if step.kind in ("warmup", "default", "serialized", "probe"):
+            sites = f"sites {len(m.sites)}" if m.sites else "counting calls per stream"
             _say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {tuner._n_finished}/{total}) | "
-                 f"sites {len(m.sites) or len(self.registry.records)} | iteration {m.iteration_us / 1e3:.1f} ms")
+                 f"{sites} | iteration {m.iteration_us / 1e3:.1f} ms")
         if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
             needs = {}
             for s in m.sites:
