@@ -155,11 +155,15 @@ class LagomController:
         self.cluster = ClusterSpec.load(cluster_name)
         self.fingerprint = run_fingerprint(args, backend=self.backend, cluster=self.cluster.name)
         groups = GroupNames.from_parallel_state()
-        self.registry = SiteRegistry(groups, num_microbatches=int(getattr(args, "num_microbatches", 1) or 1))
+        from megatron.core import parallel_state
+
+        pp = parallel_state.get_pipeline_model_parallel_world_size()
+        self.registry = SiteRegistry(groups, num_microbatches=int(getattr(args, "num_microbatches", 1) or 1),
+                                     pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None)
         n_buckets = self.registry.bind_model(ctx.model)
         self.profiler = Profiler(use_cuda_events=on_gpu)
         self.pool = CommPool(make_backend(self.backend), groups)
-        self.router = SiteRouter(self.registry, self.profiler, self.pool)
+        self.router = SiteRouter(self.registry, self.profiler, self.pool, split_chunks=self.backend == "gloo")
         configs = []
         for chunk in ctx.model:
             cfg = getattr(chunk, "config", None)
@@ -218,6 +222,16 @@ class LagomController:
         return {sid: e.config for sid, e in plan.entries.items() if not e.config.is_default()}
 
     def _prepare_pool_for_plan(self, plan: Any) -> None:
+        backend = self.pool.backend
+        if getattr(backend, "use_tuner_plugin", False):
+            # NCCL with lagom's tuner plugin: the plugin reads the plan table when a communicator is
+            # created, so the table is written (one copy per rank, atomically) before the entries.
+            from lagom_megatron.engine.export import export_plan
+            from lagom_megatron.integration.report import write_text_atomic
+
+            table = self.run_dir / f"tuner_table.rank{self.rank}.csv"
+            write_text_atomic(table, export_plan(plan, "nccl-tuner-csv", extended=True, cluster=self.cluster))
+            backend.tuner_table = str(table)
         needs: dict[str, set[CommConfig]] = {}
         for e in plan.entries.values():
             if not e.config.is_default():

@@ -48,12 +48,16 @@ class SiteRouter:
         registry: the rank's ``SiteRegistry``.
         profiler: the rank's ``Profiler``.
         pool: the rank's ``CommPool`` (None: never reroute; chunking still applies).
+        split_chunks: apply ``chunk_size`` by splitting tensors (True on gloo, False on NCCL).
         clock: seconds; ``time.perf_counter``.
     """
 
     def __init__(self, registry: SiteRegistry, profiler: Profiler, pool: CommPool | None = None,
-                 *, clock: Callable[[], float] = time.perf_counter) -> None:
+                 *, split_chunks: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
         self.registry = registry
+        self.split_chunks = split_chunks
+        """Apply ``chunk_size`` by splitting tensors (gloo). On NCCL, chunk size is a per-call knob
+        of the tuner plugin and tensors are never split here."""
         self.profiler = profiler
         self.pool = pool
         self.clock = clock
@@ -143,7 +147,7 @@ class SiteRouter:
             return orig(*args, **kwargs)
         if scope is not None and scope[0] == "bucket":
             cfg, info = scope[1]
-            if cfg is not None and cfg.chunk_size:
+            if cfg is not None and cfg.chunk_size and self.split_chunks:
                 return chunked_call(op, orig, args, kwargs, int(cfg.chunk_size), info.size)
             return orig(*args, **kwargs)
         group = _arg(args, kwargs, "group", GROUP_ARG[op])
@@ -168,7 +172,7 @@ class SiteRouter:
                 args = args[: GROUP_ARG[op]] + (pool_group,) + args[GROUP_ARG[op] + 1:]
         self.profiler.poll()
         t0 = self.clock()
-        if cfg is not None and cfg.chunk_size and op != "all_to_all":
+        if cfg is not None and cfg.chunk_size and self.split_chunks and op != "all_to_all":
             work = chunked_call(op, orig, args, kwargs, int(cfg.chunk_size), info.size)
         else:
             work = orig(*args, **kwargs)

@@ -75,3 +75,14 @@ def test_tensor_nbytes_and_bad_microbatches():
     assert tensor_nbytes([torch.zeros(4), torch.zeros(2, dtype=torch.float64)]) == 32
     with pytest.raises(ValueError, match="num_microbatches must be >= 1; got 0"):
         _registry(0)
+
+
+def test_stage_local_ids_under_pipeline_parallelism():
+    reg = SiteRegistry(GroupNames(local_world_size=8), num_microbatches=1, pp_stage=1)
+    chunk = _Chunk(1)
+    reg.bind_model([chunk])
+    assert reg.bucket_tag(chunk.bucket_groups[0]) == "stage1.chunk0.bucket0"
+    reg.start_iteration()
+    assert reg.stream_site_id(TP, "sp_all_gather")[0] == "tp.sp_all_gather[stage1.0]"
+    embd = GroupInfo(name="embd", ranks=(0, 3))  # spans stages: both ends must agree on the id
+    assert reg.stream_site_id(embd, "finalize_all_reduce", per_microbatch=False)[0] == "embd.finalize_all_reduce[0]"
