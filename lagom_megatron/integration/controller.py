@@ -68,6 +68,20 @@ def run_fingerprint(args: Any, *, backend: str, cluster: str) -> dict[str, Any]:
     return fp
 
 
+def _num_microbatches(args: Any) -> int:
+    """Micro-batches per iteration: ``args.num_microbatches`` (our pretrain_gpt.py), else Megatron-Core's
+    calculator (a Megatron-LM checkout), else 1 (call streams are then not folded per micro-batch)."""
+    n = getattr(args, "num_microbatches", None)
+    if not n:
+        try:
+            from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+            n = get_num_microbatches()
+        except (ImportError, AssertionError, AttributeError):
+            n = 1
+    return max(1, int(n))
+
+
 class LagomController:
     """The ``--lagom`` training callback (module docstring). One per rank.
 
@@ -158,7 +172,7 @@ class LagomController:
         from megatron.core import parallel_state
 
         pp = parallel_state.get_pipeline_model_parallel_world_size()
-        self.registry = SiteRegistry(groups, num_microbatches=int(getattr(args, "num_microbatches", 1) or 1),
+        self.registry = SiteRegistry(groups, num_microbatches=_num_microbatches(args),
                                      pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None)
         n_buckets = self.registry.bind_model(ctx.model)
         self.profiler = Profiler(use_cuda_events=on_gpu)
