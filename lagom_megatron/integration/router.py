@@ -27,6 +27,9 @@ from lagom_megatron.integration.sites import GroupInfo, SiteRegistry, dtype_name
 
 # Positional index of ``group`` in each torch.distributed function lagom wraps.
 GROUP_ARG = {"all_reduce": 2, "all_gather": 2, "reduce_scatter": 3, "all_to_all": 4}
+# (keyword, position) of the tensor whose size is the call's message size, per op.
+_TENSOR_ARG = {"all_reduce": ("tensor", 0), "all_gather": ("output_tensor", 0),
+               "reduce_scatter": ("input", 1), "all_to_all": ("input", 1)}
 # Stream kind of an async call outside any scope, by (group name, op).
 _ASYNC_KIND = {
     ("tp", "all_gather"): "sp_all_gather",
@@ -67,6 +70,7 @@ class SiteRouter:
         self._scope: tuple[str, Any] | None = None
         self._routes: dict[str, tuple[CommConfig, Any]] = {}
         self._buckets: dict[tuple[int, str, bool], tuple[str, str, list[Any], GroupInfo]] = {}
+        self._streams: dict[tuple[int, str, Any], tuple[GroupInfo, str, bool, tuple[str, int]]] = {}
 
     # -------------------------------------------------------------- configuration
     def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
@@ -142,7 +146,8 @@ class SiteRouter:
     def collective(self, op: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """A torch.distributed collective (or a Megatron alias of one) with ``op`` in GROUP_ARG."""
         scope = self._scope
-        async_op = kwargs.get("async_op", False) or (len(args) > GROUP_ARG[op] + 1 and args[GROUP_ARG[op] + 1])
+        gi = GROUP_ARG[op]
+        async_op = kwargs.get("async_op", False) or (len(args) > gi + 1 and args[gi + 1])
         if scope is None and not async_op or not self.active:
             return orig(*args, **kwargs)
         if scope is not None and scope[0] == "bucket":
@@ -150,35 +155,40 @@ class SiteRouter:
             if cfg is not None and cfg.chunk_size and self.split_chunks:
                 return chunked_call(op, orig, args, kwargs, int(cfg.chunk_size), info.size)
             return orig(*args, **kwargs)
-        group = _arg(args, kwargs, "group", GROUP_ARG[op])
-        info = self.registry.groups.lookup(group)
-        if scope is not None:
-            kind, per_mb = scope[1]
-        else:
-            kind, per_mb = _ASYNC_KIND.get((info.name, op), f"async_{op}"), True
+        group = kwargs["group"] if "group" in kwargs else (args[gi] if len(args) > gi else None)
+        key = (id(group), op, scope)
+        stream = self._streams.get(key)
+        if stream is None:  # (group, op, scope) -> named group and stream kind, resolved once
+            info = self.registry.groups.lookup(group)
+            if scope is not None:
+                kind, per_mb = scope[1]
+            else:
+                kind, per_mb = _ASYNC_KIND.get((info.name, op), f"async_{op}"), True
+            stream = self._streams[key] = (info, kind, per_mb, _TENSOR_ARG[op])
+        info, kind, per_mb, (tname, tindex) = stream
         site_id, _ = self.registry.stream_site_id(info, kind, per_microbatch=per_mb)
-        if op == "all_reduce":
-            tensor = _arg(args, kwargs, "tensor", 0)
-        elif op == "all_gather":
-            tensor = _arg(args, kwargs, "output_tensor", 0)
-        else:  # reduce_scatter, all_to_all: the full input
-            tensor = _arg(args, kwargs, "input", 1)
-        self.registry.record_tensor(site_id, op=op, tensor=tensor, group=info)
+        self.registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[tindex],
+                                    group=info)
         cfg, pool_group = self._route(site_id, info)
         if pool_group is not None:
-            if "group" in kwargs or len(args) <= GROUP_ARG[op]:
+            if "group" in kwargs or len(args) <= gi:
                 kwargs = dict(kwargs, group=pool_group)
             else:
-                args = args[: GROUP_ARG[op]] + (pool_group,) + args[GROUP_ARG[op] + 1:]
-        self.profiler.poll()
+                args = args[:gi] + (pool_group,) + args[gi + 1:]
+        profiler = self.profiler
+        if not profiler.timed:  # applied plan: route only
+            if cfg is not None and cfg.chunk_size and self.split_chunks and op != "all_to_all":
+                return chunked_call(op, orig, args, kwargs, int(cfg.chunk_size), info.size)
+            return orig(*args, **kwargs)
+        profiler.poll()
         t0 = self.clock()
         if cfg is not None and cfg.chunk_size and self.split_chunks and op != "all_to_all":
             work = chunked_call(op, orig, args, kwargs, int(cfg.chunk_size), info.size)
         else:
             work = orig(*args, **kwargs)
         if async_op:
-            return self.profiler.issue(site_id, work, t0)
-        self.profiler.sync(site_id, t0, self.clock())
+            return profiler.issue(site_id, work, t0)
+        profiler.sync(site_id, t0, self.clock())
         return work
 
     @contextmanager
