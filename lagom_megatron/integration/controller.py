@@ -272,8 +272,7 @@ class LagomController:
         elif self.mode == "tune":
             step = self._step = self.tuner.start_iteration(iteration)
             self.router.set_assignment(step.assignment)
-            timed = step.timed or step.kind in ("settle", "applied")
-            self.profiler.start_iteration(timed=timed and step.kind != "fell-back", serialize=step.serialize)
+            self.profiler.start_iteration(timed=step.timed, serialize=step.serialize)
         elif self.mode == "reuse":
             self.profiler.start_iteration(timed=len(self._applied_us) < 3)
         else:
@@ -300,7 +299,7 @@ class LagomController:
         step = self._step
         sites_local = {r.site_id: {k: getattr(s, k) for k in CollectiveSite.__slots__}
                        for r, s in ((r, r.to_site()) for r in self.registry.records.values())}
-        if step.timed or step.kind == "settle":
+        if step.timed:
             sites, merged, it_us = consensus.merge_measurements(sites_local, timings, elapsed_s * 1e6)
         else:
             sites, merged, it_us = {}, {}, elapsed_s * 1e6

@@ -102,7 +102,7 @@ def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
     saved = Plan.load(plan)
     assert set(saved.entries) == ids
     rep = json.loads(report.read_text())
-    assert rep["summary"]["plan_digest"] == saved.digest() or rep["summary"]["plan_digest"] is not None
+    assert rep["summary"]["plan_digest"] == saved.digest()  # stats (verification outcome) are not digested
     assert {r["site_id"] for r in rep["rows"]} == ids
     assert report.with_suffix(".png").stat().st_size > 1000
     # the training kept going after lagom finished
