@@ -56,6 +56,9 @@ def test_derived_values():
     vpp = validated(["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
                      "--global-batch-size", "8"], world_size=2)
     assert vpp.virtual_pipeline_model_parallel_size == 2  # 4 layers / PP 2 / 1 per virtual stage
+    chunks = validated(["--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2",
+                        "--global-batch-size", "8"], world_size=2)
+    assert chunks.virtual_pipeline_model_parallel_size == 2 and chunks.num_layers_per_virtual_pipeline_stage == 1
     assert validated(["--sequence-parallel"], world_size=1).sequence_parallel is False  # TP=1: off, as Megatron-LM
 
 
@@ -69,6 +72,9 @@ def test_derived_values():
     (["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "3"], 2,
      "layers per pipeline stage 2 (--num-layers 4 / --pipeline-model-parallel-size 2) is not divisible by "
      "--num-layers-per-virtual-pipeline-stage 3"),
+    (["--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "3"], 2,
+     "layers per pipeline stage 2 (--num-layers 4 / --pipeline-model-parallel-size 2) is not divisible by "
+     "--num-virtual-stages-per-pipeline-rank 3"),
     (["--global-batch-size", "6"], 4, "--global-batch-size 6 is not divisible by --micro-batch-size 2 x "
      "data-parallel size 4 = 8"),
     (["--overlap-param-gather", "--overlap-grad-reduce"], 1, "--overlap-param-gather needs --use-distributed-optimizer"),
