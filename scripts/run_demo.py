@@ -6,12 +6,13 @@
 2. ``torchrun --standalone --nproc-per-node 4 scripts/pretrain_gpt.py --preset cpu-tp2-dp2 --lagom``
    (TP=2 x DP=2, sequence parallel, distributed optimizer, overlapped grad reduce / param gather),
    then the same with ``--preset cpu-pp2-dp2`` (PP=2 x DP=2, 1F1B).
-Each run's log streams through; at the end the mean lm loss of its first and last 10 iterations is
+lagom writes its plan, profile and report under ``runs/demo/<preset>/``. Each run's log streams through; at the end the mean lm loss of its first and last 10 iterations is
 printed. Exits non-zero if a run fails or its loss did not go down.
 """
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -46,8 +47,11 @@ def main() -> int:
             return code
     summary = []
     for preset in PRESETS:
+        run_dir = ROOT / "runs" / "demo" / preset  # lagom's plan, profile and report; fresh each time
+        shutil.rmtree(run_dir, ignore_errors=True)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
                str(ROOT / "scripts" / "pretrain_gpt.py"), "--preset", preset, "--lagom",
+               "--lagom-plan", str((run_dir / "plan.json").relative_to(ROOT)),
                "--data-path", str(DATA_PREFIX.relative_to(ROOT))]
         print(f"\n=== {preset}: {' '.join(cmd[1:])}", flush=True)
         start = time.perf_counter()

@@ -57,6 +57,8 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--hidden-size", type=int, default=None, help="Transformer hidden size.")
     g.add_argument("--ffn-hidden-size", type=int, default=None,
                    help="MLP hidden size; default 4 x hidden size.")
+    g.add_argument("--kv-channels", type=int, default=None,
+                   help="Projection size per attention head; default hidden size / heads.")
     g.add_argument("--num-attention-heads", type=int, default=None, help="Number of attention heads.")
     g.add_argument("--group-query-attention", action="store_true",
                    help="Use grouped-query attention with --num-query-groups groups.")
@@ -89,6 +91,9 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
                    help="Layers per virtual pipeline stage (interleaved 1F1B schedule).")
+    g.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None,
+                   help="Virtual pipeline stages (model chunks) per pipeline rank; the alternative to "
+                        "--num-layers-per-virtual-pipeline-stage.")
     g.add_argument("--context-parallel-size", type=int, default=1)
     g.add_argument("--expert-model-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true")
@@ -308,6 +313,17 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
            f"--num-layers {layers} is not divisible by --pipeline-model-parallel-size {pp}")
     args.virtual_pipeline_model_parallel_size = None
     per_vstage = args.num_layers_per_virtual_pipeline_stage
+    n_vstages = args.num_virtual_stages_per_pipeline_rank
+    _check(per_vstage is None or n_vstages is None,
+           "pass --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank, not both")
+    if n_vstages is not None:
+        _check(pp > 1 and n_vstages >= 1,
+               f"--num-virtual-stages-per-pipeline-rank {n_vstages} needs --pipeline-model-parallel-size > 1 "
+               f"(got {pp}) and a value >= 1")
+        _check((layers // pp) % n_vstages == 0,
+               f"layers per pipeline stage {layers // pp} (--num-layers {layers} / --pipeline-model-parallel-size "
+               f"{pp}) is not divisible by --num-virtual-stages-per-pipeline-rank {n_vstages}")
+        per_vstage = args.num_layers_per_virtual_pipeline_stage = (layers // pp) // n_vstages
     if per_vstage is not None:
         _check(pp > 1, "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1; "
                        f"got {pp}")

@@ -3,12 +3,13 @@
 Megatron-Core assumes a GPU in a handful of places: it allocates with
 ``device=torch.cuda.current_device()`` or a literal ``device="cuda"``, keeps its dropout RNG in
 the CUDA generator, calls ``torch.cuda.synchronize()`` after batched p2p, and dispatches the
-distributed optimizer on ``param.type() == "torch.cuda.FloatTensor"``. Each shim below redirects
-one of these to the CPU and says which Megatron-Core call needs it (checked against
-megatron-core 0.16.1 with torch 2.13.0).
+distributed optimizer on ``param.type() == "torch.cuda.FloatTensor"``; and its pipeline p2p
+relies on NCCL's stream ordering, which gloo does not have. Each shim below redirects one of
+these and says which Megatron-Core call needs it (checked against megatron-core 0.16.1 with
+torch 2.13.0).
 
-:func:`apply` installs them only when CUDA is unavailable (GPU runs are never touched), is
-idempotent, and returns nothing; :func:`remove` restores every original. They must be applied
+:func:`apply` installs them only when CUDA is unavailable (GPU runs are never touched) and is
+idempotent; :func:`remove` restores every original. They must be applied
 before the model, the DDP wrapper or the optimizer is built. These are process-global changes to
 ``torch.cuda``/``torch.Tensor``; that is acceptable because a process without CUDA could not have
 used the originals.

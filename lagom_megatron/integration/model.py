@@ -69,6 +69,7 @@ def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
         ffn_hidden_size=args.ffn_hidden_size,
         num_attention_heads=args.num_attention_heads,
         num_query_groups=args.num_query_groups,
+        kv_channels=getattr(args, "kv_channels", None),
         hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout,
         normalization=args.normalization,

@@ -56,6 +56,9 @@ def test_derived_values():
     vpp = validated(["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
                      "--global-batch-size", "8"], world_size=2)
     assert vpp.virtual_pipeline_model_parallel_size == 2  # 4 layers / PP 2 / 1 per virtual stage
+    chunks = validated(["--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2",
+                        "--global-batch-size", "8"], world_size=2)
+    assert chunks.virtual_pipeline_model_parallel_size == 2 and chunks.num_layers_per_virtual_pipeline_stage == 1
     assert validated(["--sequence-parallel"], world_size=1).sequence_parallel is False  # TP=1: off, as Megatron-LM
 
 
@@ -69,6 +72,9 @@ def test_derived_values():
     (["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "3"], 2,
      "layers per pipeline stage 2 (--num-layers 4 / --pipeline-model-parallel-size 2) is not divisible by "
      "--num-layers-per-virtual-pipeline-stage 3"),
+    (["--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "3"], 2,
+     "layers per pipeline stage 2 (--num-layers 4 / --pipeline-model-parallel-size 2) is not divisible by "
+     "--num-virtual-stages-per-pipeline-rank 3"),
     (["--global-batch-size", "6"], 4, "--global-batch-size 6 is not divisible by --micro-batch-size 2 x "
      "data-parallel size 4 = 8"),
     (["--overlap-param-gather", "--overlap-grad-reduce"], 1, "--overlap-param-gather needs --use-distributed-optimizer"),
@@ -91,11 +97,13 @@ def test_missing_data_path(tmp_path):
         validate_args(args, 1)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
-def test_unreadable_data_path(tmp_path):
+def test_unreadable_data_path(tmp_path, monkeypatch):
     for suffix in (".bin", ".idx"):
         (tmp_path / f"d{suffix}").write_bytes(b"x")
     (tmp_path / "d.idx").chmod(0)
+    # root reads files whatever their mode, so ask os.access the way an ordinary user's call would answer
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p).endswith("d.idx") else real_access(p, mode))
     args = parse_args([a for a in SMALL if a != "--mock-data"] + ["--data-path", str(tmp_path / "d")])
     with pytest.raises(ValueError, match=r"d\.idx is not readable"):
         validate_args(args, 1)

@@ -1,8 +1,7 @@
 """Data: byte-level tokenizer, JSONL -> indexed dataset, Megatron dataset building, micro-batch order."""
 
+import importlib.util
 import json
-import subprocess
-import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -16,6 +15,14 @@ from lagom_megatron.integration.tokenizer import ByteLevelTokenizer, padded_voca
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ["The quick brown fox jumps over the lazy dog.", "", "Zwölf Boxkämpfer jagen Viktor quer über den Sylter Deich.",
         "Pack my box with five dozen liquor jugs. " * 20]
+
+
+def load_script(name):
+    """Imports scripts/<name>.py as a module (the scripts are thin wrappers with a main(argv))."""
+    spec = importlib.util.spec_from_file_location(f"scripts_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_byte_level_tokenizer_round_trip():
@@ -43,10 +50,8 @@ def test_preprocess_script_writes_megatron_indexed_dataset(tmp_path):
 
     src = tmp_path / "docs.jsonl"
     write_jsonl(src, DOCS)
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "preprocess_data.py"), "--input", str(src),
-                           "--output-prefix", str(tmp_path / "out" / "docs_text_document")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    preprocess = load_script("preprocess_data")
+    assert preprocess.main(["--input", str(src), "--output-prefix", str(tmp_path / "out" / "docs_text_document")]) == 0
     ds = IndexedDataset(str(tmp_path / "out" / "docs_text_document"))
     non_empty = [d for d in DOCS if d]
     assert len(ds) == len(non_empty)  # the empty document is skipped
@@ -103,11 +108,7 @@ def test_microbatches_cover_the_same_global_batch_for_any_dp(dp):
 
 
 def test_sample_corpus_is_english_and_deterministic():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from make_sample_corpus import stdlib_docstrings
-    finally:
-        sys.path.pop(0)
+    stdlib_docstrings = load_script("make_sample_corpus").stdlib_docstrings
     a = list(stdlib_docstrings(min_chars=80, max_bytes=30_000))
     b = list(stdlib_docstrings(min_chars=80, max_bytes=30_000))
     assert a == b and sum(len(d) for d in a) >= 30_000
