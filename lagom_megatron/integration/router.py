@@ -128,7 +128,7 @@ class SiteRouter:
         self._scope = ("bucket", (cfg, info))
         if pool_group is not None:
             setattr(bucket_group, attr, pool_group)
-        t0 = self.clock()
+        t0 = self.profiler.mark()
         try:
             result = orig(bucket_group, *args, **kwargs)
         finally:
@@ -137,7 +137,7 @@ class SiteRouter:
             self._scope = prev_scope
         handle = getattr(bucket_group, handle_attr)
         if handle is None:
-            self.profiler.sync(site_id, t0, self.clock())
+            self.profiler.sync(site_id, t0)
         else:
             setattr(bucket_group, handle_attr, self.profiler.issue(site_id, handle, t0))
         return result
@@ -181,14 +181,14 @@ class SiteRouter:
                 return chunked_call(op, orig, args, kwargs, int(cfg.chunk_size), info.size)
             return orig(*args, **kwargs)
         profiler.poll()
-        t0 = self.clock()
+        t0 = profiler.mark()
         if cfg is not None and cfg.chunk_size and self.split_chunks and op != "all_to_all":
             work = chunked_call(op, orig, args, kwargs, int(cfg.chunk_size), info.size)
         else:
             work = orig(*args, **kwargs)
         if async_op:
             return profiler.issue(site_id, work, t0)
-        profiler.sync(site_id, t0, self.clock())
+        profiler.sync(site_id, t0)
         return work
 
     @contextmanager
@@ -223,10 +223,10 @@ class SiteRouter:
         self.profiler.poll()
         if pool_group is not None:
             communicator.pp_group = pool_group
-        t0 = self.clock()
+        t0 = self.profiler.mark()
         try:
             return orig(communicator, **kwargs)
         finally:
-            self.profiler.sync(site_id, t0, self.clock())
+            self.profiler.sync(site_id, t0)
             if pool_group is not None:
                 communicator.pp_group = group
