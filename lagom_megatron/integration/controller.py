@@ -122,6 +122,8 @@ class LagomController:
         self._last_sites: dict[str, dict[str, Any]] = {}
         self._pool_for_probes = False
         self._reported = False
+        self._n_steps = 0
+        """Iterations the tuner has finished (for the log's k/n)."""
         self.search_ms: float | None = None
 
     @classmethod
@@ -281,7 +283,7 @@ class LagomController:
 
     def on_iteration_end(self, iteration: int, elapsed_s: float, loss: float) -> None:
         """Feeds the (all-gathered) measurement to the tuner and acts on its phase changes."""
-        from lagom_megatron.engine.tuner import IterationMeasurement, Phase
+        from lagom_megatron.engine.tuner import IterationMeasurement
         from lagom_megatron.integration import consensus
 
         self.registry.finish_iteration()
@@ -317,6 +319,7 @@ class LagomController:
             _say(f"lagom: ERROR: tuning aborted at iteration {iteration}: {exc}; NCCL defaults kept, training continues")
             return
         dt_ms = (time.perf_counter() - t0) * 1e3
+        self._n_steps += 1
         self._after_step(step, iteration, measurement, merged, before, phase, dt_ms)
 
     def _after_step(self, step: Any, iteration: int, m: Any, merged: dict, before: Any, phase: Any, dt_ms: float) -> None:
@@ -329,7 +332,7 @@ class LagomController:
             self._last_sites = {s.site_id: s for s in m.sites}
         if step.kind in ("warmup", "default", "serialized", "probe"):
             sites = f"sites {len(m.sites)}" if m.sites else "counting calls per stream"
-            _say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {tuner._n_finished}/{total}) | "
+            _say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._n_steps}/{total}) | "
                  f"{sites} | iteration {m.iteration_us / 1e3:.1f} ms")
         if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
             needs = {}
