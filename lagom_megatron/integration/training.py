@@ -149,7 +149,8 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
     """
     import torch.distributed as dist
     from megatron.core import parallel_state
-    from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+    from megatron.core.num_microbatches_calculator import (destroy_num_microbatches_calculator,
+                                                           init_num_microbatches_calculator)
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -259,6 +260,7 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         _call(callbacks, "on_train_end")
         return result
     finally:
+        destroy_num_microbatches_calculator()
         parallel_state.destroy_model_parallel()
         if dist.is_initialized():
             dist.destroy_process_group()
