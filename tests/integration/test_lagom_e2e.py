@@ -7,7 +7,8 @@ Two torchrun launches (tests/integration/lagom_harness.py runs several trainings
   defaults, ``--lagom`` (searches and writes plan, profile, report), ``--lagom`` again with the
   saved plan (applied from the first iteration, no profiling);
 * PP=2 x DP=2 (1F1B, overlapped grad reduce): defaults, ``--lagom`` with rank 1's plan copy
-  perturbed (``LAGOM_INJECT_DIGEST_FAULT=1``): tuning aborted, defaults kept, training continues.
+  perturbed (``LAGOM_INJECT_DIGEST_FAULT=1``): tuning aborted, defaults kept, training continues;
+  then ``--lagom`` again without the fault (the plan is applied in the verification iterations).
 
 Same seed, same data: every run's losses must equal its layout's default run bit for bit (the
 groups are of size 2, so chunked reductions add in the same order).
@@ -113,7 +114,7 @@ def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
     assert "lagom: phase profiling" not in log2 and "lagom: phase searching" not in log2, log2
 
 
-def test_pp2_dp2_digest_mismatch_keeps_defaults(tmp_path):
+def test_pp2_dp2_digest_mismatch_keeps_defaults_and_plan_keeps_losses(tmp_path):
     plan = tmp_path / "run" / "plan.json"
     report = tmp_path / "run" / "report.json"
     base = ["--preset", "cpu-pp2-dp2", *COMMON]
@@ -121,8 +122,13 @@ def test_pp2_dp2_digest_mismatch_keeps_defaults(tmp_path):
         {"name": "default", "argv": base},
         {"name": "fault", "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report)],
          "env": {"LAGOM_INJECT_DIGEST_FAULT": "1"}},
+        {"name": "lagom", "argv": [*base, "--lagom", "--lagom-plan", str(tmp_path / "ok" / "plan.json")]},
     ])
-    default, fault = results["default"], results["fault"]
+    default, fault, tuned = results["default"], results["fault"], results["lagom"]
+    # the searched plan is applied in the verification iterations: same losses
+    assert tuned["losses"] == default["losses"], f"got {tuned['losses']} but should be {default['losses']}"
+    assert "lagom: phase verifying (iteration 9, plan)" in logs["lagom"], logs["lagom"]
+    assert "pp.send_recv" in Plan.load(tmp_path / "ok" / "plan.json").entries
     assert len(fault["losses"]) == ITERS, "training stopped after the aborted tuning"
     assert fault["losses"] == default["losses"], f"got {fault['losses']} but should be {default['losses']}"
     _check_hooks_removed(fault, lagom=True)
