@@ -170,11 +170,11 @@ def detect_cluster(preset_name: str | None = None, environ: Mapping[str, str] | 
     Raises:
         ValueError: ``$LAGOM_CLUSTER`` or the preset names an unknown cluster or preset.
     """
-    import torch
-
     environ = os.environ if environ is None else environ
     if environ.get("LAGOM_CLUSTER"):
         return _load_cluster(environ["LAGOM_CLUSTER"])
+    import torch
+
     if not torch.cuda.is_available():
         return _load_cluster("cpu-gloo")
     if preset_name:

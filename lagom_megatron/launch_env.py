@@ -11,8 +11,8 @@ prints lines for ``eval`` in ``scripts/slurm/*.sbatch``:
   controller and the Megatron-LM adapter read);
 * ``LAGOM_EXPORTS``: the names exported; ``LAGOM_NODES``, ``LAGOM_GPUS_PER_NODE``,
   ``LAGOM_WORLD_SIZE``; ``LAGOM_MASTER_PORT`` (derived from ``SLURM_JOB_ID``);
-* ``LAGOM_PLAN_ENV``: the saved plan's env file when it exists (``<plan>.env`` or the plan path
-  with its suffix replaced by ``.env``), holding the process-scope knobs of a previous run;
+* ``LAGOM_PLAN_ENV``: the saved plan's env file when it exists (the plan path with its suffix
+  replaced by ``.env``, else ``<plan>.env``), holding the process-scope knobs of a previous run;
 * ``LAGOM_SBATCH``: the ``sbatch`` options of the preset's SLURM shape for this layout;
 * ``LAGOM_TRAIN``: the training script and its arguments: our ``scripts/pretrain_gpt.py
   --preset NAME`` by default, or a Megatron-LM checkout's ``pretrain_gpt.py`` with the preset
@@ -50,7 +50,8 @@ def master_port(environ: Mapping[str, str]) -> int:
 
 
 def plan_env_file(plan: str | None) -> Path | None:
-    """The env file written beside a plan: ``<plan>.env``, else the plan with suffix ``.env``.
+    """The env file written beside a plan: the plan's path with suffix ``.env`` (``runs/plan.json``
+    -> ``runs/plan.env``, as ``integration.nccl_env_file`` writes it), else ``<plan>.env``.
 
     Returns:
         The first candidate that exists, or None.
@@ -58,7 +59,7 @@ def plan_env_file(plan: str | None) -> Path | None:
     if not plan:
         return None
     p = Path(plan)
-    for candidate in (Path(str(p) + ".env"), p.with_suffix(".env")):
+    for candidate in (p.with_suffix(".env"), Path(str(p) + ".env")):
         if candidate.is_file():
             return candidate
     return None

@@ -179,3 +179,25 @@ def test_master_port_and_plan_env_helpers(tmp_path):
     assert plan_env_file(str(tmp_path / "p.json")) is None
     (tmp_path / "p.env").write_text("")
     assert plan_env_file(str(tmp_path / "p.json")) == tmp_path / "p.env"
+
+
+def test_launch_env_refuses_presets_without_a_slurm_shape(capsys):
+    from lagom_megatron.launch_env import main
+
+    assert main(["--preset", "cpu-tp2-dp2"]) == 2
+    assert "preset 'cpu-tp2-dp2' has no slurm section" in capsys.readouterr().err
+
+
+def test_launch_env_checks_world_size_against_slurm_shape(tmp_path):
+    from lagom_megatron.launch_env import shell_lines
+    from lagom_megatron.presets import load_preset
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: llama3-8b\ncluster: h100-sxm-ib400\nworld_size: 16\nslurm: {nodes: 1, gpus_per_node: 8}\n")
+    with pytest.raises(ValueError, match=r"world_size 16 != slurm.nodes x slurm.gpus_per_node = 1 x 8"):
+        shell_lines(load_preset(bad), layout="per-node", root="/src", environ={})
+    lines = shell_lines(load_preset("gpt3-13b-h100x64"), layout="per-gpu", root="/src", environ={},
+                        megatron_lm="/mlm", extra=["--train-iters", "2"])
+    train = shlex.split(lines[-1][len("LAGOM_TRAIN=("):-1])
+    assert train[0] == "/mlm/pretrain_gpt.py" and train[-2:] == ["--train-iters", "2"]
+    assert "--ntasks-per-node=8" in lines[-2] and "--nodes=8" in lines[-2]

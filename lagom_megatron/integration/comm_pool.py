@@ -55,6 +55,8 @@ class GlooPoolBackend:
     name = "gloo"
     MAX_THREADS = 64
     """Upper bound accepted for gloo worker threads (each thread is an OS thread per communicator)."""
+    DEFAULT_THREADS = 2
+    """Worker threads of a gloo group built by ``new_group`` (torch 2.x; checked by the tests)."""
 
     def entry_key(self, config: CommConfig) -> Hashable | None:
         n = config.n_channels
@@ -62,6 +64,8 @@ class GlooPoolBackend:
             return None
         if not 1 <= int(n) <= self.MAX_THREADS:
             raise ValueError(f"gloo n_channels (worker threads) must be in 1..{self.MAX_THREADS}; got {n}")
+        if int(n) == self.DEFAULT_THREADS:
+            return None  # the group's own communicator already has that many threads
         return ("threads", int(n))
 
     def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str) -> Any:

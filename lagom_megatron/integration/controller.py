@@ -16,7 +16,8 @@
 The tuner's ``agree`` hook is ``consensus.agree_plan``: rank 0's plan is broadcast and every
 rank's digest checked; a mismatch aborts tuning (defaults kept, training continues).
 
-Files go to the run directory: the folder of ``--lagom-plan``, else ``./lagom_out``:
+Files go to the run directory: the folder of ``--lagom-plan``, else ``./lagom_out/<preset>``
+(``./lagom_out/run`` without a preset):
 ``plan.json`` (or ``--lagom-plan``), ``profile.json`` (``lagom search --profile`` re-searches it
 offline), ``report.md`` (or ``--lagom-report``) and the report's PNG.
 """
@@ -67,6 +68,20 @@ def run_fingerprint(args: Any, *, backend: str, cluster: str) -> dict[str, Any]:
     return fp
 
 
+def _num_microbatches(args: Any) -> int:
+    """Micro-batches per iteration: ``args.num_microbatches`` (our pretrain_gpt.py), else Megatron-Core's
+    calculator (a Megatron-LM checkout), else 1 (call streams are then not folded per micro-batch)."""
+    n = getattr(args, "num_microbatches", None)
+    if not n:
+        try:
+            from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+            n = get_num_microbatches()
+        except (ImportError, AssertionError, AttributeError):
+            n = 1
+    return max(1, int(n))
+
+
 class LagomController:
     """The ``--lagom`` training callback (module docstring). One per rank.
 
@@ -85,7 +100,7 @@ class LagomController:
         self.warmup_iters = warmup_iters
         self.verify_iters = verify_iters
         self.method = method
-        run_dir = Path(plan_path).parent if plan_path else Path(DEFAULT_RUN_DIR)
+        run_dir = Path(plan_path).parent if plan_path else Path(DEFAULT_RUN_DIR) / (preset_name or "run")
         self.run_dir = run_dir
         self.plan_path = Path(plan_path) if plan_path else run_dir / "plan.json"
         self.profile_path = run_dir / "profile.json"
@@ -107,6 +122,8 @@ class LagomController:
         self._last_sites: dict[str, dict[str, Any]] = {}
         self._pool_for_probes = False
         self._reported = False
+        self._n_steps = 0
+        """Iterations the tuner has finished (for the log's k/n)."""
         self.search_ms: float | None = None
 
     @classmethod
@@ -154,11 +171,15 @@ class LagomController:
         self.cluster = ClusterSpec.load(cluster_name)
         self.fingerprint = run_fingerprint(args, backend=self.backend, cluster=self.cluster.name)
         groups = GroupNames.from_parallel_state()
-        self.registry = SiteRegistry(groups, num_microbatches=int(getattr(args, "num_microbatches", 1) or 1))
+        from megatron.core import parallel_state
+
+        pp = parallel_state.get_pipeline_model_parallel_world_size()
+        self.registry = SiteRegistry(groups, num_microbatches=_num_microbatches(args),
+                                     pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None)
         n_buckets = self.registry.bind_model(ctx.model)
         self.profiler = Profiler(use_cuda_events=on_gpu)
         self.pool = CommPool(make_backend(self.backend), groups)
-        self.router = SiteRouter(self.registry, self.profiler, self.pool)
+        self.router = SiteRouter(self.registry, self.profiler, self.pool, split_chunks=self.backend == "gloo")
         configs = []
         for chunk in ctx.model:
             cfg = getattr(chunk, "config", None)
@@ -217,6 +238,16 @@ class LagomController:
         return {sid: e.config for sid, e in plan.entries.items() if not e.config.is_default()}
 
     def _prepare_pool_for_plan(self, plan: Any) -> None:
+        backend = self.pool.backend
+        if getattr(backend, "use_tuner_plugin", False):
+            # NCCL with lagom's tuner plugin: the plugin reads the plan table when a communicator is
+            # created, so the table is written (one copy per rank, atomically) before the entries.
+            from lagom_megatron.engine.export import export_plan
+            from lagom_megatron.integration.report import write_text_atomic
+
+            table = self.run_dir / f"tuner_table.rank{self.rank}.csv"
+            write_text_atomic(table, export_plan(plan, "nccl-tuner-csv", extended=True, cluster=self.cluster))
+            backend.tuner_table = str(table)
         needs: dict[str, set[CommConfig]] = {}
         for e in plan.entries.values():
             if not e.config.is_default():
@@ -243,8 +274,7 @@ class LagomController:
         elif self.mode == "tune":
             step = self._step = self.tuner.start_iteration(iteration)
             self.router.set_assignment(step.assignment)
-            timed = step.timed or step.kind in ("settle", "applied")
-            self.profiler.start_iteration(timed=timed and step.kind != "fell-back", serialize=step.serialize)
+            self.profiler.start_iteration(timed=step.timed, serialize=step.serialize)
         elif self.mode == "reuse":
             self.profiler.start_iteration(timed=len(self._applied_us) < 3)
         else:
@@ -253,7 +283,7 @@ class LagomController:
 
     def on_iteration_end(self, iteration: int, elapsed_s: float, loss: float) -> None:
         """Feeds the (all-gathered) measurement to the tuner and acts on its phase changes."""
-        from lagom_megatron.engine.tuner import IterationMeasurement, Phase
+        from lagom_megatron.engine.tuner import IterationMeasurement
         from lagom_megatron.integration import consensus
 
         self.registry.finish_iteration()
@@ -271,7 +301,7 @@ class LagomController:
         step = self._step
         sites_local = {r.site_id: {k: getattr(s, k) for k in CollectiveSite.__slots__}
                        for r, s in ((r, r.to_site()) for r in self.registry.records.values())}
-        if step.timed or step.kind == "settle":
+        if step.timed:
             sites, merged, it_us = consensus.merge_measurements(sites_local, timings, elapsed_s * 1e6)
         else:
             sites, merged, it_us = {}, {}, elapsed_s * 1e6
@@ -289,6 +319,7 @@ class LagomController:
             _say(f"lagom: ERROR: tuning aborted at iteration {iteration}: {exc}; NCCL defaults kept, training continues")
             return
         dt_ms = (time.perf_counter() - t0) * 1e3
+        self._n_steps += 1
         self._after_step(step, iteration, measurement, merged, before, phase, dt_ms)
 
     def _after_step(self, step: Any, iteration: int, m: Any, merged: dict, before: Any, phase: Any, dt_ms: float) -> None:
@@ -300,8 +331,9 @@ class LagomController:
             self._t_default = dict(merged)
             self._last_sites = {s.site_id: s for s in m.sites}
         if step.kind in ("warmup", "default", "serialized", "probe"):
-            _say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {tuner._n_finished}/{total}) | "
-                 f"sites {len(m.sites) or len(self.registry.records)} | iteration {m.iteration_us / 1e3:.1f} ms")
+            sites = f"sites {len(m.sites)}" if m.sites else "counting calls per stream"
+            _say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._n_steps}/{total}) | "
+                 f"{sites} | iteration {m.iteration_us / 1e3:.1f} ms")
         if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
             needs = {}
             for s in m.sites:

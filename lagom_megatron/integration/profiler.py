@@ -26,8 +26,10 @@ P2P of the non-interleaved schedule) overlap nothing: ``t_comm = t_region = dura
 ``t_comp = 0``.
 
 GPU path (``CudaEventTiming``): CUDA events recorded on the current (compute) stream before the
-launch, after the serialized wait and after the consumer's ``wait()`` (which makes the compute
-stream wait for NCCL's stream), resolved once per iteration after a device synchronisation. It
+launch (``Profiler.mark``), after the serialized wait and after the consumer's ``wait()`` (which
+makes the compute stream wait for NCCL's stream), resolved once per iteration after a device
+synchronisation. Synchronous calls get an event before and after (a synchronous NCCL call makes
+the current stream wait for the collective). It
 is selected when CUDA is available and is not exercised by the CPU test suite. Without an event
 on NCCL's internal stream, an overlapped ``t_comm`` on GPU is the region time (an upper bound);
 the serialized iteration gives the exact communication-alone time.
@@ -102,21 +104,28 @@ class TimedWork:
         return getattr(self._work, name)
 
 
+def _cuda_event() -> Any:
+    import torch
+
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return ev
+
+
 class CudaEventTiming:
-    """CUDA events of one call on the current stream (GPU path; see module docstring)."""
+    """CUDA events of one call on the current stream (GPU path; see module docstring).
+
+    Args:
+        issue: the event recorded before the launch (``Profiler.mark``); a new one if None.
+    """
 
     __slots__ = ("events",)
 
-    def __init__(self) -> None:
-        self.events: dict[str, Any] = {}
-        self.record("issue")
+    def __init__(self, issue: Any = None) -> None:
+        self.events: dict[str, Any] = {"issue": issue if issue is not None else _cuda_event()}
 
     def record(self, name: str) -> None:
-        import torch
-
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        self.events[name] = ev
+        self.events[name] = _cuda_event()
 
     def elapsed_us(self, a: str, b: str) -> float:
         """Microseconds between events ``a`` and ``b`` (NaN if either is missing)."""
@@ -149,6 +158,7 @@ class Profiler:
         self._calls: list[CallTiming] = []
         self._outstanding: list[CallTiming] = []
         self._sync: dict[str, float] = {}
+        self._sync_cuda: list[tuple[str, Any, Any]] = []
 
     def start_iteration(self, *, timed: bool, serialize: bool = False) -> None:
         """Begins an iteration; ``timed=False`` makes every hook a pass-through for the profiler."""
@@ -157,17 +167,27 @@ class Profiler:
         self._calls = []
         self._outstanding = []
         self._sync = {}
+        self._sync_cuda = []
 
-    def issue(self, site_id: str, work: Any, t_issue: float) -> Any:
-        """Registers an async call launched at ``t_issue``; returns the handle the caller keeps.
+    def mark(self) -> Any:
+        """The launch instant to hand to ``issue`` / ``sync``: seconds on CPU, a CUDA event on GPU
+        (recorded on the current stream before the launch)."""
+        if self.use_cuda_events and self.timed:
+            return _cuda_event()
+        return self.clock()
+
+    def issue(self, site_id: str, work: Any, t_issue: Any) -> Any:
+        """Registers an async call launched at ``t_issue`` (``mark()``); returns the handle the caller keeps.
 
         In a serialized iteration the call is waited on here, before the caller's compute runs.
         """
         if not self.timed or work is None:
             return work
-        timing = CallTiming(site_id=site_id, t_issue=t_issue, work=work)
+        cuda = None
         if self.use_cuda_events:
-            timing.cuda = CudaEventTiming()  # issue event recorded after launch: the launch is async
+            cuda = CudaEventTiming(t_issue if not isinstance(t_issue, float) else None)
+            t_issue = self.clock()
+        timing = CallTiming(site_id=site_id, t_issue=t_issue, work=work, cuda=cuda)
         if self.serialize:
             work.wait()
             timing.t_end = timing.t_serial = self.clock()
@@ -178,10 +198,17 @@ class Profiler:
         self._calls.append(timing)
         return TimedWork(work, timing, self)
 
-    def sync(self, site_id: str, t0: float, t1: float) -> None:
-        """Registers a synchronous call that ran from ``t0`` to ``t1`` (seconds)."""
-        if self.timed:
-            self._sync[site_id] = self._sync.get(site_id, 0.0) + (t1 - t0)
+    def sync(self, site_id: str, t0: Any, t1: float | None = None) -> None:
+        """Registers a synchronous call that started at ``t0`` (``mark()``) and ends now (or at ``t1``,
+        seconds). On GPU the end is a CUDA event on the current stream, which a synchronous NCCL
+        call makes wait for the collective."""
+        if not self.timed:
+            return
+        if not isinstance(t0, float):  # CUDA event: resolved in finish_iteration
+            self._sync_cuda.append((site_id, t0, _cuda_event()))
+            return
+        end = self.clock() if t1 is None else t1
+        self._sync[site_id] = self._sync.get(site_id, 0.0) + (end - t0)
 
     def poll(self) -> None:
         """Stamps ``t_end`` of every outstanding call that has completed since the last poll."""
@@ -208,10 +235,12 @@ class Profiler:
         if not self.timed:
             return {}
         self.poll()
-        if self.use_cuda_events and self._calls:
+        if self.use_cuda_events and (self._calls or self._sync_cuda):
             import torch
 
             torch.cuda.synchronize()
+            for sid, ev0, ev1 in self._sync_cuda:
+                self._sync[sid] = self._sync.get(sid, 0.0) + ev0.elapsed_time(ev1) / 1000.0
         out: dict[str, list[float]] = {}
         for t in self._calls:
             if t.cuda is not None:

@@ -58,7 +58,8 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path`` atomically (temporary file in the same folder + rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -105,9 +106,9 @@ def write_report(path: str | os.PathLike, rows: list[SiteRow], summary: dict[str
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix in (".md", ".markdown", ""):
-        _write_text_atomic(path, render_markdown(rows, summary))
+        write_text_atomic(path, render_markdown(rows, summary))
     elif suffix == ".csv":
-        _write_text_atomic(path, render_csv(rows))
+        write_text_atomic(path, render_csv(rows))
     elif suffix == ".json":
         write_json_atomic(path, {"summary": summary, "columns": list(COLUMNS),
                                  "rows": [dict(zip(COLUMNS, r.values())) for r in rows]})

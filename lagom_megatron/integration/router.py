@@ -27,6 +27,9 @@ from lagom_megatron.integration.sites import GroupInfo, SiteRegistry, dtype_name
 
 # Positional index of ``group`` in each torch.distributed function lagom wraps.
 GROUP_ARG = {"all_reduce": 2, "all_gather": 2, "reduce_scatter": 3, "all_to_all": 4}
+# (keyword, position) of the tensor whose size is the call's message size, per op.
+_TENSOR_ARG = {"all_reduce": ("tensor", 0), "all_gather": ("output_tensor", 0),
+               "reduce_scatter": ("input", 1), "all_to_all": ("input", 1)}
 # Stream kind of an async call outside any scope, by (group name, op).
 _ASYNC_KIND = {
     ("tp", "all_gather"): "sp_all_gather",
@@ -48,12 +51,16 @@ class SiteRouter:
         registry: the rank's ``SiteRegistry``.
         profiler: the rank's ``Profiler``.
         pool: the rank's ``CommPool`` (None: never reroute; chunking still applies).
+        split_chunks: apply ``chunk_size`` by splitting tensors (True on gloo, False on NCCL).
         clock: seconds; ``time.perf_counter``.
     """
 
     def __init__(self, registry: SiteRegistry, profiler: Profiler, pool: CommPool | None = None,
-                 *, clock: Callable[[], float] = time.perf_counter) -> None:
+                 *, split_chunks: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
         self.registry = registry
+        self.split_chunks = split_chunks
+        """Apply ``chunk_size`` by splitting tensors (gloo). On NCCL, chunk size is a per-call knob
+        of the tuner plugin and tensors are never split here."""
         self.profiler = profiler
         self.pool = pool
         self.clock = clock
@@ -61,19 +68,29 @@ class SiteRouter:
         self.active = True
         self.calls_routed = 0
         self._scope: tuple[str, Any] | None = None
+        self._routes: dict[str, tuple[CommConfig, Any]] = {}
+        self._buckets: dict[tuple[int, str, bool], tuple[str, str, list[Any], GroupInfo]] = {}
+        self._streams: dict[tuple[int, str, Any], tuple[GroupInfo, str, bool, tuple[str, int]]] = {}
 
     # -------------------------------------------------------------- configuration
     def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
         """Site id -> config for the coming iteration (missing = defaults)."""
-        self.assignment = {k: v for k, v in assignment.items() if not v.is_default()}
+        assignment = {k: v for k, v in assignment.items() if not v.is_default()}
+        if assignment != self.assignment:
+            self.assignment = assignment
+            self._routes = {}
 
     def _route(self, site_id: str, info: GroupInfo) -> tuple[CommConfig | None, Any]:
-        cfg = self.assignment.get(site_id)
-        if cfg is None:
-            return None, None
+        """(config, pool group or None) of a site; resolved once per assignment, then a dict hit."""
+        route = self._routes.get(site_id)
+        if route is None:
+            cfg = self.assignment.get(site_id)
+            if cfg is None:
+                return None, None
+            group = self.pool.group_for(info, cfg) if self.pool is not None else None
+            route = self._routes[site_id] = (cfg, group)
         self.calls_routed += 1
-        group = self.pool.group_for(info, cfg) if self.pool is not None else None
-        return cfg, group
+        return route
 
     # -------------------------------------------------------------- DDP bucket groups
     def bucket_sync(self, bucket_group: Any, kind: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -91,23 +108,27 @@ class SiteRouter:
         distopt = bucket_group.ddp_config.use_distributed_optimizer
         attr = "intra_distributed_optimizer_instance_group" if distopt else "data_parallel_group"
         group = getattr(bucket_group, attr)
-        info = self.registry.groups.lookup(group)
-        if kind == "grad":
-            rs = distopt and not force_all_reduce
-            op, name = ("reduce_scatter", "grad_reduce_scatter") if rs else ("all_reduce", "grad_all_reduce")
-            tensors = [b.grad_data for b in bucket_group.buckets]
-        else:
-            op, name = "all_gather", "param_all_gather"
-            tensors = [b.param_data for b in bucket_group.buckets]
-        site_id = f"{info.name}.{name}[{tag}]"
-        self.registry.record(site_id, op=op, nbytes=tensor_nbytes(tensors), dtype=dtype_name(tensors[0]), group=info)
+        rs = kind == "grad" and distopt and not force_all_reduce
+        key = (id(bucket_group), kind, rs)
+        known = self._buckets.get(key)
+        if known is None:  # bucket layout is fixed after DDP construction: describe it once
+            info = self.registry.groups.lookup(group)
+            if kind == "grad":
+                op, name = ("reduce_scatter", "grad_reduce_scatter") if rs else ("all_reduce", "grad_all_reduce")
+                tensors = [b.grad_data for b in bucket_group.buckets]
+            else:
+                op, name = "all_gather", "param_all_gather"
+                tensors = [b.param_data for b in bucket_group.buckets]
+            known = self._buckets[key] = (f"{info.name}.{name}[{tag}]", op, tensors, info)
+        site_id, op, tensors, info = known
+        self.registry.record_tensor(site_id, op=op, tensor=tensors, group=info)
         cfg, pool_group = self._route(site_id, info)
         self.profiler.poll()
         prev_scope = self._scope
         self._scope = ("bucket", (cfg, info))
         if pool_group is not None:
             setattr(bucket_group, attr, pool_group)
-        t0 = self.clock()
+        t0 = self.profiler.mark()
         try:
             result = orig(bucket_group, *args, **kwargs)
         finally:
@@ -116,7 +137,7 @@ class SiteRouter:
             self._scope = prev_scope
         handle = getattr(bucket_group, handle_attr)
         if handle is None:
-            self.profiler.sync(site_id, t0, self.clock())
+            self.profiler.sync(site_id, t0)
         else:
             setattr(bucket_group, handle_attr, self.profiler.issue(site_id, handle, t0))
         return result
@@ -125,43 +146,49 @@ class SiteRouter:
     def collective(self, op: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """A torch.distributed collective (or a Megatron alias of one) with ``op`` in GROUP_ARG."""
         scope = self._scope
-        async_op = kwargs.get("async_op", False) or (len(args) > GROUP_ARG[op] + 1 and args[GROUP_ARG[op] + 1])
+        gi = GROUP_ARG[op]
+        async_op = kwargs.get("async_op", False) or (len(args) > gi + 1 and args[gi + 1])
         if scope is None and not async_op or not self.active:
             return orig(*args, **kwargs)
         if scope is not None and scope[0] == "bucket":
             cfg, info = scope[1]
-            if cfg is not None and cfg.chunk_size:
+            if cfg is not None and cfg.chunk_size and self.split_chunks:
                 return chunked_call(op, orig, args, kwargs, int(cfg.chunk_size), info.size)
             return orig(*args, **kwargs)
-        group = _arg(args, kwargs, "group", GROUP_ARG[op])
-        info = self.registry.groups.lookup(group)
-        if scope is not None:
-            kind, per_mb = scope[1]
-        else:
-            kind, per_mb = _ASYNC_KIND.get((info.name, op), f"async_{op}"), True
+        group = kwargs["group"] if "group" in kwargs else (args[gi] if len(args) > gi else None)
+        key = (id(group), op, scope)
+        stream = self._streams.get(key)
+        if stream is None:  # (group, op, scope) -> named group and stream kind, resolved once
+            info = self.registry.groups.lookup(group)
+            if scope is not None:
+                kind, per_mb = scope[1]
+            else:
+                kind, per_mb = _ASYNC_KIND.get((info.name, op), f"async_{op}"), True
+            stream = self._streams[key] = (info, kind, per_mb, _TENSOR_ARG[op])
+        info, kind, per_mb, (tname, tindex) = stream
         site_id, _ = self.registry.stream_site_id(info, kind, per_microbatch=per_mb)
-        if op == "all_reduce":
-            tensor = _arg(args, kwargs, "tensor", 0)
-        elif op == "all_gather":
-            tensor = _arg(args, kwargs, "output_tensor", 0)
-        else:  # reduce_scatter, all_to_all: the full input
-            tensor = _arg(args, kwargs, "input", 1)
-        self.registry.record(site_id, op=op, nbytes=tensor_nbytes(tensor), dtype=dtype_name(tensor), group=info)
+        self.registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[tindex],
+                                    group=info)
         cfg, pool_group = self._route(site_id, info)
         if pool_group is not None:
-            if "group" in kwargs or len(args) <= GROUP_ARG[op]:
+            if "group" in kwargs or len(args) <= gi:
                 kwargs = dict(kwargs, group=pool_group)
             else:
-                args = args[: GROUP_ARG[op]] + (pool_group,) + args[GROUP_ARG[op] + 1:]
-        self.profiler.poll()
-        t0 = self.clock()
-        if cfg is not None and cfg.chunk_size and op != "all_to_all":
+                args = args[:gi] + (pool_group,) + args[gi + 1:]
+        profiler = self.profiler
+        if not profiler.timed:  # applied plan: route only
+            if cfg is not None and cfg.chunk_size and self.split_chunks and op != "all_to_all":
+                return chunked_call(op, orig, args, kwargs, int(cfg.chunk_size), info.size)
+            return orig(*args, **kwargs)
+        profiler.poll()
+        t0 = profiler.mark()
+        if cfg is not None and cfg.chunk_size and self.split_chunks and op != "all_to_all":
             work = chunked_call(op, orig, args, kwargs, int(cfg.chunk_size), info.size)
         else:
             work = orig(*args, **kwargs)
         if async_op:
-            return self.profiler.issue(site_id, work, t0)
-        self.profiler.sync(site_id, t0, self.clock())
+            return profiler.issue(site_id, work, t0)
+        profiler.sync(site_id, t0)
         return work
 
     @contextmanager
@@ -196,10 +223,10 @@ class SiteRouter:
         self.profiler.poll()
         if pool_group is not None:
             communicator.pp_group = pool_group
-        t0 = self.clock()
+        t0 = self.profiler.mark()
         try:
             return orig(communicator, **kwargs)
         finally:
-            self.profiler.sync(site_id, t0, self.clock())
+            self.profiler.sync(site_id, t0)
             if pool_group is not None:
                 communicator.pp_group = group

@@ -5,6 +5,7 @@ same on every iteration and on every rank of its process group, because it is de
 structure only, never from object ids:
 
     dp.grad_reduce_scatter[chunk0.bucket1]   DDP bucket group 1 of model chunk 0 (distributed optimizer)
+    dp.grad_all_reduce[stage1.chunk0.bucket0] the same on pipeline stage 1 (pipeline parallel runs)
     dp.grad_all_reduce[chunk0.bucket0]       the same without the distributed optimizer
     dp.param_all_gather[chunk0.bucket0]      distributed-optimizer parameter all-gather
     tp.sp_all_gather[3]                      4th asynchronous TP all-gather of a micro-batch's backward
@@ -53,6 +54,11 @@ _GROUP_GETTERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("mp", "get_model_parallel_group", {}),
 )
 
+
+STAGE_LOCAL_GROUPS = frozenset({"tp", "dp", "dp_cp", "cp", "ep", "expt_tp", "expt_dp", "intra_dist_opt"})
+"""Groups whose ranks all hold the same pipeline stage: under pipeline parallelism their site ids
+carry the stage (``tp.sp_all_gather[stage1.3]``, ``dp.grad_all_reduce[stage0.chunk0.bucket1]``), since
+each stage runs other layers and buckets. Groups across stages (``pp``, ``embd``) carry none."""
 
 # A group whose ranks equal those of the named group is called by that name (context parallel 1,
 # one distributed-optimizer instance): the collectives are then the plain data-parallel ones.
@@ -188,6 +194,8 @@ class SiteRecord:
 class _Stream:
     count: int = 0
     period: int | None = None
+    ids: list[str] = field(default_factory=list)
+    """Site id of each call position (formatted once)."""
 
 
 class SiteRegistry:
@@ -198,11 +206,13 @@ class SiteRegistry:
         num_microbatches: micro-batches per iteration (folds per-micro-batch call streams).
     """
 
-    def __init__(self, groups: GroupNames, *, num_microbatches: int = 1) -> None:
+    def __init__(self, groups: GroupNames, *, num_microbatches: int = 1, pp_stage: int | None = None) -> None:
         if num_microbatches < 1:
             raise ValueError(f"num_microbatches must be >= 1; got {num_microbatches}")
         self.groups = groups
         self.num_microbatches = num_microbatches
+        self.stage = f"stage{pp_stage}." if pp_stage is not None else ""
+        """Prefix of the ids of stage-local groups under pipeline parallelism (``stage1.``)."""
         self.records: dict[str, SiteRecord] = {}
         self._bucket_tags: dict[int, str] = {}
         self._streams: dict[tuple[str, str, bool], _Stream] = {}
@@ -219,7 +229,7 @@ class SiteRegistry:
         for c, chunk in enumerate(model_chunks):
             for attr, word in (("bucket_groups", "bucket"), ("expert_parallel_bucket_groups", "expert_bucket")):
                 for i, bg in enumerate(getattr(chunk, attr, None) or []):
-                    self._bucket_tags[id(bg)] = f"chunk{c}.{word}{i}"
+                    self._bucket_tags[id(bg)] = f"{self.stage}chunk{c}.{word}{i}"
                     self._keep.append(bg)
                     n += 1
         return n
@@ -252,8 +262,13 @@ class SiteRegistry:
         n = s.count
         s.count += 1
         if s.period:
-            return f"{group.name}.{kind}[{n % s.period}]", max(1, (self.num_microbatches if per_microbatch else 1))
-        return f"{group.name}.{kind}[{n}]", 1
+            n %= s.period
+        try:
+            return s.ids[n], (self.num_microbatches if per_microbatch and s.period else 1)
+        except IndexError:
+            stage = self.stage if group.name in STAGE_LOCAL_GROUPS else ""
+            s.ids.extend(f"{group.name}.{kind}[{stage}{i}]" for i in range(len(s.ids), n + 1))
+            return s.ids[n], (self.num_microbatches if per_microbatch and s.period else 1)
 
     def record(self, site_id: str, *, op: str, nbytes: int, dtype: str, group: GroupInfo) -> SiteRecord:
         """Counts one call of ``site_id`` (creating its record on first sight this iteration)."""
@@ -265,13 +280,28 @@ class SiteRegistry:
         rec.calls += 1
         return rec
 
+    def record_tensor(self, site_id: str, *, op: str, tensor: Any, group: GroupInfo) -> None:
+        """``record`` that sizes ``tensor`` only on the first call of the site in an iteration.
+
+        Calls of one site id carry tensors of one size (ids are per call position), so later
+        calls only count; this keeps the per-call cost to two dict operations.
+        """
+        rec = self.records.get(site_id)
+        if rec is None:
+            self.records[site_id] = SiteRecord(site_id=site_id, op=op, nbytes=tensor_nbytes(tensor),
+                                               dtype=dtype_name(tensor), group=group, calls=1)
+        else:
+            rec.calls += 1
+
     def sites(self) -> list[CollectiveSite]:
         """The sites of the current iteration as engine ``CollectiveSite`` records, sorted by id."""
         return [self.records[k].to_site() for k in sorted(self.records)]
 
 
 def dtype_name(tensor: Any) -> str:
-    """``torch.float32`` -> ``float32``."""
+    """``torch.float32`` -> ``float32`` (the first tensor's for a list of tensors)."""
+    if isinstance(tensor, (list, tuple)):
+        tensor = tensor[0] if tensor else None
     return str(getattr(tensor, "dtype", "unknown")).replace("torch.", "")
 
 

@@ -1,0 +1,80 @@
+"""Controller decisions and rank consensus that need no processes: plan reuse vs. re-search by
+fingerprint, slowest-rank merge of measurements, digest check."""
+
+import math
+
+import pytest
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.plan import Plan, PlanEntry
+from lagom_megatron.integration import consensus
+from lagom_megatron.integration.controller import LagomController
+
+
+def _plan(fingerprint):
+    entry = PlanEntry(config=CommConfig(n_channels=1), predicted_t_comm_us=10.0, predicted_t_region_us=12.0,
+                      group="dp", op="reduce_scatter", nbytes=4096, group_size=2)
+    return Plan(entries={"dp.grad_reduce_scatter[chunk0.bucket0]": entry}, fingerprint=fingerprint, backend="gloo")
+
+
+FP = {"hidden_size": 128, "num_layers": 4, "tensor_model_parallel_size": 2, "world_size": 4, "backend": "gloo"}
+
+
+def test_mismatched_fingerprint_means_re_search_with_a_warning_naming_the_field(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    _plan(dict(FP, hidden_size=256)).save(path)
+    ctl = LagomController(plan_path=str(path))
+    ctl.fingerprint = dict(FP)
+    assert ctl._try_reuse_plan() is False
+    out = capsys.readouterr().out
+    assert "fingerprint differs in hidden_size" in out and "plan 256 vs run 128" in out, out
+    assert ctl.mode == "off" and ctl.plan is None
+
+
+def test_unreadable_plan_means_re_search(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text("{not json")
+    ctl = LagomController(plan_path=str(path))
+    ctl.fingerprint = dict(FP)
+    assert ctl._try_reuse_plan() is False
+    assert "cannot reuse plan" in capsys.readouterr().out
+
+
+def test_run_directory_defaults():
+    ctl = LagomController(plan_path="runs/a/plan.json")
+    assert (str(ctl.run_dir), str(ctl.profile_path), str(ctl.report_path)) == ("runs/a", "runs/a/profile.json", "runs/a/report.md")
+    assert str(LagomController().plan_path) == "lagom_out/run/plan.json"
+    assert str(LagomController(preset_name="cpu-pp2-dp2").plan_path) == "lagom_out/cpu-pp2-dp2/plan.json"
+
+
+def test_merge_keeps_the_slowest_rank_per_region(monkeypatch):
+    site = {"site_id": "tp.sp_all_gather[0]", "op": "all_gather", "nbytes": 100, "dtype": "float32",
+            "group": "tp", "group_size": 2, "n_nodes": 1, "calls_per_iter": 2}
+    ranks = [
+        ({"tp.sp_all_gather[0]": site}, {"tp.sp_all_gather[0]": (50.0, math.nan, 70.0)}, 1000.0),
+        ({"tp.sp_all_gather[0]": dict(site, nbytes=120)}, {"tp.sp_all_gather[0]": (40.0, 30.0, 90.0),
+                                                            "pp.send_recv": (5.0, 0.0, 5.0)}, 1200.0),
+        ({}, {"tp.sp_all_gather[0]": (45.0, 35.0, 60.0)}, 900.0),
+    ]
+    monkeypatch.setattr(consensus, "_all_gather", lambda obj: ranks)
+    sites, timings, it_us = consensus.merge_measurements({}, {}, 0.0)
+    assert it_us == 1200.0
+    assert sites["tp.sp_all_gather[0]"]["nbytes"] == 120
+    assert timings["tp.sp_all_gather[0]"] == (50.0, 35.0, 90.0)
+    assert timings["pp.send_recv"] == (5.0, 0.0, 5.0)
+
+
+def test_digest_mismatch_raises_naming_the_rank(monkeypatch):
+    plan = _plan(FP)
+    assert consensus.agree_plan(plan, from_dict=Plan.from_dict).digest() == plan.digest()  # one process
+    monkeypatch.setattr(consensus, "_all_gather", lambda d: [d, "0" * 64, d])
+    with pytest.raises(consensus.PlanDisagreement, match=r"plan digest mismatch: rank 0 has \w{12}, rank 1 000000000000"):
+        consensus.agree_plan(plan, from_dict=Plan.from_dict)
+
+
+def test_fault_injection_changes_the_digest_not_the_routing(monkeypatch):
+    plan = _plan(FP)
+    monkeypatch.setenv(consensus.FAULT_ENV, "0")
+    perturbed = consensus.agree_plan(plan, from_dict=Plan.from_dict)  # rank 0 of 1: its own copy changes
+    assert perturbed.digest() != plan.digest()
+    assert {k: e.config for k, e in perturbed.entries.items()} == {k: e.config for k, e in plan.entries.items()}
