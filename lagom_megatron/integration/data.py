@@ -75,7 +75,9 @@ def write_indexed_dataset(texts: Iterable[str], output_prefix: str | Path, token
         if ids.size == 0:
             continue
         ids = np.append(ids, tokenizer.eod)
-        builder.add_document(torch.from_numpy(ids), [ids.size])
+        # add_document only runs numpy.array(x, dtype) on its input; an ndarray avoids numpy 2's
+        # __array__(copy=...) deprecation warning that a torch tensor triggers there.
+        builder.add_document(ids, [ids.size])
         n_docs += 1
         n_tokens += int(ids.size)
     if n_docs == 0:

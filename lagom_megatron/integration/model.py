@@ -196,6 +196,12 @@ def build_model(args: argparse.Namespace, config, ddp_cfg, *, use_te: bool) -> l
         )
         if torch.cuda.is_available():
             model.cuda(torch.cuda.current_device())
+        if args.bf16 or args.fp16:
+            # As Megatron-LM's get_model: cast the module to the half dtype and the last stage's
+            # output back to fp32 (megatron.core.transformer.module.Float16Module).
+            from megatron.core.transformer.module import Float16Module
+
+            model = Float16Module(config, model)
         # Megatron-LM wraps every chunk but the first without bucketing (their grads are reduced in
         # finalize_model_grads, not overlapped with the backward of other chunks).
         chunks.append(DistributedDataParallel(config=config, ddp_config=ddp_cfg, module=model,
