@@ -368,7 +368,7 @@ class LagomController:
         if tuner.plan is not None and phase is not Phase.FELL_BACK:
             self.plan = tuner.plan
             if self.rank == 0:
-                tuner.plan.save(self.plan_path)
+                self._save_plan(tuner.plan)
             self._prepare_pool_for_plan(tuner.plan)
             _say(f"lagom: plan {self.plan_path} (digest {tuner.plan.digest()[:12]}) | profile {self.profile_path}")
 
@@ -381,8 +381,20 @@ class LagomController:
         else:
             _say(f"lagom: phase reverted to defaults | {self.tuner.reason}")
         if self.plan is not None and self.rank == 0:
-            self.plan.with_stats(verification=phase.value, verification_reason=self.tuner.reason).save(self.plan_path)
+            self._save_plan(self.plan.with_stats(verification=phase.value, verification_reason=self.tuner.reason))
         self.write_report()
+
+    def _save_plan(self, plan: Any) -> None:
+        """Saves the plan and, beside it, the env file of its process-scope knobs (``plan.env``),
+        which the launch scripts source on the next run (NCCL reads those knobs once per process).
+        A knob outside NCCL's domain is logged and left out of the env file; training goes on."""
+        from lagom_megatron.integration.nccl_env_file import write_plan_env_file
+
+        plan.save(self.plan_path)
+        try:
+            write_plan_env_file(self.plan_path, plan.env)
+        except ValueError as exc:
+            _say(f"lagom: WARNING: env file for {self.plan_path} not written: {exc}")
 
     def on_train_end(self) -> None:
         """Writes the report (if not yet written) and removes every hook."""

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from lagom_megatron.engine.plan import Plan
+from lagom_megatron.integration.nccl_env_file import read_env_file, validate_process_env
 from lagom_megatron.engine.profile import Profile
 
 pytestmark = pytest.mark.distributed
@@ -102,6 +103,8 @@ def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
     assert {s.site_id for s in profile.sites} == {s.site_id for s in profile.samples}
     saved = Plan.load(plan)
     assert set(saved.entries) == ids
+    # the process-scope knobs go to an env file beside the plan for the launch scripts to source
+    assert read_env_file(plan.with_suffix(".env")) == validate_process_env(saved.env)
     rep = json.loads(report.read_text())
     assert rep["summary"]["plan_digest"] == saved.digest()  # stats (verification outcome) are not digested
     assert {r["site_id"] for r in rep["rows"]} == ids
