@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from lagom_megatron import __version__
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``lagom`` console script.
 
     Returns:
-        The process exit code: 0 on success, 2 on bad input (the error is printed on one line).
+        The process exit code: 0 on success, 2 on bad input or an unusable path (the error is
+        printed on one line, without a traceback).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -66,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return int(args._run(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
+    except BrokenPipeError:  # e.g. `lagom plan show plan.json | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (ValueError, OSError) as exc:  # bad input, missing file, a folder where a file is due, ...
         print(f"lagom {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -23,6 +23,10 @@ def run(args: argparse.Namespace) -> int:
 
     import sys
 
+    from pathlib import Path
+
+    if Path(args.out_dir).exists() and not Path(args.out_dir).is_dir():
+        raise ValueError(f"-o {args.out_dir} is a file; give the folder to build the plugin into")
     try:
         lib = build_tuner(args.out_dir, cc=args.cc)
     except RuntimeError as exc:

@@ -103,16 +103,9 @@ def _export(args, plan) -> int:
             cluster = None
     text = export_plan(plan, args.format, extended=args.extended, cluster=cluster)
     if args.output:
-        import os
-        import tempfile
-        from pathlib import Path
+        from lagom_megatron.engine.files import write_text_atomic
 
-        path = Path(args.output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_text_atomic(args.output, text)
     else:
         sys.stdout.write(text)
     return 0

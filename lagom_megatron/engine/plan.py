@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.engine.profile import read_json, write_json_atomic
+from lagom_megatron.engine.files import read_json, write_json_atomic
 
 PLAN_SCHEMA_VERSION = 1
 """Version of the plan file format; bump on any incompatible change (a test freezes it)."""

@@ -17,13 +17,12 @@ is the slowest rank's (the profiler all-gathers before writing).
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lagom_megatron.engine.files import read_json, write_json_atomic
 from lagom_megatron.engine.knobs import CommConfig
 
 PROFILE_SCHEMA_VERSION = 1
@@ -126,6 +125,8 @@ class Profile:
             ValueError: wrong schema version, unknown backend, missing field, or a sample whose
                 site id is not among the sites (each message names ``source``).
         """
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a JSON object (a profile); got a JSON {type(data).__name__}")
         try:
             version = data["schema_version"]
             if version != PROFILE_SCHEMA_VERSION:
@@ -174,42 +175,3 @@ class Profile:
             ValueError: not valid JSON (names the file, line and column) or not a valid profile.
         """
         return cls.from_dict(read_json(path), source=str(path))
-
-
-def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Writes ``data`` as indented JSON to ``path`` atomically: a reader never sees a partial file.
-
-    The temporary file is created in the target folder so that ``os.replace`` is a rename on one
-    file system; it is removed if writing fails.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def read_json(path: str | os.PathLike) -> Any:
-    """Reads a JSON file.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: invalid JSON; the message names the file, line and column.
-    """
-    path = Path(path)
-    text = path.read_text()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None

@@ -220,6 +220,12 @@ class Tuner:
         """Iterations from start to the search: warm-up + default + serialized + one per probe."""
         return self.config.warmup_iters + 2 + len(self.probes)
 
+    @property
+    def total_iters(self) -> int:
+        """Iterations from start to the verdict (APPLIED or FELL_BACK): profiling, one settle
+        iteration with the plan, then ``verify_iters`` per arm."""
+        return self.profiling_iters + 1 + 2 * self.config.verify_iters
+
     def next_step(self) -> Step:
         """What the next iteration (``self._n_finished``-th since start) must do; no state change."""
         n = self._n_finished
@@ -491,7 +497,6 @@ class Tuner:
         self.phase = Phase.FELL_BACK
         self.reason = reason
         self._log(it, f"fell back to NCCL defaults: {reason}")
-        log.warning("lagom: keeping NCCL defaults: %s", reason)
 
     def _log(self, it: int, msg: str) -> None:
         self.events.append((it, self.phase.value, msg))

@@ -373,12 +373,23 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
            f"dropout must be in [0, 1); got --hidden-dropout {args.hidden_dropout}, "
            f"--attention-dropout {args.attention_dropout}")
     _check(args.lr >= args.min_lr >= 0.0, f"need --lr >= --min-lr >= 0; got --lr {args.lr}, --min-lr {args.min_lr}")
-    if args.lr_decay_iters is None:
+    decay_default = args.lr_decay_iters is None
+    if decay_default:
         args.lr_decay_iters = args.train_iters
     _check(0 <= args.lr_warmup_iters < args.lr_decay_iters,
-           f"--lr-warmup-iters {args.lr_warmup_iters} must be in [0, --lr-decay-iters {args.lr_decay_iters})")
+           f"--lr-warmup-iters {args.lr_warmup_iters} must be in [0, --lr-decay-iters {args.lr_decay_iters})"
+           + (" (--lr-decay-iters defaults to --train-iters)" if decay_default else ""))
     _check(args.lagom_warmup_iters >= 1, f"--lagom-warmup-iters must be >= 1; got {args.lagom_warmup_iters}")
-    _check(args.lagom_verify_iters >= 0, f"--lagom-verify-iters must be >= 0; got {args.lagom_verify_iters}")
+    _check(args.lagom_verify_iters >= 1, f"--lagom-verify-iters must be >= 1; got {args.lagom_verify_iters}")
+    for flag, value in (("--lagom-report", args.lagom_report), ("--lagom-plan", args.lagom_plan)):
+        if value:
+            _check(not Path(value).is_dir(), f"{flag} {value!r} is a folder; give a file name")
+            _check(not Path(value).parent.exists() or Path(value).parent.is_dir(),
+                   f"{flag} {value!r}: {Path(value).parent} is not a folder")
+    if args.lagom_report:
+        suffix = Path(args.lagom_report).suffix.lower()
+        _check(suffix in ("", ".md", ".markdown", ".csv", ".json"),
+               f"--lagom-report must end in .md, .csv or .json; got {args.lagom_report!r}")
 
     _check(args.mock_data or args.data_path,
            "no training data: pass --mock-data or --data-path PREFIX (PREFIX.bin and PREFIX.idx)")

@@ -195,6 +195,11 @@ class LagomController:
             cluster=self.cluster, backend=self.backend, fingerprint=self.fingerprint, agree=self._agree,
         )
         self.mode = "tune"
+        needed = self.tuner.total_iters
+        if args.train_iters < needed:
+            _say(f"lagom: WARNING: --train-iters {args.train_iters} ends before tuning does: lagom needs {needed} "
+                 f"iterations ({self.tuner.profiling_iters} to profile, then 1 + 2 x {self.tuner.config.verify_iters} "
+                 f"to verify); the plan will be saved unverified")
 
     def _try_reuse_plan(self) -> bool:
         from lagom_megatron.engine.plan import Plan
@@ -215,8 +220,12 @@ class LagomController:
         diff = consensus.broadcast_object(plan.fingerprint_mismatch(self.fingerprint) if plan is not None else None)
         if diff:
             detail = "; ".join(f"{k}: plan {plan.fingerprint.get(k)!r} vs run {self.fingerprint.get(k)!r}" for k in diff) if plan is not None else ""
+            kept = self.plan_path.with_name(f"{self.plan_path.stem}.{plan.digest()[:12]}{self.plan_path.suffix}") if plan is not None else None
+            if kept is not None:  # rank 0: never lose the other run's plan
+                os.replace(self.plan_path, kept)
             _say(f"lagom: WARNING: plan {self.plan_path} fingerprint differs in {', '.join(diff)}"
-                 f"{' (' + detail + ')' if detail else ''}; re-searching and saving there")
+                 f"{' (' + detail + ')' if detail else ''}; re-searching and saving there"
+                 f"{f' (the other plan is kept as {kept})' if kept is not None else ''}")
             return False
         try:
             plan = consensus.agree_plan(plan if plan is not None else Plan(entries={}), from_dict=Plan.from_dict)
@@ -226,6 +235,15 @@ class LagomController:
             return True
         self.plan = plan
         self.mode = "reuse"
+        from lagom_megatron.engine.tuner import Phase
+
+        if plan.stats.get("verification") == Phase.FELL_BACK.value:
+            # measured no better than the defaults when it was searched: applying it unverified
+            # would undo that verdict on every later run; the router keeps its empty assignment
+            _say(f"lagom: phase reverted to defaults | plan {self.plan_path} reused (digest {plan.digest()[:12]}) "
+                 f"but its verification kept the defaults ({plan.stats.get('verification_reason') or 'no reason saved'}) | "
+                 f"profiling and search skipped; delete the plan or pass another --lagom-plan to search again")
+            return True
         self._prepare_pool_for_plan(plan)
         assignment = self._assignment_of(plan)
         self.router.set_assignment(assignment)
@@ -243,7 +261,7 @@ class LagomController:
             # NCCL with lagom's tuner plugin: the plugin reads the plan table when a communicator is
             # created, so the table is written (one copy per rank, atomically) before the entries.
             from lagom_megatron.engine.export import export_plan
-            from lagom_megatron.integration.report import write_text_atomic
+            from lagom_megatron.engine.files import write_text_atomic
 
             table = self.run_dir / f"tuner_table.rank{self.rank}.csv"
             write_text_atomic(table, export_plan(plan, "nccl-tuner-csv", extended=True, cluster=self.cluster))
@@ -417,7 +435,8 @@ class LagomController:
         out.update(mode=self.mode, plan_path=str(self.plan_path), profile_path=str(self.profile_path),
                    search_ms=self.search_ms)
         if self.mode == "reuse":
-            out["phase"] = "applied (reused plan)"
+            kept_defaults = self.plan is not None and self.plan.stats.get("verification") == "fell_back"
+            out["phase"] = "reverted (reused plan, rejected by its verification)" if kept_defaults else "applied (reused plan)"
             if self._applied_us:
                 out["measured_plan_us"] = statistics.median(self._applied_us)
         if self.plan is not None:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import os
 import shlex
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from lagom_megatron.engine.files import write_text_atomic
 
 NTHREADS_DOMAIN = (64, 128, 256, 512)
 """NCCL_NTHREADS values NCCL accepts (threads per CTA; NCCL's docs, env.rst)."""
@@ -121,16 +122,7 @@ def write_env_file(env: Mapping[str, Any], path: str | os.PathLike, *, source: s
     lines = [f"# written by lagom: process-scope NCCL settings{f' of {source}' if source else ''}",
              "# NCCL reads these once per process; the launch scripts source this file before a run."]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in values.items()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 

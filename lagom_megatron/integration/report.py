@@ -15,12 +15,11 @@ import csv
 import io
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lagom_megatron.engine.profile import write_json_atomic
+from lagom_megatron.engine.files import write_atomic, write_json_atomic, write_text_atomic
 
 COLUMNS = ("site_id", "op", "group", "nbytes", "calls_per_iter", "default_config", "chosen_config",
            "measured_default_us", "measured_plan_us", "predicted_default_us", "predicted_plan_us")
@@ -56,19 +55,6 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return "-" if not math.isfinite(v) else f"{v:.1f}"
     return str(v)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Writes ``text`` to ``path`` atomically (temporary file in the same folder + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def render_markdown(rows: list[SiteRow], summary: dict[str, Any]) -> str:
@@ -147,12 +133,7 @@ def plot_regions(path: Path, rows: list[SiteRow], *, title: str = "") -> None:
     ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, path)
+        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)

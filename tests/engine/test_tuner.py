@@ -111,6 +111,16 @@ def test_schedule_is_fixed_and_independent_of_sites(fake_engine):
     assert t.phase is Phase.APPLIED, t.summary()
 
 
+@pytest.mark.parametrize("verify_iters", [1, 3])
+def test_total_iters_is_when_the_verdict_comes(fake_engine, verify_iters):
+    t = _tuner(warmup_iters=1, verify_iters=verify_iters)
+    assert t.total_iters == 1 + 1 + 1 + len(PROBES) + 1 + 2 * verify_iters
+    for it in range(t.total_iters):
+        assert not t.done, f"verdict after {it} iterations, expected after {t.total_iters}: {t.summary()}"
+        t.finish_iteration(_measure(t.start_iteration(it)))
+    assert t.done and t.iterations_finished == t.total_iters
+
+
 def test_profile_has_t_comp_from_serialized_iteration_and_only_profile_reaches_search(fake_engine):
     t = _tuner()
     _run(t, t.profiling_iters)

@@ -149,3 +149,19 @@ def test_script_reports_unknown_preset():
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pretrain_gpt.py: error: unknown preset 'no-such-preset'")
+
+
+def test_bad_lagom_values_fail_before_training(tmp_path):
+    (tmp_path / "file").write_text("")
+    cases = [
+        (["--lagom-verify-iters", "0"], "--lagom-verify-iters must be >= 1; got 0"),
+        (["--lagom-report", str(tmp_path)], f"--lagom-report {str(tmp_path)!r} is a folder; give a file name"),
+        (["--lagom-plan", str(tmp_path)], f"--lagom-plan {str(tmp_path)!r} is a folder; give a file name"),
+        (["--lagom-report", str(tmp_path / "file" / "r.md")], "is not a folder"),
+        (["--lagom-report", str(tmp_path / "r.txt")], "--lagom-report must end in .md, .csv or .json"),
+    ]
+    for extra, message in cases:
+        with pytest.raises(ValueError) as info:
+            validated(["--lagom", *extra], 1)
+        assert message in str(info.value), f"{extra}: got {info.value}"
+    assert validated(["--lagom", "--lagom-report", str(tmp_path / "new" / "r.csv")], 1).lagom_report

@@ -22,13 +22,29 @@ FP = {"hidden_size": 128, "num_layers": 4, "tensor_model_parallel_size": 2, "wor
 
 def test_mismatched_fingerprint_means_re_search_with_a_warning_naming_the_field(tmp_path, capsys):
     path = tmp_path / "plan.json"
-    _plan(dict(FP, hidden_size=256)).save(path)
+    other = _plan(dict(FP, hidden_size=256))
+    other.save(path)
     ctl = LagomController(plan_path=str(path))
     ctl.fingerprint = dict(FP)
     assert ctl._try_reuse_plan() is False
     out = capsys.readouterr().out
     assert "fingerprint differs in hidden_size" in out and "plan 256 vs run 128" in out, out
     assert ctl.mode == "off" and ctl.plan is None
+    # the other run's plan is moved aside under its digest, never overwritten by the new search
+    kept = tmp_path / f"plan.{other.digest()[:12]}.json"
+    assert not path.exists() and Plan.load(kept).digest() == other.digest()
+    assert f"the other plan is kept as {kept}" in out, out
+
+
+def test_plan_rejected_by_its_verification_is_not_applied_again(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    _plan(dict(FP)).with_stats(verification="fell_back", verification_reason="gain 0.1% below noise 2%").save(path)
+    ctl = LagomController(plan_path=str(path))
+    ctl.fingerprint = dict(FP)
+    assert ctl._try_reuse_plan() is True  # no new search either: the verdict stands
+    out = capsys.readouterr().out
+    assert "phase reverted to defaults" in out and "gain 0.1% below noise 2%" in out, out
+    assert ctl.summary()["phase"].startswith("reverted")
 
 
 def test_unreadable_plan_means_re_search(tmp_path, capsys):

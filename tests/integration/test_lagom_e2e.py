@@ -114,6 +114,10 @@ def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
 
     log2 = logs["reuse"]
     assert "profiling and search skipped" in log2, log2
+    if saved.stats.get("verification") == "fell_back":  # a plan its verification rejected is not applied again
+        assert "lagom: phase reverted to defaults" in log2 and "verification kept the defaults" in log2, log2
+    else:
+        assert "lagom: phase applied" in log2, log2
     assert "lagom: phase profiling" not in log2 and "lagom: phase searching" not in log2, log2
 
 

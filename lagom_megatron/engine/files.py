@@ -1,0 +1,96 @@
+"""Atomic file writing and JSON reading shared by every file lagom writes.
+
+A reader (another rank, a launch script, the user) never sees a partial file: the content goes
+to a temporary file in the target folder, then ``os.replace`` renames it over the target (one
+file system, so the rename is atomic). The file gets the mode a plain ``open()`` would give it
+(0666 less the process umask), not ``mkstemp``'s private 0600, so teammates on a shared cluster
+can read plans and reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
+    """Runs ``write(tmp_path)`` on a temporary file beside ``path``, then renames it to ``path``.
+
+    Args:
+        path: the target file; its folder is created if missing.
+        write: fills the temporary file given its path (e.g. ``fig.savefig``).
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        IsADirectoryError: ``path`` is an existing folder (nothing is written).
+        OSError: the folder cannot be created or written; the temporary file is removed.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; give a file name")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Writes ``text`` to ``path`` atomically, flushed to disk before the rename (see module doc).
+
+    Raises:
+        IsADirectoryError, OSError: see ``write_atomic``.
+    """
+
+    def _write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    return write_atomic(path, _write)
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+    """Writes ``data`` as indented JSON to ``path`` atomically.
+
+    Raises:
+        TypeError: ``data`` is not JSON-serialisable (nothing is written).
+        IsADirectoryError, OSError: see ``write_atomic``.
+    """
+    return write_text_atomic(path, json.dumps(data, indent=1) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Reads a JSON file.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: ``path`` is a folder, or invalid JSON (the message names the file, line and column).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; give a JSON file")
+    text = path.read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None

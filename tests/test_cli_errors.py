@@ -1,0 +1,83 @@
+"""Bad paths and interrupted output give one error line (exit 2) or a quiet exit, never a
+traceback; files lagom writes are readable by others (the umask's mode, not mkstemp's 0600)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from lagom_megatron.cli import main
+from lagom_megatron.engine.files import write_json_atomic, write_text_atomic
+from lagom_megatron.engine.search import search
+
+from .engine.factory import build, profile_from, site
+
+
+@pytest.fixture()
+def saved(tmp_path):
+    """A profile and a plan searched from it, saved in tmp_path."""
+    profile = profile_from(build())
+    profile.save(tmp_path / "profile.json")
+    search(profile, build().cluster).plan.save(tmp_path / "plan.json")
+    return tmp_path
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv_of", [
+    lambda d: ["search", "--profile", str(d / "profile.json"), "-o", str(d)],
+    lambda d: ["search", "--profile", str(d), "-o", str(d / "p.json")],
+    lambda d: ["plan", "show", str(d)],
+    lambda d: ["plan", "export", str(d / "plan.json"), "--format", "env", "-o", str(d)],
+], ids=["search-output-folder", "search-profile-folder", "show-folder", "export-output-folder"])
+def test_a_folder_where_a_file_is_due_is_one_error_line(saved, capsys, argv_of):
+    before = sorted(p.name for p in saved.iterdir())
+    assert main(argv_of(saved)) == 2
+    assert "is a folder" in _error_line(capsys)
+    assert sorted(p.name for p in saved.iterdir()) == before, "a temporary file was left behind"
+
+
+def test_a_profile_that_is_a_json_list_names_what_was_expected(tmp_path, capsys):
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert main(["search", "--profile", str(tmp_path / "list.json"), "-o", str(tmp_path / "p.json")]) == 2
+    assert "expected a JSON object (a profile); got a JSON list" in _error_line(capsys)
+
+
+def test_build_tuner_into_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "f").write_text("keep me")
+    assert main(["build-tuner", "-o", str(tmp_path / "f")]) == 2
+    assert "is a file; give the folder" in _error_line(capsys)
+    assert (tmp_path / "f").read_text() == "keep me"
+
+
+def test_closed_pipe_exits_quietly(tmp_path):
+    problem = build(sites=[site(site_id=f"tp.ag[{i}]") for i in range(1500)])
+    search(profile_from(problem), problem.cluster).plan.save(tmp_path / "plan.json")
+    proc = subprocess.Popen([sys.executable, "-m", "lagom_megatron", "plan", "show", str(tmp_path / "plan.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # like `| head -1`, long before the show (over 64 KiB, a pipe's buffer) ends
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 0 and "Traceback" not in err, err
+
+
+def test_written_files_get_the_umask_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "a.json", {"x": 1})
+        write_text_atomic(tmp_path / "b.txt", "y")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "b.txt").stat().st_mode) == 0o644
+    assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.txt"]
