@@ -133,6 +133,15 @@ class CostModel:
     """Mean absolute percentage error of T_region on the fitted samples, %."""
     mape_comm: float = float("nan")
     """Same for T_comm, %."""
+    wape: float = float("nan")
+    """Time-weighted error of T_region on the fitted samples, %: sum |predicted - measured| /
+    sum measured. A different metric from MAPE (long regions count more, tiny ones cannot
+    dominate); reported beside it, never instead of it."""
+    mape_floor: float = float("nan")
+    """Lowest T_region MAPE any parameters of this model form can reach on the fitted samples, %:
+    samples of one site whose configs the model cannot tell apart (``_indistinct_keys``, e.g. gloo
+    thread counts on an unsplit call, which runs on one worker thread) get one prediction, so their
+    spread is measurement noise; the floor is the MAPE of the best single value per such group."""
     n_points: int = 0
     index: dict[str, int] = field(default_factory=dict)
 
@@ -276,6 +285,26 @@ class CostModel:
         l2 = CHUNK_L2_FLOOR + (1.0 - CHUNK_L2_FLOOR) * np.sqrt(chunk_eff_bytes / _PROTO_DEFAULT_CHUNK[p])
         return lat, wire / (bw * 1e3), n_eff, wire, _PROTO_HBM[p] * l2
 
+    def _indistinct_keys(self, i_J, nc_J, chunk_J, codes_JK) -> list[tuple]:
+        """One key per sample; equal keys = same site and configs the model form maps to the same
+        prediction whatever its parameters. On gloo only the pieces of a call and how many of them
+        run at once matter (an unsplit call runs on one worker thread whatever the thread count);
+        on NCCL every config code counts."""
+        if self.gloo:
+            nb = self.nbytes_S[i_J]
+            pieces = np.maximum(1.0, np.where(chunk_J > 0, np.ceil(nb / np.maximum(chunk_J, 1.0)), 1.0))
+            n_eff = np.minimum(nc_J, pieces)
+            return list(zip(i_J.tolist(), pieces.tolist(), n_eff.tolist()))
+        return [(int(i),) + tuple(float(x) for x in row) for i, row in zip(i_J, codes_JK)]
+
+    def fit_summary(self) -> str:
+        """Several lines on the fit: points, T_region MAPE, its floor, time-weighted error, T_comm MAPE."""
+        return (f"cost model fit on {self.n_points} samples of {len(self.sites)} sites ({self.backend}):\n"
+                f"  T_region MAPE {self.mape:.1f}% (floor for this model form on these samples {self.mape_floor:.1f}%: "
+                f"spread of samples it cannot tell apart)\n"
+                f"  T_region time-weighted error {self.wape:.1f}% (sum |error| / sum measured)\n"
+                f"  T_comm MAPE {self.mape_comm:.1f}%")
+
     def evaluate(self, i, alg, proto, nc, nt, chunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """T_comm (us), s, T_region (us) for site indices ``i`` under config codes (broadcast).
 
@@ -348,7 +377,10 @@ class CostModel:
         """
         if not profile.sites:
             raise ValueError("profile has no collective sites to fit")
-        usable = [s for s in profile.samples if math.isfinite(s.t_comm_us) and math.isfinite(s.t_region_us) and s.t_comm_us > 0]
+        # A region is never shorter than its collective; a sample with a region time <= 0 is a
+        # failed measurement and would put a zero denominator into the MAPE.
+        usable = [s for s in profile.samples
+                  if math.isfinite(s.t_comm_us) and math.isfinite(s.t_region_us) and s.t_comm_us > 0 and s.t_region_us > 0]
         samples = [s for s in usable if s.iteration > 0] or usable
         if len({s.site_id for s in samples}) < len(profile.sites):
             samples = usable
@@ -357,7 +389,7 @@ class CostModel:
             by_site[smp.site_id].append(smp)
         missing = [k for k, v in by_site.items() if not v]
         if missing:
-            raise ValueError(f"profile has no usable sample (finite t_comm_us > 0 and t_region_us) for site(s) {missing[:5]}")
+            raise ValueError(f"profile has no usable sample (finite t_comm_us > 0 and t_region_us > 0) for site(s) {missing[:5]}")
         backend = "gloo" if profile.backend == "gloo" else cluster.backend
         # T_comp: the compute measured alone (NaN in samples where it was not measured, e.g.
         # iterations that did not serialise). A site never measured alone falls back to its
@@ -432,6 +464,8 @@ class CostModel:
         t_comm_hat, _, t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
         model.mape = float(100.0 * np.mean(np.abs(t_region_hat - y_region) / np.maximum(y_region, 1e-9)))
         model.mape_comm = float(100.0 * np.mean(np.abs(t_comm_hat - y_comm) / y_comm))
+        model.wape = float(100.0 * np.sum(np.abs(t_region_hat - y_region)) / max(float(np.sum(y_region)), 1e-9))
+        model.mape_floor = _mape_floor(model._indistinct_keys(i_J, nc_J, chunk_J, codes), y_region)
         model.n_points = len(rows)
         return model
 
@@ -453,6 +487,26 @@ def _weighted_median_by_site(i_J: np.ndarray, S: int, v: np.ndarray, w: np.ndarr
         half = base + 0.5 * (csum[end[s] - 1] - base)
         out[s] = v_o[min(int(np.searchsorted(csum[start[s]:end[s]], half)) + start[s], end[s] - 1)]
     return out
+
+
+def _mape_floor(keys: list, y: np.ndarray) -> float:
+    """Mean absolute percentage error (%) of the best single value per group of samples.
+
+    For one group with values y_j, sum |y_j - c| / y_j is minimised by the median of y_j weighted
+    by 1 / y_j; the floor averages the resulting errors over all samples.
+    """
+    y = np.maximum(np.asarray(y, dtype=float), 1e-9)
+    groups: dict = {}
+    for j, k in enumerate(keys):
+        groups.setdefault(k, []).append(j)
+    err = np.zeros(len(y))
+    for idx in groups.values():
+        v = y[idx]
+        order = np.argsort(v)
+        w = 1.0 / v[order]
+        c = v[order][np.searchsorted(np.cumsum(w), 0.5 * w.sum())]
+        err[idx] = np.abs(v - c) / v
+    return float(100.0 * err.mean()) if len(y) else float("nan")
 
 
 def _softmin(x, y):
