@@ -256,7 +256,9 @@ class SearchProblem:
                  "predicted_default_iteration_us": round(default_iter, 3),
                  "predicted_iteration_us": round(predicted, 3),
                  "predicted_speedup": round(default_iter / predicted, 4) if predicted > 0 else None,
-                 "model_mape_pct": None if np.isnan(self.model.mape) else round(self.model.mape, 3)}
+                 "model_mape_pct": None if np.isnan(self.model.mape) else round(self.model.mape, 3),
+                 "model_mape_floor_pct": None if np.isnan(self.model.mape_floor) else round(self.model.mape_floor, 3),
+                 "model_wape_pct": None if np.isnan(self.model.wape) else round(self.model.wape, 3)}
         return Plan(entries=entries, fingerprint=dict(self.fingerprint), method=method, env=env, stats=stats,
                     backend=self.backend, mechanism=self.mechanism)
 
