@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,10 @@ DEFAULT_RUN_DIR = "lagom_out"
 def _say(msg: str) -> None:
     """Prints a lagom log line on rank 0 (Megatron's style: one line, fields split by `` | ``)."""
     if int(os.environ.get("RANK", "0")) == 0:
-        print(msg, flush=True)
+        # one write per line: under `python -u` print() writes the text and the newline apart, and
+        # another rank's line (the last rank logs iterations) can land in between
+        sys.stdout.write(msg + "\n")
+        sys.stdout.flush()
 
 
 def run_fingerprint(args: Any, *, backend: str, cluster: str) -> dict[str, Any]:

@@ -64,7 +64,8 @@ class TrainingResult:
 def _log(message: str, *, rank: int, world_size: int) -> None:
     """Prints on the last rank (which holds the loss under pipeline parallelism), flushing."""
     if rank == world_size - 1:
-        print(message, flush=True)
+        sys.stdout.write(message + "\n")  # one write: lines from other ranks cannot split it
+        sys.stdout.flush()
 
 
 def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples: int, elapsed_ms: float,
