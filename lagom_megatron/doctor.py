@@ -50,13 +50,16 @@ def _int_env(environ: Mapping[str, str], *names: str) -> int | None:
 
 
 def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
-            world_size: int | None = None, gpus_per_node: int | None = None) -> RunShape:
+            world_size: int | None = None, gpus_per_node: int | None = None,
+            preset_env: Mapping[str, str] | None = None) -> RunShape:
     """Normalises the inputs of ``run_doctor`` into a ``RunShape``.
 
     A preset's ``env`` is laid over ``environ`` (the launch scripts export it before the ranks
     start) and its ``cluster`` is loaded when ``cluster`` is None. World size comes from the
     argument, the preset, ``args.world_size`` or ``WORLD_SIZE``; GPUs per node from the argument,
     the cluster, the preset's ``slurm`` section or ``LOCAL_WORLD_SIZE`` / ``SLURM_GPUS_ON_NODE``.
+    An explicit 0 or negative value is kept (the rules report it), not taken as unset.
+    ``preset_env`` is the preset's env section when the caller laid it over ``environ`` itself.
 
     Raises:
         ValueError: an unknown preset or cluster name (from the loaders), or an input type that
@@ -65,13 +68,16 @@ def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, clust
     from lagom_megatron.presets import Preset, load_preset
 
     environ = dict(os.environ if environ is None else environ)
+    preset_env = dict(preset_env or {})
     if isinstance(args_or_preset, (str, os.PathLike)):
         args_or_preset = load_preset(args_or_preset)
     if isinstance(args_or_preset, Preset):
         preset = args_or_preset
         args: dict[str, Any] = preset.to_args()
         environ.update(preset.env)
-        world_size = world_size or preset.world_size
+        preset_env.update(preset.env)
+        if world_size is None:
+            world_size = preset.world_size
         if cluster is None:
             cluster = preset.cluster
         if gpus_per_node is None and preset.slurm is not None:
@@ -92,19 +98,21 @@ def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, clust
     if world_size is None:
         world_size = args.get("world_size") or _int_env(environ, "WORLD_SIZE")
     if gpus_per_node is None:
-        gpus_per_node = _field(cluster, "gpus_per_node") or _int_env(
-            environ, "LOCAL_WORLD_SIZE", "SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE")
+        gpus_per_node = _field(cluster, "gpus_per_node")
+        if gpus_per_node is None:
+            gpus_per_node = _int_env(environ, "LOCAL_WORLD_SIZE", "SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE")
     backend = _field(cluster, "backend") or "nccl"
     return RunShape(
-        args=args, environ=environ, world_size=int(world_size) if world_size else None,
-        gpus_per_node=int(gpus_per_node) if gpus_per_node else None,
+        args=args, environ=environ, world_size=None if world_size is None else int(world_size),
+        gpus_per_node=None if gpus_per_node is None else int(gpus_per_node),
         sm_arch=_field(cluster, "sm_arch"), nccl_version=_field(cluster, "nccl_version"),
-        backend=str(backend),
+        backend=str(backend), preset_env=preset_env,
     )
 
 
 def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
-               world_size: int | None = None, gpus_per_node: int | None = None) -> list[Finding]:
+               world_size: int | None = None, gpus_per_node: int | None = None,
+               preset_env: Mapping[str, str] | None = None) -> list[Finding]:
     """Runs every rule.
 
     Args:
@@ -117,6 +125,7 @@ def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cl
             pre-Blackwell). CPU runs must pass a cluster whose backend is "gloo" (``cpu-gloo``).
         world_size: ranks in the job, overriding the preset / ``WORLD_SIZE``.
         gpus_per_node: overriding the cluster / ``LOCAL_WORLD_SIZE``.
+        preset_env: the preset's env section, when the caller resolved the preset itself.
 
     Returns:
         Findings, errors and warnings in rule order; empty = all clear.
@@ -124,7 +133,8 @@ def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cl
     Raises:
         ValueError: unknown preset or cluster, or an unsupported input type.
     """
-    shape = resolve(args_or_preset, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node)
+    shape = resolve(args_or_preset, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
+                    preset_env=preset_env)
     findings: list[Finding] = []
     for rule in RULES:
         findings.extend(rule(shape))

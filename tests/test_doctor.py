@@ -40,7 +40,14 @@ def test_base_layout_is_clean():
 
 # (case id, args changes, env (None = BASE_ENV), cluster, world size, expected rule, expected level)
 CASES = [
-    ("world-not-divisible", {}, None, H100, 10, "world-size", "error"),
+    ("world-not-divisible", {}, None, {**H100, "gpus_per_node": 2}, 10, "world-size", "error"),
+    ("world-zero", {}, None, H100, 0, "world-size", "error"),
+    ("world-negative", {}, None, H100, -4, "world-size", "error"),
+    ("gpus-per-node-zero", {}, None, {**H100, "gpus_per_node": 0}, 16, "gpus-per-node", "error"),
+    ("world-not-whole-nodes", dict(global_batch_size=48), None, {**H100, "gpus_per_node": 16}, 24,
+     "gpus-per-node", "error"),
+    ("tp-straddles-nodes", dict(tensor_model_parallel_size=4, global_batch_size=48), None,
+     {**H100, "gpus_per_node": 6}, 24, "tp-node", "error"),
     ("expert-layout", dict(expert_model_parallel_size=8, num_experts=8, tensor_model_parallel_size=1,
                            sequence_parallel=False, global_batch_size=48), {}, H100, 24, "world-size", "error"),
     ("batch", dict(global_batch_size=30), None, H100, 16, "batch", "error"),
@@ -115,7 +122,7 @@ def test_rule_triggers(case):
 def test_every_rule_has_a_case():
     rule_ids = {c[5] for c in CASES}
     assert len(rule_ids) >= 14
-    assert len(RULES) == 12  # a new rule needs a case in CASES
+    assert len(RULES) == 13  # a new rule needs a case in CASES
 
 
 def test_query_groups_ignored_without_group_query_attention():
@@ -133,10 +140,24 @@ def test_cdmc_not_required_on_blackwell():
 def test_cdmc_error_names_values():
     (f,) = findings_of(env={"CUDA_DEVICE_MAX_CONNECTIONS": "8"})
     assert "'8'" in f.what and "TP 2" in f.what and "sm_90" in f.what
+    (f,) = findings_of(env={})
+    assert f.what == "CUDA_DEVICE_MAX_CONNECTIONS is unset with TP 2, CP 1 on sm_90"
+    assert f.fix == "export CUDA_DEVICE_MAX_CONNECTIONS=1"  # no preset: nothing sets it
+
+
+def test_cdmc_fix_names_the_preset_env_only_when_it_sets_it(capsys, monkeypatch):
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    assert main(["doctor", "--no-preset-env", "--preset", "gpt3-13b-h100x64"]) == 1
+    assert "    fix: export CUDA_DEVICE_MAX_CONNECTIONS=1 (the preset's env does this)" in capsys.readouterr().out
+    assert main(["doctor", "--no-preset-env", "--preset", "mixtral-8x7b-h100x32",
+                 "--", "--tensor-model-parallel-size", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "CUDA_DEVICE_MAX_CONNECTIONS is unset with TP 2" in out
+    assert "    fix: export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in out
 
 
 def test_world_size_message_shows_arithmetic():
-    (f,) = findings_of(world_size=10)
+    (f,) = findings_of(cluster={**H100, "gpus_per_node": 2}, world_size=10)
     assert f.what == "world size 10 is not divisible by TP x PP x CP = 2 x 2 x 1 = 4"
 
 
@@ -153,7 +174,7 @@ def test_overrides_only_with_lagom():
 
 def test_namespace_input_reads_world_size_from_environment():
     ns = argparse.Namespace(**base_args())
-    found = run_doctor(ns, {**BASE_ENV, "WORLD_SIZE": "10"}, H100)
+    found = run_doctor(ns, {**BASE_ENV, "WORLD_SIZE": "10"}, {**H100, "gpus_per_node": 2})
     assert [f.rule for f in found] == ["world-size"]
 
 
@@ -191,6 +212,20 @@ def test_command_line_exit_codes(capsys, monkeypatch):
     good = ["doctor", "--world-size", "8", "--", "--tensor-model-parallel-size", "2",
             "--num-attention-heads", "32", "--num-layers", "4"]
     assert main(good) == 0
+
+
+@pytest.mark.parametrize("option, what", [
+    (["--world-size", "0"], "error: [world-size] world size 0 is not a positive integer"),
+    (["--world-size", "-4"], "error: [world-size] world size -4 is not a positive integer"),
+    (["--gpus-per-node", "0"], "error: [gpus-per-node] GPUs per node 0 is not a positive integer"),
+    (["--gpus-per-node", "3"], "error: [gpus-per-node] world size 64 is not a multiple of the 3 GPUs per node"),
+    (["--gpus-per-node", "3"], "error: [tp-node] tensor_model_parallel_size 2 does not tile the 3 GPUs of a node"),
+])
+def test_command_rejects_bad_node_shapes(capsys, option, what):
+    assert main(["doctor", "--preset", "gpt3-13b-h100x64", *option]) == 1
+    out = capsys.readouterr().out
+    assert what in out.splitlines()
+    assert "fix: " in out
 
 
 def test_command_needs_input(capsys):

@@ -55,14 +55,18 @@ def run(args: argparse.Namespace) -> int:
     world_size = args.world_size
     gpus_per_node = args.gpus_per_node
     environ = dict(os.environ)
+    preset_env: dict[str, str] = {}
     if preset is not None:
+        preset_env = dict(preset.env)
         if not args.no_preset_env:
             environ.update(preset.env)
         cluster = cluster or preset.cluster
-        world_size = world_size or preset.world_size
+        if world_size is None:
+            world_size = preset.world_size
         if gpus_per_node is None and preset.slurm is not None:
             gpus_per_node = preset.slurm.gpus_per_node
-    findings = run_doctor(target, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node)
+    findings = run_doctor(target, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
+                          preset_env=preset_env)
     n_err = len(errors(findings))
     if args.json:
         print(json.dumps([{"level": f.level, "rule": f.rule, "what": f.what, "why": f.why, "fix": f.fix}
