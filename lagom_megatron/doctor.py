@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 from lagom_megatron.doctor_rules import BLACKWELL_SM_ARCH, RULES, Finding, Level, RunShape
 
 __all__ = ["BLACKWELL_SM_ARCH", "RULES", "Finding", "Level", "RunShape", "resolve", "run_doctor", "errors",
-           "preflight", "detect_cluster", "preflight_pretrain"]
+           "preflight", "detect_cluster", "preflight_pretrain", "check_command_line"]
 
 
 def _load_cluster(name: str) -> Any:
@@ -139,6 +139,47 @@ def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cl
     for rule in RULES:
         findings.extend(rule(shape))
     return findings
+
+
+def check_command_line(argv: list[str], world_size: int | None) -> list[Finding]:
+    """Parses a ``scripts/pretrain_gpt.py`` command line as that script does.
+
+    ``integration.arguments.parse_args`` then ``validate_args`` (on the line's own namespace), so
+    an unknown flag, an invalid choice or a bad value is an error naming it, as the real launch
+    would stop on it. A line without a data source gets a warning and is checked as if it had
+    ``--mock-data`` (the data flags are usually added at launch). ``world_size`` None or below 1
+    is replaced by TP x PP x CP (the rules report it).
+
+    Returns:
+        At most two findings: ``command-line`` (argparse refused the line) or ``pretrain-args``
+        (``validate_args`` refused it, its first complaint), and the ``data`` warning.
+    """
+    from lagom_megatron.integration.arguments import parse_args, validate_args
+
+    stop = "scripts/pretrain_gpt.py would stop here with exit code 2, before any rank trains"
+    try:
+        ns = parse_args(argv, exit_on_error=False)
+    except (ValueError, FileNotFoundError) as exc:
+        return [Finding("error", "command-line", str(exc), stop,
+                        "fix the flag or value named (python scripts/pretrain_gpt.py --help lists them); "
+                        "a Megatron-LM checkout's line is checked with lagom doctor --megatron-lm")]
+    out = []
+    if not ns.mock_data and not ns.data_path:
+        out.append(Finding(
+            "warning", "data", "no training data: neither --mock-data nor --data-path is given",
+            "pretrain_gpt.py stops without a data source; the rest of the line was checked as if "
+            "--mock-data were given",
+            "add --mock-data or --data-path PREFIX to the launch command",
+        ))
+        ns.mock_data = True
+    if world_size is None or world_size < 1:
+        world_size = ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size * ns.context_parallel_size
+    try:
+        validate_args(ns, world_size)
+    except (ValueError, FileNotFoundError, TypeError, ZeroDivisionError) as exc:
+        out.insert(0, Finding("error", "pretrain-args", str(exc), stop,
+                              "change the value named; the other doctor findings explain layout problems"))
+    return out
 
 
 def errors(findings: list[Finding]) -> list[Finding]:

@@ -211,7 +211,39 @@ def test_command_line_exit_codes(capsys, monkeypatch):
     assert "[world-size]" in out and "[heads-tp]" in out and "2 error(s)" in out
     good = ["doctor", "--world-size", "8", "--", "--tensor-model-parallel-size", "2",
             "--num-attention-heads", "32", "--num-layers", "4"]
-    assert main(good) == 0
+    assert main(good) == 1  # pretrain_gpt.py would stop: no --hidden-size, ...
+    assert "error: [pretrain-args] --hidden-size is required" in capsys.readouterr().out
+    assert main(["doctor", "--megatron-lm", *good[1:]]) == 0  # a Megatron-LM line: layout only
+    capsys.readouterr()
+    full = ["doctor", "--world-size", "8", "--", "--preset", "cpu-tp2-dp2", "--mock-data"]
+    assert main(full) == 0
+
+
+@pytest.mark.parametrize("extra, what", [
+    (["--lagom-method", "foo"],
+     "error: [command-line] argument --lagom-method: invalid choice: 'foo' "
+     "(choose from 'priority', 'autoccl', 'nccl-default')"),
+    (["--tensor-model-paralel-size", "2"],
+     "error: [command-line] unrecognized arguments: --tensor-model-paralel-size "
+     "(did you mean --tensor-model-parallel-size?) 2"),
+    (["--num-layers", "x"], "error: [command-line] argument --num-layers: invalid int value: 'x'"),
+])
+def test_command_line_is_parsed_by_pretrain_gpt(capsys, extra, what):
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", *extra]) == 1
+    out = capsys.readouterr().out
+    assert what in out.splitlines()
+    assert "1 error(s)" in out
+
+
+def test_command_line_validate_args_and_data_warning(capsys):
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", "--lr", "0.1", "--min-lr", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "error: [pretrain-args] need --lr >= --min-lr >= 0; got --lr 0.1, --min-lr 1.0" in out
+    assert main(["doctor", "--preset", "cpu-tp2-dp2"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: [data] no training data: neither --mock-data nor --data-path is given" in out
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", "--mock-data"]) == 0
+    assert "0 error(s), 0 warning(s)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("option, what", [

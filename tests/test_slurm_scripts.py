@@ -62,7 +62,7 @@ def fake(tmp_path):
 
 
 def test_per_node_dry_run_prints_exact_commands(fake):
-    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-70b-h100x64", "--", "--train-iters", "5")
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-70b-h100x64", "--", "--train-iters", "50")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[:5] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
@@ -77,7 +77,7 @@ def test_per_node_dry_run_prints_exact_commands(fake):
     assert srun == ["srun", "--kill-on-bad-exit=1", "--nodes=8", "--ntasks-per-node=1", "--export=ALL", PY, "-m",
                     "torch.distributed.run", "--nnodes=8", "--nproc-per-node=8", "--rdzv-id=123456",
                     "--rdzv-backend=c10d", "--rdzv-endpoint=node-a07:23456", "--max-restarts=0", train,
-                    "--preset", "llama3-70b-h100x64", "--train-iters", "5"]
+                    "--preset", "llama3-70b-h100x64", "--train-iters", "50"]
     assert len(lines) == 7
     assert not (fake.log / "srun.args").exists()  # dry run: srun never called
     assert "0 error(s)" in proc.stderr
@@ -141,6 +141,19 @@ def test_doctor_errors_stop_the_launch(fake):
     proc = fake(PER_NODE, "--preset", "llama3-8b-h100x8", "--", "--tensor-model-parallel-size", "3")
     assert proc.returncode == 1
     assert "[world-size]" in proc.stderr and "not launching" in proc.stderr
+    assert not (fake.log / "srun.args").exists()
+
+
+@pytest.mark.parametrize("extra, what", [
+    (["--lagom-method", "foo"], "invalid choice: 'foo' (choose from 'priority', 'autoccl', 'nccl-default')"),
+    (["--tensor-model-paralel-size", "2"], "unrecognized arguments: --tensor-model-paralel-size"),
+])
+def test_bad_pretrain_flags_stop_at_the_doctor(fake, extra, what):
+    proc = fake(PER_NODE, "--preset", "llama3-70b-h100x64", "--dry-run", "--", *extra)
+    assert proc.returncode == 1, proc.stderr
+    assert f"error: [command-line] " in proc.stderr and what in proc.stderr
+    assert "lagom doctor found errors; not launching" in proc.stderr
+    assert "srun" not in proc.stdout.split("lagom_megatron.cli doctor")[-1]
     assert not (fake.log / "srun.args").exists()
 
 
