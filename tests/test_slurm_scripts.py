@@ -157,6 +157,41 @@ def test_bad_pretrain_flags_stop_at_the_doctor(fake, extra, what):
     assert not (fake.log / "srun.args").exists()
 
 
+@pytest.mark.parametrize("script", [PER_NODE, PER_GPU], ids=["per-node", "per-gpu"])
+def test_help_prints_usage(fake, script):
+    proc = fake(script, "--help", slurm=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Megatron pretraining with lagom on SLURM")
+    assert "Options: --preset NAME|PATH (required)" in proc.stdout and "#" not in proc.stdout.split("\n")[0]
+    assert proc.stderr == ""
+
+
+def test_missing_plan_is_announced_and_its_folder_created(fake):
+    plan = fake.tmp / "runs" / "new" / "plan.json"
+    dry = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(plan))
+    assert dry.returncode == 0, dry.stderr
+    assert (f"lagom_pretrain: warning: plan {plan} does not exist; this run searches a new plan and saves it there"
+            in dry.stderr.splitlines())
+    assert not plan.parent.exists()  # a dry run creates nothing
+    proc = fake(PER_GPU, "--preset", "llama2-7b-a100x32-ib100", "--plan", str(plan),
+                extra_env={"SLURM_JOB_NUM_NODES": "4"})
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: plan" in proc.stderr and plan.parent.is_dir()
+    assert (fake.log / "srun.args").read_text().split()[-2:] == ["--lagom-plan", str(plan)]
+    plan.write_text("{}")
+    again = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(plan))
+    assert again.returncode == 0 and "warning: plan" not in again.stderr
+
+
+def test_plan_under_a_file_or_a_directory_is_refused(fake):
+    (fake.tmp / "afile").write_text("")
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(fake.tmp / "afile" / "plan.json"))
+    assert proc.returncode == 2
+    assert f"cannot write the plan under {fake.tmp / 'afile'} (not a writable folder)" in proc.stderr
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(fake.tmp))
+    assert proc.returncode == 2 and "is a directory; give the plan's file" in proc.stderr
+
+
 def test_bad_plan_env_values_stop_the_launch(fake):
     plan = fake.tmp / "plan.json"
     plan.write_text("{}")
