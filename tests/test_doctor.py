@@ -260,6 +260,14 @@ def test_command_rejects_bad_node_shapes(capsys, option, what):
     assert "fix: " in out
 
 
+def test_missing_tuner_plugin_file_is_an_error(capsys, monkeypatch):
+    monkeypatch.setenv("NCCL_TUNER_PLUGIN", "/nonexist.so")
+    assert main(["doctor", "--preset", "llama3-70b-h100x64"]) == 1
+    out = capsys.readouterr().out
+    assert "error: [nccl-env] NCCL_TUNER_PLUGIN='/nonexist.so': the file does not exist" in out.splitlines()
+    assert "not lagom's plugin" not in out and "1 error(s), 0 warning(s)" in out
+
+
 def test_command_needs_input(capsys):
     assert main(["doctor"]) == 2
     assert "give --preset" in capsys.readouterr().err
