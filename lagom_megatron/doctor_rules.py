@@ -96,7 +96,7 @@ class RunShape:
 
 
 def rule_nodes(s: RunShape) -> list[Finding]:
-    """World size >= 1, GPUs per node >= 1, whole nodes, and TP groups that do not straddle nodes."""
+    """World size >= 1, GPUs per node >= 1; on GPUs, whole nodes and TP groups that do not straddle nodes."""
     out = []
     if s.world_size is not None and s.world_size < 1:
         out.append(Finding(
@@ -110,8 +110,8 @@ def rule_nodes(s: RunShape) -> list[Finding]:
             "every node runs at least one rank; the layout checks divide by the GPUs per node",
             "give the GPUs (ranks) of one node, e.g. --gpus-per-node 8",
         ))
-    if out or s.world_size is None or s.gpus_per_node is None:
-        return out
+    if out or s.world_size is None or s.gpus_per_node is None or s.backend == "gloo":
+        return out  # gloo: CPU processes on one host; the cluster's GPUs per node are nominal
     gpn = s.gpus_per_node
     if s.world_size > gpn and s.world_size % gpn:
         out.append(Finding(

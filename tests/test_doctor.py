@@ -161,6 +161,13 @@ def test_world_size_message_shows_arithmetic():
     assert f.what == "world size 10 is not divisible by TP x PP x CP = 2 x 2 x 1 = 4"
 
 
+def test_gloo_skips_node_shape_rules():
+    """CPU ranks are processes on one host: no whole-node or TP-per-node requirement."""
+    assert findings_of(base_args(global_batch_size=24), {}, CPU, 12) == []
+    assert findings_of(base_args(global_batch_size=24), {}, {**CPU, "gpus_per_node": 3}, 12) == []
+    assert [f.rule for f in findings_of(base_args(), {}, CPU, 0)] == ["world-size"]
+
+
 def test_gloo_skips_cuda_and_nccl_rules():
     env = {"NCCL_NTHREADS": "480", "NCCL_MAX_CTAS": "4"}
     assert findings_of(env=env, cluster=CPU) == []
