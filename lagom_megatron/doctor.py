@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 from lagom_megatron.doctor_rules import BLACKWELL_SM_ARCH, RULES, Finding, Level, RunShape
 
 __all__ = ["BLACKWELL_SM_ARCH", "RULES", "Finding", "Level", "RunShape", "resolve", "run_doctor", "errors",
-           "preflight", "detect_cluster", "preflight_pretrain"]
+           "preflight", "detect_cluster", "preflight_pretrain", "check_command_line"]
 
 
 def _load_cluster(name: str) -> Any:
@@ -50,13 +50,16 @@ def _int_env(environ: Mapping[str, str], *names: str) -> int | None:
 
 
 def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
-            world_size: int | None = None, gpus_per_node: int | None = None) -> RunShape:
+            world_size: int | None = None, gpus_per_node: int | None = None,
+            preset_env: Mapping[str, str] | None = None) -> RunShape:
     """Normalises the inputs of ``run_doctor`` into a ``RunShape``.
 
     A preset's ``env`` is laid over ``environ`` (the launch scripts export it before the ranks
     start) and its ``cluster`` is loaded when ``cluster`` is None. World size comes from the
     argument, the preset, ``args.world_size`` or ``WORLD_SIZE``; GPUs per node from the argument,
     the cluster, the preset's ``slurm`` section or ``LOCAL_WORLD_SIZE`` / ``SLURM_GPUS_ON_NODE``.
+    An explicit 0 or negative value is kept (the rules report it), not taken as unset.
+    ``preset_env`` is the preset's env section when the caller laid it over ``environ`` itself.
 
     Raises:
         ValueError: an unknown preset or cluster name (from the loaders), or an input type that
@@ -65,13 +68,16 @@ def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, clust
     from lagom_megatron.presets import Preset, load_preset
 
     environ = dict(os.environ if environ is None else environ)
+    preset_env = dict(preset_env or {})
     if isinstance(args_or_preset, (str, os.PathLike)):
         args_or_preset = load_preset(args_or_preset)
     if isinstance(args_or_preset, Preset):
         preset = args_or_preset
         args: dict[str, Any] = preset.to_args()
         environ.update(preset.env)
-        world_size = world_size or preset.world_size
+        preset_env.update(preset.env)
+        if world_size is None:
+            world_size = preset.world_size
         if cluster is None:
             cluster = preset.cluster
         if gpus_per_node is None and preset.slurm is not None:
@@ -92,19 +98,21 @@ def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, clust
     if world_size is None:
         world_size = args.get("world_size") or _int_env(environ, "WORLD_SIZE")
     if gpus_per_node is None:
-        gpus_per_node = _field(cluster, "gpus_per_node") or _int_env(
-            environ, "LOCAL_WORLD_SIZE", "SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE")
+        gpus_per_node = _field(cluster, "gpus_per_node")
+        if gpus_per_node is None:
+            gpus_per_node = _int_env(environ, "LOCAL_WORLD_SIZE", "SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE")
     backend = _field(cluster, "backend") or "nccl"
     return RunShape(
-        args=args, environ=environ, world_size=int(world_size) if world_size else None,
-        gpus_per_node=int(gpus_per_node) if gpus_per_node else None,
+        args=args, environ=environ, world_size=None if world_size is None else int(world_size),
+        gpus_per_node=None if gpus_per_node is None else int(gpus_per_node),
         sm_arch=_field(cluster, "sm_arch"), nccl_version=_field(cluster, "nccl_version"),
-        backend=str(backend),
+        backend=str(backend), preset_env=preset_env,
     )
 
 
 def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
-               world_size: int | None = None, gpus_per_node: int | None = None) -> list[Finding]:
+               world_size: int | None = None, gpus_per_node: int | None = None,
+               preset_env: Mapping[str, str] | None = None) -> list[Finding]:
     """Runs every rule.
 
     Args:
@@ -117,6 +125,7 @@ def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cl
             pre-Blackwell). CPU runs must pass a cluster whose backend is "gloo" (``cpu-gloo``).
         world_size: ranks in the job, overriding the preset / ``WORLD_SIZE``.
         gpus_per_node: overriding the cluster / ``LOCAL_WORLD_SIZE``.
+        preset_env: the preset's env section, when the caller resolved the preset itself.
 
     Returns:
         Findings, errors and warnings in rule order; empty = all clear.
@@ -124,11 +133,53 @@ def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cl
     Raises:
         ValueError: unknown preset or cluster, or an unsupported input type.
     """
-    shape = resolve(args_or_preset, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node)
+    shape = resolve(args_or_preset, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
+                    preset_env=preset_env)
     findings: list[Finding] = []
     for rule in RULES:
         findings.extend(rule(shape))
     return findings
+
+
+def check_command_line(argv: list[str], world_size: int | None) -> list[Finding]:
+    """Parses a ``scripts/pretrain_gpt.py`` command line as that script does.
+
+    ``integration.arguments.parse_args`` then ``validate_args`` (on the line's own namespace), so
+    an unknown flag, an invalid choice or a bad value is an error naming it, as the real launch
+    would stop on it. A line without a data source gets a warning and is checked as if it had
+    ``--mock-data`` (the data flags are usually added at launch). ``world_size`` None or below 1
+    is replaced by TP x PP x CP (the rules report it).
+
+    Returns:
+        At most two findings: ``command-line`` (argparse refused the line) or ``pretrain-args``
+        (``validate_args`` refused it, its first complaint), and the ``data`` warning.
+    """
+    from lagom_megatron.integration.arguments import parse_args, validate_args
+
+    stop = "scripts/pretrain_gpt.py would stop here with exit code 2, before any rank trains"
+    try:
+        ns = parse_args(argv, exit_on_error=False)
+    except (ValueError, FileNotFoundError) as exc:
+        return [Finding("error", "command-line", str(exc), stop,
+                        "fix the flag or value named (python scripts/pretrain_gpt.py --help lists them); "
+                        "a Megatron-LM checkout's line is checked with lagom doctor --megatron-lm")]
+    out = []
+    if not ns.mock_data and not ns.data_path:
+        out.append(Finding(
+            "warning", "data", "no training data: neither --mock-data nor --data-path is given",
+            "pretrain_gpt.py stops without a data source; the rest of the line was checked as if "
+            "--mock-data were given",
+            "add --mock-data or --data-path PREFIX to the launch command",
+        ))
+        ns.mock_data = True
+    if world_size is None or world_size < 1:
+        world_size = ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size * ns.context_parallel_size
+    try:
+        validate_args(ns, world_size)
+    except (ValueError, FileNotFoundError, TypeError, ZeroDivisionError) as exc:
+        out.insert(0, Finding("error", "pretrain-args", str(exc), stop,
+                              "change the value named; the other doctor findings explain layout problems"))
+    return out
 
 
 def errors(findings: list[Finding]) -> list[Finding]:

@@ -8,7 +8,7 @@ this project's design. ``RULES`` lists them in report order; ``lagom_megatron.do
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
 from lagom_megatron.engine.nccl_env_check import check_nccl_env, override_issues
@@ -53,6 +53,8 @@ class RunShape:
         sm_arch: compute capability x 10 (90 = Hopper); None = unknown, treated as pre-Blackwell.
         nccl_version: e.g. "2.27.3"; None = unknown.
         backend: "nccl" or "gloo" (CPU: the CUDA and NCCL rules do not apply).
+        preset_env: the preset's ``env`` section (empty without a preset), so that a fix can say
+            whether the preset already sets a variable.
     """
 
     args: Mapping[str, Any]
@@ -62,6 +64,7 @@ class RunShape:
     sm_arch: int | None
     nccl_version: str | None
     backend: str
+    preset_env: Mapping[str, str] = field(default_factory=dict)
 
     def get(self, name: str, default: Any = None) -> Any:
         value = self.args.get(name, default)
@@ -92,10 +95,49 @@ class RunShape:
         return bool(self.get("lagom", False))
 
 
+def rule_nodes(s: RunShape) -> list[Finding]:
+    """World size >= 1, GPUs per node >= 1; on GPUs, whole nodes and TP groups that do not straddle nodes."""
+    out = []
+    if s.world_size is not None and s.world_size < 1:
+        out.append(Finding(
+            "error", "world-size", f"world size {s.world_size} is not a positive integer",
+            "the job needs at least one rank; torchrun and Megatron-LM refuse a world size below 1",
+            "give the number of ranks (nodes x GPUs per node), e.g. --world-size 64",
+        ))
+    if s.gpus_per_node is not None and s.gpus_per_node < 1:
+        out.append(Finding(
+            "error", "gpus-per-node", f"GPUs per node {s.gpus_per_node} is not a positive integer",
+            "every node runs at least one rank; the layout checks divide by the GPUs per node",
+            "give the GPUs (ranks) of one node, e.g. --gpus-per-node 8",
+        ))
+    if out or s.world_size is None or s.gpus_per_node is None or s.backend == "gloo":
+        return out  # gloo: CPU processes on one host; the cluster's GPUs per node are nominal
+    gpn = s.gpus_per_node
+    if s.world_size > gpn and s.world_size % gpn:
+        out.append(Finding(
+            "error", "gpus-per-node",
+            f"world size {s.world_size} is not a multiple of the {gpn} GPUs per node",
+            "SLURM and torchrun start the same number of ranks on every node, so a job spans whole "
+            "nodes: nodes x GPUs per node = world size",
+            f"use a world size that is a multiple of {gpn}, or fix --gpus-per-node",
+        ))
+    tp = s.tp
+    if tp > 1 and ((tp <= gpn and gpn % tp) or (tp > gpn and tp % gpn)):
+        out.append(Finding(
+            "error", "tp-node",
+            f"tensor_model_parallel_size {tp} does not tile the {gpn} GPUs of a node",
+            "Megatron-LM puts consecutive ranks in a TP group; unless the GPUs per node are a multiple "
+            "of TP, some TP groups straddle two nodes and their per-layer collectives silently go "
+            "over the network instead of NVLink",
+            f"use a TP that divides {gpn} (or a multiple of {gpn}), or fix --gpus-per-node",
+        ))
+    return out
+
+
 def rule_world_size(s: RunShape) -> list[Finding]:
     """world size = TP x PP x CP x DP; experts: world divisible by ETP x EP x PP."""
     out = []
-    if s.world_size is None:
+    if s.world_size is None or s.world_size < 1:
         return out
     model_parallel = s.tp * s.pp * s.cp
     if s.world_size % model_parallel:
@@ -121,7 +163,7 @@ def rule_world_size(s: RunShape) -> list[Finding]:
 def rule_batch(s: RunShape) -> list[Finding]:
     """global batch = micro-batch x accumulation steps x DP."""
     gbs, mbs = s.get("global_batch_size"), int(s.get("micro_batch_size", 1))
-    if s.world_size is None or gbs is None or s.world_size % (s.tp * s.pp * s.cp):
+    if s.world_size is None or s.world_size < 1 or gbs is None or s.world_size % (s.tp * s.pp * s.cp):
         return []
     dp = s.world_size // (s.tp * s.pp * s.cp)
     if int(gbs) % (mbs * dp):
@@ -296,7 +338,7 @@ def rule_tp_comm_overlap(s: RunShape) -> list[Finding]:
             "sequence parallelism is enabled'",
             "add --sequence-parallel or drop --tp-comm-overlap",
         ))
-    if s.gpus_per_node is not None and s.tp > s.gpus_per_node:
+    if s.gpus_per_node is not None and s.gpus_per_node >= 1 and s.tp > s.gpus_per_node:
         out.append(Finding(
             "error", "tp-comm-overlap",
             f"tp_comm_overlap with TP {s.tp} larger than the {s.gpus_per_node} GPUs of a node",
@@ -378,13 +420,15 @@ def rule_cuda_device_max_connections(s: RunShape) -> list[Finding]:
             )]
         return []
     if (s.tp > 1 or s.cp > 1) and pre_blackwell and cdmc != "1":
+        seen = "unset" if cdmc is None else f"{cdmc!r}"
+        by_preset = " (the preset's env does this)" if s.preset_env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1" else ""
         return [Finding(
             "error", "cuda-device-max-connections",
-            f"CUDA_DEVICE_MAX_CONNECTIONS is {cdmc!r} with TP {s.tp}, CP {s.cp} on {arch}",
+            f"CUDA_DEVICE_MAX_CONNECTIONS is {seen} with TP {s.tp}, CP {s.cp} on {arch}",
             "Megatron-LM asserts 'Using tensor model parallelism or context parallelism require "
             "setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1': with one hardware "
             "queue, TP/CP communication kernels are issued before the compute they overlap",
-            "export CUDA_DEVICE_MAX_CONNECTIONS=1 (the preset's env does this)",
+            f"export CUDA_DEVICE_MAX_CONNECTIONS=1{by_preset}",
         )]
     out = []
     if cdmc == "1" and s.tp == 1 and s.cp == 1 and (
@@ -423,7 +467,7 @@ def rule_nccl_overrides(s: RunShape) -> list[Finding]:
 
 
 RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
-    rule_world_size, rule_batch, rule_heads, rule_layers, rule_experts, rule_sequence,
+    rule_nodes, rule_world_size, rule_batch, rule_heads, rule_layers, rule_experts, rule_sequence,
     rule_tp_comm_overlap, rule_overlap_param_gather, rule_ddp_bucket_size,
     rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides,
 )

@@ -40,7 +40,14 @@ def test_base_layout_is_clean():
 
 # (case id, args changes, env (None = BASE_ENV), cluster, world size, expected rule, expected level)
 CASES = [
-    ("world-not-divisible", {}, None, H100, 10, "world-size", "error"),
+    ("world-not-divisible", {}, None, {**H100, "gpus_per_node": 2}, 10, "world-size", "error"),
+    ("world-zero", {}, None, H100, 0, "world-size", "error"),
+    ("world-negative", {}, None, H100, -4, "world-size", "error"),
+    ("gpus-per-node-zero", {}, None, {**H100, "gpus_per_node": 0}, 16, "gpus-per-node", "error"),
+    ("world-not-whole-nodes", dict(global_batch_size=48), None, {**H100, "gpus_per_node": 16}, 24,
+     "gpus-per-node", "error"),
+    ("tp-straddles-nodes", dict(tensor_model_parallel_size=4, global_batch_size=48), None,
+     {**H100, "gpus_per_node": 6}, 24, "tp-node", "error"),
     ("expert-layout", dict(expert_model_parallel_size=8, num_experts=8, tensor_model_parallel_size=1,
                            sequence_parallel=False, global_batch_size=48), {}, H100, 24, "world-size", "error"),
     ("batch", dict(global_batch_size=30), None, H100, 16, "batch", "error"),
@@ -115,7 +122,7 @@ def test_rule_triggers(case):
 def test_every_rule_has_a_case():
     rule_ids = {c[5] for c in CASES}
     assert len(rule_ids) >= 14
-    assert len(RULES) == 12  # a new rule needs a case in CASES
+    assert len(RULES) == 13  # a new rule needs a case in CASES
 
 
 def test_query_groups_ignored_without_group_query_attention():
@@ -133,11 +140,32 @@ def test_cdmc_not_required_on_blackwell():
 def test_cdmc_error_names_values():
     (f,) = findings_of(env={"CUDA_DEVICE_MAX_CONNECTIONS": "8"})
     assert "'8'" in f.what and "TP 2" in f.what and "sm_90" in f.what
+    (f,) = findings_of(env={})
+    assert f.what == "CUDA_DEVICE_MAX_CONNECTIONS is unset with TP 2, CP 1 on sm_90"
+    assert f.fix == "export CUDA_DEVICE_MAX_CONNECTIONS=1"  # no preset: nothing sets it
+
+
+def test_cdmc_fix_names_the_preset_env_only_when_it_sets_it(capsys, monkeypatch):
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    assert main(["doctor", "--no-preset-env", "--preset", "gpt3-13b-h100x64"]) == 1
+    assert "    fix: export CUDA_DEVICE_MAX_CONNECTIONS=1 (the preset's env does this)" in capsys.readouterr().out
+    assert main(["doctor", "--no-preset-env", "--preset", "mixtral-8x7b-h100x32",
+                 "--", "--tensor-model-parallel-size", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "CUDA_DEVICE_MAX_CONNECTIONS is unset with TP 2" in out
+    assert "    fix: export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in out
 
 
 def test_world_size_message_shows_arithmetic():
-    (f,) = findings_of(world_size=10)
+    (f,) = findings_of(cluster={**H100, "gpus_per_node": 2}, world_size=10)
     assert f.what == "world size 10 is not divisible by TP x PP x CP = 2 x 2 x 1 = 4"
+
+
+def test_gloo_skips_node_shape_rules():
+    """CPU ranks are processes on one host: no whole-node or TP-per-node requirement."""
+    assert findings_of(base_args(global_batch_size=24), {}, CPU, 12) == []
+    assert findings_of(base_args(global_batch_size=24), {}, {**CPU, "gpus_per_node": 3}, 12) == []
+    assert [f.rule for f in findings_of(base_args(), {}, CPU, 0)] == ["world-size"]
 
 
 def test_gloo_skips_cuda_and_nccl_rules():
@@ -153,7 +181,7 @@ def test_overrides_only_with_lagom():
 
 def test_namespace_input_reads_world_size_from_environment():
     ns = argparse.Namespace(**base_args())
-    found = run_doctor(ns, {**BASE_ENV, "WORLD_SIZE": "10"}, H100)
+    found = run_doctor(ns, {**BASE_ENV, "WORLD_SIZE": "10"}, {**H100, "gpus_per_node": 2})
     assert [f.rule for f in found] == ["world-size"]
 
 
@@ -190,7 +218,61 @@ def test_command_line_exit_codes(capsys, monkeypatch):
     assert "[world-size]" in out and "[heads-tp]" in out and "2 error(s)" in out
     good = ["doctor", "--world-size", "8", "--", "--tensor-model-parallel-size", "2",
             "--num-attention-heads", "32", "--num-layers", "4"]
-    assert main(good) == 0
+    assert main(good) == 1  # pretrain_gpt.py would stop: no --hidden-size, ...
+    assert "error: [pretrain-args] --hidden-size is required" in capsys.readouterr().out
+    assert main(["doctor", "--megatron-lm", *good[1:]]) == 0  # a Megatron-LM line: layout only
+    capsys.readouterr()
+    full = ["doctor", "--world-size", "8", "--", "--preset", "cpu-tp2-dp2", "--mock-data"]
+    assert main(full) == 0
+
+
+@pytest.mark.parametrize("extra, what", [
+    (["--lagom-method", "foo"],
+     "error: [command-line] argument --lagom-method: invalid choice: 'foo' "
+     "(choose from 'priority', 'autoccl', 'nccl-default')"),
+    (["--tensor-model-paralel-size", "2"],
+     "error: [command-line] unrecognized arguments: --tensor-model-paralel-size "
+     "(did you mean --tensor-model-parallel-size?) 2"),
+    (["--num-layers", "x"], "error: [command-line] argument --num-layers: invalid int value: 'x'"),
+])
+def test_command_line_is_parsed_by_pretrain_gpt(capsys, extra, what):
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", *extra]) == 1
+    out = capsys.readouterr().out
+    assert what in out.splitlines()
+    assert "1 error(s)" in out
+
+
+def test_command_line_validate_args_and_data_warning(capsys):
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", "--lr", "0.1", "--min-lr", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "error: [pretrain-args] need --lr >= --min-lr >= 0; got --lr 0.1, --min-lr 1.0" in out
+    assert main(["doctor", "--preset", "cpu-tp2-dp2"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: [data] no training data: neither --mock-data nor --data-path is given" in out
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", "--mock-data"]) == 0
+    assert "0 error(s), 0 warning(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option, what", [
+    (["--world-size", "0"], "error: [world-size] world size 0 is not a positive integer"),
+    (["--world-size", "-4"], "error: [world-size] world size -4 is not a positive integer"),
+    (["--gpus-per-node", "0"], "error: [gpus-per-node] GPUs per node 0 is not a positive integer"),
+    (["--gpus-per-node", "3"], "error: [gpus-per-node] world size 64 is not a multiple of the 3 GPUs per node"),
+    (["--gpus-per-node", "3"], "error: [tp-node] tensor_model_parallel_size 2 does not tile the 3 GPUs of a node"),
+])
+def test_command_rejects_bad_node_shapes(capsys, option, what):
+    assert main(["doctor", "--preset", "gpt3-13b-h100x64", *option]) == 1
+    out = capsys.readouterr().out
+    assert what in out.splitlines()
+    assert "fix: " in out
+
+
+def test_missing_tuner_plugin_file_is_an_error(capsys, monkeypatch):
+    monkeypatch.setenv("NCCL_TUNER_PLUGIN", "/nonexist.so")
+    assert main(["doctor", "--preset", "llama3-70b-h100x64"]) == 1
+    out = capsys.readouterr().out
+    assert "error: [nccl-env] NCCL_TUNER_PLUGIN='/nonexist.so': the file does not exist" in out.splitlines()
+    assert "not lagom's plugin" not in out and "1 error(s), 0 warning(s)" in out
 
 
 def test_command_needs_input(capsys):

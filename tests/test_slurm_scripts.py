@@ -62,7 +62,7 @@ def fake(tmp_path):
 
 
 def test_per_node_dry_run_prints_exact_commands(fake):
-    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-70b-h100x64", "--", "--train-iters", "5")
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-70b-h100x64", "--", "--train-iters", "50")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[:5] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
@@ -77,7 +77,7 @@ def test_per_node_dry_run_prints_exact_commands(fake):
     assert srun == ["srun", "--kill-on-bad-exit=1", "--nodes=8", "--ntasks-per-node=1", "--export=ALL", PY, "-m",
                     "torch.distributed.run", "--nnodes=8", "--nproc-per-node=8", "--rdzv-id=123456",
                     "--rdzv-backend=c10d", "--rdzv-endpoint=node-a07:23456", "--max-restarts=0", train,
-                    "--preset", "llama3-70b-h100x64", "--train-iters", "5"]
+                    "--preset", "llama3-70b-h100x64", "--train-iters", "50"]
     assert len(lines) == 7
     assert not (fake.log / "srun.args").exists()  # dry run: srun never called
     assert "0 error(s)" in proc.stderr
@@ -142,6 +142,54 @@ def test_doctor_errors_stop_the_launch(fake):
     assert proc.returncode == 1
     assert "[world-size]" in proc.stderr and "not launching" in proc.stderr
     assert not (fake.log / "srun.args").exists()
+
+
+@pytest.mark.parametrize("extra, what", [
+    (["--lagom-method", "foo"], "invalid choice: 'foo' (choose from 'priority', 'autoccl', 'nccl-default')"),
+    (["--tensor-model-paralel-size", "2"], "unrecognized arguments: --tensor-model-paralel-size"),
+])
+def test_bad_pretrain_flags_stop_at_the_doctor(fake, extra, what):
+    proc = fake(PER_NODE, "--preset", "llama3-70b-h100x64", "--dry-run", "--", *extra)
+    assert proc.returncode == 1, proc.stderr
+    assert f"error: [command-line] " in proc.stderr and what in proc.stderr
+    assert "lagom doctor found errors; not launching" in proc.stderr
+    assert "srun" not in proc.stdout.split("lagom_megatron.cli doctor")[-1]
+    assert not (fake.log / "srun.args").exists()
+
+
+@pytest.mark.parametrize("script", [PER_NODE, PER_GPU], ids=["per-node", "per-gpu"])
+def test_help_prints_usage(fake, script):
+    proc = fake(script, "--help", slurm=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Megatron pretraining with lagom on SLURM")
+    assert "Options: --preset NAME|PATH (required)" in proc.stdout and "#" not in proc.stdout.split("\n")[0]
+    assert proc.stderr == ""
+
+
+def test_missing_plan_is_announced_and_its_folder_created(fake):
+    plan = fake.tmp / "runs" / "new" / "plan.json"
+    dry = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(plan))
+    assert dry.returncode == 0, dry.stderr
+    assert (f"lagom_pretrain: warning: plan {plan} does not exist; this run searches a new plan and saves it there"
+            in dry.stderr.splitlines())
+    assert not plan.parent.exists()  # a dry run creates nothing
+    proc = fake(PER_GPU, "--preset", "llama2-7b-a100x32-ib100", "--plan", str(plan),
+                extra_env={"SLURM_JOB_NUM_NODES": "4"})
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: plan" in proc.stderr and plan.parent.is_dir()
+    assert (fake.log / "srun.args").read_text().split()[-2:] == ["--lagom-plan", str(plan)]
+    plan.write_text("{}")
+    again = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(plan))
+    assert again.returncode == 0 and "warning: plan" not in again.stderr
+
+
+def test_plan_under_a_file_or_a_directory_is_refused(fake):
+    (fake.tmp / "afile").write_text("")
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(fake.tmp / "afile" / "plan.json"))
+    assert proc.returncode == 2
+    assert f"cannot write the plan under {fake.tmp / 'afile'} (not a writable folder)" in proc.stderr
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(fake.tmp))
+    assert proc.returncode == 2 and "is a directory; give the plan's file" in proc.stderr
 
 
 def test_bad_plan_env_values_stop_the_launch(fake):

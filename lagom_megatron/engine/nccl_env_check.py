@@ -18,6 +18,7 @@ Pure Python: imported by ``lagom doctor`` and by the plan exporters; no torch.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
@@ -368,7 +369,25 @@ def check_nccl_env(environ: Mapping[str, str], *, nccl_version: str | None = Non
             "env.rst documents 0 (off), 1 (on) and 2 (auto, the default)",
             "set NCCL_NVLS_ENABLE to 0, 1 or 2, or unset it",
         ))
+    plugin = get("NCCL_TUNER_PLUGIN")
+    if plugin_path_missing(plugin):
+        issues.append(EnvIssue(
+            "error", "NCCL_TUNER_PLUGIN", plugin, f"NCCL_TUNER_PLUGIN={plugin!r}: the file does not exist",
+            "NCCL dlopens the tuner plugin when a communicator is created; when that fails it logs "
+            "at INFO level only and silently uses its internal tuner instead",
+            "point NCCL_TUNER_PLUGIN at an existing file (lagom's: make -C lagom_megatron/nccl_plugin "
+            "build -> libnccl-tuner-lagom.so), or unset it",
+        ))
     return issues
+
+
+def plugin_path_missing(value: str | None) -> bool:
+    """True when ``value`` is a path (it contains ``/``) to a file that does not exist.
+
+    A bare name (``libnccl-tuner-x.so`` or ``x``) is searched by the dynamic loader and is not
+    checked here.
+    """
+    return bool(value) and "/" in value and not os.path.exists(value)
 
 
 def _check_cta_policy(value: str, version, issues: list[EnvIssue]) -> None:
@@ -434,7 +453,8 @@ def override_issues(environ: Mapping[str, str]) -> list[EnvIssue]:
                 f"unset {var}; lagom chooses per collective",
             ))
     plugin = environ.get("NCCL_TUNER_PLUGIN")
-    if plugin is not None and "lagom" not in plugin.lower():
+    if plugin is not None and "lagom" not in plugin.lower() and not plugin_path_missing(plugin):
+        # a missing file is check_nccl_env's error
         issues.append(EnvIssue(
             "warning", "NCCL_TUNER_PLUGIN", plugin, f"NCCL_TUNER_PLUGIN={plugin!r} is not lagom's plugin",
             "NCCL loads one tuner plugin per process; another plugin replaces lagom's per-collective "

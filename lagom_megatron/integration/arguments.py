@@ -188,21 +188,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def _raise_usage_error(message: str) -> None:
+    raise ValueError(message)
+
+
+def parse_args(argv: Sequence[str] | None = None, *, exit_on_error: bool = True) -> argparse.Namespace:
     """Parses a command line, applying ``--preset`` values as defaults first.
 
     Args:
         argv: the arguments (``sys.argv[1:]`` when None).
+        exit_on_error: True: argparse prints usage and exits 2 on a bad flag or value, as
+            ``pretrain_gpt.py`` does. False: raise ``ValueError`` instead (``lagom doctor``), with
+            argparse's message; an unknown flag names the closest known one.
 
     Returns:
         The namespace, with ``args.preset_name`` set to the loaded preset's name (or None).
 
     Raises:
         ValueError: unknown preset, malformed preset YAML, or an unknown preset key (each names the
-            value and the closest allowed one).
+            value and the closest allowed one); with ``exit_on_error=False`` also an unknown flag,
+            an invalid choice (naming the allowed set) or a value of the wrong type.
         FileNotFoundError: a preset path that does not exist.
     """
     parser = build_parser()
+    if not exit_on_error:
+        parser.error = _raise_usage_error  # type: ignore[method-assign]
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--preset", default=None)
     known, _ = pre.parse_known_args(argv)
@@ -218,7 +228,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if missing:  # a schema field without a flag is a bug of this module, not of the preset
             raise ValueError(f"preset {preset_name!r}: keys without a command-line flag: {', '.join(missing)}")
         parser.set_defaults(**defaults)
-    args = parser.parse_args(argv)
+    if exit_on_error:
+        args = parser.parse_args(argv)
+    else:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            import difflib
+
+            flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+            words = []
+            for word in unknown:
+                close = difflib.get_close_matches(word.partition("=")[0], flags, n=1) if word.startswith("--") else []
+                words.append(f"{word} (did you mean {close[0]}?)" if close else word)
+            raise ValueError(f"unrecognized arguments: {' '.join(words)}")
     args.preset_name = preset_name
     return args
 

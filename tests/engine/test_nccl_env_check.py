@@ -127,3 +127,17 @@ def test_engine_module_needs_no_torch():
 
     code = "import sys; sys.modules['torch'] = None; import lagom_megatron.engine.nccl_env_check"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_tuner_plugin_path_that_does_not_exist(tmp_path):
+    missing = str(tmp_path / "nonexist.so")
+    (issue,) = check_nccl_env({"NCCL_TUNER_PLUGIN": missing})
+    assert (issue.level, issue.variable) == ("error", "NCCL_TUNER_PLUGIN")
+    assert issue.what == f"NCCL_TUNER_PLUGIN={missing!r}: the file does not exist"
+    assert "silently uses its internal tuner" in issue.why
+    assert override_issues({"NCCL_TUNER_PLUGIN": missing}) == []  # reported once, as the error above
+    present = tmp_path / "libnccl-tuner-other.so"
+    present.write_bytes(b"")
+    assert check_nccl_env({"NCCL_TUNER_PLUGIN": str(present)}) == []
+    assert [i.level for i in override_issues({"NCCL_TUNER_PLUGIN": str(present)})] == ["warning"]
+    assert check_nccl_env({"NCCL_TUNER_PLUGIN": "libnccl-tuner-other.so"}) == []  # a name: the loader searches
