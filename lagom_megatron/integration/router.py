@@ -153,7 +153,8 @@ class SiteRouter:
             known = self._buckets[key] = (f"{info.name}.{name}[{tag}]", op, tensor_nbytes(tensors),
                                           dtype_name(tensors), info)
         site_id, op, nbytes, dtype, info = known
-        self.registry.record(site_id, op=op, nbytes=nbytes, dtype=dtype, group=info)
+        if self.registry.recording:
+            self.registry.record(site_id, op=op, nbytes=nbytes, dtype=dtype, group=info)
         _, pool_group, chunk = self._route(site_id, info)
         profiler = self.profiler
         timed = profiler.timed
@@ -205,13 +206,15 @@ class SiteRouter:
                                                     _TENSOR_ARG[op], op != "all_to_all")
         info = call.info
         site_id = call.stream.next_id()
-        rec = self.registry.records.get(site_id)
-        if rec is not None:  # a later call of the site in this iteration: count it (record_tensor, inlined)
-            rec.calls += 1
-        else:
-            tname = call.tname
-            self.registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[call.tindex],
-                                        group=info)
+        registry = self.registry
+        if registry.recording:
+            rec = registry.records.get(site_id)
+            if rec is not None:  # a later call of the site in this iteration: count it (record_tensor, inlined)
+                rec.calls += 1
+            else:
+                tname = call.tname
+                registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[call.tindex],
+                                       group=info)
         route = self._routes.get(site_id) or self._resolve(site_id, info)
         if route[0] is not None:
             self.calls_routed += 1
@@ -246,16 +249,8 @@ class SiteRouter:
             self._scope = prev
 
     # -------------------------------------------------------------- pipeline P2P
-    def p2p(self, communicator: Any, orig: Callable[..., Any], kwargs: dict) -> Any:
-        """``P2PCommunicator._communicate``: one site per pipeline (see ``sites``), routed as a whole."""
-        if not self.active:
-            return orig(communicator, **kwargs)
-        group = communicator.pp_group
-        known = self._p2p_sites.get(id(group))
-        if known is None:  # one site per pipeline group, named once
-            info = self.registry.groups.lookup(group)
-            known = self._p2p_sites[id(group)] = (f"{info.name}.send_recv", info)
-        site_id, info = known
+    def _record_p2p(self, site_id: str, info: GroupInfo, communicator: Any, kwargs: dict) -> None:
+        """Records a ``_communicate`` call: bytes of the larger tensor sent, else of the shape received."""
         sent = [t for t in (kwargs.get("tensor_send_next"), kwargs.get("tensor_send_prev")) if t is not None]
         nbytes = max((tensor_nbytes(t) for t in sent), default=0)
         if not nbytes and kwargs.get("tensor_shape") is not None:
@@ -266,6 +261,19 @@ class SiteRouter:
             nbytes = n * (dtype.itemsize if dtype is not None else 4)
         dtype = dtype_name(sent[0]) if sent else str(communicator.config.pipeline_dtype).replace("torch.", "")
         self.registry.record(site_id, op="send", nbytes=nbytes, dtype=dtype, group=info)
+
+    def p2p(self, communicator: Any, orig: Callable[..., Any], kwargs: dict) -> Any:
+        """``P2PCommunicator._communicate``: one site per pipeline (see ``sites``), routed as a whole."""
+        if not self.active:
+            return orig(communicator, **kwargs)
+        group = communicator.pp_group
+        known = self._p2p_sites.get(id(group))
+        if known is None:  # one site per pipeline group, named once
+            info = self.registry.groups.lookup(group)
+            known = self._p2p_sites[id(group)] = (f"{info.name}.send_recv", info)
+        site_id, info = known
+        if self.registry.recording:
+            self._record_p2p(site_id, info, communicator, kwargs)
         _, pool_group, _ = self._route(site_id, info)
         profiler = self.profiler
         timed = profiler.timed

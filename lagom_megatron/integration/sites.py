@@ -233,6 +233,8 @@ class SiteRegistry:
         self.stage = f"stage{pp_stage}." if pp_stage is not None else ""
         """Prefix of the ids of stage-local groups under pipeline parallelism (``stage1.``)."""
         self.records: dict[str, SiteRecord] = {}
+        self.recording = True
+        """Whether this iteration's calls are recorded in ``records`` (see ``start_iteration``)."""
         self._bucket_tags: dict[int, str] = {}
         self._streams: dict[tuple[str, str, bool], Stream] = {}
         self._keep: list[Any] = []
@@ -258,9 +260,18 @@ class SiteRegistry:
         return self._bucket_tags.get(id(bucket_group))
 
     # -------------------------------------------------------------- iterations
-    def start_iteration(self) -> None:
-        """Forgets the records of the previous iteration and restarts every call stream."""
+    def start_iteration(self, *, record: bool = True) -> None:
+        """Forgets the records of the previous iteration and restarts every call stream.
+
+        Args:
+            record: keep a ``SiteRecord`` of every call of this iteration. False once a plan is
+                applied (records are read only while tuning): the call streams still advance, so
+                site ids and routing are the same, but a call's first sight in the iteration no
+                longer sizes its tensor and builds a record (several microseconds on a cache-cold
+                call).
+        """
         self.records = {}
+        self.recording = record
         for s in self._streams.values():
             s.count = 0
 

@@ -153,3 +153,23 @@ def test_timed_iteration_hands_the_call_to_the_profiler():
     assert handle is not work and handle.wait() is True and work.waits == 1
     assert clock.reads > 0
     assert list(router.profiler.finish_iteration()) == ["tp.sp_all_gather[0]"]
+
+
+def test_applied_plan_without_records_routes_the_same_calls():
+    router, registry, tp, clock = _router()
+    seen = []
+
+    def all_gather(out, inp, group=None, async_op=False):
+        seen.append(group)
+
+    t = torch.zeros(4)
+    calls = [lambda: router.collective("all_gather", all_gather, (t, t), {"group": tp, "async_op": True})] * 4
+    _iteration(router, registry, calls)
+    router.set_assignment({"tp.sp_all_gather[1]": CommConfig(n_channels=3)})
+    seen.clear()
+    registry.start_iteration(record=False)
+    for call in calls:
+        call()
+    registry.finish_iteration()
+    assert seen == [tp, ("entry", "tp", 3)] * 2
+    assert registry.records == {} and router.calls_routed == 2 and clock.reads == 0
