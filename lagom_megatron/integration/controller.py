@@ -289,7 +289,8 @@ class LagomController:
     # ------------------------------------------------------------------ iterations
     def on_iteration_start(self, iteration: int) -> None:
         """Applies this iteration's assignment and arms the profiler."""
-        self.registry.start_iteration()
+        # sites are recorded only for the tuner; an applied plan (or the defaults) needs none
+        self.registry.start_iteration(record=self.mode == "tune" and not self.tuner.done)
         if self.mode == "tune" and self.tuner.done:
             self.router.set_assignment(self.tuner.assignment())
             self.profiler.start_iteration(timed=False)

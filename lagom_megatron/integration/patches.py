@@ -86,9 +86,11 @@ def installed() -> PatchHandle | None:
 
 
 def _collective_wrapper(router: Any, op: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+    collective = router.collective  # bound once: the wrapper is one frame and one call per collective
+
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return router.collective(op, orig, args, kwargs)
+        return collective(op, orig, args, kwargs)
 
     wrapper.__lagom_original__ = orig  # type: ignore[attr-defined]
     return wrapper
@@ -115,11 +117,12 @@ def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = ()) -> 
     handle = PatchHandle()
     try:
         bg_cls = pgb._ParamAndGradBucketGroup
+        bucket_sync = router.bucket_sync
         for name, kind in (("start_grad_sync", "grad"), ("start_param_sync", "param")):
             orig = getattr(bg_cls, name)
 
             def bucket_wrapper(self: Any, *args: Any, _orig: Callable = orig, _kind: str = kind, **kwargs: Any) -> Any:
-                return router.bucket_sync(self, _kind, _orig, args, kwargs)
+                return bucket_sync(self, _kind, _orig, args, kwargs)
 
             functools.update_wrapper(bucket_wrapper, orig)
             handle._set(bg_cls, name, bucket_wrapper)

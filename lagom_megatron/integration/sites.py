@@ -191,11 +191,30 @@ class SiteRecord:
 
 
 @dataclass(kw_only=True, slots=True)
-class _Stream:
+class Stream:
+    """One call stream (group, kind): its call counter and the site id of each call position.
+
+    ``next_id`` is what a routed call pays for its site id: a counter step and a list index.
+    """
+
+    prefix: str
+    """``<group>.<kind>[<stage>``: the id of position ``i`` is ``f"{prefix}{i}]"``."""
     count: int = 0
     period: int | None = None
     ids: list[str] = field(default_factory=list)
     """Site id of each call position (formatted once)."""
+
+    def next_id(self) -> str:
+        """Site id of the next call (position ``count % period``; ``count`` before the period is known)."""
+        n = self.count
+        self.count = n + 1
+        if self.period:
+            n %= self.period
+        ids = self.ids
+        if n < len(ids):
+            return ids[n]
+        ids.extend(f"{self.prefix}{i}]" for i in range(len(ids), n + 1))
+        return ids[n]
 
 
 class SiteRegistry:
@@ -214,8 +233,10 @@ class SiteRegistry:
         self.stage = f"stage{pp_stage}." if pp_stage is not None else ""
         """Prefix of the ids of stage-local groups under pipeline parallelism (``stage1.``)."""
         self.records: dict[str, SiteRecord] = {}
+        self.recording = True
+        """Whether this iteration's calls are recorded in ``records`` (see ``start_iteration``)."""
         self._bucket_tags: dict[int, str] = {}
-        self._streams: dict[tuple[str, str, bool], _Stream] = {}
+        self._streams: dict[tuple[str, str, bool], Stream] = {}
         self._keep: list[Any] = []
 
     # -------------------------------------------------------------- structure
@@ -239,9 +260,18 @@ class SiteRegistry:
         return self._bucket_tags.get(id(bucket_group))
 
     # -------------------------------------------------------------- iterations
-    def start_iteration(self) -> None:
-        """Forgets the records of the previous iteration and restarts every call stream."""
+    def start_iteration(self, *, record: bool = True) -> None:
+        """Forgets the records of the previous iteration and restarts every call stream.
+
+        Args:
+            record: keep a ``SiteRecord`` of every call of this iteration. False once a plan is
+                applied (records are read only while tuning): the call streams still advance, so
+                site ids and routing are the same, but a call's first sight in the iteration no
+                longer sizes its tensor and builds a record (several microseconds on a cache-cold
+                call).
+        """
         self.records = {}
+        self.recording = record
         for s in self._streams.values():
             s.count = 0
 
@@ -253,22 +283,19 @@ class SiteRegistry:
                 s.period = s.count // m if s.count % m == 0 else s.count
 
     # -------------------------------------------------------------- ids
-    def stream_site_id(self, group: GroupInfo, kind: str, *, per_microbatch: bool = True) -> tuple[str, int]:
-        """Site id of the next call of stream (group, kind) and the calls per iteration it stands for."""
+    def stream(self, group: GroupInfo, kind: str, *, per_microbatch: bool = True) -> Stream:
+        """The call stream (group, kind), created on first use; callers may keep it (it is never replaced)."""
         key = (group.name, kind, per_microbatch)
         s = self._streams.get(key)
         if s is None:
-            s = self._streams[key] = _Stream()
-        n = s.count
-        s.count += 1
-        if s.period:
-            n %= s.period
-        try:
-            return s.ids[n], (self.num_microbatches if per_microbatch and s.period else 1)
-        except IndexError:
             stage = self.stage if group.name in STAGE_LOCAL_GROUPS else ""
-            s.ids.extend(f"{group.name}.{kind}[{stage}{i}]" for i in range(len(s.ids), n + 1))
-            return s.ids[n], (self.num_microbatches if per_microbatch and s.period else 1)
+            s = self._streams[key] = Stream(prefix=f"{group.name}.{kind}[{stage}")
+        return s
+
+    def stream_site_id(self, group: GroupInfo, kind: str, *, per_microbatch: bool = True) -> tuple[str, int]:
+        """Site id of the next call of stream (group, kind) and the calls per iteration it stands for."""
+        s = self.stream(group, kind, per_microbatch=per_microbatch)
+        return s.next_id(), (self.num_microbatches if per_microbatch and s.period else 1)
 
     def record(self, site_id: str, *, op: str, nbytes: int, dtype: str, group: GroupInfo) -> SiteRecord:
         """Counts one call of ``site_id`` (creating its record on first sight this iteration)."""
@@ -298,11 +325,18 @@ class SiteRegistry:
         return [self.records[k].to_site() for k in sorted(self.records)]
 
 
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
 def dtype_name(tensor: Any) -> str:
     """``torch.float32`` -> ``float32`` (the first tensor's for a list of tensors)."""
     if isinstance(tensor, (list, tuple)):
         tensor = tensor[0] if tensor else None
-    return str(getattr(tensor, "dtype", "unknown")).replace("torch.", "")
+    dtype = getattr(tensor, "dtype", "unknown")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:  # formatted once per dtype
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
 
 
 def tensor_nbytes(x: Any) -> int:

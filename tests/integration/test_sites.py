@@ -86,3 +86,17 @@ def test_stage_local_ids_under_pipeline_parallelism():
     assert reg.stream_site_id(TP, "sp_all_gather")[0] == "tp.sp_all_gather[stage1.0]"
     embd = GroupInfo(name="embd", ranks=(0, 3))  # spans stages: both ends must agree on the id
     assert reg.stream_site_id(embd, "finalize_all_reduce", per_microbatch=False)[0] == "embd.finalize_all_reduce[0]"
+
+
+def test_iteration_without_records_keeps_the_stream_ids():
+    reg = _registry(num_microbatches=2)
+    reg.start_iteration()
+    for _ in range(4):
+        reg.stream_site_id(TP, "sp_all_gather")
+    reg.record("tp.sp_all_gather[0]", op="all_gather", nbytes=8, dtype="float32", group=TP)
+    reg.finish_iteration()
+    reg.start_iteration(record=False)  # an applied plan: ids still advance, nothing is recorded
+    assert not reg.recording and reg.records == {}
+    assert [reg.stream_site_id(TP, "sp_all_gather")[0] for _ in range(4)] == [f"tp.sp_all_gather[{i % 2}]" for i in range(4)]
+    reg.start_iteration()
+    assert reg.recording
