@@ -81,3 +81,30 @@ def test_written_files_get_the_umask_mode(tmp_path):
     assert stat.S_IMODE((tmp_path / "b.txt").stat().st_mode) == 0o644
     assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.txt"]
+
+
+def test_special_files_and_symlinks_are_written_through_not_replaced(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    write_text_atomic(fifo, "through the pipe\n")
+    assert reader.communicate(timeout=10)[0] == b"through the pipe\n"
+    assert stat.S_ISFIFO(fifo.stat().st_mode), "the named pipe was replaced by a file"
+
+    target = tmp_path / "real.json"
+    target.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    write_json_atomic(link, {"a": 1})
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert json.loads(target.read_text()) == {"a": 1}
+
+    write_text_atomic(os.devnull, "discarded")
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+def test_non_utf8_plan_names_the_file(tmp_path, capsys):
+    bad = tmp_path / "plan.json"
+    bad.write_bytes(b"\xff\xfe{}")
+    assert main(["plan", "show", str(bad)]) == 2
+    assert f"{bad}: not a UTF-8 text file" in _error_line(capsys)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -30,16 +31,24 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
         path: the target file; its folder is created if missing.
         write: fills the temporary file given its path (e.g. ``fig.savefig``).
 
+    A symlink is followed (its target is replaced, the link stays). A path that exists and is not
+    a regular file (a device such as ``/dev/stdout``, a named pipe) is written into directly, not
+    replaced: atomicity does not apply to those.
+
     Returns:
-        ``path`` as a Path.
+        The path written (symlinks resolved).
 
     Raises:
         IsADirectoryError: ``path`` is an existing folder (nothing is written).
         OSError: the folder cannot be created or written; the temporary file is removed.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # a symlink keeps pointing where it did: write its target
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; give a file name")
+    if path.exists() and not path.is_file():
+        # a device or named pipe (/dev/stdout, /dev/null, mkfifo): write into it, never replace it
+        write(str(path))
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -64,7 +73,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
         with open(tmp, "w") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # pipes and devices cannot be synced
+                os.fsync(f.fileno())
 
     return write_atomic(path, _write)
 
@@ -84,12 +94,16 @@ def read_json(path: str | os.PathLike) -> Any:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: ``path`` is a folder, or invalid JSON (the message names the file, line and column).
+        ValueError: ``path`` is a folder, not UTF-8 text, or invalid JSON (the message names the
+            file, and the line and column for JSON errors).
     """
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a folder; give a JSON file")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
