@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     if args.profile_out and tuner.profile is not None:
         tuner.profile.save(args.profile_out)
     if args.plan_out and tuner.plan is not None:
-        tuner.plan.save(args.plan_out)
+        # with its verdict, as a training run saves it: a rejected plan is not applied blind later
+        tuner.plan.with_stats(verification=tuner.phase.value, verification_reason=tuner.reason).save(args.plan_out)
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
         return 0

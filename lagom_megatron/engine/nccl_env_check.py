@@ -420,7 +420,7 @@ def _check_cta_policy(value: str, version, issues: list[EnvIssue]) -> None:
         issues.append(EnvIssue(
             "error", var, value, f"{var}={value!r} uses policy names, which need NCCL 2.29+",
             f"the cluster's NCCL is {'.'.join(map(str, version))}, which reads only 0, 1 or 2",
-            f"use the number: DEFAULT=0, EFFICIENCY=1, ZERO=2",
+            "use the number: DEFAULT=0, EFFICIENCY=1, ZERO=2",
         ))
 
 

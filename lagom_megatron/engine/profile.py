@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from lagom_megatron.engine.files import read_json, write_json_atomic

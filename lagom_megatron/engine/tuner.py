@@ -198,6 +198,7 @@ class Tuner:
         self._started: Step | None = None
         self._last_finished = -1
         self._n_finished = 0
+        self._from_plan = False
 
     # ------------------------------------------------------------------ schedule
 
@@ -222,9 +223,26 @@ class Tuner:
 
     @property
     def total_iters(self) -> int:
-        """Iterations from start to the verdict (APPLIED or FELL_BACK): profiling, one settle
-        iteration with the plan, then ``verify_iters`` per arm."""
-        return self.profiling_iters + 1 + 2 * self.config.verify_iters
+        """Iterations from start to the verdict (APPLIED or FELL_BACK): profiling (none after
+        ``start_from_plan``), one settle iteration with the plan, then ``verify_iters`` per arm."""
+        return (0 if self._from_plan else self.profiling_iters) + 1 + 2 * self.config.verify_iters
+
+    def start_from_plan(self, plan: Any) -> None:
+        """Skips profiling and search: verifies ``plan`` (e.g. a saved plan that was never
+        verified, such as one from ``lagom search``) against the defaults, then APPLIED or FELL_BACK.
+
+        Raises:
+            RuntimeError: called after the first iteration started, or with a plan that tunes no site.
+        """
+        if self._n_finished or self._started is not None or self.phase is not Phase.PROFILING:
+            raise RuntimeError(f"start_from_plan: the tuner already ran {self._n_finished} iteration(s), "
+                               f"phase {self.phase.name}; call it before the first iteration")
+        if not any(not e.config.is_default() for e in plan.entries.values()):
+            raise RuntimeError("start_from_plan: the plan keeps NCCL defaults for every site; nothing to verify")
+        self.plan = plan
+        self.phase = Phase.SEARCHED
+        self._from_plan = True
+        self._log(self._last_finished, "plan given: profiling and search skipped")
 
     def next_step(self) -> Step:
         """What the next iteration (``self._n_finished``-th since start) must do; no state change."""

@@ -159,7 +159,6 @@ class LagomController:
         import torch
 
         from lagom_megatron.engine.cluster import ClusterSpec
-        from lagom_megatron.engine.tuner import Tuner
         from lagom_megatron.integration import patches
         from lagom_megatron.integration.comm_pool import CommPool, make_backend
         from lagom_megatron.integration.profiler import Profiler
@@ -192,17 +191,29 @@ class LagomController:
         self.handle = patches.install(self.router, model_configs=configs)
         _say(f"lagom: hooks installed | {len(self.handle.patched)} entry points | {n_buckets} DDP bucket groups | "
              f"backend {self.backend} | cluster {self.cluster.name} | run dir {self.run_dir}")
-        if self._try_reuse_plan():
-            return
+        if not self._try_reuse_plan():
+            self._start_tuner()
+        if self.mode == "tune":
+            self._warn_if_too_short(args.train_iters)
+
+    def _start_tuner(self, plan: Any = None) -> None:
+        """Creates the tuner; with ``plan``, it only verifies that plan (no profiling or search)."""
+        from lagom_megatron.engine.tuner import Tuner
+
         self.tuner = Tuner(
             Tuner.Config(warmup_iters=max(1, self.warmup_iters), verify_iters=max(1, self.verify_iters), method=self.method),
             cluster=self.cluster, backend=self.backend, fingerprint=self.fingerprint, agree=self._agree,
         )
+        if plan is not None:
+            self.tuner.start_from_plan(plan)
         self.mode = "tune"
+
+    def _warn_if_too_short(self, train_iters: int) -> None:
         needed = self.tuner.total_iters
-        if args.train_iters < needed:
-            _say(f"lagom: WARNING: --train-iters {args.train_iters} ends before tuning does: lagom needs {needed} "
-                 f"iterations ({self.tuner.profiling_iters} to profile, then 1 + 2 x {self.tuner.config.verify_iters} "
+        if train_iters < needed:
+            profiling = needed - 1 - 2 * self.tuner.config.verify_iters
+            _say(f"lagom: WARNING: --train-iters {train_iters} ends before tuning does: lagom needs {needed} "
+                 f"iterations ({profiling} to profile, then 1 + 2 x {self.tuner.config.verify_iters} "
                  f"to verify); the plan will be saved unverified")
 
     def _try_reuse_plan(self) -> bool:
@@ -247,6 +258,14 @@ class LagomController:
             _say(f"lagom: phase reverted to defaults | plan {self.plan_path} reused (digest {plan.digest()[:12]}) "
                  f"but its verification kept the defaults ({plan.stats.get('verification_reason') or 'no reason saved'}) | "
                  f"profiling and search skipped; delete the plan or pass another --lagom-plan to search again")
+            return True
+        if plan.stats.get("verification") is None:
+            # saved before any verification (`lagom search`, or a run too short to verify): measure
+            # it against the defaults now instead of trusting its prediction
+            self._start_tuner(plan)
+            self._prepare_pool_for_plan(plan)
+            _say(f"lagom: phase verifying | plan {self.plan_path} reused (digest {plan.digest()[:12]}) but never "
+                 f"verified | profiling and search skipped; {self.tuner.total_iters} iterations to verify it")
             return True
         self._prepare_pool_for_plan(plan)
         assignment = self._assignment_of(plan)
@@ -316,8 +335,10 @@ class LagomController:
             if timed:
                 _, merged, it_us = consensus.merge_measurements({}, timings, elapsed_s * 1e6)
                 self._applied_us.append(it_us)
-                for sid, t in merged.items():
-                    self._t_plan.setdefault(sid, []).append(t[2])
+                # a rejected plan runs under defaults: its regions are default times, not the plan's
+                if self.plan.stats.get("verification") != "fell_back":
+                    for sid, t in merged.items():
+                        self._t_plan.setdefault(sid, []).append(t[2])
             return
         if self.mode != "tune" or self.tuner.done:
             return
@@ -442,8 +463,8 @@ class LagomController:
         if self.mode == "reuse":
             kept_defaults = self.plan is not None and self.plan.stats.get("verification") == "fell_back"
             out["phase"] = "reverted (reused plan, rejected by its verification)" if kept_defaults else "applied (reused plan)"
-            if self._applied_us:
-                out["measured_plan_us"] = statistics.median(self._applied_us)
+            if self._applied_us:  # under defaults when the reused plan was a rejected one
+                out["measured_default_us" if kept_defaults else "measured_plan_us"] = statistics.median(self._applied_us)
         if self.plan is not None:
             out["plan_digest"] = self.plan.digest()
         return out

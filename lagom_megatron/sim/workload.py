@@ -302,7 +302,6 @@ class Workload:
             prog.blocking(Call(None, self._coll(op if self.sp else "all_reduce", nbytes, "tp"), "tp", mb))
 
     def _forward_chunk(self, prog, c, mb, buckets, ag_idx, ag_done, pending_send) -> None:
-        g = self.dp_group()
         act_bytes = self.tokens * self.hidden * 2 / (self.tp if self.sp else 1)
         if self.pp > 1 and c > 0:
             prog.blocking(Call("pp.send_recv", self._coll("send", act_bytes, "pp"), "pp", mb))

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.synchronize()
     times = []
     for _ in range(5):
-        s, e = _events_ms(torch, lambda: big_dst.copy_(big_src))
+        s, e = _events_ms(torch, lambda dst=big_dst, src=big_src: dst.copy_(src))
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e))
     hbm_gbps = 2 * big_src.numel() * 4 / (statistics.median(times) * 1e-3) / 1e9

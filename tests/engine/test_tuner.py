@@ -121,6 +121,23 @@ def test_total_iters_is_when_the_verdict_comes(fake_engine, verify_iters):
     assert t.done and t.iterations_finished == t.total_iters
 
 
+def test_a_given_plan_is_verified_without_profiling(fake_engine):
+    t = _tuner(warmup_iters=2, verify_iters=2)
+    searched = _tuner(warmup_iters=1, verify_iters=1)
+    _run(searched, searched.profiling_iters)
+    t.start_from_plan(searched.plan)
+    assert t.total_iters == 1 + 2 * 2
+    kinds = _run(t, t.total_iters, plan_us=9000.0)
+    assert kinds == ["settle", "verify-default", "verify-plan", "verify-default", "verify-plan"]
+    assert t.phase is Phase.APPLIED and t.profile is None, t.summary()
+    slower = _tuner(verify_iters=1)
+    slower.start_from_plan(searched.plan)
+    _run(slower, slower.total_iters, plan_us=11000.0)
+    assert slower.phase is Phase.FELL_BACK
+    with pytest.raises(RuntimeError, match="already ran 3 iteration"):
+        slower.start_from_plan(searched.plan)
+
+
 def test_profile_has_t_comp_from_serialized_iteration_and_only_profile_reaches_search(fake_engine):
     t = _tuner()
     _run(t, t.profiling_iters)

@@ -47,6 +47,23 @@ def test_plan_rejected_by_its_verification_is_not_applied_again(tmp_path, capsys
     assert ctl.summary()["phase"].startswith("reverted")
 
 
+def test_never_verified_plan_is_verified_not_applied_blind(tmp_path, capsys, monkeypatch):
+    from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.engine.tuner import Phase
+
+    path = tmp_path / "plan.json"
+    _plan(dict(FP)).save(path)  # as `lagom search` writes it: no verification verdict
+    ctl = LagomController(plan_path=str(path), verify_iters=2)
+    ctl.fingerprint, ctl.cluster, ctl.backend = dict(FP), ClusterSpec.load("cpu-gloo"), "gloo"
+    monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: None)
+    assert ctl._try_reuse_plan() is True
+    out = capsys.readouterr().out
+    assert "phase verifying" in out and "never verified" in out and "5 iterations to verify it" in out, out
+    assert ctl.mode == "tune" and ctl.tuner.phase is Phase.SEARCHED
+    assert ctl.tuner.next_step().kind == "settle" and ctl.tuner.next_step().assignment == {
+        "dp.grad_reduce_scatter[chunk0.bucket0]": CommConfig(n_channels=1)}
+
+
 def test_unreadable_plan_means_re_search(tmp_path, capsys):
     path = tmp_path / "plan.json"
     path.write_text("{not json")

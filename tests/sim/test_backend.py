@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from lagom_megatron.engine.plan import Plan
+
 import lagom_megatron.engine.cost_model as cost_model_mod
 import lagom_megatron.engine.search as search_mod
 from lagom_megatron.engine.cluster import ClusterSpec
@@ -166,10 +168,10 @@ def test_lifecycle_ends_applied_or_fell_back_with_a_reason():
     assert t.model_mape is not None and t.search_stats["model_evaluations"] > 0
 
 
-def test_lagom_simulate_64_gpu_preset_cli_under_60s():
+def test_lagom_simulate_64_gpu_preset_cli_under_60s(tmp_path):
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "lagom_megatron", "simulate", "--preset", "gpt3-13b-h100x64", "--seed", "1"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "lagom_megatron", "simulate", "--preset", "gpt3-13b-h100x64", "--seed", "1",
+                          "--plan-out", str(tmp_path / "plan.json")], capture_output=True, text=True, timeout=120)
     wall = time.perf_counter() - t0
     assert out.returncode == 0, out.stderr
     for phase in ("profiling", "probing", "searched", "verifying"):
@@ -177,6 +179,8 @@ def test_lagom_simulate_64_gpu_preset_cli_under_60s():
     assert "SIMULATED" in out.stdout and "predicted, plan" in out.stdout and "measured, defaults" in out.stdout
     assert "largest predicted savings" in out.stdout and re.search(r"result: (APPLIED|FELL_BACK): ", out.stdout)
     assert wall < 60, f"lagom simulate took {wall:.1f} s"
+    verdict = re.search(r"result: (APPLIED|FELL_BACK): ", out.stdout).group(1).lower()
+    assert Plan.load(tmp_path / "plan.json").stats["verification"] == verdict  # saved with its verdict
 
 
 def test_workload_rejects_bad_layout():
