@@ -165,3 +165,19 @@ def test_preprocess_argument_errors_do_not_import_megatron(tmp_path):
     assert [l for l in proc.stderr.splitlines() if not l.startswith("import time:")] == [
         f"preprocess_data.py: error: --input {tmp_path / 'none.jsonl'}: no such file"]
 
+
+def test_sample_corpus_argument_errors(tmp_path, capsys, monkeypatch):
+    corpus = load_script("make_sample_corpus")
+    (tmp_path / "file").write_text("")
+    assert corpus.main(["--output-dir", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"make_sample_corpus.py: error: --output-dir {tmp_path / 'file'} exists and is not a folder"]
+    for value in ("0", "-5"):
+        with pytest.raises(SystemExit) as info:
+            corpus.main(["--output-dir", str(tmp_path / "out"), "--max-bytes", value])
+        assert info.value.code == 2
+        assert f"--max-bytes must be a positive integer; got {value}" in capsys.readouterr().err
+    monkeypatch.setattr(corpus, "stdlib_docstrings", lambda min_chars, max_bytes: iter(()))  # as --min-chars 10**8
+    assert corpus.main(["--output-dir", str(tmp_path / "new" / "out"), "--min-chars", "100000000"]) == 2
+    assert "no docstring of at least --min-chars 100000000" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no empty output folder left
