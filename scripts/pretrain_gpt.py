@@ -10,7 +10,7 @@ on one line with exit code 2, before any process group is created.
 import os
 import sys
 
-from lagom_megatron.integration.arguments import parse_args, validate_args
+from lagom_megatron.integration.arguments import check_installed, parse_args, validate_args
 
 
 def _single_process_env() -> None:
@@ -29,6 +29,7 @@ def _single_process_env() -> None:
 def main(argv=None) -> int:
     try:
         args = validate_args(parse_args(argv), int(os.environ.get("WORLD_SIZE", "1")))
+        check_installed(args)
     except (ValueError, FileNotFoundError) as exc:
         if os.environ.get("RANK", "0") == "0":  # one copy of the error, not one per rank
             print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lagom_megatron.integration.arguments import LAGOM_FLAGS, build_parser, parse_args, validate_args
+from lagom_megatron.integration.arguments import LAGOM_FLAGS, build_parser, check_installed, parse_args, validate_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -165,3 +165,20 @@ def test_bad_lagom_values_fail_before_training(tmp_path):
             validated(["--lagom", *extra], 1)
         assert message in str(info.value), f"{extra}: got {info.value}"
     assert validated(["--lagom", "--lagom-report", str(tmp_path / "new" / "r.csv")], 1).lagom_report
+
+
+def test_context_parallel_needs_transformer_engine(monkeypatch):
+    import importlib.util
+
+    args = validated(["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"])
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformer_engine" else real_find_spec(name, *a))
+    with pytest.raises(ValueError) as info:
+        check_installed(args)
+    assert str(info.value) == ("--context-parallel-size 2 needs Transformer Engine (megatron-core runs context-parallel "
+                               "attention in TEDotProductAttention), which is not installed; install "
+                               "transformer_engine or use --context-parallel-size 1")
+    check_installed(validated([]))  # CP 1: nothing needed
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    check_installed(args)  # Transformer Engine found
