@@ -17,8 +17,6 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from lagom_megatron.integration.data import write_indexed_dataset
-
 SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__", "lib2to3", "turtledemo"}
 
 
@@ -50,11 +48,24 @@ def main(argv=None) -> int:
     parser.add_argument("--max-bytes", type=int, default=2_000_000, help="stop after this much text")
     parser.add_argument("--min-chars", type=int, default=80, help="shortest docstring kept")
     args = parser.parse_args(argv)
+    if args.max_bytes <= 0:
+        parser.error(f"--max-bytes must be a positive integer; got {args.max_bytes}")
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        print(f"make_sample_corpus.py: error: --output-dir {out} exists and is not a folder", file=sys.stderr)
+        return 2
     docs = list(stdlib_docstrings(args.min_chars, args.max_bytes))
-    if not docs:
-        print("make_sample_corpus.py: error: no docstring found in the standard library", file=sys.stderr)
+    if not docs:  # checked before the folder is created, so a failed run leaves nothing behind
+        print(f"make_sample_corpus.py: error: no docstring of at least --min-chars {args.min_chars} characters "
+              "found in the standard library", file=sys.stderr)
+        return 2
+    # Imported here: Megatron-Core's import warnings are not wanted for --help or a bad argument.
+    from lagom_megatron.integration.data import write_indexed_dataset
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"make_sample_corpus.py: error: --output-dir {out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     jsonl = out / "sample_corpus.jsonl"
     tmp = jsonl.with_suffix(".jsonl.tmp")

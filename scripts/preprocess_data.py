@@ -3,13 +3,32 @@
     python scripts/preprocess_data.py --input corpus.jsonl --output-prefix data/corpus_text_document
 
 Byte-level tokenizer (UTF-8 bytes, end-of-document appended): nothing to download. The output is
-read by ``pretrain_gpt.py --data-path PREFIX --tokenizer-type ByteLevel``.
+read by ``pretrain_gpt.py --data-path PREFIX --tokenizer-type ByteLevel``. Bad input is reported on
+one line with exit code 2 and leaves no file behind.
 """
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
-from lagom_megatron.integration.data import read_jsonl_texts, write_indexed_dataset
+
+def check_paths(input_path: str, output_prefix: str) -> None:
+    """Checks the command line's paths before anything is imported or written.
+
+    Raises:
+        ValueError: the input is a folder or missing, or the output prefix ends in a path
+            separator or names an existing folder (it is a file-name prefix: PREFIX.bin, PREFIX.idx).
+    """
+    if not os.path.exists(input_path):
+        raise ValueError(f"--input {input_path}: no such file")
+    if os.path.isdir(input_path):
+        raise ValueError(f"--input {input_path} is a folder; give a JSONL file")
+    separators = tuple(s for s in (os.sep, os.altsep) if s)
+    if not output_prefix or output_prefix.endswith(separators) or Path(output_prefix).is_dir():
+        raise ValueError(f"--output-prefix {output_prefix!r} names a folder; give a file-name prefix such as "
+                         f"{os.path.join(output_prefix.rstrip(''.join(separators)) or '.', 'corpus_text_document')} "
+                         "(writes PREFIX.bin and PREFIX.idx)")
 
 
 def main(argv=None) -> int:
@@ -20,8 +39,13 @@ def main(argv=None) -> int:
     parser.add_argument("--tokenizer-type", choices=("ByteLevel",), default="ByteLevel")
     args = parser.parse_args(argv)
     try:
+        check_paths(args.input, args.output_prefix)
+        # Imported only after the arguments are checked: Megatron-Core prints Transformer Engine /
+        # Apex warnings on import, which --help and a bad argument should not show.
+        from lagom_megatron.integration.data import read_jsonl_texts, write_indexed_dataset
+
         stats = write_indexed_dataset(read_jsonl_texts(args.input, key=args.json_key), args.output_prefix)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:
         print(f"preprocess_data.py: error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {stats['documents']} documents, {stats['tokens']} tokens: {stats['bin']}, {stats['idx']}")

@@ -4,13 +4,16 @@
 
 Takes Megatron-LM's flags (``--tensor-model-parallel-size``, ``--overlap-grad-reduce``, ...) plus
 ``--preset NAME|PATH`` and the ``--lagom*`` flags; see docs/training.md. Bad input is reported
-on one line with exit code 2, before any process group is created.
+once (by rank 0; the other ranks exit with the same code silently) with exit code 2, before any
+process group is created.
 """
 
+import contextlib
+import io
 import os
 import sys
 
-from lagom_megatron.integration.arguments import parse_args, validate_args
+from lagom_megatron.integration.arguments import check_installed, parse_args, validate_args
 
 
 def _single_process_env() -> None:
@@ -26,12 +29,33 @@ def _single_process_env() -> None:
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
+def _launch_hint(args) -> str:
+    """The torchrun command line to suggest when a plain ``python`` run needs more processes."""
+    n = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
+    if args.preset:  # the preset's world size, unless flags changed the layout so it no longer fits
+        from lagom_megatron.presets import load_preset
+
+        world_size = load_preset(args.preset).world_size
+        n = world_size if world_size % n == 0 else n
+    return f"; launch {n} processes with: torchrun --standalone --nproc-per-node {n} scripts/pretrain_gpt.py ..."
+
+
 def main(argv=None) -> int:
+    rank0 = os.environ.get("RANK", "0") == "0"
     try:
-        args = validate_args(parse_args(argv), int(os.environ.get("WORLD_SIZE", "1")))
+        if rank0:  # argparse prints usage and the error, and exits 2
+            args = parse_args(argv)
+        else:  # the same check, silent: one copy of the usage error, not one per rank
+            with contextlib.redirect_stdout(io.StringIO()):  # --help, printed by rank 0 only
+                args = parse_args(argv, exit_on_error=False)
+        args = validate_args(args, int(os.environ.get("WORLD_SIZE", "1")))
+        check_installed(args)
     except (ValueError, FileNotFoundError) as exc:
-        if os.environ.get("RANK", "0") == "0":  # one copy of the error, not one per rank
-            print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
+        if rank0:  # one copy of the error, not one per rank
+            message = str(exc)
+            if "WORLD_SIZE" not in os.environ and message.startswith("world size 1 is not divisible"):
+                message += _launch_hint(args)
+            print(f"pretrain_gpt.py: error: {message}", file=sys.stderr, flush=True)
         return 2
     _single_process_env()
     if args.lagom:  # lagom doctor before any process group exists; exits 1 on errors

@@ -78,13 +78,15 @@ def _validate(args, plan) -> int:
             raise ValueError(f"{args.plan}: entry {site_id!r}: {exc}") from None
     validate_env(plan.env)
     if args.profile:
+        from lagom_megatron.engine.plan import shown
         from lagom_megatron.engine.profile import Profile
 
         expected = dict(Profile.load(args.profile).fingerprint)
         diff = plan.fingerprint_mismatch(expected)
         if diff:
             for k in diff:
-                print(f"fingerprint mismatch: {k}: plan {plan.fingerprint.get(k)!r}, profile {expected.get(k)!r}", file=sys.stderr)
+                print(f"fingerprint mismatch: {k}: plan {shown(plan.fingerprint, k)}, profile {shown(expected, k)}",
+                      file=sys.stderr)
             return 1
     print(f"{args.plan}: valid ({len(plan.entries)} entries, cluster {cluster.name}, NCCL {cluster.nccl_version})")
     return 0

@@ -180,17 +180,18 @@ class Plan:
     def fingerprint_mismatch(self, expected: dict[str, Any]) -> list[str]:
         """Names of the fields of ``expected`` whose values differ in the plan's fingerprint (sorted).
 
-        A field ``expected`` names that the plan lacks counts as differing. Fields only the plan
+        A field ``expected`` names that the plan lacks counts as differing, unless ``expected``
+        holds None there (None and a missing key both mean "not stated"). Fields only the plan
         has (the search adds cluster, nccl_version, lagom_version, backend when the profile did
         not state them) are not compared: a run that does not state them accepts any value.
         """
-        return sorted(k for k in expected if self.fingerprint.get(k, _MISSING) != expected[k])
+        return sorted(k for k in expected if self.fingerprint.get(k) != expected[k])
 
     def check_fingerprint(self, expected: dict[str, Any], *, source: str = "plan") -> None:
         """Raises ValueError naming each differing field with both values, if any differ."""
         diff = self.fingerprint_mismatch(expected)
         if diff:
-            detail = "; ".join(f"{k}: plan has {self.fingerprint.get(k)!r}, run has {expected.get(k)!r}" for k in diff)
+            detail = "; ".join(f"{k}: plan has {shown(self.fingerprint, k)}, run has {shown(expected, k)}" for k in diff)
             raise ValueError(f"{source} was made for another run ({', '.join(diff)} differ): {detail}")
 
     def with_stats(self, **stats: Any) -> "Plan":
@@ -198,21 +199,26 @@ class Plan:
         return replace(self, stats={**self.stats, **stats})
 
 
-_MISSING = object()
+def shown(values: dict[str, Any], key: str) -> str:
+    """``repr`` of ``values[key]``, or ``(missing)`` when the key is absent (not the ``None`` of ``.get``)."""
+    return repr(values[key]) if key in values else "(missing)"
 
 
 def diff_plans(a: Plan, b: Plan) -> list[str]:
-    """Human-readable differences between two plans, one line each (empty when equal)."""
+    """Human-readable differences between two plans, one line each (empty when equal).
+
+    A fingerprint or env key that one plan lacks is shown as ``(missing)``; a missing key and a
+    ``None`` value both mean "not stated" and are not listed as a difference.
+    """
     lines = []
     for k in sorted(set(a.fingerprint) | set(b.fingerprint)):
-        if a.fingerprint.get(k, _MISSING) == b.fingerprint.get(k, _MISSING):
-            continue
-        lines.append(f"fingerprint.{k}: {a.fingerprint.get(k)!r} -> {b.fingerprint.get(k)!r}")
+        if a.fingerprint.get(k) != b.fingerprint.get(k):
+            lines.append(f"fingerprint.{k}: {shown(a.fingerprint, k)} -> {shown(b.fingerprint, k)}")
     if a.method != b.method:
         lines.append(f"method: {a.method} -> {b.method}")
     for k in sorted(set(a.env) | set(b.env)):
         if a.env.get(k) != b.env.get(k):
-            lines.append(f"env.{k}: {a.env.get(k)!r} -> {b.env.get(k)!r}")
+            lines.append(f"env.{k}: {shown(a.env, k)} -> {shown(b.env, k)}")
     for site in sorted(set(a.entries) | set(b.entries)):
         ea, eb = a.entries.get(site), b.entries.get(site)
         if ea is None or eb is None:

@@ -264,6 +264,26 @@ def _data_prefixes(data_path: list[str]) -> list[str]:
     return list(data_path)
 
 
+def check_installed(args: argparse.Namespace) -> None:
+    """Checks that this machine has the libraries the arguments need, before any process group exists.
+
+    Kept apart from :func:`validate_args`, which ``lagom doctor`` and the preset tests also run on
+    machines that only plan a job (no Transformer Engine there).
+
+    Raises:
+        ValueError: one line: ``--context-parallel-size`` above 1 without Transformer Engine
+            (megatron-core's context-parallel attention is ``TEDotProductAttention``; without it
+            every rank dies on an assertion while the model is built).
+    """
+    import importlib.util
+
+    cp = args.context_parallel_size
+    if cp > 1 and importlib.util.find_spec("transformer_engine") is None:
+        raise ValueError(f"--context-parallel-size {cp} needs Transformer Engine (megatron-core runs context-parallel "
+                         "attention in TEDotProductAttention), which is not installed; install transformer_engine "
+                         "or use --context-parallel-size 1")
+
+
 def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
     """Checks the arguments and fills in derived defaults, before any process group exists.
 

@@ -60,32 +60,41 @@ def write_indexed_dataset(texts: Iterable[str], output_prefix: str | Path, token
         {"documents": n, "tokens": n_tokens, "bin": path, "idx": path}.
 
     Raises:
-        ValueError: no non-empty document.
+        ValueError: no non-empty document. On this or any other error (including one raised
+            while iterating ``texts``) the temporary files are removed.
     """
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     tokenizer = tokenizer or ByteLevelTokenizer()
     prefix = Path(output_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    tmp = prefix.with_name(prefix.name + ".tmp")
-    builder = IndexedDatasetBuilder(str(tmp) + ".bin", dtype=np.uint16)
+    tmp_bin, tmp_idx = (Path(str(prefix) + ".tmp" + suffix) for suffix in (".bin", ".idx"))
+    builder = IndexedDatasetBuilder(str(tmp_bin), dtype=np.uint16)
     n_docs = n_tokens = 0
-    for text in texts:
-        ids = np.asarray(tokenizer.tokenize(text), dtype=np.int64)
-        if ids.size == 0:
-            continue
-        ids = np.append(ids, tokenizer.eod)
-        # add_document only runs numpy.array(x, dtype) on its input; an ndarray avoids numpy 2's
-        # __array__(copy=...) deprecation warning that a torch tensor triggers there.
-        builder.add_document(ids, [ids.size])
-        n_docs += 1
-        n_tokens += int(ids.size)
-    if n_docs == 0:
-        Path(str(tmp) + ".bin").unlink(missing_ok=True)
-        raise ValueError(f"no non-empty document to write to {prefix}")
-    builder.finalize(str(tmp) + ".idx")
-    for suffix in (".bin", ".idx"):
-        Path(str(tmp) + suffix).replace(str(prefix) + suffix)
+    try:
+        for text in texts:
+            ids = np.asarray(tokenizer.tokenize(text), dtype=np.int64)
+            if ids.size == 0:
+                continue
+            ids = np.append(ids, tokenizer.eod)
+            # add_document only runs numpy.array(x, dtype) on its input; an ndarray avoids numpy 2's
+            # __array__(copy=...) deprecation warning that a torch tensor triggers there.
+            builder.add_document(ids, [ids.size])
+            n_docs += 1
+            n_tokens += int(ids.size)
+        if n_docs == 0:
+            raise ValueError(f"no non-empty document to write to {prefix}")
+        builder.finalize(str(tmp_idx))
+        tmp_bin.replace(str(prefix) + ".bin")
+        tmp_idx.replace(str(prefix) + ".idx")
+    except BaseException:
+        # Any failure (a bad input line raised by ``texts``, a full disk, Ctrl-C) leaves no
+        # temporary file behind; a dataset already at PREFIX is left as it was.
+        if not builder.data_file.closed:
+            builder.data_file.close()
+        tmp_bin.unlink(missing_ok=True)
+        tmp_idx.unlink(missing_ok=True)
+        raise
     return {"documents": n_docs, "tokens": n_tokens, "bin": str(prefix) + ".bin", "idx": str(prefix) + ".idx"}
 
 

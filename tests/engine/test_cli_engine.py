@@ -70,3 +70,18 @@ def test_bench_prints_both_tables(capsys):
     out = capsys.readouterr().out
     assert "model evals" in out and "priority vs exhaustive on 4 seeded instances" in out
     assert "within 1% of the optimum: 4/4" in out
+
+
+def test_diff_and_validate_show_a_missing_fingerprint_key(tmp_path, capsys):
+    plan_path, other_path = tmp_path / "plan.json", tmp_path / "other.json"
+    assert main(["search", "--profile", str(_profile(tmp_path, ddp_bucket_size=None)), "-o", str(plan_path)]) == 0
+    data = json.loads(plan_path.read_text())
+    del data["fingerprint"]["ddp_bucket_size"]  # an older plan without the key: the same run
+    other_path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["plan", "diff", str(plan_path), str(other_path)]) == 0
+    assert capsys.readouterr().out.strip() == "plans are identical"
+    prof = _profile(tmp_path, ddp_bucket_size=40_000_000)
+    assert main(["plan", "validate", str(other_path), "--profile", str(prof)]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "fingerprint mismatch: ddp_bucket_size: plan (missing), profile 40000000"]

@@ -88,3 +88,20 @@ def test_invalid_plan_content(tmp_path, mutate, fragment):
 def test_missing_file():
     with pytest.raises(FileNotFoundError):
         Plan.load("/nonexistent/plan.json")
+
+
+def test_diff_lists_only_real_differences_and_names_missing_keys():
+    plan = _plan()
+    base = {k: v for k, v in plan.fingerprint.items() if k != "ddp_bucket_size"}
+    a = Plan(**{**plan.__dict__, "fingerprint": {**base, "ddp_bucket_size": None, "seq_length": 128},
+                "env": {"NCCL_ALGO": "Ring"}})
+    b = Plan(**{**plan.__dict__, "fingerprint": {k: v for k, v in base.items() if k != "seq_length"},
+                "env": {"NCCL_PROTO": "Simple"}})
+    # ddp_bucket_size: None on one side, absent on the other: both "not stated", not a difference.
+    assert diff_plans(a, b) == ["fingerprint.seq_length: 128 -> (missing)", "env.NCCL_ALGO: 'Ring' -> (missing)",
+                                "env.NCCL_PROTO: (missing) -> 'Simple'"]
+    assert diff_plans(b, a)[0] == "fingerprint.seq_length: (missing) -> 128"
+    assert diff_plans(a, a) == []
+    assert b.fingerprint_mismatch({"ddp_bucket_size": None}) == []
+    with pytest.raises(ValueError, match=r"seq_length: plan has \(missing\), run has 128"):
+        b.check_fingerprint({"seq_length": 128})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lagom_megatron.integration.arguments import LAGOM_FLAGS, build_parser, parse_args, validate_args
+from lagom_megatron.integration.arguments import LAGOM_FLAGS, build_parser, check_installed, parse_args, validate_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -129,8 +129,10 @@ def test_unknown_preset_key(tmp_path):
         parse_args(["--preset", str(bad)])
 
 
-def run_script(*argv, world_size="4"):
-    env = dict(os.environ, WORLD_SIZE=world_size)
+def run_script(*argv, world_size="4", rank=None):
+    """Runs pretrain_gpt.py as one rank of torchrun would (``world_size`` None: as plain ``python``)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env.update({k: v for k, v in (("WORLD_SIZE", world_size), ("RANK", rank)) if v is not None})
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "pretrain_gpt.py"), *argv],
                           capture_output=True, text=True, env=env, timeout=60)
 
@@ -165,3 +167,57 @@ def test_bad_lagom_values_fail_before_training(tmp_path):
             validated(["--lagom", *extra], 1)
         assert message in str(info.value), f"{extra}: got {info.value}"
     assert validated(["--lagom", "--lagom-report", str(tmp_path / "new" / "r.csv")], 1).lagom_report
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lagom-method", "foo"], "argument --lagom-method: invalid choice: 'foo'"),
+    (["--train-iters", "abc"], "argument --train-iters: invalid int value: 'abc'"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_script_usage_errors_are_printed_by_rank_0_only(argv, message):
+    first = run_script("--preset", "cpu-tp2-dp2", *argv, rank="0")
+    assert first.returncode == 2 and first.stderr.count("usage:") == 1
+    assert first.stderr.strip().splitlines()[-1].startswith(f"pretrain_gpt.py: error: {message}")
+    other = run_script("--preset", "cpu-tp2-dp2", *argv, rank="3")
+    assert (other.returncode, other.stdout, other.stderr) == (2, "", "")
+
+
+def test_script_without_torchrun_suggests_the_launch_command():
+    proc = run_script("--preset", "cpu-tp2-dp2", "--mock-data", world_size=None)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "pretrain_gpt.py: error: world size 1 is not divisible by tensor (2) x pipeline (1) x context (1) "
+        "parallel size = 2; launch 4 processes with: torchrun --standalone --nproc-per-node 4 "
+        "scripts/pretrain_gpt.py ..."]
+    # No preset: TP x PP x CP processes.
+    proc = run_script(*SMALL, "--pipeline-model-parallel-size", "2", world_size=None)
+    assert "torchrun --standalone --nproc-per-node 2 scripts/pretrain_gpt.py" in proc.stderr
+
+
+def test_context_parallel_needs_transformer_engine(monkeypatch):
+    import importlib.util
+
+    args = validated(["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"])
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformer_engine" else real_find_spec(name, *a))
+    with pytest.raises(ValueError) as info:
+        check_installed(args)
+    assert str(info.value) == ("--context-parallel-size 2 needs Transformer Engine (megatron-core runs context-parallel "
+                               "attention in TEDotProductAttention), which is not installed; install "
+                               "transformer_engine or use --context-parallel-size 1")
+    check_installed(validated([]))  # CP 1: nothing needed
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    check_installed(args)  # Transformer Engine found
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("transformer_engine") is not None,
+                    reason="Transformer Engine is installed here")
+def test_script_reports_context_parallel_without_transformer_engine_once():
+    proc = run_script("--preset", "llama3-8b-h100x8", world_size="8", rank="0")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "pretrain_gpt.py: error: --context-parallel-size 2 needs Transformer Engine (megatron-core runs "
+        "context-parallel attention in TEDotProductAttention), which is not installed; install transformer_engine "
+        "or use --context-parallel-size 1"]
+    assert run_script("--preset", "llama3-8b-h100x8", world_size="8", rank="5").stderr == ""

@@ -2,6 +2,9 @@
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -114,3 +117,67 @@ def test_sample_corpus_is_english_and_deterministic():
     assert a == b and sum(len(d) for d in a) >= 30_000
     words = " ".join(a).lower().split()
     assert words.count("the") > 100 and all(d.isascii() and len(d) >= 80 for d in a)
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ('{"text": "ok"}\n{"text": \n', "bad.jsonl:2: not valid JSON"),
+    ('{"text": "ok"}\n{"body": "x"}\n', "bad.jsonl:2: expected a JSON object with a string 'text' field"),
+    ('{"text": "ok"}\n{"text": 7}\n', "bad.jsonl:2: expected a JSON object with a string 'text' field"),
+    ('["ok"]\n', "bad.jsonl:1: expected a JSON object with a string 'text' field"),
+])
+def test_preprocess_errors_leave_no_file_behind(tmp_path, capsys, content, message):
+    src = tmp_path / "bad.jsonl"
+    if content is not None:
+        src.write_text(content)
+    out = tmp_path / "out"
+    assert load_script("preprocess_data").main(["--input", str(src), "--output-prefix", str(out / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("preprocess_data.py: error: ") and message in err[0]
+    assert not out.exists() or not list(out.iterdir())  # no PREFIX.tmp.bin, no partial dataset
+
+
+def test_preprocess_refuses_folders_as_input_or_prefix(tmp_path, capsys):
+    src = tmp_path / "docs.jsonl"
+    write_jsonl(src, DOCS)
+    (tmp_path / "existing").mkdir()
+    main = load_script("preprocess_data").main
+    cases = [
+        (["--input", str(tmp_path), "--output-prefix", str(tmp_path / "x")], f"--input {tmp_path} is a folder"),
+        (["--input", str(src), "--output-prefix", str(tmp_path / "d") + os.sep], "names a folder; give a file-name prefix"),
+        (["--input", str(src), "--output-prefix", str(tmp_path / "existing")], "names a folder; give a file-name prefix"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl", "existing"]  # no d.bin beside the folder
+    assert not list((tmp_path / "existing").iterdir())
+
+
+def test_preprocess_argument_errors_do_not_import_megatron(tmp_path):
+    script = str(ROOT / "scripts" / "preprocess_data.py")
+    for argv in (["--help"], ["--input", str(tmp_path / "none.jsonl"), "--output-prefix", str(tmp_path / "d")]):
+        proc = subprocess.run([sys.executable, "-X", "importtime", script, *argv], capture_output=True, text=True,
+                              timeout=60)
+        assert " megatron" not in proc.stderr and "torch" not in proc.stderr, argv  # -X importtime lists imports
+    assert proc.returncode == 2
+    assert [l for l in proc.stderr.splitlines() if not l.startswith("import time:")] == [
+        f"preprocess_data.py: error: --input {tmp_path / 'none.jsonl'}: no such file"]
+
+
+def test_sample_corpus_argument_errors(tmp_path, capsys, monkeypatch):
+    corpus = load_script("make_sample_corpus")
+    (tmp_path / "file").write_text("")
+    assert corpus.main(["--output-dir", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"make_sample_corpus.py: error: --output-dir {tmp_path / 'file'} exists and is not a folder"]
+    for value in ("0", "-5"):
+        with pytest.raises(SystemExit) as info:
+            corpus.main(["--output-dir", str(tmp_path / "out"), "--max-bytes", value])
+        assert info.value.code == 2
+        assert f"--max-bytes must be a positive integer; got {value}" in capsys.readouterr().err
+    monkeypatch.setattr(corpus, "stdlib_docstrings", lambda min_chars, max_bytes: iter(()))  # as --min-chars 10**8
+    assert corpus.main(["--output-dir", str(tmp_path / "new" / "out"), "--min-chars", "100000000"]) == 2
+    assert "no docstring of at least --min-chars 100000000" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no empty output folder left
