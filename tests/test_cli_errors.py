@@ -3,6 +3,7 @@ traceback; files lagom writes are readable by others (the umask's mode, not mkst
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -13,6 +14,8 @@ import pytest
 
 from lagom_megatron.cli import main
 from lagom_megatron.engine.files import write_json_atomic, write_text_atomic
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.plan import Plan
 from lagom_megatron.engine.search import search
 
 from .engine.factory import build, profile_from, site
@@ -108,3 +111,23 @@ def test_non_utf8_plan_names_the_file(tmp_path, capsys):
     bad.write_bytes(b"\xff\xfe{}")
     assert main(["plan", "show", str(bad)]) == 2
     assert f"{bad}: not a UTF-8 text file" in _error_line(capsys)
+
+
+def test_export_refuses_what_validate_refuses_and_warns_on_rejected_plans(saved, capsys):
+    plan = Plan.load(saved / "plan.json")
+    site_id = next(iter(plan.entries))
+    bad = dataclasses.replace(plan.entries[site_id], config=CommConfig(n_channels=999))
+    Plan(**{**_plan_fields(plan), "entries": {**plan.entries, site_id: bad}}).save(saved / "bad.json")
+    assert main(["plan", "export", str(saved / "bad.json"), "--format", "nccl-tuner-csv"]) == 2
+    err = _error_line(capsys)
+    assert site_id in err and "999" in err, err
+
+    plan.with_stats(verification="fell_back", verification_reason="gain below noise").save(saved / "rejected.json")
+    assert main(["plan", "export", str(saved / "rejected.json"), "--format", "nccl-tuner-csv"]) == 0
+    captured = capsys.readouterr()
+    assert "rejected by its verification (gain below noise)" in captured.err
+    assert captured.out.strip(), "the table is still exported"
+
+
+def _plan_fields(plan):
+    return {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}

@@ -62,7 +62,7 @@ def _show(plan) -> int:
 
 def _validate(args, plan) -> int:
     from lagom_megatron.engine.cluster import ClusterSpec
-    from lagom_megatron.engine.knobs import validate_config, validate_env
+    from lagom_megatron.engine.knobs import validate_env
 
     cluster_name = args.cluster or plan.fingerprint.get("cluster")
     if not cluster_name:
@@ -70,13 +70,9 @@ def _validate(args, plan) -> int:
     cluster = ClusterSpec.load(cluster_name)
     if plan.backend == "gloo" and cluster.backend != "gloo":
         raise ValueError(f"{args.plan}: a gloo plan cannot be checked against NCCL cluster {cluster.name!r}")
-    for site_id, e in plan.entries.items():
-        try:
-            validate_config(e.config, op=e.op, cluster=cluster, mechanism=plan.mechanism, n_nodes=e.n_nodes,
-                            group_size=e.group_size or None)
-        except ValueError as exc:
-            raise ValueError(f"{args.plan}: entry {site_id!r}: {exc}") from None
+    _check_entries(args.plan, plan, cluster)
     validate_env(plan.env)
+    _warn_if_rejected(args.plan, plan)
     if args.profile:
         from lagom_megatron.engine.plan import shown
         from lagom_megatron.engine.profile import Profile
@@ -92,6 +88,29 @@ def _validate(args, plan) -> int:
     return 0
 
 
+def _check_entries(name, plan, cluster) -> None:
+    """Every entry's config against NCCL's documented domains on ``cluster``.
+
+    Raises:
+        ValueError: the first bad entry, naming the file, the site id and the knob.
+    """
+    from lagom_megatron.engine.knobs import validate_config
+
+    for site_id, e in plan.entries.items():
+        try:
+            validate_config(e.config, op=e.op, cluster=cluster, mechanism=plan.mechanism, n_nodes=e.n_nodes,
+                            group_size=e.group_size or None)
+        except ValueError as exc:
+            raise ValueError(f"{name}: entry {site_id!r}: {exc}") from None
+
+
+def _warn_if_rejected(name, plan) -> None:
+    """One stderr line when the plan's own verification rejected it (measured no better than the defaults)."""
+    if plan.stats.get("verification") == "fell_back":
+        print(f"warning: {name} was rejected by its verification ({plan.stats.get('verification_reason') or 'no reason saved'}); "
+              "a training run reusing it keeps the defaults", file=sys.stderr)
+
+
 def _export(args, plan) -> int:
     from lagom_megatron.engine.export import export_plan
 
@@ -103,6 +122,9 @@ def _export(args, plan) -> int:
             cluster = ClusterSpec.load(plan.fingerprint["cluster"])
         except FileNotFoundError:
             cluster = None
+    if cluster is not None and plan.backend != "gloo":
+        _check_entries(args.plan, plan, cluster)  # never export a value NCCL would reject
+    _warn_if_rejected(args.plan, plan)
     text = export_plan(plan, args.format, extended=args.extended, cluster=cluster)
     if args.output:
         from lagom_megatron.engine.files import write_text_atomic
