@@ -12,19 +12,7 @@ from megatron.core.tensor_parallel import layers  # noqa: E402
 
 from lagom_megatron.integration import patches  # noqa: E402
 
-
-def _names():
-    return {
-        "dist.all_reduce": dist.all_reduce,
-        "dist.all_to_all_single": dist.all_to_all_single,
-        "pgb.dist_reduce_scatter_func": pgb.dist_reduce_scatter_func,
-        "pgb.dist_all_gather_func": pgb.dist_all_gather_func,
-        "layers.dist_reduce_scatter_func": layers.dist_reduce_scatter_func,
-        "layers.dist_all_gather_func": layers.dist_all_gather_func,
-        "start_grad_sync": pgb._ParamAndGradBucketGroup.__dict__["start_grad_sync"],
-        "start_param_sync": pgb._ParamAndGradBucketGroup.__dict__["start_param_sync"],
-        "_communicate": p2p.P2PCommunicator.__dict__["_communicate"],
-    }
+from .lagom_harness import _originals as _names  # noqa: E402  (the names lagom patches, one list)
 
 
 class Recorder:
