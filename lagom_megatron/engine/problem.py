@@ -263,12 +263,20 @@ class SearchProblem:
                     backend=self.backend, mechanism=self.mechanism)
 
     def _configs(self, st: State) -> list[CommConfig]:
-        """One CommConfig per site; knobs a site cannot tune stay None (NCCL's choice)."""
+        """One CommConfig per site; knobs a site cannot tune stay None (NCCL's choice), and a site
+        the search left in the default state gets ``CommConfig()``: NCCL's own choice, not the
+        model's approximation of it pinned as explicit values (which would also need pool entries)."""
         tun = {k: self.tunable[k].tolist() for k in SEARCH_KNOBS}
         chunk = self.chunk_bytes(st.proto, st.lvl).astype(np.int64).tolist()
         alg, proto, nc, nt = (x.astype(np.int64).tolist() for x in (st.alg, st.proto, st.nc, st.nt))
+        d = self.default_state()
+        unchanged = ((st.alg == d.alg) & (st.proto == d.proto) & (st.nc == d.nc) & (st.nt == d.nt)
+                     & (st.lvl == d.lvl)).tolist()
         out = []
         for i in range(len(self.sites)):
+            if unchanged[i]:
+                out.append(CommConfig())
+                continue
             out.append(CommConfig(
                 algorithm=ALGORITHMS[alg[i]] if tun["algorithm"][i] and alg[i] != ALG_NONE else None,
                 protocol=PROTOCOLS[proto[i]] if tun["protocol"][i] and proto[i] != PROTO_NONE else None,

@@ -186,3 +186,14 @@ def test_degenerate_sites_give_finite_plans(cluster):
         res = search(problem, method=method)
         assert np.isfinite(res.stats["predicted_iteration_us"])
         assert all(np.isfinite(e.predicted_t_region_us) for e in res.plan.entries.values())
+
+
+def test_sites_left_in_the_default_state_get_nccls_own_choice():
+    problem = build(sites=[site(site_id="tp.ag[0]"), site(site_id="tp.ag[1]", nbytes=2**20)])
+    st = problem.default_state()
+    plan = problem.make_plan(st, method="test", stats={})
+    assert all(e.config == CommConfig() for e in plan.entries.values()), plan.entries
+    st.nc[1] = 1.0 if st.nc[1] != 1.0 else 2.0  # one site moved off the default: only it gets values
+    plan = problem.make_plan(st, method="test", stats={})
+    assert plan.entries["tp.ag[0]"].config == CommConfig()
+    assert plan.entries["tp.ag[1]"].config.n_channels == int(st.nc[1])
