@@ -120,7 +120,9 @@ class Tuner:
         fingerprint: what is being tuned (model, layout, world size, cluster, versions); copied into
             the profile and hence the plan.
         agree: ``agree(plan) -> plan`` called once on the searched plan, e.g. broadcast rank 0's plan
-            and check digests. Raising any exception makes the tuner fall back to defaults.
+            and check digests. Raising any exception makes the tuner fall back to defaults. When
+            the fit or search fails on this rank, it is called with ``None`` (it is collective, so
+            the other ranks must hear of the failure) and its outcome is ignored.
 
     Every rank must feed the same (all-gathered) measurements: fit and search are deterministic,
     so all ranks then reach ``agree`` in the same iteration, or fall back in the same iteration.
@@ -472,6 +474,11 @@ class Tuner:
             result = search.search(self.profile, self.cluster, method=self.config.method, model=model)
         except Exception as exc:  # noqa: BLE001 - tuning must never stop training: keep defaults, say why
             log.debug("fit/search failure", exc_info=True)
+            if self.agree is not None:
+                try:  # agree is collective: tell the other ranks, which are waiting in it, that this one failed
+                    self.agree(None)
+                except Exception:  # noqa: BLE001 - the expected outcome: every rank falls back
+                    pass
             self._fall_back(it, f"fit/search failed: {type(exc).__name__}: {exc}")
             return
         self.search_stats = dict(getattr(result, "stats", {}) or {})

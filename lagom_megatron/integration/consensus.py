@@ -92,18 +92,24 @@ def agree_plan(plan: Any, *, from_dict: Callable[[dict[str, Any]], Any],
     """Broadcasts rank 0's plan, checks every rank's digest, returns the agreed plan.
 
     Args:
-        plan: this rank's searched plan (only rank 0's is used); needs ``to_dict()``.
+        plan: this rank's searched plan (only rank 0's is used); needs ``to_dict()``. None: the
+            search failed on this rank; every rank then raises, so all keep the defaults together
+            instead of some waiting in the broadcast below for a rank that gave up.
         from_dict: rebuilds a plan from ``to_dict`` output (``Plan.from_dict``); the result needs
             ``digest()``.
         perturb: applied to this rank's copy before the digest check (fault injection; see
             module docstring for the environment switch).
 
     Raises:
-        PlanDisagreement: some rank's digest differs from rank 0's (message lists them).
+        PlanDisagreement: the search failed on some rank, or some rank's digest differs from
+            rank 0's (the message lists the ranks).
     """
     import torch.distributed as dist
 
     rank, world = _world()
+    failed = [r for r, f in enumerate(_all_gather(plan is None)) if f]
+    if failed:
+        raise PlanDisagreement(f"the search failed on rank(s) {failed}; tuning aborted on every rank, defaults kept")
     data = plan.to_dict()
     if world > 1:
         box = [data if rank == 0 else None]

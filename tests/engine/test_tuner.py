@@ -256,6 +256,17 @@ def test_search_exception_falls_back(fake_engine, monkeypatch):
     t = _tuner()
     _run(t, t.profiling_iters)
     assert t.phase is Phase.FELL_BACK and "IndexError: site index 7" in t.reason
+    # with a collective agree hook, the failing rank still enters it (with None) so that the
+    # other ranks, waiting there, learn of the failure instead of hanging
+    seen = []
+
+    def agree(plan):
+        seen.append(plan)
+        raise RuntimeError("the search failed on rank(s) [1]")
+
+    t = Tuner(Tuner.Config(probe_configs=PROBES), cluster="h100-sxm-ib400", backend="sim", agree=agree)
+    _run(t, t.profiling_iters)
+    assert seen == [None] and t.phase is Phase.FELL_BACK and "IndexError" in t.reason
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,8 @@ def test_merge_keeps_the_slowest_rank_per_region(monkeypatch):
 def test_digest_mismatch_raises_naming_the_rank(monkeypatch):
     plan = _plan(FP)
     assert consensus.agree_plan(plan, from_dict=Plan.from_dict).digest() == plan.digest()  # one process
-    monkeypatch.setattr(consensus, "_all_gather", lambda d: [d, "0" * 64, d])
+    # the first all-gather carries the "search failed" flags (none failed), the second the digests
+    monkeypatch.setattr(consensus, "_all_gather", lambda d: [d, d, d] if isinstance(d, bool) else [d, "0" * 64, d])
     with pytest.raises(consensus.PlanDisagreement, match=r"plan digest mismatch: rank 0 has \w{12}, rank 1 000000000000"):
         consensus.agree_plan(plan, from_dict=Plan.from_dict)
 
@@ -111,3 +112,10 @@ def test_fault_injection_changes_the_digest_not_the_routing(monkeypatch):
     perturbed = consensus.agree_plan(plan, from_dict=Plan.from_dict)  # rank 0 of 1: its own copy changes
     assert perturbed.digest() != plan.digest()
     assert {k: e.config for k, e in perturbed.entries.items()} == {k: e.config for k, e in plan.entries.items()}
+
+
+def test_a_search_failure_on_one_rank_aborts_tuning_on_every_rank(monkeypatch):
+    # rank 0 searched fine, rank 1 failed (plan None): every rank must raise, none may wait in the broadcast
+    monkeypatch.setattr(consensus, "_all_gather", lambda obj: [False, True])
+    with pytest.raises(consensus.PlanDisagreement, match=r"search failed on rank\(s\) \[1\]"):
+        consensus.agree_plan(_plan(dict(FP)), from_dict=Plan.from_dict)
