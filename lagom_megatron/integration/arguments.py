@@ -164,13 +164,18 @@ def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--lagom", action="store_true",
                    help="Profile overlapped collectives during warm-up, search and apply per-collective configs.")
     g.add_argument("--lagom-warmup-iters", type=int, default=4,
-                   help="Iterations profiled (defaults and probe configs) before the search.")
+                   help="Untimed iterations under defaults before profiling; profiling then takes one "
+                        "default, one serialized and one iteration per probe config.")
     g.add_argument("--lagom-verify-iters", type=int, default=4,
-                   help="Iterations measured with the plan before it is kept or dropped.")
+                   help="Measured iterations per arm (plan, defaults; alternating) before the plan is kept or dropped.")
     g.add_argument("--lagom-plan", default=None,
-                   help="Plan file: applied as is when it exists, written after the search otherwise.")
-    g.add_argument("--lagom-method", choices=LAGOM_METHODS, default="priority")
-    g.add_argument("--lagom-report", default=None, help="JSON report written at the end of training.")
+                   help="Plan file: reused when it exists and its fingerprint matches (applied if verified, "
+                        "verified first if never verified, skipped if rejected); written after the search otherwise.")
+    g.add_argument("--lagom-method", choices=LAGOM_METHODS, default="priority",
+                   help="Searcher: priority (Lagom), autoccl (each collective for its own speed), nccl-default.")
+    g.add_argument("--lagom-report", default=None,
+                   help="Per-site report (.md, .csv or .json, by suffix) and a PNG beside it; "
+                        "default report.md in the plan's folder.")
     return parser
 
 

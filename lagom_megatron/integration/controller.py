@@ -211,9 +211,9 @@ class LagomController:
     def _warn_if_too_short(self, train_iters: int) -> None:
         needed = self.tuner.total_iters
         if train_iters < needed:
-            profiling = needed - 1 - 2 * self.tuner.config.verify_iters
+            verify = 1 + 2 * self.tuner.config.verify_iters
             _say(f"lagom: WARNING: --train-iters {train_iters} ends before tuning does: lagom needs {needed} "
-                 f"iterations ({profiling} to profile, then 1 + 2 x {self.tuner.config.verify_iters} "
+                 f"iterations ({needed - verify} to profile, then 1 + 2 x {self.tuner.config.verify_iters} "
                  f"to verify); the plan will be saved unverified")
 
     def _try_reuse_plan(self) -> bool:
@@ -234,7 +234,10 @@ class LagomController:
             return False
         diff = consensus.broadcast_object(plan.fingerprint_mismatch(self.fingerprint) if plan is not None else None)
         if diff:
-            detail = "; ".join(f"{k}: plan {plan.fingerprint.get(k)!r} vs run {self.fingerprint.get(k)!r}" for k in diff) if plan is not None else ""
+            from lagom_megatron.engine.plan import shown
+
+            detail = "; ".join(f"{k}: plan {shown(plan.fingerprint, k)} vs run {shown(self.fingerprint, k)}"
+                               for k in diff) if plan is not None else ""
             kept = self.plan_path.with_name(f"{self.plan_path.stem}.{plan.digest()[:12]}{self.plan_path.suffix}") if plan is not None else None
             if kept is not None:  # rank 0: never lose the other run's plan
                 os.replace(self.plan_path, kept)
@@ -310,8 +313,7 @@ class LagomController:
         """Applies this iteration's assignment and arms the profiler."""
         # sites are recorded only for the tuner; an applied plan (or the defaults) needs none
         self.registry.start_iteration(record=self.mode == "tune" and not self.tuner.done)
-        if self.mode == "tune" and self.tuner.done:
-            self.router.set_assignment(self.tuner.assignment())
+        if self.mode == "tune" and self.tuner.done:  # the final assignment was set once, in _on_done
             self.profiler.start_iteration(timed=False)
         elif self.mode == "tune":
             step = self._step = self.tuner.start_iteration(iteration)
@@ -419,6 +421,7 @@ class LagomController:
     def _on_done(self, phase: Any) -> None:
         from lagom_megatron.engine.tuner import Phase
 
+        self.router.set_assignment(self.tuner.assignment())  # the plan (APPLIED) or {} (FELL_BACK), for good
         s = self.tuner.summary()
         if phase is Phase.APPLIED:
             _say(f"lagom: phase applied | measured {s['measured_default_us'] / 1e3:.1f} -> {s['measured_plan_us'] / 1e3:.1f} ms | {self.tuner.reason}")

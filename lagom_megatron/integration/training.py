@@ -257,7 +257,16 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
                               data_iterator=data_iterator)
         _call(callbacks, "on_setup", ctx)
 
-        result = _train_loop(args, ctx, scheduler, callbacks, log)
+        try:
+            result = _train_loop(args, ctx, scheduler, callbacks, log)
+        except BaseException:
+            # callbacks still close (lagom removes its patches: a later pretrain() in this process
+            # must not find them installed); the training error is the one that propagates
+            try:
+                _call(callbacks, "on_train_end")
+            except Exception:  # noqa: BLE001
+                pass
+            raise
         _call(callbacks, "on_train_end")
         return result
     finally:
