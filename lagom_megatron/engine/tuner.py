@@ -285,6 +285,12 @@ class Tuner:
         """True once APPLIED or FELL_BACK: nothing left to measure."""
         return self.phase in (Phase.APPLIED, Phase.FELL_BACK)
 
+    def probe_assignments(self) -> list[dict[str, CommConfig]]:
+        """Site id -> config of every probe iteration, in order (known once the default
+        iteration has named the sites): what a backend must be ready to apply, e.g. the
+        communicator-pool entries to create before the first probe."""
+        return [self._probe_assignment(k) for k in range(len(self.probes))]
+
     def _probe_assignment(self, k: int) -> dict[str, CommConfig]:
         """Probe ``k`` for every site, minus the knobs that do not apply to the site's op
         (``knobs.applicable``: a send/recv site keeps only what NCCL's P2P path honours)."""

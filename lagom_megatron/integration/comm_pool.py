@@ -123,6 +123,11 @@ class CommPool:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def invalidate_keys(self) -> None:
+        """Forgets the cached entry keys: call it when the backend's mechanism changes (e.g. the
+        NCCL backend switching from per-communicator probe entries to the plan's tuner table)."""
+        self._keys.clear()
+
     def key(self, config: CommConfig) -> Hashable | None:
         """Cached ``backend.entry_key(config)``."""
         try:

@@ -206,6 +206,10 @@ class LagomController:
         )
         if plan is not None:
             self.tuner.start_from_plan(plan)
+        elif getattr(self.pool, "backend", None) is not None and getattr(self.pool.backend, "use_tuner_plugin", False):
+            # NCCL with the plugin: the probes run on per-communicator entries (no table exists yet)
+            self.pool.backend.plugin_active = False
+            self.pool.invalidate_keys()
         self.mode = "tune"
 
     def _warn_if_too_short(self, train_iters: int) -> None:
@@ -285,7 +289,10 @@ class LagomController:
         backend = self.pool.backend
         if getattr(backend, "use_tuner_plugin", False):
             # NCCL with lagom's tuner plugin: the plugin reads the plan table when a communicator is
-            # created, so the table is written (one copy per rank, atomically) before the entries.
+            # created, so the table is written (one copy per rank, atomically) before the entries,
+            # and the entries are keyed by it (the probes' per-communicator entries stay as they are).
+            backend.plugin_active = True
+            self.pool.invalidate_keys()
             from lagom_megatron.engine.export import export_plan
             from lagom_megatron.engine.files import write_text_atomic
 
@@ -381,9 +388,12 @@ class LagomController:
             _say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._n_steps}/{total}) | "
                  f"{sites} | iteration {m.iteration_us / 1e3:.1f} ms")
         if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
-            needs = {}
-            for s in m.sites:
-                needs.setdefault(s.group, set()).update(tuner.probes)
+            # the configs the router will route in the probe iterations (probes as each site's op allows)
+            group_of = {s.site_id: s.group for s in m.sites}
+            needs: dict[str, set[CommConfig]] = {}
+            for assignment in tuner.probe_assignments():
+                for sid, cfg in assignment.items():
+                    needs.setdefault(group_of[sid], set()).add(cfg)
             self.pool.prepare(needs)
         if step.kind == "verify-plan":
             for sid, t in merged.items():

@@ -462,9 +462,19 @@ class NcclPoolBackend:
     def __init__(self, use_tuner_plugin: bool | None = None, tuner_table: str | os.PathLike | None = None) -> None:
         self.use_tuner_plugin = bool(os.environ.get("NCCL_TUNER_PLUGIN")) if use_tuner_plugin is None else use_tuner_plugin
         self.tuner_table = tuner_table
+        self.plugin_active = self.use_tuner_plugin
+        """With the plugin loaded: True = per-call knobs go through the plan table (the plan's
+        entries); False = through per-communicator entries, as without the plugin. The probes of
+        the warm-up use False: each probe config needs its own communicator anyway, and the
+        plugin reads a table only when a communicator is created, before any plan exists.
+        Changing it changes ``entry_key``: call ``CommPool.invalidate_keys()`` after."""
+
+    @property
+    def _plugin(self) -> bool:
+        return self.use_tuner_plugin and self.plugin_active
 
     def _entry_config(self, config: CommConfig) -> CommConfig:
-        if self.use_tuner_plugin:  # per-call knobs travel through the plugin table
+        if self._plugin:  # per-call knobs travel through the plugin table
             return CommConfig(cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
         return CommConfig(n_channels=config.n_channels, algorithm=config.algorithm, protocol=config.protocol,
                           cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
@@ -478,14 +488,15 @@ class NcclPoolBackend:
             ValueError: a value outside NCCL's domains (see ``nccl_options_for``).
         """
         entry = self._entry_config(config)
-        nccl_options_for(entry, use_tuner_plugin=self.use_tuner_plugin)  # validates
-        if config.is_default() or (not self.use_tuner_plugin and entry.is_default()):
+        nccl_options_for(entry, use_tuner_plugin=self._plugin)  # validates
+        if config.is_default() or (not self._plugin and entry.is_default()):
             return None  # e.g. only chunk_size, which needs the plugin: nothing an entry can apply
 
         def part(v: Any) -> str:
             return "any" if v is None else str(v)
-        if self.use_tuner_plugin:
-            return ("plugin", part(entry.cta_policy), part(entry.cga_cluster_size))
+        if self._plugin:  # the table is part of the key: the plugin reads it at communicator creation
+            table = os.path.basename(os.fspath(self.tuner_table)) if self.tuner_table else "env-table"
+            return ("plugin", part(entry.cta_policy), part(entry.cga_cluster_size), table)
         return ("env", part(entry.n_channels), part(entry.algorithm), part(entry.protocol),
                 part(entry.cta_policy), part(entry.cga_cluster_size))
 
@@ -505,4 +516,4 @@ class NcclPoolBackend:
             RuntimeError: NCCL is not available. ValueError: see ``create_nccl_pool_entry``.
         """
         return create_nccl_pool_entry(list(ranks), self._entry_config(config), tag=self.tag_for(desc, group),
-                                      use_tuner_plugin=self.use_tuner_plugin, tuner_table=self.tuner_table)
+                                      use_tuner_plugin=self._plugin, tuner_table=self.tuner_table if self._plugin else None)

@@ -162,6 +162,7 @@ def test_probe_iterations_assign_the_probe_to_every_site(fake_engine):
         step = t.start_iteration(it)
         if step.kind == "probe":
             seen.append(step.assignment)
+            assert t.probe_assignments() == [{s.site_id: p for s in SITES} for p in PROBES]  # known ahead
         t.finish_iteration(_measure(step))
     assert seen == [{s.site_id: p for s in SITES} for p in PROBES]
 

@@ -210,14 +210,29 @@ def test_backend_keys_per_mechanism():
     assert tuner.name == env.name == "nccl"
     assert tuner.entry_key(CommConfig()) is None and env.entry_key(CommConfig()) is None
     cfg = CommConfig(n_channels=4, protocol="Simple", chunk_size=131072)
-    assert tuner.entry_key(cfg) == ("plugin", "any", "any")
-    assert tuner.entry_key(CommConfig(n_channels=8, cga_cluster_size=2)) == ("plugin", "any", "2")
+    assert tuner.entry_key(cfg) == ("plugin", "any", "any", "env-table")
+    assert tuner.entry_key(CommConfig(n_channels=8, cga_cluster_size=2)) == ("plugin", "any", "2", "env-table")
     assert env.entry_key(cfg) == ("env", "4", "any", "Simple", "any", "any")
     assert env.entry_key(CommConfig(chunk_size=131072)) is None, "chunk size needs the plugin"
-    assert tuner.entry_key(CommConfig(chunk_size=131072)) == ("plugin", "any", "any")
+    assert tuner.entry_key(CommConfig(chunk_size=131072)) == ("plugin", "any", "any", "env-table")
     with pytest.raises(ValueError, match="LL128 is never forced"):
         env.entry_key(CommConfig(protocol="LL128"))
-    assert tuner.entry_key(CommConfig(protocol="LL128")) == ("plugin", "any", "any")
+    assert tuner.entry_key(CommConfig(protocol="LL128")) == ("plugin", "any", "any", "env-table")
+
+
+def test_plugin_backend_probes_per_communicator_and_plans_per_table():
+    from lagom_megatron.integration.nccl_pool import NcclPoolBackend
+
+    backend = NcclPoolBackend(use_tuner_plugin=True)
+    probe = CommConfig(n_channels=4, protocol="Simple")
+    backend.plugin_active = False  # warm-up probes: no plan table exists yet
+    assert backend.entry_key(probe) == ("env", "4", "any", "Simple", "any", "any")
+    backend.plugin_active = True
+    backend.tuner_table = "run/tuner_table.rank0.csv"
+    first = backend.entry_key(probe)
+    backend.tuner_table = "run/tuner_table.rank0.v2.csv"
+    assert first == ("plugin", "any", "any", "tuner_table.rank0.csv") != backend.entry_key(probe), \
+        "a new table must get new communicators: the plugin reads it only at creation"
 
 
 def test_backend_mode_follows_the_environment(monkeypatch):
