@@ -298,7 +298,7 @@ class LagomController:
 
             table = self.run_dir / f"tuner_table.rank{self.rank}.csv"
             write_text_atomic(table, export_plan(plan, "nccl-tuner-csv", extended=True, cluster=self.cluster))
-            backend.tuner_table = str(table)
+            backend.tuner_table, backend.table_id = str(table), plan.digest()[:12]
         needs: dict[str, set[CommConfig]] = {}
         for e in plan.entries.values():
             if not e.config.is_default():

@@ -462,6 +462,9 @@ class NcclPoolBackend:
     def __init__(self, use_tuner_plugin: bool | None = None, tuner_table: str | os.PathLike | None = None) -> None:
         self.use_tuner_plugin = bool(os.environ.get("NCCL_TUNER_PLUGIN")) if use_tuner_plugin is None else use_tuner_plugin
         self.tuner_table = tuner_table
+        self.table_id: str | None = None
+        """Identifies the table's content (e.g. the plan digest), the same on every rank; part of
+        the plugin entries' key, so that a new table gets new communicators."""
         self.plugin_active = self.use_tuner_plugin
         """With the plugin loaded: True = per-call knobs go through the plan table (the plan's
         entries); False = through per-communicator entries, as without the plugin. The probes of
@@ -495,8 +498,7 @@ class NcclPoolBackend:
         def part(v: Any) -> str:
             return "any" if v is None else str(v)
         if self._plugin:  # the table is part of the key: the plugin reads it at communicator creation
-            table = os.path.basename(os.fspath(self.tuner_table)) if self.tuner_table else "env-table"
-            return ("plugin", part(entry.cta_policy), part(entry.cga_cluster_size), table)
+            return ("plugin", part(entry.cta_policy), part(entry.cga_cluster_size), self.table_id or "env-table")
         return ("env", part(entry.n_channels), part(entry.algorithm), part(entry.protocol),
                 part(entry.cta_policy), part(entry.cga_cluster_size))
 

@@ -228,10 +228,10 @@ def test_plugin_backend_probes_per_communicator_and_plans_per_table():
     backend.plugin_active = False  # warm-up probes: no plan table exists yet
     assert backend.entry_key(probe) == ("env", "4", "any", "Simple", "any", "any")
     backend.plugin_active = True
-    backend.tuner_table = "run/tuner_table.rank0.csv"
+    backend.tuner_table, backend.table_id = "run/tuner_table.rank0.csv", "46323ebface1"
     first = backend.entry_key(probe)
-    backend.tuner_table = "run/tuner_table.rank0.v2.csv"
-    assert first == ("plugin", "any", "any", "tuner_table.rank0.csv") != backend.entry_key(probe), \
+    backend.table_id = "b97327b5e29a"
+    assert first == ("plugin", "any", "any", "46323ebface1") != backend.entry_key(probe), \
         "a new table must get new communicators: the plugin reads it only at creation"
 
 
