@@ -42,7 +42,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.engine.knobs import ALGORITHMS, DEFAULT_CHUNK, PROTOCOLS, CommConfig, max_channels
+from lagom_megatron.engine.knobs import ALGORITHMS, DEFAULT_CHUNK, GLOO_DEFAULT_THREADS, PROTOCOLS, CommConfig, max_channels
 from lagom_megatron.engine.profile import OPS, CollectiveSite, Profile
 
 ALG_NONE = len(ALGORITHMS)  # point-to-point on NCCL, or gloo: no algorithm choice
@@ -200,7 +200,8 @@ class CostModel:
         """
         S = len(self.sites)
         if self.gloo:
-            return (np.full(S, ALG_NONE), np.full(S, PROTO_NONE), np.full(S, 2.0), np.full(S, 512.0), np.zeros(S))
+            return (np.full(S, ALG_NONE), np.full(S, PROTO_NONE), np.full(S, float(GLOO_DEFAULT_THREADS)),
+                    np.full(S, 512.0), np.zeros(S))
         c = self.cluster
         nb, op, inter = self.nbytes_S, self.op_S, self.nodes_S > 1
         p2p = np.isin(op, [_A2A, _SEND, _RECV])

@@ -129,6 +129,8 @@ GLOO_CHUNK_MIN = 4096
 """Smallest piece lagom splits a gloo tensor into, bytes (a multiple of it is required)."""
 GLOO_MAX_THREADS = 16
 """Largest gloo worker-thread count accepted per communicator."""
+GLOO_DEFAULT_THREADS = 2
+"""Worker threads of a gloo group built by ``new_group`` (torch 2.x; the pool's tests check it)."""
 
 DEFAULT_CHUNK: dict[str, int] = {"Simple": 524288, "LL": 32768, "LL128": 576000}
 """NCCL's chunk per protocol with default buffers (bytes): what ``chunk_size=None`` means."""

@@ -31,6 +31,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Protocol
 
+from lagom_megatron.engine import knobs
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.integration.sites import GroupInfo, GroupNames
 
@@ -53,9 +54,9 @@ class GlooPoolBackend:
     """Gloo pool entries: ``n_channels`` -> worker threads of a new gloo group (see module docstring)."""
 
     name = "gloo"
-    MAX_THREADS = 64
-    """Upper bound accepted for gloo worker threads (each thread is an OS thread per communicator)."""
-    DEFAULT_THREADS = 2
+    MAX_THREADS = knobs.GLOO_MAX_THREADS
+    """Upper bound accepted for gloo worker threads (the engine's domain; each is an OS thread)."""
+    DEFAULT_THREADS = knobs.GLOO_DEFAULT_THREADS
     """Worker threads of a gloo group built by ``new_group`` (torch 2.x; checked by the tests)."""
 
     def entry_key(self, config: CommConfig) -> Hashable | None:

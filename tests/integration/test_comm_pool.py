@@ -121,5 +121,5 @@ def test_piece_ranges_and_bad_values():
     assert piece_ranges(0, 4, 12) == [(0, 0)]
     with pytest.raises(ValueError, match=r"chunk_size \(2 bytes\) is smaller than one element \(4 bytes\)"):
         piece_ranges(10, 4, 2)
-    with pytest.raises(ValueError, match="gloo n_channels .* must be in 1..64; got 0"):
+    with pytest.raises(ValueError, match="gloo n_channels .* must be in 1..16; got 0"):
         GlooPoolBackend().entry_key(CommConfig(n_channels=0))
