@@ -13,7 +13,9 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", required=True, help="a GPU preset name under configs/presets/ or a path")
     parser.add_argument("--cluster", default=None, help="override the preset's cluster (name or path)")
-    parser.add_argument("--method", default="priority", choices=["priority", "autoccl", "exhaustive", "nccl-default"])
+    from lagom_megatron.engine.search import METHODS
+
+    parser.add_argument("--method", default="priority", choices=list(METHODS))
     parser.add_argument("--seed", type=int, default=0, help="noise seed (same seed, same timings)")
     parser.add_argument("--verify-iters", type=int, default=None,
                         help="timed iterations per arm in verification (default: the preset's lagom_verify_iters)")

@@ -50,10 +50,10 @@ from typing import Any, Callable, Literal
 
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import BACKENDS, CollectiveSite, Profile, Sample
+from lagom_megatron.engine.search import METHODS
 
 log = logging.getLogger("lagom.tuner")
 
-METHODS: tuple[str, ...] = ("priority", "autoccl", "exhaustive", "nccl-default")
 
 
 class Phase(Enum):

@@ -19,7 +19,9 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from lagom_megatron.engine.search import METHODS
 from lagom_megatron.integration.tokenizer import resolve_vocab
+
 
 LAGOM_FLAGS: frozenset[str] = frozenset(
     {
@@ -33,8 +35,9 @@ LAGOM_FLAGS: frozenset[str] = frozenset(
 )
 """The public ``--lagom*`` surface; ``tests/integration/test_args.py`` freezes it."""
 
-LAGOM_METHODS = ("priority", "autoccl", "nccl-default")
-"""Values of ``--lagom-method`` (searchers of ``lagom_megatron.engine.search``)."""
+LAGOM_METHODS = tuple(m for m in METHODS if m != "exhaustive")
+"""Values of ``--lagom-method``: the searchers of ``lagom_megatron.engine.search`` except
+``exhaustive``, which is for small offline instances only."""
 
 TOKENIZER_TYPES = ("ByteLevel", "NullTokenizer")
 """Tokenizers that need no download: bytes 0-255 plus end-of-document, or Megatron's null
