@@ -106,7 +106,7 @@ def _check_entries(name, plan, cluster) -> None:
 
 def _warn_if_rejected(name, plan) -> None:
     """One stderr line when the plan's own verification rejected it (measured no better than the defaults)."""
-    if plan.stats.get("verification") == "fell_back":
+    if plan.rejected:
         print(f"warning: {name} was rejected by its verification ({plan.stats.get('verification_reason') or 'no reason saved'}); "
               "a training run reusing it keeps the defaults", file=sys.stderr)
 

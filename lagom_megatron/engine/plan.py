@@ -194,6 +194,13 @@ class Plan:
             detail = "; ".join(f"{k}: plan has {shown(self.fingerprint, k)}, run has {shown(expected, k)}" for k in diff)
             raise ValueError(f"{source} was made for another run ({', '.join(diff)} differ): {detail}")
 
+    @property
+    def rejected(self) -> bool:
+        """True when the plan's own verification measured it no better than the defaults
+        (``stats["verification"] == "fell_back"``, the tuner's FELL_BACK phase): runs that reuse
+        it keep the defaults."""
+        return self.stats.get("verification") == "fell_back"
+
     def with_stats(self, **stats: Any) -> "Plan":
         """A copy with ``stats`` updated (plans are not mutated by searchers)."""
         return replace(self, stats={**self.stats, **stats})

@@ -257,9 +257,7 @@ class LagomController:
             return True
         self.plan = plan
         self.mode = "reuse"
-        from lagom_megatron.engine.tuner import Phase
-
-        if plan.stats.get("verification") == Phase.FELL_BACK.value:
+        if plan.rejected:
             # measured no better than the defaults when it was searched: applying it unverified
             # would undo that verdict on every later run; the router keeps its empty assignment
             _say(f"lagom: phase reverted to defaults | plan {self.plan_path} reused (digest {plan.digest()[:12]}) "
@@ -345,7 +343,7 @@ class LagomController:
                 _, merged, it_us = consensus.merge_measurements({}, timings, elapsed_s * 1e6)
                 self._applied_us.append(it_us)
                 # a rejected plan runs under defaults: its regions are default times, not the plan's
-                if self.plan.stats.get("verification") != "fell_back":
+                if not self.plan.rejected:
                     for sid, t in merged.items():
                         self._t_plan.setdefault(sid, []).append(t[2])
             return
@@ -474,7 +472,7 @@ class LagomController:
         out.update(mode=self.mode, plan_path=str(self.plan_path), profile_path=str(self.profile_path),
                    search_ms=self.search_ms)
         if self.mode == "reuse":
-            kept_defaults = self.plan is not None and self.plan.stats.get("verification") == "fell_back"
+            kept_defaults = self.plan is not None and self.plan.rejected
             out["phase"] = "reverted (reused plan, rejected by its verification)" if kept_defaults else "applied (reused plan)"
             if self._applied_us:  # under defaults when the reused plan was a rejected one
                 out["measured_default_us" if kept_defaults else "measured_plan_us"] = statistics.median(self._applied_us)

@@ -105,3 +105,11 @@ def test_diff_lists_only_real_differences_and_names_missing_keys():
     assert b.fingerprint_mismatch({"ddp_bucket_size": None}) == []
     with pytest.raises(ValueError, match=r"seq_length: plan has \(missing\), run has 128"):
         b.check_fingerprint({"seq_length": 128})
+
+
+def test_rejected_follows_the_tuners_verdict():
+    from lagom_megatron.engine.tuner import Phase
+
+    plan = Plan(entries={})
+    assert not plan.rejected and not plan.with_stats(verification=Phase.APPLIED.value).rejected
+    assert plan.with_stats(verification=Phase.FELL_BACK.value).rejected
