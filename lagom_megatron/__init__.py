@@ -5,9 +5,15 @@ unified cost model of communication time and of the slowdown communication infli
 searches each collective's NCCL configuration with a linear-time priority search, and applies it
 through stock NCCL mechanisms.
 
-Subpackages:
-    engine       cost model, knob space, search, plan files (standard library + numpy only)
-    integration  Megatron-Core / torch.distributed side: training entry point, hooks, profiler
+Subpackages (docs/architecture.md: what each owns and may import):
+    engine    knob space, cost model, search, plans, tuner lifecycle (never torch or Megatron)
+    nccl      applying configurations on NCCL: knob scopes, env, pool options, tuner plugin, exports
+    config    model and preset YAML schemas
+    sim       the simulated GPU cluster
+    megatron  the --lagom runtime inside Megatron-Core: sites, patches, router, profiler, controller
+    training  our pretrain_gpt on megatron-core: arguments, model, data, CPU shims, loop
+    launch    lagom doctor, SLURM environment, Megatron-LM command lines and patch hooks
+    cli       the lagom command
 """
 
 __version__ = "0.1.0"

@@ -2,6 +2,6 @@
 
 import sys
 
-from lagom_megatron.cli import main
+from lagom_megatron.cli.main import main
 
 sys.exit(main())

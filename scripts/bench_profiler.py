@@ -145,10 +145,10 @@ class Bench:
         self.profiled_calls = []
 
     def on_setup(self, ctx):
-        from lagom_megatron.integration.comm_pool import CommPool, make_backend
-        from lagom_megatron.integration.profiler import Profiler
-        from lagom_megatron.integration.router import SiteRouter
-        from lagom_megatron.integration.sites import GroupNames, SiteRegistry
+        from lagom_megatron.megatron.comm_pool import CommPool, make_backend
+        from lagom_megatron.megatron.profiler import Profiler
+        from lagom_megatron.megatron.router import SiteRouter
+        from lagom_megatron.megatron.sites import GroupNames, SiteRegistry
 
         groups = GroupNames.from_parallel_state()
         self.registry = SiteRegistry(groups, num_microbatches=ctx.args.num_microbatches)
@@ -167,7 +167,7 @@ class Bench:
 
     def on_iteration_start(self, iteration):
         from lagom_megatron.engine.knobs import CommConfig
-        from lagom_megatron.integration import patches
+        from lagom_megatron.megatron import patches
 
         mode = self.mode = self._mode(iteration)
         self.registry.start_iteration(record=mode != "routed+")  # an applied plan records no sites (controller)
@@ -189,7 +189,7 @@ class Bench:
 
     def on_iteration_end(self, iteration, elapsed_s, loss):
         from lagom_megatron.engine.knobs import CommConfig
-        from lagom_megatron.integration import consensus
+        from lagom_megatron.megatron import consensus
 
         mode = self.mode
         if self.shims is not None:
@@ -283,10 +283,10 @@ def isolated_routing_us(n_calls: int = 20000, repeats: int = 5) -> float:
     import torch
 
     from lagom_megatron.engine.knobs import CommConfig
-    from lagom_megatron.integration.patches import _collective_wrapper
-    from lagom_megatron.integration.profiler import Profiler
-    from lagom_megatron.integration.router import SiteRouter
-    from lagom_megatron.integration.sites import GroupInfo, GroupNames, SiteRegistry
+    from lagom_megatron.megatron.patches import _collective_wrapper
+    from lagom_megatron.megatron.profiler import Profiler
+    from lagom_megatron.megatron.router import SiteRouter
+    from lagom_megatron.megatron.sites import GroupInfo, GroupNames, SiteRegistry
 
     class _Pool:
         def group_for(self, info, cfg):
@@ -327,8 +327,8 @@ def isolated_routing_us(n_calls: int = 20000, repeats: int = 5) -> float:
 
 
 def _worker(ns):
-    from lagom_megatron.integration.arguments import parse_args, validate_args
-    from lagom_megatron.integration.training import pretrain
+    from lagom_megatron.training.arguments import parse_args, validate_args
+    from lagom_megatron.training.loop import pretrain
 
     iters = 2 + ns.cycles * len(MODES)
     argv = ["--preset", ns.preset, "--mock-data", "--train-iters", str(iters), "--log-interval", str(iters)]
@@ -347,7 +347,7 @@ def main(argv=None):
     if "RANK" in os.environ:
         _worker(ns)
         return 0
-    from lagom_megatron.presets import load_preset
+    from lagom_megatron.config.presets import load_preset
 
     world = load_preset(ns.preset).world_size
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
               "found in the standard library", file=sys.stderr)
         return 2
     # Imported here: Megatron-Core's import warnings are not wanted for --help or a bad argument.
-    from lagom_megatron.integration.data import write_indexed_dataset
+    from lagom_megatron.training.data import write_indexed_dataset
 
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
         check_paths(args.input, args.output_prefix)
         # Imported only after the arguments are checked: Megatron-Core prints Transformer Engine /
         # Apex warnings on import, which --help and a bad argument should not show.
-        from lagom_megatron.integration.data import read_jsonl_texts, write_indexed_dataset
+        from lagom_megatron.training.data import read_jsonl_texts, write_indexed_dataset
 
         stats = write_indexed_dataset(read_jsonl_texts(args.input, key=args.json_key), args.output_prefix)
     except (ValueError, OSError) as exc:

@@ -13,7 +13,7 @@ import io
 import os
 import sys
 
-from lagom_megatron.integration.arguments import check_installed, parse_args, validate_args
+from lagom_megatron.training.arguments import check_installed, parse_args, validate_args
 
 
 def _single_process_env() -> None:
@@ -33,7 +33,7 @@ def _launch_hint(args) -> str:
     """The torchrun command line to suggest when a plain ``python`` run needs more processes."""
     n = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
     if args.preset:  # the preset's world size, unless flags changed the layout so it no longer fits
-        from lagom_megatron.presets import load_preset
+        from lagom_megatron.config.presets import load_preset
 
         world_size = load_preset(args.preset).world_size
         n = world_size if world_size % n == 0 else n
@@ -59,10 +59,10 @@ def main(argv=None) -> int:
         return 2
     _single_process_env()
     if args.lagom:  # lagom doctor before any process group exists; exits 1 on errors
-        from lagom_megatron.doctor import preflight_pretrain
+        from lagom_megatron.launch.doctor import preflight_pretrain
 
         preflight_pretrain(args)
-    from lagom_megatron.integration.training import pretrain
+    from lagom_megatron.training.loop import pretrain
 
     pretrain(args)
     return 0

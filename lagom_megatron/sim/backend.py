@@ -35,7 +35,7 @@ class SimulatedCluster:
     """One preset on one simulated cluster (representative rank; see ``sim.workload``).
 
     Args:
-        preset: a ``Preset`` (``lagom_megatron.presets.load_preset``).
+        preset: a ``Preset`` (``lagom_megatron.config.presets.load_preset``).
         cluster: a ``ClusterSpec``; defaults to the preset's cluster. Must be a GPU cluster.
         seed: seeds every noise draw; the same seed and assignments give the same timings.
         nthreads: NCCL_NTHREADS of the simulated launch (None = the preset's env, else NCCL's

@@ -68,7 +68,7 @@ def with_microbatches(preset: Any, n: int) -> Any:
 def run_one(preset_name: str, cluster: str, *, seed: int, iters: int, cap: int, microbatches: int | None = None) -> dict[str, Any]:
     """One row of the table: every method on one preset and cluster (``microbatches``: None = the
     preset's own global batch, else that many micro-batches per data-parallel rank)."""
-    from lagom_megatron.presets import load_preset
+    from lagom_megatron.config.presets import load_preset
     from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
 
     preset = load_preset(preset_name)

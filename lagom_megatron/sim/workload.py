@@ -25,7 +25,7 @@ What is simulated (and what is not):
   (``lagom_megatron.sim.timeline``).
 
 Sites carry the ids, ops, bytes, dtypes and groups the real hooks report
-(``lagom_megatron.integration.sites``): ``dp.grad_reduce_scatter[chunk{c}.bucket{b}]``
+(``lagom_megatron.megatron.sites``): ``dp.grad_reduce_scatter[chunk{c}.bucket{b}]``
 (``dp.grad_all_reduce`` without the distributed optimizer; fp32 gradient buffer),
 ``dp.param_all_gather[chunk{c}.bucket{b}]`` (bf16 parameters), the backward tensor-parallel
 streams ``tp.sp_all_gather[n]`` / ``tp.sp_reduce_scatter[n]`` / ``tp.dgrad_all_reduce[n]``

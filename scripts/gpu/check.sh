@@ -67,7 +67,7 @@ fi
 
 # 2. plugin
 LIB=""
-if timeout 60 "${PY:-${PYTHON:-python3}}" -c "from lagom_megatron.nccl_plugin import build_tuner; print(build_tuner('$OUT/plugin'))" \
+if timeout 60 "${PY:-${PYTHON:-python3}}" -c "from lagom_megatron.nccl.plugin import build_tuner; print(build_tuner('$OUT/plugin'))" \
     > "$OUT/build.log" 2>&1; then
   LIB="$OUT/plugin/libnccl-tuner-lagom.so"
   record "build tuner plugin" "ok" "$(nm -D "$LIB" 2>/dev/null | grep -c ncclTunerPlugin_v) ABI structs exported"

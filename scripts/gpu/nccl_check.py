@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch.distributed as dist
 
         from lagom_megatron.engine.knobs import CommConfig
-        from lagom_megatron.integration.nccl_pool import (
+        from lagom_megatron.nccl.pool import (
             create_nccl_pool_entry, nccl_config_fields, runtime_nccl_version)
 
         result["torch"] = torch.__version__

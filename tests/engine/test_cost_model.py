@@ -131,7 +131,7 @@ def test_engine_imports_without_torch_or_megatron():
             "names = [m.name for m in pkgutil.iter_modules(e.__path__)]\n"
             "assert {'tuner', 'cost_model', 'search', 'plan', 'files'} <= set(names), names\n"
             "for n in names: importlib.import_module('lagom_megatron.engine.' + n)\n"
-            "import lagom_megatron.commands.search, lagom_megatron.commands.plan\n"
+            "import lagom_megatron.cli.search, lagom_megatron.cli.plan\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('pydantic', 'scipy', 'matplotlib')]\n"
             "assert not bad, bad\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

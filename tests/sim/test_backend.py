@@ -20,11 +20,11 @@ from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Profile, Sample
 from lagom_megatron.engine.tuner import IterationMeasurement, Phase, Tuner
-from lagom_megatron.presets import load_preset
+from lagom_megatron.config.presets import load_preset
 from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
 from lagom_megatron.sim.workload import Workload
 
-SITE_PATTERNS = [  # the real hooks' scheme (lagom_megatron.integration.sites)
+SITE_PATTERNS = [  # the real hooks' scheme (lagom_megatron.megatron.sites)
     r"dp\.grad_reduce_scatter\[chunk\d+\.bucket\d+\]", r"dp\.grad_all_reduce\[chunk\d+\.bucket\d+\]",
     r"dp\.param_all_gather\[chunk\d+\.bucket\d+\]", r"tp\.(sp_all_gather|sp_reduce_scatter|dgrad_all_reduce)\[\d+\]",
     r"pp\.send_recv", r"ep\.(dispatch|combine)_all_to_all\[\d+\]", r"cp\.ring_exchange\[layer\d+\]",

@@ -26,7 +26,7 @@ def test_one_row_csv_is_consistent(tmp_path, capsys):
 
 
 def test_short_accumulation_override():
-    from lagom_megatron.presets import load_preset
+    from lagom_megatron.config.presets import load_preset
 
     p = bench.with_microbatches(load_preset("gpt3-13b-h100x64"), 2)
     assert p.training.global_batch_size == 2 * 16 * 2  # micro-batch 2 x DP 16 x 2 micro-batches

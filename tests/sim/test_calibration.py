@@ -112,7 +112,7 @@ def test_cta_policy_efficiency_uses_fewer_channels_than_default():
 # Source: NVIDIA/Megatron-LM README (performance section): Megatron-Core trains GPT models "with up
 # to 47% Model FLOP Utilization (MFU) on H100 clusters" (GPT-3 175B, weak scaling to 6144 GPUs).
 def test_gpt3_175b_model_flop_utilization_on_h100():
-    from lagom_megatron.presets import load_preset
+    from lagom_megatron.config.presets import load_preset
     from lagom_megatron.sim.backend import SimulatedCluster
 
     preset = load_preset("gpt3-175b-h100x512")

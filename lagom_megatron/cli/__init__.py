@@ -1,0 +1,1 @@
+"""The ``lagom`` command: ``main.py`` dispatches to one module per subcommand."""

@@ -1,0 +1,38 @@
+"""``lagom build-tuner``: compile the NCCL tuner plugin and print how to use it."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds ``-o/--out-dir`` and ``--cc``."""
+    parser.add_argument("-o", "--out-dir", default="build",
+                        help="directory for libnccl-tuner-lagom.so (default: ./build)")
+    parser.add_argument("--cc", default=None, help="C compiler (default: $CC or gcc)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Builds the plugin; prints its path and the environment NCCL needs to load it.
+
+    Returns:
+        0 on success. A missing compiler raises FileNotFoundError (exit code 2 from the CLI);
+        a compiler error raises RuntimeError with the compiler's messages.
+    """
+    from lagom_megatron.nccl.plugin.build import build_tuner
+
+    import sys
+
+    from pathlib import Path
+
+    if Path(args.out_dir).exists() and not Path(args.out_dir).is_dir():
+        raise ValueError(f"-o {args.out_dir} is a file; give the folder to build the plugin into")
+    try:
+        lib = build_tuner(args.out_dir, cc=args.cc)
+    except RuntimeError as exc:
+        print(f"lagom build-tuner: error: {exc}", file=sys.stderr)
+        return 1
+    print(lib)
+    print(f"# use it with:  export NCCL_TUNER_PLUGIN={lib}  LAGOM_TUNER_CONFIG=<plan table from "
+          "'lagom plan export --format nccl-tuner-csv --extended'>")
+    return 0

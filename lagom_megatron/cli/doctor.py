@@ -1,0 +1,97 @@
+"""``lagom doctor``: pre-flight checks of a preset or a ``pretrain_gpt.py`` command line.
+
+    lagom doctor --preset llama3-70b-h100x64
+    lagom doctor --cluster h100-sxm-ib400 --world-size 64 -- --tensor-model-parallel-size 4 ...
+    lagom doctor --preset llama3-8b-h100x8 -- --context-parallel-size 4   # preset + overrides
+
+Exit code 0 when there is no error (warnings are printed), 1 when there is at least one error,
+2 on bad input (unknown preset or cluster). The rules are in ``lagom_megatron.launch.doctor``. The line
+after ``--`` (with the preset) is parsed by ``scripts/pretrain_gpt.py``'s own parser and
+``validate_args``, so an unknown flag or an invalid choice is an error; ``--megatron-lm`` checks a
+Megatron-LM checkout's line for the layout only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the doctor's options; everything after ``--`` is a ``pretrain_gpt.py`` command line."""
+    parser.add_argument("--preset", help="preset name (configs/presets/) or path")
+    parser.add_argument("--cluster", help="cluster name (configs/clusters/) or path; default: the preset's")
+    parser.add_argument("--world-size", type=int, help="ranks in the job; default: the preset's or $WORLD_SIZE")
+    parser.add_argument("--gpus-per-node", type=int, help="default: the cluster's or $LOCAL_WORLD_SIZE")
+    parser.add_argument("--megatron-lm", action="store_true",
+                        help="the line after -- is for a Megatron-LM checkout's pretrain_gpt.py: check "
+                             "the layout only, not the flags (default: parse it with scripts/pretrain_gpt.py's "
+                             "parser, so unknown flags and invalid values are errors)")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--no-preset-env", action="store_true",
+                        help="check the environment as it is (the launch scripts have exported the "
+                             "preset's env and the plan's env file already)")
+    parser.add_argument("argv", nargs=argparse.REMAINDER,
+                        help="-- followed by pretrain_gpt.py arguments (Megatron-LM flag names)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the rules and prints the findings.
+
+    Returns:
+        0 without errors, 1 with at least one error.
+
+    Raises:
+        ValueError: neither ``--preset`` nor a command line, or an unknown preset / cluster.
+    """
+    from lagom_megatron.launch.doctor import check_command_line, errors, run_doctor
+    from lagom_megatron.launch.megatron_args import argv_to_args
+
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if args.preset:
+        argv = ["--preset", args.preset, *argv]
+    if not argv:
+        raise ValueError("give --preset NAME and/or a pretrain_gpt.py command line after --")
+    parsed = argv_to_args(argv)
+    preset = parsed.pop("_preset", None)
+    target: object = parsed
+    cluster = args.cluster
+    world_size = args.world_size
+    gpus_per_node = args.gpus_per_node
+    environ = dict(os.environ)
+    preset_env: dict[str, str] = {}
+    if preset is not None:
+        preset_env = dict(preset.env)
+        if not args.no_preset_env:
+            environ.update(preset.env)
+        cluster = cluster or preset.cluster
+        if world_size is None:
+            world_size = preset.world_size
+        if gpus_per_node is None and preset.slurm is not None:
+            gpus_per_node = preset.slurm.gpus_per_node
+    line = [] if args.megatron_lm else check_command_line(argv, world_size)
+    parse_errors = [f for f in line if f.rule == "command-line"]
+    try:
+        findings = run_doctor(target, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
+                              preset_env=preset_env)
+    except (TypeError, ValueError):
+        if not parse_errors:
+            raise
+        findings = []  # a value the parser refused (e.g. --num-layers x): its error is reported
+    if not args.megatron_lm:
+        # validate_args restates most layout rules: its complaint is kept only when they found nothing
+        validate = [f for f in line if f.rule == "pretrain-args" and not errors(findings)]
+        findings = parse_errors + validate + [f for f in line if f.level == "warning"] + findings
+    n_err = len(errors(findings))
+    if args.json:
+        print(json.dumps([{"level": f.level, "rule": f.rule, "what": f.what, "why": f.why, "fix": f.fix}
+                          for f in findings], indent=1))
+    else:
+        for f in findings:
+            print(f)
+        name = f"preset {preset.name}" if preset is not None else "command line"
+        print(f"lagom doctor: {name}: {n_err} error(s), {len(findings) - n_err} warning(s)")
+    return 1 if n_err else 0

@@ -1,0 +1,80 @@
+"""The ``lagom`` command: a thin dispatcher over the subcommand modules beside it.
+
+Each subcommand lives in its own module ``lagom_megatron.cli.<name>`` that defines
+``add_arguments(parser)`` and ``run(args) -> int``. A subcommand module imports torch, Megatron
+or anything heavy inside ``run`` only, so that ``lagom --help`` stays fast and works without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from lagom_megatron import __version__
+
+# subcommand -> (module under lagom_megatron.cli, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "search": ("search", "search a plan from a profile file"),
+    "plan": ("plan", "show, diff, validate or export plan files"),
+    "bench": ("bench", "benchmarks: search scaling, simulated cluster comparison"),
+    "simulate": ("simulate", "run profile -> fit -> search -> apply -> verify on a simulated GPU cluster"),
+    "doctor": ("doctor", "pre-flight checks of a preset or command line and the environment"),
+    "build-tuner": ("build_tuner", "build the NCCL tuner plugin shared library"),
+}
+
+
+def _load(module: str):
+    return importlib.import_module(f"lagom_megatron.cli.{module}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Builds the top-level parser; subcommand modules add their own arguments lazily.
+
+    Returns:
+        The parser. Subcommands whose module is missing are left out.
+    """
+    parser = argparse.ArgumentParser(
+        prog="lagom",
+        description="Lagom for Megatron-Core: per-collective NCCL configurations for overlapped communication.",
+    )
+    parser.add_argument("--version", action="version", version=f"lagom-megatron {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        try:
+            mod = _load(module)
+        except ModuleNotFoundError as exc:
+            if exc.name == f"lagom_megatron.cli.{module}":
+                continue
+            raise
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``lagom`` console script.
+
+    Returns:
+        The process exit code: 0 on success, 2 on bad input or an unusable path (the error is
+        printed on one line, without a traceback).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args._run(args) or 0)
+    except BrokenPipeError:  # e.g. `lagom plan show plan.json | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (ValueError, OSError) as exc:  # bad input, missing file, a folder where a file is due, ...
+        print(f"lagom {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""``lagom simulate --preset P [--method M] [--seed S]``: the whole ``--lagom`` lifecycle (profile,
+probe, fit, search, apply, verify) on a simulated GPU cluster, on this machine.
+
+The numbers are simulated: one representative rank of the preset's layout on the device model of
+``lagom_megatron.sim`` (docs/simulator.md), not measurements of real hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", required=True, help="a GPU preset name under configs/presets/ or a path")
+    parser.add_argument("--cluster", default=None, help="override the preset's cluster (name or path)")
+    from lagom_megatron.engine.search import METHODS
+
+    parser.add_argument("--method", default="priority", choices=list(METHODS))
+    parser.add_argument("--seed", type=int, default=0, help="noise seed (same seed, same timings)")
+    parser.add_argument("--verify-iters", type=int, default=None,
+                        help="timed iterations per arm in verification (default: the preset's lagom_verify_iters)")
+    parser.add_argument("--profile-out", default=None, help="write the profile the search saw (JSON)")
+    parser.add_argument("--plan-out", default=None, help="write the searched plan (JSON)")
+    parser.add_argument("--show", type=int, default=5, metavar="N",
+                        help="print the N sites with the largest predicted saving (0: none)")
+    parser.add_argument("--json", action="store_true", help="print the tuner's summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import logging
+    import time
+
+    from lagom_megatron.config.presets import load_preset
+    from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
+
+    t0 = time.perf_counter()
+    logging.getLogger("lagom.tuner").setLevel(logging.ERROR)  # the phases are printed below
+    preset = load_preset(args.preset)
+    sim = SimulatedCluster(preset, args.cluster, seed=args.seed)
+    verify_iters = args.verify_iters if args.verify_iters is not None else preset.lagom.lagom_verify_iters
+    result = run_lifecycle(sim, method=args.method, verify_iters=verify_iters)
+    tuner = result.tuner
+    summary = tuner.summary()
+    if args.profile_out and tuner.profile is not None:
+        tuner.profile.save(args.profile_out)
+    if args.plan_out and tuner.plan is not None:
+        # with its verdict, as a training run saves it: a rejected plan is not applied blind later
+        tuner.plan.with_stats(verification=tuner.phase.value, verification_reason=tuner.reason).save(args.plan_out)
+    if args.json:
+        print(json.dumps(summary, indent=1, default=str))
+        return 0
+    w = sim.workload
+    print(f"lagom simulate: {preset.name} on {sim.cluster.name} (SIMULATED; one representative rank of "
+          f"{preset.world_size}: TP{w.tp} PP{w.pp}x{w.chunks} CP{w.cp} DP{w.dp} EP{w.ep}, {w.microbatches} micro-batches)")
+    print(f"  {len(sim.sites)} collective sites; method {args.method}; seed {args.seed}")
+    for it, phase, msg in tuner.events:
+        print(f"  [{phase:>9}] iteration {it:>2}: {msg}")
+    pred = summary["search"].get("predicted_iteration_us")
+    pred_def = summary["search"].get("predicted_default_iteration_us", summary["search"].get("default_iteration_us"))
+    print("  iteration times (simulated):")
+    if summary.get("default_iteration_us"):
+        print(f"    profiled under NCCL defaults : {summary['default_iteration_us'] / 1e3:10.1f} ms")
+    if isinstance(pred_def, (int, float)):
+        print(f"    model, NCCL defaults         : {pred_def / 1e3:10.1f} ms")
+    if isinstance(pred, (int, float)):
+        print(f"    predicted, plan              : {pred / 1e3:10.1f} ms")
+    if "measured_plan_us" in summary:
+        print(f"    measured, plan (median)      : {summary['measured_plan_us'] / 1e3:10.1f} ms")
+        print(f"    measured, defaults (median)  : {summary['measured_default_us'] / 1e3:10.1f} ms  (x{summary['speedup']:.3f})")
+    print(f"    {'after tuning (' + tuner.phase.value + ')':29s}: {result.final_median_us / 1e3:10.1f} ms")
+    if args.show > 0 and tuner.plan is not None:
+        _print_top_sites(tuner.plan, args.show)
+    if summary.get("model_mape_pct") is not None:
+        print(f"  cost model MAPE on its profiled points: {summary['model_mape_pct']:.1f}%")
+    print(f"  result: {tuner.phase.value.upper()}: {tuner.reason}")
+    print(f"  wall time {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _print_top_sites(plan, n: int) -> None:
+    """The ``n`` sites whose predicted region time drops most under the plan (model figures)."""
+    rows = sorted(plan.entries.items(), key=lambda kv: kv[1].predicted_t_region_us - kv[1].predicted_default_t_region_us)
+    rows = [(sid, e) for sid, e in rows if not e.config.is_default()][:n]
+    if not rows:
+        return
+    print(f"  largest predicted savings ({plan.method}; region time per iteration, model):")
+    for sid, e in rows:
+        saved = e.predicted_default_t_region_us - e.predicted_t_region_us
+        print(f"    {sid:40s} {str(e.config.to_dict()):58s} {e.predicted_default_t_region_us / 1e3:8.2f} -> "
+              f"{e.predicted_t_region_us / 1e3:8.2f} ms ({saved / 1e3:+.2f})")

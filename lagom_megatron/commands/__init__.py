@@ -1,1 +1,0 @@
-"""Subcommands of the ``lagom`` command, one module each (see ``lagom_megatron.cli``)."""

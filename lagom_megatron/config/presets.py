@@ -1,0 +1,278 @@
+"""YAML presets: a model, a parallel layout, batch, overlap flags, environment, lagom settings and
+SLURM shape in one file, validated by a schema.
+
+Layout under ``configs/``::
+
+    configs/models/<name>.yaml     model dimensions (ModelSpec)
+    configs/clusters/<name>.yaml   a cluster description (read by lagom_megatron.engine.cluster)
+    configs/presets/<name>.yaml    a runnable combination (Preset); ``model:`` names a model file
+                                   or holds the dimensions inline
+
+Every key of the ``model``, ``parallel``, ``training``, ``overlap``, ``data`` and ``lagom``
+sections is the argparse destination of the Megatron-LM flag of the same name
+(``tensor_model_parallel_size`` is ``--tensor-model-parallel-size``), so ``Preset.to_args()``
+gives defaults that explicit command-line flags override. Unknown keys are errors that name the
+key and the closest valid one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+CONFIGS_DIR = Path(os.environ.get("LAGOM_CONFIGS", Path(__file__).resolve().parents[2] / "configs"))
+"""Root of the presets: ``configs/`` of the source tree, or ``$LAGOM_CONFIGS``."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSpec(_Section):
+    """Transformer dimensions, with Megatron-LM's argument names."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int | None = None
+    """Defaults to 4 * hidden_size, as in Megatron-LM."""
+    num_query_groups: int | None = None
+    """Grouped-query attention groups; None = multi-head attention (one group per head)."""
+    max_position_embeddings: int | None = None
+    vocab_size: int | None = None
+    """Padded vocabulary size of the tokenizer; None = the tokenizer's own."""
+    num_experts: int | None = None
+    moe_router_topk: int | None = None
+    swiglu: bool = False
+    normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
+    position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
+    untie_embeddings_and_output_weights: bool = False
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    kv_channels: int | None = None
+    """Projection size per attention head; None = hidden_size / num_attention_heads."""
+    rotary_base: int | None = None
+    """RoPE base (theta); None = Megatron-LM's default (10000)."""
+    add_bias_linear: bool = True
+    """False = ``--disable-bias-linear`` (Llama and Mixtral have no bias in linear layers)."""
+    moe_ffn_hidden_size: int | None = None
+    """FFN hidden size of each expert; None = ffn_hidden_size."""
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] | None = None
+    moe_grouped_gemm: bool = False
+
+
+class ParallelSpec(_Section):
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    num_layers_per_virtual_pipeline_stage: int | None = None
+    num_virtual_stages_per_pipeline_rank: int | None = None
+    """Virtual pipeline stages (model chunks) per pipeline rank; at most one of this and
+    num_layers_per_virtual_pipeline_stage may be set, as in Megatron-LM."""
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None
+    """None = tensor_model_parallel_size, as in Megatron-LM."""
+    sequence_parallel: bool = False
+
+
+class TrainingSpec(_Section):
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None
+    seq_length: int = 1024
+    train_iters: int = 100
+    lr: float = 1e-4
+    min_lr: float = 0.0
+    lr_warmup_iters: int = 0
+    weight_decay: float = 0.01
+    clip_grad: float = 1.0
+    seed: int = 1234
+    log_interval: int = 1
+    bf16: bool = False
+    fp16: bool = False
+
+
+class OverlapSpec(_Section):
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    use_distributed_optimizer: bool = False
+    ddp_bucket_size: int | None = None
+    tp_comm_overlap: bool = False
+    overlap_p2p_comm: bool = False
+    overlap_param_gather_with_optimizer_step: bool = False
+    overlap_moe_expert_parallel_comm: bool = False
+    use_torch_fsdp2: bool = False
+    use_megatron_fsdp: bool = False
+
+
+class DataSpec(_Section):
+    mock_data: bool = False
+    data_path: list[str] | None = None
+    split: str = "969,30,1"
+    tokenizer_type: str | None = None
+
+
+class LagomSpec(_Section):
+    lagom: bool = False
+    lagom_warmup_iters: int = 4
+    lagom_verify_iters: int = 4
+    lagom_method: Literal["priority", "autoccl", "nccl-default"] = "priority"
+    lagom_plan: str | None = None
+    lagom_report: str | None = None
+
+
+class SlurmSpec(_Section):
+    nodes: int = 1
+    gpus_per_node: int = 8
+    partition: str | None = None
+    account: str | None = None
+    time: str = "01:00:00"
+    layout: Literal["per-node", "per-gpu"] = "per-node"
+    """per-node: one task per node running torchrun; per-gpu: one task per GPU."""
+
+
+class Preset(_Section):
+    """A runnable combination: ``lagom_megatron.config.presets.load_preset('cpu-tp2-dp2')``."""
+
+    description: str = ""
+    model: str | ModelSpec
+    cluster: str = "cpu-gloo"
+    world_size: int = 1
+    """Ranks in the job: nodes x GPUs per node on a cluster, processes on CPU."""
+    parallel: ParallelSpec = ParallelSpec()
+    training: TrainingSpec = TrainingSpec()
+    overlap: OverlapSpec = OverlapSpec()
+    data: DataSpec = DataSpec()
+    lagom: LagomSpec = LagomSpec()
+    env: dict[str, str] = {}
+    """Environment exported to every rank before launch (NCCL_*, CUDA_DEVICE_MAX_CONNECTIONS)."""
+    slurm: SlurmSpec | None = None
+    name: str = ""
+    """Filled in by load_preset from the file name."""
+
+    def model_spec(self) -> ModelSpec:
+        """The model dimensions, loading ``configs/models/<model>.yaml`` when ``model`` is a name."""
+        if isinstance(self.model, ModelSpec):
+            return self.model
+        return load_model(self.model)
+
+    def to_args(self) -> dict[str, Any]:
+        """Flattens the argument sections into argparse destinations -> values.
+
+        The optional fields of ``OMIT_WHEN_DEFAULT`` appear only when a preset sets them to a
+        value other than their default, so that a parser without those flags still takes every
+        preset that does not use them.
+        """
+        out: dict[str, Any] = {}
+        for section in (self.model_spec(), self.parallel, self.training, self.overlap, self.data, self.lagom):
+            defaults = type(section).model_fields
+            for key, value in section.model_dump().items():
+                if key in OMIT_WHEN_DEFAULT and value == defaults[key].default:
+                    continue
+                out[key] = value
+        return out
+
+
+OMIT_WHEN_DEFAULT: frozenset[str] = frozenset({
+    "kv_channels", "rotary_base", "add_bias_linear", "moe_ffn_hidden_size", "moe_token_dispatcher_type",
+    "moe_grouped_gemm", "num_virtual_stages_per_pipeline_rank", "expert_tensor_parallel_size",
+    "overlap_param_gather_with_optimizer_step", "overlap_moe_expert_parallel_comm", "use_torch_fsdp2",
+    "use_megatron_fsdp",
+})
+"""Optional Megatron-LM destinations that ``Preset.to_args`` leaves out while at their default."""
+
+
+def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.is_file():
+            raise FileNotFoundError(f"{kind} file {str(p)!r} does not exist")
+        return p
+    candidate = CONFIGS_DIR / kind / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return candidate
+    known = available(kind)
+    close = difflib.get_close_matches(str(name_or_path), known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"unknown {kind[:-1]} {str(name_or_path)!r}{hint}; available: {', '.join(known) or 'none'}")
+
+
+def available(kind: str) -> list[str]:
+    """Names of the YAML files under ``configs/<kind>/`` (kind: models, clusters, presets)."""
+    return sorted(p.stem for p in (CONFIGS_DIR / kind).glob("*.yaml"))
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Reads a YAML mapping.
+
+    Raises:
+        ValueError: malformed YAML (names the file, line and column) or not a mapping.
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ValueError(f"{path}: malformed YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level; got {type(data).__name__}")
+    return data
+
+
+def _validate(cls: type[BaseModel], data: dict[str, Any], path: Path) -> Any:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "extra_forbidden":
+            valid = _valid_keys(cls, err["loc"][:-1])
+            close = difflib.get_close_matches(str(err["loc"][-1]), valid, n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(valid)}"
+            raise ValueError(f"{path}: unknown key {loc!r}{hint}") from None
+        raise ValueError(f"{path}: {loc}: {err['msg']} (got {err.get('input')!r})") from None
+
+
+def _valid_keys(cls: type[BaseModel], loc: tuple) -> list[str]:
+    model: Any = cls
+    for part in loc:
+        field = model.model_fields.get(part)
+        if field is None:
+            break
+        ann = field.annotation
+        candidates = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not candidates:
+            break
+        model = candidates[0]
+    return sorted(model.model_fields)
+
+
+def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
+    """Loads ``configs/models/<name>.yaml`` or a path.
+
+    Raises:
+        ValueError: unknown name, malformed YAML, unknown key or wrong type.
+        FileNotFoundError: a path that does not exist.
+    """
+    path = _resolve("models", name_or_path)
+    return _validate(ModelSpec, read_yaml(path), path)
+
+
+def load_preset(name_or_path: str | os.PathLike) -> Preset:
+    """Loads ``configs/presets/<name>.yaml`` or a path, model file included.
+
+    Raises:
+        ValueError: unknown preset name (with the closest known one), malformed YAML, unknown key
+            (with the closest valid one), wrong type, or an unknown model name.
+        FileNotFoundError: a path that does not exist.
+    """
+    path = _resolve("presets", name_or_path)
+    preset = _validate(Preset, read_yaml(path), path)
+    preset.name = path.stem
+    preset.model_spec()  # fail now on a bad model reference
+    return preset

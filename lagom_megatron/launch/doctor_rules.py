@@ -1,0 +1,476 @@
+"""The rules of ``lagom doctor``: one function per rule, each ``RunShape -> list[Finding]``.
+
+The layout and overlap rules restate the checks of Megatron-LM's ``megatron/training/arguments.py``
+(``validate_args``), Megatron-Core's configs and Transformer Engine's Userbuffers as facts; the
+NCCL rules call ``lagom_megatron.nccl.env_check``. Which rules exist and their levels are
+this project's design. ``RULES`` lists them in report order; ``lagom_megatron.launch.doctor`` runs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
+
+from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
+
+Level = Literal["error", "warning"]
+
+BLACKWELL_SM_ARCH = 100
+"""Megatron-LM asks for CUDA_DEVICE_MAX_CONNECTIONS=1 only below compute capability 10.0."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One result of a rule.
+
+    Attributes:
+        level: "error" stops the launch; "warning" is printed only.
+        rule: short rule id, e.g. ``world-size`` or ``nccl-env``.
+        what: one line: what is wrong, with the values seen.
+        why: what would happen and where the requirement comes from.
+        fix: what to change.
+    """
+
+    level: Level
+    rule: str
+    what: str
+    why: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.level}: [{self.rule}] {self.what}\n    why: {self.why}\n    fix: {self.fix}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunShape:
+    """What the rules look at, normalised from a preset, a namespace or a dict.
+
+    Attributes:
+        args: argparse destinations -> values (Megatron-LM names).
+        environ: environment of the ranks.
+        world_size: ranks in the job; None = unknown (rules that need it are skipped).
+        gpus_per_node: GPUs (ranks) per node; None = unknown.
+        sm_arch: compute capability x 10 (90 = Hopper); None = unknown, treated as pre-Blackwell.
+        nccl_version: e.g. "2.27.3"; None = unknown.
+        backend: "nccl" or "gloo" (CPU: the CUDA and NCCL rules do not apply).
+        preset_env: the preset's ``env`` section (empty without a preset), so that a fix can say
+            whether the preset already sets a variable.
+    """
+
+    args: Mapping[str, Any]
+    environ: Mapping[str, str]
+    world_size: int | None
+    gpus_per_node: int | None
+    sm_arch: int | None
+    nccl_version: str | None
+    backend: str
+    preset_env: Mapping[str, str] = field(default_factory=dict)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = self.args.get(name, default)
+        return default if value is None else value
+
+    @property
+    def tp(self) -> int:
+        return int(self.get("tensor_model_parallel_size", 1))
+
+    @property
+    def pp(self) -> int:
+        return int(self.get("pipeline_model_parallel_size", 1))
+
+    @property
+    def cp(self) -> int:
+        return int(self.get("context_parallel_size", 1))
+
+    @property
+    def ep(self) -> int:
+        return int(self.get("expert_model_parallel_size", 1))
+
+    @property
+    def fsdp(self) -> bool:
+        return bool(self.get("use_torch_fsdp2", False) or self.get("use_megatron_fsdp", False))
+
+    @property
+    def lagom(self) -> bool:
+        return bool(self.get("lagom", False))
+
+
+def rule_nodes(s: RunShape) -> list[Finding]:
+    """World size >= 1, GPUs per node >= 1; on GPUs, whole nodes and TP groups that do not straddle nodes."""
+    out = []
+    if s.world_size is not None and s.world_size < 1:
+        out.append(Finding(
+            "error", "world-size", f"world size {s.world_size} is not a positive integer",
+            "the job needs at least one rank; torchrun and Megatron-LM refuse a world size below 1",
+            "give the number of ranks (nodes x GPUs per node), e.g. --world-size 64",
+        ))
+    if s.gpus_per_node is not None and s.gpus_per_node < 1:
+        out.append(Finding(
+            "error", "gpus-per-node", f"GPUs per node {s.gpus_per_node} is not a positive integer",
+            "every node runs at least one rank; the layout checks divide by the GPUs per node",
+            "give the GPUs (ranks) of one node, e.g. --gpus-per-node 8",
+        ))
+    if out or s.world_size is None or s.gpus_per_node is None or s.backend == "gloo":
+        return out  # gloo: CPU processes on one host; the cluster's GPUs per node are nominal
+    gpn = s.gpus_per_node
+    if s.world_size > gpn and s.world_size % gpn:
+        out.append(Finding(
+            "error", "gpus-per-node",
+            f"world size {s.world_size} is not a multiple of the {gpn} GPUs per node",
+            "SLURM and torchrun start the same number of ranks on every node, so a job spans whole "
+            "nodes: nodes x GPUs per node = world size",
+            f"use a world size that is a multiple of {gpn}, or fix --gpus-per-node",
+        ))
+    tp = s.tp
+    if tp > 1 and ((tp <= gpn and gpn % tp) or (tp > gpn and tp % gpn)):
+        out.append(Finding(
+            "error", "tp-node",
+            f"tensor_model_parallel_size {tp} does not tile the {gpn} GPUs of a node",
+            "Megatron-LM puts consecutive ranks in a TP group; unless the GPUs per node are a multiple "
+            "of TP, some TP groups straddle two nodes and their per-layer collectives silently go "
+            "over the network instead of NVLink",
+            f"use a TP that divides {gpn} (or a multiple of {gpn}), or fix --gpus-per-node",
+        ))
+    return out
+
+
+def rule_world_size(s: RunShape) -> list[Finding]:
+    """world size = TP x PP x CP x DP; experts: world divisible by ETP x EP x PP."""
+    out = []
+    if s.world_size is None or s.world_size < 1:
+        return out
+    model_parallel = s.tp * s.pp * s.cp
+    if s.world_size % model_parallel:
+        out.append(Finding(
+            "error", "world-size",
+            f"world size {s.world_size} is not divisible by TP x PP x CP = {s.tp} x {s.pp} x {s.cp} = {model_parallel}",
+            "Megatron-LM builds world = TP x PP x CP x DP and fails at initialize_model_parallel",
+            f"use a world size that is a multiple of {model_parallel}, or change TP/PP/CP",
+        ))
+        return out
+    etp = int(s.get("expert_tensor_parallel_size", s.tp))
+    if s.ep > 1 and s.world_size % (etp * s.ep * s.pp):
+        out.append(Finding(
+            "error", "world-size",
+            f"world size {s.world_size} is not divisible by ETP x EP x PP = {etp} x {s.ep} x {s.pp} = {etp * s.ep * s.pp}",
+            "the expert layout (expert tensor x expert x pipeline x expert data parallel) must tile "
+            "the world (megatron/core/parallel_state.py)",
+            "change EP or expert TP so that ETP x EP x PP divides the world size",
+        ))
+    return out
+
+
+def rule_batch(s: RunShape) -> list[Finding]:
+    """global batch = micro-batch x accumulation steps x DP."""
+    gbs, mbs = s.get("global_batch_size"), int(s.get("micro_batch_size", 1))
+    if s.world_size is None or s.world_size < 1 or gbs is None or s.world_size % (s.tp * s.pp * s.cp):
+        return []
+    dp = s.world_size // (s.tp * s.pp * s.cp)
+    if int(gbs) % (mbs * dp):
+        return [Finding(
+            "error", "batch",
+            f"global batch {gbs} is not divisible by micro-batch x DP = {mbs} x {dp} = {mbs * dp}",
+            "Megatron-LM's micro-batch calculator needs global batch = micro-batch x accumulation "
+            "steps x DP",
+            f"use a global batch that is a multiple of {mbs * dp}",
+        )]
+    return []
+
+
+def rule_heads(s: RunShape) -> list[Finding]:
+    """Attention heads and query groups must split evenly over TP."""
+    out = []
+    heads = s.get("num_attention_heads")
+    groups = s.get("num_query_groups")
+    if s.args.get("group_query_attention") is False:
+        groups = None  # Megatron-LM's parse_args defaults num_query_groups to 1 and ignores it then
+    if heads is not None and int(heads) % s.tp:
+        out.append(Finding(
+            "error", "heads-tp",
+            f"num_attention_heads ({heads}) is not a multiple of tensor_model_parallel_size ({s.tp})",
+            "each tensor-parallel rank holds whole attention heads (TransformerConfig raises)",
+            "pick a TP that divides the number of heads",
+        ))
+    if groups is not None:
+        if int(groups) % s.tp:
+            out.append(Finding(
+                "error", "query-groups-tp",
+                f"num_query_groups ({groups}) is not a multiple of tensor_model_parallel_size ({s.tp})",
+                "each tensor-parallel rank holds whole key/value groups (Megatron-LM validate_args)",
+                "pick a TP that divides the number of query groups",
+            ))
+        if heads is not None and int(heads) % int(groups):
+            out.append(Finding(
+                "error", "query-groups-tp",
+                f"num_attention_heads ({heads}) is not a multiple of num_query_groups ({groups})",
+                "grouped-query attention shares each key/value group among a whole number of heads",
+                "use a number of query groups that divides the number of heads",
+            ))
+    return out
+
+
+def rule_layers(s: RunShape) -> list[Finding]:
+    """Layers vs PP and virtual pipeline stages."""
+    out = []
+    layers = s.get("num_layers")
+    per_vstage = s.get("num_layers_per_virtual_pipeline_stage")
+    vstages = s.get("num_virtual_stages_per_pipeline_rank")
+    if per_vstage is not None and vstages is not None:
+        out.append(Finding(
+            "error", "virtual-stages",
+            f"both num_layers_per_virtual_pipeline_stage ({per_vstage}) and "
+            f"num_virtual_stages_per_pipeline_rank ({vstages}) are set",
+            "Megatron-LM accepts at most one way of giving the interleaved schedule",
+            "keep one of the two",
+        ))
+        return out
+    if (per_vstage is not None or vstages is not None) and s.pp == 1:
+        out.append(Finding(
+            "error", "virtual-stages",
+            "virtual pipeline stages are set with pipeline_model_parallel_size 1",
+            "the interleaved schedule needs pipeline parallelism (Megatron-LM validate_args)",
+            "set pipeline_model_parallel_size > 1 or drop the virtual stages",
+        ))
+        return out
+    if layers is None:
+        return out
+    layers = int(layers)
+    if layers % s.pp:
+        out.append(Finding(
+            "error", "layers-pp",
+            f"num_layers ({layers}) is not divisible by pipeline_model_parallel_size ({s.pp})",
+            "each pipeline stage holds the same number of layers (Megatron-LM validate_args)",
+            "pick a PP that divides the number of layers",
+        ))
+        return out
+    per_rank = layers // s.pp
+    if per_vstage is not None and per_rank % int(per_vstage):
+        out.append(Finding(
+            "error", "virtual-stages",
+            f"layers per pipeline rank ({layers} / {s.pp} = {per_rank}) is not divisible by "
+            f"num_layers_per_virtual_pipeline_stage ({per_vstage})",
+            "each virtual stage (model chunk) holds the same number of layers",
+            f"use a divisor of {per_rank} layers per virtual stage",
+        ))
+    if vstages is not None and per_rank % int(vstages):
+        out.append(Finding(
+            "error", "virtual-stages",
+            f"layers per pipeline rank ({layers} / {s.pp} = {per_rank}) is not divisible by "
+            f"num_virtual_stages_per_pipeline_rank ({vstages})",
+            "each virtual stage (model chunk) holds the same number of layers",
+            f"use a divisor of {per_rank} as the number of virtual stages",
+        ))
+    return out
+
+
+def rule_experts(s: RunShape) -> list[Finding]:
+    """Experts vs expert parallelism."""
+    experts = s.get("num_experts")
+    if s.ep > 1 and experts is None:
+        return [Finding(
+            "error", "experts-ep",
+            f"expert_model_parallel_size is {s.ep} but the model has no experts (num_experts unset)",
+            "Megatron-LM requires num_experts for expert parallelism",
+            "set num_experts or use expert_model_parallel_size 1",
+        )]
+    if experts is not None and int(experts) % s.ep:
+        return [Finding(
+            "error", "experts-ep",
+            f"num_experts ({experts}) is not a multiple of expert_model_parallel_size ({s.ep})",
+            "each expert-parallel rank holds the same number of whole experts",
+            "pick an EP that divides the number of experts",
+        )]
+    return []
+
+
+def rule_sequence(s: RunShape) -> list[Finding]:
+    """Sequence parallelism and context parallelism vs the sequence length."""
+    out = []
+    seq = s.get("seq_length")
+    if s.get("sequence_parallel", False) and s.tp == 1:
+        out.append(Finding(
+            "warning", "sequence-parallel",
+            "sequence_parallel is set with tensor_model_parallel_size 1",
+            "Megatron-LM turns sequence parallelism off when TP is 1: there is nothing to shard",
+            "drop sequence_parallel, or use TP > 1",
+        ))
+    elif s.get("sequence_parallel", False) and seq is not None and int(seq) % s.tp:
+        out.append(Finding(
+            "error", "sequence-parallel",
+            f"seq_length ({seq}) is not divisible by tensor_model_parallel_size ({s.tp}) with sequence parallelism",
+            "sequence parallelism splits the sequence dimension over the TP ranks",
+            f"use a sequence length that is a multiple of {s.tp}",
+        ))
+    if s.cp > 1 and seq is not None and int(seq) % (2 * s.cp):
+        out.append(Finding(
+            "error", "context-parallel",
+            f"seq_length ({seq}) is not divisible by 2 x context_parallel_size = {2 * s.cp}",
+            "load-balanced context parallelism cuts the sequence into 2 x CP chunks "
+            "(megatron.core.utils.get_batch_on_this_cp_rank)",
+            f"use a sequence length that is a multiple of {2 * s.cp}",
+        ))
+    return out
+
+
+def rule_tp_comm_overlap(s: RunShape) -> list[Finding]:
+    """--tp-comm-overlap needs sequence parallelism and a TP group inside one node."""
+    if not s.get("tp_comm_overlap", False):
+        return []
+    out = []
+    if s.backend == "gloo":
+        out.append(Finding(
+            "error", "tp-comm-overlap", "tp_comm_overlap is set on a CPU (gloo) cluster",
+            "TP communication/GEMM overlap is Transformer Engine's Userbuffers, which needs CUDA",
+            "drop tp_comm_overlap on CPU",
+        ))
+        return out
+    if s.tp == 1:
+        out.append(Finding(
+            "warning", "tp-comm-overlap", "tp_comm_overlap is set with tensor_model_parallel_size 1",
+            "there is no tensor-parallel communication to overlap",
+            "drop tp_comm_overlap or use TP > 1",
+        ))
+        return out
+    if not s.get("sequence_parallel", False):
+        out.append(Finding(
+            "error", "tp-comm-overlap", "tp_comm_overlap is set without sequence_parallel",
+            "Megatron-LM: 'Tensor parallel communication/GEMM overlap can happen only when "
+            "sequence parallelism is enabled'",
+            "add --sequence-parallel or drop --tp-comm-overlap",
+        ))
+    if s.gpus_per_node is not None and s.gpus_per_node >= 1 and s.tp > s.gpus_per_node:
+        out.append(Finding(
+            "error", "tp-comm-overlap",
+            f"tp_comm_overlap with TP {s.tp} larger than the {s.gpus_per_node} GPUs of a node",
+            "Userbuffers overlap works only inside one NVLink domain; a TP group spanning nodes "
+            "fails at IPC/multicast initialisation (TransformerEngine issues 966, 1071)",
+            f"use TP <= {s.gpus_per_node} or drop --tp-comm-overlap",
+        ))
+    return out
+
+
+def rule_overlap_param_gather(s: RunShape) -> list[Finding]:
+    """--overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce."""
+    out = []
+    if s.get("overlap_param_gather", False):
+        if not (s.get("use_distributed_optimizer", False) or s.get("use_megatron_fsdp", False)):
+            out.append(Finding(
+                "error", "overlap-param-gather",
+                "overlap_param_gather is set without use_distributed_optimizer",
+                "parameters are all-gathered only when the optimizer state is sharded "
+                "(Megatron-LM validate_args asserts --use-distributed-optimizer)",
+                "add --use-distributed-optimizer or drop --overlap-param-gather",
+            ))
+        if not s.get("overlap_grad_reduce", False):
+            out.append(Finding(
+                "error", "overlap-param-gather",
+                "overlap_param_gather is set without overlap_grad_reduce",
+                "Megatron-LM validate_args asserts --overlap-grad-reduce with --overlap-param-gather",
+                "add --overlap-grad-reduce",
+            ))
+    if s.get("overlap_param_gather_with_optimizer_step", False):
+        interleaved = s.get("num_layers_per_virtual_pipeline_stage") or s.get("num_virtual_stages_per_pipeline_rank")
+        if not (s.get("overlap_param_gather", False) and s.get("use_distributed_optimizer", False) and interleaved):
+            out.append(Finding(
+                "error", "overlap-param-gather",
+                "overlap_param_gather_with_optimizer_step needs overlap_param_gather, the "
+                "distributed optimizer and an interleaved pipeline",
+                "Megatron-LM validate_args asserts all three",
+                "add the missing flags or drop --overlap-param-gather-with-optimizer-step",
+            ))
+    return out
+
+
+def rule_ddp_bucket_size(s: RunShape) -> list[Finding]:
+    """--ddp-bucket-size: a positive number of parameters, used only with overlap_grad_reduce."""
+    size = s.args.get("ddp_bucket_size")
+    if size is None:
+        return []
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        return [Finding(
+            "error", "ddp-bucket-size", f"ddp_bucket_size {size!r} is not a positive integer",
+            "the bucket size counts parameters; a bool passes as an int and silently disables "
+            "bucketing (NVIDIA recsys-examples PR 374)",
+            "give a positive number of parameters, e.g. 40000000",
+        )]
+    if not s.get("overlap_grad_reduce", False):
+        return [Finding(
+            "warning", "ddp-bucket-size", f"ddp_bucket_size {size} is set without overlap_grad_reduce",
+            "Megatron-Core uses one bucket when gradients are not reduced during backward",
+            "add --overlap-grad-reduce or drop --ddp-bucket-size",
+        )]
+    return []
+
+
+def rule_cuda_device_max_connections(s: RunShape) -> list[Finding]:
+    """CUDA_DEVICE_MAX_CONNECTIONS: 1 with TP or CP > 1 before Blackwell without FSDP; not 1 with FSDP."""
+    if s.backend == "gloo":
+        return []
+    cdmc = s.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    pre_blackwell = s.sm_arch is None or int(s.sm_arch) < BLACKWELL_SM_ARCH
+    arch = f"sm_{s.sm_arch}" if s.sm_arch is not None else "an unknown GPU (taken as pre-Blackwell)"
+    if s.fsdp:
+        if cdmc == "1":
+            return [Finding(
+                "error", "cuda-device-max-connections",
+                "CUDA_DEVICE_MAX_CONNECTIONS=1 with FSDP",
+                "FSDP2 and Megatron-FSDP need several hardware queues to overlap their all-gathers "
+                "and reduce-scatters; Megatron-LM asserts it is not 1",
+                "unset CUDA_DEVICE_MAX_CONNECTIONS (or set it to 32)",
+            )]
+        return []
+    if (s.tp > 1 or s.cp > 1) and pre_blackwell and cdmc != "1":
+        seen = "unset" if cdmc is None else f"{cdmc!r}"
+        by_preset = " (the preset's env does this)" if s.preset_env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1" else ""
+        return [Finding(
+            "error", "cuda-device-max-connections",
+            f"CUDA_DEVICE_MAX_CONNECTIONS is {seen} with TP {s.tp}, CP {s.cp} on {arch}",
+            "Megatron-LM asserts 'Using tensor model parallelism or context parallelism require "
+            "setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1': with one hardware "
+            "queue, TP/CP communication kernels are issued before the compute they overlap",
+            f"export CUDA_DEVICE_MAX_CONNECTIONS=1{by_preset}",
+        )]
+    out = []
+    if cdmc == "1" and s.tp == 1 and s.cp == 1 and (
+            s.get("overlap_grad_reduce", False) or s.get("overlap_param_gather", False)):
+        out.append(Finding(
+            "warning", "cuda-device-max-connections",
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 with TP = CP = 1 and overlapped data-parallel communication",
+            "one hardware queue serialises the gradient/parameter collectives with compute, so "
+            "there is no overlap for lagom to tune (Megatron-LM issue 1468)",
+            "unset CUDA_DEVICE_MAX_CONNECTIONS",
+        ))
+    if cdmc == "1" and s.get("overlap_moe_expert_parallel_comm", False):
+        out.append(Finding(
+            "warning", "cuda-device-max-connections",
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 with overlap_moe_expert_parallel_comm",
+            "expert-parallel all-to-all overlap needs several queues; 32 doubled the measured gain "
+            "(Megatron-LM PR 6311)",
+            "export CUDA_DEVICE_MAX_CONNECTIONS=32",
+        ))
+    return out
+
+
+def rule_nccl_env(s: RunShape) -> list[Finding]:
+    """NCCL variables outside NCCL's domains (``engine.nccl_env_check.check_nccl_env``)."""
+    if s.backend == "gloo":
+        return []
+    return [Finding(i.level, "nccl-env", i.what, i.why, i.fix)
+            for i in check_nccl_env(s.environ, nccl_version=s.nccl_version)]
+
+
+def rule_nccl_overrides(s: RunShape) -> list[Finding]:
+    """With --lagom: NCCL variables that silently override lagom's choices."""
+    if s.backend == "gloo" or not s.lagom:
+        return []
+    return [Finding(i.level, "nccl-override", i.what, i.why, i.fix) for i in override_issues(s.environ)]
+
+
+RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
+    rule_nodes, rule_world_size, rule_batch, rule_heads, rule_layers, rule_experts, rule_sequence,
+    rule_tp_comm_overlap, rule_overlap_param_gather, rule_ddp_bucket_size,
+    rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides,
+)
+"""Every rule, in report order."""
+
+

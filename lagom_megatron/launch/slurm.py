@@ -1,0 +1,173 @@
+"""Shell variables for the SLURM launch scripts, computed from a preset.
+
+    python -m lagom_megatron.launch.slurm --preset llama3-70b-h100x64 --layout per-node [--plan F]
+        [--megatron-lm DIR] [-- extra pretrain_gpt.py args]
+
+prints lines for ``eval`` in ``scripts/slurm/*.sbatch``:
+
+* ``export NAME=value`` for each variable of the preset's ``env`` (NCCL_*, CUDA_DEVICE_MAX_CONNECTIONS),
+  so that every rank inherits identical values through ``srun`` (mismatched NCCL settings across
+  ranks are a classic hang), and ``LAGOM_CLUSTER`` (the preset's cluster, which lagom's
+  controller and the Megatron-LM adapter read);
+* ``LAGOM_EXPORTS``: the names exported; ``LAGOM_NODES``, ``LAGOM_GPUS_PER_NODE``,
+  ``LAGOM_WORLD_SIZE``; ``LAGOM_MASTER_PORT`` (derived from ``SLURM_JOB_ID``);
+* ``LAGOM_PLAN_ENV``: the saved plan's env file when it exists (the plan path with its suffix
+  replaced by ``.env``, else ``<plan>.env``), holding the process-scope knobs of a previous run;
+* ``LAGOM_SBATCH``: the ``sbatch`` options of the preset's SLURM shape for this layout;
+* ``LAGOM_TRAIN``: the training script and its arguments: our ``scripts/pretrain_gpt.py
+  --preset NAME`` by default, or a Megatron-LM checkout's ``pretrain_gpt.py`` with the preset
+  spelled out as Megatron-LM flags (``--megatron-lm DIR``, which needs one of ``patches/``).
+
+All values are quoted with ``shlex.quote``. The scripts hold no other logic. Exit code 2 with one
+line on stderr on bad input (unknown preset, no SLURM shape, an allocation of another size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from lagom_megatron.launch.megatron_args import preset_to_argv
+from lagom_megatron.config.presets import Preset, load_preset
+
+DEFAULT_MASTER_PORT = 29500
+"""torchrun's default, used outside a SLURM job."""
+
+
+def master_port(environ: Mapping[str, str]) -> int:
+    """A rendezvous port derived from the job id, so that jobs sharing a node do not collide.
+
+    Returns:
+        20000 + SLURM_JOB_ID mod 40000 inside a job (range 20000..59999, below the usual
+        ephemeral range), else 29500.
+    """
+    job = environ.get("SLURM_JOB_ID", "")
+    return 20000 + int(job) % 40000 if job.isdigit() else DEFAULT_MASTER_PORT
+
+
+def plan_env_file(plan: str | None) -> Path | None:
+    """The env file written beside a plan: the plan's path with suffix ``.env`` (``runs/plan.json``
+    -> ``runs/plan.env``, as ``integration.nccl_env_file`` writes it), else ``<plan>.env``.
+
+    Returns:
+        The first candidate that exists, or None.
+    """
+    if not plan:
+        return None
+    p = Path(plan)
+    for candidate in (p.with_suffix(".env"), Path(str(p) + ".env")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def sbatch_options(preset: Preset, layout: str) -> list[str]:
+    """``sbatch`` options for the preset's SLURM shape.
+
+    Args:
+        layout: "per-node" (one task per node running torchrun) or "per-gpu" (one task per GPU).
+
+    Raises:
+        ValueError: the preset has no ``slurm`` section.
+    """
+    slurm = _slurm(preset)
+    tasks = 1 if layout == "per-node" else slurm.gpus_per_node
+    opts = [f"--job-name=lagom-{preset.name}", f"--nodes={slurm.nodes}", f"--ntasks-per-node={tasks}",
+            f"--gpus-per-node={slurm.gpus_per_node}", f"--time={slurm.time}", "--exclusive"]
+    if slurm.partition:
+        opts.append(f"--partition={slurm.partition}")
+    if slurm.account:
+        opts.append(f"--account={slurm.account}")
+    return opts
+
+
+def _slurm(preset: Preset):
+    if preset.slurm is None:
+        raise ValueError(f"preset {preset.name!r} has no slurm section (nodes, gpus_per_node); "
+                         "it cannot be launched with the SLURM scripts")
+    return preset.slurm
+
+
+def train_command(preset: Preset, *, root: str, plan: str | None, megatron_lm: str | None,
+                  extra: Sequence[str]) -> list[str]:
+    """The training script and its arguments (without the python or torchrun in front).
+
+    Explicit ``extra`` arguments come last so that they override the preset's values.
+    """
+    if megatron_lm:
+        cmd = [str(Path(megatron_lm) / "pretrain_gpt.py"), *preset_to_argv(preset)]
+    else:
+        cmd = [str(Path(root) / "scripts" / "pretrain_gpt.py"), "--preset", preset.name]
+    if plan:
+        cmd += ["--lagom-plan", plan]
+    return cmd + list(extra)
+
+
+def shell_lines(preset: Preset, *, layout: str, root: str, plan: str | None = None,
+                megatron_lm: str | None = None, extra: Sequence[str] = (),
+                environ: Mapping[str, str] | None = None) -> list[str]:
+    """The lines printed for the scripts' ``eval``; see the module docstring.
+
+    Raises:
+        ValueError: no slurm section; the world size differs from nodes x GPUs per node; or,
+            inside an allocation, SLURM_JOB_NUM_NODES differs from the preset's nodes.
+    """
+    environ = os.environ if environ is None else environ
+    slurm = _slurm(preset)
+    if slurm.nodes * slurm.gpus_per_node != preset.world_size:
+        raise ValueError(
+            f"preset {preset.name!r}: world_size {preset.world_size} != slurm.nodes x slurm.gpus_per_node "
+            f"= {slurm.nodes} x {slurm.gpus_per_node}")
+    allocated = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")
+    if allocated and allocated.isdigit() and int(allocated) != slurm.nodes:
+        raise ValueError(
+            f"the allocation has {allocated} nodes but preset {preset.name!r} needs {slurm.nodes}; "
+            f"submit with --nodes={slurm.nodes}")
+    q = shlex.quote
+    exports = {**preset.env, "LAGOM_CLUSTER": preset.env.get("LAGOM_CLUSTER", preset.cluster)}
+    lines = [f"export {k}={q(str(v))}" for k, v in exports.items()]
+    lines.append(f"LAGOM_EXPORTS=({' '.join(q(k) for k in exports)})")
+    lines += [
+        f"LAGOM_PRESET_NAME={q(preset.name)}",
+        f"LAGOM_NODES={slurm.nodes}",
+        f"LAGOM_GPUS_PER_NODE={slurm.gpus_per_node}",
+        f"LAGOM_WORLD_SIZE={preset.world_size}",
+        f"LAGOM_MASTER_PORT={master_port(environ)}",
+    ]
+    env_file = plan_env_file(plan or preset.lagom.lagom_plan)
+    lines.append(f"LAGOM_PLAN_ENV={q(str(env_file)) if env_file else ''}")
+    lines.append(f"LAGOM_SBATCH=({' '.join(q(o) for o in sbatch_options(preset, layout))})")
+    cmd = train_command(preset, root=root, plan=plan, megatron_lm=megatron_lm, extra=extra)
+    lines.append(f"LAGOM_TRAIN=({' '.join(q(c) for c in cmd)})")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m lagom_megatron.launch.slurm``; prints the lines, returns 0 or 2."""
+    parser = argparse.ArgumentParser(prog="python -m lagom_megatron.launch.slurm", description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", required=True)
+    parser.add_argument("--layout", choices=("per-node", "per-gpu"), default="per-node")
+    parser.add_argument("--plan", help="plan file; default: the preset's lagom_plan")
+    parser.add_argument("--megatron-lm", help="a patched Megatron-LM checkout to run instead of ours")
+    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]),
+                        help="the lagom_megatron source tree (for scripts/pretrain_gpt.py)")
+    parser.add_argument("extra", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
+    try:
+        preset = load_preset(args.preset)
+        lines = shell_lines(preset, layout=args.layout, root=args.root, plan=args.plan,
+                            megatron_lm=args.megatron_lm, extra=extra)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"lagom launch: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

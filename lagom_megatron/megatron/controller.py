@@ -1,0 +1,514 @@
+"""``--lagom`` in a training run: the callback that tags, profiles, searches, agrees, applies, verifies.
+
+``LagomController.from_args(args)`` is what ``training.pretrain`` adds to its callbacks when
+``--lagom`` is set. On every rank it
+
+* ``on_setup``: names the process groups, tags the DDP bucket groups, installs the hooks
+  (``patches.install``) and either loads ``--lagom-plan`` (fingerprint matches: applied from the
+  first iteration, no profiling) or starts a ``Tuner`` (engine's lifecycle state machine);
+* ``on_iteration_start``: asks the tuner for the step (assignment, serialize, timed) and hands
+  it to the router and the profiler;
+* ``on_iteration_end``: all-gathers the measurement (slowest rank per region,
+  ``consensus.merge_measurements``), feeds the tuner, creates communicator-pool entries when the
+  probe configs or the agreed plan need them, writes profile / plan / report on rank 0, logs;
+* ``on_train_end``: writes the report if not yet written and removes every hook.
+
+The tuner's ``agree`` hook is ``consensus.agree_plan``: rank 0's plan is broadcast and every
+rank's digest checked; a mismatch aborts tuning (defaults kept, training continues).
+
+Files go to the run directory: the folder of ``--lagom-plan``, else ``./lagom_out/<preset>``
+(``./lagom_out/run`` without a preset):
+``plan.json`` (or ``--lagom-plan``), ``profile.json`` (``lagom search --profile`` re-searches it
+offline), ``report.md`` (or ``--lagom-report``) and the report's PNG.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lagom_megatron.engine.knobs import DEFAULT, CommConfig
+from lagom_megatron.engine.profile import CollectiveSite, Sample
+
+log = logging.getLogger("lagom")
+
+DEFAULT_RUN_DIR = "lagom_out"
+
+
+def _say(msg: str) -> None:
+    """Prints a lagom log line on rank 0 (Megatron's style: one line, fields split by `` | ``)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        # one write per line: under `python -u` print() writes the text and the newline apart, and
+        # another rank's line (the last rank logs iterations) can land in between
+        sys.stdout.write(msg + "\n")
+        sys.stdout.flush()
+
+
+def run_fingerprint(args: Any, *, backend: str, cluster: str) -> dict[str, Any]:
+    """What a plan is valid for: model dimensions, parallel layout, batch, overlap, cluster, versions."""
+    import torch
+
+    try:
+        from importlib.metadata import version
+
+        mcore = version("megatron-core")
+    except Exception:  # noqa: BLE001 - an editable checkout has no metadata
+        mcore = "unknown"
+    keys = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+            "padded_vocab_size", "seq_length", "micro_batch_size", "global_batch_size",
+            "tensor_model_parallel_size", "pipeline_model_parallel_size",
+            "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",
+            "data_parallel_size", "sequence_parallel", "num_experts", "overlap_grad_reduce",
+            "overlap_param_gather", "use_distributed_optimizer", "ddp_bucket_size", "bf16", "fp16")
+    fp: dict[str, Any] = {k: getattr(args, k, None) for k in keys}
+    fp.update(world_size=int(os.environ.get("WORLD_SIZE", "1")), backend=backend, cluster=cluster,
+              torch=torch.__version__.split("+")[0], megatron_core=mcore)
+    return fp
+
+
+def _num_microbatches(args: Any) -> int:
+    """Micro-batches per iteration: ``args.num_microbatches`` (our pretrain_gpt.py), else Megatron-Core's
+    calculator (a Megatron-LM checkout), else 1 (call streams are then not folded per micro-batch)."""
+    n = getattr(args, "num_microbatches", None)
+    if not n:
+        try:
+            from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+            n = get_num_microbatches()
+        except (ImportError, AssertionError, AttributeError):
+            n = 1
+    return max(1, int(n))
+
+
+class LagomController:
+    """The ``--lagom`` training callback (module docstring). One per rank.
+
+    Args:
+        warmup_iters, verify_iters, method: ``--lagom-warmup-iters``, ``--lagom-verify-iters``,
+            ``--lagom-method``.
+        plan_path: ``--lagom-plan`` (reused when its fingerprint matches; else written there).
+        report_path: ``--lagom-report``.
+        cluster: cluster name for the cost model; default ``cpu-gloo`` on CPU, else the preset's
+            cluster or ``$LAGOM_CLUSTER`` or ``h100-sxm-ib400``.
+    """
+
+    def __init__(self, *, warmup_iters: int = 1, verify_iters: int = 3, method: str = "priority",
+                 plan_path: str | None = None, report_path: str | None = None, cluster: str | None = None,
+                 preset_name: str | None = None) -> None:
+        self.warmup_iters = warmup_iters
+        self.verify_iters = verify_iters
+        self.method = method
+        run_dir = Path(plan_path).parent if plan_path else Path(DEFAULT_RUN_DIR) / (preset_name or "run")
+        self.run_dir = run_dir
+        self.plan_path = Path(plan_path) if plan_path else run_dir / "plan.json"
+        self.profile_path = run_dir / "profile.json"
+        self.report_path = Path(report_path) if report_path else run_dir / "report.md"
+        self.cluster_name = cluster
+        self.preset_name = preset_name
+        self.tuner: Any = None
+        self.plan: Any = None
+        self.mode = "off"
+        """off (not set up), tune (tuner running), reuse (saved plan applied), aborted (error)."""
+        self.handle: Any = None
+        self.router: Any = None
+        self.rank = int(os.environ.get("RANK", "0"))
+        self._step: Any = None
+        self._t_default: dict[str, tuple[float, float, float]] = {}
+        self._t_plan: dict[str, list[float]] = {}
+        self._applied_us: list[float] = []
+        self._baseline_us: list[float] = []
+        self._last_sites: dict[str, dict[str, Any]] = {}
+        self._pool_for_probes = False
+        self._reported = False
+        self._n_steps = 0
+        """Iterations the tuner has finished (for the log's k/n)."""
+        self.search_ms: float | None = None
+
+    @classmethod
+    def from_args(cls, args: Any) -> "LagomController":
+        """Builds the controller from ``pretrain_gpt.py``'s parsed arguments."""
+        return cls(warmup_iters=args.lagom_warmup_iters, verify_iters=args.lagom_verify_iters,
+                   method=args.lagom_method, plan_path=args.lagom_plan, report_path=args.lagom_report,
+                   cluster=getattr(args, "lagom_cluster", None), preset_name=getattr(args, "preset_name", None))
+
+    # ------------------------------------------------------------------ setup
+    def _resolve_cluster(self, on_gpu: bool) -> str:
+        if self.cluster_name:
+            return self.cluster_name
+        if not on_gpu:
+            return "cpu-gloo"
+        if os.environ.get("LAGOM_CLUSTER"):
+            return os.environ["LAGOM_CLUSTER"]
+        if self.preset_name:
+            try:
+                from lagom_megatron.config.presets import load_preset
+
+                return load_preset(self.preset_name).cluster
+            except (ValueError, FileNotFoundError):
+                pass
+        return "h100-sxm-ib400"
+
+    def on_setup(self, ctx: Any) -> None:
+        """Installs the hooks and loads a saved plan or starts the tuner (collective on all ranks)."""
+        import torch
+
+        from lagom_megatron.engine.cluster import ClusterSpec
+        from lagom_megatron.megatron import patches
+        from lagom_megatron.megatron.comm_pool import CommPool, make_backend
+        from lagom_megatron.megatron.profiler import Profiler
+        from lagom_megatron.megatron.router import SiteRouter
+        from lagom_megatron.megatron.sites import GroupNames, SiteRegistry
+
+        args = ctx.args
+        if self.rank != 0:  # one copy of the tuner's warnings, not one per rank
+            logging.getLogger("lagom").setLevel(logging.ERROR)
+        on_gpu = torch.cuda.is_available()
+        self.backend = "nccl" if on_gpu else "gloo"
+        cluster_name = self._resolve_cluster(on_gpu)
+        self.cluster = ClusterSpec.load(cluster_name)
+        self.fingerprint = run_fingerprint(args, backend=self.backend, cluster=self.cluster.name)
+        groups = GroupNames.from_parallel_state()
+        from megatron.core import parallel_state
+
+        pp = parallel_state.get_pipeline_model_parallel_world_size()
+        self.registry = SiteRegistry(groups, num_microbatches=_num_microbatches(args),
+                                     pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None)
+        n_buckets = self.registry.bind_model(ctx.model)
+        self.profiler = Profiler(use_cuda_events=on_gpu)
+        self.pool = CommPool(make_backend(self.backend), groups)
+        self.router = SiteRouter(self.registry, self.profiler, self.pool, split_chunks=self.backend == "gloo")
+        configs = []
+        for chunk in ctx.model:
+            cfg = getattr(chunk, "config", None)
+            if cfg is not None and all(cfg is not c for c in configs):
+                configs.append(cfg)
+        self.handle = patches.install(self.router, model_configs=configs)
+        _say(f"lagom: hooks installed | {len(self.handle.patched)} entry points | {n_buckets} DDP bucket groups | "
+             f"backend {self.backend} | cluster {self.cluster.name} | run dir {self.run_dir}")
+        if not self._try_reuse_plan():
+            self._start_tuner()
+        if self.mode == "tune":
+            self._warn_if_too_short(args.train_iters)
+
+    def _start_tuner(self, plan: Any = None) -> None:
+        """Creates the tuner; with ``plan``, it only verifies that plan (no profiling or search)."""
+        from lagom_megatron.engine.tuner import Tuner
+
+        self.tuner = Tuner(
+            Tuner.Config(warmup_iters=max(1, self.warmup_iters), verify_iters=max(1, self.verify_iters), method=self.method),
+            cluster=self.cluster, backend=self.backend, fingerprint=self.fingerprint, agree=self._agree,
+        )
+        if plan is not None:
+            self.tuner.start_from_plan(plan)
+        elif getattr(self.pool, "backend", None) is not None and getattr(self.pool.backend, "use_tuner_plugin", False):
+            # NCCL with the plugin: the probes run on per-communicator entries (no table exists yet)
+            self.pool.backend.plugin_active = False
+            self.pool.invalidate_keys()
+        self.mode = "tune"
+
+    def _warn_if_too_short(self, train_iters: int) -> None:
+        needed = self.tuner.total_iters
+        if train_iters < needed:
+            verify = 1 + 2 * self.tuner.config.verify_iters
+            _say(f"lagom: WARNING: --train-iters {train_iters} ends before tuning does: lagom needs {needed} "
+                 f"iterations ({needed - verify} to profile, then 1 + 2 x {self.tuner.config.verify_iters} "
+                 f"to verify); the plan will be saved unverified")
+
+    def _try_reuse_plan(self) -> bool:
+        from lagom_megatron.engine.plan import Plan
+        from lagom_megatron.megatron import consensus
+
+        exists = consensus.broadcast_object(self.plan_path.is_file())
+        if not exists:
+            return False
+        try:
+            plan = Plan.load(self.plan_path) if self.rank == 0 else None
+            error = None
+        except (ValueError, FileNotFoundError) as exc:
+            plan, error = None, str(exc)
+        error = consensus.broadcast_object(error)
+        if error is not None:
+            _say(f"lagom: WARNING: cannot reuse plan {self.plan_path}: {error}; searching a new one")
+            return False
+        diff = consensus.broadcast_object(plan.fingerprint_mismatch(self.fingerprint) if plan is not None else None)
+        if diff:
+            from lagom_megatron.engine.plan import shown
+
+            detail = "; ".join(f"{k}: plan {shown(plan.fingerprint, k)} vs run {shown(self.fingerprint, k)}"
+                               for k in diff) if plan is not None else ""
+            kept = self.plan_path.with_name(f"{self.plan_path.stem}.{plan.digest()[:12]}{self.plan_path.suffix}") if plan is not None else None
+            if kept is not None:  # rank 0: never lose the other run's plan
+                os.replace(self.plan_path, kept)
+            _say(f"lagom: WARNING: plan {self.plan_path} fingerprint differs in {', '.join(diff)}"
+                 f"{' (' + detail + ')' if detail else ''}; re-searching and saving there"
+                 f"{f' (the other plan is kept as {kept})' if kept is not None else ''}")
+            return False
+        try:
+            plan = consensus.agree_plan(plan if plan is not None else Plan(entries={}), from_dict=Plan.from_dict)
+        except consensus.PlanDisagreement as exc:
+            _say(f"lagom: ERROR: {exc}")
+            self.mode = "aborted"
+            return True
+        self.plan = plan
+        self.mode = "reuse"
+        if plan.rejected:
+            # measured no better than the defaults when it was searched: applying it unverified
+            # would undo that verdict on every later run; the router keeps its empty assignment
+            _say(f"lagom: phase reverted to defaults | plan {self.plan_path} reused (digest {plan.digest()[:12]}) "
+                 f"but its verification kept the defaults ({plan.stats.get('verification_reason') or 'no reason saved'}) | "
+                 f"profiling and search skipped; delete the plan or pass another --lagom-plan to search again")
+            return True
+        if plan.stats.get("verification") is None:
+            # saved before any verification (`lagom search`, or a run too short to verify): measure
+            # it against the defaults now instead of trusting its prediction
+            self._start_tuner(plan)
+            self._prepare_pool_for_plan(plan)
+            _say(f"lagom: phase verifying | plan {self.plan_path} reused (digest {plan.digest()[:12]}) but never "
+                 f"verified | profiling and search skipped; {self.tuner.total_iters} iterations to verify it")
+            return True
+        self._prepare_pool_for_plan(plan)
+        assignment = self._assignment_of(plan)
+        self.router.set_assignment(assignment)
+        _say(f"lagom: phase applied | plan {self.plan_path} reused (digest {plan.digest()[:12]}) | "
+             f"{len(assignment)}/{len(plan.entries)} sites tuned | profiling and search skipped")
+        return True
+
+    @staticmethod
+    def _assignment_of(plan: Any) -> dict[str, CommConfig]:
+        return {sid: e.config for sid, e in plan.entries.items() if not e.config.is_default()}
+
+    def _prepare_pool_for_plan(self, plan: Any) -> None:
+        backend = self.pool.backend
+        if getattr(backend, "use_tuner_plugin", False):
+            # NCCL with lagom's tuner plugin: the plugin reads the plan table when a communicator is
+            # created, so the table is written (one copy per rank, atomically) before the entries,
+            # and the entries are keyed by it (the probes' per-communicator entries stay as they are).
+            backend.plugin_active = True
+            self.pool.invalidate_keys()
+            from lagom_megatron.nccl.export import export_plan
+            from lagom_megatron.engine.files import write_text_atomic
+
+            table = self.run_dir / f"tuner_table.rank{self.rank}.csv"
+            write_text_atomic(table, export_plan(plan, "nccl-tuner-csv", extended=True, cluster=self.cluster))
+            backend.tuner_table, backend.table_id = str(table), plan.digest()[:12]
+        needs: dict[str, set[CommConfig]] = {}
+        for e in plan.entries.values():
+            if not e.config.is_default():
+                needs.setdefault(e.group, set()).add(e.config)
+        self.pool.prepare(needs)
+
+    def _agree(self, plan: Any) -> Any:
+        from lagom_megatron.engine.plan import Plan
+        from lagom_megatron.megatron import consensus
+
+        try:
+            return consensus.agree_plan(plan, from_dict=Plan.from_dict)
+        except consensus.PlanDisagreement as exc:
+            _say(f"lagom: ERROR: {exc}")
+            raise
+
+    # ------------------------------------------------------------------ iterations
+    def on_iteration_start(self, iteration: int) -> None:
+        """Applies this iteration's assignment and arms the profiler."""
+        # sites are recorded only for the tuner; an applied plan (or the defaults) needs none
+        self.registry.start_iteration(record=self.mode == "tune" and not self.tuner.done)
+        if self.mode == "tune" and self.tuner.done:  # the final assignment was set once, in _on_done
+            self.profiler.start_iteration(timed=False)
+        elif self.mode == "tune":
+            step = self._step = self.tuner.start_iteration(iteration)
+            self.router.set_assignment(step.assignment)
+            self.profiler.start_iteration(timed=step.timed, serialize=step.serialize)
+        elif self.mode == "reuse":
+            self.profiler.start_iteration(timed=len(self._applied_us) < 3)
+        else:
+            self.router.set_assignment({})
+            self.profiler.start_iteration(timed=False)
+
+    def on_iteration_end(self, iteration: int, elapsed_s: float, loss: float) -> None:
+        """Feeds the (all-gathered) measurement to the tuner and acts on its phase changes."""
+        from lagom_megatron.engine.tuner import IterationMeasurement
+        from lagom_megatron.megatron import consensus
+
+        self.registry.finish_iteration()
+        timed = self.profiler.timed  # the same on every rank: decides the collective calls below
+        timings = self.profiler.finish_iteration()
+        if self.mode == "reuse":
+            if timed:
+                _, merged, it_us = consensus.merge_measurements({}, timings, elapsed_s * 1e6)
+                self._applied_us.append(it_us)
+                # a rejected plan runs under defaults: its regions are default times, not the plan's
+                if not self.plan.rejected:
+                    for sid, t in merged.items():
+                        self._t_plan.setdefault(sid, []).append(t[2])
+            return
+        if self.mode != "tune" or self.tuner.done:
+            return
+        step = self._step
+        sites_local = {r.site_id: {k: getattr(s, k) for k in CollectiveSite.__slots__}
+                       for r, s in ((r, r.to_site()) for r in self.registry.records.values())}
+        if step.timed:
+            sites, merged, it_us = consensus.merge_measurements(sites_local, timings, elapsed_s * 1e6)
+        else:
+            sites, merged, it_us = {}, {}, elapsed_s * 1e6
+        samples = [Sample(site_id=sid, config=step.assignment.get(sid, DEFAULT), t_comm_us=t[0], t_comp_us=t[1],
+                          t_region_us=t[2], iteration=iteration) for sid, t in sorted(merged.items()) if sid in sites]
+        measurement = IterationMeasurement(iteration=iteration, iteration_us=max(it_us, 1e-3),
+                                           sites=[CollectiveSite(**sites[k]) for k in sorted(sites)], samples=samples)
+        before = self.tuner.phase
+        t0 = time.perf_counter()
+        try:
+            phase = self.tuner.finish_iteration(measurement)
+        except (ValueError, RuntimeError) as exc:
+            self.mode = "aborted"
+            self.router.set_assignment({})
+            _say(f"lagom: ERROR: tuning aborted at iteration {iteration}: {exc}; NCCL defaults kept, training continues")
+            return
+        dt_ms = (time.perf_counter() - t0) * 1e3
+        self._n_steps += 1
+        self._after_step(step, iteration, measurement, merged, before, phase, dt_ms)
+
+    def _after_step(self, step: Any, iteration: int, m: Any, merged: dict, before: Any, phase: Any, dt_ms: float) -> None:
+        from lagom_megatron.engine.tuner import Phase
+
+        tuner = self.tuner
+        total = tuner.profiling_iters
+        if step.kind == "default":
+            self._t_default = dict(merged)
+            self._last_sites = {s.site_id: s for s in m.sites}
+        if step.kind in ("warmup", "default", "serialized", "probe"):
+            sites = f"sites {len(m.sites)}" if m.sites else "counting calls per stream"
+            _say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._n_steps}/{total}) | "
+                 f"{sites} | iteration {m.iteration_us / 1e3:.1f} ms")
+        if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
+            # the configs the router will route in the probe iterations (probes as each site's op allows)
+            group_of = {s.site_id: s.group for s in m.sites}
+            needs: dict[str, set[CommConfig]] = {}
+            for assignment in tuner.probe_assignments():
+                for sid, cfg in assignment.items():
+                    needs.setdefault(group_of[sid], set()).add(cfg)
+            self.pool.prepare(needs)
+        if step.kind == "verify-plan":
+            for sid, t in merged.items():
+                self._t_plan.setdefault(sid, []).append(t[2])
+        if step.kind in ("verify-plan", "verify-default"):
+            _say(f"lagom: phase verifying (iteration {iteration}, {step.kind.split('-')[1]}) | "
+                 f"iteration {m.iteration_us / 1e3:.1f} ms")
+        if before is Phase.PROBING and phase is not Phase.PROBING:
+            self._on_searched(iteration, phase, dt_ms)
+        if phase in (Phase.APPLIED, Phase.FELL_BACK) and before not in (Phase.APPLIED, Phase.FELL_BACK):
+            self._on_done(phase)
+
+    def _on_searched(self, iteration: int, phase: Any, dt_ms: float) -> None:
+        from lagom_megatron.engine.tuner import Phase
+
+        tuner = self.tuner
+        if tuner.profile is not None and self.rank == 0:
+            tuner.profile.save(self.profile_path)
+        stats = tuner.search_stats
+        n = len(tuner.profile.sites) if tuner.profile is not None else 0
+        wall_ms = float(stats.get("wall_time_s", dt_ms / 1e3)) * 1e3
+        self.search_ms = wall_ms
+        pred, base = stats.get("predicted_iteration_us"), stats.get("default_iteration_us")
+        pred_txt = f" | predicted iteration {base / 1e3:.1f} -> {pred / 1e3:.1f} ms" if isinstance(pred, (int, float)) and isinstance(base, (int, float)) else ""
+        mape = f" | model MAPE {tuner.model_mape:.1f}%" if tuner.model_mape is not None else ""
+        _say(f"lagom: phase searching | searched {n} sites in {wall_ms:.1f} ms ({tuner.config.method}, "
+             f"{stats.get('model_evaluations', '?')} evaluations){pred_txt}{mape}")
+        if tuner.plan is not None and phase is not Phase.FELL_BACK:
+            self.plan = tuner.plan
+            if self.rank == 0:
+                self._save_plan(tuner.plan)
+            self._prepare_pool_for_plan(tuner.plan)
+            _say(f"lagom: plan {self.plan_path} (digest {tuner.plan.digest()[:12]}) | profile {self.profile_path}")
+
+    def _on_done(self, phase: Any) -> None:
+        from lagom_megatron.engine.tuner import Phase
+
+        self.router.set_assignment(self.tuner.assignment())  # the plan (APPLIED) or {} (FELL_BACK), for good
+        s = self.tuner.summary()
+        if phase is Phase.APPLIED:
+            _say(f"lagom: phase applied | measured {s['measured_default_us'] / 1e3:.1f} -> {s['measured_plan_us'] / 1e3:.1f} ms | {self.tuner.reason}")
+        else:
+            _say(f"lagom: phase reverted to defaults | {self.tuner.reason}")
+        if self.plan is not None and self.rank == 0:
+            self._save_plan(self.plan.with_stats(verification=phase.value, verification_reason=self.tuner.reason))
+        self.write_report()
+
+    def _save_plan(self, plan: Any) -> None:
+        """Saves the plan and, beside it, the env file of its process-scope knobs (``plan.env``),
+        which the launch scripts source on the next run (NCCL reads those knobs once per process).
+        A knob outside NCCL's domain is logged and left out of the env file; training goes on."""
+        from lagom_megatron.nccl.env_file import write_plan_env_file
+
+        plan.save(self.plan_path)
+        try:
+            write_plan_env_file(self.plan_path, plan.env)
+        except ValueError as exc:
+            _say(f"lagom: WARNING: env file for {self.plan_path} not written: {exc}")
+
+    def on_train_end(self) -> None:
+        """Writes the report (if not yet written) and removes every hook."""
+        try:
+            if not self._reported:
+                self.write_report()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Removes the hooks (idempotent)."""
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    # ------------------------------------------------------------------ report
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready state of the run (tuner summary, mode, paths)."""
+        out: dict[str, Any] = self.tuner.summary() if self.tuner is not None else {"phase": self.mode}
+        out.update(mode=self.mode, plan_path=str(self.plan_path), profile_path=str(self.profile_path),
+                   search_ms=self.search_ms)
+        if self.mode == "reuse":
+            kept_defaults = self.plan is not None and self.plan.rejected
+            out["phase"] = "reverted (reused plan, rejected by its verification)" if kept_defaults else "applied (reused plan)"
+            if self._applied_us:  # under defaults when the reused plan was a rejected one
+                out["measured_default_us" if kept_defaults else "measured_plan_us"] = statistics.median(self._applied_us)
+        if self.plan is not None:
+            out["plan_digest"] = self.plan.digest()
+        return out
+
+    def report_rows(self) -> list[Any]:
+        """One ``report.SiteRow`` per site of the plan (or of the default iteration)."""
+        from lagom_megatron.megatron.report import SiteRow
+
+        rows = []
+        entries = self.plan.entries if self.plan is not None else {}
+        ids = sorted(set(entries) | set(self._last_sites))
+        for sid in ids:
+            e = entries.get(sid)
+            site = self._last_sites.get(sid)
+            plan_t = self._t_plan.get(sid)
+            rows.append(SiteRow(
+                site_id=sid, op=site.op if site else getattr(e, "op", "?"), group=site.group if site else e.group,
+                nbytes=site.nbytes if site else getattr(e, "nbytes", 0),
+                calls_per_iter=site.calls_per_iter if site else 1,
+                chosen_config=e.config.to_dict() if e is not None else {},
+                measured_default_us=self._t_default.get(sid, (math.nan,) * 3)[2],
+                measured_plan_us=statistics.median(plan_t) if plan_t else math.nan,
+                predicted_default_us=float(getattr(e, "predicted_default_t_region_us", math.nan) or math.nan) if e else math.nan,
+                predicted_plan_us=float(e.predicted_t_region_us) if e else math.nan,
+            ))
+        return rows
+
+    def write_report(self) -> None:
+        """Rank 0 writes ``--lagom-report`` (table + PNG); other ranks return."""
+        self._reported = True
+        if self.rank != 0 or self.mode == "off":
+            return
+        from lagom_megatron.megatron.report import write_report
+
+        paths = write_report(self.report_path, self.report_rows(), self.summary())
+        _say(f"lagom: report {', '.join(str(p) for p in paths)}")

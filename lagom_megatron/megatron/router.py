@@ -1,0 +1,291 @@
+"""Site router: what every patched collective call does (identify its site, route it, time it).
+
+``patches.py`` replaces Megatron-Core's collective entry points with thin wrappers that call the
+methods here; this module holds no patch itself. For each call it
+
+1. finds the collective site (``sites.SiteRegistry``: DDP bucket tag, call-order stream, or the
+   pipeline),
+2. routes it under the configuration assigned to that site for this iteration: the communicator
+   pool entry of its group (``comm_pool.CommPool``) and, for per-call knobs, the chunked issue,
+3. hands the launch instant and the returned handle to the ``profiler.Profiler``.
+
+Calls that are synchronous and outside any tagged scope (forward tensor-parallel reductions,
+loss all-reduces, lagom's own consensus traffic) take a fast path of one attribute check.
+Routing never changes which tensors are communicated, in which order, or the bucket layout.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.megatron.comm_pool import CommPool, chunked_call
+from lagom_megatron.megatron.profiler import Profiler
+from lagom_megatron.megatron.sites import GroupInfo, SiteRegistry, Stream, dtype_name, tensor_nbytes
+
+# Positional index of ``group`` in each torch.distributed function lagom wraps.
+GROUP_ARG = {"all_reduce": 2, "all_gather": 2, "reduce_scatter": 3, "all_to_all": 4}
+# (keyword, position) of the tensor whose size is the call's message size, per op.
+_TENSOR_ARG = {"all_reduce": ("tensor", 0), "all_gather": ("output_tensor", 0),
+               "reduce_scatter": ("input", 1), "all_to_all": ("input", 1)}
+# Stream kind of an async call outside any scope, by (group name, op).
+_ASYNC_KIND = {
+    ("tp", "all_gather"): "sp_all_gather",
+    ("tp", "reduce_scatter"): "sp_reduce_scatter",
+    ("tp", "all_reduce"): "dgrad_all_reduce",
+}
+
+
+def _arg(args: tuple, kwargs: dict, name: str, index: int, default: Any = None) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if len(args) > index else default
+
+
+class _StreamCall:
+    """What a (group, op, scope) of unstructured calls resolves to once: its stream and arguments."""
+
+    __slots__ = ("info", "stream", "tname", "tindex", "chunkable")
+
+    def __init__(self, info: GroupInfo, stream: Stream, tensor_arg: tuple[str, int], chunkable: bool) -> None:
+        self.info = info
+        self.stream = stream
+        self.tname, self.tindex = tensor_arg
+        self.chunkable = chunkable
+
+
+_NO_ROUTE: tuple[CommConfig | None, Any, int] = (None, None, 0)
+
+
+class SiteRouter:
+    """Per-rank routing state shared by all patched entry points.
+
+    Per-call cost after a plan is applied (profiler off): every lookup that depends only on the
+    call site (its named group, stream, site id format, pool entry, chunk size) is resolved on the
+    site's first call and kept, so a routed call pays a few dict hits, a counter step and the
+    argument swap; no string is formatted, no clock is read, nothing is logged.
+
+    Args:
+        registry: the rank's ``SiteRegistry``.
+        profiler: the rank's ``Profiler``.
+        pool: the rank's ``CommPool`` (None: never reroute; chunking still applies).
+        split_chunks: apply ``chunk_size`` by splitting tensors (True on gloo, False on NCCL).
+        clock: seconds; ``time.perf_counter``.
+    """
+
+    def __init__(self, registry: SiteRegistry, profiler: Profiler, pool: CommPool | None = None,
+                 *, split_chunks: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.registry = registry
+        self.split_chunks = split_chunks
+        """Apply ``chunk_size`` by splitting tensors (gloo). On NCCL, chunk size is a per-call knob
+        of the tuner plugin and tensors are never split here."""
+        self.profiler = profiler
+        self.pool = pool
+        self.clock = clock
+        self.assignment: dict[str, CommConfig] = {}
+        self.active = True
+        self.calls_routed = 0
+        """Calls of a site that has a (non-default) configuration in the assignment."""
+        self._scope: tuple[str, Any] | None = None
+        self._routes: dict[str, tuple[CommConfig | None, Any, int]] = {}
+        self._buckets: dict[tuple[int, str, bool], tuple[str, str, int, str, GroupInfo]] = {}
+        self._streams: dict[tuple[int, str, Any], _StreamCall] = {}
+        self._p2p_sites: dict[int, tuple[str, GroupInfo]] = {}
+
+    # -------------------------------------------------------------- configuration
+    def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
+        """Site id -> config for the coming iteration (missing = defaults)."""
+        assignment = {k: v for k, v in assignment.items() if not v.is_default()}
+        if assignment != self.assignment:
+            self.assignment = assignment
+            self._routes = {}
+
+    def _resolve(self, site_id: str, info: GroupInfo) -> tuple[CommConfig | None, Any, int]:
+        """(config, pool group or None, chunk bytes or 0) of a site under the current assignment;
+        kept in ``_routes`` until the assignment changes. Chunk bytes are 0 unless tensors are split
+        here (``split_chunks``)."""
+        cfg = self.assignment.get(site_id)
+        if cfg is None:
+            route = _NO_ROUTE
+        else:
+            group = self.pool.group_for(info, cfg) if self.pool is not None else None
+            chunk = int(cfg.chunk_size) if cfg.chunk_size and self.split_chunks else 0
+            route = (cfg, group, chunk)
+        self._routes[site_id] = route
+        return route
+
+    def _route(self, site_id: str, info: GroupInfo) -> tuple[CommConfig | None, Any, int]:
+        """``_resolve`` through the cache, counting the call in ``calls_routed`` when it is routed."""
+        route = self._routes.get(site_id) or self._resolve(site_id, info)
+        if route[0] is not None:
+            self.calls_routed += 1
+        return route
+
+    # -------------------------------------------------------------- DDP bucket groups
+    def bucket_sync(self, bucket_group: Any, kind: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``start_grad_sync`` (kind ``grad``) or ``start_param_sync`` (kind ``param``) of a bucket group."""
+        tag = self.registry.bucket_tag(bucket_group) if self.active else None
+        if tag is None:
+            return orig(bucket_group, *args, **kwargs)
+        handle_attr = "grad_reduce_handle" if kind == "grad" else "param_gather_handle"
+        if kind == "grad":
+            force_all_reduce = bool(_arg(args, kwargs, "force_all_reduce", 0, False))
+            if bucket_group.is_first_batch and bucket_group.grad_reduce_handle is not None:
+                return orig(bucket_group, *args, **kwargs)  # Megatron's own no-op path
+        elif _arg(args, kwargs, "force_sync", 0, False) and bucket_group.param_gather_handle is not None:
+            return orig(bucket_group, *args, **kwargs)  # only waits for the outstanding gather
+        distopt = bucket_group.ddp_config.use_distributed_optimizer
+        attr = "intra_distributed_optimizer_instance_group" if distopt else "data_parallel_group"
+        group = getattr(bucket_group, attr)
+        rs = kind == "grad" and distopt and not force_all_reduce
+        key = (id(bucket_group), kind, rs)
+        known = self._buckets.get(key)
+        if known is None:  # bucket layout and buffers are fixed after DDP construction: describe them once
+            info = self.registry.groups.lookup(group)
+            if kind == "grad":
+                op, name = ("reduce_scatter", "grad_reduce_scatter") if rs else ("all_reduce", "grad_all_reduce")
+                tensors = [b.grad_data for b in bucket_group.buckets]
+            else:
+                op, name = "all_gather", "param_all_gather"
+                tensors = [b.param_data for b in bucket_group.buckets]
+            known = self._buckets[key] = (f"{info.name}.{name}[{tag}]", op, tensor_nbytes(tensors),
+                                          dtype_name(tensors), info)
+        site_id, op, nbytes, dtype, info = known
+        if self.registry.recording:
+            self.registry.record(site_id, op=op, nbytes=nbytes, dtype=dtype, group=info)
+        _, pool_group, chunk = self._route(site_id, info)
+        profiler = self.profiler
+        timed = profiler.timed
+        if timed:
+            profiler.poll()
+        prev_scope = self._scope
+        self._scope = ("bucket", (chunk, info))
+        if pool_group is not None:
+            setattr(bucket_group, attr, pool_group)
+        t0 = profiler.mark() if timed else None
+        try:
+            result = orig(bucket_group, *args, **kwargs)
+        finally:
+            if pool_group is not None:
+                setattr(bucket_group, attr, group)
+            self._scope = prev_scope
+        if timed:
+            handle = getattr(bucket_group, handle_attr)
+            if handle is None:
+                profiler.sync(site_id, t0)
+            else:
+                setattr(bucket_group, handle_attr, profiler.issue(site_id, handle, t0))
+        return result
+
+    # -------------------------------------------------------------- collectives
+    def collective(self, op: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A torch.distributed collective (or a Megatron alias of one) with ``op`` in GROUP_ARG."""
+        scope = self._scope
+        gi = GROUP_ARG[op]
+        async_op = kwargs.get("async_op", False) or (len(args) > gi + 1 and args[gi + 1])
+        if scope is None and not async_op or not self.active:
+            return orig(*args, **kwargs)
+        if scope is not None and scope[0] == "bucket":  # inside bucket_sync, which routed the group
+            chunk, info = scope[1]
+            if chunk:
+                return chunked_call(op, orig, args, kwargs, chunk, info.size)
+            return orig(*args, **kwargs)
+        group_in_args = "group" not in kwargs and len(args) > gi
+        group = args[gi] if group_in_args else kwargs.get("group")
+        key = (id(group), op, scope)
+        call = self._streams.get(key)
+        if call is None:  # (group, op, scope) -> named group and stream, resolved once
+            info = self.registry.groups.lookup(group)
+            if scope is not None:
+                kind, per_mb = scope[1]
+            else:
+                kind, per_mb = _ASYNC_KIND.get((info.name, op), f"async_{op}"), True
+            call = self._streams[key] = _StreamCall(info, self.registry.stream(info, kind, per_microbatch=per_mb),
+                                                    _TENSOR_ARG[op], op != "all_to_all")
+        info = call.info
+        site_id = call.stream.next_id()
+        registry = self.registry
+        if registry.recording:
+            rec = registry.records.get(site_id)
+            if rec is not None:  # a later call of the site in this iteration: count it (record_tensor, inlined)
+                rec.calls += 1
+            else:
+                tname = call.tname
+                registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[call.tindex],
+                                       group=info)
+        route = self._routes.get(site_id) or self._resolve(site_id, info)
+        if route[0] is not None:
+            self.calls_routed += 1
+            pool_group = route[1]
+            if pool_group is not None:
+                if group_in_args:
+                    args = args[:gi] + (pool_group,) + args[gi + 1:]
+                else:
+                    kwargs = dict(kwargs, group=pool_group)
+        chunk = route[2] if call.chunkable else 0
+        profiler = self.profiler
+        if not profiler.timed:  # applied plan: route only
+            if chunk:
+                return chunked_call(op, orig, args, kwargs, chunk, info.size)
+            return orig(*args, **kwargs)
+        profiler.poll()
+        t0 = profiler.mark()
+        work = chunked_call(op, orig, args, kwargs, chunk, info.size) if chunk else orig(*args, **kwargs)
+        if async_op:
+            return profiler.issue(site_id, work, t0)
+        profiler.sync(site_id, t0)
+        return work
+
+    @contextmanager
+    def scope(self, kind: str, *, per_microbatch: bool) -> Iterator[None]:
+        """Tags every collective issued inside as stream ``kind`` (``finalize_all_reduce``, ...)."""
+        prev = self._scope
+        self._scope = ("stream", (kind, per_microbatch))
+        try:
+            yield
+        finally:
+            self._scope = prev
+
+    # -------------------------------------------------------------- pipeline P2P
+    def _record_p2p(self, site_id: str, info: GroupInfo, communicator: Any, kwargs: dict) -> None:
+        """Records a ``_communicate`` call: bytes of the larger tensor sent, else of the shape received."""
+        sent = [t for t in (kwargs.get("tensor_send_next"), kwargs.get("tensor_send_prev")) if t is not None]
+        nbytes = max((tensor_nbytes(t) for t in sent), default=0)
+        if not nbytes and kwargs.get("tensor_shape") is not None:
+            n = 1
+            for d in kwargs["tensor_shape"]:
+                n *= int(d)
+            dtype = communicator.config.pipeline_dtype
+            nbytes = n * (dtype.itemsize if dtype is not None else 4)
+        dtype = dtype_name(sent[0]) if sent else str(communicator.config.pipeline_dtype).replace("torch.", "")
+        self.registry.record(site_id, op="send", nbytes=nbytes, dtype=dtype, group=info)
+
+    def p2p(self, communicator: Any, orig: Callable[..., Any], kwargs: dict) -> Any:
+        """``P2PCommunicator._communicate``: one site per pipeline (see ``sites``), routed as a whole."""
+        if not self.active:
+            return orig(communicator, **kwargs)
+        group = communicator.pp_group
+        known = self._p2p_sites.get(id(group))
+        if known is None:  # one site per pipeline group, named once
+            info = self.registry.groups.lookup(group)
+            known = self._p2p_sites[id(group)] = (f"{info.name}.send_recv", info)
+        site_id, info = known
+        if self.registry.recording:
+            self._record_p2p(site_id, info, communicator, kwargs)
+        _, pool_group, _ = self._route(site_id, info)
+        profiler = self.profiler
+        timed = profiler.timed
+        if timed:
+            profiler.poll()
+        if pool_group is not None:
+            communicator.pp_group = pool_group
+        t0 = profiler.mark() if timed else None
+        try:
+            return orig(communicator, **kwargs)
+        finally:
+            if timed:
+                profiler.sync(site_id, t0)
+            if pool_group is not None:
+                communicator.pp_group = group

@@ -1,0 +1,464 @@
+"""Checks of NCCL environment variables against NCCL's documented domains, before NCCL sees them.
+
+NCCL accepts bad input silently in many places: a non-numeric integer becomes the default, an
+``NCCL_NTHREADS`` that is not a multiple of 32 becomes 512, an ``NCCL_CGA_CLUSTER_SIZE`` above 8
+becomes 8, an unknown ``NCCL_CTA_POLICY`` name is ignored, each with an INFO log only. Bad
+``NCCL_ALGO`` / ``NCCL_PROTO`` tokens fail at the first collective (``ncclInvalidUsage``, 2.24+).
+This module finds all of these up front and says what is allowed.
+
+Sources: NCCL's ``docs/userguide/source/env.rst``; ``src/graph/tuning.cc`` (``parseList``, the
+grammar of ``NCCL_ALGO``/``NCCL_PROTO`` and its error messages; ``getNthreads``); ``src/init.cc``
+(``envConfigOverride``, ``getEnvCtaPolicyOnce``). Two rules are lagom's own policy rather than
+NCCL's: never force-enable LL128 (NCCL issues 786, 1261: silent corruption on unsupported paths)
+and never restrict every collective to algorithms without Ring (NCCL issue 653, PyTorch PR 163063:
+``no algorithm/protocol available`` at the first broadcast).
+
+Pure Python: imported by ``lagom doctor`` and by the plan exporters; no torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+from lagom_megatron.nccl.env_vars import PER_COMMUNICATOR_OVERRIDES, TUNER_OVERRIDES
+
+FUNCTIONS: tuple[str, ...] = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
+"""Function prefixes of the per-function form (NCCL 2.24+). There is no AllToAll or SendRecv."""
+
+ALGORITHMS: dict[str, tuple[int, int]] = {
+    "Tree": (2, 4),
+    "Ring": (2, 4),
+    "CollNetDirect": (2, 14),
+    "CollNetChain": (2, 14),
+    "NVLS": (2, 17),
+    "NVLSTree": (2, 18),
+    "PAT": (2, 23),
+}
+"""Algorithm token -> first NCCL (major, minor) that accepts it (tokens are case-insensitive)."""
+
+PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
+"""Protocol tokens (case-insensitive)."""
+
+NTHREADS_ALLOWED: tuple[int, ...] = (64, 128, 256, 512)
+"""NCCL_NTHREADS values listed by env.rst; NCCL clamps anything else with an INFO log only."""
+
+CTA_POLICIES: tuple[str, ...] = ("DEFAULT", "EFFICIENCY", "ZERO")
+"""NCCL_CTA_POLICY names (2.29+), combinable with ``|``; legacy digits 0, 1, 2 (2.27+)."""
+
+MAX_CGA_CLUSTER_SIZE = 8
+"""NCCL_MAX_CGA_CLUSTER_SIZE in ``src/init.cc``: larger values are clamped to 8."""
+
+PER_FUNCTION_SYNTAX_VERSION = (2, 24)
+"""First NCCL release with the ``function:list;...`` form of NCCL_ALGO / NCCL_PROTO."""
+
+Level = Literal["error", "warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class EnvIssue:
+    """One problem with one environment variable.
+
+    Attributes:
+        level: "error" (NCCL would fail, ignore or clamp the value, or lagom's policy forbids it)
+            or "warning" (legal but likely to defeat tuning or NCCL's own advice).
+        variable: the variable name, e.g. ``NCCL_ALGO``.
+        value: the value as set.
+        what: one line saying what is wrong.
+        why: what NCCL does with it and the source.
+        fix: what to set instead.
+    """
+
+    level: Level
+    variable: str
+    value: str
+    what: str
+    why: str
+    fix: str
+
+
+def parse_version(text: str | None) -> tuple[int, int, int] | None:
+    """``"2.27.3"`` -> ``(2, 27, 3)``; None or an unparsable string -> None."""
+    if not text:
+        return None
+    parts = str(text).split(".")
+    try:
+        nums = [int(p) for p in parts[:3]]
+    except ValueError:
+        return None
+    while len(nums) < 3:
+        nums.append(0)
+    return (nums[0], nums[1], nums[2])
+
+
+def max_ctas(nccl_version: str | None) -> int:
+    """Largest CTA count NCCL accepts: 64 from NCCL 2.25 (MAXCHANNELS), 32 before; 64 if unknown."""
+    v = parse_version(nccl_version)
+    return 32 if v is not None and v[:2] < (2, 25) else 64
+
+
+def parse_selection(value: str, kind: Literal["algorithm", "protocol"]) -> dict[str, frozenset[str]]:
+    """Parses an ``NCCL_ALGO`` / ``NCCL_PROTO`` value the way NCCL's ``parseList`` does.
+
+    Grammar: entries separated by ``;``; each entry is ``[function:]list``; only the first entry
+    may omit the function prefix (it then applies to every function); a list is comma-separated
+    tokens, optionally led by ``^`` (everything except these). Tokens and prefixes are
+    case-insensitive; empty tokens are skipped, as ``strtok`` does.
+
+    Args:
+        value: the variable's value, e.g. ``"ring,tree"``, ``"^LL128;allreduce:LL"``.
+        kind: "algorithm" (tokens of ``ALGORITHMS``) or "protocol" (``PROTOCOLS``).
+
+    Returns:
+        function name (``FUNCTIONS``) -> the canonical tokens enabled for it, after all entries.
+
+    Raises:
+        ValueError: with NCCL's own wording: a later entry without a prefix, an unrecognized
+            token, an unrecognized prefix, or an empty value.
+    """
+    tokens = tuple(ALGORITHMS) if kind == "algorithm" else PROTOCOLS
+    canon = {t.lower(): t for t in tokens}
+    funcs = {f.lower(): f for f in FUNCTIONS}
+    enabled: dict[str, frozenset[str]] = {f: frozenset(tokens) for f in FUNCTIONS}
+    entries = [e for e in value.split(";") if e]
+    if not entries:
+        raise ValueError(f"empty value {value!r}; expected a comma-separated list of {', '.join(tokens)}")
+    for i, entry in enumerate(entries):
+        parts = [p for p in entry.split(":") if p]
+        if len(parts) >= 2:
+            prefix, elems = parts[0], parts[1]
+            if prefix.lower() not in funcs:
+                raise ValueError(
+                    f'Unrecognized prefix token "{prefix}" when parsing "{value}"; '
+                    f"allowed prefixes: {', '.join(FUNCTIONS)} (no alltoall or sendrecv)"
+                )
+            targets = [funcs[prefix.lower()]]
+        else:
+            if i > 0 or value.startswith(";"):
+                raise ValueError(f'All entries except the first must have a prefix: "{value}"')
+            elems = parts[0] if parts else ""
+            targets = list(FUNCTIONS)
+        negate = elems.startswith("^")
+        names = [t for t in elems.lstrip("^").split(",") if t]
+        chosen = set()
+        for name in names:
+            if name.lower() not in canon:
+                raise ValueError(
+                    f'Unrecognized element token "{name}" when parsing "{value}"; '
+                    f"allowed {kind}s: {', '.join(tokens)}"
+                )
+            chosen.add(canon[name.lower()])
+        result = frozenset(tokens) - chosen if negate else frozenset(chosen)
+        for f in targets:
+            enabled[f] = result
+    return enabled
+
+
+def _int_value(var: str, value: str, issues: list[EnvIssue]) -> int | None:
+    try:
+        return int(value.strip(), 0)
+    except ValueError:
+        issues.append(EnvIssue(
+            "error", var, value, f"{var}={value!r} is not an integer",
+            "NCCL reads integer variables with strtoll and silently falls back to its default on "
+            "anything else (src/misc/param.cc, INFO log only)",
+            f"set {var} to an integer or unset it",
+        ))
+        return None
+
+
+def _check_selection(var: str, value: str, kind: Literal["algorithm", "protocol"], version,
+                     issues: list[EnvIssue]) -> None:
+    try:
+        enabled = parse_selection(value, kind)
+    except ValueError as exc:
+        allowed = ", ".join(ALGORITHMS if kind == "algorithm" else PROTOCOLS)
+        issues.append(EnvIssue(
+            "error", var, value, f"{var}={value!r}: {exc}",
+            "NCCL 2.24+ fails the first collective with ncclInvalidUsage on a bad token or prefix "
+            "(src/graph/tuning.cc, parseList)",
+            f"use a comma list of {allowed}, '^' to exclude, and 'function:list' entries after the "
+            f"first (e.g. 'ring,tree' or '^LL128;allreduce:LL,Simple')",
+        ))
+        return
+    if version is not None and (";" in value or ":" in value) and version[:2] < PER_FUNCTION_SYNTAX_VERSION:
+        issues.append(EnvIssue(
+            "error", var, value, f"{var}={value!r} uses the per-function form, which needs NCCL 2.24+",
+            f"the cluster's NCCL is {'.'.join(map(str, version))}; older releases do not parse "
+            "'function:list' entries",
+            "use one list for all functions, or upgrade NCCL",
+        ))
+    if kind == "algorithm":
+        used = {canon for f in FUNCTIONS for canon in enabled[f]}
+        if version is not None:
+            for algo in sorted(used):
+                first = ALGORITHMS[algo]
+                if version[:2] < first and algo.lower() in value.lower():
+                    issues.append(EnvIssue(
+                        "error", var, value, f"{var} names {algo}, which needs NCCL {first[0]}.{first[1]}+",
+                        f"the cluster's NCCL is {'.'.join(map(str, version))}",
+                        f"drop {algo} from {var} or upgrade NCCL",
+                    ))
+        first_entry = [e for e in value.split(";") if e][0]
+        if ":" not in first_entry and "Ring" not in parse_selection(first_entry, kind)["AllReduce"]:
+            issues.append(EnvIssue(
+                "error", var, value,
+                f"{var}={value!r} takes Ring away from every collective",
+                "a single global algorithm fails for collectives it cannot run (e.g. NVLS has no "
+                "int8 broadcast: 'no algorithm/protocol available', NCCL issue 653, PyTorch PR "
+                "163063), and lagom keeps Ring available everywhere",
+                f"restrict per function instead, e.g. {var}='allreduce:nvls,ring', or unset it",
+            ))
+    else:
+        forced = sorted(f for f in FUNCTIONS if "LL128" in enabled[f] and _positively_names(value, f, "ll128"))
+        if forced:
+            issues.append(EnvIssue(
+                "error", var, value,
+                f"{var}={value!r} force-enables LL128 for {', '.join(forced)}",
+                "forcing LL128 where NCCL would not pick it gives silent data corruption on "
+                "unsupported paths (NCCL issues 786, 1261); NCCL's maintainers advise against "
+                "setting NCCL_PROTO except as a workaround",
+                f"only exclude protocols (e.g. {var}='^LL128') or unset {var}",
+            ))
+
+
+def _positively_names(value: str, function: str, token: str) -> bool:
+    """True when the entry that decides ``function`` lists ``token`` without ``^``."""
+    decisive = None
+    for i, entry in enumerate(e for e in value.split(";") if e):
+        parts = [p for p in entry.split(":") if p]
+        if len(parts) >= 2:
+            if parts[0].lower() == function.lower():
+                decisive = parts[1]
+        elif i == 0 and parts:
+            decisive = parts[0]
+    if decisive is None or decisive.startswith("^"):
+        return False
+    return token in [t.lower() for t in decisive.split(",") if t]
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def check_nccl_env(environ: Mapping[str, str], *, nccl_version: str | None = None) -> list[EnvIssue]:
+    """Checks every NCCL variable lagom knows the domain of.
+
+    Args:
+        environ: the environment the ranks will see (``os.environ`` plus the preset's env).
+        nccl_version: the cluster's NCCL, e.g. "2.27.3"; enables the version-dependent rules
+            (per-function syntax 2.24+, NVLS 2.17+, NVLSTree 2.18+, PAT 2.23+, 64 CTAs from
+            2.25, CTA policy 2.27+, policy names 2.29+). None skips them.
+
+    Returns:
+        The issues found, in variable order; empty when everything is in its domain.
+    """
+    version = parse_version(nccl_version)
+    issues: list[EnvIssue] = []
+    get = environ.get
+    for var, kind in (("NCCL_ALGO", "algorithm"), ("NCCL_PROTO", "protocol")):
+        if get(var) is not None:
+            _check_selection(var, get(var), kind, version, issues)  # type: ignore[arg-type]
+
+    for var in ("NCCL_NTHREADS",):
+        if get(var) is not None and (n := _int_value(var, get(var), issues)) is not None:
+            if n not in NTHREADS_ALLOWED:
+                issues.append(EnvIssue(
+                    "error", var, get(var), f"{var}={n} is not one of {', '.join(map(str, NTHREADS_ALLOWED))}",
+                    "NCCL clamps other values with an INFO log only (not a multiple of 32 -> 512, "
+                    "above 512 -> 512, below 64 -> 64; src/graph/tuning.cc); NCCL issue 698 shows "
+                    "wrong all-reduce results with 480",
+                    f"set {var} to 64, 128, 256 or 512, or unset it",
+                ))
+    if get("NCCL_LL128_NTHREADS") is not None:
+        var = "NCCL_LL128_NTHREADS"
+        if (n := _int_value(var, get(var), issues)) is not None and (n % 32 or not 64 <= n <= 640):
+            issues.append(EnvIssue(
+                "error", var, get(var), f"{var}={n} is outside 64..640 or not a multiple of 32",
+                "NCCL clamps it with an INFO log only (src/graph/tuning.cc, getNthreads)",
+                f"set {var} to a multiple of 32 between 64 and 640, or unset it",
+            ))
+
+    limit = max_ctas(nccl_version)
+    for low_var, high_var in (("NCCL_MIN_CTAS", "NCCL_MAX_CTAS"), ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")):
+        values = {}
+        for var in (low_var, high_var):
+            if get(var) is None:
+                continue
+            n = _int_value(var, get(var), issues)
+            if n is None:
+                continue
+            if not 1 <= n <= limit:
+                issues.append(EnvIssue(
+                    "error", var, get(var), f"{var}={n} is outside 1..{limit}",
+                    f"NCCL ignores values <= 0 and caps CTAs at {limit} "
+                    f"({'64 from NCCL 2.25' if limit == 64 else '32 before NCCL 2.25'}; src/init.cc)",
+                    f"set {var} between 1 and {limit}",
+                ))
+                continue
+            values[var] = n
+        if len(values) == 2 and values[low_var] > values[high_var]:
+            issues.append(EnvIssue(
+                "error", low_var, get(low_var),
+                f"{low_var} ({values[low_var]}) must be <= {high_var} ({values[high_var]})",
+                "NCCL rejects a communicator whose minimum CTA count exceeds its maximum "
+                "(ncclInvalidArgument, src/init.cc)",
+                f"lower {low_var} or raise {high_var}",
+            ))
+        elif len(values) == 1 and (get(low_var) is None or get(high_var) is None):
+            (only,) = values
+            other = high_var if only == low_var else low_var
+            issues.append(EnvIssue(
+                "warning", only, get(only), f"{only} is set without {other}: a one-ended CTA range",
+                "the other end stays at NCCL's default, which may not bracket it (a minimum above the "
+                "default maximum is an invalid range; NCCL PR 2256)",
+                f"set both {low_var} and {high_var}",
+            ))
+
+    if get("NCCL_BUFFSIZE") is not None:
+        var = "NCCL_BUFFSIZE"
+        if (n := _int_value(var, get(var), issues)) is not None and not _is_power_of_two(n):
+            issues.append(EnvIssue(
+                "error", var, get(var), f"{var}={n} is not a positive power of two",
+                "NCCL documents powers of two (default 4 MiB); odd sizes gave wrong results and "
+                "hangs (NCCL issues 698, 1739)",
+                f"set {var} to a power of two (e.g. 4194304) or unset it",
+            ))
+    for var in ("NCCL_LL_BUFFSIZE", "NCCL_LL128_BUFFSIZE"):
+        if get(var) is not None:
+            issues.append(EnvIssue(
+                "warning", var, get(var), f"{var} is set",
+                "NCCL's maintainers recommend not changing it: LL128 buffers must be a multiple of "
+                "120 bytes and odd sizes hang (NCCL issue 1739)",
+                f"unset {var}",
+            ))
+    for var in ("NCCL_P2P_NET_CHUNKSIZE", "NCCL_P2P_NVL_CHUNKSIZE", "NCCL_P2P_PCI_CHUNKSIZE",
+                "NCCL_NVLS_CHUNKSIZE"):
+        if get(var) is not None and (n := _int_value(var, get(var), issues)) is not None:
+            if not _is_power_of_two(n):
+                issues.append(EnvIssue(
+                    "error", var, get(var), f"{var}={n} is not a positive power of two",
+                    "NCCL documents power-of-two chunk sizes (env.rst)",
+                    f"set {var} to a power of two (e.g. 2097152) or unset it",
+                ))
+    if get("NCCL_CHUNK_SIZE") is not None:
+        issues.append(EnvIssue(
+            "warning", "NCCL_CHUNK_SIZE", get("NCCL_CHUNK_SIZE"), "NCCL_CHUNK_SIZE is set",
+            "it is undocumented (src/enqueue.cc, 0 = automatic) and applies to every collective",
+            "unset it; lagom sets chunk sizes per collective through its tuner plugin",
+        ))
+
+    if get("NCCL_CGA_CLUSTER_SIZE") is not None:
+        var = "NCCL_CGA_CLUSTER_SIZE"
+        if (n := _int_value(var, get(var), issues)) is not None and not 0 <= n <= MAX_CGA_CLUSTER_SIZE:
+            issues.append(EnvIssue(
+                "error", var, get(var), f"{var}={n} is outside 0..{MAX_CGA_CLUSTER_SIZE}",
+                "NCCL clamps values above 8 to 8 and ignores negative ones, with an INFO log only "
+                "(src/init.cc, envConfigOverride)",
+                f"set {var} between 0 and {MAX_CGA_CLUSTER_SIZE}",
+            ))
+
+    if get("NCCL_CTA_POLICY") is not None:
+        _check_cta_policy(get("NCCL_CTA_POLICY"), version, issues)  # type: ignore[arg-type]
+
+    if get("NCCL_NVLS_ENABLE") is not None and get("NCCL_NVLS_ENABLE").strip() not in ("0", "1", "2"):
+        issues.append(EnvIssue(
+            "error", "NCCL_NVLS_ENABLE", get("NCCL_NVLS_ENABLE"),
+            f"NCCL_NVLS_ENABLE={get('NCCL_NVLS_ENABLE')!r} is not 0, 1 or 2",
+            "env.rst documents 0 (off), 1 (on) and 2 (auto, the default)",
+            "set NCCL_NVLS_ENABLE to 0, 1 or 2, or unset it",
+        ))
+    plugin = get("NCCL_TUNER_PLUGIN")
+    if plugin_path_missing(plugin):
+        issues.append(EnvIssue(
+            "error", "NCCL_TUNER_PLUGIN", plugin, f"NCCL_TUNER_PLUGIN={plugin!r}: the file does not exist",
+            "NCCL dlopens the tuner plugin when a communicator is created; when that fails it logs "
+            "at INFO level only and silently uses its internal tuner instead",
+            "point NCCL_TUNER_PLUGIN at an existing file (lagom's: make -C lagom_megatron/nccl/plugin "
+            "build -> libnccl-tuner-lagom.so), or unset it",
+        ))
+    return issues
+
+
+def plugin_path_missing(value: str | None) -> bool:
+    """True when ``value`` is a path (it contains ``/``) to a file that does not exist.
+
+    A bare name (``libnccl-tuner-x.so`` or ``x``) is searched by the dynamic loader and is not
+    checked here.
+    """
+    return bool(value) and "/" in value and not os.path.exists(value)
+
+
+def _check_cta_policy(value: str, version, issues: list[EnvIssue]) -> None:
+    var = "NCCL_CTA_POLICY"
+    if version is not None and version[:2] < (2, 27):
+        issues.append(EnvIssue(
+            "error", var, value, f"{var} needs NCCL 2.27+",
+            f"the cluster's NCCL is {'.'.join(map(str, version))}, which does not read it",
+            f"unset {var} or upgrade NCCL",
+        ))
+        return
+    if value[:1].isdigit():
+        if value.strip() not in ("0", "1", "2"):
+            issues.append(EnvIssue(
+                "error", var, value, f"{var}={value!r} is not a legacy policy number (0, 1 or 2)",
+                "NCCL reads only the first digit and falls back to DEFAULT on anything else, with "
+                "an INFO log (src/init.cc)",
+                f"set {var} to 0 (DEFAULT), 1 (EFFICIENCY) or 2 (ZERO), or names joined by '|'",
+            ))
+        return
+    names = [t for t in value.split("|") if t]
+    bad = [t for t in names if t.upper() not in CTA_POLICIES]
+    if bad or not names:
+        issues.append(EnvIssue(
+            "error", var, value, f"{var}={value!r}: unknown policy {', '.join(map(repr, bad)) or 'name'}",
+            "NCCL ignores unknown names with an INFO log only (src/init.cc)",
+            f"use {' | '.join(CTA_POLICIES)} joined by '|' (NCCL 2.29+) or 0/1/2",
+        ))
+    elif version is not None and version[:2] < (2, 29):
+        issues.append(EnvIssue(
+            "error", var, value, f"{var}={value!r} uses policy names, which need NCCL 2.29+",
+            f"the cluster's NCCL is {'.'.join(map(str, version))}, which reads only 0, 1 or 2",
+            "use the number: DEFAULT=0, EFFICIENCY=1, ZERO=2",
+        ))
+
+
+def override_issues(environ: Mapping[str, str]) -> list[EnvIssue]:
+    """Variables that silently replace lagom's per-communicator or tuner-plugin choices.
+
+    A per-communicator override (``PER_COMMUNICATOR_OVERRIDES``, e.g. ``NCCL_MAX_CTAS``) is
+    copied into every communicator's ``ncclConfig_t`` at creation (``envConfigOverride``), so a
+    plan's per-site CTA budgets would be ignored. ``NCCL_ALGO`` / ``NCCL_PROTO`` narrow the
+    choices before the tuner plugin sees the cost table (``TUNER_OVERRIDES``; some plugins refuse
+    to load then, NCCL issue 1661). A foreign ``NCCL_TUNER_PLUGIN`` replaces lagom's plugin.
+
+    Returns:
+        One warning per variable set, naming what it overrides.
+    """
+    issues = []
+    for var, field in PER_COMMUNICATOR_OVERRIDES.items():
+        if environ.get(var) is not None:
+            issues.append(EnvIssue(
+                "warning", var, environ[var], f"{var} is set and overrides lagom's per-communicator choice",
+                f"NCCL copies it into {field} of every communicator (src/init.cc, envConfigOverride), "
+                "so the plan's per-collective settings for this knob are silently ignored",
+                f"unset {var} and let lagom set it per communicator",
+            ))
+    for var, what in TUNER_OVERRIDES.items():
+        if environ.get(var) is not None:
+            issues.append(EnvIssue(
+                "warning", var, environ[var], f"{var} is set and limits lagom's tuner plugin",
+                f"it {what}; the plan's choices outside it are silently dropped",
+                f"unset {var}; lagom chooses per collective",
+            ))
+    plugin = environ.get("NCCL_TUNER_PLUGIN")
+    if plugin is not None and "lagom" not in plugin.lower() and not plugin_path_missing(plugin):
+        # a missing file is check_nccl_env's error
+        issues.append(EnvIssue(
+            "warning", "NCCL_TUNER_PLUGIN", plugin, f"NCCL_TUNER_PLUGIN={plugin!r} is not lagom's plugin",
+            "NCCL loads one tuner plugin per process; another plugin replaces lagom's per-collective "
+            "algorithm, protocol and channel choices",
+            "unset NCCL_TUNER_PLUGIN (lagom sets it when a plan needs its plugin)",
+        ))
+    return issues

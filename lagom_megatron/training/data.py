@@ -1,0 +1,183 @@
+"""Training data: Megatron indexed datasets (``--data-path``) or Megatron's mock data
+(``--mock-data``), built with ``megatron.core.datasets``, and the per-rank micro-batch order.
+
+Writing: :func:`write_indexed_dataset` turns JSONL documents (a ``"text"`` field per line) into
+``PREFIX.bin`` + ``PREFIX.idx`` with Megatron-Core's ``IndexedDatasetBuilder`` (one document per
+line, end-of-document appended), as Megatron-LM's ``tools/preprocess_data.py`` does for GPT.
+
+Reading: :func:`build_train_dataset` builds a ``GPTDataset`` (or ``MockGPTDataset``) through
+``BlendedMegatronDatasetBuilder``; :func:`microbatch_iterator` yields the micro-batches of one
+data-parallel rank in the order of Megatron-LM's ``MegatronPretrainingSampler``: each step of
+``micro_batch_size x DP`` consecutive samples is split by data-parallel rank, so the union over
+ranks of one iteration is the same global batch for every DP size (the loss-parity tests rely on
+this).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+
+from lagom_megatron.training.tokenizer import ByteLevelTokenizer
+
+
+def read_jsonl_texts(path: str | Path, *, key: str = "text") -> Iterator[str]:
+    """Yields the ``key`` field of each non-empty line of a JSONL file.
+
+    Raises:
+        ValueError: a line that is not a JSON object with a string ``key`` (names file and line).
+    """
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get(key), str):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object with a string {key!r} field")
+            yield record[key]
+
+
+def write_indexed_dataset(texts: Iterable[str], output_prefix: str | Path, tokenizer=None) -> dict:
+    """Tokenises documents and writes a Megatron indexed dataset ``PREFIX.bin`` / ``PREFIX.idx``.
+
+    Each document becomes its token ids followed by the end-of-document id (Megatron-LM's
+    ``--append-eod``). Token dtype is uint16 (enough for vocabularies up to 65,536). The files
+    are written under temporary names and renamed, so a reader never sees a partial dataset.
+
+    Args:
+        texts: the documents; empty ones are skipped.
+        output_prefix: path prefix of the two files.
+        tokenizer: an object with ``tokenize(text) -> ids`` and ``eod``; default byte-level.
+
+    Returns:
+        {"documents": n, "tokens": n_tokens, "bin": path, "idx": path}.
+
+    Raises:
+        ValueError: no non-empty document. On this or any other error (including one raised
+            while iterating ``texts``) the temporary files are removed.
+    """
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    tokenizer = tokenizer or ByteLevelTokenizer()
+    prefix = Path(output_prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    tmp_bin, tmp_idx = (Path(str(prefix) + ".tmp" + suffix) for suffix in (".bin", ".idx"))
+    builder = IndexedDatasetBuilder(str(tmp_bin), dtype=np.uint16)
+    n_docs = n_tokens = 0
+    try:
+        for text in texts:
+            ids = np.asarray(tokenizer.tokenize(text), dtype=np.int64)
+            if ids.size == 0:
+                continue
+            ids = np.append(ids, tokenizer.eod)
+            # add_document only runs numpy.array(x, dtype) on its input; an ndarray avoids numpy 2's
+            # __array__(copy=...) deprecation warning that a torch tensor triggers there.
+            builder.add_document(ids, [ids.size])
+            n_docs += 1
+            n_tokens += int(ids.size)
+        if n_docs == 0:
+            raise ValueError(f"no non-empty document to write to {prefix}")
+        builder.finalize(str(tmp_idx))
+        tmp_bin.replace(str(prefix) + ".bin")
+        tmp_idx.replace(str(prefix) + ".idx")
+    except BaseException:
+        # Any failure (a bad input line raised by ``texts``, a full disk, Ctrl-C) leaves no
+        # temporary file behind; a dataset already at PREFIX is left as it was.
+        if not builder.data_file.closed:
+            builder.data_file.close()
+        tmp_bin.unlink(missing_ok=True)
+        tmp_idx.unlink(missing_ok=True)
+        raise
+    return {"documents": n_docs, "tokens": n_tokens, "bin": str(prefix) + ".bin", "idx": str(prefix) + ".idx"}
+
+
+def build_tokenizer(args):
+    """The tokenizer named by ``--tokenizer-type`` (ByteLevel, or Megatron's NullTokenizer of
+    ``--vocab-size`` ids)."""
+    if args.tokenizer_type == "NullTokenizer":
+        from megatron.core.tokenizers import MegatronTokenizer
+
+        return MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=args.vocab_size)
+    return ByteLevelTokenizer()
+
+
+def build_train_dataset(args, tokenizer):
+    """Builds the training split with Megatron-Core's ``BlendedMegatronDatasetBuilder``.
+
+    Needs torch.distributed to be initialised (rank 0 builds and caches the sample index first,
+    the others read it after a barrier, as in Megatron-LM).
+
+    Args:
+        args: validated arguments (mock_data or data_path, split, seq_length, seed, train_iters,
+            global_batch_size, data_cache_path).
+        tokenizer: from :func:`build_tokenizer`.
+
+    Returns:
+        A dataset of at least ``train_iters x global_batch_size`` samples, each a dict of
+        ``tokens``/``labels``/``position_ids`` int64 (seq,), ``loss_mask`` float (seq,),
+        ``attention_mask`` bool (1, seq, seq).
+    """
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+    from megatron.core.datasets.utils import get_blend_from_list
+
+    config = GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=None if args.mock_data else get_blend_from_list(args.data_path),
+        split=args.split,
+        path_to_cache=args.data_cache_path,
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=True,
+        mid_level_dataset_surplus=0.005,
+    )
+    n_samples = args.train_iters * args.global_batch_size
+    cls = MockGPTDataset if args.mock_data else GPTDataset
+    # Validation and test sizes None (not 0): GPTDataset loops forever sizing a split of 0 tokens
+    # for a request of 0 samples (megatron-core 0.16.1, _get_num_epochs).
+    train, _, _ = BlendedMegatronDatasetBuilder(cls, [n_samples, None, None], lambda: True, config).build()
+    if train is None:
+        raise ValueError(f"--split {args.split!r} leaves no training documents")
+    return train
+
+
+def microbatch_indices(iteration: int, *, global_batch_size: int, micro_batch_size: int,
+                       data_parallel_size: int, data_parallel_rank: int) -> list[list[int]]:
+    """Sample indices of each micro-batch of one data-parallel rank in one iteration.
+
+    Follows Megatron-LM's ``MegatronPretrainingSampler``: samples are taken in order,
+    ``micro_batch_size x DP`` at a time, and rank r takes slice [r*mbs, (r+1)*mbs) of each step.
+
+    Args:
+        iteration: 0-based iteration number.
+
+    Returns:
+        ``global_batch_size / (mbs x DP)`` lists of ``mbs`` indices each.
+    """
+    step = micro_batch_size * data_parallel_size
+    base = iteration * global_batch_size
+    start = base + data_parallel_rank * micro_batch_size
+    return [list(range(start + m * step, start + m * step + micro_batch_size))
+            for m in range(global_batch_size // step)]
+
+
+def microbatch_iterator(dataset, *, train_iters: int, global_batch_size: int, micro_batch_size: int,
+                        data_parallel_size: int, data_parallel_rank: int) -> Iterator[dict]:
+    """Yields this rank's micro-batches for all iterations, each a dict of stacked tensors
+    (``tokens`` (mbs, seq) int64, ``attention_mask`` (mbs, 1, seq, seq) bool, ...)."""
+    for iteration in range(train_iters):
+        for indices in microbatch_indices(iteration, global_batch_size=global_batch_size,
+                                          micro_batch_size=micro_batch_size, data_parallel_size=data_parallel_size,
+                                          data_parallel_rank=data_parallel_rank):
+            samples = [dataset[i] for i in indices]
+            yield {key: torch.stack([torch.as_tensor(s[key]) for s in samples]) for key in samples[0]}

@@ -1,0 +1,334 @@
+"""The training entry point of ``scripts/pretrain_gpt.py``: Megatron-Core pre-training of a GPT.
+
+``pretrain(args, callbacks)`` initialises torch.distributed from torchrun's environment (gloo on
+CPU, with :mod:`cpu_shims`; nccl on GPU), Megatron-Core's parallel state, the model
+(:mod:`model`), Megatron-Core's optimizer and LR schedule, the data (:mod:`data`), and runs
+``get_forward_backward_func()`` (no pipelining, 1F1B or interleaved 1F1B) for ``--train-iters``
+iterations, logging each ``--log-interval`` like Megatron-LM's ``training_log``.
+
+Callbacks are the seam lagom's controller plugs into. A callback object may define any of
+``on_setup(ctx: TrainingContext)``, ``on_iteration_start(iteration)``,
+``on_iteration_end(iteration, elapsed_s, loss)`` and ``on_train_end()``; iterations are 1-based
+as in the log, ``elapsed_s`` is the wall time of the iteration (seconds) and ``loss`` the
+iteration's mean lm loss (the same on every rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+
+@dataclass
+class TrainingContext:
+    """What a callback's ``on_setup`` gets: the live training objects of this rank."""
+
+    args: argparse.Namespace
+    model: list
+    """Model chunks (one per virtual pipeline stage), each a Megatron-Core DistributedDataParallel."""
+    optimizer: Any
+    """The Megatron-Core optimizer (``get_megatron_optimizer``)."""
+    ddp_config: Any
+    """The ``DistributedDataParallelConfig`` the chunks were wrapped with."""
+    pg_collection: Any
+    """Megatron-Core ``ProcessGroupCollection`` of the parallel state, or None if unavailable."""
+    forward_backward_func: Callable
+    """From ``get_forward_backward_func()``; the loop calls it once per iteration."""
+    data_iterator: Any
+    """The iterator (or list of iterators, one per chunk) handed to the schedule."""
+
+
+@dataclass
+class TrainingResult:
+    """What :func:`pretrain` returns on every rank."""
+
+    losses: list[float] = field(default_factory=list)
+    """Mean lm loss of each iteration, averaged over micro-batches and data-parallel ranks."""
+    iteration_times_s: list[float] = field(default_factory=list)
+    """Wall time of each iteration, seconds."""
+    learning_rates: list[float] = field(default_factory=list)
+    """Learning rate after each iteration's scheduler step (what Megatron-LM logs)."""
+
+
+def _log(message: str, *, rank: int, world_size: int) -> None:
+    """Prints on the last rank (which holds the loss under pipeline parallelism), flushing."""
+    if rank == world_size - 1:
+        sys.stdout.write(message + "\n")  # one write: lines from other ranks cannot split it
+        sys.stdout.flush()
+
+
+def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples: int, elapsed_ms: float,
+                          lr: float, global_batch_size: int, loss: float, tokens_per_s: float,
+                          grad_norm: float | None) -> str:
+    """One log line in Megatron-LM's ``training_log`` layout (fields separated by `` | ``)."""
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    line = (f" [{stamp}] iteration {iteration:8d}/{train_iters:8d} |"
+            f" consumed samples: {consumed_samples:12d} |"
+            f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
+            f" learning rate: {lr:.6E} |"
+            f" global batch size: {global_batch_size:5d} |"
+            f" lm loss: {loss:.6E} |"
+            f" tokens per second: {tokens_per_s:.1f} |")
+    if grad_norm is not None:
+        line += f" grad norm: {grad_norm:.3f} |"
+    return line
+
+
+def _lagom_callback(args: argparse.Namespace, log: Callable[[str], None]):
+    """lagom's controller when ``--lagom`` is set and the integration module exists, else None."""
+    if not args.lagom:
+        return None
+    try:
+        controller = importlib.import_module("lagom_megatron.megatron.controller")
+    except ModuleNotFoundError as exc:
+        if exc.name != "lagom_megatron.megatron.controller":
+            raise
+        log(f"lagom: enabled (warmup_iters={args.lagom_warmup_iters}, method={args.lagom_method}); "
+            "tuning arrives with the integration module")
+        return None
+    return controller.LagomController.from_args(args)
+
+
+def _call(callbacks: list, name: str, *a) -> None:
+    for cb in callbacks:
+        fn = getattr(cb, name, None)
+        if fn is not None:
+            fn(*a)
+
+
+def _forward_step(data_iterator, model):
+    """Megatron-Core forward step: one micro-batch through a model chunk, and its loss function.
+
+    Returns:
+        (output tensor, loss function). On the last pipeline stage the output is the per-token
+        loss (mbs, seq); the loss function returns (mean loss over unmasked tokens, {"lm loss"}).
+    """
+    batch = next(data_iterator)
+    loss_mask = batch["loss_mask"].float()
+    output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
+
+    def loss_func(output_tensor):
+        loss = (output_tensor.float().reshape(-1) * loss_mask.reshape(-1)).sum() / loss_mask.sum()
+        # clone: the schedule divides the returned loss in place by the number of micro-batches.
+        return loss, {"lm loss": loss.detach().clone()}
+
+    return output, loss_func
+
+
+def _on_device(batches, device):
+    for batch in batches:
+        yield {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> TrainingResult:
+    """Trains a GPT with Megatron-Core as configured by validated Megatron-LM arguments.
+
+    Must run under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT set).
+
+    Args:
+        args: from ``arguments.parse_args`` then ``arguments.validate_args``.
+        callbacks: objects with any of on_setup / on_iteration_start / on_iteration_end /
+            on_train_end (see the module docstring). With ``--lagom``, lagom's controller is added.
+
+    Returns:
+        A :class:`TrainingResult` (losses are known on every rank: they are broadcast from the
+        last pipeline stage).
+
+    Raises:
+        ValueError: a value that could only be checked after set-up (e.g. ``--transformer-impl``).
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.num_microbatches_calculator import (destroy_num_microbatches_calculator,
+                                                           init_num_microbatches_calculator)
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from lagom_megatron.training import cpu_shims; from lagom_megatron.training import data; from lagom_megatron.training import model as model_mod
+
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    log = lambda msg: _log(msg, rank=rank, world_size=world_size)  # noqa: E731
+    on_gpu = torch.cuda.is_available()
+    use_te = model_mod.use_transformer_engine(args)
+    if on_gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        cpu_shims.apply()
+        device = torch.device("cpu")
+    callbacks = list(callbacks or [])
+    dist.init_process_group(backend="nccl" if on_gpu else "gloo", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
+    try:
+        comm_config = args.nccl_communicator_config_path if on_gpu else None
+        if args.nccl_communicator_config_path and not on_gpu:
+            log("note: --nccl-communicator-config-path ignored on CPU (gloo has no NCCL options)")
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=args.tensor_model_parallel_size,
+            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+            context_parallel_size=args.context_parallel_size,
+            expert_model_parallel_size=args.expert_model_parallel_size,
+            nccl_communicator_config_path=comm_config,
+            distributed_timeout_minutes=args.distributed_timeout_minutes,
+        )
+        init_num_microbatches_calculator(rank, None, args.global_batch_size, args.micro_batch_size,
+                                         args.data_parallel_size)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        model_parallel_cuda_manual_seed(args.seed)
+
+        log(f"pretrain_gpt: preset={args.preset_name} world_size={world_size} "
+            f"TP={args.tensor_model_parallel_size} PP={args.pipeline_model_parallel_size} "
+            f"VPP={args.virtual_pipeline_model_parallel_size} DP={args.data_parallel_size} "
+            f"micro-batches={args.num_microbatches} backend={'nccl' if on_gpu else 'gloo'} "
+            f"layers={'transformer_engine' if use_te else 'local'} "
+            f"overlap_grad_reduce={args.overlap_grad_reduce} overlap_param_gather={args.overlap_param_gather} "
+            f"use_distributed_optimizer={args.use_distributed_optimizer} ddp_bucket_size={args.ddp_bucket_size}")
+        log(f"pretrain_gpt: lagom={args.lagom} lagom_warmup_iters={args.lagom_warmup_iters} "
+            f"lagom_verify_iters={args.lagom_verify_iters} lagom_method={args.lagom_method} "
+            f"lagom_plan={args.lagom_plan} lagom_report={args.lagom_report}")
+
+        config = model_mod.transformer_config(args, on_gpu=on_gpu)
+        ddp_cfg = model_mod.ddp_config(args)
+        chunks = model_mod.build_model(args, config, ddp_cfg, use_te=use_te)
+        n_params = sum(p.numel() for c in chunks for p in c.parameters())
+        log(f"pretrain_gpt: parameters on the last rank: {n_params:,} "
+            f"(vocabulary {args.orig_vocab_size} padded to {args.padded_vocab_size})")
+
+        dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+        opt_config = OptimizerConfig(
+            optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+            adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+            clip_grad=args.clip_grad, bf16=args.bf16, fp16=args.fp16, params_dtype=dtype,
+            use_distributed_optimizer=args.use_distributed_optimizer,
+            overlap_param_gather=args.overlap_param_gather,
+        )
+        optimizer = get_megatron_optimizer(opt_config, chunks)
+        config.grad_scale_func = optimizer.scale_loss
+        gbs = args.global_batch_size
+        # Megatron-LM counts LR steps in samples when --train-iters is given.
+        scheduler = OptimizerParamScheduler(
+            optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
+            lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=args.lr_decay_iters * gbs,
+            lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
+            wd_incr_steps=args.train_iters * gbs, wd_incr_style="constant",
+        )
+
+        tokenizer = data.build_tokenizer(args)
+        dataset = data.build_train_dataset(args, tokenizer)
+        dp_rank = parallel_state.get_data_parallel_rank()
+
+        def make_iterator():
+            return _on_device(data.microbatch_iterator(
+                dataset, train_iters=args.train_iters, global_batch_size=gbs,
+                micro_batch_size=args.micro_batch_size, data_parallel_size=args.data_parallel_size,
+                data_parallel_rank=dp_rank), device)
+
+        data_iterator = [make_iterator() for _ in chunks] if len(chunks) > 1 else make_iterator()
+        forward_backward = get_forward_backward_func()
+        try:
+            from megatron.core.process_groups_config import ProcessGroupCollection
+
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+        except Exception:  # older Megatron-Core without the collection
+            pg_collection = None
+
+        cb = _lagom_callback(args, log)
+        if cb is not None:
+            callbacks.append(cb)
+        ctx = TrainingContext(args=args, model=chunks, optimizer=optimizer, ddp_config=ddp_cfg,
+                              pg_collection=pg_collection, forward_backward_func=forward_backward,
+                              data_iterator=data_iterator)
+        _call(callbacks, "on_setup", ctx)
+
+        try:
+            result = _train_loop(args, ctx, scheduler, callbacks, log)
+        except BaseException:
+            # callbacks still close (lagom removes its patches: a later pretrain() in this process
+            # must not find them installed); the training error is the one that propagates
+            try:
+                _call(callbacks, "on_train_end")
+            except Exception:  # noqa: BLE001
+                pass
+            raise
+        _call(callbacks, "on_train_end")
+        return result
+    finally:
+        destroy_num_microbatches_calculator()
+        parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log) -> TrainingResult:
+    """Runs ``--train-iters`` iterations of Megatron-LM's ``train_step`` and logs them."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    gbs = args.global_batch_size
+    last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    last_rank = dist.get_world_size() - 1
+    result = TrainingResult()
+    window_loss, window_time, window_n = 0.0, 0.0, 0
+    for iteration in range(1, args.train_iters + 1):
+        _call(callbacks, "on_iteration_start", iteration)
+        t0 = time.perf_counter()
+        for chunk in ctx.model:
+            chunk.zero_grad_buffer()
+        ctx.optimizer.zero_grad()
+        losses = ctx.forward_backward_func(
+            forward_step_func=_forward_step, data_iterator=ctx.data_iterator, model=ctx.model,
+            num_microbatches=args.num_microbatches, seq_length=args.seq_length,
+            micro_batch_size=args.micro_batch_size, forward_only=False,
+        )
+        update_successful, grad_norm, _ = ctx.optimizer.step()
+        if update_successful:
+            scheduler.step(increment=gbs)
+        lr = ctx.optimizer.param_groups[0]["lr"]  # after the step, as Megatron-LM's training_log reports it
+        # Mean lm loss over micro-batches and data-parallel ranks, computed on the last stage and
+        # sent to every rank so that callbacks see the same number everywhere.
+        loss = torch.zeros(1, dtype=torch.float64)
+        if last_stage:
+            loss[0] = sum(float(x["lm loss"]) for x in losses) / len(losses)
+            loss_dev = loss.to(torch.cuda.current_device()) if torch.cuda.is_available() else loss
+            dist.all_reduce(loss_dev, group=dp_group)
+            loss = loss_dev.cpu() / dist.get_world_size(group=dp_group)
+        loss_dev = loss.to(torch.cuda.current_device()) if torch.cuda.is_available() else loss
+        dist.broadcast(loss_dev, src=last_rank)
+        loss_value = float(loss_dev.cpu()[0])
+        elapsed = time.perf_counter() - t0
+        if not math.isfinite(loss_value):
+            raise FloatingPointError(f"iteration {iteration}: lm loss is {loss_value}")
+        result.losses.append(loss_value)
+        result.iteration_times_s.append(elapsed)
+        result.learning_rates.append(lr)
+        window_loss += loss_value
+        window_time += elapsed
+        window_n += 1
+        if iteration % args.log_interval == 0 or iteration == args.train_iters:
+            log(format_iteration_line(
+                iteration=iteration, train_iters=args.train_iters, consumed_samples=iteration * gbs,
+                elapsed_ms=1000.0 * window_time / window_n, lr=lr, global_batch_size=gbs,
+                loss=window_loss / window_n, tokens_per_s=window_n * gbs * args.seq_length / window_time,
+                grad_norm=float(grad_norm) if grad_norm is not None else None))
+            window_loss, window_time, window_n = 0.0, 0.0, 0
+        _call(callbacks, "on_iteration_end", iteration, elapsed, loss_value)
+    sys.stdout.flush()
+    return result

@@ -1,0 +1,133 @@
+"""Bad paths and interrupted output give one error line (exit 2) or a quiet exit, never a
+traceback; files lagom writes are readable by others (the umask's mode, not mkstemp's 0600)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from lagom_megatron.cli.main import main
+from lagom_megatron.engine.files import write_json_atomic, write_text_atomic
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.plan import Plan
+from lagom_megatron.engine.search import search
+
+from ..engine.factory import build, profile_from, site
+
+
+@pytest.fixture()
+def saved(tmp_path):
+    """A profile and a plan searched from it, saved in tmp_path."""
+    profile = profile_from(build())
+    profile.save(tmp_path / "profile.json")
+    search(profile, build().cluster).plan.save(tmp_path / "plan.json")
+    return tmp_path
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv_of", [
+    lambda d: ["search", "--profile", str(d / "profile.json"), "-o", str(d)],
+    lambda d: ["search", "--profile", str(d), "-o", str(d / "p.json")],
+    lambda d: ["plan", "show", str(d)],
+    lambda d: ["plan", "export", str(d / "plan.json"), "--format", "env", "-o", str(d)],
+], ids=["search-output-folder", "search-profile-folder", "show-folder", "export-output-folder"])
+def test_a_folder_where_a_file_is_due_is_one_error_line(saved, capsys, argv_of):
+    before = sorted(p.name for p in saved.iterdir())
+    assert main(argv_of(saved)) == 2
+    assert "is a folder" in _error_line(capsys)
+    assert sorted(p.name for p in saved.iterdir()) == before, "a temporary file was left behind"
+
+
+def test_a_profile_that_is_a_json_list_names_what_was_expected(tmp_path, capsys):
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert main(["search", "--profile", str(tmp_path / "list.json"), "-o", str(tmp_path / "p.json")]) == 2
+    assert "expected a JSON object (a profile); got a JSON list" in _error_line(capsys)
+
+
+def test_build_tuner_into_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "f").write_text("keep me")
+    assert main(["build-tuner", "-o", str(tmp_path / "f")]) == 2
+    assert "is a file; give the folder" in _error_line(capsys)
+    assert (tmp_path / "f").read_text() == "keep me"
+
+
+def test_closed_pipe_exits_quietly(tmp_path):
+    problem = build(sites=[site(site_id=f"tp.ag[{i}]") for i in range(1500)])
+    search(profile_from(problem), problem.cluster).plan.save(tmp_path / "plan.json")
+    proc = subprocess.Popen([sys.executable, "-m", "lagom_megatron", "plan", "show", str(tmp_path / "plan.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # like `| head -1`, long before the show (over 64 KiB, a pipe's buffer) ends
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 0 and "Traceback" not in err, err
+
+
+def test_written_files_get_the_umask_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "a.json", {"x": 1})
+        write_text_atomic(tmp_path / "b.txt", "y")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "b.txt").stat().st_mode) == 0o644
+    assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.txt"]
+
+
+def test_special_files_and_symlinks_are_written_through_not_replaced(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    write_text_atomic(fifo, "through the pipe\n")
+    assert reader.communicate(timeout=10)[0] == b"through the pipe\n"
+    assert stat.S_ISFIFO(fifo.stat().st_mode), "the named pipe was replaced by a file"
+
+    target = tmp_path / "real.json"
+    target.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    write_json_atomic(link, {"a": 1})
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert json.loads(target.read_text()) == {"a": 1}
+
+    write_text_atomic(os.devnull, "discarded")
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+def test_non_utf8_plan_names_the_file(tmp_path, capsys):
+    bad = tmp_path / "plan.json"
+    bad.write_bytes(b"\xff\xfe{}")
+    assert main(["plan", "show", str(bad)]) == 2
+    assert f"{bad}: not a UTF-8 text file" in _error_line(capsys)
+
+
+def test_export_refuses_what_validate_refuses_and_warns_on_rejected_plans(saved, capsys):
+    plan = Plan.load(saved / "plan.json")
+    site_id = next(iter(plan.entries))
+    bad = dataclasses.replace(plan.entries[site_id], config=CommConfig(n_channels=999))
+    Plan(**{**_plan_fields(plan), "entries": {**plan.entries, site_id: bad}}).save(saved / "bad.json")
+    assert main(["plan", "export", str(saved / "bad.json"), "--format", "nccl-tuner-csv"]) == 2
+    err = _error_line(capsys)
+    assert site_id in err and "999" in err, err
+
+    plan.with_stats(verification="fell_back", verification_reason="gain below noise").save(saved / "rejected.json")
+    assert main(["plan", "export", str(saved / "rejected.json"), "--format", "nccl-tuner-csv"]) == 0
+    captured = capsys.readouterr()
+    assert "rejected by its verification (gain below noise)" in captured.err
+    assert captured.out.strip(), "the table is still exported"
+
+
+def _plan_fields(plan):
+    return {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}

@@ -1,0 +1,87 @@
+"""The `lagom search` and `lagom plan` commands, run in-process through the CLI entry point."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from lagom_megatron.cli.main import main
+from lagom_megatron.engine.bench import main as bench_main
+from lagom_megatron.engine.plan import Plan
+
+from ..engine.factory import build, profile_from, site
+
+
+def _profile(tmp_path, **fingerprint):
+    sites = [site(), site(site_id="dp.rs[0]", op="reduce_scatter", group="dp", group_size=16, n_nodes=2)]
+    prof = profile_from(build(sites=sites, comp_ratio=[3.0, 0.5]))
+    prof.fingerprint.update(fingerprint)
+    path = tmp_path / "profile.json"
+    prof.save(path)
+    return path
+
+
+def test_search_then_show_validate_export_diff(tmp_path, capsys):
+    prof = _profile(tmp_path)
+    plan_path, auto_path = tmp_path / "plan.json", tmp_path / "auto.json"
+    assert main(["search", "--profile", str(prof), "-o", str(plan_path)]) == 0
+    out = capsys.readouterr().out
+    assert "priority: 2 sites" in out and "MAPE" in out
+    plan = Plan.load(plan_path)
+    assert plan.fingerprint["cluster"] == "h100-sxm-ib400" and plan.method == "priority"
+    assert main(["plan", "show", str(plan_path)]) == 0
+    assert "tp.ag[0]" in capsys.readouterr().out
+    assert main(["plan", "validate", str(plan_path), "--profile", str(prof)]) == 0
+    assert "valid (2 entries" in capsys.readouterr().out
+    yml = tmp_path / "nccl.yaml"
+    assert main(["plan", "export", str(plan_path), "--format", "megatron-yaml", "-o", str(yml)]) == 0
+    assert set(yaml.safe_load(yml.read_text())) == {"tp", "dp"}
+    assert main(["plan", "export", str(plan_path), "--format", "nccl-tuner-csv", "--extended"]) == 0
+    assert "chunkSize,commTag" in capsys.readouterr().out
+    assert main(["search", "--profile", str(prof), "--method", "autoccl", "-o", str(auto_path)]) == 0
+    capsys.readouterr()
+    assert main(["plan", "diff", str(plan_path), str(plan_path)]) == 0
+    assert main(["plan", "diff", str(plan_path), str(auto_path)]) == 1
+    assert "method: priority -> autoccl" in capsys.readouterr().out
+
+
+def test_validate_reports_fingerprint_mismatch(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    assert main(["search", "--profile", str(_profile(tmp_path)), "-o", str(plan_path)]) == 0
+    other = _profile(tmp_path, world_size=64)
+    assert main(["plan", "validate", str(plan_path), "--profile", str(other)]) == 1
+    assert "fingerprint mismatch: world_size: plan 16, profile 64" in capsys.readouterr().err
+
+
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys):
+    assert main(["search", "--profile", str(tmp_path / "missing.json"), "-o", str(tmp_path / "p.json")]) == 2
+    assert main(["search", "--profile", str(_profile(tmp_path)), "--method", "greedy", "-o", str(tmp_path / "p.json")]) == 2
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"schema_version": 1, "entries": {}})[:-3])
+    assert main(["plan", "show", str(broken)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("lagom ") for line in err)
+    assert "--method must be one of" in err[1] and "invalid JSON at line 1" in err[2]
+
+
+def test_bench_prints_both_tables(capsys):
+    assert bench_main(["--sizes", "10", "30", "--instances", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "model evals" in out and "priority vs exhaustive on 4 seeded instances" in out
+    assert "within 1% of the optimum: 4/4" in out
+
+
+def test_diff_and_validate_show_a_missing_fingerprint_key(tmp_path, capsys):
+    plan_path, other_path = tmp_path / "plan.json", tmp_path / "other.json"
+    assert main(["search", "--profile", str(_profile(tmp_path, ddp_bucket_size=None)), "-o", str(plan_path)]) == 0
+    data = json.loads(plan_path.read_text())
+    del data["fingerprint"]["ddp_bucket_size"]  # an older plan without the key: the same run
+    other_path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["plan", "diff", str(plan_path), str(other_path)]) == 0
+    assert capsys.readouterr().out.strip() == "plans are identical"
+    prof = _profile(tmp_path, ddp_bucket_size=40_000_000)
+    assert main(["plan", "validate", str(other_path), "--profile", str(prof)]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "fingerprint mismatch: ddp_bucket_size: plan (missing), profile 40000000"]

@@ -1,0 +1,33 @@
+"""Every shipped preset loads, maps onto pretrain_gpt.py's flags and passes validate_args at its world size."""
+
+import pytest
+
+from lagom_megatron.training.arguments import build_parser, parse_args, validate_args
+from lagom_megatron.config.presets import available, load_model, load_preset
+
+
+@pytest.mark.parametrize("name", available("presets"))
+def test_preset_is_runnable(name):
+    preset = load_preset(name)
+    dests = {a.dest for a in build_parser()._actions}
+    assert set(preset.to_args()) <= dests, f"preset {name}: keys without a flag: {set(preset.to_args()) - dests}"
+    extra = [] if preset.data.data_path or preset.data.mock_data else ["--mock-data"]
+    args = validate_args(parse_args(["--preset", name, *extra]), preset.world_size)
+    layout = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
+    assert args.data_parallel_size * layout == preset.world_size
+
+
+def test_cpu_demo_presets_arithmetic():
+    # The header comments' arithmetic: 8 samples = micro-batch x micro-batches x DP, 4 ranks.
+    for name, mbs, n_mb in (("cpu-tp2-dp2", 2, 2), ("cpu-pp2-dp2", 1, 4)):
+        args = validate_args(parse_args(["--preset", name, "--mock-data"]), 4)
+        assert (args.micro_batch_size, args.num_microbatches, args.data_parallel_size) == (mbs, n_mb, 2)
+        assert args.global_batch_size == mbs * n_mb * 2 == 8
+        assert args.overlap_grad_reduce
+
+
+def test_tiny_gpt_model():
+    spec = load_model("tiny-gpt")
+    assert spec.hidden_size % spec.num_attention_heads == 0
+    assert spec.vocab_size >= 257 and spec.vocab_size % 2 == 0  # byte ids fit; divisible by TP 2
+    assert spec.hidden_dropout == spec.attention_dropout == 0.0

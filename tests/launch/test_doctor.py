@@ -1,0 +1,315 @@
+"""lagom doctor: one case per rule with the input that triggers it and the level expected, the
+GPU presets passing on their declared clusters, and the command."""
+
+import argparse
+
+import pytest
+
+from lagom_megatron.cli.main import main
+from lagom_megatron.launch.doctor import RULES, Finding, preflight, run_doctor
+
+H100 = {"gpus_per_node": 8, "sm_arch": 90, "nccl_version": "2.27.5", "backend": "nccl"}
+B200 = {"gpus_per_node": 8, "sm_arch": 100, "nccl_version": "2.27.5", "backend": "nccl"}
+CPU = {"gpus_per_node": 4, "sm_arch": 0, "nccl_version": "none", "backend": "gloo"}
+
+
+def base_args(**changes):
+    """A valid layout: world 16 = TP 2 x PP 2 x CP 1 x DP 4; global batch 32 = 1 x 8 x 4."""
+    args = dict(
+        num_layers=8, hidden_size=512, num_attention_heads=16, num_query_groups=4,
+        tensor_model_parallel_size=2, pipeline_model_parallel_size=2, context_parallel_size=1,
+        expert_model_parallel_size=1, sequence_parallel=True, seq_length=1024,
+        micro_batch_size=1, global_batch_size=32, use_distributed_optimizer=True,
+        overlap_grad_reduce=True, overlap_param_gather=True, lagom=True,
+    )
+    args.update(changes)
+    return args
+
+
+BASE_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+def findings_of(args=None, env=None, cluster=H100, world_size=16):
+    return run_doctor(base_args() if args is None else args, BASE_ENV if env is None else env, cluster,
+                      world_size=world_size)
+
+
+def test_base_layout_is_clean():
+    assert findings_of() == []
+
+
+# (case id, args changes, env (None = BASE_ENV), cluster, world size, expected rule, expected level)
+CASES = [
+    ("world-not-divisible", {}, None, {**H100, "gpus_per_node": 2}, 10, "world-size", "error"),
+    ("world-zero", {}, None, H100, 0, "world-size", "error"),
+    ("world-negative", {}, None, H100, -4, "world-size", "error"),
+    ("gpus-per-node-zero", {}, None, {**H100, "gpus_per_node": 0}, 16, "gpus-per-node", "error"),
+    ("world-not-whole-nodes", dict(global_batch_size=48), None, {**H100, "gpus_per_node": 16}, 24,
+     "gpus-per-node", "error"),
+    ("tp-straddles-nodes", dict(tensor_model_parallel_size=4, global_batch_size=48), None,
+     {**H100, "gpus_per_node": 6}, 24, "tp-node", "error"),
+    ("expert-layout", dict(expert_model_parallel_size=8, num_experts=8, tensor_model_parallel_size=1,
+                           sequence_parallel=False, global_batch_size=48), {}, H100, 24, "world-size", "error"),
+    ("batch", dict(global_batch_size=30), None, H100, 16, "batch", "error"),
+    ("heads-tp", dict(num_attention_heads=15, num_query_groups=None, hidden_size=480), None, H100, 16,
+     "heads-tp", "error"),
+    ("query-groups-tp", dict(tensor_model_parallel_size=4, num_query_groups=2, global_batch_size=16),
+     None, H100, 16, "query-groups-tp", "error"),
+    ("heads-vs-groups", dict(num_query_groups=6), None, H100, 16, "query-groups-tp", "error"),
+    ("layers-pp", dict(num_layers=9), None, H100, 16, "layers-pp", "error"),
+    ("vstages-both", dict(num_layers_per_virtual_pipeline_stage=2, num_virtual_stages_per_pipeline_rank=2),
+     None, H100, 16, "virtual-stages", "error"),
+    ("vstages-no-pp", dict(pipeline_model_parallel_size=1, num_virtual_stages_per_pipeline_rank=2,
+                           global_batch_size=64), None, H100, 16, "virtual-stages", "error"),
+    ("layers-per-vstage", dict(num_layers_per_virtual_pipeline_stage=3), None, H100, 16,
+     "virtual-stages", "error"),
+    ("vstages-per-rank", dict(num_virtual_stages_per_pipeline_rank=3), None, H100, 16,
+     "virtual-stages", "error"),
+    ("ep-without-experts", dict(expert_model_parallel_size=2), None, H100, 16, "experts-ep", "error"),
+    ("experts-vs-ep", dict(expert_model_parallel_size=4, num_experts=6), None, H100, 16,
+     "experts-ep", "error"),
+    ("sp-with-tp1", dict(tensor_model_parallel_size=1, num_query_groups=None, global_batch_size=64),
+     {}, H100, 16, "sequence-parallel", "warning"),
+    ("sp-seq-vs-tp", dict(seq_length=1023), None, H100, 16, "sequence-parallel", "error"),
+    ("cp-seq", dict(context_parallel_size=2, seq_length=1026, global_batch_size=16), None, H100, 16,
+     "context-parallel", "error"),
+    ("tp-overlap-without-sp", dict(tp_comm_overlap=True, sequence_parallel=False), None, H100, 16,
+     "tp-comm-overlap", "error"),
+    ("tp-overlap-across-nodes", dict(tp_comm_overlap=True, tensor_model_parallel_size=16,
+                                     num_attention_heads=32, num_query_groups=16, pipeline_model_parallel_size=1,
+                                     global_batch_size=2), None, H100, 32, "tp-comm-overlap", "error"),
+    ("tp-overlap-tp1", dict(tp_comm_overlap=True, tensor_model_parallel_size=1, sequence_parallel=False,
+                            global_batch_size=64), {}, H100, 16, "tp-comm-overlap", "warning"),
+    ("tp-overlap-cpu", dict(tp_comm_overlap=True), {}, CPU, 16, "tp-comm-overlap", "error"),
+    ("param-gather-no-distopt", dict(use_distributed_optimizer=False), None, H100, 16,
+     "overlap-param-gather", "error"),
+    ("param-gather-no-grad-reduce", dict(overlap_grad_reduce=False), None, H100, 16,
+     "overlap-param-gather", "error"),
+    ("param-gather-with-step", dict(overlap_param_gather_with_optimizer_step=True), None, H100, 16,
+     "overlap-param-gather", "error"),
+    ("bucket-size-bool", dict(ddp_bucket_size=True), None, H100, 16, "ddp-bucket-size", "error"),
+    ("bucket-size-unused", dict(ddp_bucket_size=40_000_000, overlap_grad_reduce=False,
+                                overlap_param_gather=False), None, H100, 16, "ddp-bucket-size", "warning"),
+    ("cdmc-missing-tp", {}, {}, H100, 16, "cuda-device-max-connections", "error"),
+    ("cdmc-missing-cp", dict(tensor_model_parallel_size=1, sequence_parallel=False, context_parallel_size=2,
+                             global_batch_size=32), {}, H100, 16, "cuda-device-max-connections", "error"),
+    ("cdmc-fsdp", dict(use_torch_fsdp2=True), None, H100, 16, "cuda-device-max-connections", "error"),
+    ("cdmc-serialises-dp", dict(tensor_model_parallel_size=1, sequence_parallel=False, global_batch_size=64),
+     None, H100, 16, "cuda-device-max-connections", "warning"),
+    ("cdmc-moe-overlap", dict(overlap_moe_expert_parallel_comm=True), None, H100, 16,
+     "cuda-device-max-connections", "warning"),
+    ("nccl-algo-grammar", dict(lagom=False), {**BASE_ENV, "NCCL_ALGO": "allreduce:tree;ring"}, H100, 16, "nccl-env", "error"),
+    ("nccl-proto-ll128", dict(lagom=False), {**BASE_ENV, "NCCL_PROTO": "LL,LL128,Simple"}, H100, 16, "nccl-env", "error"),
+    ("nccl-nthreads", dict(lagom=False), {**BASE_ENV, "NCCL_NTHREADS": "480"}, H100, 16, "nccl-env", "error"),
+    ("nccl-ctas-range", dict(lagom=False), {**BASE_ENV, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "4"}, H100, 16,
+     "nccl-env", "error"),
+    ("nccl-buffsize", dict(lagom=False), {**BASE_ENV, "NCCL_BUFFSIZE": "1000000"}, H100, 16, "nccl-env", "error"),
+    ("nccl-override-ctas", {}, {**BASE_ENV, "NCCL_MIN_CTAS": "2", "NCCL_MAX_CTAS": "16"}, H100, 16,
+     "nccl-override", "warning"),
+    ("nccl-override-algo", {}, {**BASE_ENV, "NCCL_ALGO": "ring,tree"}, H100, 16, "nccl-override", "warning"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_rule_triggers(case):
+    _, changes, env, cluster, world, rule, level = case
+    found = findings_of(base_args(**changes), env, cluster, world)
+    assert {(f.rule, f.level) for f in found} == {(rule, level)}, [str(f) for f in found]
+    for f in found:
+        assert f.what and f.why and f.fix
+
+
+def test_every_rule_has_a_case():
+    rule_ids = {c[5] for c in CASES}
+    assert len(rule_ids) >= 14
+    assert len(RULES) == 13  # a new rule needs a case in CASES
+
+
+def test_query_groups_ignored_without_group_query_attention():
+    """Megatron-LM's parse_args leaves num_query_groups at 1 unless --group-query-attention is given."""
+    args = base_args(num_query_groups=1, group_query_attention=False)
+    assert findings_of(args) == []
+    assert [f.rule for f in findings_of(base_args(num_query_groups=1, group_query_attention=True))] == [
+        "query-groups-tp"]
+
+
+def test_cdmc_not_required_on_blackwell():
+    assert findings_of(env={}, cluster=B200) == []
+
+
+def test_cdmc_error_names_values():
+    (f,) = findings_of(env={"CUDA_DEVICE_MAX_CONNECTIONS": "8"})
+    assert "'8'" in f.what and "TP 2" in f.what and "sm_90" in f.what
+    (f,) = findings_of(env={})
+    assert f.what == "CUDA_DEVICE_MAX_CONNECTIONS is unset with TP 2, CP 1 on sm_90"
+    assert f.fix == "export CUDA_DEVICE_MAX_CONNECTIONS=1"  # no preset: nothing sets it
+
+
+def test_cdmc_fix_names_the_preset_env_only_when_it_sets_it(capsys, monkeypatch):
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    assert main(["doctor", "--no-preset-env", "--preset", "gpt3-13b-h100x64"]) == 1
+    assert "    fix: export CUDA_DEVICE_MAX_CONNECTIONS=1 (the preset's env does this)" in capsys.readouterr().out
+    assert main(["doctor", "--no-preset-env", "--preset", "mixtral-8x7b-h100x32",
+                 "--", "--tensor-model-parallel-size", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "CUDA_DEVICE_MAX_CONNECTIONS is unset with TP 2" in out
+    assert "    fix: export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in out
+
+
+def test_world_size_message_shows_arithmetic():
+    (f,) = findings_of(cluster={**H100, "gpus_per_node": 2}, world_size=10)
+    assert f.what == "world size 10 is not divisible by TP x PP x CP = 2 x 2 x 1 = 4"
+
+
+def test_gloo_skips_node_shape_rules():
+    """CPU ranks are processes on one host: no whole-node or TP-per-node requirement."""
+    assert findings_of(base_args(global_batch_size=24), {}, CPU, 12) == []
+    assert findings_of(base_args(global_batch_size=24), {}, {**CPU, "gpus_per_node": 3}, 12) == []
+    assert [f.rule for f in findings_of(base_args(), {}, CPU, 0)] == ["world-size"]
+
+
+def test_gloo_skips_cuda_and_nccl_rules():
+    env = {"NCCL_NTHREADS": "480", "NCCL_MAX_CTAS": "4"}
+    assert findings_of(env=env, cluster=CPU) == []
+
+
+def test_overrides_only_with_lagom():
+    env = {**BASE_ENV, "NCCL_MIN_CTAS": "2", "NCCL_MAX_CTAS": "16"}
+    assert {f.rule for f in findings_of(base_args(), env)} == {"nccl-override"}
+    assert findings_of(base_args(lagom=False), env) == []
+
+
+def test_namespace_input_reads_world_size_from_environment():
+    ns = argparse.Namespace(**base_args())
+    found = run_doctor(ns, {**BASE_ENV, "WORLD_SIZE": "10"}, {**H100, "gpus_per_node": 2})
+    assert [f.rule for f in found] == ["world-size"]
+
+
+def test_preflight_stops_on_errors():
+    lines = []
+    with pytest.raises(SystemExit) as exc:
+        preflight(base_args(num_layers=9), {**BASE_ENV, "WORLD_SIZE": "16"}, H100, log=lines.append)
+    assert exc.value.code == 1
+    assert "layers-pp" in lines[0] and "1 error(s)" in lines[-1]
+
+
+def test_preflight_returns_warnings():
+    env = {**BASE_ENV, "WORLD_SIZE": "16", "NCCL_ALGO": "ring,tree"}
+    found = preflight(base_args(), env, H100, log=lambda line: None)
+    assert [f.level for f in found] == ["warning"]
+
+
+def test_bad_input_type():
+    with pytest.raises(ValueError, match="Preset, a preset name"):
+        run_doctor(42, {}, H100)
+
+
+def test_finding_text():
+    f = Finding("error", "x", "what happened", "because", "do this")
+    assert str(f).splitlines() == ["error: [x] what happened", "    why: because", "    fix: do this"]
+
+
+def test_command_line_exit_codes(capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    bad = ["doctor", "--world-size", "8", "--", "--tensor-model-parallel-size", "3",
+           "--num-attention-heads", "32", "--num-layers", "4"]
+    assert main(bad) == 1
+    out = capsys.readouterr().out
+    assert "[world-size]" in out and "[heads-tp]" in out and "2 error(s)" in out
+    good = ["doctor", "--world-size", "8", "--", "--tensor-model-parallel-size", "2",
+            "--num-attention-heads", "32", "--num-layers", "4"]
+    assert main(good) == 1  # pretrain_gpt.py would stop: no --hidden-size, ...
+    assert "error: [pretrain-args] --hidden-size is required" in capsys.readouterr().out
+    assert main(["doctor", "--megatron-lm", *good[1:]]) == 0  # a Megatron-LM line: layout only
+    capsys.readouterr()
+    full = ["doctor", "--world-size", "8", "--", "--preset", "cpu-tp2-dp2", "--mock-data"]
+    assert main(full) == 0
+
+
+@pytest.mark.parametrize("extra, what", [
+    (["--lagom-method", "foo"],
+     "error: [command-line] argument --lagom-method: invalid choice: 'foo' "
+     "(choose from 'priority', 'autoccl', 'nccl-default')"),
+    (["--tensor-model-paralel-size", "2"],
+     "error: [command-line] unrecognized arguments: --tensor-model-paralel-size "
+     "(did you mean --tensor-model-parallel-size?) 2"),
+    (["--num-layers", "x"], "error: [command-line] argument --num-layers: invalid int value: 'x'"),
+])
+def test_command_line_is_parsed_by_pretrain_gpt(capsys, extra, what):
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", *extra]) == 1
+    out = capsys.readouterr().out
+    assert what in out.splitlines()
+    assert "1 error(s)" in out
+
+
+def test_command_line_validate_args_and_data_warning(capsys):
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", "--lr", "0.1", "--min-lr", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "error: [pretrain-args] need --lr >= --min-lr >= 0; got --lr 0.1, --min-lr 1.0" in out
+    assert main(["doctor", "--preset", "cpu-tp2-dp2"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: [data] no training data: neither --mock-data nor --data-path is given" in out
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", "--mock-data"]) == 0
+    assert "0 error(s), 0 warning(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option, what", [
+    (["--world-size", "0"], "error: [world-size] world size 0 is not a positive integer"),
+    (["--world-size", "-4"], "error: [world-size] world size -4 is not a positive integer"),
+    (["--gpus-per-node", "0"], "error: [gpus-per-node] GPUs per node 0 is not a positive integer"),
+    (["--gpus-per-node", "3"], "error: [gpus-per-node] world size 64 is not a multiple of the 3 GPUs per node"),
+    (["--gpus-per-node", "3"], "error: [tp-node] tensor_model_parallel_size 2 does not tile the 3 GPUs of a node"),
+])
+def test_command_rejects_bad_node_shapes(capsys, option, what):
+    assert main(["doctor", "--preset", "gpt3-13b-h100x64", *option]) == 1
+    out = capsys.readouterr().out
+    assert what in out.splitlines()
+    assert "fix: " in out
+
+
+def test_missing_tuner_plugin_file_is_an_error(capsys, monkeypatch):
+    monkeypatch.setenv("NCCL_TUNER_PLUGIN", "/nonexist.so")
+    assert main(["doctor", "--preset", "llama3-70b-h100x64"]) == 1
+    out = capsys.readouterr().out
+    assert "error: [nccl-env] NCCL_TUNER_PLUGIN='/nonexist.so': the file does not exist" in out.splitlines()
+    assert "not lagom's plugin" not in out and "1 error(s), 0 warning(s)" in out
+
+
+def test_command_needs_input(capsys):
+    assert main(["doctor"]) == 2
+    assert "give --preset" in capsys.readouterr().err
+
+
+def test_detect_cluster_and_preflight_pretrain(capsys):
+    """Without CUDA the doctor checks against cpu-gloo; $LAGOM_CLUSTER wins when set."""
+    import torch
+
+    from lagom_megatron.launch.doctor import detect_cluster, preflight_pretrain
+
+    assert detect_cluster(environ={"LAGOM_CLUSTER": "a100-ib100"}).name == "a100-ib100"
+    if not torch.cuda.is_available():
+        assert detect_cluster(environ={}).backend == "gloo"
+    ns = argparse.Namespace(**base_args(), preset_name=None)
+    env = {**BASE_ENV, "WORLD_SIZE": "16", "RANK": "0", "LAGOM_CLUSTER": "h100-sxm-ib400"}
+    assert preflight_pretrain(ns, env) == []
+    with pytest.raises(SystemExit):
+        preflight_pretrain(argparse.Namespace(**base_args(num_layers=9)), env)
+    assert "[layers-pp]" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # another rank: stops silently
+        preflight_pretrain(argparse.Namespace(**base_args(num_layers=9)), {**env, "RANK": "3"})
+    assert capsys.readouterr().out == ""
+
+
+def test_pretrain_gpt_with_lagom_stops_on_doctor_errors():
+    """scripts/pretrain_gpt.py --lagom runs the doctor before creating any process group."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "pretrain_gpt.py"
+    env = {**os.environ, "WORLD_SIZE": "4", "RANK": "0", "LAGOM_CLUSTER": "cpu-gloo"}
+    proc = subprocess.run([sys.executable, str(script), "--preset", "cpu-tp2-dp2", "--mock-data", "--lagom",
+                           "--tp-comm-overlap"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "[tp-comm-overlap] tp_comm_overlap is set on a CPU (gloo) cluster" in proc.stdout

@@ -1,0 +1,251 @@
+"""SLURM launch scripts run with fake srun / scontrol / sbatch on PATH: the printed (--dry-run) and
+executed commands, the environment every rank inherits, the plan's env file, and the doctor gate."""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lagom_megatron.launch.slurm import master_port, plan_env_file
+
+ROOT = Path(__file__).resolve().parents[2]
+PER_NODE = ROOT / "scripts" / "slurm" / "lagom_pretrain.sbatch"
+PER_GPU = ROOT / "scripts" / "slurm" / "lagom_pretrain_per_gpu.sbatch"
+PY = sys.executable
+
+FAKE_SRUN = r"""#!/bin/bash
+# records its arguments and the NCCL/CUDA/rendezvous environment; with FAKE_SRUN_EXEC=N runs the
+# command for N tasks with SLURM_PROCID/SLURM_LOCALID set, as srun does
+echo "$@" > "$FAKE_LOG/srun.args"
+env | grep -E '^(NCCL_[A-Z0-9_]*|LAGOM_CLUSTER|CUDA_DEVICE_MAX_CONNECTIONS|MASTER_ADDR|MASTER_PORT|TORCH_NCCL_[A-Z_]*|WORLD_SIZE|LOCAL_WORLD_SIZE)=' | sort > "$FAKE_LOG/srun.env"
+while [[ $# -gt 0 && "$1" == --* ]]; do shift; done
+for ((i = 0; i < ${FAKE_SRUN_EXEC:-0}; i++)); do SLURM_PROCID=$i SLURM_LOCALID=$i "$@" || exit $?; done
+"""
+FAKE_SCONTROL = """#!/bin/bash
+[[ "$1 $2" == "show hostnames" ]] && printf 'node-a07\\nnode-a08\\n'
+"""
+FAKE_SBATCH = """#!/bin/bash
+echo "$@" > "$FAKE_LOG/sbatch.args"
+"""
+FAKE_PRETRAIN = """import os, sys
+print("RANK", os.environ["RANK"], "LOCAL_RANK", os.environ["LOCAL_RANK"], "WORLD_SIZE", os.environ["WORLD_SIZE"],
+      "ARGS", " ".join(sys.argv[1:]))
+"""
+
+
+@pytest.fixture
+def fake(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL), ("sbatch", FAKE_SBATCH)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "log"
+    log.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "NCCL_", "CUDA_DEVICE_MAX", "MASTER_", "WORLD_SIZE"))}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", FAKE_LOG=str(log), LAGOM_PYTHON=PY, LAGOM_ROOT=str(ROOT))
+
+    def run(script, *args, slurm=True, extra_env=None):
+        e = dict(env)
+        if slurm:
+            e.update(SLURM_JOB_ID="123456", SLURM_JOB_NODELIST="node-a[07-08]")
+        e.update(extra_env or {})
+        return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=e, cwd=tmp_path)
+
+    run.log = log
+    run.tmp = tmp_path
+    return run
+
+
+def test_per_node_dry_run_prints_exact_commands(fake):
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-70b-h100x64", "--", "--train-iters", "50")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:5] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
+                         "export NCCL_P2P_NET_CHUNKSIZE=2097152", "export NCCL_DEBUG=WARN",
+                         "export LAGOM_CLUSTER=h100-sxm-ib400"]
+    lines = lines[:4] + lines[5:]
+    doctor = shlex.split(lines[4])
+    assert doctor[:5] == [PY, "-m", "lagom_megatron.cli", "doctor", "--no-preset-env"]
+    assert lines[5] == f"export MASTER_ADDR=node-a07 MASTER_PORT={20000 + 123456 % 40000}"
+    srun = shlex.split(lines[6])
+    train = str(ROOT / "scripts" / "pretrain_gpt.py")
+    assert srun == ["srun", "--kill-on-bad-exit=1", "--nodes=8", "--ntasks-per-node=1", "--export=ALL", PY, "-m",
+                    "torch.distributed.run", "--nnodes=8", "--nproc-per-node=8", "--rdzv-id=123456",
+                    "--rdzv-backend=c10d", "--rdzv-endpoint=node-a07:23456", "--max-restarts=0", train,
+                    "--preset", "llama3-70b-h100x64", "--train-iters", "50"]
+    assert len(lines) == 7
+    assert not (fake.log / "srun.args").exists()  # dry run: srun never called
+    assert "0 error(s)" in proc.stderr
+
+
+def test_per_gpu_dry_run_prints_exact_commands(fake):
+    proc = fake(PER_GPU, "--dry-run", "--preset", "llama2-7b-a100x32-ib100", slurm=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:4] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
+                         "export NCCL_DEBUG=WARN", "export LAGOM_CLUSTER=a100-ib100"]
+    lines = lines[:3] + lines[4:]
+    assert lines[4] == "export MASTER_ADDR=FIRST_NODE_OF_THE_ALLOCATION MASTER_PORT=29500"
+    assert lines[5] == "export WORLD_SIZE=32 LOCAL_WORLD_SIZE=8 OMP_NUM_THREADS=1"
+    srun = shlex.split(lines[6])
+    assert srun[:5] == ["srun", "--kill-on-bad-exit=1", "--nodes=4", "--ntasks-per-node=8", "--export=ALL"]
+    assert srun[5:9] == ["bash", "-c", 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID; exec "$@"', "lagom-rank"]
+    assert srun[9:] == [PY, str(ROOT / "scripts" / "pretrain_gpt.py"), "--preset", "llama2-7b-a100x32-ib100"]
+
+
+def test_per_node_run_exports_settings_to_every_rank(fake):
+    proc = fake(PER_NODE, "--preset", "llama3-8b-h100x8", extra_env={"SLURM_JOB_NUM_NODES": "1"})
+    assert proc.returncode == 0, proc.stderr
+    env = (fake.log / "srun.env").read_text().splitlines()
+    assert env == ["CUDA_DEVICE_MAX_CONNECTIONS=1", "LAGOM_CLUSTER=h100-sxm-ib400", "MASTER_ADDR=node-a07", "MASTER_PORT=23456",
+                   "NCCL_DEBUG=WARN", "TORCH_NCCL_AVOID_RECORD_STREAMS=1"]
+    assert (fake.log / "srun.args").read_text().startswith("--kill-on-bad-exit=1 --nodes=1 ")
+
+
+def test_per_gpu_ranks_from_slurm_and_megatron_lm_flags(fake):
+    mlm = fake.tmp / "Megatron-LM"
+    mlm.mkdir()
+    (mlm / "pretrain_gpt.py").write_text(FAKE_PRETRAIN)
+    proc = fake(PER_GPU, "--preset", "llama2-7b-a100x32-ib100", "--megatron-lm", str(mlm), "--", "--train-iters", "3",
+                extra_env={"FAKE_SRUN_EXEC": "2"})
+    assert proc.returncode == 0, proc.stderr
+    ranks = [line.split(" ARGS ")[0] for line in proc.stdout.splitlines() if line.startswith("RANK")]
+    assert ranks == ["RANK 0 LOCAL_RANK 0 WORLD_SIZE 32", "RANK 1 LOCAL_RANK 1 WORLD_SIZE 32"]
+    args = proc.stdout.splitlines()[-1].split(" ARGS ")[1].split()
+    for flag in ("--tensor-model-parallel-size 2", "--num-query-groups 32 --group-query-attention",
+                 "--disable-bias-linear", "--rotary-base 10000", "--lagom-plan runs/llama2-7b-a100x32-ib100/plan.json"):
+        assert flag in " ".join(args), flag
+    assert args[-2:] == ["--train-iters", "3"]
+    assert "--preset" not in args
+
+
+def test_plan_env_file_is_sourced_before_srun(fake):
+    plan = fake.tmp / "plan.json"
+    plan.write_text("{}")
+    (fake.tmp / "plan.env").write_text("NCCL_NTHREADS=256\nNCCL_BUFFSIZE=8388608\n")
+    proc = fake(PER_NODE, "--preset", "llama3-8b-h100x8", "--plan", str(plan))
+    assert proc.returncode == 0, proc.stderr
+    env = (fake.log / "srun.env").read_text().splitlines()
+    assert "NCCL_NTHREADS=256" in env and "NCCL_BUFFSIZE=8388608" in env
+    assert (fake.log / "srun.args").read_text().split()[-2:] == ["--lagom-plan", str(plan)]
+    dry = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(plan))
+    assert f"set -a; source {fake.tmp / 'plan.env'}; set +a" in dry.stdout.splitlines()
+
+
+def test_doctor_errors_stop_the_launch(fake):
+    proc = fake(PER_NODE, "--preset", "llama3-8b-h100x8", "--", "--tensor-model-parallel-size", "3")
+    assert proc.returncode == 1
+    assert "[world-size]" in proc.stderr and "not launching" in proc.stderr
+    assert not (fake.log / "srun.args").exists()
+
+
+@pytest.mark.parametrize("extra, what", [
+    (["--lagom-method", "foo"], "invalid choice: 'foo' (choose from 'priority', 'autoccl', 'nccl-default')"),
+    (["--tensor-model-paralel-size", "2"], "unrecognized arguments: --tensor-model-paralel-size"),
+])
+def test_bad_pretrain_flags_stop_at_the_doctor(fake, extra, what):
+    proc = fake(PER_NODE, "--preset", "llama3-70b-h100x64", "--dry-run", "--", *extra)
+    assert proc.returncode == 1, proc.stderr
+    assert f"error: [command-line] " in proc.stderr and what in proc.stderr
+    assert "lagom doctor found errors; not launching" in proc.stderr
+    assert "srun" not in proc.stdout.split("lagom_megatron.cli doctor")[-1]
+    assert not (fake.log / "srun.args").exists()
+
+
+@pytest.mark.parametrize("script", [PER_NODE, PER_GPU], ids=["per-node", "per-gpu"])
+def test_help_prints_usage(fake, script):
+    proc = fake(script, "--help", slurm=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Megatron pretraining with lagom on SLURM")
+    assert "Options: --preset NAME|PATH (required)" in proc.stdout and "#" not in proc.stdout.split("\n")[0]
+    assert proc.stderr == ""
+
+
+def test_missing_plan_is_announced_and_its_folder_created(fake):
+    plan = fake.tmp / "runs" / "new" / "plan.json"
+    dry = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(plan))
+    assert dry.returncode == 0, dry.stderr
+    assert (f"lagom_pretrain: warning: plan {plan} does not exist; this run searches a new plan and saves it there"
+            in dry.stderr.splitlines())
+    assert not plan.parent.exists()  # a dry run creates nothing
+    proc = fake(PER_GPU, "--preset", "llama2-7b-a100x32-ib100", "--plan", str(plan),
+                extra_env={"SLURM_JOB_NUM_NODES": "4"})
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: plan" in proc.stderr and plan.parent.is_dir()
+    assert (fake.log / "srun.args").read_text().split()[-2:] == ["--lagom-plan", str(plan)]
+    plan.write_text("{}")
+    again = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(plan))
+    assert again.returncode == 0 and "warning: plan" not in again.stderr
+
+
+def test_plan_under_a_file_or_a_directory_is_refused(fake):
+    (fake.tmp / "afile").write_text("")
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(fake.tmp / "afile" / "plan.json"))
+    assert proc.returncode == 2
+    assert f"cannot write the plan under {fake.tmp / 'afile'} (not a writable folder)" in proc.stderr
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(fake.tmp))
+    assert proc.returncode == 2 and "is a directory; give the plan's file" in proc.stderr
+
+
+def test_bad_plan_env_values_stop_the_launch(fake):
+    plan = fake.tmp / "plan.json"
+    plan.write_text("{}")
+    (fake.tmp / "plan.json.env").write_text("export NCCL_NTHREADS=480\n")
+    proc = fake(PER_GPU, "--preset", "llama2-7b-a100x32-ib100", "--plan", str(plan))
+    assert proc.returncode == 1 and "NCCL_NTHREADS=480" in proc.stderr
+    assert not (fake.log / "srun.args").exists()
+
+
+def test_submit_uses_the_preset_shape(fake):
+    proc = fake(PER_GPU, "--submit", "--preset", "llama2-7b-a100x32-ib100", slurm=False)
+    assert proc.returncode == 0, proc.stderr
+    args = (fake.log / "sbatch.args").read_text().split()
+    assert args == ["--job-name=lagom-llama2-7b-a100x32-ib100", "--nodes=4", "--ntasks-per-node=8",
+                    "--gpus-per-node=8", "--time=01:00:00", "--exclusive", str(PER_GPU),
+                    "--preset", "llama2-7b-a100x32-ib100"]
+
+
+def test_allocation_of_the_wrong_size_is_refused(fake):
+    proc = fake(PER_NODE, "--preset", "llama3-70b-h100x64", extra_env={"SLURM_JOB_NUM_NODES": "2"})
+    assert proc.returncode == 2
+    assert "has 2 nodes but preset 'llama3-70b-h100x64' needs 8" in proc.stderr
+
+
+def test_outside_an_allocation_without_dry_run(fake):
+    proc = fake(PER_NODE, "--preset", "llama3-8b-h100x8", slurm=False)
+    assert proc.returncode == 2 and "not inside a SLURM allocation" in proc.stderr
+
+
+def test_master_port_and_plan_env_helpers(tmp_path):
+    assert master_port({"SLURM_JOB_ID": "123456"}) == 23456
+    assert master_port({}) == 29500
+    assert plan_env_file(str(tmp_path / "p.json")) is None
+    (tmp_path / "p.env").write_text("")
+    assert plan_env_file(str(tmp_path / "p.json")) == tmp_path / "p.env"
+
+
+def test_launch_env_refuses_presets_without_a_slurm_shape(capsys):
+    from lagom_megatron.launch.slurm import main
+
+    assert main(["--preset", "cpu-tp2-dp2"]) == 2
+    assert "preset 'cpu-tp2-dp2' has no slurm section" in capsys.readouterr().err
+
+
+def test_launch_env_checks_world_size_against_slurm_shape(tmp_path):
+    from lagom_megatron.launch.slurm import shell_lines
+    from lagom_megatron.config.presets import load_preset
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: llama3-8b\ncluster: h100-sxm-ib400\nworld_size: 16\nslurm: {nodes: 1, gpus_per_node: 8}\n")
+    with pytest.raises(ValueError, match=r"world_size 16 != slurm.nodes x slurm.gpus_per_node = 1 x 8"):
+        shell_lines(load_preset(bad), layout="per-node", root="/src", environ={})
+    lines = shell_lines(load_preset("gpt3-13b-h100x64"), layout="per-gpu", root="/src", environ={},
+                        megatron_lm="/mlm", extra=["--train-iters", "2"])
+    train = shlex.split(lines[-1][len("LAGOM_TRAIN=("):-1])
+    assert train[0] == "/mlm/pretrain_gpt.py" and train[-2:] == ["--train-iters", "2"]
+    assert "--ntasks-per-node=8" in lines[-2] and "--nodes=8" in lines[-2]

@@ -1,0 +1,121 @@
+"""Controller decisions and rank consensus that need no processes: plan reuse vs. re-search by
+fingerprint, slowest-rank merge of measurements, digest check."""
+
+import math
+
+import pytest
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.plan import Plan, PlanEntry
+from lagom_megatron.megatron import consensus
+from lagom_megatron.megatron.controller import LagomController
+
+
+def _plan(fingerprint):
+    entry = PlanEntry(config=CommConfig(n_channels=1), predicted_t_comm_us=10.0, predicted_t_region_us=12.0,
+                      group="dp", op="reduce_scatter", nbytes=4096, group_size=2)
+    return Plan(entries={"dp.grad_reduce_scatter[chunk0.bucket0]": entry}, fingerprint=fingerprint, backend="gloo")
+
+
+FP = {"hidden_size": 128, "num_layers": 4, "tensor_model_parallel_size": 2, "world_size": 4, "backend": "gloo"}
+
+
+def test_mismatched_fingerprint_means_re_search_with_a_warning_naming_the_field(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    other = _plan(dict(FP, hidden_size=256))
+    other.save(path)
+    ctl = LagomController(plan_path=str(path))
+    ctl.fingerprint = dict(FP)
+    assert ctl._try_reuse_plan() is False
+    out = capsys.readouterr().out
+    assert "fingerprint differs in hidden_size" in out and "plan 256 vs run 128" in out, out
+    assert ctl.mode == "off" and ctl.plan is None
+    # the other run's plan is moved aside under its digest, never overwritten by the new search
+    kept = tmp_path / f"plan.{other.digest()[:12]}.json"
+    assert not path.exists() and Plan.load(kept).digest() == other.digest()
+    assert f"the other plan is kept as {kept}" in out, out
+
+
+def test_plan_rejected_by_its_verification_is_not_applied_again(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    _plan(dict(FP)).with_stats(verification="fell_back", verification_reason="gain 0.1% below noise 2%").save(path)
+    ctl = LagomController(plan_path=str(path))
+    ctl.fingerprint = dict(FP)
+    assert ctl._try_reuse_plan() is True  # no new search either: the verdict stands
+    out = capsys.readouterr().out
+    assert "phase reverted to defaults" in out and "gain 0.1% below noise 2%" in out, out
+    assert ctl.summary()["phase"].startswith("reverted")
+
+
+def test_never_verified_plan_is_verified_not_applied_blind(tmp_path, capsys, monkeypatch):
+    from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.engine.tuner import Phase
+
+    path = tmp_path / "plan.json"
+    _plan(dict(FP)).save(path)  # as `lagom search` writes it: no verification verdict
+    ctl = LagomController(plan_path=str(path), verify_iters=2)
+    ctl.fingerprint, ctl.cluster, ctl.backend = dict(FP), ClusterSpec.load("cpu-gloo"), "gloo"
+    monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: None)
+    assert ctl._try_reuse_plan() is True
+    out = capsys.readouterr().out
+    assert "phase verifying" in out and "never verified" in out and "5 iterations to verify it" in out, out
+    assert ctl.mode == "tune" and ctl.tuner.phase is Phase.SEARCHED
+    assert ctl.tuner.next_step().kind == "settle" and ctl.tuner.next_step().assignment == {
+        "dp.grad_reduce_scatter[chunk0.bucket0]": CommConfig(n_channels=1)}
+
+
+def test_unreadable_plan_means_re_search(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text("{not json")
+    ctl = LagomController(plan_path=str(path))
+    ctl.fingerprint = dict(FP)
+    assert ctl._try_reuse_plan() is False
+    assert "cannot reuse plan" in capsys.readouterr().out
+
+
+def test_run_directory_defaults():
+    ctl = LagomController(plan_path="runs/a/plan.json")
+    assert (str(ctl.run_dir), str(ctl.profile_path), str(ctl.report_path)) == ("runs/a", "runs/a/profile.json", "runs/a/report.md")
+    assert str(LagomController().plan_path) == "lagom_out/run/plan.json"
+    assert str(LagomController(preset_name="cpu-pp2-dp2").plan_path) == "lagom_out/cpu-pp2-dp2/plan.json"
+
+
+def test_merge_keeps_the_slowest_rank_per_region(monkeypatch):
+    site = {"site_id": "tp.sp_all_gather[0]", "op": "all_gather", "nbytes": 100, "dtype": "float32",
+            "group": "tp", "group_size": 2, "n_nodes": 1, "calls_per_iter": 2}
+    ranks = [
+        ({"tp.sp_all_gather[0]": site}, {"tp.sp_all_gather[0]": (50.0, math.nan, 70.0)}, 1000.0),
+        ({"tp.sp_all_gather[0]": dict(site, nbytes=120)}, {"tp.sp_all_gather[0]": (40.0, 30.0, 90.0),
+                                                            "pp.send_recv": (5.0, 0.0, 5.0)}, 1200.0),
+        ({}, {"tp.sp_all_gather[0]": (45.0, 35.0, 60.0)}, 900.0),
+    ]
+    monkeypatch.setattr(consensus, "_all_gather", lambda obj: ranks)
+    sites, timings, it_us = consensus.merge_measurements({}, {}, 0.0)
+    assert it_us == 1200.0
+    assert sites["tp.sp_all_gather[0]"]["nbytes"] == 120
+    assert timings["tp.sp_all_gather[0]"] == (50.0, 35.0, 90.0)
+    assert timings["pp.send_recv"] == (5.0, 0.0, 5.0)
+
+
+def test_digest_mismatch_raises_naming_the_rank(monkeypatch):
+    plan = _plan(FP)
+    assert consensus.agree_plan(plan, from_dict=Plan.from_dict).digest() == plan.digest()  # one process
+    # the first all-gather carries the "search failed" flags (none failed), the second the digests
+    monkeypatch.setattr(consensus, "_all_gather", lambda d: [d, d, d] if isinstance(d, bool) else [d, "0" * 64, d])
+    with pytest.raises(consensus.PlanDisagreement, match=r"plan digest mismatch: rank 0 has \w{12}, rank 1 000000000000"):
+        consensus.agree_plan(plan, from_dict=Plan.from_dict)
+
+
+def test_fault_injection_changes_the_digest_not_the_routing(monkeypatch):
+    plan = _plan(FP)
+    monkeypatch.setenv(consensus.FAULT_ENV, "0")
+    perturbed = consensus.agree_plan(plan, from_dict=Plan.from_dict)  # rank 0 of 1: its own copy changes
+    assert perturbed.digest() != plan.digest()
+    assert {k: e.config for k, e in perturbed.entries.items()} == {k: e.config for k, e in plan.entries.items()}
+
+
+def test_a_search_failure_on_one_rank_aborts_tuning_on_every_rank(monkeypatch):
+    # rank 0 searched fine, rank 1 failed (plan None): every rank must raise, none may wait in the broadcast
+    monkeypatch.setattr(consensus, "_all_gather", lambda obj: [False, True])
+    with pytest.raises(consensus.PlanDisagreement, match=r"search failed on rank\(s\) \[1\]"):
+        consensus.agree_plan(_plan(dict(FP)), from_dict=Plan.from_dict)

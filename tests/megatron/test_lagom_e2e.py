@@ -1,0 +1,153 @@
+"""``--lagom`` end to end on 4 gloo processes: sites, phases, files, identical losses, plan reuse,
+digest mismatch, hook removal.
+
+Two torchrun launches (tests/megatron/lagom_harness.py runs several trainings per launch):
+
+* TP=2 x DP=2 (sequence parallel, distributed optimizer, overlapped grad reduce and param gather):
+  defaults, ``--lagom`` (searches and writes plan, profile, report), ``--lagom`` again with the
+  saved plan (applied from the first iteration, no profiling);
+* PP=2 x DP=2 (1F1B, overlapped grad reduce): defaults, ``--lagom`` with rank 1's plan copy
+  perturbed (``LAGOM_INJECT_DIGEST_FAULT=1``): tuning aborted, defaults kept, training continues;
+  then ``--lagom`` again without the fault (the plan is applied in the verification iterations).
+
+Same seed, same data: every run's losses must equal its layout's default run bit for bit (the
+groups are of size 2, so chunked reductions add in the same order).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lagom_megatron.engine.plan import Plan
+from lagom_megatron.nccl.env_file import read_env_file, validate_process_env
+from lagom_megatron.engine.profile import Profile
+
+pytestmark = pytest.mark.distributed
+
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS = ROOT / "tests" / "megatron" / "lagom_harness.py"
+ITERS = 12
+COMMON = ["--mock-data", "--train-iters", str(ITERS), "--log-interval", "1",
+          "--lagom-warmup-iters", "1", "--lagom-verify-iters", "2"]
+
+
+def _launch(tmp_path: Path, name: str, runs: list[dict]) -> tuple[dict, dict[str, str]]:
+    spec = tmp_path / f"{name}.spec.json"
+    out = tmp_path / f"{name}.out.json"
+    spec.write_text(json.dumps({"runs": runs}))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(HARNESS), str(spec), str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    logs: dict[str, str] = {}
+    current = None
+    for line in proc.stdout.splitlines():
+        if line.startswith("HARNESS RUN "):
+            current = line.split(" ", 2)[2]
+            logs[current] = ""
+        elif current is not None:
+            logs[current] += line + "\n"
+    return json.loads(out.read_text()), logs
+
+
+def _check_hooks_removed(result: dict, *, lagom: bool) -> None:
+    assert not result["not_restored"], f"patched names left behind: {result['not_restored']}"
+    assert not result["installed_after"], "patches.installed() is still set after training"
+    if lagom:
+        assert result["patched_during"] >= 9, f"got {result['patched_during']} patched entry points during training"
+    else:
+        assert result["patched_during"] == 0
+
+
+def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
+    plan = tmp_path / "run" / "plan.json"
+    report = tmp_path / "run" / "report.json"
+    report2 = tmp_path / "run" / "report_reuse.json"
+    base = ["--preset", "cpu-tp2-dp2", *COMMON]
+    results, logs = _launch(tmp_path, "tp", [
+        {"name": "default", "argv": base},
+        {"name": "lagom", "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report)]},
+        {"name": "reuse", "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report2)]},
+    ])
+    default, tuned, reused = results["default"], results["lagom"], results["reuse"]
+    assert len(default["losses"]) == ITERS and all(math.isfinite(x) for x in default["losses"])
+    assert tuned["losses"] == default["losses"], f"got {tuned['losses']} but should be {default['losses']}"
+    assert reused["losses"] == default["losses"], f"got {reused['losses']} but should be {default['losses']}"
+    _check_hooks_removed(default, lagom=False)
+    _check_hooks_removed(tuned, lagom=True)
+    _check_hooks_removed(reused, lagom=True)
+
+    log = logs["lagom"]
+    for phase in ("lagom: phase profiling", "lagom: phase searching", "lagom: phase verifying"):
+        assert phase in log, f"{phase!r} missing from the log:\n{log}"
+    assert ("lagom: phase applied" in log) or ("lagom: phase reverted to defaults" in log), log
+    profile = Profile.load(plan.parent / "profile.json")
+    ids = {s.site_id for s in profile.sites}
+    assert any(i.startswith("dp.grad_reduce_scatter[chunk0.bucket") for i in ids), sorted(ids)
+    assert any(i.startswith("dp.param_all_gather[chunk0.bucket") for i in ids), sorted(ids)
+    # 4 layers x (QKV, FC1) + output layer: 9 column-parallel linears, each with an async SP all-gather
+    # and reduce-scatter in backward, per micro-batch (2 micro-batches: calls_per_iter 2).
+    for kind in ("tp.sp_all_gather", "tp.sp_reduce_scatter"):
+        sites = [s for s in profile.sites if s.site_id.startswith(kind + "[")]
+        assert len(sites) == 9, f"got {len(sites)} {kind} sites but should be 9: {sorted(ids)}"
+        assert all(s.calls_per_iter == 2 and s.group == "tp" and s.group_size == 2 for s in sites)
+        # micro-batch 2 x seq 128 x hidden 128 fp32 = 131072 bytes gathered per call
+        assert all(s.nbytes == 2 * 128 * 128 * 4 for s in sites), [s.nbytes for s in sites]
+    assert {s.site_id for s in profile.sites} == {s.site_id for s in profile.samples}
+    saved = Plan.load(plan)
+    assert set(saved.entries) == ids
+    # the process-scope knobs go to an env file beside the plan for the launch scripts to source
+    assert read_env_file(plan.with_suffix(".env")) == validate_process_env(saved.env)
+    rep = json.loads(report.read_text())
+    assert rep["summary"]["plan_digest"] == saved.digest()  # stats (verification outcome) are not digested
+    assert {r["site_id"] for r in rep["rows"]} == ids
+    assert report.with_suffix(".png").stat().st_size > 1000
+    # the training kept going after lagom finished
+    assert "iteration       12/      12" in log
+
+    log2 = logs["reuse"]
+    assert "profiling and search skipped" in log2, log2
+    if saved.stats.get("verification") == "fell_back":  # a plan its verification rejected is not applied again
+        assert "lagom: phase reverted to defaults" in log2 and "verification kept the defaults" in log2, log2
+    else:
+        assert "lagom: phase applied" in log2, log2
+    assert "lagom: phase profiling" not in log2 and "lagom: phase searching" not in log2, log2
+
+
+def test_pp2_dp2_digest_mismatch_keeps_defaults_and_plan_keeps_losses(tmp_path):
+    plan = tmp_path / "run" / "plan.json"
+    report = tmp_path / "run" / "report.json"
+    base = ["--preset", "cpu-pp2-dp2", *COMMON]
+    results, logs = _launch(tmp_path, "pp", [
+        {"name": "default", "argv": base},
+        {"name": "fault", "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report)],
+         "env": {"LAGOM_INJECT_DIGEST_FAULT": "1"}},
+        {"name": "lagom", "argv": [*base, "--lagom", "--lagom-plan", str(tmp_path / "ok" / "plan.json")]},
+    ])
+    default, fault, tuned = results["default"], results["fault"], results["lagom"]
+    # the searched plan is applied in the verification iterations: same losses
+    assert tuned["losses"] == default["losses"], f"got {tuned['losses']} but should be {default['losses']}"
+    assert "lagom: phase verifying (iteration 9, plan)" in logs["lagom"], logs["lagom"]
+    assert "pp.send_recv" in Plan.load(tmp_path / "ok" / "plan.json").entries
+    assert len(fault["losses"]) == ITERS, "training stopped after the aborted tuning"
+    assert fault["losses"] == default["losses"], f"got {fault['losses']} but should be {default['losses']}"
+    _check_hooks_removed(fault, lagom=True)
+    log = logs["fault"]
+    assert "plan digest mismatch" in log and "rank 1" in log, log
+    assert "phase reverted to defaults" in log, log
+    rep = json.loads(report.read_text())
+    assert rep["summary"]["phase"] == "fell_back"
+    assert "rank agreement failed" in rep["summary"]["reason"]
+    ids = {r["site_id"] for r in rep["rows"]}
+    assert "pp.send_recv" in ids, sorted(ids)
+    # each pipeline stage has its own buckets: stage-local ids
+    for stage in (0, 1):
+        assert any(i.startswith(f"dp.grad_all_reduce[stage{stage}.chunk0.bucket") for i in ids), sorted(ids)
+    assert not plan.exists(), "a plan that failed agreement must not be saved"

@@ -1,0 +1,100 @@
+"""patches.install / remove: every entry point is replaced, delegates to the router, and is restored."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+import torch.distributed as dist  # noqa: E402
+from megatron.core.distributed import param_and_grad_buffer as pgb  # noqa: E402
+from megatron.core.pipeline_parallel import p2p_communication as p2p  # noqa: E402
+from megatron.core.tensor_parallel import layers  # noqa: E402
+
+from lagom_megatron.megatron import patches  # noqa: E402
+
+from .lagom_harness import _originals as _names  # noqa: E402  (the names lagom patches, one list)
+
+
+class Recorder:
+    """A router that records what the wrappers hand it and returns a marker."""
+
+    def __init__(self):
+        self.calls = []
+
+    def collective(self, op, orig, args, kwargs):
+        self.calls.append(("collective", op, orig, args, kwargs))
+        return "routed"
+
+    def bucket_sync(self, bucket_group, kind, orig, args, kwargs):
+        self.calls.append(("bucket", kind, bucket_group, args, kwargs))
+        return "bucket"
+
+    def p2p(self, communicator, orig, kwargs):
+        self.calls.append(("p2p", communicator, kwargs))
+        return "p2p"
+
+    def scope(self, kind, *, per_microbatch):
+        import contextlib
+
+        self.calls.append(("scope", kind, per_microbatch))
+        return contextlib.nullcontext()
+
+
+class Config:
+    def __init__(self):
+        self.finalize_model_grads_func = lambda *a, **k: ("finalized", a, k)
+
+
+def test_install_routes_every_entry_point_and_remove_restores_them():
+    before = _names()
+    cfg = Config()
+    original_finalize = cfg.finalize_model_grads_func
+    router = Recorder()
+    handle = patches.install(router, model_configs=[cfg])
+    try:
+        during = _names()
+        changed = sorted(k for k in before if before[k] is not during[k])
+        assert changed == sorted(before), f"not patched: {sorted(set(before) - set(changed))}"
+        assert patches.installed() is handle
+        assert len(handle.patched) >= len(before) + 1  # + finalize_model_grads_func (+ MoE dispatcher)
+        # module-level aliases reach the router with Megatron's arguments untouched
+        assert layers.dist_all_gather_func("out", "inp", group="g", async_op=True) == "routed"
+        assert router.calls[-1][1] == "all_gather" and router.calls[-1][3] == ("out", "inp")
+        assert router.calls[-1][4] == {"group": "g", "async_op": True}
+        assert router.calls[-1][2] is before["layers.dist_all_gather_func"]
+        assert pgb.dist_reduce_scatter_func("o", "i") == "routed" and router.calls[-1][1] == "reduce_scatter"
+        assert dist.all_reduce("t") == "routed" and router.calls[-1][1] == "all_reduce"
+        bg = object.__new__(pgb._ParamAndGradBucketGroup)
+        assert bg.start_grad_sync(force_all_reduce=True) == "bucket"
+        assert router.calls[-1][:3] == ("bucket", "grad", bg) and router.calls[-1][4] == {"force_all_reduce": True}
+        assert bg.start_param_sync() == "bucket" and router.calls[-1][1] == "param"
+        comm = object.__new__(p2p.P2PCommunicator)
+        assert comm._communicate(tensor_send_next=None, recv_prev=True) == "p2p"
+        assert router.calls[-1][2] == {"tensor_send_next": None, "recv_prev": True}
+        result = cfg.finalize_model_grads_func([1], num_tokens=3)
+        assert result == ("finalized", ([1],), {"num_tokens": 3})
+        assert ("scope", "finalize_all_reduce", False) in router.calls
+        with pytest.raises(RuntimeError, match="already installed"):
+            patches.install(Recorder())
+    finally:
+        handle.remove()
+    after = _names()
+    assert all(before[k] is after[k] for k in before), [k for k in before if before[k] is not after[k]]
+    assert cfg.finalize_model_grads_func is original_finalize
+    assert patches.installed() is None
+    handle.remove()  # idempotent
+    second = patches.install(Recorder())  # allowed again after remove
+    second.remove()
+    assert all(before[k] is v for k, v in _names().items())
+
+
+def test_gloo_threads_rejects_bad_values_and_restores():
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d.ProcessGroupGloo
+    with pytest.raises(ValueError, match="gloo worker threads must be >= 1; got 0"):
+        with patches.gloo_threads(0):
+            pass
+    with patches.gloo_threads(3):
+        assert c10d.ProcessGroupGloo is not original and issubclass(c10d.ProcessGroupGloo, original)
+    assert c10d.ProcessGroupGloo is original

@@ -1,0 +1,276 @@
+"""NCCL pool entries: option mapping per torch version (fake Options classes), environment
+refusals, scoped environment, and the refusal when NCCL is not available (CPU torch)."""
+
+import os
+
+import pytest
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.nccl.env_vars import PER_COMMUNICATOR_OVERRIDES
+from lagom_megatron.nccl import pool as nccl_pool
+from lagom_megatron.nccl.pool import (
+    build_options,
+    check_env_conflicts,
+    create_nccl_pool_entry,
+    nccl_config_fields,
+    nccl_options_for,
+    scoped_env,
+)
+
+TORCH_25_FIELDS = ("blocking", "cga_cluster_size", "min_ctas", "max_ctas", "net_name", "split_share")
+TORCH_28_FIELDS = TORCH_25_FIELDS + ("traffic_class", "collnet_enable", "cta_policy", "nvls_ctas")
+
+
+def make_options_cls(field_names):
+    """A stand-in for ProcessGroupNCCL.Options whose config binds exactly ``field_names``."""
+
+    class FakeConfig:
+        __slots__ = field_names
+
+        def __init__(self):
+            for name in field_names:
+                setattr(self, name, -1)
+
+    class FakeOptions:
+        def __init__(self, is_high_priority_stream=False):
+            self.is_high_priority_stream = is_high_priority_stream
+            self.config = FakeConfig()
+
+    return FakeOptions
+
+
+@pytest.mark.parametrize("torch_fields", [TORCH_25_FIELDS, TORCH_28_FIELDS], ids=["torch2.5-2.7", "torch2.8+"])
+def test_fields_are_detected_from_the_options_class(torch_fields):
+    assert nccl_config_fields(make_options_cls(torch_fields)) == frozenset(torch_fields)
+
+
+@pytest.mark.parametrize("torch_fields, expect_nvls", [(TORCH_25_FIELDS, False), (TORCH_28_FIELDS, True)],
+                         ids=["torch2.5-2.7", "torch2.8+"])
+def test_channels_map_to_both_cta_ends(torch_fields, expect_nvls):
+    cfg = CommConfig(n_channels=6, cga_cluster_size=2)
+    mapping = nccl_options_for(cfg, fields=nccl_config_fields(make_options_cls(torch_fields)))
+    expected = {"min_ctas": 6, "max_ctas": 6, "cga_cluster_size": 2}
+    if expect_nvls:
+        expected["nvls_ctas"] = 6
+    assert mapping == {"config": expected, "env": {}}
+    opts = build_options(mapping["config"], options_cls=make_options_cls(torch_fields), high_priority_stream=True)
+    assert (opts.config.min_ctas, opts.config.max_ctas, opts.config.cga_cluster_size) == (6, 6, 2)
+    assert opts.config.blocking == 1 and opts.is_high_priority_stream is True
+    assert getattr(opts.config, "nvls_ctas", None) == (6 if expect_nvls else None)
+
+
+def test_cta_policy_needs_torch_28():
+    cfg = CommConfig(cta_policy="efficiency")
+    assert nccl_options_for(cfg, fields=TORCH_28_FIELDS)["config"] == {"cta_policy": 1}
+    with pytest.raises(ValueError, match=r"cta_policy needs NCCLConfig.cta_policy.*torch >= 2.8"):
+        nccl_options_for(cfg, fields=TORCH_25_FIELDS)
+    assert nccl_options_for(CommConfig(cta_policy="ZERO"), fields=TORCH_28_FIELDS)["config"] == {"cta_policy": 2}
+    with pytest.raises(ValueError, match="ZERO needs NCCL >= 2.28"):
+        nccl_options_for(CommConfig(cta_policy="ZERO"), fields=TORCH_28_FIELDS, nccl_version=(2, 27, 5))
+    with pytest.raises(ValueError, match=r"cta_policy must be one of \['DEFAULT', 'EFFICIENCY', 'ZERO'\]; got 'FAST'"):
+        nccl_options_for(CommConfig(cta_policy="FAST"))
+
+
+@pytest.mark.parametrize("n, version, ok", [(64, (2, 27, 5), True), (64, (2, 21, 5), False), (32, (2, 21, 5), True),
+                                            (0, None, False), (65, None, False)])
+def test_channel_domain_depends_on_nccl_version(n, version, ok):
+    cfg = CommConfig(n_channels=n)
+    if ok:
+        assert nccl_options_for(cfg, nccl_version=version)["config"]["max_ctas"] == n
+    else:
+        with pytest.raises(ValueError, match=rf"n_channels must be an integer in 1\.\.(32|64).*got {n}"):
+            nccl_options_for(cfg, nccl_version=version)
+
+
+def test_cga_domain():
+    with pytest.raises(ValueError, match=r"cga_cluster_size must be an integer in 0\.\.8; got 9"):
+        nccl_options_for(CommConfig(cga_cluster_size=9))
+
+
+def test_algorithm_and_protocol_are_scoped_per_nccl_function():
+    env = nccl_options_for(CommConfig(algorithm="Tree", protocol="LL"), tag="dp")["env"]
+    assert env == {"NCCL_ALGO": "allreduce:Tree", "NCCL_PROTO": "allreduce:LL", "LAGOM_TUNER_COMM_TAG": "dp"}
+    env = nccl_options_for(CommConfig(algorithm="nvls"), op="all_gather")["env"]
+    assert env == {"NCCL_ALGO": "allgather:NVLS"}
+    env = nccl_options_for(CommConfig(algorithm="PAT"))["env"]
+    assert env == {"NCCL_ALGO": "allgather:PAT;reducescatter:PAT"}
+    env = nccl_options_for(CommConfig(protocol="simple"))["env"]
+    assert env == {"NCCL_PROTO": "broadcast:Simple;reduce:Simple;allgather:Simple;reducescatter:Simple;allreduce:Simple"}
+
+
+def test_tuner_plugin_mode_sets_no_algo_env():
+    env = nccl_options_for(CommConfig(algorithm="Ring", protocol="LL128", n_channels=4), use_tuner_plugin=True,
+                           tag="tp")["env"]
+    assert env == {"LAGOM_TUNER_COMM_TAG": "tp"}
+
+
+@pytest.mark.parametrize("cfg, op, message", [
+    (CommConfig(protocol="LL128"), None, "LL128 is never forced"),
+    (CommConfig(algorithm="NVLS", protocol="LL"), None, "NVLS with the Simple protocol only"),
+    (CommConfig(algorithm="Tree"), "all_gather", "Tree does not implement all_gather"),
+    (CommConfig(algorithm="Ring"), "send", "send is point-to-point"),
+    (CommConfig(algorithm="Ring"), "gather", "op must be one of"),
+    (CommConfig(algorithm="Butterfly"), None, "algorithm 'Butterfly' is not one of"),
+    (CommConfig(protocol="LL256"), None, "protocol 'LL256' is not one of"),
+])
+def test_algorithm_protocol_refusals(cfg, op, message):
+    with pytest.raises(ValueError, match=message):
+        nccl_options_for(cfg, op=op)
+
+
+def test_per_communicator_algorithm_needs_nccl_224():
+    with pytest.raises(ValueError, match="needs NCCL >= 2.24.*2.21.5: use the tuner plugin"):
+        nccl_options_for(CommConfig(algorithm="Ring"), nccl_version=(2, 21, 5))
+    assert nccl_options_for(CommConfig(algorithm="Ring"), nccl_version=(2, 21, 5), use_tuner_plugin=True)["env"] == {}
+
+
+@pytest.mark.parametrize("tag", ["", "has space", "x" * 64, "semi;colon"])
+def test_bad_tags_are_refused(tag):
+    with pytest.raises(ValueError, match="tag must be 1-63 characters"):
+        nccl_options_for(CommConfig(), tag=tag)
+
+
+def test_unknown_config_attribute_is_refused():
+    with pytest.raises(ValueError, match="no attribute 'cta_policy'"):
+        build_options({"cta_policy": 1}, options_cls=make_options_cls(TORCH_25_FIELDS))
+
+
+@pytest.mark.parametrize("var", sorted(PER_COMMUNICATOR_OVERRIDES))
+def test_every_override_variable_is_refused(var):
+    with pytest.raises(ValueError, match=rf"{var}='4' overrides {PER_COMMUNICATOR_OVERRIDES[var].split()[0]}"):
+        check_env_conflicts({var: "4", "PATH": "/bin"}, use_tuner_plugin=False)
+
+
+def test_algo_env_refused_only_with_tuner_plugin():
+    env = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
+    check_env_conflicts(env, use_tuner_plugin=False)
+    with pytest.raises(ValueError) as info:
+        check_env_conflicts(env, use_tuner_plugin=True)
+    assert "NCCL_ALGO='Ring'" in str(info.value) and "NCCL_PROTO='Simple'" in str(info.value)
+
+
+def test_all_conflicts_reported_together_and_empty_counts_as_set():
+    with pytest.raises(ValueError) as info:
+        check_env_conflicts({"NCCL_MAX_CTAS": "", "NCCL_CGA_CLUSTER_SIZE": "2",
+                             "TORCH_NCCL_USE_COMM_NONBLOCKING": "1"}, use_tuner_plugin=False)
+    msg = str(info.value)
+    assert "NCCL_MAX_CTAS=''" in msg and "NCCL_CGA_CLUSTER_SIZE='2'" in msg and "background thread" in msg
+    check_env_conflicts({"TORCH_NCCL_USE_COMM_NONBLOCKING": "0", "NCCL_DEBUG": "INFO"}, use_tuner_plugin=True)
+
+
+def test_scoped_env_restores_previous_values():
+    environ = {"NCCL_ALGO": "Ring", "OTHER": "1"}
+    with scoped_env({"NCCL_ALGO": "allreduce:Tree", "LAGOM_TUNER_COMM_TAG": "dp"}, environ):
+        assert environ == {"NCCL_ALGO": "allreduce:Tree", "LAGOM_TUNER_COMM_TAG": "dp", "OTHER": "1"}
+    assert environ == {"NCCL_ALGO": "Ring", "OTHER": "1"}
+    with pytest.raises(KeyError):
+        with scoped_env({"LAGOM_TUNER_COMM_TAG": "tp"}, environ):
+            raise KeyError("creation failed")
+    assert environ == {"NCCL_ALGO": "Ring", "OTHER": "1"}
+
+
+def test_nccl_version_codes():
+    assert nccl_pool._nccl_version_tuple((2, 27, 5)) == (2, 27, 5)
+    assert nccl_pool._nccl_version_tuple(22105) == (2, 21, 5)
+    assert nccl_pool._nccl_version_tuple(2708) == (2, 7, 8)
+    assert nccl_pool._nccl_version_tuple(None) is None
+
+
+def _torch_has_nccl():
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_nccl_available()
+
+
+@pytest.mark.skipif(_torch_has_nccl(), reason="this torch has NCCL; the refusal is for CPU builds")
+def test_clean_refusal_without_nccl(monkeypatch):
+    monkeypatch.delenv("NCCL_MAX_CTAS", raising=False)
+    with pytest.raises(RuntimeError, match=r"^NCCL is not available: torch .* was built without NCCL"):
+        create_nccl_pool_entry([0, 1], CommConfig(n_channels=4), tag="dp", use_tuner_plugin=False)
+    with pytest.raises(RuntimeError, match="NCCL is not available"):
+        nccl_config_fields()
+    assert "LAGOM_TUNER_COMM_TAG" not in os.environ
+
+
+def test_comm_tag_sanitises_and_keeps_long_descriptions_distinct():
+    from lagom_megatron.nccl.pool import comm_tag
+
+    assert comm_tag("LAGOM_POOL_DP_plugin_any_2") == "LAGOM_POOL_DP_plugin_any_2"
+    assert comm_tag("pool dp=4;x") == "pool_dp_4_x"
+    long_a, long_b = "LAGOM_POOL_DP_CP_" + "a" * 60, "LAGOM_POOL_DP_CP_" + "a" * 59 + "b"
+    assert len(comm_tag(long_a)) == 63 and comm_tag(long_a) != comm_tag(long_b)
+    nccl_options_for(CommConfig(), tag=comm_tag(long_a))  # accepted by the tag check
+
+
+def test_backend_keys_per_mechanism():
+    from lagom_megatron.nccl.pool import NcclPoolBackend
+
+    tuner = NcclPoolBackend(use_tuner_plugin=True)
+    env = NcclPoolBackend(use_tuner_plugin=False)
+    assert tuner.name == env.name == "nccl"
+    assert tuner.entry_key(CommConfig()) is None and env.entry_key(CommConfig()) is None
+    cfg = CommConfig(n_channels=4, protocol="Simple", chunk_size=131072)
+    assert tuner.entry_key(cfg) == ("plugin", "any", "any", "env-table")
+    assert tuner.entry_key(CommConfig(n_channels=8, cga_cluster_size=2)) == ("plugin", "any", "2", "env-table")
+    assert env.entry_key(cfg) == ("env", "4", "any", "Simple", "any", "any")
+    assert env.entry_key(CommConfig(chunk_size=131072)) is None, "chunk size needs the plugin"
+    assert tuner.entry_key(CommConfig(chunk_size=131072)) == ("plugin", "any", "any", "env-table")
+    with pytest.raises(ValueError, match="LL128 is never forced"):
+        env.entry_key(CommConfig(protocol="LL128"))
+    assert tuner.entry_key(CommConfig(protocol="LL128")) == ("plugin", "any", "any", "env-table")
+
+
+def test_plugin_backend_probes_per_communicator_and_plans_per_table():
+    from lagom_megatron.nccl.pool import NcclPoolBackend
+
+    backend = NcclPoolBackend(use_tuner_plugin=True)
+    probe = CommConfig(n_channels=4, protocol="Simple")
+    backend.plugin_active = False  # warm-up probes: no plan table exists yet
+    assert backend.entry_key(probe) == ("env", "4", "any", "Simple", "any", "any")
+    backend.plugin_active = True
+    backend.tuner_table, backend.table_id = "run/tuner_table.rank0.csv", "46323ebface1"
+    first = backend.entry_key(probe)
+    backend.table_id = "b97327b5e29a"
+    assert first == ("plugin", "any", "any", "46323ebface1") != backend.entry_key(probe), \
+        "a new table must get new communicators: the plugin reads it only at creation"
+
+
+def test_backend_mode_follows_the_environment(monkeypatch):
+    from lagom_megatron.nccl.pool import NcclPoolBackend
+
+    monkeypatch.setenv("NCCL_TUNER_PLUGIN", "/opt/libnccl-tuner-lagom.so")
+    assert NcclPoolBackend().use_tuner_plugin is True
+    monkeypatch.delenv("NCCL_TUNER_PLUGIN")
+    assert NcclPoolBackend().use_tuner_plugin is False
+
+
+@pytest.mark.skipif(_torch_has_nccl(), reason="this torch has NCCL; the refusal is for CPU builds")
+def test_backend_create_group_refuses_without_nccl():
+    from lagom_megatron.nccl.pool import NcclPoolBackend
+
+    with pytest.raises(RuntimeError, match="^NCCL is not available"):
+        NcclPoolBackend(use_tuner_plugin=False).create_group((0, 1), CommConfig(n_channels=2), "LAGOM_POOL_DP_env_2")
+
+
+def test_entry_tags_extend_the_group_name():
+    from lagom_megatron.nccl.pool import NcclPoolBackend, pool_entry_tag
+
+    backend = NcclPoolBackend(use_tuner_plugin=True)
+    # CommPool's description: LAGOM_POOL_<GROUP>_<key parts joined by _>
+    assert backend.tag_for("LAGOM_POOL_DP_CP_plugin_any_2") == "dp_cp/plugin_any_2"
+    assert backend.tag_for("LAGOM_POOL_TP_env_4_Ring_Simple_any_any") == "tp/env_4_Ring_Simple_any_any"
+    assert backend.tag_for("LAGOM_POOL_DP_plugin_any_any", group="dp") == "dp/plugin_any_any"
+    assert backend.tag_for("something else") == "something_else"
+    assert pool_entry_tag("ep", "x" * 80).startswith("ep/") and len(pool_entry_tag("ep", "x" * 80)) == 63
+
+
+def test_comm_tag_scope_sets_and_restores():
+    from lagom_megatron.nccl.pool import comm_tag_scope
+
+    environ = {}
+    with comm_tag_scope("dp", environ):
+        assert environ == {"LAGOM_TUNER_COMM_TAG": "dp"}
+    assert environ == {}
+    with pytest.raises(ValueError, match="tag must be"):
+        with comm_tag_scope("d p", environ):
+            pass
