@@ -19,8 +19,8 @@ import itertools
 import numpy as np
 
 from lagom_megatron.engine.cost_model import ALG_NONE
+from lagom_megatron.engine.descent import Counter, decide_unit, descend
 from lagom_megatron.engine.problem import SEARCH_KNOBS, SearchProblem, SearchResult, Timer, compat, register
-from lagom_megatron.engine.search import Counter, decide_unit, descend
 
 AUTOCCL_MIN_GAIN = 0.01
 """Smallest relative T_comm gain the autoccl baseline acts on (below it, measurements cannot tell)."""

@@ -197,3 +197,10 @@ def test_sites_left_in_the_default_state_get_nccls_own_choice():
     plan = problem.make_plan(st, method="test", stats={})
     assert plan.entries["tp.ag[0]"].config == CommConfig()
     assert plan.entries["tp.ag[1]"].config.n_channels == int(st.nc[1])
+
+
+def test_methods_are_the_registered_searchers():
+    """``METHODS`` (what the CLI and the tuner accept) names exactly the searchers that exist."""
+    from lagom_megatron.engine.problem import SEARCHERS
+
+    assert set(METHODS) == set(SEARCHERS) == {"priority", "autoccl", "exhaustive", "nccl-default"}

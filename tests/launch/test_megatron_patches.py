@@ -10,7 +10,6 @@ import re
 import sys
 import textwrap
 import types
-import typing
 from pathlib import Path
 
 import pytest

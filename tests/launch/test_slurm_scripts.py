@@ -151,7 +151,7 @@ def test_doctor_errors_stop_the_launch(fake):
 def test_bad_pretrain_flags_stop_at_the_doctor(fake, extra, what):
     proc = fake(PER_NODE, "--preset", "llama3-70b-h100x64", "--dry-run", "--", *extra)
     assert proc.returncode == 1, proc.stderr
-    assert f"error: [command-line] " in proc.stderr and what in proc.stderr
+    assert "error: [command-line] " in proc.stderr and what in proc.stderr
     assert "lagom doctor found errors; not launching" in proc.stderr
     assert "srun" not in proc.stdout.split("lagom_megatron.cli doctor")[-1]
     assert not (fake.log / "srun.args").exists()

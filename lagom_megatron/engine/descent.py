@@ -1,0 +1,133 @@
+"""Coordinate-descent primitives every searcher is built from (``priority.py``, ``baselines.py``).
+
+``scan_knob`` scans one knob's domain for many sites at once (numpy, others fixed);
+``decide_unit`` decides a knob of communicator or process scope once for all the sites it
+governs; ``descend`` repeats ``scan_knob`` over several knobs until nothing changes. Each counts
+its model evaluations in a ``Counter`` (the linear-cost claim of DESIGN.md section 4 is checked
+on those counts).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lagom_megatron.engine.problem import SEARCH_KNOBS, SIMPLE, SearchProblem, State, compat
+
+
+class Counter:
+    """Counts model evaluations (one per evaluated (site, config) pair)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def add(self, k: int) -> None:
+        self.n += int(k)
+
+
+def _objective(problem: SearchProblem, idx, alg, proto, nc, nt, lvl, objective: str) -> np.ndarray:
+    t_comm, _, t_region = problem.evaluate_codes(idx, alg, proto, nc, nt, lvl)
+    return t_comm if objective == "comm" else t_region
+
+
+def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, objective: str, count: Counter,
+              min_gain: float = 0.0) -> bool:
+    """Scans ``knob`` over its domain for the sites ``idx`` at once (others fixed); keeps the
+    best value per site when it beats the current one by more than the fraction ``min_gain``.
+    Mutates ``st``; returns True on a change.
+    """
+    idx = idx[problem.tunable[knob][idx]]
+    if idx.size == 0:
+        return False
+    vals = problem.vals[knob][idx]                              # (B, K)
+    valid = ~np.isnan(vals)
+    codes = {k: st.get(k)[idx][:, None] for k in SEARCH_KNOBS}  # (B, 1) each
+    cand = np.where(valid, vals, 0.0)
+    if knob == "algorithm":
+        alg = cand.astype(np.int64)
+        proto = np.where(compat(alg, codes["protocol"]), codes["protocol"], SIMPLE)
+        args = (alg, proto, codes["n_channels"], codes["n_threads"], codes["chunk_size"])
+    elif knob == "protocol":
+        args = (codes["algorithm"], cand.astype(np.int64), codes["n_channels"], codes["n_threads"], codes["chunk_size"])
+    elif knob == "n_channels":
+        args = (codes["algorithm"], codes["protocol"], cand, codes["n_threads"], codes["chunk_size"])
+    elif knob == "n_threads":
+        args = (codes["algorithm"], codes["protocol"], codes["n_channels"], cand, codes["chunk_size"])
+    else:
+        args = (codes["algorithm"], codes["protocol"], codes["n_channels"], codes["n_threads"], cand.astype(np.int64))
+    obj = _objective(problem, idx[:, None], *args, objective)
+    obj = np.where(valid, obj, np.inf)
+    cur = _objective(problem, idx, *(c[:, 0] for c in (codes["algorithm"], codes["protocol"], codes["n_channels"],
+                                                         codes["n_threads"], codes["chunk_size"])), objective)
+    count.add(valid.sum() + idx.size)
+    best = np.argmin(obj, axis=1)
+    best_obj = obj[np.arange(idx.size), best]
+    better = best_obj < cur * (1.0 - max(min_gain, 1e-9)) - 1e-12
+    if not better.any():
+        return False
+    rows = idx[better]
+    chosen = cand[better, best[better]]
+    if knob == "algorithm":
+        st.alg[rows] = chosen.astype(np.int64)
+        st.proto[rows] = np.where(compat(st.alg[rows], st.proto[rows]), st.proto[rows], SIMPLE)
+    elif knob == "protocol":
+        st.proto[rows] = chosen.astype(np.int64)
+    elif knob == "chunk_size":
+        st.lvl[rows] = chosen.astype(np.int64)
+    else:
+        st.get(knob)[rows] = chosen
+    return True
+
+
+def decide_unit(problem: SearchProblem, st: State, knob: str, governed: np.ndarray, objective: str, count: Counter,
+                default_nc: np.ndarray, *, lookahead: bool = False) -> None:
+    """Decides a knob of communicator or process scope once for all ``governed`` sites: the value
+    minimising the sum of their objective, under their current configs or, with ``lookahead``,
+    after one pass of each site over its per-call knobs (linear: values x sites x domains).
+    On NCCL a communicator's channel count is a cap (ncclConfig_t.maxCTAs): each site keeps
+    min(NCCL's choice, cap). Only the shared knob is kept; the sites' own knobs are searched
+    when they are reached."""
+    row = problem.vals[knob][governed[0]]
+    values = row[~np.isnan(row)]
+    K = values.size
+    codes = {k: np.broadcast_to(st.get(k)[governed][None, :], (K, governed.size)) for k in SEARCH_KNOBS}
+    cand = np.broadcast_to(values[:, None], (K, governed.size))
+    if knob == "n_channels" and problem.backend != "gloo" and problem.scope[knob] != "call":
+        cand = np.minimum(default_nc[governed][None, :], cand)
+    codes = dict(codes)
+    codes[knob] = cand.astype(np.int64) if knob in ("algorithm", "protocol", "chunk_size") else cand
+    if knob == "algorithm":
+        codes["protocol"] = np.where(compat(codes["algorithm"], codes["protocol"]), codes["protocol"], SIMPLE)
+    if lookahead:
+        # Each governed site answers every candidate value with one pass over its per-call knobs,
+        # so the value is judged by what the sites will make of it, not by their start configs.
+        call_knobs = tuple(kn for kn in SEARCH_KNOBS if problem.scope[kn] == "call")
+        totals = np.empty(K)
+        for j in range(K):
+            trial = st.copy()
+            for name in SEARCH_KNOBS:
+                trial.get(name)[governed] = codes[name][j]
+            descend(problem, trial, governed, call_knobs, objective, count, rounds=1)
+            t_comm, _, t_region = problem.evaluate(trial, governed)
+            count.add(governed.size)
+            totals[j] = (t_comm if objective == "comm" else t_region).sum()
+    else:
+        obj = _objective(problem, governed[None, :], codes["algorithm"], codes["protocol"], codes["n_channels"],
+                         codes["n_threads"], codes["chunk_size"], objective)
+        count.add(obj.size)
+        totals = obj.sum(axis=1)
+    k = int(np.argmin(totals))
+    for name in SEARCH_KNOBS:
+        if name == knob or (knob == "algorithm" and name == "protocol"):
+            st.get(name)[governed] = codes[name][k]
+
+
+def descend(problem: SearchProblem, st: State, idx: np.ndarray, knobs: tuple[str, ...], objective: str,
+            count: Counter, rounds: int, min_gain: float = 0.0) -> None:
+    """Coordinate descent of ``knobs`` (call scope) for the sites ``idx``, at most ``rounds``
+    passes, stopping early when a pass changes nothing."""
+    for _ in range(rounds):
+        changed = False
+        for knob in knobs:
+            changed |= scan_knob(problem, st, idx, knob, objective, count, min_gain)
+        if not changed:
+            return
