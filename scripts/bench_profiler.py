@@ -145,7 +145,8 @@ class Bench:
         self.profiled_calls = []
 
     def on_setup(self, ctx):
-        from lagom_megatron.megatron.comm_pool import CommPool, make_backend
+        from lagom_megatron.megatron.backends import make_pool_backend
+        from lagom_megatron.megatron.comm_pool import CommPool
         from lagom_megatron.megatron.profiler import Profiler
         from lagom_megatron.megatron.router import SiteRouter
         from lagom_megatron.megatron.sites import GroupNames, SiteRegistry
@@ -154,7 +155,7 @@ class Bench:
         self.registry = SiteRegistry(groups, num_microbatches=ctx.args.num_microbatches)
         self.registry.bind_model(ctx.model)
         self.profiler = Profiler()
-        self.pool = CommPool(make_backend("gloo"), groups)
+        self.pool = CommPool(make_pool_backend("gloo"), groups)
         self.router = SiteRouter(self.registry, self.profiler, self.pool)
         self.configs = [c.config for c in ctx.model[:1]]
         self.handle = None

@@ -1,14 +1,17 @@
 """``lagom bench search`` and ``lagom bench simulated``: the benchmarks that print the figures the
-design asks for (search scaling and optimality; the simulated-cluster comparison table)."""
+design asks for (search scaling and optimality; the simulated-cluster comparison table).
+
+    lagom bench search [--sizes 10 100 1000 10000] [--instances 200] [--seed 0] [--cluster h100-sxm-ib400]
+    lagom bench simulated [options of lagom_megatron.sim.bench]
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 
 BENCHMARKS = {
-    "search": ("lagom_megatron.engine.bench", "search time and evaluations vs sites; priority vs exhaustive"),
-    "simulated": ("lagom_megatron.sim.bench", "iteration time under each method on simulated GPU clusters"),
+    "search": "search time and evaluations vs sites; priority vs exhaustive",
+    "simulated": "iteration time under each method on simulated GPU clusters",
 }
 
 
@@ -18,5 +21,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    module = importlib.import_module(BENCHMARKS[args.benchmark][0])
-    return int(module.main(args.bench_args) or 0)
+    if args.benchmark == "search":
+        return search_main(args.bench_args)
+    from lagom_megatron.sim.bench import main
+
+    return int(main(args.bench_args) or 0)
+
+
+def search_main(argv: list[str] | None = None) -> int:
+    """``lagom bench search``: prints the scaling and optimality tables of ``engine.bench`` on
+    synthetic problems of an NCCL cluster (tuner-plugin rules). Returns 0 when both targets are
+    met (10,000 sites in under 2 s; priority within 1% of exhaustive on at least 95% of the small
+    instances), else 1.
+
+    Raises:
+        ValueError: a size or instance count below 1, or an unknown cluster.
+    """
+    from lagom_megatron.engine.bench import optimality, scaling_table
+    from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.nccl.rules import NcclRules
+
+    parser = argparse.ArgumentParser(prog="lagom bench search",
+                                     description="``lagom bench search``: search cost and quality on seeded synthetic problems.")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 10000], help="site counts to time")
+    parser.add_argument("--instances", type=int, default=200, help="small instances compared with exhaustive")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cluster", default="h100-sxm-ib400")
+    args = parser.parse_args(argv)
+    if args.instances < 1 or min(args.sizes) < 1:
+        raise ValueError(f"--sizes and --instances must be >= 1; got {args.sizes}, {args.instances}")
+    rules = NcclRules(ClusterSpec.load(args.cluster))
+    print(f"search scaling on {args.cluster} (seed {args.seed})")
+    print(f"{'sites':>7} {'method':>9} {'model evals':>12} {'evals/site':>10} {'wall s':>8} {'pred. speedup':>13}")
+    rows = scaling_table(args.sizes, seed=args.seed, rules=rules)
+    for r in rows:
+        print(f"{r['sites']:>7} {r['method']:>9} {r['evaluations']:>12,} {r['evaluations'] / r['sites']:>10.1f} "
+              f"{r['wall_s']:>8.3f} {r['speedup']:>13.4f}")
+    opt = optimality(instances=args.instances, seed=args.seed + 1, rules=rules)
+    print(f"\npriority vs exhaustive on {opt['instances']} seeded instances of 2-3 sites:")
+    print(f"  within 1% of the optimum: {opt['within']}/{opt['instances']} = {100 * opt['share']:.1f}%  "
+          f"(mean gap {100 * opt['mean_gap']:.3f}%, worst {100 * opt['worst_gap']:.2f}%)")
+    big = [r for r in rows if r["method"] == "priority" and r["sites"] == max(args.sizes)]
+    ok_time = all(r["wall_s"] < 2.0 for r in big) if max(args.sizes) >= 10000 else True
+    ok_opt = opt["share"] >= 0.95
+    print(f"\ntargets: {max(args.sizes):,} sites < 2 s: {'met' if ok_time else 'NOT met'}; "
+          f">= 95% within 1%: {'met' if ok_opt else 'NOT met'}")
+    return 0 if ok_time and ok_opt else 1

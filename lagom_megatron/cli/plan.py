@@ -62,7 +62,7 @@ def _show(plan) -> int:
 
 def _validate(args, plan) -> int:
     from lagom_megatron.engine.cluster import ClusterSpec
-    from lagom_megatron.engine.knobs import validate_env
+    from lagom_megatron.nccl.env_vars import validate_env
 
     cluster_name = args.cluster or plan.fingerprint.get("cluster")
     if not cluster_name:
@@ -89,17 +89,19 @@ def _validate(args, plan) -> int:
 
 
 def _check_entries(name, plan, cluster) -> None:
-    """Every entry's config against NCCL's documented domains on ``cluster``.
+    """Every entry's config against the knob rules of ``cluster``'s backend under the plan's mechanism
+    (NCCL's documented domains, or gloo's).
 
     Raises:
-        ValueError: the first bad entry, naming the file, the site id and the knob.
+        ValueError: the first bad entry, naming the file, the site id and the knob; or a mechanism
+            the cluster's backend does not have.
     """
-    from lagom_megatron.engine.knobs import validate_config
+    from lagom_megatron.megatron.backends import rules_for
 
+    rules = rules_for(cluster.backend, cluster, plan.mechanism)
     for site_id, e in plan.entries.items():
         try:
-            validate_config(e.config, op=e.op, cluster=cluster, mechanism=plan.mechanism, n_nodes=e.n_nodes,
-                            group_size=e.group_size or None)
+            rules.validate(e.config, op=e.op, n_nodes=e.n_nodes, group_size=e.group_size or None)
         except ValueError as exc:
             raise ValueError(f"{name}: entry {site_id!r}: {exc}") from None
 

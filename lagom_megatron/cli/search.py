@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from lagom_megatron.engine.cost_model import CostModel
     from lagom_megatron.engine.profile import Profile
     from lagom_megatron.engine.search import METHODS, search
+    from lagom_megatron.megatron.backends import rules_for
 
     if args.method not in METHODS:
         raise ValueError(f"--method must be one of {list(METHODS)}; got {args.method!r}")
@@ -31,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     model = CostModel.fit(profile, cluster)
     if args.verbose:
         print(model.fit_summary())
-    result = search(profile, cluster, method=args.method, mechanism=args.mechanism, model=model)
+    rules = rules_for(profile.backend, cluster, args.mechanism)
+    result = search(profile, rules=rules, method=args.method, model=model)
     result.plan.save(args.output)
     s = result.stats
     print(f"{args.method}: {s['n_sites']} sites, {s['model_evaluations']:,} model evaluations, {s['wall_time_s']:.3f} s; "

@@ -1,5 +1,6 @@
-"""The search problem: sites, their overlap regions (as a fitted cost model), the cluster, the
-mechanism that applies a plan, and the knob domains of every site, encoded as numpy arrays.
+"""The search problem: sites, their overlap regions (as a fitted cost model), the knob rules of the
+mechanism that applies a plan (``knobs.KnobRules``), and the knob domains those rules give every
+site, encoded as numpy arrays.
 
 Every searcher (``priority`` in ``search.py``; ``nccl-default``, ``autoccl``, ``exhaustive`` in
 ``baselines.py``) takes one ``SearchProblem`` and returns a ``SearchResult``; searchers register
@@ -24,8 +25,7 @@ from lagom_megatron import __version__
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.cost_model import ALG_NONE, PROTO_NONE, CostModel
 from lagom_megatron.engine.knobs import (
-    ALGORITHMS, KNOB_ORDER, PROTOCOLS, PROTOCOLS_FOR_ALGORITHM, CommConfig, chunk_domain, default_mechanism, domains,
-    knob_scope,
+    ALGORITHMS, KNOB_ORDER, PROTOCOLS, PROTOCOLS_FOR_ALGORITHM, CommConfig, KnobRules, chunk_domain,
 )
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.engine.profile import CollectiveSite, Profile
@@ -80,40 +80,45 @@ class SearchProblem:
     """Everything a searcher needs; built with ``from_profile`` or ``from_model``.
 
     ``domains_S[i][knob]`` is the tuple of values site i may take (``(None,)`` = not tunable);
-    ``scope[knob]`` is call / communicator / process / None under ``mechanism``;
+    ``scope[knob]`` is call / communicator / process / None under ``rules``;
     ``comm_S[i]`` names site i's communicator (its Megatron group).
     """
 
     model: CostModel
-    cluster: ClusterSpec
-    backend: str
-    mechanism: str
+    rules: KnobRules
     iteration_us: float
     domains_S: list[dict[str, tuple]]
     fingerprint: dict[str, Any] = field(default_factory=dict)
     scope: dict[str, str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.cluster: ClusterSpec = self.model.cluster
+        self.backend: str = self.model.backend
+        self.mechanism: str = self.rules.mechanism
         self.sites: list[CollectiveSite] = self.model.sites
         self.comm_S = [s.group for s in self.sites]
-        v = self.cluster.nccl
-        self.scope = {k: knob_scope(k, backend=self.backend, mechanism=self.mechanism, nccl_version=v) for k in KNOB_ORDER}
+        self.scope = {k: self.rules.scope(k) for k in KNOB_ORDER}
         self._encode_domains()
 
     @classmethod
-    def from_model(cls, model: CostModel, *, iteration_us: float | None = None, mechanism: str | None = None,
+    def from_model(cls, model: CostModel, *, rules: KnobRules, iteration_us: float | None = None,
                    fingerprint: dict | None = None, domain_override: dict[str, tuple] | None = None) -> "SearchProblem":
-        """A problem over ``model``'s sites; ``domain_override`` narrows knob domains (e.g. for
-        instances small enough for ``exhaustive``): each given tuple is intersected with the
-        site's own domain (an empty intersection keeps the site's first value).
+        """A problem over ``model``'s sites under ``rules`` (the mechanism's knob domains and
+        scopes); ``domain_override`` narrows knob domains (e.g. for instances small enough for
+        ``exhaustive``): each given tuple is intersected with the site's own domain (an empty
+        intersection keeps the site's first value).
 
         ``iteration_us`` defaults to the sum of default region times (no non-overlapped time).
+
+        Raises:
+            ValueError: ``rules`` are for another cluster than the model's (names both).
         """
+        if rules.cluster.name != model.cluster.name:
+            raise ValueError(f"knob rules are for cluster {rules.cluster.name!r} but the cost model is for {model.cluster.name!r}")
         backend = model.backend
-        mech = mechanism or default_mechanism(backend)
         doms = []
         for s in model.sites:
-            d = domains(backend=backend, cluster=model.cluster, op=s.op, n_nodes=s.n_nodes, group_size=s.group_size, mechanism=mech)
+            d = rules.domains(op=s.op, n_nodes=s.n_nodes, group_size=s.group_size)
             if domain_override:
                 for k, values in domain_override.items():
                     if len(d[k]) > 1:
@@ -125,21 +130,20 @@ class SearchProblem:
         fp.setdefault("nccl_version", model.cluster.nccl_version)
         fp.setdefault("lagom_version", __version__)
         fp.setdefault("backend", backend)
-        problem = cls(model=model, cluster=model.cluster, backend=backend, mechanism=mech, iteration_us=0.0,
-                      domains_S=doms, fingerprint=fp)
+        problem = cls(model=model, rules=rules, iteration_us=0.0, domains_S=doms, fingerprint=fp)
         if iteration_us is None:
             iteration_us = float(problem.evaluate(problem.default_state())[2].sum())
         problem.iteration_us = float(iteration_us)
         return problem
 
     @classmethod
-    def from_profile(cls, profile: Profile, cluster: ClusterSpec, *, model: CostModel | None = None,
-                     mechanism: str | None = None, domain_override: dict[str, tuple] | None = None) -> "SearchProblem":
-        """A problem from a profile: fits the cost model unless one is given."""
-        model = model or CostModel.fit(profile, cluster)
+    def from_profile(cls, profile: Profile, *, rules: KnobRules, model: CostModel | None = None,
+                     domain_override: dict[str, tuple] | None = None) -> "SearchProblem":
+        """A problem from a profile on ``rules.cluster``: fits the cost model unless one is given."""
+        model = model or CostModel.fit(profile, rules.cluster)
         fp = dict(profile.fingerprint)
         fp.setdefault("backend", profile.backend)
-        return cls.from_model(model, iteration_us=profile.iteration_us, mechanism=mechanism, fingerprint=fp,
+        return cls.from_model(model, rules=rules, iteration_us=profile.iteration_us, fingerprint=fp,
                               domain_override=domain_override)
 
     # ---- encoded domains --------------------------------------------------------------------

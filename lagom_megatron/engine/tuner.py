@@ -4,7 +4,7 @@ A backend-agnostic state machine that the real Megatron integration (NCCL or glo
 simulated cluster (``lagom_megatron.sim``) both drive the same way, one training iteration at a
 time::
 
-    tuner = Tuner(Tuner.Config(), cluster=spec, backend="nccl", fingerprint=fp, agree=broadcast_plan)
+    tuner = Tuner(Tuner.Config(), rules=NcclRules(spec), fingerprint=fp, agree=broadcast_plan)
     for it in range(train_iters):
         step = tuner.start_iteration(it)        # what to apply: step.assignment, step.serialize
         ... run the iteration with step.assignment (site id -> CommConfig; missing = NCCL defaults),
@@ -21,7 +21,7 @@ Schedule (a fixed number of iterations, independent of the number of sites; DESI
                  default iteration time
                1 "serialized" iteration under defaults: every collective is waited on at launch, so
                  the compute of each region runs alone; its per-site ``t_comp_us`` is T_comp
-    PROBING    1 iteration per probe config (``knobs.probe_configs``), applied to all sites at once:
+    PROBING    1 iteration per probe config (``rules.probe_configs()``), applied to all sites at once:
                  each gives every region one more (config, T_comm, T_region) point
     SEARCHED   the cost model is fitted (``CostModel.fit``) and searched (``search.search``) at the
                end of the last probe iteration; ``agree(plan)`` makes the ranks consistent
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Literal
 
-from lagom_megatron.engine.knobs import DEFAULT, CommConfig
+from lagom_megatron.engine.knobs import DEFAULT, CommConfig, KnobRules
 from lagom_megatron.engine.profile import BACKENDS, CollectiveSite, Profile, Sample
 from lagom_megatron.engine.search import METHODS
 
@@ -114,9 +114,10 @@ class Tuner:
 
     Args:
         config: ``Tuner.Config``.
-        cluster: a ``ClusterSpec`` (anything with a ``name``) or a cluster name, passed to
-            ``CostModel.fit`` / ``search`` and recorded in the profile.
-        backend: ``nccl``, ``gloo`` or ``sim`` (selects knob domains and probe configs).
+        rules: the knob rules of the mechanism that applies plans (``knobs.KnobRules``): the
+            probe configs, the search domain, and the cluster (``rules.cluster``, passed to
+            ``CostModel.fit`` and recorded in the profile) and backend label (``rules.backend``:
+            ``nccl``, ``gloo`` or ``sim``) of the profile.
         fingerprint: what is being tuned (model, layout, world size, cluster, versions); copied into
             the profile and hence the plan.
         agree: ``agree(plan) -> plan`` called once on the searched plan, e.g. broadcast rank 0's plan
@@ -128,7 +129,7 @@ class Tuner:
     so all ranks then reach ``agree`` in the same iteration, or fall back in the same iteration.
 
     Raises:
-        ValueError: unknown backend.
+        ValueError: rules with an unknown backend label.
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -148,7 +149,7 @@ class Tuner:
         """half-range: the gain must also exceed half the larger per-arm range (max - min) of the
         verification measurements; none: ``min_gain`` alone decides."""
         probe_configs: list[CommConfig] | None = None
-        """Probe configs applied to all sites; None = ``knobs.probe_configs(backend, cluster)``."""
+        """Probe configs applied to all sites; None = ``rules.probe_configs()``."""
 
         def __post_init__(self) -> None:
             if self.warmup_iters < 1:
@@ -166,16 +167,16 @@ class Tuner:
         self,
         config: "Tuner.Config",
         *,
-        cluster: Any,
-        backend: str,
+        rules: KnobRules,
         fingerprint: dict[str, Any] | None = None,
         agree: Callable[[Any], Any] | None = None,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {list(BACKENDS)}; got {backend!r}")
+        if rules.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {list(BACKENDS)}; got {rules.backend!r}")
         self.config = config
-        self.cluster = cluster
-        self.backend = backend
+        self.rules = rules
+        self.cluster = rules.cluster
+        self.backend = rules.backend
         self.fingerprint = dict(fingerprint or {})
         self.agree = agree
         self.phase = Phase.PROFILING
@@ -206,14 +207,12 @@ class Tuner:
 
     @property
     def probes(self) -> list[CommConfig]:
-        """The probe configs, resolved once (``Config.probe_configs`` or ``knobs.probe_configs``)."""
+        """The probe configs, resolved once (``Config.probe_configs`` or ``rules.probe_configs()``)."""
         if self._probes is None:
             if self.config.probe_configs is not None:
                 self._probes = list(self.config.probe_configs)
             else:
-                from lagom_megatron.engine import knobs
-
-                self._probes = list(knobs.probe_configs(self.backend, self.cluster))
+                self._probes = list(self.rules.probe_configs())
             if any(p.is_default() for p in self._probes):
                 raise ValueError("probe configs must differ from NCCL defaults (the default iteration is already measured)")
         return self._probes
@@ -293,14 +292,9 @@ class Tuner:
 
     def _probe_assignment(self, k: int) -> dict[str, CommConfig]:
         """Probe ``k`` for every site, minus the knobs that do not apply to the site's op
-        (``knobs.applicable``: a send/recv site keeps only what NCCL's P2P path honours)."""
-        from lagom_megatron.engine import knobs
-
-        strip = getattr(knobs, "applicable", None)
+        (``rules.applicable``: a send/recv site keeps only what NCCL's P2P path honours)."""
         cfg = self.probes[k]
-        if strip is None:
-            return {sid: cfg for sid in self._sites}
-        return {sid: strip(cfg, op=site.op, backend=self.backend) for sid, site in self._sites.items()}
+        return {sid: self.rules.applicable(cfg, op=site.op) for sid, site in self._sites.items()}
 
     def _plan_assignment(self) -> dict[str, CommConfig]:
         if self.plan is None:
@@ -460,8 +454,7 @@ class Tuner:
             if s.site_id in usable
         ]
         sites = [s for sid, s in self._sites.items() if sid in usable]
-        name = getattr(self.cluster, "name", self.cluster)
-        return Profile(backend=self.backend, cluster=str(name), iteration_us=statistics.median(self._default_us),
+        return Profile(backend=self.backend, cluster=self.cluster.name, iteration_us=statistics.median(self._default_us),
                        sites=sites, samples=samples, fingerprint=dict(self.fingerprint))
 
     def _start_search(self, it: int) -> None:
@@ -477,7 +470,7 @@ class Tuner:
         try:
             model = cost_model.CostModel.fit(self.profile, self.cluster)
             self.model_mape = float(model.mape)
-            result = search.search(self.profile, self.cluster, method=self.config.method, model=model)
+            result = search.search(self.profile, rules=self.rules, method=self.config.method, model=model)
         except Exception as exc:  # noqa: BLE001 - tuning must never stop training: keep defaults, say why
             log.debug("fit/search failure", exc_info=True)
             if self.agree is not None:

@@ -160,7 +160,8 @@ class LagomController:
 
         from lagom_megatron.engine.cluster import ClusterSpec
         from lagom_megatron.megatron import patches
-        from lagom_megatron.megatron.comm_pool import CommPool, make_backend
+        from lagom_megatron.megatron.backends import make_pool_backend
+        from lagom_megatron.megatron.comm_pool import CommPool
         from lagom_megatron.megatron.profiler import Profiler
         from lagom_megatron.megatron.router import SiteRouter
         from lagom_megatron.megatron.sites import GroupNames, SiteRegistry
@@ -181,7 +182,7 @@ class LagomController:
                                      pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None)
         n_buckets = self.registry.bind_model(ctx.model)
         self.profiler = Profiler(use_cuda_events=on_gpu)
-        self.pool = CommPool(make_backend(self.backend), groups)
+        self.pool = CommPool(make_pool_backend(self.backend), groups)
         self.router = SiteRouter(self.registry, self.profiler, self.pool, split_chunks=self.backend == "gloo")
         configs = []
         for chunk in ctx.model:
@@ -199,10 +200,11 @@ class LagomController:
     def _start_tuner(self, plan: Any = None) -> None:
         """Creates the tuner; with ``plan``, it only verifies that plan (no profiling or search)."""
         from lagom_megatron.engine.tuner import Tuner
+        from lagom_megatron.megatron.backends import rules_for
 
         self.tuner = Tuner(
             Tuner.Config(warmup_iters=max(1, self.warmup_iters), verify_iters=max(1, self.verify_iters), method=self.method),
-            cluster=self.cluster, backend=self.backend, fingerprint=self.fingerprint, agree=self._agree,
+            rules=rules_for(self.backend, self.cluster), fingerprint=self.fingerprint, agree=self._agree,
         )
         if plan is not None:
             self.tuner.start_from_plan(plan)

@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.megatron.comm_pool import CommPool, chunked_call
+from lagom_megatron.megatron.comm_pool import CommPool
+from lagom_megatron.megatron.gloo import chunked_call
 from lagom_megatron.megatron.profiler import Profiler
 from lagom_megatron.megatron.sites import GroupInfo, SiteRegistry, Stream, dtype_name, tensor_nbytes
 

@@ -1,11 +1,15 @@
-"""NCCL environment variables that matter to lagom: which ones override per-communicator config.
+"""NCCL environment variables that matter to lagom: which ones override per-communicator config,
+and ``validate_env``, the check of every variable lagom writes (a plan's ``env``, its exports).
 
 Source: research on NCCL's ``src/init.cc`` (``envConfigOverride``): when one of these variables is
 set, it overrides the matching ``ncclConfig_t`` field of every communicator, so lagom's
-per-communicator choices would be silently ignored.
+per-communicator choices would be silently ignored. ``env_check`` holds the doctor's checks of
+the variables a user sets.
 """
 
 from __future__ import annotations
+
+from lagom_megatron.engine.knobs import ALGORITHMS, N_THREADS, PROTOCOLS, invalid_value
 
 PER_COMMUNICATOR_OVERRIDES: dict[str, str] = {
     "NCCL_MIN_CTAS": "ncclConfig_t.minCTAs",
@@ -23,3 +27,52 @@ TUNER_OVERRIDES: dict[str, str] = {
     "NCCL_PROTO": "restricts the protocols before the tuner plugin sees the cost table",
 }
 """Variables that narrow what the tuner plugin can choose (set per communicator by the pool)."""
+
+
+def _split_list(value: str) -> list[str]:
+    return [t.strip() for t in value.split(",") if t.strip()]
+
+
+def validate_env(env: dict[str, str]) -> None:
+    """Checks NCCL environment variables lagom would write (or the user set) against NCCL's rules.
+
+    NCCL_PROTO must not force LL128 (only exclusions like ``^LL128`` are accepted); NCCL_ALGO
+    must not be a global list without Ring (pytorch#163063: broadcast/barrier die with NVLS or
+    CollNet alone); NCCL_NTHREADS in {64, 128, 256, 512}; NCCL_BUFFSIZE a power of two.
+
+    Raises:
+        ValueError: names the variable, its value and what is allowed.
+    """
+    for key, value in env.items():
+        value = str(value)
+        if key == "NCCL_PROTO":
+            for entry in value.split(";"):
+                body = entry.split(":", 1)[-1]
+                if body.startswith("^"):
+                    continue
+                tokens = _split_list(body)
+                bad = [t for t in tokens if t.lower() not in {p.lower() for p in PROTOCOLS}]
+                if bad:
+                    raise invalid_value("NCCL_PROTO", value, list(PROTOCOLS), f"unknown token {bad[0]!r}")
+                if any(t.lower() == "ll128" for t in tokens):
+                    raise invalid_value("NCCL_PROTO", value, "exclusions such as '^LL128' or lists without LL128",
+                                "forcing LL128 can corrupt data silently (nccl#786)")
+        elif key == "NCCL_ALGO":
+            for entry in value.split(";"):
+                prefixed = ":" in entry
+                body = entry.split(":", 1)[-1]
+                if body.startswith("^"):
+                    continue
+                tokens = _split_list(body)
+                bad = [t for t in tokens if t.lower() not in {a.lower() for a in ALGORITHMS}]
+                if bad:
+                    raise invalid_value("NCCL_ALGO", value, list(ALGORITHMS), f"unknown token {bad[0]!r}")
+                if not prefixed and "ring" not in {t.lower() for t in tokens}:
+                    raise invalid_value("NCCL_ALGO", value, "a global list that includes Ring, or per-function entries ('allreduce:nvls,ring')",
+                                "collectives with no allowed algorithm fail (pytorch#163063)")
+        elif key == "NCCL_NTHREADS":
+            if not value.isdigit() or int(value) not in N_THREADS:
+                raise invalid_value("NCCL_NTHREADS", value, list(N_THREADS))
+        elif key == "NCCL_BUFFSIZE":
+            if not value.isdigit() or int(value) <= 0 or int(value) & (int(value) - 1):
+                raise invalid_value("NCCL_BUFFSIZE", value, "powers of two (bytes)")

@@ -14,12 +14,14 @@
   two sites the plugin cannot tell apart get the first (highest-gain) site's row, and a comment
   says so.
 - ``env``: ``export NAME=VALUE`` lines of the plan's process-scope knobs only, checked with
-  ``knobs.validate_env`` (never LL128 forced, never a global algorithm list without Ring).
+  ``env_vars.validate_env`` (never LL128 forced, never a global algorithm list without Ring).
 """
 
 from __future__ import annotations
 
-from lagom_megatron.engine.knobs import P2P_OPS, validate_cta_range, validate_env
+from lagom_megatron.engine.knobs import P2P_OPS
+from lagom_megatron.nccl.env_vars import validate_env
+from lagom_megatron.nccl.rules import validate_cta_range
 from lagom_megatron.engine.plan import Plan, PlanEntry
 
 FORMATS: tuple[str, ...] = ("megatron-yaml", "nccl-tuner-csv", "env")

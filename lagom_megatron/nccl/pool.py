@@ -438,9 +438,9 @@ def _group_from_desc(desc: str) -> tuple[str, str] | None:
 
 
 class NcclPoolBackend:
-    """Pool backend for ``integration.comm_pool.CommPool`` on NCCL (``make_backend("nccl")``).
+    """Pool backend for ``megatron.comm_pool.CommPool`` on NCCL (``megatron.backends.make_pool_backend("nccl")``).
 
-    Two mechanisms (``engine.knobs.MECHANISMS``):
+    Two mechanisms (``nccl.rules.MECHANISMS``):
 
     * tuner plugin (default when ``NCCL_TUNER_PLUGIN`` is set): algorithm, protocol, channels and
       chunk size are per call, from the plan table. Every non-default config still gets an entry

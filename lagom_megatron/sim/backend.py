@@ -22,6 +22,7 @@ from typing import Any
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Sample
 from lagom_megatron.engine.tuner import IterationMeasurement, Phase, Step, Tuner
+from lagom_megatron.nccl.rules import NcclRules
 from lagom_megatron.sim import timeline
 from lagom_megatron.sim.device import CommCost, Gpu, comm_cost, resolve_config
 from lagom_megatron.sim.workload import Workload, steady_copies
@@ -168,7 +169,7 @@ def run_lifecycle(sim: SimulatedCluster, *, method: str = "priority", verify_ite
         A ``LifecycleResult``.
     """
     cfg = Tuner.Config(warmup_iters=warmup_iters, verify_iters=verify_iters, method=method, probe_configs=probe_configs)
-    tuner = Tuner(cfg, cluster=sim.cluster, backend="sim", fingerprint=sim.fingerprint())
+    tuner = Tuner(cfg, rules=NcclRules(sim.cluster, backend="sim"), fingerprint=sim.fingerprint())
     out = LifecycleResult(tuner=tuner)
     it = 0
     while not tuner.done:

@@ -26,7 +26,7 @@ def saved(tmp_path):
     """A profile and a plan searched from it, saved in tmp_path."""
     profile = profile_from(build())
     profile.save(tmp_path / "profile.json")
-    search(profile, build().cluster).plan.save(tmp_path / "plan.json")
+    search(profile, rules=build().rules).plan.save(tmp_path / "plan.json")
     return tmp_path
 
 
@@ -64,7 +64,7 @@ def test_build_tuner_into_a_file_is_refused(tmp_path, capsys):
 
 def test_closed_pipe_exits_quietly(tmp_path):
     problem = build(sites=[site(site_id=f"tp.ag[{i}]") for i in range(1500)])
-    search(profile_from(problem), problem.cluster).plan.save(tmp_path / "plan.json")
+    search(profile_from(problem), rules=problem.rules).plan.save(tmp_path / "plan.json")
     proc = subprocess.Popen([sys.executable, "-m", "lagom_megatron", "plan", "show", str(tmp_path / "plan.json")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.readline()

@@ -7,7 +7,7 @@ import json
 import yaml
 
 from lagom_megatron.cli.main import main
-from lagom_megatron.engine.bench import main as bench_main
+from lagom_megatron.cli.bench import search_main as bench_main
 from lagom_megatron.engine.plan import Plan
 
 from ..engine.factory import build, profile_from, site

@@ -7,12 +7,12 @@ import copy
 import numpy as np
 import pytest
 
-from lagom_megatron.engine.bench import SMALL_DOMAINS, synthetic_problem
+from lagom_megatron.engine.bench import SMALL_DOMAINS
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.problem import SEARCH_KNOBS
 from lagom_megatron.engine.search import METHODS, search
 
-from .factory import build, site
+from .factory import build, site, synthetic
 
 
 def _entry(result, site_id="tp.ag[0]"):
@@ -46,7 +46,7 @@ def test_communication_bound_region_priority_keeps_the_collective_fast():
 
 
 def test_model_evaluations_grow_linearly_with_sites():
-    base = synthetic_problem(n_sites=40, seed=7)
+    base = synthetic(n_sites=40, seed=7)
     counts = {}
     for copies in (1, 2, 4, 8):
         sites = [type(s)(**{**{k: getattr(s, k) for k in s.__slots__}, "site_id": f"{s.site_id}#{c}"})
@@ -99,7 +99,7 @@ def test_gloo_threads_are_one_value_per_communicator():
 
 @pytest.mark.parametrize("seed", range(8))
 def test_priority_is_within_one_percent_of_exhaustive(seed):
-    problem = synthetic_problem(n_sites=2 + seed % 2, seed=1000 + seed, domain_override=SMALL_DOMAINS)
+    problem = synthetic(n_sites=2 + seed % 2, seed=1000 + seed, domain_override=SMALL_DOMAINS)
     p = search(problem, method="priority").stats["predicted_iteration_us"]
     e = search(problem, method="exhaustive").stats["predicted_iteration_us"]
     assert e <= p * (1 + 1e-9), "exhaustive must never lose to priority"
@@ -107,13 +107,13 @@ def test_priority_is_within_one_percent_of_exhaustive(seed):
 
 
 def test_exhaustive_refuses_large_instances():
-    problem = synthetic_problem(n_sites=12, seed=3)
+    problem = synthetic(n_sites=12, seed=3)
     with pytest.raises(ValueError, match=r"exhaustive search needs [\d,]+ joint configurations, above the limit of 2,000,000"):
         search(problem, method="exhaustive")
 
 
 def test_searchers_do_not_mutate_the_problem():
-    problem = synthetic_problem(n_sites=30, seed=5)
+    problem = synthetic(n_sites=30, seed=5)
     before = copy.deepcopy((problem.vals, problem.domains_S, problem.model.t_comp_us_S, problem.model.a_S))
     default = problem.default_state()
     for method in ("priority", "autoccl", "nccl-default"):
@@ -126,7 +126,7 @@ def test_searchers_do_not_mutate_the_problem():
 
 
 def test_nccl_default_plan_changes_nothing():
-    problem = synthetic_problem(n_sites=10, seed=2)
+    problem = synthetic(n_sites=10, seed=2)
     res = search(problem, method="nccl-default")
     assert all(e.config == CommConfig() for e in res.plan.entries.values())
     assert res.stats["predicted_iteration_us"] == pytest.approx(res.stats["default_iteration_us"])
@@ -153,11 +153,13 @@ def test_unknown_method():
 @pytest.mark.parametrize("cluster, mechanism", [("h100-sxm-ib400", None), ("a100-ib100", None), ("h200-sxm", None),
                                                 ("h100-sxm-ib400", "communicator"), ("h100-sxm-ib400", "env")])
 def test_every_planned_config_passes_nccl_validation(cluster, mechanism):
-    from lagom_megatron.engine.knobs import validate_config, validate_env
+    from lagom_megatron.nccl.env_vars import validate_env
+    from lagom_megatron.nccl.rules import validate_config
 
-    problem = synthetic_problem(n_sites=60, seed=11, cluster=cluster, mechanism=mechanism)
+    problem = synthetic(n_sites=60, seed=11, cluster=cluster, mechanism=mechanism)
     for method in ("priority", "autoccl"):
         plan = search(problem, method=method).plan
+        assert plan.mechanism == (mechanism or "tuner")
         for site_id, e in plan.entries.items():
             validate_config(e.config, op=e.op, cluster=problem.cluster, mechanism=plan.mechanism, n_nodes=e.n_nodes,
                             group_size=e.group_size)
@@ -167,14 +169,12 @@ def test_every_planned_config_passes_nccl_validation(cluster, mechanism):
 
 
 def test_gloo_plans_pass_validation():
-    from lagom_megatron.engine.knobs import validate_config
-
     sites = [site(site_id=f"dp.ar[{i}]", op="all_reduce", nbytes=(1 + 4 * i) * 2**20, group="dp", group_size=2)
              for i in range(4)]
     problem = build(sites=sites, cluster="cpu-gloo", comp_ratio=[0.3, 1.0, 2.0, 4.0])
     for method in ("priority", "autoccl", "exhaustive"):
         for e in search(problem, method=method).plan.entries.values():
-            validate_config(e.config, op=e.op, cluster=problem.cluster, group_size=2)
+            problem.rules.validate(e.config, op=e.op, group_size=2)
 
 
 @pytest.mark.parametrize("cluster", ["h100-sxm-ib400", "cpu-gloo"])

@@ -30,6 +30,21 @@ SITES = [
 T_COMP = {SITES[0].site_id: 900.0, SITES[1].site_id: 120.0}
 
 
+@dataclass(frozen=True)
+class _Rules:
+    """Knob rules of a scripted backend: every knob applies to every op (``engine.knobs.KnobRules``)."""
+
+    backend: str = "sim"
+    mechanism: str = "tuner"
+    cluster: types.SimpleNamespace = field(default_factory=lambda: types.SimpleNamespace(name="h100-sxm-ib400"))
+
+    def probe_configs(self):
+        return list(PROBES)
+
+    def applicable(self, config, *, op):
+        return config
+
+
 @dataclass
 class _Entry:
     config: CommConfig
@@ -57,8 +72,8 @@ def fake_engine(monkeypatch):
             calls["fit"].append((profile, cluster))
             return cls()
 
-    def fake_search(profile, cluster, *, method="priority", model=None):
-        calls["search"].append({"profile": profile, "cluster": cluster, "method": method, "model": model})
+    def fake_search(profile, *, rules, method="priority", model=None):
+        calls["search"].append({"profile": profile, "cluster": rules.cluster, "method": method, "model": model})
         cfg = calls["plan_config"]
         plan = _Plan(entries={s.site_id: _Entry(cfg) for s in profile.sites}, fingerprint=profile.fingerprint)
         return types.SimpleNamespace(plan=plan, stats={"model_evaluations": 10, "predicted_iteration_us": 9000.0})
@@ -98,8 +113,7 @@ def _run(tuner, n, **kw):
 
 
 def _tuner(**cfg):
-    return Tuner(Tuner.Config(probe_configs=PROBES, **cfg), cluster="h100-sxm-ib400", backend="sim",
-                 fingerprint={"model": "m"})
+    return Tuner(Tuner.Config(probe_configs=PROBES, **cfg), rules=_Rules(), fingerprint={"model": "m"})
 
 
 def test_schedule_is_fixed_and_independent_of_sites(fake_engine):
@@ -145,7 +159,7 @@ def test_profile_has_t_comp_from_serialized_iteration_and_only_profile_reaches_s
     (call,) = fake_engine["search"]
     prof = call["profile"]
     assert isinstance(prof, Profile)
-    assert call["method"] == "priority" and call["cluster"] == "h100-sxm-ib400"
+    assert call["method"] == "priority" and call["cluster"].name == "h100-sxm-ib400"
     # one default + one sample per probe, per site; the serialized iteration is not a sample
     assert len(prof.samples) == len(SITES) * (1 + len(PROBES))
     for s in prof.samples:
@@ -191,7 +205,7 @@ def test_slower_plan_falls_back(fake_engine):
 
 def test_agree_hook_result_is_applied_and_failure_falls_back(fake_engine):
     agreed = _Plan(entries={s.site_id: _Entry(CommConfig(n_channels=2)) for s in SITES})
-    t = Tuner(Tuner.Config(probe_configs=PROBES), cluster="c", backend="nccl", agree=lambda plan: agreed)
+    t = Tuner(Tuner.Config(probe_configs=PROBES), rules=_Rules(backend="nccl"), agree=lambda plan: agreed)
     _run(t, t.profiling_iters + 1)
     assert t.plan is agreed
     assert t.assignment() == {} and t.next_step().kind == "verify-default"
@@ -199,7 +213,7 @@ def test_agree_hook_result_is_applied_and_failure_falls_back(fake_engine):
     def refuse(plan):
         raise RuntimeError("plan digest on rank 3 differs from rank 0")
 
-    t = Tuner(Tuner.Config(probe_configs=PROBES), cluster="c", backend="nccl", agree=refuse)
+    t = Tuner(Tuner.Config(probe_configs=PROBES), rules=_Rules(backend="nccl"), agree=refuse)
     _run(t, t.profiling_iters)
     assert t.phase is Phase.FELL_BACK
     assert "rank 3" in t.reason
@@ -265,7 +279,7 @@ def test_search_exception_falls_back(fake_engine, monkeypatch):
         seen.append(plan)
         raise RuntimeError("the search failed on rank(s) [1]")
 
-    t = Tuner(Tuner.Config(probe_configs=PROBES), cluster="h100-sxm-ib400", backend="sim", agree=agree)
+    t = Tuner(Tuner.Config(probe_configs=PROBES), rules=_Rules(), agree=agree)
     _run(t, t.profiling_iters)
     assert seen == [None] and t.phase is Phase.FELL_BACK and "IndexError" in t.reason
 
@@ -288,4 +302,4 @@ def test_bad_measurement_and_backend():
     with pytest.raises(ValueError, match="iteration_us must be a positive"):
         IterationMeasurement(iteration=0, iteration_us=float("nan"))
     with pytest.raises(ValueError, match="backend must be one of"):
-        Tuner(Tuner.Config(), cluster="c", backend="mpi")
+        Tuner(Tuner.Config(), rules=_Rules(backend="mpi"))

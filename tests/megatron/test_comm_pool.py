@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.megatron.comm_pool import GlooPoolBackend, MultiWork, piece_ranges
+from lagom_megatron.megatron.gloo import GlooPoolBackend, MultiWork, piece_ranges
 
 WORLD = 2
 
@@ -22,7 +22,9 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
     from torch.distributed import distributed_c10d as c10d
 
     from lagom_megatron.megatron import patches
-    from lagom_megatron.megatron.comm_pool import CommPool, chunked_call, make_backend
+    from lagom_megatron.megatron.backends import make_pool_backend
+    from lagom_megatron.megatron.comm_pool import CommPool
+    from lagom_megatron.megatron.gloo import chunked_call
     from lagom_megatron.megatron.sites import GroupNames
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)
@@ -31,7 +33,7 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
     out["default_threads"] = dist.group.WORLD._get_backend(cpu).options._threads
     groups = GroupNames(local_world_size=WORLD)
     dp = groups.add("dp", dist.new_group([0, 1]))
-    pool = CommPool(make_backend("gloo"), groups)
+    pool = CommPool(make_pool_backend("gloo"), groups)
     created = pool.prepare({"dp": {CommConfig(n_channels=3), CommConfig(n_channels=2, chunk_size=64), CommConfig(chunk_size=32)}})
     out["created"] = created
     entry = pool.group_for(dp, CommConfig(n_channels=3))

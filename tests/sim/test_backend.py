@@ -21,6 +21,7 @@ from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Profile, Sample
 from lagom_megatron.engine.tuner import IterationMeasurement, Phase, Tuner
 from lagom_megatron.config.presets import load_preset
+from lagom_megatron.nccl.rules import NcclRules
 from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
 from lagom_megatron.sim.workload import Workload
 
@@ -130,9 +131,10 @@ def test_search_sees_only_profile_records(monkeypatch):
     run_lifecycle(sim, verify_iters=1, after_iters=0)
 
     ((args, kwargs),) = seen["search"]
-    assert len(args) == 2 and set(kwargs) == {"method", "model"}
-    profile, cluster = args
+    assert len(args) == 1 and set(kwargs) == {"rules", "method", "model"}
+    (profile,), cluster = args, kwargs["rules"].cluster
     assert type(profile) is Profile and type(cluster) is ClusterSpec
+    assert type(kwargs["rules"]) is NcclRules and kwargs["rules"].backend == "sim"
     assert type(kwargs["model"]) is cost_model_mod.CostModel
     assert seen["fit"] == [(profile, cluster)]
     # the profile is plain data: it survives a JSON round trip unchanged ...

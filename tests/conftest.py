@@ -1,4 +1,4 @@
-"""Cluster fixtures of the engine tests (problems come from ``factory.build``)."""
+"""Cluster fixtures shared by the tests (engine problems come from ``tests/engine/factory.build``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,49 @@
+"""The two communication backends a run can use, NCCL on a GPU and gloo on CPU: which knob rules
+the search gets for each (``rules_for``) and which communicator-pool backend applies plans
+(``make_pool_backend``). The controller and the ``lagom`` commands choose through here.
+"""
+
+from __future__ import annotations
+
+from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.engine.knobs import KnobRules
+from lagom_megatron.megatron.comm_pool import PoolBackend
+from lagom_megatron.megatron.gloo import GlooPoolBackend, GlooRules
+from lagom_megatron.nccl.rules import NcclRules
+
+BACKENDS: tuple[str, ...] = ("nccl", "gloo", "sim")
+"""Backend labels of profiles and plans (``engine.profile.BACKENDS``)."""
+
+
+def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None) -> KnobRules:
+    """The knob rules of ``backend`` on ``cluster``: ``GlooRules`` for gloo, ``NcclRules`` (default
+    mechanism ``tuner``) for nccl and the simulated cluster (``sim``).
+
+    Raises:
+        ValueError: an unknown backend, a mechanism the backend does not have, or a cluster of
+            another backend (each names the value and what is allowed).
+    """
+    if backend == "gloo":
+        if mechanism not in (None, "gloo"):
+            raise ValueError(f"mechanism for backend 'gloo' must be one of ['gloo']; got {mechanism!r}")
+        if cluster.backend != "gloo":
+            raise ValueError(f"cluster {cluster.name!r} is a {cluster.backend} cluster; gloo rules need a gloo cluster")
+        return GlooRules(cluster)
+    if backend in ("nccl", "sim"):
+        return NcclRules(cluster, mechanism=mechanism or "tuner", backend=backend)
+    raise ValueError(f"backend must be one of {list(BACKENDS)}; got {backend!r}")
+
+
+def make_pool_backend(name: str) -> PoolBackend:
+    """The communicator-pool backend for ``gloo`` or ``nccl``.
+
+    Raises:
+        ValueError: unknown backend name.
+    """
+    if name == "gloo":
+        return GlooPoolBackend()
+    if name == "nccl":
+        from lagom_megatron.nccl.pool import NcclPoolBackend
+
+        return NcclPoolBackend()
+    raise ValueError(f"pool backend must be one of 'gloo', 'nccl'; got {name!r}")

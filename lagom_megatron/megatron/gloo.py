@@ -1,0 +1,206 @@
+"""Applying configurations on gloo (the CPU backend): the knob rules the search gets on gloo, the
+communicator-pool entries with more worker threads, and lagom's own splitting of a call into pieces.
+
+* ``n_channels`` = worker threads of a gloo communicator (``ProcessGroupGloo`` options
+  ``_threads``; torch's default is 2): communicator scope, applied by pool entries
+  (``GlooPoolBackend``).
+* ``chunk_size`` is per call: the tensor is split into pieces of at most that many bytes, issued
+  as several async calls and returned as one handle (``MultiWork``, ``chunked_call``). Splitting
+  is elementwise, so every element is reduced over the same ranks with the same operation; for
+  groups of two ranks the sums are bit-identical (a + b = b + a), for larger groups gloo's ring may
+  add in another order (last-bit differences). All-gathers issued inside a coalescing manager
+  (distributed-optimizer parameter all-gather) are not split: their pieces would need a copy after
+  the coalesced wait, which torch's coalescing manager gives no place for.
+
+gloo has no algorithm, protocol, thread-per-CTA, CTA-policy or CGA knob. torch is imported inside
+the functions that issue calls, so ``GlooRules`` is usable without torch (``lagom search`` on a
+gloo profile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
+
+from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.engine.knobs import (
+    GLOO_CHUNK_MIN, GLOO_DEFAULT_THREADS, GLOO_MAX_THREADS, KNOB_ORDER, CommConfig, Scope, chunk_domain, invalid_value,
+)
+
+GLOO_SCOPES: dict[str, Scope] = {"n_channels": "communicator", "chunk_size": "call"}
+"""The knobs gloo has and their scope; every other knob cannot be set on gloo."""
+
+
+@dataclass(frozen=True)
+class GlooRules:
+    """``engine.knobs.KnobRules`` on gloo (module docstring).
+
+    Args:
+        cluster: the ``ClusterSpec`` of the CPU machine (``cpu-gloo``), the cost model's cluster.
+    """
+
+    cluster: ClusterSpec
+    backend: str = "gloo"
+    mechanism: str = "gloo"
+
+    def scope(self, knob: str) -> Scope | None:
+        """``communicator`` for worker threads, ``call`` for chunk size, None for every other knob.
+
+        Raises:
+            ValueError: unknown knob.
+        """
+        if knob not in KNOB_ORDER:
+            raise ValueError(f"knob must be one of {list(KNOB_ORDER)}; got {knob!r}")
+        return GLOO_SCOPES.get(knob)
+
+    def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2) -> dict[str, tuple]:
+        """1, 2 or 4 worker threads and three piece sizes (or no split), the same for every op."""
+        out: dict[str, tuple] = {k: (None,) for k in KNOB_ORDER}
+        out["n_channels"] = (1, 2, 4)
+        out["chunk_size"] = (None,) + chunk_domain(None, "gloo")
+        return out
+
+    def probe_configs(self) -> list[CommConfig]:
+        """1 and 4 worker threads, and 2 threads with 1 MiB pieces."""
+        return [CommConfig(n_channels=1), CommConfig(n_channels=4), CommConfig(n_channels=2, chunk_size=1048576)]
+
+    def applicable(self, config: CommConfig, *, op: str) -> CommConfig:
+        """Only the worker threads and the chunk size of ``config`` (gloo has no other knob)."""
+        return CommConfig(n_channels=config.n_channels, chunk_size=config.chunk_size)
+
+    def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None) -> None:
+        """Checks ``config`` against gloo's knobs: 1..16 worker threads, chunks a multiple of 4 KiB.
+
+        Raises:
+            ValueError: the first knob gloo does not have or whose value is out of range.
+        """
+        c = config
+        for knob in ("algorithm", "protocol", "n_threads", "cta_policy", "cga_cluster_size"):
+            if getattr(c, knob) is not None:
+                raise invalid_value(knob, getattr(c, knob), [None], "gloo has no such knob")
+        if c.n_channels is not None and not (isinstance(c.n_channels, int) and 1 <= c.n_channels <= GLOO_MAX_THREADS):
+            raise invalid_value("n_channels", c.n_channels, f"1..{GLOO_MAX_THREADS} gloo worker threads")
+        if c.chunk_size is not None and not (isinstance(c.chunk_size, int) and c.chunk_size >= GLOO_CHUNK_MIN
+                                             and c.chunk_size % GLOO_CHUNK_MIN == 0):
+            raise invalid_value("chunk_size", c.chunk_size, f"a multiple of {GLOO_CHUNK_MIN} bytes")
+
+
+class GlooPoolBackend:
+    """Gloo pool entries: ``n_channels`` -> worker threads of a new gloo group (see module docstring)."""
+
+    name = "gloo"
+    MAX_THREADS = GLOO_MAX_THREADS
+    """Upper bound accepted for gloo worker threads (the engine's domain; each is an OS thread)."""
+    DEFAULT_THREADS = GLOO_DEFAULT_THREADS
+    """Worker threads of a gloo group built by ``new_group`` (torch 2.x; checked by the tests)."""
+
+    def entry_key(self, config: CommConfig) -> Hashable | None:
+        n = config.n_channels
+        if n is None:
+            return None
+        if not 1 <= int(n) <= self.MAX_THREADS:
+            raise ValueError(f"gloo n_channels (worker threads) must be in 1..{self.MAX_THREADS}; got {n}")
+        if int(n) == self.DEFAULT_THREADS:
+            return None  # the group's own communicator already has that many threads
+        return ("threads", int(n))
+
+    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str) -> Any:
+        import torch.distributed as dist
+
+        from lagom_megatron.megatron import patches
+
+        with patches.gloo_threads(int(config.n_channels)):
+            return dist.new_group(list(ranks), backend="gloo", group_desc=desc)
+
+
+class MultiWork:
+    """Several async ``Work`` handles as one; ``wait()`` waits for all, then runs the copy-backs."""
+
+    __slots__ = ("works", "after")
+
+    def __init__(self, works: list[Any], after: list[Callable[[], None]] | None = None) -> None:
+        self.works = works
+        self.after = after or []
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        for w in self.works:
+            if w is not None:
+                w.wait(*args, **kwargs)
+        for fn in self.after:
+            fn()
+        self.after = []
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w is None or w.is_completed() for w in self.works)
+
+
+def piece_ranges(numel: int, element_size: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Element ranges [lo, hi) of at most ``chunk_bytes`` bytes each covering ``numel`` elements.
+
+    Raises:
+        ValueError: ``chunk_bytes`` smaller than one element.
+    """
+    per = chunk_bytes // element_size
+    if per < 1:
+        raise ValueError(f"chunk_size ({chunk_bytes} bytes) is smaller than one element ({element_size} bytes)")
+    return [(lo, min(numel, lo + per)) for lo in range(0, numel, per)] or [(0, 0)]
+
+
+def in_coalescing(group: Any) -> bool:
+    """True while torch's ``_coalescing_manager`` records calls for ``group``."""
+    from torch.distributed import distributed_c10d as c10d
+
+    g = group if group is not None else c10d._get_default_group()
+    return g in c10d._world.pg_coalesce_state
+
+
+def chunked_call(op: str, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], chunk_bytes: int, group_size: int) -> Any:
+    """Issues ``fn`` (a torch.distributed collective) as pieces of at most ``chunk_bytes`` bytes.
+
+    ``op`` is ``all_reduce`` (args: tensor), ``reduce_scatter`` (args: output, input; input is
+    ``group_size`` x output along the first dimension) or ``all_gather`` (args: output, input).
+    Returns a ``MultiWork`` when ``async_op`` is set, else None after waiting; inside a coalescing
+    manager it returns what the first piece returned (torch's placeholder). A tensor that fits in
+    one piece is passed through unchanged, and so is any other op.
+    """
+    async_op = bool(kwargs.get("async_op", False))
+    kw = dict(kwargs)
+    kw["async_op"] = True
+    coalescing = in_coalescing(kwargs.get("group"))
+    if op == "all_reduce":
+        t = args[0]
+        ranges = piece_ranges(t.numel(), t.element_size(), chunk_bytes)
+        if len(ranges) <= 1 or not t.is_contiguous():
+            return fn(*args, **kwargs)
+        flat = t.view(-1)
+        works = [fn(flat[lo:hi], *args[1:], **kw) for lo, hi in ranges]
+        after: list[Callable[[], None]] = []
+    elif op == "reduce_scatter":
+        out, inp = args[0], args[1]
+        ranges = piece_ranges(out.numel(), out.element_size(), chunk_bytes)
+        if len(ranges) <= 1 or not (out.is_contiguous() and inp.is_contiguous()):
+            return fn(*args, **kwargs)
+        out_flat, inp_2d = out.view(-1), inp.reshape(group_size, -1)
+        works = [fn(out_flat[lo:hi], inp_2d[:, lo:hi].contiguous().view(-1), *args[2:], **kw) for lo, hi in ranges]
+        after = []
+    elif op == "all_gather":
+        out, inp = args[0], args[1]
+        ranges = piece_ranges(inp.numel(), inp.element_size(), chunk_bytes)
+        if len(ranges) <= 1 or coalescing or not (out.is_contiguous() and inp.is_contiguous()):
+            return fn(*args, **kwargs)
+        inp_flat, out_2d = inp.view(-1), out.view(group_size, -1)
+        works, after = [], []
+        for lo, hi in ranges:
+            tmp = out.new_empty((group_size, hi - lo))
+            works.append(fn(tmp.view(-1), inp_flat[lo:hi], *args[2:], **kw))
+            after.append(lambda tmp=tmp, lo=lo, hi=hi: out_2d[:, lo:hi].copy_(tmp))
+    else:
+        return fn(*args, **kwargs)
+    if coalescing:
+        return works[0]
+    handle = MultiWork(works, after)
+    if async_op:
+        return handle
+    handle.wait()
+    return None
