@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lagom_megatron.engine.cluster import ClusterSpec
-    from lagom_megatron.engine.cost_model import CostModel
+    from lagom_megatron.engine.fit import fit_cost_model
     from lagom_megatron.engine.profile import Profile
     from lagom_megatron.engine.search import METHODS, search
     from lagom_megatron.megatron.backends import rules_for
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--method must be one of {list(METHODS)}; got {args.method!r}")
     profile = Profile.load(args.profile)
     cluster = ClusterSpec.load(args.cluster or profile.cluster)
-    model = CostModel.fit(profile, cluster)
+    model = fit_cost_model(profile, cluster)
     if args.verbose:
         print(model.fit_summary())
     rules = rules_for(profile.backend, cluster, args.mechanism)

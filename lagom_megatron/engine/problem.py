@@ -24,6 +24,7 @@ import numpy as np
 from lagom_megatron import __version__
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.cost_model import ALG_NONE, PROTO_NONE, CostModel
+from lagom_megatron.engine.fit import fit_cost_model
 from lagom_megatron.engine.knobs import (
     ALGORITHMS, KNOB_ORDER, PROTOCOLS, PROTOCOLS_FOR_ALGORITHM, CommConfig, KnobRules, chunk_domain,
 )
@@ -140,7 +141,7 @@ class SearchProblem:
     def from_profile(cls, profile: Profile, *, rules: KnobRules, model: CostModel | None = None,
                      domain_override: dict[str, tuple] | None = None) -> "SearchProblem":
         """A problem from a profile on ``rules.cluster``: fits the cost model unless one is given."""
-        model = model or CostModel.fit(profile, rules.cluster)
+        model = model or fit_cost_model(profile, rules.cluster)
         fp = dict(profile.fingerprint)
         fp.setdefault("backend", profile.backend)
         return cls.from_model(model, rules=rules, iteration_us=profile.iteration_us, fingerprint=fp,

@@ -23,7 +23,7 @@ Schedule (a fixed number of iterations, independent of the number of sites; DESI
                  the compute of each region runs alone; its per-site ``t_comp_us`` is T_comp
     PROBING    1 iteration per probe config (``rules.probe_configs()``), applied to all sites at once:
                  each gives every region one more (config, T_comm, T_region) point
-    SEARCHED   the cost model is fitted (``CostModel.fit``) and searched (``search.search``) at the
+    SEARCHED   the cost model is fitted (``fit.fit_cost_model``) and searched (``search.search``) at the
                end of the last probe iteration; ``agree(plan)`` makes the ranks consistent
     VERIFYING  plan and defaults alternate, ``verify_iters`` timed iterations each (the first
                iteration under the plan is not timed: communicator pool creation)
@@ -116,7 +116,7 @@ class Tuner:
         config: ``Tuner.Config``.
         rules: the knob rules of the mechanism that applies plans (``knobs.KnobRules``): the
             probe configs, the search domain, and the cluster (``rules.cluster``, passed to
-            ``CostModel.fit`` and recorded in the profile) and backend label (``rules.backend``:
+            ``fit.fit_cost_model`` and recorded in the profile) and backend label (``rules.backend``:
             ``nccl``, ``gloo`` or ``sim``) of the profile.
         fingerprint: what is being tuned (model, layout, world size, cluster, versions); copied into
             the profile and hence the plan.
@@ -460,7 +460,7 @@ class Tuner:
     def _start_search(self, it: int) -> None:
         """PROBING -> SEARCHED (or FELL_BACK): fit the cost model, search, agree on the plan."""
         assert self.phase is Phase.PROBING, f"search started in phase {self.phase.name}"
-        from lagom_megatron.engine import cost_model, search
+        from lagom_megatron.engine import fit, search
 
         self.profile = self.build_profile()
         if not self.profile.sites:
@@ -468,7 +468,7 @@ class Tuner:
                                 f"{next(iter(self._excluded.items()), ('-', '-'))})")
             return
         try:
-            model = cost_model.CostModel.fit(self.profile, self.cluster)
+            model = fit.fit_cost_model(self.profile, self.cluster)
             self.model_mape = float(model.mape)
             result = search.search(self.profile, rules=self.rules, method=self.config.method, model=model)
         except Exception as exc:  # noqa: BLE001 - tuning must never stop training: keep defaults, say why

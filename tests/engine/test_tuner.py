@@ -61,16 +61,15 @@ class _Plan:
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    """Installs recording fakes of cost_model.CostModel.fit and search.search; returns the call log."""
+    """Installs recording fakes of fit.fit_cost_model and search.search; returns the call log."""
     calls: dict = {"fit": [], "search": [], "plan_config": CommConfig(n_channels=4)}
 
     class FakeModel:
         mape = 3.5
 
-        @classmethod
-        def fit(cls, profile, cluster):
-            calls["fit"].append((profile, cluster))
-            return cls()
+    def fake_fit(profile, cluster):
+        calls["fit"].append((profile, cluster))
+        return FakeModel()
 
     def fake_search(profile, *, rules, method="priority", model=None):
         calls["search"].append({"profile": profile, "cluster": rules.cluster, "method": method, "model": model})
@@ -78,13 +77,13 @@ def fake_engine(monkeypatch):
         plan = _Plan(entries={s.site_id: _Entry(cfg) for s in profile.sites}, fingerprint=profile.fingerprint)
         return types.SimpleNamespace(plan=plan, stats={"model_evaluations": 10, "predicted_iteration_us": 9000.0})
 
-    cm = types.ModuleType("lagom_megatron.engine.cost_model")
-    cm.CostModel = FakeModel
+    cm = types.ModuleType("lagom_megatron.engine.fit")
+    cm.fit_cost_model = fake_fit
     se = types.ModuleType("lagom_megatron.engine.search")
     se.search = fake_search
     monkeypatch.setitem(sys.modules, cm.__name__, cm)
     monkeypatch.setitem(sys.modules, se.__name__, se)
-    monkeypatch.setattr(engine_pkg, "cost_model", cm, raising=False)
+    monkeypatch.setattr(engine_pkg, "fit", cm, raising=False)
     monkeypatch.setattr(engine_pkg, "search", se, raising=False)
     return calls
 

@@ -15,6 +15,7 @@ import pytest
 from lagom_megatron.engine.plan import Plan
 
 import lagom_megatron.engine.cost_model as cost_model_mod
+import lagom_megatron.engine.fit as fit_mod
 import lagom_megatron.engine.search as search_mod
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
@@ -110,7 +111,7 @@ def test_search_sees_only_profile_records(monkeypatch):
     """The fit and the search get a Profile of plain records and the ClusterSpec, nothing else;
     the tuner gets only IterationMeasurements."""
     seen: dict = {"fit": [], "search": [], "measure": []}
-    real_fit, real_search, real_finish = cost_model_mod.CostModel.fit, search_mod.search, Tuner.finish_iteration
+    real_fit, real_search, real_finish = fit_mod.fit_cost_model, search_mod.search, Tuner.finish_iteration
 
     def spy_fit(profile, cluster):
         seen["fit"].append((profile, cluster))
@@ -124,7 +125,7 @@ def test_search_sees_only_profile_records(monkeypatch):
         seen["measure"].append(measurement)
         return real_finish(self, measurement)
 
-    monkeypatch.setattr(cost_model_mod.CostModel, "fit", staticmethod(spy_fit))
+    monkeypatch.setattr(fit_mod, "fit_cost_model", spy_fit)
     monkeypatch.setattr(search_mod, "search", spy_search)
     monkeypatch.setattr(Tuner, "finish_iteration", spy_finish)
     sim = SimulatedCluster(load_preset("llama3-8b-h100x8"), seed=1)
