@@ -30,9 +30,9 @@ Schedule (a fixed number of iterations, independent of the number of sites; DESI
     APPLIED    the plan's median iteration time beat the defaults' by more than the measured spread
     FELL_BACK  it did not, or fit / search / agreement failed: defaults from then on, with the reason
 
-Samples measured in overlapped iterations carry ``t_comp_us`` as the backend saw it (often
-unknown, NaN); the tuner replaces it with the serialized iteration's value for that site before
-the profile is written, so every sample in the profile has the same T_comp for its region.
+What was measured is kept by a ``recorder.ProfileRecorder`` (which also fills every sample's T_comp
+from the serialized iteration); the verdict is ``verify.verdict``; the types a backend sees are in
+``steps.py``.
 
 The priority search, the cost model and the verification rule follow DESIGN.md sections 3-4; the
 lifecycle and the serialized-iteration measurement of T_comp are our design (the Lagom paper's
@@ -42,71 +42,18 @@ text on profiling is not available).
 from __future__ import annotations
 
 import logging
-import math
 import statistics
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Callable, Literal
+from dataclasses import dataclass
+from typing import Any, Callable
 
-from lagom_megatron.engine.knobs import DEFAULT, CommConfig, KnobRules
-from lagom_megatron.engine.profile import BACKENDS, CollectiveSite, Profile, Sample
+from lagom_megatron.engine.knobs import CommConfig, KnobRules
+from lagom_megatron.engine.profile import BACKENDS, Profile
+from lagom_megatron.engine.recorder import ProfileRecorder
 from lagom_megatron.engine.search import METHODS
+from lagom_megatron.engine.steps import IterationMeasurement, Phase, Step
+from lagom_megatron.engine.verify import NoiseRule, verdict
 
 log = logging.getLogger("lagom.tuner")
-
-
-
-class Phase(Enum):
-    """Where the tuner is in its lifecycle (module docstring gives the schedule)."""
-
-    PROFILING = "profiling"
-    PROBING = "probing"
-    SEARCHED = "searched"
-    VERIFYING = "verifying"
-    APPLIED = "applied"
-    FELL_BACK = "fell_back"
-
-
-StepKind = Literal["warmup", "default", "serialized", "probe", "settle", "verify-plan", "verify-default", "applied", "fell-back"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Step:
-    """What the next iteration must do.
-
-    ``assignment`` maps site id -> CommConfig to apply (a missing site = NCCL defaults).
-    ``serialize``: wait on every collective right after launching it (T_comp measurement).
-    ``timed``: whether the tuner uses this iteration's measurement (backends may skip timing
-    collectives when it is false).
-    """
-
-    iteration: int
-    kind: StepKind
-    assignment: dict[str, CommConfig]
-    serialize: bool = False
-    timed: bool = True
-    probe_index: int | None = None
-    """Index into the probe configs for ``kind == "probe"``."""
-
-
-@dataclass(kw_only=True, slots=True)
-class IterationMeasurement:
-    """What a backend measured in one iteration.
-
-    ``iteration_us``: wall time of the whole iteration (slowest rank), microseconds.
-    ``sites``: the collective sites seen in the iteration (may be empty after profiling).
-    ``samples``: one ``Sample`` per site region (its ``config`` is what was applied; ``t_comm_us``
-    sums all calls of the site; ``t_comp_us`` may be NaN where compute alone was not measured).
-    """
-
-    iteration: int
-    iteration_us: float
-    sites: list[CollectiveSite] = field(default_factory=list)
-    samples: list[Sample] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not (self.iteration_us > 0 and math.isfinite(self.iteration_us)):
-            raise ValueError(f"iteration {self.iteration}: iteration_us must be a positive finite number; got {self.iteration_us!r}")
 
 
 class Tuner:
@@ -145,7 +92,7 @@ class Tuner:
         """Searcher: priority, autoccl, exhaustive, nccl-default."""
         min_gain: float = 0.002
         """Smallest relative gain (fraction of the default median) a plan must show to be kept."""
-        noise_rule: Literal["half-range", "none"] = "half-range"
+        noise_rule: NoiseRule = "half-range"
         """half-range: the gain must also exceed half the larger per-arm range (max - min) of the
         verification measurements; none: ``min_gain`` alone decides."""
         probe_configs: list[CommConfig] | None = None
@@ -190,14 +137,10 @@ class Tuner:
         self.events: list[tuple[int, str, str]] = []
         """(iteration, phase, message) for each transition, for reports and ``lagom simulate``."""
         self._probes: list[CommConfig] | None = None
-        self._sites: dict[str, CollectiveSite] = {}
-        self._default_us: list[float] = []
-        self._t_comp_us: dict[str, float] = {}
-        self._raw_samples: list[Sample] = []
+        self._rec = ProfileRecorder(backend=self.backend, cluster_name=self.cluster.name, fingerprint=self.fingerprint)
+        """The measurements of the profiling iterations (sites, T_comp, samples, excluded sites)."""
         self._verify_plan_us: list[float] = []
         self._verify_default_us: list[float] = []
-        self._excluded: dict[str, str] = {}
-        """Site id -> why it was left out of the profile (it keeps NCCL defaults)."""
         self._started: Step | None = None
         self._last_finished = -1
         self._n_finished = 0
@@ -294,7 +237,7 @@ class Tuner:
         """Probe ``k`` for every site, minus the knobs that do not apply to the site's op
         (``rules.applicable``: a send/recv site keeps only what NCCL's P2P path honours)."""
         cfg = self.probes[k]
-        return {sid: self.rules.applicable(cfg, op=site.op) for sid, site in self._sites.items()}
+        return {sid: self.rules.applicable(cfg, op=site.op) for sid, site in self._rec.sites.items()}
 
     def _plan_assignment(self) -> dict[str, CommConfig]:
         if self.plan is None:
@@ -368,57 +311,21 @@ class Tuner:
     # ------------------------------------------------------------------ recording
 
     def _record_default(self, m: IterationMeasurement) -> None:
-        if not m.sites:
+        if not self._rec.record_default(m):
             self._fall_back(m.iteration, f"iteration {m.iteration}: no collective sites were reported under defaults; "
                                          "nothing overlapped to tune (are the lagom hooks installed?)")
             return
-        self._sites = {s.site_id: s for s in m.sites}
-        self._default_us.append(m.iteration_us)
-        self._raw_samples.extend(self._keep(m, {}))
-        self._log(m.iteration, f"profiled {len(self._sites)} sites under defaults: iteration {m.iteration_us:.0f} us")
+        self._log(m.iteration, f"profiled {len(self._rec.sites)} sites under defaults: iteration {m.iteration_us:.0f} us")
 
     def _record_serialized(self, m: IterationMeasurement) -> None:
-        by_site: dict[str, list[float]] = {}
-        for s in m.samples:
-            if s.site_id in self._sites and math.isfinite(s.t_comp_us):
-                by_site.setdefault(s.site_id, []).append(s.t_comp_us)
-        missing = sorted(set(self._sites) - set(by_site))
-        if missing:
-            log.warning("serialized iteration %d: no T_comp for %d site(s), e.g. %s; they keep defaults",
-                        m.iteration, len(missing), missing[:5])
-        self._t_comp_us = {sid: statistics.median(v) for sid, v in by_site.items()}
-        self._log(m.iteration, f"serialized iteration: T_comp of {len(self._t_comp_us)} regions, iteration {m.iteration_us:.0f} us")
+        self._rec.record_serialized(m)
+        self._log(m.iteration, f"serialized iteration: T_comp of {len(self._rec.t_comp_us)} regions, iteration {m.iteration_us:.0f} us")
 
     def _record_probe(self, m: IterationMeasurement, k: int | None) -> None:
         k = k if k is not None else 0
         cfg = self.probes[k]
-        kept = self._keep(m, self._probe_assignment(k))
-        seen = {s.site_id for s in kept}
-        for sid in sorted(set(self._sites) - seen - set(self._excluded)):
-            self._exclude(sid, f"probe iteration {m.iteration} ({cfg.to_dict()}): expected a sample, found none")
-        self._raw_samples.extend(kept)
+        self._rec.record_probe(m, self._probe_assignment(k), what=f"probe iteration {m.iteration} ({cfg.to_dict()})")
         self._log(m.iteration, f"probe {k + 1}/{len(self.probes)} {cfg.to_dict()}: iteration {m.iteration_us:.0f} us")
-
-    def _keep(self, m: IterationMeasurement, assigned: dict[str, CommConfig]) -> list[Sample]:
-        """The samples of known sites, each checked against the config assigned to its site."""
-        out = []
-        for s in m.samples:
-            if s.site_id not in self._sites:
-                log.warning("iteration %d: sample for site %r not seen under defaults; ignored", m.iteration, s.site_id)
-                continue
-            expected = assigned.get(s.site_id, DEFAULT)
-            if s.config != expected:
-                self._exclude(s.site_id, f"iteration {m.iteration}: assigned {expected.to_dict() or 'defaults'}, "
-                                         f"found config {s.config.to_dict()}")
-                continue
-            out.append(s)
-        return out
-
-    def _exclude(self, site_id: str, why: str) -> None:
-        """Leaves ``site_id`` out of the profile (it keeps NCCL defaults), saying why, once."""
-        if site_id not in self._excluded:
-            self._excluded[site_id] = why
-            log.warning("lagom: site %r keeps NCCL defaults: %s", site_id, why)
 
     # ------------------------------------------------------------------ transitions
 
@@ -436,26 +343,12 @@ class Tuner:
             self._finish_verify(it)
 
     def build_profile(self) -> Profile:
-        """The profile of everything measured so far, T_comp filled in from the serialized iteration.
+        """The profile of everything measured so far (``recorder.ProfileRecorder.build_profile``).
 
         Raises:
             RuntimeError: called before the default and serialized iterations were measured.
         """
-        if not self._default_us or not self._t_comp_us:
-            raise RuntimeError(
-                f"build_profile: needs the default and serialized iterations; have {len(self._default_us)} "
-                f"default and {'a' if self._t_comp_us else 'no'} serialized measurement"
-            )
-        usable = {sid for sid in self._t_comp_us if sid not in self._excluded}
-        samples = [
-            Sample(site_id=s.site_id, config=s.config, t_comm_us=s.t_comm_us, t_comp_us=self._t_comp_us[s.site_id],
-                   t_region_us=s.t_region_us, iteration=s.iteration)
-            for s in self._raw_samples
-            if s.site_id in usable
-        ]
-        sites = [s for sid, s in self._sites.items() if sid in usable]
-        return Profile(backend=self.backend, cluster=self.cluster.name, iteration_us=statistics.median(self._default_us),
-                       sites=sites, samples=samples, fingerprint=dict(self.fingerprint))
+        return self._rec.build_profile()
 
     def _start_search(self, it: int) -> None:
         """PROBING -> SEARCHED (or FELL_BACK): fit the cost model, search, agree on the plan."""
@@ -464,8 +357,9 @@ class Tuner:
 
         self.profile = self.build_profile()
         if not self.profile.sites:
-            self._fall_back(it, f"no site left to tune ({len(self._excluded)} of {len(self._sites)} excluded, e.g. "
-                                f"{next(iter(self._excluded.items()), ('-', '-'))})")
+            excluded = self._rec.excluded
+            self._fall_back(it, f"no site left to tune ({len(excluded)} of {len(self._rec.sites)} excluded, e.g. "
+                                f"{next(iter(excluded.items()), ('-', '-'))})")
             return
         try:
             model = fit.fit_cost_model(self.profile, self.cluster)
@@ -500,22 +394,16 @@ class Tuner:
                       f"model MAPE {self.model_mape:.1f}%{pred_txt}")
 
     def _finish_verify(self, it: int) -> None:
-        """VERIFYING -> APPLIED | FELL_BACK by the noise rule (Config.min_gain, Config.noise_rule)."""
+        """VERIFYING -> APPLIED | FELL_BACK by the noise rule (``verify.verdict``)."""
         assert self.phase is Phase.VERIFYING, f"verify finished in phase {self.phase.name}"
-        plan_us = statistics.median(self._verify_plan_us)
-        base_us = statistics.median(self._verify_default_us)
-        gain = base_us - plan_us
-        spread = 0.0
-        if self.config.noise_rule == "half-range":
-            spread = max(_half_range(self._verify_plan_us), _half_range(self._verify_default_us))
-        need = max(spread, self.config.min_gain * base_us)
-        txt = f"plan {plan_us:.0f} us vs defaults {base_us:.0f} us (median of {len(self._verify_plan_us)}), gain {gain:.0f} us, needed > {need:.0f} us"
-        if gain > need:
+        v = verdict(self._verify_plan_us, self._verify_default_us, min_gain=self.config.min_gain,
+                    noise_rule=self.config.noise_rule)
+        if v.keep:
             self.phase = Phase.APPLIED
-            self.reason = txt
-            self._log(it, f"applied: {txt}")
+            self.reason = v.text
+            self._log(it, f"applied: {v.text}")
         else:
-            self._fall_back(it, txt)
+            self._fall_back(it, v.text)
 
     def _fall_back(self, it: int, reason: str) -> None:
         self.phase = Phase.FELL_BACK
@@ -536,10 +424,10 @@ class Tuner:
             "method": self.config.method,
             "iterations_finished": self._n_finished,
             "profiling_iters": self.profiling_iters if self._probes is not None or self.config.probe_configs is not None else None,
-            "n_sites": len(self._sites),
-            "n_samples": len(self._raw_samples),
-            "excluded_sites": dict(self._excluded),
-            "default_iteration_us": statistics.median(self._default_us) if self._default_us else None,
+            "n_sites": len(self._rec.sites),
+            "n_samples": len(self._rec.samples),
+            "excluded_sites": dict(self._rec.excluded),
+            "default_iteration_us": statistics.median(self._rec.default_us) if self._rec.default_us else None,
             "model_mape_pct": self.model_mape,
             "search": self.search_stats,
             "verify_plan_us": list(self._verify_plan_us),
@@ -552,7 +440,3 @@ class Tuner:
             out["plan_digest"] = self.plan.digest()
         out["events"] = [{"iteration": i, "phase": p, "message": m} for i, p, m in self.events]
         return out
-
-
-def _half_range(xs: list[float]) -> float:
-    return (max(xs) - min(xs)) / 2.0 if len(xs) > 1 else 0.0

@@ -334,7 +334,7 @@ class LagomController:
 
     def on_iteration_end(self, iteration: int, elapsed_s: float, loss: float) -> None:
         """Feeds the (all-gathered) measurement to the tuner and acts on its phase changes."""
-        from lagom_megatron.engine.tuner import IterationMeasurement
+        from lagom_megatron.engine.steps import IterationMeasurement
         from lagom_megatron.megatron import consensus
 
         self.registry.finish_iteration()
@@ -376,7 +376,7 @@ class LagomController:
         self._after_step(step, iteration, measurement, merged, before, phase, dt_ms)
 
     def _after_step(self, step: Any, iteration: int, m: Any, merged: dict, before: Any, phase: Any, dt_ms: float) -> None:
-        from lagom_megatron.engine.tuner import Phase
+        from lagom_megatron.engine.steps import Phase
 
         tuner = self.tuner
         total = tuner.profiling_iters
@@ -407,7 +407,7 @@ class LagomController:
             self._on_done(phase)
 
     def _on_searched(self, iteration: int, phase: Any, dt_ms: float) -> None:
-        from lagom_megatron.engine.tuner import Phase
+        from lagom_megatron.engine.steps import Phase
 
         tuner = self.tuner
         if tuner.profile is not None and self.rank == 0:
@@ -429,7 +429,7 @@ class LagomController:
             _say(f"lagom: plan {self.plan_path} (digest {tuner.plan.digest()[:12]}) | profile {self.profile_path}")
 
     def _on_done(self, phase: Any) -> None:
-        from lagom_megatron.engine.tuner import Phase
+        from lagom_megatron.engine.steps import Phase
 
         self.router.set_assignment(self.tuner.assignment())  # the plan (APPLIED) or {} (FELL_BACK), for good
         s = self.tuner.summary()

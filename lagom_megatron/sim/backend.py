@@ -21,7 +21,8 @@ from typing import Any
 
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Sample
-from lagom_megatron.engine.tuner import IterationMeasurement, Phase, Step, Tuner
+from lagom_megatron.engine.steps import IterationMeasurement, Phase, Step
+from lagom_megatron.engine.tuner import Tuner
 from lagom_megatron.nccl.rules import NcclRules
 from lagom_megatron.sim import timeline
 from lagom_megatron.sim.device import CommCost, Gpu, comm_cost, resolve_config

@@ -108,7 +108,7 @@ def test_diff_lists_only_real_differences_and_names_missing_keys():
 
 
 def test_rejected_follows_the_tuners_verdict():
-    from lagom_megatron.engine.tuner import Phase
+    from lagom_megatron.engine.steps import Phase
 
     plan = Plan(entries={})
     assert not plan.rejected and not plan.with_stats(verification=Phase.APPLIED.value).rejected

@@ -18,7 +18,8 @@ import pytest
 import lagom_megatron.engine as engine_pkg
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Profile, Sample
-from lagom_megatron.engine.tuner import IterationMeasurement, Phase, Tuner
+from lagom_megatron.engine.steps import IterationMeasurement, Phase
+from lagom_megatron.engine.tuner import Tuner
 
 PROBES = [CommConfig(n_channels=4), CommConfig(n_channels=8, protocol="Simple")]
 SITES = [

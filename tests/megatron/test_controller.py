@@ -49,7 +49,7 @@ def test_plan_rejected_by_its_verification_is_not_applied_again(tmp_path, capsys
 
 def test_never_verified_plan_is_verified_not_applied_blind(tmp_path, capsys, monkeypatch):
     from lagom_megatron.engine.cluster import ClusterSpec
-    from lagom_megatron.engine.tuner import Phase
+    from lagom_megatron.engine.steps import Phase
 
     path = tmp_path / "plan.json"
     _plan(dict(FP)).save(path)  # as `lagom search` writes it: no verification verdict

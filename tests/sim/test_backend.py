@@ -20,7 +20,8 @@ import lagom_megatron.engine.search as search_mod
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Profile, Sample
-from lagom_megatron.engine.tuner import IterationMeasurement, Phase, Tuner
+from lagom_megatron.engine.steps import IterationMeasurement, Phase
+from lagom_megatron.engine.tuner import Tuner
 from lagom_megatron.config.presets import load_preset
 from lagom_megatron.nccl.rules import NcclRules
 from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
