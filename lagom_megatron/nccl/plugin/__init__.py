@@ -1,4 +1,5 @@
-"""lagom's NCCL tuner plugin: C sources (``plugin.c``, ``lagom_tuner.h``) and their builder.
+"""lagom's NCCL tuner plugin: C sources (``plugin.c``, ``table.c``, ``lagom_tuner.h``, ``plugin_internal.h``;
+the C test harness under ``test/``) and their builder (``build.py``).
 
 See ``docs/nccl.md`` for the plan-table format and how NCCL loads the plugin.
 """

@@ -1,4 +1,4 @@
-"""Builds lagom's NCCL tuner plugin (``plugin.c``) into a shared library with gcc.
+"""Builds lagom's NCCL tuner plugin (``plugin.c``, ``table.c``) into a shared library with gcc.
 
 The plugin needs neither CUDA nor NCCL's sources: it declares the tuner ABI itself
 (``lagom_tuner.h``) and NCCL ``dlopen()``s it at communicator creation when
@@ -15,12 +15,17 @@ import tempfile
 from pathlib import Path
 
 PLUGIN_DIR = Path(__file__).resolve().parent
-"""Directory holding ``plugin.c``, ``lagom_tuner.h`` and the ``Makefile``."""
+"""Directory holding the plugin's C sources and headers and the ``Makefile``."""
+TUNER_SOURCES = (PLUGIN_DIR / "plugin.c", PLUGIN_DIR / "table.c")
+"""The plugin's C sources: NCCL's entry points and ABI structs, and the plan-table reader (both
+include ``lagom_tuner.h`` and ``plugin_internal.h``)."""
 LIBRARY_NAME = "libnccl-tuner-lagom.so"
 """File name of the built plugin (NCCL also finds it as ``NCCL_TUNER_PLUGIN=lagom`` on the
 library path, from its ``libnccl-tuner-<name>.so`` naming rule)."""
 HARNESS_SOURCE = PLUGIN_DIR / "test" / "test_plugin.c"
-"""The C test harness (present in a source checkout, not in an installed wheel)."""
+"""The C test harness's main source (present in a source checkout, not in an installed wheel)."""
+HARNESS_SOURCES = (HARNESS_SOURCE, PLUGIN_DIR / "test" / "test_calls.c", PLUGIN_DIR / "test" / "test_table.c")
+"""Every source of the C test harness (they share ``test/harness.h``)."""
 
 _WARN = ["-std=gnu11", "-Wall", "-Wextra"]
 
@@ -76,20 +81,23 @@ def build_tuner(out_dir: str | os.PathLike, *, cc: str | None = None,
     """
     out = Path(out_dir).resolve() / LIBRARY_NAME
     args = [find_compiler(cc), *_WARN, "-O2", "-g", *extra_cflags, "-fPIC", "-shared",
-            "-fvisibility=hidden", str(PLUGIN_DIR / "plugin.c")]
+            "-fvisibility=hidden", *(str(src) for src in TUNER_SOURCES)]
     return _compile(args, out, "the NCCL tuner plugin")
 
 
 def build_harness(out_dir: str | os.PathLike, *, cc: str | None = None,
                   extra_cflags: list[str] | tuple[str, ...] = ()) -> Path:
-    """Compiles the C test harness ``test/test_plugin.c`` into ``out_dir/test_plugin``.
+    """Compiles the C test harness (``test/test_plugin.c`` and the ``test/test_*.c`` cases) into
+    ``out_dir/test_plugin``.
 
     Raises:
         FileNotFoundError: no C compiler, or no harness source (installed wheel, not a checkout).
         RuntimeError: the compiler failed.
     """
-    if not HARNESS_SOURCE.is_file():
-        raise FileNotFoundError(f"test harness source {HARNESS_SOURCE} is missing (not a source checkout)")
+    for source in HARNESS_SOURCES:
+        if not source.is_file():
+            raise FileNotFoundError(f"test harness source {source} is missing (not a source checkout)")
     out = Path(out_dir).resolve() / "test_plugin"
-    args = [find_compiler(cc), *_WARN, "-O1", "-g", *extra_cflags, str(HARNESS_SOURCE), "-ldl"]
+    args = [find_compiler(cc), *_WARN, "-O1", "-g", *extra_cflags, *(str(src) for src in HARNESS_SOURCES),
+            "-ldl"]
     return _compile(args, out, "the tuner plugin test harness")

@@ -1,0 +1,77 @@
+/*
+ * plugin_internal.h: what the plugin's two sources share (not part of the ABI, never installed
+ * into NCCL): the logging macros, the table row and per-communicator context types, and the
+ * table-reading functions table.c provides to plugin.c.
+ *
+ *   table.c   reads and parses the plan table, keeps the rows that apply to a communicator.
+ *   plugin.c  NCCL's entry points (init, getCollInfo, getChunkSize, finalize) and ABI v3-v6 structs.
+ *
+ * Everything declared here is internal to the shared library: hidden from its dynamic symbol
+ * table whatever -fvisibility the build uses; only the ncclTunerPlugin_v* structs are exported.
+ */
+#ifndef LAGOM_PLUGIN_INTERNAL_H_
+#define LAGOM_PLUGIN_INTERNAL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lagom_tuner.h"
+
+#define LAGOM_INTERNAL __attribute__((visibility("hidden")))
+
+/* NCCL filters every message, warnings included, by subsystem (NCCL_DEBUG_SUBSYS, default
+ * INIT,BOOTSTRAP,ENV): init-time messages carry INIT so that a bad table is visible with plain
+ * NCCL_DEBUG=WARN; per-call messages carry TUNING only. */
+#define LOG_FLAGS(ctx, flags, level, fmt, ...)                                                 \
+  do {                                                                                         \
+    if ((ctx)->logFn)                                                                          \
+      (ctx)->logFn(level, flags, __FILE__, __LINE__, "LAGOM/tuner: " fmt, ##__VA_ARGS__);      \
+  } while (0)
+#define LOG_INIT(ctx, level, fmt, ...)                                                         \
+  LOG_FLAGS(ctx, LAGOM_NCCL_SUBSYS_INIT | LAGOM_NCCL_SUBSYS_TUNING, level, fmt, ##__VA_ARGS__)
+#define LOG_CALL(ctx, level, fmt, ...)                                                         \
+  LOG_FLAGS(ctx, LAGOM_NCCL_SUBSYS_TUNING, level, fmt, ##__VA_ARGS__)
+
+/* One table row; -1 in an int field means "any" (match) or "NCCL's" (output). */
+typedef struct {
+  int coll;            /* ncclFunc_t */
+  size_t minBytes;     /* inclusive */
+  size_t maxBytes;     /* inclusive */
+  int algo;            /* LAGOM_ALGO_* or -1 */
+  int proto;           /* LAGOM_PROTO_* or -1 */
+  int channels;        /* 1..LAGOM_MAX_CHANNELS or -1 */
+  int nNodes;          /* >= 1 or -1 */
+  int nRanks;          /* >= 1 or -1 */
+  int numPipeOps;      /* >= 1 or -1 */
+  int regBuff;         /* 0, 1 or -1 */
+  long long chunkSize; /* bytes > 0, or -1 */
+  char tag[LAGOM_TAG_MAX];
+  int line;            /* line number in the table, for logs */
+  int noted;           /* set once the row's algorithm/protocol could not be applied (log once) */
+} LagomRow;
+
+/* Per-communicator state, allocated in init and freed in finalize. */
+typedef struct {
+  ncclDebugLogger_t logFn;
+  uint64_t commId;
+  size_t nRanks;
+  size_t nNodes;
+  char tag[LAGOM_TAG_MAX];
+  LagomRow *rows; /* only the rows that apply to this communicator */
+  int nRows;
+} LagomContext;
+
+/* Names for logs: the table's spelling, "?" / "any" out of range (table.c). */
+LAGOM_INTERNAL const char *collName(int coll);
+LAGOM_INTERNAL const char *algoName(int algo);
+LAGOM_INTERNAL const char *protoName(int proto);
+
+/* 1 when `s` is a valid communicator tag: shorter than LAGOM_TAG_MAX characters, made of
+ * letters, digits and _ . : / * - [ ] only (table.c). */
+LAGOM_INTERNAL int validTag(const char *s);
+
+/* Reads the table at `path` and keeps the rows that apply to ctx's communicator. Any error
+ * leaves ctx->rows empty (NCCL's choices everywhere) and is logged as a warning (table.c). */
+LAGOM_INTERNAL void loadTable(LagomContext *ctx, const char *path);
+
+#endif /* LAGOM_PLUGIN_INTERNAL_H_ */
