@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch.distributed as dist
 
         from lagom_megatron.engine.knobs import CommConfig
-        from lagom_megatron.nccl.pool import (
-            create_nccl_pool_entry, nccl_config_fields, runtime_nccl_version)
+        from lagom_megatron.nccl.options import nccl_config_fields, runtime_nccl_version
+        from lagom_megatron.nccl.pool import create_nccl_pool_entry
 
         result["torch"] = torch.__version__
         if not torch.cuda.is_available() or not dist.is_nccl_available():

@@ -1,5 +1,6 @@
-"""NCCL pool entries: option mapping per torch version (fake Options classes), environment
-refusals, scoped environment, and the refusal when NCCL is not available (CPU torch)."""
+"""NCCL communicator options (``nccl.options``) and pool entries (``nccl.pool``): option mapping per
+torch version (fake Options classes), environment refusals, scoped environment, and the refusal
+when NCCL is not available (CPU torch)."""
 
 import os
 
@@ -7,15 +8,10 @@ import pytest
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.nccl.env_vars import PER_COMMUNICATOR_OVERRIDES
-from lagom_megatron.nccl import pool as nccl_pool
-from lagom_megatron.nccl.pool import (
-    build_options,
-    check_env_conflicts,
-    create_nccl_pool_entry,
-    nccl_config_fields,
-    nccl_options_for,
-    scoped_env,
+from lagom_megatron.nccl.options import (
+    build_options, check_env_conflicts, nccl_config_fields, nccl_options_for, nccl_version_tuple,
 )
+from lagom_megatron.nccl.pool import create_nccl_pool_entry, scoped_env
 
 TORCH_25_FIELDS = ("blocking", "cga_cluster_size", "min_ctas", "max_ctas", "net_name", "split_share")
 TORCH_28_FIELDS = TORCH_25_FIELDS + ("traffic_class", "collnet_enable", "cta_policy", "nvls_ctas")
@@ -170,10 +166,10 @@ def test_scoped_env_restores_previous_values():
 
 
 def test_nccl_version_codes():
-    assert nccl_pool._nccl_version_tuple((2, 27, 5)) == (2, 27, 5)
-    assert nccl_pool._nccl_version_tuple(22105) == (2, 21, 5)
-    assert nccl_pool._nccl_version_tuple(2708) == (2, 7, 8)
-    assert nccl_pool._nccl_version_tuple(None) is None
+    assert nccl_version_tuple((2, 27, 5)) == (2, 27, 5)
+    assert nccl_version_tuple(22105) == (2, 21, 5)
+    assert nccl_version_tuple(2708) == (2, 7, 8)
+    assert nccl_version_tuple(None) is None
 
 
 def _torch_has_nccl():

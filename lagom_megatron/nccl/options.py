@@ -1,0 +1,291 @@
+"""``ncclConfig_t`` options of one communicator: which ``CommConfig`` knob becomes which
+``ProcessGroupNCCL.Options`` attribute or environment variable (DESIGN.md section 5):
+
+====================  ==============================================  =======================
+CommConfig field      NCCLConfig attribute / environment              torch that binds it
+====================  ==============================================  =======================
+n_channels            min_ctas = max_ctas = n (and nvls_ctas = n)     min/max_ctas: 2.1+,
+                                                                      nvls_ctas: 2.8+
+cga_cluster_size      cga_cluster_size (0..8)                         2.1+
+cta_policy            cta_policy (DEFAULT 0, EFFICIENCY 1, ZERO 2)    2.8+ (ZERO: NCCL 2.28+)
+algorithm, protocol   NCCL_ALGO / NCCL_PROTO set around creation,      any (NCCL 2.24+ syntax)
+                      per NCCL function ("allreduce:Tree")
+====================  ==============================================  =======================
+
+The attribute set depends on the NCCL headers torch was built with, so it is detected from the
+installed torch (``nccl_config_fields``), never assumed. NCCL re-reads ``NCCL_ALGO`` /
+``NCCL_PROTO`` at every communicator creation (research on NCCL's ``src/graph/tuning.cc``), so
+they are set around an eager creation (``pool.create_nccl_pool_entry``). With the tuner plugin,
+algorithm, protocol, channels and chunk size come per call from the plan table instead, so no
+``NCCL_ALGO`` / ``NCCL_PROTO`` is set. ``n_threads`` is process scope (``env_file``);
+``chunk_size`` needs the plugin (ABI v6). ``check_env_conflicts`` refuses variables that would
+override all of this. torch is imported lazily; the mapping functions work without NCCL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.nccl.env_vars import PER_COMMUNICATOR_OVERRIDES, TUNER_OVERRIDES
+
+TUNER_COMM_TAG_ENV = "LAGOM_TUNER_COMM_TAG"
+"""Read by the tuner plugin in ``init``: the tag of the communicator being created."""
+TUNER_CONFIG_ENV = "LAGOM_TUNER_CONFIG"
+"""Read by the tuner plugin in ``init``: path of the plan table (falls back to NCCL_TUNER_CONFIG_FILE)."""
+NONBLOCKING_ENV = "TORCH_NCCL_USE_COMM_NONBLOCKING"
+"""PyTorch switch for non-blocking communicators, whose creation runs in another thread."""
+
+KNOWN_CONFIG_FIELDS: frozenset[str] = frozenset({
+    "blocking", "cga_cluster_size", "min_ctas", "max_ctas", "net_name", "split_share",
+    "traffic_class", "collnet_enable", "cta_policy", "nvls_ctas", "comm_name",
+})
+"""NCCLConfig attributes some torch release binds (torch 2.5-2.7: the first six; 2.8+: four more)."""
+
+CTA_POLICIES: dict[str, int] = {"DEFAULT": 0, "EFFICIENCY": 1, "ZERO": 2}
+"""ncclConfig_t.CTAPolicy values (NCCL_CTA_POLICY_*; ZERO usable from NCCL 2.28)."""
+
+ALGORITHMS: dict[str, str] = {
+    "tree": "Tree", "ring": "Ring", "collnetdirect": "CollNetDirect", "collnetchain": "CollNetChain",
+    "nvls": "NVLS", "nvlstree": "NVLSTree", "pat": "PAT",
+}
+"""Normalised name (lower case, no underscores) -> NCCL_ALGO spelling."""
+
+ALGORITHM_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "Ring": ("broadcast", "reduce", "allgather", "reducescatter", "allreduce"),
+    "Tree": ("allreduce",),
+    "CollNetDirect": ("allreduce", "allgather", "reducescatter"),
+    "CollNetChain": ("allreduce",),
+    "NVLS": ("allreduce", "allgather", "reducescatter"),
+    "NVLSTree": ("allreduce",),
+    "PAT": ("allgather", "reducescatter"),
+}
+"""NCCL functions each algorithm implements. A per-communicator NCCL_ALGO names the algorithm
+for these functions only ("allreduce:Tree"): a bare NCCL_ALGO=Tree leaves all-gather with no
+algorithm and NCCL fails the call."""
+
+SIMPLE_ONLY_ALGORITHMS = frozenset({"CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"})
+"""Algorithms NCCL runs with the Simple protocol only."""
+
+PROTOCOLS: dict[str, str] = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
+"""Normalised name -> NCCL_PROTO spelling."""
+
+OP_FUNCTIONS: dict[str, str | None] = {
+    "all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+    "broadcast": "broadcast", "reduce": "reduce", "all_to_all": None, "send": None, "recv": None,
+}
+"""CollectiveSite.op -> NCCL function name (None: point-to-point, no algorithm/protocol choice)."""
+
+
+def nccl_version_tuple(version: Any) -> tuple[int, int, int] | None:
+    """Normalises ``torch.cuda.nccl.version()`` (a tuple, or an int code in old torch)."""
+    if version is None:
+        return None
+    if isinstance(version, tuple):
+        return tuple(int(v) for v in version[:3])  # type: ignore[return-value]
+    code = int(version)
+    if code >= 10000:  # NCCL >= 2.9: major*10000 + minor*100 + patch
+        return (code // 10000, code // 100 % 100, code % 100)
+    return (code // 1000, code // 100 % 10, code % 100)
+
+
+def runtime_nccl_version() -> tuple[int, int, int] | None:
+    """The NCCL version torch runs with, e.g. ``(2, 27, 5)``; None when NCCL is unavailable."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return nccl_version_tuple(torch.cuda.nccl.version())
+    except Exception:  # noqa: BLE001 - any failure here means "unknown"
+        return None
+
+
+def nccl_config_fields(options_cls: Any = None) -> frozenset[str]:
+    """Which NCCLConfig attributes the installed torch exposes (detected, not assumed).
+
+    Args:
+        options_cls: a ``ProcessGroupNCCL.Options``-like class (tests pass fakes); default: the
+            installed torch's.
+
+    Returns:
+        The attribute names among ``KNOWN_CONFIG_FIELDS`` present on ``options_cls().config``.
+
+    Raises:
+        RuntimeError: "NCCL is not available: ..." when ``options_cls`` is None and torch has no NCCL.
+    """
+    if options_cls is None:
+        options_cls = nccl_module_parts()[1].Options
+    config = options_cls().config
+    return frozenset(name for name in KNOWN_CONFIG_FIELDS if hasattr(config, name))
+
+
+def _canonical(value: str, table: Mapping[str, str], what: str) -> str:
+    key = value.replace("_", "").replace("-", "").lower()
+    if key not in table:
+        raise ValueError(f"{what} {value!r} is not one of {sorted(set(table.values()))}")
+    return table[key]
+
+
+def _per_function(functions: Iterable[str], value: str) -> str:
+    return ";".join(f"{fn}:{value}" for fn in functions)
+
+
+def nccl_options_for(config: CommConfig, *, fields: Iterable[str] | None = None,
+                     nccl_version: tuple[int, int, int] | None = None, use_tuner_plugin: bool = False,
+                     op: str | None = None, tag: str | None = None) -> dict[str, dict[str, Any]]:
+    """Maps a CommConfig to the NCCLConfig attributes and the environment of one pool entry.
+
+    Args:
+        config: the entry's configuration; ``n_threads`` and ``chunk_size`` are not
+            per-communicator knobs and are ignored here (see module docstring).
+        fields: NCCLConfig attributes the torch in use binds (``nccl_config_fields()``); None =
+            the torch 2.8+ set (all of ``KNOWN_CONFIG_FIELDS``).
+        nccl_version: runtime NCCL version; None = assume a current one (2.28+).
+        use_tuner_plugin: algorithm/protocol come from the plugin's table, not NCCL_ALGO/NCCL_PROTO.
+        op: the site's CollectiveSite.op, to name only its NCCL function in NCCL_ALGO/NCCL_PROTO;
+            None = every function the algorithm implements.
+        tag: communicator tag for the tuner plugin (``LAGOM_TUNER_COMM_TAG``).
+
+    Returns:
+        ``{"config": {attribute: value}, "env": {variable: value}}``; env holds what must be set
+        while the communicator is created (and restored after).
+
+    Raises:
+        ValueError: a value outside NCCL's domain, a field this torch does not bind, an
+            algorithm/protocol pair NCCL does not run, LL128 forced through NCCL_PROTO, or a
+            per-communicator algorithm on NCCL < 2.24; the message names the value and what is allowed.
+    """
+    fields = frozenset(KNOWN_CONFIG_FIELDS if fields is None else fields)
+    version = nccl_version or (2, 99, 0)
+    out: dict[str, Any] = {}
+    env: dict[str, str] = {}
+
+    def need(field: str, knob: str, since: str) -> None:
+        if field not in fields:
+            raise ValueError(f"{knob} needs NCCLConfig.{field}, which this torch does not bind "
+                             f"(bound: {sorted(fields)}); it needs torch {since}")
+
+    if config.n_channels is not None:
+        limit = 64 if version >= (2, 25, 0) else 32
+        n = config.n_channels
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= limit:
+            raise ValueError(f"n_channels must be an integer in 1..{limit} for NCCL "
+                             f"{'.'.join(map(str, version))}; got {n!r}")
+        need("min_ctas", "n_channels", ">= 2.1")
+        need("max_ctas", "n_channels", ">= 2.1")
+        out["min_ctas"] = out["max_ctas"] = n  # both ends: never a one-sided CTA range
+        if "nvls_ctas" in fields:
+            out["nvls_ctas"] = n
+    if config.cga_cluster_size is not None:
+        c = config.cga_cluster_size
+        if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= 8:
+            raise ValueError(f"cga_cluster_size must be an integer in 0..8; got {c!r}")
+        need("cga_cluster_size", "cga_cluster_size", ">= 2.1")
+        out["cga_cluster_size"] = c
+    if config.cta_policy is not None:
+        name = str(config.cta_policy).upper()
+        if name not in CTA_POLICIES:
+            raise ValueError(f"cta_policy must be one of {list(CTA_POLICIES)}; got {config.cta_policy!r}")
+        if name == "ZERO" and version < (2, 28, 0):
+            raise ValueError(f"cta_policy ZERO needs NCCL >= 2.28; runtime NCCL is {'.'.join(map(str, version))}")
+        need("cta_policy", "cta_policy", ">= 2.8")
+        out["cta_policy"] = CTA_POLICIES[name]
+
+    if not use_tuner_plugin and (config.algorithm is not None or config.protocol is not None):
+        env.update(_algo_proto_env(config, op=op, version=version))
+    if tag is not None:
+        if not tag or len(tag) > 63 or not all(ch.isalnum() or ch in "_.:/-[]" for ch in tag):
+            raise ValueError(f"tag must be 1-63 characters of letters, digits and _.:/-[]; got {tag!r}")
+        env[TUNER_COMM_TAG_ENV] = tag
+    return {"config": out, "env": env}
+
+
+def _algo_proto_env(config: CommConfig, *, op: str | None, version: tuple[int, int, int]) -> dict[str, str]:
+    """NCCL_ALGO / NCCL_PROTO for one communicator, per NCCL function (NCCL 2.24+ syntax)."""
+    functions: tuple[str, ...] = ALGORITHM_FUNCTIONS["Ring"]
+    if op is not None:
+        if op not in OP_FUNCTIONS:
+            raise ValueError(f"op must be one of {sorted(OP_FUNCTIONS)}; got {op!r}")
+        fn = OP_FUNCTIONS[op]
+        if fn is None:
+            raise ValueError(f"{op} is point-to-point: NCCL has no algorithm/protocol choice for it; "
+                             f"got algorithm={config.algorithm!r} protocol={config.protocol!r}")
+        functions = (fn,)
+    if version < (2, 24, 0):
+        raise ValueError(f"a per-communicator algorithm/protocol needs NCCL >= 2.24 (per-function "
+                         f"NCCL_ALGO syntax); runtime NCCL is {'.'.join(map(str, version))}: use the tuner plugin")
+    env: dict[str, str] = {}
+    algo = None
+    if config.algorithm is not None:
+        algo = _canonical(config.algorithm, ALGORITHMS, "algorithm")
+        functions = tuple(fn for fn in functions if fn in ALGORITHM_FUNCTIONS[algo])
+        if not functions:
+            raise ValueError(f"NCCL's {algo} does not implement {op}; it implements "
+                             f"{list(ALGORITHM_FUNCTIONS[algo])}")
+        env["NCCL_ALGO"] = _per_function(functions, algo)
+    if config.protocol is not None:
+        proto = _canonical(config.protocol, PROTOCOLS, "protocol")
+        if proto == "LL128":
+            raise ValueError("protocol LL128 is never forced through NCCL_PROTO (NCCL enables it only "
+                             "where it is safe); use the tuner plugin, which prefers it only where NCCL enabled it")
+        if algo in SIMPLE_ONLY_ALGORITHMS and proto != "Simple":
+            raise ValueError(f"NCCL runs {algo} with the Simple protocol only; got protocol {config.protocol!r}")
+        env["NCCL_PROTO"] = _per_function(functions, proto)
+    return env
+
+
+def check_env_conflicts(environ: Mapping[str, str], *, use_tuner_plugin: bool) -> None:
+    """Refuses an environment that would silently override per-communicator configuration.
+
+    Args:
+        environ: the process environment (``os.environ`` or a dict in tests).
+        use_tuner_plugin: also refuse NCCL_ALGO / NCCL_PROTO, which narrow the plugin's choices.
+
+    Raises:
+        ValueError: listing every offending variable with its value and what it overrides. A
+            variable set to the empty string counts as set (NCCL sees it).
+    """
+    problems = [f"{var}={environ[var]!r} overrides {field} in every communicator"
+                for var, field in PER_COMMUNICATOR_OVERRIDES.items() if var in environ]
+    if use_tuner_plugin:
+        problems += [f"{var}={environ[var]!r} {why}" for var, why in TUNER_OVERRIDES.items() if var in environ]
+    flag = environ.get(NONBLOCKING_ENV, "").strip().lower()
+    if flag not in ("", "0", "false", "no", "off"):
+        problems.append(f"{NONBLOCKING_ENV}={environ[NONBLOCKING_ENV]!r} creates communicators in a "
+                        "background thread, where per-communicator NCCL_ALGO/NCCL_PROTO and the "
+                        "tuner's communicator tag are not seen")
+    if problems:
+        raise ValueError("the environment conflicts with lagom's per-communicator NCCL configuration: "
+                         + "; ".join(problems) + ". Unset these variables (lagom sets them per communicator).")
+
+
+def nccl_module_parts():
+    """Returns (torch, ProcessGroupNCCL, torch.distributed) or raises "NCCL is not available"."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as exc:  # pragma: no cover - torch is a dependency
+        raise RuntimeError(f"NCCL is not available: torch cannot be imported ({exc})") from exc
+    if not dist.is_available() or not dist.is_nccl_available():
+        raise RuntimeError(f"NCCL is not available: torch {torch.__version__} was built without NCCL "
+                           "(a CPU build); use the gloo backend")
+    return torch, dist.ProcessGroupNCCL, dist
+
+
+def build_options(config_fields: Mapping[str, Any], *, options_cls: Any, high_priority_stream: bool = False) -> Any:
+    """Creates ``options_cls(is_high_priority_stream=...)`` and sets ``config_fields`` on its config.
+
+    Communicators are made blocking (``blocking = 1``) when the field exists, so that their
+    creation reads the environment set around it.
+
+    Raises:
+        ValueError: an attribute the config object does not have.
+    """
+    opts = options_cls(is_high_priority_stream=high_priority_stream)
+    for name, value in {**config_fields, **({"blocking": 1} if hasattr(opts.config, "blocking") else {})}.items():
+        if not hasattr(opts.config, name):
+            raise ValueError(f"NCCLConfig of this torch has no attribute {name!r}")
+        setattr(opts.config, name, value)
+    return opts
