@@ -16,74 +16,23 @@
 The tuner's ``agree`` hook is ``consensus.agree_plan``: rank 0's plan is broadcast and every
 rank's digest checked; a mismatch aborts tuning (defaults kept, training continues).
 
-Files go to the run directory: the folder of ``--lagom-plan``, else ``./lagom_out/<preset>``
-(``./lagom_out/run`` without a preset):
-``plan.json`` (or ``--lagom-plan``), ``profile.json`` (``lagom search --profile`` re-searches it
-offline), ``report.md`` (or ``--lagom-report``) and the report's PNG.
+The run's files (plan, profile, report, tuner tables) and their paths are ``run_files.RunFiles``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Sample
+from lagom_megatron.megatron.fingerprint import num_microbatches, run_fingerprint
+from lagom_megatron.megatron.run_files import RunFiles, say
 
 log = logging.getLogger("lagom")
-
-DEFAULT_RUN_DIR = "lagom_out"
-
-
-def _say(msg: str) -> None:
-    """Prints a lagom log line on rank 0 (Megatron's style: one line, fields split by `` | ``)."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        # one write per line: under `python -u` print() writes the text and the newline apart, and
-        # another rank's line (the last rank logs iterations) can land in between
-        sys.stdout.write(msg + "\n")
-        sys.stdout.flush()
-
-
-def run_fingerprint(args: Any, *, backend: str, cluster: str) -> dict[str, Any]:
-    """What a plan is valid for: model dimensions, parallel layout, batch, overlap, cluster, versions."""
-    import torch
-
-    try:
-        from importlib.metadata import version
-
-        mcore = version("megatron-core")
-    except Exception:  # noqa: BLE001 - an editable checkout has no metadata
-        mcore = "unknown"
-    keys = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-            "padded_vocab_size", "seq_length", "micro_batch_size", "global_batch_size",
-            "tensor_model_parallel_size", "pipeline_model_parallel_size",
-            "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",
-            "data_parallel_size", "sequence_parallel", "num_experts", "overlap_grad_reduce",
-            "overlap_param_gather", "use_distributed_optimizer", "ddp_bucket_size", "bf16", "fp16")
-    fp: dict[str, Any] = {k: getattr(args, k, None) for k in keys}
-    fp.update(world_size=int(os.environ.get("WORLD_SIZE", "1")), backend=backend, cluster=cluster,
-              torch=torch.__version__.split("+")[0], megatron_core=mcore)
-    return fp
-
-
-def _num_microbatches(args: Any) -> int:
-    """Micro-batches per iteration: ``args.num_microbatches`` (our pretrain_gpt.py), else Megatron-Core's
-    calculator (a Megatron-LM checkout), else 1 (call streams are then not folded per micro-batch)."""
-    n = getattr(args, "num_microbatches", None)
-    if not n:
-        try:
-            from megatron.core.num_microbatches_calculator import get_num_microbatches
-
-            n = get_num_microbatches()
-        except (ImportError, AssertionError, AttributeError):
-            n = 1
-    return max(1, int(n))
 
 
 class LagomController:
@@ -104,11 +53,6 @@ class LagomController:
         self.warmup_iters = warmup_iters
         self.verify_iters = verify_iters
         self.method = method
-        run_dir = Path(plan_path).parent if plan_path else Path(DEFAULT_RUN_DIR) / (preset_name or "run")
-        self.run_dir = run_dir
-        self.plan_path = Path(plan_path) if plan_path else run_dir / "plan.json"
-        self.profile_path = run_dir / "profile.json"
-        self.report_path = Path(report_path) if report_path else run_dir / "report.md"
         self.cluster_name = cluster
         self.preset_name = preset_name
         self.tuner: Any = None
@@ -118,6 +62,8 @@ class LagomController:
         self.handle: Any = None
         self.router: Any = None
         self.rank = int(os.environ.get("RANK", "0"))
+        self.files = RunFiles(plan_path=plan_path, report_path=report_path, preset_name=preset_name, rank=self.rank)
+        """Paths of the run's plan, profile and report, and their reading and writing."""
         self._step: Any = None
         self._t_default: dict[str, tuple[float, float, float]] = {}
         self._t_plan: dict[str, list[float]] = {}
@@ -178,7 +124,7 @@ class LagomController:
         from megatron.core import parallel_state
 
         pp = parallel_state.get_pipeline_model_parallel_world_size()
-        self.registry = SiteRegistry(groups, num_microbatches=_num_microbatches(args),
+        self.registry = SiteRegistry(groups, num_microbatches=num_microbatches(args),
                                      pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None)
         n_buckets = self.registry.bind_model(ctx.model)
         self.profiler = Profiler(use_cuda_events=on_gpu)
@@ -190,8 +136,8 @@ class LagomController:
             if cfg is not None and all(cfg is not c for c in configs):
                 configs.append(cfg)
         self.handle = patches.install(self.router, model_configs=configs)
-        _say(f"lagom: hooks installed | {len(self.handle.patched)} entry points | {n_buckets} DDP bucket groups | "
-             f"backend {self.backend} | cluster {self.cluster.name} | run dir {self.run_dir}")
+        say(f"lagom: hooks installed | {len(self.handle.patched)} entry points | {n_buckets} DDP bucket groups | "
+             f"backend {self.backend} | cluster {self.cluster.name} | run dir {self.files.run_dir}")
         if not self._try_reuse_plan():
             self._start_tuner()
         if self.mode == "tune":
@@ -218,51 +164,27 @@ class LagomController:
         needed = self.tuner.total_iters
         if train_iters < needed:
             verify = 1 + 2 * self.tuner.config.verify_iters
-            _say(f"lagom: WARNING: --train-iters {train_iters} ends before tuning does: lagom needs {needed} "
+            say(f"lagom: WARNING: --train-iters {train_iters} ends before tuning does: lagom needs {needed} "
                  f"iterations ({needed - verify} to profile, then 1 + 2 x {self.tuner.config.verify_iters} "
                  f"to verify); the plan will be saved unverified")
 
     def _try_reuse_plan(self) -> bool:
-        from lagom_megatron.engine.plan import Plan
         from lagom_megatron.megatron import consensus
 
-        exists = consensus.broadcast_object(self.plan_path.is_file())
-        if not exists:
-            return False
         try:
-            plan = Plan.load(self.plan_path) if self.rank == 0 else None
-            error = None
-        except (ValueError, FileNotFoundError) as exc:
-            plan, error = None, str(exc)
-        error = consensus.broadcast_object(error)
-        if error is not None:
-            _say(f"lagom: WARNING: cannot reuse plan {self.plan_path}: {error}; searching a new one")
-            return False
-        diff = consensus.broadcast_object(plan.fingerprint_mismatch(self.fingerprint) if plan is not None else None)
-        if diff:
-            from lagom_megatron.engine.plan import shown
-
-            detail = "; ".join(f"{k}: plan {shown(plan.fingerprint, k)} vs run {shown(self.fingerprint, k)}"
-                               for k in diff) if plan is not None else ""
-            kept = self.plan_path.with_name(f"{self.plan_path.stem}.{plan.digest()[:12]}{self.plan_path.suffix}") if plan is not None else None
-            if kept is not None:  # rank 0: never lose the other run's plan
-                os.replace(self.plan_path, kept)
-            _say(f"lagom: WARNING: plan {self.plan_path} fingerprint differs in {', '.join(diff)}"
-                 f"{' (' + detail + ')' if detail else ''}; re-searching and saving there"
-                 f"{f' (the other plan is kept as {kept})' if kept is not None else ''}")
-            return False
-        try:
-            plan = consensus.agree_plan(plan if plan is not None else Plan(entries={}), from_dict=Plan.from_dict)
+            plan = self.files.saved_plan(self.fingerprint)
         except consensus.PlanDisagreement as exc:
-            _say(f"lagom: ERROR: {exc}")
+            say(f"lagom: ERROR: {exc}")
             self.mode = "aborted"
             return True
+        if plan is None:
+            return False
         self.plan = plan
         self.mode = "reuse"
         if plan.rejected:
             # measured no better than the defaults when it was searched: applying it unverified
             # would undo that verdict on every later run; the router keeps its empty assignment
-            _say(f"lagom: phase reverted to defaults | plan {self.plan_path} reused (digest {plan.digest()[:12]}) "
+            say(f"lagom: phase reverted to defaults | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) "
                  f"but its verification kept the defaults ({plan.stats.get('verification_reason') or 'no reason saved'}) | "
                  f"profiling and search skipped; delete the plan or pass another --lagom-plan to search again")
             return True
@@ -271,13 +193,13 @@ class LagomController:
             # it against the defaults now instead of trusting its prediction
             self._start_tuner(plan)
             self._prepare_pool_for_plan(plan)
-            _say(f"lagom: phase verifying | plan {self.plan_path} reused (digest {plan.digest()[:12]}) but never "
+            say(f"lagom: phase verifying | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) but never "
                  f"verified | profiling and search skipped; {self.tuner.total_iters} iterations to verify it")
             return True
         self._prepare_pool_for_plan(plan)
         assignment = self._assignment_of(plan)
         self.router.set_assignment(assignment)
-        _say(f"lagom: phase applied | plan {self.plan_path} reused (digest {plan.digest()[:12]}) | "
+        say(f"lagom: phase applied | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) | "
              f"{len(assignment)}/{len(plan.entries)} sites tuned | profiling and search skipped")
         return True
 
@@ -312,7 +234,7 @@ class LagomController:
         try:
             return consensus.agree_plan(plan, from_dict=Plan.from_dict)
         except consensus.PlanDisagreement as exc:
-            _say(f"lagom: ERROR: {exc}")
+            say(f"lagom: ERROR: {exc}")
             raise
 
     # ------------------------------------------------------------------ iterations
@@ -369,7 +291,7 @@ class LagomController:
         except (ValueError, RuntimeError) as exc:
             self.mode = "aborted"
             self.router.set_assignment({})
-            _say(f"lagom: ERROR: tuning aborted at iteration {iteration}: {exc}; NCCL defaults kept, training continues")
+            say(f"lagom: ERROR: tuning aborted at iteration {iteration}: {exc}; NCCL defaults kept, training continues")
             return
         dt_ms = (time.perf_counter() - t0) * 1e3
         self._n_steps += 1
@@ -385,7 +307,7 @@ class LagomController:
             self._last_sites = {s.site_id: s for s in m.sites}
         if step.kind in ("warmup", "default", "serialized", "probe"):
             sites = f"sites {len(m.sites)}" if m.sites else "counting calls per stream"
-            _say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._n_steps}/{total}) | "
+            say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._n_steps}/{total}) | "
                  f"{sites} | iteration {m.iteration_us / 1e3:.1f} ms")
         if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
             # the configs the router will route in the probe iterations (probes as each site's op allows)
@@ -399,7 +321,7 @@ class LagomController:
             for sid, t in merged.items():
                 self._t_plan.setdefault(sid, []).append(t[2])
         if step.kind in ("verify-plan", "verify-default"):
-            _say(f"lagom: phase verifying (iteration {iteration}, {step.kind.split('-')[1]}) | "
+            say(f"lagom: phase verifying (iteration {iteration}, {step.kind.split('-')[1]}) | "
                  f"iteration {m.iteration_us / 1e3:.1f} ms")
         if before is Phase.PROBING and phase is not Phase.PROBING:
             self._on_searched(iteration, phase, dt_ms)
@@ -411,7 +333,7 @@ class LagomController:
 
         tuner = self.tuner
         if tuner.profile is not None and self.rank == 0:
-            tuner.profile.save(self.profile_path)
+            tuner.profile.save(self.files.profile_path)
         stats = tuner.search_stats
         n = len(tuner.profile.sites) if tuner.profile is not None else 0
         wall_ms = float(stats.get("wall_time_s", dt_ms / 1e3)) * 1e3
@@ -419,14 +341,14 @@ class LagomController:
         pred, base = stats.get("predicted_iteration_us"), stats.get("default_iteration_us")
         pred_txt = f" | predicted iteration {base / 1e3:.1f} -> {pred / 1e3:.1f} ms" if isinstance(pred, (int, float)) and isinstance(base, (int, float)) else ""
         mape = f" | model MAPE {tuner.model_mape:.1f}%" if tuner.model_mape is not None else ""
-        _say(f"lagom: phase searching | searched {n} sites in {wall_ms:.1f} ms ({tuner.config.method}, "
+        say(f"lagom: phase searching | searched {n} sites in {wall_ms:.1f} ms ({tuner.config.method}, "
              f"{stats.get('model_evaluations', '?')} evaluations){pred_txt}{mape}")
         if tuner.plan is not None and phase is not Phase.FELL_BACK:
             self.plan = tuner.plan
             if self.rank == 0:
-                self._save_plan(tuner.plan)
+                self.files.save_plan(tuner.plan)
             self._prepare_pool_for_plan(tuner.plan)
-            _say(f"lagom: plan {self.plan_path} (digest {tuner.plan.digest()[:12]}) | profile {self.profile_path}")
+            say(f"lagom: plan {self.files.plan_path} (digest {tuner.plan.digest()[:12]}) | profile {self.files.profile_path}")
 
     def _on_done(self, phase: Any) -> None:
         from lagom_megatron.engine.steps import Phase
@@ -434,24 +356,12 @@ class LagomController:
         self.router.set_assignment(self.tuner.assignment())  # the plan (APPLIED) or {} (FELL_BACK), for good
         s = self.tuner.summary()
         if phase is Phase.APPLIED:
-            _say(f"lagom: phase applied | measured {s['measured_default_us'] / 1e3:.1f} -> {s['measured_plan_us'] / 1e3:.1f} ms | {self.tuner.reason}")
+            say(f"lagom: phase applied | measured {s['measured_default_us'] / 1e3:.1f} -> {s['measured_plan_us'] / 1e3:.1f} ms | {self.tuner.reason}")
         else:
-            _say(f"lagom: phase reverted to defaults | {self.tuner.reason}")
+            say(f"lagom: phase reverted to defaults | {self.tuner.reason}")
         if self.plan is not None and self.rank == 0:
-            self._save_plan(self.plan.with_stats(verification=phase.value, verification_reason=self.tuner.reason))
+            self.files.save_plan(self.plan.with_stats(verification=phase.value, verification_reason=self.tuner.reason))
         self.write_report()
-
-    def _save_plan(self, plan: Any) -> None:
-        """Saves the plan and, beside it, the env file of its process-scope knobs (``plan.env``),
-        which the launch scripts source on the next run (NCCL reads those knobs once per process).
-        A knob outside NCCL's domain is logged and left out of the env file; training goes on."""
-        from lagom_megatron.nccl.env_file import write_plan_env_file
-
-        plan.save(self.plan_path)
-        try:
-            write_plan_env_file(self.plan_path, plan.env)
-        except ValueError as exc:
-            _say(f"lagom: WARNING: env file for {self.plan_path} not written: {exc}")
 
     def on_train_end(self) -> None:
         """Writes the report (if not yet written) and removes every hook."""
@@ -471,7 +381,7 @@ class LagomController:
     def summary(self) -> dict[str, Any]:
         """JSON-ready state of the run (tuner summary, mode, paths)."""
         out: dict[str, Any] = self.tuner.summary() if self.tuner is not None else {"phase": self.mode}
-        out.update(mode=self.mode, plan_path=str(self.plan_path), profile_path=str(self.profile_path),
+        out.update(mode=self.mode, plan_path=str(self.files.plan_path), profile_path=str(self.files.profile_path),
                    search_ms=self.search_ms)
         if self.mode == "reuse":
             kept_defaults = self.plan is not None and self.plan.rejected
@@ -484,26 +394,10 @@ class LagomController:
 
     def report_rows(self) -> list[Any]:
         """One ``report.SiteRow`` per site of the plan (or of the default iteration)."""
-        from lagom_megatron.megatron.report import SiteRow
+        from lagom_megatron.megatron.report import site_rows
 
-        rows = []
         entries = self.plan.entries if self.plan is not None else {}
-        ids = sorted(set(entries) | set(self._last_sites))
-        for sid in ids:
-            e = entries.get(sid)
-            site = self._last_sites.get(sid)
-            plan_t = self._t_plan.get(sid)
-            rows.append(SiteRow(
-                site_id=sid, op=site.op if site else getattr(e, "op", "?"), group=site.group if site else e.group,
-                nbytes=site.nbytes if site else getattr(e, "nbytes", 0),
-                calls_per_iter=site.calls_per_iter if site else 1,
-                chosen_config=e.config.to_dict() if e is not None else {},
-                measured_default_us=self._t_default.get(sid, (math.nan,) * 3)[2],
-                measured_plan_us=statistics.median(plan_t) if plan_t else math.nan,
-                predicted_default_us=float(getattr(e, "predicted_default_t_region_us", math.nan) or math.nan) if e else math.nan,
-                predicted_plan_us=float(e.predicted_t_region_us) if e else math.nan,
-            ))
-        return rows
+        return site_rows(entries, self._last_sites, {sid: t[2] for sid, t in self._t_default.items()}, self._t_plan)
 
     def write_report(self) -> None:
         """Rank 0 writes ``--lagom-report`` (table + PNG); other ranks return."""
@@ -512,5 +406,5 @@ class LagomController:
             return
         from lagom_megatron.megatron.report import write_report
 
-        paths = write_report(self.report_path, self.report_rows(), self.summary())
-        _say(f"lagom: report {', '.join(str(p) for p in paths)}")
+        paths = write_report(self.files.report_path, self.report_rows(), self.summary())
+        say(f"lagom: report {', '.join(str(p) for p in paths)}")

@@ -15,6 +15,7 @@ import csv
 import io
 import math
 import os
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,32 @@ class SiteRow:
         return [self.site_id, self.op, self.group, self.nbytes, self.calls_per_iter, "defaults",
                 _cfg_text(self.chosen_config), self.measured_default_us, self.measured_plan_us,
                 self.predicted_default_us, self.predicted_plan_us]
+
+
+def site_rows(entries: dict[str, Any], sites: dict[str, Any], measured_default_us: dict[str, float],
+              measured_plan_us: dict[str, list[float]]) -> list[SiteRow]:
+    """One row per site of the plan or of the default iteration, in site-id order.
+
+    Args:
+        entries: site id -> ``PlanEntry`` of the plan (empty without a plan).
+        sites: site id -> ``CollectiveSite`` seen in the default iteration.
+        measured_default_us: site id -> region time under defaults, microseconds.
+        measured_plan_us: site id -> region times under the plan (the median is reported).
+    """
+    rows = []
+    for sid in sorted(set(entries) | set(sites)):
+        e, site, plan_t = entries.get(sid), sites.get(sid), measured_plan_us.get(sid)
+        rows.append(SiteRow(
+            site_id=sid, op=site.op if site else getattr(e, "op", "?"), group=site.group if site else e.group,
+            nbytes=site.nbytes if site else getattr(e, "nbytes", 0),
+            calls_per_iter=site.calls_per_iter if site else 1,
+            chosen_config=e.config.to_dict() if e is not None else {},
+            measured_default_us=measured_default_us.get(sid, math.nan),
+            measured_plan_us=statistics.median(plan_t) if plan_t else math.nan,
+            predicted_default_us=float(getattr(e, "predicted_default_t_region_us", math.nan) or math.nan) if e else math.nan,
+            predicted_plan_us=float(e.predicted_t_region_us) if e else math.nan,
+        ))
+    return rows
 
 
 def _cfg_text(cfg: dict[str, Any]) -> str:

@@ -75,9 +75,10 @@ def test_unreadable_plan_means_re_search(tmp_path, capsys):
 
 def test_run_directory_defaults():
     ctl = LagomController(plan_path="runs/a/plan.json")
-    assert (str(ctl.run_dir), str(ctl.profile_path), str(ctl.report_path)) == ("runs/a", "runs/a/profile.json", "runs/a/report.md")
-    assert str(LagomController().plan_path) == "lagom_out/run/plan.json"
-    assert str(LagomController(preset_name="cpu-pp2-dp2").plan_path) == "lagom_out/cpu-pp2-dp2/plan.json"
+    files = ctl.files
+    assert (str(files.run_dir), str(files.profile_path), str(files.report_path)) == ("runs/a", "runs/a/profile.json", "runs/a/report.md")
+    assert str(LagomController().files.plan_path) == "lagom_out/run/plan.json"
+    assert str(LagomController(preset_name="cpu-pp2-dp2").files.plan_path) == "lagom_out/cpu-pp2-dp2/plan.json"
 
 
 def test_merge_keeps_the_slowest_rank_per_region(monkeypatch):

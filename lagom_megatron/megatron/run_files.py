@@ -1,0 +1,106 @@
+"""The files of one ``--lagom`` run, and lagom's log lines.
+
+Files go to the run directory: the folder of ``--lagom-plan``, else ``./lagom_out/<preset>``
+(``./lagom_out/run`` without a preset): ``plan.json`` (or ``--lagom-plan``) with ``plan.env``
+beside it (the plan's process-scope knobs, which the launch scripts source on the next run),
+``profile.json`` (``lagom search --profile`` re-searches it offline), ``report.md`` (or
+``--lagom-report``) and the report's PNG, and on NCCL with the tuner plugin one plan table per
+rank (``tuner_table.rank<r>.csv``). Rank 0 writes the shared files; every rank learns what rank 0
+read through ``consensus``, so all ranks take the same branch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_RUN_DIR = "lagom_out"
+"""Parent of the run directory when ``--lagom-plan`` is not given."""
+
+
+def say(msg: str) -> None:
+    """Prints a lagom log line on rank 0 (Megatron's style: one line, fields split by `` | ``)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        # one write per line: under `python -u` print() writes the text and the newline apart, and
+        # another rank's line (the last rank logs iterations) can land in between
+        sys.stdout.write(msg + "\n")
+        sys.stdout.flush()
+
+
+class RunFiles:
+    """Paths of one run's files (module docstring) and reading / writing them.
+
+    Args:
+        plan_path: ``--lagom-plan``; None = ``<run dir>/plan.json``.
+        report_path: ``--lagom-report``; None = ``<run dir>/report.md``.
+        preset_name: names the run directory when ``plan_path`` is None.
+        rank: this process's rank (only rank 0 writes shared files).
+    """
+
+    def __init__(self, *, plan_path: str | None = None, report_path: str | None = None,
+                 preset_name: str | None = None, rank: int = 0) -> None:
+        self.run_dir = Path(plan_path).parent if plan_path else Path(DEFAULT_RUN_DIR) / (preset_name or "run")
+        self.plan_path = Path(plan_path) if plan_path else self.run_dir / "plan.json"
+        self.profile_path = self.run_dir / "profile.json"
+        self.report_path = Path(report_path) if report_path else self.run_dir / "report.md"
+        self.rank = rank
+
+    def saved_plan(self, fingerprint: dict[str, Any]) -> Any:
+        """The plan saved at ``plan_path`` if this run can reuse it, the same on every rank. Collective.
+
+        Returns None, after a warning line, when there is no plan, it cannot be read, or its
+        fingerprint differs from ``fingerprint`` (then rank 0 moves it aside as
+        ``plan.<digest>.json``: another run's plan is never lost).
+
+        Raises:
+            consensus.PlanDisagreement: the ranks' copies of the plan differ (digest check).
+        """
+        from lagom_megatron.engine.plan import Plan, shown
+        from lagom_megatron.megatron import consensus
+
+        if not consensus.broadcast_object(self.plan_path.is_file()):
+            return None
+        try:
+            plan = Plan.load(self.plan_path) if self.rank == 0 else None
+            error = None
+        except (ValueError, FileNotFoundError) as exc:
+            plan, error = None, str(exc)
+        error = consensus.broadcast_object(error)
+        if error is not None:
+            say(f"lagom: WARNING: cannot reuse plan {self.plan_path}: {error}; searching a new one")
+            return None
+        diff = consensus.broadcast_object(plan.fingerprint_mismatch(fingerprint) if plan is not None else None)
+        if diff:
+            detail = "; ".join(f"{k}: plan {shown(plan.fingerprint, k)} vs run {shown(fingerprint, k)}"
+                               for k in diff) if plan is not None else ""
+            kept = self.plan_path.with_name(f"{self.plan_path.stem}.{plan.digest()[:12]}{self.plan_path.suffix}") if plan is not None else None
+            if kept is not None:  # rank 0: never lose the other run's plan
+                os.replace(self.plan_path, kept)
+            say(f"lagom: WARNING: plan {self.plan_path} fingerprint differs in {', '.join(diff)}"
+                f"{' (' + detail + ')' if detail else ''}; re-searching and saving there"
+                f"{f' (the other plan is kept as {kept})' if kept is not None else ''}")
+            return None
+        return consensus.agree_plan(plan if plan is not None else Plan(entries={}), from_dict=Plan.from_dict)
+
+    def save_plan(self, plan: Any) -> None:
+        """Saves the plan and, beside it, the env file of its process-scope knobs (``plan.env``),
+        which the launch scripts source on the next run (NCCL reads those knobs once per process).
+        A knob outside NCCL's domain is logged and left out of the env file; training goes on."""
+        from lagom_megatron.nccl.env_file import write_plan_env_file
+
+        plan.save(self.plan_path)
+        try:
+            write_plan_env_file(self.plan_path, plan.env)
+        except ValueError as exc:
+            say(f"lagom: WARNING: env file for {self.plan_path} not written: {exc}")
+
+    def write_tuner_table(self, plan: Any, cluster: Any) -> Path:
+        """Writes this rank's copy of the plan as the tuner plugin's table (extended CSV), atomically."""
+        from lagom_megatron.engine.files import write_text_atomic
+        from lagom_megatron.nccl.export import export_plan
+
+        table = self.run_dir / f"tuner_table.rank{self.rank}.csv"
+        write_text_atomic(table, export_plan(plan, "nccl-tuner-csv", extended=True, cluster=cluster))
+        return table
