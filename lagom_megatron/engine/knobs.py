@@ -192,3 +192,7 @@ class KnobRules(Protocol):
 
     def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None) -> None:
         """Raises ValueError naming the first knob of ``config`` the mechanism cannot apply."""
+
+    def process_env(self, chosen: dict[str, list[int]]) -> dict[str, str]:
+        """The launch environment that applies the process-scope knobs of a plan: ``chosen`` maps
+        each such knob to the values the search picked for the sites it governs."""

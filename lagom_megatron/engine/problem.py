@@ -247,14 +247,11 @@ class SearchProblem:
                 group_size=site.group_size, n_nodes=site.n_nodes)
             for i, site in enumerate(self.sites)
         }
-        env = {}
-        if st is not None and self.scope.get("n_threads") == "process" and self.tunable["n_threads"].any():
-            chosen = {int(st.nt[i]) for i in np.flatnonzero(self.tunable["n_threads"])}
-            if chosen != {512}:
-                env["NCCL_NTHREADS"] = str(max(chosen))
-        if st is not None and self.scope.get("n_channels") == "process" and self.tunable["n_channels"].any():
-            cap = max(int(st.nc[i]) for i in np.flatnonzero(self.tunable["n_channels"]))
-            env["NCCL_MIN_CTAS"], env["NCCL_MAX_CTAS"] = "1", str(cap)
+        chosen: dict[str, list[int]] = {}
+        for knob in SEARCH_KNOBS:
+            if st is not None and self.scope.get(knob) == "process" and self.tunable[knob].any():
+                chosen[knob] = sorted({int(st.get(knob)[i]) for i in np.flatnonzero(self.tunable[knob])})
+        env = self.rules.process_env(chosen) if chosen else {}
         default_iter = self.iteration_us
         predicted = self.iteration_us - float(d_region.sum()) + float(t_region.sum())
         stats = {**stats, "n_sites": len(self.sites), "default_iteration_us": round(default_iter, 3),

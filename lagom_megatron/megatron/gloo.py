@@ -84,6 +84,10 @@ class GlooRules:
                                              and c.chunk_size % GLOO_CHUNK_MIN == 0):
             raise invalid_value("chunk_size", c.chunk_size, f"a multiple of {GLOO_CHUNK_MIN} bytes")
 
+    def process_env(self, chosen: dict[str, list[int]]) -> dict[str, str]:
+        """Nothing: gloo has no process-scope knob."""
+        return {}
+
 
 class GlooPoolBackend:
     """Gloo pool entries: ``n_channels`` -> worker threads of a new gloo group (see module docstring)."""

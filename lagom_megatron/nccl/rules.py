@@ -275,6 +275,22 @@ def probe_configs(cluster: ClusterSpec) -> list[CommConfig]:
     return probes
 
 
+def process_env(chosen: dict[str, list[int]]) -> dict[str, str]:
+    """NCCL's launch environment for a plan's process-scope knobs (``chosen``: knob -> the values
+    picked for the sites it governs; one process-wide value must serve them all).
+
+    ``n_threads`` -> ``NCCL_NTHREADS`` = the largest picked, left unset when every site keeps
+    NCCL's 512; ``n_channels`` (``env`` mechanism) -> ``NCCL_MIN_CTAS=1`` and ``NCCL_MAX_CTAS`` =
+    the largest picked, both ends always set (NCCL PR 2256: a one-sided range fails).
+    """
+    env: dict[str, str] = {}
+    if chosen.get("n_threads") and set(chosen["n_threads"]) != {512}:
+        env["NCCL_NTHREADS"] = str(max(chosen["n_threads"]))
+    if chosen.get("n_channels"):
+        env["NCCL_MIN_CTAS"], env["NCCL_MAX_CTAS"] = "1", str(max(chosen["n_channels"]))
+    return env
+
+
 @dataclass(frozen=True)
 class NcclRules:
     """``engine.knobs.KnobRules`` of one mechanism on one NCCL cluster (module docstring).
@@ -322,3 +338,7 @@ class NcclRules:
     def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None) -> None:
         """``validate_config`` under this mechanism on the cluster."""
         validate_config(config, op=op, cluster=self.cluster, mechanism=self.mechanism, n_nodes=n_nodes, group_size=group_size)
+
+    def process_env(self, chosen: dict[str, list[int]]) -> dict[str, str]:
+        """``process_env``: NCCL's variables for the process-scope knobs of a plan."""
+        return process_env(chosen)

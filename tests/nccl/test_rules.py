@@ -8,7 +8,7 @@ import pytest
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import ALGORITHMS_FOR_OP, N_THREADS, CommConfig, max_channels
 from lagom_megatron.nccl.rules import (
-    NcclRules, applicable, domains, knob_scope, probe_configs, tuner_abi, validate_config, validate_cta_range,
+    NcclRules, applicable, domains, knob_scope, probe_configs, process_env, tuner_abi, validate_config, validate_cta_range,
 )
 
 CLUSTERS = ("h100-sxm-ib400", "a100-ib100", "h200-sxm")
@@ -143,3 +143,12 @@ def test_nccl_rules_bind_mechanism_and_cluster(h100, gloo):
         NcclRules(gloo)
     with pytest.raises(ValueError, match="backends .*'mpi'"):
         NcclRules(h100, backend="mpi")
+
+
+def test_process_scope_knobs_become_launch_variables(h100):
+    """NCCL_NTHREADS only when a site left NCCL's 512; a process-wide channel cap as a two-ended range."""
+    assert process_env({"n_threads": [512]}) == {}
+    assert process_env({"n_threads": [256, 512]}) == {"NCCL_NTHREADS": "512"}
+    assert process_env({"n_threads": [128, 256]}) == {"NCCL_NTHREADS": "256"}
+    assert process_env({"n_channels": [4, 16]}) == {"NCCL_MIN_CTAS": "1", "NCCL_MAX_CTAS": "16"}
+    assert NcclRules(h100).process_env({"n_threads": [64]}) == {"NCCL_NTHREADS": "64"}
