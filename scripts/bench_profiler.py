@@ -328,7 +328,8 @@ def isolated_routing_us(n_calls: int = 20000, repeats: int = 5) -> float:
 
 
 def _worker(ns):
-    from lagom_megatron.training.arguments import parse_args, validate_args
+    from lagom_megatron.training.argument_checks import validate_args
+    from lagom_megatron.training.arguments import parse_args
     from lagom_megatron.training.loop import pretrain
 
     iters = 2 + ns.cycles * len(MODES)

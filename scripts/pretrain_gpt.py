@@ -13,7 +13,8 @@ import io
 import os
 import sys
 
-from lagom_megatron.training.arguments import check_installed, parse_args, validate_args
+from lagom_megatron.training.argument_checks import check_installed, validate_args
+from lagom_megatron.training.arguments import parse_args
 
 
 def _single_process_env() -> None:

@@ -6,7 +6,9 @@ variables that NCCL would silently ignore, clamp or let override lagom's choices
 
 Each ``Finding`` has a level (error: Megatron-LM or NCCL would fail, or the run would silently not
 do what is asked; warning: legal but likely unintended), what is wrong, why, and the fix. The
-rules are in ``lagom_megatron.launch.doctor_rules``; this module normalises the input, runs them, and
+rules are in ``lagom_megatron.launch.doctor_rules`` (``RULES``, the layout and overlap rules) and
+``lagom_megatron.launch.doctor_env_rules`` (CUDA and NCCL environment), their data types in
+``lagom_megatron.launch.doctor_types``; this module normalises the input, runs them, and
 holds the entry points for training scripts (``preflight``, ``preflight_pretrain``).
 
 Input: a ``Preset`` (or its name), an ``argparse.Namespace`` of Megatron-LM arguments, or a dict of
@@ -21,7 +23,9 @@ import argparse
 import os
 from typing import Any, Callable, Mapping
 
-from lagom_megatron.launch.doctor_rules import BLACKWELL_SM_ARCH, RULES, Finding, Level, RunShape
+from lagom_megatron.launch.doctor_env_rules import BLACKWELL_SM_ARCH
+from lagom_megatron.launch.doctor_rules import RULES
+from lagom_megatron.launch.doctor_types import Finding, Level, RunShape
 
 __all__ = ["BLACKWELL_SM_ARCH", "RULES", "Finding", "Level", "RunShape", "resolve", "run_doctor", "errors",
            "preflight", "detect_cluster", "preflight_pretrain", "check_command_line"]
@@ -144,17 +148,18 @@ def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cl
 def check_command_line(argv: list[str], world_size: int | None) -> list[Finding]:
     """Parses a ``scripts/pretrain_gpt.py`` command line as that script does.
 
-    ``integration.arguments.parse_args`` then ``validate_args`` (on the line's own namespace), so
-    an unknown flag, an invalid choice or a bad value is an error naming it, as the real launch
-    would stop on it. A line without a data source gets a warning and is checked as if it had
-    ``--mock-data`` (the data flags are usually added at launch). ``world_size`` None or below 1
-    is replaced by TP x PP x CP (the rules report it).
+    ``training.arguments.parse_args`` then ``training.argument_checks.validate_args`` (on the line's
+    own namespace), so an unknown flag, an invalid choice or a bad value is an error naming it, as
+    the real launch would stop on it. A line without a data source gets a warning and is checked
+    as if it had ``--mock-data`` (the data flags are usually added at launch). ``world_size`` None
+    or below 1 is replaced by TP x PP x CP (the rules report it).
 
     Returns:
         At most two findings: ``command-line`` (argparse refused the line) or ``pretrain-args``
         (``validate_args`` refused it, its first complaint), and the ``data`` warning.
     """
-    from lagom_megatron.training.arguments import parse_args, validate_args
+    from lagom_megatron.training.argument_checks import validate_args
+    from lagom_megatron.training.arguments import parse_args
 
     stop = "scripts/pretrain_gpt.py would stop here with exit code 2, before any rank trains"
     try:

@@ -1,98 +1,19 @@
 """The rules of ``lagom doctor``: one function per rule, each ``RunShape -> list[Finding]``.
 
-The layout and overlap rules restate the checks of Megatron-LM's ``megatron/training/arguments.py``
+The layout and overlap rules, here, restate the checks of Megatron-LM's ``megatron/training/arguments.py``
 (``validate_args``), Megatron-Core's configs and Transformer Engine's Userbuffers as facts; the
-NCCL rules call ``lagom_megatron.nccl.env_check``. Which rules exist and their levels are
-this project's design. ``RULES`` lists them in report order; ``lagom_megatron.launch.doctor`` runs them.
+environment rules (CUDA_DEVICE_MAX_CONNECTIONS, NCCL variables) are in
+``lagom_megatron.launch.doctor_env_rules``, the data types in ``lagom_megatron.launch.doctor_types``.
+Which rules exist and their levels are this project's design. ``RULES`` lists them in report order;
+``lagom_megatron.launch.doctor`` runs them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Callable
 
-from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
-
-Level = Literal["error", "warning"]
-
-BLACKWELL_SM_ARCH = 100
-"""Megatron-LM asks for CUDA_DEVICE_MAX_CONNECTIONS=1 only below compute capability 10.0."""
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One result of a rule.
-
-    Attributes:
-        level: "error" stops the launch; "warning" is printed only.
-        rule: short rule id, e.g. ``world-size`` or ``nccl-env``.
-        what: one line: what is wrong, with the values seen.
-        why: what would happen and where the requirement comes from.
-        fix: what to change.
-    """
-
-    level: Level
-    rule: str
-    what: str
-    why: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.level}: [{self.rule}] {self.what}\n    why: {self.why}\n    fix: {self.fix}"
-
-
-@dataclass(frozen=True, slots=True)
-class RunShape:
-    """What the rules look at, normalised from a preset, a namespace or a dict.
-
-    Attributes:
-        args: argparse destinations -> values (Megatron-LM names).
-        environ: environment of the ranks.
-        world_size: ranks in the job; None = unknown (rules that need it are skipped).
-        gpus_per_node: GPUs (ranks) per node; None = unknown.
-        sm_arch: compute capability x 10 (90 = Hopper); None = unknown, treated as pre-Blackwell.
-        nccl_version: e.g. "2.27.3"; None = unknown.
-        backend: "nccl" or "gloo" (CPU: the CUDA and NCCL rules do not apply).
-        preset_env: the preset's ``env`` section (empty without a preset), so that a fix can say
-            whether the preset already sets a variable.
-    """
-
-    args: Mapping[str, Any]
-    environ: Mapping[str, str]
-    world_size: int | None
-    gpus_per_node: int | None
-    sm_arch: int | None
-    nccl_version: str | None
-    backend: str
-    preset_env: Mapping[str, str] = field(default_factory=dict)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        value = self.args.get(name, default)
-        return default if value is None else value
-
-    @property
-    def tp(self) -> int:
-        return int(self.get("tensor_model_parallel_size", 1))
-
-    @property
-    def pp(self) -> int:
-        return int(self.get("pipeline_model_parallel_size", 1))
-
-    @property
-    def cp(self) -> int:
-        return int(self.get("context_parallel_size", 1))
-
-    @property
-    def ep(self) -> int:
-        return int(self.get("expert_model_parallel_size", 1))
-
-    @property
-    def fsdp(self) -> bool:
-        return bool(self.get("use_torch_fsdp2", False) or self.get("use_megatron_fsdp", False))
-
-    @property
-    def lagom(self) -> bool:
-        return bool(self.get("lagom", False))
+from lagom_megatron.launch.doctor_env_rules import rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides
+from lagom_megatron.launch.doctor_types import Finding, RunShape
 
 
 def rule_nodes(s: RunShape) -> list[Finding]:
@@ -402,75 +323,9 @@ def rule_ddp_bucket_size(s: RunShape) -> list[Finding]:
     return []
 
 
-def rule_cuda_device_max_connections(s: RunShape) -> list[Finding]:
-    """CUDA_DEVICE_MAX_CONNECTIONS: 1 with TP or CP > 1 before Blackwell without FSDP; not 1 with FSDP."""
-    if s.backend == "gloo":
-        return []
-    cdmc = s.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
-    pre_blackwell = s.sm_arch is None or int(s.sm_arch) < BLACKWELL_SM_ARCH
-    arch = f"sm_{s.sm_arch}" if s.sm_arch is not None else "an unknown GPU (taken as pre-Blackwell)"
-    if s.fsdp:
-        if cdmc == "1":
-            return [Finding(
-                "error", "cuda-device-max-connections",
-                "CUDA_DEVICE_MAX_CONNECTIONS=1 with FSDP",
-                "FSDP2 and Megatron-FSDP need several hardware queues to overlap their all-gathers "
-                "and reduce-scatters; Megatron-LM asserts it is not 1",
-                "unset CUDA_DEVICE_MAX_CONNECTIONS (or set it to 32)",
-            )]
-        return []
-    if (s.tp > 1 or s.cp > 1) and pre_blackwell and cdmc != "1":
-        seen = "unset" if cdmc is None else f"{cdmc!r}"
-        by_preset = " (the preset's env does this)" if s.preset_env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1" else ""
-        return [Finding(
-            "error", "cuda-device-max-connections",
-            f"CUDA_DEVICE_MAX_CONNECTIONS is {seen} with TP {s.tp}, CP {s.cp} on {arch}",
-            "Megatron-LM asserts 'Using tensor model parallelism or context parallelism require "
-            "setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1': with one hardware "
-            "queue, TP/CP communication kernels are issued before the compute they overlap",
-            f"export CUDA_DEVICE_MAX_CONNECTIONS=1{by_preset}",
-        )]
-    out = []
-    if cdmc == "1" and s.tp == 1 and s.cp == 1 and (
-            s.get("overlap_grad_reduce", False) or s.get("overlap_param_gather", False)):
-        out.append(Finding(
-            "warning", "cuda-device-max-connections",
-            "CUDA_DEVICE_MAX_CONNECTIONS=1 with TP = CP = 1 and overlapped data-parallel communication",
-            "one hardware queue serialises the gradient/parameter collectives with compute, so "
-            "there is no overlap for lagom to tune (Megatron-LM issue 1468)",
-            "unset CUDA_DEVICE_MAX_CONNECTIONS",
-        ))
-    if cdmc == "1" and s.get("overlap_moe_expert_parallel_comm", False):
-        out.append(Finding(
-            "warning", "cuda-device-max-connections",
-            "CUDA_DEVICE_MAX_CONNECTIONS=1 with overlap_moe_expert_parallel_comm",
-            "expert-parallel all-to-all overlap needs several queues; 32 doubled the measured gain "
-            "(Megatron-LM PR 6311)",
-            "export CUDA_DEVICE_MAX_CONNECTIONS=32",
-        ))
-    return out
-
-
-def rule_nccl_env(s: RunShape) -> list[Finding]:
-    """NCCL variables outside NCCL's domains (``engine.nccl_env_check.check_nccl_env``)."""
-    if s.backend == "gloo":
-        return []
-    return [Finding(i.level, "nccl-env", i.what, i.why, i.fix)
-            for i in check_nccl_env(s.environ, nccl_version=s.nccl_version)]
-
-
-def rule_nccl_overrides(s: RunShape) -> list[Finding]:
-    """With --lagom: NCCL variables that silently override lagom's choices."""
-    if s.backend == "gloo" or not s.lagom:
-        return []
-    return [Finding(i.level, "nccl-override", i.what, i.why, i.fix) for i in override_issues(s.environ)]
-
-
 RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_nodes, rule_world_size, rule_batch, rule_heads, rule_layers, rule_experts, rule_sequence,
     rule_tp_comm_overlap, rule_overlap_param_gather, rule_ddp_bucket_size,
     rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides,
 )
 """Every rule, in report order."""
-
-

@@ -137,7 +137,7 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
     Must run under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT set).
 
     Args:
-        args: from ``arguments.parse_args`` then ``arguments.validate_args``.
+        args: from ``arguments.parse_args`` then ``argument_checks.validate_args``.
         callbacks: objects with any of on_setup / on_iteration_start / on_iteration_end /
             on_train_end (see the module docstring). With ``--lagom``, lagom's controller is added.
 

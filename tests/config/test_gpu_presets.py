@@ -132,7 +132,8 @@ def test_preset_to_megatron_lm_flags_round_trip():
 @pytest.mark.parametrize("name", GPU_PRESETS)
 def test_our_pretrain_gpt_takes_every_gpu_preset(name):
     """scripts/pretrain_gpt.py --preset NAME: parsed and validated for the preset's world size."""
-    from lagom_megatron.training.arguments import parse_args, validate_args
+    from lagom_megatron.training.argument_checks import validate_args
+    from lagom_megatron.training.arguments import parse_args
 
     preset = load_preset(name)
     args = validate_args(parse_args(["--preset", name]), preset.world_size)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from lagom_megatron.training.arguments import build_parser, parse_args, validate_args
+from lagom_megatron.training.argument_checks import validate_args
+from lagom_megatron.training.arguments import build_parser, parse_args
 from lagom_megatron.config.presets import available, load_model, load_preset
 
 

@@ -69,7 +69,8 @@ def main(spec_path, out_path):
     from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
 
     from lagom_megatron.megatron import patches
-    from lagom_megatron.training.arguments import parse_args, validate_args
+    from lagom_megatron.training.argument_checks import validate_args
+    from lagom_megatron.training.arguments import parse_args
     from lagom_megatron.training.loop import pretrain
 
     rank = int(os.environ["RANK"])

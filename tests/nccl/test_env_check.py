@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from lagom_megatron.nccl.env_check import (
-    FUNCTIONS, check_nccl_env, max_ctas, override_issues, parse_selection, parse_version)
+from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
+from lagom_megatron.nccl.env_grammar import FUNCTIONS, max_ctas, parse_selection, parse_version
 
 
 def levels(env, version="2.27.5"):

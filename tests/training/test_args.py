@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lagom_megatron.training.arguments import LAGOM_FLAGS, build_parser, check_installed, parse_args, validate_args
+from lagom_megatron.training.argument_checks import check_installed, validate_args
+from lagom_megatron.training.arguments import LAGOM_FLAGS, build_parser, parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",

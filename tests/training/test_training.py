@@ -26,7 +26,8 @@ TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4"
 # the returned TrainingResult (rank 0 writes them as JSON).
 DRIVER = r'''
 import json, os, sys
-from lagom_megatron.training.arguments import parse_args, validate_args
+from lagom_megatron.training.argument_checks import validate_args
+from lagom_megatron.training.arguments import parse_args
 from lagom_megatron.training.loop import pretrain
 
 class Recorder:

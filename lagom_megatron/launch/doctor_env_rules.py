@@ -1,0 +1,79 @@
+"""The environment rules of ``lagom doctor``: CUDA_DEVICE_MAX_CONNECTIONS and the NCCL variables.
+
+Each rule is ``RunShape -> list[Finding]``. The CUDA rule restates Megatron-LM's checks of
+``megatron/training/arguments.py`` (``validate_args``) as facts; the NCCL rules call
+``lagom_megatron.nccl.env_check``. ``RULES`` in ``lagom_megatron.launch.doctor_rules`` lists them
+after the layout and overlap rules.
+"""
+
+from __future__ import annotations
+
+from lagom_megatron.launch.doctor_types import Finding, RunShape
+from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
+
+BLACKWELL_SM_ARCH = 100
+"""Megatron-LM asks for CUDA_DEVICE_MAX_CONNECTIONS=1 only below compute capability 10.0."""
+
+
+def rule_cuda_device_max_connections(s: RunShape) -> list[Finding]:
+    """CUDA_DEVICE_MAX_CONNECTIONS: 1 with TP or CP > 1 before Blackwell without FSDP; not 1 with FSDP."""
+    if s.backend == "gloo":
+        return []
+    cdmc = s.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    pre_blackwell = s.sm_arch is None or int(s.sm_arch) < BLACKWELL_SM_ARCH
+    arch = f"sm_{s.sm_arch}" if s.sm_arch is not None else "an unknown GPU (taken as pre-Blackwell)"
+    if s.fsdp:
+        if cdmc == "1":
+            return [Finding(
+                "error", "cuda-device-max-connections",
+                "CUDA_DEVICE_MAX_CONNECTIONS=1 with FSDP",
+                "FSDP2 and Megatron-FSDP need several hardware queues to overlap their all-gathers "
+                "and reduce-scatters; Megatron-LM asserts it is not 1",
+                "unset CUDA_DEVICE_MAX_CONNECTIONS (or set it to 32)",
+            )]
+        return []
+    if (s.tp > 1 or s.cp > 1) and pre_blackwell and cdmc != "1":
+        seen = "unset" if cdmc is None else f"{cdmc!r}"
+        by_preset = " (the preset's env does this)" if s.preset_env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1" else ""
+        return [Finding(
+            "error", "cuda-device-max-connections",
+            f"CUDA_DEVICE_MAX_CONNECTIONS is {seen} with TP {s.tp}, CP {s.cp} on {arch}",
+            "Megatron-LM asserts 'Using tensor model parallelism or context parallelism require "
+            "setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1': with one hardware "
+            "queue, TP/CP communication kernels are issued before the compute they overlap",
+            f"export CUDA_DEVICE_MAX_CONNECTIONS=1{by_preset}",
+        )]
+    out = []
+    if cdmc == "1" and s.tp == 1 and s.cp == 1 and (
+            s.get("overlap_grad_reduce", False) or s.get("overlap_param_gather", False)):
+        out.append(Finding(
+            "warning", "cuda-device-max-connections",
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 with TP = CP = 1 and overlapped data-parallel communication",
+            "one hardware queue serialises the gradient/parameter collectives with compute, so "
+            "there is no overlap for lagom to tune (Megatron-LM issue 1468)",
+            "unset CUDA_DEVICE_MAX_CONNECTIONS",
+        ))
+    if cdmc == "1" and s.get("overlap_moe_expert_parallel_comm", False):
+        out.append(Finding(
+            "warning", "cuda-device-max-connections",
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 with overlap_moe_expert_parallel_comm",
+            "expert-parallel all-to-all overlap needs several queues; 32 doubled the measured gain "
+            "(Megatron-LM PR 6311)",
+            "export CUDA_DEVICE_MAX_CONNECTIONS=32",
+        ))
+    return out
+
+
+def rule_nccl_env(s: RunShape) -> list[Finding]:
+    """NCCL variables outside NCCL's domains (``nccl.env_check.check_nccl_env``)."""
+    if s.backend == "gloo":
+        return []
+    return [Finding(i.level, "nccl-env", i.what, i.why, i.fix)
+            for i in check_nccl_env(s.environ, nccl_version=s.nccl_version)]
+
+
+def rule_nccl_overrides(s: RunShape) -> list[Finding]:
+    """With --lagom: NCCL variables that silently override lagom's choices."""
+    if s.backend == "gloo" or not s.lagom:
+        return []
+    return [Finding(i.level, "nccl-override", i.what, i.why, i.fix) for i in override_issues(s.environ)]

@@ -1,0 +1,152 @@
+"""The per-rank quantities of a simulated Megatron iteration: ``WorkloadShape``, built from a preset.
+
+The model's dimensions on one representative rank, the parallel layout and its process groups
+(sizes, nodes spanned), the overlap flags, parameter counts and the DDP buckets.
+``lagom_megatron.sim.workload`` (``Workload``) builds one iteration's program and sites from them;
+its docstring says which rank is simulated and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Self
+
+from lagom_megatron.sim.device import Gpu
+from lagom_megatron.sim.program import group_nodes
+
+
+@dataclass(kw_only=True)
+class WorkloadShape:
+    """A preset turned into per-rank quantities (``from_preset``); ``Workload`` adds the program.
+
+    Raises (``from_preset``):
+        ValueError: a layout that does not divide (names the sizes), or a CPU cluster.
+    """
+
+    name: str
+    gpu: Gpu
+    layers_per_chunk: int
+    chunks: int
+    pp: int
+    tp: int
+    cp: int
+    dp: int
+    ep: int
+    sp: bool
+    microbatches: int
+    tokens: int
+    """Tokens per micro-batch on this rank's sequence shard: micro_batch_size * seq_length / cp."""
+    seq: int
+    hidden: int
+    ffn: int
+    q_dim: int
+    kv_dim: int
+    vocab: int
+    swiglu: bool
+    experts: int
+    topk: int
+    dist_opt: bool
+    overlap_grad: bool
+    overlap_param: bool
+    overlap_p2p: bool
+    tp_comm_overlap: bool
+    cdmc1: bool
+    bucket_params: int
+    nodes: dict[str, int]
+    sizes: dict[str, int]
+
+    @classmethod
+    def from_preset(cls, preset: Any, gpu: Gpu) -> Self:
+        m = preset.model_spec()
+        p, t, o = preset.parallel, preset.training, preset.overlap
+        tp, pp, cp, ep = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size, p.expert_model_parallel_size
+        world = preset.world_size
+        if world % (tp * pp * cp):
+            raise ValueError(f"world_size ({world}) must be a multiple of TP*PP*CP ({tp}*{pp}*{cp})")
+        dp = world // (tp * pp * cp)
+        chunks = getattr(p, "num_virtual_stages_per_pipeline_rank", None) or 1
+        if p.num_layers_per_virtual_pipeline_stage:
+            chunks = m.num_layers // (pp * p.num_layers_per_virtual_pipeline_stage)
+        if m.num_layers % (pp * chunks):
+            raise ValueError(f"num_layers ({m.num_layers}) must divide into PP*virtual stages ({pp}*{chunks})")
+        gbs = t.global_batch_size or t.micro_batch_size * dp
+        if gbs % (t.micro_batch_size * dp):
+            raise ValueError(f"global_batch_size ({gbs}) must be a multiple of micro_batch_size*DP ({t.micro_batch_size}*{dp})")
+        heads = m.num_attention_heads
+        head_dim = getattr(m, "kv_channels", None) or m.hidden_size // heads
+        groups = m.num_query_groups or heads
+        experts = m.num_experts or 0
+        ffn = (getattr(m, "moe_ffn_hidden_size", None) or m.ffn_hidden_size or 4 * m.hidden_size) if experts else (m.ffn_hidden_size or 4 * m.hidden_size)
+        gpn = gpu.gpus_per_node
+        sizes = {"tp": tp, "cp": cp, "dp": dp, "dp_cp": dp * cp, "pp": pp, "ep": ep}
+        nodes = {
+            "tp": group_nodes(stride=1, size=tp, gpus_per_node=gpn),
+            "cp": group_nodes(stride=tp, size=cp, gpus_per_node=gpn),
+            "dp": group_nodes(stride=tp * cp, size=dp, gpus_per_node=gpn),
+            "dp_cp": group_nodes(stride=tp, size=dp * cp, gpus_per_node=gpn),
+            "pp": group_nodes(stride=tp * cp * dp, size=min(pp, 2), gpus_per_node=gpn),
+            "ep": group_nodes(stride=tp * cp, size=ep, gpus_per_node=gpn),
+        }
+        bucket = o.ddp_bucket_size or max(40_000_000, 1_000_000 * dp * cp)
+        return cls(
+            name=preset.name or "preset", gpu=gpu, layers_per_chunk=m.num_layers // (pp * chunks), chunks=chunks,
+            pp=pp, tp=tp, cp=cp, dp=dp, ep=ep, sp=bool(p.sequence_parallel and tp > 1),
+            microbatches=gbs // (t.micro_batch_size * dp), tokens=t.micro_batch_size * t.seq_length // cp,
+            seq=t.seq_length, hidden=m.hidden_size, ffn=ffn, q_dim=heads * head_dim, kv_dim=groups * head_dim,
+            vocab=m.vocab_size or 50304, swiglu=m.swiglu, experts=experts, topk=m.moe_router_topk or 1,
+            dist_opt=o.use_distributed_optimizer, overlap_grad=o.overlap_grad_reduce, overlap_param=o.overlap_param_gather,
+            overlap_p2p=o.overlap_p2p_comm, tp_comm_overlap=o.tp_comm_overlap and tp > 1,
+            cdmc1=str(preset.env.get("CUDA_DEVICE_MAX_CONNECTIONS", "")) == "1", bucket_params=int(bucket),
+            nodes=nodes, sizes=sizes,
+        )
+
+    # ------------------------------------------------------------------ sizes
+
+    def layer_params(self) -> float:
+        """Parameters of one transformer layer on this rank (attention + MLP or local experts)."""
+        h, tp = self.hidden, self.tp
+        attn = h * (self.q_dim + 2 * self.kv_dim) / tp + self.q_dim * h / tp
+        up = 2 if self.swiglu else 1
+        mlp = (up + 1) * h * self.ffn / tp
+        if self.experts:
+            return attn + h * self.experts  # expert weights are synced by the expert-DP group (1 here)
+        return attn + mlp
+
+    def output_params(self) -> float:
+        """Output-layer parameters on this rank (untied, PP 1 only: otherwise on the last stage)."""
+        return self.vocab * self.hidden / self.tp if self.pp == 1 else 0.0
+
+    def embedding_params(self) -> float:
+        return self.vocab * self.hidden / self.tp
+
+    def global_layer(self, chunk: int, i: int) -> int:
+        """Megatron's layer numbering (0-based here) on the first pipeline stage."""
+        return chunk * self.pp * self.layers_per_chunk + i
+
+    def buckets(self) -> list[list[tuple[int, list[int], float]]]:
+        """Per chunk: DDP buckets in backward order as (bucket id, local layer indices, params).
+
+        Chunk 0 is split into buckets of ``bucket_params`` (at layer granularity); the last chunk's
+        first bucket also holds the output layer (PP 1), chunk 0's last bucket the embedding (its
+        gradients are ready last). Chunks after the first are one bucket each (Megatron-LM's
+        ``disable_bucketing`` for virtual chunks), as is everything without overlapped grad reduce."""
+        out = []
+        for c in range(self.chunks):
+            order = list(range(self.layers_per_chunk - 1, -1, -1))
+            acc = self.output_params() if c == self.chunks - 1 else 0.0
+            limit = self.bucket_params if (c == 0 and self.overlap_grad) else float("inf")
+            cur: list[int] = []
+            bks = []
+            for li in order:
+                cur.append(li)
+                acc += self.layer_params() + (self.embedding_params() if (c == 0 and li == 0) else 0.0)
+                if acc >= limit:
+                    bks.append((len(bks), cur, acc))
+                    cur, acc = [], 0.0
+            if cur:
+                bks.append((len(bks), cur, acc))
+            out.append(bks)
+        return out
+
+    def dp_group(self) -> str:
+        return "dp_cp" if self.cp > 1 else "dp"

@@ -1,0 +1,230 @@
+"""Checks of ``scripts/pretrain_gpt.py``'s parsed arguments (from ``lagom_megatron.training.arguments.parse_args``).
+
+:func:`validate_args` checks everything that can be checked before a process group exists, fills
+in Megatron-LM's derived defaults and raises ``ValueError`` with one line naming the bad value and
+what is allowed. :func:`check_installed` checks that this machine has the libraries the arguments
+need. This module imports neither torch nor Megatron, so bad input fails within a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from lagom_megatron.training.tokenizer import resolve_vocab
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def _data_prefixes(data_path: list[str]) -> list[str]:
+    """The dataset prefixes of ``--data-path`` (``P1 P2`` or weighted ``W1 P1 W2 P2``)."""
+    def is_number(s: str) -> bool:
+        try:
+            float(s)
+            return True
+        except ValueError:
+            return False
+
+    if len(data_path) % 2 == 0 and all(is_number(w) for w in data_path[0::2]):
+        return list(data_path[1::2])
+    return list(data_path)
+
+
+def check_installed(args: argparse.Namespace) -> None:
+    """Checks that this machine has the libraries the arguments need, before any process group exists.
+
+    Kept apart from :func:`validate_args`, which ``lagom doctor`` and the preset tests also run on
+    machines that only plan a job (no Transformer Engine there).
+
+    Raises:
+        ValueError: one line: ``--context-parallel-size`` above 1 without Transformer Engine
+            (megatron-core's context-parallel attention is ``TEDotProductAttention``; without it
+            every rank dies on an assertion while the model is built).
+    """
+    import importlib.util
+
+    cp = args.context_parallel_size
+    if cp > 1 and importlib.util.find_spec("transformer_engine") is None:
+        raise ValueError(f"--context-parallel-size {cp} needs Transformer Engine (megatron-core runs context-parallel "
+                         "attention in TEDotProductAttention), which is not installed; install transformer_engine "
+                         "or use --context-parallel-size 1")
+
+
+def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
+    """Checks the arguments and fills in derived defaults, before any process group exists.
+
+    Fills in (as Megatron-LM does): ffn_hidden_size = 4 x hidden, max_position_embeddings =
+    seq_length, global_batch_size = micro-batch x DP, lr_decay_iters = train_iters,
+    sequence_parallel off when TP = 1, num_query_groups = heads without GQA; adds
+    ``data_parallel_size`` and ``virtual_pipeline_model_parallel_size``.
+
+    Args:
+        args: the namespace from :func:`parse_args` (modified in place).
+        world_size: number of ranks (``WORLD_SIZE`` of torchrun).
+
+    Returns:
+        The same namespace.
+
+    Raises:
+        ValueError: one line naming the bad value and what is allowed: a missing required flag,
+            world size not divisible by TP x PP x CP, heads or query groups not divisible by TP,
+            layers not divisible by PP or by the virtual stages, global batch not divisible by
+            micro-batch x DP, no data source, a missing or unreadable --data-path, and more.
+    """
+    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
+                 "train_iters", "lr"):
+        _check(getattr(args, flag) is not None,
+               f"--{flag.replace('_', '-')} is required (on the command line or in the --preset)")
+    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
+                 "train_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                 "context_parallel_size", "expert_model_parallel_size", "log_interval"):
+        value = getattr(args, flag)
+        _check(value >= 1, f"--{flag.replace('_', '-')} must be a positive integer; got {value}")
+    _check(world_size >= 1, f"world size must be a positive integer; got {world_size}")
+
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    model_parallel = tp * pp * cp
+    _check(world_size % model_parallel == 0,
+           f"world size {world_size} is not divisible by tensor ({tp}) x pipeline ({pp}) x context ({cp}) "
+           f"parallel size = {model_parallel}")
+    dp = world_size // model_parallel
+    args.data_parallel_size = dp
+    ep = args.expert_model_parallel_size
+    _check(ep == 1 or args.num_experts, f"--expert-model-parallel-size {ep} needs --num-experts")
+    if args.moe_router_topk is None:
+        args.moe_router_topk = 2
+    if args.num_experts:
+        _check(args.num_experts % ep == 0,
+               f"--num-experts {args.num_experts} is not divisible by --expert-model-parallel-size {ep}")
+        _check((dp * cp) % ep == 0,
+               f"data x context parallel size {dp * cp} is not divisible by --expert-model-parallel-size {ep}")
+
+    heads = args.num_attention_heads
+    _check(heads % tp == 0,
+           f"--num-attention-heads {heads} is not divisible by --tensor-model-parallel-size {tp}")
+    _check(args.hidden_size % heads == 0,
+           f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads {heads}")
+    if args.num_query_groups is not None:
+        args.group_query_attention = True
+    if args.group_query_attention:
+        groups = args.num_query_groups
+        _check(groups is not None and groups >= 1, "--group-query-attention needs --num-query-groups >= 1")
+        _check(groups % tp == 0,
+               f"--num-query-groups {groups} is not divisible by --tensor-model-parallel-size {tp}")
+        _check(heads % groups == 0,
+               f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups}")
+    else:
+        args.num_query_groups = heads
+
+    layers = args.num_layers
+    _check(layers % pp == 0,
+           f"--num-layers {layers} is not divisible by --pipeline-model-parallel-size {pp}")
+    args.virtual_pipeline_model_parallel_size = None
+    per_vstage = args.num_layers_per_virtual_pipeline_stage
+    n_vstages = args.num_virtual_stages_per_pipeline_rank
+    _check(per_vstage is None or n_vstages is None,
+           "pass --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank, not both")
+    if n_vstages is not None:
+        _check(pp > 1 and n_vstages >= 1,
+               f"--num-virtual-stages-per-pipeline-rank {n_vstages} needs --pipeline-model-parallel-size > 1 "
+               f"(got {pp}) and a value >= 1")
+        _check((layers // pp) % n_vstages == 0,
+               f"layers per pipeline stage {layers // pp} (--num-layers {layers} / --pipeline-model-parallel-size "
+               f"{pp}) is not divisible by --num-virtual-stages-per-pipeline-rank {n_vstages}")
+        per_vstage = args.num_layers_per_virtual_pipeline_stage = (layers // pp) // n_vstages
+    if per_vstage is not None:
+        _check(pp > 1, "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1; "
+                       f"got {pp}")
+        _check(per_vstage >= 1, f"--num-layers-per-virtual-pipeline-stage must be >= 1; got {per_vstage}")
+        per_stage = layers // pp
+        _check(per_stage % per_vstage == 0,
+               f"layers per pipeline stage {per_stage} (--num-layers {layers} / --pipeline-model-parallel-size "
+               f"{pp}) is not divisible by --num-layers-per-virtual-pipeline-stage {per_vstage}")
+        args.virtual_pipeline_model_parallel_size = per_stage // per_vstage
+        if args.virtual_pipeline_model_parallel_size == 1:
+            args.virtual_pipeline_model_parallel_size = None
+    if args.virtual_pipeline_model_parallel_size is None:
+        args.overlap_p2p_comm = False  # only the interleaved schedule overlaps p2p (Megatron-LM does the same)
+
+    mbs = args.micro_batch_size
+    if args.global_batch_size is None:
+        args.global_batch_size = mbs * dp
+    gbs = args.global_batch_size
+    _check(gbs >= 1 and gbs % (mbs * dp) == 0,
+           f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x data-parallel size {dp} "
+           f"= {mbs * dp}")
+    args.num_microbatches = gbs // (mbs * dp)
+    if args.virtual_pipeline_model_parallel_size is not None:
+        _check(args.num_microbatches % pp == 0,
+               f"the interleaved schedule needs micro-batches per iteration ({args.num_microbatches}) divisible "
+               f"by --pipeline-model-parallel-size {pp}")
+
+    if args.ffn_hidden_size is None:
+        args.ffn_hidden_size = 4 * args.hidden_size
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if args.position_embedding_type == "learned_absolute":
+        _check(args.seq_length <= args.max_position_embeddings,
+               f"--seq-length {args.seq_length} exceeds --max-position-embeddings {args.max_position_embeddings}")
+    if tp == 1:
+        args.sequence_parallel = False
+    if args.sequence_parallel:
+        _check(args.seq_length % tp == 0,
+               f"--seq-length {args.seq_length} is not divisible by --tensor-model-parallel-size {tp} "
+               "(needed by --sequence-parallel)")
+    _check(not (args.bf16 and args.fp16), "--bf16 and --fp16 are exclusive; pass one")
+    _check(not args.overlap_param_gather or args.use_distributed_optimizer,
+           "--overlap-param-gather needs --use-distributed-optimizer")
+    _check(not args.overlap_param_gather or args.overlap_grad_reduce,
+           "--overlap-param-gather needs --overlap-grad-reduce")
+    _check(0.0 <= args.hidden_dropout < 1.0 and 0.0 <= args.attention_dropout < 1.0,
+           f"dropout must be in [0, 1); got --hidden-dropout {args.hidden_dropout}, "
+           f"--attention-dropout {args.attention_dropout}")
+    _check(args.lr >= args.min_lr >= 0.0, f"need --lr >= --min-lr >= 0; got --lr {args.lr}, --min-lr {args.min_lr}")
+    decay_default = args.lr_decay_iters is None
+    if decay_default:
+        args.lr_decay_iters = args.train_iters
+    _check(0 <= args.lr_warmup_iters < args.lr_decay_iters,
+           f"--lr-warmup-iters {args.lr_warmup_iters} must be in [0, --lr-decay-iters {args.lr_decay_iters})"
+           + (" (--lr-decay-iters defaults to --train-iters)" if decay_default else ""))
+    _check(args.lagom_warmup_iters >= 1, f"--lagom-warmup-iters must be >= 1; got {args.lagom_warmup_iters}")
+    _check(args.lagom_verify_iters >= 1, f"--lagom-verify-iters must be >= 1; got {args.lagom_verify_iters}")
+    for flag, value in (("--lagom-report", args.lagom_report), ("--lagom-plan", args.lagom_plan)):
+        if value:
+            _check(not Path(value).is_dir(), f"{flag} {value!r} is a folder; give a file name")
+            _check(not Path(value).parent.exists() or Path(value).parent.is_dir(),
+                   f"{flag} {value!r}: {Path(value).parent} is not a folder")
+    if args.lagom_report:
+        suffix = Path(args.lagom_report).suffix.lower()
+        _check(suffix in ("", ".md", ".markdown", ".csv", ".json"),
+               f"--lagom-report must end in .md, .csv or .json; got {args.lagom_report!r}")
+
+    _check(args.mock_data or args.data_path,
+           "no training data: pass --mock-data or --data-path PREFIX (PREFIX.bin and PREFIX.idx)")
+    _check(not (args.mock_data and args.data_path), "pass either --mock-data or --data-path, not both")
+    if args.data_path:
+        for prefix in _data_prefixes(args.data_path):
+            for suffix in (".bin", ".idx"):
+                path = Path(prefix + suffix)
+                _check(path.is_file(),
+                       f"--data-path {prefix!r}: {path} does not exist (expected an indexed dataset "
+                       "PREFIX.bin + PREFIX.idx, e.g. from scripts/preprocess_data.py)")
+                _check(os.access(path, os.R_OK), f"--data-path {prefix!r}: {path} is not readable")
+    if args.tokenizer_type is None:
+        args.tokenizer_type = "NullTokenizer" if args.mock_data and args.vocab_size else "ByteLevel"
+    if args.tokenizer_type == "NullTokenizer":
+        _check(args.vocab_size is not None and args.vocab_size >= 2,
+               "--tokenizer-type NullTokenizer needs --vocab-size >= 2")
+    args.orig_vocab_size, args.padded_vocab_size = resolve_vocab(args)
+    if args.nccl_communicator_config_path is not None:
+        _check(Path(args.nccl_communicator_config_path).is_file(),
+               f"--nccl-communicator-config-path {args.nccl_communicator_config_path!r} does not exist")
+    _check(cp == 1 or args.transformer_impl != "local",
+           f"--context-parallel-size {cp} needs Transformer Engine (--transformer-impl transformer_engine)")
+    _check(not args.tp_comm_overlap or args.transformer_impl != "local",
+           "--tp-comm-overlap needs Transformer Engine (--transformer-impl transformer_engine)")
+    return args
