@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Builds the top-level parser; subcommand modules add their own arguments lazily.
 
     Returns:
-        The parser. Subcommands whose module is missing are left out.
+        The parser.
     """
     parser = argparse.ArgumentParser(
         prog="lagom",
@@ -42,12 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lagom-megatron {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
-        try:
-            mod = _load(module)
-        except ModuleNotFoundError as exc:
-            if exc.name == f"lagom_megatron.cli.{module}":
-                continue
-            raise
+        mod = _load(module)
         p = sub.add_parser(name, help=help_text, description=help_text)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)

@@ -29,6 +29,13 @@ TUNER_OVERRIDES: dict[str, str] = {
 """Variables that narrow what the tuner plugin can choose (set per communicator by the pool)."""
 
 
+def launch_nthreads(env: dict[str, str]) -> int | None:
+    """``NCCL_NTHREADS`` of a launch environment as an int; None when it is unset or empty (NCCL's
+    own thread count). NCCL reads it once per process (DESIGN.md section 5)."""
+    value = env.get("NCCL_NTHREADS")
+    return int(value) if value else None
+
+
 def _split_list(value: str) -> list[str]:
     return [t.strip() for t in value.split(",") if t.strip()]
 

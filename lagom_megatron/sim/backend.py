@@ -23,6 +23,7 @@ from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Sample
 from lagom_megatron.engine.steps import IterationMeasurement, Phase, Step
 from lagom_megatron.engine.tuner import Tuner
+from lagom_megatron.nccl.env_vars import launch_nthreads
 from lagom_megatron.nccl.rules import NcclRules
 from lagom_megatron.sim import timeline
 from lagom_megatron.sim.device import CommCost, Gpu, comm_cost, resolve_config
@@ -58,7 +59,7 @@ class SimulatedCluster:
         self.gpu = Gpu.from_cluster(spec)
         self.workload = Workload.from_preset(preset, self.gpu)
         self.seed = seed
-        self.nthreads = nthreads if nthreads is not None else _env_threads(preset.env)
+        self.nthreads = nthreads if nthreads is not None else launch_nthreads(preset.env)
         self._prog = self.workload.program()
         self._win = timeline.windows(self._prog)
         self._sites = self.workload.sites()
@@ -139,11 +140,6 @@ class SimulatedCluster:
                                   t_comm_us=t_comm, t_comp_us=busy if serialize else math.nan,
                                   t_region_us=t_region, iteration=iteration))
         return IterationMeasurement(iteration=iteration, iteration_us=total, sites=list(self._sites), samples=samples)
-
-
-def _env_threads(env: dict[str, str]) -> int | None:
-    value = env.get("NCCL_NTHREADS")
-    return int(value) if value else None
 
 
 @dataclass(kw_only=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import math
 import os
 import random
@@ -85,19 +84,13 @@ def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples:
     return line
 
 
-def _lagom_callback(args: argparse.Namespace, log: Callable[[str], None]):
-    """lagom's controller when ``--lagom`` is set and the integration module exists, else None."""
+def _lagom_callback(args: argparse.Namespace):
+    """lagom's controller (``megatron.controller.LagomController``) when ``--lagom`` is set, else None."""
     if not args.lagom:
         return None
-    try:
-        controller = importlib.import_module("lagom_megatron.megatron.controller")
-    except ModuleNotFoundError as exc:
-        if exc.name != "lagom_megatron.megatron.controller":
-            raise
-        log(f"lagom: enabled (warmup_iters={args.lagom_warmup_iters}, method={args.lagom_method}); "
-            "tuning arrives with the integration module")
-        return None
-    return controller.LagomController.from_args(args)
+    from lagom_megatron.megatron.controller import LagomController
+
+    return LagomController.from_args(args)
 
 
 def _call(callbacks: list, name: str, *a) -> None:
@@ -249,7 +242,7 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         except Exception:  # older Megatron-Core without the collection
             pg_collection = None
 
-        cb = _lagom_callback(args, log)
+        cb = _lagom_callback(args)
         if cb is not None:
             callbacks.append(cb)
         ctx = TrainingContext(args=args, model=chunks, optimizer=optimizer, ddp_config=ddp_cfg,
