@@ -101,7 +101,7 @@ class Plan:
     """Search statistics: model_evaluations, wall_time_s, predicted/default iteration time, ..."""
     backend: str = "nccl"
     mechanism: str = "tuner"
-    """How the plan is applied: tuner, communicator, env (NCCL) or gloo; see knobs.MECHANISMS."""
+    """How the plan is applied: tuner, communicator, env (NCCL) or gloo; see ``nccl.rules.MECHANISMS`` (gloo: ``gloo``)."""
     schema_version: int = PLAN_SCHEMA_VERSION
 
     def to_dict(self, *, with_stats: bool = True) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Profile files: what the warm-up profiler (or the simulator) measured, and what the search reads.
 
 This is the contract between measurement and search. The warm-up profiler in
-``lagom_megatron.integration`` and the simulated backend both write a ``Profile``; ``lagom
+``lagom_megatron.megatron`` and the simulated backend both write a ``Profile``; ``lagom
 search --profile P`` reads it. The search sees nothing else of the system it tunes.
 
 One ``Sample`` is one overlap region measured once under one ``CommConfig``:

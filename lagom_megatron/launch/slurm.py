@@ -51,7 +51,7 @@ def master_port(environ: Mapping[str, str]) -> int:
 
 def plan_env_file(plan: str | None) -> Path | None:
     """The env file written beside a plan: the plan's path with suffix ``.env`` (``runs/plan.json``
-    -> ``runs/plan.env``, as ``integration.nccl_env_file`` writes it), else ``<plan>.env``.
+    -> ``runs/plan.env``, as ``nccl.env_file`` writes it), else ``<plan>.env``.
 
     Returns:
         The first candidate that exists, or None.

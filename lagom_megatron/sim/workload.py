@@ -74,7 +74,7 @@ class Workload(WorkloadShape):
 
     def _stream_id(self, group: str, kind: str) -> str:
         """``{group}.{kind}[n]``: the n-th call of this stream in the current micro-batch, the way the
-        real hooks number call streams without a structural index (integration/sites.py)."""
+        real hooks number call streams without a structural index (megatron/sites.py)."""
         key = (group, kind)
         n = self._counters.get(key, 0)
         self._counters[key] = n + 1

@@ -30,7 +30,7 @@ LAGOM_FLAGS: frozenset[str] = frozenset(
         "--lagom-report",
     }
 )
-"""The public ``--lagom*`` surface; ``tests/integration/test_args.py`` freezes it."""
+"""The public ``--lagom*`` surface; ``tests/training/test_args.py`` freezes it."""
 
 LAGOM_METHODS = tuple(m for m in METHODS if m != "exhaustive")
 """Values of ``--lagom-method``: the searchers of ``lagom_megatron.engine.search`` except
