@@ -215,11 +215,7 @@ class LagomController:
             # and the entries are keyed by it (the probes' per-communicator entries stay as they are).
             backend.plugin_active = True
             self.pool.invalidate_keys()
-            from lagom_megatron.nccl.export import export_plan
-            from lagom_megatron.engine.files import write_text_atomic
-
-            table = self.run_dir / f"tuner_table.rank{self.rank}.csv"
-            write_text_atomic(table, export_plan(plan, "nccl-tuner-csv", extended=True, cluster=self.cluster))
+            table = self.files.write_tuner_table(plan, self.cluster)
             backend.tuner_table, backend.table_id = str(table), plan.digest()[:12]
         needs: dict[str, set[CommConfig]] = {}
         for e in plan.entries.values():

@@ -120,3 +120,40 @@ def test_a_search_failure_on_one_rank_aborts_tuning_on_every_rank(monkeypatch):
     monkeypatch.setattr(consensus, "_all_gather", lambda obj: [False, True])
     with pytest.raises(consensus.PlanDisagreement, match=r"search failed on rank\(s\) \[1\]"):
         consensus.agree_plan(_plan(dict(FP)), from_dict=Plan.from_dict)
+
+
+def test_plan_table_is_written_before_the_plugin_entries_are_created(tmp_path):
+    """The GPU path with lagom's tuner plugin, on stand-ins: NcclPoolBackend's attributes and a
+    pool that records prepare(). The plan table must exist (this rank's copy) and be named in the
+    backend before the entries are created, keyed by the plan digest, as ``NcclPoolBackend``
+    passes it to the communicators it creates (LAGOM_TUNER_CONFIG)."""
+    from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.nccl.export import parse_tuner_csv
+    from lagom_megatron.nccl.pool import NcclPoolBackend
+
+    backend = NcclPoolBackend(use_tuner_plugin=True)
+    backend.plugin_active = False  # as during the warm-up probes
+    events = []
+
+    class Pool:
+        def invalidate_keys(self):
+            events.append(("invalidate", backend.plugin_active))
+
+        def prepare(self, needs):
+            table = backend.tuner_table
+            events.append(("prepare", needs, table, (tmp_path / "tuner_table.rank0.csv").is_file()))
+
+    entry = PlanEntry(config=CommConfig(n_channels=4, algorithm="Ring", protocol="Simple"), predicted_t_comm_us=10.0,
+                      predicted_t_region_us=12.0, group="tp", op="all_gather", nbytes=1 << 20, group_size=8)
+    plan = Plan(entries={"tp.sp_all_gather[0]": entry}, fingerprint={"cluster": "h100-sxm-ib400"}, backend="nccl")
+    ctl = LagomController(plan_path=str(tmp_path / "plan.json"))
+    ctl.pool, ctl.cluster = Pool(), ClusterSpec.load("h100-sxm-ib400")
+    pool = ctl.pool
+    pool.backend = backend
+    ctl._prepare_pool_for_plan(plan)
+    table = tmp_path / "tuner_table.rank0.csv"
+    assert events == [("invalidate", True), ("prepare", {"tp": {entry.config}}, str(table), True)], events
+    assert backend.table_id == plan.digest()[:12]
+    (row,) = parse_tuner_csv(table.read_text())
+    assert (row["collective_type"], row["algorithm"], row["protocol"], row["channels"], row["commTag"]) == (
+        "allgather", "ring", "simple", "4", "tp")
