@@ -10,6 +10,7 @@ the top of a module (a lazy import is still a dependency), and so does
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,13 +53,21 @@ def _resolve(name: str) -> str | None:
     return name or None
 
 
-def _imports(module: str) -> tuple[set[str], set[str]]:
-    """(package modules, top-level external packages) that ``module`` imports anywhere in its file."""
-    path = MODULES[module]
-    tree = ast.parse(path.read_text(), filename=str(path))
-    is_package = path.name == "__init__.py"
+DYNAMIC_IMPORTS: dict[str, str] = {
+    "lagom_megatron.training.cpu_shims": "patches Megatron-Core modules it names in a tuple",
+}
+"""Modules allowed to import a computed module name, and why (a computed name escapes these checks)."""
+
+
+def imports_of(source: str, module: str, *, is_package: bool = False) -> tuple[set[str], set[str], int]:
+    """(package modules, top-level external packages, computed-name imports) that ``source``, the text
+    of ``module``, imports anywhere: ``import`` statements at any depth, ``importlib.import_module``
+    and ``__import__`` with a literal name or an f-string whose literal head names a package module,
+    and ``sys.modules["..."]``."""
+    tree = ast.parse(source)
     ours: set[str] = set()
     external: set[str] = set()
+    computed = 0
 
     def add(name: str) -> None:
         if name == "lagom_megatron" or name.startswith("lagom_megatron."):
@@ -67,6 +76,25 @@ def _imports(module: str) -> tuple[set[str], set[str]]:
                 ours.add(target)
         else:
             external.add(name.split(".")[0])
+
+    def literal(node: ast.AST) -> tuple[str, bool]:
+        """(the literal text a name expression starts with, whether that is the whole name)."""
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value, True
+        if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            return str(node.values[0].value), False  # f"lagom_megatron.cli.{name}": at least that package
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, whole = literal(node.left)
+            right, right_whole = literal(node.right) if whole else ("", False)
+            return left + right, whole and right_whole
+        return "", False
+
+    def add_named(node: ast.AST) -> bool:
+        """Adds what a name expression names; False when the name is (partly) computed."""
+        text, whole = literal(node)
+        if text:
+            add(text if whole else text.rpartition(".")[0] or text)
+        return whole
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -82,13 +110,21 @@ def _imports(module: str) -> tuple[set[str], set[str]]:
             for alias in node.names:  # `from pkg import submodule` imports the submodule
                 full = f"{name}.{alias.name}"
                 add(full if full in MODULES else name)
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
-              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-            add(node.args[0].value)
-    return ours, external
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__"):
+            if node.args and not add_named(node.args[0]):
+                computed += 1
+        elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "modules"
+              and isinstance(node.value.value, ast.Name) and node.value.value.id == "sys"):
+            add_named(node.slice)
+    return ours, external, computed
 
 
-IMPORTS: dict[str, tuple[set[str], set[str]]] = {m: _imports(m) for m in MODULES}
+def _imports(module: str) -> tuple[set[str], set[str], int]:
+    path = MODULES[module]
+    return imports_of(path.read_text(), module, is_package=path.name == "__init__.py")
+
+
+IMPORTS: dict[str, tuple[set[str], set[str], int]] = {m: _imports(m) for m in MODULES}
 
 
 def _folder(module: str) -> str | None:
@@ -113,6 +149,34 @@ def test_imports_flow_one_way(module):
     allowed = ALLOWED[src] | {src}
     bad = sorted(t for t in IMPORTS[module][0] if _folder(t) is not None and _folder(t) not in allowed)
     assert not bad, f"{module} ({src}/) imports {bad}; {src}/ may import only {sorted(allowed)}"
+
+
+def test_the_flow_check_sees_every_form_of_import():
+    """The checker finds lazy, literal, f-string, concatenated, ``__import__`` and ``sys.modules``
+    imports, and counts computed names (each form here would break the flow from engine/)."""
+    src = """
+import numpy
+def f():
+    from lagom_megatron.megatron import sites
+    import importlib, sys
+    importlib.import_module("lagom_megatron.nccl.rules")
+    importlib.import_module(f"lagom_megatron.cli.{name}")
+    importlib.import_module("lagom_megatron." + "launch")
+    __import__("lagom_megatron.sim.device")
+    sys.modules["lagom_megatron.training.loop"]
+    importlib.import_module(name)
+"""
+    ours, external, computed = imports_of(src, "lagom_megatron.engine.fake")
+    assert {_folder(m) for m in ours} == {"megatron", "nccl", "cli", "launch", "sim", "training"}
+    assert external == {"numpy", "importlib", "sys"} and computed == 2  # the f-string and the bare name
+
+
+def test_computed_import_names_only_where_listed():
+    found = {m for m in MODULES if IMPORTS[m][2]}
+    assert found <= set(DYNAMIC_IMPORTS) | {"lagom_megatron.cli.main"}, (
+        f"{sorted(found - set(DYNAMIC_IMPORTS))} import a computed module name, which the flow check cannot "
+        "follow; import the module by name, or list it in DYNAMIC_IMPORTS with the reason")
+    assert IMPORTS["lagom_megatron.cli.main"][0] >= {"lagom_megatron.cli"}  # its f-string names its own folder
 
 
 def test_engine_imports_only_the_standard_library_numpy_and_yaml():
@@ -189,24 +253,32 @@ def test_no_source_file_over_450_lines(folder):
     assert not long, f"source files over 450 lines (split them along their seams): {long}"
 
 
-def _string_constants(path: Path) -> set[str]:
-    """String literals of a module that are not docstrings."""
-    tree = ast.parse(path.read_text())
+NCCL_VARIABLE = re.compile(r"\b(?:TORCH_)?NCCL_[A-Z0-9_]+")
+"""An NCCL or ProcessGroupNCCL environment variable's name."""
+
+
+def nccl_variables(source: str) -> set[str]:
+    """NCCL variable names in the string literals (f-string parts included) of ``source`` that are
+    not docstrings: code that reads, writes or explains an NCCL variable."""
+    tree = ast.parse(source)
     docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
-    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-            and id(n) not in docstrings}
+    return {v for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+            for v in NCCL_VARIABLE.findall(n.value)}
 
 
 def test_nccl_configuration_lives_in_the_nccl_folder():
     """No file outside ``nccl/`` is named after NCCL, and no module outside it handles an NCCL
-    variable by name (an ``NCCL_*`` string of its own): those go through ``lagom_megatron.nccl``."""
+    variable by name: those go through ``lagom_megatron.nccl``."""
+    assert nccl_variables('"""NCCL_ALGO in a docstring"""\nx = {"NCCL_ALGO": 1}\ny = f"export NCCL_PROTO={v}"\n'
+                          'z = "TORCH_NCCL_USE_COMM_NONBLOCKING=1"') == {
+        "NCCL_ALGO", "NCCL_PROTO", "TORCH_NCCL_USE_COMM_NONBLOCKING"}  # the check can fail
     named = sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*")
                    if "nccl" in p.name.lower() and "nccl" not in p.relative_to(PACKAGE).parts[:1] and p.name != "__pycache__")
     assert not named, f"files about NCCL outside lagom_megatron/nccl/: {named}"
     for module, path in MODULES.items():
         if _folder(module) == "nccl":
             continue
-        variables = sorted(s for s in _string_constants(path) if s.startswith("NCCL_") and s.isupper())
+        variables = sorted(nccl_variables(path.read_text()))
         assert not variables, f"{module} handles NCCL variables {variables}; move that to lagom_megatron/nccl/"
 
 

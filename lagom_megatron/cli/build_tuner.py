@@ -19,11 +19,10 @@ def run(args: argparse.Namespace) -> int:
         0 on success. A missing compiler raises FileNotFoundError (exit code 2 from the CLI);
         a compiler error raises RuntimeError with the compiler's messages.
     """
-    from lagom_megatron.nccl.plugin.build import build_tuner
-
     import sys
-
     from pathlib import Path
+
+    from lagom_megatron.nccl.plugin.build import build_tuner, usage_line
 
     if Path(args.out_dir).exists() and not Path(args.out_dir).is_dir():
         raise ValueError(f"-o {args.out_dir} is a file; give the folder to build the plugin into")
@@ -33,6 +32,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"lagom build-tuner: error: {exc}", file=sys.stderr)
         return 1
     print(lib)
-    print(f"# use it with:  export NCCL_TUNER_PLUGIN={lib}  LAGOM_TUNER_CONFIG=<plan table from "
-          "'lagom plan export --format nccl-tuner-csv --extended'>")
+    print(usage_line(lib))
     return 0

@@ -1,4 +1,4 @@
-"""Baseline searchers beside the priority search (DESIGN.md section 4).
+"""Baseline searchers beside the priority search (docs/engine.md).
 
 - ``nccl-default``: no change; every site keeps NCCL's own choice.
 - ``autoccl``: each collective tuned for its own T_comm, compute ignored, as AutoCCL (NSDI'25)

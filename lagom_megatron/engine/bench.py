@@ -1,7 +1,7 @@
 """Search cost and quality on seeded synthetic problems (``lagom bench search`` prints them):
 
 1. ``scaling_table``: for 10, 100, 1,000 and 10,000 sites, model evaluations and wall time of
-   ``priority`` and ``autoccl`` (DESIGN.md section 8: a plan for 10,000 sites in under 2 s on one
+   ``priority`` and ``autoccl`` (the target: a plan for 10,000 sites in under 2 s on one
    core; evaluations linear in sites).
 2. ``optimality``: on seeded small instances, how often ``priority`` is within 1% of
    ``exhaustive``'s optimum on the cost model (target: at least 95%).

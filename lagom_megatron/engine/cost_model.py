@@ -1,4 +1,4 @@
-"""The unified cost model of an overlap region (DESIGN.md section 3): evaluation. Its fitting to a
+"""The unified cost model of an overlap region (docs/engine.md): evaluation. Its fitting to a
 profile is ``fit.py``.
 
 For one region, with ``s(x)`` the fractional slowdown communication inflicts on the overlapped
@@ -85,7 +85,7 @@ bytes, no steps) is predicted to take 0 us, while it takes hundreds of microseco
 
 
 def region_time_us(t_comm_us: Any, t_comp_us: Any, s: Any) -> Any:
-    """The unified region formula (DESIGN.md section 3), elementwise on scalars or numpy arrays.
+    """The unified region formula (docs/engine.md), elementwise on scalars or numpy arrays.
 
     Args:
         t_comm_us: collective duration, microseconds.

@@ -3,7 +3,7 @@
 ``scan_knob`` scans one knob's domain for many sites at once (numpy, others fixed);
 ``decide_unit`` decides a knob of communicator or process scope once for all the sites it
 governs; ``descend`` repeats ``scan_knob`` over several knobs until nothing changes. Each counts
-its model evaluations in a ``Counter`` (the linear-cost claim of DESIGN.md section 4 is checked
+its model evaluations in a ``Counter`` (the linear-cost claim of docs/engine.md is checked
 on those counts).
 """
 

@@ -79,7 +79,7 @@ DEFAULT = CommConfig()
 KNOB_ORDER: tuple[str, ...] = (
     "n_channels", "chunk_size", "n_threads", "protocol", "algorithm", "cta_policy", "cga_cluster_size",
 )
-"""Knob-priority order of the search (DESIGN.md section 4): channels and chunk size first, because
+"""Knob-priority order of the search (docs/engine.md): channels and chunk size first, because
 they move compute slowdown the most (Lagom's introduction); algorithm last."""
 
 ALGORITHMS: tuple[str, ...] = ("Ring", "Tree", "NVLS", "NVLSTree", "CollNetDirect", "CollNetChain", "PAT")
@@ -117,8 +117,6 @@ PROTOCOLS_FOR_ALGORITHM: dict[str, tuple[str, ...]] = {
 }
 """Protocols each algorithm runs with in NCCL."""
 
-GLOO_CHUNK_MIN = 4096
-"""Smallest piece lagom splits a gloo tensor into, bytes (a multiple of it is required)."""
 GLOO_MAX_THREADS = 16
 """Largest gloo worker-thread count accepted per communicator."""
 GLOO_DEFAULT_THREADS = 2

@@ -7,7 +7,7 @@ NCCL_NTHREADS) and the search statistics. It is written atomically and loaded wi
 a corrupted file is reported with its name and the line/column of the damage, a plan made for
 another run is reported with the names of the fingerprint fields that differ.
 
-``Plan.digest()`` is what ranks compare before applying a plan (DESIGN.md section 4, rank
+``Plan.digest()`` is what ranks compare before applying a plan (docs/engine.md, rank
 consistency): a sha256 over the canonical JSON of everything but the statistics, which hold
 wall-clock figures.
 """

@@ -1,4 +1,4 @@
-"""The priority search (DESIGN.md section 4), registered as ``priority``.
+"""The priority search (docs/engine.md), registered as ``priority``.
 
 Priority search, our reading of Lagom's "priority-based search, exponential to linear" (the
 paper's algorithm is not public):

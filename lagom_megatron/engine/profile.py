@@ -10,7 +10,7 @@ One ``Sample`` is one overlap region measured once under one ``CommConfig``:
     t_comp_us   the compute of the region alone, with no collective beside it
     t_region_us start of the collective -> end of both the collective and the overlapped compute
 
-so that the unified cost model (DESIGN.md section 3) can fit T_comm(x) from ``t_comm_us`` and the
+so that the unified cost model (docs/engine.md) can fit T_comm(x) from ``t_comm_us`` and the
 slowdown s(x) from ``t_region_us`` against ``t_comp_us``. Times are microseconds; a region's time
 is the slowest rank's (the profiler all-gathers before writing).
 """
@@ -34,7 +34,7 @@ BACKENDS: tuple[str, ...] = ("nccl", "gloo", "sim")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CollectiveSite:
-    """One place in Megatron-Core that issues an overlapped collective (DESIGN.md section 2).
+    """One place in Megatron-Core that issues an overlapped collective.
 
     ``site_id`` is stable across iterations and identical on every rank of ``group``, e.g.
     ``dp.grad_reduce_scatter[chunk0.bucket3]``, ``tp.sp_all_gather[layer7.fc1]``, ``pp.send_next``.

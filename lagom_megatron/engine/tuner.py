@@ -14,7 +14,7 @@ time::
 The tuner sees only what the backend measured (``IterationMeasurement``: sites and per-region
 samples) and hands the search only a ``Profile``; it never sees how the timings came about.
 
-Schedule (a fixed number of iterations, independent of the number of sites; DESIGN.md section 4):
+Schedule (a fixed number of iterations, independent of the number of sites; docs/engine.md):
 
     PROFILING  ``warmup_iters`` untimed iterations under defaults (allocator, communicator warm-up)
                1 iteration under defaults, overlapped: every site's T_comm and T_region, and the
@@ -34,7 +34,7 @@ What was measured is kept by a ``recorder.ProfileRecorder`` (which also fills ev
 from the serialized iteration); the verdict is ``verify.verdict``; the types a backend sees are in
 ``steps.py``.
 
-The priority search, the cost model and the verification rule follow DESIGN.md sections 3-4; the
+The priority search, the cost model and the verification rule follow docs/engine.md; the
 lifecycle and the serialized-iteration measurement of T_comp are our design (the Lagom paper's
 text on profiling is not available).
 """

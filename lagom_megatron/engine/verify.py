@@ -1,5 +1,5 @@
-"""The verification rule: keep a plan only when its measured gain beats the noise (DESIGN.md
-section 4, step 4).
+"""The verification rule: keep a plan only when its measured gain beats the noise (docs/engine.md,
+"Search").
 
 Plan and defaults alternate for a few timed iterations each (``tuner.py``); the medians are
 compared, and the gain must exceed both ``min_gain`` of the defaults' median and, under the

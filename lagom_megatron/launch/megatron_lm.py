@@ -22,7 +22,7 @@ What the patches add to ``pretrain_gpt.py``'s ``__main__`` block::
     # core_v0.16 / core_v0.17: pretrain parses the arguments itself
     lagom.pretrain(pretrain, <pretrain's arguments as before, extra_args_provider included>)
 
-Both chain lagom's flags (``integration.arguments.add_lagom_args``) after the provider that
+Both chain lagom's flags (``training.arguments.add_lagom_args``) after the provider that
 ``pretrain_gpt.py`` already passes (ModelOpt's when installed), then, when ``--lagom`` is set,
 run ``lagom doctor`` (stopping on errors, before any process group exists) and install the
 ``train_step`` wrapper. For core_v0.16/0.17 the arguments are pre-parsed with Megatron-LM's own
@@ -84,7 +84,7 @@ class LagomHooks:
 
     @staticmethod
     def chained_provider(extra_args_provider: ArgsProvider | None) -> ArgsProvider:
-        """``extra_args_provider`` followed by ``integration.arguments.add_lagom_args``."""
+        """``extra_args_provider`` followed by ``training.arguments.add_lagom_args``."""
         from lagom_megatron.training.arguments import add_lagom_args
 
         return chain_extra_args_providers(extra_args_provider, add_lagom_args)

@@ -2,7 +2,7 @@
 
 A site whose configuration needs different communicator-scope options than its group's defaults
 is routed to a *pool entry*: a process group over exactly the same ranks, in the same order,
-created with that configuration's options (DESIGN.md section 5; what NCCL's maintainers
+created with that configuration's options (docs/nccl.md; what NCCL's maintainers
 recommend for per-collective CTA limits). Per-call knobs travel with the call.
 
 Backends (a small interface, ``PoolBackend``; ``backends.make_pool_backend`` picks one):

@@ -1,4 +1,4 @@
-"""Rank consistency: all-gathered measurements and one agreed plan (DESIGN.md section 4).
+"""Rank consistency: all-gathered measurements and one agreed plan (docs/engine.md).
 
 NCCL hangs or corrupts data when the ranks of one communicator choose differently for the same
 call, and a gloo send paired with a receive on another communicator never completes. So:

@@ -1,6 +1,6 @@
 """``--lagom`` in a training run: the callback that tags, profiles, searches, agrees, applies, verifies.
 
-``LagomController.from_args(args)`` is what ``training.pretrain`` adds to its callbacks when
+``LagomController.from_args(args)`` is what ``training.loop.pretrain`` adds to its callbacks when
 ``--lagom`` is set. On every rank it
 
 * ``on_setup``: names the process groups, tags the DDP bucket groups, installs the hooks

@@ -24,8 +24,11 @@ from typing import Any, Callable, Hashable
 
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import (
-    GLOO_CHUNK_MIN, GLOO_DEFAULT_THREADS, GLOO_MAX_THREADS, KNOB_ORDER, CommConfig, Scope, chunk_domain, invalid_value,
+    GLOO_DEFAULT_THREADS, GLOO_MAX_THREADS, KNOB_ORDER, CommConfig, Scope, chunk_domain, invalid_value,
 )
+
+GLOO_CHUNK_MIN = 4096
+"""Smallest piece lagom splits a gloo tensor into, bytes (a multiple of it is required)."""
 
 GLOO_SCOPES: dict[str, Scope] = {"n_channels": "communicator", "chunk_size": "call"}
 """The knobs gloo has and their scope; every other knob cannot be set on gloo."""

@@ -1,4 +1,4 @@
-"""Every monkeypatch lagom applies to Megatron-Core and torch.distributed, in one removable set.
+"""Every hook lagom puts on Megatron-Core's collectives and torch.distributed, in one removable set.
 
 ``install(router)`` replaces the entry points below with thin wrappers that call the
 ``router.SiteRouter``; it returns a ``PatchHandle`` whose ``remove()`` puts every original back.

@@ -1,6 +1,6 @@
 """Collective sites: stable ids and registry records for every overlapped collective of Megatron-Core.
 
-A *collective site* (DESIGN.md section 2) is one place that issues a collective; its id is the
+A *collective site* is one place that issues a collective; its id is the
 same on every iteration and on every rank of its process group, because it is derived from
 structure only, never from object ids:
 

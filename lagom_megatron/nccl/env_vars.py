@@ -31,7 +31,7 @@ TUNER_OVERRIDES: dict[str, str] = {
 
 def launch_nthreads(env: dict[str, str]) -> int | None:
     """``NCCL_NTHREADS`` of a launch environment as an int; None when it is unset or empty (NCCL's
-    own thread count). NCCL reads it once per process (DESIGN.md section 5)."""
+    own thread count). NCCL reads it once per process (docs/nccl.md)."""
     value = env.get("NCCL_NTHREADS")
     return int(value) if value else None
 

@@ -1,5 +1,5 @@
 """``ncclConfig_t`` options of one communicator: which ``CommConfig`` knob becomes which
-``ProcessGroupNCCL.Options`` attribute or environment variable (DESIGN.md section 5):
+``ProcessGroupNCCL.Options`` attribute or environment variable (docs/nccl.md):
 
 ====================  ==============================================  =======================
 CommConfig field      NCCLConfig attribute / environment              torch that binds it

@@ -1,6 +1,6 @@
 """Which knob NCCL lets lagom set, at which scope, with which values: the search domain on NCCL.
 
-Three mechanisms apply a plan on stock NCCL (DESIGN.md section 5; research notes, NCCL
+Three mechanisms apply a plan on stock NCCL (docs/nccl.md; research notes, NCCL
 mechanisms):
 
 * ``tuner``: lagom's tuner plugin sets algorithm, protocol and channels per call (plugin ABI v3,

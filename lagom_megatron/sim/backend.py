@@ -5,7 +5,7 @@ drives on real hardware (an assignment in, an ``IterationMeasurement`` out).
 missing site keeps NCCL defaults) to one simulated iteration and reports exactly what the real
 profiler reports: per site, the collective's time, the region time and, in a serialized
 iteration, the compute alone. Nothing else leaves this module: the tuner and the search never see
-the device model, the workload or the timeline (tests/sim/test_isolation.py checks this).
+the device model, the workload or the timeline (tests/sim/test_backend.py checks this).
 
 ``run_lifecycle`` is the whole ``--lagom`` pipeline on the simulator: profile, probe, fit, search,
 apply and verify with ``lagom_megatron.engine.tuner.Tuner``, unchanged.
@@ -84,7 +84,7 @@ class SimulatedCluster:
     def _cost(self, i: int, cfg: CommConfig, channel_cap: int | None) -> CommCost:
         coll = self._prog.calls[i].coll
         # NCCL_NTHREADS is read once per process: a running job cannot change it per call or per
-        # communicator (DESIGN.md section 5), so an assignment's n_threads does not reach the
+        # communicator (docs/nccl.md), so an assignment's n_threads does not reach the
         # kernels; the launch environment's value (``nthreads``) does.
         cfg = replace(cfg, n_threads=self.nthreads)
         key = (coll, cfg, channel_cap)

@@ -6,7 +6,7 @@ each CTA loops over the buffer), standing in for an NCCL collective with N chann
 time the compute alone, the copy alone and both overlapped, for several N and copy rates (the
 copy's warps per CTA, like NCCL's nThreads). From that it fits, per compute kind,
 
-    s = a * sm_share + b * hbm_share     (DESIGN.md section 3; least squares, numpy)
+    s = a * sm_share + b * hbm_share     (docs/engine.md; least squares, numpy)
 
 with sm_share = N / SMs and hbm_share = copy bandwidth alone / measured HBM copy bandwidth.
 

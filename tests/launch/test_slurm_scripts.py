@@ -229,14 +229,14 @@ def test_master_port_and_plan_env_helpers(tmp_path):
     assert plan_env_file(str(tmp_path / "p.json")) == tmp_path / "p.env"
 
 
-def test_launch_env_refuses_presets_without_a_slurm_shape(capsys):
+def test_slurm_env_refuses_presets_without_a_slurm_shape(capsys):
     from lagom_megatron.launch.slurm import main
 
     assert main(["--preset", "cpu-tp2-dp2"]) == 2
     assert "preset 'cpu-tp2-dp2' has no slurm section" in capsys.readouterr().err
 
 
-def test_launch_env_checks_world_size_against_slurm_shape(tmp_path):
+def test_slurm_env_checks_world_size_against_slurm_shape(tmp_path):
     from lagom_megatron.launch.slurm import shell_lines
     from lagom_megatron.config.presets import load_preset
 

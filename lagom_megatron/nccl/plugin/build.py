@@ -85,6 +85,12 @@ def build_tuner(out_dir: str | os.PathLike, *, cc: str | None = None,
     return _compile(args, out, "the NCCL tuner plugin")
 
 
+def usage_line(library: str | os.PathLike) -> str:
+    """One line telling how to load the built plugin: the variables NCCL and the plugin read."""
+    return (f"# use it with:  export NCCL_TUNER_PLUGIN={library}  LAGOM_TUNER_CONFIG=<plan table from "
+            "'lagom plan export --format nccl-tuner-csv --extended'>")
+
+
 def build_harness(out_dir: str | os.PathLike, *, cc: str | None = None,
                   extra_cflags: list[str] | tuple[str, ...] = ()) -> Path:
     """Compiles the C test harness (``test/test_plugin.c`` and the ``test/test_*.c`` cases) into
