@@ -18,3 +18,20 @@ def test_help_runs_without_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "usage: lagom" in proc.stdout
+
+
+def test_every_entry_point_is_the_lagom_command():
+    """``python -m lagom_megatron``, ``python -m lagom_megatron.cli`` (the SLURM scripts' form) and the
+    ``lagom`` console script named in pyproject.toml all run the same command."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    target = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]["lagom"]
+    module, _, func = target.partition(":")
+    code = f"import sys, importlib; sys.exit(getattr(importlib.import_module({module!r}), {func!r})(['--version']))"
+    expected = f"lagom-megatron {lagom_megatron.__version__}"
+    for argv in ([sys.executable, "-m", "lagom_megatron", "--version"], [sys.executable, "-m", "lagom_megatron.cli", "--version"],
+                 [sys.executable, "-c", code]):
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=root, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.strip() == expected, (argv, proc.stdout, proc.stderr)
