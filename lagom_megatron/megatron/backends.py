@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import KnobRules
+from lagom_megatron.engine.profile import BACKENDS
 from lagom_megatron.megatron.comm_pool import PoolBackend
 from lagom_megatron.megatron.gloo import GlooPoolBackend, GlooRules
 from lagom_megatron.nccl.rules import NcclRules
-
-BACKENDS: tuple[str, ...] = ("nccl", "gloo", "sim")
-"""Backend labels of profiles and plans (``engine.profile.BACKENDS``)."""
 
 
 def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None) -> KnobRules:
@@ -24,11 +22,7 @@ def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None) 
             another backend (each names the value and what is allowed).
     """
     if backend == "gloo":
-        if mechanism not in (None, "gloo"):
-            raise ValueError(f"mechanism for backend 'gloo' must be one of ['gloo']; got {mechanism!r}")
-        if cluster.backend != "gloo":
-            raise ValueError(f"cluster {cluster.name!r} is a {cluster.backend} cluster; gloo rules need a gloo cluster")
-        return GlooRules(cluster)
+        return GlooRules(cluster, mechanism=mechanism or "gloo")
     if backend in ("nccl", "sim"):
         return NcclRules(cluster, mechanism=mechanism or "tuner", backend=backend)
     raise ValueError(f"backend must be one of {list(BACKENDS)}; got {backend!r}")

@@ -19,7 +19,7 @@ gloo profile).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
 from lagom_megatron.engine.cluster import ClusterSpec
@@ -40,11 +40,21 @@ class GlooRules:
 
     Args:
         cluster: the ``ClusterSpec`` of the CPU machine (``cpu-gloo``), the cost model's cluster.
+        mechanism: ``gloo``, the only one (pool entries with more worker threads, split tensors).
+
+    Raises:
+        ValueError: another mechanism, or a cluster of another backend (names the value).
     """
 
     cluster: ClusterSpec
-    backend: str = "gloo"
     mechanism: str = "gloo"
+    backend: str = field(default="gloo", init=False)
+
+    def __post_init__(self) -> None:
+        if self.mechanism != "gloo":
+            raise ValueError(f"mechanism for backend 'gloo' must be one of ['gloo']; got {self.mechanism!r}")
+        if self.cluster.backend != "gloo":
+            raise ValueError(f"cluster {self.cluster.name!r} is a {self.cluster.backend} cluster; gloo rules need a gloo cluster")
 
     def scope(self, knob: str) -> Scope | None:
         """``communicator`` for worker threads, ``call`` for chunk size, None for every other knob.

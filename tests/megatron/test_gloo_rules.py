@@ -53,3 +53,8 @@ def test_rules_for_picks_the_backend(gloo, h100):
         rules_for("gloo", gloo, "tuner")
     with pytest.raises(ValueError, match="'h100-sxm-ib400' is a nccl cluster"):
         rules_for("gloo", h100)
+    with pytest.raises(ValueError, match="'h100-sxm-ib400' is a nccl cluster"):
+        GlooRules(h100)  # the rules check themselves, as NcclRules does, whoever builds them
+    with pytest.raises(ValueError, match="got 'communicator'"):
+        GlooRules(gloo, mechanism="communicator")
+    assert (GlooRules(gloo).backend, GlooRules(gloo).mechanism) == ("gloo", "gloo")
