@@ -1,0 +1,102 @@
+"""Reads, in this process, whether NCCL really loaded lagom's tuner plugin, and its row hit counts.
+
+"Plugin active" is never inferred from the text of ``NCCL_TUNER_PLUGIN``: a value of ``none``, a
+foreign plugin, a wrong path or an NCCL older than 2.22 all leave the variable set while no lagom
+table is applied. Instead this module asks the dynamic loader whether lagom's library is already
+mapped into the process (``dlopen`` with ``RTLD_NOLOAD`` never loads it itself) and, if it is,
+calls the status functions the plugin exports:
+
+- ``int lagomTunerAbiVersion(void)``: the tuner ABI version NCCL initialised the plugin with (3-6),
+  0 while NCCL has not yet created a communicator through it;
+- ``int lagomTunerInitCount(void)``: how many communicators NCCL initialised the plugin for;
+- ``int lagomTunerRowHits(unsigned long long *out, int capacity)``: copies up to ``capacity``
+  per-row match counters (in the table file's data-row order) and returns the number of rows of
+  the loaded table, or -1 when no table is loaded.
+
+The library is found through the process's memory map (``/proc/self/maps``), so it is found under
+whatever name NCCL resolved ``NCCL_TUNER_PLUGIN`` to.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+LIBRARY_NAME = "libnccl-tuner-lagom.so"
+"""File name of lagom's built plugin (see ``nccl/plugin/build.py``)."""
+
+
+@dataclass(frozen=True)
+class PluginStatus:
+    """What lagom's plugin reports from inside this process.
+
+    Attributes:
+        path: absolute path of the library as mapped in this process.
+        abi_version: tuner ABI version NCCL initialised it with (3-6); 0 before any communicator.
+        init_count: number of communicators NCCL initialised the plugin for.
+        row_hits: per table row (file order), how many ``getCollInfo`` calls it matched; empty when
+            no table is loaded.
+        table_loaded: whether a plan table was read and parsed.
+    """
+
+    path: str
+    abi_version: int
+    init_count: int
+    row_hits: tuple[int, ...]
+    table_loaded: bool
+
+
+def loaded_library_path(maps_file: str = "/proc/self/maps") -> str | None:
+    """Returns the path of lagom's plugin library if it is mapped into this process, else None.
+
+    Args:
+        maps_file: the process memory map to read (Linux ``/proc/<pid>/maps`` format).
+    """
+    try:
+        text = Path(maps_file).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and os.path.basename(parts[5].strip()) == LIBRARY_NAME:
+            return parts[5].strip()
+    return None
+
+
+def read_plugin_status(library: str | None = None, max_rows: int = 4096) -> PluginStatus | None:
+    """Returns the status lagom's plugin reports in this process, or None when it is not loaded.
+
+    Args:
+        library: path of an already loaded library to query; default: the one found in the
+            process's memory map. It is opened with ``RTLD_NOLOAD``, so this never loads a library
+            NCCL did not load.
+        max_rows: capacity of the hit-counter buffer (rows beyond it are not reported).
+
+    Returns:
+        A ``PluginStatus``, or None when the library is not loaded or lacks the status exports
+        (an older build of the plugin).
+    """
+    path = library or loaded_library_path()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    except OSError:
+        return None
+    try:
+        abi = lib.lagomTunerAbiVersion
+        inits = lib.lagomTunerInitCount
+        hits_fn = lib.lagomTunerRowHits
+    except AttributeError:
+        return None
+    abi.restype = ctypes.c_int
+    inits.restype = ctypes.c_int
+    hits_fn.restype = ctypes.c_int
+    hits_fn.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
+    buf = (ctypes.c_ulonglong * max_rows)()
+    n = hits_fn(buf, max_rows)
+    rows = tuple(int(buf[i]) for i in range(min(max(n, 0), max_rows)))
+    return PluginStatus(path=path, abi_version=int(abi()), init_count=int(inits()), row_hits=rows,
+                        table_loaded=n >= 0)
