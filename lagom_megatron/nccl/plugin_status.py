@@ -11,7 +11,14 @@ calls the status functions the plugin exports:
 - ``int lagomTunerInitCount(void)``: how many communicators NCCL initialised the plugin for;
 - ``int lagomTunerRowHits(unsigned long long *out, int capacity)``: copies up to ``capacity``
   per-row match counters (in the table file's data-row order) and returns the number of rows of
-  the loaded table, or -1 when no table is loaded.
+  the loaded table, or -1 when no table is loaded;
+- ``int lagomTunerTableFailures(void)``: how many inits found a plan table they could not read or
+  parse (optional: a build without it reports 0).
+
+NCCL opens the plugin with ``dlopen(path, RTLD_NOW | RTLD_LOCAL)`` (NCCL v2.30.7
+``src/os/linux.cc:52``, called from ``src/plugin/plugin_open.cc:41``) and loads it once per process
+at the first communicator (``src/plugin/tuner.cc:39-56``), so the status is per process and covers
+every communicator of the process. Counters are in ``nccl/plugin/status.c``.
 
 The library is found through the process's memory map (``/proc/self/maps``), so it is found under
 whatever name NCCL resolved ``NCCL_TUNER_PLUGIN`` to.
@@ -39,6 +46,8 @@ class PluginStatus:
         row_hits: per table row (file order), how many ``getCollInfo`` calls it matched; empty when
             no table is loaded.
         table_loaded: whether a plan table was read and parsed.
+        table_failures: inits whose plan table could not be read or parsed (0 when the library
+            predates that export).
     """
 
     path: str
@@ -46,6 +55,7 @@ class PluginStatus:
     init_count: int
     row_hits: tuple[int, ...]
     table_loaded: bool
+    table_failures: int = 0
 
 
 def loaded_library_path(maps_file: str = "/proc/self/maps") -> str | None:
@@ -77,7 +87,12 @@ def read_plugin_status(library: str | None = None, max_rows: int = 4096) -> Plug
     Returns:
         A ``PluginStatus``, or None when the library is not loaded or lacks the status exports
         (an older build of the plugin).
+
+    Raises:
+        ValueError: ``max_rows`` < 0.
     """
+    if max_rows < 0:
+        raise ValueError(f"max_rows must be >= 0; got {max_rows}")
     path = library or loaded_library_path()
     if path is None:
         return None
@@ -95,8 +110,11 @@ def read_plugin_status(library: str | None = None, max_rows: int = 4096) -> Plug
     inits.restype = ctypes.c_int
     hits_fn.restype = ctypes.c_int
     hits_fn.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
-    buf = (ctypes.c_ulonglong * max_rows)()
+    failures = getattr(lib, "lagomTunerTableFailures", None)
+    if failures is not None:
+        failures.restype = ctypes.c_int
+    buf = (ctypes.c_ulonglong * max(max_rows, 1))()
     n = hits_fn(buf, max_rows)
     rows = tuple(int(buf[i]) for i in range(min(max(n, 0), max_rows)))
     return PluginStatus(path=path, abi_version=int(abi()), init_count=int(inits()), row_hits=rows,
-                        table_loaded=n >= 0)
+                        table_loaded=n >= 0, table_failures=int(failures()) if failures is not None else 0)

@@ -58,11 +58,13 @@ def test_harness_under_address_sanitizer(tmp_path):
     assert "ERROR: " not in proc.stderr, proc.stderr
 
 
-def test_exports_only_the_abi_structs(built):
+def test_exports_only_the_abi_structs_and_status(built):
     lib = ctypes.CDLL(str(built[0]))
     for version in (3, 4, 5, 6):
         assert hasattr(lib, f"ncclTunerPlugin_v{version}")
-    for internal in ("lagomInit", "lagomGetCollInfo", "loadTable", "parseRow"):
+    for status in ("lagomTunerAbiVersion", "lagomTunerInitCount", "lagomTunerRowHits", "lagomTunerTableFailures"):
+        assert hasattr(lib, status), f"status export {status} missing"
+    for internal in ("lagomInit", "lagomGetCollInfo", "loadTable", "parseRow", "statusTableHits", "takeSlice"):
         assert not hasattr(lib, internal), f"{internal} should be hidden"
 
 
