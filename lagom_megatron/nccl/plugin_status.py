@@ -20,6 +20,8 @@ NCCL opens the plugin with ``dlopen(path, RTLD_NOW | RTLD_LOCAL)`` (NCCL v2.30.7
 at the first communicator (``src/plugin/tuner.cc:39-56``), so the status is per process and covers
 every communicator of the process. Counters are in ``nccl/plugin/status.c``.
 
+``summarize_hits`` turns the counters into the controller's log line after a plan is applied.
+
 The library is found through the process's memory map (``/proc/self/maps``), so it is found under
 whatever name NCCL resolved ``NCCL_TUNER_PLUGIN`` to.
 """
@@ -30,6 +32,10 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from lagom_megatron.nccl.export import TunerRow
 
 LIBRARY_NAME = "libnccl-tuner-lagom.so"
 """File name of lagom's built plugin (see ``nccl/plugin/build.py``)."""
@@ -118,3 +124,53 @@ def read_plugin_status(library: str | None = None, max_rows: int = 4096) -> Plug
     rows = tuple(int(buf[i]) for i in range(min(max(n, 0), max_rows)))
     return PluginStatus(path=path, abi_version=int(abi()), init_count=int(inits()), row_hits=rows,
                         table_loaded=n >= 0, table_failures=int(failures()) if failures is not None else 0)
+
+
+def summarize_hits(status: PluginStatus | None, plan_rows: Sequence[TunerRow], *, max_listed: int = 8) -> str:
+    """One log line: how many planned tuner-table rows NCCL matched at least once, and which never.
+
+    Args:
+        status: from ``read_plugin_status()`` (None = the plugin is not loaded in this process).
+        plan_rows: the table's data rows as exported (``nccl.export.tuner_rows(plan, extended=True)``),
+            in file order, which is the order of ``status.row_hits``.
+        max_listed: rows named at most (the rest are counted).
+
+    Returns:
+        A line starting with ``lagom: tuner plugin``; it says when the plugin is not loaded, when
+        no table is loaded, or when the loaded table has another row count than the plan's.
+    """
+    if status is None:
+        return ("lagom: tuner plugin not loaded by NCCL in this process: none of the "
+                f"{len(plan_rows)} planned rows can have been applied")
+    head = f"lagom: tuner plugin ABI v{status.abi_version}, {status.init_count} communicator(s)"
+    if status.table_failures:
+        head += f", {status.table_failures} unreadable table load(s)"
+    if not status.table_loaded:
+        return f"{head}: no plan table loaded; none of the {len(plan_rows)} planned rows applied"
+    if len(status.row_hits) != len(plan_rows):
+        return (f"{head}: the loaded table has {len(status.row_hits)} rows, the plan {len(plan_rows)}: "
+                "it is not this plan's table")
+    never = [i for i, n in enumerate(status.row_hits) if n == 0]
+    line = f"{head}: {len(plan_rows) - len(never)}/{len(plan_rows)} planned rows matched at least once"
+    if never:
+        def name(i: int) -> str:
+            sites = plan_rows[i].sites
+            more = f" +{len(sites) - 1} more" if len(sites) > 1 else ""
+            return f"row {i + 1} ({','.join(plan_rows[i].cells[:3])}; {sites[0]}{more})"
+
+        listed = ", ".join(name(i) for i in never[:max_listed])
+        rest = f", and {len(never) - max_listed} more" if len(never) > max_listed else ""
+        line += f"; never matched: {listed}{rest}"
+    return line
+
+
+def plan_hit_summary(plan) -> str:
+    """``summarize_hits`` for ``plan`` with this process's plugin status; never raises for a plan
+    whose table could not be exported (says so instead)."""
+    from lagom_megatron.nccl.export import tuner_rows
+
+    try:
+        rows = tuner_rows(plan, extended=True)
+    except ValueError as exc:
+        return f"lagom: tuner plugin: no hit summary, the plan has no tuner table ({exc})"
+    return summarize_hits(read_plugin_status(), rows)

@@ -111,3 +111,47 @@ def test_not_loaded_library_reads_none(lib):
     assert read_plugin_status(str(lib)) is None
     with pytest.raises(ValueError, match="max_rows"):
         read_plugin_status(str(lib), max_rows=-1)
+
+
+def _rows():
+    from lagom_megatron.nccl.export import TunerRow
+
+    return [TunerRow(cells=("allreduce", "4096", "4096"), sites=("dp.ar[0]",)),
+            TunerRow(cells=("reducescatter", "41943040", "41943040"), sites=("tp.rs[0]", "tp.rs[1]", "tp.rs[2]")),
+            TunerRow(cells=("allgather", "1024", "1024"), sites=("tp.ag[0]",))]
+
+
+def test_summarize_hits_names_rows_never_matched():
+    from lagom_megatron.nccl.plugin_status import PluginStatus, summarize_hits
+
+    status = PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=12, row_hits=(5, 0, 0),
+                          table_loaded=True)
+    assert summarize_hits(status, _rows()) == (
+        "lagom: tuner plugin ABI v6, 12 communicator(s): 1/3 planned rows matched at least once; never matched: "
+        "row 2 (reducescatter,41943040,41943040; tp.rs[0] +2 more), row 3 (allgather,1024,1024; tp.ag[0])")
+    assert summarize_hits(status, _rows(), max_listed=1).endswith("tp.rs[0] +2 more), and 1 more")
+    all_hit = PluginStatus(path="p", abi_version=5, init_count=3, row_hits=(1, 2, 3), table_loaded=True)
+    assert summarize_hits(all_hit, _rows()) == "lagom: tuner plugin ABI v5, 3 communicator(s): 3/3 planned rows matched at least once"
+
+
+def test_summarize_hits_when_nothing_can_have_applied():
+    from lagom_megatron.nccl.plugin_status import PluginStatus, summarize_hits
+
+    assert summarize_hits(None, _rows()) == ("lagom: tuner plugin not loaded by NCCL in this process: none of the "
+                                             "3 planned rows can have been applied")
+    no_table = PluginStatus(path="p", abi_version=6, init_count=2, row_hits=(), table_loaded=False, table_failures=2)
+    assert summarize_hits(no_table, _rows()) == ("lagom: tuner plugin ABI v6, 2 communicator(s), 2 unreadable table "
+                                                 "load(s): no plan table loaded; none of the 3 planned rows applied")
+    other = PluginStatus(path="p", abi_version=6, init_count=2, row_hits=(1,), table_loaded=True)
+    assert "the loaded table has 1 rows, the plan 3: it is not this plan's table" in summarize_hits(other, _rows())
+
+
+def test_plan_hit_summary_in_a_process_without_the_plugin():
+    from lagom_megatron.engine.knobs import CommConfig
+    from lagom_megatron.engine.plan import Plan, PlanEntry
+    from lagom_megatron.nccl.plugin_status import plan_hit_summary
+
+    entry = PlanEntry(config=CommConfig(algorithm="Ring", n_channels=4), predicted_t_comm_us=1.0, predicted_t_region_us=1.0,
+                      group="dp", op="all_reduce", nbytes=4096, group_size=8, n_nodes=1)
+    assert plan_hit_summary(Plan(entries={"dp.ar[0]": entry})).startswith(
+        "lagom: tuner plugin not loaded by NCCL in this process: none of the 1 planned rows")
