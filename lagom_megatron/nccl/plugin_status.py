@@ -142,6 +142,9 @@ def summarize_hits(status: PluginStatus | None, plan_rows: Sequence[TunerRow], *
     if status is None:
         return ("lagom: tuner plugin not loaded by NCCL in this process: none of the "
                 f"{len(plan_rows)} planned rows can have been applied")
+    if status.init_count == 0:
+        return ("lagom: tuner plugin mapped in this process but NCCL initialised no communicator with it: none "
+                f"of the {len(plan_rows)} planned rows can have been applied")
     head = f"lagom: tuner plugin ABI v{status.abi_version}, {status.init_count} communicator(s)"
     if status.table_failures:
         head += f", {status.table_failures} unreadable table load(s)"

@@ -142,15 +142,20 @@ def test_summarize_hits_when_nothing_can_have_applied():
     no_table = PluginStatus(path="p", abi_version=6, init_count=2, row_hits=(), table_loaded=False, table_failures=2)
     assert summarize_hits(no_table, _rows()) == ("lagom: tuner plugin ABI v6, 2 communicator(s), 2 unreadable table "
                                                  "load(s): no plan table loaded; none of the 3 planned rows applied")
+    idle = PluginStatus(path="p", abi_version=0, init_count=0, row_hits=(), table_loaded=False)
+    assert summarize_hits(idle, _rows()) == ("lagom: tuner plugin mapped in this process but NCCL initialised no "
+                                             "communicator with it: none of the 3 planned rows can have been applied")
     other = PluginStatus(path="p", abi_version=6, init_count=2, row_hits=(1,), table_loaded=True)
     assert "the loaded table has 1 rows, the plan 3: it is not this plan's table" in summarize_hits(other, _rows())
 
 
-def test_plan_hit_summary_in_a_process_without_the_plugin():
+def test_plan_hit_summary_in_a_process_without_the_plugin(monkeypatch):
+    from lagom_megatron.nccl import plugin_status
     from lagom_megatron.engine.knobs import CommConfig
     from lagom_megatron.engine.plan import Plan, PlanEntry
     from lagom_megatron.nccl.plugin_status import plan_hit_summary
 
+    monkeypatch.setattr(plugin_status, "read_plugin_status", lambda: None)  # other tests may have loaded it here
     entry = PlanEntry(config=CommConfig(algorithm="Ring", n_channels=4), predicted_t_comm_us=1.0, predicted_t_region_us=1.0,
                       group="dp", op="all_reduce", nbytes=4096, group_size=8, n_nodes=1)
     assert plan_hit_summary(Plan(entries={"dp.ar[0]": entry})).startswith(
