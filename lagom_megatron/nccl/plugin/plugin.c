@@ -36,7 +36,10 @@
  * the row leaves them to NCCL). One collective per group, or one row per function in a group, is
  * exact; several same-function collectives of one group with different rows are told apart by
  * their bytes in NCCL's scheduling order. At most LAGOM_PENDING_MAX calls are remembered per
- * group (the oldest is forgotten first).
+ * group (the oldest is forgotten first). NCCL's symmetric-kernel and allgatherv paths ask
+ * getCollInfo without slicing (src/scheduler/symmetric_sched.cc:170, allgatherv_sched.cc:54):
+ * such a call stays remembered until the next group starts, and could take the slices of a
+ * same-function collective asked about after it in the same group.
  *
  * A table that cannot be read or parsed is reported through NCCL's logger ("LAGOM/tuner: ...")
  * and ignored as a whole: the communicator keeps NCCL's tuning; init always succeeds, so a bad
