@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from lagom_megatron.launch.doctor_types import Finding, RunShape
 from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
+from lagom_megatron.nccl.plugin_check import check_tuner_plugin
 
 BLACKWELL_SM_ARCH = 100
 """Megatron-LM asks for CUDA_DEVICE_MAX_CONNECTIONS=1 only below compute capability 10.0."""
@@ -65,11 +66,15 @@ def rule_cuda_device_max_connections(s: RunShape) -> list[Finding]:
 
 
 def rule_nccl_env(s: RunShape) -> list[Finding]:
-    """NCCL variables outside NCCL's domains (``nccl.env_check.check_nccl_env``)."""
+    """NCCL variables outside NCCL's domains (``nccl.env_check.check_nccl_env``) and a tuner plugin
+    NCCL would not load (``nccl.plugin_check.check_tuner_plugin``)."""
     if s.backend == "gloo":
         return []
-    return [Finding(i.level, "nccl-env", i.what, i.why, i.fix)
-            for i in check_nccl_env(s.environ, nccl_version=s.nccl_version)]
+    issues = check_nccl_env(s.environ, nccl_version=s.nccl_version)
+    plugin = check_tuner_plugin(s.environ, nccl_version=s.nccl_version)
+    if plugin:  # one error line per variable: the plugin check's reason replaces 'file does not exist'
+        issues = [i for i in issues if i.variable != plugin[0].variable] + plugin
+    return [Finding(i.level, "nccl-env", i.what, i.why, i.fix) for i in issues]
 
 
 def rule_nccl_overrides(s: RunShape) -> list[Finding]:

@@ -9,6 +9,11 @@ prints lines for ``eval`` in ``scripts/slurm/*.sbatch``:
   so that every rank inherits identical values through ``srun`` (mismatched NCCL settings across
   ranks are a classic hang), and ``LAGOM_CLUSTER`` (the preset's cluster, which lagom's
   controller and the Megatron-LM adapter read);
+* on an NCCL cluster, lagom's tuner plugin for every rank (``nccl.plugin_launch.launch_env``):
+  the library's absolute path, located or built under ``$LAGOM_TUNER_DIR`` (default
+  ``build/nccl-plugin`` in the source tree, which the nodes must see), and an empty plan-table
+  variable; a user's own values are kept. When it cannot be built, an ``echo`` line warns on
+  stderr and lagom falls back to communicator mode;
 * ``LAGOM_EXPORTS``: the names exported; ``LAGOM_NODES``, ``LAGOM_GPUS_PER_NODE``,
   ``LAGOM_WORLD_SIZE``; ``LAGOM_MASTER_PORT`` (derived from ``SLURM_JOB_ID``);
 * ``LAGOM_PLAN_ENV``: the saved plan's env file when it exists (the plan path with its suffix
@@ -31,7 +36,9 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.launch.megatron_args import preset_to_argv
+from lagom_megatron.nccl.plugin_launch import launch_env
 from lagom_megatron.config.presets import Preset, load_preset
 
 DEFAULT_MASTER_PORT = 29500
@@ -129,7 +136,11 @@ def shell_lines(preset: Preset, *, layout: str, root: str, plan: str | None = No
             f"submit with --nodes={slurm.nodes}")
     q = shlex.quote
     exports = {**preset.env, "LAGOM_CLUSTER": preset.env.get("LAGOM_CLUSTER", preset.cluster)}
-    lines = [f"export {k}={q(str(v))}" for k, v in exports.items()]
+    cluster = ClusterSpec.load(exports["LAGOM_CLUSTER"])
+    plugin, note = launch_env({**environ, **preset.env}, backend=cluster.backend, nccl_version=cluster.nccl_version)
+    exports.update(plugin)
+    lines = [f"echo {q(note)} >&2"] if note else []
+    lines += [f"export {k}={q(str(v))}" for k, v in exports.items()]
     lines.append(f"LAGOM_EXPORTS=({' '.join(q(k) for k in exports)})")
     lines += [
         f"LAGOM_PRESET_NAME={q(preset.name)}",

@@ -360,8 +360,13 @@ class LagomController:
         self.write_report()
 
     def on_train_end(self) -> None:
-        """Writes the report (if not yet written) and removes every hook."""
+        """Logs how many plan rows NCCL's tuner plugin matched, writes the report (if not yet
+        written) and removes every hook."""
         try:
+            if getattr(self.pool.backend, "plugin_active", False) and self.plan is not None:
+                from lagom_megatron.nccl.plugin_status import plan_hit_summary
+
+                say(plan_hit_summary(self.plan))
             if not self._reported:
                 self.write_report()
         finally:

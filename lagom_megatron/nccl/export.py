@@ -7,17 +7,34 @@
   ``cga_cluster_size`` where the plan sets one. Megatron copies only these keys (and net_name,
   is_high_priority_stream) into ``ProcessGroupNCCL.Options().config``. Never empty: an empty
   file loads as None and Megatron's lookup fails, so a plan without CTA choices exports ``{}``.
-- ``nccl-tuner-csv``: the table of NCCL's example tuner plugin,
-  ``collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff``
-  (``-1`` = any), so NCCL's own example plugin reads it too; ``extended=True`` appends lagom's
-  plugin's ``chunkSize`` and ``commTag`` columns. Rows are per (communicator, op, byte size):
-  two sites the plugin cannot tell apart get the first (highest-gain) site's row, and a comment
-  says so.
-- ``env``: ``export NAME=VALUE`` lines of the plan's process-scope knobs only, checked with
-  ``env_vars.validate_env`` (never LL128 forced, never a global algorithm list without Ring).
+- ``nccl-tuner-csv``: the tuner table,
+  ``collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff``.
+  Rows are per (communicator, op, byte size), what a tuner plugin can tell apart: sites with the
+  same key and the same exported config share one row (a comment lists them); sites with the same
+  key and different configs are refused (``ValueError`` naming both): the search must give sites
+  NCCL cannot tell apart one decision, and the table never picks one silently.
+
+  * 10 columns (default): the format of NCCL's own example tuner plugin
+    (``plugins/tuner/example/plugin.c`` at NCCL v2.30.7), and it reads every row as lagom's plugin
+    does. The example reads an algorithm it does not know, ``-1`` included, as ring
+    (``parseAlgorithm``, :81-91), a protocol ``-1`` as simple (``parseProtocol``, :107-112) and
+    channels with ``atoi`` after presetting one channel on every call (:236, :361, :406-409), and
+    has no chunk size or communicator tag (at most 10 fields, :216). So this export writes only
+    explicit algorithm, protocol and channels, and refuses a plan that leaves any of them to NCCL
+    or sets a chunk size, naming the site. Every collective no row matches still runs on one
+    channel under NCCL's example plugin (:361); under lagom's plugin it keeps NCCL's choice.
+  * 12 columns (``extended=True``): lagom's plugin only; adds ``chunkSize`` and ``commTag`` and
+    writes ``-1`` for a knob left to NCCL. NCCL's example plugin cannot refuse these rows (it
+    stops reading at 10 fields) and would misread them, so they must not be given to it.
+- ``env``: ``export NAME='VALUE'`` lines (shell-quoted: ``;`` in ``NCCL_ALGO`` lists never runs as
+  a command) of the plan's process-scope knobs only, checked with ``env_vars.validate_env`` (never
+  LL128 forced, never a global algorithm list without Ring).
 """
 
 from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
 
 from lagom_megatron.engine.knobs import P2P_OPS
 from lagom_megatron.nccl.env_vars import validate_env
@@ -104,10 +121,79 @@ def _megatron_yaml(plan: Plan, cluster) -> str:
     return "\n".join(lines + (body or ["{}"])) + "\n"
 
 
+@dataclass(frozen=True)
+class TunerRow:
+    """One data row of an exported tuner table.
+
+    Attributes:
+        cells: the row's column values as written (10 or 12 strings, ``TUNER_COLUMNS`` order).
+        sites: the plan sites this row applies to (first = highest predicted gain).
+    """
+
+    cells: tuple[str, ...]
+    sites: tuple[str, ...]
+
+
+def tuner_rows(plan: Plan, *, extended: bool) -> list[TunerRow]:
+    """The data rows of the plan's tuner table, in file order (what the plugin's per-row hit
+    counters index, ``nccl/plugin_status.py``).
+
+    Args:
+        plan: an NCCL plan.
+        extended: 12 columns for lagom's plugin; else the 10 columns NCCL's example plugin reads
+            the same way (see the module docstring).
+
+    Raises:
+        ValueError: two sites with the same (communicator tag, collective, bytes, nodes, ranks)
+            and different configs (names both and the values); 10 columns: a site that leaves its
+            algorithm, protocol or channels to NCCL, or sets a chunk size (names the site).
+    """
+    order = sorted(plan.entries.items(),
+                   key=lambda kv: -(kv[1].predicted_default_t_region_us - kv[1].predicted_t_region_us))
+    rows: dict[tuple, list] = {}
+    for site_id, e in order:
+        c = e.config
+        if e.op not in TUNER_COLLECTIVE or (c.algorithm is None and c.protocol is None and c.n_channels is None
+                                            and c.chunk_size is None):
+            continue
+        if not extended:
+            unset = [name for name, v in (("algorithm", c.algorithm), ("protocol", c.protocol),
+                                          ("channels", c.n_channels)) if v is None]
+            if unset or c.chunk_size is not None:
+                what = (f"leaves {', '.join(unset)} to NCCL" if unset else f"sets chunk size {c.chunk_size}")
+                raise ValueError(
+                    f"site {site_id} {what}: NCCL's example tuner plugin would read that as ring / simple / "
+                    "1 channel, or drop the chunk size; the 10-column table holds only explicit algorithm, "
+                    "protocol and channels (export with extended=True / --extended for lagom's plugin)")
+        decision = (TUNER_ALGORITHM.get(c.algorithm, "-1"), TUNER_PROTOCOL.get(c.protocol, "-1"),
+                    str(c.n_channels if c.n_channels is not None else -1))
+        if extended:
+            decision += (str(c.chunk_size if c.chunk_size is not None else -1),)
+        key = (e.group if extended else "*", TUNER_COLLECTIVE[e.op], e.nbytes, e.n_nodes or -1, e.group_size or -1)
+        if key in rows:
+            first, first_decision = rows[key][0][0], rows[key][1]
+            if decision != first_decision:
+                raise ValueError(
+                    f"sites {first} and {site_id} are the same collective to a tuner plugin (tag {key[0]!r}, "
+                    f"{key[1]}, {key[2]} bytes, {key[3]} node(s), {key[4]} ranks) but have different configs "
+                    f"{first_decision} and {decision}; the plan must give them one decision")
+            rows[key][0].append(site_id)
+            continue
+        rows[key] = ([site_id], decision)
+    out = []
+    for (tag, coll, nbytes, n_nodes, n_ranks), (sites, decision) in rows.items():
+        cells = (coll, str(nbytes), str(nbytes), *decision[:3], str(n_nodes), str(n_ranks), "-1", "-1")
+        if extended:
+            cells += (decision[3], tag)
+        out.append(TunerRow(cells=cells, sites=tuple(sites)))
+    return out
+
+
 def _tuner_csv(plan: Plan, extended: bool) -> str:
     columns = TUNER_EXTENDED_COLUMNS if extended else TUNER_COLUMNS
     lines = [
-        "# NCCL tuner table written by lagom (format of NCCL's example tuner plugin)",
+        "# NCCL tuner table written by lagom" + (" (lagom's plugin only: 12 columns)" if extended
+                                                 else " (NCCL's example tuner plugin reads it the same way)"),
         "# " + ",".join(columns),
         "# collective_type: broadcast|reduce|allgather|reducescatter|allreduce; min/max_bytes inclusive",
         "# algorithm: tree|ring|collnet_direct|collnet_chain|nvls|nvls_tree|pat|-1; protocol: ll|ll128|simple|-1",
@@ -115,31 +201,16 @@ def _tuner_csv(plan: Plan, extended: bool) -> str:
     ]
     if extended:
         lines.append("# chunkSize: bytes or -1 (NCCL's); commTag: process-group name, empty or * = any communicator")
-    order = sorted(plan.entries.items(), key=lambda kv: -(kv[1].predicted_default_t_region_us - kv[1].predicted_t_region_us))
-    seen: dict[tuple, str] = {}
-    for site_id, e in order:
-        c = e.config
-        if e.op not in TUNER_COLLECTIVE or (c.algorithm is None and c.protocol is None and c.n_channels is None and c.chunk_size is None):
-            continue
-        key = (e.group if extended else "*", e.op, e.nbytes, e.n_nodes, e.group_size)
-        if key in seen:
-            lines.append(f"# {site_id}: same (communicator, collective, size) as {seen[key]}; its row applies")
-            continue
-        seen[key] = site_id
-        row = [TUNER_COLLECTIVE[e.op], str(e.nbytes), str(e.nbytes),
-               TUNER_ALGORITHM.get(c.algorithm, "-1"), TUNER_PROTOCOL.get(c.protocol, "-1"),
-               str(c.n_channels if c.n_channels is not None else -1), str(e.n_nodes or -1), str(e.group_size or -1), "-1", "-1"]
-        if extended:
-            row += [str(c.chunk_size if c.chunk_size is not None else -1), e.group]
-        lines.append(f"# {site_id}")
-        lines.append(",".join(row))
+    for row in tuner_rows(plan, extended=extended):
+        lines.append("# " + " ".join(row.sites))
+        lines.append(",".join(row.cells))
     return "\n".join(lines) + "\n"
 
 
 def _env(plan: Plan) -> str:
     validate_env(plan.env)
     lines = ["# process-scope NCCL settings of a lagom plan: source before launching every rank"]
-    lines += [f"export {k}={v}" for k, v in sorted(plan.env.items())]
+    lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(plan.env.items())]
     return "\n".join(lines) + "\n"
 
 

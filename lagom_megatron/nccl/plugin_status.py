@@ -11,7 +11,16 @@ calls the status functions the plugin exports:
 - ``int lagomTunerInitCount(void)``: how many communicators NCCL initialised the plugin for;
 - ``int lagomTunerRowHits(unsigned long long *out, int capacity)``: copies up to ``capacity``
   per-row match counters (in the table file's data-row order) and returns the number of rows of
-  the loaded table, or -1 when no table is loaded.
+  the loaded table, or -1 when no table is loaded;
+- ``int lagomTunerTableFailures(void)``: how many inits found a plan table they could not read or
+  parse (optional: a build without it reports 0).
+
+NCCL opens the plugin with ``dlopen(path, RTLD_NOW | RTLD_LOCAL)`` (NCCL v2.30.7
+``src/os/linux.cc:52``, called from ``src/plugin/plugin_open.cc:41``) and loads it once per process
+at the first communicator (``src/plugin/tuner.cc:39-56``), so the status is per process and covers
+every communicator of the process. Counters are in ``nccl/plugin/status.c``.
+
+``summarize_hits`` turns the counters into the controller's log line after a plan is applied.
 
 The library is found through the process's memory map (``/proc/self/maps``), so it is found under
 whatever name NCCL resolved ``NCCL_TUNER_PLUGIN`` to.
@@ -23,6 +32,10 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from lagom_megatron.nccl.export import TunerRow
 
 LIBRARY_NAME = "libnccl-tuner-lagom.so"
 """File name of lagom's built plugin (see ``nccl/plugin/build.py``)."""
@@ -39,6 +52,8 @@ class PluginStatus:
         row_hits: per table row (file order), how many ``getCollInfo`` calls it matched; empty when
             no table is loaded.
         table_loaded: whether a plan table was read and parsed.
+        table_failures: inits whose plan table could not be read or parsed (0 when the library
+            predates that export).
     """
 
     path: str
@@ -46,6 +61,7 @@ class PluginStatus:
     init_count: int
     row_hits: tuple[int, ...]
     table_loaded: bool
+    table_failures: int = 0
 
 
 def loaded_library_path(maps_file: str = "/proc/self/maps") -> str | None:
@@ -77,7 +93,12 @@ def read_plugin_status(library: str | None = None, max_rows: int = 4096) -> Plug
     Returns:
         A ``PluginStatus``, or None when the library is not loaded or lacks the status exports
         (an older build of the plugin).
+
+    Raises:
+        ValueError: ``max_rows`` < 0.
     """
+    if max_rows < 0:
+        raise ValueError(f"max_rows must be >= 0; got {max_rows}")
     path = library or loaded_library_path()
     if path is None:
         return None
@@ -95,8 +116,64 @@ def read_plugin_status(library: str | None = None, max_rows: int = 4096) -> Plug
     inits.restype = ctypes.c_int
     hits_fn.restype = ctypes.c_int
     hits_fn.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
-    buf = (ctypes.c_ulonglong * max_rows)()
+    failures = getattr(lib, "lagomTunerTableFailures", None)
+    if failures is not None:
+        failures.restype = ctypes.c_int
+    buf = (ctypes.c_ulonglong * max(max_rows, 1))()
     n = hits_fn(buf, max_rows)
     rows = tuple(int(buf[i]) for i in range(min(max(n, 0), max_rows)))
     return PluginStatus(path=path, abi_version=int(abi()), init_count=int(inits()), row_hits=rows,
-                        table_loaded=n >= 0)
+                        table_loaded=n >= 0, table_failures=int(failures()) if failures is not None else 0)
+
+
+def summarize_hits(status: PluginStatus | None, plan_rows: Sequence[TunerRow], *, max_listed: int = 8) -> str:
+    """One log line: how many planned tuner-table rows NCCL matched at least once, and which never.
+
+    Args:
+        status: from ``read_plugin_status()`` (None = the plugin is not loaded in this process).
+        plan_rows: the table's data rows as exported (``nccl.export.tuner_rows(plan, extended=True)``),
+            in file order, which is the order of ``status.row_hits``.
+        max_listed: rows named at most (the rest are counted).
+
+    Returns:
+        A line starting with ``lagom: tuner plugin``; it says when the plugin is not loaded, when
+        no table is loaded, or when the loaded table has another row count than the plan's.
+    """
+    if status is None:
+        return ("lagom: tuner plugin not loaded by NCCL in this process: none of the "
+                f"{len(plan_rows)} planned rows can have been applied")
+    if status.init_count == 0:
+        return ("lagom: tuner plugin mapped in this process but NCCL initialised no communicator with it: none "
+                f"of the {len(plan_rows)} planned rows can have been applied")
+    head = f"lagom: tuner plugin ABI v{status.abi_version}, {status.init_count} communicator(s)"
+    if status.table_failures:
+        head += f", {status.table_failures} unreadable table load(s)"
+    if not status.table_loaded:
+        return f"{head}: no plan table loaded; none of the {len(plan_rows)} planned rows applied"
+    if len(status.row_hits) != len(plan_rows):
+        return (f"{head}: the loaded table has {len(status.row_hits)} rows, the plan {len(plan_rows)}: "
+                "it is not this plan's table")
+    never = [i for i, n in enumerate(status.row_hits) if n == 0]
+    line = f"{head}: {len(plan_rows) - len(never)}/{len(plan_rows)} planned rows matched at least once"
+    if never:
+        def name(i: int) -> str:
+            sites = plan_rows[i].sites
+            more = f" +{len(sites) - 1} more" if len(sites) > 1 else ""
+            return f"row {i + 1} ({','.join(plan_rows[i].cells[:3])}; {sites[0]}{more})"
+
+        listed = ", ".join(name(i) for i in never[:max_listed])
+        rest = f", and {len(never) - max_listed} more" if len(never) > max_listed else ""
+        line += f"; never matched: {listed}{rest}"
+    return line
+
+
+def plan_hit_summary(plan) -> str:
+    """``summarize_hits`` for ``plan`` with this process's plugin status; never raises for a plan
+    whose table could not be exported (says so instead)."""
+    from lagom_megatron.nccl.export import tuner_rows
+
+    try:
+        rows = tuner_rows(plan, extended=True)
+    except ValueError as exc:
+        return f"lagom: tuner plugin: no hit summary, the plan has no tuner table ({exc})"
+    return summarize_hits(read_plugin_status(), rows)

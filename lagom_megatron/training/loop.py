@@ -164,6 +164,12 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         cpu_shims.apply()
         device = torch.device("cpu")
     callbacks = list(callbacks or [])
+    if on_gpu and getattr(args, "lagom", False):  # before the first communicator: NCCL loads its tuner once
+        from lagom_megatron.nccl.plugin_launch import enable_in_process
+
+        note = enable_in_process(nccl_version=".".join(map(str, torch.cuda.nccl.version())))
+        if note:
+            log(note)
     dist.init_process_group(backend="nccl" if on_gpu else "gloo", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
     try:

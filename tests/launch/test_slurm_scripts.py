@@ -32,12 +32,22 @@ echo "$@" > "$FAKE_LOG/sbatch.args"
 """
 FAKE_PRETRAIN = """import os, sys
 print("RANK", os.environ["RANK"], "LOCAL_RANK", os.environ["LOCAL_RANK"], "WORLD_SIZE", os.environ["WORLD_SIZE"],
+      "PLUGIN", os.environ.get("NCCL_TUNER_PLUGIN"), "TABLE", repr(os.environ.get("LAGOM_TUNER_CONFIG")),
       "ARGS", " ".join(sys.argv[1:]))
 """
 
 
+@pytest.fixture(scope="module")
+def plugin_dir(tmp_path_factory):
+    """Where the launch finds (here: builds once) the tuner plugin, as LAGOM_TUNER_DIR."""
+    from lagom_megatron.nccl.plugin import build_tuner
+
+    out = tmp_path_factory.mktemp("nccl-plugin")
+    return build_tuner(out).parent
+
+
 @pytest.fixture
-def fake(tmp_path):
+def fake(tmp_path, plugin_dir):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL), ("sbatch", FAKE_SBATCH)):
@@ -47,7 +57,9 @@ def fake(tmp_path):
     log.mkdir()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "NCCL_", "CUDA_DEVICE_MAX", "MASTER_", "WORLD_SIZE"))}
-    env.update(PATH=f"{bin_dir}:{env['PATH']}", FAKE_LOG=str(log), LAGOM_PYTHON=PY, LAGOM_ROOT=str(ROOT))
+    env = {k: v for k, v in env.items() if not k.startswith("LAGOM_TUNER")}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", FAKE_LOG=str(log), LAGOM_PYTHON=PY, LAGOM_ROOT=str(ROOT),
+               LAGOM_TUNER_DIR=str(plugin_dir))
 
     def run(script, *args, slurm=True, extra_env=None):
         e = dict(env)
@@ -58,6 +70,7 @@ def fake(tmp_path):
 
     run.log = log
     run.tmp = tmp_path
+    run.plugin = str(plugin_dir / "libnccl-tuner-lagom.so")
     return run
 
 
@@ -65,10 +78,11 @@ def test_per_node_dry_run_prints_exact_commands(fake):
     proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-70b-h100x64", "--", "--train-iters", "50")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[:5] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
+    assert lines[:7] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
                          "export NCCL_P2P_NET_CHUNKSIZE=2097152", "export NCCL_DEBUG=WARN",
-                         "export LAGOM_CLUSTER=h100-sxm-ib400"]
-    lines = lines[:4] + lines[5:]
+                         "export LAGOM_CLUSTER=h100-sxm-ib400", f"export NCCL_TUNER_PLUGIN={fake.plugin}",
+                         "export LAGOM_TUNER_CONFIG=''"]
+    lines = lines[:4] + lines[7:]
     doctor = shlex.split(lines[4])
     assert doctor[:5] == [PY, "-m", "lagom_megatron.cli", "doctor", "--no-preset-env"]
     assert lines[5] == f"export MASTER_ADDR=node-a07 MASTER_PORT={20000 + 123456 % 40000}"
@@ -87,8 +101,10 @@ def test_per_gpu_dry_run_prints_exact_commands(fake):
     proc = fake(PER_GPU, "--dry-run", "--preset", "llama2-7b-a100x32-ib100", slurm=False)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
+    # NCCL 2.21.5 (a100-ib100) cannot load lagom's plugin: no plugin variables, a note on stderr
     assert lines[:4] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
                          "export NCCL_DEBUG=WARN", "export LAGOM_CLUSTER=a100-ib100"]
+    assert "NCCL 2.21.5 cannot load lagom's tuner plugin (2.22+); lagom applies CTA bounds only" in proc.stderr
     lines = lines[:3] + lines[4:]
     assert lines[4] == "export MASTER_ADDR=FIRST_NODE_OF_THE_ALLOCATION MASTER_PORT=29500"
     assert lines[5] == "export WORLD_SIZE=32 LOCAL_WORLD_SIZE=8 OMP_NUM_THREADS=1"
@@ -103,7 +119,7 @@ def test_per_node_run_exports_settings_to_every_rank(fake):
     assert proc.returncode == 0, proc.stderr
     env = (fake.log / "srun.env").read_text().splitlines()
     assert env == ["CUDA_DEVICE_MAX_CONNECTIONS=1", "LAGOM_CLUSTER=h100-sxm-ib400", "MASTER_ADDR=node-a07", "MASTER_PORT=23456",
-                   "NCCL_DEBUG=WARN", "TORCH_NCCL_AVOID_RECORD_STREAMS=1"]
+                   "NCCL_DEBUG=WARN", f"NCCL_TUNER_PLUGIN={fake.plugin}", "TORCH_NCCL_AVOID_RECORD_STREAMS=1"]
     assert (fake.log / "srun.args").read_text().startswith("--kill-on-bad-exit=1 --nodes=1 ")
 
 
@@ -115,7 +131,7 @@ def test_per_gpu_ranks_from_slurm_and_megatron_lm_flags(fake):
                 extra_env={"FAKE_SRUN_EXEC": "2"})
     assert proc.returncode == 0, proc.stderr
     ranks = [line.split(" ARGS ")[0] for line in proc.stdout.splitlines() if line.startswith("RANK")]
-    assert ranks == ["RANK 0 LOCAL_RANK 0 WORLD_SIZE 32", "RANK 1 LOCAL_RANK 1 WORLD_SIZE 32"]
+    assert ranks == [f"RANK {r} LOCAL_RANK {r} WORLD_SIZE 32 PLUGIN None TABLE None" for r in (0, 1)]  # NCCL 2.21
     args = proc.stdout.splitlines()[-1].split(" ARGS ")[1].split()
     for flag in ("--tensor-model-parallel-size 2", "--num-query-groups 32 --group-query-attention",
                  "--disable-bias-linear", "--rotary-base 10000", "--lagom-plan runs/llama2-7b-a100x32-ib100/plan.json"):
@@ -249,3 +265,42 @@ def test_slurm_env_checks_world_size_against_slurm_shape(tmp_path):
     train = shlex.split(lines[-1][len("LAGOM_TRAIN=("):-1])
     assert train[0] == "/mlm/pretrain_gpt.py" and train[-2:] == ["--train-iters", "2"]
     assert "--ntasks-per-node=8" in lines[-2] and "--nodes=8" in lines[-2]
+
+
+def test_dry_run_sets_an_absolute_tuner_plugin_for_every_rank(fake):
+    """Must show: `lagom_pretrain.sbatch --preset llama3-70b-h100x64 --dry-run` exports
+    NCCL_TUNER_PLUGIN, an absolute path to a library NCCL can load, before the srun whose
+    --export=ALL hands it to every rank (torchrun passes its environment to its ranks)."""
+    proc = fake(PER_NODE, "--preset", "llama3-70b-h100x64", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    (plugin,) = [l for l in lines if l.startswith("export NCCL_TUNER_PLUGIN=")]
+    path = plugin.split("=", 1)[1]
+    assert os.path.isabs(path) and Path(path).is_file() and path == fake.plugin
+    srun = next(i for i, l in enumerate(lines) if l.startswith("srun "))
+    assert lines.index(plugin) < srun and "--export=ALL" in lines[srun]
+    assert "NCCL_TUNER_PLUGIN" not in proc.stderr, "the doctor accepts the exported plugin"
+
+
+def test_users_plugin_and_gloo_clusters_are_left_alone(fake):
+    mine = fake(PER_NODE, "--preset", "llama3-70b-h100x64", "--dry-run",
+                extra_env={"NCCL_TUNER_PLUGIN": fake.plugin, "LAGOM_TUNER_CONFIG": "/tmp/x.csv"})
+    assert mine.returncode == 0, mine.stderr
+    assert not [l for l in mine.stdout.splitlines() if l.startswith(("export NCCL_TUNER_PLUGIN", "export LAGOM_TUNER"))]
+    from lagom_megatron.nccl.plugin_launch import launch_env
+
+    assert launch_env({}, backend="gloo") == ({}, None)
+    no_cc = launch_env({"LAGOM_TUNER_DIR": str(fake.tmp / "empty"), "CC": "no-such-cc-lagom"})
+    assert no_cc[0] == {} and "communicator mode" in no_cc[1] and "no-such-cc-lagom" in no_cc[1]
+
+
+def test_every_rank_inherits_the_plugin(fake):
+    """Per-GPU layout on an NCCL 2.27 cluster: each rank srun starts sees the same absolute path."""
+    mlm = fake.tmp / "Megatron-LM"
+    mlm.mkdir()
+    (mlm / "pretrain_gpt.py").write_text(FAKE_PRETRAIN)
+    proc = fake(PER_GPU, "--preset", "llama3-8b-h100x8", "--megatron-lm", str(mlm),
+                extra_env={"FAKE_SRUN_EXEC": "8", "SLURM_JOB_NUM_NODES": "1"})
+    assert proc.returncode == 0, proc.stderr
+    ranks = [line.split(" ARGS ")[0] for line in proc.stdout.splitlines() if line.startswith("RANK")]
+    assert ranks == [f"RANK {r} LOCAL_RANK {r} WORLD_SIZE 8 PLUGIN {fake.plugin} TABLE ''" for r in range(8)]

@@ -157,3 +157,22 @@ def test_plan_table_is_written_before_the_plugin_entries_are_created(tmp_path):
     (row,) = parse_tuner_csv(table.read_text())
     assert (row["collective_type"], row["algorithm"], row["protocol"], row["channels"], row["commTag"]) == (
         "allgather", "ring", "simple", "4", "tp")
+
+
+def test_train_end_logs_the_plugin_hit_summary(tmp_path, capsys, monkeypatch):
+    """With the plugin active, the controller's last lines say how many plan rows NCCL matched
+    (here no plugin is loaded in the process, and the line says so instead of claiming success)."""
+    from lagom_megatron.nccl import plugin_status
+    from lagom_megatron.nccl.pool import NcclPoolBackend
+
+    monkeypatch.setattr(plugin_status, "read_plugin_status", lambda: None)  # another test may have loaded it here
+    entry = PlanEntry(config=CommConfig(n_channels=4, algorithm="Ring", protocol="Simple"), predicted_t_comm_us=10.0,
+                      predicted_t_region_us=12.0, group="tp", op="all_gather", nbytes=1 << 20, group_size=8)
+    ctl = LagomController(plan_path=str(tmp_path / "plan.json"))
+    ctl.plan = Plan(entries={"tp.sp_all_gather[0]": entry}, backend="nccl")
+    ctl.pool = type("Pool", (), {"backend": NcclPoolBackend(use_tuner_plugin=True)})()
+    ctl.pool.backend.plugin_active = True
+    ctl._reported = True  # the report is not what this test is about
+    ctl.on_train_end()
+    assert ("lagom: tuner plugin not loaded by NCCL in this process: none of the 1 planned rows can have been applied"
+            in capsys.readouterr().out.splitlines())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from lagom_megatron.nccl.export import TUNER_COLUMNS, TUNER_EXTENDED_COLUMNS, export_plan, parse_tuner_csv
+from lagom_megatron.nccl.export import TUNER_COLUMNS, TUNER_EXTENDED_COLUMNS, export_plan, parse_tuner_csv, tuner_rows
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.engine.search import search
@@ -52,27 +52,51 @@ def test_megatron_yaml_communicator_mechanism_writes_the_searched_cap():
         assert cfg == {"min_ctas": 1, "max_ctas": max(caps)}
 
 
+def _explicit_plan():
+    return Plan(entries={
+        "tp.ag[0]": _entry(CommConfig(algorithm="Ring", protocol="LL", n_channels=4), nbytes=2**20),
+        "tp.ar[0]": _entry(CommConfig(algorithm="Tree", protocol="Simple", n_channels=8), op="all_reduce", nbytes=2**16),
+        "dp.rs[0]": PlanEntry(config=CommConfig(algorithm="PAT", protocol="Simple", n_channels=2), predicted_t_comm_us=1.0,
+                              predicted_t_region_us=1.0, group="dp", op="reduce_scatter", nbytes=2**26, group_size=16,
+                              n_nodes=2),
+        "pp.send[0]": _entry(CommConfig(n_channels=2), group="pp", op="send"),
+    })
+
+
 def test_tuner_csv_matches_nccl_example_plugin_columns():
-    plan = _mixed_plan()
+    plan = _explicit_plan()
     text = export_plan(plan, "nccl-tuner-csv")
     assert "# " + ",".join(TUNER_COLUMNS) in text
     rows = parse_tuner_csv(text)
     assert len(rows) == 3 and all(len([v for v in r.values() if v is not None]) == 10 for r in rows)
     by_type = {r["collective_type"]: r for r in rows}
     assert set(by_type) == {"allgather", "allreduce", "reducescatter"}  # no send/recv rows
-    ag = plan.entries["tp.ag[0]"]
-    row = by_type["allgather"]
-    assert (row["min_bytes"], row["max_bytes"]) == (str(ag.nbytes), str(ag.nbytes))
-    assert row["channels"] == str(ag.config.n_channels) and (row["nNodes"], row["nRanks"]) == ("1", "8")
-    assert row["protocol"] in ("ll", "ll128", "simple", "-1")
-    assert row["algorithm"] in ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat", "-1")
-    assert (row["numPipeOps"], row["regBuff"]) == ("-1", "-1")
+    assert [by_type["allgather"][k] for k in TUNER_COLUMNS] == [
+        "allgather", "1048576", "1048576", "ring", "ll", "4", "1", "8", "-1", "-1"]
+    assert [by_type["reducescatter"][k] for k in TUNER_COLUMNS] == [
+        "reducescatter", "67108864", "67108864", "pat", "simple", "2", "2", "16", "-1", "-1"]
+    assert "-1" not in (by_type["allreduce"]["algorithm"], by_type["allreduce"]["protocol"], by_type["allreduce"]["channels"])
+
+
+def test_tuner_csv_refuses_what_nccl_example_plugin_misreads():
+    """NCCL's example plugin reads algorithm -1 as ring, protocol -1 as simple, channels -1 as its
+    preset of 1 channel, and has no chunk column (plugins/tuner/example/plugin.c, NCCL v2.30.7,
+    :81-112, :236, :361): the 10-column export refuses such sites instead of writing them."""
+    for config, fragment in ((CommConfig(protocol="LL", n_channels=4), "leaves algorithm to NCCL"),
+                             (CommConfig(algorithm="Ring", n_channels=4), "leaves protocol to NCCL"),
+                             (CommConfig(algorithm="Ring", protocol="LL"), "leaves channels to NCCL"),
+                             (CommConfig(algorithm="Ring", protocol="LL", n_channels=4, chunk_size=131072),
+                              "sets chunk size 131072")):
+        with pytest.raises(ValueError, match=f"site tp.x {fragment}: NCCL's example tuner plugin"):
+            export_plan(Plan(entries={"tp.x": _entry(config)}), "nccl-tuner-csv")
+    assert parse_tuner_csv(export_plan(_mixed_plan(), "nccl-tuner-csv", extended=True)), "the extended table takes -1"
 
 
 def test_tuner_csv_extended_columns_and_name_mapping():
     plan = Plan(entries={
         "tp.ar": _entry(CommConfig(algorithm="NVLSTree", protocol="LL128", n_channels=4, chunk_size=144000), op="all_reduce"),
-        "tp.ar.twin": _entry(CommConfig(algorithm="Ring", protocol="LL", n_channels=2), op="all_reduce"),
+        "tp.ar.twin": _entry(CommConfig(algorithm="NVLSTree", protocol="LL128", n_channels=4, chunk_size=144000),
+                             op="all_reduce"),
         "dp.ag": _entry(CommConfig(algorithm="CollNetDirect", protocol="Simple"), group="dp", nbytes=4096),
     })
     text = export_plan(plan, "nccl-tuner-csv", extended=True)
@@ -80,9 +104,24 @@ def test_tuner_csv_extended_columns_and_name_mapping():
     assert all(len(r) == len(TUNER_EXTENDED_COLUMNS) for r in rows)
     assert [(r["algorithm"], r["protocol"], r["channels"], r["chunkSize"], r["commTag"]) for r in rows] == [
         ("nvls_tree", "ll128", "4", "144000", "tp"), ("collnet_direct", "simple", "-1", "-1", "dp")]
-    assert "same (communicator, collective, size) as tp.ar" in text
+    assert [row.sites for row in tuner_rows(plan, extended=True)] == [("tp.ar", "tp.ar.twin"), ("dp.ag",)]
+    assert "# tp.ar tp.ar.twin\n" in text
     with pytest.raises(ValueError, match="expected 10 or 12 columns; got 3"):
         parse_tuner_csv("allreduce,1,2\n")
+
+
+def test_tuner_csv_refuses_sites_nccl_cannot_tell_apart_with_different_configs():
+    plan = Plan(entries={
+        "tp.rs[0]": _entry(CommConfig(algorithm="Ring", protocol="Simple", n_channels=12), op="reduce_scatter"),
+        "tp.rs[1]": _entry(CommConfig(algorithm="Ring", protocol="Simple", n_channels=16, chunk_size=262144),
+                           op="reduce_scatter"),
+    })
+    with pytest.raises(ValueError, match=r"sites tp.rs\[0\] and tp.rs\[1\] are the same collective to a tuner plugin "
+                                         r"\(tag 'tp', reducescatter, 1024 bytes, 1 node\(s\), 8 ranks\)"):
+        export_plan(plan, "nccl-tuner-csv", extended=True)
+    other_group = Plan(entries={**plan.entries, "tp.rs[1]": _entry(plan.entries["tp.rs[1]"].config, group="tp_cp",
+                                                                    op="reduce_scatter")})
+    assert len(tuner_rows(other_group, extended=True)) == 2, "another communicator tag is another row"
 
 
 def test_env_lists_process_scope_knobs_only_and_refuses_unsafe_values():
@@ -94,6 +133,22 @@ def test_env_lists_process_scope_knobs_only_and_refuses_unsafe_values():
     for env, fragment in (({"NCCL_PROTO": "LL128"}, "LL128"), ({"NCCL_ALGO": "NVLS"}, "Ring")):
         with pytest.raises(ValueError, match=fragment):
             export_plan(Plan(entries={}, env=env), "env")
+
+
+def test_env_values_are_quoted_and_source_to_the_same_value(tmp_path):
+    """`;` in a per-function NCCL_ALGO list must reach the variable, never run as a command."""
+    import subprocess
+
+    value = "allreduce:tree,ring;allgather:ring"
+    text = export_plan(Plan(entries={}, env={"NCCL_ALGO": value}), "env")
+    assert f"export NCCL_ALGO='{value}'" in text
+    env_file = tmp_path / "plan.env"
+    env_file.write_text(text)
+    proc = subprocess.run(["bash", "-c", f"set -a; . {env_file}; env"], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin"}, timeout=30)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert [l for l in proc.stdout.splitlines() if l.startswith("NCCL_")] == [f"NCCL_ALGO={value}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.env"], "sourcing created nothing"
 
 
 def test_unknown_format_and_gloo_plans():

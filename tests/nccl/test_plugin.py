@@ -58,11 +58,13 @@ def test_harness_under_address_sanitizer(tmp_path):
     assert "ERROR: " not in proc.stderr, proc.stderr
 
 
-def test_exports_only_the_abi_structs(built):
+def test_exports_only_the_abi_structs_and_status(built):
     lib = ctypes.CDLL(str(built[0]))
     for version in (3, 4, 5, 6):
         assert hasattr(lib, f"ncclTunerPlugin_v{version}")
-    for internal in ("lagomInit", "lagomGetCollInfo", "loadTable", "parseRow"):
+    for status in ("lagomTunerAbiVersion", "lagomTunerInitCount", "lagomTunerRowHits", "lagomTunerTableFailures"):
+        assert hasattr(lib, status), f"status export {status} missing"
+    for internal in ("lagomInit", "lagomGetCollInfo", "loadTable", "parseRow", "statusTableHits", "takeSlice"):
         assert not hasattr(lib, internal), f"{internal} should be hidden"
 
 
@@ -157,6 +159,9 @@ def test_gpu_check_script_fails_gracefully_without_a_gpu(tmp_path):
     assert "| build tuner plugin | ok | 4 ABI structs exported |" in summary
     assert "no CUDA device seen by torch" in summary
     assert "| overlap sweep | skipped |" in summary and "| NCCL pool + tuner plugin | skipped |" in summary
+    assert "| plugin status + capabilities | skipped |" in summary
+    contention = "| contention probe | skipped | scripts/gpu/contention_probe.py not in this checkout |"
+    assert (contention in summary) != (PLUGIN_DIR.parents[2] / "scripts" / "gpu" / "contention_probe.py").is_file()
 
 
 def test_exported_plan_table_is_read_by_the_plugin(built, tmp_path):
@@ -198,3 +203,61 @@ def test_exported_plan_table_is_read_by_the_plugin(built, tmp_path):
             assert (got["algo"], got["proto"]) == (cfg.algorithm.lower(), cfg.protocol.lower()), (site, comm)
             assert got["channels"] == cfg.n_channels, (site, comm)
             assert got["chunk"] == (cfg.chunk_size or -1), (site, comm)
+
+
+def _nccl_example_decision(table_text, n_ranks, n_nodes, coll, nbytes):
+    """What NCCL's example tuner plugin decides for one call, from its source (NCCL v2.30.7
+    plugins/tuner/example/plugin.c): lines starting with '#' skipped (:199), at most 10
+    comma-separated fields (:216), 8-10 accepted (:229); unknown algorithm -> ring (:81-91),
+    unknown protocol -> simple (:107-112), channels by atoi (:236); every call first presets one
+    channel (:361); the first matching row sets its cost entry to 0 and its channels unless -1
+    (:382-409)."""
+    algos = {name: i for i, name in enumerate(ALGOS)}
+    protos = {name: i for i, name in enumerate(PROTOS)}
+    channels, choice = 1, (None, None)
+    for line in table_text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        fields = [f.strip() for f in line.split(",") if f != ""][:10]
+        if not 8 <= len(fields) <= 10:
+            continue
+        c_nodes, c_ranks = int(fields[6]), int(fields[7])
+        if (fields[0] == coll and int(fields[1]) <= nbytes <= int(fields[2]) and c_nodes in (-1, n_nodes)
+                and c_ranks in (-1, n_ranks)):
+            algo = fields[3] if fields[3] in algos else "ring"
+            proto = fields[4] if fields[4] in protos else "simple"
+            if int(fields[5]) != -1:
+                channels = int(fields[5])
+            choice = (algo, proto)
+            break
+    return choice[0], choice[1], channels
+
+
+def test_ten_column_export_gives_the_same_decisions_in_nccl_example_plugin(built, tmp_path):
+    """The 10-column export holds only rows both plugins read alike; only unmatched calls differ:
+    NCCL's example runs them on 1 channel, lagom's plugin leaves NCCL's choice (docs/nccl.md)."""
+    from lagom_megatron.engine.knobs import CommConfig
+    from lagom_megatron.engine.plan import Plan, PlanEntry
+    from lagom_megatron.nccl.export import export_plan
+
+    def entry(cfg, op, nbytes, group_size, n_nodes):
+        return PlanEntry(config=cfg, predicted_t_comm_us=1.0, predicted_t_region_us=1.0, group="dp", op=op,
+                         nbytes=nbytes, group_size=group_size, n_nodes=n_nodes)
+
+    plan = Plan(entries={
+        "dp.rs[0]": entry(CommConfig(algorithm="Ring", protocol="Simple", n_channels=12), "reduce_scatter", 41943040, 8, 1),
+        "dp.ag[0]": entry(CommConfig(algorithm="PAT", protocol="LL", n_channels=2), "all_gather", 1 << 20, 16, 2),
+        "dp.ar[0]": entry(CommConfig(algorithm="Tree", protocol="LL128", n_channels=16), "all_reduce", 4096, 16, 2),
+    })
+    text = export_plan(plan, "nccl-tuner-csv")
+    table = tmp_path / "nccl_tuner.conf"
+    table.write_text(text)
+    colls = {"reduce_scatter": "reducescatter", "all_gather": "allgather", "all_reduce": "allreduce"}
+    for e in plan.entries.values():
+        ours = _query(built, table, "-", e.group_size, e.n_nodes, colls[e.op], e.nbytes)
+        theirs = _nccl_example_decision(text, e.group_size, e.n_nodes, colls[e.op], e.nbytes)
+        assert (ours["algo"], ours["proto"], ours["channels"]) == theirs
+        assert theirs == (e.config.algorithm.lower(), e.config.protocol.lower(), e.config.n_channels)
+    miss_ours = _query(built, table, "-", 8, 1, "allreduce", 12345)
+    assert (miss_ours["algo"], miss_ours["channels"]) == (None, 0)
+    assert _nccl_example_decision(text, 8, 1, "allreduce", 12345) == (None, None, 1)

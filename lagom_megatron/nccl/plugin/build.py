@@ -16,7 +16,7 @@ from pathlib import Path
 
 PLUGIN_DIR = Path(__file__).resolve().parent
 """Directory holding the plugin's C sources and headers and the ``Makefile``."""
-TUNER_SOURCES = (PLUGIN_DIR / "plugin.c", PLUGIN_DIR / "table.c")
+TUNER_SOURCES = (PLUGIN_DIR / "plugin.c", PLUGIN_DIR / "table.c", PLUGIN_DIR / "status.c")
 """The plugin's C sources: NCCL's entry points and ABI structs, and the plan-table reader (both
 include ``lagom_tuner.h`` and ``plugin_internal.h``)."""
 LIBRARY_NAME = "libnccl-tuner-lagom.so"
@@ -24,7 +24,8 @@ LIBRARY_NAME = "libnccl-tuner-lagom.so"
 library path, from its ``libnccl-tuner-<name>.so`` naming rule)."""
 HARNESS_SOURCE = PLUGIN_DIR / "test" / "test_plugin.c"
 """The C test harness's main source (present in a source checkout, not in an installed wheel)."""
-HARNESS_SOURCES = (HARNESS_SOURCE, PLUGIN_DIR / "test" / "test_calls.c", PLUGIN_DIR / "test" / "test_table.c")
+HARNESS_SOURCES = (HARNESS_SOURCE, PLUGIN_DIR / "test" / "test_calls.c", PLUGIN_DIR / "test" / "test_table.c",
+                   PLUGIN_DIR / "test" / "test_slices.c")
 """Every source of the C test harness (they share ``test/harness.h``)."""
 
 _WARN = ["-std=gnu11", "-Wall", "-Wextra"]

@@ -14,7 +14,32 @@
  * A row tagged "dp" applies to communicators tagged "dp" and "dp/<anything>" (a process group
  * and its pool entries); an empty tag or "*" applies to every communicator.
  * On a miss it writes nothing at all, so NCCL keeps its own choice (unlike NCCL's example plugin,
- * which first writes one channel). getChunkSize() (ABI v6) sets the row's chunk size in bytes.
+ * which first writes one channel). Every match adds one to the row's hit counter (status.c).
+ *
+ * Chunk size by slice (ABI v6, NCCL >= 2.30). NCCL does not ask getChunkSize about the
+ * collective it asked getCollInfo about, but about each channel slice of it (NCCL v2.30.7
+ * src/enqueue.cc): ncclPrepareTasks calls getCollInfo once per collective, or per group of
+ * same-(function, op, type) collectives within 4x of each other with their bytes summed
+ * (:430-441 -> ncclGetAlgoInfo :2147); later scheduleCollTasksToPlan calls calcCollChunking,
+ * which calls getChunkSize (:2308-2318), once per slice of each collective with nChannels = 1 and
+ * nBytes = one channel's share (countLo, then countHi, then countMid once for all middle
+ * channels: :725, :730, :735), or once with the whole collective and its channels on the CollNet
+ * path (:634). Both byte counts use the same scale (element size x NCCL's max send/recv count),
+ * so the slices NCCL asks about never add up to more than the bytes getCollInfo saw. Both phases
+ * run for one ncclGroupEnd on one communicator, prepare before launch (src/group.cc:674, :723 ->
+ * enqueue.cc ncclLaunchPrepare :1617). Rows hold the whole collective's bytes, so a slice seldom
+ * matches a row by itself. Instead getCollInfo remembers each call of the current group on its
+ * communicator (collective, bytes, matched row or none), and a getCollInfo after a getChunkSize
+ * starts a new group (forgets the old one). getChunkSize gives a slice to the first remembered
+ * call of the same collective with at least that many bytes not yet sliced, deducts the slice,
+ * and applies that call's row's chunk size when NCCL's final algorithm/protocol are the row's (or
+ * the row leaves them to NCCL). One collective per group, or one row per function in a group, is
+ * exact; several same-function collectives of one group with different rows are told apart by
+ * their bytes in NCCL's scheduling order. At most LAGOM_PENDING_MAX calls are remembered per
+ * group (the oldest is forgotten first). NCCL's symmetric-kernel and allgatherv paths ask
+ * getCollInfo without slicing (src/scheduler/symmetric_sched.cc:170, allgatherv_sched.cc:54):
+ * such a call stays remembered until the next group starts, and could take the slices of a
+ * same-function collective asked about after it in the same group.
  *
  * A table that cannot be read or parsed is reported through NCCL's logger ("LAGOM/tuner: ...")
  * and ignored as a whole: the communicator keeps NCCL's tuning; init always succeeds, so a bad
@@ -33,6 +58,7 @@
 static ncclResult_t lagomInit(void **context, uint64_t commId, size_t nRanks, size_t nNodes,
                               ncclDebugLogger_t logFn, int abiVersion) {
   *context = NULL;
+  statusNoteInit(abiVersion);
   LagomContext *ctx = calloc(1, sizeof(LagomContext));
   if (!ctx) {
     /* No context: every call then keeps NCCL's choice. Never fail communicator creation. */
@@ -43,6 +69,7 @@ static ncclResult_t lagomInit(void **context, uint64_t commId, size_t nRanks, si
   }
   ctx->logFn = logFn;
   ctx->commId = commId;
+  ctx->abiVersion = abiVersion;
   ctx->nRanks = nRanks;
   ctx->nNodes = nNodes;
   const char *tag = getenv(LAGOM_TUNER_COMM_TAG_ENV);
@@ -73,6 +100,34 @@ static int rowMatchesCall(const LagomRow *row, int coll, size_t nBytes) {
   return row->coll == coll && nBytes >= row->minBytes && nBytes <= row->maxBytes;
 }
 
+/* Remembers a getCollInfo call until getChunkSize has seen all of its slices (ABI v6 only). */
+static void rememberCall(LagomContext *ctx, int coll, size_t nBytes, const LagomRow *row) {
+  if (ctx->abiVersion < 6 || nBytes == 0) return;
+  if (ctx->sliced) { /* getChunkSize ran since the last getCollInfo: a new group starts */
+    ctx->nPending = 0;
+    ctx->sliced = 0;
+  }
+  if (ctx->nPending == LAGOM_PENDING_MAX) { /* drop the oldest: NCCL never sliced it */
+    memmove(&ctx->pending[0], &ctx->pending[1], (LAGOM_PENDING_MAX - 1) * sizeof(LagomPending));
+    ctx->nPending--;
+  }
+  ctx->pending[ctx->nPending++] = (LagomPending){.coll = coll, .remaining = nBytes, .row = row};
+}
+
+/* The remembered call a slice of `nBytes` of `coll` belongs to: deducts the slice and returns the
+ * call's row (NULL when it matched none); *found is 0 when no remembered call can own the slice. */
+static const LagomRow *takeSlice(LagomContext *ctx, int coll, size_t nBytes, int *found) {
+  for (int i = 0; i < ctx->nPending; i++) {
+    LagomPending *p = &ctx->pending[i];
+    if (p->coll != coll || p->remaining < nBytes) continue;
+    p->remaining -= nBytes;
+    *found = 1;
+    return p->row;
+  }
+  *found = 0;
+  return NULL;
+}
+
 /* Index of the cheapest entry NCCL left enabled among `count` entries `stride` apart, or -1. */
 static int cheapestEnabled(const float *table, int start, int stride, int count) {
   int best = -1;
@@ -98,11 +153,13 @@ static ncclResult_t lagomGetCollInfo(void *context, ncclFunc_t collType, size_t 
     row = r;
     break;
   }
+  rememberCall(ctx, (int)collType, nBytes, row);
   if (!row) {
     LOG_CALL(ctx, NCCL_LOG_TRACE, "tag '%s' %s %zu bytes: no row; NCCL's choice", ctx->tag,
         collName((int)collType), nBytes);
     return ncclSuccess;
   }
+  statusCountHit(ctx->hits, row->index);
   float *table = (float *)collCostTable;
   int a = row->algo, p = row->proto;
   const char *why = NULL;
@@ -130,19 +187,24 @@ static ncclResult_t lagomGetCollInfo(void *context, ncclFunc_t collType, size_t 
   return ncclSuccess;
 }
 
+/* nBytes is one channel slice of a collective (see the top of this file), not the collective. */
 static ncclResult_t lagomGetChunkSize(void *context, ncclFunc_t collType, size_t nBytes, int algo,
                                       int proto, int nChannels, size_t *chunkSize) {
-  (void)nChannels;
   LagomContext *ctx = context;
-  if (!ctx || !chunkSize) return ncclSuccess;
-  for (int i = 0; i < ctx->nRows; i++) {
-    const LagomRow *r = &ctx->rows[i];
-    if (!rowMatchesCall(r, (int)collType, nBytes)) continue;
-    if (r->algo != -1 && r->algo != algo) continue;
-    if (r->proto != -1 && r->proto != proto) continue;
-    if (r->chunkSize > 0) *chunkSize = (size_t)r->chunkSize;
+  if (!ctx || !chunkSize || ctx->nRows == 0) return ncclSuccess;
+  int found;
+  ctx->sliced = 1;
+  const LagomRow *r = takeSlice(ctx, (int)collType, nBytes, &found);
+  if (!found) {
+    LOG_CALL(ctx, NCCL_LOG_TRACE, "tag '%s' %s slice of %zu bytes: no collective of that size "
+        "pending; NCCL's chunk size", ctx->tag, collName((int)collType), nBytes);
     return ncclSuccess;
   }
+  if (!r || r->chunkSize <= 0) return ncclSuccess;
+  if ((r->algo != -1 && r->algo != algo) || (r->proto != -1 && r->proto != proto)) return ncclSuccess;
+  *chunkSize = (size_t)r->chunkSize;
+  LOG_CALL(ctx, NCCL_LOG_TRACE, "tag '%s' %s slice of %zu bytes on %d channel(s): line %d -> chunk "
+      "%lld", ctx->tag, collName((int)collType), nBytes, nChannels, r->line, r->chunkSize);
   return ncclSuccess;
 }
 

@@ -5,9 +5,12 @@
  *
  *   table.c   reads and parses the plan table, keeps the rows that apply to a communicator.
  *   plugin.c  NCCL's entry points (init, getCollInfo, getChunkSize, finalize) and ABI v3-v6 structs.
+ *   status.c  process-wide status (ABI version, init count, per-row hit counters) and the
+ *             lagomTuner* functions that export it to the process that loaded the plugin.
  *
  * Everything declared here is internal to the shared library: hidden from its dynamic symbol
- * table whatever -fvisibility the build uses; only the ncclTunerPlugin_v* structs are exported.
+ * table whatever -fvisibility the build uses; only the ncclTunerPlugin_v* structs and the
+ * lagomTuner* status functions are exported.
  */
 #ifndef LAGOM_PLUGIN_INTERNAL_H_
 #define LAGOM_PLUGIN_INTERNAL_H_
@@ -47,8 +50,21 @@ typedef struct {
   long long chunkSize; /* bytes > 0, or -1 */
   char tag[LAGOM_TAG_MAX];
   int line;            /* line number in the table, for logs */
+  int index;           /* data-row index in file order (0-based), for the hit counters */
   int noted;           /* set once the row's algorithm/protocol could not be applied (log once) */
 } LagomRow;
+
+/* Hit counters of one table file, shared by every communicator that loaded it (status.c). */
+typedef struct LagomTableHits LagomTableHits;
+
+/* A collective NCCL asked getCollInfo about in the current group; getChunkSize has not yet seen
+ * slices for `remaining` of its bytes (ABI v6 only; see plugin.c). */
+typedef struct {
+  int coll;
+  size_t remaining;
+  const LagomRow *row; /* the row getCollInfo matched, or NULL (NCCL's chunk for its slices) */
+} LagomPending;
+#define LAGOM_PENDING_MAX 32
 
 /* Per-communicator state, allocated in init and freed in finalize. */
 typedef struct {
@@ -59,6 +75,11 @@ typedef struct {
   char tag[LAGOM_TAG_MAX];
   LagomRow *rows; /* only the rows that apply to this communicator */
   int nRows;
+  int abiVersion;         /* ABI version NCCL initialised this communicator with (3-6) */
+  LagomTableHits *hits;   /* counters of the loaded table, or NULL when none is loaded */
+  LagomPending pending[LAGOM_PENDING_MAX]; /* getCollInfo calls of the current group */
+  int nPending;
+  int sliced; /* getChunkSize ran since the last getCollInfo (the next one starts a new group) */
 } LagomContext;
 
 /* Names for logs: the table's spelling, "?" / "any" out of range (table.c). */
@@ -73,5 +94,15 @@ LAGOM_INTERNAL int validTag(const char *s);
 /* Reads the table at `path` and keeps the rows that apply to ctx's communicator. Any error
  * leaves ctx->rows empty (NCCL's choices everywhere) and is logged as a warning (table.c). */
 LAGOM_INTERNAL void loadTable(LagomContext *ctx, const char *path);
+
+/* Process-wide status (status.c). statusNoteInit records one init with its ABI version;
+ * statusTableHits returns the counters for the table file `path` (identified by device, inode,
+ * size and modification time, so a rewritten table gets fresh counters) with `nRows` data rows,
+ * making it the table lagomTunerRowHits reports; NULL when out of memory. statusCountHit adds one
+ * match of data row `index`; statusNoteTableFailure counts a table that could not be used. */
+LAGOM_INTERNAL void statusNoteInit(int abiVersion);
+LAGOM_INTERNAL LagomTableHits *statusTableHits(const char *path, int fd, int nRows);
+LAGOM_INTERNAL void statusCountHit(LagomTableHits *hits, int index);
+LAGOM_INTERNAL void statusNoteTableFailure(void);
 
 #endif /* LAGOM_PLUGIN_INTERNAL_H_ */

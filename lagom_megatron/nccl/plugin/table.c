@@ -204,6 +204,7 @@ void loadTable(LagomContext *ctx, const char *path) {
   if (!fp) {
     LOG_INIT(ctx, NCCL_LOG_WARN, "cannot open plan table '%s' (%s); NCCL keeps its own choices",
         path, strerror(errno));
+    statusNoteTableFailure();
     return;
   }
   char *line = NULL;
@@ -224,7 +225,7 @@ void loadTable(LagomContext *ctx, const char *path) {
       break;
     }
     row.line = lineNo;
-    nTotal++;
+    row.index = nTotal++;
     if (!rowAppliesToComm(ctx, &row)) continue;
     if (ctx->nRows == capRows) {
       int newCap = capRows ? 2 * capRows : 16;
@@ -245,8 +246,17 @@ void loadTable(LagomContext *ctx, const char *path) {
     failed = 1;
   }
   free(line);
+  if (!failed) {
+    ctx->hits = statusTableHits(path, fileno(fp), nTotal);
+    if (!ctx->hits) {
+      LOG_INIT(ctx, NCCL_LOG_WARN, "out of memory for the hit counters of plan table '%s'; NCCL "
+          "keeps its own choices", path);
+      failed = 1;
+    }
+  }
   fclose(fp);
   if (failed) {
+    statusNoteTableFailure();
     free(rows);
     ctx->rows = NULL;
     ctx->nRows = 0;

@@ -8,6 +8,8 @@
  *                  numPipeOps/regBuff match, a NULL context, chunk sizes and ABI v3/v4/v5.
  *   test_table.c   the plan table: malformed, empty, missing and unset tables, the fallback
  *                  variable, communicator tags and a 20,000-row table.
+ *   test_slices.c  chunk size by channel slice in NCCL's calling order, and the status exports
+ *                  (ABI version, init count, per-row hit counters, table failures).
  */
 #ifndef LAGOM_TEST_HARNESS_H_
 #define LAGOM_TEST_HARNESS_H_
@@ -71,5 +73,9 @@ void test_fallback_env(void);
 void test_group_tag_prefix(void);
 void test_bad_tag_env(void);
 void test_large_table(void);
+
+/* Tests (test_slices.c). */
+void test_chunk_by_slice(void);
+void test_status_exports(void);
 
 #endif /* LAGOM_TEST_HARNESS_H_ */

@@ -15,7 +15,7 @@
  * Exit status: 0 when every selected test passed.
  *
  * This file holds main(), the list of tests, --query and the shared helpers; the tests are in
- * test_calls.c and test_table.c (harness.h lists what is where).
+ * test_calls.c, test_table.c and test_slices.c (harness.h lists what is where).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -178,6 +178,8 @@ static const struct {
     {"null_context", test_null_context},
     {"older_abis", test_older_abis},
     {"large_table", test_large_table},
+    {"chunk_by_slice", test_chunk_by_slice},
+    {"status_exports", test_status_exports},
 };
 
 int main(int argc, char **argv) {

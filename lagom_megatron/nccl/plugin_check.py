@@ -1,0 +1,154 @@
+"""Checks that ``NCCL_TUNER_PLUGIN`` names a tuner plugin NCCL will really load, before any rank starts.
+
+NCCL reads ``NCCL_TUNER_PLUGIN`` once per process, at the first communicator, and never fails on
+it: a wrong value leaves NCCL on its internal tuner with an INFO log only, so a plan searched for
+the plugin is silently not applied. What NCCL does with the value (NCCL v2.30.7):
+
+- ``none`` (any case) disables every tuner plugin (``src/plugin/tuner.cc:58-60``);
+- otherwise it ``dlopen``s the value with ``RTLD_NOW | RTLD_LOCAL`` (``src/os/linux.cc:52``, from
+  ``src/plugin/plugin_open.cc:41``), then ``libnccl-tuner-<value>.so``; a value with a ``/`` is a
+  path, resolved by the dynamic loader against each rank's working directory when relative;
+- then it looks up the newest struct it knows, ``ncclTunerPlugin_v6`` down to ``_v2``
+  (``src/plugin/tuner.cc:73-85``); a library with none of them is "unsupported" and NCCL keeps its
+  own tuner. Which names an NCCL release knows: v2.22.3 tries v3, v2 (``src/misc/tuner.cc:199-202``);
+  v2.24.3 v4, v3, v2 (``src/misc/tuner.cc:216-222``); v2.28.3 v5..v2 (``src/plugin/tuner.cc:72-80``);
+  v2.30.3 v6..v2. NCCL 2.21 and older know only v2 and v1 (``src/include/nccl_tuner.h:58`` at
+  v2.21.5), which lagom's plugin does not export.
+
+A missing file is reported by ``nccl.env_check.check_nccl_env``; this module adds the cases that
+need more than ``os.path.exists``. Pure Python (the library is probed in a child process, so a
+foreign library's constructors never run in the caller).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Mapping
+
+from lagom_megatron.nccl.env_check import EnvIssue, plugin_path_missing
+from lagom_megatron.nccl.env_grammar import parse_version
+
+VAR = "NCCL_TUNER_PLUGIN"
+
+TUNER_SYMBOLS_BY_NCCL: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
+    ((2, 30), ("ncclTunerPlugin_v6", "ncclTunerPlugin_v5", "ncclTunerPlugin_v4", "ncclTunerPlugin_v3", "ncclTunerPlugin_v2")),
+    ((2, 28), ("ncclTunerPlugin_v5", "ncclTunerPlugin_v4", "ncclTunerPlugin_v3", "ncclTunerPlugin_v2")),
+    ((2, 24), ("ncclTunerPlugin_v4", "ncclTunerPlugin_v3", "ncclTunerPlugin_v2")),
+    ((2, 22), ("ncclTunerPlugin_v3", "ncclTunerPlugin_v2")),
+    ((0, 0), ("ncclTunerPlugin_v2", "ncclTunerPlugin_v1")),
+)
+"""(first NCCL release, tuner struct names it looks up, newest first): see the module docstring."""
+
+ALL_TUNER_SYMBOLS = tuple(f"ncclTunerPlugin_v{v}" for v in (6, 5, 4, 3, 2, 1))
+
+_PROBE = (
+    "import ctypes, os, sys\n"
+    "try:\n"
+    "    lib = ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW | os.RTLD_LOCAL)\n"
+    "except OSError as exc:\n"
+    "    print('LOAD-ERROR', exc); sys.exit(0)\n"
+    "print(' '.join(s for s in sys.argv[2:] if hasattr(lib, s)))\n"
+)
+
+
+def tuner_symbols_for(nccl_version: str | None) -> tuple[str, ...]:
+    """The tuner struct names NCCL ``nccl_version`` looks up, newest first; every known name when
+    the version is None or unparsable (e.g. ``"none"``).
+
+    Raises:
+        Nothing: an unparsable version is treated as unknown.
+    """
+    try:
+        version = parse_version(nccl_version) if nccl_version else None
+    except ValueError:
+        version = None
+    if version is None:
+        return ALL_TUNER_SYMBOLS
+    for first, names in TUNER_SYMBOLS_BY_NCCL:
+        if tuple(version[:2]) >= first:
+            return names
+    return TUNER_SYMBOLS_BY_NCCL[-1][1]
+
+
+def probe_library(path: str, symbols: tuple[str, ...] = ALL_TUNER_SYMBOLS, timeout_s: float = 30.0
+                  ) -> tuple[tuple[str, ...], str | None]:
+    """Loads ``path`` the way NCCL does (``dlopen`` RTLD_NOW | RTLD_LOCAL) in a child Python process
+    and reports which of ``symbols`` it exports.
+
+    Returns:
+        (exported symbols among ``symbols``, None), or ((), the loader's error text) when it does
+        not load.
+    """
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE, path, *symbols], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return (), f"loading it took longer than {timeout_s:.0f} s"
+    out = proc.stdout.strip()
+    if proc.returncode != 0:
+        return (), (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+    if out.startswith("LOAD-ERROR"):
+        return (), out[len("LOAD-ERROR"):].strip()
+    return tuple(out.split()), None
+
+
+def check_tuner_plugin(environ: Mapping[str, str] | None = None, *, nccl_version: str | None = None,
+                       probe: bool = True) -> list[EnvIssue]:
+    """Errors for an ``NCCL_TUNER_PLUGIN`` with which NCCL would not load a tuner plugin.
+
+    Args:
+        environ: the ranks' environment (default ``os.environ``); an unset variable is no error
+            (the launch scripts set it; see ``launch/slurm.py``).
+        nccl_version: the cluster's NCCL, e.g. ``"2.27.5"``, to know which struct names it looks
+            up; None = any release.
+        probe: load an existing library in a child process to read its symbols.
+
+    Returns:
+        At most one ``EnvIssue`` (level "error", variable ``NCCL_TUNER_PLUGIN``): the value
+        disables plugins (``none``), is a relative path, does not load, or exports none of the
+        ``ncclTunerPlugin_v*`` structs this NCCL looks up. A missing file is left to
+        ``env_check.check_nccl_env``, which already reports it.
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get(VAR)
+    if value is None:
+        return []
+    shown = f"{VAR}={value!r}"
+    if value.strip().lower() == "none" or not value.strip():
+        return [EnvIssue(
+            "error", VAR, value, f"{shown} disables the tuner plugin",
+            "NCCL skips every tuner plugin for 'none' (src/plugin/tuner.cc:58-60) and an empty value "
+            "names no library, so a plan's per-collective choices are never applied",
+            f"set {VAR} to the absolute path of libnccl-tuner-lagom.so (lagom build-tuner), or unset it",
+        )]
+    if "/" in value and not os.path.isabs(value):
+        return [EnvIssue(
+            "error", VAR, value, f"{shown} is a relative path",
+            "NCCL dlopens it relative to each rank's working directory, which the launcher may change "
+            "per node; where it does not resolve NCCL silently keeps its internal tuner",
+            f"set {VAR} to an absolute path, e.g. {os.path.abspath(value)}",
+        )]
+    if "/" not in value or plugin_path_missing(value) or not probe:
+        return []  # a loader-path name, or a missing file (env_check reports that)
+    wanted = tuner_symbols_for(nccl_version)
+    exported, error = probe_library(value, ALL_TUNER_SYMBOLS)
+    if error is not None:
+        return [EnvIssue(
+            "error", VAR, value, f"{shown} does not load: {error}",
+            "NCCL dlopens it with RTLD_NOW and, when that fails, silently keeps its internal tuner "
+            "(src/plugin/plugin_open.cc:41, src/plugin/tuner.cc:62-66)",
+            "rebuild the plugin on this system (lagom build-tuner) or point the variable at a loadable library",
+        )]
+    if not set(exported) & set(wanted):
+        has = f"it exports {', '.join(exported)}" if exported else "it exports no ncclTunerPlugin_v* struct"
+        need = f"NCCL {nccl_version}" if nccl_version and wanted != ALL_TUNER_SYMBOLS else "NCCL"
+        return [EnvIssue(
+            "error", VAR, value, f"{shown} has none of the symbols {need} looks up ({', '.join(wanted)})",
+            f"{has}; NCCL then reports the plugin unsupported at INFO level and keeps its internal "
+            "tuner (src/plugin/tuner.cc:73-88); lagom's plugin exports v3-v6, which NCCL 2.22+ reads",
+            f"point {VAR} at libnccl-tuner-lagom.so (lagom build-tuner)"
+            + (", and use NCCL 2.22 or newer" if "ncclTunerPlugin_v3" not in wanted else ""),
+        )]
+    return []
