@@ -113,8 +113,8 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
     if args.group_query_attention:
         groups = args.num_query_groups
         _check(groups is not None and groups >= 1, "--group-query-attention needs --num-query-groups >= 1")
-        _check(groups % tp == 0,
-               f"--num-query-groups {groups} is not divisible by --tensor-model-parallel-size {tp}")
+        _check(groups % tp == 0 or tp % groups == 0,  # megatron-core transformer_config.py:939-946
+               f"--num-query-groups {groups} is neither a multiple nor a divisor of --tensor-model-parallel-size {tp}")
         _check(heads % groups == 0,
                f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups}")
     else:

@@ -1,19 +1,64 @@
-"""The rules of ``lagom doctor``: one function per rule, each ``RunShape -> list[Finding]``.
+"""The layout and overlap rules of the pre-flight (``lagom doctor`` and training): each ``RunShape -> list[Finding]``.
 
 The layout and overlap rules, here, restate the checks of Megatron-LM's ``megatron/training/arguments.py``
 (``validate_args``), Megatron-Core's configs and Transformer Engine's Userbuffers as facts; the
 environment rules (CUDA_DEVICE_MAX_CONNECTIONS, NCCL variables) are in
-``lagom_megatron.launch.doctor_env_rules``, the data types in ``lagom_megatron.launch.doctor_types``.
-Which rules exist and their levels are this project's design. ``RULES`` lists them in report order;
-``lagom_megatron.launch.doctor`` runs them.
+``lagom_megatron.training.preflight_env``, the data types in ``lagom_megatron.training.preflight_types``.
+Which rules exist and their levels are this project's design. ``RULES`` in
+``lagom_megatron.training.preflight`` lists them in report order and runs them. Line numbers cite
+Megatron-LM core_v0.16.1 ``megatron/training/arguments.py`` (``arguments.py:N``) and megatron-core
+0.16.1 ``megatron/core/transformer/transformer_config.py`` (``transformer_config.py:N``).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from lagom_megatron.training.preflight_types import Finding, RunShape
 
-from lagom_megatron.launch.doctor_env_rules import rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides
-from lagom_megatron.launch.doctor_types import Finding, RunShape
+POSITIVE_INTEGERS: tuple[tuple[str, str], ...] = (
+    ("tensor_model_parallel_size", "world = TP x PP x CP x DP (arguments.py:317)"),
+    ("pipeline_model_parallel_size", "world = TP x PP x CP x DP (arguments.py:317)"),
+    ("context_parallel_size", "world = TP x PP x CP x DP (arguments.py:317)"),
+    ("expert_model_parallel_size", "experts are split over EP ranks (parallel_state.initialize_model_parallel)"),
+    ("expert_tensor_parallel_size", "expert layout ETP x EP x PP tiles the world (parallel_state)"),
+    ("micro_batch_size", "arguments.py:496 asserts micro_batch_size > 0"),
+    ("global_batch_size", "arguments.py:500 asserts global_batch_size > 0"),
+    ("num_layers", "the model needs at least one layer (transformer_config.py __post_init__)"),
+    ("hidden_size", "transformer_config.py divides by it"),
+    ("num_attention_heads", "transformer_config.py divides hidden size by it"),
+    ("num_query_groups", "transformer_config.py:940 takes it modulo TP"),
+    ("num_experts", "each expert-parallel rank holds num_experts / EP experts"),
+    ("num_layers_per_virtual_pipeline_stage", "arguments.py:547 divides layers per stage by it"),
+    ("num_virtual_stages_per_pipeline_rank", "it becomes the virtual pipeline size (arguments.py:552)"),
+    ("decoder_first_pipeline_num_layers", "transformer_config.py:1368 requires > 0"),
+    ("decoder_last_pipeline_num_layers", "transformer_config.py:1387 requires > 0"),
+    ("seq_length", "every sample has seq_length tokens"),
+    ("train_iters", "the run trains train_iters iterations"),
+    ("log_interval", "iterations are logged every log_interval (taken modulo)"),
+    ("moe_router_topk", "each token goes to moe_router_topk experts"),
+)
+"""Flags that must be positive integers when given: (argparse destination, why)."""
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def rule_positive(s: RunShape) -> list[Finding]:
+    """Every size of :data:`POSITIVE_INTEGERS` that is given is an integer >= 1 (not a bool).
+
+    Runs before the other rules, which divide by these sizes.
+    """
+    out = []
+    for dest, why in POSITIVE_INTEGERS:
+        value = s.args.get(dest)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            out.append(Finding(
+                "error", "positive", f"{_flag(dest)} must be a positive integer; got {value!r}", why,
+                f"give {_flag(dest)} an integer >= 1 (or leave it out for the default)",
+            ))
+    return out
 
 
 def rule_nodes(s: RunShape) -> list[Finding]:
@@ -113,12 +158,14 @@ def rule_heads(s: RunShape) -> list[Finding]:
             "pick a TP that divides the number of heads",
         ))
     if groups is not None:
-        if int(groups) % s.tp:
+        if int(groups) % s.tp and s.tp % int(groups):
             out.append(Finding(
                 "error", "query-groups-tp",
-                f"num_query_groups ({groups}) is not a multiple of tensor_model_parallel_size ({s.tp})",
-                "each tensor-parallel rank holds whole key/value groups (Megatron-LM validate_args)",
-                "pick a TP that divides the number of query groups",
+                f"--num-query-groups {groups} is neither a multiple nor a divisor of "
+                f"--tensor-model-parallel-size {s.tp}",
+                "each tensor-parallel rank holds whole key/value groups, or a group is replicated over "
+                "TP / groups ranks (transformer_config.py:939-946)",
+                "use a number of query groups that is a multiple or a divisor of TP",
             ))
         if heads is not None and int(heads) % int(groups):
             out.append(Finding(
@@ -156,6 +203,8 @@ def rule_layers(s: RunShape) -> list[Finding]:
     if layers is None:
         return out
     layers = int(layers)
+    if s.get("decoder_first_pipeline_num_layers") is not None or s.get("decoder_last_pipeline_num_layers") is not None:
+        return out  # an uneven split: preflight_moe.rule_uneven_pipeline checks it (arguments.py:558)
     if layers % s.pp:
         out.append(Finding(
             "error", "layers-pp",
@@ -310,8 +359,9 @@ def rule_ddp_bucket_size(s: RunShape) -> list[Finding]:
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
         return [Finding(
             "error", "ddp-bucket-size", f"ddp_bucket_size {size!r} is not a positive integer",
-            "the bucket size counts parameters; a bool passes as an int and silently disables "
-            "bucketing (NVIDIA recsys-examples PR 374)",
+            "the bucket size counts parameters; megatron-core does not check it (distributed_data_parallel.py:64: "
+            "a negative size silently gives one bucket per parameter) and a bool passes as an int and silently "
+            "disables bucketing (NVIDIA recsys-examples PR 374)",
             "give a positive number of parameters, e.g. 40000000",
         )]
     if not s.get("overlap_grad_reduce", False):
@@ -322,10 +372,3 @@ def rule_ddp_bucket_size(s: RunShape) -> list[Finding]:
         )]
     return []
 
-
-RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
-    rule_nodes, rule_world_size, rule_batch, rule_heads, rule_layers, rule_experts, rule_sequence,
-    rule_tp_comm_overlap, rule_overlap_param_gather, rule_ddp_bucket_size,
-    rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides,
-)
-"""Every rule, in report order."""

@@ -2,13 +2,13 @@
 
 Each rule is ``RunShape -> list[Finding]``. The CUDA rule restates Megatron-LM's checks of
 ``megatron/training/arguments.py`` (``validate_args``) as facts; the NCCL rules call
-``lagom_megatron.nccl.env_check``. ``RULES`` in ``lagom_megatron.launch.doctor_rules`` lists them
+``lagom_megatron.nccl.env_check``. ``RULES`` in ``lagom_megatron.training.preflight_rules`` lists them
 after the layout and overlap rules.
 """
 
 from __future__ import annotations
 
-from lagom_megatron.launch.doctor_types import Finding, RunShape
+from lagom_megatron.training.preflight_types import Finding, RunShape
 from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
 
 BLACKWELL_SM_ARCH = 100
