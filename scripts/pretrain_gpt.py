@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         return 2
 
     def hint(message: str) -> str:
-        if "WORLD_SIZE" not in os.environ and message.startswith("world size 1 is not divisible"):
+        if "WORLD_SIZE" not in os.environ and message.startswith("pretrain_gpt.py: error: world size 1 is not divisible"):
             return message + _launch_hint(args)
         return message
 

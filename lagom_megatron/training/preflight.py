@@ -212,8 +212,8 @@ def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | No
                        log: Callable[[str], None] | None = None) -> int:
     """``scripts/pretrain_gpt.py``'s pre-flight: :func:`check_run` on this machine, before any process group.
 
-    Prints each error once (rank 0; other ranks stay silent and exit with the same code) as
-    ``pretrain_gpt.py: error: <what>``, and the warnings with ``--lagom``. On success rank 0 takes
+    Prints the first error once (rank 0; other ranks stay silent and exit with the same code) as
+    one line ``pretrain_gpt.py: error: <what>``, and the warnings with ``--lagom``. On success rank 0 takes
     the advisory lock of ``--lagom-plan`` (``preflight_files.hold_plan_lock``) for the process's life.
 
     Returns:
@@ -236,9 +236,9 @@ def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | No
         say(f"pretrain_gpt.py: error: {exc}")
         return 2
     bad = [f for f in findings if f.level == "error"]
-    for f in bad:
-        say(f"pretrain_gpt.py: error: {f.what}")
-    if bad:
+    if bad:  # one line: the first error; lagom doctor prints all of them with why and fix
+        more = f" (and {len(bad) - 1} more error(s): lagom doctor lists them)" if len(bad) > 1 else ""
+        say(f"pretrain_gpt.py: error: {bad[0].what}{more}")
         return 2
     if getattr(args, "lagom", False):
         for f in findings:
