@@ -358,7 +358,8 @@ def rule_ddp_bucket_size(s: RunShape) -> list[Finding]:
         return []
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
         return [Finding(
-            "error", "ddp-bucket-size", f"ddp_bucket_size {size!r} is not a positive integer",
+            "error", "ddp-bucket-size",
+            f"--ddp-bucket-size {size!r} is not a positive integer; allowed: a number of parameters >= 1",
             "the bucket size counts parameters; megatron-core does not check it (distributed_data_parallel.py:64: "
             "a negative size silently gives one bucket per parameter) and a bool passes as an int and silently "
             "disables bucketing (NVIDIA recsys-examples PR 374)",

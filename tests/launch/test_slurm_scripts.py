@@ -48,6 +48,12 @@ def fake(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "NCCL_", "CUDA_DEVICE_MAX", "MASTER_", "WORLD_SIZE"))}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", FAKE_LOG=str(log), LAGOM_PYTHON=PY, LAGOM_ROOT=str(ROOT))
+    # The fake allocation's node has Transformer Engine, as a GPU node would: the doctor checks the
+    # machine it runs on (training.preflight), and the context-parallel presets need TE there.
+    te = tmp_path / "site" / "transformer_engine"
+    te.mkdir(parents=True)
+    (te / "__init__.py").write_text("")
+    env["PYTHONPATH"] = str(tmp_path / "site") + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
 
     def run(script, *args, slurm=True, extra_env=None):
         e = dict(env)
