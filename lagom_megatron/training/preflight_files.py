@@ -79,8 +79,11 @@ def rule_output_folders(s: RunShape) -> list[Finding]:
     """Each output folder exists or can be created, and is writable; an existing plan is readable."""
     if not s.local:
         return []
-    out = []
+    out, seen = [], set()
     for flag, value, folder in output_paths(s.args):
+        if folder in seen:  # one line per folder (the report defaults to the plan's folder)
+            continue
+        seen.add(folder)
         problem = folder_problem(folder)
         if problem:
             out.append(Finding(
