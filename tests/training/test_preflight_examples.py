@@ -283,3 +283,23 @@ def test_15_p2p_overlap_without_virtual_pipeline(monkeypatch, capsys):
     assert (t.code, t.errors, t.started) == (2, [f"pretrain_gpt.py: error: {line}"], False)
     d = doctor(argv, monkeypatch, capsys)
     assert d.code == 1 and d.errors == [line]
+
+
+def test_torchrun_refused_input_starts_no_rank():
+    """End to end, under torchrun: a refused input prints its line once and no rank reaches the
+    process group (the loop's first line, ``pretrain_gpt: preset=...``, never appears)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.training.preflight_harness import CLEAN, ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "scripts/pretrain_gpt.py", *CPU, "--ddp-bucket-size", "-5"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert [line for line in out.splitlines() if "pretrain_gpt.py: error:" in line] == [
+        "pretrain_gpt.py: error: --ddp-bucket-size -5 is not a positive integer; allowed: a number of parameters >= 1"]
+    assert "pretrain_gpt: preset=" not in out and "iteration" not in out
