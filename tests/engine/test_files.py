@@ -1,5 +1,6 @@
 """engine/files.py: atomic writes report errors on the file the caller named."""
 
+
 def test_write_errors_name_the_target_not_the_temporary_file(tmp_path):
     """A folder that cannot be created, or a write that fails, is reported on the file asked for."""
     import pytest
