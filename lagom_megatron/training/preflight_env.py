@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from lagom_megatron.training.preflight_types import Finding, RunShape
 from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
+from lagom_megatron.nccl.env_network import check_network_env
 
 BLACKWELL_SM_ARCH = 100
 """Megatron-LM asks for CUDA_DEVICE_MAX_CONNECTIONS=1 only below compute capability 10.0."""
@@ -65,11 +66,13 @@ def rule_cuda_device_max_connections(s: RunShape) -> list[Finding]:
 
 
 def rule_nccl_env(s: RunShape) -> list[Finding]:
-    """NCCL variables outside NCCL's domains (``nccl.env_check.check_nccl_env``)."""
+    """NCCL and TORCH_NCCL variables outside their grammars and domains (``nccl.env_check.check_nccl_env``:
+    algorithms, protocols, channels, threads; ``nccl.env_network.check_network_env``: network
+    selection, debugging, plugins, torch's process-group variables)."""
     if s.backend == "gloo":
         return []
-    return [Finding(i.level, "nccl-env", i.what, i.why, i.fix)
-            for i in check_nccl_env(s.environ, nccl_version=s.nccl_version)]
+    issues = check_nccl_env(s.environ, nccl_version=s.nccl_version) + check_network_env(s.environ)
+    return [Finding(i.level, "nccl-env", i.what, i.why, i.fix) for i in issues]
 
 
 def rule_nccl_overrides(s: RunShape) -> list[Finding]:

@@ -108,6 +108,8 @@ CASES = [
     ("nccl-nthreads", dict(lagom=False), {**BASE_ENV, "NCCL_NTHREADS": "480"}, H100, 16, "nccl-env", "error"),
     ("nccl-ctas-range", dict(lagom=False), {**BASE_ENV, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "4"}, H100, 16,
      "nccl-env", "error"),
+    ("nccl-debug-typo", dict(lagom=False), {**BASE_ENV, "NCCL_DEBUG": "VERBOSE"}, H100, 16, "nccl-env", "error"),
+    ("torch-nccl-bool", dict(lagom=False), {**BASE_ENV, "TORCH_NCCL_BLOCKING_WAIT": "on"}, H100, 16, "nccl-env", "error"),
     ("nccl-buffsize", dict(lagom=False), {**BASE_ENV, "NCCL_BUFFSIZE": "1000000"}, H100, 16, "nccl-env", "error"),
     ("nccl-override-ctas", {}, {**BASE_ENV, "NCCL_MIN_CTAS": "2", "NCCL_MAX_CTAS": "16"}, H100, 16,
      "nccl-override", "warning"),
