@@ -132,10 +132,13 @@ def _in_use(plan: str, holder: str) -> str:
 
 
 def rule_plan_lock(s: RunShape) -> list[Finding]:
-    """No other run holds the plan's lock (probed and released at once)."""
+    """No other run holds the plan's lock (probed and released at once; on rank 0 only, which then
+    takes it with :func:`hold_plan_lock`)."""
     plan = s.args.get("lagom_plan") if s.args.get("lagom") else None
     if not s.local or not plan or str(Path(plan).resolve()) in _HELD:
         return []
+    if s.environ.get("RANK", "0") != "0":
+        return []  # rank 0 probes and then holds the lock; another rank's probe would race with it
     lock = _lock_path(plan)
     if not lock.parent.is_dir():
         return []

@@ -303,3 +303,19 @@ def test_torchrun_refused_input_starts_no_rank():
     assert [line for line in out.splitlines() if "pretrain_gpt.py: error:" in line] == [
         "pretrain_gpt.py: error: --ddp-bucket-size -5 is not a positive integer; allowed: a number of parameters >= 1"]
     assert "pretrain_gpt: preset=" not in out and "iteration" not in out
+
+
+def test_only_rank_0_probes_the_plan_lock(tmp_path):
+    """The other ranks of the job that holds the lock must not see it as another run's."""
+    from lagom_megatron.training.preflight import resolve
+    from lagom_megatron.training.preflight_files import rule_plan_lock
+
+    plan = tmp_path / "plan.json"
+    other = hold_lock_elsewhere(plan)
+    try:
+        args = {"lagom": True, "lagom_plan": str(plan)}
+        assert [f.rule for f in rule_plan_lock(resolve(args, {"RANK": "0"}, "cpu-gloo", local=True))] == ["plan-lock"]
+        assert rule_plan_lock(resolve(args, {"RANK": "1"}, "cpu-gloo", local=True)) == []
+    finally:
+        other.kill()
+        other.wait()
