@@ -7,7 +7,8 @@ target cluster (the local machine by default, detected as training detects it:
 with exit code 2 and one line per error naming the flag or variable, the bad value and what is
 allowed. The rules are in ``preflight_rules`` (layout and overlap flags: Megatron-LM's
 ``validate_args`` and megatron-core's config ``__post_init__``), ``preflight_moe`` (experts and
-uneven pipelines), ``preflight_env`` (CUDA and NCCL variables), ``comm_config`` (the
+uneven pipelines), ``preflight_values`` (optimizer, seed, split and other value domains), ``preflight_env`` (CUDA
+and NCCL variables), ``comm_config`` (the
 ``--nccl-communicator-config-path`` YAML) and ``preflight_files`` (output folders, the plan lock,
 the rendezvous port); ``docs/training.md`` tables every check with its source and its test.
 """
@@ -28,9 +29,10 @@ from lagom_megatron.training.preflight_rules import (
     rule_positive, rule_sequence, rule_tp_comm_overlap, rule_world_size,
 )
 from lagom_megatron.training.preflight_types import Finding, RunShape
+from lagom_megatron.training.preflight_values import rule_values
 
 RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
-    rule_nodes, rule_world_size, rule_batch, rule_heads, rule_layers, rule_uneven_pipeline, rule_experts,
+    rule_nodes, rule_values, rule_world_size, rule_batch, rule_heads, rule_layers, rule_uneven_pipeline, rule_experts,
     rule_moe_overlap, rule_p2p_overlap, rule_sequence, rule_tp_comm_overlap, rule_overlap_param_gather,
     rule_ddp_bucket_size, rule_comm_config, rule_output_folders, rule_plan_lock, rule_master_port,
     rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides,

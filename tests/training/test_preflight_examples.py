@@ -319,3 +319,23 @@ def test_only_rank_0_probes_the_plan_lock(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.parametrize("extra, line", [
+    (["--adam-beta2", "1.0"], "--adam-beta2 1.0 is out of range; allowed: [0, 1)"),
+    (["--adam-eps=-1e-8"], "--adam-eps -1e-08 is out of range; allowed: >= 0"),
+    (["--weight-decay", "-0.1"], "--weight-decay -0.1 is out of range; allowed: >= 0"),
+    (["--clip-grad", "-1"], "--clip-grad -1.0 is out of range; allowed: >= 0"),
+    (["--seed", "-1"], "--seed -1 is out of range; allowed: 0..4294967295"),
+    (["--split", "0,1,0"], "--split '0,1,0' is out of range; allowed: up to three weights >= 0"),
+    (["--split", "90,5,4,1"], "--split '90,5,4,1' is out of range"),
+    (["--ffn-hidden-size", "0"], "--ffn-hidden-size 0 is out of range; allowed: an integer >= 1"),
+    (["--distributed-timeout-minutes", "0"], "--distributed-timeout-minutes 0 is out of range"),
+])
+def test_value_domains_checked_after_process_groups_are_refused_before(monkeypatch, capsys, extra, line):
+    """Values torch's Adam, numpy's seed or megatron-core's split parser would refuse mid-setup."""
+    t = train([*CPU, *extra], monkeypatch, capsys)
+    assert (t.code, t.started) == (2, False)
+    assert len(t.errors) == 1 and t.errors[0].startswith(f"pretrain_gpt.py: error: {line}")
+    d = doctor([*CPU, *extra], monkeypatch, capsys)
+    assert d.code == 1 and d.errors[0].startswith(line)
