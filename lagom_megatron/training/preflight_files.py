@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -214,6 +215,9 @@ def rule_master_port(s: RunShape) -> list[Finding]:
                         "export MASTER_PORT=<a free port>, e.g. 29500")]
     if s.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or s.environ.get("RANK", "0") != "0":
         return []  # torchrun's agent already bound it, or this process is not the one that binds
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return []  # a hook called after init (a Megatron-LM checkout): the store bound it itself
     addr = s.environ.get("MASTER_ADDR", "127.0.0.1")
     if not _is_local_address(addr):
         return []
