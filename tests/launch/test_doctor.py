@@ -266,7 +266,7 @@ def test_command_line_validate_args_and_data_warning(capsys):
     (["--world-size", "-4"], "error: [world-size] world size -4 is not a positive integer"),
     (["--gpus-per-node", "0"], "error: [gpus-per-node] GPUs per node 0 is not a positive integer"),
     (["--gpus-per-node", "3"], "error: [gpus-per-node] world size 64 is not a multiple of the 3 GPUs per node"),
-    (["--gpus-per-node", "3"], "error: [tp-node] tensor_model_parallel_size 2 does not tile the 3 GPUs of a node"),
+    (["--gpus-per-node", "3"], "error: [tp-node] --tensor-model-parallel-size 2 does not tile the 3 GPUs of a node"),
 ])
 def test_command_rejects_bad_node_shapes(capsys, option, what):
     assert main(["doctor", "--cluster", "h100-sxm-ib400", "--preset", "gpt3-13b-h100x64", *option]) == 1
@@ -321,4 +321,4 @@ def test_pretrain_gpt_with_lagom_stops_on_doctor_errors():
                            "--tp-comm-overlap"], capture_output=True, text=True, env=env, timeout=120)
     # the shared pre-flight (training.preflight) refuses bad input with exit code 2, one line on stderr
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.splitlines() == ["pretrain_gpt.py: error: tp_comm_overlap is set on a CPU (gloo) cluster"]
+    assert proc.stderr.splitlines() == ["pretrain_gpt.py: error: --tp-comm-overlap is set on a CPU (gloo) cluster; it needs CUDA"]
