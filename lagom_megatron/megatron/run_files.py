@@ -80,6 +80,10 @@ class RunFiles:
         report_path: ``--lagom-report``; None = ``<run dir>/report.md``.
         preset_name: names the run directory when ``plan_path`` is None.
         rank: this process's rank (only rank 0 writes shared files).
+
+    Attributes:
+        keep_user_file: set when a plan that could not be reused could not be moved aside either;
+            ``save_plan`` then writes nothing over it.
     """
 
     def __init__(self, *, plan_path: str | None = None, report_path: str | None = None,

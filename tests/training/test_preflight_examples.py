@@ -339,3 +339,26 @@ def test_value_domains_checked_after_process_groups_are_refused_before(monkeypat
     assert len(t.errors) == 1 and t.errors[0].startswith(f"pretrain_gpt.py: error: {line}")
     d = doctor([*CPU, *extra], monkeypatch, capsys)
     assert d.code == 1 and d.errors[0].startswith(line)
+
+
+def test_5_a_plan_that_cannot_be_moved_aside_is_never_overwritten(tmp_path, capsys, monkeypatch):
+    import os
+
+    from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.engine.plan import Plan
+    from lagom_megatron.megatron.run_files import RunFiles
+
+    path = tmp_path / "plan.json"
+    original = _plan_file(path, truncate=True)
+
+    def refuse(src, dst):
+        raise PermissionError(1, "Operation not permitted", str(src))
+
+    monkeypatch.setattr(os, "replace", refuse)
+    files = RunFiles(plan_path=str(path))
+    assert files.saved_plan({"cluster": "cpu-gloo"}, ClusterSpec.load("cpu-gloo")) is None
+    files.save_plan(Plan(entries={}, backend="gloo", mechanism="gloo"))
+    assert path.read_bytes() == original
+    out = capsys.readouterr().out
+    assert "left in place; searching a new one" in out
+    assert f"lagom: WARNING: plan not saved: {path} could not be reused nor moved aside" in out
