@@ -5,7 +5,7 @@
 Takes Megatron-LM's flags (``--tensor-model-parallel-size``, ``--overlap-grad-reduce``, ...) plus
 ``--preset NAME|PATH`` and the ``--lagom*`` flags; see docs/training.md. Bad input is reported
 once (by rank 0; the other ranks exit with the same code silently) with exit code 2, before any
-process group is created.
+process group is created, by ``lagom_megatron.training.preflight`` (the checks ``lagom doctor`` runs).
 """
 
 import contextlib
@@ -13,8 +13,9 @@ import io
 import os
 import sys
 
-from lagom_megatron.training.argument_checks import check_installed, validate_args
+from lagom_megatron.training.argument_checks import validate_args
 from lagom_megatron.training.arguments import parse_args
+from lagom_megatron.training.preflight import pretrain_preflight
 
 
 def _single_process_env() -> None:
@@ -49,20 +50,22 @@ def main(argv=None) -> int:
         else:  # the same check, silent: one copy of the usage error, not one per rank
             with contextlib.redirect_stdout(io.StringIO()):  # --help, printed by rank 0 only
                 args = parse_args(argv, exit_on_error=False)
-        args = validate_args(args, int(os.environ.get("WORLD_SIZE", "1")))
-        check_installed(args)
     except (ValueError, FileNotFoundError) as exc:
         if rank0:  # one copy of the error, not one per rank
-            message = str(exc)
-            if "WORLD_SIZE" not in os.environ and message.startswith("world size 1 is not divisible"):
-                message += _launch_hint(args)
-            print(f"pretrain_gpt.py: error: {message}", file=sys.stderr, flush=True)
+            print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
         return 2
-    _single_process_env()
-    if args.lagom:  # lagom doctor before any process group exists; exits 1 on errors
-        from lagom_megatron.launch.doctor import preflight_pretrain
 
-        preflight_pretrain(args)
+    def hint(message: str) -> str:
+        if "WORLD_SIZE" not in os.environ and message.startswith("pretrain_gpt.py: error: world size 1 is not divisible"):
+            return message + _launch_hint(args)
+        return message
+
+    # the pre-flight lagom doctor shares: every check before any process group exists
+    code = pretrain_preflight(args, log=lambda line: print(hint(line), file=sys.stderr, flush=True))
+    if code:
+        return code
+    args = validate_args(args, int(os.environ.get("WORLD_SIZE", "1")))  # fills Megatron-LM's derived defaults
+    _single_process_env()
     from lagom_megatron.training.loop import pretrain
 
     pretrain(args)

@@ -5,10 +5,12 @@
     lagom doctor --preset llama3-8b-h100x8 -- --context-parallel-size 4   # preset + overrides
 
 Exit code 0 when there is no error (warnings are printed), 1 when there is at least one error,
-2 on bad input (unknown preset or cluster). The rules are in ``lagom_megatron.launch.doctor``. The line
-after ``--`` (with the preset) is parsed by ``scripts/pretrain_gpt.py``'s own parser and
-``validate_args``, so an unknown flag or an invalid choice is an error; ``--megatron-lm`` checks a
-Megatron-LM checkout's line for the layout only.
+2 on bad input (unknown preset or cluster). The checks are ``lagom_megatron.training.preflight``,
+the same that ``scripts/pretrain_gpt.py`` runs before any rank starts: without ``--cluster`` the
+doctor checks this machine as training would (folders, plan lock, port, installed libraries);
+with ``--cluster`` it checks the layout and environment for that cluster. The line after ``--``
+(with the preset) is parsed by ``scripts/pretrain_gpt.py``'s own parser, so an unknown flag or an
+invalid choice is an error; ``--megatron-lm`` checks a Megatron-LM checkout's line for the layout only.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import os
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the doctor's options; everything after ``--`` is a ``pretrain_gpt.py`` command line."""
     parser.add_argument("--preset", help="preset name (configs/presets/) or path")
-    parser.add_argument("--cluster", help="cluster name (configs/clusters/) or path; default: the preset's")
+    parser.add_argument("--cluster", help="target cluster name (configs/clusters/) or path; default: this machine, "
+                                          "detected as training does ($LAGOM_CLUSTER, cpu-gloo without CUDA, "
+                                          "the preset's cluster, the local GPU)")
     parser.add_argument("--world-size", type=int, help="ranks in the job; default: the preset's or $WORLD_SIZE")
     parser.add_argument("--gpus-per-node", type=int, help="default: the cluster's or $LOCAL_WORLD_SIZE")
     parser.add_argument("--megatron-lm", action="store_true",
@@ -45,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: neither ``--preset`` nor a command line, or an unknown preset / cluster.
     """
-    from lagom_megatron.launch.doctor import check_command_line, errors, run_doctor
+    from lagom_megatron.launch.doctor import check_command_line, detect_cluster, errors, run_doctor
+    from lagom_megatron.training.preflight import load_cluster
     from lagom_megatron.launch.megatron_args import argv_to_args
 
     argv = list(args.argv)
@@ -57,8 +62,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give --preset NAME and/or a pretrain_gpt.py command line after --")
     parsed = argv_to_args(argv)
     preset = parsed.pop("_preset", None)
-    target: object = parsed
-    cluster = args.cluster
     world_size = args.world_size
     gpus_per_node = args.gpus_per_node
     environ = dict(os.environ)
@@ -67,24 +70,21 @@ def run(args: argparse.Namespace) -> int:
         preset_env = dict(preset.env)
         if not args.no_preset_env:
             environ.update(preset.env)
-        cluster = cluster or preset.cluster
         if world_size is None:
             world_size = preset.world_size
         if gpus_per_node is None and preset.slurm is not None:
             gpus_per_node = preset.slurm.gpus_per_node
-    line = [] if args.megatron_lm else check_command_line(argv, world_size)
-    parse_errors = [f for f in line if f.rule == "command-line"]
-    try:
-        findings = run_doctor(target, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
-                              preset_env=preset_env)
-    except (TypeError, ValueError):
-        if not parse_errors:
-            raise
-        findings = []  # a value the parser refused (e.g. --num-layers x): its error is reported
-    if not args.megatron_lm:
-        # validate_args restates most layout rules: its complaint is kept only when they found nothing
-        validate = [f for f in line if f.rule == "pretrain-args" and not errors(findings)]
-        findings = parse_errors + validate + [f for f in line if f.level == "warning"] + findings
+    local = not args.cluster  # no --cluster: this machine, detected as training detects it
+    if local:
+        cluster = detect_cluster(preset.name if preset is not None else None, environ)
+    else:
+        cluster = load_cluster(args.cluster, "--cluster")
+    if args.megatron_lm:
+        findings = run_doctor(parsed, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
+                              preset_env=preset_env, local=local)
+    else:
+        findings = check_command_line(argv, world_size, environ, cluster, gpus_per_node=gpus_per_node,
+                                      preset_env=preset_env, local=local)
     n_err = len(errors(findings))
     if args.json:
         print(json.dumps([{"level": f.level, "rule": f.rule, "what": f.what, "why": f.why, "fix": f.fix}

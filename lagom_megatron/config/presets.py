@@ -30,7 +30,9 @@ CONFIGS_DIR = Path(os.environ.get("LAGOM_CONFIGS", Path(__file__).resolve().pare
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: a YAML value must have the field's type (a quoted "false" is a string, not a boolean;
+    # "4" is not an integer); only an integer may stand for a float
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 class ModelSpec(_Section):
@@ -235,7 +237,25 @@ def _validate(cls: type[BaseModel], data: dict[str, Any], path: Path) -> Any:
             close = difflib.get_close_matches(str(err["loc"][-1]), valid, n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(valid)}"
             raise ValueError(f"{path}: unknown key {loc!r}{hint}") from None
-        raise ValueError(f"{path}: {loc}: {err['msg']} (got {err.get('input')!r})") from None
+        raise ValueError(f"{_where(path, err['loc'])}: {loc}: {err['msg']} (got {err.get('input')!r})") from None
+
+
+def _where(path: Path, loc: tuple) -> str:
+    """``file:line:col`` of the YAML value at ``loc`` (PyYAML node marks), or the file alone."""
+    try:
+        node = yaml.compose(path.read_text(), Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, OSError):
+        return str(path)
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if k.value == str(part)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            break
+        if node is None:
+            return str(path)
+    return f"{path}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
 
 
 def _valid_keys(cls: type[BaseModel], loc: tuple) -> list[str]:

@@ -40,7 +40,8 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
 
     Raises:
         IsADirectoryError: ``path`` is an existing folder (nothing is written).
-        OSError: the folder cannot be created or written; the temporary file is removed.
+        OSError: the folder cannot be created or written (the same type and errno, naming ``path``,
+            never the temporary file, which is removed).
     """
     path = Path(os.path.realpath(path))  # a symlink keeps pointing where it did: write its target
     if path.is_dir():
@@ -49,13 +50,18 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
         # a device or named pipe (/dev/stdout, /dev/null, mkfifo): write into it, never replace it
         write(str(path))
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # name the file the user asked for, not a temporary one
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
     os.close(fd)
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -38,6 +38,7 @@ from typing import Mapping, Sequence
 
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.launch.megatron_args import preset_to_argv
+from lagom_megatron.launch.slurm_inputs import check_allocation
 from lagom_megatron.nccl.plugin_launch import launch_env
 from lagom_megatron.config.presets import Preset, load_preset
 
@@ -121,7 +122,8 @@ def shell_lines(preset: Preset, *, layout: str, root: str, plan: str | None = No
 
     Raises:
         ValueError: no slurm section; the world size differs from nodes x GPUs per node; or,
-            inside an allocation, SLURM_JOB_NUM_NODES differs from the preset's nodes.
+            inside an allocation, SLURM_JOB_NUM_NODES, SLURM_JOB_NODELIST or SLURM_TASKS_PER_NODE
+            differ from what the preset and layout need (``slurm_inputs.check_allocation``).
     """
     environ = os.environ if environ is None else environ
     slurm = _slurm(preset)
@@ -134,6 +136,8 @@ def shell_lines(preset: Preset, *, layout: str, root: str, plan: str | None = No
         raise ValueError(
             f"the allocation has {allocated} nodes but preset {preset.name!r} needs {slurm.nodes}; "
             f"submit with --nodes={slurm.nodes}")
+    check_allocation(environ, nodes=slurm.nodes, name=preset.name,
+                     tasks_per_node=1 if layout == "per-node" else slurm.gpus_per_node)
     q = shlex.quote
     exports = {**preset.env, "LAGOM_CLUSTER": preset.env.get("LAGOM_CLUSTER", preset.cluster)}
     cluster = ClusterSpec.load(exports["LAGOM_CLUSTER"])

@@ -172,7 +172,7 @@ class LagomController:
         from lagom_megatron.megatron import consensus
 
         try:
-            plan = self.files.saved_plan(self.fingerprint)
+            plan = self.files.saved_plan(self.fingerprint, getattr(self, "cluster", None))
         except consensus.PlanDisagreement as exc:
             say(f"lagom: ERROR: {exc}")
             self.mode = "aborted"

@@ -29,6 +29,49 @@ def say(msg: str) -> None:
         sys.stdout.flush()
 
 
+def _file_sha(path: Path) -> str:
+    """First 12 hex digits of the SHA-256 of a file's bytes ("unreadable" when it cannot be read)."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    except OSError:
+        return "unreadable"
+
+
+def plan_problem(plan: Any, cluster: Any) -> str | None:
+    """Why ``lagom plan validate`` would reject ``plan`` for ``cluster``, or None when it accepts it.
+
+    The same rules as ``lagom plan validate`` (``cli/plan.py``): a gloo plan is only for a gloo
+    cluster; every entry's config passes ``rules_for(cluster.backend, cluster, plan.mechanism)
+    .validate`` (NCCL's documented domains, or gloo's); the env passes
+    ``nccl.env_vars.validate_env`` (NCCL_ALGO / NCCL_PROTO grammar and tokens, thread and
+    buffer sizes).
+
+    Returns:
+        One line naming the entry or variable, its value and what is allowed; None when valid.
+    """
+    from lagom_megatron.megatron.backends import rules_for
+    from lagom_megatron.nccl.env_vars import validate_env
+
+    if plan.backend == "gloo" and cluster.backend != "gloo":
+        return f"a gloo plan cannot be used on NCCL cluster {cluster.name!r}"
+    try:
+        rules = rules_for(cluster.backend, cluster, plan.mechanism)
+    except ValueError as exc:
+        return str(exc)
+    for site_id, e in plan.entries.items():
+        try:
+            rules.validate(e.config, op=e.op, n_nodes=e.n_nodes, group_size=e.group_size or None)
+        except ValueError as exc:
+            return f"entry {site_id!r}: {exc}"
+    try:
+        validate_env(plan.env)
+    except ValueError as exc:
+        return f"env: {exc}"
+    return None
+
+
 class RunFiles:
     """Paths of one run's files (module docstring) and reading / writing them.
 
@@ -37,6 +80,10 @@ class RunFiles:
         report_path: ``--lagom-report``; None = ``<run dir>/report.md``.
         preset_name: names the run directory when ``plan_path`` is None.
         rank: this process's rank (only rank 0 writes shared files).
+
+    Attributes:
+        keep_user_file: set when a plan that could not be reused could not be moved aside either;
+            ``save_plan`` then writes nothing over it.
     """
 
     def __init__(self, *, plan_path: str | None = None, report_path: str | None = None,
@@ -46,13 +93,18 @@ class RunFiles:
         self.profile_path = self.run_dir / "profile.json"
         self.report_path = Path(report_path) if report_path else self.run_dir / "report.md"
         self.rank = rank
+        self.keep_user_file = False
 
-    def saved_plan(self, fingerprint: dict[str, Any]) -> Any:
+    def saved_plan(self, fingerprint: dict[str, Any], cluster: Any = None) -> Any:
         """The plan saved at ``plan_path`` if this run can reuse it, the same on every rank. Collective.
 
-        Returns None, after a warning line, when there is no plan, it cannot be read, or its
-        fingerprint differs from ``fingerprint`` (then rank 0 moves it aside as
-        ``plan.<digest>.json``: another run's plan is never lost).
+        Returns None, after one warning line, when there is no plan or it cannot be reused; then
+        rank 0 moves the file aside, never overwriting or deleting it, and the line names where:
+
+        - it cannot be read, is not valid JSON or not a valid plan: ``plan.corrupt-<sha>.json``;
+        - an entry or its env breaks the rules ``lagom plan validate`` applies (:func:`plan_problem`
+          with ``cluster``): ``plan.invalid-<digest>.json``;
+        - its fingerprint differs from ``fingerprint`` (another run's plan): ``plan.<digest>.json``.
 
         Raises:
             consensus.PlanDisagreement: the ranks' copies of the plan differ (digest check).
@@ -62,27 +114,43 @@ class RunFiles:
 
         if not consensus.broadcast_object(self.plan_path.is_file()):
             return None
-        try:
-            plan = Plan.load(self.plan_path) if self.rank == 0 else None
-            error = None
-        except (ValueError, FileNotFoundError) as exc:
-            plan, error = None, str(exc)
-        error = consensus.broadcast_object(error)
+        plan, error, kept = None, None, None
+        if self.rank == 0:
+            try:
+                plan = Plan.load(self.plan_path)
+            except (ValueError, OSError) as exc:
+                error, kept = str(exc), self._move_aside("corrupt-" + _file_sha(self.plan_path))
+            if plan is not None and cluster is not None:
+                problem = plan_problem(plan, cluster)
+                if problem is not None:
+                    error, kept = problem, self._move_aside("invalid-" + plan.digest()[:12])
+                    plan = None
+        error, kept = consensus.broadcast_object((error, None if kept is None else str(kept)))
         if error is not None:
-            say(f"lagom: WARNING: cannot reuse plan {self.plan_path}: {error}; searching a new one")
+            say(f"lagom: WARNING: cannot reuse plan {self.plan_path}: {error}; "
+                f"{f'kept as {kept}' if kept else 'left in place'}; searching a new one")
             return None
         diff = consensus.broadcast_object(plan.fingerprint_mismatch(fingerprint) if plan is not None else None)
         if diff:
             detail = "; ".join(f"{k}: plan {shown(plan.fingerprint, k)} vs run {shown(fingerprint, k)}"
                                for k in diff) if plan is not None else ""
-            kept = self.plan_path.with_name(f"{self.plan_path.stem}.{plan.digest()[:12]}{self.plan_path.suffix}") if plan is not None else None
-            if kept is not None:  # rank 0: never lose the other run's plan
-                os.replace(self.plan_path, kept)
+            kept = self._move_aside(plan.digest()[:12]) if plan is not None else None
             say(f"lagom: WARNING: plan {self.plan_path} fingerprint differs in {', '.join(diff)}"
                 f"{' (' + detail + ')' if detail else ''}; re-searching and saving there"
                 f"{f' (the other plan is kept as {kept})' if kept is not None else ''}")
             return None
         return consensus.agree_plan(plan if plan is not None else Plan(entries={}), from_dict=Plan.from_dict)
+
+    def _move_aside(self, tag: str) -> Path | None:
+        """Renames the plan to ``<stem>.<tag><suffix>`` beside it (rank 0); None when that fails
+        (the file then stays where it is, and the new plan is not saved over it: ``save_plan``)."""
+        kept = self.plan_path.with_name(f"{self.plan_path.stem}.{tag}{self.plan_path.suffix}")
+        try:
+            os.replace(self.plan_path, kept)
+        except OSError:
+            self.keep_user_file = True
+            return None
+        return kept
 
     def save_plan(self, plan: Any) -> None:
         """Saves the plan and, beside it, the env file of its process-scope knobs (``plan.env``),
@@ -90,6 +158,9 @@ class RunFiles:
         A knob outside NCCL's domain is logged and left out of the env file; training goes on."""
         from lagom_megatron.nccl.env_file import write_plan_env_file
 
+        if getattr(self, "keep_user_file", False):  # a plan that could not be moved aside is never overwritten
+            say(f"lagom: WARNING: plan not saved: {self.plan_path} could not be reused nor moved aside")
+            return
         plan.save(self.plan_path)
         try:
             write_plan_env_file(self.plan_path, plan.env)

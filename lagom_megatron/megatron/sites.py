@@ -321,8 +321,11 @@ class SiteRegistry:
             rec.calls += 1
 
     def sites(self) -> list[CollectiveSite]:
-        """The sites of the current iteration as engine ``CollectiveSite`` records, sorted by id."""
-        return [self.records[k].to_site() for k in sorted(self.records)]
+        """The sites of the current iteration as engine ``CollectiveSite`` records, sorted by id.
+
+        A group of one rank (e.g. DP = 1) is never a site: its collective moves no data, so there
+        is nothing to profile, tune or give a pool entry."""
+        return [self.records[k].to_site() for k in sorted(self.records) if self.records[k].group.size > 1]
 
 
 _DTYPE_NAMES: dict[Any, str] = {}

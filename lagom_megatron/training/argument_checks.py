@@ -1,9 +1,10 @@
 """Checks of ``scripts/pretrain_gpt.py``'s parsed arguments (from ``lagom_megatron.training.arguments.parse_args``).
 
-:func:`validate_args` checks everything that can be checked before a process group exists, fills
-in Megatron-LM's derived defaults and raises ``ValueError`` with one line naming the bad value and
+:func:`validate_args` checks what Megatron-LM's ``validate_args`` checks of our flags, fills in
+Megatron-LM's derived defaults and raises ``ValueError`` with one line naming the bad value and
 what is allowed. :func:`check_installed` checks that this machine has the libraries the arguments
-need. This module imports neither torch nor Megatron, so bad input fails within a fraction of a second.
+need. Both run inside ``lagom_megatron.training.preflight.check_run``, the pre-flight that
+``scripts/pretrain_gpt.py`` and ``lagom doctor`` share, after its rules. This module imports neither torch nor Megatron, so bad input fails within a fraction of a second.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
 
     Raises:
         ValueError: one line naming the bad value and what is allowed: a missing required flag,
-            world size not divisible by TP x PP x CP, heads or query groups not divisible by TP,
+            world size not divisible by TP x PP x CP, heads not divisible by TP, query groups
+            neither a multiple nor a divisor of TP,
             layers not divisible by PP or by the virtual stages, global batch not divisible by
             micro-batch x DP, no data source, a missing or unreadable --data-path, and more.
     """
@@ -113,8 +115,8 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
     if args.group_query_attention:
         groups = args.num_query_groups
         _check(groups is not None and groups >= 1, "--group-query-attention needs --num-query-groups >= 1")
-        _check(groups % tp == 0,
-               f"--num-query-groups {groups} is not divisible by --tensor-model-parallel-size {tp}")
+        _check(groups % tp == 0 or tp % groups == 0,  # megatron-core transformer_config.py:939-946
+               f"--num-query-groups {groups} is neither a multiple nor a divisor of --tensor-model-parallel-size {tp}")
         _check(heads % groups == 0,
                f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups}")
     else:

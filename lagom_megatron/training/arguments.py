@@ -15,6 +15,7 @@ bad input fails within a fraction of a second.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Sequence
 
 from lagom_megatron.engine.search import METHODS
@@ -112,6 +113,10 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--nccl-communicator-config-path", default=None,
                    help="YAML of per-process-group NCCL options (Megatron-Core's format).")
     g.add_argument("--distributed-timeout-minutes", type=int, default=10)
+    # Megatron-LM core_v0.16.1 arguments.py:2275; torch.distributed.launch passes --local-rank=N
+    # (torch >= 2.0) or --local_rank N (older); the rank is read from LOCAL_RANK either way
+    g.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int,
+                   default=int(os.getenv("LOCAL_RANK", "0")), help="Local rank passed by a distributed launcher.")
 
     g = parser.add_argument_group("training")
     g.add_argument("--micro-batch-size", type=int, default=None)

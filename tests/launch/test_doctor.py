@@ -53,7 +53,9 @@ CASES = [
     ("batch", dict(global_batch_size=30), None, H100, 16, "batch", "error"),
     ("heads-tp", dict(num_attention_heads=15, num_query_groups=None, hidden_size=480), None, H100, 16,
      "heads-tp", "error"),
-    ("query-groups-tp", dict(tensor_model_parallel_size=4, num_query_groups=2, global_batch_size=16),
+    # megatron-core 0.16.1 accepts groups that divide TP (transformer_config.py:939-946): 12 vs TP 8 does neither
+    ("query-groups-tp", dict(tensor_model_parallel_size=8, num_attention_heads=24, hidden_size=768,
+                             num_query_groups=12),
      None, H100, 16, "query-groups-tp", "error"),
     ("heads-vs-groups", dict(num_query_groups=6), None, H100, 16, "query-groups-tp", "error"),
     ("layers-pp", dict(num_layers=9), None, H100, 16, "layers-pp", "error"),
@@ -96,13 +98,18 @@ CASES = [
     ("cdmc-fsdp", dict(use_torch_fsdp2=True), None, H100, 16, "cuda-device-max-connections", "error"),
     ("cdmc-serialises-dp", dict(tensor_model_parallel_size=1, sequence_parallel=False, global_batch_size=64),
      None, H100, 16, "cuda-device-max-connections", "warning"),
-    ("cdmc-moe-overlap", dict(overlap_moe_expert_parallel_comm=True), None, H100, 16,
+    # a MoE overlap megatron-core accepts (transformer_config.py:1852-1892); alone it is an error (issue example 11)
+    ("cdmc-moe-overlap", dict(overlap_moe_expert_parallel_comm=True, num_experts=8, expert_model_parallel_size=2,
+                              moe_token_dispatcher_type="alltoall", bf16=True,
+                              num_virtual_stages_per_pipeline_rank=2), None, H100, 16,
      "cuda-device-max-connections", "warning"),
     ("nccl-algo-grammar", dict(lagom=False), {**BASE_ENV, "NCCL_ALGO": "allreduce:tree;ring"}, H100, 16, "nccl-env", "error"),
     ("nccl-proto-ll128", dict(lagom=False), {**BASE_ENV, "NCCL_PROTO": "LL,LL128,Simple"}, H100, 16, "nccl-env", "error"),
     ("nccl-nthreads", dict(lagom=False), {**BASE_ENV, "NCCL_NTHREADS": "480"}, H100, 16, "nccl-env", "error"),
     ("nccl-ctas-range", dict(lagom=False), {**BASE_ENV, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "4"}, H100, 16,
      "nccl-env", "error"),
+    ("nccl-debug-typo", dict(lagom=False), {**BASE_ENV, "NCCL_DEBUG": "VERBOSE"}, H100, 16, "nccl-env", "error"),
+    ("torch-nccl-bool", dict(lagom=False), {**BASE_ENV, "TORCH_NCCL_BLOCKING_WAIT": "on"}, H100, 16, "nccl-env", "error"),
     ("nccl-buffsize", dict(lagom=False), {**BASE_ENV, "NCCL_BUFFSIZE": "1000000"}, H100, 16, "nccl-env", "error"),
     ("nccl-override-ctas", {}, {**BASE_ENV, "NCCL_MIN_CTAS": "2", "NCCL_MAX_CTAS": "16"}, H100, 16,
      "nccl-override", "warning"),
@@ -122,15 +129,16 @@ def test_rule_triggers(case):
 def test_every_rule_has_a_case():
     rule_ids = {c[5] for c in CASES}
     assert len(rule_ids) >= 14
-    assert len(RULES) == 13  # a new rule needs a case in CASES
+    assert len(RULES) == 21  # a new rule needs a case here or in tests/training/test_preflight_examples.py
 
 
 def test_query_groups_ignored_without_group_query_attention():
     """Megatron-LM's parse_args leaves num_query_groups at 1 unless --group-query-attention is given."""
     args = base_args(num_query_groups=1, group_query_attention=False)
     assert findings_of(args) == []
-    assert [f.rule for f in findings_of(base_args(num_query_groups=1, group_query_attention=True))] == [
-        "query-groups-tp"]
+    assert findings_of(base_args(num_query_groups=1, group_query_attention=True)) == []  # 1 divides TP 2
+    assert {f.rule for f in findings_of(base_args(num_query_groups=3, group_query_attention=True))} == {
+        "query-groups-tp"}
 
 
 def test_cdmc_not_required_on_blackwell():
@@ -147,9 +155,9 @@ def test_cdmc_error_names_values():
 
 def test_cdmc_fix_names_the_preset_env_only_when_it_sets_it(capsys, monkeypatch):
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
-    assert main(["doctor", "--no-preset-env", "--preset", "gpt3-13b-h100x64"]) == 1
+    assert main(["doctor", "--no-preset-env", "--cluster", "h100-sxm-ib400", "--preset", "gpt3-13b-h100x64"]) == 1
     assert "    fix: export CUDA_DEVICE_MAX_CONNECTIONS=1 (the preset's env does this)" in capsys.readouterr().out
-    assert main(["doctor", "--no-preset-env", "--preset", "mixtral-8x7b-h100x32",
+    assert main(["doctor", "--no-preset-env", "--cluster", "h100-sxm-ib400", "--preset", "mixtral-8x7b-h100x32",
                  "--", "--tensor-model-parallel-size", "2"]) == 1
     out = capsys.readouterr().out
     assert "CUDA_DEVICE_MAX_CONNECTIONS is unset with TP 2" in out
@@ -258,10 +266,10 @@ def test_command_line_validate_args_and_data_warning(capsys):
     (["--world-size", "-4"], "error: [world-size] world size -4 is not a positive integer"),
     (["--gpus-per-node", "0"], "error: [gpus-per-node] GPUs per node 0 is not a positive integer"),
     (["--gpus-per-node", "3"], "error: [gpus-per-node] world size 64 is not a multiple of the 3 GPUs per node"),
-    (["--gpus-per-node", "3"], "error: [tp-node] tensor_model_parallel_size 2 does not tile the 3 GPUs of a node"),
+    (["--gpus-per-node", "3"], "error: [tp-node] --tensor-model-parallel-size 2 does not tile the 3 GPUs of a node"),
 ])
 def test_command_rejects_bad_node_shapes(capsys, option, what):
-    assert main(["doctor", "--preset", "gpt3-13b-h100x64", *option]) == 1
+    assert main(["doctor", "--cluster", "h100-sxm-ib400", "--preset", "gpt3-13b-h100x64", *option]) == 1
     out = capsys.readouterr().out
     assert what in out.splitlines()
     assert "fix: " in out
@@ -269,7 +277,7 @@ def test_command_rejects_bad_node_shapes(capsys, option, what):
 
 def test_missing_tuner_plugin_file_is_an_error(capsys, monkeypatch):
     monkeypatch.setenv("NCCL_TUNER_PLUGIN", "/nonexist.so")
-    assert main(["doctor", "--preset", "llama3-70b-h100x64"]) == 1
+    assert main(["doctor", "--cluster", "h100-sxm-ib400", "--preset", "llama3-70b-h100x64"]) == 1
     out = capsys.readouterr().out
     assert "error: [nccl-env] NCCL_TUNER_PLUGIN='/nonexist.so': the file does not exist" in out.splitlines()
     assert "not lagom's plugin" not in out and "1 error(s), 0 warning(s)" in out
@@ -311,5 +319,6 @@ def test_pretrain_gpt_with_lagom_stops_on_doctor_errors():
     env = {**os.environ, "WORLD_SIZE": "4", "RANK": "0", "LAGOM_CLUSTER": "cpu-gloo"}
     proc = subprocess.run([sys.executable, str(script), "--preset", "cpu-tp2-dp2", "--mock-data", "--lagom",
                            "--tp-comm-overlap"], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 1, proc.stderr
-    assert "[tp-comm-overlap] tp_comm_overlap is set on a CPU (gloo) cluster" in proc.stdout
+    # the shared pre-flight (training.preflight) refuses bad input with exit code 2, one line on stderr
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == ["pretrain_gpt.py: error: --tp-comm-overlap is set on a CPU (gloo) cluster; it needs CUDA"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lagom_megatron.config.presets import load_preset
 from lagom_megatron.launch.slurm import master_port, plan_env_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,11 +61,20 @@ def fake(tmp_path, plugin_dir):
     env = {k: v for k, v in env.items() if not k.startswith("LAGOM_TUNER")}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", FAKE_LOG=str(log), LAGOM_PYTHON=PY, LAGOM_ROOT=str(ROOT),
                LAGOM_TUNER_DIR=str(plugin_dir))
+    # The fake allocation's node has Transformer Engine, as a GPU node would: the doctor checks the
+    # machine it runs on (training.preflight), and the context-parallel presets need TE there.
+    te = tmp_path / "site" / "transformer_engine"
+    te.mkdir(parents=True)
+    (te / "__init__.py").write_text("")
+    env["PYTHONPATH"] = str(tmp_path / "site") + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
 
     def run(script, *args, slurm=True, extra_env=None):
         e = dict(env)
-        if slurm:
-            e.update(SLURM_JOB_ID="123456", SLURM_JOB_NODELIST="node-a[07-08]")
+        if slurm:  # an allocation of the preset's nodes, node-a07 onwards, as SLURM would set it
+            name = args[args.index("--preset") + 1] if "--preset" in args else None
+            preset = load_preset(name) if name else None
+            nodes = preset.slurm.nodes if preset is not None and preset.slurm is not None else 2
+            e.update(SLURM_JOB_ID="123456", SLURM_JOB_NODELIST=f"node-a[07-{6 + nodes:02d}]" if nodes > 1 else "node-a07")
         e.update(extra_env or {})
         return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=e, cwd=tmp_path)
 

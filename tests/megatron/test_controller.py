@@ -14,7 +14,8 @@ from lagom_megatron.megatron.controller import LagomController
 def _plan(fingerprint):
     entry = PlanEntry(config=CommConfig(n_channels=1), predicted_t_comm_us=10.0, predicted_t_region_us=12.0,
                       group="dp", op="reduce_scatter", nbytes=4096, group_size=2)
-    return Plan(entries={"dp.grad_reduce_scatter[chunk0.bucket0]": entry}, fingerprint=fingerprint, backend="gloo")
+    return Plan(entries={"dp.grad_reduce_scatter[chunk0.bucket0]": entry}, fingerprint=fingerprint, backend="gloo",
+                mechanism="gloo")  # as the search writes a gloo plan; "tuner" would fail validation
 
 
 FP = {"hidden_size": 128, "num_layers": 4, "tensor_model_parallel_size": 2, "world_size": 4, "backend": "gloo"}

@@ -70,7 +70,7 @@ def test_doctor_errors_name_the_variable(libs, capsys, monkeypatch, kind, line):
     value = {"missing": "/nonexistent/libnccl-tuner-lagom.so", "relative": "./libnccl-tuner-lagom.so",
              "foreign": str(libs["foreign"]), "none": "none"}[kind]
     monkeypatch.setenv("NCCL_TUNER_PLUGIN", value)
-    assert main(["doctor", "--preset", "llama3-70b-h100x64"]) == 1
+    assert main(["doctor", "--preset", "llama3-70b-h100x64", "--cluster", "h100-sxm-ib400"]) == 1
     out = capsys.readouterr().out
     assert line.format(foreign=libs["foreign"]) in out.splitlines()
     assert "1 error(s)" in out
@@ -79,5 +79,5 @@ def test_doctor_errors_name_the_variable(libs, capsys, monkeypatch, kind, line):
 @needs_gcc
 def test_doctor_accepts_lagoms_plugin(libs, capsys, monkeypatch):
     monkeypatch.setenv("NCCL_TUNER_PLUGIN", str(libs["lagom"]))
-    main(["doctor", "--preset", "llama3-70b-h100x64"])
+    main(["doctor", "--preset", "llama3-70b-h100x64", "--cluster", "h100-sxm-ib400"])
     assert "NCCL_TUNER_PLUGIN" not in capsys.readouterr().out

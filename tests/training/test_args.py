@@ -67,8 +67,10 @@ def test_derived_values():
     (["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"], 6,
      "world size 6 is not divisible by tensor (2) x pipeline (2) x context (1) parallel size = 4"),
     (["--tensor-model-parallel-size", "8"], 8, "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 8"),
-    (["--tensor-model-parallel-size", "2", "--num-query-groups", "1"], 2,
-     "--num-query-groups 1 is not divisible by --tensor-model-parallel-size 2"),
+    # megatron-core 0.16.1 accepts groups that are a multiple or a divisor of TP (transformer_config.py:939-946)
+    (["--tensor-model-parallel-size", "4", "--num-attention-heads", "12", "--hidden-size", "96",
+      "--num-query-groups", "6"], 4,
+     "--num-query-groups 6 is neither a multiple nor a divisor of --tensor-model-parallel-size 4"),
     (["--pipeline-model-parallel-size", "3"], 3, "--num-layers 4 is not divisible by --pipeline-model-parallel-size 3"),
     (["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "3"], 2,
      "layers per pipeline stage 2 (--num-layers 4 / --pipeline-model-parallel-size 2) is not divisible by "
@@ -142,9 +144,9 @@ def test_script_reports_bad_layout_on_one_line_before_any_process_group():
     # No torchrun, no MASTER_ADDR: had a process group been created, this would fail differently.
     proc = run_script("--preset", "cpu-tp2-dp2", "--mock-data", "--tensor-model-parallel-size", "3")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        "pretrain_gpt.py: error: world size 4 is not divisible by tensor (3) x pipeline (1) x context (1) "
-        "parallel size = 3"]
+    assert proc.stderr.strip().splitlines() == [  # the shared pre-flight's first error (the doctor's rule)
+        "pretrain_gpt.py: error: world size 4 is not divisible by TP x PP x CP = 3 x 1 x 1 = 3 "
+        "(and 2 more error(s): lagom doctor lists them)"]
 
 
 def test_script_reports_unknown_preset():
@@ -187,8 +189,8 @@ def test_script_without_torchrun_suggests_the_launch_command():
     proc = run_script("--preset", "cpu-tp2-dp2", "--mock-data", world_size=None)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "pretrain_gpt.py: error: world size 1 is not divisible by tensor (2) x pipeline (1) x context (1) "
-        "parallel size = 2; launch 4 processes with: torchrun --standalone --nproc-per-node 4 "
+        "pretrain_gpt.py: error: world size 1 is not divisible by TP x PP x CP = 2 x 1 x 1 = 2"
+        "; launch 4 processes with: torchrun --standalone --nproc-per-node 4 "
         "scripts/pretrain_gpt.py ..."]
     # No preset: TP x PP x CP processes.
     proc = run_script(*SMALL, "--pipeline-model-parallel-size", "2", world_size=None)

@@ -1,19 +1,64 @@
-"""The rules of ``lagom doctor``: one function per rule, each ``RunShape -> list[Finding]``.
+"""The layout and overlap rules of the pre-flight (``lagom doctor`` and training): each ``RunShape -> list[Finding]``.
 
 The layout and overlap rules, here, restate the checks of Megatron-LM's ``megatron/training/arguments.py``
 (``validate_args``), Megatron-Core's configs and Transformer Engine's Userbuffers as facts; the
 environment rules (CUDA_DEVICE_MAX_CONNECTIONS, NCCL variables) are in
-``lagom_megatron.launch.doctor_env_rules``, the data types in ``lagom_megatron.launch.doctor_types``.
-Which rules exist and their levels are this project's design. ``RULES`` lists them in report order;
-``lagom_megatron.launch.doctor`` runs them.
+``lagom_megatron.training.preflight_env``, the data types in ``lagom_megatron.training.preflight_types``.
+Which rules exist and their levels are this project's design. ``RULES`` in
+``lagom_megatron.training.preflight`` lists them in report order and runs them. Line numbers cite
+Megatron-LM core_v0.16.1 ``megatron/training/arguments.py`` (``arguments.py:N``) and megatron-core
+0.16.1 ``megatron/core/transformer/transformer_config.py`` (``transformer_config.py:N``).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from lagom_megatron.training.preflight_types import Finding, RunShape
 
-from lagom_megatron.launch.doctor_env_rules import rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides
-from lagom_megatron.launch.doctor_types import Finding, RunShape
+POSITIVE_INTEGERS: tuple[tuple[str, str], ...] = (
+    ("tensor_model_parallel_size", "world = TP x PP x CP x DP (arguments.py:317)"),
+    ("pipeline_model_parallel_size", "world = TP x PP x CP x DP (arguments.py:317)"),
+    ("context_parallel_size", "world = TP x PP x CP x DP (arguments.py:317)"),
+    ("expert_model_parallel_size", "experts are split over EP ranks (parallel_state.initialize_model_parallel)"),
+    ("expert_tensor_parallel_size", "expert layout ETP x EP x PP tiles the world (parallel_state)"),
+    ("micro_batch_size", "arguments.py:496 asserts micro_batch_size > 0"),
+    ("global_batch_size", "arguments.py:500 asserts global_batch_size > 0"),
+    ("num_layers", "the model needs at least one layer (transformer_config.py __post_init__)"),
+    ("hidden_size", "transformer_config.py divides by it"),
+    ("num_attention_heads", "transformer_config.py divides hidden size by it"),
+    ("num_query_groups", "transformer_config.py:940 takes it modulo TP"),
+    ("num_experts", "each expert-parallel rank holds num_experts / EP experts"),
+    ("num_layers_per_virtual_pipeline_stage", "arguments.py:547 divides layers per stage by it"),
+    ("num_virtual_stages_per_pipeline_rank", "it becomes the virtual pipeline size (arguments.py:552)"),
+    ("decoder_first_pipeline_num_layers", "transformer_config.py:1368 requires > 0"),
+    ("decoder_last_pipeline_num_layers", "transformer_config.py:1387 requires > 0"),
+    ("seq_length", "every sample has seq_length tokens"),
+    ("train_iters", "the run trains train_iters iterations"),
+    ("log_interval", "iterations are logged every log_interval (taken modulo)"),
+    ("moe_router_topk", "each token goes to moe_router_topk experts"),
+)
+"""Flags that must be positive integers when given: (argparse destination, why)."""
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def rule_positive(s: RunShape) -> list[Finding]:
+    """Every size of :data:`POSITIVE_INTEGERS` that is given is an integer >= 1 (not a bool).
+
+    Runs before the other rules, which divide by these sizes.
+    """
+    out = []
+    for dest, why in POSITIVE_INTEGERS:
+        value = s.args.get(dest)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            out.append(Finding(
+                "error", "positive", f"{_flag(dest)} must be a positive integer; got {value!r}", why,
+                f"give {_flag(dest)} an integer >= 1 (or leave it out for the default)",
+            ))
+    return out
 
 
 def rule_nodes(s: RunShape) -> list[Finding]:
@@ -46,7 +91,7 @@ def rule_nodes(s: RunShape) -> list[Finding]:
     if tp > 1 and ((tp <= gpn and gpn % tp) or (tp > gpn and tp % gpn)):
         out.append(Finding(
             "error", "tp-node",
-            f"tensor_model_parallel_size {tp} does not tile the {gpn} GPUs of a node",
+            f"--tensor-model-parallel-size {tp} does not tile the {gpn} GPUs of a node",
             "Megatron-LM puts consecutive ranks in a TP group; unless the GPUs per node are a multiple "
             "of TP, some TP groups straddle two nodes and their per-layer collectives silently go "
             "over the network instead of NVLink",
@@ -108,22 +153,24 @@ def rule_heads(s: RunShape) -> list[Finding]:
     if heads is not None and int(heads) % s.tp:
         out.append(Finding(
             "error", "heads-tp",
-            f"num_attention_heads ({heads}) is not a multiple of tensor_model_parallel_size ({s.tp})",
+            f"--num-attention-heads {heads} is not a multiple of --tensor-model-parallel-size {s.tp}",
             "each tensor-parallel rank holds whole attention heads (TransformerConfig raises)",
             "pick a TP that divides the number of heads",
         ))
     if groups is not None:
-        if int(groups) % s.tp:
+        if int(groups) % s.tp and s.tp % int(groups):
             out.append(Finding(
                 "error", "query-groups-tp",
-                f"num_query_groups ({groups}) is not a multiple of tensor_model_parallel_size ({s.tp})",
-                "each tensor-parallel rank holds whole key/value groups (Megatron-LM validate_args)",
-                "pick a TP that divides the number of query groups",
+                f"--num-query-groups {groups} is neither a multiple nor a divisor of "
+                f"--tensor-model-parallel-size {s.tp}",
+                "each tensor-parallel rank holds whole key/value groups, or a group is replicated over "
+                "TP / groups ranks (transformer_config.py:939-946)",
+                "use a number of query groups that is a multiple or a divisor of TP",
             ))
         if heads is not None and int(heads) % int(groups):
             out.append(Finding(
                 "error", "query-groups-tp",
-                f"num_attention_heads ({heads}) is not a multiple of num_query_groups ({groups})",
+                f"--num-attention-heads {heads} is not a multiple of --num-query-groups {groups}",
                 "grouped-query attention shares each key/value group among a whole number of heads",
                 "use a number of query groups that divides the number of heads",
             ))
@@ -139,8 +186,8 @@ def rule_layers(s: RunShape) -> list[Finding]:
     if per_vstage is not None and vstages is not None:
         out.append(Finding(
             "error", "virtual-stages",
-            f"both num_layers_per_virtual_pipeline_stage ({per_vstage}) and "
-            f"num_virtual_stages_per_pipeline_rank ({vstages}) are set",
+            f"both --num-layers-per-virtual-pipeline-stage {per_vstage} and "
+            f"--num-virtual-stages-per-pipeline-rank {vstages} are set; allowed: one of them",
             "Megatron-LM accepts at most one way of giving the interleaved schedule",
             "keep one of the two",
         ))
@@ -148,7 +195,7 @@ def rule_layers(s: RunShape) -> list[Finding]:
     if (per_vstage is not None or vstages is not None) and s.pp == 1:
         out.append(Finding(
             "error", "virtual-stages",
-            "virtual pipeline stages are set with pipeline_model_parallel_size 1",
+            "virtual pipeline stages are set with --pipeline-model-parallel-size 1; allowed: PP > 1",
             "the interleaved schedule needs pipeline parallelism (Megatron-LM validate_args)",
             "set pipeline_model_parallel_size > 1 or drop the virtual stages",
         ))
@@ -156,10 +203,12 @@ def rule_layers(s: RunShape) -> list[Finding]:
     if layers is None:
         return out
     layers = int(layers)
+    if s.get("decoder_first_pipeline_num_layers") is not None or s.get("decoder_last_pipeline_num_layers") is not None:
+        return out  # an uneven split: preflight_moe.rule_uneven_pipeline checks it (arguments.py:558)
     if layers % s.pp:
         out.append(Finding(
             "error", "layers-pp",
-            f"num_layers ({layers}) is not divisible by pipeline_model_parallel_size ({s.pp})",
+            f"--num-layers {layers} is not divisible by --pipeline-model-parallel-size {s.pp}",
             "each pipeline stage holds the same number of layers (Megatron-LM validate_args)",
             "pick a PP that divides the number of layers",
         ))
@@ -169,7 +218,7 @@ def rule_layers(s: RunShape) -> list[Finding]:
         out.append(Finding(
             "error", "virtual-stages",
             f"layers per pipeline rank ({layers} / {s.pp} = {per_rank}) is not divisible by "
-            f"num_layers_per_virtual_pipeline_stage ({per_vstage})",
+            f"--num-layers-per-virtual-pipeline-stage {per_vstage}",
             "each virtual stage (model chunk) holds the same number of layers",
             f"use a divisor of {per_rank} layers per virtual stage",
         ))
@@ -177,7 +226,7 @@ def rule_layers(s: RunShape) -> list[Finding]:
         out.append(Finding(
             "error", "virtual-stages",
             f"layers per pipeline rank ({layers} / {s.pp} = {per_rank}) is not divisible by "
-            f"num_virtual_stages_per_pipeline_rank ({vstages})",
+            f"--num-virtual-stages-per-pipeline-rank {vstages}",
             "each virtual stage (model chunk) holds the same number of layers",
             f"use a divisor of {per_rank} as the number of virtual stages",
         ))
@@ -190,14 +239,14 @@ def rule_experts(s: RunShape) -> list[Finding]:
     if s.ep > 1 and experts is None:
         return [Finding(
             "error", "experts-ep",
-            f"expert_model_parallel_size is {s.ep} but the model has no experts (num_experts unset)",
+            f"--expert-model-parallel-size {s.ep} needs experts (--num-experts unset)",
             "Megatron-LM requires num_experts for expert parallelism",
             "set num_experts or use expert_model_parallel_size 1",
         )]
     if experts is not None and int(experts) % s.ep:
         return [Finding(
             "error", "experts-ep",
-            f"num_experts ({experts}) is not a multiple of expert_model_parallel_size ({s.ep})",
+            f"--num-experts {experts} is not a multiple of --expert-model-parallel-size {s.ep}",
             "each expert-parallel rank holds the same number of whole experts",
             "pick an EP that divides the number of experts",
         )]
@@ -211,21 +260,21 @@ def rule_sequence(s: RunShape) -> list[Finding]:
     if s.get("sequence_parallel", False) and s.tp == 1:
         out.append(Finding(
             "warning", "sequence-parallel",
-            "sequence_parallel is set with tensor_model_parallel_size 1",
+            "--sequence-parallel is set with --tensor-model-parallel-size 1",
             "Megatron-LM turns sequence parallelism off when TP is 1: there is nothing to shard",
             "drop sequence_parallel, or use TP > 1",
         ))
     elif s.get("sequence_parallel", False) and seq is not None and int(seq) % s.tp:
         out.append(Finding(
             "error", "sequence-parallel",
-            f"seq_length ({seq}) is not divisible by tensor_model_parallel_size ({s.tp}) with sequence parallelism",
+            f"--seq-length {seq} is not divisible by --tensor-model-parallel-size {s.tp} (needed by --sequence-parallel)",
             "sequence parallelism splits the sequence dimension over the TP ranks",
             f"use a sequence length that is a multiple of {s.tp}",
         ))
     if s.cp > 1 and seq is not None and int(seq) % (2 * s.cp):
         out.append(Finding(
             "error", "context-parallel",
-            f"seq_length ({seq}) is not divisible by 2 x context_parallel_size = {2 * s.cp}",
+            f"--seq-length {seq} is not divisible by 2 x --context-parallel-size = {2 * s.cp}",
             "load-balanced context parallelism cuts the sequence into 2 x CP chunks "
             "(megatron.core.utils.get_batch_on_this_cp_rank)",
             f"use a sequence length that is a multiple of {2 * s.cp}",
@@ -240,21 +289,21 @@ def rule_tp_comm_overlap(s: RunShape) -> list[Finding]:
     out = []
     if s.backend == "gloo":
         out.append(Finding(
-            "error", "tp-comm-overlap", "tp_comm_overlap is set on a CPU (gloo) cluster",
+            "error", "tp-comm-overlap", "--tp-comm-overlap is set on a CPU (gloo) cluster; it needs CUDA",
             "TP communication/GEMM overlap is Transformer Engine's Userbuffers, which needs CUDA",
             "drop tp_comm_overlap on CPU",
         ))
         return out
     if s.tp == 1:
         out.append(Finding(
-            "warning", "tp-comm-overlap", "tp_comm_overlap is set with tensor_model_parallel_size 1",
+            "warning", "tp-comm-overlap", "--tp-comm-overlap is set with --tensor-model-parallel-size 1",
             "there is no tensor-parallel communication to overlap",
             "drop tp_comm_overlap or use TP > 1",
         ))
         return out
     if not s.get("sequence_parallel", False):
         out.append(Finding(
-            "error", "tp-comm-overlap", "tp_comm_overlap is set without sequence_parallel",
+            "error", "tp-comm-overlap", "--tp-comm-overlap needs --sequence-parallel",
             "Megatron-LM: 'Tensor parallel communication/GEMM overlap can happen only when "
             "sequence parallelism is enabled'",
             "add --sequence-parallel or drop --tp-comm-overlap",
@@ -262,7 +311,7 @@ def rule_tp_comm_overlap(s: RunShape) -> list[Finding]:
     if s.gpus_per_node is not None and s.gpus_per_node >= 1 and s.tp > s.gpus_per_node:
         out.append(Finding(
             "error", "tp-comm-overlap",
-            f"tp_comm_overlap with TP {s.tp} larger than the {s.gpus_per_node} GPUs of a node",
+            f"--tp-comm-overlap with --tensor-model-parallel-size {s.tp} larger than the {s.gpus_per_node} GPUs of a node",
             "Userbuffers overlap works only inside one NVLink domain; a TP group spanning nodes "
             "fails at IPC/multicast initialisation (TransformerEngine issues 966, 1071)",
             f"use TP <= {s.gpus_per_node} or drop --tp-comm-overlap",
@@ -277,7 +326,7 @@ def rule_overlap_param_gather(s: RunShape) -> list[Finding]:
         if not (s.get("use_distributed_optimizer", False) or s.get("use_megatron_fsdp", False)):
             out.append(Finding(
                 "error", "overlap-param-gather",
-                "overlap_param_gather is set without use_distributed_optimizer",
+                "--overlap-param-gather needs --use-distributed-optimizer",
                 "parameters are all-gathered only when the optimizer state is sharded "
                 "(Megatron-LM validate_args asserts --use-distributed-optimizer)",
                 "add --use-distributed-optimizer or drop --overlap-param-gather",
@@ -285,7 +334,7 @@ def rule_overlap_param_gather(s: RunShape) -> list[Finding]:
         if not s.get("overlap_grad_reduce", False):
             out.append(Finding(
                 "error", "overlap-param-gather",
-                "overlap_param_gather is set without overlap_grad_reduce",
+                "--overlap-param-gather needs --overlap-grad-reduce",
                 "Megatron-LM validate_args asserts --overlap-grad-reduce with --overlap-param-gather",
                 "add --overlap-grad-reduce",
             ))
@@ -309,23 +358,18 @@ def rule_ddp_bucket_size(s: RunShape) -> list[Finding]:
         return []
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
         return [Finding(
-            "error", "ddp-bucket-size", f"ddp_bucket_size {size!r} is not a positive integer",
-            "the bucket size counts parameters; a bool passes as an int and silently disables "
-            "bucketing (NVIDIA recsys-examples PR 374)",
+            "error", "ddp-bucket-size",
+            f"--ddp-bucket-size {size!r} is not a positive integer; allowed: a number of parameters >= 1",
+            "the bucket size counts parameters; megatron-core does not check it (distributed_data_parallel.py:64: "
+            "a negative size silently gives one bucket per parameter) and a bool passes as an int and silently "
+            "disables bucketing (NVIDIA recsys-examples PR 374)",
             "give a positive number of parameters, e.g. 40000000",
         )]
     if not s.get("overlap_grad_reduce", False):
         return [Finding(
-            "warning", "ddp-bucket-size", f"ddp_bucket_size {size} is set without overlap_grad_reduce",
+            "warning", "ddp-bucket-size", f"--ddp-bucket-size {size} is set without --overlap-grad-reduce",
             "Megatron-Core uses one bucket when gradients are not reduced during backward",
             "add --overlap-grad-reduce or drop --ddp-bucket-size",
         )]
     return []
 
-
-RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
-    rule_nodes, rule_world_size, rule_batch, rule_heads, rule_layers, rule_experts, rule_sequence,
-    rule_tp_comm_overlap, rule_overlap_param_gather, rule_ddp_bucket_size,
-    rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides,
-)
-"""Every rule, in report order."""

@@ -2,14 +2,15 @@
 
 Each rule is ``RunShape -> list[Finding]``. The CUDA rule restates Megatron-LM's checks of
 ``megatron/training/arguments.py`` (``validate_args``) as facts; the NCCL rules call
-``lagom_megatron.nccl.env_check``. ``RULES`` in ``lagom_megatron.launch.doctor_rules`` lists them
+``lagom_megatron.nccl.env_check``. ``RULES`` in ``lagom_megatron.training.preflight_rules`` lists them
 after the layout and overlap rules.
 """
 
 from __future__ import annotations
 
-from lagom_megatron.launch.doctor_types import Finding, RunShape
+from lagom_megatron.training.preflight_types import Finding, RunShape
 from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
+from lagom_megatron.nccl.env_network import check_network_env
 from lagom_megatron.nccl.plugin_check import check_tuner_plugin
 
 BLACKWELL_SM_ARCH = 100
@@ -66,11 +67,13 @@ def rule_cuda_device_max_connections(s: RunShape) -> list[Finding]:
 
 
 def rule_nccl_env(s: RunShape) -> list[Finding]:
-    """NCCL variables outside NCCL's domains (``nccl.env_check.check_nccl_env``) and a tuner plugin
-    NCCL would not load (``nccl.plugin_check.check_tuner_plugin``)."""
+    """NCCL and TORCH_NCCL variables outside their grammars and domains (``nccl.env_check.check_nccl_env``:
+    algorithms, protocols, channels, threads; ``nccl.env_network.check_network_env``: network
+    selection, debugging, plugins, torch's process-group variables) and a tuner plugin NCCL would
+    not load (``nccl.plugin_check.check_tuner_plugin``)."""
     if s.backend == "gloo":
         return []
-    issues = check_nccl_env(s.environ, nccl_version=s.nccl_version)
+    issues = check_nccl_env(s.environ, nccl_version=s.nccl_version) + check_network_env(s.environ)
     plugin = check_tuner_plugin(s.environ, nccl_version=s.nccl_version)
     if plugin:  # one error line per variable: the plugin check's reason replaces 'file does not exist'
         issues = [i for i in issues if i.variable != plugin[0].variable] + plugin

@@ -1,8 +1,8 @@
-"""The data types of ``lagom doctor``'s rules: ``RunShape`` (what a rule looks at) and ``Finding`` (what it reports).
+"""The data types of the pre-flight rules (``lagom doctor`` and training): ``RunShape`` (what a rule looks at) and ``Finding`` (what it reports).
 
-The rules are in ``lagom_megatron.launch.doctor_rules`` (layout and overlap) and
-``lagom_megatron.launch.doctor_env_rules`` (CUDA and NCCL environment); ``lagom_megatron.launch.doctor``
-builds the ``RunShape`` and runs them.
+The rules are in ``lagom_megatron.training.preflight_rules`` (layout and overlap) and
+``lagom_megatron.training.preflight_env`` (CUDA and NCCL environment) and beside them;
+``lagom_megatron.training.preflight`` builds the ``RunShape`` and runs them.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ class RunShape:
         backend: "nccl" or "gloo" (CPU: the CUDA and NCCL rules do not apply).
         preset_env: the preset's ``env`` section (empty without a preset), so that a fix can say
             whether the preset already sets a variable.
+        local: the run starts on this machine (training, or the doctor without ``--cluster``):
+            the rules that look at files, ports and installed libraries apply.
     """
 
     args: Mapping[str, Any]
@@ -59,6 +61,7 @@ class RunShape:
     nccl_version: str | None
     backend: str
     preset_env: Mapping[str, str] = field(default_factory=dict)
+    local: bool = False
 
     def get(self, name: str, default: Any = None) -> Any:
         value = self.args.get(name, default)

@@ -1,0 +1,23 @@
+"""engine/files.py: atomic writes report errors on the file the caller named."""
+
+
+def test_write_errors_name_the_target_not_the_temporary_file(tmp_path):
+    """A folder that cannot be created, or a write that fails, is reported on the file asked for."""
+    import pytest
+
+    from lagom_megatron.engine.files import write_atomic, write_text_atomic
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    target = blocker / "sub" / "plan.json"
+    with pytest.raises(OSError) as info:
+        write_text_atomic(target, "x")
+    assert info.value.filename == str(target) and ".tmp" not in str(info.value)
+
+    def refuse(tmp):
+        raise PermissionError(1, "Operation not permitted", tmp)
+
+    with pytest.raises(PermissionError) as info:
+        write_atomic(tmp_path / "plan.json", refuse)
+    assert str(info.value) == f"[Errno 1] Operation not permitted: '{tmp_path / 'plan.json'}'"
+    assert list(tmp_path.glob(".plan.json.*")) == []  # the temporary file is removed

@@ -1,0 +1,92 @@
+"""Runs ``scripts/pretrain_gpt.py`` and ``lagom doctor`` in-process on one input, for the pre-flight tests.
+
+``train`` calls the script's ``main`` as rank 0 of a torchrun job of ``world`` ranks, with
+``lagom_megatron.training.loop.pretrain`` (the first thing that creates a process group) replaced
+by a recorder, so a test sees whether a rank would have started. ``doctor`` calls ``lagom doctor``
+on the same command line, for this machine (no ``--cluster``) unless a cluster is given.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLEAN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LAGOM_CLUSTER",
+         "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "CUDA_DEVICE_MAX_CONNECTIONS")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("pretrain_gpt_script", ROOT / "scripts" / "pretrain_gpt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SCRIPT = _script()
+
+
+@dataclass
+class Outcome:
+    """What one entry point did: exit code, its error lines, and (training) whether a rank started."""
+
+    code: int
+    errors: list[str]
+    started: bool = False
+
+    @property
+    def refused(self) -> bool:
+        return self.code != 0
+
+
+def _env(monkeypatch, env):
+    for k in CLEAN:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+
+
+def train(argv, monkeypatch, capsys, *, world=4, env=None) -> Outcome:
+    """``pretrain_gpt.py ARGV`` as rank 0 of ``world``; errors = its ``pretrain_gpt.py: error:`` lines."""
+    import lagom_megatron.training.loop as loop
+
+    started = []
+    monkeypatch.setattr(loop, "pretrain", started.append)
+    _env(monkeypatch, {"RANK": "0", "WORLD_SIZE": str(world), **(env or {})})
+    capsys.readouterr()
+    try:
+        code = SCRIPT.main(list(argv))
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code
+    err = capsys.readouterr().err
+    return Outcome(code, [line for line in err.splitlines() if line.startswith("pretrain_gpt.py: error:")],
+                   bool(started))
+
+
+def doctor(argv, monkeypatch, capsys, *, world=4, env=None, options=()) -> Outcome:
+    """``lagom doctor --world-size WORLD [OPTIONS] -- ARGV``; errors = the ``what`` of each error finding
+    (or the one ``lagom doctor: error:`` line of a refused input)."""
+    from lagom_megatron.cli.main import main
+
+    _env(monkeypatch, env)
+    capsys.readouterr()
+    code = main(["doctor", "--world-size", str(world), *options, "--", *argv])
+    out = capsys.readouterr()
+    lines = [line.split("] ", 1)[1] for line in out.out.splitlines() if line.startswith("error: [")]
+    lines += [line for line in out.err.splitlines() if line.startswith("lagom doctor: error:")]
+    return Outcome(code, lines)
+
+
+def hold_lock_elsewhere(plan: Path) -> subprocess.Popen:
+    """Another process (another job) that holds ``plan``'s lock until killed; returns once it holds it."""
+    code = ("import sys, time\n"
+            "from lagom_megatron.training.preflight_files import hold_plan_lock\n"
+            f"hold_plan_lock({str(plan)!r}, {{'SLURM_JOB_ID': '4242'}})\n"
+            "print('held', flush=True)\n"
+            "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
