@@ -58,7 +58,7 @@ def test_a_profile_that_is_a_json_list_names_what_was_expected(tmp_path, capsys)
 def test_build_tuner_into_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "f").write_text("keep me")
     assert main(["build-tuner", "-o", str(tmp_path / "f")]) == 2
-    assert "is a file; give the folder" in _error_line(capsys)
+    assert "is a file; give a folder" in _error_line(capsys)
     assert (tmp_path / "f").read_text() == "keep me"
 
 

@@ -16,6 +16,7 @@ groups are of size 2, so chunked reductions add in the same order).
 
 import json
 import math
+import re
 import os
 import subprocess
 import sys
@@ -66,10 +67,29 @@ def _check_hooks_removed(result: dict, *, lagom: bool) -> None:
         assert result["patched_during"] == 0
 
 
+def _check_report_against_log(rep: dict, log: str, saved: Plan) -> None:
+    """The JSON report's iteration figures are the ones in the verdict line of the run's log, and
+    each time column of the per-site table adds up (sites + rest) to its iteration figure."""
+    m = re.search(r"lagom: phase (applied|fell_back) \| (?:measured [\d.]+ -> [\d.]+ ms \| )?plan ([\d.]+) ms vs "
+                  r"defaults ([\d.]+) ms \(median of (\d+)\), gain (-?[\d.]+) ms, needed > ([\d.]+) ms", log)
+    assert m, log
+    s = rep["summary"]
+    assert s["phase"] == m.group(1) == saved.stats["verification"]
+    assert round(s["measured_plan_us"] / 1e3, 1) == float(m.group(2))
+    assert round(s["measured_default_us"] / 1e3, 1) == float(m.group(3))
+    assert len(s["verify_plan_us"]) == int(m.group(4)) == 2
+    assert round(s["gain_us"] / 1e3, 1) == float(m.group(5)) and round(s["needed_us"] / 1e3, 1) == float(m.group(6))
+    for col, t in rep["totals_ms"].items():
+        assert math.isclose(t["sites"] + t["rest"], t["iteration"], rel_tol=1e-9), (col, t)
+    assert math.isclose(rep["totals_ms"]["measured_default"]["iteration"] * 1e3, s["measured_default_us"])
+    tuned = [r for r in rep["rows"] if r["tuned"] == "yes"]
+    assert all(r["chosen_config"] != "n_channels=2" for r in tuned)
+
+
 def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
     plan = tmp_path / "run" / "plan.json"
     report = tmp_path / "run" / "report.json"
-    report2 = tmp_path / "run" / "report_reuse.json"
+    report2 = tmp_path / "run" / "report.md"
     base = ["--preset", "cpu-tp2-dp2", *COMMON]
     results, logs = _launch(tmp_path, "tp", [
         {"name": "default", "argv": base},
@@ -87,7 +107,7 @@ def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
     log = logs["lagom"]
     for phase in ("lagom: phase profiling", "lagom: phase searching", "lagom: phase verifying"):
         assert phase in log, f"{phase!r} missing from the log:\n{log}"
-    assert ("lagom: phase applied" in log) or ("lagom: phase reverted to defaults" in log), log
+    assert ("lagom: phase applied" in log) or ("lagom: phase fell_back" in log), log
     profile = Profile.load(plan.parent / "profile.json")
     ids = {s.site_id for s in profile.sites}
     assert any(i.startswith("dp.grad_reduce_scatter[chunk0.bucket") for i in ids), sorted(ids)
@@ -115,10 +135,18 @@ def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
     log2 = logs["reuse"]
     assert "profiling and search skipped" in log2, log2
     if saved.stats.get("verification") == "fell_back":  # a plan its verification rejected is not applied again
-        assert "lagom: phase reverted to defaults" in log2 and "verification kept the defaults" in log2, log2
+        assert "lagom: phase fell_back" in log2 and "verification kept the defaults" in log2, log2
     else:
         assert "lagom: phase applied" in log2, log2
     assert "lagom: phase profiling" not in log2 and "lagom: phase searching" not in log2, log2
+    _check_report_against_log(rep, log, saved)
+    # the reuse run wrote its own report (report.md did not exist before: still a new name)
+    reuse_md = tmp_path / "run" / "report.reused-1.md"
+    assert f"lagom: report {reuse_md}" in log2, log2
+    text = reuse_md.read_text()
+    assert "- run: reused;" in text
+    # calls per iteration come from this run's own records: 2 micro-batches, 2 SP all-gathers per layer
+    assert re.search(r"\| tp\.sp_all_gather\[0\] \| all_gather \| tp \| 128\.0 KiB \| 2 \|", text), text
 
 
 def test_pp2_dp2_digest_mismatch_keeps_defaults_and_plan_keeps_losses(tmp_path):
@@ -141,7 +169,7 @@ def test_pp2_dp2_digest_mismatch_keeps_defaults_and_plan_keeps_losses(tmp_path):
     _check_hooks_removed(fault, lagom=True)
     log = logs["fault"]
     assert "plan digest mismatch" in log and "rank 1" in log, log
-    assert "phase reverted to defaults" in log, log
+    assert "phase fell_back" in log, log
     rep = json.loads(report.read_text())
     assert rep["summary"]["phase"] == "fell_back"
     assert "rank agreement failed" in rep["summary"]["reason"]
