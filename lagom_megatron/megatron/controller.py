@@ -78,6 +78,7 @@ class LagomController:
         self._pool_for_probes = False
         self._reported = False
         self._n_steps = 0
+        self._kind_steps: dict[str, int] = {}
         """Iterations the tuner has finished (for the log's k/n)."""
         self.search_ms: float | None = None
 
@@ -318,8 +319,12 @@ class LagomController:
             self._last_sites = {s.site_id: s for s in m.sites}
         if step.kind in ("warmup", "default", "serialized", "probe"):
             sites = f"sites {len(m.sites)}" if m.sites else "counting calls per stream"
-            say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._n_steps}/{total}) | "
-                 f"{sites} | iteration {m.iteration_us / 1e3:.1f} ms")
+            # warmup i/n counts --lagom-warmup-iters; step k/total counts every profiling iteration
+            of_kind = {"warmup": tuner.config.warmup_iters, "probe": len(tuner.probes), "default": 1, "serialized": 1}
+            self._kind_steps[step.kind] = self._kind_steps.get(step.kind, 0) + 1
+            say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._kind_steps[step.kind]}/"
+                f"{of_kind[step.kind]}; profiling step {self._n_steps}/{total}) | {sites} | "
+                f"iteration {m.iteration_us / 1e3:.1f} ms")
         if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
             # the configs the router will route in the probe iterations (probes as each site's op allows)
             group_of = {s.site_id: s.group for s in m.sites}

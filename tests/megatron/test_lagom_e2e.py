@@ -131,6 +131,8 @@ def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
     assert report.with_suffix(".png").stat().st_size > 1000
     # the training kept going after lagom finished
     assert "iteration       12/      12" in log
+    # warmup i/n counts --lagom-warmup-iters (1 here), not every profiling iteration
+    assert "warmup 1/1; profiling step 1/" in log and "warmup 2/" not in log, log
 
     log2 = logs["reuse"]
     assert "profiling and search skipped" in log2, log2
