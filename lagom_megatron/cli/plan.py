@@ -4,6 +4,7 @@
     lagom plan diff old.json new.json           # exit 1 when they differ (verification verdict included)
     lagom plan validate plan.json [--cluster C] [--profile P]   # exit 1 on a fingerprint mismatch
     lagom plan export plan.json --format megatron-yaml|nccl-tuner-csv|env [--extended] [-o FILE]
+        # exit 1 for a plan its verification rejected, unless --allow-rejected
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("plan", type=readable_file)
     p.add_argument("--format", required=True, choices=list(FORMATS))
     p.add_argument("--extended", action="store_true", help="nccl-tuner-csv: add lagom's chunkSize and commTag columns")
+    p.add_argument("--allow-rejected", action="store_true",
+                   help="export a plan its own verification rejected (by default refused with exit 1)")
     p.add_argument("-o", "--output", default=None, type=writable_file,
                    help="file to write (atomically); default: standard output")
 
@@ -153,6 +156,11 @@ def _export(args, plan) -> int:
             cluster = None
     if cluster is not None and plan.backend != "gloo":
         _check_entries(args.plan, plan, cluster)  # never export a value NCCL would reject
+    if plan.rejected and not args.allow_rejected:
+        print(f"lagom plan: {args.plan} was rejected by its verification "
+              f"({plan.stats.get('verification_reason') or 'no reason saved'}): not exported; "
+              "pass --allow-rejected to export it anyway", file=sys.stderr)
+        return 1
     _warn_if_rejected(args.plan, plan)
     text = export_plan(plan, args.format, extended=args.extended, cluster=cluster)
     if args.output:
