@@ -175,12 +175,17 @@ def render_markdown(rows: list[SiteRow], summary: dict[str, Any]) -> str:
         lines.append(f"- plan digest: {s['plan_digest'][:12]}")
     n_tuned = sum(r.tuned for r in rows)
     n_gain = sum(r.tuned and r.predicted_plan_us < r.predicted_default_us for r in rows)
-    lines.append(f"- sites tuned: {n_tuned} of {len(rows)} (config differs from the default: "
-                 f"{default_config_text(s.get('backend', 'nccl'))}); {n_gain} with a predicted gain")
+    default = default_config_text(s.get("backend", "nccl"))
+    if s.get("phase") == "applied":
+        lines.append(f"- sites tuned: {n_tuned} of {len(rows)} (config differs from the default: {default}); "
+                     f"{n_gain} with a predicted gain")
+    else:  # the defaults ran (fell back, or tuning never finished): nothing is tuned
+        lines.append(f"- sites tuned: 0 of {len(rows)} (the defaults were kept: {default}); the plan would change "
+                     f"{n_tuned} ({n_gain} with a predicted gain)")
     lines += ["", "## Iteration time (ms)", "",
               "| | defaults | plan |", "|---|---|---|"]
     n_d, n_p = len(s.get("verify_default_us") or []), len(s.get("verify_plan_us") or [])
-    lines.append(f"| measured median ({n_d} / {n_p} iterations: the verification, or a reused plan's first) | "
+    lines.append(f"| measured median ({n_d} / {n_p} iterations: the verification's, or a reused plan's 2nd-4th) | "
                  f"{_ms(s.get('measured_default_us'))} | {_ms(s.get('measured_plan_us'))} |")
     lines.append(f"| measured spread (half of max - min) | {_ms(s.get('spread_default_us'))} | {_ms(s.get('spread_plan_us'))} |")
     lines.append(f"| predicted by the cost model | {_ms(s.get('predicted_default_iteration_us'))} | "

@@ -49,7 +49,8 @@ def test_markdown_columns_add_up_to_the_verdict_medians(tmp_path):
     written = write_report(path, rows, summary)
     assert written == [path, tmp_path / "report.png"] and written[1].stat().st_size > 5000
     text = path.read_text()
-    assert "- sites tuned: 1 of 2" in text  # n_channels=2 on gloo is the default, not a change
+    # the verdict kept the defaults: nothing ran tuned; n_channels=2 on gloo is the default, not a change
+    assert "- sites tuned: 0 of 2 (the defaults were kept: n_channels=2 (gloo worker threads), no split); the plan would change 1 (0 with a predicted gain)" in text
     assert "needed to keep the plan: more than 10.0 ms" in text  # max(half range 10 ms, 1% of 310 ms)
     assert "| measured median (3 / 2 iterations" in text and "| 310.0 | 297.5 |" in text
     table = {}
@@ -66,6 +67,13 @@ def test_markdown_columns_add_up_to_the_verdict_medians(tmp_path):
     # predicted iteration = default iteration - sum(default regions) + sum(plan regions) (engine/problem.py)
     t = column_totals(rows, summary)
     assert math.isclose(t["predicted_default"][1], t["predicted_plan"][1])
+
+
+def test_an_applied_plan_counts_its_changed_sites(tmp_path):
+    rows, summary = _fixture()
+    summary["phase"] = "applied"
+    write_report(tmp_path / "r.md", rows, summary, figure=False)
+    assert "- sites tuned: 1 of 2 (config differs from the default: n_channels=2" in (tmp_path / "r.md").read_text()
 
 
 def test_runs_without_a_verification_never_replace_the_tuned_report(tmp_path):
