@@ -84,6 +84,7 @@ class SiteRow:
 
     @property
     def tuned(self) -> bool:
+        """Whether the plan changes this site's default (``is_tuned``)."""
         return is_tuned(self.chosen_config, self.backend)
 
     def values(self) -> list[Any]:
