@@ -78,8 +78,9 @@ class LagomController:
         self._pool_for_probes = False
         self._reported = False
         self._n_steps = 0
-        self._kind_steps: dict[str, int] = {}
         """Iterations the tuner has finished (for the log's k/n)."""
+        self._kind_steps: dict[str, int] = {}
+        """Profiling iterations finished per step kind (for the log's ``warmup i/n``)."""
         self.search_ms: float | None = None
 
     @classmethod
@@ -334,6 +335,8 @@ class LagomController:
                     needs.setdefault(group_of[sid], set()).add(cfg)
             self.pool.prepare(needs)
         if step.kind in ("verify-plan", "verify-default"):
+            if not self._t_default and m.sites:  # verifying a reused plan: no default profile gave the sites
+                self._last_sites = {s.site_id: s for s in m.sites}
             into = self._t_plan if step.kind == "verify-plan" else self._t_verify_default
             for sid, t in merged.items():
                 into.setdefault(sid, []).append(t[2])
