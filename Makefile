@@ -8,11 +8,20 @@ STAMP := $(VENV)/.lagom-installed
 
 .PHONY: demo test install clean
 
+# The Python version pyproject.toml requires (requires-python = ">=X.Y"), checked before anything is installed.
+MIN_PY := $(shell sed -n 's/^requires-python *= *">= *\([0-9.]*\)".*/\1/p' pyproject.toml)
+PY_OK = -c 'import sys; sys.exit(0 if sys.version_info[:2] >= tuple(map(int, "$(MIN_PY)".split("."))) else 1)'
+PY_VERSION = -c 'import platform; print(platform.python_version())'
+
 $(STAMP): pyproject.toml
+	@$(PYTHON) $(PY_OK) 2>/dev/null || { \
+	  echo "make: $(PYTHON) is Python $$($(PYTHON) $(PY_VERSION) 2>/dev/null || echo '(not runnable)'); lagom-megatron needs Python >= $(MIN_PY) (pyproject.toml): run make again with PYTHON=python$(MIN_PY) (or newer)" >&2; exit 2; }
+	@if [ -e $(VENV) ] && ! $(PY) $(PY_OK) 2>/dev/null; then \
+	  echo "make: $(VENV) is broken or made with another Python ($$($(PY) $(PY_VERSION) 2>/dev/null || echo 'its python does not run')); removing it and creating it again" >&2; \
+	  rm -rf $(VENV); fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	@{ $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q torch==2.13.0 && $(PY) -m pip install -q -e '.[test]'; } || { \
+	  echo "make: installing into $(VENV) failed (above); 'make clean' removes $(VENV), then run make again" >&2; exit 2; }
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -6,8 +6,14 @@
 2. ``torchrun --standalone --nproc-per-node 4 scripts/pretrain_gpt.py --preset cpu-tp2-dp2 --lagom``
    (TP=2 x DP=2, sequence parallel, distributed optimizer, overlapped grad reduce / param gather),
    then the same with ``--preset cpu-pp2-dp2`` (PP=2 x DP=2, 1F1B).
-lagom writes its plan, profile and report under ``runs/demo/<preset>/``. Each run's log streams through; at the end the mean lm loss of its first and last 10 iterations is
-printed. Exits non-zero if a run fails or its loss did not go down.
+3. ``cpu-tp2-dp2`` again for ``REUSE_ITERS`` iterations: it finds the plan step 2 saved and reuses
+   it (no profiling or search; a plan its verification rejected keeps the defaults), and writes
+   its own ``report.reused-<n>.md`` beside the tuning run's ``report.md``.
+
+lagom writes its plan, profile and reports under ``runs/demo/<preset>/``, emptied at the start
+of each demo so that every demo searches afresh. Each run's log streams through; at the end the
+mean lm loss of the first and last 10 iterations of each tuning run is printed. Exits non-zero if
+a run fails or its loss did not go down, 130 when interrupted.
 """
 
 import os
@@ -22,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA_PREFIX = ROOT / "data" / "sample_text_document"
 PRESETS = ("cpu-tp2-dp2", "cpu-pp2-dp2")
 LOSS = re.compile(r" iteration\s+\d+/\s*\d+ \|.* lm loss: ([0-9.E+-]+) \|")
+REUSE_ITERS = 10
+"""Iterations of the plan-reuse run (step 3)."""
 
 
 def run(cmd: list[str], env: dict) -> tuple[int, list[float]]:
@@ -37,7 +45,23 @@ def run(cmd: list[str], env: dict) -> tuple[int, list[float]]:
     return proc.returncode, losses
 
 
+def train_command(preset: str, run_dir: Path, *extra: str) -> list[str]:
+    """The torchrun command of one demo run of ``preset`` with its lagom files in ``run_dir``."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+            str(ROOT / "scripts" / "pretrain_gpt.py"), "--preset", preset, "--lagom",
+            "--lagom-plan", str((run_dir / "plan.json").relative_to(ROOT)),
+            "--data-path", str(DATA_PREFIX.relative_to(ROOT)), *extra]
+
+
 def main() -> int:
+    try:
+        return _main()
+    except KeyboardInterrupt:
+        print("\nrun_demo: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main() -> int:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     if not (DATA_PREFIX.with_suffix(".bin").is_file() and DATA_PREFIX.with_suffix(".idx").is_file()):
         code, _ = run([sys.executable, str(ROOT / "scripts" / "make_sample_corpus.py"),
@@ -47,30 +71,39 @@ def main() -> int:
             return code
     summary = []
     for preset in PRESETS:
-        run_dir = ROOT / "runs" / "demo" / preset  # lagom's plan, profile and report; fresh each time
+        run_dir = ROOT / "runs" / "demo" / preset  # lagom's plan, profile and report; fresh each demo
         shutil.rmtree(run_dir, ignore_errors=True)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-               str(ROOT / "scripts" / "pretrain_gpt.py"), "--preset", preset, "--lagom",
-               "--lagom-plan", str((run_dir / "plan.json").relative_to(ROOT)),
-               "--data-path", str(DATA_PREFIX.relative_to(ROOT))]
+        cmd = train_command(preset, run_dir)
         print(f"\n=== {preset}: {' '.join(cmd[1:])}", flush=True)
         start = time.perf_counter()
         code, losses = run(cmd, env)
         wall = time.perf_counter() - start
         if code:
-            print(f"run_demo: {preset} failed (exit {code})", file=sys.stderr)
+            print(f"run_demo: {preset} {'interrupted' if code < 0 or code == 130 else 'failed'} (exit {code})", file=sys.stderr)
             return code
         if len(losses) < 20:
             print(f"run_demo: {preset} logged {len(losses)} iterations; need at least 20", file=sys.stderr)
             return 1
         first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
         summary.append((preset, len(losses), first, last, wall))
+    preset = PRESETS[0]
+    cmd = train_command(preset, ROOT / "runs" / "demo" / preset, "--train-iters", str(REUSE_ITERS))
+    print(f"\n=== {preset} again, reusing its plan: {' '.join(cmd[1:])}", flush=True)
+    start = time.perf_counter()
+    code, _ = run(cmd, env)
+    if code:
+        print(f"run_demo: {preset} (plan reuse) {'interrupted' if code < 0 or code == 130 else 'failed'} (exit {code})",
+              file=sys.stderr)
+        return code
+    reuse_wall = time.perf_counter() - start
     print("\n=== demo summary (mean lm loss of the first and last 10 iterations)")
     ok = True
     for preset, n, first, last, wall in summary:
         verdict = "decreased" if last < first else "DID NOT DECREASE"
         ok &= last < first
         print(f"{preset}: {n} iterations in {wall:.1f} s; first 10: {first:.4f}  last 10: {last:.4f}  ({verdict})")
+    print(f"{PRESETS[0]} plan reuse: {REUSE_ITERS} iterations in {reuse_wall:.1f} s, no profiling or search; "
+          f"reports in runs/demo/<preset>/")
     return 0 if ok else 1
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from lagom_megatron.cli.options import writable_dir
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds ``-o/--out-dir`` and ``--cc``."""
-    parser.add_argument("-o", "--out-dir", default="build",
+    parser.add_argument("-o", "--out-dir", default="build", type=writable_dir,
                         help="directory for libnccl-tuner-lagom.so (default: ./build)")
     parser.add_argument("--cc", default=None, help="C compiler (default: $CC or gcc)")
 
@@ -24,8 +26,6 @@ def run(args: argparse.Namespace) -> int:
 
     from lagom_megatron.nccl.plugin.build import build_tuner, usage_line
 
-    if Path(args.out_dir).exists() and not Path(args.out_dir).is_dir():
-        raise ValueError(f"-o {args.out_dir} is a file; give the folder to build the plugin into")
     try:
         lib = build_tuner(args.out_dir, cc=args.cc)
     except RuntimeError as exc:

@@ -19,6 +19,8 @@ import argparse
 import json
 import os
 
+from lagom_megatron.cli.options import int_range
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the doctor's options; everything after ``--`` is a ``pretrain_gpt.py`` command line."""
@@ -26,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", help="target cluster name (configs/clusters/) or path; default: this machine, "
                                           "detected as training does ($LAGOM_CLUSTER, cpu-gloo without CUDA, "
                                           "the preset's cluster, the local GPU)")
-    parser.add_argument("--world-size", type=int, help="ranks in the job; default: the preset's or $WORLD_SIZE")
-    parser.add_argument("--gpus-per-node", type=int, help="default: the cluster's or $LOCAL_WORLD_SIZE")
+    parser.add_argument("--world-size", type=int_range(1), help="ranks in the job; default: the preset's or $WORLD_SIZE")
+    parser.add_argument("--gpus-per-node", type=int_range(1), help="default: the cluster's or $LOCAL_WORLD_SIZE")
     parser.add_argument("--megatron-lm", action="store_true",
                         help="the line after -- is for a Megatron-LM checkout's pretrain_gpt.py: check "
                              "the layout only, not the flags (default: parse it with scripts/pretrain_gpt.py's "

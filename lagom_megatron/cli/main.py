@@ -25,6 +25,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class LagomParser(argparse.ArgumentParser):
+    """argparse's parser with a one-line usage error: ``<prog>: error: <message>``, exit status 2."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _load(module: str):
     return importlib.import_module(f"lagom_megatron.cli.{module}")
 
@@ -35,12 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The parser.
     """
-    parser = argparse.ArgumentParser(
+    parser = LagomParser(
         prog="lagom",
         description="Lagom for Megatron-Core: per-collective NCCL configurations for overlapped communication.",
     )
     parser.add_argument("--version", action="version", version=f"lagom-megatron {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=LagomParser)
     for name, (module, help_text) in SUBCOMMANDS.items():
         mod = _load(module)
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -53,11 +60,17 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``lagom`` console script.
 
     Returns:
-        The process exit code: 0 on success, 2 on bad input or an unusable path (the error is
-        printed on one line, without a traceback).
+        The process exit code, the same meaning in every subcommand: 0 done (a simulation whose
+        plan fell back is done too: its result line says so), 1 the thing checked failed
+        (``plan validate`` mismatch, ``plan diff`` differences, ``doctor`` errors, a benchmark
+        target missed, a compiler error), 2 bad usage or input (one error line, no traceback;
+        nothing has run).
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed on one line
+        return exc.code if isinstance(exc.code, int) else 2
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0

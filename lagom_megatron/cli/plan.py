@@ -1,9 +1,10 @@
 """``lagom plan show | diff | validate | export``: inspect, compare, check and convert plan files.
 
     lagom plan show plan.json
-    lagom plan diff old.json new.json           # exit 1 when they differ
+    lagom plan diff old.json new.json           # exit 1 when they differ (verification verdict included)
     lagom plan validate plan.json [--cluster C] [--profile P]   # exit 1 on a fingerprint mismatch
     lagom plan export plan.json --format megatron-yaml|nccl-tuner-csv|env [--extended] [-o FILE]
+        # exit 1 for a plan its verification rejected, unless --allow-rejected
 """
 
 from __future__ import annotations
@@ -12,51 +13,77 @@ import argparse
 import json
 import sys
 
+from lagom_megatron.cli.options import readable_file, writable_file
+from lagom_megatron.nccl.export import FORMATS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="plan_command", metavar="ACTION", required=True)
     p = sub.add_parser("show", help="print a plan: fingerprint, statistics, env and one line per site")
-    p.add_argument("plan")
-    p = sub.add_parser("diff", help="differences between two plans (exit 1 when they differ)")
-    p.add_argument("first")
-    p.add_argument("second")
-    p = sub.add_parser("validate", help="check every config against NCCL's rules and the fingerprint")
-    p.add_argument("plan")
+    p.add_argument("plan", type=readable_file)
+    p = sub.add_parser("diff", help="differences between two plans, their verification verdict included (exit 1 when they differ)")
+    p.add_argument("first", type=readable_file)
+    p.add_argument("second", type=readable_file)
+    p = sub.add_parser("validate", help="check every field and config against the backend's rules and the fingerprint")
+    p.add_argument("plan", type=readable_file)
     p.add_argument("--cluster", default=None, help="cluster to check against (default: the plan's fingerprint)")
-    p.add_argument("--profile", default=None, help="a profile whose fingerprint the plan must match")
+    p.add_argument("--profile", default=None, type=readable_file, help="a profile whose fingerprint the plan must match")
     p = sub.add_parser("export", help="write the plan in a format NCCL or Megatron-LM reads")
-    p.add_argument("plan")
-    p.add_argument("--format", required=True, help="megatron-yaml, nccl-tuner-csv or env")
+    p.add_argument("plan", type=readable_file)
+    p.add_argument("--format", required=True, choices=list(FORMATS))
     p.add_argument("--extended", action="store_true", help="nccl-tuner-csv: add lagom's chunkSize and commTag columns")
-    p.add_argument("-o", "--output", default=None, help="file to write (atomically); default: standard output")
+    p.add_argument("--allow-rejected", action="store_true",
+                   help="export a plan its own verification rejected (by default refused with exit 1)")
+    p.add_argument("-o", "--output", default=None, type=writable_file,
+                   help="file to write (atomically); default: standard output")
 
 
 def run(args: argparse.Namespace) -> int:
-    from lagom_megatron.engine.plan import Plan
+    from lagom_megatron.cli.schemas import load_plan
 
+    if args.plan_command == "export" and args.extended and args.format != "nccl-tuner-csv":
+        raise ValueError(f"--extended is for --format nccl-tuner-csv only; got --format {args.format}")
     if args.plan_command == "show":
-        return _show(Plan.load(args.plan))
+        return _show(load_plan(args.plan))
     if args.plan_command == "diff":
         from lagom_megatron.engine.plan import diff_plans
 
-        lines = diff_plans(Plan.load(args.first), Plan.load(args.second))
-        print("\n".join(lines) if lines else "plans are identical")
+        first, second = load_plan(args.first), load_plan(args.second)
+        lines = diff_plans(first, second)
+        va, vb = verification_state(first), verification_state(second)
+        if va != vb:
+            lines.append(f"verification: {va} -> {vb}")
+        print("\n".join(lines) if lines else f"plans are identical (verification: {va})")
         return 1 if lines else 0
     if args.plan_command == "validate":
-        return _validate(args, Plan.load(args.plan))
-    return _export(args, Plan.load(args.plan))
+        return _validate(args, load_plan(args.plan))
+    return _export(args, load_plan(args.plan))
+
+
+def verification_state(plan) -> str:
+    """What the plan's own verification said: ``never verified``, ``applied`` (kept) or
+    ``fell_back`` (rejected: a run reusing it keeps the defaults), with the saved reason."""
+    state = plan.stats.get("verification")
+    if state is None:
+        return "never verified"
+    reason = plan.stats.get("verification_reason")
+    return f"{state}{' (rejected: ' + reason + ')' if state == 'fell_back' and reason else ''}"
 
 
 def _show(plan) -> int:
-    print(f"method {plan.method}, backend {plan.backend}, mechanism {plan.mechanism}, digest {plan.digest()[:16]}")
+    from lagom_megatron.megatron.report import default_config_text
+
+    print(f"method {plan.method}, backend {plan.backend}, mechanism {plan.mechanism}, digest {plan.digest()[:12]}, "
+          f"verification: {verification_state(plan)}")
     print("fingerprint: " + json.dumps(plan.fingerprint, sort_keys=True))
     print("stats: " + json.dumps(plan.stats, sort_keys=True))
     print("env: " + (" ".join(f"{k}={v}" for k, v in sorted(plan.env.items())) or "(none)"))
-    print(f"{'site':<44} {'group':<6} {'op':<15} {'bytes':>11} {'default us':>11} {'planned us':>11}  config")
+    default = f"default ({default_config_text(plan.backend)})"
+    print(f"{'site':<44} {'group':<6} {'op':<15} {'bytes':>11} {'default ms':>11} {'planned ms':>11}  config")
     for site_id, e in plan.entries.items():
-        cfg = ", ".join(f"{k}={v}" for k, v in e.config.to_dict().items()) or "NCCL default"
-        print(f"{site_id:<44} {e.group:<6} {e.op:<15} {e.nbytes:>11} {e.predicted_default_t_region_us:>11.1f} "
-              f"{e.predicted_t_region_us:>11.1f}  {cfg}")
+        cfg = ", ".join(f"{k}={v}" for k, v in e.config.to_dict().items()) or default
+        print(f"{site_id:<44} {e.group:<6} {e.op:<15} {e.nbytes:>11} {e.predicted_default_t_region_us / 1e3:>11.3f} "
+              f"{e.predicted_t_region_us / 1e3:>11.3f}  {cfg}")
     return 0
 
 
@@ -68,8 +95,9 @@ def _validate(args, plan) -> int:
     if not cluster_name:
         raise ValueError(f"{args.plan}: the plan's fingerprint names no cluster; pass --cluster")
     cluster = ClusterSpec.load(cluster_name)
-    if plan.backend == "gloo" and cluster.backend != "gloo":
-        raise ValueError(f"{args.plan}: a gloo plan cannot be checked against NCCL cluster {cluster.name!r}")
+    if (plan.backend == "gloo") != (cluster.backend == "gloo"):
+        raise ValueError(f"{args.plan}: a {plan.backend} plan cannot be checked against {cluster.backend} "
+                         f"cluster {cluster.name!r}")
     _check_entries(args.plan, plan, cluster)
     validate_env(plan.env)
     _warn_if_rejected(args.plan, plan)
@@ -84,7 +112,9 @@ def _validate(args, plan) -> int:
                 print(f"fingerprint mismatch: {k}: plan {shown(plan.fingerprint, k)}, profile {shown(expected, k)}",
                       file=sys.stderr)
             return 1
-    print(f"{args.plan}: valid ({len(plan.entries)} entries, cluster {cluster.name}, NCCL {cluster.nccl_version})")
+    version = f"NCCL {cluster.nccl_version}" if cluster.backend != "gloo" else "gloo"
+    print(f"{args.plan}: valid ({len(plan.entries)} entries, cluster {cluster.name}, {version}; "
+          f"verification: {verification_state(plan)})")
     return 0
 
 
@@ -126,6 +156,11 @@ def _export(args, plan) -> int:
             cluster = None
     if cluster is not None and plan.backend != "gloo":
         _check_entries(args.plan, plan, cluster)  # never export a value NCCL would reject
+    if plan.rejected and not args.allow_rejected:
+        print(f"lagom plan: {args.plan} was rejected by its verification "
+              f"({plan.stats.get('verification_reason') or 'no reason saved'}): not exported; "
+              "pass --allow-rejected to export it anyway", file=sys.stderr)
+        return 1
     _warn_if_rejected(args.plan, plan)
     text = export_plan(plan, args.format, extended=args.extended, cluster=cluster)
     if args.output:

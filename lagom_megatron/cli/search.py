@@ -1,43 +1,76 @@
 """``lagom search``: fit the cost model on a profile and search a plan.
 
     lagom search --profile profile.json [--cluster h100-sxm-ib400] [--method priority] [--verbose] -o plan.json
+
+Every option and the profile are checked before the fit (``options``, ``schemas``): the profile
+field by field, each sample's config against the backend's knob rules, and ``--cluster`` against
+the profile's backend (a gloo profile is searched on a gloo cluster, an NCCL one on an NCCL one).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from lagom_megatron.cli.options import readable_file, writable_file
+from lagom_megatron.engine.search import METHODS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--profile", required=True, help="profile JSON written by the warm-up profiler or the simulator")
+    parser.add_argument("--profile", required=True, type=readable_file,
+                        help="profile JSON written by the warm-up profiler or the simulator")
     parser.add_argument("--cluster", default=None, help="cluster name under configs/clusters or a YAML path (default: the profile's)")
-    parser.add_argument("--method", default="priority", help="priority (default), autoccl, exhaustive or nccl-default")
+    parser.add_argument("--method", default="priority", choices=list(METHODS), help="searcher (default: priority)")
     parser.add_argument("--mechanism", default=None, help="how the plan is applied: tuner, communicator, env (NCCL) or gloo")
-    parser.add_argument("-o", "--output", required=True, help="plan JSON to write (atomically)")
+    parser.add_argument("-o", "--output", required=True, type=writable_file, help="plan JSON to write (atomically)")
     parser.add_argument("--verbose", action="store_true",
                         help="print the cost model's fit summary: MAPE, its floor on these samples, time-weighted error")
 
 
-def run(args: argparse.Namespace) -> int:
+def check_inputs(args: argparse.Namespace):
+    """Loads and checks the profile, the cluster and the rules; nothing is fitted yet.
+
+    Returns:
+        (profile, cluster, rules).
+
+    Raises:
+        ValueError: an invalid profile or sample config, an unknown cluster, a cluster of another
+            backend than the profile's, a mechanism the backend does not have.
+    """
+    from lagom_megatron.cli.schemas import load_profile
     from lagom_megatron.engine.cluster import ClusterSpec
-    from lagom_megatron.engine.fit import fit_cost_model
-    from lagom_megatron.engine.profile import Profile
-    from lagom_megatron.engine.search import METHODS, search
     from lagom_megatron.megatron.backends import rules_for
 
-    if args.method not in METHODS:
-        raise ValueError(f"--method must be one of {list(METHODS)}; got {args.method!r}")
-    profile = Profile.load(args.profile)
+    profile = load_profile(args.profile)
     cluster = ClusterSpec.load(args.cluster or profile.cluster)
+    want = "gloo" if profile.backend == "gloo" else "nccl"
+    if (cluster.backend == "gloo") != (want == "gloo"):
+        raise ValueError(f"--cluster {cluster.name!r} is a {cluster.backend} cluster; profile {args.profile} was "
+                         f"measured on {profile.backend}: give a {want} cluster")
+    rules = rules_for(profile.backend, cluster, args.mechanism)
+    ops = {s.site_id: s for s in profile.sites}
+    for smp in profile.samples:
+        site = ops[smp.site_id]
+        try:
+            rules.validate(smp.config, op=site.op, n_nodes=site.n_nodes, group_size=site.group_size)
+        except ValueError as exc:
+            raise ValueError(f"{args.profile}: sample of site {smp.site_id!r} (iteration {smp.iteration}): {exc}") from None
+    return profile, cluster, rules
+
+
+def run(args: argparse.Namespace) -> int:
+    from lagom_megatron.engine.fit import fit_cost_model
+    from lagom_megatron.engine.search import search
+
+    profile, cluster, rules = check_inputs(args)
     model = fit_cost_model(profile, cluster)
     if args.verbose:
         print(model.fit_summary())
-    rules = rules_for(profile.backend, cluster, args.mechanism)
     result = search(profile, rules=rules, method=args.method, model=model)
     result.plan.save(args.output)
     s = result.stats
+    base = "defaults (gloo: 2 worker threads, no split)" if profile.backend == "gloo" else "NCCL defaults"
     print(f"{args.method}: {s['n_sites']} sites, {s['model_evaluations']:,} model evaluations, {s['wall_time_s']:.3f} s; "
           f"cost model MAPE {s['model_mape_pct']}% (floor on these samples {s['model_mape_floor_pct']}%)")
-    print(f"predicted iteration {s['predicted_iteration_us']:.1f} us vs NCCL defaults {s['default_iteration_us']:.1f} us "
-          f"(x{s['predicted_speedup']}); plan written to {args.output}")
+    print(f"predicted iteration {s['predicted_iteration_us'] / 1e3:.1f} ms vs {base} {s['default_iteration_us'] / 1e3:.1f} ms "
+          f"(x{s['predicted_speedup']}); plan written to {args.output} (never verified: a training run measures it first)")
     return 0

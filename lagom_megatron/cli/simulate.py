@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import argparse
 
+from lagom_megatron.cli.options import int_range, writable_file
+
+MAX_VERIFY_ITERS = 200
+"""Upper bound of ``--verify-iters`` (timed iterations per arm; 1000 take about a minute)."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", required=True, help="a GPU preset name under configs/presets/ or a path")
@@ -16,12 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from lagom_megatron.engine.search import METHODS
 
     parser.add_argument("--method", default="priority", choices=list(METHODS))
-    parser.add_argument("--seed", type=int, default=0, help="noise seed (same seed, same timings)")
-    parser.add_argument("--verify-iters", type=int, default=None,
-                        help="timed iterations per arm in verification (default: the preset's lagom_verify_iters)")
-    parser.add_argument("--profile-out", default=None, help="write the profile the search saw (JSON)")
-    parser.add_argument("--plan-out", default=None, help="write the searched plan (JSON)")
-    parser.add_argument("--show", type=int, default=5, metavar="N",
+    parser.add_argument("--seed", type=int_range(0, 2**32 - 1), default=0, help="noise seed (same seed, same timings)")
+    parser.add_argument("--verify-iters", type=int_range(1, MAX_VERIFY_ITERS), default=None,
+                        help=f"timed iterations per arm in verification, 1..{MAX_VERIFY_ITERS} "
+                             "(default: the preset's lagom_verify_iters)")
+    parser.add_argument("--profile-out", default=None, type=writable_file, help="write the profile the search saw (JSON)")
+    parser.add_argument("--plan-out", default=None, type=writable_file, help="write the searched plan (JSON)")
+    parser.add_argument("--show", type=int_range(0, 10000), default=5, metavar="N",
                         help="print the N sites with the largest predicted saving (0: none)")
     parser.add_argument("--json", action="store_true", help="print the tuner's summary as JSON")
 
@@ -39,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     preset = load_preset(args.preset)
     sim = SimulatedCluster(preset, args.cluster, seed=args.seed)
     verify_iters = args.verify_iters if args.verify_iters is not None else preset.lagom.lagom_verify_iters
+    if args.method == "exhaustive":
+        _refuse_large_exhaustive(sim)
     result = run_lifecycle(sim, method=args.method, verify_iters=verify_iters)
     tuner = result.tuner
     summary = tuner.summary()
@@ -68,14 +76,37 @@ def run(args: argparse.Namespace) -> int:
     if "measured_plan_us" in summary:
         print(f"    measured, plan (median)      : {summary['measured_plan_us'] / 1e3:10.1f} ms")
         print(f"    measured, defaults (median)  : {summary['measured_default_us'] / 1e3:10.1f} ms  (x{summary['speedup']:.3f})")
-    print(f"    {'after tuning (' + tuner.phase.value + ')':29s}: {result.final_median_us / 1e3:10.1f} ms")
+    if tuner.phase.value == "applied":
+        print(f"    later iterations, plan (median): {result.final_median_us / 1e3:7.1f} ms")
+    else:  # the defaults were kept: a later sample of them is noise, not a gain
+        print(f"    after tuning                 : the defaults (fell_back); no gain")
     if args.show > 0 and tuner.plan is not None:
         _print_top_sites(tuner.plan, args.show)
     if summary.get("model_mape_pct") is not None:
         print(f"  cost model MAPE on its profiled points: {summary['model_mape_pct']:.1f}%")
-    print(f"  result: {tuner.phase.value.upper()}: {tuner.reason}")
+    print(f"  result: {tuner.phase.value}: {tuner.reason}")
     print(f"  wall time {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _refuse_large_exhaustive(sim) -> None:
+    """Refuses ``--method exhaustive`` before anything runs when the joint space is surely above
+    the searcher's limit: every site with a knob of two or more values doubles it at least.
+
+    Raises:
+        ValueError: names the number of such sites, the lower bound and the limit.
+    """
+    from lagom_megatron.engine.baselines import EXHAUSTIVE_LIMIT
+    from lagom_megatron.nccl.rules import NcclRules
+
+    rules = NcclRules(sim.cluster, backend="sim")
+    free = 0
+    for site in sim.sites:
+        doms = rules.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size)
+        free += any(len(v) > 1 for v in doms.values())
+    if 2 ** free > EXHAUSTIVE_LIMIT:
+        raise ValueError(f"--method exhaustive: {free} tunable sites need at least 2^{free} joint configurations, "
+                         f"above the limit of {EXHAUSTIVE_LIMIT:,}; use --method priority (or autoccl)")
 
 
 def _print_top_sites(plan, n: int) -> None:

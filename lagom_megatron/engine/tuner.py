@@ -315,17 +315,17 @@ class Tuner:
             self._fall_back(m.iteration, f"iteration {m.iteration}: no collective sites were reported under defaults; "
                                          "nothing overlapped to tune (are the lagom hooks installed?)")
             return
-        self._log(m.iteration, f"profiled {len(self._rec.sites)} sites under defaults: iteration {m.iteration_us:.0f} us")
+        self._log(m.iteration, f"profiled {len(self._rec.sites)} sites under defaults: iteration {m.iteration_us / 1e3:.1f} ms")
 
     def _record_serialized(self, m: IterationMeasurement) -> None:
         self._rec.record_serialized(m)
-        self._log(m.iteration, f"serialized iteration: T_comp of {len(self._rec.t_comp_us)} regions, iteration {m.iteration_us:.0f} us")
+        self._log(m.iteration, f"serialized iteration: T_comp of {len(self._rec.t_comp_us)} regions, iteration {m.iteration_us / 1e3:.1f} ms")
 
     def _record_probe(self, m: IterationMeasurement, k: int | None) -> None:
         k = k if k is not None else 0
         cfg = self.probes[k]
         self._rec.record_probe(m, self._probe_assignment(k), what=f"probe iteration {m.iteration} ({cfg.to_dict()})")
-        self._log(m.iteration, f"probe {k + 1}/{len(self.probes)} {cfg.to_dict()}: iteration {m.iteration_us:.0f} us")
+        self._log(m.iteration, f"probe {k + 1}/{len(self.probes)} {cfg.to_dict()}: iteration {m.iteration_us / 1e3:.1f} ms")
 
     # ------------------------------------------------------------------ transitions
 
@@ -385,11 +385,11 @@ class Tuner:
         self.plan = plan
         n_tuned = sum(1 for e in plan.entries.values() if not e.config.is_default())
         if n_tuned == 0:
-            self._fall_back(it, f"search ({self.config.method}) kept NCCL defaults for every site")
+            self._fall_back(it, f"search ({self.config.method}) kept the defaults for every site")
             return
         self.phase = Phase.SEARCHED
         pred = self.search_stats.get("predicted_iteration_us")
-        pred_txt = f", predicted iteration {pred:.0f} us" if isinstance(pred, (int, float)) else ""
+        pred_txt = f", predicted iteration {pred / 1e3:.1f} ms" if isinstance(pred, (int, float)) else ""
         self._log(it, f"searched ({self.config.method}): {n_tuned}/{len(plan.entries)} sites tuned, "
                       f"model MAPE {self.model_mape:.1f}%{pred_txt}")
 
@@ -408,7 +408,7 @@ class Tuner:
     def _fall_back(self, it: int, reason: str) -> None:
         self.phase = Phase.FELL_BACK
         self.reason = reason
-        self._log(it, f"fell back to NCCL defaults: {reason}")
+        self._log(it, f"fell_back (defaults kept): {reason}")
 
     def _log(self, it: int, msg: str) -> None:
         self.events.append((it, self.phase.value, msg))

@@ -21,8 +21,9 @@ NoiseRule = Literal["half-range", "none"]
 class Verdict:
     """The outcome of verification. Times in microseconds.
 
-    ``keep``: the plan beat the defaults by more than ``needed_us``; ``text``: one line saying so,
-    for logs, reports and the plan's ``verification_reason``.
+    ``keep``: the plan beat the defaults by more than ``needed_us``; ``text``: one line saying so
+    in milliseconds (the unit of Megatron's log), for logs, reports and the plan's
+    ``verification_reason``.
     """
 
     keep: bool
@@ -54,6 +55,6 @@ def verdict(plan_us: list[float], default_us: list[float], *, min_gain: float, n
     gain = base - plan
     spread = max(half_range(plan_us), half_range(default_us)) if noise_rule == "half-range" else 0.0
     need = max(spread, min_gain * base)
-    text = (f"plan {plan:.0f} us vs defaults {base:.0f} us (median of {len(plan_us)}), gain {gain:.0f} us, "
-            f"needed > {need:.0f} us")
+    text = (f"plan {plan / 1e3:.1f} ms vs defaults {base / 1e3:.1f} ms (median of {len(plan_us)}), "
+            f"gain {gain / 1e3:.1f} ms, needed > {need / 1e3:.1f} ms")
     return Verdict(keep=gain > need, plan_us=plan, default_us=base, gain_us=gain, needed_us=need, text=text)

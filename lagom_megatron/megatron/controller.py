@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
 import time
 from typing import Any
 
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Sample
 from lagom_megatron.megatron.fingerprint import num_microbatches, run_fingerprint
+from lagom_megatron.megatron.report import is_tuned
 from lagom_megatron.megatron.run_files import RunFiles, say
 
 log = logging.getLogger("lagom")
@@ -67,6 +67,11 @@ class LagomController:
         self._step: Any = None
         self._t_default: dict[str, tuple[float, float, float]] = {}
         self._t_plan: dict[str, list[float]] = {}
+        self._t_verify_default: dict[str, list[float]] = {}
+        """Site id -> region times (us) in the verification's default iterations (the report's measured defaults)."""
+        self._train_iters: int | None = None
+        self._last_iteration = 0
+        """Last iteration this controller saw end (tells an interrupted run from one too short to tune)."""
         self._applied_us: list[float] = []
         self._baseline_us: list[float] = []
         self._last_sites: dict[str, dict[str, Any]] = {}
@@ -74,6 +79,8 @@ class LagomController:
         self._reported = False
         self._n_steps = 0
         """Iterations the tuner has finished (for the log's k/n)."""
+        self._kind_steps: dict[str, int] = {}
+        """Profiling iterations finished per step kind (for the log's ``warmup i/n``)."""
         self.search_ms: float | None = None
 
     @classmethod
@@ -113,6 +120,7 @@ class LagomController:
         from lagom_megatron.megatron.sites import GroupNames, SiteRegistry
 
         args = ctx.args
+        self._train_iters = getattr(args, "train_iters", None)
         if self.rank != 0:  # one copy of the tuner's warnings, not one per rank
             logging.getLogger("lagom").setLevel(logging.ERROR)
         on_gpu = torch.cuda.is_available()
@@ -184,7 +192,7 @@ class LagomController:
         if plan.rejected:
             # measured no better than the defaults when it was searched: applying it unverified
             # would undo that verdict on every later run; the router keeps its empty assignment
-            say(f"lagom: phase reverted to defaults | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) "
+            say(f"lagom: phase fell_back | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) "
                  f"but its verification kept the defaults ({plan.stats.get('verification_reason') or 'no reason saved'}) | "
                  f"profiling and search skipped; delete the plan or pass another --lagom-plan to search again")
             return True
@@ -199,8 +207,12 @@ class LagomController:
         self._prepare_pool_for_plan(plan)
         assignment = self._assignment_of(plan)
         self.router.set_assignment(assignment)
+        tuned = sum(is_tuned(c.to_dict(), self.backend) for c in assignment.values())
         say(f"lagom: phase applied | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) | "
-             f"{len(assignment)}/{len(plan.entries)} sites tuned | profiling and search skipped")
+             f"{tuned}/{len(plan.entries)} sites tuned | profiling and search skipped")
+        if plan.method != self.method:
+            say(f"lagom: WARNING: --lagom-method {self.method} not used: plan {self.files.plan_path} was searched "
+                f"with {plan.method}; delete it or pass another --lagom-plan to search with {self.method}")
         return True
 
     @staticmethod
@@ -237,7 +249,10 @@ class LagomController:
     def on_iteration_start(self, iteration: int) -> None:
         """Applies this iteration's assignment and arms the profiler."""
         # sites are recorded only for the tuner; an applied plan (or the defaults) needs none
-        self.registry.start_iteration(record=self.mode == "tune" and not self.tuner.done)
+        # a reused plan's iterations 2-4 are timed for the report and record the sites (calls per
+        # iteration); the first is not: it is the slowest, and its call streams have no period yet
+        reuse_timed = self.mode == "reuse" and self._last_iteration >= 1 and len(self._applied_us) < 3
+        self.registry.start_iteration(record=(self.mode == "tune" and not self.tuner.done) or reuse_timed)
         if self.mode == "tune" and self.tuner.done:  # the final assignment was set once, in _on_done
             self.profiler.start_iteration(timed=False)
         elif self.mode == "tune":
@@ -245,7 +260,7 @@ class LagomController:
             self.router.set_assignment(step.assignment)
             self.profiler.start_iteration(timed=step.timed, serialize=step.serialize)
         elif self.mode == "reuse":
-            self.profiler.start_iteration(timed=len(self._applied_us) < 3)
+            self.profiler.start_iteration(timed=reuse_timed)
         else:
             self.router.set_assignment({})
             self.profiler.start_iteration(timed=False)
@@ -256,16 +271,18 @@ class LagomController:
         from lagom_megatron.megatron import consensus
 
         self.registry.finish_iteration()
+        self._last_iteration = iteration
         timed = self.profiler.timed  # the same on every rank: decides the collective calls below
         timings = self.profiler.finish_iteration()
         if self.mode == "reuse":
             if timed:
+                self._last_sites = {sid: r.to_site() for sid, r in self.registry.records.items()}
                 _, merged, it_us = consensus.merge_measurements({}, timings, elapsed_s * 1e6)
                 self._applied_us.append(it_us)
                 # a rejected plan runs under defaults: its regions are default times, not the plan's
-                if not self.plan.rejected:
-                    for sid, t in merged.items():
-                        self._t_plan.setdefault(sid, []).append(t[2])
+                into = self._t_verify_default if self.plan.rejected else self._t_plan
+                for sid, t in merged.items():
+                    into.setdefault(sid, []).append(t[2])
             return
         if self.mode != "tune" or self.tuner.done:
             return
@@ -303,8 +320,12 @@ class LagomController:
             self._last_sites = {s.site_id: s for s in m.sites}
         if step.kind in ("warmup", "default", "serialized", "probe"):
             sites = f"sites {len(m.sites)}" if m.sites else "counting calls per stream"
-            say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._n_steps}/{total}) | "
-                 f"{sites} | iteration {m.iteration_us / 1e3:.1f} ms")
+            # warmup i/n counts --lagom-warmup-iters; step k/total counts every profiling iteration
+            of_kind = {"warmup": tuner.config.warmup_iters, "probe": len(tuner.probes), "default": 1, "serialized": 1}
+            self._kind_steps[step.kind] = self._kind_steps.get(step.kind, 0) + 1
+            say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._kind_steps[step.kind]}/"
+                f"{of_kind[step.kind]}; profiling step {self._n_steps}/{total}) | {sites} | "
+                f"iteration {m.iteration_us / 1e3:.1f} ms")
         if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
             # the configs the router will route in the probe iterations (probes as each site's op allows)
             group_of = {s.site_id: s.group for s in m.sites}
@@ -313,9 +334,12 @@ class LagomController:
                 for sid, cfg in assignment.items():
                     needs.setdefault(group_of[sid], set()).add(cfg)
             self.pool.prepare(needs)
-        if step.kind == "verify-plan":
+        if step.kind in ("verify-plan", "verify-default"):
+            if not self._t_default and m.sites:  # verifying a reused plan: no default profile gave the sites
+                self._last_sites = {s.site_id: s for s in m.sites}
+            into = self._t_plan if step.kind == "verify-plan" else self._t_verify_default
             for sid, t in merged.items():
-                self._t_plan.setdefault(sid, []).append(t[2])
+                into.setdefault(sid, []).append(t[2])
         if step.kind in ("verify-plan", "verify-default"):
             say(f"lagom: phase verifying (iteration {iteration}, {step.kind.split('-')[1]}) | "
                  f"iteration {m.iteration_us / 1e3:.1f} ms")
@@ -354,7 +378,7 @@ class LagomController:
         if phase is Phase.APPLIED:
             say(f"lagom: phase applied | measured {s['measured_default_us'] / 1e3:.1f} -> {s['measured_plan_us'] / 1e3:.1f} ms | {self.tuner.reason}")
         else:
-            say(f"lagom: phase reverted to defaults | {self.tuner.reason}")
+            say(f"lagom: phase fell_back | {self.tuner.reason}")
         if self.plan is not None and self.rank == 0:
             self.files.save_plan(self.plan.with_stats(verification=phase.value, verification_reason=self.tuner.reason))
         self.write_report()
@@ -379,33 +403,36 @@ class LagomController:
             self.handle = None
 
     # ------------------------------------------------------------------ report
+    def run_kind(self) -> str:
+        """``report.RUN_KINDS`` of this run (``run_report.run_kind``)."""
+        from lagom_megatron.megatron.run_report import run_kind
+
+        return run_kind(self)
+
     def summary(self) -> dict[str, Any]:
-        """JSON-ready state of the run (tuner summary, mode, paths)."""
-        out: dict[str, Any] = self.tuner.summary() if self.tuner is not None else {"phase": self.mode}
-        out.update(mode=self.mode, plan_path=str(self.files.plan_path), profile_path=str(self.files.profile_path),
-                   search_ms=self.search_ms)
-        if self.mode == "reuse":
-            kept_defaults = self.plan is not None and self.plan.rejected
-            out["phase"] = "reverted (reused plan, rejected by its verification)" if kept_defaults else "applied (reused plan)"
-            if self._applied_us:  # under defaults when the reused plan was a rejected one
-                out["measured_default_us" if kept_defaults else "measured_plan_us"] = statistics.median(self._applied_us)
-        if self.plan is not None:
-            out["plan_digest"] = self.plan.digest()
-        return out
+        """JSON-ready state of the run (``run_report.run_summary``)."""
+        from lagom_megatron.megatron.run_report import run_summary
+
+        return run_summary(self)
 
     def report_rows(self) -> list[Any]:
-        """One ``report.SiteRow`` per site of the plan (or of the default iteration)."""
-        from lagom_megatron.megatron.report import site_rows
+        """One ``report.SiteRow`` per site (``run_report.run_rows``)."""
+        from lagom_megatron.megatron.run_report import run_rows
 
-        entries = self.plan.entries if self.plan is not None else {}
-        return site_rows(entries, self._last_sites, {sid: t[2] for sid, t in self._t_default.items()}, self._t_plan)
+        return run_rows(self)
 
     def write_report(self) -> None:
-        """Rank 0 writes ``--lagom-report`` (table + PNG); other ranks return."""
+        """Rank 0 writes the report (table + PNG; ``report.report_path_for``); other ranks return."""
         self._reported = True
         if self.rank != 0 or self.mode == "off":
             return
-        from lagom_megatron.megatron.report import write_report
+        from lagom_megatron.megatron.report import report_path_for, write_report
 
-        paths = write_report(self.files.report_path, self.report_rows(), self.summary())
+        summary = self.summary()
+        path = report_path_for(self.files.report_path, summary["run_kind"])
+        try:
+            paths = write_report(path, self.report_rows(), summary)
+        except OSError as exc:  # the report is not worth a training run
+            say(f"lagom: WARNING: report not written to {path}: {exc}")
+            return
         say(f"lagom: report {', '.join(str(p) for p in paths)}")

@@ -1,12 +1,26 @@
-"""``--lagom-report``: the per-site table of a tuned run and a figure beside it.
+"""``--lagom-report``: what a ``--lagom`` run measured and decided, as a table and a figure.
 
-One row per collective site: op, group, bytes per call, calls per iteration, the default and the
-chosen configuration, the region time measured under defaults (the profiled default iteration)
-and under the plan (median of the verification iterations, or of the applied iterations when a
-saved plan was reused), and the cost model's predictions for both. The format follows the file
-suffix: ``.md`` (markdown table, the default), ``.csv`` or ``.json`` (rows plus the run
-summary). A matplotlib bar chart of the region times (measured and predicted, default vs. plan)
-is written beside it as ``<stem>.png``. Files are written atomically.
+The report answers "did lagom help, and why was its plan kept or not" in the units of
+Megatron's log (milliseconds):
+
+* **Iteration level** (what the verdict is based on): the median iteration time under the
+  defaults and under the plan over the verification iterations, each arm's spread (half its
+  range), the gain and the gain the verdict needed to keep the plan (``engine.verify.verdict``),
+  and the cost model's predicted iteration times.
+* **Per site**: the region time of every collective site under the defaults and under the plan,
+  measured over those same verification iterations (median per site) and predicted by the cost
+  model. Two closing rows make each column add up to the iteration: ``rest of the iteration``
+  (the iteration minus the sum of the site rows: compute outside any overlap region, optimizer,
+  and whatever overlap between regions) and ``iteration``. A site counts as tuned only when its
+  chosen config differs from what the backend does by default (``default_config`` says what that
+  is: NCCL's own choice, or gloo's 2 worker threads and no split).
+
+``write_report`` writes ``.md`` (default), ``.csv`` or ``.json`` by suffix, and ``<stem>.png``
+beside it: the iteration-level bars with each arm's min-max range and the threshold the plan
+had to beat, and the per-site bars below. A run that did not measure a verification (a reused
+plan, a run too short to verify, an interrupted run) writes its own file
+(``<stem>.<kind>-<n><suffix>``, ``report_path_for``) and never replaces the report that holds
+a verification's measurements. Files are written atomically.
 """
 
 from __future__ import annotations
@@ -21,79 +35,175 @@ from pathlib import Path
 from typing import Any
 
 from lagom_megatron.engine.files import write_atomic, write_json_atomic, write_text_atomic
+from lagom_megatron.engine.knobs import GLOO_DEFAULT_THREADS
 
-COLUMNS = ("site_id", "op", "group", "nbytes", "calls_per_iter", "default_config", "chosen_config",
-           "measured_default_us", "measured_plan_us", "predicted_default_us", "predicted_plan_us")
-"""Columns of the per-site table (times are region times per iteration, microseconds)."""
+COLUMNS = ("site_id", "op", "group", "bytes_per_call", "calls_per_iter", "default_config", "chosen_config",
+           "tuned", "measured_default_ms", "measured_plan_ms", "predicted_default_ms", "predicted_plan_ms")
+"""Columns of the per-site table (times: region time per iteration, milliseconds)."""
+
+RUN_KINDS = ("tuned", "reused", "unfinished", "interrupted")
+"""``tuned``: profiled, searched and (maybe) verified in this run; ``reused``: a saved plan
+applied or skipped; ``unfinished``: ``--train-iters`` ended before tuning did; ``interrupted``:
+training stopped by an error or a signal before its last iteration."""
+
+
+def default_config_text(backend: str) -> str:
+    """What a site runs with when lagom leaves it alone, on ``backend`` (gloo, nccl or sim)."""
+    if backend == "gloo":
+        return f"n_channels={GLOO_DEFAULT_THREADS} (gloo worker threads), no split"
+    return "NCCL's choice"
+
+
+def is_tuned(config: dict[str, Any], backend: str) -> bool:
+    """True when ``config`` (``CommConfig.to_dict()``) changes what the backend does by default.
+
+    On gloo ``n_channels`` equal to torch's default thread count (2) changes nothing; on NCCL any
+    set knob does.
+    """
+    cfg = {k: v for k, v in config.items() if v is not None}
+    if backend == "gloo" and cfg.get("n_channels") == GLOO_DEFAULT_THREADS:
+        cfg.pop("n_channels")
+    return bool(cfg)
 
 
 @dataclass(kw_only=True, slots=True)
 class SiteRow:
-    """One row of the report (see ``COLUMNS``); NaN = not measured or not predicted."""
+    """One row of the report (see ``COLUMNS``); times in microseconds, NaN = not measured."""
 
     site_id: str
     op: str
     group: str
     nbytes: int
     calls_per_iter: int
+    backend: str = "nccl"
     chosen_config: dict[str, Any] = field(default_factory=dict)
     measured_default_us: float = math.nan
     measured_plan_us: float = math.nan
     predicted_default_us: float = math.nan
     predicted_plan_us: float = math.nan
 
+    @property
+    def tuned(self) -> bool:
+        """Whether the plan changes this site's default (``is_tuned``)."""
+        return is_tuned(self.chosen_config, self.backend)
+
     def values(self) -> list[Any]:
-        return [self.site_id, self.op, self.group, self.nbytes, self.calls_per_iter, "defaults",
-                _cfg_text(self.chosen_config), self.measured_default_us, self.measured_plan_us,
-                self.predicted_default_us, self.predicted_plan_us]
+        """The row in ``COLUMNS`` order (times converted to milliseconds)."""
+        return [self.site_id, self.op, self.group, _bytes_text(self.nbytes), self.calls_per_iter or "-",
+                default_config_text(self.backend), _cfg_text(self.chosen_config), "yes" if self.tuned else "no",
+                self.measured_default_us / 1e3, self.measured_plan_us / 1e3,
+                self.predicted_default_us / 1e3, self.predicted_plan_us / 1e3]
 
 
-def site_rows(entries: dict[str, Any], sites: dict[str, Any], measured_default_us: dict[str, float],
-              measured_plan_us: dict[str, list[float]]) -> list[SiteRow]:
-    """One row per site of the plan or of the default iteration, in site-id order.
+def site_rows(entries: dict[str, Any], sites: dict[str, Any], measured_default_us: dict[str, list[float]],
+              measured_plan_us: dict[str, list[float]], *, backend: str = "nccl") -> list[SiteRow]:
+    """One row per site of the plan or of the profiled sites, in site-id order.
 
     Args:
         entries: site id -> ``PlanEntry`` of the plan (empty without a plan).
-        sites: site id -> ``CollectiveSite`` seen in the default iteration.
-        measured_default_us: site id -> region time under defaults, microseconds.
-        measured_plan_us: site id -> region times under the plan (the median is reported).
+        sites: site id -> ``CollectiveSite`` (op, bytes, calls per iteration) as recorded in this run.
+        measured_default_us: site id -> region times under the defaults, microseconds, one per
+            measured iteration (the median is reported).
+        measured_plan_us: the same under the plan.
+        backend: gloo, nccl or sim (what "default" means, which configs count as tuned).
     """
     rows = []
     for sid in sorted(set(entries) | set(sites)):
-        e, site, plan_t = entries.get(sid), sites.get(sid), measured_plan_us.get(sid)
+        e, site = entries.get(sid), sites.get(sid)
+        d_t, p_t = measured_default_us.get(sid), measured_plan_us.get(sid)
         rows.append(SiteRow(
-            site_id=sid, op=site.op if site else getattr(e, "op", "?"), group=site.group if site else e.group,
-            nbytes=site.nbytes if site else getattr(e, "nbytes", 0),
-            calls_per_iter=site.calls_per_iter if site else 1,
-            chosen_config=e.config.to_dict() if e is not None else {},
-            measured_default_us=measured_default_us.get(sid, math.nan),
-            measured_plan_us=statistics.median(plan_t) if plan_t else math.nan,
-            predicted_default_us=float(getattr(e, "predicted_default_t_region_us", math.nan) or math.nan) if e else math.nan,
+            site_id=sid, op=site.op if site else e.op, group=site.group if site else e.group,
+            nbytes=site.nbytes if site else e.nbytes, calls_per_iter=site.calls_per_iter if site else 0,
+            backend=backend, chosen_config=e.config.to_dict() if e is not None else {},
+            measured_default_us=statistics.median(d_t) if d_t else math.nan,
+            measured_plan_us=statistics.median(p_t) if p_t else math.nan,
+            predicted_default_us=float(e.predicted_default_t_region_us) if e else math.nan,
             predicted_plan_us=float(e.predicted_t_region_us) if e else math.nan,
         ))
     return rows
 
 
+def column_totals(rows: list[SiteRow], summary: dict[str, Any]) -> dict[str, tuple[float, float, float]]:
+    """Per time column: (sum of the site rows, rest of the iteration, iteration), microseconds.
+
+    The iteration is the summary's iteration-level figure of that column (measured medians of the
+    verification, or the model's predicted iterations); the rest is iteration minus the sum, so
+    the three always agree. NaN where the run has no such figure.
+    """
+    iters = {"measured_default": summary.get("measured_default_us"), "measured_plan": summary.get("measured_plan_us"),
+             "predicted_default": summary.get("predicted_default_iteration_us"),
+             "predicted_plan": summary.get("predicted_iteration_us")}
+    out = {}
+    for col, it in iters.items():
+        vals = [getattr(r, col + "_us") for r in rows]
+        total = math.fsum(v for v in vals if math.isfinite(v)) if any(math.isfinite(v) for v in vals) else math.nan
+        it = float(it) if isinstance(it, (int, float)) else math.nan
+        out[col] = (total, it - total if math.isfinite(it) and math.isfinite(total) else math.nan, it)
+    return out
+
+
+def _bytes_text(n: int) -> str:
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 def _cfg_text(cfg: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(cfg.items())) or "defaults"
+    return " ".join(f"{k}={v}" for k, v in sorted(cfg.items()) if v is not None) or "(default)"
+
+
+def _ms(v: Any) -> str:
+    return f"{v / 1e3:.1f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return "-" if not math.isfinite(v) else f"{v:.1f}"
+        return "-" if not math.isfinite(v) else f"{v:.2f}"
     return str(v)
 
 
 def render_markdown(rows: list[SiteRow], summary: dict[str, Any]) -> str:
-    """The report as a markdown document: summary lines, then the per-site table."""
-    lines = ["# lagom report", ""]
-    for key in ("phase", "reason", "method", "n_sites", "default_iteration_us", "measured_default_us",
-                "measured_plan_us", "model_mape_pct", "plan_digest", "plan_path", "profile_path"):
-        if summary.get(key) is not None:
-            lines.append(f"- {key}: {_fmt(summary[key])}")
-    lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    """The report as markdown: the result, the iteration-level table, then the per-site table."""
+    s = summary
+    lines = [f"# lagom report: {s.get('phase', '?')}", "",
+             f"- result: {s.get('phase', '?')}: {s.get('reason') or '(no reason recorded)'}",
+             f"- run: {s.get('run_kind', '?')}; method {s.get('method', '?')}; backend {s.get('backend', '?')}; "
+             f"cluster {s.get('cluster', '?')}"]
+    for key, label in (("plan_path", "plan"), ("profile_path", "profile")):
+        lines.append(f"- {label}: {s[key]}" if s.get(key) else f"- {label}: none written by this run")
+    if s.get("plan_digest"):
+        lines.append(f"- plan digest: {s['plan_digest'][:12]}")
+    n_tuned = sum(r.tuned for r in rows)
+    n_gain = sum(r.tuned and r.predicted_plan_us < r.predicted_default_us for r in rows)
+    default = default_config_text(s.get("backend", "nccl"))
+    if s.get("phase") == "applied":
+        lines.append(f"- sites tuned: {n_tuned} of {len(rows)} (config differs from the default: {default}); "
+                     f"{n_gain} with a predicted gain")
+    else:  # the defaults ran (fell back, or tuning never finished): nothing is tuned
+        lines.append(f"- sites tuned: 0 of {len(rows)} (the defaults were kept: {default}); the plan would change "
+                     f"{n_tuned} ({n_gain} with a predicted gain)")
+    lines += ["", "## Iteration time (ms)", "",
+              "| | defaults | plan |", "|---|---|---|"]
+    n_d, n_p = len(s.get("verify_default_us") or []), len(s.get("verify_plan_us") or [])
+    lines.append(f"| measured median ({n_d} / {n_p} iterations: the verification's, or a reused plan's 2nd-4th) | "
+                 f"{_ms(s.get('measured_default_us'))} | {_ms(s.get('measured_plan_us'))} |")
+    lines.append(f"| measured spread (half of max - min) | {_ms(s.get('spread_default_us'))} | {_ms(s.get('spread_plan_us'))} |")
+    lines.append(f"| predicted by the cost model | {_ms(s.get('predicted_default_iteration_us'))} | "
+                 f"{_ms(s.get('predicted_iteration_us'))} |")
+    lines.append(f"| profiled default iteration (one iteration, profiler on) | {_ms(s.get('default_iteration_us'))} | |")
+    lines += ["", f"- gain (defaults - plan): {_ms(s.get('gain_us'))} ms; needed to keep the plan: more than "
+              f"{_ms(s.get('needed_us'))} ms (the larger of the spread and the minimum gain)",
+              f"- verdict: {s.get('verdict') or 'no verification in this run'}"]
+    lines += ["", "## Per site (region time per iteration, ms)", "",
+              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
         lines.append("| " + " | ".join(_fmt(v) for v in r.values()) + " |")
+    totals = column_totals(rows, s)
+    order = ("measured_default", "measured_plan", "predicted_default", "predicted_plan")
+    pad = [""] * (len(COLUMNS) - 5)
+    for i, label in enumerate(("sum of the sites", "rest of the iteration", "iteration")):
+        lines.append("| " + " | ".join([f"**{label}**", *pad, *(_fmt(totals[c][i] / 1e3) for c in order)]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -107,8 +217,26 @@ def render_csv(rows: list[SiteRow]) -> str:
     return buf.getvalue()
 
 
+def report_path_for(path: str | os.PathLike, run_kind: str) -> Path:
+    """Where a run of ``run_kind`` (``RUN_KINDS``) writes its report, given ``--lagom-report``.
+
+    A tuning run writes ``path``. Any other run writes ``<stem>.<run_kind>-<n><suffix>`` with
+    the first free ``n`` (1, 2, ...), so that no run replaces the report holding a verification's
+    measurements or another run's report.
+    """
+    path = Path(path)
+    if run_kind == "tuned":
+        return path
+    n = 1
+    while True:
+        cand = path.with_name(f"{path.stem}.{run_kind}-{n}{path.suffix}")
+        if not cand.exists():
+            return cand
+        n += 1
+
+
 def write_report(path: str | os.PathLike, rows: list[SiteRow], summary: dict[str, Any], *, figure: bool = True) -> list[Path]:
-    """Writes the table in the format of ``path``'s suffix and, with ``figure``, a PNG beside it.
+    """Writes the report in the format of ``path``'s suffix and, with ``figure``, a PNG beside it.
 
     Returns:
         The paths written.
@@ -123,44 +251,19 @@ def write_report(path: str | os.PathLike, rows: list[SiteRow], summary: dict[str
     elif suffix == ".csv":
         write_text_atomic(path, render_csv(rows))
     elif suffix == ".json":
+        totals = column_totals(rows, summary)
         write_json_atomic(path, {"summary": summary, "columns": list(COLUMNS),
-                                 "rows": [dict(zip(COLUMNS, r.values())) for r in rows]})
+                                 "rows": [dict(zip(COLUMNS, r.values())) for r in rows],
+                                 "totals_ms": {c: dict(zip(("sites", "rest", "iteration"), (x / 1e3 for x in t)))
+                                               for c, t in totals.items()}})
     else:
         raise ValueError(f"--lagom-report must end in .md, .csv or .json; got {str(path)!r}")
     written = [path]
     if figure and rows:
         png = path.with_suffix(".png")
-        plot_regions(png, rows, title=f"lagom: {summary.get('phase', '')} ({summary.get('method', '')})")
+        from lagom_megatron.megatron.report_figure import plot_report
+
+        plot_report(png, rows, summary)
         written.append(png)
     return written
 
-
-def plot_regions(path: Path, rows: list[SiteRow], *, title: str = "") -> None:
-    """Horizontal bars per site: measured and predicted region time, defaults vs. plan (us)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    names = [r.site_id for r in rows]
-    series = [("measured, defaults", [r.measured_default_us for r in rows]),
-              ("measured, plan", [r.measured_plan_us for r in rows]),
-              ("predicted, defaults", [r.predicted_default_us for r in rows]),
-              ("predicted, plan", [r.predicted_plan_us for r in rows])]
-    y = np.arange(len(names))
-    h = 0.2
-    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.45 * len(names) + 1)))
-    for i, (label, vals) in enumerate(series):
-        v = np.array([x if math.isfinite(x) else 0.0 for x in vals])
-        ax.barh(y + (i - 1.5) * h, v, height=h, label=label)
-    ax.set_yticks(y, names, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("region time per iteration (us)")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
-    finally:
-        plt.close(fig)

@@ -271,8 +271,8 @@ def check_nccl_env(environ: Mapping[str, str], *, nccl_version: str | None = Non
             "error", "NCCL_TUNER_PLUGIN", plugin, f"NCCL_TUNER_PLUGIN={plugin!r}: the file does not exist",
             "NCCL dlopens the tuner plugin when a communicator is created; when that fails it logs "
             "at INFO level only and silently uses its internal tuner instead",
-            "point NCCL_TUNER_PLUGIN at an existing file (lagom's: make -C lagom_megatron/nccl/plugin "
-            "build -> libnccl-tuner-lagom.so), or unset it",
+            "point NCCL_TUNER_PLUGIN at an existing file (lagom's: `lagom build-tuner -o build` -> "
+            "build/libnccl-tuner-lagom.so), or unset it",
         ))
     return issues
 

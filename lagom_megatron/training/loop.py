@@ -28,6 +28,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from lagom_megatron.training.flops import num_floating_point_operations, throughput_tflops_per_gpu
+
 
 @dataclass
 class TrainingContext:
@@ -69,18 +71,28 @@ def _log(message: str, *, rank: int, world_size: int) -> None:
 
 def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples: int, elapsed_ms: float,
                           lr: float, global_batch_size: int, loss: float, tokens_per_s: float,
-                          grad_norm: float | None) -> str:
-    """One log line in Megatron-LM's ``training_log`` layout (fields separated by `` | ``)."""
+                          grad_norm: float | None, tflops_per_gpu: float, loss_scale: float,
+                          skipped_iters: int, nan_iters: int) -> str:
+    """One log line with the fields and order of Megatron-LM's ``training_log`` (core_v0.16.1
+    ``megatron/training/training.py`` lines 2031-2085): iteration, consumed samples, elapsed time
+    per iteration (ms), throughput per GPU (TFLOP/s/GPU), learning rate, global batch size, lm loss,
+    loss scale, grad norm, number of skipped iterations, number of nan iterations (the last two
+    count the iterations since the previous line); then ``tokens per second``, which Megatron-LM
+    does not print."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     line = (f" [{stamp}] iteration {iteration:8d}/{train_iters:8d} |"
             f" consumed samples: {consumed_samples:12d} |"
             f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
+            f" throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f} |"
             f" learning rate: {lr:.6E} |"
             f" global batch size: {global_batch_size:5d} |"
             f" lm loss: {loss:.6E} |"
-            f" tokens per second: {tokens_per_s:.1f} |")
+            f" loss scale: {loss_scale:.1f} |")
     if grad_norm is not None:
         line += f" grad norm: {grad_norm:.3f} |"
+    line += (f" number of skipped iterations: {skipped_iters:3d} |"
+             f" number of nan iterations: {nan_iters:3d} |"
+             f" tokens per second: {tokens_per_s:.1f} |")
     return line
 
 
@@ -285,7 +297,9 @@ def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log) -> 
     dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
     last_rank = dist.get_world_size() - 1
     result = TrainingResult()
-    window_loss, window_time, window_n = 0.0, 0.0, 0
+    window_loss, window_time, window_n, window_skipped, window_nan = 0.0, 0.0, 0, 0, 0
+    flops = num_floating_point_operations(args, gbs)
+    world_size = dist.get_world_size()
     for iteration in range(1, args.train_iters + 1):
         _call(callbacks, "on_iteration_start", iteration)
         t0 = time.perf_counter()
@@ -313,6 +327,10 @@ def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log) -> 
         dist.broadcast(loss_dev, src=last_rank)
         loss_value = float(loss_dev.cpu()[0])
         elapsed = time.perf_counter() - t0
+        # Megatron-LM: a skipped update (fp16 loss-scale overflow) is counted, and counted as a nan
+        # iteration when its loss is not finite (training.py core_v0.16.1, training_log)
+        window_skipped += int(not update_successful)
+        window_nan += int(not update_successful and not math.isfinite(loss_value))
         if not math.isfinite(loss_value):
             raise FloatingPointError(f"iteration {iteration}: lm loss is {loss_value}")
         result.losses.append(loss_value)
@@ -326,8 +344,10 @@ def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log) -> 
                 iteration=iteration, train_iters=args.train_iters, consumed_samples=iteration * gbs,
                 elapsed_ms=1000.0 * window_time / window_n, lr=lr, global_batch_size=gbs,
                 loss=window_loss / window_n, tokens_per_s=window_n * gbs * args.seq_length / window_time,
-                grad_norm=float(grad_norm) if grad_norm is not None else None))
-            window_loss, window_time, window_n = 0.0, 0.0, 0
+                grad_norm=float(grad_norm) if grad_norm is not None else None,
+                tflops_per_gpu=throughput_tflops_per_gpu(flops, window_time / window_n, world_size),
+                loss_scale=float(ctx.optimizer.get_loss_scale()), skipped_iters=window_skipped, nan_iters=window_nan))
+            window_loss, window_time, window_n, window_skipped, window_nan = 0.0, 0.0, 0, 0, 0
         _call(callbacks, "on_iteration_end", iteration, elapsed, loss_value)
     sys.stdout.flush()
     return result

@@ -58,7 +58,7 @@ def test_a_profile_that_is_a_json_list_names_what_was_expected(tmp_path, capsys)
 def test_build_tuner_into_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "f").write_text("keep me")
     assert main(["build-tuner", "-o", str(tmp_path / "f")]) == 2
-    assert "is a file; give the folder" in _error_line(capsys)
+    assert "is a file; give a folder" in _error_line(capsys)
     assert (tmp_path / "f").read_text() == "keep me"
 
 
@@ -113,7 +113,7 @@ def test_non_utf8_plan_names_the_file(tmp_path, capsys):
     assert f"{bad}: not a UTF-8 text file" in _error_line(capsys)
 
 
-def test_export_refuses_what_validate_refuses_and_warns_on_rejected_plans(saved, capsys):
+def test_export_refuses_what_validate_refuses_and_rejected_plans_unless_allowed(saved, capsys):
     plan = Plan.load(saved / "plan.json")
     site_id = next(iter(plan.entries))
     bad = dataclasses.replace(plan.entries[site_id], config=CommConfig(n_channels=999))
@@ -123,7 +123,10 @@ def test_export_refuses_what_validate_refuses_and_warns_on_rejected_plans(saved,
     assert site_id in err and "999" in err, err
 
     plan.with_stats(verification="fell_back", verification_reason="gain below noise").save(saved / "rejected.json")
-    assert main(["plan", "export", str(saved / "rejected.json"), "--format", "nccl-tuner-csv"]) == 0
+    assert main(["plan", "export", str(saved / "rejected.json"), "--format", "nccl-tuner-csv"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "rejected by its verification (gain below noise): not exported" in captured.err
+    assert main(["plan", "export", str(saved / "rejected.json"), "--format", "nccl-tuner-csv", "--allow-rejected"]) == 0
     captured = capsys.readouterr()
     assert "rejected by its verification (gain below noise)" in captured.err
     assert captured.out.strip(), "the table is still exported"

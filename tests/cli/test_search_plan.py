@@ -62,7 +62,7 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys):
     assert main(["plan", "show", str(broken)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("lagom ") for line in err)
-    assert "--method must be one of" in err[1] and "invalid JSON at line 1" in err[2]
+    assert "argument --method: invalid choice: 'greedy'" in err[1] and "invalid JSON at line 1" in err[2]
 
 
 def test_bench_prints_both_tables(capsys):
@@ -80,7 +80,7 @@ def test_diff_and_validate_show_a_missing_fingerprint_key(tmp_path, capsys):
     other_path.write_text(json.dumps(data))
     capsys.readouterr()
     assert main(["plan", "diff", str(plan_path), str(other_path)]) == 0
-    assert capsys.readouterr().out.strip() == "plans are identical"
+    assert capsys.readouterr().out.strip() == "plans are identical (verification: never verified)"
     prof = _profile(tmp_path, ddp_bucket_size=40_000_000)
     assert main(["plan", "validate", str(other_path), "--profile", str(prof)]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [

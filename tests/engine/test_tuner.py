@@ -223,7 +223,7 @@ def test_all_default_plan_falls_back(fake_engine):
     fake_engine["plan_config"] = DEFAULT
     t = _tuner()
     _run(t, t.profiling_iters)
-    assert t.phase is Phase.FELL_BACK and "kept NCCL defaults" in t.reason
+    assert t.phase is Phase.FELL_BACK and "kept the defaults for every site" in t.reason
 
 
 def test_preconditions_name_what_was_seen(fake_engine):

@@ -262,9 +262,18 @@ def test_command_line_validate_args_and_data_warning(capsys):
 
 
 @pytest.mark.parametrize("option, what", [
-    (["--world-size", "0"], "error: [world-size] world size 0 is not a positive integer"),
-    (["--world-size", "-4"], "error: [world-size] world size -4 is not a positive integer"),
-    (["--gpus-per-node", "0"], "error: [gpus-per-node] GPUs per node 0 is not a positive integer"),
+    (["--world-size", "0"], "argument --world-size: 0 is not an integer >= 1"),
+    (["--world-size", "-4"], "argument --world-size: -4 is not an integer >= 1"),
+    (["--gpus-per-node", "0"], "argument --gpus-per-node: 0 is not an integer >= 1"),
+])
+def test_command_refuses_bad_own_options_as_usage(capsys, option, what):
+    # the doctor's own options are checked by argparse: a usage error (exit 2), nothing checked yet
+    assert main(["doctor", "--preset", "gpt3-13b-h100x64", *option]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and what in captured.err
+
+
+@pytest.mark.parametrize("option, what", [
     (["--gpus-per-node", "3"], "error: [gpus-per-node] world size 64 is not a multiple of the 3 GPUs per node"),
     (["--gpus-per-node", "3"], "error: [tp-node] --tensor-model-parallel-size 2 does not tile the 3 GPUs of a node"),
 ])

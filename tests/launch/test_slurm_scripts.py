@@ -71,7 +71,8 @@ def fake(tmp_path, plugin_dir):
     def run(script, *args, slurm=True, extra_env=None):
         e = dict(env)
         if slurm:  # an allocation of the preset's nodes, node-a07 onwards, as SLURM would set it
-            name = args[args.index("--preset") + 1] if "--preset" in args else None
+            i = args.index("--preset") + 1 if "--preset" in args else len(args)
+            name = args[i] if i < len(args) and not args[i].startswith("-") else None
             preset = load_preset(name) if name else None
             nodes = preset.slurm.nodes if preset is not None and preset.slurm is not None else 2
             e.update(SLURM_JOB_ID="123456", SLURM_JOB_NODELIST=f"node-a[07-{6 + nodes:02d}]" if nodes > 1 else "node-a07")
@@ -150,9 +151,16 @@ def test_per_gpu_ranks_from_slurm_and_megatron_lm_flags(fake):
     assert "--preset" not in args
 
 
+def _valid_plan(path):
+    """A minimal valid plan file (an empty gloo plan never verified): the scripts validate an existing --plan."""
+    from lagom_megatron.engine.plan import Plan
+
+    Plan(entries={}, backend="gloo", mechanism="gloo", fingerprint={"cluster": "cpu-gloo"}).save(path)
+
+
 def test_plan_env_file_is_sourced_before_srun(fake):
     plan = fake.tmp / "plan.json"
-    plan.write_text("{}")
+    _valid_plan(plan)
     (fake.tmp / "plan.env").write_text("NCCL_NTHREADS=256\nNCCL_BUFFSIZE=8388608\n")
     proc = fake(PER_NODE, "--preset", "llama3-8b-h100x8", "--plan", str(plan))
     assert proc.returncode == 0, proc.stderr
@@ -204,7 +212,7 @@ def test_missing_plan_is_announced_and_its_folder_created(fake):
     assert proc.returncode == 0, proc.stderr
     assert "warning: plan" in proc.stderr and plan.parent.is_dir()
     assert (fake.log / "srun.args").read_text().split()[-2:] == ["--lagom-plan", str(plan)]
-    plan.write_text("{}")
+    _valid_plan(plan)
     again = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(plan))
     assert again.returncode == 0 and "warning: plan" not in again.stderr
 
@@ -220,7 +228,7 @@ def test_plan_under_a_file_or_a_directory_is_refused(fake):
 
 def test_bad_plan_env_values_stop_the_launch(fake):
     plan = fake.tmp / "plan.json"
-    plan.write_text("{}")
+    _valid_plan(plan)
     (fake.tmp / "plan.json.env").write_text("export NCCL_NTHREADS=480\n")
     proc = fake(PER_GPU, "--preset", "llama2-7b-a100x32-ib100", "--plan", str(plan))
     assert proc.returncode == 1 and "NCCL_NTHREADS=480" in proc.stderr
@@ -314,3 +322,51 @@ def test_every_rank_inherits_the_plugin(fake):
     assert proc.returncode == 0, proc.stderr
     ranks = [line.split(" ARGS ")[0] for line in proc.stdout.splitlines() if line.startswith("RANK")]
     assert ranks == [f"RANK {r} LOCAL_RANK {r} WORLD_SIZE 8 PLUGIN {fake.plugin} TABLE ''" for r in range(8)]
+
+
+@pytest.mark.parametrize("script", [PER_NODE, PER_GPU])
+def test_dry_run_never_executes_the_plan_env_file(fake, script):
+    """A dry run reads the plan's env file with lagom's parser: a command in it neither runs
+    nor passes; clean `export` lines are shown, never sourced."""
+    plan = fake.tmp / "runs" / "plan.json"
+    plan.parent.mkdir()
+    marker = fake.tmp / "ran"
+    plan.with_suffix(".env").write_text(f"export NCCL_MAX_CTAS=16\ntouch {marker}\n")
+    proc = fake(script, "--dry-run", "--preset", "llama3-70b-h100x64", "--plan", str(plan))
+    assert proc.returncode == 2 and not marker.exists(), proc.stderr
+    assert "expected NAME=value, got 'touch" in proc.stderr and "the plan's env file) is not valid" in proc.stderr
+    plan.with_suffix(".env").write_text("export NCCL_MAX_CTAS=16\n")
+    proc = fake(script, "--dry-run", "--preset", "llama3-70b-h100x64", "--plan", str(plan))
+    assert proc.returncode == 0, proc.stderr
+    assert f"set -a; source {plan.with_suffix('.env')}; set +a" in proc.stdout
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--preset"], "lagom_pretrain: --preset needs a value (see --help)"),
+    (["--preset", "llama3-70b-h100x64", "--plan"], "--plan needs a value"),
+    (["--preset", "--dry-run"], "--preset needs a value"),
+    (["--preset", "llama3-70b-h100x64", "--megatron-lm", "/nonexistent"],
+     "--megatron-lm /nonexistent: no pretrain_gpt.py there"),
+])
+def test_dry_run_checks_every_input(fake, args, expected):
+    proc = fake(PER_NODE, "--dry-run", *args)
+    assert proc.returncode == 2 and expected in proc.stderr and proc.stdout == "", (proc.stdout, proc.stderr)
+    assert "line " not in proc.stderr  # no bash internals
+
+
+def test_dry_run_refuses_a_truncated_plan(fake):
+    plan = fake.tmp / "plan.json"
+    plan.write_text('{"schema_version": 1, "entries": {')
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-70b-h100x64", "--plan", str(plan))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "invalid JSON" in proc.stderr and f"--plan {plan} is not a valid plan" in proc.stderr
+
+
+def test_submit_outside_slurm_names_the_missing_tool(fake, tmp_path):
+    bare = {"PATH": "/usr/bin:/bin"}  # no sbatch, no srun
+    proc = fake(PER_NODE, "--submit", "--preset", "llama3-70b-h100x64", slurm=False, extra_env=bare)
+    assert proc.returncode == 2, proc.stderr
+    assert "--submit needs SLURM's sbatch, which is not on PATH here" in proc.stderr
+    assert "command not found" not in proc.stderr
+    proc = fake(PER_GPU, "--preset", "llama2-7b-a100x32-ib100", extra_env=bare)
+    assert proc.returncode == 2 and "SLURM's srun is not on PATH here" in proc.stderr

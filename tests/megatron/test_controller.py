@@ -44,8 +44,11 @@ def test_plan_rejected_by_its_verification_is_not_applied_again(tmp_path, capsys
     ctl.fingerprint = dict(FP)
     assert ctl._try_reuse_plan() is True  # no new search either: the verdict stands
     out = capsys.readouterr().out
-    assert "phase reverted to defaults" in out and "gain 0.1% below noise 2%" in out, out
-    assert ctl.summary()["phase"].startswith("reverted")
+    assert "phase fell_back" in out and "gain 0.1% below noise 2%" in out, out
+    summary = ctl.summary()  # one name for the state everywhere: the plan's own "fell_back"
+    assert summary["phase"] == "fell_back" and summary["run_kind"] == "reused"
+    assert "rejected by its own verification (gain 0.1% below noise 2%)" in summary["reason"]
+    assert summary["plan_path"] == str(path) and summary["profile_path"] is None  # no profile.json exists
 
 
 def test_never_verified_plan_is_verified_not_applied_blind(tmp_path, capsys, monkeypatch):
@@ -177,3 +180,43 @@ def test_train_end_logs_the_plugin_hit_summary(tmp_path, capsys, monkeypatch):
     ctl.on_train_end()
     assert ("lagom: tuner plugin not loaded by NCCL in this process: none of the 1 planned rows can have been applied"
             in capsys.readouterr().out.splitlines())
+
+
+def test_reused_plan_of_another_method_says_so_and_counts_only_changed_sites(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "plan.json"
+    plan = _plan(dict(FP))
+    plan.entries["dp.other"] = PlanEntry(config=CommConfig(n_channels=2), predicted_t_comm_us=1.0,
+                                         predicted_t_region_us=1.0, group="dp", op="all_reduce", nbytes=8)
+    plan.with_stats(verification="applied", verification_reason="gain 5%").save(path)
+    ctl = LagomController(plan_path=str(path), method="autoccl")
+    ctl.fingerprint, ctl.backend = dict(FP), "gloo"
+
+    class Router:
+        def set_assignment(self, a):
+            self.assignment = a
+
+    ctl.router = Router()
+    monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: None)
+    assert ctl._try_reuse_plan() is True
+    out = capsys.readouterr().out
+    # n_channels=2 is gloo's default thread count: routed, but no change, so not "tuned"
+    assert "1/2 sites tuned" in out, out
+    assert "--lagom-method autoccl not used" in out and "searched with priority" in out, out
+
+
+def test_run_too_short_or_interrupted_is_named_with_its_reason(tmp_path):
+    from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.megatron.backends import rules_for
+
+    ctl = LagomController(plan_path=str(tmp_path / "plan.json"), warmup_iters=1, verify_iters=2)
+    ctl.fingerprint, ctl.cluster, ctl.backend = dict(FP), ClusterSpec.load("cpu-gloo"), "gloo"
+    ctl.pool = None
+    ctl._start_tuner()
+    assert rules_for("gloo", ctl.cluster).backend == "gloo"
+    ctl._train_iters, ctl._last_iteration = 8, 8
+    s = ctl.summary()
+    assert s["run_kind"] == "unfinished" and s["plan_path"] is None and s["profile_path"] is None
+    assert f"--train-iters 8 ended while lagom was profiling: tuning needs {ctl.tuner.total_iters} iterations" in s["reason"]
+    ctl._last_iteration = 3
+    s = ctl.summary()
+    assert s["run_kind"] == "interrupted" and "training stopped at iteration 3 of 8" in s["reason"]

@@ -16,6 +16,7 @@ groups are of size 2, so chunked reductions add in the same order).
 
 import json
 import math
+import re
 import os
 import subprocess
 import sys
@@ -66,15 +67,41 @@ def _check_hooks_removed(result: dict, *, lagom: bool) -> None:
         assert result["patched_during"] == 0
 
 
+def _check_report_against_log(md: str, log: str, saved: Plan) -> set[str]:
+    """The markdown report's figures are the ones of the verdict line in the run's log; each time
+    column of the per-site table adds up (sites + rest) to its iteration figure, and the measured
+    columns' iteration row is the verdict's medians. Returns the site ids of the table."""
+    m = re.search(r"lagom: phase (applied|fell_back) \| (?:measured [\d.]+ -> [\d.]+ ms \| )?plan ([\d.]+) ms vs "
+                  r"defaults ([\d.]+) ms \(median of (\d+)\), gain (-?[\d.]+) ms, needed > ([\d.]+) ms", log)
+    assert m, log
+    phase, plan_ms, default_ms, n, gain, needed = m.groups()
+    assert md.startswith(f"# lagom report: {phase}\n") and phase == saved.stats["verification"]
+    assert f"- plan digest: {saved.digest()[:12]}" in md
+    assert f"| measured median ({n} / {n} iterations" in md and f"| {default_ms} | {plan_ms} |" in md, md
+    assert f"- gain (defaults - plan): {gain} ms; needed to keep the plan: more than {needed} ms" in md, md
+    totals = {}
+    for line in md.splitlines():
+        t = re.match(r"\| \*\*(.+?)\*\* \|", line)
+        if t:
+            totals[t.group(1)] = [float(x) for x in line.strip("| ").split(" | ")[-4:]]
+    for col in range(4):
+        assert math.isclose(totals["sum of the sites"][col] + totals["rest of the iteration"][col],
+                            totals["iteration"][col], abs_tol=0.011), totals
+    assert totals["iteration"][:2] == pytest.approx([float(default_ms), float(plan_ms)], abs=0.051), totals
+    rows = [line.split(" | ") for line in md.splitlines() if re.match(r"\| (dp|tp|pp)\.", line)]
+    tuned = [r for r in rows if r[7] == "yes"]
+    assert all(r[6] != "n_channels=2" for r in tuned)  # gloo's default thread count is not a change
+    return {r[0].lstrip("| ") for r in rows}
+
+
 def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
     plan = tmp_path / "run" / "plan.json"
-    report = tmp_path / "run" / "report.json"
-    report2 = tmp_path / "run" / "report_reuse.json"
+    report = tmp_path / "run" / "report.md"
     base = ["--preset", "cpu-tp2-dp2", *COMMON]
     results, logs = _launch(tmp_path, "tp", [
         {"name": "default", "argv": base},
         {"name": "lagom", "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report)]},
-        {"name": "reuse", "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report2)]},
+        {"name": "reuse", "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report)]},
     ])
     default, tuned, reused = results["default"], results["lagom"], results["reuse"]
     assert len(default["losses"]) == ITERS and all(math.isfinite(x) for x in default["losses"])
@@ -87,7 +114,7 @@ def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
     log = logs["lagom"]
     for phase in ("lagom: phase profiling", "lagom: phase searching", "lagom: phase verifying"):
         assert phase in log, f"{phase!r} missing from the log:\n{log}"
-    assert ("lagom: phase applied" in log) or ("lagom: phase reverted to defaults" in log), log
+    assert ("lagom: phase applied" in log) or ("lagom: phase fell_back" in log), log
     profile = Profile.load(plan.parent / "profile.json")
     ids = {s.site_id for s in profile.sites}
     assert any(i.startswith("dp.grad_reduce_scatter[chunk0.bucket") for i in ids), sorted(ids)
@@ -105,20 +132,29 @@ def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
     assert set(saved.entries) == ids
     # the process-scope knobs go to an env file beside the plan for the launch scripts to source
     assert read_env_file(plan.with_suffix(".env")) == validate_process_env(saved.env)
-    rep = json.loads(report.read_text())
-    assert rep["summary"]["plan_digest"] == saved.digest()  # stats (verification outcome) are not digested
-    assert {r["site_id"] for r in rep["rows"]} == ids
+    md = report.read_text()
+    assert _check_report_against_log(md, log, saved) == ids
     assert report.with_suffix(".png").stat().st_size > 1000
     # the training kept going after lagom finished
     assert "iteration       12/      12" in log
+    # warmup i/n counts --lagom-warmup-iters (1 here), not every profiling iteration
+    assert "warmup 1/1; profiling step 1/" in log and "warmup 2/" not in log, log
 
     log2 = logs["reuse"]
     assert "profiling and search skipped" in log2, log2
     if saved.stats.get("verification") == "fell_back":  # a plan its verification rejected is not applied again
-        assert "lagom: phase reverted to defaults" in log2 and "verification kept the defaults" in log2, log2
+        assert "lagom: phase fell_back" in log2 and "verification kept the defaults" in log2, log2
     else:
         assert "lagom: phase applied" in log2, log2
     assert "lagom: phase profiling" not in log2 and "lagom: phase searching" not in log2, log2
+    # the reuse run wrote its own report; the tuning run's report.md is untouched
+    assert report.read_text() == md
+    reuse_md = tmp_path / "run" / "report.reused-1.md"
+    assert f"lagom: report {reuse_md}" in log2, log2
+    text = reuse_md.read_text()
+    assert "- run: reused;" in text
+    # calls per iteration come from this run's own records: 2 micro-batches, 2 SP all-gathers per layer
+    assert re.search(r"\| tp\.sp_all_gather\[0\] \| all_gather \| tp \| 128\.0 KiB \| 2 \|", text), text
 
 
 def test_pp2_dp2_digest_mismatch_keeps_defaults_and_plan_keeps_losses(tmp_path):
@@ -141,7 +177,7 @@ def test_pp2_dp2_digest_mismatch_keeps_defaults_and_plan_keeps_losses(tmp_path):
     _check_hooks_removed(fault, lagom=True)
     log = logs["fault"]
     assert "plan digest mismatch" in log and "rank 1" in log, log
-    assert "phase reverted to defaults" in log, log
+    assert "phase fell_back" in log, log
     rep = json.loads(report.read_text())
     assert rep["summary"]["phase"] == "fell_back"
     assert "rank agreement failed" in rep["summary"]["reason"]

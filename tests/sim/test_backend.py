@@ -181,9 +181,9 @@ def test_lagom_simulate_64_gpu_preset_cli_under_60s(tmp_path):
     for phase in ("profiling", "probing", "searched", "verifying"):
         assert f"[{phase:>9}]" in out.stdout, out.stdout
     assert "SIMULATED" in out.stdout and "predicted, plan" in out.stdout and "measured, defaults" in out.stdout
-    assert "largest predicted savings" in out.stdout and re.search(r"result: (APPLIED|FELL_BACK): ", out.stdout)
+    assert "largest predicted savings" in out.stdout and re.search(r"result: (applied|fell_back): ", out.stdout)
     assert wall < 60, f"lagom simulate took {wall:.1f} s"
-    verdict = re.search(r"result: (APPLIED|FELL_BACK): ", out.stdout).group(1).lower()
+    verdict = re.search(r"result: (applied|fell_back): ", out.stdout).group(1)  # the plan's own state names
     assert Plan.load(tmp_path / "plan.json").stats["verification"] == verdict  # saved with its verdict
 
 

@@ -126,3 +126,15 @@ def test_parallel_layout_matches_single_process_losses(layout, corpus, baseline,
         assert got == pytest.approx(want, rel=1e-4), f"{layout}: iteration {i} lm loss got {got} but should be {want}"
     if "--lagom" in extra:
         assert "pretrain_gpt: lagom=True lagom_warmup_iters=4" in log
+
+
+def test_iteration_line_has_megatron_fields(baseline):
+    """The baseline's logged lines carry Megatron-LM's fields (the FLOPs formula itself is tested
+    in test_log_line.py: this tiny model's TFLOP/s rounds to 0.0)."""
+    _, log = baseline
+    lines = [line for line in log.splitlines() if " iteration " in line and "lm loss" in line]
+    assert len(lines) == 2
+    for line in lines:
+        assert re.search(r"\| throughput per GPU \(TFLOP/s/GPU\): \d+\.\d \| learning rate:", line), line
+        assert "| loss scale: 1.0 |" in line and "| number of skipped iterations:   0 |" in line, line
+        assert "| number of nan iterations:   0 |" in line, line

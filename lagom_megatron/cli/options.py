@@ -1,0 +1,97 @@
+"""Option types of the ``lagom`` subcommands: argparse ``type=`` callables checked while the command
+line is parsed, before a subcommand runs anything.
+
+Each raises ``argparse.ArgumentTypeError`` with the bad value and what is allowed; argparse turns
+that into one ``lagom <command>: error: ...`` line and exit status 2 (``main.LagomParser``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def int_range(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """A type for an integer in ``lo..hi`` (``hi`` None: no upper bound).
+
+    Returns:
+        A callable ``str -> int`` for ``add_argument(type=...)``.
+    """
+    allowed = f"an integer >= {lo}" if hi is None else f"an integer in {lo}..{hi}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {allowed}") from None
+        if value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"{value} is not {allowed}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def readable_file(text: str) -> str:
+    """A path to an existing, readable regular file (a profile, a plan).
+
+    Raises:
+        argparse.ArgumentTypeError: missing, a folder, or not readable (names the path).
+    """
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a folder; give a file")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text}: not readable")
+    return text
+
+
+def writable_file(text: str) -> str:
+    """A path a file can be written to atomically: its folder exists (or can be created under an
+    existing writable folder) and is writable, and the path is not a folder.
+
+    Raises:
+        argparse.ArgumentTypeError: names the path and why it cannot be written.
+    """
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a folder; give a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: exists and is not writable")
+    _check_folder(path.parent if str(path.parent) else Path("."), text)
+    return text
+
+
+def writable_dir(text: str) -> str:
+    """A folder that exists and is writable, or can be created under an existing writable folder.
+
+    Raises:
+        argparse.ArgumentTypeError: names the path and why it cannot be written.
+    """
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a file; give a folder")
+    _check_folder(path, text)
+    return text
+
+
+def _check_folder(folder: Path, text: str) -> None:
+    existing = folder
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {existing} is not a folder")
+    # the atomic write creates a temporary file in the folder: try one (os.access says yes to
+    # root on a read-only or immutable folder)
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: cannot write in {existing} ({exc.strerror or exc})") from None

@@ -1,0 +1,192 @@
+"""Strict schemas (pydantic) of the profile and plan files the ``lagom`` commands read.
+
+The engine's loaders (``engine.profile.Profile.from_dict``, ``engine.plan.Plan.from_dict``)
+build the objects; these schemas check first, field by field and with strict types, what a hand
+edit can break: every top-level field (schema version, backend, mechanism, method, cluster,
+``iteration_us > 0``, ``fingerprint.world_size >= 1``), integer byte counts (``"1MB"`` or ``1e30``
+are refused), site ids that occur once, an entry config that is an object. ``load_profile`` and
+``load_plan`` give one ``ValueError`` line naming the file, the field and the value.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+
+from lagom_megatron.engine.files import read_json
+from lagom_megatron.engine.profile import BACKENDS, OPS
+from lagom_megatron.engine.search import METHODS
+from lagom_megatron.nccl.rules import MECHANISMS
+
+MAX_NBYTES = 1 << 40
+"""Largest message a site may hold (1 TiB): far above any collective of a real run."""
+
+MECHANISMS_OF: dict[str, tuple[str, ...]] = {"gloo": ("gloo",), "nccl": MECHANISMS, "sim": MECHANISMS}
+"""The mechanisms each backend can apply a plan with (``nccl.rules.MECHANISMS``; gloo: pool entries)."""
+
+Op = Literal[OPS]  # type: ignore[valid-type]
+
+
+def _finite(v: float) -> float:
+    if not math.isfinite(v):
+        raise ValueError(f"must be a finite number; got {v}")
+    return v
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class SiteSchema(_Strict):
+    """A profile's ``sites[]`` item (``engine.profile.CollectiveSite``)."""
+
+    site_id: str = Field(min_length=1)
+    op: Op
+    nbytes: StrictInt = Field(ge=0, le=MAX_NBYTES)
+    dtype: str
+    group: str = Field(min_length=1)
+    group_size: StrictInt = Field(ge=1)
+    n_nodes: StrictInt = Field(default=1, ge=1)
+    calls_per_iter: StrictInt = Field(default=1, ge=1)
+
+
+class SampleSchema(_Strict):
+    """A profile's ``samples[]`` item (``engine.profile.Sample``); times in microseconds, >= 0."""
+
+    site_id: str
+    config: dict[str, Any]
+    t_comm_us: float = Field(ge=0)
+    t_comp_us: float = Field(ge=0)
+    t_region_us: float = Field(ge=0)
+    iteration: StrictInt = 0
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+    _finite_times = field_validator("t_comm_us", "t_comp_us", "t_region_us")(_finite)
+
+
+class ProfileSchema(_Strict):
+    """A profile file (``engine.profile.Profile.to_dict``)."""
+
+    schema_version: Literal[1]
+    backend: Literal[BACKENDS]  # type: ignore[valid-type]
+    cluster: str = Field(min_length=1)
+    iteration_us: float = Field(gt=0)
+    fingerprint: dict[str, Any] = Field(default_factory=dict)
+    sites: list[SiteSchema] = Field(min_length=1)
+    samples: list[SampleSchema]
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+    _finite_iteration = field_validator("iteration_us")(_finite)
+
+    @model_validator(mode="after")
+    def _unique_sites(self) -> "ProfileSchema":
+        seen: set[str] = set()
+        for s in self.sites:
+            if s.site_id in seen:
+                raise ValueError(f"site {s.site_id!r} is listed twice (each site once)")
+            seen.add(s.site_id)
+        return self
+
+
+class EntrySchema(_Strict):
+    """A plan's ``entries{}`` value (``engine.plan.PlanEntry``)."""
+
+    config: dict[str, Any]
+    predicted_t_comm_us: float = Field(ge=0)
+    predicted_t_region_us: float = Field(ge=0)
+    predicted_default_t_region_us: float = Field(default=0.0, ge=0)
+    group: str = Field(min_length=1)
+    op: Op = "all_reduce"
+    nbytes: StrictInt = Field(default=0, ge=0, le=MAX_NBYTES)
+    group_size: StrictInt = Field(default=0, ge=0)
+    n_nodes: StrictInt = Field(default=1, ge=1)
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class FingerprintSchema(BaseModel):
+    """The fields of a plan's fingerprint that have a valid range; other keys pass as they are."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    world_size: StrictInt | None = Field(default=None, ge=1)
+    backend: Literal[BACKENDS] | None = None  # type: ignore[valid-type]
+
+
+class PlanSchema(_Strict):
+    """A plan file (``engine.plan.Plan.to_dict``)."""
+
+    schema_version: Literal[1]
+    method: Literal[METHODS] = "priority"  # type: ignore[valid-type]
+    backend: Literal[BACKENDS] = "nccl"  # type: ignore[valid-type]
+    mechanism: str = "tuner"
+    fingerprint: FingerprintSchema = Field(default_factory=FingerprintSchema)
+    env: dict[str, str] = Field(default_factory=dict)
+    entries: dict[str, EntrySchema]
+    stats: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _mechanism_of_backend(self) -> "PlanSchema":
+        allowed = MECHANISMS_OF[self.backend]
+        if self.mechanism not in allowed:
+            raise ValueError(f"mechanism must be one of {list(allowed)} for backend {self.backend!r}; "
+                             f"got {self.mechanism!r}")
+        return self
+
+
+def _one_line(exc: ValidationError, source: str) -> ValueError:
+    """The first error of ``exc`` as one line: file, field path, message, value."""
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    value = err.get("input")
+    shown = "" if isinstance(value, (dict, list)) or err["type"] == "missing" else f"; got {value!r}"
+    return ValueError(f"{source}: {loc + ': ' if loc else ''}{msg}{shown}")
+
+
+def check_profile(data: Any, source: str) -> None:
+    """Raises ValueError (one line) when ``data`` is not a valid profile (``ProfileSchema``)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: expected a JSON object (a profile); got a JSON {type(data).__name__}")
+    try:
+        ProfileSchema.model_validate(data)
+    except ValidationError as exc:
+        raise _one_line(exc, source) from None
+
+
+def check_plan(data: Any, source: str) -> None:
+    """Raises ValueError (one line) when ``data`` is not a valid plan (``PlanSchema``)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: a plan must be a JSON object; got {type(data).__name__}")
+    try:
+        PlanSchema.model_validate(data)
+    except ValidationError as exc:
+        raise _one_line(exc, source) from None
+
+
+def load_profile(path: str):
+    """Reads, checks (``ProfileSchema``) and builds a profile.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: invalid JSON or an invalid profile (one line naming the file and field).
+    """
+    from lagom_megatron.engine.profile import Profile
+
+    data = read_json(path)
+    check_profile(data, str(path))
+    return Profile.from_dict(data, source=str(path))
+
+
+def load_plan(path: str):
+    """Reads, checks (``PlanSchema``) and builds a plan.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: invalid JSON or an invalid plan (one line naming the file and field).
+    """
+    from lagom_megatron.engine.plan import Plan
+
+    data = read_json(path)
+    check_plan(data, str(path))
+    return Plan.from_dict(data, source=str(path))

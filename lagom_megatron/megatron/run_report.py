@@ -1,0 +1,95 @@
+"""What a ``--lagom`` run's report says, read from its controller: the run kind, the summary
+(verdict figures, paths that exist) and the per-site rows (``report.py`` renders them).
+
+Kept apart from ``controller.py`` so that the controller holds the lifecycle and this module
+holds how it is told. Times are microseconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from lagom_megatron.megatron.report import SiteRow, site_rows
+
+
+def run_kind(ctl: Any) -> str:
+    """``report.RUN_KINDS``: ``tuned`` (profiled, searched, verified or fallen back in this run),
+    ``reused`` (a saved plan applied, or skipped as rejected), ``unfinished`` (``--train-iters``
+    ended before tuning did) or ``interrupted`` (training stopped before its last iteration)."""
+    tuner = ctl.tuner
+    if ctl.mode == "reuse" and (tuner is None or tuner.done):
+        return "reused"
+    if tuner is not None and not tuner.done and ctl.mode != "aborted":
+        if ctl._train_iters is not None and ctl._last_iteration < ctl._train_iters:
+            return "interrupted"
+        return "unfinished"
+    return "tuned"
+
+
+def run_summary(ctl: Any) -> dict[str, Any]:
+    """JSON-ready state of the run: the tuner's summary, the run kind, the verdict's figures and
+    the paths of the plan and profile when they exist.
+
+    ``needed_us`` / ``gain_us`` / ``spread_*_us`` are recomputed from the verification's
+    iteration times by ``engine.verify.verdict``, the function the tuner's verdict used, with the
+    tuner's own settings, so the report shows the threshold the verdict applied.
+    """
+    from lagom_megatron.engine.verify import half_range, verdict
+
+    tuner = ctl.tuner
+    out: dict[str, Any] = tuner.summary() if tuner is not None else {"phase": ctl.mode, "method": ctl.method}
+    kind = run_kind(ctl)
+    out.update(mode=ctl.mode, run_kind=kind, search_ms=ctl.search_ms, backend=getattr(ctl, "backend", None),
+               cluster=getattr(getattr(ctl, "cluster", None), "name", None))
+    search = out.get("search") or {}
+    for key in ("predicted_iteration_us", "predicted_default_iteration_us"):
+        if isinstance(search.get(key), (int, float)):
+            out[key] = search[key]
+    plan = ctl.plan
+    if kind == "reused" and plan is not None:
+        for key in ("predicted_iteration_us", "predicted_default_iteration_us"):
+            if isinstance(plan.stats.get(key), (int, float)):
+                out[key] = plan.stats[key]
+    vp, vd = out.get("verify_plan_us") or [], out.get("verify_default_us") or []
+    if vp and vd and tuner is not None:
+        v = verdict(vp, vd, min_gain=tuner.config.min_gain, noise_rule=tuner.config.noise_rule)
+        out.update(gain_us=v.gain_us, needed_us=v.needed_us, spread_plan_us=half_range(vp),
+                   spread_default_us=half_range(vd), verdict=("plan kept: " if v.keep else "defaults kept: ") + v.text)
+    if kind == "reused" and plan is not None:
+        kept_defaults = plan.rejected
+        saved = plan.stats.get("verification_reason") or "no reason saved"
+        out["phase"] = "fell_back" if kept_defaults else "applied"
+        out["reason"] = (f"reused plan {ctl.files.plan_path}, rejected by its own verification ({saved}); defaults kept"
+                         if kept_defaults else
+                         f"reused plan {ctl.files.plan_path}, verified when it was searched ({saved}); "
+                         "not verified again in this run")
+        out["method"] = plan.method
+        if ctl._applied_us:  # under the defaults when the reused plan was a rejected one
+            arm = "default" if kept_defaults else "plan"
+            out[f"measured_{arm}_us"] = statistics.median(ctl._applied_us)
+            out[f"verify_{arm}_us"] = list(ctl._applied_us)
+    elif kind in ("unfinished", "interrupted"):
+        phase = tuner.phase.value
+        out["reason"] = (f"training stopped at iteration {ctl._last_iteration} of {ctl._train_iters} (an error or "
+                         f"a signal) while lagom was {phase}; defaults kept" if kind == "interrupted" else
+                         f"--train-iters {ctl._train_iters} ended while lagom was {phase}: tuning needs "
+                         f"{tuner.total_iters} iterations; defaults kept")
+    # only files that exist: a run that never saved a plan or a profile does not name one
+    out["plan_path"] = str(ctl.files.plan_path) if ctl.files.plan_path.is_file() else None
+    out["profile_path"] = str(ctl.files.profile_path) if ctl.files.profile_path.is_file() else None
+    if plan is not None:
+        out["plan_digest"] = plan.digest()
+    return out
+
+
+def run_rows(ctl: Any) -> list[SiteRow]:
+    """One ``report.SiteRow`` per site of the plan (or of the profiled sites).
+
+    The measured times are those of the iterations behind the iteration-level medians: the
+    verification's default and plan iterations, or a reused plan's first timed iterations (under
+    the defaults when the plan was a rejected one).
+    """
+    entries = ctl.plan.entries if ctl.plan is not None else {}
+    return site_rows(entries, ctl._last_sites, ctl._t_verify_default, ctl._t_plan,
+                     backend=getattr(ctl, "backend", "nccl"))

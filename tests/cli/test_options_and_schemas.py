@@ -1,0 +1,139 @@
+"""Every option and input of the `lagom` commands is checked before anything runs: one error line,
+exit 2; exit codes mean the same in every command; a fall-back is reported as one, never as a gain."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from lagom_megatron.cli.main import main
+
+DATA = Path(__file__).resolve().parents[1] / "engine" / "data"
+GLOO_PROFILE = DATA / "gloo_tp2_dp2_profile.json"
+
+
+def _one_error(capsys) -> str:
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert captured.out == "", "something ran before the checks passed"
+    return err[0]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["simulate", "--preset", "gpt3-13b-h100x64", "--verify-iters", "100000000"],
+     "argument --verify-iters: 100000000 is not an integer in 1..200"),
+    (["simulate", "--preset", "gpt3-13b-h100x64", "--verify-iters", "0"], "0 is not an integer in 1..200"),
+    (["simulate", "--preset", "gpt3-13b-h100x64", "--show", "-1"], "argument --show: -1 is not an integer in 0..10000"),
+    (["simulate", "--preset", "gpt3-13b-h100x64", "--seed", "abc"], "'abc' is not an integer in 0..4294967295"),
+    (["simulate", "--preset", "gpt3-13b-h100x64", "--method", "magic"], "invalid choice: 'magic'"),
+    (["simulate", "--preset", "gpt3-13b-h100x64", "--method", "exhaustive"],
+     "--method exhaustive: 120 tunable sites need at least 2^120 joint configurations, above the limit of 2,000,000"),
+    (["doctor", "--preset", "llama3-8b-h100x8", "--world-size", "0"], "argument --world-size: 0 is not an integer >= 1"),
+    (["doctor", "--preset", "llama3-8b-h100x8", "--gpus-per-node", "x"], "'x' is not an integer >= 1"),
+])
+def test_simulate_and_doctor_options_are_bounded(argv, expected, capsys):
+    assert main(argv) == 2
+    line = _one_error(capsys)
+    assert line.startswith(f"lagom {argv[0]}: error: ") and expected in line, line
+
+
+def test_unwritable_outputs_are_refused_before_the_run(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    for argv in (["simulate", "--preset", "gpt3-13b-h100x64", "--plan-out", str(blocker / "plan.json")],
+                 ["search", "--profile", str(GLOO_PROFILE), "-o", str(blocker / "plan.json")],
+                 ["build-tuner", "-o", str(blocker / "sub")]):
+        assert main(argv) == 2
+        assert f"{blocker} is not a folder" in _one_error(capsys)
+
+
+def _bad_profile(tmp_path: Path, edit) -> str:
+    data = json.loads(GLOO_PROFILE.read_text())
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda d: d.update(iteration_us=0), "iteration_us: Input should be greater than 0; got 0"),
+    (lambda d: d["sites"].append(d["sites"][0]), "is listed twice (each site once)"),
+    (lambda d: d["sites"][0].update(nbytes="1MB"), "sites.0.nbytes: Input should be a valid integer; got '1MB'"),
+    (lambda d: d["sites"][0].update(nbytes=1e30), "sites.0.nbytes: Input should be a valid integer"),
+    (lambda d: d["sites"][0].update(nbytes=2 ** 41), "sites.0.nbytes: Input should be less than or equal to 1099511627776"),
+    (lambda d: d["samples"][0]["config"].update(n_channels=999), "n_channels"),
+    (lambda d: d.update(backend="mpi"), "backend: Input should be 'nccl', 'gloo' or 'sim'; got 'mpi'"),
+    (lambda d: d.update(surprise=1), "surprise: Extra inputs are not permitted"),
+])
+def test_search_refuses_bad_profiles(tmp_path, capsys, edit, expected):
+    out = tmp_path / "plan.json"
+    assert main(["search", "--profile", _bad_profile(tmp_path, edit), "-o", str(out)]) == 2
+    assert expected in _one_error(capsys)
+    assert not out.exists()
+
+
+def test_search_refuses_a_cluster_of_another_backend(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["search", "--profile", str(GLOO_PROFILE), "--cluster", "h100-sxm-ib400", "-o", str(out)]) == 2
+    assert "--cluster 'h100-sxm-ib400' is a nccl cluster" in _one_error(capsys) and not out.exists()
+
+
+@pytest.fixture()
+def gloo_plan(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    assert main(["search", "--profile", str(GLOO_PROFILE), "-o", str(path)]) == 0
+    out = capsys.readouterr().out
+    # a gloo run is not compared with "NCCL defaults", and the times are in ms like Megatron's log
+    assert re.search(r"predicted iteration [\d.]+ ms vs defaults \(gloo: 2 worker threads, no split\) [\d.]+ ms", out), out
+    assert "NCCL" not in out
+    return path
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda d: d.update(backend="mpi"), "backend: Input should be 'nccl', 'gloo' or 'sim'; got 'mpi'"),
+    (lambda d: d.update(mechanism="magic"), "mechanism must be one of ['gloo'] for backend 'gloo'; got 'magic'"),
+    (lambda d: d.update(method="magic"), "method: Input should be 'priority', 'autoccl', 'exhaustive' or 'nccl-default'"),
+    (lambda d: d["fingerprint"].update(world_size=0), "fingerprint.world_size: Input should be greater than or equal to 1; got 0"),
+    (lambda d: next(iter(d["entries"].values())).update(config=None), ".config: Input should be a valid dictionary; got None"),
+    (lambda d: next(iter(d["entries"].values())).update(nbytes="1MB"), ".nbytes: Input should be a valid integer; got '1MB'"),
+])
+def test_plan_validate_refuses_bad_top_level_fields(gloo_plan, capsys, edit, expected):
+    data = json.loads(gloo_plan.read_text())
+    edit(data)
+    gloo_plan.write_text(json.dumps(data))
+    assert main(["plan", "validate", str(gloo_plan)]) == 2
+    assert expected in _one_error(capsys)
+
+
+def test_plan_show_and_diff_name_the_gloo_default_and_the_verification(gloo_plan, tmp_path, capsys):
+    assert main(["plan", "show", str(gloo_plan)]) == 0
+    out = capsys.readouterr().out
+    assert "verification: never verified" in out and "NCCL default" not in out
+    data = json.loads(gloo_plan.read_text())
+    data["stats"].update(verification="fell_back", verification_reason="gain 1.0 ms, needed > 5.0 ms")
+    rejected = tmp_path / "rejected.json"
+    rejected.write_text(json.dumps(data))
+    assert main(["plan", "diff", str(gloo_plan), str(rejected)]) == 1
+    assert capsys.readouterr().out.strip() == (
+        "verification: never verified -> fell_back (rejected: gain 1.0 ms, needed > 5.0 ms)")
+    assert main(["plan", "export", str(gloo_plan), "--format", "env", "--extended"]) == 2
+    assert "--extended is for --format nccl-tuner-csv only" in _one_error(capsys)
+
+
+def test_simulate_fall_back_is_its_result_and_shows_no_gain(capsys):
+    assert main(["simulate", "--preset", "gpt3-13b-h100x64", "--show", "0"]) == 0  # done: the result says fell_back
+    out = capsys.readouterr().out
+    m = re.search(r"result: (applied|fell_back): plan ([\d.]+) ms vs defaults ([\d.]+) ms", out)
+    assert m, out
+    assert "FELL_BACK" not in out and "reverted" not in out
+    defaults = float(re.search(r"measured, defaults \(median\)\s*:\s*([\d.]+) ms", out).group(1))
+    assert defaults == float(m.group(3))
+    if m.group(1) == "fell_back":
+        assert "after tuning                 : the defaults (fell_back); no gain" in out
+        # no time after the fall-back line below the measured defaults
+        after = out[out.index("after tuning"):]
+        assert not [float(x) for x in re.findall(r"([\d.]+) ms", after.split("\n")[0])]

@@ -1,0 +1,96 @@
+"""The report's numbers: iteration-level verdict figures, per-site columns that add up to the
+iteration, tuned = changed, the real default, one file per non-tuning run."""
+
+import math
+import re
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.plan import PlanEntry
+from lagom_megatron.engine.profile import CollectiveSite
+from lagom_megatron.engine.verify import verdict
+from lagom_megatron.megatron.report import (
+    column_totals, default_config_text, is_tuned, report_path_for, site_rows, write_report,
+)
+
+
+def _entry(cfg, pred, pred_default, op="all_gather", group="tp"):
+    return PlanEntry(config=cfg, predicted_t_comm_us=1.0, predicted_t_region_us=pred,
+                     predicted_default_t_region_us=pred_default, group=group, op=op, nbytes=131072)
+
+
+def _fixture():
+    entries = {"tp.sp_all_gather[0]": _entry(CommConfig(n_channels=1), 1000.0, 1000.0),
+               "dp.grad_all_reduce[b0]": _entry(CommConfig(n_channels=2), 5000.0, 6000.0, "all_reduce", "dp")}
+    sites = {"tp.sp_all_gather[0]": CollectiveSite(site_id="tp.sp_all_gather[0]", op="all_gather", nbytes=131072,
+                                                  dtype="float32", group="tp", group_size=2, calls_per_iter=2)}
+    rows = site_rows(entries, sites, {"tp.sp_all_gather[0]": [1100, 1200, 1300], "dp.grad_all_reduce[b0]": [7000, 7100]},
+                     {"tp.sp_all_gather[0]": [1000, 1050], "dp.grad_all_reduce[b0]": [6500]}, backend="gloo")
+    vd, vp = [300e3, 310e3, 320e3], [290e3, 305e3]
+    v = verdict(vp, vd, min_gain=0.01, noise_rule="half-range")
+    summary = dict(phase="fell_back", reason=v.text, run_kind="tuned", method="priority", backend="gloo",
+                   cluster="cpu-gloo", verify_default_us=vd, verify_plan_us=vp, measured_default_us=v.default_us,
+                   measured_plan_us=v.plan_us, spread_default_us=10e3, spread_plan_us=7.5e3, gain_us=v.gain_us,
+                   needed_us=v.needed_us, predicted_iteration_us=299e3, predicted_default_iteration_us=300e3,
+                   default_iteration_us=350e3, verdict="defaults kept: " + v.text)
+    return rows, summary
+
+
+def test_gloo_default_is_two_threads_and_only_changes_count_as_tuned():
+    assert default_config_text("gloo").startswith("n_channels=2")
+    assert default_config_text("nccl") == "NCCL's choice"
+    assert not is_tuned({"n_channels": 2}, "gloo") and is_tuned({"n_channels": 1}, "gloo")
+    assert is_tuned({"n_channels": 2}, "nccl") and not is_tuned({}, "nccl")
+    assert is_tuned({"n_channels": 2, "chunk_size": 1048576}, "gloo")
+
+
+def test_markdown_columns_add_up_to_the_verdict_medians(tmp_path):
+    rows, summary = _fixture()
+    path = tmp_path / "report.md"
+    written = write_report(path, rows, summary)
+    assert written == [path, tmp_path / "report.png"] and written[1].stat().st_size > 5000
+    text = path.read_text()
+    # the verdict kept the defaults: nothing ran tuned; n_channels=2 on gloo is the default, not a change
+    assert "- sites tuned: 0 of 2 (the defaults were kept: n_channels=2 (gloo worker threads), no split); the plan would change 1 (0 with a predicted gain)" in text
+    assert "needed to keep the plan: more than 10.0 ms" in text  # max(half range 10 ms, 1% of 310 ms)
+    assert "| measured median (3 / 2 iterations" in text and "| 310.0 | 297.5 |" in text
+    table = {}
+    for line in text.splitlines():
+        m = re.match(r"\| \*\*(.+?)\*\* \|", line)
+        if m:
+            table[m.group(1)] = [float(x) for x in line.strip("| ").split(" | ")[-4:]]
+    sums, rest, it = table["sum of the sites"], table["rest of the iteration"], table["iteration"]
+    assert it == [310.0, 297.5, 300.0, 299.0]
+    assert sums == [8.25, 7.53, 7.0, 6.0]  # medians 1.2 + 7.05, 1.025 + 6.5, ...
+    for s, r, i in zip(sums, rest, it):
+        assert math.isclose(s + r, i, abs_tol=0.011)
+    assert "| tp.sp_all_gather[0] | all_gather | tp | 128.0 KiB | 2 | n_channels=2 (gloo worker threads), no split | n_channels=1 | yes | 1.20 | 1.02 |" in text
+    # predicted iteration = default iteration - sum(default regions) + sum(plan regions) (engine/problem.py)
+    t = column_totals(rows, summary)
+    assert math.isclose(t["predicted_default"][1], t["predicted_plan"][1])
+
+
+def test_an_applied_plan_counts_its_changed_sites(tmp_path):
+    rows, summary = _fixture()
+    summary["phase"] = "applied"
+    write_report(tmp_path / "r.md", rows, summary, figure=False)
+    assert "- sites tuned: 1 of 2 (config differs from the default: n_channels=2" in (tmp_path / "r.md").read_text()
+
+
+def test_runs_without_a_verification_never_replace_the_tuned_report(tmp_path):
+    path = tmp_path / "report.md"
+    assert report_path_for(path, "tuned") == path
+    first = report_path_for(path, "reused")
+    assert first == tmp_path / "report.reused-1.md"
+    first.write_text("x")
+    assert report_path_for(path, "reused") == tmp_path / "report.reused-2.md"
+    assert report_path_for(path, "interrupted") == tmp_path / "report.interrupted-1.md"
+
+
+def test_a_run_without_files_says_so(tmp_path):
+    rows, summary = _fixture()
+    summary.update(plan_path=None, profile_path=None, run_kind="unfinished",
+                   reason="--train-iters 8 ended while lagom was probing: tuning needs 18 iterations; defaults kept")
+    write_report(tmp_path / "r.md", rows, summary, figure=False)
+    text = (tmp_path / "r.md").read_text()
+    assert "- plan: none written by this run" in text and "- profile: none written by this run" in text
+    assert "tuning needs 18 iterations" in text
