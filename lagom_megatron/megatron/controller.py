@@ -49,7 +49,7 @@ class LagomController:
 
     def __init__(self, *, warmup_iters: int = 1, verify_iters: int = 3, method: str = "priority",
                  plan_path: str | None = None, report_path: str | None = None, cluster: str | None = None,
-                 preset_name: str | None = None) -> None:
+                 preset_name: str | None = None, pool_budget_mib: float | None = None) -> None:
         self.warmup_iters = warmup_iters
         self.verify_iters = verify_iters
         self.method = method
@@ -75,13 +75,17 @@ class LagomController:
         self._n_steps = 0
         """Iterations the tuner has finished (for the log's k/n)."""
         self.search_ms: float | None = None
+        self.pool_budget_mib = pool_budget_mib
+        self.applier: Any = None
+        """``apply.Applier``: capabilities, pool entries and the revert, on every rank together."""
 
     @classmethod
     def from_args(cls, args: Any) -> "LagomController":
         """Builds the controller from ``pretrain_gpt.py``'s parsed arguments."""
         return cls(warmup_iters=args.lagom_warmup_iters, verify_iters=args.lagom_verify_iters,
                    method=args.lagom_method, plan_path=args.lagom_plan, report_path=args.lagom_report,
-                   cluster=getattr(args, "lagom_cluster", None), preset_name=getattr(args, "preset_name", None))
+                   cluster=getattr(args, "lagom_cluster", None), preset_name=getattr(args, "preset_name", None),
+                   pool_budget_mib=getattr(args, "lagom_pool_budget_mib", None))
 
     # ------------------------------------------------------------------ setup
     def _resolve_cluster(self, on_gpu: bool) -> str:
@@ -128,8 +132,17 @@ class LagomController:
                                      pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None)
         n_buckets = self.registry.bind_model(ctx.model)
         self.profiler = Profiler(use_cuda_events=on_gpu)
-        self.pool = CommPool(make_pool_backend(self.backend), groups)
+        from lagom_megatron.megatron.apply import Applier
+        from lagom_megatron.megatron.comm_pool import DEFAULT_BUDGET_MIB
+
+        budget = DEFAULT_BUDGET_MIB if self.pool_budget_mib is None else self.pool_budget_mib
+        self.pool = CommPool(make_pool_backend(self.backend), groups, budget_bytes=int(budget * 2**20))
         self.router = SiteRouter(self.registry, self.profiler, self.pool, split_chunks=self.backend == "gloo")
+        self.applier = Applier(pool=self.pool, router=self.router, files=self.files, cluster=self.cluster)
+        if on_gpu:  # the collectives' own times on NCCL's stream during profiling (profiler docstring)
+            from lagom_megatron.megatron.profiler import enable_comm_timing
+
+            enable_comm_timing(getattr(groups, "_keep", []))
         configs = []
         for chunk in ctx.model:
             cfg = getattr(chunk, "config", None)
@@ -138,6 +151,10 @@ class LagomController:
         self.handle = patches.install(self.router, model_configs=configs)
         say(f"lagom: hooks installed | {len(self.handle.patched)} entry points | {n_buckets} DDP bucket groups | "
              f"backend {self.backend} | cluster {self.cluster.name} | run dir {self.files.run_dir}")
+        if self.applier.agree_capabilities(on_gpu=on_gpu) is None:
+            self.mode = "aborted"  # ranks could apply different things: nothing is tuned
+            return
+        self.fingerprint.update(self.applier.fingerprint_part())
         if not self._try_reuse_plan():
             self._start_tuner()
         if self.mode == "tune":
@@ -148,9 +165,13 @@ class LagomController:
         from lagom_megatron.engine.tuner import Tuner
         from lagom_megatron.megatron.backends import rules_for
 
+        caps = self.applier.capabilities if self.backend == "nccl" else None
+        rules = rules_for(self.backend, self.cluster, capabilities=caps)
+        for line in getattr(rules, "warnings", lambda: [])():
+            say(f"lagom: WARNING: {line}")
         self.tuner = Tuner(
             Tuner.Config(warmup_iters=max(1, self.warmup_iters), verify_iters=max(1, self.verify_iters), method=self.method),
-            rules=rules_for(self.backend, self.cluster), fingerprint=self.fingerprint, agree=self._agree,
+            rules=rules, fingerprint=self.fingerprint, agree=self._agree,
         )
         if plan is not None:
             self.tuner.start_from_plan(plan)
@@ -192,11 +213,13 @@ class LagomController:
             # saved before any verification (`lagom search`, or a run too short to verify): measure
             # it against the defaults now instead of trusting its prediction
             self._start_tuner(plan)
-            self._prepare_pool_for_plan(plan)
+            if not self._prepare_pool_for_plan(plan):
+                return True
             say(f"lagom: phase verifying | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) but never "
                  f"verified | profiling and search skipped; {self.tuner.total_iters} iterations to verify it")
             return True
-        self._prepare_pool_for_plan(plan)
+        if not self._prepare_pool_for_plan(plan):
+            return True
         assignment = self._assignment_of(plan)
         self.router.set_assignment(assignment)
         say(f"lagom: phase applied | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) | "
@@ -207,27 +230,27 @@ class LagomController:
     def _assignment_of(plan: Any) -> dict[str, CommConfig]:
         return {sid: e.config for sid, e in plan.entries.items() if not e.config.is_default()}
 
-    def _prepare_pool_for_plan(self, plan: Any) -> None:
-        backend = self.pool.backend
-        if getattr(backend, "use_tuner_plugin", False):
-            # NCCL with lagom's tuner plugin: the plugin reads the plan table when a communicator is
-            # created, so the table is written (one copy per rank, atomically) before the entries,
-            # and the entries are keyed by it (the probes' per-communicator entries stay as they are).
-            backend.plugin_active = True
-            self.pool.invalidate_keys()
-            table = self.files.write_tuner_table(plan, self.cluster)
-            backend.tuner_table, backend.table_id = str(table), plan.digest()[:12]
+    def _prepare_pool_for_plan(self, plan: Any) -> bool:
+        """Writes the plugin's table (NCCL with the plugin) and creates the plan's entries, every
+        step on every rank together; False after a revert to the defaults (``apply.Applier``)."""
         needs: dict[str, set[CommConfig]] = {}
+        ops: dict[CommConfig, str] = {}
         for e in plan.entries.values():
             if not e.config.is_default():
                 needs.setdefault(e.group, set()).add(e.config)
-        self.pool.prepare(needs)
+                ops.setdefault(e.config, e.op)
+        if not self.applier.apply(needs, what=f"plan {plan.digest()[:12]}", plan=plan, ops=ops):
+            self.mode = "aborted"
+            return False
+        return True
 
     def _agree(self, plan: Any) -> Any:
         from lagom_megatron.engine.plan import Plan
         from lagom_megatron.megatron import consensus
 
         try:
+            if plan is not None:
+                plan = self.applier.fit_plan_to_budget(plan)
             return consensus.agree_plan(plan, from_dict=Plan.from_dict)
         except consensus.PlanDisagreement as exc:
             say(f"lagom: ERROR: {exc}")
@@ -309,10 +332,16 @@ class LagomController:
             # the configs the router will route in the probe iterations (probes as each site's op allows)
             group_of = {s.site_id: s.group for s in m.sites}
             needs: dict[str, set[CommConfig]] = {}
+            op_of = {s.site_id: s.op for s in m.sites}
+            ops: dict[CommConfig, str] = {}
             for assignment in tuner.probe_assignments():
                 for sid, cfg in assignment.items():
                     needs.setdefault(group_of[sid], set()).add(cfg)
-            self.pool.prepare(needs)
+                    ops.setdefault(cfg, op_of[sid])
+            if not self.applier.apply(needs, what="the probe configs", ops=ops):
+                self.mode = "aborted"
+                self.write_report()
+                return
         if step.kind == "verify-plan":
             for sid, t in merged.items():
                 self._t_plan.setdefault(sid, []).append(t[2])
@@ -343,7 +372,9 @@ class LagomController:
             self.plan = tuner.plan
             if self.rank == 0:
                 self.files.save_plan(tuner.plan)
-            self._prepare_pool_for_plan(tuner.plan)
+            if not self._prepare_pool_for_plan(tuner.plan):
+                self.write_report()
+                return
             say(f"lagom: plan {self.files.plan_path} (digest {tuner.plan.digest()[:12]}) | profile {self.files.profile_path}")
 
     def _on_done(self, phase: Any) -> None:
@@ -354,7 +385,8 @@ class LagomController:
         if phase is Phase.APPLIED:
             say(f"lagom: phase applied | measured {s['measured_default_us'] / 1e3:.1f} -> {s['measured_plan_us'] / 1e3:.1f} ms | {self.tuner.reason}")
         else:
-            say(f"lagom: phase reverted to defaults | {self.tuner.reason}")
+            live = self.pool.live
+            say(f"lagom: phase reverted to defaults | {self.tuner.reason} | {self.pool.destroy()}/{live} pool entries destroyed")
         if self.plan is not None and self.rank == 0:
             self.files.save_plan(self.plan.with_stats(verification=phase.value, verification_reason=self.tuner.reason))
         self.write_report()
@@ -379,6 +411,12 @@ class LagomController:
         out: dict[str, Any] = self.tuner.summary() if self.tuner is not None else {"phase": self.mode}
         out.update(mode=self.mode, plan_path=str(self.files.plan_path), profile_path=str(self.files.profile_path),
                    search_ms=self.search_ms)
+        if self.applier is not None:
+            out["pool"] = self.applier.pool_summary()
+            if self.applier.capabilities is not None:
+                out["capabilities"] = self.applier.fingerprint_part()["capabilities"]
+            if self.applier.error:  # capabilities disagreed or applying failed: defaults everywhere
+                out.update(phase="fell_back", reason=self.applier.error)
         if self.mode == "reuse":
             kept_defaults = self.plan is not None and self.plan.rejected
             out["phase"] = "reverted (reused plan, rejected by its verification)" if kept_defaults else "applied (reused plan)"

@@ -16,7 +16,7 @@ search domain is derived from a ``Capabilities`` record, never from one rank's e
   also needs for NVLS across nodes (``src/graph/tuning.cc:503-506``, ``src/enqueue.cc:2008``);
 * nodes and ranks per node as NCCL counts them: NCCL groups ranks by host hash, the host name
   followed by the boot id, or ``NCCL_HOSTID`` when set (``src/misc/utils.cc:117-135``);
-* every ``NCCL_*`` variable that overrides a knob (``KNOB_OVERRIDES``), from the environment and
+* every ``NCCL_*`` variable that overrides a knob (``options.KNOB_OVERRIDES``), from the environment and
   from the files NCCL loads into it at init where the variable is not already set
   (``NCCL_CONF_FILE`` or ``~/.nccl.conf``, then ``/etc/nccl.conf``: ``src/misc/param.cc:27-67``,
   ``setenv(..., 0)`` in ``src/os/linux.cc:106-108``).
@@ -35,34 +35,16 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-KNOB_OVERRIDES: dict[str, tuple[str, ...]] = {
-    "NCCL_ALGO": ("algorithm",),
-    "NCCL_PROTO": ("protocol",),
-    "NCCL_MIN_CTAS": ("n_channels",),
-    "NCCL_MAX_CTAS": ("n_channels",),
-    "NCCL_MIN_NCHANNELS": ("n_channels",),
-    "NCCL_MAX_NCHANNELS": ("n_channels",),
-    "NCCL_NVLS_NCHANNELS": ("n_channels",),
-    "NCCL_NTHREADS": ("n_threads",),
-    "NCCL_LL128_NTHREADS": ("n_threads",),
-    "NCCL_BUFFSIZE": ("chunk_size",),
-    "NCCL_LL_BUFFSIZE": ("chunk_size",),
-    "NCCL_LL128_BUFFSIZE": ("chunk_size",),
-    "NCCL_CGA_CLUSTER_SIZE": ("cga_cluster_size",),
-    "NCCL_CTA_POLICY": ("cta_policy",),
-}
-"""Variable -> the knobs it fixes for every communicator of the process. NCCL_MIN/MAX_CTAS,
-NCCL_CGA_CLUSTER_SIZE, NCCL_CTA_POLICY and NCCL_NVLS_NCHANNELS override the ``ncclConfig_t`` field
-of every communicator (``src/init.cc`` ``envConfigOverride``); NCCL_ALGO / NCCL_PROTO narrow the
-algorithms and protocols before the tuner sees them (``src/graph/tuning.cc:453-461``);
-NCCL_NTHREADS is a process-wide parameter (``tuning.cc:14``); the buffer sizes set the chunk
-ceiling (``src/init.cc:810-824``). A knob a user fixed is not searched (``restrict_domains``)."""
+from lagom_megatron.nccl.options import KNOB_OVERRIDES, nccl_config_fields, runtime_nccl_version
 
 ALGORITHM_SWITCHES: tuple[str, ...] = ("NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE", "NCCL_PAT_ENABLE")
 """Variables that enable or disable algorithms (recorded so ranks agree on them; they shape the
 algorithm domain, they do not remove the knob)."""
 
 RECORDED_PREFIXES: tuple[str, ...] = ("NCCL_", "TORCH_NCCL_")
+
+ENV_FAULT = ("NCCL_MAX_CTAS", "4")
+"""The variable the ``env`` apply fault sets on one rank (``megatron.consensus.collective_step``)."""
 
 FAULT_ENV = "LAGOM_INJECT_CAPABILITY_FAULT"
 """``<rank>[:<field>]``: that rank perturbs its record before the comparison (fault-injection
@@ -260,7 +242,6 @@ def gather_local(*, environ: Mapping[str, str] | None = None, status_reader: Cal
         multicast: the device's multicast support (default: asked from the driver when NCCL runs).
         torch_version: default ``torch.__version__``.
     """
-    from lagom_megatron.nccl.options import nccl_config_fields, runtime_nccl_version
     from lagom_megatron.nccl.plugin_status import read_plugin_status
 
     env = os.environ if environ is None else environ
