@@ -350,3 +350,54 @@ def test_first_use_check_reads_the_plugin_status_in_process():
                                  table_loaded=True)
     backend.verify()
     NcclPoolBackend(use_tuner_plugin=False, status_reader=lambda: None).verify()  # nothing to check without the plugin
+
+
+def _fake_nccl(monkeypatch, calls):
+    """Stand-ins for (torch, ProcessGroupNCCL, torch.distributed) as ``create_nccl_pool_entry`` calls them."""
+    import types
+
+    from lagom_megatron.nccl import pool as pool_mod
+
+    options_cls = make_options_cls(TORCH_28_FIELDS)
+    torch_ = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(is_available=lambda: True, current_device=lambda: 0, synchronize=lambda d: None),
+        device=lambda kind, i=None: f"{kind}:{i}", zeros=lambda n, device=None: [0.0] * n)
+
+    def new_group(ranks, backend, pg_options, timeout=None, group_desc=None, device_id=None):
+        calls.append({"ranks": ranks, "opts": pg_options, "env_algo": os.environ.get("NCCL_ALGO")})
+        return "entry"
+
+    dist_ = types.SimpleNamespace(is_initialized=lambda: True, new_group=new_group, get_rank=lambda: 0,
+                                  all_reduce=lambda t, group=None: None)
+    pg = types.SimpleNamespace(Options=options_cls)
+    monkeypatch.setattr(pool_mod, "nccl_module_parts", lambda: (torch_, pg, dist_))
+    monkeypatch.setattr(pool_mod, "runtime_nccl_version", lambda: (2, 27, 5))
+    return options_cls
+
+
+def test_entry_inherits_its_groups_options_and_its_own_knobs_win(monkeypatch):
+    from lagom_megatron.nccl.pool import create_nccl_pool_entry, parent_options
+
+    calls = []
+    options_cls = _fake_nccl(monkeypatch, calls)
+    parent_opts = options_cls(is_high_priority_stream=True)
+    # Megatron's --nccl-communicator-config-path for this group: CTAs 4..8, CGA 2, SHARP on
+    parent_opts.config.min_ctas, parent_opts.config.max_ctas = 4, 8
+    parent_opts.config.cga_cluster_size, parent_opts.config.collnet_enable, parent_opts.config.net_name = 2, 1, "IB"
+
+    class Parent:
+        def _get_backend(self, device):
+            return type("B", (), {"options": parent_opts})()
+
+    inherited = parent_options(Parent())
+    assert inherited == {"is_high_priority_stream": True, "config": {
+        "min_ctas": 4, "max_ctas": 8, "cga_cluster_size": 2, "collnet_enable": 1, "net_name": "IB"}}
+    create_nccl_pool_entry([1, 0], CommConfig(n_channels=16, algorithm="Ring"), tag="dp/x", use_tuner_plugin=False,
+                           op="all_reduce", inherited=inherited)
+    (call,) = calls
+    cfg = call["opts"].config
+    assert call["opts"].is_high_priority_stream is True and call["ranks"] == [0, 1]
+    assert (cfg.min_ctas, cfg.max_ctas, cfg.nvls_ctas) == (16, 16, 16)  # the entry's channels win
+    assert (cfg.cga_cluster_size, cfg.collnet_enable, cfg.net_name, cfg.blocking) == (2, 1, "IB", 1)
+    assert call["env_algo"] == "allreduce:Ring" and "NCCL_ALGO" not in os.environ  # set around creation only
+    assert parent_options(object()) is None  # a group without an NCCL backend (gloo): nothing to inherit
