@@ -71,6 +71,10 @@ class Applier:
             say(f"lagom: ERROR: {exc}")
             return None
         self.capabilities = agreed
+        if on_gpu:  # the collectives' own times on NCCL's stream during profiling (profiler docstring)
+            from lagom_megatron.megatron.profiler import enable_comm_timing
+
+            enable_comm_timing(getattr(self.pool.groups, "_keep", []))
         backend = self.pool.backend
         if backend.name == "nccl":
             backend.use_tuner_plugin = agreed.mechanism() == "tuner"
@@ -83,9 +87,11 @@ class Applier:
         """The agreed capabilities as recorded in the plan's fingerprint (without the host)."""
         if self.capabilities is None:
             return {}
+        import json
+
         d = self.capabilities.to_dict()
         d.pop("host", None)
-        return {"capabilities": d}
+        return {"capabilities": json.loads(json.dumps(d))}  # as a saved plan holds it (lists, not tuples)
 
     # ------------------------------------------------------------------ apply / revert
     def _check_env_unchanged(self) -> None:
@@ -121,6 +127,39 @@ class Applier:
             enable_comm_timing(self.pool.entries())
         say(f"lagom: communicator pool for {what}: {self.pool.describe()} on this rank ({backend.name})")
         return True
+
+    def apply_probes(self, assignments: list[dict[str, CommConfig]], sites: list[Any]) -> bool:
+        """``apply`` for the warm-up probes: ``assignments`` (site id -> config, one per probe) over
+        the default iteration's ``sites`` (``CollectiveSite``)."""
+        group_of = {s.site_id: s.group for s in sites}
+        op_of = {s.site_id: s.op for s in sites}
+        needs: dict[str, set[CommConfig]] = {}
+        ops: dict[CommConfig, str] = {}
+        for assignment in assignments:
+            for sid, cfg in assignment.items():
+                needs.setdefault(group_of[sid], set()).add(cfg)
+                ops.setdefault(cfg, op_of[sid])
+        return self.apply(needs, what="the probe configs", ops=ops)
+
+    def apply_plan(self, plan: Any) -> bool:
+        """``apply`` for an agreed plan: its non-default configs, its table in plugin mode."""
+        needs: dict[str, set[CommConfig]] = {}
+        ops: dict[CommConfig, str] = {}
+        for e in plan.entries.values():
+            if not e.config.is_default():
+                needs.setdefault(e.group, set()).add(e.config)
+                ops.setdefault(e.config, e.op)
+        return self.apply(needs, what=f"plan {plan.digest()[:12]}", plan=plan, ops=ops)
+
+    def summary_part(self) -> dict[str, Any]:
+        """What the report's summary gets: pool counts, the agreed capabilities, and after a failure
+        ``phase = fell_back`` with the reason."""
+        out: dict[str, Any] = {"pool": self.pool_summary()}
+        if self.capabilities is not None:
+            out["capabilities"] = self.fingerprint_part()["capabilities"]
+        if self.error:
+            out.update(phase="fell_back", reason=self.error)
+        return out
 
     def _write_table(self, plan: Any) -> None:
         backend = self.pool.backend

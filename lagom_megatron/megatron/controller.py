@@ -139,10 +139,6 @@ class LagomController:
         self.pool = CommPool(make_pool_backend(self.backend), groups, budget_bytes=int(budget * 2**20))
         self.router = SiteRouter(self.registry, self.profiler, self.pool, split_chunks=self.backend == "gloo")
         self.applier = Applier(pool=self.pool, router=self.router, files=self.files, cluster=self.cluster)
-        if on_gpu:  # the collectives' own times on NCCL's stream during profiling (profiler docstring)
-            from lagom_megatron.megatron.profiler import enable_comm_timing
-
-            enable_comm_timing(getattr(groups, "_keep", []))
         configs = []
         for chunk in ctx.model:
             cfg = getattr(chunk, "config", None)
@@ -231,15 +227,8 @@ class LagomController:
         return {sid: e.config for sid, e in plan.entries.items() if not e.config.is_default()}
 
     def _prepare_pool_for_plan(self, plan: Any) -> bool:
-        """Writes the plugin's table (NCCL with the plugin) and creates the plan's entries, every
-        step on every rank together; False after a revert to the defaults (``apply.Applier``)."""
-        needs: dict[str, set[CommConfig]] = {}
-        ops: dict[CommConfig, str] = {}
-        for e in plan.entries.values():
-            if not e.config.is_default():
-                needs.setdefault(e.group, set()).add(e.config)
-                ops.setdefault(e.config, e.op)
-        if not self.applier.apply(needs, what=f"plan {plan.digest()[:12]}", plan=plan, ops=ops):
+        """The plan's table and entries on every rank together; False after a revert (``apply.Applier``)."""
+        if not self.applier.apply_plan(plan):
             self.mode = "aborted"
             return False
         return True
@@ -330,15 +319,7 @@ class LagomController:
                  f"{sites} | iteration {m.iteration_us / 1e3:.1f} ms")
         if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
             # the configs the router will route in the probe iterations (probes as each site's op allows)
-            group_of = {s.site_id: s.group for s in m.sites}
-            needs: dict[str, set[CommConfig]] = {}
-            op_of = {s.site_id: s.op for s in m.sites}
-            ops: dict[CommConfig, str] = {}
-            for assignment in tuner.probe_assignments():
-                for sid, cfg in assignment.items():
-                    needs.setdefault(group_of[sid], set()).add(cfg)
-                    ops.setdefault(cfg, op_of[sid])
-            if not self.applier.apply(needs, what="the probe configs", ops=ops):
+            if not self.applier.apply_probes(tuner.probe_assignments(), m.sites):
                 self.mode = "aborted"
                 self.write_report()
                 return
@@ -411,12 +392,8 @@ class LagomController:
         out: dict[str, Any] = self.tuner.summary() if self.tuner is not None else {"phase": self.mode}
         out.update(mode=self.mode, plan_path=str(self.files.plan_path), profile_path=str(self.files.profile_path),
                    search_ms=self.search_ms)
-        if self.applier is not None:
-            out["pool"] = self.applier.pool_summary()
-            if self.applier.capabilities is not None:
-                out["capabilities"] = self.applier.fingerprint_part()["capabilities"]
-            if self.applier.error:  # capabilities disagreed or applying failed: defaults everywhere
-                out.update(phase="fell_back", reason=self.applier.error)
+        if self.applier is not None:  # pool counts, capabilities; a failed apply means defaults everywhere
+            out.update(self.applier.summary_part())
         if self.mode == "reuse":
             kept_defaults = self.plan is not None and self.plan.rejected
             out["phase"] = "reverted (reused plan, rejected by its verification)" if kept_defaults else "applied (reused plan)"

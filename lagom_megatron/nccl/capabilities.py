@@ -257,7 +257,11 @@ def gather_local(*, environ: Mapping[str, str] | None = None, status_reader: Cal
             config_fields = ()
     status = (status_reader or read_plugin_status)() if version is not None else None
     if multicast == "detect":
-        multicast = multicast_supported() if version is not None else None
+        multicast = None
+        if version is not None:
+            import torch
+
+            multicast = multicast_supported(torch.cuda.current_device())
     loaded = status is not None and status.init_count > 0 and status.abi_version >= 3
     return Capabilities(
         torch_version=torch_version, nccl_version=tuple(version) if version is not None else None,
