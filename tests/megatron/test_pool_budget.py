@@ -49,6 +49,17 @@ def _worker(rank, store_path, out_path):
     out["after_keep"], out["live_keep"] = live(), pool.live
     out["destroyed_all"] = pool.destroy()
     out["after_revert"], out["live_end"], out["stats"] = live(), pool.live, pool.stats
+    # an LL128 config without the plugin (what crashed at apply and on every reuse) fails in the
+    # collective preflight, before any new_group
+    from lagom_megatron.megatron import consensus
+
+    nccl_pool = CommPool(NcclPoolBackend(use_tuner_plugin=False), groups)
+    try:
+        nccl_pool.prepare({"dp": {CommConfig(protocol="LL128", n_channels=4)}}, step=consensus.collective_step)
+        out["ll128"] = None
+    except consensus.ApplyFailed as exc:
+        out["ll128"] = str(exc)
+    out["after_ll128"] = live()
     with open(out_path, "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()
@@ -70,6 +81,8 @@ def test_budget_is_respected_and_entries_are_destroyed(result):
     assert r["destroyed_unused"] == 1 and r["after_keep"] == r["start"] + 1 and r["live_keep"] == 1
     assert r["destroyed_all"] == 1 and r["after_revert"] == r["start"] and r["live_end"] == 0
     assert r["stats"] == {"created": 2, "destroyed": 2}
+    assert r["ll128"].startswith("pool-preflight failed on rank 0") and "LL128 is never forced" in r["ll128"]
+    assert r["after_ll128"] == r["start"]
 
 
 def _entry(config, gain):

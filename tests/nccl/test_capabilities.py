@@ -199,3 +199,17 @@ def test_indistinguishable_sites_share_the_best_of_their_configs():
     comm = SearchProblem.from_model(model, rules=rules_for("nccl", ClusterSpec.load("h100-sxm-ib400"), "communicator",
                                                            capabilities=c))
     assert comm.tie_indistinguishable(st)[1] == 0
+
+
+@pytest.mark.parametrize("version, plugin, has_protocol_probe", [
+    ((2, 21, 5), False, False), ((2, 22, 3), True, False), ((2, 24, 3), False, True), ((2, 30, 3), True, True)])
+def test_probe_configs_are_what_a_per_communicator_entry_applies(version, plugin, has_protocol_probe):
+    c = caps(version, plugin)
+    rules = rules_for("nccl", ClusterSpec.load("h100-sxm-ib400"), capabilities=c)
+    probes = rules.probe_configs()
+    assert probes and all(p.chunk_size is None for p in probes)  # no ncclConfig_t field for chunk size
+    assert any(p.protocol for p in probes) is has_protocol_probe  # per-function NCCL_PROTO needs 2.24
+    backend = NcclPoolBackend(use_tuner_plugin=plugin)
+    backend.plugin_active = False  # probes always run on per-communicator entries
+    for p in probes:  # none of them raises where the Simple probe crashed NCCL 2.21 runs
+        nccl_options_for(backend._entry_config(p), nccl_version=version, use_tuner_plugin=False, op="all_reduce")
