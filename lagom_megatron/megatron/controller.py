@@ -354,6 +354,8 @@ class LagomController:
             if self.rank == 0:
                 self.files.save_plan(tuner.plan)
             if not self._prepare_pool_for_plan(tuner.plan):
+                if self.rank == 0:  # a later run keeps the defaults instead of failing the same way
+                    self.files.save_plan(tuner.plan.with_stats(verification="fell_back", verification_reason=self.applier.error))
                 self.write_report()
                 return
             say(f"lagom: plan {self.files.plan_path} (digest {tuner.plan.digest()[:12]}) | profile {self.files.profile_path}")
