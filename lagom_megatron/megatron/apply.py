@@ -64,9 +64,10 @@ class Applier:
             dist.all_reduce(torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device())))
         local = (gather or caps_mod.gather_local)()
         try:
-            agreed = consensus.agree_capabilities(local, from_dict=caps_mod.Capabilities.from_dict,
-                                                  differences=caps_mod.differences, perturb=caps_mod.perturb)
-        except consensus.CapabilityDisagreement as exc:
+            agreed, hosts = consensus.agree_capabilities(local, from_dict=caps_mod.Capabilities.from_dict,
+                                                         differences=caps_mod.differences, perturb=caps_mod.perturb)
+            self._check_nodes(hosts)
+        except (consensus.CapabilityDisagreement, ValueError) as exc:
             self.error = str(exc)
             say(f"lagom: ERROR: {exc}")
             return None
@@ -82,6 +83,23 @@ class Applier:
             backend.nvls_heads = agreed.ranks_per_node if agreed.nvls_multicast else 0
             self.pool.invalidate_keys()
         return agreed
+
+    def _check_nodes(self, hosts: list[str]) -> None:
+        """Every named group spans as many nodes as NCCL counts (distinct hosts of its ranks) as the
+        sites say (``GroupNames``, from ``LOCAL_WORLD_SIZE`` and block rank placement): the search
+        domain depends on it (NVLS, PAT, CollNet) and so does the plugin's nNodes match.
+
+        Raises:
+            ValueError: names the group and both counts (the same on every rank: hosts are agreed).
+        """
+        groups = self.pool.groups
+        for name in groups.names():
+            info = groups.by_name(name)
+            nccl_nodes = len({hosts[r] for r in info.ranks if r < len(hosts)})
+            if info.ranks and nccl_nodes != info.n_nodes:
+                raise ValueError(f"group {name!r} spans {nccl_nodes} node(s) as NCCL counts hosts but {info.n_nodes} "
+                                 f"from LOCAL_WORLD_SIZE={groups.local_world_size} (ranks not placed in blocks per node?); "
+                                 "tuning off, defaults kept")
 
     def fingerprint_part(self) -> dict[str, Any]:
         """The agreed capabilities as recorded in the plan's fingerprint (without the host)."""

@@ -93,9 +93,9 @@ def collective_step(name: str, fn: Callable[[], Any]) -> Any:
 
 def agree_capabilities(local: Any, *, from_dict: Callable[[dict[str, Any]], Any],
                        differences: Callable[[list[Any]], list[tuple[int, str, Any, Any]]],
-                       perturb: Callable[[Any, str], Any] | None = None) -> Any:
-    """All-gathers every rank's capabilities and returns rank 0's with the job's topology
-    (``with_topology`` from every rank's host).
+                       perturb: Callable[[Any, str], Any] | None = None) -> tuple[Any, list[str]]:
+    """All-gathers every rank's capabilities; returns rank 0's with the job's topology
+    (``with_topology`` from every rank's host) and the list of every rank's host.
 
     Args:
         local: this rank's ``Capabilities`` (needs ``to_dict``, ``host``, ``with_topology``).
@@ -122,7 +122,8 @@ def agree_capabilities(local: Any, *, from_dict: Callable[[dict[str, Any]], Any]
         raise CapabilityDisagreement(
             f"ranks disagree on what they can apply: rank {r} on host {records[r].host} has {field}={got!r} but "
             f"rank 0 on host {records[0].host} has {field}={want!r}{more}; tuning off, defaults kept")
-    return records[0].with_topology([x.host for x in records])
+    hosts = [x.host for x in records]
+    return records[0].with_topology(hosts), hosts
 
 
 def _world() -> tuple[int, int]:

@@ -49,3 +49,21 @@ def test_environment_recheck_names_what_changed(monkeypatch):
     monkeypatch.setenv("NCCL_MAX_CTAS", "4")
     with pytest.raises(ValueError, match=r"NCCL_MAX_CTAS='4' \(was None\)"):
         a._check_env_unchanged()
+
+
+def test_groups_must_span_the_nodes_nccl_counts(monkeypatch):
+    from lagom_megatron.megatron import sites
+
+    monkeypatch.setattr(sites, "_group_ranks", lambda g: g.ranks)
+
+    class G:
+        def __init__(self, ranks):
+            self.ranks = ranks
+
+    groups = GroupNames(local_world_size=2)  # LOCAL_WORLD_SIZE 2: ranks {0,1} and {2,3} per node
+    groups.add("tp", G((0, 1)))
+    groups.add("dp", G((0, 2)))
+    a = Applier(pool=CommPool(NcclPoolBackend(use_tuner_plugin=False), groups), router=None, files=None, cluster=None)
+    a._check_nodes(["h0", "h0", "h1", "h1"])  # block placement: what lagom assumed
+    with pytest.raises(ValueError, match=r"group 'tp' spans 2 node\(s\) as NCCL counts hosts but 1 from LOCAL_WORLD_SIZE=2"):
+        a._check_nodes(["h0", "h1", "h0", "h1"])  # round-robin placement
