@@ -232,8 +232,43 @@ class SearchProblem:
 
     # ---- plan -------------------------------------------------------------------------------
 
+    def tie_indistinguishable(self, st: State) -> tuple[State, int]:
+        """``st`` with one decision for each set of sites the applying mechanism cannot tell apart,
+        and how many sites changed.
+
+        The rules say which sites those are through an optional ``call_key(group=, op=, nbytes=)``
+        (NCCL's tuner plugin sees a call only as communicator, collective and byte count, so sites
+        sharing all three get the same table row). Each set takes the one of its members' configs
+        with the least summed region time on the cost model, so the plan predicts what is applied.
+        """
+        key_fn = getattr(self.rules, "call_key", None)
+        if key_fn is None:
+            return st, 0
+        sets: dict[Any, list[int]] = {}
+        for i, s in enumerate(self.sites):
+            k = key_fn(group=s.group, op=s.op, nbytes=s.nbytes)
+            if k is not None:
+                sets.setdefault(k, []).append(i)
+        out, changed = st.copy(), 0
+        for members in sets.values():
+            idx = np.array(members)
+            codes = np.stack([out.alg[idx], out.proto[idx], out.nc[idx], out.nt[idx], out.lvl[idx]], axis=1)
+            cands = np.unique(codes, axis=0)
+            if len(members) < 2 or len(cands) < 2:
+                continue
+            totals = [float(np.sum(self.evaluate_codes(idx, c[0], c[1], c[2], c[3], c[4])[2])) for c in cands]
+            best = cands[int(np.argmin(totals))]
+            changed += int(np.sum(np.any(codes != best, axis=1)))
+            out.alg[idx], out.proto[idx], out.nc[idx], out.nt[idx], out.lvl[idx] = best
+        return out, changed
+
     def make_plan(self, st: State | None, *, method: str, stats: dict[str, Any]) -> Plan:
-        """A Plan from a final state (None = leave everything to NCCL)."""
+        """A Plan from a final state (None = leave everything to NCCL); sites the mechanism cannot
+        tell apart first get one decision (``tie_indistinguishable``)."""
+        if st is not None:
+            st, tied = self.tie_indistinguishable(st)
+            if tied:
+                stats = {**stats, "tied_sites": tied}
         default = self.default_state()
         d_comm, _, d_region = self.evaluate(default)
         use = st if st is not None else default

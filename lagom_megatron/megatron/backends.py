@@ -5,17 +5,25 @@ the search gets for each (``rules_for``) and which communicator-pool backend app
 
 from __future__ import annotations
 
+import dataclasses
+
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import KnobRules
 from lagom_megatron.engine.profile import BACKENDS
 from lagom_megatron.megatron.comm_pool import PoolBackend
 from lagom_megatron.megatron.gloo import GlooPoolBackend, GlooRules
+from lagom_megatron.nccl.capabilities import Capabilities
 from lagom_megatron.nccl.rules import NcclRules
 
 
-def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None) -> KnobRules:
+def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None,
+              capabilities: Capabilities | None = None) -> KnobRules:
     """The knob rules of ``backend`` on ``cluster``: ``GlooRules`` for gloo, ``NcclRules`` (default
     mechanism ``tuner``) for nccl and the simulated cluster (``sim``).
+
+    With the run's agreed ``capabilities`` (NCCL only) the mechanism is theirs
+    (``Capabilities.mechanism``: the plugin NCCL really loaded, else communicator options) and the
+    cluster's NCCL version becomes the runtime one, so the domains are what this NCCL applies.
 
     Raises:
         ValueError: an unknown backend, a mechanism the backend does not have, or a cluster of
@@ -24,6 +32,11 @@ def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None) 
     if backend == "gloo":
         return GlooRules(cluster, mechanism=mechanism or "gloo")
     if backend in ("nccl", "sim"):
+        if capabilities is not None and backend == "nccl":
+            if capabilities.nccl_version is not None:
+                cluster = dataclasses.replace(cluster, nccl_version=".".join(map(str, capabilities.nccl_version)))
+            return NcclRules(cluster, mechanism=mechanism or capabilities.mechanism(), backend=backend,
+                             capabilities=capabilities)
         return NcclRules(cluster, mechanism=mechanism or "tuner", backend=backend)
     raise ValueError(f"backend must be one of {list(BACKENDS)}; got {backend!r}")
 

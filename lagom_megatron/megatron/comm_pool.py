@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Hashable, Protocol
+from typing import Any, Callable, Hashable, Protocol
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.megatron.sites import GroupInfo, GroupNames
@@ -48,23 +48,59 @@ class _EntryId:
     key: Hashable
 
 
+def _local_step(name: str, fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+DEFAULT_BUDGET_MIB = 512
+"""Default bound on the estimated device memory of all live pool entries of one rank (MiB)."""
+
+
+class PoolBudgetExceeded(ValueError):
+    """The entries a plan or the probes need would exceed the pool's memory budget."""
+
+
 class CommPool:
     """Pool entries of one rank, looked up on every routed call (a dict lookup).
 
     Args:
         backend: a ``PoolBackend``.
         groups: the rank's ``GroupNames``; entries are registered in it as aliases of their group.
+        budget_bytes: bound on the summed ``backend.estimate_bytes`` of the live entries (backends
+            without an estimate count 0); None = unbounded.
     """
 
-    def __init__(self, backend: PoolBackend, groups: GroupNames) -> None:
+    def __init__(self, backend: PoolBackend, groups: GroupNames, *, budget_bytes: int | None = DEFAULT_BUDGET_MIB * 2**20) -> None:
         self.backend = backend
         self.groups = groups
+        self.budget_bytes = budget_bytes
         self._entries: dict[tuple[str, Hashable], Any] = {}
-        self._created: set[_EntryId] = set()
+        self._created: dict[_EntryId, Any] = {}
+        """Every entry created on this rank's side (also those it is not a member of) -> its group."""
+        self._bytes: dict[_EntryId, int] = {}
         self._keys: dict[CommConfig, Hashable | None] = {}
+        self.stats = {"created": 0, "destroyed": 0}
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def entries(self) -> list[Any]:
+        """This rank's live entries (the groups it is a member of)."""
+        return list(self._entries.values())
+
+    @property
+    def live(self) -> int:
+        """Entries created and not destroyed, also those this rank is not a member of."""
+        return len(self._created)
+
+    @property
+    def estimated_bytes(self) -> int:
+        """Estimated device memory of the live entries (bytes)."""
+        return sum(self._bytes.values())
+
+    def describe(self) -> str:
+        """``"<n> entries, ~<MiB> MiB"``: what the log and the report show."""
+        return f"{len(self._created)} entries, ~{self.estimated_bytes / 2**20:.0f} MiB"
 
     def invalidate_keys(self) -> None:
         """Forgets the cached entry keys: call it when the backend's mechanism changes (e.g. the
@@ -79,40 +115,127 @@ class CommPool:
             k = self._keys[config] = self.backend.entry_key(config)
             return k
 
-    def prepare(self, needs: dict[str, set[CommConfig]] | dict[str, list[CommConfig]]) -> int:
+    def _estimate(self, config: CommConfig) -> int:
+        fn = getattr(self.backend, "estimate_bytes", None)
+        return int(fn(config)) if fn is not None else 0
+
+    def _parent(self, name: str) -> Any:
+        """This rank's own process group called ``name`` (not a pool entry), or None."""
+        info = self.groups.by_name(name)
+        entries = {id(e) for e in self._created.values()}
+        for g in getattr(self.groups, "_keep", ()):  # the group objects GroupNames registered, in order
+            if id(g) not in entries and self.groups.lookup(g) is info:
+                return g
+        return None
+
+    def prepare(self, needs: dict[str, set[CommConfig]] | dict[str, list[CommConfig]], *,
+                step: Callable[[str, Callable[[], Any]], Any] = _local_step, ops: dict[CommConfig, str] | None = None) -> int:
         """Creates the entries that ``needs`` (group name -> configs) calls for; collective.
 
-        Every rank must call this with the same ``needs``. Returns the number of groups created
-        on this rank's side (entries it is a member of).
+        Every rank must call this with the same ``needs``. The work runs in three ``step``s, each
+        of which the controller runs collectively (``consensus.collective_step``: a failure on any
+        rank raises on every rank): ``pool-preflight`` (keys, budget and the backend's checks that
+        need no collective, so that no rank fails alone between two ``new_group`` calls),
+        ``pool-create`` (``new_group`` per entry in one sorted order on every rank; an error is
+        kept and the loop goes on, so every rank makes the same calls) and ``first-use`` (the
+        backend's ``verify``). Returns the number of groups created on this rank's side (entries
+        it is a member of).
+
+        Raises:
+            PoolBudgetExceeded (through ``step``): the new entries would pass the budget.
         """
         import torch.distributed as dist
 
         mine = {name: self.groups.by_name(name).ranks for name in self.groups.names()}
         gathered: list[dict[str, tuple[int, ...]]] = [None] * dist.get_world_size()  # type: ignore[list-item]
         dist.all_gather_object(gathered, mine)
-        wanted: set[_EntryId] = set()
-        for name, configs in needs.items():
-            keys = {self.key(c) for c in configs} - {None}
-            all_ranks = sorted({d[name] for d in gathered if name in d})
-            for ranks in all_ranks:
-                for key in keys:
-                    wanted.add(_EntryId(name, ranks, key))
-        created = 0
-        for eid in sorted(wanted - self._created, key=lambda e: (e.name, e.ranks, repr(e.key))):
-            config = next(c for c in needs[eid.name] if self.key(c) == eid.key)
-            desc = f"LAGOM_POOL_{eid.name.upper()}_{'_'.join(str(x) for x in _flat(eid.key))}"
-            group = self.backend.create_group(eid.ranks, config, desc)
-            self._created.add(eid)
-            if dist.get_rank() in eid.ranks:
-                info = self.groups.by_name(eid.name)
-                if info is None or info.ranks != eid.ranks:
-                    info = GroupInfo(name=eid.name, ranks=eid.ranks)
-                self.groups.alias(group, info)
-                self._entries[(eid.name, eid.key)] = group
-                created += 1
+
+        def preflight() -> list[tuple[_EntryId, CommConfig]]:
+            wanted: dict[_EntryId, CommConfig] = {}
+            for name, configs in needs.items():
+                for c in sorted(configs, key=lambda c: repr(c.to_dict())):
+                    key = self.key(c)
+                    if key is None:
+                        continue
+                    for ranks in sorted({d[name] for d in gathered if name in d}):
+                        wanted.setdefault(_EntryId(name, ranks, key), c)
+            todo = sorted(((e, c) for e, c in wanted.items() if e not in self._created),
+                          key=lambda ec: (ec[0].name, ec[0].ranks, repr(ec[0].key)))
+            extra = sum(self._estimate(c) for e, c in todo if dist.get_rank() in e.ranks)
+            if self.budget_bytes is not None and self.estimated_bytes + extra > self.budget_bytes:
+                raise PoolBudgetExceeded(
+                    f"{len(todo)} new communicator-pool entries need ~{extra / 2**20:.0f} MiB on this rank on top of "
+                    f"~{self.estimated_bytes / 2**20:.0f} MiB live, over the budget of {self.budget_bytes / 2**20:.0f} MiB "
+                    "(--lagom-pool-budget-mib)")
+            check = getattr(self.backend, "preflight", None)
+            for e, c in todo:
+                if check is not None:
+                    check(c, (ops or {}).get(c))
+            return todo
+
+        todo = step("pool-preflight", preflight)
+
+        def create() -> int:
+            made, errors = 0, []
+            for eid, config in todo:
+                desc = f"LAGOM_POOL_{eid.name.upper()}_{'_'.join(str(x) for x in _flat(eid.key))}"
+                try:
+                    group = self._create(eid, config, desc)
+                except Exception as exc:  # noqa: BLE001 - kept, reported after every rank made the same calls
+                    errors.append(f"entry {desc}: {type(exc).__name__}: {exc}")
+                    continue
+                self._created[eid] = group
+                self.stats["created"] += 1
+                if dist.get_rank() in eid.ranks:
+                    info = self.groups.by_name(eid.name)
+                    if info is None or info.ranks != eid.ranks:
+                        info = GroupInfo(name=eid.name, ranks=eid.ranks)
+                    self.groups.alias(group, info)
+                    self._entries[(eid.name, eid.key)] = group
+                    self._bytes[eid] = self._estimate(config)
+                    made += 1
+            if errors:
+                raise RuntimeError("; ".join(errors))
+            return made
+
+        created = step("pool-create", create)
+        step("first-use", getattr(self.backend, "verify", None) or (lambda: None))
         if created:
-            log.info("lagom: communicator pool: %d entries on this rank (%s backend)", len(self._entries), self.backend.name)
+            log.info("lagom: communicator pool: %s on this rank (%s backend)", self.describe(), self.backend.name)
         return created
+
+    def _create(self, eid: _EntryId, config: CommConfig, desc: str) -> Any:
+        import inspect
+
+        if "parent" in inspect.signature(self.backend.create_group).parameters:  # the NCCL backend inherits options
+            info = self.groups.by_name(eid.name)
+            parent = self._parent(eid.name) if info is not None and info.ranks == eid.ranks else None
+            return self.backend.create_group(eid.ranks, config, desc, parent=parent)
+        return self.backend.create_group(eid.ranks, config, desc)
+
+    def destroy(self, keep: dict[str, set[CommConfig]] | None = None) -> int:
+        """Destroys every entry (or every entry not needed by ``keep``, group name -> configs);
+        collective in effect: all ranks call it at the same point. Returns how many were destroyed
+        on this rank's side."""
+        import torch.distributed as dist
+
+        kept_keys = {(name, self.key(c)) for name, cs in (keep or {}).items() for c in cs}
+        n = 0
+        for eid in sorted(self._created, key=lambda e: (e.name, e.ranks, repr(e.key))):
+            if (eid.name, eid.key) in kept_keys:
+                continue
+            group = self._created.pop(eid)
+            self._bytes.pop(eid, None)
+            if self._entries.get((eid.name, eid.key)) is group:
+                del self._entries[(eid.name, eid.key)]
+            if group is not None and group is not getattr(dist.GroupMember, "NON_GROUP_MEMBER", object()):
+                fn = getattr(self.backend, "destroy_group", None)
+                (fn or dist.destroy_process_group)(group)
+            n += 1
+        self.stats["destroyed"] += n
+        if n:
+            log.info("lagom: communicator pool: %d entries destroyed, %s left", n, self.describe())
+        return n
 
     def group_for(self, info: GroupInfo, config: CommConfig) -> Any | None:
         """The pool entry of ``info``'s group for ``config``; None = use the group itself.

@@ -14,21 +14,116 @@ call, and a gloo send paired with a receive on another communicator never comple
 All traffic goes over the default (world) group with ``*_object`` collectives: a few kilobytes
 once per profiled iteration, never on the training path after the plan is applied.
 
-``LAGOM_INJECT_DIGEST_FAULT=<rank>`` (environment) perturbs that rank's copy of the plan before
-the digest check: a fault-injection switch used by the test of the mismatch path.
+* ``agree_capabilities`` all-gathers every rank's ``nccl.capabilities.Capabilities`` and raises
+  ``CapabilityDisagreement`` on every rank, naming the first rank, host and field that differ.
+* ``collective_step`` runs one step of applying a plan (pool preflight, creation, table, first
+  use) on every rank, all-gathers the outcome and raises ``ApplyFailed`` on every rank when any
+  rank failed, so that all ranks fall back together.
+
+Fault-injection switches (environment; used by the tests of these paths):
+``LAGOM_INJECT_DIGEST_FAULT=<rank>`` perturbs that rank's copy of the plan before the digest check;
+``LAGOM_INJECT_CAPABILITY_FAULT=<rank>[:<field>]`` perturbs that rank's capabilities;
+``LAGOM_INJECT_APPLY_FAULT=<step>:<rank>[,...]`` makes that step fail on that rank (``env``: sets
+the variable ``nccl.capabilities.ENV_FAULT`` names on that rank before the step, so the real check
+sees a changed environment).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import socket
 from typing import Any, Callable
 
 FAULT_ENV = "LAGOM_INJECT_DIGEST_FAULT"
+APPLY_FAULT_ENV = "LAGOM_INJECT_APPLY_FAULT"
+APPLY_STEPS = ("env", "pool-preflight", "pool-create", "table", "first-use")
+"""Steps of applying, in order (``collective_step`` names; ``env`` is the environment re-check)."""
 
 
 class PlanDisagreement(RuntimeError):
     """Ranks hold different plans (digest mismatch); tuning must be aborted."""
+
+
+class CapabilityDisagreement(RuntimeError):
+    """Ranks can apply different things (``nccl.capabilities``); tuning must stay off."""
+
+
+class ApplyFailed(RuntimeError):
+    """A step of applying failed on some rank; every rank falls back to NCCL's defaults."""
+
+
+def _injected(step: str, rank: int) -> bool:
+    spec = os.environ.get(APPLY_FAULT_ENV, "")
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        name, _, r = item.rpartition(":")
+        if name not in APPLY_STEPS:
+            raise ValueError(f"{APPLY_FAULT_ENV} step must be one of {list(APPLY_STEPS)}; got {name!r}")
+        if name == step and r.strip() == str(rank):
+            return True
+    return False
+
+
+def collective_step(name: str, fn: Callable[[], Any]) -> Any:
+    """Runs ``fn`` on this rank, then all-gathers (error, host) of every rank; returns ``fn``'s result.
+
+    Raises:
+        ApplyFailed: on every rank when ``fn`` raised on any rank; the message names the step and,
+            for each failed rank, its host and error.
+    """
+    rank, _ = _world()
+    try:
+        fault = _injected(name, rank)
+        if fault and name == "env":
+            from lagom_megatron.nccl.capabilities import ENV_FAULT
+
+            os.environ[ENV_FAULT[0]] = ENV_FAULT[1]  # then the real check in fn finds it
+        result, err = fn(), None
+        if fault and name != "env":  # after fn: this rank made the same collective calls as the others
+            raise RuntimeError(f"fault injected by {APPLY_FAULT_ENV}")
+    except Exception as exc:  # noqa: BLE001 - reported on every rank below
+        result, err = None, f"{type(exc).__name__}: {exc}"
+    outcomes = _all_gather((err, socket.gethostname()))
+    bad = [(r, h, e) for r, (e, h) in enumerate(outcomes) if e]
+    if bad:
+        detail = "; ".join(f"rank {r} ({h}): {e}" for r, h, e in bad)
+        raise ApplyFailed(f"{name} failed on {detail}")
+    return result
+
+
+def agree_capabilities(local: Any, *, from_dict: Callable[[dict[str, Any]], Any],
+                       differences: Callable[[list[Any]], list[tuple[int, str, Any, Any]]],
+                       perturb: Callable[[Any, str], Any] | None = None) -> tuple[Any, list[str]]:
+    """All-gathers every rank's capabilities; returns rank 0's with the job's topology
+    (``with_topology`` from every rank's host) and the list of every rank's host.
+
+    Args:
+        local: this rank's ``Capabilities`` (needs ``to_dict``, ``host``, ``with_topology``).
+        from_dict, differences: ``Capabilities.from_dict`` and ``capabilities.differences``.
+        perturb: ``capabilities.perturb``, used when ``LAGOM_INJECT_CAPABILITY_FAULT`` names this rank.
+
+    Raises:
+        CapabilityDisagreement: on every rank when any compared field differs; names the first
+            differing rank, its host, the field and both values.
+    """
+    from lagom_megatron.nccl.capabilities import FAULT_ENV as CAP_FAULT_ENV
+
+    rank, _ = _world()
+    fault = os.environ.get(CAP_FAULT_ENV, "").strip()
+    if fault and perturb is not None:
+        who, _, what = fault.partition(":")
+        if who.strip() == str(rank):
+            local = perturb(local, what.strip() or "plugin_loaded")
+    records = [from_dict(d) for d in _all_gather(local.to_dict())]
+    diffs = differences(records)
+    if diffs:
+        r, field, want, got = diffs[0]
+        more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
+        raise CapabilityDisagreement(
+            f"ranks disagree on what they can apply: rank {r} on host {records[r].host} has {field}={got!r} but "
+            f"rank 0 on host {records[0].host} has {field}={want!r}{more}; tuning off, defaults kept")
+    hosts = [x.host for x in records]
+    return records[0].with_topology(hosts), hosts
 
 
 def _world() -> tuple[int, int]:

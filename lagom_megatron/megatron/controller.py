@@ -29,7 +29,6 @@ from typing import Any
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Sample
 from lagom_megatron.megatron.fingerprint import num_microbatches, run_fingerprint
-from lagom_megatron.megatron.report import is_tuned
 from lagom_megatron.megatron.run_files import RunFiles, say
 
 log = logging.getLogger("lagom")
@@ -49,7 +48,7 @@ class LagomController:
 
     def __init__(self, *, warmup_iters: int = 1, verify_iters: int = 3, method: str = "priority",
                  plan_path: str | None = None, report_path: str | None = None, cluster: str | None = None,
-                 preset_name: str | None = None) -> None:
+                 preset_name: str | None = None, pool_budget_mib: float | None = None) -> None:
         self.warmup_iters = warmup_iters
         self.verify_iters = verify_iters
         self.method = method
@@ -82,13 +81,17 @@ class LagomController:
         self._kind_steps: dict[str, int] = {}
         """Profiling iterations finished per step kind (for the log's ``warmup i/n``)."""
         self.search_ms: float | None = None
+        self.pool_budget_mib = pool_budget_mib
+        self.applier: Any = None
+        """``apply.Applier``: capabilities, pool entries and the revert, on every rank together."""
 
     @classmethod
     def from_args(cls, args: Any) -> "LagomController":
         """Builds the controller from ``pretrain_gpt.py``'s parsed arguments."""
         return cls(warmup_iters=args.lagom_warmup_iters, verify_iters=args.lagom_verify_iters,
                    method=args.lagom_method, plan_path=args.lagom_plan, report_path=args.lagom_report,
-                   cluster=getattr(args, "lagom_cluster", None), preset_name=getattr(args, "preset_name", None))
+                   cluster=getattr(args, "lagom_cluster", None), preset_name=getattr(args, "preset_name", None),
+                   pool_budget_mib=getattr(args, "lagom_pool_budget_mib", None))
 
     # ------------------------------------------------------------------ setup
     def _resolve_cluster(self, on_gpu: bool) -> str:
@@ -136,8 +139,13 @@ class LagomController:
                                      pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None)
         n_buckets = self.registry.bind_model(ctx.model)
         self.profiler = Profiler(use_cuda_events=on_gpu)
-        self.pool = CommPool(make_pool_backend(self.backend), groups)
+        from lagom_megatron.megatron.apply import Applier
+        from lagom_megatron.megatron.comm_pool import DEFAULT_BUDGET_MIB
+
+        budget = DEFAULT_BUDGET_MIB if self.pool_budget_mib is None else self.pool_budget_mib
+        self.pool = CommPool(make_pool_backend(self.backend), groups, budget_bytes=int(budget * 2**20))
         self.router = SiteRouter(self.registry, self.profiler, self.pool, split_chunks=self.backend == "gloo")
+        self.applier = Applier(pool=self.pool, router=self.router, files=self.files, cluster=self.cluster)
         configs = []
         for chunk in ctx.model:
             cfg = getattr(chunk, "config", None)
@@ -146,6 +154,10 @@ class LagomController:
         self.handle = patches.install(self.router, model_configs=configs)
         say(f"lagom: hooks installed | {len(self.handle.patched)} entry points | {n_buckets} DDP bucket groups | "
              f"backend {self.backend} | cluster {self.cluster.name} | run dir {self.files.run_dir}")
+        if self.applier.agree_capabilities(on_gpu=on_gpu) is None:
+            self.mode = "aborted"  # ranks could apply different things: nothing is tuned
+            return
+        self.fingerprint.update(self.applier.fingerprint_part())
         if not self._try_reuse_plan():
             self._start_tuner()
         if self.mode == "tune":
@@ -156,9 +168,13 @@ class LagomController:
         from lagom_megatron.engine.tuner import Tuner
         from lagom_megatron.megatron.backends import rules_for
 
+        caps = self.applier.capabilities if self.backend == "nccl" else None
+        rules = rules_for(self.backend, self.cluster, capabilities=caps)
+        for line in getattr(rules, "warnings", lambda: [])():
+            say(f"lagom: WARNING: {line}")
         self.tuner = Tuner(
             Tuner.Config(warmup_iters=max(1, self.warmup_iters), verify_iters=max(1, self.verify_iters), method=self.method),
-            rules=rules_for(self.backend, self.cluster), fingerprint=self.fingerprint, agree=self._agree,
+            rules=rules, fingerprint=self.fingerprint, agree=self._agree,
         )
         if plan is not None:
             self.tuner.start_from_plan(plan)
@@ -177,69 +193,29 @@ class LagomController:
                  f"to verify); the plan will be saved unverified")
 
     def _try_reuse_plan(self) -> bool:
-        from lagom_megatron.megatron import consensus
+        """Loads and applies ``--lagom-plan`` when its fingerprint matches (``reuse.try_reuse_plan``)."""
+        from lagom_megatron.megatron.reuse import try_reuse_plan
 
-        try:
-            plan = self.files.saved_plan(self.fingerprint, getattr(self, "cluster", None))
-        except consensus.PlanDisagreement as exc:
-            say(f"lagom: ERROR: {exc}")
-            self.mode = "aborted"
-            return True
-        if plan is None:
-            return False
-        self.plan = plan
-        self.mode = "reuse"
-        if plan.rejected:
-            # measured no better than the defaults when it was searched: applying it unverified
-            # would undo that verdict on every later run; the router keeps its empty assignment
-            say(f"lagom: phase fell_back | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) "
-                 f"but its verification kept the defaults ({plan.stats.get('verification_reason') or 'no reason saved'}) | "
-                 f"profiling and search skipped; delete the plan or pass another --lagom-plan to search again")
-            return True
-        if plan.stats.get("verification") is None:
-            # saved before any verification (`lagom search`, or a run too short to verify): measure
-            # it against the defaults now instead of trusting its prediction
-            self._start_tuner(plan)
-            self._prepare_pool_for_plan(plan)
-            say(f"lagom: phase verifying | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) but never "
-                 f"verified | profiling and search skipped; {self.tuner.total_iters} iterations to verify it")
-            return True
-        self._prepare_pool_for_plan(plan)
-        assignment = self._assignment_of(plan)
-        self.router.set_assignment(assignment)
-        tuned = sum(is_tuned(c.to_dict(), self.backend) for c in assignment.values())
-        say(f"lagom: phase applied | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) | "
-             f"{tuned}/{len(plan.entries)} sites tuned | profiling and search skipped")
-        if plan.method != self.method:
-            say(f"lagom: WARNING: --lagom-method {self.method} not used: plan {self.files.plan_path} was searched "
-                f"with {plan.method}; delete it or pass another --lagom-plan to search with {self.method}")
-        return True
+        return try_reuse_plan(self)
 
     @staticmethod
     def _assignment_of(plan: Any) -> dict[str, CommConfig]:
         return {sid: e.config for sid, e in plan.entries.items() if not e.config.is_default()}
 
-    def _prepare_pool_for_plan(self, plan: Any) -> None:
-        backend = self.pool.backend
-        if getattr(backend, "use_tuner_plugin", False):
-            # NCCL with lagom's tuner plugin: the plugin reads the plan table when a communicator is
-            # created, so the table is written (one copy per rank, atomically) before the entries,
-            # and the entries are keyed by it (the probes' per-communicator entries stay as they are).
-            backend.plugin_active = True
-            self.pool.invalidate_keys()
-            table = self.files.write_tuner_table(plan, self.cluster)
-            backend.tuner_table, backend.table_id = str(table), plan.digest()[:12]
-        needs: dict[str, set[CommConfig]] = {}
-        for e in plan.entries.values():
-            if not e.config.is_default():
-                needs.setdefault(e.group, set()).add(e.config)
-        self.pool.prepare(needs)
+    def _prepare_pool_for_plan(self, plan: Any) -> bool:
+        """The plan's table and entries on every rank together; False after a revert (``apply.Applier``)."""
+        if not self.applier.apply_plan(plan):
+            self.mode = "aborted"
+            return False
+        return True
 
     def _agree(self, plan: Any) -> Any:
         from lagom_megatron.engine.plan import Plan
         from lagom_megatron.megatron import consensus
 
         try:
+            if plan is not None:
+                plan = self.applier.fit_plan_to_budget(plan)
             return consensus.agree_plan(plan, from_dict=Plan.from_dict)
         except consensus.PlanDisagreement as exc:
             say(f"lagom: ERROR: {exc}")
@@ -328,12 +304,10 @@ class LagomController:
                 f"iteration {m.iteration_us / 1e3:.1f} ms")
         if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
             # the configs the router will route in the probe iterations (probes as each site's op allows)
-            group_of = {s.site_id: s.group for s in m.sites}
-            needs: dict[str, set[CommConfig]] = {}
-            for assignment in tuner.probe_assignments():
-                for sid, cfg in assignment.items():
-                    needs.setdefault(group_of[sid], set()).add(cfg)
-            self.pool.prepare(needs)
+            if not self.applier.apply_probes(tuner.probe_assignments(), m.sites):
+                self.mode = "aborted"
+                self.write_report()
+                return
         if step.kind in ("verify-plan", "verify-default"):
             if not self._t_default and m.sites:  # verifying a reused plan: no default profile gave the sites
                 self._last_sites = {s.site_id: s for s in m.sites}
@@ -367,7 +341,11 @@ class LagomController:
             self.plan = tuner.plan
             if self.rank == 0:
                 self.files.save_plan(tuner.plan)
-            self._prepare_pool_for_plan(tuner.plan)
+            if not self._prepare_pool_for_plan(tuner.plan):
+                if self.rank == 0:  # a later run keeps the defaults instead of failing the same way
+                    self.files.save_plan(tuner.plan.with_stats(verification="fell_back", verification_reason=self.applier.error))
+                self.write_report()
+                return
             say(f"lagom: plan {self.files.plan_path} (digest {tuner.plan.digest()[:12]}) | profile {self.files.profile_path}")
 
     def _on_done(self, phase: Any) -> None:
@@ -378,7 +356,8 @@ class LagomController:
         if phase is Phase.APPLIED:
             say(f"lagom: phase applied | measured {s['measured_default_us'] / 1e3:.1f} -> {s['measured_plan_us'] / 1e3:.1f} ms | {self.tuner.reason}")
         else:
-            say(f"lagom: phase fell_back | {self.tuner.reason}")
+            live = self.pool.live
+            say(f"lagom: phase fell_back | {self.tuner.reason} | {self.pool.destroy()}/{live} pool entries destroyed")
         if self.plan is not None and self.rank == 0:
             self.files.save_plan(self.plan.with_stats(verification=phase.value, verification_reason=self.tuner.reason))
         self.write_report()
@@ -388,7 +367,7 @@ class LagomController:
         written) and removes every hook."""
         try:
             if getattr(self.pool.backend, "plugin_active", False) and self.plan is not None:
-                from lagom_megatron.nccl.plugin_status import plan_hit_summary
+                from lagom_megatron.nccl.export import plan_hit_summary
 
                 say(plan_hit_summary(self.plan))
             if not self._reported:

@@ -29,10 +29,23 @@ GPU path (``CudaEventTiming``): CUDA events recorded on the current (compute) st
 launch (``Profiler.mark``), after the serialized wait and after the consumer's ``wait()`` (which
 makes the compute stream wait for NCCL's stream), resolved once per iteration after a device
 synchronisation. Synchronous calls get an event before and after (a synchronous NCCL call makes
-the current stream wait for the collective). It
-is selected when CUDA is available and is not exercised by the CPU test suite. Without an event
-on NCCL's internal stream, an overlapped ``t_comm`` on GPU is the region time (an upper bound);
-the serialized iteration gives the exact communication-alone time.
+the current stream wait for the collective). It is selected when CUDA is available.
+
+The collective's own time under overlap comes from NCCL's stream: ``Work._get_duration()``
+(milliseconds; torch's ``WorkNCCL::getDuration``, the elapsed time between the start and end CUDA
+events ``ProcessGroupNCCL`` records on its NCCL stream around the collective, available once the
+group's timing is on: ``ProcessGroup._enable_collectives_timing()``, which ``enable_comm_timing``
+calls on every group, or ``TORCH_NCCL_ENABLE_TIMING=1``; both in torch 2.13). A coalesced
+handle's duration is the sum over its works (they run one after another on one stream). Where no
+duration is available (gloo, timing off) ``t_comm`` falls back to the completion seen from the
+host (CPU) or the region (GPU, an upper bound). So on GPU ``t_comm`` < ``t_region`` when the
+compute is the longer branch, and the fit sees the slowdown.
+
+Serialized iteration: ``t_comm`` is the collective alone (issue to its immediate wait) and
+``t_comp`` the compute alone. A handle waited late (the gradient reduce-scatter of a bucket is
+waited at the end of the backward pass) has, between its serialized end and its consumer's wait,
+the serialized communication of every later asynchronous call; that time is subtracted, so
+``t_comp`` is the compute alone and not inflated by other sites' communication.
 
 The measurement scheme (serialized iteration for compute alone, polling resolution) is our
 design; the Lagom paper's profiler text is not available.
@@ -65,6 +78,42 @@ def _is_completed(work: Any) -> bool:
         return all(w is None or w.is_completed() for w in works)
     fn = getattr(work, "is_completed", None)
     return bool(fn()) if fn is not None else False
+
+
+def work_duration_us(work: Any) -> float | None:
+    """The collective's own GPU time, microseconds, from ``Work._get_duration()`` (milliseconds, on
+    NCCL's stream; module docstring); summed over a coalescing manager's works. None when the
+    handle has no duration (gloo, or the group's timing is off: torch raises then)."""
+    works = getattr(work, "works", None)
+    items = [w for w in works if w is not None] if works is not None else [work]
+    total = 0.0
+    for w in items:
+        fn = getattr(w, "_get_duration", None)
+        if fn is None:
+            return None
+        try:
+            total += float(fn()) * 1000.0
+        except (RuntimeError, ValueError, NotImplementedError):
+            return None
+    return total if items else None
+
+
+def enable_comm_timing(groups: Any) -> int:
+    """Turns on torch's collective timing (``ProcessGroup._enable_collectives_timing``) for each
+    process group in ``groups``, so their handles report ``_get_duration()``; returns how many
+    accepted. The switch cannot be turned off again: every later collective of the group records
+    one more CUDA event (small next to a collective)."""
+    n = 0
+    for g in groups:
+        fn = getattr(g, "_enable_collectives_timing", None)
+        if fn is None:
+            continue
+        try:
+            fn()
+            n += 1
+        except RuntimeError:
+            continue
+    return n
 
 
 class TimedWork:
@@ -226,6 +275,25 @@ class Profiler:
                 still.append(t)
         self._outstanding = still
 
+    def _alone_us(self, t: CallTiming) -> float:
+        """Communication-alone time of one call of a serialized iteration (us; 0 if unknown)."""
+        dur = work_duration_us(t.work)
+        if dur is not None:
+            return dur
+        if t.cuda is not None:
+            v = t.cuda.elapsed_us("issue", "serial")
+            return v if math.isfinite(v) else 0.0
+        return (t.t_serial - t.t_issue) * 1e6 if t.t_serial is not None else 0.0
+
+    def _later_comm_us(self, k: int, alone: list[float]) -> float:
+        """Serialized communication of the async calls issued between call ``k``'s serialized end
+        and its consumer's ``wait()`` (host instants order the calls on both paths)."""
+        t = self._calls[k]
+        if t.t_serial is None or t.t_wait is None:
+            return 0.0
+        return sum(alone[j] for j, u in enumerate(self._calls)
+                   if j != k and u.t_serial is not None and u.t_issue >= t.t_serial and u.t_serial <= t.t_wait)
+
     def finish_iteration(self) -> dict[str, tuple[float, float, float]]:
         """Site id -> (t_comm_us, t_comp_us, t_region_us) summed over the site's calls.
 
@@ -242,20 +310,28 @@ class Profiler:
             for sid, ev0, ev1 in self._sync_cuda:
                 self._sync[sid] = self._sync.get(sid, 0.0) + ev0.elapsed_time(ev1) / 1000.0
         out: dict[str, list[float]] = {}
-        for t in self._calls:
+        alone = [self._alone_us(t) for t in self._calls] if self.serialize else []
+        for k, t in enumerate(self._calls):
+            dur = work_duration_us(t.work)
             if t.cuda is not None:
-                comm = t.cuda.elapsed_us("issue", "serial") if self.serialize else t.cuda.elapsed_us("issue", "wait")
                 region = t.cuda.elapsed_us("issue", "wait")
-                comp = t.cuda.elapsed_us("serial", "wait") if self.serialize else math.nan
+                if self.serialize:
+                    comm = dur if dur is not None else t.cuda.elapsed_us("issue", "serial")
+                    comp = t.cuda.elapsed_us("serial", "wait")
+                else:
+                    comm = dur if dur is not None else region
+                    comp = math.nan
             else:
                 end = t.t_end
                 if end is None:  # never completed nor waited in this iteration: wait now
                     t.work.wait()
                     end = t.t_end = self.clock()
                 wait = t.t_wait if t.t_wait is not None else end
-                comm = (end - t.t_issue) * 1e6
+                comm = dur if dur is not None else (end - t.t_issue) * 1e6
                 region = (max(end, wait) - t.t_issue) * 1e6
                 comp = (wait - t.t_serial) * 1e6 if (self.serialize and t.t_serial is not None and t.t_wait is not None) else math.nan
+            if self.serialize and math.isfinite(comp):
+                comp = max(0.0, comp - self._later_comm_us(k, alone))
             acc = out.setdefault(t.site_id, [0.0, 0.0, 0.0])
             acc[0] += comm
             acc[1] += comp

@@ -42,6 +42,8 @@ def run_summary(ctl: Any) -> dict[str, Any]:
     kind = run_kind(ctl)
     out.update(mode=ctl.mode, run_kind=kind, search_ms=ctl.search_ms, backend=getattr(ctl, "backend", None),
                cluster=getattr(getattr(ctl, "cluster", None), "name", None))
+    if getattr(ctl, "applier", None) is not None:  # pool counts, capabilities; a failed apply means defaults everywhere
+        out.update(ctl.applier.summary_part())
     search = out.get("search") or {}
     for key in ("predicted_iteration_us", "predicted_default_iteration_us"):
         if isinstance(search.get(key), (int, float)):

@@ -37,6 +37,7 @@ import shlex
 from dataclasses import dataclass
 
 from lagom_megatron.engine.knobs import P2P_OPS
+from lagom_megatron.nccl import plugin_status
 from lagom_megatron.nccl.env_vars import validate_env
 from lagom_megatron.nccl.rules import validate_cta_range
 from lagom_megatron.engine.plan import Plan, PlanEntry
@@ -230,3 +231,14 @@ def parse_tuner_csv(text: str) -> list[dict[str, str]]:
             raise ValueError(f"tuner table line {n}: expected {len(TUNER_COLUMNS)} or {len(TUNER_EXTENDED_COLUMNS)} columns; got {len(cells)}")
         rows.append(dict(zip(TUNER_EXTENDED_COLUMNS, cells)))
     return rows
+
+
+def plan_hit_summary(plan: Plan) -> str:
+    """``plugin_status.summarize_hits`` for ``plan``'s tuner rows (``tuner_rows``, extended) with
+    this process's plugin status: one log line. Never raises for a plan whose table could not be
+    exported (the line says so instead)."""
+    try:
+        rows = tuner_rows(plan, extended=True)
+    except ValueError as exc:
+        return f"lagom: tuner plugin: no hit summary, the plan has no tuner table ({exc})"
+    return plugin_status.summarize_hits(plugin_status.read_plugin_status(), rows)

@@ -78,6 +78,29 @@ OP_FUNCTIONS: dict[str, str | None] = {
 """CollectiveSite.op -> NCCL function name (None: point-to-point, no algorithm/protocol choice)."""
 
 
+KNOB_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "NCCL_ALGO": ("algorithm",),
+    "NCCL_PROTO": ("protocol",),
+    "NCCL_MIN_CTAS": ("n_channels",),
+    "NCCL_MAX_CTAS": ("n_channels",),
+    "NCCL_MIN_NCHANNELS": ("n_channels",),
+    "NCCL_MAX_NCHANNELS": ("n_channels",),
+    "NCCL_NVLS_NCHANNELS": ("n_channels",),
+    "NCCL_NTHREADS": ("n_threads",),
+    "NCCL_LL128_NTHREADS": ("n_threads",),
+    "NCCL_BUFFSIZE": ("chunk_size",),
+    "NCCL_LL_BUFFSIZE": ("chunk_size",),
+    "NCCL_LL128_BUFFSIZE": ("chunk_size",),
+    "NCCL_CGA_CLUSTER_SIZE": ("cga_cluster_size",),
+    "NCCL_CTA_POLICY": ("cta_policy",),
+}
+"""Variable -> the knobs it fixes for every communicator of the process. NCCL_MIN/MAX_CTAS,
+NCCL_CGA_CLUSTER_SIZE, NCCL_CTA_POLICY and NCCL_NVLS_NCHANNELS override the ``ncclConfig_t`` field
+of every communicator (``src/init.cc`` ``envConfigOverride``); NCCL_ALGO / NCCL_PROTO narrow the
+algorithms and protocols before the tuner sees them (``src/graph/tuning.cc:453-461``);
+NCCL_NTHREADS is a process-wide parameter (``tuning.cc:14``); the buffer sizes set the chunk
+ceiling (``src/init.cc:810-824``). A knob a user fixed is not searched (``restrict_domains``)."""
+
 def nccl_version_tuple(version: Any) -> tuple[int, int, int] | None:
     """Normalises ``torch.cuda.nccl.version()`` (a tuple, or an int code in old torch)."""
     if version is None:
@@ -236,26 +259,42 @@ def _algo_proto_env(config: CommConfig, *, op: str | None, version: tuple[int, i
     return env
 
 
-def check_env_conflicts(environ: Mapping[str, str], *, use_tuner_plugin: bool) -> None:
-    """Refuses an environment that would silently override per-communicator configuration.
+def check_env_conflicts(environ: Mapping[str, str], *, use_tuner_plugin: bool, config: CommConfig | None = None,
+                        blocking_bound: bool = True) -> None:
+    """Refuses an environment that would silently override what a pool entry sets.
 
     Args:
         environ: the process environment (``os.environ`` or a dict in tests).
         use_tuner_plugin: also refuse NCCL_ALGO / NCCL_PROTO, which narrow the plugin's choices.
+        config: the entry's configuration: only variables that override a knob it sets count
+            (``KNOB_OVERRIDES``; a knob a variable fixes is never searched, so an
+            agreed plan does not hold it). None = every overriding variable counts.
+        blocking_bound: this torch binds ``NCCLConfig.blocking``. The entry then sets it to 1, which
+            torch honours before ``TORCH_NCCL_USE_COMM_NONBLOCKING`` (``ProcessGroupNCCL::useNonblocking``:
+            the options' ``blocking`` first, the variable second), so the variable matters only
+            without the field.
 
     Raises:
         ValueError: listing every offending variable with its value and what it overrides. A
             variable set to the empty string counts as set (NCCL sees it).
     """
+    def counts(var: str) -> bool:
+        if var not in environ:
+            return False
+        if config is None:
+            return True
+        knobs = KNOB_OVERRIDES.get(var, ())
+        return any(getattr(config, k, None) is not None for k in knobs)
+
     problems = [f"{var}={environ[var]!r} overrides {field} in every communicator"
-                for var, field in PER_COMMUNICATOR_OVERRIDES.items() if var in environ]
+                for var, field in PER_COMMUNICATOR_OVERRIDES.items() if counts(var)]
     if use_tuner_plugin:
-        problems += [f"{var}={environ[var]!r} {why}" for var, why in TUNER_OVERRIDES.items() if var in environ]
+        problems += [f"{var}={environ[var]!r} {why}" for var, why in TUNER_OVERRIDES.items() if counts(var)]
     flag = environ.get(NONBLOCKING_ENV, "").strip().lower()
-    if flag not in ("", "0", "false", "no", "off"):
+    if not blocking_bound and flag not in ("", "0", "false", "no", "off"):
         problems.append(f"{NONBLOCKING_ENV}={environ[NONBLOCKING_ENV]!r} creates communicators in a "
                         "background thread, where per-communicator NCCL_ALGO/NCCL_PROTO and the "
-                        "tuner's communicator tag are not seen")
+                        "tuner's communicator tag are not seen (this torch cannot make an entry blocking)")
     if problems:
         raise ValueError("the environment conflicts with lagom's per-communicator NCCL configuration: "
                          + "; ".join(problems) + ". Unset these variables (lagom sets them per communicator).")

@@ -32,10 +32,8 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
-if TYPE_CHECKING:
-    from lagom_megatron.nccl.export import TunerRow
 
 LIBRARY_NAME = "libnccl-tuner-lagom.so"
 """File name of lagom's built plugin (see ``nccl/plugin/build.py``)."""
@@ -126,7 +124,7 @@ def read_plugin_status(library: str | None = None, max_rows: int = 4096) -> Plug
                         table_loaded=n >= 0, table_failures=int(failures()) if failures is not None else 0)
 
 
-def summarize_hits(status: PluginStatus | None, plan_rows: Sequence[TunerRow], *, max_listed: int = 8) -> str:
+def summarize_hits(status: PluginStatus | None, plan_rows: Sequence[Any], *, max_listed: int = 8) -> str:
     """One log line: how many planned tuner-table rows NCCL matched at least once, and which never.
 
     Args:
@@ -165,15 +163,3 @@ def summarize_hits(status: PluginStatus | None, plan_rows: Sequence[TunerRow], *
         rest = f", and {len(never) - max_listed} more" if len(never) > max_listed else ""
         line += f"; never matched: {listed}{rest}"
     return line
-
-
-def plan_hit_summary(plan) -> str:
-    """``summarize_hits`` for ``plan`` with this process's plugin status; never raises for a plan
-    whose table could not be exported (says so instead)."""
-    from lagom_megatron.nccl.export import tuner_rows
-
-    try:
-        rows = tuner_rows(plan, extended=True)
-    except ValueError as exc:
-        return f"lagom: tuner plugin: no hit summary, the plan has no tuner table ({exc})"
-    return summarize_hits(read_plugin_status(), rows)

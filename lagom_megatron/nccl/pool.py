@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from lagom_megatron.engine.knobs import CommConfig
@@ -44,7 +44,8 @@ def scoped_env(values: Mapping[str, str], environ: Any = None) -> Iterator[None]
 
 def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, use_tuner_plugin: bool,
                            op: str | None = None, tuner_table: str | os.PathLike | None = None,
-                           high_priority_stream: bool = False, timeout: Any = None) -> Any:
+                           high_priority_stream: bool = False, timeout: Any = None,
+                           inherited: Mapping[str, Any] | None = None) -> Any:
     """Creates one pool entry: an NCCL process group over ``ranks`` with ``config`` applied.
 
     Collective over the default group: every rank calls it with the same arguments in the same
@@ -63,6 +64,9 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
             during creation); None = the process environment's.
         high_priority_stream: ``Options.is_high_priority_stream``.
         timeout: passed to ``new_group``.
+        inherited: ``parent_options`` of the site's own group: its stream priority and the
+            ``ncclConfig_t`` fields the entry's ``config`` does not set (Megatron's per-group
+            ``--nccl-communicator-config-path`` CTAs / CGA / net_name, SHARP's ``collnet_enable``).
 
     Returns:
         The ``torch.distributed`` process group (``GroupMember.NON_GROUP_MEMBER`` on other ranks).
@@ -77,15 +81,13 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
     if not dist.is_initialized():
         raise RuntimeError("NCCL is not available: torch.distributed is not initialized "
                            "(call init_process_group first)")
-    check_env_conflicts(os.environ, use_tuner_plugin=use_tuner_plugin)
-    if use_tuner_plugin and not os.environ.get("NCCL_TUNER_PLUGIN"):
-        raise ValueError("use_tuner_plugin needs NCCL_TUNER_PLUGIN set to the lagom plugin "
-                         "(built by `lagom build-tuner`) before the first communicator is created")
-    mapping = nccl_options_for(config, fields=nccl_config_fields(pg_nccl.Options),
-                               nccl_version=runtime_nccl_version(), use_tuner_plugin=use_tuner_plugin,
-                               op=op, tag=tag)
-    opts = build_options(mapping["config"], options_cls=pg_nccl.Options,
-                         high_priority_stream=high_priority_stream)
+    mapping = entry_options(config, tag=tag, use_tuner_plugin=use_tuner_plugin, op=op,
+                            fields=nccl_config_fields(pg_nccl.Options), nccl_version=runtime_nccl_version())
+    fields = dict((inherited or {}).get("config", {}))
+    fields.update(mapping["config"])  # the entry's own knobs win over the parent's
+    if inherited is not None:
+        high_priority_stream = bool(inherited.get("is_high_priority_stream", high_priority_stream))
+    opts = build_options(fields, options_cls=pg_nccl.Options, high_priority_stream=high_priority_stream)
     env = dict(mapping["env"])
     if tuner_table is not None:
         env[TUNER_CONFIG_ENV] = os.fspath(tuner_table)
@@ -104,6 +106,44 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
             dist.all_reduce(probe, group=group)
             torch.cuda.synchronize(device)
     return group
+
+
+def entry_options(config: CommConfig, *, tag: str, use_tuner_plugin: bool, op: str | None = None,
+                  fields: Any = None, nccl_version: tuple[int, int, int] | None = None,
+                  environ: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """The checks of ``create_nccl_pool_entry`` that need no collective: the environment conflicts
+    with what ``config`` sets and ``nccl_options_for``. Run on every rank before any ``new_group``
+    (``CommPool.prepare``'s preflight), so a rank never fails alone in the middle of creation.
+
+    Raises:
+        ValueError: an environment conflict or a config outside this NCCL's domain (both name the
+            value and what is allowed).
+    """
+    env = os.environ if environ is None else environ
+    check_env_conflicts(env, use_tuner_plugin=use_tuner_plugin, config=config)
+    return nccl_options_for(config, fields=fields, nccl_version=nccl_version, use_tuner_plugin=use_tuner_plugin,
+                            op=op, tag=tag)
+
+
+def parent_options(group: Any) -> dict[str, Any] | None:
+    """What a pool entry inherits from its site's own NCCL group: ``is_high_priority_stream`` and
+    the ``ncclConfig_t`` fields the parent set (``NCCLConfig`` attributes other than ``blocking``
+    that differ from a fresh ``Options()``), read from ``ProcessGroupNCCL.options`` (torch binds it
+    read-only; Megatron's ``get_nccl_options`` builds these for ``--nccl-communicator-config-path``).
+    None when the group has no NCCL backend (gloo, CPU)."""
+    try:
+        torch, pg_nccl, _ = nccl_module_parts()
+        backend = group._get_backend(torch.device("cuda"))
+        opts = backend.options
+    except Exception:  # noqa: BLE001 - no NCCL backend on this group: nothing to inherit
+        return None
+    fresh = pg_nccl.Options().config
+    config = {}
+    for name in nccl_config_fields(pg_nccl.Options) - {"blocking"}:
+        value = getattr(opts.config, name, None)
+        if value != getattr(fresh, name, None):
+            config[name] = value
+    return {"is_high_priority_stream": bool(opts.is_high_priority_stream), "config": config}
 
 
 def comm_tag(desc: str) -> str:
@@ -160,29 +200,55 @@ def _group_from_desc(desc: str) -> tuple[str, str] | None:
     return None
 
 
+RING_BUFFER_BYTES = 524_288 + 4_915_200 + 4_194_304
+"""Buffers of one ring connection (one per channel per rank), bytes: LL (8 lines x 512 threads x 8
+steps x 16 B) + LL128 (120 elements x 640 threads x 8 steps x 8 B) + Simple (4 MiB), NCCL's
+defaults (2.30 ``src/init.cc:810-824``, constants in ``src/include/device.h:26, 97-98, 114-115``);
+a receive buffer holds all three protocols."""
+NVLS_BYTES_PER_CHANNEL_HEAD = 2 * 128 * 1024 * 8
+"""NVLS buffers per channel and NVLS head, bytes: 2 x (chunk 128 KiB x 8 steps) (``src/transport/nvls.cc:425-430``,
+``NCCL_NVLS_CHUNKSIZE`` default ``nvls.cc:160``)."""
+ASSUMED_CHANNELS = 32
+"""Channel count assumed for an entry without CTA bounds (NCCL picks it from the topology)."""
+
+
+def estimate_entry_bytes(n_channels: int | None, *, nvls_heads: int = 0) -> int:
+    """Device memory one pool entry's communicator may allocate, bytes: ring buffers per channel plus,
+    where NVLS can run (``nvls_heads`` > 0: the NVLink domain's ranks), NVLS buffers for as many NVLS
+    channels (the pool sets ``nvls_ctas`` = ``n_channels``). Tree, P2P and host memory are not
+    counted (an estimate, the same on every rank). ``n_channels`` None = ``ASSUMED_CHANNELS``."""
+    n = ASSUMED_CHANNELS if n_channels is None else int(n_channels)
+    return n * RING_BUFFER_BYTES + (n * NVLS_BYTES_PER_CHANNEL_HEAD * nvls_heads if nvls_heads > 0 else 0)
+
+
 class NcclPoolBackend:
     """Pool backend for ``megatron.comm_pool.CommPool`` on NCCL (``megatron.backends.make_pool_backend("nccl")``).
 
-    Two mechanisms (``nccl.rules.MECHANISMS``):
+    Two mechanisms (``nccl.rules.MECHANISMS``), chosen from the agreed capabilities (never from one
+    rank's environment):
 
-    * tuner plugin (default when ``NCCL_TUNER_PLUGIN`` is set): algorithm, protocol, channels and
-      chunk size are per call, from the plan table. Every non-default config still gets an entry
-      keyed by its communicator-scope knobs (CTA policy, CGA cluster size), because the plugin
-      reads the table when a communicator is created: entries created after the plan exist see it,
-      the group's own communicators (created at start-up) do not. An entry of group ``dp`` is
-      tagged ``dp/<key>`` (``pool_entry_tag``), so the rows the exporter tags ``dp`` reach it.
+    * tuner plugin: algorithm, protocol, channels and chunk size are per call, from the plan table.
+      Every non-default config gets an entry keyed by its communicator-scope knobs (CTA policy, CGA
+      cluster size) and the table, created with CTA bounds ``min = max = cta_bound`` (the plan's
+      largest channel count): NCCL caps the plugin's ``*nChannels`` at the communicator's channel
+      count (``src/enqueue.cc`` ``topoGetAlgoInfo``), and both bounds make that count the bound
+      (``src/graph/connect.cc:496-503``). An entry of group ``dp`` is tagged ``dp/<key>``
+      (``pool_entry_tag``), so the rows the exporter tags ``dp`` reach it.
     * communicator (no plugin): one entry per distinct (n_channels, algorithm, protocol,
       cta_policy, cga_cluster_size), applied with ``ncclConfig_t`` and NCCL_ALGO/NCCL_PROTO.
 
     Args:
-        use_tuner_plugin: None = ``NCCL_TUNER_PLUGIN`` is set in the environment.
+        use_tuner_plugin: the agreed mechanism is ``tuner``; None = ``NCCL_TUNER_PLUGIN`` is set
+            (stand-alone use; the controller always passes the agreed value).
         tuner_table: plan table for the plugin (``LAGOM_TUNER_CONFIG`` during entry creation);
             None = the process environment's.
+        status_reader: ``plugin_status.read_plugin_status`` (tests pass stand-ins).
     """
 
     name = "nccl"
 
-    def __init__(self, use_tuner_plugin: bool | None = None, tuner_table: str | os.PathLike | None = None) -> None:
+    def __init__(self, use_tuner_plugin: bool | None = None, tuner_table: str | os.PathLike | None = None,
+                 status_reader: Callable[[], Any] | None = None) -> None:
         self.use_tuner_plugin = bool(os.environ.get("NCCL_TUNER_PLUGIN")) if use_tuner_plugin is None else use_tuner_plugin
         self.tuner_table = tuner_table
         self.table_id: str | None = None
@@ -194,6 +260,12 @@ class NcclPoolBackend:
         the warm-up use False: each probe config needs its own communicator anyway, and the
         plugin reads a table only when a communicator is created, before any plan exists.
         Changing it changes ``entry_key``: call ``CommPool.invalidate_keys()`` after."""
+        self.cta_bound: int | None = None
+        """CTA bounds of plugin-mode entries (the plan's largest channel count); None = NCCL's."""
+        self.nvls_heads = 0
+        """Ranks of an NVLink domain when NVLS can run (agreed capabilities), for ``estimate_bytes``."""
+        self.status_reader = status_reader
+        self._inits_before: int | None = None
 
     @property
     def _plugin(self) -> bool:
@@ -201,7 +273,7 @@ class NcclPoolBackend:
 
     def _entry_config(self, config: CommConfig) -> CommConfig:
         if self._plugin:  # per-call knobs travel through the plugin table
-            return CommConfig(cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
+            return CommConfig(n_channels=self.cta_bound, cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
         return CommConfig(n_channels=config.n_channels, algorithm=config.algorithm, protocol=config.protocol,
                           cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
 
@@ -221,9 +293,50 @@ class NcclPoolBackend:
         def part(v: Any) -> str:
             return "any" if v is None else str(v)
         if self._plugin:  # the table is part of the key: the plugin reads it at communicator creation
-            return ("plugin", part(entry.cta_policy), part(entry.cga_cluster_size), self.table_id or "env-table")
+            return ("plugin", part(entry.cta_policy), part(entry.cga_cluster_size), part(entry.n_channels),
+                    self.table_id or "env-table")
         return ("env", part(entry.n_channels), part(entry.algorithm), part(entry.protocol),
                 part(entry.cta_policy), part(entry.cga_cluster_size))
+
+    def estimate_bytes(self, config: CommConfig) -> int:
+        """``estimate_entry_bytes`` of the entry that serves ``config``."""
+        return estimate_entry_bytes(self._entry_config(config).n_channels, nvls_heads=self.nvls_heads)
+
+    def preflight(self, config: CommConfig, op: str | None = None) -> None:
+        """The checks of the entry for ``config`` that need no collective (``entry_options``).
+
+        Raises:
+            ValueError: an environment conflict or a value this NCCL / torch cannot apply.
+        """
+        try:
+            fields = nccl_config_fields()
+        except RuntimeError:
+            fields = None  # no NCCL here (CPU): checked against every known field
+        entry_options(self._entry_config(config), tag="_", use_tuner_plugin=self._plugin, op=op, fields=fields,
+                      nccl_version=runtime_nccl_version())
+        if self._plugin and self._inits_before is None:
+            status = (self.status_reader or _read_status)()
+            self._inits_before = status.init_count if status is not None else 0
+
+    def verify(self) -> None:
+        """After the entries exist: in plugin mode, the plugin NCCL loaded in this process initialised
+        the new communicators and loaded the plan table (``plugin_status``); nothing to check otherwise.
+
+        Raises:
+            RuntimeError: the plugin is not loaded, did not see the new communicators, or could not
+                read the table (names the table).
+        """
+        if not self._plugin:
+            return
+        before, self._inits_before = self._inits_before, None
+        status = (self.status_reader or _read_status)()
+        if status is None:
+            raise RuntimeError("lagom's tuner plugin is not loaded by NCCL in this process")
+        if before is not None and status.init_count <= before:
+            raise RuntimeError(f"NCCL did not initialise lagom's plugin for the new entries (init count "
+                               f"{status.init_count}, {before} before)")
+        if not status.table_loaded:
+            raise RuntimeError(f"lagom's plugin did not load the plan table {self.tuner_table or '(environment)'}")
 
     def tag_for(self, desc: str, group: str | None = None) -> str:
         """The entry's tuner tag: ``"<group>/<key>"`` from CommPool's description
@@ -234,11 +347,26 @@ class NcclPoolBackend:
             return pool_entry_tag(group, parsed[1] if parsed else desc)
         return pool_entry_tag(*parsed) if parsed else comm_tag(desc)
 
-    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str, *, group: str | None = None) -> Any:
-        """Creates the entry with ``create_nccl_pool_entry``; collective over all ranks.
+    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str, *, group: str | None = None,
+                     parent: Any = None) -> Any:
+        """Creates the entry with ``create_nccl_pool_entry``, inheriting ``parent``'s options
+        (``parent_options``); collective over all ranks.
 
         Raises:
             RuntimeError: NCCL is not available. ValueError: see ``create_nccl_pool_entry``.
         """
         return create_nccl_pool_entry(list(ranks), self._entry_config(config), tag=self.tag_for(desc, group),
-                                      use_tuner_plugin=self._plugin, tuner_table=self.tuner_table if self._plugin else None)
+                                      use_tuner_plugin=self._plugin, tuner_table=self.tuner_table if self._plugin else None,
+                                      inherited=parent_options(parent) if parent is not None else None)
+
+    def destroy_group(self, group: Any) -> None:
+        """Destroys one entry (``torch.distributed.destroy_process_group``; frees its communicator)."""
+        import torch.distributed as dist
+
+        dist.destroy_process_group(group)
+
+
+def _read_status() -> Any:
+    from lagom_megatron.nccl.plugin_status import read_plugin_status
+
+    return read_plugin_status()

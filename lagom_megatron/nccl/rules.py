@@ -21,11 +21,13 @@ that NCCL would change behind our back makes the cost model's prediction wrong.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import (
     ALGORITHMS, ALGORITHMS_FOR_OP, CGA_CLUSTER_SIZES, CTA_POLICIES, KNOB_ORDER, N_THREADS, P2P_OPS, PROTOCOLS,
     PROTOCOLS_FOR_ALGORITHM, CommConfig, Scope, chunk_domain, invalid_value, max_channels,
 )
+from lagom_megatron.nccl.capabilities import Capabilities, fixed_knob_warning, restrict_domains
 
 MECHANISMS: tuple[str, ...] = ("tuner", "communicator", "env")
 """How a plan reaches NCCL (module docstring); ``tuner`` is the default."""
@@ -88,6 +90,8 @@ def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, 
     if mechanism == "env":
         return None if knob == "chunk_size" else "process"
     if mechanism == "communicator":
+        if knob in ("algorithm", "protocol") and v < (2, 24, 0):
+            return None  # per-function NCCL_ALGO / NCCL_PROTO syntax is 2.24+: CTA bounds only before
         return None if knob == "chunk_size" else "communicator"
     # tuner plugin (lagom's implements ABI v3-v6): per call from v3; chunk size from v6. Below
     # v3 the plugin does not load and the communicator pool sets these per communicator.
@@ -100,8 +104,12 @@ def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, 
 def algorithms_for(*, op: str, cluster: ClusterSpec, n_nodes: int = 1, group_size: int = 2) -> tuple[str, ...]:
     """Algorithms NCCL can run for ``op`` on ``cluster`` (empty for point-to-point ops).
 
-    NVLS/NVLSTree need NVSwitch and sm90+ (NVLSTree only across nodes); CollNet needs IB SHARP
-    and more than one node; PAT needs one rank per node; each needs its first NCCL version.
+    NVLS/NVLSTree need NVSwitch and sm90+ (NVLSTree only across nodes, NVLS across nodes only with
+    CollNet); CollNet needs IB SHARP and more than one node; PAT needs one rank per node and is
+    never offered for reduce-scatter (NCCL 2.30 ``src/enqueue.cc:2010-2012`` skips it when the
+    reduction is AVG, and Megatron's gradient reduce-scatter averages when
+    ``average_in_collective`` is set; sites do not record the reduction); each algorithm needs its
+    first NCCL version.
     """
     if op not in ALGORITHMS_FOR_OP:
         return ()
@@ -118,10 +126,14 @@ def algorithms_for(*, op: str, cluster: ClusterSpec, n_nodes: int = 1, group_siz
             continue  # two GPUs per NVLink domain: a direct copy, nothing for the switch to do (our rule)
         if alg == "NVLS" and n_nodes > 1 and op != "all_reduce":
             continue  # NVLS all-gather / reduce-scatter are modelled inside one NVLink domain only
+        if alg == "NVLS" and n_nodes > 1 and not cluster.collnet:
+            continue  # NCCL disables NVLS across nodes without CollNet (2.30 src/enqueue.cc:2008)
         if alg.startswith("CollNet") and not (cluster.collnet and n_nodes > 1):
             continue
         if alg == "PAT" and group_size != n_nodes:
             continue
+        if alg == "PAT" and op == "reduce_scatter":
+            continue  # NCCL skips PAT for reduce-scatter with AVG (src/enqueue.cc:2010-2012); sites do not record the op
         out.append(alg)
     return tuple(out)
 
@@ -155,7 +167,8 @@ def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int 
     protos = ("LL", "LL128", "Simple") if cluster.sm_arch >= 80 else ("LL", "Simple")
     if mechanism != "tuner":
         protos = tuple(p for p in protos if p != "LL128")  # never force LL128 through NCCL_PROTO
-    out["protocol"] = protos
+    if scope["protocol"] is not None:
+        out["protocol"] = protos
     return out
 
 
@@ -301,6 +314,9 @@ class NcclRules:
         mechanism: ``tuner`` (default), ``communicator`` or ``env``.
         backend: ``nccl`` (a real run) or ``sim`` (the simulated cluster), the label of the
             profiles and plans searched under these rules.
+        capabilities: the run's agreed capabilities; its NCCL version must be the cluster's
+            (``megatron.backends.rules_for`` sets both) and the domains are cut to what they allow
+            (``capabilities.restrict_domains``).
 
     Raises:
         ValueError: a gloo cluster, an unknown mechanism or backend (names the value and the
@@ -310,6 +326,9 @@ class NcclRules:
     cluster: ClusterSpec
     mechanism: str = "tuner"
     backend: str = "nccl"
+    capabilities: Capabilities | None = None
+    """The agreed ``nccl.capabilities.Capabilities`` of a live run; None (offline search, the
+    simulator) = what the cluster spec promises."""
 
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
@@ -324,20 +343,65 @@ class NcclRules:
         return knob_scope(knob, mechanism=self.mechanism, nccl_version=self.cluster.nccl)
 
     def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2) -> dict[str, tuple]:
-        """``domains`` of one site of ``op`` spanning ``n_nodes`` nodes and ``group_size`` ranks."""
-        return domains(cluster=self.cluster, op=op, n_nodes=n_nodes, group_size=group_size, mechanism=self.mechanism)
+        """``domains`` of one site of ``op`` spanning ``n_nodes`` nodes and ``group_size`` ranks,
+        cut to the run's capabilities when there are any."""
+        d = domains(cluster=self.cluster, op=op, n_nodes=n_nodes, group_size=group_size, mechanism=self.mechanism)
+        if self.capabilities is not None:
+            d, _ = restrict_domains(d, self.capabilities, op=op, n_nodes=n_nodes, mechanism=self.mechanism)
+        return d
+
+    def call_key(self, *, group: str, op: str, nbytes: int) -> tuple[str, str, int] | None:
+        """Which sites NCCL cannot tell apart under this mechanism (``SearchProblem.tie_indistinguishable``).
+
+        With the tuner plugin every non-default site of a group runs on one pool entry, and NCCL
+        hands the plugin only the collective and its byte count (``getCollInfo``), so sites of one
+        (group, op, bytes) share a table row: key ``(group, op, nbytes)``. Communicator and env
+        mechanisms give each distinct config its own communicator (or one value per job): None.
+        """
+        return (group, op, int(nbytes)) if self.mechanism == "tuner" else None
+
+    def warnings(self) -> list[str]:
+        """One line per knob a variable of the run fixes (so the search leaves it alone)."""
+        if self.capabilities is None:
+            return []
+        return [fixed_knob_warning(k, v) for k, v in sorted(self.capabilities.fixed_knobs().items())]
 
     def probe_configs(self) -> list[CommConfig]:
-        """``probe_configs`` of the cluster."""
-        return probe_configs(self.cluster)
+        """``probe_configs`` of the cluster. In a live run (capabilities given) the probes run on
+        per-communicator pool entries (no plan table exists yet), so they keep only what such an
+        entry applies: no chunk size (no ``ncclConfig_t`` field), no protocol before NCCL 2.24
+        (per-function ``NCCL_PROTO``), nothing a variable of the run fixes."""
+        probes = probe_configs(self.cluster)
+        if self.capabilities is None:
+            return probes
+        fixed = self.capabilities.fixed_knobs()
+        out: list[CommConfig] = []
+        for p in probes:
+            d = {k: v for k, v in p.to_dict().items() if k not in fixed and k != "chunk_size"
+                 and not (k in ("algorithm", "protocol") and self.cluster.nccl < (2, 24, 0))}
+            c = CommConfig(**d)
+            if not c.is_default() and c not in out:
+                out.append(c)
+        return out
 
     def applicable(self, config: CommConfig, *, op: str) -> CommConfig:
         """``applicable``: what of ``config`` NCCL honours for ``op``."""
         return applicable(config, op=op)
 
     def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None) -> None:
-        """``validate_config`` under this mechanism on the cluster."""
+        """``validate_config`` under this mechanism on the cluster; with capabilities, also refuses
+        a knob whose domain they empty (names the knob and why).
+
+        Raises:
+            ValueError: the first knob that cannot be applied.
+        """
         validate_config(config, op=op, cluster=self.cluster, mechanism=self.mechanism, n_nodes=n_nodes, group_size=group_size)
+        if self.capabilities is not None:
+            d = self.domains(op=op, n_nodes=n_nodes, group_size=group_size or 2)
+            for knob, value in config.to_dict().items():
+                if knob in d and (d[knob] == (None,) or (knob == "algorithm" and value not in d[knob])):
+                    raise invalid_value(knob, value, list(d[knob]), f"not applicable under mechanism {self.mechanism} "
+                                        f"with this run's capabilities")
 
     def process_env(self, chosen: dict[str, list[int]]) -> dict[str, str]:
         """``process_env``: NCCL's variables for the process-scope knobs of a plan."""

@@ -195,6 +195,8 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
            + (" (--lr-decay-iters defaults to --train-iters)" if decay_default else ""))
     _check(args.lagom_warmup_iters >= 1, f"--lagom-warmup-iters must be >= 1; got {args.lagom_warmup_iters}")
     _check(args.lagom_verify_iters >= 1, f"--lagom-verify-iters must be >= 1; got {args.lagom_verify_iters}")
+    budget = getattr(args, "lagom_pool_budget_mib", 512.0)
+    _check(budget >= 0, f"--lagom-pool-budget-mib must be >= 0 (MiB per rank); got {budget}")
     for flag, value in (("--lagom-report", args.lagom_report), ("--lagom-plan", args.lagom_plan)):
         if value:
             _check(not Path(value).is_dir(), f"{flag} {value!r} is a folder; give a file name")

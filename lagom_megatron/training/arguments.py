@@ -29,6 +29,7 @@ LAGOM_FLAGS: frozenset[str] = frozenset(
         "--lagom-plan",
         "--lagom-method",
         "--lagom-report",
+        "--lagom-pool-budget-mib",
     }
 )
 """The public ``--lagom*`` surface; ``tests/training/test_args.py`` freezes it."""
@@ -181,6 +182,9 @@ def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--lagom-report", default=None,
                    help="Per-site report (.md, .csv or .json, by suffix) and a PNG beside it; "
                         "default report.md in the plan's folder.")
+    g.add_argument("--lagom-pool-budget-mib", type=float, default=512.0,
+                   help="Bound on the estimated GPU memory (MiB per rank) of lagom's extra communicators; "
+                        "sites whose communicators would pass it keep NCCL's defaults.")
     return parser
 
 

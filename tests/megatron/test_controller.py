@@ -59,7 +59,7 @@ def test_never_verified_plan_is_verified_not_applied_blind(tmp_path, capsys, mon
     _plan(dict(FP)).save(path)  # as `lagom search` writes it: no verification verdict
     ctl = LagomController(plan_path=str(path), verify_iters=2)
     ctl.fingerprint, ctl.cluster, ctl.backend = dict(FP), ClusterSpec.load("cpu-gloo"), "gloo"
-    monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: None)
+    monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: True)
     assert ctl._try_reuse_plan() is True
     out = capsys.readouterr().out
     assert "phase verifying" in out and "never verified" in out and "5 iterations to verify it" in out, out
@@ -143,20 +143,35 @@ def test_plan_table_is_written_before_the_plugin_entries_are_created(tmp_path):
         def invalidate_keys(self):
             events.append(("invalidate", backend.plugin_active))
 
-        def prepare(self, needs):
+        def prepare(self, needs, *, step, ops=None):
             table = backend.tuner_table
             events.append(("prepare", needs, table, (tmp_path / "tuner_table.rank0.csv").is_file()))
+
+        def destroy(self, keep=None):
+            events.append(("destroy", keep))
+            return 0
+
+        def describe(self):
+            return "1 entries"
+
+        def entries(self):
+            return []
 
     entry = PlanEntry(config=CommConfig(n_channels=4, algorithm="Ring", protocol="Simple"), predicted_t_comm_us=10.0,
                       predicted_t_region_us=12.0, group="tp", op="all_gather", nbytes=1 << 20, group_size=8)
     plan = Plan(entries={"tp.sp_all_gather[0]": entry}, fingerprint={"cluster": "h100-sxm-ib400"}, backend="nccl")
     ctl = LagomController(plan_path=str(tmp_path / "plan.json"))
+    from lagom_megatron.megatron.apply import Applier
+
     ctl.pool, ctl.cluster = Pool(), ClusterSpec.load("h100-sxm-ib400")
     pool = ctl.pool
     pool.backend = backend
-    ctl._prepare_pool_for_plan(plan)
+    ctl.applier = Applier(pool=pool, router=None, files=ctl.files, cluster=ctl.cluster)
+    assert ctl._prepare_pool_for_plan(plan) is True
     table = tmp_path / "tuner_table.rank0.csv"
-    assert events == [("invalidate", True), ("prepare", {"tp": {entry.config}}, str(table), True)], events
+    assert events == [("invalidate", True), ("destroy", {"tp": {entry.config}}),
+                      ("prepare", {"tp": {entry.config}}, str(table), True)], events
+    assert backend.cta_bound == 4  # plugin entries are created with CTA bounds = the plan's largest count
     assert backend.table_id == plan.digest()[:12]
     (row,) = parse_tuner_csv(table.read_text())
     assert (row["collective_type"], row["algorithm"], row["protocol"], row["channels"], row["commTag"]) == (
@@ -196,7 +211,7 @@ def test_reused_plan_of_another_method_says_so_and_counts_only_changed_sites(tmp
             self.assignment = a
 
     ctl.router = Router()
-    monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: None)
+    monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: True)
     assert ctl._try_reuse_plan() is True
     out = capsys.readouterr().out
     # n_channels=2 is gloo's default thread count: routed, but no change, so not "tuned"

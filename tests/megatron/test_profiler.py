@@ -98,3 +98,101 @@ def test_never_waited_call_is_closed_at_iteration_end():
     prof.issue("s", FakeWork(clock, done_at=0.007), t_issue=0.001)
     comm, _, region = prof.finish_iteration()["s"]
     assert comm == pytest.approx(6000.0) and region == pytest.approx(6000.0)
+
+
+class TimedNcclWork(FakeWork):
+    """A handle of a group with torch's collective timing on: ``_get_duration()`` is the
+    collective's own time on NCCL's stream, in milliseconds (WorkNCCL::getDuration)."""
+
+    def __init__(self, clock, done_at, duration_ms):
+        super().__init__(clock, done_at)
+        self.duration_ms = duration_ms
+
+    def _get_duration(self):
+        return self.duration_ms
+
+
+class UntimedWork(FakeWork):
+    def _get_duration(self):
+        raise RuntimeError("getDuration only works if timing was enabled")
+
+
+def test_comm_time_under_overlap_comes_from_the_nccl_stream():
+    clock = Clock()
+    prof = Profiler(clock=clock)
+    prof.start_iteration(timed=True)
+    handle = prof.issue("s", TimedNcclWork(clock, done_at=0.0, duration_ms=0.6), t_issue=0.0)
+    clock.t = 0.0024  # the compute, slowed by the collective, ends at 2.4 ms
+    handle.wait()
+    comm, comp, region = prof.finish_iteration()["s"]
+    assert comm == pytest.approx(600.0) and region == pytest.approx(2400.0) and math.isnan(comp)
+    # a group whose timing is off falls back to what the host saw
+    prof.start_iteration(timed=True)
+    clock.t = 0.0
+    handle = prof.issue("s", UntimedWork(clock, done_at=0.001), t_issue=0.0)
+    clock.t = 0.002
+    handle.wait()
+    assert prof.finish_iteration()["s"][0] == pytest.approx(2000.0)
+
+
+def test_late_waited_handle_does_not_count_later_serialized_communication():
+    clock = Clock()
+    prof = Profiler(clock=clock)
+    prof.start_iteration(timed=True, serialize=True)
+    ha = prof.issue("a", FakeWork(clock, done_at=0.001), t_issue=0.0)  # serialized end at 1 ms
+    clock.t = 0.002
+    hb = prof.issue("b", FakeWork(clock, done_at=0.005), t_issue=0.002)  # alone 3 ms, inside a's window
+    clock.t = 0.008
+    ha.wait()  # a's consumer (end of backward) at 8 ms: 7 ms of which 3 ms were b's serialized comm
+    clock.t = 0.009
+    hb.wait()
+    got = prof.finish_iteration()
+    assert got["a"] == pytest.approx((1000.0, 4000.0, 8000.0))
+    assert got["b"] == pytest.approx((3000.0, 4000.0, 7000.0))
+
+
+def test_slowdown_coefficients_move_from_their_priors_when_samples_show_slowdown():
+    """Four overlapped iterations (defaults and three channel counts) of one compute-bound site
+    whose compute is slowed more the more channels the collective runs. With the durations NCCL's
+    stream reports, the fitted a, b leave their priors; with comm = region (the old GPU path), the
+    slowdown is never observed and they stay at the priors."""
+    import numpy as np
+
+    from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.engine.cost_model import PRIOR_A, PRIOR_B
+    from lagom_megatron.engine.fit import fit_cost_model
+    from lagom_megatron.engine.knobs import CommConfig
+    from lagom_megatron.engine.profile import CollectiveSite, Profile, Sample
+
+    site = CollectiveSite(site_id="tp.sp_reduce_scatter[0]", op="reduce_scatter", nbytes=64 * 2**20, dtype="bf16",
+                          group="tp", group_size=8, n_nodes=1, calls_per_iter=1)
+    comp_us = 2000.0
+    runs = [(CommConfig(), 600.0, 0.20), (CommConfig(n_channels=2), 1500.0, 0.03),
+            (CommConfig(n_channels=8), 700.0, 0.10), (CommConfig(n_channels=16), 500.0, 0.25)]
+
+    def samples(with_duration):
+        out = []
+        for it, (cfg, comm_us, slow) in enumerate(runs, start=1):
+            clock = Clock()
+            prof = Profiler(clock=clock)
+            prof.start_iteration(timed=True)
+            work = (TimedNcclWork(clock, 0.0, comm_us / 1e3) if with_duration else FakeWork(clock, 0.0))
+            handle = prof.issue(site.site_id, work, t_issue=0.0)
+            clock.t = comp_us * (1 + slow) / 1e6
+            handle.wait()
+            if not with_duration:  # the old GPU path: comm = elapsed(issue, wait) = the region
+                prof._calls[0].t_end = clock.t
+            comm, _, region = prof.finish_iteration()[site.site_id]
+            out.append(Sample(site_id=site.site_id, config=cfg, t_comm_us=comm, t_comp_us=comp_us,
+                              t_region_us=region, iteration=it))
+        return out
+
+    cluster = ClusterSpec.load("h100-sxm-ib400")
+    fitted = fit_cost_model(Profile(backend="nccl", cluster=cluster.name, iteration_us=1e4, sites=[site],
+                                    samples=samples(True)), cluster)
+    blind = fit_cost_model(Profile(backend="nccl", cluster=cluster.name, iteration_us=1e4, sites=[site],
+                                   samples=samples(False)), cluster)
+    assert (blind.a_S[0], blind.b_S[0]) == (PRIOR_A, PRIOR_B)
+    moved = abs(fitted.a_S[0] - PRIOR_A) + abs(fitted.b_S[0] - PRIOR_B)
+    assert moved > 0.05, (fitted.a_S[0], fitted.b_S[0])
+    assert np.all(np.isfinite([fitted.a_S[0], fitted.b_S[0]]))

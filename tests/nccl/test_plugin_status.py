@@ -153,7 +153,7 @@ def test_plan_hit_summary_in_a_process_without_the_plugin(monkeypatch):
     from lagom_megatron.nccl import plugin_status
     from lagom_megatron.engine.knobs import CommConfig
     from lagom_megatron.engine.plan import Plan, PlanEntry
-    from lagom_megatron.nccl.plugin_status import plan_hit_summary
+    from lagom_megatron.nccl.export import plan_hit_summary
 
     monkeypatch.setattr(plugin_status, "read_plugin_status", lambda: None)  # other tests may have loaded it here
     entry = PlanEntry(config=CommConfig(algorithm="Ring", n_channels=4), predicted_t_comm_us=1.0, predicted_t_region_us=1.0,

@@ -150,8 +150,23 @@ def test_all_conflicts_reported_together_and_empty_counts_as_set():
         check_env_conflicts({"NCCL_MAX_CTAS": "", "NCCL_CGA_CLUSTER_SIZE": "2",
                              "TORCH_NCCL_USE_COMM_NONBLOCKING": "1"}, use_tuner_plugin=False)
     msg = str(info.value)
-    assert "NCCL_MAX_CTAS=''" in msg and "NCCL_CGA_CLUSTER_SIZE='2'" in msg and "background thread" in msg
+    assert "NCCL_MAX_CTAS=''" in msg and "NCCL_CGA_CLUSTER_SIZE='2'" in msg
     check_env_conflicts({"TORCH_NCCL_USE_COMM_NONBLOCKING": "0", "NCCL_DEBUG": "INFO"}, use_tuner_plugin=True)
+
+
+def test_nonblocking_matters_only_where_torch_cannot_make_an_entry_blocking():
+    # entries set NCCLConfig.blocking = 1, which torch's useNonblocking() honours before the variable
+    check_env_conflicts({"TORCH_NCCL_USE_COMM_NONBLOCKING": "1"}, use_tuner_plugin=True)
+    with pytest.raises(ValueError, match="TORCH_NCCL_USE_COMM_NONBLOCKING='1' creates communicators in a background"):
+        check_env_conflicts({"TORCH_NCCL_USE_COMM_NONBLOCKING": "1"}, use_tuner_plugin=True, blocking_bound=False)
+
+
+def test_only_variables_that_override_a_knob_the_entry_sets_conflict():
+    env = {"NCCL_MAX_CTAS": "8", "NCCL_ALGO": "Ring"}
+    check_env_conflicts(env, use_tuner_plugin=True, config=CommConfig(cga_cluster_size=2))
+    with pytest.raises(ValueError, match="NCCL_MAX_CTAS='8'") as info:
+        check_env_conflicts(env, use_tuner_plugin=True, config=CommConfig(n_channels=4))
+    assert "NCCL_ALGO" not in str(info.value)
 
 
 def test_scoped_env_restores_previous_values():
@@ -206,14 +221,14 @@ def test_backend_keys_per_mechanism():
     assert tuner.name == env.name == "nccl"
     assert tuner.entry_key(CommConfig()) is None and env.entry_key(CommConfig()) is None
     cfg = CommConfig(n_channels=4, protocol="Simple", chunk_size=131072)
-    assert tuner.entry_key(cfg) == ("plugin", "any", "any", "env-table")
-    assert tuner.entry_key(CommConfig(n_channels=8, cga_cluster_size=2)) == ("plugin", "any", "2", "env-table")
+    assert tuner.entry_key(cfg) == ("plugin", "any", "any", "any", "env-table")
+    assert tuner.entry_key(CommConfig(n_channels=8, cga_cluster_size=2)) == ("plugin", "any", "2", "any", "env-table")
     assert env.entry_key(cfg) == ("env", "4", "any", "Simple", "any", "any")
     assert env.entry_key(CommConfig(chunk_size=131072)) is None, "chunk size needs the plugin"
-    assert tuner.entry_key(CommConfig(chunk_size=131072)) == ("plugin", "any", "any", "env-table")
+    assert tuner.entry_key(CommConfig(chunk_size=131072)) == ("plugin", "any", "any", "any", "env-table")
     with pytest.raises(ValueError, match="LL128 is never forced"):
         env.entry_key(CommConfig(protocol="LL128"))
-    assert tuner.entry_key(CommConfig(protocol="LL128")) == ("plugin", "any", "any", "env-table")
+    assert tuner.entry_key(CommConfig(protocol="LL128")) == ("plugin", "any", "any", "any", "env-table")
 
 
 def test_plugin_backend_probes_per_communicator_and_plans_per_table():
@@ -227,7 +242,7 @@ def test_plugin_backend_probes_per_communicator_and_plans_per_table():
     backend.tuner_table, backend.table_id = "run/tuner_table.rank0.csv", "46323ebface1"
     first = backend.entry_key(probe)
     backend.table_id = "b97327b5e29a"
-    assert first == ("plugin", "any", "any", "46323ebface1") != backend.entry_key(probe), \
+    assert first == ("plugin", "any", "any", "any", "46323ebface1") != backend.entry_key(probe), \
         "a new table must get new communicators: the plugin reads it only at creation"
 
 
@@ -270,3 +285,119 @@ def test_comm_tag_scope_sets_and_restores():
     with pytest.raises(ValueError, match="tag must be"):
         with comm_tag_scope("d p", environ):
             pass
+
+
+def test_plugin_entries_get_cta_bounds_so_planned_channels_are_not_capped():
+    from lagom_megatron.nccl.pool import NcclPoolBackend
+
+    backend = NcclPoolBackend(use_tuner_plugin=True)
+    backend.cta_bound = 64  # the plan's largest channel count
+    entry = backend._entry_config(CommConfig(n_channels=16, protocol="LL128", chunk_size=262144))
+    assert entry == CommConfig(n_channels=64)
+    opts = nccl_options_for(entry, use_tuner_plugin=True)["config"]
+    # NCCL caps the plugin's nChannels at comm->nChannels, which min = max = 64 sets (connect.cc:496-503)
+    assert (opts["min_ctas"], opts["max_ctas"]) == (64, 64)
+    assert backend.entry_key(CommConfig(n_channels=16)) == ("plugin", "any", "any", "64", "env-table")
+
+
+def test_entry_memory_estimate_follows_nccl_buffer_constants():
+    from lagom_megatron.nccl.pool import NcclPoolBackend, estimate_entry_bytes
+
+    # LL 8*512*8*16 + LL128 120*640*8*8 + Simple 4 MiB per channel (init.cc:810-824)
+    assert estimate_entry_bytes(1) == 524288 + 4915200 + 4194304 == 9633792
+    assert estimate_entry_bytes(16) == 16 * 9633792
+    # NVLS: 2 x 128 KiB x 8 steps per channel and head (nvls.cc:425-430): 64 channels x 8 heads = 1 GiB
+    assert estimate_entry_bytes(64, nvls_heads=8) - estimate_entry_bytes(64) == 2**30
+    assert estimate_entry_bytes(None) == 32 * 9633792
+    b = NcclPoolBackend(use_tuner_plugin=False)
+    assert b.estimate_bytes(CommConfig(n_channels=8, protocol="Simple")) == 8 * 9633792
+
+
+def test_preflight_refuses_what_would_have_crashed_creation():
+    from lagom_megatron.nccl.pool import entry_options
+
+    # NCCL 2.21: a per-communicator protocol (the Simple probe) is refused before any new_group
+    with pytest.raises(ValueError, match="needs NCCL >= 2.24"):
+        entry_options(CommConfig(protocol="Simple", n_channels=16), tag="dp/x", use_tuner_plugin=False,
+                      op="all_reduce", nccl_version=(2, 21, 5), environ={})
+    with pytest.raises(ValueError, match="NCCL_MIN_CTAS='2'"):
+        entry_options(CommConfig(n_channels=16), tag="dp/x", use_tuner_plugin=False, op="all_reduce",
+                      nccl_version=(2, 27, 5), environ={"NCCL_MIN_CTAS": "2"})
+    got = entry_options(CommConfig(n_channels=16), tag="dp/x", use_tuner_plugin=False, op="all_reduce",
+                        nccl_version=(2, 27, 5), environ={"NCCL_ALGO": "Ring", "TORCH_NCCL_USE_COMM_NONBLOCKING": "1"})
+    assert got["config"]["min_ctas"] == 16 and got["env"] == {"LAGOM_TUNER_COMM_TAG": "dp/x"}
+
+
+def test_first_use_check_reads_the_plugin_status_in_process():
+    from lagom_megatron.nccl.plugin_status import PluginStatus
+    from lagom_megatron.nccl.pool import NcclPoolBackend
+
+    status = {"now": PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=1, row_hits=(),
+                                  table_loaded=False)}
+    backend = NcclPoolBackend(use_tuner_plugin=True, status_reader=lambda: status["now"])
+    backend.preflight(CommConfig(cga_cluster_size=2))  # remembers the init count before creation
+    status["now"] = PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=2, row_hits=(),
+                                 table_loaded=False)
+    with pytest.raises(RuntimeError, match="did not load the plan table"):
+        backend.verify()  # the table was unreadable on this rank
+    backend.preflight(CommConfig(cga_cluster_size=2))
+    with pytest.raises(RuntimeError, match="did not initialise lagom's plugin for the new entries"):
+        backend.verify()  # no new communicator went through the plugin
+    status["now"] = None
+    with pytest.raises(RuntimeError, match="not loaded by NCCL in this process"):
+        backend.verify()
+    status["now"] = PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=3, row_hits=(0, 2),
+                                 table_loaded=True)
+    backend.verify()
+    NcclPoolBackend(use_tuner_plugin=False, status_reader=lambda: None).verify()  # nothing to check without the plugin
+
+
+def _fake_nccl(monkeypatch, calls):
+    """Stand-ins for (torch, ProcessGroupNCCL, torch.distributed) as ``create_nccl_pool_entry`` calls them."""
+    import types
+
+    from lagom_megatron.nccl import pool as pool_mod
+
+    options_cls = make_options_cls(TORCH_28_FIELDS)
+    torch_ = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(is_available=lambda: True, current_device=lambda: 0, synchronize=lambda d: None),
+        device=lambda kind, i=None: f"{kind}:{i}", zeros=lambda n, device=None: [0.0] * n)
+
+    def new_group(ranks, backend, pg_options, timeout=None, group_desc=None, device_id=None):
+        calls.append({"ranks": ranks, "opts": pg_options, "env_algo": os.environ.get("NCCL_ALGO")})
+        return "entry"
+
+    dist_ = types.SimpleNamespace(is_initialized=lambda: True, new_group=new_group, get_rank=lambda: 0,
+                                  all_reduce=lambda t, group=None: None)
+    pg = types.SimpleNamespace(Options=options_cls)
+    monkeypatch.setattr(pool_mod, "nccl_module_parts", lambda: (torch_, pg, dist_))
+    monkeypatch.setattr(pool_mod, "runtime_nccl_version", lambda: (2, 27, 5))
+    return options_cls
+
+
+def test_entry_inherits_its_groups_options_and_its_own_knobs_win(monkeypatch):
+    from lagom_megatron.nccl.pool import create_nccl_pool_entry, parent_options
+
+    calls = []
+    options_cls = _fake_nccl(monkeypatch, calls)
+    parent_opts = options_cls(is_high_priority_stream=True)
+    # Megatron's --nccl-communicator-config-path for this group: CTAs 4..8, CGA 2, SHARP on
+    parent_opts.config.min_ctas, parent_opts.config.max_ctas = 4, 8
+    parent_opts.config.cga_cluster_size, parent_opts.config.collnet_enable, parent_opts.config.net_name = 2, 1, "IB"
+
+    class Parent:
+        def _get_backend(self, device):
+            return type("B", (), {"options": parent_opts})()
+
+    inherited = parent_options(Parent())
+    assert inherited == {"is_high_priority_stream": True, "config": {
+        "min_ctas": 4, "max_ctas": 8, "cga_cluster_size": 2, "collnet_enable": 1, "net_name": "IB"}}
+    create_nccl_pool_entry([1, 0], CommConfig(n_channels=16, algorithm="Ring"), tag="dp/x", use_tuner_plugin=False,
+                           op="all_reduce", inherited=inherited)
+    (call,) = calls
+    cfg = call["opts"].config
+    assert call["opts"].is_high_priority_stream is True and call["ranks"] == [0, 1]
+    assert (cfg.min_ctas, cfg.max_ctas, cfg.nvls_ctas) == (16, 16, 16)  # the entry's channels win
+    assert (cfg.cga_cluster_size, cfg.collnet_enable, cfg.net_name, cfg.blocking) == (2, 1, "IB", 1)
+    assert call["env_algo"] == "allreduce:Ring" and "NCCL_ALGO" not in os.environ  # set around creation only
+    assert parent_options(object()) is None  # a group without an NCCL backend (gloo): nothing to inherit

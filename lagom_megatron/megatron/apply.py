@@ -1,0 +1,254 @@
+"""Applying configurations on every rank together, or on none: capabilities, pool entries, the plan
+table, first use, the memory budget and the revert.
+
+``Applier`` is the controller's one path for everything that touches NCCL (or gloo) outside a
+collective call:
+
+* ``agree_capabilities`` (start-up): every rank gathers its ``nccl.capabilities.Capabilities``;
+  ``consensus.agree_capabilities`` compares them. A disagreement logs one error naming the rank,
+  host and field; tuning stays off and the defaults are kept.
+* ``apply`` (probe configs after the default iteration, the agreed plan after the search or on
+  reuse): the environment re-check, the plan table, ``CommPool.prepare``'s preflight / creation /
+  first use each run as ``consensus.collective_step``; a failure on any rank makes every rank
+  destroy its entries, log one error and keep NCCL's defaults (``revert``). Training continues.
+* ``fit_plan_to_budget`` (before the plan is agreed): sites whose entries would pass the pool's
+  memory budget keep the defaults, least predicted gain first, so the plan predicts what is applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Callable
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.megatron import consensus
+from lagom_megatron.megatron.run_files import say
+
+log = logging.getLogger("lagom")
+
+
+class Applier:
+    """The collective apply path of one rank (module docstring).
+
+    Args:
+        pool: the rank's ``CommPool``.
+        router: the ``SiteRouter`` (its assignment is cleared on revert).
+        files: the run's ``RunFiles`` (the plugin's table is written there).
+        cluster: the ``ClusterSpec`` the plan table is exported for.
+    """
+
+    def __init__(self, *, pool: Any, router: Any, files: Any, cluster: Any) -> None:
+        self.pool = pool
+        self.router = router
+        self.files = files
+        self.cluster = cluster
+        self.capabilities: Any = None
+        self.error: str | None = None
+        """Why applying was abandoned (None while nothing failed)."""
+
+    # ------------------------------------------------------------------ capabilities
+    def agree_capabilities(self, *, on_gpu: bool, gather: Callable[[], Any] | None = None) -> Any:
+        """Gathers, agrees and returns the capabilities (None after a disagreement, logged).
+
+        On NCCL one collective runs on the default group first, so that NCCL has created a
+        communicator and loaded (or not) the tuner plugin before its status is read.
+        """
+        from lagom_megatron.nccl import capabilities as caps_mod
+
+        if on_gpu:
+            import torch
+            import torch.distributed as dist
+
+            dist.all_reduce(torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device())))
+        local = (gather or caps_mod.gather_local)()
+        try:
+            agreed, hosts = consensus.agree_capabilities(local, from_dict=caps_mod.Capabilities.from_dict,
+                                                         differences=caps_mod.differences, perturb=caps_mod.perturb)
+            self._check_nodes(hosts)
+        except (consensus.CapabilityDisagreement, ValueError) as exc:
+            self.error = str(exc)
+            say(f"lagom: ERROR: {exc}")
+            return None
+        self.capabilities = agreed
+        if on_gpu:  # the collectives' own times on NCCL's stream during profiling (profiler docstring)
+            from lagom_megatron.megatron.profiler import enable_comm_timing
+
+            enable_comm_timing(getattr(self.pool.groups, "_keep", []))
+        backend = self.pool.backend
+        if backend.name == "nccl":
+            backend.use_tuner_plugin = agreed.mechanism() == "tuner"
+            backend.plugin_active = backend.use_tuner_plugin
+            backend.nvls_heads = agreed.ranks_per_node if agreed.nvls_multicast else 0
+            self.pool.invalidate_keys()
+        return agreed
+
+    def _check_nodes(self, hosts: list[str]) -> None:
+        """Every named group spans as many nodes as NCCL counts (distinct hosts of its ranks) as the
+        sites say (``GroupNames``, from ``LOCAL_WORLD_SIZE`` and block rank placement): the search
+        domain depends on it (NVLS, PAT, CollNet) and so does the plugin's nNodes match.
+
+        Raises:
+            ValueError: names the group and both counts (the same on every rank: hosts are agreed).
+        """
+        groups = self.pool.groups
+        for name in groups.names():
+            info = groups.by_name(name)
+            nccl_nodes = len({hosts[r] for r in info.ranks if r < len(hosts)})
+            if info.ranks and nccl_nodes != info.n_nodes:
+                raise ValueError(f"group {name!r} spans {nccl_nodes} node(s) as NCCL counts hosts but {info.n_nodes} "
+                                 f"from LOCAL_WORLD_SIZE={groups.local_world_size} (ranks not placed in blocks per node?); "
+                                 "tuning off, defaults kept")
+
+    def fingerprint_part(self) -> dict[str, Any]:
+        """The agreed capabilities as recorded in the plan's fingerprint (without the host)."""
+        if self.capabilities is None:
+            return {}
+        import json
+
+        d = self.capabilities.to_dict()
+        d.pop("host", None)
+        return {"capabilities": json.loads(json.dumps(d))}  # as a saved plan holds it (lists, not tuples)
+
+    # ------------------------------------------------------------------ apply / revert
+    def _check_env_unchanged(self) -> None:
+        from lagom_megatron.nccl.capabilities import knob_overrides
+
+        if self.capabilities is None:
+            return
+        now = dict(knob_overrides(os.environ))
+        then = dict(self.capabilities.overrides)
+        changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+        if changed:
+            detail = ", ".join(f"{k}={now.get(k)!r} (was {then.get(k)!r})" for k in changed)
+            raise ValueError(f"NCCL variables changed since the capabilities were agreed: {detail}; the plan's "
+                             "domain no longer holds")
+
+    def apply(self, needs: dict[str, set[CommConfig]], *, what: str, plan: Any = None,
+              ops: dict[CommConfig, str] | None = None) -> bool:
+        """Creates the pool entries ``needs`` calls for (and, for a plan in plugin mode, its table),
+        every step collectively. Returns False after a revert (logged), True otherwise."""
+        backend = self.pool.backend
+        try:
+            consensus.collective_step("env", self._check_env_unchanged)
+            if plan is not None:
+                consensus.collective_step("table", lambda: self._write_table(plan))
+                self.pool.destroy(keep=needs)  # probe entries the plan does not use
+            self.pool.prepare(needs, step=consensus.collective_step, ops=ops)
+        except consensus.ApplyFailed as exc:
+            self.revert(f"applying {what} failed: {exc}")
+            return False
+        if backend.name == "nccl":  # the profiler reads the entries' collective times on NCCL's stream
+            from lagom_megatron.megatron.profiler import enable_comm_timing
+
+            enable_comm_timing(self.pool.entries())
+        say(f"lagom: communicator pool for {what}: {self.pool.describe()} on this rank ({backend.name})")
+        return True
+
+    def apply_probes(self, assignments: list[dict[str, CommConfig]], sites: list[Any]) -> bool:
+        """``apply`` for the warm-up probes: ``assignments`` (site id -> config, one per probe) over
+        the default iteration's ``sites`` (``CollectiveSite``)."""
+        group_of = {s.site_id: s.group for s in sites}
+        op_of = {s.site_id: s.op for s in sites}
+        needs: dict[str, set[CommConfig]] = {}
+        ops: dict[CommConfig, str] = {}
+        for assignment in assignments:
+            for sid, cfg in assignment.items():
+                needs.setdefault(group_of[sid], set()).add(cfg)
+                ops.setdefault(cfg, op_of[sid])
+        return self.apply(needs, what="the probe configs", ops=ops)
+
+    def apply_plan(self, plan: Any) -> bool:
+        """``apply`` for an agreed plan: its non-default configs, its table in plugin mode."""
+        needs: dict[str, set[CommConfig]] = {}
+        ops: dict[CommConfig, str] = {}
+        for e in plan.entries.values():
+            if not e.config.is_default():
+                needs.setdefault(e.group, set()).add(e.config)
+                ops.setdefault(e.config, e.op)
+        return self.apply(needs, what=f"plan {plan.digest()[:12]}", plan=plan, ops=ops)
+
+    def summary_part(self) -> dict[str, Any]:
+        """What the report's summary gets: pool counts, the agreed capabilities, and after a failure
+        ``phase = fell_back`` with the reason."""
+        out: dict[str, Any] = {"pool": self.pool_summary()}
+        if self.capabilities is not None:
+            out["capabilities"] = self.fingerprint_part()["capabilities"]
+        if self.error:
+            out.update(phase="fell_back", reason=self.error)
+        return out
+
+    def _write_table(self, plan: Any) -> None:
+        backend = self.pool.backend
+        if not getattr(backend, "use_tuner_plugin", False):
+            return  # gloo, or NCCL without the plugin: no table to write
+        backend.plugin_active = True
+        backend.cta_bound = max((e.config.n_channels for e in plan.entries.values() if e.config.n_channels), default=None)
+        self.pool.invalidate_keys()
+        table = self.files.write_tuner_table(plan, self.cluster)
+        with open(table, encoding="utf-8") as f:  # what the plugin will read: readable here, or fail now
+            f.read(1)
+        backend.tuner_table, backend.table_id = str(table), plan.digest()[:12]
+
+    def revert(self, reason: str) -> None:
+        """Every rank: NCCL's defaults for every site, every pool entry destroyed, one error logged."""
+        self.error = reason
+        self.router.set_assignment({})
+        live = self.pool.live
+        destroyed = self.pool.destroy()
+        say(f"lagom: ERROR: {reason}; NCCL defaults kept on every rank, {destroyed}/{live} pool entries destroyed, "
+            "training continues")
+
+    def pool_summary(self) -> dict[str, Any]:
+        """Counts for the report: entries created and destroyed, live now, estimated MiB."""
+        return {**self.pool.stats, "live": self.pool.live,
+                "estimated_mib": round(self.pool.estimated_bytes / 2**20, 1),
+                "budget_mib": None if self.pool.budget_bytes is None else round(self.pool.budget_bytes / 2**20, 1)}
+
+    # ------------------------------------------------------------------ budget
+    def fit_plan_to_budget(self, plan: Any) -> Any:
+        """``plan`` with the sites whose pool entries would pass the budget set to the defaults
+        (predicted times: the default's), dropping the entries of least summed predicted gain
+        first. The same on every rank (the plan and the estimates are). Unchanged when it fits."""
+        budget = self.pool.budget_bytes
+        estimate = getattr(self.pool.backend, "estimate_bytes", None)
+        if budget is None or estimate is None:
+            return plan
+        self._set_bound_for(plan)
+        by_key: dict[tuple[str, Any], list[str]] = {}
+        cost: dict[tuple[str, Any], int] = {}
+        for sid, e in plan.entries.items():
+            if e.config.is_default():
+                continue
+            key = (e.group, self.pool.backend.entry_key(e.config))
+            if key[1] is None:
+                continue
+            by_key.setdefault(key, []).append(sid)
+            cost[key] = int(estimate(e.config))
+        if sum(cost.values()) <= budget:
+            return plan
+
+        def gain(k: tuple[str, Any]) -> float:
+            return sum(plan.entries[s].predicted_default_t_region_us - plan.entries[s].predicted_t_region_us for s in by_key[k])
+        kept, total, dropped = [], 0, []
+        for k in sorted(by_key, key=lambda k: (-gain(k), repr(k))):
+            if total + cost[k] <= budget:
+                kept.append(k)
+                total += cost[k]
+            else:
+                dropped.extend(by_key[k])
+        entries = dict(plan.entries)
+        for sid in dropped:
+            e = entries[sid]
+            entries[sid] = dataclasses.replace(e, config=CommConfig(), predicted_t_region_us=e.predicted_default_t_region_us)
+        say(f"lagom: WARNING: {len(dropped)} site(s) keep NCCL's defaults: their communicator-pool entries would pass "
+            f"the budget of {budget / 2**20:.0f} MiB per rank (--lagom-pool-budget-mib)")
+        return dataclasses.replace(plan, entries=entries, stats={**plan.stats, "sites_dropped_for_budget": len(dropped)})
+
+    def _set_bound_for(self, plan: Any) -> None:
+        backend = self.pool.backend
+        if getattr(backend, "use_tuner_plugin", False):
+            backend.cta_bound = max((e.config.n_channels for e in plan.entries.values() if e.config.n_channels), default=None)
+            backend.plugin_active = True
+            self.pool.invalidate_keys()

@@ -1,0 +1,350 @@
+"""What this process can apply on NCCL, gathered at start-up and agreed by every rank.
+
+A plan may hold only what the mechanism that applies it really reaches on every rank of a
+communicator; ranks that choose differently for one collective hang (NVIDIA/nccl#1136). So the
+search domain is derived from a ``Capabilities`` record, never from one rank's environment text:
+
+* torch and NCCL versions (``torch.cuda.nccl.version()``), and the ``ncclConfig_t`` fields this
+  torch binds (``options.nccl_config_fields``);
+* whether lagom's tuner plugin is *loaded by NCCL in this process*, and the ABI NCCL initialised it
+  with (``plugin_status.read_plugin_status``: ``dlopen(RTLD_NOLOAD)`` plus the plugin's status
+  exports; ``NCCL_TUNER_PLUGIN=none``, a foreign plugin, a wrong path or NCCL < 2.22 all read as
+  "not loaded");
+* NVLS multicast: NCCL sets ``comm->nvlsSupport`` from ``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED``
+  unless ``NCCL_NVLS_ENABLE`` says otherwise (NCCL 2.30 ``src/transport/nvls.cc:262-277``);
+* CollNet: only when ``NCCL_COLLNET_ENABLE=1`` (``src/init.cc:63``; off by default), which NCCL
+  also needs for NVLS across nodes (``src/graph/tuning.cc:503-506``, ``src/enqueue.cc:2008``);
+* nodes and ranks per node as NCCL counts them: NCCL groups ranks by host hash, the host name
+  followed by the boot id, or ``NCCL_HOSTID`` when set (``src/misc/utils.cc:117-135``);
+* every ``NCCL_*`` variable that overrides a knob (``options.KNOB_OVERRIDES``), from the environment and
+  from the files NCCL loads into it at init where the variable is not already set
+  (``NCCL_CONF_FILE`` or ``~/.nccl.conf``, then ``/etc/nccl.conf``: ``src/misc/param.cc:27-67``,
+  ``setenv(..., 0)`` in ``src/os/linux.cc:106-108``).
+
+``megatron.consensus.agree_capabilities`` all-gathers the records and compares them field by field
+(``differences``); the agreed record picks the mechanism (``mechanism``) and restricts the rules'
+domains (``restrict_domains``). torch is imported lazily; everything else is plain Python.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from lagom_megatron.nccl.options import KNOB_OVERRIDES, nccl_config_fields, runtime_nccl_version
+
+ALGORITHM_SWITCHES: tuple[str, ...] = ("NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE", "NCCL_PAT_ENABLE")
+"""Variables that enable or disable algorithms (recorded so ranks agree on them; they shape the
+algorithm domain, they do not remove the knob)."""
+
+RECORDED_PREFIXES: tuple[str, ...] = ("NCCL_", "TORCH_NCCL_")
+
+ENV_FAULT = ("NCCL_MAX_CTAS", "4")
+"""The variable the ``env`` apply fault sets on one rank (``megatron.consensus.collective_step``)."""
+
+FAULT_ENV = "LAGOM_INJECT_CAPABILITY_FAULT"
+"""``<rank>[:<field>]``: that rank perturbs its record before the comparison (fault-injection
+switch used by the tests of the disagreement path; ``field`` defaults to ``plugin_loaded``)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one rank can apply (module docstring). JSON-ready through ``to_dict``.
+
+    Attributes:
+        torch_version: ``torch.__version__``.
+        nccl_version: the NCCL torch runs with, e.g. ``(2, 27, 5)``; None without CUDA / NCCL.
+        config_fields: ``ncclConfig_t`` attributes this torch binds (sorted).
+        plugin_loaded: lagom's tuner plugin is mapped in this process and NCCL initialised it.
+        plugin_abi: tuner ABI version NCCL initialised the plugin with (3-6); 0 when not loaded.
+        nvls_multicast: NCCL can run NVLS here (multicast supported and not disabled); None when
+            unknown (no GPU).
+        collnet: ``NCCL_COLLNET_ENABLE=1``.
+        overrides: (variable, value) pairs of every ``KNOB_OVERRIDES`` / ``ALGORITHM_SWITCHES``
+            variable that is set, sorted.
+        host: this rank's host as NCCL counts hosts (host name + boot id, or ``NCCL_HOSTID``);
+            never compared, used for ``n_nodes`` and in error messages.
+        n_nodes, ranks_per_node: filled in after the all-gather (``with_topology``).
+    """
+
+    torch_version: str
+    nccl_version: tuple[int, int, int] | None
+    config_fields: tuple[str, ...]
+    plugin_loaded: bool
+    plugin_abi: int
+    nvls_multicast: bool | None
+    collnet: bool
+    overrides: tuple[tuple[str, str], ...]
+    host: str = field(default="", compare=False)
+    n_nodes: int = 1
+    ranks_per_node: int = 1
+
+    COMPARED = ("torch_version", "nccl_version", "config_fields", "plugin_loaded", "plugin_abi", "nvls_multicast",
+                "collnet", "overrides")
+    """Fields every rank must hold equal."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (tuples become lists)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Capabilities":
+        """Rebuilds a record from ``to_dict`` output.
+
+        Raises:
+            ValueError: a key that is not a field (names it and the allowed set).
+        """
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise ValueError(f"unknown capability field(s) {unknown}; allowed: {sorted(allowed)}")
+        d = dict(data)
+        if d.get("nccl_version") is not None:
+            d["nccl_version"] = tuple(d["nccl_version"])
+        d["config_fields"] = tuple(d.get("config_fields", ()))
+        d["overrides"] = tuple(tuple(x) for x in d.get("overrides", ()))
+        return cls(**d)
+
+    def with_topology(self, hosts: list[str]) -> "Capabilities":
+        """This record with ``n_nodes`` / ``ranks_per_node`` counted from every rank's host."""
+        counts: dict[str, int] = {}
+        for h in hosts:
+            counts[h] = counts.get(h, 0) + 1
+        return Capabilities(**{**asdict(self), "n_nodes": len(counts), "ranks_per_node": max(counts.values(), default=1),
+                               "nccl_version": self.nccl_version, "config_fields": self.config_fields,
+                               "overrides": self.overrides})
+
+    def fixed_knobs(self) -> dict[str, str]:
+        """Knob -> the variable (``NAME=value``) that fixes it for the whole process."""
+        out: dict[str, str] = {}
+        for var, value in self.overrides:
+            for knob in KNOB_OVERRIDES.get(var, ()):
+                out.setdefault(knob, f"{var}={value}")
+        return out
+
+    def switch(self, var: str) -> str | None:
+        """Value of an ``ALGORITHM_SWITCHES`` variable, or None when unset."""
+        return dict(self.overrides).get(var)
+
+    def mechanism(self) -> str:
+        """How a plan reaches NCCL here: ``tuner`` when NCCL loaded lagom's plugin with ABI v3+
+        (NCCL 2.22+), else ``communicator`` (pool entries with ``ncclConfig_t`` options and, on NCCL
+        2.24+, a per-function ``NCCL_ALGO`` / ``NCCL_PROTO``; older NCCL: CTA bounds only)."""
+        return "tuner" if self.plugin_loaded and self.plugin_abi >= 3 else "communicator"
+
+
+def differences(records: list[Capabilities]) -> list[tuple[int, str, Any, Any]]:
+    """(rank, field, rank 0's value, that rank's value) for every compared field that differs."""
+    out = []
+    for r, rec in enumerate(records[1:], start=1):
+        for name in Capabilities.COMPARED:
+            a, b = getattr(records[0], name), getattr(rec, name)
+            if a != b:
+                out.append((r, name, a, b))
+    return out
+
+
+def conf_file_values(environ: Mapping[str, str], home: str | None = None) -> dict[str, str]:
+    """Variables NCCL would load from its configuration files at init (module docstring), for the
+    names not already in ``environ``. Unreadable files are skipped, as NCCL does."""
+    paths = []
+    user = environ.get("NCCL_CONF_FILE")
+    if user:
+        paths.append(Path(user))
+    else:
+        home = home if home is not None else environ.get("HOME")
+        if home:
+            paths.append(Path(home) / ".nccl.conf")
+    paths.append(Path("/etc/nccl.conf"))
+    out: dict[str, str] = {}
+    for p in paths:
+        try:
+            lines = p.read_text().splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in lines:
+            line = line.rstrip("\r")
+            if not line or line.startswith("#") or "=" not in line:
+                continue
+            var, value = line.split("=", 1)
+            if var not in environ and var not in out:
+                out[var] = value
+    return out
+
+
+def knob_overrides(environ: Mapping[str, str], home: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The (variable, value) pairs of ``environ`` plus NCCL's configuration files that fix a knob
+    or switch an algorithm, sorted. A variable set to the empty string counts as set (NCCL sees it)."""
+    merged = {**conf_file_values(environ, home), **{k: v for k, v in environ.items()}}
+    wanted = set(KNOB_OVERRIDES) | set(ALGORITHM_SWITCHES)
+    return tuple(sorted((k, str(v)) for k, v in merged.items() if k in wanted))
+
+
+def host_id(environ: Mapping[str, str], boot_id_file: str = "/proc/sys/kernel/random/boot_id") -> str:
+    """The host as NCCL tells hosts apart: ``NCCL_HOSTID`` when set, else the host name followed
+    by the boot id (``src/misc/utils.cc:117-135``)."""
+    if environ.get("NCCL_HOSTID"):
+        return environ["NCCL_HOSTID"]
+    try:
+        boot = Path(boot_id_file).read_text().strip()
+    except OSError:
+        boot = ""
+    return socket.gethostname() + boot
+
+
+def multicast_supported(device: int = 0) -> bool | None:
+    """``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` (132, CUDA 12.1+) of ``device`` through the
+    driver API, as NCCL asks it (``src/transport/nvls.cc:273``); None when the driver cannot be
+    asked (no libcuda, no device)."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        value, dev = ctypes.c_int(0), ctypes.c_int(0)
+        if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), device) != 0:
+            return None
+        if cuda.cuDeviceGetAttribute(ctypes.byref(value), 132, dev) != 0:
+            return None
+        return bool(value.value)
+    except (OSError, AttributeError):
+        return None
+
+
+def nvls_available(multicast: bool | None, environ: Mapping[str, str]) -> bool | None:
+    """Whether NCCL enables NVLS: ``NCCL_NVLS_ENABLE`` 0 -> no, 1 -> yes (NCCL does not ask the
+    device), default 2 -> the device's multicast support (``src/transport/nvls.cc:262-277``)."""
+    flag = str(environ.get("NCCL_NVLS_ENABLE", "2")).strip()
+    if flag == "0":
+        return False
+    if flag == "1":
+        return True
+    return multicast
+
+
+def gather_local(*, environ: Mapping[str, str] | None = None, status_reader: Callable[[], Any] | None = None,
+                 nccl_version: tuple[int, int, int] | None | str = "detect", config_fields: tuple[str, ...] | None = None,
+                 multicast: bool | None | str = "detect", torch_version: str | None = None) -> Capabilities:
+    """This rank's ``Capabilities``. Every argument defaults to asking the running process; tests
+    pass stand-ins.
+
+    Call it after NCCL created at least one communicator (the plugin is loaded with the first
+    one, ``src/plugin/tuner.cc``): the controller runs one collective on the default group first.
+
+    Args:
+        environ: the environment (default ``os.environ``).
+        status_reader: returns a ``PluginStatus`` or None (default ``read_plugin_status``).
+        nccl_version: the runtime NCCL version (default: asked from torch; None = no NCCL).
+        config_fields: the bound ``ncclConfig_t`` fields (default: detected, empty without NCCL).
+        multicast: the device's multicast support (default: asked from the driver when NCCL runs).
+        torch_version: default ``torch.__version__``.
+    """
+    from lagom_megatron.nccl.plugin_status import read_plugin_status
+
+    env = os.environ if environ is None else environ
+    if torch_version is None:
+        import torch
+
+        torch_version = str(torch.__version__)
+    version = runtime_nccl_version() if nccl_version == "detect" else nccl_version
+    if config_fields is None:
+        try:
+            config_fields = tuple(sorted(nccl_config_fields())) if version is not None else ()
+        except RuntimeError:
+            config_fields = ()
+    status = (status_reader or read_plugin_status)() if version is not None else None
+    if multicast == "detect":
+        multicast = None
+        if version is not None:
+            import torch
+
+            multicast = multicast_supported(torch.cuda.current_device())
+    loaded = status is not None and status.init_count > 0 and status.abi_version >= 3
+    return Capabilities(
+        torch_version=torch_version, nccl_version=tuple(version) if version is not None else None,
+        config_fields=tuple(sorted(config_fields)), plugin_loaded=loaded,
+        plugin_abi=int(status.abi_version) if loaded else 0,
+        nvls_multicast=nvls_available(multicast, env) if version is not None else None,
+        collnet=str(env.get("NCCL_COLLNET_ENABLE", "0")).strip() == "1", overrides=knob_overrides(env),
+        host=host_id(env))
+
+
+def perturb(caps: Capabilities, what: str = "plugin_loaded") -> Capabilities:
+    """``caps`` with one compared field changed (fault injection, ``FAULT_ENV``).
+
+    Raises:
+        ValueError: ``what`` is not a compared field.
+    """
+    if what not in Capabilities.COMPARED:
+        raise ValueError(f"{FAULT_ENV} field must be one of {list(Capabilities.COMPARED)}; got {what!r}")
+    d = asdict(caps)
+    if what == "plugin_loaded":
+        d["plugin_loaded"], d["plugin_abi"] = not caps.plugin_loaded, (0 if caps.plugin_loaded else 6)
+    elif what == "overrides":
+        d["overrides"] = tuple(sorted((*caps.overrides, ("NCCL_MAX_CTAS", "4"))))
+    elif what == "nvls_multicast":
+        d["nvls_multicast"] = not caps.nvls_multicast
+    elif what == "collnet":
+        d["collnet"] = not caps.collnet
+    elif what == "plugin_abi":
+        d["plugin_abi"] = caps.plugin_abi + 1
+    elif what == "nccl_version":
+        d["nccl_version"] = (2, 21, 5) if caps.nccl_version != (2, 21, 5) else (2, 30, 3)
+    elif what == "config_fields":
+        d["config_fields"] = tuple(sorted({*caps.config_fields, "comm_name"}))
+    else:
+        d["torch_version"] = caps.torch_version + "+other"
+    d["overrides"] = tuple(tuple(x) for x in d["overrides"])
+    d["config_fields"] = tuple(d["config_fields"])
+    return Capabilities(**d)
+
+
+def fixed_knob_warning(knob: str, var: str) -> str:
+    """The warning for a knob that variable ``var`` (``NAME=value``) fixes."""
+    return f"{var} fixes {knob} for every communicator: {knob} is not searched (unset {var.split('=')[0]} to let lagom tune it)"
+
+
+def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, n_nodes: int,
+                     mechanism: str) -> tuple[dict[str, tuple], list[str]]:
+    """``domains`` (knob -> values, ``(None,)`` = left to NCCL) cut to what ``mechanism`` applies
+    under the agreed ``caps``; returns the new domains and one warning per knob removed because a
+    variable fixes it.
+
+    * a knob a variable fixes (``Capabilities.fixed_knobs``) is not searched;
+    * ``n_threads`` is never searched in a running process: NCCL reads ``NCCL_NTHREADS`` once, as a
+      cached ``NCCL_PARAM`` (``src/graph/tuning.cc:14``), when the first communicator is created,
+      which happened before any plan exists (an offline plan's env file applies it at the next
+      launch instead);
+    * ``chunk_size`` only through the plugin with ABI v6 (``getChunkSize``, NCCL 2.30);
+    * algorithms NCCL disables on this communicator: NVLS / NVLSTree without NVLS support
+      (``src/enqueue.cc:2004-2006``), NVLS across nodes without CollNet (``enqueue.cc:2008``,
+      ``tuning.cc:503-506``), CollNet without ``NCCL_COLLNET_ENABLE=1`` (``tuning.cc:503-506``),
+      PAT with ``NCCL_PAT_ENABLE=0`` (``tuning.cc:215``).
+    """
+    d = dict(domains)
+    warnings = []
+    for knob, var in sorted(caps.fixed_knobs().items()):
+        if knob in d and d[knob] != (None,):
+            d[knob] = (None,)
+            warnings.append(fixed_knob_warning(knob, var))
+    d["n_threads"] = (None,)
+    if not (mechanism == "tuner" and caps.plugin_abi >= 6):
+        d["chunk_size"] = (None,)
+    algs = d.get("algorithm", (None,))
+    if algs != (None,):
+        keep = []
+        for alg in algs:
+            if alg in ("NVLS", "NVLSTree") and not caps.nvls_multicast:
+                continue
+            if alg == "NVLS" and n_nodes > 1 and not caps.collnet:
+                continue
+            if alg.startswith("CollNet") and not caps.collnet:
+                continue
+            if alg == "PAT" and str(caps.switch("NCCL_PAT_ENABLE") or "2").strip() == "0":
+                continue
+            keep.append(alg)
+        d["algorithm"] = tuple(keep) if len(keep) > 1 else (None,)
+    return d, warnings
