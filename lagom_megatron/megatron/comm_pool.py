@@ -82,11 +82,17 @@ class CommPool:
     def prepare(self, needs: dict[str, set[CommConfig]] | dict[str, list[CommConfig]]) -> int:
         """Creates the entries that ``needs`` (group name -> configs) calls for; collective.
 
-        Every rank must call this with the same ``needs``. Returns the number of groups created
+        Every rank must call this with the same ``needs``. A group with a partner
+        (``GroupNames.add_partner``) gets the same entries for its partner. Returns the number of groups created
         on this rank's side (entries it is a member of).
         """
         import torch.distributed as dist
 
+        needs = dict(needs)
+        for name in list(needs):  # a group whose traffic also rides a partner group (PP=2: pp_world)
+            partner = self.groups.partner(name)
+            if partner is not None:
+                needs[partner.name] = set(needs[name]) | set(needs.get(partner.name, ()))
         mine = {name: self.groups.by_name(name).ranks for name in self.groups.names()}
         gathered: list[dict[str, tuple[int, ...]]] = [None] * dist.get_world_size()  # type: ignore[list-item]
         dist.all_gather_object(gathered, mine)
