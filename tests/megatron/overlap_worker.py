@@ -105,6 +105,42 @@ def _cp_part(router, pool, groups, cp, batch):
     return res
 
 
+def _cp_a2a_part(router, pool, groups, cp):
+    from tests.megatron.te_standin.attention.dot_product_attention.dot_product_attention import DotProductAttention
+
+    from lagom_megatron.engine.knobs import CommConfig
+
+    holder = torch.nn.Module()
+    holder.attn = DotProductAttention(cp_group=cp, cp_global_ranks=[0, 1], cp_comm_type="a2a",
+                                      step_compute=lambda: time.sleep(SLEEP))
+    router.registry.name_modules(holder, prefix="chunk0.")
+    q = torch.arange(8.0) + 100 * dist.get_rank()
+    q.requires_grad_(True)
+
+    def step():
+        q.grad = None
+        out = holder.attn(q)
+        (out * 3.0).sum().backward()
+        return out.detach().clone(), q.grad.clone()
+
+    res = {}
+    ref, _ = _iteration(router, step)
+    res["cp_a2a_records"] = _records(router)
+    res["cp_a2a_out"] = [ref[0].tolist(), ref[1].tolist()]
+    _, res["cp_a2a_serialized"] = _iteration(router, step, timed=True, serialize=True)
+    cfg = CommConfig(n_channels=3)
+    pool.prepare({"cp": {cfg}})
+    router.set_assignment({"cp.a2a[chunk0.attn]": cfg})
+    before = router.calls_routed
+    got, _ = _iteration(router, step, record=False)
+    res["cp_a2a_routed_calls"] = router.calls_routed - before
+    seen = holder.attn.seen_groups[-1]
+    res["cp_a2a_routed_group"] = [groups.lookup(seen).name, seen is not cp, holder.attn.cp_group is cp]
+    res["cp_a2a_routed_same"] = torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    router.set_assignment({})
+    return res
+
+
 def _pp_part(router, pool, groups, pp):
     from megatron.core.model_parallel_config import ModelParallelConfig
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
@@ -224,6 +260,7 @@ def worker(rank: int, store_path: str, out_dir: str) -> None:
         out.update(_te_part(router, router.pool, groups, named["tp"]))
         out.update(_cp_part(router, router.pool, groups, named["cp"], batch=True))
         out.update(_cp_part(router, router.pool, groups, named["cp"], batch=False))
+        out.update(_cp_a2a_part(router, router.pool, groups, named["cp"]))
         out.update(_pp_part(router, router.pool, groups, named["pp"]))
         out.update(_moe_part(router, named["ep"]))
         out.update(_fsdp_part(router, router.pool, groups, named["dp"]))

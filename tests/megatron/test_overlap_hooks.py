@@ -6,8 +6,8 @@ One launch of ``overlap_worker.worker`` (2 processes, FileStore, no port) instal
 * TE layers: column- and row-parallel stand-in layers with sequence parallelism; the backward
   all-gather / reduce-scatter are sites named by module, routed to a pool entry, and gradients
   are bit-identical hooked, routed and unhooked;
-* context parallel: TE's KV ring (batched and unbatched), ``cp_group`` routed at the attention
-  module, ring steps timed as overlapped;
+* context parallel: TE's KV ring (batched and unbatched) and all-to-all, ``cp_group`` routed at
+  the attention module, ring steps and all-to-alls timed as overlapped;
 * pipeline: megatron-core's own ``P2PCommunicator._communicate`` with ``wait_on_reqs=False``
   (``--overlap-p2p-communication``): ``t_comp`` > 0; with the site routed, the half megatron-core
   posts on WORLD goes to the ``pp_world`` pool entry;
@@ -69,6 +69,19 @@ def test_cp_ring_is_a_module_site_timed_as_overlapped_and_routed_at_the_attentio
         name, swapped, restored = r[f"{tag}_routed_group"]
         assert (name, swapped, restored) == ("cp", True, True)
         assert r[f"{tag}_routed_same"]
+
+
+def test_cp_all_to_all_is_a_module_site_timed_as_overlapped_and_routed(ranks):
+    for rank, r in enumerate(ranks):
+        # two all-to-alls in forward (q, output) and two in backward (dout, dq) of 8 floats
+        assert r["cp_a2a_records"] == {"cp.a2a[chunk0.attn]": ["all_to_all", 32, 4, "cp"]}
+        q = [float(i + 100 * rank) for i in range(8)]
+        assert r["cp_a2a_out"] == [[2.0 * x for x in q], [6.0] * 8]  # out = 2 q, dq = 2 * 3
+        comm, comp, region = r["cp_a2a_serialized"]["cp.a2a[chunk0.attn]"]
+        assert comm > 0 and comp >= 4 * SLEEP * 1e6 * 0.9  # each posted all-to-all overlaps a step
+        assert r["cp_a2a_routed_group"] == ["cp", True, True]
+        # the attention module routed once (cp_group swapped) + each of the 4 all-to-alls per call
+        assert r["cp_a2a_routed_calls"] == 1 + 4 and r["cp_a2a_routed_same"]
 
 
 def test_overlapped_pipeline_p2p_has_compute_time_and_pp2_world_half_follows_the_route(ranks):

@@ -28,7 +28,8 @@ def _te():
 def test_stand_in_has_the_names_lagom_hooks():
     t = find_te_targets("tests.megatron.te_standin")
     assert [c.__name__ for c in t.modules] == ["Linear", "LayerNormLinear"]
-    assert [c.__name__ for c in t.functions] == ["_Linear", "_LayerNormLinear", "AttnFuncWithCPAndKVP2P"]
+    assert [c.__name__ for c in t.functions] == ["_Linear", "_LayerNormLinear", "AttnFuncWithCPAndKVP2P",
+                                                  "AttnFuncWithCPAndQKVOA2A"]
     assert t.attention.__name__ == "DotProductAttention"
     assert t.context_parallel is standin_cp
     assert find_te_targets("no_such_package_for_lagom") is None
@@ -70,3 +71,5 @@ def test_installed_te_context_parallel_ring_matches_the_stand_in():
     assert "cp_group=self.cp_group" in fwd
     bwd = inspect.getsource(t.context_parallel.AttnFuncWithCPAndKVP2P.backward)
     assert "ctx.cp_group" in bwd and "flash_attn_p2p_communicate(" in bwd
+    a2a = inspect.getsource(t.context_parallel.flash_attn_a2a_communicate)
+    assert "torch.distributed.all_to_all_single(" in a2a and "group=cp_group, async_op=True" in a2a

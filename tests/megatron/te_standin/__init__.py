@@ -17,7 +17,9 @@ hooks of ``lagom_megatron.megatron.te_targets`` / ``patches`` can be tested with
   autograd function at forward (``dot_product_attention.py:1737``) that keeps it on ``ctx``
   (``context_parallel.py:2148``) and exchanges KV around the ring with
   ``flash_attn_p2p_communicate`` (``:96-135``), waiting each step's requests one step later
-  (``:1702-1703``), in forward and backward.
+  (``:1702-1703``), in forward and backward; with ``cp_comm_type="a2a"`` an autograd function
+  posts ``all_to_all_single(..., group=cp_group, async_op=True)`` per input and waits each after
+  posting the next (``flash_attn_a2a_communicate``, ``:387-536``).
 
 ``tests/megatron/test_te_standin.py`` checks these names and calling patterns against the
 installed Transformer Engine when one is importable.

@@ -61,3 +61,36 @@ class AttnFuncWithCPAndKVP2P(torch.autograd.Function):
         # dq = sum_j kv_j * dout: the same ring over the KV blocks, on ctx.cp_group
         dq = _ring(dout, kv, ctx.cp_group, ctx.cp_global_ranks, ctx.batch_p2p_comm, ctx.step_compute)
         return dq, None, None, None, None, None
+
+
+def flash_attn_a2a_communicate(a2a_inputs, cp_group, step_compute):
+    """All-to-all of each input (``:387-536``): posted ``async_op=True`` one after the other, each
+    waited after the next is posted (TE waits on ``cp_stream``); returns the outputs."""
+    a2a_inputs = [a2a_inputs] if not isinstance(a2a_inputs, list) else a2a_inputs
+    outputs, reqs = [None] * len(a2a_inputs), [None] * len(a2a_inputs)
+    for i in range(len(a2a_inputs) + 2):
+        if 0 < i < len(a2a_inputs) + 1:
+            outputs[i - 1] = torch.empty_like(a2a_inputs[i - 1])
+            reqs[i - 1] = torch.distributed.all_to_all_single(outputs[i - 1], a2a_inputs[i - 1], group=cp_group,
+                                                              async_op=True)
+            step_compute()
+        if i > 1:
+            reqs[i - 2].wait()
+    return outputs[0] if len(a2a_inputs) == 1 else outputs
+
+
+class AttnFuncWithCPAndQKVOA2A(torch.autograd.Function):
+    """All-to-all context parallelism (``:4168``): q to heads before attention, the output back after;
+    the same two in backward on ``ctx.cp_group``. The stand-in's "attention" doubles its input, so
+    with two ranks (all-to-all twice is the identity) ``out = 2 q`` and ``dq = 2 dout``."""
+
+    @staticmethod
+    def forward(ctx, q, cp_group, step_compute):
+        ctx.cp_group, ctx.step_compute = cp_group, step_compute
+        heads = flash_attn_a2a_communicate([q.contiguous()], cp_group, step_compute)
+        return flash_attn_a2a_communicate([heads * 2.0], cp_group, step_compute)
+
+    @staticmethod
+    def backward(ctx, dout):
+        heads = flash_attn_a2a_communicate([dout.contiguous()], ctx.cp_group, ctx.step_compute)
+        return flash_attn_a2a_communicate([heads * 2.0], ctx.cp_group, ctx.step_compute), None, None
