@@ -198,6 +198,32 @@ def _moe_part(router, ep):
     return {"moe_records": _records(router), "moe_grad": grad.tolist()}
 
 
+def _embedding_wgrad_part(router, tp):
+    import sys
+    import types
+
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import schedules
+
+    # drain_embedding_wgrad_compute imports this CUDA extension even when gradient-accumulation
+    # fusion is off; the stand-in is never called with the fusion off
+    sys.modules.setdefault("fused_weight_gradient_mlp_cuda", types.ModuleType("fused_weight_gradient_mlp_cuda"))
+    parallel_state._set_global_memory_buffer()
+    config = types.SimpleNamespace(sequence_parallel=True, gradient_accumulation_fusion=False)
+    weight = torch.nn.Parameter(torch.zeros(4, 4))
+
+    def step():  # megatron-core's pipeline drain: 3 buffered micro-batches of the output layer
+        acts = [torch.full((2, 1, 4), float(i)) for i in range(3)]
+        grads = [torch.ones(4, 1, 4) for _ in range(3)]
+        schedules.drain_embedding_wgrad_compute(config, acts, grads, weight, tp)
+
+    _iteration(router, step)
+    out = {"embd_records": _records(router)}
+    _, out["embd_timings"] = _iteration(router, step, timed=True)
+    parallel_state.destroy_global_memory_buffer()
+    return out
+
+
 def _fsdp_part(router, pool, groups, dp):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
@@ -263,6 +289,7 @@ def worker(rank: int, store_path: str, out_dir: str) -> None:
         out.update(_cp_a2a_part(router, router.pool, groups, named["cp"]))
         out.update(_pp_part(router, router.pool, groups, named["pp"]))
         out.update(_moe_part(router, named["ep"]))
+        out.update(_embedding_wgrad_part(router, named["tp"]))
         out.update(_fsdp_part(router, router.pool, groups, named["dp"]))
     finally:
         handle.remove()

@@ -12,6 +12,7 @@ One launch of ``overlap_worker.worker`` (2 processes, FileStore, no port) instal
   (``--overlap-p2p-communication``): ``t_comp`` > 0; with the site routed, the half megatron-core
   posts on WORLD goes to the ``pp_world`` pool entry;
 * MoE: megatron-core's ``_AllToAll`` backward is tagged;
+* the deferred embedding-wgrad all-gathers of megatron-core's own ``drain_embedding_wgrad_compute``;
 * FSDP2: torch's ``fully_shard`` per layer as megatron-core 0.16.1 calls it, per-unit sites,
   routed with identical gradients.
 """
@@ -106,6 +107,16 @@ def test_moe_all_to_all_backward_is_tagged(ranks):
         assert rec["ep.dispatch_all_to_all_bwd[0]"] == ["all_to_all", 32, 1, "ep"]
         # the gradient of row block i comes back from the rank that received it: factor 1 + that rank
         assert r["moe_grad"] == [[1.0, 1.0]] * 2 + [[2.0, 2.0]] * 2
+
+
+def test_deferred_embedding_wgrad_all_gathers_are_one_iteration_stream(ranks):
+    for r in ranks:
+        rec = r["embd_records"]
+        # the first gather is synchronous, the two pipelined ones async; 2 x 1 x 4 floats in, x2 out
+        assert rec == {f"tp.embedding_wgrad_all_gather[{k}]": ["all_gather", 64, 1, "tp"] for k in range(3)}
+        assert set(r["embd_timings"]) == set(rec)
+        for k in (1, 2):  # async: the wgrad GEMM of the previous micro-batch overlapped them
+            assert math.isnan(r["embd_timings"][f"tp.embedding_wgrad_all_gather[{k}]"][1])
 
 
 def test_fsdp2_units_are_sites_profiled_and_routed(ranks):
