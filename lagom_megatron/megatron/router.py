@@ -243,15 +243,16 @@ class SiteRouter(P2PRouting):
                 registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[call.tindex],
                                        group=info)
         route = self._routes.get(site_id) or self._resolve(site_id, info)
-        if route[0] is not None:
+        chunk = 0
+        if route[0] is not None and not _coalescing(group):  # a coalesced call keeps its group, whole
             self.calls_routed += 1
             pool_group = route[1]
-            if pool_group is not None and not _coalescing(group):
+            if pool_group is not None:
                 if group_in_args:
                     args = args[:gi] + (pool_group,) + args[gi + 1:]
                 else:
                     kwargs = dict(kwargs, group=pool_group)
-        chunk = route[2] if call.chunkable else 0
+            chunk = route[2] if call.chunkable else 0
         profiler = self.profiler
         if not profiler.timed:  # applied plan: route only
             if chunk:
