@@ -139,3 +139,20 @@ def test_backward_scope_of_each_forward_scope():
     named = ("named", ("chunk0.decoder.layers.0.self_attention.linear_qkv", None, False))
     assert backward_scope(named) is named
     assert backward_scope(("bucket", (0, None))) is None and backward_scope(None) is None
+
+
+def test_userbuffers_are_flagged_at_install_as_not_nccl(caplog):
+    import logging
+    import types
+
+    from lagom_megatron.megatron.te_targets import userbuffers_note
+
+    assert userbuffers_note([types.SimpleNamespace(tp_comm_overlap=False)]) is None
+    assert userbuffers_note([]) is None
+    cfg = Config()
+    cfg.tp_comm_overlap = True
+    with caplog.at_level(logging.WARNING, logger="lagom.patches"):
+        handle = patches.install(Recorder(), model_configs=[cfg], te=None, fsdp2=None)
+        handle.remove()
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert "--tp-comm-overlap" in text and "outside NCCL" in text and "SMs" in text
