@@ -40,10 +40,12 @@ wraps every ``TransformerLayer``, embedding and column-parallel output layer wit
 from __future__ import annotations
 
 import importlib
+import logging
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+log = logging.getLogger("lagom.patches")
 
 @dataclass
 class TeTargets:
@@ -69,21 +71,30 @@ _CP_FUNCTIONS = ("AttnFuncWithCPAndKVP2P", "AttnFuncWithCPAndQKVOA2A", "AttnFunc
 _DPA_MODULES = ("attention.dot_product_attention.dot_product_attention", "attention")
 
 
-def _module(base: str, name: str) -> ModuleType | None:
+def _import(name: str) -> ModuleType | None:
+    """``importlib.import_module(name)``; None when it is missing or fails to import (logged: TE
+    installed on a host where its CUDA libraries do not load raises other errors than ImportError)."""
     try:
-        return importlib.import_module(f"{base}.{name}")
+        return importlib.import_module(name)
     except ImportError:
+        return None
+    except Exception as exc:  # noqa: BLE001 - any failure means: not hooked, training goes on
+        log.warning("lagom: %s is installed but does not import (%s: %s); its collectives are not hooked",
+                    name, type(exc).__name__, exc)
         return None
 
 
+def _module(base: str, name: str) -> ModuleType | None:
+    return _import(f"{base}.{name}")
+
+
 def find_te_targets(base: str = "transformer_engine.pytorch") -> TeTargets | None:
-    """The ``TeTargets`` of the Transformer Engine importable as ``base``; None when it is not installed.
+    """The ``TeTargets`` of the Transformer Engine importable as ``base``; None when it is not
+    installed or does not import (a warning is logged for the latter).
 
     ``base`` is a package laid out as TE's ``transformer_engine.pytorch`` (tests pass a stand-in).
     """
-    try:
-        importlib.import_module(base)
-    except ImportError:
+    if _import(base) is None:
         return None
     targets = TeTargets()
     for mod_name, cls_name, fn_name in _TE_MODULES:

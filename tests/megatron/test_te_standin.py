@@ -73,3 +73,17 @@ def test_installed_te_context_parallel_ring_matches_the_stand_in():
     assert "ctx.cp_group" in bwd and "flash_attn_p2p_communicate(" in bwd
     a2a = inspect.getsource(t.context_parallel.flash_attn_a2a_communicate)
     assert "torch.distributed.all_to_all_single(" in a2a and "group=cp_group, async_op=True" in a2a
+
+
+def test_a_te_that_fails_to_import_is_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
+    import logging
+    import sys
+
+    pkg = tmp_path / "broken_te_for_lagom"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('raise OSError("libcuda.so.1: cannot open shared object file")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="lagom.patches"):
+        assert find_te_targets("broken_te_for_lagom") is None
+    assert "broken_te_for_lagom is installed but does not import (OSError: libcuda.so.1" in caplog.text
+    sys.modules.pop("broken_te_for_lagom", None)
