@@ -53,11 +53,13 @@ class RequestGroup:
         return req.wait(*args, **kwargs)
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
+        """Waits every request not waited yet; returns True."""
         for w in self.works:
             self.wait_one(w, *args, **kwargs)
         return True
 
     def is_completed(self) -> bool:
+        """Whether every request has completed (``Work.is_completed``)."""
         return all(w is None or w.is_completed() for w in self.works)
 
 
@@ -71,9 +73,11 @@ class RequestProxy:
         self._timed = timed
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
+        """Waits this request (once); the first wait of the call stamps the consumer's wait."""
         return self._timed.wait_part(self._req, *args, **kwargs)
 
     def is_completed(self) -> bool:
+        """Whether this request has completed."""
         return bool(self._req.is_completed())
 
     def __getattr__(self, name: str) -> Any:

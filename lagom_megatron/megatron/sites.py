@@ -108,6 +108,7 @@ class NamedSite:
         self.site_id = site_id
 
     def next_id(self) -> str:
+        """The site id (the same for every call)."""
         return self.site_id
 
 
