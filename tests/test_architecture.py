@@ -55,6 +55,8 @@ def _resolve(name: str) -> str | None:
 
 DYNAMIC_IMPORTS: dict[str, str] = {
     "lagom_megatron.training.cpu_shims": "patches Megatron-Core modules it names in a tuple",
+    "lagom_megatron.megatron.te_targets": "finds Transformer Engine's and torch FSDP2's modules, whose paths differ "
+                                          "by version (and a stand-in package in tests)",
 }
 """Modules allowed to import a computed module name, and why (a computed name escapes these checks)."""
 

@@ -132,7 +132,8 @@ class CommPool:
                 step: Callable[[str, Callable[[], Any]], Any] = _local_step, ops: dict[CommConfig, str] | None = None) -> int:
         """Creates the entries that ``needs`` (group name -> configs) calls for; collective.
 
-        Every rank must call this with the same ``needs``. The work runs in three ``step``s, each
+        Every rank must call this with the same ``needs``. A group with a partner
+        (``GroupNames.add_partner``, PP=2's ``pp_world``) gets the same entries for its partner. The work runs in three ``step``s, each
         of which the controller runs collectively (``consensus.collective_step``: a failure on any
         rank raises on every rank): ``pool-preflight`` (keys, budget and the backend's checks that
         need no collective, so that no rank fails alone between two ``new_group`` calls),
@@ -146,6 +147,11 @@ class CommPool:
         """
         import torch.distributed as dist
 
+        needs = dict(needs)
+        for name in list(needs):  # a group whose traffic also rides a partner group (PP=2: pp_world)
+            partner = self.groups.partner(name)
+            if partner is not None:
+                needs[partner.name] = set(needs[name]) | set(needs.get(partner.name, ()))
         mine = {name: self.groups.by_name(name).ranks for name in self.groups.names()}
         gathered: list[dict[str, tuple[int, ...]]] = [None] * dist.get_world_size()  # type: ignore[list-item]
         dist.all_gather_object(gathered, mine)

@@ -28,6 +28,26 @@ Patched names, each where it is looked up (megatron-core 0.16.x; the names exist
   Wrapping ``torch.distributed.isend`` instead would break ``P2POp``, which checks identity.
 * ``config.finalize_model_grads_func`` of the given model configs (an attribute, not a module
   name): wrapped so that its all-reduces are tagged ``<group>.finalize_all_reduce[k]``.
+* ``torch.distributed.all_gather_into_tensor`` / ``reduce_scatter_tensor`` (and torch 2.13's
+  ``all_gather_single`` / ``reduce_scatter_single``): Transformer Engine's sequence-parallel
+  collectives and torch FSDP2's call them through the ``torch.distributed`` module
+  (``te_targets``). Synchronous calls outside a scope pass straight through; a call inside an
+  open ``_coalescing_manager`` keeps its group.
+* Transformer Engine (``te_targets.find_te_targets``; skipped when TE is not installed): the
+  ``forward`` of ``Linear`` / ``LayerNormLinear`` / ``LayerNormMLP`` (named scope of the module,
+  ``scopes.module_forward``), ``forward`` / ``backward`` of their autograd functions and of the
+  context-parallel ones (the backward runs in its forward's scope, ``scopes.carry_*``),
+  ``DotProductAttention.forward`` (routes ``cp_group``) and ``flash_attn_p2p_communicate`` (ring
+  steps timed as overlapped), both in ``router_p2p``.
+* torch FSDP2's ``FSDPParamGroup.unshard`` / ``post_backward``: one site per FSDP unit and op,
+  ``<group>.fsdp_all_gather[<module fqn>]`` (``scopes.named_method``).
+* megatron-core's ``_AllToAll.forward`` / ``backward`` (``tensor_parallel.mappings``): the MoE
+  all-to-all's backward is tagged ``ep.dispatch_all_to_all_bwd[k]`` / ``combine_..._bwd[k]``.
+* ``p2p_communication._p2p_ops``: with two pipeline ranks, the half posted on WORLD follows a
+  routed pipeline site (``router_p2p.p2p_ops``).
+* ``utils.dist_all_gather_func`` and ``schedules.drain_embedding_wgrad_compute``: the deferred
+  embedding-wgrad all-gathers (``--defer-embedding-wgrad-compute``), the call-order stream
+  ``tp.embedding_wgrad_all_gather[k]`` of one iteration.
 
 ``gloo_threads(n)`` is the one patch outside ``install``: a context manager that, while a pool
 entry is created, makes ``torch.distributed`` build its gloo backend with ``n`` worker threads
@@ -39,10 +59,22 @@ from __future__ import annotations
 import datetime
 import functools
 import importlib
+import logging
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+from lagom_megatron.megatron import scopes
+from lagom_megatron.megatron.te_targets import TeTargets, find_fsdp2_param_group, find_te_targets, userbuffers_note
+
+log = logging.getLogger("lagom.patches")
+
+# torch.distributed functions patched in the torch.distributed module, and the router op of each.
+_DIST_COLLECTIVES = (("all_reduce", "all_reduce"), ("all_to_all_single", "all_to_all"),
+                     ("all_gather_into_tensor", "all_gather"), ("reduce_scatter_tensor", "reduce_scatter"),
+                     ("all_gather_single", "all_gather"), ("reduce_scatter_single", "reduce_scatter"))
+
 _INSTALLED: "PatchHandle | None" = None
+_INHERITED = object()
 
 
 class PatchHandle:
@@ -53,7 +85,9 @@ class PatchHandle:
         self.removed = False
 
     def _set(self, owner: Any, name: str, value: Any) -> None:
-        self._undo.append((owner, name, getattr(owner, name)))
+        # on a class, the raw attribute (a staticmethod stays one; an inherited name is deleted again)
+        original = owner.__dict__.get(name, _INHERITED) if isinstance(owner, type) else getattr(owner, name)
+        self._undo.append((owner, name, original))
         setattr(owner, name, value)
 
     @property
@@ -67,7 +101,10 @@ class PatchHandle:
         if self.removed:
             return
         for owner, name, original in reversed(self._undo):
-            setattr(owner, name, original)
+            if original is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
         self._undo.clear()
         self.removed = True
         if _INSTALLED is self:
@@ -96,12 +133,17 @@ def _collective_wrapper(router: Any, op: str, orig: Callable[..., Any]) -> Calla
     return wrapper
 
 
-def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = ()) -> PatchHandle:
+def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te: TeTargets | None | str = "auto",
+            fsdp2: type | None | str = "auto") -> PatchHandle:
     """Installs every hook (module docstring) calling ``router``; returns the handle.
 
     Args:
-        router: a ``SiteRouter`` (anything with ``bucket_sync``, ``collective``, ``p2p``, ``scope``).
+        router: a ``SiteRouter`` (``bucket_sync``, ``collective``, ``p2p``, ``p2p_ops``, ``scope``,
+            ``named``, ``module``, ``attention``, ``ring_exchange``, ``current_scope``, ``reenter``).
         model_configs: Megatron ``TransformerConfig``s whose ``finalize_model_grads_func`` to tag.
+        te: the Transformer Engine names to hook; ``"auto"``: ``find_te_targets()`` (None when TE
+            is not installed); None: none.
+        fsdp2: torch FSDP2's ``FSDPParamGroup`` class; ``"auto"``: ``find_fsdp2_param_group()``.
 
     Raises:
         RuntimeError: the patches are already installed (remove the first handle first).
@@ -126,12 +168,20 @@ def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = ()) -> 
 
             functools.update_wrapper(bucket_wrapper, orig)
             handle._set(bg_cls, name, bucket_wrapper)
-        for module in (pgb, layers):
+        from megatron.core import utils as mc_utils
+
+        for module in (pgb, layers, mc_utils):
             for alias, op in (("dist_reduce_scatter_func", "reduce_scatter"), ("dist_all_gather_func", "all_gather")):
                 if hasattr(module, alias):
                     handle._set(module, alias, _collective_wrapper(router, op, getattr(module, alias)))
-        handle._set(dist, "all_reduce", _collective_wrapper(router, "all_reduce", dist.all_reduce))
-        handle._set(dist, "all_to_all_single", _collective_wrapper(router, "all_to_all", dist.all_to_all_single))
+        for name, op in _DIST_COLLECTIVES:
+            if hasattr(dist, name):
+                handle._set(dist, name, _collective_wrapper(router, op, getattr(dist, name)))
+        _install_extras(handle, router, te=find_te_targets() if te == "auto" else te,
+                        fsdp2=find_fsdp2_param_group() if fsdp2 == "auto" else fsdp2)
+        note = userbuffers_note(model_configs)
+        if note:
+            log.warning(note)
 
         comm_cls = p2p.P2PCommunicator
         orig_comm = comm_cls._communicate
@@ -173,6 +223,52 @@ def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = ()) -> 
         raise
     _INSTALLED = handle
     return handle
+
+
+def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, fsdp2: type | None) -> None:
+    """The hooks beyond megatron-core's DDP / TP / P2P / MoE dispatcher names (module docstring)."""
+    from megatron.core.pipeline_parallel import p2p_communication as p2p
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.tensor_parallel import mappings
+
+    orig_ops = p2p._p2p_ops
+
+    def p2p_ops(**kwargs: Any) -> Any:
+        return router.p2p_ops(orig_ops, kwargs)
+
+    functools.update_wrapper(p2p_ops, orig_ops)
+    handle._set(p2p, "_p2p_ops", p2p_ops)
+    if hasattr(schedules, "drain_embedding_wgrad_compute"):
+        handle._set(schedules, "drain_embedding_wgrad_compute", scopes.stream_scoped(
+            router, schedules.drain_embedding_wgrad_compute, "embedding_wgrad_all_gather", per_microbatch=False))
+    functions = [mappings._AllToAll] + (list(te.functions) if te is not None else [])
+    for fn_cls in functions:  # Function.forward / backward are staticmethods: class lookup gives the function
+        handle._set(fn_cls, "forward", scopes.carry_forward(router, fn_cls.forward))
+        handle._set(fn_cls, "backward", scopes.carry_backward(router, fn_cls.backward))
+    if te is not None:
+        for mod_cls in te.modules:
+            handle._set(mod_cls, "forward", scopes.module_forward(router, mod_cls.forward))
+        if te.attention is not None:
+            orig_attn = te.attention.forward
+
+            def attention(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return router.attention(self, orig_attn, args, kwargs)
+
+            functools.update_wrapper(attention, orig_attn)
+            handle._set(te.attention, "forward", attention)
+        if te.context_parallel is not None:
+            orig_ring = te.context_parallel.flash_attn_p2p_communicate
+
+            def ring(*args: Any, **kwargs: Any) -> Any:
+                return router.ring_exchange(orig_ring, args, kwargs)
+
+            functools.update_wrapper(ring, orig_ring)
+            handle._set(te.context_parallel, "flash_attn_p2p_communicate", ring)
+    if fsdp2 is not None:
+        for name, prefix in (("unshard", "fsdp"), ("post_backward", "fsdp")):
+            if hasattr(fsdp2, name):
+                handle._set(fsdp2, name, scopes.named_method(router, getattr(fsdp2, name), prefix=prefix,
+                                                             attr="_module_fqn"))
 
 
 @contextmanager

@@ -146,6 +146,25 @@ class TimedWork:
             return result
         return self._work.wait(*args, **kwargs)
 
+    def wait_part(self, part: Any, *args: Any, **kwargs: Any) -> Any:
+        """Waits one request ``part`` of a composite handle (``requests.RequestGroup``, through its
+        ``wait_one``, which waits each request once).
+
+        The first part waited stamps the consumer's wait, as ``wait()`` does; the call's end is
+        stamped once every part has completed.
+        """
+        t = self._timing
+        first = t.t_wait is None
+        if first:
+            t.t_wait = self._profiler.clock()
+            self._profiler.poll()
+        result = self._work.wait_one(part, *args, **kwargs)
+        if first and t.cuda is not None:
+            t.cuda.record("wait")
+        if t.t_end is None and t.cuda is None and _is_completed(self._work):
+            t.t_end = self._profiler.clock()
+        return result
+
     def is_completed(self) -> bool:
         return _is_completed(self._work)
 

@@ -3,11 +3,13 @@
 ``patches.py`` replaces Megatron-Core's collective entry points with thin wrappers that call the
 methods here; this module holds no patch itself. For each call it
 
-1. finds the collective site (``sites.SiteRegistry``: DDP bucket tag, call-order stream, or the
-   pipeline),
+1. finds the collective site (``sites.SiteRegistry``: DDP bucket tag, call-order stream, the
+   module or FSDP unit of a named scope (``scopes``), or the pipeline),
 2. routes it under the configuration assigned to that site for this iteration: the communicator
    pool entry of its group (``comm_pool.CommPool``) and, for per-call knobs, the chunked issue,
 3. hands the launch instant and the returned handle to the ``profiler.Profiler``.
+
+Pipeline and context-parallel P2P are in ``router_p2p`` (a mixin of ``SiteRouter``).
 
 Calls that are synchronous and outside any tagged scope (forward tensor-parallel reductions,
 loss all-reduces, lagom's own consensus traffic) take a fast path of one attribute check.
@@ -24,9 +26,13 @@ from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.megatron.comm_pool import CommPool
 from lagom_megatron.megatron.gloo import chunked_call
 from lagom_megatron.megatron.profiler import Profiler
-from lagom_megatron.megatron.sites import GroupInfo, SiteRegistry, Stream, dtype_name, tensor_nbytes
+from lagom_megatron.megatron.router_p2p import P2PRouting
+from lagom_megatron.megatron.scopes import backward_scope
+from lagom_megatron.megatron.sites import GroupInfo, NamedSite, SiteRegistry, Stream, dtype_name, tensor_nbytes
 
 # Positional index of ``group`` in each torch.distributed function lagom wraps.
+# (all_gather: all_gather_into_tensor / all_gather_single; reduce_scatter: reduce_scatter_tensor /
+# reduce_scatter_single: the same positions in torch 2.4-2.13.)
 GROUP_ARG = {"all_reduce": 2, "all_gather": 2, "reduce_scatter": 3, "all_to_all": 4}
 # (keyword, position) of the tensor whose size is the call's message size, per op.
 _TENSOR_ARG = {"all_reduce": ("tensor", 0), "all_gather": ("output_tensor", 0),
@@ -36,7 +42,17 @@ _ASYNC_KIND = {
     ("tp", "all_gather"): "sp_all_gather",
     ("tp", "reduce_scatter"): "sp_reduce_scatter",
     ("tp", "all_reduce"): "dgrad_all_reduce",
+    ("cp", "all_to_all"): "a2a",
 }
+
+
+def _coalescing(group: Any) -> bool:
+    """Whether a ``torch.distributed._coalescing_manager`` is open on ``group`` (its calls must keep
+    that group: torch checks every coalesced call's group against the manager's)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    state = getattr(getattr(c10d, "_world", None), "pg_coalesce_state", None)
+    return bool(state) and group in state
 
 
 def _arg(args: tuple, kwargs: dict, name: str, index: int, default: Any = None) -> Any:
@@ -50,7 +66,7 @@ class _StreamCall:
 
     __slots__ = ("info", "stream", "tname", "tindex", "chunkable")
 
-    def __init__(self, info: GroupInfo, stream: Stream, tensor_arg: tuple[str, int], chunkable: bool) -> None:
+    def __init__(self, info: GroupInfo, stream: Stream | NamedSite, tensor_arg: tuple[str, int], chunkable: bool) -> None:
         self.info = info
         self.stream = stream
         self.tname, self.tindex = tensor_arg
@@ -60,7 +76,7 @@ class _StreamCall:
 _NO_ROUTE: tuple[CommConfig | None, Any, int] = (None, None, 0)
 
 
-class SiteRouter:
+class SiteRouter(P2PRouting):
     """Per-rank routing state shared by all patched entry points.
 
     Per-call cost after a plan is applied (profiler off): every lookup that depends only on the
@@ -94,6 +110,8 @@ class SiteRouter:
         self._buckets: dict[tuple[int, str, bool], tuple[str, str, int, str, GroupInfo]] = {}
         self._streams: dict[tuple[int, str, Any], _StreamCall] = {}
         self._p2p_sites: dict[int, tuple[str, GroupInfo]] = {}
+        self._p2p_world: Any = None
+        """Pool entry for the WORLD half of a routed PP=2 call while it runs (``router_p2p``)."""
 
     # -------------------------------------------------------------- configuration
     def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
@@ -188,23 +206,31 @@ class SiteRouter:
         async_op = kwargs.get("async_op", False) or (len(args) > gi + 1 and args[gi + 1])
         if scope is None and not async_op or not self.active:
             return orig(*args, **kwargs)
-        if scope is not None and scope[0] == "bucket":  # inside bucket_sync, which routed the group
-            chunk, info = scope[1]
-            if chunk:
-                return chunked_call(op, orig, args, kwargs, chunk, info.size)
-            return orig(*args, **kwargs)
+        if scope is not None:
+            tag = scope[0]
+            if tag == "bucket":  # inside bucket_sync, which routed the group
+                chunk, info = scope[1]
+                if chunk:
+                    return chunked_call(op, orig, args, kwargs, chunk, info.size)
+                return orig(*args, **kwargs)
+            if tag == "named" and not async_op and not scope[1][2]:  # TE module forward: synchronous
+                return orig(*args, **kwargs)
         group_in_args = "group" not in kwargs and len(args) > gi
         group = args[gi] if group_in_args else kwargs.get("group")
         key = (id(group), op, scope)
         call = self._streams.get(key)
         if call is None:  # (group, op, scope) -> named group and stream, resolved once
             info = self.registry.groups.lookup(group)
-            if scope is not None:
-                kind, per_mb = scope[1]
+            if scope is None:
+                stream = self.registry.stream(info, _ASYNC_KIND.get((info.name, op), f"async_{op}"))
+            elif scope[0] == "named":  # one site per module / FSDP unit and op
+                name, prefix = scope[1][0], scope[1][1]
+                kind = f"{prefix}_{op}" if prefix else _ASYNC_KIND.get((info.name, op), f"async_{op}")
+                stream = self.registry.named_site(info, kind, name)
             else:
-                kind, per_mb = _ASYNC_KIND.get((info.name, op), f"async_{op}"), True
-            call = self._streams[key] = _StreamCall(info, self.registry.stream(info, kind, per_microbatch=per_mb),
-                                                    _TENSOR_ARG[op], op != "all_to_all")
+                kind, per_mb = scope[1]
+                stream = self.registry.stream(info, kind, per_microbatch=per_mb)
+            call = self._streams[key] = _StreamCall(info, stream, _TENSOR_ARG[op], op != "all_to_all")
         info = call.info
         site_id = call.stream.next_id()
         registry = self.registry
@@ -217,7 +243,8 @@ class SiteRouter:
                 registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[call.tindex],
                                        group=info)
         route = self._routes.get(site_id) or self._resolve(site_id, info)
-        if route[0] is not None:
+        chunk = 0
+        if route[0] is not None and not _coalescing(group):  # a coalesced call keeps its group, whole
             self.calls_routed += 1
             pool_group = route[1]
             if pool_group is not None:
@@ -225,7 +252,7 @@ class SiteRouter:
                     args = args[:gi] + (pool_group,) + args[gi + 1:]
                 else:
                     kwargs = dict(kwargs, group=pool_group)
-        chunk = route[2] if call.chunkable else 0
+            chunk = route[2] if call.chunkable else 0
         profiler = self.profiler
         if not profiler.timed:  # applied plan: route only
             if chunk:
@@ -249,44 +276,45 @@ class SiteRouter:
         finally:
             self._scope = prev
 
-    # -------------------------------------------------------------- pipeline P2P
-    def _record_p2p(self, site_id: str, info: GroupInfo, communicator: Any, kwargs: dict) -> None:
-        """Records a ``_communicate`` call: bytes of the larger tensor sent, else of the shape received."""
-        sent = [t for t in (kwargs.get("tensor_send_next"), kwargs.get("tensor_send_prev")) if t is not None]
-        nbytes = max((tensor_nbytes(t) for t in sent), default=0)
-        if not nbytes and kwargs.get("tensor_shape") is not None:
-            n = 1
-            for d in kwargs["tensor_shape"]:
-                n *= int(d)
-            dtype = communicator.config.pipeline_dtype
-            nbytes = n * (dtype.itemsize if dtype is not None else 4)
-        dtype = dtype_name(sent[0]) if sent else str(communicator.config.pipeline_dtype).replace("torch.", "")
-        self.registry.record(site_id, op="send", nbytes=nbytes, dtype=dtype, group=info)
+    # -------------------------------------------------------------- named scopes (scopes.py)
+    def current_scope(self) -> Any:
+        """The scope collectives are tagged with now (kept by ``scopes.carry_forward`` on a ctx)."""
+        return self._scope
 
-    def p2p(self, communicator: Any, orig: Callable[..., Any], kwargs: dict) -> Any:
-        """``P2PCommunicator._communicate``: one site per pipeline (see ``sites``), routed as a whole."""
-        if not self.active:
-            return orig(communicator, **kwargs)
-        group = communicator.pp_group
-        known = self._p2p_sites.get(id(group))
-        if known is None:  # one site per pipeline group, named once
-            info = self.registry.groups.lookup(group)
-            known = self._p2p_sites[id(group)] = (f"{info.name}.send_recv", info)
-        site_id, info = known
-        if self.registry.recording:
-            self._record_p2p(site_id, info, communicator, kwargs)
-        _, pool_group, _ = self._route(site_id, info)
-        profiler = self.profiler
-        timed = profiler.timed
-        if timed:
-            profiler.poll()
-        if pool_group is not None:
-            communicator.pp_group = pool_group
-        t0 = profiler.mark() if timed else None
+    @contextmanager
+    def reenter(self, scope: Any) -> Iterator[None]:
+        """Runs a backward in ``scopes.backward_scope(scope)``: the scope of its forward."""
+        prev = self._scope
+        self._scope = backward_scope(scope)
         try:
-            return orig(communicator, **kwargs)
+            yield
         finally:
-            if timed:
-                profiler.sync(site_id, t0)
-            if pool_group is not None:
-                communicator.pp_group = group
+            self._scope = prev
+
+    @contextmanager
+    def named(self, name: str, *, prefix: str | None = None, tag_sync: bool = False) -> Iterator[None]:
+        """Collectives inside are the sites ``<group>.<kind>[<stage><name>]``.
+
+        Args:
+            name: the module path or FSDP unit (``SiteRegistry.module_name``).
+            prefix: kind ``<prefix>_<op>``; None: the kind of the group's asynchronous calls
+                (``tp.sp_all_gather``, ``cp.a2a``, ...).
+            tag_sync: synchronous calls are sites too (False: they pass straight through).
+        """
+        prev = self._scope
+        self._scope = ("named", (name, prefix, tag_sync))
+        try:
+            yield
+        finally:
+            self._scope = prev
+
+    def module(self, module: Any, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A module's ``forward`` (``scopes.module_forward``) in the named scope of its path."""
+        if not self.active:
+            return orig(module, *args, **kwargs)
+        prev = self._scope
+        self._scope = ("named", (self.registry.module_name(module), None, False))
+        try:
+            return orig(module, *args, **kwargs)
+        finally:
+            self._scope = prev

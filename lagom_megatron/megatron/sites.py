@@ -13,12 +13,21 @@ structure only, never from object ids:
     tp.finalize_all_reduce[0]                all-reduces issued by ``finalize_model_grads``
     pp.send_recv                             all pipeline P2P traffic of the rank's pipeline
     ep.dispatch_all_to_all[1]                MoE token dispatcher all-to-all (call order)
+    ep.dispatch_all_to_all_bwd[1]            its backward (``scopes.carry_backward``)
+    tp.sp_all_gather[chunk0.decoder.layers.3.self_attention.linear_qkv]
+                                             Transformer Engine layer: named by module path
+    cp.ring_send_recv[chunk0.decoder.layers.3.self_attention.core_attention]
+                                             TE's context-parallel KV ring of one attention module
+    dp.fsdp_all_gather[decoder.layers.3]     torch FSDP2 unit (the fqn of its fully_shard module)
 
 Streams of calls that have no structural index (TP, finalize, MoE) are numbered by call order
 within one micro-batch: the first iteration (never timed) counts the calls of each stream, the
 count divided by the number of micro-batches is the stream's period, and call ``n`` of a later
 iteration is site ``n % period`` with ``calls_per_iter`` = micro-batches. Ranks of one group run
 the same layers in the same order, so the numbering agrees across them.
+
+Sites named by structure (``NamedSite``: a module path from ``name_modules`` or an FSDP unit's
+fqn) have one id for all their calls; ``calls_per_iter`` is the number of calls seen.
 
 Pipeline P2P is one site per pipeline, not one per stage pair: a send and its matching receive
 must use the same communicator, and a call of the interleaved schedule touches both neighbours,
@@ -31,144 +40,14 @@ Group names are Megatron's process-group names (``parallel_state``'s ``dp``, ``d
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from lagom_megatron.engine.profile import CollectiveSite
+from lagom_megatron.megatron.groups import STAGE_LOCAL_GROUPS, GroupInfo, GroupNames
 
-# (name, parallel_state getter, kwargs): order matters, the first name found for a group wins, so
-# that a data-parallel group that doubles as the dp_cp group (context parallel 1) is called dp.
-_GROUP_GETTERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("tp", "get_tensor_model_parallel_group", {}),
-    ("pp", "get_pipeline_model_parallel_group", {}),
-    ("dp", "get_data_parallel_group", {"with_context_parallel": False}),
-    ("dp_cp", "get_data_parallel_group", {"with_context_parallel": True}),
-    ("cp", "get_context_parallel_group", {}),
-    ("ep", "get_expert_model_parallel_group", {}),
-    ("expt_tp", "get_expert_tensor_parallel_group", {}),
-    ("expt_dp", "get_expert_data_parallel_group", {}),
-    ("intra_dist_opt", "get_intra_distributed_optimizer_instance_group", {}),
-    ("embd", "get_embedding_group", {}),
-    ("pos_embd", "get_position_embedding_group", {}),
-    ("mp", "get_model_parallel_group", {}),
-)
-
-
-STAGE_LOCAL_GROUPS = frozenset({"tp", "dp", "dp_cp", "cp", "ep", "expt_tp", "expt_dp", "intra_dist_opt"})
-"""Groups whose ranks all hold the same pipeline stage: under pipeline parallelism their site ids
-carry the stage (``tp.sp_all_gather[stage1.3]``, ``dp.grad_all_reduce[stage0.chunk0.bucket1]``), since
-each stage runs other layers and buckets. Groups across stages (``pp``, ``embd``) carry none."""
-
-# A group whose ranks equal those of the named group is called by that name (context parallel 1,
-# one distributed-optimizer instance): the collectives are then the plain data-parallel ones.
-_SAME_AS = {"dp_cp": "dp", "intra_dist_opt": "dp_cp"}
-
-
-def _group_ranks(group: Any) -> tuple[int, ...]:
-    import torch.distributed as dist
-
-    return tuple(dist.get_process_group_ranks(group))
-
-
-@dataclass(kw_only=True, slots=True)
-class GroupInfo:
-    """A named process group as lagom sees it: Megatron's name, its ranks and its node span."""
-
-    name: str
-    ranks: tuple[int, ...]
-    n_nodes: int = 1
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-
-class GroupNames:
-    """Maps process-group objects to Megatron's group names (``tp``, ``dp``, ``pp``, ...).
-
-    Built once after ``parallel_state.initialize_model_parallel``. Lookups are by object identity
-    first (O(1), used on every call), then by rank list (groups built outside ``parallel_state``
-    over the same ranks, e.g. lagom's own communicator-pool entries, which register themselves
-    with ``alias``).
-
-    Args:
-        local_world_size: ranks per node, for ``n_nodes``; default ``$LOCAL_WORLD_SIZE`` or 1.
-    """
-
-    def __init__(self, *, local_world_size: int | None = None) -> None:
-        self.local_world_size = int(local_world_size or os.environ.get("LOCAL_WORLD_SIZE", 0) or 1)
-        self._by_id: dict[int, GroupInfo] = {}
-        self._by_ranks: dict[tuple[int, ...], GroupInfo] = {}
-        self._by_name: dict[str, GroupInfo] = {}
-        self._keep: list[Any] = []  # holds group objects so that their ids stay unique
-
-    @classmethod
-    def from_parallel_state(cls, **kwargs: Any) -> "GroupNames":
-        """Names every group that ``megatron.core.parallel_state`` has initialised on this rank."""
-        from megatron.core import parallel_state as ps
-
-        names = cls(**kwargs)
-        for name, getter, kw in _GROUP_GETTERS:
-            fn = getattr(ps, getter, None)
-            if fn is None:
-                continue
-            try:
-                group = fn(check_initialized=False, **kw) if "check_initialized" in fn.__code__.co_varnames else fn(**kw)
-            except (AssertionError, RuntimeError, TypeError):
-                continue
-            if group is not None:
-                names.add(name, group)
-        return names
-
-    def add(self, name: str, group: Any) -> GroupInfo:
-        """Registers ``group`` under ``name`` unless the object already has a name; returns its info."""
-        if id(group) in self._by_id:
-            return self._by_id[id(group)]
-        ranks = _group_ranks(group)
-        same = self._by_name.get(_SAME_AS.get(name, ""))
-        if same is not None and same.ranks == ranks:
-            name = same.name  # e.g. the dp_cp group of a run without context parallelism is dp
-        info = GroupInfo(name=name, ranks=ranks, n_nodes=len({r // self.local_world_size for r in ranks}))
-        self._by_id[id(group)] = info
-        self._by_ranks.setdefault(ranks, info)
-        self._by_name.setdefault(name, info)
-        self._keep.append(group)
-        return info
-
-    def alias(self, group: Any, info: GroupInfo) -> None:
-        """Registers another group object (a pool entry) as the same named group ``info``."""
-        self._by_id[id(group)] = info
-        self._keep.append(group)
-
-    def lookup(self, group: Any) -> GroupInfo:
-        """The named group of ``group`` (None = the default group, named ``world``).
-
-        Unknown groups are named by their rank list when it matches a known group, else
-        ``world`` (all ranks) or ``other``; the result is cached.
-        """
-        if group is None:
-            import torch.distributed as dist
-
-            group = dist.group.WORLD
-        info = self._by_id.get(id(group))
-        if info is not None:
-            return info
-        ranks = _group_ranks(group)
-        known = self._by_ranks.get(ranks)
-        import torch.distributed as dist
-
-        name = known.name if known else ("world" if len(ranks) == dist.get_world_size() else "other")
-        return self.add(name, group)
-
-    def by_name(self, name: str) -> GroupInfo | None:
-        """This rank's group called ``name``, or None."""
-        return self._by_name.get(name)
-
-    def names(self) -> list[str]:
-        """Names of this rank's groups, in registration order."""
-        return list(self._by_name)
-
+__all__ = ["GroupInfo", "GroupNames", "NamedSite", "SiteRecord", "SiteRegistry", "Stream", "STAGE_LOCAL_GROUPS",
+           "dtype_name", "tensor_nbytes"]
 
 @dataclass(kw_only=True, slots=True)
 class SiteRecord:
@@ -217,6 +96,22 @@ class Stream:
         return ids[n]
 
 
+class NamedSite:
+    """A site named by structure (module path or FSDP unit): every call has the same id.
+
+    It has ``next_id`` like ``Stream`` so that the router treats both alike.
+    """
+
+    __slots__ = ("site_id",)
+
+    def __init__(self, site_id: str) -> None:
+        self.site_id = site_id
+
+    def next_id(self) -> str:
+        """The site id (the same for every call)."""
+        return self.site_id
+
+
 class SiteRegistry:
     """Assigns site ids and keeps one ``SiteRecord`` per site seen in the current iteration.
 
@@ -236,6 +131,8 @@ class SiteRegistry:
         self.recording = True
         """Whether this iteration's calls are recorded in ``records`` (see ``start_iteration``)."""
         self._bucket_tags: dict[int, str] = {}
+        self._module_names: dict[int, str] = {}
+        self._named: dict[tuple[str, str, str], "NamedSite"] = {}
         self._streams: dict[tuple[str, str, bool], Stream] = {}
         self._keep: list[Any] = []
 
@@ -248,12 +145,50 @@ class SiteRegistry:
         """
         n = 0
         for c, chunk in enumerate(model_chunks):
+            self.name_modules(chunk, prefix=f"chunk{c}.")
             for attr, word in (("bucket_groups", "bucket"), ("expert_parallel_bucket_groups", "expert_bucket")):
                 for i, bg in enumerate(getattr(chunk, attr, None) or []):
                     self._bucket_tags[id(bg)] = f"{self.stage}chunk{c}.{word}{i}"
                     self._keep.append(bg)
                     n += 1
         return n
+
+    def name_modules(self, root: Any, *, prefix: str = "") -> int:
+        """Names every submodule of ``root`` by its path, wrapper prefixes (``module.``) dropped.
+
+        ``chunk0.decoder.layers.3.self_attention.linear_qkv``: the same on every rank of a stage
+        and every run of one model, so sites named after it are stable. Returns the count.
+        """
+        named = getattr(root, "named_modules", None)
+        if named is None:
+            return 0
+        n = 0
+        for path, module in named():
+            parts = path.split(".")
+            while parts and parts[0] == "module":
+                parts = parts[1:]
+            self._module_names.setdefault(id(module), prefix + (".".join(parts) or "root"))
+            self._keep.append(module)
+            n += 1
+        return n
+
+    def module_name(self, module: Any) -> str:
+        """The path ``name_modules`` gave ``module``; a module it never saw is named by its class and
+        the order in which such modules are first seen (the same on ranks that build one model)."""
+        name = self._module_names.get(id(module))
+        if name is None:
+            name = self._module_names[id(module)] = f"{type(module).__name__}{len(self._module_names)}"
+            self._keep.append(module)
+        return name
+
+    def named_site(self, group: GroupInfo, kind: str, name: str) -> "NamedSite":
+        """The site ``<group>.<kind>[<stage><name>]`` (stage only for stage-local groups), created once."""
+        key = (group.name, kind, name)
+        site = self._named.get(key)
+        if site is None:
+            stage = self.stage if group.name in STAGE_LOCAL_GROUPS else ""
+            site = self._named[key] = NamedSite(f"{group.name}.{kind}[{stage}{name}]")
+        return site
 
     def bucket_tag(self, bucket_group: Any) -> str | None:
         """The structural tag of a bucket group, or None when ``bind_model`` did not see it."""

@@ -15,13 +15,21 @@ import sys
 
 def _originals():
     import torch.distributed as dist
+    from megatron.core import utils as mc_utils
     from megatron.core.distributed import param_and_grad_buffer as pgb
     from megatron.core.pipeline_parallel import p2p_communication as p2p
-    from megatron.core.tensor_parallel import layers
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.tensor_parallel import layers, mappings
 
     return {
         "dist.all_reduce": dist.all_reduce,
         "dist.all_to_all_single": dist.all_to_all_single,
+        "dist.all_gather_into_tensor": dist.all_gather_into_tensor,
+        "dist.reduce_scatter_tensor": dist.reduce_scatter_tensor,
+        "utils.dist_all_gather_func": mc_utils.dist_all_gather_func,
+        "schedules.drain_embedding_wgrad_compute": schedules.drain_embedding_wgrad_compute,
+        "_AllToAll.forward": mappings._AllToAll.forward,
+        "_AllToAll.backward": mappings._AllToAll.backward,
         "pgb.dist_reduce_scatter_func": pgb.dist_reduce_scatter_func,
         "pgb.dist_all_gather_func": pgb.dist_all_gather_func,
         "layers.dist_reduce_scatter_func": layers.dist_reduce_scatter_func,

@@ -52,9 +52,9 @@ def test_environment_recheck_names_what_changed(monkeypatch):
 
 
 def test_groups_must_span_the_nodes_nccl_counts(monkeypatch):
-    from lagom_megatron.megatron import sites
+    from lagom_megatron.megatron import groups as group_names
 
-    monkeypatch.setattr(sites, "_group_ranks", lambda g: g.ranks)
+    monkeypatch.setattr(group_names, "_group_ranks", lambda g: g.ranks)
 
     class G:
         def __init__(self, ranks):

@@ -98,3 +98,61 @@ def test_gloo_threads_rejects_bad_values_and_restores():
     with patches.gloo_threads(3):
         assert c10d.ProcessGroupGloo is not original and issubclass(c10d.ProcessGroupGloo, original)
     assert c10d.ProcessGroupGloo is original
+
+
+def test_remove_restores_autograd_staticmethods_and_te_fsdp2_methods_exactly():
+    from megatron.core.tensor_parallel import mappings
+
+    from lagom_megatron.megatron.te_targets import find_fsdp2_param_group, find_te_targets
+
+    te = find_te_targets("tests.megatron.te_standin")
+    fsdp2 = find_fsdp2_param_group()
+    classes = [mappings._AllToAll, *te.functions, *te.modules, te.attention] + ([fsdp2] if fsdp2 else [])
+    names = ("forward", "backward", "unshard", "post_backward")
+
+    def raw():
+        return {(c.__name__, n): c.__dict__.get(n) for c in classes for n in names}
+
+    before = raw()
+    ring = te.context_parallel.flash_attn_p2p_communicate
+    handle = patches.install(Recorder(), te=te, fsdp2=fsdp2)
+    try:
+        during = raw()
+        changed = {k for k in before if before[k] is not during[k]}
+        assert ("_AllToAll", "backward") in changed and ("_Linear", "backward") in changed
+        assert ("DotProductAttention", "forward") in changed and ("LayerNormLinear", "forward") in changed
+        assert fsdp2 is None or ("FSDPParamGroup", "unshard") in changed
+        assert isinstance(mappings._AllToAll.__dict__["backward"], staticmethod)
+        assert te.context_parallel.flash_attn_p2p_communicate is not ring
+    finally:
+        handle.remove()
+    after = raw()
+    assert all(before[k] is after[k] for k in before), [k for k in before if before[k] is not after[k]]
+    assert te.context_parallel.flash_attn_p2p_communicate is ring
+
+
+def test_backward_scope_of_each_forward_scope():
+    from lagom_megatron.megatron.scopes import backward_scope
+
+    assert backward_scope(("stream", ("dispatch_all_to_all", True))) == ("stream", ("dispatch_all_to_all_bwd", True))
+    assert backward_scope(("stream", ("combine_all_to_all_bwd", True))) == ("stream", ("combine_all_to_all_bwd", True))
+    named = ("named", ("chunk0.decoder.layers.0.self_attention.linear_qkv", None, False))
+    assert backward_scope(named) is named
+    assert backward_scope(("bucket", (0, None))) is None and backward_scope(None) is None
+
+
+def test_userbuffers_are_flagged_at_install_as_not_nccl(caplog):
+    import logging
+    import types
+
+    from lagom_megatron.megatron.te_targets import userbuffers_note
+
+    assert userbuffers_note([types.SimpleNamespace(tp_comm_overlap=False)]) is None
+    assert userbuffers_note([]) is None
+    cfg = Config()
+    cfg.tp_comm_overlap = True
+    with caplog.at_level(logging.WARNING, logger="lagom.patches"):
+        handle = patches.install(Recorder(), model_configs=[cfg], te=None, fsdp2=None)
+        handle.remove()
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert "--tp-comm-overlap" in text and "outside NCCL" in text and "SMs" in text

@@ -173,3 +173,30 @@ def test_applied_plan_without_records_routes_the_same_calls():
     registry.finish_iteration()
     assert seen == [tp, ("entry", "tp", 3)] * 2
     assert registry.records == {} and router.calls_routed == 2 and clock.reads == 0
+
+
+def test_a_call_inside_an_open_coalescing_manager_keeps_its_group_and_is_not_split():
+    from torch.distributed import distributed_c10d as c10d
+
+    router, registry, tp, clock = _router(split_chunks=True)
+    seen = []
+
+    def all_gather(out, inp, group=None, async_op=False):
+        seen.append(group)
+        return "work"
+
+    t = torch.zeros(64)
+    call = lambda: router.collective("all_gather", all_gather, (t, t), {"group": tp, "async_op": True})  # noqa: E731
+    _iteration(router, registry, [call, call])
+    router.set_assignment({"tp.sp_all_gather[0]": CommConfig(n_channels=3, chunk_size=64)})
+    seen.clear()
+    state = c10d._world.pg_coalesce_state  # what _coalescing_manager fills while it is open
+    state[tp] = []
+    try:
+        _iteration(router, registry, [call, call])
+    finally:
+        del state[tp]
+    assert seen == [tp, tp] and router.calls_routed == 0  # torch requires the manager's group
+    _iteration(router, registry, [call, call])
+    # outside it: routed, and each call split into pieces of 64 bytes (256-byte output, 2 ranks: 4 each)
+    assert seen[2:] == [("entry", "tp", 3)] * 8 and router.calls_routed == 2

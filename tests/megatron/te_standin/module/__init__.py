@@ -1,0 +1,1 @@
+"""Stand-in of ``transformer_engine.pytorch.module`` (see the package docstring)."""
