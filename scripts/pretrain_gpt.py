@@ -14,6 +14,7 @@ import os
 import sys
 
 from lagom_megatron.training.argument_checks import check_installed, validate_args
+from lagom_megatron.megatron.versions import UntestedVersionError, check_versions
 from lagom_megatron.training.arguments import parse_args
 
 
@@ -51,7 +52,10 @@ def main(argv=None) -> int:
                 args = parse_args(argv, exit_on_error=False)
         args = validate_args(args, int(os.environ.get("WORLD_SIZE", "1")))
         check_installed(args)
-    except (ValueError, FileNotFoundError) as exc:
+        for warning in check_versions(allow_untested=args.lagom_allow_untested_versions):
+            if rank0:
+                print(f"pretrain_gpt.py: warning: {warning}", file=sys.stderr, flush=True)
+    except (ValueError, FileNotFoundError, UntestedVersionError) as exc:
         if rank0:  # one copy of the error, not one per rank
             message = str(exc)
             if "WORLD_SIZE" not in os.environ and message.startswith("world size 1 is not divisible"):

@@ -28,6 +28,7 @@ LAGOM_FLAGS: frozenset[str] = frozenset(
         "--lagom-plan",
         "--lagom-method",
         "--lagom-report",
+        "--lagom-allow-untested-versions",
     }
 )
 """The public ``--lagom*`` surface; ``tests/training/test_args.py`` freezes it."""
@@ -176,6 +177,9 @@ def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--lagom-report", default=None,
                    help="Per-site report (.md, .csv or .json, by suffix) and a PNG beside it; "
                         "default report.md in the plan's folder.")
+    g.add_argument("--lagom-allow-untested-versions", action="store_true",
+                   help="Run even when torch or megatron-core is outside the tested ranges "
+                        "(lagom_megatron.megatron.versions; also LAGOM_ALLOW_UNTESTED_VERSIONS=1).")
     return parser
 
 
