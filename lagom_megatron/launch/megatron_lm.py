@@ -90,8 +90,8 @@ class LagomHooks:
         """Answers ``-h`` / ``--help`` with Megatron-LM's help and lagom's flags, then exits 0.
 
         The patches call this before ``inprocess_restart.maybe_wrap_for_inprocess_restart``, whose
-        own pre-parse (``parse_args(ignore_unknown_args=True)``, Megatron-LM core_v0.16.1
-        ``megatron/training/inprocess_restart.py:133``, the same in core_v0.18.2) would print
+        own pre-parse (``parse_args(ignore_unknown_args=True)``, Megatron-LM
+        ``megatron/training/inprocess_restart.py:128`` in core_v0.16.1, ``:133`` in core_v0.18.2) would print
         Megatron-LM's help without lagom's flags and exit. Megatron-LM's ``parse_args`` is called
         with the chained provider, so argparse prints every flag and exits. Where Megatron-LM's own
         help cannot be formatted (core_v0.18.2 and later: a help string of its own with a bare

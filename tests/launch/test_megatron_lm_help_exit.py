@@ -147,3 +147,14 @@ def test_untested_megatron_core_stops_before_the_doctor(fake_training, monkeypat
     hooks = LagomHooks().start(argparse.Namespace(lagom=True, lagom_allow_untested_versions=True), callbacks=[Ends()])
     assert hooks.active and "running anyway" in capsys.readouterr().out
     hooks.finish()
+
+
+def test_gpu_megatron_lm_check_script_parses_and_refuses_bad_usage(tmp_path):
+    import subprocess
+
+    script = PATCHES.parent / "scripts" / "gpu" / "megatron_lm_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert 'timeout --kill-after=10 "$LIMIT_S"' in text  # the run is bounded
+    proc = subprocess.run(["bash", str(script), str(tmp_path), str(tmp_path / "out")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage:" in proc.stderr  # no pretrain_gpt.py there
