@@ -44,7 +44,7 @@ def test_in_range_bounds():
 
 def test_pyproject_declares_the_tested_ranges():
     deps = re.findall(r'"(torch|megatron-core)([^"]*)"', (ROOT / "pyproject.toml").read_text())
-    assert dict(deps) == {"torch": f">={TESTED_TORCH[0].rsplit('.0', 1)[0]},<{TESTED_TORCH[1]}",
+    assert dict(deps) == {"torch": f">={TESTED_TORCH[0]},<{TESTED_TORCH[1]}",
                           "megatron-core": f">={TESTED_MEGATRON_CORE[0]},<{TESTED_MEGATRON_CORE[1]}"}
 
 
