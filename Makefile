@@ -36,3 +36,15 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+## test-min / test-max: the whole suite on the lowest / highest tested torch and megatron-core
+## (each in its own virtual environment, .venv-min / .venv-max; PYTHON_MIN / PYTHON_MAX name the
+## interpreters: megatron-core 0.17+ needs Python >= 3.12). The versions are those of
+## lagom_megatron/megatron/versions.py; docs/training.md, "Tested versions".
+PYTHON_MIN ?= python3.11
+PYTHON_MAX ?= python3.12
+.PHONY: test-min test-max
+test-min:
+	scripts/test_versions.sh .venv-min $(PYTHON_MIN) 2.6.0 0.16.1
+test-max:
+	scripts/test_versions.sh .venv-max $(PYTHON_MAX) 2.14.1 0.18.2

@@ -13,6 +13,7 @@ import io
 import os
 import sys
 
+from lagom_megatron.megatron.versions import UntestedVersionError, check_versions
 from lagom_megatron.training.argument_checks import validate_args
 from lagom_megatron.training.arguments import parse_args
 from lagom_megatron.training.preflight import pretrain_preflight
@@ -50,7 +51,10 @@ def main(argv=None) -> int:
         else:  # the same check, silent: one copy of the usage error, not one per rank
             with contextlib.redirect_stdout(io.StringIO()):  # --help, printed by rank 0 only
                 args = parse_args(argv, exit_on_error=False)
-    except (ValueError, FileNotFoundError) as exc:
+        for warning in check_versions(allow_untested=args.lagom_allow_untested_versions):
+            if rank0:
+                print(f"pretrain_gpt.py: warning: {warning}", file=sys.stderr, flush=True)
+    except (ValueError, FileNotFoundError, UntestedVersionError) as exc:
         if rank0:  # one copy of the error, not one per rank
             print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
         return 2

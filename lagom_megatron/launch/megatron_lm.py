@@ -35,9 +35,12 @@ preset's), else what torch reports about the local GPU.
 
 from __future__ import annotations
 
+import argparse
+import atexit
 import inspect
 import math
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -81,6 +84,48 @@ class LagomHooks:
         self._original: Callable | None = None
         self._module: Any = None
         self._set_up = False
+
+    def print_help_if_asked(self, extra_args_provider: ArgsProvider | None = None,
+                            argv: list[str] | None = None) -> None:
+        """Answers ``-h`` / ``--help`` with Megatron-LM's help and lagom's flags, then exits 0.
+
+        The patches call this before ``inprocess_restart.maybe_wrap_for_inprocess_restart``, whose
+        own pre-parse (``parse_args(ignore_unknown_args=True)``, Megatron-LM
+        ``megatron/training/inprocess_restart.py:128`` in core_v0.16.1, ``:133`` in core_v0.18.2) would print
+        Megatron-LM's help without lagom's flags and exit. Megatron-LM's ``parse_args`` is called
+        with the chained provider, so argparse prints every flag and exits. Where Megatron-LM's own
+        help cannot be formatted (core_v0.18.2 and later: a help string of its own with a bare
+        ``%`` makes argparse raise ``ValueError``), lagom's flags are printed alone, with a note.
+
+        Args:
+            extra_args_provider: the provider pretrain_gpt.py passes (ModelOpt's or None).
+            argv: the arguments (default ``sys.argv[1:]``).
+
+        Raises:
+            SystemExit: code 0 after printing, only when help was asked for.
+        """
+        argv = sys.argv[1:] if argv is None else argv
+        if not any(a in ("-h", "--help") for a in argv):
+            return
+        from megatron.training.arguments import parse_args
+
+        try:
+            parse_args(extra_args_provider=self.chained_provider(extra_args_provider))
+        except ValueError as exc:  # Megatron-LM's help text itself fails to format
+            from lagom_megatron.training.arguments import add_lagom_args
+
+            parser = argparse.ArgumentParser(prog=os.path.basename(sys.argv[0]), add_help=False)
+            add_lagom_args(parser)
+            print(f"Megatron-LM's --help fails on this checkout ({exc}); lagom's flags:\n", file=sys.stderr)
+            print(parser.format_help())
+        raise SystemExit(0)
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, then :meth:`finish`, also when ``fn`` raises or calls ``sys.exit``."""
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.finish()
 
     @staticmethod
     def chained_provider(extra_args_provider: ArgsProvider | None) -> ArgsProvider:
@@ -148,6 +193,14 @@ class LagomHooks:
             raise RuntimeError("lagom hooks are already installed around train_step")
         if not getattr(args, "lagom", False):
             return self
+        from lagom_megatron.megatron.versions import UntestedVersionError, check_versions
+
+        try:
+            for warning in check_versions(allow_untested=getattr(args, "lagom_allow_untested_versions", False)):
+                _rank0_print(f"lagom: warning: {warning}")
+        except UntestedVersionError as exc:
+            _rank0_print(f"lagom: error: {exc}")
+            raise SystemExit(2) from exc
         from lagom_megatron.launch.doctor import detect_cluster, preflight
 
         preflight(args, os.environ, detect_cluster() if cluster is None else cluster, log=_rank0_print)
@@ -162,6 +215,11 @@ class LagomHooks:
         self._original = training.train_step
         training.train_step = self._wrap(training.train_step)
         self.active = True
+        # Megatron-LM's --exit-interval, --exit-duration-in-mins and --exit-signal-handler end in
+        # sys.exit() inside train() (megatron/training/training.py:3030 in core_v0.16.1, :3821 in core_v0.18.2,
+        # :5084 in main),
+        # past the patch's finish(): finish at interpreter exit too (it runs once).
+        atexit.register(self.finish)
         _rank0_print(f"lagom: hooks around Megatron-LM's train_step | callbacks "
                      f"{', '.join(type(c).__name__ for c in self.callbacks)}")
         return self
@@ -218,10 +276,12 @@ class LagomHooks:
         self.active = False
 
     def finish(self) -> None:
-        """Ends training for the callbacks (``on_train_end``) and removes the wrapper."""
+        """Ends training for the callbacks (``on_train_end``) and removes the wrapper; a second call
+        does nothing (``start`` also registers it with :mod:`atexit` for Megatron-LM's ``sys.exit``)."""
         if self.active and self._set_up:
             self._call("on_train_end")
         self.remove()
+        atexit.unregister(self.finish)
 
 
 def _loss_of(out: Any) -> float:

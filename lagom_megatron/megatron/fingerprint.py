@@ -1,5 +1,6 @@
 """What a plan is valid for: the fingerprint of a training run (model dimensions, parallel layout,
-batch, overlap flags, cluster, world size, torch and megatron-core versions) and the run's number
+batch, overlap flags, cluster, world size, torch and megatron-core versions of the code actually
+imported) and the run's number
 of micro-batches per iteration, read from our arguments or from Megatron-Core's calculator.
 
 A saved plan is reused only by a run with the same fingerprint (``engine.plan.Plan.fingerprint_mismatch``).
@@ -18,15 +19,20 @@ def run_fingerprint(args: Any, *, backend: str, cluster: str) -> dict[str, Any]:
         args: the run's parsed arguments (our ``pretrain_gpt.py``'s or Megatron-LM's).
         backend: ``nccl`` or ``gloo``.
         cluster: the cluster name the cost model uses.
+
+    Returns:
+        The model and layout values of ``args`` (``padded_vocab_size`` included, as the model was
+        built), plus ``world_size``, ``backend``, ``cluster``, ``torch`` (release, without a local
+        suffix) and ``megatron_core`` (``lagom_megatron.megatron.versions.installed_megatron_core``).
     """
     import torch
 
-    try:
-        from importlib.metadata import version
+    from lagom_megatron.megatron.versions import installed_megatron_core
 
-        mcore = version("megatron-core")
-    except Exception:  # noqa: BLE001 - an editable checkout has no metadata
-        mcore = "unknown"
+    # the version of the megatron/core/package_info.py Python imports, not pip's metadata: a
+    # Megatron-LM checkout on PYTHONPATH shadows a pip-installed megatron-core
+    found = installed_megatron_core()
+    mcore = found.version if found is not None else "unknown"
     keys = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
             "padded_vocab_size", "seq_length", "micro_batch_size", "global_batch_size",
             "tensor_model_parallel_size", "pipeline_model_parallel_size",

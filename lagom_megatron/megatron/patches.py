@@ -275,8 +275,9 @@ def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, f
 def gloo_threads(n_threads: int) -> Iterator[None]:
     """While active, gloo backends created by ``torch.distributed.new_group`` get ``n_threads`` workers.
 
-    torch 2.x's ``new_group`` builds ``ProcessGroupGloo(store, rank, size, timeout=...)`` and
-    ignores ``pg_options`` for gloo; the options object with ``_threads`` is only accepted by the
+    torch 2.x's ``new_group`` builds ``ProcessGroupGloo(store, rank, size, timeout=...)`` (torch 2.14
+    adds ``enable_reconfigure=``: torch 2.14.1 ``distributed_c10d.py:669-676``, ``_create_gloo_process_group``,
+    which the options object carries as a field of the same name) and ignores ``pg_options`` for gloo; the options object with ``_threads`` is only accepted by the
     constructor's other overload. This swaps ``distributed_c10d.ProcessGroupGloo`` for a subclass
     that passes such options, and restores it on exit.
 
@@ -290,11 +291,16 @@ def gloo_threads(n_threads: int) -> Iterator[None]:
     original = c10d.ProcessGroupGloo
 
     class _ProcessGroupGlooWithThreads(original):  # type: ignore[misc, valid-type]
-        def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta = datetime.timedelta(minutes=30)) -> None:
+        def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+                     **options: Any) -> None:
             opts = original._Options()
             opts._timeout = timeout
             opts._threads = n_threads
             opts._devices = [original.create_default_device()]
+            for name, value in options.items():  # torch 2.14: enable_reconfigure=, also an _Options field
+                if not hasattr(opts, name):
+                    raise TypeError(f"ProcessGroupGloo got an unexpected keyword argument {name!r}")
+                setattr(opts, name, value)
             super().__init__(store, rank, size, opts)
 
     c10d.ProcessGroupGloo = _ProcessGroupGlooWithThreads

@@ -13,6 +13,7 @@ import argparse
 import os
 from pathlib import Path
 
+from lagom_megatron.training.arguments import apply_megatron_lm_defaults
 from lagom_megatron.training.tokenizer import resolve_vocab
 
 
@@ -58,7 +59,8 @@ def check_installed(args: argparse.Namespace) -> None:
 def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
     """Checks the arguments and fills in derived defaults, before any process group exists.
 
-    Fills in (as Megatron-LM does): ffn_hidden_size = 4 x hidden, max_position_embeddings =
+    Fills in (as Megatron-LM does): ffn_hidden_size (4 x hidden, or Megatron-LM's SwiGLU size;
+    ``arguments.apply_megatron_lm_defaults``), max_position_embeddings =
     seq_length, global_batch_size = micro-batch x DP, lr_decay_iters = train_iters,
     sequence_parallel off when TP = 1, num_query_groups = heads without GQA; adds
     ``data_parallel_size`` and ``virtual_pipeline_model_parallel_size``.
@@ -165,8 +167,7 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
                f"the interleaved schedule needs micro-batches per iteration ({args.num_microbatches}) divisible "
                f"by --pipeline-model-parallel-size {pp}")
 
-    if args.ffn_hidden_size is None:
-        args.ffn_hidden_size = 4 * args.hidden_size
+    apply_megatron_lm_defaults(args)  # ffn size (SwiGLU), fp32 grad reduction with bf16, recompute, WSD
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
     if args.position_embedding_type == "learned_absolute":

@@ -30,6 +30,7 @@ LAGOM_FLAGS: frozenset[str] = frozenset(
         "--lagom-method",
         "--lagom-report",
         "--lagom-pool-budget-mib",
+        "--lagom-allow-untested-versions",
     }
 )
 """The public ``--lagom*`` surface; ``tests/training/test_args.py`` freezes it."""
@@ -42,7 +43,21 @@ TOKENIZER_TYPES = ("ByteLevel", "NullTokenizer")
 """Tokenizers that need no download: bytes 0-255 plus end-of-document, or Megatron's null
 tokenizer (whitespace-separated integer ids, ``--vocab-size`` of them)."""
 
-LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
+LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
+
+DEFAULT_SPLIT = "969,30,1"
+"""``--split`` when none is given (Megatron-LM's, which sets it only when there is a ``--data-path``)."""
+
+ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
+"""Names of Megatron-Core's ``transformer.enums.AttnBackend`` (megatron-core 0.16.1 ``enums.py:60-67``;
+the same in 0.18.2)."""
+
+MEGATRON_LM_REFUSED: dict[str, str] = {
+    "--overlap-p2p-communication": "Megatron-LM has no such flag: pipeline send/recv overlap is on by "
+                                   "default (interleaved schedule); --no-overlap-p2p-communication turns it off",
+}
+"""Flags refused with what to use instead: each is a name users bring from elsewhere whose meaning
+here would differ from Megatron-LM's."""
 
 
 def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -58,7 +73,8 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--num-layers", type=int, default=None, help="Number of transformer layers.")
     g.add_argument("--hidden-size", type=int, default=None, help="Transformer hidden size.")
     g.add_argument("--ffn-hidden-size", type=int, default=None,
-                   help="MLP hidden size; default 4 x hidden size.")
+                   help="MLP hidden size; default 4 x hidden size, or int(8 x hidden / 3 / 64) x 64 with --swiglu "
+                        "(Megatron-LM's value).")
     g.add_argument("--kv-channels", type=int, default=None,
                    help="Projection size per attention head; default hidden size / heads.")
     g.add_argument("--num-attention-heads", type=int, default=None, help="Number of attention heads.")
@@ -85,8 +101,23 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--transformer-impl", choices=("local", "transformer_engine"), default=None,
                    help="Layer implementation; default: transformer_engine when it is installed and a "
                         "GPU is present, else local.")
-    g.add_argument("--use-cpu-initialization", action="store_true",
+    g.add_argument("--use-cpu-initialization", action="store_true", default=None,
                    help="Initialise weights on the CPU (always on without a GPU).")
+    g.add_argument("--init-method-std", type=float, default=0.02,
+                   help="Standard deviation of the normal weight initialisation.")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                   help="Megatron-Core's AttnBackend: which attention kernel Transformer Engine's layers use "
+                        "(local: the plain torch attention, only with --transformer-impl local).")
+    g.add_argument("--use-flash-attn", action="store_true",
+                   help="Accepted as Megatron-LM accepts it: no effect on Megatron-Core's GPT model; "
+                        "use --attention-backend flash.")
+    g.add_argument("--recompute-granularity", choices=("full", "selective"), default=None,
+                   help="Activation recomputation: full layers or selected parts (core attention).")
+    g.add_argument("--recompute-method", choices=("uniform", "block"), default=None,
+                   help="With --recompute-granularity full: how the recomputed layers are chosen.")
+    g.add_argument("--recompute-num-layers", type=int, default=None,
+                   help="With --recompute-granularity full: layers per recomputed unit (uniform) or "
+                        "recomputed layers per pipeline stage (block).")
 
     g = parser.add_argument_group("distributed")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
@@ -106,9 +137,15 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="Parameters per DDP bucket; default: Megatron-Core's.")
-    g.add_argument("--overlap-p2p-communication", dest="overlap_p2p_comm", action="store_true",
-                   help="Overlap pipeline send/recv with compute (interleaved schedule).")
-    g.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
+    g.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false",
+                   help="Do not overlap pipeline send/recv with compute; overlap is on by default and only the "
+                        "interleaved schedule uses it.")
+    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
+                   help="Reduce gradients across data-parallel ranks in fp32 (on by default with --bf16).")
+    g.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion",
+                   action="store_false",
+                   help="Do not fuse weight-gradient accumulation into the GEMM (fused by default on a GPU; "
+                        "always off on CPU, where the fused kernel does not exist).")
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="Transformer Engine userbuffers overlap of tensor-parallel communication.")
     g.add_argument("--nccl-communicator-config-path", default=None,
@@ -131,6 +168,10 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--lr-warmup-init", type=float, default=0.0)
     g.add_argument("--lr-decay-iters", type=int, default=None, help="Default: --train-iters.")
     g.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES, default="linear")
+    g.add_argument("--lr-wsd-decay-style", choices=("exponential", "linear", "cosine", "minus_sqrt"),
+                   default="exponential", help="Decay of the WSD schedule's last phase.")
+    g.add_argument("--lr-wsd-decay-iters", type=int, default=None,
+                   help="Iterations of the WSD schedule's decay phase (needed by --lr-decay-style WSD).")
     g.add_argument("--weight-decay", type=float, default=0.01)
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.999)
@@ -145,7 +186,8 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--mock-data", action="store_true", help="Megatron's MockGPTDataset.")
     g.add_argument("--data-path", nargs="*", default=None,
                    help="Indexed dataset prefixes (PREFIX.bin/.idx), optionally weighted: W1 P1 W2 P2.")
-    g.add_argument("--split", default="969,30,1")
+    g.add_argument("--split", default=None,
+                   help="Train, validation, test weights of the documents; default 969,30,1 as in Megatron-LM.")
     g.add_argument("--data-cache-path", default=None)
     g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=None)
     g.add_argument("--vocab-size", type=int, default=None,
@@ -185,6 +227,9 @@ def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--lagom-pool-budget-mib", type=float, default=512.0,
                    help="Bound on the estimated GPU memory (MiB per rank) of lagom's extra communicators; "
                         "sites whose communicators would pass it keep NCCL's defaults.")
+    g.add_argument("--lagom-allow-untested-versions", action="store_true",
+                   help="Run even when torch or megatron-core is outside the tested ranges "
+                        "(lagom_megatron.megatron.versions; also LAGOM_ALLOW_UNTESTED_VERSIONS=1).")
     return parser
 
 
@@ -199,7 +244,78 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Preset name under configs/presets/ or a YAML path; explicit flags override it.")
     add_megatron_args(parser)
     add_lagom_args(parser)
+    for flag, hint in MEGATRON_LM_REFUSED.items():
+        parser.add_argument(flag, action=_Refused, hint=hint, help=argparse.SUPPRESS)
     return parser
+
+
+class _Refused(argparse.Action):
+    """A flag that is refused with a hint (:data:`MEGATRON_LM_REFUSED`): parsing it is an error."""
+
+    def __init__(self, option_strings, dest, hint: str = "", **kwargs):
+        kwargs["nargs"] = "?"
+        super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
+        self.hint = hint
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is not accepted: {self.hint}")
+
+
+def default_ffn_hidden_size(hidden_size: int, swiglu: bool) -> int:
+    """Megatron-LM's ``--ffn-hidden-size`` when it is not given: 4 x hidden, or with ``--swiglu``
+    ``int(4 x hidden x 2/3 / 64) x 64`` (two input projections keep the parameter count near the
+    4h MLP's; a multiple of 64). Megatron-LM core_v0.16.1 ``megatron/training/arguments.py:802-811``
+    (the same rule in core_v0.18.2).
+
+    Example: hidden 4096 -> 16384, or 10880 with SwiGLU.
+    """
+    return int((4 * hidden_size * 2 / 3) / 64) * 64 if swiglu else 4 * hidden_size
+
+
+def apply_megatron_lm_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fills in the values Megatron-LM's ``validate_args`` derives for the flags of this module, and
+    rejects the combinations it rejects, with one line naming the flags.
+
+    - ``split``: ``969,30,1`` when not given.
+    - ``ffn_hidden_size``: :func:`default_ffn_hidden_size` when not given.
+    - ``accumulate_allreduce_grads_in_fp32``: on with ``--bf16`` (Megatron-LM core_v0.16.1
+      ``arguments.py:711-724``: bf16 gradients are reduced in fp32; fp16 ones stay fp16).
+    - recomputation: ``selective`` takes no ``--recompute-method`` (``arguments.py:899-902``) nor
+      ``--recompute-num-layers``; ``full`` needs both (megatron-core 0.16.1
+      ``transformer/transformer_config.py:1154-1185``); a method or layer count needs a granularity.
+    - WSD needs ``--lr-wsd-decay-iters`` (megatron-core ``optimizer_param_scheduler.py:161``).
+    - ``--attention-backend local`` needs ``--transformer-impl local`` (``arguments.py:321-322``).
+
+    Raises:
+        ValueError: one of the rejected combinations above.
+    """
+    def check(cond: bool, message: str) -> None:
+        if not cond:
+            raise ValueError(message)
+
+    if args.split is None:  # Megatron-LM core_v0.16.1 arguments.py:468-472 (with --data-path)
+        args.split = DEFAULT_SPLIT
+    if args.ffn_hidden_size is None and args.hidden_size is not None:
+        args.ffn_hidden_size = default_ffn_hidden_size(args.hidden_size, args.swiglu)
+    if args.bf16:
+        args.accumulate_allreduce_grads_in_fp32 = True
+    granularity, method, n_layers = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
+    if granularity == "selective":
+        check(method is None and n_layers is None,
+              "--recompute-granularity selective takes no --recompute-method nor --recompute-num-layers")
+    elif granularity == "full":
+        check(method is not None and n_layers is not None and n_layers >= 1,
+              "--recompute-granularity full needs --recompute-method (uniform or block) and "
+              f"--recompute-num-layers >= 1; got {method} and {n_layers}")
+    else:
+        check(method is None and n_layers is None,
+              "--recompute-method and --recompute-num-layers need --recompute-granularity full")
+    if args.lr_decay_style == "WSD":
+        check(args.lr_wsd_decay_iters is not None and args.lr_wsd_decay_iters >= 1,
+              "--lr-decay-style WSD needs --lr-wsd-decay-iters >= 1 (the iterations of the decay phase)")
+    check(args.attention_backend != "local" or args.transformer_impl == "local",
+          "--attention-backend local needs --transformer-impl local")
+    return args
 
 
 def _raise_usage_error(message: str) -> None:

@@ -100,11 +100,15 @@ def write_indexed_dataset(texts: Iterable[str], output_prefix: str | Path, token
 
 def build_tokenizer(args):
     """The tokenizer named by ``--tokenizer-type`` (ByteLevel, or Megatron's NullTokenizer of
-    ``--vocab-size`` ids)."""
+    ``--vocab-size``), built as Megatron-LM builds it: the null library is ``"null"`` in
+    megatron-core 0.16 (``tokenizers/megatron_tokenizer.py:21,72``) and ``"null-text"`` from 0.17
+    (``megatron_tokenizer.py:84``; Megatron-LM core_v0.18.2 ``tokenizers/utils/build_tokenizer.py:88-101``)."""
     if args.tokenizer_type == "NullTokenizer":
         from megatron.core.tokenizers import MegatronTokenizer
+        from megatron.core.tokenizers import megatron_tokenizer
 
-        return MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=args.vocab_size)
+        library = "null" if "null" in getattr(megatron_tokenizer, "TOKENIZER_LIBRARIES", ()) else "null-text"
+        return MegatronTokenizer.from_pretrained(metadata_path={"library": library}, vocab_size=args.vocab_size)
     return ByteLevelTokenizer()
 
 

@@ -239,6 +239,8 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
             lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=args.lr_decay_iters * gbs,
             lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
             wd_incr_steps=args.train_iters * gbs, wd_incr_style="constant",
+            wsd_decay_steps=args.lr_wsd_decay_iters * gbs if args.lr_wsd_decay_iters else None,
+            lr_wsd_decay_style=args.lr_wsd_decay_style,
         )
 
         tokenizer = data.build_tokenizer(args)

@@ -53,10 +53,16 @@ def use_transformer_engine(args: argparse.Namespace) -> bool:
 def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
     """Megatron-Core ``TransformerConfig`` from validated arguments.
 
-    On CPU, fused kernels (bias-GeLU, bias-dropout-add, masked softmax, RoPE) are turned off and
-    weights are initialised on the CPU; on a GPU they keep Megatron-Core's defaults.
+    On CPU, fused kernels (bias-GeLU, bias-dropout-add, masked softmax, RoPE, gradient-accumulation
+    fusion) are turned off and weights are initialised on the CPU; on a GPU they keep Megatron-Core's
+    defaults, and gradient-accumulation fusion follows ``--no-gradient-accumulation-fusion`` as in
+    Megatron-LM (on by default; with the local spec it needs APEX's ``fused_weight_gradient_mlp_cuda``,
+    and megatron-core raises if that is missing). ``--init-method-std``, ``--recompute-*`` and
+    ``--attention-backend`` go to the fields of the same names.
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron.core.transformer.enums import AttnBackend
 
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
     fused = {} if on_gpu else dict(
@@ -94,7 +100,12 @@ def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
         tp_comm_overlap=args.tp_comm_overlap,
         overlap_p2p_comm=args.overlap_p2p_comm,
         batch_p2p_comm=not args.overlap_p2p_comm,
-        gradient_accumulation_fusion=False,
+        gradient_accumulation_fusion=args.gradient_accumulation_fusion and on_gpu,
+        init_method_std=args.init_method_std,
+        recompute_granularity=args.recompute_granularity,
+        recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers,
+        attention_backend=AttnBackend[args.attention_backend],
         # Megatron frees a pipeline stage's output right after posting its send. NCCL sends are
         # stream-ordered, but a gloo isend reads the tensor later from its own thread, so on CPU
         # the freed storage would be sent (seen as wrong losses under --overlap-p2p-communication).
@@ -142,11 +153,13 @@ def seeded_layer_class(layer_cls: type, seed: int) -> type:
 
 def ddp_config(args: argparse.Namespace):
     """Megatron-Core ``DistributedDataParallelConfig`` from ``--overlap-grad-reduce``,
-    ``--overlap-param-gather``, ``--use-distributed-optimizer`` and ``--ddp-bucket-size``."""
+    ``--overlap-param-gather``, ``--use-distributed-optimizer``, ``--ddp-bucket-size`` and
+    ``--accumulate-allreduce-grads-in-fp32`` (on with ``--bf16``, as Megatron-LM sets it; fp16
+    gradients are reduced in fp16, as in Megatron-LM core_v0.16.1 ``training.py:1295``)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
     return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=args.bf16 or args.fp16,
+        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         use_distributed_optimizer=args.use_distributed_optimizer,

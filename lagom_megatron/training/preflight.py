@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from lagom_megatron.training.comm_config import rule_comm_config
 from lagom_megatron.training.preflight_env import rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides
 from lagom_megatron.training.preflight_files import rule_master_port, rule_output_folders, rule_plan_lock
-from lagom_megatron.training.preflight_moe import rule_moe_overlap, rule_p2p_overlap, rule_uneven_pipeline
+from lagom_megatron.training.preflight_moe import rule_moe_overlap, rule_uneven_pipeline
 from lagom_megatron.training.preflight_rules import (
     rule_batch, rule_ddp_bucket_size, rule_experts, rule_heads, rule_layers, rule_nodes, rule_overlap_param_gather,
     rule_positive, rule_sequence, rule_tp_comm_overlap, rule_world_size,
@@ -33,7 +33,7 @@ from lagom_megatron.training.preflight_values import rule_values
 
 RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_nodes, rule_values, rule_world_size, rule_batch, rule_heads, rule_layers, rule_uneven_pipeline, rule_experts,
-    rule_moe_overlap, rule_p2p_overlap, rule_sequence, rule_tp_comm_overlap, rule_overlap_param_gather,
+    rule_moe_overlap, rule_sequence, rule_tp_comm_overlap, rule_overlap_param_gather,
     rule_ddp_bucket_size, rule_comm_config, rule_output_folders, rule_plan_lock, rule_master_port,
     rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides,
 )

@@ -1,4 +1,4 @@
-"""Pre-flight rules for mixture-of-experts overlap, uneven pipeline splits and pipeline p2p overlap.
+"""Pre-flight rules for mixture-of-experts overlap and uneven pipeline splits.
 
 Each rule is ``RunShape -> list[Finding]`` and reads flags with defaults, so a flag that our
 ``pretrain_gpt.py`` does not define (a Megatron-LM checkout's line through ``lagom doctor
@@ -110,28 +110,3 @@ def rule_uneven_pipeline(s: RunShape) -> list[Finding]:
             f"divisible by the {stages} middle pipeline stages", why,
             "change the first/last stage layers so the rest splits evenly"))
     return out
-
-
-def rule_p2p_overlap(s: RunShape) -> list[Finding]:
-    """Pipeline send/recv overlap only exists in the interleaved schedule.
-
-    Megatron-LM turns ``overlap_p2p_comm`` off without a virtual pipeline (arguments.py:584-590,
-    a warning on rank 0 only); our ``--overlap-p2p-communication`` asks for it explicitly, so it is
-    refused rather than dropped.
-    """
-    overlap = s.get("overlap_p2p_comm")
-    if overlap is None:
-        return []
-    if overlap and s.pp > 1 and not _vpp(s):
-        return [Finding(
-            "error", "p2p-overlap",
-            f"--overlap-p2p-communication needs an interleaved pipeline; got --pipeline-model-parallel-size "
-            f"{s.pp} without virtual stages",
-            "only the interleaved 1F1B schedule overlaps pipeline send/recv; Megatron-LM would turn it off "
-            "(arguments.py:584-590)",
-            "add --num-virtual-stages-per-pipeline-rank N (N > 1), or drop --overlap-p2p-communication")]
-    if overlap and s.pp == 1:
-        return [Finding(
-            "error", "p2p-overlap", "--overlap-p2p-communication needs --pipeline-model-parallel-size > 1; got 1",
-            "there is no pipeline send/recv to overlap (arguments.py:584-590)", "drop --overlap-p2p-communication")]
-    return []

@@ -3,8 +3,10 @@
 ``ByteLevelTokenizer`` maps UTF-8 bytes to ids 0-255 and adds one end-of-document id (256); it
 is what ``scripts/preprocess_data.py`` writes and what ``--tokenizer-type ByteLevel`` reads. It
 has the attributes Megatron-Core's ``GPTDataset`` reads from a tokenizer (``vocab_size``, ``eod``,
-``pad``, ``unique_identifiers``), so it can be handed to ``GPTDatasetConfig`` directly. This
-module imports neither torch nor Megatron.
+``pad``, ``unique_identifiers``), so it can be handed to ``GPTDatasetConfig`` directly.
+:func:`resolve_vocab` pads every accepted tokenizer's vocabulary as Megatron-LM does; the padded
+size it returns is the one the model, the plan fingerprint and the log line use. This module
+imports neither torch nor Megatron.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
+
+from lagom_megatron.megatron.versions import installed_megatron_core, release
 
 BYTE_VOCAB_SIZE = 257
 """Ids of the byte-level tokenizer: 256 byte values + end-of-document."""
@@ -70,11 +74,42 @@ def padded_vocab_size(orig_vocab_size: int, *, divisible_by: int = 128, tensor_m
     return -(-orig_vocab_size // multiple) * multiple
 
 
+NULL_TOKENIZER_EOD_INSIDE = (0, 18)
+"""megatron-core release from which ``NullTokenizer(N)`` has N ids with end-of-document N - 1."""
+
+
+def null_tokenizer_vocab_size(vocab_size: int, megatron_core_version: str | None) -> int:
+    """How many ids Megatron's ``NullTokenizer(vocab_size)`` has: what Megatron-LM pads.
+
+    Megatron-LM pads ``tokenizer.vocab_size``, not ``--vocab-size`` (Megatron-LM core_v0.16.1
+    ``megatron/training/tokenizer/tokenizer.py:112``; core_v0.18.2
+    ``megatron/core/tokenizers/utils/build_tokenizer.py:143``). For the null tokenizer that is:
+
+    - megatron-core before 0.18: ``vocab_size + 1``, the end-of-document id being ``vocab_size``
+      (Megatron-LM core_v0.16.1 ``tokenizer.py:817,834-835``; megatron-core 0.16.1 / 0.17.1
+      ``tokenizers/text/libraries/null_tokenizer.py:17,50-52``);
+    - megatron-core 0.18 and later: ``vocab_size``, the end-of-document id being ``vocab_size - 1``
+      (megatron-core 0.18.2 / 0.19.0 ``tokenizers/text/libraries/null_tokenizer.py:19,60-62``).
+
+    Args:
+        vocab_size: ``--vocab-size``.
+        megatron_core_version: the imported megatron-core's version (``"0.16.1"``); None when it is
+            not importable, which is read as the newest behaviour.
+
+    Returns:
+        The tokenizer's number of ids, before padding.
+    """
+    if megatron_core_version is not None and release(megatron_core_version)[:2] < NULL_TOKENIZER_EOD_INSIDE:
+        return vocab_size + 1
+    return vocab_size
+
+
 def resolve_vocab(args) -> tuple[int, int]:
     """The tokenizer's vocabulary size and the model's padded one for parsed arguments.
 
-    ``--vocab-size`` means, as in Megatron-LM, the tokenizer's size for ``NullTokenizer`` (which
-    is then padded). The byte-level tokenizer has a fixed size (257), so there ``--vocab-size``
+    ``--vocab-size`` means, as in Megatron-LM, the ``NullTokenizer``'s argument; the tokenizer's
+    ids (:func:`null_tokenizer_vocab_size`: one more for its end-of-document id before
+    megatron-core 0.18) are then padded, as Megatron-LM pads them. The byte-level tokenizer has a fixed size (257), so there ``--vocab-size``
     (as a preset's ``model.vocab_size``) is the padded size itself; keeping it fixed keeps the
     model identical across tensor-parallel sizes.
 
@@ -86,7 +121,8 @@ def resolve_vocab(args) -> tuple[int, int]:
     """
     tp = args.tensor_model_parallel_size
     if args.tokenizer_type == "NullTokenizer":
-        orig = args.vocab_size
+        found = installed_megatron_core()
+        orig = null_tokenizer_vocab_size(args.vocab_size, None if found is None else found.version)
         return orig, padded_vocab_size(orig, divisible_by=args.make_vocab_size_divisible_by,
                                        tensor_model_parallel_size=tp)
     orig = BYTE_VOCAB_SIZE

@@ -85,7 +85,8 @@ def test_added_code_calls_existing_functions_with_matching_signatures(name, entr
     for lines, plus in hunks(text):
         if plus:
             checked += check_calls(added_code(lines, plus), namespace, types_of)
-    assert checked == ["LagomHooks", f"LagomHooks.{entry}"] + (["LagomHooks.finish"] if entry == "parse_args" else [])
+    assert checked == ["LagomHooks", "LagomHooks.print_help_if_asked", f"LagomHooks.{entry}"] + (
+        ["LagomHooks.finish"] if entry == "parse_args" else [])
     # the call passes the provider pretrain_gpt.py already had, and the entry takes it by keyword
     assert "extra_args_provider=add_modelopt_args if has_nvidia_modelopt else None," in text
     assert "extra_args_provider" in inspect.signature(getattr(LagomHooks, entry)).parameters

@@ -274,11 +274,12 @@ def test_14_group_of_one_rank_is_not_a_site():
     assert [s.site_id for s in registry.sites()] == ["tp.sp_all_gather[0]"]
 
 
-# 15. --overlap-p2p-communication without a virtual pipeline is refused, not dropped
+# 15. --overlap-p2p-communication is refused, not dropped: Megatron-LM has no such flag (overlap is
+# its default, on in the interleaved schedule, turned off without one; --no-overlap-p2p-communication)
 def test_15_p2p_overlap_without_virtual_pipeline(monkeypatch, capsys):
     argv = ["--preset", "cpu-pp2-dp2", "--mock-data", "--overlap-p2p-communication"]
-    line = ("--overlap-p2p-communication needs an interleaved pipeline; got --pipeline-model-parallel-size 2 "
-            "without virtual stages")
+    line = ("--overlap-p2p-communication is not accepted: Megatron-LM has no such flag: pipeline send/recv overlap "
+            "is on by default (interleaved schedule); --no-overlap-p2p-communication turns it off")
     t = train(argv, monkeypatch, capsys)
     assert (t.code, t.errors, t.started) == (2, [f"pretrain_gpt.py: error: {line}"], False)
     d = doctor(argv, monkeypatch, capsys)

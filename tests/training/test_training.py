@@ -108,8 +108,8 @@ LAYOUTS = {
     "dp2-distopt-overlap": (2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                                 "--ddp-bucket-size", "20000", "--lagom"]),
     "pp2-1f1b": (2, ["--pipeline-model-parallel-size", "2"]),
-    "pp2-vpp2-interleaved": (2, ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
-                                 "--overlap-p2p-communication"]),
+    # send/recv overlap is Megatron-LM's default with the interleaved schedule
+    "pp2-vpp2-interleaved": (2, ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"]),
 }
 
 

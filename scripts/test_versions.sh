@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Run the test suite against one torch / megatron-core pair, in a virtual environment of its own.
+#
+#   scripts/test_versions.sh VENV PYTHON TORCH MEGATRON_CORE [pytest arguments...]
+#   scripts/test_versions.sh .venv-max python3.12 2.14.1 0.18.2
+#   scripts/test_versions.sh --install-only .venv-min python3.11 2.6.0 0.16.1
+#
+# `make test-min` and `make test-max` call it with the two ends of the tested ranges
+# (lagom_megatron/training/versions.py; docs/training.md, "Tested versions").
+# VENV is created with PYTHON when it does not exist; torch and megatron-core are installed at
+# exactly the given versions, then this project (editable, with its test extra), then pytest runs
+# the whole suite (or the given pytest arguments). megatron-core 0.17 and newer need Python >= 3.12.
+# Exit status: pytest's, or 2 on bad usage.
+set -euo pipefail
+
+install_only=0
+if [ "${1:-}" = "--install-only" ]; then
+  install_only=1
+  shift
+fi
+if [ $# -lt 4 ]; then
+  echo "usage: $0 [--install-only] VENV PYTHON TORCH_VERSION MEGATRON_CORE_VERSION [pytest args...]" >&2
+  exit 2
+fi
+venv=$1 python=$2 torch_version=$3 mcore_version=$4
+shift 4
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! command -v "$python" >/dev/null 2>&1; then
+  echo "$0: no interpreter '$python' on PATH (megatron-core >= 0.17 needs Python >= 3.12)" >&2
+  exit 2
+fi
+stamp="$venv/.lagom-versions"
+want="torch==$torch_version megatron-core==$mcore_version"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  test -x "$venv/bin/python" || "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "torch==$torch_version" "megatron-core==$mcore_version"
+  "$venv/bin/python" -m pip install -q -e '.[test]' "torch==$torch_version" "megatron-core==$mcore_version"
+  echo "$want" > "$stamp"
+fi
+"$venv/bin/python" -c 'import sys, torch, megatron.core as mc; print("python", sys.version.split()[0], "| torch", torch.__version__, "| megatron-core", mc.__version__)'
+[ "$install_only" = 1 ] && exit 0
+if [ $# -eq 0 ]; then
+  set -- tests -p no:cacheprovider
+fi
+exec "$venv/bin/python" -m pytest -q "$@"
