@@ -13,10 +13,11 @@ computation-bound regime.
 Sub-models (our design; the Lagom paper's formulas are not public, see the research notes):
 
     T_comm(x) = calls * ( alpha * latency(alg, proto, steps) + beta * wire_bytes / bw(x) )
-    per_channel_bw = gamma * prior(cluster) * eff(proto) * (n_threads / 512)^0.6 * eff(chunk)
+    per_channel_bw = gamma * PER_CHANNEL_PRIOR_GBS[arch] * eff(proto) * (n_threads / 512)^0.6 * eff(chunk)
     bw(x)     = softmin( n_eff * per_channel_bw(proto, n_threads, chunk), link_eff(alg, proto) * link_bw )
     s(x)      = a * sm_share(x) + b * hbm_share(x)
-    sm_share  = n_eff CTAs / SMs (a CTA holds its SM whatever its thread count)
+    sm_share  = n_eff / (SMs - n_eff) (a CTA holds its SM whatever its thread count; compute on
+                SMs - n_eff SMs runs SMs / (SMs - n_eff) slower, the same form as the device's)
     hbm_share = hbm_mult(proto, chunk) * wire_bytes * calls / T_comm / HBM bandwidth
 
 ``wire_bytes`` uses the bus-bandwidth factors (all-reduce 2(n-1)/n, all-gather and
@@ -69,6 +70,11 @@ _ALG_LINK_EFF = np.array([1.0, 0.85, 1.0, 0.95, 1.0, 0.95, 0.9, 1.0])
 _ALG_CH_MULT = np.array([1.0, 1.0, 2.0, 1.5, 1.0, 1.0, 1.0, 1.0])
 """Per-channel throughput multiplier: NVLS CTAs drive the switch's multicast, few suffice."""
 
+PER_CHANNEL_PRIOR_GBS: dict[int, float] = {90: 22.0, 80: 15.0}
+"""Absolute prior of one channel's Simple bandwidth at 512 threads, GB/s, by SM architecture
+(Hopper and later: 90; Ampere: 80): about 370 GB/s of 8 x H100 NVLink ring bus bandwidth needs
+~17 channels (nccl-tests#212), about 230 GB/s on 8 x A100 ~16 (nccl-tests#149). Absolute rather
+than a share of the link: on PCIe one channel is most of the link (link/16 would be 11x low)."""
 SOFTMIN_P = 4.0
 """Sharpness of the bandwidth saturation: bw = (x^-p + y^-p)^(-1/p)."""
 DEFAULT_THREADS = 512
@@ -146,7 +152,7 @@ class CostModel:
         self.link_S = np.where(inter, c.net_gbps_per_gpu, c.nvlink_gbps_per_gpu)
         self.hop_S = np.where(inter, c.net_latency_us, c.nvlink_latency_us)
         self.gloo = self.backend == "gloo"
-        self.pcb = c.nvlink_gbps_per_gpu / (2.0 if self.gloo else 16.0)
+        self.pcb = c.nvlink_gbps_per_gpu / 2.0 if self.gloo else PER_CHANNEL_PRIOR_GBS[90 if c.sm_arch >= 90 else 80]
         self.max_channels = max_channels(c)
         if self.gamma_S is None:
             self.gamma_S = np.ones(len(sites))
@@ -203,6 +209,8 @@ class CostModel:
         proto = np.where(np.isin(alg, [_NVLS, _NVLSTREE, _CNDIRECT, _CNCHAIN, _PAT]), _SIMPLE, proto)
         proto = np.where(p2p, PROTO_NONE, proto)
         cap = np.where(inter, 16, 32 if c.sm_arch >= 90 else 24)  # ~16 SMs on an 8-NIC node (nccl#689)
+        if getattr(c, "intra_link", "nvlink") == "pcie":
+            cap = np.full(S, 2)  # one ring below 25 GB/s, not duplicated, doubled once (nccl#689: 2 SMs)
         nc = np.clip(np.ceil(nb / 131072.0), 1, np.minimum(cap, self.max_channels))
         return (alg.astype(np.int64), proto.astype(np.int64), nc.astype(float), np.full(S, 512.0), np.zeros(S))
 
@@ -293,7 +301,7 @@ class CostModel:
         lat, xfer, ctas, wire, hbm_mult = self.prior_parts(i, alg, proto, nc, nt, chunk)
         calls = self.calls_S[i]
         t_comm = calls * (self.alpha_S[i] * lat + self.beta_S[i] * xfer)
-        sm_share = ctas / self.cluster.sms_per_gpu
+        sm_share = sm_term(ctas, self.cluster.sms_per_gpu, self.gloo)
         hbm_share = hbm_mult * (wire * calls / np.maximum(t_comm, 1e-9)) * 1e-3 / self.cluster.hbm_gbps
         s = self.a_S[i] * sm_share + self.b_S[i] * hbm_share
         return t_comm, s, region_time_us(t_comm, self.t_comp_us_S[i], s)
@@ -341,6 +349,16 @@ class CostModel:
         return cls(cluster=cluster, backend=backend or cluster.backend, sites=list(sites),
                    t_comp_us_S=arr(t_comp_us), alpha_S=arr(alpha), beta_S=arr(beta), a_S=arr(a), b_S=arr(b),
                    gamma_S=arr(gamma))
+
+def sm_term(ctas, sms, gloo: bool = False):
+    """``c / (SMs - c)``: the fractional slowdown of compute left ``SMs - c`` SMs (c clipped below
+    SMs - 1), elementwise. On gloo worker threads time-share the cores with compute, so the
+    share stays linear: ``c / cores``."""
+    if gloo:
+        return ctas / sms
+    c = np.minimum(ctas, sms - 1.0)
+    return c / (sms - c)
+
 
 def _softmin(x, y):
     """(x^-4 + y^-4)^(-1/4) (SOFTMIN_P = 4), written with square roots: faster than powers."""

@@ -16,14 +16,14 @@ import math
 import numpy as np
 
 from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.engine.cost_model import PRIOR_A, PRIOR_B, CostModel
+from lagom_megatron.engine.cost_model import PRIOR_A, PRIOR_B, CostModel, sm_term
 from lagom_megatron.engine.profile import Profile
 
 RIDGE_COMM = 0.005
 """Pull of alpha, beta towards 1 relative to one sample's squared relative error."""
 RIDGE_SLOWDOWN = 0.02
 """Pull of the slowdown coefficients a, b towards their priors (relative to the features' size)."""
-GAMMA_GRID = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
+GAMMA_GRID = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0, 5.6, 8.0)
 """Per-channel bandwidth scales tried when fitting (relative to the ClusterSpec prior)."""
 RIDGE_GAMMA = 1e-4
 """Pull of gamma towards 1 (per unit of squared log), so equal fits keep the prior."""
@@ -121,7 +121,7 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     observed = (y_region > 1.01 * y_comm) & (r > 0)
     r = np.clip(r, 0.0, 0.9)
     s_obs = r / (1.0 - r)
-    g1 = ctas / model.cluster.sms_per_gpu
+    g1 = sm_term(ctas, model.cluster.sms_per_gpu, model.gloo)
     g2 = hbm_mult * (wire * calls / y_comm) * 1e-3 / model.cluster.hbm_gbps
     w = observed.astype(float)
     # Weight each point by how precisely it pins s: a timing error of NOISE_REL of the region
