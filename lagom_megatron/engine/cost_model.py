@@ -22,7 +22,8 @@ Sub-models (our design; the Lagom paper's formulas are not public, see the resea
 
 ``wire_bytes`` uses the bus-bandwidth factors (all-reduce 2(n-1)/n, all-gather and
 reduce-scatter (n-1)/n of the full size; NVLS reduces in the switch). ``link_bw`` is NVLink
-inside a node and the network across nodes (``ClusterSpec``). ``alpha``, ``beta`` (per site) and
+inside a node and, across nodes, the node's network (per-GPU share x the group's ranks per node,
+capped by the intra-node link; one GPU's share for point-to-point) (``ClusterSpec``). ``alpha``, ``beta`` (per site) and
 ``a``, ``b`` (per region) are fitted by least squares with a ridge pull towards the priors
 (1, 1, 1, 1), so a site with a single sample keeps the ClusterSpec prediction scaled to it (on
 gloo, where the ClusterSpec's speed is only a guess, alpha and beta may instead be pulled towards
@@ -124,6 +125,8 @@ class CostModel:
     b_S: np.ndarray
     gamma_S: np.ndarray | None = None
     """Per-channel bandwidth relative to the ClusterSpec prior (where bandwidth saturates); 1 if None."""
+    queued_S: np.ndarray | None = None
+    """Sites on a communicator whose collectives queue behind each other (``mark_queues``); none if None."""
     mape: float = float("nan")
     """Mean absolute percentage error of T_region on the fitted samples, %."""
     mape_comm: float = float("nan")
@@ -149,7 +152,13 @@ class CostModel:
         self.nodes_S = np.array([float(s.n_nodes) for s in sites])
         self.calls_S = np.array([float(s.calls_per_iter) for s in sites])
         inter = self.nodes_S > 1
-        self.link_S = np.where(inter, c.net_gbps_per_gpu, c.nvlink_gbps_per_gpu)
+        # Across nodes a ring crosses each node's network once per direction, so a collective's
+        # bus bandwidth is the node's NIC bandwidth (per-GPU share x the group's ranks per node),
+        # capped by the intra-node link; point-to-point calls get one GPU's share.
+        per_node = np.maximum(1.0, np.floor(self.n_S / np.maximum(self.nodes_S, 1.0)))
+        p2p = np.isin(self.op_S, [_A2A, _SEND, _RECV])
+        net = np.where(p2p, c.net_gbps_per_gpu, np.minimum(c.nvlink_gbps_per_gpu, c.net_gbps_per_gpu * per_node))
+        self.link_S = np.where(inter, net, c.nvlink_gbps_per_gpu)
         self.hop_S = np.where(inter, c.net_latency_us, c.nvlink_latency_us)
         self.gloo = self.backend == "gloo"
         self.pcb = c.nvlink_gbps_per_gpu / 2.0 if self.gloo else PER_CHANNEL_PRIOR_GBS[90 if c.sm_arch >= 90 else 80]
@@ -301,10 +310,40 @@ class CostModel:
         lat, xfer, ctas, wire, hbm_mult = self.prior_parts(i, alg, proto, nc, nt, chunk)
         calls = self.calls_S[i]
         t_comm = calls * (self.alpha_S[i] * lat + self.beta_S[i] * xfer)
+        if self.queued_S is not None and self.queued_S.any():
+            # queued behind each other on one stream: time a collective adds is time the ones
+            # behind it start later (``mark_queues``), counted one for one
+            extra = np.maximum(0.0, t_comm - self.t_comm_default_S[i]) * self.queued_S[i]
+            hbm_share = hbm_mult * (wire * calls / np.maximum(t_comm, 1e-9)) * 1e-3 / self.cluster.hbm_gbps
+            s = self.a_S[i] * sm_term(ctas, self.cluster.sms_per_gpu, self.gloo) + self.b_S[i] * hbm_share
+            return t_comm, s, region_time_us(t_comm, self.t_comp_us_S[i], s) + extra
         sm_share = sm_term(ctas, self.cluster.sms_per_gpu, self.gloo)
         hbm_share = hbm_mult * (wire * calls / np.maximum(t_comm, 1e-9)) * 1e-3 / self.cluster.hbm_gbps
         s = self.a_S[i] * sm_share + self.b_S[i] * hbm_share
         return t_comm, s, region_time_us(t_comm, self.t_comp_us_S[i], s)
+
+    def mark_queues(self, empty_share: float = 0.01) -> None:
+        """Flags the sites of every communicator where collectives queue behind each other.
+
+        A site whose overlapped compute alone is below ``empty_share`` of its default T_comm has an
+        empty window: its launch is followed at once by a wait on another collective of the same
+        communicator (FSDP's backward: a gradient reduce-scatter launched before the wait on the
+        next parameter gather), so it runs behind that one and the region model, which treats
+        regions as independent, cannot see what a slower collective costs the ones queued behind
+        it. On such a communicator every site's extra T_comm over NCCL's default is added to its
+        region one for one (the queue is then assumed to be the critical path: conservative).
+        """
+        S = len(self.sites)
+        self.queued_S = None
+        alg, proto, nc, nt, chunk = self.default_codes_cached()
+        idx = np.arange(S)
+        t_def = self.evaluate(idx, alg, proto, nc, nt, chunk)[0]
+        empty = self.t_comp_us_S < empty_share * t_def
+        comms = {self.sites[i].group for i in np.flatnonzero(empty)}
+        groups = np.array([s.group for s in self.sites], dtype=object)
+        flag = np.array([g in comms and np.count_nonzero(groups == g) > 1 for g in groups], dtype=float)
+        self.t_comm_default_S = t_def
+        self.queued_S = flag if flag.any() else None
 
     def _site(self, site: "CollectiveSite | str") -> int:
         key = site if isinstance(site, str) else site.site_id

@@ -25,8 +25,9 @@ RIDGE_SLOWDOWN = 0.02
 """Pull of the slowdown coefficients a, b towards their priors (relative to the features' size)."""
 GAMMA_GRID = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0, 5.6, 8.0)
 """Per-channel bandwidth scales tried when fitting (relative to the ClusterSpec prior)."""
-RIDGE_GAMMA = 1e-4
-"""Pull of gamma towards 1 (per unit of squared log), so equal fits keep the prior."""
+RIDGE_GAMMA = 0.01
+"""Pull of gamma towards 1 (per unit of squared log): the absolute per-channel prior holds unless the
+samples clearly disagree (probes at saturated channel counts cannot place the knee)."""
 IRLS_STEPS = 4
 """Reweighting passes of the T_comm fit (weights 1/sqrt|relative residual|, i.e. towards L1)."""
 NOISE_REL = 0.02
@@ -130,6 +131,8 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     model.a_S, model.b_S = _ridge2(i_J, len(profile.sites), w * g1 / scale, w * g2 / scale, w * s_obs / scale,
                                    RIDGE_SLOWDOWN, PRIOR_A, PRIOR_B, lo=0.0,
                                    ref=(np.bincount(i_J, g1 / scale, len(profile.sites)), np.bincount(i_J, g2 / scale, len(profile.sites))))
+    if not model.gloo:
+        model.mark_queues()
     t_comm_hat, _, t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
     model.mape = float(100.0 * np.mean(np.abs(t_region_hat - y_region) / np.maximum(y_region, 1e-9)))
     model.mape_comm = float(100.0 * np.mean(np.abs(t_comm_hat - y_comm) / y_comm))
