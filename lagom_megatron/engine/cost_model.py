@@ -69,6 +69,10 @@ _PROTO_DEFAULT_CHUNK = np.array([DEFAULT_CHUNK["LL"], DEFAULT_CHUNK["LL128"], DE
 # Per-algorithm constants, indexed as knobs.ALGORITHMS plus none.
 _ALG_LINK_EFF = np.array([1.0, 0.85, 1.0, 0.95, 1.0, 0.95, 0.9, 1.0])
 _ALG_CH_MULT = np.array([1.0, 1.0, 2.0, 1.5, 1.0, 1.0, 1.0, 1.0])
+_ALG_HBM = np.array([1.0, 1.0, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0])
+"""HBM traffic per wire byte relative to the protocol's (``_PROTO_HBM``): NVLS reduces in the
+NVSwitch with multimem loads and stores, so each GPU reads its operand and writes its result once
+(~1.2 HBM bytes per wire byte against 2.5-3 for a ring reduction, nccl#1428's 2-3x)."""
 """Per-channel throughput multiplier: NVLS CTAs drive the switch's multicast, few suffice."""
 
 PER_CHANNEL_PRIOR_GBS: dict[int, float] = {90: 22.0, 80: 15.0}
@@ -76,8 +80,11 @@ PER_CHANNEL_PRIOR_GBS: dict[int, float] = {90: 22.0, 80: 15.0}
 (Hopper and later: 90; Ampere: 80): about 370 GB/s of 8 x H100 NVLink ring bus bandwidth needs
 ~17 channels (nccl-tests#212), about 230 GB/s on 8 x A100 ~16 (nccl-tests#149). Absolute rather
 than a share of the link: on PCIe one channel is most of the link (link/16 would be 11x low)."""
-SOFTMIN_P = 4.0
-"""Sharpness of the bandwidth saturation: bw = (x^-p + y^-p)^(-1/p)."""
+SOFTMIN_P = 8.0
+"""Sharpness of the bandwidth saturation: bw = (x^-p + y^-p)^(-1/p). Channel sweeps reach the link
+within a few percent once channels x per-channel bandwidth pass it (nccl-tests with
+NCCL_MIN/MAX_NCHANNELS); p = 4 would leave 16% below the link at twice the knee's channels and
+make the fitted per-channel bandwidth (gamma) absorb the difference."""
 DEFAULT_THREADS = 512
 NCCL_BASE_LATENCY_US = 3.0
 """Kernel launch and setup of one NCCL call, microseconds."""
@@ -291,7 +298,7 @@ class CostModel:
         # Smaller chunks stay in L2 between the steps of a channel: less of the collective's
         # traffic reaches HBM (our design; Lagom's introduction: chunk size moves compute a lot).
         l2 = CHUNK_L2_FLOOR + (1.0 - CHUNK_L2_FLOOR) * np.sqrt(chunk_eff_bytes / _PROTO_DEFAULT_CHUNK[p])
-        return lat, wire / (bw * 1e3), n_eff, wire, _PROTO_HBM[p] * l2
+        return lat, wire / (bw * 1e3), n_eff, wire, _PROTO_HBM[p] * _ALG_HBM[alg] * l2
 
     def fit_summary(self) -> str:
         """Several lines on the fit: points, T_region MAPE, its floor, time-weighted error, T_comm MAPE."""
@@ -322,7 +329,7 @@ class CostModel:
         s = self.a_S[i] * sm_share + self.b_S[i] * hbm_share
         return t_comm, s, region_time_us(t_comm, self.t_comp_us_S[i], s)
 
-    def mark_queues(self, empty_share: float = 0.01) -> None:
+    def mark_queues(self, empty_share: float = 0.01, queue_share: float = 0.25) -> None:
         """Flags the sites of every communicator where collectives queue behind each other.
 
         A site whose overlapped compute alone is below ``empty_share`` of its default T_comm has an
@@ -330,7 +337,9 @@ class CostModel:
         communicator (FSDP's backward: a gradient reduce-scatter launched before the wait on the
         next parameter gather), so it runs behind that one and the region model, which treats
         regions as independent, cannot see what a slower collective costs the ones queued behind
-        it. On such a communicator every site's extra T_comm over NCCL's default is added to its
+        it. A communicator where at least ``queue_share`` of the sites have empty windows is a
+        queue (one empty window, e.g. DDP's last bucket before the final wait, is not). On such a
+        communicator every site's extra T_comm over NCCL's default is added to its
         region one for one (the queue is then assumed to be the critical path: conservative).
         """
         S = len(self.sites)
@@ -339,9 +348,10 @@ class CostModel:
         idx = np.arange(S)
         t_def = self.evaluate(idx, alg, proto, nc, nt, chunk)[0]
         empty = self.t_comp_us_S < empty_share * t_def
-        comms = {self.sites[i].group for i in np.flatnonzero(empty)}
         groups = np.array([s.group for s in self.sites], dtype=object)
-        flag = np.array([g in comms and np.count_nonzero(groups == g) > 1 for g in groups], dtype=float)
+        comms = {g for g in set(groups.tolist())
+                 if np.count_nonzero(groups == g) > 1 and np.mean(empty[groups == g]) >= queue_share}
+        flag = np.array([g in comms for g in groups], dtype=float)
         self.t_comm_default_S = t_def
         self.queued_S = flag if flag.any() else None
 
@@ -400,9 +410,10 @@ def sm_term(ctas, sms, gloo: bool = False):
 
 
 def _softmin(x, y):
-    """(x^-4 + y^-4)^(-1/4) (SOFTMIN_P = 4), written with square roots: faster than powers."""
+    """(x^-8 + y^-8)^(-1/8) (SOFTMIN_P = 8), written with squares and square roots: faster than powers."""
     x2, y2 = 1.0 / (x * x), 1.0 / (y * y)
-    return 1.0 / np.sqrt(np.sqrt(x2 * x2 + y2 * y2))
+    x4, y4 = x2 * x2, y2 * y2
+    return 1.0 / np.sqrt(np.sqrt(np.sqrt(x4 * x4 + y4 * y4)))
 
 
 def wire_bytes(op: str, nbytes: int, group_size: int) -> float:

@@ -166,16 +166,32 @@ class LifecycleResult:
         return statistics.median(self.final_us)
 
 
+def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
+    """The warm-up probes of ``rules`` plus one per algorithm besides Ring that the cluster can run
+    (NVLS on sm90 NVSwitch nodes, Tree for all-reduce), at 16 channels: the search only picks
+    algorithms a site measured (``SearchProblem.keep_measured_algorithms``)."""
+    c = rules.cluster
+    extra = []
+    if c.nvswitch and c.sm_arch >= 90:
+        extra.append(CommConfig(algorithm="NVLS", n_channels=16))
+    extra.append(CommConfig(algorithm="Tree", n_channels=16))
+    return list(rules.probe_configs()) + extra
+
+
 def run_lifecycle(sim: SimulatedCluster, *, method: str = "priority", verify_iters: int = 3, warmup_iters: int = 1,
                   after_iters: int = 3, probe_configs: list[CommConfig] | None = None, first_iteration: int = 0) -> LifecycleResult:
     """Runs profile -> probe -> fit + search -> agree -> verify on ``sim`` with the real ``Tuner``,
     then ``after_iters`` more iterations with whatever the tuner kept.
 
+    ``probe_configs`` None: ``algorithm_probes`` of the cluster's rules.
+
     Returns:
         A ``LifecycleResult``.
     """
-    cfg = Tuner.Config(warmup_iters=warmup_iters, verify_iters=verify_iters, method=method, probe_configs=probe_configs)
-    tuner = Tuner(cfg, rules=NcclRules(sim.cluster, backend="sim"), fingerprint=sim.fingerprint())
+    rules = NcclRules(sim.cluster, backend="sim")
+    cfg = Tuner.Config(warmup_iters=warmup_iters, verify_iters=verify_iters, method=method,
+                       probe_configs=probe_configs if probe_configs is not None else algorithm_probes(rules))
+    tuner = Tuner(cfg, rules=rules, fingerprint=sim.fingerprint())
     out = LifecycleResult(tuner=tuner)
     it = first_iteration
     while not tuner.done:

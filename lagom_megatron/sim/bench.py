@@ -251,15 +251,21 @@ def _rows(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[s
     from lagom_megatron.config.presets import load_preset
     from lagom_megatron.engine.cluster import ClusterSpec
 
+    def load(p: str):
+        try:
+            return load_preset(p)
+        except (ValueError, FileNotFoundError) as exc:
+            ap.error(str(exc))
+
     rows = [r for r in ROWS if (args.presets is None or r[0] in args.presets)]
-    if args.presets is not None:
-        rows += [(p, load_preset(p).cluster) for p in args.presets if p not in {r[0] for r in ROWS}] if args.clusters is None else []
+    if args.presets is not None and args.clusters is None:
+        rows += [(p, load(p).cluster) for p in args.presets if p not in {r[0] for r in ROWS}]
     if args.clusters is not None:
         presets = args.presets or list(dict.fromkeys(r[0] for r in ROWS))
         rows = [(p, c) for p in presets for c in args.clusters]
     for p, c in rows:
+        preset = load(p)
         try:
-            preset = load_preset(p)
             spec = ClusterSpec.load(c)
         except (ValueError, FileNotFoundError) as exc:
             ap.error(str(exc))
