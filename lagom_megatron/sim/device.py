@@ -121,6 +121,9 @@ class Gpu:
     max_channels: int
     intra_link: str = "nvlink"
     """nvlink or pcie (``ClusterSpec.intra_link``): decides NCCL's default channels."""
+    kappa_mem: float = KAPPA_MEM
+    kappa_compute: float = KAPPA_COMPUTE
+    """Contention constants; a cluster file's fitted values (``lagom calibrate contention``) win."""
 
     @classmethod
     def from_cluster(cls, spec: Any) -> "Gpu":
@@ -134,6 +137,8 @@ class Gpu:
             net_latency_us=float(getattr(spec, "net_latency_us", 5.0)),
             max_channels=64 if (major, minor) >= (2, 25) else 32,
             intra_link=str(getattr(spec, "intra_link", "nvlink")),
+            kappa_mem=KAPPA_MEM if getattr(spec, "kappa_mem", None) is None else float(spec.kappa_mem),
+            kappa_compute=KAPPA_COMPUTE if getattr(spec, "kappa_compute", None) is None else float(spec.kappa_compute),
         )
 
     @property
@@ -190,8 +195,8 @@ def compute_time_us(gpu: Gpu, k: ComputeKernel, *, sms_free: float | None = None
         sms, full = min(sms, k.max_sms), min(full, k.max_sms)
     bw = gpu.hbm_gbs * HBM_EFF if hbm_gbs is None else max(1.0, hbm_gbs)
     t_math = (k.flops / (gpu.peak_tflops * 1e6 * COMPUTE_EFF[k.kind] * full / gpu.sms) * wave_factor(full, sms, k)
-              * (1.0 + KAPPA_COMPUTE * comm_hbm_share))
-    t_mem = k.hbm_bytes / (bw * 1e3) * (1.0 + KAPPA_MEM * comm_hbm_share)
+              * (1.0 + gpu.kappa_compute * comm_hbm_share))
+    t_mem = k.hbm_bytes / (bw * 1e3) * (1.0 + gpu.kappa_mem * comm_hbm_share)
     return max(t_math, t_mem) + OVERLAP_GAMMA * min(t_math, t_mem) + 1.0
 
 
