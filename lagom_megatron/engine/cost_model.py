@@ -66,14 +66,21 @@ _PROTO_HBM = np.array([5.0, 2.7, 2.5, 2.0])
 _PROTO_CHUNK_HALF = np.array([4096.0, 65536.0, 65536.0, 65536.0])
 """Chunk size at which a channel reaches half of its large-chunk throughput, bytes."""
 _PROTO_DEFAULT_CHUNK = np.array([DEFAULT_CHUNK["LL"], DEFAULT_CHUNK["LL128"], DEFAULT_CHUNK["Simple"], 0.0])
+RING_SIMPLE_CHUNK_STEPS = 4
+"""Ring / Simple collectives move ``chunkSteps`` buffer steps per chunk: all-reduce, all-gather and
+reduce-scatter use ``NCCL_STEPS / 2`` = 4 (NCCL 2.30.7 src/include/collectives.h:19-26), so with the
+default 4 MiB buffer the chunk is 4 x 512 KiB = 2 MiB (src/enqueue.cc:2222-2225); every other
+algorithm / protocol runs one step per chunk (enqueue.cc:2223)."""
 # Per-algorithm constants, indexed as knobs.ALGORITHMS plus none.
 _ALG_LINK_EFF = np.array([1.0, 0.85, 1.0, 0.95, 1.0, 0.95, 0.9, 1.0])
-_ALG_CH_MULT = np.array([1.0, 1.0, 2.0, 1.5, 1.0, 1.0, 1.0, 1.0])
+_ALG_CH_MULT = np.array([1.0, 1.0, 1.4, 1.4, 1.0, 1.0, 1.0, 1.0])
+"""Per-channel throughput multiplier: NVLS CTAs drive the switch's multicast. On 8 x H100 NCCL's 16
+NVLS channels reach ~480 GB/s all-reduce bus bandwidth where Ring needs ~17 channels for ~370
+(nccl-tests#212): about 1.4x per channel."""
 _ALG_HBM = np.array([1.0, 1.0, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0])
 """HBM traffic per wire byte relative to the protocol's (``_PROTO_HBM``): NVLS reduces in the
 NVSwitch with multimem loads and stores, so each GPU reads its operand and writes its result once
 (~1.2 HBM bytes per wire byte against 2.5-3 for a ring reduction, nccl#1428's 2-3x)."""
-"""Per-channel throughput multiplier: NVLS CTAs drive the switch's multicast, few suffice."""
 
 PER_CHANNEL_PRIOR_GBS: dict[int, float] = {90: 22.0, 80: 15.0}
 """Absolute prior of one channel's Simple bandwidth at 512 threads, GB/s, by SM architecture
@@ -280,12 +287,16 @@ class CostModel:
             bw = _softmin(n_eff * self.pcb * self.gamma_S[i], self.link_S[i])
             return lat, wire / (bw * 1e3), n_eff, wire, np.ones_like(n_eff)
         p = np.where(proto == PROTO_NONE, _SIMPLE, proto)
-        chunk_eff_bytes = np.where(chunk > 0, chunk, _PROTO_DEFAULT_CHUNK[p])
+        # NCCL's own chunk: 2 MiB for Ring / Simple (RING_SIMPLE_CHUNK_STEPS), one step otherwise
+        own = _PROTO_DEFAULT_CHUNK[p] * np.where((p == _SIMPLE) & (alg == _RING), RING_SIMPLE_CHUNK_STEPS, 1)
+        chunk_eff_bytes = np.where(chunk > 0, chunk, own)
         # An explicit chunk leaves channels idle when one loop (n ranks x chunk) covers the message.
         n_eff = np.where(chunk > 0, np.minimum(nc, np.maximum(1.0, np.ceil(nb / (n * np.maximum(chunk, 1.0))))), nc)
         half = _PROTO_CHUNK_HALF[p]
-        chunk_eff = (chunk_eff_bytes / (chunk_eff_bytes + half)) / (_PROTO_DEFAULT_CHUNK[p] / (_PROTO_DEFAULT_CHUNK[p] + half))
-        threads_on = (p == _LL) | (p == _SIMPLE)  # LL128 and P2P run NCCL's fixed thread count
+        chunk_eff = (chunk_eff_bytes / (chunk_eff_bytes + half)) / (own / (own + half))  # 1 at NCCL's own chunk
+        # NCCL_NTHREADS sets Ring and Tree with Simple or LL only (NCCL 2.30.7 src/graph/tuning.cc:246-254);
+        # LL128 has NCCL_LL128_NTHREADS, NVLS / CollNet run NCCL_MAX_NTHREADS (tuning.cc:250-252), P2P its own
+        threads_on = ((p == _LL) | (p == _SIMPLE)) & ((alg == _RING) | (alg == _TREE))
         nt_eff = np.where(threads_on, nt, DEFAULT_THREADS)
         # Fewer threads per CTA move less per channel; never profiled (process scope), so the
         # prior is deliberately pessimistic: throughput ~ threads^0.6.
@@ -297,7 +308,7 @@ class CostModel:
         # A CTA holds a whole SM whatever its thread count (NCCL CTAs do not share SMs, nccl#689).
         # Smaller chunks stay in L2 between the steps of a channel: less of the collective's
         # traffic reaches HBM (our design; Lagom's introduction: chunk size moves compute a lot).
-        l2 = CHUNK_L2_FLOOR + (1.0 - CHUNK_L2_FLOOR) * np.sqrt(chunk_eff_bytes / _PROTO_DEFAULT_CHUNK[p])
+        l2 = CHUNK_L2_FLOOR + (1.0 - CHUNK_L2_FLOOR) * np.sqrt(chunk_eff_bytes / own)
         return lat, wire / (bw * 1e3), n_eff, wire, _PROTO_HBM[p] * _ALG_HBM[alg] * l2
 
     def fit_summary(self) -> str:

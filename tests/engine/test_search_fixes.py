@@ -102,3 +102,20 @@ def test_paired_verification_needs_two_pairs_and_a_known_rule():
     assert v.keep and v.needed_us == pytest.approx(200.0)
     with pytest.raises(ValueError, match="noise_rule"):
         verdict([1.0], [1.0], min_gain=0.0, noise_rule="median")
+
+
+def test_model_follows_nccls_default_chunk_and_thread_rules():
+    # Ring / Simple runs 2 MiB chunks by default (collectives.h:20, enqueue.cc:2222-2225): an
+    # explicit 2 MiB chunk is NCCL's own; 512 KiB is a smaller chunk (less L2 spill, less per-step work)
+    problem = build(sites=[site(nbytes=256 * 2**20)], a=1.0, b=1.0)
+    m = problem.model
+    ring = dict(algorithm="Ring", protocol="Simple", n_channels=16)
+    own = m.t_comm_us("tp.ag[0]", CommConfig(**ring))
+    assert m.t_comm_us("tp.ag[0]", CommConfig(**ring, chunk_size=2 * 2**20)) == pytest.approx(own)
+    assert m.slowdown("tp.ag[0]", CommConfig(**ring, chunk_size=512 * 1024)) < m.slowdown("tp.ag[0]", CommConfig(**ring))
+    # NCCL_NTHREADS governs Ring/Tree Simple and LL only (tuning.cc:246-254): not NVLS or LL128
+    for cfg, moves in ((dict(algorithm="Ring", protocol="Simple"), True), (dict(algorithm="Ring", protocol="LL"), True),
+                       (dict(algorithm="NVLS", protocol="Simple"), False), (dict(algorithm="Ring", protocol="LL128"), False)):
+        t64 = m.t_comm_us("tp.ag[0]", CommConfig(**cfg, n_channels=4, n_threads=64))
+        t512 = m.t_comm_us("tp.ag[0]", CommConfig(**cfg, n_channels=4, n_threads=512))
+        assert (t64 > t512 * 1.01) == moves, cfg
