@@ -64,7 +64,7 @@ class ClusterSpec:
     intra_link: Literal["nvlink", "pcie"] = "nvlink"
     """What joins the GPUs of a node: NVLink (``nvlink_gbps_per_gpu`` is NVLink) or PCIe
     (``nvlink_gbps_per_gpu`` is then the PCIe bandwidth per GPU and direction). NCCL's default
-    channel count follows it (``lagom_megatron.sim.nccl_defaults``)."""
+    channel count follows it (``lagom_megatron.sim.channel_defaults``)."""
     nics_per_node: int | None = None
     """Network cards per node; None = one per GPU (DGX-class). NCCL runs one ring per NIC."""
     kappa_mem: float | None = None

@@ -3,7 +3,7 @@
 One row per (preset, cluster, micro-batches per data-parallel rank): the median simulated
 iteration time (ms) under
 
-    default         NCCL's own choices (``sim.nccl_defaults``: 2 channels on PCIe, 24/32 on NVSwitch)
+    default         NCCL's own choices (``sim.channel_defaults``: 2 channels on PCIe, 24/32 on NVSwitch)
     cta_efficiency  NCCL_CTA_POLICY=EFFICIENCY on every communicator, as NCCL 2.27+ applies it
                     (``device.cta_efficiency_applies``: only registered NVLS gathers; else the default)
     cap2/4/8        NCCL_MAX_NCHANNELS=2/4/8 on every collective (Liger's static limit)

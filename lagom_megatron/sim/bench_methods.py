@@ -14,7 +14,10 @@ algorithm are its knobs here; its random restarts (``TUNER_RETRY``) are not run.
 ``oracle`` is coordinate descent directly on the simulator with noise off, from the best of the
 static fixes (defaults, caps 2/4/8 on the sites): first per group of sites (same communicator and
 op) over channels, protocol and algorithm, then per site over the neighbouring channel counts of
-the ``ORACLE_SITES`` sites with the longest regions. It is the reference for what a plan could get.
+the ``ORACLE_SITES`` sites with the longest regions. It is the reference for what a plan could get
+*through the mechanism a plan uses* (NCCL's rules on the cluster): where channels can only be set
+per communicator (tuner plugin ABI below v3, NCCL < 2.22: ``ncclConfig_t.maxCTAs``), a value is a
+cap on NCCL's own count, one per communicator, and the per-site pass is skipped.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.nccl.rules import NcclRules
+from lagom_megatron.sim.device import resolve_config
 
 AUTOCCL_ROUNDS = 2
 """Coordinate-descent passes of the autoccl baseline."""
@@ -90,6 +94,16 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
         (site id -> CommConfig, its noise-free iteration time in us, simulated iterations spent).
     """
     doms = _domains(sim)
+    rules = NcclRules(sim.cluster, backend="sim")
+    per_comm = rules.scope("n_channels") != "call"
+    own_nc = {}
+    if per_comm:  # a communicator's channel value caps NCCL's own count (ncclConfig_t.maxCTAs)
+        for i, c in enumerate(sim._prog.calls):
+            if c.site_id is not None and c.site_id not in own_nc:
+                own_nc[c.site_id] = resolve_config(sim.gpu, c.coll, CommConfig()).n_channels
+        for sid, d in doms.items():
+            if sid in own_nc:
+                d["n_channels"] = tuple(sorted({min(v, own_nc[sid]) for v in d["n_channels"]}))
     default = {sid: {k: None for k in KNOBS} for sid in doms}
     starts = [default]
     for cap in caps:
@@ -104,16 +118,19 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
     state, best = {sid: dict(v) for sid, v in starts[k].items()}, times[k]
     sites = {s.site_id: s for s in sim.sites}
     groups: dict[tuple, list[str]] = {}
+    comms: dict[str, list[str]] = {}
     for sid, s in sites.items():
         groups.setdefault((s.group, s.op), []).append(sid)
+        comms.setdefault(s.group, []).append(sid)
 
     def try_move(members: list[str], knob: str, value: Any) -> None:
         nonlocal best, runs
         trial = {sid: dict(v) for sid, v in state.items()}
         moved = False
         for sid in members:
-            if value in doms[sid][knob] and len(doms[sid][knob]) > 1 and trial[sid][knob] != value:
-                trial[sid][knob] = value
+            v = min(value, own_nc[sid]) if (per_comm and knob == "n_channels" and sid in own_nc) else value
+            if v in doms[sid][knob] and len(doms[sid][knob]) > 1 and trial[sid][knob] != v:
+                trial[sid][knob] = v
                 moved = True
         if not moved:
             return
@@ -127,15 +144,21 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
         before = best
         for members in groups.values():
             for knob in KNOBS:
-                values = sorted({v for sid in members for v in doms[sid][knob]}, key=str)
-                for v in values:
+                if knob == "n_channels" and per_comm:
+                    continue
+                for v in sorted({v for sid in members for v in doms[sid][knob]}):
                     try_move(members, knob, v)
+        if per_comm:  # one channel cap per communicator
+            for members in comms.values():
+                for v in sorted({v for sid in members for v in rules.domains(op=sites[members[0]].op, n_nodes=sites[members[0]].n_nodes,
+                                                                             group_size=sites[members[0]].group_size)["n_channels"] if v}):
+                    try_move(members, "n_channels", v)
         if best >= before * (1.0 - 1e-6):
             break
     # per site: neighbouring channel counts of the longest regions
     m = sim.run_iteration(iteration=0, assignment={sid: _config(k) for sid, k in state.items()}, noise=False)
     runs += 1
-    longest = sorted(m.samples, key=lambda smp: -smp.t_region_us)[:per_site]
+    longest = [] if per_comm else sorted(m.samples, key=lambda smp: -smp.t_region_us)[:per_site]
     for smp in longest:
         sid = smp.site_id
         dom = doms[sid]["n_channels"]

@@ -25,7 +25,7 @@ bandwidth than the device has, both get a proportional share (the sharing rule).
 
 Defaults that NCCL would choose (``resolve_config``) follow NCCL's documented behaviour in broad
 strokes: NVLS for intra-node all-reduce on sm90 NVSwitch systems, Ring otherwise; LL below 64 KiB,
-LL128 below 4 MiB, Simple above; channels from the topology (``sim.nccl_defaults``: 32 / 24 in an
+LL128 below 4 MiB, Simple above; channels from the topology (``sim.channel_defaults``: 32 / 24 in an
 NVSwitch node, 16 across nodes, 2 on PCIe).
 The constants are calibrated, not derived: tests/sim/test_calibration.py checks them against the
 public figures cited there.
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.sim.nccl_defaults import topology_channels
+from lagom_megatron.sim.channel_defaults import topology_channels
 
 KIB = 1024
 MIB = 1024 * 1024
