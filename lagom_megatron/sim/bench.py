@@ -164,8 +164,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     methods = [("cap2_ms", "cap 2"), ("cap8_ms", "cap 8"), ("autoccl_ms", "AutoCCL (online)"),
                ("oracle_ms", "oracle"), ("lagom_plan_ms", "lagom plan"), ("lagom_kept_ms", "lagom (after verify)")]
-    labels = [f"{r['preset'].replace('-h100x', ' x').replace('-a40x', ' a40x')}\n{r['cluster']}, {r['microbatches']} mb" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(9, 1.1 * len(rows)), 5.2))
+    labels = [f"{r['preset']}\n{r['cluster']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(9, 1.1 * len(rows)), 6.0))
     width = 0.8 / (len(methods) + 1)
     xs = range(len(rows))
     for j, (key, name) in enumerate(methods):
@@ -177,7 +177,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     values = [r["default_ms"] / r[k] for r in rows for k, _ in methods] + [r["free_comm_bound"] for r in rows]
     ax.set_ylim(min(0.8, min(values) - 0.02), max(PAPER_VS_NCCL[1], max(values)) + 0.05)
     ax.set_xticks(list(xs))
-    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("speed-up over NCCL defaults (SIMULATED)")
     ax.set_title("lagom_megatron on simulated clusters (not measurements)")
     ax.legend(fontsize=7, ncol=3)
