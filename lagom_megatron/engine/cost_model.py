@@ -75,6 +75,9 @@ class CostModel:
     b_S: np.ndarray
     gamma_S: np.ndarray | None = None
     """Per-channel bandwidth relative to the ClusterSpec prior (where bandwidth saturates); 1 if None."""
+    corr_SC: np.ndarray | None = None
+    """Per site and channel count 0..64, a factor on s measured at the probed channel counts and
+    interpolated between them (``fit._channel_correction``); none if None."""
     queued_S: np.ndarray | None = None
     """Sites on a communicator whose collectives queue behind each other (``mark_queues``); none if None."""
     mape: float = float("nan")
@@ -264,17 +267,16 @@ class CostModel:
         lat, xfer, ctas, wire, hbm_mult = self.prior_parts(i, alg, proto, nc, nt, chunk)
         calls = self.calls_S[i]
         t_comm = calls * (self.alpha_S[i] * lat + self.beta_S[i] * xfer)
+        hbm_share = hbm_mult * (wire * calls / np.maximum(t_comm, 1e-9)) * 1e-3 / self.cluster.hbm_gbps
+        s = self.a_S[i] * sm_term(ctas, self.cluster.sms_per_gpu, self.gloo) + self.b_S[i] * hbm_share
+        if self.corr_SC is not None:  # measured shape of s over channel counts (``fit._channel_correction``)
+            s = s * self.corr_SC[i, np.clip(np.rint(ctas), 0, self.corr_SC.shape[1] - 1).astype(np.intp)]
+        region = region_time_us(t_comm, self.t_comp_us_S[i], s)
         if self.queued_S is not None and self.queued_S.any():
             # queued behind each other on one stream: time a collective adds is time the ones
             # behind it start later (``mark_queues``), counted one for one
-            extra = np.maximum(0.0, t_comm - self.t_comm_default_S[i]) * self.queued_S[i]
-            hbm_share = hbm_mult * (wire * calls / np.maximum(t_comm, 1e-9)) * 1e-3 / self.cluster.hbm_gbps
-            s = self.a_S[i] * sm_term(ctas, self.cluster.sms_per_gpu, self.gloo) + self.b_S[i] * hbm_share
-            return t_comm, s, region_time_us(t_comm, self.t_comp_us_S[i], s) + extra
-        sm_share = sm_term(ctas, self.cluster.sms_per_gpu, self.gloo)
-        hbm_share = hbm_mult * (wire * calls / np.maximum(t_comm, 1e-9)) * 1e-3 / self.cluster.hbm_gbps
-        s = self.a_S[i] * sm_share + self.b_S[i] * hbm_share
-        return t_comm, s, region_time_us(t_comm, self.t_comp_us_S[i], s)
+            region = region + np.maximum(0.0, t_comm - self.t_comm_default_S[i]) * self.queued_S[i]
+        return t_comm, s, region
 
     def mark_queues(self, empty_share: float = 0.01, queue_share: float = 0.25) -> None:
         """Flags the sites of every communicator where collectives queue behind each other.

@@ -140,6 +140,9 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     a_G, b_G = _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observed)
     model.a_S, model.b_S = a_G[gi], b_G[gi]
     if not model.gloo:
+        s_fit = a_G[F_J] * g1 + b_G[F_J] * g2
+        model.corr_SC = _channel_correction(F_J, G, gi, ctas, s_obs, s_fit, observed, model.max_channels)
+    if not model.gloo:
         model.mark_queues()
     t_comm_hat, _, t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
     model.mape = float(100.0 * np.mean(np.abs(t_region_hat - y_region) / np.maximum(y_region, 1e-9)))
@@ -175,6 +178,39 @@ def _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observe
     one = int(np.argmin(np.abs(sa.ravel() - 1.0) + np.abs(sb.ravel() - 1.0)))
     k = np.where(tot[k, np.arange(G)] < tot[one] * (1 - 1e-9), k, one)
     return a_G * sa.ravel()[k], b_G * sb.ravel()[k]
+
+
+CORR_RANGE = (0.5, 2.0)
+"""Bounds of the per-channel-count correction of s (``_channel_correction``)."""
+
+
+def _channel_correction(F_J, G, gi, ctas_J, s_obs, s_fit, observed, max_channels: int) -> np.ndarray | None:
+    """Per site and channel count 0..``max_channels``, the factor by which the measured s departs
+    from the fitted form at the channel counts the group's samples ran, linearly interpolated
+    between them and held flat beyond (None when no group has two observed channel counts).
+
+    The form ``a * c / (SMs - c) + b * hbm_share`` is smooth in the channel count; real slowdowns
+    step where the overlapped GEMMs' tiles need one more wave, so between two probed counts the
+    measured points, not the form, say what a channel costs."""
+    obs = observed & (s_fit > 1e-6) & (s_obs > 0)
+    if not obs.any():
+        return None
+    corr = np.ones((G, max_channels + 1))
+    any_group = False
+    c_all = np.arange(max_channels + 1, dtype=float)
+    for g in range(G):
+        j = np.flatnonzero(obs & (F_J == g))
+        if j.size == 0:
+            continue
+        cs = np.rint(ctas_J[j])
+        ratio = np.clip(s_obs[j] / s_fit[j], *CORR_RANGE)
+        keys = np.unique(cs)
+        if keys.size < 2:
+            continue
+        med = np.array([np.median(ratio[cs == k]) for k in keys])
+        corr[g] = np.interp(c_all, keys, med)
+        any_group = True
+    return corr[gi] if any_group else None
 
 
 def _shape_groups(model: CostModel) -> tuple[np.ndarray, int]:

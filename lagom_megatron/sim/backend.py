@@ -167,11 +167,13 @@ class LifecycleResult:
 
 
 def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
-    """The warm-up probes of ``rules`` plus one per algorithm besides Ring that the cluster can run
-    (NVLS on sm90 NVSwitch nodes, Tree for all-reduce), at 16 channels: the search only picks
-    algorithms a site measured (``SearchProblem.keep_measured_algorithms``)."""
+    """The warm-up probes of ``rules``, one more channel count (12: the measured slowdown curve is
+    interpolated between probed counts, ``fit._channel_correction``), and one probe per algorithm
+    besides Ring that the cluster can run (NVLS on sm90 NVSwitch nodes, Tree for all-reduce), at
+    16 channels: the search only picks algorithms a site measured
+    (``SearchProblem.keep_measured_algorithms``)."""
     c = rules.cluster
-    extra = []
+    extra = [CommConfig(n_channels=12)]  # a third point of the slowdown curve between 8 and 16
     if c.nvswitch and c.sm_arch >= 90:
         extra.append(CommConfig(algorithm="NVLS", n_channels=16))
     extra.append(CommConfig(algorithm="Tree", n_channels=16))
