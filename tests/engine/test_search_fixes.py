@@ -119,3 +119,54 @@ def test_model_follows_nccls_default_chunk_and_thread_rules():
         t64 = m.t_comm_us("tp.ag[0]", CommConfig(**cfg, n_channels=4, n_threads=64))
         t512 = m.t_comm_us("tp.ag[0]", CommConfig(**cfg, n_channels=4, n_threads=512))
         assert (t64 > t512 * 1.01) == moves, cfg
+
+
+def test_per_channel_prior_is_absolute_not_a_share_of_the_link():
+    # On PCIe (24 GB/s) one channel moves ~15 GB/s (Ampere): 1 channel is clearly slower than 2,
+    # and 2 saturate. A link/16 prior (1.5 GB/s a channel) would need 11x more channels.
+    from lagom_megatron.engine.cost_model import PER_CHANNEL_PRIOR_GBS
+
+    problem = build(sites=[site(nbytes=256 * 2**20)], cluster="a40-pcie-ib200")
+    m = problem.model
+    assert m.pcb == PER_CHANNEL_PRIOR_GBS[80] == 15.0
+    t = {c: m.t_comm_us("tp.ag[0]", CommConfig(algorithm="Ring", protocol="Simple", n_channels=c)) for c in (1, 2, 4)}
+    assert t[1] > 1.3 * t[2] and t[2] < 1.1 * t[4]
+
+
+def test_queued_communicator_charges_a_slower_collective_to_the_iteration():
+    # FSDP's backward: reduce-scatters launched right before the wait on the next gather have no
+    # compute of their own (empty windows): the data-parallel communicator is a queue
+    sites = [site(site_id=f"dp.ag[{i}]", group="dp") for i in range(4)]
+    sites += [site(site_id=f"dp.rs[{i}]", op="reduce_scatter", group="dp") for i in range(4)]
+    sites += [site(site_id="tp.ag[0]", group="tp")]
+    problem = build(sites=sites, comp_ratio=[3.0] * 4 + [0.0] * 4 + [3.0])
+    m = problem.model
+    m.mark_queues()
+    assert m.queued_S is not None and m.queued_S.tolist() == [1.0] * 8 + [0.0]
+    slow = CommConfig(algorithm="Ring", protocol="Simple", n_channels=1)
+    extra = m.t_comm_us("dp.ag[0]", slow) - m.t_comm_us("dp.ag[0]", CommConfig())
+    assert extra > 0
+    m.queued_S = None
+    free = m.t_region_us("dp.ag[0]", slow)
+    m.mark_queues()
+    assert m.t_region_us("dp.ag[0]", slow) == pytest.approx(free + extra)
+    assert m.t_region_us("dp.ag[0]", CommConfig()) == pytest.approx(m.t_region_us("dp.ag[0]", CommConfig()))
+    # one empty window on a communicator (DDP's last bucket) is not a queue
+    problem = build(sites=sites, comp_ratio=[3.0] * 7 + [0.0] + [3.0])
+    problem.model.mark_queues()
+    assert problem.model.queued_S is None
+
+
+def test_measured_slowdown_shape_is_interpolated_between_probed_channel_counts():
+    from lagom_megatron.engine.fit import _channel_correction
+
+    F = np.array([0, 0, 0, 0])
+    ctas = np.array([8.0, 8.0, 16.0, 16.0])
+    s_fit = np.array([0.2, 0.2, 0.4, 0.4])
+    s_obs = np.array([0.2, 0.2, 0.6, 0.6])       # x1 at 8 channels, x1.5 at 16
+    corr = _channel_correction(F, 1, np.array([0, 0]), ctas, s_obs, s_fit, np.ones(4, bool), 64)
+    assert corr.shape == (2, 65)
+    assert corr[0, 8] == pytest.approx(1.0) and corr[0, 16] == pytest.approx(1.5) and corr[0, 12] == pytest.approx(1.25)
+    assert corr[0, 2] == pytest.approx(1.0) and corr[0, 64] == pytest.approx(1.5)  # flat beyond the probed range
+    # one probed count says nothing about the shape
+    assert _channel_correction(F[:2], 1, np.array([0]), ctas[:2], s_obs[:2], s_fit[:2], np.ones(2, bool), 64) is None
