@@ -80,7 +80,7 @@ def with_microbatches(preset: Any, n: int) -> Any:
 
 
 def run_one(preset_name: str, cluster: str, *, seed: int, iters: int, microbatches: int | None = None,
-            verify_iters: int = 8) -> dict[str, Any]:
+            verify_iters: int = 16) -> dict[str, Any]:
     """One row of the table: every method on one preset and cluster (``microbatches``: None = the
     preset's own global batch, else that many micro-batches per data-parallel rank)."""
     from lagom_megatron.config.presets import load_preset
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clusters", nargs="+", default=None, help="clusters each preset runs on (default: the table's rows)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--iters", type=_positive_int("--iters", 1), default=5, help="simulated iterations per median")
-    ap.add_argument("--verify-iters", type=_positive_int("--verify-iters", 1), default=8,
+    ap.add_argument("--verify-iters", type=_positive_int("--verify-iters", 1), default=16,
                     help="lagom's verification iterations per arm")
     ap.add_argument("--microbatches", nargs="+", default=["2"],
                     help="micro-batches per DP rank: 'preset' (the preset's global batch) and/or integers >= 1")
