@@ -21,7 +21,6 @@ Each constant is the median of its rows (rows with ``share`` < 0.02 say nothing 
 from __future__ import annotations
 
 import csv
-import math
 import os
 import statistics
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ class Fitted:
     rows: dict[str, int]
 
     def to_dict(self) -> dict[str, Any]:
+        """The constants as a plain mapping (the YAML's body)."""
         return {"gpu": self.gpu, "kappa_mem": self.kappa_mem, "kappa_compute": self.kappa_compute,
                 "sm_term_mae_pct": self.sm_term_mae_pct, "rows": dict(self.rows)}
 
@@ -127,8 +127,3 @@ def write_yaml(fitted: Fitted, out: Path, *, source: str) -> None:
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
     tmp.replace(out)
-
-
-def finite(x: float | None) -> bool:
-    """True for a finite float."""
-    return x is not None and math.isfinite(x)
