@@ -141,7 +141,10 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     model.a_S, model.b_S = a_G[gi], b_G[gi]
     if not model.gloo:
         s_fit = a_G[F_J] * g1 + b_G[F_J] * g2
-        model.corr_SC = _channel_correction(F_J, G, gi, ctas, s_obs, s_fit, observed, model.max_channels)
+        # only where a sample pins s: the collective a fifth of its region or more (a timing
+        # error of NOISE_REL of the region then moves s by at most ~10%)
+        precise = observed & (y_comm >= CORR_MIN_COMM_SHARE * y_region)
+        model.corr_SC = _channel_correction(F_J, G, gi, ctas, s_obs, s_fit, precise, model.max_channels)
     if not model.gloo:
         model.mark_queues()
     t_comm_hat, _, t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
@@ -182,6 +185,8 @@ def _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observe
 
 CORR_RANGE = (0.5, 2.0)
 """Bounds of the per-channel-count correction of s (``_channel_correction``)."""
+CORR_MIN_COMM_SHARE = 0.2
+"""Samples whose collective is shorter than this share of their region do not shape the correction."""
 
 
 def _channel_correction(F_J, G, gi, ctas_J, s_obs, s_fit, observed, max_channels: int) -> np.ndarray | None:

@@ -170,3 +170,10 @@ def test_measured_slowdown_shape_is_interpolated_between_probed_channel_counts()
     assert corr[0, 2] == pytest.approx(1.0) and corr[0, 64] == pytest.approx(1.5)  # flat beyond the probed range
     # one probed count says nothing about the shape
     assert _channel_correction(F[:2], 1, np.array([0]), ctas[:2], s_obs[:2], s_fit[:2], np.ones(2, bool), 64) is None
+
+
+def test_imprecise_samples_do_not_shape_the_channel_correction():
+    # a collective 10% of its region: a 2% timing error moves s by ~20%; such samples are left out
+    from lagom_megatron.engine.fit import CORR_MIN_COMM_SHARE
+
+    assert 0.1 < CORR_MIN_COMM_SHARE <= 0.25
