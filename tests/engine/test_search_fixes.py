@@ -173,7 +173,14 @@ def test_measured_slowdown_shape_is_interpolated_between_probed_channel_counts()
 
 
 def test_imprecise_samples_do_not_shape_the_channel_correction():
-    # a collective 10% of its region: a 2% timing error moves s by ~20%; such samples are left out
-    from lagom_megatron.engine.fit import CORR_MIN_COMM_SHARE
+    # a collective a tenth of its region: a 2% timing error moves s by ~20%, so such samples are
+    # left out of the correction; a collective comparable to its compute pins s and shapes it
+    from lagom_megatron.engine.fit import fit_cost_model
+    from tests.engine.factory import profile_from
 
-    assert 0.1 < CORR_MIN_COMM_SHARE <= 0.25
+    short = build(sites=[site()], comp_ratio=30.0)  # only the 2-channel probe's collective is >= 20% of its region
+    assert fit_cost_model(profile_from(short, noise=0.02), short.cluster).corr_SC is None
+    long = build(sites=[site()], comp_ratio=3.0)
+    corr = fit_cost_model(profile_from(long, noise=0.0), long.cluster).corr_SC
+    assert corr is not None
+    assert corr[0, [4, 8, 16, 32]] == pytest.approx(1.0, abs=0.02)  # data of the model's own form: nothing to correct
