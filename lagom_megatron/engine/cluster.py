@@ -61,6 +61,17 @@ class ClusterSpec:
     """IB SHARP (CollNet) available in the network."""
     nvlink_latency_us: float = 1.0
     """Latency of one algorithm step inside a node, microseconds (Simple protocol)."""
+    intra_link: Literal["nvlink", "pcie"] = "nvlink"
+    """What joins the GPUs of a node: NVLink (``nvlink_gbps_per_gpu`` is NVLink) or PCIe
+    (``nvlink_gbps_per_gpu`` is then the PCIe bandwidth per GPU and direction). NCCL's default
+    channel count follows it (``lagom_megatron.sim.channel_defaults``)."""
+    nics_per_node: int | None = None
+    """Network cards per node; None = one per GPU (DGX-class). NCCL runs one ring per NIC."""
+    kappa_mem: float | None = None
+    """Simulator only: memory-bound kernels' queueing behind a collective's HBM traffic, fitted by
+    ``lagom calibrate contention`` on this GPU; None = the simulator's default."""
+    kappa_compute: float | None = None
+    """Simulator only: the same for compute-bound kernels; None = the simulator's default."""
     net_latency_us: float = 5.0
     """Latency of one algorithm step across nodes, microseconds (Simple protocol)."""
 
@@ -79,6 +90,15 @@ class ClusterSpec:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"cluster {self.name!r}: {key} must be a number >= 0 (us); got {value!r}")
+        if self.intra_link not in ("nvlink", "pcie"):
+            raise ValueError(f"cluster {self.name!r}: intra_link must be one of ['nvlink', 'pcie']; got {self.intra_link!r}")
+        if self.nics_per_node is not None and (isinstance(self.nics_per_node, bool) or not isinstance(self.nics_per_node, int)
+                                               or self.nics_per_node < 1):
+            raise ValueError(f"cluster {self.name!r}: nics_per_node must be an integer >= 1 or absent; got {self.nics_per_node!r}")
+        for key in ("kappa_mem", "kappa_compute"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                raise ValueError(f"cluster {self.name!r}: {key} must be a number >= 0 or absent; got {value!r}")
         if self.backend == "nccl":
             parse_version(self.nccl_version)  # raises on a malformed version
 

@@ -13,15 +13,17 @@ computation-bound regime.
 Sub-models (our design; the Lagom paper's formulas are not public, see the research notes):
 
     T_comm(x) = calls * ( alpha * latency(alg, proto, steps) + beta * wire_bytes / bw(x) )
-    per_channel_bw = gamma * prior(cluster) * eff(proto) * (n_threads / 512)^0.6 * eff(chunk)
+    per_channel_bw = gamma * PER_CHANNEL_PRIOR_GBS[arch] * eff(proto) * (n_threads / 512)^0.6 * eff(chunk)
     bw(x)     = softmin( n_eff * per_channel_bw(proto, n_threads, chunk), link_eff(alg, proto) * link_bw )
     s(x)      = a * sm_share(x) + b * hbm_share(x)
-    sm_share  = n_eff CTAs / SMs (a CTA holds its SM whatever its thread count)
+    sm_share  = n_eff / (SMs - n_eff) (a CTA holds its SM whatever its thread count; compute on
+                SMs - n_eff SMs runs SMs / (SMs - n_eff) slower, the same form as the device's)
     hbm_share = hbm_mult(proto, chunk) * wire_bytes * calls / T_comm / HBM bandwidth
 
 ``wire_bytes`` uses the bus-bandwidth factors (all-reduce 2(n-1)/n, all-gather and
 reduce-scatter (n-1)/n of the full size; NVLS reduces in the switch). ``link_bw`` is NVLink
-inside a node and the network across nodes (``ClusterSpec``). ``alpha``, ``beta`` (per site) and
+inside a node and, across nodes, the node's network (per-GPU share x the group's ranks per node,
+capped by the intra-node link; one GPU's share for point-to-point) (``ClusterSpec``). ``alpha``, ``beta`` (per site) and
 ``a``, ``b`` (per region) are fitted by least squares with a ridge pull towards the priors
 (1, 1, 1, 1), so a site with a single sample keeps the ClusterSpec prediction scaled to it (on
 gloo, where the ClusterSpec's speed is only a guess, alpha and beta may instead be pulled towards
@@ -37,66 +39,21 @@ shape works for the evaluation functions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.engine.knobs import ALGORITHMS, DEFAULT_CHUNK, GLOO_DEFAULT_THREADS, PROTOCOLS, CommConfig, max_channels
-from lagom_megatron.engine.profile import OPS, CollectiveSite
+from lagom_megatron.engine.knobs import ALGORITHMS, GLOO_DEFAULT_THREADS, PROTOCOLS, CommConfig, max_channels
+from lagom_megatron.engine.profile import CollectiveSite
 
-ALG_NONE = len(ALGORITHMS)  # point-to-point on NCCL, or gloo: no algorithm choice
-PROTO_NONE = len(PROTOCOLS)
-_RING, _TREE, _NVLS, _NVLSTREE, _CNDIRECT, _CNCHAIN, _PAT = range(7)
-_LL, _LL128, _SIMPLE = range(3)
-_OP = {op: i for i, op in enumerate(OPS)}
-_AR, _AG, _RS, _A2A, _SEND, _RECV, _BCAST = (_OP[o] for o in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast"))
-
-# Per-protocol constants, indexed LL, LL128, Simple, none.
-_PROTO_LAT = np.array([0.3, 0.5, 1.0, 1.0])
-"""Latency of one step relative to Simple (LL and LL128 avoid the flag round trip)."""
-_PROTO_CH_EFF = np.array([0.6, 0.95, 1.0, 1.0])
-"""Per-channel throughput relative to Simple."""
-_PROTO_LINK_EFF = np.array([0.5, 0.9375, 1.0, 1.0])
-"""Share of the link the protocol's payload can use: LL 8 of 16 bytes, LL128 120 of 128."""
-_PROTO_HBM = np.array([5.0, 2.7, 2.5, 2.0])
-"""HBM bytes per wire byte (NCCL maintainers: NVLink bytes x2-3 in HBM; LL doubles for flags)."""
-_PROTO_CHUNK_HALF = np.array([4096.0, 65536.0, 65536.0, 65536.0])
-"""Chunk size at which a channel reaches half of its large-chunk throughput, bytes."""
-_PROTO_DEFAULT_CHUNK = np.array([DEFAULT_CHUNK["LL"], DEFAULT_CHUNK["LL128"], DEFAULT_CHUNK["Simple"], 0.0])
-# Per-algorithm constants, indexed as knobs.ALGORITHMS plus none.
-_ALG_LINK_EFF = np.array([1.0, 0.85, 1.0, 0.95, 1.0, 0.95, 0.9, 1.0])
-_ALG_CH_MULT = np.array([1.0, 1.0, 2.0, 1.5, 1.0, 1.0, 1.0, 1.0])
-"""Per-channel throughput multiplier: NVLS CTAs drive the switch's multicast, few suffice."""
-
-SOFTMIN_P = 4.0
-"""Sharpness of the bandwidth saturation: bw = (x^-p + y^-p)^(-1/p)."""
-DEFAULT_THREADS = 512
-NCCL_BASE_LATENCY_US = 3.0
-"""Kernel launch and setup of one NCCL call, microseconds."""
-PRIOR_A = 1.0
-PRIOR_B = 1.0
-CHUNK_L2_FLOOR = 0.6
-"""Share of the HBM traffic a very small chunk still causes (the rest stays in L2)."""
-GLOO_CALL_US = 100.0
-"""Fixed cost of one gloo call (each piece of a chunked call is one), microseconds: torch
-dispatch, work enqueue and the worker thread's wake-up. Without it a group of one rank (no wire
-bytes, no steps) is predicted to take 0 us, while it takes hundreds of microseconds on a loaded CPU."""
-
-
-def region_time_us(t_comm_us: Any, t_comp_us: Any, s: Any) -> Any:
-    """The unified region formula (docs/engine.md), elementwise on scalars or numpy arrays.
-
-    Args:
-        t_comm_us: collective duration, microseconds.
-        t_comp_us: duration of the overlapped compute alone, microseconds.
-        s: fractional compute slowdown while the collective runs (>= 0).
-
-    Returns:
-        ``max(t_comm, t_comp + t_comm * s / (1 + s))`` in microseconds; continuous where
-        ``t_comm == t_comp * (1 + s)``.
-    """
-    return np.maximum(t_comm_us, t_comp_us + t_comm_us * (s / (1.0 + s)))
+from lagom_megatron.engine.cost_terms import (  # noqa: F401  (re-exported: the model's constants and terms)
+    _A2A, _AG, _ALG_CH_MULT, _ALG_HBM, _ALG_LINK_EFF, _AR, _BCAST, _CNCHAIN, _CNDIRECT, _LL, _LL128, _NVLS, _NVLSTREE, _OP,
+    _PAT, _PROTO_CH_EFF, _PROTO_CHUNK_HALF, _PROTO_DEFAULT_CHUNK, _PROTO_HBM, _PROTO_LAT, _PROTO_LINK_EFF, _RECV, _RING,
+    _RS, _SEND, _SIMPLE, _TREE, ALG_NONE, CHUNK_L2_FLOOR, DEFAULT_THREADS, GLOO_CALL_US, NCCL_BASE_LATENCY_US,
+    PER_CHANNEL_PRIOR_GBS, PRIOR_A, PRIOR_B, PROTO_NONE, RING_SIMPLE_CHUNK_STEPS, SOFTMIN_P, _softmin, region_time_us,
+    sm_term, wire_bytes,
+)
 
 
 @dataclass
@@ -118,6 +75,11 @@ class CostModel:
     b_S: np.ndarray
     gamma_S: np.ndarray | None = None
     """Per-channel bandwidth relative to the ClusterSpec prior (where bandwidth saturates); 1 if None."""
+    corr_SC: np.ndarray | None = None
+    """Per site and channel count 0..64, a factor on s measured at the probed channel counts and
+    interpolated between them (``fit._channel_correction``); none if None."""
+    queued_S: np.ndarray | None = None
+    """Sites on a communicator whose collectives queue behind each other (``mark_queues``); none if None."""
     mape: float = float("nan")
     """Mean absolute percentage error of T_region on the fitted samples, %."""
     mape_comm: float = float("nan")
@@ -143,10 +105,16 @@ class CostModel:
         self.nodes_S = np.array([float(s.n_nodes) for s in sites])
         self.calls_S = np.array([float(s.calls_per_iter) for s in sites])
         inter = self.nodes_S > 1
-        self.link_S = np.where(inter, c.net_gbps_per_gpu, c.nvlink_gbps_per_gpu)
+        # Across nodes a ring crosses each node's network once per direction, so a collective's
+        # bus bandwidth is the node's NIC bandwidth (per-GPU share x the group's ranks per node),
+        # capped by the intra-node link; point-to-point calls get one GPU's share.
+        per_node = np.maximum(1.0, np.floor(self.n_S / np.maximum(self.nodes_S, 1.0)))
+        p2p = np.isin(self.op_S, [_A2A, _SEND, _RECV])
+        net = np.where(p2p, c.net_gbps_per_gpu, np.minimum(c.nvlink_gbps_per_gpu, c.net_gbps_per_gpu * per_node))
+        self.link_S = np.where(inter, net, c.nvlink_gbps_per_gpu)
         self.hop_S = np.where(inter, c.net_latency_us, c.nvlink_latency_us)
         self.gloo = self.backend == "gloo"
-        self.pcb = c.nvlink_gbps_per_gpu / (2.0 if self.gloo else 16.0)
+        self.pcb = c.nvlink_gbps_per_gpu / 2.0 if self.gloo else PER_CHANNEL_PRIOR_GBS[90 if c.sm_arch >= 90 else 80]
         self.max_channels = max_channels(c)
         if self.gamma_S is None:
             self.gamma_S = np.ones(len(sites))
@@ -203,6 +171,8 @@ class CostModel:
         proto = np.where(np.isin(alg, [_NVLS, _NVLSTREE, _CNDIRECT, _CNCHAIN, _PAT]), _SIMPLE, proto)
         proto = np.where(p2p, PROTO_NONE, proto)
         cap = np.where(inter, 16, 32 if c.sm_arch >= 90 else 24)  # ~16 SMs on an 8-NIC node (nccl#689)
+        if getattr(c, "intra_link", "nvlink") == "pcie":
+            cap = np.full(S, 2)  # one ring below 25 GB/s, not duplicated, doubled once (nccl#689: 2 SMs)
         nc = np.clip(np.ceil(nb / 131072.0), 1, np.minimum(cap, self.max_channels))
         return (alg.astype(np.int64), proto.astype(np.int64), nc.astype(float), np.full(S, 512.0), np.zeros(S))
 
@@ -256,12 +226,16 @@ class CostModel:
             bw = _softmin(n_eff * self.pcb * self.gamma_S[i], self.link_S[i])
             return lat, wire / (bw * 1e3), n_eff, wire, np.ones_like(n_eff)
         p = np.where(proto == PROTO_NONE, _SIMPLE, proto)
-        chunk_eff_bytes = np.where(chunk > 0, chunk, _PROTO_DEFAULT_CHUNK[p])
+        # NCCL's own chunk: 2 MiB for Ring / Simple (RING_SIMPLE_CHUNK_STEPS), one step otherwise
+        own = _PROTO_DEFAULT_CHUNK[p] * np.where((p == _SIMPLE) & (alg == _RING), RING_SIMPLE_CHUNK_STEPS, 1)
+        chunk_eff_bytes = np.where(chunk > 0, chunk, own)
         # An explicit chunk leaves channels idle when one loop (n ranks x chunk) covers the message.
         n_eff = np.where(chunk > 0, np.minimum(nc, np.maximum(1.0, np.ceil(nb / (n * np.maximum(chunk, 1.0))))), nc)
         half = _PROTO_CHUNK_HALF[p]
-        chunk_eff = (chunk_eff_bytes / (chunk_eff_bytes + half)) / (_PROTO_DEFAULT_CHUNK[p] / (_PROTO_DEFAULT_CHUNK[p] + half))
-        threads_on = (p == _LL) | (p == _SIMPLE)  # LL128 and P2P run NCCL's fixed thread count
+        chunk_eff = (chunk_eff_bytes / (chunk_eff_bytes + half)) / (own / (own + half))  # 1 at NCCL's own chunk
+        # NCCL_NTHREADS sets Ring and Tree with Simple or LL only (NCCL 2.30.7 src/graph/tuning.cc:246-254);
+        # LL128 has NCCL_LL128_NTHREADS, NVLS / CollNet run NCCL_MAX_NTHREADS (tuning.cc:250-252), P2P its own
+        threads_on = ((p == _LL) | (p == _SIMPLE)) & ((alg == _RING) | (alg == _TREE))
         nt_eff = np.where(threads_on, nt, DEFAULT_THREADS)
         # Fewer threads per CTA move less per channel; never profiled (process scope), so the
         # prior is deliberately pessimistic: throughput ~ threads^0.6.
@@ -273,8 +247,8 @@ class CostModel:
         # A CTA holds a whole SM whatever its thread count (NCCL CTAs do not share SMs, nccl#689).
         # Smaller chunks stay in L2 between the steps of a channel: less of the collective's
         # traffic reaches HBM (our design; Lagom's introduction: chunk size moves compute a lot).
-        l2 = CHUNK_L2_FLOOR + (1.0 - CHUNK_L2_FLOOR) * np.sqrt(chunk_eff_bytes / _PROTO_DEFAULT_CHUNK[p])
-        return lat, wire / (bw * 1e3), n_eff, wire, _PROTO_HBM[p] * l2
+        l2 = CHUNK_L2_FLOOR + (1.0 - CHUNK_L2_FLOOR) * np.sqrt(chunk_eff_bytes / own)
+        return lat, wire / (bw * 1e3), n_eff, wire, _PROTO_HBM[p] * _ALG_HBM[alg] * l2
 
     def fit_summary(self) -> str:
         """Several lines on the fit: points, T_region MAPE, its floor, time-weighted error, T_comm MAPE."""
@@ -293,10 +267,42 @@ class CostModel:
         lat, xfer, ctas, wire, hbm_mult = self.prior_parts(i, alg, proto, nc, nt, chunk)
         calls = self.calls_S[i]
         t_comm = calls * (self.alpha_S[i] * lat + self.beta_S[i] * xfer)
-        sm_share = ctas / self.cluster.sms_per_gpu
         hbm_share = hbm_mult * (wire * calls / np.maximum(t_comm, 1e-9)) * 1e-3 / self.cluster.hbm_gbps
-        s = self.a_S[i] * sm_share + self.b_S[i] * hbm_share
-        return t_comm, s, region_time_us(t_comm, self.t_comp_us_S[i], s)
+        s = self.a_S[i] * sm_term(ctas, self.cluster.sms_per_gpu, self.gloo) + self.b_S[i] * hbm_share
+        if self.corr_SC is not None:  # measured shape of s over channel counts (``fit._channel_correction``)
+            s = s * self.corr_SC[i, np.clip(np.rint(ctas), 0, self.corr_SC.shape[1] - 1).astype(np.intp)]
+        region = region_time_us(t_comm, self.t_comp_us_S[i], s)
+        if self.queued_S is not None and self.queued_S.any():
+            # queued behind each other on one stream: time a collective adds is time the ones
+            # behind it start later (``mark_queues``), counted one for one
+            region = region + np.maximum(0.0, t_comm - self.t_comm_default_S[i]) * self.queued_S[i]
+        return t_comm, s, region
+
+    def mark_queues(self, empty_share: float = 0.01, queue_share: float = 0.25) -> None:
+        """Flags the sites of every communicator where collectives queue behind each other.
+
+        A site whose overlapped compute alone is below ``empty_share`` of its default T_comm has an
+        empty window: its launch is followed at once by a wait on another collective of the same
+        communicator (FSDP's backward: a gradient reduce-scatter launched before the wait on the
+        next parameter gather), so it runs behind that one and the region model, which treats
+        regions as independent, cannot see what a slower collective costs the ones queued behind
+        it. A communicator where at least ``queue_share`` of the sites have empty windows is a
+        queue (one empty window, e.g. DDP's last bucket before the final wait, is not). On such a
+        communicator every site's extra T_comm over NCCL's default is added to its
+        region one for one (the queue is then assumed to be the critical path: conservative).
+        """
+        S = len(self.sites)
+        self.queued_S = None
+        alg, proto, nc, nt, chunk = self.default_codes_cached()
+        idx = np.arange(S)
+        t_def = self.evaluate(idx, alg, proto, nc, nt, chunk)[0]
+        empty = self.t_comp_us_S < empty_share * t_def
+        groups = np.array([s.group for s in self.sites], dtype=object)
+        comms = {g for g in set(groups.tolist())
+                 if np.count_nonzero(groups == g) > 1 and np.mean(empty[groups == g]) >= queue_share}
+        flag = np.array([g in comms for g in groups], dtype=float)
+        self.t_comm_default_S = t_def
+        self.queued_S = flag if flag.any() else None
 
     def _site(self, site: "CollectiveSite | str") -> int:
         key = site if isinstance(site, str) else site.site_id
@@ -341,24 +347,3 @@ class CostModel:
         return cls(cluster=cluster, backend=backend or cluster.backend, sites=list(sites),
                    t_comp_us_S=arr(t_comp_us), alpha_S=arr(alpha), beta_S=arr(beta), a_S=arr(a), b_S=arr(b),
                    gamma_S=arr(gamma))
-
-def _softmin(x, y):
-    """(x^-4 + y^-4)^(-1/4) (SOFTMIN_P = 4), written with square roots: faster than powers."""
-    x2, y2 = 1.0 / (x * x), 1.0 / (y * y)
-    return 1.0 / np.sqrt(np.sqrt(x2 * x2 + y2 * y2))
-
-
-def wire_bytes(op: str, nbytes: int, group_size: int) -> float:
-    """Bytes each rank sends for one call under Ring (bus-bandwidth factors of nccl-tests).
-
-    all-reduce 2(n-1)/n, all-gather / reduce-scatter / all-to-all (n-1)/n of the full size,
-    broadcast / send / recv the full size.
-    """
-    n = max(group_size, 1)
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n * nbytes
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n * nbytes
-    return float(nbytes)
-
-

@@ -14,6 +14,13 @@ import numpy as np
 from lagom_megatron.engine.problem import SEARCH_KNOBS, SIMPLE, SearchProblem, State, compat
 
 
+TIE_REL = 1e-3
+"""Objectives within this fraction of the best are ties; a tie goes to fewer resources (fewer
+channels, then fewer threads, then a smaller chunk: each knob's smallest tied value), since the
+model cannot tell them apart and fewer CTAs never cost compute."""
+RESOURCE_KNOBS = ("n_channels", "n_threads", "chunk_size")
+
+
 class Counter:
     """Counts model evaluations (one per evaluated (site, config) pair)."""
 
@@ -62,6 +69,18 @@ def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, obj
     best = np.argmin(obj, axis=1)
     best_obj = obj[np.arange(idx.size), best]
     better = best_obj < cur * (1.0 - max(min_gain, 1e-9)) - 1e-12
+    if knob in RESOURCE_KNOBS and min_gain == 0.0:
+        # ties (within TIE_REL of the best) go to the fewest resources, also away from the current value
+        res = _resource(problem, knob, cand, codes["protocol"])
+        res = np.where(valid, res, np.inf)
+        tied = obj <= best_obj[:, None] * (1.0 + TIE_REL) + 1e-12
+        pick = np.argmin(np.where(tied, res, np.inf), axis=1)
+        r_cur = _resource(problem, knob, codes[knob], codes["protocol"])[:, 0]
+        r_pick = res[np.arange(idx.size), pick]
+        o_pick = obj[np.arange(idx.size), pick]
+        fewer = (r_pick < r_cur) & (o_pick <= cur * (1.0 + TIE_REL) + 1e-12)
+        best = np.where(better | fewer, pick, best)
+        better = better | fewer
     if not better.any():
         return False
     rows = idx[better]
@@ -76,6 +95,17 @@ def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, obj
     else:
         st.get(knob)[rows] = chosen
     return True
+
+
+def _resource(problem: SearchProblem, knob: str, values: np.ndarray, proto: np.ndarray) -> np.ndarray:
+    """What a knob value costs in resources: channels, threads, or chunk bytes (level 0, NCCL's own
+    chunk, counts as the protocol's default)."""
+    if knob != "chunk_size":
+        return values
+    lvl = values.astype(np.int64)
+    p = np.broadcast_to(proto, lvl.shape)
+    b = problem.chunk_bytes(p, lvl)
+    return np.where(lvl == 0, problem.chunk_bytes(p, np.full_like(lvl, 4)), b)
 
 
 def decide_unit(problem: SearchProblem, st: State, knob: str, governed: np.ndarray, objective: str, count: Counter,
@@ -116,6 +146,9 @@ def decide_unit(problem: SearchProblem, st: State, knob: str, governed: np.ndarr
         count.add(obj.size)
         totals = obj.sum(axis=1)
     k = int(np.argmin(totals))
+    if knob in ("n_channels", "n_threads"):
+        tied = np.flatnonzero(totals <= totals[k] * (1.0 + TIE_REL) + 1e-12)
+        k = int(tied[np.argmin(values[tied])])
     for name in SEARCH_KNOBS:
         if name == knob or (knob == "algorithm" and name == "protocol"):
             st.get(name)[governed] = codes[name][k]

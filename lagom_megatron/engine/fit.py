@@ -16,17 +16,18 @@ import math
 import numpy as np
 
 from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.engine.cost_model import PRIOR_A, PRIOR_B, CostModel
+from lagom_megatron.engine.cost_model import PRIOR_A, PRIOR_B, CostModel, sm_term
 from lagom_megatron.engine.profile import Profile
 
 RIDGE_COMM = 0.005
 """Pull of alpha, beta towards 1 relative to one sample's squared relative error."""
 RIDGE_SLOWDOWN = 0.02
 """Pull of the slowdown coefficients a, b towards their priors (relative to the features' size)."""
-GAMMA_GRID = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
+GAMMA_GRID = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0, 5.6, 8.0)
 """Per-channel bandwidth scales tried when fitting (relative to the ClusterSpec prior)."""
-RIDGE_GAMMA = 1e-4
-"""Pull of gamma towards 1 (per unit of squared log), so equal fits keep the prior."""
+RIDGE_GAMMA = 0.01
+"""Pull of gamma towards 1 (per unit of squared log): the absolute per-channel prior holds unless the
+samples clearly disagree (probes at saturated channel counts cannot place the knee)."""
 IRLS_STEPS = 4
 """Reweighting passes of the T_comm fit (weights 1/sqrt|relative residual|, i.e. towards L1)."""
 NOISE_REL = 0.02
@@ -92,44 +93,60 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     # pulls the shape (latency vs bandwidth share) towards the ClusterSpec, not the speed.
     # NCCL clusters keep the pull towards the absolute ClusterSpec values (tried there, it
     # lowered the simulator's T_comm MAPE but raised its T_region MAPE, 1.9% -> 2.5%).
-    best_err = np.full(S, np.inf)
-    alpha, beta, gamma, scale_S = np.ones(S), np.ones(S), np.ones(S), np.ones(S)
+    # Sites of one shape (NCCL: same op, bytes, communicator, size and nodes) share their
+    # parameters: they are the same collective beside similar compute (e.g. the n-th
+    # sequence-parallel gather of every layer), and one fit over all their samples is far less
+    # noisy than one per site (the search then stops scattering them over channel counts). On
+    # gloo each site keeps its own fit (calls of one shape still differ in CPU contention there).
+    gi, G = _shape_groups(model)
+    F_J = gi[i_J]
+    best_err = np.full(G, np.inf)
+    alpha, beta, gamma, scale_S = np.ones(G), np.ones(G), np.ones(G), np.ones(G)
     for g in GAMMA_GRID:
         model.gamma_S = np.full(S, g)
         lat, xfer, _, _, _ = model.prior_parts(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
         f1, f2 = calls * lat / y_comm, calls * xfer / y_comm
-        k_med = _weighted_median_by_site(i_J, S, 1.0 / np.maximum(f1 + f2, 1e-12), np.maximum(f1 + f2, 1e-12))
-        for k in ((np.ones(S), k_med) if model.gloo else (np.ones(S),)):
-            a_g, b_g = _ridge2(i_J, S, k[i_J] * f1, k[i_J] * f2, np.ones_like(f1), RIDGE_COMM, 1.0, 1.0, lo=0.05)
+        k_med = _weighted_median_by_site(F_J, G, 1.0 / np.maximum(f1 + f2, 1e-12), np.maximum(f1 + f2, 1e-12))
+        for k in ((np.ones(G), k_med) if model.gloo else (np.ones(G),)):
+            a_g, b_g = _ridge2(F_J, G, k[F_J] * f1, k[F_J] * f2, np.ones_like(f1), RIDGE_COMM, 1.0, 1.0, lo=0.05)
             a_g, b_g = a_g * k, b_g * k
-            err = np.bincount(i_J, (a_g[i_J] * f1 + b_g[i_J] * f2 - 1.0) ** 2, S) + RIDGE_GAMMA * np.log(g) ** 2
+            err = np.bincount(F_J, (a_g[F_J] * f1 + b_g[F_J] * f2 - 1.0) ** 2, G) + RIDGE_GAMMA * np.log(g) ** 2
             take = err < best_err - 1e-12
             best_err[take], alpha[take], beta[take], gamma[take], scale_S[take] = err[take], a_g[take], b_g[take], g, k[take]
-    model.gamma_S = gamma
+    model.gamma_S = gamma[gi]
     lat, xfer, ctas, wire, hbm_mult = model.prior_parts(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
     # Iteratively reweighted least squares towards the least absolute relative error (what
     # MAPE measures): a few wild samples (CPU timings, a straggling rank) no longer drag the fit.
     f1, f2 = calls * lat / y_comm, calls * xfer / y_comm
-    kJ = scale_S[i_J]
+    kJ = scale_S[F_J]
     for _ in range(IRLS_STEPS):
-        w = 1.0 / np.sqrt(np.maximum(np.abs(alpha[i_J] * f1 + beta[i_J] * f2 - 1.0), 0.02))
-        alpha, beta = _ridge2(i_J, S, w * kJ * f1, w * kJ * f2, w, RIDGE_COMM, 1.0, 1.0, lo=0.05)
+        w = 1.0 / np.sqrt(np.maximum(np.abs(alpha[F_J] * f1 + beta[F_J] * f2 - 1.0), 0.02))
+        alpha, beta = _ridge2(F_J, G, w * kJ * f1, w * kJ * f2, w, RIDGE_COMM, 1.0, 1.0, lo=0.05)
         alpha, beta = alpha * scale_S, beta * scale_S
-    model.alpha_S, model.beta_S = alpha, beta
+    model.alpha_S, model.beta_S = alpha[gi], beta[gi]
     # Slowdown: observed only where the compute branch is active (region longer than comm).
     r = (y_region - y_comp) / y_comm
     observed = (y_region > 1.01 * y_comm) & (r > 0)
     r = np.clip(r, 0.0, 0.9)
     s_obs = r / (1.0 - r)
-    g1 = ctas / model.cluster.sms_per_gpu
+    g1 = sm_term(ctas, model.cluster.sms_per_gpu, model.gloo)
     g2 = hbm_mult * (wire * calls / y_comm) * 1e-3 / model.cluster.hbm_gbps
     w = observed.astype(float)
     # Weight each point by how precisely it pins s: a timing error of NOISE_REL of the region
     # moves r by NOISE_REL * region / T_comm and s by that / (1 - r)^2.
     scale = NOISE_REL * (y_region / y_comm) / (1.0 - r) ** 2 + 0.05 * s_obs + 1e-3
-    model.a_S, model.b_S = _ridge2(i_J, len(profile.sites), w * g1 / scale, w * g2 / scale, w * s_obs / scale,
-                                   RIDGE_SLOWDOWN, PRIOR_A, PRIOR_B, lo=0.0,
-                                   ref=(np.bincount(i_J, g1 / scale, len(profile.sites)), np.bincount(i_J, g2 / scale, len(profile.sites))))
+    a_G, b_G = _ridge2(F_J, G, w * g1 / scale, w * g2 / scale, w * s_obs / scale, RIDGE_SLOWDOWN, PRIOR_A, PRIOR_B, lo=0.0,
+                       ref=(np.bincount(F_J, g1 / scale, G), np.bincount(F_J, g2 / scale, G)))
+    a_G, b_G = _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observed)
+    model.a_S, model.b_S = a_G[gi], b_G[gi]
+    if not model.gloo:
+        s_fit = a_G[F_J] * g1 + b_G[F_J] * g2
+        # only where a sample pins s: the collective a fifth of its region or more (a timing
+        # error of NOISE_REL of the region then moves s by at most ~10%)
+        precise = observed & (y_comm >= CORR_MIN_COMM_SHARE * y_region)
+        model.corr_SC = _channel_correction(F_J, G, gi, ctas, s_obs, s_fit, precise, model.max_channels)
+    if not model.gloo:
+        model.mark_queues()
     t_comm_hat, _, t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
     model.mape = float(100.0 * np.mean(np.abs(t_region_hat - y_region) / np.maximum(y_region, 1e-9)))
     model.mape_comm = float(100.0 * np.mean(np.abs(t_comm_hat - y_comm) / y_comm))
@@ -137,6 +154,78 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     model.mape_floor = mape_floor(_indistinct_keys(model, i_J, nc_J, chunk_J, codes), y_region)
     model.n_points = len(rows)
     return model
+
+
+REFINE_GRID = np.geomspace(0.5, 2.0, 13)
+"""Scales of (a, b) tried around the linear solution by ``_refine_slowdown``."""
+
+
+def _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observed):
+    """Per group, the (a, b) on a grid of scales around the linear solution with the least squared
+    relative error of the *region* (what the search compares), on the samples where compute was
+    observed; a group keeps its linear solution when none does better. The linear fit in s-space
+    weights samples by how precisely they pin s, not by what s does to the region, and leaves
+    the region biased where the slowdown is not linear in the model's two features."""
+    obs = observed & (y_comm > 0)
+    if not obs.any():
+        return a_G, b_G
+    j = np.flatnonzero(obs)
+    f = F_J[j]
+    sa, sb = np.meshgrid(REFINE_GRID, REFINE_GRID, indexing="ij")
+    sa, sb = sa.ravel()[:, None], sb.ravel()[:, None]                 # (K, 1)
+    s = sa * a_G[f][None, :] * g1[j][None, :] + sb * b_G[f][None, :] * g2[j][None, :]   # (K, J)
+    region = np.maximum(y_comm[j], y_comp[j] + y_comm[j] * s / (1.0 + s))
+    err = ((region - y_region[j]) / y_region[j]) ** 2                  # (K, J)
+    tot = np.stack([np.bincount(f, e, G) for e in err])                # (K, G)
+    k = np.argmin(tot, axis=0)
+    one = int(np.argmin(np.abs(sa.ravel() - 1.0) + np.abs(sb.ravel() - 1.0)))
+    k = np.where(tot[k, np.arange(G)] < tot[one] * (1 - 1e-9), k, one)
+    return a_G * sa.ravel()[k], b_G * sb.ravel()[k]
+
+
+CORR_RANGE = (0.5, 2.0)
+"""Bounds of the per-channel-count correction of s (``_channel_correction``)."""
+CORR_MIN_COMM_SHARE = 0.2
+"""Samples whose collective is shorter than this share of their region do not shape the correction."""
+
+
+def _channel_correction(F_J, G, gi, ctas_J, s_obs, s_fit, observed, max_channels: int) -> np.ndarray | None:
+    """Per site and channel count 0..``max_channels``, the factor by which the measured s departs
+    from the fitted form at the channel counts the group's samples ran, linearly interpolated
+    between them and held flat beyond (None when no group has two observed channel counts).
+
+    The form ``a * c / (SMs - c) + b * hbm_share`` is smooth in the channel count; real slowdowns
+    step where the overlapped GEMMs' tiles need one more wave, so between two probed counts the
+    measured points, not the form, say what a channel costs."""
+    obs = observed & (s_fit > 1e-6) & (s_obs > 0)
+    if not obs.any():
+        return None
+    corr = np.ones((G, max_channels + 1))
+    any_group = False
+    c_all = np.arange(max_channels + 1, dtype=float)
+    for g in range(G):
+        j = np.flatnonzero(obs & (F_J == g))
+        if j.size == 0:
+            continue
+        cs = np.rint(ctas_J[j])
+        ratio = np.clip(s_obs[j] / s_fit[j], *CORR_RANGE)
+        keys = np.unique(cs)
+        if keys.size < 2:
+            continue
+        med = np.array([np.median(ratio[cs == k]) for k in keys])
+        corr[g] = np.interp(c_all, keys, med)
+        any_group = True
+    return corr[gi] if any_group else None
+
+
+def _shape_groups(model: CostModel) -> tuple[np.ndarray, int]:
+    """Per site the index of its shape group (see ``fit_cost_model``), and the number of groups."""
+    if model.gloo:
+        return np.arange(len(model.sites)), len(model.sites)
+    keys = [(s.op, s.nbytes, s.group, s.group_size, s.n_nodes) for s in model.sites]
+    index: dict[tuple, int] = {}
+    gi = np.array([index.setdefault(k, len(index)) for k in keys], dtype=np.int64)
+    return gi, len(index)
 
 
 def _indistinct_keys(model: CostModel, i_J, nc_J, chunk_J, codes_JK) -> list[tuple]:

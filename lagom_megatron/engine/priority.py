@@ -12,7 +12,11 @@ paper's algorithm is not public):
    gloo thread count) is decided once, when its highest-priority site reaches it, for the sum
    of the region times of all the sites it governs (each site answering every candidate value
    with one pass over its own knobs), and stays fixed after that.
-3. Cost: O(sum over sites of sum over knobs of domain size) model evaluations: linear in sites.
+3. The static fixes a user could apply instead (NCCL's defaults, ``NCCL_MAX_NCHANNELS`` 2 / 4 / 8;
+   ``NCCL_CTA_POLICY=EFFICIENCY`` is NCCL's default on unregistered buffers) are candidates too,
+   each also refined by one coordinate descent: the plan kept is the candidate with the least
+   predicted total region time, so on the model it is never worse than any of them.
+4. Cost: O(sum over sites of sum over knobs of domain size) model evaluations: linear in sites.
 
 Implementation note: the sites that decide a shared knob ("leaders") run one by one in priority
 order. Every other site finds all its shared knobs decided when it is reached, and its scan
@@ -25,7 +29,44 @@ from __future__ import annotations
 import numpy as np
 
 from lagom_megatron.engine.descent import Counter, decide_unit, descend, scan_knob
-from lagom_megatron.engine.problem import SEARCH_KNOBS, SearchProblem, SearchResult, Timer, register
+from lagom_megatron.engine.problem import SEARCH_KNOBS, SearchProblem, SearchResult, State, Timer, register
+
+STATIC_CAPS: tuple[int, ...] = (2, 4, 8)
+"""Channel caps of the static baselines (``NCCL_MAX_NCHANNELS``, Liger-style) tried as candidates."""
+
+
+def static_states(problem: SearchProblem, default_nc: np.ndarray) -> dict[str, State]:
+    """The static fixes as search states: ``nccl-default`` and ``cap{N}`` (every site where the
+    channel count is tunable capped at ``min(NCCL's choice, N)``, as NCCL_MAX_NCHANNELS does)."""
+    base = problem.default_state()
+    out = {"nccl-default": base}
+    tun = problem.tunable["n_channels"]
+    for cap in STATIC_CAPS:
+        st = base.copy()
+        st.nc[tun] = np.minimum(default_nc[tun], float(cap))
+        out[f"cap{cap}"] = st
+    return out
+
+
+def best_candidate(problem: SearchProblem, searched: State, default_nc: np.ndarray, call_knobs: tuple[str, ...],
+                   count: Counter, rounds: int) -> tuple[State, str]:
+    """The state with the least predicted total region time among the searched one, the static
+    fixes and each static fix refined by coordinate descent of the per-call knobs (ties keep the
+    earlier: searched, then statics in order). Returns (state, its name)."""
+    cands: list[tuple[str, State]] = [("searched", searched)]
+    everyone = np.arange(len(problem.sites))
+    for name, st in static_states(problem, default_nc).items():
+        cands.append((name, st))
+        if call_knobs:
+            refined = st.copy()
+            descend(problem, refined, everyone, call_knobs, "region", count, rounds)
+            cands.append((f"{name}+descent", refined))
+    totals = []
+    for _, st in cands:
+        totals.append(float(problem.evaluate(st)[2].sum()))
+        count.add(len(problem.sites))
+    k = int(np.argmin(np.array(totals) * (1.0 + 1e-9 * np.arange(len(totals)))))
+    return cands[k][1], cands[k][0]
 
 
 @register("priority")
@@ -60,6 +101,7 @@ def priority(problem: SearchProblem, *, rounds: int = 3) -> SearchResult:
                 break
     rest = order[~np.isin(order, list(leaders))]
     descend(problem, st, rest, call_knobs, "region", count, rounds)
-    stats = {"method": "priority", "model_evaluations": count.n, "wall_time_s": round(timer(), 6)}
+    st, chosen = best_candidate(problem, st, default_nc, call_knobs, count, rounds)
+    stats = {"method": "priority", "model_evaluations": count.n, "wall_time_s": round(timer(), 6), "candidate": chosen}
     plan = problem.make_plan(st, method="priority", stats=stats)
     return SearchResult(plan=plan, stats=plan.stats)

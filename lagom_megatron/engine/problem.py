@@ -144,8 +144,34 @@ class SearchProblem:
         model = model or fit_cost_model(profile, rules.cluster)
         fp = dict(profile.fingerprint)
         fp.setdefault("backend", profile.backend)
-        return cls.from_model(model, rules=rules, iteration_us=profile.iteration_us, fingerprint=fp,
-                              domain_override=domain_override)
+        problem = cls.from_model(model, rules=rules, iteration_us=profile.iteration_us, fingerprint=fp,
+                                 domain_override=domain_override)
+        problem.keep_measured_algorithms(profile)
+        return problem
+
+    def keep_measured_algorithms(self, profile: Profile) -> None:
+        """Narrows each site's algorithm domain to the algorithms its samples ran (NCCL's own
+        choice for a sample without one): the cost model's constants for an algorithm never
+        measured at a site are extrapolation (NVLS's per-channel rate and HBM traffic differ from
+        Ring's by 1.5-2.5x), so the search does not bet a plan on them. Warm-up probes that set
+        an algorithm make it searchable."""
+        if self.backend == "gloo":
+            return
+        seen: dict[int, set[int]] = {}
+        for smp in profile.samples:
+            i = self.model.index.get(smp.site_id)
+            if i is not None:
+                seen.setdefault(i, set()).add(int(self.model.encode(i, smp.config)[0]))
+        changed = False
+        for i, d in enumerate(self.domains_S):
+            algs = d["algorithm"]
+            if len(algs) > 1 and i in seen:
+                kept = tuple(a for a in algs if ALGORITHMS.index(a) in seen[i])
+                if kept and kept != algs:
+                    d["algorithm"] = kept
+                    changed = True
+        if changed:
+            self._encode_domains()
 
     # ---- encoded domains --------------------------------------------------------------------
 

@@ -51,7 +51,7 @@ from lagom_megatron.engine.profile import BACKENDS, Profile
 from lagom_megatron.engine.recorder import ProfileRecorder
 from lagom_megatron.engine.search import METHODS
 from lagom_megatron.engine.steps import IterationMeasurement, Phase, Step
-from lagom_megatron.engine.verify import NoiseRule, verdict
+from lagom_megatron.engine.verify import NOISE_RULES, NoiseRule, verdict
 
 log = logging.getLogger("lagom.tuner")
 
@@ -92,9 +92,10 @@ class Tuner:
         """Searcher: priority, autoccl, exhaustive, nccl-default."""
         min_gain: float = 0.002
         """Smallest relative gain (fraction of the default median) a plan must show to be kept."""
-        noise_rule: NoiseRule = "half-range"
-        """half-range: the gain must also exceed half the larger per-arm range (max - min) of the
-        verification measurements; none: ``min_gain`` alone decides."""
+        noise_rule: NoiseRule = "paired"
+        """paired: the mean paired gain must exceed its 95% Student-t bound; half-range: the
+        medians' gain must exceed half the larger per-arm range (max - min); none: ``min_gain``
+        alone decides (``verify.verdict``)."""
         probe_configs: list[CommConfig] | None = None
         """Probe configs applied to all sites; None = ``rules.probe_configs()``."""
 
@@ -107,8 +108,8 @@ class Tuner:
                 raise ValueError(f"lagom.method must be one of {list(METHODS)}; got {self.method!r}")
             if not 0.0 <= self.min_gain < 1.0:
                 raise ValueError(f"lagom.min_gain must be in [0, 1); got {self.min_gain}")
-            if self.noise_rule not in ("half-range", "none"):
-                raise ValueError(f"lagom.noise_rule must be 'half-range' or 'none'; got {self.noise_rule!r}")
+            if self.noise_rule not in NOISE_RULES:
+                raise ValueError(f"lagom.noise_rule must be one of {list(NOISE_RULES)}; got {self.noise_rule!r}")
 
     def __init__(
         self,

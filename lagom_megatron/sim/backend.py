@@ -98,7 +98,8 @@ class SimulatedCluster:
         return hit
 
     def run_iteration(self, step: Step | None = None, *, iteration: int = 0, assignment: dict[str, CommConfig] | None = None,
-                      serialize: bool = False, channel_cap: int | None = None) -> IterationMeasurement:
+                      serialize: bool = False, channel_cap: int | None = None, noise: bool = True,
+                      free_comm: bool = False) -> IterationMeasurement:
         """Simulates one iteration.
 
         Args:
@@ -106,6 +107,9 @@ class SimulatedCluster:
                 given as ``iteration`` / ``assignment`` / ``serialize``.
             channel_cap: a static cap on every collective's channels (NCCL_MAX_NCHANNELS-style
                 baseline), applied after the assignment.
+            noise: False switches every noise draw off (per kernel and per iteration).
+            free_comm: every collective holds no SM and draws no HBM, at unchanged speed: the
+                bound of any contention tuning.
 
         Returns:
             An ``IterationMeasurement``: iteration time (us) and one sample per site; a sample's
@@ -120,15 +124,20 @@ class SimulatedCluster:
         calls = self._prog.calls
         costs = [self._cost(i, assignment.get(c.site_id, DEFAULT) if c.site_id else DEFAULT, channel_cap)
                  for i, c in enumerate(calls)]
+        if free_comm:
+            costs = [replace(c, ctas=0, hbm_mult=0.0) for c in costs]
         seed = hash((self.seed, iteration)) & 0x7FFFFFFF
+        sig = {} if noise else {"sigma_comp": 0.0, "sigma_comm": 0.0}
         res = timeline.run(self._prog, self.gpu, costs, serialize=serialize, cdmc1=self.workload.cdmc1,
-                           seed=seed, win=self._win)
+                           seed=seed, win=self._win, **sig)
+        self.last_timeline = res
         w = self.workload
         steady = 0.0
         if steady_copies(w) > 0:
             steady = res.mb_start_us[2] - res.mb_start_us[1]
         total = res.total_us + steady_copies(w) * steady
-        total *= 1.0 + random.Random(seed ^ 0x5EED).gauss(0.0, SIGMA_ITERATION)
+        if noise:
+            total *= 1.0 + random.Random(seed ^ 0x5EED).gauss(0.0, SIGMA_ITERATION)
         samples = []
         for site in self._sites:
             idx = self._site_calls[site.site_id]
@@ -157,18 +166,36 @@ class LifecycleResult:
         return statistics.median(self.final_us)
 
 
+def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
+    """The warm-up probes of ``rules``, one more channel count (12: the measured slowdown curve is
+    interpolated between probed counts, ``fit._channel_correction``), and one probe per algorithm
+    besides Ring that the cluster can run (NVLS on sm90 NVSwitch nodes, Tree for all-reduce), at
+    16 channels: the search only picks algorithms a site measured
+    (``SearchProblem.keep_measured_algorithms``)."""
+    c = rules.cluster
+    extra = [CommConfig(n_channels=12)]  # a third point of the slowdown curve between 8 and 16
+    if c.nvswitch and c.sm_arch >= 90:
+        extra.append(CommConfig(algorithm="NVLS", n_channels=16))
+    extra.append(CommConfig(algorithm="Tree", n_channels=16))
+    return list(rules.probe_configs()) + extra
+
+
 def run_lifecycle(sim: SimulatedCluster, *, method: str = "priority", verify_iters: int = 3, warmup_iters: int = 1,
-                  after_iters: int = 3, probe_configs: list[CommConfig] | None = None) -> LifecycleResult:
+                  after_iters: int = 3, probe_configs: list[CommConfig] | None = None, first_iteration: int = 0) -> LifecycleResult:
     """Runs profile -> probe -> fit + search -> agree -> verify on ``sim`` with the real ``Tuner``,
     then ``after_iters`` more iterations with whatever the tuner kept.
+
+    ``probe_configs`` None: ``algorithm_probes`` of the cluster's rules.
 
     Returns:
         A ``LifecycleResult``.
     """
-    cfg = Tuner.Config(warmup_iters=warmup_iters, verify_iters=verify_iters, method=method, probe_configs=probe_configs)
-    tuner = Tuner(cfg, rules=NcclRules(sim.cluster, backend="sim"), fingerprint=sim.fingerprint())
+    rules = NcclRules(sim.cluster, backend="sim")
+    cfg = Tuner.Config(warmup_iters=warmup_iters, verify_iters=verify_iters, method=method,
+                       probe_configs=probe_configs if probe_configs is not None else algorithm_probes(rules))
+    tuner = Tuner(cfg, rules=rules, fingerprint=sim.fingerprint())
     out = LifecycleResult(tuner=tuner)
-    it = 0
+    it = first_iteration
     while not tuner.done:
         step = tuner.start_iteration(it)
         m = sim.run_iteration(step)

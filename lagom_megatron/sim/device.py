@@ -8,14 +8,14 @@ Compute kernels (GEMM, attention, element-wise, norm) are described by FLOPs, HB
 SMs they can use. Their time follows a roofline with imperfect overlap of math and memory
 (our design, constant ``OVERLAP_GAMMA``)::
 
-    t_math = flops / (peak_flops * eff_kind * sms_free / sms)       (SMs lost to comm CTAs slow math)
-    t_mem  = hbm_bytes / hbm_free_bw                               (HBM lost to comm slows memory)
+    t_math = flops / (peak_flops * eff_kind) * waves(sms_free) / waves(sms)   (SMs lost to comm CTAs)
+    t_mem  = hbm_bytes / hbm_free_bw * (1 + KAPPA_MEM * share)      (HBM lost to comm, queueing)
     t      = max(t_math, t_mem) + OVERLAP_GAMMA * min(t_math, t_mem)
 
 Communication kernels hold ``n_channels`` CTAs (one SM each; NCCL CTAs never share an SM with
 compute, nccl#689) for their whole duration and move data at::
 
-    bw = min(n_channels * per_channel_gbs(protocol, n_threads, chunk), link_gbs * protocol_eff)
+    bw = softmin(n_channels * per_channel_gbs(protocol, n_threads, chunk), link_gbs * protocol_eff)
 
 where the link is NVLink inside a node and the network across nodes (``net_gbps_per_gpu`` times
 the group's ranks per node, since NCCL runs one ring per NIC). Each wire byte costs
@@ -25,7 +25,8 @@ bandwidth than the device has, both get a proportional share (the sharing rule).
 
 Defaults that NCCL would choose (``resolve_config``) follow NCCL's documented behaviour in broad
 strokes: NVLS for intra-node all-reduce on sm90 NVSwitch systems, Ring otherwise; LL below 64 KiB,
-LL128 below 4 MiB, Simple above; 32 channels intra-node on sm90 (24 on sm80), 16 across nodes.
+LL128 below 4 MiB, Simple above; channels from the topology (``sim.channel_defaults``: 32 / 24 in an
+NVSwitch node, 16 across nodes, 2 on PCIe).
 The constants are calibrated, not derived: tests/sim/test_calibration.py checks them against the
 public figures cited there.
 """
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.sim.channel_defaults import topology_channels
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -47,6 +49,19 @@ KAPPA_COMPUTE = 0.8
 conflicts; nccl#1433: both sides slow down even with spare SMs). Our calibration."""
 KAPPA_COMM = 0.5
 """The same on communication: bandwidth divided by ``1 + KAPPA_COMM * share`` of compute's HBM draw."""
+KAPPA_MEM = 3.0
+"""Queueing of a memory-bound kernel's HBM requests behind a collective's: its memory time runs
+``1 + KAPPA_MEM * share`` slower on top of the proportional share. Calibrated on nccl#1428 (A100,
+GPT training, all-gather overlapped): element-wise kernels 2.5x and attention 1.83x slower, GEMMs
+1.76x; the maintainer: the collective's HBM traffic is its NVLink bytes "multiplied by at least 2x
+... can be 3x". With 3.0 a 2 GiB element-wise kernel beside a 256 MiB all-gather on 8 A100 slows
+about 2.1x (tests/sim/test_physics.py checks the public 1.8-2.5x range)."""
+SAT_P = 8.0
+"""Sharpness of bandwidth saturation: ``bw = (rate^-p + link^-p)^(-1/p)``. A shape assumption, not a
+measurement (nccl-tests channel sweeps approach the link gradually rather than at a knee); at
+NCCL's default channel counts it changes bus bandwidth by < 0.1%."""
+TILE_M, TILE_N = 128, 256
+"""Output tile of a bf16 GEMM kernel (CUTLASS / cuBLAS Hopper and Ampere tiles): one CTA per tile."""
 OVERLAP_GAMMA = 0.25
 """Fraction of the shorter of (math, memory) time that a kernel fails to hide (our calibration)."""
 
@@ -104,6 +119,11 @@ class Gpu:
     nvlink_latency_us: float
     net_latency_us: float
     max_channels: int
+    intra_link: str = "nvlink"
+    """nvlink or pcie (``ClusterSpec.intra_link``): decides NCCL's default channels."""
+    kappa_mem: float = KAPPA_MEM
+    kappa_compute: float = KAPPA_COMPUTE
+    """Contention constants; a cluster file's fitted values (``lagom calibrate contention``) win."""
 
     @classmethod
     def from_cluster(cls, spec: Any) -> "Gpu":
@@ -116,6 +136,9 @@ class Gpu:
             nvlink_latency_us=float(getattr(spec, "nvlink_latency_us", 1.0)),
             net_latency_us=float(getattr(spec, "net_latency_us", 5.0)),
             max_channels=64 if (major, minor) >= (2, 25) else 32,
+            intra_link=str(getattr(spec, "intra_link", "nvlink")),
+            kappa_mem=KAPPA_MEM if getattr(spec, "kappa_mem", None) is None else float(spec.kappa_mem),
+            kappa_compute=KAPPA_COMPUTE if getattr(spec, "kappa_compute", None) is None else float(spec.kappa_compute),
         )
 
     @property
@@ -129,25 +152,51 @@ class Gpu:
 @dataclass(frozen=True, slots=True)
 class ComputeKernel:
     """A compute kernel: ``flops`` (FLOP), ``hbm_bytes`` (bytes), ``kind`` (gemm, attention,
-    elementwise, norm), ``max_sms`` (None = all SMs of the device)."""
+    elementwise, norm), ``max_sms`` (None = all SMs of the device), ``tiles`` (CTAs of one launch,
+    0 = so many that waves do not matter), ``persistent`` (a persistent kernel launches one CTA
+    per SM and loops over tiles: when SMs are taken, the CTAs that find no SM run after the others,
+    pytorch#143988)."""
 
     name: str
     kind: str
     flops: float
     hbm_bytes: float
     max_sms: int | None = None
+    tiles: int = 0
+    persistent: bool = False
+
+
+def wave_factor(sms: int, sms_free: float, k: "ComputeKernel") -> float:
+    """Math-time factor of ``k`` on ``sms_free`` of ``sms`` SMs relative to all of them.
+
+    Tiles run in waves of one CTA per free SM: ``ceil(tiles / free) / ceil(tiles / sms)`` (a GEMM of
+    exactly one wave slows 2x when one SM is taken); a persistent kernel's ``sms`` CTAs take
+    ``ceil(sms / free)`` rounds (2x at 10% of the SMs taken, pytorch#143988); without tiles the
+    factor is ``sms / free`` (linear in free SMs).
+    """
+    free = max(1, int(math.floor(sms_free + 1e-9)))
+    if free >= sms:
+        return 1.0
+    if k.persistent:
+        return float(math.ceil(sms / free))
+    if k.tiles > 0:
+        return math.ceil(k.tiles / free) / math.ceil(k.tiles / sms)
+    return sms / max(1.0, sms_free)
 
 
 def compute_time_us(gpu: Gpu, k: ComputeKernel, *, sms_free: float | None = None, hbm_gbs: float | None = None,
                     comm_hbm_share: float = 0.0) -> float:
     """Duration in microseconds of ``k`` given the SMs and HBM bandwidth (GB/s) left to it and the
-    fraction of HBM bandwidth concurrent collectives draw (``KAPPA_COMPUTE``)."""
+    fraction of HBM bandwidth concurrent collectives draw (``KAPPA_COMPUTE`` on math,
+    ``KAPPA_MEM`` on memory time); SMs count in waves (``wave_factor``)."""
     sms = gpu.sms if sms_free is None else max(1.0, sms_free)
+    full = gpu.sms
     if k.max_sms is not None:
-        sms = min(sms, k.max_sms)
+        sms, full = min(sms, k.max_sms), min(full, k.max_sms)
     bw = gpu.hbm_gbs * HBM_EFF if hbm_gbs is None else max(1.0, hbm_gbs)
-    t_math = k.flops / (gpu.peak_tflops * 1e6 * COMPUTE_EFF[k.kind] * sms / gpu.sms) * (1.0 + KAPPA_COMPUTE * comm_hbm_share)
-    t_mem = k.hbm_bytes / (bw * 1e3)
+    t_math = (k.flops / (gpu.peak_tflops * 1e6 * COMPUTE_EFF[k.kind] * full / gpu.sms) * wave_factor(full, sms, k)
+              * (1.0 + gpu.kappa_compute * comm_hbm_share))
+    t_mem = k.hbm_bytes / (bw * 1e3) * (1.0 + gpu.kappa_mem * comm_hbm_share)
     return max(t_math, t_mem) + OVERLAP_GAMMA * min(t_math, t_mem) + 1.0
 
 
@@ -167,6 +216,8 @@ class Collective:
     nbytes: int
     group_size: int
     n_nodes: int = 1
+    registered: bool = False
+    """Buffers registered with NCCL (user buffers); Megatron-Core does so only with NCCL UB on."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -196,25 +247,25 @@ def _algorithms(gpu: Gpu, c: Collective) -> tuple[str, ...]:
 
 
 def _default_channels(gpu: Gpu, c: Collective, algorithm: str, protocol: str) -> int:
-    if algorithm == "P2P":
-        base = 8 if c.n_nodes == 1 else 4
-    elif algorithm == "NVLS":
-        base = 16
-    elif c.n_nodes > 1:
-        base = 16
-    else:
-        base = 32 if gpu.arch_key == 90 else 24
+    base = topology_channels(intra_link=gpu.intra_link, sm_arch_key=gpu.arch_key, n_nodes=c.n_nodes, algorithm=algorithm)
     # NCCL lowers the channel count for small messages (each channel needs a few chunks)
     per_rank = max(1, c.nbytes // max(1, c.group_size))
     by_size = max(1, per_rank // (DEFAULT_CHUNK[protocol] // 2))
     return int(min(base, by_size, gpu.max_channels))
 
 
-def efficiency_channels(gpu: Gpu, c: Collective, algorithm: str, protocol: str, n_threads: int, chunk: int) -> int:
-    """CTA policy EFFICIENCY: the fewest channels reaching 85% of the link-limited bandwidth."""
-    cap = _link_gbs(gpu, c, algorithm, protocol)
-    ch = per_channel_gbs(gpu, protocol, n_threads, chunk)
-    return int(max(1, min(gpu.max_channels, math.ceil(0.85 * cap / ch))))
+def cta_efficiency_applies(gpu: Gpu, c: Collective) -> bool:
+    """Whether ``NCCL_CTA_POLICY=EFFICIENCY`` changes anything for ``c``.
+
+    NCCL 2.27+ acts on the policy in one place (``src/enqueue.cc:2152-2170``, NCCL 2.30.7): with
+    no tuner plugin, no NCCL_ALGO / NCCL_PROTO, an all-gather or reduce-scatter on *registered*
+    user buffers, and NVLS available (one NVSwitch node on sm90+), it switches to NVLS / Simple
+    with the channels NVLS registration needs. Everything else keeps NCCL's default. Megatron-Core
+    registers its buffers only with NCCL user buffers enabled, which no simulated preset does
+    (``Collective.registered`` is False), so the policy is NCCL's default there.
+    """
+    nvls_ok = gpu.nvswitch and gpu.sm_arch >= 90 and c.n_nodes == 1 and c.group_size > 2
+    return c.registered and nvls_ok and c.op in ("all_gather", "reduce_scatter")
 
 
 def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
@@ -240,8 +291,8 @@ def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
     chunk = cfg.chunk_size if cfg.chunk_size and proto == "Simple" else DEFAULT_CHUNK[proto]
     if cfg.n_channels is not None and alg != "P2P":
         channels = int(min(max(1, cfg.n_channels), gpu.max_channels))
-    elif cfg.cta_policy == "EFFICIENCY" and alg != "P2P":
-        channels = efficiency_channels(gpu, c, alg, proto, threads, chunk)
+    elif cfg.cta_policy == "EFFICIENCY" and cta_efficiency_applies(gpu, c):
+        alg, proto, channels = "NVLS", "Simple", _default_channels(gpu, c, "NVLS", "Simple")
     else:
         channels = _default_channels(gpu, c, alg, proto)
     return Resolved(algorithm=alg, protocol=proto, n_channels=channels, n_threads=threads, chunk_size=chunk)
@@ -254,6 +305,11 @@ def per_channel_gbs(gpu: Gpu, protocol: str, n_threads: int, chunk: int) -> floa
     ref = DEFAULT_CHUNK[protocol]
     step = (chunk / (chunk + 64 * KIB)) / (ref / (ref + 64 * KIB))
     return base * threads * step
+
+
+def softmin(rate: float, link: float) -> float:
+    """``(rate^-p + link^-p)^(-1/p)`` with ``p = SAT_P``: the soft bandwidth ceiling, GB/s."""
+    return (rate ** -SAT_P + link ** -SAT_P) ** (-1.0 / SAT_P)
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -309,7 +365,7 @@ def comm_cost(gpu: Gpu, c: Collective, r: Resolved) -> CommCost:
     rate = r.n_channels * per_channel_gbs(gpu, proto, r.n_threads, r.chunk_size)
     if r.algorithm == "NVLS":
         rate *= 1.6  # the switch does the reduction: fewer CTAs move more bus bytes
-    bw = min(rate, link)
+    bw = softmin(rate, link)
     if c.op in ("all_reduce",):
         steps = 2 * (n - 1) if r.algorithm == "Ring" else 2 * max(1, math.ceil(math.log2(max(n, 2))))
     elif c.op in ("all_gather", "reduce_scatter", "all_to_all"):

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lagom_megatron.sim.device import Collective, ComputeKernel
+import math
+
+from lagom_megatron.sim.device import TILE_M, TILE_N, Collective, ComputeKernel
 
 
 @dataclass(slots=True)
@@ -53,8 +55,10 @@ class Program:
 
 
 def gemm(name: str, m: float, n: float, k: float, max_sms: int | None = None) -> ComputeKernel:
-    """A bf16 GEMM (m x k) @ (k x n): 2mnk FLOPs, operands and result read/written once."""
-    return ComputeKernel(name, "gemm", 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n), max_sms)
+    """A bf16 GEMM (m x k) @ (k x n): 2mnk FLOPs, operands and result read/written once, one CTA
+    per ``TILE_M x TILE_N`` output tile (``device.wave_factor``)."""
+    tiles = math.ceil(m / TILE_M) * math.ceil(n / TILE_N)
+    return ComputeKernel(name, "gemm", 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n), max_sms, tiles=int(tiles))
 
 
 def elementwise(name: str, nbytes: float, kind: str = "elementwise") -> ComputeKernel:

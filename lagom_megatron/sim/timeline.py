@@ -53,9 +53,14 @@ class CallRecord:
 
 @dataclass(slots=True)
 class TimelineResult:
+    """Total iteration time (us), one record per call, each micro-batch's start (us), and the
+    compute stream's busy time (us) alone and while at least one collective was running."""
+
     total_us: float
     calls: list[CallRecord]
     mb_start_us: dict[int, float]
+    compute_us: float = 0.0
+    compute_overlapped_us: float = 0.0
 
 
 def windows(prog: Program) -> list[list[int]]:
@@ -109,6 +114,7 @@ def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = Fal
     pc = 0
     cur = None  # ("K", q, kernel, frac_left, noise, start) | ("I", end)
     blocked_on = -1
+    comp_us = comp_ovl_us = 0.0
 
     def try_start_comm() -> None:
         for i in list(unstarted):
@@ -196,6 +202,9 @@ def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = Fal
         # apply progress
         if cur is not None:
             if cur[0] == "K":
+                comp_us += dt
+                if active:
+                    comp_ovl_us += dt
                 cur[3] -= dt / (k_time * cur[4])
                 if cur[3] <= 1e-9:
                     dur = t - cur[5]
@@ -219,4 +228,4 @@ def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = Fal
                 done[i] = True
                 rec[i].end_us = t
                 streams[prog.calls[i].stream].popleft()
-    return TimelineResult(total_us=t, calls=rec, mb_start_us=mb_start)
+    return TimelineResult(total_us=t, calls=rec, mb_start_us=mb_start, compute_us=comp_us, compute_overlapped_us=comp_ovl_us)

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.sim.device import Collective, ComputeKernel, compute_time_us
 from lagom_megatron.sim.program import Call, Program, elementwise, gemm
+from lagom_megatron.sim.workload_fsdp import fsdp_microbatch
 from lagom_megatron.sim.workload_shape import WorkloadShape
 
 MICROBATCH_CAP = 4
@@ -99,7 +100,7 @@ class Workload(WorkloadShape):
         out = []
         for sid, call in first.items():
             n = counts[sid]
-            if not sid.startswith("dp."):
+            if not sid.startswith("dp.") or self.fsdp:
                 n = int(round(n * scale))
             dtype = "float32" if "grad_" in sid and sid.startswith("dp.") else "bfloat16"
             out.append(CollectiveSite(site_id=sid, op=call.coll.op, nbytes=call.coll.nbytes, dtype=dtype,
@@ -122,6 +123,9 @@ class Workload(WorkloadShape):
             prog.mb_start_op[mb] = len(prog.ops)
             if mb == mbs - 1 and self.pp > 1:
                 prog.ops.append(("I", self.bubble_us(), mb))
+            if self.fsdp:
+                fsdp_microbatch(self, prog, mb)
+                continue
             for c in range(self.chunks):
                 if mb == 0 and self.dist_opt and self.overlap_param:
                     self._forward_chunk(prog, c, mb, buckets[c], ag_idx, ag_done, pending_send)
@@ -136,7 +140,7 @@ class Workload(WorkloadShape):
             if call.stream in ("dp", "dp_cp") and "grad" in (call.site_id or ""):
                 prog.wait(i)
         params = self.layer_params() * self.layers_per_chunk * self.chunks + self.output_params() + self.embedding_params()
-        shard = params / (self.dp * self.cp) if self.dist_opt else params
+        shard = params / (self.dp * self.cp) if (self.dist_opt or self.fsdp) else params
         prog.kernel(elementwise("optimizer.adam", shard * ADAM_BYTES_PER_PARAM), mbs - 1)
         if not (self.dist_opt and self.overlap_param) and self.dist_opt:
             for c in range(self.chunks):

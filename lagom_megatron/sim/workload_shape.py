@@ -50,6 +50,8 @@ class WorkloadShape:
     overlap_param: bool
     overlap_p2p: bool
     tp_comm_overlap: bool
+    fsdp: bool
+    """Megatron-FSDP or torch FSDP2 (``sim.workload_fsdp``)."""
     cdmc1: bool
     bucket_params: int
     nodes: dict[str, int]
@@ -87,6 +89,25 @@ class WorkloadShape:
             "pp": group_nodes(stride=tp * cp * dp, size=min(pp, 2), gpus_per_node=gpn),
             "ep": group_nodes(stride=tp * cp, size=ep, gpus_per_node=gpn),
         }
+        fsdp = bool(o.use_megatron_fsdp or o.use_torch_fsdp2)
+        refused = {
+            "overlap_moe_expert_parallel_comm": (o.overlap_moe_expert_parallel_comm,
+                                                 "the simulator does not model Megatron's combined 1F1B all-to-all overlap"),
+            "overlap_param_gather_with_optimizer_step": (o.overlap_param_gather_with_optimizer_step,
+                                                         "the simulator does not model the gather inside the optimizer step"),
+            "use_megatron_fsdp / use_torch_fsdp2 with PP or virtual stages": (fsdp and (pp > 1 or chunks > 1),
+                                                                                "FSDP is modelled with one pipeline stage only"),
+            "use_megatron_fsdp / use_torch_fsdp2 with use_distributed_optimizer": (
+                fsdp and o.use_distributed_optimizer, "Megatron runs one or the other"),
+            "moe_token_dispatcher_type other than alltoall": (
+                experts > 0 and (getattr(m, "moe_token_dispatcher_type", None) or "alltoall") != "alltoall",
+                "only the all-to-all dispatcher is modelled"),
+            "expert_tensor_parallel_size > 1": ((getattr(p, "expert_tensor_parallel_size", None) or 1) > 1 and experts > 0,
+                                                "expert tensor parallelism is not modelled"),
+        }
+        bad = [f"{k} ({why})" for k, (on, why) in refused.items() if on]
+        if bad:
+            raise ValueError(f"preset {preset.name!r} sets what the simulator cannot model: {'; '.join(bad)}")
         bucket = o.ddp_bucket_size or max(40_000_000, 1_000_000 * dp * cp)
         return cls(
             name=preset.name or "preset", gpu=gpu, layers_per_chunk=m.num_layers // (pp * chunks), chunks=chunks,
@@ -95,7 +116,7 @@ class WorkloadShape:
             seq=t.seq_length, hidden=m.hidden_size, ffn=ffn, q_dim=heads * head_dim, kv_dim=groups * head_dim,
             vocab=m.vocab_size or 50304, swiglu=m.swiglu, experts=experts, topk=m.moe_router_topk or 1,
             dist_opt=o.use_distributed_optimizer, overlap_grad=o.overlap_grad_reduce, overlap_param=o.overlap_param_gather,
-            overlap_p2p=o.overlap_p2p_comm, tp_comm_overlap=o.tp_comm_overlap and tp > 1,
+            overlap_p2p=o.overlap_p2p_comm, tp_comm_overlap=o.tp_comm_overlap and tp > 1, fsdp=fsdp,
             cdmc1=str(preset.env.get("CUDA_DEVICE_MAX_CONNECTIONS", "")) == "1", bucket_params=int(bucket),
             nodes=nodes, sizes=sizes,
         )

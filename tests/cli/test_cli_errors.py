@@ -126,7 +126,8 @@ def test_export_refuses_what_validate_refuses_and_rejected_plans_unless_allowed(
     assert main(["plan", "export", str(saved / "rejected.json"), "--format", "nccl-tuner-csv"]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and "rejected by its verification (gain below noise): not exported" in captured.err
-    assert main(["plan", "export", str(saved / "rejected.json"), "--format", "nccl-tuner-csv", "--allow-rejected"]) == 0
+    assert main(["plan", "export", str(saved / "rejected.json"), "--format", "nccl-tuner-csv", "--extended",
+                 "--allow-rejected"]) == 0
     captured = capsys.readouterr()
     assert "rejected by its verification (gain below noise)" in captured.err
     assert captured.out.strip(), "the table is still exported"

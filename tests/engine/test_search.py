@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 
+from lagom_megatron.engine.priority import STATIC_CAPS
 from lagom_megatron.engine.bench import SMALL_DOMAINS
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.problem import SEARCH_KNOBS
@@ -55,10 +56,12 @@ def test_model_evaluations_grow_linearly_with_sites():
                         a=np.tile(base.model.a_S, copies), b=np.tile(base.model.b_S, copies))
         counts[copies] = search(problem, method="priority").stats["model_evaluations"]
         # Bound per site: 1 default evaluation + 3 rounds of (domain + current) per knob, plus for
-        # each shared knob governing it: per candidate value one such pass and one evaluation.
+        # each shared knob governing it: per candidate value one such pass and one evaluation; plus
+        # the static candidates (nccl-default, cap 2/4/8): each evaluated, refined by 3 rounds, evaluated.
         one_pass = sum(problem.vals[k].shape[1] + 1 for k in SEARCH_KNOBS)
         shared = sum(np.count_nonzero(~np.isnan(problem.vals[k][g[0]])) * (one_pass + 1) for k, _, g in problem.shared_units())
-        assert counts[copies] <= (1 + 3 * one_pass + shared) * len(sites)
+        statics = 1 + len(STATIC_CAPS)
+        assert counts[copies] <= (1 + 3 * one_pass + shared + 1 + 2 * statics + statics * 3 * one_pass) * len(sites)
     for copies in (2, 4, 8):
         ratio = counts[copies] / counts[1]
         assert copies * 0.9 <= ratio <= copies * 1.1, f"got x{ratio:.2f} evaluations for x{copies} sites"
@@ -76,16 +79,18 @@ def test_communicator_scope_knob_gets_one_value_for_all_its_sites():
     problem = build(sites=sites, comp_ratio=[0.2, 1.0, 2.0, 4.0] * 2, mechanism="communicator")
     assert problem.scope["n_channels"] == "communicator"
     plan = search(problem, method="priority").plan
+    default_nc = problem.default_state().nc
+    # a site left at NCCL's choice (config None) runs its default channel count
+    nc = {s.site_id: plan.entries[s.site_id].config.n_channels or default_nc[i] for i, s in enumerate(sites)}
     for group in ("dp", "tp"):
         # NCCL caps each call at min(its own choice, maxCTAs): one cap per communicator.
-        cap = max(e.config.n_channels for e in plan.entries.values() if e.group == group)
+        cap = max(nc[s.site_id] for s in sites if s.group == group)
         for i, s in enumerate(sites):
             if s.group == group:
-                default_nc = problem.default_state().nc[i]
-                assert plan.entries[s.site_id].config.n_channels == min(default_nc, cap)
-    assert len({e.config.n_channels for e in plan.entries.values() if e.group == "dp"}) == 1
+                assert nc[s.site_id] == min(default_nc[i], cap)
+    assert len({nc[s.site_id] for s in sites if s.group == "dp"}) == 1
     # The process-scope thread count is one value for the whole job.
-    assert len({e.config.n_threads for e in plan.entries.values()}) == 1
+    assert len({e.config.n_threads for e in plan.entries.values() if e.config.n_threads is not None}) <= 1
 
 
 def test_gloo_threads_are_one_value_per_communicator():

@@ -182,11 +182,16 @@ def test_probe_iterations_assign_the_probe_to_every_site(fake_engine):
 
 
 def test_plan_kept_only_when_gain_exceeds_spread(fake_engine):
-    # 1% gain with +-5% jitter: the spread wins -> defaults kept
-    t = _tuner(verify_iters=3)
+    # 1% gain with +-5% jitter: under the half-range rule the spread wins -> defaults kept
+    t = _tuner(verify_iters=3, noise_rule="half-range")
     _run(t, t.profiling_iters + 1 + 6 + 1, plan_us=9900.0, jitter=500.0)
     assert t.phase is Phase.FELL_BACK
     assert "needed >" in t.reason and t.assignment() == {}
+    # the jitter moves each (defaults, plan) pair together: the paired rule (default) sees the
+    # constant 1% gain through it
+    t = _tuner(verify_iters=3)
+    _run(t, t.profiling_iters + 1 + 6 + 1, plan_us=9900.0, jitter=500.0)
+    assert t.phase is Phase.APPLIED, t.reason
     # the same gain without jitter is kept
     t = _tuner(verify_iters=3)
     _run(t, t.profiling_iters + 1 + 6 + 1, plan_us=9900.0)

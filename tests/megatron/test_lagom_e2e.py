@@ -72,7 +72,8 @@ def _check_report_against_log(md: str, log: str, saved: Plan) -> set[str]:
     column of the per-site table adds up (sites + rest) to its iteration figure, and the measured
     columns' iteration row is the verdict's medians. Returns the site ids of the table."""
     m = re.search(r"lagom: phase (applied|fell_back) \| (?:measured [\d.]+ -> [\d.]+ ms \| )?plan ([\d.]+) ms vs "
-                  r"defaults ([\d.]+) ms \(median of (\d+)\), gain (-?[\d.]+) ms, needed > ([\d.]+) ms", log)
+                  r"defaults ([\d.]+) ms \(median of (\d+)\), gain (-?[\d.]+) ms(?: \(mean of \d+ paired differences\))?, "
+                  r"needed > ([\d.]+) ms", log)
     assert m, log
     phase, plan_ms, default_ms, n, gain, needed = m.groups()
     assert md.startswith(f"# lagom report: {phase}\n") and phase == saved.stats["verification"]

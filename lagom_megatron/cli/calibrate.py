@@ -1,0 +1,32 @@
+"""``lagom calibrate contention CSV [--out FILE]``: fits a GPU's contention constants from the CSV of
+``scripts/gpu/contention_probe.py`` (``lagom_megatron.sim.calibrate``) and writes them as YAML.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("what", choices=["contention"], help="what to calibrate")
+    parser.add_argument("csv", help="the probe's CSV (scripts/gpu/contention_probe.py --out)")
+    parser.add_argument("--out", default=None, help="YAML to write (default: <csv stem>.fit.yaml beside the CSV)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fits and writes; prints the constants. Raises ValueError / OSError on a bad CSV or path."""
+    from lagom_megatron.sim.calibrate import fit, read_rows, write_yaml
+
+    src = Path(args.csv)
+    out = Path(args.out) if args.out else src.with_name(src.stem + ".fit.yaml")
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
+    fitted = fit(read_rows(src))
+    write_yaml(fitted, out, source=src.name)
+    fmt = lambda x: "no usable rows" if x is None else f"{x:.3f}"  # noqa: E731
+    print(f"{fitted.gpu}: kappa_mem {fmt(fitted.kappa_mem)} ({fitted.rows['kappa_mem']} rows), "
+          f"kappa_compute {fmt(fitted.kappa_compute)} ({fitted.rows['kappa_compute']} rows), "
+          f"SM term error {fmt(fitted.sm_term_mae_pct)}% ({fitted.rows['sm_term']} rows)")
+    print(f"wrote {out}")
+    return 0

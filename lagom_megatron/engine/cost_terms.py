@@ -1,0 +1,119 @@
+"""Constants and elementwise terms of the unified cost model (``cost_model.CostModel``): per
+protocol and per algorithm tables, the absolute per-channel bandwidth prior, the region formula,
+the SM term, the soft bandwidth ceiling and the bus-bandwidth factors. Sources are given per
+constant (NCCL 2.30.7 source lines, nccl-tests and NCCL issues).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lagom_megatron.engine.knobs import ALGORITHMS, DEFAULT_CHUNK, PROTOCOLS
+from lagom_megatron.engine.profile import OPS
+
+ALG_NONE = len(ALGORITHMS)  # point-to-point on NCCL, or gloo: no algorithm choice
+PROTO_NONE = len(PROTOCOLS)
+_RING, _TREE, _NVLS, _NVLSTREE, _CNDIRECT, _CNCHAIN, _PAT = range(7)
+_LL, _LL128, _SIMPLE = range(3)
+_OP = {op: i for i, op in enumerate(OPS)}
+_AR, _AG, _RS, _A2A, _SEND, _RECV, _BCAST = (_OP[o] for o in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast"))
+
+# Per-protocol constants, indexed LL, LL128, Simple, none.
+_PROTO_LAT = np.array([0.3, 0.5, 1.0, 1.0])
+"""Latency of one step relative to Simple (LL and LL128 avoid the flag round trip)."""
+_PROTO_CH_EFF = np.array([0.6, 0.95, 1.0, 1.0])
+"""Per-channel throughput relative to Simple."""
+_PROTO_LINK_EFF = np.array([0.5, 0.9375, 1.0, 1.0])
+"""Share of the link the protocol's payload can use: LL 8 of 16 bytes, LL128 120 of 128."""
+_PROTO_HBM = np.array([5.0, 2.7, 2.5, 2.0])
+"""HBM bytes per wire byte (NCCL maintainers: NVLink bytes x2-3 in HBM; LL doubles for flags)."""
+_PROTO_CHUNK_HALF = np.array([4096.0, 65536.0, 65536.0, 65536.0])
+"""Chunk size at which a channel reaches half of its large-chunk throughput, bytes."""
+_PROTO_DEFAULT_CHUNK = np.array([DEFAULT_CHUNK["LL"], DEFAULT_CHUNK["LL128"], DEFAULT_CHUNK["Simple"], 0.0])
+RING_SIMPLE_CHUNK_STEPS = 4
+"""Ring / Simple collectives move ``chunkSteps`` buffer steps per chunk: all-reduce, all-gather and
+reduce-scatter use ``NCCL_STEPS / 2`` = 4 (NCCL 2.30.7 src/include/collectives.h:19-26), so with the
+default 4 MiB buffer the chunk is 4 x 512 KiB = 2 MiB (src/enqueue.cc:2222-2225); every other
+algorithm / protocol runs one step per chunk (enqueue.cc:2223)."""
+# Per-algorithm constants, indexed as knobs.ALGORITHMS plus none.
+_ALG_LINK_EFF = np.array([1.0, 0.85, 1.0, 0.95, 1.0, 0.95, 0.9, 1.0])
+_ALG_CH_MULT = np.array([1.0, 1.0, 1.4, 1.4, 1.0, 1.0, 1.0, 1.0])
+"""Per-channel throughput multiplier: NVLS CTAs drive the switch's multicast. On 8 x H100 NCCL's 16
+NVLS channels reach ~480 GB/s all-reduce bus bandwidth where Ring needs ~17 channels for ~370
+(nccl-tests#212): about 1.4x per channel."""
+_ALG_HBM = np.array([1.0, 1.0, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0])
+"""HBM traffic per wire byte relative to the protocol's (``_PROTO_HBM``): NVLS reduces in the
+NVSwitch with multimem loads and stores, so each GPU reads its operand and writes its result once
+(~1.2 HBM bytes per wire byte against 2.5-3 for a ring reduction, nccl#1428's 2-3x)."""
+
+PER_CHANNEL_PRIOR_GBS: dict[int, float] = {90: 22.0, 80: 15.0}
+"""Absolute prior of one channel's Simple bandwidth at 512 threads, GB/s, by SM architecture
+(Hopper and later: 90; Ampere: 80): about 370 GB/s of 8 x H100 NVLink ring bus bandwidth needs
+~17 channels (nccl-tests#212), about 230 GB/s on 8 x A100 ~16 (nccl-tests#149). Absolute rather
+than a share of the link: on PCIe one channel is most of the link (link/16 would be 11x low)."""
+SOFTMIN_P = 8.0
+"""Sharpness of the bandwidth saturation: bw = (x^-p + y^-p)^(-1/p). Channel sweeps reach the link
+within a few percent once channels x per-channel bandwidth pass it (nccl-tests with
+NCCL_MIN/MAX_NCHANNELS); p = 4 would leave 16% below the link at twice the knee's channels and
+make the fitted per-channel bandwidth (gamma) absorb the difference."""
+DEFAULT_THREADS = 512
+NCCL_BASE_LATENCY_US = 3.0
+"""Kernel launch and setup of one NCCL call, microseconds."""
+PRIOR_A = 1.0
+PRIOR_B = 1.0
+CHUNK_L2_FLOOR = 0.6
+"""Share of the HBM traffic a very small chunk still causes (the rest stays in L2)."""
+GLOO_CALL_US = 100.0
+"""Fixed cost of one gloo call (each piece of a chunked call is one), microseconds: torch
+dispatch, work enqueue and the worker thread's wake-up. Without it a group of one rank (no wire
+bytes, no steps) is predicted to take 0 us, while it takes hundreds of microseconds on a loaded CPU."""
+
+
+def region_time_us(t_comm_us: Any, t_comp_us: Any, s: Any) -> Any:
+    """The unified region formula (docs/engine.md), elementwise on scalars or numpy arrays.
+
+    Args:
+        t_comm_us: collective duration, microseconds.
+        t_comp_us: duration of the overlapped compute alone, microseconds.
+        s: fractional compute slowdown while the collective runs (>= 0).
+
+    Returns:
+        ``max(t_comm, t_comp + t_comm * s / (1 + s))`` in microseconds; continuous where
+        ``t_comm == t_comp * (1 + s)``.
+    """
+    return np.maximum(t_comm_us, t_comp_us + t_comm_us * (s / (1.0 + s)))
+
+
+def sm_term(ctas, sms, gloo: bool = False):
+    """``c / (SMs - c)``: the fractional slowdown of compute left ``SMs - c`` SMs (c clipped below
+    SMs - 1), elementwise. On gloo worker threads time-share the cores with compute, so the
+    share stays linear: ``c / cores``."""
+    if gloo:
+        return ctas / sms
+    c = np.minimum(ctas, sms - 1.0)
+    return c / (sms - c)
+
+
+def _softmin(x, y):
+    """(x^-8 + y^-8)^(-1/8) (SOFTMIN_P = 8), written with squares and square roots: faster than powers."""
+    x2, y2 = 1.0 / (x * x), 1.0 / (y * y)
+    x4, y4 = x2 * x2, y2 * y2
+    return 1.0 / np.sqrt(np.sqrt(np.sqrt(x4 * x4 + y4 * y4)))
+
+
+def wire_bytes(op: str, nbytes: int, group_size: int) -> float:
+    """Bytes each rank sends for one call under Ring (bus-bandwidth factors of nccl-tests).
+
+    all-reduce 2(n-1)/n, all-gather / reduce-scatter / all-to-all (n-1)/n of the full size,
+    broadcast / send / recv the full size.
+    """
+    n = max(group_size, 1)
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n * nbytes
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n * nbytes
+    return float(nbytes)
+
+

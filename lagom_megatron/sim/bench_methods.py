@@ -1,0 +1,172 @@
+"""The two measured references of ``lagom bench simulated``: AutoCCL as its public code behaves,
+and the oracle. Both drive the simulator directly (site assignments in, iteration times out).
+
+``autoccl_online`` follows AutoCCL (NSDI'25; its public code ``gbxu/autoccl``:
+``coordinate_descent_job.h``, ``get_candidates.py``): every collective is tuned online, for its own
+measured duration, by coordinate descent over its knobs; a candidate is kept when its measured
+duration is shorter than the best so far (no threshold: any measured gain moves it); the channel
+candidates span the whole range NCCL accepts (AutoCCL's list goes to 128; NCCL caps channels at
+``MAXCHANNELS`` 64 from 2.25, 32 before). All sites advance together, one candidate per iteration,
+so each candidate is measured beside the others' current choices, as online tuning is. Stock NCCL
+has no per-call thread count or (before tuner ABI v6) chunk size, so channels, protocol and
+algorithm are its knobs here; its random restarts (``TUNER_RETRY``) are not run.
+
+``oracle`` is coordinate descent directly on the simulator with noise off, from the best of the
+static fixes (defaults, caps 2/4/8 on the sites): first per group of sites (same communicator and
+op) over channels, protocol and algorithm, then per site over the neighbouring channel counts of
+the ``ORACLE_SITES`` sites with the longest regions. It is the reference for what a plan could get
+*through the mechanism a plan uses* (NCCL's rules on the cluster): where channels can only be set
+per communicator (tuner plugin ABI below v3, NCCL < 2.22: ``ncclConfig_t.maxCTAs``), a value is a
+cap on NCCL's own count, one per communicator, and the per-site pass is skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.nccl.rules import NcclRules
+from lagom_megatron.sim.device import resolve_config
+
+AUTOCCL_ROUNDS = 2
+"""Coordinate-descent passes of the autoccl baseline."""
+ORACLE_ROUNDS = 2
+"""Passes of the oracle's per-group descent."""
+ORACLE_SITES = 24
+"""Sites the oracle refines one by one (longest regions first)."""
+KNOBS = ("n_channels", "protocol", "algorithm")
+
+
+def _domains(sim: Any) -> dict[str, dict[str, tuple]]:
+    rules = NcclRules(sim.cluster, backend="sim")
+    out = {}
+    for s in sim.sites:
+        d = rules.domains(op=s.op, n_nodes=s.n_nodes, group_size=s.group_size)
+        out[s.site_id] = {k: tuple(v for v in d[k] if v is not None) for k in KNOBS}
+    return out
+
+
+def _config(knobs: dict[str, Any]) -> CommConfig:
+    return CommConfig(**{k: v for k, v in knobs.items() if v is not None})
+
+
+def autoccl_online(sim: Any, *, first_iteration: int, rounds: int = AUTOCCL_ROUNDS) -> tuple[dict[str, CommConfig], int]:
+    """AutoCCL's online tuning on ``sim`` (module docstring).
+
+    Returns:
+        (site id -> CommConfig it settled on, simulated iterations it spent).
+    """
+    doms = _domains(sim)
+    state = {sid: {k: None for k in KNOBS} for sid in doms}
+    it = first_iteration
+    m = sim.run_iteration(iteration=it)
+    it += 1
+    best = {smp.site_id: smp.t_comm_us for smp in m.samples}
+    for _ in range(rounds):
+        for knob in KNOBS:
+            width = max(len(d[knob]) for d in doms.values())
+            for j in range(width):
+                trial = {}
+                for sid, d in doms.items():
+                    if j < len(d[knob]) and len(d[knob]) > 1 and d[knob][j] != state[sid][knob]:
+                        trial[sid] = {**state[sid], knob: d[knob][j]}
+                if not trial:
+                    continue
+                assign = {sid: _config(trial.get(sid, state[sid])) for sid in doms}
+                m = sim.run_iteration(iteration=it, assignment=assign)
+                it += 1
+                for smp in m.samples:
+                    if smp.site_id in trial and smp.t_comm_us < best[smp.site_id]:
+                        best[smp.site_id] = smp.t_comm_us
+                        state[smp.site_id] = trial[smp.site_id]
+    return {sid: _config(k) for sid, k in state.items()}, it - first_iteration
+
+
+def _time(sim: Any, state: dict[str, dict]) -> float:
+    return sim.run_iteration(iteration=0, assignment={sid: _config(k) for sid, k in state.items()}, noise=False).iteration_us
+
+
+def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_ROUNDS,
+           per_site: int = ORACLE_SITES) -> tuple[dict[str, CommConfig], float, int]:
+    """The oracle plan on ``sim`` (module docstring).
+
+    Returns:
+        (site id -> CommConfig, its noise-free iteration time in us, simulated iterations spent).
+    """
+    doms = _domains(sim)
+    rules = NcclRules(sim.cluster, backend="sim")
+    per_comm = rules.scope("n_channels") != "call"
+    own_nc = {}
+    if per_comm:  # a communicator's channel value caps NCCL's own count (ncclConfig_t.maxCTAs)
+        for i, c in enumerate(sim._prog.calls):
+            if c.site_id is not None and c.site_id not in own_nc:
+                own_nc[c.site_id] = resolve_config(sim.gpu, c.coll, CommConfig()).n_channels
+        for sid, d in doms.items():
+            if sid in own_nc:
+                d["n_channels"] = tuple(sorted({min(v, own_nc[sid]) for v in d["n_channels"]}))
+    default = {sid: {k: None for k in KNOBS} for sid in doms}
+    starts = [default]
+    for cap in caps:
+        starts.append({sid: {**default[sid], "n_channels": min(cap, max(d["n_channels"]))} if len(d["n_channels"]) > 1
+                       else dict(default[sid]) for sid, d in doms.items()})
+    runs = 0
+    times = []
+    for st in starts:
+        times.append(_time(sim, st))
+        runs += 1
+    k = min(range(len(starts)), key=lambda i: times[i])
+    state, best = {sid: dict(v) for sid, v in starts[k].items()}, times[k]
+    sites = {s.site_id: s for s in sim.sites}
+    groups: dict[tuple, list[str]] = {}
+    comms: dict[str, list[str]] = {}
+    for sid, s in sites.items():
+        groups.setdefault((s.group, s.op), []).append(sid)
+        comms.setdefault(s.group, []).append(sid)
+
+    def try_move(members: list[str], knob: str, value: Any) -> None:
+        nonlocal best, runs
+        trial = {sid: dict(v) for sid, v in state.items()}
+        moved = False
+        for sid in members:
+            v = min(value, own_nc[sid]) if (per_comm and knob == "n_channels" and sid in own_nc) else value
+            if v in doms[sid][knob] and len(doms[sid][knob]) > 1 and trial[sid][knob] != v:
+                trial[sid][knob] = v
+                moved = True
+        if not moved:
+            return
+        t = _time(sim, trial)
+        runs += 1
+        if t < best * (1.0 - 1e-6):
+            best = t
+            state.update(trial)
+
+    for _ in range(rounds):
+        before = best
+        for members in groups.values():
+            for knob in KNOBS:
+                if knob == "n_channels" and per_comm:
+                    continue
+                for v in sorted({v for sid in members for v in doms[sid][knob]}):
+                    try_move(members, knob, v)
+        if per_comm:  # one channel cap per communicator
+            for members in comms.values():
+                for v in sorted({v for sid in members for v in rules.domains(op=sites[members[0]].op, n_nodes=sites[members[0]].n_nodes,
+                                                                             group_size=sites[members[0]].group_size)["n_channels"] if v}):
+                    try_move(members, "n_channels", v)
+        if best >= before * (1.0 - 1e-6):
+            break
+    # per site: neighbouring channel counts of the longest regions
+    m = sim.run_iteration(iteration=0, assignment={sid: _config(k) for sid, k in state.items()}, noise=False)
+    runs += 1
+    longest = [] if per_comm else sorted(m.samples, key=lambda smp: -smp.t_region_us)[:per_site]
+    for smp in longest:
+        sid = smp.site_id
+        dom = doms[sid]["n_channels"]
+        if len(dom) < 2:
+            continue
+        cur = state[sid]["n_channels"]
+        pos = dom.index(cur) if cur in dom else None
+        near = [dom[p] for p in ((pos - 1, pos + 1) if pos is not None else ()) if 0 <= p < len(dom)] if pos is not None else list(dom[:3])
+        for v in near:
+            try_move([sid], "n_channels", v)
+    return {sid: _config(k) for sid, k in state.items()}, best, runs

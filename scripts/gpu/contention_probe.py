@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Contention probe for one GPU: how much an NCCL-like channel kernel slows compute beside it.
+
+Times compute kernels (a bf16 GEMM, an element-wise kernel, flash attention) with CUDA events, alone
+and while a copy / reduce kernel runs on another stream holding ``ctas`` persistent CTAs (one per
+"channel", as NCCL's CTAs are), in three modes:
+
+* ``l2``: the CTAs loop over a 2 MiB buffer that stays in L2: SMs held, almost no HBM traffic
+  (the SM term: linear, wave-quantized or persistent);
+* ``copy`` (1 read + 1 write) and ``reduce`` (2 reads + 1 write): HBM traffic like a ring
+  all-gather / reduce-scatter step (the memory term).
+
+The grid: CTAs 1-64; the same total bytes spread over 2-32 CTAs; chunk sizes (bytes each CTA
+handles between barriers, like NCCL's chunk) 32 KiB-4 MiB; 64-512 threads per CTA. Each row holds
+what ``lagom calibrate contention`` needs (``lagom_megatron.sim.calibrate.COLUMNS``). A time
+guard (``--budget-s``, default 270 s) stops the sweep and writes what was measured; the CSV is
+written atomically at the end.
+
+    python scripts/gpu/contention_probe.py --out contention_h200.csv --budget-s 270
+    lagom calibrate contention contention_h200.csv
+
+Without a CUDA GPU (or without torch / Triton) it prints why and exits with status 0.
+Single-GPU emulation: no NVLink, NIC or proxy traffic, so it calibrates the compute side only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from pathlib import Path
+
+COLUMNS = ("gpu", "sms", "peak_hbm_gbs", "kernel", "kind", "tiles", "persistent", "mode", "ctas", "threads",
+           "chunk_bytes", "total_bytes", "t_alone_us", "t_overlap_us", "kernel_hbm_bytes", "comm_hbm_gbs")
+"""Same as ``lagom_megatron.sim.calibrate.COLUMNS`` (kept here so the probe runs without the package)."""
+MIB = 1 << 20
+
+
+def _available() -> str | None:
+    """None when a CUDA GPU, torch and Triton are usable; else why not."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU visible (torch.cuda.is_available() is False)"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "Triton is not installed (it ships with torch's CUDA wheels)"
+    return None
+
+
+def _kernels():
+    """Builds the Triton channel kernel (imported lazily: the module imports without CUDA)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def channel(src, src2, dst, per_cta, chunk, passes, MODE: tl.constexpr, BLOCK: tl.constexpr):
+        # One persistent CTA per channel: walks its slice in chunks, a barrier after each chunk
+        # (NCCL's step), ``passes`` times. MODE 0 copy, 1 reduce (two reads), 2 L2 loop.
+        pid = tl.program_id(0)
+        base = pid * per_cta
+        for _ in range(passes):
+            for c0 in range(0, per_cta, chunk):
+                for off in range(c0, c0 + chunk, BLOCK):
+                    idx = off + tl.arange(0, BLOCK)
+                    mask = idx < per_cta
+                    x = tl.load(src + base + idx, mask=mask)
+                    if MODE == 1:
+                        x += tl.load(src2 + base + idx, mask=mask)
+                    tl.store(dst + base + idx, x, mask=mask)
+                tl.debug_barrier()
+
+    return channel
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the sweep and writes the CSV. Returns 0 (also when there is no GPU), 2 on bad options."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="CSV to write (atomically)")
+    ap.add_argument("--budget-s", type=float, default=270.0, help="stop the sweep after this many seconds")
+    ap.add_argument("--reps", type=int, default=5, help="timed repetitions per point (median)")
+    args = ap.parse_args(argv)
+    if args.budget_s <= 0 or args.reps < 1:
+        ap.error(f"--budget-s must be > 0 and --reps >= 1; got {args.budget_s}, {args.reps}")
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        ap.error(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
+    why = _available()
+    if why:
+        print(f"contention_probe: {why}; nothing measured, no CSV written")
+        return 0
+    rows = _sweep(args.budget_s, args.reps)
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, out)
+    print(f"contention_probe: {len(rows)} rows -> {out}")
+    return 0
+
+
+def _sweep(budget_s: float, reps: int) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    t_end = time.monotonic() + budget_s
+    dev = torch.cuda.current_device()
+    prop = torch.cuda.get_device_properties(dev)
+    sms, gpu = prop.multi_processor_count, prop.name.replace(",", " ")
+    channel = _kernels()
+    comp_stream, comm_stream = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def timed(fn, stream) -> float:
+        ts = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(stream):
+                a.record()
+                fn()
+                b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) * 1e3)
+        ts.sort()
+        return ts[len(ts) // 2]
+
+    # compute kernels: (name, kind, fn, hbm bytes, tiles)
+    n = 8192
+    A = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    E = torch.randn(256 * MIB, device="cuda", dtype=torch.float32)
+    q = torch.randn(1, 32, 8192, 128, device="cuda", dtype=torch.bfloat16)
+    few = torch.randn(1024, 16384, device="cuda", dtype=torch.bfloat16)
+    fewB = torch.randn(16384, 1024, device="cuda", dtype=torch.bfloat16)
+    computes = [
+        ("gemm_8192", "gemm", lambda: A @ B, 3 * n * n * 2, (n // 128) * (n // 256)),
+        ("gemm_few_waves", "gemm", lambda: few @ fewB, 2 * (1024 * 16384 * 2) + 1024 * 1024 * 2, 8 * 4),
+        ("elementwise", "elementwise", lambda: E.mul_(1.0001).add_(1e-6), 4 * E.numel() * 4, 0),
+        ("attention", "attention", lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), 4 * q.numel() * 2, 0),
+    ]
+    buf_elems = 512 * MIB // 4
+    src, src2, dst = (torch.empty(buf_elems, device="cuda", dtype=torch.float32).fill_(1.0) for _ in range(3))
+    l2_elems = 2 * MIB // 4
+
+    def comm_fn(mode: str, ctas: int, threads: int, chunk_bytes: int, total_bytes: int, passes: int):
+        elems = (l2_elems if mode == "l2" else total_bytes // 4)
+        per_cta = max(1024, elems // ctas)
+        chunk = max(1024, min(per_cta, chunk_bytes // 4))
+        m = {"copy": 0, "reduce": 1, "l2": 2}[mode]
+        return lambda: channel[(ctas,)](src, src2, dst, per_cta, chunk, passes, MODE=m, BLOCK=1024, num_warps=max(1, threads // 32))
+
+    # peak copy bandwidth: the channel kernel on every SM, alone
+    peak_fn = comm_fn("copy", sms, 512, 4 * MIB, 256 * MIB, 1)
+    peak_fn()
+    t_peak = timed(peak_fn, comm_stream)
+    peak = 2 * 256 * MIB / (t_peak * 1e3)
+    points = []
+    for ctas in (1, 2, 4, 8, 16, 24, 32, 48, 64):
+        points.append(("l2", ctas, 512, 512 * 1024, 256 * MIB))
+        points.append(("copy", ctas, 512, 512 * 1024, 256 * MIB))
+    for ctas in (2, 4, 8, 16, 32):  # same total bytes over more CTAs
+        points.append(("reduce", ctas, 512, 512 * 1024, 256 * MIB))
+    for chunk in (32 * 1024, 128 * 1024, 512 * 1024, 2 * MIB, 4 * MIB):
+        points.append(("copy", 16, 512, chunk, 256 * MIB))
+    for threads in (64, 128, 256):
+        points.append(("copy", 16, threads, 512 * 1024, 256 * MIB))
+    rows = []
+    alone = {name: timed(fn, comp_stream) for name, _, fn, _, _ in computes}
+    for mode, ctas, threads, chunk, total in points:
+        one = comm_fn(mode, ctas, threads, chunk, total, 1)
+        one()
+        t1 = timed(one, comm_stream)
+        hbm_rate = 0.0 if mode == "l2" else (3 if mode == "reduce" else 2) * total / (t1 * 1e3)
+        for name, kind, fn, hbm_bytes, tiles in computes:
+            if time.monotonic() > t_end:
+                print("contention_probe: time budget reached, writing what was measured", file=sys.stderr)
+                return rows
+            passes = max(1, int(3 * alone[name] / max(t1, 1e-3)) + 1)  # the channel kernel outlasts the compute
+            long = comm_fn(mode, ctas, threads, chunk, total, passes)
+            ts = []
+            for _ in range(reps):
+                with torch.cuda.stream(comm_stream):
+                    long()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                with torch.cuda.stream(comp_stream):
+                    torch.cuda._sleep(20000)  # let the channel kernel take its SMs first
+                    a.record()
+                    fn()
+                    b.record()
+                torch.cuda.synchronize()
+                ts.append(a.elapsed_time(b) * 1e3)
+            ts.sort()
+            rows.append(dict(gpu=gpu, sms=sms, peak_hbm_gbs=round(peak, 1), kernel=name, kind=kind, tiles=tiles, persistent=0,
+                             mode=mode, ctas=ctas, threads=threads, chunk_bytes=chunk, total_bytes=total,
+                             t_alone_us=round(alone[name], 2), t_overlap_us=round(ts[len(ts) // 2], 2),
+                             kernel_hbm_bytes=hbm_bytes, comm_hbm_gbs=round(hbm_rate, 1)))
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())
