@@ -57,8 +57,8 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
         ranks: global ranks of the entry (the same ranks as the site's group).
         config: the searched configuration for this entry.
         tag: communicator tag (the plan table's ``commTag``); also the group's ``group_desc``.
-        use_tuner_plugin: the tuner plugin applies algorithm/protocol/channels per call;
-            needs NCCL_TUNER_PLUGIN set for the process.
+        use_tuner_plugin: the tuner plugin applies algorithm/protocol/channels per call (the
+            agreed mechanism is ``tuner``: NCCL loaded lagom's plugin on every rank).
         op: the site's op, to scope NCCL_ALGO/NCCL_PROTO to its NCCL function.
         tuner_table: plan table the plugin reads for this communicator (sets LAGOM_TUNER_CONFIG
             during creation); None = the process environment's.
@@ -238,8 +238,10 @@ class NcclPoolBackend:
       cta_policy, cga_cluster_size), applied with ``ncclConfig_t`` and NCCL_ALGO/NCCL_PROTO.
 
     Args:
-        use_tuner_plugin: the agreed mechanism is ``tuner``; None = ``NCCL_TUNER_PLUGIN`` is set
-            (stand-alone use; the controller always passes the agreed value).
+        use_tuner_plugin: the agreed mechanism is ``tuner`` (``Capabilities.mechanism``, set by
+            ``megatron.apply.Applier.agree_capabilities``). Default False: the launch sets
+            ``NCCL_TUNER_PLUGIN`` for every rank (``plugin_launch``), so the variable's text says
+            nothing about whether NCCL loaded the plugin; only the agreed capabilities do.
         tuner_table: plan table for the plugin (``LAGOM_TUNER_CONFIG`` during entry creation);
             None = the process environment's.
         status_reader: ``plugin_status.read_plugin_status`` (tests pass stand-ins).
@@ -247,9 +249,9 @@ class NcclPoolBackend:
 
     name = "nccl"
 
-    def __init__(self, use_tuner_plugin: bool | None = None, tuner_table: str | os.PathLike | None = None,
+    def __init__(self, use_tuner_plugin: bool = False, tuner_table: str | os.PathLike | None = None,
                  status_reader: Callable[[], Any] | None = None) -> None:
-        self.use_tuner_plugin = bool(os.environ.get("NCCL_TUNER_PLUGIN")) if use_tuner_plugin is None else use_tuner_plugin
+        self.use_tuner_plugin = bool(use_tuner_plugin)
         self.tuner_table = tuner_table
         self.table_id: str | None = None
         """Identifies the table's content (e.g. the plan digest), the same on every rank; part of
