@@ -133,8 +133,9 @@ class Applier:
         try:
             consensus.collective_step("env", self._check_env_unchanged)
             if plan is not None:
-                consensus.collective_step("table", lambda: self._write_table(plan))
-                self.pool.destroy(keep=needs)  # probe entries the plan does not use
+                # the probe entries the plan does not use are destroyed in the same step: their
+                # keys come from the plan's configs (entry_key may refuse one) and a destroy can fail
+                consensus.collective_step("table", lambda: (self._write_table(plan), self.pool.destroy(keep=needs)))
             self.pool.prepare(needs, step=consensus.collective_step, ops=ops)
         except consensus.ApplyFailed as exc:
             self.revert(f"applying {what} failed: {exc}")
@@ -196,7 +197,11 @@ class Applier:
         self.error = reason
         self.router.set_assignment({})
         live = self.pool.live
-        destroyed = self.pool.destroy()
+        try:
+            destroyed = self.pool.destroy()
+        except Exception as exc:  # noqa: BLE001 - the defaults are routed already; say so and go on
+            destroyed = live - self.pool.live
+            reason = f"{reason}; destroying the pool entries failed too ({type(exc).__name__}: {exc})"
         say(f"lagom: ERROR: {reason}; NCCL defaults kept on every rank, {destroyed}/{live} pool entries destroyed, "
             "training continues")
 

@@ -191,10 +191,15 @@ def test_train_end_logs_the_plugin_hit_summary(tmp_path, capsys, monkeypatch):
     ctl.plan = Plan(entries={"tp.sp_all_gather[0]": entry}, backend="nccl")
     ctl.pool = type("Pool", (), {"backend": NcclPoolBackend(use_tuner_plugin=True)})()
     ctl.pool.backend.plugin_active = True
+    ctl.mode, ctl.applier = "reuse", type("Applier", (), {"error": None})()
     ctl._reported = True  # the report is not what this test is about
     ctl.on_train_end()
     assert ("lagom: tuner plugin not loaded by NCCL in this process: none of the 1 planned rows can have been applied"
             in capsys.readouterr().out.splitlines())
+    # a plan whose application was reverted has no rows in NCCL: no hit summary claims otherwise
+    ctl.mode, ctl.applier.error = "aborted", "applying plan x failed: table failed on rank 1"
+    ctl.on_train_end()
+    assert "tuner plugin" not in capsys.readouterr().out
 
 
 def test_reused_plan_of_another_method_says_so_and_counts_only_changed_sites(tmp_path, capsys, monkeypatch):
