@@ -216,7 +216,8 @@ class CommPool:
         if "parent" in inspect.signature(self.backend.create_group).parameters:  # the NCCL backend inherits options
             info = self.groups.by_name(eid.name)
             parent = self._parent(eid.name) if info is not None and info.ranks == eid.ranks else None
-            return self.backend.create_group(eid.ranks, config, desc, parent=parent)
+            # the group's name as the plan's entries (and so the tuner table's commTag) spell it
+            return self.backend.create_group(eid.ranks, config, desc, group=eid.name, parent=parent)
         return self.backend.create_group(eid.ranks, config, desc)
 
     def destroy(self, keep: dict[str, set[CommConfig]] | None = None) -> int:
