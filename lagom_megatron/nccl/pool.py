@@ -268,6 +268,7 @@ class NcclPoolBackend:
         """Ranks of an NVLink domain when NVLS can run (agreed capabilities), for ``estimate_bytes``."""
         self.status_reader = status_reader
         self._inits_before: int | None = None
+        self._failures_before = 0
 
     @property
     def _plugin(self) -> bool:
@@ -319,6 +320,7 @@ class NcclPoolBackend:
         if self._plugin and self._inits_before is None:
             status = (self.status_reader or _read_status)()
             self._inits_before = status.init_count if status is not None else 0
+            self._failures_before = getattr(status, "table_failures", 0) if status is not None else 0
 
     def verify(self) -> None:
         """After the entries exist: in plugin mode, the plugin NCCL loaded in this process initialised
@@ -337,8 +339,13 @@ class NcclPoolBackend:
         if before is not None and status.init_count <= before:
             raise RuntimeError(f"NCCL did not initialise lagom's plugin for the new entries (init count "
                                f"{status.init_count}, {before} before)")
-        if not status.table_loaded:
-            raise RuntimeError(f"lagom's plugin did not load the plan table {self.tuner_table or '(environment)'}")
+        failures_before, self._failures_before = self._failures_before, 0
+        failed = before is not None and status.table_failures > failures_before  # only entries made now count
+        if not status.table_loaded or failed:
+            # table_loaded says some table was loaded in this process (an earlier plan's, maybe);
+            # a failure counted since the preflight is this table's (plugin/table.c loadTable)
+            raise RuntimeError(f"lagom's plugin did not load the plan table {self.tuner_table or '(environment)'}"
+                               f" ({status.table_failures - failures_before} failed load(s) in NCCL's log, 'LAGOM/tuner')")
 
     def tag_for(self, desc: str, group: str | None = None) -> str:
         """The entry's tuner tag: ``"<group>/<key>"`` from CommPool's description

@@ -353,6 +353,12 @@ def test_first_use_check_reads_the_plugin_status_in_process():
     status["now"] = PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=3, row_hits=(0, 2),
                                  table_loaded=True)
     backend.verify()
+    # an earlier plan's table is still "loaded", but this table failed to load in the new entries
+    backend.preflight(CommConfig(cga_cluster_size=2))
+    status["now"] = PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=4, row_hits=(0, 2),
+                                 table_loaded=True, table_failures=1)
+    with pytest.raises(RuntimeError, match=r"did not load the plan table .*\(1 failed load"):
+        backend.verify()
     NcclPoolBackend(use_tuner_plugin=False, status_reader=lambda: None).verify()  # nothing to check without the plugin
 
 
