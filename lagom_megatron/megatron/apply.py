@@ -135,7 +135,8 @@ class Applier:
             if plan is not None:
                 # the probe entries the plan does not use are destroyed in the same step: their
                 # keys come from the plan's configs (entry_key may refuse one) and a destroy can fail
-                consensus.collective_step("table", lambda: (self._write_table(plan), self.pool.destroy(keep=needs)))
+                consensus.collective_step("table", lambda: (self._check_mechanism(plan), self._write_table(plan),
+                                                            self.pool.destroy(keep=needs)))
             self.pool.prepare(needs, step=consensus.collective_step, ops=ops)
         except consensus.ApplyFailed as exc:
             self.revert(f"applying {what} failed: {exc}")
@@ -179,6 +180,21 @@ class Applier:
         if self.error:
             out.update(phase="fell_back", reason=self.error)
         return out
+
+    def _check_mechanism(self, plan: Any) -> None:
+        """A plan searched for another mechanism than the agreed one holds knobs this run cannot
+        apply (chunk sizes or LL128 without the plugin; per-communicator algorithms with it).
+
+        Raises:
+            ValueError: names both mechanisms.
+        """
+        backend = self.pool.backend
+        if backend.name != "nccl" or self.capabilities is None:
+            return
+        agreed = self.capabilities.mechanism()
+        if plan.mechanism != agreed:
+            raise ValueError(f"plan {plan.digest()[:12]} was searched for mechanism {plan.mechanism!r} but this run "
+                             f"applies {agreed!r} (agreed capabilities: plugin loaded {self.capabilities.plugin_loaded})")
 
     def _write_table(self, plan: Any) -> None:
         backend = self.pool.backend

@@ -171,3 +171,14 @@ def test_a_budget_fit_failure_on_one_rank_reaches_every_rank_through_the_agreeme
     with pytest.raises(consensus.PlanDisagreement, match=r"the search failed on rank\(s\) \[0\]"):
         ctl._agree(_plan(**{"tp.a[0]": _entry(CommConfig(n_channels=48))}))
     assert "fitting the plan to the pool budget failed: n_channels must be" in capsys.readouterr().out
+
+
+def test_a_plan_of_another_mechanism_falls_back(tmp_path):
+    """A plan searched for the tuner plugin, applied where NCCL did not load it (its chunk size and
+    LL128 would be dropped or refused), is refused in the table step on every rank."""
+    a, pool = _applier(tmp_path, plugin=False)
+    a.capabilities = _caps(None)
+    plan = _plan(**{"tp.a[0]": _entry(CommConfig(protocol="LL128", chunk_size=262144))})
+    assert a.apply_plan(plan) is False
+    assert "searched for mechanism 'tuner' but this run applies 'communicator'" in a.error
+    assert pool.destroyed == [None]
