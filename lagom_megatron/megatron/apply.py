@@ -200,8 +200,7 @@ class Applier:
         backend = self.pool.backend
         if not getattr(backend, "use_tuner_plugin", False):
             return  # gloo, or NCCL without the plugin: no table to write
-        backend.plugin_active = True
-        backend.cta_bound = max((e.config.n_channels for e in plan.entries.values() if e.config.n_channels), default=None)
+        _set_cta_bounds(backend, plan)
         self.pool.invalidate_keys()
         table = self.files.write_tuner_table(plan, self.cluster)
         with open(table, encoding="utf-8") as f:  # what the plugin will read: readable here, or fail now
@@ -242,11 +241,11 @@ class Applier:
         for sid, e in plan.entries.items():
             if e.config.is_default():
                 continue
-            key = (e.group, self.pool.backend.entry_key(e.config))
+            key = (e.group, self.pool.key(e.config, e.group))
             if key[1] is None:
                 continue
             by_key.setdefault(key, []).append(sid)
-            cost[key] = int(estimate(e.config))
+            cost[key] = int(self.pool._estimate(e.config, e.group))
         if sum(cost.values()) <= budget:
             return plan
 
@@ -270,6 +269,18 @@ class Applier:
     def _set_bound_for(self, plan: Any) -> None:
         backend = self.pool.backend
         if getattr(backend, "use_tuner_plugin", False):
-            backend.cta_bound = max((e.config.n_channels for e in plan.entries.values() if e.config.n_channels), default=None)
-            backend.plugin_active = True
+            _set_cta_bounds(backend, plan)
             self.pool.invalidate_keys()
+
+
+def _set_cta_bounds(backend: Any, plan: Any) -> None:
+    """Plugin mode for ``plan``: the CTA bounds of each group's entries are the largest channel
+    count the plan gives that group's sites (``NcclPoolBackend.cta_bounds``; ``cta_bound``, the
+    plan's largest, for any other group)."""
+    backend.plugin_active = True
+    bounds: dict[str, int] = {}
+    for e in plan.entries.values():
+        if e.config.n_channels:
+            bounds[e.group] = max(bounds.get(e.group, 0), int(e.config.n_channels))
+    backend.cta_bounds = bounds
+    backend.cta_bound = max(bounds.values(), default=None)

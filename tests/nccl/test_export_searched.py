@@ -61,3 +61,22 @@ def test_an_untied_plan_is_refused(plan):
         e, config=CommConfig(**{**e.config.to_dict(), "n_channels": other}))})
     with pytest.raises(ValueError, match=re.escape(f"sites {rows[0].sites[0]} and {sid} are the same collective")):
         tuner_rows(broken, extended=True)
+
+
+def test_budget_fit_bounds_each_groups_entries_by_its_own_channels(plan, capsys):
+    """Plugin entries get the CTA bounds of their own group's sites: the simulated plan's tp entry
+    is made with 16 channels (its rows' count), not the dp rows' 64, so under the default budget
+    (512 MiB) its 80 tensor-parallel sites keep their configs. With one plan-wide bound of 64 every
+    entry was estimated at ~616 MiB and the whole plan fell back to the defaults."""
+    from lagom_megatron.megatron.apply import Applier
+    from lagom_megatron.megatron.comm_pool import CommPool
+    from lagom_megatron.megatron.sites import GroupNames
+    from lagom_megatron.nccl.pool import NcclPoolBackend, estimate_entry_bytes
+
+    pool = CommPool(NcclPoolBackend(use_tuner_plugin=True), GroupNames(local_world_size=8))
+    fitted = Applier(pool=pool, router=None, files=None, cluster=None).fit_plan_to_budget(plan)
+    assert pool.backend.cta_bounds == {"tp": 16, "dp": 64}
+    assert pool.backend.estimate_bytes(CommConfig(n_channels=4), group="tp") == estimate_entry_bytes(16)
+    kept = {e.group for e in fitted.entries.values() if not e.config.is_default()}
+    assert kept == {"tp"} and fitted.stats["sites_dropped_for_budget"] == 40  # dp's one entry: ~616 MiB alone
+    assert sum(not e.config.is_default() for e in fitted.entries.values()) == 80

@@ -77,7 +77,8 @@ def test_entries_load_the_rows_plan_hit_summary_reads_under_the_rows_tags(world,
     assert row_tags == {"tp", "dp_cp", "expt_dp"}
     for c in created:  # plugin/table.c tagMatches: the row tag, then '/'
         assert c["tag"].split("/")[0] in row_tags and c["tag"].startswith(c["tag"].split("/")[0] + "/"), c["tag"]
-        assert c["config"].n_channels == 16  # CTA bounds = the plan's largest channel count
+    # CTA bounds per group: the largest channel count of the group's sites (none set: NCCL's own)
+    assert {c["tag"].split("/")[0]: c["config"].n_channels for c in created} == {"tp": 16, "dp_cp": 4, "expt_dp": None}
     assert sorted(c["tag"].split("/")[0] for c in created) == ["dp_cp", "expt_dp", "tp"]  # one entry per group and key
     # the TE sites' calls are routed to the entry of their group (the router asks group_for)
     te = plan.entries["tp.sp_all_gather[chunk0.decoder.layers.3.self_attention.linear_qkv]"]
