@@ -62,12 +62,14 @@ class Applier:
             import torch.distributed as dist
 
             dist.all_reduce(torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device())))
-        local = (gather or caps_mod.gather_local)()
         try:
+            # gathering reads files, the driver and the plugin: a rank where it fails must not
+            # leave the others waiting in the comparison's all-gather
+            local = consensus.collective_step("capabilities", gather or caps_mod.gather_local)
             agreed, hosts = consensus.agree_capabilities(local, from_dict=caps_mod.Capabilities.from_dict,
                                                          differences=caps_mod.differences, perturb=caps_mod.perturb)
             self._check_nodes(hosts)
-        except (consensus.CapabilityDisagreement, ValueError) as exc:
+        except (consensus.CapabilityDisagreement, consensus.ApplyFailed, ValueError) as exc:
             self.error = str(exc)
             say(f"lagom: ERROR: {exc}")
             return None

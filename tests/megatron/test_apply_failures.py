@@ -182,3 +182,14 @@ def test_a_plan_of_another_mechanism_falls_back(tmp_path):
     assert a.apply_plan(plan) is False
     assert "searched for mechanism 'tuner' but this run applies 'communicator'" in a.error
     assert pool.destroyed == [None]
+
+
+def test_capabilities_that_cannot_be_gathered_leave_tuning_off(capsys):
+    def broken():
+        raise PermissionError(13, "Permission denied", "/etc/nccl.conf")
+
+    pool = CommPool(NcclPoolBackend(), GroupNames(local_world_size=1))
+    a = Applier(pool=pool, router=_Router(), files=None, cluster=None)
+    assert a.agree_capabilities(on_gpu=False, gather=broken) is None
+    assert "capabilities failed on rank 0" in a.error and "/etc/nccl.conf" in a.error
+    assert pool.backend.use_tuner_plugin is False
