@@ -247,7 +247,7 @@ class Applier:
             if key[1] is None:
                 continue
             by_key.setdefault(key, []).append(sid)
-            cost[key] = int(self.pool._estimate(e.config, e.group))
+            cost[key] = int(self.pool.estimate(e.config, e.group))
         if sum(cost.values()) <= budget:
             return plan
 

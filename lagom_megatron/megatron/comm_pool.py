@@ -116,7 +116,9 @@ class CommPool:
             k = self._keys[(config, group)] = _call(self.backend.entry_key, config, group=group)
             return k
 
-    def _estimate(self, config: CommConfig, group: str | None = None) -> int:
+    def estimate(self, config: CommConfig, group: str | None = None) -> int:
+        """``backend.estimate_bytes`` of the entry of ``group`` serving ``config`` (bytes; 0 for a
+        backend without an estimate)."""
         fn = getattr(self.backend, "estimate_bytes", None)
         return int(_call(fn, config, group=group)) if fn is not None else 0
 
@@ -168,7 +170,7 @@ class CommPool:
                         wanted.setdefault(_EntryId(name, ranks, key), c)
             todo = sorted(((e, c) for e, c in wanted.items() if e not in self._created),
                           key=lambda ec: (ec[0].name, ec[0].ranks, repr(ec[0].key)))
-            extra = sum(self._estimate(c, e.name) for e, c in todo if dist.get_rank() in e.ranks)
+            extra = sum(self.estimate(c, e.name) for e, c in todo if dist.get_rank() in e.ranks)
             if self.budget_bytes is not None and self.estimated_bytes + extra > self.budget_bytes:
                 raise PoolBudgetExceeded(
                     f"{len(todo)} new communicator-pool entries need ~{extra / 2**20:.0f} MiB on this rank on top of "
@@ -199,7 +201,7 @@ class CommPool:
                         info = GroupInfo(name=eid.name, ranks=eid.ranks)
                     self.groups.alias(group, info)
                     self._entries[(eid.name, eid.key)] = group
-                    self._bytes[eid] = self._estimate(config, eid.name)
+                    self._bytes[eid] = self.estimate(config, eid.name)
                     made += 1
             if errors:
                 raise RuntimeError("; ".join(errors))
