@@ -240,3 +240,27 @@ def test_run_too_short_or_interrupted_is_named_with_its_reason(tmp_path):
     ctl._last_iteration = 3
     s = ctl.summary()
     assert s["run_kind"] == "interrupted" and "training stopped at iteration 3 of 8" in s["reason"]
+
+
+def test_a_reused_plan_is_fitted_to_the_pool_budget_before_it_is_applied(tmp_path, monkeypatch, capsys):
+    """A plan searched elsewhere (``lagom search``) never met this run's budget: reuse trims it as
+    the tuning path does, and applies the trimmed plan; a fit that fails keeps the defaults."""
+    path = tmp_path / "plan.json"
+    _plan(dict(FP)).with_stats(verification="applied", verification_reason="gain 5%").save(path)
+    ctl = LagomController(plan_path=str(path))
+    ctl.fingerprint, ctl.backend = dict(FP), "gloo"
+    ctl.router = type("Router", (), {"set_assignment": lambda self, a: None})()
+    trimmed = _plan(dict(FP)).with_stats(verification="applied", verification_reason="gain 5%", sites_dropped_for_budget=1)
+    ctl.applier = type("Applier", (), {"fit_plan_to_budget": staticmethod(lambda plan: trimmed)})()
+    applied = []
+    monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: applied.append(plan) or True)
+    assert ctl._try_reuse_plan() is True
+    assert applied == [trimmed] and ctl.plan is trimmed and ctl.mode == "reuse"
+
+    def refuse(plan):
+        raise ValueError("n_channels must be an integer in 1..32; got 48")
+
+    ctl = LagomController(plan_path=str(path))
+    ctl.fingerprint, ctl.backend, ctl.applier = dict(FP), "gloo", type("Applier", (), {"fit_plan_to_budget": staticmethod(refuse)})()
+    assert ctl._try_reuse_plan() is True and ctl.mode == "aborted"
+    assert "cannot be fitted to the pool budget: n_channels must be" in capsys.readouterr().out
