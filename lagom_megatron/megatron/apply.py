@@ -62,12 +62,14 @@ class Applier:
             import torch.distributed as dist
 
             dist.all_reduce(torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device())))
-        local = (gather or caps_mod.gather_local)()
         try:
+            # gathering reads files, the driver and the plugin: a rank where it fails must not
+            # leave the others waiting in the comparison's all-gather
+            local = consensus.collective_step("capabilities", gather or caps_mod.gather_local)
             agreed, hosts = consensus.agree_capabilities(local, from_dict=caps_mod.Capabilities.from_dict,
                                                          differences=caps_mod.differences, perturb=caps_mod.perturb)
             self._check_nodes(hosts)
-        except (consensus.CapabilityDisagreement, ValueError) as exc:
+        except (consensus.CapabilityDisagreement, consensus.ApplyFailed, ValueError) as exc:
             self.error = str(exc)
             say(f"lagom: ERROR: {exc}")
             return None
@@ -133,8 +135,10 @@ class Applier:
         try:
             consensus.collective_step("env", self._check_env_unchanged)
             if plan is not None:
-                consensus.collective_step("table", lambda: self._write_table(plan))
-                self.pool.destroy(keep=needs)  # probe entries the plan does not use
+                # the probe entries the plan does not use are destroyed in the same step: their
+                # keys come from the plan's configs (entry_key may refuse one) and a destroy can fail
+                consensus.collective_step("table", lambda: (self._check_mechanism(plan), self._write_table(plan),
+                                                            self.pool.destroy(keep=needs)))
             self.pool.prepare(needs, step=consensus.collective_step, ops=ops)
         except consensus.ApplyFailed as exc:
             self.revert(f"applying {what} failed: {exc}")
@@ -179,12 +183,26 @@ class Applier:
             out.update(phase="fell_back", reason=self.error)
         return out
 
+    def _check_mechanism(self, plan: Any) -> None:
+        """A plan searched for another mechanism than the agreed one holds knobs this run cannot
+        apply (chunk sizes or LL128 without the plugin; per-communicator algorithms with it).
+
+        Raises:
+            ValueError: names both mechanisms.
+        """
+        backend = self.pool.backend
+        if backend.name != "nccl" or self.capabilities is None:
+            return
+        agreed = self.capabilities.mechanism()
+        if plan.mechanism != agreed:
+            raise ValueError(f"plan {plan.digest()[:12]} was searched for mechanism {plan.mechanism!r} but this run "
+                             f"applies {agreed!r} (agreed capabilities: plugin loaded {self.capabilities.plugin_loaded})")
+
     def _write_table(self, plan: Any) -> None:
         backend = self.pool.backend
         if not getattr(backend, "use_tuner_plugin", False):
             return  # gloo, or NCCL without the plugin: no table to write
-        backend.plugin_active = True
-        backend.cta_bound = max((e.config.n_channels for e in plan.entries.values() if e.config.n_channels), default=None)
+        _set_cta_bounds(backend, plan)
         self.pool.invalidate_keys()
         table = self.files.write_tuner_table(plan, self.cluster)
         with open(table, encoding="utf-8") as f:  # what the plugin will read: readable here, or fail now
@@ -196,7 +214,11 @@ class Applier:
         self.error = reason
         self.router.set_assignment({})
         live = self.pool.live
-        destroyed = self.pool.destroy()
+        try:
+            destroyed = self.pool.destroy()
+        except Exception as exc:  # noqa: BLE001 - the defaults are routed already; say so and go on
+            destroyed = live - self.pool.live
+            reason = f"{reason}; destroying the pool entries failed too ({type(exc).__name__}: {exc})"
         say(f"lagom: ERROR: {reason}; NCCL defaults kept on every rank, {destroyed}/{live} pool entries destroyed, "
             "training continues")
 
@@ -221,11 +243,11 @@ class Applier:
         for sid, e in plan.entries.items():
             if e.config.is_default():
                 continue
-            key = (e.group, self.pool.backend.entry_key(e.config))
+            key = (e.group, self.pool.key(e.config, e.group))
             if key[1] is None:
                 continue
             by_key.setdefault(key, []).append(sid)
-            cost[key] = int(estimate(e.config))
+            cost[key] = int(self.pool.estimate(e.config, e.group))
         if sum(cost.values()) <= budget:
             return plan
 
@@ -249,6 +271,18 @@ class Applier:
     def _set_bound_for(self, plan: Any) -> None:
         backend = self.pool.backend
         if getattr(backend, "use_tuner_plugin", False):
-            backend.cta_bound = max((e.config.n_channels for e in plan.entries.values() if e.config.n_channels), default=None)
-            backend.plugin_active = True
+            _set_cta_bounds(backend, plan)
             self.pool.invalidate_keys()
+
+
+def _set_cta_bounds(backend: Any, plan: Any) -> None:
+    """Plugin mode for ``plan``: the CTA bounds of each group's entries are the largest channel
+    count the plan gives that group's sites (``NcclPoolBackend.cta_bounds``; ``cta_bound``, the
+    plan's largest, for any other group)."""
+    backend.plugin_active = True
+    bounds: dict[str, int] = {}
+    for e in plan.entries.values():
+        if e.config.n_channels:
+            bounds[e.group] = max(bounds.get(e.group, 0), int(e.config.n_channels))
+    backend.cta_bounds = bounds
+    backend.cta_bound = max(bounds.values(), default=None)

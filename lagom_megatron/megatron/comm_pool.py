@@ -78,7 +78,7 @@ class CommPool:
         self._created: dict[_EntryId, Any] = {}
         """Every entry created on this rank's side (also those it is not a member of) -> its group."""
         self._bytes: dict[_EntryId, int] = {}
-        self._keys: dict[CommConfig, Hashable | None] = {}
+        self._keys: dict[tuple[CommConfig, str | None], Hashable | None] = {}
         self.stats = {"created": 0, "destroyed": 0}
 
     def __len__(self) -> int:
@@ -107,17 +107,20 @@ class CommPool:
         NCCL backend switching from per-communicator probe entries to the plan's tuner table)."""
         self._keys.clear()
 
-    def key(self, config: CommConfig) -> Hashable | None:
-        """Cached ``backend.entry_key(config)``."""
+    def key(self, config: CommConfig, group: str | None = None) -> Hashable | None:
+        """Cached ``backend.entry_key(config)`` for an entry of ``group`` (passed to backends whose
+        entry depends on the group: the NCCL plugin entries' CTA bounds)."""
         try:
-            return self._keys[config]
+            return self._keys[(config, group)]
         except KeyError:
-            k = self._keys[config] = self.backend.entry_key(config)
+            k = self._keys[(config, group)] = _call(self.backend.entry_key, config, group=group)
             return k
 
-    def _estimate(self, config: CommConfig) -> int:
+    def estimate(self, config: CommConfig, group: str | None = None) -> int:
+        """``backend.estimate_bytes`` of the entry of ``group`` serving ``config`` (bytes; 0 for a
+        backend without an estimate)."""
         fn = getattr(self.backend, "estimate_bytes", None)
-        return int(fn(config)) if fn is not None else 0
+        return int(_call(fn, config, group=group)) if fn is not None else 0
 
     def _parent(self, name: str) -> Any:
         """This rank's own process group called ``name`` (not a pool entry), or None."""
@@ -160,14 +163,14 @@ class CommPool:
             wanted: dict[_EntryId, CommConfig] = {}
             for name, configs in needs.items():
                 for c in sorted(configs, key=lambda c: repr(c.to_dict())):
-                    key = self.key(c)
+                    key = self.key(c, name)
                     if key is None:
                         continue
                     for ranks in sorted({d[name] for d in gathered if name in d}):
                         wanted.setdefault(_EntryId(name, ranks, key), c)
             todo = sorted(((e, c) for e, c in wanted.items() if e not in self._created),
                           key=lambda ec: (ec[0].name, ec[0].ranks, repr(ec[0].key)))
-            extra = sum(self._estimate(c) for e, c in todo if dist.get_rank() in e.ranks)
+            extra = sum(self.estimate(c, e.name) for e, c in todo if dist.get_rank() in e.ranks)
             if self.budget_bytes is not None and self.estimated_bytes + extra > self.budget_bytes:
                 raise PoolBudgetExceeded(
                     f"{len(todo)} new communicator-pool entries need ~{extra / 2**20:.0f} MiB on this rank on top of "
@@ -176,7 +179,7 @@ class CommPool:
             check = getattr(self.backend, "preflight", None)
             for e, c in todo:
                 if check is not None:
-                    check(c, (ops or {}).get(c))
+                    _call(check, c, (ops or {}).get(c), group=e.name)
             return todo
 
         todo = step("pool-preflight", preflight)
@@ -198,7 +201,7 @@ class CommPool:
                         info = GroupInfo(name=eid.name, ranks=eid.ranks)
                     self.groups.alias(group, info)
                     self._entries[(eid.name, eid.key)] = group
-                    self._bytes[eid] = self._estimate(config)
+                    self._bytes[eid] = self.estimate(config, eid.name)
                     made += 1
             if errors:
                 raise RuntimeError("; ".join(errors))
@@ -216,7 +219,8 @@ class CommPool:
         if "parent" in inspect.signature(self.backend.create_group).parameters:  # the NCCL backend inherits options
             info = self.groups.by_name(eid.name)
             parent = self._parent(eid.name) if info is not None and info.ranks == eid.ranks else None
-            return self.backend.create_group(eid.ranks, config, desc, parent=parent)
+            # the group's name as the plan's entries (and so the tuner table's commTag) spell it
+            return self.backend.create_group(eid.ranks, config, desc, group=eid.name, parent=parent)
         return self.backend.create_group(eid.ranks, config, desc)
 
     def destroy(self, keep: dict[str, set[CommConfig]] | None = None) -> int:
@@ -225,7 +229,7 @@ class CommPool:
         on this rank's side."""
         import torch.distributed as dist
 
-        kept_keys = {(name, self.key(c)) for name, cs in (keep or {}).items() for c in cs}
+        kept_keys = {(name, self.key(c, name)) for name, cs in (keep or {}).items() for c in cs}
         n = 0
         for eid in sorted(self._created, key=lambda e: (e.name, e.ranks, repr(e.key))):
             if (eid.name, eid.key) in kept_keys:
@@ -249,7 +253,7 @@ class CommPool:
         Raises:
             KeyError: the config needs an entry that ``prepare`` did not create (names both).
         """
-        key = self.key(config)
+        key = self.key(config, info.name)
         if key is None:
             return None
         try:
@@ -257,6 +261,17 @@ class CommPool:
         except KeyError:
             raise KeyError(f"no communicator-pool entry for group {info.name!r} and {config.to_dict()}; "
                            "CommPool.prepare was not called with it") from None
+
+
+def _call(fn: Callable[..., Any], *args: Any, group: str | None) -> Any:
+    """``fn(*args, group=group)`` when ``fn`` takes a ``group`` argument, else ``fn(*args)``."""
+    import inspect
+
+    try:
+        takes = "group" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return fn(*args, group=group) if takes else fn(*args)
 
 
 def _flat(key: Hashable) -> tuple:

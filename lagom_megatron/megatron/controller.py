@@ -215,7 +215,11 @@ class LagomController:
 
         try:
             if plan is not None:
-                plan = self.applier.fit_plan_to_budget(plan)
+                try:
+                    plan = self.applier.fit_plan_to_budget(plan)
+                except ValueError as exc:  # every rank must still reach agree_plan: None tells them all
+                    say(f"lagom: ERROR: fitting the plan to the pool budget failed: {exc}")
+                    plan = None
             return consensus.agree_plan(plan, from_dict=Plan.from_dict)
         except consensus.PlanDisagreement as exc:
             say(f"lagom: ERROR: {exc}")
@@ -366,7 +370,10 @@ class LagomController:
         """Logs how many plan rows NCCL's tuner plugin matched, writes the report (if not yet
         written) and removes every hook."""
         try:
-            if getattr(self.pool.backend, "plugin_active", False) and self.plan is not None:
+            # only a plan applied through the plugin (the agreed mechanism) and never reverted
+            applied = self.applier is not None and self.applier.error is None and self.mode in ("tune", "reuse")
+            if applied and getattr(self.pool.backend, "use_tuner_plugin", False) \
+                    and getattr(self.pool.backend, "plugin_active", False) and self.plan is not None:
                 from lagom_megatron.nccl.export import plan_hit_summary
 
                 say(plan_hit_summary(self.plan))

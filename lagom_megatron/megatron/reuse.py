@@ -44,6 +44,15 @@ def try_reuse_plan(ctl: Any) -> bool:
              f"but its verification kept the defaults ({plan.stats.get('verification_reason') or 'no reason saved'}) | "
              f"profiling and search skipped; delete the plan or pass another --lagom-plan to search again")
         return True
+    if getattr(ctl, "applier", None) is not None:
+        # a plan searched elsewhere (``lagom search``) was never trimmed to this run's pool budget:
+        # without this its entries would pass it and the whole plan fall back at the pool preflight
+        try:
+            plan = ctl.plan = ctl.applier.fit_plan_to_budget(plan)
+        except ValueError as exc:  # the same on every rank: the plan and the capabilities are agreed
+            say(f"lagom: ERROR: plan {ctl.files.plan_path} cannot be fitted to the pool budget: {exc}; NCCL defaults kept")
+            ctl.mode = "aborted"
+            return True
     if plan.stats.get("verification") is None:
         # saved before any verification (`lagom search`, or a run too short to verify): measure
         # it against the defaults now instead of trusting its prediction

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from lagom_megatron.engine.knobs import P2P_OPS
 from lagom_megatron.nccl import plugin_status
 from lagom_megatron.nccl.env_vars import validate_env
-from lagom_megatron.nccl.rules import validate_cta_range
+from lagom_megatron.nccl.rules import tuner_call_key, validate_cta_range
 from lagom_megatron.engine.plan import Plan, PlanEntry
 
 FORMATS: tuple[str, ...] = ("megatron-yaml", "nccl-tuner-csv", "env")
@@ -170,20 +170,23 @@ def tuner_rows(plan: Plan, *, extended: bool) -> list[TunerRow]:
                     str(c.n_channels if c.n_channels is not None else -1))
         if extended:
             decision += (str(c.chunk_size if c.chunk_size is not None else -1),)
-        key = (e.group if extended else "*", TUNER_COLLECTIVE[e.op], e.nbytes, e.n_nodes or -1, e.group_size or -1)
+        # the search's key (tuner_call_key: one decision per key) plus what the plugin also
+        # matches on (nNodes, nRanks); the 10 columns have no tag, so every group counts as one
+        call = tuner_call_key(group=e.group if extended else "*", op=e.op, nbytes=e.nbytes)
+        key = (*call, e.n_nodes or -1, e.group_size or -1)
         if key in rows:
             first, first_decision = rows[key][0][0], rows[key][1]
             if decision != first_decision:
                 raise ValueError(
                     f"sites {first} and {site_id} are the same collective to a tuner plugin (tag {key[0]!r}, "
-                    f"{key[1]}, {key[2]} bytes, {key[3]} node(s), {key[4]} ranks) but have different configs "
+                    f"{TUNER_COLLECTIVE[e.op]}, {key[2]} bytes, {key[3]} node(s), {key[4]} ranks) but have different configs "
                     f"{first_decision} and {decision}; the plan must give them one decision")
             rows[key][0].append(site_id)
             continue
         rows[key] = ([site_id], decision)
     out = []
-    for (tag, coll, nbytes, n_nodes, n_ranks), (sites, decision) in rows.items():
-        cells = (coll, str(nbytes), str(nbytes), *decision[:3], str(n_nodes), str(n_ranks), "-1", "-1")
+    for (tag, op, nbytes, n_nodes, n_ranks), (sites, decision) in rows.items():
+        cells = (TUNER_COLLECTIVE[op], str(nbytes), str(nbytes), *decision[:3], str(n_nodes), str(n_ranks), "-1", "-1")
         if extended:
             cells += (decision[3], tag)
         out.append(TunerRow(cells=cells, sites=tuple(sites)))

@@ -57,8 +57,8 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
         ranks: global ranks of the entry (the same ranks as the site's group).
         config: the searched configuration for this entry.
         tag: communicator tag (the plan table's ``commTag``); also the group's ``group_desc``.
-        use_tuner_plugin: the tuner plugin applies algorithm/protocol/channels per call;
-            needs NCCL_TUNER_PLUGIN set for the process.
+        use_tuner_plugin: the tuner plugin applies algorithm/protocol/channels per call (the
+            agreed mechanism is ``tuner``: NCCL loaded lagom's plugin on every rank).
         op: the site's op, to scope NCCL_ALGO/NCCL_PROTO to its NCCL function.
         tuner_table: plan table the plugin reads for this communicator (sets LAGOM_TUNER_CONFIG
             during creation); None = the process environment's.
@@ -229,8 +229,8 @@ class NcclPoolBackend:
 
     * tuner plugin: algorithm, protocol, channels and chunk size are per call, from the plan table.
       Every non-default config gets an entry keyed by its communicator-scope knobs (CTA policy, CGA
-      cluster size) and the table, created with CTA bounds ``min = max = cta_bound`` (the plan's
-      largest channel count): NCCL caps the plugin's ``*nChannels`` at the communicator's channel
+      cluster size) and the table, created with CTA bounds ``min = max`` = the plan's largest
+      channel count among the group's sites (``cta_bounds``): NCCL caps the plugin's ``*nChannels`` at the communicator's channel
       count (``src/enqueue.cc`` ``topoGetAlgoInfo``), and both bounds make that count the bound
       (``src/graph/connect.cc:496-503``). An entry of group ``dp`` is tagged ``dp/<key>``
       (``pool_entry_tag``), so the rows the exporter tags ``dp`` reach it.
@@ -238,8 +238,10 @@ class NcclPoolBackend:
       cta_policy, cga_cluster_size), applied with ``ncclConfig_t`` and NCCL_ALGO/NCCL_PROTO.
 
     Args:
-        use_tuner_plugin: the agreed mechanism is ``tuner``; None = ``NCCL_TUNER_PLUGIN`` is set
-            (stand-alone use; the controller always passes the agreed value).
+        use_tuner_plugin: the agreed mechanism is ``tuner`` (``Capabilities.mechanism``, set by
+            ``megatron.apply.Applier.agree_capabilities``). Default False: the launch sets
+            ``NCCL_TUNER_PLUGIN`` for every rank (``plugin_launch``), so the variable's text says
+            nothing about whether NCCL loaded the plugin; only the agreed capabilities do.
         tuner_table: plan table for the plugin (``LAGOM_TUNER_CONFIG`` during entry creation);
             None = the process environment's.
         status_reader: ``plugin_status.read_plugin_status`` (tests pass stand-ins).
@@ -247,9 +249,9 @@ class NcclPoolBackend:
 
     name = "nccl"
 
-    def __init__(self, use_tuner_plugin: bool | None = None, tuner_table: str | os.PathLike | None = None,
+    def __init__(self, use_tuner_plugin: bool = False, tuner_table: str | os.PathLike | None = None,
                  status_reader: Callable[[], Any] | None = None) -> None:
-        self.use_tuner_plugin = bool(os.environ.get("NCCL_TUNER_PLUGIN")) if use_tuner_plugin is None else use_tuner_plugin
+        self.use_tuner_plugin = bool(use_tuner_plugin)
         self.tuner_table = tuner_table
         self.table_id: str | None = None
         """Identifies the table's content (e.g. the plan digest), the same on every rank; part of
@@ -261,31 +263,39 @@ class NcclPoolBackend:
         plugin reads a table only when a communicator is created, before any plan exists.
         Changing it changes ``entry_key``: call ``CommPool.invalidate_keys()`` after."""
         self.cta_bound: int | None = None
-        """CTA bounds of plugin-mode entries (the plan's largest channel count); None = NCCL's."""
+        """CTA bounds of plugin-mode entries when no group is named or ``cta_bounds`` is empty (the
+        plan's largest channel count); None = NCCL's."""
+        self.cta_bounds: dict[str, int] = {}
+        """Group name -> CTA bounds of its plugin-mode entries: the largest channel count the plan
+        gives that group's sites (a tp entry is not made with the dp sites' 64 channels: each
+        channel costs ring buffers, ``estimate_entry_bytes``)."""
         self.nvls_heads = 0
         """Ranks of an NVLink domain when NVLS can run (agreed capabilities), for ``estimate_bytes``."""
         self.status_reader = status_reader
         self._inits_before: int | None = None
+        self._failures_before = 0
 
     @property
     def _plugin(self) -> bool:
         return self.use_tuner_plugin and self.plugin_active
 
-    def _entry_config(self, config: CommConfig) -> CommConfig:
+    def _entry_config(self, config: CommConfig, group: str | None = None) -> CommConfig:
         if self._plugin:  # per-call knobs travel through the plugin table
-            return CommConfig(n_channels=self.cta_bound, cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
+            # a group the plan gives no channel count keeps NCCL's own (None)
+            bound = self.cta_bounds.get(group) if group is not None and self.cta_bounds else self.cta_bound
+            return CommConfig(n_channels=bound, cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
         return CommConfig(n_channels=config.n_channels, algorithm=config.algorithm, protocol=config.protocol,
                           cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
 
-    def entry_key(self, config: CommConfig) -> tuple | None:
+    def entry_key(self, config: CommConfig, group: str | None = None) -> tuple | None:
         """None when the group's own communicator serves ``config`` (all defaults, or, without the
         plugin, no communicator-scope knob set), else the communicator-scope part of ``config``
-        as a tuple of strings.
+        as a tuple of strings (with the plugin, the CTA bounds of ``group``'s entries).
 
         Raises:
             ValueError: a value outside NCCL's domains (see ``nccl_options_for``).
         """
-        entry = self._entry_config(config)
+        entry = self._entry_config(config, group)
         nccl_options_for(entry, use_tuner_plugin=self._plugin)  # validates
         if config.is_default() or (not self._plugin and entry.is_default()):
             return None  # e.g. only chunk_size, which needs the plugin: nothing an entry can apply
@@ -298,11 +308,11 @@ class NcclPoolBackend:
         return ("env", part(entry.n_channels), part(entry.algorithm), part(entry.protocol),
                 part(entry.cta_policy), part(entry.cga_cluster_size))
 
-    def estimate_bytes(self, config: CommConfig) -> int:
-        """``estimate_entry_bytes`` of the entry that serves ``config``."""
-        return estimate_entry_bytes(self._entry_config(config).n_channels, nvls_heads=self.nvls_heads)
+    def estimate_bytes(self, config: CommConfig, group: str | None = None) -> int:
+        """``estimate_entry_bytes`` of the entry of ``group`` that serves ``config``."""
+        return estimate_entry_bytes(self._entry_config(config, group).n_channels, nvls_heads=self.nvls_heads)
 
-    def preflight(self, config: CommConfig, op: str | None = None) -> None:
+    def preflight(self, config: CommConfig, op: str | None = None, group: str | None = None) -> None:
         """The checks of the entry for ``config`` that need no collective (``entry_options``).
 
         Raises:
@@ -312,11 +322,12 @@ class NcclPoolBackend:
             fields = nccl_config_fields()
         except RuntimeError:
             fields = None  # no NCCL here (CPU): checked against every known field
-        entry_options(self._entry_config(config), tag="_", use_tuner_plugin=self._plugin, op=op, fields=fields,
+        entry_options(self._entry_config(config, group), tag="_", use_tuner_plugin=self._plugin, op=op, fields=fields,
                       nccl_version=runtime_nccl_version())
         if self._plugin and self._inits_before is None:
             status = (self.status_reader or _read_status)()
             self._inits_before = status.init_count if status is not None else 0
+            self._failures_before = getattr(status, "table_failures", 0) if status is not None else 0
 
     def verify(self) -> None:
         """After the entries exist: in plugin mode, the plugin NCCL loaded in this process initialised
@@ -335,8 +346,13 @@ class NcclPoolBackend:
         if before is not None and status.init_count <= before:
             raise RuntimeError(f"NCCL did not initialise lagom's plugin for the new entries (init count "
                                f"{status.init_count}, {before} before)")
-        if not status.table_loaded:
-            raise RuntimeError(f"lagom's plugin did not load the plan table {self.tuner_table or '(environment)'}")
+        failures_before, self._failures_before = self._failures_before, 0
+        failed = before is not None and status.table_failures > failures_before  # only entries made now count
+        if not status.table_loaded or failed:
+            # table_loaded says some table was loaded in this process (an earlier plan's, maybe);
+            # a failure counted since the preflight is this table's (plugin/table.c loadTable)
+            raise RuntimeError(f"lagom's plugin did not load the plan table {self.tuner_table or '(environment)'}"
+                               f" ({status.table_failures - failures_before} failed load(s) in NCCL's log, 'LAGOM/tuner')")
 
     def tag_for(self, desc: str, group: str | None = None) -> str:
         """The entry's tuner tag: ``"<group>/<key>"`` from CommPool's description
@@ -355,7 +371,7 @@ class NcclPoolBackend:
         Raises:
             RuntimeError: NCCL is not available. ValueError: see ``create_nccl_pool_entry``.
         """
-        return create_nccl_pool_entry(list(ranks), self._entry_config(config), tag=self.tag_for(desc, group),
+        return create_nccl_pool_entry(list(ranks), self._entry_config(config, group), tag=self.tag_for(desc, group),
                                       use_tuner_plugin=self._plugin, tuner_table=self.tuner_table if self._plugin else None,
                                       inherited=parent_options(parent) if parent is not None else None)
 

@@ -304,6 +304,15 @@ def process_env(chosen: dict[str, list[int]]) -> dict[str, str]:
     return env
 
 
+def tuner_call_key(*, group: str, op: str, nbytes: int) -> tuple[str, str, int]:
+    """What NCCL's tuner plugin can tell one collective call by: the communicator (a process group
+    and its pool entries share the group's tag), the op and the byte count (``getCollInfo`` gets
+    the function and ``nBytes``; NCCL v2.30.7 ``src/include/tuner.h``). Sites with the same key
+    get one table row: ``SearchProblem.tie_indistinguishable`` gives them one decision
+    (``NcclRules.call_key``) and ``export.tuner_rows`` refuses a plan that does not."""
+    return (group, op, int(nbytes))
+
+
 @dataclass(frozen=True)
 class NcclRules:
     """``engine.knobs.KnobRules`` of one mechanism on one NCCL cluster (module docstring).
@@ -358,7 +367,7 @@ class NcclRules:
         (group, op, bytes) share a table row: key ``(group, op, nbytes)``. Communicator and env
         mechanisms give each distinct config its own communicator (or one value per job): None.
         """
-        return (group, op, int(nbytes)) if self.mechanism == "tuner" else None
+        return tuner_call_key(group=group, op=op, nbytes=nbytes) if self.mechanism == "tuner" else None
 
     def warnings(self) -> list[str]:
         """One line per knob a variable of the run fixes (so the search leaves it alone)."""

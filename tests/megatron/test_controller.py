@@ -191,10 +191,15 @@ def test_train_end_logs_the_plugin_hit_summary(tmp_path, capsys, monkeypatch):
     ctl.plan = Plan(entries={"tp.sp_all_gather[0]": entry}, backend="nccl")
     ctl.pool = type("Pool", (), {"backend": NcclPoolBackend(use_tuner_plugin=True)})()
     ctl.pool.backend.plugin_active = True
+    ctl.mode, ctl.applier = "reuse", type("Applier", (), {"error": None})()
     ctl._reported = True  # the report is not what this test is about
     ctl.on_train_end()
     assert ("lagom: tuner plugin not loaded by NCCL in this process: none of the 1 planned rows can have been applied"
             in capsys.readouterr().out.splitlines())
+    # a plan whose application was reverted has no rows in NCCL: no hit summary claims otherwise
+    ctl.mode, ctl.applier.error = "aborted", "applying plan x failed: table failed on rank 1"
+    ctl.on_train_end()
+    assert "tuner plugin" not in capsys.readouterr().out
 
 
 def test_reused_plan_of_another_method_says_so_and_counts_only_changed_sites(tmp_path, capsys, monkeypatch):
@@ -235,3 +240,27 @@ def test_run_too_short_or_interrupted_is_named_with_its_reason(tmp_path):
     ctl._last_iteration = 3
     s = ctl.summary()
     assert s["run_kind"] == "interrupted" and "training stopped at iteration 3 of 8" in s["reason"]
+
+
+def test_a_reused_plan_is_fitted_to_the_pool_budget_before_it_is_applied(tmp_path, monkeypatch, capsys):
+    """A plan searched elsewhere (``lagom search``) never met this run's budget: reuse trims it as
+    the tuning path does, and applies the trimmed plan; a fit that fails keeps the defaults."""
+    path = tmp_path / "plan.json"
+    _plan(dict(FP)).with_stats(verification="applied", verification_reason="gain 5%").save(path)
+    ctl = LagomController(plan_path=str(path))
+    ctl.fingerprint, ctl.backend = dict(FP), "gloo"
+    ctl.router = type("Router", (), {"set_assignment": lambda self, a: None})()
+    trimmed = _plan(dict(FP)).with_stats(verification="applied", verification_reason="gain 5%", sites_dropped_for_budget=1)
+    ctl.applier = type("Applier", (), {"fit_plan_to_budget": staticmethod(lambda plan: trimmed)})()
+    applied = []
+    monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: applied.append(plan) or True)
+    assert ctl._try_reuse_plan() is True
+    assert applied == [trimmed] and ctl.plan is trimmed and ctl.mode == "reuse"
+
+    def refuse(plan):
+        raise ValueError("n_channels must be an integer in 1..32; got 48")
+
+    ctl = LagomController(plan_path=str(path))
+    ctl.fingerprint, ctl.backend, ctl.applier = dict(FP), "gloo", type("Applier", (), {"fit_plan_to_budget": staticmethod(refuse)})()
+    assert ctl._try_reuse_plan() is True and ctl.mode == "aborted"
+    assert "cannot be fitted to the pool budget: n_channels must be" in capsys.readouterr().out

@@ -246,13 +246,17 @@ def test_plugin_backend_probes_per_communicator_and_plans_per_table():
         "a new table must get new communicators: the plugin reads it only at creation"
 
 
-def test_backend_mode_follows_the_environment(monkeypatch):
+def test_backend_mode_never_follows_the_variable_text(monkeypatch):
+    """The launch sets NCCL_TUNER_PLUGIN on every rank (plugin_launch.launch_env), so its text says
+    nothing about whether NCCL loaded the plugin: the backend stays in communicator mode until the
+    agreed capabilities say ``tuner``."""
     from lagom_megatron.nccl.pool import NcclPoolBackend
 
     monkeypatch.setenv("NCCL_TUNER_PLUGIN", "/opt/libnccl-tuner-lagom.so")
-    assert NcclPoolBackend().use_tuner_plugin is True
-    monkeypatch.delenv("NCCL_TUNER_PLUGIN")
-    assert NcclPoolBackend().use_tuner_plugin is False
+    backend = NcclPoolBackend()
+    assert backend.use_tuner_plugin is False and backend.plugin_active is False
+    assert backend.entry_key(CommConfig(algorithm="Ring", n_channels=4))[0] == "env"
+    assert NcclPoolBackend(use_tuner_plugin=True).entry_key(CommConfig(algorithm="Ring", n_channels=4))[0] == "plugin"
 
 
 @pytest.mark.skipif(_torch_has_nccl(), reason="this torch has NCCL; the refusal is for CPU builds")
@@ -349,6 +353,12 @@ def test_first_use_check_reads_the_plugin_status_in_process():
     status["now"] = PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=3, row_hits=(0, 2),
                                  table_loaded=True)
     backend.verify()
+    # an earlier plan's table is still "loaded", but this table failed to load in the new entries
+    backend.preflight(CommConfig(cga_cluster_size=2))
+    status["now"] = PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=4, row_hits=(0, 2),
+                                 table_loaded=True, table_failures=1)
+    with pytest.raises(RuntimeError, match=r"did not load the plan table .*\(1 failed load"):
+        backend.verify()
     NcclPoolBackend(use_tuner_plugin=False, status_reader=lambda: None).verify()  # nothing to check without the plugin
 
 

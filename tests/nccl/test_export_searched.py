@@ -1,0 +1,82 @@
+"""A searched plan always exports as the tuner table the apply path writes: the search ties the
+sites NCCL's tuner plugin cannot tell apart with the same key (``rules.tuner_call_key``) that
+``export.tuner_rows`` uses to refuse conflicting rows, so the export can never raise at apply time.
+The plan comes from the simulated gpt3-13b cluster through the real ``Tuner`` (what
+``lagom simulate --preset gpt3-13b-h100x64`` runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from lagom_megatron.config.presets import load_preset
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.nccl.export import TUNER_COLLECTIVE, export_plan, parse_tuner_csv, tuner_rows
+from lagom_megatron.nccl.rules import NcclRules, tuner_call_key
+from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
+
+
+@pytest.fixture(scope="module")
+def plan():
+    sim = SimulatedCluster(load_preset("gpt3-13b-h100x64"), seed=3)
+    return run_lifecycle(sim, verify_iters=1, after_iters=0).tuner.plan
+
+
+def test_the_search_and_the_exporter_share_one_key():
+    rules = NcclRules(SimulatedCluster(load_preset("gpt3-13b-h100x64")).cluster, backend="sim")
+    assert rules.call_key(group="tp", op="reduce_scatter", nbytes=1 << 20) == \
+        tuner_call_key(group="tp", op="reduce_scatter", nbytes=1 << 20) == ("tp", "reduce_scatter", 1 << 20)
+    assert dataclasses.replace(rules, mechanism="communicator").call_key(group="tp", op="all_reduce", nbytes=8) is None
+
+
+def test_simulated_gpt3_13b_plan_exports_in_extended_mode(plan):
+    assert plan.mechanism == "tuner" and len(plan.entries) == 121
+    assert plan.stats["tied_sites"] > 0  # the search did tie sites it first gave different configs
+    rows = tuner_rows(plan, extended=True)  # raises on a conflict: the test fails there
+    table = parse_tuner_csv(export_plan(plan, "nccl-tuner-csv", extended=True))
+    assert [tuple(r.values()) for r in table] == [r.cells for r in rows]
+    # every tunable site is in exactly one row, and that row says what the plan holds for it
+    in_rows = [s for r in rows for s in r.sites]
+    tuned = [sid for sid, e in plan.entries.items() if e.op in TUNER_COLLECTIVE and not e.config.is_default()]
+    assert sorted(in_rows) == sorted(tuned) and len(tuned) > 100
+    for row in rows:
+        cfgs = {plan.entries[s].config for s in row.sites}
+        assert len(cfgs) == 1, row
+        (c,) = cfgs
+        assert row.cells[5] == str(c.n_channels if c.n_channels is not None else -1)
+        assert row.cells[10] == str(c.chunk_size if c.chunk_size is not None else -1)
+        assert row.cells[11] == plan.entries[row.sites[0]].group
+
+
+def test_an_untied_plan_is_refused(plan):
+    """The same plan with one tied site given another channel count: the exporter refuses it,
+    so the test above would catch a search that stopped tying."""
+    rows = [r for r in tuner_rows(plan, extended=True) if len(r.sites) > 1]
+    sid = rows[0].sites[1]
+    e = plan.entries[sid]
+    other = 2 if e.config.n_channels != 2 else 4
+    broken = dataclasses.replace(plan, entries={**plan.entries, sid: dataclasses.replace(
+        e, config=CommConfig(**{**e.config.to_dict(), "n_channels": other}))})
+    with pytest.raises(ValueError, match=re.escape(f"sites {rows[0].sites[0]} and {sid} are the same collective")):
+        tuner_rows(broken, extended=True)
+
+
+def test_budget_fit_bounds_each_groups_entries_by_its_own_channels(plan, capsys):
+    """Plugin entries get the CTA bounds of their own group's sites: the simulated plan's tp entry
+    is made with 16 channels (its rows' count), not the dp rows' 64, so under the default budget
+    (512 MiB) its 80 tensor-parallel sites keep their configs. With one plan-wide bound of 64 every
+    entry was estimated at ~616 MiB and the whole plan fell back to the defaults."""
+    from lagom_megatron.megatron.apply import Applier
+    from lagom_megatron.megatron.comm_pool import CommPool
+    from lagom_megatron.megatron.sites import GroupNames
+    from lagom_megatron.nccl.pool import NcclPoolBackend, estimate_entry_bytes
+
+    pool = CommPool(NcclPoolBackend(use_tuner_plugin=True), GroupNames(local_world_size=8))
+    fitted = Applier(pool=pool, router=None, files=None, cluster=None).fit_plan_to_budget(plan)
+    assert pool.backend.cta_bounds == {"tp": 16, "dp": 64}
+    assert pool.backend.estimate_bytes(CommConfig(n_channels=4), group="tp") == estimate_entry_bytes(16)
+    kept = {e.group for e in fitted.entries.values() if not e.config.is_default()}
+    assert kept == {"tp"} and fitted.stats["sites_dropped_for_budget"] == 40  # dp's one entry: ~616 MiB alone
+    assert sum(not e.config.is_default() for e in fitted.entries.values()) == 80
