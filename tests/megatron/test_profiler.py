@@ -5,29 +5,7 @@ import math
 import pytest
 
 from lagom_megatron.megatron.profiler import Profiler
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-
-class FakeWork:
-    """Completes at ``done_at`` seconds of the fake clock; wait() advances the clock there."""
-
-    def __init__(self, clock, done_at):
-        self.clock, self.done_at, self.waits = clock, done_at, 0
-
-    def is_completed(self):
-        return self.clock.t >= self.done_at
-
-    def wait(self):
-        self.waits += 1
-        self.clock.t = max(self.clock.t, self.done_at)
-        return True
+from tests.megatron.fakes import Clock, FakeWork
 
 
 def test_overlapped_call_completion_seen_by_polling():

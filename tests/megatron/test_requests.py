@@ -13,27 +13,8 @@ from lagom_megatron.megatron.router import SiteRouter  # noqa: E402
 from lagom_megatron.megatron.sites import GroupInfo, GroupNames, SiteRegistry  # noqa: E402
 
 
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-
-class Req:
-    """Completes at ``done_at`` of the fake clock; wait() advances the clock there."""
-
-    def __init__(self, clock, done_at):
-        self.clock, self.done_at, self.waits = clock, done_at, 0
-
-    def is_completed(self):
-        return self.clock.t >= self.done_at
-
-    def wait(self):
-        self.waits += 1
-        self.clock.t = max(self.clock.t, self.done_at)
-        return True
+from tests.megatron.fakes import Clock  # noqa: E402
+from tests.megatron.fakes import FakeWork as Req  # noqa: E402
 
 
 def test_serialized_posted_requests_give_compute_time_and_each_proxy_waits_only_its_own():
