@@ -29,13 +29,14 @@ from lagom_megatron.training.preflight_rules import (
     rule_positive, rule_sequence, rule_tp_comm_overlap, rule_world_size,
 )
 from lagom_megatron.training.preflight_types import Finding, RunShape
-from lagom_megatron.training.preflight_values import rule_values
+from lagom_megatron.training.preflight_values import rule_megatron_flags, rule_values, rule_versions
 
 RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
-    rule_nodes, rule_values, rule_world_size, rule_batch, rule_heads, rule_layers, rule_uneven_pipeline, rule_experts,
+    rule_nodes, rule_values, rule_megatron_flags, rule_world_size, rule_batch, rule_heads, rule_layers,
+    rule_uneven_pipeline, rule_experts,
     rule_moe_overlap, rule_sequence, rule_tp_comm_overlap, rule_overlap_param_gather,
     rule_ddp_bucket_size, rule_comm_config, rule_output_folders, rule_plan_lock, rule_master_port,
-    rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides,
+    rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides, rule_versions,
 )
 """Every rule after ``rule_positive``, in report order."""
 
@@ -203,7 +204,7 @@ def check_run(args: Any, environ: Mapping[str, str] | None = None, cluster: Any 
         try:
             validate_args(ns, shape.world_size or 1)
             if local:
-                check_installed(ns)
+                check_installed(ns, on_gpu=shape.backend == "nccl")
         except (ValueError, FileNotFoundError) as exc:
             findings.insert(0, Finding("error", "pretrain-args", str(exc), STOP,
                                        "change the value named (python scripts/pretrain_gpt.py --help lists the flags)"))
