@@ -97,7 +97,7 @@ def megatron_flag_problems(args: Mapping[str, Any], environ: Mapping[str, str] |
     - recomputation: ``selective`` takes no ``--recompute-method`` (``arguments.py:899-902``) nor
       ``--recompute-num-layers`` (``transformer_config.py:1179-1185``); ``full`` needs a method
       (``transformer_config.py:1166-1170``) and a layer count >= 1 (``transformer_config.py:1172-1178``);
-      ``--distribute-saved-activations`` needs TP > 1, ``full`` and a method (``arguments.py:883-893``) and
+      ``--distribute-saved-activations`` needs TP > 1, ``full`` and a method (``arguments.py:884-893``) and
       no sequence parallelism (``transformer_config.py:1187-1191``). A method or layer count without a
       granularity is ignored by megatron-core; it is refused here (it would have no effect).
     - ``--attention-backend local`` needs the local layer spec (``arguments.py:321-322``); with ``environ``,
@@ -154,7 +154,7 @@ def megatron_flag_problems(args: Mapping[str, Any], environ: Mapping[str, str] |
         if tp <= 1 or gran != "full" or method is None or args.get("sequence_parallel"):
             bad("recompute", f"--distribute-saved-activations needs --tensor-model-parallel-size > 1 (got {tp}), "
                 f"--recompute-granularity full (got {gran}), a --recompute-method (got {method}) and no "
-                "--sequence-parallel", "arguments.py:883-893; transformer_config.py:1187-1191",
+                "--sequence-parallel", "arguments.py:884-893; transformer_config.py:1187-1191",
                 "drop --distribute-saved-activations or meet all four")
     backend = args.get("attention_backend")
     backend = getattr(backend, "name", backend)  # a Megatron-LM namespace holds the AttnBackend enum

@@ -68,7 +68,8 @@ FLAG_CASES = [
     ("pool-budget-zero", ["--lagom-pool-budget-mib", "0"], {},
      "--lagom-pool-budget-mib 0.0 is out of range; allowed: a finite number > 0 (MiB per rank)"),
     ("pool-budget-negative", ["--lagom-pool-budget-mib", "-1"], {}, "--lagom-pool-budget-mib -1.0 is out of range"),
-    ("pool-budget-inf", ["--lagom", "--lagom-pool-budget-mib", "inf"], {}, "--lagom-pool-budget-mib inf is out of range"),
+    ("pool-budget-inf", ["--lagom", "--lagom-pool-budget-mib", "inf"], {},
+     "--lagom-pool-budget-mib inf is out of range"),
     ("pool-budget-nan", ["--lagom-pool-budget-mib", "nan"], {}, "--lagom-pool-budget-mib nan is out of range"),
     ("flash-backend", ["--attention-backend", "flash"], {},
      None if FLASH_INSTALLED else "--attention-backend flash needs FlashAttention (the flash-attn package"),
@@ -186,3 +187,49 @@ def test_untested_versions_same_verdict_and_override(monkeypatch, capsys):
     assert (t.code, d.code, t.started) == (0, 0, True), (t, d)
     d = doctor(CPU, monkeypatch, capsys, world=4, env={"LAGOM_ALLOW_UNTESTED_VERSIONS": "1"})
     assert d.code == 0
+
+
+def test_cuda_absence_is_read_without_importing_torch(tmp_path):
+    """torch here is a CPU build (``cuda = None`` in torch/version.py): the pre-flight of a refused line, in a
+    fresh process, ends without importing torch, and training's verdict and line are unchanged."""
+    import subprocess
+    import sys
+
+    from tests.training.preflight_harness import ROOT
+
+    code = ("import sys, runpy\n"
+            "sys.argv = ['pretrain_gpt.py', '--preset', 'cpu-tp2-dp2', '--mock-data', '--init-method-std', '-1']\n"
+            "try:\n    runpy.run_path('scripts/pretrain_gpt.py', run_name='__main__')\n"
+            "except SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules)\n")
+    import os
+
+    from tests.training.preflight_harness import CLEAN
+
+    env = {**{k: v for k, v in os.environ.items() if k not in CLEAN}, "RANK": "0", "WORLD_SIZE": "4"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "exit 2 False", (out.stdout, out.stderr)
+    assert "--init-method-std -1.0 is out of range" in out.stderr
+    from lagom_megatron.training.preflight import cuda_certainly_absent
+
+    import torch
+
+    assert cuda_certainly_absent() == (torch.version.cuda is None and torch.version.hip is None)
+
+
+def test_arguments_are_refused_before_the_machine_is_detected(monkeypatch, capsys):
+    """Where finding the GPU would import torch, the argument rules run first: a refused line never
+    reaches ``detect_cluster``; a valid one does, and gets the full verdict."""
+    import lagom_megatron.training.preflight as preflight
+
+    detected = []
+    real = preflight.detect_cluster
+    monkeypatch.setattr(preflight, "cuda_certainly_absent", lambda: False)
+    monkeypatch.setattr(preflight, "detect_cluster", lambda *a: detected.append(a) or real("cpu-tp2-dp2", {
+        "LAGOM_CLUSTER": "cpu-gloo"}))
+    t = train([*CPU, "--recompute-num-layers", "0"], monkeypatch, capsys, world=4)
+    assert (t.code, t.started, detected) == (2, False, [])
+    assert t.errors == ["pretrain_gpt.py: error: --recompute-num-layers 0 is out of range; allowed: an integer >= 1"]
+    t = train([*CPU, "--global-batch-size", "7"], monkeypatch, capsys, world=4)  # a layout rule, also pure
+    assert (t.code, detected) == (2, [])
+    t = train(CPU, monkeypatch, capsys, world=4)
+    assert (t.code, t.started, len(detected)) == (0, True, 1)
