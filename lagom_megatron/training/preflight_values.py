@@ -85,6 +85,23 @@ ATTN_ENV = {"local": "000", "flash": "100", "fused": "010", "unfused": "001", "a
 set to another value fails its assertion on every rank while the model is built."""
 
 
+def _layers_per_chunk(args: Mapping[str, Any]) -> int | None:
+    """Transformer layers of one model chunk (``len(TransformerBlock.layers)``) for an even split, or None
+    (an uneven pipeline, or a size that is missing or not positive)."""
+    layers, pp = args.get("num_layers"), args.get("pipeline_model_parallel_size") or 1
+    if args.get("decoder_first_pipeline_num_layers") or args.get("decoder_last_pipeline_num_layers") \
+            or not isinstance(layers, int) or not isinstance(pp, int) or layers < 1 or pp < 1 or layers % pp:
+        return None
+    per_stage = layers // pp
+    per_vstage = args.get("num_layers_per_virtual_pipeline_stage")
+    vstages = args.get("num_virtual_stages_per_pipeline_rank")
+    if isinstance(per_vstage, int) and per_vstage >= 1:
+        return per_vstage
+    if isinstance(vstages, int) and vstages >= 1:
+        return per_stage // vstages if per_stage % vstages == 0 else None
+    return per_stage
+
+
 def megatron_flag_problems(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[Finding]:
     """The checks Megatron-LM's ``validate_args`` and megatron-core's config ``__post_init__`` make of
     the model and schedule flags added for parity; one error per bad flag, in flag order.
@@ -96,7 +113,9 @@ def megatron_flag_problems(args: Mapping[str, Any], environ: Mapping[str, str] |
       negative or NaN std; an infinite one gives infinite weights.
     - recomputation: ``selective`` takes no ``--recompute-method`` (``arguments.py:899-902``) nor
       ``--recompute-num-layers`` (``transformer_config.py:1179-1185``); ``full`` needs a method
-      (``transformer_config.py:1166-1170``) and a layer count >= 1 (``transformer_config.py:1172-1178``);
+      (``transformer_config.py:1166-1170``) and a layer count >= 1 (``transformer_config.py:1172-1178``),
+      with ``uniform`` a divisor of the layers of a model chunk (``transformer_block.py:460-470, 532-542``
+      index layer ``i + n - 1`` of each group);
       ``--distribute-saved-activations`` needs TP > 1, ``full`` and a method (``arguments.py:884-893``) and
       no sequence parallelism (``transformer_config.py:1187-1191``). A method or layer count without a
       granularity is ignored by megatron-core; it is refused here (it would have no effect).
@@ -149,6 +168,13 @@ def megatron_flag_problems(args: Mapping[str, Any], environ: Mapping[str, str] |
         bad("recompute", "--recompute-method and --recompute-num-layers need --recompute-granularity full; "
             f"got {method} and {n}", "megatron-core ignores them without a granularity (the run would not "
             "recompute)", "add --recompute-granularity full, or drop them")
+    per_chunk = _layers_per_chunk(args)
+    if gran == "full" and method == "uniform" and isinstance(n, int) and n >= 1 and per_chunk and per_chunk % n:
+        bad("recompute", f"--recompute-num-layers {n} does not divide the {per_chunk} layers of each model chunk "
+            "(--num-layers / --pipeline-model-parallel-size / virtual stages); allowed with --recompute-method "
+            f"uniform: a divisor of {per_chunk}", "uniform recomputation checkpoints layers [i, i + n) for i = 0, n, "
+            "2n, ... and indexes past the chunk's last layer: an IndexError in the first forward on every rank "
+            "(transformer_block.py:460-470, 532-542)", "use a divisor, or --recompute-method block")
     if args.get("distribute_saved_activations"):
         tp = args.get("tensor_model_parallel_size") or 1
         if tp <= 1 or gran != "full" or method is None or args.get("sequence_parallel"):

@@ -122,6 +122,9 @@ CASES = [
      "recompute", "error"),
     ("recompute-activations-with-method", dict(recompute_activations=True, recompute_method="uniform"), None, H100,
      16, "recompute", "error"),
+    # 8 layers / PP 2 / 2 virtual stages = 2 layers per model chunk; uniform groups of 4 index past it
+    ("recompute-uniform-vpp", dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=4,
+                                   num_virtual_stages_per_pipeline_rank=2), None, H100, 16, "recompute", "error"),
     ("distribute-saved-activations-sp", dict(distribute_saved_activations=True, recompute_granularity="full",
                                              recompute_method="block", recompute_num_layers=1), None, H100, 16,
      "recompute", "error"),
