@@ -36,24 +36,57 @@ def _data_prefixes(data_path: list[str]) -> list[str]:
     return list(data_path)
 
 
-def check_installed(args: argparse.Namespace) -> None:
+FLASH_ATTN_MODULES = ("flash_attn", "flash_attn_3")
+"""Packages of the FlashAttention kernels: flash-attn 2 (``flash_attn``), which Transformer Engine's flash
+backend and Megatron-LM's legacy ``--use-flash-attn`` path import (core_v0.16.1
+``megatron/legacy/model/transformer.py:52-59, 544-547``), and FlashAttention 3 (``flash_attn_3``,
+megatron-core 0.16.1 ``transformer/attention.py:62``)."""
+
+
+def check_installed(args: argparse.Namespace, *, on_gpu: bool = False) -> None:
     """Checks that this machine has the libraries the arguments need, before any process group exists.
 
     Kept apart from :func:`validate_args`, which ``lagom doctor`` and the preset tests also run on
     machines that only plan a job (no Transformer Engine there).
 
+    Args:
+        args: the parsed namespace.
+        on_gpu: the run trains on CUDA devices (the pre-flight's detected backend is ``nccl``).
+
     Raises:
-        ValueError: one line: ``--context-parallel-size`` above 1 without Transformer Engine
-            (megatron-core's context-parallel attention is ``TEDotProductAttention``; without it
-            every rank dies on an assertion while the model is built).
+        ValueError: one line naming the flag, its value and what to install or pass instead:
+            ``--context-parallel-size`` above 1 without Transformer Engine (megatron-core's
+            context-parallel attention is ``TEDotProductAttention``; without it every rank dies on an
+            assertion while the model is built); ``--attention-backend flash`` or ``--use-flash-attn``
+            without a FlashAttention package (:data:`FLASH_ATTN_MODULES`); on a GPU, gradient
+            accumulation fusion (on by default) with the local layers and no APEX
+            ``fused_weight_gradient_mlp_cuda`` (megatron-core 0.16.1 ``tensor_parallel/layers.py:44-48,
+            924-933`` raises ``RuntimeError`` on every rank while the model is built).
     """
     import importlib.util
 
+    def installed(name: str) -> bool:
+        return importlib.util.find_spec(name) is not None
+
     cp = args.context_parallel_size
-    if cp > 1 and importlib.util.find_spec("transformer_engine") is None:
+    if cp > 1 and not installed("transformer_engine"):
         raise ValueError(f"--context-parallel-size {cp} needs Transformer Engine (megatron-core runs context-parallel "
                          "attention in TEDotProductAttention), which is not installed; install transformer_engine "
                          "or use --context-parallel-size 1")
+    flash = [f for f, on in (("--attention-backend flash", getattr(args, "attention_backend", None) == "flash"),
+                             ("--use-flash-attn", getattr(args, "use_flash_attn", False))) if on]
+    if flash and not any(installed(m) for m in FLASH_ATTN_MODULES):
+        raise ValueError(f"{flash[0]} needs FlashAttention (the flash-attn package: module flash_attn or "
+                         "flash_attn_3), which is not installed; install flash-attn, or use --attention-backend "
+                         "auto (Transformer Engine picks an installed kernel) without --use-flash-attn")
+    impl = getattr(args, "transformer_impl", None)
+    local_layers = impl == "local" or (impl is None and not installed("transformer_engine"))
+    if on_gpu and getattr(args, "gradient_accumulation_fusion", False) and local_layers \
+            and not installed("fused_weight_gradient_mlp_cuda"):
+        raise ValueError("gradient accumulation fusion (on by default) with the local layers (--transformer-impl "
+                         f"{impl or 'local: Transformer Engine is not installed'}) needs APEX's fused_weight_gradient_"
+                         "mlp_cuda extension, which is not installed; pass --no-gradient-accumulation-fusion or "
+                         "install APEX with its CUDA extensions")
 
 
 def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
@@ -196,8 +229,6 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
            + (" (--lr-decay-iters defaults to --train-iters)" if decay_default else ""))
     _check(args.lagom_warmup_iters >= 1, f"--lagom-warmup-iters must be >= 1; got {args.lagom_warmup_iters}")
     _check(args.lagom_verify_iters >= 1, f"--lagom-verify-iters must be >= 1; got {args.lagom_verify_iters}")
-    budget = getattr(args, "lagom_pool_budget_mib", 512.0)
-    _check(budget >= 0, f"--lagom-pool-budget-mib must be >= 0 (MiB per rank); got {budget}")
     for flag, value in (("--lagom-report", args.lagom_report), ("--lagom-plan", args.lagom_plan)):
         if value:
             _check(not Path(value).is_dir(), f"{flag} {value!r} is a folder; give a file name")

@@ -280,18 +280,14 @@ def apply_megatron_lm_defaults(args: argparse.Namespace) -> argparse.Namespace:
     - ``ffn_hidden_size``: :func:`default_ffn_hidden_size` when not given.
     - ``accumulate_allreduce_grads_in_fp32``: on with ``--bf16`` (Megatron-LM core_v0.16.1
       ``arguments.py:711-724``: bf16 gradients are reduced in fp32; fp16 ones stay fp16).
-    - recomputation: ``selective`` takes no ``--recompute-method`` (``arguments.py:899-902``) nor
-      ``--recompute-num-layers``; ``full`` needs both (megatron-core 0.16.1
-      ``transformer/transformer_config.py:1154-1185``); a method or layer count needs a granularity.
-    - WSD needs ``--lr-wsd-decay-iters`` (megatron-core ``optimizer_param_scheduler.py:161``).
-    - ``--attention-backend local`` needs ``--transformer-impl local`` (``arguments.py:321-322``).
+    - the refusals of ``training.preflight_values.megatron_flag_problems`` (recomputation, attention
+      backend, WSD, ``--init-method-std``, the pool budget), the checks the shared pre-flight runs, so
+      that ``validate_args`` and ``lagom doctor`` refuse the same lines with the same words.
 
     Raises:
         ValueError: one of the rejected combinations above.
     """
-    def check(cond: bool, message: str) -> None:
-        if not cond:
-            raise ValueError(message)
+    from lagom_megatron.training.preflight_values import megatron_flag_problems
 
     if args.split is None:  # Megatron-LM core_v0.16.1 arguments.py:468-472 (with --data-path)
         args.split = DEFAULT_SPLIT
@@ -299,22 +295,9 @@ def apply_megatron_lm_defaults(args: argparse.Namespace) -> argparse.Namespace:
         args.ffn_hidden_size = default_ffn_hidden_size(args.hidden_size, args.swiglu)
     if args.bf16:
         args.accumulate_allreduce_grads_in_fp32 = True
-    granularity, method, n_layers = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
-    if granularity == "selective":
-        check(method is None and n_layers is None,
-              "--recompute-granularity selective takes no --recompute-method nor --recompute-num-layers")
-    elif granularity == "full":
-        check(method is not None and n_layers is not None and n_layers >= 1,
-              "--recompute-granularity full needs --recompute-method (uniform or block) and "
-              f"--recompute-num-layers >= 1; got {method} and {n_layers}")
-    else:
-        check(method is None and n_layers is None,
-              "--recompute-method and --recompute-num-layers need --recompute-granularity full")
-    if args.lr_decay_style == "WSD":
-        check(args.lr_wsd_decay_iters is not None and args.lr_wsd_decay_iters >= 1,
-              "--lr-decay-style WSD needs --lr-wsd-decay-iters >= 1 (the iterations of the decay phase)")
-    check(args.attention_backend != "local" or args.transformer_impl == "local",
-          "--attention-backend local needs --transformer-impl local")
+    problems = megatron_flag_problems(vars(args))
+    if problems:
+        raise ValueError(problems[0].what)
     return args
 
 

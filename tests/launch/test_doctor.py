@@ -95,7 +95,9 @@ CASES = [
     ("cdmc-missing-tp", {}, {}, H100, 16, "cuda-device-max-connections", "error"),
     ("cdmc-missing-cp", dict(tensor_model_parallel_size=1, sequence_parallel=False, context_parallel_size=2,
                              global_batch_size=32), {}, H100, 16, "cuda-device-max-connections", "error"),
-    ("cdmc-fsdp", dict(use_torch_fsdp2=True), None, H100, 16, "cuda-device-max-connections", "error"),
+    # FSDP2 needs gradient accumulation fusion off (Megatron-LM core_v0.16.1 arguments.py:614; rule grad-reduce)
+    ("cdmc-fsdp", dict(use_torch_fsdp2=True, gradient_accumulation_fusion=False), None, H100, 16,
+     "cuda-device-max-connections", "error"),
     ("cdmc-serialises-dp", dict(tensor_model_parallel_size=1, sequence_parallel=False, global_batch_size=64),
      None, H100, 16, "cuda-device-max-connections", "warning"),
     # a MoE overlap megatron-core accepts (transformer_config.py:1852-1892); alone it is an error (issue example 11)
@@ -114,6 +116,25 @@ CASES = [
     ("nccl-override-ctas", {}, {**BASE_ENV, "NCCL_MIN_CTAS": "2", "NCCL_MAX_CTAS": "16"}, H100, 16,
      "nccl-override", "warning"),
     ("nccl-override-algo", {}, {**BASE_ENV, "NCCL_ALGO": "ring,tree"}, H100, 16, "nccl-override", "warning"),
+    # Megatron-LM parity flags on a Megatron-LM line (training/preflight_values.py megatron_flag_problems)
+    ("init-method-std", dict(init_method_std=-0.01), None, H100, 16, "init-method-std", "error"),
+    ("recompute-full-no-method", dict(recompute_granularity="full", recompute_num_layers=1), None, H100, 16,
+     "recompute", "error"),
+    ("recompute-activations-with-method", dict(recompute_activations=True, recompute_method="uniform"), None, H100,
+     16, "recompute", "error"),
+    # 8 layers / PP 2 / 2 virtual stages = 2 layers per model chunk; uniform groups of 4 index past it
+    ("recompute-uniform-vpp", dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=4,
+                                   num_virtual_stages_per_pipeline_rank=2), None, H100, 16, "recompute", "error"),
+    ("distribute-saved-activations-sp", dict(distribute_saved_activations=True, recompute_granularity="full",
+                                             recompute_method="block", recompute_num_layers=1), None, H100, 16,
+     "recompute", "error"),
+    ("attention-backend-env", dict(attention_backend="fused"), {**BASE_ENV, "NVTE_FLASH_ATTN": "1"}, H100, 16,
+     "attention-backend", "error"),
+    ("wsd-past-decay", dict(lr_decay_style="WSD", lr_decay_iters=100, lr_wsd_decay_iters=200), None, H100, 16,
+     "lr-schedule", "error"),
+    ("main-grads-bf16", dict(bf16=True, accumulate_allreduce_grads_in_fp32=True, main_grads_dtype="bf16"), None,
+     H100, 16, "grad-reduce", "error"),
+    ("pool-budget-inf", dict(lagom_pool_budget_mib=float("inf")), None, H100, 16, "pool-budget", "error"),
 ]
 
 
@@ -129,7 +150,7 @@ def test_rule_triggers(case):
 def test_every_rule_has_a_case():
     rule_ids = {c[5] for c in CASES}
     assert len(rule_ids) >= 14
-    assert len(RULES) == 20  # a new rule needs a case here or in tests/training/test_preflight_examples.py
+    assert len(RULES) == 22  # a new rule needs a case here or in tests/training/test_preflight_examples.py
 
 
 def test_query_groups_ignored_without_group_query_attention():

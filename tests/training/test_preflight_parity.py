@@ -1,7 +1,7 @@
 """``lagom doctor`` and ``pretrain_gpt.py``'s pre-flight reach the same verdict on the same input.
 
 Inputs: the examples of the pre-flight issue that are command lines of our ``pretrain_gpt.py``,
-and every preset under ``configs/presets/`` (with ``--mock-data``, at the preset's world size),
+the Megatron-LM parity flags (``test_preflight_flags.FLAG_CASES``), and every preset under ``configs/presets/`` (with ``--mock-data``, at the preset's world size),
 each checked on this machine (the doctor without ``--cluster`` detects the cluster as training
 does). The verdict is "refused" (non-zero exit) or "may start"; a refused training run never
 reaches ``training.loop.pretrain``.
@@ -15,6 +15,7 @@ import pytest
 
 from lagom_megatron.config.presets import CONFIGS_DIR, load_preset
 from tests.training.preflight_harness import doctor, hold_lock_elsewhere, train
+from tests.training.test_preflight_flags import FLAG_CASES
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
 SMALL = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "32", "--seq-length", "32",
@@ -56,6 +57,8 @@ EXAMPLES = [
     ("world-not-divisible", [*CPU, "--tensor-model-parallel-size", "3"], 4, {}, True),
     ("valid-cpu-line", CPU, 4, {}, False),
 ]
+EXAMPLES += [(f"flags-{name}", [*CPU, *extra], 4, env, line is not None) for name, extra, env, line in FLAG_CASES]
+"""The Megatron-LM parity flags (``test_preflight_flags.py`` checks their one line)."""
 
 PRESETS = sorted(p.stem for p in (CONFIGS_DIR / "presets").glob("*.yaml"))
 
