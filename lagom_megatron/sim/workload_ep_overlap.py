@@ -5,9 +5,9 @@ iteration: Megatron-Core's combined 1F1B schedule without pipelining (megatron-c
 ``combined_1f1b_schedule_for_no_pipelining`` when the flag is set (pipeline_parallel/schedules.py:598-599).
 That schedule runs the first micro-batch's forward alone, then, for each next micro-batch, its
 forward together with the previous micro-batch's backward, then the last backward alone
-(pipeline_parallel/combined_1f1b.py:51-90). Within one combined step, forward layer ``j`` is paired
-with backward layer ``L-1-j`` (models/common/model_chunk_schedule_plan.py:459-473), and each pair
-runs as ``TransformerLayerSchedulePlan.run`` orders it (same file, :215-259): on the communication
+(pipeline_parallel/combined_1f1b.py:51-108). Within one combined step, forward layer ``j`` is paired
+with backward layer ``L-1-j`` (models/common/model_chunk_schedule_plan.py:473-484), and each pair
+runs as ``TransformerLayerSchedulePlan.run`` orders it (same file, :215-254): on the communication
 stream ``combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd``, on the compute stream
 ``attn_fwd | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | attn_bwd``. So:
 
