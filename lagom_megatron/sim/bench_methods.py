@@ -17,7 +17,12 @@ op) over channels, protocol and algorithm, then per site over the neighbouring c
 the ``ORACLE_SITES`` sites with the longest regions. It is the reference for what a plan could get
 *through the mechanism a plan uses* (NCCL's rules on the cluster): where channels can only be set
 per communicator (tuner plugin ABI below v3, NCCL < 2.22: ``ncclConfig_t.maxCTAs``), a value is a
-cap on NCCL's own count, one per communicator, and the per-site pass is skipped.
+cap on NCCL's own count, one per communicator, and the per-site pass is skipped. Sites the
+mechanism cannot tell apart (``NcclRules.call_key``: with the tuner plugin NCCL passes only the
+communicator, the collective and its byte count to ``getCollInfo``, NCCL v2.30.7
+``src/include/tuner.h``) move together in the per-site pass, so every oracle plan is one the
+plugin's table can hold (``export.tuner_rows`` refuses one that gives such sites different
+configs), as lagom's own plans are (``SearchProblem.tie_indistinguishable``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,19 @@ def _domains(sim: Any) -> dict[str, dict[str, tuple]]:
     for s in sim.sites:
         d = rules.domains(op=s.op, n_nodes=s.n_nodes, group_size=s.group_size)
         out[s.site_id] = {k: tuple(v for v in d[k] if v is not None) for k in KNOBS}
+    return out
+
+
+def tie_sets(sites: list, rules: NcclRules) -> dict[str, list[str]]:
+    """Site id -> the ids of every site the mechanism of ``rules`` cannot tell apart from it
+    (same ``rules.call_key``; itself alone where the key is None), in ``sites`` order."""
+    by_key: dict[Any, list[str]] = {}
+    out: dict[str, list[str]] = {}
+    for s in sites:
+        key = rules.call_key(group=s.group, op=s.op, nbytes=s.nbytes)
+        out[s.site_id] = by_key.setdefault(key, []) if key is not None else [s.site_id]
+        if key is not None:
+            by_key[key].append(s.site_id)
     return out
 
 
@@ -119,6 +137,7 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
     sites = {s.site_id: s for s in sim.sites}
     groups: dict[tuple, list[str]] = {}
     comms: dict[str, list[str]] = {}
+    tied = tie_sets(sim.sites, rules)
     for sid, s in sites.items():
         groups.setdefault((s.group, s.op), []).append(sid)
         comms.setdefault(s.group, []).append(sid)
@@ -168,5 +187,5 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
         pos = dom.index(cur) if cur in dom else None
         near = [dom[p] for p in ((pos - 1, pos + 1) if pos is not None else ()) if 0 <= p < len(dom)] if pos is not None else list(dom[:3])
         for v in near:
-            try_move([sid], "n_channels", v)
+            try_move(tied[sid], "n_channels", v)
     return {sid: _config(k) for sid, k in state.items()}, best, runs

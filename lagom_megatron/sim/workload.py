@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.sim.device import Collective, ComputeKernel, compute_time_us
 from lagom_megatron.sim.program import Call, Program, elementwise, gemm
+from lagom_megatron.sim.workload_ep_overlap import combined_step
 from lagom_megatron.sim.workload_fsdp import fsdp_microbatch
 from lagom_megatron.sim.workload_shape import WorkloadShape
 
@@ -126,11 +127,18 @@ class Workload(WorkloadShape):
             if self.fsdp:
                 fsdp_microbatch(self, prog, mb)
                 continue
+            if self.ep_overlap and mb > 0:  # forward mb with backward mb-1 (sim.workload_ep_overlap)
+                combined_step(self, prog, mb, mb - 1)
+                if mb == mbs - 1:
+                    self._backward_chunk(prog, 0, mb, buckets[0], pending_send)
+                continue
             for c in range(self.chunks):
                 if mb == 0 and self.dist_opt and self.overlap_param:
                     self._forward_chunk(prog, c, mb, buckets[c], ag_idx, ag_done, pending_send)
                 else:
                     self._forward_chunk(prog, c, mb, None, ag_idx, ag_done, pending_send)
+            if self.ep_overlap and mb < mbs - 1:
+                continue  # its backward runs in the next combined step
             for c in reversed(range(self.chunks)):
                 self._backward_chunk(prog, c, mb, buckets[c] if mb == mbs - 1 else None, pending_send)
         for idx in pending_send.values():
@@ -223,6 +231,11 @@ class Workload(WorkloadShape):
             prog.wait(idx)
 
     def _layer_forward(self, prog: Program, c: int, li: int, mb: int) -> None:
+        self._attn_forward(prog, c, li, mb)
+        self._mlp_forward(prog, mb)
+
+    def _attn_forward(self, prog: Program, c: int, li: int, mb: int) -> None:
+        """Attention part of a layer's forward, up to the second norm (and the router)."""
         ks = {k.name: k for k in self._layer_fwd_kernels()}
         layer = self.global_layer(c, li)
         prog.kernel(ks["norm1"], mb)
@@ -240,11 +253,21 @@ class Workload(WorkloadShape):
         prog.kernel(ks["norm2"], mb)
         if self.experts:
             prog.kernel(ks["router"], mb)
-            a2a = self.tokens * self.topk * self.hidden * 2
-            prog.blocking(Call(self._stream_id("ep", "dispatch_all_to_all"), self._coll("all_to_all", a2a, "ep"), "ep", mb))
+
+    def a2a_call(self, kind: str | None, mb: int) -> Call:
+        """An expert-parallel all-to-all of the layer's routed tokens; ``kind`` None = a backward
+        one (not a site), else the forward site stream ``dispatch_all_to_all`` / ``combine_all_to_all``."""
+        a2a = self.tokens * self.topk * self.hidden * 2
+        return Call(self._stream_id("ep", kind) if kind else None, self._coll("all_to_all", a2a, "ep"), "ep", mb)
+
+    def _mlp_forward(self, prog: Program, mb: int) -> None:
+        """MLP part of a layer's forward (experts: dispatch, expert MLP, combine, blocking)."""
+        ks = {k.name: k for k in self._layer_fwd_kernels()}
+        if self.experts:
+            prog.blocking(self.a2a_call("dispatch_all_to_all", mb))
             for n in ("fc1", "act", "fc2"):
                 prog.kernel(ks[n], mb)
-            prog.blocking(Call(self._stream_id("ep", "combine_all_to_all"), self._coll("all_to_all", a2a, "ep"), "ep", mb))
+            prog.blocking(self.a2a_call("combine_all_to_all", mb))
         else:
             self._tp_fwd(prog, mb, "all_gather")
             for n in ("fc1", "act", "fc2"):
@@ -275,15 +298,20 @@ class Workload(WorkloadShape):
 
     def _layer_backward(self, prog: Program, c: int, li: int, mb: int) -> None:
         ks = {k.name: k for k in self._layer_fwd_kernels()}
-        layer = self.global_layer(c, li)
         if self.experts:
-            a2a = self.tokens * self.topk * self.hidden * 2
-            prog.blocking(Call(None, self._coll("all_to_all", a2a, "ep"), "ep", mb))
+            prog.blocking(self.a2a_call(None, mb))
             for n in ("fc2", "fc1"):
                 prog.kernel(ks[n], mb)
                 prog.kernel(ks[n], mb)
             prog.kernel(ks["act"], mb)
-            prog.blocking(Call(None, self._coll("all_to_all", a2a, "ep"), "ep", mb))
+            prog.blocking(self.a2a_call(None, mb))
+        self._attn_backward(prog, c, li, mb)
+
+    def _attn_backward(self, prog: Program, c: int, li: int, mb: int) -> None:
+        """A layer's backward after the expert MLP (router on) or, dense, all of it."""
+        ks = {k.name: k for k in self._layer_fwd_kernels()}
+        layer = self.global_layer(c, li)
+        if self.experts:
             prog.kernel(ks["router"], mb)
         else:
             self._tp_fwd(prog, mb, "all_gather")

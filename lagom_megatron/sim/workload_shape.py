@@ -52,6 +52,8 @@ class WorkloadShape:
     tp_comm_overlap: bool
     fsdp: bool
     """Megatron-FSDP or torch FSDP2 (``sim.workload_fsdp``)."""
+    ep_overlap: bool = False
+    """``overlap_moe_expert_parallel_comm``: the combined 1F1B schedule (``sim.workload_ep_overlap``)."""
     cdmc1: bool
     bucket_params: int
     nodes: dict[str, int]
@@ -91,8 +93,12 @@ class WorkloadShape:
         }
         fsdp = bool(o.use_megatron_fsdp or o.use_torch_fsdp2)
         refused = {
-            "overlap_moe_expert_parallel_comm": (o.overlap_moe_expert_parallel_comm,
-                                                 "the simulator does not model Megatron's combined 1F1B all-to-all overlap"),
+            "overlap_moe_expert_parallel_comm with PP, virtual stages or FSDP": (
+                o.overlap_moe_expert_parallel_comm and (pp > 1 or chunks > 1 or fsdp),
+                "the combined 1F1B all-to-all overlap is modelled without pipelining only"),
+            "overlap_moe_expert_parallel_comm without experts and EP > 1": (
+                o.overlap_moe_expert_parallel_comm and (experts == 0 or ep < 2),
+                "Megatron-Core asserts expert_model_parallel_size > 1 for it"),
             "overlap_param_gather_with_optimizer_step": (o.overlap_param_gather_with_optimizer_step,
                                                          "the simulator does not model the gather inside the optimizer step"),
             "use_megatron_fsdp / use_torch_fsdp2 with PP or virtual stages": (fsdp and (pp > 1 or chunks > 1),
@@ -117,6 +123,7 @@ class WorkloadShape:
             vocab=m.vocab_size or 50304, swiglu=m.swiglu, experts=experts, topk=m.moe_router_topk or 1,
             dist_opt=o.use_distributed_optimizer, overlap_grad=o.overlap_grad_reduce, overlap_param=o.overlap_param_gather,
             overlap_p2p=o.overlap_p2p_comm, tp_comm_overlap=o.tp_comm_overlap and tp > 1, fsdp=fsdp,
+            ep_overlap=bool(o.overlap_moe_expert_parallel_comm),
             cdmc1=str(preset.env.get("CUDA_DEVICE_MAX_CONNECTIONS", "")) == "1", bucket_params=int(bucket),
             nodes=nodes, sizes=sizes,
         )
