@@ -169,7 +169,8 @@ class LagomController:
         from lagom_megatron.megatron.backends import rules_for
 
         caps = self.applier.capabilities if self.backend == "nccl" else None
-        rules = rules_for(self.backend, self.cluster, capabilities=caps)
+        rules = rules_for(self.backend, self.cluster, capabilities=caps,  # the search knows the pool budget
+                          pool_budget_bytes=getattr(self.pool, "budget_bytes", None) if self.backend == "nccl" else None)
         for line in getattr(rules, "warnings", lambda: [])():
             say(f"lagom: WARNING: {line}")
         self.tuner = Tuner(
