@@ -375,9 +375,9 @@ class LagomController:
             applied = self.applier is not None and self.applier.error is None and self.mode in ("tune", "reuse")
             if applied and getattr(self.pool.backend, "use_tuner_plugin", False) \
                     and getattr(self.pool.backend, "plugin_active", False) and self.plan is not None:
-                from lagom_megatron.nccl.export import plan_hit_summary
+                from lagom_megatron.megatron.hits import log_plan_hits
 
-                say(plan_hit_summary(self.plan))
+                log_plan_hits(self.plan, getattr(self.pool, "groups", None))  # collective: the condition is the same on every rank
             if not self._reported:
                 self.write_report()
         finally:
