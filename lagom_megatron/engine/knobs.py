@@ -182,6 +182,11 @@ class KnobRules(Protocol):
     def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2) -> dict[str, tuple]:
         """Values the search scans per knob for one collective site (``(None,)`` = not tunable)."""
 
+    def for_sites(self, sites: Any) -> "KnobRules":
+        """These rules for one search over ``sites`` (``profile.CollectiveSite``): rules whose domains
+        depend on the whole set of sites (e.g. a memory budget the sites' groups share) return a
+        specialised copy; others return themselves."""
+
     def probe_configs(self) -> list[CommConfig]:
         """The few configs the warm-up applies to every site at once, one per probe iteration."""
 

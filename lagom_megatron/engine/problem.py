@@ -117,6 +117,7 @@ class SearchProblem:
         if rules.cluster.name != model.cluster.name:
             raise ValueError(f"knob rules are for cluster {rules.cluster.name!r} but the cost model is for {model.cluster.name!r}")
         backend = model.backend
+        rules = rules.for_sites(model.sites)
         doms = []
         for s in model.sites:
             d = rules.domains(op=s.op, n_nodes=s.n_nodes, group_size=s.group_size)

@@ -17,9 +17,13 @@ from lagom_megatron.nccl.rules import NcclRules
 
 
 def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None,
-              capabilities: Capabilities | None = None) -> KnobRules:
+              capabilities: Capabilities | None = None, pool_budget_bytes: int | None = None) -> KnobRules:
     """The knob rules of ``backend`` on ``cluster``: ``GlooRules`` for gloo, ``NcclRules`` (default
     mechanism ``tuner``) for nccl and the simulated cluster (``sim``).
+
+    ``pool_budget_bytes`` (NCCL): the communicator pool's budget, which caps each group's channel
+    domain (``nccl.budget``); with capabilities, NVLS heads count where NVLS multicast runs (as in
+    ``Applier.agree_capabilities``).
 
     With the run's agreed ``capabilities`` (NCCL only) the mechanism is theirs
     (``Capabilities.mechanism``: the plugin NCCL really loaded, else communicator options) and the
@@ -35,9 +39,10 @@ def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None,
         if capabilities is not None and backend == "nccl":
             if capabilities.nccl_version is not None:
                 cluster = dataclasses.replace(cluster, nccl_version=".".join(map(str, capabilities.nccl_version)))
+            heads = capabilities.ranks_per_node if capabilities.nvls_multicast else 0
             return NcclRules(cluster, mechanism=mechanism or capabilities.mechanism(), backend=backend,
-                             capabilities=capabilities)
-        return NcclRules(cluster, mechanism=mechanism or "tuner", backend=backend)
+                             capabilities=capabilities, pool_budget_bytes=pool_budget_bytes, nvls_heads=heads or 0)
+        return NcclRules(cluster, mechanism=mechanism or "tuner", backend=backend, pool_budget_bytes=pool_budget_bytes)
     raise ValueError(f"backend must be one of {list(BACKENDS)}; got {backend!r}")
 
 

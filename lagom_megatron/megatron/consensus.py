@@ -239,6 +239,11 @@ def _perturb(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def all_gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank (``[obj]`` when not distributed)."""
+    return _all_gather(obj)
+
+
 def broadcast_object(obj: Any, *, src: int = 0) -> Any:
     """``obj`` of rank ``src`` on every rank (identity when not distributed)."""
     import torch.distributed as dist

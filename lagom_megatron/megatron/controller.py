@@ -10,8 +10,10 @@
   it to the router and the profiler;
 * ``on_iteration_end``: all-gathers the measurement (slowest rank per region,
   ``consensus.merge_measurements``), feeds the tuner, creates communicator-pool entries when the
-  probe configs or the agreed plan need them, writes profile / plan / report on rank 0, logs;
-* ``on_train_end``: writes the report if not yet written and removes every hook.
+  probe configs or the agreed plan need them, writes profile / plan / report on rank 0, logs
+  (what follows the tuner's step is ``step_end``);
+* ``on_train_end``: logs the tuner plugin's row hits and compares them across ranks (``hits``),
+  writes the report if not yet written and removes every hook.
 
 The tuner's ``agree`` hook is ``consensus.agree_plan``: rank 0's plan is broadcast and every
 rank's digest checked; a mismatch aborts tuning (defaults kept, training continues).
@@ -169,7 +171,8 @@ class LagomController:
         from lagom_megatron.megatron.backends import rules_for
 
         caps = self.applier.capabilities if self.backend == "nccl" else None
-        rules = rules_for(self.backend, self.cluster, capabilities=caps)
+        rules = rules_for(self.backend, self.cluster, capabilities=caps,  # the search knows the pool budget
+                          pool_budget_bytes=getattr(self.pool, "budget_bytes", None) if self.backend == "nccl" else None)
         for line in getattr(rules, "warnings", lambda: [])():
             say(f"lagom: WARNING: {line}")
         self.tuner = Tuner(
@@ -233,7 +236,7 @@ class LagomController:
         # iteration); the first is not: it is the slowest, and its call streams have no period yet
         reuse_timed = self.mode == "reuse" and self._last_iteration >= 1 and len(self._applied_us) < 3
         self.registry.start_iteration(record=(self.mode == "tune" and not self.tuner.done) or reuse_timed)
-        if self.mode == "tune" and self.tuner.done:  # the final assignment was set once, in _on_done
+        if self.mode == "tune" and self.tuner.done:  # the final assignment was set once, in step_end.on_done
             self.profiler.start_iteration(timed=False)
         elif self.mode == "tune":
             step = self._step = self.tuner.start_iteration(iteration)
@@ -288,83 +291,9 @@ class LagomController:
             return
         dt_ms = (time.perf_counter() - t0) * 1e3
         self._n_steps += 1
-        self._after_step(step, iteration, measurement, merged, before, phase, dt_ms)
+        from lagom_megatron.megatron.step_end import after_step
 
-    def _after_step(self, step: Any, iteration: int, m: Any, merged: dict, before: Any, phase: Any, dt_ms: float) -> None:
-        from lagom_megatron.engine.steps import Phase
-
-        tuner = self.tuner
-        total = tuner.profiling_iters
-        if step.kind == "default":
-            self._t_default = dict(merged)
-            self._last_sites = {s.site_id: s for s in m.sites}
-        if step.kind in ("warmup", "default", "serialized", "probe"):
-            sites = f"sites {len(m.sites)}" if m.sites else "counting calls per stream"
-            # warmup i/n counts --lagom-warmup-iters; step k/total counts every profiling iteration
-            of_kind = {"warmup": tuner.config.warmup_iters, "probe": len(tuner.probes), "default": 1, "serialized": 1}
-            self._kind_steps[step.kind] = self._kind_steps.get(step.kind, 0) + 1
-            say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._kind_steps[step.kind]}/"
-                f"{of_kind[step.kind]}; profiling step {self._n_steps}/{total}) | {sites} | "
-                f"iteration {m.iteration_us / 1e3:.1f} ms")
-        if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
-            # the configs the router will route in the probe iterations (probes as each site's op allows)
-            if not self.applier.apply_probes(tuner.probe_assignments(), m.sites):
-                self.mode = "aborted"
-                self.write_report()
-                return
-        if step.kind in ("verify-plan", "verify-default"):
-            if not self._t_default and m.sites:  # verifying a reused plan: no default profile gave the sites
-                self._last_sites = {s.site_id: s for s in m.sites}
-            into = self._t_plan if step.kind == "verify-plan" else self._t_verify_default
-            for sid, t in merged.items():
-                into.setdefault(sid, []).append(t[2])
-        if step.kind in ("verify-plan", "verify-default"):
-            say(f"lagom: phase verifying (iteration {iteration}, {step.kind.split('-')[1]}) | "
-                 f"iteration {m.iteration_us / 1e3:.1f} ms")
-        if before is Phase.PROBING and phase is not Phase.PROBING:
-            self._on_searched(iteration, phase, dt_ms)
-        if phase in (Phase.APPLIED, Phase.FELL_BACK) and before not in (Phase.APPLIED, Phase.FELL_BACK):
-            self._on_done(phase)
-
-    def _on_searched(self, iteration: int, phase: Any, dt_ms: float) -> None:
-        from lagom_megatron.engine.steps import Phase
-
-        tuner = self.tuner
-        if tuner.profile is not None and self.rank == 0:
-            tuner.profile.save(self.files.profile_path)
-        stats = tuner.search_stats
-        n = len(tuner.profile.sites) if tuner.profile is not None else 0
-        wall_ms = float(stats.get("wall_time_s", dt_ms / 1e3)) * 1e3
-        self.search_ms = wall_ms
-        pred, base = stats.get("predicted_iteration_us"), stats.get("default_iteration_us")
-        pred_txt = f" | predicted iteration {base / 1e3:.1f} -> {pred / 1e3:.1f} ms" if isinstance(pred, (int, float)) and isinstance(base, (int, float)) else ""
-        mape = f" | model MAPE {tuner.model_mape:.1f}%" if tuner.model_mape is not None else ""
-        say(f"lagom: phase searching | searched {n} sites in {wall_ms:.1f} ms ({tuner.config.method}, "
-             f"{stats.get('model_evaluations', '?')} evaluations){pred_txt}{mape}")
-        if tuner.plan is not None and phase is not Phase.FELL_BACK:
-            self.plan = tuner.plan
-            if self.rank == 0:
-                self.files.save_plan(tuner.plan)
-            if not self._prepare_pool_for_plan(tuner.plan):
-                if self.rank == 0:  # a later run keeps the defaults instead of failing the same way
-                    self.files.save_plan(tuner.plan.with_stats(verification="fell_back", verification_reason=self.applier.error))
-                self.write_report()
-                return
-            say(f"lagom: plan {self.files.plan_path} (digest {tuner.plan.digest()[:12]}) | profile {self.files.profile_path}")
-
-    def _on_done(self, phase: Any) -> None:
-        from lagom_megatron.engine.steps import Phase
-
-        self.router.set_assignment(self.tuner.assignment())  # the plan (APPLIED) or {} (FELL_BACK), for good
-        s = self.tuner.summary()
-        if phase is Phase.APPLIED:
-            say(f"lagom: phase applied | measured {s['measured_default_us'] / 1e3:.1f} -> {s['measured_plan_us'] / 1e3:.1f} ms | {self.tuner.reason}")
-        else:
-            live = self.pool.live
-            say(f"lagom: phase fell_back | {self.tuner.reason} | {self.pool.destroy()}/{live} pool entries destroyed")
-        if self.plan is not None and self.rank == 0:
-            self.files.save_plan(self.plan.with_stats(verification=phase.value, verification_reason=self.tuner.reason))
-        self.write_report()
+        after_step(self, step, iteration, measurement, merged, before, phase, dt_ms)
 
     def on_train_end(self) -> None:
         """Logs how many plan rows NCCL's tuner plugin matched, writes the report (if not yet
@@ -374,9 +303,9 @@ class LagomController:
             applied = self.applier is not None and self.applier.error is None and self.mode in ("tune", "reuse")
             if applied and getattr(self.pool.backend, "use_tuner_plugin", False) \
                     and getattr(self.pool.backend, "plugin_active", False) and self.plan is not None:
-                from lagom_megatron.nccl.export import plan_hit_summary
+                from lagom_megatron.megatron.hits import log_plan_hits
 
-                say(plan_hit_summary(self.plan))
+                log_plan_hits(self.plan, getattr(self.pool, "groups", None))  # collective: the condition is the same on every rank
             if not self._reported:
                 self.write_report()
         finally:

@@ -73,6 +73,10 @@ class GlooRules:
         out["chunk_size"] = (None,) + chunk_domain(None, "gloo")
         return out
 
+    def for_sites(self, sites: Any) -> "GlooRules":
+        """Themselves: gloo's domains do not depend on the set of sites searched."""
+        return self
+
     def probe_configs(self) -> list[CommConfig]:
         """1 and 4 worker threads, and 2 threads with 1 MiB pieces."""
         return [CommConfig(n_channels=1), CommConfig(n_channels=4), CommConfig(n_channels=2, chunk_size=1048576)]

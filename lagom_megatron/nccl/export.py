@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
 from lagom_megatron.engine.knobs import P2P_OPS
 from lagom_megatron.nccl import plugin_status
@@ -236,12 +237,12 @@ def parse_tuner_csv(text: str) -> list[dict[str, str]]:
     return rows
 
 
-def plan_hit_summary(plan: Plan) -> str:
+def plan_hit_summary(plan: Plan, *, status_reader: Any = None) -> str:
     """``plugin_status.summarize_hits`` for ``plan``'s tuner rows (``tuner_rows``, extended) with
-    this process's plugin status: one log line. Never raises for a plan whose table could not be
-    exported (the line says so instead)."""
+    this process's plugin status (``status_reader``, default ``read_plugin_status``): one log line.
+    Never raises for a plan whose table could not be exported (the line says so instead)."""
     try:
         rows = tuner_rows(plan, extended=True)
     except ValueError as exc:
         return f"lagom: tuner plugin: no hit summary, the plan has no tuner table ({exc})"
-    return plugin_status.summarize_hits(plugin_status.read_plugin_status(), rows)
+    return plugin_status.summarize_hits((status_reader or plugin_status.read_plugin_status)(), rows)

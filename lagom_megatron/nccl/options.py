@@ -33,7 +33,12 @@ from lagom_megatron.nccl.env_vars import PER_COMMUNICATOR_OVERRIDES, TUNER_OVERR
 TUNER_COMM_TAG_ENV = "LAGOM_TUNER_COMM_TAG"
 """Read by the tuner plugin in ``init``: the tag of the communicator being created."""
 TUNER_CONFIG_ENV = "LAGOM_TUNER_CONFIG"
-"""Read by the tuner plugin in ``init``: path of the plan table (falls back to NCCL_TUNER_CONFIG_FILE)."""
+"""Read by the tuner plugin in ``init``: path of the plan table. Only when it is unset does the
+plugin read ``NCCL_TUNER_CONFIG_FILE`` (``nccl/plugin/plugin.c`` ``lagomInit``)."""
+TUNER_NO_TABLE = "none"
+"""``LAGOM_TUNER_CONFIG`` value meaning "no table" (as ``""`` does): the plugin keeps NCCL's tuning
+for that communicator and does not fall back to ``NCCL_TUNER_CONFIG_FILE`` (``LAGOM_TUNER_NO_TABLE``
+in ``nccl/plugin/lagom_tuner.h``). Every pool entry made without a plan table is created with it."""
 NONBLOCKING_ENV = "TORCH_NCCL_USE_COMM_NONBLOCKING"
 """PyTorch switch for non-blocking communicators, whose creation runs in another thread."""
 

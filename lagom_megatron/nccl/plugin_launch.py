@@ -8,8 +8,9 @@ must hold the library's absolute path in every rank's environment before
 ``init_process_group`` creates the first communicator: the SLURM launch exports it
 (``launch/slurm.py``) and the training loop sets it in-process when the launcher did not
 (``training/loop.py``). The plan table variable (``LAGOM_TUNER_CONFIG``) starts empty for every
-rank, so Megatron's own communicators read no table and every rank starts from the same state;
-lagom's controller names its per-rank table around the creation of each pool communicator.
+rank, so Megatron's own communicators read no table and every rank starts from the same state (the
+plugin takes ``""`` as "no table" and then does not fall back to ``NCCL_TUNER_CONFIG_FILE``);
+lagom's pool names a table, or ``none``, around the creation of each of its communicators.
 
 Fallbacks when the plugin cannot be used (documented in docs/nccl.md): communicator mode
 (per-communicator ``NCCL_ALGO``/``NCCL_PROTO`` and CTA bounds, NCCL >= 2.24) and CTA bounds only

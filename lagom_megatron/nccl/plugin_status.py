@@ -32,7 +32,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 
 LIBRARY_NAME = "libnccl-tuner-lagom.so"
@@ -163,3 +163,54 @@ def summarize_hits(status: PluginStatus | None, plan_rows: Sequence[Any], *, max
         rest = f", and {len(never) - max_listed} more" if len(never) > max_listed else ""
         line += f"; never matched: {listed}{rest}"
     return line
+
+
+def shared_hit_mismatches(row_groups: Sequence[str], reports: Sequence[tuple[Sequence[int] | None, Mapping[str, Sequence[int]]]],
+                          ) -> list[tuple[int, dict[int, int]]]:
+    """Rows whose hit counts differ among the ranks of one communicator.
+
+    A row tagged with group ``g`` matches the calls of ``g``'s communicator and of its pool entries
+    (``pool.pool_entry_tag``); every member rank of one communicator makes the same calls, so its
+    counter must be the same on all of them. Instances of ``g`` over other ranks (another
+    pipeline stage's ``tp``) may differ and are not compared with each other.
+
+    Args:
+        row_groups: the group tag of each table row, in file order (``TunerRow.cells[11]``).
+        reports: per rank (index = global rank): its ``PluginStatus.row_hits`` (None: no status or
+            a table with another row count, left out) and, per group name, the global ranks of
+            that rank's instance of the group (``GroupInfo.ranks``).
+
+    Returns:
+        ``(row index, {rank: hits})`` per row and communicator whose members disagree (all members
+        that reported, in rank order), rows in file order.
+    """
+    out: list[tuple[int, dict[int, int]]] = []
+    for i, group in enumerate(row_groups):
+        by_comm: dict[tuple[int, ...], dict[int, int]] = {}
+        for rank, (hits, groups) in enumerate(reports):
+            members = groups.get(group)
+            if hits is None or members is None or i >= len(hits):
+                continue
+            by_comm.setdefault(tuple(sorted(members)), {})[rank] = int(hits[i])
+        for comm in sorted(by_comm):
+            seen = by_comm[comm]
+            if len(set(seen.values())) > 1:
+                out.append((i, dict(sorted(seen.items()))))
+    return out
+
+
+def describe_mismatches(mismatches: Sequence[tuple[int, Mapping[int, int]]], plan_rows: Sequence[Any],
+                        *, max_listed: int = 8) -> str:
+    """One warning line for ``shared_hit_mismatches``: each row (1-based, its op, bytes and group)
+    with the ranks and their counts; empty string when there is none."""
+    if not mismatches:
+        return ""
+
+    def one(i: int, seen: Mapping[int, int]) -> str:
+        cells = plan_rows[i].cells
+        counts = ", ".join(f"rank {r}: {n}" for r, n in seen.items())
+        return f"row {i + 1} ({cells[0]},{cells[1]}-{cells[2]} B, group {cells[11]}) {counts}"
+    listed = "; ".join(one(i, seen) for i, seen in mismatches[:max_listed])
+    rest = f"; and {len(mismatches) - max_listed} more" if len(mismatches) > max_listed else ""
+    return (f"lagom: WARNING: ranks of one communicator matched tuner rows a different number of times, so NCCL "
+            f"may have chosen differently on them: {listed}{rest}")

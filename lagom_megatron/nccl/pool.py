@@ -2,9 +2,10 @@
 
 A site whose searched ``CommConfig`` differs from its group's other sites is routed to a pool entry:
 a process group created with ``ProcessGroupNCCL.Options`` carrying the per-communicator knobs
-(``options.nccl_options_for``). The entry is created eagerly with ``NCCL_ALGO`` / ``NCCL_PROTO``
-and the tuner plugin's communicator tag (``LAGOM_TUNER_COMM_TAG``) set, and the previous
-environment restored right after: the plugin reads the tag in its ``init``, which NCCL runs in the
+(``options.nccl_options_for``). The entry is created eagerly with ``NCCL_ALGO`` / ``NCCL_PROTO``,
+the tuner plugin's communicator tag (``LAGOM_TUNER_COMM_TAG``) and an explicit plan table
+(``LAGOM_TUNER_CONFIG``: the plan's, or ``TUNER_NO_TABLE``) set, and the previous environment
+restored right after: the plugin reads the tag in its ``init``, which NCCL runs in the
 creating thread for blocking communicators.
 
 Every rank of the job must create the same entries in the same order (``torch.distributed.new_group``
@@ -21,7 +22,7 @@ from typing import Any
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.nccl.options import (
-    TUNER_COMM_TAG_ENV, TUNER_CONFIG_ENV, build_options, check_env_conflicts, nccl_config_fields, nccl_module_parts,
+    TUNER_COMM_TAG_ENV, TUNER_CONFIG_ENV, TUNER_NO_TABLE, build_options, check_env_conflicts, nccl_config_fields, nccl_module_parts,
     nccl_options_for, runtime_nccl_version,
 )
 
@@ -60,8 +61,9 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
         use_tuner_plugin: the tuner plugin applies algorithm/protocol/channels per call (the
             agreed mechanism is ``tuner``: NCCL loaded lagom's plugin on every rank).
         op: the site's op, to scope NCCL_ALGO/NCCL_PROTO to its NCCL function.
-        tuner_table: plan table the plugin reads for this communicator (sets LAGOM_TUNER_CONFIG
-            during creation); None = the process environment's.
+        tuner_table: plan table the plugin reads for this communicator (``LAGOM_TUNER_CONFIG``
+            during creation); None = explicitly none (``TUNER_NO_TABLE``: neither the process's
+            ``LAGOM_TUNER_CONFIG`` nor ``NCCL_TUNER_CONFIG_FILE`` reaches a probe entry).
         high_priority_stream: ``Options.is_high_priority_stream``.
         timeout: passed to ``new_group``.
         inherited: ``parent_options`` of the site's own group: its stream priority and the
@@ -89,8 +91,7 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
         high_priority_stream = bool(inherited.get("is_high_priority_stream", high_priority_stream))
     opts = build_options(fields, options_cls=pg_nccl.Options, high_priority_stream=high_priority_stream)
     env = dict(mapping["env"])
-    if tuner_table is not None:
-        env[TUNER_CONFIG_ENV] = os.fspath(tuner_table)
+    env[TUNER_CONFIG_ENV] = TUNER_NO_TABLE if tuner_table is None else os.fspath(tuner_table)
     device = torch.device("cuda", torch.cuda.current_device())
     kwargs: dict[str, Any] = {"ranks": sorted(ranks), "backend": "nccl", "pg_options": opts, "timeout": timeout}
     params = inspect.signature(dist.new_group).parameters
@@ -243,7 +244,7 @@ class NcclPoolBackend:
             ``NCCL_TUNER_PLUGIN`` for every rank (``plugin_launch``), so the variable's text says
             nothing about whether NCCL loaded the plugin; only the agreed capabilities do.
         tuner_table: plan table for the plugin (``LAGOM_TUNER_CONFIG`` during entry creation);
-            None = the process environment's.
+            entries made without one (probes, communicator mode, or None) get ``TUNER_NO_TABLE``.
         status_reader: ``plugin_status.read_plugin_status`` (tests pass stand-ins).
     """
 

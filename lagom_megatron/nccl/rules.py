@@ -20,13 +20,15 @@ that NCCL would change behind our back makes the cost model's prediction wrong.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import (
     ALGORITHMS, ALGORITHMS_FOR_OP, CGA_CLUSTER_SIZES, CTA_POLICIES, KNOB_ORDER, N_THREADS, P2P_OPS, PROTOCOLS,
     PROTOCOLS_FOR_ALGORITHM, CommConfig, Scope, chunk_domain, invalid_value, max_channels,
 )
+from lagom_megatron.nccl.budget import channel_cap, group_share
 from lagom_megatron.nccl.capabilities import Capabilities, fixed_knob_warning, restrict_domains
 
 MECHANISMS: tuple[str, ...] = ("tuner", "communicator", "env")
@@ -338,6 +340,13 @@ class NcclRules:
     capabilities: Capabilities | None = None
     """The agreed ``nccl.capabilities.Capabilities`` of a live run; None (offline search, the
     simulator) = what the cluster spec promises."""
+    pool_budget_bytes: int | None = None
+    """The pool's memory budget per rank (``--lagom-pool-budget-mib``); None = unbounded. Caps each
+    group's channel domain at what its share allows (``nccl.budget``; not under ``env``)."""
+    nvls_heads: int = 0
+    """NVLS heads counted in an entry's estimate (ranks of an NVLink domain where NVLS runs)."""
+    budget_groups: tuple[str, ...] = ()
+    """Groups sharing the budget equally (set by ``for_sites``); empty = the whole budget per group."""
 
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
@@ -352,12 +361,33 @@ class NcclRules:
         return knob_scope(knob, mechanism=self.mechanism, nccl_version=self.cluster.nccl)
 
     def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2) -> dict[str, tuple]:
-        """``domains`` of one site of ``op`` spanning ``n_nodes`` nodes and ``group_size`` ranks,
-        cut to the run's capabilities when there are any."""
+        """``domains`` of one site of ``op`` spanning ``n_nodes`` nodes and ``group_size``
+        ranks, cut to the run's capabilities when there are any, channels cut to ``channel_cap``."""
         d = domains(cluster=self.cluster, op=op, n_nodes=n_nodes, group_size=group_size, mechanism=self.mechanism)
         if self.capabilities is not None:
             d, _ = restrict_domains(d, self.capabilities, op=op, n_nodes=n_nodes, mechanism=self.mechanism)
+        cap = self.channel_cap()
+        if cap is not None and d["n_channels"] != (None,):
+            d["n_channels"] = tuple(n for n in d["n_channels"] if n is None or n <= cap) or (None,)
         return d
+
+    def channel_cap(self) -> int | None:
+        """Largest channel count a pool entry of one group may have under the budget
+        (``nccl.budget``: the equal share of ``budget_groups``); None = no cap (no budget, ``env``)."""
+        if self.pool_budget_bytes is None or self.mechanism == "env":
+            return None
+        share = group_share(self.pool_budget_bytes, self.budget_groups)
+        return channel_cap(share, nvls_heads=self.nvls_heads, limit=max_channels(self.cluster))
+
+    def for_sites(self, sites: Any) -> "NcclRules":
+        """These rules for a search over ``sites`` (``engine.profile.CollectiveSite``): the budget is
+        shared by the groups with a site whose channel count the mechanism can set."""
+        if self.pool_budget_bytes is None:
+            return self
+        groups = sorted({s.group for s in sites if len(domains(cluster=self.cluster, op=s.op, n_nodes=s.n_nodes,
+                                                               group_size=s.group_size, mechanism=self.mechanism)
+                                                       ["n_channels"]) > 1})
+        return replace(self, budget_groups=tuple(groups))
 
     def call_key(self, *, group: str, op: str, nbytes: int) -> tuple[str, str, int] | None:
         """Which sites NCCL cannot tell apart under this mechanism (``SearchProblem.tie_indistinguishable``).

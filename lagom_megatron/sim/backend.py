@@ -181,16 +181,18 @@ def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
 
 
 def run_lifecycle(sim: SimulatedCluster, *, method: str = "priority", verify_iters: int = 3, warmup_iters: int = 1,
-                  after_iters: int = 3, probe_configs: list[CommConfig] | None = None, first_iteration: int = 0) -> LifecycleResult:
+                  after_iters: int = 3, probe_configs: list[CommConfig] | None = None, first_iteration: int = 0,
+                  pool_budget_bytes: int | None = None) -> LifecycleResult:
     """Runs profile -> probe -> fit + search -> agree -> verify on ``sim`` with the real ``Tuner``,
     then ``after_iters`` more iterations with whatever the tuner kept.
 
-    ``probe_configs`` None: ``algorithm_probes`` of the cluster's rules.
+    ``probe_configs`` None: ``algorithm_probes`` of the cluster's rules. ``pool_budget_bytes``: the
+    communicator pool's budget the search respects (``NcclRules.pool_budget_bytes``); None = unbounded.
 
     Returns:
         A ``LifecycleResult``.
     """
-    rules = NcclRules(sim.cluster, backend="sim")
+    rules = NcclRules(sim.cluster, backend="sim", pool_budget_bytes=pool_budget_bytes)
     cfg = Tuner.Config(warmup_iters=warmup_iters, verify_iters=verify_iters, method=method,
                        probe_configs=probe_configs if probe_configs is not None else algorithm_probes(rules))
     tuner = Tuner(cfg, rules=rules, fingerprint=sim.fingerprint())

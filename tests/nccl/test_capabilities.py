@@ -213,3 +213,20 @@ def test_probe_configs_are_what_a_per_communicator_entry_applies(version, plugin
     backend.plugin_active = False  # probes always run on per-communicator entries
     for p in probes:  # none of them raises where the Simple probe crashed NCCL 2.21 runs
         nccl_options_for(backend._entry_config(p), nccl_version=version, use_tuner_plugin=False, op="all_reduce")
+
+
+def test_live_rules_get_the_pool_budget_and_the_nvls_heads():
+    """``rules_for`` as the controller calls it: the pool budget reaches the rules, and where NVLS
+    multicast runs the entries' NVLS buffers (one per channel per head, 8 ranks per node) count, so
+    the channel cap is lower than with ring buffers alone."""
+    from lagom_megatron.nccl.pool import NVLS_BYTES_PER_CHANNEL_HEAD, RING_BUFFER_BYTES
+
+    spec = ClusterSpec.load("h100-sxm-ib400")
+    budget = 512 * 2**20
+    nvls = rules_for("nccl", spec, capabilities=caps().with_topology(["a"] * 8), pool_budget_bytes=budget)
+    ring = rules_for("nccl", spec, capabilities=caps(multicast=False).with_topology(["a"] * 8), pool_budget_bytes=budget)
+    assert (nvls.pool_budget_bytes, nvls.nvls_heads, ring.nvls_heads) == (budget, 8, 0)
+    assert nvls.channel_cap() == budget // (RING_BUFFER_BYTES + 8 * NVLS_BYTES_PER_CHANNEL_HEAD) == 20
+    assert ring.channel_cap() == budget // RING_BUFFER_BYTES == 55
+    assert max(nvls.domains(op="all_reduce", group_size=8)["n_channels"]) == 16
+    assert rules_for("nccl", spec, capabilities=caps()).channel_cap() is None  # no budget: no cap

@@ -87,3 +87,59 @@ def test_budget_fit_bounds_each_groups_entries_by_its_own_channels(plan, capsys)
     assert kept == fits and fits
     dropped = sum(1 for e in tuned if e.group not in fits)
     assert fitted.stats.get("sites_dropped_for_budget", 0) == dropped
+
+
+def test_the_search_respects_a_small_pool_budget():
+    """With a budget of 160 MiB (80 MiB per group for tp and dp: 8 channels' ring buffers fit,
+    9 do not), the search holds no channel count whose plugin entry would pass its group's share,
+    and the budget fit then has nothing to drop: the plan searched is the plan applied."""
+    from lagom_megatron.megatron.apply import Applier
+    from lagom_megatron.megatron.comm_pool import CommPool
+    from lagom_megatron.megatron.sites import GroupNames
+    from lagom_megatron.nccl.budget import channel_cap
+    from lagom_megatron.nccl.pool import RING_BUFFER_BYTES, NcclPoolBackend, estimate_entry_bytes
+
+    budget = 160 * 2**20
+    assert channel_cap(budget // 2) == 8 and 8 * RING_BUFFER_BYTES <= budget // 2 < 9 * RING_BUFFER_BYTES
+    sim = SimulatedCluster(load_preset("gpt3-13b-h100x64"), seed=3)
+    small = run_lifecycle(sim, verify_iters=1, after_iters=0, pool_budget_bytes=budget).tuner.plan
+    tuned = [e for e in small.entries.values() if not e.config.is_default()]
+    groups = {e.group for e in tuned}
+    assert groups == {"tp", "dp"} and len(tuned) > 50  # still a tuned plan, in both groups
+    channels = {e.config.n_channels for e in tuned if e.config.n_channels is not None}
+    assert channels and max(channels) <= 8
+    assert all(estimate_entry_bytes(n) <= budget // len(groups) for n in channels)
+    pool = CommPool(NcclPoolBackend(use_tuner_plugin=True), GroupNames(local_world_size=8), budget_bytes=budget)
+    fitted = Applier(pool=pool, router=None, files=None, cluster=None).fit_plan_to_budget(small)
+    assert fitted is small and "sites_dropped_for_budget" not in fitted.stats
+
+
+def test_the_budget_caps_the_channel_domain_per_mechanism():
+    """``NcclRules`` with a budget: the channel domain stops at ``channel_cap`` of the groups' equal
+    share (plugin and communicator mechanisms), NVLS heads count, ``env`` has no pool and no cap."""
+    from lagom_megatron.engine.profile import CollectiveSite
+    from lagom_megatron.nccl.budget import channel_cap, group_share
+    from lagom_megatron.nccl.pool import RING_BUFFER_BYTES, NVLS_BYTES_PER_CHANNEL_HEAD
+
+    cluster = SimulatedCluster(load_preset("gpt3-13b-h100x64")).cluster
+    budget = 40 * RING_BUFFER_BYTES
+    rules = NcclRules(cluster, backend="sim", pool_budget_bytes=budget)
+    assert rules.domains(op="all_reduce")["n_channels"][-1] == 32  # the whole budget: 40 channels fit, grid stops at 32
+    sites = [CollectiveSite(site_id=f"{g}.x[0]", group=g, op=op, nbytes=1 << 20, dtype="bf16", group_size=8, n_nodes=1)
+             for g, op in (("tp", "all_reduce"), ("dp", "reduce_scatter"), ("pp", "send"))]
+    shared = rules.for_sites(sites)
+    assert shared.budget_groups == ("dp", "tp")  # send/recv channels are never searched: pp needs no channel entry
+    assert shared.domains(op="send")["n_channels"] == (None,)
+    assert group_share(budget, shared.budget_groups) == 20 * RING_BUFFER_BYTES and shared.channel_cap() == 20
+    assert max(shared.domains(op="all_reduce")["n_channels"]) == 16
+    cp = CollectiveSite(site_id="cp.x[0]", group="cp", op="all_gather", nbytes=1 << 20, dtype="bf16", group_size=2)
+    comm = dataclasses.replace(rules, mechanism="communicator").for_sites(sites + [cp])
+    assert comm.budget_groups == ("cp", "dp", "tp") and comm.channel_cap() == 13  # 40 / 3 channels' worth each
+    assert max(comm.domains(op="all_gather")["n_channels"]) == 12
+    nvls = dataclasses.replace(shared, nvls_heads=8)
+    per = RING_BUFFER_BYTES + 8 * NVLS_BYTES_PER_CHANNEL_HEAD
+    assert nvls.channel_cap() == (20 * RING_BUFFER_BYTES) // per == channel_cap(20 * RING_BUFFER_BYTES, nvls_heads=8)
+    assert dataclasses.replace(rules, mechanism="env").domains(op="all_reduce")["n_channels"][-1] == 64
+    tiny = dataclasses.replace(rules, pool_budget_bytes=RING_BUFFER_BYTES - 1)
+    assert tiny.channel_cap() == 0 and tiny.domains(op="all_reduce")["n_channels"] == (None,)
+    assert rules.for_sites(sites) is not rules and NcclRules(cluster).for_sites(sites) == NcclRules(cluster)

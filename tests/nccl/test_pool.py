@@ -374,7 +374,8 @@ def _fake_nccl(monkeypatch, calls):
         device=lambda kind, i=None: f"{kind}:{i}", zeros=lambda n, device=None: [0.0] * n)
 
     def new_group(ranks, backend, pg_options, timeout=None, group_desc=None, device_id=None):
-        calls.append({"ranks": ranks, "opts": pg_options, "env_algo": os.environ.get("NCCL_ALGO")})
+        calls.append({"ranks": ranks, "opts": pg_options, "env_algo": os.environ.get("NCCL_ALGO"),
+                      "table": os.environ.get("LAGOM_TUNER_CONFIG"), "tag": os.environ.get("LAGOM_TUNER_COMM_TAG")})
         return "entry"
 
     dist_ = types.SimpleNamespace(is_initialized=lambda: True, new_group=new_group, get_rank=lambda: 0,
@@ -411,3 +412,31 @@ def test_entry_inherits_its_groups_options_and_its_own_knobs_win(monkeypatch):
     assert (cfg.cga_cluster_size, cfg.collnet_enable, cfg.net_name, cfg.blocking) == (2, 1, "IB", 1)
     assert call["env_algo"] == "allreduce:Ring" and "NCCL_ALGO" not in os.environ  # set around creation only
     assert parent_options(object()) is None  # a group without an NCCL backend (gloo): nothing to inherit
+
+
+def test_every_entry_is_created_with_an_explicit_table(monkeypatch):
+    """A pool entry never reads the table of the process environment (a user's LAGOM_TUNER_CONFIG,
+    or NCCL_TUNER_CONFIG_FILE, which the plugin reads only when LAGOM_TUNER_CONFIG is unset): probe
+    entries and communicator-mode entries get ``none`` (no table, no fallback; the C harness case
+    ``explicit_no_table``), plugin entries of a plan get the plan's table, and the user's values are
+    back after creation."""
+    from lagom_megatron.nccl.options import TUNER_NO_TABLE
+    from lagom_megatron.nccl.pool import NcclPoolBackend
+
+    calls = []
+    _fake_nccl(monkeypatch, calls)
+    monkeypatch.setenv("LAGOM_TUNER_CONFIG", "/runs/user_plan.csv")
+    monkeypatch.setenv("NCCL_TUNER_CONFIG_FILE", "/runs/example_plugin.csv")
+    backend = NcclPoolBackend(use_tuner_plugin=True, tuner_table="/runs/tuner_table.rank0.csv")
+    backend.plugin_active = False  # the warm-up probes
+    backend.create_group((0, 1), CommConfig(n_channels=8), "LAGOM_POOL_DP_env_8_any_any_any_any", group="dp")
+    backend.plugin_active = True  # the plan
+    backend.cta_bounds = {"dp": 8}
+    backend.create_group((0, 1), CommConfig(n_channels=8, protocol="LL"), "LAGOM_POOL_DP_plugin_x", group="dp")
+    NcclPoolBackend(use_tuner_plugin=False).create_group((0, 1), CommConfig(n_channels=4), "LAGOM_POOL_TP_env_4",
+                                                         group="tp")
+    assert [c["table"] for c in calls] == [TUNER_NO_TABLE, "/runs/tuner_table.rank0.csv", TUNER_NO_TABLE] == \
+        ["none", "/runs/tuner_table.rank0.csv", "none"]
+    assert [c["tag"] for c in calls] == ["dp/env_8_any_any_any_any", "dp/plugin_x", "tp/env_4"]
+    assert os.environ["LAGOM_TUNER_CONFIG"] == "/runs/user_plan.csv"
+    assert os.environ["NCCL_TUNER_CONFIG_FILE"] == "/runs/example_plugin.csv"

@@ -132,7 +132,8 @@ typedef struct {
 
 /* Environment variables the plugin reads in init (once per communicator). */
 #define LAGOM_TUNER_CONFIG_ENV "LAGOM_TUNER_CONFIG"
-#define LAGOM_TUNER_CONFIG_FALLBACK_ENV "NCCL_TUNER_CONFIG_FILE"
+#define LAGOM_TUNER_CONFIG_FALLBACK_ENV "NCCL_TUNER_CONFIG_FILE" /* read only when the first is unset */
+#define LAGOM_TUNER_NO_TABLE "none" /* $LAGOM_TUNER_CONFIG value (like ""): no table, no fallback */
 #define LAGOM_TUNER_COMM_TAG_ENV "LAGOM_TUNER_COMM_TAG"
 #define LAGOM_TAG_MAX 64
 

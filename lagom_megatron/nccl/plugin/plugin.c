@@ -2,10 +2,14 @@
  * lagom's NCCL tuner plugin: applies a searched plan per communicator, collective and byte range.
  *
  * NCCL calls init() once per communicator. init reads the plan table (a CSV exported by
- * `lagom plan export --format nccl-tuner-csv`) from $LAGOM_TUNER_CONFIG (else
- * $NCCL_TUNER_CONFIG_FILE) and keeps the rows that apply to this communicator: its nRanks and
+ * `lagom plan export --format nccl-tuner-csv`) from $LAGOM_TUNER_CONFIG and keeps the rows that
+ * apply to this communicator: its nRanks and
  * nNodes, and its tag, which the Python side puts in $LAGOM_TUNER_COMM_TAG just before it creates
  * the communicator (init runs synchronously in that thread for blocking communicators).
+ * $LAGOM_TUNER_CONFIG set to "" or "none" means no table, explicitly: the communicator keeps
+ * NCCL's tuning and $NCCL_TUNER_CONFIG_FILE is not read (lagom's launch and pool set one of them
+ * for every communicator they create). Only with $LAGOM_TUNER_CONFIG unset is the table read from
+ * $NCCL_TUNER_CONFIG_FILE, the variable of NCCL's example plugin, for a plugin enabled by hand.
  *
  * For each collective call getCollInfo() takes the first matching row and
  *   - states a preference for the row's algorithm/protocol by setting that cost-table entry to
@@ -83,10 +87,16 @@ static ncclResult_t lagomInit(void **context, uint64_t commId, size_t nRanks, si
     }
   }
   const char *path = getenv(LAGOM_TUNER_CONFIG_ENV);
-  if (!path || !*path) path = getenv(LAGOM_TUNER_CONFIG_FALLBACK_ENV);
+  const char *var = LAGOM_TUNER_CONFIG_ENV;
+  if (!path) {
+    path = getenv(LAGOM_TUNER_CONFIG_FALLBACK_ENV);
+    var = LAGOM_TUNER_CONFIG_FALLBACK_ENV;
+  }
   LOG_INIT(ctx, NCCL_LOG_INFO, "ABI v%d init: comm 0x%llx tag '%s' nRanks %zu nNodes %zu", abiVersion,
       (unsigned long long)commId, ctx->tag, nRanks, nNodes);
-  if (!path || !*path) {
+  if (path && (!*path || strcmp(path, LAGOM_TUNER_NO_TABLE) == 0)) {
+    LOG_INIT(ctx, NCCL_LOG_INFO, "no plan table (%s='%s'); NCCL keeps its own choices", var, path);
+  } else if (!path) {
     LOG_INIT(ctx, NCCL_LOG_INFO, "no plan table (%s and %s unset); NCCL keeps its own choices",
         LAGOM_TUNER_CONFIG_ENV, LAGOM_TUNER_CONFIG_FALLBACK_ENV);
   } else {

@@ -7,7 +7,8 @@
  *   test_calls.c   NCCL's calls: several live communicators, cost-table edits, bounds, the
  *                  numPipeOps/regBuff match, a NULL context, chunk sizes and ABI v3/v4/v5.
  *   test_table.c   the plan table: malformed, empty, missing and unset tables, the fallback
- *                  variable, communicator tags and a 20,000-row table.
+ *                  variable and the explicit no-table values, communicator tags and a
+ *                  20,000-row table.
  *   test_slices.c  chunk size by channel slice in NCCL's calling order, and the status exports
  *                  (ABI version, init count, per-row hit counters, table failures).
  */
@@ -70,6 +71,7 @@ void test_empty_table(void);
 void test_missing_table(void);
 void test_no_table_configured(void);
 void test_fallback_env(void);
+void test_explicit_no_table(void);
 void test_group_tag_prefix(void);
 void test_bad_tag_env(void);
 void test_large_table(void);

@@ -172,6 +172,7 @@ static const struct {
     {"missing_table", test_missing_table},
     {"no_table_configured", test_no_table_configured},
     {"fallback_env", test_fallback_env},
+    {"explicit_no_table", test_explicit_no_table},
     {"match_fields", test_match_fields},
     {"group_tag_prefix", test_group_tag_prefix},
     {"bad_tag_env", test_bad_tag_env},

@@ -1,6 +1,7 @@
 /*
  * Tuner plugin harness, the cases about the plan table: malformed tables (each one ignored as a
- * whole), empty, missing and unset tables, the NCCL_TUNER_CONFIG_FILE fallback, communicator tags
+ * whole), empty, missing and unset tables, the NCCL_TUNER_CONFIG_FILE fallback (only when
+ * LAGOM_TUNER_CONFIG is unset; "" and "none" mean no table), communicator tags
  * (group prefixes, an invalid $LAGOM_TUNER_COMM_TAG) and a 20,000-row table. Helpers and main()
  * are in test_plugin.c.
  */
@@ -100,6 +101,35 @@ void test_fallback_env(void) {
   fillTable(t);
   CHECK(collInfo(a, ncclFuncAllReduce, 4096, t) == 4, "NCCL_TUNER_CONFIG_FILE is read");
   gV6->finalize(a);
+  unsetenv(LAGOM_TUNER_CONFIG_FALLBACK_ENV);
+}
+
+void test_explicit_no_table(void) {
+  /* "" and "none" in $LAGOM_TUNER_CONFIG mean no table: $NCCL_TUNER_CONFIG_FILE, which would
+   * match, is not read (lagom's pool gives every communicator it creates one of these or its table) */
+  writeTable(kMainTable);
+  const char *values[] = {"", LAGOM_TUNER_NO_TABLE};
+  for (int i = 0; i < 2; i++) {
+    setenv(LAGOM_TUNER_CONFIG_ENV, values[i], 1);
+    setenv(LAGOM_TUNER_CONFIG_FALLBACK_ENV, gTablePath, 1);
+    resetLog();
+    void *a = initComm("dp", 8, 1, 1);
+    char want[128];
+    snprintf(want, sizeof(want), "no plan table (%s='%s')", LAGOM_TUNER_CONFIG_ENV, values[i]);
+    CHECK(strstr(gLog, want) && !strstr(gLog, "rows"), "value '%s', log:\n%s", values[i], gLog);
+    float t[NA][NP];
+    fillTable(t);
+    CHECK(collInfo(a, ncclFuncAllReduce, 4096, t) == 0 && changedEntries(t) == 0,
+          "value '%s': NCCL_TUNER_CONFIG_FILE must not be read", values[i]);
+    gV6->finalize(a);
+  }
+  /* the table itself, named explicitly, still applies with the fallback variable set */
+  setenv(LAGOM_TUNER_CONFIG_ENV, gTablePath, 1);
+  void *b = initComm("dp", 8, 1, 2);
+  float t[NA][NP];
+  fillTable(t);
+  CHECK(collInfo(b, ncclFuncAllReduce, 4096, t) == 4, "an explicit table is read");
+  gV6->finalize(b);
   unsetenv(LAGOM_TUNER_CONFIG_FALLBACK_ENV);
 }
 
