@@ -135,3 +135,17 @@ def test_export_refuses_what_validate_refuses_and_rejected_plans_unless_allowed(
 
 def _plan_fields(plan):
     return {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--sizes", "abc"], "argument --sizes: 'abc' is not an integer >= 1"),
+    (["--sizes", "0"], "argument --sizes: 0 is not an integer >= 1"),
+    (["--instances", "-3"], "argument --instances: -3 is not an integer >= 1"),
+    (["--seed", "-1"], "argument --seed: -1 is not an integer >= 0"),
+])
+def test_bench_search_bad_options_are_one_line_before_anything_runs(argv, expected, capsys):
+    assert main(["bench", "search", *argv]) == 2
+    err = _error_line(capsys)
+    assert err.startswith("lagom bench search: error: ") and expected in err, err
+    assert capsys.readouterr().out == ""  # no table started
+
