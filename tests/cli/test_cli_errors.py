@@ -149,3 +149,13 @@ def test_bench_search_bad_options_are_one_line_before_anything_runs(argv, expect
     assert err.startswith("lagom bench search: error: ") and expected in err, err
     assert capsys.readouterr().out == ""  # no table started
 
+
+def test_calibrate_names_a_missing_or_folder_csv_and_an_unwritable_out(tmp_path, capsys):
+    assert main(["calibrate", "contention", str(tmp_path / "none.csv")]) == 2
+    assert f"{tmp_path / 'none.csv'}: no such file" in _error_line(capsys)
+    assert main(["calibrate", "contention", str(tmp_path)]) == 2
+    assert f"{tmp_path}: is a folder; give a file" in _error_line(capsys)
+    csv = tmp_path / "probe.csv"
+    csv.write_text("gpu,sms\n")
+    assert main(["calibrate", "contention", str(csv), "--out", str(tmp_path)]) == 2
+    assert f"argument --out: {tmp_path}: is a folder; give a file name" in _error_line(capsys)
