@@ -159,3 +159,21 @@ def test_calibrate_names_a_missing_or_folder_csv_and_an_unwritable_out(tmp_path,
     csv.write_text("gpu,sms\n")
     assert main(["calibrate", "contention", str(csv), "--out", str(tmp_path)]) == 2
     assert f"argument --out: {tmp_path}: is a folder; give a file name" in _error_line(capsys)
+
+
+def test_an_output_naming_an_input_is_refused_and_the_input_kept(saved, tmp_path, capsys):
+    plan, profile = saved / "plan.json", saved / "profile.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(plan)
+    before = {p: p.read_bytes() for p in (plan, profile)}
+    for argv, expected in [
+        (["plan", "export", str(plan), "--format", "env", "-o", str(plan)], f"-o {plan} is the same file as plan {plan}"),
+        (["plan", "export", str(plan), "--format", "env", "-o", str(link)], f"-o {link} is the same file as plan {plan}"),
+        (["search", "--profile", str(profile), "-o", str(profile)],
+         f"-o {profile} is the same file as --profile {profile}"),
+        (["simulate", "--preset", "gpt3-13b-h100x64", "--plan-out", str(plan), "--profile-out", str(plan)],
+         f"--plan-out {plan} is the same file as --profile-out {plan}"),
+    ]:
+        assert main(argv) == 2, argv
+        assert expected in _error_line(capsys)
+    assert {p: p.read_bytes() for p in (plan, profile)} == before
