@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         plan fell back is done too: its result line says so), 1 the thing checked failed
         (``plan validate`` mismatch, ``plan diff`` differences, ``doctor`` errors, a benchmark
         target missed, a compiler error), 2 bad usage or input (one error line, no traceback;
-        nothing has run).
+        nothing has run), 130 interrupted (Ctrl-C; one line, no traceback).
     """
     parser = build_parser()
     try:
@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:  # bad input, missing file, a folder where a file is due, ...
         print(f"lagom {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: files are written atomically, so nothing half-written is left
+        print(f"lagom {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
