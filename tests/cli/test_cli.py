@@ -42,8 +42,11 @@ def test_ctrl_c_is_one_line_and_exit_130_without_a_traceback():
     import os
     import signal
 
-    proc = subprocess.Popen([sys.executable, "-m", "lagom_megatron", "bench", "search", "--sizes", "10000", "10000",
-                             "10000", "--instances", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # numpy.random is imported first: a SIGINT that lands inside numpy's lazy import of it (its
+    # compiled modules' initialisation) can be lost before Python raises it, whatever lagom does
+    code = ("import sys, numpy.random; from lagom_megatron.cli.main import main; "
+            "sys.exit(main(['bench', 'search', '--sizes', '10000', '10000', '10000', '--instances', '1']))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert proc.stdout.readline().startswith("search scaling on")  # running: the search has started
