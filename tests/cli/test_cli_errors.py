@@ -177,3 +177,13 @@ def test_an_output_naming_an_input_is_refused_and_the_input_kept(saved, tmp_path
         assert main(argv) == 2, argv
         assert expected in _error_line(capsys)
     assert {p: p.read_bytes() for p in (plan, profile)} == before
+
+
+def test_a_malformed_cluster_yaml_is_one_error_line(tmp_path, capsys):
+    bad = tmp_path / "cluster.yaml"
+    bad.write_text("name: [\n")
+    for argv in (["simulate", "--preset", "gpt3-13b-h100x64", "--cluster", str(bad)],
+                 ["doctor", "--preset", "gpt3-13b-h100x64", "--cluster", str(bad)]):
+        assert main(argv) == 2, argv
+        err = _error_line(capsys)
+        assert f"{bad}: invalid YAML: while parsing a flow node expected the node content" in err, err
