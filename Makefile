@@ -15,7 +15,8 @@ PY_VERSION = -c 'import platform; print(platform.python_version())'
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) $(PY_OK) 2>/dev/null || { \
-	  echo "make: $(PYTHON) is Python $$($(PYTHON) $(PY_VERSION) 2>/dev/null || echo '(not runnable)'); lagom-megatron needs Python >= $(MIN_PY) (pyproject.toml): run make again with PYTHON=python$(MIN_PY) (or newer)" >&2; exit 2; }
+	  found=$$($(PYTHON) $(PY_VERSION) 2>/dev/null) && found="is Python $$found" || found="does not run (not found, or not a Python)"; \
+	  echo "make: $(PYTHON) $$found; lagom-megatron needs Python >= $(MIN_PY) (pyproject.toml): run make again with PYTHON=python$(MIN_PY) (or newer)" >&2; exit 2; }
 	@if [ -e $(VENV) ] && ! $(PY) $(PY_OK) 2>/dev/null; then \
 	  echo "make: $(VENV) is broken or made with another Python ($$($(PY) $(PY_VERSION) 2>/dev/null || echo 'its python does not run')); removing it and creating it again" >&2; \
 	  rm -rf $(VENV); fi

@@ -72,7 +72,12 @@ def main(argv=None) -> int:
     _single_process_env()
     from lagom_megatron.training.loop import pretrain
 
-    pretrain(args)
+    try:
+        pretrain(args)
+    except KeyboardInterrupt:  # Ctrl-C: torchrun passes SIGINT to every rank; one line, not a traceback per rank
+        if rank0:  # lagom's report of the interrupted run is written by then (training.loop closes its callbacks)
+            print("pretrain_gpt.py: interrupted", file=sys.stderr, flush=True)
+        return 130
     return 0
 
 

@@ -59,3 +59,14 @@ def test_a_venv_of_another_python_is_named_and_recreated(tmp_path):
     assert "3.11.7" in (tree / "venv" / "bin" / "python").read_text()
     pip = (tree / "pip.log").read_text().splitlines()
     assert pip == ["-m pip install -q --upgrade pip", "-m pip install -q torch==2.13.0", "-m pip install -q -e .[test]"]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize("python", ["no-such-python-here", "/bin/false"])
+def test_a_python_that_does_not_run_is_named_as_such(tmp_path, python):
+    tree = _tree(tmp_path)
+    proc = _make(tree, python)
+    assert proc.returncode != 0
+    assert (f"make: {python} does not run (not found, or not a Python); lagom-megatron needs Python >= 3.11"
+            in proc.stderr), proc.stderr
+    assert not (tree / "venv").exists()

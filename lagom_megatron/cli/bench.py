@@ -32,24 +32,28 @@ def search_main(argv: list[str] | None = None) -> int:
     """``lagom bench search``: prints the scaling and optimality tables of ``engine.bench`` on
     synthetic problems of an NCCL cluster (tuner-plugin rules). Returns 0 when both targets are
     met (10,000 sites in under 2 s; priority within 1% of exhaustive on at least 95% of the small
-    instances), else 1.
+    instances), else 1; 2 for a bad option (a size or instance count below 1, a negative seed, a
+    word where a number is due: one ``lagom bench search: error: ...`` line, nothing run).
 
     Raises:
-        ValueError: a size or instance count below 1, or an unknown cluster.
+        ValueError: an unknown cluster, or a gloo one.
     """
+    from lagom_megatron.cli.main import LagomParser  # one-line usage errors, as every lagom command
+    from lagom_megatron.cli.options import int_range
     from lagom_megatron.engine.bench import optimality, scaling_table
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.nccl.rules import NcclRules
 
-    parser = argparse.ArgumentParser(prog="lagom bench search",
-                                     description="``lagom bench search``: search cost and quality on seeded synthetic problems.")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 10000], help="site counts to time")
-    parser.add_argument("--instances", type=int, default=200, help="small instances compared with exhaustive")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = LagomParser(prog="lagom bench search",
+                         description="``lagom bench search``: search cost and quality on seeded synthetic problems.")
+    parser.add_argument("--sizes", type=int_range(1), nargs="+", default=[10, 100, 1000, 10000], help="site counts to time")
+    parser.add_argument("--instances", type=int_range(1), default=200, help="small instances compared with exhaustive")
+    parser.add_argument("--seed", type=int_range(0), default=0)
     parser.add_argument("--cluster", default="h100-sxm-ib400")
-    args = parser.parse_args(argv)
-    if args.instances < 1 or min(args.sizes) < 1:
-        raise ValueError(f"--sizes and --instances must be >= 1; got {args.sizes}, {args.instances}")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0), or a usage error already printed on one line (2)
+        return exc.code if isinstance(exc.code, int) else 2
     rules = NcclRules(ClusterSpec.load(args.cluster))
     print(f"search scaling on {args.cluster} (seed {args.seed})")
     print(f"{'sites':>7} {'method':>9} {'model evals':>12} {'evals/site':>10} {'wall s':>8} {'pred. speedup':>13}")

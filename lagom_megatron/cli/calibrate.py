@@ -7,11 +7,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lagom_megatron.cli.options import readable_file, writable_file
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("what", choices=["contention"], help="what to calibrate")
-    parser.add_argument("csv", help="the probe's CSV (scripts/gpu/contention_probe.py --out)")
-    parser.add_argument("--out", default=None, help="YAML to write (default: <csv stem>.fit.yaml beside the CSV)")
+    parser.add_argument("csv", type=readable_file, help="the probe's CSV (scripts/gpu/contention_probe.py --out)")
+    parser.add_argument("--out", default=None, type=writable_file, help="YAML to write (default: <csv stem>.fit.yaml beside the CSV)")
 
 
 def run(args: argparse.Namespace) -> int:

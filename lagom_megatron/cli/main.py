@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(message: str) -> str:
+    """``message`` on one line: a library's multi-line text (PyYAML's parser error with its source
+    excerpt and caret, say) joined with single spaces, blank and caret-only lines dropped."""
+    lines = (line.strip() for line in message.splitlines())
+    return " ".join(line for line in lines if line and set(line) != {"^"})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``lagom`` console script.
 
@@ -65,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         plan fell back is done too: its result line says so), 1 the thing checked failed
         (``plan validate`` mismatch, ``plan diff`` differences, ``doctor`` errors, a benchmark
         target missed, a compiler error), 2 bad usage or input (one error line, no traceback;
-        nothing has run).
+        nothing has run), 130 interrupted (Ctrl-C; one line, no traceback).
     """
     parser = build_parser()
     try:
@@ -81,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (ValueError, OSError) as exc:  # bad input, missing file, a folder where a file is due, ...
-        print(f"lagom {args.command}: error: {exc}", file=sys.stderr)
+        print(f"lagom {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: files are written atomically, so nothing half-written is left
+        print(f"lagom {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

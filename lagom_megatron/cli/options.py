@@ -95,3 +95,30 @@ def _check_folder(folder: Path, text: str) -> None:
             pass
     except OSError as exc:
         raise argparse.ArgumentTypeError(f"{text}: cannot write in {existing} ({exc.strerror or exc})") from None
+
+
+def refuse_overwriting_an_input(output: str | None, output_flag: str, inputs: dict[str, str | None]) -> None:
+    """Refuses an output path that names another file of the same command (an input it reads, or
+    another output): the same path, a symlink to it, or a hard link. The atomic write would
+    replace that file (a user's plan or profile) without a word.
+
+    Args:
+        output: the output path, or None (standard output: nothing to check).
+        output_flag: its option as the user typed it (``-o``, ``--plan-out``), for the message.
+        inputs: option (or argument name) -> input path; None entries are skipped.
+
+    Raises:
+        ValueError: names both options and the path.
+    """
+    if output is None:
+        return
+    out = Path(output)
+    for flag, path in inputs.items():
+        if path is None:
+            continue
+        same = out.resolve() == Path(path).resolve()
+        if not same and out.exists() and Path(path).exists():
+            same = os.path.samefile(out, path)
+        if same:
+            raise ValueError(f"{output_flag} {output} is the same file as {flag} {path}: one would replace "
+                             "the other; give another file name")

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from lagom_megatron.cli.options import readable_file, writable_file
+from lagom_megatron.cli.options import readable_file, refuse_overwriting_an_input, writable_file
 from lagom_megatron.nccl.export import FORMATS
 
 
@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plan_command == "export" and args.extended and args.format != "nccl-tuner-csv":
         raise ValueError(f"--extended is for --format nccl-tuner-csv only; got --format {args.format}")
+    if args.plan_command == "export":
+        refuse_overwriting_an_input(args.output, "-o", {"plan": args.plan})
     if args.plan_command == "show":
         return _show(load_plan(args.plan))
     if args.plan_command == "diff":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from lagom_megatron.cli.options import readable_file, writable_file
+from lagom_megatron.cli.options import readable_file, refuse_overwriting_an_input, writable_file
 from lagom_megatron.engine.search import METHODS
 
 
@@ -33,13 +33,14 @@ def check_inputs(args: argparse.Namespace):
         (profile, cluster, rules).
 
     Raises:
-        ValueError: an invalid profile or sample config, an unknown cluster, a cluster of another
+        ValueError: ``-o`` naming the profile itself, an invalid profile or sample config, an unknown cluster, a cluster of another
             backend than the profile's, a mechanism the backend does not have.
     """
     from lagom_megatron.cli.schemas import load_profile
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.megatron.backends import rules_for
 
+    refuse_overwriting_an_input(args.output, "-o", {"--profile": args.profile})
     profile = load_profile(args.profile)
     cluster = ClusterSpec.load(args.cluster or profile.cluster)
     want = "gloo" if profile.backend == "gloo" else "nccl"

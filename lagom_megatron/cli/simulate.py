@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from lagom_megatron.cli.options import int_range, writable_file
+from lagom_megatron.cli.options import int_range, refuse_overwriting_an_input, writable_file
 
 MAX_VERIFY_ITERS = 200
 """Upper bound of ``--verify-iters`` (timed iterations per arm; 1000 take about a minute)."""
@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
 
     t0 = time.perf_counter()
+    refuse_overwriting_an_input(args.plan_out, "--plan-out", {"--profile-out": args.profile_out})
     logging.getLogger("lagom.tuner").setLevel(logging.ERROR)  # the phases are printed below
     preset = load_preset(args.preset)
     sim = SimulatedCluster(preset, args.cluster, seed=args.seed)

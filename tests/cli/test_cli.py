@@ -35,3 +35,23 @@ def test_every_entry_point_is_the_lagom_command():
                  [sys.executable, "-c", code]):
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=root, timeout=60)
         assert proc.returncode == 0 and proc.stdout.strip() == expected, (argv, proc.stdout, proc.stderr)
+
+
+def test_ctrl_c_is_one_line_and_exit_130_without_a_traceback():
+    """SIGINT while a command runs (here the 10,000-site search of ``lagom bench search``)."""
+    import os
+    import signal
+
+    # numpy.random is imported first: a SIGINT that lands inside numpy's lazy import of it (its
+    # compiled modules' initialisation) can be lost before Python raises it, whatever lagom does
+    code = ("import sys, numpy.random; from lagom_megatron.cli.main import main; "
+            "sys.exit(main(['bench', 'search', '--sizes', '10000', '10000', '10000', '--instances', '1']))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout.readline().startswith("search scaling on")  # running: the search has started
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err.strip().splitlines() == ["lagom bench: interrupted"], err

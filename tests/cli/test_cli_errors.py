@@ -135,3 +135,55 @@ def test_export_refuses_what_validate_refuses_and_rejected_plans_unless_allowed(
 
 def _plan_fields(plan):
     return {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--sizes", "abc"], "argument --sizes: 'abc' is not an integer >= 1"),
+    (["--sizes", "0"], "argument --sizes: 0 is not an integer >= 1"),
+    (["--instances", "-3"], "argument --instances: -3 is not an integer >= 1"),
+    (["--seed", "-1"], "argument --seed: -1 is not an integer >= 0"),
+])
+def test_bench_search_bad_options_are_one_line_before_anything_runs(argv, expected, capsys):
+    assert main(["bench", "search", *argv]) == 2
+    err = _error_line(capsys)
+    assert err.startswith("lagom bench search: error: ") and expected in err, err
+    assert capsys.readouterr().out == ""  # no table started
+
+
+def test_calibrate_names_a_missing_or_folder_csv_and_an_unwritable_out(tmp_path, capsys):
+    assert main(["calibrate", "contention", str(tmp_path / "none.csv")]) == 2
+    assert f"{tmp_path / 'none.csv'}: no such file" in _error_line(capsys)
+    assert main(["calibrate", "contention", str(tmp_path)]) == 2
+    assert f"{tmp_path}: is a folder; give a file" in _error_line(capsys)
+    csv = tmp_path / "probe.csv"
+    csv.write_text("gpu,sms\n")
+    assert main(["calibrate", "contention", str(csv), "--out", str(tmp_path)]) == 2
+    assert f"argument --out: {tmp_path}: is a folder; give a file name" in _error_line(capsys)
+
+
+def test_an_output_naming_an_input_is_refused_and_the_input_kept(saved, tmp_path, capsys):
+    plan, profile = saved / "plan.json", saved / "profile.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(plan)
+    before = {p: p.read_bytes() for p in (plan, profile)}
+    for argv, expected in [
+        (["plan", "export", str(plan), "--format", "env", "-o", str(plan)], f"-o {plan} is the same file as plan {plan}"),
+        (["plan", "export", str(plan), "--format", "env", "-o", str(link)], f"-o {link} is the same file as plan {plan}"),
+        (["search", "--profile", str(profile), "-o", str(profile)],
+         f"-o {profile} is the same file as --profile {profile}"),
+        (["simulate", "--preset", "gpt3-13b-h100x64", "--plan-out", str(plan), "--profile-out", str(plan)],
+         f"--plan-out {plan} is the same file as --profile-out {plan}"),
+    ]:
+        assert main(argv) == 2, argv
+        assert expected in _error_line(capsys)
+    assert {p: p.read_bytes() for p in (plan, profile)} == before
+
+
+def test_a_malformed_cluster_yaml_is_one_error_line(tmp_path, capsys):
+    bad = tmp_path / "cluster.yaml"
+    bad.write_text("name: [\n")
+    for argv in (["simulate", "--preset", "gpt3-13b-h100x64", "--cluster", str(bad)],
+                 ["doctor", "--preset", "gpt3-13b-h100x64", "--cluster", str(bad)]):
+        assert main(argv) == 2, argv
+        err = _error_line(capsys)
+        assert f"{bad}: invalid YAML: while parsing a flow node expected the node content" in err, err

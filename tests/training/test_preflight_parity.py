@@ -102,9 +102,15 @@ def test_doctor_and_training_agree_on_the_examples(tmp_path, monkeypatch, capsys
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_doctor_and_training_agree_on_every_preset(monkeypatch, capsys, preset):
+def test_doctor_and_training_agree_on_every_preset(tmp_path, monkeypatch, capsys, preset):
+    # the presets' --lagom-plan is relative (runs/<preset>/plan.json) and a run that may start takes
+    # its lock there: run from tmp_path, so the suite leaves no runs/<preset>/ in the source tree
+    monkeypatch.chdir(tmp_path)
     world = load_preset(preset).world_size
-    _same_verdict(["--preset", preset, "--mock-data"], world, {}, monkeypatch, capsys)
+    t = _same_verdict(["--preset", preset, "--mock-data"], world, {}, monkeypatch, capsys)
+    plan = load_preset(preset).lagom.lagom_plan
+    if t.started and plan:
+        assert (tmp_path / plan).parent.is_dir()  # the lock was taken here, not in the source tree
 
 
 def test_cpu_presets_may_start():
