@@ -23,9 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.benchmark == "search":
         return search_main(args.bench_args)
+    from lagom_megatron.cli.main import LagomParser
     from lagom_megatron.sim.bench import main
 
-    return int(main(args.bench_args) or 0)
+    return int(main(args.bench_args, parser_class=LagomParser) or 0)
 
 
 def search_main(argv: list[str] | None = None) -> int:

@@ -200,15 +200,19 @@ def _positive_int(name: str, lo: int):
     return parse
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
     """Entry point of ``lagom bench simulated`` and ``scripts/bench_simulated.py``. Returns 0, or 1
     when a row breaks ``must_show`` (the rows are still written).
+
+    Args:
+        argv: the options (module docstring); default ``sys.argv[1:]``.
+        parser_class: the argparse parser class (``lagom`` passes its one-line-error parser).
 
     Raises:
         SystemExit: a bad option (argparse names it): --iters, --verify-iters, --microbatches below 1,
             an unknown or CPU preset or cluster, an --out that cannot be written.
     """
-    ap = argparse.ArgumentParser(prog="lagom bench simulated", description=__doc__.split("\n\n")[0])
+    ap = parser_class(prog="lagom bench simulated", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench_out", help="output folder for simulated.csv and simulated.png")
     ap.add_argument("--presets", nargs="+", default=None, help="presets (default: the table's rows)")
     ap.add_argument("--clusters", nargs="+", default=None, help="clusters each preset runs on (default: the table's rows)")
@@ -271,7 +275,7 @@ def _rows(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[s
             ap.error(str(exc))
         if spec.backend != "nccl" or ClusterSpec.load(preset.cluster).backend != "nccl":
             ap.error(f"preset {p!r} on cluster {c!r}: the simulator models GPU clusters (nccl); "
-                     f"CPU presets run for real with `lagom train`")
+                     f"CPU presets train for real with scripts/pretrain_gpt.py --preset {p} --lagom (README)")
     return rows
 
 

@@ -141,8 +141,8 @@ def rule_plan_lock(s: RunShape) -> list[Finding]:
     if s.environ.get("RANK", "0") != "0":
         return []  # rank 0 probes and then holds the lock; another rank's probe would race with it
     lock = _lock_path(plan)
-    if not lock.parent.is_dir():
-        return []
+    if Path(plan).is_dir() or not lock.is_file():
+        return []  # a folder is refused by rule_output_folders; no lock file means no holder (a holder creates it)
     try:
         fd, holder = _try_lock(lock)
     except OSError:

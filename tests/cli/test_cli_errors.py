@@ -187,3 +187,17 @@ def test_a_malformed_cluster_yaml_is_one_error_line(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = _error_line(capsys)
         assert f"{bad}: invalid YAML: while parsing a flow node expected the node content" in err, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--presets", "cpu-tp2-dp2"], "preset 'cpu-tp2-dp2' on cluster 'cpu-gloo': the simulator models GPU clusters"),
+    (["--iters", "0"], "--iters must be an integer >= 1; got 0"),
+])
+def test_bench_simulated_usage_errors_are_one_line(capsys, args, message):
+    """`lagom bench simulated` refuses bad options the way every lagom command does: one
+    `lagom bench simulated: error: ...` line on stderr, no usage block, exit 2, nothing run."""
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "simulated", *args])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("lagom bench simulated: error: ") and message in err[0], err
