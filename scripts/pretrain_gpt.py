@@ -43,6 +43,21 @@ def _launch_hint(args) -> str:
     return f"; launch {n} processes with: torchrun --standalone --nproc-per-node {n} scripts/pretrain_gpt.py ..."
 
 
+REFUSAL_GRACE_S = 5.0
+"""Seconds a rank other than 0 waits before it exits on a refused input. torchrun stops every rank
+as soon as one exits non-zero; the silent ranks must not beat rank 0, which prints the one error line
+and exits at once (torchrun then stops the waiting ranks, so a refusal takes no longer)."""
+
+
+def _refused(code: int, rank0: bool) -> int:
+    """Exit status ``code`` of a refused input, after ``REFUSAL_GRACE_S`` on ranks other than 0."""
+    if not rank0:
+        import time
+
+        time.sleep(REFUSAL_GRACE_S)
+    return code
+
+
 def main(argv=None) -> int:
     rank0 = os.environ.get("RANK", "0") == "0"
     try:
@@ -57,7 +72,7 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, UntestedVersionError) as exc:
         if rank0:  # one copy of the error, not one per rank
             print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return _refused(2, rank0)
 
     def hint(message: str) -> str:
         if "WORLD_SIZE" not in os.environ and message.startswith("pretrain_gpt.py: error: world size 1 is not divisible"):
@@ -67,7 +82,7 @@ def main(argv=None) -> int:
     # the pre-flight lagom doctor shares: every check before any process group exists
     code = pretrain_preflight(args, log=lambda line: print(hint(line), file=sys.stderr, flush=True))
     if code:
-        return code
+        return _refused(code, rank0)
     args = validate_args(args, int(os.environ.get("WORLD_SIZE", "1")))  # fills Megatron-LM's derived defaults
     _single_process_env()
     from lagom_megatron.training.loop import pretrain
