@@ -13,17 +13,13 @@ The switches are ``megatron.consensus``'s fault-injection variables.
 """
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.megatron.harness_launch import launch_harness
+
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[2]
-HARNESS = ROOT / "tests" / "megatron" / "lagom_harness.py"
 ITERS = 10
 ARGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
         "--max-position-embeddings", "32", "--vocab-size", "384", "--tokenizer-type", "ByteLevel", "--mock-data",
@@ -48,22 +44,8 @@ def launched(tmp_path_factory):
     for name, (env, _) in FAULTS.items():
         runs.append({"name": name, "argv": [*ARGS, "--lagom", "--lagom-plan", str(tmp / name / "plan.json"),
                                             "--lagom-report", str(tmp / name / "report.json")], "env": env})
-    spec, out = tmp / "spec.json", tmp / "out.json"
-    spec.write_text(json.dumps({"runs": runs}))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(HARNESS), str(spec), str(out)], cwd=tmp, env=env, capture_output=True, text=True,
-                          timeout=540)
-    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    logs: dict[str, str] = {}
-    current = None
-    for line in proc.stdout.splitlines():
-        if line.startswith("HARNESS RUN "):
-            current = line.split(" ", 2)[2]
-            logs[current] = ""
-        elif current is not None:
-            logs[current] += line + "\n"
-    return tmp, json.loads(out.read_text()), logs
+    results, logs = launch_harness(tmp, "faults", runs, nproc=2, timeout_s=540)
+    return tmp, results, logs
 
 
 @pytest.mark.parametrize("name", list(FAULTS))

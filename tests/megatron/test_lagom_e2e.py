@@ -17,9 +17,6 @@ groups are of size 2, so chunked reductions add in the same order).
 import json
 import math
 import re
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,35 +24,17 @@ import pytest
 from lagom_megatron.engine.plan import Plan
 from lagom_megatron.nccl.env_file import read_env_file, validate_process_env
 from lagom_megatron.engine.profile import Profile
+from tests.megatron.harness_launch import launch_harness
 
 pytestmark = pytest.mark.distributed
 
-ROOT = Path(__file__).resolve().parents[2]
-HARNESS = ROOT / "tests" / "megatron" / "lagom_harness.py"
 ITERS = 12
 COMMON = ["--mock-data", "--train-iters", str(ITERS), "--log-interval", "1",
           "--lagom-warmup-iters", "1", "--lagom-verify-iters", "2"]
 
 
 def _launch(tmp_path: Path, name: str, runs: list[dict]) -> tuple[dict, dict[str, str]]:
-    spec = tmp_path / f"{name}.spec.json"
-    out = tmp_path / f"{name}.out.json"
-    spec.write_text(json.dumps({"runs": runs}))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(HARNESS), str(spec), str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400,
-    )
-    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    logs: dict[str, str] = {}
-    current = None
-    for line in proc.stdout.splitlines():
-        if line.startswith("HARNESS RUN "):
-            current = line.split(" ", 2)[2]
-            logs[current] = ""
-        elif current is not None:
-            logs[current] += line + "\n"
-    return json.loads(out.read_text()), logs
+    return launch_harness(tmp_path, name, runs, nproc=4, timeout_s=400)
 
 
 def _check_hooks_removed(result: dict, *, lagom: bool) -> None:
