@@ -22,7 +22,6 @@ def run(args: argparse.Namespace) -> int:
         a compiler error raises RuntimeError with the compiler's messages.
     """
     import sys
-    from pathlib import Path
 
     from lagom_megatron.nccl.plugin.build import build_tuner, usage_line
 

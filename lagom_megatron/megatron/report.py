@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lagom_megatron.engine.files import write_atomic, write_json_atomic, write_text_atomic
+from lagom_megatron.engine.files import write_json_atomic, write_text_atomic
 from lagom_megatron.engine.knobs import GLOO_DEFAULT_THREADS
 
 COLUMNS = ("site_id", "op", "group", "bytes_per_call", "calls_per_iter", "default_config", "chosen_config",

@@ -10,7 +10,6 @@ import pytest
 
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.cost_model import CostModel
-from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.problem import SearchProblem
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.engine.search import search
