@@ -61,9 +61,19 @@ class SampleSchema(_Strict):
     t_comp_us: float = Field(ge=0)
     t_region_us: float = Field(ge=0)
     iteration: StrictInt = 0
+    calls: list[tuple[float, float, float]] = Field(default_factory=list)
+    """Per call (t_comm_us, t_comp_us, t_region_us), optional (``engine.profile.Sample.calls``)."""
     model_config = ConfigDict(extra="forbid", strict=False)
 
     _finite_times = field_validator("t_comm_us", "t_comp_us", "t_region_us")(_finite)
+
+    @field_validator("calls")
+    @classmethod
+    def _call_times(cls, v: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+        for k, c in enumerate(v):
+            if not all(math.isfinite(x) and x >= 0 for x in c):
+                raise ValueError(f"calls[{k}] must be three finite times >= 0 (t_comm_us, t_comp_us, t_region_us); got {list(c)}")
+        return v
 
 
 class ProfileSchema(_Strict):

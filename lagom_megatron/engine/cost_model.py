@@ -8,7 +8,9 @@ compute and ``T_comm(x)`` the collective's duration (already including what comp
 
 While the collective runs, compute advances at rate 1/(1+s); after it ends, at full speed. The
 branches meet where T_comm = T_comp (1 + s): one formula for the communication-bound and the
-computation-bound regime.
+computation-bound regime. Where the profile timed each call (``set_call_levels``), a site's
+region is the sum of this formula over its calls, each with its own T_comp, T_comm / calls and
+s times the call level's factor.
 
 Sub-models (our design; the Lagom paper's formulas are not public, see the research notes):
 
@@ -51,8 +53,8 @@ from lagom_megatron.engine.cost_terms import (  # noqa: F401  (re-exported: the 
     _A2A, _AG, _ALG_CH_MULT, _ALG_HBM, _ALG_LINK_EFF, _AR, _BCAST, _CNCHAIN, _CNDIRECT, _LL, _LL128, _NVLS, _NVLSTREE, _OP,
     _PAT, _PROTO_CH_EFF, _PROTO_CHUNK_HALF, _PROTO_DEFAULT_CHUNK, _PROTO_HBM, _PROTO_LAT, _PROTO_LINK_EFF, _RECV, _RING,
     _RS, _SEND, _SIMPLE, _TREE, ALG_NONE, CHUNK_L2_FLOOR, DEFAULT_THREADS, GLOO_CALL_US, NCCL_BASE_LATENCY_US,
-    PER_CHANNEL_PRIOR_GBS, PRIOR_A, PRIOR_B, PROTO_NONE, RING_SIMPLE_CHUNK_STEPS, SOFTMIN_P, _softmin, region_time_us,
-    sm_term, wire_bytes,
+    MAX_CALL_LEVELS, PER_CHANNEL_PRIOR_GBS, PRIOR_A, PRIOR_B, PROTO_NONE, RING_SIMPLE_CHUNK_STEPS, SOFTMIN_P, _softmin,
+    call_levels, region_time_us, sm_term, wire_bytes,
 )
 
 
@@ -80,6 +82,17 @@ class CostModel:
     interpolated between them (``fit._channel_correction``); none if None."""
     queued_S: np.ndarray | None = None
     """Sites on a communicator whose collectives queue behind each other (``mark_queues``); none if None."""
+    comp_levels_SL: np.ndarray | None = None
+    """Per site, up to ``MAX_CALL_LEVELS`` per-call compute times (us) of its calls' regions
+    (``set_call_levels``); None: one region per site."""
+    comp_weights_SL: np.ndarray | None = None
+    """How many calls per iteration each level stands for (a row sums to the site's calls)."""
+    slow_SL: np.ndarray | None = None
+    """Per site and level, a factor on s: the compute beside one call slows more than beside
+    another (a backward window holds other collectives and other kernels than a forward one);
+    fitted by ``fit._level_factors``, 1 where not measured."""
+    call_level: list = field(default_factory=list)
+    """Per site, the level of each measured call (issue order), as ``set_call_levels`` grouped them."""
     mape: float = float("nan")
     """Mean absolute percentage error of T_region on the fitted samples, %."""
     mape_comm: float = float("nan")
@@ -271,12 +284,43 @@ class CostModel:
         s = self.a_S[i] * sm_term(ctas, self.cluster.sms_per_gpu, self.gloo) + self.b_S[i] * hbm_share
         if self.corr_SC is not None:  # measured shape of s over channel counts (``fit._channel_correction``)
             s = s * self.corr_SC[i, np.clip(np.rint(ctas), 0, self.corr_SC.shape[1] - 1).astype(np.intp)]
-        region = region_time_us(t_comm, self.t_comp_us_S[i], s)
+        if self.comp_levels_SL is None:
+            region = region_time_us(t_comm, self.t_comp_us_S[i], s)
+        else:  # one region per call (``set_call_levels``), each call a calls-th of T_comm
+            t_call = np.asarray(t_comm / calls)[..., None]
+            s_l = np.asarray(s)[..., None] * self.slow_SL[i]
+            region = np.sum(self.comp_weights_SL[i] * region_time_us(t_call, self.comp_levels_SL[i], s_l), axis=-1)
         if self.queued_S is not None and self.queued_S.any():
             # queued behind each other on one stream: time a collective adds is time the ones
             # behind it start later (``mark_queues``), counted one for one
             region = region + np.maximum(0.0, t_comm - self.t_comm_default_S[i]) * self.queued_S[i]
         return t_comm, s, region
+
+    def set_call_levels(self, per_call_us: Sequence[Sequence[float]]) -> None:
+        """Gives each site one region per call instead of one for the sum of its calls.
+
+        Args:
+            per_call_us: per site (model order), the compute alone of each measured call's region,
+                us, in issue order; each entry stands for ``calls_per_iter / len(entries)`` calls.
+                An empty entry keeps the site's single region (``t_comp_us_S``, summed).
+
+        Calls whose compute differs are what this is for (an FSDP gather waited at once in the
+        forward pass, prefetched under a layer in the backward): summed, ``max(T_comm, T_comp +
+        ...)`` sits on the compute branch and a faster collective looks useless. Per site the
+        calls are kept as at most ``MAX_CALL_LEVELS`` levels (sorted, split into runs of equal
+        count, each run's mean): exact for up to that many distinct windows. Nothing changes
+        (``comp_levels_SL`` stays None) when no site has calls of different compute.
+
+        Raises:
+            ValueError: not one entry per site, or a negative or non-finite time.
+        """
+        if len(per_call_us) != len(self.sites):
+            raise ValueError(f"per_call_us must have one entry per site ({len(self.sites)}); got {len(per_call_us)}")
+        levels, weights, self.call_level = call_levels(per_call_us, self.t_comp_us_S, self.calls_S,
+                                                       [s.site_id for s in self.sites])
+        multi = bool((weights[:, 1:] > 0).any())
+        self.comp_levels_SL, self.comp_weights_SL = (levels, weights) if multi else (None, None)
+        self.slow_SL = np.ones_like(levels) if multi else None
 
     def mark_queues(self, empty_share: float = 0.01, queue_share: float = 0.25) -> None:
         """Flags the sites of every communicator where collectives queue behind each other.

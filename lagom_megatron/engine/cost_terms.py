@@ -71,6 +71,49 @@ dispatch, work enqueue and the worker thread's wake-up. Without it a group of on
 bytes, no steps) is predicted to take 0 us, while it takes hundreds of microseconds on a loaded CPU."""
 
 
+MAX_CALL_LEVELS = 8
+"""Per-call regions kept per site (``CostModel.set_call_levels``): FSDP's gather of one unit has
+four windows in an iteration of two micro-batches (two forward, two backward)."""
+
+
+def call_levels(per_call_us, t_comp_us_S, calls_S, names) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Per site, the compute of its calls' regions as at most ``MAX_CALL_LEVELS`` levels.
+
+    Args:
+        per_call_us: per site, each measured call's compute alone (us, issue order); each stands
+            for ``calls / len(entries)`` calls. Empty, or all equal: one level, ``t_comp / calls``.
+        t_comp_us_S, calls_S: per site, the summed compute (us) and the calls per iteration.
+        names: per site, its id (for error messages).
+
+    Returns:
+        (levels S x L in us, weights S x L in calls (a row sums to the site's calls), per site the
+        level of each measured call). Calls are sorted by compute and split into runs of equal
+        count, each run's mean a level: exact for up to ``MAX_CALL_LEVELS`` distinct windows.
+
+    Raises:
+        ValueError: a negative or non-finite time (names the site).
+    """
+    S = len(per_call_us)
+    levels, weights = np.zeros((S, MAX_CALL_LEVELS)), np.zeros((S, MAX_CALL_LEVELS))
+    level_of_call = []
+    for i, comp in enumerate(per_call_us):
+        raw = np.asarray(comp, dtype=float)
+        if raw.size and (not np.all(np.isfinite(raw)) or raw.min() < 0):
+            raise ValueError(f"site {names[i]!r}: per-call compute must be finite and >= 0 us; got {list(comp)}")
+        if raw.size == 0 or raw.max() - raw.min() <= 1e-6 * max(raw.max(), 1.0):
+            levels[i, 0], weights[i, 0] = t_comp_us_S[i] / calls_S[i], calls_S[i]
+            level_of_call.append(np.zeros(raw.size, dtype=np.int64))
+            continue
+        order = np.argsort(raw, kind="stable")
+        level_of = np.empty(raw.size, dtype=np.int64)
+        for lv, run in enumerate(np.array_split(order, min(MAX_CALL_LEVELS, raw.size))):
+            levels[i, lv] = float(raw[run].mean())
+            weights[i, lv] = calls_S[i] * run.size / raw.size
+            level_of[run] = lv
+        level_of_call.append(level_of)
+    return levels, weights, level_of_call
+
+
 def region_time_us(t_comm_us: Any, t_comp_us: Any, s: Any) -> Any:
     """The unified region formula (docs/engine.md), elementwise on scalars or numpy arrays.
 

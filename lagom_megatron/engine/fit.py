@@ -1,7 +1,8 @@
 """Fitting the unified cost model (``cost_model.CostModel``) to a profile: ``fit_cost_model``.
 
 Per site, T_comm's ``alpha``, ``beta`` and the per-channel bandwidth scale ``gamma``; per region,
-the slowdown coefficients ``a``, ``b``: small ridge least-squares problems pulled towards the
+the slowdown coefficients ``a``, ``b`` (on one observation per call where the profile timed calls,
+with a factor per call level): small ridge least-squares problems pulled towards the
 ClusterSpec priors, solved for all sites at once with numpy, followed by a few reweighting passes
 towards the least absolute relative error (what MAPE measures). The model reports its own fit
 error: T_region and T_comm MAPE, the time-weighted error, and the lowest MAPE any parameters of the
@@ -16,7 +17,7 @@ import math
 import numpy as np
 
 from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.engine.cost_model import PRIOR_A, PRIOR_B, CostModel, sm_term
+from lagom_megatron.engine.cost_model import MAX_CALL_LEVELS, PRIOR_A, PRIOR_B, CostModel, sm_term
 from lagom_megatron.engine.profile import Profile
 
 RIDGE_COMM = 0.005
@@ -70,6 +71,8 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
         comp = comp or [s.t_comp_us for s in profile.samples if s.site_id == site.site_id and math.isfinite(s.t_comp_us)]
         t_comp.append(float(np.median(comp)) if comp else min(s.t_region_us for s in by_site[site.site_id]))
     model = CostModel.from_priors(profile.sites, t_comp, cluster, backend=backend)
+    per_call = [_call_compute(by_site[site.site_id]) for site in profile.sites]
+    model.set_call_levels(per_call)
     # Flatten samples into arrays: j indexes samples.
     rows = [(i, smp) for i, site in enumerate(profile.sites) for smp in by_site[site.site_id]]
     i_J = np.array([i for i, _ in rows])
@@ -124,27 +127,36 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
         alpha, beta = _ridge2(F_J, G, w * kJ * f1, w * kJ * f2, w, RIDGE_COMM, 1.0, 1.0, lo=0.05)
         alpha, beta = alpha * scale_S, beta * scale_S
     model.alpha_S, model.beta_S = alpha[gi], beta[gi]
-    # Slowdown: observed only where the compute branch is active (region longer than comm).
-    r = (y_region - y_comp) / y_comm
-    observed = (y_region > 1.01 * y_comm) & (r > 0)
+    # Slowdown: observed only where the compute branch is active (region longer than comm), one
+    # region per call where the samples have calls (``_slowdown_rows``).
+    F_R, ctas_R, s_comm, s_comp, s_region, hbm_rate, L_R, I_R = _slowdown_rows(
+        rows, per_call, model.call_level, F_J, ctas, y_comm, y_comp, y_region, hbm_mult * wire, calls)
+    r = (s_region - s_comp) / s_comm
+    observed = (s_region > 1.01 * s_comm) & (r > 0)
     r = np.clip(r, 0.0, 0.9)
     s_obs = r / (1.0 - r)
-    g1 = sm_term(ctas, model.cluster.sms_per_gpu, model.gloo)
-    g2 = hbm_mult * (wire * calls / y_comm) * 1e-3 / model.cluster.hbm_gbps
+    g1 = sm_term(ctas_R, model.cluster.sms_per_gpu, model.gloo)
+    g2 = hbm_rate * 1e-3 / model.cluster.hbm_gbps
     w = observed.astype(float)
     # Weight each point by how precisely it pins s: a timing error of NOISE_REL of the region
     # moves r by NOISE_REL * region / T_comm and s by that / (1 - r)^2.
-    scale = NOISE_REL * (y_region / y_comm) / (1.0 - r) ** 2 + 0.05 * s_obs + 1e-3
-    a_G, b_G = _ridge2(F_J, G, w * g1 / scale, w * g2 / scale, w * s_obs / scale, RIDGE_SLOWDOWN, PRIOR_A, PRIOR_B, lo=0.0,
-                       ref=(np.bincount(F_J, g1 / scale, G), np.bincount(F_J, g2 / scale, G)))
-    a_G, b_G = _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observed)
+    scale = NOISE_REL * (s_region / s_comm) / (1.0 - r) ** 2 + 0.05 * s_obs + 1e-3
+    a_G, b_G = _ridge2(F_R, G, w * g1 / scale, w * g2 / scale, w * s_obs / scale, RIDGE_SLOWDOWN, PRIOR_A, PRIOR_B, lo=0.0,
+                       ref=(np.bincount(F_R, g1 / scale, G), np.bincount(F_R, g2 / scale, G)))
+    a_G, b_G = _refine_slowdown(F_R, G, a_G, b_G, g1, g2, s_comm, s_comp, s_region, observed)
     model.a_S, model.b_S = a_G[gi], b_G[gi]
+    k_R = np.ones(len(F_R))
+    if model.slow_SL is not None:
+        k_GL = _level_factors(F_R, L_R, G, s_obs, a_G[F_R] * g1 + b_G[F_R] * g2, observed)
+        multi = model.comp_weights_SL[:, 1:].sum(axis=1) > 0
+        model.slow_SL[multi] = k_GL[gi[multi]]
+        k_R = model.slow_SL[I_R, L_R]
     if not model.gloo:
-        s_fit = a_G[F_J] * g1 + b_G[F_J] * g2
+        s_fit = (a_G[F_R] * g1 + b_G[F_R] * g2) * k_R
         # only where a sample pins s: the collective a fifth of its region or more (a timing
         # error of NOISE_REL of the region then moves s by at most ~10%)
-        precise = observed & (y_comm >= CORR_MIN_COMM_SHARE * y_region)
-        model.corr_SC = _channel_correction(F_J, G, gi, ctas, s_obs, s_fit, precise, model.max_channels)
+        precise = observed & (s_comm >= CORR_MIN_COMM_SHARE * s_region)
+        model.corr_SC = _channel_correction(F_R, G, gi, ctas_R, s_obs, s_fit, precise, model.max_channels)
     if not model.gloo:
         model.mark_queues()
     t_comm_hat, _, t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
@@ -154,6 +166,61 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     model.mape_floor = mape_floor(_indistinct_keys(model, i_J, nc_J, chunk_J, codes), y_region)
     model.n_points = len(rows)
     return model
+
+
+def _call_compute(samples: list) -> list[float]:
+    """A site's compute alone per call (us, issue order): per call index, the median over the
+    samples that timed their calls with the compute measured (the serialized iteration's values,
+    which ``ProfileRecorder`` copies into every sample), among the samples with the most common
+    number of calls; empty when no sample has them."""
+    timed = [smp.calls for smp in samples if smp.calls and all(math.isfinite(c[1]) for c in smp.calls)]
+    if not timed:
+        return []
+    lengths = [len(c) for c in timed]
+    m = max(set(lengths), key=lambda n: (lengths.count(n), n))
+    return [float(np.median([c[k][1] for c in timed if len(c) == m])) for k in range(m)]
+
+
+def _slowdown_rows(rows, per_call, call_level, F_J, ctas_J, y_comm, y_comp, y_region, hbm_per_call_J, calls_J):
+    """The observations the slowdown is fitted on: one per call for a sample whose calls match its
+    site's per-call compute (``_call_compute``), one per sample otherwise.
+
+    Returns:
+        (shape group, CTAs, T_comm us, T_comp us, T_region us, HBM bytes per us of the collective,
+        call level, site index) per observation: a call's HBM rate is one call's HBM bytes over
+        that call's time, a sample's its bytes over its sum; a sample's level is 0.
+    """
+    F, ct, comm, comp, reg, rate, lvl, site = [], [], [], [], [], [], [], []
+    for j, (i, smp) in enumerate(rows):
+        levels = per_call[i]
+        if smp.calls and len(smp.calls) == len(levels) and all(c[0] > 0 and c[2] > 0 for c in smp.calls):
+            for k, ((c_comm, _, c_region), c_comp) in enumerate(zip(smp.calls, levels)):
+                F.append(F_J[j]); ct.append(ctas_J[j]); comm.append(c_comm); comp.append(c_comp); reg.append(c_region)
+                rate.append(hbm_per_call_J[j] / c_comm); lvl.append(int(call_level[i][k])); site.append(i)
+            continue
+        F.append(F_J[j]); ct.append(ctas_J[j]); comm.append(y_comm[j]); comp.append(y_comp[j]); reg.append(y_region[j])
+        rate.append(hbm_per_call_J[j] * calls_J[j] / y_comm[j]); lvl.append(0); site.append(i)
+    F_R, L_R, I_R = (np.asarray(x, dtype=np.int64) for x in (F, lvl, site))
+    return (F_R, *(np.asarray(x, dtype=float) for x in (ct, comm, comp, reg, rate)), L_R, I_R)
+
+
+LEVEL_FACTOR_RANGE = (0.2, 5.0)
+"""Bounds of a call level's factor on s (``_level_factors``)."""
+
+
+def _level_factors(F_R, L_R, G, s_obs, s_fit, observed):
+    """Per shape group and call level, the median of measured s over the group's fitted s on the
+    observations of that level (clipped to ``LEVEL_FACTOR_RANGE``; 1 where none is observed).
+
+    One (a, b) per group gives the slowdown's shape over configs; the compute beside a call sets
+    its scale: a backward window (gradient kernels, the reduce-scatter of other buckets running
+    too) slows more per byte moved than a forward one. Our design."""
+    out = np.ones((G, MAX_CALL_LEVELS))
+    ok = observed & (s_fit > 1e-9)
+    for g, l in set(zip(F_R[ok].tolist(), L_R[ok].tolist())):
+        j = ok & (F_R == g) & (L_R == l)
+        out[g, l] = float(np.clip(np.median(s_obs[j] / s_fit[j]), *LEVEL_FACTOR_RANGE))
+    return out
 
 
 REFINE_GRID = np.geomspace(0.5, 2.0, 13)

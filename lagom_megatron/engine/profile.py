@@ -9,10 +9,18 @@ One ``Sample`` is one overlap region measured once under one ``CommConfig``:
     t_comm_us   start -> end of the collective (all calls of the site in that iteration, summed)
     t_comp_us   the compute of the region alone, with no collective beside it
     t_region_us start of the collective -> end of both the collective and the overlapped compute
+    calls       optional: the same three times per call, in issue order (``CallTimes``)
 
 so that the unified cost model (docs/engine.md) can fit T_comm(x) from ``t_comm_us`` and the
 slowdown s(x) from ``t_region_us`` against ``t_comp_us``. Times are microseconds; a region's time
 is the slowest rank's (the profiler all-gathers before writing).
+
+Why per call: the sums hide which call is exposed. An FSDP unit's parameter gather is launched
+right before the layer that needs it in the forward pass (a window of almost no compute) and
+prefetched under a whole layer's backward; summed, the site looks compute-bound and a faster
+gather looks useless, while per call the forward gathers are communication-bound. The cost model
+evaluates one region per call where a sample has them (``cost_model.CostModel``). ``calls`` is
+optional: profiles without it (older files, synchronous sites) are read as one region per site.
 """
 
 from __future__ import annotations
@@ -65,9 +73,18 @@ class CollectiveSite:
             )
 
 
+CallTimes = tuple[float, float, float]
+"""One call's (t_comm_us, t_comp_us, t_region_us); t_comp_us is NaN where it was not measured."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Sample:
-    """One measurement of one overlap region under one config (microseconds)."""
+    """One measurement of one overlap region under one config (microseconds).
+
+    ``calls``: the site's calls of that iteration, each ``(t_comm_us, t_comp_us, t_region_us)``,
+    in issue order; empty when not recorded. Each entry stands for ``calls_per_iter / len(calls)``
+    calls of the site (the simulator may time a few micro-batches and scale the rest).
+    """
 
     site_id: str
     config: CommConfig
@@ -75,6 +92,7 @@ class Sample:
     t_comp_us: float
     t_region_us: float
     iteration: int = 0
+    calls: tuple[CallTimes, ...] = ()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -111,6 +129,7 @@ class Profile:
                     "t_comp_us": s.t_comp_us,
                     "t_region_us": s.t_region_us,
                     "iteration": s.iteration,
+                    **({"calls": [list(c) for c in s.calls]} if s.calls else {}),
                 }
                 for s in self.samples
             ],
@@ -121,8 +140,9 @@ class Profile:
         """Builds a profile from ``to_dict`` output.
 
         Raises:
-            ValueError: wrong schema version, unknown backend, missing field, or a sample whose
-                site id is not among the sites (each message names ``source``).
+            ValueError: wrong schema version, unknown backend, missing field, a sample whose
+                site id is not among the sites, or a ``calls`` entry that is not three numbers
+                (each message names ``source``).
         """
         if not isinstance(data, dict):
             raise ValueError(f"{source}: expected a JSON object (a profile); got a JSON {type(data).__name__}")
@@ -146,6 +166,7 @@ class Profile:
                         t_comp_us=float(s["t_comp_us"]),
                         t_region_us=float(s["t_region_us"]),
                         iteration=int(s.get("iteration", 0)),
+                        calls=_calls(s.get("calls", ())),
                     )
                 )
             return cls(
@@ -174,3 +195,19 @@ class Profile:
             ValueError: not valid JSON (names the file, line and column) or not a valid profile.
         """
         return cls.from_dict(read_json(path), source=str(path))
+
+
+def _calls(raw: Any) -> tuple[CallTimes, ...]:
+    """A sample's ``calls`` field as tuples of three floats.
+
+    Raises:
+        ValueError: not a list of [t_comm_us, t_comp_us, t_region_us] entries (names the entry).
+    """
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError(f"calls must be a list of [t_comm_us, t_comp_us, t_region_us]; got {type(raw).__name__}")
+    out = []
+    for k, c in enumerate(raw):
+        if not isinstance(c, (list, tuple)) or len(c) != 3:
+            raise ValueError(f"calls[{k}] must be [t_comm_us, t_comp_us, t_region_us]; got {c!r}")
+        out.append((float(c[0]), float(c[1]), float(c[2])))
+    return tuple(out)

@@ -2,13 +2,15 @@
 
 ``ProfileRecorder`` takes the default, serialized and probe iterations' measurements from the
 tuner (``tuner.py``), checks every sample against the config that was assigned to its site, and
-keeps T_comp from the serialized iteration. A site whose sample is missing from a probe
+keeps T_comp from the serialized iteration (per site, and per call where the backend timed calls). A site whose sample is missing from a probe
 iteration, or that reports another config than the one assigned, is excluded (it keeps NCCL
 defaults) with a warning naming the site, what was expected and what was found.
 
 Samples measured in overlapped iterations carry ``t_comp_us`` as the backend saw it (often
 unknown, NaN); ``build_profile`` replaces it with the serialized iteration's value for that site,
-so every sample in the profile has the same T_comp for its region.
+so every sample in the profile has the same T_comp for its region. The same holds per call: a
+sample whose calls match the serialized iteration's in number gets each call's compute alone;
+one that does not (a call missing or extra) loses its per-call times and counts as one region.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class ProfileRecorder:
         """Iteration times under defaults, microseconds."""
         self.t_comp_us: dict[str, float] = {}
         """Site id -> its compute alone (the serialized iteration), microseconds."""
+        self.t_comp_calls_us: dict[str, tuple[float, ...]] = {}
+        """Site id -> each call's compute alone (the serialized iteration), where it timed calls."""
         self.samples: list[Sample] = []
         """Every kept sample, as measured (T_comp filled in by ``build_profile``)."""
         self.excluded: dict[str, str] = {}
@@ -62,9 +66,12 @@ class ProfileRecorder:
     def record_serialized(self, m: IterationMeasurement) -> None:
         """Records T_comp of every site from the serialized iteration (median of its calls)."""
         by_site: dict[str, list[float]] = {}
+        self.t_comp_calls_us = {}
         for s in m.samples:
             if s.site_id in self.sites and math.isfinite(s.t_comp_us):
                 by_site.setdefault(s.site_id, []).append(s.t_comp_us)
+                if s.calls and all(math.isfinite(c[1]) for c in s.calls):
+                    self.t_comp_calls_us[s.site_id] = tuple(c[1] for c in s.calls)
         missing = sorted(set(self.sites) - set(by_site))
         if missing:
             log.warning("serialized iteration %d: no T_comp for %d site(s), e.g. %s; they keep defaults",
@@ -95,6 +102,14 @@ class ProfileRecorder:
             out.append(s)
         return out
 
+    def _calls_with_compute(self, s: Sample) -> tuple:
+        """``s.calls`` with each call's compute alone from the serialized iteration; () when the
+        sample or the serialized iteration did not time calls, or their numbers differ."""
+        comp = self.t_comp_calls_us.get(s.site_id)
+        if not s.calls or comp is None or len(comp) != len(s.calls):
+            return ()
+        return tuple((c[0], t, c[2]) for c, t in zip(s.calls, comp))
+
     def exclude(self, site_id: str, why: str) -> None:
         """Leaves ``site_id`` out of the profile (it keeps NCCL defaults), saying why, once."""
         if site_id not in self.excluded:
@@ -115,7 +130,7 @@ class ProfileRecorder:
         usable = {sid for sid in self.t_comp_us if sid not in self.excluded}
         samples = [
             Sample(site_id=s.site_id, config=s.config, t_comm_us=s.t_comm_us, t_comp_us=self.t_comp_us[s.site_id],
-                   t_region_us=s.t_region_us, iteration=s.iteration)
+                   t_region_us=s.t_region_us, iteration=s.iteration, calls=self._calls_with_compute(s))
             for s in self.samples
             if s.site_id in usable
         ]

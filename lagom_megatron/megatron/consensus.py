@@ -5,7 +5,8 @@ call, and a gloo send paired with a receive on another communicator never comple
 
 * ``merge_measurements`` all-gathers every rank's per-site timings; a region's time is the
   slowest rank's (max of ``t_comm``, ``t_region``; ``t_comp`` the max of the finite values) and
-  the iteration's time is the slowest rank's. Every rank gets the same merged result, so the
+  the iteration's time is the slowest rank's. Per-call times merge call by call by the same rule
+  where every rank timed the same number of calls of the site. Every rank gets the same merged result, so the
   tuner state machine advances identically everywhere.
 * ``agree_plan`` broadcasts rank 0's plan, every rank rebuilds it and computes its digest, and
   the digests are all-gathered. Any mismatch raises ``PlanDisagreement`` on every rank (they all
@@ -145,23 +146,49 @@ def _all_gather(obj: Any) -> list[Any]:
     return out
 
 
-def merge_measurements(sites: dict[str, dict[str, Any]], timings: dict[str, tuple[float, float, float]],
-                       iteration_us: float) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[float, float, float]], float]:
+Times3 = tuple[float, float, float]
+
+
+def _slowest(acc: list[float], comm: float, comp: float, region: float) -> None:
+    """Merges one rank's (t_comm, t_comp, t_region) into ``acc`` (module docstring's rule)."""
+    acc[0] = max(acc[0], comm)
+    acc[2] = max(acc[2], region)
+    if math.isfinite(comp):
+        acc[1] = comp if not math.isfinite(acc[1]) else max(acc[1], comp)
+
+
+def merge_measurements(sites: dict[str, dict[str, Any]], timings: dict[str, Times3], iteration_us: float,
+                       calls: dict[str, list[Times3]] | None = None
+                       ) -> tuple[dict[str, dict[str, Any]], dict[str, Times3], float, dict[str, tuple[Times3, ...]]]:
     """All-gathers one iteration's measurements and keeps the slowest rank per region.
 
     Args:
         sites: site id -> CollectiveSite fields (as a dict) seen on this rank.
         timings: site id -> (t_comm_us, t_comp_us, t_region_us) measured on this rank.
         iteration_us: this rank's iteration wall time (us).
+        calls: site id -> the same per call in issue order (``Profiler.call_times``); None: none.
 
     Returns:
-        (sites, timings, iteration_us) merged over all ranks, identical on every rank.
+        (sites, timings, iteration_us, calls) merged over all ranks, identical on every rank;
+        ``calls`` holds only the sites every rank that timed them timed with the same number of
+        calls (a rank that issued one more call than another cannot be matched call by call).
     """
-    gathered = _all_gather((sites, timings, float(iteration_us)))
+    gathered = _all_gather((sites, timings, float(iteration_us), calls or {}))
     all_sites: dict[str, dict[str, Any]] = {}
     merged: dict[str, list[float]] = {}
+    per_call: dict[str, list[list[float]] | None] = {}
     it_us = 0.0
-    for r_sites, r_timings, r_it in gathered:
+    for r_sites, r_timings, r_it, r_calls in gathered:
+        for sid, lst in r_calls.items():
+            cur_calls = per_call.get(sid, [])
+            if cur_calls is None or (sid in per_call and len(cur_calls) != len(lst)):
+                per_call[sid] = None
+                continue
+            if sid not in per_call:
+                per_call[sid] = [list(c) for c in lst]
+                continue
+            for acc, c in zip(cur_calls, lst):
+                _slowest(acc, *c)
         it_us = max(it_us, r_it)
         for sid, rec in r_sites.items():
             cur = all_sites.get(sid)
@@ -175,11 +202,10 @@ def merge_measurements(sites: dict[str, dict[str, Any]], timings: dict[str, tupl
             if acc is None:
                 merged[sid] = [comm, comp, region]
                 continue
-            acc[0] = max(acc[0], comm)
-            acc[2] = max(acc[2], region)
-            if math.isfinite(comp):
-                acc[1] = comp if not math.isfinite(acc[1]) else max(acc[1], comp)
-    return all_sites, {k: (v[0], v[1], v[2]) for k, v in merged.items()}, it_us
+            _slowest(acc, comm, comp, region)
+    timed_calls = {sid: tuple((c[0], c[1], c[2]) for c in v) for sid, v in per_call.items()
+                   if v and all(sid in r[3] for r in gathered if sid in r[1])}
+    return all_sites, {k: (v[0], v[1], v[2]) for k, v in merged.items()}, it_us, timed_calls
 
 
 def agree_plan(plan: Any, *, from_dict: Callable[[dict[str, Any]], Any],

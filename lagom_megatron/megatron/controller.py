@@ -260,7 +260,7 @@ class LagomController:
         if self.mode == "reuse":
             if timed:
                 self._last_sites = {sid: r.to_site() for sid, r in self.registry.records.items()}
-                _, merged, it_us = consensus.merge_measurements({}, timings, elapsed_s * 1e6)
+                _, merged, it_us, _ = consensus.merge_measurements({}, timings, elapsed_s * 1e6)
                 self._applied_us.append(it_us)
                 # a rejected plan runs under defaults: its regions are default times, not the plan's
                 into = self._t_verify_default if self.plan.rejected else self._t_plan
@@ -273,11 +273,13 @@ class LagomController:
         sites_local = {r.site_id: {k: getattr(s, k) for k in CollectiveSite.__slots__}
                        for r, s in ((r, r.to_site()) for r in self.registry.records.values())}
         if step.timed:
-            sites, merged, it_us = consensus.merge_measurements(sites_local, timings, elapsed_s * 1e6)
+            sites, merged, it_us, calls = consensus.merge_measurements(sites_local, timings, elapsed_s * 1e6,
+                                                                       self.profiler.call_times)
         else:
-            sites, merged, it_us = {}, {}, elapsed_s * 1e6
+            sites, merged, it_us, calls = {}, {}, elapsed_s * 1e6, {}
         samples = [Sample(site_id=sid, config=step.assignment.get(sid, DEFAULT), t_comm_us=t[0], t_comp_us=t[1],
-                          t_region_us=t[2], iteration=iteration) for sid, t in sorted(merged.items()) if sid in sites]
+                          t_region_us=t[2], iteration=iteration, calls=calls.get(sid, ()))
+                   for sid, t in sorted(merged.items()) if sid in sites]
         measurement = IterationMeasurement(iteration=iteration, iteration_us=max(it_us, 1e-3),
                                            sites=[CollectiveSite(**sites[k]) for k in sorted(sites)], samples=samples)
         before = self.tuner.phase

@@ -8,7 +8,9 @@ For each call of a site the profiler keeps four instants (seconds of ``time.perf
               the end of the overlapped compute
     t_serial  in a serialized iteration, when the collective, waited on right after launch, ended
 
-and turns them into one ``Sample`` per site and iteration (sums over the site's calls):
+and turns them into one ``Sample`` per site and iteration (sums over the site's calls; the same
+three times per call are kept in ``Profiler.call_times``, because the sums hide which call is
+exposed, ``engine.profile``):
 
     t_comm_us   = t_end - t_issue
     t_region_us = max(t_end, t_wait) - t_issue
@@ -227,6 +229,9 @@ class Profiler:
         self._outstanding: list[CallTiming] = []
         self._sync: dict[str, float] = {}
         self._sync_cuda: list[tuple[str, Any, Any]] = []
+        self.call_times: dict[str, list[tuple[float, float, float]]] = {}
+        """After ``finish_iteration``: site id -> (t_comm_us, t_comp_us, t_region_us) of each
+        asynchronous call in issue order (synchronous sites have none: one region per site)."""
 
     def start_iteration(self, *, timed: bool, serialize: bool = False) -> None:
         """Begins an iteration; ``timed=False`` makes every hook a pass-through for the profiler."""
@@ -236,6 +241,7 @@ class Profiler:
         self._outstanding = []
         self._sync = {}
         self._sync_cuda = []
+        self.call_times = {}
 
     def mark(self) -> Any:
         """The launch instant to hand to ``issue`` / ``sync``: seconds on CPU, a CUDA event on GPU
@@ -317,7 +323,8 @@ class Profiler:
         """Site id -> (t_comm_us, t_comp_us, t_region_us) summed over the site's calls.
 
         ``t_comp_us`` is NaN for async sites outside a serialized iteration, 0 for synchronous
-        sites. Calls never waited on by their consumer count up to their completion.
+        sites. Calls never waited on by their consumer count up to their completion. Each
+        asynchronous call's own times are left in ``call_times``.
         """
         if not self.timed:
             return {}
@@ -355,8 +362,10 @@ class Profiler:
             acc[0] += comm
             acc[1] += comp
             acc[2] += region
+            self.call_times.setdefault(t.site_id, []).append((comm, comp, region))
         for sid, dt in self._sync.items():
             acc = out.setdefault(sid, [0.0, 0.0, 0.0])
             acc[0] += dt * 1e6
             acc[2] += dt * 1e6
+            self.call_times.pop(sid, None)  # some calls synchronous: the per-call list would be short
         return {k: (v[0], v[1], v[2]) for k, v in out.items()}

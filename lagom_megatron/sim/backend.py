@@ -114,6 +114,8 @@ class SimulatedCluster:
         Returns:
             An ``IterationMeasurement``: iteration time (us) and one sample per site; a sample's
             ``t_comp_us`` is the window's compute alone in a serialized iteration and NaN otherwise.
+            Its ``calls`` are the simulated calls one by one (unscaled: each stands for
+            ``calls_per_iter / len(calls)`` calls, as ``Sample`` says).
         """
         if step is not None:
             iteration, assignment, serialize = step.iteration, step.assignment, step.serialize
@@ -145,9 +147,11 @@ class SimulatedCluster:
             t_comm = sum(res.calls[i].t_comm_us for i in idx) * scale
             busy = sum(res.calls[i].window_busy_us for i in idx) * scale
             t_region = sum(max(res.calls[i].t_comm_us, res.calls[i].window_busy_us) for i in idx) * scale
+            calls = tuple((res.calls[i].t_comm_us, res.calls[i].window_busy_us if serialize else math.nan,
+                           max(res.calls[i].t_comm_us, res.calls[i].window_busy_us)) for i in idx)
             samples.append(Sample(site_id=site.site_id, config=assignment.get(site.site_id, DEFAULT),
                                   t_comm_us=t_comm, t_comp_us=busy if serialize else math.nan,
-                                  t_region_us=t_region, iteration=iteration))
+                                  t_region_us=t_region, iteration=iteration, calls=calls))
         return IterationMeasurement(iteration=iteration, iteration_us=total, sites=list(self._sites), samples=samples)
 
 

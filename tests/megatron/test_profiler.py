@@ -53,6 +53,31 @@ def test_serialized_iteration_gives_compute_alone_and_sums_calls():
     assert comm == pytest.approx(3000.0 + 1000.0)
     assert comp == pytest.approx(7000.0 + 4000.0)
     assert region == pytest.approx(10000.0 + 5000.0)
+    # and each call's own times, in issue order: the sums hide that the second window is shorter
+    assert prof.call_times["s"] == [pytest.approx((3000.0, 7000.0, 10000.0)), pytest.approx((1000.0, 4000.0, 5000.0))]
+
+
+def test_call_times_keep_an_exposed_call_apart_from_a_hidden_one():
+    # FSDP's unit gather: waited at once in the forward pass, prefetched under a layer in the backward
+    clock = Clock()
+    prof = Profiler(clock=clock)
+    prof.start_iteration(timed=True)
+    h = prof.issue("g", FakeWork(clock, done_at=0.004), t_issue=0.0)
+    clock.t = 0.0001
+    h.wait()  # exposed: waited 0.1 ms after launch, done at 4 ms
+    clock.t = 0.010
+    h = prof.issue("g", FakeWork(clock, done_at=0.014), t_issue=0.010)
+    clock.t = 0.014
+    prof.poll()  # a hook point as it completes
+    clock.t = 0.020
+    h.wait()  # hidden: 10 ms of compute, done at 14 ms
+    prof.sync("p", 0.021, 0.022)
+    comm, _, region = prof.finish_iteration()["g"]
+    assert (comm, region) == pytest.approx((8000.0, 14000.0))
+    assert [(c[0], c[2]) for c in prof.call_times["g"]] == [pytest.approx((4000.0, 4000.0)), pytest.approx((4000.0, 10000.0))]
+    assert "p" not in prof.call_times  # synchronous: one region per site
+    prof.start_iteration(timed=True)
+    assert prof.call_times == {}
 
 
 def test_sync_calls_and_untimed_iterations():

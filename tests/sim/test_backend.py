@@ -93,6 +93,21 @@ def test_serialized_iteration_reports_compute_alone(gpt13b):
     assert s.iteration_us > m.iteration_us  # nothing overlaps
 
 
+def test_samples_time_each_call_and_their_sums_scale_to_the_site(gpt13b):
+    for serialize in (False, True):
+        m = gpt13b.run_iteration(iteration=1, serialize=serialize)
+        sites = {x.site_id: x for x in m.sites}
+        for smp in m.samples:
+            scale = sites[smp.site_id].calls_per_iter / len(smp.calls)  # each timed call stands for this many
+            assert smp.t_comm_us == pytest.approx(scale * sum(c[0] for c in smp.calls), rel=1e-9)
+            assert smp.t_region_us == pytest.approx(scale * sum(c[2] for c in smp.calls), rel=1e-9)
+            assert all(c[2] >= c[0] for c in smp.calls)
+            if serialize:
+                assert smp.t_comp_us == pytest.approx(scale * sum(c[1] for c in smp.calls), rel=1e-9)
+            else:
+                assert all(math.isnan(c[1]) for c in smp.calls)
+
+
 def test_fewer_channels_slow_the_collective_and_samples_echo_the_assignment(gpt13b):
     sid = "tp.sp_all_gather[0]"
     d = {x.site_id: x for x in gpt13b.run_iteration(iteration=9).samples}[sid]
