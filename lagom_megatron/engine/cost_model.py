@@ -83,8 +83,8 @@ class CostModel:
     queued_S: np.ndarray | None = None
     """Sites on a communicator whose collectives queue behind each other (``mark_queues``); none if None."""
     comp_levels_SL: np.ndarray | None = None
-    """Per site, up to ``MAX_CALL_LEVELS`` per-call compute times (us) of its calls' regions
-    (``set_call_levels``); None: one region per site."""
+    """Shape (S, L), L <= ``MAX_CALL_LEVELS``: per site, the compute alone (us) of one call of each
+    level of its calls' regions (``set_call_levels``); None: one region per site."""
     comp_weights_SL: np.ndarray | None = None
     """How many calls per iteration each level stands for (a row sums to the site's calls)."""
     slow_SL: np.ndarray | None = None
@@ -92,7 +92,8 @@ class CostModel:
     another (a backward window holds other collectives and other kernels than a forward one);
     fitted by ``fit._level_factors``, 1 where not measured."""
     call_level: list = field(default_factory=list)
-    """Per site, the level of each measured call (issue order), as ``set_call_levels`` grouped them."""
+    """Per site, an int array: the level of each measured call (issue order), as
+    ``set_call_levels`` grouped them (all 0 for a site of one level)."""
     mape: float = float("nan")
     """Mean absolute percentage error of T_region on the fitted samples, %."""
     mape_comm: float = float("nan")
@@ -307,9 +308,11 @@ class CostModel:
         Calls whose compute differs are what this is for (an FSDP gather waited at once in the
         forward pass, prefetched under a layer in the backward): summed, ``max(T_comm, T_comp +
         ...)`` sits on the compute branch and a faster collective looks useless. Per site the
-        calls are kept as at most ``MAX_CALL_LEVELS`` levels (sorted, split into runs of equal
-        count, each run's mean): exact for up to that many distinct windows. Nothing changes
-        (``comp_levels_SL`` stays None) when no site has calls of different compute.
+        calls are grouped into at most ``MAX_CALL_LEVELS`` levels of alike compute
+        (``cost_terms.call_levels``). A site with several levels gets ``t_comp_us_S`` = the sum of
+        its levels (what its calls' compute adds up to). Replaces any earlier levels: resets
+        ``slow_SL`` to 1 and ``call_level``. Nothing changes (``comp_levels_SL`` stays None) when
+        no site has calls of different compute.
 
         Raises:
             ValueError: not one entry per site, or a negative or non-finite time.
@@ -318,7 +321,10 @@ class CostModel:
             raise ValueError(f"per_call_us must have one entry per site ({len(self.sites)}); got {len(per_call_us)}")
         levels, weights, self.call_level = call_levels(per_call_us, self.t_comp_us_S, self.calls_S,
                                                        [s.site_id for s in self.sites])
-        multi = bool((weights[:, 1:] > 0).any())
+        multi = levels.shape[1] > 1
+        if multi:
+            several = weights[:, 1] > 0
+            self.t_comp_us_S = np.where(several, (levels * weights).sum(axis=1), self.t_comp_us_S)
         self.comp_levels_SL, self.comp_weights_SL = (levels, weights) if multi else (None, None)
         self.slow_SL = np.ones_like(levels) if multi else None
 

@@ -6,7 +6,7 @@ constant (NCCL 2.30.7 source lines, nccl-tests and NCCL issues).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -72,23 +72,33 @@ bytes, no steps) is predicted to take 0 us, while it takes hundreds of microseco
 
 
 MAX_CALL_LEVELS = 8
-"""Per-call regions kept per site (``CostModel.set_call_levels``): FSDP's gather of one unit has
-four windows in an iteration of two micro-batches (two forward, two backward)."""
+"""Per-call regions kept per site at most (``CostModel.set_call_levels``): FSDP's gather of one unit
+has two kinds of window (forward: waited at once or under one layer; backward: under one layer's
+gradients) and each micro-batch repeats them."""
+LEVEL_REL_TOL = 0.10
+"""Calls whose compute is within 10% (plus ``LEVEL_ABS_US``) of the shortest call of a level join
+that level: windows of one kind measured with timing noise (2% here, ``fit.NOISE_REL``) are one
+level, not several whose factors would fit the noise."""
+LEVEL_ABS_US = 10.0
+"""Absolute slack of a level, microseconds (a few kernel launches)."""
 
 
-def call_levels(per_call_us, t_comp_us_S, calls_S, names) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+def call_levels(per_call_us: Sequence[Sequence[float]], t_comp_us_S: np.ndarray, calls_S: np.ndarray,
+                names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Per site, the compute of its calls' regions as at most ``MAX_CALL_LEVELS`` levels.
 
     Args:
         per_call_us: per site, each measured call's compute alone (us, issue order); each stands
-            for ``calls / len(entries)`` calls. Empty, or all equal: one level, ``t_comp / calls``.
-        t_comp_us_S, calls_S: per site, the summed compute (us) and the calls per iteration.
+            for ``calls / len(entries)`` calls. Empty, or one level only: ``t_comp / calls``.
+        t_comp_us_S, calls_S: shape (S,): per site, the summed compute (us) and the calls per iteration.
         names: per site, its id (for error messages).
 
     Returns:
-        (levels S x L in us, weights S x L in calls (a row sums to the site's calls), per site the
-        level of each measured call). Calls are sorted by compute and split into runs of equal
-        count, each run's mean a level: exact for up to ``MAX_CALL_LEVELS`` distinct windows.
+        (levels (S, L) in us, weights (S, L) in calls (a row sums to the site's calls; unused
+        levels weigh 0), per site the level of each measured call), L the most levels any site
+        has. Calls are sorted by compute; a call within ``LEVEL_REL_TOL`` (+ ``LEVEL_ABS_US``)
+        of its level's shortest call joins it; beyond ``MAX_CALL_LEVELS`` levels the two
+        neighbours closest in relative terms merge. A level's value is its calls' mean.
 
     Raises:
         ValueError: a negative or non-finite time (names the site).
@@ -100,18 +110,26 @@ def call_levels(per_call_us, t_comp_us_S, calls_S, names) -> tuple[np.ndarray, n
         raw = np.asarray(comp, dtype=float)
         if raw.size and (not np.all(np.isfinite(raw)) or raw.min() < 0):
             raise ValueError(f"site {names[i]!r}: per-call compute must be finite and >= 0 us; got {list(comp)}")
-        if raw.size == 0 or raw.max() - raw.min() <= 1e-6 * max(raw.max(), 1.0):
+        runs: list[list[int]] = []
+        for k in np.argsort(raw, kind="stable").tolist():
+            if runs and raw[k] <= raw[runs[-1][0]] * (1.0 + LEVEL_REL_TOL) + LEVEL_ABS_US:
+                runs[-1].append(k)
+            else:
+                runs.append([k])
+        while len(runs) > MAX_CALL_LEVELS:
+            means = [float(raw[r].mean()) for r in runs]
+            j = min(range(len(runs) - 1), key=lambda q: (means[q + 1] - means[q]) / max(means[q + 1], 1.0))
+            runs[j:j + 2] = [runs[j] + runs[j + 1]]
+        level_of = np.zeros(raw.size, dtype=np.int64)
+        if len(runs) <= 1:
             levels[i, 0], weights[i, 0] = t_comp_us_S[i] / calls_S[i], calls_S[i]
-            level_of_call.append(np.zeros(raw.size, dtype=np.int64))
-            continue
-        order = np.argsort(raw, kind="stable")
-        level_of = np.empty(raw.size, dtype=np.int64)
-        for lv, run in enumerate(np.array_split(order, min(MAX_CALL_LEVELS, raw.size))):
+        for lv, run in enumerate(runs if len(runs) > 1 else ()):
             levels[i, lv] = float(raw[run].mean())
-            weights[i, lv] = calls_S[i] * run.size / raw.size
+            weights[i, lv] = calls_S[i] * len(run) / raw.size
             level_of[run] = lv
         level_of_call.append(level_of)
-    return levels, weights, level_of_call
+    used = max(1, int((weights > 0).sum(axis=1).max())) if S else 1
+    return levels[:, :used], weights[:, :used], level_of_call
 
 
 def region_time_us(t_comm_us: Any, t_comp_us: Any, s: Any) -> Any:

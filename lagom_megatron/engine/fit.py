@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.engine.cost_model import MAX_CALL_LEVELS, PRIOR_A, PRIOR_B, CostModel, sm_term
+from lagom_megatron.engine.cost_model import PRIOR_A, PRIOR_B, CostModel, sm_term
 from lagom_megatron.engine.profile import Profile
 
 RIDGE_COMM = 0.005
@@ -133,6 +133,8 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
         rows, per_call, model.call_level, F_J, ctas, y_comm, y_comp, y_region, hbm_mult * wire, calls)
     r = (s_region - s_comp) / s_comm
     observed = (s_region > 1.01 * s_comm) & (r > 0)
+    if model.slow_SL is not None:  # a summed sample of a site with calls unlike each other pins no s
+        observed &= ~((L_R < 0) & ((model.comp_weights_SL > 0).sum(axis=1)[I_R] > 1))
     r = np.clip(r, 0.0, 0.9)
     s_obs = r / (1.0 - r)
     g1 = sm_term(ctas_R, model.cluster.sms_per_gpu, model.gloo)
@@ -143,14 +145,14 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     scale = NOISE_REL * (s_region / s_comm) / (1.0 - r) ** 2 + 0.05 * s_obs + 1e-3
     a_G, b_G = _ridge2(F_R, G, w * g1 / scale, w * g2 / scale, w * s_obs / scale, RIDGE_SLOWDOWN, PRIOR_A, PRIOR_B, lo=0.0,
                        ref=(np.bincount(F_R, g1 / scale, G), np.bincount(F_R, g2 / scale, G)))
-    a_G, b_G = _refine_slowdown(F_R, G, a_G, b_G, g1, g2, s_comm, s_comp, s_region, observed)
-    model.a_S, model.b_S = a_G[gi], b_G[gi]
     k_R = np.ones(len(F_R))
-    if model.slow_SL is not None:
-        k_GL = _level_factors(F_R, L_R, G, s_obs, a_G[F_R] * g1 + b_G[F_R] * g2, observed)
-        multi = model.comp_weights_SL[:, 1:].sum(axis=1) > 0
-        model.slow_SL[multi] = k_GL[gi[multi]]
-        k_R = model.slow_SL[I_R, L_R]
+    if model.slow_SL is not None:  # the level factors, then (a, b) refined with them, then the factors again
+        k_R = _level_factors(model, gi, F_R, L_R, I_R, s_obs, a_G[F_R] * g1 + b_G[F_R] * g2, observed)
+        a_G, b_G = _refine_slowdown(F_R, G, a_G, b_G, g1 * k_R, g2 * k_R, s_comm, s_comp, s_region, observed)
+        k_R = _level_factors(model, gi, F_R, L_R, I_R, s_obs, a_G[F_R] * g1 + b_G[F_R] * g2, observed)
+    else:
+        a_G, b_G = _refine_slowdown(F_R, G, a_G, b_G, g1, g2, s_comm, s_comp, s_region, observed)
+    model.a_S, model.b_S = a_G[gi], b_G[gi]
     if not model.gloo:
         s_fit = (a_G[F_R] * g1 + b_G[F_R] * g2) * k_R
         # only where a sample pins s: the collective a fifth of its region or more (a timing
@@ -185,21 +187,27 @@ def _slowdown_rows(rows, per_call, call_level, F_J, ctas_J, y_comm, y_comp, y_re
     """The observations the slowdown is fitted on: one per call for a sample whose calls match its
     site's per-call compute (``_call_compute``), one per sample otherwise.
 
+    Args:
+        rows: J (site index, Sample) pairs; ``per_call``, ``call_level``: per site, the compute
+            alone (us) and the level of each call; the rest: shape (J,) per sample (HBM bytes
+            of one call, calls per iteration).
+
     Returns:
-        (shape group, CTAs, T_comm us, T_comp us, T_region us, HBM bytes per us of the collective,
-        call level, site index) per observation: a call's HBM rate is one call's HBM bytes over
-        that call's time, a sample's its bytes over its sum; a sample's level is 0.
+        Shape (R,) arrays: shape group, CTAs, T_comm us, T_comp us, T_region us, HBM bytes per us
+        of the collective (one call's bytes over that call's time, or the sample's over its sum),
+        call level (-1 for a summed sample: it belongs to no level), site index.
     """
     F, ct, comm, comp, reg, rate, lvl, site = [], [], [], [], [], [], [], []
     for j, (i, smp) in enumerate(rows):
         levels = per_call[i]
         if smp.calls and len(smp.calls) == len(levels) and all(c[0] > 0 and c[2] > 0 for c in smp.calls):
             for k, ((c_comm, _, c_region), c_comp) in enumerate(zip(smp.calls, levels)):
+                c_comm = max(c_comm, 1e-6)  # as y_comm: a zero-length call would divide by zero
                 F.append(F_J[j]); ct.append(ctas_J[j]); comm.append(c_comm); comp.append(c_comp); reg.append(c_region)
                 rate.append(hbm_per_call_J[j] / c_comm); lvl.append(int(call_level[i][k])); site.append(i)
             continue
         F.append(F_J[j]); ct.append(ctas_J[j]); comm.append(y_comm[j]); comp.append(y_comp[j]); reg.append(y_region[j])
-        rate.append(hbm_per_call_J[j] * calls_J[j] / y_comm[j]); lvl.append(0); site.append(i)
+        rate.append(hbm_per_call_J[j] * calls_J[j] / y_comm[j]); lvl.append(-1); site.append(i)
     F_R, L_R, I_R = (np.asarray(x, dtype=np.int64) for x in (F, lvl, site))
     return (F_R, *(np.asarray(x, dtype=float) for x in (ct, comm, comp, reg, rate)), L_R, I_R)
 
@@ -208,19 +216,27 @@ LEVEL_FACTOR_RANGE = (0.2, 5.0)
 """Bounds of a call level's factor on s (``_level_factors``)."""
 
 
-def _level_factors(F_R, L_R, G, s_obs, s_fit, observed):
-    """Per shape group and call level, the median of measured s over the group's fitted s on the
-    observations of that level (clipped to ``LEVEL_FACTOR_RANGE``; 1 where none is observed).
+def _level_factors(model: CostModel, gi, F_R, L_R, I_R, s_obs, s_fit, observed) -> np.ndarray:
+    """Sets ``model.slow_SL``: per site with several call levels, per level, the median of measured
+    s over fitted s on the observations of that level, pooled over the sites of its shape group
+    with as many levels (a level is a rank among alike windows, so it means the same only
+    between sites with the same number of them); clipped to ``LEVEL_FACTOR_RANGE``, 1 where none
+    is observed. Returns each observation's factor, shape (R,) (1 for summed samples, level -1).
 
     One (a, b) per group gives the slowdown's shape over configs; the compute beside a call sets
     its scale: a backward window (gradient kernels, the reduce-scatter of other buckets running
     too) slows more per byte moved than a forward one. Our design."""
-    out = np.ones((G, MAX_CALL_LEVELS))
-    ok = observed & (s_fit > 1e-9)
-    for g, l in set(zip(F_R[ok].tolist(), L_R[ok].tolist())):
-        j = ok & (F_R == g) & (L_R == l)
-        out[g, l] = float(np.clip(np.median(s_obs[j] / s_fit[j]), *LEVEL_FACTOR_RANGE))
-    return out
+    n_levels = (model.comp_weights_SL > 0).sum(axis=1)
+    ok = observed & (s_fit > 1e-9) & (L_R >= 0)
+    ratios: dict[tuple[int, int, int], list[float]] = {}
+    for f, i, lv, r in zip(F_R[ok].tolist(), I_R[ok].tolist(), L_R[ok].tolist(), (s_obs[ok] / s_fit[ok]).tolist()):
+        ratios.setdefault((f, int(n_levels[i]), lv), []).append(r)
+    factor = {k: float(np.clip(np.median(v), *LEVEL_FACTOR_RANGE)) for k, v in ratios.items()}
+    model.slow_SL[:] = 1.0
+    for i in np.flatnonzero(n_levels > 1):
+        for lv in range(int(n_levels[i])):
+            model.slow_SL[i, lv] = factor.get((int(gi[i]), int(n_levels[i]), lv), 1.0)
+    return np.where(L_R >= 0, model.slow_SL[I_R, np.maximum(L_R, 0)], 1.0)
 
 
 REFINE_GRID = np.geomspace(0.5, 2.0, 13)

@@ -166,7 +166,7 @@ class Profile:
                         t_comp_us=float(s["t_comp_us"]),
                         t_region_us=float(s["t_region_us"]),
                         iteration=int(s.get("iteration", 0)),
-                        calls=_calls(s.get("calls", ())),
+                        calls=_calls(s.get("calls", ()), s["site_id"]),
                     )
                 )
             return cls(
@@ -197,17 +197,23 @@ class Profile:
         return cls.from_dict(read_json(path), source=str(path))
 
 
-def _calls(raw: Any) -> tuple[CallTimes, ...]:
+def _calls(raw: Any, site_id: str) -> tuple[CallTimes, ...]:
     """A sample's ``calls`` field as tuples of three floats.
 
     Raises:
-        ValueError: not a list of [t_comm_us, t_comp_us, t_region_us] entries (names the entry).
+        ValueError: not a list of [t_comm_us, t_comp_us, t_region_us] entries (names the site
+            and the entry).
     """
     if not isinstance(raw, (list, tuple)):
-        raise ValueError(f"calls must be a list of [t_comm_us, t_comp_us, t_region_us]; got {type(raw).__name__}")
+        raise ValueError(f"sample of site {site_id!r}: calls must be a list of [t_comm_us, t_comp_us, t_region_us]; "
+                         f"got {type(raw).__name__}")
     out = []
     for k, c in enumerate(raw):
-        if not isinstance(c, (list, tuple)) or len(c) != 3:
-            raise ValueError(f"calls[{k}] must be [t_comm_us, t_comp_us, t_region_us]; got {c!r}")
-        out.append((float(c[0]), float(c[1]), float(c[2])))
+        try:
+            if not isinstance(c, (list, tuple)) or len(c) != 3:
+                raise ValueError
+            out.append((float(c[0]), float(c[1]), float(c[2])))
+        except (TypeError, ValueError):
+            raise ValueError(f"sample of site {site_id!r}: calls[{k}] must be [t_comm_us, t_comp_us, t_region_us] "
+                             f"(numbers); got {c!r}") from None
     return tuple(out)

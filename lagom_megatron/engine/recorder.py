@@ -47,7 +47,8 @@ class ProfileRecorder:
         self.t_comp_us: dict[str, float] = {}
         """Site id -> its compute alone (the serialized iteration), microseconds."""
         self.t_comp_calls_us: dict[str, tuple[float, ...]] = {}
-        """Site id -> each call's compute alone (the serialized iteration), where it timed calls."""
+        """Site id -> each call's compute alone (the serialized iteration), microseconds, where the
+        backend timed calls."""
         self.samples: list[Sample] = []
         """Every kept sample, as measured (T_comp filled in by ``build_profile``)."""
         self.excluded: dict[str, str] = {}

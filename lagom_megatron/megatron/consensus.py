@@ -5,8 +5,9 @@ call, and a gloo send paired with a receive on another communicator never comple
 
 * ``merge_measurements`` all-gathers every rank's per-site timings; a region's time is the
   slowest rank's (max of ``t_comm``, ``t_region``; ``t_comp`` the max of the finite values) and
-  the iteration's time is the slowest rank's. Per-call times merge call by call by the same rule
-  where every rank timed the same number of calls of the site. Every rank gets the same merged result, so the
+  the iteration's time is the slowest rank's. Per-call times merge call by call: each call keeps
+  the three times of the rank whose region was longest, where every rank timed the same number
+  of calls of the site; such a site's summed times are then the sums of its merged calls. Every rank gets the same merged result, so the
   tuner state machine advances identically everywhere.
 * ``agree_plan`` broadcasts rank 0's plan, every rank rebuilds it and computes its digest, and
   the digests are all-gathered. Any mismatch raises ``PlanDisagreement`` on every rank (they all
@@ -147,6 +148,7 @@ def _all_gather(obj: Any) -> list[Any]:
 
 
 Times3 = tuple[float, float, float]
+"""(t_comm_us, t_comp_us, t_region_us) of one site or one call; t_comp_us may be NaN."""
 
 
 def _slowest(acc: list[float], comm: float, comp: float, region: float) -> None:
@@ -171,24 +173,25 @@ def merge_measurements(sites: dict[str, dict[str, Any]], timings: dict[str, Time
     Returns:
         (sites, timings, iteration_us, calls) merged over all ranks, identical on every rank;
         ``calls`` holds only the sites every rank that timed them timed with the same number of
-        calls (a rank that issued one more call than another cannot be matched call by call).
+        calls (a rank that issued one more call than another cannot be matched call by call);
+        each call is the triple of the rank with the longest region for it (the first such rank
+        on a tie), and those sites' ``timings`` are the sums of their merged calls (t_comp_us:
+        NaN unless every call's is finite), so a sample's calls add up to its sums.
     """
     gathered = _all_gather((sites, timings, float(iteration_us), calls or {}))
     all_sites: dict[str, dict[str, Any]] = {}
     merged: dict[str, list[float]] = {}
-    per_call: dict[str, list[list[float]] | None] = {}
+    per_call: dict[str, list[Times3] | None] = {}
     it_us = 0.0
     for r_sites, r_timings, r_it, r_calls in gathered:
         for sid, lst in r_calls.items():
             cur_calls = per_call.get(sid, [])
             if cur_calls is None or (sid in per_call and len(cur_calls) != len(lst)):
                 per_call[sid] = None
-                continue
-            if sid not in per_call:
-                per_call[sid] = [list(c) for c in lst]
-                continue
-            for acc, c in zip(cur_calls, lst):
-                _slowest(acc, *c)
+            elif sid not in per_call:
+                per_call[sid] = [tuple(c) for c in lst]
+            else:
+                per_call[sid] = [c if c[2] > cur[2] else cur for cur, c in zip(cur_calls, lst)]
         it_us = max(it_us, r_it)
         for sid, rec in r_sites.items():
             cur = all_sites.get(sid)
@@ -203,8 +206,12 @@ def merge_measurements(sites: dict[str, dict[str, Any]], timings: dict[str, Time
                 merged[sid] = [comm, comp, region]
                 continue
             _slowest(acc, comm, comp, region)
-    timed_calls = {sid: tuple((c[0], c[1], c[2]) for c in v) for sid, v in per_call.items()
+    timed_calls = {sid: tuple((float(c[0]), float(c[1]), float(c[2])) for c in v) for sid, v in per_call.items()
                    if v and all(sid in r[3] for r in gathered if sid in r[1])}
+    for sid, cs in timed_calls.items():
+        comp = [c[1] for c in cs]
+        merged[sid] = [sum(c[0] for c in cs), sum(comp) if all(map(math.isfinite, comp)) else math.nan,
+                       sum(c[2] for c in cs)]
     return all_sites, {k: (v[0], v[1], v[2]) for k, v in merged.items()}, it_us, timed_calls
 
 

@@ -326,6 +326,7 @@ class Profiler:
         sites. Calls never waited on by their consumer count up to their completion. Each
         asynchronous call's own times are left in ``call_times``.
         """
+        self.call_times = {}
         if not self.timed:
             return {}
         self.poll()
@@ -368,4 +369,6 @@ class Profiler:
             acc[0] += dt * 1e6
             acc[2] += dt * 1e6
             self.call_times.pop(sid, None)  # some calls synchronous: the per-call list would be short
+        for sid in [k for k, v in self.call_times.items() if not all(math.isfinite(c[0]) and math.isfinite(c[2]) for c in v)]:
+            del self.call_times[sid]  # a call never waited on (no CUDA event): not timed call by call
         return {k: (v[0], v[1], v[2]) for k, v in out.items()}

@@ -93,17 +93,18 @@ def test_merge_keeps_the_slowest_rank_per_region(monkeypatch):
         ({sp: site}, {sp: (50.0, math.nan, 70.0), dp: (8.0, math.nan, 8.0)}, 1000.0,
          {sp: [(20.0, math.nan, 30.0), (30.0, math.nan, 40.0)], dp: [(8.0, math.nan, 8.0)]}),
         ({sp: dict(site, nbytes=120)}, {sp: (40.0, 30.0, 90.0), "pp.send_recv": (5.0, 0.0, 5.0), dp: (9.0, 1.0, 9.0)}, 1200.0,
-         {sp: [(25.0, 10.0, 50.0), (15.0, 20.0, 40.0)], dp: [(4.0, 0.0, 4.0), (5.0, 1.0, 5.0)]}),
+         {sp: [(25.0, 10.0, 50.0), (15.0, 20.0, 45.0)], dp: [(4.0, 0.0, 4.0), (5.0, 1.0, 5.0)]}),
         ({}, {sp: (45.0, 35.0, 60.0)}, 900.0, {sp: [(22.0, 15.0, 20.0), (23.0, 20.0, 40.0)]}),
     ]
     monkeypatch.setattr(consensus, "_all_gather", lambda obj: ranks)
     sites, timings, it_us, calls = consensus.merge_measurements({}, {}, 0.0)
     assert it_us == 1200.0
     assert sites["tp.sp_all_gather[0]"]["nbytes"] == 120
-    assert timings["tp.sp_all_gather[0]"] == (50.0, 35.0, 90.0)
     assert timings["pp.send_recv"] == (5.0, 0.0, 5.0)
-    # call by call, the same rule; a site whose ranks timed different numbers of calls has none
-    assert calls == {sp: ((25.0, 15.0, 50.0), (30.0, 20.0, 40.0))}
+    assert timings[dp] == (9.0, 1.0, 9.0)  # the slowest rank per region (its ranks timed 1 and 2 calls: none kept)
+    # call by call, the three times of the rank whose region was longest; the sums follow them
+    assert calls == {sp: ((25.0, 10.0, 50.0), (15.0, 20.0, 45.0))}
+    assert timings[sp] == (40.0, 30.0, 95.0)
 
 
 def test_digest_mismatch_raises_naming_the_rank(monkeypatch):

@@ -76,6 +76,8 @@ def test_call_times_keep_an_exposed_call_apart_from_a_hidden_one():
     assert (comm, region) == pytest.approx((8000.0, 14000.0))
     assert [(c[0], c[2]) for c in prof.call_times["g"]] == [pytest.approx((4000.0, 4000.0)), pytest.approx((4000.0, 10000.0))]
     assert "p" not in prof.call_times  # synchronous: one region per site
+    prof.finish_iteration()
+    assert len(prof.call_times["g"]) == 2  # finishing again does not add the calls twice
     prof.start_iteration(timed=True)
     assert prof.call_times == {}
 
@@ -199,3 +201,47 @@ def test_slowdown_coefficients_move_from_their_priors_when_samples_show_slowdown
     moved = abs(fitted.a_S[0] - PRIOR_A) + abs(fitted.b_S[0] - PRIOR_B)
     assert moved > 0.05, (fitted.a_S[0], fitted.b_S[0])
     assert np.all(np.isfinite([fitted.a_S[0], fitted.b_S[0]]))
+
+
+class _CudaEventStandIn:
+    """``torch.cuda.Event(enable_timing=True)``: ``record()`` stamps the (fake) stream time,
+    ``elapsed_time(end)`` returns milliseconds, as torch's CUDA event does."""
+
+    clock = None
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = self.clock()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+def test_cuda_event_path_times_each_call_and_drops_a_call_never_waited(monkeypatch):
+    import torch
+
+    clock = Clock()
+    monkeypatch.setattr(_CudaEventStandIn, "clock", clock)
+    monkeypatch.setattr(torch.cuda, "Event", _CudaEventStandIn)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    prof = Profiler(clock=clock, use_cuda_events=True)
+    prof.start_iteration(timed=True)
+    h = prof.issue("g", FakeWork(clock, done_at=0.004), t_issue=prof.mark())
+    clock.t = 0.002
+    h.wait()  # the consumer's wait: the compute stream waits for the gather, done at 4 ms
+    clock.t = 0.010
+    h = prof.issue("g", FakeWork(clock, done_at=0.012), t_issue=prof.mark())
+    clock.t = 0.020
+    h.wait()
+    prof.finish_iteration()
+    # no Work duration here (gloo-like handle): T_comm falls back to the region, per call
+    assert prof.call_times["g"] == [pytest.approx((4000.0, math.nan, 4000.0), nan_ok=True),
+                                    pytest.approx((10000.0, math.nan, 10000.0), nan_ok=True)]
+    prof.start_iteration(timed=True)
+    prof.issue("g", FakeWork(clock, done_at=0.030), t_issue=prof.mark())  # its consumer never waits
+    clock.t = 0.040
+    prof.finish_iteration()
+    assert prof.call_times == {}  # no wait event: not timed call by call
