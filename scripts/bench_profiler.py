@@ -202,7 +202,7 @@ class Bench:
         timings = self.profiler.finish_iteration()
         if mode.startswith("profiled") or mode == "discover":
             sites = {r.site_id: {"group": r.group.name, "nbytes": r.nbytes, "calls_per_iter": r.calls} for r in self.registry.records.values()}
-            merged_sites, _, _ = consensus.merge_measurements(sites, timings, elapsed_s * 1e6)
+            merged_sites, _, _, _ = consensus.merge_measurements(sites, timings, elapsed_s * 1e6)
         end_s = time.perf_counter() - t0
         it_s = consensus.merge_measurements({}, {}, elapsed_s * 1e6)[2] / 1e6  # slowest rank
         if mode == "discover":

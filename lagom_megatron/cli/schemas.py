@@ -67,6 +67,16 @@ class SampleSchema(_Strict):
 
     _finite_times = field_validator("t_comm_us", "t_comp_us", "t_region_us")(_finite)
 
+    @field_validator("calls", mode="before")
+    @classmethod
+    def _call_shape(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            raise ValueError(f"must be a list of [t_comm_us, t_comp_us, t_region_us] (one per call); got {v!r}")
+        for k, c in enumerate(v):
+            if not isinstance(c, list) or len(c) != 3:
+                raise ValueError(f"calls[{k}] must be three times [t_comm_us, t_comp_us, t_region_us]; got {c!r}")
+        return v
+
     @field_validator("calls")
     @classmethod
     def _call_times(cls, v: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:

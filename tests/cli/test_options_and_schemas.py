@@ -68,7 +68,9 @@ def _bad_profile(tmp_path: Path, edit) -> str:
     (lambda d: d["samples"][0]["config"].update(n_channels=999), "n_channels"),
     (lambda d: d.update(backend="mpi"), "backend: Input should be 'nccl', 'gloo' or 'sim'; got 'mpi'"),
     (lambda d: d.update(surprise=1), "surprise: Extra inputs are not permitted"),
-    (lambda d: d["samples"][0].update(calls=[[1.0, 2.0]]), "samples.0.calls.0.2: Field required"),
+    (lambda d: d["samples"][0].update(calls=[[1.0, 2.0]]),
+     "samples.0.calls: calls[0] must be three times [t_comm_us, t_comp_us, t_region_us]; got [1.0, 2.0]"),
+    (lambda d: d["samples"][0].update(calls=5), "samples.0.calls: must be a list of [t_comm_us, t_comp_us, t_region_us]"),
     (lambda d: d["samples"][0].update(calls=[[1.0, -2.0, 3.0]]),
      "calls[0] must be three finite times >= 0 (t_comm_us, t_comp_us, t_region_us); got [1.0, -2.0, 3.0]"),
 ])
