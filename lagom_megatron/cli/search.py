@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from lagom_megatron.cli.options import readable_file, refuse_overwriting_an_input, writable_file
+from lagom_megatron.cli.options import readable_file, refuse_large_exhaustive, refuse_overwriting_an_input, writable_file
 from lagom_megatron.engine.search import METHODS
 
 
@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from lagom_megatron.engine.search import search
 
     profile, cluster, rules = check_inputs(args)
+    if args.method == "exhaustive":
+        refuse_large_exhaustive(profile.sites, rules.for_sites(profile.sites))
     model = fit_cost_model(profile, cluster)
     if args.verbose:
         print(model.fit_summary())

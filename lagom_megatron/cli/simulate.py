@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from lagom_megatron.cli.options import int_range, refuse_overwriting_an_input, writable_file
+from lagom_megatron.cli.options import int_range, refuse_large_exhaustive, refuse_overwriting_an_input, writable_file
 
 MAX_VERIFY_ITERS = 200
 """Upper bound of ``--verify-iters`` (timed iterations per arm; 1000 take about a minute)."""
@@ -47,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
     sim = SimulatedCluster(preset, args.cluster, seed=args.seed)
     verify_iters = args.verify_iters if args.verify_iters is not None else preset.lagom.lagom_verify_iters
     if args.method == "exhaustive":
-        _refuse_large_exhaustive(sim)
+        from lagom_megatron.nccl.rules import NcclRules
+
+        refuse_large_exhaustive(sim.sites, NcclRules(sim.cluster, backend="sim").for_sites(sim.sites))
     result = run_lifecycle(sim, method=args.method, verify_iters=verify_iters)
     tuner = result.tuner
     summary = tuner.summary()
@@ -88,26 +90,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"  result: {tuner.phase.value}: {tuner.reason}")
     print(f"  wall time {time.perf_counter() - t0:.1f} s")
     return 0
-
-
-def _refuse_large_exhaustive(sim) -> None:
-    """Refuses ``--method exhaustive`` before anything runs when the joint space is surely above
-    the searcher's limit: every site with a knob of two or more values doubles it at least.
-
-    Raises:
-        ValueError: names the number of such sites, the lower bound and the limit.
-    """
-    from lagom_megatron.engine.baselines import EXHAUSTIVE_LIMIT
-    from lagom_megatron.nccl.rules import NcclRules
-
-    rules = NcclRules(sim.cluster, backend="sim")
-    free = 0
-    for site in sim.sites:
-        doms = rules.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size)
-        free += any(len(v) > 1 for v in doms.values())
-    if 2 ** free > EXHAUSTIVE_LIMIT:
-        raise ValueError(f"--method exhaustive: {free} tunable sites need at least 2^{free} joint configurations, "
-                         f"above the limit of {EXHAUSTIVE_LIMIT:,}; use --method priority (or autoccl)")
 
 
 def _print_top_sites(plan, n: int) -> None:
