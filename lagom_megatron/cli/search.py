@@ -36,12 +36,12 @@ def check_inputs(args: argparse.Namespace):
         ValueError: ``-o`` naming the profile itself, an invalid profile or sample config, an unknown cluster, a cluster of another
             backend than the profile's, a mechanism the backend does not have.
     """
-    from lagom_megatron.cli.schemas import load_profile
+    from lagom_megatron.cli.inputs import read_profile
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.megatron.backends import rules_for
 
     refuse_overwriting_an_input(args.output, "-o", {"--profile": args.profile})
-    profile = load_profile(args.profile)
+    profile = read_profile(args.profile, "lagom search --profile")
     cluster = ClusterSpec.load(args.cluster or profile.cluster)
     want = "gloo" if profile.backend == "gloo" else "nccl"
     if (cluster.backend == "gloo") != (want == "gloo"):

@@ -121,3 +121,29 @@ def test_exhaustive_search_of_more_than_64_sites_with_shared_knobs_runs(tmp_path
     capsys.readouterr()
     prio = Plan.load(tmp_path / "prio.json")
     assert plan.stats["predicted_iteration_us"] <= prio.stats["predicted_iteration_us"] * (1 + 1e-9)
+
+
+def test_a_profile_given_as_a_plan_and_a_plan_given_as_a_profile_are_named_as_such(tmp_path, capsys):
+    prof = _profile(tmp_path)
+    plan = tmp_path / "plan.json"
+    assert main(["search", "--profile", str(prof), "-o", str(plan)]) == 0
+    capsys.readouterr()
+    for argv, command in [(["plan", "show", str(prof)], "lagom plan show"),
+                          (["plan", "diff", str(plan), str(prof)], "lagom plan diff"),
+                          (["plan", "export", str(prof), "--format", "env"], "lagom plan export")]:
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        assert captured.err.strip() == (f"lagom plan: error: {prof} looks like a profile (it has samples, no entries); "
+                                        f"{command} reads plans (a profile is searched with lagom search --profile)")
+        assert captured.out == ""
+    for argv, command in [(["search", "--profile", str(plan), "-o", str(tmp_path / "new.json")], "lagom search --profile"),
+                          (["plan", "validate", str(plan), "--profile", str(plan)], "lagom plan validate --profile")]:
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err.strip() == (
+            f"lagom {argv[0]}: error: {plan} looks like a plan (it has entries, no samples); {command} reads profiles "
+            "(a plan is read by lagom plan show | diff | validate | export)")
+    assert not (tmp_path / "new.json").exists()
+    # a file that is neither keeps the schema's own line
+    (tmp_path / "odd.json").write_text('{"entries": {}, "samples": []}')
+    assert main(["plan", "show", str(tmp_path / "odd.json")]) == 2
+    assert capsys.readouterr().err.strip() == f"lagom plan: error: {tmp_path / 'odd.json'}: schema_version: Field required"
