@@ -140,3 +140,13 @@ def test_simulate_fall_back_is_its_result_and_shows_no_gain(capsys):
         # no time after the fall-back line below the measured defaults
         after = out[out.index("after tuning"):]
         assert not [float(x) for x in re.findall(r"([\d.]+) ms", after.split("\n")[0])]
+
+
+def test_simulate_of_a_cpu_preset_lists_the_gpu_clusters(capsys):
+    from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
+
+    gpu = [c for c in available_clusters() if ClusterSpec.load(c).backend == "nccl"]
+    assert "h100-sxm-ib400" in gpu and "cpu-gloo" not in gpu
+    assert main(["simulate", "--preset", "cpu-tp2-dp2"]) == 2
+    assert _one_error(capsys) == ("lagom simulate: error: cluster 'cpu-gloo' is a gloo cluster; the simulator models "
+                                  f"GPU clusters (nccl): one of {gpu} or a GPU cluster YAML")
