@@ -93,13 +93,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_top_sites(plan, n: int) -> None:
-    """The ``n`` sites whose predicted region time drops most under the plan (model figures)."""
-    rows = sorted(plan.entries.items(), key=lambda kv: kv[1].predicted_t_region_us - kv[1].predicted_default_t_region_us)
-    rows = [(sid, e) for sid, e in rows if not e.config.is_default()][:n]
-    if not rows:
-        return
-    print(f"  largest predicted savings ({plan.method}; region time per iteration, model):")
-    for sid, e in rows:
+    """The ``n`` sites whose predicted region time drops most under the plan (model figures), and
+    how many sites the plan changes with no predicted saving (ties of channel count, say, or a
+    config shared with a site that gains)."""
+    changed = [(sid, e) for sid, e in plan.entries.items() if not e.config.is_default()]
+    saving = sorted(((sid, e) for sid, e in changed if e.predicted_t_region_us < e.predicted_default_t_region_us),
+                    key=lambda kv: kv[1].predicted_t_region_us - kv[1].predicted_default_t_region_us)
+    no_saving = len(changed) - len(saving)
+    if saving:
+        print(f"  largest predicted savings ({plan.method}; region time per iteration, model):")
+    for sid, e in saving[:n]:
         saved = e.predicted_default_t_region_us - e.predicted_t_region_us
         print(f"    {sid:40s} {str(e.config.to_dict()):58s} {e.predicted_default_t_region_us / 1e3:8.2f} -> "
               f"{e.predicted_t_region_us / 1e3:8.2f} ms ({saved / 1e3:+.2f})")
+    if no_saving:
+        print(f"  {no_saving} other site{'s' if no_saving != 1 else ''} changed with no predicted saving of "
+              f"{'their' if no_saving != 1 else 'its'} own (model)")
