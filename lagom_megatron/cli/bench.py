@@ -36,8 +36,7 @@ def search_main(argv: list[str] | None = None) -> int:
     instances), else 1; 2 for a bad option (a size or instance count below 1, a negative seed, a
     word where a number is due: one ``lagom bench search: error: ...`` line, nothing run).
 
-    Raises:
-        ValueError: an unknown cluster, or a gloo one.
+    An unknown, malformed or gloo ``--cluster`` is a bad option too (2, the same one line).
     """
     from lagom_megatron.cli.main import LagomParser  # one-line usage errors, as every lagom command
     from lagom_megatron.cli.options import int_range
@@ -53,9 +52,12 @@ def search_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", default="h100-sxm-ib400")
     try:
         args = parser.parse_args(argv)
+        try:
+            rules = NcclRules(ClusterSpec.load(args.cluster))
+        except (ValueError, FileNotFoundError) as exc:  # unknown, malformed, or a gloo cluster
+            parser.error(str(exc))
     except SystemExit as exc:  # --help (0), or a usage error already printed on one line (2)
         return exc.code if isinstance(exc.code, int) else 2
-    rules = NcclRules(ClusterSpec.load(args.cluster))
     print(f"search scaling on {args.cluster} (seed {args.seed})")
     print(f"{'sites':>7} {'method':>9} {'model evals':>12} {'evals/site':>10} {'wall s':>8} {'pred. speedup':>13}")
     rows = scaling_table(args.sizes, seed=args.seed, rules=rules)

@@ -122,3 +122,32 @@ def refuse_overwriting_an_input(output: str | None, output_flag: str, inputs: di
         if same:
             raise ValueError(f"{output_flag} {output} is the same file as {flag} {path}: one would replace "
                              "the other; give another file name")
+
+
+def refuse_large_exhaustive(sites, rules) -> None:
+    """Refuses ``--method exhaustive`` before anything is fitted or run when its joint space is
+    surely above the searcher's limit (``engine.baselines.EXHAUSTIVE_LIMIT``). A site with a knob
+    set per call (``rules.scope(knob) == "call"``) that has two or more values doubles the joint
+    space at least; knobs set per communicator or per process multiply it once per unit, not per
+    site, and are not counted (a lower bound, so nothing the searcher accepts is refused).
+    ``lagom simulate`` and ``lagom search`` share this check.
+
+    Args:
+        sites: the collective sites (``engine.profile.CollectiveSite``: ``op``, ``n_nodes``,
+            ``group_size``).
+        rules: the knob rules the search would use (``engine.knobs.KnobRules``).
+
+    Raises:
+        ValueError: names the number of such sites, the lower bound and the limit.
+    """
+    from lagom_megatron.engine.baselines import EXHAUSTIVE_LIMIT
+    from lagom_megatron.engine.problem import SEARCH_KNOBS
+
+    per_call = [k for k in SEARCH_KNOBS if rules.scope(k) == "call"]
+    free = 0
+    for site in sites:
+        doms = rules.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size)
+        free += any(len(doms[k]) > 1 for k in per_call)
+    if 2 ** free > EXHAUSTIVE_LIMIT:
+        raise ValueError(f"--method exhaustive: {free} tunable sites need at least 2^{free} joint configurations, "
+                         f"above the limit of {EXHAUSTIVE_LIMIT:,}; use --method priority (or autoccl)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from lagom_megatron.cli.options import readable_file, refuse_overwriting_an_input, writable_file
+from lagom_megatron.cli.options import readable_file, refuse_large_exhaustive, refuse_overwriting_an_input, writable_file
 from lagom_megatron.engine.search import METHODS
 
 
@@ -36,12 +36,12 @@ def check_inputs(args: argparse.Namespace):
         ValueError: ``-o`` naming the profile itself, an invalid profile or sample config, an unknown cluster, a cluster of another
             backend than the profile's, a mechanism the backend does not have.
     """
-    from lagom_megatron.cli.schemas import load_profile
+    from lagom_megatron.cli.inputs import read_profile
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.megatron.backends import rules_for
 
     refuse_overwriting_an_input(args.output, "-o", {"--profile": args.profile})
-    profile = load_profile(args.profile)
+    profile = read_profile(args.profile, "lagom search --profile")
     cluster = ClusterSpec.load(args.cluster or profile.cluster)
     want = "gloo" if profile.backend == "gloo" else "nccl"
     if (cluster.backend == "gloo") != (want == "gloo"):
@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from lagom_megatron.engine.search import search
 
     profile, cluster, rules = check_inputs(args)
+    if args.method == "exhaustive":
+        refuse_large_exhaustive(profile.sites, rules.for_sites(profile.sites))
     model = fit_cost_model(profile, cluster)
     if args.verbose:
         print(model.fit_summary())

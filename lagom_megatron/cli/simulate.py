@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from lagom_megatron.cli.options import int_range, refuse_overwriting_an_input, writable_file
+from lagom_megatron.cli.options import int_range, refuse_large_exhaustive, refuse_overwriting_an_input, writable_file
 
 MAX_VERIFY_ITERS = 200
 """Upper bound of ``--verify-iters`` (timed iterations per arm; 1000 take about a minute)."""
@@ -47,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
     sim = SimulatedCluster(preset, args.cluster, seed=args.seed)
     verify_iters = args.verify_iters if args.verify_iters is not None else preset.lagom.lagom_verify_iters
     if args.method == "exhaustive":
-        _refuse_large_exhaustive(sim)
+        from lagom_megatron.nccl.rules import NcclRules
+
+        refuse_large_exhaustive(sim.sites, NcclRules(sim.cluster, backend="sim").for_sites(sim.sites))
     result = run_lifecycle(sim, method=args.method, verify_iters=verify_iters)
     tuner = result.tuner
     summary = tuner.summary()
@@ -90,34 +92,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_large_exhaustive(sim) -> None:
-    """Refuses ``--method exhaustive`` before anything runs when the joint space is surely above
-    the searcher's limit: every site with a knob of two or more values doubles it at least.
-
-    Raises:
-        ValueError: names the number of such sites, the lower bound and the limit.
-    """
-    from lagom_megatron.engine.baselines import EXHAUSTIVE_LIMIT
-    from lagom_megatron.nccl.rules import NcclRules
-
-    rules = NcclRules(sim.cluster, backend="sim")
-    free = 0
-    for site in sim.sites:
-        doms = rules.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size)
-        free += any(len(v) > 1 for v in doms.values())
-    if 2 ** free > EXHAUSTIVE_LIMIT:
-        raise ValueError(f"--method exhaustive: {free} tunable sites need at least 2^{free} joint configurations, "
-                         f"above the limit of {EXHAUSTIVE_LIMIT:,}; use --method priority (or autoccl)")
-
-
 def _print_top_sites(plan, n: int) -> None:
-    """The ``n`` sites whose predicted region time drops most under the plan (model figures)."""
-    rows = sorted(plan.entries.items(), key=lambda kv: kv[1].predicted_t_region_us - kv[1].predicted_default_t_region_us)
-    rows = [(sid, e) for sid, e in rows if not e.config.is_default()][:n]
-    if not rows:
-        return
-    print(f"  largest predicted savings ({plan.method}; region time per iteration, model):")
-    for sid, e in rows:
+    """The ``n`` sites whose predicted region time drops most under the plan (model figures), and
+    how many sites the plan changes with no predicted saving (ties of channel count, say, or a
+    config shared with a site that gains)."""
+    changed = [(sid, e) for sid, e in plan.entries.items() if not e.config.is_default()]
+    saving = sorted(((sid, e) for sid, e in changed if e.predicted_t_region_us < e.predicted_default_t_region_us),
+                    key=lambda kv: kv[1].predicted_t_region_us - kv[1].predicted_default_t_region_us)
+    no_saving = len(changed) - len(saving)
+    if saving:
+        print(f"  largest predicted savings ({plan.method}; region time per iteration, model):")
+    for sid, e in saving[:n]:
         saved = e.predicted_default_t_region_us - e.predicted_t_region_us
         print(f"    {sid:40s} {str(e.config.to_dict()):58s} {e.predicted_default_t_region_us / 1e3:8.2f} -> "
               f"{e.predicted_t_region_us / 1e3:8.2f} ms ({saved / 1e3:+.2f})")
+    if no_saving:
+        print(f"  {no_saving} other site{'s' if no_saving != 1 else ''} changed with no predicted saving of "
+              f"{'their' if no_saving != 1 else 'its'} own (model)")

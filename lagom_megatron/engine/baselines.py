@@ -143,13 +143,13 @@ def exhaustive(problem: SearchProblem, *, limit: int = EXHAUSTIVE_LIMIT) -> Sear
             count.add(len(grid))
             tables.append(region)
             combos.append(grid)
-        acc = tables[0]
-        for t in tables[1:]:
-            acc = np.add.outer(acc, t).ravel()
-        k = int(np.argmin(acc))
-        if acc[k] < best_total:
-            best_total = float(acc[k])
-            picks = np.unravel_index(k, [len(t) for t in tables])
+        # Under one shared assignment each site's region time depends on its own config alone, so
+        # the joint optimum is each site's own optimum (no product of tables: a numpy array holds
+        # at most 64 dimensions, a profile often more sites).
+        picks = [int(np.argmin(t)) for t in tables]
+        total = float(sum(t[j] for t, j in zip(tables, picks)))
+        if total < best_total:
+            best_total = total
             best_state = st.copy()
             for i, (grid, j) in enumerate(zip(combos, picks)):
                 nc, lvl, nt, proto, alg = grid[j]

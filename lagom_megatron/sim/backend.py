@@ -53,7 +53,8 @@ class SimulatedCluster:
 
         spec = ClusterSpec.load(cluster or preset.cluster)
         if getattr(spec, "backend", "nccl") != "nccl":
-            raise ValueError(f"cluster {spec.name!r} is a {spec.backend} cluster; the simulator models GPU clusters (nccl)")
+            raise ValueError(f"cluster {spec.name!r} is a {spec.backend} cluster; the simulator models GPU clusters "
+                             f"(nccl): one of {gpu_clusters()} or a GPU cluster YAML")
         self.preset = preset
         self.cluster = spec
         self.gpu = Gpu.from_cluster(spec)
@@ -168,6 +169,21 @@ class LifecycleResult:
     @property
     def final_median_us(self) -> float:
         return statistics.median(self.final_us)
+
+
+def gpu_clusters() -> list[str]:
+    """Names of the NCCL (GPU) clusters under ``configs/clusters`` (``engine.cluster.available_clusters``
+    less the gloo ones): the clusters the simulator models. A file that does not load is left out."""
+    from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
+
+    names = []
+    for name in available_clusters():
+        try:
+            if ClusterSpec.load(name).backend == "nccl":
+                names.append(name)
+        except (ValueError, OSError):
+            continue
+    return names
 
 
 def algorithm_probes(rules: NcclRules) -> list[CommConfig]:

@@ -188,16 +188,36 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     tmp.replace(path)
 
 
-def _positive_int(name: str, lo: int):
+def _positive_int(lo: int):
+    """An argparse type for an integer >= ``lo``; argparse names the option in front of the
+    message (``argument --iters: 0 is not an integer >= 1``), as ``cli.options.int_range`` does."""
     def parse(text: str) -> int:
         try:
             v = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= {lo}; got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {lo}") from None
         if v < lo:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= {lo}; got {v}")
+            raise argparse.ArgumentTypeError(f"{v} is not an integer >= {lo}")
         return v
+    parse.__name__ = "integer"
     return parse
+
+
+def _microbatches(text: str) -> int | None:
+    """One ``--microbatches`` value: ``preset`` (None: the preset's own global batch) or an integer >= 1.
+
+    Raises:
+        ValueError: anything else (names the option, what is allowed and the value).
+    """
+    if text == "preset":
+        return None
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"--microbatches must be 'preset' or an integer >= 1; got {text!r}") from None
+    if v < 1:
+        raise ValueError(f"--microbatches must be 'preset' or an integer >= 1; got {v}")
+    return v
 
 
 def main(argv: list[str] | None = None, *, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
@@ -217,8 +237,8 @@ def main(argv: list[str] | None = None, *, parser_class: type[argparse.ArgumentP
     ap.add_argument("--presets", nargs="+", default=None, help="presets (default: the table's rows)")
     ap.add_argument("--clusters", nargs="+", default=None, help="clusters each preset runs on (default: the table's rows)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--iters", type=_positive_int("--iters", 1), default=5, help="simulated iterations per median")
-    ap.add_argument("--verify-iters", type=_positive_int("--verify-iters", 1), default=16,
+    ap.add_argument("--iters", type=_positive_int(1), default=5, help="simulated iterations per median")
+    ap.add_argument("--verify-iters", type=_positive_int(1), default=16,
                     help="lagom's verification iterations per arm")
     ap.add_argument("--microbatches", nargs="+", default=["2"],
                     help="micro-batches per DP rank: 'preset' (the preset's global batch) and/or integers >= 1")
@@ -227,13 +247,10 @@ def main(argv: list[str] | None = None, *, parser_class: type[argparse.ArgumentP
     rows = _rows(ap, args)
     accum = []
     for m in args.microbatches:
-        if m == "preset":
-            accum.append(None)
-            continue
         try:
-            accum.append(_positive_int("--microbatches", 1)(m))
-        except argparse.ArgumentTypeError as exc:
-            ap.error(f"{exc} (or 'preset')")
+            accum.append(_microbatches(m))
+        except ValueError as exc:
+            ap.error(str(exc))
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

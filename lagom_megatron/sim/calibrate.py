@@ -21,6 +21,7 @@ Each constant is the median of its rows (rows with ``share`` < 0.02 say nothing 
 from __future__ import annotations
 
 import csv
+import math
 import os
 import statistics
 from dataclasses import dataclass
@@ -54,11 +55,19 @@ class Fitted:
                 "sm_term_mae_pct": self.sm_term_mae_pct, "rows": dict(self.rows)}
 
 
+TEXT_COLUMNS = ("gpu", "kernel", "kind", "mode")
+"""The columns that hold names; every other column holds a finite number >= 0."""
+POSITIVE_COLUMNS = ("sms", "peak_hbm_gbs")
+"""Numeric columns that must be > 0 (the fit divides by them)."""
+
+
 def read_rows(path: "str | os.PathLike") -> list[dict[str, Any]]:
-    """The probe CSV's rows with numbers parsed.
+    """The probe CSV's rows with numbers parsed (``COLUMNS``; times in us, bytes, GB/s).
 
     Raises:
-        ValueError: a missing column (names it and the expected set), a bad number, or no rows.
+        ValueError: a missing column (names it and the expected set); a cell that is not a number,
+            or a negative, infinite or NaN one (``file:line``, the column and the value as written;
+            ``sms`` and ``peak_hbm_gbs`` must be > 0); or no rows.
         OSError: the file cannot be read.
     """
     with open(path, newline="") as f:
@@ -68,13 +77,24 @@ def read_rows(path: "str | os.PathLike") -> list[dict[str, Any]]:
             raise ValueError(f"{path}: missing column(s) {missing}; a probe CSV has {list(COLUMNS)}")
         out = []
         for n, row in enumerate(reader, start=2):
-            try:
-                out.append({k: (row[k] if k in ("gpu", "kernel", "kind", "mode") else float(row[k])) for k in COLUMNS})
-            except ValueError:
-                raise ValueError(f"{path}:{n}: a number is malformed: {row}") from None
+            out.append({k: row[k] if k in TEXT_COLUMNS else _number(row[k], f"{path}:{n}", k) for k in COLUMNS})
     if not out:
         raise ValueError(f"{path}: no rows")
     return out
+
+
+def _number(text: str | None, where: str, column: str) -> float:
+    """``text`` as a finite number >= 0 (> 0 for ``POSITIVE_COLUMNS``); ValueError names ``where``,
+    the column and the value as written."""
+    text = (text or "").strip()
+    allowed = "a finite number > 0" if column in POSITIVE_COLUMNS else "a finite number >= 0"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{where}: {column} must be {allowed}; got {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and column in POSITIVE_COLUMNS):
+        raise ValueError(f"{where}: {column} must be {allowed}; got {text}")
+    return value
 
 
 def fit(rows: list[dict[str, Any]]) -> Fitted:

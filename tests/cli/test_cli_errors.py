@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from lagom_megatron.cli.main import main
+from lagom_megatron.engine.cluster import available_clusters
 from lagom_megatron.engine.files import write_json_atomic, write_text_atomic
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan
@@ -142,6 +143,10 @@ def _plan_fields(plan):
     (["--sizes", "0"], "argument --sizes: 0 is not an integer >= 1"),
     (["--instances", "-3"], "argument --instances: -3 is not an integer >= 1"),
     (["--seed", "-1"], "argument --seed: -1 is not an integer >= 0"),
+    (["--cluster", "nope"], f"cluster 'nope' is neither a file nor one of {available_clusters()} "
+                            "(see lagom bench search --help)"),
+    (["--cluster", "cpu-gloo"], "cluster 'cpu-gloo' is a gloo cluster; NCCL rules need an NCCL cluster "
+                                "(see lagom bench search --help)"),
 ])
 def test_bench_search_bad_options_are_one_line_before_anything_runs(argv, expected, capsys):
     assert main(["bench", "search", *argv]) == 2
@@ -191,7 +196,12 @@ def test_a_malformed_cluster_yaml_is_one_error_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--presets", "cpu-tp2-dp2"], "preset 'cpu-tp2-dp2' on cluster 'cpu-gloo': the simulator models GPU clusters"),
-    (["--iters", "0"], "--iters must be an integer >= 1; got 0"),
+    (["--iters", "0"], "lagom bench simulated: error: argument --iters: 0 is not an integer >= 1 "
+                       "(see lagom bench simulated --help)"),
+    (["--verify-iters", "0"], "lagom bench simulated: error: argument --verify-iters: 0 is not an integer >= 1 "
+                              "(see lagom bench simulated --help)"),
+    (["--microbatches", "x"], "lagom bench simulated: error: --microbatches must be 'preset' or an integer >= 1; "
+                              "got 'x' (see lagom bench simulated --help)"),
 ])
 def test_bench_simulated_usage_errors_are_one_line(capsys, args, message):
     """`lagom bench simulated` refuses bad options the way every lagom command does: one

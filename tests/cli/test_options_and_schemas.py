@@ -142,3 +142,46 @@ def test_simulate_fall_back_is_its_result_and_shows_no_gain(capsys):
         # no time after the fall-back line below the measured defaults
         after = out[out.index("after tuning"):]
         assert not [float(x) for x in re.findall(r"([\d.]+) ms", after.split("\n")[0])]
+
+
+def test_simulate_of_a_cpu_preset_lists_the_gpu_clusters(capsys):
+    from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
+
+    gpu = [c for c in available_clusters() if ClusterSpec.load(c).backend == "nccl"]
+    assert "h100-sxm-ib400" in gpu and "cpu-gloo" not in gpu
+    assert main(["simulate", "--preset", "cpu-tp2-dp2"]) == 2
+    assert _one_error(capsys) == ("lagom simulate: error: cluster 'cpu-gloo' is a gloo cluster; the simulator models "
+                                  f"GPU clusters (nccl): one of {gpu} or a GPU cluster YAML")
+
+
+def test_simulate_lists_only_sites_with_a_predicted_saving(capsys):
+    from lagom_megatron.cli.simulate import _print_top_sites
+    from lagom_megatron.engine.knobs import CommConfig
+    from lagom_megatron.engine.plan import Plan, PlanEntry
+
+    def entry(config, default_us, planned_us):
+        return PlanEntry(config=config, predicted_t_comm_us=1.0, predicted_t_region_us=planned_us, group="dp",
+                         predicted_default_t_region_us=default_us)
+
+    plan = Plan(entries={"a": entry(CommConfig(n_channels=8), 12_000.0, 11_000.0),
+                         "worse": entry(CommConfig(n_channels=8), 12_360.0, 12_370.0),  # shares a's config
+                         "equal": entry(CommConfig(n_threads=512), 5_000.0, 5_000.0),
+                         "b": entry(CommConfig(n_channels=4), 9_000.0, 8_500.0),
+                         "default": entry(CommConfig(), 7_000.0, 7_000.0)})
+    _print_top_sites(plan, 10)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "  largest predicted savings (priority; region time per iteration, model):"
+    assert [line.split()[0] for line in lines[1:3]] == ["a", "b"]
+    assert lines[1].endswith("12.00 ->    11.00 ms (+1.00)") and lines[2].endswith("9.00 ->     8.50 ms (+0.50)")
+    assert lines[3:] == ["  2 other sites changed with no predicted saving of their own (model)"]
+    _print_top_sites(plan, 1)
+    assert len(capsys.readouterr().out.splitlines()) == 3  # heading, a, the count
+
+
+def test_simulate_show_lists_no_site_whose_time_grows(capsys):
+    # this preset's plan once listed '12.36 -> 12.37 ms (-0.00)' under "largest predicted savings"
+    assert main(["simulate", "--preset", "gpt3-175b-h100x512", "--show", "10"]) == 0
+    out = capsys.readouterr().out
+    listed = re.findall(r"([\d.]+) ->\s+([\d.]+) ms \(([+-][\d.]+)\)", out)
+    assert listed and all(float(saved) >= 0 and float(b) <= float(a) for a, b, saved in listed), listed
+    assert "(-0.00)" not in out

@@ -85,3 +85,65 @@ def test_diff_and_validate_show_a_missing_fingerprint_key(tmp_path, capsys):
     assert main(["plan", "validate", str(other_path), "--profile", str(prof)]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         "fingerprint mismatch: ddp_bucket_size: plan (missing), profile 40000000"]
+
+
+def _simulated_profile(tmp_path, capsys, preset: str, cluster: str):
+    path = tmp_path / f"{preset}.{cluster}.json"
+    assert main(["simulate", "--preset", preset, "--cluster", cluster, "--show", "0", "--profile-out", str(path)]) == 0
+    capsys.readouterr()
+    return path
+
+
+def test_search_refuses_an_exhaustive_search_of_per_call_knobs_as_simulate_does(tmp_path, capsys):
+    # NCCL 2.27 with the tuner plugin sets knobs per call: 64 of the 96 sites double the space each
+    prof = _simulated_profile(tmp_path, capsys, "llama3-8b-h100x8", "h100-sxm-ib400")
+    expected = ("--method exhaustive: 64 tunable sites need at least 2^64 joint configurations, above the limit "
+                "of 2,000,000; use --method priority (or autoccl)")
+    out = tmp_path / "plan.json"
+    assert main(["search", "--profile", str(prof), "-o", str(out), "--method", "exhaustive"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"lagom search: error: {expected}" and captured.out == ""
+    assert not out.exists()
+    assert main(["simulate", "--preset", "llama3-8b-h100x8", "--cluster", "h100-sxm-ib400", "--method", "exhaustive"]) == 2
+    assert capsys.readouterr().err.strip() == f"lagom simulate: error: {expected}"
+
+
+def test_exhaustive_search_of_more_than_64_sites_with_shared_knobs_runs(tmp_path, capsys):
+    # NCCL 2.21 (a100-ib100): knobs are set per communicator or process, 324 joint configurations
+    # over 96 sites; the searcher once built a 96-dimensional array numpy refuses (64 at most)
+    prof = _simulated_profile(tmp_path, capsys, "llama3-8b-h100x8", "a100-ib100")
+    out = tmp_path / "plan.json"
+    assert main(["search", "--profile", str(prof), "-o", str(out), "--method", "exhaustive"]) == 0
+    assert capsys.readouterr().out.startswith("exhaustive: 96 sites, 31,104 model evaluations")
+    plan = Plan.load(out)
+    assert plan.method == "exhaustive" and len(plan.entries) == 96 and plan.stats["joint_configs"] == 324
+    assert main(["search", "--profile", str(prof), "-o", str(tmp_path / "prio.json")]) == 0
+    capsys.readouterr()
+    prio = Plan.load(tmp_path / "prio.json")
+    assert plan.stats["predicted_iteration_us"] <= prio.stats["predicted_iteration_us"] * (1 + 1e-9)
+
+
+def test_a_profile_given_as_a_plan_and_a_plan_given_as_a_profile_are_named_as_such(tmp_path, capsys):
+    prof = _profile(tmp_path)
+    plan = tmp_path / "plan.json"
+    assert main(["search", "--profile", str(prof), "-o", str(plan)]) == 0
+    capsys.readouterr()
+    for argv, command in [(["plan", "show", str(prof)], "lagom plan show"),
+                          (["plan", "diff", str(plan), str(prof)], "lagom plan diff"),
+                          (["plan", "export", str(prof), "--format", "env"], "lagom plan export")]:
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        assert captured.err.strip() == (f"lagom plan: error: {prof} looks like a profile (it has samples, no entries); "
+                                        f"{command} reads plans (a profile is searched with lagom search --profile)")
+        assert captured.out == ""
+    for argv, command in [(["search", "--profile", str(plan), "-o", str(tmp_path / "new.json")], "lagom search --profile"),
+                          (["plan", "validate", str(plan), "--profile", str(plan)], "lagom plan validate --profile")]:
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err.strip() == (
+            f"lagom {argv[0]}: error: {plan} looks like a plan (it has entries, no samples); {command} reads profiles "
+            "(a plan is read by lagom plan show | diff | validate | export)")
+    assert not (tmp_path / "new.json").exists()
+    # a file that is neither keeps the schema's own line
+    (tmp_path / "odd.json").write_text('{"entries": {}, "samples": []}')
+    assert main(["plan", "show", str(tmp_path / "odd.json")]) == 2
+    assert capsys.readouterr().err.strip() == f"lagom plan: error: {tmp_path / 'odd.json'}: schema_version: Field required"

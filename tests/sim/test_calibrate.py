@@ -81,3 +81,53 @@ def test_probe_imports_without_cuda_and_exits_cleanly(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "no CUDA GPU" in r.stdout + r.stderr
     assert not (tmp_path / "p.csv").exists()
+
+
+def _edited(tmp_path: Path, edit) -> Path:
+    """A synthetic probe CSV with ``edit(rows)`` applied to its parsed rows (text cells)."""
+    src = tmp_path / "probe.csv"
+    _synthetic(src, kappa_mem=1.5, kappa_compute=0.9)
+    rows = list(csv.DictReader(src.open()))
+    rows = edit(rows) or rows
+    with src.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    return src
+
+
+@pytest.mark.parametrize("column, cell, shown", [
+    ("t_overlap_us", "-5", "must be a finite number >= 0; got -5"),
+    ("t_alone_us", "nan", "must be a finite number >= 0; got nan"),
+    ("kernel_hbm_bytes", "inf", "must be a finite number >= 0; got inf"),
+    ("t_alone_us", "12us", "must be a finite number >= 0; got '12us'"),
+    ("peak_hbm_gbs", "0", "must be a finite number > 0; got 0"),
+])
+def test_a_bad_cell_names_file_line_column_and_value_and_writes_nothing(tmp_path, capsys, column, cell, shown):
+    def edit(rows):
+        rows[2][column] = cell
+    src = _edited(tmp_path, edit)
+    assert lagom(["calibrate", "contention", str(src)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"lagom calibrate: error: {src}:4: {column} {shown}" and captured.out == ""
+    assert not (tmp_path / "probe.fit.yaml").exists()
+
+
+def test_a_csv_without_a_usable_row_is_refused_and_writes_nothing(tmp_path, capsys):
+    def edit(rows):
+        for r in rows:
+            r["t_overlap_us"] = "0"
+    src = _edited(tmp_path, edit)
+    assert lagom(["calibrate", "contention", str(src)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (f"lagom calibrate: error: {src}: no usable row: each has a zero time, or a "
+                                    "copy/reduce channel kernel whose HBM share is below 0.02; nothing written")
+    assert captured.out == "" and not (tmp_path / "probe.fit.yaml").exists()
+
+
+def test_a_constant_without_rows_is_reported_without_a_unit(tmp_path, capsys):
+    src = _edited(tmp_path, lambda rows: [r for r in rows if r["mode"] != "l2"])  # no SM-term rows; 1 CTA: share < 0.02
+    assert lagom(["calibrate", "contention", str(src)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == "H200: kappa_mem 1.500 (6 rows), kappa_compute 0.900 (6 rows), SM term error no usable rows (0 rows)"
+    assert yaml.safe_load((tmp_path / "probe.fit.yaml").read_text())["sm_term_mae_pct"] is None
