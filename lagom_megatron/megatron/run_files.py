@@ -161,16 +161,15 @@ class RunFiles:
         """
         from lagom_megatron.nccl.env_file import env_file_path
 
+        def named(folder: Path, pattern: str) -> list[Path]:
+            return sorted(p for p in folder.iterdir() if re.fullmatch(pattern, p.name)) if folder.is_dir() else []
+
         report = self.report_path
-        reused = re.compile(rf"{re.escape(report.stem)}\.reused-\d+{re.escape(report.suffix)}")
-        reports = [report, *sorted(p for p in report.parent.glob(f"{report.stem}.reused-*")
-                                   if reused.fullmatch(p.name))] if report.parent.is_dir() else [report]
+        reports = [report, *named(report.parent, rf"{re.escape(report.stem)}\.reused-\d+{re.escape(report.suffix)}")]
         paths = [self.plan_path, env_file_path(self.plan_path), self.profile_path]
         for r in reports:
             paths += [r, r.with_suffix(".png")]
-        if self.run_dir.is_dir():
-            paths += sorted(p for p in self.run_dir.glob("tuner_table.rank*.csv")
-                            if re.fullmatch(r"tuner_table\.rank\d+\.csv", p.name))
+        paths += named(self.run_dir, r"tuner_table\.rank\d+\.csv")
         out: list[Path] = []
         for p in paths:
             if p not in out and (not existing or os.path.lexists(p)):
