@@ -186,12 +186,20 @@ class LagomHooks:
             self.
 
         Raises:
-            SystemExit: ``lagom doctor`` found errors (printed on rank 0), with code 1.
+            SystemExit: ``lagom doctor`` found errors (printed on rank 0), with code 1; without
+                ``--lagom``, an option only ``--lagom`` reads was given a value other than its default
+                (``training.lagom_flags.lagom_flag_problems``), with code 2.
             RuntimeError: already started.
         """
         if self.active:
             raise RuntimeError("lagom hooks are already installed around train_step")
         if not getattr(args, "lagom", False):
+            from lagom_megatron.training.lagom_flags import lagom_flag_problems
+
+            problems = lagom_flag_problems(vars(args))  # e.g. --lagom-plan alone: refused, not ignored
+            if problems:
+                _rank0_print(f"lagom: error: {problems[0].what}")
+                raise SystemExit(2)
             return self
         from lagom_megatron.megatron.versions import UntestedVersionError, check_versions
 

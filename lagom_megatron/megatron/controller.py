@@ -347,6 +347,10 @@ class LagomController:
 
         summary = self.summary()
         path = report_path_for(self.files.report_path, summary["run_kind"])
+        if not (self.files.may_write(path) and self.files.may_write(path.with_suffix(".png"))):
+            say(f"lagom: WARNING: report not written: {path} belongs to plan {self.files.plan_path}, which could "
+                "not be reused nor moved aside")
+            return
         try:
             paths = write_report(path, self.report_rows(), summary)
         except OSError as exc:  # the report is not worth a training run

@@ -5,8 +5,9 @@ Megatron's log (milliseconds):
 
 * **Iteration level** (what the verdict is based on): the median iteration time under the
   defaults and under the plan over the verification iterations, each arm's spread (half its
-  range), the gain and the gain the verdict needed to keep the plan (``engine.verify.verdict``),
-  and the cost model's predicted iteration times.
+  range), the gain and the gain the verdict needed to keep the plan as ``engine.verify.verdict``
+  computed them, with the rule it applied in words (:func:`verdict_summary`), and the cost model's
+  predicted iteration times.
 * **Per site**: the region time of every collective site under the defaults and under the plan,
   measured over those same verification iterations (median per site) and predicted by the cost
   model. Two closing rows make each column add up to the iteration: ``rest of the iteration``
@@ -36,6 +37,7 @@ from typing import Any
 
 from lagom_megatron.engine.files import write_json_atomic, write_text_atomic
 from lagom_megatron.engine.knobs import GLOO_DEFAULT_THREADS
+from lagom_megatron.engine.verify import half_range, t_95, verdict
 
 COLUMNS = ("site_id", "op", "group", "bytes_per_call", "calls_per_iter", "default_config", "chosen_config",
            "tuned", "measured_default_ms", "measured_plan_ms", "predicted_default_ms", "predicted_plan_ms")
@@ -142,6 +144,59 @@ def column_totals(rows: list[SiteRow], summary: dict[str, Any]) -> dict[str, tup
     return out
 
 
+def verdict_rule_text(noise_rule: str, n_pairs: int, min_gain: float, default_us: float, spread_us: float) -> str:
+    """How ``engine.verify.verdict`` decided under ``noise_rule`` (the rule it applied, after its
+    fallback), in words and milliseconds, for the report's ``rule`` line.
+
+    Args:
+        noise_rule: ``paired``, ``half-range`` or ``none`` (``engine.verify.NOISE_RULES``).
+        n_pairs: pairs of default and plan iterations (the shorter arm's length).
+        min_gain: the smallest relative gain (fraction of the defaults' median).
+        default_us: the defaults' median, microseconds.
+        spread_us: half the wider arm's range (max - min), microseconds.
+    """
+    floor = f"the minimum gain ({min_gain:.1%} of the defaults' median: {_ms(min_gain * default_us)} ms)"
+    if noise_rule == "paired":
+        return (f"paired: the k-th default and the k-th plan iteration form a pair; the plan is kept when the mean "
+                f"of the {n_pairs} paired differences is more than the larger of its one-sided 95% Student-t bound "
+                f"(t(0.95, {n_pairs - 1}) x sd / sqrt({n_pairs}), t = {t_95(n_pairs - 1):.3f}) and {floor}")
+    if noise_rule == "half-range":
+        return (f"half-range: the plan is kept when the medians' difference is more than the larger of half the wider "
+                f"arm's range (max - min: {_ms(spread_us)} ms) and {floor}")
+    return f"{noise_rule}: the plan is kept when the medians' difference is more than {floor}"
+
+
+def verdict_summary(plan_us: list[float], default_us: list[float], *, min_gain: float, noise_rule: str) -> dict[str, Any]:
+    """The report's verdict fields, from ``engine.verify.verdict`` (the function and settings the
+    tuner's verdict used, so the report shows the threshold that was applied).
+
+    Args:
+        plan_us, default_us: the verification's iteration times, microseconds, in the order measured.
+        min_gain, noise_rule: the tuner's ``Tuner.Config.min_gain`` / ``noise_rule``.
+
+    Returns:
+        ``gain_us``, ``needed_us``, ``spread_plan_us``, ``spread_default_us`` (microseconds);
+        ``verdict`` (``plan kept: `` or ``defaults kept: `` and the verdict's line);
+        ``verdict_figures`` (the verdict line's own gain and threshold, e.g. ``3.2 ms (mean of 8
+        paired differences), needed > 15.9 ms (95% bound 15.9 ms)``); ``noise_rule`` (the rule
+        applied: ``paired`` falls back to ``half-range`` below two pairs, as ``verdict`` does);
+        ``verdict_rule`` (:func:`verdict_rule_text`).
+
+    Raises:
+        statistics.StatisticsError, ValueError: see ``engine.verify.verdict``.
+    """
+    v = verdict(plan_us, default_us, min_gain=min_gain, noise_rule=noise_rule)  # type: ignore[arg-type]
+    n = min(len(plan_us), len(default_us))
+    applied = "half-range" if noise_rule == "paired" and n < 2 else noise_rule
+    spread = max(half_range(plan_us), half_range(default_us))
+    at = v.text.find(", gain ")
+    figures = v.text[at + len(", gain "):] if at >= 0 else f"{_ms(v.gain_us)} ms, needed > {_ms(v.needed_us)} ms"
+    return dict(gain_us=v.gain_us, needed_us=v.needed_us, spread_plan_us=half_range(plan_us),
+                spread_default_us=half_range(default_us),
+                verdict=("plan kept: " if v.keep else "defaults kept: ") + v.text, verdict_figures=figures,
+                noise_rule=applied, verdict_rule=verdict_rule_text(applied, n, min_gain, v.default_us, spread))
+
+
 def _bytes_text(n: int) -> str:
     for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
@@ -188,13 +243,15 @@ def render_markdown(rows: list[SiteRow], summary: dict[str, Any]) -> str:
     n_d, n_p = len(s.get("verify_default_us") or []), len(s.get("verify_plan_us") or [])
     lines.append(f"| measured median ({n_d} / {n_p} iterations: the verification's, or a reused plan's 2nd-4th) | "
                  f"{_ms(s.get('measured_default_us'))} | {_ms(s.get('measured_plan_us'))} |")
-    lines.append(f"| measured spread (half of max - min) | {_ms(s.get('spread_default_us'))} | {_ms(s.get('spread_plan_us'))} |")
+    lines.append(f"| measured spread (half of max - min; the half-range rule's noise) | {_ms(s.get('spread_default_us'))} | {_ms(s.get('spread_plan_us'))} |")
     lines.append(f"| predicted by the cost model | {_ms(s.get('predicted_default_iteration_us'))} | "
                  f"{_ms(s.get('predicted_iteration_us'))} |")
     lines.append(f"| profiled default iteration (one iteration, profiler on) | {_ms(s.get('default_iteration_us'))} | |")
-    lines += ["", f"- gain (defaults - plan): {_ms(s.get('gain_us'))} ms; needed to keep the plan: more than "
-              f"{_ms(s.get('needed_us'))} ms (the larger of the spread and the minimum gain)",
-              f"- verdict: {s.get('verdict') or 'no verification in this run'}"]
+    if s.get("verdict_figures"):  # the verdict's own figures and the rule it applied (verdict_summary)
+        lines += ["", f"- gain (defaults - plan): {s['verdict_figures']}", f"- rule: {s.get('verdict_rule')}"]
+    else:
+        lines += ["", "- gain (defaults - plan): - (no verification in this run)"]
+    lines.append(f"- verdict: {s.get('verdict') or 'no verification in this run'}")
     lines += ["", "## Per site (region time per iteration, ms)", "",
               "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:

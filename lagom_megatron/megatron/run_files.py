@@ -7,17 +7,28 @@ beside it (the plan's process-scope knobs, which the launch scripts source on th
 ``--lagom-report``) and the report's PNG, and on NCCL with the tuner plugin one plan table per
 rank (``tuner_table.rank<r>.csv``). Rank 0 writes the shared files; every rank learns what rank 0
 read through ``consensus``, so all ranks take the same branch.
+
+A plan this run cannot reuse is moved aside together with every file of the run directory that this
+run would otherwise write over (:meth:`RunFiles.plan_files`): each gets the same tag before its
+suffix (``plan.json`` -> ``plan.<tag>.json``, ``profile.json`` -> ``profile.<tag>.json``,
+``report.md`` -> ``report.<tag>.md``, ...), no existing file is replaced (:func:`rename_no_replace`),
+and the log line names every file moved. When the plan cannot be moved, nothing is moved and this
+run writes none of those files (:meth:`RunFiles.may_write`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 DEFAULT_RUN_DIR = "lagom_out"
 """Parent of the run directory when ``--lagom-plan`` is not given."""
+STAYS = " (the other plan could not be moved aside: it stays, and this run saves no plan, profile or report over it)"
+"""End of the fingerprint warning when the other plan's files could not be moved (``keep_user_file``)."""
 
 
 def say(msg: str) -> None:
@@ -37,6 +48,45 @@ def _file_sha(path: Path) -> str:
         return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     except OSError:
         return "unreadable"
+
+
+def aside_name(path: Path, tag: str) -> Path:
+    """``<stem>.<tag><suffix>`` beside ``path``: ``runs/profile.json`` -> ``runs/profile.<tag>.json``."""
+    return path.with_name(f"{path.stem}.{tag}{path.suffix}")
+
+
+NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK, errno.EXDEV)
+"""``link(2)`` errors meaning the file system (or ``fs.protected_hardlinks``) gives no hard link here."""
+
+
+def rename_no_replace(src: Path, dst: Path) -> None:
+    """Renames ``src`` to ``dst`` and never replaces an existing ``dst``.
+
+    ``os.link`` (``link(2)`` fails with EEXIST when ``dst`` exists: atomic) then ``os.unlink(src)``;
+    where the file system gives no hard links (:data:`NO_HARD_LINKS`), ``os.rename`` after checking
+    that ``dst`` is free (only another writer of the same plan could race it, and the plan lock of
+    ``training.preflight_files`` keeps those out). A symlink is moved itself, not its target.
+
+    Raises:
+        FileExistsError: ``dst`` exists (nothing changed).
+        OSError: ``src`` could not be moved (nothing changed).
+    """
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in NO_HARD_LINKS:
+            raise
+        if os.path.lexists(dst):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst)) from None
+        os.rename(src, dst)
+        return
+    try:
+        os.unlink(src)
+    except OSError:
+        os.unlink(dst)  # both names held the file: drop the new one, the old stays as it was
+        raise
 
 
 def plan_problem(plan: Any, cluster: Any) -> str | None:
@@ -83,7 +133,7 @@ class RunFiles:
 
     Attributes:
         keep_user_file: set when a plan that could not be reused could not be moved aside either;
-            ``save_plan`` then writes nothing over it.
+            then none of :meth:`plan_files` is written (:meth:`may_write`).
     """
 
     def __init__(self, *, plan_path: str | None = None, report_path: str | None = None,
@@ -94,12 +144,50 @@ class RunFiles:
         self.report_path = Path(report_path) if report_path else self.run_dir / "report.md"
         self.rank = rank
         self.keep_user_file = False
+        self._held: set[Path] = set()
+        """Paths this run must not write (the unmovable plan's files, :meth:`may_write`)."""
+
+    def plan_files(self, *, existing: bool = True) -> list[Path]:
+        """The files that go with the plan at ``plan_path``, which this run would write over, plan first.
+
+        ``plan_path``; its env file (``nccl.env_file.env_file_path``: ``plan.env``); ``profile.json``;
+        the report (``report_path``) and its PNG, and the reports of runs that reused the plan
+        (``report.reused-<n>.md``, ``report.report_path_for``) with theirs; the tuner plugin's tables
+        (``tuner_table.rank<r>.csv``).
+
+        Args:
+            existing: only the files that exist (a dangling symlink counts); False: every fixed path
+                (the reused reports and tables only where they exist).
+        """
+        from lagom_megatron.nccl.env_file import env_file_path
+
+        def named(folder: Path, pattern: str) -> list[Path]:
+            return sorted(p for p in folder.iterdir() if re.fullmatch(pattern, p.name)) if folder.is_dir() else []
+
+        report = self.report_path
+        reports = [report, *named(report.parent, rf"{re.escape(report.stem)}\.reused-\d+{re.escape(report.suffix)}")]
+        paths = [self.plan_path, env_file_path(self.plan_path), self.profile_path]
+        for r in reports:
+            paths += [r, r.with_suffix(".png")]
+        paths += named(self.run_dir, r"tuner_table\.rank\d+\.csv")
+        out: list[Path] = []
+        for p in paths:
+            if p not in out and (not existing or os.path.lexists(p)):
+                out.append(p)
+        return out
+
+    def may_write(self, path: str | os.PathLike) -> bool:
+        """False for a file of a plan that could not be reused nor moved aside (``keep_user_file``):
+        the plan, its env file, ``profile.json`` and the report stay as they are, and are not mixed
+        with this run's files either."""
+        return Path(path) not in self._held
 
     def saved_plan(self, fingerprint: dict[str, Any], cluster: Any = None) -> Any:
         """The plan saved at ``plan_path`` if this run can reuse it, the same on every rank. Collective.
 
         Returns None, after one warning line, when there is no plan or it cannot be reused; then
-        rank 0 moves the file aside, never overwriting or deleting it, and the line names where:
+        rank 0 moves the file aside with its :meth:`plan_files`, under the same tag, never
+        overwriting or deleting any, and the line names every file moved; the plan's tag is:
 
         - it cannot be read, is not valid JSON or not a valid plan: ``plan.corrupt-<sha>.json``;
         - an entry or its env breaks the rules ``lagom plan validate`` applies (:func:`plan_problem`
@@ -125,7 +213,7 @@ class RunFiles:
                 if problem is not None:
                     error, kept = problem, self._move_aside("invalid-" + plan.digest()[:12])
                     plan = None
-        error, kept = consensus.broadcast_object((error, None if kept is None else str(kept)))
+        error, kept = consensus.broadcast_object((error, kept))
         if error is not None:
             say(f"lagom: WARNING: cannot reuse plan {self.plan_path}: {error}; "
                 f"{f'kept as {kept}' if kept else 'left in place'}; searching a new one")
@@ -137,20 +225,44 @@ class RunFiles:
             kept = self._move_aside(plan.digest()[:12]) if plan is not None else None
             say(f"lagom: WARNING: plan {self.plan_path} fingerprint differs in {', '.join(diff)}"
                 f"{' (' + detail + ')' if detail else ''}; re-searching and saving there"
-                f"{f' (the other plan is kept as {kept})' if kept is not None else ''}")
+                f"{f' (the other plan is kept as {kept})' if kept is not None else ''}"
+                f"{STAYS if self.keep_user_file else ''}")
             return None
         return consensus.agree_plan(plan if plan is not None else Plan(entries={}), from_dict=Plan.from_dict)
 
-    def _move_aside(self, tag: str) -> Path | None:
-        """Renames the plan to ``<stem>.<tag><suffix>`` beside it (rank 0); None when that fails
-        (the file then stays where it is, and the new plan is not saved over it: ``save_plan``)."""
-        kept = self.plan_path.with_name(f"{self.plan_path.stem}.{tag}{self.plan_path.suffix}")
-        try:
-            os.replace(self.plan_path, kept)
-        except OSError:
-            self.keep_user_file = True
-            return None
-        return kept
+    def _move_aside(self, tag: str) -> str | None:
+        """Moves the plan and its other :meth:`plan_files` to ``<stem>.<tag><suffix>`` (rank 0).
+
+        The tag gets ``-2``, ``-3``, ... when a file of that name exists already (a plan moved aside
+        earlier), so that nothing is replaced. All or nothing: when a file cannot be moved, those
+        already moved are moved back, ``keep_user_file`` is set and :meth:`may_write` refuses every
+        file of the plan.
+
+        Returns:
+            The files moved, for the log line (``<plan> with <file>, <file>``); None when they stay.
+        """
+        sources = self.plan_files()
+        base, n = tag, 1
+        while any(os.path.lexists(aside_name(p, tag)) for p in sources):
+            n += 1
+            tag = f"{base}-{n}"
+        moved: list[tuple[Path, Path]] = []
+        for src in sources:
+            dst = aside_name(src, tag)
+            try:
+                rename_no_replace(src, dst)
+            except OSError:
+                for done, back in reversed(moved):
+                    try:
+                        rename_no_replace(back, done)
+                    except OSError:
+                        pass  # its bytes are safe under the new name; the old one is held below
+                self.keep_user_file = True
+                self._held = set(self.plan_files(existing=False))
+                return None
+            moved.append((src, dst))
+        (_, plan), *rest = moved
+        return f"{plan}" + (f" with {', '.join(str(d) for _, d in rest)}" if rest else "")
 
     def save_plan(self, plan: Any) -> None:
         """Saves the plan and, beside it, the env file of its process-scope knobs (``plan.env``),
@@ -158,7 +270,7 @@ class RunFiles:
         A knob outside NCCL's domain is logged and left out of the env file; training goes on."""
         from lagom_megatron.nccl.env_file import write_plan_env_file
 
-        if getattr(self, "keep_user_file", False):  # a plan that could not be moved aside is never overwritten
+        if not self.may_write(self.plan_path):  # a plan that could not be moved aside is never overwritten
             say(f"lagom: WARNING: plan not saved: {self.plan_path} could not be reused nor moved aside")
             return
         plan.save(self.plan_path)
@@ -166,6 +278,15 @@ class RunFiles:
             write_plan_env_file(self.plan_path, plan.env)
         except ValueError as exc:
             say(f"lagom: WARNING: env file for {self.plan_path} not written: {exc}")
+
+    def save_profile(self, profile: Any) -> None:
+        """Saves the profile (``engine.profile.Profile``) at ``profile_path`` unless :meth:`may_write`
+        refuses it (then one warning line)."""
+        if not self.may_write(self.profile_path):
+            say(f"lagom: WARNING: profile not saved: {self.profile_path} belongs to plan {self.plan_path}, "
+                "which could not be reused nor moved aside")
+            return
+        profile.save(self.profile_path)
 
     def write_tuner_table(self, plan: Any, cluster: Any) -> Path:
         """Writes this rank's copy of the plan as the tuner plugin's table (extended CSV), atomically."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from lagom_megatron.megatron.report import SiteRow, site_rows
+from lagom_megatron.megatron.report import SiteRow, site_rows, verdict_summary
 
 
 def run_kind(ctl: Any) -> str:
@@ -31,12 +31,11 @@ def run_summary(ctl: Any) -> dict[str, Any]:
     """JSON-ready state of the run: the tuner's summary, the run kind, the verdict's figures and
     the paths of the plan and profile when they exist.
 
-    ``needed_us`` / ``gain_us`` / ``spread_*_us`` are recomputed from the verification's
-    iteration times by ``engine.verify.verdict``, the function the tuner's verdict used, with the
-    tuner's own settings, so the report shows the threshold the verdict applied.
+    ``needed_us`` / ``gain_us`` / ``spread_*_us`` / ``verdict_figures`` / ``verdict_rule`` are
+    recomputed from the verification's iteration times by ``engine.verify.verdict``, the function the
+    tuner's verdict used, with the tuner's own settings (``report.verdict_summary``), so the report
+    shows the threshold the verdict applied and how it was computed.
     """
-    from lagom_megatron.engine.verify import half_range, verdict
-
     tuner = ctl.tuner
     out: dict[str, Any] = tuner.summary() if tuner is not None else {"phase": ctl.mode, "method": ctl.method}
     kind = run_kind(ctl)
@@ -55,9 +54,7 @@ def run_summary(ctl: Any) -> dict[str, Any]:
                 out[key] = plan.stats[key]
     vp, vd = out.get("verify_plan_us") or [], out.get("verify_default_us") or []
     if vp and vd and tuner is not None:
-        v = verdict(vp, vd, min_gain=tuner.config.min_gain, noise_rule=tuner.config.noise_rule)
-        out.update(gain_us=v.gain_us, needed_us=v.needed_us, spread_plan_us=half_range(vp),
-                   spread_default_us=half_range(vd), verdict=("plan kept: " if v.keep else "defaults kept: ") + v.text)
+        out.update(verdict_summary(vp, vd, min_gain=tuner.config.min_gain, noise_rule=tuner.config.noise_rule))
     if kind == "reused" and plan is not None:
         kept_defaults = plan.rejected
         saved = plan.stats.get("verification_reason") or "no reason saved"

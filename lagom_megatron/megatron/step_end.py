@@ -64,7 +64,7 @@ def on_searched(ctl: Any, iteration: int, phase: Any, dt_ms: float) -> None:
 
     tuner = ctl.tuner
     if tuner.profile is not None and ctl.rank == 0:
-        tuner.profile.save(ctl.files.profile_path)
+        ctl.files.save_profile(tuner.profile)
     stats = tuner.search_stats
     n = len(tuner.profile.sites) if tuner.profile is not None else 0
     wall_ms = float(stats.get("wall_time_s", dt_ms / 1e3)) * 1e3

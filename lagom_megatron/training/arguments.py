@@ -5,7 +5,8 @@ of Megatron-LM, read for core_v0.16), so a Megatron-LM command line runs here un
 subset listed in :func:`add_megatron_args`. Three additions are ours: ``--preset NAME|PATH`` (a
 YAML file under ``configs/presets/`` whose values become the defaults, so explicit flags override
 them), the ``ByteLevel`` tokenizer type (no download needed), and the ``--lagom*`` flags, which
-:func:`add_lagom_args` defines in one place so that patches for a Megatron-LM checkout reuse it.
+``training.lagom_flags.add_lagom_args`` defines in one place (imported here too) so that patches for a
+Megatron-LM checkout reuse it.
 
 The checks of the parsed arguments (:func:`validate_args`, :func:`check_installed`) are in
 ``lagom_megatron.training.argument_checks``. This module imports neither torch nor Megatron, so
@@ -18,26 +19,8 @@ import argparse
 import os
 from typing import Sequence
 
-from lagom_megatron.engine.search import METHODS
+from lagom_megatron.training.lagom_flags import LAGOM_FLAGS, LAGOM_METHODS, add_lagom_args  # noqa: F401 (public here too)
 
-
-LAGOM_FLAGS: frozenset[str] = frozenset(
-    {
-        "--lagom",
-        "--lagom-warmup-iters",
-        "--lagom-verify-iters",
-        "--lagom-plan",
-        "--lagom-method",
-        "--lagom-report",
-        "--lagom-pool-budget-mib",
-        "--lagom-allow-untested-versions",
-    }
-)
-"""The public ``--lagom*`` surface; ``tests/training/test_args.py`` freezes it."""
-
-LAGOM_METHODS = tuple(m for m in METHODS if m != "exhaustive")
-"""Values of ``--lagom-method``: the searchers of ``lagom_megatron.engine.search`` except
-``exhaustive``, which is for small offline instances only."""
 
 TOKENIZER_TYPES = ("ByteLevel", "NullTokenizer")
 """Tokenizers that need no download: bytes 0-255 plus end-of-document, or Megatron's null
@@ -193,43 +176,6 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--vocab-size", type=int, default=None,
                    help="Tokenizer vocabulary before padding (NullTokenizer), or the padded size.")
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    return parser
-
-
-def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the ``--lagom*`` flags (the set :data:`LAGOM_FLAGS`).
-
-    This is the single definition used by ``scripts/pretrain_gpt.py`` and by the patches for
-    Megatron-LM checkouts (pass it as ``extra_args_provider``).
-
-    Args:
-        parser: the parser to extend.
-
-    Returns:
-        The same parser.
-    """
-    g = parser.add_argument_group("lagom")
-    g.add_argument("--lagom", action="store_true",
-                   help="Profile overlapped collectives during warm-up, search and apply per-collective configs.")
-    g.add_argument("--lagom-warmup-iters", type=int, default=4,
-                   help="Untimed iterations under defaults before profiling; profiling then takes one "
-                        "default, one serialized and one iteration per probe config.")
-    g.add_argument("--lagom-verify-iters", type=int, default=4,
-                   help="Measured iterations per arm (plan, defaults; alternating) before the plan is kept or dropped.")
-    g.add_argument("--lagom-plan", default=None,
-                   help="Plan file: reused when it exists and its fingerprint matches (applied if verified, "
-                        "verified first if never verified, skipped if rejected); written after the search otherwise.")
-    g.add_argument("--lagom-method", choices=LAGOM_METHODS, default="priority",
-                   help="Searcher: priority (Lagom), autoccl (each collective for its own speed), nccl-default.")
-    g.add_argument("--lagom-report", default=None,
-                   help="Per-site report (.md, .csv or .json, by suffix) and a PNG beside it; "
-                        "default report.md in the plan's folder.")
-    g.add_argument("--lagom-pool-budget-mib", type=float, default=512.0,
-                   help="Bound on the estimated GPU memory (MiB per rank) of lagom's extra communicators; "
-                        "sites whose communicators would pass it keep NCCL's defaults.")
-    g.add_argument("--lagom-allow-untested-versions", action="store_true",
-                   help="Run even when torch or megatron-core is outside the tested ranges "
-                        "(lagom_megatron.megatron.versions; also LAGOM_ALLOW_UNTESTED_VERSIONS=1).")
     return parser
 
 

@@ -135,6 +135,8 @@ CASES = [
     ("main-grads-bf16", dict(bf16=True, accumulate_allreduce_grads_in_fp32=True, main_grads_dtype="bf16"), None,
      H100, 16, "grad-reduce", "error"),
     ("pool-budget-inf", dict(lagom_pool_budget_mib=float("inf")), None, H100, 16, "pool-budget", "error"),
+    ("lagom-plan-without-lagom", dict(lagom=False, lagom_plan="runs/x/plan.json"), None, H100, 16, "lagom-flags",
+     "error"),
 ]
 
 
@@ -150,7 +152,7 @@ def test_rule_triggers(case):
 def test_every_rule_has_a_case():
     rule_ids = {c[5] for c in CASES}
     assert len(rule_ids) >= 14
-    assert len(RULES) == 22  # a new rule needs a case here or in tests/training/test_preflight_examples.py
+    assert len(RULES) == 23  # a new rule needs a case here or in tests/training/test_preflight_examples.py
 
 
 def test_query_groups_ignored_without_group_query_attention():

@@ -158,3 +158,13 @@ def test_gpu_megatron_lm_check_script_parses_and_refuses_bad_usage(tmp_path):
     assert 'timeout --kill-after=10 "$LIMIT_S"' in text  # the run is bounded
     proc = subprocess.run(["bash", str(script), str(tmp_path), str(tmp_path / "out")], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage:" in proc.stderr  # no pretrain_gpt.py there
+
+
+def test_a_lagom_option_without_lagom_stops_the_megatron_lm_run(capsys):
+    """Megatron-LM's line parsed with lagom's flags: --lagom-plan alone is refused, not ignored."""
+    with pytest.raises(SystemExit) as exc:
+        LagomHooks().start(argparse.Namespace(lagom=False, lagom_plan="runs/x/plan.json", lagom_method="priority"))
+    assert exc.value.code == 2
+    assert capsys.readouterr().out == "lagom: error: --lagom-plan needs --lagom (or drop --lagom-plan)\n"
+    hooks = LagomHooks().start(argparse.Namespace(lagom=False, lagom_plan=None, lagom_method="priority"))
+    assert not hooks.active  # defaults only: nothing to refuse, nothing installed

@@ -9,7 +9,8 @@ from lagom_megatron.engine.plan import PlanEntry
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.engine.verify import verdict
 from lagom_megatron.megatron.report import (
-    column_totals, default_config_text, is_tuned, report_path_for, site_rows, write_report,
+    column_totals, default_config_text, is_tuned, render_markdown, report_path_for, site_rows, verdict_summary,
+    write_report,
 )
 
 
@@ -29,9 +30,9 @@ def _fixture():
     v = verdict(vp, vd, min_gain=0.01, noise_rule="half-range")
     summary = dict(phase="fell_back", reason=v.text, run_kind="tuned", method="priority", backend="gloo",
                    cluster="cpu-gloo", verify_default_us=vd, verify_plan_us=vp, measured_default_us=v.default_us,
-                   measured_plan_us=v.plan_us, spread_default_us=10e3, spread_plan_us=7.5e3, gain_us=v.gain_us,
-                   needed_us=v.needed_us, predicted_iteration_us=299e3, predicted_default_iteration_us=300e3,
-                   default_iteration_us=350e3, verdict="defaults kept: " + v.text)
+                   measured_plan_us=v.plan_us, predicted_iteration_us=299e3, predicted_default_iteration_us=300e3,
+                   default_iteration_us=350e3, **verdict_summary(vp, vd, min_gain=0.01, noise_rule="half-range"))
+    assert (summary["spread_default_us"], summary["spread_plan_us"], summary["needed_us"]) == (10e3, 7.5e3, v.needed_us)
     return rows, summary
 
 
@@ -51,7 +52,10 @@ def test_markdown_columns_add_up_to_the_verdict_medians(tmp_path):
     text = path.read_text()
     # the verdict kept the defaults: nothing ran tuned; n_channels=2 on gloo is the default, not a change
     assert "- sites tuned: 0 of 2 (the defaults were kept: n_channels=2 (gloo worker threads), no split); the plan would change 1 (0 with a predicted gain)" in text
-    assert "needed to keep the plan: more than 10.0 ms" in text  # max(half range 10 ms, 1% of 310 ms)
+    # the half-range rule: max(half range 10 ms, 1% of 310 ms); the figures are the verdict line's own
+    assert "- gain (defaults - plan): 12.5 ms, needed > 10.0 ms\n" in text
+    assert "- rule: half-range: the plan is kept when the medians' difference is more than the larger of half the " \
+           "wider arm's range (max - min: 10.0 ms) and the minimum gain (1.0% of the defaults' median: 3.1 ms)\n" in text
     assert "| measured median (3 / 2 iterations" in text and "| 310.0 | 297.5 |" in text
     table = {}
     for line in text.splitlines():
@@ -94,3 +98,30 @@ def test_a_run_without_files_says_so(tmp_path):
     text = (tmp_path / "r.md").read_text()
     assert "- plan: none written by this run" in text and "- profile: none written by this run" in text
     assert "tuning needs 18 iterations" in text
+
+
+def test_the_report_explains_the_paired_verdict_it_shows():
+    """The verdict the tuner uses by default (paired differences, 95% bound): the report quotes its
+    figures and names its rule, not the half-range rule it replaced."""
+    vd = [300e3, 302e3, 299e3, 301e3, 300e3, 303e3, 298e3, 300e3]
+    vp = [297e3, 300e3, 299e3, 296e3, 297e3, 301e3, 294e3, 298e3]  # differences 3, 2, 0, 5, 3, 2, 4, 2 ms
+    v = verdict(vp, vd, min_gain=0.002, noise_rule="paired")
+    s = verdict_summary(vp, vd, min_gain=0.002, noise_rule="paired")
+    # mean 2.625 ms; sd 1.5059 ms; bound t(0.95, 7) x sd / sqrt(8) = 1.895 x 1.5059 / 2.828 = 1.009 ms > 0.2% of 300 ms
+    assert math.isclose(s["gain_us"], 2625.0) and math.isclose(s["needed_us"], 1008.956, rel_tol=1e-6)
+    assert (s["needed_us"], s["verdict"]) == (v.needed_us, "plan kept: " + v.text)
+    text = render_markdown([], dict(phase="applied", **s))
+    assert "- gain (defaults - plan): 2.6 ms (mean of 8 paired differences), needed > 1.0 ms (95% bound 1.0 ms)\n" in text
+    assert v.text.endswith("gain 2.6 ms (mean of 8 paired differences), needed > 1.0 ms (95% bound 1.0 ms)")
+    assert "- rule: paired: the k-th default and the k-th plan iteration form a pair; the plan is kept when the mean " \
+           "of the 8 paired differences is more than the larger of its one-sided 95% Student-t bound " \
+           "(t(0.95, 7) x sd / sqrt(8), t = 1.895) and the minimum gain (0.2% of the defaults' median: 0.6 ms)\n" in text
+    assert "the larger of the spread and the minimum gain" not in text
+
+
+def test_one_pair_falls_back_to_half_range_as_the_verdict_does():
+    s = verdict_summary([290e3], [300e3], min_gain=0.002, noise_rule="paired")
+    assert s["noise_rule"] == "half-range" and "95% bound" not in s["verdict"]
+    assert s["verdict_figures"] == "10.0 ms, needed > 0.6 ms"  # no range with one value: the minimum gain decides
+    assert s["verdict_rule"].startswith("half-range: the plan is kept when the medians' difference")
+    assert "no verification in this run" in render_markdown([], {"phase": "reused"})

@@ -355,10 +355,10 @@ def test_5_a_plan_that_cannot_be_moved_aside_is_never_overwritten(tmp_path, caps
     path = tmp_path / "plan.json"
     original = _plan_file(path, truncate=True)
 
-    def refuse(src, dst):
-        raise PermissionError(1, "Operation not permitted", str(src))
+    def refuse(src, dst, **kwargs):
+        raise PermissionError(13, "Permission denied", str(src))
 
-    monkeypatch.setattr(os, "replace", refuse)
+    monkeypatch.setattr(os, "link", refuse)  # run_files.rename_no_replace moves by link + unlink
     files = RunFiles(plan_path=str(path))
     assert files.saved_plan({"cluster": "cpu-gloo"}, ClusterSpec.load("cpu-gloo")) is None
     files.save_plan(Plan(entries={}, backend="gloo", mechanism="gloo"))

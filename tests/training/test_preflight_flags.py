@@ -86,6 +86,22 @@ FLAG_CASES = [
     ("fp16-with-fp32-reduce", ["--fp16", "--accumulate-allreduce-grads-in-fp32"], {}, None),
     ("no-gradient-accumulation-fusion", ["--no-gradient-accumulation-fusion"], {}, None),
     ("local-rank", ["--local-rank", "3"], {}, None),
+    # an option only --lagom reads, without --lagom: refused, unless it is given its default value
+    ("lagom-plan-without-lagom", ["--lagom-plan", "runs/demo/cpu-pp2-dp2/plan.json"], {},
+     "--lagom-plan needs --lagom (or drop --lagom-plan)"),
+    ("lagom-report-without-lagom", ["--lagom-report", "r.md"], {}, "--lagom-report needs --lagom (or drop --lagom-report)"),
+    ("lagom-method-without-lagom", ["--lagom-method", "autoccl"], {},
+     "--lagom-method needs --lagom (or drop --lagom-method)"),
+    ("lagom-warmup-without-lagom", ["--lagom-warmup-iters", "2"], {},
+     "--lagom-warmup-iters needs --lagom (or drop --lagom-warmup-iters)"),
+    ("lagom-verify-without-lagom", ["--lagom-verify-iters", "8"], {},
+     "--lagom-verify-iters needs --lagom (or drop --lagom-verify-iters)"),
+    ("lagom-budget-without-lagom", ["--lagom-pool-budget-mib", "256"], {},
+     "--lagom-pool-budget-mib needs --lagom (or drop --lagom-pool-budget-mib)"),
+    ("lagom-defaults-without-lagom", ["--lagom-method", "priority", "--lagom-warmup-iters", "4", "--lagom-verify-iters",
+                                      "4", "--lagom-pool-budget-mib", "512"], {}, None),
+    ("lagom-versions-without-lagom", ["--lagom-allow-untested-versions"], {}, None),  # read on every run
+    ("lagom-method-with-lagom", ["--lagom", "--lagom-method", "autoccl", "--lagom-warmup-iters", "2"], {}, None),
 ]
 
 
@@ -99,6 +115,19 @@ def test_flag_checked_once_before_any_rank(monkeypatch, capsys, name, extra, env
     assert (t.code, d.code, t.started) == (2, 1, False), (t, d)
     assert len(t.errors) == 1 and line in t.errors[0], t.errors
     assert any(line in e for e in d.errors), d.errors  # the same words from the doctor
+
+
+def test_every_lagom_only_flag_without_lagom_is_named():
+    """The doctor lists one finding per option (training prints the first and counts the rest)."""
+    from lagom_megatron.training.lagom_flags import LAGOM_ONLY_FLAGS, lagom_flag_problems
+
+    ns = parse_args([*CPU, "--lagom-plan", "p.json", "--lagom-report", "r.md", "--lagom-method", "autoccl",
+                     "--lagom-warmup-iters", "2", "--lagom-verify-iters", "2", "--lagom-pool-budget-mib", "64"])
+    found = lagom_flag_problems(vars(ns))
+    assert [f.what for f in found] == [f"{flag} needs --lagom (or drop {flag})" for flag in LAGOM_ONLY_FLAGS]
+    assert found[2].why == "without --lagom no hook is installed and --lagom-plan 'p.json' would be ignored"
+    assert lagom_flag_problems(dict(vars(ns), lagom=True)) == []
+    assert lagom_flag_problems({"lagom": False, "num_layers": 2}) == []  # a Megatron-LM line without lagom's flags
 
 
 def test_validate_args_refuses_with_the_pre_flight_words():

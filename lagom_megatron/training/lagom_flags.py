@@ -1,0 +1,105 @@
+"""lagom's command-line flags (``--lagom*``): their one definition, which ``scripts/pretrain_gpt.py`` and
+the patches for a Megatron-LM checkout share, and the pre-flight rule that refuses an option only
+``--lagom`` reads when ``--lagom`` is not given (it would be ignored silently otherwise).
+
+This module imports neither torch nor Megatron.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Mapping
+
+from lagom_megatron.engine.search import METHODS
+from lagom_megatron.training.preflight_types import Finding, RunShape
+
+LAGOM_FLAGS: frozenset[str] = frozenset(
+    {
+        "--lagom",
+        "--lagom-warmup-iters",
+        "--lagom-verify-iters",
+        "--lagom-plan",
+        "--lagom-method",
+        "--lagom-report",
+        "--lagom-pool-budget-mib",
+        "--lagom-allow-untested-versions",
+    }
+)
+"""The public ``--lagom*`` surface; ``tests/training/test_args.py`` freezes it."""
+
+LAGOM_METHODS = tuple(m for m in METHODS if m != "exhaustive")
+"""Values of ``--lagom-method``: the searchers of ``lagom_megatron.engine.search`` except
+``exhaustive``, which is for small offline instances only."""
+
+
+def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the ``--lagom*`` flags (the set :data:`LAGOM_FLAGS`).
+
+    This is the single definition used by ``scripts/pretrain_gpt.py`` and by the patches for
+    Megatron-LM checkouts (pass it as ``extra_args_provider``).
+
+    Args:
+        parser: the parser to extend.
+
+    Returns:
+        The same parser.
+    """
+    g = parser.add_argument_group("lagom")
+    g.add_argument("--lagom", action="store_true",
+                   help="Profile overlapped collectives during warm-up, search and apply per-collective configs.")
+    g.add_argument("--lagom-warmup-iters", type=int, default=4,
+                   help="Untimed iterations under defaults before profiling; profiling then takes one "
+                        "default, one serialized and one iteration per probe config.")
+    g.add_argument("--lagom-verify-iters", type=int, default=4,
+                   help="Measured iterations per arm (plan, defaults; alternating) before the plan is kept or dropped.")
+    g.add_argument("--lagom-plan", default=None,
+                   help="Plan file: reused when it exists and its fingerprint matches (applied if verified, "
+                        "verified first if never verified, skipped if rejected); written after the search otherwise.")
+    g.add_argument("--lagom-method", choices=LAGOM_METHODS, default="priority",
+                   help="Searcher: priority (Lagom), autoccl (each collective for its own speed), nccl-default.")
+    g.add_argument("--lagom-report", default=None,
+                   help="Per-site report (.md, .csv or .json, by suffix) and a PNG beside it; "
+                        "default report.md in the plan's folder.")
+    g.add_argument("--lagom-pool-budget-mib", type=float, default=512.0,
+                   help="Bound on the estimated GPU memory (MiB per rank) of lagom's extra communicators; "
+                        "sites whose communicators would pass it keep NCCL's defaults.")
+    g.add_argument("--lagom-allow-untested-versions", action="store_true",
+                   help="Run even when torch or megatron-core is outside the tested ranges "
+                        "(lagom_megatron.megatron.versions; also LAGOM_ALLOW_UNTESTED_VERSIONS=1).")
+    return parser
+
+
+LAGOM_ONLY_FLAGS = ("--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-plan", "--lagom-method", "--lagom-report",
+                    "--lagom-pool-budget-mib")
+"""The ``--lagom-*`` options that only the ``--lagom`` controller reads (``megatron.controller.LagomController
+.from_args``). ``--lagom-allow-untested-versions`` is not one: ``pretrain_gpt.py`` checks the versions on
+every run."""
+
+
+def lagom_flag_problems(args: Mapping[str, Any]) -> list[Finding]:
+    """Each of :data:`LAGOM_ONLY_FLAGS` given a value other than its default without ``--lagom``: the run
+    would install no hooks and ignore it silently (the value would only show in the training log's
+    ``lagom=False ... lagom_plan=...`` line). The defaults are :func:`add_lagom_args`'s, so a flag
+    given its default value, or absent (a Megatron-LM line without lagom's flags), passes.
+
+    Returns:
+        One ``Finding`` of level error, rule id ``lagom-flags``, per such flag, in flag order.
+    """
+    if args.get("lagom"):
+        return []
+    defaults = add_lagom_args(argparse.ArgumentParser(add_help=False))
+    out = []
+    for flag in LAGOM_ONLY_FLAGS:
+        dest = flag[2:].replace("-", "_")
+        default = defaults.get_default(dest)
+        value = args.get(dest, default)
+        if value is not None and value != default:
+            out.append(Finding("error", "lagom-flags", f"{flag} needs --lagom (or drop {flag})",
+                               f"without --lagom no hook is installed and {flag} {value!r} would be ignored",
+                               f"add --lagom, or drop {flag}"))
+    return out
+
+
+def rule_lagom_flags(s: RunShape) -> list[Finding]:
+    """:func:`lagom_flag_problems` on the run's arguments."""
+    return lagom_flag_problems(s.args)
