@@ -2,8 +2,9 @@
 
 Top panel: one horizontal bar per arm of the verification (defaults, plan) at its median
 iteration time, a whisker over each arm's measured min-max range, and a shaded band from
-``defaults - needed`` to the defaults' median: the plan's median had to fall left of that band
-(below the threshold) to be kept. The predicted iteration times are drawn as hollow markers.
+``defaults - needed`` to the defaults' median: the gain the verdict needed (under the paired
+rule, the mean of the paired differences had to exceed ``needed``), drawn from the defaults'
+median; a plan whose gain falls inside the band was not kept. The predicted iteration times are drawn as hollow markers.
 The title is the verdict line. Bottom panel: per-site region times (measured defaults, measured
 plan, predicted defaults, predicted plan), at most ``MAX_SITES`` sites, those whose measured or
 predicted time changed most; milliseconds throughout.
@@ -57,7 +58,7 @@ def plot_report(path: Path, rows: list, summary: dict[str, Any]) -> None:
     needed = _ms(s.get("needed_us"))
     if math.isfinite(base) and math.isfinite(needed):
         ax_it.axvspan(base - needed, base, color="0.85", zorder=0,
-                      label=f"not enough gain: plan had to be below {base - needed:.1f} ms")
+                      label=f"not enough gain: the verdict needed more than {needed:.1f} ms")
         ax_it.axvline(base - needed, color="0.4", ls="--", lw=1)
     for y, (label, xs, med, pred, color) in enumerate(arms):
         med = _ms(med)
