@@ -26,13 +26,8 @@ def read_plan(path: str, command: str):
     """
     from lagom_megatron.cli.schemas import load_plan
 
-    try:
-        return load_plan(path)
-    except ValueError:
-        if _kind(path) == "profile":
-            raise ValueError(f"{path} looks like a profile (it has samples, no entries); {command} reads plans "
-                             "(a profile is searched with lagom search --profile)") from None
-        raise
+    return _load(load_plan, path, "profile", f"{path} looks like a profile (it has samples, no entries); {command} reads "
+                 "plans (a profile is searched with lagom search --profile)")
 
 
 def read_profile(path: str, command: str):
@@ -49,12 +44,17 @@ def read_profile(path: str, command: str):
     """
     from lagom_megatron.cli.schemas import load_profile
 
+    return _load(load_profile, path, "plan", f"{path} looks like a plan (it has entries, no samples); {command} reads "
+                 "profiles (a plan is read by lagom plan show | diff | validate | export)")
+
+
+def _load(loader, path: str, other: str, message: str):
+    """``loader(path)``; its ValueError becomes ``message`` when the file is plainly ``other``."""
     try:
-        return load_profile(path)
+        return loader(path)
     except ValueError:
-        if _kind(path) == "plan":
-            raise ValueError(f"{path} looks like a plan (it has entries, no samples); {command} reads profiles "
-                             "(a plan is read by lagom plan show | diff | validate | export)") from None
+        if _kind(path) == other:
+            raise ValueError(message) from None
         raise
 
 
