@@ -20,14 +20,15 @@ Usage: python nccl_check.py OUT_DIR. Writes OUT_DIR/nccl.json.
 from __future__ import annotations
 
 import glob
-import inspect
-import json
 import os
 import sys
 import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from single_rank import finish, init_single_rank, world_all_reduce_ok  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,20 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         result["nccl_runtime"] = ".".join(map(str, runtime_nccl_version() or ()))
         fields = sorted(nccl_config_fields())
         result["nccl_config_fields"] = fields
-        torch.cuda.set_device(0)
-        dev = torch.device("cuda", 0)
-
-        store = dist.FileStore(str(out / "filestore"), 1)
-        init_kwargs = {"backend": "nccl", "store": store, "rank": 0, "world_size": 1}
-        if "device_id" in inspect.signature(dist.init_process_group).parameters:
-            init_kwargs["device_id"] = dev
         os.environ["LAGOM_TUNER_COMM_TAG"] = "world"
-        dist.init_process_group(**init_kwargs)
-        t = torch.ones(1 << 18, device=dev)
-        dist.all_reduce(t)
-        torch.cuda.synchronize()
+        dev = init_single_rank(out, "filestore")
+        checks["world_all_reduce"] = world_all_reduce_ok(dev, 1 << 18)
         os.environ.pop("LAGOM_TUNER_COMM_TAG", None)
-        checks["world_all_reduce"] = bool(torch.all(t == 1).item())
 
         plugin_cfg = {"n_channels": 4, "cga_cluster_size": 2}
         if "cta_policy" in fields:
@@ -109,9 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _finish(out: Path, result: dict, code: int) -> int:
-    (out / "nccl.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: v for k, v in result.items() if k != "traceback"}, indent=2))
-    return code
+    return finish(out / "nccl.json", result, code)
 
 
 if __name__ == "__main__":

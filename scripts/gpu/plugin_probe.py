@@ -22,14 +22,15 @@ passed (or the machine has no GPU: status "skipped"), 1 otherwise.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import json
 import os
 import sys
 import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from single_rank import finish, init_single_rank, world_all_reduce_ok  # noqa: E402
 
 
 def status_checks(status) -> dict[str, bool]:
@@ -87,17 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         result["nccl_runtime"] = ".".join(map(str, torch.cuda.nccl.version()))
         result["env"] = {k: os.environ.get(k) for k in ("NCCL_TUNER_PLUGIN", "LAGOM_TUNER_CONFIG",
                                                         "TORCH_NCCL_ENABLE_TIMING")}
-        torch.cuda.set_device(0)
-        dev = torch.device("cuda", 0)
-        store = dist.FileStore(str(out / "probe_filestore"), 1)
-        kwargs = {"backend": "nccl", "store": store, "rank": 0, "world_size": 1}
-        if "device_id" in inspect.signature(dist.init_process_group).parameters:
-            kwargs["device_id"] = dev
-        dist.init_process_group(**kwargs)
-        t = torch.ones(1 << 20, device=dev)
-        dist.all_reduce(t)
-        torch.cuda.synchronize()
-        checks["world_all_reduce"] = bool(torch.all(t == 1).item())
+        dev = init_single_rank(out, "probe_filestore")
+        checks["world_all_reduce"] = world_all_reduce_ok(dev, 1 << 20)
 
         status = read_plugin_status()
         result["plugin_status"] = dataclasses.asdict(status) if status is not None else None
@@ -143,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _finish(out: Path, result: dict, code: int) -> int:
-    (out / "plugin_probe.json").write_text(json.dumps(result, indent=2, default=str))
-    print(json.dumps({k: v for k, v in result.items() if k != "traceback"}, indent=2, default=str))
-    return code
+    return finish(out / "plugin_probe.json", result, code)
 
 
 if __name__ == "__main__":
