@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from single_rank import finish, init_single_rank, world_all_reduce_ok  # noqa: E402
+from single_rank import finish, init_single_rank, no_gpu, world_all_reduce_ok  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,9 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         from lagom_megatron.nccl.options import nccl_config_fields, runtime_nccl_version
         from lagom_megatron.nccl.pool import create_nccl_pool_entry
 
-        result["torch"] = torch.__version__
-        if not torch.cuda.is_available() or not dist.is_nccl_available():
-            result.update(status="skipped", reason="no CUDA device or torch without NCCL")
+        if no_gpu(result):
             return _finish(out, result, 0)
         result["nccl_runtime"] = ".".join(map(str, runtime_nccl_version() or ()))
         fields = sorted(nccl_config_fields())

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from single_rank import finish, init_single_rank, world_all_reduce_ok  # noqa: E402
+from single_rank import finish, init_single_rank, no_gpu, world_all_reduce_ok  # noqa: E402
 
 
 def status_checks(status) -> dict[str, bool]:
@@ -81,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from lagom_megatron.nccl.plugin_status import read_plugin_status, summarize_hits
 
-        result["torch"] = torch.__version__
-        if not torch.cuda.is_available() or not dist.is_nccl_available():
-            result.update(status="skipped", reason="no CUDA device or torch without NCCL")
+        if no_gpu(result):
             return _finish(out, result, 0)
         result["nccl_runtime"] = ".".join(map(str, torch.cuda.nccl.version()))
         result["env"] = {k: os.environ.get(k) for k in ("NCCL_TUNER_PLUGIN", "LAGOM_TUNER_CONFIG",

@@ -15,6 +15,19 @@ from pathlib import Path
 from typing import Any
 
 
+def no_gpu(result: dict) -> bool:
+    """Records torch's version in ``result``; True, with ``result`` marked skipped (and why), where
+    this machine has no CUDA device or this torch has no NCCL."""
+    import torch
+    import torch.distributed as dist
+
+    result["torch"] = torch.__version__
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return False
+    result.update(status="skipped", reason="no CUDA device or torch without NCCL")
+    return True
+
+
 def init_single_rank(out: Path, store_name: str) -> Any:
     """Sets GPU 0 and creates the 1-rank NCCL default group (store file ``out/store_name``).
 
