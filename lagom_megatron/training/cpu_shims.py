@@ -62,9 +62,12 @@ class _CpuTorch(types.ModuleType):
         return getattr(torch, name)
 
 
-def _make_cpu_torch() -> _CpuTorch:
+def make_cpu_torch() -> _CpuTorch:
+    """A stand-in for ``torch`` inside one module: its tensor factories (``zeros``, ``empty``, ``ones``,
+    ``tensor``, ``full``, ``arange``, ``rand``, ``randn``, ``randint``) put a ``"cuda"`` / ``cuda:N``
+    device on the CPU; every other attribute is torch's own."""
     proxy = _CpuTorch("lagom_cpu_torch")
-    for name in ("zeros", "empty", "ones", "tensor", "full", "arange"):
+    for name in ("zeros", "empty", "ones", "tensor", "full", "arange", "rand", "randn", "randint"):
         factory = getattr(torch, name)
 
         def cpu_factory(*args, _factory=factory, **kwargs):
@@ -201,7 +204,7 @@ def apply(force: bool = False) -> bool:
     _set(p2p_communication, "_p2p_ops", _tagged_p2p_ops(as_dict=True))
 
     # device="cuda" literals in the modules listed in _DEVICE_LITERAL_MODULES.
-    proxy = _make_cpu_torch()
+    proxy = make_cpu_torch()
     for module_name in _DEVICE_LITERAL_MODULES:
         _set(importlib.import_module(module_name), "torch", proxy)
     return True
