@@ -24,7 +24,9 @@ read from their sources), and names the release and the line:
   ``megatron/core/transformer/moe/paged_stash.py:8`` (core_v0.18.x)).
 
 APEX and packages are looked up in this Python: errors when the run starts here (``local``),
-warnings for another cluster's machines.
+warnings for another cluster's machines. Packages are checked only where the checkout itself is
+importable (``megatron.training`` on the path, as every rank has it): a login node that only plans
+the job says nothing of the nodes' Python.
 """
 
 from __future__ import annotations
@@ -132,8 +134,9 @@ def megatron_lm_traps(args: Mapping[str, Any], release: str, *, local: bool,
             "error", "megatron-lm", f"--use-megatron-fsdp with --ckpt-format {get('ckpt_format', 'torch_dist')}",
             f"Megatron-LM {release} asserts ckpt_format == 'fsdp_dtensor' ({FSDP_CKPT_LINE[key]})",
             "add --ckpt-format fsdp_dtensor"))
+    checkout_here = installed("megatron.training")
     missing = [(p, site) for p, site in PACKAGES[key].items()
-               if not installed(p) and (on_gpu or p != "triton")]
+               if checkout_here and not installed(p) and (on_gpu or p != "triton")]
     for package, site in missing:
         out.append(Finding(
             level, "megatron-lm", f"Python package {package} is missing in {where}",
