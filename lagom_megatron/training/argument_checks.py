@@ -56,6 +56,7 @@ def check_installed(args: argparse.Namespace, *, on_gpu: bool = False) -> None:
 
     Raises:
         ValueError: one line naming the flag, its value and what to install or pass instead:
+            ``--use-megatron-fsdp`` / ``--use-torch-fsdp2`` without CUDA, or Megatron-FSDP without einops;
             ``--context-parallel-size`` above 1 without Transformer Engine (megatron-core's
             context-parallel attention is ``TEDotProductAttention``; without it every rank dies on an
             assertion while the model is built); ``--attention-backend flash`` or ``--use-flash-attn``
@@ -80,6 +81,14 @@ def check_installed(args: argparse.Namespace, *, on_gpu: bool = False) -> None:
         raise ValueError(f"{flash[0]} needs FlashAttention (the flash-attn package: module flash_attn or "
                          "flash_attn_3), which is not installed; install flash-attn, or use --attention-backend "
                          "auto (Transformer Engine picks an installed kernel) without --use-flash-attn")
+    fsdp = [f for f, on in (("--use-megatron-fsdp", getattr(args, "use_megatron_fsdp", False)),
+                            ("--use-torch-fsdp2", getattr(args, "use_torch_fsdp2", False))) if on]
+    if fsdp and not on_gpu:  # Megatron-FSDP builds its buffers on f"cuda:{current_device()}" (megatron-core 0.16.1)
+        raise ValueError(f"{fsdp[0]} needs CUDA GPUs (megatron-core's FSDP wrappers allocate on the CUDA device); "
+                         "on CPU use --use-distributed-optimizer for sharded optimizer state")
+    if fsdp == ["--use-megatron-fsdp"] and not installed("einops"):
+        raise ValueError("--use-megatron-fsdp needs einops (megatron-core's distributed/fsdp/mcore_fsdp_adapter.py "
+                         "asserts it): pip install einops")
     impl = getattr(args, "transformer_impl", None)
     local_layers = impl == "local" or (impl is None and not installed("transformer_engine"))
     if on_gpu and getattr(args, "gradient_accumulation_fusion", False) and local_layers \
