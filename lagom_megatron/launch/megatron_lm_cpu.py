@@ -72,15 +72,13 @@ GPU_ARCH_VERSION = 9
 """What ``get_device_arch_version`` answers on CPU: 9 (Hopper; 10 would be Blackwell)."""
 
 _ORIGINALS: list[tuple[Any, str, Any]] = []
-_MISSING = object()
 _DEVICE_LITERAL_MODULES = ("megatron.training.initialize", "megatron.training.training",
                            "megatron.core.rerun_state_machine")
 """Megatron-LM modules that allocate on ``"cuda"`` (table above); each gets a torch proxy."""
 
 
 def _set(owner: Any, name: str, value: Any) -> None:
-    _ORIGINALS.append((owner, name, vars(owner).get(name, _MISSING)))
-    setattr(owner, name, value)
+    cpu_shims.set_recorded(_ORIGINALS, owner, name, value)
 
 
 class _NoStream:
@@ -204,12 +202,7 @@ def apply(force: bool = False) -> bool:
 
 def remove() -> None:
     """Restores every original of :func:`apply`, then megatron-core's shims (no-op when not applied)."""
-    while _ORIGINALS:
-        owner, name, value = _ORIGINALS.pop()
-        if value is _MISSING:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, value)
+    cpu_shims.restore(_ORIGINALS)
     cpu_shims.remove()
 
 
