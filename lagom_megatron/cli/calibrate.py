@@ -104,7 +104,7 @@ def _bandwidth(args: argparse.Namespace) -> int:
         try:
             runs.append(read_perf_run(path))
         except PerfFormatError as exc:
-            problems += str(exc).split("; ")
+            problems += exc.problems
     if problems:
         more = f"; and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
         raise ValueError(f"{len(problems)} problem(s) in the nccl-tests output, nothing written: "

@@ -52,10 +52,10 @@ collectives; send/recv and all-to-all are point-to-point, whatever NCCL_ALGO say
 PROTOCOL_NAMES = ("LL", "LL128", "Simple")
 MAX_CHANNELS = 64
 """MAXCHANNELS (NCCL v2.30.7 src/include/device.h:91): NCCL caps NCCL_MIN/MAX_NCHANNELS there
-(src/graph/connect.cc:334-345)."""
+(src/graph/connect.cc:334-358)."""
 WARP_SIZE = 32
 """NCCL_NTHREADS must be a multiple of it, 64 (2 warps) to 512 for Simple and LL
-(tuning.cc:17-29, 246-254; device.h:90-97); LL128 and point-to-point kernels ignore it and run
+(tuning.cc:17-33, 244-256; device.h:90-97); LL128 and point-to-point kernels ignore it and run
 640 (NCCL_LL128_NTHREADS' default, tuning.cc:255-256; NCCL_MAX_NTHREADS, src/enqueue.cc:1135)."""
 FIXED_THREADS = 640
 ROW_COLUMNS = ("size", "count", "type", "redop", "root")
@@ -120,7 +120,12 @@ class PerfRun:
 
 
 class PerfFormatError(ValueError):
-    """The file is not readable as nccl-tests output; the message lists ``file:line: problem``."""
+    """The file is not readable as nccl-tests output; ``problems`` lists each ``file:line: problem``
+    (the message joins them)."""
+
+    def __init__(self, problems: "list[str] | str") -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
 
 
 def read_perf_run(path: "str | Path") -> PerfRun:
@@ -147,10 +152,8 @@ def read_perf_run(path: "str | Path") -> PerfRun:
 
 class _Parser:
     def __init__(self, path: str, lines: list[str]) -> None:
-        self.path, self.lines, self.problems = path, lines, []
-        self.settings: dict[str, str] | None = None
-        self.settings_line = 0
-        self.timestamp = False
+        self.path, self.lines, self.problems, self.timestamp = path, lines, [], False
+        self.settings, self.settings_line = None, 0
 
     def bad(self, n: int, message: str) -> None:
         self.problems.append(f"{self.path}:{n}: {message}")
@@ -283,7 +286,7 @@ class _Parser:
         elif avg is None:
             self.bad(last, "the table has no '# Avg bus bandwidth' footer: the run stopped before its last size")
         if self.problems:
-            raise PerfFormatError("; ".join(self.problems))
+            raise PerfFormatError(self.problems)
         s = self.settings
         self._check_nccl_lines(s, env, starting)
         avg_value = _float(avg[1])
@@ -308,9 +311,9 @@ class _Parser:
             self.bad(min(channels[kind].values()), f"ranks report different {kind} channel counts: {where}; "
                                                    "the channel variables did not reach every rank")
         if self.problems:
-            raise PerfFormatError("; ".join(self.problems))
+            raise PerfFormatError(self.problems)
         asked = int(s["channels"])
-        ran = next(iter(channels[kind]), None) or (_pow2_up(asked) if kind == "p2p" else asked)
+        ran = next(iter(channels[kind]), None) or (1 << (asked - 1).bit_length() if kind == "p2p" else asked)
         return PerfRun(path=self.path, op=s["op"], algorithm=s["algorithm"], protocol=s["protocol"], channels=ran,
                        asked_channels=asked, threads=int(s["threads"]), nodes=nodes, ranks=ranks,
                        bus_factor=factor or 0.0, rows=tuple(rows), gpu=", ".join(sorted({d[3] for d in group})) or None,
@@ -394,7 +397,3 @@ def _threads_ok(text: str, protocol: str, algorithm: str) -> bool:
     if protocol == "LL128" or algorithm == "P2P":
         return int(text) == FIXED_THREADS
     return int(text) % WARP_SIZE == 0 and 64 <= int(text) <= 512
-
-
-def _pow2_up(n: int) -> int:
-    return 1 << (n - 1).bit_length()

@@ -63,10 +63,12 @@ class RunBandwidth:
 
     @property
     def kind(self) -> str:
+        """The curve it belongs to: its protocol (Ring) or ``P2P``."""
         return "P2P" if self.run.algorithm == "P2P" else self.run.protocol
 
     @property
     def scope(self) -> str:
+        """``intra`` (one node) or ``inter`` (several)."""
         return "intra" if self.run.nodes == 1 else "inter"
 
 
@@ -127,14 +129,19 @@ def _softmin(x, y, p):
     return (x ** -p + y ** -p) ** (-1.0 / p)
 
 
+def _jacobian(resid, x, r):
+    """Forward-difference Jacobian of ``resid`` at ``x`` (``r = resid(x)``): points x parameters."""
+    h = 1e-6 * np.maximum(1.0, np.abs(x))
+    return np.stack([(resid(x + h[j] * np.eye(len(x))[j]) - r) / h[j] for j in range(len(x))], axis=1)
+
+
 def _lm(resid, x0, lo, hi, iters: int = 300):
     """Levenberg-Marquardt with a forward-difference Jacobian; steps clipped to [lo, hi]."""
     x = np.clip(np.asarray(x0, dtype=float), lo, hi)
     r = resid(x)
     cost, lam = float(r @ r), 1e-3
     for _ in range(iters):
-        h = 1e-6 * np.maximum(1.0, np.abs(x))
-        jac = np.stack([(resid(x + h[j] * np.eye(len(x))[j]) - r) / h[j] for j in range(len(x))], axis=1)
+        jac = _jacobian(resid, x, r)
         a, g = jac.T @ jac, jac.T @ r
         while lam < 1e12:
             step = np.linalg.solve(a + lam * (np.diag(np.diag(a)) + 1e-12 * np.eye(len(x))), -g)
@@ -240,9 +247,7 @@ def _std_errors(resid, x) -> np.ndarray:
     """Standard error of each parameter at ``x`` if every run scattered by ``NOISE_LOG``:
     ``sqrt(diag((J^T J + eps I)^-1)) x NOISE_LOG``; a direction the runs do not constrain gets
     ``NOISE_LOG / sqrt(eps)``, far above any ``MAX_STD``."""
-    r = resid(x)
-    h = 1e-6 * np.maximum(1.0, np.abs(x))
-    jac = np.stack([(resid(x + h[j] * np.eye(len(x))[j]) - r) / h[j] for j in range(len(x))], axis=1)
+    jac = _jacobian(resid, x, resid(x))
     cov = np.linalg.inv(jac.T @ jac + 1e-10 * np.eye(len(x)))
     return NOISE_LOG * np.sqrt(np.maximum(np.diag(cov), 0.0))
 

@@ -6,7 +6,7 @@ lines NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV prints.
     perf_standin.py --as all_gather_perf -b 1M -e 512M -f 2 -g 8 -n 20 -w 5 -c 1
 
 What NCCL would run: channels NCCL_MIN_NCHANNELS..NCCL_MAX_NCHANNELS (both set: that count, at
-most 64; NCCL v2.30.7 src/graph/connect.cc:334-356, 497-505), P2P channels that count rounded up
+most 64; NCCL v2.30.7 src/graph/connect.cc:334-358, 497-505), P2P channels that count rounded up
 to a power of two (src/graph/paths.cc:984-990); bandwidth from ``perf_text.Truth`` (its values can
 be overridden through ``STANDIN_TRUTH``, a JSON object of Truth's fields).
 """
