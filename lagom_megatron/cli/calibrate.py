@@ -97,7 +97,7 @@ def _bandwidth(args: argparse.Namespace) -> int:
     inputs = {"--cluster": args.cluster if Path(args.cluster).is_file() else None}
     inputs.update({f"input {p}": str(p) for p in files})
     refuse_overwriting_an_input(str(out), "--out", inputs)
-    if out.exists() and not out.is_file() or out.is_file() and not _readable(out):
+    if out.is_file() and not _readable(out):
         raise ValueError(f"--out {out}: exists and cannot be read; not overwriting it")
     runs, problems = [], []
     for path in files:

@@ -167,6 +167,11 @@ def fit_bandwidth(runs: Sequence[PerfRun], cluster: ClusterSpec) -> BandwidthFit
     """
     notes = [f"{r.path}: asked {r.asked_channels} channels, NCCL ran {r.channels}" for r in runs
              if r.channels != r.asked_channels and r.algorithm != "P2P"]
+    seen = sorted({f"{r.gpu or 'GPU not named'} x {r.ranks or '?'} ranks on {r.nodes} node(s)" for r in runs})
+    notes.append(f"runs measured on {'; '.join(seen)}; the cluster file says {cluster.gpus_per_node} x {cluster.gpu}")
+    versions = sorted({r.nccl_version for r in runs if r.nccl_version})
+    if versions and versions != [cluster.nccl_version]:
+        notes.append(f"runs used NCCL {', '.join(versions)}; the cluster file says {cluster.nccl_version}")
     fitted = []
     for run in runs:
         rb = run_bandwidth(run)

@@ -124,3 +124,16 @@ def test_an_out_it_cannot_read_is_not_replaced(tmp_path, capsys):
     finally:
         out.chmod(0o600)
     assert out.read_text() == "secret\n"
+
+
+def test_an_out_that_fails_to_open_is_not_replaced(tmp_path, capsys, monkeypatch):
+    """The same refusal where permissions cannot show it (root reads any file): opening fails."""
+    import lagom_megatron.cli.calibrate as calibrate
+
+    sweep = _sweep(tmp_path / "sweep", ops=("all_gather",))
+    out = tmp_path / "locked.yaml"
+    out.write_text("secret\n")
+    monkeypatch.setattr(calibrate, "_readable", lambda path: path != out)
+    assert main(["calibrate", "bandwidth", str(sweep), "--cluster", "a40-pcie-ib100", "--out", str(out)]) == 2
+    assert f"--out {out}: exists and cannot be read; not overwriting it" in _error_line(capsys)
+    assert out.read_text() == "secret\n"
