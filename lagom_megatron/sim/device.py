@@ -136,7 +136,9 @@ class Gpu:
     net_eff: Mapping[str, float] = field(default_factory=dict)
     """Measured share of the network by protocol (``ClusterSpec.net_eff``); else ``NET_EFF``."""
     sat_p: float = SAT_P
+    """Saturation sharpness (``ClusterSpec.bw_saturation_p``); else ``SAT_P``."""
     thread_exponent: float = THREAD_EXPONENT
+    """Per-channel thread scaling (``ClusterSpec.channel_thread_exponent``); else ``THREAD_EXPONENT``."""
 
     @classmethod
     def from_cluster(cls, spec: Any) -> "Gpu":
