@@ -237,8 +237,9 @@ def test_plain_torchrun_on_a_gpu_enables_the_tuner_plugin_before_the_first_commu
     first NCCL communicator, which is when NCCL loads a tuner) runs, as scripts/pretrain_gpt.py does."""
     import torch
 
-    for name in ("NCCL_TUNER_PLUGIN", "LAGOM_TUNER_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
+    for name in ("NCCL_TUNER_PLUGIN", "LAGOM_TUNER_CONFIG"):  # absent, and absent again after the test
+        monkeypatch.setenv(name, "")                            # (start() writes os.environ itself)
+        monkeypatch.delenv(name)
     for name, value in TORCHRUN_ENV.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("LAGOM_TUNER_DIR", str(tmp_path / "plugin"))
