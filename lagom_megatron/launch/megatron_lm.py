@@ -312,7 +312,7 @@ def enable_tuner_plugin(args: Any, environ: Any = None) -> str | None:
     NCCL reads ``NCCL_TUNER_PLUGIN`` once per process, when the first communicator is created
     (``nccl/plugin_launch.py``); ``start`` runs before ``pretrain`` calls ``initialize_megatron`` ->
     ``torch.distributed.init_process_group`` (Megatron-LM core_v0.16.1 ``training.py:768``,
-    ``initialize.py:353``), so every rank sets it in time. Without it NCCL loads no tuner and lagom
+    ``initialize.py:355``), so every rank sets it in time. Without it NCCL loads no tuner and lagom
     falls back to communicator mode (no chunk size, no LL128, one communicator per configuration).
 
     Args:

@@ -36,15 +36,17 @@ device literals         ``initialize.py:475-512`` (``_warmup_jit_function``, ``t
                         ``current_device()`` sites: start-time all-reduce, loss and
                         evaluation reductions)
 no CUDA streams         ``training.py:1325-1344`` / ``:1481-1499`` / ``:1795-1817`` / main
-                        ``:2523-2543``: ``get_model`` builds DDP inside ``torch.cuda.stream(...)``
+                        ``:2523-2543`` and main ``training/models/dist_utils.py:346``: ``get_model``
+                        builds DDP inside ``torch.cuda.stream(...)``
 dataset helper build    ``core/datasets/utils.py:26`` runs ``make`` in ``megatron/core/datasets``, whose
                         Makefile asks the ``python3`` / ``python3-config`` on ``PATH`` for pybind11's
                         includes and the extension suffix (another interpreter's suffix makes
                         ``datasets/helpers.py:8`` fail to import the result); the same ``make`` is run
                         with this interpreter's values
-``triton`` (``main``)   ``batch_invariant_kernels.py:15`` (core_v0.16.1, imported by
-                        ``initialize.py:25``) and ``moe/paged_stash.py:8`` (core_v0.18.2; main
-                        ``moe/ops/paged_stash.py:4``, imported by ``training.py:162``) import it
+``triton`` (``-m``)     ``batch_invariant_kernels.py:15`` (core_v0.16.1, imported by
+                        ``initialize.py:25``) and ``moe/paged_stash.py:8`` (core_v0.18.2, imported by
+                        ``training.py:162``; main ``moe/ops/paged_stash.py:4``, through
+                        ``moe/paged_stash.py:12`` from ``training.py:126``) import it
                         unconditionally and decorate kernels with ``@triton.jit`` at import time;
                         core_v0.17.1 falls back to a ``MagicMock`` itself. The stand-in is a module
                         whose every attribute is a ``MagicMock`` and whose ``jit`` / ``autotune`` /
@@ -75,6 +77,8 @@ _ORIGINALS: list[tuple[Any, str, Any]] = []
 _DEVICE_LITERAL_MODULES = ("megatron.training.initialize", "megatron.training.training",
                            "megatron.core.rerun_state_machine")
 """Megatron-LM modules that allocate on ``"cuda"`` (table above); each gets a torch proxy."""
+_LATER_MODULES = ("megatron.training.models.dist_utils",)
+"""The same, in releases that have them (main: ``_ddp_wrap`` builds DDP in a CUDA stream, ``dist_utils.py:346``)."""
 
 
 def _set(owner: Any, name: str, value: Any) -> None:
@@ -197,6 +201,9 @@ def apply(force: bool = False) -> bool:
     proxy = _megatron_lm_torch()
     for name in _DEVICE_LITERAL_MODULES:
         _set(importlib.import_module(name), "torch", proxy)
+    for name in _LATER_MODULES:
+        if importlib.util.find_spec(name.rpartition(".")[0]) is not None and importlib.util.find_spec(name) is not None:
+            _set(importlib.import_module(name), "torch", proxy)
     return True
 
 
