@@ -46,8 +46,15 @@ from typing import Any, Iterable
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.megatron.groups import STAGE_LOCAL_GROUPS, GroupInfo, GroupNames
 
-__all__ = ["GroupInfo", "GroupNames", "NamedSite", "SiteRecord", "SiteRegistry", "Stream", "STAGE_LOCAL_GROUPS",
+__all__ = ["ONE_RANK", "GroupInfo", "GroupNames", "NamedSite", "SiteRecord", "SiteRegistry", "Stream", "STAGE_LOCAL_GROUPS",
            "dtype_name", "tensor_nbytes"]
+
+ONE_RANK: Any = ()
+"""What the router keeps for calls on a group of one rank (data, tensor, pipeline, expert or
+context parallel 1, an FSDP group of one): never a site, since the collective moves no data, so
+such calls pass straight through, unrecorded, unrouted and untimed, and no pool entry is made
+for them."""
+
 
 @dataclass(kw_only=True, slots=True)
 class SiteRecord:
@@ -90,8 +97,11 @@ class Stream:
         if self.period:
             n %= self.period
         ids = self.ids
-        if n < len(ids):
-            return ids[n]
+        return ids[n] if n < len(ids) else self.id_at(n)
+
+    def id_at(self, n: int) -> str:
+        """Site id of call position ``n`` (formatted once, with every position before it)."""
+        ids = self.ids
         ids.extend(f"{self.prefix}{i}]" for i in range(len(ids), n + 1))
         return ids[n]
 
