@@ -38,7 +38,9 @@ Patched names, each where it is looked up (megatron-core 0.16.x; the names exist
   ``scopes.module_forward``), ``forward`` / ``backward`` of their autograd functions and of the
   context-parallel ones (the backward runs in its forward's scope, ``scopes.carry_*``),
   ``DotProductAttention.forward`` (routes ``cp_group``) and ``flash_attn_p2p_communicate`` (ring
-  steps timed as overlapped), both in ``router_p2p``.
+  steps timed as overlapped), both in ``router_p2p``; ``distributed._all_gather_mxfp8`` /
+  ``_all_gather_nvfp4`` / ``_start_all_gather_fp8_blockwise``, the coalesced gathers of a
+  quantized input (``router_coalesced``).
 * torch FSDP2's ``FSDPParamGroup.unshard`` / ``post_backward``: one site per FSDP unit and op,
   ``<group>.fsdp_all_gather[<module fqn>]`` (``scopes.named_method``).
 * megatron-core's ``_AllToAll.forward`` / ``backward`` (``tensor_parallel.mappings``): the MoE
@@ -133,13 +135,25 @@ def _collective_wrapper(router: Any, op: str, orig: Callable[..., Any]) -> Calla
     return wrapper
 
 
+def _quantized_gather_wrapper(router: Any, orig: Callable[..., Any]) -> Callable[..., Any]:
+    gather = router.quantized_gather
+
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return gather(orig, args, kwargs)
+
+    wrapper.__lagom_original__ = orig  # type: ignore[attr-defined]
+    return wrapper
+
+
 def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te: TeTargets | None | str = "auto",
             fsdp2: type | None | str = "auto") -> PatchHandle:
     """Installs every hook (module docstring) calling ``router``; returns the handle.
 
     Args:
         router: a ``SiteRouter`` (``bucket_sync``, ``collective``, ``p2p``, ``p2p_ops``, ``scope``,
-            ``named``, ``module``, ``attention``, ``ring_exchange``, ``current_scope``, ``reenter``).
+            ``named``, ``module``, ``attention``, ``ring_exchange``, ``quantized_gather``,
+            ``current_scope``, ``reenter``).
         model_configs: Megatron ``TransformerConfig``s whose ``finalize_model_grads_func`` to tag.
         te: the Transformer Engine names to hook; ``"auto"``: ``find_te_targets()`` (None when TE
             is not installed); None: none.
@@ -256,6 +270,8 @@ def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, f
 
             functools.update_wrapper(attention, orig_attn)
             handle._set(te.attention, "forward", attention)
+        for name in te.quantized_gathers:
+            handle._set(te.distributed, name, _quantized_gather_wrapper(router, getattr(te.distributed, name)))
         if te.context_parallel is not None:
             orig_ring = te.context_parallel.flash_attn_p2p_communicate
 

@@ -18,6 +18,10 @@ Transformer Engine (``transformer_engine.pytorch``):
   ``torch.distributed.all_gather_into_tensor`` / ``reduce_scatter_tensor`` through the
   ``torch.distributed`` module (``distributed.py:1784-1789,948-950``), and the dgrad all-reduce
   without sequence parallelism through ``torch.distributed.all_reduce`` (``distributed.py:2025``);
+* ``distributed._all_gather_mxfp8`` / ``_all_gather_nvfp4`` / ``_start_all_gather_fp8_blockwise``
+  (``distributed.py:1509,1324,1076``): the gather of a quantized input, several synchronous
+  ``all_gather_into_tensor`` calls in one ``_coalescing_manager`` (``router_coalesced``), which
+  ``gather_along_first_dim`` looks up as module globals (``distributed.py:1700-1745``);
 * ``DotProductAttention`` (``attention/dot_product_attention/dot_product_attention.py``): reads
   ``self.cp_group`` at forward;
 * the context-parallel module ``attention/dot_product_attention/context_parallel.py``:
@@ -62,6 +66,15 @@ class TeTargets:
     functions: list[type] = field(default_factory=list)
     attention: type | None = None
     context_parallel: ModuleType | None = None
+    distributed: ModuleType | None = None
+    """``transformer_engine.pytorch.distributed``, holding ``quantized_gathers``."""
+    quantized_gathers: list[str] = field(default_factory=list)
+    """The names of ``QUANTIZED_GATHERS`` this TE has."""
+
+
+QUANTIZED_GATHERS = ("_all_gather_mxfp8", "_all_gather_nvfp4", "_start_all_gather_fp8_blockwise")
+"""TE v2.18 ``pytorch/distributed.py`` helpers that gather a quantized tensor in one coalesced
+call (MXFP8 ``:1509``, NVFP4 ``:1324``, FP8 block scaling ``:1076``)."""
 
 
 _TE_MODULES = (("module.linear", "Linear", "_Linear"), ("module.layernorm_linear", "LayerNormLinear", "_LayerNormLinear"),
@@ -105,6 +118,10 @@ def find_te_targets(base: str = "transformer_engine.pytorch") -> TeTargets | Non
             targets.modules.append(getattr(mod, cls_name))
         if isinstance(getattr(mod, fn_name, None), type):
             targets.functions.append(getattr(mod, fn_name))
+    dist_mod = _module(base, "distributed")
+    if dist_mod is not None:
+        targets.distributed = dist_mod
+        targets.quantized_gathers = [n for n in QUANTIZED_GATHERS if callable(getattr(dist_mod, n, None))]
     for mod_name in _DPA_MODULES:
         mod = _module(base, mod_name)
         if mod is not None and isinstance(getattr(mod, "DotProductAttention", None), type):
