@@ -9,7 +9,10 @@ methods here; this module holds no patch itself. For each call it
    pool entry of its group (``comm_pool.CommPool``) and, for per-call knobs, the chunked issue,
 3. hands the launch instant and the returned handle to the ``profiler.Profiler``.
 
-Pipeline and context-parallel P2P are in ``router_p2p`` (a mixin of ``SiteRouter``).
+Pipeline and context-parallel P2P are in ``router_p2p``, Transformer Engine's coalesced quantized
+gathers in ``router_coalesced``, Megatron-FSDP's per-unit gathers and reductions in
+``router_fsdp`` (mixins of ``SiteRouter``). A group of one rank is never a site
+(``sites.ONE_RANK``): its calls pass straight through on every path.
 
 Calls that are synchronous and outside any tagged scope (forward tensor-parallel reductions,
 loss all-reduces, lagom's own consensus traffic) take a fast path of one attribute check.
@@ -27,6 +30,7 @@ from lagom_megatron.megatron.comm_pool import CommPool
 from lagom_megatron.megatron.gloo import chunked_call
 from lagom_megatron.megatron.profiler import Profiler
 from lagom_megatron.megatron.router_coalesced import CoalescedRouting
+from lagom_megatron.megatron.router_fsdp import FsdpRouting
 from lagom_megatron.megatron.router_p2p import P2PRouting
 from lagom_megatron.megatron.scopes import backward_scope
 from lagom_megatron.megatron.sites import ONE_RANK, GroupInfo, NamedSite, SiteRegistry, Stream, dtype_name, tensor_nbytes
@@ -91,7 +95,7 @@ class _StreamCall:
 _NO_ROUTE: tuple[CommConfig | None, Any, int] = (None, None, 0)
 
 
-class SiteRouter(P2PRouting, CoalescedRouting):
+class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
     """Per-rank routing state shared by all patched entry points.
 
     Per-call cost after a plan is applied (profiler off): every lookup that depends only on the
@@ -128,6 +132,8 @@ class SiteRouter(P2PRouting, CoalescedRouting):
         self._p2p_world: Any = None
         """Pool entry for the WORLD half of a routed PP=2 call while it runs (``router_p2p``)."""
         self._coalesce_state = coalesce_state()
+        self._mfsdp: dict[int, Any] = {}
+        """Megatron-FSDP buffer id -> its buckets' sites (``router_fsdp``)."""
 
     # -------------------------------------------------------------- configuration
     def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
@@ -244,6 +250,8 @@ class SiteRouter(P2PRouting, CoalescedRouting):
                 return orig(*args, **kwargs)
             if tag == "coalesced":  # inside a coalesced site (router_coalesced): it routed the group
                 return self.coalesced_call(op, orig, args, kwargs)
+            if tag == "mfsdp":  # inside Megatron-FSDP's gather or reduction (router_fsdp): it routed the buffers
+                return self.mfsdp_call(op, orig, args, kwargs)
         group_in_args = "group" not in kwargs and len(args) > gi
         group = args[gi] if group_in_args else kwargs.get("group")
         key = (id(group), op, scope)

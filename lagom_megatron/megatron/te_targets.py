@@ -1,4 +1,4 @@
-"""Where Transformer Engine and torch FSDP2 issue the collectives lagom hooks (names only; no patching).
+"""Where Transformer Engine, torch FSDP2 and Megatron-FSDP issue the collectives lagom hooks (names only; no patching).
 
 ``patches.install`` replaces the names these functions return. They are looked up where the
 calling code looks them up at run time, checked against Transformer Engine v2.18 (git tag
@@ -39,6 +39,10 @@ in ``torch.distributed.fsdp._fully_shard._fsdp_param_group`` (torch >= 2.6) or
 ``torch.distributed._composable.fsdp._fsdp_param_group`` (torch 2.4-2.5); megatron-core 0.16.1
 wraps every ``TransformerLayer``, embedding and column-parallel output layer with ``fully_shard``
 (``distributed/torch_fully_sharded_data_parallel.py:120-146``).
+
+Megatron-FSDP (``--use-megatron-fsdp``): ``AllGatherPipeline`` / ``GradReducePipeline`` and the
+module's ``_coalescing_manager`` in ``megatron_fsdp/param_and_grad_buffer.py``
+(``find_megatron_fsdp``; ``router_fsdp`` cites the lines).
 """
 
 from __future__ import annotations
@@ -147,6 +151,29 @@ def find_fsdp2_param_group() -> type | None:
         if cls is not None:
             return cls
     return None
+
+
+MEGATRON_FSDP_MODULES = ("megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer",
+                         "megatron_fsdp.param_and_grad_buffer")
+"""Where Megatron-FSDP's pipelines live: the copy megatron-core imports (0.16.1 and Megatron-LM's
+main, ``distributed/fsdp/mcore_fsdp_adapter.py``), and the ``megatron-fsdp`` package's."""
+
+
+def find_megatron_fsdp() -> list[ModuleType]:
+    """Each importable Megatron-FSDP ``param_and_grad_buffer`` module with ``AllGatherPipeline``
+    (``all_gather_params``, ``async_bucket_gather``), ``GradReducePipeline``
+    (``_bucket_group_gradient_reduce``) and its own ``_coalescing_manager`` name
+    (``router_fsdp``); empty when none is installed."""
+    found = []
+    for path in MEGATRON_FSDP_MODULES:
+        mod = _import(path)
+        if mod is None or any(m is mod for m in found):
+            continue
+        ag, rs = getattr(mod, "AllGatherPipeline", None), getattr(mod, "GradReducePipeline", None)
+        if (callable(getattr(mod, "_coalescing_manager", None)) and hasattr(ag, "all_gather_params")
+                and hasattr(ag, "async_bucket_gather") and hasattr(rs, "_bucket_group_gradient_reduce")):
+            found.append(mod)
+    return found
 
 
 def userbuffers_note(model_configs: Any) -> str | None:
