@@ -9,12 +9,12 @@ Megatron-LM's main; the ``megatron-fsdp`` 0.6.1 package on PyPI has the same nam
 * ``AllGatherPipeline.all_gather_params(params, ..., bwd)`` (``:3447-3627``), called by the
   forward and backward pre-hooks of every module (``megatron_fsdp.py:680-711,808-829``): for each
   bucket group to gather (the unit's, and prefetched ones) it opens
-  ``_coalescing_manager(dp_group, async_ops=async_param_gather)`` (``:3604-3617``), the group
+  ``_coalescing_manager(dp_group, async_ops=async_param_gather)`` (``:3605-3613``), the group
   read from the bucket's buffer (``data_parallel_group``), and calls ``async_bucket_gather``
   (``:3719-3759``) per bucket, whose ``all_gather_into_tensor(..., group=wbuf.data_parallel_group,
-  async_op=True)`` the manager queues; the manager itself is the handle ``wait_bucket_ready``
-  waits (``:3620-3647``). In every micro-batch, forward and backward (the parameters are freed
-  after each use).
+  async_op=True)`` the manager queues; the manager itself is the handle kept for the bucket
+  (``:3615-3621``) and waited by ``wait_bucket_ready`` (``:3629-3647``). In every micro-batch,
+  forward and backward (the parameters are freed after each use).
 * ``GradReducePipeline._bucket_group_gradient_reduce(bucket_group, async_op, ...)``
   (``:3182-3342``), called when a bucket group's gradients are all ready, every micro-batch:
   ``_coalescing_manager(dp_group)`` (synchronous, on its reduce-scatter stream on GPU) around one
