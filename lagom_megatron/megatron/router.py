@@ -232,7 +232,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         The routed path after apply is written for the launch path's cold caches (a call follows
         a layer's compute, which evicts them): every per-site lookup is resolved once
         (``_stream_call``), the site id of a call position is read inline, and nothing is
-        imported, formatted or allocated beyond the swapped argument.
+        imported, formatted or allocated beyond the swapped argument. ``kwargs`` is the patched
+        wrapper's own ``**kwargs`` dict (``patches``), so a routed call's group is set in it.
         """
         scope = self._scope
         gi = GROUP_ARG[op]

@@ -10,15 +10,7 @@ import os
 import torch
 import torch.distributed as dist
 
-WORLD = 2
-
-
-def _iteration(router, fn, *, timed=False, serialize=False, record=True):
-    router.registry.start_iteration(record=record)
-    router.profiler.start_iteration(timed=timed, serialize=serialize)
-    result = fn()
-    router.registry.finish_iteration()
-    return result, router.profiler.finish_iteration()
+from tests.megatron.overlap_worker import WORLD, _iteration
 
 
 def _records(router):

@@ -129,13 +129,17 @@ class _NVFP4AllGatherAsyncHandle:
         self._synchronized = True
 
 
+def _quantize(inp, process_group, quantizer, out_shape):
+    """What TE's MXFP8 and NVFP4 gathers do first: the input quantized, the output made empty."""
+    device = inp.device
+    q = quantizer(inp)
+    return (torch.distributed.get_world_size(process_group), device, math.prod(inp.shape[:-1]), q,
+            quantizer.make_empty(out_shape, dtype=q._dtype, device=device))
+
+
 def _all_gather_nvfp4(inp, process_group, *, async_op=False, quantizer, out_shape=None):
     """TE ``distributed.py:1324-1506``."""
-    world_size = torch.distributed.get_world_size(process_group)
-    device = inp.device
-    m = math.prod(inp.shape[:-1])
-    inp = quantizer(inp)
-    out = quantizer.make_empty(out_shape, dtype=inp._dtype, device=device)
+    world_size, device, m, inp, out = _quantize(inp, process_group, quantizer, out_shape)
     with torch.distributed._coalescing_manager(group=process_group, device=_device(device),
                                                async_ops=async_op) as gather_coalescing_manager:
         if quantizer.rowwise_usage:
@@ -164,11 +168,7 @@ def _all_gather_nvfp4(inp, process_group, *, async_op=False, quantizer, out_shap
 
 def _all_gather_mxfp8(inp, process_group, *, async_op=False, quantizer, out_shape=None):
     """TE ``distributed.py:1509-1637``."""
-    world_size = torch.distributed.get_world_size(process_group)
-    device = inp.device
-    m = math.prod(inp.shape[:-1])
-    inp = quantizer(inp)
-    out = quantizer.make_empty(out_shape, dtype=inp._dtype, device=device)
+    world_size, device, m, inp, out = _quantize(inp, process_group, quantizer, out_shape)
     with torch.distributed._coalescing_manager(group=process_group, device=_device(device),
                                                async_ops=async_op) as coalescing_manager:
         for usage, rows in (("rowwise", m), ("columnwise", m // 32)):
