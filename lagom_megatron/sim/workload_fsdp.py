@@ -19,29 +19,34 @@ units are numbered in backward order like DDP buckets.
 **no_shard, optim, optim_grads**: Megatron-Core's adapter makes no FSDP units then
 (``distributed/fsdp/mcore_fsdp_adapter.py:96-99`` of megatron-core 0.16.1; the same in 0.17.1 and
 0.18.2), so Megatron-FSDP keeps the whole model on every rank in buckets of at least the DDP bucket
-size, cut in ``named_parameters`` order (``megatron_fsdp/param_and_grad_buffer.py:1271-1415``;
+size, cut in ``named_parameters`` order (``megatron_fsdp/param_and_grad_buffer.py:1271-1414``;
 :func:`root_buckets`), whose site tags are ``chunk0.root_bucket{j}`` in that order
 (``megatron.sites.SiteRegistry.fsdp_bucket_tags``). What it issues (``megatron_fsdp.py`` of 0.16.1):
 
 * no_shard: no parameter gathers (``:425-426``); each bucket's gradients all-reduced
   (``dp.grad_all_reduce``, ``param_and_grad_buffer.py:3224-3230``) in the **last** micro-batch only
   (``megatron_fsdp.py:270-273, 656-662``), when its last gradient is ready;
-* optim: the same reductions as reduce-scatters (``dp.grad_reduce_scatter``, ``:3232-3250``), last
-  micro-batch only; each bucket's updated parameters all-gathered **once per iteration**
-  (``dp.param_all_gather``), in the first micro-batch's forward: nothing frees a bucket without
-  units until ``finish_grad_sync`` resets the gather pipeline (``:1183-1209``), and every module's
-  pre-forward hook gathers its bucket plus the next ones up to :data:`PREFETCH_ELEMENTS`
-  (``param_and_grad_buffer.py:3447-3560``); the first window is launched by ``start_param_sync``
-  after the optimizer step (``megatron_fsdp.py:1102-1121``), i.e. at the start of the iteration here;
-* optim_grads: those gathers, and reduce-scatters in **every** micro-batch (``:656-662``).
+* optim: the same reductions as reduce-scatters (``dp.grad_reduce_scatter``,
+  ``param_and_grad_buffer.py:3231-3249``), last micro-batch only; each bucket's updated parameters
+  all-gathered **once per iteration** (``dp.param_all_gather``), in the first micro-batch's forward:
+  nothing frees a bucket without units until ``finish_grad_sync`` resets the gather pipeline
+  (``megatron_fsdp.py:1183-1209``), and every module's pre-forward hook gathers its bucket plus the
+  next ones up to :data:`PREFETCH_ELEMENTS` (``param_and_grad_buffer.py:3447-3560``); the first window
+  is launched by ``start_param_sync`` after the optimizer step (``megatron_fsdp.py:1102-1121``), i.e.
+  at the start of the iteration here;
+* optim_grads: those gathers, and reduce-scatters in **every** micro-batch (``megatron_fsdp.py:656-662``).
 
-The reductions are launched after the backward of the layer holding a bucket's first tensor and
-waited in ``finish_grad_sync`` (``Workload.program``). Gathers and reductions go to one
-data-parallel communicator, so they queue on one stream (a slow gather delays the reduction behind
-it). Not modelled: the 1e9-element reduction queue that can make the compute stream wait
+These per-iteration calls are those megatron-core's own ``MegatronFSDP`` makes on two gloo ranks
+(``tests/megatron/test_coalesced_sites.py``), and :func:`root_buckets` those of its
+``_get_parameter_groups`` on both A40 FSDP presets' models (``tests/sim/test_workload_fsdp.py``). The
+reductions are launched after the backward of the layer holding a bucket's first tensor and waited in
+``finish_grad_sync`` (``Workload.program``). Gathers and reductions go to one data-parallel
+communicator, so they queue on one stream (a slow gather delays the reduction behind it). Not
+modelled: the 1e9-element reduction queue that can make the compute stream wait
 (``GradReducePipeline.wait_for_previous_grad_reduce``), per-tensor hooks (a layer waits for all its
-buckets before its first kernel), norms and biases in the bucket sizes, expert parameters (their own
-buckets, synced by the expert data-parallel group); pipeline or virtual-pipeline stages with FSDP
+buckets before its first kernel, and a bucket is reduced only after its first tensor's whole layer),
+the padding of sharded buckets to a multiple of DP x the tensors' row size, expert parameters (their
+own buckets, synced by the expert data-parallel group); pipeline or virtual-pipeline stages with FSDP
 (refused in ``WorkloadShape.from_preset``).
 """
 
@@ -54,7 +59,7 @@ from lagom_megatron.sim.program import Call, Program, elementwise, gemm
 PREFETCH_ELEMENTS = 500_000_000
 """Elements Megatron-FSDP prefetches beyond the gathered buckets: ``suggested_AG_prefetch_size``, half of
 ``max(1e9, ...)`` without ``--suggested-communication-unit-size`` (megatron-core 0.16.1
-``megatron_fsdp.py:377-396``; the same in 0.17.1 and 0.18.2)."""
+``megatron_fsdp.py:374-399``; the same in 0.17.1 and 0.18.2)."""
 
 
 def unit_params(w: Any) -> list[float]:
@@ -146,7 +151,7 @@ def root_buckets(w: Any) -> list[tuple[int, int, float]]:
     layer's :func:`layer_tensors`, the final norm and, untied, the output layer as layer ``L``) go into
     one bucket until it holds at least ``w.bucket_params``, and the rest into a last one (every tensor
     in one bucket without overlapped gradient reduction, where Megatron-LM sets no bucket size,
-    ``training.py:1312-1322``); megatron-core 0.16.1 ``param_and_grad_buffer.py:1384-1413``. With
+    ``training.py:1312-1322``); megatron-core 0.16.1 ``param_and_grad_buffer.py:1367-1414``. With
     ``--bf16`` every parameter is bf16 (Megatron-LM's ``Float16Module``), so one dtype group holds them all.
     """
     L, h = w.layers_per_chunk, w.hidden
