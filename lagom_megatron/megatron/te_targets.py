@@ -155,23 +155,25 @@ def find_fsdp2_param_group() -> type | None:
 
 MEGATRON_FSDP_MODULES = ("megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer",
                          "megatron_fsdp.param_and_grad_buffer")
-"""Where Megatron-FSDP's pipelines live: the copy megatron-core imports (0.16.1 and Megatron-LM's
-main, ``distributed/fsdp/mcore_fsdp_adapter.py``), and the ``megatron-fsdp`` package's."""
+"""Where Megatron-FSDP's pipelines live: the copy megatron-core imports (0.16.1-0.18.2 and
+Megatron-LM's main, ``distributed/fsdp/mcore_fsdp_adapter.py:48``), and the ``megatron-fsdp``
+package's."""
 
 
 def find_megatron_fsdp() -> list[ModuleType]:
     """Each importable Megatron-FSDP ``param_and_grad_buffer`` module with ``AllGatherPipeline``
-    (``all_gather_params``, ``async_bucket_gather``), ``GradReducePipeline``
-    (``_bucket_group_gradient_reduce``) and its own ``_coalescing_manager`` name
-    (``router_fsdp``); empty when none is installed."""
+    (``all_gather_params``, ``async_bucket_gather``, ``get_fsdp_buffer``), ``GradReducePipeline``
+    (``_bucket_group_gradient_reduce``, ``get_fsdp_buffer``) and its own ``_coalescing_manager``
+    name (``router_fsdp``); empty when none is installed."""
     found = []
     for path in MEGATRON_FSDP_MODULES:
         mod = _import(path)
         if mod is None or any(m is mod for m in found):
             continue
         ag, rs = getattr(mod, "AllGatherPipeline", None), getattr(mod, "GradReducePipeline", None)
-        if (callable(getattr(mod, "_coalescing_manager", None)) and hasattr(ag, "all_gather_params")
-                and hasattr(ag, "async_bucket_gather") and hasattr(rs, "_bucket_group_gradient_reduce")):
+        if (callable(getattr(mod, "_coalescing_manager", None))
+                and all(hasattr(ag, n) for n in ("all_gather_params", "async_bucket_gather", "get_fsdp_buffer"))
+                and all(hasattr(rs, n) for n in ("_bucket_group_gradient_reduce", "get_fsdp_buffer"))):
             found.append(mod)
     return found
 
