@@ -55,11 +55,16 @@ def coalesce_state() -> dict:
     """torch's record of the ``_coalescing_manager`` s open now (process group -> queued calls).
 
     A call on a group with an open manager must keep that group: torch queues it for the
-    manager's group (torch 2.13 ``distributed_c10d.py``, ``all_gather_single`` and the other
-    collectives check ``group in _world.pg_coalesce_state``). The dict is created once with
-    ``_World`` and only cleared afterwards, never replaced, so the router binds it once instead of
-    importing ``distributed_c10d`` on every routed call (a cold ``from ... import`` of a package
-    costs several microseconds on the launch path).
+    manager's group (``distributed_c10d.py``: ``all_gather_into_tensor`` / ``all_gather_single``,
+    ``reduce_scatter_*`` and ``all_reduce`` check ``group in _world.pg_coalesce_state``, torch 2.6
+    ``:3789,4227,2797``, 2.13 ``:4378,4928,3236``, 2.14 ``:5152,5908,3897``). The dict is created
+    once, in ``_World.__init__`` (2.6 ``:598``, 2.13 ``:685``, 2.14 ``:1234``) for the one module
+    global ``_world`` (2.6 ``:713``, 2.13 ``:805``, 2.14 ``:1356``), and afterwards only filled,
+    popped and cleared in place (``_coalescing_manager``, ``destroy_process_group``), never
+    replaced, so the router binds it once instead of importing ``distributed_c10d`` on every routed
+    call (a cold ``from ... import`` of a package costs several microseconds on the launch path).
+    The key torch uses for ``group=None`` is the default group; the router compares the group
+    argument as given (the hooked callers pass their group).
     """
     from torch.distributed import distributed_c10d as c10d
 

@@ -215,9 +215,12 @@ class SiteRegistry:
         id), or None when ``bind_model`` did not see the buffer.
 
         Megatron-FSDP (megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp/
-        param_and_grad_buffer.py:1271-1502``, ``_get_parameter_groups``) puts the parameters of
-        each FSDP unit module (a ``TransformerLayer``) in buckets by dtype and expert-ness, and
-        coalesces each unit's non-expert and expert buckets into one bucket group; parameters
+        param_and_grad_buffer.py:1271-1502``, 0.17.1 / 0.18.2 ``:1349-1580``,
+        ``_get_parameter_groups``) puts the parameters of each FSDP unit module (a
+        ``TransformerLayer``) in buckets by dtype, expert-ness and chunk-size factor, and coalesces
+        the buckets of one unit and kind into one bucket group (key ``(fsdp_unit_id,
+        is_expert_param)``, 0.16.1 ``:1475-1497``): a unit's non-expert buckets form one group, its
+        expert buckets another, and every bucket of a group has the group's tag. Parameters
         outside every unit (embedding, final norm, output layer) get buckets of their own. Units
         are numbered in backward order like DDP buckets (the last layer is ``bucket0``), the same
         ids the simulator's FSDP workload uses (``sim/workload_fsdp.py``):
