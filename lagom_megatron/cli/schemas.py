@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from lagom_megatron.engine.files import read_json
-from lagom_megatron.engine.profile import BACKENDS, OPS
+from lagom_megatron.engine.profile import BACKENDS, OPS, REGISTRATIONS
 from lagom_megatron.engine.search import METHODS
 from lagom_megatron.nccl.rules import MECHANISMS
 
@@ -50,6 +50,10 @@ class SiteSchema(_Strict):
     group_size: StrictInt = Field(ge=1)
     n_nodes: StrictInt = Field(default=1, ge=1)
     calls_per_iter: StrictInt = Field(default=1, ge=1)
+    reduce_op: str | None = None
+    parts: list[tuple[str, StrictInt]] = Field(default_factory=list)
+    """(dtype, bytes) per tensor of a coalesced call (``engine.profile.CollectiveSite.parts``)."""
+    registered: Literal[REGISTRATIONS] = ""  # type: ignore[valid-type]
 
 
 class SampleSchema(_Strict):
@@ -122,6 +126,11 @@ class EntrySchema(_Strict):
     nbytes: StrictInt = Field(default=0, ge=0, le=MAX_NBYTES)
     group_size: StrictInt = Field(default=0, ge=0)
     n_nodes: StrictInt = Field(default=1, ge=1)
+    tunable: list[str] = Field(default_factory=list)
+    """The knobs the plan's mechanism can change for the site (``engine.plan.PlanEntry.tunable``)."""
+    note: str = ""
+    reduce_op: str | None = None
+    parts: list[tuple[str, StrictInt]] = Field(default_factory=list)
     model_config = ConfigDict(extra="forbid", strict=False)
 
 

@@ -179,8 +179,14 @@ class KnobRules(Protocol):
         """The widest unit ``knob`` can differ over (``call``, ``communicator``, ``process``), or
         None when the mechanism cannot set it. Raises ValueError on an unknown knob."""
 
-    def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2) -> dict[str, tuple]:
-        """Values the search scans per knob for one collective site (``(None,)`` = not tunable)."""
+    def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None) -> dict[str, tuple]:
+        """Values the search scans per knob for one collective site (``(None,)`` = not tunable);
+        ``reduce_op`` is the call's reduction where known (some algorithms depend on it)."""
+
+    def site_domains(self, site: Any) -> tuple[dict[str, tuple], str]:
+        """``domains`` of one ``profile.CollectiveSite``, cut by what the call itself allows (its
+        reduction, dtype, buffer registration), and a note on what was cut and why (empty when
+        nothing was)."""
 
     def for_sites(self, sites: Any) -> "KnobRules":
         """These rules for one search over ``sites`` (``profile.CollectiveSite``): rules whose domains
@@ -193,8 +199,10 @@ class KnobRules(Protocol):
     def applicable(self, config: CommConfig, *, op: str) -> CommConfig:
         """``config`` without the knobs that do not apply to ``op`` (probes go to every site)."""
 
-    def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None) -> None:
-        """Raises ValueError naming the first knob of ``config`` the mechanism cannot apply."""
+    def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None,
+                 reduce_op: str | None = None, dtype: str | None = None) -> None:
+        """Raises ValueError naming the first knob of ``config`` the mechanism cannot apply (for a call
+        with ``reduce_op`` and ``dtype`` where they are known)."""
 
     def process_env(self, chosen: dict[str, list[int]]) -> dict[str, str]:
         """The launch environment that applies the process-scope knobs of a plan: ``chosen`` maps

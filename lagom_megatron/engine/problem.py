@@ -91,6 +91,8 @@ class SearchProblem:
     domains_S: list[dict[str, tuple]]
     fingerprint: dict[str, Any] = field(default_factory=dict)
     scope: dict[str, str | None] = field(default_factory=dict)
+    notes_S: list[str] = field(default_factory=list)
+    """Per site, what the rules say about its domain (``KnobRules.site_domains``); copied to the plan."""
 
     def __post_init__(self) -> None:
         self.cluster: ClusterSpec = self.model.cluster
@@ -118,9 +120,10 @@ class SearchProblem:
             raise ValueError(f"knob rules are for cluster {rules.cluster.name!r} but the cost model is for {model.cluster.name!r}")
         backend = model.backend
         rules = rules.for_sites(model.sites)
-        doms = []
+        doms, notes = [], []
         for s in model.sites:
-            d = rules.domains(op=s.op, n_nodes=s.n_nodes, group_size=s.group_size)
+            d, note = rules.site_domains(s)
+            notes.append(note)
             if domain_override:
                 for k, values in domain_override.items():
                     if len(d[k]) > 1:
@@ -132,7 +135,7 @@ class SearchProblem:
         fp.setdefault("nccl_version", model.cluster.nccl_version)
         fp.setdefault("lagom_version", __version__)
         fp.setdefault("backend", backend)
-        problem = cls(model=model, rules=rules, iteration_us=0.0, domains_S=doms, fingerprint=fp)
+        problem = cls(model=model, rules=rules, iteration_us=0.0, domains_S=doms, fingerprint=fp, notes_S=notes)
         if iteration_us is None:
             iteration_us = float(problem.evaluate(problem.default_state())[2].sum())
         problem.iteration_us = float(iteration_us)
@@ -263,19 +266,30 @@ class SearchProblem:
         """``st`` with one decision for each set of sites the applying mechanism cannot tell apart,
         and how many sites changed.
 
-        The rules say which sites those are through an optional ``call_key(group=, op=, nbytes=)``
-        (NCCL's tuner plugin sees a call only as communicator, collective and byte count, so sites
-        sharing all three get the same table row). Each set takes the one of its members' configs
-        with the least summed region time on the cost model, so the plan predicts what is applied.
+        The rules say which sites those are through an optional ``call_keys(site)``: the keys of
+        the table rows a site's call reaches (NCCL's tuner plugin sees a call only as communicator,
+        collective and byte count, once per NCCL bin of a coalesced call), so sites sharing any key
+        share rows. Each set takes the one of its members' configs with the least summed region
+        time on the cost model, so the plan predicts what is applied.
         """
-        key_fn = getattr(self.rules, "call_key", None)
+        key_fn = getattr(self.rules, "call_keys", None)
         if key_fn is None:
             return st, 0
-        sets: dict[Any, list[int]] = {}
+        parent = list(range(len(self.sites)))
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+        first: dict[Any, int] = {}
         for i, s in enumerate(self.sites):
-            k = key_fn(group=s.group, op=s.op, nbytes=s.nbytes)
-            if k is not None:
-                sets.setdefault(k, []).append(i)
+            for k in key_fn(s):
+                j = first.setdefault(k, i)
+                parent[root(i)] = root(j)
+        sets: dict[int, list[int]] = {}
+        for i in range(len(self.sites)):
+            sets.setdefault(root(i), []).append(i)
         out, changed = st.copy(), 0
         for members in sets.values():
             idx = np.array(members)
@@ -302,11 +316,14 @@ class SearchProblem:
         t_comm, _, t_region = self.evaluate(use)
         configs = self._configs(st) if st is not None else [CommConfig()] * len(self.sites)
         t_comm_l, t_region_l, d_region_l = (np.round(x, 3).tolist() for x in (t_comm, t_region, d_region))
+        tunable = self.tunable_knobs()
+        notes = self.notes_S or [""] * len(self.sites)
         entries = {
             site.site_id: PlanEntry(
                 config=configs[i], predicted_t_comm_us=t_comm_l[i], predicted_t_region_us=t_region_l[i],
                 predicted_default_t_region_us=d_region_l[i], group=site.group, op=site.op, nbytes=site.nbytes,
-                group_size=site.group_size, n_nodes=site.n_nodes)
+                group_size=site.group_size, n_nodes=site.n_nodes, tunable=tunable[i], note=notes[i],
+                reduce_op=site.reduce_op, parts=site.parts)
             for i, site in enumerate(self.sites)
         }
         chosen: dict[str, list[int]] = {}
@@ -325,6 +342,11 @@ class SearchProblem:
                  "model_wape_pct": None if np.isnan(self.model.wape) else round(self.model.wape, 3)}
         return Plan(entries=entries, fingerprint=dict(self.fingerprint), method=method, env=env, stats=stats,
                     backend=self.backend, mechanism=self.mechanism)
+
+    def tunable_knobs(self) -> list[tuple[str, ...]]:
+        """Per site, the knobs whose domain holds more than NCCL's own value, in ``KNOB_ORDER``: what
+        the mechanism can change for it (``PlanEntry.tunable``)."""
+        return [tuple(k for k in KNOB_ORDER if len(d.get(k, (None,))) > 1) for d in self.domains_S]
 
     def _configs(self, st: State) -> list[CommConfig]:
         """One CommConfig per site; knobs a site cannot tune stay None (NCCL's choice), and a site

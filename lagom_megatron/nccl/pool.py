@@ -230,11 +230,16 @@ class NcclPoolBackend:
 
     * tuner plugin: algorithm, protocol, channels and chunk size are per call, from the plan table.
       Every non-default config gets an entry keyed by its communicator-scope knobs (CTA policy, CGA
-      cluster size) and the table, created with CTA bounds ``min = max`` = the plan's largest
-      channel count among the group's sites (``cta_bounds``): NCCL caps the plugin's ``*nChannels`` at the communicator's channel
-      count (``src/enqueue.cc`` ``topoGetAlgoInfo``), and both bounds make that count the bound
-      (``src/graph/connect.cc:496-503``). An entry of group ``dp`` is tagged ``dp/<key>``
-      (``pool_entry_tag``), so the rows the exporter tags ``dp`` reach it.
+      cluster size), its CTA bounds and the table. A config that sets a channel count runs on an
+      entry with CTA bounds ``min = max`` = the plan's largest channel count among the group's
+      collective sites (``cta_bounds``): NCCL caps the plugin's ``*nChannels`` at the
+      communicator's channel count (``src/enqueue.cc:583``, ``:598-599``), and both bounds make
+      that count the bound (``src/graph/connect.cc:503-505``, NVIDIA/nccl v2.30.7). A config that
+      leaves channels to NCCL runs on an entry with NCCL's own bounds: ``topoGetAlgoInfo`` starts
+      from ``comm->nChannels`` (``src/enqueue.cc:2070``), so a bounded entry would run it at the
+      bound. A point-to-point config runs on an entry bounded at its own channel count
+      (``p2p_configs``). An entry of group ``dp`` is tagged ``dp/<key>`` (``pool_entry_tag``), so the
+      rows the exporter tags ``dp`` reach it.
     * communicator (no plugin): one entry per distinct (n_channels, algorithm, protocol,
       cta_policy, cga_cluster_size), applied with ``ncclConfig_t`` and NCCL_ALGO/NCCL_PROTO.
 
@@ -268,8 +273,12 @@ class NcclPoolBackend:
         plan's largest channel count); None = NCCL's."""
         self.cta_bounds: dict[str, int] = {}
         """Group name -> CTA bounds of its plugin-mode entries: the largest channel count the plan
-        gives that group's sites (a tp entry is not made with the dp sites' 64 channels: each
-        channel costs ring buffers, ``estimate_entry_bytes``)."""
+        gives that group's collective sites (a tp entry is not made with the dp sites' 64 channels:
+        each channel costs ring buffers, ``estimate_entry_bytes``)."""
+        self.p2p_configs: dict[str, set[CommConfig]] = {}
+        """Group name -> the configs the plan gives its point-to-point sites: their plugin-mode entry
+        has CTA bounds ``min = max`` = the config's own channel count, which is how NCCL bounds P2P
+        channels (``comm->p2pnChannels``, ``engine.p2p``); the tuner table has no row for P2P."""
         self.nvls_heads = 0
         """Ranks of an NVLink domain when NVLS can run (agreed capabilities), for ``estimate_bytes``."""
         self.status_reader = status_reader
@@ -282,8 +291,14 @@ class NcclPoolBackend:
 
     def _entry_config(self, config: CommConfig, group: str | None = None) -> CommConfig:
         if self._plugin:  # per-call knobs travel through the plugin table
-            # a group the plan gives no channel count keeps NCCL's own (None)
-            bound = self.cta_bounds.get(group) if group is not None and self.cta_bounds else self.cta_bound
+            if config.n_channels is None:
+                # the row leaves channels to NCCL, which starts from comm->nChannels (src/enqueue.cc:2070):
+                # an entry with NCCL's own CTA bounds, so the site runs at the count NCCL would choose
+                bound = None
+            elif group is not None and config in self.p2p_configs.get(group, ()):
+                bound = config.n_channels  # P2P: the bound is the knob (engine.p2p), no row applies
+            else:  # a group the plan gives no channel count keeps NCCL's own (None)
+                bound = self.cta_bounds.get(group) if group is not None and self.cta_bounds else self.cta_bound
             return CommConfig(n_channels=bound, cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
         return CommConfig(n_channels=config.n_channels, algorithm=config.algorithm, protocol=config.protocol,
                           cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
