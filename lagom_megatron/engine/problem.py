@@ -351,12 +351,20 @@ class SearchProblem:
     def _configs(self, st: State) -> list[CommConfig]:
         """One CommConfig per site; knobs a site cannot tune stay None (NCCL's choice), and a site
         the search left in the default state gets ``CommConfig()``: NCCL's own choice, not the
-        model's approximation of it pinned as explicit values (which would also need pool entries)."""
+        model's approximation of it pinned as explicit values (which would also need pool entries).
+        A point-to-point site whose channel code gives the kernel NCCL's own CTA count counts as
+        left in the default state."""
         tun = {k: self.tunable[k].tolist() for k in SEARCH_KNOBS}
         chunk = self.chunk_bytes(st.proto, st.lvl).astype(np.int64).tolist()
         alg, proto, nc, nt = (x.astype(np.int64).tolist() for x in (st.alg, st.proto, st.nc, st.nt))
         d = self.default_state()
-        unchanged = ((st.alg == d.alg) & (st.proto == d.proto) & (st.nc == d.nc) & (st.nt == d.nt)
+        same_nc = st.nc == d.nc
+        p2p = getattr(self.model, "p2p", None)
+        if p2p is not None and p2p.any:
+            # a P2P bound that gives the kernel NCCL's own CTAs changes nothing: no entry for it
+            idx = np.arange(len(self.sites))
+            same_nc |= p2p.mask_S & (p2p.ctas(idx, st.nc) == p2p.ctas(idx, d.nc))
+        unchanged = ((st.alg == d.alg) & (st.proto == d.proto) & same_nc & (st.nt == d.nt)
                      & (st.lvl == d.lvl)).tolist()
         out = []
         for i in range(len(self.sites)):
