@@ -83,10 +83,15 @@ def test_budget_fit_bounds_each_groups_entries_by_its_own_channels(plan, capsys)
     fitted = Applier(pool=pool, router=None, files=None, cluster=None).fit_plan_to_budget(plan)
     assert pool.backend.cta_bounds == own
     assert pool.backend.estimate_bytes(CommConfig(n_channels=4), group="tp") == estimate_entry_bytes(own["tp"])
-    # the pipeline send/recv runs on an entry bounded at its own channel count (NCCL's P2P rule)
-    (pp,) = [e for e in tuned if e.op in P2P_OPS]
-    assert pool.backend.p2p_configs == {"pp": {pp.config}}
-    assert pool.backend.estimate_bytes(pp.config, group="pp") == estimate_entry_bytes(pp.config.n_channels)
+    # a tuned pipeline send/recv runs on an entry bounded at its own channel count (NCCL's P2P rule)
+    p2p = {}
+    for e in tuned:
+        if e.op in P2P_OPS:
+            p2p.setdefault(e.group, set()).add(e.config)
+    assert pool.backend.p2p_configs == p2p
+    for group, configs in p2p.items():
+        for c in configs:
+            assert pool.backend.estimate_bytes(c, group=group) == estimate_entry_bytes(c.n_channels)
     fits = {g for g, n in own.items() if estimate_entry_bytes(n) <= pool.budget_bytes}
     kept = {e.group for e in fitted.entries.values() if not e.config.is_default() and e.op not in P2P_OPS}
     assert kept == fits and fits
