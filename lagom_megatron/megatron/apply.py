@@ -147,7 +147,26 @@ class Applier:
             from lagom_megatron.megatron.profiler import enable_comm_timing
 
             enable_comm_timing(self.pool.entries())
+        guard = getattr(self.router, "first_use", None)
+        if guard is not None:  # NCCL refuses some calls only when they are made (first_use)
+            guard.arm()
         say(f"lagom: communicator pool for {what}: {self.pool.describe()} on this rank ({backend.name})")
+        return True
+
+    def check_first_use(self) -> bool:
+        """At the end of an iteration, while the first calls on new entries are guarded: every rank
+        together (``collective_step("first-call")``), the first calls NCCL refused on any rank revert
+        every rank to NCCL's defaults (``first_use``). Returns False after such a revert (logged).
+        The guard ends after an iteration that routed calls (the assignment is the same on every rank)."""
+        guard = getattr(self.router, "first_use", None)
+        if guard is None or not guard.armed:
+            return True
+        disarm = bool(getattr(self.router, "assignment", None))
+        try:
+            consensus.collective_step("first-call", lambda: guard.check(disarm=disarm))
+        except consensus.ApplyFailed as exc:
+            self.revert(f"the first calls on the pool entries failed: {exc}")
+            return False
         return True
 
     def apply_probes(self, assignments: list[dict[str, CommConfig]], sites: list[Any]) -> bool:

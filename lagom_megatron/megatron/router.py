@@ -23,7 +23,9 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.megatron.call_facts import bucket_parts, bucket_reduce_op, bucket_registration, call_reduce_op
 from lagom_megatron.megatron.comm_pool import CommPool
+from lagom_megatron.megatron.first_use import FirstUse
 from lagom_megatron.megatron.gloo import chunked_call
 from lagom_megatron.megatron.profiler import Profiler
 from lagom_megatron.megatron.router_p2p import P2PRouting
@@ -112,6 +114,8 @@ class SiteRouter(P2PRouting):
         self._p2p_sites: dict[int, tuple[str, GroupInfo]] = {}
         self._p2p_world: Any = None
         """Pool entry for the WORLD half of a routed PP=2 call while it runs (``router_p2p``)."""
+        self.first_use = FirstUse()
+        """Guards the first call of each site on a new pool entry (``first_use``)."""
 
     # -------------------------------------------------------------- configuration
     def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
@@ -169,11 +173,13 @@ class SiteRouter(P2PRouting):
             else:
                 op, name = "all_gather", "param_all_gather"
                 tensors = [b.param_data for b in bucket_group.buckets]
+            facts = {"reduce_op": bucket_reduce_op(bucket_group, kind), "parts": bucket_parts(tensors),
+                     "registered": bucket_registration(bucket_group, self.registry.registered_pools.get(info.name))}
             known = self._buckets[key] = (f"{info.name}.{name}[{tag}]", op, tensor_nbytes(tensors),
-                                          dtype_name(tensors), info)
-        site_id, op, nbytes, dtype, info = known
+                                          dtype_name(tensors), info, facts)
+        site_id, op, nbytes, dtype, info, facts = known
         if self.registry.recording:
-            self.registry.record(site_id, op=op, nbytes=nbytes, dtype=dtype, group=info)
+            self.registry.record(site_id, op=op, nbytes=nbytes, dtype=dtype, group=info, facts=facts)
         _, pool_group, chunk = self._route(site_id, info)
         profiler = self.profiler
         timed = profiler.timed
@@ -183,6 +189,8 @@ class SiteRouter(P2PRouting):
         self._scope = ("bucket", (chunk, info))
         if pool_group is not None:
             setattr(bucket_group, attr, pool_group)
+            if self.first_use.armed:
+                orig = self.first_use.guard_bucket(site_id, orig, bucket_group, attr, group)
         t0 = profiler.mark() if timed else None
         try:
             result = orig(bucket_group, *args, **kwargs)
@@ -240,14 +248,17 @@ class SiteRouter(P2PRouting):
                 rec.calls += 1
             else:
                 tname = call.tname
+                reduce_op = call_reduce_op(op, args, kwargs)
                 registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[call.tindex],
-                                       group=info)
+                                       group=info, facts=None if reduce_op is None else {"reduce_op": reduce_op})
         route = self._routes.get(site_id) or self._resolve(site_id, info)
         chunk = 0
         if route[0] is not None and not _coalescing(group):  # a coalesced call keeps its group, whole
             self.calls_routed += 1
             pool_group = route[1]
             if pool_group is not None:
+                if self.first_use.armed:
+                    orig = self.first_use.guard(site_id, orig, args, kwargs)
                 if group_in_args:
                     args = args[:gi] + (pool_group,) + args[gi + 1:]
                 else:

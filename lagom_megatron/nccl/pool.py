@@ -391,6 +391,26 @@ class NcclPoolBackend:
                                       use_tuner_plugin=self._plugin, tuner_table=self.tuner_table if self._plugin else None,
                                       inherited=parent_options(parent) if parent is not None else None)
 
+    def register_memory(self, group: Any, pools: list[tuple[Any, bool]]) -> None:
+        """Registers each NCCL memory pool of ``pools`` ((``torch.cuda.MemPool``, symmetric)) with the
+        entry ``group``'s NCCL backend, as megatron-core registers its DDP buffers on their own group
+        (core_v0.16.1 ``nccl_allocator.py:163-182``: ``backend.register_mem_pool(pool, symm=...)``,
+        without ``symm`` on a torch that lacks it). torch binds ``ProcessGroupNCCL.register_mem_pool``
+        (``torch/csrc/distributed/c10d/init.cpp``); NCCL then finds the calls' buffers registered
+        (``ncclRegFind``, ``src/enqueue.cc:2141-2146``) and keeps the registered algorithms.
+
+        Raises:
+            RuntimeError: torch or NCCL refused a registration (the pool step reverts).
+        """
+        import torch
+
+        backend = group._get_backend(torch.device("cuda", torch.cuda.current_device()))
+        for pool, symmetric in pools:
+            try:
+                backend.register_mem_pool(pool, symm=symmetric)
+            except TypeError:  # a torch whose register_mem_pool has no symm argument
+                backend.register_mem_pool(pool)
+
     def destroy_group(self, group: Any) -> None:
         """Destroys one entry (``torch.distributed.destroy_process_group``; frees its communicator)."""
         import torch.distributed as dist
