@@ -16,12 +16,13 @@ Shape legend: ``_S`` per site, ``_SK`` per site and candidate value.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from lagom_megatron import __version__
+from lagom_megatron.engine import p2p_knobs
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.cost_model import ALG_NONE, PROTO_NONE, CostModel
 from lagom_megatron.engine.fit import fit_cost_model
@@ -313,8 +314,12 @@ class SearchProblem:
         default = self.default_state()
         d_comm, _, d_region = self.evaluate(default)
         use = st if st is not None else default
-        t_comm, _, t_region = self.evaluate(use)
+        peer = p2p_knobs.decide(self, st) if st is not None else {}  # channels per network peer
+        with p2p_knobs.applied(self, peer):
+            t_comm, _, t_region = self.evaluate(use)
         configs = self._configs(st) if st is not None else [CommConfig()] * len(self.sites)
+        if peer and self.rules.scope(p2p_knobs.KNOB) == "communicator":
+            configs = [replace(c, net_peer_channels=peer[i]) if i in peer else c for i, c in enumerate(configs)]
         t_comm_l, t_region_l, d_region_l = (np.round(x, 3).tolist() for x in (t_comm, t_region, d_region))
         tunable = self.tunable_knobs()
         notes = self.notes_S or [""] * len(self.sites)
@@ -330,6 +335,8 @@ class SearchProblem:
         for knob in SEARCH_KNOBS:
             if st is not None and self.scope.get(knob) == "process" and self.tunable[knob].any():
                 chosen[knob] = sorted({int(st.get(knob)[i]) for i in np.flatnonzero(self.tunable[knob])})
+        if peer and self.rules.scope(p2p_knobs.KNOB) == "process":
+            chosen[p2p_knobs.KNOB] = sorted(set(peer.values()))
         env = self.rules.process_env(chosen) if chosen else {}
         default_iter = self.iteration_us
         predicted = self.iteration_us - float(d_region.sum()) + float(t_region.sum())

@@ -299,9 +299,11 @@ class NcclPoolBackend:
                 bound = config.n_channels  # P2P: the bound is the knob (engine.p2p), no row applies
             else:  # a group the plan gives no channel count keeps NCCL's own (None)
                 bound = self.cta_bounds.get(group) if group is not None and self.cta_bounds else self.cta_bound
-            return CommConfig(n_channels=bound, cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
+            return CommConfig(n_channels=bound, cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size,
+                              net_peer_channels=config.net_peer_channels)
         return CommConfig(n_channels=config.n_channels, algorithm=config.algorithm, protocol=config.protocol,
-                          cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
+                          cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size,
+                          net_peer_channels=config.net_peer_channels)
 
     def entry_key(self, config: CommConfig, group: str | None = None) -> tuple | None:
         """None when the group's own communicator serves ``config`` (all defaults, or, without the
@@ -318,11 +320,12 @@ class NcclPoolBackend:
 
         def part(v: Any) -> str:
             return "any" if v is None else str(v)
+        peer = () if entry.net_peer_channels is None else ("npp", str(entry.net_peer_channels))
         if self._plugin:  # the table is part of the key: the plugin reads it at communicator creation
             return ("plugin", part(entry.cta_policy), part(entry.cga_cluster_size), part(entry.n_channels),
-                    self.table_id or "env-table")
+                    self.table_id or "env-table", *peer)
         return ("env", part(entry.n_channels), part(entry.algorithm), part(entry.protocol),
-                part(entry.cta_policy), part(entry.cga_cluster_size))
+                part(entry.cta_policy), part(entry.cga_cluster_size), *peer)
 
     def estimate_bytes(self, config: CommConfig, group: str | None = None) -> int:
         """``estimate_entry_bytes`` of the entry of ``group`` that serves ``config``."""

@@ -25,7 +25,8 @@ from typing import Any
 
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import (
-    ALGORITHMS_FOR_OP, KNOB_ORDER, N_THREADS, P2P_OPS, CommConfig, Scope, chunk_domain, invalid_value, max_channels,
+    ALGORITHMS_FOR_OP, KNOB_ORDER, N_THREADS, NET_PEER_CHANNELS, P2P_OPS, CommConfig, Scope, chunk_domain,
+    invalid_value, max_channels,
 )
 from lagom_megatron.nccl.algorithms import algorithms_for, call_algorithms
 from lagom_megatron.nccl.bins import nccl_bins
@@ -82,6 +83,10 @@ def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, 
         return None if v < (2, 27, 0) else ("process" if mechanism == "env" else "communicator")
     if knob == "cga_cluster_size":
         return None if v < (2, 17, 0) else ("process" if mechanism == "env" else "communicator")
+    if knob == "net_peer_channels":
+        # NCCL_NCHANNELS_PER_NET_PEER (2.12+, a cached NCCL_PARAM: one value per process); the
+        # ncclConfig_t field (2.28+) is per communicator only where torch binds it (NcclRules.scope)
+        return None if v < (2, 12, 0) else "process"
     if mechanism == "env":
         return None if knob == "chunk_size" else "process"
     if mechanism == "communicator":
@@ -114,8 +119,11 @@ def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int 
     cap = max_channels(cluster)
     if op in P2P_OPS:
         # NCCL's tuner is never asked about point-to-point; the communicator's CTA bounds set its
-        # P2P channels (a power of two, ``engine.p2p``), so only powers of two are distinct values
+        # P2P channels (a power of two, ``engine.p2p``), so only powers of two are distinct values;
+        # across nodes also the channels per network peer
         out["n_channels"] = tuple(c for c in P2P_CHANNEL_GRID if c <= cap)
+        if scope["net_peer_channels"] is not None and cluster.nccl_nodes(n_nodes, group_size) > 1:
+            out["net_peer_channels"] = (None,) + NET_PEER_CHANNELS
         return out
     out["n_channels"] = tuple(c for c in (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64) if c <= cap)
     if scope["chunk_size"] is not None:
@@ -138,10 +146,13 @@ def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int 
 def applicable(config: CommConfig, *, op: str) -> CommConfig:
     """``config`` without the knobs that do not apply to ``op`` on NCCL (probe configs are applied
     to all sites at once). A send/recv or all-to-all site keeps only what NCCL's P2P path honours:
-    the communicator's channel count (``engine.p2p``); its kernel runs ``NCCL_MAX_NTHREADS``
-    whatever ``NCCL_NTHREADS`` says (NVIDIA/nccl v2.30.7 ``src/enqueue.cc:1136``)."""
+    the communicator's channel count and channels per network peer (``engine.p2p``); its kernel
+    runs ``NCCL_MAX_NTHREADS`` whatever ``NCCL_NTHREADS`` says (NVIDIA/nccl v2.30.7
+    ``src/enqueue.cc:1136``)."""
     if op in P2P_OPS:
-        return CommConfig(n_channels=config.n_channels)
+        return CommConfig(n_channels=config.n_channels, net_peer_channels=config.net_peer_channels)
+    if config.net_peer_channels is not None:
+        config = CommConfig(**{**config.to_dict(), "net_peer_channels": None})
     if config.algorithm is not None and config.algorithm not in ALGORITHMS_FOR_OP.get(op, ()):
         return CommConfig(**{**config.to_dict(), "algorithm": None})
     return config
@@ -168,13 +179,17 @@ def process_env(chosen: dict[str, list[int]]) -> dict[str, str]:
 
     ``n_threads`` -> ``NCCL_NTHREADS`` = the largest picked, left unset when every site keeps
     NCCL's 512; ``n_channels`` (``env`` mechanism) -> ``NCCL_MIN_CTAS=1`` and ``NCCL_MAX_CTAS`` =
-    the largest picked, both ends always set (NCCL PR 2256: a one-sided range fails).
+    the largest picked, both ends always set (NCCL PR 2256: a one-sided range fails);
+    ``net_peer_channels`` -> ``NCCL_NCHANNELS_PER_NET_PEER`` (it overrides the ``ncclConfig_t``
+    field of every communicator, NVIDIA/nccl v2.30.7 ``src/init.cc:2038-2047``).
     """
     env: dict[str, str] = {}
     if chosen.get("n_threads") and set(chosen["n_threads"]) != {512}:
         env["NCCL_NTHREADS"] = str(max(chosen["n_threads"]))
     if chosen.get("n_channels"):
         env["NCCL_MIN_CTAS"], env["NCCL_MAX_CTAS"] = "1", str(max(chosen["n_channels"]))
+    if chosen.get("net_peer_channels"):
+        env["NCCL_NCHANNELS_PER_NET_PEER"] = str(max(chosen["net_peer_channels"]))
     return env
 
 
@@ -229,8 +244,14 @@ class NcclRules:
             raise ValueError(f"cluster {self.cluster.name!r} is a {self.cluster.backend} cluster; NCCL rules need an NCCL cluster")
 
     def scope(self, knob: str) -> Scope | None:
-        """``knob_scope`` under this mechanism and the cluster's NCCL version."""
-        return knob_scope(knob, mechanism=self.mechanism, nccl_version=self.cluster.nccl)
+        """``knob_scope`` under this mechanism and the cluster's NCCL version; ``net_peer_channels``
+        is per communicator where the run's torch binds ``NCCLConfig.n_channels_per_net_peer`` on
+        NCCL 2.28+ (agreed capabilities; no released torch we read does)."""
+        scope = knob_scope(knob, mechanism=self.mechanism, nccl_version=self.cluster.nccl)
+        if (knob == "net_peer_channels" and scope is not None and self.mechanism != "env" and self.capabilities is not None
+                and self.cluster.nccl >= (2, 28, 0) and "n_channels_per_net_peer" in self.capabilities.config_fields):
+            return "communicator"
+        return scope
 
     def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None) -> dict[str, tuple]:
         """``domains`` of one site of ``op`` spanning ``n_nodes`` hosts and ``group_size``
@@ -240,6 +261,8 @@ class NcclRules:
         if self.capabilities is not None:
             d, _ = restrict_domains(d, self.capabilities, op=op, n_nodes=self.cluster.nccl_nodes(n_nodes, group_size),
                                     mechanism=self.mechanism)
+            if self.scope("net_peer_channels") != "communicator":
+                d["net_peer_channels"] = (None,)  # a process-wide value: read once, before any plan
         cap = self.channel_cap()
         if cap is not None and d["n_channels"] != (None,):
             d["n_channels"] = tuple(n for n in d["n_channels"] if n is None or n <= cap) or (None,)

@@ -82,6 +82,14 @@ def validate_config(config: CommConfig, *, op: str, cluster: ClusterSpec, mechan
         if mech != "tuner" or cluster.nccl < (2, 30, 0):
             raise invalid_value("chunk_size", c.chunk_size, [None], f"per-call chunk size needs the tuner plugin v6 (NCCL >= 2.30); have NCCL {cluster.nccl_version}, mechanism {mech}")
         _check_chunk(c.chunk_size, c.protocol or "Simple")
+    if c.net_peer_channels is not None:
+        n = c.net_peer_channels
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64 or n & (n - 1):
+            raise invalid_value("net_peer_channels", n, "powers of two 1..64", "NCCL rounds nChannelsPerNetPeer up to one")
+        if op not in P2P_OPS:
+            raise invalid_value("net_peer_channels", n, [None], f"channels per network peer apply to point-to-point, not {op}")
+        if cluster.nccl < (2, 12, 0):
+            raise invalid_value("net_peer_channels", n, [None], f"NCCL_NCHANNELS_PER_NET_PEER needs NCCL 2.12; have {cluster.nccl_version}")
     if c.cta_policy is not None and c.cta_policy not in CTA_POLICIES:
         raise invalid_value("cta_policy", c.cta_policy, list(CTA_POLICIES))
     if c.cga_cluster_size is not None:

@@ -257,17 +257,18 @@ def _default_channels(gpu: Gpu, c: Collective, algorithm: str, protocol: str) ->
     return int(min(base, by_size, gpu.max_channels))
 
 
-def p2p_kernel_channels(gpu: Gpu, c: Collective, cta_bound: int | None) -> int:
+def p2p_kernel_channels(gpu: Gpu, c: Collective, cta_bound: int | None, net_peer: int | None = None) -> int:
     """CTAs of a send/recv or all-to-all on a communicator with CTA bounds ``min = max = cta_bound``
     (None: NCCL's own, the topology's channel count for a Ring). NCCL's rule (``engine.p2p``): the
     communicator's channels give ``p2pnChannels``, the topology's channels per peer
-    (``channel_defaults.P2P_CHANNELS``) are cut to it, and each task of the call takes channels by
-    its bytes; the kernel runs one CTA per channel used."""
+    (``channel_defaults.P2P_CHANNELS``, or across nodes ``net_peer`` = nChannelsPerNetPeer when set)
+    are cut to it, and each task of the call takes channels by its bytes; the kernel runs one CTA per
+    channel used."""
     comm = cta_bound if cta_bound is not None else topology_channels(
         intra_link=gpu.intra_link, sm_arch_key=gpu.arch_key, n_nodes=c.n_nodes, algorithm="Ring")
     p2p = p2p_channels(min(max(1, int(comm)), gpu.max_channels))
-    per = np.minimum(p2p, pow2_up(topology_channels(intra_link=gpu.intra_link, sm_arch_key=gpu.arch_key,
-                                                     n_nodes=c.n_nodes, algorithm="P2P")))
+    topo = topology_channels(intra_link=gpu.intra_link, sm_arch_key=gpu.arch_key, n_nodes=c.n_nodes, algorithm="P2P")
+    per = np.minimum(p2p, pow2_up(net_peer if net_peer and c.n_nodes > 1 else topo))
     a2a = c.op == "all_to_all"
     ranks = max(1, c.group_size)
     kind = "net" if c.n_nodes > 1 else gpu.intra_link
@@ -312,7 +313,7 @@ def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
     threads = cfg.n_threads if cfg.n_threads in (64, 128, 256, 512) and proto != "LL128" else 512
     chunk = cfg.chunk_size if cfg.chunk_size and proto == "Simple" else DEFAULT_CHUNK[proto]
     if alg == "P2P":
-        channels = p2p_kernel_channels(gpu, c, cfg.n_channels)
+        channels = p2p_kernel_channels(gpu, c, cfg.n_channels, cfg.net_peer_channels)
     elif cfg.n_channels is not None:
         channels = int(min(max(1, cfg.n_channels), gpu.max_channels))
     elif cfg.cta_policy == "EFFICIENCY" and cta_efficiency_applies(gpu, c):

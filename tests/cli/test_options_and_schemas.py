@@ -31,7 +31,7 @@ def _one_error(capsys) -> str:
     (["simulate", "--preset", "gpt3-13b-h100x64", "--seed", "abc"], "'abc' is not an integer in 0..4294967295"),
     (["simulate", "--preset", "gpt3-13b-h100x64", "--method", "magic"], "invalid choice: 'magic'"),
     (["simulate", "--preset", "gpt3-13b-h100x64", "--method", "exhaustive"],
-     "--method exhaustive: 120 tunable sites need at least 2^120 joint configurations, above the limit of 2,000,000"),
+     "--method exhaustive: 121 tunable sites need at least 2^121 joint configurations, above the limit of 2,000,000"),
     (["doctor", "--preset", "llama3-8b-h100x8", "--world-size", "0"], "argument --world-size: 0 is not an integer >= 1"),
     (["doctor", "--preset", "llama3-8b-h100x8", "--gpus-per-node", "x"], "'x' is not an integer >= 1"),
 ])

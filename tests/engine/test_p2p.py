@@ -88,3 +88,32 @@ def test_a_collective_on_the_same_cluster_keeps_its_own_channel_rule():
     # NCCL 2.30: 4 per network peer (max(1 NIC, ceil(50 GB/s / 14)))
     m30 = CostModel.from_priors([ag, send], [10.0, 10.0], dataclasses.replace(h100, nccl_version="2.30.7"))
     assert float(m30.prior_parts(1, 7, 3, 6.0, 512.0, 0.0)[2]) == 4.0
+
+
+def test_channels_per_network_peer_are_decided_once_for_the_process_where_the_model_gains():
+    """A pipeline send across nodes overlapped with compute that it slows (compute-bound): fewer
+    channels per network peer free SMs, so the plan sets NCCL_NCHANNELS_PER_NET_PEER below NCCL's 4;
+    a send that only waits (communication-bound) never gets fewer (its time is the NIC's)."""
+    from lagom_megatron.engine.problem import SearchProblem
+    from lagom_megatron.megatron.backends import rules_for
+
+    h200 = ClusterSpec.load("h200-sxm")
+    send = site(site_id="pp.send_recv", op="send", nbytes=64 << 20, group="pp", group_size=2, n_nodes=2)
+    rules = rules_for("nccl", h200, None)
+    assert rules.scope("net_peer_channels") == "process"
+    for comp, gains in ((100_000.0, True), (1.0, False)):
+        model = CostModel.from_priors([send], [comp], h200, a=5.0)
+        problem = SearchProblem.from_model(model, rules=rules)
+        assert problem.domains_S[0]["net_peer_channels"] == (None, 1, 2, 4, 8, 16)
+        plan = problem.make_plan(problem.default_state(), method="test", stats={})
+        assert not model.p2p.net_peer_S.any()  # the decision leaves the model at NCCL's defaults
+        e = plan.entries["pp.send_recv"]
+        assert e.config == CommConfig() and "net_peer_channels" in e.tunable  # process scope: env only
+        if not gains:
+            assert int(plan.env.get("NCCL_NCHANNELS_PER_NET_PEER", 4)) >= 4
+            continue
+        # NCCL's own: max(1 NIC, ceil(50 GB/s / 14)) = 4 per network peer; the plan takes fewer
+        value = int(plan.env["NCCL_NCHANNELS_PER_NET_PEER"])
+        assert value < 4 and e.predicted_t_region_us < e.predicted_default_t_region_us
+        model.p2p.net_peer_S[0] = float(value)  # the plan's prediction is the model's under that value
+        assert e.predicted_t_region_us == pytest.approx(model.t_region_us(send, CommConfig()), abs=1e-3)

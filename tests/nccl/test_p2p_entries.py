@@ -128,3 +128,53 @@ def test_a_site_that_leaves_channels_to_nccl_runs_at_nccls_own_count(monkeypatch
     assert nccl_collective_channels(nccl_comm_channels(topology, own), plugin["tp.sp_all_gather[1]"]) == topology
     # on the bounded entry, as before, it would have run at the bound instead
     assert nccl_collective_channels(nccl_comm_channels(topology, bounded), plugin["tp.sp_all_gather[1]"]) == 8
+
+
+def test_channels_per_network_peer_reach_nccl_by_the_field_torch_binds_or_the_variable():
+    """``nChannelsPerNetPeer`` is an ``ncclConfig_t`` field from NCCL 2.28 (``src/nccl.h.in`` at
+    v2.28.3-1); no torch release we read binds it, so the rules keep it process scope
+    (``NCCL_NCHANNELS_PER_NET_PEER``, which overrides the field, ``src/init.cc:2038-2047``) unless the
+    agreed capabilities show a torch that binds ``n_channels_per_net_peer``."""
+    import dataclasses
+
+    import pytest
+
+    from lagom_megatron.nccl.capabilities import gather_local
+    from lagom_megatron.nccl.env_vars import validate_env
+    from lagom_megatron.nccl.options import nccl_options_for
+    from lagom_megatron.nccl.rules import NcclRules, process_env
+
+    from .test_pool import TORCH_28_FIELDS
+
+    cfg = CommConfig(n_channels=4, net_peer_channels=2)
+    with pytest.raises(ValueError, match="needs NCCLConfig.n_channels_per_net_peer, which this torch does not bind"):
+        nccl_options_for(cfg, fields=TORCH_28_FIELDS)
+    bound = TORCH_28_FIELDS + ("n_channels_per_net_peer",)
+    assert nccl_options_for(cfg, fields=bound)["config"]["n_channels_per_net_peer"] == 2
+    with pytest.raises(ValueError, match="needs NCCL >= 2.28"):
+        nccl_options_for(cfg, fields=bound, nccl_version=(2, 27, 5))
+    with pytest.raises(ValueError, match="power of two"):
+        nccl_options_for(CommConfig(net_peer_channels=3), fields=bound)
+    h200 = ClusterSpec.load("h200-sxm")
+    offline = NcclRules(h200)
+    assert offline.scope("net_peer_channels") == "process"
+    assert offline.domains(op="send", n_nodes=2, group_size=2)["net_peer_channels"] == (None, 1, 2, 4, 8, 16)
+    assert offline.domains(op="send", n_nodes=1, group_size=2)["net_peer_channels"] == (None,)  # no network peer
+    assert offline.domains(op="all_reduce", n_nodes=2, group_size=16)["net_peer_channels"] == (None,)
+    assert process_env({"net_peer_channels": [2]}) == {"NCCL_NCHANNELS_PER_NET_PEER": "2"}
+    validate_env({"NCCL_NCHANNELS_PER_NET_PEER": "2"})
+    with pytest.raises(ValueError, match="powers of two"):
+        validate_env({"NCCL_NCHANNELS_PER_NET_PEER": "3"})
+    caps = gather_local(environ={}, status_reader=lambda: None, nccl_version=(2, 30, 7), config_fields=bound,
+                        multicast=False, torch_version="2.99")
+    live = NcclRules(h200, capabilities=caps)
+    assert live.scope("net_peer_channels") == "communicator"
+    assert live.domains(op="send", n_nodes=2, group_size=2)["net_peer_channels"] == (None, 1, 2, 4, 8, 16)
+    unbound = NcclRules(h200, capabilities=dataclasses.replace(caps, config_fields=TORCH_28_FIELDS))
+    # a running job cannot change a process-wide value: not searched live without the field
+    assert unbound.domains(op="send", n_nodes=2, group_size=2)["net_peer_channels"] == (None,)
+    # a pool entry per distinct value, in plugin and communicator mode
+    for plugin in (True, False):
+        backend = NcclPoolBackend(use_tuner_plugin=plugin)
+        keys = {backend.entry_key(CommConfig(n_channels=4, net_peer_channels=v), group="pp") for v in (None, 2)}
+        assert len(keys) == 2
