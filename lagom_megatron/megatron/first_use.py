@@ -48,20 +48,9 @@ class FirstUse:
         ``kwargs``: the first time, a wrapper that calls ``orig`` with the entry's arguments and, if
         that raises, records the error and calls ``orig(*args, **kwargs)`` instead; after such a
         refusal, every later call of the site goes to its own group (NCCL refuses them all)."""
-        if site_id in self.refused:
-            return lambda *a, **k: orig(*args, **kwargs)
-        if site_id in self.seen:
-            return orig
-        self.seen.add(site_id)
-
-        def first(*a: Any, **k: Any) -> Any:
-            try:
-                _inject()
-                return orig(*a, **k)
-            except Exception as exc:  # noqa: BLE001 - NCCL's refusal: kept, the call goes to its own group
-                self._refuse(site_id, exc)
-                return orig(*args, **kwargs)
-        return first
+        def on_own(*a: Any, **k: Any) -> Any:
+            return orig(*args, **kwargs)
+        return self._first(site_id, orig, on_own)
 
     def guard_bucket(self, site_id: str, orig: Callable[..., Any], owner: Any, attr: str, own: Any) -> Callable[..., Any]:
         """``guard`` for a DDP bucket group routed by swapping ``owner.<attr>`` to its entry: on an
@@ -74,6 +63,10 @@ class FirstUse:
                 return orig(*a, **k)
             finally:
                 setattr(owner, attr, entry)
+        return self._first(site_id, orig, on_own)
+
+    def _first(self, site_id: str, orig: Callable[..., Any], on_own: Callable[..., Any]) -> Callable[..., Any]:
+        """``orig`` once seen, ``on_own`` once refused, else the guarded first call."""
         if site_id in self.refused:
             return on_own
         if site_id in self.seen:
@@ -84,14 +77,11 @@ class FirstUse:
             try:
                 _inject()
                 return orig(*a, **k)
-            except Exception as exc:  # noqa: BLE001 - as in guard
-                self._refuse(site_id, exc)
+            except Exception as exc:  # noqa: BLE001 - NCCL's refusal: kept, the call goes to its own group
+                self.refused.add(site_id)
+                self.failures.append((site_id, f"{type(exc).__name__}: {exc}"))
                 return on_own(*a, **k)
         return first
-
-    def _refuse(self, site_id: str, exc: Exception) -> None:
-        self.refused.add(site_id)
-        self.failures.append((site_id, f"{type(exc).__name__}: {exc}"))
 
     def check(self, *, disarm: bool = True) -> None:
         """Raises when a first call failed on this rank; ``disarm`` ends the guarded round (after an
