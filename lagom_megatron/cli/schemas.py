@@ -35,6 +35,14 @@ def _finite(v: float) -> float:
     return v
 
 
+def _parts(v: list[list[Any]]) -> list[list[Any]]:
+    """Each part is [dtype name, bytes >= 0] (an integer, not a string or a float)."""
+    for k, p in enumerate(v):
+        if len(p) != 2 or not isinstance(p[0], str) or isinstance(p[1], bool) or not isinstance(p[1], int) or p[1] < 0:
+            raise ValueError(f"parts[{k}] must be [dtype, bytes] with bytes an integer >= 0; got {p!r}")
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -51,9 +59,11 @@ class SiteSchema(_Strict):
     n_nodes: StrictInt = Field(default=1, ge=1)
     calls_per_iter: StrictInt = Field(default=1, ge=1)
     reduce_op: str | None = None
-    parts: list[tuple[str, StrictInt]] = Field(default_factory=list)
+    parts: list[list[Any]] = Field(default_factory=list)
     """(dtype, bytes) per tensor of a coalesced call (``engine.profile.CollectiveSite.parts``)."""
     registered: Literal[REGISTRATIONS] = ""  # type: ignore[valid-type]
+
+    _check_parts = field_validator("parts")(lambda v: _parts(v))
 
 
 class SampleSchema(_Strict):
@@ -130,8 +140,10 @@ class EntrySchema(_Strict):
     """The knobs the plan's mechanism can change for the site (``engine.plan.PlanEntry.tunable``)."""
     note: str = ""
     reduce_op: str | None = None
-    parts: list[tuple[str, StrictInt]] = Field(default_factory=list)
+    parts: list[list[Any]] = Field(default_factory=list)
     model_config = ConfigDict(extra="forbid", strict=False)
+
+    _check_parts = field_validator("parts")(lambda v: _parts(v))
 
 
 class FingerprintSchema(BaseModel):
