@@ -26,7 +26,9 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.megatron.call_facts import bucket_parts, bucket_reduce_op, bucket_registration, call_reduce_op
 from lagom_megatron.megatron.comm_pool import CommPool
+from lagom_megatron.megatron.first_use import FirstUse
 from lagom_megatron.megatron.gloo import chunked_call
 from lagom_megatron.megatron.profiler import Profiler
 from lagom_megatron.megatron.router_coalesced import CoalescedRouting
@@ -139,6 +141,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         self._coalesce_state = coalesce_state()
         self._mfsdp: dict[int, Any] = {}
         """Megatron-FSDP buffer id -> its buckets' sites (``router_fsdp``)."""
+        self.first_use = FirstUse()
+        """Guards the first call of each site on a new pool entry (``first_use``)."""
 
     # -------------------------------------------------------------- configuration
     def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
@@ -199,13 +203,15 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                 op, name = "all_gather", "param_all_gather"
                 tensors = [b.param_data for b in bucket_group.buckets]
             if known is None:
-                known = (f"{info.name}.{name}[{tag}]", op, tensor_nbytes(tensors), dtype_name(tensors), info)
+                facts = {"reduce_op": bucket_reduce_op(bucket_group, kind), "parts": bucket_parts(tensors),
+                         "registered": bucket_registration(bucket_group, self.registry.registered_pools.get(info.name))}
+                known = (f"{info.name}.{name}[{tag}]", op, tensor_nbytes(tensors), dtype_name(tensors), info, facts)
             self._buckets[key] = known
         if known is ONE_RANK:  # data parallel 1: no data moves, never a site
             return orig(bucket_group, *args, **kwargs)
-        site_id, op, nbytes, dtype, info = known
+        site_id, op, nbytes, dtype, info, facts = known
         if self.registry.recording:
-            self.registry.record(site_id, op=op, nbytes=nbytes, dtype=dtype, group=info)
+            self.registry.record(site_id, op=op, nbytes=nbytes, dtype=dtype, group=info, facts=facts)
         _, pool_group, chunk = self._route(site_id, info)
         profiler = self.profiler
         timed = profiler.timed
@@ -215,6 +221,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         self._scope = ("bucket", (chunk, info))
         if pool_group is not None:
             setattr(bucket_group, attr, pool_group)
+            if self.first_use.armed:
+                orig = self.first_use.guard_bucket(site_id, orig, bucket_group, attr, group)
         t0 = profiler.mark() if timed else None
         try:
             result = orig(bucket_group, *args, **kwargs)
@@ -282,8 +290,9 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                 rec.calls += 1
             else:
                 tname = call.tname
+                reduce_op = call_reduce_op(op, args, kwargs)
                 registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[call.tindex],
-                                       group=call.info)
+                                       group=call.info, facts=None if reduce_op is None else {"reduce_op": reduce_op})
         route = self._routes.get(site_id) or self._resolve(site_id, call.info)
         chunk = 0
         if route[0] is not None:
@@ -292,6 +301,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                 self.calls_routed += 1
                 pool_group = route[1]
                 if pool_group is not None:
+                    if self.first_use.armed:  # the own group's arguments, before the swap below
+                        orig = self.first_use.guard(site_id, orig, args, dict(kwargs))
                     if group_in_args:
                         args = args[:gi] + (pool_group,) + args[gi + 1:]
                     else:  # the wrapper's own ``**kwargs`` dict (patches): nobody else holds it

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from lagom_megatron.megatron.call_facts import call_reduce_op
 from lagom_megatron.megatron.sites import ONE_RANK, dtype_name, tensor_nbytes
 
 _TENSOR = {"all_gather": ("output_tensor", 0), "reduce_scatter": ("input", 1), "all_reduce": ("tensor", 0)}
@@ -78,13 +79,14 @@ class _Manager:
     """One Megatron-FSDP call being routed: which bucket its coalesced manager gathers or reduces,
     and what that manager's inner calls moved."""
 
-    __slots__ = ("sites", "gather", "bucket", "done", "calls", "nbytes", "dtype")
+    __slots__ = ("sites", "gather", "bucket", "done", "calls", "nbytes", "dtype", "reduce_op")
 
     def __init__(self, sites: list, *, gather: bool, bucket: int | None = None) -> None:
         self.sites, self.gather, self.bucket = sites, gather, bucket
         self.done = False
         """The reduction's manager has exited: a later one (the hybrid-FSDP outer group's) is not the site."""
         self.calls, self.nbytes, self.dtype = 0, 0, "float32"
+        self.reduce_op: str | None = None
 
 
 class _Coalesced:
@@ -285,6 +287,7 @@ class FsdpRouting:
             call.calls += 1
             call.nbytes += tensor_nbytes(t)
             call.dtype = dtype_name(t)
+            call.reduce_op = call_reduce_op(op, args, kwargs)
         return orig(*args, **kwargs)
 
     def _mfsdp_done(self, manager: _Coalesced) -> None:
@@ -297,7 +300,8 @@ class FsdpRouting:
         site_id, info = site
         if self.registry.recording:
             op = "all_gather" if call.gather else ("reduce_scatter" if "scatter" in site_id else "all_reduce")
-            self.registry.record(site_id, op=op, nbytes=call.nbytes, dtype=call.dtype, group=info)
+            self.registry.record(site_id, op=op, nbytes=call.nbytes, dtype=call.dtype, group=info,
+                                 facts=None if call.reduce_op is None else {"reduce_op": call.reduce_op})
         if (self._routes.get(site_id) or self._resolve(site_id, info))[0] is not None:
             self.calls_routed += 1
         if manager.t0 is None:
