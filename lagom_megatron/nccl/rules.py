@@ -30,6 +30,7 @@ from lagom_megatron.engine.knobs import (
 )
 from lagom_megatron.nccl.budget import channel_cap, group_share
 from lagom_megatron.nccl.capabilities import Capabilities, fixed_knob_warning, restrict_domains
+from lagom_megatron.nccl.paths import ll128_enabled
 
 MECHANISMS: tuple[str, ...] = ("tuner", "communicator", "env")
 """How a plan reaches NCCL (module docstring); ``tuner`` is the default."""
@@ -146,7 +147,7 @@ def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int 
     These are subsets of what ``validate_config`` accepts, chosen so that a scan of each knob is
     short (the search cost is linear in the sum of domain sizes): channels on a roughly
     geometric grid up to the NCCL maximum, four chunk sizes (Simple's grid), all thread counts,
-    protocols without forcing LL128 where NCCL would not enable it, the op's algorithms.
+    protocols without LL128 where NCCL would not enable it (``ll128_enabled``), the op's algorithms.
     A knob whose scope is None under ``mechanism`` gets ``(None,)``.
 
     Raises:
@@ -166,7 +167,7 @@ def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int 
     algs = algorithms_for(op=op, cluster=cluster, n_nodes=n_nodes, group_size=group_size)
     if scope["algorithm"] is not None and algs:
         out["algorithm"] = algs
-    protos = ("LL", "LL128", "Simple") if cluster.sm_arch >= 80 else ("LL", "Simple")
+    protos = ("LL", "LL128", "Simple") if ll128_enabled(cluster, n_nodes=n_nodes, group_size=group_size) else ("LL", "Simple")
     if mechanism != "tuner":
         protos = tuple(p for p in protos if p != "LL128")  # never force LL128 through NCCL_PROTO
     if scope["protocol"] is not None:
