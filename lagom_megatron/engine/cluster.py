@@ -74,6 +74,26 @@ class ClusterSpec:
     """Simulator only: the same for compute-bound kernels; None = the simulator's default."""
     net_latency_us: float = 5.0
     """Latency of one algorithm step across nodes, microseconds (Simple protocol)."""
+    nvlink_bridge_gbps: float | None = None
+    """NVLink bridges between GPU pairs of a PCIe node (``intra_link: pcie``): the bridge's GB/s per
+    direction (A40: 112.5 GB/s both ways = 56.25); None = no bridges."""
+    coll_channels: int | None = None
+    """NCCL's collective channels (CTAs) in one node, as its INFO log reports ("N coll channels");
+    None = the cost model's approximation (32 on sm90 NVSwitch, 24 before, 2 on PCIe)."""
+    coll_channels_inter: int | None = None
+    """The same for a communicator spanning nodes; None = 16 on NVSwitch nodes (nccl#689), else
+    ``coll_channels``."""
+    channel_gbps: float | None = None
+    """Simulator only: GB/s one NCCL channel (CTA) moves with Ring/Simple at 512 threads and the
+    default chunk when the link is not the limit, fitted on nccl-tests output; None = the
+    simulator's per-architecture value."""
+    link_efficiency: float | None = None
+    """Simulator only: Ring/Simple bus bandwidth reached inside a node as a fraction of
+    ``nvlink_gbps_per_gpu`` (the PCIe link on PCIe nodes), fitted on nccl-tests output; None = the
+    simulator's (nccl-tests figures on NVLink, NCCL's ring speed on PCIe)."""
+    saturation_p: float | None = None
+    """Simulator only: sharpness p of bandwidth saturation, bw = (n x channel^-p + link^-p)^(-1/p)
+    over channel counts, fitted on nccl-tests output; None = the simulator's."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("nccl", "gloo"):
@@ -99,6 +119,21 @@ class ClusterSpec:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise ValueError(f"cluster {self.name!r}: {key} must be a number >= 0 or absent; got {value!r}")
+        for key in ("coll_channels", "coll_channels_inter"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
+                raise ValueError(f"cluster {self.name!r}: {key} must be an integer 1..64 or absent; got {value!r}")
+        for key, lo, hi, unit in (("nvlink_bridge_gbps", 0.0, None, "GB/s"), ("channel_gbps", 0.0, None, "GB/s"),
+                                  ("link_efficiency", 0.0, 1.0, "a fraction"), ("saturation_p", 1.0, None, "an exponent")):
+            value = getattr(self, key)
+            bad = value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= lo
+                                         or (hi is not None and value > hi))
+            if bad:
+                rng = f"> {lo}" + (f" and <= {hi}" if hi is not None else "")
+                raise ValueError(f"cluster {self.name!r}: {key} must be {unit} {rng} or absent; got {value!r}")
+        if self.nvlink_bridge_gbps is not None and self.intra_link != "pcie":
+            raise ValueError(f"cluster {self.name!r}: nvlink_bridge_gbps describes NVLink bridges on a PCIe node; "
+                             f"it needs intra_link: pcie, got intra_link: {self.intra_link!r}")
         if self.backend == "nccl":
             parse_version(self.nccl_version)  # raises on a malformed version
 
