@@ -184,3 +184,31 @@ def test_imprecise_samples_do_not_shape_the_channel_correction():
     corr = fit_cost_model(profile_from(long, noise=0.0), long.cluster).corr_SC
     assert corr is not None
     assert corr[0, [4, 8, 16, 32]] == pytest.approx(1.0, abs=0.02)  # data of the model's own form: nothing to correct
+
+
+def test_a_site_with_no_predicted_gain_keeps_nccls_defaults(monkeypatch):
+    """The scans' tie rule moves a flat site to fewer channels; the plan must still leave it on
+    NCCL's own choice (no move for zero predicted gain), while a site with a real gain moves."""
+    from lagom_megatron.engine.priority import keep_defaults_without_gain
+
+    problem = build(sites=[site(site_id="tp.ag[0]"), site(site_id="tp.ag[1]", nbytes=32 * 2**20)], comp_ratio=1.0)
+    real = problem.model.evaluate
+
+    def flat_for_first(idx, alg, proto, nc, nt, chunk):  # site 0: every config predicts 100 us
+        t_comm, s, region = real(idx, alg, proto, nc, nt, chunk)
+        first = np.broadcast_to(np.asarray(idx) == 0, np.shape(region))
+        return np.where(first, 100.0, t_comm), s, np.where(first, 100.0, region)
+
+    monkeypatch.setattr(problem.model, "evaluate", flat_for_first)
+    st = problem.default_state()
+    st.nc[:] = 1.0  # both sites moved (site 0 by a tie, site 1 to a config of its own)
+    out, reset = keep_defaults_without_gain(problem, st, ("n_channels", "chunk_size", "protocol", "algorithm"))
+    assert out.nc[0] == problem.default_state().nc[0] and reset >= 1
+    gain_1 = real(np.array([1]), st.alg[1:], st.proto[1:], st.nc[1:], st.nt[1:], np.zeros(1))[2][0]
+    default_1 = real(np.array([1]), *(x[1:] for x in (problem.default_state().alg, problem.default_state().proto,
+                                                        problem.default_state().nc, problem.default_state().nt)), np.zeros(1))[2][0]
+    assert (out.nc[1] == 1.0) == (gain_1 < default_1)
+    # and the searched plan holds NCCL's default for the flat site
+    plan = search(problem, method="priority").plan
+    assert plan.entries["tp.ag[0]"].config == CommConfig()
+    assert plan.stats["zero_gain_sites_reset"] >= 0
