@@ -306,9 +306,12 @@ class CostModel:
             s_l = np.asarray(s)[..., None] * self.slow_SL[i]
             region = np.sum(self.comp_weights_SL[i] * region_time_us(t_call, self.comp_levels_SL[i], s_l), axis=-1)
         if self.queued_S is not None and self.queued_S.any():
-            # queued behind each other on one stream: time a collective adds is time the ones
-            # behind it start later (``mark_queues``), counted one for one
-            region = region + np.maximum(0.0, t_comm - self.t_comm_default_S[i]) * self.queued_S[i]
+            # queued behind each other on one stream (``mark_queues``): time a collective adds
+            # beyond its share of the compute the queue overlaps is time the ones behind it start
+            # later; an empty window's own region is that queue time, not its T_comm
+            extra = t_comm - self.t_comm_default_S[i]
+            q, empty = self.queued_S[i], self.queue_empty_S[i]
+            region = region - extra * q * empty + np.maximum(0.0, extra - self.queue_free_S[i]) * q
         return t_comm, s, region
 
     def set_call_levels(self, per_call_us: Sequence[Sequence[float]]) -> None:
@@ -352,8 +355,11 @@ class CostModel:
         regions as independent, cannot see what a slower collective costs the ones queued behind
         it. A communicator where at least ``queue_share`` of the sites have empty windows is a
         queue (one empty window, e.g. DDP's last bucket before the final wait, is not). On such a
-        communicator every site's extra T_comm over NCCL's default is added to its
-        region one for one (the queue is then assumed to be the critical path: conservative).
+        communicator a site's extra T_comm over NCCL's default is added to its region where it
+        exceeds the site's share (by default T_comm) of the queue's slack: the compute of the
+        queue's windows minus its collectives' default time. Within the slack the queue hides
+        behind compute; beyond it, it is the critical path. An empty window's own region (its
+        T_comm) is replaced by that queue time.
         """
         S = len(self.sites)
         self.queued_S = None
@@ -366,6 +372,12 @@ class CostModel:
                  if np.count_nonzero(groups == g) > 1 and np.mean(empty[groups == g]) >= queue_share}
         flag = np.array([g in comms for g in groups], dtype=float)
         self.t_comm_default_S = t_def
+        self.queue_empty_S = empty.astype(float)
+        self.queue_free_S = np.zeros(S)
+        for g in comms:
+            m = groups == g
+            slack = max(0.0, float(self.t_comp_us_S[m].sum() - t_def[m].sum()))
+            self.queue_free_S[m] = slack * t_def[m] / max(float(t_def[m].sum()), 1e-9)
         self.queued_S = flag if flag.any() else None
 
     def _site(self, site: "CollectiveSite | str") -> int:

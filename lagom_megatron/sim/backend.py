@@ -71,6 +71,9 @@ class SimulatedCluster:
             if c.site_id is not None:
                 self._site_calls.setdefault(c.site_id, []).append(i)
         self._cost_cache: dict[tuple, CommCost] = {}
+        self.high_priority: frozenset[str] = frozenset()
+        """Groups on high-priority streams in every iteration that does not say otherwise (a job
+        launched with ``--high-priority-stream-groups``; lagom's pool entries inherit it)."""
 
     @property
     def sites(self) -> list[CollectiveSite]:
@@ -108,7 +111,7 @@ class SimulatedCluster:
     def run_iteration(self, step: Step | None = None, *, iteration: int = 0, assignment: dict[str, CommConfig] | None = None,
                       serialize: bool = False, channel_cap: int | None = None, noise: bool = True,
                       free_comm: bool = False, group_caps: dict[str, int] | None = None,
-                      high_priority: frozenset[str] = frozenset(), registered: frozenset[str] = frozenset(),
+                      high_priority: frozenset[str] | None = None, registered: frozenset[str] = frozenset(),
                       fork: bool = False) -> IterationMeasurement:
         """Simulates one iteration.
 
@@ -125,7 +128,8 @@ class SimulatedCluster:
                 (``ncclConfig_t.maxCTAs`` bounds the communicator's collective and P2P channels,
                 NCCL v2.30.7 src/graph/connect.cc:503, src/graph/paths.cc:984).
             high_priority: groups whose communication stream has a high priority
-                (``--high-priority-stream-groups``; ``timeline`` "Dispatch").
+                (``--high-priority-stream-groups``; ``timeline`` "Dispatch"); None = the
+                cluster's ``high_priority`` attribute (empty unless set).
             registered: groups whose buffers are registered with NCCL (``--use-nccl-ub``).
             fork: honour an assignment's per-call thread count (a patched NCCL such as AutoCCL's).
 
@@ -151,7 +155,8 @@ class SimulatedCluster:
         seed = hash((self.seed, iteration)) & 0x7FFFFFFF
         sig = {} if noise else {"sigma_comp": 0.0, "sigma_comm": 0.0}
         res = timeline.run(self._prog, self.gpu, costs, serialize=serialize, cdmc1=self.workload.cdmc1,
-                           seed=seed, win=self._win, high_priority=frozenset(high_priority), **sig)
+                           seed=seed, win=self._win,
+                           high_priority=frozenset(self.high_priority if high_priority is None else high_priority), **sig)
         self.last_timeline = res
         w = self.workload
         steady = 0.0

@@ -127,6 +127,16 @@ def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_it
     assignment = {k: e.config for k, e in plan.entries.items()} if plan is not None else {}
     plan_us = median_us(sim, iters=iters, assignment=assignment)
     applied = r.tuner.phase.value == "applied"
+    # lagom in a job that also names every group in --high-priority-stream-groups (its pool
+    # entries inherit the group's stream priority, nccl/pool.py): a details column
+    sim.high_priority = groups
+    try:
+        hp = run_lifecycle(sim, method="priority", verify_iters=verify_iters, after_iters=0, first_iteration=seed * 1000 + 500)
+        hp_plan = {k: e.config for k, e in hp.tuner.plan.entries.items()} if hp.tuner.plan is not None else {}
+        hp_kept = median_us(sim, iters=iters, assignment=hp_plan if hp.tuner.phase.value == "applied" else {})
+    finally:
+        sim.high_priority = frozenset()
+    row["lagom_hp_kept_ms"] = hp_kept / 1e3
     row.update(lagom_plan_ms=plan_us / 1e3, lagom_kept_ms=(plan_us if applied else default) / 1e3,
                model_mape=r.tuner.model_mape, oracle_ms=oracle_us / 1e3, lagom_phase=r.tuner.phase.value,
                lagom_candidate=(plan.stats.get("candidate") if plan is not None else None),
