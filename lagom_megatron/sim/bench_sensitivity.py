@@ -100,27 +100,21 @@ def _write(lines: list[dict[str, Any]], path: Path) -> None:
 
 
 def print_tornado(lines: list[dict[str, Any]], rows: list[tuple]) -> None:
-    """Per constant: each speed-up's range over the rows at the low and the high end of its range."""
-    def rng(sel: list[dict[str, Any]], key: str) -> str:
-        xs = [ln[key] for ln in sel]
-        return f"{min(xs):.3f}-{max(xs):.3f}" if xs else "-"
-
-    central = [ln for ln in lines if ln["end"] == "value"]
-    print(f"\nSENSITIVITY (SIMULATED, seed 0, {len(rows)} rows): speed-up over NCCL defaults, range over rows")
-    print(f"{'constant':18s} {'low..high':>15s} | {'kept low':>11s} {'kept high':>11s} | {'oracle low':>11s} "
-          f"{'oracle high':>11s} | {'static low':>11s} {'static high':>11s}")
-    print(f"{'(central values)':18s} {'':>15s} | {rng(central, 'kept'):>23s} | {rng(central, 'oracle'):>23s} | "
-          f"{rng(central, 'best_static'):>23s}")
-
-    def swing(name: str) -> float:
-        sel = [ln for ln in lines if ln["constant"] == name]
-        return max((abs(a["kept"] - b["kept"]) for a in sel for b in sel if a["preset"] == b["preset"]
-                    and a["cluster"] == b["cluster"] and a["microbatches"] == b["microbatches"]), default=0.0)
-
-    names = sorted({ln["constant"] for ln in lines if ln["constant"] != "-"}, key=swing, reverse=True)
-    for name in names:
-        c = CONSTANTS[name]
-        lo = [ln for ln in lines if ln["constant"] == name and ln["end"] == "low"]
-        hi = [ln for ln in lines if ln["constant"] == name and ln["end"] == "high"]
-        print(f"{name:18s} {f'{c.low:g}..{c.high:g}':>15s} | {rng(lo, 'kept'):>11s} {rng(hi, 'kept'):>11s} | "
-              f"{rng(lo, 'oracle'):>11s} {rng(hi, 'oracle'):>11s} | {rng(lo, 'best_static'):>11s} {rng(hi, 'best_static'):>11s}")
+    """Per row: the central speed-ups, then per constant (sorted by how far it moves lagom's kept
+    speed-up on that row) each speed-up at the low and the high end of the constant's range."""
+    print(f"\nSENSITIVITY (SIMULATED, seed 0, {len(rows)} rows): speed-up over NCCL defaults, low end -> high end")
+    for r in rows:
+        key = (r[0], r[1], r[2])
+        mine = [ln for ln in lines if (ln["preset"], ln["cluster"], ln["microbatches"]) == key]
+        c = next(ln for ln in mine if ln["end"] == "value")
+        print(f"\n{r[0]} on {r[1]}, {r[2]} micro-batch(es): bound {c['bound']:.3f}, kept {c['kept']:.3f}, "
+              f"oracle {c['oracle']:.3f}, best static {c['best_static']:.3f}")
+        print(f"  {'constant':18s} {'low..high':>13s}  {'kept':>13s}  {'oracle':>13s}  {'best static':>13s}")
+        per: dict[str, dict[str, dict[str, Any]]] = {}
+        for ln in mine:
+            if ln["end"] != "value":
+                per.setdefault(ln["constant"], {})[ln["end"]] = ln
+        for name in sorted(per, key=lambda n: -abs(per[n]["high"]["kept"] - per[n]["low"]["kept"])):
+            lo, hi, cst = per[name]["low"], per[name]["high"], CONSTANTS[name]
+            print(f"  {name:18s} {f'{cst.low:g}..{cst.high:g}':>13s}  " + "  ".join(
+                f"{lo[k]:.3f}->{hi[k]:.3f}" for k in ("kept", "oracle", "best_static")))
