@@ -23,6 +23,9 @@ import yaml
 
 CLUSTERS_DIR = Path(os.environ.get("LAGOM_CONFIGS", Path(__file__).resolve().parents[2] / "configs")) / "clusters"
 """``configs/clusters`` of the source tree, or ``$LAGOM_CONFIGS/clusters`` (same rule as presets)."""
+PROTOCOLS = ("LL", "LL128", "Simple")
+"""NCCL's protocol names, the keys of the per-protocol fields (``engine.knobs.PROTOCOLS``, which
+imports this module, holds the same; tests/engine/test_cluster.py keeps them equal)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,17 +86,22 @@ class ClusterSpec:
     coll_channels_inter: int | None = None
     """The same for a communicator spanning nodes; None = 16 on NVSwitch nodes (nccl#689), else
     ``coll_channels``."""
-    channel_gbps: float | None = None
-    """Simulator only: GB/s one NCCL channel (CTA) moves with Ring/Simple at 512 threads and the
-    default chunk when the link is not the limit, fitted on nccl-tests output; None = the
-    simulator's per-architecture value."""
-    link_efficiency: float | None = None
-    """Simulator only: Ring/Simple bus bandwidth reached inside a node as a fraction of
-    ``nvlink_gbps_per_gpu`` (the PCIe link on PCIe nodes), fitted on nccl-tests output; None = the
-    simulator's (nccl-tests figures on NVLink, NCCL's ring speed on PCIe)."""
-    saturation_p: float | None = None
-    """Simulator only: sharpness p of bandwidth saturation, bw = (n x channel^-p + link^-p)^(-1/p)
-    over channel counts, fitted on nccl-tests output; None = the simulator's."""
+    # Measured bandwidth shape, written by ``lagom calibrate bandwidth`` from nccl-tests sweeps
+    # (``sim.calibrate_bandwidth.fit_to_cluster_fields``); None or a protocol left out = the
+    # simulator's own tables (``sim.device``).
+    per_channel_gbps: dict[str, float] | None = None
+    """GB/s one Ring channel (one CTA) moves per protocol (``LL``, ``LL128``, ``Simple``) at 512
+    threads and NCCL's default chunk, before the link caps it."""
+    channel_thread_exponent: float | None = None
+    """Per-channel bandwidth scales as ``(threads / 512) ** exponent`` (Simple and LL; LL128 and
+    point-to-point run fixed thread counts)."""
+    bw_saturation_p: float | None = None
+    """Sharpness ``p`` of the saturation ``bw = ((channels * per_channel)^-p + ceiling^-p)^(-1/p)``."""
+    link_eff: dict[str, float] | None = None
+    """Per protocol: the Ring bus-bandwidth ceiling inside a node over ``nvlink_gbps_per_gpu``."""
+    net_eff: dict[str, float] | None = None
+    """Per protocol: the Ring bus-bandwidth ceiling across nodes over the node's network
+    (``net_gbps_per_gpu`` x the group's ranks per node)."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("nccl", "gloo"):
@@ -123,17 +131,18 @@ class ClusterSpec:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
                 raise ValueError(f"cluster {self.name!r}: {key} must be an integer 1..64 or absent; got {value!r}")
-        for key, lo, hi, unit in (("nvlink_bridge_gbps", 0.0, None, "GB/s"), ("channel_gbps", 0.0, None, "GB/s"),
-                                  ("link_efficiency", 0.0, 1.0, "a fraction"), ("saturation_p", 1.0, None, "an exponent")):
-            value = getattr(self, key)
-            bad = value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= lo
-                                         or (hi is not None and value > hi))
-            if bad:
-                rng = f"> {lo}" + (f" and <= {hi}" if hi is not None else "")
-                raise ValueError(f"cluster {self.name!r}: {key} must be {unit} {rng} or absent; got {value!r}")
-        if self.nvlink_bridge_gbps is not None and self.intra_link != "pcie":
+        bridge = self.nvlink_bridge_gbps
+        if bridge is not None and (isinstance(bridge, bool) or not isinstance(bridge, (int, float)) or not bridge > 0):
+            raise ValueError(f"cluster {self.name!r}: nvlink_bridge_gbps must be a number > 0 (GB/s) or absent; got {bridge!r}")
+        if bridge is not None and self.intra_link != "pcie":
             raise ValueError(f"cluster {self.name!r}: nvlink_bridge_gbps describes NVLink bridges on a PCIe node; "
                              f"it needs intra_link: pcie, got intra_link: {self.intra_link!r}")
+        for key in ("per_channel_gbps", "link_eff", "net_eff"):
+            _check_per_protocol(self.name, key, getattr(self, key))
+        for key, lo in (("channel_thread_exponent", 0.0), ("bw_saturation_p", 1.0)):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= lo):
+                raise ValueError(f"cluster {self.name!r}: {key} must be a number >= {lo:g} or absent; got {value!r}")
         if self.backend == "nccl":
             parse_version(self.nccl_version)  # raises on a malformed version
 
@@ -190,6 +199,20 @@ class ClusterSpec:
         except yaml.YAMLError as exc:
             raise ValueError(f"{path}: invalid YAML: {exc}") from None
         return cls.from_dict(data, source=str(path))
+
+
+def _check_per_protocol(name: str, key: str, value: Any) -> None:
+    """``value`` is None or a mapping of NCCL protocol names to numbers > 0; ValueError names the
+    cluster, the key and the bad entry."""
+    if value is None:
+        return
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"cluster {name!r}: {key} must map protocols {list(PROTOCOLS)} to numbers > 0; got {value!r}")
+    for proto, number in value.items():
+        if proto not in PROTOCOLS:
+            raise ValueError(f"cluster {name!r}: {key}: unknown protocol {proto!r}; allowed: {list(PROTOCOLS)}")
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0 or number == float("inf"):
+            raise ValueError(f"cluster {name!r}: {key}[{proto!r}] must be a finite number > 0; got {number!r}")
 
 
 def available_clusters() -> list[str]:

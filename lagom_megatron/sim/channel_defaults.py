@@ -167,7 +167,7 @@ def model_time_us(gpu: Any, c: Any, algorithm: str, protocol: str) -> float:
 def default_algorithm(gpu: Any, c: Any, algorithms: tuple[str, ...]) -> str:
     """NCCL's choice among ``algorithms`` (those the topology offers) for ``c``: the fastest by its
     model at the protocol it would pick; all-gather and reduce-scatter stay on Ring (NVLS for them
-    needs registered buffers in the modelled versions, ``device.cta_efficiency_applies``)."""
+    needs registered buffers in the modelled versions, ``cta_efficiency_applies``)."""
     if algorithms == ("P2P",):
         return "P2P"
     cands = [a for a in algorithms if a in ("Ring", "Tree", "NVLS")]
@@ -202,3 +202,47 @@ def ub_ctas(gpu: Any, c: Any) -> int | None:
         return None
     return UB_CTAS[(1 if c.n_nodes == 1 else 2, c.op)]
 
+
+def latency_us(gpu: Any, c: Any, algorithm: str, protocol: str) -> float:
+    """NCCL's own latency model of the call (``nccl.tuning_model``: tuning.cc:384-435): Ring and Tree by
+    steps and path, NVLS one 25 us NVLink step (18 us more across nodes). Point-to-point calls,
+    which NCCL's model does not cover, take Ring/Simple's base plus one step of their path."""
+    intra = "nvlink" if path(gpu, c) in ("nvswitch", "bridge") else "pci"
+    n = c.group_size
+    if algorithm == "P2P":
+        hw = nm.HW_LATENCY_US["net" if c.n_nodes > 1 else intra]["Ring"][2]
+        return nm.BASE_LATENCY_US["Ring"][2] + hw
+    if algorithm == "NVLS":
+        return nm.HW_LATENCY_US["nvlink"]["NVLS"][2] + (nm.HW_LATENCY_US["net"]["NVLS"][2] if c.n_nodes > 1 else 0.0)
+    if algorithm == "Tree":
+        return nm.tree_latency_us(protocol, n_ranks=n, n_nodes=c.n_nodes, intra=intra)
+    return nm.ring_latency_us(protocol, op=c.op, n_ranks=n, n_nodes=c.n_nodes, intra=intra)
+
+
+def nvls_ok(gpu: Any, c: Any) -> bool:
+    """NVLS runs here: an sm90 NVSwitch node, one node, more than two ranks."""
+    return gpu.nvswitch and gpu.sm_arch >= 90 and c.n_nodes == 1 and c.group_size > 2
+
+
+def algorithms(gpu: Any, c: Any) -> tuple[str, ...]:
+    """The algorithms NCCL can run for ``c`` here (P2P for point-to-point ops)."""
+    if c.op in ("send", "recv", "all_to_all"):
+        return ("P2P",)
+    algs = ["Ring"]
+    if c.op == "all_reduce":
+        algs.append("Tree")
+    if nvls_ok(gpu, c) and c.op in ("all_reduce", "all_gather", "reduce_scatter"):
+        algs.append("NVLS")
+    return tuple(algs)
+
+
+def cta_efficiency_applies(gpu: Any, c: Any) -> bool:
+    """Whether ``NCCL_CTA_POLICY=EFFICIENCY`` changes anything for ``c``.
+
+    NCCL 2.27+ acts on the policy in one place (``src/enqueue.cc:2152-2170``, NCCL 2.30.7): with
+    no tuner plugin, no NCCL_ALGO / NCCL_PROTO, an all-gather or reduce-scatter on *registered*
+    user buffers, and NVLS available (one NVSwitch node on sm90+), it switches to NVLS / Simple
+    with the channels NVLS registration needs. Everything else keeps NCCL's default. Megatron-Core
+    registers its buffers only with NCCL user buffers enabled (``--use-nccl-ub``).
+    """
+    return c.registered and nvls_ok(gpu, c) and c.op in ("all_gather", "reduce_scatter")

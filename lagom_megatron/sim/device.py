@@ -35,16 +35,21 @@ ranged in ``sim.constants`` with its reasoning (``lagom bench simulated --sensit
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.sim import channel_defaults as nccl
 from lagom_megatron.nccl import tuning_model as nm
-from lagom_megatron.sim.constants import get
+from lagom_megatron.sim.channel_defaults import cta_efficiency_applies  # noqa: F401  (part of this module's API)
+from lagom_megatron.sim.constants import CONSTANTS, get
 
 KIB = 1024
 MIB = 1024 * 1024
+SAT_P = CONSTANTS["sat_p"].value
+"""The central saturation sharpness (``sat_p`` in ``sim.constants``; a cluster's ``bw_saturation_p`` wins)."""
+THREAD_EXPONENT = CONSTANTS["threads_exp"].value
+"""The central per-channel thread exponent (``threads_exp``; a cluster's ``channel_thread_exponent`` wins)."""
 
 COMPUTE_EFF: dict[str, float] = {"gemm": 0.60, "attention": 0.45, "elementwise": 0.05, "norm": 0.05}
 """Achieved fraction of peak bf16 FLOP/s per kernel kind on Hopper. Large square GEMMs reach ~70% of
@@ -100,11 +105,17 @@ class Gpu:
     kappa_compute: float | None = None
     """Contention constants a cluster file fitted (``lagom calibrate contention``); None = the
     simulator's (``sim.constants``)."""
-    channel_gbps: float | None = None
-    link_efficiency: float | None = None
-    saturation_p: float | None = None
-    """Communication constants a cluster file fitted on nccl-tests output (``ClusterSpec``); None =
-    the simulator's."""
+    per_channel: Mapping[str, float] = field(default_factory=dict)
+    """Measured GB/s per channel by protocol (``ClusterSpec.per_channel_gbps``, ``lagom calibrate
+    bandwidth``); a protocol left out keeps the simulator's (``cta_gbs``)."""
+    link_eff: Mapping[str, float] = field(default_factory=dict)
+    """Measured intra-node ceiling over ``nvlink_gbps`` by protocol (``ClusterSpec.link_eff``)."""
+    net_eff: Mapping[str, float] = field(default_factory=dict)
+    """Measured share of the network by protocol (``ClusterSpec.net_eff``); else ``NET_EFF``."""
+    fit_sat_p: float | None = None
+    """Measured saturation sharpness (``ClusterSpec.bw_saturation_p``); None = ``sat_p`` (``sim.constants``)."""
+    fit_thread_exponent: float | None = None
+    """Measured per-channel thread scaling (``ClusterSpec.channel_thread_exponent``); None = ``threads_exp``."""
 
     @classmethod
     def from_cluster(cls, spec: Any) -> "Gpu":
@@ -126,7 +137,9 @@ class Gpu:
             bridge_gbs=float(getattr(spec, "nvlink_bridge_gbps", None) or 0.0),
             nics_per_node=getattr(spec, "nics_per_node", None),
             kappa_mem=opt("kappa_mem"), kappa_compute=opt("kappa_compute"),
-            channel_gbps=opt("channel_gbps"), link_efficiency=opt("link_efficiency"), saturation_p=opt("saturation_p"),
+            per_channel=dict(getattr(spec, "per_channel_gbps", None) or {}),
+            link_eff=dict(getattr(spec, "link_eff", None) or {}), net_eff=dict(getattr(spec, "net_eff", None) or {}),
+            fit_sat_p=opt("bw_saturation_p"), fit_thread_exponent=opt("channel_thread_exponent"),
         )
 
     @property
@@ -138,6 +151,16 @@ class Gpu:
     def table_key(self) -> int:
         """The row of NCCL's per-architecture tables: 90, or 80 for every Ampere part (tuning.cc:263-266)."""
         return 90 if self.sm_arch >= 90 else 80
+
+    @property
+    def sat_p(self) -> float:
+        """The saturation sharpness in force: the cluster's measured one, else ``sat_p``."""
+        return get("sat_p") if self.fit_sat_p is None else self.fit_sat_p
+
+    @property
+    def thread_exponent(self) -> float:
+        """The per-channel thread exponent in force: the cluster's measured one, else ``threads_exp``."""
+        return get("threads_exp") if self.fit_thread_exponent is None else self.fit_thread_exponent
 
     def kappa(self, name: str) -> float:
         """``kappa_mem`` / ``kappa_compute``: the cluster's fitted value, else the simulator's."""
@@ -238,40 +261,13 @@ DEFAULT_CHUNK = {"Simple": 512 * KIB, "LL128": 576000, "LL": 32 * KIB}
 """NCCL's chunk per protocol with default buffers (4 MiB Simple buffer over NCCL_STEPS 8, init.cc:813)."""
 
 
-def _nvls_ok(gpu: Gpu, c: Collective) -> bool:
-    return gpu.nvswitch and gpu.sm_arch >= 90 and c.n_nodes == 1 and c.group_size > 2
-
-
-def _algorithms(gpu: Gpu, c: Collective) -> tuple[str, ...]:
-    if c.op in ("send", "recv", "all_to_all"):
-        return ("P2P",)
-    algs = ["Ring"]
-    if c.op == "all_reduce":
-        algs.append("Tree")
-    if _nvls_ok(gpu, c) and c.op in ("all_reduce", "all_gather", "reduce_scatter"):
-        algs.append("NVLS")
-    return tuple(algs)
-
-
-def cta_efficiency_applies(gpu: Gpu, c: Collective) -> bool:
-    """Whether ``NCCL_CTA_POLICY=EFFICIENCY`` changes anything for ``c``.
-
-    NCCL 2.27+ acts on the policy in one place (``src/enqueue.cc:2152-2170``, NCCL 2.30.7): with
-    no tuner plugin, no NCCL_ALGO / NCCL_PROTO, an all-gather or reduce-scatter on *registered*
-    user buffers, and NVLS available (one NVSwitch node on sm90+), it switches to NVLS / Simple
-    with the channels NVLS registration needs. Everything else keeps NCCL's default. Megatron-Core
-    registers its buffers only with NCCL user buffers enabled (``--use-nccl-ub``).
-    """
-    return c.registered and _nvls_ok(gpu, c) and c.op in ("all_gather", "reduce_scatter")
-
-
 def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
     """What NCCL runs for ``c`` under ``cfg``: requested knobs where NCCL honours them, its own
     choice (``sim.channel_defaults``: NCCL's model) elsewhere. An algorithm or protocol NCCL cannot
     run for the op is ignored (NCCL keeps its own choice when a tuner proposes an unavailable one);
     LL128 where NCCL does not enable it is ignored too (tuning.cc:518-535 zeroes its bandwidth, so
     NCCL never picks it)."""
-    algs = _algorithms(gpu, c)
+    algs = nccl.algorithms(gpu, c)
     if algs == ("P2P",):
         alg = "P2P"
     elif cfg.algorithm in algs:
@@ -288,7 +284,7 @@ def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
     if cfg.n_channels is not None and alg != "P2P":
         channels = int(min(max(1, cfg.n_channels), gpu.max_channels))
         threads = threads or nm.default_threads(proto, alg, ring_busbw_gbs=nccl.collective_ctas(gpu, c, alg)[1])
-    elif cfg.cta_policy == "EFFICIENCY" and cta_efficiency_applies(gpu, c):
+    elif cfg.cta_policy == "EFFICIENCY" and nccl.cta_efficiency_applies(gpu, c):
         alg, proto = "NVLS", "Simple"
         channels, threads = nccl.default_channels(gpu, c, "NVLS", "Simple", threads)
     elif cfg.is_default() and nccl.ub_ctas(gpu, c) is not None:
@@ -301,13 +297,13 @@ def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
 def cta_gbs(gpu: Gpu, algorithm: str, protocol: str, n_threads: int, chunk: int, n_nodes: int = 1) -> float:
     """GB/s one CTA moves when the link is not the limit (module docstring).
 
-    Simple: ``cta_gbs_sm80/86/90`` (or the cluster's fitted ``channel_gbps``) at the protocol's
+    Simple: ``cta_gbs_sm80/86/90`` (a cluster's measured ``per_channel_gbps`` wins, per protocol) at the protocol's
     most threads (512; LL128 640, device.h:95-114), scaled as ``(threads / most)^threads_exp``; LL128 at most 0.92
     of it and NCCL's per-channel cap over the two CTAs of a search channel (tuning.cc:328-329,
     185-190); LL half of it (tuning.cc:327); Tree NCCL's per-channel Tree caps the same way
     (tuning.cc:330-335). A chunk below
     NCCL's default costs per-step overhead (half rate at 64 KiB; no source, a shape assumption)."""
-    simple = gpu.channel_gbps if gpu.channel_gbps is not None else get(f"cta_gbs_sm{gpu.arch_key}")
+    simple = gpu.per_channel.get("Simple") or get(f"cta_gbs_sm{gpu.arch_key}")
     arch = gpu.table_key
     idx = 0 if n_nodes == 1 else (1 if n_nodes == 2 else 2)
     if algorithm == "Tree":
@@ -320,7 +316,9 @@ def cta_gbs(gpu: Gpu, algorithm: str, protocol: str, n_threads: int, chunk: int,
             base = min(simple * nm.LL128_BUS_FACTOR, nm.PER_CH_MAX_RING_LL128[arch] / 2.0)
     if protocol == "LL":
         base = simple * nm.LL_BUS_FACTOR
-    threads = (min(n_threads, nm.MAX_THREADS[protocol]) / nm.MAX_THREADS[protocol]) ** get("threads_exp")
+    if algorithm != "Tree" and gpu.per_channel.get(protocol):
+        base = gpu.per_channel[protocol]  # measured on this cluster (``lagom calibrate bandwidth``)
+    threads = (min(n_threads, nm.MAX_THREADS[protocol]) / nm.MAX_THREADS[protocol]) ** gpu.thread_exponent
     ref = DEFAULT_CHUNK[protocol]
     step = (chunk / (chunk + 64 * KIB)) / (ref / (ref + 64 * KIB))
     return base * threads * step
@@ -352,15 +350,16 @@ def intra_link_gbs(gpu: Gpu, c: Collective, protocol: str) -> float:
     """Intra-node bus bandwidth ceiling of ``c``, GB/s: NVLink x its Ring/Simple efficiency
     (nccl-tests figures), a bridge the same, PCIe x ``pcie_link_eff``, twice that around bridged
     pairs (rings in both directions each use one direction of a GPU's PCIe); LL128 and LL at
-    NCCL's factors. A cluster's fitted ``link_efficiency`` replaces the efficiency."""
+    NCCL's factors. A cluster's measured ``link_eff`` (the ring's ceiling over ``nvlink_gbps`` per
+    protocol, as nccl-tests measured it on that cluster) replaces all of this."""
     p = nccl.path(gpu, c)
+    if gpu.link_eff.get(protocol) and p != "bridge":
+        return gpu.nvlink_gbs * gpu.link_eff[protocol]
     if p == "nvswitch":
-        eff = gpu.link_efficiency if gpu.link_efficiency is not None else PROTOCOL_LINK_EFF[gpu.table_key]
-        return gpu.nvlink_gbs * eff * _proto_factor(protocol)
+        return gpu.nvlink_gbs * PROTOCOL_LINK_EFF[gpu.table_key] * _proto_factor(protocol)
     if p == "bridge":
         return gpu.bridge_gbs * PROTOCOL_LINK_EFF[80] * _proto_factor(protocol)
-    eff = gpu.link_efficiency if gpu.link_efficiency is not None else get("pcie_link_eff")
-    return (2.0 if p == "bridged" else 1.0) * gpu.nvlink_gbs * eff * _proto_factor(protocol)
+    return (2.0 if p == "bridged" else 1.0) * gpu.nvlink_gbs * get("pcie_link_eff") * _proto_factor(protocol)
 
 
 def _link_gbs(gpu: Gpu, c: Collective, algorithm: str, protocol: str) -> float:
@@ -372,9 +371,10 @@ def _link_gbs(gpu: Gpu, c: Collective, algorithm: str, protocol: str) -> float:
     if c.n_nodes <= 1:
         return nvl
     per_node = max(1, c.group_size // c.n_nodes)
-    net = gpu.net_gbs * NET_EFF[protocol] * per_node
+    net_eff = gpu.net_eff.get(protocol) or NET_EFF[protocol]
+    net = gpu.net_gbs * net_eff * per_node
     if c.op in ("send", "recv", "all_to_all"):
-        net = gpu.net_gbs * NET_EFF[protocol]
+        net = gpu.net_gbs * net_eff
     if algorithm == "Tree":
         net *= 0.92
     return min(nvl, net)
@@ -396,22 +396,6 @@ class CommCost:
         return self.latency_us + self.wire_bytes / (self.bw_gbs * 1e3)
 
 
-def latency_us(gpu: Gpu, c: Collective, r: Resolved) -> float:
-    """NCCL's own latency model of the call (``nccl.tuning_model``: tuning.cc:384-435): Ring and Tree by
-    steps and path, NVLS one 25 us NVLink step (18 us more across nodes). Point-to-point calls,
-    which NCCL's model does not cover, take Ring/Simple's base plus one step of their path."""
-    intra = "nvlink" if nccl.path(gpu, c) in ("nvswitch", "bridge") else "pci"
-    n = c.group_size
-    if r.algorithm == "P2P":
-        hw = nm.HW_LATENCY_US["net" if c.n_nodes > 1 else intra]["Ring"][2]
-        return nm.BASE_LATENCY_US["Ring"][2] + hw
-    if r.algorithm == "NVLS":
-        return nm.HW_LATENCY_US["nvlink"]["NVLS"][2] + (nm.HW_LATENCY_US["net"]["NVLS"][2] if c.n_nodes > 1 else 0.0)
-    if r.algorithm == "Tree":
-        return nm.tree_latency_us(r.protocol, n_ranks=n, n_nodes=c.n_nodes, intra=intra)
-    return nm.ring_latency_us(r.protocol, op=c.op, n_ranks=n, n_nodes=c.n_nodes, intra=intra)
-
-
 def comm_cost(gpu: Gpu, c: Collective, r: Resolved) -> CommCost:
     """Standalone cost of ``c`` run as ``r`` (no compute beside it)."""
     wire = busbw_factor(c.op, c.group_size) * c.nbytes
@@ -426,13 +410,13 @@ def comm_cost(gpu: Gpu, c: Collective, r: Resolved) -> CommCost:
         # (tuning.cc:311-318)
         ppn = max(1, c.group_size // max(1, c.n_nodes))
         rate *= nm.NVLS_EFFICIENCY[90] * (2.0 if c.op == "all_reduce" else (ppn - 1) / ppn)
-    bw = softmin(rate, link, gpu.saturation_p)
+    bw = softmin(rate, link, gpu.sat_p)
     kind = "nvls" if r.algorithm == "NVLS" else ("reduce" if c.op in ("all_reduce", "reduce_scatter") else "copy")
     mult = get("nvls_hbm_mult") if kind == "nvls" else HBM_MULT[kind][proto]
     if proto == "Simple":
         w = get("chunk_hbm_weight")
         mult *= (1.0 - w) + w * min(r.chunk_size, 4 * MIB) / DEFAULT_CHUNK["Simple"]
-    return CommCost(latency_us=latency_us(gpu, c, r), wire_bytes=wire, bw_gbs=max(bw, 1e-3), ctas=r.n_channels,
+    return CommCost(latency_us=nccl.latency_us(gpu, c, r.algorithm, r.protocol), wire_bytes=wire, bw_gbs=max(bw, 1e-3), ctas=r.n_channels,
                     hbm_mult=mult)
 
 
