@@ -83,7 +83,8 @@ class Workload(WorkloadShape):
         return f"{group}.{kind}[{n}]"
 
     def _coll(self, op: str, nbytes: float, group: str) -> Collective:
-        return Collective(op=op, nbytes=int(nbytes), group_size=self.sizes[group], n_nodes=self.nodes[group])
+        return Collective(op=op, nbytes=int(nbytes), group_size=self.sizes[group], n_nodes=self.nodes[group],
+                          stride=self.strides.get(group, 1))
 
     # ------------------------------------------------------------------ sites
 
