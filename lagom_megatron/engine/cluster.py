@@ -77,6 +77,15 @@ class ClusterSpec:
     """Simulator only: the same for compute-bound kernels; None = the simulator's default."""
     net_latency_us: float = 5.0
     """Latency of one algorithm step across nodes, microseconds (Simple protocol)."""
+    nvlink_bridge_gbps: float | None = None
+    """NVLink bridges between GPU pairs of a PCIe node (``intra_link: pcie``): the bridge's GB/s per
+    direction (A40: 112.5 GB/s both ways = 56.25); None = no bridges."""
+    coll_channels: int | None = None
+    """NCCL's collective channels (CTAs) in one node, as its INFO log reports ("N coll channels");
+    None = the cost model's approximation (32 on sm90 NVSwitch, 24 before, 2 on PCIe)."""
+    coll_channels_inter: int | None = None
+    """The same for a communicator spanning nodes; None = 16 on NVSwitch nodes (nccl#689), else
+    ``coll_channels``."""
     # Measured bandwidth shape, written by ``lagom calibrate bandwidth`` from nccl-tests sweeps
     # (``sim.calibrate_bandwidth.fit_to_cluster_fields``); None or a protocol left out = the
     # simulator's own tables (``sim.device``).
@@ -93,6 +102,19 @@ class ClusterSpec:
     net_eff: dict[str, float] | None = None
     """Per protocol: the Ring bus-bandwidth ceiling across nodes over the node's network
     (``net_gbps_per_gpu`` x the group's ranks per node)."""
+    nvlink_domain_gpus: int | None = None
+    """GPUs of one multi-node NVLink domain (MNNVL, e.g. 72 on GB200 NVL72); None = the node's
+    GPUs. NCCL counts a whole NVLink domain as one node (``nccl_nodes``)."""
+
+    def nccl_nodes(self, hosts: int, group_size: int) -> int:
+        """How many nodes NCCL counts for a group of ``group_size`` ranks over ``hosts`` hosts: one per
+        NVLink domain it spans (NVIDIA/nccl v2.30.7 ``src/init.cc:1285-1297`` counts a node per
+        distinct ``ringRecv[0]``, and an MNNVL clique is one ring node), with ranks placed host by host.
+        Without ``nvlink_domain_gpus`` that is ``hosts``."""
+        if not self.nvlink_domain_gpus or self.nvlink_domain_gpus <= self.gpus_per_node:
+            return int(hosts)
+        hosts_per_domain = max(1, self.nvlink_domain_gpus // self.gpus_per_node)
+        return max(1, -(-int(hosts) // hosts_per_domain))
 
     def __post_init__(self) -> None:
         if self.backend not in ("nccl", "gloo"):
@@ -111,6 +133,11 @@ class ClusterSpec:
                 raise ValueError(f"cluster {self.name!r}: {key} must be a number >= 0 (us); got {value!r}")
         if self.intra_link not in ("nvlink", "pcie"):
             raise ValueError(f"cluster {self.name!r}: intra_link must be one of ['nvlink', 'pcie']; got {self.intra_link!r}")
+        if self.nvlink_domain_gpus is not None and (isinstance(self.nvlink_domain_gpus, bool)
+                                                    or not isinstance(self.nvlink_domain_gpus, int)
+                                                    or self.nvlink_domain_gpus < self.gpus_per_node):
+            raise ValueError(f"cluster {self.name!r}: nvlink_domain_gpus must be an integer >= gpus_per_node "
+                             f"({self.gpus_per_node}) or absent; got {self.nvlink_domain_gpus!r}")
         if self.nics_per_node is not None and (isinstance(self.nics_per_node, bool) or not isinstance(self.nics_per_node, int)
                                                or self.nics_per_node < 1):
             raise ValueError(f"cluster {self.name!r}: nics_per_node must be an integer >= 1 or absent; got {self.nics_per_node!r}")
@@ -118,6 +145,16 @@ class ClusterSpec:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise ValueError(f"cluster {self.name!r}: {key} must be a number >= 0 or absent; got {value!r}")
+        for key in ("coll_channels", "coll_channels_inter"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
+                raise ValueError(f"cluster {self.name!r}: {key} must be an integer 1..64 or absent; got {value!r}")
+        bridge = self.nvlink_bridge_gbps
+        if bridge is not None and (isinstance(bridge, bool) or not isinstance(bridge, (int, float)) or not bridge > 0):
+            raise ValueError(f"cluster {self.name!r}: nvlink_bridge_gbps must be a number > 0 (GB/s) or absent; got {bridge!r}")
+        if bridge is not None and self.intra_link != "pcie":
+            raise ValueError(f"cluster {self.name!r}: nvlink_bridge_gbps describes NVLink bridges on a PCIe node; "
+                             f"it needs intra_link: pcie, got intra_link: {self.intra_link!r}")
         for key in ("per_channel_gbps", "link_eff", "net_eff"):
             _check_per_protocol(self.name, key, getattr(self, key))
         for key, lo in (("channel_thread_exponent", 0.0), ("bw_saturation_p", 1.0)):

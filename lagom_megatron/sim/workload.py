@@ -83,7 +83,8 @@ class Workload(WorkloadShape):
         return f"{group}.{kind}[{n}]"
 
     def _coll(self, op: str, nbytes: float, group: str) -> Collective:
-        return Collective(op=op, nbytes=int(nbytes), group_size=self.sizes[group], n_nodes=self.nodes[group])
+        return Collective(op=op, nbytes=int(nbytes), group_size=self.sizes[group], n_nodes=self.nodes[group],
+                          stride=self.strides.get(group, 1))
 
     # ------------------------------------------------------------------ sites
 
@@ -104,9 +105,11 @@ class Workload(WorkloadShape):
             if not sid.startswith("dp.") or (self.fsdp and every_microbatch(self, sid)):
                 n = int(round(n * scale))
             dtype = "float32" if "grad_" in sid and sid.startswith("dp.") else "bfloat16"
+            # Megatron-Core sums (ReduceOp.SUM) unless --ddp-average-in-collective, which no preset sets
+            reduce_op = "sum" if call.coll.op in ("all_reduce", "reduce_scatter") else None
             out.append(CollectiveSite(site_id=sid, op=call.coll.op, nbytes=call.coll.nbytes, dtype=dtype,
                                       group=call.stream, group_size=call.coll.group_size,
-                                      n_nodes=call.coll.n_nodes, calls_per_iter=max(1, n)))
+                                      n_nodes=call.coll.n_nodes, calls_per_iter=max(1, n), reduce_op=reduce_op))
         return out
 
     # ------------------------------------------------------------------ program

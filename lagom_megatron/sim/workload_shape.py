@@ -8,7 +8,7 @@ its docstring says which rank is simulated and why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 from lagom_megatron.sim.device import Gpu
@@ -68,6 +68,8 @@ class WorkloadShape:
     bucket_params: int
     nodes: dict[str, int]
     sizes: dict[str, int]
+    strides: dict[str, int] = field(default_factory=dict)
+    """Rank stride of each group (tp 1, dp tp x cp, ...): which GPUs of a node a group joins."""
 
     @classmethod
     def from_preset(cls, preset: Any, gpu: Gpu) -> Self:
@@ -93,6 +95,7 @@ class WorkloadShape:
         ffn = (getattr(m, "moe_ffn_hidden_size", None) or m.ffn_hidden_size or 4 * m.hidden_size) if experts else (m.ffn_hidden_size or 4 * m.hidden_size)
         gpn = gpu.gpus_per_node
         sizes = {"tp": tp, "cp": cp, "dp": dp, "dp_cp": dp * cp, "pp": pp, "ep": ep}
+        strides = {"tp": 1, "cp": tp, "dp": tp * cp, "dp_cp": tp, "pp": tp * cp * dp, "ep": tp * cp}
         nodes = {
             "tp": group_nodes(stride=1, size=tp, gpus_per_node=gpn),
             "cp": group_nodes(stride=tp, size=cp, gpus_per_node=gpn),
@@ -144,7 +147,7 @@ class WorkloadShape:
             overlap_p2p=o.overlap_p2p_comm, tp_comm_overlap=o.tp_comm_overlap and tp > 1, fsdp=fsdp,
             ep_overlap=bool(o.overlap_moe_expert_parallel_comm),
             cdmc1=str(preset.env.get("CUDA_DEVICE_MAX_CONNECTIONS", "")) == "1", bucket_params=int(bucket),
-            nodes=nodes, sizes=sizes,
+            nodes=nodes, sizes=sizes, strides=strides,
         )
 
     # ------------------------------------------------------------------ sizes

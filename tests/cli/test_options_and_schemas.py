@@ -31,7 +31,7 @@ def _one_error(capsys) -> str:
     (["simulate", "--preset", "gpt3-13b-h100x64", "--seed", "abc"], "'abc' is not an integer in 0..4294967295"),
     (["simulate", "--preset", "gpt3-13b-h100x64", "--method", "magic"], "invalid choice: 'magic'"),
     (["simulate", "--preset", "gpt3-13b-h100x64", "--method", "exhaustive"],
-     "--method exhaustive: 120 tunable sites need at least 2^120 joint configurations, above the limit of 2,000,000"),
+     "--method exhaustive: 121 tunable sites need at least 2^121 joint configurations, above the limit of 2,000,000"),
     (["doctor", "--preset", "llama3-8b-h100x8", "--world-size", "0"], "argument --world-size: 0 is not an integer >= 1"),
     (["doctor", "--preset", "llama3-8b-h100x8", "--gpus-per-node", "x"], "'x' is not an integer >= 1"),
 ])
@@ -73,6 +73,9 @@ def _bad_profile(tmp_path: Path, edit) -> str:
     (lambda d: d["samples"][0].update(calls=5), "samples.0.calls: must be a list of [t_comm_us, t_comp_us, t_region_us]"),
     (lambda d: d["samples"][0].update(calls=[[1.0, -2.0, 3.0]]),
      "calls[0] must be three finite times >= 0 (t_comm_us, t_comp_us, t_region_us); got [1.0, -2.0, 3.0]"),
+    (lambda d: d["sites"][0].update(parts=[["uint8", "4MB"]]),
+     "sites.0.parts: parts[0] must be [dtype, bytes] with bytes an integer >= 0; got ['uint8', '4MB']"),
+    (lambda d: d["sites"][0].update(registered="maybe"), "sites.0.registered: Input should be '', 'pool' or 'fixed'"),
 ])
 def test_search_refuses_bad_profiles(tmp_path, capsys, edit, expected):
     out = tmp_path / "plan.json"
@@ -179,8 +182,12 @@ def test_simulate_lists_only_sites_with_a_predicted_saving(capsys):
 
 
 def test_simulate_show_lists_no_site_whose_time_grows(capsys):
-    # this preset's plan once listed '12.36 -> 12.37 ms (-0.00)' under "largest predicted savings"
+    # gpt3-175b-h100x512's plan once listed '12.36 -> 12.37 ms (-0.00)' under "largest predicted
+    # savings"; sites without a predicted gain now keep NCCL's defaults (engine/priority.py), so it
+    # keeps them everywhere, and a preset with real savings lists only those
     assert main(["simulate", "--preset", "gpt3-175b-h100x512", "--show", "10"]) == 0
+    assert "(-0.00)" not in capsys.readouterr().out
+    assert main(["simulate", "--preset", "llama3-8b-h100x8", "--show", "10"]) == 0
     out = capsys.readouterr().out
     listed = re.findall(r"([\d.]+) ->\s+([\d.]+) ms \(([+-][\d.]+)\)", out)
     assert listed and all(float(saved) >= 0 and float(b) <= float(a) for a, b, saved in listed), listed
