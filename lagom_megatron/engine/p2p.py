@@ -49,10 +49,21 @@ P2P_PER_CHANNEL_NET_GBS = 14.0
 """``NCCL_P2P_PER_CHANNEL_NET_BW`` default, GB/s per channel to a network peer (NCCL 2.29+, ``paths.cc:918``)."""
 WORK_P2P_PER_BATCH = 8
 """``NCCL_MAX_DEV_WORK_P2P_PER_BATCH`` (``src/include/device.h:391``): P2P tasks one channel runs at once."""
-NVLINK_LINK_GBS: dict[int, float] = {60: 18.0, 70: 20.0, 80: 20.0, 86: 12.0, 90: 20.6, 100: 40.1}
-"""NCCL's bandwidth of one NVLink by compute capability (``SM*_NVLINK_BW``, ``src/graph/topo.h:19-24``)."""
+NVLINK_LINK_GBS: dict[int, float] = {80: 25.0, 86: 14.0625, 90: 25.0, 100: 50.0}
+"""Datasheet GB/s of one NVLink per direction by SM architecture: NVLink 3 on A100 (12 links, 300 GB/s),
+on GA102 (the A40 bridge: 4 links, 112.5 GB/s both ways), NVLink 4 on H100 (18 links, 450 GB/s),
+NVLink 5 on B200 (18 links, 900 GB/s). NCCL's path bandwidth is its own per-link value times the
+links (``ncclTopoConnectNodes``), so ``path->bw / ncclTopoNVLinkBw`` in ``ncclTopoGetNchannels``
+(``paths.cc:931-934``) is the link count, which ``nvlink_links`` recovers from a datasheet figure."""
 P2P_CHUNK_BYTES: dict[str, int] = {"nvlink": 1 << 19, "pcie": 1 << 17, "net": 1 << 17}
 """``NCCL_P2P_NVL_CHUNKSIZE``, ``NCCL_P2P_PCI_CHUNKSIZE``, ``NCCL_P2P_NET_CHUNKSIZE`` defaults, bytes (``src/init.cc:818-820``)."""
+
+
+def nvlink_links(sm_arch: int, nvlink_gbps: float) -> int:
+    """NVLink links behind ``nvlink_gbps`` GB/s per direction (a GPU's NVSwitch links, or a bridge's),
+    from the datasheet rate of one link (``NVLINK_LINK_GBS``); 0 for no NVLink."""
+    arch = 100 if sm_arch >= 100 else (90 if sm_arch >= 90 else (86 if sm_arch == 86 else 80))
+    return max(0, int(round(float(nvlink_gbps) / NVLINK_LINK_GBS[arch])))
 
 
 def pow2_up(x: Any) -> np.ndarray:
@@ -84,7 +95,9 @@ def peer_channels(*, p2p: Any, n_nodes: Any, group_size: Any, intra_link: str, s
         n_nodes, group_size: nodes and ranks of the communicator (its peers are on other GPUs of
             the node and, with ``n_nodes`` > 1, across the network).
         intra_link: ``nvlink`` or ``pcie`` (``ClusterSpec.intra_link``).
-        sm_arch, nvlink_gbps: the NVLink path's bandwidth in link units (``NVLINK_LINK_GBS``).
+        sm_arch, nvlink_gbps: the NVLink path's GB/s per direction (its links: ``nvlink_links``); on
+            a PCIe node whose group is one NVLink-bridged pair, pass ``intra_link="nvlink"`` and the
+            bridge's GB/s (NCCL's path to the peer is then ``PATH_NVL``).
         nics_per_gpu, nic_gbps: NICs nearest each GPU and one NIC's GB/s.
         net_peer_channels: ``nChannelsPerNetPeer`` (None or 0 = unset).
         nccl: NCCL version (the network rule changed in 2.29).
@@ -96,11 +109,8 @@ def peer_channels(*, p2p: Any, n_nodes: Any, group_size: Any, intra_link: str, s
     multi = np.asarray(n_nodes) > 1
     ranks = np.maximum(np.asarray(group_size, dtype=float), 1.0)
     local_ranks = ranks / np.maximum(np.asarray(n_nodes, dtype=float), 1.0)
-    if intra_link == "pcie":
-        intra = 2.0
-    else:
-        link = NVLINK_LINK_GBS.get(sm_arch, NVLINK_LINK_GBS[90 if sm_arch >= 90 else 80])
-        intra = 2.0 * max(1, int(nvlink_gbps / link))
+    # NVLink: 2 x max(1, links) (paths.cc:931-934); PCIe: 2 (paths.cc:937-938)
+    intra = 2.0 if intra_link == "pcie" else 2.0 * max(1, nvlink_links(sm_arch, nvlink_gbps))
     has_local_peer = local_ranks > 1
     npc = None if net_peer_channels is None else np.asarray(net_peer_channels, dtype=float)
     npc_set = np.zeros(np.shape(p2p), dtype=bool) if npc is None else npc > 0

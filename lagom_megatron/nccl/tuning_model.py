@@ -49,9 +49,6 @@ LL_BUS_FACTOR = 0.5
 # --- src/graph/topo.h:19-25, topo.cc:545-556, search.cc:1051-1058 --------------------------------
 NVLINK_BW: dict[int, float] = {80: 20.0, 86: 12.0, 90: 20.6}
 """GB/s NCCL counts per NVLink link (SM80_NVLINK_BW, SM86_NVLINK_BW, SM90_NVLINK_BW; topo.h:21-23)."""
-NVLINK_LINK_GBS: dict[int, float] = {80: 25.0, 86: 14.0625, 90: 25.0}
-"""Datasheet GB/s per link and direction: NVLink 3 on A100 (12 links, 300 GB/s), on GA102 (4 links,
-the A40 bridge's 112.5 GB/s both ways), NVLink 4 on H100 (18 links, 450 GB/s)."""
 PCI_BW = 12.0
 """PCI Gen3 x16 in NCCL's units (topo.h:25): Ring/Simple defaults to 256 threads at or below it."""
 PCIE_GEN4_X16 = 24.0
@@ -73,14 +70,6 @@ THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
 the rank count (tuning.cc:593)."""
 MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 """NCCL_LL_MAX_NTHREADS, NCCL_LL128_MAX_NTHREADS, NCCL_SIMPLE_MAX_NTHREADS (device.h:95-114)."""
-
-# --- point to point: src/graph/paths.cc:918-1004, src/enqueue.cc:918-925, 1143-1146, init.cc:818-838
-P2P_PER_CHANNEL_NET_BW = 14
-"""NCCL_P2P_PER_CHANNEL_NET_BW default, GB/s (paths.cc:918)."""
-P2P_CHUNK = {"net": 128 * KIB, "pci": 128 * KIB, "nvlink": 512 * KIB}
-"""NCCL_P2P_NET_CHUNKSIZE / _PCI_ / _NVL_ defaults (init.cc:818-820), chosen per communicator
-(init.cc:832-838: several nodes -> net, all NVLink -> nvlink, else pci)."""
-
 
 def ll128_enabled(*, sm_arch: int, intra_nvlink: bool, n_nodes: int) -> bool:
     """Whether NCCL enables LL128 by default (tuning.cc:518-535).
@@ -223,37 +212,3 @@ def algo_time_us(nbytes: int, *, op: str, busbw_gbs: float, latency_us: float, n
     steps = 2 * (n_ranks - 1) if op == "all_reduce" else n_ranks - 1
     ratio = (n_ranks / max(1, steps)) if algorithm in ("Ring", "NVLS") else 0.5
     return latency_us + nbytes / (1000.0 * busbw_gbs * ratio)
-
-
-def p2p_channels_per_peer(*, path: str, nvlinks: int = 0, nics: int = 1, nic_gbs: float = 0.0,
-                          p2p_channels: int = 32) -> int:
-    """``p2pnChannelsPerPeer`` (paths.cc:919-1004): 2 per NVLink link to the peer, 2 over PCIe,
-    across nodes max(NICs, ceil(NIC GB/s / 14)); rounded up to a power of two and at most the
-    communicator's P2P channels (themselves ``pow2Up`` of its collective channels, paths.cc:984-990)."""
-    if path == "net":
-        n = max(nics, math.ceil(int(nic_gbs) / P2P_PER_CHANNEL_NET_BW))
-    elif path == "nvlink":
-        n = 2 * max(1, nvlinks)
-    else:
-        n = 2
-    n = 1 << max(0, math.ceil(math.log2(max(1, n))))
-    return min(n, p2p_channels)
-
-
-def p2p_call_channels(nbytes: int, *, per_peer: int, peers: int, p2p_channels: int, n_nodes: int, chunk: int) -> int:
-    """Channels one send (and its receive) of ``nbytes`` to one of ``peers`` peers runs on
-    (enqueue.cc:1143-1146, 918-925): the floor ``per_peer`` halved while ``floor x peers`` exceeds
-    the communicator's P2P channels, then ``ceil(bytes / minPart)`` up to that floor, doubled while
-    a part exceeds maxPart (minPart chunk/2 and maxPart chunk across nodes, chunk/8 and 32 chunks
-    in a node)."""
-    lo = per_peer
-    while lo * peers > p2p_channels and lo > 1:
-        lo //= 2
-    min_part = chunk // 2 if n_nodes > 1 else chunk // 8
-    max_part = chunk if n_nodes > 1 else 32 * chunk
-    nc = max(1, min(lo, -(-nbytes // max(1, min_part))))
-    part = max(min_part, -(-nbytes // nc))
-    while part > max_part and nc <= per_peer // 2:
-        nc *= 2
-        part = -(-nbytes // nc)
-    return nc

@@ -119,3 +119,46 @@ def test_channels_per_network_peer_are_decided_once_for_the_process_where_the_mo
         assert value < 4 and e.predicted_t_region_us < e.predicted_default_t_region_us
         model.p2p.net_peer_S[0] = float(value)  # the plan's prediction is the model's under that value
         assert e.predicted_t_region_us == pytest.approx(model.t_region_us(send, CommConfig()), abs=1e-3)
+
+
+def test_channels_per_peer_match_nccl_logs():
+    # nccl#1706 (2 GPUs without NVLink): "2 p2p channels per peer"
+    assert float(p2p.peer_channels(p2p=4, n_nodes=1, group_size=2, intra_link="pcie", sm_arch=80, nvlink_gbps=24.0)) == 2.0
+    # NCCL INFO on 8 x H100 SXM: "32 p2p channels, 32 p2p channels per peer" (18 NVLinks: 2 per link,
+    # rounded up to 64 and cut to the communicator's 32 P2P channels, paths.cc:931-934, 1002-1003)
+    assert p2p.nvlink_links(90, 450.0) == 18 and p2p.nvlink_links(80, 300.0) == 12
+    assert float(p2p.peer_channels(p2p=32, n_nodes=1, group_size=8, intra_link="nvlink", sm_arch=90,
+                                   nvlink_gbps=450.0)) == 32.0
+    # paths.cc:943-948 (NCCL 2.29+): max(NICs, ceil(NIC GB/s / NCCL_P2P_PER_CHANNEL_NET_BW 14))
+    net = dict(p2p=64, n_nodes=2, group_size=2, intra_link="nvlink", sm_arch=90, nvlink_gbps=450.0)
+    assert float(p2p.peer_channels(nic_gbps=50.0, **net)) == 4.0   # 400 Gb/s
+    assert float(p2p.peer_channels(nic_gbps=12.5, **net)) == 1.0   # 100 Gb/s
+
+
+def test_the_simulator_runs_the_engines_p2p_rule():
+    """One implementation of NCCL's P2P rule: the simulator's CTAs of a point-to-point call are
+    ``engine.p2p``'s for what the simulator knows of the group (its path, its NCCL version)."""
+    from lagom_megatron.sim.channel_defaults import p2p_channels
+    from lagom_megatron.sim.device import Collective, Gpu
+
+    a40 = Gpu.from_cluster(ClusterSpec.load("a40-pcie-ib200"))
+    a2a = Collective(op="all_to_all", nbytes=32 << 20, group_size=8)
+    # 4 collective channels -> 4 P2P channels, 2 per PCIe peer halved to 1 (1 x 8 ranks > 4 stays at
+    # the floor 1), 8 tasks (torch's all-to-all sends to every rank, itself too): min(4, 8) CTAs
+    assert p2p_channels(a40, a2a) == 4
+    assert [p2p_channels(a40, a2a, cta_bound=b) for b in (1, 2, 6, 8, 16)] == [1, 2, 8, 8, 16]
+    bridged = Gpu.from_cluster(ClusterSpec.load("a40-nvlink-ib800"))
+    pair = Collective(op="send", nbytes=16 << 20, group_size=2)  # one bridged pair: 4 NVLinks, PATH_NVL
+    far = dataclasses.replace(pair, stride=2)  # the same send between GPUs of different pairs: PCIe
+    # NCCL's own channels (2 rings of 20 GB/s over the bridge, 4 CTAs): p2pnChannels 4, per peer 4 on
+    # the bridge, 2 on PCIe; nChannelsMin halves to 2 (x 2 ranks <= 4): both run 2 CTAs
+    assert p2p_channels(bridged, pair) == p2p_channels(bridged, far) == 2
+    # a bound of 8: per peer 2 x 4 links = 8 on the bridge, halved to 4 (4 x 2 <= 8), 4 MiB parts within
+    # 32 x NCCL's 512 KiB NVLink chunk: 4 CTAs; over PCIe 2 per peer, 8 MiB parts above 32 x 128 KiB
+    # cannot double past the peer's 2: 2 CTAs
+    assert p2p_channels(bridged, pair, cta_bound=8) == 4 and p2p_channels(bridged, far, cta_bound=8) == 2
+    h100 = Gpu.from_cluster(ClusterSpec.load("h100-sxm-ib400"))
+    across = Collective(op="send", nbytes=20 << 20, group_size=2, n_nodes=2, stride=32)
+    # NCCL 2.27.5 (the cluster's): 2 per network peer; NCCL 2.30: max(1 NIC, ceil(50 / 14)) = 4
+    assert p2p_channels(h100, across) == 2
+    assert p2p_channels(dataclasses.replace(h100, nccl=(2, 30, 7)), across) == 4

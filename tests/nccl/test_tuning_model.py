@@ -31,19 +31,6 @@ def test_two_pcie_gpus_get_the_channels_an_nccl_log_shows():
     # nccl#1706 (2 GPUs without NVLink): "4 coll channels ... 2 p2p channels per peer"
     ch, _ = nm.ring_graph(nm.PCIE_GEN4_X16, sm_arch=80, inter=False)
     assert nm.comm_ctas(ch) == 4
-    assert nm.p2p_channels_per_peer(path="pci", p2p_channels=4) == 2
-
-
-def test_dgx_h100_p2p_channels_per_peer_match_its_log():
-    # NCCL INFO on 8 x H100 SXM: "32 p2p channels, 32 p2p channels per peer" (18 NVLinks: 2 per link,
-    # rounded up and capped at the communicator's P2P channels, paths.cc:932-990)
-    assert nm.p2p_channels_per_peer(path="nvlink", nvlinks=18, p2p_channels=32) == 32
-
-
-def test_network_p2p_channels_follow_the_nic_speed():
-    # paths.cc:943-948: max(NICs, ceil(NIC GB/s / NCCL_P2P_PER_CHANNEL_NET_BW 14))
-    assert nm.p2p_channels_per_peer(path="net", nics=1, nic_gbs=50.0) == 4   # 400 Gb/s
-    assert nm.p2p_channels_per_peer(path="net", nics=1, nic_gbs=12.5) == 1   # 100 Gb/s
 
 
 def test_size_rule_drops_channels_then_threads_for_small_messages():
