@@ -24,8 +24,12 @@ RIDGE_COMM = 0.005
 """Pull of alpha, beta towards 1 relative to one sample's squared relative error."""
 RIDGE_SLOWDOWN = 0.02
 """Pull of the slowdown coefficients a, b towards their priors (relative to the features' size)."""
-GAMMA_GRID = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0, 5.6, 8.0)
-"""Per-channel bandwidth scales tried when fitting (relative to the ClusterSpec prior)."""
+GAMMA_GRID = tuple(float(x) for x in np.round(np.geomspace(0.25, 8.0, 31), 4))
+"""Per-channel bandwidth scales tried when fitting (relative to the ClusterSpec prior): 31 scales 12%
+apart, so the channel count where bandwidth saturates is placed within ~6%. Steps of 1.4x left the
+fit unable to place the knee between two grid points: on NVLink-bridged A40 nodes the 2-channel
+probe of an FSDP gather was predicted 6% faster than measured, and the search took 2 channels where
+the queue behind them made the iteration slower than NCCL_MAX_CTAS=4."""
 RIDGE_GAMMA = 0.01
 """Pull of gamma towards 1 (per unit of squared log): the absolute per-channel prior holds unless the
 samples clearly disagree (probes at saturated channel counts cannot place the knee)."""
