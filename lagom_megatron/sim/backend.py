@@ -217,13 +217,17 @@ def gpu_clusters() -> list[str]:
 def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
     """The warm-up probes of ``rules``, two more channel counts (4 and 12: the measured slowdown
     curve is interpolated between probed counts, ``fit._channel_correction``), and probes of each algorithm
-    besides Ring that the cluster can run (NVLS on sm90 NVSwitch nodes at 16 and 32 channels, Tree
+    besides Ring that the cluster can run (NVLS on sm90 NVSwitch nodes at 16 and 24 channels, Tree
     for all-reduce at 16): the search only picks algorithms a site measured
-    (``SearchProblem.keep_measured_algorithms``)."""
+    (``SearchProblem.keep_measured_algorithms``). NVLS's second point is 24, the count of the
+    search's channel domain between NCCL's 16 NVLS channels and the 32 of its Ring default (which
+    the default iteration measures): the slowdown steps with the GEMMs' waves, so a count between
+    two probes is interpolated, and at 32 the interpolation put 24 on the wrong side of the step
+    (Llama-3 8B on 8 H100: its NVLS reduce-scatters gain at 24, not at 16 or 32)."""
     c = rules.cluster
     extra = [CommConfig(n_channels=4), CommConfig(n_channels=12)]  # points of the curve between 2, 8 and 16
-    if c.nvswitch and c.sm_arch >= 90:  # two points of NVLS's own channel curve
-        extra += [CommConfig(algorithm="NVLS", n_channels=16), CommConfig(algorithm="NVLS", n_channels=32)]
+    if c.nvswitch and c.sm_arch >= 90:  # two points of NVLS's own channel curve (32 is Ring's default)
+        extra += [CommConfig(algorithm="NVLS", n_channels=16), CommConfig(algorithm="NVLS", n_channels=24)]
     extra.append(CommConfig(algorithm="Tree", n_channels=16))
     return list(rules.probe_configs()) + extra
 
