@@ -98,6 +98,7 @@ class SimulatedCluster:
         # (AutoCCL's) that sets threads per call.
         if not (fork and cfg.n_threads is not None):
             cfg = replace(cfg, n_threads=self.nthreads)
+        cfg = replace(cfg, high_priority_stream=None)  # the stream's priority is the timeline's, not the kernel's
         key = (coll, cfg, channel_cap)
         hit = self._cost_cache.get(key)
         if hit is None:
@@ -147,16 +148,19 @@ class SimulatedCluster:
             raise ValueError(f"assignment names {len(unknown)} unknown site(s), e.g. {unknown[:3]}")
         calls = self._prog.calls
         caps = group_caps or {}
-        costs = [self._cost(i, assignment.get(c.site_id, DEFAULT) if c.site_id else DEFAULT,
-                            _min_cap(channel_cap, caps.get(c.stream)), registered=c.stream in registered, fork=fork)
-                 for i, c in enumerate(calls)]
+        configs = [assignment.get(c.site_id, DEFAULT) if c.site_id else DEFAULT for c in calls]
+        costs = [self._cost(i, cfg, _min_cap(channel_cap, caps.get(c.stream)), registered=c.stream in registered, fork=fork)
+                 for i, (c, cfg) in enumerate(zip(calls, configs))]
+        # a site routed to a pool entry made with is_high_priority_stream runs on that entry's stream
+        hp_calls = frozenset(i for i, cfg in enumerate(configs) if cfg.high_priority_stream)
         if free_comm:
             costs = [replace(c, ctas=0, hbm_mult=0.0) for c in costs]
         seed = hash((self.seed, iteration)) & 0x7FFFFFFF
         sig = {} if noise else {"sigma_comp": 0.0, "sigma_comm": 0.0}
         res = timeline.run(self._prog, self.gpu, costs, serialize=serialize, cdmc1=self.workload.cdmc1,
                            seed=seed, win=self._win,
-                           high_priority=frozenset(self.high_priority if high_priority is None else high_priority), **sig)
+                           high_priority=frozenset(self.high_priority if high_priority is None else high_priority),
+                           high_priority_calls=hp_calls, **sig)
         self.last_timeline = res
         w = self.workload
         steady = 0.0
