@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from lagom_megatron import __version__
-from lagom_megatron.engine import p2p_knobs
+from lagom_megatron.engine import p2p_knobs, stream_priority
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.cost_model import ALG_NONE, PROTO_NONE, CostModel
 from lagom_megatron.engine.fit import fit_cost_model
@@ -316,10 +316,13 @@ class SearchProblem:
         use = st if st is not None else default
         peer = p2p_knobs.decide(self, st) if st is not None else {}  # channels per network peer
         with p2p_knobs.applied(self, peer):
-            t_comm, _, t_region = self.evaluate(use)
+            fast = stream_priority.decide(self, st) if st is not None else set()  # high-priority streams
+            with stream_priority.applied(self, fast):
+                t_comm, _, t_region = self.evaluate(use)
         configs = self._configs(st) if st is not None else [CommConfig()] * len(self.sites)
         if peer and self.rules.scope(p2p_knobs.KNOB) == "communicator":
             configs = [replace(c, net_peer_channels=peer[i]) if i in peer else c for i, c in enumerate(configs)]
+        configs = [replace(c, high_priority_stream=True) if i in fast else c for i, c in enumerate(configs)]
         t_comm_l, t_region_l, d_region_l = (np.round(x, 3).tolist() for x in (t_comm, t_region, d_region))
         tunable = self.tunable_knobs()
         notes = self.notes_S or [""] * len(self.sites)
