@@ -1,10 +1,23 @@
-"""Cluster fixtures shared by the tests (engine problems come from ``tests/engine/factory.build``)."""
+"""Cluster fixtures shared by the tests (engine problems come from ``tests/engine/factory.build``),
+and every test's time limit scaled by ``LAGOM_TEST_TIMEOUT_SCALE`` (``tests/timeouts.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from lagom_megatron.engine.cluster import ClusterSpec
+from tests.timeouts import SCALE, TEST_S
+
+
+def pytest_collection_modifyitems(config, items):
+    """Gives each test pytest-timeout's limit (its own ``timeout`` mark, else the ini's) times
+    :data:`tests.timeouts.SCALE`, as the closest mark so that pytest-timeout reads it."""
+    base_default = getattr(config, "_env_timeout", None) or TEST_S
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        base = float(mark.args[0]) if mark is not None and mark.args else float(base_default)
+        if base > 0:
+            item.add_marker(pytest.mark.timeout(base * SCALE), append=False)
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from lagom_megatron.engine.plan import Plan
 from lagom_megatron.nccl.env_file import read_env_file, validate_process_env
 from lagom_megatron.engine.profile import Profile
 from tests.megatron.harness_launch import launch_harness
+from tests.timeouts import LAUNCH_S
 
 pytestmark = pytest.mark.distributed
 
@@ -34,7 +35,7 @@ COMMON = ["--mock-data", "--train-iters", str(ITERS), "--log-interval", "1",
 
 
 def _launch(tmp_path: Path, name: str, runs: list[dict]) -> tuple[dict, dict[str, str]]:
-    return launch_harness(tmp_path, name, runs, nproc=4, timeout_s=400)
+    return launch_harness(tmp_path, name, runs, nproc=4, timeout_s=LAUNCH_S)
 
 
 def _check_hooks_removed(result: dict, *, lagom: bool) -> None:

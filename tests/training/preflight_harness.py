@@ -8,25 +8,20 @@ on the same command line, for this machine (no ``--cluster``) unless a cluster i
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from lagom_megatron.training import pretrain_gpt
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LAGOM_CLUSTER",
          "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "CUDA_DEVICE_MAX_CONNECTIONS")
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("pretrain_gpt_script", ROOT / "scripts" / "pretrain_gpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-SCRIPT = _script()
+SCRIPT = pretrain_gpt
+"""The program ``scripts/pretrain_gpt.py`` runs (``lagom_megatron.training.pretrain_gpt``)."""
 
 
 @dataclass

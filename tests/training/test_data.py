@@ -14,6 +14,7 @@ import pytest
 from lagom_megatron.training.data import (build_train_dataset, microbatch_indices, read_jsonl_texts,
                                              write_indexed_dataset)
 from lagom_megatron.training.tokenizer import ByteLevelTokenizer, padded_vocab_size
+from tests.timeouts import COMMAND_S
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ["The quick brown fox jumps over the lazy dog.", "", "Zwölf Boxkämpfer jagen Viktor quer über den Sylter Deich.",
@@ -159,7 +160,7 @@ def test_preprocess_argument_errors_do_not_import_megatron(tmp_path):
     script = str(ROOT / "scripts" / "preprocess_data.py")
     for argv in (["--help"], ["--input", str(tmp_path / "none.jsonl"), "--output-prefix", str(tmp_path / "d")]):
         proc = subprocess.run([sys.executable, "-X", "importtime", script, *argv], capture_output=True, text=True,
-                              timeout=60)
+                              timeout=COMMAND_S)
         assert " megatron" not in proc.stderr and "torch" not in proc.stderr, argv  # -X importtime lists imports
     assert proc.returncode == 2
     assert [l for l in proc.stderr.splitlines() if not l.startswith("import time:")] == [

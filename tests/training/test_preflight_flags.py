@@ -17,6 +17,7 @@ from lagom_megatron.training.argument_checks import check_installed, validate_ar
 from lagom_megatron.training.arguments import parse_args
 from lagom_megatron.training.preflight_values import megatron_flag_problems
 from tests.training.preflight_harness import doctor, train
+from tests.timeouts import COMMAND_S
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
 SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -242,7 +243,7 @@ def test_cuda_absence_is_read_without_importing_torch(tmp_path):
     from tests.training.preflight_harness import CLEAN
 
     env = {**{k: v for k, v in os.environ.items() if k not in CLEAN}, "RANK": "0", "WORLD_SIZE": "4"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=COMMAND_S)
     assert out.stdout.strip() == "exit 2 False", (out.stdout, out.stderr)
     assert "--init-method-std -1.0 is out of range" in out.stderr
     from lagom_megatron.training.preflight import cuda_certainly_absent
