@@ -23,6 +23,7 @@ LAGOM_FLAGS: frozenset[str] = frozenset(
         "--lagom-report",
         "--lagom-pool-budget-mib",
         "--lagom-allow-untested-versions",
+        "--lagom-cluster",
     }
 )
 """The public ``--lagom*`` surface; ``tests/training/test_args.py`` freezes it."""
@@ -63,6 +64,11 @@ def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--lagom-pool-budget-mib", type=float, default=512.0,
                    help="Bound on the estimated GPU memory (MiB per rank) of lagom's extra communicators; "
                         "sites whose communicators would pass it keep NCCL's defaults.")
+    g.add_argument("--lagom-cluster", default=None, metavar="NAME|PATH",
+                   help="The cluster this run is checked against and lagom's cost model starts from "
+                        "(configs/clusters/ name or YAML path); default $LAGOM_CLUSTER, else the preset's "
+                        "cluster, else this machine. A cluster this machine does not match is refused: "
+                        "--lagom-cluster cpu-gloo runs a GPU preset on CPU anyway.")
     g.add_argument("--lagom-allow-untested-versions", action="store_true",
                    help="Run even when torch or megatron-core is outside the tested ranges "
                         "(lagom_megatron.megatron.versions; also LAGOM_ALLOW_UNTESTED_VERSIONS=1).")
@@ -73,7 +79,7 @@ LAGOM_ONLY_FLAGS = ("--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-pla
                     "--lagom-pool-budget-mib")
 """The ``--lagom-*`` options that only the ``--lagom`` controller reads (``megatron.controller.LagomController
 .from_args``). ``--lagom-allow-untested-versions`` is not one: ``pretrain_gpt.py`` checks the versions on
-every run."""
+every run, nor is ``--lagom-cluster``: the pre-flight checks every run against its cluster."""
 
 
 def lagom_flag_problems(args: Mapping[str, Any]) -> list[Finding]:

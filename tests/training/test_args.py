@@ -24,7 +24,7 @@ def test_lagom_flags_are_frozen():
     # Changing the public --lagom* surface must change this test on purpose.
     assert LAGOM_FLAGS == frozenset({"--lagom", "--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-plan",
                                      "--lagom-method", "--lagom-report", "--lagom-pool-budget-mib",
-                                     "--lagom-allow-untested-versions"})
+                                     "--lagom-allow-untested-versions", "--lagom-cluster"})
     defined = {s for a in build_parser()._actions for s in a.option_strings if s.startswith("--lagom")}
     assert defined == LAGOM_FLAGS
 
@@ -235,7 +235,7 @@ def test_context_parallel_needs_transformer_engine(monkeypatch):
 @pytest.mark.skipif(__import__("importlib.util").util.find_spec("transformer_engine") is not None,
                     reason="Transformer Engine is installed here")
 def test_script_reports_context_parallel_without_transformer_engine_once(monkeypatch, capsys):
-    proc = run_script("--preset", "llama3-8b-h100x8", world_size="8", rank="0")
+    proc = run_script("--preset", "llama3-8b-h100x8", "--lagom-cluster", "cpu-gloo", world_size="8", rank="0")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "pretrain_gpt.py: error: --context-parallel-size 2 needs Transformer Engine (megatron-core runs "

@@ -255,14 +255,13 @@ def test_cuda_absence_is_read_without_importing_torch(tmp_path):
 
 def test_arguments_are_refused_before_the_machine_is_detected(monkeypatch, capsys):
     """Where finding the GPU would import torch, the argument rules run first: a refused line never
-    reaches ``detect_cluster``; a valid one does, and gets the full verdict."""
+    reaches ``this_machine``; a valid one does, and gets the full verdict."""
     import lagom_megatron.training.preflight as preflight
+    from lagom_megatron.training.target_cluster import Machine
 
     detected = []
-    real = preflight.detect_cluster
     monkeypatch.setattr(preflight, "cuda_certainly_absent", lambda: False)
-    monkeypatch.setattr(preflight, "detect_cluster", lambda *a: detected.append(a) or real("cpu-tp2-dp2", {
-        "LAGOM_CLUSTER": "cpu-gloo"}))
+    monkeypatch.setattr(preflight, "this_machine", lambda: detected.append(1) or Machine(cuda=False))
     t = train([*CPU, "--recompute-num-layers", "0"], monkeypatch, capsys, world=4)
     assert (t.code, t.started, detected) == (2, False, [])
     assert t.errors == ["pretrain_gpt.py: error: --recompute-num-layers 0 is out of range; allowed: an integer >= 1"]
