@@ -202,15 +202,16 @@ def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | No
     :data:`RULES` order unless only a machine rule would have found one before ``validate_args``.
 
     Prints the first error once (rank 0; other ranks stay silent and exit with the same code) as
-    one line ``pretrain_gpt.py: error: <what>``, and the warnings with ``--lagom``. The chosen cluster's
+    one line ``pretrain_gpt.py: error: <what>``, and the warnings with ``--lagom``; then rank 0 takes the
+    lock of every folder the run writes (``preflight_files.hold_run_locks``: the default run folder
+    too) for the process's life. The chosen cluster's
     name is left in ``args.lagom_cluster`` for lagom's controller (unless it is this machine's GPU,
-    which has no cluster file). On success rank 0 takes
-    the advisory lock of ``--lagom-plan`` (``preflight_files.hold_plan_lock``) for the process's life.
+    which has no cluster file).
 
     Returns:
         0 when the run may start, 2 when it must not.
     """
-    from lagom_megatron.training.preflight_files import hold_plan_lock
+    from lagom_megatron.training.preflight_files import hold_run_locks
 
     environ = os.environ if environ is None else environ
     rank0 = environ.get("RANK", "0") == "0"
@@ -250,9 +251,9 @@ def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | No
     if getattr(args, "lagom", False):
         for f in findings:
             say(f"lagom doctor: {f}")
-        if rank0 and getattr(args, "lagom_plan", None):
+        if rank0:
             try:
-                hold_plan_lock(args.lagom_plan, environ)
+                hold_run_locks(vars(args), environ)
             except ValueError as exc:
                 say(f"pretrain_gpt.py: error: {exc}")
                 return 2

@@ -8,8 +8,10 @@ on the same command line, for this machine (no ``--cluster``) unless a cluster i
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,14 +50,27 @@ def train(argv, monkeypatch, capsys, *, world=4, env=None) -> Outcome:
     """``pretrain_gpt.py ARGV`` as rank 0 of ``world``; errors = its ``pretrain_gpt.py: error:`` lines."""
     import lagom_megatron.training.loop as loop
 
+    from lagom_megatron.training.preflight_files import _HELD, release_folder_lock
+
     started = []
     monkeypatch.setattr(loop, "pretrain", started.append)
     _env(monkeypatch, {"RANK": "0", "WORLD_SIZE": str(world), **(env or {})})
     capsys.readouterr()
+    held = set(_HELD)
+    scratch = None
+    if Path.cwd() == ROOT:  # a --lagom run without --lagom-plan writes (and locks) ./lagom_out/: not in the source tree
+        scratch = tempfile.mkdtemp(prefix="lagom-train-")
+        monkeypatch.chdir(scratch)
     try:
         code = SCRIPT.main(list(argv))
     except SystemExit as exc:  # argparse's usage error
         code = exc.code
+    finally:
+        for folder in set(_HELD) - held:  # a run that may start holds its folders for the process's life
+            release_folder_lock(folder)
+        if scratch is not None:
+            monkeypatch.chdir(ROOT)
+            shutil.rmtree(scratch, ignore_errors=True)
     err = capsys.readouterr().err
     return Outcome(code, [line for line in err.splitlines() if line.startswith("pretrain_gpt.py: error:")],
                    bool(started))
