@@ -82,17 +82,49 @@ LAGOM_ONLY_FLAGS = ("--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-pla
 every run, nor is ``--lagom-cluster``: the pre-flight checks every run against its cluster."""
 
 
+MAX_WARMUP_ITERS = 1000
+"""Upper bound of ``--lagom-warmup-iters``: untimed iterations before profiling (the first few settle
+allocator, communicators and kernels; a thousand more only postpone tuning)."""
+MAX_VERIFY_ITERS = 200
+"""Upper bound of ``--lagom-verify-iters`` (and of ``lagom simulate --verify-iters``): measured
+iterations per arm, plan and defaults alternating, before the verdict."""
+
+
+def lagom_value_problems(args: Mapping[str, Any]) -> list[Finding]:
+    """``--lagom-warmup-iters`` outside 1..:data:`MAX_WARMUP_ITERS` and ``--lagom-verify-iters`` outside
+    1..:data:`MAX_VERIFY_ITERS` (an unbounded count made the run alternate an unverified plan with the
+    defaults to its end and report that tuning needed 2e20 iterations).
+
+    Returns:
+        One ``Finding`` of level error, rule id ``lagom-flags``, per value out of range.
+    """
+    out = []
+    for flag, hi, why in (
+            ("--lagom-warmup-iters", MAX_WARMUP_ITERS, "untimed iterations before profiling starts"),
+            ("--lagom-verify-iters", MAX_VERIFY_ITERS, "measured iterations per arm (plan, defaults) before the "
+                                                       "verdict; the run needs twice as many")):
+        value = args.get(flag[2:].replace("-", "_"))
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+            out.append(Finding("error", "lagom-flags", f"{flag} {value} is out of range; allowed: an integer in 1..{hi}",
+                               f"{flag} counts {why}", f"give {flag} a value in 1..{hi}"))
+    return out
+
+
 def lagom_flag_problems(args: Mapping[str, Any]) -> list[Finding]:
     """Each of :data:`LAGOM_ONLY_FLAGS` given a value other than its default without ``--lagom``: the run
     would install no hooks and ignore it silently (the value would only show in the training log's
     ``lagom=False ... lagom_plan=...`` line). The defaults are :func:`add_lagom_args`'s, so a flag
     given its default value, or absent (a Megatron-LM line without lagom's flags), passes.
 
+    With ``--lagom``: :func:`lagom_value_problems` instead.
+
     Returns:
         One ``Finding`` of level error, rule id ``lagom-flags``, per such flag, in flag order.
     """
     if args.get("lagom"):
-        return []
+        return lagom_value_problems(args)
     defaults = add_lagom_args(argparse.ArgumentParser(add_help=False))
     out = []
     for flag in LAGOM_ONLY_FLAGS:

@@ -178,7 +178,7 @@ def test_script_reports_unknown_preset():
 def test_bad_lagom_values_fail_before_training(tmp_path):
     (tmp_path / "file").write_text("")
     cases = [
-        (["--lagom-verify-iters", "0"], "--lagom-verify-iters must be >= 1; got 0"),
+        (["--lagom-verify-iters", "0"], "--lagom-verify-iters 0 is out of range; allowed: an integer in 1..200"),
         (["--lagom-report", str(tmp_path)], f"--lagom-report {str(tmp_path)!r} is a folder; give a file name"),
         (["--lagom-plan", str(tmp_path)], f"--lagom-plan {str(tmp_path)!r} is a folder; give a file name"),
         (["--lagom-report", str(tmp_path / "file" / "r.md")], "is not a folder"),

@@ -333,6 +333,9 @@ def test_only_rank_0_probes_the_plan_lock(tmp_path):
     (["--seed", "-1"], "--seed -1 is out of range; allowed: 0..4294967295"),
     (["--split", "0,1,0"], "--split '0,1,0' is out of range; allowed: up to three weights >= 0"),
     (["--split", "90,5,4,1"], "--split '90,5,4,1' is out of range"),
+    (["--split", "90,abc5,5"], "--split '90,abc5,5' is out of range; allowed: up to three weights >= 0 separated by "
+                               "commas"),
+    (["--split", "90;5;5"], "--split '90;5;5' is out of range"),
     (["--ffn-hidden-size", "0"], "--ffn-hidden-size 0 is out of range; allowed: an integer >= 1"),
     (["--distributed-timeout-minutes", "0"], "--distributed-timeout-minutes 0 is out of range"),
 ])

@@ -103,6 +103,19 @@ FLAG_CASES = [
                                       "4", "--lagom-pool-budget-mib", "512"], {}, None),
     ("lagom-versions-without-lagom", ["--lagom-allow-untested-versions"], {}, None),  # read on every run
     ("lagom-method-with-lagom", ["--lagom", "--lagom-method", "autoccl", "--lagom-warmup-iters", "2"], {}, None),
+    # counts with an upper bound (an unbounded one ran an unverified plan to the end of training)
+    ("lagom-verify-iters-unbounded", ["--lagom", "--lagom-verify-iters", "99999999999999999999"], {},
+     "--lagom-verify-iters 99999999999999999999 is out of range; allowed: an integer in 1..200"),
+    ("lagom-warmup-iters-unbounded", ["--lagom", "--lagom-warmup-iters", "1001"], {},
+     "--lagom-warmup-iters 1001 is out of range; allowed: an integer in 1..1000"),
+    ("lagom-counts-at-their-bounds", ["--lagom", "--lagom-verify-iters", "200", "--lagom-warmup-iters", "1000"], {},
+     None),
+    # --split: weights separated by commas (or slashes); other characters are not dropped silently
+    ("split-with-letters", ["--split", "90,abc5,5"], {},
+     "--split '90,abc5,5' is out of range; allowed: up to three weights >= 0 separated by commas, e.g. 969,30,1, "
+     "with a training weight > 0"),
+    ("split-commas", ["--split", "90, 5,5"], {}, None),
+    ("split-slashes", ["--split", "949/50/1"], {}, None),
 ]
 
 
