@@ -186,7 +186,8 @@ def _one_line(exc: ValidationError, source: str) -> ValueError:
     loc = ".".join(str(x) for x in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
     value = err.get("input")
-    shown = "" if isinstance(value, (dict, list)) or err["type"] == "missing" else f"; got {value!r}"
+    said = "; got " in msg  # a validator of ours that names the value already
+    shown = "" if isinstance(value, (dict, list)) or err["type"] == "missing" or said else f"; got {value!r}"
     return ValueError(f"{source}: {loc + ': ' if loc else ''}{msg}{shown}")
 
 
