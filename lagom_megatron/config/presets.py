@@ -25,8 +25,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-CONFIGS_DIR = Path(os.environ.get("LAGOM_CONFIGS", Path(__file__).resolve().parents[2] / "configs"))
-"""Root of the presets: ``configs/`` of the source tree, or ``$LAGOM_CONFIGS``."""
+from lagom_megatron import configs_dir
+
+CONFIGS_DIR, CONFIGS_ORIGIN = configs_dir()
+"""Root of the presets, and what chose it (``lagom_megatron.configs_dir``: ``$LAGOM_CONFIGS``, the
+installed package's copy, or the source tree's ``configs/``)."""
 
 
 class _Section(BaseModel):
@@ -200,7 +203,14 @@ def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
     known = available(kind)
     close = difflib.get_close_matches(str(name_or_path), known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"unknown {kind[:-1]} {str(name_or_path)!r}{hint}; available: {', '.join(known) or 'none'}")
+    env = CONFIGS_ORIGIN == "LAGOM_CONFIGS"
+    if not known:  # a LAGOM_CONFIGS that names the wrong folder, or an install without its package data
+        raise ValueError(f"unknown {kind[:-1]} {str(name_or_path)!r}: {CONFIGS_DIR / kind} "
+                         f"({'from LAGOM_CONFIGS' if env else CONFIGS_ORIGIN}) holds no {kind}"
+                         + ("; set LAGOM_CONFIGS to a folder with clusters/, models/ and presets/, or unset it"
+                            if env else ""))
+    source = f" (from LAGOM_CONFIGS={CONFIGS_DIR})" if env else ""
+    raise ValueError(f"unknown {kind[:-1]} {str(name_or_path)!r}{hint}; available{source}: {', '.join(known)}")
 
 
 def available(kind: str) -> list[str]:
