@@ -23,6 +23,7 @@ import json
 import os
 
 from lagom_megatron.cli.options import int_range
+from lagom_megatron.training.preflight import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, env_count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,8 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", help="target cluster name (configs/clusters/) or path; default as training "
                                           "chooses it: --lagom-cluster in the line, $LAGOM_CLUSTER, the preset's "
                                           "cluster, else this machine (cpu-gloo without CUDA, else its GPU)")
-    parser.add_argument("--world-size", type=int_range(1), help="ranks in the job; default: the preset's or $WORLD_SIZE")
-    parser.add_argument("--gpus-per-node", type=int_range(1), help="default: the cluster's or $LOCAL_WORLD_SIZE")
+    parser.add_argument("--world-size", type=int_range(1, MAX_WORLD_SIZE),
+                        help="ranks in the job; default: the preset's, else $WORLD_SIZE, else TP x PP x CP")
+    parser.add_argument("--gpus-per-node", type=int_range(1, MAX_GPUS_PER_NODE),
+                        help="default: the preset's SLURM shape, else the cluster's, else $LOCAL_WORLD_SIZE")
     parser.add_argument("--megatron-lm", action="store_true",
                         help="the line after -- is for a Megatron-LM checkout's pretrain_gpt.py: check "
                              "the layout only, not the flags (default: parse it with scripts/pretrain_gpt.py's "
@@ -86,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
                             args.cluster or parsed.get("lagom_cluster"),
                             "--cluster" if args.cluster else "--lagom-cluster", machine)
     away = mismatch(target, machine) is not None
+    if world_size is None:  # read strictly: a WORLD_SIZE of abc or 0 was ignored without a word
+        world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "--world-size")
+    if gpus_per_node is None:
+        env_count(environ, "LOCAL_WORLD_SIZE", MAX_GPUS_PER_NODE, "--gpus-per-node")  # the rules read it later
     local = not args.cluster and not away  # this machine as training checks it, or the job on its cluster
     first = f"lagom doctor: checking {target.describe()}: {target.reason()}"
     if away:

@@ -72,6 +72,33 @@ def _int_env(environ: Mapping[str, str], *names: str) -> int | None:
     return None
 
 
+MAX_WORLD_SIZE = 1 << 20
+"""Largest world size the checks accept (a million ranks; a typo of twenty digits is not a job)."""
+MAX_GPUS_PER_NODE = 1024
+"""Largest GPUs per node the checks accept."""
+
+
+def env_count(environ: Mapping[str, str], name: str, hi: int, default_of: str) -> int | None:
+    """``$name`` as a count in 1..``hi``, or None when unset or empty.
+
+    Args:
+        environ: the environment.
+        name: ``WORLD_SIZE`` or ``LOCAL_WORLD_SIZE``.
+        hi: the largest value allowed.
+        default_of: what the variable stands in for, for the message (``--world-size``).
+
+    Raises:
+        ValueError: set to anything else (``abc``, ``0``, ``-1``, twenty digits), naming the variable.
+    """
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= hi:
+        raise ValueError(f"{name}={environ[name]!r} is not an integer in 1..{hi} (it stands for {default_of}): "
+                         "set it to a count, or unset it")
+    return int(text)
+
+
 def detect_cluster(preset_name: str | None = None, environ: Mapping[str, str] | None = None) -> Any:
     """The cluster a run on this machine is checked against without a cluster on its command line:
     ``training.target_cluster.choose_cluster`` (``$LAGOM_CLUSTER``, the preset's cluster, this machine).
@@ -227,8 +254,8 @@ def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | No
             say(f"pretrain_gpt.py: error: {bad[0].what}{more}")
         return bool(bad)
 
-    world_size = _int_env(environ, "WORLD_SIZE") or 1
     try:
+        world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "the job's world size") or 1
         # what the arguments alone refuse first: the same line as the doctor's, and no torch import
         # (detecting a GPU takes seconds) for a line that cannot start anyway
         if refused(check_run(args, environ, None, world_size=world_size, local=True, ours=True, machine=False)):

@@ -286,9 +286,12 @@ def test_command_line_validate_args_and_data_warning(capsys):
 
 
 @pytest.mark.parametrize("option, what", [
-    (["--world-size", "0"], "argument --world-size: 0 is not an integer >= 1"),
-    (["--world-size", "-4"], "argument --world-size: -4 is not an integer >= 1"),
-    (["--gpus-per-node", "0"], "argument --gpus-per-node: 0 is not an integer >= 1"),
+    (["--world-size", "0"], "argument --world-size: 0 is not an integer in 1..1048576"),
+    (["--world-size", "-4"], "argument --world-size: -4 is not an integer in 1..1048576"),
+    (["--gpus-per-node", "0"], "argument --gpus-per-node: 0 is not an integer in 1..1024"),
+    # accepted before (rc 0, no error): twenty digits are no GPU count
+    (["--gpus-per-node", "99999999999999999999"], "argument --gpus-per-node: 99999999999999999999 is not an integer "
+                                                  "in 1..1024"),
 ])
 def test_command_refuses_bad_own_options_as_usage(capsys, option, what):
     # the doctor's own options are checked by argparse: a usage error (exit 2), nothing checked yet

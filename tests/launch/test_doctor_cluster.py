@@ -129,3 +129,42 @@ def test_training_tells_lagom_the_cluster_it_checked(monkeypatch, capsys):
     _env(monkeypatch, {"RANK": "0", "WORLD_SIZE": "4"})
     assert SCRIPT.main(["--preset", "cpu-tp2-dp2", "--mock-data"]) == 0
     assert seen == ["cpu-gloo"]
+
+
+@pytest.mark.parametrize("variable, value, stands_for", [
+    ("WORLD_SIZE", "abc", "--world-size"), ("WORLD_SIZE", "0", "--world-size"),
+    ("LOCAL_WORLD_SIZE", "-2", "--gpus-per-node"),
+])
+def test_the_doctor_reads_its_default_counts_strictly(variable, value, stands_for, capsys, monkeypatch):
+    """A WORLD_SIZE of abc or 0 was ignored without a word (rc 0)."""
+    _env(monkeypatch, {variable: value})
+    monkeypatch.setenv(variable, value)
+    capsys.readouterr()
+    assert main(["doctor", "--", "--mock-data", "--num-layers", "2"]) == 2
+    hi = 1048576 if variable == "WORLD_SIZE" else 1024
+    assert capsys.readouterr().err.strip() == (f"lagom doctor: error: {variable}={value!r} is not an integer in 1..{hi} "
+                                               f"(it stands for {stands_for}): set it to a count, or unset it")
+
+
+def test_training_reads_world_size_strictly(monkeypatch, capsys):
+    t = train(["--preset", "cpu-tp2-dp2", "--mock-data"], monkeypatch, capsys, env={"WORLD_SIZE": "abc"})
+    assert (t.code, t.started) == (2, False)
+    assert t.errors == ["pretrain_gpt.py: error: WORLD_SIZE='abc' is not an integer in 1..1048576 (it stands for the "
+                        "job's world size): set it to a count, or unset it"]
+
+
+def test_a_lagom_configs_without_presets_is_named(tmp_path):
+    """It said ``unknown preset ...; available: none``, without naming the variable that chose the folder."""
+    import subprocess
+    import sys
+
+    from tests.timeouts import COMMAND_S
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "LAGOM_CLUSTER"}
+    env["LAGOM_CONFIGS"] = str(tmp_path / "nowhere")
+    proc = subprocess.run([sys.executable, "-m", "lagom_megatron", "doctor", "--preset", "llama3-8b-h100x8"], env=env,
+                          capture_output=True, text=True, timeout=COMMAND_S)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"lagom doctor: error: unknown preset 'llama3-8b-h100x8': {tmp_path}/nowhere/presets "
+                                   "(from LAGOM_CONFIGS) holds no presets; set LAGOM_CONFIGS to a folder with clusters/, "
+                                   "models/ and presets/, or unset it")
