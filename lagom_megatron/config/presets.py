@@ -240,7 +240,8 @@ def _validate(cls: type[BaseModel], data: dict[str, Any], path: Path) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        err = _the_error(exc.errors())
+        err["loc"] = tuple(x for x in err["loc"] if x not in _BRANCHES)  # model.ModelSpec.num_layer -> model.num_layer
         loc = ".".join(str(x) for x in err["loc"])
         if err["type"] == "extra_forbidden":
             valid = _valid_keys(cls, err["loc"][:-1])
@@ -248,6 +249,21 @@ def _validate(cls: type[BaseModel], data: dict[str, Any], path: Path) -> Any:
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(valid)}"
             raise ValueError(f"{path}: unknown key {loc!r}{hint}") from None
         raise ValueError(f"{_where(path, err['loc'])}: {loc}: {err['msg']} (got {err.get('input')!r})") from None
+
+
+_BRANCHES = ("str", "ModelSpec")
+"""The tags pydantic puts in an error's location for the branches of ``Preset.model`` (``str | ModelSpec``)."""
+
+
+def _the_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The error to report: for ``model:`` given as a mapping, the mapping's own error, not the other
+    branch's ``Input should be a valid string``; and an unknown key before the others."""
+    first = errors[0]
+    if first["loc"][-1:] == ("str",) and isinstance(first.get("input"), dict):
+        errors = [e for e in errors if e["loc"][:len(first["loc"]) - 1] == first["loc"][:-1]
+                  and "ModelSpec" in e["loc"]] or errors
+    typos = [e for e in errors if e["type"] == "extra_forbidden"]  # a typo explains the "Field required" of its key
+    return dict((typos or errors)[0])
 
 
 def _where(path: Path, loc: tuple) -> str:
