@@ -49,6 +49,27 @@ def tuner_abi(nccl_version: tuple[int, int, int]) -> int:
     return next((abi for since, abi in TUNER_ABI_SINCE if nccl_version >= since), 0)
 
 
+LAGOM_TUNER_ABI_MIN = 3
+"""Oldest tuner ABI lagom's plugin exports (``ncclTunerPlugin_v3``, NCCL 2.22)."""
+
+
+def default_mechanism(cluster: ClusterSpec) -> str:
+    """``tuner`` where the cluster's NCCL loads lagom's plugin (tuner ABI v3+, NCCL 2.22+), else
+    ``communicator`` (CTA bounds per communicator: what a run there applies, ``nccl.capabilities``)."""
+    return "tuner" if tuner_abi(cluster.nccl) >= LAGOM_TUNER_ABI_MIN else "communicator"
+
+
+def check_mechanism(mechanism: str, cluster: ClusterSpec) -> None:
+    """Refuses ``tuner`` on a cluster whose NCCL cannot load lagom's plugin.
+
+    Raises:
+        ValueError: names the mechanism, the cluster and its NCCL version, and what is allowed.
+    """
+    if mechanism == "tuner" and tuner_abi(cluster.nccl) < LAGOM_TUNER_ABI_MIN:
+        raise ValueError(f"mechanism 'tuner' needs NCCL 2.22 or newer (lagom's tuner plugin, ABI v3); cluster "
+                         f"{cluster.name!r} has NCCL {cluster.nccl_version}: use mechanism 'communicator' or 'env'")
+
+
 _ALGORITHM_SINCE: dict[str, tuple[int, int, int]] = {
     "Ring": (2, 0, 0), "Tree": (2, 4, 0), "NVLS": (2, 17, 0), "NVLSTree": (2, 18, 0),
     "CollNetDirect": (2, 14, 0), "CollNetChain": (2, 14, 0), "PAT": (2, 23, 0),
@@ -322,7 +343,7 @@ class NcclRules:
     Args:
         cluster: the ``ClusterSpec`` (its NCCL version, NVSwitch, SHARP and SM architecture decide
             the algorithms, the channel limit and the scopes).
-        mechanism: ``tuner`` (default), ``communicator`` or ``env``.
+        mechanism: ``tuner``, ``communicator`` or ``env``; None (default): :func:`default_mechanism`.
         backend: ``nccl`` (a real run) or ``sim`` (the simulated cluster), the label of the
             profiles and plans searched under these rules.
         capabilities: the run's agreed capabilities; its NCCL version must be the cluster's
@@ -335,7 +356,7 @@ class NcclRules:
     """
 
     cluster: ClusterSpec
-    mechanism: str = "tuner"
+    mechanism: str = None  # type: ignore[assignment]  # None: default_mechanism(cluster), set in __post_init__
     backend: str = "nccl"
     capabilities: Capabilities | None = None
     """The agreed ``nccl.capabilities.Capabilities`` of a live run; None (offline search, the
@@ -349,12 +370,14 @@ class NcclRules:
     """Groups sharing the budget equally (set by ``for_sites``); empty = the whole budget per group."""
 
     def __post_init__(self) -> None:
+        if self.cluster.backend != "nccl":
+            raise ValueError(f"cluster {self.cluster.name!r} is a {self.cluster.backend} cluster; NCCL rules need an NCCL cluster")
+        if self.mechanism is None:
+            object.__setattr__(self, "mechanism", default_mechanism(self.cluster))
         if self.mechanism not in MECHANISMS:
             raise ValueError(f"mechanism for backend {self.backend!r} must be one of {list(MECHANISMS)}; got {self.mechanism!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"NCCL rules serve backends {list(BACKENDS)}; got {self.backend!r}")
-        if self.cluster.backend != "nccl":
-            raise ValueError(f"cluster {self.cluster.name!r} is a {self.cluster.backend} cluster; NCCL rules need an NCCL cluster")
 
     def scope(self, knob: str) -> Scope | None:
         """``knob_scope`` under this mechanism and the cluster's NCCL version."""
