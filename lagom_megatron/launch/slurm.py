@@ -78,7 +78,7 @@ def plan_for_another_run(preset: Preset, plan: str, cluster: ClusterSpec, extra:
                                     if not k.startswith("_")}}
     want = {k: args.get(k) for k in FINGERPRINT_FROM_ARGS if args.get(k) is not None}
     want.update(world_size=preset.world_size, backend=cluster.backend, cluster=cluster.name)
-    if saved.backend != cluster.backend:
+    if saved.backend != cluster.backend and "backend" not in saved.fingerprint:
         want["plan backend"] = cluster.backend
     have = {**saved.fingerprint, "plan backend": saved.backend}
     diff = [f"{k} {have[k]!r} (this run: {v!r})" for k, v in want.items() if k in have and have[k] != v]
