@@ -131,6 +131,18 @@ def test_build_tuner_command(tmp_path, capsys):
     assert hasattr(ctypes.CDLL(str(lib)), "ncclTunerPlugin_v6")
 
 
+def test_the_export_hint_is_a_shell_command_for_a_folder_with_spaces(tmp_path, capsys):
+    """The hint was ``export NCCL_TUNER_PLUGIN=<tmp>/dir with space/...``: three words for the shell."""
+    out = tmp_path / "dir with space"
+    assert main(["build-tuner", "-o", str(out)]) == 0
+    lib, hint = capsys.readouterr().out.splitlines()
+    command = hint.removeprefix("# use it with:").split("  (")[0].strip()
+    shown = subprocess.run(["bash", "-c", f'{command}; printf "%s|%s" "$NCCL_TUNER_PLUGIN" "$LAGOM_TUNER_CONFIG"'],
+                           capture_output=True, text=True, timeout=COMMAND_S)
+    assert shown.returncode == 0 and shown.stdout == f"{lib}|TABLE.csv", shown.stderr
+    assert lib == str((out / "libnccl-tuner-lagom.so").resolve())
+
+
 def test_missing_compiler_is_a_clear_error(tmp_path, capsys):
     assert main(["build-tuner", "-o", str(tmp_path), "--cc", "no-such-cc-lagom"]) == 2
     err = capsys.readouterr().err
