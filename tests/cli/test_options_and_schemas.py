@@ -144,11 +144,12 @@ def test_plan_show_and_diff_name_the_gloo_default_and_the_verification(gloo_plan
 def test_simulate_fall_back_is_its_result_and_shows_no_gain(capsys):
     assert main(["simulate", "--preset", "gpt3-13b-h100x64", "--show", "0"]) == 0  # done: the result says fell_back
     out = capsys.readouterr().out
-    m = re.search(r"result: (applied|fell_back): plan ([\d.]+) ms vs defaults ([\d.]+) ms", out)
+    m = re.search(r"result: (applied|fell_back): gain (-?[\d.]+) ms \(mean of (\d+) paired differences, defaults - "
+                  r"plan\), needed > ([\d.]+) ms \(the larger of its 95% bound [\d.]+ ms and the minimum gain [\d.]+ ms\)",
+                  out)
     assert m, out
     assert "FELL_BACK" not in out and "reverted" not in out
-    defaults = float(re.search(r"measured, defaults \(median\)\s*:\s*([\d.]+) ms", out).group(1))
-    assert defaults == float(m.group(3))
+    assert (m.group(1) == "applied") == (float(m.group(2)) > float(m.group(4)))  # the line's own statistic decides
     if m.group(1) == "fell_back":
         assert "after tuning                 : the defaults (fell_back); no gain" in out
         # no time after the fall-back line below the measured defaults
