@@ -96,7 +96,7 @@ def hold_lock_elsewhere(plan: Path) -> subprocess.Popen:
             "from lagom_megatron.training.preflight_files import hold_plan_lock\n"
             f"hold_plan_lock({str(plan)!r}, {{'SLURM_JOB_ID': '4242'}})\n"
             "print('held', flush=True)\n"
-            "time.sleep(120)\n")
+            "time.sleep(3600)\n")  # killed by the test; never a limit the test could outlast
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout.readline().strip() == "held"
     return proc

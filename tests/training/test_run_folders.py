@@ -11,27 +11,16 @@ import sys
 import pytest
 
 from lagom_megatron.training.preflight_files import LOCK_NAME, folder_in_use, hold_run_locks, release_folder_lock, run_folders
-from tests.training.preflight_harness import ROOT, train
+from tests.training.preflight_harness import hold_lock_elsewhere, train
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
 
 
-def hold_elsewhere(folder) -> subprocess.Popen:
-    """Another run (another process) holding ``folder``'s lock until killed; returns once it holds it."""
-    code = ("import sys, time\n"
-            "from lagom_megatron.training.preflight_files import hold_folder_lock\n"
-            f"hold_folder_lock({str(folder)!r}, {{'SLURM_JOB_ID': '77'}})\n"
-            "print('held', flush=True)\n"
-            "time.sleep(3600)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
-
 @pytest.fixture
 def other():
+    """Another run holding a folder's lock until the test ends (it holds its plan's folder)."""
     procs = []
-    yield lambda folder: procs.append(hold_elsewhere(folder)) or procs[-1]
+    yield lambda folder: procs.append(hold_lock_elsewhere(folder / "plan.json")) or procs[-1]
     for p in procs:
         p.kill()
         p.wait()
@@ -45,7 +34,7 @@ def test_the_default_folder_is_locked_too(tmp_path, monkeypatch, capsys, other):
     (line,) = t.errors
     assert line.startswith("pretrain_gpt.py: error: --lagom-plan 'lagom_out/cpu-tp2-dp2/plan.json (the default, "
                            f"without --lagom-plan)' is in use by another run (pid {holder.pid} on host "
-                           f"{socket.gethostname()}, job 77, since ")
+                           f"{socket.gethostname()}, job 4242, since ")
     assert line.endswith(f"one run writes a folder at a time (lagom_out/cpu-tp2-dp2): wait for it, or give this run "
                          "another --lagom-plan")
 
