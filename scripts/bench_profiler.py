@@ -10,7 +10,8 @@ One training run, iterations cycling through five modes (same model, same data s
     profiled+ the same with timing shims around lagom's wrappers (direct hook time)
     routed+   hooks installed, every site routed to a communicator-pool entry (n_channels 3, a gloo
               group of 3 worker threads over the same ranks), profiler off and no site records
-              kept, as the controller runs an applied plan; with timing shims
+              kept, as the controller runs an applied plan (a router of its own whose assignment is
+              set once, so its routes stay resolved as an applied plan's do); with timing shims
     off+      no lagom hooks, timing shims only: the shims' own cost per call (subtracted)
 
 Timing shims: each patched entry point is wrapped twice, outside lagom's wrapper (O) and around
@@ -26,7 +27,9 @@ collective, warm caches).
 Printed figures:
   * profiler overhead: (hook time + end-of-iteration timing and all-gather) / off iteration time,
     and the plain difference of median iteration times profiled vs. off with its noise (goal < 5%);
-  * routing overhead per collective call after apply, all figures in microseconds (goal < 20 us).
+  * routing overhead per collective call after apply, all figures in microseconds (goal < 20 us):
+    in the run (all routed calls, then call by call) and by patched entry point, and in the
+    isolated loop, side by side.
 """
 
 from __future__ import annotations
@@ -59,10 +62,12 @@ class Shims:
         """The same for the calls that were routed to a pool entry (a site of the plan)."""
         self.routed_flags = []
         """Per intercepted call, in completion order: whether it was routed."""
+        self.routed_by_entry: dict[str, list[float]] = {}
+        """The same per patched entry point (``owner.name``)."""
         self._stack = []
         self._undo = []
 
-    def _outer(self, fn):
+    def _outer(self, fn, entry):
         @functools.wraps(fn)
         def shim(*args, **kwargs):
             frame = [0.0, self.router.calls_routed]
@@ -79,6 +84,7 @@ class Shims:
                 self.routed_flags.append(routed)
                 if routed:
                     self.per_routed_call_us.append(added)
+                    self.routed_by_entry.setdefault(entry, []).append(added)
 
         return shim
 
@@ -117,7 +123,7 @@ class Shims:
         for owner, name in self._targets():
             cur = getattr(owner, name)
             self._undo.append((owner, name, cur))
-            setattr(owner, name, self._outer(cur))
+            setattr(owner, name, self._outer(cur, f"{getattr(owner, '__name__', owner)}.{name}"))
 
     def remove(self):
         for owner, name, orig in reversed(self._undo):
@@ -139,6 +145,7 @@ class Bench:
         self.route_calls = []
         self.route_all = []
         self.route_routed = []
+        self.route_by_entry: dict[str, list[float]] = {}
         self.shim_floor = []
         self.shim_floor_iters = []
         self.route_iters = []
@@ -157,6 +164,9 @@ class Bench:
         self.profiler = Profiler()
         self.pool = CommPool(make_pool_backend("gloo"), groups)
         self.router = SiteRouter(self.registry, self.profiler, self.pool)
+        self.routed_router = SiteRouter(self.registry, self.profiler, self.pool)
+        """The router of the routed+ iterations: its assignment is set once, after discovery, as the
+        controller sets an applied plan's once, so its routes stay resolved between iterations."""
         self.configs = [c.config for c in ctx.model[:1]]
         self.handle = None
         self.shims = None
@@ -167,25 +177,22 @@ class Bench:
         return MODES[(iteration - 3) % len(MODES)]
 
     def on_iteration_start(self, iteration):
-        from lagom_megatron.engine.knobs import CommConfig
         from lagom_megatron.megatron import patches
 
         mode = self.mode = self._mode(iteration)
         self.registry.start_iteration(record=mode != "routed+")  # an applied plan records no sites (controller)
         if mode == "off":
             return
+        router = self.routed_router if mode == "routed+" else self.router
         if mode.endswith("+"):
-            self.shims = Shims(self.router)
+            self.shims = Shims(router)
             self.shims.install_inner()
         if mode == "off+":
             self.shims.install_outer()
             return
-        self.handle = patches.install(self.router, model_configs=self.configs)
+        self.handle = patches.install(router, model_configs=self.configs)
         if self.shims is not None:
             self.shims.install_outer()
-        routed = mode == "routed+"
-        cfg = CommConfig(n_channels=3)
-        self.router.set_assignment({sid: cfg for sid in self.sites} if routed else {})
         self.profiler.start_iteration(timed=mode.startswith("profiled"))
 
     def on_iteration_end(self, iteration, elapsed_s, loss):
@@ -211,6 +218,7 @@ class Bench:
             for v in merged_sites.values():
                 needs.setdefault(v["group"], set()).add(CommConfig(n_channels=3))
             self.pool.prepare(needs)
+            self.routed_router.set_assignment({sid: CommConfig(n_channels=3) for sid in self.sites})
         else:
             self.times[mode].append(it_s)
         if mode == "profiled+":
@@ -224,6 +232,8 @@ class Bench:
             self.route_calls.append(len(self.shims.per_call_us))
             self.route_all.extend(self.shims.per_call_us)
             self.route_routed.extend(self.shims.per_routed_call_us)
+            for entry, values in self.shims.routed_by_entry.items():
+                self.route_by_entry.setdefault(entry, []).extend(values)
             self.route_iters.append((list(self.shims.per_call_us), list(self.shims.routed_flags)))
         self.shims = None
 
@@ -270,6 +280,8 @@ class Bench:
             f"intercepted calls/iteration (goal < 20 us)",
             f"routed-call overhead quartiles (us, shims included): {[round(q, 1) for q in statistics.quantiles(self.route_routed, n=4)]}, min {min(self.route_routed):.1f}",
             self._matched_line(),
+            "routed calls by entry point (median us, shims' own cost subtracted; calls): " + ", ".join(
+                f"{e} {statistics.median(v) - floor:.1f} ({len(v)})" for e, v in sorted(self.route_by_entry.items())),
             f"routing overhead after apply (isolated loop, warm caches): {isolated_us:.1f} us per routed call",
         ]
         return "\n".join(lines)

@@ -1,29 +1,53 @@
-"""``lagom calibrate contention CSV [--out FILE]``: fits a GPU's contention constants from the CSV of
-``scripts/gpu/contention_probe.py`` (``lagom_megatron.sim.calibrate``) and writes them as YAML.
+"""``lagom calibrate contention | bandwidth``: fit simulator constants on the user's own hardware.
+
+    lagom calibrate contention CSV [--out FILE]
+        # a GPU's contention constants from scripts/gpu/contention_probe.py's CSV
+        # (``lagom_megatron.sim.calibrate``), written as YAML
+    lagom calibrate bandwidth SWEEP_DIR_OR_FILE... --cluster NAME|FILE [--out FILE]
+        # per-channel bandwidth, saturation and link efficiency from nccl-tests output as
+        # scripts/gpu/nccl_sweep.sh saves it (``nccl.perf_table``, ``sim.calibrate_bandwidth``),
+        # written as a copy of the cluster file with the fitted keys
 """
 
 from __future__ import annotations
 
 import argparse
+from datetime import datetime, timezone
 from pathlib import Path
 
-from lagom_megatron.cli.options import readable_file, writable_file
+from lagom_megatron.cli.options import readable_file, readable_file_or_dir, refuse_overwriting_an_input, writable_file
+
+MAX_PROBLEMS = 20
+"""Unreadable lines named in one error message at most (the rest are counted)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", choices=["contention"], help="what to calibrate")
-    parser.add_argument("csv", type=readable_file, help="the probe's CSV (scripts/gpu/contention_probe.py --out)")
-    parser.add_argument("--out", default=None, type=writable_file, help="YAML to write (default: <csv stem>.fit.yaml beside the CSV)")
+    sub = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
+    p = sub.add_parser("contention", help="a GPU's contention constants from scripts/gpu/contention_probe.py's CSV")
+    p.add_argument("csv", type=readable_file, help="the probe's CSV (scripts/gpu/contention_probe.py --out)")
+    p.add_argument("--out", default=None, type=writable_file, help="YAML to write (default: <csv stem>.fit.yaml beside the CSV)")
+    p = sub.add_parser("bandwidth", help="per-channel bandwidth, saturation and link efficiency from nccl-tests output "
+                                         "(scripts/gpu/nccl_sweep.sh) into a copy of a cluster file")
+    p.add_argument("inputs", nargs="+", type=readable_file_or_dir, metavar="SWEEP",
+                   help="nccl_sweep.sh's output folder (its *.txt files) or single run files")
+    p.add_argument("--cluster", required=True,
+                   help="cluster name or YAML file the fit goes into (the link bandwidths the efficiencies are shares of)")
+    p.add_argument("--out", default=None, type=writable_file,
+                   help="cluster YAML to write (default: <cluster name>.calibrated.yaml beside the first input)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Fits and writes; prints the constants.
+    """Fits and writes; prints what was fitted.
 
     Raises:
-        ValueError: a bad CSV (``sim.calibrate.read_rows``), or one with no usable row (no YAML
-            is written then).
+        ValueError: bad input: a CSV or run file that cannot be read (every bad line named as
+            ``file:line``), no usable row, nothing identified; nothing is written then.
         OSError: a path that cannot be read or written.
     """
+    return _contention(args) if args.what == "contention" else _bandwidth(args)
+
+
+def _contention(args: argparse.Namespace) -> int:
     from lagom_megatron.sim.calibrate import MIN_SHARE, fit, read_rows, write_yaml
 
     src = Path(args.csv)
@@ -41,3 +65,70 @@ def run(args: argparse.Namespace) -> int:
           f"SM term error {fmt(fitted.sm_term_mae_pct, '%')} ({fitted.rows['sm_term']} rows)")
     print(f"wrote {out}")
     return 0
+
+
+def _run_files(inputs: list[str]) -> list[Path]:
+    """The run files: each file given, and each folder's ``*.txt`` (sorted)."""
+    files = []
+    for text in inputs:
+        path = Path(text)
+        if path.is_dir():
+            found = sorted(p for p in path.glob("*.txt") if p.is_file())
+            if not found:
+                raise ValueError(f"{text}: no *.txt run files in this folder (scripts/gpu/nccl_sweep.sh writes one per run)")
+            files += found
+        else:
+            files.append(path)
+    return files
+
+
+def _bandwidth(args: argparse.Namespace) -> int:
+    import yaml
+
+    from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.engine.files import write_text_atomic
+    from lagom_megatron.nccl.perf_table import PerfFormatError, read_perf_run
+    from lagom_megatron.sim.calibrate_bandwidth import calibrated_cluster, fit_bandwidth, fit_to_cluster_fields, summary_lines
+
+    spec = ClusterSpec.load(args.cluster)
+    files = _run_files(args.inputs)
+    first = Path(args.inputs[0])
+    out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / f"{spec.name}.calibrated.yaml"
+    inputs = {"--cluster": args.cluster if Path(args.cluster).is_file() else None}
+    inputs.update({f"input {p}": str(p) for p in files})
+    refuse_overwriting_an_input(str(out), "--out", inputs)
+    if out.is_file() and not _readable(out):
+        raise ValueError(f"--out {out}: exists and cannot be read; not overwriting it")
+    runs, problems = [], []
+    for path in files:
+        try:
+            runs.append(read_perf_run(path))
+        except PerfFormatError as exc:
+            problems += exc.problems
+    if problems:
+        more = f"; and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
+        raise ValueError(f"{len(problems)} problem(s) in the nccl-tests output, nothing written: "
+                         + "; ".join(problems[:MAX_PROBLEMS]) + more)
+    fit = fit_bandwidth(runs, spec)
+    fields = fit_to_cluster_fields(fit)
+    if not fields:
+        raise ValueError(f"the {len(runs)} run(s) identify no cluster key, nothing written: " + "; ".join(fit.notes))
+    base = {k: v for k, v in spec.to_dict().items() if v is not None}
+    doc = calibrated_cluster(base, fit, name=out.stem, source=str(out))
+    summary = summary_lines(fit)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    header = [f"# {spec.name} calibrated by `lagom calibrate bandwidth` at {stamp} from {len(runs)} nccl-tests run(s)",
+              f"# in {', '.join(sorted({str(p.parent) for p in files}))}; fitted keys: {', '.join(fields)}.",
+              "# Every other key is the cluster file's. The fit:"] + [f"#   {line}" for line in summary]
+    write_text_atomic(out, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False))
+    print("\n".join(summary))
+    print(f"wrote {out} ({', '.join(f'{k}' for k in fields)})")
+    return 0
+
+
+def _readable(path: Path) -> bool:
+    try:
+        with path.open("rb"):
+            return True
+    except OSError:
+        return False

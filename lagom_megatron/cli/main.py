@@ -22,7 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("simulate", "run profile -> fit -> search -> apply -> verify on a simulated GPU cluster"),
     "doctor": ("doctor", "pre-flight checks of a preset or command line and the environment"),
     "build-tuner": ("build_tuner", "build the NCCL tuner plugin shared library"),
-    "calibrate": ("calibrate", "fit the simulator's contention constants from a GPU probe's CSV"),
+    "calibrate": ("calibrate", "fit the simulator's contention or bandwidth constants on your own GPUs"),
 }
 
 

@@ -51,6 +51,20 @@ def readable_file(text: str) -> str:
     return text
 
 
+def readable_file_or_dir(text: str) -> str:
+    """A path to an existing, readable regular file or folder (``lagom calibrate bandwidth``'s inputs).
+
+    Raises:
+        argparse.ArgumentTypeError: missing or not readable (names the path).
+    """
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file or folder")
+    if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+        raise argparse.ArgumentTypeError(f"{text}: not readable")
+    return text
+
+
 def writable_file(text: str) -> str:
     """A path a file can be written to atomically: its folder exists (or can be created under an
     existing writable folder) and is writable, and the path is not a folder.

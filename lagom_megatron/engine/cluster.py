@@ -26,6 +26,9 @@ from lagom_megatron import configs_dir
 CLUSTERS_DIR = configs_dir()[0] / "clusters"
 """``clusters/`` of ``lagom_megatron.configs_dir()`` (the rule of the presets: ``$LAGOM_CONFIGS``, the
 installed package, the source tree)."""
+PROTOCOLS = ("LL", "LL128", "Simple")
+"""NCCL's protocol names, the keys of the per-protocol fields (``engine.knobs.PROTOCOLS``, which
+imports this module, holds the same; tests/engine/test_cluster.py keeps them equal)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,6 +80,22 @@ class ClusterSpec:
     """Simulator only: the same for compute-bound kernels; None = the simulator's default."""
     net_latency_us: float = 5.0
     """Latency of one algorithm step across nodes, microseconds (Simple protocol)."""
+    # Measured bandwidth shape, written by ``lagom calibrate bandwidth`` from nccl-tests sweeps
+    # (``sim.calibrate_bandwidth.fit_to_cluster_fields``); None or a protocol left out = the
+    # simulator's own tables (``sim.device``).
+    per_channel_gbps: dict[str, float] | None = None
+    """GB/s one Ring channel (one CTA) moves per protocol (``LL``, ``LL128``, ``Simple``) at 512
+    threads and NCCL's default chunk, before the link caps it."""
+    channel_thread_exponent: float | None = None
+    """Per-channel bandwidth scales as ``(threads / 512) ** exponent`` (Simple and LL; LL128 and
+    point-to-point run fixed thread counts)."""
+    bw_saturation_p: float | None = None
+    """Sharpness ``p`` of the saturation ``bw = ((channels * per_channel)^-p + ceiling^-p)^(-1/p)``."""
+    link_eff: dict[str, float] | None = None
+    """Per protocol: the Ring bus-bandwidth ceiling inside a node over ``nvlink_gbps_per_gpu``."""
+    net_eff: dict[str, float] | None = None
+    """Per protocol: the Ring bus-bandwidth ceiling across nodes over the node's network
+    (``net_gbps_per_gpu`` x the group's ranks per node)."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("nccl", "gloo"):
@@ -102,6 +121,12 @@ class ClusterSpec:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise ValueError(f"cluster {self.name!r}: {key} must be a number >= 0 or absent; got {value!r}")
+        for key in ("per_channel_gbps", "link_eff", "net_eff"):
+            _check_per_protocol(self.name, key, getattr(self, key))
+        for key, lo in (("channel_thread_exponent", 0.0), ("bw_saturation_p", 1.0)):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= lo):
+                raise ValueError(f"cluster {self.name!r}: {key} must be a number >= {lo:g} or absent; got {value!r}")
         if self.backend == "nccl":
             parse_version(self.nccl_version)  # raises on a malformed version
 
@@ -158,6 +183,20 @@ class ClusterSpec:
         except yaml.YAMLError as exc:
             raise ValueError(f"{path}: invalid YAML: {exc}") from None
         return cls.from_dict(data, source=str(path))
+
+
+def _check_per_protocol(name: str, key: str, value: Any) -> None:
+    """``value`` is None or a mapping of NCCL protocol names to numbers > 0; ValueError names the
+    cluster, the key and the bad entry."""
+    if value is None:
+        return
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"cluster {name!r}: {key} must map protocols {list(PROTOCOLS)} to numbers > 0; got {value!r}")
+    for proto, number in value.items():
+        if proto not in PROTOCOLS:
+            raise ValueError(f"cluster {name!r}: {key}: unknown protocol {proto!r}; allowed: {list(PROTOCOLS)}")
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0 or number == float("inf"):
+            raise ValueError(f"cluster {name!r}: {key}[{proto!r}] must be a finite number > 0; got {number!r}")
 
 
 def available_clusters() -> list[str]:

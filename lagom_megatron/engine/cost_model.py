@@ -16,6 +16,7 @@ Sub-models (our design; the Lagom paper's formulas are not public, see the resea
 
     T_comm(x) = calls * ( alpha * latency(alg, proto, steps) + beta * wire_bytes / bw(x) )
     per_channel_bw = gamma * PER_CHANNEL_PRIOR_GBS[arch] * eff(proto) * (n_threads / 512)^0.6 * eff(chunk)
+                (the cluster file's measured Simple ``per_channel_gbps`` replaces the per-arch prior)
     bw(x)     = softmin( n_eff * per_channel_bw(proto, n_threads, chunk), link_eff(alg, proto) * link_bw )
     s(x)      = a * sm_share(x) + b * hbm_share(x)
     sm_share  = n_eff / (SMs - n_eff) (a CTA holds its SM whatever its thread count; compute on
@@ -128,7 +129,10 @@ class CostModel:
         self.link_S = np.where(inter, net, c.nvlink_gbps_per_gpu)
         self.hop_S = np.where(inter, c.net_latency_us, c.nvlink_latency_us)
         self.gloo = self.backend == "gloo"
-        self.pcb = c.nvlink_gbps_per_gpu / 2.0 if self.gloo else PER_CHANNEL_PRIOR_GBS[90 if c.sm_arch >= 90 else 80]
+        # a per-channel figure measured on this cluster (``lagom calibrate bandwidth``) beats the per-arch prior
+        measured = (getattr(c, "per_channel_gbps", None) or {}).get("Simple")
+        self.pcb = (c.nvlink_gbps_per_gpu / 2.0 if self.gloo
+                    else float(measured) if measured else PER_CHANNEL_PRIOR_GBS[90 if c.sm_arch >= 90 else 80])
         self.max_channels = max_channels(c)
         if self.gamma_S is None:
             self.gamma_S = np.ones(len(sites))

@@ -38,9 +38,15 @@ Patched names, each where it is looked up (megatron-core 0.16.x; the names exist
   ``scopes.module_forward``), ``forward`` / ``backward`` of their autograd functions and of the
   context-parallel ones (the backward runs in its forward's scope, ``scopes.carry_*``),
   ``DotProductAttention.forward`` (routes ``cp_group``) and ``flash_attn_p2p_communicate`` (ring
-  steps timed as overlapped), both in ``router_p2p``.
+  steps timed as overlapped), both in ``router_p2p``; ``distributed._all_gather_mxfp8`` /
+  ``_all_gather_nvfp4`` / ``_start_all_gather_fp8_blockwise``, the coalesced gathers of a
+  quantized input (``router_coalesced``).
 * torch FSDP2's ``FSDPParamGroup.unshard`` / ``post_backward``: one site per FSDP unit and op,
   ``<group>.fsdp_all_gather[<module fqn>]`` (``scopes.named_method``).
+* Megatron-FSDP's ``AllGatherPipeline.all_gather_params`` / ``async_bucket_gather``,
+  ``GradReducePipeline._bucket_group_gradient_reduce`` and its module's ``_coalescing_manager``
+  (``te_targets.find_megatron_fsdp``): one site per FSDP unit's bucket group and op,
+  ``<group>.param_all_gather[chunk0.bucket<u>]`` / ``grad_reduce_scatter[...]`` (``router_fsdp``).
 * megatron-core's ``_AllToAll.forward`` / ``backward`` (``tensor_parallel.mappings``): the MoE
   all-to-all's backward is tagged ``ep.dispatch_all_to_all_bwd[k]`` / ``combine_..._bwd[k]``.
 * ``p2p_communication._p2p_ops``: with two pipeline ranks, the half posted on WORLD follows a
@@ -64,7 +70,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from lagom_megatron.megatron import scopes
-from lagom_megatron.megatron.te_targets import TeTargets, find_fsdp2_param_group, find_te_targets, userbuffers_note
+from lagom_megatron.megatron.te_targets import (TeTargets, find_fsdp2_param_group, find_megatron_fsdp, find_te_targets,
+                                                userbuffers_note)
 
 log = logging.getLogger("lagom.patches")
 
@@ -133,17 +140,30 @@ def _collective_wrapper(router: Any, op: str, orig: Callable[..., Any]) -> Calla
     return wrapper
 
 
+def _quantized_gather_wrapper(router: Any, orig: Callable[..., Any]) -> Callable[..., Any]:
+    gather = router.quantized_gather
+
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return gather(orig, args, kwargs)
+
+    wrapper.__lagom_original__ = orig  # type: ignore[attr-defined]
+    return wrapper
+
+
 def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te: TeTargets | None | str = "auto",
-            fsdp2: type | None | str = "auto") -> PatchHandle:
+            fsdp2: type | None | str = "auto", megatron_fsdp: list[Any] | str = "auto") -> PatchHandle:
     """Installs every hook (module docstring) calling ``router``; returns the handle.
 
     Args:
         router: a ``SiteRouter`` (``bucket_sync``, ``collective``, ``p2p``, ``p2p_ops``, ``scope``,
-            ``named``, ``module``, ``attention``, ``ring_exchange``, ``current_scope``, ``reenter``).
+            ``named``, ``module``, ``attention``, ``ring_exchange``, ``quantized_gather``, the
+            ``mfsdp_*`` methods, ``current_scope``, ``reenter``).
         model_configs: Megatron ``TransformerConfig``s whose ``finalize_model_grads_func`` to tag.
         te: the Transformer Engine names to hook; ``"auto"``: ``find_te_targets()`` (None when TE
             is not installed); None: none.
         fsdp2: torch FSDP2's ``FSDPParamGroup`` class; ``"auto"``: ``find_fsdp2_param_group()``.
+        megatron_fsdp: Megatron-FSDP ``param_and_grad_buffer`` modules; ``"auto"``: ``find_megatron_fsdp()``.
 
     Raises:
         RuntimeError: the patches are already installed (remove the first handle first).
@@ -179,6 +199,7 @@ def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te:
                 handle._set(dist, name, _collective_wrapper(router, op, getattr(dist, name)))
         _install_extras(handle, router, te=find_te_targets() if te == "auto" else te,
                         fsdp2=find_fsdp2_param_group() if fsdp2 == "auto" else fsdp2)
+        _install_megatron_fsdp(handle, router, find_megatron_fsdp() if megatron_fsdp == "auto" else megatron_fsdp)
         note = userbuffers_note(model_configs)
         if note:
             log.warning(note)
@@ -225,6 +246,28 @@ def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te:
     return handle
 
 
+def _install_megatron_fsdp(handle: PatchHandle, router: Any, modules: list[Any]) -> None:
+    """Megatron-FSDP's per-unit gathers and reductions (``router_fsdp``), in each module given."""
+    for mod in modules:
+        for cls, name, method in ((mod.AllGatherPipeline, "all_gather_params", "mfsdp_all_gather"),
+                                  (mod.AllGatherPipeline, "async_bucket_gather", "mfsdp_bucket"),
+                                  (mod.GradReducePipeline, "_bucket_group_gradient_reduce", "mfsdp_reduce")):
+            orig = getattr(cls, name)
+
+            def pipeline_method(self: Any, *args: Any, _orig: Callable = orig, _m: str = method, **kwargs: Any) -> Any:
+                return getattr(router, _m)(self, _orig, args, kwargs)
+
+            functools.update_wrapper(pipeline_method, orig)
+            handle._set(cls, name, pipeline_method)
+        orig_cm = mod._coalescing_manager
+
+        def coalescing_manager(*args: Any, _orig: Callable = orig_cm, **kwargs: Any) -> Any:
+            return router.mfsdp_coalescing(_orig, args, kwargs)
+
+        functools.update_wrapper(coalescing_manager, orig_cm)
+        handle._set(mod, "_coalescing_manager", coalescing_manager)
+
+
 def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, fsdp2: type | None) -> None:
     """The hooks beyond megatron-core's DDP / TP / P2P / MoE dispatcher names (module docstring)."""
     from megatron.core.pipeline_parallel import p2p_communication as p2p
@@ -256,6 +299,8 @@ def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, f
 
             functools.update_wrapper(attention, orig_attn)
             handle._set(te.attention, "forward", attention)
+        for name in te.quantized_gathers:
+            handle._set(te.distributed, name, _quantized_gather_wrapper(router, getattr(te.distributed, name)))
         if te.context_parallel is not None:
             orig_ring = te.context_parallel.flash_attn_p2p_communicate
 

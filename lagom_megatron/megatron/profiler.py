@@ -74,7 +74,16 @@ class CallTiming:
     cuda: Any = None
 
 
+def _inner_work(work: Any) -> Any:
+    """The torch handle inside Transformer Engine's wrappers of one (``_AsyncHandle``,
+    ``_NVFP4AllGatherAsyncHandle``: ``async_handle``, TE v2.18 ``pytorch/distributed.py:955-979,
+    1300-1321``), else ``work`` itself."""
+    inner = getattr(work, "async_handle", None)
+    return work if inner is None else inner
+
+
 def _is_completed(work: Any) -> bool:
+    work = _inner_work(work)
     works = getattr(work, "works", None)  # torch's _CoalescingManager holds a list of Work
     if works is not None:
         return all(w is None or w.is_completed() for w in works)
@@ -86,6 +95,7 @@ def work_duration_us(work: Any) -> float | None:
     """The collective's own GPU time, microseconds, from ``Work._get_duration()`` (milliseconds, on
     NCCL's stream; module docstring); summed over a coalescing manager's works. None when the
     handle has no duration (gloo, or the group's timing is off: torch raises then)."""
+    work = _inner_work(work)
     works = getattr(work, "works", None)
     items = [w for w in works if w is not None] if works is not None else [work]
     total = 0.0

@@ -9,7 +9,10 @@ methods here; this module holds no patch itself. For each call it
    pool entry of its group (``comm_pool.CommPool``) and, for per-call knobs, the chunked issue,
 3. hands the launch instant and the returned handle to the ``profiler.Profiler``.
 
-Pipeline and context-parallel P2P are in ``router_p2p`` (a mixin of ``SiteRouter``).
+Pipeline and context-parallel P2P are in ``router_p2p``, Transformer Engine's coalesced quantized
+gathers in ``router_coalesced``, Megatron-FSDP's per-unit gathers and reductions in
+``router_fsdp`` (mixins of ``SiteRouter``). A group of one rank is never a site
+(``sites.ONE_RANK``): its calls pass straight through on every path.
 
 Calls that are synchronous and outside any tagged scope (forward tensor-parallel reductions,
 loss all-reduces, lagom's own consensus traffic) take a fast path of one attribute check.
@@ -26,9 +29,11 @@ from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.megatron.comm_pool import CommPool
 from lagom_megatron.megatron.gloo import chunked_call
 from lagom_megatron.megatron.profiler import Profiler
+from lagom_megatron.megatron.router_coalesced import CoalescedRouting
+from lagom_megatron.megatron.router_fsdp import FsdpRouting
 from lagom_megatron.megatron.router_p2p import P2PRouting
 from lagom_megatron.megatron.scopes import backward_scope
-from lagom_megatron.megatron.sites import GroupInfo, NamedSite, SiteRegistry, Stream, dtype_name, tensor_nbytes
+from lagom_megatron.megatron.sites import ONE_RANK, GroupInfo, NamedSite, SiteRegistry, Stream, dtype_name, tensor_nbytes
 
 # Positional index of ``group`` in each torch.distributed function lagom wraps.
 # (all_gather: all_gather_into_tensor / all_gather_single; reduce_scatter: reduce_scatter_tensor /
@@ -46,13 +51,20 @@ _ASYNC_KIND = {
 }
 
 
-def _coalescing(group: Any) -> bool:
-    """Whether a ``torch.distributed._coalescing_manager`` is open on ``group`` (its calls must keep
-    that group: torch checks every coalesced call's group against the manager's)."""
+def coalesce_state() -> dict:
+    """torch's record of the ``_coalescing_manager`` s open now (process group -> queued calls).
+
+    A call on a group with an open manager must keep that group: torch queues it for the
+    manager's group (torch 2.13 ``distributed_c10d.py``, ``all_gather_single`` and the other
+    collectives check ``group in _world.pg_coalesce_state``). The dict is created once with
+    ``_World`` and only cleared afterwards, never replaced, so the router binds it once instead of
+    importing ``distributed_c10d`` on every routed call (a cold ``from ... import`` of a package
+    costs several microseconds on the launch path).
+    """
     from torch.distributed import distributed_c10d as c10d
 
     state = getattr(getattr(c10d, "_world", None), "pg_coalesce_state", None)
-    return bool(state) and group in state
+    return state if isinstance(state, dict) else {}
 
 
 def _arg(args: tuple, kwargs: dict, name: str, index: int, default: Any = None) -> Any:
@@ -62,21 +74,28 @@ def _arg(args: tuple, kwargs: dict, name: str, index: int, default: Any = None) 
 
 
 class _StreamCall:
-    """What a (group, op, scope) of unstructured calls resolves to once: its stream and arguments."""
+    """What a (group, op, scope) of unstructured calls resolves to once: its stream and arguments.
 
-    __slots__ = ("info", "stream", "tname", "tindex", "chunkable")
+    ``site_id`` is the one id of a ``NamedSite`` (None for a call-order ``Stream``, whose id is
+    its position's): the router's routed path reads it instead of calling ``next_id``.
+    """
+
+    __slots__ = ("info", "stream", "site_id", "tname", "tindex", "chunkable")
 
     def __init__(self, info: GroupInfo, stream: Stream | NamedSite, tensor_arg: tuple[str, int], chunkable: bool) -> None:
         self.info = info
         self.stream = stream
+        self.site_id = stream.site_id if isinstance(stream, NamedSite) else None
         self.tname, self.tindex = tensor_arg
         self.chunkable = chunkable
+
+
 
 
 _NO_ROUTE: tuple[CommConfig | None, Any, int] = (None, None, 0)
 
 
-class SiteRouter(P2PRouting):
+class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
     """Per-rank routing state shared by all patched entry points.
 
     Per-call cost after a plan is applied (profiler off): every lookup that depends only on the
@@ -112,6 +131,9 @@ class SiteRouter(P2PRouting):
         self._p2p_sites: dict[int, tuple[str, GroupInfo]] = {}
         self._p2p_world: Any = None
         """Pool entry for the WORLD half of a routed PP=2 call while it runs (``router_p2p``)."""
+        self._coalesce_state = coalesce_state()
+        self._mfsdp: dict[int, Any] = {}
+        """Megatron-FSDP buffer id -> its buckets' sites (``router_fsdp``)."""
 
     # -------------------------------------------------------------- configuration
     def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
@@ -163,14 +185,19 @@ class SiteRouter(P2PRouting):
         known = self._buckets.get(key)
         if known is None:  # bucket layout and buffers are fixed after DDP construction: describe them once
             info = self.registry.groups.lookup(group)
-            if kind == "grad":
+            if info.size < 2:
+                known = ONE_RANK
+            elif kind == "grad":
                 op, name = ("reduce_scatter", "grad_reduce_scatter") if rs else ("all_reduce", "grad_all_reduce")
                 tensors = [b.grad_data for b in bucket_group.buckets]
             else:
                 op, name = "all_gather", "param_all_gather"
                 tensors = [b.param_data for b in bucket_group.buckets]
-            known = self._buckets[key] = (f"{info.name}.{name}[{tag}]", op, tensor_nbytes(tensors),
-                                          dtype_name(tensors), info)
+            if known is None:
+                known = (f"{info.name}.{name}[{tag}]", op, tensor_nbytes(tensors), dtype_name(tensors), info)
+            self._buckets[key] = known
+        if known is ONE_RANK:  # data parallel 1: no data moves, never a site
+            return orig(bucket_group, *args, **kwargs)
         site_id, op, nbytes, dtype, info = known
         if self.registry.recording:
             self.registry.record(site_id, op=op, nbytes=nbytes, dtype=dtype, group=info)
@@ -200,7 +227,14 @@ class SiteRouter(P2PRouting):
 
     # -------------------------------------------------------------- collectives
     def collective(self, op: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """A torch.distributed collective (or a Megatron alias of one) with ``op`` in GROUP_ARG."""
+        """A torch.distributed collective (or a Megatron alias of one) with ``op`` in GROUP_ARG.
+
+        The routed path after apply is written for the launch path's cold caches (a call follows
+        a layer's compute, which evicts them): every per-site lookup is resolved once
+        (``_stream_call``), the site id of a call position is read inline, and nothing is
+        imported, formatted or allocated beyond the swapped argument. ``kwargs`` is the patched
+        wrapper's own ``**kwargs`` dict (``patches``), so a routed call's group is set in it.
+        """
         scope = self._scope
         gi = GROUP_ARG[op]
         async_op = kwargs.get("async_op", False) or (len(args) > gi + 1 and args[gi + 1])
@@ -215,24 +249,27 @@ class SiteRouter(P2PRouting):
                 return orig(*args, **kwargs)
             if tag == "named" and not async_op and not scope[1][2]:  # TE module forward: synchronous
                 return orig(*args, **kwargs)
+            if tag == "coalesced":  # inside a coalesced site (router_coalesced): it routed the group
+                return self.coalesced_call(op, orig, args, kwargs)
+            if tag == "mfsdp":  # inside Megatron-FSDP's gather or reduction (router_fsdp): it routed the buffers
+                return self.mfsdp_call(op, orig, args, kwargs)
         group_in_args = "group" not in kwargs and len(args) > gi
         group = args[gi] if group_in_args else kwargs.get("group")
         key = (id(group), op, scope)
         call = self._streams.get(key)
-        if call is None:  # (group, op, scope) -> named group and stream, resolved once
-            info = self.registry.groups.lookup(group)
-            if scope is None:
-                stream = self.registry.stream(info, _ASYNC_KIND.get((info.name, op), f"async_{op}"))
-            elif scope[0] == "named":  # one site per module / FSDP unit and op
-                name, prefix = scope[1][0], scope[1][1]
-                kind = f"{prefix}_{op}" if prefix else _ASYNC_KIND.get((info.name, op), f"async_{op}")
-                stream = self.registry.named_site(info, kind, name)
-            else:
-                kind, per_mb = scope[1]
-                stream = self.registry.stream(info, kind, per_microbatch=per_mb)
-            call = self._streams[key] = _StreamCall(info, stream, _TENSOR_ARG[op], op != "all_to_all")
-        info = call.info
-        site_id = call.stream.next_id()
+        if call is None:
+            call = self._streams[key] = self._stream_call(group, op, scope)
+        if call is ONE_RANK:
+            return orig(*args, **kwargs)
+        site_id = call.site_id
+        if site_id is None:  # Stream.next_id, inlined
+            stream = call.stream
+            n = stream.count
+            stream.count = n + 1
+            if stream.period:
+                n %= stream.period
+            ids = stream.ids
+            site_id = ids[n] if n < len(ids) else stream.id_at(n)
         registry = self.registry
         if registry.recording:
             rec = registry.records.get(site_id)
@@ -241,30 +278,48 @@ class SiteRouter(P2PRouting):
             else:
                 tname = call.tname
                 registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[call.tindex],
-                                       group=info)
-        route = self._routes.get(site_id) or self._resolve(site_id, info)
+                                       group=call.info)
+        route = self._routes.get(site_id) or self._resolve(site_id, call.info)
         chunk = 0
-        if route[0] is not None and not _coalescing(group):  # a coalesced call keeps its group, whole
-            self.calls_routed += 1
-            pool_group = route[1]
-            if pool_group is not None:
-                if group_in_args:
-                    args = args[:gi] + (pool_group,) + args[gi + 1:]
-                else:
-                    kwargs = dict(kwargs, group=pool_group)
-            chunk = route[2] if call.chunkable else 0
+        if route[0] is not None:
+            coalescing = self._coalesce_state
+            if not (coalescing and group in coalescing):  # a coalesced call keeps its group, whole
+                self.calls_routed += 1
+                pool_group = route[1]
+                if pool_group is not None:
+                    if group_in_args:
+                        args = args[:gi] + (pool_group,) + args[gi + 1:]
+                    else:  # the wrapper's own ``**kwargs`` dict (patches): nobody else holds it
+                        kwargs["group"] = pool_group
+                chunk = route[2] if call.chunkable else 0
         profiler = self.profiler
         if not profiler.timed:  # applied plan: route only
             if chunk:
-                return chunked_call(op, orig, args, kwargs, chunk, info.size)
+                return chunked_call(op, orig, args, kwargs, chunk, call.info.size)
             return orig(*args, **kwargs)
         profiler.poll()
         t0 = profiler.mark()
-        work = chunked_call(op, orig, args, kwargs, chunk, info.size) if chunk else orig(*args, **kwargs)
+        work = chunked_call(op, orig, args, kwargs, chunk, call.info.size) if chunk else orig(*args, **kwargs)
         if async_op:
             return profiler.issue(site_id, work, t0)
         profiler.sync(site_id, t0)
         return work
+
+    def _stream_call(self, group: Any, op: str, scope: Any) -> Any:
+        """The ``_StreamCall`` of calls of ``op`` on ``group`` in ``scope`` (``ONE_RANK`` for a group of one rank)."""
+        info = self.registry.groups.lookup(group)
+        if info.size < 2:
+            return ONE_RANK
+        if scope is None:
+            stream: Stream | NamedSite = self.registry.stream(info, _ASYNC_KIND.get((info.name, op), f"async_{op}"))
+        elif scope[0] == "named":  # one site per module / FSDP unit and op
+            name, prefix = scope[1][0], scope[1][1]
+            kind = f"{prefix}_{op}" if prefix else _ASYNC_KIND.get((info.name, op), f"async_{op}")
+            stream = self.registry.named_site(info, kind, name)
+        else:
+            kind, per_mb = scope[1]
+            stream = self.registry.stream(info, kind, per_microbatch=per_mb)
+        return _StreamCall(info, stream, _TENSOR_ARG[op], op != "all_to_all")
 
     @contextmanager
     def scope(self, kind: str, *, per_microbatch: bool) -> Iterator[None]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from lagom_megatron.megatron.requests import split_world_direction, time_requests, uses_world_half
-from lagom_megatron.megatron.sites import GroupInfo, dtype_name, tensor_nbytes
+from lagom_megatron.megatron.sites import ONE_RANK, GroupInfo, dtype_name, tensor_nbytes
 
 
 class P2PRouting:
@@ -69,7 +69,9 @@ class P2PRouting:
         known = self._p2p_sites.get(id(group))
         if known is None:  # one site per pipeline group, named once
             info = self.registry.groups.lookup(group)
-            known = self._p2p_sites[id(group)] = (f"{info.name}.send_recv", info)
+            known = self._p2p_sites[id(group)] = (f"{info.name}.send_recv", info) if info.size > 1 else ONE_RANK
+        if known is ONE_RANK:
+            return orig(communicator, **kwargs)
         site_id, info = known
         if self.registry.recording:
             self._record_p2p(site_id, info, communicator, kwargs)
@@ -120,9 +122,10 @@ class P2PRouting:
         pool_group = None
         if self.assignment and group is not None and not isinstance(group, (list, tuple)):
             info = self.registry.groups.lookup(group)
-            ring, a2a = self._cp_sites(module, info)
-            site = ring if ring in self.assignment else a2a
-            pool_group = self._route(site, info)[1]
+            if info.size > 1:  # a group of one rank is never a site
+                ring, a2a = self._cp_sites(module, info)
+                site = ring if ring in self.assignment else a2a
+                pool_group = self._route(site, info)[1]
         prev = self._scope
         self._scope = ("named", (self.registry.module_name(module), None, False))
         if pool_group is not None:
@@ -140,6 +143,8 @@ class P2PRouting:
             return orig(*args, **kwargs)
         group = kwargs["cp_group"] if "cp_group" in kwargs else args[5]
         info = self.registry.groups.lookup(group)
+        if info.size < 2:  # a group of one rank is never a site
+            return orig(*args, **kwargs)
         scope = self._scope
         if scope is not None and scope[0] == "named":
             site_id = self.registry.named_site(info, "ring_send_recv", scope[1][0]).site_id

@@ -19,6 +19,7 @@ structure only, never from object ids:
     cp.ring_send_recv[chunk0.decoder.layers.3.self_attention.core_attention]
                                              TE's context-parallel KV ring of one attention module
     dp.fsdp_all_gather[decoder.layers.3]     torch FSDP2 unit (the fqn of its fully_shard module)
+    dp.param_all_gather[chunk0.bucket3]      Megatron-FSDP unit 3 in backward order (``fsdp_bucket_tags``)
 
 Streams of calls that have no structural index (TP, finalize, MoE) are numbered by call order
 within one micro-batch: the first iteration (never timed) counts the calls of each stream, the
@@ -46,8 +47,15 @@ from typing import Any, Iterable
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.megatron.groups import STAGE_LOCAL_GROUPS, GroupInfo, GroupNames
 
-__all__ = ["GroupInfo", "GroupNames", "NamedSite", "SiteRecord", "SiteRegistry", "Stream", "STAGE_LOCAL_GROUPS",
+__all__ = ["ONE_RANK", "GroupInfo", "GroupNames", "NamedSite", "SiteRecord", "SiteRegistry", "Stream", "STAGE_LOCAL_GROUPS",
            "dtype_name", "tensor_nbytes"]
+
+ONE_RANK: Any = ()
+"""What the router keeps for calls on a group of one rank (data, tensor, pipeline, expert or
+context parallel 1, an FSDP group of one): never a site, since the collective moves no data, so
+such calls pass straight through, unrecorded, unrouted and untimed, and no pool entry is made
+for them."""
+
 
 @dataclass(kw_only=True, slots=True)
 class SiteRecord:
@@ -90,8 +98,11 @@ class Stream:
         if self.period:
             n %= self.period
         ids = self.ids
-        if n < len(ids):
-            return ids[n]
+        return ids[n] if n < len(ids) else self.id_at(n)
+
+    def id_at(self, n: int) -> str:
+        """Site id of call position ``n`` (formatted once, with every position before it)."""
+        ids = self.ids
         ids.extend(f"{self.prefix}{i}]" for i in range(len(ids), n + 1))
         return ids[n]
 
@@ -131,6 +142,8 @@ class SiteRegistry:
         self.recording = True
         """Whether this iteration's calls are recorded in ``records`` (see ``start_iteration``)."""
         self._bucket_tags: dict[int, str] = {}
+        self._fsdp_buffers: dict[int, int] = {}
+        """``id`` of a Megatron-FSDP ``ParamAndGradBuffer`` -> its model chunk (``bind_model``)."""
         self._module_names: dict[int, str] = {}
         self._named: dict[tuple[str, str, str], "NamedSite"] = {}
         self._streams: dict[tuple[str, str, bool], Stream] = {}
@@ -141,11 +154,18 @@ class SiteRegistry:
         """Tags every DDP bucket group of every model chunk ``chunk{c}.bucket{i}``; returns the count.
 
         ``model_chunks`` are Megatron ``DistributedDataParallel`` modules (one per virtual pipeline
-        stage); expert-parallel bucket groups are tagged ``chunk{c}.expert_bucket{i}``.
+        stage); expert-parallel bucket groups are tagged ``chunk{c}.expert_bucket{i}``. A chunk
+        wrapped by Megatron-FSDP (its ``param_and_grad_buffer``) has its buckets tagged by
+        ``fsdp_bucket_tags`` instead and counts one.
         """
         n = 0
         for c, chunk in enumerate(model_chunks):
             self.name_modules(chunk, prefix=f"chunk{c}.")
+            buffer = getattr(chunk, "param_and_grad_buffer", None)
+            if buffer is not None and hasattr(buffer, "parameter_groups"):  # Megatron-FSDP
+                self._fsdp_buffers[id(buffer)] = c
+                self._keep.append(buffer)
+                n += 1
             for attr, word in (("bucket_groups", "bucket"), ("expert_parallel_bucket_groups", "expert_bucket")):
                 for i, bg in enumerate(getattr(chunk, attr, None) or []):
                     self._bucket_tags[id(bg)] = f"{self.stage}chunk{c}.{word}{i}"
@@ -189,6 +209,37 @@ class SiteRegistry:
             stage = self.stage if group.name in STAGE_LOCAL_GROUPS else ""
             site = self._named[key] = NamedSite(f"{group.name}.{kind}[{stage}{name}]")
         return site
+
+    def fsdp_bucket_tags(self, buffer: Any) -> list[str] | None:
+        """The structural tag of each bucket of a Megatron-FSDP ``ParamAndGradBuffer`` (by bucket
+        id), or None when ``bind_model`` did not see the buffer.
+
+        Megatron-FSDP (megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp/
+        param_and_grad_buffer.py:1271-1502``, ``_get_parameter_groups``) puts the parameters of
+        each FSDP unit module (a ``TransformerLayer``) in buckets by dtype and expert-ness, and
+        coalesces each unit's non-expert and expert buckets into one bucket group; parameters
+        outside every unit (embedding, final norm, output layer) get buckets of their own. Units
+        are numbered in backward order like DDP buckets (the last layer is ``bucket0``), the same
+        ids the simulator's FSDP workload uses (``sim/workload_fsdp.py``):
+        ``{stage}chunk{c}.bucket{u}``, ``chunk{c}.expert_bucket{u}``; the buckets outside the
+        units are ``chunk{c}.root_bucket{j}`` in bucket order.
+        """
+        c = self._fsdp_buffers.get(id(buffer))
+        if c is None:
+            return None
+        groups = buffer.parameter_groups
+        units = sorted({g.fsdp_unit_id for g in groups if g.fsdp_unit_id is not None})
+        last = len(units) - 1
+        position = {u: last - i for i, u in enumerate(units)}
+        tags, root = [], 0
+        for g in groups:
+            if g.fsdp_unit_id is None:
+                tags.append(f"{self.stage}chunk{c}.root_bucket{root}")
+                root += 1
+            else:
+                word = "expert_bucket" if g.is_expert_param else "bucket"
+                tags.append(f"{self.stage}chunk{c}.{word}{position[g.fsdp_unit_id]}")
+        return tags
 
     def bucket_tag(self, bucket_group: Any) -> str | None:
         """The structural tag of a bucket group, or None when ``bind_model`` did not see it."""

@@ -1,4 +1,4 @@
-"""Where Transformer Engine and torch FSDP2 issue the collectives lagom hooks (names only; no patching).
+"""Where Transformer Engine, torch FSDP2 and Megatron-FSDP issue the collectives lagom hooks (names only; no patching).
 
 ``patches.install`` replaces the names these functions return. They are looked up where the
 calling code looks them up at run time, checked against Transformer Engine v2.18 (git tag
@@ -18,6 +18,10 @@ Transformer Engine (``transformer_engine.pytorch``):
   ``torch.distributed.all_gather_into_tensor`` / ``reduce_scatter_tensor`` through the
   ``torch.distributed`` module (``distributed.py:1784-1789,948-950``), and the dgrad all-reduce
   without sequence parallelism through ``torch.distributed.all_reduce`` (``distributed.py:2025``);
+* ``distributed._all_gather_mxfp8`` / ``_all_gather_nvfp4`` / ``_start_all_gather_fp8_blockwise``
+  (``distributed.py:1509,1324,1076``): the gather of a quantized input, several synchronous
+  ``all_gather_into_tensor`` calls in one ``_coalescing_manager`` (``router_coalesced``), which
+  ``gather_along_first_dim`` looks up as module globals (``distributed.py:1700-1745``);
 * ``DotProductAttention`` (``attention/dot_product_attention/dot_product_attention.py``): reads
   ``self.cp_group`` at forward;
 * the context-parallel module ``attention/dot_product_attention/context_parallel.py``:
@@ -35,6 +39,10 @@ in ``torch.distributed.fsdp._fully_shard._fsdp_param_group`` (torch >= 2.6) or
 ``torch.distributed._composable.fsdp._fsdp_param_group`` (torch 2.4-2.5); megatron-core 0.16.1
 wraps every ``TransformerLayer``, embedding and column-parallel output layer with ``fully_shard``
 (``distributed/torch_fully_sharded_data_parallel.py:120-146``).
+
+Megatron-FSDP (``--use-megatron-fsdp``): ``AllGatherPipeline`` / ``GradReducePipeline`` and the
+module's ``_coalescing_manager`` in ``megatron_fsdp/param_and_grad_buffer.py``
+(``find_megatron_fsdp``; ``router_fsdp`` cites the lines).
 """
 
 from __future__ import annotations
@@ -62,6 +70,15 @@ class TeTargets:
     functions: list[type] = field(default_factory=list)
     attention: type | None = None
     context_parallel: ModuleType | None = None
+    distributed: ModuleType | None = None
+    """``transformer_engine.pytorch.distributed``, holding ``quantized_gathers``."""
+    quantized_gathers: list[str] = field(default_factory=list)
+    """The names of ``QUANTIZED_GATHERS`` this TE has."""
+
+
+QUANTIZED_GATHERS = ("_all_gather_mxfp8", "_all_gather_nvfp4", "_start_all_gather_fp8_blockwise")
+"""TE v2.18 ``pytorch/distributed.py`` helpers that gather a quantized tensor in one coalesced
+call (MXFP8 ``:1509``, NVFP4 ``:1324``, FP8 block scaling ``:1076``)."""
 
 
 _TE_MODULES = (("module.linear", "Linear", "_Linear"), ("module.layernorm_linear", "LayerNormLinear", "_LayerNormLinear"),
@@ -105,6 +122,10 @@ def find_te_targets(base: str = "transformer_engine.pytorch") -> TeTargets | Non
             targets.modules.append(getattr(mod, cls_name))
         if isinstance(getattr(mod, fn_name, None), type):
             targets.functions.append(getattr(mod, fn_name))
+    dist_mod = _module(base, "distributed")
+    if dist_mod is not None:
+        targets.distributed = dist_mod
+        targets.quantized_gathers = [n for n in QUANTIZED_GATHERS if callable(getattr(dist_mod, n, None))]
     for mod_name in _DPA_MODULES:
         mod = _module(base, mod_name)
         if mod is not None and isinstance(getattr(mod, "DotProductAttention", None), type):
@@ -130,6 +151,29 @@ def find_fsdp2_param_group() -> type | None:
         if cls is not None:
             return cls
     return None
+
+
+MEGATRON_FSDP_MODULES = ("megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer",
+                         "megatron_fsdp.param_and_grad_buffer")
+"""Where Megatron-FSDP's pipelines live: the copy megatron-core imports (0.16.1 and Megatron-LM's
+main, ``distributed/fsdp/mcore_fsdp_adapter.py``), and the ``megatron-fsdp`` package's."""
+
+
+def find_megatron_fsdp() -> list[ModuleType]:
+    """Each importable Megatron-FSDP ``param_and_grad_buffer`` module with ``AllGatherPipeline``
+    (``all_gather_params``, ``async_bucket_gather``), ``GradReducePipeline``
+    (``_bucket_group_gradient_reduce``) and its own ``_coalescing_manager`` name
+    (``router_fsdp``); empty when none is installed."""
+    found = []
+    for path in MEGATRON_FSDP_MODULES:
+        mod = _import(path)
+        if mod is None or any(m is mod for m in found):
+            continue
+        ag, rs = getattr(mod, "AllGatherPipeline", None), getattr(mod, "GradReducePipeline", None)
+        if (callable(getattr(mod, "_coalescing_manager", None)) and hasattr(ag, "all_gather_params")
+                and hasattr(ag, "async_bucket_gather") and hasattr(rs, "_bucket_group_gradient_reduce")):
+            found.append(mod)
+    return found
 
 
 def userbuffers_note(model_configs: Any) -> str | None:

@@ -34,8 +34,8 @@ public figures cited there.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.sim.channel_defaults import topology_channels
@@ -59,7 +59,11 @@ about 2.1x (tests/sim/test_physics.py checks the public 1.8-2.5x range)."""
 SAT_P = 8.0
 """Sharpness of bandwidth saturation: ``bw = (rate^-p + link^-p)^(-1/p)``. A shape assumption, not a
 measurement (nccl-tests channel sweeps approach the link gradually rather than at a knee); at
-NCCL's default channel counts it changes bus bandwidth by < 0.1%."""
+NCCL's default channel counts it changes bus bandwidth by < 0.1%. A cluster file's
+``bw_saturation_p`` (``lagom calibrate bandwidth``) wins."""
+THREAD_EXPONENT = 0.6
+"""Per-channel bandwidth scales as ``(threads / 512) ** THREAD_EXPONENT``; a cluster file's
+``channel_thread_exponent`` (``lagom calibrate bandwidth``) wins."""
 TILE_M, TILE_N = 128, 256
 """Output tile of a bf16 GEMM kernel (CUTLASS / cuBLAS Hopper and Ampere tiles): one CTA per tile."""
 OVERLAP_GAMMA = 0.25
@@ -124,6 +128,17 @@ class Gpu:
     kappa_mem: float = KAPPA_MEM
     kappa_compute: float = KAPPA_COMPUTE
     """Contention constants; a cluster file's fitted values (``lagom calibrate contention``) win."""
+    per_channel: Mapping[str, float] = field(default_factory=dict)
+    """Measured GB/s per channel by protocol (``ClusterSpec.per_channel_gbps``); a protocol left
+    out keeps ``PER_CHANNEL_GBS``."""
+    link_eff: Mapping[str, float] = field(default_factory=dict)
+    """Measured share of the intra-node link by protocol (``ClusterSpec.link_eff``); else ``PROTOCOL_LINK_EFF``."""
+    net_eff: Mapping[str, float] = field(default_factory=dict)
+    """Measured share of the network by protocol (``ClusterSpec.net_eff``); else ``NET_EFF``."""
+    sat_p: float = SAT_P
+    """Saturation sharpness (``ClusterSpec.bw_saturation_p``); else ``SAT_P``."""
+    thread_exponent: float = THREAD_EXPONENT
+    """Per-channel thread scaling (``ClusterSpec.channel_thread_exponent``); else ``THREAD_EXPONENT``."""
 
     @classmethod
     def from_cluster(cls, spec: Any) -> "Gpu":
@@ -139,6 +154,11 @@ class Gpu:
             intra_link=str(getattr(spec, "intra_link", "nvlink")),
             kappa_mem=KAPPA_MEM if getattr(spec, "kappa_mem", None) is None else float(spec.kappa_mem),
             kappa_compute=KAPPA_COMPUTE if getattr(spec, "kappa_compute", None) is None else float(spec.kappa_compute),
+            per_channel=dict(getattr(spec, "per_channel_gbps", None) or {}),
+            link_eff=dict(getattr(spec, "link_eff", None) or {}), net_eff=dict(getattr(spec, "net_eff", None) or {}),
+            sat_p=SAT_P if getattr(spec, "bw_saturation_p", None) is None else float(spec.bw_saturation_p),
+            thread_exponent=(THREAD_EXPONENT if getattr(spec, "channel_thread_exponent", None) is None
+                             else float(spec.channel_thread_exponent)),
         )
 
     @property
@@ -300,16 +320,16 @@ def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
 
 def per_channel_gbs(gpu: Gpu, protocol: str, n_threads: int, chunk: int) -> float:
     """GB/s one channel moves: more threads and larger chunks (less per-step overhead) go faster."""
-    base = PER_CHANNEL_GBS[(gpu.arch_key, protocol)]
-    threads = (min(n_threads, 512) / 512.0) ** 0.6
+    base = gpu.per_channel.get(protocol) or PER_CHANNEL_GBS[(gpu.arch_key, protocol)]
+    threads = (min(n_threads, 512) / 512.0) ** gpu.thread_exponent
     ref = DEFAULT_CHUNK[protocol]
     step = (chunk / (chunk + 64 * KIB)) / (ref / (ref + 64 * KIB))
     return base * threads * step
 
 
-def softmin(rate: float, link: float) -> float:
-    """``(rate^-p + link^-p)^(-1/p)`` with ``p = SAT_P``: the soft bandwidth ceiling, GB/s."""
-    return (rate ** -SAT_P + link ** -SAT_P) ** (-1.0 / SAT_P)
+def softmin(rate: float, link: float, p: float = SAT_P) -> float:
+    """``(rate^-p + link^-p)^(-1/p)`` (default ``p = SAT_P``): the soft bandwidth ceiling, GB/s."""
+    return (rate ** -p + link ** -p) ** (-1.0 / p)
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -326,15 +346,16 @@ def busbw_factor(op: str, n: int) -> float:
 
 def _link_gbs(gpu: Gpu, c: Collective, algorithm: str, protocol: str) -> float:
     """Link-limited bus bandwidth, GB/s."""
-    nvl = gpu.nvlink_gbs * PROTOCOL_LINK_EFF[(gpu.arch_key, protocol)]
+    nvl = gpu.nvlink_gbs * (gpu.link_eff.get(protocol) or PROTOCOL_LINK_EFF[(gpu.arch_key, protocol)])
     if algorithm == "NVLS":
         nvl = gpu.nvlink_gbs * (NVLS_BUSBW_FACTOR if c.op == "all_reduce" else PROTOCOL_LINK_EFF[(90, "Simple")] * 1.05)
     if c.n_nodes <= 1:
         return nvl
     per_node = max(1, c.group_size // c.n_nodes)
-    net = gpu.net_gbs * NET_EFF[protocol] * per_node
+    net_eff = gpu.net_eff.get(protocol) or NET_EFF[protocol]
+    net = gpu.net_gbs * net_eff * per_node
     if c.op in ("send", "recv", "all_to_all"):
-        net = gpu.net_gbs * NET_EFF[protocol]
+        net = gpu.net_gbs * net_eff
     if algorithm == "Tree":
         net *= 0.92
     return min(nvl, net)
@@ -365,7 +386,7 @@ def comm_cost(gpu: Gpu, c: Collective, r: Resolved) -> CommCost:
     rate = r.n_channels * per_channel_gbs(gpu, proto, r.n_threads, r.chunk_size)
     if r.algorithm == "NVLS":
         rate *= 1.6  # the switch does the reduction: fewer CTAs move more bus bytes
-    bw = softmin(rate, link)
+    bw = softmin(rate, link, gpu.sat_p)
     if c.op in ("all_reduce",):
         steps = 2 * (n - 1) if r.algorithm == "Ring" else 2 * max(1, math.ceil(math.log2(max(n, 2))))
     elif c.op in ("all_gather", "reduce_scatter", "all_to_all"):

@@ -43,3 +43,21 @@ def test_bad_values(key, value, fragment):
 def test_parse_version():
     assert parse_version("2.27.5") == (2, 27, 5)
     assert parse_version("2.30") == (2, 30, 0)
+
+
+def test_measured_bandwidth_fields_are_checked():
+    from lagom_megatron.engine import cluster, knobs
+
+    assert cluster.PROTOCOLS == knobs.PROTOCOLS  # the per-protocol keys are NCCL's protocol names
+    base = ClusterSpec.load("a40-pcie-ib100").to_dict()
+    spec = ClusterSpec.from_dict(base | {"per_channel_gbps": {"Simple": 5.5}, "link_eff": {"LL": 0.4, "Simple": 0.85},
+                                         "bw_saturation_p": 3.0, "channel_thread_exponent": 0.5})
+    assert (spec.per_channel_gbps, spec.link_eff["LL"], spec.net_eff) == ({"Simple": 5.5}, 0.4, None)
+    for bad, message in [({"per_channel_gbps": {"Simpel": 5.0}}, "per_channel_gbps: unknown protocol 'Simpel'; allowed"),
+                         ({"link_eff": {"LL": 0}}, r"link_eff\['LL'\] must be a finite number > 0; got 0"),
+                         ({"net_eff": {"LL": float("nan")}}, r"net_eff\['LL'\] must be a finite number > 0"),
+                         ({"net_eff": 0.9}, "net_eff must map protocols"),
+                         ({"bw_saturation_p": 0.5}, "bw_saturation_p must be a number >= 1 or absent; got 0.5"),
+                         ({"channel_thread_exponent": -0.1}, "channel_thread_exponent must be a number >= 0")]:
+        with pytest.raises(ValueError, match=message):
+            ClusterSpec.from_dict(base | bad)

@@ -19,9 +19,14 @@ def _originals():
     from megatron.core.distributed import param_and_grad_buffer as pgb
     from megatron.core.pipeline_parallel import p2p_communication as p2p
     from megatron.core.pipeline_parallel import schedules
+    from megatron.core.distributed.fsdp.src.megatron_fsdp import param_and_grad_buffer as mfsdp
     from megatron.core.tensor_parallel import layers, mappings
 
     return {
+        "mfsdp.all_gather_params": mfsdp.AllGatherPipeline.all_gather_params,
+        "mfsdp.async_bucket_gather": mfsdp.AllGatherPipeline.async_bucket_gather,
+        "mfsdp._bucket_group_gradient_reduce": mfsdp.GradReducePipeline._bucket_group_gradient_reduce,
+        "mfsdp._coalescing_manager": mfsdp._coalescing_manager,
         "dist.all_reduce": dist.all_reduce,
         "dist.all_to_all_single": dist.all_to_all_single,
         "dist.all_gather_into_tensor": dist.all_gather_into_tensor,

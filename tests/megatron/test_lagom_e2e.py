@@ -171,3 +171,22 @@ def test_pp2_dp2_digest_mismatch_keeps_defaults_and_plan_keeps_losses(tmp_path):
     for stage in (0, 1):
         assert any(i.startswith(f"dp.grad_all_reduce[stage{stage}.chunk0.bucket") for i in ids), sorted(ids)
     assert not plan.exists(), "a plan that failed agreement must not be saved"
+
+
+def test_tp2_on_two_ranks_has_no_data_parallel_sites(tmp_path):
+    """Data parallel 1 (TP 2 on 2 ranks): the DDP buckets' collectives move no data and are never
+    sites, so neither the profile nor the plan names one (it did: ``dp.grad_reduce_scatter
+    [chunk0.bucket0]`` with ``group_size`` 1)."""
+    plan = tmp_path / "run" / "plan.json"
+    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--max-position-embeddings", "32", "--micro-batch-size", "1", "--global-batch-size", "2",
+            "--lr", "3e-3", "--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
+            "--overlap-grad-reduce", "--overlap-param-gather", *COMMON, "--lagom", "--lagom-plan", str(plan)]
+    results, logs = launch_harness(tmp_path, "dp1", [{"name": "lagom", "argv": argv}], nproc=2, timeout_s=LAUNCH_S)
+    _check_hooks_removed(results["lagom"], lagom=True)
+    profile = Profile.load(plan.parent / "profile.json")
+    ids = sorted(s.site_id for s in profile.sites)
+    assert ids and all(s.group_size == 2 for s in profile.sites), [(s.site_id, s.group_size) for s in profile.sites]
+    assert not [i for i in ids if i.startswith("dp.")], ids
+    assert any(i.startswith("tp.sp_all_gather[") for i in ids), ids
+    assert sorted(Plan.load(plan).entries) == ids

@@ -33,6 +33,10 @@ class Recorder:
         self.calls.append(("p2p", communicator, kwargs))
         return "p2p"
 
+    def quantized_gather(self, orig, args, kwargs):
+        self.calls.append(("quantized_gather", orig, args, kwargs))
+        return "gathered", None
+
     def scope(self, kind, *, per_microbatch):
         import contextlib
 
@@ -115,8 +119,13 @@ def test_remove_restores_autograd_staticmethods_and_te_fsdp2_methods_exactly():
 
     before = raw()
     ring = te.context_parallel.flash_attn_p2p_communicate
-    handle = patches.install(Recorder(), te=te, fsdp2=fsdp2)
+    gathers = {n: getattr(te.distributed, n) for n in te.quantized_gathers}
+    router = Recorder()
+    handle = patches.install(router, te=te, fsdp2=fsdp2)
     try:
+        # TE's quantized gathers reach the router with their arguments untouched
+        assert te.distributed._all_gather_mxfp8("inp", "pg", async_op=True) == ("gathered", None)
+        assert router.calls[-1] == ("quantized_gather", gathers["_all_gather_mxfp8"], ("inp", "pg"), {"async_op": True})
         during = raw()
         changed = {k for k in before if before[k] is not during[k]}
         assert ("_AllToAll", "backward") in changed and ("_Linear", "backward") in changed
@@ -129,6 +138,7 @@ def test_remove_restores_autograd_staticmethods_and_te_fsdp2_methods_exactly():
     after = raw()
     assert all(before[k] is after[k] for k in before), [k for k in before if before[k] is not after[k]]
     assert te.context_parallel.flash_attn_p2p_communicate is ring
+    assert {n: getattr(te.distributed, n) for n in te.quantized_gathers} == gathers
 
 
 def test_backward_scope_of_each_forward_scope():

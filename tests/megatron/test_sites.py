@@ -100,3 +100,37 @@ def test_iteration_without_records_keeps_the_stream_ids():
     assert [reg.stream_site_id(TP, "sp_all_gather")[0] for _ in range(4)] == [f"tp.sp_all_gather[{i % 2}]" for i in range(4)]
     reg.start_iteration()
     assert reg.recording
+
+
+class _ParamGroup:
+    """The two attributes ``fsdp_bucket_tags`` reads of a Megatron-FSDP ``ParameterGroup``."""
+
+    def __init__(self, unit, expert=False):
+        self.fsdp_unit_id, self.is_expert_param = unit, expert
+
+
+@pytest.mark.parametrize("preset", ["gpt3-2.7b-a40x8-fsdp", "llama2-7b-a40x16-fsdp"])
+def test_megatron_fsdp_site_ids_are_the_simulators(preset):
+    """The shipped A40 FSDP presets run Megatron-FSDP: every FSDP site the simulator names is the
+    id the router gives that unit's bucket group, so a simulated plan names real sites."""
+    import types
+
+    from lagom_megatron.config.presets import load_preset
+    from lagom_megatron.sim.backend import SimulatedCluster
+
+    sim = SimulatedCluster(load_preset(preset), seed=0)
+    layers = sim.workload.layers_per_chunk
+    # as _get_parameter_groups builds them: the embedding's bucket, two per layer (dtype split), the rest
+    groups = [_ParamGroup(None)] + [_ParamGroup(u) for u in range(layers) for _ in range(2)] + [_ParamGroup(None)]
+    buffer = types.SimpleNamespace(parameter_groups=groups)
+    reg = _registry(1)
+    assert reg.fsdp_bucket_tags(buffer) is None  # not bound: not a site
+    reg.bind_model([types.SimpleNamespace(param_and_grad_buffer=buffer)])
+    tags = reg.fsdp_bucket_tags(buffer)
+    assert tags[0] == "chunk0.root_bucket0" and tags[-1] == "chunk0.root_bucket1"
+    assert tags[1] == tags[2] == f"chunk0.bucket{layers - 1}" and tags[-2] == "chunk0.bucket0"
+    real = {f"dp.{op}[{t}]" for t in tags for op in ("param_all_gather", "grad_reduce_scatter")}
+    simulated = {s.site_id for s in sim.sites if s.site_id.startswith("dp.")}
+    assert len(simulated) == 2 * layers and simulated <= real
+    assert sorted(real - simulated) == ["dp.grad_reduce_scatter[chunk0.root_bucket0]", "dp.grad_reduce_scatter[chunk0.root_bucket1]",
+                                        "dp.param_all_gather[chunk0.root_bucket0]", "dp.param_all_gather[chunk0.root_bucket1]"]

@@ -32,6 +32,8 @@ def test_stand_in_has_the_names_lagom_hooks():
                                                   "AttnFuncWithCPAndQKVOA2A"]
     assert t.attention.__name__ == "DotProductAttention"
     assert t.context_parallel is standin_cp
+    assert t.distributed is standin_dist
+    assert t.quantized_gathers == ["_all_gather_mxfp8", "_all_gather_nvfp4", "_start_all_gather_fp8_blockwise"]
     assert find_te_targets("no_such_package_for_lagom") is None
 
 
@@ -59,6 +61,22 @@ def test_installed_te_issues_the_collectives_as_the_stand_in_does():
         src = inspect.getsource(module)
         assert "gather_along_first_dim(" in src and "reduce_scatter_along_first_dim(" in src
         assert src.count("async_op=True") >= 2
+
+
+def test_installed_te_gathers_quantized_inputs_as_the_stand_in_does():
+    t = _te()
+    from transformer_engine.pytorch import distributed as te_dist
+
+    assert t.quantized_gathers == ["_all_gather_mxfp8", "_all_gather_nvfp4", "_start_all_gather_fp8_blockwise"]
+    for name in t.quantized_gathers:  # (inp, process_group, *, async_op, quantizer, out_shape), as lagom reads them
+        params = inspect.signature(getattr(te_dist, name)).parameters
+        assert list(params)[:2] == ["inp", "process_group"] and params["async_op"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert list(params) == list(inspect.signature(getattr(standin_dist, name)).parameters)
+        src = inspect.getsource(getattr(te_dist, name))
+        assert "torch.distributed._coalescing_manager(" in src and "group=process_group" in src
+        assert "async_ops=async_op" in src and "torch.distributed.all_gather_into_tensor(" in src
+    dispatch = inspect.getsource(te_dist.gather_along_first_dim)
+    assert all(f"return {name}(" in dispatch for name in t.quantized_gathers)
 
 
 def test_installed_te_context_parallel_ring_matches_the_stand_in():
