@@ -20,6 +20,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(base * SCALE), append=False)
 
 
+@pytest.fixture(autouse=True)
+def _release_run_folder_locks():
+    """A run holds its folders' locks for its process's life (``training.preflight_files``); an
+    in-process run of a test must not hold them into the next test."""
+    from lagom_megatron.training.preflight_files import _HELD, release_folder_lock
+
+    before = set(_HELD)
+    yield
+    for folder in set(_HELD) - before:
+        release_folder_lock(folder)
+
+
 @pytest.fixture
 def h100():
     return ClusterSpec.load("h100-sxm-ib400")

@@ -21,9 +21,6 @@ NCCL_DEFECTS = {  # exported variable -> what the doctor's error says of it
     "NCCL_NTHREADS": ("480", "NCCL_NTHREADS=480 is not one of 64, 128, 256, 512"),
     "NCCL_PROTO": ("LL,LL128,Simple", "NCCL_PROTO='LL,LL128,Simple' force-enables LL128"),
 }
-# presets the doctor cannot parse yet: their `use_megatron_fsdp` key has no command-line flag, so the
-# line stops at the parser and no environment rule runs (strict: passes the day the flag exists)
-UNPARSED = {"gpt3-2.7b-a40x8-fsdp", "llama2-7b-a40x16-fsdp"}
 
 
 def test_the_rule_in_order():
@@ -80,13 +77,20 @@ def test_the_doctor_checks_a_gpu_preset_on_its_own_cluster(preset, capsys, monke
 
 
 @pytest.mark.parametrize("variable", list(NCCL_DEFECTS))
-@pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="no flag for a key"))
-                                    if p in UNPARSED else p for p in GPU_PRESETS])
+@pytest.mark.parametrize("preset", GPU_PRESETS)
 def test_a_bad_nccl_variable_fails_the_doctor_of_every_gpu_preset(preset, variable, capsys, monkeypatch):
     value, what = NCCL_DEFECTS[variable]
     code, lines = _doctor(capsys, monkeypatch, ["--preset", preset], {variable: value})
     errors = [line for line in lines if line.startswith("error: [nccl-env]")]
     assert code == 1 and any(what in line for line in errors), lines
+
+
+def test_the_nccl_variables_are_checked_when_the_line_is_refused(capsys, monkeypatch):
+    """A line the parser refuses still gets the environment's findings: one run names both."""
+    code, lines = _doctor(capsys, monkeypatch, ["--preset", "llama3-8b-h100x8", "--", "--no-such-flag"],
+                          {"NCCL_NTHREADS": "480"})
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert code == 1 and [e.split("]")[0] for e in errors] == ["error: [command-line", "error: [nccl-env"], lines
 
 
 def test_first_line_names_what_chose_the_cluster(capsys, monkeypatch):
