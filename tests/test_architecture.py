@@ -57,6 +57,8 @@ def _resolve(name: str) -> str | None:
 
 DYNAMIC_IMPORTS: dict[str, str] = {
     "lagom_megatron.training.cpu_shims": "patches Megatron-Core modules it names in a tuple",
+    "lagom_megatron.launch.megatron_lm_cpu": "patches a Megatron-LM checkout's modules, which it names in tuples "
+                                             "(the checkout is not a package of ours)",
     "lagom_megatron.megatron.te_targets": "finds Transformer Engine's and torch FSDP2's modules, whose paths differ "
                                           "by version (and a stand-in package in tests)",
 }

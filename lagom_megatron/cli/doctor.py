@@ -13,7 +13,10 @@ When this machine can be a node of it and no ``--cluster`` is given, this machin
 training would check it (folders, plan lock, port, installed libraries); otherwise the layout and
 environment for that cluster. The line after ``--``
 (with the preset) is parsed by ``scripts/pretrain_gpt.py``'s own parser, so an unknown flag or an
-invalid choice is an error; ``--megatron-lm`` checks a Megatron-LM checkout's line for the layout only.
+invalid choice is an error; ``--megatron-lm`` checks a Megatron-LM checkout's line: the layout, and
+what the targeted release (``--megatron-lm-release``, default the importable megatron-core's) would
+fail on (``launch.megatron_lm_traps``: a missing ``--eval-interval``, fused kernels without APEX,
+missing packages), each naming the release and the line.
 """
 
 from __future__ import annotations
@@ -37,9 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=int_range(1, MAX_GPUS_PER_NODE),
                         help="default: the preset's SLURM shape, else the cluster's, else $LOCAL_WORLD_SIZE")
     parser.add_argument("--megatron-lm", action="store_true",
-                        help="the line after -- is for a Megatron-LM checkout's pretrain_gpt.py: check "
-                             "the layout only, not the flags (default: parse it with scripts/pretrain_gpt.py's "
+                        help="the line after -- is for a Megatron-LM checkout's pretrain_gpt.py: check the "
+                             "layout and what that release fails on (--eval-interval, fused kernels without APEX, "
+                             "packages), not our parser's flags (default: parse it with scripts/pretrain_gpt.py's "
                              "parser, so unknown flags and invalid values are errors)")
+    parser.add_argument("--megatron-lm-release", metavar="TAG",
+                        help="with --megatron-lm: the Megatron-LM release, e.g. core_v0.16.1 (core_v0.16-0.18); "
+                             "default: that of the importable megatron-core")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--no-preset-env", action="store_true",
                         help="check the environment as it is (the launch scripts have exported the "
@@ -101,8 +108,19 @@ def run(args: argparse.Namespace) -> int:
     print(first, file=sys.stderr if args.json else sys.stdout)
     cluster = target.cluster
     if args.megatron_lm:
-        findings = run_doctor(parsed, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
-                              preset_env=preset_env, local=local)
+        from lagom_megatron.launch.megatron_lm_traps import megatron_lm_traps
+        from lagom_megatron.megatron.versions import installed_megatron_core
+
+        release = args.megatron_lm_release
+        if release is None:
+            installed = installed_megatron_core()
+            release = f"core_v{installed.version}" if installed is not None else "core_v0.16.1"
+        backend = cluster.get("backend") if isinstance(cluster, dict) else getattr(cluster, "backend", "nccl")
+        traps = megatron_lm_traps(parsed, release, local=local, on_gpu=backend != "gloo")
+        findings = traps + run_doctor(parsed, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
+                                      preset_env=preset_env, local=local)
+    elif args.megatron_lm_release:
+        raise ValueError("--megatron-lm-release needs --megatron-lm")
     else:
         findings = check_command_line(argv, world_size, environ, cluster, gpus_per_node=gpus_per_node,
                                       preset_env=preset_env, local=local)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from lagom_megatron.engine.files import read_json
-from lagom_megatron.engine.profile import BACKENDS, OPS
+from lagom_megatron.engine.profile import BACKENDS, OPS, REGISTRATIONS
 from lagom_megatron.engine.search import METHODS
 from lagom_megatron.nccl.rules import MECHANISMS
 
@@ -43,6 +43,14 @@ def _finite(v: float) -> float:
     return v
 
 
+def _parts(v: list[list[Any]]) -> list[list[Any]]:
+    """Each part is [dtype name, bytes >= 0] (an integer, not a string or a float)."""
+    for k, p in enumerate(v):
+        if len(p) != 2 or not isinstance(p[0], str) or isinstance(p[1], bool) or not isinstance(p[1], int) or p[1] < 0:
+            raise ValueError(f"parts[{k}] must be [dtype, bytes] with bytes an integer >= 0; got {p!r}")
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -59,6 +67,12 @@ class SiteSchema(_Strict):
     """A process group of one rank communicates nothing: it is never a site."""
     n_nodes: StrictInt = Field(default=1, ge=1)
     calls_per_iter: StrictInt = Field(default=1, ge=1)
+    reduce_op: str | None = None
+    parts: list[list[Any]] = Field(default_factory=list)
+    """(dtype, bytes) per tensor of a coalesced call (``engine.profile.CollectiveSite.parts``)."""
+    registered: Literal[REGISTRATIONS] = ""  # type: ignore[valid-type]
+
+    _check_parts = field_validator("parts")(lambda v: _parts(v))
 
 
 class SampleSchema(_Strict):
@@ -148,7 +162,14 @@ class EntrySchema(_Strict):
     nbytes: StrictInt = Field(default=0, ge=0, le=MAX_NBYTES)
     group_size: StrictInt = Field(default=0, ge=0)
     n_nodes: StrictInt = Field(default=1, ge=1)
+    tunable: list[str] = Field(default_factory=list)
+    """The knobs the plan's mechanism can change for the site (``engine.plan.PlanEntry.tunable``)."""
+    note: str = ""
+    reduce_op: str | None = None
+    parts: list[list[Any]] = Field(default_factory=list)
     model_config = ConfigDict(extra="forbid", strict=False)
+
+    _check_parts = field_validator("parts")(lambda v: _parts(v))
 
 
 class FingerprintSchema(BaseModel):

@@ -127,7 +127,7 @@ def exhaustive(problem: SearchProblem, *, limit: int = EXHAUSTIVE_LIMIT) -> Sear
                 st.nc[governed] = np.minimum(default_nc[governed], value)
             else:
                 st.get(knob)[governed] = value
-        tables, combos = [], []
+        combos, owners = [], []
         for i, vals in enumerate(per_site):
             if problem.scope["n_channels"] != "call" or not problem.tunable["n_channels"][i]:
                 vals = list(vals)
@@ -137,12 +137,16 @@ def exhaustive(problem: SearchProblem, *, limit: int = EXHAUSTIVE_LIMIT) -> Sear
                     vals = list(vals)
                     vals[SEARCH_KNOBS.index(k)] = [float(st.get(k)[i])]
             grid = np.array(list(itertools.product(*vals)))  # (P_i, 5) in SEARCH_KNOBS order
-            nc, lvl, nt, proto, alg = (grid[:, j] for j in range(5))
-            region = problem.evaluate_codes(np.full(len(grid), i), alg.astype(np.int64), proto.astype(np.int64),
-                                            nc, nt, lvl.astype(np.int64))[2]
-            count.add(len(grid))
-            tables.append(region)
             combos.append(grid)
+            owners.append(np.full(len(grid), i))
+        # every site's grid in one evaluation (regions are per site: the model is elementwise)
+        every = np.concatenate(combos)
+        nc, lvl, nt, proto, alg = (every[:, j] for j in range(5))
+        region = problem.evaluate_codes(np.concatenate(owners), alg.astype(np.int64), proto.astype(np.int64),
+                                        nc, nt, lvl.astype(np.int64))[2]
+        count.add(len(every))
+        bounds = np.cumsum([0] + [len(g) for g in combos])
+        tables = [region[bounds[i]:bounds[i + 1]] for i in range(len(combos))]
         # Under one shared assignment each site's region time depends on its own config alone, so
         # the joint optimum is each site's own optimum (no product of tables: a numpy array holds
         # at most 64 dimensions, a profile often more sites).

@@ -96,6 +96,19 @@ class ClusterSpec:
     net_eff: dict[str, float] | None = None
     """Per protocol: the Ring bus-bandwidth ceiling across nodes over the node's network
     (``net_gbps_per_gpu`` x the group's ranks per node)."""
+    nvlink_domain_gpus: int | None = None
+    """GPUs of one multi-node NVLink domain (MNNVL, e.g. 72 on GB200 NVL72); None = the node's
+    GPUs. NCCL counts a whole NVLink domain as one node (``nccl_nodes``)."""
+
+    def nccl_nodes(self, hosts: int, group_size: int) -> int:
+        """How many nodes NCCL counts for a group of ``group_size`` ranks over ``hosts`` hosts: one per
+        NVLink domain it spans (NVIDIA/nccl v2.30.7 ``src/init.cc:1285-1297`` counts a node per
+        distinct ``ringRecv[0]``, and an MNNVL clique is one ring node), with ranks placed host by host.
+        Without ``nvlink_domain_gpus`` that is ``hosts``."""
+        if not self.nvlink_domain_gpus or self.nvlink_domain_gpus <= self.gpus_per_node:
+            return int(hosts)
+        hosts_per_domain = max(1, self.nvlink_domain_gpus // self.gpus_per_node)
+        return max(1, -(-int(hosts) // hosts_per_domain))
 
     def __post_init__(self) -> None:
         if self.backend not in ("nccl", "gloo"):
@@ -114,6 +127,11 @@ class ClusterSpec:
                 raise ValueError(f"cluster {self.name!r}: {key} must be a number >= 0 (us); got {value!r}")
         if self.intra_link not in ("nvlink", "pcie"):
             raise ValueError(f"cluster {self.name!r}: intra_link must be one of ['nvlink', 'pcie']; got {self.intra_link!r}")
+        if self.nvlink_domain_gpus is not None and (isinstance(self.nvlink_domain_gpus, bool)
+                                                    or not isinstance(self.nvlink_domain_gpus, int)
+                                                    or self.nvlink_domain_gpus < self.gpus_per_node):
+            raise ValueError(f"cluster {self.name!r}: nvlink_domain_gpus must be an integer >= gpus_per_node "
+                             f"({self.gpus_per_node}) or absent; got {self.nvlink_domain_gpus!r}")
         if self.nics_per_node is not None and (isinstance(self.nics_per_node, bool) or not isinstance(self.nics_per_node, int)
                                                or self.nics_per_node < 1):
             raise ValueError(f"cluster {self.name!r}: nics_per_node must be an integer >= 1 or absent; got {self.nics_per_node!r}")

@@ -48,6 +48,7 @@ import numpy as np
 
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import ALGORITHMS, GLOO_DEFAULT_THREADS, PROTOCOLS, CommConfig, max_channels
+from lagom_megatron.engine.p2p import P2PModel
 from lagom_megatron.engine.profile import CollectiveSite
 
 from lagom_megatron.engine.cost_terms import (  # noqa: F401  (re-exported: the model's constants and terms)
@@ -136,6 +137,10 @@ class CostModel:
         self.max_channels = max_channels(c)
         if self.gamma_S is None:
             self.gamma_S = np.ones(len(sites))
+        # point-to-point on NCCL: the channel code is the communicator's channel count (its CTA
+        # bounds), and the kernel's CTAs follow from it by NCCL's P2P rule (``engine.p2p``)
+        self.p2p = P2PModel(c, op_p2p_S=p2p & (not self.gloo), a2a_S=self.op_S == _A2A, nbytes_S=self.nbytes_S,
+                            group_size_S=self.n_S, n_nodes_S=self.nodes_S)
         self._static_tables()
 
     def _static_tables(self) -> None:
@@ -192,6 +197,8 @@ class CostModel:
         if getattr(c, "intra_link", "nvlink") == "pcie":
             cap = np.full(S, 2)  # one ring below 25 GB/s, not duplicated, doubled once (nccl#689: 2 SMs)
         nc = np.clip(np.ceil(nb / 131072.0), 1, np.minimum(cap, self.max_channels))
+        # P2P: the communicator's own channel count (no size rule: p2pnChannels follows comm->nChannels)
+        nc = np.where(p2p, np.minimum(cap, self.max_channels), nc)
         return (alg.astype(np.int64), proto.astype(np.int64), nc.astype(float), np.full(S, 512.0), np.zeros(S))
 
     def encode(self, i: int, config: CommConfig) -> tuple[int, int, float, float, float]:
@@ -249,6 +256,8 @@ class CostModel:
         chunk_eff_bytes = np.where(chunk > 0, chunk, own)
         # An explicit chunk leaves channels idle when one loop (n ranks x chunk) covers the message.
         n_eff = np.where(chunk > 0, np.minimum(nc, np.maximum(1.0, np.ceil(nb / (n * np.maximum(chunk, 1.0))))), nc)
+        if self.p2p.any:  # a P2P kernel's CTAs follow from the communicator's channels (``engine.p2p``)
+            n_eff = np.where(self.p2p.mask_S[i], self.p2p.ctas(i, nc), n_eff)
         half = _PROTO_CHUNK_HALF[p]
         chunk_eff = (chunk_eff_bytes / (chunk_eff_bytes + half)) / (own / (own + half))  # 1 at NCCL's own chunk
         # NCCL_NTHREADS sets Ring and Tree with Simple or LL only (NCCL 2.30.7 src/graph/tuning.cc:246-254);

@@ -42,6 +42,9 @@ class CommConfig:
     """ncclConfig_t.CTAPolicy: DEFAULT, EFFICIENCY, ZERO (communicator scope)."""
     cga_cluster_size: int | None = None
     """ncclConfig_t.cgaClusterSize, 0..8 (communicator scope, sm90+)."""
+    net_peer_channels: int | None = None
+    """Channels per network peer of point-to-point calls: ncclConfig_t.nChannelsPerNetPeer (NCCL
+    2.28+, where torch binds it) or NCCL_NCHANNELS_PER_NET_PEER (process scope); a power of two."""
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the fields that are set (not ``None``), JSON-ready."""
@@ -78,6 +81,7 @@ DEFAULT = CommConfig()
 
 KNOB_ORDER: tuple[str, ...] = (
     "n_channels", "chunk_size", "n_threads", "protocol", "algorithm", "cta_policy", "cga_cluster_size",
+    "net_peer_channels",
 )
 """Knob-priority order of the search (docs/engine.md): channels and chunk size first, because
 they move compute slowdown the most (Lagom's introduction); algorithm last."""
@@ -92,6 +96,9 @@ CTA_POLICIES: tuple[str, ...] = ("DEFAULT", "EFFICIENCY", "ZERO")
 """ncclConfig_t.CTAPolicy names (NCCL 2.27+, ZERO usable from 2.28)."""
 CGA_CLUSTER_SIZES: tuple[int, ...] = tuple(range(0, 9))
 """ncclConfig_t.cgaClusterSize, 0..8 (sm90+; NCCL clamps above 8)."""
+NET_PEER_CHANNELS: tuple[int, ...] = (1, 2, 4, 8, 16)
+"""Channels per network peer the search tries: NCCL rounds ``nChannelsPerNetPeer`` up to a power of
+two (NVIDIA/nccl v2.30.7 ``src/graph/paths.cc:988``), so only powers of two are distinct."""
 
 COLLECTIVE_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 """Ops that run an NCCL algorithm (the tuner plugin is consulted for them)."""
@@ -179,8 +186,14 @@ class KnobRules(Protocol):
         """The widest unit ``knob`` can differ over (``call``, ``communicator``, ``process``), or
         None when the mechanism cannot set it. Raises ValueError on an unknown knob."""
 
-    def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2) -> dict[str, tuple]:
-        """Values the search scans per knob for one collective site (``(None,)`` = not tunable)."""
+    def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None) -> dict[str, tuple]:
+        """Values the search scans per knob for one collective site (``(None,)`` = not tunable);
+        ``reduce_op`` is the call's reduction where known (some algorithms depend on it)."""
+
+    def site_domains(self, site: Any) -> tuple[dict[str, tuple], str]:
+        """``domains`` of one ``profile.CollectiveSite``, cut by what the call itself allows (its
+        reduction, dtype, buffer registration), and a note on what was cut and why (empty when
+        nothing was)."""
 
     def for_sites(self, sites: Any) -> "KnobRules":
         """These rules for one search over ``sites`` (``profile.CollectiveSite``): rules whose domains
@@ -193,8 +206,10 @@ class KnobRules(Protocol):
     def applicable(self, config: CommConfig, *, op: str) -> CommConfig:
         """``config`` without the knobs that do not apply to ``op`` (probes go to every site)."""
 
-    def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None) -> None:
-        """Raises ValueError naming the first knob of ``config`` the mechanism cannot apply."""
+    def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None,
+                 reduce_op: str | None = None, dtype: str | None = None) -> None:
+        """Raises ValueError naming the first knob of ``config`` the mechanism cannot apply (for a call
+        with ``reduce_op`` and ``dtype`` where they are known)."""
 
     def process_env(self, chosen: dict[str, list[int]]) -> dict[str, str]:
         """The launch environment that applies the process-scope knobs of a plan: ``chosen`` maps

@@ -53,9 +53,20 @@ class PlanEntry:
     """Nodes the communicator spans (the tuner table's nNodes)."""
     predicted_default_t_region_us: float = 0.0
     """Predicted region time under NCCL's defaults, microseconds (for `plan show`)."""
+    tunable: tuple[str, ...] = ()
+    """The knobs the plan's mechanism can change for this site (its search domain had more than
+    NCCL's own value), in knob-priority order; empty = the site keeps NCCL's choice whatever the plan."""
+    note: str = ""
+    """Why a knob is out of the site's reach, or how the site is applied (registered buffers, one
+    tuner row per NCCL bin); empty when there is nothing to say."""
+    reduce_op: str | None = None
+    """The site's reduction (``CollectiveSite.reduce_op``)."""
+    parts: tuple[tuple[str, int], ...] = ()
+    """(dtype, bytes) per tensor of a coalesced call (``CollectiveSite.parts``): the exporter writes
+    one tuner row per NCCL bin of them."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "config": self.config.to_dict(),
             "predicted_t_comm_us": self.predicted_t_comm_us,
             "predicted_t_region_us": self.predicted_t_region_us,
@@ -65,16 +76,31 @@ class PlanEntry:
             "nbytes": self.nbytes,
             "group_size": self.group_size,
             "n_nodes": self.n_nodes,
+            "tunable": list(self.tunable),
         }
+        if self.note:
+            out["note"] = self.note
+        if self.reduce_op is not None:
+            out["reduce_op"] = self.reduce_op
+        if self.parts:
+            out["parts"] = [list(p) for p in self.parts]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PlanEntry":
         known = {"config", "predicted_t_comm_us", "predicted_t_region_us", "predicted_default_t_region_us",
-                 "group", "op", "nbytes", "group_size", "n_nodes"}
+                 "group", "op", "nbytes", "group_size", "n_nodes", "tunable", "note", "reduce_op", "parts"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown entry field(s) {unknown}; allowed: {sorted(known)}")
+        tunable = data.get("tunable", [])
+        if not isinstance(tunable, list) or not all(isinstance(k, str) for k in tunable):
+            raise ValueError(f"tunable must be a list of knob names; got {tunable!r}")
         return cls(
+            tunable=tuple(tunable),
+            note=str(data.get("note", "")),
+            reduce_op=None if data.get("reduce_op") is None else str(data["reduce_op"]),
+            parts=tuple((str(d), int(b)) for d, b in data.get("parts", ())),
             config=CommConfig.from_dict(data["config"]),
             predicted_t_comm_us=float(data["predicted_t_comm_us"]),
             predicted_t_region_us=float(data["predicted_t_region_us"]),

@@ -37,13 +37,16 @@ STATIC_CAPS: tuple[int, ...] = (2, 4, 8)
 
 def static_states(problem: SearchProblem, default_nc: np.ndarray) -> dict[str, State]:
     """The static fixes as search states: ``nccl-default`` and ``cap{N}`` (every site where the
-    channel count is tunable capped at ``min(NCCL's choice, N)``, as NCCL_MAX_NCHANNELS does)."""
+    channel count is tunable capped at ``min(NCCL's choice, N)``, as NCCL_MAX_NCHANNELS does),
+    never above the largest count of the site's domain (a budget's cap, ``nccl.budget``)."""
     base = problem.default_state()
     out = {"nccl-default": base}
     tun = problem.tunable["n_channels"]
+    vals = problem.vals["n_channels"][tun]
+    top = np.nanmax(np.where(np.isnan(vals), -np.inf, vals), axis=1) if vals.size else np.zeros(0)
     for cap in STATIC_CAPS:
         st = base.copy()
-        st.nc[tun] = np.minimum(default_nc[tun], float(cap))
+        st.nc[tun] = np.minimum(np.minimum(default_nc[tun], float(cap)), top)
         out[f"cap{cap}"] = st
     return out
 

@@ -16,12 +16,13 @@ Shape legend: ``_S`` per site, ``_SK`` per site and candidate value.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from lagom_megatron import __version__
+from lagom_megatron.engine import p2p_knobs
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.cost_model import ALG_NONE, PROTO_NONE, CostModel
 from lagom_megatron.engine.fit import fit_cost_model
@@ -91,6 +92,8 @@ class SearchProblem:
     domains_S: list[dict[str, tuple]]
     fingerprint: dict[str, Any] = field(default_factory=dict)
     scope: dict[str, str | None] = field(default_factory=dict)
+    notes_S: list[str] = field(default_factory=list)
+    """Per site, what the rules say about its domain (``KnobRules.site_domains``); copied to the plan."""
 
     def __post_init__(self) -> None:
         self.cluster: ClusterSpec = self.model.cluster
@@ -118,9 +121,10 @@ class SearchProblem:
             raise ValueError(f"knob rules are for cluster {rules.cluster.name!r} but the cost model is for {model.cluster.name!r}")
         backend = model.backend
         rules = rules.for_sites(model.sites)
-        doms = []
+        doms, notes = [], []
         for s in model.sites:
-            d = rules.domains(op=s.op, n_nodes=s.n_nodes, group_size=s.group_size)
+            d, note = rules.site_domains(s)
+            notes.append(note)
             if domain_override:
                 for k, values in domain_override.items():
                     if len(d[k]) > 1:
@@ -132,7 +136,7 @@ class SearchProblem:
         fp.setdefault("nccl_version", model.cluster.nccl_version)
         fp.setdefault("lagom_version", __version__)
         fp.setdefault("backend", backend)
-        problem = cls(model=model, rules=rules, iteration_us=0.0, domains_S=doms, fingerprint=fp)
+        problem = cls(model=model, rules=rules, iteration_us=0.0, domains_S=doms, fingerprint=fp, notes_S=notes)
         if iteration_us is None:
             iteration_us = float(problem.evaluate(problem.default_state())[2].sum())
         problem.iteration_us = float(iteration_us)
@@ -263,19 +267,30 @@ class SearchProblem:
         """``st`` with one decision for each set of sites the applying mechanism cannot tell apart,
         and how many sites changed.
 
-        The rules say which sites those are through an optional ``call_key(group=, op=, nbytes=)``
-        (NCCL's tuner plugin sees a call only as communicator, collective and byte count, so sites
-        sharing all three get the same table row). Each set takes the one of its members' configs
-        with the least summed region time on the cost model, so the plan predicts what is applied.
+        The rules say which sites those are through an optional ``call_keys(site)``: the keys of
+        the table rows a site's call reaches (NCCL's tuner plugin sees a call only as communicator,
+        collective and byte count, once per NCCL bin of a coalesced call), so sites sharing any key
+        share rows. Each set takes the one of its members' configs with the least summed region
+        time on the cost model, so the plan predicts what is applied.
         """
-        key_fn = getattr(self.rules, "call_key", None)
+        key_fn = getattr(self.rules, "call_keys", None)
         if key_fn is None:
             return st, 0
-        sets: dict[Any, list[int]] = {}
+        parent = list(range(len(self.sites)))
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+        first: dict[Any, int] = {}
         for i, s in enumerate(self.sites):
-            k = key_fn(group=s.group, op=s.op, nbytes=s.nbytes)
-            if k is not None:
-                sets.setdefault(k, []).append(i)
+            for k in key_fn(s):
+                j = first.setdefault(k, i)
+                parent[root(i)] = root(j)
+        sets: dict[int, list[int]] = {}
+        for i in range(len(self.sites)):
+            sets.setdefault(root(i), []).append(i)
         out, changed = st.copy(), 0
         for members in sets.values():
             idx = np.array(members)
@@ -299,20 +314,29 @@ class SearchProblem:
         default = self.default_state()
         d_comm, _, d_region = self.evaluate(default)
         use = st if st is not None else default
-        t_comm, _, t_region = self.evaluate(use)
+        peer = p2p_knobs.decide(self, st) if st is not None else {}  # channels per network peer
+        with p2p_knobs.applied(self, peer):
+            t_comm, _, t_region = self.evaluate(use)
         configs = self._configs(st) if st is not None else [CommConfig()] * len(self.sites)
+        if peer and self.rules.scope(p2p_knobs.KNOB) == "communicator":
+            configs = [replace(c, net_peer_channels=peer[i]) if i in peer else c for i, c in enumerate(configs)]
         t_comm_l, t_region_l, d_region_l = (np.round(x, 3).tolist() for x in (t_comm, t_region, d_region))
+        tunable = self.tunable_knobs()
+        notes = self.notes_S or [""] * len(self.sites)
         entries = {
             site.site_id: PlanEntry(
                 config=configs[i], predicted_t_comm_us=t_comm_l[i], predicted_t_region_us=t_region_l[i],
                 predicted_default_t_region_us=d_region_l[i], group=site.group, op=site.op, nbytes=site.nbytes,
-                group_size=site.group_size, n_nodes=site.n_nodes)
+                group_size=site.group_size, n_nodes=site.n_nodes, tunable=tunable[i], note=notes[i],
+                reduce_op=site.reduce_op, parts=site.parts)
             for i, site in enumerate(self.sites)
         }
         chosen: dict[str, list[int]] = {}
         for knob in SEARCH_KNOBS:
             if st is not None and self.scope.get(knob) == "process" and self.tunable[knob].any():
                 chosen[knob] = sorted({int(st.get(knob)[i]) for i in np.flatnonzero(self.tunable[knob])})
+        if peer and self.rules.scope(p2p_knobs.KNOB) == "process":
+            chosen[p2p_knobs.KNOB] = sorted(set(peer.values()))
         env = self.rules.process_env(chosen) if chosen else {}
         default_iter = self.iteration_us
         predicted = self.iteration_us - float(d_region.sum()) + float(t_region.sum())
@@ -326,15 +350,28 @@ class SearchProblem:
         return Plan(entries=entries, fingerprint=dict(self.fingerprint), method=method, env=env, stats=stats,
                     backend=self.backend, mechanism=self.mechanism)
 
+    def tunable_knobs(self) -> list[tuple[str, ...]]:
+        """Per site, the knobs whose domain holds more than NCCL's own value, in ``KNOB_ORDER``: what
+        the mechanism can change for it (``PlanEntry.tunable``)."""
+        return [tuple(k for k in KNOB_ORDER if len(d.get(k, (None,))) > 1) for d in self.domains_S]
+
     def _configs(self, st: State) -> list[CommConfig]:
         """One CommConfig per site; knobs a site cannot tune stay None (NCCL's choice), and a site
         the search left in the default state gets ``CommConfig()``: NCCL's own choice, not the
-        model's approximation of it pinned as explicit values (which would also need pool entries)."""
+        model's approximation of it pinned as explicit values (which would also need pool entries).
+        A point-to-point site whose channel code gives the kernel NCCL's own CTA count counts as
+        left in the default state."""
         tun = {k: self.tunable[k].tolist() for k in SEARCH_KNOBS}
         chunk = self.chunk_bytes(st.proto, st.lvl).astype(np.int64).tolist()
         alg, proto, nc, nt = (x.astype(np.int64).tolist() for x in (st.alg, st.proto, st.nc, st.nt))
         d = self.default_state()
-        unchanged = ((st.alg == d.alg) & (st.proto == d.proto) & (st.nc == d.nc) & (st.nt == d.nt)
+        same_nc = st.nc == d.nc
+        p2p = getattr(self.model, "p2p", None)
+        if p2p is not None and p2p.any:
+            # a P2P bound that gives the kernel NCCL's own CTAs changes nothing: no entry for it
+            idx = np.arange(len(self.sites))
+            same_nc |= p2p.mask_S & (p2p.ctas(idx, st.nc) == p2p.ctas(idx, d.nc))
+        unchanged = ((st.alg == d.alg) & (st.proto == d.proto) & same_nc & (st.nt == d.nt)
                      & (st.lvl == d.lvl)).tolist()
         out = []
         for i in range(len(self.sites)):

@@ -36,6 +36,8 @@ PROFILE_SCHEMA_VERSION = 1
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast"]
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
+REGISTRATIONS: tuple[str, ...] = ("", "pool", "fixed")
+"""``CollectiveSite.registered`` values."""
 Backend = Literal["nccl", "gloo", "sim"]
 BACKENDS: tuple[str, ...] = ("nccl", "gloo", "sim")
 
@@ -60,8 +62,22 @@ class CollectiveSite:
     n_nodes: int = 1
     """Nodes spanned by the group (1 = intra-node only)."""
     calls_per_iter: int = 1
+    reduce_op: str | None = None
+    """The reduction of a reducing collective as torch names it (``sum``, ``avg``, ``max``, ...);
+    None where the call has none or it was not recorded. NCCL runs no NVLS for ``avg``."""
+    parts: tuple[tuple[str, int], ...] = ()
+    """(dtype, bytes) of each tensor of a call that issues several collectives at once (a DDP
+    bucket group's buckets under one coalescing manager); empty = one tensor of ``dtype``. NCCL
+    groups such tensors by dtype and size before it asks the tuner plugin (``nccl.bins``)."""
+    registered: str = ""
+    """NCCL buffer registration of the site's buffers (``--use-nccl-ub``): ``""`` none, ``pool`` (a
+    memory pool a pool entry can register too), ``fixed`` (registered on the group's own
+    communicator only)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", tuple((str(d), int(b)) for d, b in self.parts))
+        if self.registered not in REGISTRATIONS:
+            raise ValueError(f"site {self.site_id!r}: registered must be one of {list(REGISTRATIONS)}; got {self.registered!r}")
         if self.op not in OPS:
             raise ValueError(f"site {self.site_id!r}: op must be one of {list(OPS)}; got {self.op!r}")
         if self.nbytes < 0:
@@ -118,9 +134,7 @@ class Profile:
             "cluster": self.cluster,
             "iteration_us": self.iteration_us,
             "fingerprint": self.fingerprint,
-            "sites": [
-                {k: getattr(s, k) for k in CollectiveSite.__slots__} for s in self.sites
-            ],
+            "sites": [_site_dict(s) for s in self.sites],
             "samples": [
                 {
                     "site_id": s.site_id,
@@ -195,6 +209,19 @@ class Profile:
             ValueError: not valid JSON (names the file, line and column) or not a valid profile.
         """
         return cls.from_dict(read_json(path), source=str(path))
+
+
+_SITE_DEFAULTS = {"reduce_op": None, "parts": (), "registered": ""}
+
+
+def _site_dict(s: CollectiveSite) -> dict[str, Any]:
+    """A site as JSON; the optional call facts only where they are set (older readers ignore none)."""
+    out = {k: getattr(s, k) for k in CollectiveSite.__slots__ if k not in _SITE_DEFAULTS}
+    for k, default in _SITE_DEFAULTS.items():
+        v = getattr(s, k)
+        if v != default:
+            out[k] = [list(p) for p in v] if k == "parts" else v
+    return out
 
 
 def _calls(raw: Any, site_id: str) -> tuple[CallTimes, ...]:

@@ -21,6 +21,15 @@ from typing import Any, Sequence
 STORE_FALSE_FLAGS: dict[str, str] = {
     "add_bias_linear": "--disable-bias-linear",
     "overlap_p2p_comm": "--no-overlap-p2p-communication",
+    "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
+    "masked_softmax_fusion": "--no-masked-softmax-fusion",
+    "bias_gelu_fusion": "--no-bias-gelu-fusion",
+    "bias_swiglu_fusion": "--no-bias-swiglu-fusion",
+    "bias_dropout_fusion": "--no-bias-dropout-fusion",
+    "apply_rope_fusion": "--no-rope-fusion",
+    "mmap_bin_files": "--no-mmap-bin-files",
+    "create_attention_mask_in_dataloader": "--no-create-attention-mask-in-dataloader",
+    "add_position_embedding": "--no-position-embedding",
 }
 """Destinations whose Megatron-LM flag stores False (default True there)."""
 
@@ -74,15 +83,29 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+MEGATRON_LM_EVAL_ITERS_WITHOUT_EVAL = 1
+"""``--eval-iters`` given with the ``--eval-interval`` a preset without one gets on a Megatron-LM line."""
+
+
 def preset_to_argv(preset: Any) -> list[str]:
     """A preset as a Megatron-LM ``pretrain_gpt.py`` command line (``Preset.to_args`` flattened).
 
     The preset's own ``max_position_embeddings`` defaults to its sequence length when unset
-    (Megatron-LM requires it for learned and rotary positions alike).
+    (Megatron-LM requires it for learned and rotary positions alike). Megatron-LM cannot start
+    without ``--eval-interval`` (``train_iters // eval_interval`` in core_v0.16.1
+    ``megatron/training/training.py:3307``, :3547 in core_v0.17.1, :4136 in core_v0.18.2), so a
+    preset without one gets ``--eval-interval <train_iters> --eval-iters 1``: one evaluation
+    iteration, at the end. With ``use_megatron_fsdp`` the line gets ``--ckpt-format fsdp_dtensor``,
+    the only format Megatron-LM accepts with it (core_v0.16.1 ``megatron/training/arguments.py:690``).
     """
     args = preset.to_args()
     if args.get("max_position_embeddings") is None:
         args["max_position_embeddings"] = args.get("seq_length")
+    if args.get("eval_interval") is None:
+        args["eval_interval"] = args.get("train_iters")
+        args.setdefault("eval_iters", MEGATRON_LM_EVAL_ITERS_WITHOUT_EVAL)
+    if args.get("use_megatron_fsdp"):
+        args.setdefault("ckpt_format", "fsdp_dtensor")
     return args_to_argv(args)
 
 

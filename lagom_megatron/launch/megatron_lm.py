@@ -148,6 +148,7 @@ class LagomHooks:
         Raises:
             SystemExit: ``lagom doctor`` found errors (code 1).
         """
+        cpu_mode()
         parsed = parse_fn(*args, extra_args_provider=self.chained_provider(extra_args_provider), **kwargs)
         self.start(parsed)
         return parsed
@@ -168,6 +169,7 @@ class LagomHooks:
         from megatron.training.arguments import parse_args
 
         provider = self.chained_provider(extra_args_provider)
+        cpu_mode()
         self.start(parse_args(extra_args_provider=provider))
         try:
             return pretrain_fn(*args, extra_args_provider=provider, **kwargs)
@@ -221,6 +223,7 @@ class LagomHooks:
             except ValueError as exc:
                 _rank0_print(f"lagom: error: {exc}")
                 raise SystemExit(2) from exc
+        enable_tuner_plugin(args)
         if callbacks is None:
             from lagom_megatron.megatron.controller import LagomController
 
@@ -299,6 +302,52 @@ class LagomHooks:
             self._call("on_train_end")
         self.remove()
         atexit.unregister(self.finish)
+
+
+def cpu_mode() -> bool:
+    """Installs the CPU shims of a Megatron-LM checkout (``launch.megatron_lm_cpu.apply``) when CUDA is
+    absent; the patches' entry points call it before Megatron-LM parses (``validate_args`` asks for the
+    GPU architecture). Returns True when they are installed."""
+    from lagom_megatron.launch import megatron_lm_cpu
+
+    return megatron_lm_cpu.apply()
+
+
+def enable_tuner_plugin(args: Any, environ: Any = None) -> str | None:
+    """Turns lagom's NCCL tuner plugin on in this process, as ``scripts/pretrain_gpt.py`` does
+    (``training/loop.py``), for a run started with plain ``torchrun`` (the SLURM scripts export the
+    variables already, and a variable the user set is kept).
+
+    NCCL reads ``NCCL_TUNER_PLUGIN`` once per process, when the first communicator is created
+    (``nccl/plugin_launch.py``); ``start`` runs before ``pretrain`` calls ``initialize_megatron`` ->
+    ``torch.distributed.init_process_group`` (Megatron-LM core_v0.16.1 ``training.py:768``,
+    ``initialize.py:355``), so every rank sets it in time. Without it NCCL loads no tuner and lagom
+    falls back to communicator mode (no chunk size, no LL128, one communicator per configuration).
+
+    Args:
+        args: Megatron-LM's parsed arguments (``distributed_backend``, default "nccl").
+        environ: the environment to update (default ``os.environ``).
+
+    Returns:
+        The line logged on rank 0 when the plugin cannot be used (None when it was enabled, was
+        already set, or the run has no NCCL: no CUDA, or ``--distributed-backend gloo``).
+    """
+    import torch
+
+    if getattr(args, "distributed_backend", "nccl") != "nccl" or not torch.cuda.is_available():
+        return None
+    import torch.distributed as dist
+
+    from lagom_megatron.nccl.plugin_launch import enable_in_process
+
+    if dist.is_available() and dist.is_initialized():
+        note = ("lagom: warning: torch.distributed was initialised before lagom's hooks; NCCL may have "
+                "loaded its tuner already, so the plugin may not be in use (communicator mode)")
+    else:
+        note = enable_in_process(environ, nccl_version=".".join(map(str, torch.cuda.nccl.version())))
+    if note:
+        _rank0_print(note)
+    return note
 
 
 def _loss_of(out: Any) -> float:

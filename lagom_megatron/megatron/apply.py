@@ -22,7 +22,7 @@ import logging
 import os
 from typing import Any, Callable
 
-from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.knobs import P2P_OPS, CommConfig
 from lagom_megatron.megatron import consensus
 from lagom_megatron.megatron.run_files import say
 
@@ -147,7 +147,26 @@ class Applier:
             from lagom_megatron.megatron.profiler import enable_comm_timing
 
             enable_comm_timing(self.pool.entries())
+        guard = getattr(self.router, "first_use", None)
+        if guard is not None:  # NCCL refuses some calls only when they are made (first_use)
+            guard.arm()
         say(f"lagom: communicator pool for {what}: {self.pool.describe()} on this rank ({backend.name})")
+        return True
+
+    def check_first_use(self) -> bool:
+        """At the end of an iteration, while the first calls on new entries are guarded: every rank
+        together (``collective_step("first-call")``), the first calls NCCL refused on any rank revert
+        every rank to NCCL's defaults (``first_use``). Returns False after such a revert (logged).
+        The guard ends after an iteration that routed calls (the assignment is the same on every rank)."""
+        guard = getattr(self.router, "first_use", None)
+        if guard is None or not guard.armed:
+            return True
+        disarm = bool(getattr(self.router, "assignment", None))
+        try:
+            consensus.collective_step("first-call", lambda: guard.check(disarm=disarm))
+        except consensus.ApplyFailed as exc:
+            self.revert(f"the first calls on the pool entries failed: {exc}")
+            return False
         return True
 
     def apply_probes(self, assignments: list[dict[str, CommConfig]], sites: list[Any]) -> bool:
@@ -277,12 +296,20 @@ class Applier:
 
 def _set_cta_bounds(backend: Any, plan: Any) -> None:
     """Plugin mode for ``plan``: the CTA bounds of each group's entries are the largest channel
-    count the plan gives that group's sites (``NcclPoolBackend.cta_bounds``; ``cta_bound``, the
-    plan's largest, for any other group)."""
+    count the plan gives that group's collective sites (``NcclPoolBackend.cta_bounds``;
+    ``cta_bound``, the plan's largest, for any other group); a point-to-point site's entry is
+    bounded at its own count (``NcclPoolBackend.p2p_configs``: NCCL never asks the plugin about
+    P2P, the bound is the knob)."""
     backend.plugin_active = True
     bounds: dict[str, int] = {}
+    p2p: dict[str, set[CommConfig]] = {}
     for e in plan.entries.values():
-        if e.config.n_channels:
+        if e.op in P2P_OPS:
+            if not e.config.is_default():
+                p2p.setdefault(e.group, set()).add(e.config)
+        elif e.config.n_channels:
             bounds[e.group] = max(bounds.get(e.group, 0), int(e.config.n_channels))
     backend.cta_bounds = bounds
     backend.cta_bound = max(bounds.values(), default=None)
+    if hasattr(backend, "p2p_configs"):
+        backend.p2p_configs = p2p

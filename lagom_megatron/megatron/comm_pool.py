@@ -80,6 +80,10 @@ class CommPool:
         self._bytes: dict[_EntryId, int] = {}
         self._keys: dict[tuple[CommConfig, str | None], Hashable | None] = {}
         self.stats = {"created": 0, "destroyed": 0}
+        self.registered: dict[str, list] = {}
+        """Group name -> the NCCL memory pools its own communicator has registered (DDP buffers with
+        ``--use-nccl-ub``, ``call_facts.registered_pools``): every entry of the group registers
+        them too (``backend.register_memory``), so routed calls keep registered-buffer algorithms."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -195,6 +199,12 @@ class CommPool:
                     continue
                 self._created[eid] = group
                 self.stats["created"] += 1
+                register = getattr(self.backend, "register_memory", None)
+                if dist.get_rank() in eid.ranks and self.registered.get(eid.name) and register is not None:
+                    try:  # collective among the entry's ranks (symmetric windows): same order on each
+                        register(group, self.registered[eid.name])
+                    except Exception as exc:  # noqa: BLE001 - kept, reported after every rank made the same calls
+                        errors.append(f"entry {desc}: registering its group's NCCL memory pool: {type(exc).__name__}: {exc}")
                 if dist.get_rank() in eid.ranks:
                     info = self.groups.by_name(eid.name)
                     if info is None or info.ranks != eid.ranks:

@@ -39,8 +39,14 @@ from typing import Any, Callable
 
 FAULT_ENV = "LAGOM_INJECT_DIGEST_FAULT"
 APPLY_FAULT_ENV = "LAGOM_INJECT_APPLY_FAULT"
-APPLY_STEPS = ("env", "pool-preflight", "pool-create", "table", "first-use")
-"""Steps of applying, in order (``collective_step`` names; ``env`` is the environment re-check)."""
+APPLY_STEPS = ("env", "pool-preflight", "pool-create", "table", "first-use", "first-call")
+"""Steps of applying, in order (``collective_step`` names; ``env`` is the environment re-check,
+``first-call`` the check after the first training calls on the entries, ``first_use``)."""
+
+
+def fault_injected(step: str) -> bool:
+    """Whether ``APPLY_FAULT_ENV`` names ``step`` for this rank (the fault-injection switch)."""
+    return _injected(step, _world()[0])
 
 
 class PlanDisagreement(RuntimeError):
@@ -81,7 +87,7 @@ def collective_step(name: str, fn: Callable[[], Any]) -> Any:
 
             os.environ[ENV_FAULT[0]] = ENV_FAULT[1]  # then the real check in fn finds it
         result, err = fn(), None
-        if fault and name != "env":  # after fn: this rank made the same collective calls as the others
+        if fault and name not in ("env", "first-call"):  # after fn: this rank made the same collective calls
             raise RuntimeError(f"fault injected by {APPLY_FAULT_ENV}")
     except Exception as exc:  # noqa: BLE001 - reported on every rank below
         result, err = None, f"{type(exc).__name__}: {exc}"

@@ -30,6 +30,7 @@ from typing import Any
 
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Sample
+from lagom_megatron.megatron.call_facts import registered_pools
 from lagom_megatron.megatron.fingerprint import num_microbatches, run_fingerprint
 from lagom_megatron.megatron.run_files import RunFiles, say
 
@@ -141,12 +142,15 @@ class LagomController:
         self.registry = SiteRegistry(groups, num_microbatches=num_microbatches(args),
                                      pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None)
         n_buckets = self.registry.bind_model(ctx.model)
+        # DDP buffers in NCCL memory pools (--use-nccl-ub): pool entries of their group register them too
+        self.registry.registered_pools = registered_pools(ctx.model, lambda g: groups.lookup(g).name)
         self.profiler = Profiler(use_cuda_events=on_gpu)
         from lagom_megatron.megatron.apply import Applier
         from lagom_megatron.megatron.comm_pool import DEFAULT_BUDGET_MIB
 
         budget = DEFAULT_BUDGET_MIB if self.pool_budget_mib is None else self.pool_budget_mib
         self.pool = CommPool(make_pool_backend(self.backend), groups, budget_bytes=int(budget * 2**20))
+        self.pool.registered = self.registry.registered_pools
         self.router = SiteRouter(self.registry, self.profiler, self.pool, split_chunks=self.backend == "gloo")
         self.applier = Applier(pool=self.pool, router=self.router, files=self.files, cluster=self.cluster)
         configs = []
@@ -258,6 +262,12 @@ class LagomController:
         self._last_iteration = iteration
         timed = self.profiler.timed  # the same on every rank: decides the collective calls below
         timings = self.profiler.finish_iteration()
+        if self.applier is not None and not self.applier.check_first_use():  # NCCL refused a first call on an entry
+            self.mode = "aborted"
+            if self.plan is not None and self.rank == 0:
+                self.files.save_plan(self.plan.with_stats(verification="fell_back", verification_reason=self.applier.error))
+            self.write_report()
+            return
         if self.mode == "reuse":
             if timed:
                 self._last_sites = {sid: r.to_site() for sid, r in self.registry.records.items()}

@@ -66,12 +66,16 @@ class GlooRules:
             raise ValueError(f"knob must be one of {list(KNOB_ORDER)}; got {knob!r}")
         return GLOO_SCOPES.get(knob)
 
-    def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2) -> dict[str, tuple]:
+    def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None) -> dict[str, tuple]:
         """1, 2 or 4 worker threads and three piece sizes (or no split), the same for every op."""
         out: dict[str, tuple] = {k: (None,) for k in KNOB_ORDER}
         out["n_channels"] = (1, 2, 4)
         out["chunk_size"] = (None,) + chunk_domain(None, "gloo")
         return out
+
+    def site_domains(self, site: Any) -> tuple[dict[str, tuple], str]:
+        """``domains`` of the site's op: gloo's knobs do not depend on the call's reduction or dtype."""
+        return self.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size), ""
 
     def for_sites(self, sites: Any) -> "GlooRules":
         """Themselves: gloo's domains do not depend on the set of sites searched."""
@@ -85,14 +89,15 @@ class GlooRules:
         """Only the worker threads and the chunk size of ``config`` (gloo has no other knob)."""
         return CommConfig(n_channels=config.n_channels, chunk_size=config.chunk_size)
 
-    def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None) -> None:
+    def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None,
+                 reduce_op: str | None = None, dtype: str | None = None) -> None:
         """Checks ``config`` against gloo's knobs: 1..16 worker threads, chunks a multiple of 4 KiB.
 
         Raises:
             ValueError: the first knob gloo does not have or whose value is out of range.
         """
         c = config
-        for knob in ("algorithm", "protocol", "n_threads", "cta_policy", "cga_cluster_size"):
+        for knob in ("algorithm", "protocol", "n_threads", "cta_policy", "cga_cluster_size", "net_peer_channels"):
             if getattr(c, knob) is not None:
                 raise invalid_value(knob, getattr(c, knob), [None], "gloo has no such knob")
         if c.n_channels is not None and not (isinstance(c.n_channels, int) and 1 <= c.n_channels <= GLOO_MAX_THREADS):

@@ -77,7 +77,8 @@ class CallTiming:
 def _inner_work(work: Any) -> Any:
     """The torch handle inside Transformer Engine's wrappers of one (``_AsyncHandle``,
     ``_NVFP4AllGatherAsyncHandle``: ``async_handle``, TE v2.18 ``pytorch/distributed.py:955-979,
-    1300-1321``), else ``work`` itself."""
+    1300-1321``; v2.5-v2.11's ``_FP8BlockwiseAllGatherAsyncHandle``, v2.11 ``:1049-1063``), else
+    ``work`` itself."""
     inner = getattr(work, "async_handle", None)
     return work if inner is None else inner
 

@@ -83,6 +83,9 @@ class SiteRow:
     measured_plan_us: float = math.nan
     predicted_default_us: float = math.nan
     predicted_plan_us: float = math.nan
+    note: str = ""
+    """What the plan says of the site's reach (``PlanEntry.note``: registered buffers kept, no NVLS
+    for its reduction, one tuner row per NCCL bin)."""
 
     @property
     def tuned(self) -> bool:
@@ -128,6 +131,7 @@ def site_rows(entries: dict[str, Any], sites: dict[str, Any], measured_default_u
             measured_plan_us=statistics.median(p_t) if p_t else math.nan,
             predicted_default_us=float(e.predicted_default_t_region_us) if e else math.nan,
             predicted_plan_us=float(e.predicted_t_region_us) if e else math.nan,
+            note=getattr(e, "note", "") if e is not None else "",
         ))
     return rows
 
@@ -269,7 +273,23 @@ def render_markdown(rows: list[SiteRow], summary: dict[str, Any]) -> str:
     pad = [""] * (len(COLUMNS) - 5)
     for i, label in enumerate(("sum of the sites", "rest of the iteration", "iteration")):
         lines.append("| " + " | ".join([f"**{label}**", *pad, *(_fmt(totals[c][i] / 1e3) for c in order)]) + " |")
+    lines += _note_lines(rows)
     return "\n".join(lines) + "\n"
+
+
+def _note_lines(rows: list[SiteRow]) -> list[str]:
+    """The plan's notes on what it could not change or how it applies it, each with its sites."""
+    by_note: dict[str, list[str]] = {}
+    for r in rows:
+        for note in filter(None, (n.strip() for n in r.note.split(";"))):
+            by_note.setdefault(note, []).append(r.site_id)
+    if not by_note:
+        return []
+    out = ["", "## What the plan cannot change, and how it applies the rest", ""]
+    for note, sids in by_note.items():
+        shown = ", ".join(f"`{s}`" for s in sids[:3]) + (f" and {len(sids) - 3} more" if len(sids) > 3 else "")
+        out.append(f"- {note}: {shown}")
+    return out
 
 
 def render_csv(rows: list[SiteRow], applied: bool = True) -> str:

@@ -26,7 +26,9 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.megatron.call_facts import bucket_parts, bucket_reduce_op, bucket_registration, call_reduce_op
 from lagom_megatron.megatron.comm_pool import CommPool
+from lagom_megatron.megatron.first_use import FirstUse
 from lagom_megatron.megatron.gloo import chunked_call
 from lagom_megatron.megatron.profiler import Profiler
 from lagom_megatron.megatron.router_coalesced import CoalescedRouting
@@ -55,11 +57,16 @@ def coalesce_state() -> dict:
     """torch's record of the ``_coalescing_manager`` s open now (process group -> queued calls).
 
     A call on a group with an open manager must keep that group: torch queues it for the
-    manager's group (torch 2.13 ``distributed_c10d.py``, ``all_gather_single`` and the other
-    collectives check ``group in _world.pg_coalesce_state``). The dict is created once with
-    ``_World`` and only cleared afterwards, never replaced, so the router binds it once instead of
-    importing ``distributed_c10d`` on every routed call (a cold ``from ... import`` of a package
-    costs several microseconds on the launch path).
+    manager's group (``distributed_c10d.py``: ``all_gather_into_tensor`` / ``all_gather_single``,
+    ``reduce_scatter_*`` and ``all_reduce`` check ``group in _world.pg_coalesce_state``, torch 2.6
+    ``:3789,4227,2797``, 2.13 ``:4378,4928,3236``, 2.14 ``:5152,5908,3897``). The dict is created
+    once, in ``_World.__init__`` (2.6 ``:598``, 2.13 ``:685``, 2.14 ``:1234``) for the one module
+    global ``_world`` (2.6 ``:713``, 2.13 ``:805``, 2.14 ``:1356``), and afterwards only filled,
+    popped and cleared in place (``_coalescing_manager``, ``destroy_process_group``), never
+    replaced, so the router binds it once instead of importing ``distributed_c10d`` on every routed
+    call (a cold ``from ... import`` of a package costs several microseconds on the launch path).
+    The key torch uses for ``group=None`` is the default group; the router compares the group
+    argument as given (the hooked callers pass their group).
     """
     from torch.distributed import distributed_c10d as c10d
 
@@ -134,6 +141,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         self._coalesce_state = coalesce_state()
         self._mfsdp: dict[int, Any] = {}
         """Megatron-FSDP buffer id -> its buckets' sites (``router_fsdp``)."""
+        self.first_use = FirstUse()
+        """Guards the first call of each site on a new pool entry (``first_use``)."""
 
     # -------------------------------------------------------------- configuration
     def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
@@ -194,13 +203,15 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                 op, name = "all_gather", "param_all_gather"
                 tensors = [b.param_data for b in bucket_group.buckets]
             if known is None:
-                known = (f"{info.name}.{name}[{tag}]", op, tensor_nbytes(tensors), dtype_name(tensors), info)
+                facts = {"reduce_op": bucket_reduce_op(bucket_group, kind), "parts": bucket_parts(tensors),
+                         "registered": bucket_registration(bucket_group, self.registry.registered_pools.get(info.name))}
+                known = (f"{info.name}.{name}[{tag}]", op, tensor_nbytes(tensors), dtype_name(tensors), info, facts)
             self._buckets[key] = known
         if known is ONE_RANK:  # data parallel 1: no data moves, never a site
             return orig(bucket_group, *args, **kwargs)
-        site_id, op, nbytes, dtype, info = known
+        site_id, op, nbytes, dtype, info, facts = known
         if self.registry.recording:
-            self.registry.record(site_id, op=op, nbytes=nbytes, dtype=dtype, group=info)
+            self.registry.record(site_id, op=op, nbytes=nbytes, dtype=dtype, group=info, facts=facts)
         _, pool_group, chunk = self._route(site_id, info)
         profiler = self.profiler
         timed = profiler.timed
@@ -210,6 +221,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         self._scope = ("bucket", (chunk, info))
         if pool_group is not None:
             setattr(bucket_group, attr, pool_group)
+            if self.first_use.armed:
+                orig = self.first_use.guard_bucket(site_id, orig, bucket_group, attr, group)
         t0 = profiler.mark() if timed else None
         try:
             result = orig(bucket_group, *args, **kwargs)
@@ -277,8 +290,9 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                 rec.calls += 1
             else:
                 tname = call.tname
+                reduce_op = call_reduce_op(op, args, kwargs)
                 registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[call.tindex],
-                                       group=call.info)
+                                       group=call.info, facts=None if reduce_op is None else {"reduce_op": reduce_op})
         route = self._routes.get(site_id) or self._resolve(site_id, call.info)
         chunk = 0
         if route[0] is not None:
@@ -287,6 +301,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                 self.calls_routed += 1
                 pool_group = route[1]
                 if pool_group is not None:
+                    if self.first_use.armed:  # the own group's arguments, before the swap below
+                        orig = self.first_use.guard(site_id, orig, args, dict(kwargs))
                     if group_in_args:
                         args = args[:gi] + (pool_group,) + args[gi + 1:]
                     else:  # the wrapper's own ``**kwargs`` dict (patches): nobody else holds it

@@ -6,10 +6,11 @@ Transformer Engine v2.18 all-gathers a quantized input (MXFP8, NVFP4, FP8 block 
 several synchronous ``torch.distributed.all_gather_into_tensor`` calls (data and scale-inverses,
 row-wise and/or column-wise) inside one ``torch.distributed._coalescing_manager(group=...,
 device=..., async_ops=async_op)``: ``_start_all_gather_fp8_blockwise`` (TE v2.18
-``pytorch/distributed.py:1076-1223``, manager at ``:1156-1201``), ``_all_gather_nvfp4``
-(``:1324-1506``, manager at ``:1410-1492``) and ``_all_gather_mxfp8`` (``:1509-1637``, manager at
-``:1584-1634``). ``gather_along_first_dim`` (``:1640-1794``) dispatches to them by the input's
-or quantizer's type (``:1700-1745``), looking them up as module globals at call time. The
+``pytorch/distributed.py:1076-1223``, manager at ``:1156-1200``; ``_all_gather_fp8_blockwise`` in
+v2.3-v2.11, the same call, TE's ``_FP8BlockwiseAllGatherAsyncHandle`` around the manager),
+``_all_gather_nvfp4`` (``:1324-1506``, manager at ``:1410-1494``) and ``_all_gather_mxfp8``
+(``:1509-1637``, manager at ``:1584-1634``). ``gather_along_first_dim`` (``:1640-1790``) dispatches to them by the input's
+or quantizer's type (``:1709-1749``), looking them up as module globals at call time. The
 column-parallel backward calls it with ``async_op=True`` (``module/linear.py:947-951``,
 ``layernorm_linear.py:764-768``, ``layernorm_mlp.py:1189-1193``) and waits the returned handle
 (the manager, or TE's ``_AsyncHandle`` / ``_NVFP4AllGatherAsyncHandle`` around it, whose

@@ -1,63 +1,77 @@
 """Megatron-FSDP routing of the ``SiteRouter``: per-unit parameter all-gathers and gradient reduce-scatters.
 
 A mixin of ``router.SiteRouter`` (it uses its registry, profiler, pool and route cache). The
-names are those of megatron-core 0.16.1's ``distributed/fsdp/src/megatron_fsdp/
-param_and_grad_buffer.py`` (Megatron-FSDP 0.3.1, the copy megatron-core imports, also in
-Megatron-LM's main; the ``megatron-fsdp`` 0.6.1 package on PyPI has the same names), which
-``--use-megatron-fsdp`` wraps every model chunk with (``distributed/fsdp/mcore_fsdp_adapter.py``):
+names are those of ``distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py`` in
+megatron-core 0.16.1 (Megatron-FSDP 0.3.1, the copy megatron-core imports), 0.17.1 (0.4.0) and
+0.18.2 (0.5.1), also in the ``megatron-fsdp`` 0.6.1 package; ``--use-megatron-fsdp`` wraps every
+model chunk with it (``distributed/fsdp/mcore_fsdp_adapter.py``). Line numbers are 0.16.1's, then
+0.17.1's and 0.18.2's:
 
-* ``AllGatherPipeline.all_gather_params(params, ..., bwd)`` (``:3447-3627``), called by the
-  forward and backward pre-hooks of every module (``megatron_fsdp.py:680-711,808-829``): for each
-  bucket group to gather (the unit's, and prefetched ones) it opens
-  ``_coalescing_manager(dp_group, async_ops=async_param_gather)`` (``:3605-3613``), the group
-  read from the bucket's buffer (``data_parallel_group``), and calls ``async_bucket_gather``
-  (``:3719-3759``) per bucket, whose ``all_gather_into_tensor(..., group=wbuf.data_parallel_group,
-  async_op=True)`` the manager queues; the manager itself is the handle kept for the bucket
-  (``:3615-3621``) and waited by ``wait_bucket_ready`` (``:3629-3647``). In every micro-batch,
-  forward and backward (the parameters are freed after each use).
+* ``AllGatherPipeline.all_gather_params(params, ..., bwd)`` (``:3447-3627``, ``:3921-4107``,
+  ``:3975-4163``), called by the forward and backward pre-hooks of every module through
+  ``all_gather_and_wait_parameters_ready`` (0.16.1 ``megatron_fsdp.py:432,680-711,808-829``): for
+  each bucket group to gather (the unit's, and prefetched ones) it opens
+  ``_coalescing_manager(dp_group, async_ops=async_param_gather)`` on the group of
+  ``get_fsdp_buffer(buckets[0])`` (``:3605-3613``, ``:4085-4093``, ``:4141-4149``) and calls
+  ``async_bucket_gather(bucket_id, bwd)`` (``:3718-3758``, ``:4206-4250``, ``:4263-4310``) per
+  bucket, whose ``all_gather_into_tensor(..., group=wbuf.data_parallel_group, async_op=True)``,
+  ``wbuf = get_fsdp_buffer(bucket_id, bwd)``, the manager queues; the manager itself is the handle
+  kept for the bucket and waited by ``wait_bucket_ready``. In every micro-batch, forward and
+  backward (the parameters are freed after each use).
 * ``GradReducePipeline._bucket_group_gradient_reduce(bucket_group, async_op, ...)``
-  (``:3182-3342``), called when a bucket group's gradients are all ready, every micro-batch:
-  ``_coalescing_manager(dp_group)`` (synchronous, on its reduce-scatter stream on GPU) around one
-  ``reduce_scatter_tensor`` (``all_reduce`` with ``no_shard``) per bucket on
-  ``gbuf.data_parallel_group``; an event recorded after it is what the pipeline waits.
+  (``:3182-3341``, ``:3566-3815``, ``:3600-3849``), called when a bucket group's gradients are all
+  ready, every micro-batch: ``_coalescing_manager(dp_group)`` (synchronous, on its reduce-scatter
+  stream on GPU) around one ``reduce_scatter_tensor`` (``all_reduce`` with ``no_shard``) per bucket
+  on ``get_fsdp_buffer(bucket_id).data_parallel_group``; an event recorded after it is what the
+  pipeline waits. With hybrid FSDP a second manager on the outer group follows.
 * ``_coalescing_manager``: the module's own name for torch's (imported at ``:32``).
 
-A bucket group is one site per op: ``<group>.param_all_gather[<tag>]`` and
-``<group>.grad_reduce_scatter[<tag>]`` (``grad_all_reduce`` without sharding), with the tags of
-``SiteRegistry.fsdp_bucket_tags`` (the simulator's ids). Routing swaps the
-``data_parallel_group`` of the buffers involved for the call: for a reduction, the gradient
-buffers of its bucket group; for ``all_gather_params``, whose bucket groups (prefetch included)
-are chosen inside, the weight buffers of every routed bucket, so each manager and its inner
-calls see one group. The manager inside is timed: an asynchronous gather by its handle (the
-consumer's ``wait``), a reduction as synchronous (on GPU its events are on the stream it runs
-on). Bytes are those of the inner calls. Not sites: the outer (hybrid FSDP) group's gathers and
-reductions, and the per-bucket gathers ``start_param_sync(force_sync=True)`` issues outside any
-manager (they pass straight through).
+Which buffer a bucket is communicated in is the pipeline's ``get_fsdp_buffer`` (AllGather
+``:3705-3716``, ``:4190-4204``, ``:4247-4261``; GradReduce ``:3175-3180``, ``:3559-3564``,
+``:3593-3598``), and the router asks it rather than naming buffers: with HSDP and a sharded outer
+level the collectives run on the DP-Shard group of 0.16.1's ``hsdp_wbuf`` / ``hsdp_gbuf``, of
+0.17+'s ``hfsdp_helper_wbuf`` / ``hfsdp_helper_wtbuf`` / ``hfsdp_helper_gbuf``, while the model
+buffers keep the whole data-parallel group. A bucket group is one site per op:
+``<group>.param_all_gather[<tag>]`` and ``<group>.grad_reduce_scatter[<tag>]`` (``grad_all_reduce``
+without sharding), ``<group>`` being that buffer's, with the tags of
+``SiteRegistry.fsdp_bucket_tags`` (the simulator's ids). Routing swaps the ``data_parallel_group``
+of those buffers for the call, and only of a buffer over the site group's own ranks: for a
+reduction, the gradient buffers of its bucket group; for ``all_gather_params``, whose bucket
+groups (prefetch included) are chosen inside, the buffers of every routed bucket that the call
+can gather from (the transposed ones too in backward), so each manager and its inner calls see
+one group. The manager inside is timed: an asynchronous gather by its handle (the consumer's
+``wait``), a reduction as synchronous (on GPU its events are on the stream it runs on). Bytes are
+those of the inner calls. Not sites: the outer (hybrid FSDP) group's gathers and reductions, and
+the per-bucket gathers ``start_param_sync(force_sync=True)`` issues outside any manager (they pass
+straight through).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from lagom_megatron.megatron.call_facts import call_reduce_op
 from lagom_megatron.megatron.sites import ONE_RANK, dtype_name, tensor_nbytes
 
-_WEIGHT_BUFFERS = ("model_weight_buffer", "transpose_weight_buffer", "hsdp_wbuf")
-"""``ParameterGroup`` attributes of the buffers an all-gather may read its group from (``get_fsdp_buffer``, ``:3705-3716``)."""
 _TENSOR = {"all_gather": ("output_tensor", 0), "reduce_scatter": ("input", 1), "all_reduce": ("tensor", 0)}
+_UNSEEN: Any = object()
 
 
 class _Buffer:
     """What the router keeps of one Megatron-FSDP ``ParamAndGradBuffer``: each bucket's sites."""
 
-    __slots__ = ("gather", "reduce", "swaps", "swaps_for")
+    __slots__ = ("tags", "gather", "reduce", "swaps", "swaps_for")
 
-    def __init__(self, gather: list, reduce: list) -> None:
-        self.gather = gather
-        """Per bucket id: (site id, group info) of its all-gather, or ``ONE_RANK``."""
-        self.reduce = reduce
-        """Per bucket id: (site id, group info) of its gradient reduction, or ``ONE_RANK``."""
-        self.swaps: list[tuple[Any, Any]] = []
-        """(weight buffer, pool entry) of every routed all-gather under the routes ``swaps_for``."""
+    def __init__(self, tags: list[str]) -> None:
+        self.tags = tags
+        self.gather: list | None = None
+        """Per bucket id: (site id, group info) of its all-gather, or ``ONE_RANK`` (from the
+        ``AllGatherPipeline``'s ``get_fsdp_buffer``, on its first gather)."""
+        self.reduce: list | None = None
+        """Per bucket id: (site id, group info) of its gradient reduction, or ``ONE_RANK`` (from the
+        ``GradReducePipeline``'s ``get_fsdp_buffer``, on its first reduction)."""
+        self.swaps: dict[bool, list[tuple[Any, Any]]] = {}
+        """``bwd`` -> (weight buffer, pool entry) of every routed all-gather under the routes ``swaps_for``."""
         self.swaps_for: Any = None
 
 
@@ -65,13 +79,14 @@ class _Manager:
     """One Megatron-FSDP call being routed: which bucket its coalesced manager gathers or reduces,
     and what that manager's inner calls moved."""
 
-    __slots__ = ("sites", "gather", "bucket", "done", "calls", "nbytes", "dtype")
+    __slots__ = ("sites", "gather", "bucket", "done", "calls", "nbytes", "dtype", "reduce_op")
 
     def __init__(self, sites: list, *, gather: bool, bucket: int | None = None) -> None:
         self.sites, self.gather, self.bucket = sites, gather, bucket
         self.done = False
         """The reduction's manager has exited: a later one (the hybrid-FSDP outer group's) is not the site."""
         self.calls, self.nbytes, self.dtype = 0, 0, "float32"
+        self.reduce_op: str | None = None
 
 
 class _Coalesced:
@@ -136,43 +151,47 @@ class FsdpRouting:
     def _resolve(self, site_id: str, info: Any) -> tuple[Any, Any, int]:  # provided by SiteRouter
         raise NotImplementedError
 
-    def _mfsdp_buffer(self, buffer: Any) -> _Buffer | None:
-        """The sites of ``buffer``'s buckets, described once (None: ``bind_model`` did not see it)."""
-        known = self._mfsdp.get(id(buffer))
-        if known is None and id(buffer) not in self._mfsdp:
+    def _mfsdp_state(self, buffer: Any) -> _Buffer | None:
+        """What the router keeps of ``buffer`` (None: ``bind_model`` did not see it)."""
+        known = self._mfsdp.get(id(buffer), _UNSEEN)
+        if known is _UNSEEN:
             tags = self.registry.fsdp_bucket_tags(buffer)
-            if tags is not None:
-                lookup = self.registry.groups.lookup
-                no_shard = buffer.ddp_config.data_parallel_sharding_strategy == "no_shard"
-                reduce_name = "grad_all_reduce" if no_shard else "grad_reduce_scatter"
-
-                def sites(bufs: tuple[str, ...], name: str) -> list:
-                    out = []
-                    for tag, g in zip(tags, buffer.parameter_groups):
-                        buf = next((b for b in (getattr(g, a, None) for a in bufs) if b is not None), None)
-                        info = lookup(buf.data_parallel_group) if buf is not None else None
-                        out.append((f"{info.name}.{name}[{tag}]", info) if info is not None and info.size > 1
-                                   else ONE_RANK)
-                    return out
-
-                known = _Buffer(sites(("hsdp_wbuf", "model_weight_buffer") if not no_shard else (), "param_all_gather"),
-                                sites(("hsdp_gbuf", "main_grad_buffer"), reduce_name))
-            self._mfsdp[id(buffer)] = known
+            known = self._mfsdp[id(buffer)] = _Buffer(tags) if tags is not None else None
         return known
+
+    def _mfsdp_sites(self, tags: list[str], buffers: list[Any], name: str) -> list:
+        """(site id, group info) per bucket, named after the group of the buffer Megatron-FSDP
+        communicates the bucket in (``get_fsdp_buffer``), or ``ONE_RANK`` (no buffer, one rank)."""
+        lookup = self.registry.groups.lookup
+        out = []
+        for tag, buf in zip(tags, buffers):
+            info = lookup(buf.data_parallel_group) if buf is not None else None
+            out.append((f"{info.name}.{name}[{tag}]", info) if info is not None and info.size > 1 else ONE_RANK)
+        return out
+
+    def _same_ranks(self, buf: Any, info: Any) -> bool:
+        """Whether ``buf`` communicates over ``info``'s ranks (only then may a pool entry of that group stand in)."""
+        return buf is not None and self.registry.groups.lookup(buf.data_parallel_group).ranks == info.ranks
 
     def mfsdp_all_gather(self, pipeline: Any, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``AllGatherPipeline.all_gather_params``: its coalesced bucket-group gathers are sites."""
-        state = self._mfsdp_buffer(pipeline.buffer) if self.active else None
+        state = self._mfsdp_state(pipeline.buffer) if self.active else None
         if state is None:
             return orig(pipeline, *args, **kwargs)
+        if state.gather is None:
+            n = len(state.tags)
+            state.gather = self._mfsdp_sites(state.tags, [pipeline.get_fsdp_buffer(i) for i in range(n)], "param_all_gather")
+        bwd = bool(kwargs["bwd"] if "bwd" in kwargs else len(args) > 6 and args[6])
         routes = self._routes
         if state.swaps_for is not routes:  # the weight buffers of every routed gather, once per assignment
-            state.swaps = self._mfsdp_swaps(pipeline.buffer, state)
-            state.swaps_for = routes
+            state.swaps, state.swaps_for = {}, routes
+        swaps = state.swaps.get(bwd)
+        if swaps is None:
+            swaps = state.swaps[bwd] = self._mfsdp_swaps(pipeline, state, bwd)
         prev = self._scope
         self._scope = ("mfsdp", _Manager(state.gather, gather=True))
-        originals = [(buf, buf.data_parallel_group) for buf, _ in state.swaps]
-        for buf, entry in state.swaps:
+        originals = [(buf, buf.data_parallel_group) for buf, _ in swaps]
+        for buf, entry in swaps:
             buf.data_parallel_group = entry
         try:
             return orig(pipeline, *args, **kwargs)
@@ -181,14 +200,26 @@ class FsdpRouting:
                 buf.data_parallel_group = group
             self._scope = prev
 
-    def _mfsdp_swaps(self, buffer: Any, state: _Buffer) -> list[tuple[Any, Any]]:
-        swaps = []
-        for (site, g) in zip(state.gather, buffer.parameter_groups):
+    def _mfsdp_swaps(self, pipeline: Any, state: _Buffer, bwd: bool) -> list[tuple[Any, Any]]:
+        """(buffer, pool entry) for each routed bucket: the buffer whose group the manager opens on
+        (``get_fsdp_buffer(bucket)``) and, in backward, the one the bucket is gathered from
+        (``get_fsdp_buffer(bucket, bwd=True)``: the transposed weights, where there are any)."""
+        swaps: list[tuple[Any, Any]] = []
+        groups = pipeline.buffer.parameter_groups
+        for i, site in enumerate(state.gather):
             if site is ONE_RANK:
                 continue
-            route = self._routes.get(site[0]) or self._resolve(site[0], site[1])
-            if route[1] is not None:
-                swaps.extend((b, route[1]) for b in (getattr(g, a, None) for a in _WEIGHT_BUFFERS) if b is not None)
+            entry = (self._routes.get(site[0]) or self._resolve(site[0], site[1]))[1]
+            if entry is None:
+                continue
+            bufs = [pipeline.get_fsdp_buffer(i)]
+            if bwd and getattr(groups[i], "transpose_weight_buffer", None) is not None:
+                try:
+                    bufs.append(pipeline.get_fsdp_buffer(i, bwd=True))
+                except RuntimeError:  # mc 0.16.1 HSDP has no transposed buffer: Megatron-FSDP raises at that gather
+                    pass
+            swaps.extend((b, entry) for b in bufs
+                         if self._same_ranks(b, site[1]) and all(b is not s for s, _ in swaps))
         return swaps
 
     def mfsdp_bucket(self, pipeline: Any, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -207,18 +238,27 @@ class FsdpRouting:
 
     def mfsdp_reduce(self, pipeline: Any, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``GradReducePipeline._bucket_group_gradient_reduce(bucket_group, ...)``: one site, routed."""
-        state = self._mfsdp_buffer(pipeline.buffer) if self.active else None
-        bucket_group = kwargs["bucket_group"] if "bucket_group" in kwargs else args[0]
-        if state is None or state.reduce[bucket_group[0]] is ONE_RANK:
+        state = self._mfsdp_state(pipeline.buffer) if self.active else None
+        if state is None:
             return orig(pipeline, *args, **kwargs)
-        site_id, info = state.reduce[bucket_group[0]]
-        route = self._routes.get(site_id) or self._resolve(site_id, info)
+        if state.reduce is None:
+            no_shard = pipeline.buffer.ddp_config.data_parallel_sharding_strategy == "no_shard"
+            state.reduce = self._mfsdp_sites(state.tags, [pipeline.get_fsdp_buffer(i) for i in range(len(state.tags))],
+                                             "grad_all_reduce" if no_shard else "grad_reduce_scatter")
+        bucket_group = kwargs["bucket_group"] if "bucket_group" in kwargs else args[0]
+        site = state.reduce[bucket_group[0]]
+        if site is ONE_RANK:
+            return orig(pipeline, *args, **kwargs)
+        site_id, info = site
+        entry = (self._routes.get(site_id) or self._resolve(site_id, info))[1]
         swapped = []
-        if route[1] is not None:
+        if entry is not None:
             for b in bucket_group:
                 buf = pipeline.get_fsdp_buffer(b)
-                swapped.append((buf, buf.data_parallel_group))
-                buf.data_parallel_group = route[1]
+                if self._same_ranks(buf, info):
+                    swapped.append((buf, buf.data_parallel_group))
+        for buf, _ in swapped:
+            buf.data_parallel_group = entry
         prev = self._scope
         self._scope = ("mfsdp", _Manager(state.reduce, gather=False, bucket=bucket_group[0]))
         try:
@@ -247,6 +287,7 @@ class FsdpRouting:
             call.calls += 1
             call.nbytes += tensor_nbytes(t)
             call.dtype = dtype_name(t)
+            call.reduce_op = call_reduce_op(op, args, kwargs)
         return orig(*args, **kwargs)
 
     def _mfsdp_done(self, manager: _Coalesced) -> None:
@@ -259,7 +300,8 @@ class FsdpRouting:
         site_id, info = site
         if self.registry.recording:
             op = "all_gather" if call.gather else ("reduce_scatter" if "scatter" in site_id else "all_reduce")
-            self.registry.record(site_id, op=op, nbytes=call.nbytes, dtype=call.dtype, group=info)
+            self.registry.record(site_id, op=op, nbytes=call.nbytes, dtype=call.dtype, group=info,
+                                 facts=None if call.reduce_op is None else {"reduce_op": call.reduce_op})
         if (self._routes.get(site_id) or self._resolve(site_id, info))[0] is not None:
             self.calls_routed += 1
         if manager.t0 is None:

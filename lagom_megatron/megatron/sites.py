@@ -67,13 +67,16 @@ class SiteRecord:
     dtype: str
     group: GroupInfo
     calls: int = 0
+    facts: dict | None = None
+    """The call's reduction, coalesced parts and buffer registration (``call_facts``), as
+    ``CollectiveSite`` fields; None: none recorded."""
 
     def to_site(self, *, calls_per_iter: int | None = None) -> CollectiveSite:
         """The engine's ``CollectiveSite`` for this record."""
         return CollectiveSite(
             site_id=self.site_id, op=self.op, nbytes=int(self.nbytes), dtype=self.dtype,
             group=self.group.name, group_size=self.group.size, n_nodes=self.group.n_nodes,
-            calls_per_iter=max(1, calls_per_iter or self.calls),
+            calls_per_iter=max(1, calls_per_iter or self.calls), **(self.facts or {}),
         )
 
 
@@ -141,6 +144,8 @@ class SiteRegistry:
         self.records: dict[str, SiteRecord] = {}
         self.recording = True
         """Whether this iteration's calls are recorded in ``records`` (see ``start_iteration``)."""
+        self.registered_pools: dict[str, list] = {}
+        """Group name -> the NCCL memory pools its DDP buffers are registered in (``call_facts``)."""
         self._bucket_tags: dict[int, str] = {}
         self._fsdp_buffers: dict[int, int] = {}
         """``id`` of a Megatron-FSDP ``ParamAndGradBuffer`` -> its model chunk (``bind_model``)."""
@@ -215,9 +220,12 @@ class SiteRegistry:
         id), or None when ``bind_model`` did not see the buffer.
 
         Megatron-FSDP (megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp/
-        param_and_grad_buffer.py:1271-1502``, ``_get_parameter_groups``) puts the parameters of
-        each FSDP unit module (a ``TransformerLayer``) in buckets by dtype and expert-ness, and
-        coalesces each unit's non-expert and expert buckets into one bucket group; parameters
+        param_and_grad_buffer.py:1271-1502``, 0.17.1 / 0.18.2 ``:1349-1580``,
+        ``_get_parameter_groups``) puts the parameters of each FSDP unit module (a
+        ``TransformerLayer``) in buckets by dtype, expert-ness and chunk-size factor, and coalesces
+        the buckets of one unit and kind into one bucket group (key ``(fsdp_unit_id,
+        is_expert_param)``, 0.16.1 ``:1475-1497``): a unit's non-expert buckets form one group, its
+        expert buckets another, and every bucket of a group has the group's tag. Parameters
         outside every unit (embedding, final norm, output layer) get buckets of their own. Units
         are numbered in backward order like DDP buckets (the last layer is ``bucket0``), the same
         ids the simulator's FSDP workload uses (``sim/workload_fsdp.py``):
@@ -283,17 +291,19 @@ class SiteRegistry:
         s = self.stream(group, kind, per_microbatch=per_microbatch)
         return s.next_id(), (self.num_microbatches if per_microbatch and s.period else 1)
 
-    def record(self, site_id: str, *, op: str, nbytes: int, dtype: str, group: GroupInfo) -> SiteRecord:
+    def record(self, site_id: str, *, op: str, nbytes: int, dtype: str, group: GroupInfo,
+               facts: dict | None = None) -> SiteRecord:
         """Counts one call of ``site_id`` (creating its record on first sight this iteration)."""
         rec = self.records.get(site_id)
         if rec is None:
-            rec = self.records[site_id] = SiteRecord(site_id=site_id, op=op, nbytes=nbytes, dtype=dtype, group=group)
+            rec = self.records[site_id] = SiteRecord(site_id=site_id, op=op, nbytes=nbytes, dtype=dtype, group=group,
+                                                     facts=facts)
         elif nbytes > rec.nbytes:
             rec.nbytes = nbytes
         rec.calls += 1
         return rec
 
-    def record_tensor(self, site_id: str, *, op: str, tensor: Any, group: GroupInfo) -> None:
+    def record_tensor(self, site_id: str, *, op: str, tensor: Any, group: GroupInfo, facts: dict | None = None) -> None:
         """``record`` that sizes ``tensor`` only on the first call of the site in an iteration.
 
         Calls of one site id carry tensors of one size (ids are per call position), so later
@@ -302,7 +312,7 @@ class SiteRegistry:
         rec = self.records.get(site_id)
         if rec is None:
             self.records[site_id] = SiteRecord(site_id=site_id, op=op, nbytes=tensor_nbytes(tensor),
-                                               dtype=dtype_name(tensor), group=group, calls=1)
+                                               dtype=dtype_name(tensor), group=group, calls=1, facts=facts)
         else:
             rec.calls += 1
 

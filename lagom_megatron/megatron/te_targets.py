@@ -2,7 +2,8 @@
 
 ``patches.install`` replaces the names these functions return. They are looked up where the
 calling code looks them up at run time, checked against Transformer Engine v2.18 (git tag
-``v2.18``; the same names exist in 1.x/2.x releases) and torch 2.4-2.13:
+``v2.18``; the module and autograd-function names exist in 1.x/2.x releases, the quantized gathers
+since the versions ``QUANTIZED_GATHERS`` gives) and torch 2.6-2.14:
 
 Transformer Engine (``transformer_engine.pytorch``):
 
@@ -19,9 +20,10 @@ Transformer Engine (``transformer_engine.pytorch``):
   ``torch.distributed`` module (``distributed.py:1784-1789,948-950``), and the dgrad all-reduce
   without sequence parallelism through ``torch.distributed.all_reduce`` (``distributed.py:2025``);
 * ``distributed._all_gather_mxfp8`` / ``_all_gather_nvfp4`` / ``_start_all_gather_fp8_blockwise``
-  (``distributed.py:1509,1324,1076``): the gather of a quantized input, several synchronous
-  ``all_gather_into_tensor`` calls in one ``_coalescing_manager`` (``router_coalesced``), which
-  ``gather_along_first_dim`` looks up as module globals (``distributed.py:1700-1745``);
+  (``distributed.py:1509,1324,1076``; ``_all_gather_fp8_blockwise`` in v2.3-v2.11): the gather of
+  a quantized input, several synchronous ``all_gather_into_tensor`` calls in one
+  ``_coalescing_manager`` (``router_coalesced``), which ``gather_along_first_dim`` looks up as
+  module globals (``distributed.py:1709-1749``);
 * ``DotProductAttention`` (``attention/dot_product_attention/dot_product_attention.py``): reads
   ``self.cp_group`` at forward;
 * the context-parallel module ``attention/dot_product_attention/context_parallel.py``:
@@ -76,9 +78,13 @@ class TeTargets:
     """The names of ``QUANTIZED_GATHERS`` this TE has."""
 
 
-QUANTIZED_GATHERS = ("_all_gather_mxfp8", "_all_gather_nvfp4", "_start_all_gather_fp8_blockwise")
-"""TE v2.18 ``pytorch/distributed.py`` helpers that gather a quantized tensor in one coalesced
-call (MXFP8 ``:1509``, NVFP4 ``:1324``, FP8 block scaling ``:1076``)."""
+QUANTIZED_GATHERS = ("_all_gather_mxfp8", "_all_gather_nvfp4", "_start_all_gather_fp8_blockwise",
+                     "_all_gather_fp8_blockwise")
+"""TE ``pytorch/distributed.py`` helpers that gather a quantized tensor in one coalesced call,
+each ``(inp, process_group, *, async_op, quantizer, out_shape) -> (out, handle)``: MXFP8 (v2.0+,
+v2.18 ``:1509``), NVFP4 (v2.8+, v2.18 ``:1324``), FP8 block scaling (v2.12+
+``_start_all_gather_fp8_blockwise``, v2.18 ``:1076``; v2.3-v2.11 ``_all_gather_fp8_blockwise``,
+v2.11 ``:1066``, synchronous only before v2.5)."""
 
 
 _TE_MODULES = (("module.linear", "Linear", "_Linear"), ("module.layernorm_linear", "LayerNormLinear", "_LayerNormLinear"),
@@ -155,23 +161,25 @@ def find_fsdp2_param_group() -> type | None:
 
 MEGATRON_FSDP_MODULES = ("megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer",
                          "megatron_fsdp.param_and_grad_buffer")
-"""Where Megatron-FSDP's pipelines live: the copy megatron-core imports (0.16.1 and Megatron-LM's
-main, ``distributed/fsdp/mcore_fsdp_adapter.py``), and the ``megatron-fsdp`` package's."""
+"""Where Megatron-FSDP's pipelines live: the copy megatron-core imports (0.16.1-0.18.2 and
+Megatron-LM's main, ``distributed/fsdp/mcore_fsdp_adapter.py:48``), and the ``megatron-fsdp``
+package's."""
 
 
 def find_megatron_fsdp() -> list[ModuleType]:
     """Each importable Megatron-FSDP ``param_and_grad_buffer`` module with ``AllGatherPipeline``
-    (``all_gather_params``, ``async_bucket_gather``), ``GradReducePipeline``
-    (``_bucket_group_gradient_reduce``) and its own ``_coalescing_manager`` name
-    (``router_fsdp``); empty when none is installed."""
+    (``all_gather_params``, ``async_bucket_gather``, ``get_fsdp_buffer``), ``GradReducePipeline``
+    (``_bucket_group_gradient_reduce``, ``get_fsdp_buffer``) and its own ``_coalescing_manager``
+    name (``router_fsdp``); empty when none is installed."""
     found = []
     for path in MEGATRON_FSDP_MODULES:
         mod = _import(path)
         if mod is None or any(m is mod for m in found):
             continue
         ag, rs = getattr(mod, "AllGatherPipeline", None), getattr(mod, "GradReducePipeline", None)
-        if (callable(getattr(mod, "_coalescing_manager", None)) and hasattr(ag, "all_gather_params")
-                and hasattr(ag, "async_bucket_gather") and hasattr(rs, "_bucket_group_gradient_reduce")):
+        if (callable(getattr(mod, "_coalescing_manager", None))
+                and all(hasattr(ag, n) for n in ("all_gather_params", "async_bucket_gather", "get_fsdp_buffer"))
+                and all(hasattr(rs, n) for n in ("_bucket_group_gradient_reduce", "get_fsdp_buffer"))):
             found.append(mod)
     return found
 

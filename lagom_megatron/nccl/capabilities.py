@@ -37,9 +37,11 @@ from typing import Any
 
 from lagom_megatron.nccl.options import KNOB_OVERRIDES, nccl_config_fields, runtime_nccl_version
 
-ALGORITHM_SWITCHES: tuple[str, ...] = ("NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE", "NCCL_PAT_ENABLE")
+ALGORITHM_SWITCHES: tuple[str, ...] = ("NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE", "NCCL_PAT_ENABLE", "NCCL_NET_PLUGIN")
 """Variables that enable or disable algorithms (recorded so ranks agree on them; they shape the
-algorithm domain, they do not remove the knob)."""
+algorithm domain, they do not remove the knob). ``NCCL_NET_PLUGIN``: a network plugin may offload
+the network to the device (``NCCL_NET_DEVICE_UNPACK``), and NCCL runs no PAT then
+(``src/graph/tuning.cc:215-221``)."""
 
 RECORDED_PREFIXES: tuple[str, ...] = ("NCCL_", "TORCH_NCCL_")
 
@@ -322,7 +324,11 @@ def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, 
     * algorithms NCCL disables on this communicator: NVLS / NVLSTree without NVLS support
       (``src/enqueue.cc:2004-2006``), NVLS across nodes without CollNet (``enqueue.cc:2008``,
       ``tuning.cc:503-506``), CollNet without ``NCCL_COLLNET_ENABLE=1`` (``tuning.cc:503-506``),
-      PAT with ``NCCL_PAT_ENABLE=0`` (``tuning.cc:215``).
+      PAT with ``NCCL_PAT_ENABLE=0`` (``tuning.cc:215``), and PAT under a network plugin named by
+      ``NCCL_NET_PLUGIN``: NCCL runs PAT only with a host network device (``tuning.cc:220``), and
+      which device type a plugin reports is not readable from here, so any plugin counts as
+      offloading (with the variable unset NCCL may still load ``libnccl-net.so``: the first-call
+      check, ``megatron.first_use``, catches a refused PAT there).
     """
     d = dict(domains)
     warnings = []
@@ -344,6 +350,8 @@ def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, 
             if alg.startswith("CollNet") and not caps.collnet:
                 continue
             if alg == "PAT" and str(caps.switch("NCCL_PAT_ENABLE") or "2").strip() == "0":
+                continue
+            if alg == "PAT" and str(caps.switch("NCCL_NET_PLUGIN") or "none").strip().lower() not in ("none", ""):
                 continue
             keep.append(alg)
         d["algorithm"] = tuple(keep) if len(keep) > 1 else (None,)

@@ -19,6 +19,7 @@ PER_COMMUNICATOR_OVERRIDES: dict[str, str] = {
     "NCCL_NVLS_NCHANNELS": "ncclConfig_t.nvlsCTAs",
     "NCCL_MIN_NCHANNELS": "ncclConfig_t.minCTAs (deprecated name)",
     "NCCL_MAX_NCHANNELS": "ncclConfig_t.maxCTAs (deprecated name)",
+    "NCCL_NCHANNELS_PER_NET_PEER": "ncclConfig_t.nChannelsPerNetPeer (src/init.cc:2038-2047)",
 }
 """Variable -> the per-communicator field it overrides in every communicator."""
 
@@ -80,6 +81,9 @@ def validate_env(env: dict[str, str]) -> None:
         elif key == "NCCL_NTHREADS":
             if not value.isdigit() or int(value) not in N_THREADS:
                 raise invalid_value("NCCL_NTHREADS", value, list(N_THREADS))
+        elif key == "NCCL_NCHANNELS_PER_NET_PEER":
+            if not value.isdigit() or not 1 <= int(value) <= 64 or int(value) & (int(value) - 1):
+                raise invalid_value("NCCL_NCHANNELS_PER_NET_PEER", value, "powers of two 1..64 (NCCL rounds up to one)")
         elif key == "NCCL_BUFFSIZE":
             if not value.isdigit() or int(value) <= 0 or int(value) & (int(value) - 1):
                 raise invalid_value("NCCL_BUFFSIZE", value, "powers of two (bytes)")

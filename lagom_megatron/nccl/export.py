@@ -12,7 +12,9 @@
   Rows are per (communicator, op, byte size), what a tuner plugin can tell apart: sites with the
   same key and the same exported config share one row (a comment lists them); sites with the same
   key and different configs are refused (``ValueError`` naming both): the search must give sites
-  NCCL cannot tell apart one decision, and the table never picks one silently.
+  NCCL cannot tell apart one decision, and the table never picks one silently. A coalesced call
+  (a DDP bucket group) gets one row per NCCL bin of its tensors (``bins.nccl_bins``). nNodes is
+  always -1 (any): NCCL's node count is NVLink domains, not hosts.
 
   * 10 columns (default): the format of NCCL's own example tuner plugin
     (``plugins/tuner/example/plugin.c`` at NCCL v2.30.7), and it reads every row as lagom's plugin
@@ -39,6 +41,7 @@ from typing import Any
 
 from lagom_megatron.engine.knobs import P2P_OPS
 from lagom_megatron.nccl import plugin_status
+from lagom_megatron.nccl.bins import nccl_bins
 from lagom_megatron.nccl.env_vars import validate_env
 from lagom_megatron.nccl.rules import tuner_call_key, validate_cta_range
 from lagom_megatron.engine.plan import Plan, PlanEntry
@@ -171,20 +174,26 @@ def tuner_rows(plan: Plan, *, extended: bool) -> list[TunerRow]:
                     str(c.n_channels if c.n_channels is not None else -1))
         if extended:
             decision += (str(c.chunk_size if c.chunk_size is not None else -1),)
-        # the search's key (tuner_call_key: one decision per key) plus what the plugin also
-        # matches on (nNodes, nRanks); the 10 columns have no tag, so every group counts as one
-        call = tuner_call_key(group=e.group if extended else "*", op=e.op, nbytes=e.nbytes)
-        key = (*call, e.n_nodes or -1, e.group_size or -1)
-        if key in rows:
-            first, first_decision = rows[key][0][0], rows[key][1]
-            if decision != first_decision:
-                raise ValueError(
-                    f"sites {first} and {site_id} are the same collective to a tuner plugin (tag {key[0]!r}, "
-                    f"{TUNER_COLLECTIVE[e.op]}, {key[2]} bytes, {key[3]} node(s), {key[4]} ranks) but have different configs "
-                    f"{first_decision} and {decision}; the plan must give them one decision")
-            rows[key][0].append(site_id)
-            continue
-        rows[key] = ([site_id], decision)
+        # one row per getCollInfo NCCL makes for the call (bins.nccl_bins: a coalesced bucket group
+        # is asked about once per (dtype, within-4x) aggregate), keyed by the search's key
+        # (tuner_call_key: one decision per key) and nRanks; the 10 columns have no tag, so every
+        # group counts as one. nNodes is -1: NCCL counts an NVLink domain as one node
+        # (src/init.cc:1285-1297), so on multi-node NVLink a host count would never match; the tag
+        # and nRanks identify the communicator.
+        for nbytes in nccl_bins(e.parts, nbytes=e.nbytes):
+            call = tuner_call_key(group=e.group if extended else "*", op=e.op, nbytes=nbytes)
+            key = (*call, -1, e.group_size or -1)
+            if key in rows:
+                first, first_decision = rows[key][0][0], rows[key][1]
+                if decision != first_decision:
+                    raise ValueError(
+                        f"sites {first} and {site_id} are the same collective to a tuner plugin (tag {key[0]!r}, "
+                        f"{TUNER_COLLECTIVE[e.op]}, {key[2]} bytes, {key[4]} ranks) but have different configs "
+                        f"{first_decision} and {decision}; the plan must give them one decision")
+                if site_id not in rows[key][0]:
+                    rows[key][0].append(site_id)
+                continue
+            rows[key] = ([site_id], decision)
     out = []
     for (tag, op, nbytes, n_nodes, n_ranks), (sites, decision) in rows.items():
         cells = (TUNER_COLLECTIVE[op], str(nbytes), str(nbytes), *decision[:3], str(n_nodes), str(n_ranks), "-1", "-1")

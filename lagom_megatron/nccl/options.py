@@ -44,9 +44,13 @@ NONBLOCKING_ENV = "TORCH_NCCL_USE_COMM_NONBLOCKING"
 
 KNOWN_CONFIG_FIELDS: frozenset[str] = frozenset({
     "blocking", "cga_cluster_size", "min_ctas", "max_ctas", "net_name", "split_share",
-    "traffic_class", "collnet_enable", "cta_policy", "nvls_ctas", "comm_name",
+    "traffic_class", "collnet_enable", "cta_policy", "nvls_ctas", "comm_name", "n_channels_per_net_peer",
 })
-"""NCCLConfig attributes some torch release binds (torch 2.5-2.7: the first six; 2.8+: four more)."""
+"""NCCLConfig attributes some torch release binds (torch 2.5-2.7: the first six; 2.8+: four more).
+``n_channels_per_net_peer`` (``ncclConfig_t.nChannelsPerNetPeer``, NCCL 2.28) is bound by no torch
+release we read (``torch/csrc/distributed/c10d/init.cpp`` at pytorch ce00583b binds blocking,
+cga_cluster_size, min_ctas, max_ctas, split_share, traffic_class, collnet_enable, cta_policy,
+nvls_ctas and net_name): it is detected, never assumed, and used where a torch binds it."""
 
 CTA_POLICIES: dict[str, int] = {"DEFAULT": 0, "EFFICIENCY": 1, "ZERO": 2}
 """ncclConfig_t.CTAPolicy values (NCCL_CTA_POLICY_*; ZERO usable from NCCL 2.28)."""
@@ -98,6 +102,7 @@ KNOB_OVERRIDES: dict[str, tuple[str, ...]] = {
     "NCCL_LL128_BUFFSIZE": ("chunk_size",),
     "NCCL_CGA_CLUSTER_SIZE": ("cga_cluster_size",),
     "NCCL_CTA_POLICY": ("cta_policy",),
+    "NCCL_NCHANNELS_PER_NET_PEER": ("net_peer_channels",),
 }
 """Variable -> the knobs it fixes for every communicator of the process. NCCL_MIN/MAX_CTAS,
 NCCL_CGA_CLUSTER_SIZE, NCCL_CTA_POLICY and NCCL_NVLS_NCHANNELS override the ``ncclConfig_t`` field
@@ -212,6 +217,15 @@ def nccl_options_for(config: CommConfig, *, fields: Iterable[str] | None = None,
             raise ValueError(f"cga_cluster_size must be an integer in 0..8; got {c!r}")
         need("cga_cluster_size", "cga_cluster_size", ">= 2.1")
         out["cga_cluster_size"] = c
+    if config.net_peer_channels is not None:
+        n = config.net_peer_channels
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64 or n & (n - 1):
+            raise ValueError(f"net_peer_channels must be a power of two in 1..64; got {n!r}")
+        if version < (2, 28, 0):
+            raise ValueError(f"net_peer_channels as ncclConfig_t.nChannelsPerNetPeer needs NCCL >= 2.28; runtime "
+                             f"NCCL is {'.'.join(map(str, version))} (NCCL_NCHANNELS_PER_NET_PEER sets it per process)")
+        need("n_channels_per_net_peer", "net_peer_channels", "built with NCCL >= 2.28 that binds it")
+        out["n_channels_per_net_peer"] = n
     if config.cta_policy is not None:
         name = str(config.cta_policy).upper()
         if name not in CTA_POLICIES:

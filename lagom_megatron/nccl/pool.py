@@ -230,11 +230,16 @@ class NcclPoolBackend:
 
     * tuner plugin: algorithm, protocol, channels and chunk size are per call, from the plan table.
       Every non-default config gets an entry keyed by its communicator-scope knobs (CTA policy, CGA
-      cluster size) and the table, created with CTA bounds ``min = max`` = the plan's largest
-      channel count among the group's sites (``cta_bounds``): NCCL caps the plugin's ``*nChannels`` at the communicator's channel
-      count (``src/enqueue.cc`` ``topoGetAlgoInfo``), and both bounds make that count the bound
-      (``src/graph/connect.cc:496-503``). An entry of group ``dp`` is tagged ``dp/<key>``
-      (``pool_entry_tag``), so the rows the exporter tags ``dp`` reach it.
+      cluster size), its CTA bounds and the table. A config that sets a channel count runs on an
+      entry with CTA bounds ``min = max`` = the plan's largest channel count among the group's
+      collective sites (``cta_bounds``): NCCL caps the plugin's ``*nChannels`` at the
+      communicator's channel count (``src/enqueue.cc:583``, ``:598-599``), and both bounds make
+      that count the bound (``src/graph/connect.cc:503-505``, NVIDIA/nccl v2.30.7). A config that
+      leaves channels to NCCL runs on an entry with NCCL's own bounds: ``topoGetAlgoInfo`` starts
+      from ``comm->nChannels`` (``src/enqueue.cc:2070``), so a bounded entry would run it at the
+      bound. A point-to-point config runs on an entry bounded at its own channel count
+      (``p2p_configs``). An entry of group ``dp`` is tagged ``dp/<key>`` (``pool_entry_tag``), so the
+      rows the exporter tags ``dp`` reach it.
     * communicator (no plugin): one entry per distinct (n_channels, algorithm, protocol,
       cta_policy, cga_cluster_size), applied with ``ncclConfig_t`` and NCCL_ALGO/NCCL_PROTO.
 
@@ -268,8 +273,12 @@ class NcclPoolBackend:
         plan's largest channel count); None = NCCL's."""
         self.cta_bounds: dict[str, int] = {}
         """Group name -> CTA bounds of its plugin-mode entries: the largest channel count the plan
-        gives that group's sites (a tp entry is not made with the dp sites' 64 channels: each
-        channel costs ring buffers, ``estimate_entry_bytes``)."""
+        gives that group's collective sites (a tp entry is not made with the dp sites' 64 channels:
+        each channel costs ring buffers, ``estimate_entry_bytes``)."""
+        self.p2p_configs: dict[str, set[CommConfig]] = {}
+        """Group name -> the configs the plan gives its point-to-point sites: their plugin-mode entry
+        has CTA bounds ``min = max`` = the config's own channel count, which is how NCCL bounds P2P
+        channels (``comm->p2pnChannels``, ``engine.p2p``); the tuner table has no row for P2P."""
         self.nvls_heads = 0
         """Ranks of an NVLink domain when NVLS can run (agreed capabilities), for ``estimate_bytes``."""
         self.status_reader = status_reader
@@ -282,11 +291,19 @@ class NcclPoolBackend:
 
     def _entry_config(self, config: CommConfig, group: str | None = None) -> CommConfig:
         if self._plugin:  # per-call knobs travel through the plugin table
-            # a group the plan gives no channel count keeps NCCL's own (None)
-            bound = self.cta_bounds.get(group) if group is not None and self.cta_bounds else self.cta_bound
-            return CommConfig(n_channels=bound, cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
+            if config.n_channels is None:
+                # the row leaves channels to NCCL, which starts from comm->nChannels (src/enqueue.cc:2070):
+                # an entry with NCCL's own CTA bounds, so the site runs at the count NCCL would choose
+                bound = None
+            elif group is not None and config in self.p2p_configs.get(group, ()):
+                bound = config.n_channels  # P2P: the bound is the knob (engine.p2p), no row applies
+            else:  # a group the plan gives no channel count keeps NCCL's own (None)
+                bound = self.cta_bounds.get(group) if group is not None and self.cta_bounds else self.cta_bound
+            return CommConfig(n_channels=bound, cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size,
+                              net_peer_channels=config.net_peer_channels)
         return CommConfig(n_channels=config.n_channels, algorithm=config.algorithm, protocol=config.protocol,
-                          cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size)
+                          cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size,
+                          net_peer_channels=config.net_peer_channels)
 
     def entry_key(self, config: CommConfig, group: str | None = None) -> tuple | None:
         """None when the group's own communicator serves ``config`` (all defaults, or, without the
@@ -303,11 +320,12 @@ class NcclPoolBackend:
 
         def part(v: Any) -> str:
             return "any" if v is None else str(v)
+        peer = () if entry.net_peer_channels is None else ("npp", str(entry.net_peer_channels))
         if self._plugin:  # the table is part of the key: the plugin reads it at communicator creation
             return ("plugin", part(entry.cta_policy), part(entry.cga_cluster_size), part(entry.n_channels),
-                    self.table_id or "env-table")
+                    self.table_id or "env-table", *peer)
         return ("env", part(entry.n_channels), part(entry.algorithm), part(entry.protocol),
-                part(entry.cta_policy), part(entry.cga_cluster_size))
+                part(entry.cta_policy), part(entry.cga_cluster_size), *peer)
 
     def estimate_bytes(self, config: CommConfig, group: str | None = None) -> int:
         """``estimate_entry_bytes`` of the entry of ``group`` that serves ``config``."""
@@ -375,6 +393,26 @@ class NcclPoolBackend:
         return create_nccl_pool_entry(list(ranks), self._entry_config(config, group), tag=self.tag_for(desc, group),
                                       use_tuner_plugin=self._plugin, tuner_table=self.tuner_table if self._plugin else None,
                                       inherited=parent_options(parent) if parent is not None else None)
+
+    def register_memory(self, group: Any, pools: list[tuple[Any, bool]]) -> None:
+        """Registers each NCCL memory pool of ``pools`` ((``torch.cuda.MemPool``, symmetric)) with the
+        entry ``group``'s NCCL backend, as megatron-core registers its DDP buffers on their own group
+        (core_v0.16.1 ``nccl_allocator.py:163-182``: ``backend.register_mem_pool(pool, symm=...)``,
+        without ``symm`` on a torch that lacks it). torch binds ``ProcessGroupNCCL.register_mem_pool``
+        (``torch/csrc/distributed/c10d/init.cpp``); NCCL then finds the calls' buffers registered
+        (``ncclRegFind``, ``src/enqueue.cc:2141-2146``) and keeps the registered algorithms.
+
+        Raises:
+            RuntimeError: torch or NCCL refused a registration (the pool step reverts).
+        """
+        import torch
+
+        backend = group._get_backend(torch.device("cuda", torch.cuda.current_device()))
+        for pool, symmetric in pools:
+            try:
+                backend.register_mem_pool(pool, symm=symmetric)
+            except TypeError:  # a torch whose register_mem_pool has no symm argument
+                backend.register_mem_pool(pool)
 
     def destroy_group(self, group: Any) -> None:
         """Destroys one entry (``torch.distributed.destroy_process_group``; frees its communicator)."""

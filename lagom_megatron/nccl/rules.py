@@ -14,8 +14,8 @@ mechanisms):
 searches only what it returns, so a plan never holds a knob the mechanism cannot apply. The
 simulated cluster (``lagom_megatron.sim``) models NCCL and uses the same rules.
 
-Where NCCL itself clamps silently (``NCCL_NTHREADS=480`` -> 512), lagom refuses instead: a value
-that NCCL would change behind our back makes the cost model's prediction wrong.
+Value checks live in ``nccl.validate`` and the per-call algorithm rules in ``nccl.algorithms``;
+both are re-exported here.
 """
 
 from __future__ import annotations
@@ -25,14 +25,21 @@ from typing import Any
 
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import (
-    ALGORITHMS, ALGORITHMS_FOR_OP, CGA_CLUSTER_SIZES, CTA_POLICIES, KNOB_ORDER, N_THREADS, P2P_OPS, PROTOCOLS,
-    PROTOCOLS_FOR_ALGORITHM, CommConfig, Scope, chunk_domain, invalid_value, max_channels,
+    ALGORITHMS_FOR_OP, KNOB_ORDER, N_THREADS, NET_PEER_CHANNELS, P2P_OPS, CommConfig, Scope, chunk_domain,
+    invalid_value, max_channels,
 )
+from lagom_megatron.nccl.algorithms import algorithms_for, call_algorithms
+from lagom_megatron.nccl.bins import nccl_bins
 from lagom_megatron.nccl.budget import channel_cap, group_share
 from lagom_megatron.nccl.capabilities import Capabilities, fixed_knob_warning, restrict_domains
 from lagom_megatron.nccl.tuner_abi import (  # noqa: F401 (public here too)
     LAGOM_TUNER_ABI_MIN, TUNER_ABI_SINCE, check_mechanism, default_mechanism, tuner_abi,
 )
+from lagom_megatron.nccl.validate import CHUNK_RULES, validate_config, validate_cta_range
+
+__all__ = ["BACKENDS", "CHUNK_RULES", "MECHANISMS", "NcclRules", "algorithms_for", "applicable", "domains", "knob_scope",
+           "probe_configs", "process_env", "tuner_abi", "tuner_call_key", "validate_config", "validate_cta_range",
+           "check_mechanism", "default_mechanism"]
 
 MECHANISMS: tuple[str, ...] = ("tuner", "communicator", "env")
 """How a plan reaches NCCL (module docstring); ``tuner`` is the default."""
@@ -40,22 +47,10 @@ MECHANISMS: tuple[str, ...] = ("tuner", "communicator", "env")
 BACKENDS: tuple[str, ...] = ("nccl", "sim")
 """Profile / plan labels these rules serve: real NCCL, and the simulated cluster that models it."""
 
-_ALGORITHM_SINCE: dict[str, tuple[int, int, int]] = {
-    "Ring": (2, 0, 0), "Tree": (2, 4, 0), "NVLS": (2, 17, 0), "NVLSTree": (2, 18, 0),
-    "CollNetDirect": (2, 14, 0), "CollNetChain": (2, 14, 0), "PAT": (2, 23, 0),
-}
-"""First NCCL release of each algorithm."""
 
-CHUNK_RULES: dict[str, dict[str, int]] = {
-    "Simple": {"min": 4096, "max": 524288, "multiple": 0},
-    "LL": {"min": 1024, "max": 32768, "multiple": 0},
-    "LL128": {"min": 3840, "max": 576000, "multiple": 120},
-}
-"""Chunk sizes NCCL can use per protocol, bytes. Simple and LL: powers of two up to one step of
-the default buffer (NCCL_BUFFSIZE 4 MiB / NCCL_STEPS 8; LL buffer 512 KiB of 16-byte lines half of
-which are flags, / 8 steps); LL128: multiples of 120 data bytes per 128-byte line up to one step
-of its 4,915,200-byte buffer (x 120/128 / 8). NCCL clamps larger values to the buffer (tuner v6)."""
-
+P2P_CHANNEL_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+"""CTA bounds the search tries for a point-to-point site: ``p2pnChannels`` is the bound rounded up to a
+power of two (NVIDIA/nccl v2.30.7 ``src/graph/paths.cc:977-991``), so other bounds add nothing."""
 
 def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, int, int] = (2, 27, 5)) -> Scope | None:
     """The widest unit a knob can differ over, or None when the mechanism cannot set it at all.
@@ -80,6 +75,10 @@ def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, 
         return None if v < (2, 27, 0) else ("process" if mechanism == "env" else "communicator")
     if knob == "cga_cluster_size":
         return None if v < (2, 17, 0) else ("process" if mechanism == "env" else "communicator")
+    if knob == "net_peer_channels":
+        # NCCL_NCHANNELS_PER_NET_PEER (2.12+, a cached NCCL_PARAM: one value per process); the
+        # ncclConfig_t field (2.28+) is per communicator only where torch binds it (NcclRules.scope)
+        return None if v < (2, 12, 0) else "process"
     if mechanism == "env":
         return None if knob == "chunk_size" else "process"
     if mechanism == "communicator":
@@ -94,44 +93,8 @@ def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, 
     return "call" if abi >= 3 else "communicator"
 
 
-def algorithms_for(*, op: str, cluster: ClusterSpec, n_nodes: int = 1, group_size: int = 2) -> tuple[str, ...]:
-    """Algorithms NCCL can run for ``op`` on ``cluster`` (empty for point-to-point ops).
-
-    NVLS/NVLSTree need NVSwitch and sm90+ (NVLSTree only across nodes, NVLS across nodes only with
-    CollNet); CollNet needs IB SHARP and more than one node; PAT needs one rank per node and is
-    never offered for reduce-scatter (NCCL 2.30 ``src/enqueue.cc:2010-2012`` skips it when the
-    reduction is AVG, and Megatron's gradient reduce-scatter averages when
-    ``average_in_collective`` is set; sites do not record the reduction); each algorithm needs its
-    first NCCL version.
-    """
-    if op not in ALGORITHMS_FOR_OP:
-        return ()
-    v = cluster.nccl
-    out = []
-    for alg in ALGORITHMS_FOR_OP[op]:
-        if v < _ALGORITHM_SINCE[alg]:
-            continue
-        if alg in ("NVLS", "NVLSTree") and not (cluster.nvswitch and cluster.sm_arch >= 90):
-            continue
-        if alg == "NVLSTree" and n_nodes < 2:
-            continue
-        if alg in ("NVLS", "NVLSTree") and group_size <= 2 * n_nodes:
-            continue  # two GPUs per NVLink domain: a direct copy, nothing for the switch to do (our rule)
-        if alg == "NVLS" and n_nodes > 1 and op != "all_reduce":
-            continue  # NVLS all-gather / reduce-scatter are modelled inside one NVLink domain only
-        if alg == "NVLS" and n_nodes > 1 and not cluster.collnet:
-            continue  # NCCL disables NVLS across nodes without CollNet (2.30 src/enqueue.cc:2008)
-        if alg.startswith("CollNet") and not (cluster.collnet and n_nodes > 1):
-            continue
-        if alg == "PAT" and group_size != n_nodes:
-            continue
-        if alg == "PAT" and op == "reduce_scatter":
-            continue  # NCCL skips PAT for reduce-scatter with AVG (src/enqueue.cc:2010-2012); sites do not record the op
-        out.append(alg)
-    return tuple(out)
-
-
-def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int = 2, mechanism: str = "tuner") -> dict[str, tuple]:
+def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int = 2, mechanism: str = "tuner",
+            reduce_op: str | None = None) -> dict[str, tuple]:
     """The values the search scans for each knob of one site (``(None,)`` = left to NCCL).
 
     These are subsets of what ``validate_config`` accepts, chosen so that a scan of each knob is
@@ -145,16 +108,23 @@ def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int 
     """
     scope = {k: knob_scope(k, mechanism=mechanism, nccl_version=cluster.nccl) for k in KNOB_ORDER}
     out: dict[str, tuple] = {k: (None,) for k in KNOB_ORDER}
-    if op in P2P_OPS:
-        return out  # NCCL's tuner is not consulted for point-to-point; CTAs not capped (nccl#1598)
     cap = max_channels(cluster)
+    if op in P2P_OPS:
+        # NCCL's tuner is never asked about point-to-point; the communicator's CTA bounds set its
+        # P2P channels (a power of two, ``engine.p2p``), so only powers of two are distinct values;
+        # across nodes also the channels per network peer
+        out["n_channels"] = tuple(c for c in P2P_CHANNEL_GRID if c <= cap)
+        if scope["net_peer_channels"] is not None and cluster.nccl_nodes(n_nodes, group_size) > 1:
+            out["net_peer_channels"] = (None,) + NET_PEER_CHANNELS
+        return out
     out["n_channels"] = tuple(c for c in (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64) if c <= cap)
     if scope["chunk_size"] is not None:
         out["chunk_size"] = (None,) + chunk_domain(None)
     out["n_threads"] = N_THREADS
     if mechanism == "env":
         return out  # a process-wide algorithm or protocol would hit every op: never searched
-    algs = algorithms_for(op=op, cluster=cluster, n_nodes=n_nodes, group_size=group_size)
+    algs = algorithms_for(op=op, cluster=cluster, n_nodes=cluster.nccl_nodes(n_nodes, group_size), group_size=group_size,
+                          reduce_op=reduce_op)
     if scope["algorithm"] is not None and algs:
         out["algorithm"] = algs
     protos = ("LL", "LL128", "Simple") if cluster.sm_arch >= 80 else ("LL", "Simple")
@@ -165,102 +135,16 @@ def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int 
     return out
 
 
-def validate_config(config: CommConfig, *, op: str, cluster: ClusterSpec, mechanism: str = "tuner", n_nodes: int = 1,
-                    group_size: int | None = None) -> None:
-    """Checks every set knob of ``config`` against NCCL's documented domain for ``op`` on ``cluster``.
-
-    Rules (research notes, ecosystem section 5): algorithm and protocol names as NCCL spells
-    them, algorithm implemented for the op and the hardware, protocol run by the algorithm,
-    LL128 never forced through the environment (silent corruption, nccl#786/#1261), n_threads
-    in {64, 128, 256, 512}, 1 <= n_channels <= 64 (32 before NCCL 2.25), chunk size within the
-    protocol's buffer step and granularity, CTA policy name, CGA cluster size 0..8 (sm90+).
-
-    Raises:
-        ValueError: the first offending knob, with its value and the allowed set.
-    """
-    mech = mechanism
-    group_size = group_size or max(2, n_nodes * getattr(cluster, "gpus_per_node", 1))  # whole nodes
-    c = config
-    if c.algorithm is not None:
-        if c.algorithm not in ALGORITHMS:
-            raise invalid_value("algorithm", c.algorithm, list(ALGORITHMS), "unknown NCCL algorithm")
-        if op not in ALGORITHMS_FOR_OP:
-            raise invalid_value("algorithm", c.algorithm, [None], f"op {op!r} is point-to-point")
-        if c.algorithm not in ALGORITHMS_FOR_OP[op]:
-            raise invalid_value("algorithm", c.algorithm, list(ALGORITHMS_FOR_OP[op]), f"not implemented for {op}")
-        ok = algorithms_for(op=op, cluster=cluster, n_nodes=n_nodes, group_size=group_size)
-        if c.algorithm not in ok:
-            raise invalid_value("algorithm", c.algorithm, list(ok),
-                        f"not available on {cluster.name} (sm{cluster.sm_arch}, NCCL {cluster.nccl_version}, {n_nodes} node(s))")
-    if c.protocol is not None:
-        if c.protocol not in PROTOCOLS:
-            raise invalid_value("protocol", c.protocol, list(PROTOCOLS), "unknown NCCL protocol")
-        if op in P2P_OPS:
-            raise invalid_value("protocol", c.protocol, [None], f"op {op!r} is point-to-point")
-        if c.protocol == "LL128" and mech != "tuner":
-            raise invalid_value("protocol", c.protocol, ["LL", "Simple"],
-                        "forcing LL128 through NCCL_PROTO can corrupt data silently; only the tuner plugin may prefer it")
-        if c.algorithm is not None and c.protocol not in PROTOCOLS_FOR_ALGORITHM[c.algorithm]:
-            raise invalid_value("protocol", c.protocol, list(PROTOCOLS_FOR_ALGORITHM[c.algorithm]), f"with algorithm {c.algorithm}")
-    if c.n_threads is not None and (isinstance(c.n_threads, bool) or c.n_threads not in N_THREADS):
-        raise invalid_value("n_threads", c.n_threads, list(N_THREADS), "NCCL_NTHREADS")
-    if c.n_channels is not None:
-        cap = max_channels(cluster)
-        if isinstance(c.n_channels, bool) or not isinstance(c.n_channels, int) or not 1 <= c.n_channels <= cap:
-            raise invalid_value("n_channels", c.n_channels, f"integers 1..{cap} (NCCL {cluster.nccl_version})")
-        if op in P2P_OPS and mech == "tuner":
-            raise invalid_value("n_channels", c.n_channels, [None], f"the tuner plugin cannot cap {op} (nccl#1598)")
-    if c.chunk_size is not None:
-        if mech != "tuner" or cluster.nccl < (2, 30, 0):
-            raise invalid_value("chunk_size", c.chunk_size, [None], f"per-call chunk size needs the tuner plugin v6 (NCCL >= 2.30); have NCCL {cluster.nccl_version}, mechanism {mech}")
-        _check_chunk(c.chunk_size, c.protocol or "Simple")
-    if c.cta_policy is not None and c.cta_policy not in CTA_POLICIES:
-        raise invalid_value("cta_policy", c.cta_policy, list(CTA_POLICIES))
-    if c.cga_cluster_size is not None:
-        if isinstance(c.cga_cluster_size, bool) or c.cga_cluster_size not in CGA_CLUSTER_SIZES:
-            raise invalid_value("cga_cluster_size", c.cga_cluster_size, "integers 0..8")
-        if cluster.sm_arch < 90 and c.cga_cluster_size != 0:
-            raise invalid_value("cga_cluster_size", c.cga_cluster_size, [0], f"thread-block clusters need sm90+; {cluster.name} is sm{cluster.sm_arch}")
-
-
-def _check_chunk(chunk: int, protocol: str) -> None:
-    rule = CHUNK_RULES[protocol]
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or not rule["min"] <= chunk <= rule["max"]:
-        raise invalid_value("chunk_size", chunk, f"{rule['min']}..{rule['max']} bytes for protocol {protocol}")
-    if rule["multiple"]:
-        if chunk % rule["multiple"]:
-            raise invalid_value("chunk_size", chunk, f"multiples of {rule['multiple']} bytes for protocol {protocol} (120 data bytes per 128-byte line)")
-    elif chunk & (chunk - 1):
-        raise invalid_value("chunk_size", chunk, f"powers of two for protocol {protocol}")
-
-
-def validate_cta_range(min_ctas: int | None, max_ctas: int | None, *, cluster: ClusterSpec) -> None:
-    """Checks a communicator's CTA range as written to ncclConfig_t / Megatron's YAML.
-
-    Both ends must be given (NCCL PR#2256: ``min_ctas`` alone reaches NCCL as 4/-2147483648 and
-    fails with ncclInvalidArgument), integers, and 1 <= min_ctas <= max_ctas <= 64 (32 before 2.25).
-
-    Raises:
-        ValueError: names the missing end, or the numbers that break the rule.
-    """
-    if (min_ctas is None) != (max_ctas is None):
-        given, missing = ("min_ctas", "max_ctas") if max_ctas is None else ("max_ctas", "min_ctas")
-        raise ValueError(f"a CTA range needs both ends: {given} is set but {missing} is not (NCCL rejects a one-sided range)")
-    if min_ctas is None:
-        return
-    cap = max_channels(cluster)
-    for name, value in (("min_ctas", min_ctas), ("max_ctas", max_ctas)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= cap:
-            raise invalid_value(name, value, f"integers 1..{cap} (NCCL {cluster.nccl_version})")
-    if min_ctas > max_ctas:
-        raise ValueError(f"min_ctas ({min_ctas}) must be <= max_ctas ({max_ctas})")
-
-
 def applicable(config: CommConfig, *, op: str) -> CommConfig:
     """``config`` without the knobs that do not apply to ``op`` on NCCL (probe configs are applied
-    to all sites at once; a send/recv site keeps only what NCCL's P2P path honours)."""
+    to all sites at once). A send/recv or all-to-all site keeps only what NCCL's P2P path honours:
+    the communicator's channel count and channels per network peer (``engine.p2p``); its kernel
+    runs ``NCCL_MAX_NTHREADS`` whatever ``NCCL_NTHREADS`` says (NVIDIA/nccl v2.30.7
+    ``src/enqueue.cc:1136``)."""
     if op in P2P_OPS:
-        return CommConfig(n_threads=config.n_threads)
+        return CommConfig(n_channels=config.n_channels, net_peer_channels=config.net_peer_channels)
+    if config.net_peer_channels is not None:
+        config = CommConfig(**{**config.to_dict(), "net_peer_channels": None})
     if config.algorithm is not None and config.algorithm not in ALGORITHMS_FOR_OP.get(op, ()):
         return CommConfig(**{**config.to_dict(), "algorithm": None})
     return config
@@ -287,13 +171,17 @@ def process_env(chosen: dict[str, list[int]]) -> dict[str, str]:
 
     ``n_threads`` -> ``NCCL_NTHREADS`` = the largest picked, left unset when every site keeps
     NCCL's 512; ``n_channels`` (``env`` mechanism) -> ``NCCL_MIN_CTAS=1`` and ``NCCL_MAX_CTAS`` =
-    the largest picked, both ends always set (NCCL PR 2256: a one-sided range fails).
+    the largest picked, both ends always set (NCCL PR 2256: a one-sided range fails);
+    ``net_peer_channels`` -> ``NCCL_NCHANNELS_PER_NET_PEER`` (it overrides the ``ncclConfig_t``
+    field of every communicator, NVIDIA/nccl v2.30.7 ``src/init.cc:2038-2047``).
     """
     env: dict[str, str] = {}
     if chosen.get("n_threads") and set(chosen["n_threads"]) != {512}:
         env["NCCL_NTHREADS"] = str(max(chosen["n_threads"]))
     if chosen.get("n_channels"):
         env["NCCL_MIN_CTAS"], env["NCCL_MAX_CTAS"] = "1", str(max(chosen["n_channels"]))
+    if chosen.get("net_peer_channels"):
+        env["NCCL_NCHANNELS_PER_NET_PEER"] = str(max(chosen["net_peer_channels"]))
     return env
 
 
@@ -350,19 +238,52 @@ class NcclRules:
             raise ValueError(f"NCCL rules serve backends {list(BACKENDS)}; got {self.backend!r}")
 
     def scope(self, knob: str) -> Scope | None:
-        """``knob_scope`` under this mechanism and the cluster's NCCL version."""
-        return knob_scope(knob, mechanism=self.mechanism, nccl_version=self.cluster.nccl)
+        """``knob_scope`` under this mechanism and the cluster's NCCL version; ``net_peer_channels``
+        is per communicator where the run's torch binds ``NCCLConfig.n_channels_per_net_peer`` on
+        NCCL 2.28+ (agreed capabilities; no released torch we read does)."""
+        scope = knob_scope(knob, mechanism=self.mechanism, nccl_version=self.cluster.nccl)
+        if (knob == "net_peer_channels" and scope is not None and self.mechanism != "env" and self.capabilities is not None
+                and self.cluster.nccl >= (2, 28, 0) and "n_channels_per_net_peer" in self.capabilities.config_fields):
+            return "communicator"
+        return scope
 
-    def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2) -> dict[str, tuple]:
-        """``domains`` of one site of ``op`` spanning ``n_nodes`` nodes and ``group_size``
+    def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None) -> dict[str, tuple]:
+        """``domains`` of one site of ``op`` spanning ``n_nodes`` hosts and ``group_size``
         ranks, cut to the run's capabilities when there are any, channels cut to ``channel_cap``."""
-        d = domains(cluster=self.cluster, op=op, n_nodes=n_nodes, group_size=group_size, mechanism=self.mechanism)
+        d = domains(cluster=self.cluster, op=op, n_nodes=n_nodes, group_size=group_size, mechanism=self.mechanism,
+                    reduce_op=reduce_op)
         if self.capabilities is not None:
-            d, _ = restrict_domains(d, self.capabilities, op=op, n_nodes=n_nodes, mechanism=self.mechanism)
+            d, _ = restrict_domains(d, self.capabilities, op=op, n_nodes=self.cluster.nccl_nodes(n_nodes, group_size),
+                                    mechanism=self.mechanism)
+            if self.scope("net_peer_channels") != "communicator":
+                d["net_peer_channels"] = (None,)  # a process-wide value: read once, before any plan
         cap = self.channel_cap()
         if cap is not None and d["n_channels"] != (None,):
             d["n_channels"] = tuple(n for n in d["n_channels"] if n is None or n <= cap) or (None,)
         return d
+
+    def site_domains(self, site: Any) -> tuple[dict[str, tuple], str]:
+        """``domains`` of one ``CollectiveSite`` cut by its call (``algorithms.call_algorithms``: no
+        NVLS for a reduction and dtype NCCL has none for), all knobs left to NCCL where its buffers
+        are registered on the group's own communicator only (``registered = fixed``), and a note
+        on each such cut, on a pool entry that registers the site's memory pool, and on a site that
+        needs one tuner row per NCCL bin (``bins.nccl_bins``)."""
+        d = self.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size, reduce_op=site.reduce_op)
+        notes = []
+        d["algorithm"], why = call_algorithms(d["algorithm"], op=site.op, reduce_op=site.reduce_op, dtype=site.dtype,
+                                              parts=site.parts)
+        if why:
+            notes.append(why)
+        if site.registered == "fixed":
+            d = {k: (None,) for k in d}
+            notes.append("registered buffers (--use-nccl-ub) that only the group's own communicator holds: kept there, "
+                         "NCCL's choice (a pool entry cannot register a memory pool megatron-core does not keep)")
+        elif site.registered == "pool":
+            notes.append("registered buffers (--use-nccl-ub): its pool entry registers the same NCCL memory pool")
+        bins = nccl_bins(site.parts, nbytes=site.nbytes)
+        if len(bins) > 1 and self.mechanism == "tuner" and any(len(v) > 1 for v in d.values()):
+            notes.append(f"{len(bins)} tuner rows, one per NCCL bin of its tensors ({', '.join(map(str, bins))} bytes)")
+        return d, "; ".join(notes)
 
     def channel_cap(self) -> int | None:
         """Largest channel count a pool entry of one group may have under the budget
@@ -382,6 +303,16 @@ class NcclRules:
                                                        ["n_channels"]) > 1})
         return replace(self, budget_groups=tuple(groups))
 
+    def call_keys(self, site: Any) -> list[tuple[str, str, int]]:
+        """``call_key`` of each NCCL bin of ``site``'s call (``bins.nccl_bins``): sites sharing any
+        key share the table rows of that key, so they get one decision."""
+        out = []
+        for nbytes in nccl_bins(site.parts, nbytes=site.nbytes):
+            k = self.call_key(group=site.group, op=site.op, nbytes=nbytes)
+            if k is not None:
+                out.append(k)
+        return out
+
     def call_key(self, *, group: str, op: str, nbytes: int) -> tuple[str, str, int] | None:
         """Which sites NCCL cannot tell apart under this mechanism (``SearchProblem.tie_indistinguishable``).
 
@@ -390,7 +321,9 @@ class NcclRules:
         (group, op, bytes) share a table row: key ``(group, op, nbytes)``. Communicator and env
         mechanisms give each distinct config its own communicator (or one value per job): None.
         """
-        return tuner_call_key(group=group, op=op, nbytes=nbytes) if self.mechanism == "tuner" else None
+        if self.mechanism != "tuner" or op in P2P_OPS:
+            return None  # P2P has no table row: its sites are told apart by the entry they are routed to
+        return tuner_call_key(group=group, op=op, nbytes=nbytes)
 
     def warnings(self) -> list[str]:
         """One line per knob a variable of the run fixes (so the search leaves it alone)."""
@@ -420,16 +353,19 @@ class NcclRules:
         """``applicable``: what of ``config`` NCCL honours for ``op``."""
         return applicable(config, op=op)
 
-    def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None) -> None:
-        """``validate_config`` under this mechanism on the cluster; with capabilities, also refuses
-        a knob whose domain they empty (names the knob and why).
+    def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None,
+                 reduce_op: str | None = None, dtype: str | None = None) -> None:
+        """``validate_config`` under this mechanism on the cluster (with the call's reduction and
+        dtype where known); with capabilities, also refuses a knob whose domain they empty (names
+        the knob and why).
 
         Raises:
             ValueError: the first knob that cannot be applied.
         """
-        validate_config(config, op=op, cluster=self.cluster, mechanism=self.mechanism, n_nodes=n_nodes, group_size=group_size)
+        validate_config(config, op=op, cluster=self.cluster, mechanism=self.mechanism, n_nodes=n_nodes, group_size=group_size,
+                        reduce_op=reduce_op, dtype=dtype)
         if self.capabilities is not None:
-            d = self.domains(op=op, n_nodes=n_nodes, group_size=group_size or 2)
+            d = self.domains(op=op, n_nodes=n_nodes, group_size=group_size or 2, reduce_op=reduce_op)
             for knob, value in config.to_dict().items():
                 if knob in d and (d[knob] == (None,) or (knob == "algorithm" and value not in d[knob])):
                     raise invalid_value(knob, value, list(d[knob]), f"not applicable under mechanism {self.mechanism} "

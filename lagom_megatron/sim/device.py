@@ -37,7 +37,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.p2p import P2P_CHUNK_BYTES, kernel_ctas, p2p_channels, pow2_up, task_channels
 from lagom_megatron.sim.channel_defaults import topology_channels
 
 KIB = 1024
@@ -274,6 +277,26 @@ def _default_channels(gpu: Gpu, c: Collective, algorithm: str, protocol: str) ->
     return int(min(base, by_size, gpu.max_channels))
 
 
+def p2p_kernel_channels(gpu: Gpu, c: Collective, cta_bound: int | None, net_peer: int | None = None) -> int:
+    """CTAs of a send/recv or all-to-all on a communicator with CTA bounds ``min = max = cta_bound``
+    (None: NCCL's own, the topology's channel count for a Ring). NCCL's rule (``engine.p2p``): the
+    communicator's channels give ``p2pnChannels``, the topology's channels per peer
+    (``channel_defaults.P2P_CHANNELS``, or across nodes ``net_peer`` = nChannelsPerNetPeer when set)
+    are cut to it, and each task of the call takes channels by its bytes; the kernel runs one CTA per
+    channel used."""
+    comm = cta_bound if cta_bound is not None else topology_channels(
+        intra_link=gpu.intra_link, sm_arch_key=gpu.arch_key, n_nodes=c.n_nodes, algorithm="Ring")
+    p2p = p2p_channels(min(max(1, int(comm)), gpu.max_channels))
+    topo = topology_channels(intra_link=gpu.intra_link, sm_arch_key=gpu.arch_key, n_nodes=c.n_nodes, algorithm="P2P")
+    per = np.minimum(p2p, pow2_up(net_peer if net_peer and c.n_nodes > 1 else topo))
+    a2a = c.op == "all_to_all"
+    ranks = max(1, c.group_size)
+    kind = "net" if c.n_nodes > 1 else gpu.intra_link
+    task = task_channels(c.nbytes / (ranks if a2a else 1), per_peer=per, p2p=p2p, n_ranks=ranks,
+                         chunk=P2P_CHUNK_BYTES[kind], multi_node=c.n_nodes > 1)
+    return int(kernel_ctas(task, tasks=ranks if a2a else 1, p2p=p2p))
+
+
 def cta_efficiency_applies(gpu: Gpu, c: Collective) -> bool:
     """Whether ``NCCL_CTA_POLICY=EFFICIENCY`` changes anything for ``c``.
 
@@ -309,7 +332,9 @@ def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
         proto = "LL" if c.nbytes < 64 * KIB else ("LL128" if c.nbytes < 4 * MIB else "Simple")
     threads = cfg.n_threads if cfg.n_threads in (64, 128, 256, 512) and proto != "LL128" else 512
     chunk = cfg.chunk_size if cfg.chunk_size and proto == "Simple" else DEFAULT_CHUNK[proto]
-    if cfg.n_channels is not None and alg != "P2P":
+    if alg == "P2P":
+        channels = p2p_kernel_channels(gpu, c, cfg.n_channels, cfg.net_peer_channels)
+    elif cfg.n_channels is not None:
         channels = int(min(max(1, cfg.n_channels), gpu.max_channels))
     elif cfg.cta_policy == "EFFICIENCY" and cta_efficiency_applies(gpu, c):
         alg, proto, channels = "NVLS", "Simple", _default_channels(gpu, c, "NVLS", "Simple")

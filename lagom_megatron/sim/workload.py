@@ -104,9 +104,11 @@ class Workload(WorkloadShape):
             if not sid.startswith("dp.") or self.fsdp:
                 n = int(round(n * scale))
             dtype = "float32" if "grad_" in sid and sid.startswith("dp.") else "bfloat16"
+            # Megatron-Core sums (ReduceOp.SUM) unless --ddp-average-in-collective, which no preset sets
+            reduce_op = "sum" if call.coll.op in ("all_reduce", "reduce_scatter") else None
             out.append(CollectiveSite(site_id=sid, op=call.coll.op, nbytes=call.coll.nbytes, dtype=dtype,
                                       group=call.stream, group_size=call.coll.group_size,
-                                      n_nodes=call.coll.n_nodes, calls_per_iter=max(1, n)))
+                                      n_nodes=call.coll.n_nodes, calls_per_iter=max(1, n), reduce_op=reduce_op))
         return out
 
     # ------------------------------------------------------------------ program

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from lagom_megatron.training.arguments import apply_megatron_lm_defaults
+from lagom_megatron.training.arguments_megatron_lm import refused_here
 from lagom_megatron.training.lagom_flags import lagom_value_problems
 from lagom_megatron.training.tokenizer import resolve_vocab
 
@@ -56,6 +57,7 @@ def check_installed(args: argparse.Namespace, *, on_gpu: bool = False) -> None:
 
     Raises:
         ValueError: one line naming the flag, its value and what to install or pass instead:
+            ``--use-megatron-fsdp`` / ``--use-torch-fsdp2`` without CUDA, or Megatron-FSDP without einops;
             ``--context-parallel-size`` above 1 without Transformer Engine (megatron-core's
             context-parallel attention is ``TEDotProductAttention``; without it every rank dies on an
             assertion while the model is built); ``--attention-backend flash`` or ``--use-flash-attn``
@@ -80,6 +82,14 @@ def check_installed(args: argparse.Namespace, *, on_gpu: bool = False) -> None:
         raise ValueError(f"{flash[0]} needs FlashAttention (the flash-attn package: module flash_attn or "
                          "flash_attn_3), which is not installed; install flash-attn, or use --attention-backend "
                          "auto (Transformer Engine picks an installed kernel) without --use-flash-attn")
+    fsdp = [f for f, on in (("--use-megatron-fsdp", getattr(args, "use_megatron_fsdp", False)),
+                            ("--use-torch-fsdp2", getattr(args, "use_torch_fsdp2", False))) if on]
+    if fsdp and not on_gpu:  # Megatron-FSDP builds its buffers on f"cuda:{current_device()}" (megatron-core 0.16.1)
+        raise ValueError(f"{fsdp[0]} needs CUDA GPUs (megatron-core's FSDP wrappers allocate on the CUDA device); "
+                         "on CPU use --use-distributed-optimizer for sharded optimizer state")
+    if fsdp == ["--use-megatron-fsdp"] and not installed("einops"):
+        raise ValueError("--use-megatron-fsdp needs einops (megatron-core's distributed/fsdp/mcore_fsdp_adapter.py "
+                         "asserts it): pip install einops")
     impl = getattr(args, "transformer_impl", None)
     local_layers = impl == "local" or (impl is None and not installed("transformer_engine"))
     if on_gpu and getattr(args, "gradient_accumulation_fusion", False) and local_layers \
@@ -159,7 +169,8 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
         args.num_query_groups = heads
 
     layers = args.num_layers
-    _check(layers % pp == 0,
+    uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
+    _check(uneven or layers % pp == 0,  # an uneven split is checked by preflight_moe.rule_uneven_pipeline
            f"--num-layers {layers} is not divisible by --pipeline-model-parallel-size {pp}")
     args.virtual_pipeline_model_parallel_size = None
     per_vstage = args.num_layers_per_virtual_pipeline_stage
@@ -170,7 +181,7 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
         _check(pp > 1 and n_vstages >= 1,
                f"--num-virtual-stages-per-pipeline-rank {n_vstages} needs --pipeline-model-parallel-size > 1 "
                f"(got {pp}) and a value >= 1")
-        _check((layers // pp) % n_vstages == 0,
+        _check(uneven or (layers // pp) % n_vstages == 0,
                f"layers per pipeline stage {layers // pp} (--num-layers {layers} / --pipeline-model-parallel-size "
                f"{pp}) is not divisible by --num-virtual-stages-per-pipeline-rank {n_vstages}")
         per_vstage = args.num_layers_per_virtual_pipeline_stage = (layers // pp) // n_vstages
@@ -214,17 +225,28 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
                f"--seq-length {args.seq_length} is not divisible by --tensor-model-parallel-size {tp} "
                "(needed by --sequence-parallel)")
     _check(not (args.bf16 and args.fp16), "--bf16 and --fp16 are exclusive; pass one")
-    _check(not args.overlap_param_gather or args.use_distributed_optimizer,
-           "--overlap-param-gather needs --use-distributed-optimizer")
+    # Megatron-LM core_v0.16.1 arguments.py:597-599 (the same in core_v0.18.2)
+    _check(not args.overlap_param_gather or args.use_distributed_optimizer or args.use_megatron_fsdp,
+           "--overlap-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp")
+    _check(not (args.use_megatron_fsdp and args.use_torch_fsdp2), "--use-megatron-fsdp and --use-torch-fsdp2 "
+           "are exclusive; pass one")
     _check(not args.overlap_param_gather or args.overlap_grad_reduce,
            "--overlap-param-gather needs --overlap-grad-reduce")
     _check(0.0 <= args.hidden_dropout < 1.0 and 0.0 <= args.attention_dropout < 1.0,
            f"dropout must be in [0, 1); got --hidden-dropout {args.hidden_dropout}, "
            f"--attention-dropout {args.attention_dropout}")
     _check(args.lr >= args.min_lr >= 0.0, f"need --lr >= --min-lr >= 0; got --lr {args.lr}, --min-lr {args.min_lr}")
+    for flag, value, low in (("--eval-interval", args.eval_interval, 1), ("--eval-iters", args.eval_iters, 0),
+                             ("--exit-interval", args.exit_interval, 1), ("--exit-duration-in-mins", args.exit_duration_in_mins, 1)):
+        _check(value is None or value >= low, f"{flag} must be an integer >= {low}; got {value}")
+    refusal = refused_here(args)
+    _check(refusal is None, refusal or "")
     decay_default = args.lr_decay_iters is None
     if decay_default:
         args.lr_decay_iters = args.train_iters
+    if args.lr_warmup_fraction is not None:  # Megatron-LM core_v0.16.1 training.py:1367-1368
+        _check(0.0 <= args.lr_warmup_fraction < 1.0, f"--lr-warmup-fraction must be in [0, 1); got {args.lr_warmup_fraction}")
+        args.lr_warmup_iters = int(args.lr_warmup_fraction * args.lr_decay_iters)
     _check(0 <= args.lr_warmup_iters < args.lr_decay_iters,
            f"--lr-warmup-iters {args.lr_warmup_iters} must be in [0, --lr-decay-iters {args.lr_decay_iters})"
            + (" (--lr-decay-iters defaults to --train-iters)" if decay_default else ""))

@@ -19,6 +19,7 @@ import argparse
 import os
 from typing import Sequence
 
+from lagom_megatron.training.arguments_megatron_lm import add_megatron_lm_args
 from lagom_megatron.training.lagom_flags import LAGOM_FLAGS, LAGOM_METHODS, add_lagom_args  # noqa: F401 (public here too)
 
 
@@ -118,6 +119,10 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--overlap-param-gather", action="store_true",
                    help="Overlap the distributed optimizer's parameter all-gather with the forward pass.")
     g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--use-megatron-fsdp", action="store_true",
+                   help="Shard parameters, gradients and optimizer state with Megatron-Core's Megatron-FSDP (GPU).")
+    g.add_argument("--use-torch-fsdp2", action="store_true",
+                   help="Shard with torch's FSDP2 (fully_shard) through Megatron-Core's wrapper (GPU).")
     g.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="Parameters per DDP bucket; default: Megatron-Core's.")
     g.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false",
@@ -189,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", default=None,
                         help="Preset name under configs/presets/ or a YAML path; explicit flags override it.")
     add_megatron_args(parser)
+    add_megatron_lm_args(parser)
     add_lagom_args(parser)
     for flag, hint in MEGATRON_LM_REFUSED.items():
         parser.add_argument(flag, action=_Refused, hint=hint, help=argparse.SUPPRESS)

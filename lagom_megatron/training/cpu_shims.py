@@ -62,9 +62,12 @@ class _CpuTorch(types.ModuleType):
         return getattr(torch, name)
 
 
-def _make_cpu_torch() -> _CpuTorch:
+def make_cpu_torch() -> _CpuTorch:
+    """A stand-in for ``torch`` inside one module: its tensor factories (``zeros``, ``empty``, ``ones``,
+    ``tensor``, ``full``, ``arange``, ``rand``, ``randn``, ``randint``) put a ``"cuda"`` / ``cuda:N``
+    device on the CPU; every other attribute is torch's own."""
     proxy = _CpuTorch("lagom_cpu_torch")
-    for name in ("zeros", "empty", "ones", "tensor", "full", "arange"):
+    for name in ("zeros", "empty", "ones", "tensor", "full", "arange", "rand", "randn", "randint"):
         factory = getattr(torch, name)
 
         def cpu_factory(*args, _factory=factory, **kwargs):
@@ -107,10 +110,25 @@ def _tagged_p2p_ops(*, as_dict: bool):
     return p2p_ops
 
 
-def _set(owner: Any, name: str, value: Any) -> None:
-    # Record the owner's own entry (not an inherited one), so remove() can put back exactly that.
-    _ORIGINALS.append((owner, name, vars(owner).get(name, _MISSING)))
+def set_recorded(originals: list, owner: Any, name: str, value: Any) -> None:
+    """``setattr(owner, name, value)``, first appending the owner's own entry (not an inherited one,
+    or a marker for none) to ``originals`` so that :func:`restore` puts back exactly that."""
+    originals.append((owner, name, vars(owner).get(name, _MISSING)))
     setattr(owner, name, value)
+
+
+def restore(originals: list) -> None:
+    """Undoes the :func:`set_recorded` calls of ``originals``, last first, and empties it."""
+    while originals:
+        owner, name, value = originals.pop()
+        if value is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, value)
+
+
+def _set(owner: Any, name: str, value: Any) -> None:
+    set_recorded(_ORIGINALS, owner, name, value)
 
 
 def is_applied() -> bool:
@@ -201,7 +219,7 @@ def apply(force: bool = False) -> bool:
     _set(p2p_communication, "_p2p_ops", _tagged_p2p_ops(as_dict=True))
 
     # device="cuda" literals in the modules listed in _DEVICE_LITERAL_MODULES.
-    proxy = _make_cpu_torch()
+    proxy = make_cpu_torch()
     for module_name in _DEVICE_LITERAL_MODULES:
         _set(importlib.import_module(module_name), "torch", proxy)
     return True
@@ -209,9 +227,4 @@ def apply(force: bool = False) -> bool:
 
 def remove() -> None:
     """Restores every original patched by :func:`apply` (no-op when not applied)."""
-    while _ORIGINALS:
-        owner, name, value = _ORIGINALS.pop()
-        if value is _MISSING:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, value)
+    restore(_ORIGINALS)

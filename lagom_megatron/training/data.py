@@ -113,7 +113,13 @@ def build_tokenizer(args):
 
 
 def build_train_dataset(args, tokenizer):
-    """Builds the training split with Megatron-Core's ``BlendedMegatronDatasetBuilder``.
+    """The training split of :func:`build_datasets`."""
+    return build_datasets(args, tokenizer)[0]
+
+
+def build_datasets(args, tokenizer, valid_samples: int = 0):
+    """Builds the training split (and the validation split when ``valid_samples`` > 0) with
+    Megatron-Core's ``BlendedMegatronDatasetBuilder``.
 
     Needs torch.distributed to be initialised (rank 0 builds and caches the sample index first,
     the others read it after a barrier, as in Megatron-LM).
@@ -124,9 +130,13 @@ def build_train_dataset(args, tokenizer):
         tokenizer: from :func:`build_tokenizer`.
 
     Returns:
-        A dataset of at least ``train_iters x global_batch_size`` samples, each a dict of
-        ``tokens``/``labels``/``position_ids`` int64 (seq,), ``loss_mask`` float (seq,),
-        ``attention_mask`` bool (1, seq, seq).
+        (train, valid): train has at least ``train_iters x global_batch_size`` samples, each a dict
+        of ``tokens``/``labels``/``position_ids`` int64 (seq,), ``loss_mask`` float (seq,),
+        ``attention_mask`` bool (1, seq, seq); valid (the same kind, ``valid_samples`` of them) is
+        None when not asked for or when ``--split`` gives it no documents.
+
+    Raises:
+        ValueError: ``--split`` leaves no training documents.
     """
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
@@ -149,10 +159,11 @@ def build_train_dataset(args, tokenizer):
     cls = MockGPTDataset if args.mock_data else GPTDataset
     # Validation and test sizes None (not 0): GPTDataset loops forever sizing a split of 0 tokens
     # for a request of 0 samples (megatron-core 0.16.1, _get_num_epochs).
-    train, _, _ = BlendedMegatronDatasetBuilder(cls, [n_samples, None, None], lambda: True, config).build()
+    sizes = [n_samples, valid_samples or None, None]
+    train, valid, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, config).build()
     if train is None:
         raise ValueError(f"--split {args.split!r} leaves no training documents")
-    return train
+    return train, valid if valid_samples else None
 
 
 def microbatch_indices(iteration: int, *, global_batch_size: int, micro_batch_size: int,

@@ -71,20 +71,21 @@ def _log(message: str, *, rank: int, world_size: int) -> None:
 
 def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples: int, elapsed_ms: float,
                           lr: float, global_batch_size: int, loss: float, tokens_per_s: float,
-                          grad_norm: float | None, tflops_per_gpu: float, loss_scale: float,
+                          grad_norm: float | None, tflops_per_gpu: float | None, loss_scale: float,
                           skipped_iters: int, nan_iters: int) -> str:
     """One log line with the fields and order of Megatron-LM's ``training_log`` (core_v0.16.1
     ``megatron/training/training.py`` lines 2031-2085): iteration, consumed samples, elapsed time
-    per iteration (ms), throughput per GPU (TFLOP/s/GPU), learning rate, global batch size, lm loss,
-    loss scale, grad norm, number of skipped iterations, number of nan iterations (the last two
-    count the iterations since the previous line); then ``tokens per second``, which Megatron-LM
-    does not print."""
+    per iteration (ms), throughput per GPU (TFLOP/s/GPU; only when ``tflops_per_gpu`` is given, as
+    Megatron-LM prints it only with ``--log-throughput``, line 2043), learning rate, global batch
+    size, lm loss, loss scale, grad norm, number of skipped iterations, number of nan iterations (the
+    last two count the iterations since the previous line); then ``tokens per second``, which
+    Megatron-LM does not print."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     line = (f" [{stamp}] iteration {iteration:8d}/{train_iters:8d} |"
             f" consumed samples: {consumed_samples:12d} |"
             f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
-            f" throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f} |"
-            f" learning rate: {lr:.6E} |"
+            + (f" throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f} |" if tflops_per_gpu is not None else "")
+            + f" learning rate: {lr:.6E} |"
             f" global batch size: {global_batch_size:5d} |"
             f" lm loss: {loss:.6E} |"
             f" loss scale: {loss_scale:.1f} |")
@@ -163,6 +164,9 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from lagom_megatron.training import cpu_shims; from lagom_megatron.training import data; from lagom_megatron.training import model as model_mod
+    from lagom_megatron.training.arguments import build_parser
+    from lagom_megatron.training.arguments_megatron_lm import inactive_flags
+    from lagom_megatron.training.evaluation import Evaluator, validation_samples
 
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -176,13 +180,14 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         cpu_shims.apply()
         device = torch.device("cpu")
     callbacks = list(callbacks or [])
-    if on_gpu and getattr(args, "lagom", False):  # before the first communicator: NCCL loads its tuner once
+    backend = args.distributed_backend if on_gpu else "gloo"
+    if backend == "nccl" and getattr(args, "lagom", False):  # before the first communicator: NCCL loads its tuner once
         from lagom_megatron.nccl.plugin_launch import enable_in_process
 
         note = enable_in_process(nccl_version=".".join(map(str, torch.cuda.nccl.version())))
         if note:
             log(note)
-    dist.init_process_group(backend="nccl" if on_gpu else "gloo", rank=rank, world_size=world_size,
+    dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
     try:
         comm_config = args.nccl_communicator_config_path if on_gpu else None
@@ -194,6 +199,7 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
             virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
             context_parallel_size=args.context_parallel_size,
             expert_model_parallel_size=args.expert_model_parallel_size,
+            expert_tensor_parallel_size=args.expert_tensor_parallel_size,
             nccl_communicator_config_path=comm_config,
             distributed_timeout_minutes=args.distributed_timeout_minutes,
         )
@@ -207,7 +213,7 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         log(f"pretrain_gpt: preset={args.preset_name} world_size={world_size} "
             f"TP={args.tensor_model_parallel_size} PP={args.pipeline_model_parallel_size} "
             f"VPP={args.virtual_pipeline_model_parallel_size} DP={args.data_parallel_size} "
-            f"micro-batches={args.num_microbatches} backend={'nccl' if on_gpu else 'gloo'} "
+            f"micro-batches={args.num_microbatches} backend={backend} "
             f"layers={'transformer_engine' if use_te else 'local'} "
             f"overlap_grad_reduce={args.overlap_grad_reduce} overlap_param_gather={args.overlap_param_gather} "
             f"use_distributed_optimizer={args.use_distributed_optimizer} ddp_bucket_size={args.ddp_bucket_size}")
@@ -215,6 +221,9 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
             f"lagom_verify_iters={args.lagom_verify_iters} lagom_method={args.lagom_method} "
             f"lagom_plan={args.lagom_plan} lagom_report={args.lagom_report} "
             f"lagom_cluster={getattr(args, 'lagom_cluster', None)}")
+        inactive = inactive_flags(args, build_parser(), on_gpu=on_gpu)
+        if inactive:
+            log(f"pretrain_gpt: accepted without effect here: {', '.join(inactive)}")
 
         config = model_mod.transformer_config(args, on_gpu=on_gpu)
         ddp_cfg = model_mod.ddp_config(args)
@@ -245,16 +254,19 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         )
 
         tokenizer = data.build_tokenizer(args)
-        dataset = data.build_train_dataset(args, tokenizer)
+        dataset, valid = data.build_datasets(args, tokenizer, validation_samples(args))
         dp_rank = parallel_state.get_data_parallel_rank()
 
-        def make_iterator():
+        def make_iterator(split, iters):
             return _on_device(data.microbatch_iterator(
-                dataset, train_iters=args.train_iters, global_batch_size=gbs,
+                split, train_iters=iters, global_batch_size=gbs,
                 micro_batch_size=args.micro_batch_size, data_parallel_size=args.data_parallel_size,
                 data_parallel_rank=dp_rank), device)
 
-        data_iterator = [make_iterator() for _ in chunks] if len(chunks) > 1 else make_iterator()
+        def iterators(split, iters):
+            return [make_iterator(split, iters) for _ in chunks] if len(chunks) > 1 else make_iterator(split, iters)
+
+        data_iterator = iterators(dataset, args.train_iters)
         forward_backward = get_forward_backward_func()
         try:
             from megatron.core.process_groups_config import ProcessGroupCollection
@@ -271,8 +283,13 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
                               data_iterator=data_iterator)
         _call(callbacks, "on_setup", ctx)
 
+        evaluate = None
+        if valid is not None:
+            evaluate = Evaluator(args, ctx, iterators(valid, validation_samples(args) // gbs), _forward_step, log)
+        elif validation_samples(args):
+            log(f"pretrain_gpt: note: --split {args.split} gives the validation split no documents; no evaluation")
         try:
-            result = _train_loop(args, ctx, scheduler, callbacks, log)
+            result = _train_loop(args, ctx, scheduler, callbacks, log, evaluate)
         except BaseException:
             # callbacks still close (lagom removes its patches: a later pretrain() in this process
             # must not find them installed); the training error is the one that propagates
@@ -290,8 +307,12 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
             dist.destroy_process_group()
 
 
-def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log) -> TrainingResult:
-    """Runs ``--train-iters`` iterations of Megatron-LM's ``train_step`` and logs them."""
+def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log, evaluate=None) -> TrainingResult:
+    """Runs ``--train-iters`` iterations of Megatron-LM's ``train_step`` and logs them; with ``evaluate``
+    (``training.evaluation.Evaluator``), evaluates every ``--eval-interval`` iterations and after
+    training. Stops early, as Megatron-LM's ``train`` does, after an iteration divisible by
+    ``--exit-interval`` or once ``--exit-duration-in-mins`` have passed; ``--skip-train`` runs no
+    iteration (only the evaluation after training)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
@@ -303,7 +324,9 @@ def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log) -> 
     window_loss, window_time, window_n, window_skipped, window_nan = 0.0, 0.0, 0, 0, 0
     flops = num_floating_point_operations(args, gbs)
     world_size = dist.get_world_size()
-    for iteration in range(1, args.train_iters + 1):
+    started = time.time()
+    iteration = 0
+    for iteration in range(1, 0 if args.skip_train else args.train_iters + 1):
         _call(callbacks, "on_iteration_start", iteration)
         t0 = time.perf_counter()
         for chunk in ctx.model:
@@ -348,9 +371,34 @@ def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log) -> 
                 elapsed_ms=1000.0 * window_time / window_n, lr=lr, global_batch_size=gbs,
                 loss=window_loss / window_n, tokens_per_s=window_n * gbs * args.seq_length / window_time,
                 grad_norm=float(grad_norm) if grad_norm is not None else None,
-                tflops_per_gpu=throughput_tflops_per_gpu(flops, window_time / window_n, world_size),
+                tflops_per_gpu=(throughput_tflops_per_gpu(flops, window_time / window_n, world_size)
+                                if args.log_throughput else None),
                 loss_scale=float(ctx.optimizer.get_loss_scale()), skipped_iters=window_skipped, nan_iters=window_nan))
             window_loss, window_time, window_n, window_skipped, window_nan = 0.0, 0.0, 0, 0, 0
         _call(callbacks, "on_iteration_end", iteration, elapsed, loss_value)
+        if evaluate is not None and iteration % args.eval_interval == 0:
+            evaluate(f"iteration {iteration}")
+        if _should_exit(args, iteration, started):
+            log(f"pretrain_gpt: exiting after iteration {iteration} (--exit-interval / --exit-duration-in-mins)")
+            break
+    if evaluate is not None:
+        evaluate(f"iteration {iteration} on validation set")
     sys.stdout.flush()
     return result
+
+
+def _should_exit(args, iteration: int, started: float) -> bool:
+    """Megatron-LM's exit conditions after an iteration (core_v0.16.1 ``training.py`` ``train``):
+    ``iteration % --exit-interval == 0``, or ``--exit-duration-in-mins`` passed on any rank (the
+    ranks agree through a max all-reduce, so all stop at the same iteration)."""
+    import torch.distributed as dist
+
+    if args.exit_interval and iteration % args.exit_interval == 0:
+        return True
+    if not args.exit_duration_in_mins:
+        return False
+    late = torch.tensor([float((time.time() - started) / 60.0 > args.exit_duration_in_mins)])
+    if torch.cuda.is_available():
+        late = late.cuda()
+    dist.all_reduce(late, op=dist.ReduceOp.MAX)
+    return bool(late.item())

@@ -111,6 +111,27 @@ def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
         # the freed storage would be sent (seen as wrong losses under --overlap-p2p-communication).
         deallocate_pipeline_outputs=on_gpu,
         **fused,
+        **_megatron_lm_fields(args, on_gpu=on_gpu),
+    )
+
+
+def _megatron_lm_fields(args: argparse.Namespace, *, on_gpu: bool) -> dict:
+    """TransformerConfig fields of the flags in ``training.arguments_megatron_lm``, as Megatron-LM's
+    ``core_transformer_config_from_args`` maps them (core_v0.16.1 ``arguments.py``): same names, except
+    the uneven pipeline (``--decoder-first/last-pipeline-num-layers`` -> ``num_layers_in_first/last_pipeline_stage``)."""
+    get = lambda name, default=None: getattr(args, name, default)  # noqa: E731
+    return dict(
+        layernorm_zero_centered_gamma=get("layernorm_zero_centered_gamma", False),
+        moe_ffn_hidden_size=get("moe_ffn_hidden_size") or (args.ffn_hidden_size if args.num_experts else None),
+        moe_shared_expert_intermediate_size=get("moe_shared_expert_intermediate_size"),
+        moe_shared_expert_overlap=get("moe_shared_expert_overlap", False),
+        moe_router_load_balancing_type=get("moe_router_load_balancing_type", "aux_loss"),
+        moe_aux_loss_coeff=get("moe_aux_loss_coeff", 0.0),
+        overlap_moe_expert_parallel_comm=get("overlap_moe_expert_parallel_comm", False),
+        expert_tensor_parallel_size=get("expert_tensor_parallel_size"),
+        num_layers_in_first_pipeline_stage=get("decoder_first_pipeline_num_layers"),
+        num_layers_in_last_pipeline_stage=get("decoder_last_pipeline_num_layers"),
+        cross_entropy_loss_fusion=get("cross_entropy_loss_fusion", False) and on_gpu,
     )
 
 
@@ -158,13 +179,35 @@ def ddp_config(args: argparse.Namespace):
     gradients are reduced in fp16, as in Megatron-LM core_v0.16.1 ``training.py:1295``)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
+    if getattr(args, "use_torch_fsdp2", False):  # Megatron-LM core_v0.16.1 training.py:1287-1289
+        from megatron.core.distributed import TorchFullyShardedDataParallelConfig
+
+        return TorchFullyShardedDataParallelConfig()
     return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
+        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32 and not getattr(args, "grad_reduce_in_bf16", False),
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         use_distributed_optimizer=args.use_distributed_optimizer,
+        use_megatron_fsdp=getattr(args, "use_megatron_fsdp", False),
         bucket_size=args.ddp_bucket_size,
     )
+
+
+def data_parallel_class(args: argparse.Namespace):
+    """The wrapper of each model chunk, chosen as Megatron-LM's ``get_model`` chooses it (core_v0.16.1
+    ``training.py:1276-1283``): torch FSDP2 (``--use-torch-fsdp2``), Megatron-FSDP
+    (``--use-megatron-fsdp``, ``distributed.fsdp.mcore_fsdp_adapter``), else Megatron-Core's DDP."""
+    if getattr(args, "use_torch_fsdp2", False):
+        from megatron.core.distributed import TorchFullyShardedDataParallel
+
+        return TorchFullyShardedDataParallel
+    if getattr(args, "use_megatron_fsdp", False):
+        from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+
+        return FullyShardedDataParallel
+    from megatron.core.distributed import DistributedDataParallel
+
+    return DistributedDataParallel
 
 
 def build_model(args: argparse.Namespace, config, ddp_cfg, *, use_te: bool) -> list:
@@ -185,7 +228,7 @@ def build_model(args: argparse.Namespace, config, ddp_cfg, *, use_te: bool) -> l
         without interleaving).
     """
     from megatron.core import parallel_state
-    from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+    from megatron.core.distributed import finalize_model_grads
     from megatron.core.models.gpt import GPTModel
 
     spec = layer_spec(args, use_te=use_te)
@@ -205,6 +248,7 @@ def build_model(args: argparse.Namespace, config, ddp_cfg, *, use_te: bool) -> l
             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
             position_embedding_type=args.position_embedding_type,
             rotary_base=getattr(args, "rotary_base", 10000),
+            rotary_percent=getattr(args, "rotary_percent", 1.0),
             vp_stage=stage,
         )
         if torch.cuda.is_available():
@@ -217,8 +261,8 @@ def build_model(args: argparse.Namespace, config, ddp_cfg, *, use_te: bool) -> l
             model = Float16Module(config, model)
         # Megatron-LM wraps every chunk but the first without bucketing (their grads are reduced in
         # finalize_model_grads, not overlapped with the backward of other chunks).
-        chunks.append(DistributedDataParallel(config=config, ddp_config=ddp_cfg, module=model,
-                                              disable_bucketing=vp_stage > 0))
+        chunks.append(data_parallel_class(args)(config=config, ddp_config=ddp_cfg, module=model,
+                                                disable_bucketing=vp_stage > 0))
     single = len(chunks) == 1
     config.no_sync_func = chunks[0].no_sync if single else [c.no_sync for c in chunks]
     if args.overlap_grad_reduce:

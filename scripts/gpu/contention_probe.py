@@ -21,6 +21,12 @@ written atomically at the end.
 
 Without a CUDA GPU (or without torch / Triton) it prints why and exits with status 0.
 Single-GPU emulation: no NVLink, NIC or proxy traffic, so it calibrates the compute side only.
+
+``--rehearse`` (``check.sh --rehearse``) runs the same command line without a GPU: the sweep's
+points and CSV are the real ones, the times come from the simulator's own sharing rule
+(``lagom_megatron.sim.calibrate``'s docstring) with the stand-in constants :data:`REHEARSAL_KAPPA`,
+so ``lagom calibrate contention`` on the result must give those constants back. The ``gpu`` column
+says ``rehearsal stand-in``: such a CSV is never a measurement.
 """
 
 from __future__ import annotations
@@ -36,6 +42,61 @@ COLUMNS = ("gpu", "sms", "peak_hbm_gbs", "kernel", "kind", "tiles", "persistent"
            "chunk_bytes", "total_bytes", "t_alone_us", "t_overlap_us", "kernel_hbm_bytes", "comm_hbm_gbs")
 """Same as ``lagom_megatron.sim.calibrate.COLUMNS`` (kept here so the probe runs without the package)."""
 MIB = 1 << 20
+GEMM_N = 8192
+COMPUTE_KERNELS = (  # (name, kind, HBM bytes, tiles): the compute side of every row
+    ("gemm_8192", "gemm", 3 * GEMM_N * GEMM_N * 2, (GEMM_N // 128) * (GEMM_N // 256)),
+    ("gemm_few_waves", "gemm", 2 * (1024 * 16384 * 2) + 1024 * 1024 * 2, 8 * 4),
+    ("elementwise", "elementwise", 4 * 256 * MIB * 4, 0),
+    ("attention", "attention", 4 * (32 * 8192 * 128) * 2, 0),
+)
+REHEARSAL_KAPPA = {"kappa_mem": 0.5, "kappa_compute": 0.25}
+"""The constants a rehearsal CSV is generated with (stand-ins, not measurements)."""
+REHEARSAL_DEVICE = {"sms": 132, "peak_hbm_gbs": 4000.0, "alone_us": 2000.0}
+"""The device a rehearsal CSV describes: an H200's SM count, a round peak copy rate, and one
+compute time for every kernel (stand-ins)."""
+
+
+def sweep_points() -> list[tuple[str, int, int, int, int]]:
+    """The channel-kernel points of the sweep: (mode, CTAs, threads, chunk bytes, total bytes)."""
+    points = []
+    for ctas in (1, 2, 4, 8, 16, 24, 32, 48, 64):
+        points.append(("l2", ctas, 512, 512 * 1024, 256 * MIB))
+        points.append(("copy", ctas, 512, 512 * 1024, 256 * MIB))
+    for ctas in (2, 4, 8, 16, 32):  # same total bytes over more CTAs
+        points.append(("reduce", ctas, 512, 512 * 1024, 256 * MIB))
+    for chunk in (32 * 1024, 128 * 1024, 512 * 1024, 2 * MIB, 4 * MIB):
+        points.append(("copy", 16, 512, chunk, 256 * MIB))
+    for threads in (64, 128, 256):
+        points.append(("copy", 16, threads, 512 * 1024, 256 * MIB))
+    return points
+
+
+def rehearsal_rows() -> list[dict]:
+    """The rows of :func:`sweep_points` x :data:`COMPUTE_KERNELS` with stand-in times: each slowdown is
+    the simulator's rule (``lagom_megatron.sim.calibrate``) with :data:`REHEARSAL_KAPPA`; a channel
+    kernel of ``c`` CTAs moves ``peak x min(1, c / 16)`` GB/s alone."""
+    from lagom_megatron.sim.device import ComputeKernel, wave_factor
+
+    sms, peak, alone = REHEARSAL_DEVICE["sms"], REHEARSAL_DEVICE["peak_hbm_gbs"], REHEARSAL_DEVICE["alone_us"]
+    rows = []
+    for mode, ctas, threads, chunk, total in sweep_points():
+        rate = 0.0 if mode == "l2" else peak * min(1.0, ctas / 16)
+        for name, kind, hbm_bytes, tiles in COMPUTE_KERNELS:
+            wave = wave_factor(sms, sms - ctas, ComputeKernel(name, kind, 0.0, 0.0, tiles=tiles, persistent=False))
+            demand = hbm_bytes / (alone * 1e3)
+            f = min(1.0, peak / max(demand + rate, 1e-9))
+            share = rate * f / peak
+            if mode == "l2":
+                slow = wave
+            elif kind == "gemm":
+                slow = wave * (1.0 + REHEARSAL_KAPPA["kappa_compute"] * share)
+            else:
+                slow = (1.0 / f) * (1.0 + REHEARSAL_KAPPA["kappa_mem"] * share)
+            rows.append(dict(gpu="rehearsal stand-in (no GPU)", sms=sms, peak_hbm_gbs=peak, kernel=name, kind=kind,
+                             tiles=tiles, persistent=0, mode=mode, ctas=ctas, threads=threads, chunk_bytes=chunk,
+                             total_bytes=total, t_alone_us=alone, t_overlap_us=round(alone * slow, 4),
+                             kernel_hbm_bytes=hbm_bytes, comm_hbm_gbs=round(rate, 1)))
+    return rows
 
 
 def _available() -> str | None:
@@ -84,17 +145,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="CSV to write (atomically)")
     ap.add_argument("--budget-s", type=float, default=270.0, help="stop the sweep after this many seconds")
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions per point (median)")
+    ap.add_argument("--rehearse", action="store_true",
+                    help="no GPU: write the sweep's CSV with stand-in times (module docstring)")
     args = ap.parse_args(argv)
     if args.budget_s <= 0 or args.reps < 1:
         ap.error(f"--budget-s must be > 0 and --reps >= 1; got {args.budget_s}, {args.reps}")
     out = Path(args.out)
     if not out.parent.is_dir():
         ap.error(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
-    why = _available()
-    if why:
-        print(f"contention_probe: {why}; nothing measured, no CSV written")
-        return 0
-    rows = _sweep(args.budget_s, args.reps)
+    if args.rehearse:
+        rows = rehearsal_rows()
+    else:
+        why = _available()
+        if why:
+            print(f"contention_probe: {why}; nothing measured, no CSV written")
+            return 0
+        rows = _sweep(args.budget_s, args.reps)
     tmp = out.with_name(out.name + ".tmp")
     with tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -129,20 +195,17 @@ def _sweep(budget_s: float, reps: int) -> list[dict]:
         ts.sort()
         return ts[len(ts) // 2]
 
-    # compute kernels: (name, kind, fn, hbm bytes, tiles)
-    n = 8192
+    # compute kernels: (name, kind, fn, hbm bytes, tiles), in the order of COMPUTE_KERNELS
+    n = GEMM_N
     A = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     B = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     E = torch.randn(256 * MIB, device="cuda", dtype=torch.float32)
     q = torch.randn(1, 32, 8192, 128, device="cuda", dtype=torch.bfloat16)
     few = torch.randn(1024, 16384, device="cuda", dtype=torch.bfloat16)
     fewB = torch.randn(16384, 1024, device="cuda", dtype=torch.bfloat16)
-    computes = [
-        ("gemm_8192", "gemm", lambda: A @ B, 3 * n * n * 2, (n // 128) * (n // 256)),
-        ("gemm_few_waves", "gemm", lambda: few @ fewB, 2 * (1024 * 16384 * 2) + 1024 * 1024 * 2, 8 * 4),
-        ("elementwise", "elementwise", lambda: E.mul_(1.0001).add_(1e-6), 4 * E.numel() * 4, 0),
-        ("attention", "attention", lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), 4 * q.numel() * 2, 0),
-    ]
+    fns = [lambda: A @ B, lambda: few @ fewB, lambda: E.mul_(1.0001).add_(1e-6),
+           lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True)]
+    computes = [(name, kind, fn, hbm, tiles) for (name, kind, hbm, tiles), fn in zip(COMPUTE_KERNELS, fns)]
     buf_elems = 512 * MIB // 4
     src, src2, dst = (torch.empty(buf_elems, device="cuda", dtype=torch.float32).fill_(1.0) for _ in range(3))
     l2_elems = 2 * MIB // 4
@@ -159,16 +222,7 @@ def _sweep(budget_s: float, reps: int) -> list[dict]:
     peak_fn()
     t_peak = timed(peak_fn, comm_stream)
     peak = 2 * 256 * MIB / (t_peak * 1e3)
-    points = []
-    for ctas in (1, 2, 4, 8, 16, 24, 32, 48, 64):
-        points.append(("l2", ctas, 512, 512 * 1024, 256 * MIB))
-        points.append(("copy", ctas, 512, 512 * 1024, 256 * MIB))
-    for ctas in (2, 4, 8, 16, 32):  # same total bytes over more CTAs
-        points.append(("reduce", ctas, 512, 512 * 1024, 256 * MIB))
-    for chunk in (32 * 1024, 128 * 1024, 512 * 1024, 2 * MIB, 4 * MIB):
-        points.append(("copy", 16, 512, chunk, 256 * MIB))
-    for threads in (64, 128, 256):
-        points.append(("copy", 16, threads, 512 * 1024, 256 * MIB))
+    points = sweep_points()
     rows = []
     alone = {name: timed(fn, comp_stream) for name, _, fn, _, _ in computes}
     for mode, ctas, threads, chunk, total in points:

@@ -14,7 +14,7 @@ already in the environment (NCCL reads them at the first communicator creation).
 Note: NCCL runs a 1-rank collective as a local copy without asking the tuner, so on one GPU the
 plugin shows up through its per-communicator init lines, not per-call decisions.
 
-Usage: python nccl_check.py OUT_DIR. Writes OUT_DIR/nccl.json.
+Usage: python nccl_check.py OUT_DIR [--rehearse]. Writes OUT_DIR/nccl.json.
 """
 
 from __future__ import annotations
@@ -28,14 +28,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from single_rank import finish, init_single_rank, no_gpu, world_all_reduce_ok  # noqa: E402
+from single_rank import finish, init_single_rank, no_gpu, parse_out_dir, rehearse_inputs, world_all_reduce_ok  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    out = Path(argv[0])
-    out.mkdir(parents=True, exist_ok=True)
+    opts = parse_out_dir(argv, __doc__)
+    out = opts.out_dir
     result: dict = {"status": "failed", "checks": {}}
+    if opts.rehearse:
+        ok = all(rehearse_inputs(result).values())
+        return _finish(out, result, 0 if ok else 1)
     checks = result["checks"]
     try:
         import torch

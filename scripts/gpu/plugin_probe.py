@@ -15,7 +15,7 @@ which NCCL and ProcessGroupNCCL read when the first communicator is created. It
 5. times an all-reduce with ``Work._get_duration()`` (milliseconds between the collective's CUDA
    events on NCCL's stream; torch ``WorkNCCL::getDuration`` needs timing enabled and a completed work).
 
-Usage: python plugin_probe.py OUT_DIR. Writes OUT_DIR/plugin_probe.json; exit 0 when every check
+Usage: python plugin_probe.py OUT_DIR [--rehearse]. Writes OUT_DIR/plugin_probe.json; exit 0 when every check
 passed (or the machine has no GPU: status "skipped"), 1 otherwise.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from single_rank import finish, init_single_rank, no_gpu, world_all_reduce_ok  # noqa: E402
+from single_rank import finish, init_single_rank, no_gpu, parse_out_dir, rehearse_inputs, world_all_reduce_ok  # noqa: E402
 
 
 def status_checks(status) -> dict[str, bool]:
@@ -70,10 +70,19 @@ def timed_duration_ms(work) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    out = Path(argv[0])
-    out.mkdir(parents=True, exist_ok=True)
+    opts = parse_out_dir(argv, __doc__)
+    out = opts.out_dir
     result: dict = {"status": "failed", "checks": {}}
+    if opts.rehearse:  # the library is loaded by rehearse_inputs, as NCCL would: the status reader then finds it
+        checks = rehearse_inputs(result)
+        from lagom_megatron.nccl.plugin_status import read_plugin_status
+
+        status = read_plugin_status()
+        result["plugin_status"] = dataclasses.asdict(status) if status is not None else None
+        # mapped but never initialised (NCCL did not run): the reader finds it, with no init yet
+        checks["status_readable"] = status is not None and status.init_count == 0
+        checks["timing_enabled"] = os.environ.get("TORCH_NCCL_ENABLE_TIMING") == "1"
+        return _finish(out, result, 0 if all(checks.values()) else 1)
     checks = result["checks"]
     try:
         import torch

@@ -9,10 +9,52 @@ communicator creation (NCCL_TUNER_PLUGIN, NCCL_DEBUG_FILE, ...) take effect ther
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+TABLE_COLUMNS = 12
+"""Columns of a plan table row of lagom's plugin (``# collective_type,...,commTag`` in check.sh)."""
+
+
+def parse_out_dir(argv: list[str] | None, doc: str) -> argparse.Namespace:
+    """``OUT_DIR [--rehearse]`` of both check scripts (``--help`` prints the usage, exit 0)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("out_dir", type=Path, help="folder for the JSON result (and NCCL's debug logs)")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="no GPU: check the inputs check.sh gives this step and write the result file, "
+                             "with the NCCL checks marked not run (check.sh --rehearse)")
+    args = parser.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def rehearse_inputs(result: dict, *, table_var: str = "LAGOM_TUNER_CONFIG") -> dict[str, bool]:
+    """What a rehearsal can check without a GPU: the plugin library of ``NCCL_TUNER_PLUGIN`` loads
+    and exports a ``ncclTunerPlugin_v*`` struct (as NCCL's ``dlopen`` + ``dlsym`` would find it), and
+    each row of the plan table ``table_var`` names has :data:`TABLE_COLUMNS` columns. Marks ``result``
+    as ``rehearsed``."""
+    import ctypes
+
+    checks: dict[str, bool] = {}
+    lib = os.environ.get("NCCL_TUNER_PLUGIN", "")
+    try:
+        handle = ctypes.CDLL(lib) if lib else None
+    except OSError:
+        handle = None
+    checks["plugin_library_loads"] = handle is not None
+    checks["plugin_exports_abi"] = handle is not None and any(
+        hasattr(handle, f"ncclTunerPlugin_v{v}") for v in range(3, 7))
+    table = os.environ.get(table_var, "")
+    rows = [line for line in Path(table).read_text().splitlines()
+            if line.strip() and not line.startswith("#")] if table and Path(table).is_file() else []
+    checks["table_rows_well_formed"] = bool(rows) and all(len(r.split(",")) == TABLE_COLUMNS for r in rows)
+    result.update(status="rehearsed", reason="--rehearse: no GPU; the NCCL checks did not run",
+                  rehearsal_checks=checks)
+    return checks
 
 
 def no_gpu(result: dict) -> bool:
@@ -66,3 +108,10 @@ def finish(path: Path, result: dict, code: int) -> int:
     path.write_text(json.dumps(result, indent=2, default=str))
     print(json.dumps({k: v for k, v in result.items() if k != "traceback"}, indent=2, default=str))
     return code
+
+
+if __name__ == "__main__":  # a module of the two check scripts, not a step of its own
+    import sys
+
+    print(__doc__.strip() + "\n\nusage: imported by nccl_check.py and plugin_probe.py (python nccl_check.py --help)")
+    sys.exit(0 if sys.argv[1:] in ([], ["-h"], ["--help"]) else 2)

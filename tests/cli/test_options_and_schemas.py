@@ -31,7 +31,7 @@ def _one_error(capsys) -> str:
     (["simulate", "--preset", "gpt3-13b-h100x64", "--seed", "abc"], "'abc' is not an integer in 0..4294967295"),
     (["simulate", "--preset", "gpt3-13b-h100x64", "--method", "magic"], "invalid choice: 'magic'"),
     (["simulate", "--preset", "gpt3-13b-h100x64", "--method", "exhaustive"],
-     "--method exhaustive: 120 tunable sites need at least 2^120 joint configurations, above the limit of 2,000,000"),
+     "--method exhaustive: 121 tunable sites need at least 2^121 joint configurations, above the limit of 2,000,000"),
     (["doctor", "--preset", "llama3-8b-h100x8", "--world-size", "0"], "argument --world-size: 0 is not an integer in 1..1048576"),
     (["doctor", "--preset", "llama3-8b-h100x8", "--gpus-per-node", "x"], "'x' is not an integer in 1..1024"),
 ])
@@ -74,6 +74,9 @@ def _bad_profile(tmp_path: Path, edit) -> str:
     (lambda d: d["samples"][0].update(calls=5), "samples.0.calls: must be a list of [t_comm_us, t_comp_us, t_region_us]"),
     (lambda d: d["samples"][0].update(calls=[[1.0, -2.0, 3.0]]),
      "calls[0] must be three finite times >= 0 (t_comm_us, t_comp_us, t_region_us); got [1.0, -2.0, 3.0]"),
+    (lambda d: d["sites"][0].update(parts=[["uint8", "4MB"]]),
+     "sites.0.parts: parts[0] must be [dtype, bytes] with bytes an integer >= 0; got ['uint8', '4MB']"),
+    (lambda d: d["sites"][0].update(registered="maybe"), "sites.0.registered: Input should be '', 'pool' or 'fixed'"),
     # accepted before, with a plan written: what the plan is valid for, and what a site can be
     (lambda d: d.pop("fingerprint"), "bad.json: fingerprint: Field required"),
     (lambda d: d["fingerprint"].update(world_size=0), "fingerprint.world_size: Input should be greater than or "

@@ -95,9 +95,10 @@ def _simulated_profile(tmp_path, capsys, preset: str, cluster: str):
 
 
 def test_search_refuses_an_exhaustive_search_of_per_call_knobs_as_simulate_does(tmp_path, capsys):
-    # NCCL 2.27 with the tuner plugin sets knobs per call: 64 of the 96 sites double the space each
+    # NCCL 2.27 with the tuner plugin sets knobs per call: every site (64 data-parallel collectives and
+    # 32 context-parallel ring exchanges, bounded by their entries' CTAs) doubles the space at least
     prof = _simulated_profile(tmp_path, capsys, "llama3-8b-h100x8", "h100-sxm-ib400")
-    expected = ("--method exhaustive: 64 tunable sites need at least 2^64 joint configurations, above the limit "
+    expected = ("--method exhaustive: 96 tunable sites need at least 2^96 joint configurations, above the limit "
                 "of 2,000,000; use --method priority (or autoccl)")
     out = tmp_path / "plan.json"
     assert main(["search", "--profile", str(prof), "-o", str(out), "--method", "exhaustive"]) == 2
@@ -111,14 +112,15 @@ def test_search_refuses_an_exhaustive_search_of_per_call_knobs_as_simulate_does(
 def test_exhaustive_search_of_more_than_64_sites_with_shared_knobs_runs(tmp_path, capsys):
     # NCCL 2.21 (a100-ib100) loads no lagom plugin: the communicator mechanism sets CTA bounds per
     # communicator (the algorithm and protocol need 2.24's per-function NCCL_ALGO) and NCCL_NTHREADS
-    # per process, 36 joint configurations over 96 sites; the searcher once built a 96-dimensional
-    # array numpy refuses (64 at most)
+    # per process, 216 joint configurations over 96 sites (36 for the data-parallel group, times 6
+    # CTA bounds of the context-parallel one); the searcher once built a 96-dimensional array numpy
+    # refuses (64 at most)
     prof = _simulated_profile(tmp_path, capsys, "llama3-8b-h100x8", "a100-ib100")
     out = tmp_path / "plan.json"
     assert main(["search", "--profile", str(prof), "-o", str(out), "--method", "exhaustive"]) == 0
-    assert capsys.readouterr().out.startswith("exhaustive: 96 sites, 3,456 model evaluations")
+    assert capsys.readouterr().out.startswith("exhaustive: 96 sites, 20,736 model evaluations")
     plan = Plan.load(out)
-    assert plan.method == "exhaustive" and len(plan.entries) == 96 and plan.stats["joint_configs"] == 36
+    assert plan.method == "exhaustive" and len(plan.entries) == 96 and plan.stats["joint_configs"] == 216
     assert plan.mechanism == "communicator"
     assert main(["search", "--profile", str(prof), "-o", str(tmp_path / "prio.json")]) == 0
     capsys.readouterr()

@@ -33,7 +33,7 @@ def test_channel_limit_and_chunk_grids(h100, a100, gloo):
 @pytest.mark.parametrize("rules_cls, cluster", [(NcclRules, "h100"), (GlooRules, "gloo")])
 def test_both_applying_layers_implement_the_knob_rules_contract(rules_cls, cluster, request):
     rules = rules_cls(request.getfixturevalue(cluster))
-    for name in ("scope", "domains", "for_sites", "probe_configs", "applicable", "validate", "process_env"):
+    for name in ("scope", "domains", "site_domains", "for_sites", "probe_configs", "applicable", "validate", "process_env"):
         want = inspect.signature(getattr(KnobRules, name))
         got = inspect.signature(getattr(rules_cls, name))
         assert list(got.parameters) == list(want.parameters), f"{rules_cls.__name__}.{name}{got} differs from {want}"

@@ -187,7 +187,7 @@ def test_gloo_plans_pass_validation():
 def test_degenerate_sites_give_finite_plans(cluster):
     sites = [site(site_id="empty", nbytes=0), site(site_id="alone", group_size=1), site(site_id="tiny", nbytes=256),
              site(site_id="pp", op="recv", nbytes=2**20, group="pp", group_size=2, n_nodes=2)]
-    problem = build(sites=sites, cluster=cluster, comp_ratio=1.0)
+    problem = build(sites=sites, cluster=cluster, comp_ratio=1.0, domain_override=SMALL_DOMAINS)
     for method in ("priority", "autoccl", "exhaustive"):
         res = search(problem, method=method)
         assert np.isfinite(res.stats["predicted_iteration_us"])

@@ -252,8 +252,11 @@ def test_command_line_exit_codes(capsys, monkeypatch):
             "--num-attention-heads", "32", "--num-layers", "4"]
     assert main(good) == 1  # pretrain_gpt.py would stop: no --hidden-size, ...
     assert "error: [pretrain-args] --hidden-size is required" in capsys.readouterr().out
-    assert main(["doctor", "--megatron-lm", *good[1:]]) == 0  # a Megatron-LM line: layout only
+    assert main(["doctor", "--megatron-lm", *good[1:], "--eval-interval", "10"]) == 0  # a Megatron-LM line
     capsys.readouterr()
+    assert main(["doctor", "--megatron-lm", "--megatron-lm-release", "core_v0.18.2", *good[1:]]) == 1
+    assert ("no --eval-interval: Megatron-LM core_v0.18.2 computes train_iters // eval_interval\n"
+            "    why: megatron/training/training.py:4136 raises TypeError") in capsys.readouterr().out
     full = ["doctor", "--world-size", "8", "--", "--preset", "cpu-tp2-dp2", "--mock-data"]
     assert main(full) == 0
 

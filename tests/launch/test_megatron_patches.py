@@ -6,7 +6,9 @@ import argparse
 import ast
 import importlib
 import inspect
+import os
 import re
+import shutil
 import sys
 import textwrap
 import types
@@ -162,7 +164,12 @@ def _fake_megatron(monkeypatch):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setenv("LAGOM_CLUSTER", "h100-sxm-ib400")
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    yield types.SimpleNamespace(training=training, state=state, original=train_step, parse_args=parse_args)
+    from lagom_megatron.launch import megatron_lm_cpu
+
+    cpu_mode_calls = []  # the CPU shims need a real checkout (tests/launch/test_megatron_lm_real_loop.py)
+    monkeypatch.setattr(megatron_lm_cpu, "apply", lambda force=False: cpu_mode_calls.append(1) or True)
+    yield types.SimpleNamespace(training=training, state=state, original=train_step, parse_args=parse_args,
+                                 cpu_mode_calls=cpu_mode_calls)
 
 
 def run_fake_pretrain(fake, steps):
@@ -202,6 +209,7 @@ def test_old_api_drives_callbacks_and_restores(fake_megatron, monkeypatch):
     assert [e[1] for e in rec.events if e[0] == "start"] == [1, 2, 3]
     assert rec.events[2][2] == 2.5
     assert fake_megatron.training.train_step is fake_megatron.original and not hooks.active
+    assert fake_megatron.cpu_mode_calls == [1]  # before the pre-parse: validate_args asks for the GPU
 
 
 def _start_with(recorder, original_start):
@@ -224,6 +232,57 @@ def test_new_api_parse_then_finish(fake_megatron, monkeypatch):
     hooks.finish()
     assert [e[0] for e in rec.events] == ["setup", "start", "end", "train_end"]
     assert fake_megatron.training.train_step is fake_megatron.original
+    assert fake_megatron.cpu_mode_calls == [1]
+
+
+TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+"""What plain ``torchrun`` gives each rank: no NCCL_TUNER_PLUGIN, no LAGOM_TUNER_CONFIG."""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed (the plugin is built with it)")
+def test_plain_torchrun_on_a_gpu_enables_the_tuner_plugin_before_the_first_communicator(
+        fake_megatron, monkeypatch, tmp_path):
+    """A GPU run (CUDA stood in) started by plain torchrun: ``start`` sets NCCL_TUNER_PLUGIN to lagom's
+    library and an empty LAGOM_TUNER_CONFIG before ``pretrain`` (whose initialize_megatron creates the
+    first NCCL communicator, which is when NCCL loads a tuner) runs, as scripts/pretrain_gpt.py does."""
+    import torch
+
+    for name in ("NCCL_TUNER_PLUGIN", "LAGOM_TUNER_CONFIG"):  # absent, and absent again after the test
+        monkeypatch.setenv(name, "")                            # (start() writes os.environ itself)
+        monkeypatch.delenv(name)
+    for name, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LAGOM_TUNER_DIR", str(tmp_path / "plugin"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 5))
+    fake_megatron.state["argv"] = ["--lagom"]
+    rec = Recorder()
+    monkeypatch.setattr(LagomHooks, "start", _start_with(rec, LagomHooks.start))
+    seen = {}
+    pretrain = run_fake_pretrain(fake_megatron, 1)
+
+    def pretrain_seeing_env(*args, **kwargs):
+        seen.update({k: os.environ.get(k) for k in ("NCCL_TUNER_PLUGIN", "LAGOM_TUNER_CONFIG")})
+        return pretrain(*args, **kwargs)
+
+    LagomHooks().pretrain(pretrain_seeing_env, "ds", "mp", "t", "fwd", extra_args_provider=None)
+    library = (tmp_path / "plugin" / "libnccl-tuner-lagom.so").resolve()
+    assert seen == {"NCCL_TUNER_PLUGIN": str(library), "LAGOM_TUNER_CONFIG": ""}
+    assert library.is_file() and [e[0] for e in rec.events] == ["setup", "start", "end", "train_end"]
+
+
+def test_gloo_or_no_cuda_leaves_the_plugin_unset(monkeypatch):
+    """Without CUDA, or with --distributed-backend gloo, no NCCL runs: nothing is set."""
+    import torch
+
+    from lagom_megatron.launch.megatron_lm import enable_tuner_plugin
+
+    env = {}
+    assert enable_tuner_plugin(argparse.Namespace(distributed_backend="nccl"), env) is None and env == {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert enable_tuner_plugin(argparse.Namespace(distributed_backend="gloo"), env) is None and env == {}
 
 
 def test_without_lagom_nothing_is_installed(fake_megatron):

@@ -224,6 +224,67 @@ def _megatron_fsdp_part(router, pool, groups, dp):
     return out
 
 
+def _megatron_fsdp_hsdp_part(router, pool, groups, full, inner):
+    """Megatron-FSDP's HSDP layout of megatron-core 0.17+ (``mfsdp_standin``): model buffers on the
+    whole data-parallel group ``full``, the collectives on the helper buffers' DP-Shard group
+    ``inner``; unit 1 has a transposed buffer, gathered in backward."""
+    from lagom_megatron.engine.knobs import CommConfig
+    from tests.megatron import mfsdp_standin as sm
+
+    outer = dist.new_group([0, 1])
+    units = [sm.ParameterGroup(u, full=full, inner=inner, seed=u, transpose=u == 1) for u in (0, 1)]
+    buffer = sm.ParamAndGradBuffer(units, outer)
+    ag, rs = sm.AllGatherPipeline(buffer), sm.GradReducePipeline(buffer)
+    holder = torch.nn.Module()
+    holder.param_and_grad_buffer = buffer
+    router.registry.bind_model([holder])
+
+    def step():
+        out = []
+        for bwd in (False, True):
+            ag.all_gather_params([u.params[0] for u in units], bwd=bwd)
+            out += [ag.wait_bucket_ready(i, bwd) for i in (0, 1)]
+        for i in (0, 1):
+            rs._bucket_group_gradient_reduce([i], outer_fsdp_group_grad_reduce=True)
+        return out + [b.data.clone() for u in units for b in (u.hfsdp_helper_gbuf, u.main_grad_buffer)]
+
+    router.active = False
+    reference = step()
+    router.active = True
+    got, _ = _iteration(router, step)
+    out = {"hsdp_records": _records(router), "hsdp_same_hooked": all(torch.equal(a, b) for a, b in zip(reference, got))}
+    cfg = CommConfig(n_channels=3)
+    pool.prepare({"intra_dist_opt": {cfg}})
+    router.set_assignment({"intra_dist_opt.param_all_gather[chunk0.bucket0]": cfg,
+                           "intra_dist_opt.grad_reduce_scatter[chunk0.bucket1]": cfg})
+    seen, saved = [], (sm._coalescing_manager, dist.all_gather_into_tensor, dist.reduce_scatter_tensor)
+
+    def spy(kind, fn):
+        def call(*args, **kwargs):
+            group = kwargs["group"] if "group" in kwargs else args[0]
+            name = "outer" if group is outer else groups.lookup(group).name
+            seen.append([kind, name, any(group is g for g in (full, inner, outer))])
+            return fn(*args, **kwargs)
+        return call
+
+    sm._coalescing_manager = spy("manager", saved[0])
+    dist.all_gather_into_tensor, dist.reduce_scatter_tensor = spy("all_gather", saved[1]), spy("reduce_scatter", saved[2])
+    before = router.calls_routed
+    try:
+        got, _ = _iteration(router, step, record=False)
+    finally:
+        sm._coalescing_manager, dist.all_gather_into_tensor, dist.reduce_scatter_tensor = saved
+    out["hsdp_routed_calls"] = router.calls_routed - before
+    out["hsdp_seen"] = seen
+    out["hsdp_same_routed"] = all(torch.equal(a, b) for a, b in zip(reference, got))
+    out["hsdp_groups_restored"] = all(
+        b.data_parallel_group is grp for u in units for grp, bufs in
+        ((full, (u.model_weight_buffer, u.main_grad_buffer, u.transpose_weight_buffer)),
+         (inner, (u.hfsdp_helper_wbuf, u.hfsdp_helper_gbuf, u.hfsdp_helper_wtbuf))) for b in bufs if b is not None)
+    router.set_assignment({})
+    return out
+
+
 def worker(rank: int, store_path: str, out_dir: str) -> None:
     """One rank: installs the hooks with the TE stand-in and runs every part (module docstring)."""
     from lagom_megatron.megatron import patches
@@ -232,21 +293,24 @@ def worker(rank: int, store_path: str, out_dir: str) -> None:
     from lagom_megatron.megatron.profiler import Profiler
     from lagom_megatron.megatron.router import SiteRouter
     from lagom_megatron.megatron.sites import GroupNames, SiteRegistry
-    from lagom_megatron.megatron.te_targets import find_te_targets
+    from lagom_megatron.megatron.te_targets import find_megatron_fsdp, find_te_targets
+    from tests.megatron import mfsdp_standin
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)
     groups = GroupNames(local_world_size=WORLD)
-    named = {name: dist.new_group([0, 1]) for name in ("tp", "dp")}
+    named = {name: dist.new_group([0, 1]) for name in ("tp", "dp", "intra_dist_opt")}
     for name, group in named.items():
         groups.add(name, group)
     registry = SiteRegistry(groups, num_microbatches=1)
     router = SiteRouter(registry, Profiler(), CommPool(make_pool_backend("gloo"), groups))
-    handle = patches.install(router, te=find_te_targets("tests.megatron.te_standin"))
+    handle = patches.install(router, te=find_te_targets("tests.megatron.te_standin"),
+                             megatron_fsdp=find_megatron_fsdp() + [mfsdp_standin])
     out = {"patched": handle.patched}
     try:
         out.update(_te_quantized_part(router, router.pool, groups, named["tp"]))
         with _CudaStreamsOnCpu():
             out.update(_megatron_fsdp_part(router, router.pool, groups, named["dp"]))
+        out.update(_megatron_fsdp_hsdp_part(router, router.pool, groups, named["dp"], named["intra_dist_opt"]))
     finally:
         handle.remove()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

@@ -5,6 +5,8 @@ gradient reduce) runs one training per fault, each fault on rank 1 only:
   ``.so`` on one node gives);
 * pool creation error (``pool-create``, after every rank made its ``new_group`` calls);
 * unreadable plan table (``table``) and first-use failure (``first-use``: the plugin status check);
+* the first training calls on the entries refused, on both ranks as NCCL refuses an unavailable
+  algorithm (``first-call``): issued again on their own groups, then reverted;
 * environment conflict (``env``: ``NCCL_MAX_CTAS`` set on rank 1 after the capabilities were agreed).
 
 Every run must log one error naming the step and rank 1, destroy the pool entries it made, keep the
@@ -34,6 +36,8 @@ FAULTS = {  # run name -> (environment, what the error names)
     "pool": ({"LAGOM_INJECT_APPLY_FAULT": "pool-create:1"}, "pool-create failed on rank 1"),
     "table": ({"LAGOM_INJECT_APPLY_FAULT": "table:1"}, "table failed on rank 1"),
     "first_use": ({"LAGOM_INJECT_APPLY_FAULT": "first-use:1"}, "first-use failed on rank 1"),
+    # NCCL refuses the first training call on an entry, on every rank of it alike (first_use)
+    "first_call": ({"LAGOM_INJECT_APPLY_FAULT": "first-call:0,first-call:1"}, "first-call failed on rank 0"),
     "env": ({"LAGOM_INJECT_APPLY_FAULT": "env:1"}, "env failed on rank 1"),  # last: it leaves NCCL_MAX_CTAS on rank 1
 }
 
@@ -68,7 +72,7 @@ def test_fault_on_one_rank_keeps_defaults_on_all_and_training_finishes(launched,
         assert rep["pool"]["live"] == 0 and rep["pool"]["destroyed"] == rep["pool"]["created"], rep["pool"]
     if name == "env":
         assert "NCCL_MAX_CTAS='4' (was None)" in errors[0], errors[0]
-    if name in ("pool", "first_use"):
+    if name in ("pool", "first_use", "first_call"):
         assert rep["pool"]["created"] > 0, rep["pool"]  # entries existed and were destroyed
     if name == "table":  # failed after the search: the plan is saved as rejected, so reuse keeps the defaults
         from lagom_megatron.engine.plan import Plan

@@ -123,3 +123,32 @@ def test_megatron_fsdp_sites_are_routed_with_the_same_gradients(ranks):
 def test_megatron_fsdp_over_one_rank_has_no_sites(ranks):
     for r in ranks:
         assert r["mfsdp_solo_records"] == {}
+
+
+def test_megatron_fsdp_hsdp_sites_are_on_the_group_the_collectives_run_on(ranks):
+    """megatron-core 0.17+ HSDP (``mfsdp_standin``): the gathers and reduce-scatters run on the
+    DP-Shard group of the helper buffers, not on the whole-DP group of the model buffers."""
+    for r in ranks:
+        rec = r["hsdp_records"]
+        for tag in ("chunk0.bucket0", "chunk0.bucket1"):  # forward and backward gathers of 8 floats; 1 reduce-scatter
+            assert rec[f"intra_dist_opt.param_all_gather[{tag}]"] == ["all_gather", 32, 2, "intra_dist_opt", "float32"]
+            assert rec[f"intra_dist_opt.grad_reduce_scatter[{tag}]"] == ["reduce_scatter", 32, 1, "intra_dist_opt",
+                                                                          "float32"]
+        assert len(rec) == 4, rec  # the outer group's reduce-scatters are not sites
+        assert r["hsdp_same_hooked"]
+
+
+def test_megatron_fsdp_hsdp_routing_moves_every_collective_of_the_site(ranks):
+    own, entry = ["intra_dist_opt", True], ["intra_dist_opt", False]
+    outer = ["outer", True]
+    for r in ranks:
+        assert r["hsdp_routed_calls"] == 3  # unit 1's gathers (forward, backward), unit 0's reduce-scatter
+        seen = r["hsdp_seen"]
+        # forward and backward gathers: unit 0 (bucket1) on its own group, unit 1 (bucket0) with the
+        # manager and its gather, of the transposed buffer in backward too, on the pool entry
+        gathers = [["manager"] + own, ["all_gather"] + own, ["manager"] + entry, ["all_gather"] + entry]
+        assert seen[:8] == gathers * 2, seen
+        assert seen[8:] == [["manager"] + entry, ["reduce_scatter"] + entry, ["manager"] + outer,
+                            ["reduce_scatter"] + outer, ["manager"] + own, ["reduce_scatter"] + own,
+                            ["manager"] + outer, ["reduce_scatter"] + outer], seen
+        assert r["hsdp_same_routed"] and r["hsdp_groups_restored"]

@@ -141,6 +141,37 @@ def test_remove_restores_autograd_staticmethods_and_te_fsdp2_methods_exactly():
     assert {n: getattr(te.distributed, n) for n in te.quantized_gathers} == gathers
 
 
+def test_the_fp8_block_scaling_gather_of_te_2_3_to_2_11_is_hooked_too(tmp_path, monkeypatch):
+    """TE v2.3-v2.11 named the FP8 block-scaling gather ``_all_gather_fp8_blockwise`` (v2.11
+    ``pytorch/distributed.py:1066``, same signature, one ``_coalescing_manager`` from v2.5), and
+    ``gather_along_first_dim`` looks it up as a module global (v2.11 ``:1661``), as v2.18 does
+    ``_start_all_gather_fp8_blockwise``."""
+    from lagom_megatron.megatron.te_targets import find_te_targets
+
+    pkg = tmp_path / "te_v211_layout"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "distributed.py").write_text(
+        "def _all_gather_fp8_blockwise(inp, process_group, *, async_op=False, quantizer=None, out_shape=None):\n"
+        "    return 'unhooked', None\n\n\n"
+        "def gather_along_first_dim(inp, process_group, async_op=False, quantizer=None):\n"
+        "    return _all_gather_fp8_blockwise(inp, process_group, async_op=async_op, quantizer=quantizer,\n"
+        "                                     out_shape=[8])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    te = find_te_targets("te_v211_layout")
+    assert te.quantized_gathers == ["_all_gather_fp8_blockwise"]
+    orig = te.distributed._all_gather_fp8_blockwise
+    router = Recorder()
+    handle = patches.install(router, te=te, fsdp2=None, megatron_fsdp=[])
+    try:
+        assert te.distributed.gather_along_first_dim("inp", "pg", async_op=True) == ("gathered", None)
+        assert router.calls[-1] == ("quantized_gather", orig, ("inp", "pg"),
+                                    {"async_op": True, "quantizer": None, "out_shape": [8]})
+    finally:
+        handle.remove()
+    assert te.distributed._all_gather_fp8_blockwise is orig
+
+
 def test_backward_scope_of_each_forward_scope():
     from lagom_megatron.megatron.scopes import backward_scope
 

@@ -181,3 +181,23 @@ def test_every_text_of_the_figure_fits_its_canvas():
                 assert box.y0 >= -0.5 and box.y1 <= fig.bbox.height + 0.5, (t.get_text()[:60], box, fig.bbox)
         finally:
             plt.close(fig)
+
+
+def test_the_report_says_what_the_plan_cannot_change_and_why():
+    """A site with registered buffers kept on its own communicator and a bucket group with two tuner
+    rows: the plan's notes reach the report, grouped by note with their sites."""
+    import dataclasses
+
+    kept = "registered buffers (--use-nccl-ub) that only the group's own communicator holds: kept there"
+    bins = "2 tuner rows, one per NCCL bin of its tensors (12582912, 4194304 bytes)"
+    entries = {f"dp.grad_reduce_scatter[chunk0.bucket{i}]": dataclasses.replace(
+        _entry(CommConfig(), 100.0, 100.0, "reduce_scatter", "dp"), note=kept) for i in range(5)}
+    entries["dp.param_all_gather[chunk0.bucket0]"] = dataclasses.replace(
+        _entry(CommConfig(n_channels=4), 90.0, 100.0, "all_gather", "dp"), note=bins)
+    rows, summary = _fixture()
+    text = render_markdown(site_rows(entries, {}, {}, {}) + rows, summary)
+    assert "## What the plan cannot change, and how it applies the rest" in text
+    assert (f"- {kept}: `dp.grad_reduce_scatter[chunk0.bucket0]`, `dp.grad_reduce_scatter[chunk0.bucket1]`, "
+            "`dp.grad_reduce_scatter[chunk0.bucket2]` and 2 more") in text
+    assert f"- {bins}: `dp.param_all_gather[chunk0.bucket0]`" in text
+    assert "What the plan cannot change" not in render_markdown(rows, summary)  # no notes, no section

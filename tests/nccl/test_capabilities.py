@@ -116,6 +116,19 @@ def test_nvls_only_where_nccl_enables_it(n_nodes, multicast, collnet, want_nvls)
     assert "NVLS" not in ar["algorithm"]
 
 
+def test_pat_never_under_a_network_plugin_and_reduce_scatter_needs_a_known_non_averaging_op():
+    """NCCL runs PAT only on a host network device (2.30.7 ``src/graph/tuning.cc:215-221``) and skips
+    PAT reduce-scatter for an averaging reduction (``src/enqueue.cc:2010-2012``)."""
+    spec = ClusterSpec.load("h100-sxm-ib400")
+    d = {"algorithm": ("Ring", "PAT"), "n_threads": (None,), "chunk_size": (None,)}
+    assert restrict_domains(d, caps(), op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == ("Ring", "PAT")
+    offload = caps(environ={"NCCL_NET_PLUGIN": "gpudirect_tcpxo"})
+    assert restrict_domains(d, offload, op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == (None,)
+    rules = rules_for("nccl", spec)
+    assert "PAT" in rules.domains(op="reduce_scatter", n_nodes=4, group_size=4, reduce_op="sum")["algorithm"]
+    assert "PAT" not in rules.domains(op="reduce_scatter", n_nodes=4, group_size=4, reduce_op="avg")["algorithm"]
+
+
 # ---------------------------------------------------------------------------------------------- plans
 
 SITES = (

@@ -73,9 +73,9 @@ def test_tuner_csv_matches_nccl_example_plugin_columns():
     by_type = {r["collective_type"]: r for r in rows}
     assert set(by_type) == {"allgather", "allreduce", "reducescatter"}  # no send/recv rows
     assert [by_type["allgather"][k] for k in TUNER_COLUMNS] == [
-        "allgather", "1048576", "1048576", "ring", "ll", "4", "1", "8", "-1", "-1"]
+        "allgather", "1048576", "1048576", "ring", "ll", "4", "-1", "8", "-1", "-1"]
     assert [by_type["reducescatter"][k] for k in TUNER_COLUMNS] == [
-        "reducescatter", "67108864", "67108864", "pat", "simple", "2", "2", "16", "-1", "-1"]
+        "reducescatter", "67108864", "67108864", "pat", "simple", "2", "-1", "16", "-1", "-1"]
     assert "-1" not in (by_type["allreduce"]["algorithm"], by_type["allreduce"]["protocol"], by_type["allreduce"]["channels"])
 
 
@@ -118,7 +118,7 @@ def test_tuner_csv_refuses_sites_nccl_cannot_tell_apart_with_different_configs()
                            op="reduce_scatter"),
     })
     with pytest.raises(ValueError, match=r"sites tp.rs\[0\] and tp.rs\[1\] are the same collective to a tuner plugin "
-                                         r"\(tag 'tp', reducescatter, 1024 bytes, 1 node\(s\), 8 ranks\)"):
+                                         r"\(tag 'tp', reducescatter, 1024 bytes, 8 ranks\)"):
         export_plan(plan, "nccl-tuner-csv", extended=True)
     other_group = Plan(entries={**plan.entries, "tp.rs[1]": _entry(plan.entries["tp.rs[1]"].config, group="tp_cp",
                                                                     op="reduce_scatter")})

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from lagom_megatron.config.presets import load_preset
-from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.knobs import P2P_OPS, CommConfig
 from lagom_megatron.nccl.export import TUNER_COLLECTIVE, export_plan, parse_tuner_csv, tuner_rows
 from lagom_megatron.nccl.rules import NcclRules, tuner_call_key
 from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
@@ -74,19 +74,29 @@ def test_budget_fit_bounds_each_groups_entries_by_its_own_channels(plan, capsys)
     from lagom_megatron.nccl.pool import NcclPoolBackend, estimate_entry_bytes
 
     tuned = [e for e in plan.entries.values() if not e.config.is_default()]
+    collective = [e for e in tuned if e.op not in P2P_OPS]
     own = {}
-    for e in tuned:
+    for e in collective:
         own[e.group] = max(own.get(e.group, 0), e.config.n_channels or 0)
     assert set(own) == {"tp", "dp"} and own["tp"] != own["dp"]  # one plan-wide bound would be wrong for one of them
     pool = CommPool(NcclPoolBackend(use_tuner_plugin=True), GroupNames(local_world_size=8))
     fitted = Applier(pool=pool, router=None, files=None, cluster=None).fit_plan_to_budget(plan)
     assert pool.backend.cta_bounds == own
     assert pool.backend.estimate_bytes(CommConfig(n_channels=4), group="tp") == estimate_entry_bytes(own["tp"])
+    # a tuned pipeline send/recv runs on an entry bounded at its own channel count (NCCL's P2P rule)
+    p2p = {}
+    for e in tuned:
+        if e.op in P2P_OPS:
+            p2p.setdefault(e.group, set()).add(e.config)
+    assert pool.backend.p2p_configs == p2p
+    for group, configs in p2p.items():
+        for c in configs:
+            assert pool.backend.estimate_bytes(c, group=group) == estimate_entry_bytes(c.n_channels)
     fits = {g for g, n in own.items() if estimate_entry_bytes(n) <= pool.budget_bytes}
-    kept = {e.group for e in fitted.entries.values() if not e.config.is_default()}
+    kept = {e.group for e in fitted.entries.values() if not e.config.is_default() and e.op not in P2P_OPS}
     assert kept == fits and fits
-    dropped = sum(1 for e in tuned if e.group not in fits)
-    assert fitted.stats.get("sites_dropped_for_budget", 0) == dropped
+    dropped = sum(1 for e in collective if e.group not in fits)
+    assert fitted.stats.get("sites_dropped_for_budget", 0) >= dropped
 
 
 def test_the_search_respects_a_small_pool_budget():
@@ -100,15 +110,15 @@ def test_the_search_respects_a_small_pool_budget():
     from lagom_megatron.nccl.pool import RING_BUFFER_BYTES, NcclPoolBackend, estimate_entry_bytes
 
     budget = 160 * 2**20
-    assert channel_cap(budget // 2) == 8 and 8 * RING_BUFFER_BYTES <= budget // 2 < 9 * RING_BUFFER_BYTES
+    # three groups share it (tp, dp and the pipeline's send/recv, whose channels are bounded too)
+    assert channel_cap(budget // 3) == 5 and 5 * RING_BUFFER_BYTES <= budget // 3 < 6 * RING_BUFFER_BYTES
     sim = SimulatedCluster(load_preset("gpt3-13b-h100x64"), seed=3)
     small = run_lifecycle(sim, verify_iters=1, after_iters=0, pool_budget_bytes=budget).tuner.plan
     tuned = [e for e in small.entries.values() if not e.config.is_default()]
-    groups = {e.group for e in tuned}
-    assert groups == {"tp", "dp"} and len(tuned) > 50  # still a tuned plan, in both groups
+    assert len(tuned) > 50  # still a tuned plan
     channels = {e.config.n_channels for e in tuned if e.config.n_channels is not None}
-    assert channels and max(channels) <= 8
-    assert all(estimate_entry_bytes(n) <= budget // len(groups) for n in channels)
+    assert channels and max(channels) <= 5
+    assert all(estimate_entry_bytes(n) <= budget // 3 for n in channels)
     pool = CommPool(NcclPoolBackend(use_tuner_plugin=True), GroupNames(local_world_size=8), budget_bytes=budget)
     fitted = Applier(pool=pool, router=None, files=None, cluster=None).fit_plan_to_budget(small)
     assert fitted is small and "sites_dropped_for_budget" not in fitted.stats
@@ -128,15 +138,17 @@ def test_the_budget_caps_the_channel_domain_per_mechanism():
     sites = [CollectiveSite(site_id=f"{g}.x[0]", group=g, op=op, nbytes=1 << 20, dtype="bf16", group_size=8, n_nodes=1)
              for g, op in (("tp", "all_reduce"), ("dp", "reduce_scatter"), ("pp", "send"))]
     shared = rules.for_sites(sites)
-    assert shared.budget_groups == ("dp", "tp")  # send/recv channels are never searched: pp needs no channel entry
-    assert shared.domains(op="send")["n_channels"] == (None,)
-    assert group_share(budget, shared.budget_groups) == 20 * RING_BUFFER_BYTES and shared.channel_cap() == 20
-    assert max(shared.domains(op="all_reduce")["n_channels"]) == 16
+    # send/recv channels are bounded through the pp group's entries (NCCL's P2P rule): pp shares the budget
+    assert shared.budget_groups == ("dp", "pp", "tp")
+    assert shared.domains(op="send")["n_channels"] == (1, 2, 4, 8)  # powers of two up to the share's 13 channels
+    assert group_share(budget, shared.budget_groups) == 40 * RING_BUFFER_BYTES // 3 and shared.channel_cap() == 13
+    assert max(shared.domains(op="all_reduce")["n_channels"]) == 12
     cp = CollectiveSite(site_id="cp.x[0]", group="cp", op="all_gather", nbytes=1 << 20, dtype="bf16", group_size=2)
     comm = dataclasses.replace(rules, mechanism="communicator").for_sites(sites + [cp])
-    assert comm.budget_groups == ("cp", "dp", "tp") and comm.channel_cap() == 13  # 40 / 3 channels' worth each
-    assert max(comm.domains(op="all_gather")["n_channels"]) == 12
-    nvls = dataclasses.replace(shared, nvls_heads=8)
+    assert comm.budget_groups == ("cp", "dp", "pp", "tp") and comm.channel_cap() == 10  # 40 / 4 channels' worth each
+    assert max(comm.domains(op="all_gather")["n_channels"]) == 8
+    two = rules.for_sites(sites[:2])
+    nvls = dataclasses.replace(two, nvls_heads=8)
     per = RING_BUFFER_BYTES + 8 * NVLS_BYTES_PER_CHANNEL_HEAD
     assert nvls.channel_cap() == (20 * RING_BUFFER_BYTES) // per == channel_cap(20 * RING_BUFFER_BYTES, nvls_heads=8)
     assert dataclasses.replace(rules, mechanism="env").domains(op="all_reduce")["n_channels"][-1] == 64

@@ -171,10 +171,10 @@ def test_gpu_check_script_fails_gracefully_without_a_gpu(tmp_path):
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| build tuner plugin | ok | 4 ABI structs exported |" in summary
     assert "no CUDA device seen by torch" in summary
-    assert "| overlap sweep | skipped |" in summary and "| NCCL pool + tuner plugin | skipped |" in summary
+    assert "| NCCL pool + tuner plugin | skipped |" in summary
     assert "| plugin status + capabilities | skipped |" in summary
-    contention = "| contention probe | skipped | scripts/gpu/contention_probe.py not in this checkout |"
-    assert (contention in summary) != (PLUGIN_DIR.parents[2] / "scripts" / "gpu" / "contention_probe.py").is_file()
+    assert "| contention probe | skipped | no GPU python or no time left |" in summary
+    assert "| lagom calibrate contention | skipped | no contention CSV or no time left |" in summary
 
 
 def test_exported_plan_table_is_read_by_the_plugin(built, tmp_path):

@@ -24,6 +24,7 @@ DRIVER = textwrap.dedent('''
 
     lib_path, table, tag = sys.argv[1], sys.argv[2], sys.argv[3]
     calls = json.loads(sys.argv[4])
+    n_ranks, n_nodes = json.loads(sys.argv[5]) if len(sys.argv) > 5 else (8, 1)
     out = {"before_load": read_plugin_status() is None}
     lib = ctypes.CDLL(lib_path, mode=os.RTLD_NOW | os.RTLD_LOCAL)   # as NCCL dlopens it
 
@@ -48,7 +49,7 @@ DRIVER = textwrap.dedent('''
     os.environ["LAGOM_TUNER_CONFIG"] = table
     os.environ["LAGOM_TUNER_COMM_TAG"] = tag
     ctx = ctypes.c_void_p()
-    assert tuner.init(ctypes.byref(ctx), 0x1234, 8, 1, logger, None, None) == 0
+    assert tuner.init(ctypes.byref(ctx), 0x1234, n_ranks, n_nodes, logger, None, None) == 0
     cost = (ctypes.c_float * 21)(*([1.0] * 21))
     channels = []
     for coll, nbytes in calls:
@@ -65,11 +66,13 @@ DRIVER = textwrap.dedent('''
 ''')
 
 
-def _drive(lib, table, tag, calls):
+def _drive(lib, table, tag, calls, *, n_ranks=8, n_nodes=1):
+    """Runs DRIVER in a fresh interpreter: ``init`` with ``n_ranks`` / ``n_nodes`` (what NCCL passes:
+    ``comm->nRanks``, ``comm->nNodes``), then ``getCollInfo`` for each (func, nBytes) of ``calls``."""
     import json
 
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(lib), str(table), tag, json.dumps(calls)],
-                          capture_output=True, text=True, timeout=COMMAND_S)
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(lib), str(table), tag, json.dumps(calls),
+                           json.dumps([n_ranks, n_nodes])], capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

@@ -28,7 +28,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
         (CommConfig(n_channels=0), "all_reduce", "h100-sxm-ib400", None, ["n_channels", "0", "1..64"]),
         (CommConfig(n_channels=65), "all_reduce", "h100-sxm-ib400", None, ["n_channels", "65", "1..64"]),
         (CommConfig(n_channels=33), "all_reduce", "a100-ib100", None, ["n_channels", "33", "1..32", "2.21.5"]),
-        (CommConfig(n_channels=4), "send", "h100-sxm-ib400", None, ["n_channels", "4", "nccl#1598"]),
+        (CommConfig(n_threads=256), "send", "h100-sxm-ib400", None, ["n_threads", "256", "NCCL_MAX_NTHREADS"]),
         (CommConfig(chunk_size=131072), "all_reduce", "h100-sxm-ib400", None, ["chunk_size", "131072", "2.30", "[None]"]),
         (CommConfig(chunk_size=1000, protocol="Simple"), "all_reduce", "h200-sxm", None, ["chunk_size", "1000", "4096..524288"]),
         (CommConfig(chunk_size=2**20, protocol="Simple"), "all_reduce", "h200-sxm", None, ["chunk_size", "1048576", "4096..524288"]),

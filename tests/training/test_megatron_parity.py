@@ -200,3 +200,39 @@ def test_help_lists_every_lagom_flag():
                  "--attention-backend", "--accumulate-allreduce-grads-in-fp32", "--lr-wsd-decay-iters"):
         assert f"  {flag}" in proc.stdout, flag
     assert "--overlap-p2p-communication " not in proc.stdout.replace("--no-overlap-p2p-communication", "")
+
+
+EXAMPLES = json.loads((ROOT / "tests" / "training" / "data" / "megatron_lm_example_flags.json").read_text())
+NOT_IN_EVERY_RELEASE = {"--step-batch-size-schedule": "core_v0.18 only (not in core_v0.16.1 / core_v0.17.1's parser)"}
+
+
+@pytest.mark.parametrize("release", sorted(TABLE))
+def test_every_flag_of_megatron_lms_gpt_examples_is_accepted(release):
+    """The Megatron-LM flags of its own GPT-3, Llama 3 and Mixtral example scripts: ours has each one
+    (with its destination and default, by the test above) but those of one release only."""
+    assert sorted(EXAMPLES) == sorted(TABLE) and len(EXAMPLES[release]) > 90
+    missing = sorted(set(EXAMPLES[release]) - set(ours()) - set(NOT_IN_EVERY_RELEASE))
+    assert not missing, f"flags of Megatron-LM {release}'s examples that pretrain_gpt.py refuses: {missing}"
+    for flag in NOT_IN_EVERY_RELEASE:
+        assert any(flag not in TABLE[r] for r in TABLE)
+
+
+def test_flags_without_effect_are_named_and_those_that_would_differ_refused():
+    from lagom_megatron.training.arguments_megatron_lm import inactive_flags
+
+    line = SMALL + ["--eval-interval", "2", "--save", "ckpt", "--no-persist-layer-norm", "--tensorboard-dir", "tb",
+                    "--distributed-backend", "gloo", "--cross-entropy-loss-fusion"]
+    args = parse_args(line)
+    assert inactive_flags(args, build_parser(), on_gpu=True) == [
+        "--tensorboard-dir (no TensorBoard writer)", "--save (this script writes no checkpoints)",
+        "--no-persist-layer-norm (persistent layer-norm kernels are never used)"]
+    assert "--cross-entropy-loss-fusion (no fused kernels on CPU)" in inactive_flags(args, build_parser(), on_gpu=False)
+    assert inactive_flags(parse_args(SMALL), build_parser(), on_gpu=False) == []
+    for extra, message in ((["--train-samples", "100"], "--train-samples 100 is not accepted by scripts/pretrain_gpt.py: "
+                            "sample-based training is not implemented here; give --train-iters"),
+                           (["--no-position-embedding"], "--no-position-embedding is deprecated"),
+                           (["--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "1"],
+                            "pass one of --lr-warmup-fraction and --lr-warmup-iters, not both")):
+        with pytest.raises(ValueError, match=message):
+            validate_args(parse_args(SMALL + extra), 1)
+    assert validate_args(parse_args(SMALL + ["--lr-warmup-fraction", "0.5"]), 1).lr_warmup_iters == 1  # of 3

@@ -79,7 +79,8 @@ def baseline(corpus, tmp_path_factory):
     """TP=1 DP=1 PP=1 run of TINY with --log-interval 2: (recorded JSON, stdout)."""
     tmp = tmp_path_factory.mktemp("baseline")
     (tmp / "driver.py").write_text(DRIVER)
-    _, log = torchrun(1, tmp / "out.json", *TINY, "--data-path", corpus, "--log-interval", "2", script=tmp / "driver.py")
+    _, log = torchrun(1, tmp / "out.json", *TINY, "--data-path", corpus, "--log-interval", "2", "--log-throughput",
+                      script=tmp / "driver.py")
     record = json.loads((tmp / "out.json").read_text())
     assert len(record["losses"]) == 4
     assert record["losses"][3] < record["losses"][0], f"training should lower the loss; got {record['losses']}"
@@ -127,6 +128,29 @@ def test_parallel_layout_matches_single_process_losses(layout, corpus, baseline,
         assert got == pytest.approx(want, rel=1e-4), f"{layout}: iteration {i} lm loss got {got} but should be {want}"
     if "--lagom" in extra:
         assert "pretrain_gpt: lagom=True lagom_warmup_iters=4" in log
+
+
+def test_evaluation_on_the_validation_split_prints_megatron_lms_line(corpus):
+    """--eval-interval 2 --eval-iters 2 on 2 ranks (TP 2): Megatron-LM's validation line after iterations 2
+    and 4 and after training, between rows of dashes one longer than the line; the same validation loss
+    at iteration 4 and after training would be a coincidence, so the split is read on from one evaluation
+    to the next; without --log-throughput there is no throughput field; flags without effect are named."""
+    _, log = torchrun(2, *TINY, "--data-path", corpus, "--tensor-model-parallel-size", "2", "--eval-interval", "2",
+                      "--eval-iters", "2", "--distributed-backend", "gloo", "--no-persist-layer-norm",
+                      "--save", "ckpt")
+    lines = log.splitlines()
+    found = [(i, m) for i, line in enumerate(lines)
+             if (m := re.fullmatch(r" validation loss at (iteration \d+(?: on validation set)?) \| lm loss value: "
+                                   r"([0-9.]+E[+-]\d+) \| lm loss PPL: ([0-9.]+E[+-]\d+) \| ", line))]
+    assert [m.group(1) for _, m in found] == ["iteration 2", "iteration 4", "iteration 4 on validation set"]
+    for i, m in found:
+        assert lines[i - 1] == lines[i + 1] == "-" * (len(lines[i]) + 1)
+        loss, ppl = float(m.group(2)), float(m.group(3))
+        assert 0 < loss < 7 and ppl == pytest.approx(2.718281828459045 ** loss, rel=1e-5)
+    assert found[1][1].group(2) != found[2][1].group(2)
+    assert "throughput per GPU" not in log
+    assert ("pretrain_gpt: accepted without effect here: --save (this script writes no checkpoints), "
+            "--no-persist-layer-norm (persistent layer-norm kernels are never used)") in log
 
 
 def test_iteration_line_has_megatron_fields(baseline):

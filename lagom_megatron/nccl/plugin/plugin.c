@@ -14,7 +14,10 @@
  * For each collective call getCollInfo() takes the first matching row and
  *   - states a preference for the row's algorithm/protocol by setting that cost-table entry to
  *     0.0 (never touching an entry NCCL disabled with -1.0, never indexing out of bounds);
- *   - sets *nChannels when the row gives a channel count.
+ *   - sets *nChannels when the row gives a channel count;
+ *   - when NCCL disabled the row's algorithm/protocol (or has no such entry), applies nothing of
+ *     the row: not its channels (chosen for that algorithm) and not its chunk size, and counts no
+ *     hit.
  * A row tagged "dp" applies to communicators tagged "dp" and "dp/<anything>" (a process group
  * and its pool entries); an empty tag or "*" applies to every communicator.
  * On a miss it writes nothing at all, so NCCL keeps its own choice (unlike NCCL's example plugin,
@@ -34,10 +37,10 @@
  * enqueue.cc ncclLaunchPrepare :1617). Rows hold the whole collective's bytes, so a slice seldom
  * matches a row by itself. Instead getCollInfo remembers each call of the current group on its
  * communicator (collective, bytes, matched row or none), and a getCollInfo after a getChunkSize
- * starts a new group (forgets the old one). getChunkSize gives a slice to the first remembered
- * call of the same collective with at least that many bytes not yet sliced, deducts the slice,
- * and applies that call's row's chunk size when NCCL's final algorithm/protocol are the row's (or
- * the row leaves them to NCCL). One collective per group, or one row per function in a group, is
+ * starts a new group (forgets the old one). getChunkSize gives a slice to the remembered call of
+ * the same collective NCCL is slicing (takeSlice: lo, hi, then one middle share standing for all
+ * middle channels), deducts it, and applies that call's row's chunk size when NCCL's final
+ * algorithm/protocol are the row's (or the row leaves them to NCCL). One collective per group, or one row per function in a group, is
  * exact; several same-function collectives of one group with different rows are told apart by
  * their bytes in NCCL's scheduling order. At most LAGOM_PENDING_MAX calls are remembered per
  * group (the oldest is forgotten first). NCCL's symmetric-kernel and allgatherv paths ask
@@ -76,6 +79,7 @@ static ncclResult_t lagomInit(void **context, uint64_t commId, size_t nRanks, si
   ctx->abiVersion = abiVersion;
   ctx->nRanks = nRanks;
   ctx->nNodes = nNodes;
+  ctx->current = -1;
   const char *tag = getenv(LAGOM_TUNER_COMM_TAG_ENV);
   if (tag && *tag) {
     if (validTag(tag)) {
@@ -116,26 +120,51 @@ static void rememberCall(LagomContext *ctx, int coll, size_t nBytes, const Lagom
   if (ctx->sliced) { /* getChunkSize ran since the last getCollInfo: a new group starts */
     ctx->nPending = 0;
     ctx->sliced = 0;
+    ctx->current = -1;
   }
   if (ctx->nPending == LAGOM_PENDING_MAX) { /* drop the oldest: NCCL never sliced it */
     memmove(&ctx->pending[0], &ctx->pending[1], (LAGOM_PENDING_MAX - 1) * sizeof(LagomPending));
     ctx->nPending--;
+    ctx->current = -1;
   }
   ctx->pending[ctx->nPending++] = (LagomPending){.coll = coll, .remaining = nBytes, .row = row};
 }
 
 /* The remembered call a slice of `nBytes` of `coll` belongs to: deducts the slice and returns the
- * call's row (NULL when it matched none); *found is 0 when no remembered call can own the slice. */
+ * call's row (NULL when it matched none); *found is 0 when no remembered call can own the slice.
+ * NCCL slices one collective at a time (scheduleCollTasksToPlan, src/enqueue.cc:725-737): its
+ * lowest channel's share, then its highest's, then the middle share asked once for all of the
+ * nMid middle channels (a middle share is only asked when a highest share was). So a slice goes
+ * to the call whose slices are under way while that call has the bytes, else to the first call
+ * of the collective not yet sliced that has them, else to the first that has them; and the third
+ * slice of a call is its middle share, which covers every byte it has left (nMid x the share). */
 static const LagomRow *takeSlice(LagomContext *ctx, int coll, size_t nBytes, int *found) {
-  for (int i = 0; i < ctx->nPending; i++) {
-    LagomPending *p = &ctx->pending[i];
-    if (p->coll != coll || p->remaining < nBytes) continue;
-    p->remaining -= nBytes;
-    *found = 1;
-    return p->row;
+  LagomPending *p = NULL;
+  if (ctx->current >= 0 && ctx->current < ctx->nPending) {
+    LagomPending *c = &ctx->pending[ctx->current];
+    if (c->coll == coll && c->remaining >= nBytes && c->remaining > 0) p = c;
   }
-  *found = 0;
-  return NULL;
+  for (int pass = 0; pass < 2 && !p; pass++) {
+    for (int i = 0; i < ctx->nPending; i++) {
+      LagomPending *q = &ctx->pending[i];
+      if (q->coll != coll || q->remaining < nBytes || (pass == 0 && q->slices > 0)) continue;
+      p = q;
+      ctx->current = i;
+      break;
+    }
+  }
+  if (!p) {
+    *found = 0;
+    return NULL;
+  }
+  p->slices++;
+  if (p->slices >= 3 && nBytes > 0 && p->remaining % nBytes == 0)
+    p->remaining = 0; /* the middle share, for all nMid middle channels */
+  else
+    p->remaining -= nBytes;
+  if (p->remaining == 0) ctx->current = -1;
+  *found = 1;
+  return p->row;
 }
 
 /* Index of the cheapest entry NCCL left enabled among `count` entries `stride` apart, or -1. */
@@ -163,18 +192,19 @@ static ncclResult_t lagomGetCollInfo(void *context, ncclFunc_t collType, size_t 
     row = r;
     break;
   }
-  rememberCall(ctx, (int)collType, nBytes, row);
   if (!row) {
+    rememberCall(ctx, (int)collType, nBytes, NULL);
     LOG_CALL(ctx, NCCL_LOG_TRACE, "tag '%s' %s %zu bytes: no row; NCCL's choice", ctx->tag,
         collName((int)collType), nBytes);
     return ncclSuccess;
   }
-  statusCountHit(ctx->hits, row->index);
   float *table = (float *)collCostTable;
   int a = row->algo, p = row->proto;
   const char *why = NULL;
-  if (table && (a >= 0 || p >= 0)) {
-    if (a >= numAlgo || p >= numProto) {
+  if (a >= 0 || p >= 0) {
+    if (!table) {
+      why = "has no cost table to prefer it in";
+    } else if (a >= numAlgo || p >= numProto) {
       why = "is outside NCCL's cost table";
     } else {
       if (a >= 0 && p < 0) p = cheapestEnabled(table, a * numProto, 1, numProto);
@@ -184,12 +214,22 @@ static ncclResult_t lagomGetCollInfo(void *context, ncclFunc_t collType, size_t 
       else
         table[a * numProto + p] = 0.0f; /* preferred: NCCL takes the cheapest entry */
     }
-    /* Logged once per row: this repeats on every call of the same shape. */
-    if (why && !__atomic_exchange_n(&((LagomRow *)row)->noted, 1, __ATOMIC_RELAXED))
-      LOG_CALL(ctx, NCCL_LOG_INFO, "line %d: %s/%s %s for %s %zu bytes; keeping NCCL's algorithm and "
-          "protocol (logged once per row)", row->line, algoName(row->algo), protoName(row->proto),
-          why, collName((int)collType), nBytes);
   }
+  if (why) {
+    /* The row's decision does not hold: its channel count and chunk size were chosen for its
+     * algorithm and protocol, and NCCL's own algorithm would run with them (*nChannels replaces
+     * NCCL's channel count, src/enqueue.cc:2178). The call keeps NCCL's choice entirely, is not
+     * counted as a hit, and its slices keep NCCL's chunk. Logged once per row: this repeats on
+     * every call of the same shape. */
+    rememberCall(ctx, (int)collType, nBytes, NULL);
+    if (!__atomic_exchange_n(&((LagomRow *)row)->noted, 1, __ATOMIC_RELAXED))
+      LOG_CALL(ctx, NCCL_LOG_INFO, "line %d: %s/%s %s for %s %zu bytes; keeping NCCL's algorithm, "
+          "protocol, channels and chunk size (logged once per row)", row->line, algoName(row->algo),
+          protoName(row->proto), why, collName((int)collType), nBytes);
+    return ncclSuccess;
+  }
+  rememberCall(ctx, (int)collType, nBytes, row);
+  statusCountHit(ctx->hits, row->index);
   if (row->channels > 0 && nChannels) *nChannels = row->channels;
   LOG_CALL(ctx, NCCL_LOG_TRACE, "tag '%s' %s %zu bytes: line %d -> %s/%s channels %d", ctx->tag,
       collName((int)collType), nBytes, row->line, algoName(row->algo), protoName(row->proto),

@@ -62,6 +62,7 @@ typedef struct LagomTableHits LagomTableHits;
 typedef struct {
   int coll;
   size_t remaining;
+  int slices;          /* getChunkSize calls charged to it so far (lo, hi, mid) */
   const LagomRow *row; /* the row getCollInfo matched, or NULL (NCCL's chunk for its slices) */
 } LagomPending;
 #define LAGOM_PENDING_MAX 32
@@ -79,6 +80,7 @@ typedef struct {
   LagomTableHits *hits;   /* counters of the loaded table, or NULL when none is loaded */
   LagomPending pending[LAGOM_PENDING_MAX]; /* getCollInfo calls of the current group */
   int nPending;
+  int current; /* index of the pending call whose slices are under way, or -1 */
   int sliced; /* getChunkSize ran since the last getCollInfo (the next one starts a new group) */
 } LagomContext;
 

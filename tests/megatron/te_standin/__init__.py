@@ -6,7 +6,7 @@ hooks of ``lagom_megatron.megatron.te_targets`` / ``patches`` can be tested with
 * ``distributed.py``: ``gather_along_first_dim`` / ``reduce_scatter_along_first_dim`` /
   ``allreduce`` call ``torch.distributed.all_gather_into_tensor`` / ``reduce_scatter_tensor`` /
   ``all_reduce`` through the ``torch.distributed`` module with ``group=`` and ``async_op=`` as
-  keywords and return ``(tensor, handle)`` (TE ``distributed.py:928-953,1640-1789,2013-2028``);
+  keywords and return ``(tensor, handle)`` (TE ``distributed.py:928-951,1640-1790,2013-2027``);
 * ``module/linear.py`` / ``module/layernorm_linear.py``: module classes whose ``forward`` calls
   an autograd ``Function`` (``_Linear`` / ``_LayerNormLinear``) with the module's ``tp_group``;
   the column-parallel backward with sequence parallelism posts the input all-gather

@@ -1,9 +1,9 @@
 """Stand-in of TE v2.18 ``pytorch/distributed.py``: the collectives TE layers issue.
 
-``gather_along_first_dim`` dispatches as TE's does (``:1640-1794``): a plain tensor is gathered
+``gather_along_first_dim`` dispatches as TE's does (``:1640-1790``): a plain tensor is gathered
 with one ``all_gather_into_tensor`` (``async_op`` passed through); an MXFP8, NVFP4 or FP8
 block-scaling quantizer sends it to ``_all_gather_mxfp8`` / ``_all_gather_nvfp4`` /
-``_start_all_gather_fp8_blockwise`` (``:1700-1745``), which quantize the input and gather its
+``_start_all_gather_fp8_blockwise`` (``:1709-1749``), which quantize the input and gather its
 data and scale-inverses as synchronous ``all_gather_into_tensor`` calls on ``process_group``
 inside one ``torch.distributed._coalescing_manager(group=process_group, device=...,
 async_ops=async_op)``, in TE's order, and return the manager as the handle (MXFP8), or a wrapper
@@ -101,7 +101,7 @@ def _start_all_gather_fp8_blockwise(inp, process_group, *, async_op=False, quant
 
 def _post_process_nvfp4_gather(out, columnwise_data_interleaved, columnwise_scale_inv_interleaved, world_size,
                                handle=None):
-    """TE ``distributed.py:1279-1321``: the gathered transposed data and scales back in order."""
+    """TE ``distributed.py:1279-1296``: the gathered transposed data and scales back in order."""
     k = out._columnwise_data.size(0)
     _swap_first_dims(columnwise_data_interleaved.view(world_size, k, -1), out._columnwise_data.view(k, world_size, -1))
     cols = columnwise_scale_inv_interleaved.size(1)
@@ -184,7 +184,7 @@ def _all_gather_mxfp8(inp, process_group, *, async_op=False, quantizer, out_shap
 
 
 def gather_along_first_dim(inp, process_group, async_op=False, quantizer=None):
-    """All-gather along dim 0 (TE ``distributed.py:1640-1794``): quantized gathers by the quantizer's
+    """All-gather along dim 0 (TE ``distributed.py:1640-1790``): quantized gathers by the quantizer's
     type, else the plain-tensor path."""
     world_size = torch.distributed.get_world_size(process_group)
     if world_size == 1:
@@ -204,7 +204,7 @@ def gather_along_first_dim(inp, process_group, async_op=False, quantizer=None):
 
 
 def reduce_scatter_along_first_dim(inp, tp_group, async_op=False):
-    """Reduce-scatter along dim 0 (TE ``distributed.py:928-953``)."""
+    """Reduce-scatter along dim 0 (TE ``distributed.py:928-951``)."""
     world_size = torch.distributed.get_world_size(tp_group)
     if world_size == 1:
         return inp, None
@@ -214,7 +214,7 @@ def reduce_scatter_along_first_dim(inp, tp_group, async_op=False):
 
 
 def allreduce(inp, tp_group=None, async_op=False):
-    """All-reduce (TE ``distributed.py:2013-2028``)."""
+    """All-reduce (TE ``distributed.py:2013-2027``)."""
     if torch.distributed.get_world_size(tp_group) == 1:
         return inp, None
     handle = torch.distributed.all_reduce(inp, group=tp_group, async_op=async_op)

@@ -78,6 +78,7 @@ void test_large_table(void);
 
 /* Tests (test_slices.c). */
 void test_chunk_by_slice(void);
+void test_middle_slices_cover_every_middle_channel(void);
 void test_status_exports(void);
 
 #endif /* LAGOM_TEST_HARNESS_H_ */

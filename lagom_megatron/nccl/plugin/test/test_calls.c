@@ -87,6 +87,10 @@ void test_several_comms(void) {
   CHECK(gV6->finalize(c) == ncclSuccess && gV6->finalize(d) == ncclSuccess, "finalize");
 }
 
+/* NCCL disabled the row's algorithm/protocol (-1 in the cost table): the row applies nothing. NCCL's
+ * topoGetAlgoInfo then picks its own algorithm and protocol and its own nc, and a non-zero plugin
+ * *nChannels would replace that nc (src/enqueue.cc:2178): the row's channels, chosen for ring/ll,
+ * would run NCCL's choice. *nChannels stays 0, the slices keep NCCL's chunk, no hit is counted. */
 void test_disabled_entry_kept(void) {
   writeTable(kMainTable);
   void *a = initComm("dp", 8, 1, 1);
@@ -94,16 +98,24 @@ void test_disabled_entry_kept(void) {
   fillTable(t);
   t[LAGOM_ALGO_RING][LAGOM_PROTO_LL] = IGN;
   resetLog();
-  CHECK(collInfo(a, ncclFuncAllReduce, 4096, t) == 4, "channels still applied");
+  CHECK(collInfo(a, ncclFuncAllReduce, 4096, t) == 0, "channels of a rejected row applied");
   CHECK(t[LAGOM_ALGO_RING][LAGOM_PROTO_LL] == IGN, "a disabled entry must stay -1");
   t[LAGOM_ALGO_RING][LAGOM_PROTO_LL] = 10.0f + 3.0f * LAGOM_ALGO_RING;
   CHECK(changedEntries(t) == 0, "nothing else changed");
   CHECK(strstr(gLog, "[3/64] LAGOM/tuner: line 2: ring/ll is disabled by NCCL"), "log:\n%s", gLog);
+  /* NCCL runs its cheapest enabled entry; its slices keep NCCL's chunk, not the row's 65536 */
+  size_t chunk = 16384;
+  gV6->getChunkSize(a, ncclFuncAllReduce, 512, LAGOM_ALGO_TREE, LAGOM_PROTO_LL, 1, &chunk);
+  CHECK(chunk == 16384, "rejected row's chunk applied: %zu", chunk);
   resetLog();
   fillTable(t);
   t[LAGOM_ALGO_RING][LAGOM_PROTO_LL] = IGN;
-  CHECK(collInfo(a, ncclFuncAllReduce, 4096, t) == 4, "second call");
+  CHECK(collInfo(a, ncclFuncAllReduce, 4096, t) == 0, "second call");
   CHECK(!strstr(gLog, "disabled by NCCL"), "logged once per row, got again:\n%s", gLog);
+  /* the same row where NCCL enabled ring/ll: applied, channels and all */
+  fillTable(t);
+  CHECK(collInfo(a, ncclFuncAllReduce, 4096, t) == 4, "an enabled row's channels");
+  CHECK(t[LAGOM_ALGO_RING][LAGOM_PROTO_LL] == 0.0f, "preferred");
   gV6->finalize(a);
 }
 
@@ -118,11 +130,18 @@ void test_bounds(void) {
   gV6->getCollInfo(a, ncclFuncAllReduce, 4096, 1, (float **)t, 1, NP, 0, &nChannels);
   CHECK(changedEntries(t) == 0, "out-of-bounds row must not touch the table");
   CHECK(strstr(gLog, "line 2: ring/ll is outside NCCL's cost table"), "log:\n%s", gLog);
-  CHECK(nChannels == 4, "channels %d", nChannels);
+  CHECK(nChannels == 0, "channels of a row that could not be applied: %d", nChannels);
   fillTable(t);
   nChannels = 0;
   gV6->getCollInfo(a, ncclFuncAllReduce, 4096, 1, NULL, NA, NP, 0, &nChannels);
-  CHECK(nChannels == 4, "a NULL table is skipped, channels still set");
+  CHECK(nChannels == 0, "a NULL table cannot prefer ring/ll: no channels either (%d)", nChannels);
+  /* a row that sets channels only needs no cost table */
+  writeTable("allreduce,0,-1,-1,-1,6,-1,-1,-1,-1,-1,dp\n");
+  void *b = initComm("dp", 8, 1, 2);
+  nChannels = 0;
+  gV6->getCollInfo(b, ncclFuncAllReduce, 4096, 1, NULL, NA, NP, 0, &nChannels);
+  CHECK(nChannels == 6, "channels-only row with a NULL table: %d", nChannels);
+  gV6->finalize(b);
   gV6->finalize(a);
 }
 

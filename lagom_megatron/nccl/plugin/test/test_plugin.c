@@ -180,6 +180,7 @@ static const struct {
     {"older_abis", test_older_abis},
     {"large_table", test_large_table},
     {"chunk_by_slice", test_chunk_by_slice},
+    {"middle_slices", test_middle_slices_cover_every_middle_channel},
     {"status_exports", test_status_exports},
 };
 

@@ -92,6 +92,45 @@ void test_chunk_by_slice(void) {
   gV6->finalize(a);
 }
 
+/* Two all-reduces of one NCCL group that NCCL does not aggregate (16 MiB is not below 4 x 4 MiB,
+ * src/enqueue.cc:430), each with its own row: 4 MiB on 8 channels, 16 MiB on 32. NCCL asks
+ * getCollInfo for both (smallest first), then slices them in that order: the 4 MiB one as lo,
+ * hi and one middle share of 512 KiB standing for its 6 middle channels, then the 16 MiB one the
+ * same way (30 middle channels). Charging the middle share once would leave 3 MiB on the first
+ * call, and the second call's 512 KiB slices would take its chunk (enqueue.cc:725-737). */
+void test_middle_slices_cover_every_middle_channel(void) {
+  writeTable("allreduce,4194304,4194304,ring,simple,8,-1,8,-1,-1,65536,dp\n"
+             "allreduce,16777216,16777216,ring,simple,32,-1,8,-1,-1,131072,dp\n");
+  void *a = initComm("dp", 8, 1, 0x71);
+  float t[NA][NP];
+  const int R = LAGOM_ALGO_RING, S = LAGOM_PROTO_SIMPLE;
+  fillTable(t);
+  CHECK(collInfo(a, ncclFuncAllReduce, 4194304, t) == 8, "4 MiB row");
+  fillTable(t);
+  CHECK(collInfo(a, ncclFuncAllReduce, 16777216, t) == 32, "16 MiB row");
+  size_t want[6] = {65536, 65536, 65536, 131072, 131072, 131072};
+  for (int i = 0; i < 6; i++) { /* lo, hi, mid of each, 512 KiB per channel */
+    size_t chunk = 2097152;
+    gV6->getChunkSize(a, ncclFuncAllReduce, 524288, R, S, 1, &chunk);
+    CHECK(chunk == want[i], "slice %d: chunk %zu, want %zu", i, chunk, want[i]);
+  }
+  /* a collective on two channels: lo and hi only, no middle share */
+  fillTable(t);
+  CHECK(collInfo(a, ncclFuncAllReduce, 4194304, t) == 8, "4 MiB again (a new group)");
+  fillTable(t);
+  CHECK(collInfo(a, ncclFuncAllReduce, 16777216, t) == 32, "16 MiB again");
+  size_t two[2] = {2097152, 2097152}; /* the 4 MiB call on 2 channels */
+  for (int i = 0; i < 2; i++) {
+    size_t chunk = 1;
+    gV6->getChunkSize(a, ncclFuncAllReduce, two[i], R, S, 1, &chunk);
+    CHECK(chunk == 65536, "two-channel slice %d: %zu", i, chunk);
+  }
+  size_t chunk = 1;
+  gV6->getChunkSize(a, ncclFuncAllReduce, 524288, R, S, 1, &chunk);
+  CHECK(chunk == 131072, "next call's first slice: %zu", chunk);
+  gV6->finalize(a);
+}
+
 void test_status_exports(void) {
   int (*abi)(void) = (int (*)(void))dlsym(gLib, "lagomTunerAbiVersion");
   int (*inits)(void) = (int (*)(void))dlsym(gLib, "lagomTunerInitCount");

@@ -1,0 +1,147 @@
+"""What a Megatron-LM release fails on before (or at) its first iteration, for ``lagom doctor --megatron-lm``.
+
+Each rule restates one failure of Megatron-LM's own code as a fact of its release (core_v0.16.x,
+core_v0.17.x, core_v0.18.x; the line numbers are of core_v0.16.1, core_v0.17.1 and core_v0.18.2,
+read from their sources), and names the release and the line:
+
+- ``--eval-interval`` missing (and neither ``--skip-train`` nor ``--full-validation``):
+  ``train_iters // args.eval_interval`` raises ``TypeError`` in
+  ``get_train_valid_test_num_samples`` before the first step (``megatron/training/training.py``
+  :3307 / :3547 / :4136);
+- a persistent layer norm (the default; ``--no-persist-layer-norm`` turns it off) with the local
+  layers and no APEX: ``WrappedTorchNorm`` asserts it (``megatron/core/transformer/torch_norm.py``
+  :30 / :48 / :48);
+- the masked-softmax fusion (the default) with ``--bf16`` or ``--fp16``, the local layers and no
+  APEX ``scaled_masked_softmax_cuda``, for the shapes where the fused kernel would be picked:
+  ``megatron/core/fusions/fused_softmax.py:357`` imports it (all three);
+- ``--use-megatron-fsdp`` without ``--ckpt-format fsdp_dtensor``: ``validate_args`` asserts it
+  (``megatron/training/arguments.py`` :690 / :971 / :1142);
+- a Python package Megatron-LM imports unconditionally and this Python lacks (``six`` at
+  ``megatron/training/tokenizer/bert_tokenization.py:25`` and ``regex`` at
+  ``gpt2_tokenization.py:25`` in core_v0.16.x; ``pybind11`` for the dataset helper's
+  ``megatron/core/datasets/Makefile``; ``triton`` at
+  ``megatron/core/transformer/custom_layers/batch_invariant_kernels.py:15`` (core_v0.16.x) and
+  ``megatron/core/transformer/moe/paged_stash.py:8`` (core_v0.18.x)).
+
+APEX and packages are looked up in this Python: errors when the run starts here (``local``),
+warnings for another cluster's machines. Packages are checked only where the checkout itself is
+importable (``megatron.training`` on the path, as every rank has it): a login node that only plans
+the job says nothing of the nodes' Python.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable, Mapping
+
+from lagom_megatron.training.preflight_types import Finding
+
+RELEASES = ("core_v0.16", "core_v0.17", "core_v0.18")
+
+EVAL_INTERVAL_LINE = {"core_v0.16": "megatron/training/training.py:3307",
+                      "core_v0.17": "megatron/training/training.py:3547",
+                      "core_v0.18": "megatron/training/training.py:4136"}
+PERSIST_LAYER_NORM_LINE = {"core_v0.16": "megatron/core/transformer/torch_norm.py:30",
+                           "core_v0.17": "megatron/core/transformer/torch_norm.py:48",
+                           "core_v0.18": "megatron/core/transformer/torch_norm.py:48"}
+MASKED_SOFTMAX_LINE = dict.fromkeys(RELEASES, "megatron/core/fusions/fused_softmax.py:357")
+FSDP_CKPT_LINE = {"core_v0.16": "megatron/training/arguments.py:690",
+                  "core_v0.17": "megatron/training/arguments.py:971",
+                  "core_v0.18": "megatron/training/arguments.py:1142"}
+PACKAGES: dict[str, dict[str, str]] = {
+    "core_v0.16": {"six": "megatron/training/tokenizer/bert_tokenization.py:25",
+                   "regex": "megatron/training/tokenizer/gpt2_tokenization.py:25",
+                   "pybind11": "megatron/core/datasets/Makefile (the dataset helper's build)",
+                   "triton": "megatron/core/transformer/custom_layers/batch_invariant_kernels.py:15"},
+    "core_v0.17": {"pybind11": "megatron/core/datasets/Makefile (the dataset helper's build)"},
+    "core_v0.18": {"pybind11": "megatron/core/datasets/Makefile (the dataset helper's build)",
+                   "triton": "megatron/core/transformer/moe/paged_stash.py:8"},
+}
+"""Release -> {package: where Megatron-LM imports or needs it}."""
+
+
+def release_key(release: str) -> str:
+    """``core_v0.16.1`` / ``0.16.1`` / ``core_v0.16`` -> ``core_v0.16``.
+
+    Raises:
+        ValueError: a release outside core_v0.16-core_v0.18, naming the value and those allowed.
+    """
+    text = release.strip().removeprefix("core_v").removeprefix("v")
+    parts = text.split(".")
+    key = f"core_v{parts[0]}.{parts[1]}" if len(parts) >= 2 else ""
+    if key not in RELEASES:
+        raise ValueError(f"--megatron-lm-release {release!r} is not one of the releases the doctor knows "
+                         f"({', '.join(r + '.x' for r in RELEASES)})")
+    return key
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def megatron_lm_traps(args: Mapping[str, Any], release: str, *, local: bool,
+                      installed: Callable[[str], bool] = _installed, on_gpu: bool = True) -> list[Finding]:
+    """The findings of the module docstring for one Megatron-LM command line.
+
+    Args:
+        args: argparse destinations of the line (``launch.megatron_args.argv_to_args``).
+        release: the targeted Megatron-LM release, e.g. ``core_v0.16.1``.
+        local: the run starts on this machine (missing APEX and packages are errors, else warnings).
+        installed: whether a module can be imported here (a stand-in in tests).
+        on_gpu: the run has CUDA; without it ``triton`` is given a stand-in by
+            ``python -m lagom_megatron.launch.megatron_lm_cpu`` and is not needed.
+
+    Returns:
+        Findings, errors first in the order above.
+
+    Raises:
+        ValueError: an unknown release (:func:`release_key`).
+    """
+    key = release_key(release)
+    out: list[Finding] = []
+    get = args.get
+    level = "error" if local else "warning"
+    where = "this Python" if local else "this Python (the cluster's may differ)"
+    if get("eval_interval") is None and not get("skip_train") and not get("full_validation"):
+        out.append(Finding(
+            "error", "megatron-lm", f"no --eval-interval: Megatron-LM {release} computes train_iters // eval_interval",
+            f"{EVAL_INTERVAL_LINE[key]} raises TypeError before the first iteration",
+            "add --eval-interval N (and --eval-iters M), or --skip-train"))
+    local_layers = get("transformer_impl", "transformer_engine") == "local"
+    # the local spec uses APEX's FusedLayerNorm when "import apex" works, else torch's
+    # (megatron/core/models/gpt/gpt_layer_specs.py:58-72 in core_v0.16.1)
+    if local_layers and not get("no_persist_layer_norm") and not installed("apex"):
+        out.append(Finding(
+            level, "megatron-lm", f"persistent layer norm (the default) with --transformer-impl local and no APEX in {where}",
+            f"Megatron-LM {release} builds torch's LayerNorm, which asserts not persist_layer_norm "
+            f"({PERSIST_LAYER_NORM_LINE[key]})", "add --no-persist-layer-norm, or install APEX"))
+    half = get("bf16") or get("fp16")
+    seq = get("seq_length") or 0
+    heads = (get("num_attention_heads") or 0) // max(int(get("tensor_model_parallel_size") or 1), 1)
+    fused_shape = 16 < seq <= 4096 and seq % 4 == 0 and ((get("micro_batch_size") or 1) * heads) % 4 == 0
+    if (local_layers and half and get("masked_softmax_fusion", True) and fused_shape
+            and not installed("scaled_masked_softmax_cuda")):
+        out.append(Finding(
+            level, "megatron-lm", f"masked-softmax fusion (the default) with --{'bf16' if get('bf16') else 'fp16'}, "
+            f"--transformer-impl local and no APEX scaled_masked_softmax_cuda in {where}",
+            f"Megatron-LM {release} imports it for these shapes ({MASKED_SOFTMAX_LINE[key]})",
+            "add --no-masked-softmax-fusion, or install APEX with its CUDA extensions"))
+    if get("use_megatron_fsdp") and get("ckpt_format", "torch_dist") != "fsdp_dtensor":
+        out.append(Finding(
+            "error", "megatron-lm", f"--use-megatron-fsdp with --ckpt-format {get('ckpt_format', 'torch_dist')}",
+            f"Megatron-LM {release} asserts ckpt_format == 'fsdp_dtensor' ({FSDP_CKPT_LINE[key]})",
+            "add --ckpt-format fsdp_dtensor"))
+    checkout_here = installed("megatron.training")
+    missing = [(p, site) for p, site in PACKAGES[key].items()
+               if checkout_here and not installed(p) and (on_gpu or p != "triton")]
+    for package, site in missing:
+        out.append(Finding(
+            level, "megatron-lm", f"Python package {package} is missing in {where}",
+            f"Megatron-LM {release} needs it: {site}",
+            "pip install 'lagom-megatron[megatron-lm]'" if package != "triton" else
+            "pip install triton (CUDA torch wheels bring it), or on CPU start with "
+            "python -m lagom_megatron.launch.megatron_lm_cpu"))
+    return out

@@ -1,0 +1,95 @@
+"""What a collective call itself says about what NCCL may run for it: its reduction, the dtypes and
+sizes of a coalesced call's tensors, and whether its buffers are registered with NCCL.
+
+The router records these once per site (``sites.SiteRecord``); the rules read them
+(``nccl.rules.NcclRules.site_domains``): NCCL has no NVLS for an averaging reduction or an 8-bit
+dtype (``nccl.bins``), a DDP bucket group asks the tuner plugin once per NCCL bin of its buckets,
+and a pool entry of a group whose buffers NCCL has registered must register them too or lose
+NCCL's registered-buffer algorithms.
+
+Sources: torch 2.13 ``torch.distributed.all_reduce(tensor, op=ReduceOp.SUM, group, async_op)`` and
+``reduce_scatter_tensor(output, input, op, group, async_op)``; megatron-core core_v0.16.1
+``distributed/param_and_grad_buffer.py:395-397`` (``ReduceOp.AVG`` with
+``ddp_config.average_in_collective``, else SUM) and ``:753-770`` (``ddp_config.nccl_ub``: the
+buffer is allocated in an NCCL memory pool registered on the data-parallel group); core_v0.18.2
+``:1066-1074`` keeps that pool as ``_ParamAndGradBuffer.nccl_mem_pool``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OP_ARG = {"all_reduce": ("op", 1), "reduce_scatter": ("op", 2)}
+"""(keyword, position) of the reduction in the torch functions the router wraps, per op."""
+
+
+def reduce_op_name(op: Any) -> str:
+    """torch's reduction as a lower-case name: ``ReduceOp.AVG`` -> ``avg``; a ``ReduceOp`` instance
+    (``ReduceOp(ReduceOp.AVG)``, a pre-multiplied sum) by its ``op``; None (the default) -> ``sum``."""
+    if op is None:
+        return "sum"
+    op = getattr(op, "op", op)
+    name = getattr(op, "name", None)
+    return str(name if name is not None else op).rsplit(".", 1)[-1].lower()
+
+
+def call_reduce_op(op: str, args: tuple, kwargs: dict) -> str | None:
+    """The reduction of one wrapped call of ``op`` (None for an op that does not reduce)."""
+    where = OP_ARG.get(op)
+    if where is None:
+        return None
+    name, index = where
+    value = kwargs[name] if name in kwargs else (args[index] if len(args) > index else None)
+    return reduce_op_name(value)
+
+
+def bucket_reduce_op(bucket_group: Any, kind: str) -> str | None:
+    """The reduction megatron-core's ``start_grad_sync`` uses for a bucket group (``kind`` ``grad``):
+    ``avg`` with ``average_in_collective``, else ``sum``; None for the parameter gather."""
+    if kind != "grad":
+        return None
+    return "avg" if getattr(bucket_group.ddp_config, "average_in_collective", False) else "sum"
+
+
+def bucket_parts(tensors: list[Any]) -> tuple[tuple[str, int], ...]:
+    """(dtype, bytes) of each bucket tensor of one bucket-group call (empty for one tensor: the
+    site's own dtype and bytes say it all)."""
+    from lagom_megatron.megatron.sites import dtype_name, tensor_nbytes
+
+    if len(tensors) < 2:
+        return ()
+    return tuple((dtype_name(t), tensor_nbytes(t)) for t in tensors)
+
+
+def bucket_registration(bucket_group: Any, pools: list | None) -> str:
+    """``CollectiveSite.registered`` of a bucket group: ``""`` without ``ddp_config.nccl_ub``;
+    ``pool`` when the memory pools of its group's buffers are known (``pools``, from
+    ``registered_pools``), so a pool entry can register them too; ``fixed`` when they are not
+    (megatron-core before 0.18 keeps no handle on the pool)."""
+    if not getattr(bucket_group.ddp_config, "nccl_ub", False):
+        return ""
+    return "pool" if pools else "fixed"
+
+
+def registered_pools(model_chunks: Any, name_of: Any) -> dict[str, list[tuple[Any, bool]]]:
+    """Group name -> [(NCCL memory pool, symmetric)] of every DDP buffer of ``model_chunks``
+    allocated with ``nccl_ub`` whose pool megatron-core keeps (``_ParamAndGradBuffer.nccl_mem_pool``,
+    core 0.18+), under the name ``name_of`` gives the buffer's ``data_parallel_group`` (the group
+    megatron-core registers it on). Symmetric as megatron-core registers it:
+    ``not ddp_config.disable_symmetric_registration``. A group whose buffers mix kept and lost
+    pools is left out (its entries could not register them all)."""
+    out: dict[str, list[tuple[Any, bool]]] = {}
+    lost: set[str] = set()
+    for chunk in model_chunks or ():
+        for attr in ("buffers", "expert_parallel_buffers"):
+            for buf in getattr(chunk, attr, None) or ():
+                if not getattr(buf, "nccl_ub", False):
+                    continue
+                name = name_of(getattr(buf, "data_parallel_group", None))
+                pool = getattr(buf, "nccl_mem_pool", None)
+                if pool is None or name is None:
+                    lost.add(str(name))
+                    continue
+                symmetric = not getattr(buf.ddp_config, "disable_symmetric_registration", False)
+                out.setdefault(name, []).append((pool, symmetric))
+    return {k: v for k, v in out.items() if k not in lost}

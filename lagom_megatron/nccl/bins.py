@@ -1,0 +1,81 @@
+"""Which byte counts NCCL's tuner plugin is asked about for one call, and which reductions and
+dtypes NCCL runs NVLS for: the facts of a collective call that shape what a plan can change.
+
+**Bins.** A call that issues several collectives in one NCCL group (a DDP bucket group's buckets
+under ``torch.distributed._coalescing_manager``) does not reach the tuner as one collective.
+NCCL's ``ncclPrepareTasks`` (NVIDIA/nccl v2.30.7 ``src/enqueue.cc:392-441``) bins the group's
+tasks by (function, reduction, dtype), walks each bin from its smallest task up, and aggregates a
+task with the ones after it while they stay below 4x its traffic; it then asks ``getCollInfo``
+once per aggregate, with the aggregate's bytes (``ncclGetAlgoInfo``, ``:2126``: element size x
+``ncclFuncMaxSendRecvCount``: the all-gather output, the reduce-scatter input, the all-reduce
+buffer, as ``CollectiveSite.nbytes`` counts them). ``nccl_bins`` computes those byte counts from a
+site's parts, so the plan table gets one row per aggregate (megatron-core's ``--fp8-param-gather``
+merges bf16 buckets into an FP8 bucket group, core_v0.16.1 ``param_and_grad_buffer.py:997-1027``:
+one bucket group then gathers uint8 and bf16 tensors).
+
+**NVLS support.** NCCL offers NVLS for a reduction only for the (reduction, dtype) pairs
+``ncclNvlsSupported`` lists (``src/include/device.h:587-601``): sum, min and max of 32- and
+64-bit integers, fp16 and bf16; sum of fp32 and fp64. torch's ``ReduceOp.AVG`` becomes
+``ncclAvg`` (a pre-multiplied or post-divided sum on the device: neither ``ncclDevSum`` nor
+``ncclDevMinMax``), and FP8 or 8-bit integers are not listed, so NCCL disables NVLS for them; an
+all-gather runs NVLS whatever its dtype (``enqueue.cc:425-426``). A communicator made with
+``NCCL_ALGO=<function>:NVLS`` then fails such a call with ``ncclInvalidUsage`` (``enqueue.cc:2052-2066``).
+PAT reduce-scatter is skipped for the averaging reductions (``enqueue.cc:2010-2012``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+AGGREGATE_RATIO = 4
+"""NCCL aggregates a bin's tasks while they stay below this multiple of the first (``enqueue.cc:430``)."""
+
+NVLS_SUM_MINMAX_DTYPES = frozenset({"int32", "uint32", "int64", "uint64", "float16", "bfloat16"})
+"""dtypes (torch's names) NCCL reduces with NVLS for sum, min and max."""
+NVLS_SUM_DTYPES = frozenset({"float32", "float64"})
+"""dtypes (torch's names) NCCL reduces with NVLS for sum only."""
+AVERAGING_OPS = frozenset({"avg", "premul_sum"})
+"""torch reductions NCCL runs as a scaled sum (``ncclDevPreMulSum`` / ``ncclDevSumPostDiv``)."""
+REDUCING_OPS = frozenset({"all_reduce", "reduce_scatter"})
+"""Site ops that reduce (their reduction and dtype decide NVLS)."""
+
+
+def nccl_bins(parts: Iterable[tuple[str, int]], *, nbytes: int) -> list[int]:
+    """The ``nBytes`` of each ``getCollInfo`` NCCL makes for one call issuing ``parts`` ((dtype,
+    bytes) per collective of the group, one function and reduction), bins in order of first dtype,
+    aggregates smallest first (module docstring). No parts: the call's ``nbytes``, once."""
+    by_dtype: dict[str, list[int]] = {}
+    for dtype, b in parts:
+        by_dtype.setdefault(str(dtype), []).append(int(b))
+    if not by_dtype:
+        return [int(nbytes)]
+    out: list[int] = []
+    for sizes in by_dtype.values():
+        sizes = sorted(sizes)
+        first = agg = sizes[0]
+        for b in sizes[1:]:
+            if b < AGGREGATE_RATIO * first:
+                agg += b
+            else:
+                out.append(agg)
+                first = agg = b
+        out.append(agg)
+    return out
+
+
+def nvls_supported(reduce_op: str | None, dtype: str | None) -> bool:
+    """Whether NCCL runs NVLS for a reduction ``reduce_op`` (torch's name, lower case) of ``dtype``
+    (``ncclNvlsSupported``); an unknown reduction or dtype counts as unsupported."""
+    op = (reduce_op or "").lower()
+    dt = (dtype or "").lower()
+    if dt in NVLS_SUM_MINMAX_DTYPES:
+        return op in ("sum", "max", "min")
+    if dt in NVLS_SUM_DTYPES:
+        return op == "sum"
+    return False
+
+
+def site_dtypes(dtype: str, parts: Iterable[tuple[str, int]]) -> list[str]:
+    """The dtypes one call of a site reduces: its parts' when it has parts, else its own."""
+    names = [str(d) for d, _ in parts]
+    return names or [dtype]

@@ -1,0 +1,59 @@
+"""launch/megatron_lm_cpu.py without a checkout: the triton stand-in is seen by the modules imported under
+it and by nothing after; the launcher's usage; the Megatron-LM shims' lines exist as cited (the shims
+themselves run in tests/launch/test_megatron_lm_real_loop.py, which needs a checkout)."""
+
+import importlib
+import importlib.util
+import sys
+
+import pytest
+
+from lagom_megatron.launch import megatron_lm_cpu
+
+needs_no_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is not None,
+                                     reason="triton is installed: no stand-in is used")
+
+
+@needs_no_triton
+def test_modules_importing_triton_get_the_stand_in_and_nothing_else_does(tmp_path, monkeypatch):
+    pkg = tmp_path / "fake_mlm_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    # as Megatron-LM's batch_invariant_kernels.py does at import time: import, decorate, annotate
+    (pkg / "kernels.py").write_text(
+        "import triton\nimport triton.language as tl\n\n"
+        "@triton.jit\ndef kernel(x, BLOCK: tl.constexpr):\n    return x + 1\n\n"
+        "@triton.jit(launch_metadata=None)\ndef other(x):\n    return x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    imported = megatron_lm_cpu.import_with_triton_stand_in(("fake_mlm_pkg.kernels", "fake_mlm_pkg.absent",
+                                                            "no_such_package.module"))
+    assert imported == ["fake_mlm_pkg.kernels"]
+    kernels = sys.modules["fake_mlm_pkg.kernels"]
+    assert kernels.kernel(1, 8) == 2 and kernels.other(3) == 3  # the decorators return the function
+    assert "triton" not in sys.modules and "triton.language" not in sys.modules
+    with pytest.raises(ImportError):
+        importlib.import_module("triton")
+    from torch.utils._triton import has_triton_package
+
+    assert has_triton_package() is False
+
+
+def test_launcher_usage(capsys, tmp_path):
+    assert megatron_lm_cpu.main([]) == 2 and "usage: python -m lagom_megatron.launch.megatron_lm_cpu" in capsys.readouterr().err
+    assert megatron_lm_cpu.main(["--help"]) == 0 and "usage:" in capsys.readouterr().out
+    assert megatron_lm_cpu.main([str(tmp_path / "pretrain_gpt.py")]) == 2
+    assert "is not a file; give the path of a patched Megatron-LM pretrain_gpt.py" in capsys.readouterr().err
+
+
+def test_launcher_runs_the_script_as_main_with_its_arguments(tmp_path, capsys):
+    script = tmp_path / "pretrain_gpt.py"
+    script.write_text("import sys\nprint('main' if __name__ == '__main__' else 'imported', sys.argv[1:])\nsys.exit(3)\n")
+    assert megatron_lm_cpu.main([str(script), "--eval-interval", "4"]) == 3
+    assert capsys.readouterr().out == "main ['--eval-interval', '4']\n"
+
+
+def test_the_shims_apply_nothing_on_a_gpu_machine(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert megatron_lm_cpu.apply() is False and not megatron_lm_cpu.is_applied()

@@ -1,0 +1,86 @@
+"""lagom doctor --megatron-lm: what each Megatron-LM release stops on, named with the release and its line
+(the lines were read from core_v0.16.1, core_v0.17.1 and core_v0.18.2)."""
+
+import pytest
+
+from lagom_megatron.launch.megatron_args import argv_to_args
+from lagom_megatron.launch.megatron_lm_traps import megatron_lm_traps, release_key
+
+LINE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+        "--micro-batch-size", "2", "--train-iters", "8", "--transformer-impl", "local", "--bf16"]
+
+
+def nothing(module):
+    return False
+
+
+def everything(module):
+    return True
+
+
+def whats(findings):
+    return [(f.level, f.what, f.why) for f in findings]
+
+
+@pytest.mark.parametrize("release, line", [("core_v0.16.1", "training.py:3307"), ("core_v0.17.1", "training.py:3547"),
+                                           ("core_v0.18.2", "training.py:4136")])
+def test_missing_eval_interval_names_the_release_and_line(release, line):
+    found = megatron_lm_traps(argv_to_args(LINE), release, local=True, installed=everything)
+    assert whats(found) == [("error", f"no --eval-interval: Megatron-LM {release} computes train_iters // eval_interval",
+                             f"megatron/training/{line} raises TypeError before the first iteration")]
+    assert megatron_lm_traps(argv_to_args(LINE + ["--eval-interval", "4"]), release, local=True, installed=everything) == []
+    assert megatron_lm_traps(argv_to_args(LINE + ["--skip-train"]), release, local=True, installed=everything) == []
+
+
+def test_fused_kernels_without_apex():
+    args = argv_to_args(LINE + ["--eval-interval", "4"])
+    found = megatron_lm_traps(args, "core_v0.17.1", local=True, installed=lambda m: m != "apex" and m != "scaled_masked_softmax_cuda")
+    assert [f.why for f in found] == [
+        "Megatron-LM core_v0.17.1 builds torch's LayerNorm, which asserts not persist_layer_norm "
+        "(megatron/core/transformer/torch_norm.py:48)",
+        "Megatron-LM core_v0.17.1 imports it for these shapes (megatron/core/fusions/fused_softmax.py:357)"]
+    fixed = argv_to_args(LINE + ["--eval-interval", "4", "--no-persist-layer-norm", "--no-masked-softmax-fusion"])
+    assert megatron_lm_traps(fixed, "core_v0.17.1", local=True, installed=lambda m: m != "apex") == []
+    # another cluster: warnings (its Python is not this one); Transformer Engine layers use neither kernel
+    assert {f.level for f in megatron_lm_traps(args, "core_v0.16.1", local=False, installed=nothing)} == {"warning"}
+    te = argv_to_args([w for w in LINE if w != "local" and w != "--transformer-impl"] + ["--eval-interval", "4"])
+    assert megatron_lm_traps(te, "core_v0.16.1", local=True, installed=lambda m: m != "apex") == []
+    # the fused softmax is only picked for some shapes: seq 16 is below its range
+    short = argv_to_args(LINE + ["--eval-interval", "4", "--no-persist-layer-norm", "--seq-length", "16"])
+    assert megatron_lm_traps(short, "core_v0.16.1", local=True, installed=lambda m: m != "apex") == []
+
+
+def test_megatron_fsdp_needs_the_dtensor_checkpoint_format():
+    args = argv_to_args(LINE + ["--eval-interval", "4", "--no-persist-layer-norm", "--no-masked-softmax-fusion",
+                                "--use-megatron-fsdp"])
+    found = megatron_lm_traps(args, "core_v0.18.2", local=True, installed=everything)
+    assert [f.why for f in found] == ["Megatron-LM core_v0.18.2 asserts ckpt_format == 'fsdp_dtensor' "
+                                      "(megatron/training/arguments.py:1142)"]
+    args["ckpt_format"] = "fsdp_dtensor"
+    assert megatron_lm_traps(args, "core_v0.18.2", local=True, installed=everything) == []
+
+
+def test_missing_packages_where_the_checkout_is_importable():
+    args = argv_to_args(LINE + ["--eval-interval", "4", "--no-persist-layer-norm", "--no-masked-softmax-fusion"])
+    checkout_only = lambda m: m in ("megatron.training", "apex")  # noqa: E731
+    found = megatron_lm_traps(args, "core_v0.16.1", local=True, installed=checkout_only)
+    assert [(f.what, f.why) for f in found] == [
+        ("Python package six is missing in this Python", "Megatron-LM core_v0.16.1 needs it: "
+         "megatron/training/tokenizer/bert_tokenization.py:25"),
+        ("Python package regex is missing in this Python", "Megatron-LM core_v0.16.1 needs it: "
+         "megatron/training/tokenizer/gpt2_tokenization.py:25"),
+        ("Python package pybind11 is missing in this Python", "Megatron-LM core_v0.16.1 needs it: "
+         "megatron/core/datasets/Makefile (the dataset helper's build)"),
+        ("Python package triton is missing in this Python", "Megatron-LM core_v0.16.1 needs it: "
+         "megatron/core/transformer/custom_layers/batch_invariant_kernels.py:15")]
+    assert found[0].fix == "pip install 'lagom-megatron[megatron-lm]'"
+    on_cpu = megatron_lm_traps(args, "core_v0.16.1", local=True, installed=checkout_only, on_gpu=False)
+    assert [f.what.split()[2] for f in on_cpu] == ["six", "regex", "pybind11"]  # the CPU launcher stands in for triton
+    assert megatron_lm_traps(args, "core_v0.16.1", local=True, installed=lambda m: m == "apex") == []  # no checkout here
+
+
+def test_release_names():
+    assert release_key("core_v0.16.1") == release_key("0.16.0") == "core_v0.16"
+    with pytest.raises(ValueError, match=r"--megatron-lm-release 'core_v0.19.0' is not one of the releases the doctor "
+                                         r"knows \(core_v0.16.x, core_v0.17.x, core_v0.18.x\)"):
+        release_key("core_v0.19.0")

@@ -1,0 +1,103 @@
+"""The exported tuner rows match the calls NCCL makes, driven through the real plugin library as NCCL
+loads and calls it (``test_plugin_status.DRIVER``: ``init`` with ``comm->nRanks`` and ``comm->nNodes``,
+then ``getCollInfo`` per call):
+
+* a DDP bucket group mixing dtypes and sizes (megatron-core's ``--fp8-param-gather``: uint8 and
+  bf16 buckets in one group): NCCL asks ``getCollInfo`` once per (dtype, within-4x) aggregate of its
+  tasks (NVIDIA/nccl v2.30.7 ``src/enqueue.cc:405-441``), each with the aggregate's bytes; the export
+  writes one row per aggregate and every one of those calls matches;
+* multi-node NVLink (GB200 NVL72 class): NCCL counts an NVLink domain as one node
+  (``src/init.cc:1285-1297``) and passes that to ``init``; rows carry nNodes -1, so a group spanning
+  two hosts of one domain still matches, and NVLS across those hosts stays in the domain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import pytest
+
+from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.plan import Plan, PlanEntry
+from lagom_megatron.engine.profile import CollectiveSite
+from lagom_megatron.nccl.bins import nccl_bins
+from lagom_megatron.nccl.export import export_plan, tuner_rows
+from lagom_megatron.nccl.plugin import build_tuner
+from lagom_megatron.nccl.rules import NcclRules
+
+from .test_plugin_status import _drive
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed: the tuner plugin is built with gcc")
+
+ALLGATHER, ALLREDUCE = 2, 4  # ncclFunc_t
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    return build_tuner(tmp_path_factory.mktemp("tuner_rows"))
+
+
+def _entry(config, *, op="all_gather", nbytes, parts=(), group="dp", group_size=8, n_nodes=1):
+    return PlanEntry(config=config, predicted_t_comm_us=1.0, predicted_t_region_us=1.0, group=group, op=op,
+                     nbytes=nbytes, group_size=group_size, n_nodes=n_nodes, parts=tuple(parts))
+
+
+def test_nccl_bins_aggregate_within_4x_per_dtype():
+    # bf16 buckets 4, 8 and 20 MiB: 8 < 4 x 4 joins the first, 20 >= 16 starts a new aggregate
+    parts = [("uint8", 64 * MIB), ("bfloat16", 20 * MIB), ("bfloat16", 4 * MIB), ("bfloat16", 8 * MIB)]
+    assert nccl_bins(parts, nbytes=96 * MIB) == [64 * MIB, 12 * MIB, 20 * MIB]
+    assert nccl_bins((), nbytes=5) == [5]
+
+
+def test_a_mixed_bucket_group_gets_one_row_per_nccl_bin_and_every_call_matches(lib, tmp_path):
+    parts = [("uint8", 64 * MIB), ("bfloat16", 4 * MIB), ("bfloat16", 8 * MIB), ("bfloat16", 32 * MIB)]
+    bins = nccl_bins(parts, nbytes=sum(b for _, b in parts))
+    assert bins == [64 * MIB, 12 * MIB, 32 * MIB]
+    plan = Plan(entries={"dp.param_all_gather[chunk0.bucket3]": _entry(CommConfig(n_channels=6, protocol="Simple"),
+                                                                       nbytes=108 * MIB, parts=parts)})
+    rows = tuner_rows(plan, extended=True)
+    assert sorted(int(r.cells[1]) for r in rows) == sorted(bins)
+    table = tmp_path / "table.csv"
+    table.write_text(export_plan(plan, "nccl-tuner-csv", extended=True))
+    # NCCL's order: each (dtype) bin walked from its smallest task up (enqueue.cc:405-441)
+    out = _drive(lib, table, "dp/plugin_x", [[ALLGATHER, 64 * MIB], [ALLGATHER, 12 * MIB], [ALLGATHER, 32 * MIB]])
+    assert out["channels"] == [6, 6, 6] and out["after"][2] == [1, 1, 1]
+    # the site's summed bytes alone (what a single row held) match no call NCCL makes
+    single = Plan(entries={"x": _entry(CommConfig(n_channels=6, protocol="Simple"), nbytes=108 * MIB)})
+    table.write_text(export_plan(single, "nccl-tuner-csv", extended=True))
+    out = _drive(lib, table, "dp/plugin_x", [[ALLGATHER, 64 * MIB], [ALLGATHER, 12 * MIB], [ALLGATHER, 32 * MIB]])
+    assert out["channels"] == [0, 0, 0]
+
+
+def test_sites_sharing_a_bin_share_one_decision():
+    rules = NcclRules(ClusterSpec.load("h100-sxm-ib400"))
+    a = CollectiveSite(site_id="dp.a[0]", op="all_gather", nbytes=16 * MIB, dtype="bfloat16", group="dp", group_size=8,
+                       parts=(("uint8", 12 * MIB), ("bfloat16", 4 * MIB)))
+    b = CollectiveSite(site_id="dp.b[0]", op="all_gather", nbytes=4 * MIB, dtype="bfloat16", group="dp", group_size=8)
+    assert rules.call_keys(a) == [("dp", "all_gather", 12 * MIB), ("dp", "all_gather", 4 * MIB)]
+    assert set(rules.call_keys(a)) & set(rules.call_keys(b))  # one getCollInfo key: tied by the search
+    assert "2 tuner rows, one per NCCL bin" in rules.site_domains(a)[1]
+
+
+def test_rows_match_the_node_count_nccl_passes_on_multi_node_nvlink(lib, tmp_path):
+    """A tensor-parallel group of 8 over two 4-GPU hosts of one 72-GPU NVLink domain: the plan says
+    2 nodes (hosts), NCCL initialises the plugin with nNodes 1 (one domain)."""
+    nvl72 = dataclasses.replace(ClusterSpec.load("h100-sxm-ib400"), name="nvl72", gpus_per_node=4, nvlink_domain_gpus=72,
+                                sm_arch=100, nccl_version="2.30.7")
+    assert nvl72.nccl_nodes(2, 8) == 1 and nvl72.nccl_nodes(36, 144) == 2
+    plan = Plan(entries={"tp.sp_all_gather[0]": _entry(CommConfig(n_channels=8, protocol="Simple"), nbytes=32 * MIB,
+                                                       group="tp", n_nodes=2)})
+    (row,) = tuner_rows(plan, extended=True)
+    assert row.cells[6] == "-1"  # nNodes: any
+    table = tmp_path / "table.csv"
+    table.write_text(export_plan(plan, "nccl-tuner-csv", extended=True))
+    out = _drive(lib, table, "tp/plugin_x", [[ALLGATHER, 32 * MIB], [ALLREDUCE, 32 * MIB]], n_ranks=8, n_nodes=1)
+    assert out["channels"] == [8, 0] and out["after"][2] == [1]
+    # NVLS across the two hosts: one NVLink domain to NCCL, so it stays in the domain there
+    d = NcclRules(nvl72).domains(op="all_reduce", n_nodes=2, group_size=8)
+    assert "NVLS" in d["algorithm"] and "NVLSTree" not in d["algorithm"]
+    # 144 ranks on 36 hosts are two NVLink domains: NVLS across them needs CollNet (src/enqueue.cc:2008)
+    assert "NVLS" not in NcclRules(nvl72).domains(op="all_reduce", n_nodes=36, group_size=144)["algorithm"]
