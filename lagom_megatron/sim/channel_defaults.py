@@ -29,8 +29,6 @@ NVSWITCH_CHANNELS = {90: 32, 80: 24}
 NVLINK_INTER_NODE_CHANNELS = 16
 """Channels across NVSwitch nodes with one NIC per GPU (nccl#689: about 16 SMs)."""
 NVLS_CHANNELS = 16
-P2P_CHANNELS = {1: 8, 2: 4}
-"""Point-to-point channels inside a node / across nodes (NCCL_NCHANNELS_PER_NET_PEER-style)."""
 
 
 def topology_channels(*, intra_link: str, sm_arch_key: int, n_nodes: int, algorithm: str) -> int:
@@ -40,13 +38,12 @@ def topology_channels(*, intra_link: str, sm_arch_key: int, n_nodes: int, algori
         intra_link: ``nvlink`` or ``pcie`` (``ClusterSpec.intra_link``).
         sm_arch_key: 90 (Hopper and later) or 80 (Ampere).
         n_nodes: nodes the communicator spans.
-        algorithm: the algorithm NCCL runs (Ring, Tree, NVLS, P2P).
+        algorithm: the algorithm NCCL runs (Ring, Tree, NVLS); point-to-point follows the
+            communicator's Ring count (``device.p2p_kernel_channels``).
 
     Returns:
         Channels (CTAs), >= 1.
     """
-    if algorithm == "P2P":
-        return P2P_CHANNELS[1 if n_nodes == 1 else 2]
     if intra_link == "pcie":
         return PCIE_CHANNELS
     if algorithm == "NVLS":

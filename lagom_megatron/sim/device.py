@@ -37,10 +37,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import numpy as np
-
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.engine.p2p import P2P_CHUNK_BYTES, kernel_ctas, p2p_channels, pow2_up, task_channels
+from lagom_megatron.engine.p2p import P2P_CHUNK_BYTES, kernel_ctas, p2p_channels, peer_channels, task_channels
 from lagom_megatron.sim.channel_defaults import topology_channels
 
 KIB = 1024
@@ -128,6 +126,10 @@ class Gpu:
     max_channels: int
     intra_link: str = "nvlink"
     """nvlink or pcie (``ClusterSpec.intra_link``): decides NCCL's default channels."""
+    nccl: tuple[int, int, int] = (2, 30, 7)
+    """NCCL version (``ClusterSpec.nccl``): its point-to-point rule changed in 2.29 (``engine.p2p``)."""
+    nics_per_node: int | None = None
+    """``ClusterSpec.nics_per_node`` (None = one per GPU): channels per network peer (``engine.p2p``)."""
     kappa_mem: float = KAPPA_MEM
     kappa_compute: float = KAPPA_COMPUTE
     """Contention constants; a cluster file's fitted values (``lagom calibrate contention``) win."""
@@ -155,6 +157,7 @@ class Gpu:
             net_latency_us=float(getattr(spec, "net_latency_us", 5.0)),
             max_channels=64 if (major, minor) >= (2, 25) else 32,
             intra_link=str(getattr(spec, "intra_link", "nvlink")),
+            nccl=tuple(spec.nccl), nics_per_node=getattr(spec, "nics_per_node", None),
             kappa_mem=KAPPA_MEM if getattr(spec, "kappa_mem", None) is None else float(spec.kappa_mem),
             kappa_compute=KAPPA_COMPUTE if getattr(spec, "kappa_compute", None) is None else float(spec.kappa_compute),
             per_channel=dict(getattr(spec, "per_channel_gbps", None) or {}),
@@ -279,16 +282,21 @@ def _default_channels(gpu: Gpu, c: Collective, algorithm: str, protocol: str) ->
 
 def p2p_kernel_channels(gpu: Gpu, c: Collective, cta_bound: int | None, net_peer: int | None = None) -> int:
     """CTAs of a send/recv or all-to-all on a communicator with CTA bounds ``min = max = cta_bound``
-    (None: NCCL's own, the topology's channel count for a Ring). NCCL's rule (``engine.p2p``): the
-    communicator's channels give ``p2pnChannels``, the topology's channels per peer
-    (``channel_defaults.P2P_CHANNELS``, or across nodes ``net_peer`` = nChannelsPerNetPeer when set)
-    are cut to it, and each task of the call takes channels by its bytes; the kernel runs one CTA per
-    channel used."""
+    (None: NCCL's own, the topology's channel count for a Ring). NCCL's rule (``engine.p2p``, NVIDIA/nccl
+    v2.30.7 ``src/graph/paths.cc:918-1007``): the communicator's channels give ``p2pnChannels``, the
+    channels each peer's path wants (PCIe 2, NVLink 2 per link, a network peer by its NICs or
+    ``net_peer`` = nChannelsPerNetPeer when set) are cut to it, and each task of the call takes
+    channels by its bytes; the kernel runs one CTA per channel used."""
     comm = cta_bound if cta_bound is not None else topology_channels(
         intra_link=gpu.intra_link, sm_arch_key=gpu.arch_key, n_nodes=c.n_nodes, algorithm="Ring")
-    p2p = p2p_channels(min(max(1, int(comm)), gpu.max_channels))
-    topo = topology_channels(intra_link=gpu.intra_link, sm_arch_key=gpu.arch_key, n_nodes=c.n_nodes, algorithm="P2P")
-    per = np.minimum(p2p, pow2_up(net_peer if net_peer and c.n_nodes > 1 else topo))
+    comm = min(max(1, int(comm)), gpu.max_channels)
+    p2p = p2p_channels(comm)
+    nics = gpu.nics_per_node
+    per = peer_channels(p2p=p2p, n_nodes=c.n_nodes, group_size=c.group_size, intra_link=gpu.intra_link,
+                        sm_arch=gpu.sm_arch, nvlink_gbps=gpu.nvlink_gbs,
+                        nics_per_gpu=1 if nics is None else max(1, nics // gpu.gpus_per_node),
+                        nic_gbps=gpu.net_gbs * (gpu.gpus_per_node / nics if nics else 1.0),
+                        net_peer_channels=net_peer, nccl=gpu.nccl, comm_channels=comm)
     a2a = c.op == "all_to_all"
     ranks = max(1, c.group_size)
     kind = "net" if c.n_nodes > 1 else gpu.intra_link
