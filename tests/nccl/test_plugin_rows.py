@@ -52,6 +52,28 @@ def test_nccl_bins_aggregate_within_4x_per_dtype():
     assert nccl_bins((), nbytes=5) == [5]
 
 
+def test_nccl_bins_walk_the_sorters_order_not_an_exact_sort():
+    """NCCL's task sorter keeps 4 bins per power of two of a task's traffic bytes from 1 KiB to 1 GiB
+    (``ncclTaskCollSorterInsert``, NVIDIA/nccl v2.30.7 ``src/include/comm.h:361-409``: ``u32fpEncode``
+    with 2 bits, ``src/include/bitops.h:470-479``), newest first inside a bin, and ``ncclPrepareTasks``
+    reverses the list per (function, reduction, dtype) (``src/enqueue.cc:405-416``): tasks of one
+    sorter bin come in the order they were issued. So a group issuing 1100 KiB, 1030 KiB (the same
+    bin: 1024-1279 KiB) and 4200 KiB starts its aggregate at 1100 KiB, and 4200 < 4 x 1100 joins it:
+    one getCollInfo of 6330 KiB, where an exact sort would start at 1030 and split 4200 off."""
+    kib = 1024
+    parts = [("bfloat16", 1100 * kib), ("bfloat16", 1030 * kib), ("bfloat16", 4200 * kib)]
+    assert nccl_bins(parts, nbytes=6330 * kib, op="all_gather") == [6330 * kib]
+    # an all-reduce's traffic is twice its bytes (ncclFuncTrafficPerByte, enqueue.cc:91-102): 1030 KiB
+    # and 1100 KiB are 2060 and 2200 KiB of traffic, again one bin (2048-2559 KiB)
+    assert nccl_bins(parts, nbytes=6330 * kib, op="all_reduce") == [6330 * kib]
+    # issued the other way round, the smaller one leads and 4200 >= 4 x 1030 starts a new aggregate
+    assert nccl_bins([parts[1], parts[0], parts[2]], nbytes=6330 * kib, op="all_gather") == [2130 * kib, 4200 * kib]
+    # from 1 GiB of traffic on every task shares the last bin: issue order decides (a 5 GiB task
+    # leads and the 1 GiB one, below a quarter of it, joins; sorted, 1 GiB would lead and 5 GiB split off)
+    gib = 1 << 30
+    assert nccl_bins([("float32", 5 * gib), ("float32", 1 * gib)], nbytes=6 * gib, op="all_reduce") == [6 * gib]
+
+
 def test_a_mixed_bucket_group_gets_one_row_per_nccl_bin_and_every_call_matches(lib, tmp_path):
     parts = [("uint8", 64 * MIB), ("bfloat16", 4 * MIB), ("bfloat16", 8 * MIB), ("bfloat16", 32 * MIB)]
     bins = nccl_bins(parts, nbytes=sum(b for _, b in parts))
