@@ -286,7 +286,7 @@ class NcclRules:
                          "NCCL's choice (a pool entry cannot register a memory pool megatron-core does not keep)")
         elif site.registered == "pool":
             notes.append("registered buffers (--use-nccl-ub): its pool entry registers the same NCCL memory pool")
-        bins = nccl_bins(site.parts, nbytes=site.nbytes)
+        bins = nccl_bins(site.parts, nbytes=site.nbytes, op=site.op)
         if len(bins) > 1 and self.mechanism == "tuner" and any(len(v) > 1 for v in d.values()):
             notes.append(f"{len(bins)} tuner rows, one per NCCL bin of its tensors ({', '.join(map(str, bins))} bytes)")
         return d, "; ".join(notes)
@@ -313,7 +313,7 @@ class NcclRules:
         """``call_key`` of each NCCL bin of ``site``'s call (``bins.nccl_bins``): sites sharing any
         key share the table rows of that key, so they get one decision."""
         out = []
-        for nbytes in nccl_bins(site.parts, nbytes=site.nbytes):
+        for nbytes in nccl_bins(site.parts, nbytes=site.nbytes, op=site.op):
             k = self.call_key(group=site.group, op=site.op, nbytes=nbytes)
             if k is not None:
                 out.append(k)
