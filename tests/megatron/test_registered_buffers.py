@@ -44,7 +44,8 @@ def test_registered_pools_follow_megatron_cores_buffers():
     pools = registered_pools([ddp], lambda g: names[id(g)])
     assert pools == {"dp": [("pool-a", True), ("pool-b", False)]}  # ep_dp's pool is lost (core 0.16): left out
     bg = types.SimpleNamespace(ddp_config=types.SimpleNamespace(nccl_ub=True))
-    assert bucket_registration(bg, pools.get("dp")) == "pool"
+    assert bucket_registration(bg, pools.get("dp")) == "symmetric"  # pool-a is a symmetric window
+    assert bucket_registration(bg, [("pool-b", False)]) == "pool"
     assert bucket_registration(bg, pools.get("ep_dp")) == "fixed"
     assert bucket_registration(types.SimpleNamespace(ddp_config=types.SimpleNamespace(nccl_ub=False)), None) == ""
 
@@ -165,7 +166,7 @@ def test_the_router_records_the_registration_of_a_bucket_groups_buffers():
     from .test_first_use import _bucket_group
     from .test_router import _iteration, _router
 
-    for pools, want in ((None, "fixed"), ({"tp": [("pool-a", True)]}, "pool")):
+    for pools, want in ((None, "fixed"), ({"tp": [("pool-a", False)]}, "pool"), ({"tp": [("pool-a", True)]}, "symmetric")):
         router, registry, tp, _ = _router()
         if pools:
             registry.registered_pools = pools
