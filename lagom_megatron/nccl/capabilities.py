@@ -334,8 +334,9 @@ def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, 
       PAT with ``NCCL_PAT_ENABLE=0`` (``tuning.cc:215``), and PAT under a network plugin named by
       ``NCCL_NET_PLUGIN``: NCCL runs PAT only with a host network device (``tuning.cc:220``), and
       which device type a plugin reports is not readable from here, so any plugin counts as
-      offloading (with the variable unset NCCL may still load ``libnccl-net.so``: the first-call
-      check, ``megatron.first_use``, catches a refused PAT there);
+      offloading, unless ``NCCL_PAT_ENABLE=1``, which NCCL returns before that test
+      (``tuning.cc:217-219``) (with the variable unset NCCL may still load ``libnccl-net.so``: the
+      first-call check, ``megatron.first_use``, catches a refused PAT there);
     * a point-to-point site's CTA bounds under ``NCCL_MIN_P2P_NCHANNELS`` / ``NCCL_MAX_P2P_NCHANNELS``:
       the least bound of each distinct ``p2pnChannels`` (``P2P_SWITCHES``).
     """
@@ -362,7 +363,8 @@ def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, 
                 continue
             if alg == "PAT" and str(caps.switch("NCCL_PAT_ENABLE") or "2").strip() == "0":
                 continue
-            if alg == "PAT" and str(caps.switch("NCCL_NET_PLUGIN") or "none").strip().lower() not in ("none", ""):
+            if (alg == "PAT" and str(caps.switch("NCCL_NET_PLUGIN") or "none").strip().lower() not in ("none", "")
+                    and str(caps.switch("NCCL_PAT_ENABLE") or "2").strip() != "1"):  # =1 skips the device test
                 continue
             keep.append(alg)
         d["algorithm"] = tuple(keep) if len(keep) > 1 else (None,)

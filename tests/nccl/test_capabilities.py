@@ -124,6 +124,9 @@ def test_pat_never_under_a_network_plugin_and_reduce_scatter_needs_a_known_non_a
     assert restrict_domains(d, caps(), op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == ("Ring", "PAT")
     offload = caps(environ={"NCCL_NET_PLUGIN": "gpudirect_tcpxo"})
     assert restrict_domains(d, offload, op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == (None,)
+    # NCCL_PAT_ENABLE=1 returns before the network-device test (tuning.cc:217-219): PAT stays
+    forced = caps(environ={"NCCL_NET_PLUGIN": "gpudirect_tcpxo", "NCCL_PAT_ENABLE": "1"})
+    assert restrict_domains(d, forced, op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == ("Ring", "PAT")
     rules = rules_for("nccl", spec)
     assert "PAT" in rules.domains(op="reduce_scatter", n_nodes=4, group_size=4, reduce_op="sum")["algorithm"]
     assert "PAT" not in rules.domains(op="reduce_scatter", n_nodes=4, group_size=4, reduce_op="avg")["algorithm"]
