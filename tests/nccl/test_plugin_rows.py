@@ -123,3 +123,8 @@ def test_rows_match_the_node_count_nccl_passes_on_multi_node_nvlink(lib, tmp_pat
     assert "NVLS" in d["algorithm"] and "NVLSTree" not in d["algorithm"]
     # 144 ranks on 36 hosts are two NVLink domains: NVLS across them needs CollNet (src/enqueue.cc:2008)
     assert "NVLS" not in NcclRules(nvl72).domains(op="all_reduce", n_nodes=36, group_size=144)["algorithm"]
+    # 64 ranks of one domain: NCCL runs NVLS for no function but all-reduce above NCCL_MAX_NVLS_ARITY = 32
+    # local ranks (src/enqueue.cc:2004-2006, src/include/device.h:213)
+    assert "NVLS" in NcclRules(nvl72).domains(op="all_reduce", n_nodes=16, group_size=64)["algorithm"]
+    assert "NVLS" not in NcclRules(nvl72).domains(op="all_gather", n_nodes=16, group_size=64)["algorithm"]
+    assert "NVLS" in NcclRules(nvl72).domains(op="all_gather", n_nodes=8, group_size=32)["algorithm"]
