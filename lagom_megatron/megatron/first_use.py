@@ -149,7 +149,10 @@ class FirstUse:
         """A collective queued inside a guarded bucket group's manager (the router's bucket scope),
         kept to be issued again on the own group; ``group_index`` is its ``group`` position."""
         pending = self.pending
-        if pending is not None:
+        if pending is None:
+            return
+        group = kwargs["group"] if "group" in kwargs else (args[group_index] if len(args) > group_index else None)
+        if group is pending.entry:  # not a later manager's (the inter-instance all-reduce's) calls
             pending.calls.append((fn, args, dict(kwargs), group_index))
 
     def coalescing(self, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
