@@ -3,8 +3,8 @@
 Everything here is NCCL's, read at tag ``v2.30.7-1`` of ``NVIDIA/nccl`` (file:line at that tag;
 the same values at v2.27.5-1 unless noted): the latencies and per-channel bandwidth caps of its
 tuning tables, which protocol it enables on which path, how it picks an algorithm and protocol
-for a size, how many channels and threads a call runs with, and its point-to-point channel
-counts. The simulator's *hardware* (what a CTA really moves, ``sim.device``) is separate: NCCL's
+for a size, and how many channels and threads a call runs with (point-to-point channel counts:
+``engine.p2p``). The simulator's *hardware* (what a CTA really moves, ``sim.device``) is separate: NCCL's
 model decides what NCCL runs, the device model how long that takes.
 
 Units: GB/s, microseconds, bytes. "Search channel" is a channel of NCCL's topology graph; NCCL
@@ -49,6 +49,9 @@ LL_BUS_FACTOR = 0.5
 # --- src/graph/topo.h:19-25, topo.cc:545-556, search.cc:1051-1058 --------------------------------
 NVLINK_BW: dict[int, float] = {80: 20.0, 86: 12.0, 90: 20.6}
 """GB/s NCCL counts per NVLink link (SM80_NVLINK_BW, SM86_NVLINK_BW, SM90_NVLINK_BW; topo.h:21-23)."""
+NVLINK_LINK_GBS: dict[int, float] = {80: 25.0, 86: 14.0625, 90: 25.0}
+"""Datasheet GB/s per link and direction: NVLink 3 on A100 (12 links, 300 GB/s), on GA102 (4 links,
+the A40 bridge's 112.5 GB/s both ways), NVLink 4 on H100 (18 links, 450 GB/s)."""
 PCI_BW = 12.0
 """PCI Gen3 x16 in NCCL's units (topo.h:25): Ring/Simple defaults to 256 threads at or below it."""
 PCIE_GEN4_X16 = 24.0
@@ -70,6 +73,10 @@ THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
 the rank count (tuning.cc:593)."""
 MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 """NCCL_LL_MAX_NTHREADS, NCCL_LL128_MAX_NTHREADS, NCCL_SIMPLE_MAX_NTHREADS (device.h:95-114)."""
+
+# --- point to point: NCCL's rule (paths.cc:918-1007, enqueue.cc:915-925, 1141-1146, init.cc:818-843)
+# is ``engine.p2p``, the one implementation the cost model and the simulator share.
+
 
 def ll128_enabled(*, sm_arch: int, intra_nvlink: bool, n_nodes: int) -> bool:
     """Whether NCCL enables LL128 by default (tuning.cc:518-535).
@@ -212,3 +219,5 @@ def algo_time_us(nbytes: int, *, op: str, busbw_gbs: float, latency_us: float, n
     steps = 2 * (n_ranks - 1) if op == "all_reduce" else n_ranks - 1
     ratio = (n_ranks / max(1, steps)) if algorithm in ("Ring", "NVLS") else 0.5
     return latency_us + nbytes / (1000.0 * busbw_gbs * ratio)
+
+

@@ -24,14 +24,14 @@ NVSwitch does:
 
 Then NCCL's size rule (``tuning_model.size_rule``, enqueue.cc:2093-2105) drops channels and threads
 for small messages. Point-to-point calls use NCCL's per-peer channels and its P2P size rule
-(``p2p_channels`` over ``engine.p2p``, paths.cc:918-1007 and enqueue.cc:915-925, 1141-1146).
+(``p2p_channels``, paths.cc:919-1004 and enqueue.cc:918-925, 1143-1146).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from lagom_megatron.engine import p2p
+from lagom_megatron.engine import p2p as p2p_rule
 from lagom_megatron.nccl import tuning_model as nm
 
 NVSWITCH_CHANNELS = {90: 32, 80: 24}
@@ -43,8 +43,10 @@ NVLS_CHANNELS = 16
 
 
 def nvlinks(gpu: Any) -> int:
-    """NVLink links per GPU: NVSwitch links, or the bridge's, from datasheet GB/s per link (``engine.p2p.nvlink_links``)."""
-    return p2p.nvlink_links(gpu.sm_arch, gpu.bridge_gbs if gpu.intra_link == "pcie" else gpu.nvlink_gbs)
+    """NVLink links per GPU: NVSwitch links, or the bridge's, from datasheet GB/s per link."""
+    arch = 86 if gpu.sm_arch == 86 else (90 if gpu.sm_arch >= 90 else 80)
+    gbs = gpu.bridge_gbs if gpu.intra_link == "pcie" else gpu.nvlink_gbs
+    return max(0, round(gbs / nm.NVLINK_LINK_GBS[arch]))
 
 
 def path(gpu: Any, c: Any) -> str:
@@ -96,33 +98,36 @@ def collective_ctas(gpu: Any, c: Any, algorithm: str) -> tuple[int, float]:
 
 
 def p2p_channels(gpu: Any, c: Any, *, cta_bound: int | None = None, net_peer: int | None = None) -> int:
-    """CTAs of one point-to-point call (send/recv, or one all-to-all) under NCCL's rules, which live in
-    one place, ``engine.p2p`` (the cost model uses the same functions): the communicator's P2P
-    channels from its collective channels, the channels per peer by path (NVLink: 2 per link;
-    PCIe: 2; network: NCCL's rule of the cluster's version), each task's channels by its bytes and
-    the kernel's CTAs over the call's tasks.
-
-    What only the simulator knows is passed in: the group's path inside a node (a group that is one
-    NVLink-bridged pair reaches its peer over the bridge, ``PATH_NVL``, and is all NVLink, so it
-    takes NCCL's NVLink P2P chunk, init.cc:832-838; a ring through bridged pairs also crosses PCIe).
+    """CTAs of one point-to-point call (send/recv, or one all-to-all) under NCCL's rule
+    (``engine.p2p``, the one implementation the cost model uses too; NVIDIA/nccl v2.30.7
+    ``src/graph/paths.cc:918-1007``, ``src/enqueue.cc:915-925, 1141-1146``): the communicator's
+    channels give ``p2pnChannels``, the least the peers' paths want is cut to it (NVLink 2 per link,
+    PCIe 2, a network peer by the GPU's NICs or ``net_peer``), and each task takes channels by its
+    bytes; the kernel runs one CTA per channel used.
 
     ``cta_bound``: the communicator was created with ``minCTAs = maxCTAs = cta_bound`` (a pool
-    entry), so its collective channels, and with them ``p2pnChannels``, follow the bound; None =
-    NCCL's own channel count. ``net_peer``: ``nChannelsPerNetPeer`` across nodes."""
-    coll_ctas = cta_bound if cta_bound is not None else collective_ctas(gpu, c, "Ring")[0]
-    p2p_total = p2p.p2p_channels(min(max(1, int(coll_ctas)), gpu.max_channels))
+    entry), so its collective channels, and with them ``p2pnChannels = pow2Up(nChannels)``
+    (paths.cc:984-990), follow the bound; None = NCCL's own channel count. ``net_peer``:
+    ``NCCL_NCHANNELS_PER_NET_PEER`` (``nChannelsPerNetPeer``) across nodes. A group of one
+    NVLink-bridged pair (``path`` ``bridge``) is all NVLink: the bridge's links and NVLink's chunk
+    (``src/init.cc:830-837``, ``comm->isAllNvlink``); a ring through bridged pairs also has PCIe peers."""
+    comm = cta_bound if cta_bound is not None else collective_ctas(gpu, c, "Ring")[0]
+    comm = min(max(1, int(comm)), gpu.max_channels)
+    p2p = p2p_rule.p2p_channels(comm)
     link = path(gpu, c)
-    intra = "nvlink" if link in ("nvswitch", "bridge") else "pcie"
-    nics = gpu.nics_per_node or gpu.gpus_per_node
-    per_peer = p2p.peer_channels(
-        p2p=p2p_total, n_nodes=c.n_nodes, group_size=c.group_size, intra_link=intra, sm_arch=gpu.sm_arch,
-        nvlink_gbps=gpu.bridge_gbs if link == "bridge" else gpu.nvlink_gbs, nics_per_gpu=max(1, nics // gpu.gpus_per_node),
-        nic_gbps=nic_gbs(gpu), net_peer_channels=net_peer or 0, nccl=gpu.nccl)
-    tasks = c.group_size if c.op == "all_to_all" else 1  # torch's all-to-all: a send and a recv per rank, itself too
-    kind = str(p2p.link_kind(intra_link=intra, n_nodes=c.n_nodes))
-    task = p2p.task_channels(c.nbytes / tasks, per_peer=per_peer, p2p=p2p_total, n_ranks=c.group_size,
-                             chunk=p2p.P2P_CHUNK_BYTES[kind], multi_node=c.n_nodes > 1)
-    return int(p2p.kernel_ctas(task, tasks=tasks, p2p=p2p_total))
+    nvl = link in ("nvswitch", "bridge")
+    nics = gpu.nics_per_node
+    per = p2p_rule.peer_channels(p2p=p2p, n_nodes=c.n_nodes, group_size=c.group_size,
+                                 intra_link="nvlink" if nvl else "pcie", sm_arch=gpu.sm_arch,
+                                 nvlink_gbps=gpu.nvlink_gbs if link == "nvswitch" else gpu.bridge_gbs,
+                                 nics_per_gpu=1 if nics is None else max(1, nics // gpu.gpus_per_node),
+                                 nic_gbps=nic_gbs(gpu), net_peer_channels=net_peer, nccl=gpu.nccl, comm_channels=comm)
+    a2a = c.op == "all_to_all"
+    ranks = max(1, c.group_size)
+    chunk = p2p_rule.P2P_CHUNK_BYTES["net" if c.n_nodes > 1 else ("nvlink" if nvl else "pcie")]
+    task = p2p_rule.task_channels(c.nbytes / ranks if a2a else c.nbytes, per_peer=per, p2p=p2p, n_ranks=ranks,
+                                  chunk=chunk, multi_node=c.n_nodes > 1)
+    return int(p2p_rule.kernel_ctas(task, tasks=ranks if a2a else 1, p2p=p2p))
 
 
 def default_protocol(gpu: Any, c: Any, algorithm: str) -> str:

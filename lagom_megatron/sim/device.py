@@ -104,7 +104,7 @@ class Gpu:
     nics_per_node: int | None = None
     """NICs per node; None = one per GPU."""
     nccl: tuple[int, int, int] = (2, 30, 7)
-    """NCCL version of the cluster (``ClusterSpec.nccl``): NCCL's point-to-point network rule changed in 2.29."""
+    """NCCL version (``ClusterSpec.nccl``): its point-to-point rule changed in 2.29 (``engine.p2p``)."""
     kappa_mem: float | None = None
     kappa_compute: float | None = None
     """Contention constants a cluster file fitted (``lagom calibrate contention``); None = the

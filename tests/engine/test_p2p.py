@@ -121,44 +121,34 @@ def test_channels_per_network_peer_are_decided_once_for_the_process_where_the_mo
         assert e.predicted_t_region_us == pytest.approx(model.t_region_us(send, CommConfig()), abs=1e-3)
 
 
-def test_channels_per_peer_match_nccl_logs():
-    # nccl#1706 (2 GPUs without NVLink): "2 p2p channels per peer"
-    assert float(p2p.peer_channels(p2p=4, n_nodes=1, group_size=2, intra_link="pcie", sm_arch=80, nvlink_gbps=24.0)) == 2.0
-    # NCCL INFO on 8 x H100 SXM: "32 p2p channels, 32 p2p channels per peer" (18 NVLinks: 2 per link,
-    # rounded up to 64 and cut to the communicator's 32 P2P channels, paths.cc:931-934, 1002-1003)
-    assert p2p.nvlink_links(90, 450.0) == 18 and p2p.nvlink_links(80, 300.0) == 12
-    assert float(p2p.peer_channels(p2p=32, n_nodes=1, group_size=8, intra_link="nvlink", sm_arch=90,
-                                   nvlink_gbps=450.0)) == 32.0
-    # paths.cc:943-948 (NCCL 2.29+): max(NICs, ceil(NIC GB/s / NCCL_P2P_PER_CHANNEL_NET_BW 14))
-    net = dict(p2p=64, n_nodes=2, group_size=2, intra_link="nvlink", sm_arch=90, nvlink_gbps=450.0)
-    assert float(p2p.peer_channels(nic_gbps=50.0, **net)) == 4.0   # 400 Gb/s
-    assert float(p2p.peer_channels(nic_gbps=12.5, **net)) == 1.0   # 100 Gb/s
+def test_the_network_peer_wants_a_channel_per_14_gb_of_all_its_nics():
+    """NCCL 2.29+: ``max(netCount, divUp((int)netBw, P2P_PER_CHANNEL_NET_BW))`` where ``netBw`` is the
+    sum over the NICs the GPU uses (``ncclTopoGetLocalNetCountByBw``, v2.30.7 ``src/graph/topo.cc:1974-2000``;
+    ``paths.cc:941-950``): two 25 GB/s NICs per GPU want max(2, divUp(50, 14)) = 4, not 2; and the
+    bandwidth is truncated to an integer first (28.5 GB/s: divUp(28, 14) = 2)."""
+    kw = dict(p2p=16, n_nodes=2, group_size=2, intra_link="nvlink", sm_arch=90, nvlink_gbps=450.0, nccl=(2, 30, 7))
+    assert float(p2p.peer_channels(nics_per_gpu=2, nic_gbps=25.0, **kw)) == 4.0
+    assert float(p2p.peer_channels(nics_per_gpu=1, nic_gbps=28.5, **kw)) == 2.0
 
 
-def test_the_simulator_runs_the_engines_p2p_rule():
-    """One implementation of NCCL's P2P rule: the simulator's CTAs of a point-to-point call are
-    ``engine.p2p``'s for what the simulator knows of the group (its path, its NCCL version)."""
-    from lagom_megatron.sim.channel_defaults import p2p_channels
-    from lagom_megatron.sim.device import Collective, Gpu
+def test_nccl_2_27_compares_the_ranks_with_the_channels_before_rounding():
+    """v2.27.5 ``paths.cc:818-830`` runs inside ``ncclTopoComputeP2pChannels`` while ``p2pnChannels`` is
+    still ``min(nChannels, MAX_P2P)`` (``:844-848``), rounded only after (``:863-864``): a 6-channel
+    communicator of 14 ranks halves its 2 per network peer (2 x 14 > 4 x 6), though 2 x 14 <= 4 x 8."""
+    old = dict(n_nodes=2, group_size=14, intra_link="nvlink", sm_arch=90, nvlink_gbps=450.0, nccl=(2, 27, 5))
+    assert float(p2p.peer_channels(p2p=8, comm_channels=6, **old)) == 1.0
+    assert float(p2p.peer_channels(p2p=8, comm_channels=8, **old)) == 2.0
 
-    a40 = Gpu.from_cluster(ClusterSpec.load("a40-pcie-ib200"))
-    a2a = Collective(op="all_to_all", nbytes=32 << 20, group_size=8)
-    # 4 collective channels -> 4 P2P channels, 2 per PCIe peer halved to 1 (1 x 8 ranks > 4 stays at
-    # the floor 1), 8 tasks (torch's all-to-all sends to every rank, itself too): min(4, 8) CTAs
-    assert p2p_channels(a40, a2a) == 4
-    assert [p2p_channels(a40, a2a, cta_bound=b) for b in (1, 2, 6, 8, 16)] == [1, 2, 8, 8, 16]
-    bridged = Gpu.from_cluster(ClusterSpec.load("a40-nvlink-ib800"))
-    pair = Collective(op="send", nbytes=16 << 20, group_size=2)  # one bridged pair: 4 NVLinks, PATH_NVL
-    far = dataclasses.replace(pair, stride=2)  # the same send between GPUs of different pairs: PCIe
-    # NCCL's own channels (2 rings of 20 GB/s over the bridge, 4 CTAs): p2pnChannels 4, per peer 4 on
-    # the bridge, 2 on PCIe; nChannelsMin halves to 2 (x 2 ranks <= 4): both run 2 CTAs
-    assert p2p_channels(bridged, pair) == p2p_channels(bridged, far) == 2
-    # a bound of 8: per peer 2 x 4 links = 8 on the bridge, halved to 4 (4 x 2 <= 8), 4 MiB parts within
-    # 32 x NCCL's 512 KiB NVLink chunk: 4 CTAs; over PCIe 2 per peer, 8 MiB parts above 32 x 128 KiB
-    # cannot double past the peer's 2: 2 CTAs
-    assert p2p_channels(bridged, pair, cta_bound=8) == 4 and p2p_channels(bridged, far, cta_bound=8) == 2
-    h100 = Gpu.from_cluster(ClusterSpec.load("h100-sxm-ib400"))
-    across = Collective(op="send", nbytes=20 << 20, group_size=2, n_nodes=2, stride=32)
-    # NCCL 2.27.5 (the cluster's): 2 per network peer; NCCL 2.30: max(1 NIC, ceil(50 / 14)) = 4
-    assert p2p_channels(h100, across) == 2
-    assert p2p_channels(dataclasses.replace(h100, nccl=(2, 30, 7)), across) == 4
+
+def test_hosts_of_one_nvlink_domain_are_one_nccl_node_for_point_to_point():
+    """MNNVL: NCCL counts a node per NVLink domain (``comm->nNodes``, v2.30.7 ``src/init.cc:1285-1297``),
+    and a peer in the domain is in the topology (NVLink), so a send between two hosts of one domain
+    takes NVLink's channels per peer and the NVLink chunk (``src/init.cc:830-837``), not the network's."""
+    h100 = ClusterSpec.load("h100-sxm-ib400")
+    nvl = dataclasses.replace(h100, nvlink_domain_gpus=16, nccl_version="2.30.7")
+    send = site(site_id="pp.send_recv[0]", op="send", nbytes=16 << 20, group="pp", group_size=2, n_nodes=2)
+    m = CostModel.from_priors([send], [10.0], nvl)
+    # p2pnChannels 16; NVLink per peer 2 x 21 -> 64, cut to 16; nChannelsMin 8 (8 x 2 <= 16); 16 MiB / 8 = 2 MiB
+    assert float(m.p2p.ctas(0, 16.0)) == 8.0
+    across = CostModel.from_priors([send], [10.0], dataclasses.replace(h100, nccl_version="2.30.7"))
+    assert float(across.p2p.ctas(0, 16.0)) == 4.0  # two domains: 4 per network peer (50 GB/s NIC)

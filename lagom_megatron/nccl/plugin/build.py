@@ -87,9 +87,12 @@ def build_tuner(out_dir: str | os.PathLike, *, cc: str | None = None,
 
 
 def usage_line(library: str | os.PathLike) -> str:
-    """One line telling how to load the built plugin: the variables NCCL and the plugin read."""
-    return (f"# use it with:  export NCCL_TUNER_PLUGIN={library}  LAGOM_TUNER_CONFIG=<plan table from "
-            "'lagom plan export --format nccl-tuner-csv --extended'>")
+    """One line telling how to load the built plugin: the variables NCCL and the plugin read. The
+    ``export`` part is a shell command as it stands (the path is quoted: a folder may hold spaces)."""
+    import shlex
+
+    return (f"# use it with:  export NCCL_TUNER_PLUGIN={shlex.quote(str(library))} LAGOM_TUNER_CONFIG=TABLE.csv"
+            "  (TABLE.csv: lagom plan export PLAN --format nccl-tuner-csv --extended -o TABLE.csv)")
 
 
 def build_harness(out_dir: str | os.PathLike, *, cc: str | None = None,
