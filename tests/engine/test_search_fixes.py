@@ -13,7 +13,7 @@ from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.priority import GROUP_CAPS, STATIC_CAPS, group_caps_state, static_states
 from lagom_megatron.engine.search import search
 from lagom_megatron.engine.verify import verdict
-from tests.engine.factory import build, site, synthetic
+from tests.engine.factory import build, profile_from, site, synthetic
 
 
 def test_ties_go_to_the_fewest_channels(monkeypatch):
@@ -261,3 +261,22 @@ def test_a_site_with_no_predicted_gain_keeps_nccls_defaults(monkeypatch):
     plan = search(problem, method="priority").plan
     assert plan.entries["tp.ag[0]"].config == CommConfig()
     assert plan.stats["zero_gain_sites_reset"] >= 0
+
+
+def test_the_search_bets_only_on_algorithms_and_protocols_a_site_measured():
+    """NCCL caps an LL128 channel at its own table (18.35 GB/s per CTA on Hopper, tuning.cc:185-190),
+    which a Simple probe cannot show, and NVLS's channel rate differs from Ring's: a site's domain
+    keeps the algorithms and protocols its samples ran (NCCL's own included), and a probe that sets
+    one makes it searchable."""
+    from lagom_megatron.engine.problem import SearchProblem
+
+    problem = build(sites=[site()])
+    assert problem.domains_S[0]["protocol"] == ("LL", "LL128", "Simple")
+    assert "NVLS" in problem.domains_S[0]["algorithm"]
+    narrowed = SearchProblem.from_profile(profile_from(problem), rules=problem.rules)
+    assert narrowed.domains_S[0]["protocol"] == ("Simple",) and narrowed.domains_S[0]["algorithm"] == ("Ring",)
+    probes = list(problem.rules.probe_configs()) + [CommConfig(protocol="LL128", n_channels=16),
+                                                     CommConfig(algorithm="NVLS", n_channels=16)]
+    probed = SearchProblem.from_profile(profile_from(problem, probes=probes), rules=problem.rules)
+    assert probed.domains_S[0]["protocol"] == ("LL128", "Simple")
+    assert probed.domains_S[0]["algorithm"] == ("Ring", "NVLS")
