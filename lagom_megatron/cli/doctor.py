@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: neither ``--preset`` nor a command line, or an unknown preset / cluster.
     """
-    from lagom_megatron.launch.doctor import check_command_line, detect_cluster, errors, run_doctor
+    from lagom_megatron.launch.doctor import check_command_line, detect_cluster, errors, plugin_abi_line, run_doctor
     from lagom_megatron.training.preflight import load_cluster
     from lagom_megatron.launch.megatron_args import argv_to_args
 
@@ -112,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         for f in findings:
             print(f)
+        abi = plugin_abi_line(environ, cluster)
+        if abi:
+            print(abi)
         name = f"preset {preset.name}" if preset is not None else "command line"
         print(f"lagom doctor: {name}: {n_err} error(s), {len(findings) - n_err} warning(s)")
     return 1 if n_err else 0
