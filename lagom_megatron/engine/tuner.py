@@ -214,6 +214,21 @@ class Tuner:
             return Step(iteration=it, kind="applied", assignment=self._plan_assignment(), timed=False)
         return Step(iteration=it, kind="fell-back", assignment={}, timed=False)
 
+    def revert_sites(self, site_ids: Any, reason: str) -> None:
+        """Drops ``site_ids`` from the plan being applied (they keep NCCL's defaults from the next
+        iteration on, and verification measures the plan without them); FELL_BACK when no site is
+        left tuned. Called on every rank with the same sites (the observed check agrees on them).
+
+        Raises:
+            RuntimeError: no plan is being applied (before the search, or after fall-back).
+        """
+        if self.plan is None or self.phase not in (Phase.SEARCHED, Phase.VERIFYING, Phase.APPLIED):
+            raise RuntimeError(f"revert_sites: no plan is applied (phase {self.phase.name})")
+        self.plan = self.plan.with_defaults(site_ids, note=reason)
+        self._log(self._last_finished, f"{len(site_ids)} site(s) back to NCCL's defaults: {reason}")
+        if not any(not e.config.is_default() for e in self.plan.entries.values()):
+            self._fall_back(self._last_finished, f"every tuned site was reverted: {reason}")
+
     def assignment(self) -> dict[str, CommConfig]:
         """Site id -> CommConfig to apply in the next iteration (empty = NCCL defaults everywhere)."""
         return self.next_step().assignment

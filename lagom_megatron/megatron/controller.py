@@ -267,6 +267,8 @@ class LagomController:
                 self.files.save_plan(self.plan.with_stats(verification="fell_back", verification_reason=self.applier.error))
             self.write_report()
             return
+        if self.applier is not None and self.plan is not None and self.mode in ("tune", "reuse"):
+            self._check_observed()  # collective once the plan's calls ran: the condition is the same on every rank
         if self.mode == "reuse":
             if timed:
                 self._last_sites = {sid: r.to_site() for sid, r in self.registry.records.items()}
@@ -306,6 +308,28 @@ class LagomController:
         from lagom_megatron.megatron.step_end import after_step
 
         after_step(self, step, iteration, measurement, merged, before, phase, dt_ms)
+
+    def _check_observed(self) -> None:
+        """The sites NCCL (gloo) did not run as the plan says leave the plan on every rank
+        (``Applier.check_observed``): the tuner verifies the plan without them, a reused plan is
+        saved without them (rank 0)."""
+        bad = self.applier.check_observed(self.plan)
+        if not bad:
+            return
+        reason = "what ran differed from the plan (observed check)"
+        if self.mode == "tune" and self.tuner is not None and not self.tuner.done:
+            from lagom_megatron.engine.steps import Phase
+
+            self.tuner.revert_sites(bad, reason)
+            self.plan = self.tuner.plan
+            if self.tuner.phase is Phase.FELL_BACK:
+                from lagom_megatron.megatron.step_end import on_done
+
+                on_done(self, Phase.FELL_BACK)
+        else:
+            self.plan = self.plan.with_defaults(bad, note=reason)
+            if self.rank == 0:
+                self.files.save_plan(self.plan)
 
     def on_train_end(self) -> None:
         """Logs how many plan rows NCCL's tuner plugin matched, writes the report (if not yet

@@ -37,12 +37,12 @@ int playScenario(int v, const char *scenario) {
   int hit = collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 8;
   if (!strcmp(scenario, "p2p"))
     driveP2p(v, prof, hash, "Send", 65536, 2);
-  else if (!strcmp(scenario, "clamped"))
-    driveColl(v, prof, hash, "AllReduce", 1 << 20, "RING", "SIMPLE", 4, 262144);
+  else if (!strcmp(scenario, "clamped")) /* the proxy reports chunk x sliceSteps (2 for ring / simple) */
+    driveColl(v, prof, hash, "AllReduce", 1 << 20, "RING", "SIMPLE", 4, 2 * 262144);
   else if (!strcmp(scenario, "other_algo"))
     driveColl(v, prof, hash, "AllReduce", 1 << 20, "TREE", "LL", 8, 0);
   else
-    driveColl(v, prof, hash, "AllReduce", 1 << 20, "RING", "SIMPLE", 8, 262144);
+    driveColl(v, prof, hash, "AllReduce", 1 << 20, "RING", "SIMPLE", 8, 2 * 262144);
   gV6->finalize(tuner);
   return hit;
 }
@@ -94,7 +94,7 @@ static void checkScenario(const char *scenario, const char *line, int nChannels)
 
 void test_profiler_match_plan(void) {
   checkScenario("match", "func=AllReduce count=1048576 dtype=ncclFloat32 algo=RING proto=SIMPLE channels=8 "
-                "warps=16 calls=1 chunk=262144", 8);
+                "warps=16 calls=1 chunk=524288", 8);
 }
 
 void test_profiler_clamped_channels(void) {
