@@ -263,6 +263,10 @@ class CommPool:
             log.info("lagom: communicator pool: %d entries destroyed, %s left", n, self.describe())
         return n
 
+    def own_group(self, name: str) -> Any:
+        """This rank's own process group called ``name`` (Megatron's, not a pool entry), or None."""
+        return self._parent(name)
+
     def comm_key(self, group: Any) -> str | None:
         """The name a live entry's communicator is known by in NCCL's profiler records (the tuner
         tag ``<group>/<key>`` the NCCL backend set, its ``commName`` where torch binds it) or, on

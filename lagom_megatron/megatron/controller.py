@@ -24,6 +24,7 @@ The run's files (plan, profile, report, tuner tables) and their paths are ``run_
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -87,6 +88,10 @@ class LagomController:
         self.pool_budget_mib = pool_budget_mib
         self.applier: Any = None
         """``apply.Applier``: capabilities, pool entries and the revert, on every rank together."""
+        from lagom_megatron.megatron.kernel_time import KernelTimes
+
+        self.kernel_times = KernelTimes()
+        """NCCL's kernel time per site in timed profiling iterations (``kernel_time``)."""
 
     @classmethod
     def from_args(cls, args: Any) -> "LagomController":
@@ -245,6 +250,8 @@ class LagomController:
         elif self.mode == "tune":
             step = self._step = self.tuner.start_iteration(iteration)
             self.router.set_assignment(step.assignment)
+            if self._nccl_timed(step):  # NCCL's kernel timers: a second source for the profile (kernel_time)
+                self.kernel_times.start()
             self.profiler.start_iteration(timed=step.timed, serialize=step.serialize)
         elif self.mode == "reuse":
             self.profiler.start_iteration(timed=reuse_timed)
@@ -289,8 +296,11 @@ class LagomController:
                                                                        self.profiler.call_times)
         else:
             sites, merged, it_us, calls = {}, {}, elapsed_s * 1e6, {}
+        nccl_us = self.kernel_times.finish(self.registry.records, step.assignment, self.pool) \
+            if self._nccl_timed(step) else {}  # collective: the condition is the same on every rank
         samples = [Sample(site_id=sid, config=step.assignment.get(sid, DEFAULT), t_comm_us=t[0], t_comp_us=t[1],
-                          t_region_us=t[2], iteration=iteration, calls=calls.get(sid, ()))
+                          t_region_us=t[2], iteration=iteration, calls=calls.get(sid, ()),
+                          t_comm_nccl_us=nccl_us.get(sid, math.nan))
                    for sid, t in sorted(merged.items()) if sid in sites]
         measurement = IterationMeasurement(iteration=iteration, iteration_us=max(it_us, 1e-3),
                                            sites=[CollectiveSite(**sites[k]) for k in sorted(sites)], samples=samples)
@@ -308,6 +318,10 @@ class LagomController:
         from lagom_megatron.megatron.step_end import after_step
 
         after_step(self, step, iteration, measurement, merged, before, phase, dt_ms)
+
+    def _nccl_timed(self, step: Any) -> bool:
+        """A timed profiling iteration on NCCL: its samples get NCCL's kernel times too."""
+        return getattr(self, "backend", None) == "nccl" and step.timed and step.kind in ("default", "serialized", "probe")
 
     def _check_observed(self) -> None:
         """The sites NCCL (gloo) did not run as the plan says leave the plan on every rank
