@@ -17,8 +17,12 @@ observed per site, naming the rank that differed. Recording then stops.
 
 A site no record covers is ``unobserved``, never reverted: another profiler plugin is loaded
 (``NCCL_PROFILER_PLUGIN`` naming another library is never replaced; only the hit counts are
-checked then), the NCCL predates profiler plugins (2.23), or its calls did not run. Every rank
-makes the one all-gather whatever happens locally, so no rank waits alone.
+checked then), the NCCL predates profiler plugins (2.23), or its calls did not run. On NCCL every
+routed path is covered (the records are NCCL's, per communicator), point-to-point sites included
+(p2p events carry their channels from profiler ABI v4); on gloo the router notes the calls of
+``SiteRouter.collective`` and of DDP bucket groups, so gloo's P2P, Megatron-FSDP and coalesced
+quantized-gather sites stay unobserved. Every rank makes the one all-gather whatever happens
+locally, so no rank waits alone.
 
 Fault injection: ``LAGOM_INJECT_APPLY_FAULT=observed:<rank>`` makes that rank's record of the first
 planned site show one channel (worker thread) fewer than planned, or half its chunk (what NCCL
