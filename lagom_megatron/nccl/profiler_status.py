@@ -20,10 +20,9 @@ and opened with ``RTLD_NOLOAD``, then these exports are called through ctypes:
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 
-from lagom_megatron.nccl.plugin_status import loaded_library_path
+from lagom_megatron.nccl.plugin_status import open_loaded
 
 STATES = {0: "not initialised", 1: "lagom", 2: "foreign", 3: "none"}
 """``lagomProfilerState`` values (``plugin_internal.h``, ``LAGOM_PROFILER_STATE_*``): NCCL has not
@@ -133,14 +132,8 @@ def parse_snapshot(text: str) -> list[ObservedComm]:
 
 
 def _library(library: str | None) -> ctypes.CDLL | None:
-    path = library or loaded_library_path()
-    if path is None:
-        return None
-    try:
-        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
-    except OSError:
-        return None
-    return lib if hasattr(lib, "lagomProfilerSnapshot") else None
+    lib = open_loaded(library)
+    return lib if lib is not None and hasattr(lib, "lagomProfilerSnapshot") else None
 
 
 def read_observed(library: str | None = None) -> list[ObservedComm] | None:
