@@ -50,6 +50,9 @@ class Applier:
         self.capabilities: Any = None
         self.error: str | None = None
         """Why applying was abandoned (None while nothing failed)."""
+        self.table_plan: Any = None
+        """The plan whose tuner table the plugin loaded; it keeps the sites the observed check later
+        reverted, whose rows are still in that table."""
         from lagom_megatron.megatron.observed import ObservedCheck
 
         self.observed = ObservedCheck(getattr(getattr(pool, "backend", None), "name", "nccl"))
@@ -263,6 +266,7 @@ class Applier:
         with open(table, encoding="utf-8") as f:  # what the plugin will read: readable here, or fail now
             f.read(1)
         backend.tuner_table, backend.table_id = str(table), plan.digest()[:12]
+        self.table_plan = plan  # the rows the plugin loaded (hits are counted against them, hits.py)
 
     def revert(self, reason: str) -> None:
         """Every rank: NCCL's defaults for every site, every pool entry destroyed, one error logged."""

@@ -355,7 +355,8 @@ class LagomController:
                     and getattr(self.pool.backend, "plugin_active", False) and self.plan is not None:
                 from lagom_megatron.megatron.hits import log_plan_hits
 
-                log_plan_hits(self.plan, getattr(self.pool, "groups", None))  # collective: the condition is the same on every rank
+                table_plan = getattr(self.applier, "table_plan", None) or self.plan  # the rows the plugin loaded
+                log_plan_hits(table_plan, getattr(self.pool, "groups", None))  # collective: the condition is the same on every rank
             if not self._reported:
                 self.write_report()
         finally:
