@@ -109,6 +109,9 @@ class OverlapSpec(_Section):
     overlap_moe_expert_parallel_comm: bool = False
     use_torch_fsdp2: bool = False
     use_megatron_fsdp: bool = False
+    data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = "no_shard"
+    """What Megatron-FSDP shards (``--data-parallel-sharding-strategy``): no_shard (nothing), optim, optim_grads,
+    optim_grads_params (ZeRO-3). Default no_shard, Megatron-LM core_v0.16/0.17's; only Megatron-FSDP reads it."""
 
 
 class DataSpec(_Section):
@@ -183,7 +186,7 @@ OMIT_WHEN_DEFAULT: frozenset[str] = frozenset({
     "kv_channels", "rotary_base", "add_bias_linear", "moe_ffn_hidden_size", "moe_token_dispatcher_type",
     "moe_grouped_gemm", "num_virtual_stages_per_pipeline_rank", "expert_tensor_parallel_size",
     "overlap_param_gather_with_optimizer_step", "overlap_moe_expert_parallel_comm", "use_torch_fsdp2",
-    "use_megatron_fsdp",
+    "use_megatron_fsdp", "data_parallel_sharding_strategy",
 })
 """Optional Megatron-LM destinations that ``Preset.to_args`` leaves out while at their default."""
 

@@ -77,6 +77,15 @@ class ClusterSpec:
     """Simulator only: the same for compute-bound kernels; None = the simulator's default."""
     net_latency_us: float = 5.0
     """Latency of one algorithm step across nodes, microseconds (Simple protocol)."""
+    nvlink_bridge_gbps: float | None = None
+    """NVLink bridges between GPU pairs of a PCIe node (``intra_link: pcie``): the bridge's GB/s per
+    direction (A40: 112.5 GB/s both ways = 56.25); None = no bridges."""
+    coll_channels: int | None = None
+    """NCCL's collective channels (CTAs) in one node, as its INFO log reports ("N coll channels");
+    None = the cost model's approximation (32 on sm90 NVSwitch, 24 before, 2 on PCIe)."""
+    coll_channels_inter: int | None = None
+    """The same for a communicator spanning nodes; None = 16 on NVSwitch nodes (nccl#689), else
+    ``coll_channels``."""
     # Measured bandwidth shape, written by ``lagom calibrate bandwidth`` from nccl-tests sweeps
     # (``sim.calibrate_bandwidth.fit_to_cluster_fields``); None or a protocol left out = the
     # simulator's own tables (``sim.device``).
@@ -136,6 +145,16 @@ class ClusterSpec:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise ValueError(f"cluster {self.name!r}: {key} must be a number >= 0 or absent; got {value!r}")
+        for key in ("coll_channels", "coll_channels_inter"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
+                raise ValueError(f"cluster {self.name!r}: {key} must be an integer 1..64 or absent; got {value!r}")
+        bridge = self.nvlink_bridge_gbps
+        if bridge is not None and (isinstance(bridge, bool) or not isinstance(bridge, (int, float)) or not bridge > 0):
+            raise ValueError(f"cluster {self.name!r}: nvlink_bridge_gbps must be a number > 0 (GB/s) or absent; got {bridge!r}")
+        if bridge is not None and self.intra_link != "pcie":
+            raise ValueError(f"cluster {self.name!r}: nvlink_bridge_gbps describes NVLink bridges on a PCIe node; "
+                             f"it needs intra_link: pcie, got intra_link: {self.intra_link!r}")
         for key in ("per_channel_gbps", "link_eff", "net_eff"):
             _check_per_protocol(self.name, key, getattr(self, key))
         for key, lo in (("channel_thread_exponent", 0.0), ("bw_saturation_p", 1.0)):

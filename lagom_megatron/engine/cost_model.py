@@ -55,7 +55,7 @@ from lagom_megatron.engine.cost_terms import (  # noqa: F401  (re-exported: the 
     _A2A, _AG, _ALG_CH_MULT, _ALG_HBM, _ALG_LINK_EFF, _AR, _BCAST, _CNCHAIN, _CNDIRECT, _LL, _LL128, _NVLS, _NVLSTREE, _OP,
     _PAT, _PROTO_CH_EFF, _PROTO_CHUNK_HALF, _PROTO_DEFAULT_CHUNK, _PROTO_HBM, _PROTO_LAT, _PROTO_LINK_EFF, _RECV, _RING,
     _RS, _SEND, _SIMPLE, _TREE, ALG_NONE, CHUNK_L2_FLOOR, DEFAULT_THREADS, GLOO_CALL_US, NCCL_BASE_LATENCY_US,
-    MAX_CALL_LEVELS, PER_CHANNEL_PRIOR_GBS, PRIOR_A, PRIOR_B, PROTO_NONE, RING_SIMPLE_CHUNK_STEPS, SOFTMIN_P, _softmin,
+    MAX_CALL_LEVELS, NVLS_ALLREDUCE_LINK, NVLS_GATHER_MULT, PER_CHANNEL_PRIOR_GBS, PRIOR_A, PRIOR_B, PROTO_NONE, RING_SIMPLE_CHUNK_STEPS, SOFTMIN_P, _softmin,
     call_levels, region_time_us, sm_term, wire_bytes,
 )
 
@@ -173,9 +173,10 @@ class CostModel:
 
         Our approximation of NCCL's tuning (documented, not NCCL's exact table): Ring, except
         all-reduce on NVLS inside an NVSwitch sm90 node from 256 KiB and Tree across nodes
-        below 8 MiB; LL below 64 KiB, LL128 below 4 MiB on sm80+ NVLink, Simple above; one
-        channel per 128 KiB up to 32 inside a node (24 before sm90), 16 across nodes (about 16
-        SMs on an 8-NIC node, nccl#689); 512 threads; default chunk (code 0).
+        below 8 MiB; LL below 64 KiB, LL128 below 4 MiB on sm80+ NVLink (never on PCIe), Simple
+        above; channels by NCCL's size rule up to the cluster's ``coll_channels`` (else 32 inside
+        a node, 24 before sm90, 16 across nodes: about 16 SMs on an 8-NIC node, nccl#689);
+        512 threads; default chunk (code 0).
         On gloo: 2 worker threads (ProcessGroupGloo's default), no splitting.
         """
         S = len(self.sites)
@@ -190,13 +191,21 @@ class CostModel:
         alg = np.where((op == _AR) & ~inter & nvls_ok & (nb >= 262144), _NVLS, alg)
         alg = np.where((op == _AR) & inter & (nb < 8 * 2**20), _TREE, alg)
         alg = np.where(p2p, ALG_NONE, alg)
-        proto = np.where(nb < 65536, _LL, np.where((nb < 4 * 2**20) & ~inter & (c.sm_arch >= 80), _LL128, _SIMPLE))
+        ll128 = (c.sm_arch >= 80) and getattr(c, "intra_link", "nvlink") != "pcie"  # NCCL: NVLink paths only (tuning.cc:531)
+        proto = np.where(nb < 65536, _LL, np.where((nb < 4 * 2**20) & ~inter & ll128, _LL128, _SIMPLE))
         proto = np.where(np.isin(alg, [_NVLS, _NVLSTREE, _CNDIRECT, _CNCHAIN, _PAT]), _SIMPLE, proto)
         proto = np.where(p2p, PROTO_NONE, proto)
         cap = np.where(inter, 16, 32 if c.sm_arch >= 90 else 24)  # ~16 SMs on an 8-NIC node (nccl#689)
         if getattr(c, "intra_link", "nvlink") == "pcie":
             cap = np.full(S, 2)  # one ring below 25 GB/s, not duplicated, doubled once (nccl#689: 2 SMs)
-        nc = np.clip(np.ceil(nb / 131072.0), 1, np.minimum(cap, self.max_channels))
+        one, many = getattr(c, "coll_channels", None), getattr(c, "coll_channels_inter", None)
+        if one is not None or many is not None:  # what NCCL logs on this cluster (ClusterSpec)
+            cap = np.where(inter, many or one or cap, one or cap)
+        # NCCL's size rule drops a channel while bytes < channels x threads x threshold (threshold
+        # 64 B per thread for Simple, 8 for LL128 and 8 x ranks for Ring/LL; NCCL v2.30.7
+        # src/enqueue.cc:2093-2096, src/include/comm.h:49-51, src/graph/tuning.cc:593)
+        per_ch = np.where(proto == _SIMPLE, 512.0 * 64, np.where(proto == _LL128, 640.0 * 8, 512.0 * 8 * self.n_S))
+        nc = np.clip(np.floor(nb / per_ch), 1, np.minimum(cap, self.max_channels))
         # P2P: the communicator's own channel count (no size rule: p2pnChannels follows comm->nChannels)
         nc = np.where(p2p, np.minimum(cap, self.max_channels), nc)
         return (alg.astype(np.int64), proto.astype(np.int64), nc.astype(float), np.full(S, 512.0), np.zeros(S))
@@ -267,8 +276,13 @@ class CostModel:
         # Fewer threads per CTA move less per channel; never profiled (process scope), so the
         # prior is deliberately pessimistic: throughput ~ threads^0.6.
         thr_eff = (nt_eff / DEFAULT_THREADS) ** 0.6
-        per_ch = self.pcb * self.gamma_S[i] * _PROTO_CH_EFF[p] * _ALG_CH_MULT[alg] * thr_eff * chunk_eff
-        link = self.link_S[i] * _ALG_LINK_EFF[alg] * _PROTO_LINK_EFF[p]
+        alg_mult = np.where(np.isin(alg, [_NVLS, _NVLSTREE]) & (self.op_S[i] != _AR), NVLS_GATHER_MULT * (n - 1) / n,
+                            _ALG_CH_MULT[alg])
+        per_ch = self.pcb * self.gamma_S[i] * _PROTO_CH_EFF[p] * alg_mult * thr_eff * chunk_eff
+        # NVLS all-reduce reaches ~480 GB/s of bus bandwidth on 8 x H100 where Ring reaches ~370
+        # (nccl-tests#212): 1.3x the ring's ceiling; its gathers and reduce-scatters the ring's
+        link_mult = np.where((alg == _NVLS) & (self.op_S[i] == _AR), NVLS_ALLREDUCE_LINK, _ALG_LINK_EFF[alg])
+        link = self.link_S[i] * link_mult * _PROTO_LINK_EFF[p]
         bw = _softmin(n_eff * per_ch, link)
         lat = NCCL_BASE_LATENCY_US * np.where(p == _SIMPLE, 1.0, 0.5) + steps * self.hop_S[i] * _PROTO_LAT[p]
         # A CTA holds a whole SM whatever its thread count (NCCL CTAs do not share SMs, nccl#689).
@@ -305,9 +319,12 @@ class CostModel:
             s_l = np.asarray(s)[..., None] * self.slow_SL[i]
             region = np.sum(self.comp_weights_SL[i] * region_time_us(t_call, self.comp_levels_SL[i], s_l), axis=-1)
         if self.queued_S is not None and self.queued_S.any():
-            # queued behind each other on one stream: time a collective adds is time the ones
-            # behind it start later (``mark_queues``), counted one for one
-            region = region + np.maximum(0.0, t_comm - self.t_comm_default_S[i]) * self.queued_S[i]
+            # queued behind each other on one stream (``mark_queues``): time a collective adds
+            # beyond its share of the compute the queue overlaps is time the ones behind it start
+            # later; an empty window's own region is that queue time, not its T_comm
+            extra = t_comm - self.t_comm_default_S[i]
+            q, empty = self.queued_S[i], self.queue_empty_S[i]
+            region = region - extra * q * empty + np.maximum(0.0, extra - self.queue_free_S[i]) * q
         return t_comm, s, region
 
     def set_call_levels(self, per_call_us: Sequence[Sequence[float]]) -> None:
@@ -351,8 +368,11 @@ class CostModel:
         regions as independent, cannot see what a slower collective costs the ones queued behind
         it. A communicator where at least ``queue_share`` of the sites have empty windows is a
         queue (one empty window, e.g. DDP's last bucket before the final wait, is not). On such a
-        communicator every site's extra T_comm over NCCL's default is added to its
-        region one for one (the queue is then assumed to be the critical path: conservative).
+        communicator a site's extra T_comm over NCCL's default is added to its region where it
+        exceeds the site's share (by default T_comm) of the queue's slack: the compute of the
+        queue's windows minus its collectives' default time. Within the slack the queue hides
+        behind compute; beyond it, it is the critical path. An empty window's own region (its
+        T_comm) is replaced by that queue time.
         """
         S = len(self.sites)
         self.queued_S = None
@@ -365,6 +385,12 @@ class CostModel:
                  if np.count_nonzero(groups == g) > 1 and np.mean(empty[groups == g]) >= queue_share}
         flag = np.array([g in comms for g in groups], dtype=float)
         self.t_comm_default_S = t_def
+        self.queue_empty_S = empty.astype(float)
+        self.queue_free_S = np.zeros(S)
+        for g in comms:
+            m = groups == g
+            slack = max(0.0, float(self.t_comp_us_S[m].sum() - t_def[m].sum()))
+            self.queue_free_S[m] = slack * t_def[m] / max(float(t_def[m].sum()), 1e-9)
         self.queued_S = flag if flag.any() else None
 
     def _site(self, site: "CollectiveSite | str") -> int:

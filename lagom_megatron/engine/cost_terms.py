@@ -39,10 +39,18 @@ default 4 MiB buffer the chunk is 4 x 512 KiB = 2 MiB (src/enqueue.cc:2222-2225)
 algorithm / protocol runs one step per chunk (enqueue.cc:2223)."""
 # Per-algorithm constants, indexed as knobs.ALGORITHMS plus none.
 _ALG_LINK_EFF = np.array([1.0, 0.85, 1.0, 0.95, 1.0, 0.95, 0.9, 1.0])
-_ALG_CH_MULT = np.array([1.0, 1.0, 1.4, 1.4, 1.0, 1.0, 1.0, 1.0])
-"""Per-channel throughput multiplier: NVLS CTAs drive the switch's multicast. On 8 x H100 NCCL's 16
-NVLS channels reach ~480 GB/s all-reduce bus bandwidth where Ring needs ~17 channels for ~370
-(nccl-tests#212): about 1.4x per channel."""
+_ALG_CH_MULT = np.array([1.0, 1.0, 1.7, 1.7, 1.0, 1.0, 1.0, 1.0])
+"""Per-channel throughput multiplier of an all-reduce: NVLS CTAs drive the switch's multicast.
+NCCL's model gives an NVLS channel its link speed x nvlsEfficiency (0.85 on Hopper), twice for
+all-reduce, which pipelines two operations (NCCL v2.30.7 src/graph/tuning.cc:139-144, 311-318):
+1.7x a Ring channel. For all-gather and reduce-scatter NCCL multiplies by (ranks-1)/ranks instead
+of 2 (``NVLS_GATHER_MULT``)."""
+NVLS_ALLREDUCE_LINK = 1.3
+"""NVLS all-reduce's bandwidth ceiling relative to Ring's: ~480 against ~370 GB/s on 8 x H100
+(nccl-tests#212)."""
+NVLS_GATHER_MULT = 0.85
+"""NVLS all-gather / reduce-scatter channel relative to a Ring channel, before (ranks-1)/ranks
+(tuning.cc:311-317)."""
 _ALG_HBM = np.array([1.0, 1.0, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0])
 """HBM traffic per wire byte relative to the protocol's (``_PROTO_HBM``): NVLS reduces in the
 NVSwitch with multimem loads and stores, so each GPU reads its operand and writes its result once

@@ -171,7 +171,12 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
         model.corr_SC = _channel_correction(F_R, G, gi, ctas_R, s_obs, s_fit, precise, model.max_channels)
     if not model.gloo:
         model.mark_queues()
+    # The fit error compares what each sample measured: its own region. The queue term of
+    # ``mark_queues`` is what a slower collective costs the ones queued behind it (other sites'
+    # regions), which the search counts but a site's own measurement never contains.
+    queued, model.queued_S = model.queued_S, None
     t_comm_hat, _, t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
+    model.queued_S = queued
     model.mape = float(100.0 * np.mean(np.abs(t_region_hat - y_region) / np.maximum(y_region, 1e-9)))
     model.mape_comm = float(100.0 * np.mean(np.abs(t_comm_hat - y_comm) / y_comm))
     model.wape = float(100.0 * np.sum(np.abs(t_region_hat - y_region)) / max(float(np.sum(y_region)), 1e-9))
@@ -377,7 +382,10 @@ def _ridge2(i_J, S, f1, f2, y, lam, p1, p2, *, lo, ref=None):
     """Per-site 2-parameter ridge least squares: min sum (c1 f1 + c2 f2 - y)^2 + lam*(w1 (c1-p1)^2 + w2 (c2-p2)^2).
 
     ``ref`` optionally scales the ridge per site by the features' size so it stays relative.
-    Solved for all sites at once as batched 2x2 normal equations; results clipped to ``>= lo``.
+    Solved for all sites at once as batched 2x2 normal equations. Where the joint solution puts a
+    coefficient below ``lo``, that coefficient is fixed at ``lo`` and the other is solved again
+    with it (clipping one alone would leave the other fitted to the unclipped value: with nearly
+    collinear features, a latency weight pinned at ``lo`` left the bandwidth weight ~15% high).
     """
     A11 = np.bincount(i_J, f1 * f1, S)
     A12 = np.bincount(i_J, f1 * f2, S)
@@ -393,4 +401,7 @@ def _ridge2(i_J, S, f1, f2, y, lam, p1, p2, *, lo, ref=None):
     det = A11 * A22 - A12 * A12
     c1 = (r1 * A22 - r2 * A12) / det
     c2 = (A11 * r2 - A12 * r1) / det
+    low1, low2 = c1 < lo, c2 < lo
+    c2 = np.where(low1 & ~low2, (r2 - A12 * lo) / A22, c2)
+    c1 = np.where(low2 & ~low1, (r1 - A12 * lo) / A11, c1)
     return np.maximum(c1, lo), np.maximum(c2, lo)

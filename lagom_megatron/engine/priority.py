@@ -16,7 +16,11 @@ paper's algorithm is not public):
    ``NCCL_CTA_POLICY=EFFICIENCY`` is NCCL's default on unregistered buffers) are candidates too,
    each also refined by one coordinate descent: the plan kept is the candidate with the least
    predicted total region time, so on the model it is never worse than any of them.
-4. Cost: O(sum over sites of sum over knobs of domain size) model evaluations: linear in sites.
+4. A site (or a set of sites the mechanism cannot tell apart) whose chosen per-call knobs do not
+   predict a shorter region than NCCL's defaults keeps NCCL's defaults for them
+   (``keep_defaults_without_gain``): the tie rule of the scans prefers fewer resources at equal
+   predicted time, which must not move a site off NCCL's choice for no predicted gain.
+5. Cost: O(sum over sites of sum over knobs of domain size) model evaluations: linear in sites.
 
 Implementation note: the sites that decide a shared knob ("leaders") run one by one in priority
 order. Every other site finds all its shared knobs decided when it is reached, and its scan
@@ -72,6 +76,39 @@ def best_candidate(problem: SearchProblem, searched: State, default_nc: np.ndarr
     return cands[k][1], cands[k][0]
 
 
+GAIN_TOL = 1e-6
+"""A site's predicted saving must exceed this fraction of its default region time to count as a gain."""
+
+
+def keep_defaults_without_gain(problem: SearchProblem, st: State, call_knobs: tuple[str, ...]) -> tuple[State, int]:
+    """``st`` with every site whose per-call knobs predict no gain back on NCCL's defaults for them.
+
+    Sites the mechanism cannot tell apart (``problem.tie_indistinguishable``) are judged by their
+    summed regions and reset together; knobs of communicator or process scope stay as decided
+    (they govern other sites too). Returns (state, sites reset)."""
+    st, _ = problem.tie_indistinguishable(st)
+    default = problem.default_state()
+    back = st.copy()
+    for knob in call_knobs:
+        back.get(knob)[:] = default.get(knob)
+    region = problem.evaluate(st)[2]
+    region_back = problem.evaluate(back)[2]
+    key_fn = getattr(problem.rules, "call_key", None)
+    sets: dict[object, list[int]] = {}
+    for i, s in enumerate(problem.sites):
+        k = key_fn(group=s.group, op=s.op, nbytes=s.nbytes) if key_fn is not None else None
+        sets.setdefault(k if k is not None else ("site", i), []).append(i)
+    out, reset = st.copy(), 0
+    for members in sets.values():
+        idx = np.array(members)
+        moved = any(bool(np.any(st.get(k)[idx] != back.get(k)[idx])) for k in call_knobs)
+        if moved and float(region_back[idx].sum() - region[idx].sum()) <= GAIN_TOL * float(region_back[idx].sum()):
+            for knob in call_knobs:
+                out.get(knob)[idx] = back.get(knob)[idx]
+            reset += idx.size
+    return out, reset
+
+
 @register("priority")
 def priority(problem: SearchProblem, *, rounds: int = 3) -> SearchResult:
     """Lagom's priority search (module docstring); linear in the number of sites."""
@@ -105,6 +142,9 @@ def priority(problem: SearchProblem, *, rounds: int = 3) -> SearchResult:
     rest = order[~np.isin(order, list(leaders))]
     descend(problem, st, rest, call_knobs, "region", count, rounds)
     st, chosen = best_candidate(problem, st, default_nc, call_knobs, count, rounds)
-    stats = {"method": "priority", "model_evaluations": count.n, "wall_time_s": round(timer(), 6), "candidate": chosen}
+    st, reset = keep_defaults_without_gain(problem, st, call_knobs)
+    count.add(2 * len(problem.sites))
+    stats = {"method": "priority", "model_evaluations": count.n, "wall_time_s": round(timer(), 6), "candidate": chosen,
+             "zero_gain_sites_reset": reset}
     plan = problem.make_plan(st, method="priority", stats=stats)
     return SearchResult(plan=plan, stats=plan.stats)

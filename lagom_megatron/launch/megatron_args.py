@@ -96,7 +96,13 @@ def preset_to_argv(preset: Any) -> list[str]:
     ``megatron/training/training.py:3307``, :3547 in core_v0.17.1, :4136 in core_v0.18.2), so a
     preset without one gets ``--eval-interval <train_iters> --eval-iters 1``: one evaluation
     iteration, at the end. With ``use_megatron_fsdp`` the line gets ``--ckpt-format fsdp_dtensor``,
-    the only format Megatron-LM accepts with it (core_v0.16.1 ``megatron/training/arguments.py:690``).
+    the only format Megatron-LM accepts with it (core_v0.16.1 ``megatron/training/arguments.py:690``),
+    and ``--use-distributed-optimizer``: Megatron-FSDP's user guide lists it among the required flags
+    (core_v0.16.1 ``docs/discussions/megatron-fsdp-user-guide/megatron-fsdp-user-guide.md:27-37``) and
+    core_v0.18.2 turns it on itself (``arguments.py:1113-1119``), so the line runs the same optimizer on
+    every release. The preset's ``data_parallel_sharding_strategy`` is always written out with
+    ``use_megatron_fsdp``: Megatron-LM's default differs by release (no_shard in core_v0.16/0.17,
+    optim_grads_params in core_v0.18).
     """
     args = preset.to_args()
     if args.get("max_position_embeddings") is None:
@@ -106,6 +112,8 @@ def preset_to_argv(preset: Any) -> list[str]:
         args.setdefault("eval_iters", MEGATRON_LM_EVAL_ITERS_WITHOUT_EVAL)
     if args.get("use_megatron_fsdp"):
         args.setdefault("ckpt_format", "fsdp_dtensor")
+        args["use_distributed_optimizer"] = True
+        args["data_parallel_sharding_strategy"] = preset.overlap.data_parallel_sharding_strategy
     return args_to_argv(args)
 
 

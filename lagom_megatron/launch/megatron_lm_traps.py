@@ -16,6 +16,15 @@ read from their sources), and names the release and the line:
   ``megatron/core/fusions/fused_softmax.py:357`` imports it (all three);
 - ``--use-megatron-fsdp`` without ``--ckpt-format fsdp_dtensor``: ``validate_args`` asserts it
   (``megatron/training/arguments.py`` :690 / :971 / :1142);
+- Megatron-FSDP's sharding strategy (``--data-parallel-sharding-strategy``, whose parser default is
+  no_shard in core_v0.16/0.17, ``arguments.py`` :2307 / :2722, and optim_grads_params in core_v0.18,
+  :2805): left out on core_v0.16/0.17, Megatron-FSDP shards nothing (a warning,
+  ``training.preflight_rules.no_shard_finding``); optim_grads_params with
+  ``--check-weight-hash-across-dp-replicas-interval`` is asserted (:684 / :965 / :1136); core_v0.18
+  raises for ``--init-model-with-meta-device`` with no_shard (:1151); ``--ckpt-format fsdp_dtensor``
+  without ``--use-megatron-fsdp`` is asserted (:1050 / :1341 / :1507); and core_v0.16/0.17 run
+  Megatron-FSDP without ``--use-distributed-optimizer`` if it is not given, which Megatron-FSDP's user
+  guide lists as required and core_v0.18 turns on itself (:1113-1119) (a warning);
 - a Python package Megatron-LM imports unconditionally and this Python lacks (``six`` at
   ``megatron/training/tokenizer/bert_tokenization.py:25`` and ``regex`` at
   ``gpt2_tokenization.py:25`` in core_v0.16.x; ``pybind11`` for the dataset helper's
@@ -34,6 +43,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Callable, Mapping
 
+from lagom_megatron.training.preflight_rules import no_shard_finding
 from lagom_megatron.training.preflight_types import Finding
 
 RELEASES = ("core_v0.16", "core_v0.17", "core_v0.18")
@@ -48,6 +58,18 @@ MASKED_SOFTMAX_LINE = dict.fromkeys(RELEASES, "megatron/core/fusions/fused_softm
 FSDP_CKPT_LINE = {"core_v0.16": "megatron/training/arguments.py:690",
                   "core_v0.17": "megatron/training/arguments.py:971",
                   "core_v0.18": "megatron/training/arguments.py:1142"}
+SHARDING_DEFAULT = {"core_v0.16": ("no_shard", "megatron/training/arguments.py:2307"),
+                    "core_v0.17": ("no_shard", "megatron/training/arguments.py:2722"),
+                    "core_v0.18": ("optim_grads_params", "megatron/training/arguments.py:2805")}
+"""Release -> (``--data-parallel-sharding-strategy``'s default, the parser line)."""
+WEIGHT_HASH_LINE = {"core_v0.16": "megatron/training/arguments.py:684",
+                    "core_v0.17": "megatron/training/arguments.py:965",
+                    "core_v0.18": "megatron/training/arguments.py:1136"}
+DTENSOR_WITHOUT_FSDP_LINE = {"core_v0.16": "megatron/training/arguments.py:1050",
+                             "core_v0.17": "megatron/training/arguments.py:1341",
+                             "core_v0.18": "megatron/training/arguments.py:1507"}
+META_DEVICE_NO_SHARD_LINE = {"core_v0.18": "megatron/training/arguments.py:1151"}
+DISTOPT_FORCED_LINE = "core_v0.18.2 megatron/training/arguments.py:1113-1119"
 PACKAGES: dict[str, dict[str, str]] = {
     "core_v0.16": {"six": "megatron/training/tokenizer/bert_tokenization.py:25",
                    "regex": "megatron/training/tokenizer/gpt2_tokenization.py:25",
@@ -134,6 +156,7 @@ def megatron_lm_traps(args: Mapping[str, Any], release: str, *, local: bool,
             "error", "megatron-lm", f"--use-megatron-fsdp with --ckpt-format {get('ckpt_format', 'torch_dist')}",
             f"Megatron-LM {release} asserts ckpt_format == 'fsdp_dtensor' ({FSDP_CKPT_LINE[key]})",
             "add --ckpt-format fsdp_dtensor"))
+    out += _fsdp_traps(args, release, key)
     checkout_here = installed("megatron.training")
     missing = [(p, site) for p, site in PACKAGES[key].items()
                if checkout_here and not installed(p) and (on_gpu or p != "triton")]
@@ -144,4 +167,41 @@ def megatron_lm_traps(args: Mapping[str, Any], release: str, *, local: bool,
             "pip install 'lagom-megatron[megatron-lm]'" if package != "triton" else
             "pip install triton (CUDA torch wheels bring it), or on CPU start with "
             "python -m lagom_megatron.launch.megatron_lm_cpu"))
+    return out
+
+
+def _fsdp_traps(args: Mapping[str, Any], release: str, key: str) -> list[Finding]:
+    """Megatron-FSDP's findings of the module docstring; an explicit strategy's own checks (its
+    value, no_shard given on the line) are ``training.preflight_rules.rule_fsdp_sharding``'s."""
+    get = args.get
+    out: list[Finding] = []
+    if get("ckpt_format") == "fsdp_dtensor" and not get("use_megatron_fsdp"):
+        out.append(Finding(
+            "error", "megatron-lm", "--ckpt-format fsdp_dtensor without --use-megatron-fsdp",
+            f"Megatron-LM {release} asserts use_megatron_fsdp for it ({DTENSOR_WITHOUT_FSDP_LINE[key]})",
+            "add --use-megatron-fsdp or use --ckpt-format torch_dist"))
+    if not get("use_megatron_fsdp"):
+        return out
+    default, default_line = SHARDING_DEFAULT[key]
+    strategy = get("data_parallel_sharding_strategy") or default
+    if get("data_parallel_sharding_strategy") is None and strategy == "no_shard":
+        out.append(no_shard_finding(f" (Megatron-LM {release}'s default, {default_line})"))
+    if strategy == "optim_grads_params" and get("check_weight_hash_across_dp_replicas_interval") is not None:
+        out.append(Finding(
+            "error", "megatron-lm", "--check-weight-hash-across-dp-replicas-interval with --use-megatron-fsdp "
+            "and --data-parallel-sharding-strategy optim_grads_params",
+            f"Megatron-LM {release} asserts it is unset with optim_grads_params ({WEIGHT_HASH_LINE[key]}): "
+            "each rank holds a different shard of the weights", "drop --check-weight-hash-across-dp-replicas-interval"))
+    if key in META_DEVICE_NO_SHARD_LINE and strategy == "no_shard" and get("init_model_with_meta_device"):
+        out.append(Finding(
+            "error", "megatron-lm", "--init-model-with-meta-device with --use-megatron-fsdp and no_shard",
+            f"Megatron-LM {release} raises ValueError for it ({META_DEVICE_NO_SHARD_LINE[key]})",
+            "drop --init-model-with-meta-device or shard (--data-parallel-sharding-strategy optim_grads_params)"))
+    if key != "core_v0.18" and not get("use_distributed_optimizer"):
+        out.append(Finding(
+            "warning", "megatron-lm", "--use-megatron-fsdp without --use-distributed-optimizer",
+            f"Megatron-LM {release} then builds a non-distributed optimizer over Megatron-FSDP's parameters; "
+            "Megatron-FSDP's user guide lists --use-distributed-optimizer among the required flags "
+            "(docs/discussions/megatron-fsdp-user-guide/megatron-fsdp-user-guide.md) and "
+            f"{DISTOPT_FORCED_LINE} turns it on itself", "add --use-distributed-optimizer"))
     return out

@@ -22,7 +22,7 @@ def run_fingerprint(args: Any, *, backend: str, cluster: str) -> dict[str, Any]:
 
     Returns:
         The model and layout values of ``args`` (``padded_vocab_size`` included, as the model was
-        built), plus ``world_size``, ``backend``, ``cluster``, ``torch`` (release, without a local
+        built; ``data_parallel_sharding_strategy`` with Megatron-FSDP, else None), plus ``world_size``, ``backend``, ``cluster``, ``torch`` (release, without a local
         suffix) and ``megatron_core`` (``lagom_megatron.megatron.versions.installed_megatron_core``).
     """
     import torch
@@ -40,6 +40,10 @@ def run_fingerprint(args: Any, *, backend: str, cluster: str) -> dict[str, Any]:
             "data_parallel_size", "sequence_parallel", "num_experts", "overlap_grad_reduce",
             "overlap_param_gather", "use_distributed_optimizer", "ddp_bucket_size", "bf16", "fp16")
     fp: dict[str, Any] = {k: getattr(args, k, None) for k in keys}
+    # Megatron-FSDP's strategy decides its sites (per-unit gathers, or per-bucket reductions only);
+    # None (not stated) without Megatron-FSDP, where nothing reads it
+    fp["data_parallel_sharding_strategy"] = (getattr(args, "data_parallel_sharding_strategy", None)
+                                             if getattr(args, "use_megatron_fsdp", False) else None)
     fp.update(world_size=int(os.environ.get("WORLD_SIZE", "1")), backend=backend, cluster=cluster,
               torch=torch.__version__.split("+")[0], megatron_core=mcore)
     return fp

@@ -33,6 +33,7 @@ from lagom_megatron.nccl.bins import nccl_bins
 from lagom_megatron.nccl.budget import channel_cap, group_share
 from lagom_megatron.nccl.capabilities import Capabilities, fixed_knob_warning, restrict_domains
 from lagom_megatron.nccl.validate import CHUNK_RULES, validate_config, validate_cta_range
+from lagom_megatron.nccl.paths import ll128_enabled
 
 __all__ = ["BACKENDS", "CHUNK_RULES", "MECHANISMS", "NcclRules", "algorithms_for", "applicable", "domains", "knob_scope",
            "probe_configs", "process_env", "tuner_abi", "tuner_call_key", "validate_config", "validate_cta_range"]
@@ -108,7 +109,7 @@ def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int 
     These are subsets of what ``validate_config`` accepts, chosen so that a scan of each knob is
     short (the search cost is linear in the sum of domain sizes): channels on a roughly
     geometric grid up to the NCCL maximum, four chunk sizes (Simple's grid), all thread counts,
-    protocols without forcing LL128 where NCCL would not enable it, the op's algorithms.
+    protocols without LL128 where NCCL would not enable it (``ll128_enabled``), the op's algorithms.
     A knob whose scope is None under ``mechanism`` gets ``(None,)``.
 
     Raises:
@@ -135,7 +136,7 @@ def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int 
                           reduce_op=reduce_op)
     if scope["algorithm"] is not None and algs:
         out["algorithm"] = algs
-    protos = ("LL", "LL128", "Simple") if cluster.sm_arch >= 80 else ("LL", "Simple")
+    protos = ("LL", "LL128", "Simple") if ll128_enabled(cluster, n_nodes=cluster.nccl_nodes(n_nodes, group_size), group_size=group_size) else ("LL", "Simple")
     if mechanism != "tuner":
         protos = tuple(p for p in protos if p != "LL128")  # never force LL128 through NCCL_PROTO
     if scope["protocol"] is not None:

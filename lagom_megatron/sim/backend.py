@@ -26,12 +26,14 @@ from lagom_megatron.engine.tuner import Tuner
 from lagom_megatron.nccl.env_vars import launch_nthreads
 from lagom_megatron.nccl.rules import NcclRules
 from lagom_megatron.sim import timeline
+from lagom_megatron.sim.constants import get
 from lagom_megatron.sim.device import CommCost, Gpu, comm_cost, resolve_config
 from lagom_megatron.sim.workload import Workload, steady_copies
 
-SIGMA_ITERATION = 0.01
-"""Relative standard deviation of whole-iteration noise (stragglers, clocks), on top of the
-per-kernel noise: a few percent peak to peak, so that verification has something to reject."""
+def sigma_iteration() -> float:
+    """Relative standard deviation of whole-iteration noise (stragglers, clocks), on top of the
+    per-kernel noise (``sigma_iteration`` in ``sim.constants``, ranged: no source)."""
+    return get("sigma_iteration")
 
 
 class SimulatedCluster:
@@ -69,6 +71,9 @@ class SimulatedCluster:
             if c.site_id is not None:
                 self._site_calls.setdefault(c.site_id, []).append(i)
         self._cost_cache: dict[tuple, CommCost] = {}
+        self.high_priority: frozenset[str] = frozenset()
+        """Groups on high-priority streams in every iteration that does not say otherwise (a job
+        launched with ``--high-priority-stream-groups``; lagom's pool entries inherit it)."""
 
     @property
     def sites(self) -> list[CollectiveSite]:
@@ -82,12 +87,17 @@ class SimulatedCluster:
                 "tp": w.tp, "pp": w.pp, "cp": w.cp, "dp": w.dp, "ep": w.ep, "vpp": w.chunks,
                 "microbatches": w.microbatches, "backend": "sim"}
 
-    def _cost(self, i: int, cfg: CommConfig, channel_cap: int | None) -> CommCost:
+    def _cost(self, i: int, cfg: CommConfig, channel_cap: int | None, *, registered: bool = False,
+              fork: bool = False) -> CommCost:
         coll = self._prog.calls[i].coll
+        if registered:
+            coll = replace(coll, registered=True)
         # NCCL_NTHREADS is read once per process: a running job cannot change it per call or per
         # communicator (docs/nccl.md), so an assignment's n_threads does not reach the
-        # kernels; the launch environment's value (``nthreads``) does.
-        cfg = replace(cfg, n_threads=self.nthreads)
+        # kernels; the launch environment's value (``nthreads``) does. ``fork``: a patched NCCL
+        # (AutoCCL's) that sets threads per call.
+        if not (fork and cfg.n_threads is not None):
+            cfg = replace(cfg, n_threads=self.nthreads)
         key = (coll, cfg, channel_cap)
         hit = self._cost_cache.get(key)
         if hit is None:
@@ -100,7 +110,9 @@ class SimulatedCluster:
 
     def run_iteration(self, step: Step | None = None, *, iteration: int = 0, assignment: dict[str, CommConfig] | None = None,
                       serialize: bool = False, channel_cap: int | None = None, noise: bool = True,
-                      free_comm: bool = False) -> IterationMeasurement:
+                      free_comm: bool = False, group_caps: dict[str, int] | None = None,
+                      high_priority: frozenset[str] | None = None, registered: frozenset[str] = frozenset(),
+                      fork: bool = False) -> IterationMeasurement:
         """Simulates one iteration.
 
         Args:
@@ -111,6 +123,15 @@ class SimulatedCluster:
             noise: False switches every noise draw off (per kernel and per iteration).
             free_comm: every collective holds no SM and draws no HBM, at unchanged speed: the
                 bound of any contention tuning.
+            group_caps: group -> channel cap of every collective of that process group, as
+                ``max_ctas`` in Megatron's ``--nccl-communicator-config-path`` YAML sets it
+                (``ncclConfig_t.maxCTAs`` bounds the communicator's collective and P2P channels,
+                NCCL v2.30.7 src/graph/connect.cc:503, src/graph/paths.cc:984).
+            high_priority: groups whose communication stream has a high priority
+                (``--high-priority-stream-groups``; ``timeline`` "Dispatch"); None = the
+                cluster's ``high_priority`` attribute (empty unless set).
+            registered: groups whose buffers are registered with NCCL (``--use-nccl-ub``).
+            fork: honour an assignment's per-call thread count (a patched NCCL such as AutoCCL's).
 
         Returns:
             An ``IterationMeasurement``: iteration time (us) and one sample per site; a sample's
@@ -125,14 +146,17 @@ class SimulatedCluster:
         if unknown:
             raise ValueError(f"assignment names {len(unknown)} unknown site(s), e.g. {unknown[:3]}")
         calls = self._prog.calls
-        costs = [self._cost(i, assignment.get(c.site_id, DEFAULT) if c.site_id else DEFAULT, channel_cap)
+        caps = group_caps or {}
+        costs = [self._cost(i, assignment.get(c.site_id, DEFAULT) if c.site_id else DEFAULT,
+                            _min_cap(channel_cap, caps.get(c.stream)), registered=c.stream in registered, fork=fork)
                  for i, c in enumerate(calls)]
         if free_comm:
             costs = [replace(c, ctas=0, hbm_mult=0.0) for c in costs]
         seed = hash((self.seed, iteration)) & 0x7FFFFFFF
         sig = {} if noise else {"sigma_comp": 0.0, "sigma_comm": 0.0}
         res = timeline.run(self._prog, self.gpu, costs, serialize=serialize, cdmc1=self.workload.cdmc1,
-                           seed=seed, win=self._win, **sig)
+                           seed=seed, win=self._win,
+                           high_priority=frozenset(self.high_priority if high_priority is None else high_priority), **sig)
         self.last_timeline = res
         w = self.workload
         steady = 0.0
@@ -140,7 +164,7 @@ class SimulatedCluster:
             steady = res.mb_start_us[2] - res.mb_start_us[1]
         total = res.total_us + steady_copies(w) * steady
         if noise:
-            total *= 1.0 + random.Random(seed ^ 0x5EED).gauss(0.0, SIGMA_ITERATION)
+            total *= 1.0 + random.Random(seed ^ 0x5EED).gauss(0.0, sigma_iteration())
         samples = []
         for site in self._sites:
             idx = self._site_calls[site.site_id]
@@ -154,6 +178,10 @@ class SimulatedCluster:
                                   t_comm_us=t_comm, t_comp_us=busy if serialize else math.nan,
                                   t_region_us=t_region, iteration=iteration, calls=calls))
         return IterationMeasurement(iteration=iteration, iteration_us=total, sites=list(self._sites), samples=samples)
+
+
+def _min_cap(a: int | None, b: int | None) -> int | None:
+    return b if a is None else (a if b is None else min(a, b))
 
 
 @dataclass(kw_only=True)
@@ -187,15 +215,15 @@ def gpu_clusters() -> list[str]:
 
 
 def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
-    """The warm-up probes of ``rules``, one more channel count (12: the measured slowdown curve is
-    interpolated between probed counts, ``fit._channel_correction``), and one probe per algorithm
-    besides Ring that the cluster can run (NVLS on sm90 NVSwitch nodes, Tree for all-reduce), at
-    16 channels: the search only picks algorithms a site measured
+    """The warm-up probes of ``rules``, two more channel counts (4 and 12: the measured slowdown
+    curve is interpolated between probed counts, ``fit._channel_correction``), and probes of each algorithm
+    besides Ring that the cluster can run (NVLS on sm90 NVSwitch nodes at 16 and 32 channels, Tree
+    for all-reduce at 16): the search only picks algorithms a site measured
     (``SearchProblem.keep_measured_algorithms``)."""
     c = rules.cluster
-    extra = [CommConfig(n_channels=12)]  # a third point of the slowdown curve between 8 and 16
-    if c.nvswitch and c.sm_arch >= 90:
-        extra.append(CommConfig(algorithm="NVLS", n_channels=16))
+    extra = [CommConfig(n_channels=4), CommConfig(n_channels=12)]  # points of the curve between 2, 8 and 16
+    if c.nvswitch and c.sm_arch >= 90:  # two points of NVLS's own channel curve
+        extra += [CommConfig(algorithm="NVLS", n_channels=16), CommConfig(algorithm="NVLS", n_channels=32)]
     extra.append(CommConfig(algorithm="Tree", n_channels=16))
     return list(rules.probe_configs()) + extra
 

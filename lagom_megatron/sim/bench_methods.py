@@ -105,8 +105,10 @@ def _time(sim: Any, state: dict[str, dict]) -> float:
 
 
 def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_ROUNDS,
-           per_site: int = ORACLE_SITES) -> tuple[dict[str, CommConfig], float, int]:
-    """The oracle plan on ``sim`` (module docstring).
+           per_site: int = ORACLE_SITES, group_caps: dict[str, int] | None = None) -> tuple[dict[str, CommConfig], float, int]:
+    """The oracle plan on ``sim`` (module docstring). ``group_caps`` (group -> channel cap, the
+    best static per-group caps) is one more start: a plan can hold it, each site at
+    ``min(NCCL's channels, its group's cap)``.
 
     Returns:
         (site id -> CommConfig, its noise-free iteration time in us, simulated iterations spent).
@@ -127,6 +129,19 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
     for cap in caps:
         starts.append({sid: {**default[sid], "n_channels": min(cap, max(d["n_channels"]))} if len(d["n_channels"]) > 1
                        else dict(default[sid]) for sid, d in doms.items()})
+    if group_caps:
+        site_of = {s.site_id: s for s in sim.sites}
+        nccl_nc = {}
+        for c in sim._prog.calls:
+            if c.site_id is not None and c.site_id not in nccl_nc:
+                nccl_nc[c.site_id] = resolve_config(sim.gpu, c.coll, CommConfig()).n_channels
+        st = {}
+        for sid, d in doms.items():
+            cap = group_caps.get(site_of[sid].group)
+            ok = cap is not None and len(d["n_channels"]) > 1 and sid in nccl_nc
+            v = max((x for x in d["n_channels"] if x <= min(cap, nccl_nc[sid])), default=None) if ok else None
+            st[sid] = {**default[sid], "n_channels": v} if v is not None and v < nccl_nc[sid] else dict(default[sid])
+        starts.append(st)
     runs = 0
     times = []
     for st in starts:

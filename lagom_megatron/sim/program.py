@@ -9,7 +9,11 @@ from dataclasses import dataclass, field
 
 import math
 
-from lagom_megatron.sim.device import TILE_M, TILE_N, Collective, ComputeKernel
+from lagom_megatron.sim.constants import get
+from lagom_megatron.sim.device import Collective, ComputeKernel
+
+TILE_M = 128
+"""Output tile height of a bf16 GEMM kernel (CUTLASS / cuBLAS); the width is ``tile_n`` (ranged)."""
 
 
 @dataclass(slots=True)
@@ -56,8 +60,8 @@ class Program:
 
 def gemm(name: str, m: float, n: float, k: float, max_sms: int | None = None) -> ComputeKernel:
     """A bf16 GEMM (m x k) @ (k x n): 2mnk FLOPs, operands and result read/written once, one CTA
-    per ``TILE_M x TILE_N`` output tile (``device.wave_factor``)."""
-    tiles = math.ceil(m / TILE_M) * math.ceil(n / TILE_N)
+    per ``TILE_M x tile_n`` output tile (``device.wave_factor``; ``tile_n`` in ``sim.constants``)."""
+    tiles = math.ceil(m / TILE_M) * math.ceil(n / get("tile_n"))
     return ComputeKernel(name, "gemm", 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n), max_sms, tiles=int(tiles))
 
 

@@ -15,6 +15,12 @@ Rules (our design, documented in docs/simulator.md):
 * ``CUDA_DEVICE_MAX_CONNECTIONS=1``: one hardware queue, so kernels start in issue order; a
   launched collective that cannot start yet (its stream is busy) holds back every compute kernel
   issued after it, and collectives start in launch order across streams (Megatron-LM#1468).
+* Dispatch: a collective whose stream frees while a compute kernel runs (it was queued behind
+  another collective of its group) gets SMs only once that kernel has dispatched its last wave:
+  the CUDA block scheduler serves pending blocks of an earlier kernel first unless the later
+  one's stream has a higher priority (CUDA programming guide, stream priorities; a GEMM holding
+  every SM delays a waiting NCCL kernel, nccl#1431, pytorch#143890). Streams in
+  ``high_priority`` (Megatron's ``--high-priority-stream-groups``) start at once.
 * ``serialize``: every collective is waited on right after its launch (the tuner's T_comp probe).
 * Noise: each kernel's work is multiplied by a seeded normal factor (compute ``sigma_comp``,
   communication ``sigma_comm``).
@@ -30,7 +36,8 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from lagom_megatron.sim.device import HBM_EFF, KAPPA_COMM, CommCost, Gpu, compute_time_us
+from lagom_megatron.sim.constants import get
+from lagom_megatron.sim.device import HBM_EFF, CommCost, ComputeKernel, Gpu, compute_time_us
 from lagom_megatron.sim.program import Program
 
 WINDOW_CAP = 2000
@@ -84,9 +91,26 @@ def windows(prog: Program) -> list[list[int]]:
     return out
 
 
+def last_wave_fraction(gpu: Gpu, k: ComputeKernel, sms_free: float) -> float | None:
+    """Where a lower-priority kernel can start beside ``k``: None when ``k`` leaves SMs free (it
+    launches fewer CTAs than there are free SMs, or is limited to fewer SMs); else the fraction of
+    ``k``'s work still left when its last wave has been dispatched (``1 / waves``), 0 when its CTAs
+    hold their SMs to the end (one wave, a persistent kernel, or a grid so large that its waves
+    run until it ends). Module docstring, "Dispatch"."""
+    free = int(sms_free)
+    if k.max_sms is not None and k.max_sms < free:
+        return None
+    if k.tiles > 0 and not k.persistent:
+        if k.tiles < free:
+            return None
+        waves = -(-k.tiles // max(1, free))
+        return 1.0 / waves if waves >= 2 else 0.0
+    return 0.0
+
+
 def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = False, cdmc1: bool = False,
-        seed: int = 0, sigma_comp: float = 0.02, sigma_comm: float = 0.03,
-        win: list[list[int]] | None = None) -> TimelineResult:
+        seed: int = 0, sigma_comp: float = 0.02, sigma_comm: float | None = None,
+        win: list[list[int]] | None = None, high_priority: frozenset[str] = frozenset()) -> TimelineResult:
     """Simulates ``prog`` with ``costs[i]`` the standalone cost of call ``i``.
 
     Returns:
@@ -94,6 +118,8 @@ def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = Fal
         ``CallRecord`` per call, and the time each micro-batch's first op was reached.
     """
     rng = random.Random(seed)
+    sigma_comm = get("sigma_comm") if sigma_comm is None else sigma_comm
+    kappa_comm = get("kappa_comm")
     ops = prog.ops
     n_calls = len(prog.calls)
     rec = [CallRecord() for _ in range(n_calls)]
@@ -116,13 +142,22 @@ def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = Fal
     blocked_on = -1
     comp_us = comp_ovl_us = 0.0
 
+    gated = False  # a ready collective waits for the running kernel's last wave
+
     def try_start_comm() -> None:
+        nonlocal gated
+        gated = False
         for i in list(unstarted):
             s = streams[prog.calls[i].stream]
             if s[0] != i:
                 if cdmc1:
                     return
                 continue
+            if not cdmc1 and cur is not None and cur[0] == "K" and prog.calls[i].stream not in high_priority:
+                lw = last_wave_fraction(gpu, cur[2], gpu.sms - sum(costs[j].ctas for j in active))
+                if lw is not None and cur[3] > lw + 1e-9:
+                    gated = True
+                    continue
             unstarted.remove(i)
             rec[i].start_us = t
             c = costs[i]
@@ -184,12 +219,16 @@ def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = Fal
         if k_time is not None and (f < 1.0 or comm_total > 0.0):
             k_time = compute_time_us(gpu, cur[2], sms_free=gpu.sms - ctas, hbm_gbs=d_c * f if f < 1.0 else None,
                                      comm_hbm_share=comm_total * f / hbm)
-        # compute's HBM draw also slows the collectives (KAPPA_COMM)
-        fc = f / (1.0 + KAPPA_COMM * min(1.0, d_c * f / hbm))
+        # compute's HBM draw also slows the collectives (kappa_comm, sim.constants)
+        fc = f / (1.0 + kappa_comm * min(1.0, d_c * f / hbm))
         # next event
         dt = float("inf")
         if cur is not None:
             dt = min(dt, cur[3] * k_time * cur[4]) if cur[0] == "K" else min(dt, cur[1] - t)
+            if gated and cur[0] == "K":
+                lw = last_wave_fraction(gpu, cur[2], gpu.sms - ctas) or 0.0
+                if cur[3] > lw + 1e-9:
+                    dt = min(dt, (cur[3] - lw) * k_time * cur[4])
         for i, a in active.items():
             if a[0] > 0.0:
                 dt = min(dt, a[0])

@@ -52,7 +52,7 @@ from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.sim.device import Collective, ComputeKernel, compute_time_us
 from lagom_megatron.sim.program import Call, Program, elementwise, gemm
 from lagom_megatron.sim.workload_ep_overlap import combined_step
-from lagom_megatron.sim.workload_fsdp import fsdp_microbatch
+from lagom_megatron.sim.workload_fsdp import every_microbatch, fsdp_microbatch
 from lagom_megatron.sim.workload_shape import WorkloadShape
 
 MICROBATCH_CAP = 4
@@ -83,7 +83,8 @@ class Workload(WorkloadShape):
         return f"{group}.{kind}[{n}]"
 
     def _coll(self, op: str, nbytes: float, group: str) -> Collective:
-        return Collective(op=op, nbytes=int(nbytes), group_size=self.sizes[group], n_nodes=self.nodes[group])
+        return Collective(op=op, nbytes=int(nbytes), group_size=self.sizes[group], n_nodes=self.nodes[group],
+                          stride=self.strides.get(group, 1))
 
     # ------------------------------------------------------------------ sites
 
@@ -101,7 +102,7 @@ class Workload(WorkloadShape):
         out = []
         for sid, call in first.items():
             n = counts[sid]
-            if not sid.startswith("dp.") or self.fsdp:
+            if not sid.startswith("dp.") or (self.fsdp and every_microbatch(self, sid)):
                 n = int(round(n * scale))
             dtype = "float32" if "grad_" in sid and sid.startswith("dp.") else "bfloat16"
             # Megatron-Core sums (ReduceOp.SUM) unless --ddp-average-in-collective, which no preset sets
@@ -127,7 +128,7 @@ class Workload(WorkloadShape):
             if mb == mbs - 1 and self.pp > 1:
                 prog.ops.append(("I", self.bubble_us(), mb))
             if self.fsdp:
-                fsdp_microbatch(self, prog, mb)
+                fsdp_microbatch(self, prog, mb, mb == mbs - 1)
                 continue
             if self.ep_overlap and mb > 0:  # forward mb with backward mb-1 (sim.workload_ep_overlap)
                 combined_step(self, prog, mb, mb - 1)
@@ -150,7 +151,7 @@ class Workload(WorkloadShape):
             if call.stream in ("dp", "dp_cp") and "grad" in (call.site_id or ""):
                 prog.wait(i)
         params = self.layer_params() * self.layers_per_chunk * self.chunks + self.output_params() + self.embedding_params()
-        shard = params / (self.dp * self.cp) if (self.dist_opt or self.fsdp) else params
+        shard = params / (self.dp * self.cp) if (self.dist_opt or (self.fsdp and self.fsdp_sharding != "no_shard")) else params
         prog.kernel(elementwise("optimizer.adam", shard * ADAM_BYTES_PER_PARAM), mbs - 1)
         if not (self.dist_opt and self.overlap_param) and self.dist_opt:
             for c in range(self.chunks):

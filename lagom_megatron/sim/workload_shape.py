@@ -8,7 +8,7 @@ its docstring says which rank is simulated and why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 from lagom_megatron.sim.device import Gpu
@@ -52,12 +52,24 @@ class WorkloadShape:
     tp_comm_overlap: bool
     fsdp: bool
     """Megatron-FSDP or torch FSDP2 (``sim.workload_fsdp``)."""
+    fsdp_sharding: str = "optim_grads_params"
+    """What FSDP shards: Megatron-FSDP's ``data_parallel_sharding_strategy``; always optim_grads_params for FSDP2."""
+    tied_embeddings: bool = False
+    """The output layer reuses the word embedding (no ``untie_embeddings_and_output_weights``)."""
+    position_params: float = 0.0
+    """Elements of a learned absolute position embedding (0 with RoPE; not split over TP)."""
+    linear_bias: bool = True
+    """The linear layers have biases (``add_bias_linear``)."""
+    norm_bias: bool = True
+    """The norms have biases (LayerNorm; RMSNorm has none)."""
     ep_overlap: bool = False
     """``overlap_moe_expert_parallel_comm``: the combined 1F1B schedule (``sim.workload_ep_overlap``)."""
     cdmc1: bool
     bucket_params: int
     nodes: dict[str, int]
     sizes: dict[str, int]
+    strides: dict[str, int] = field(default_factory=dict)
+    """Rank stride of each group (tp 1, dp tp x cp, ...): which GPUs of a node a group joins."""
 
     @classmethod
     def from_preset(cls, preset: Any, gpu: Gpu) -> Self:
@@ -83,6 +95,7 @@ class WorkloadShape:
         ffn = (getattr(m, "moe_ffn_hidden_size", None) or m.ffn_hidden_size or 4 * m.hidden_size) if experts else (m.ffn_hidden_size or 4 * m.hidden_size)
         gpn = gpu.gpus_per_node
         sizes = {"tp": tp, "cp": cp, "dp": dp, "dp_cp": dp * cp, "pp": pp, "ep": ep}
+        strides = {"tp": 1, "cp": tp, "dp": tp * cp, "dp_cp": tp, "pp": tp * cp * dp, "ep": tp * cp}
         nodes = {
             "tp": group_nodes(stride=1, size=tp, gpus_per_node=gpn),
             "cp": group_nodes(stride=tp, size=cp, gpus_per_node=gpn),
@@ -103,8 +116,9 @@ class WorkloadShape:
                                                          "the simulator does not model the gather inside the optimizer step"),
             "use_megatron_fsdp / use_torch_fsdp2 with PP or virtual stages": (fsdp and (pp > 1 or chunks > 1),
                                                                                 "FSDP is modelled with one pipeline stage only"),
-            "use_megatron_fsdp / use_torch_fsdp2 with use_distributed_optimizer": (
-                fsdp and o.use_distributed_optimizer, "Megatron runs one or the other"),
+            "use_torch_fsdp2 with use_distributed_optimizer": (
+                o.use_torch_fsdp2 and o.use_distributed_optimizer,
+                "Megatron-LM asserts it (core_v0.16.1 megatron/training/arguments.py:612-613)"),
             "moe_token_dispatcher_type other than alltoall": (
                 experts > 0 and (getattr(m, "moe_token_dispatcher_type", None) or "alltoall") != "alltoall",
                 "only the all-to-all dispatcher is modelled"),
@@ -121,11 +135,19 @@ class WorkloadShape:
             microbatches=gbs // (t.micro_batch_size * dp), tokens=t.micro_batch_size * t.seq_length // cp,
             seq=t.seq_length, hidden=m.hidden_size, ffn=ffn, q_dim=heads * head_dim, kv_dim=groups * head_dim,
             vocab=m.vocab_size or 50304, swiglu=m.swiglu, experts=experts, topk=m.moe_router_topk or 1,
-            dist_opt=o.use_distributed_optimizer, overlap_grad=o.overlap_grad_reduce, overlap_param=o.overlap_param_gather,
+            # with Megatron-FSDP the distributed optimizer issues no collectives of its own (megatron-core
+            # 0.16.1 optimizer/distrib_optimizer.py:2440-2443, 2609-2611 hand them to Megatron-FSDP)
+            dist_opt=o.use_distributed_optimizer and not fsdp, overlap_grad=o.overlap_grad_reduce,
+            overlap_param=o.overlap_param_gather,
+            fsdp_sharding=o.data_parallel_sharding_strategy if o.use_megatron_fsdp else "optim_grads_params",
+            tied_embeddings=not m.untie_embeddings_and_output_weights,
+            position_params=float((m.max_position_embeddings or t.seq_length) * m.hidden_size)
+            if m.position_embedding_type == "learned_absolute" else 0.0,  # not split over TP
+            linear_bias=m.add_bias_linear, norm_bias=m.normalization == "LayerNorm",
             overlap_p2p=o.overlap_p2p_comm, tp_comm_overlap=o.tp_comm_overlap and tp > 1, fsdp=fsdp,
             ep_overlap=bool(o.overlap_moe_expert_parallel_comm),
             cdmc1=str(preset.env.get("CUDA_DEVICE_MAX_CONNECTIONS", "")) == "1", bucket_params=int(bucket),
-            nodes=nodes, sizes=sizes,
+            nodes=nodes, sizes=sizes, strides=strides,
         )
 
     # ------------------------------------------------------------------ sizes

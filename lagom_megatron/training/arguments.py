@@ -36,6 +36,10 @@ ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 """Names of Megatron-Core's ``transformer.enums.AttnBackend`` (megatron-core 0.16.1 ``enums.py:60-67``;
 the same in 0.18.2)."""
 
+DATA_PARALLEL_SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+"""``--data-parallel-sharding-strategy`` choices, Megatron-LM's (core_v0.16.1-core_v0.18.2 ``arguments.py``) and
+Megatron-FSDP's (``megatron_fsdp/param_and_grad_buffer.py`` ``_init_each_parameter_group_buffers``)."""
+
 MEGATRON_LM_REFUSED: dict[str, str] = {
     "--overlap-p2p-communication": "Megatron-LM has no such flag: pipeline send/recv overlap is on by "
                                    "default (interleaved schedule); --no-overlap-p2p-communication turns it off",
@@ -120,7 +124,16 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Overlap the distributed optimizer's parameter all-gather with the forward pass.")
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--use-megatron-fsdp", action="store_true",
-                   help="Shard parameters, gradients and optimizer state with Megatron-Core's Megatron-FSDP (GPU).")
+                   help="Wrap the model in Megatron-Core's Megatron-FSDP (GPU); what it shards is "
+                        "--data-parallel-sharding-strategy's choice (optim_grads_params for ZeRO-3).")
+    # Megatron-LM core_v0.16.1 arguments.py:2307-2309 (core_v0.17.1 :2722-2724: the same); core_v0.18.2
+    # :2805-2807 defaults to optim_grads_params. Only Megatron-FSDP reads it (megatron-core's DDP and
+    # torch FSDP2 ignore it), so no_shard with --use-megatron-fsdp shards nothing (lagom doctor warns).
+    g.add_argument("--data-parallel-sharding-strategy", choices=DATA_PARALLEL_SHARDING_STRATEGIES, default="no_shard",
+                   help="What Megatron-FSDP shards over the data-parallel group: no_shard (nothing: DDP), optim "
+                        "(optimizer state, ZeRO-1), optim_grads (and gradients, ZeRO-2), optim_grads_params (and "
+                        "parameters, ZeRO-3). Default no_shard, as in Megatron-LM core_v0.16/0.17 (core_v0.18 "
+                        "defaults to optim_grads_params).")
     g.add_argument("--use-torch-fsdp2", action="store_true",
                    help="Shard with torch's FSDP2 (fully_shard) through Megatron-Core's wrapper (GPU).")
     g.add_argument("--ddp-bucket-size", type=int, default=None,

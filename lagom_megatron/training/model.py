@@ -174,7 +174,9 @@ def seeded_layer_class(layer_cls: type, seed: int) -> type:
 
 def ddp_config(args: argparse.Namespace):
     """Megatron-Core ``DistributedDataParallelConfig`` from ``--overlap-grad-reduce``,
-    ``--overlap-param-gather``, ``--use-distributed-optimizer``, ``--ddp-bucket-size`` and
+    ``--overlap-param-gather``, ``--use-distributed-optimizer``, ``--use-megatron-fsdp`` with
+    ``--data-parallel-sharding-strategy`` (Megatron-LM passes every field of that name, core_v0.16.1
+    ``training.py:1292-1294``), ``--ddp-bucket-size`` and
     ``--accumulate-allreduce-grads-in-fp32`` (on with ``--bf16``, as Megatron-LM sets it; fp16
     gradients are reduced in fp16, as in Megatron-LM core_v0.16.1 ``training.py:1295``)."""
     from megatron.core.distributed import DistributedDataParallelConfig
@@ -189,6 +191,7 @@ def ddp_config(args: argparse.Namespace):
         overlap_param_gather=args.overlap_param_gather,
         use_distributed_optimizer=args.use_distributed_optimizer,
         use_megatron_fsdp=getattr(args, "use_megatron_fsdp", False),
+        data_parallel_sharding_strategy=getattr(args, "data_parallel_sharding_strategy", "no_shard"),
         bucket_size=args.ddp_bucket_size,
     )
 

@@ -25,8 +25,8 @@ from lagom_megatron.training.preflight_env import rule_cuda_device_max_connectio
 from lagom_megatron.training.preflight_files import rule_master_port, rule_output_folders, rule_plan_lock
 from lagom_megatron.training.preflight_moe import rule_moe_overlap, rule_uneven_pipeline
 from lagom_megatron.training.preflight_rules import (
-    rule_batch, rule_ddp_bucket_size, rule_experts, rule_heads, rule_layers, rule_nodes, rule_overlap_param_gather,
-    rule_positive, rule_sequence, rule_tp_comm_overlap, rule_world_size,
+    rule_batch, rule_ddp_bucket_size, rule_experts, rule_fsdp_sharding, rule_heads, rule_layers, rule_nodes,
+    rule_overlap_param_gather, rule_positive, rule_sequence, rule_tp_comm_overlap, rule_world_size,
 )
 from lagom_megatron.training.preflight_types import Finding, RunShape
 from lagom_megatron.training.lagom_flags import rule_lagom_flags
@@ -34,8 +34,8 @@ from lagom_megatron.training.preflight_values import rule_megatron_flags, rule_v
 
 ARGUMENT_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_values, rule_megatron_flags, rule_lagom_flags, rule_world_size, rule_batch, rule_heads, rule_layers,
-    rule_uneven_pipeline, rule_experts, rule_moe_overlap, rule_sequence, rule_overlap_param_gather, rule_ddp_bucket_size,
-    rule_output_folders, rule_plan_lock, rule_master_port, rule_versions,
+    rule_uneven_pipeline, rule_experts, rule_moe_overlap, rule_sequence, rule_overlap_param_gather, rule_fsdp_sharding,
+    rule_ddp_bucket_size, rule_output_folders, rule_plan_lock, rule_master_port, rule_versions,
 )
 """The rules that read the arguments, the environment and local files but nothing of the cluster
 (GPUs per node, compute capability, NCCL version, backend): training runs them before detecting

@@ -373,3 +373,46 @@ def rule_ddp_bucket_size(s: RunShape) -> list[Finding]:
         )]
     return []
 
+
+
+
+SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+"""``--data-parallel-sharding-strategy``'s choices (arguments.py:2307-2309; the same in core_v0.17.1 and
+core_v0.18.2); Megatron-FSDP raises on any other (megatron-core 0.16.1 ``megatron_fsdp/param_and_grad_buffer.py:1865-1868``)."""
+
+
+def no_shard_finding(origin: str = "") -> Finding:
+    """The warning for Megatron-FSDP sharding nothing (``origin``: where no_shard came from, e.g. a release's
+    default). Megatron-FSDP (megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp/``) then gathers no
+    parameters (``megatron_fsdp.py:425-426``) and all-reduces each bucket in the last micro-batch
+    (``:656-662``, ``param_and_grad_buffer.py:3224-3230``): DDP's work through its own hooks and buffers."""
+    return Finding(
+        "warning", "fsdp-sharding", f"--use-megatron-fsdp with --data-parallel-sharding-strategy no_shard{origin}",
+        "Megatron-FSDP then shards nothing: no parameter gathers, every gradient bucket all-reduced in the last "
+        "micro-batch as Megatron-Core's DDP does, through its own hooks and buffers (extra cost, no memory saved; "
+        "megatron_fsdp.py:425-426, 656-662, param_and_grad_buffer.py:3224-3230)",
+        "add --data-parallel-sharding-strategy optim_grads_params (ZeRO-3), or drop --use-megatron-fsdp")
+
+
+def rule_fsdp_sharding(s: RunShape) -> list[Finding]:
+    """``--data-parallel-sharding-strategy`` one of :data:`SHARDING_STRATEGIES`; a warning for no_shard with
+    ``--use-megatron-fsdp`` (:func:`no_shard_finding`) and for a sharding strategy without it (only
+    megatron-core's ``distributed/fsdp/`` reads the field; its DDP and torch FSDP2 do not). A Megatron-LM line
+    without the flag is judged by ``launch.megatron_lm_traps``: the releases' defaults differ."""
+    strategy = s.args.get("data_parallel_sharding_strategy")
+    if strategy is None:
+        return []
+    if strategy not in SHARDING_STRATEGIES:
+        return [Finding(
+            "error", "fsdp-sharding", f"--data-parallel-sharding-strategy {strategy!r} is not one of "
+            f"{', '.join(SHARDING_STRATEGIES)}", "Megatron-LM's parser allows only these (arguments.py:2307-2309); "
+            "Megatron-FSDP raises on any other (param_and_grad_buffer.py:1865-1868)",
+            "use optim_grads_params for ZeRO-3 (parameters, gradients and optimizer state sharded)")]
+    if s.get("use_megatron_fsdp", False):
+        return [no_shard_finding()] if strategy == "no_shard" else []
+    if strategy == "no_shard":
+        return []
+    return [Finding(
+        "warning", "fsdp-sharding", f"--data-parallel-sharding-strategy {strategy} without --use-megatron-fsdp",
+        "only Megatron-FSDP reads it: Megatron-Core's DDP and torch FSDP2 ignore it, so nothing is sharded "
+        "beyond what --use-distributed-optimizer shards", "add --use-megatron-fsdp, or drop the flag")]

@@ -182,8 +182,12 @@ def test_simulate_lists_only_sites_with_a_predicted_saving(capsys):
 
 
 def test_simulate_show_lists_no_site_whose_time_grows(capsys):
-    # this preset's plan once listed '12.36 -> 12.37 ms (-0.00)' under "largest predicted savings"
+    # gpt3-175b-h100x512's plan once listed '12.36 -> 12.37 ms (-0.00)' under "largest predicted
+    # savings"; sites without a predicted gain now keep NCCL's defaults (engine/priority.py), so it
+    # keeps them everywhere, and a preset with real savings lists only those
     assert main(["simulate", "--preset", "gpt3-175b-h100x512", "--show", "10"]) == 0
+    assert "(-0.00)" not in capsys.readouterr().out
+    assert main(["simulate", "--preset", "llama3-8b-h100x8", "--show", "10"]) == 0
     out = capsys.readouterr().out
     listed = re.findall(r"([\d.]+) ->\s+([\d.]+) ms \(([+-][\d.]+)\)", out)
     assert listed and all(float(saved) >= 0 and float(b) <= float(a) for a, b, saved in listed), listed

@@ -63,7 +63,9 @@ def test_the_cost_model_takes_p2p_ctas_from_the_communicators_cta_bound():
     a2a = site(site_id="ep.dispatch_all_to_all[0]", op="all_to_all", nbytes=32 << 20, group="ep", group_size=8)
     m = CostModel.from_priors([a2a], [1000.0], a40)
     alg, proto, nc, nt, chunk = m.default_codes()
-    assert nc[0] == 2.0  # PCIe: NCCL's 2 channels (one ring, duplicated once)
+    # PCIe node: NCCL's ring search finds 2 rings of 12 GB/s on a 24 GB/s link, doubled by
+    # connect.cc:460 (NCCL 2.30.7): 4 channels, the cluster file's coll_channels
+    assert nc[0] == 4.0 == a40.coll_channels
     ctas = [float(m.prior_parts(0, alg[0], proto[0], float(n), nt[0], 0.0)[2]) for n in (1, 2, 4, 6, 8, 16, 32)]
     assert ctas == [1.0, 2.0, 4.0, 8.0, 8.0, 16.0, 16.0]  # 8 tasks x 2 channels per peer at most
     slow = [m.slowdown(a2a, CommConfig(n_channels=n)) for n in (1, 8, 16)]

@@ -149,8 +149,22 @@ def test_queued_communicator_charges_a_slower_collective_to_the_iteration():
     m.queued_S = None
     free = m.t_region_us("dp.ag[0]", slow)
     m.mark_queues()
-    assert m.t_region_us("dp.ag[0]", slow) == pytest.approx(free + extra)
-    assert m.t_region_us("dp.ag[0]", CommConfig()) == pytest.approx(m.t_region_us("dp.ag[0]", CommConfig()))
+    # the queue's windows hold 12 default gathers' worth of compute against 8 collectives: the
+    # slack hides part of the extra time, the rest is charged one for one
+    share = m.queue_free_S[0]
+    assert share > 0
+    assert m.t_region_us("dp.ag[0]", slow) == pytest.approx(free + max(0.0, extra - share))
+    # an empty window's own region is its queue time: nothing while the slack hides it
+    rs_extra = m.t_comm_us("dp.rs[0]", slow) - m.t_comm_us("dp.rs[0]", CommConfig())
+    assert m.t_region_us("dp.rs[0]", slow) == pytest.approx(m.t_region_us("dp.rs[0]", CommConfig()) + max(0.0, rs_extra - m.queue_free_S[4]))
+    # without slack (gathers with as much compute as comm) every extra microsecond is charged
+    tight = build(sites=sites, comp_ratio=[1.0] * 4 + [0.0] * 4 + [3.0]).model
+    tight.mark_queues()
+    assert tight.queue_free_S[:8].max() == pytest.approx(0.0)
+    tight.queued_S = None
+    bare = tight.t_region_us("dp.ag[0]", slow)
+    tight.mark_queues()
+    assert tight.t_region_us("dp.ag[0]", slow) == pytest.approx(bare + extra)
     # one empty window on a communicator (DDP's last bucket) is not a queue
     problem = build(sites=sites, comp_ratio=[3.0] * 7 + [0.0] + [3.0])
     problem.model.mark_queues()
@@ -184,3 +198,31 @@ def test_imprecise_samples_do_not_shape_the_channel_correction():
     corr = fit_cost_model(profile_from(long, noise=0.0), long.cluster).corr_SC
     assert corr is not None
     assert corr[0, [4, 8, 16, 32]] == pytest.approx(1.0, abs=0.02)  # data of the model's own form: nothing to correct
+
+
+def test_a_site_with_no_predicted_gain_keeps_nccls_defaults(monkeypatch):
+    """The scans' tie rule moves a flat site to fewer channels; the plan must still leave it on
+    NCCL's own choice (no move for zero predicted gain), while a site with a real gain moves."""
+    from lagom_megatron.engine.priority import keep_defaults_without_gain
+
+    problem = build(sites=[site(site_id="tp.ag[0]"), site(site_id="tp.ag[1]", nbytes=32 * 2**20)], comp_ratio=1.0)
+    real = problem.model.evaluate
+
+    def flat_for_first(idx, alg, proto, nc, nt, chunk):  # site 0: every config predicts 100 us
+        t_comm, s, region = real(idx, alg, proto, nc, nt, chunk)
+        first = np.broadcast_to(np.asarray(idx) == 0, np.shape(region))
+        return np.where(first, 100.0, t_comm), s, np.where(first, 100.0, region)
+
+    monkeypatch.setattr(problem.model, "evaluate", flat_for_first)
+    st = problem.default_state()
+    st.nc[:] = 1.0  # both sites moved (site 0 by a tie, site 1 to a config of its own)
+    out, reset = keep_defaults_without_gain(problem, st, ("n_channels", "chunk_size", "protocol", "algorithm"))
+    assert out.nc[0] == problem.default_state().nc[0] and reset >= 1
+    gain_1 = real(np.array([1]), st.alg[1:], st.proto[1:], st.nc[1:], st.nt[1:], np.zeros(1))[2][0]
+    default_1 = real(np.array([1]), *(x[1:] for x in (problem.default_state().alg, problem.default_state().proto,
+                                                        problem.default_state().nc, problem.default_state().nt)), np.zeros(1))[2][0]
+    assert (out.nc[1] == 1.0) == (gain_1 < default_1)
+    # and the searched plan holds NCCL's default for the flat site
+    plan = search(problem, method="priority").plan
+    assert plan.entries["tp.ag[0]"].config == CommConfig()
+    assert plan.stats["zero_gain_sites_reset"] >= 0

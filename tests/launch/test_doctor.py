@@ -89,6 +89,16 @@ CASES = [
      "overlap-param-gather", "error"),
     ("param-gather-with-step", dict(overlap_param_gather_with_optimizer_step=True), None, H100, 16,
      "overlap-param-gather", "error"),
+    # Megatron-FSDP sharding nothing (megatron-core 0.16.1 megatron_fsdp.py:425-426, 656-662) and a strategy
+    # only Megatron-FSDP reads; Megatron-LM's choices (arguments.py:2307-2309)
+    ("fsdp-no-shard", dict(use_megatron_fsdp=True, data_parallel_sharding_strategy="no_shard",
+                           tensor_model_parallel_size=1, sequence_parallel=False), {}, H100, 16, "fsdp-sharding",
+     "warning"),
+    ("fsdp-strategy-without-fsdp", dict(data_parallel_sharding_strategy="optim_grads_params"), None, H100, 16,
+     "fsdp-sharding", "warning"),
+    ("fsdp-strategy-unknown", dict(use_megatron_fsdp=True, data_parallel_sharding_strategy="zero3",
+                                   tensor_model_parallel_size=1, sequence_parallel=False), {}, H100, 16,
+     "fsdp-sharding", "error"),
     ("bucket-size-bool", dict(ddp_bucket_size=True), None, H100, 16, "ddp-bucket-size", "error"),
     ("bucket-size-unused", dict(ddp_bucket_size=40_000_000, overlap_grad_reduce=False,
                                 overlap_param_gather=False), None, H100, 16, "ddp-bucket-size", "warning"),
@@ -152,7 +162,20 @@ def test_rule_triggers(case):
 def test_every_rule_has_a_case():
     rule_ids = {c[5] for c in CASES}
     assert len(rule_ids) >= 14
-    assert len(RULES) == 23  # a new rule needs a case here or in tests/training/test_preflight_examples.py
+    assert len(RULES) == 24  # a new rule needs a case here or in tests/training/test_preflight_examples.py
+
+
+def test_megatron_fsdp_sharding_findings_name_the_strategy_and_megatron_fsdps_lines():
+    fsdp = dict(use_megatron_fsdp=True, tensor_model_parallel_size=1, sequence_parallel=False)
+    (f,) = findings_of(base_args(**fsdp, data_parallel_sharding_strategy="no_shard"), {})
+    assert f.what == "--use-megatron-fsdp with --data-parallel-sharding-strategy no_shard"
+    assert "megatron_fsdp.py:425-426" in f.why and "optim_grads_params" in f.fix
+    for strategy in ("optim", "optim_grads", "optim_grads_params"):  # sharded: nothing to say
+        assert findings_of(base_args(**fsdp, data_parallel_sharding_strategy=strategy), {}) == []
+    (f,) = findings_of(base_args(**fsdp, data_parallel_sharding_strategy="zero3"), {})
+    assert f.what == ("--data-parallel-sharding-strategy 'zero3' is not one of no_shard, optim, optim_grads, "
+                      "optim_grads_params")
+    assert findings_of(base_args(data_parallel_sharding_strategy="no_shard")) == []  # plain DDP: its default
 
 
 def test_query_groups_ignored_without_group_query_attention():

@@ -84,3 +84,62 @@ def test_release_names():
     with pytest.raises(ValueError, match=r"--megatron-lm-release 'core_v0.19.0' is not one of the releases the doctor "
                                          r"knows \(core_v0.16.x, core_v0.17.x, core_v0.18.x\)"):
         release_key("core_v0.19.0")
+
+
+FSDP_LINE = LINE + ["--eval-interval", "4", "--no-persist-layer-norm", "--no-masked-softmax-fusion",
+                    "--use-megatron-fsdp", "--ckpt-format", "fsdp_dtensor", "--use-distributed-optimizer"]
+
+
+@pytest.mark.parametrize("release, line", [("core_v0.16.1", "arguments.py:2307"), ("core_v0.17.1", "arguments.py:2722")])
+def test_megatron_fsdp_without_a_strategy_shards_nothing_before_core_v0_18(release, line):
+    found = megatron_lm_traps(argv_to_args(FSDP_LINE), release, local=True, installed=everything)
+    assert [(f.level, f.rule, f.what) for f in found] == [
+        ("warning", "fsdp-sharding", f"--use-megatron-fsdp with --data-parallel-sharding-strategy no_shard "
+                                     f"(Megatron-LM {release}'s default, megatron/training/{line})")]
+    sharded = argv_to_args(FSDP_LINE + ["--data-parallel-sharding-strategy", "optim_grads_params"])
+    assert megatron_lm_traps(sharded, release, local=True, installed=everything) == []
+    # core_v0.18.2's parser defaults to optim_grads_params (arguments.py:2805)
+    assert megatron_lm_traps(argv_to_args(FSDP_LINE), "core_v0.18.2", local=True, installed=everything) == []
+
+
+@pytest.mark.parametrize("release, line", [("core_v0.16.1", "arguments.py:684"), ("core_v0.17.1", "arguments.py:965"),
+                                           ("core_v0.18.2", "arguments.py:1136")])
+def test_weight_hash_check_with_full_sharding_is_asserted(release, line):
+    args = argv_to_args(FSDP_LINE + ["--data-parallel-sharding-strategy", "optim_grads_params",
+                                     "--check-weight-hash-across-dp-replicas-interval", "10"])
+    found = megatron_lm_traps(args, release, local=True, installed=everything)
+    assert [(f.level, f.why) for f in found] == [
+        ("error", f"Megatron-LM {release} asserts it is unset with optim_grads_params (megatron/training/{line}): "
+                  "each rank holds a different shard of the weights")]
+    args["data_parallel_sharding_strategy"] = "optim_grads"  # only optim_grads_params is asserted
+    assert megatron_lm_traps(args, release, local=True, installed=everything) == []
+    implied = argv_to_args(FSDP_LINE + ["--check-weight-hash-across-dp-replicas-interval", "10"])
+    assert [f.level for f in megatron_lm_traps(implied, "core_v0.18.2", local=True, installed=everything)] == ["error"]
+
+
+def test_meta_device_with_no_shard_raises_in_core_v0_18_only():
+    args = argv_to_args(FSDP_LINE + ["--data-parallel-sharding-strategy", "no_shard", "--init-model-with-meta-device"])
+    found = megatron_lm_traps(args, "core_v0.18.2", local=True, installed=everything)
+    assert [(f.level, f.why) for f in found] == [
+        ("error", "Megatron-LM core_v0.18.2 raises ValueError for it (megatron/training/arguments.py:1151)")]
+    assert megatron_lm_traps(args, "core_v0.16.1", local=True, installed=everything) == []  # no such check there
+
+
+@pytest.mark.parametrize("release, line", [("core_v0.16.1", "arguments.py:1050"), ("core_v0.17.1", "arguments.py:1341"),
+                                           ("core_v0.18.2", "arguments.py:1507")])
+def test_dtensor_checkpoints_need_megatron_fsdp(release, line):
+    args = argv_to_args(LINE + ["--eval-interval", "4", "--no-persist-layer-norm", "--no-masked-softmax-fusion",
+                                "--ckpt-format", "fsdp_dtensor"])
+    found = megatron_lm_traps(args, release, local=True, installed=everything)
+    assert [(f.level, f.why) for f in found] == [
+        ("error", f"Megatron-LM {release} asserts use_megatron_fsdp for it (megatron/training/{line})")]
+
+
+def test_megatron_fsdp_without_the_distributed_optimizer_is_named_before_core_v0_18():
+    line = [w for w in FSDP_LINE if w != "--use-distributed-optimizer"] + [
+        "--data-parallel-sharding-strategy", "optim_grads_params"]
+    found = megatron_lm_traps(argv_to_args(line), "core_v0.17.1", local=True, installed=everything)
+    assert [(f.level, f.what) for f in found] == [
+        ("warning", "--use-megatron-fsdp without --use-distributed-optimizer")]
+    assert "core_v0.18.2 megatron/training/arguments.py:1113-1119 turns it on itself" in found[0].why
+    assert megatron_lm_traps(argv_to_args(line), "core_v0.18.2", local=True, installed=everything) == []

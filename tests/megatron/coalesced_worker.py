@@ -224,6 +224,46 @@ def _megatron_fsdp_part(router, pool, groups, dp):
     return out
 
 
+def _megatron_fsdp_strategies_part(router, dp):
+    """megatron-core 0.16.1's own Megatron-FSDP under the strategies without FSDP units (no_shard, optim,
+    optim_grads: the adapter passes no units then, ``mcore_fsdp_adapter.py:96-99``), one bucket per linear,
+    over iterations of two micro-batches as Megatron-Core's schedule runs them (the first under
+    ``no_sync``, ``finish_grad_sync`` after the last): the sites of the second iteration, with calls."""
+    from megatron.core.distributed.fsdp.src.megatron_fsdp import FSDPDistributedIndex, MegatronFSDP
+    from megatron.core.distributed.fsdp.src.megatron_fsdp.distributed_data_parallel_config import (
+        DistributedDataParallelConfig)
+    from torch.distributed.device_mesh import DeviceMesh
+
+    out = {}
+    gen = torch.Generator().manual_seed(40 + dist.get_rank())
+    batches = [torch.randn(4, 8, generator=gen) for _ in range(2)]
+    for strategy in ("no_shard", "optim", "optim_grads"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)))
+        index = FSDPDistributedIndex(device_mesh=DeviceMesh.from_group(dp, "cpu", mesh_dim_names=("dp_cp",)),
+                                     dp_shard_dim="dp_cp")
+        config = DistributedDataParallelConfig(data_parallel_sharding_strategy=strategy, overlap_grad_reduce=True,
+                                               overlap_param_gather=True, grad_reduce_in_fp32=True,
+                                               gradient_reduce_div_fusion=False, bucket_size=8 * 8 + 8)
+        fsdp = MegatronFSDP(model, index, ddp_config=config, fsdp_unit_modules=[], device=torch.device("cpu"))
+        router.registry.bind_model([fsdp])
+
+        def step():
+            fsdp.zero_grad_buffer()
+            with fsdp.no_sync():
+                fsdp(batches[0]).square().sum().backward()
+            fsdp(batches[1]).square().sum().backward()
+            fsdp.finish_grad_sync()
+
+        _iteration(router, step)
+        _iteration(router, step)
+        out[f"mfsdp_{strategy}_records"] = _records(router)
+        out[f"mfsdp_{strategy}_tags"] = router.registry.fsdp_bucket_tags(fsdp.param_and_grad_buffer)
+        out[f"mfsdp_{strategy}_sizes"] = [g.main_grad_buffer.bucket_index.size
+                                          for g in fsdp.param_and_grad_buffer.parameter_groups]
+    return out
+
+
 def _megatron_fsdp_hsdp_part(router, pool, groups, full, inner):
     """Megatron-FSDP's HSDP layout of megatron-core 0.17+ (``mfsdp_standin``): model buffers on the
     whole data-parallel group ``full``, the collectives on the helper buffers' DP-Shard group
@@ -310,6 +350,7 @@ def worker(rank: int, store_path: str, out_dir: str) -> None:
         out.update(_te_quantized_part(router, router.pool, groups, named["tp"]))
         with _CudaStreamsOnCpu():
             out.update(_megatron_fsdp_part(router, router.pool, groups, named["dp"]))
+            out.update(_megatron_fsdp_strategies_part(router, named["dp"]))
         out.update(_megatron_fsdp_hsdp_part(router, router.pool, groups, named["dp"], named["intra_dist_opt"]))
     finally:
         handle.remove()

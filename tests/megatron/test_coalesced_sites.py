@@ -10,7 +10,9 @@ One launch of ``coalesced_worker.worker`` (2 processes, FileStore, no port) inst
 * Megatron-FSDP: megatron-core 0.16.1's own ``MegatronFSDP`` (the copy ``--use-megatron-fsdp``
   uses), fully sharded, over two FSDP units and two root-level layers, with only its CUDA stream
   calls made no-ops (``coalesced_worker._CudaStreamsOnCpu``): per-unit gathers and
-  reduce-scatters are sites with the simulator's ids, timed, and routed with identical gradients.
+  reduce-scatters are sites with the simulator's ids, timed, and routed with identical gradients;
+  and under the strategies without units (no_shard, optim, optim_grads), over two micro-batches:
+  which collectives each issues per iteration, as the simulator's FSDP workload models them.
 """
 
 import json
@@ -123,6 +125,28 @@ def test_megatron_fsdp_sites_are_routed_with_the_same_gradients(ranks):
 def test_megatron_fsdp_over_one_rank_has_no_sites(ranks):
     for r in ranks:
         assert r["mfsdp_solo_records"] == {}
+
+
+@pytest.mark.parametrize("strategy, gathers, reduce_name, reduces", [
+    ("no_shard", 0, "grad_all_reduce", 1),         # no gathers; all-reduced in the last micro-batch only
+    ("optim", 1, "grad_reduce_scatter", 1),        # gathered once per iteration; reduced in the last micro-batch
+    ("optim_grads", 1, "grad_reduce_scatter", 2),  # gathered once per iteration; reduced in every micro-batch
+])
+def test_megatron_fsdp_strategies_without_units_issue_what_the_simulator_models(ranks, strategy, gathers, reduce_name,
+                                                                                reduces):
+    """Two micro-batches (the first under no_sync) of four linears, one bucket each (72 fp32 elements): the
+    per-iteration calls of sim/workload_fsdp.py's no_shard / optim / optim_grads."""
+    tags = [f"chunk0.root_bucket{j}" for j in range(4)]
+    for r in ranks:
+        assert r[f"mfsdp_{strategy}_tags"] == tags
+        # each bucket holds one linear's 72 elements, padded to 80 when sharded (DP 2 x chunk factor 8)
+        assert r[f"mfsdp_{strategy}_sizes"] == [72 if strategy == "no_shard" else 80] * 4
+        nbytes = r[f"mfsdp_{strategy}_sizes"][0] * 4
+        expected = {f"dp.{reduce_name}[{t}]": [reduce_name.split("_", 1)[1], nbytes, reduces, "dp", "float32"]
+                    for t in tags}
+        if gathers:
+            expected.update({f"dp.param_all_gather[{t}]": ["all_gather", nbytes, gathers, "dp", "float32"] for t in tags})
+        assert r[f"mfsdp_{strategy}_records"] == expected
 
 
 def test_megatron_fsdp_hsdp_sites_are_on_the_group_the_collectives_run_on(ranks):

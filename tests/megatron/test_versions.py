@@ -131,6 +131,24 @@ def test_fingerprint_records_the_imported_version(monkeypatch):
     monkeypatch.setattr(versions, "installed_megatron_core", lambda: fake)
     fp = run_fingerprint(SimpleNamespace(padded_vocab_size=640), backend="gloo", cluster="cpu")
     assert fp["megatron_core"] == "0.17.1" and fp["padded_vocab_size"] == 640
+    assert fp["data_parallel_sharding_strategy"] is None  # not stated without Megatron-FSDP
+
+
+def test_fingerprint_tells_megatron_fsdp_strategies_apart():
+    """A plan tuned with one sharding strategy names other sites than another's (sim/workload_fsdp.py)."""
+    from types import SimpleNamespace
+
+    from lagom_megatron.engine.plan import Plan
+    from lagom_megatron.megatron.fingerprint import run_fingerprint
+
+    def fp(**kw):
+        return run_fingerprint(SimpleNamespace(use_megatron_fsdp=True, **kw), backend="nccl", cluster="a40-pcie-ib200")
+
+    full, none = fp(data_parallel_sharding_strategy="optim_grads_params"), fp(data_parallel_sharding_strategy="no_shard")
+    assert full["data_parallel_sharding_strategy"] == "optim_grads_params"
+    plan = Plan(entries={}, fingerprint=full)
+    assert plan.fingerprint_mismatch(none) == ["data_parallel_sharding_strategy"]
+    assert plan.fingerprint_mismatch(full) == []
 
 
 def test_script_refuses_an_untested_megatron_core(tmp_path):

@@ -15,7 +15,8 @@ import yaml
 from lagom_megatron.cli.main import main as lagom
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.sim.calibrate import COLUMNS, fit, read_rows
-from lagom_megatron.sim.device import KAPPA_MEM, ComputeKernel, Gpu, compute_time_us, wave_factor
+from lagom_megatron.sim.constants import get
+from lagom_megatron.sim.device import ComputeKernel, Gpu, compute_time_us, wave_factor
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,7 +69,7 @@ def test_fitted_constants_reach_the_device_model():
     spec = ClusterSpec.load("h100-sxm-ib400")
     tuned = ClusterSpec.from_dict({**spec.to_dict(), "kappa_mem": 1.0})
     g0, g1 = Gpu.from_cluster(spec), Gpu.from_cluster(tuned)
-    assert g0.kappa_mem == KAPPA_MEM and g1.kappa_mem == 1.0
+    assert g0.kappa("kappa_mem") == get("kappa_mem") and g1.kappa("kappa_mem") == 1.0
     k = ComputeKernel("ew", "elementwise", 1e6, 1e9)
     assert compute_time_us(g1, k, comm_hbm_share=0.3) < compute_time_us(g0, k, comm_hbm_share=0.3)
     with pytest.raises(ValueError, match="kappa_mem must be a number >= 0"):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lagom_megatron.sim import timeline
-from lagom_megatron.sim.device import COMPUTE_EFF, Collective, CommCost, ComputeKernel, Gpu, KAPPA_MEM
+from lagom_megatron.sim.constants import get
+from lagom_megatron.sim.device import COMPUTE_EFF, Collective, CommCost, ComputeKernel, Gpu
 from lagom_megatron.sim.program import Call, Program
 
 GPU = Gpu(sms=100, hbm_gbs=1000.0, peak_tflops=100.0, nvlink_gbs=100.0, net_gbs=10.0, gpus_per_node=8, sm_arch=90,
@@ -77,9 +78,9 @@ def test_cuda_device_max_connections_1_blocks_compute_behind_a_waiting_collectiv
         prog.wait(b)
         return prog
     costs = [_cost(100.0, ctas=1), _cost(100.0, ctas=1)]
-    free = _run(build(), costs)
+    free = _run(build(), costs, high_priority=frozenset({"dp"}))
     one = _run(build(), costs, cdmc1=True)
-    assert free.total_us == pytest.approx(200.0)  # the kernel runs beside a, then b
+    assert free.total_us == pytest.approx(200.0)  # the kernel runs beside a, then b (high priority: at once)
     # the kernel may start only once b has started (100 us); beside b it runs on 99 of 100 SMs
     # (151.5 us for the whole kernel), after b ends (200 us) at full speed (150 us for the whole)
     left = 1.0 - 100.0 / (1.0 + 149.0 * 100 / 99)
@@ -98,7 +99,34 @@ def test_hbm_proportional_share_slows_a_memory_bound_kernel():
     prog.kernel(k, 0)
     prog.wait(i)
     # a collective drawing 1 GB/s x 850 = 850 GB/s of HBM: demand doubles, each side gets half,
-    # and the kernel's memory time queues behind the collective's traffic: x (1 + KAPPA_MEM x 0.5)
+    # and the kernel's memory time queues behind the collective's traffic: x (1 + kappa_mem x 0.5)
     res = _run(prog, [_cost(10000.0, ctas=1, hbm_mult=850.0)])
-    want = 2 * (alone - 1.0) * (1 + KAPPA_MEM * 0.5) + 1.0
+    want = 2 * (alone - 1.0) * (1 + get("kappa_mem") * 0.5) + 1.0
     assert res.calls[0].window_busy_us == pytest.approx(want, rel=0.02)
+
+
+def test_a_queued_collective_waits_for_the_running_kernels_last_wave_unless_high_priority():
+    # CUDA dispatches a running kernel's pending blocks before a later kernel of equal priority
+    # (stream priorities, CUDA programming guide; nccl#1431): b, queued behind a, starts only when
+    # the kernel's last wave is dispatched; on a high-priority stream it starts when a ends
+    from lagom_megatron.sim.program import gemm
+
+    k = gemm("g", 128 * 16, 256 * 10, 4096)  # 160 tiles on 100 SMs: two waves
+    def build():
+        prog = Program()
+        a = prog.launch(Call("a", COLL, "dp"))
+        b = prog.launch(Call("b", COLL, "dp"))
+        prog.kernel(k, 0)
+        prog.wait(a)
+        prog.wait(b)
+        return prog
+    costs = [_cost(10.0, ctas=1), _cost(10.0, ctas=1)]
+    normal = _run(build(), costs)
+    fast = _run(build(), costs, high_priority=frozenset({"dp"}))
+    assert fast.calls[1].start_us == pytest.approx(fast.calls[0].end_us)
+    kernel_end = normal.total_us if normal.calls[1].end_us < normal.total_us else None
+    assert normal.calls[1].start_us > fast.calls[1].start_us
+    assert kernel_end is None or normal.calls[1].start_us < kernel_end  # at the last wave, before the end
+    assert timeline.last_wave_fraction(GPU, k, 100) == pytest.approx(0.5)
+    assert timeline.last_wave_fraction(GPU, gemm("small", 128, 256 * 10, 64), 100) is None  # SMs left free
+

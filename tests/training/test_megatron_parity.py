@@ -45,6 +45,15 @@ KNOWN_DIFFERENCES = {
                            "None means one group per head; a value implies --group-query-attention, "
                            "as the model presets expect (Megatron-LM ignores it without that flag)"),
 }
+RELEASE_DIFFERENCES = {
+    # (release, flag): (field, ours, that release's, why)
+    ("core_v0.18.2", "--data-parallel-sharding-strategy"): (
+        "default", "no_shard", "optim_grads_params",
+        "core_v0.16.1 and core_v0.17.1 default to no_shard (as DistributedDataParallelConfig does in all three), "
+        "core_v0.18.2's parser to optim_grads_params; ours keeps no_shard and lagom doctor warns when "
+        "--use-megatron-fsdp meets no_shard"),
+}
+"""Differences from one release only (a default Megatron-LM changed between releases)."""
 EXTRA_CHOICES = {"--tokenizer-type": {"ByteLevel"}}
 """Choices we add: the byte-level tokenizer needs no vocabulary file."""
 
@@ -80,7 +89,7 @@ def test_every_flag_we_accept_matches_megatron_lm(release):
         a, b = mine[flag], mlm[flag]
         for field in ("dest", "kind", "default"):
             if a[field] != b[field]:
-                known = KNOWN_DIFFERENCES.get(flag)
+                known = KNOWN_DIFFERENCES.get(flag) or RELEASE_DIFFERENCES.get((release, flag))
                 if known and known[:3] == (field, a[field], b[field]):
                     continue
                 mismatches.append(f"{flag} {field}: ours {a[field]!r}, Megatron-LM {b[field]!r}")
@@ -91,6 +100,28 @@ def test_every_flag_we_accept_matches_megatron_lm(release):
     assert not mismatches, "\n".join(mismatches)
     for flag, (field, mine_value, theirs, _why) in KNOWN_DIFFERENCES.items():  # each exception still real
         assert mine[flag][field] == mine_value and mlm[flag][field] == theirs
+    for (where, flag), (field, mine_value, theirs, _why) in RELEASE_DIFFERENCES.items():
+        if where == release:
+            assert mine[flag][field] == mine_value and mlm[flag][field] == theirs
+
+
+def test_sharding_strategy_is_megatron_lms_and_reaches_the_ddp_config():
+    """--data-parallel-sharding-strategy: Megatron-LM's choices in every release, the default of
+    core_v0.16.1 / core_v0.17.1, and passed to megatron-core's DistributedDataParallelConfig (whose own
+    default is no_shard), as Megatron-LM passes every DDP-config field of the same name."""
+    from lagom_megatron.training import model
+
+    for release in TABLE:
+        assert TABLE[release]["--data-parallel-sharding-strategy"]["choices"] == [
+            "no_shard", "optim", "optim_grads", "optim_grads_params"]
+    assert [TABLE[r]["--data-parallel-sharding-strategy"]["default"] for r in sorted(TABLE)] == [
+        "no_shard", "no_shard", "optim_grads_params"]
+    assert parse_args(SMALL).data_parallel_sharding_strategy == "no_shard"
+    args = validate_args(parse_args(SMALL + ["--data-parallel-sharding-strategy", "optim_grads_params"]), 1)
+    assert model.ddp_config(args).data_parallel_sharding_strategy == "optim_grads_params"
+    assert model.ddp_config(validate_args(parse_args(SMALL), 1)).data_parallel_sharding_strategy == "no_shard"
+    with pytest.raises(ValueError, match="invalid choice: 'zero3'.*optim_grads_params"):
+        parse_args(SMALL + ["--data-parallel-sharding-strategy", "zero3"], exit_on_error=False)
 
 
 @pytest.mark.parametrize("release", sorted(TABLE))
