@@ -283,7 +283,7 @@ def observed_lines(observed: dict[str, dict[str, Any]]) -> list[str]:
         verdict = {"differs": "differs: reverted to the defaults"}.get(r["status"], r["status"])
         for k in knobs:
             mark = " (differs)" if k in r.get("knobs", ()) else ""
-            out.append(f"| {sid} | {verdict} | {k}{mark} | {_fmt((r.get('planned') or {}).get(k, '-'))} | "
+            out.append(f"| `{sid}` | {verdict} | {k}{mark} | {_fmt((r.get('planned') or {}).get(k, '-'))} | "
                        f"{_fmt((r.get('observed') or {}).get(k, '-'))} | {r.get('rank', '-')} | {r.get('note') or ''} |")
     return out
 

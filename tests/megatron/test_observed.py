@@ -154,3 +154,17 @@ def test_gloo_record_threads_of_the_group_a_call_ran_on_and_its_pieces(monkeypat
     assert bad.status == "differs" and bad.observed == {"n_channels": 2}
     assert observe_gloo_site("s", CommConfig(n_channels=4), op="all_reduce", nbytes=1, group_size=2,
                              record=None).status == "unobserved"
+
+
+def test_report_lists_planned_vs_observed_per_knob():
+    from lagom_megatron.megatron.report import render_markdown
+
+    check = _check([])
+    check.arm()
+    check.check(PLAN, _Pool())
+    md = render_markdown([], {"phase": "applied", "observed": check.results})
+    table = md[md.index("## Applied = observed"):].splitlines()
+    assert "| `dp.ag[0]` | differs: reverted to the defaults | n_channels (differs) | 8 | 6 | 0 | clamped: NCCL ran 6 of " \
+           "the 8 planned channels |" in table
+    assert "| `dp.rs[0]` | applied | algorithm | Ring | Ring | 0 |  |" in table
+    assert "## Applied = observed" not in render_markdown([], {"phase": "applied"}), "no check ran: no section"
