@@ -93,9 +93,10 @@ def build_tuner(out_dir: str | os.PathLike, *, cc: str | None = None,
 
 
 def usage_line(library: str | os.PathLike) -> str:
-    """One line telling how to load the built plugin: the variables NCCL and the plugin read."""
-    return (f"# use it with:  export NCCL_TUNER_PLUGIN={library}  LAGOM_TUNER_CONFIG=<plan table from "
-            "'lagom plan export --format nccl-tuner-csv --extended'>")
+    """One line telling how to load the built plugin: the variables NCCL and the plugin read (the
+    same library is NCCL's tuner and its profiler plugin)."""
+    return (f"# use it with:  export NCCL_TUNER_PLUGIN={library}  NCCL_PROFILER_PLUGIN={library}  "
+            "LAGOM_TUNER_CONFIG=<plan table from 'lagom plan export --format nccl-tuner-csv --extended'>")
 
 
 def build_harness(out_dir: str | os.PathLike, *, cc: str | None = None,
