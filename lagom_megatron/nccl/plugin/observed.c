@@ -71,7 +71,9 @@ static void copyStr(char *dst, const char *src, size_t cap) {
 
 static void applyMask(void) {
   int *p = __atomic_load_n(&gMaskPtr, __ATOMIC_ACQUIRE);
-  if (p) __atomic_store_n(p, __atomic_load_n(&gActive, __ATOMIC_RELAXED) ? gMaskBits : 0, __ATOMIC_RELAXED);
+  if (p)
+    __atomic_store_n(p, __atomic_load_n(&gActive, __ATOMIC_RELAXED) ? __atomic_load_n(&gMaskBits, __ATOMIC_RELAXED) : 0,
+                     __ATOMIC_RELAXED);
 }
 
 LagomObsComm *observedNewComm(int abi, int *mask, uint64_t commHash, const char *commName, int nNodes,
@@ -80,7 +82,8 @@ LagomObsComm *observedNewComm(int abi, int *mask, uint64_t commHash, const char 
   __atomic_store_n(&gProfilerAbi, abi, __ATOMIC_RELAXED);
   __atomic_store_n(&gState, LAGOM_PROFILER_STATE_LAGOM, __ATOMIC_RELAXED);
   /* kernelCh events carry GPU timers from v4; v1/v2 have none and v3's carry no timer */
-  gMaskBits = LAGOM_PROFILE_COLL | LAGOM_PROFILE_P2P | LAGOM_PROFILE_PROXY_OP | (abi >= 4 ? LAGOM_PROFILE_KERNEL_CH : 0);
+  __atomic_store_n(&gMaskBits, LAGOM_PROFILE_COLL | LAGOM_PROFILE_P2P | LAGOM_PROFILE_PROXY_OP |
+                   (abi >= 4 ? LAGOM_PROFILE_KERNEL_CH : 0), __ATOMIC_RELAXED);
   if (mask) {
     __atomic_store_n(&gMaskPtr, mask, __ATOMIC_RELEASE);
     applyMask();
@@ -123,11 +126,14 @@ void observedFreeComm(LagomObsComm *c) {
 int observedNameFor(uint64_t commId, char *out, size_t cap) {
   int found = 0;
   lock(&gCommsLock);
-  for (LagomObsComm *c = gComms; c && !found; c = c->next)
+  for (LagomObsComm *c = gComms; c && !found; c = c->next) {
+    lock(&c->lock);
     if (c->commHash == commId && c->name[0]) {
       copyStr(out, c->name, cap);
       found = 1;
     }
+    unlock(&c->lock);
+  }
   unlock(&gCommsLock);
   return found;
 }
@@ -230,11 +236,15 @@ void *observedStart(LagomObsComm *c, const LagomEvent *e) {
   if (!c) return NULL;
   if (e->type == LAGOM_PROFILE_GROUP) return &c->group; /* NCCL < 2.27 starts task events only inside one */
   if (e->type == LAGOM_PROFILE_COLL || e->type == LAGOM_PROFILE_P2P) {
-    if (!c->commHash && e->commHash) c->commHash = e->commHash; /* v1-v3 give it here, not in init */
-    if (!c->name[0] && e->commName && *e->commName) copyStr(c->name, e->commName, sizeof(c->name));
+    if (!__atomic_load_n(&c->commHash, __ATOMIC_RELAXED) && (e->commHash || (e->commName && *e->commName))) {
+      lock(&c->lock); /* v1-v3 give these here, not in init (once: the first task event) */
+      if (!c->commHash) __atomic_store_n(&c->commHash, e->commHash, __ATOMIC_RELAXED);
+      if (!c->name[0] && e->commName && *e->commName) copyStr(c->name, e->commName, sizeof(c->name));
+      unlock(&c->lock);
+    }
     int bucket = findBucket(c, e);
     if (bucket >= 0) __atomic_fetch_add(&c->buckets[bucket].calls, 1ULL, __ATOMIC_RELAXED);
-    int expect = (gMaskBits & LAGOM_PROFILE_KERNEL_CH) && e->count > 0 ? e->nChannels : 0;
+    int expect = (__atomic_load_n(&gMaskBits, __ATOMIC_RELAXED) & LAGOM_PROFILE_KERNEL_CH) && e->count > 0 ? e->nChannels : 0;
     unsigned start = __atomic_fetch_add(&c->nextSlot, 1U, __ATOMIC_RELAXED);
     for (int i = 0; i < LAGOM_OBS_SLOTS; i++) {
       LagomSlot *s = &c->slots[(start + (unsigned)i) % LAGOM_OBS_SLOTS];
