@@ -162,7 +162,9 @@ class Applier:
         if guard is not None:  # NCCL refuses some calls only when they are made (first_use)
             guard.arm()
         if plan is not None:  # what NCCL (gloo) then runs is checked against the plan (observed)
-            self.observed.arm()
+            note = self.observed.arm()
+            if note:
+                say(note)
         say(f"lagom: communicator pool for {what}: {self.pool.describe()} on this rank ({backend.name})")
         return True
 

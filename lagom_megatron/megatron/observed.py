@@ -76,13 +76,15 @@ class ObservedCheck:
         reader: returns this rank's NCCL records (``nccl.profiler_status.read_observed``; tests pass
             stand-ins); unused on gloo.
         recorder: switches NCCL's events (``profiler_status.set_recording``).
+        state_reader: ``profiler_status.profiler_state``.
     """
 
     def __init__(self, backend: str, *, reader: Callable[[], Any] | None = None,
-                 recorder: Callable[..., bool] | None = None) -> None:
+                 recorder: Callable[..., bool] | None = None, state_reader: Callable[[], Any] | None = None) -> None:
         self.backend = backend
         self.reader = reader
         self.recorder = recorder
+        self.state_reader = state_reader
         self.gloo = None
         """The router's ``GlooRecord`` (set by ``attach``)."""
         self.armed = False
@@ -100,19 +102,38 @@ class ObservedCheck:
 
             self.gloo = router.observe = GlooRecord()
 
-    def _record(self, on: bool) -> None:
+    def _record(self, on: bool) -> bool:
+        """Switches the record; True when there is one to switch (the gloo record, or lagom's
+        profiler half initialised by NCCL in this process)."""
         if self.backend == "gloo":
             if self.gloo is not None:
                 self.gloo.start() if on else self.gloo.stop()
-            return
+            return self.gloo is not None
         from lagom_megatron.nccl import profiler_status
 
-        (self.recorder or profiler_status.set_recording)(on, reset=on)
+        switched = bool((self.recorder or profiler_status.set_recording)(on, reset=on))
+        state = (self.state_reader or profiler_status.profiler_state)()[0] if switched else "not loaded"
+        return switched and state == "lagom"
 
-    def arm(self) -> None:
-        """A plan was applied: record what runs from now on (NCCL events on, or the gloo record)."""
+    def arm(self) -> str | None:
+        """A plan was applied: record what runs from now on (NCCL events on, or the gloo record).
+
+        Returns:
+            On NCCL, a note when lagom's profiler half will record nothing (``NCCL_PROFILER_PLUGIN``
+            names another library, which is kept, or none), else None.
+        """
         self.armed = True
-        self._record(True)
+        on = self._record(True)
+        if self.backend == "gloo" or on:
+            return None
+        from lagom_megatron.nccl import profiler_status
+
+        state, foreign = (self.state_reader or profiler_status.profiler_state)()
+        if state == "foreign":
+            return (f"lagom: note: NCCL_PROFILER_PLUGIN={foreign!r} is another profiler plugin; lagom leaves it in "
+                    "place and checks only the tuner's row hits, not what NCCL ran")
+        return (f"lagom: note: lagom's profiler half is not loaded by NCCL in this process ({state}; "
+                "NCCL_PROFILER_PLUGIN unset or none, or NCCL < 2.23): what NCCL ran is not checked")
 
     def local(self, plan: Any, pool: Any) -> list[SiteObservation]:
         """This rank's verdict on every planned site it belongs to (not collective)."""

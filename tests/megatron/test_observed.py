@@ -62,15 +62,15 @@ class _Router:
         self.assignment = dict(a)
 
 
-def _check(recorded):
-    return ObservedCheck("nccl", reader=lambda: parse_snapshot(SNAPSHOT),
+def _check(recorded, state=("lagom", "")):
+    return ObservedCheck("nccl", reader=lambda: parse_snapshot(SNAPSHOT), state_reader=lambda: state,
                          recorder=lambda on, reset=False: recorded.append((on, reset)) or True)
 
 
 def test_nccl_records_against_the_plan():
     recorded = []
     check = _check(recorded)
-    check.arm()
+    assert check.arm() is None
     assert check.armed and recorded == [(True, True)], "events on, records reset, when a plan is applied"
     bad = check.check(PLAN, _Pool())
     assert bad == {"dp.ag[0]"} and not check.armed and recorded[-1] == (False, False)
@@ -98,18 +98,28 @@ def test_applier_reverts_the_differing_sites_after_an_iteration_that_ran_the_pla
     assert applier.summary_part()["observed"]["dp.ag[0]"]["status"] == "differs"
 
 
+def test_a_users_own_profiler_plugin_is_said_and_leaves_the_sites_unobserved():
+    check = ObservedCheck("nccl", reader=lambda: [], state_reader=lambda: ("foreign", "/opt/site/libnccl-profiler-x.so"),
+                          recorder=lambda on, reset=False: True)
+    note = check.arm()
+    assert note == ("lagom: note: NCCL_PROFILER_PLUGIN='/opt/site/libnccl-profiler-x.so' is another profiler plugin; "
+                    "lagom leaves it in place and checks only the tuner's row hits, not what NCCL ran")
+    assert check.check(PLAN, _Pool()) == set()
+    assert {r["status"] for r in check.results.values()} == {"unobserved"}
+
+
 def test_a_failing_reader_leaves_every_site_unobserved_and_still_joins():
     def broken():
         raise OSError("mapped library vanished")
-    check = ObservedCheck("nccl", reader=broken, recorder=lambda on, reset=False: True)
+    check = ObservedCheck("nccl", reader=broken, recorder=lambda on, reset=False: True, state_reader=lambda: ("lagom", ""))
     check.arm()
     assert check.check(PLAN, _Pool()) == set() and check.results == {}
     assert check.errors == ["rank 0: OSError: mapped library vanished"]
 
 
 def test_without_records_sites_are_unobserved_not_reverted():
-    check = ObservedCheck("nccl", reader=lambda: None, recorder=lambda on, reset=False: True)
-    check.arm()
+    check = ObservedCheck("nccl", reader=lambda: None, recorder=lambda on, reset=False: False)
+    assert "lagom's profiler half is not loaded by NCCL" in check.arm()
     assert check.check(PLAN, _Pool()) == set()
     assert {r["status"] for r in check.results.values()} == {"unobserved"}
 
