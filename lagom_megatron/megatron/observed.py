@@ -128,12 +128,7 @@ class ObservedCheck:
             return None
         from lagom_megatron.nccl import profiler_status
 
-        state, foreign = (self.state_reader or profiler_status.profiler_state)()
-        if state == "foreign":
-            return (f"lagom: note: NCCL_PROFILER_PLUGIN={foreign!r} is another profiler plugin; lagom leaves it in "
-                    "place and checks only the tuner's row hits, not what NCCL ran")
-        return (f"lagom: note: lagom's profiler half is not loaded by NCCL in this process ({state}; "
-                "NCCL_PROFILER_PLUGIN unset or none, or NCCL < 2.23): what NCCL ran is not checked")
+        return profiler_status.not_recording_note(*(self.state_reader or profiler_status.profiler_state)())
 
     def local(self, plan: Any, pool: Any) -> list[SiteObservation]:
         """This rank's verdict on every planned site it belongs to (not collective)."""

@@ -176,3 +176,13 @@ def profiler_state(library: str | None = None) -> tuple[str, str]:
     lib.lagomProfilerForeign.restype = ctypes.c_char_p
     foreign = lib.lagomProfilerForeign() or b""
     return STATES.get(int(lib.lagomProfilerState()), "not initialised"), foreign.decode("utf-8", "replace")
+
+
+def not_recording_note(state: str, foreign: str) -> str:
+    """The log line saying why lagom's profiler half records nothing in this process, from
+    ``profiler_state``: another profiler plugin is kept, or NCCL loaded none of lagom's."""
+    if state == "foreign":
+        return (f"lagom: note: NCCL_PROFILER_PLUGIN={foreign!r} is another profiler plugin; lagom leaves it in "
+                "place and checks only the tuner's row hits, not what NCCL ran")
+    return (f"lagom: note: lagom's profiler half is not loaded by NCCL in this process ({state}; "
+            "NCCL_PROFILER_PLUGIN unset or none, or NCCL < 2.23): what NCCL ran is not checked")
