@@ -17,12 +17,17 @@ v2.30.7 unless a line says otherwise):
    wants (``ncclTopoGetNchannels``, ``paths.cc:918-954``): NVLink ``2 x max(1, path bw / link bw)``,
    PCIe 2, a network peer ``nChannelsPerNetPeer`` when set (``ncclConfig_t`` field, NCCL 2.28+;
    ``NCCL_NCHANNELS_PER_NET_PEER`` overrides it, ``src/init.cc:2038-2047``), else at least one per
-   NIC and ``ceil(NIC GB/s / NCCL_P2P_PER_CHANNEL_NET_BW = 14)`` (NCCL 2.29+). Rounded up to a power
-   of two; across nodes without ``nChannelsPerNetPeer`` halved until
+   NIC and ``divUp((int)netBw, NCCL_P2P_PER_CHANNEL_NET_BW = 14)`` with ``netBw`` the sum of the
+   GPU's NICs (``ncclTopoGetLocalNetCountByBw``, ``src/graph/topo.cc:1974-2000``; NCCL 2.29+).
+   Rounded up to a power of two; across nodes without ``nChannelsPerNetPeer`` halved until
    ``perPeer x ceil(peers / 8) <= p2pnChannels``, else cut to ``p2pnChannels`` (``paths.cc:961-1003``).
    NCCL 2.21-2.28 instead start the network peer at 2, halve it while ``2 x nRanks > 4 x
-   p2pnChannels``, keep at least the NIC count, and cut the least at ``p2pnChannels``
-   (v2.27.5 ``paths.cc:798-867``).
+   p2pnChannels`` (the count of step 2 before its rounding: the rule runs inside
+   ``ncclTopoComputeP2pChannels`` before ``pow2Up``), keep at least the NIC count, and cut the least
+   at ``p2pnChannels`` (v2.27.5 ``paths.cc:798-867``).
+
+Nodes are NCCL's (``comm->nNodes``): one per NVLink domain (``ClusterSpec.nccl_nodes``), so hosts
+of one multi-node NVLink domain are NVLink peers here and use the NVLink chunk (``src/init.cc:830-837``).
 4. Per send or receive task, ``nChannelsMin`` = ``perPeer`` halved while ``nChannelsMin x nRanks >
    p2pnChannels`` (``src/enqueue.cc:1141-1146``); a task takes ``min(nChannelsMin, ceil(bytes /
    minPart))`` channels, doubled while a part exceeds ``maxPart`` and the count stays within
@@ -61,11 +66,12 @@ def pow2_up(x: Any) -> np.ndarray:
     return np.exp2(np.ceil(np.log2(x)))
 
 
-def p2p_channels(comm_channels: Any, *, min_p2p: int = 1, max_p2p: int = MAXCHANNELS) -> np.ndarray:
+def p2p_channels(comm_channels: Any, *, min_p2p: int = 1, max_p2p: int = MAXCHANNELS, rounded: bool = True) -> np.ndarray:
     """``comm->p2pnChannels`` of a communicator with ``comm_channels`` channels (step 2 of the module
-    docstring; ``min_p2p`` / ``max_p2p``: ``NCCL_MIN_P2P_NCHANNELS`` / ``NCCL_MAX_P2P_NCHANNELS``)."""
+    docstring; ``min_p2p`` / ``max_p2p``: ``NCCL_MIN_P2P_NCHANNELS`` / ``NCCL_MAX_P2P_NCHANNELS``);
+    ``rounded`` False: the count before its rounding to a power of two."""
     c = np.maximum(np.minimum(np.asarray(comm_channels, dtype=float), float(max_p2p)), float(min_p2p))
-    return np.minimum(pow2_up(c), float(MAXCHANNELS))
+    return np.minimum(pow2_up(c), float(MAXCHANNELS)) if rounded else c
 
 
 def link_kind(*, intra_link: str, n_nodes: Any) -> np.ndarray:
@@ -76,7 +82,7 @@ def link_kind(*, intra_link: str, n_nodes: Any) -> np.ndarray:
 
 def peer_channels(*, p2p: Any, n_nodes: Any, group_size: Any, intra_link: str, sm_arch: int, nvlink_gbps: float,
                   nics_per_gpu: int = 1, nic_gbps: float = 25.0, net_peer_channels: Any = None,
-                  nccl: tuple[int, int, int] = (2, 30, 7)) -> np.ndarray:
+                  nccl: tuple[int, int, int] = (2, 30, 7), comm_channels: Any = None) -> np.ndarray:
     """``comm->p2pnChannelsPerPeer`` (step 3 of the module docstring), elementwise.
 
     Args:
@@ -85,9 +91,11 @@ def peer_channels(*, p2p: Any, n_nodes: Any, group_size: Any, intra_link: str, s
             the node and, with ``n_nodes`` > 1, across the network).
         intra_link: ``nvlink`` or ``pcie`` (``ClusterSpec.intra_link``).
         sm_arch, nvlink_gbps: the NVLink path's bandwidth in link units (``NVLINK_LINK_GBS``).
-        nics_per_gpu, nic_gbps: NICs nearest each GPU and one NIC's GB/s.
+        nics_per_gpu, nic_gbps: NICs nearest each GPU and one NIC's GB/s (NCCL sums them).
         net_peer_channels: ``nChannelsPerNetPeer`` (None or 0 = unset).
         nccl: NCCL version (the network rule changed in 2.29).
+        comm_channels: the communicator's channels, for NCCL 2.21-2.28's comparison with the
+            unrounded ``p2pnChannels``; None = ``p2p``.
 
     Returns:
         Channels per peer, a power of two, <= ``p2p``.
@@ -105,7 +113,8 @@ def peer_channels(*, p2p: Any, n_nodes: Any, group_size: Any, intra_link: str, s
     npc = None if net_peer_channels is None else np.asarray(net_peer_channels, dtype=float)
     npc_set = np.zeros(np.shape(p2p), dtype=bool) if npc is None else npc > 0
     if nccl >= (2, 29, 0):
-        net_auto = max(float(nics_per_gpu), float(np.ceil(nic_gbps / P2P_PER_CHANNEL_NET_GBS)))
+        net_bw = int(nics_per_gpu * nic_gbps)  # (int)netBw: the GPU's NICs together (topo.cc:1993-1998)
+        net_auto = max(float(nics_per_gpu), float(-(-net_bw // int(P2P_PER_CHANNEL_NET_GBS))))
         net = np.where(npc_set, npc if npc is not None else 0.0, net_auto)
         least = np.where(multi, np.where(has_local_peer, np.minimum(intra, net), net), intra)
         per = pow2_up(least)
@@ -117,7 +126,8 @@ def peer_channels(*, p2p: Any, n_nodes: Any, group_size: Any, intra_link: str, s
         return np.where(reduce, reduced, np.minimum(p2p, per))
     # NCCL 2.21-2.28 (v2.27.5 paths.cc:798-867): 2 per network peer, 1 where 2 x nRanks > 4 x
     # p2pnChannels (NCCL compares with the count before its power-of-two rounding), at least the NICs
-    net_auto = np.where(2.0 * ranks > 4.0 * p2p, 1.0, 2.0)
+    unrounded = p2p if comm_channels is None else p2p_channels(comm_channels, rounded=False)
+    net_auto = np.where(2.0 * ranks > 4.0 * unrounded, 1.0, 2.0)
     net_auto = np.maximum(net_auto, float(nics_per_gpu))
     net = np.where(npc_set, npc if npc is not None else 0.0, net_auto)
     least = np.minimum(p2p, np.where(multi, np.where(has_local_peer, np.minimum(intra, net), net), intra))
@@ -175,7 +185,9 @@ class P2PModel:
         self.any = bool(self.mask_S.any())
         self.cluster = cluster
         self.ranks_S = np.maximum(np.asarray(group_size_S, dtype=float), 1.0)
-        self.nodes_S = np.asarray(n_nodes_S, dtype=float)
+        nccl_nodes = getattr(cluster, "nccl_nodes", None)  # NCCL's nodes: NVLink domains (module docstring)
+        self.nodes_S = np.array([float(nccl_nodes(int(h), int(r)) if nccl_nodes else h)
+                                 for h, r in zip(np.asarray(n_nodes_S, dtype=float).ravel(), self.ranks_S.ravel())])
         self.tasks_S = np.where(a2a_S, self.ranks_S, 1.0)
         self.task_bytes_S = np.asarray(nbytes_S, dtype=float) / np.where(a2a_S, self.ranks_S, 1.0)
         intra = getattr(cluster, "intra_link", "nvlink")
@@ -195,7 +207,8 @@ class P2PModel:
         per = peer_channels(p2p=p2p, n_nodes=self.nodes_S[i], group_size=self.ranks_S[i],
                             intra_link=getattr(c, "intra_link", "nvlink"), sm_arch=int(c.sm_arch),
                             nvlink_gbps=float(c.nvlink_gbps_per_gpu), nics_per_gpu=self.nics_per_gpu,
-                            nic_gbps=self.nic_gbps, net_peer_channels=self.net_peer_S[i], nccl=c.nccl)
+                            nic_gbps=self.nic_gbps, net_peer_channels=self.net_peer_S[i], nccl=c.nccl,
+                            comm_channels=comm_channels)
         task = task_channels(self.task_bytes_S[i], per_peer=per, p2p=p2p, n_ranks=self.ranks_S[i],
                              chunk=self.chunk_S[i], multi_node=self.nodes_S[i] > 1)
         return kernel_ctas(task, tasks=self.tasks_S[i], p2p=p2p)

@@ -37,7 +37,7 @@ PROFILE_SCHEMA_VERSION = 1
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast"]
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
-REGISTRATIONS: tuple[str, ...] = ("", "pool", "fixed")
+REGISTRATIONS: tuple[str, ...] = ("", "pool", "symmetric", "fixed")
 """``CollectiveSite.registered`` values."""
 Backend = Literal["nccl", "gloo", "sim"]
 BACKENDS: tuple[str, ...] = ("nccl", "gloo", "sim")
@@ -72,8 +72,9 @@ class CollectiveSite:
     groups such tensors by dtype and size before it asks the tuner plugin (``nccl.bins``)."""
     registered: str = ""
     """NCCL buffer registration of the site's buffers (``--use-nccl-ub``): ``""`` none, ``pool`` (a
-    memory pool a pool entry can register too), ``fixed`` (registered on the group's own
-    communicator only)."""
+    memory pool a pool entry can register too), ``symmetric`` (the same, as symmetric windows: NCCL
+    may run its symmetric kernels, which ask no tuner, ``nccl.rules.NcclRules.site_domains``),
+    ``fixed`` (registered on the group's own communicator only)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", tuple((str(d), int(b)) for d, b in self.parts))

@@ -64,11 +64,14 @@ def bucket_parts(tensors: list[Any]) -> tuple[tuple[str, int], ...]:
 def bucket_registration(bucket_group: Any, pools: list | None) -> str:
     """``CollectiveSite.registered`` of a bucket group: ``""`` without ``ddp_config.nccl_ub``;
     ``pool`` when the memory pools of its group's buffers are known (``pools``, from
-    ``registered_pools``), so a pool entry can register them too; ``fixed`` when they are not
-    (megatron-core before 0.18 keeps no handle on the pool)."""
+    ``registered_pools``), so a pool entry can register them too, ``symmetric`` when they are
+    registered as symmetric windows (NCCL may run its symmetric kernels on them); ``fixed`` when
+    they are not known (megatron-core before 0.18 keeps no handle on the pool)."""
     if not getattr(bucket_group.ddp_config, "nccl_ub", False):
         return ""
-    return "pool" if pools else "fixed"
+    if not pools:
+        return "fixed"
+    return "symmetric" if any(symmetric for _, symmetric in pools) else "pool"
 
 
 def registered_pools(model_chunks: Any, name_of: Any) -> dict[str, list[tuple[Any, bool]]]:
@@ -76,8 +79,11 @@ def registered_pools(model_chunks: Any, name_of: Any) -> dict[str, list[tuple[An
     allocated with ``nccl_ub`` whose pool megatron-core keeps (``_ParamAndGradBuffer.nccl_mem_pool``,
     core 0.18+), under the name ``name_of`` gives the buffer's ``data_parallel_group`` (the group
     megatron-core registers it on). Symmetric as megatron-core registers it:
-    ``not ddp_config.disable_symmetric_registration``. A group whose buffers mix kept and lost
-    pools is left out (its entries could not register them all)."""
+    ``not ddp_config.disable_symmetric_registration`` on torch 2.9+ (before, ``create_nccl_mem_pool``
+    and ``register_mem_pool`` fall back to plain registration, core_v0.16.1 ``nccl_allocator.py:111-122,
+    244-263``). A group whose buffers mix kept and lost pools is left out (its entries could not
+    register them all)."""
+    symm = _torch_at_least(2, 9)
     out: dict[str, list[tuple[Any, bool]]] = {}
     lost: set[str] = set()
     for chunk in model_chunks or ():
@@ -90,6 +96,17 @@ def registered_pools(model_chunks: Any, name_of: Any) -> dict[str, list[tuple[An
                 if pool is None or name is None:
                     lost.add(str(name))
                     continue
-                symmetric = not getattr(buf.ddp_config, "disable_symmetric_registration", False)
+                symmetric = symm and not getattr(buf.ddp_config, "disable_symmetric_registration", False)
                 out.setdefault(name, []).append((pool, symmetric))
     return {k: v for k, v in out.items() if k not in lost}
+
+
+def _torch_at_least(*version: int) -> bool:
+    """Whether the installed torch's release is at least ``version`` (False without torch)."""
+    from lagom_megatron.megatron.versions import installed_torch, release
+
+    found = installed_torch()
+    try:
+        return found is not None and release(found.version) >= version
+    except ValueError:  # "unknown": no version in its source
+        return False

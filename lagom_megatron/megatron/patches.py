@@ -14,6 +14,9 @@ Patched names, each where it is looked up (megatron-core 0.16.x; the names exist
   ``intra_distributed_optimizer_instance_group`` attribute, read on every call, so routing swaps
   it for the duration of the call (Megatron's own ``ProcessGroupCollection`` is consumed at DDP
   construction, too early for a plan found during training).
+* ``param_and_grad_buffer._coalescing_manager``: the module's own name for torch's (imported at
+  the top of the module), which the bucket groups open; guarded on a bucket group's first call
+  on a new pool entry (``router.bucket_coalescing``, ``first_use``), torch's own otherwise.
 * ``param_and_grad_buffer.dist_reduce_scatter_func`` / ``dist_all_gather_func`` and the same two
   names in ``tensor_parallel.layers``: module-level aliases bound at import, so patching
   ``torch.distributed`` does not reach them (Megatron's own tests patch them the same way).
@@ -188,6 +191,13 @@ def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te:
 
             functools.update_wrapper(bucket_wrapper, orig)
             handle._set(bg_cls, name, bucket_wrapper)
+        orig_cm = pgb._coalescing_manager
+
+        def bucket_coalescing(*args: Any, **kwargs: Any) -> Any:
+            return router.bucket_coalescing(orig_cm, args, kwargs)
+
+        functools.update_wrapper(bucket_coalescing, orig_cm)
+        handle._set(pgb, "_coalescing_manager", bucket_coalescing)
         from megatron.core import utils as mc_utils
 
         for module in (pgb, layers, mc_utils):

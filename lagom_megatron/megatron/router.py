@@ -141,7 +141,7 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         self._coalesce_state = coalesce_state()
         self._mfsdp: dict[int, Any] = {}
         """Megatron-FSDP buffer id -> its buckets' sites (``router_fsdp``)."""
-        self.first_use = FirstUse()
+        self.first_use = FirstUse(self._coalesce_state)
         """Guards the first call of each site on a new pool entry (``first_use``)."""
         self.observe: Any = None
         """The gloo pool's record of routed calls (``gloo.GlooRecord``, ``observed.ObservedCheck.attach``);
@@ -250,6 +250,11 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                 setattr(bucket_group, handle_attr, profiler.issue(site_id, handle, t0))
         return result
 
+    def bucket_coalescing(self, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """megatron-core's ``param_and_grad_buffer._coalescing_manager``: guarded while a bucket
+        group's first call on a pool entry runs (``FirstUse.coalescing``), else torch's own."""
+        return self.first_use.coalescing(orig, args, kwargs)
+
     # -------------------------------------------------------------- collectives
     def collective(self, op: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """A torch.distributed collective (or a Megatron alias of one) with ``op`` in GROUP_ARG.
@@ -268,6 +273,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         if scope is not None:
             tag = scope[0]
             if tag == "bucket":  # inside bucket_sync, which routed the group
+                if self.first_use.pending is not None:  # the guarded first call: kept to be issued again
+                    self.first_use.record(orig, args, kwargs, gi)
                 chunk, info = scope[1]
                 if chunk:
                     pieces = self._pieces

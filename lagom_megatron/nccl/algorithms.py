@@ -20,13 +20,19 @@ ALGORITHM_SINCE: dict[str, tuple[int, int, int]] = {
 """First NCCL release of each algorithm."""
 
 
+NVLS_MAX_ARITY = 32
+"""``NCCL_MAX_NVLS_ARITY`` (NVIDIA/nccl v2.30.7 ``src/include/device.h:213``): above this many local
+ranks NCCL runs NVLS / NVLSTree only for all-reduce (``src/enqueue.cc:2004-2006``)."""
+
+
 def algorithms_for(*, op: str, cluster: ClusterSpec, n_nodes: int = 1, group_size: int = 2,
                    reduce_op: str | None = None) -> tuple[str, ...]:
     """Algorithms NCCL can run for ``op`` on ``cluster`` (empty for point-to-point ops).
 
     ``n_nodes`` is NCCL's node count (NVLink domains). NVLS/NVLSTree need NVSwitch and sm90+
     (NVLSTree only across nodes, NVLS across nodes only with CollNet); CollNet needs IB SHARP and
-    more than one node; PAT needs one rank per node; each algorithm needs its first NCCL version.
+    more than one node; PAT needs one rank per node; each algorithm needs its first NCCL version;
+    NVLS for all-gather and reduce-scatter needs at most ``NVLS_MAX_ARITY`` ranks per NVLink domain.
     PAT reduce-scatter needs a known reduction that is not an average (NCCL 2.30
     ``src/enqueue.cc:2010-2012`` skips it for ``ncclDevPreMulSum`` / ``ncclDevSumPostDiv``):
     ``reduce_op`` None (not recorded) keeps it out.
@@ -46,6 +52,8 @@ def algorithms_for(*, op: str, cluster: ClusterSpec, n_nodes: int = 1, group_siz
             continue  # two GPUs per NVLink domain: a direct copy, nothing for the switch to do (our rule)
         if alg == "NVLS" and n_nodes > 1 and op != "all_reduce":
             continue  # NVLS all-gather / reduce-scatter are modelled inside one NVLink domain only
+        if alg in ("NVLS", "NVLSTree") and op != "all_reduce" and group_size > NVLS_MAX_ARITY * max(1, n_nodes):
+            continue  # more local ranks than NCCL_MAX_NVLS_ARITY: NCCL skips NVLS but for all-reduce
         if alg == "NVLS" and n_nodes > 1 and not cluster.collnet:
             continue  # NCCL disables NVLS across nodes without CollNet (2.30 src/enqueue.cc:2008)
         if alg.startswith("CollNet") and not (cluster.collnet and n_nodes > 1):

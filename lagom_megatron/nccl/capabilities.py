@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from lagom_megatron.engine.knobs import P2P_OPS
+from lagom_megatron.engine.p2p import MAXCHANNELS, p2p_channels
 from lagom_megatron.nccl.options import KNOB_OVERRIDES, nccl_config_fields, runtime_nccl_version
 
 ALGORITHM_SWITCHES: tuple[str, ...] = ("NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE", "NCCL_PAT_ENABLE", "NCCL_NET_PLUGIN")
@@ -42,6 +44,11 @@ ALGORITHM_SWITCHES: tuple[str, ...] = ("NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE"
 algorithm domain, they do not remove the knob). ``NCCL_NET_PLUGIN``: a network plugin may offload
 the network to the device (``NCCL_NET_DEVICE_UNPACK``), and NCCL runs no PAT then
 (``src/graph/tuning.cc:215-221``)."""
+
+P2P_SWITCHES: tuple[str, ...] = ("NCCL_MIN_P2P_NCHANNELS", "NCCL_MAX_P2P_NCHANNELS")
+"""Variables that bound point-to-point channels of every communicator (``comm->p2pnChannels``,
+NVIDIA/nccl v2.30.7 ``src/graph/paths.cc:956-991``; cached NCCL_PARAMs): recorded so ranks agree, and
+a P2P site's CTA bounds are cut to the counts they leave distinct (``restrict_domains``)."""
 
 RECORDED_PREFIXES: tuple[str, ...] = ("NCCL_", "TORCH_NCCL_")
 
@@ -182,7 +189,7 @@ def knob_overrides(environ: Mapping[str, str], home: str | None = None) -> tuple
     """The (variable, value) pairs of ``environ`` plus NCCL's configuration files that fix a knob
     or switch an algorithm, sorted. A variable set to the empty string counts as set (NCCL sees it)."""
     merged = {**conf_file_values(environ, home), **{k: v for k, v in environ.items()}}
-    wanted = set(KNOB_OVERRIDES) | set(ALGORITHM_SWITCHES)
+    wanted = set(KNOB_OVERRIDES) | set(ALGORITHM_SWITCHES) | set(P2P_SWITCHES)
     return tuple(sorted((k, str(v)) for k, v in merged.items() if k in wanted))
 
 
@@ -327,8 +334,11 @@ def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, 
       PAT with ``NCCL_PAT_ENABLE=0`` (``tuning.cc:215``), and PAT under a network plugin named by
       ``NCCL_NET_PLUGIN``: NCCL runs PAT only with a host network device (``tuning.cc:220``), and
       which device type a plugin reports is not readable from here, so any plugin counts as
-      offloading (with the variable unset NCCL may still load ``libnccl-net.so``: the first-call
-      check, ``megatron.first_use``, catches a refused PAT there).
+      offloading, unless ``NCCL_PAT_ENABLE=1``, which NCCL returns before that test
+      (``tuning.cc:217-219``) (with the variable unset NCCL may still load ``libnccl-net.so``: the
+      first-call check, ``megatron.first_use``, catches a refused PAT there);
+    * a point-to-point site's CTA bounds under ``NCCL_MIN_P2P_NCHANNELS`` / ``NCCL_MAX_P2P_NCHANNELS``:
+      the least bound of each distinct ``p2pnChannels`` (``P2P_SWITCHES``).
     """
     d = dict(domains)
     warnings = []
@@ -337,6 +347,8 @@ def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, 
             d[knob] = (None,)
             warnings.append(fixed_knob_warning(knob, var))
     d["n_threads"] = (None,)
+    if op in P2P_OPS and d.get("n_channels", (None,)) != (None,):
+        d["n_channels"] = _p2p_bounds(d["n_channels"], caps)
     if not (mechanism == "tuner" and caps.plugin_abi >= 6):
         d["chunk_size"] = (None,)
     algs = d.get("algorithm", (None,))
@@ -351,8 +363,26 @@ def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, 
                 continue
             if alg == "PAT" and str(caps.switch("NCCL_PAT_ENABLE") or "2").strip() == "0":
                 continue
-            if alg == "PAT" and str(caps.switch("NCCL_NET_PLUGIN") or "none").strip().lower() not in ("none", ""):
+            if (alg == "PAT" and str(caps.switch("NCCL_NET_PLUGIN") or "none").strip().lower() not in ("none", "")
+                    and str(caps.switch("NCCL_PAT_ENABLE") or "2").strip() != "1"):  # =1 skips the device test
                 continue
             keep.append(alg)
         d["algorithm"] = tuple(keep) if len(keep) > 1 else (None,)
     return d, warnings
+
+
+def _p2p_bounds(bounds: tuple, caps: Capabilities) -> tuple:
+    """``bounds`` (CTA bounds of a P2P site), the least of each distinct ``p2pnChannels`` under the
+    run's ``NCCL_MIN_P2P_NCHANNELS`` / ``NCCL_MAX_P2P_NCHANNELS`` (``(None,)`` when one is left)."""
+    def param(var: str, default: int) -> int:
+        value = str(caps.switch(var) or "").strip()
+        try:
+            return int(value, 0)  # NCCL reads it with strtoll(.., 0) (src/misc/param.cc:93-96)
+        except ValueError:
+            return default
+    lo, hi = param("NCCL_MIN_P2P_NCHANNELS", 1), param("NCCL_MAX_P2P_NCHANNELS", MAXCHANNELS)
+    seen: dict[float, int] = {}
+    for b in bounds:
+        seen.setdefault(float(p2p_channels(b, min_p2p=lo, max_p2p=hi)), b)
+    out = tuple(sorted(seen.values()))
+    return out if len(out) > 1 else (None,)

@@ -180,7 +180,7 @@ def tuner_rows(plan: Plan, *, extended: bool) -> list[TunerRow]:
         # group counts as one. nNodes is -1: NCCL counts an NVLink domain as one node
         # (src/init.cc:1285-1297), so on multi-node NVLink a host count would never match; the tag
         # and nRanks identify the communicator.
-        for nbytes in nccl_bins(e.parts, nbytes=e.nbytes):
+        for nbytes in nccl_bins(e.parts, nbytes=e.nbytes, op=e.op):
             call = tuner_call_key(group=e.group if extended else "*", op=e.op, nbytes=nbytes)
             key = (*call, -1, e.group_size or -1)
             if key in rows:

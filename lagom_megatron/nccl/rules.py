@@ -174,6 +174,19 @@ def probe_configs(cluster: ClusterSpec) -> list[CommConfig]:
     return probes
 
 
+def symmetric_kernels(cluster: ClusterSpec, site: Any) -> bool:
+    """Whether NCCL would run ``site`` (buffers in symmetric windows) on its symmetric kernels, which
+    never ask the tuner plugin: an all-NVLink communicator (NVSwitch node, one NCCL node) and NCCL
+    2.28+ for any call (``ncclMakeSymmetricTaskList``, NVIDIA/nccl v2.28.9 ``src/enqueue.cc:360-362``,
+    ``src/scheduler/symmetric_sched.cc:26-35``; v2.30.7 ``symmetric_sched.cc:66-215``, where
+    ``ncclSymkAvailable`` needs ``isAllDirectNvlink``, ``src/sym_kernels.cc:591-597``), NCCL 2.27 for a
+    call of one collective (v2.27.7 ``src/enqueue.cc:338-360``: one task on one node)."""
+    if cluster.intra_link != "nvlink" or not cluster.nvswitch or cluster.nccl_nodes(site.n_nodes, site.group_size) > 1:
+        return False
+    v = cluster.nccl
+    return v >= (2, 28, 0) or (v >= (2, 27, 0) and len(site.parts) < 2)
+
+
 def process_env(chosen: dict[str, list[int]]) -> dict[str, str]:
     """NCCL's launch environment for a plan's process-scope knobs (``chosen``: knob -> the values
     picked for the sites it governs; one process-wide value must serve them all).
@@ -285,9 +298,13 @@ class NcclRules:
             d = {k: (None,) for k in d}
             notes.append("registered buffers (--use-nccl-ub) that only the group's own communicator holds: kept there, "
                          "NCCL's choice (a pool entry cannot register a memory pool megatron-core does not keep)")
-        elif site.registered == "pool":
+        elif site.registered == "symmetric" and symmetric_kernels(self.cluster, site):
+            d = {k: (None,) for k in d}
+            notes.append("buffers in symmetric windows (--use-nccl-ub) on an all-NVLink communicator: NCCL runs its "
+                         "symmetric kernels, which ask no tuner plugin, so nothing a plan sets reaches the call: NCCL's choice")
+        elif site.registered in ("pool", "symmetric"):
             notes.append("registered buffers (--use-nccl-ub): its pool entry registers the same NCCL memory pool")
-        bins = nccl_bins(site.parts, nbytes=site.nbytes)
+        bins = nccl_bins(site.parts, nbytes=site.nbytes, op=site.op)
         if len(bins) > 1 and self.mechanism == "tuner" and any(len(v) > 1 for v in d.values()):
             notes.append(f"{len(bins)} tuner rows, one per NCCL bin of its tensors ({', '.join(map(str, bins))} bytes)")
         return d, "; ".join(notes)
@@ -314,7 +331,7 @@ class NcclRules:
         """``call_key`` of each NCCL bin of ``site``'s call (``bins.nccl_bins``): sites sharing any
         key share the table rows of that key, so they get one decision."""
         out = []
-        for nbytes in nccl_bins(site.parts, nbytes=site.nbytes):
+        for nbytes in nccl_bins(site.parts, nbytes=site.nbytes, op=site.op):
             k = self.call_key(group=site.group, op=site.op, nbytes=nbytes)
             if k is not None:
                 out.append(k)

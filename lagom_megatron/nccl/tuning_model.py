@@ -3,8 +3,8 @@
 Everything here is NCCL's, read at tag ``v2.30.7-1`` of ``NVIDIA/nccl`` (file:line at that tag;
 the same values at v2.27.5-1 unless noted): the latencies and per-channel bandwidth caps of its
 tuning tables, which protocol it enables on which path, how it picks an algorithm and protocol
-for a size, how many channels and threads a call runs with, and its point-to-point channel
-counts. The simulator's *hardware* (what a CTA really moves, ``sim.device``) is separate: NCCL's
+for a size, and how many channels and threads a call runs with (point-to-point channel counts:
+``engine.p2p``). The simulator's *hardware* (what a CTA really moves, ``sim.device``) is separate: NCCL's
 model decides what NCCL runs, the device model how long that takes.
 
 Units: GB/s, microseconds, bytes. "Search channel" is a channel of NCCL's topology graph; NCCL
@@ -74,12 +74,8 @@ the rank count (tuning.cc:593)."""
 MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 """NCCL_LL_MAX_NTHREADS, NCCL_LL128_MAX_NTHREADS, NCCL_SIMPLE_MAX_NTHREADS (device.h:95-114)."""
 
-# --- point to point: src/graph/paths.cc:918-1004, src/enqueue.cc:918-925, 1143-1146, init.cc:818-838
-P2P_PER_CHANNEL_NET_BW = 14
-"""NCCL_P2P_PER_CHANNEL_NET_BW default, GB/s (paths.cc:918)."""
-P2P_CHUNK = {"net": 128 * KIB, "pci": 128 * KIB, "nvlink": 512 * KIB}
-"""NCCL_P2P_NET_CHUNKSIZE / _PCI_ / _NVL_ defaults (init.cc:818-820), chosen per communicator
-(init.cc:832-838: several nodes -> net, all NVLink -> nvlink, else pci)."""
+# --- point to point: NCCL's rule (paths.cc:918-1007, enqueue.cc:915-925, 1141-1146, init.cc:818-843)
+# is ``engine.p2p``, the one implementation the cost model and the simulator share.
 
 
 def ll128_enabled(*, sm_arch: int, intra_nvlink: bool, n_nodes: int) -> bool:
@@ -225,35 +221,3 @@ def algo_time_us(nbytes: int, *, op: str, busbw_gbs: float, latency_us: float, n
     return latency_us + nbytes / (1000.0 * busbw_gbs * ratio)
 
 
-def p2p_channels_per_peer(*, path: str, nvlinks: int = 0, nics: int = 1, nic_gbs: float = 0.0,
-                          p2p_channels: int = 32) -> int:
-    """``p2pnChannelsPerPeer`` (paths.cc:919-1004): 2 per NVLink link to the peer, 2 over PCIe,
-    across nodes max(NICs, ceil(NIC GB/s / 14)); rounded up to a power of two and at most the
-    communicator's P2P channels (themselves ``pow2Up`` of its collective channels, paths.cc:984-990)."""
-    if path == "net":
-        n = max(nics, math.ceil(int(nic_gbs) / P2P_PER_CHANNEL_NET_BW))
-    elif path == "nvlink":
-        n = 2 * max(1, nvlinks)
-    else:
-        n = 2
-    n = 1 << max(0, math.ceil(math.log2(max(1, n))))
-    return min(n, p2p_channels)
-
-
-def p2p_call_channels(nbytes: int, *, per_peer: int, peers: int, p2p_channels: int, n_nodes: int, chunk: int) -> int:
-    """Channels one send (and its receive) of ``nbytes`` to one of ``peers`` peers runs on
-    (enqueue.cc:1143-1146, 918-925): the floor ``per_peer`` halved while ``floor x peers`` exceeds
-    the communicator's P2P channels, then ``ceil(bytes / minPart)`` up to that floor, doubled while
-    a part exceeds maxPart (minPart chunk/2 and maxPart chunk across nodes, chunk/8 and 32 chunks
-    in a node)."""
-    lo = per_peer
-    while lo * peers > p2p_channels and lo > 1:
-        lo //= 2
-    min_part = chunk // 2 if n_nodes > 1 else chunk // 8
-    max_part = chunk if n_nodes > 1 else 32 * chunk
-    nc = max(1, min(lo, -(-nbytes // max(1, min_part))))
-    part = max(min_part, -(-nbytes // nc))
-    while part > max_part and nc <= per_peer // 2:
-        nc *= 2
-        part = -(-nbytes // nc)
-    return nc

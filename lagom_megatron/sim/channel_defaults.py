@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lagom_megatron.engine import p2p as p2p_rule
 from lagom_megatron.nccl import tuning_model as nm
 
 NVSWITCH_CHANNELS = {90: 32, 80: 24}
@@ -97,33 +98,36 @@ def collective_ctas(gpu: Any, c: Any, algorithm: str) -> tuple[int, float]:
 
 
 def p2p_channels(gpu: Any, c: Any, *, cta_bound: int | None = None, net_peer: int | None = None) -> int:
-    """CTAs of one point-to-point call (send/recv, or one all-to-all) under NCCL's rules: per-peer
-    channels by path (NVLink: 2 per link; PCIe: 2; network: max(NICs, NIC GB/s / 14)), the
-    all-to-all's peers sharing the communicator's P2P channels, and the size rule.
+    """CTAs of one point-to-point call (send/recv, or one all-to-all) under NCCL's rule
+    (``engine.p2p``, the one implementation the cost model uses too; NVIDIA/nccl v2.30.7
+    ``src/graph/paths.cc:918-1007``, ``src/enqueue.cc:915-925, 1141-1146``): the communicator's
+    channels give ``p2pnChannels``, the least the peers' paths want is cut to it (NVLink 2 per link,
+    PCIe 2, a network peer by the GPU's NICs or ``net_peer``), and each task takes channels by its
+    bytes; the kernel runs one CTA per channel used.
 
     ``cta_bound``: the communicator was created with ``minCTAs = maxCTAs = cta_bound`` (a pool
     entry), so its collective channels, and with them ``p2pnChannels = pow2Up(nChannels)``
-    (paths.cc:984-990), follow the bound (``engine.p2p``); None = NCCL's own channel count.
-    ``net_peer``: ``NCCL_NCHANNELS_PER_NET_PEER`` (``nChannelsPerNetPeer``) across nodes."""
-    coll_ctas = cta_bound if cta_bound is not None else collective_ctas(gpu, c, "Ring")[0]
-    coll_ctas = min(max(1, int(coll_ctas)), gpu.max_channels)
-    p2p_total = 1 << max(0, (coll_ctas - 1).bit_length())
-    if c.n_nodes > 1:
-        kind, chunk = "net", nm.P2P_CHUNK["net"]
-        if net_peer:
-            per_peer = min(1 << max(0, (int(net_peer) - 1).bit_length()), p2p_total)
-        else:
-            per_peer = nm.p2p_channels_per_peer(path="net", nics=1, nic_gbs=nic_gbs(gpu), p2p_channels=p2p_total)
-    else:
-        link = path(gpu, c)
-        kind = "nvlink" if link in ("nvswitch", "bridge") else "pci"
-        chunk = nm.P2P_CHUNK["nvlink" if link == "nvswitch" else "pci"]
-        per_peer = nm.p2p_channels_per_peer(path=kind, nvlinks=nvlinks(gpu), p2p_channels=p2p_total)
-    peers = c.group_size - 1 if c.op == "all_to_all" else 1
-    per_call = c.nbytes // max(1, c.group_size) if c.op == "all_to_all" else c.nbytes
-    one = nm.p2p_call_channels(per_call, per_peer=per_peer, peers=peers, p2p_channels=p2p_total, n_nodes=c.n_nodes,
-                               chunk=chunk)
-    return int(max(1, min(p2p_total, one * peers)))
+    (paths.cc:984-990), follow the bound; None = NCCL's own channel count. ``net_peer``:
+    ``NCCL_NCHANNELS_PER_NET_PEER`` (``nChannelsPerNetPeer``) across nodes. A group of one
+    NVLink-bridged pair (``path`` ``bridge``) is all NVLink: the bridge's links and NVLink's chunk
+    (``src/init.cc:830-837``, ``comm->isAllNvlink``); a ring through bridged pairs also has PCIe peers."""
+    comm = cta_bound if cta_bound is not None else collective_ctas(gpu, c, "Ring")[0]
+    comm = min(max(1, int(comm)), gpu.max_channels)
+    p2p = p2p_rule.p2p_channels(comm)
+    link = path(gpu, c)
+    nvl = link in ("nvswitch", "bridge")
+    nics = gpu.nics_per_node
+    per = p2p_rule.peer_channels(p2p=p2p, n_nodes=c.n_nodes, group_size=c.group_size,
+                                 intra_link="nvlink" if nvl else "pcie", sm_arch=gpu.sm_arch,
+                                 nvlink_gbps=gpu.nvlink_gbs if link == "nvswitch" else gpu.bridge_gbs,
+                                 nics_per_gpu=1 if nics is None else max(1, nics // gpu.gpus_per_node),
+                                 nic_gbps=nic_gbs(gpu), net_peer_channels=net_peer, nccl=gpu.nccl, comm_channels=comm)
+    a2a = c.op == "all_to_all"
+    ranks = max(1, c.group_size)
+    chunk = p2p_rule.P2P_CHUNK_BYTES["net" if c.n_nodes > 1 else ("nvlink" if nvl else "pcie")]
+    task = p2p_rule.task_channels(c.nbytes / ranks if a2a else c.nbytes, per_peer=per, p2p=p2p, n_ranks=ranks,
+                                  chunk=chunk, multi_node=c.n_nodes > 1)
+    return int(p2p_rule.kernel_ctas(task, tasks=ranks if a2a else 1, p2p=p2p))
 
 
 def default_protocol(gpu: Any, c: Any, algorithm: str) -> str:

@@ -103,6 +103,8 @@ class Gpu:
     """NVLink bridge per direction between GPU pairs on a PCIe node, GB/s (0 = none)."""
     nics_per_node: int | None = None
     """NICs per node; None = one per GPU."""
+    nccl: tuple[int, int, int] = (2, 30, 7)
+    """NCCL version (``ClusterSpec.nccl``): its point-to-point rule changed in 2.29 (``engine.p2p``)."""
     kappa_mem: float | None = None
     kappa_compute: float | None = None
     """Contention constants a cluster file fitted (``lagom calibrate contention``); None = the
@@ -137,7 +139,7 @@ class Gpu:
             max_channels=64 if (major, minor) >= (2, 25) else 32,
             intra_link=str(getattr(spec, "intra_link", "nvlink")),
             bridge_gbs=float(getattr(spec, "nvlink_bridge_gbps", None) or 0.0),
-            nics_per_node=getattr(spec, "nics_per_node", None),
+            nics_per_node=getattr(spec, "nics_per_node", None), nccl=tuple(spec.nccl),
             kappa_mem=opt("kappa_mem"), kappa_compute=opt("kappa_compute"),
             per_channel=dict(getattr(spec, "per_channel_gbps", None) or {}),
             link_eff=dict(getattr(spec, "link_eff", None) or {}), net_eff=dict(getattr(spec, "net_eff", None) or {}),

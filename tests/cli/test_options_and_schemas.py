@@ -75,7 +75,7 @@ def _bad_profile(tmp_path: Path, edit) -> str:
      "calls[0] must be three finite times >= 0 (t_comm_us, t_comp_us, t_region_us); got [1.0, -2.0, 3.0]"),
     (lambda d: d["sites"][0].update(parts=[["uint8", "4MB"]]),
      "sites.0.parts: parts[0] must be [dtype, bytes] with bytes an integer >= 0; got ['uint8', '4MB']"),
-    (lambda d: d["sites"][0].update(registered="maybe"), "sites.0.registered: Input should be '', 'pool' or 'fixed'"),
+    (lambda d: d["sites"][0].update(registered="maybe"), "sites.0.registered: Input should be '', 'pool', 'symmetric' or 'fixed'"),
 ])
 def test_search_refuses_bad_profiles(tmp_path, capsys, edit, expected):
     out = tmp_path / "plan.json"

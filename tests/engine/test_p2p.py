@@ -119,3 +119,36 @@ def test_channels_per_network_peer_are_decided_once_for_the_process_where_the_mo
         assert value < 4 and e.predicted_t_region_us < e.predicted_default_t_region_us
         model.p2p.net_peer_S[0] = float(value)  # the plan's prediction is the model's under that value
         assert e.predicted_t_region_us == pytest.approx(model.t_region_us(send, CommConfig()), abs=1e-3)
+
+
+def test_the_network_peer_wants_a_channel_per_14_gb_of_all_its_nics():
+    """NCCL 2.29+: ``max(netCount, divUp((int)netBw, P2P_PER_CHANNEL_NET_BW))`` where ``netBw`` is the
+    sum over the NICs the GPU uses (``ncclTopoGetLocalNetCountByBw``, v2.30.7 ``src/graph/topo.cc:1974-2000``;
+    ``paths.cc:941-950``): two 25 GB/s NICs per GPU want max(2, divUp(50, 14)) = 4, not 2; and the
+    bandwidth is truncated to an integer first (28.5 GB/s: divUp(28, 14) = 2)."""
+    kw = dict(p2p=16, n_nodes=2, group_size=2, intra_link="nvlink", sm_arch=90, nvlink_gbps=450.0, nccl=(2, 30, 7))
+    assert float(p2p.peer_channels(nics_per_gpu=2, nic_gbps=25.0, **kw)) == 4.0
+    assert float(p2p.peer_channels(nics_per_gpu=1, nic_gbps=28.5, **kw)) == 2.0
+
+
+def test_nccl_2_27_compares_the_ranks_with_the_channels_before_rounding():
+    """v2.27.5 ``paths.cc:818-830`` runs inside ``ncclTopoComputeP2pChannels`` while ``p2pnChannels`` is
+    still ``min(nChannels, MAX_P2P)`` (``:844-848``), rounded only after (``:863-864``): a 6-channel
+    communicator of 14 ranks halves its 2 per network peer (2 x 14 > 4 x 6), though 2 x 14 <= 4 x 8."""
+    old = dict(n_nodes=2, group_size=14, intra_link="nvlink", sm_arch=90, nvlink_gbps=450.0, nccl=(2, 27, 5))
+    assert float(p2p.peer_channels(p2p=8, comm_channels=6, **old)) == 1.0
+    assert float(p2p.peer_channels(p2p=8, comm_channels=8, **old)) == 2.0
+
+
+def test_hosts_of_one_nvlink_domain_are_one_nccl_node_for_point_to_point():
+    """MNNVL: NCCL counts a node per NVLink domain (``comm->nNodes``, v2.30.7 ``src/init.cc:1285-1297``),
+    and a peer in the domain is in the topology (NVLink), so a send between two hosts of one domain
+    takes NVLink's channels per peer and the NVLink chunk (``src/init.cc:830-837``), not the network's."""
+    h100 = ClusterSpec.load("h100-sxm-ib400")
+    nvl = dataclasses.replace(h100, nvlink_domain_gpus=16, nccl_version="2.30.7")
+    send = site(site_id="pp.send_recv[0]", op="send", nbytes=16 << 20, group="pp", group_size=2, n_nodes=2)
+    m = CostModel.from_priors([send], [10.0], nvl)
+    # p2pnChannels 16; NVLink per peer 2 x 21 -> 64, cut to 16; nChannelsMin 8 (8 x 2 <= 16); 16 MiB / 8 = 2 MiB
+    assert float(m.p2p.ctas(0, 16.0)) == 8.0
+    across = CostModel.from_priors([send], [10.0], dataclasses.replace(h100, nccl_version="2.30.7"))
+    assert float(across.p2p.ctas(0, 16.0)) == 4.0  # two domains: 4 per network peer (50 GB/s NIC)

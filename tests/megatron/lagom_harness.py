@@ -41,6 +41,7 @@ def _originals():
         "layers.dist_all_gather_func": layers.dist_all_gather_func,
         "BucketGroup.start_grad_sync": pgb._ParamAndGradBucketGroup.start_grad_sync,
         "BucketGroup.start_param_sync": pgb._ParamAndGradBucketGroup.start_param_sync,
+        "pgb._coalescing_manager": pgb._coalescing_manager,
         "P2PCommunicator._communicate": p2p.P2PCommunicator._communicate,
     }
 

@@ -29,6 +29,10 @@ class Recorder:
         self.calls.append(("bucket", kind, bucket_group, args, kwargs))
         return "bucket"
 
+    def bucket_coalescing(self, orig, args, kwargs):
+        self.calls.append(("bucket_coalescing", orig, args, kwargs))
+        return "coalescing"
+
     def p2p(self, communicator, orig, kwargs):
         self.calls.append(("p2p", communicator, kwargs))
         return "p2p"
@@ -72,6 +76,9 @@ def test_install_routes_every_entry_point_and_remove_restores_them():
         assert bg.start_grad_sync(force_all_reduce=True) == "bucket"
         assert router.calls[-1][:3] == ("bucket", "grad", bg) and router.calls[-1][4] == {"force_all_reduce": True}
         assert bg.start_param_sync() == "bucket" and router.calls[-1][1] == "param"
+        # the bucket groups' coalescing manager (the module's own name) reaches the router too
+        assert pgb._coalescing_manager("g", async_ops=True) == "coalescing"
+        assert router.calls[-1] == ("bucket_coalescing", before["pgb._coalescing_manager"], ("g",), {"async_ops": True})
         comm = object.__new__(p2p.P2PCommunicator)
         assert comm._communicate(tensor_send_next=None, recv_prev=True) == "p2p"
         assert router.calls[-1][2] == {"tensor_send_next": None, "recv_prev": True}

@@ -44,7 +44,8 @@ def test_registered_pools_follow_megatron_cores_buffers():
     pools = registered_pools([ddp], lambda g: names[id(g)])
     assert pools == {"dp": [("pool-a", True), ("pool-b", False)]}  # ep_dp's pool is lost (core 0.16): left out
     bg = types.SimpleNamespace(ddp_config=types.SimpleNamespace(nccl_ub=True))
-    assert bucket_registration(bg, pools.get("dp")) == "pool"
+    assert bucket_registration(bg, pools.get("dp")) == "symmetric"  # pool-a is a symmetric window
+    assert bucket_registration(bg, [("pool-b", False)]) == "pool"
     assert bucket_registration(bg, pools.get("ep_dp")) == "fixed"
     assert bucket_registration(types.SimpleNamespace(ddp_config=types.SimpleNamespace(nccl_ub=False)), None) == ""
 
@@ -70,6 +71,36 @@ def test_the_search_knows_which_registered_sites_it_can_move():
     assert fixed.tunable == () and fixed.config == CommConfig() and "kept there" in fixed.note
     assert "n_channels" in pool.tunable and pool.config.n_channels == 4
     assert json.loads(json.dumps(plan.to_dict()))["entries"][sites[0].site_id]["note"] == fixed.note
+
+
+def test_symmetric_windows_leave_the_site_to_nccl_where_its_symmetric_kernels_take_the_call():
+    """megatron-core registers its buffers as symmetric windows unless
+    ``ddp_config.disable_symmetric_registration`` (core_v0.16.1 ``nccl_allocator.py:244-263``,
+    torch 2.9+). NCCL runs a call whose send and receive buffers both lie in symmetric windows on its
+    symmetric kernels and never asks the tuner plugin: NCCL 2.28+ for any call on an all-NVLink
+    communicator (``ncclMakeSymmetricTaskList``, NVIDIA/nccl v2.28.9 ``src/enqueue.cc:360-362``,
+    ``src/scheduler/symmetric_sched.cc:26-35``; v2.30.7 ``symmetric_sched.cc:66-215``), NCCL 2.27 for a
+    single collective on one node (v2.27.7 ``src/enqueue.cc:338-360``). No row or entry bound reaches
+    such a call, so the search leaves it to NCCL; elsewhere (PCIe, across nodes, 2.27's coalesced
+    groups) the tuner is asked and the site is routed with its pool registered on the entry."""
+    bg = types.SimpleNamespace(ddp_config=types.SimpleNamespace(nccl_ub=True))
+    assert bucket_registration(bg, [("pool-a", True)]) == "symmetric"
+    assert bucket_registration(bg, [("pool-a", False)]) == "pool"
+    h100 = ClusterSpec.load("h100-sxm-ib400")  # NVSwitch, NCCL 2.27.5
+    one = _site("symmetric")
+    two = dataclasses.replace(one, parts=(("bfloat16", 128 << 20), ("bfloat16", 128 << 20)))
+    for cluster, site, movable in (
+            (h100, one, False),                                             # 2.27: one collective, one node
+            (h100, two, True),                                              # 2.27: a coalesced group asks the tuner
+            (dataclasses.replace(h100, nccl_version="2.28.9"), two, False),  # 2.28+: every call
+            (dataclasses.replace(h100, nccl_version="2.30.7"), dataclasses.replace(two, n_nodes=2, group_size=16), True),
+            (ClusterSpec.load("a40-pcie-ib200"), one, True)):               # PCIe: no symmetric kernels
+        d, note = NcclRules(cluster).site_domains(site)
+        assert (len(d["n_channels"]) > 1) is movable, (cluster.name, cluster.nccl_version, site.parts, site.n_nodes)
+        if movable:
+            assert "registers the same NCCL memory pool" in note
+        else:
+            assert all(v == (None,) for v in d.values()) and "symmetric kernels" in note
 
 
 class _ProcessGroupNccl:
@@ -135,7 +166,7 @@ def test_the_router_records_the_registration_of_a_bucket_groups_buffers():
     from .test_first_use import _bucket_group
     from .test_router import _iteration, _router
 
-    for pools, want in ((None, "fixed"), ({"tp": [("pool-a", True)]}, "pool")):
+    for pools, want in ((None, "fixed"), ({"tp": [("pool-a", False)]}, "pool"), ({"tp": [("pool-a", True)]}, "symmetric")):
         router, registry, tp, _ = _router()
         if pools:
             registry.registered_pools = pools

@@ -124,9 +124,28 @@ def test_pat_never_under_a_network_plugin_and_reduce_scatter_needs_a_known_non_a
     assert restrict_domains(d, caps(), op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == ("Ring", "PAT")
     offload = caps(environ={"NCCL_NET_PLUGIN": "gpudirect_tcpxo"})
     assert restrict_domains(d, offload, op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == (None,)
+    # NCCL_PAT_ENABLE=1 returns before the network-device test (tuning.cc:217-219): PAT stays
+    forced = caps(environ={"NCCL_NET_PLUGIN": "gpudirect_tcpxo", "NCCL_PAT_ENABLE": "1"})
+    assert restrict_domains(d, forced, op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == ("Ring", "PAT")
     rules = rules_for("nccl", spec)
     assert "PAT" in rules.domains(op="reduce_scatter", n_nodes=4, group_size=4, reduce_op="sum")["algorithm"]
     assert "PAT" not in rules.domains(op="reduce_scatter", n_nodes=4, group_size=4, reduce_op="avg")["algorithm"]
+
+
+def test_p2p_channel_variables_cut_the_p2p_bounds_to_the_distinct_counts():
+    """``comm->p2pnChannels = pow2Up(max(min(nChannels, NCCL_MAX_P2P_NCHANNELS), NCCL_MIN_P2P_NCHANNELS))``
+    (NVIDIA/nccl v2.30.7 ``src/graph/paths.cc:956-991``; cached NCCL_PARAMs, one value per process): with
+    ``NCCL_MAX_P2P_NCHANNELS=4`` a bound above 4 runs 4 P2P channels, with ``NCCL_MIN_P2P_NCHANNELS=8`` a
+    bound below 8 runs 8, so only the bounds that give distinct counts stay (the least of each)."""
+    d = {"n_channels": (1, 2, 4, 8, 16, 32, 64), "n_threads": (None,), "chunk_size": (None,)}
+    cut = restrict_domains(d, caps(environ={"NCCL_MAX_P2P_NCHANNELS": "4"}), op="send", n_nodes=1, mechanism="tuner")[0]
+    assert cut["n_channels"] == (1, 2, 4)
+    cut = restrict_domains(d, caps(environ={"NCCL_MIN_P2P_NCHANNELS": "8"}), op="all_to_all", n_nodes=1, mechanism="tuner")[0]
+    assert cut["n_channels"] == (1, 16, 32, 64)
+    both = caps(environ={"NCCL_MIN_P2P_NCHANNELS": "8", "NCCL_MAX_P2P_NCHANNELS": "8"})
+    assert restrict_domains(d, both, op="send", n_nodes=1, mechanism="tuner")[0]["n_channels"] == (None,)
+    # collectives do not read them
+    assert restrict_domains(d, both, op="all_gather", n_nodes=1, mechanism="tuner")[0]["n_channels"] == d["n_channels"]
 
 
 # ---------------------------------------------------------------------------------------------- plans

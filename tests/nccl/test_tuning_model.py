@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from lagom_megatron.engine import p2p
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.nccl import tuning_model as nm
 from lagom_megatron.nccl.paths import ll128_enabled
@@ -31,19 +32,22 @@ def test_two_pcie_gpus_get_the_channels_an_nccl_log_shows():
     # nccl#1706 (2 GPUs without NVLink): "4 coll channels ... 2 p2p channels per peer"
     ch, _ = nm.ring_graph(nm.PCIE_GEN4_X16, sm_arch=80, inter=False)
     assert nm.comm_ctas(ch) == 4
-    assert nm.p2p_channels_per_peer(path="pci", p2p_channels=4) == 2
+    assert float(p2p.peer_channels(p2p=p2p.p2p_channels(4), n_nodes=1, group_size=2, intra_link="pcie",
+                                   sm_arch=80, nvlink_gbps=24.0)) == 2
 
 
 def test_dgx_h100_p2p_channels_per_peer_match_its_log():
     # NCCL INFO on 8 x H100 SXM: "32 p2p channels, 32 p2p channels per peer" (18 NVLinks: 2 per link,
     # rounded up and capped at the communicator's P2P channels, paths.cc:932-990)
-    assert nm.p2p_channels_per_peer(path="nvlink", nvlinks=18, p2p_channels=32) == 32
+    assert float(p2p.peer_channels(p2p=p2p.p2p_channels(32), n_nodes=1, group_size=8, intra_link="nvlink",
+                                   sm_arch=90, nvlink_gbps=18 * 20.6)) == 32
 
 
 def test_network_p2p_channels_follow_the_nic_speed():
-    # paths.cc:943-948: max(NICs, ceil(NIC GB/s / NCCL_P2P_PER_CHANNEL_NET_BW 14))
-    assert nm.p2p_channels_per_peer(path="net", nics=1, nic_gbs=50.0) == 4   # 400 Gb/s
-    assert nm.p2p_channels_per_peer(path="net", nics=1, nic_gbs=12.5) == 1   # 100 Gb/s
+    # paths.cc:943-948: max(NICs, divUp((int)NIC GB/s, NCCL_P2P_PER_CHANNEL_NET_BW 14)), NCCL 2.29+
+    kw = dict(p2p=32, n_nodes=2, group_size=2, intra_link="nvlink", sm_arch=90, nvlink_gbps=450.0, nccl=(2, 30, 7))
+    assert float(p2p.peer_channels(nic_gbps=50.0, **kw)) == 4   # 400 Gb/s
+    assert float(p2p.peer_channels(nic_gbps=12.5, **kw)) == 1   # 100 Gb/s
 
 
 def test_size_rule_drops_channels_then_threads_for_small_messages():
