@@ -16,4 +16,27 @@ Subpackages (docs/architecture.md: what each owns and may import):
     cli       the lagom command
 """
 
+import os
+from pathlib import Path
+
 __version__ = "0.1.0"
+
+
+def configs_dir() -> tuple[Path, str]:
+    """Where the YAML configurations (``clusters/``, ``models/``, ``presets/``) are, and what says so.
+
+    ``$LAGOM_CONFIGS`` when set; else the copy an installed wheel carries inside the package
+    (``lagom_megatron/configs/``, from ``pyproject.toml``'s package data); else the source tree's
+    ``configs/`` (a checkout, or an editable install of it).
+
+    Returns:
+        (the folder, ``"LAGOM_CONFIGS"``, ``"the installed package"`` or ``"the source tree"``): the
+        second names the origin in error messages.
+    """
+    given = os.environ.get("LAGOM_CONFIGS")
+    if given:
+        return Path(given), "LAGOM_CONFIGS"
+    packaged = Path(__file__).resolve().parent / "configs"
+    if packaged.is_dir():
+        return packaged, "the installed package"
+    return Path(__file__).resolve().parent.parent / "configs", "the source tree"

@@ -9,7 +9,6 @@ line) and the byte-level indexed dataset ``sample_text_document.bin/.idx`` (thro
 scripts/preprocess_data.py's code). Same Python version -> same corpus, byte for byte.
 """
 
-import argparse
 import ast
 import json
 import os
@@ -43,17 +42,19 @@ def stdlib_docstrings(min_chars: int, max_bytes: int):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output-dir", default="data")
+    from lagom_megatron.cli.main import LagomParser  # one-line usage errors; no torch or Megatron behind them
+    from lagom_megatron.cli.options import writable_dir
+
+    parser = LagomParser(prog="make_sample_corpus.py", description=__doc__.splitlines()[0])
+    # checked first: a folder that cannot be written is one line, before the minutes of reading
+    parser.add_argument("--output-dir", type=writable_dir, default="data",
+                        help="folder of the corpus files (created if missing; must be writable)")
     parser.add_argument("--max-bytes", type=int, default=2_000_000, help="stop after this much text")
     parser.add_argument("--min-chars", type=int, default=80, help="shortest docstring kept")
     args = parser.parse_args(argv)
     if args.max_bytes <= 0:
         parser.error(f"--max-bytes must be a positive integer; got {args.max_bytes}")
     out = Path(args.output_dir)
-    if out.exists() and not out.is_dir():
-        print(f"make_sample_corpus.py: error: --output-dir {out} exists and is not a folder", file=sys.stderr)
-        return 2
     docs = list(stdlib_docstrings(args.min_chars, args.max_bytes))
     if not docs:  # checked before the folder is created, so a failed run leaves nothing behind
         print(f"make_sample_corpus.py: error: no docstring of at least --min-chars {args.min_chars} characters "
@@ -62,18 +63,20 @@ def main(argv=None) -> int:
     # Imported here: Megatron-Core's import warnings are not wanted for --help or a bad argument.
     from lagom_megatron.training.data import write_indexed_dataset
 
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(f"make_sample_corpus.py: error: --output-dir {out}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
     jsonl = out / "sample_corpus.jsonl"
     tmp = jsonl.with_suffix(".jsonl.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for doc in docs:
-            f.write(json.dumps({"text": doc}) + "\n")
-    os.replace(tmp, jsonl)
-    stats = write_indexed_dataset(docs, out / "sample_text_document")
+    try:  # a failure later (a full disk) names the file the user asked for, not the temporary one
+        out.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            for doc in docs:
+                f.write(json.dumps({"text": doc}) + "\n")
+        os.replace(tmp, jsonl)
+        stats = write_indexed_dataset(docs, out / "sample_text_document")
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        print(f"make_sample_corpus.py: error: cannot write the corpus in --output-dir {out}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"sample corpus: {stats['documents']} documents, {stats['tokens']} byte tokens -> {jsonl}, "
           f"{out / 'sample_text_document'}.bin/.idx")
     return 0

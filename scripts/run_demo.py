@@ -1,6 +1,6 @@
 """The README's demo: builds the sample corpus, then trains a small GPT on 4 CPU processes with --lagom.
 
-    python scripts/run_demo.py            (what `make demo` runs)
+    python scripts/run_demo.py            (what `make demo` runs; --help prints this and changes nothing)
 
 1. ``data/sample_text_document.{bin,idx}`` from the standard library's docstrings, if missing.
 2. ``torchrun --standalone --nproc-per-node 4 scripts/pretrain_gpt.py --preset cpu-tp2-dp2 --lagom``
@@ -11,11 +11,13 @@
    its own ``report.reused-<n>.md`` beside the tuning run's ``report.md``.
 
 lagom writes its plan, profile and reports under ``runs/demo/<preset>/``, emptied at the start
-of each demo so that every demo searches afresh. Each run's log streams through; at the end the
+of each demo so that every demo searches afresh; a folder another run is writing (its lock is
+held: ``lagom_megatron.training.preflight_files``) stops the demo before anything is built or removed. Each run's log streams through; at the end the
 mean lm loss of the first and last 10 iterations of each tuning run is printed. Exits non-zero if
 a run fails or its loss did not go down, 130 when interrupted.
 """
 
+import argparse
 import os
 import re
 import shutil
@@ -53,7 +55,11 @@ def train_command(preset: str, run_dir: Path, *extra: str) -> list[str]:
             "--data-path", str(DATA_PREFIX.relative_to(ROOT)), *extra]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Parses the command line (``--help`` only), then runs the demo; returns its exit status."""
+    argparse.ArgumentParser(prog="run_demo.py", description=__doc__.split("\n\n")[0],
+                            epilog=f"writes data/ and runs/demo/{{{','.join(PRESETS)}}}/; "
+                                   "see the module docstring").parse_args(argv)
     try:
         return _main()
     except KeyboardInterrupt:
@@ -62,7 +68,15 @@ def main() -> int:
 
 
 def _main() -> int:
+    from lagom_megatron.training.preflight_files import folder_in_use
+
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    for preset in PRESETS:  # emptied below: never under a run that is writing there
+        holder = folder_in_use(ROOT / "runs" / "demo" / preset)
+        if holder:
+            print(f"run_demo: runs/demo/{preset} is in use by another run ({holder}); wait for it to finish, "
+                  "then run the demo again", file=sys.stderr)
+            return 2
     if not (DATA_PREFIX.with_suffix(".bin").is_file() and DATA_PREFIX.with_suffix(".idx").is_file()):
         code, _ = run([sys.executable, str(ROOT / "scripts" / "make_sample_corpus.py"),
                        "--output-dir", str(DATA_PREFIX.parent)], env)

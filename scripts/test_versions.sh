@@ -13,13 +13,19 @@
 # Exit status: pytest's, or 2 on bad usage.
 set -euo pipefail
 
+usage="usage: $0 [--install-only] VENV PYTHON TORCH_VERSION MEGATRON_CORE_VERSION [pytest args...]"
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  echo "$usage"
+  sed -n '2,13s/^# \{0,1\}//p' "$0"
+  exit 0
+fi
 install_only=0
 if [ "${1:-}" = "--install-only" ]; then
   install_only=1
   shift
 fi
 if [ $# -lt 4 ]; then
-  echo "usage: $0 [--install-only] VENV PYTHON TORCH_VERSION MEGATRON_CORE_VERSION [pytest args...]" >&2
+  echo "$usage" >&2
   exit 2
 fi
 venv=$1 python=$2 torch_version=$3 mcore_version=$4

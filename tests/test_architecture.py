@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import COMMAND_S
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lagom_megatron"
 
@@ -198,7 +200,7 @@ def test_engine_imports_without_torch_or_megatron():
             "    sys.modules[name] = None\n"
             f"import importlib\nfor m in {engine!r}:\n    importlib.import_module(m)\n"
             "print(len([m for m in sys.modules if m.startswith('lagom_megatron.engine')]))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) >= len(engine)
 

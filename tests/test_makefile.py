@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import COMMAND_S
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FAKE = r"""#!/bin/bash
@@ -36,7 +38,7 @@ def _fake(path: Path, version: str) -> Path:
 
 def _make(tree: Path, python: Path):
     return subprocess.run(["make", "install", f"PYTHON={python}", "VENV=venv"], cwd=tree, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=COMMAND_S)
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")

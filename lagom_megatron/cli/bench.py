@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import argparse
 
+MAX_SITES = 100_000
+"""Largest ``--sizes`` value: ten times the design's 10,000-site target. The synthetic problem holds
+arrays per site and per configuration, so a size far past it runs out of memory after the table's
+header (100,000,000,000 sites asked for a 745 GiB array)."""
+
 BENCHMARKS = {
     "search": "search time and evaluations vs sites; priority vs exhaustive",
     "simulated": "iteration time under each method on simulated GPU clusters",
@@ -33,8 +38,9 @@ def search_main(argv: list[str] | None = None) -> int:
     """``lagom bench search``: prints the scaling and optimality tables of ``engine.bench`` on
     synthetic problems of an NCCL cluster (tuner-plugin rules). Returns 0 when both targets are
     met (10,000 sites in under 2 s; priority within 1% of exhaustive on at least 95% of the small
-    instances), else 1; 2 for a bad option (a size or instance count below 1, a negative seed, a
-    word where a number is due: one ``lagom bench search: error: ...`` line, nothing run).
+    instances), else 1; 2 for a bad option (a size outside 1..``MAX_SITES`` or an instance count
+    below 1, a negative seed, a word where a number is due: one ``lagom bench search: error: ...``
+    line, nothing run).
 
     An unknown, malformed or gloo ``--cluster`` is a bad option too (2, the same one line).
     """
@@ -45,8 +51,9 @@ def search_main(argv: list[str] | None = None) -> int:
     from lagom_megatron.nccl.rules import NcclRules
 
     parser = LagomParser(prog="lagom bench search",
-                         description="``lagom bench search``: search cost and quality on seeded synthetic problems.")
-    parser.add_argument("--sizes", type=int_range(1), nargs="+", default=[10, 100, 1000, 10000], help="site counts to time")
+                         description="Search cost and quality on seeded synthetic problems.")
+    parser.add_argument("--sizes", type=int_range(1, MAX_SITES), nargs="+", default=[10, 100, 1000, 10000],
+                        help=f"site counts to time (1..{MAX_SITES:,})")
     parser.add_argument("--instances", type=int_range(1), default=200, help="small instances compared with exhaustive")
     parser.add_argument("--seed", type=int_range(0), default=0)
     parser.add_argument("--cluster", default="h100-sxm-ib400")

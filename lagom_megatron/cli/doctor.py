@@ -6,9 +6,12 @@
 
 Exit code 0 when there is no error (warnings are printed), 1 when there is at least one error,
 2 on bad input (unknown preset or cluster). The checks are ``lagom_megatron.training.preflight``,
-the same that ``scripts/pretrain_gpt.py`` runs before any rank starts: without ``--cluster`` the
-doctor checks this machine as training would (folders, plan lock, port, installed libraries);
-with ``--cluster`` it checks the layout and environment for that cluster. The line after ``--``
+the same that ``scripts/pretrain_gpt.py`` runs before any rank starts. The cluster checked is
+``training.target_cluster``'s rule, the one training follows (``--cluster``, ``--lagom-cluster`` in
+the line, ``$LAGOM_CLUSTER``, the preset's cluster, this machine); the first line names it and why.
+When this machine can be a node of it and no ``--cluster`` is given, this machine is checked as
+training would check it (folders, plan lock, port, installed libraries); otherwise the layout and
+environment for that cluster. The line after ``--``
 (with the preset) is parsed by ``scripts/pretrain_gpt.py``'s own parser, so an unknown flag or an
 invalid choice is an error; ``--megatron-lm`` checks a Megatron-LM checkout's line: the layout, and
 what the targeted release (``--megatron-lm-release``, default the importable megatron-core's) would
@@ -23,16 +26,19 @@ import json
 import os
 
 from lagom_megatron.cli.options import int_range
+from lagom_megatron.training.preflight import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, env_count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the doctor's options; everything after ``--`` is a ``pretrain_gpt.py`` command line."""
     parser.add_argument("--preset", help="preset name (configs/presets/) or path")
-    parser.add_argument("--cluster", help="target cluster name (configs/clusters/) or path; default: this machine, "
-                                          "detected as training does ($LAGOM_CLUSTER, cpu-gloo without CUDA, "
-                                          "the preset's cluster, the local GPU)")
-    parser.add_argument("--world-size", type=int_range(1), help="ranks in the job; default: the preset's or $WORLD_SIZE")
-    parser.add_argument("--gpus-per-node", type=int_range(1), help="default: the cluster's or $LOCAL_WORLD_SIZE")
+    parser.add_argument("--cluster", help="target cluster name (configs/clusters/) or path; default as training "
+                                          "chooses it: --lagom-cluster in the line, $LAGOM_CLUSTER, the preset's "
+                                          "cluster, else this machine (cpu-gloo without CUDA, else its GPU)")
+    parser.add_argument("--world-size", type=int_range(1, MAX_WORLD_SIZE),
+                        help="ranks in the job; default: the preset's, else $WORLD_SIZE, else TP x PP x CP")
+    parser.add_argument("--gpus-per-node", type=int_range(1, MAX_GPUS_PER_NODE),
+                        help="default: the preset's SLURM shape, else the cluster's, else $LOCAL_WORLD_SIZE")
     parser.add_argument("--megatron-lm", action="store_true",
                         help="the line after -- is for a Megatron-LM checkout's pretrain_gpt.py: check the "
                              "layout and what that release fails on (--eval-interval, fused kernels without APEX, "
@@ -58,9 +64,11 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: neither ``--preset`` nor a command line, or an unknown preset / cluster.
     """
-    from lagom_megatron.launch.doctor import check_command_line, detect_cluster, errors, plugin_abi_line, run_doctor
-    from lagom_megatron.training.preflight import load_cluster
+    import sys
+
+    from lagom_megatron.launch.doctor import check_command_line, errors, plugin_abi_line, run_doctor
     from lagom_megatron.launch.megatron_args import argv_to_args
+    from lagom_megatron.training.target_cluster import choose_cluster, mismatch, this_machine
 
     argv = list(args.argv)
     if argv and argv[0] == "--":
@@ -83,11 +91,22 @@ def run(args: argparse.Namespace) -> int:
             world_size = preset.world_size
         if gpus_per_node is None and preset.slurm is not None:
             gpus_per_node = preset.slurm.gpus_per_node
-    local = not args.cluster  # no --cluster: this machine, detected as training detects it
-    if local:
-        cluster = detect_cluster(preset.name if preset is not None else None, environ)
-    else:
-        cluster = load_cluster(args.cluster, "--cluster")
+    machine = this_machine()
+    target = choose_cluster(preset.name if preset is not None else None, environ,
+                            args.cluster or parsed.get("lagom_cluster"),
+                            "--cluster" if args.cluster else "--lagom-cluster", machine)
+    away = mismatch(target, machine) is not None
+    if world_size is None:  # read strictly: a WORLD_SIZE of abc or 0 was ignored without a word
+        world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "--world-size")
+    if gpus_per_node is None:
+        env_count(environ, "LOCAL_WORLD_SIZE", MAX_GPUS_PER_NODE, "--gpus-per-node")  # the rules read it later
+    local = not args.cluster and not away  # this machine as training checks it, or the job on its cluster
+    first = f"lagom doctor: checking {target.describe()}: {target.reason()}"
+    if away:
+        first += (f"; this machine ({machine.describe()}) is not one of its nodes, so its files, port and "
+                  "libraries are not checked")
+    print(first, file=sys.stderr if args.json else sys.stdout)
+    cluster = target.cluster
     if args.megatron_lm:
         from lagom_megatron.launch.megatron_lm_traps import megatron_lm_traps
         from lagom_megatron.megatron.versions import installed_megatron_core

@@ -131,7 +131,10 @@ def _check_entries(name, plan, cluster) -> None:
     """
     from lagom_megatron.megatron.backends import rules_for
 
-    rules = rules_for(cluster.backend, cluster, plan.mechanism)
+    try:
+        rules = rules_for(cluster.backend, cluster, plan.mechanism)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
     for site_id, e in plan.entries.items():
         try:
             rules.validate(e.config, op=e.op, n_nodes=e.n_nodes, group_size=e.group_size or None)
@@ -159,6 +162,11 @@ def _export(args, plan) -> int:
             cluster = None
     if cluster is not None and plan.backend != "gloo":
         _check_entries(args.plan, plan, cluster)  # never export a value NCCL would reject
+    if args.format == "nccl-tuner-csv" and plan.mechanism != "tuner":  # a table no plugin would read
+        raise ValueError(f"{args.plan}: a plan of mechanism {plan.mechanism!r} has no tuner table"
+                         + (f" (NCCL {cluster.nccl_version} on {cluster.name!r} loads no lagom tuner plugin)"
+                            if cluster is not None and cluster.backend != "gloo" else "")
+                         + "; export it with --format megatron-yaml or --format env")
     if plan.rejected and not args.allow_rejected:
         print(f"lagom plan: {args.plan} was rejected by its verification "
               f"({plan.stats.get('verification_reason') or 'no reason saved'}): not exported; "

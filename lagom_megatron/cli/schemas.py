@@ -4,7 +4,9 @@ The engine's loaders (``engine.profile.Profile.from_dict``, ``engine.plan.Plan.f
 build the objects; these schemas check first, field by field and with strict types, what a hand
 edit can break: every top-level field (schema version, backend, mechanism, method, cluster,
 ``iteration_us > 0``, ``fingerprint.world_size >= 1``), integer byte counts (``"1MB"`` or ``1e30``
-are refused), site ids that occur once, an entry config that is an object. ``load_profile`` and
+are refused), site ids that occur once, an entry config that is an object, a site's dtype (one of
+torch's) and group of at least two ranks, and a profile's fingerprint (what a plan searched from
+it is valid for: without one, the plan would match any run). ``load_profile`` and
 ``load_plan`` give one ``ValueError`` line naming the file, the field and the value.
 """
 
@@ -28,10 +30,16 @@ MECHANISMS_OF: dict[str, tuple[str, ...]] = {"gloo": ("gloo",), "nccl": MECHANIS
 
 Op = Literal[OPS]  # type: ignore[valid-type]
 
+DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+          "float8_e5m2fnuz", "int8", "uint8", "int16", "int32", "int64", "bool", "complex64", "complex128", "unknown")
+"""A site's ``dtype``: torch's dtype names as ``megatron.sites.dtype_name`` writes them (``torch.bfloat16`` ->
+``bfloat16``; ``unknown`` for a call without a tensor)."""
+Dtype = Literal[DTYPES]  # type: ignore[valid-type]
+
 
 def _finite(v: float) -> float:
     if not math.isfinite(v):
-        raise ValueError(f"must be a finite number; got {v}")
+        raise ValueError("must be a finite number")  # the one-line error adds "; got <value>"
     return v
 
 
@@ -53,9 +61,10 @@ class SiteSchema(_Strict):
     site_id: str = Field(min_length=1)
     op: Op
     nbytes: StrictInt = Field(ge=0, le=MAX_NBYTES)
-    dtype: str
+    dtype: Dtype
     group: str = Field(min_length=1)
-    group_size: StrictInt = Field(ge=1)
+    group_size: StrictInt = Field(ge=2)
+    """A process group of one rank communicates nothing: it is never a site."""
     n_nodes: StrictInt = Field(default=1, ge=1)
     calls_per_iter: StrictInt = Field(default=1, ge=1)
     reduce_op: str | None = None
@@ -100,6 +109,16 @@ class SampleSchema(_Strict):
         return v
 
 
+class RunFingerprintSchema(BaseModel):
+    """A profile's fingerprint: the keys every run and the simulator write (``megatron.fingerprint
+    .run_fingerprint``, ``sim.backend.SimulatedCluster.fingerprint``); the others pass as they are."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    world_size: StrictInt = Field(ge=1)
+    backend: Literal[BACKENDS]  # type: ignore[valid-type]
+    cluster: str = Field(min_length=1)
+
+
 class ProfileSchema(_Strict):
     """A profile file (``engine.profile.Profile.to_dict``)."""
 
@@ -107,12 +126,19 @@ class ProfileSchema(_Strict):
     backend: Literal[BACKENDS]  # type: ignore[valid-type]
     cluster: str = Field(min_length=1)
     iteration_us: float = Field(gt=0)
-    fingerprint: dict[str, Any] = Field(default_factory=dict)
+    fingerprint: RunFingerprintSchema
     sites: list[SiteSchema] = Field(min_length=1)
     samples: list[SampleSchema]
     model_config = ConfigDict(extra="forbid", strict=False)
 
     _finite_iteration = field_validator("iteration_us")(_finite)
+
+    @model_validator(mode="after")
+    def _fingerprint_of_this_run(self) -> "ProfileSchema":
+        if self.fingerprint.backend != self.backend:
+            raise ValueError(f"fingerprint.backend {self.fingerprint.backend!r} is not the profile's backend "
+                             f"{self.backend!r}")
+        return self
 
     @model_validator(mode="after")
     def _unique_sites(self) -> "ProfileSchema":
@@ -181,7 +207,8 @@ def _one_line(exc: ValidationError, source: str) -> ValueError:
     loc = ".".join(str(x) for x in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
     value = err.get("input")
-    shown = "" if isinstance(value, (dict, list)) or err["type"] == "missing" else f"; got {value!r}"
+    said = "; got " in msg  # a validator of ours that names the value already
+    shown = "" if isinstance(value, (dict, list)) or err["type"] == "missing" or said else f"; got {value!r}"
     return ValueError(f"{source}: {loc + ': ' if loc else ''}{msg}{shown}")
 
 

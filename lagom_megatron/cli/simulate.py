@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 
 from lagom_megatron.cli.options import int_range, refuse_large_exhaustive, refuse_overwriting_an_input, writable_file
-
-MAX_VERIFY_ITERS = 200
-"""Upper bound of ``--verify-iters`` (timed iterations per arm; 1000 take about a minute)."""
+from lagom_megatron.training.lagom_flags import MAX_VERIFY_ITERS  # training's bound: one number for both
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

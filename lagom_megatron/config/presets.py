@@ -25,8 +25,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-CONFIGS_DIR = Path(os.environ.get("LAGOM_CONFIGS", Path(__file__).resolve().parents[2] / "configs"))
-"""Root of the presets: ``configs/`` of the source tree, or ``$LAGOM_CONFIGS``."""
+from lagom_megatron import configs_dir
+
+CONFIGS_DIR, CONFIGS_ORIGIN = configs_dir()
+"""Root of the presets, and what chose it (``lagom_megatron.configs_dir``: ``$LAGOM_CONFIGS``, the
+installed package's copy, or the source tree's ``configs/``)."""
 
 
 class _Section(BaseModel):
@@ -203,7 +206,14 @@ def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
     known = available(kind)
     close = difflib.get_close_matches(str(name_or_path), known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"unknown {kind[:-1]} {str(name_or_path)!r}{hint}; available: {', '.join(known) or 'none'}")
+    env = CONFIGS_ORIGIN == "LAGOM_CONFIGS"
+    if not known:  # a LAGOM_CONFIGS that names the wrong folder, or an install without its package data
+        raise ValueError(f"unknown {kind[:-1]} {str(name_or_path)!r}: {CONFIGS_DIR / kind} "
+                         f"({'from LAGOM_CONFIGS' if env else CONFIGS_ORIGIN}) holds no {kind}"
+                         + ("; set LAGOM_CONFIGS to a folder with clusters/, models/ and presets/, or unset it"
+                            if env else ""))
+    source = f" (from LAGOM_CONFIGS={CONFIGS_DIR})" if env else ""
+    raise ValueError(f"unknown {kind[:-1]} {str(name_or_path)!r}{hint}; available{source}: {', '.join(known)}")
 
 
 def available(kind: str) -> list[str]:
@@ -233,7 +243,8 @@ def _validate(cls: type[BaseModel], data: dict[str, Any], path: Path) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        err = _the_error(exc.errors())
+        err["loc"] = tuple(x for x in err["loc"] if x not in _BRANCHES)  # model.ModelSpec.num_layer -> model.num_layer
         loc = ".".join(str(x) for x in err["loc"])
         if err["type"] == "extra_forbidden":
             valid = _valid_keys(cls, err["loc"][:-1])
@@ -241,6 +252,21 @@ def _validate(cls: type[BaseModel], data: dict[str, Any], path: Path) -> Any:
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(valid)}"
             raise ValueError(f"{path}: unknown key {loc!r}{hint}") from None
         raise ValueError(f"{_where(path, err['loc'])}: {loc}: {err['msg']} (got {err.get('input')!r})") from None
+
+
+_BRANCHES = ("str", "ModelSpec")
+"""The tags pydantic puts in an error's location for the branches of ``Preset.model`` (``str | ModelSpec``)."""
+
+
+def _the_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The error to report: for ``model:`` given as a mapping, the mapping's own error, not the other
+    branch's ``Input should be a valid string``; and an unknown key before the others."""
+    first = errors[0]
+    if first["loc"][-1:] == ("str",) and isinstance(first.get("input"), dict):
+        errors = [e for e in errors if e["loc"][:len(first["loc"]) - 1] == first["loc"][:-1]
+                  and "ModelSpec" in e["loc"]] or errors
+    typos = [e for e in errors if e["type"] == "extra_forbidden"]  # a typo explains the "Field required" of its key
+    return dict((typos or errors)[0])
 
 
 def _where(path: Path, loc: tuple) -> str:

@@ -52,7 +52,7 @@ def synthetic_problem(*, n_sites: int, seed: int, rules: KnobRules, domain_overr
     for j, k in enumerate(kinds):
         group, op, n, nodes, lo, hi = _KINDS[k]
         nbytes = int(2 ** rng.uniform(lo, hi)) // 256 * 256 + 256
-        sites.append(CollectiveSite(site_id=f"{group}.{op}[{j}]", op=op, nbytes=nbytes, dtype="bf16", group=group,
+        sites.append(CollectiveSite(site_id=f"{group}.{op}[{j}]", op=op, nbytes=nbytes, dtype="bfloat16", group=group,
                                     group_size=n, n_nodes=nodes))
     a = np.exp(rng.uniform(np.log(0.3), np.log(3.0), n_sites))
     b = np.exp(rng.uniform(np.log(0.3), np.log(3.0), n_sites))

@@ -21,8 +21,11 @@ from typing import Any, Literal
 
 import yaml
 
-CLUSTERS_DIR = Path(os.environ.get("LAGOM_CONFIGS", Path(__file__).resolve().parents[2] / "configs")) / "clusters"
-"""``configs/clusters`` of the source tree, or ``$LAGOM_CONFIGS/clusters`` (same rule as presets)."""
+from lagom_megatron import configs_dir
+
+CLUSTERS_DIR = configs_dir()[0] / "clusters"
+"""``clusters/`` of ``lagom_megatron.configs_dir()`` (the rule of the presets: ``$LAGOM_CONFIGS``, the
+installed package, the source tree)."""
 PROTOCOLS = ("LL", "LL128", "Simple")
 """NCCL's protocol names, the keys of the per-protocol fields (``engine.knobs.PROTOCOLS``, which
 imports this module, holds the same; tests/engine/test_cluster.py keeps them equal)."""

@@ -43,7 +43,9 @@ class Verdict:
 
     ``keep``: the plan beat the defaults by more than ``needed_us``; ``text``: one line saying so
     in milliseconds (the unit of Megatron's log), for logs, reports and the plan's
-    ``verification_reason``.
+    ``verification_reason``: the one statistic the rule compared (``gain ...``, what it is) and the
+    bound it had to beat (``needed > ...``, what it is made of). Under ``paired`` the arms' medians
+    are not in it: they are another statistic (the report's iteration table lists them, labelled).
     """
 
     keep: bool
@@ -82,9 +84,9 @@ def verdict(plan_us: list[float], default_us: list[float], *, min_gain: float, n
         bound = t_95(n - 1) * statistics.stdev(d) / math.sqrt(n)
         need = max(bound, min_gain * base)
         plan = base - gain
-        text = (f"plan {statistics.median(plan_us) / 1e3:.1f} ms vs defaults {base / 1e3:.1f} ms (median of {n}), "
-                f"gain {gain / 1e3:.1f} ms (mean of {n} paired differences), needed > {need / 1e3:.1f} ms "
-                f"(95% bound {bound / 1e3:.1f} ms)")
+        text = (f"gain {gain / 1e3:.1f} ms (mean of {n} paired differences, defaults - plan), needed > "
+                f"{need / 1e3:.1f} ms (the larger of its 95% bound {bound / 1e3:.1f} ms and the minimum gain "
+                f"{min_gain * base / 1e3:.1f} ms)")
         return Verdict(keep=gain > need, plan_us=plan, default_us=base, gain_us=gain, needed_us=need, text=text)
     if noise_rule == "paired":
         noise_rule = "half-range"
@@ -92,6 +94,9 @@ def verdict(plan_us: list[float], default_us: list[float], *, min_gain: float, n
     gain = base - plan
     spread = max(half_range(plan_us), half_range(default_us)) if noise_rule == "half-range" else 0.0
     need = max(spread, min_gain * base)
-    text = (f"plan {plan / 1e3:.1f} ms vs defaults {base / 1e3:.1f} ms (median of {len(plan_us)}), "
-            f"gain {gain / 1e3:.1f} ms, needed > {need / 1e3:.1f} ms")
+    floor = f"the minimum gain {min_gain * base / 1e3:.1f} ms"
+    text = (f"gain {gain / 1e3:.1f} ms (median of the defaults {base / 1e3:.1f} ms - median of the plan "
+            f"{plan / 1e3:.1f} ms, {len(default_us)} and {len(plan_us)} iterations), needed > {need / 1e3:.1f} ms ("
+            + (f"the larger of half the wider arm's range {spread / 1e3:.1f} ms and {floor})"
+               if noise_rule == "half-range" else f"{floor})"))
     return Verdict(keep=gain > need, plan_us=plan, default_us=base, gain_us=gain, needed_us=need, text=text)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from lagom_megatron.training.preflight import RULES, STOP, check_run, detect_cluster, resolve, run_rules
-from lagom_megatron.training.preflight_env import BLACKWELL_SM_ARCH
+from lagom_megatron.training.preflight_env import BLACKWELL_SM_ARCH, rule_nccl_env
 from lagom_megatron.training.preflight_types import Finding, Level, RunShape
 
 __all__ = ["BLACKWELL_SM_ARCH", "RULES", "Finding", "Level", "RunShape", "resolve", "run_doctor", "errors",
@@ -65,17 +65,22 @@ def check_command_line(argv: list[str], world_size: int | None, environ: Mapping
     is replaced by TP x PP x CP (the rules report a bad one given explicitly).
 
     Returns:
-        The findings: ``command-line`` (argparse refused the line) alone, or the ``data`` warning
-        and the pre-flight's findings.
+        The findings: ``command-line`` (argparse refused the line) and the ``nccl-env`` findings
+        (they read only the environment and the cluster), or the ``data`` warning and the
+        pre-flight's findings.
     """
     from lagom_megatron.training.arguments import parse_args
 
     try:
         ns = parse_args(argv, exit_on_error=False)
     except (ValueError, FileNotFoundError) as exc:
-        return [Finding("error", "command-line", str(exc), STOP,
-                        "fix the flag or value named (python scripts/pretrain_gpt.py --help lists them); "
-                        "a Megatron-LM checkout's line is checked with lagom doctor --megatron-lm")]
+        line = Finding("error", "command-line", str(exc), STOP,
+                       "fix the flag or value named (python scripts/pretrain_gpt.py --help lists them); "
+                       "a Megatron-LM checkout's line is checked with lagom doctor --megatron-lm")
+        # the NCCL variables need nothing of the line: still named, so that one run finds both
+        shape = resolve({}, environ, cluster, world_size=world_size or 1, gpus_per_node=gpus_per_node,
+                        preset_env=preset_env, local=local)
+        return [line, *rule_nccl_env(shape)]
     out = []
     if not ns.mock_data and not ns.data_path:
         out.append(Finding(

@@ -188,7 +188,8 @@ class LagomHooks:
             self.
 
         Raises:
-            SystemExit: ``lagom doctor`` found errors (printed on rank 0), with code 1; without
+            SystemExit: ``lagom doctor`` found errors (printed on rank 0), with code 1; another run
+                writes one of this run's output folders, with code 2; without
                 ``--lagom``, an option only ``--lagom`` reads was given a value other than its default
                 (``training.lagom_flags.lagom_flag_problems``), with code 2.
             RuntimeError: already started.
@@ -214,6 +215,14 @@ class LagomHooks:
         from lagom_megatron.launch.doctor import detect_cluster, preflight
 
         preflight(args, os.environ, detect_cluster() if cluster is None else cluster, log=_rank0_print)
+        if int(os.environ.get("RANK", "0")) == 0:  # one writer per output folder, as our pretrain_gpt.py
+            from lagom_megatron.training.preflight_files import hold_run_locks
+
+            try:
+                hold_run_locks(vars(args), os.environ)
+            except ValueError as exc:
+                _rank0_print(f"lagom: error: {exc}")
+                raise SystemExit(2) from exc
         enable_tuner_plugin(args)
         if callbacks is None:
             from lagom_megatron.megatron.controller import LagomController

@@ -16,6 +16,9 @@ prints lines for ``eval`` in ``scripts/slurm/*.sbatch``:
   stderr and lagom falls back to communicator mode;
 * ``LAGOM_EXPORTS``: the names exported; ``LAGOM_NODES``, ``LAGOM_GPUS_PER_NODE``,
   ``LAGOM_WORLD_SIZE``; ``LAGOM_MASTER_PORT`` (derived from ``SLURM_JOB_ID``);
+* an existing ``--plan`` (or the preset's ``lagom_plan``) must be a plan of this run
+  (:func:`plan_for_another_run`): one for another layout, model or backend is refused here, before
+  the allocation, instead of being moved aside by the run once the job has started;
 * ``LAGOM_PLAN_ENV``: the saved plan's env file when it exists (the plan path with its suffix
   replaced by ``.env``, else ``<plan>.env``), holding the process-scope knobs of a previous run;
 * ``LAGOM_SBATCH``: the ``sbatch`` options of the preset's SLURM shape for this layout;
@@ -24,7 +27,9 @@ prints lines for ``eval`` in ``scripts/slurm/*.sbatch``:
   spelled out as Megatron-LM flags (``--megatron-lm DIR``, which needs one of ``patches/``).
 
 All values are quoted with ``shlex.quote``. The scripts hold no other logic. Exit code 2 with one
-line on stderr on bad input (unknown preset, no SLURM shape, an allocation of another size).
+line on stderr on bad input (unknown preset, no SLURM shape, an allocation of another size, a plan
+of another run). ``--dry-run`` builds nothing: a tuner plugin not built yet is named in a note, not
+built (``launch_env(build=False)``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,48 @@ from lagom_megatron.launch.megatron_args import preset_to_argv
 from lagom_megatron.launch.slurm_inputs import check_allocation
 from lagom_megatron.nccl.plugin_launch import launch_env
 from lagom_megatron.config.presets import Preset, load_preset
+
+FINGERPRINT_FROM_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
+                         "global_batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                         "context_parallel_size", "expert_model_parallel_size")
+"""The fields of a run's fingerprint (``megatron.fingerprint.run_fingerprint``) that the launch line
+decides, besides world size, backend and cluster."""
+PARALLEL_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                     "context_parallel_size": 1, "expert_model_parallel_size": 1}
+"""Megatron-LM's defaults of the parallel sizes, for a line that does not give them."""
+
+
+def plan_for_another_run(preset: Preset, plan: str, cluster: ClusterSpec, extra: Sequence[str]) -> str | None:
+    """Why the saved plan ``plan`` is not one this launch's run would reuse, or None.
+
+    The run reuses a plan whose fingerprint matches its own (``engine.plan.Plan.fingerprint_mismatch``)
+    and moves any other aside at start-up; here the fields the launch line decides are compared: the
+    layout, model and batch of the preset with ``extra`` laid over it, the world size, the cluster and
+    its backend, and the plan's entries against the cluster's rules (``megatron.run_files.plan_problem``).
+    A field the plan does not state is not compared.
+
+    Returns:
+        One line naming the plan, each differing field with both values, and the way out.
+    """
+    from lagom_megatron.engine.plan import Plan
+    from lagom_megatron.launch.megatron_args import argv_to_args
+    from lagom_megatron.megatron.run_files import plan_problem
+
+    saved = Plan.load(plan)
+    args = {**PARALLEL_DEFAULTS, **{k: v for k, v in argv_to_args(["--preset", preset.name, *extra]).items()
+                                    if not k.startswith("_")}}
+    want = {k: args.get(k) for k in FINGERPRINT_FROM_ARGS if args.get(k) is not None}
+    want.update(world_size=preset.world_size, backend=cluster.backend, cluster=cluster.name)
+    if saved.backend != cluster.backend and "backend" not in saved.fingerprint:
+        want["plan backend"] = cluster.backend
+    have = {**saved.fingerprint, "plan backend": saved.backend}
+    diff = [f"{k} {have[k]!r} (this run: {v!r})" for k, v in want.items() if k in have and have[k] != v]
+    problem = plan_problem(saved, cluster) if not diff else None
+    if not diff and problem is None:
+        return None
+    what = "; ".join(diff) if diff else problem
+    return (f"--plan {plan} is not a plan of this run (preset {preset.name!r} on cluster {cluster.name!r}): {what}; "
+            "the run would move it aside and search anew: give this run's plan, or a path that does not exist yet")
 
 DEFAULT_MASTER_PORT = 29500
 """torchrun's default, used outside a SLURM job."""
@@ -117,13 +164,14 @@ def train_command(preset: Preset, *, root: str, plan: str | None, megatron_lm: s
 
 def shell_lines(preset: Preset, *, layout: str, root: str, plan: str | None = None,
                 megatron_lm: str | None = None, extra: Sequence[str] = (),
-                environ: Mapping[str, str] | None = None) -> list[str]:
-    """The lines printed for the scripts' ``eval``; see the module docstring.
+                environ: Mapping[str, str] | None = None, dry_run: bool = False) -> list[str]:
+    """The lines printed for the scripts' ``eval``; see the module docstring (``dry_run``: build nothing).
 
     Raises:
         ValueError: no slurm section; the world size differs from nodes x GPUs per node; or,
             inside an allocation, SLURM_JOB_NUM_NODES, SLURM_JOB_NODELIST or SLURM_TASKS_PER_NODE
-            differ from what the preset and layout need (``slurm_inputs.check_allocation``).
+            differ from what the preset and layout need (``slurm_inputs.check_allocation``); an
+            existing plan of another run (:func:`plan_for_another_run`).
     """
     environ = os.environ if environ is None else environ
     slurm = _slurm(preset)
@@ -141,7 +189,13 @@ def shell_lines(preset: Preset, *, layout: str, root: str, plan: str | None = No
     q = shlex.quote
     exports = {**preset.env, "LAGOM_CLUSTER": preset.env.get("LAGOM_CLUSTER", preset.cluster)}
     cluster = ClusterSpec.load(exports["LAGOM_CLUSTER"])
-    plugin, note = launch_env({**environ, **preset.env}, backend=cluster.backend, nccl_version=cluster.nccl_version)
+    saved = plan or preset.lagom.lagom_plan
+    if saved and Path(saved).is_file():
+        problem = plan_for_another_run(preset, saved, cluster, extra)
+        if problem:
+            raise ValueError(problem)
+    plugin, note = launch_env({**environ, **preset.env}, backend=cluster.backend, nccl_version=cluster.nccl_version,
+                              build=not dry_run)
     exports.update(plugin)
     lines = [f"echo {q(note)} >&2"] if note else []
     lines += [f"export {k}={q(str(v))}" for k, v in exports.items()]
@@ -170,13 +224,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--megatron-lm", help="a patched Megatron-LM checkout to run instead of ours")
     parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]),
                         help="the lagom_megatron source tree (for scripts/pretrain_gpt.py)")
+    parser.add_argument("--dry-run", action="store_true", help="build nothing (the tuner plugin is only located)")
     parser.add_argument("extra", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
     try:
         preset = load_preset(args.preset)
         lines = shell_lines(preset, layout=args.layout, root=args.root, plan=args.plan,
-                            megatron_lm=args.megatron_lm, extra=extra)
+                            megatron_lm=args.megatron_lm, extra=extra, dry_run=args.dry_run)
     except (ValueError, FileNotFoundError) as exc:
         print(f"lagom launch: error: {exc}", file=sys.stderr)
         return 2

@@ -13,13 +13,15 @@ from lagom_megatron.engine.profile import BACKENDS
 from lagom_megatron.megatron.comm_pool import PoolBackend
 from lagom_megatron.megatron.gloo import GlooPoolBackend, GlooRules
 from lagom_megatron.nccl.capabilities import Capabilities
-from lagom_megatron.nccl.rules import NcclRules
+from lagom_megatron.nccl.rules import NcclRules, check_mechanism
 
 
 def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None,
               capabilities: Capabilities | None = None, pool_budget_bytes: int | None = None) -> KnobRules:
-    """The knob rules of ``backend`` on ``cluster``: ``GlooRules`` for gloo, ``NcclRules`` (default
-    mechanism ``tuner``) for nccl and the simulated cluster (``sim``).
+    """The knob rules of ``backend`` on ``cluster``: ``GlooRules`` for gloo, ``NcclRules`` for nccl and
+    the simulated cluster (``sim``), by default under ``nccl.rules.default_mechanism`` (``tuner``
+    where the cluster's NCCL loads lagom's plugin, else ``communicator``); ``tuner`` given on a
+    cluster whose NCCL cannot load it is refused (``nccl.rules.check_mechanism``).
 
     ``pool_budget_bytes`` (NCCL): the communicator pool's budget, which caps each group's channel
     domain (``nccl.budget``); with capabilities, NVLS heads count where NVLS multicast runs (as in
@@ -42,7 +44,9 @@ def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None,
             heads = capabilities.ranks_per_node if capabilities.nvls_multicast else 0
             return NcclRules(cluster, mechanism=mechanism or capabilities.mechanism(), backend=backend,
                              capabilities=capabilities, pool_budget_bytes=pool_budget_bytes, nvls_heads=heads or 0)
-        return NcclRules(cluster, mechanism=mechanism or "tuner", backend=backend, pool_budget_bytes=pool_budget_bytes)
+        if mechanism is not None and cluster.backend == "nccl":
+            check_mechanism(mechanism, cluster)
+        return NcclRules(cluster, mechanism=mechanism, backend=backend, pool_budget_bytes=pool_budget_bytes)
     raise ValueError(f"backend must be one of {list(BACKENDS)}; got {backend!r}")
 
 

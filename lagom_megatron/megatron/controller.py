@@ -46,8 +46,9 @@ class LagomController:
             ``--lagom-method``.
         plan_path: ``--lagom-plan`` (reused when its fingerprint matches; else written there).
         report_path: ``--lagom-report``.
-        cluster: cluster name for the cost model; default ``cpu-gloo`` on CPU, else the preset's
-            cluster or ``$LAGOM_CLUSTER`` or ``h100-sxm-ib400``.
+        cluster: cluster name for the cost model (``--lagom-cluster``: ``pretrain_gpt.py``'s
+            pre-flight sets it to the cluster it checked, ``training.target_cluster``); default
+            ``cpu-gloo`` on CPU, else ``$LAGOM_CLUSTER``, the preset's cluster or ``h100-sxm-ib400``.
     """
 
     def __init__(self, *, warmup_iters: int = 1, verify_iters: int = 3, method: str = "priority",

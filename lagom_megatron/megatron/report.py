@@ -92,10 +92,17 @@ class SiteRow:
         """Whether the plan changes this site's default (``is_tuned``)."""
         return is_tuned(self.chosen_config, self.backend)
 
-    def values(self) -> list[Any]:
-        """The row in ``COLUMNS`` order (times converted to milliseconds)."""
+    def values(self, applied: bool = True) -> list[Any]:
+        """The row in ``COLUMNS`` order (times converted to milliseconds).
+
+        Args:
+            applied: whether the plan ran at the end (``phase`` applied). The ``tuned`` column is
+                ``yes`` only then, ``not applied`` for a site the plan changes when the defaults
+                were kept, ``no`` for a site it leaves alone: the header's count is the ``yes`` rows.
+        """
+        tuned = ("yes" if applied else "not applied") if self.tuned else "no"
         return [self.site_id, self.op, self.group, _bytes_text(self.nbytes), self.calls_per_iter or "-",
-                default_config_text(self.backend), _cfg_text(self.chosen_config), "yes" if self.tuned else "no",
+                default_config_text(self.backend), _cfg_text(self.chosen_config), tuned,
                 self.measured_default_us / 1e3, self.measured_plan_us / 1e3,
                 self.predicted_default_us / 1e3, self.predicted_plan_us / 1e3]
 
@@ -182,7 +189,8 @@ def verdict_summary(plan_us: list[float], default_us: list[float], *, min_gain: 
         ``gain_us``, ``needed_us``, ``spread_plan_us``, ``spread_default_us`` (microseconds);
         ``verdict`` (``plan kept: `` or ``defaults kept: `` and the verdict's line);
         ``verdict_figures`` (the verdict line's own gain and threshold, e.g. ``3.2 ms (mean of 8
-        paired differences), needed > 15.9 ms (95% bound 15.9 ms)``); ``noise_rule`` (the rule
+        paired differences, defaults - plan), needed > 15.9 ms (the larger of its 95% bound 15.9 ms
+        and the minimum gain 4.1 ms)``); ``noise_rule`` (the rule
         applied: ``paired`` falls back to ``half-range`` below two pairs, as ``verdict`` does);
         ``verdict_rule`` (:func:`verdict_rule_text`).
 
@@ -193,8 +201,7 @@ def verdict_summary(plan_us: list[float], default_us: list[float], *, min_gain: 
     n = min(len(plan_us), len(default_us))
     applied = "half-range" if noise_rule == "paired" and n < 2 else noise_rule
     spread = max(half_range(plan_us), half_range(default_us))
-    at = v.text.find(", gain ")
-    figures = v.text[at + len(", gain "):] if at >= 0 else f"{_ms(v.gain_us)} ms, needed > {_ms(v.needed_us)} ms"
+    figures = v.text.removeprefix("gain ")
     return dict(gain_us=v.gain_us, needed_us=v.needed_us, spread_plan_us=half_range(plan_us),
                 spread_default_us=half_range(default_us),
                 verdict=("plan kept: " if v.keep else "defaults kept: ") + v.text, verdict_figures=figures,
@@ -241,7 +248,7 @@ def render_markdown(rows: list[SiteRow], summary: dict[str, Any]) -> str:
                      f"{n_gain} with a predicted gain")
     else:  # the defaults ran (fell back, or tuning never finished): nothing is tuned
         lines.append(f"- sites tuned: 0 of {len(rows)} (the defaults were kept: {default}); the plan would change "
-                     f"{n_tuned} ({n_gain} with a predicted gain)")
+                     f"{n_tuned} ({n_gain} with a predicted gain), tuned 'not applied' below")
     lines += ["", "## Iteration time (ms)", "",
               "| | defaults | plan |", "|---|---|---|"]
     n_d, n_p = len(s.get("verify_default_us") or []), len(s.get("verify_plan_us") or [])
@@ -258,8 +265,9 @@ def render_markdown(rows: list[SiteRow], summary: dict[str, Any]) -> str:
     lines.append(f"- verdict: {s.get('verdict') or 'no verification in this run'}")
     lines += ["", "## Per site (region time per iteration, ms)", "",
               "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    applied = s.get("phase") == "applied"
     for r in rows:
-        lines.append("| " + " | ".join(_fmt(v) for v in r.values()) + " |")
+        lines.append("| " + " | ".join(_fmt(v) for v in r.values(applied)) + " |")
     totals = column_totals(rows, s)
     order = ("measured_default", "measured_plan", "predicted_default", "predicted_plan")
     pad = [""] * (len(COLUMNS) - 5)
@@ -303,13 +311,13 @@ def _note_lines(rows: list[SiteRow]) -> list[str]:
     return out
 
 
-def render_csv(rows: list[SiteRow]) -> str:
-    """The per-site table as CSV with a header row (``COLUMNS``)."""
+def render_csv(rows: list[SiteRow], applied: bool = True) -> str:
+    """The per-site table as CSV with a header row (``COLUMNS``); ``applied``: ``SiteRow.values``."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(COLUMNS)
     for r in rows:
-        w.writerow(r.values())
+        w.writerow(r.values(applied))
     return buf.getvalue()
 
 
@@ -342,14 +350,15 @@ def write_report(path: str | os.PathLike, rows: list[SiteRow], summary: dict[str
     """
     path = Path(path)
     suffix = path.suffix.lower()
+    applied = summary.get("phase") == "applied"
     if suffix in (".md", ".markdown", ""):
         write_text_atomic(path, render_markdown(rows, summary))
     elif suffix == ".csv":
-        write_text_atomic(path, render_csv(rows))
+        write_text_atomic(path, render_csv(rows, applied))
     elif suffix == ".json":
         totals = column_totals(rows, summary)
         write_json_atomic(path, {"summary": summary, "columns": list(COLUMNS),
-                                 "rows": [dict(zip(COLUMNS, r.values())) for r in rows],
+                                 "rows": [dict(zip(COLUMNS, r.values(applied))) for r in rows],
                                  "totals_ms": {c: dict(zip(("sites", "rest", "iteration"), (x / 1e3 for x in t)))
                                                for c, t in totals.items()}})
     else:

@@ -5,7 +5,7 @@ iteration time, a whisker over each arm's measured min-max range, and a shaded b
 ``defaults - needed`` to the defaults' median: the gain the verdict needed (under the paired
 rule, the mean of the paired differences had to exceed ``needed``), drawn from the defaults'
 median; a plan whose gain falls inside the band was not kept. The predicted iteration times are drawn as hollow markers.
-The title is the verdict line. Bottom panel: per-site region times (measured defaults, measured
+The title is the verdict line, wrapped so that every line fits the canvas (:func:`fit_title`). Bottom panel: per-site region times (measured defaults, measured
 plan, predicted defaults, predicted plan), at most ``MAX_SITES`` sites, those whose measured or
 predicted time changed most; milliseconds throughout.
 """
@@ -34,6 +34,47 @@ def plot_report(path: Path, rows: list, summary: dict[str, Any]) -> None:
         summary: the run summary (``measured_*_us``, ``verify_*_us``, ``needed_us``, ``phase``,
             ``verdict``, predicted iteration times), microseconds.
     """
+    import matplotlib.pyplot as plt
+
+    fig = report_figure(rows, summary)
+    try:
+        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"))
+    finally:
+        plt.close(fig)
+
+
+DPI = 100
+"""Pixels per inch of the PNG (the canvas :func:`fit_title` fits the title to)."""
+
+
+def fit_title(fig: Any, ax: Any, text: str, *, fontsize: float, min_width: int = 30) -> Any:
+    """Sets ``ax``'s title to ``text`` wrapped at word boundaries, narrower until it lies inside the
+    canvas (a centred title over an axes that does not span the figure overflows both edges). Lays
+    the figure out (``tight_layout``) at each try.
+
+    Returns:
+        The title's ``matplotlib.text.Text``.
+    """
+    import textwrap
+
+    width = max(len(line) for line in text.split("\n")) if text else min_width
+    while True:
+        wrapped = "\n".join(textwrap.fill(line, width, break_long_words=True) or line for line in text.split("\n"))
+        title = ax.set_title(wrapped, fontsize=fontsize)
+        fig.tight_layout()
+        fig.canvas.draw()
+        box = title.get_window_extent()
+        if (box.x0 >= 0 and box.x1 <= fig.bbox.width) or width <= min_width:
+            return title
+        width = max(min_width, int(width * 0.85))
+
+
+def report_figure(rows: list, summary: dict[str, Any]) -> Any:
+    """The figure of :func:`plot_report` (module docstring), laid out, on the Agg canvas.
+
+    Returns:
+        The ``matplotlib.figure.Figure``; the caller closes it.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -47,7 +88,7 @@ def plot_report(path: Path, rows: list, summary: dict[str, Any]) -> None:
     shown = sorted(rows, key=change, reverse=True)[:MAX_SITES]
     shown.sort(key=lambda r: r.site_id)
     fig, (ax_it, ax_site) = plt.subplots(
-        2, 1, figsize=(12, 3.2 + 0.42 * len(shown)),
+        2, 1, figsize=(12, 3.2 + 0.42 * len(shown)), dpi=DPI,
         gridspec_kw={"height_ratios": [1.6, max(1.0, 0.42 * len(shown))]})
     s = summary
     arms = [("defaults", s.get("verify_default_us") or [], s.get("measured_default_us"),
@@ -85,8 +126,7 @@ def plot_report(path: Path, rows: list, summary: dict[str, Any]) -> None:
     ax_it.set_xlabel("iteration time (ms; axis zoomed, not from 0)")
     ax_it.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     verdict = s.get("verdict") or s.get("reason") or ""
-    ax_it.set_title(f"lagom: {s.get('phase', '?')} ({s.get('run_kind', '')}, {s.get('method', '')})\n{verdict}",
-                    fontsize=9)
+    title = f"lagom: {s.get('phase', '?')} ({s.get('run_kind', '')}, {s.get('method', '')})\n{verdict}"
 
     names = [r.site_id for r in shown]
     series = [("measured, defaults", [r.measured_default_us for r in shown]),
@@ -103,8 +143,5 @@ def plot_report(path: Path, rows: list, summary: dict[str, Any]) -> None:
     ax_site.set_xlabel("region time per iteration (ms)")
     ax_site.set_title(f"{len(shown)} of {len(rows)} sites (largest changes; the report's table lists all)", fontsize=8)
     ax_site.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    try:
-        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
-    finally:
-        plt.close(fig)
+    fit_title(fig, ax_it, title, fontsize=9)
+    return fig

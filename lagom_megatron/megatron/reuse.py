@@ -37,6 +37,9 @@ def try_reuse_plan(ctl: Any) -> bool:
         return False
     ctl.plan = plan
     ctl.mode = "reuse"
+    if plan.method != ctl.method:  # whichever branch follows: applied, verified first, or kept rejected
+        say(f"lagom: WARNING: --lagom-method {ctl.method} not used: plan {ctl.files.plan_path} was searched "
+            f"with {plan.method}; delete it or pass another --lagom-plan to search with {ctl.method}")
     if plan.rejected:
         # measured no better than the defaults when it was searched: applying it unverified
         # would undo that verdict on every later run; the router keeps its empty assignment
@@ -69,7 +72,4 @@ def try_reuse_plan(ctl: Any) -> bool:
     tuned = sum(is_tuned(c.to_dict(), ctl.backend) for c in assignment.values())
     say(f"lagom: phase applied | plan {ctl.files.plan_path} reused (digest {plan.digest()[:12]}) | "
          f"{tuned}/{len(plan.entries)} sites tuned | profiling and search skipped")
-    if plan.method != ctl.method:
-        say(f"lagom: WARNING: --lagom-method {ctl.method} not used: plan {ctl.files.plan_path} was searched "
-            f"with {plan.method}; delete it or pass another --lagom-plan to search with {ctl.method}")
     return True

@@ -56,12 +56,10 @@ def locate_or_build(environ: Mapping[str, str] | None = None) -> Path:
         FileNotFoundError: no C compiler and no library.
         RuntimeError: the compiler failed.
     """
-    lib = plugin_dir(environ) / LIBRARY_NAME
-    sources = [*TUNER_SOURCES, *HEADERS]
-    newest = max(p.stat().st_mtime for p in sources if p.exists())
-    if lib.is_file() and lib.stat().st_mtime >= newest:
+    lib = built_library(environ)
+    if lib is not None:
         return lib
-    return build_tuner(lib.parent, cc=environ.get("CC") if environ is not None else None)
+    return build_tuner(plugin_dir(environ), cc=environ.get("CC") if environ is not None else None)
 
 
 MIN_NCCL = (2, 22)
@@ -69,8 +67,16 @@ MIN_NCCL = (2, 22)
 ``src/misc/tuner.cc:199``); 2.21 and older look up only v2/v1 (``nccl/plugin_check.py``)."""
 
 
+def built_library(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The up-to-date ``libnccl-tuner-lagom.so`` of ``plugin_dir``, or None when it must be (re)built."""
+    lib = plugin_dir(environ) / LIBRARY_NAME
+    sources = [*TUNER_SOURCES, *HEADERS]
+    newest = max(p.stat().st_mtime for p in sources if p.exists())
+    return lib if lib.is_file() and lib.stat().st_mtime >= newest else None
+
+
 def launch_env(environ: Mapping[str, str] | None = None, *, backend: str = "nccl",
-               nccl_version: str | None = None) -> tuple[dict[str, str], str | None]:
+               nccl_version: str | None = None, build: bool = True) -> tuple[dict[str, str], str | None]:
     """The variables to export to every rank to turn the plugin on.
 
     Args:
@@ -78,6 +84,8 @@ def launch_env(environ: Mapping[str, str] | None = None, *, backend: str = "nccl
         backend: the cluster's backend; only "nccl" uses the plugin.
         nccl_version: the cluster's NCCL (e.g. "2.27.5"); below 2.22 NCCL cannot load lagom's
             plugin, so nothing is exported (the CTA-bounds-only fallback). None = unknown.
+        build: False (a dry run): a library not built yet is not built; nothing is exported and the
+            note says what the launch will build.
 
     Returns:
         (variables, note): ``NCCL_TUNER_PLUGIN`` (absolute path), ``NCCL_PROFILER_PLUGIN`` (the
@@ -93,7 +101,13 @@ def launch_env(environ: Mapping[str, str] | None = None, *, backend: str = "nccl
         return {}, (f"lagom: note: NCCL {nccl_version} cannot load lagom's tuner plugin (2.22+); lagom applies "
                     "CTA bounds only (docs/nccl.md)")
     out: dict[str, str] = {}
-    if PLUGIN_VAR not in environ:
+    if PLUGIN_VAR not in environ and not build:
+        lib = built_library(environ)
+        if lib is None:
+            return {}, (f"lagom: note: a dry run builds nothing; the launch builds the NCCL tuner plugin as "
+                        f"{plugin_dir(environ) / LIBRARY_NAME} and exports {PLUGIN_VAR} to every rank")
+        out[PLUGIN_VAR] = str(lib)
+    if PLUGIN_VAR not in environ and PLUGIN_VAR not in out:
         try:
             out[PLUGIN_VAR] = str(locate_or_build(environ))
         except (FileNotFoundError, RuntimeError, OSError) as exc:

@@ -32,29 +32,21 @@ from lagom_megatron.nccl.algorithms import algorithms_for, call_algorithms
 from lagom_megatron.nccl.bins import nccl_bins
 from lagom_megatron.nccl.budget import channel_cap, group_share
 from lagom_megatron.nccl.capabilities import Capabilities, fixed_knob_warning, restrict_domains
+from lagom_megatron.nccl.tuner_abi import (  # noqa: F401 (public here too)
+    LAGOM_TUNER_ABI_MIN, TUNER_ABI_SINCE, check_mechanism, default_mechanism, tuner_abi,
+)
 from lagom_megatron.nccl.validate import CHUNK_RULES, validate_config, validate_cta_range
 from lagom_megatron.nccl.paths import ll128_enabled
 
 __all__ = ["BACKENDS", "CHUNK_RULES", "MECHANISMS", "NcclRules", "algorithms_for", "applicable", "domains", "knob_scope",
-           "probe_configs", "process_env", "tuner_abi", "tuner_call_key", "validate_config", "validate_cta_range"]
+           "probe_configs", "process_env", "tuner_abi", "tuner_call_key", "validate_config", "validate_cta_range",
+           "check_mechanism", "default_mechanism"]
 
 MECHANISMS: tuple[str, ...] = ("tuner", "communicator", "env")
 """How a plan reaches NCCL (module docstring); ``tuner`` is the default."""
 
 BACKENDS: tuple[str, ...] = ("nccl", "sim")
 """Profile / plan labels these rules serve: real NCCL, and the simulated cluster that models it."""
-
-TUNER_ABI_SINCE: tuple[tuple[tuple[int, int, int], int], ...] = (
-    ((2, 30, 0), 6), ((2, 28, 0), 5), ((2, 24, 0), 4), ((2, 22, 0), 3), ((2, 21, 0), 2), ((2, 19, 0), 1),
-)
-"""Newest tuner plugin ABI per NCCL version: v3 (2.22) edits the cost table, v4 (2.24) adds regBuff,
-v5 (2.28) per-communicator constants, v6 (2.30) getChunkSize. lagom's plugin implements v3-v6."""
-
-
-def tuner_abi(nccl_version: tuple[int, int, int]) -> int:
-    """Newest tuner plugin ABI NCCL ``nccl_version`` loads (0 = none)."""
-    return next((abi for since, abi in TUNER_ABI_SINCE if nccl_version >= since), 0)
-
 
 
 P2P_CHANNEL_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
@@ -223,7 +215,7 @@ class NcclRules:
     Args:
         cluster: the ``ClusterSpec`` (its NCCL version, NVSwitch, SHARP and SM architecture decide
             the algorithms, the channel limit and the scopes).
-        mechanism: ``tuner`` (default), ``communicator`` or ``env``.
+        mechanism: ``tuner``, ``communicator`` or ``env``; None (default): :func:`default_mechanism`.
         backend: ``nccl`` (a real run) or ``sim`` (the simulated cluster), the label of the
             profiles and plans searched under these rules.
         capabilities: the run's agreed capabilities; its NCCL version must be the cluster's
@@ -236,7 +228,7 @@ class NcclRules:
     """
 
     cluster: ClusterSpec
-    mechanism: str = "tuner"
+    mechanism: str = None  # type: ignore[assignment]  # None: default_mechanism(cluster), set in __post_init__
     backend: str = "nccl"
     capabilities: Capabilities | None = None
     """The agreed ``nccl.capabilities.Capabilities`` of a live run; None (offline search, the
@@ -250,12 +242,14 @@ class NcclRules:
     """Groups sharing the budget equally (set by ``for_sites``); empty = the whole budget per group."""
 
     def __post_init__(self) -> None:
+        if self.cluster.backend != "nccl":
+            raise ValueError(f"cluster {self.cluster.name!r} is a {self.cluster.backend} cluster; NCCL rules need an NCCL cluster")
+        if self.mechanism is None:
+            object.__setattr__(self, "mechanism", default_mechanism(self.cluster))
         if self.mechanism not in MECHANISMS:
             raise ValueError(f"mechanism for backend {self.backend!r} must be one of {list(MECHANISMS)}; got {self.mechanism!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"NCCL rules serve backends {list(BACKENDS)}; got {self.backend!r}")
-        if self.cluster.backend != "nccl":
-            raise ValueError(f"cluster {self.cluster.name!r} is a {self.cluster.backend} cluster; NCCL rules need an NCCL cluster")
 
     def scope(self, knob: str) -> Scope | None:
         """``knob_scope`` under this mechanism and the cluster's NCCL version; ``net_peer_channels``

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None, *, parser_class: type[argparse.ArgumentP
             negative seed, bad --microbatches, an unknown or CPU preset or cluster, an --out that
             cannot be written.
     """
-    ap = parser_class(prog="lagom bench simulated", description=__doc__.split("\n\n")[0])
+    ap = parser_class(prog="lagom bench simulated", description=__doc__.split("\n\n")[0].replace("``", ""))
     ap.add_argument("--out", default="bench_out", help="output folder for simulated.csv and simulated.png")
     ap.add_argument("--presets", nargs="+", default=None, help="presets (default: the table's rows)")
     ap.add_argument("--clusters", nargs="+", default=None, help="clusters each preset runs on (default: the table's rows)")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from lagom_megatron.training.arguments import apply_megatron_lm_defaults
 from lagom_megatron.training.arguments_megatron_lm import refused_here
+from lagom_megatron.training.lagom_flags import lagom_value_problems
 from lagom_megatron.training.tokenizer import resolve_vocab
 
 
@@ -249,8 +250,9 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
     _check(0 <= args.lr_warmup_iters < args.lr_decay_iters,
            f"--lr-warmup-iters {args.lr_warmup_iters} must be in [0, --lr-decay-iters {args.lr_decay_iters})"
            + (" (--lr-decay-iters defaults to --train-iters)" if decay_default else ""))
-    _check(args.lagom_warmup_iters >= 1, f"--lagom-warmup-iters must be >= 1; got {args.lagom_warmup_iters}")
-    _check(args.lagom_verify_iters >= 1, f"--lagom-verify-iters must be >= 1; got {args.lagom_verify_iters}")
+    bounds = lagom_value_problems({"lagom_warmup_iters": args.lagom_warmup_iters,
+                                   "lagom_verify_iters": args.lagom_verify_iters})
+    _check(not bounds, bounds[0].what if bounds else "")
     for flag, value in (("--lagom-report", args.lagom_report), ("--lagom-plan", args.lagom_plan)):
         if value:
             _check(not Path(value).is_dir(), f"{flag} {value!r} is a folder; give a file name")

@@ -23,6 +23,7 @@ LAGOM_FLAGS: frozenset[str] = frozenset(
         "--lagom-report",
         "--lagom-pool-budget-mib",
         "--lagom-allow-untested-versions",
+        "--lagom-cluster",
     }
 )
 """The public ``--lagom*`` surface; ``tests/training/test_args.py`` freezes it."""
@@ -63,6 +64,11 @@ def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--lagom-pool-budget-mib", type=float, default=512.0,
                    help="Bound on the estimated GPU memory (MiB per rank) of lagom's extra communicators; "
                         "sites whose communicators would pass it keep NCCL's defaults.")
+    g.add_argument("--lagom-cluster", default=None, metavar="NAME|PATH",
+                   help="The cluster this run is checked against and lagom's cost model starts from "
+                        "(configs/clusters/ name or YAML path); default $LAGOM_CLUSTER, else the preset's "
+                        "cluster, else this machine. A cluster this machine does not match is refused: "
+                        "--lagom-cluster cpu-gloo runs a GPU preset on CPU anyway.")
     g.add_argument("--lagom-allow-untested-versions", action="store_true",
                    help="Run even when torch or megatron-core is outside the tested ranges "
                         "(lagom_megatron.megatron.versions; also LAGOM_ALLOW_UNTESTED_VERSIONS=1).")
@@ -73,7 +79,37 @@ LAGOM_ONLY_FLAGS = ("--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-pla
                     "--lagom-pool-budget-mib")
 """The ``--lagom-*`` options that only the ``--lagom`` controller reads (``megatron.controller.LagomController
 .from_args``). ``--lagom-allow-untested-versions`` is not one: ``pretrain_gpt.py`` checks the versions on
-every run."""
+every run, nor is ``--lagom-cluster``: the pre-flight checks every run against its cluster."""
+
+
+MAX_WARMUP_ITERS = 1000
+"""Upper bound of ``--lagom-warmup-iters``: untimed iterations before profiling (the first few settle
+allocator, communicators and kernels; a thousand more only postpone tuning)."""
+MAX_VERIFY_ITERS = 200
+"""Upper bound of ``--lagom-verify-iters`` (and of ``lagom simulate --verify-iters``): measured
+iterations per arm, plan and defaults alternating, before the verdict."""
+
+
+def lagom_value_problems(args: Mapping[str, Any]) -> list[Finding]:
+    """``--lagom-warmup-iters`` outside 1..:data:`MAX_WARMUP_ITERS` and ``--lagom-verify-iters`` outside
+    1..:data:`MAX_VERIFY_ITERS` (an unbounded count made the run alternate an unverified plan with the
+    defaults to its end and report that tuning needed 2e20 iterations).
+
+    Returns:
+        One ``Finding`` of level error, rule id ``lagom-flags``, per value out of range.
+    """
+    out = []
+    for flag, hi, why in (
+            ("--lagom-warmup-iters", MAX_WARMUP_ITERS, "untimed iterations before profiling starts"),
+            ("--lagom-verify-iters", MAX_VERIFY_ITERS, "measured iterations per arm (plan, defaults) before the "
+                                                       "verdict; the run needs twice as many")):
+        value = args.get(flag[2:].replace("-", "_"))
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+            out.append(Finding("error", "lagom-flags", f"{flag} {value} is out of range; allowed: an integer in 1..{hi}",
+                               f"{flag} counts {why}", f"give {flag} a value in 1..{hi}"))
+    return out
 
 
 def lagom_flag_problems(args: Mapping[str, Any]) -> list[Finding]:
@@ -82,11 +118,13 @@ def lagom_flag_problems(args: Mapping[str, Any]) -> list[Finding]:
     ``lagom=False ... lagom_plan=...`` line). The defaults are :func:`add_lagom_args`'s, so a flag
     given its default value, or absent (a Megatron-LM line without lagom's flags), passes.
 
+    With ``--lagom``: :func:`lagom_value_problems` instead.
+
     Returns:
         One ``Finding`` of level error, rule id ``lagom-flags``, per such flag, in flag order.
     """
     if args.get("lagom"):
-        return []
+        return lagom_value_problems(args)
     defaults = add_lagom_args(argparse.ArgumentParser(add_help=False))
     out = []
     for flag in LAGOM_ONLY_FLAGS:

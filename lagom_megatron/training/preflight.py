@@ -1,9 +1,9 @@
 """The one pre-flight validation of a training run, shared by ``lagom doctor`` and ``scripts/pretrain_gpt.py``.
 
 Both call :func:`check_run` on the same inputs and so reach the same verdict: the doctor for a
-target cluster (the local machine by default, detected as training detects it:
-:func:`detect_cluster`), training on rank 0 before any process group exists
-(:func:`pretrain_preflight`). A verdict is a list of ``Finding`` s; any ``error`` stops the run
+target cluster (chosen by the one rule of ``training.target_cluster``: a cluster on the command
+line, ``$LAGOM_CLUSTER``, the preset's cluster, this machine), training on rank 0 before any process
+group exists (:func:`pretrain_preflight`), which also refuses a cluster this machine does not match. A verdict is a list of ``Finding`` s; any ``error`` stops the run
 with exit code 2 and one line per error naming the flag or variable, the bad value and what is
 allowed. The rules are in ``preflight_rules`` (layout and overlap flags: Megatron-LM's
 ``validate_args`` and megatron-core's config ``__post_init__``), ``preflight_moe`` (experts and
@@ -31,6 +31,9 @@ from lagom_megatron.training.preflight_rules import (
 from lagom_megatron.training.preflight_types import Finding, RunShape
 from lagom_megatron.training.lagom_flags import rule_lagom_flags
 from lagom_megatron.training.preflight_values import rule_megatron_flags, rule_values, rule_versions
+from lagom_megatron.training.target_cluster import (  # noqa: F401 (load_cluster, cuda_certainly_absent: public here too)
+    choose_cluster, cuda_certainly_absent, load_cluster, mismatch, this_machine,
+)
 
 ARGUMENT_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_values, rule_megatron_flags, rule_lagom_flags, rule_world_size, rule_batch, rule_heads, rule_layers,
@@ -53,27 +56,6 @@ RULES: tuple[Callable[[RunShape], list[Finding]], ...] = ARGUMENT_RULES + MACHIN
 STOP = "the run stops here with exit code 2, before any rank starts"
 
 
-def load_cluster(name: str, source: str) -> Any:
-    """``ClusterSpec.load(name)``, with an error naming where the name came from.
-
-    Args:
-        name: a cluster name under ``configs/clusters/`` or a YAML path.
-        source: what gave it, e.g. ``LAGOM_CLUSTER`` or ``--cluster``.
-
-    Raises:
-        ValueError: ``<source>=<name>: ...`` with the known names (an unknown name) or the file's error.
-    """
-    from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
-
-    try:
-        return ClusterSpec.load(name)
-    except FileNotFoundError:
-        raise ValueError(f"{source}={name!r} is not a known cluster or a cluster file; allowed: "
-                         f"{', '.join(available_clusters())} or a path to a cluster YAML") from None
-    except ValueError as exc:
-        raise ValueError(f"{source}={name!r}: {exc}") from None
-
-
 def _field(cluster: Any, name: str) -> Any:
     if cluster is None:
         return None
@@ -90,81 +72,46 @@ def _int_env(environ: Mapping[str, str], *names: str) -> int | None:
     return None
 
 
-def cuda_certainly_absent() -> bool:
-    """True when ``torch.cuda.is_available()`` is certainly False, decided without importing torch
-    (importing it takes seconds, far more on a loaded machine).
+MAX_WORLD_SIZE = 1 << 20
+"""Largest world size the checks accept (a million ranks; a typo of twenty digits is not a job)."""
+MAX_GPUS_PER_NODE = 1024
+"""Largest GPUs per node the checks accept."""
 
-    Either torch is a CPU build (``cuda`` and ``hip`` both None in ``torch/version.py``, which torch's
-    build writes; read with ``ast``, not imported), or it is a CUDA build on Linux and the NVIDIA
-    driver library ``libcuda.so.1`` cannot be loaded (the CUDA runtime that torch asks for the device
-    count loads the driver under that name and reports no device without it). False means: ask torch.
+
+def env_count(environ: Mapping[str, str], name: str, hi: int, default_of: str) -> int | None:
+    """``$name`` as a count in 1..``hi``, or None when unset or empty.
+
+    Args:
+        environ: the environment.
+        name: ``WORLD_SIZE`` or ``LOCAL_WORLD_SIZE``.
+        hi: the largest value allowed.
+        default_of: what the variable stands in for, for the message (``--world-size``).
+
+    Raises:
+        ValueError: set to anything else (``abc``, ``0``, ``-1``, twenty digits), naming the variable.
     """
-    import ast
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    try:
-        spec = importlib.util.find_spec("torch")
-        folder = Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
-        tree = ast.parse((folder / "version.py").read_text(encoding="utf-8")) if folder else None
-    except (ImportError, ValueError, OSError, SyntaxError):
-        return False
-    build: dict[str, Any] = {}
-    for node in tree.body if tree else ():
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(
-            node, "target", None) if isinstance(node, ast.AnnAssign) else None
-        if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and node.value is not None:
-            try:
-                build[target.id] = ast.literal_eval(node.value)
-            except ValueError:
-                return False
-    if set(build) != {"cuda", "hip"} or build["hip"] is not None:
-        return False
-    if build["cuda"] is None:
-        return True
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return True
-    return False
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= hi:
+        raise ValueError(f"{name}={environ[name]!r} is not an integer in 1..{hi} (it stands for {default_of}): "
+                         "set it to a count, or unset it")
+    return int(text)
 
 
 def detect_cluster(preset_name: str | None = None, environ: Mapping[str, str] | None = None) -> Any:
-    """The cluster a training process checks against, in this order: ``$LAGOM_CLUSTER`` (the SLURM
-    scripts export the preset's); ``cpu-gloo`` without CUDA (:func:`cuda_certainly_absent` first, which
-    does not import torch, else ``torch.cuda.is_available()``); the preset's cluster; else what torch
-    reports about the local GPU.
+    """The cluster a run on this machine is checked against without a cluster on its command line:
+    ``training.target_cluster.choose_cluster`` (``$LAGOM_CLUSTER``, the preset's cluster, this machine).
 
     Returns:
-        A ``ClusterSpec`` or a dict with ``gpus_per_node`` (``$LOCAL_WORLD_SIZE``), ``sm_arch``,
-        ``nccl_version`` and ``backend`` from torch.
+        A ``ClusterSpec`` or, for this machine's GPU, a dict with ``gpus_per_node``
+        (``$LOCAL_WORLD_SIZE``), ``sm_arch``, ``nccl_version`` and ``backend`` from torch.
 
     Raises:
         ValueError: ``$LAGOM_CLUSTER`` names an unknown cluster (the message names the variable,
             its value and the known clusters), or the preset is unknown.
     """
-    environ = os.environ if environ is None else environ
-    if environ.get("LAGOM_CLUSTER"):
-        return load_cluster(environ["LAGOM_CLUSTER"], "LAGOM_CLUSTER")
-    if cuda_certainly_absent():
-        return load_cluster("cpu-gloo", "cluster")
-    import torch
-
-    if not torch.cuda.is_available():
-        return load_cluster("cpu-gloo", "cluster")
-    if preset_name:
-        from lagom_megatron.config.presets import load_preset
-
-        return load_cluster(load_preset(preset_name).cluster, f"preset {preset_name!r} cluster")
-    major, minor = torch.cuda.get_device_capability()
-    nccl = torch.cuda.nccl.version()
-    return {"gpus_per_node": _int_env(environ, "LOCAL_WORLD_SIZE"), "sm_arch": major * 10 + minor,
-            "backend": "nccl", "nccl_version": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)}
+    return choose_cluster(preset_name, environ).cluster
 
 
 def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
@@ -274,19 +221,24 @@ def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | No
                        log: Callable[[str], None] | None = None) -> int:
     """``scripts/pretrain_gpt.py``'s pre-flight: :func:`check_run` on this machine, before any process group.
 
-    When finding the machine would import torch (a CUDA build with a driver, no ``$LAGOM_CLUSTER``),
-    the argument rules and ``validate_args`` run first, and a refusal there stops before detection:
+    The cluster is ``target_cluster.choose_cluster`` (``--lagom-cluster``, ``$LAGOM_CLUSTER``, the
+    preset's, this machine); one this machine does not match is refused with
+    ``target_cluster.mismatch``'s line. The argument rules and ``validate_args`` run first (finding
+    the machine may import torch), and a refusal there stops before detection:
     the same verdict, in a fraction of the time; the line is the first error of the rules in
     :data:`RULES` order unless only a machine rule would have found one before ``validate_args``.
 
     Prints the first error once (rank 0; other ranks stay silent and exit with the same code) as
-    one line ``pretrain_gpt.py: error: <what>``, and the warnings with ``--lagom``. On success rank 0 takes
-    the advisory lock of ``--lagom-plan`` (``preflight_files.hold_plan_lock``) for the process's life.
+    one line ``pretrain_gpt.py: error: <what>``, and the warnings with ``--lagom``; then rank 0 takes the
+    lock of every folder the run writes (``preflight_files.hold_run_locks``: the default run folder
+    too) for the process's life. The chosen cluster's
+    name is left in ``args.lagom_cluster`` for lagom's controller (unless it is this machine's GPU,
+    which has no cluster file).
 
     Returns:
         0 when the run may start, 2 when it must not.
     """
-    from lagom_megatron.training.preflight_files import hold_plan_lock
+    from lagom_megatron.training.preflight_files import hold_run_locks
 
     environ = os.environ if environ is None else environ
     rank0 = environ.get("RANK", "0") == "0"
@@ -302,14 +254,22 @@ def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | No
             say(f"pretrain_gpt.py: error: {bad[0].what}{more}")
         return bool(bad)
 
-    world_size = _int_env(environ, "WORLD_SIZE") or 1
     try:
-        if not environ.get("LAGOM_CLUSTER") and not cuda_certainly_absent():
-            # detecting the GPU imports torch (seconds): first refuse what the arguments alone refuse
-            if refused(check_run(args, environ, None, world_size=world_size, local=True, ours=True, machine=False)):
-                return 2
-        cluster = detect_cluster(getattr(args, "preset_name", None), environ)
-        findings = check_run(args, environ, cluster, world_size=world_size, local=True, ours=True)
+        world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "the job's world size") or 1
+        # what the arguments alone refuse first: the same line as the doctor's, and no torch import
+        # (detecting a GPU takes seconds) for a line that cannot start anyway
+        if refused(check_run(args, environ, None, world_size=world_size, local=True, ours=True, machine=False)):
+            return 2
+        machine = this_machine()
+        target = choose_cluster(getattr(args, "preset_name", None), environ, getattr(args, "lagom_cluster", None),
+                                "--lagom-cluster", machine)
+        problem = mismatch(target, machine)
+        if problem:
+            say(f"pretrain_gpt.py: error: {problem}")
+            return 2
+        findings = check_run(args, environ, target.cluster, world_size=world_size, local=True, ours=True)
+        if not isinstance(target.cluster, Mapping):  # lagom's cost model starts from the same cluster
+            args.lagom_cluster = target.name
     except ValueError as exc:
         say(f"pretrain_gpt.py: error: {exc}")
         return 2
@@ -318,9 +278,9 @@ def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | No
     if getattr(args, "lagom", False):
         for f in findings:
             say(f"lagom doctor: {f}")
-        if rank0 and getattr(args, "lagom_plan", None):
+        if rank0:
             try:
-                hold_plan_lock(args.lagom_plan, environ)
+                hold_run_locks(vars(args), environ)
             except ValueError as exc:
                 say(f"pretrain_gpt.py: error: {exc}")
                 return 2

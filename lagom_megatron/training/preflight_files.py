@@ -8,10 +8,11 @@ without ``--cluster``): a doctor on a login node says nothing of another machine
   the check creates and removes an unnamed temporary file (``tempfile.TemporaryFile``), so a
   read-only file system or an immutable folder is caught even for root, for whom ``os.access``
   always says yes.
-- One writer per plan path across jobs: the first run takes an advisory POSIX lock
-  (``fcntl.lockf``, which also works over NFS through its lock manager) on ``.<plan>.lock`` beside
-  the plan and writes who holds it there; a second run is refused with the holder's pid, host,
-  job and start time.
+- One writer per output folder across jobs, whatever names it (the default ``lagom_out/<preset>/``,
+  ``--lagom-plan``, ``--lagom-report``, a relative or a symlinked path): the first run takes an
+  advisory POSIX lock (``fcntl.lockf``, which also works over NFS through its lock manager) on
+  :data:`LOCK_NAME` in each folder it writes (:func:`run_folders`, resolved with ``realpath``) and
+  writes who holds it there; a second run is refused with the holder's pid, host, job and start time.
 - ``MASTER_PORT`` is a port number (torch reads it with ``int()``; ``torch/distributed/rendezvous.py``
   ``_env_rendezvous_handler``) and, when ``MASTER_ADDR`` is this machine and rank 0 will create
   the store itself (no torchrun agent store: ``TORCHELASTIC_USE_AGENT_STORE``), it is free;
@@ -34,8 +35,11 @@ from lagom_megatron.training.preflight_types import Finding, RunShape
 DEFAULT_RUN_DIR = "lagom_out"
 """Parent of the run directory without ``--lagom-plan`` (as ``megatron.run_files.DEFAULT_RUN_DIR``)."""
 
+LOCK_NAME = ".lagom.lock"
+"""The lock file in each folder a run writes."""
+
 _HELD: dict[str, Any] = {}
-"""Plan path -> the open lock file this process holds for its whole life."""
+"""Folder (realpath) -> the open lock file this process holds for its whole life."""
 
 
 def folder_problem(folder: Path) -> str | None:
@@ -99,9 +103,27 @@ def rule_output_folders(s: RunShape) -> list[Finding]:
     return out
 
 
-def _lock_path(plan: str | os.PathLike) -> Path:
-    p = Path(os.path.realpath(plan))
-    return p.with_name(f".{p.name}.lock")
+def _folder_key(folder: str | os.PathLike) -> str:
+    return os.path.realpath(folder)
+
+
+def _lock_path(folder: str | os.PathLike) -> Path:
+    return Path(_folder_key(folder)) / LOCK_NAME
+
+
+def run_folders(args: Mapping[str, Any]) -> list[tuple[str, str, Path]]:
+    """(flag, value, folder) of each distinct folder a ``--lagom`` run writes, by realpath: the plan's
+    (``--lagom-plan`` or the default run folder, with profile, env file and tuner tables) and the
+    report's. Empty without ``--lagom``."""
+    out, seen = [], set()
+    for flag, value, folder in output_paths(args):
+        key = _folder_key(folder)
+        if flag != "--data-cache-path" and key not in seen:
+            seen.add(key)
+            if flag == "--lagom-plan" and not args.get("lagom_plan"):
+                value = f"{value} (the default, without --lagom-plan)"
+            out.append((flag, value, folder))
+    return out
 
 
 def _holder(environ: Mapping[str, str]) -> str:
@@ -127,62 +149,113 @@ def _try_lock(path: Path) -> tuple[int | None, str]:
     return fd, ""
 
 
-def _in_use(plan: str, holder: str) -> str:
-    return (f"--lagom-plan {plan!r} is in use by another run ({holder}); one run writes a plan path at a "
-            f"time: wait for it, or give this run another --lagom-plan")
+def _in_use(flag: str, value: str, folder: Path, holder: str) -> str:
+    real = _folder_key(folder)
+    where = str(folder) if real == os.path.abspath(folder) else f"{folder}, that is {real}"
+    return (f"{flag} {value!r} is in use by another run ({holder}): one run writes a folder at a time "
+            f"({where}): wait for it, or give this run another {flag if flag != '--lagom-report' else '--lagom-plan'}")
 
 
 def rule_plan_lock(s: RunShape) -> list[Finding]:
-    """No other run holds the plan's lock (probed and released at once; on rank 0 only, which then
-    takes it with :func:`hold_plan_lock`)."""
-    plan = s.args.get("lagom_plan") if s.args.get("lagom") else None
-    if not s.local or not plan or str(Path(plan).resolve()) in _HELD:
-        return []
-    if s.environ.get("RANK", "0") != "0":
-        return []  # rank 0 probes and then holds the lock; another rank's probe would race with it
-    lock = _lock_path(plan)
-    if Path(plan).is_dir() or not lock.is_file():
-        return []  # a folder is refused by rule_output_folders; no lock file means no holder (a holder creates it)
-    try:
-        fd, holder = _try_lock(lock)
-    except OSError:
-        return []  # an unwritable folder: rule_output_folders names it
-    if fd is not None:
-        os.close(fd)  # closing releases the lock; the lock file stays for the next run
-        return []
-    return [Finding("error", "plan-lock", _in_use(plan, holder),
-                    "two runs would overwrite each other's plan and verdict, and one would be lost",
-                    "wait for the other run, or give another --lagom-plan")]
+    """No other run holds the lock of a folder this run writes (:func:`run_folders`; probed and
+    released at once, on rank 0 only, which then takes them with :func:`hold_run_locks`)."""
+    if not s.local or s.environ.get("RANK", "0") != "0":
+        return []  # rank 0 probes and then holds the locks; another rank's probe would race with it
+    out = []
+    for flag, value, folder in run_folders(s.args):
+        lock = _lock_path(folder)
+        if _folder_key(folder) in _HELD or not lock.is_file():
+            continue  # no lock file means no holder (a holder creates it); a missing folder has none
+        try:
+            fd, holder = _try_lock(lock)
+        except OSError:
+            continue  # an unwritable folder: rule_output_folders names it
+        if fd is not None:
+            os.close(fd)  # closing releases the lock; the lock file stays for the next run
+            continue
+        out.append(Finding("error", "plan-lock", _in_use(flag, value, folder, holder),
+                           "two runs would overwrite each other's plan, profile, report and verdict, and one "
+                           "would be lost", f"wait for the other run, or give another --lagom-plan"))
+    return out
 
 
-def hold_plan_lock(plan: str, environ: Mapping[str, str] | None = None) -> Path:
-    """Takes the plan's lock for this process's life and records the holder in the lock file.
+def hold_folder_lock(folder: str | os.PathLike, environ: Mapping[str, str] | None = None, *,
+                     flag: str = "--lagom-plan", value: str | None = None) -> Path:
+    """Takes ``folder``'s lock for this process's life (creating the folder) and records the holder.
 
     Returns:
         The lock file's path.
 
     Raises:
-        ValueError: another run holds it (the message names the holder and the plan).
+        ValueError: another run holds it (the message names the holder, ``flag`` and ``value``).
     """
-    key = str(Path(plan).resolve())
-    lock = _lock_path(plan)
+    key = _folder_key(folder)
+    lock = _lock_path(folder)
     if key in _HELD:
         return lock
     lock.parent.mkdir(parents=True, exist_ok=True)
     fd, holder = _try_lock(lock)
     if fd is None:
-        raise ValueError(_in_use(plan, holder))
+        raise ValueError(_in_use(flag, str(folder) if value is None else value, Path(folder), holder))
     os.ftruncate(fd, 0)
     os.pwrite(fd, (_holder(os.environ if environ is None else environ) + "\n").encode(), 0)
     _HELD[key] = fd
     return lock
 
 
+def hold_run_locks(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[Path]:
+    """:func:`hold_folder_lock` on every folder of :func:`run_folders` (none without ``--lagom``).
+
+    Raises:
+        ValueError: another run holds one of them (the ones taken before it are released).
+    """
+    taken: list[str] = []
+    try:
+        locks = []
+        for flag, value, folder in run_folders(args):
+            fresh = _folder_key(folder) not in _HELD
+            locks.append(hold_folder_lock(folder, environ, flag=flag, value=value))
+            if fresh:
+                taken.append(_folder_key(folder))
+        return locks
+    except ValueError:
+        for key in taken:
+            os.close(_HELD.pop(key))
+        raise
+
+
+def hold_plan_lock(plan: str, environ: Mapping[str, str] | None = None) -> Path:
+    """:func:`hold_folder_lock` on the plan's folder: the lock of every run that writes there."""
+    return hold_folder_lock(Path(plan).parent, environ, value=str(plan))
+
+
 def release_plan_lock(plan: str) -> None:
-    """Releases the lock :func:`hold_plan_lock` took (the process's exit does it too)."""
-    fd = _HELD.pop(str(Path(plan).resolve()), None)
+    """Releases the lock :func:`hold_plan_lock` took on the plan's folder (the process's exit does it too)."""
+    release_folder_lock(Path(plan).parent)
+
+
+def release_folder_lock(folder: str | os.PathLike) -> None:
+    """Releases a lock :func:`hold_folder_lock` took (the process's exit does it too)."""
+    fd = _HELD.pop(_folder_key(folder), None)
     if fd is not None:
         os.close(fd)
+
+
+def folder_in_use(folder: str | os.PathLike) -> str | None:
+    """Who holds ``folder``'s lock (pid, host, job, since), or None when no run does."""
+    lock = _lock_path(folder)
+    if _folder_key(folder) in _HELD:
+        return f"this process, pid {os.getpid()}"
+    if not lock.is_file():
+        return None
+    try:
+        fd, holder = _try_lock(lock)
+    except OSError:
+        return None
+    if fd is not None:
+        os.close(fd)
+        return None
+    return holder
 
 
 def _is_local_address(addr: str) -> bool:

@@ -40,6 +40,11 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+SPLIT = re.compile(r"\s*(\d+\.?\d*|\.\d+)(\s*[,/]\s*(\d+\.?\d*|\.\d+)){0,2}\s*")
+"""A ``--split`` as Megatron-LM documents it: one to three weights, separated by commas (or slashes,
+the older spelling); anything else in the string would be dropped silently by megatron-core's parser."""
+
+
 def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -71,9 +76,11 @@ def rule_values(s: RunShape) -> list[Finding]:
     split = s.args.get("split")
     if isinstance(split, str):
         parts = [float(x) for x in re.findall(r"[.0-9]+", split) if x != "."]
-        if not parts or len(parts) > 3 or "-" in split or sum(parts) <= 0 or parts[0] <= 0:
-            bad("split", split, "up to three weights >= 0, e.g. 969,30,1, with a training weight > 0",
-                "megatron-core's parse_and_normalize_split asserts three parts >= 0 and divides by their sum "
+        if (not SPLIT.fullmatch(split) or not parts or len(parts) > 3 or sum(parts) <= 0
+                or parts[0] <= 0):
+            bad("split", split, "up to three weights >= 0 separated by commas, e.g. 969,30,1, with a training "
+                "weight > 0", "megatron-core's parse_and_normalize_split takes every run of digits and dots as a "
+                "weight (so 90,abc5,5 would train as 90,5,5), asserts three parts >= 0 and divides by their sum "
                 "(blended_megatron_dataset_config.py:155-172)")
     return out
 

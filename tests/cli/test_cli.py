@@ -3,6 +3,7 @@ import sys
 
 import lagom_megatron
 from lagom_megatron.cli.main import main
+from tests.timeouts import COMMAND_S
 
 
 def test_version_flag(capsys):
@@ -33,7 +34,7 @@ def test_every_entry_point_is_the_lagom_command():
     expected = f"lagom-megatron {lagom_megatron.__version__}"
     for argv in ([sys.executable, "-m", "lagom_megatron", "--version"], [sys.executable, "-m", "lagom_megatron.cli", "--version"],
                  [sys.executable, "-c", code]):
-        proc = subprocess.run(argv, capture_output=True, text=True, cwd=root, timeout=60)
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=root, timeout=COMMAND_S)
         assert proc.returncode == 0 and proc.stdout.strip() == expected, (argv, proc.stdout, proc.stderr)
 
 
@@ -51,7 +52,7 @@ def test_ctrl_c_is_one_line_and_exit_130_without_a_traceback():
     try:
         assert proc.stdout.readline().startswith("search scaling on")  # running: the search has started
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=COMMAND_S)
     finally:
         proc.kill()
     assert proc.returncode == 130 and err.strip().splitlines() == ["lagom bench: interrupted"], err

@@ -139,8 +139,10 @@ def _plan_fields(plan):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--sizes", "abc"], "argument --sizes: 'abc' is not an integer >= 1"),
-    (["--sizes", "0"], "argument --sizes: 0 is not an integer >= 1"),
+    (["--sizes", "abc"], "argument --sizes: 'abc' is not an integer in 1..100000"),
+    (["--sizes", "0"], "argument --sizes: 0 is not an integer in 1..100000"),
+    # a MemoryError traceback after the table's header before it had a bound
+    (["--sizes", "100000000000"], "argument --sizes: 100000000000 is not an integer in 1..100000"),
     (["--instances", "-3"], "argument --instances: -3 is not an integer >= 1"),
     (["--seed", "-1"], "argument --seed: -1 is not an integer >= 0"),
     (["--cluster", "nope"], f"cluster 'nope' is neither a file nor one of {available_clusters()} "

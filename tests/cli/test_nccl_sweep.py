@@ -15,6 +15,7 @@ import pytest
 from lagom_megatron.cli.main import main
 from lagom_megatron.engine.cluster import ClusterSpec
 from tests.nccl.perf_text import Truth
+from tests.timeouts import COMMAND_S
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu" / "nccl_sweep.sh"
@@ -23,7 +24,7 @@ OPS = ("all_gather", "reduce_scatter", "all_reduce", "alltoall", "sendrecv")
 
 
 def sweep(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=COMMAND_S, env=env)
 
 
 def standin_binaries(folder: Path, failing: str | None = None) -> Path:

@@ -110,15 +110,18 @@ def test_search_refuses_an_exhaustive_search_of_per_call_knobs_as_simulate_does(
 
 
 def test_exhaustive_search_of_more_than_64_sites_with_shared_knobs_runs(tmp_path, capsys):
-    # NCCL 2.21 (a100-ib100): knobs are set per communicator or process, 1,944 joint configurations
-    # over 96 sites (324 for the data-parallel group, times 6 CTA bounds of the context-parallel one);
-    # the searcher once built a 96-dimensional array numpy refuses (64 at most)
+    # NCCL 2.21 (a100-ib100) loads no lagom plugin: the communicator mechanism sets CTA bounds per
+    # communicator (the algorithm and protocol need 2.24's per-function NCCL_ALGO) and NCCL_NTHREADS
+    # per process, 216 joint configurations over 96 sites (36 for the data-parallel group, times 6
+    # CTA bounds of the context-parallel one); the searcher once built a 96-dimensional array numpy
+    # refuses (64 at most)
     prof = _simulated_profile(tmp_path, capsys, "llama3-8b-h100x8", "a100-ib100")
     out = tmp_path / "plan.json"
     assert main(["search", "--profile", str(prof), "-o", str(out), "--method", "exhaustive"]) == 0
-    assert capsys.readouterr().out.startswith("exhaustive: 96 sites, 186,624 model evaluations")
+    assert capsys.readouterr().out.startswith("exhaustive: 96 sites, 20,736 model evaluations")
     plan = Plan.load(out)
-    assert plan.method == "exhaustive" and len(plan.entries) == 96 and plan.stats["joint_configs"] == 1944
+    assert plan.method == "exhaustive" and len(plan.entries) == 96 and plan.stats["joint_configs"] == 216
+    assert plan.mechanism == "communicator"
     assert main(["search", "--profile", str(prof), "-o", str(tmp_path / "prio.json")]) == 0
     capsys.readouterr()
     prio = Plan.load(tmp_path / "prio.json")

@@ -110,6 +110,27 @@ def test_unknown_key_names_the_closest(tmp_path):
         load_preset(bad)
 
 
+@pytest.mark.parametrize("model", [
+    "  num_layer: 2\n  hidden_size: 64\n  num_attention_heads: 4\n",                   # the key misspelt
+    "  num_layers: 2\n  hidden_size: 64\n  num_attention_heads: 4\n  num_layer: 3\n",  # an extra misspelt key
+])
+def test_a_typo_key_inside_an_inline_model_is_named(tmp_path, model):
+    """It was reported as ``model.str: Input should be a valid string``, the other branch of ``model:``."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n" + model + "parallel:\n  tensor_model_parallel_size: 1\n")
+    with pytest.raises(ValueError) as info:
+        load_preset(bad)
+    assert str(info.value) == f"{bad}: unknown key 'model.num_layer'; did you mean 'num_layers'?"
+
+
+def test_a_wrong_type_inside_an_inline_model_names_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  num_layers: two\n  hidden_size: 64\n  num_attention_heads: 4\n")
+    with pytest.raises(ValueError) as info:
+        load_preset(bad)
+    assert str(info.value) == f"{bad}:2:15: model.num_layers: Input should be a valid integer (got 'two')"
+
+
 def test_command_line_overrides_the_preset():
     args = argv_to_args(["pretrain_gpt.py", "--preset", "llama3-8b-h100x8", "--context-parallel-size", "4",
                          "--no-overlap-p2p-communication", "--data-path", "1", "a", "--lr=1e-3"])

@@ -14,7 +14,7 @@ from lagom_megatron.megatron.backends import rules_for
 
 def site(*, site_id="tp.ag[0]", op="all_gather", nbytes=64 * 2**20, group="tp", group_size=8, n_nodes=1, calls=1):
     """One CollectiveSite with test defaults (a 64 MiB tensor-parallel all-gather in one node)."""
-    return CollectiveSite(site_id=site_id, op=op, nbytes=nbytes, dtype="bf16", group=group, group_size=group_size,
+    return CollectiveSite(site_id=site_id, op=op, nbytes=nbytes, dtype="bfloat16", group=group, group_size=group_size,
                           n_nodes=n_nodes, calls_per_iter=calls)
 
 
@@ -52,7 +52,8 @@ def profile_from(problem, *, noise=0.0, seed=0, probes=None, iteration_us=10_000
             samples.append(Sample(site_id=s.site_id, config=c, t_comm_us=t_comm * e1, t_comp_us=float(m.t_comp_us_S[i]),
                                   t_region_us=max(t_region * e2, t_comm * e1), iteration=it))
     return Profile(backend=backend, cluster=problem.cluster.name, iteration_us=iteration_us, sites=list(m.sites),
-                   samples=samples, fingerprint={"world_size": 16, "model": "tiny-gpt"})
+                   samples=samples, fingerprint={"world_size": 16, "model": "tiny-gpt", "backend": backend,
+                                                        "cluster": problem.cluster.name})
 
 
 def synthetic(*, n_sites, seed, cluster="h100-sxm-ib400", mechanism=None, domain_override=None):

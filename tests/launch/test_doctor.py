@@ -7,6 +7,7 @@ import pytest
 
 from lagom_megatron.cli.main import main
 from lagom_megatron.launch.doctor import RULES, Finding, preflight, run_doctor
+from tests.timeouts import COMMAND_S
 
 H100 = {"gpus_per_node": 8, "sm_arch": 90, "nccl_version": "2.27.5", "backend": "nccl"}
 B200 = {"gpus_per_node": 8, "sm_arch": 100, "nccl_version": "2.27.5", "backend": "nccl"}
@@ -311,9 +312,12 @@ def test_command_line_validate_args_and_data_warning(capsys):
 
 
 @pytest.mark.parametrize("option, what", [
-    (["--world-size", "0"], "argument --world-size: 0 is not an integer >= 1"),
-    (["--world-size", "-4"], "argument --world-size: -4 is not an integer >= 1"),
-    (["--gpus-per-node", "0"], "argument --gpus-per-node: 0 is not an integer >= 1"),
+    (["--world-size", "0"], "argument --world-size: 0 is not an integer in 1..1048576"),
+    (["--world-size", "-4"], "argument --world-size: -4 is not an integer in 1..1048576"),
+    (["--gpus-per-node", "0"], "argument --gpus-per-node: 0 is not an integer in 1..1024"),
+    # accepted before (rc 0, no error): twenty digits are no GPU count
+    (["--gpus-per-node", "99999999999999999999"], "argument --gpus-per-node: 99999999999999999999 is not an integer "
+                                                  "in 1..1024"),
 ])
 def test_command_refuses_bad_own_options_as_usage(capsys, option, what):
     # the doctor's own options are checked by argparse: a usage error (exit 2), nothing checked yet
@@ -376,7 +380,7 @@ def test_pretrain_gpt_with_lagom_stops_on_doctor_errors():
     script = Path(__file__).resolve().parents[2] / "scripts" / "pretrain_gpt.py"
     env = {**os.environ, "WORLD_SIZE": "4", "RANK": "0", "LAGOM_CLUSTER": "cpu-gloo"}
     proc = subprocess.run([sys.executable, str(script), "--preset", "cpu-tp2-dp2", "--mock-data", "--lagom",
-                           "--tp-comm-overlap"], capture_output=True, text=True, env=env, timeout=120)
+                           "--tp-comm-overlap"], capture_output=True, text=True, env=env, timeout=COMMAND_S)
     # the shared pre-flight (training.preflight) refuses bad input with exit code 2, one line on stderr
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == ["pretrain_gpt.py: error: --tp-comm-overlap is set on a CPU (gloo) cluster; it needs CUDA"]

@@ -89,7 +89,8 @@ class Ends:
 
 
 @pytest.fixture
-def fake_training(monkeypatch):
+def fake_training(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # rank 0 locks the run folder, ./lagom_out/run: not in the source tree
     training = types.ModuleType("megatron.training.training")
     training.train_step = lambda forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config, \
         forward_backward_func: ({"lm loss": 1.0},)

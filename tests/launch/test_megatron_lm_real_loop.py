@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import LAUNCH_S, SCALE, run
+
 ROOT = Path(__file__).resolve().parents[2]
 CHECKOUT = os.environ.get("MEGATRON_LM_DIR")
 MISSING = [m for m in ("six", "regex", "pybind11") if importlib.util.find_spec(m) is None]
@@ -60,8 +62,8 @@ def _train(checkout: Path, argv: list[str], log: Path) -> str:
     env.pop("LAGOM_CLUSTER", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
            "-m", "lagom_megatron.launch.megatron_lm_cpu", "pretrain_gpt.py", *argv]
-    proc = subprocess.run(cmd, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=840)
+    proc = run(cmd, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+               timeout=LAUNCH_S)  # the whole launch's tree is killed at the limit
     log.write_text(proc.stdout)
     assert proc.returncode == 0, f"exit {proc.returncode}; last lines:\n" + "\n".join(proc.stdout.splitlines()[-30:])
     return proc.stdout
@@ -75,7 +77,7 @@ def _numbers(log: str) -> tuple[list[str], list[str]]:
     return train, valid
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(2 * LAUNCH_S / SCALE)  # two launches (scaled once more by tests/conftest.py)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_megatron_lm_loop_trains_with_lagom_and_the_same_losses(layout, tmp_path):
     checkout = _patched_checkout()

@@ -123,8 +123,19 @@ class Recorder:
 
 
 @pytest.fixture
-def fake_megatron(monkeypatch):
-    """megatron.training with train_step, get_args and parse_args, as Megatron-LM lays them out."""
+def fake_megatron(monkeypatch, tmp_path):
+    """megatron.training with train_step, get_args and parse_args, as Megatron-LM lays them out; the
+    run folder (./lagom_out/run, whose lock rank 0 takes) lies under tmp_path."""
+    from lagom_megatron.training.preflight_files import _HELD, release_folder_lock
+
+    monkeypatch.chdir(tmp_path)
+    held = set(_HELD)
+    yield from _fake_megatron(monkeypatch)
+    for folder in set(_HELD) - held:
+        release_folder_lock(folder)
+
+
+def _fake_megatron(monkeypatch):
     state = {"args": None, "argv": []}
     training = types.ModuleType("megatron.training.training")
 
@@ -157,7 +168,7 @@ def fake_megatron(monkeypatch):
 
     cpu_mode_calls = []  # the CPU shims need a real checkout (tests/launch/test_megatron_lm_real_loop.py)
     monkeypatch.setattr(megatron_lm_cpu, "apply", lambda force=False: cpu_mode_calls.append(1) or True)
-    return types.SimpleNamespace(training=training, state=state, original=train_step, parse_args=parse_args,
+    yield types.SimpleNamespace(training=training, state=state, original=train_step, parse_args=parse_args,
                                  cpu_mode_calls=cpu_mode_calls)
 
 

@@ -152,11 +152,17 @@ def test_per_gpu_ranks_from_slurm_and_megatron_lm_flags(fake):
     assert "--preset" not in args
 
 
-def _valid_plan(path):
-    """A minimal valid plan file (an empty gloo plan never verified): the scripts validate an existing --plan."""
+def _valid_plan(path, preset="llama3-8b-h100x8"):
+    """A minimal valid plan file of ``preset``'s run (an empty NCCL plan never verified): the scripts
+    check an existing --plan against the run they launch."""
+    from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.engine.plan import Plan
+    from lagom_megatron.nccl.rules import default_mechanism
 
-    Plan(entries={}, backend="gloo", mechanism="gloo", fingerprint={"cluster": "cpu-gloo"}).save(path)
+    p = load_preset(preset)
+    cluster = ClusterSpec.load(p.cluster)
+    Plan(entries={}, backend="nccl", mechanism=default_mechanism(cluster),
+         fingerprint={"cluster": cluster.name, "backend": "nccl", "world_size": p.world_size}).save(path)
 
 
 def test_plan_env_file_is_sourced_before_srun(fake):
@@ -229,7 +235,7 @@ def test_plan_under_a_file_or_a_directory_is_refused(fake):
 
 def test_bad_plan_env_values_stop_the_launch(fake):
     plan = fake.tmp / "plan.json"
-    _valid_plan(plan)
+    _valid_plan(plan, "llama2-7b-a100x32-ib100")
     (fake.tmp / "plan.json.env").write_text("export NCCL_NTHREADS=480\n")
     proc = fake(PER_GPU, "--preset", "llama2-7b-a100x32-ib100", "--plan", str(plan))
     assert proc.returncode == 1 and "NCCL_NTHREADS=480" in proc.stderr
@@ -371,3 +377,47 @@ def test_submit_outside_slurm_names_the_missing_tool(fake, tmp_path):
     assert "command not found" not in proc.stderr
     proc = fake(PER_GPU, "--preset", "llama2-7b-a100x32-ib100", extra_env=bare)
     assert proc.returncode == 2 and "SLURM's srun is not on PATH here" in proc.stderr
+
+
+def test_a_plan_of_another_run_stops_the_dry_run(fake):
+    """A CPU (gloo) plan given to an H100 preset passed the dry run (rc 0); the run would only have
+    moved it aside once the allocation had started."""
+    from lagom_megatron.engine.plan import Plan
+
+    gloo = fake.tmp / "cpu-plan.json"
+    Plan(entries={}, backend="gloo", mechanism="gloo", fingerprint={
+        "cluster": "cpu-gloo", "backend": "gloo", "world_size": 4, "tensor_model_parallel_size": 2}).save(gloo)
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(gloo))
+    assert proc.returncode == 2 and "srun" not in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"lagom launch: error: --plan {gloo} is not a plan of this run (preset 'llama3-8b-h100x8' on cluster "
+        "'h100-sxm-ib400'): tensor_model_parallel_size 2 (this run: 1); world_size 4 (this run: 8); backend 'gloo' "
+        "(this run: 'nccl'); cluster 'cpu-gloo' (this run: 'h100-sxm-ib400'); "
+        "the run would move it aside and search anew: give this run's plan, or a path that does not exist yet")
+    layout = fake.tmp / "tp2-plan.json"
+    _valid_plan(layout)
+    data = Plan.load(layout).to_dict()
+    data["fingerprint"]["tensor_model_parallel_size"] = 2
+    Plan.from_dict(data).save(layout)
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(layout))
+    assert proc.returncode == 2 and "tensor_model_parallel_size 2 (this run: 1)" in proc.stderr
+    # the same line with the layout the plan was made for: accepted (the doctor then checks that layout)
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(layout), "--",
+                "--tensor-model-parallel-size", "2")
+    assert "is not a plan of this run" not in proc.stderr, proc.stderr
+
+
+def test_a_dry_run_builds_nothing(fake, tmp_path):
+    """The dry run built build/nccl-plugin/libnccl-tuner-lagom.so although a dry run creates nothing."""
+    empty = tmp_path / "no-plugin-yet"
+    empty.mkdir()
+    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", extra_env={"LAGOM_TUNER_DIR": str(empty)})
+    assert proc.returncode == 0, proc.stderr
+    assert list(empty.iterdir()) == []
+    assert (f"lagom: note: a dry run builds nothing; the launch builds the NCCL tuner plugin as "
+            f"{empty / 'libnccl-tuner-lagom.so'} and exports NCCL_TUNER_PLUGIN to every rank") in proc.stderr
+    assert "NCCL_TUNER_PLUGIN" not in proc.stdout.split("lagom_megatron.cli doctor")[0]
+    run = fake(PER_NODE, "--preset", "llama3-8b-h100x8", extra_env={"LAGOM_TUNER_DIR": str(empty),
+                                                                   "SLURM_JOB_NUM_NODES": "1"})
+    assert run.returncode == 0, run.stderr
+    assert (empty / "libnccl-tuner-lagom.so").is_file()  # the launch itself builds it

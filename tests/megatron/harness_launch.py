@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.timeouts import run
 
 HARNESS = Path(__file__).resolve().parent / "lagom_harness.py"
 
@@ -36,9 +37,9 @@ def launch_harness(workdir: Path, name: str, runs: list[dict], *, nproc: int,
     spec, out = workdir / f"{name}.spec.json", workdir / f"{name}.out.json"
     spec.write_text(json.dumps({"runs": runs}))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
+    proc = run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(HARNESS),
-         str(spec), str(out)], cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout_s)
+         str(spec), str(out)], cwd=workdir, env=env, text=True, timeout=timeout_s)
     assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     logs: dict[str, str] = {}
     current = None

@@ -19,8 +19,9 @@ import json
 import pytest
 
 from tests.megatron.harness_launch import launch_harness
+from tests.timeouts import LAUNCH_S
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.distributed]
 
 ITERS = 10
 ARGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -48,7 +49,7 @@ def launched(tmp_path_factory):
     for name, (env, _) in FAULTS.items():
         runs.append({"name": name, "argv": [*ARGS, "--lagom", "--lagom-plan", str(tmp / name / "plan.json"),
                                             "--lagom-report", str(tmp / name / "report.json")], "env": env})
-    results, logs = launch_harness(tmp, "faults", runs, nproc=2, timeout_s=540)
+    results, logs = launch_harness(tmp, "faults", runs, nproc=2, timeout_s=LAUNCH_S)
     return tmp, results, logs
 
 

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.timeouts import LAUNCH_S, run
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_profiler_runs_and_prints_both_overheads(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_profiler.py"), "--cycles", "1"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=400, check=False)
+    proc = run([sys.executable, str(ROOT / "scripts" / "bench_profiler.py"), "--cycles", "1"], cwd=tmp_path,
+               env=env, text=True, timeout=LAUNCH_S)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     m = re.search(r"bench_profiler: (\d+) sites \| 1 iterations per mode", out)

@@ -229,6 +229,24 @@ def test_reused_plan_of_another_method_says_so_and_counts_only_changed_sites(tmp
     assert "--lagom-method autoccl not used" in out and "searched with priority" in out, out
 
 
+@pytest.mark.parametrize("verification", [None, "fell_back"])
+def test_another_method_is_named_for_a_never_verified_or_rejected_plan_too(tmp_path, capsys, monkeypatch, verification):
+    """The warning was printed only when a verified plan was applied: silent for the two other branches."""
+    path = tmp_path / "plan.json"
+    plan = _plan(dict(FP))
+    (plan.with_stats(verification=verification, verification_reason="gain 0.1% below noise 2%")
+     if verification else plan).save(path)
+    ctl = LagomController(plan_path=str(path), method="autoccl", verify_iters=2)
+    from lagom_megatron.engine.cluster import ClusterSpec
+
+    ctl.fingerprint, ctl.cluster, ctl.backend = dict(FP), ClusterSpec.load("cpu-gloo"), "gloo"
+    monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: True)
+    assert ctl._try_reuse_plan() is True
+    lines = [line for line in capsys.readouterr().out.splitlines() if "WARNING" in line]
+    assert lines == [f"lagom: WARNING: --lagom-method autoccl not used: plan {path} was searched with priority; "
+                     "delete it or pass another --lagom-plan to search with autoccl"]
+
+
 def test_run_too_short_or_interrupted_is_named_with_its_reason(tmp_path):
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.megatron.backends import rules_for

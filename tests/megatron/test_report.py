@@ -4,6 +4,8 @@ iteration, tuned = changed, the real default, one file per non-tuning run."""
 import math
 import re
 
+import pytest
+
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import PlanEntry
 from lagom_megatron.engine.profile import CollectiveSite
@@ -51,9 +53,12 @@ def test_markdown_columns_add_up_to_the_verdict_medians(tmp_path):
     assert written == [path, tmp_path / "report.png"] and written[1].stat().st_size > 5000
     text = path.read_text()
     # the verdict kept the defaults: nothing ran tuned; n_channels=2 on gloo is the default, not a change
-    assert "- sites tuned: 0 of 2 (the defaults were kept: n_channels=2 (gloo worker threads), no split); the plan would change 1 (0 with a predicted gain)" in text
+    assert ("- sites tuned: 0 of 2 (the defaults were kept: n_channels=2 (gloo worker threads), no split); the plan "
+            "would change 1 (0 with a predicted gain), tuned 'not applied' below") in text
     # the half-range rule: max(half range 10 ms, 1% of 310 ms); the figures are the verdict line's own
-    assert "- gain (defaults - plan): 12.5 ms, needed > 10.0 ms\n" in text
+    assert ("- gain (defaults - plan): 12.5 ms (median of the defaults 310.0 ms - median of the plan 297.5 ms, 3 and "
+            "2 iterations), needed > 10.0 ms (the larger of half the wider arm's range 10.0 ms and the minimum gain "
+            "3.1 ms)\n") in text
     assert "- rule: half-range: the plan is kept when the medians' difference is more than the larger of half the " \
            "wider arm's range (max - min: 10.0 ms) and the minimum gain (1.0% of the defaults' median: 3.1 ms)\n" in text
     assert "| measured median (3 / 2 iterations" in text and "| 310.0 | 297.5 |" in text
@@ -67,7 +72,9 @@ def test_markdown_columns_add_up_to_the_verdict_medians(tmp_path):
     assert sums == [8.25, 7.53, 7.0, 6.0]  # medians 1.2 + 7.05, 1.025 + 6.5, ...
     for s, r, i in zip(sums, rest, it):
         assert math.isclose(s + r, i, abs_tol=0.011)
-    assert "| tp.sp_all_gather[0] | all_gather | tp | 128.0 KiB | 2 | n_channels=2 (gloo worker threads), no split | n_channels=1 | yes | 1.20 | 1.02 |" in text
+    # the tuned column agrees with the header: the defaults ran, so no row says yes
+    assert "| tp.sp_all_gather[0] | all_gather | tp | 128.0 KiB | 2 | n_channels=2 (gloo worker threads), no split | n_channels=1 | not applied | 1.20 | 1.02 |" in text
+    assert "| yes |" not in text
     # predicted iteration = default iteration - sum(default regions) + sum(plan regions) (engine/problem.py)
     t = column_totals(rows, summary)
     assert math.isclose(t["predicted_default"][1], t["predicted_plan"][1])
@@ -77,7 +84,23 @@ def test_an_applied_plan_counts_its_changed_sites(tmp_path):
     rows, summary = _fixture()
     summary["phase"] = "applied"
     write_report(tmp_path / "r.md", rows, summary, figure=False)
-    assert "- sites tuned: 1 of 2 (config differs from the default: n_channels=2" in (tmp_path / "r.md").read_text()
+    text = (tmp_path / "r.md").read_text()
+    assert "- sites tuned: 1 of 2 (config differs from the default: n_channels=2" in text
+    assert text.count(" | yes | ") == 1 and "not applied" not in text  # the header's 1 is the column's one yes
+
+
+@pytest.mark.parametrize("phase, tuned", [("applied", ["no", "yes"]), ("fell_back", ["no", "not applied"])])  # rows by site id: dp, tp
+def test_csv_and_json_tuned_columns_follow_the_verdict(tmp_path, phase, tuned):
+    import csv
+    import json
+
+    rows, summary = _fixture()
+    summary["phase"] = phase
+    write_report(tmp_path / "r.csv", rows, summary, figure=False)
+    write_report(tmp_path / "r.json", rows, summary, figure=False)
+    with open(tmp_path / "r.csv") as f:
+        assert [r["tuned"] for r in csv.DictReader(f)] == tuned
+    assert [r["tuned"] for r in json.loads((tmp_path / "r.json").read_text())["rows"]] == tuned
 
 
 def test_runs_without_a_verification_never_replace_the_tuned_report(tmp_path):
@@ -111,8 +134,12 @@ def test_the_report_explains_the_paired_verdict_it_shows():
     assert math.isclose(s["gain_us"], 2625.0) and math.isclose(s["needed_us"], 1008.956, rel_tol=1e-6)
     assert (s["needed_us"], s["verdict"]) == (v.needed_us, "plan kept: " + v.text)
     text = render_markdown([], dict(phase="applied", **s))
-    assert "- gain (defaults - plan): 2.6 ms (mean of 8 paired differences), needed > 1.0 ms (95% bound 1.0 ms)\n" in text
-    assert v.text.endswith("gain 2.6 ms (mean of 8 paired differences), needed > 1.0 ms (95% bound 1.0 ms)")
+    assert ("- gain (defaults - plan): 2.6 ms (mean of 8 paired differences, defaults - plan), needed > 1.0 ms (the "
+            "larger of its 95% bound 1.0 ms and the minimum gain 0.6 ms)\n") in text
+    # one statistic and its bound: the verdict line holds no median (they are the table's, labelled)
+    assert v.text == ("gain 2.6 ms (mean of 8 paired differences, defaults - plan), needed > 1.0 ms (the larger of "
+                      "its 95% bound 1.0 ms and the minimum gain 0.6 ms)")
+    assert "median" not in v.text and "median" not in s["verdict"]
     assert "- rule: paired: the k-th default and the k-th plan iteration form a pair; the plan is kept when the mean " \
            "of the 8 paired differences is more than the larger of its one-sided 95% Student-t bound " \
            "(t(0.95, 7) x sd / sqrt(8), t = 1.895) and the minimum gain (0.2% of the defaults' median: 0.6 ms)\n" in text
@@ -122,9 +149,38 @@ def test_the_report_explains_the_paired_verdict_it_shows():
 def test_one_pair_falls_back_to_half_range_as_the_verdict_does():
     s = verdict_summary([290e3], [300e3], min_gain=0.002, noise_rule="paired")
     assert s["noise_rule"] == "half-range" and "95% bound" not in s["verdict"]
-    assert s["verdict_figures"] == "10.0 ms, needed > 0.6 ms"  # no range with one value: the minimum gain decides
+    # no range with one value: the minimum gain decides; the statistic is the medians' difference, so both are named
+    assert s["verdict_figures"] == ("10.0 ms (median of the defaults 300.0 ms - median of the plan 290.0 ms, 1 and 1 "
+                                    "iterations), needed > 0.6 ms (the larger of half the wider arm's range 0.0 ms and "
+                                    "the minimum gain 0.6 ms)")
     assert s["verdict_rule"].startswith("half-range: the plan is kept when the medians' difference")
     assert "no verification in this run" in render_markdown([], {"phase": "reused"})
+
+
+def test_every_text_of_the_figure_fits_its_canvas():
+    """The reused plan's subtitle (its reason, a long line) was cut off at both edges of the PNG."""
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    from lagom_megatron.megatron.report_figure import report_figure
+
+    rows, summary = _fixture()
+    long = ("plan runs/demo/cpu-tp2-dp2/a/rather/deep/folder/of/plans/plan.json reused (digest c9e4646a602e) but its "
+            "verification kept the defaults (gain -456.2 ms (mean of 4 paired differences, defaults - plan), needed > "
+            "600.0 ms (the larger of its 95% bound 600.0 ms and the minimum gain 8.2 ms)) | profiling and search "
+            "skipped; delete the plan or pass another --lagom-plan to search again")
+    for reason in (summary["verdict"], long):
+        fig = report_figure(rows, {**summary, "verdict": reason, "run_kind": "reused"})
+        try:
+            renderer = fig.canvas.get_renderer()
+            texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+            assert any("profiling and search" in t.get_text() for t in texts) or reason != long
+            for t in texts:
+                box = t.get_window_extent(renderer)
+                assert box.x0 >= -0.5 and box.x1 <= fig.bbox.width + 0.5, (t.get_text()[:60], box, fig.bbox)
+                assert box.y0 >= -0.5 and box.y1 <= fig.bbox.height + 0.5, (t.get_text()[:60], box, fig.bbox)
+        finally:
+            plt.close(fig)
 
 
 def test_the_report_says_what_the_plan_cannot_change_and_why():

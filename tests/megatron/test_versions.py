@@ -22,6 +22,7 @@ from lagom_megatron.megatron.versions import (
     installed_torch,
     release,
 )
+from tests.timeouts import COMMAND_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -158,7 +159,7 @@ def test_script_refuses_an_untested_megatron_core(tmp_path):
     argv = [sys.executable, str(ROOT / "scripts" / "pretrain_gpt.py"), "--num-layers", "2", "--hidden-size", "64",
             "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "1", "--train-iters", "1",
             "--lr", "1e-3", "--mock-data"]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "pretrain_gpt.py: error: megatron-core 0.20.0rc1 (checkout at ")

@@ -11,6 +11,7 @@ from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.engine.search import search
 
 from ..engine.factory import build, site
+from tests.timeouts import COMMAND_S
 
 
 def _mixed_plan(method="priority", mechanism=None):
@@ -145,7 +146,7 @@ def test_env_values_are_quoted_and_source_to_the_same_value(tmp_path):
     env_file = tmp_path / "plan.env"
     env_file.write_text(text)
     proc = subprocess.run(["bash", "-c", f"set -a; . {env_file}; env"], capture_output=True, text=True, cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin"}, timeout=30)
+                          env={"PATH": "/usr/bin:/bin"}, timeout=COMMAND_S)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert [l for l in proc.stdout.splitlines() if l.startswith("NCCL_")] == [f"NCCL_ALGO={value}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.env"], "sourcing created nothing"

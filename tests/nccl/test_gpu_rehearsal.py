@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.timeouts import COMMAND_S
+
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "scripts" / "gpu"
 SCRIPTS = sorted(p for p in GPU.iterdir() if p.suffix in (".sh", ".py"))
@@ -24,7 +26,7 @@ SCRIPTS = sorted(p for p in GPU.iterdir() if p.suffix in (".sh", ".py"))
 def _run(cmd, **kw):
     env = {**os.environ, "PYTHON": sys.executable, **kw.pop("env", {})}
     env.pop("MEGATRON_LM_DIR", None)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT, **kw)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_S, env=env, cwd=ROOT, **kw)
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)

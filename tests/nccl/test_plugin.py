@@ -9,6 +9,7 @@ import pytest
 
 from lagom_megatron.cli.main import main
 from lagom_megatron.nccl.plugin import PLUGIN_DIR, build_harness, build_tuner
+from tests.timeouts import COMMAND_S
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed: the tuner plugin is built with gcc")
 
@@ -25,7 +26,7 @@ def built(tmp_path_factory):
 def _query(built, table, tag, n_ranks, n_nodes, coll, nbytes):
     lib, harness = built
     proc = subprocess.run([str(harness), str(lib), "--query", str(table), tag, str(n_ranks), str(n_nodes),
-                           coll, str(nbytes)], capture_output=True, text=True, timeout=30)
+                           coll, str(nbytes)], capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stderr
     fields = dict(kv.split("=") for kv in proc.stdout.split())
     algo, proto = int(fields["algo"]), int(fields["proto"])
@@ -42,7 +43,7 @@ def test_harness_passes_every_case(built):
     assert {"profiler_match_plan", "profiler_clamped_channels", "profiler_other_algorithm", "profiler_p2p",
             "profiler_missing_comm_name", "profiler_user_plugin", "profiler_comm_name_keys_rows",
             "profiler_activation_mask", "profiler_bounded"} <= set(names)
-    proc = subprocess.run([str(harness), str(lib)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([str(harness), str(lib)], capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     passed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("PASS ")]
     assert passed == names, f"got {passed} but should be {names}"
@@ -57,7 +58,7 @@ def test_harness_under_address_sanitizer(tmp_path):
         pytest.skip("gcc here has no AddressSanitizer runtime")
     lib = build_tuner(tmp_path, extra_cflags=flags)
     harness = build_harness(tmp_path, extra_cflags=flags)
-    proc = subprocess.run([str(harness), str(lib)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([str(harness), str(lib)], capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ERROR: " not in proc.stderr, proc.stderr
 
@@ -141,7 +142,7 @@ def test_makefile_build_and_test_targets(tmp_path):
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     proc = subprocess.run(["make", "-C", str(PLUGIN_DIR), "test", f"BUILD_DIR={tmp_path}"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 failed" in proc.stdout
     assert (tmp_path / "libnccl-tuner-lagom.so").is_file()
@@ -152,6 +153,18 @@ def test_build_tuner_command(tmp_path, capsys):
     lib = tmp_path / "out" / "libnccl-tuner-lagom.so"
     assert capsys.readouterr().out.splitlines()[0] == str(lib.resolve())
     assert hasattr(ctypes.CDLL(str(lib)), "ncclTunerPlugin_v6")
+
+
+def test_the_export_hint_is_a_shell_command_for_a_folder_with_spaces(tmp_path, capsys):
+    """The hint was ``export NCCL_TUNER_PLUGIN=<tmp>/dir with space/...``: three words for the shell."""
+    out = tmp_path / "dir with space"
+    assert main(["build-tuner", "-o", str(out)]) == 0
+    lib, hint = capsys.readouterr().out.splitlines()
+    command = hint.removeprefix("# use it with:").split("  (")[0].strip()
+    shown = subprocess.run(["bash", "-c", f'{command}; printf "%s|%s|%s" "$NCCL_TUNER_PLUGIN" "$NCCL_PROFILER_PLUGIN" '
+                            '"$LAGOM_TUNER_CONFIG"'], capture_output=True, text=True, timeout=COMMAND_S)
+    assert shown.returncode == 0 and shown.stdout == f"{lib}|{lib}|TABLE.csv", shown.stderr
+    assert lib == str((out / "libnccl-tuner-lagom.so").resolve())
 
 
 def test_missing_compiler_is_a_clear_error(tmp_path, capsys):
@@ -176,7 +189,7 @@ def test_gpu_check_script_fails_gracefully_without_a_gpu(tmp_path):
     shadow.mkdir()
     (shadow / "torch.py").write_text("raise ImportError('torch hidden by the test')\n")
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(shadow)}
-    proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+    proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=COMMAND_S,
                           env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = (tmp_path / "out" / "summary.md").read_text()

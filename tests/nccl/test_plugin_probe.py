@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lagom_megatron.nccl.plugin_status import PluginStatus
+from tests.timeouts import COMMAND_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,7 +67,7 @@ def test_probe_skips_without_a_gpu(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: check.sh runs the probe for real")
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "plugin_probe.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "plugin_probe.json").read_text())
     assert result["status"] == "skipped" and result["reason"] == "no CUDA device or torch without NCCL"

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 from lagom_megatron.nccl.plugin import build_tuner
+from tests.timeouts import COMMAND_S
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed: the tuner plugin is built with gcc")
 
@@ -71,7 +72,7 @@ def _drive(lib, table, tag, calls, *, n_ranks=8, n_nodes=1):
     import json
 
     proc = subprocess.run([sys.executable, "-c", DRIVER, str(lib), str(table), tag, json.dumps(calls),
-                           json.dumps([n_ranks, n_nodes])], capture_output=True, text=True, timeout=60)
+                           json.dumps([n_ranks, n_nodes])], capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

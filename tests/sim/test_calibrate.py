@@ -17,6 +17,7 @@ from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.sim.calibrate import COLUMNS, fit, read_rows
 from lagom_megatron.sim.constants import get
 from lagom_megatron.sim.device import ComputeKernel, Gpu, compute_time_us, wave_factor
+from tests.timeouts import COMMAND_S
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,7 +79,7 @@ def test_fitted_constants_reach_the_device_model():
 
 def test_probe_imports_without_cuda_and_exits_cleanly(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu" / "contention_probe.py"), "--out", str(tmp_path / "p.csv")],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=COMMAND_S)
     assert r.returncode == 0, r.stderr
     assert "no CUDA GPU" in r.stdout + r.stderr
     assert not (tmp_path / "p.csv").exists()

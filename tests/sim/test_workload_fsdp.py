@@ -6,6 +6,7 @@ import pytest
 
 from lagom_megatron.config.presets import load_preset
 from lagom_megatron.sim.backend import SimulatedCluster
+from tests.timeouts import LAUNCH_S, run
 
 
 def test_fsdp_gathers_twice_and_reduce_scatters_once_per_layer_in_every_micro_batch():
@@ -118,7 +119,6 @@ def test_root_buckets_are_megatron_fsdps_own(tmp_path):
     """The simulator's buckets without units against megatron-core 0.16.1's ``_get_parameter_groups`` on each
     A40 FSDP preset's real GPTModel (meta device, bf16, local spec; tests/sim/fsdp_buckets_worker.py)."""
     import json
-    import subprocess
     import sys
     from pathlib import Path
 
@@ -138,8 +138,8 @@ def test_root_buckets_are_megatron_fsdps_own(tmp_path):
             bucket_size=w.bucket_params))
         simulated.append([int(n) for _, _, n in root_buckets(w)])
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-m", "tests.sim.fsdp_buckets_worker", str(tmp_path / "store"),
-                           json.dumps(models)], cwd=root, capture_output=True, text=True, timeout=300)
+    proc = run([sys.executable, "-m", "tests.sim.fsdp_buckets_worker", str(tmp_path / "store"),
+                           json.dumps(models)], cwd=root, text=True, timeout=LAUNCH_S)  # two ranks; their tree killed at the limit
     assert proc.returncode == 0, proc.stderr[-3000:]
     real = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [len(b) for b in real] == [50, 98]

@@ -8,25 +8,22 @@ on the same command line, for this machine (no ``--cluster``) unless a cluster i
 
 from __future__ import annotations
 
-import importlib.util
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from lagom_megatron.training import pretrain_gpt
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LAGOM_CLUSTER",
          "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "CUDA_DEVICE_MAX_CONNECTIONS")
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("pretrain_gpt_script", ROOT / "scripts" / "pretrain_gpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-SCRIPT = _script()
+SCRIPT = pretrain_gpt
+"""The program ``scripts/pretrain_gpt.py`` runs (``lagom_megatron.training.pretrain_gpt``)."""
 
 
 @dataclass
@@ -53,14 +50,27 @@ def train(argv, monkeypatch, capsys, *, world=4, env=None) -> Outcome:
     """``pretrain_gpt.py ARGV`` as rank 0 of ``world``; errors = its ``pretrain_gpt.py: error:`` lines."""
     import lagom_megatron.training.loop as loop
 
+    from lagom_megatron.training.preflight_files import _HELD, release_folder_lock
+
     started = []
     monkeypatch.setattr(loop, "pretrain", started.append)
     _env(monkeypatch, {"RANK": "0", "WORLD_SIZE": str(world), **(env or {})})
     capsys.readouterr()
+    held = set(_HELD)
+    scratch = None
+    if Path.cwd() == ROOT:  # a --lagom run without --lagom-plan writes (and locks) ./lagom_out/: not in the source tree
+        scratch = tempfile.mkdtemp(prefix="lagom-train-")
+        monkeypatch.chdir(scratch)
     try:
         code = SCRIPT.main(list(argv))
     except SystemExit as exc:  # argparse's usage error
         code = exc.code
+    finally:
+        for folder in set(_HELD) - held:  # a run that may start holds its folders for the process's life
+            release_folder_lock(folder)
+        if scratch is not None:
+            monkeypatch.chdir(ROOT)
+            shutil.rmtree(scratch, ignore_errors=True)
     err = capsys.readouterr().err
     return Outcome(code, [line for line in err.splitlines() if line.startswith("pretrain_gpt.py: error:")],
                    bool(started))
@@ -86,7 +96,7 @@ def hold_lock_elsewhere(plan: Path) -> subprocess.Popen:
             "from lagom_megatron.training.preflight_files import hold_plan_lock\n"
             f"hold_plan_lock({str(plan)!r}, {{'SLURM_JOB_ID': '4242'}})\n"
             "print('held', flush=True)\n"
-            "time.sleep(120)\n")
+            "time.sleep(3600)\n")  # killed by the test; never a limit the test could outlast
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout.readline().strip() == "held"
     return proc

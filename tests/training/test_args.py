@@ -9,6 +9,7 @@ import pytest
 
 from lagom_megatron.training.argument_checks import check_installed, validate_args
 from lagom_megatron.training.arguments import LAGOM_FLAGS, build_parser, parse_args
+from tests.timeouts import COMMAND_S
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -23,7 +24,7 @@ def test_lagom_flags_are_frozen():
     # Changing the public --lagom* surface must change this test on purpose.
     assert LAGOM_FLAGS == frozenset({"--lagom", "--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-plan",
                                      "--lagom-method", "--lagom-report", "--lagom-pool-budget-mib",
-                                     "--lagom-allow-untested-versions"})
+                                     "--lagom-allow-untested-versions", "--lagom-cluster"})
     defined = {s for a in build_parser()._actions for s in a.option_strings if s.startswith("--lagom")}
     assert defined == LAGOM_FLAGS
 
@@ -138,7 +139,24 @@ def run_script(*argv, world_size="4", rank=None):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env.update({k: v for k, v in (("WORLD_SIZE", world_size), ("RANK", rank)) if v is not None})
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "pretrain_gpt.py"), *argv],
-                          capture_output=True, text=True, env=env, timeout=60)
+                          capture_output=True, text=True, env=env, timeout=COMMAND_S)
+
+
+def silent_rank(argv, rank, monkeypatch, capsys, world="4"):
+    """``main(ARGV)`` in-process as rank ``rank`` of ``world`` with no wait before exiting (a rank other than
+    0 waits ``REFUSAL_GRACE_S`` for torchrun to stop it once rank 0 has printed): (code, stdout, stderr)."""
+    from lagom_megatron.training import pretrain_gpt
+
+    monkeypatch.setattr(pretrain_gpt, "REFUSAL_GRACE_S", 0.0)
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", world)
+    capsys.readouterr()
+    try:
+        code = pretrain_gpt.main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def test_script_reports_bad_layout_on_one_line_before_any_process_group():
@@ -160,7 +178,7 @@ def test_script_reports_unknown_preset():
 def test_bad_lagom_values_fail_before_training(tmp_path):
     (tmp_path / "file").write_text("")
     cases = [
-        (["--lagom-verify-iters", "0"], "--lagom-verify-iters must be >= 1; got 0"),
+        (["--lagom-verify-iters", "0"], "--lagom-verify-iters 0 is out of range; allowed: an integer in 1..200"),
         (["--lagom-report", str(tmp_path)], f"--lagom-report {str(tmp_path)!r} is a folder; give a file name"),
         (["--lagom-plan", str(tmp_path)], f"--lagom-plan {str(tmp_path)!r} is a folder; give a file name"),
         (["--lagom-report", str(tmp_path / "file" / "r.md")], "is not a folder"),
@@ -178,12 +196,11 @@ def test_bad_lagom_values_fail_before_training(tmp_path):
     (["--train-iters", "abc"], "argument --train-iters: invalid int value: 'abc'"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])
-def test_script_usage_errors_are_printed_by_rank_0_only(argv, message):
+def test_script_usage_errors_are_printed_by_rank_0_only(argv, message, monkeypatch, capsys):
     first = run_script("--preset", "cpu-tp2-dp2", *argv, rank="0")
     assert first.returncode == 2 and first.stderr.count("usage:") == 1
     assert first.stderr.strip().splitlines()[-1].startswith(f"pretrain_gpt.py: error: {message}")
-    other = run_script("--preset", "cpu-tp2-dp2", *argv, rank="3")
-    assert (other.returncode, other.stdout, other.stderr) == (2, "", "")
+    assert silent_rank(["--preset", "cpu-tp2-dp2", *argv], "3", monkeypatch, capsys) == (2, "", "")
 
 
 def test_script_without_torchrun_suggests_the_launch_command():
@@ -217,11 +234,11 @@ def test_context_parallel_needs_transformer_engine(monkeypatch):
 
 @pytest.mark.skipif(__import__("importlib.util").util.find_spec("transformer_engine") is not None,
                     reason="Transformer Engine is installed here")
-def test_script_reports_context_parallel_without_transformer_engine_once():
-    proc = run_script("--preset", "llama3-8b-h100x8", world_size="8", rank="0")
+def test_script_reports_context_parallel_without_transformer_engine_once(monkeypatch, capsys):
+    proc = run_script("--preset", "llama3-8b-h100x8", "--lagom-cluster", "cpu-gloo", world_size="8", rank="0")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "pretrain_gpt.py: error: --context-parallel-size 2 needs Transformer Engine (megatron-core runs "
         "context-parallel attention in TEDotProductAttention), which is not installed; install transformer_engine "
         "or use --context-parallel-size 1"]
-    assert run_script("--preset", "llama3-8b-h100x8", world_size="8", rank="5").stderr == ""
+    assert silent_rank(["--preset", "llama3-8b-h100x8"], "5", monkeypatch, capsys, "8")[2] == ""

@@ -14,6 +14,7 @@ import pytest
 from lagom_megatron.training.data import (build_train_dataset, microbatch_indices, read_jsonl_texts,
                                              write_indexed_dataset)
 from lagom_megatron.training.tokenizer import ByteLevelTokenizer, padded_vocab_size
+from tests.timeouts import COMMAND_S
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ["The quick brown fox jumps over the lazy dog.", "", "Zwölf Boxkämpfer jagen Viktor quer über den Sylter Deich.",
@@ -159,7 +160,7 @@ def test_preprocess_argument_errors_do_not_import_megatron(tmp_path):
     script = str(ROOT / "scripts" / "preprocess_data.py")
     for argv in (["--help"], ["--input", str(tmp_path / "none.jsonl"), "--output-prefix", str(tmp_path / "d")]):
         proc = subprocess.run([sys.executable, "-X", "importtime", script, *argv], capture_output=True, text=True,
-                              timeout=60)
+                              timeout=COMMAND_S)
         assert " megatron" not in proc.stderr and "torch" not in proc.stderr, argv  # -X importtime lists imports
     assert proc.returncode == 2
     assert [l for l in proc.stderr.splitlines() if not l.startswith("import time:")] == [
@@ -169,9 +170,12 @@ def test_preprocess_argument_errors_do_not_import_megatron(tmp_path):
 def test_sample_corpus_argument_errors(tmp_path, capsys, monkeypatch):
     corpus = load_script("make_sample_corpus")
     (tmp_path / "file").write_text("")
-    assert corpus.main(["--output-dir", str(tmp_path / "file")]) == 2
+    with pytest.raises(SystemExit) as info:
+        corpus.main(["--output-dir", str(tmp_path / "file")])
+    assert info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"make_sample_corpus.py: error: --output-dir {tmp_path / 'file'} exists and is not a folder"]
+        f"make_sample_corpus.py: error: argument --output-dir: {tmp_path / 'file'}: is a file; give a folder "
+        "(see make_sample_corpus.py --help)"]
     for value in ("0", "-5"):
         with pytest.raises(SystemExit) as info:
             corpus.main(["--output-dir", str(tmp_path / "out"), "--max-bytes", value])
@@ -181,3 +185,16 @@ def test_sample_corpus_argument_errors(tmp_path, capsys, monkeypatch):
     assert corpus.main(["--output-dir", str(tmp_path / "new" / "out"), "--min-chars", "100000000"]) == 2
     assert "no docstring of at least --min-chars 100000000" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no empty output folder left
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="needs sysfs, which nobody may write, root included")
+def test_sample_corpus_refuses_an_unwritable_folder_before_reading_anything(monkeypatch, capsys):
+    """The folder was found unwritable only after 93 s of reading, naming a hidden temporary file."""
+    corpus = load_script("make_sample_corpus")
+    monkeypatch.setattr(corpus, "stdlib_docstrings", lambda *a: pytest.fail("read before the folder was checked"))
+    with pytest.raises(SystemExit) as info:
+        corpus.main(["--output-dir", "/sys/kernel/lagom-corpus"])
+    assert info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("make_sample_corpus.py: error: argument --output-dir: /sys/kernel/lagom-corpus: cannot "
+                           "write in /sys/kernel (") and ".tmp" not in line

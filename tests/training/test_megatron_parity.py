@@ -24,6 +24,7 @@ from lagom_megatron.training.arguments import (
     default_ffn_hidden_size,
     parse_args,
 )
+from tests.timeouts import COMMAND_S
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = json.loads((ROOT / "tests" / "training" / "data" / "megatron_lm_flags.json").read_text())
@@ -222,7 +223,7 @@ def test_wsd_schedule_reaches_megatron_cores_scheduler():
 
 def test_help_lists_every_lagom_flag():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "pretrain_gpt.py"), "--help"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0
     for flag in sorted(LAGOM_FLAGS):
         assert f"  {flag}" in proc.stdout, flag

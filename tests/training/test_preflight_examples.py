@@ -15,6 +15,7 @@ import socket
 import pytest
 
 from tests.training.preflight_harness import doctor, hold_lock_elsewhere, train
+from tests.timeouts import LAUNCH_S, run
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
 
@@ -294,15 +295,14 @@ def test_torchrun_refused_input_starts_no_rank():
     """End to end, under torchrun: a refused input prints its line once and no rank reaches the
     process group (the loop's first line, ``pretrain_gpt: preset=...``, never appears)."""
     import os
-    import subprocess
     import sys
 
     from tests.training.preflight_harness import CLEAN, ROOT
 
     env = {k: v for k, v in os.environ.items() if k not in CLEAN}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "scripts/pretrain_gpt.py", *CPU, "--ddp-bucket-size", "-5"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "scripts/pretrain_gpt.py", *CPU, "--ddp-bucket-size", "-5"], cwd=ROOT, env=env, text=True,
+               timeout=LAUNCH_S)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert [line for line in out.splitlines() if "pretrain_gpt.py: error:" in line] == [
@@ -334,6 +334,9 @@ def test_only_rank_0_probes_the_plan_lock(tmp_path):
     (["--seed", "-1"], "--seed -1 is out of range; allowed: 0..4294967295"),
     (["--split", "0,1,0"], "--split '0,1,0' is out of range; allowed: up to three weights >= 0"),
     (["--split", "90,5,4,1"], "--split '90,5,4,1' is out of range"),
+    (["--split", "90,abc5,5"], "--split '90,abc5,5' is out of range; allowed: up to three weights >= 0 separated by "
+                               "commas"),
+    (["--split", "90;5;5"], "--split '90;5;5' is out of range"),
     (["--ffn-hidden-size", "0"], "--ffn-hidden-size 0 is out of range; allowed: an integer >= 1"),
     (["--distributed-timeout-minutes", "0"], "--distributed-timeout-minutes 0 is out of range"),
 ])

@@ -17,6 +17,7 @@ from lagom_megatron.training.argument_checks import check_installed, validate_ar
 from lagom_megatron.training.arguments import parse_args
 from lagom_megatron.training.preflight_values import megatron_flag_problems
 from tests.training.preflight_harness import doctor, train
+from tests.timeouts import COMMAND_S
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
 SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -102,6 +103,19 @@ FLAG_CASES = [
                                       "4", "--lagom-pool-budget-mib", "512"], {}, None),
     ("lagom-versions-without-lagom", ["--lagom-allow-untested-versions"], {}, None),  # read on every run
     ("lagom-method-with-lagom", ["--lagom", "--lagom-method", "autoccl", "--lagom-warmup-iters", "2"], {}, None),
+    # counts with an upper bound (an unbounded one ran an unverified plan to the end of training)
+    ("lagom-verify-iters-unbounded", ["--lagom", "--lagom-verify-iters", "99999999999999999999"], {},
+     "--lagom-verify-iters 99999999999999999999 is out of range; allowed: an integer in 1..200"),
+    ("lagom-warmup-iters-unbounded", ["--lagom", "--lagom-warmup-iters", "1001"], {},
+     "--lagom-warmup-iters 1001 is out of range; allowed: an integer in 1..1000"),
+    ("lagom-counts-at-their-bounds", ["--lagom", "--lagom-verify-iters", "200", "--lagom-warmup-iters", "1000"], {},
+     None),
+    # --split: weights separated by commas (or slashes); other characters are not dropped silently
+    ("split-with-letters", ["--split", "90,abc5,5"], {},
+     "--split '90,abc5,5' is out of range; allowed: up to three weights >= 0 separated by commas, e.g. 969,30,1, "
+     "with a training weight > 0"),
+    ("split-commas", ["--split", "90, 5,5"], {}, None),
+    ("split-slashes", ["--split", "949/50/1"], {}, None),
 ]
 
 
@@ -242,7 +256,7 @@ def test_cuda_absence_is_read_without_importing_torch(tmp_path):
     from tests.training.preflight_harness import CLEAN
 
     env = {**{k: v for k, v in os.environ.items() if k not in CLEAN}, "RANK": "0", "WORLD_SIZE": "4"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=COMMAND_S)
     assert out.stdout.strip() == "exit 2 False", (out.stdout, out.stderr)
     assert "--init-method-std -1.0 is out of range" in out.stderr
     from lagom_megatron.training.preflight import cuda_certainly_absent
@@ -254,14 +268,13 @@ def test_cuda_absence_is_read_without_importing_torch(tmp_path):
 
 def test_arguments_are_refused_before_the_machine_is_detected(monkeypatch, capsys):
     """Where finding the GPU would import torch, the argument rules run first: a refused line never
-    reaches ``detect_cluster``; a valid one does, and gets the full verdict."""
+    reaches ``this_machine``; a valid one does, and gets the full verdict."""
     import lagom_megatron.training.preflight as preflight
+    from lagom_megatron.training.target_cluster import Machine
 
     detected = []
-    real = preflight.detect_cluster
     monkeypatch.setattr(preflight, "cuda_certainly_absent", lambda: False)
-    monkeypatch.setattr(preflight, "detect_cluster", lambda *a: detected.append(a) or real("cpu-tp2-dp2", {
-        "LAGOM_CLUSTER": "cpu-gloo"}))
+    monkeypatch.setattr(preflight, "this_machine", lambda: detected.append(1) or Machine(cuda=False))
     t = train([*CPU, "--recompute-num-layers", "0"], monkeypatch, capsys, world=4)
     assert (t.code, t.started, detected) == (2, False, [])
     assert t.errors == ["pretrain_gpt.py: error: --recompute-num-layers 0 is out of range; allowed: an integer >= 1"]

@@ -2,8 +2,8 @@
 
 Inputs: the examples of the pre-flight issue that are command lines of our ``pretrain_gpt.py``,
 the Megatron-LM parity flags (``test_preflight_flags.FLAG_CASES``), and every preset under ``configs/presets/`` (with ``--mock-data``, at the preset's world size),
-each checked on this machine (the doctor without ``--cluster`` detects the cluster as training
-does). The verdict is "refused" (non-zero exit) or "may start"; a refused training run never
+each checked on this machine (the doctor without ``--cluster`` chooses the cluster as training
+does: ``training.target_cluster``). The verdict is "refused" (non-zero exit) or "may start"; a refused training run never
 reaches ``training.loop.pretrain``.
 """
 
@@ -14,6 +14,7 @@ import socket
 import pytest
 
 from lagom_megatron.config.presets import CONFIGS_DIR, load_preset
+from lagom_megatron.training.target_cluster import choose_cluster, mismatch, this_machine
 from tests.training.preflight_harness import doctor, hold_lock_elsewhere, train
 from tests.training.test_preflight_flags import FLAG_CASES
 
@@ -103,10 +104,22 @@ def test_doctor_and_training_agree_on_the_examples(tmp_path, monkeypatch, capsys
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_doctor_and_training_agree_on_every_preset(tmp_path, monkeypatch, capsys, preset):
+    """Both check the preset's own cluster. Where this machine is not one of its nodes (a GPU preset
+    here, without CUDA), training refuses with the one line naming both, and the doctor checks the
+    job for that cluster instead of this machine."""
     # the presets' --lagom-plan is relative (runs/<preset>/plan.json) and a run that may start takes
     # its lock there: run from tmp_path, so the suite leaves no runs/<preset>/ in the source tree
     monkeypatch.chdir(tmp_path)
     world = load_preset(preset).world_size
+    away = mismatch(choose_cluster(preset, {}), this_machine())
+    if away is not None:
+        d = doctor(["--preset", preset, "--mock-data"], monkeypatch, capsys, world=world)
+        t = train(["--preset", preset, "--mock-data"], monkeypatch, capsys, world=world)
+        assert f"cluster {load_preset(preset).cluster!r}" in away
+        assert (t.code, t.started, len(t.errors)) == (2, False, 1)
+        if t.errors != [f"pretrain_gpt.py: error: {away}"]:  # a line refused before the machine is looked at
+            assert d.errors == [t.errors[0].removeprefix("pretrain_gpt.py: error: ")], (d, t)
+        return
     t = _same_verdict(["--preset", preset, "--mock-data"], world, {}, monkeypatch, capsys)
     plan = load_preset(preset).lagom.lagom_plan
     if t.started and plan:

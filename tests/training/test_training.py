@@ -5,11 +5,12 @@ parses and is recorded in the log."""
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.timeouts import LAUNCH_S, run
 
 ROOT = Path(__file__).resolve().parents[2]
 LOSS = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.* lm loss: ([0-9.E+-]+) \|")
@@ -63,11 +64,11 @@ def corpus(tmp_path_factory):
     return str(prefix)
 
 
-def torchrun(nproc, *argv, script=ROOT / "scripts" / "pretrain_gpt.py", timeout=120):
+def torchrun(nproc, *argv, script=ROOT / "scripts" / "pretrain_gpt.py", timeout=LAUNCH_S):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            str(script), *argv]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    proc = run(cmd, text=True, env=env, timeout=timeout, cwd=ROOT)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     losses = [float(m.group(3)) for m in LOSS.finditer(proc.stdout)]
     return losses, proc.stdout

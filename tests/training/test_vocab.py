@@ -6,7 +6,6 @@ padded size in the model, the log line and the plan fingerprint; a TP=2 NullToke
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from lagom_megatron.megatron.versions import installed_megatron_core
 from lagom_megatron.training.argument_checks import validate_args
 from lagom_megatron.training.arguments import parse_args
 from lagom_megatron.training.tokenizer import null_tokenizer_vocab_size
+from tests.timeouts import LAUNCH_S, run
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -72,7 +72,7 @@ def test_tp2_null_tokenizer_vocab_512_with_lagom_reaches_the_last_iteration(tmp_
             "--log-interval", "1", "--lagom", "--lagom-warmup-iters", "1", "--lagom-verify-iters", "1",
             "--lagom-plan", str(plan)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    proc = run(argv, cwd=tmp_path, env=env, text=True, timeout=LAUNCH_S)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert re.search(rf"iteration\s+{iters}/\s*{iters} \|", out), out[-4000:]

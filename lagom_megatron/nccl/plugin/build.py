@@ -94,9 +94,13 @@ def build_tuner(out_dir: str | os.PathLike, *, cc: str | None = None,
 
 def usage_line(library: str | os.PathLike) -> str:
     """One line telling how to load the built plugin: the variables NCCL and the plugin read (the
-    same library is NCCL's tuner and its profiler plugin)."""
-    return (f"# use it with:  export NCCL_TUNER_PLUGIN={library}  NCCL_PROFILER_PLUGIN={library}  "
-            "LAGOM_TUNER_CONFIG=<plan table from 'lagom plan export --format nccl-tuner-csv --extended'>")
+    same library is NCCL's tuner and its profiler plugin). The ``export`` part is a shell command as
+    it stands (the path is quoted: a folder may hold spaces)."""
+    import shlex
+
+    lib = shlex.quote(str(library))
+    return (f"# use it with:  export NCCL_TUNER_PLUGIN={lib} NCCL_PROFILER_PLUGIN={lib} LAGOM_TUNER_CONFIG=TABLE.csv"
+            "  (TABLE.csv: lagom plan export PLAN --format nccl-tuner-csv --extended -o TABLE.csv)")
 
 
 def build_harness(out_dir: str | os.PathLike, *, cc: str | None = None,

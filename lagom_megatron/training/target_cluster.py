@@ -1,0 +1,229 @@
+"""Which cluster a run is checked against: one rule for ``lagom doctor`` and ``pretrain_gpt.py``.
+
+The cluster is the first of (:func:`choose_cluster`):
+
+1. the one named on the command line: ``lagom doctor --cluster NAME``, or ``--lagom-cluster NAME`` on
+   the training line (the doctor reads that flag in the line after ``--`` too);
+2. ``$LAGOM_CLUSTER`` (the SLURM scripts export the preset's cluster);
+3. the preset's ``cluster``;
+4. this machine (:func:`this_machine`): ``cpu-gloo`` without CUDA, else its GPU as torch reports it.
+
+``lagom doctor`` checks the job on that cluster and says so on its first line; when this machine is
+not a node of it (a login node or a laptop preparing a GPU job) the checks of this machine's files,
+port and libraries are left out. ``pretrain_gpt.py`` runs here, so it refuses a cluster this
+machine does not match (:func:`mismatch`): an NCCL cluster without a CUDA GPU, or GPUs of another
+compute capability. One line names both and the way out (``--lagom-cluster cpu-gloo`` runs a GPU
+preset on CPU anyway). ``docs/training.md`` ("Which cluster is checked") states the rule for users.
+
+This module imports torch only when CUDA may be present (:func:`cuda_certainly_absent` decides
+without it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+CPU_CLUSTER = "cpu-gloo"
+"""The cluster of a machine without CUDA."""
+
+
+def load_cluster(name: str, source: str) -> Any:
+    """``ClusterSpec.load(name)``, with an error naming where the name came from.
+
+    Args:
+        name: a cluster name under ``configs/clusters/`` or a YAML path.
+        source: what gave it, e.g. ``LAGOM_CLUSTER`` or ``--cluster``.
+
+    Raises:
+        ValueError: ``<source>=<name>: ...`` with the known names (an unknown name) or the file's error.
+    """
+    from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
+
+    try:
+        return ClusterSpec.load(name)
+    except FileNotFoundError:
+        raise ValueError(f"{source}={name!r} is not a known cluster or a cluster file; allowed: "
+                         f"{', '.join(available_clusters())} or a path to a cluster YAML") from None
+    except ValueError as exc:
+        raise ValueError(f"{source}={name!r}: {exc}") from None
+
+
+def cuda_certainly_absent() -> bool:
+    """True when ``torch.cuda.is_available()`` is certainly False, decided without importing torch
+    (importing it takes seconds, far more on a loaded machine).
+
+    Either torch is a CPU build (``cuda`` and ``hip`` both None in ``torch/version.py``, which torch's
+    build writes; read with ``ast``, not imported), or it is a CUDA build on Linux and the NVIDIA
+    driver library ``libcuda.so.1`` cannot be loaded (the CUDA runtime that torch asks for the device
+    count loads the driver under that name and reports no device without it). False means: ask torch.
+    """
+    import ast
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        folder = Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
+        tree = ast.parse((folder / "version.py").read_text(encoding="utf-8")) if folder else None
+    except (ImportError, ValueError, OSError, SyntaxError):
+        return False
+    build: dict[str, Any] = {}
+    for node in tree.body if tree else ():
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(
+            node, "target", None) if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and node.value is not None:
+            try:
+                build[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                return False
+    if set(build) != {"cuda", "hip"} or build["hip"] is not None:
+        return False
+    if build["cuda"] is None:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return True
+    return False
+
+
+def _field(cluster: Any, name: str) -> Any:
+    if isinstance(cluster, Mapping):
+        return cluster.get(name)
+    return getattr(cluster, name, None)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What this machine offers a run: a CUDA GPU or not, and its compute capability and NCCL."""
+
+    cuda: bool
+    sm_arch: int | None = None
+    """Compute capability times ten (90 = Hopper), None without CUDA."""
+    nccl_version: str | None = None
+    """torch's NCCL, ``"2.27.5"``, None without CUDA."""
+
+    def describe(self) -> str:
+        """``no CUDA GPU`` or ``a CUDA GPU of compute capability sm_90 (NCCL 2.27.5)``."""
+        if not self.cuda:
+            return "no CUDA GPU"
+        return f"a CUDA GPU of compute capability sm_{self.sm_arch} (NCCL {self.nccl_version})"
+
+
+def this_machine() -> Machine:
+    """This machine's :class:`Machine` (torch is imported only when CUDA may be present)."""
+    if cuda_certainly_absent():
+        return Machine(cuda=False)
+    import torch
+
+    if not torch.cuda.is_available():
+        return Machine(cuda=False)
+    major, minor = torch.cuda.get_device_capability()
+    nccl = torch.cuda.nccl.version()
+    return Machine(cuda=True, sm_arch=major * 10 + minor,
+                   nccl_version=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl))
+
+
+@dataclass(frozen=True)
+class Target:
+    """The cluster a run is checked against and what chose it (:func:`choose_cluster`)."""
+
+    cluster: Any
+    """A ``ClusterSpec``, or for this machine's GPU a dict of ``gpus_per_node``, ``sm_arch``,
+    ``nccl_version`` and ``backend``."""
+    source: str
+    """``flag``, ``env``, ``preset`` or ``machine``: the step of the rule that chose it."""
+    chosen_by: str
+    """In words: ``--cluster``, ``LAGOM_CLUSTER``, ``preset 'llama3-8b-h100x8'``, ``this machine``."""
+
+    @property
+    def name(self) -> str:
+        """The cluster's name (``this machine's GPU`` for a GPU without a cluster file)."""
+        return str(_field(self.cluster, "name") or "this machine's GPU")
+
+    def reason(self) -> str:
+        """Why this cluster, in words, with what would choose another."""
+        if self.source == "flag":
+            return f"named by {self.chosen_by}"
+        if self.source == "env":
+            return "named by $LAGOM_CLUSTER (--cluster checks another)"
+        if self.source == "preset":
+            return f"the cluster of {self.chosen_by} (--cluster or $LAGOM_CLUSTER checks another)"
+        return "this machine (--preset, --cluster or $LAGOM_CLUSTER checks another)"
+
+    def describe(self) -> str:
+        """``cluster 'h100-sxm-ib400' (NCCL 2.27.5, sm_90 GPUs)`` or ``cluster 'cpu-gloo' (gloo, CPU)``."""
+        if _field(self.cluster, "backend") == "gloo":
+            return f"cluster {self.name!r} (gloo, CPU)"
+        return (f"cluster {self.name!r} (NCCL {_field(self.cluster, 'nccl_version')}, "
+                f"sm_{_field(self.cluster, 'sm_arch')} GPUs)")
+
+
+def choose_cluster(preset_name: str | None, environ: Mapping[str, str] | None = None, given: str | None = None,
+                   given_by: str = "--cluster", machine: Machine | None = None) -> Target:
+    """The rule of the module docstring: ``given``, ``$LAGOM_CLUSTER``, the preset's cluster, this machine.
+
+    Args:
+        preset_name: the run's preset (name or path), or None.
+        environ: the ranks' environment; None = ``os.environ``.
+        given: a cluster named on the command line, or None.
+        given_by: the flag that named it (for messages).
+        machine: this machine, when the caller detected it already (else detected when needed).
+
+    Raises:
+        ValueError: an unknown cluster name (naming the flag or variable, the value and the known
+            clusters), or an unknown preset.
+    """
+    environ = os.environ if environ is None else environ
+    if given:
+        return Target(load_cluster(given, given_by), "flag", given_by)
+    if environ.get("LAGOM_CLUSTER"):
+        return Target(load_cluster(environ["LAGOM_CLUSTER"], "LAGOM_CLUSTER"), "env", "LAGOM_CLUSTER")
+    if preset_name:
+        from lagom_megatron.config.presets import load_preset
+
+        preset = load_preset(preset_name)
+        return Target(load_cluster(preset.cluster, f"preset {preset.name!r} cluster"), "preset",
+                      f"preset {preset.name!r}")
+    machine = this_machine() if machine is None else machine
+    if not machine.cuda:
+        return Target(load_cluster(CPU_CLUSTER, "cluster"), "machine", "this machine")
+    local = environ.get("LOCAL_WORLD_SIZE", "")
+    return Target({"gpus_per_node": int(local) if local.strip().isdigit() else None, "sm_arch": machine.sm_arch,
+                   "backend": "nccl", "nccl_version": machine.nccl_version}, "machine", "this machine")
+
+
+def mismatch(target: Target, machine: Machine) -> str | None:
+    """Why a run on this machine cannot be a run on ``target``, or None when it can.
+
+    An NCCL cluster needs a CUDA GPU; a cluster's ``sm_arch`` must be the GPU's (the NCCL rules,
+    the cost model's priors and the algorithms allowed depend on it). A gloo cluster on a GPU machine
+    is not refused (a CPU preset may run on any machine).
+
+    Returns:
+        One line naming the cluster and what chose it, this machine, and the flag that chooses
+        another cluster; None when the machine matches.
+    """
+    if _field(target.cluster, "backend") != "nccl":
+        return None
+    chosen = f"{target.chosen_by} is for" if target.source == "preset" else f"{target.chosen_by} chose"
+    if not machine.cuda:
+        return (f"{chosen} {target.describe()} but this machine has {machine.describe()} ({CPU_CLUSTER}); "
+                f"run it on that cluster (lagom doctor checks it from here), or to run it on CPU anyway "
+                f"add --lagom-cluster {CPU_CLUSTER}")
+    sm = _field(target.cluster, "sm_arch")
+    if sm and machine.sm_arch and int(sm) != machine.sm_arch:
+        from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
+
+        same = [n for n in available_clusters() if ClusterSpec.load(n).sm_arch == machine.sm_arch]
+        hint = f" ({', '.join(same)} or a cluster YAML)" if same else " (a cluster YAML describing it)"
+        return (f"{chosen} {target.describe()} but this machine has {machine.describe()}; "
+                f"name a cluster of this GPU with --lagom-cluster{hint}")
+    return None

@@ -1,0 +1,80 @@
+"""One writer per output folder, whatever names it: the default ``lagom_out/<preset>/``, another plan
+name in the same folder, a symlink to it, or a report folder (``training.preflight_files``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from lagom_megatron.training.preflight_files import LOCK_NAME, folder_in_use, hold_run_locks, release_folder_lock, run_folders
+from tests.training.preflight_harness import hold_lock_elsewhere, train
+
+CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
+
+
+@pytest.fixture
+def other():
+    """Another run holding a folder's lock until the test ends (it holds its plan's folder)."""
+    procs = []
+    yield lambda folder: procs.append(hold_lock_elsewhere(folder / "plan.json")) or procs[-1]
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_the_default_folder_is_locked_too(tmp_path, monkeypatch, capsys, other):
+    monkeypatch.chdir(tmp_path)
+    holder = other(tmp_path / "lagom_out" / "cpu-tp2-dp2")
+    t = train([*CPU, "--lagom"], monkeypatch, capsys)
+    assert (t.code, t.started) == (2, False)
+    (line,) = t.errors
+    assert line.startswith("pretrain_gpt.py: error: --lagom-plan 'lagom_out/cpu-tp2-dp2/plan.json (the default, "
+                           f"without --lagom-plan)' is in use by another run (pid {holder.pid} on host "
+                           f"{socket.gethostname()}, job 4242, since ")
+    assert line.endswith(f"one run writes a folder at a time (lagom_out/cpu-tp2-dp2): wait for it, or give this run "
+                         "another --lagom-plan")
+
+
+def test_a_run_holds_the_default_folder_against_a_second(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    held = hold_run_locks({"lagom": True, "preset_name": "cpu-tp2-dp2"})
+    try:
+        assert held == [tmp_path / "lagom_out" / "cpu-tp2-dp2" / LOCK_NAME]
+        probe = subprocess.run([sys.executable, "-c", "from lagom_megatron.training.preflight_files import "
+                                "folder_in_use; print(folder_in_use('lagom_out/cpu-tp2-dp2'))"],
+                               cwd=tmp_path, capture_output=True, text=True, check=True)
+        assert probe.stdout.startswith(f"pid {os.getpid()} on host ")
+    finally:
+        release_folder_lock(tmp_path / "lagom_out" / "cpu-tp2-dp2")
+    assert folder_in_use(tmp_path / "lagom_out" / "cpu-tp2-dp2") is None
+
+
+@pytest.mark.parametrize("name", ["another plan name", "a symlink to the folder", "the report's folder"])
+def test_every_name_of_a_folder_in_use_is_refused(name, tmp_path, monkeypatch, capsys, other):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    other(busy)
+    if name == "another plan name":
+        extra = ["--lagom-plan", str(busy / "other-plan.json")]
+    elif name == "a symlink to the folder":
+        (tmp_path / "link").symlink_to(busy)
+        extra = ["--lagom-plan", str(tmp_path / "link" / "plan.json")]
+    else:
+        extra = ["--lagom-plan", str(tmp_path / "free" / "plan.json"), "--lagom-report", str(busy / "r.md")]
+    t = train([*CPU, "--lagom", *extra], monkeypatch, capsys)
+    assert (t.code, t.started) == (2, False) and len(t.errors) == 1
+    assert "is in use by another run (pid " in t.errors[0]
+    assert (f", that is {busy})" if name == "a symlink to the folder" else f"({busy})") in t.errors[0]
+    assert not (tmp_path / "free").exists()  # nothing taken or created for a refused run
+
+
+def test_the_folders_of_a_run():
+    args = {"lagom": True, "preset_name": "cpu-pp2-dp2", "lagom_report": "lagom_out/cpu-pp2-dp2/r.md"}
+    assert [(f, str(p)) for f, _, p in run_folders(args)] == [("--lagom-plan", "lagom_out/cpu-pp2-dp2")]
+    args["lagom_report"] = "/elsewhere/r.md"
+    assert [str(p) for _, _, p in run_folders(args)] == ["lagom_out/cpu-pp2-dp2", "/elsewhere"]
+    assert run_folders({"preset_name": "cpu-pp2-dp2"}) == []  # without --lagom nothing is written
