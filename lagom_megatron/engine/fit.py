@@ -13,6 +13,7 @@ not public.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,13 @@ IRLS_STEPS = 4
 """Reweighting passes of the T_comm fit (weights 1/sqrt|relative residual|, i.e. towards L1)."""
 NOISE_REL = 0.02
 """Relative timing noise assumed when weighting slowdown observations (2% of a region)."""
+
+
+def comm_time_us(sample: Any) -> float:
+    """The communication time a sample gives the fit, microseconds: ``t_comm_nccl_us`` (NCCL's kernel
+    timers) when finite and positive, else ``t_comm_us``."""
+    nccl = getattr(sample, "t_comm_nccl_us", math.nan)
+    return float(nccl) if math.isfinite(nccl) and nccl > 0 else float(sample.t_comm_us)
 
 
 def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
@@ -79,7 +87,9 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     codes = np.array([model.encode(i, smp.config) for i, smp in rows], dtype=float)
     alg_J, proto_J = codes[:, 0].astype(np.int64), codes[:, 1].astype(np.int64)
     nc_J, nt_J, chunk_J = codes[:, 2], codes[:, 3], codes[:, 4]
-    y_comm = np.array([max(smp.t_comm_us, 1e-6) for _, smp in rows])
+    # T_comm: NCCL's own kernel time where the profile has it (its kernelCh timers, Sample.t_comm_nccl_us),
+    # else the collective's time on NCCL's stream as torch measured it
+    y_comm = np.array([max(comm_time_us(smp), 1e-6) for _, smp in rows])
     y_region = np.array([smp.t_region_us for _, smp in rows])
     y_comp = model.t_comp_us_S[i_J]
     S, calls = len(profile.sites), model.calls_S[i_J]
