@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     """
     import sys
 
-    from lagom_megatron.launch.doctor import check_command_line, errors, run_doctor
+    from lagom_megatron.launch.doctor import check_command_line, errors, plugin_abi_line, run_doctor
     from lagom_megatron.launch.megatron_args import argv_to_args
     from lagom_megatron.training.target_cluster import choose_cluster, mismatch, this_machine
 
@@ -131,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         for f in findings:
             print(f)
+        abi = plugin_abi_line(environ, cluster)
+        if abi:
+            print(abi)
         name = f"preset {preset.name}" if preset is not None else "command line"
         print(f"lagom doctor: {name}: {n_err} error(s), {len(findings) - n_err} warning(s)")
     return 1 if n_err else 0

@@ -13,6 +13,7 @@ not public.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +39,13 @@ IRLS_STEPS = 4
 """Reweighting passes of the T_comm fit (weights 1/sqrt|relative residual|, i.e. towards L1)."""
 NOISE_REL = 0.02
 """Relative timing noise assumed when weighting slowdown observations (2% of a region)."""
+
+
+def comm_time_us(sample: Any) -> float:
+    """The communication time a sample gives the fit, microseconds: ``t_comm_nccl_us`` (NCCL's kernel
+    timers) when finite and positive, else ``t_comm_us``."""
+    nccl = getattr(sample, "t_comm_nccl_us", math.nan)
+    return float(nccl) if math.isfinite(nccl) and nccl > 0 else float(sample.t_comm_us)
 
 
 def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
@@ -95,8 +103,13 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     model.wait_S = waits if waits.any() else None
     hp_J = np.array([1.0 if smp.config.high_priority_stream else 0.0 for _, smp in rows])
     wait_J = waits[i_J] * (1.0 - hp_J)
-    y_meas = np.array([max(smp.t_comm_us, 1e-6) for _, smp in rows])
-    y_comm = np.maximum(y_meas - wait_J, 0.5 * y_meas)  # the run
+    # the run: NCCL's own kernel time where the profile has it (its kernelCh timers start when the
+    # kernel runs, Sample.t_comm_nccl_us), else torch's time on NCCL's stream less the wait
+    torch_J = np.array([max(smp.t_comm_us, 1e-6) for _, smp in rows])
+    nccl_J = np.array([comm_time_us(smp) != smp.t_comm_us for _, smp in rows])
+    y_comm = np.where(nccl_J, [max(comm_time_us(smp), 1e-6) for _, smp in rows],
+                      np.maximum(torch_J - wait_J, 0.5 * torch_J))
+    y_meas = np.where(nccl_J, y_comm + wait_J, torch_J)  # what the model's T_comm (run + wait) is compared with
     # T_comm: for each per-channel bandwidth scale gamma on a grid, minimise
     # sum((alpha f1 + beta f2 - y)/y)^2 + ridge ((alpha/k-1)^2 + (beta/k-1)^2); keep per site the
     # gamma with the smallest error (plus a mild pull towards 1). gamma places the channel

@@ -231,6 +231,23 @@ class Plan:
         """A copy with ``stats`` updated (plans are not mutated by searchers)."""
         return replace(self, stats={**self.stats, **stats})
 
+    def with_defaults(self, site_ids: Any, *, note: str) -> "Plan":
+        """A copy where ``site_ids`` keep NCCL's defaults (predicted region: the default's), each with
+        ``note`` saying why; ``stats["sites_reverted"]`` lists every site reverted so far.
+
+        Raises:
+            KeyError: a site id the plan does not hold (names it).
+        """
+        entries = dict(self.entries)
+        for sid in sorted(site_ids):
+            if sid not in entries:
+                raise KeyError(f"plan {self.digest()[:12]} has no site {sid!r}")
+            e = entries[sid]
+            entries[sid] = replace(e, config=CommConfig(), predicted_t_region_us=e.predicted_default_t_region_us,
+                                   note="; ".join(x for x in (e.note, note) if x))
+        done = sorted({*self.stats.get("sites_reverted", ()), *site_ids})
+        return replace(self, entries=entries, stats={**self.stats, "sites_reverted": done})
+
 
 def shown(values: dict[str, Any], key: str) -> str:
     """``repr`` of ``values[key]``, or ``(missing)`` when the key is absent (not the ``None`` of ``.get``)."""

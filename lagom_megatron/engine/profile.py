@@ -25,6 +25,7 @@ optional: profiles without it (older files, synchronous sites) are read as one r
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -101,6 +102,9 @@ class Sample:
     ``calls``: the site's calls of that iteration, each ``(t_comm_us, t_comp_us, t_region_us)``,
     in issue order; empty when not recorded. Each entry stands for ``calls_per_iter / len(calls)``
     calls of the site (the simulator may time a few micro-batches and scale the rest).
+    ``t_comm_nccl_us``: the same calls' time as NCCL's own kernel timers report it (the profiler
+    half of lagom's plugin, ``megatron.kernel_time``), NaN where NCCL reported none; the fit uses
+    it instead of ``t_comm_us`` when it is there.
     """
 
     site_id: str
@@ -110,6 +114,7 @@ class Sample:
     t_region_us: float
     iteration: int = 0
     calls: tuple[CallTimes, ...] = ()
+    t_comm_nccl_us: float = math.nan
 
 
 @dataclass(kw_only=True, slots=True)
@@ -145,6 +150,7 @@ class Profile:
                     "t_region_us": s.t_region_us,
                     "iteration": s.iteration,
                     **({"calls": [list(c) for c in s.calls]} if s.calls else {}),
+                    **({"t_comm_nccl_us": s.t_comm_nccl_us} if math.isfinite(s.t_comm_nccl_us) else {}),
                 }
                 for s in self.samples
             ],
@@ -182,6 +188,7 @@ class Profile:
                         t_region_us=float(s["t_region_us"]),
                         iteration=int(s.get("iteration", 0)),
                         calls=_calls(s.get("calls", ()), s["site_id"]),
+                        t_comm_nccl_us=float(s.get("t_comm_nccl_us", math.nan)),
                     )
                 )
             return cls(

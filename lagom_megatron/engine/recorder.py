@@ -131,7 +131,8 @@ class ProfileRecorder:
         usable = {sid for sid in self.t_comp_us if sid not in self.excluded}
         samples = [
             Sample(site_id=s.site_id, config=s.config, t_comm_us=s.t_comm_us, t_comp_us=self.t_comp_us[s.site_id],
-                   t_region_us=s.t_region_us, iteration=s.iteration, calls=self._calls_with_compute(s))
+                   t_region_us=s.t_region_us, iteration=s.iteration, calls=self._calls_with_compute(s),
+                   t_comm_nccl_us=s.t_comm_nccl_us)
             for s in self.samples
             if s.site_id in usable
         ]

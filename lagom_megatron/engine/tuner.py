@@ -168,8 +168,8 @@ class Tuner:
 
     @property
     def total_iters(self) -> int:
-        """Iterations from start to the verdict (APPLIED or FELL_BACK): profiling (none after
-        ``start_from_plan``), one settle iteration with the plan, then ``verify_iters`` per arm."""
+        """Iterations to the verdict: profiling (none after ``start_from_plan``), one settle iteration with the plan
+        (where the observed check runs), then ``verify_iters`` per arm."""
         return (0 if self._from_plan else self.profiling_iters) + 1 + 2 * self.config.verify_iters
 
     def start_from_plan(self, plan: Any) -> None:
@@ -213,6 +213,13 @@ class Tuner:
         if self.phase is Phase.APPLIED:
             return Step(iteration=it, kind="applied", assignment=self._plan_assignment(), timed=False)
         return Step(iteration=it, kind="fell-back", assignment={}, timed=False)
+
+    def revert_sites(self, site_ids: Any, reason: str) -> None:
+        """Drops ``site_ids`` from the searched plan for good (FELL_BACK when none stays tuned)."""
+        self.plan = self.plan.with_defaults(site_ids, note=reason)
+        self._log(self._last_finished, f"{len(site_ids)} site(s) back to NCCL's defaults: {reason}")
+        if all(e.config.is_default() for e in self.plan.entries.values()):
+            self._fall_back(self._last_finished, f"every tuned site was reverted: {reason}")
 
     def assignment(self) -> dict[str, CommConfig]:
         """Site id -> CommConfig to apply in the next iteration (empty = NCCL defaults everywhere)."""

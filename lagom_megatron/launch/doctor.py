@@ -22,7 +22,7 @@ from lagom_megatron.training.preflight_env import BLACKWELL_SM_ARCH, rule_nccl_e
 from lagom_megatron.training.preflight_types import Finding, Level, RunShape
 
 __all__ = ["BLACKWELL_SM_ARCH", "RULES", "Finding", "Level", "RunShape", "resolve", "run_doctor", "errors",
-           "preflight", "detect_cluster", "preflight_pretrain", "check_command_line"]
+           "preflight", "detect_cluster", "preflight_pretrain", "check_command_line", "plugin_abi_line"]
 
 
 def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
@@ -96,6 +96,20 @@ def check_command_line(argv: list[str], world_size: int | None, environ: Mapping
         world_size = sizes[0] * sizes[1] * sizes[2] if all(isinstance(v, int) and v >= 1 for v in sizes) else 1
     return out + check_run(ns, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
                            preset_env=preset_env, local=local, ours=True)
+
+
+def plugin_abi_line(environ: Mapping[str, str], cluster: Any) -> str | None:
+    """``lagom doctor: <line>`` saying which tuner and profiler ABI the cluster's NCCL will use with
+    the library ``NCCL_TUNER_PLUGIN`` names (``nccl.plugin_check.plugin_abi_report``); None on gloo
+    or when the variable names no loadable absolute path (the rules report that)."""
+    from lagom_megatron.nccl.plugin_check import plugin_abi_report
+
+    field = cluster.get if isinstance(cluster, dict) else (lambda k: getattr(cluster, k, None))
+    if field("backend") == "gloo":
+        return None
+    version = field("nccl_version")
+    line, _ = plugin_abi_report(environ, nccl_version=str(version) if version else None)
+    return f"lagom doctor: {line}" if line else None
 
 
 def errors(findings: list[Finding]) -> list[Finding]:

@@ -13,6 +13,9 @@ collective call:
   destroy its entries, log one error and keep NCCL's defaults (``revert``). Training continues.
 * ``fit_plan_to_budget`` (before the plan is agreed): sites whose entries would pass the pool's
   memory budget keep the defaults, least predicted gain first, so the plan predicts what is applied.
+* ``check_observed`` (after the first iteration that ran an applied plan): what NCCL's profiler
+  records (gloo: the pool's own record) show ran, against the plan, on every rank together; the
+  sites that differ on any rank go back to the defaults everywhere (``observed``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,14 @@ class Applier:
         self.capabilities: Any = None
         self.error: str | None = None
         """Why applying was abandoned (None while nothing failed)."""
+        self.table_plan: Any = None
+        """The plan whose tuner table the plugin loaded; it keeps the sites the observed check later
+        reverted, whose rows are still in that table."""
+        from lagom_megatron.megatron.observed import ObservedCheck
+
+        self.observed = ObservedCheck(getattr(getattr(pool, "backend", None), "name", "nccl"))
+        """What ran against the plan (``observed``); its verdicts go into the report."""
+        self.observed.attach(router)
 
     # ------------------------------------------------------------------ capabilities
     def agree_capabilities(self, *, on_gpu: bool, gather: Callable[[], Any] | None = None) -> Any:
@@ -150,6 +161,10 @@ class Applier:
         guard = getattr(self.router, "first_use", None)
         if guard is not None:  # NCCL refuses some calls only when they are made (first_use)
             guard.arm()
+        if plan is not None:  # what NCCL (gloo) then runs is checked against the plan (observed)
+            note = self.observed.arm()
+            if note:
+                say(note)
         say(f"lagom: communicator pool for {what}: {self.pool.describe()} on this rank ({backend.name})")
         return True
 
@@ -168,6 +183,30 @@ class Applier:
             self.revert(f"the first calls on the pool entries failed: {exc}")
             return False
         return True
+
+    def check_observed(self, plan: Any) -> set[str]:
+        """At the end of an iteration, after a plan was applied: every rank together
+        (``ObservedCheck.check``, one all-gather) compares what ran with ``plan``; the sites that
+        differ on any rank are routed to their own groups on every rank and returned (the caller
+        drops them from the plan). Waits (returns an empty set, no collective) while the armed check
+        has seen no iteration that routed the plan: the assignment is the same on every rank."""
+        check = self.observed
+        if not check.armed or not getattr(self.router, "assignment", None):
+            return set()
+        bad = check.check(plan, self.pool)
+        for line in check.errors:
+            say(f"lagom: WARNING: the observed check failed on {line}; its sites count as unobserved")
+        applied = sum(r["status"] == "applied" for r in check.results.values())
+        unobserved = sum(r["status"] == "unobserved" for r in check.results.values())
+        if bad:
+            from lagom_megatron.megatron.observed import describe
+
+            self.router.set_assignment({k: v for k, v in self.router.assignment.items() if k not in bad})
+            say(f"lagom: WARNING: {len(bad)} site(s) did not run as planned and keep the defaults on every rank: "
+                f"{describe(check.results, bad)}")
+        say(f"lagom: observed: {applied} site(s) ran as planned, {len(bad)} differed, {unobserved} unobserved "
+            f"({self.pool.backend.name})")
+        return bad
 
     def apply_probes(self, assignments: list[dict[str, CommConfig]], sites: list[Any]) -> bool:
         """``apply`` for the warm-up probes: ``assignments`` (site id -> config, one per probe) over
@@ -196,6 +235,8 @@ class Applier:
         """What the report's summary gets: pool counts, the agreed capabilities, and after a failure
         ``phase = fell_back`` with the reason."""
         out: dict[str, Any] = {"pool": self.pool_summary()}
+        if self.observed.results:
+            out["observed"] = {sid: dict(r) for sid, r in sorted(self.observed.results.items())}
         if self.capabilities is not None:
             out["capabilities"] = self.fingerprint_part()["capabilities"]
         if self.error:
@@ -227,6 +268,7 @@ class Applier:
         with open(table, encoding="utf-8") as f:  # what the plugin will read: readable here, or fail now
             f.read(1)
         backend.tuner_table, backend.table_id = str(table), plan.digest()[:12]
+        self.table_plan = plan  # the rows the plugin loaded (hits are counted against them, hits.py)
 
     def revert(self, reason: str) -> None:
         """Every rank: NCCL's defaults for every site, every pool entry destroyed, one error logged."""

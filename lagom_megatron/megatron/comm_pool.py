@@ -77,6 +77,9 @@ class CommPool:
         self._entries: dict[tuple[str, Hashable], Any] = {}
         self._created: dict[_EntryId, Any] = {}
         """Every entry created on this rank's side (also those it is not a member of) -> its group."""
+        self._names: dict[int, str] = {}
+        """id of each live entry this rank is a member of -> the name its communicator is known by
+        (``comm_key``)."""
         self._bytes: dict[_EntryId, int] = {}
         self._keys: dict[tuple[CommConfig, str | None], Hashable | None] = {}
         self.stats = {"created": 0, "destroyed": 0}
@@ -211,6 +214,8 @@ class CommPool:
                         info = GroupInfo(name=eid.name, ranks=eid.ranks)
                     self.groups.alias(group, info)
                     self._entries[(eid.name, eid.key)] = group
+                    tag_for = getattr(self.backend, "tag_for", None)
+                    self._names[id(group)] = tag_for(desc, eid.name) if tag_for is not None else desc
                     self._bytes[eid] = self.estimate(config, eid.name)
                     made += 1
             if errors:
@@ -246,6 +251,7 @@ class CommPool:
                 continue
             group = self._created.pop(eid)
             self._bytes.pop(eid, None)
+            self._names.pop(id(group), None)
             if self._entries.get((eid.name, eid.key)) is group:
                 del self._entries[(eid.name, eid.key)]
             if group is not None and group is not getattr(dist.GroupMember, "NON_GROUP_MEMBER", object()):
@@ -256,6 +262,16 @@ class CommPool:
         if n:
             log.info("lagom: communicator pool: %d entries destroyed, %s left", n, self.describe())
         return n
+
+    def own_group(self, name: str) -> Any:
+        """This rank's own process group called ``name`` (Megatron's, not a pool entry), or None."""
+        return self._parent(name)
+
+    def comm_key(self, group: Any) -> str | None:
+        """The name a live entry's communicator is known by in NCCL's profiler records (the tuner
+        tag ``<group>/<key>`` the NCCL backend set, its ``commName`` where torch binds it) or, on
+        gloo, the entry's ``group_desc``; None for a group that is not one of this rank's entries."""
+        return self._names.get(id(group))
 
     def group_for(self, info: GroupInfo, config: CommConfig) -> Any | None:
         """The pool entry of ``info``'s group for ``config``; None = use the group itself.

@@ -39,9 +39,11 @@ from typing import Any, Callable
 
 FAULT_ENV = "LAGOM_INJECT_DIGEST_FAULT"
 APPLY_FAULT_ENV = "LAGOM_INJECT_APPLY_FAULT"
-APPLY_STEPS = ("env", "pool-preflight", "pool-create", "table", "first-use", "first-call")
+APPLY_STEPS = ("env", "pool-preflight", "pool-create", "table", "first-use", "first-call", "observed")
 """Steps of applying, in order (``collective_step`` names; ``env`` is the environment re-check,
-``first-call`` the check after the first training calls on the entries, ``first_use``)."""
+``first-call`` the check after the first training calls on the entries, ``first_use``;
+``observed`` the check of what ran against the plan, ``observed``: its fault makes that rank's
+record differ from the plan instead of failing a step)."""
 
 
 def fault_injected(step: str) -> bool:

@@ -24,6 +24,7 @@ The run's files (plan, profile, report, tuner tables) and their paths are ``run_
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -88,6 +89,10 @@ class LagomController:
         self.pool_budget_mib = pool_budget_mib
         self.applier: Any = None
         """``apply.Applier``: capabilities, pool entries and the revert, on every rank together."""
+        from lagom_megatron.megatron.kernel_time import KernelTimes
+
+        self.kernel_times = KernelTimes()
+        """NCCL's kernel time per site in timed profiling iterations (``kernel_time``)."""
 
     @classmethod
     def from_args(cls, args: Any) -> "LagomController":
@@ -246,6 +251,8 @@ class LagomController:
         elif self.mode == "tune":
             step = self._step = self.tuner.start_iteration(iteration)
             self.router.set_assignment(step.assignment)
+            if self._nccl_timed(step):  # NCCL's kernel timers: a second source for the profile (kernel_time)
+                self.kernel_times.start()
             self.profiler.start_iteration(timed=step.timed, serialize=step.serialize)
         elif self.mode == "reuse":
             self.profiler.start_iteration(timed=reuse_timed)
@@ -268,6 +275,8 @@ class LagomController:
                 self.files.save_plan(self.plan.with_stats(verification="fell_back", verification_reason=self.applier.error))
             self.write_report()
             return
+        if self.applier is not None and self.plan is not None and self.mode in ("tune", "reuse"):
+            self._check_observed()  # collective once the plan's calls ran: the condition is the same on every rank
         if self.mode == "reuse":
             if timed:
                 self._last_sites = {sid: r.to_site() for sid, r in self.registry.records.items()}
@@ -288,8 +297,11 @@ class LagomController:
                                                                        self.profiler.call_times)
         else:
             sites, merged, it_us, calls = {}, {}, elapsed_s * 1e6, {}
+        nccl_us = self.kernel_times.finish(self.registry.records, step.assignment, self.pool) \
+            if self._nccl_timed(step) else {}  # collective: the condition is the same on every rank
         samples = [Sample(site_id=sid, config=step.assignment.get(sid, DEFAULT), t_comm_us=t[0], t_comp_us=t[1],
-                          t_region_us=t[2], iteration=iteration, calls=calls.get(sid, ()))
+                          t_region_us=t[2], iteration=iteration, calls=calls.get(sid, ()),
+                          t_comm_nccl_us=nccl_us.get(sid, math.nan))
                    for sid, t in sorted(merged.items()) if sid in sites]
         measurement = IterationMeasurement(iteration=iteration, iteration_us=max(it_us, 1e-3),
                                            sites=[CollectiveSite(**sites[k]) for k in sorted(sites)], samples=samples)
@@ -308,6 +320,32 @@ class LagomController:
 
         after_step(self, step, iteration, measurement, merged, before, phase, dt_ms)
 
+    def _nccl_timed(self, step: Any) -> bool:
+        """A timed profiling iteration on NCCL: its samples get NCCL's kernel times too."""
+        return getattr(self, "backend", None) == "nccl" and step.timed and step.kind in ("default", "serialized", "probe")
+
+    def _check_observed(self) -> None:
+        """The sites NCCL (gloo) did not run as the plan says leave the plan on every rank
+        (``Applier.check_observed``): the tuner verifies the plan without them, a reused plan is
+        saved without them (rank 0)."""
+        bad = self.applier.check_observed(self.plan)
+        if not bad:
+            return
+        reason = "what ran differed from the plan (observed check)"
+        if self.mode == "tune" and self.tuner is not None and not self.tuner.done:
+            from lagom_megatron.engine.steps import Phase
+
+            self.tuner.revert_sites(bad, reason)
+            self.plan = self.tuner.plan
+            if self.tuner.phase is Phase.FELL_BACK:
+                from lagom_megatron.megatron.step_end import on_done
+
+                on_done(self, Phase.FELL_BACK)
+        else:
+            self.plan = self.plan.with_defaults(bad, note=reason)
+            if self.rank == 0:
+                self.files.save_plan(self.plan)
+
     def on_train_end(self) -> None:
         """Logs how many plan rows NCCL's tuner plugin matched, writes the report (if not yet
         written) and removes every hook."""
@@ -318,7 +356,8 @@ class LagomController:
                     and getattr(self.pool.backend, "plugin_active", False) and self.plan is not None:
                 from lagom_megatron.megatron.hits import log_plan_hits
 
-                log_plan_hits(self.plan, getattr(self.pool, "groups", None))  # collective: the condition is the same on every rank
+                table_plan = getattr(self.applier, "table_plan", None) or self.plan  # the rows the plugin loaded
+                log_plan_hits(table_plan, getattr(self.pool, "groups", None))  # collective: the condition is the same on every rank
             if not self._reported:
                 self.write_report()
         finally:

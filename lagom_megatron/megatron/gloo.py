@@ -182,15 +182,68 @@ def in_coalescing(group: Any) -> bool:
     return g in c10d._world.pg_coalesce_state
 
 
-def chunked_call(op: str, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], chunk_bytes: int, group_size: int) -> Any:
+class GlooRecord:
+    """The gloo pool's own record of what it ran, the gloo side of applied = observed
+    (``megatron.observed``): per (site group, entry, op, bytes) the calls, the worker threads
+    of the process group each call really ran on (its backend's ``options._threads``, which torch
+    binds read-only on ``ProcessGroupGloo``) and the largest piece ``chunked_call`` issued (the
+    whole tensor when it did not split). The router notes routed calls while ``on``; off, it is
+    never consulted (one attribute check on the routed path)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.calls: dict[tuple[str, str, str, int], list] = {}
+        """(group name, the entry's ``CommPool.comm_key`` or "" for the site's own group, op, bytes)
+        -> [calls, worker threads seen, largest pieces seen]."""
+        self._threads: dict[int, int] = {}
+
+    def start(self) -> None:
+        """Forgets what was noted and starts noting."""
+        self.calls.clear()
+        self.on = True
+
+    def stop(self) -> None:
+        self.on = False
+
+    def note(self, name: str, key: str, group: Any, op: str, nbytes: int, piece: int) -> None:
+        """One call of group ``name``'s site that ran on ``group`` (the entry known as ``key``, or
+        the site's own group, ``""``), ``nbytes`` as the plan counts them, its largest piece
+        ``piece`` bytes (0: issued whole)."""
+        threads = self._threads.get(id(group))
+        if threads is None:
+            threads = self._threads[id(group)] = _gloo_threads(group)
+        rec = self.calls.setdefault((name, key, op, int(nbytes)), [0, set(), set()])
+        rec[0] += 1
+        rec[1].add(threads)
+        rec[2].add(int(piece))
+
+
+def _gloo_threads(group: Any) -> int:
+    """Worker threads of ``group``'s gloo backend (0 when it has none readable)."""
+    import torch
+
+    try:
+        return int(group._get_backend(torch.device("cpu")).options._threads)
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return 0
+
+
+def chunked_call(op: str, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], chunk_bytes: int, group_size: int,
+                 observe: Callable[[int], None] | None = None) -> Any:
     """Issues ``fn`` (a torch.distributed collective) as pieces of at most ``chunk_bytes`` bytes.
 
     ``op`` is ``all_reduce`` (args: tensor), ``reduce_scatter`` (args: output, input; input is
     ``group_size`` x output along the first dimension) or ``all_gather`` (args: output, input).
     Returns a ``MultiWork`` when ``async_op`` is set, else None after waiting; inside a coalescing
     manager it returns what the first piece returned (torch's placeholder). A tensor that fits in
-    one piece is passed through unchanged, and so is any other op.
+    one piece is passed through unchanged, and so is any other op. ``observe`` (``GlooRecord``)
+    gets the bytes of the largest piece issued, or 0 when the call went out whole.
     """
+    def whole() -> Any:
+        if observe is not None:
+            observe(0)
+        return fn(*args, **kwargs)
+
     async_op = bool(kwargs.get("async_op", False))
     kw = dict(kwargs)
     kw["async_op"] = True
@@ -199,7 +252,7 @@ def chunked_call(op: str, fn: Callable[..., Any], args: tuple, kwargs: dict[str,
         t = args[0]
         ranges = piece_ranges(t.numel(), t.element_size(), chunk_bytes)
         if len(ranges) <= 1 or not t.is_contiguous():
-            return fn(*args, **kwargs)
+            return whole()
         flat = t.view(-1)
         works = [fn(flat[lo:hi], *args[1:], **kw) for lo, hi in ranges]
         after: list[Callable[[], None]] = []
@@ -207,7 +260,7 @@ def chunked_call(op: str, fn: Callable[..., Any], args: tuple, kwargs: dict[str,
         out, inp = args[0], args[1]
         ranges = piece_ranges(out.numel(), out.element_size(), chunk_bytes)
         if len(ranges) <= 1 or not (out.is_contiguous() and inp.is_contiguous()):
-            return fn(*args, **kwargs)
+            return whole()
         out_flat, inp_2d = out.view(-1), inp.reshape(group_size, -1)
         works = [fn(out_flat[lo:hi], inp_2d[:, lo:hi].contiguous().view(-1), *args[2:], **kw) for lo, hi in ranges]
         after = []
@@ -215,7 +268,7 @@ def chunked_call(op: str, fn: Callable[..., Any], args: tuple, kwargs: dict[str,
         out, inp = args[0], args[1]
         ranges = piece_ranges(inp.numel(), inp.element_size(), chunk_bytes)
         if len(ranges) <= 1 or coalescing or not (out.is_contiguous() and inp.is_contiguous()):
-            return fn(*args, **kwargs)
+            return whole()
         inp_flat, out_2d = inp.view(-1), out.view(group_size, -1)
         works, after = [], []
         for lo, hi in ranges:
@@ -223,7 +276,9 @@ def chunked_call(op: str, fn: Callable[..., Any], args: tuple, kwargs: dict[str,
             works.append(fn(tmp.view(-1), inp_flat[lo:hi], *args[2:], **kw))
             after.append(lambda tmp=tmp, lo=lo, hi=hi: out_2d[:, lo:hi].copy_(tmp))
     else:
-        return fn(*args, **kwargs)
+        return whole()
+    if observe is not None:
+        observe(max(hi - lo for lo, hi in ranges) * (out.element_size() if op != "all_reduce" else t.element_size()))
     if coalescing:
         return works[0]
     handle = MultiWork(works, after)

@@ -274,7 +274,26 @@ def render_markdown(rows: list[SiteRow], summary: dict[str, Any]) -> str:
     for i, label in enumerate(("sum of the sites", "rest of the iteration", "iteration")):
         lines.append("| " + " | ".join([f"**{label}**", *pad, *(_fmt(totals[c][i] / 1e3) for c in order)]) + " |")
     lines += _note_lines(rows)
+    lines += observed_lines(s.get("observed") or {})
     return "\n".join(lines) + "\n"
+
+
+def observed_lines(observed: dict[str, dict[str, Any]]) -> list[str]:
+    """The observed check's table (``megatron.observed``): per planned site what the plan set and
+    what NCCL's profiler records (gloo: the pool's own record) show ran, the verdict, and the rank
+    whose record differed; empty when no check ran."""
+    if not observed:
+        return []
+    out = ["", "## Applied = observed (what ran, per planned site)", "",
+           "| site_id | verdict | knob | planned | observed | rank | note |", "|---|---|---|---|---|---|---|"]
+    for sid, r in observed.items():
+        knobs = list(r.get("planned") or {}) or ["-"]
+        verdict = {"differs": "differs: reverted to the defaults"}.get(r["status"], r["status"])
+        for k in knobs:
+            mark = " (differs)" if k in r.get("knobs", ()) else ""
+            out.append(f"| `{sid}` | {verdict} | {k}{mark} | {_fmt((r.get('planned') or {}).get(k, '-'))} | "
+                       f"{_fmt((r.get('observed') or {}).get(k, '-'))} | {r.get('rank', '-')} | {r.get('note') or ''} |")
+    return out
 
 
 def _note_lines(rows: list[SiteRow]) -> list[str]:

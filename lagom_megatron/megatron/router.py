@@ -143,6 +143,10 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         """Megatron-FSDP buffer id -> its buckets' sites (``router_fsdp``)."""
         self.first_use = FirstUse(self._coalesce_state)
         """Guards the first call of each site on a new pool entry (``first_use``)."""
+        self.observe: Any = None
+        """The gloo pool's record of routed calls (``gloo.GlooRecord``, ``observed.ObservedCheck.attach``);
+        noted only while it is ``on``."""
+        self._pieces: list[int] | None = None
 
     # -------------------------------------------------------------- configuration
     def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
@@ -212,7 +216,11 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         site_id, op, nbytes, dtype, info, facts = known
         if self.registry.recording:
             self.registry.record(site_id, op=op, nbytes=nbytes, dtype=dtype, group=info, facts=facts)
-        _, pool_group, chunk = self._route(site_id, info)
+        cfg, pool_group, chunk = self._route(site_id, info)
+        obs = self.observe
+        noting = obs is not None and obs.on and cfg is not None
+        if noting:
+            self._pieces = []
         profiler = self.profiler
         timed = profiler.timed
         if timed:
@@ -230,6 +238,10 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
             if pool_group is not None:
                 setattr(bucket_group, attr, group)
             self._scope = prev_scope
+        if noting:
+            key = (self.pool.comm_key(pool_group) or "") if pool_group is not None else ""
+            obs.note(info.name, key, pool_group if pool_group is not None else group, op, nbytes, max(self._pieces, default=0))
+            self._pieces = None
         if timed:
             handle = getattr(bucket_group, handle_attr)
             if handle is None:
@@ -265,7 +277,9 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                     self.first_use.record(orig, args, kwargs, gi)
                 chunk, info = scope[1]
                 if chunk:
-                    return chunked_call(op, orig, args, kwargs, chunk, info.size)
+                    pieces = self._pieces
+                    return chunked_call(op, orig, args, kwargs, chunk, info.size,
+                                        observe=pieces.append if pieces is not None else None)
                 return orig(*args, **kwargs)
             if tag == "named" and not async_op and not scope[1][2]:  # TE module forward: synchronous
                 return orig(*args, **kwargs)
@@ -301,7 +315,7 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                 registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[call.tindex],
                                        group=call.info, facts=None if reduce_op is None else {"reduce_op": reduce_op})
         route = self._routes.get(site_id) or self._resolve(site_id, call.info)
-        chunk = 0
+        chunk, note = 0, None
         if route[0] is not None:
             coalescing = self._coalesce_state
             if not (coalescing and group in coalescing):  # a coalesced call keeps its group, whole
@@ -315,18 +329,29 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                     else:  # the wrapper's own ``**kwargs`` dict (patches): nobody else holds it
                         kwargs["group"] = pool_group
                 chunk = route[2] if call.chunkable else 0
+                if self.observe is not None and self.observe.on:  # the gloo record (observed.py)
+                    note = self._note(op, call, pool_group if pool_group is not None else group, args, kwargs)
+                    if not chunk:
+                        note(0)
         profiler = self.profiler
         if not profiler.timed:  # applied plan: route only
             if chunk:
-                return chunked_call(op, orig, args, kwargs, chunk, call.info.size)
+                return chunked_call(op, orig, args, kwargs, chunk, call.info.size, observe=note)
             return orig(*args, **kwargs)
         profiler.poll()
         t0 = profiler.mark()
-        work = chunked_call(op, orig, args, kwargs, chunk, call.info.size) if chunk else orig(*args, **kwargs)
+        work = chunked_call(op, orig, args, kwargs, chunk, call.info.size, observe=note) if chunk else orig(*args, **kwargs)
         if async_op:
             return profiler.issue(site_id, work, t0)
         profiler.sync(site_id, t0)
         return work
+
+    def _note(self, op: str, call: _StreamCall, ran_on: Any, args: tuple, kwargs: dict) -> Callable[[int], None]:
+        """The ``GlooRecord`` note of one routed call that runs on ``ran_on`` (given its largest piece)."""
+        tensor = kwargs[call.tname] if call.tname in kwargs else args[call.tindex]
+        key = (self.pool.comm_key(ran_on) or "") if self.pool is not None else ""
+        nbytes, obs, name = tensor_nbytes([tensor]), self.observe, call.info.name
+        return lambda piece: obs.note(name, key, ran_on, op, nbytes, piece)
 
     def _stream_call(self, group: Any, op: str, scope: Any) -> Any:
         """The ``_StreamCall`` of calls of ``op`` on ``group`` in ``scope`` (``ONE_RANK`` for a group of one rank)."""

@@ -1,4 +1,5 @@
-"""Checks that ``NCCL_TUNER_PLUGIN`` names a tuner plugin NCCL will really load, before any rank starts.
+"""Checks that ``NCCL_TUNER_PLUGIN`` names a tuner plugin NCCL will really load, before any rank starts,
+and which tuner and profiler ABI NCCL will use with lagom's library (``plugin_abi_report``).
 
 NCCL reads ``NCCL_TUNER_PLUGIN`` once per process, at the first communicator, and never fails on
 it: a wrong value leaves NCCL on its internal tuner with an INFO log only, so a plan searched for
@@ -43,6 +44,30 @@ TUNER_SYMBOLS_BY_NCCL: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
 
 ALL_TUNER_SYMBOLS = tuple(f"ncclTunerPlugin_v{v}" for v in (6, 5, 4, 3, 2, 1))
 
+NEWEST_TUNER_ABI = 6
+"""The newest tuner ABI lagom's plugin exports: NCCL v2.30.7, the newest release whose sources lagom
+was checked against, defines ``tuner_v2.h`` .. ``tuner_v6.h`` (``src/include/plugin/tuner/``) and
+looks up ``ncclTunerPlugin_v6`` first (``src/plugin/tuner.cc:73``); it has no tuner v7."""
+
+PROFILER_VAR = "NCCL_PROFILER_PLUGIN"
+
+PROFILER_SYMBOLS_BY_NCCL: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
+    ((2, 29), tuple(f"ncclProfiler_v{v}" for v in (6, 5, 4, 3, 2, 1))),
+    ((2, 28), tuple(f"ncclProfiler_v{v}" for v in (5, 4, 3, 2, 1))),
+    ((2, 27), tuple(f"ncclProfiler_v{v}" for v in (4, 3, 2, 1))),
+    ((2, 26), ("ncclProfiler_v3", "ncclProfiler_v2", "ncclProfiler_v1")),
+    ((2, 24), ("ncclProfiler_v2", "ncclProfiler_v1")),
+    ((2, 23), ("ncclProfiler_v1",)),
+    ((0, 0), ()),
+)
+"""(first NCCL release, profiler struct names it looks up, newest first): v2.23.4 looks up only
+``ncclProfiler_v1`` (``src/misc/profiler.cc:21,119``); v2.24.3 and v2.25.1 ``_v2`` then ``_v1``
+(``src/misc/profiler.cc:220-223``); v2.26.2 ``_v3`` .. ``_v1``, v2.27.3 ``_v4`` .. ``_v1``, v2.28.3
+``_v5`` .. ``_v1``, v2.29.2 and v2.30.7 ``_v6`` .. ``_v1`` (``src/plugin/profiler.cc:73-88`` at
+v2.30.7). NCCL 2.22 and older have no profiler plugin."""
+
+ALL_PROFILER_SYMBOLS = PROFILER_SYMBOLS_BY_NCCL[0][1]
+
 _PROBE = (
     "import ctypes, os, sys\n"
     "try:\n"
@@ -53,6 +78,20 @@ _PROBE = (
 )
 
 
+def _symbols_for(table: tuple[tuple[tuple[int, int], tuple[str, ...]], ...], every: tuple[str, ...],
+                 nccl_version: str | None) -> tuple[str, ...]:
+    try:
+        version = parse_version(nccl_version) if nccl_version else None
+    except ValueError:
+        version = None
+    if version is None:
+        return every
+    for first, names in table:
+        if tuple(version[:2]) >= first:
+            return names
+    return table[-1][1]
+
+
 def tuner_symbols_for(nccl_version: str | None) -> tuple[str, ...]:
     """The tuner struct names NCCL ``nccl_version`` looks up, newest first; every known name when
     the version is None or unparsable (e.g. ``"none"``).
@@ -60,16 +99,22 @@ def tuner_symbols_for(nccl_version: str | None) -> tuple[str, ...]:
     Raises:
         Nothing: an unparsable version is treated as unknown.
     """
-    try:
-        version = parse_version(nccl_version) if nccl_version else None
-    except ValueError:
-        version = None
-    if version is None:
-        return ALL_TUNER_SYMBOLS
-    for first, names in TUNER_SYMBOLS_BY_NCCL:
-        if tuple(version[:2]) >= first:
-            return names
-    return TUNER_SYMBOLS_BY_NCCL[-1][1]
+    return _symbols_for(TUNER_SYMBOLS_BY_NCCL, ALL_TUNER_SYMBOLS, nccl_version)
+
+
+def profiler_symbols_for(nccl_version: str | None) -> tuple[str, ...]:
+    """The profiler struct names NCCL ``nccl_version`` looks up, newest first (``PROFILER_SYMBOLS_BY_NCCL``;
+    empty before 2.23); every known name when the version is None or unparsable."""
+    return _symbols_for(PROFILER_SYMBOLS_BY_NCCL, ALL_PROFILER_SYMBOLS, nccl_version)
+
+
+def abis_in_use(exported: tuple[str, ...] | list[str], nccl_version: str | None) -> tuple[str | None, str | None]:
+    """(tuner struct, profiler struct) NCCL ``nccl_version`` takes from a library exporting
+    ``exported``: the first name of each lookup order the library has, None where it has none."""
+    have = set(exported)
+    tuner = next((n for n in tuner_symbols_for(nccl_version) if n in have), None)
+    profiler = next((n for n in profiler_symbols_for(nccl_version) if n in have), None)
+    return tuner, profiler
 
 
 def probe_library(path: str, symbols: tuple[str, ...] = ALL_TUNER_SYMBOLS, timeout_s: float = 30.0
@@ -133,7 +178,7 @@ def check_tuner_plugin(environ: Mapping[str, str] | None = None, *, nccl_version
     if "/" not in value or plugin_path_missing(value) or not probe:
         return []  # a loader-path name, or a missing file (env_check reports that)
     wanted = tuner_symbols_for(nccl_version)
-    exported, error = probe_library(value, ALL_TUNER_SYMBOLS)
+    exported, error = probe_library(value, ALL_TUNER_SYMBOLS + ALL_PROFILER_SYMBOLS)
     if error is not None:
         return [EnvIssue(
             "error", VAR, value, f"{shown} does not load: {error}",
@@ -142,7 +187,10 @@ def check_tuner_plugin(environ: Mapping[str, str] | None = None, *, nccl_version
             "rebuild the plugin on this system (lagom build-tuner) or point the variable at a loadable library",
         )]
     if not set(exported) & set(wanted):
+        profilers = [n for n in exported if n.startswith("ncclProfiler_")]
+        exported = tuple(n for n in exported if n.startswith("ncclTunerPlugin_"))
         has = f"it exports {', '.join(exported)}" if exported else "it exports no ncclTunerPlugin_v* struct"
+        has += f" (profiler structs: {', '.join(profilers)})" if profilers else " and no ncclProfiler_v* struct"
         need = f"NCCL {nccl_version}" if nccl_version and wanted != ALL_TUNER_SYMBOLS else "NCCL"
         return [EnvIssue(
             "error", VAR, value, f"{shown} has none of the symbols {need} looks up ({', '.join(wanted)})",
@@ -152,3 +200,48 @@ def check_tuner_plugin(environ: Mapping[str, str] | None = None, *, nccl_version
             + (", and use NCCL 2.22 or newer" if "ncclTunerPlugin_v3" not in wanted else ""),
         )]
     return []
+
+
+def plugin_abi_report(environ: Mapping[str, str] | None = None, *, nccl_version: str | None = None,
+                      probe: bool = True) -> tuple[str | None, list[EnvIssue]]:
+    """Which tuner and which profiler ABI NCCL ``nccl_version`` will use with the libraries the
+    ranks' ``NCCL_TUNER_PLUGIN`` and ``NCCL_PROFILER_PLUGIN`` name (NCCL takes the first name of
+    its lookup order that a library exports: ``abis_in_use``).
+
+    A library with neither kind of struct is refused by ``check_tuner_plugin`` (an error naming
+    what it exports).
+
+    Returns:
+        (one report line, or None when ``NCCL_TUNER_PLUGIN`` names no absolute path that loads;
+        issues): a warning when ``NCCL_PROFILER_PLUGIN`` names another library than the
+        tuner's (lagom leaves a user's profiler plugin in place and then checks only the tuner's row
+        hits, not what NCCL ran) or is ``none`` (``src/plugin/profiler.cc:58-60``). Unset, lagom's
+        launch sets it to the tuner's library (``plugin_launch.launch_env``).
+    """
+    environ = os.environ if environ is None else environ
+    tuner_lib = environ.get(VAR, "")
+    if not probe or not os.path.isabs(tuner_lib) or plugin_path_missing(tuner_lib):
+        return None, []
+    exported, error = probe_library(tuner_lib, ALL_TUNER_SYMBOLS + ALL_PROFILER_SYMBOLS)
+    if error is not None:
+        return None, []  # check_tuner_plugin reports it
+    tuner, profiler = abis_in_use(exported, nccl_version)
+    nccl = f"NCCL {nccl_version}" if nccl_version else "NCCL (version unknown: newest lookup order)"
+    issues: list[EnvIssue] = []
+    value = environ.get(PROFILER_VAR)
+    same = not value or (os.path.isabs(value) and os.path.realpath(value) == os.path.realpath(tuner_lib))
+    abi = f"{profiler} (profiler ABI v{profiler.rsplit('v', 1)[1]})" if profiler else "no profiler struct"
+    if profiler is not None and not same:
+        why = (f"{PROFILER_VAR}='none' disables profiler plugins" if value.strip().lower() == "none" else
+               f"{PROFILER_VAR}={value!r} names another profiler plugin, which lagom never replaces")
+        issues.append(EnvIssue(
+            "warning", PROFILER_VAR, value, f"{why}: lagom checks only the tuner's row hits, not what NCCL ran",
+            "the observed check reads lagom's own profiler records (docs/nccl.md, 'Applied = observed')",
+            f"keep it, or set {PROFILER_VAR}={tuner_lib} to check what NCCL ran"))
+        profiler_used = f"no profiler of lagom's ({PROFILER_VAR}={value})"
+    elif profiler is not None and not value:
+        profiler_used = f"{abi}, once {PROFILER_VAR} names it (lagom's launch sets it when unset)"
+    else:
+        profiler_used = abi
+    tuner_used = f"{tuner} (tuner ABI v{tuner.rsplit('v', 1)[1]})" if tuner else "no tuner struct"
+    return f"{nccl} will use, of {tuner_lib}: {tuner_used}; {profiler_used}", issues

@@ -24,9 +24,15 @@ from pathlib import Path
 from typing import Mapping, MutableMapping
 
 from lagom_megatron.nccl.env_grammar import parse_version
-from lagom_megatron.nccl.plugin.build import LIBRARY_NAME, PLUGIN_DIR, TUNER_SOURCES, build_tuner
+from lagom_megatron.nccl.plugin.build import HEADERS, LIBRARY_NAME, PLUGIN_DIR, TUNER_SOURCES, build_tuner
 
 PLUGIN_VAR = "NCCL_TUNER_PLUGIN"
+PROFILER_VAR = "NCCL_PROFILER_PLUGIN"
+"""The same library is NCCL's profiler plugin (its ``ncclProfiler_v*`` half, ``nccl/plugin/profiler.c``):
+NCCL opens the library this variable names once per process, at the first communicator
+(NVIDIA/nccl v2.30.7 ``src/plugin/profiler.cc:46-71``); unset, it tries ``libnccl-profiler.so``,
+never lagom's. A value the user set (another profiler plugin, or ``none``) is never replaced:
+lagom then checks the tuner's row hits only (``lagom doctor`` says so)."""
 TABLE_VAR = "LAGOM_TUNER_CONFIG"
 DIR_VAR = "LAGOM_TUNER_DIR"
 """Where the library is looked for and built; default ``<source tree>/build/nccl-plugin``."""
@@ -64,7 +70,7 @@ MIN_NCCL = (2, 22)
 def built_library(environ: Mapping[str, str] | None = None) -> Path | None:
     """The up-to-date ``libnccl-tuner-lagom.so`` of ``plugin_dir``, or None when it must be (re)built."""
     lib = plugin_dir(environ) / LIBRARY_NAME
-    sources = [*TUNER_SOURCES, PLUGIN_DIR / "lagom_tuner.h", PLUGIN_DIR / "plugin_internal.h"]
+    sources = [*TUNER_SOURCES, *HEADERS]
     newest = max(p.stat().st_mtime for p in sources if p.exists())
     return lib if lib.is_file() and lib.stat().st_mtime >= newest else None
 
@@ -82,7 +88,8 @@ def launch_env(environ: Mapping[str, str] | None = None, *, backend: str = "nccl
             note says what the launch will build.
 
     Returns:
-        (variables, note): ``NCCL_TUNER_PLUGIN`` (absolute path) and ``LAGOM_TUNER_CONFIG`` ("")
+        (variables, note): ``NCCL_TUNER_PLUGIN`` (absolute path), ``NCCL_PROFILER_PLUGIN`` (the
+        same library, when the tuner variable names lagom's) and ``LAGOM_TUNER_CONFIG`` ("")
         unless the user already set them; empty for gloo. ``note`` is a one-line warning when the
         library could not be built (then lagom falls back to communicator mode), else None.
     """
@@ -107,6 +114,9 @@ def launch_env(environ: Mapping[str, str] | None = None, *, backend: str = "nccl
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return {}, (f"lagom: warning: the NCCL tuner plugin is not available ({first}); "
                         f"{PLUGIN_VAR} stays unset and lagom uses communicator mode (docs/nccl.md)")
+    tuner = out.get(PLUGIN_VAR, environ.get(PLUGIN_VAR, ""))
+    if PROFILER_VAR not in environ and os.path.isabs(tuner) and os.path.basename(tuner) == LIBRARY_NAME:
+        out[PROFILER_VAR] = tuner
     if TABLE_VAR not in environ:
         out[TABLE_VAR] = ""
     return out, None

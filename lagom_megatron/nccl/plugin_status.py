@@ -79,6 +79,18 @@ def loaded_library_path(maps_file: str = "/proc/self/maps") -> str | None:
     return None
 
 
+def open_loaded(library: str | None = None) -> ctypes.CDLL | None:
+    """lagom's library as already mapped in this process (``library``, else the one in the memory
+    map), opened with ``RTLD_NOLOAD`` so that nothing is loaded here; None when it is not mapped."""
+    path = library or loaded_library_path()
+    if path is None:
+        return None
+    try:
+        return ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    except OSError:
+        return None
+
+
 def read_plugin_status(library: str | None = None, max_rows: int = 4096) -> PluginStatus | None:
     """Returns the status lagom's plugin reports in this process, or None when it is not loaded.
 
@@ -98,11 +110,8 @@ def read_plugin_status(library: str | None = None, max_rows: int = 4096) -> Plug
     if max_rows < 0:
         raise ValueError(f"max_rows must be >= 0; got {max_rows}")
     path = library or loaded_library_path()
-    if path is None:
-        return None
-    try:
-        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
-    except OSError:
+    lib = open_loaded(path) if path is not None else None
+    if lib is None:
         return None
     try:
         abi = lib.lagomTunerAbiVersion

@@ -57,7 +57,8 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
     Args:
         ranks: global ranks of the entry (the same ranks as the site's group).
         config: the searched configuration for this entry.
-        tag: communicator tag (the plan table's ``commTag``); also the group's ``group_desc``.
+        tag: communicator tag (the plan table's ``commTag``); also the group's ``group_desc`` and,
+            where torch binds ``NCCLConfig.comm_name``, the communicator's ``commName``.
         use_tuner_plugin: the tuner plugin applies algorithm/protocol/channels per call (the
             agreed mechanism is ``tuner``: NCCL loaded lagom's plugin on every rank).
         op: the site's op, to scope NCCL_ALGO/NCCL_PROTO to its NCCL function.
@@ -89,10 +90,16 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
     if not dist.is_initialized():
         raise RuntimeError("NCCL is not available: torch.distributed is not initialized "
                            "(call init_process_group first)")
+    bound = nccl_config_fields(pg_nccl.Options)
     mapping = entry_options(config, tag=tag, use_tuner_plugin=use_tuner_plugin, op=op,
-                            fields=nccl_config_fields(pg_nccl.Options), nccl_version=runtime_nccl_version())
+                            fields=bound, nccl_version=runtime_nccl_version())
     fields = dict((inherited or {}).get("config", {}))
     fields.update(mapping["config"])  # the entry's own knobs win over the parent's
+    if "comm_name" in bound:
+        # ncclConfig_t.commName (NCCL 2.27+), where the torch release binds it (detected: torch
+        # init.cpp @ce00583b does not): NCCL hands it to the profiler's init (v2.30.7
+        # src/plugin/profiler.cc:250), whose records and the tuner's rows are then keyed by it
+        fields["comm_name"] = tag
     if config.high_priority_stream is not None:
         high_priority_stream = bool(config.high_priority_stream)
     elif inherited is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from lagom_megatron.training.preflight_types import Finding, RunShape
 from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
 from lagom_megatron.nccl.env_network import check_network_env
-from lagom_megatron.nccl.plugin_check import check_tuner_plugin
+from lagom_megatron.nccl.plugin_check import check_tuner_plugin, plugin_abi_report
 
 BLACKWELL_SM_ARCH = 100
 """Megatron-LM asks for CUDA_DEVICE_MAX_CONNECTIONS=1 only below compute capability 10.0."""
@@ -69,14 +69,17 @@ def rule_cuda_device_max_connections(s: RunShape) -> list[Finding]:
 def rule_nccl_env(s: RunShape) -> list[Finding]:
     """NCCL and TORCH_NCCL variables outside their grammars and domains (``nccl.env_check.check_nccl_env``:
     algorithms, protocols, channels, threads; ``nccl.env_network.check_network_env``: network
-    selection, debugging, plugins, torch's process-group variables) and a tuner plugin NCCL would
-    not load (``nccl.plugin_check.check_tuner_plugin``)."""
+    selection, debugging, plugins, torch's process-group variables), a tuner plugin NCCL would
+    not load (``nccl.plugin_check.check_tuner_plugin``) and, with --lagom, a profiler plugin
+    variable that keeps lagom's profiler half from loading (``plugin_abi_report``)."""
     if s.backend == "gloo":
         return []
     issues = check_nccl_env(s.environ, nccl_version=s.nccl_version) + check_network_env(s.environ)
     plugin = check_tuner_plugin(s.environ, nccl_version=s.nccl_version)
     if plugin:  # one error line per variable: the plugin check's reason replaces 'file does not exist'
         issues = [i for i in issues if i.variable != plugin[0].variable] + plugin
+    elif s.lagom:  # the profiler half lagom checks what NCCL ran with (a user's own is left in place)
+        issues += plugin_abi_report(s.environ, nccl_version=s.nccl_version)[1]
     return [Finding(i.level, "nccl-env", i.what, i.why, i.fix) for i in issues]
 
 

@@ -160,7 +160,7 @@ allreduce,67108864,67108864,ring,simple,8,-1,-1,-1,-1,-1,*
 EOF
   rm -f "$OUT/probe_filestore"
   if env -u NCCL_ALGO -u NCCL_PROTO -u NCCL_MIN_CTAS -u NCCL_MAX_CTAS -u LAGOM_TUNER_COMM_TAG \
-       NCCL_TUNER_PLUGIN="$LIB" LAGOM_TUNER_CONFIG="$OUT/probe_table.csv" TORCH_NCCL_ENABLE_TIMING=1 \
+       NCCL_TUNER_PLUGIN="$LIB" NCCL_PROFILER_PLUGIN="$LIB" LAGOM_TUNER_CONFIG="$OUT/probe_table.csv" TORCH_NCCL_ENABLE_TIMING=1 \
        timeout "$(cap probe)" "$PY" "$REPO/scripts/gpu/plugin_probe.py" "$OUT" "${REH[@]}" > "$OUT/plugin_probe.log" 2>&1; then
     record "plugin status + capabilities" "ok" \
       "$("$PY" -c "import json;r=json.load(open('$OUT/plugin_probe.json'));s=r.get('plugin_status') or {};print('ABI v%s, %s init(s), all-reduce %.3f ms' % (s.get('abi_version'), s.get('init_count'), r.get('all_reduce_64MiB_duration_ms') or 0))" 2>/dev/null || echo 'plugin_probe.json')"

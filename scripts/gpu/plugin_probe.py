@@ -13,7 +13,11 @@ which NCCL and ProcessGroupNCCL read when the first communicator is created. It
 4. creates a group with a real ``ProcessGroupNCCL.Options`` (high-priority stream, min/max CTAs)
    and checks that its all-reduce runs and is right;
 5. times an all-reduce with ``Work._get_duration()`` (milliseconds between the collective's CUDA
-   events on NCCL's stream; torch ``WorkNCCL::getDuration`` needs timing enabled and a completed work).
+   events on NCCL's stream; torch ``WorkNCCL::getDuration`` needs timing enabled and a completed work);
+6. with ``NCCL_PROFILER_PLUGIN`` naming the same library (check.sh sets it), reads the profiler
+   half's state and records in-process (``nccl.profiler_status``): NCCL initialised it for the
+   communicators; a 1-rank collective reaches no task event (a local copy), so the records list the
+   communicators without calls on one GPU.
 
 Usage: python plugin_probe.py OUT_DIR [--rehearse]. Writes OUT_DIR/plugin_probe.json; exit 0 when every check
 passed (or the machine has no GPU: status "skipped"), 1 otherwise.
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         result["plugin_status"] = dataclasses.asdict(status) if status is not None else None
         # mapped but never initialised (NCCL did not run): the reader finds it, with no init yet
         checks["status_readable"] = status is not None and status.init_count == 0
+        from lagom_megatron.nccl.profiler_status import profiler_state, read_observed
+
+        checks["profiler_readable"] = profiler_state() == ("not initialised", "") and read_observed() == []
         checks["timing_enabled"] = os.environ.get("TORCH_NCCL_ENABLE_TIMING") == "1"
         return _finish(out, result, 0 if all(checks.values()) else 1)
     checks = result["checks"]
@@ -93,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         if no_gpu(result):
             return _finish(out, result, 0)
         result["nccl_runtime"] = ".".join(map(str, torch.cuda.nccl.version()))
-        result["env"] = {k: os.environ.get(k) for k in ("NCCL_TUNER_PLUGIN", "LAGOM_TUNER_CONFIG",
-                                                        "TORCH_NCCL_ENABLE_TIMING")}
+        result["env"] = {k: os.environ.get(k) for k in ("NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN",
+                                                        "LAGOM_TUNER_CONFIG", "TORCH_NCCL_ENABLE_TIMING")}
         dev = init_single_rank(out, "probe_filestore")
         checks["world_all_reduce"] = world_all_reduce_ok(dev, 1 << 20)
 
@@ -128,10 +135,19 @@ def main(argv: list[str] | None = None) -> int:
         checks["options_group_all_reduce"] = bool(torch.all(t2 == 2.0).item())
         result["options"] = {"is_high_priority_stream": True, "min_ctas": 1, "max_ctas": 4}
 
+        from lagom_megatron.nccl import profiler_status
+
+        profiler_status.set_recording(True, reset=True)
         t3 = torch.ones(1 << 24, device=dev)
         ms = timed_duration_ms(dist.all_reduce(t3, async_op=True))
         result["all_reduce_64MiB_duration_ms"] = ms
         checks["work_get_duration"] = ms > 0.0
+        profiler_status.set_recording(False)
+        state, foreign = profiler_status.profiler_state()
+        records = profiler_status.read_observed() or []
+        result["profiler"] = {"state": state, "foreign": foreign, "records": [dataclasses.asdict(c) for c in records]}
+        if os.environ.get("NCCL_PROFILER_PLUGIN"):
+            checks["profiler_initialised"] = state == "lagom" and len(records) >= 1
         dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - a probe reports, it does not crash
         result["error"] = f"{type(exc).__name__}: {exc}"

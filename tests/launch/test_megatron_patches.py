@@ -248,8 +248,8 @@ def test_plain_torchrun_on_a_gpu_enables_the_tuner_plugin_before_the_first_commu
     first NCCL communicator, which is when NCCL loads a tuner) runs, as scripts/pretrain_gpt.py does."""
     import torch
 
-    for name in ("NCCL_TUNER_PLUGIN", "LAGOM_TUNER_CONFIG"):  # absent, and absent again after the test
-        monkeypatch.setenv(name, "")                            # (start() writes os.environ itself)
+    for name in ("NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN", "LAGOM_TUNER_CONFIG"):  # absent, and absent again after
+        monkeypatch.setenv(name, "")  # the test (start() writes os.environ itself)
         monkeypatch.delenv(name)
     for name, value in TORCHRUN_ENV.items():
         monkeypatch.setenv(name, value)
@@ -264,12 +264,12 @@ def test_plain_torchrun_on_a_gpu_enables_the_tuner_plugin_before_the_first_commu
     pretrain = run_fake_pretrain(fake_megatron, 1)
 
     def pretrain_seeing_env(*args, **kwargs):
-        seen.update({k: os.environ.get(k) for k in ("NCCL_TUNER_PLUGIN", "LAGOM_TUNER_CONFIG")})
+        seen.update({k: os.environ.get(k) for k in ("NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN", "LAGOM_TUNER_CONFIG")})
         return pretrain(*args, **kwargs)
 
     LagomHooks().pretrain(pretrain_seeing_env, "ds", "mp", "t", "fwd", extra_args_provider=None)
     library = (tmp_path / "plugin" / "libnccl-tuner-lagom.so").resolve()
-    assert seen == {"NCCL_TUNER_PLUGIN": str(library), "LAGOM_TUNER_CONFIG": ""}
+    assert seen == {"NCCL_TUNER_PLUGIN": str(library), "NCCL_PROFILER_PLUGIN": str(library), "LAGOM_TUNER_CONFIG": ""}
     assert library.is_file() and [e[0] for e in rec.events] == ["setup", "start", "end", "train_end"]
 
 

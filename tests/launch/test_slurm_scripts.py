@@ -89,11 +89,11 @@ def test_per_node_dry_run_prints_exact_commands(fake):
     proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-70b-h100x64", "--", "--train-iters", "50")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[:7] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
+    assert lines[:8] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
                          "export NCCL_P2P_NET_CHUNKSIZE=2097152", "export NCCL_DEBUG=WARN",
                          "export LAGOM_CLUSTER=h100-sxm-ib400", f"export NCCL_TUNER_PLUGIN={fake.plugin}",
-                         "export LAGOM_TUNER_CONFIG=''"]
-    lines = lines[:4] + lines[7:]
+                         f"export NCCL_PROFILER_PLUGIN={fake.plugin}", "export LAGOM_TUNER_CONFIG=''"]
+    lines = lines[:4] + lines[8:]
     doctor = shlex.split(lines[4])
     assert doctor[:5] == [PY, "-m", "lagom_megatron.cli", "doctor", "--no-preset-env"]
     assert lines[5] == f"export MASTER_ADDR=node-a07 MASTER_PORT={20000 + 123456 % 40000}"
@@ -130,7 +130,8 @@ def test_per_node_run_exports_settings_to_every_rank(fake):
     assert proc.returncode == 0, proc.stderr
     env = (fake.log / "srun.env").read_text().splitlines()
     assert env == ["CUDA_DEVICE_MAX_CONNECTIONS=1", "LAGOM_CLUSTER=h100-sxm-ib400", "MASTER_ADDR=node-a07", "MASTER_PORT=23456",
-                   "NCCL_DEBUG=WARN", f"NCCL_TUNER_PLUGIN={fake.plugin}", "TORCH_NCCL_AVOID_RECORD_STREAMS=1"]
+                   "NCCL_DEBUG=WARN", f"NCCL_PROFILER_PLUGIN={fake.plugin}", f"NCCL_TUNER_PLUGIN={fake.plugin}",
+                   "TORCH_NCCL_AVOID_RECORD_STREAMS=1"]
     assert (fake.log / "srun.args").read_text().startswith("--kill-on-bad-exit=1 --nodes=1 ")
 
 

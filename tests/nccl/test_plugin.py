@@ -39,6 +39,10 @@ def test_harness_passes_every_case(built):
     listed = subprocess.run([str(harness), str(lib), "--list"], capture_output=True, text=True, check=True)
     names = listed.stdout.split()
     assert {"several_comms", "malformed_tables", "empty_table", "missing_table", "older_abis"} <= set(names)
+    # the profiler half in NCCL's order for ABI v1-v6 (nccl/plugin/test/test_observed.c)
+    assert {"profiler_match_plan", "profiler_clamped_channels", "profiler_other_algorithm", "profiler_p2p",
+            "profiler_missing_comm_name", "profiler_user_plugin", "profiler_comm_name_keys_rows",
+            "profiler_activation_mask", "profiler_bounded"} <= set(names)
     proc = subprocess.run([str(harness), str(lib)], capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     passed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("PASS ")]
@@ -63,10 +67,30 @@ def test_exports_only_the_abi_structs_and_status(built):
     lib = ctypes.CDLL(str(built[0]))
     for version in (3, 4, 5, 6):
         assert hasattr(lib, f"ncclTunerPlugin_v{version}")
-    for status in ("lagomTunerAbiVersion", "lagomTunerInitCount", "lagomTunerRowHits", "lagomTunerTableFailures"):
+    for version in (1, 2, 3, 4, 5, 6):
+        assert hasattr(lib, f"ncclProfiler_v{version}")
+    for status in ("lagomTunerAbiVersion", "lagomTunerInitCount", "lagomTunerRowHits", "lagomTunerTableFailures",
+                   "lagomProfilerSnapshot", "lagomProfilerSetActive", "lagomProfilerReset", "lagomProfilerState",
+                   "lagomProfilerInitCount", "lagomProfilerAbiVersion", "lagomProfilerForeign"):
         assert hasattr(lib, status), f"status export {status} missing"
-    for internal in ("lagomInit", "lagomGetCollInfo", "loadTable", "parseRow", "statusTableHits", "takeSlice"):
+    for internal in ("lagomInit", "lagomGetCollInfo", "loadTable", "parseRow", "statusTableHits", "takeSlice",
+                     "observedStart", "observedNewComm", "findBucket", "initAny"):
         assert not hasattr(lib, internal), f"{internal} should be hidden"
+
+
+def test_nm_lists_the_profiler_and_tuner_symbols(built):
+    """The dynamic symbol table, as NCCL's dlsym sees it: ncclProfiler_v1..v6 and ncclTunerPlugin_v3
+    up to the newest tuner ABI NCCL's headers define (v6 at NCCL v2.30.7: no tuner_v7.h), and no
+    other ``nccl*`` symbol."""
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    from lagom_megatron.nccl.plugin_check import NEWEST_TUNER_ABI
+
+    out = subprocess.run(["nm", "-D", "--defined-only", str(built[0])], capture_output=True, text=True, check=True).stdout
+    names = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    nccl = {n for n in names if n.startswith("nccl")}
+    assert nccl == {f"ncclProfiler_v{v}" for v in range(1, 7)} | {f"ncclTunerPlugin_v{v}" for v in range(3, NEWEST_TUNER_ABI + 1)}
+    assert NEWEST_TUNER_ABI == 6
 
 
 def test_extended_table_per_communicator(built, tmp_path):
@@ -137,9 +161,9 @@ def test_the_export_hint_is_a_shell_command_for_a_folder_with_spaces(tmp_path, c
     assert main(["build-tuner", "-o", str(out)]) == 0
     lib, hint = capsys.readouterr().out.splitlines()
     command = hint.removeprefix("# use it with:").split("  (")[0].strip()
-    shown = subprocess.run(["bash", "-c", f'{command}; printf "%s|%s" "$NCCL_TUNER_PLUGIN" "$LAGOM_TUNER_CONFIG"'],
-                           capture_output=True, text=True, timeout=COMMAND_S)
-    assert shown.returncode == 0 and shown.stdout == f"{lib}|TABLE.csv", shown.stderr
+    shown = subprocess.run(["bash", "-c", f'{command}; printf "%s|%s|%s" "$NCCL_TUNER_PLUGIN" "$NCCL_PROFILER_PLUGIN" '
+                            '"$LAGOM_TUNER_CONFIG"'], capture_output=True, text=True, timeout=COMMAND_S)
+    assert shown.returncode == 0 and shown.stdout == f"{lib}|{lib}|TABLE.csv", shown.stderr
     assert lib == str((out / "libnccl-tuner-lagom.so").resolve())
 
 

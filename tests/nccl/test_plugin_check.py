@@ -81,3 +81,43 @@ def test_doctor_accepts_lagoms_plugin(libs, capsys, monkeypatch):
     monkeypatch.setenv("NCCL_TUNER_PLUGIN", str(libs["lagom"]))
     main(["doctor", "--preset", "llama3-70b-h100x64", "--cluster", "h100-sxm-ib400"])
     assert "NCCL_TUNER_PLUGIN" not in capsys.readouterr().out
+
+
+def test_profiler_symbols_each_nccl_release_looks_up():
+    from lagom_megatron.nccl.plugin_check import abis_in_use, profiler_symbols_for
+
+    assert profiler_symbols_for("2.22.3") == ()
+    assert profiler_symbols_for("2.23.4") == ("ncclProfiler_v1",)
+    assert profiler_symbols_for("2.25.1") == ("ncclProfiler_v2", "ncclProfiler_v1")
+    assert profiler_symbols_for("2.26.2")[0] == "ncclProfiler_v3"
+    assert profiler_symbols_for("2.27.5")[0] == "ncclProfiler_v4"
+    assert profiler_symbols_for("2.28.3")[0] == "ncclProfiler_v5"
+    assert profiler_symbols_for("2.30.7")[0] == profiler_symbols_for("2.29.2")[0] == "ncclProfiler_v6"
+    lagoms = [f"ncclTunerPlugin_v{v}" for v in range(3, 7)] + [f"ncclProfiler_v{v}" for v in range(1, 7)]
+    assert abis_in_use(lagoms, "2.27.5") == ("ncclTunerPlugin_v4", "ncclProfiler_v4")
+    assert abis_in_use(lagoms, "2.22.3") == ("ncclTunerPlugin_v3", None)
+    assert abis_in_use(lagoms, "2.21.5") == (None, None)
+    assert abis_in_use(["ncclProfiler_v2"], "2.30.7") == (None, "ncclProfiler_v2")
+
+
+@needs_gcc
+def test_doctor_reports_the_abis_nccl_will_use(libs, capsys, monkeypatch):
+    lib = str(libs["lagom"])
+    monkeypatch.setenv("NCCL_TUNER_PLUGIN", lib)
+    monkeypatch.setenv("NCCL_PROFILER_PLUGIN", lib)
+    assert main(["doctor", "--preset", "llama3-70b-h100x64", "--cluster", "h100-sxm-ib400"]) == 0
+    out = capsys.readouterr().out.splitlines()  # h100-sxm-ib400 pins NCCL 2.27.5
+    assert (f"lagom doctor: NCCL 2.27.5 will use, of {lib}: ncclTunerPlugin_v4 (tuner ABI v4); ncclProfiler_v4 "
+            "(profiler ABI v4)") in out
+    monkeypatch.setenv("NCCL_PROFILER_PLUGIN", "/opt/site/libnccl-profiler-user.so")
+    assert main(["doctor", "--preset", "llama3-70b-h100x64", "--cluster", "h100-sxm-ib400"]) == 0
+    out = capsys.readouterr().out
+    assert ("warning: [nccl-env] NCCL_PROFILER_PLUGIN='/opt/site/libnccl-profiler-user.so' names another profiler "
+            "plugin, which lagom never replaces: lagom checks only the tuner's row hits, not what NCCL ran") in out
+    assert "ncclTunerPlugin_v4 (tuner ABI v4); no profiler of lagom's (NCCL_PROFILER_PLUGIN=/opt/site/" in out
+
+
+@needs_gcc
+def test_a_library_with_neither_struct_is_refused(libs):
+    (err,) = check_tuner_plugin({"NCCL_TUNER_PLUGIN": str(libs["foreign"])}, nccl_version="2.30.7")
+    assert err.level == "error" and "it exports no ncclTunerPlugin_v* struct and no ncclProfiler_v* struct" in err.why

@@ -1,4 +1,5 @@
-"""Builds lagom's NCCL tuner plugin (``plugin.c``, ``table.c``) into a shared library with gcc.
+"""Builds lagom's NCCL plugin (tuner and profiler halves, ``plugin.c`` ... ``observed.c``) into one shared
+library with gcc.
 
 The plugin needs neither CUDA nor NCCL's sources: it declares the tuner ABI itself
 (``lagom_tuner.h``) and NCCL ``dlopen()``s it at communicator creation when
@@ -16,16 +17,20 @@ from pathlib import Path
 
 PLUGIN_DIR = Path(__file__).resolve().parent
 """Directory holding the plugin's C sources and headers and the ``Makefile``."""
-TUNER_SOURCES = (PLUGIN_DIR / "plugin.c", PLUGIN_DIR / "table.c", PLUGIN_DIR / "status.c")
-"""The plugin's C sources: NCCL's entry points and ABI structs, and the plan-table reader (both
-include ``lagom_tuner.h`` and ``plugin_internal.h``)."""
+TUNER_SOURCES = (PLUGIN_DIR / "plugin.c", PLUGIN_DIR / "table.c", PLUGIN_DIR / "status.c", PLUGIN_DIR / "profiler.c",
+                 PLUGIN_DIR / "observed.c")
+"""The plugin's C sources: the tuner's entry points and ABI structs, the plan-table reader, the
+status exports, and the profiler half (its entry points and its records); all include
+``plugin_internal.h``."""
+HEADERS = (PLUGIN_DIR / "lagom_tuner.h", PLUGIN_DIR / "lagom_profiler.h", PLUGIN_DIR / "plugin_internal.h")
+"""The headers the sources include (a change rebuilds the library, ``plugin_launch.locate_or_build``)."""
 LIBRARY_NAME = "libnccl-tuner-lagom.so"
 """File name of the built plugin (NCCL also finds it as ``NCCL_TUNER_PLUGIN=lagom`` on the
 library path, from its ``libnccl-tuner-<name>.so`` naming rule)."""
 HARNESS_SOURCE = PLUGIN_DIR / "test" / "test_plugin.c"
 """The C test harness's main source (present in a source checkout, not in an installed wheel)."""
-HARNESS_SOURCES = (HARNESS_SOURCE, PLUGIN_DIR / "test" / "test_calls.c", PLUGIN_DIR / "test" / "test_table.c",
-                   PLUGIN_DIR / "test" / "test_slices.c")
+HARNESS_SOURCES = (HARNESS_SOURCE, *(PLUGIN_DIR / "test" / f"test_{name}.c"
+                                     for name in ("calls", "table", "slices", "profiler", "observed")))
 """Every source of the C test harness (they share ``test/harness.h``)."""
 
 _WARN = ["-std=gnu11", "-Wall", "-Wextra"]
@@ -74,7 +79,8 @@ def build_tuner(out_dir: str | os.PathLike, *, cc: str | None = None,
         extra_cflags: more compiler flags (e.g. sanitizers in tests).
 
     Returns:
-        The absolute path of the library; it exports ``ncclTunerPlugin_v6`` to ``_v3``.
+        The absolute path of the library; it exports ``ncclTunerPlugin_v6`` to ``_v3`` and
+        ``ncclProfiler_v6`` to ``_v1``.
 
     Raises:
         FileNotFoundError: no C compiler.
@@ -82,16 +88,18 @@ def build_tuner(out_dir: str | os.PathLike, *, cc: str | None = None,
     """
     out = Path(out_dir).resolve() / LIBRARY_NAME
     args = [find_compiler(cc), *_WARN, "-O2", "-g", *extra_cflags, "-fPIC", "-shared",
-            "-fvisibility=hidden", *(str(src) for src in TUNER_SOURCES)]
+            "-fvisibility=hidden", *(str(src) for src in TUNER_SOURCES), "-ldl"]
     return _compile(args, out, "the NCCL tuner plugin")
 
 
 def usage_line(library: str | os.PathLike) -> str:
-    """One line telling how to load the built plugin: the variables NCCL and the plugin read. The
-    ``export`` part is a shell command as it stands (the path is quoted: a folder may hold spaces)."""
+    """One line telling how to load the built plugin: the variables NCCL and the plugin read (the
+    same library is NCCL's tuner and its profiler plugin). The ``export`` part is a shell command as
+    it stands (the path is quoted: a folder may hold spaces)."""
     import shlex
 
-    return (f"# use it with:  export NCCL_TUNER_PLUGIN={shlex.quote(str(library))} LAGOM_TUNER_CONFIG=TABLE.csv"
+    lib = shlex.quote(str(library))
+    return (f"# use it with:  export NCCL_TUNER_PLUGIN={lib} NCCL_PROFILER_PLUGIN={lib} LAGOM_TUNER_CONFIG=TABLE.csv"
             "  (TABLE.csv: lagom plan export PLAN --format nccl-tuner-csv --extended -o TABLE.csv)")
 
 

@@ -7,10 +7,13 @@
  *   plugin.c  NCCL's entry points (init, getCollInfo, getChunkSize, finalize) and ABI v3-v6 structs.
  *   status.c  process-wide status (ABI version, init count, per-row hit counters) and the
  *             lagomTuner* functions that export it to the process that loaded the plugin.
+ *   profiler.c NCCL's profiler entry points and ABI v1-v6 structs (the same library).
+ *   observed.c what the profiler events report, per communicator, and the lagomProfiler*
+ *             functions that export it.
  *
  * Everything declared here is internal to the shared library: hidden from its dynamic symbol
- * table whatever -fvisibility the build uses; only the ncclTunerPlugin_v* structs and the
- * lagomTuner* status functions are exported.
+ * table whatever -fvisibility the build uses; only the ncclTunerPlugin_v* and ncclProfiler_v*
+ * structs and the lagomTuner* / lagomProfiler* status functions are exported.
  */
 #ifndef LAGOM_PLUGIN_INTERNAL_H_
 #define LAGOM_PLUGIN_INTERNAL_H_
@@ -18,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lagom_profiler.h"
 #include "lagom_tuner.h"
 
 #define LAGOM_INTERNAL __attribute__((visibility("hidden")))
@@ -106,5 +110,101 @@ LAGOM_INTERNAL void statusNoteInit(int abiVersion);
 LAGOM_INTERNAL LagomTableHits *statusTableHits(const char *path, int fd, int nRows);
 LAGOM_INTERNAL void statusCountHit(LagomTableHits *hits, int index);
 LAGOM_INTERNAL void statusNoteTableFailure(void);
+
+/* ---- the profiler half (profiler.c, observed.c) ---- */
+
+/* One event as every profiler ABI version describes it (profiler.c converts each descriptor). */
+typedef struct {
+  int type;             /* LAGOM_PROFILE_* */
+  void *parent;         /* the descriptor's parentObj: a handle this library returned, or NULL */
+  const char *func;     /* NCCL's names (v1's enum values are turned into the same strings) */
+  const char *dtype;
+  const char *algo;     /* NULL for p2p */
+  const char *proto;
+  size_t count;         /* elements, as the call gave them (all-gather: per rank) */
+  int nChannels;        /* channels the task runs on (v1-v3: nMaxChannels) */
+  int nWarps;
+  int chunkSize;        /* proxyOp: args->chunkSize x sliceSteps */
+  uint64_t commHash;    /* v1-v3 coll/p2p only */
+  const char *commName; /* v1-v3 coll/p2p only (NULL in every NCCL release lagom knows) */
+  uint64_t pTimer;      /* kernelCh: GPU start timer, ns */
+  int hasTimer;
+} LagomEvent;
+
+#define LAGOM_OBS_BUCKETS 64
+#define LAGOM_OBS_SLOTS 256
+#define LAGOM_OBS_STR 24
+#define LAGOM_OBS_NAME 64
+
+#define LAGOM_HANDLE_TASK 0x7a5c  /* first int of a task slot */
+#define LAGOM_HANDLE_GROUP 0x7a5d /* first int of a communicator's group token */
+#define LAGOM_HANDLE_KERNEL 1     /* low bits of a kernelCh handle: its task slot + 1 */
+#define LAGOM_HANDLE_TAGS 7
+
+/* NCCL_PROFILER_PLUGIN as the tuner half sees it (lagomProfilerState). */
+#define LAGOM_PROFILER_STATE_UNKNOWN 0 /* NCCL has not initialised lagom's profiler (yet) */
+#define LAGOM_PROFILER_STATE_LAGOM 1   /* NCCL initialised lagom's profiler half */
+#define LAGOM_PROFILER_STATE_FOREIGN 2 /* NCCL_PROFILER_PLUGIN names another library: left in place */
+#define LAGOM_PROFILER_STATE_NONE 3    /* NCCL_PROFILER_PLUGIN=none, or unset: no profiler of lagom's */
+
+typedef struct {
+  int kind; /* LAGOM_PROFILE_COLL or LAGOM_PROFILE_P2P */
+  char func[LAGOM_OBS_STR];
+  char dtype[LAGOM_OBS_STR];
+  char algo[LAGOM_OBS_STR];
+  char proto[LAGOM_OBS_STR];
+  size_t count;
+  int nChannels;
+  int nWarps;
+  unsigned long long calls;
+  unsigned long long kernelNs;
+  unsigned long long kernelCalls;
+  int chunk;
+} LagomBucket;
+
+struct LagomObsComm;
+typedef struct {
+  int kind; /* LAGOM_HANDLE_TASK */
+  int busy;
+  int pending; /* the host's reference + the channel events still to stop */
+  int bucket;  /* -1: counted nowhere */
+  uint64_t minStart;
+  uint64_t maxStop;
+  struct LagomObsComm *comm;
+} LagomSlot;
+
+typedef struct LagomObsComm {
+  struct { int kind; } group; /* the handle of its group events */
+  int abi;
+  uint64_t commHash;
+  int nNodes, nRanks, rank;
+  ncclDebugLogger_t logFn;
+  char tag[LAGOM_TAG_MAX];
+  char name[LAGOM_OBS_NAME];
+  char lock;
+  int nBuckets;
+  unsigned nextSlot;
+  unsigned long long dropped;
+  unsigned long long overflow;
+  LagomBucket buckets[LAGOM_OBS_BUCKETS];
+  LagomSlot slots[LAGOM_OBS_SLOTS];
+  struct LagomObsComm *next;
+} LagomObsComm;
+
+/* observed.c: a communicator's records (NULL when out of memory); `mask` is NCCL's activation
+ * mask, kept to switch events on and off. */
+LAGOM_INTERNAL LagomObsComm *observedNewComm(int abi, int *mask, uint64_t commHash, const char *commName,
+                                             int nNodes, int nRanks, int rank, ncclDebugLogger_t logFn);
+LAGOM_INTERNAL void observedFreeComm(LagomObsComm *c);
+LAGOM_INTERNAL void *observedStart(LagomObsComm *c, const LagomEvent *e);
+LAGOM_INTERNAL void observedStop(void *handle);
+LAGOM_INTERNAL void observedRecord(void *handle, int state, uint64_t pTimer);
+/* The profiler's commName of the live communicator with commHash `commId` into `out`; 0 if none. */
+LAGOM_INTERNAL int observedNameFor(uint64_t commId, char *out, size_t cap);
+LAGOM_INTERNAL int observedProfilerInits(void);
+/* Called by the tuner's init: when NCCL never initialised this library's profiler half, records
+ * (once) why from NCCL_PROFILER_PLUGIN: unset or "none", or another library, which lagom never
+ * replaces; logged once through `logFn`. */
+LAGOM_INTERNAL void observedCheckProfiler(ncclDebugLogger_t logFn);
 
 #endif /* LAGOM_PLUGIN_INTERNAL_H_ */

@@ -11,6 +11,9 @@
  *                  20,000-row table.
  *   test_slices.c  chunk size by channel slice in NCCL's calling order, and the status exports
  *                  (ABI version, init count, per-row hit counters, table failures).
+ *   test_profiler.c the profiler half driven in NCCL's order for ABI v1-v6 (helpers below).
+ *   test_observed.c its cases: what it records when NCCL ran the plan, fewer channels, another
+ *                  algorithm, a P2P, a nameless communicator, a user's own profiler plugin.
  */
 #ifndef LAGOM_TEST_HARNESS_H_
 #define LAGOM_TEST_HARNESS_H_
@@ -19,6 +22,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "../lagom_profiler.h"
 #include "../lagom_tuner.h"
 
 #define NA LAGOM_NUM_ALGOS
@@ -42,6 +46,7 @@ extern const lagomTuner_v6_t *gV6;
 extern char gLog[1 << 16];
 extern int gFailures;
 extern char gTablePath[512];
+extern const char *gLibPath;
 
 /* The table most tests use: two "dp" rows (8 ranks, 1 node), a "tp" row, a 4-rank row for any
  * tag and a 16-rank 2-node row. */
@@ -80,5 +85,33 @@ void test_large_table(void);
 void test_chunk_by_slice(void);
 void test_middle_slices_cover_every_middle_channel(void);
 void test_status_exports(void);
+
+/* Profiler half, driven in NCCL's order (test_profiler.c). */
+const void *profilerStruct(int v);
+extern int gNcclMask;
+void *profInit(int v, uint64_t hash, const char *commName, const char *tag);
+void profFinalize(int v, void *ctx);
+void driveColl(int v, void *ctx, uint64_t hash, const char *func, size_t count, const char *algo,
+               const char *proto, int nChannels, int chunk);
+void driveP2p(int v, void *ctx, uint64_t hash, const char *func, size_t count, int nChannels);
+char *snapshot(void);
+void setActive(int on);
+void resetRecords(void);
+int profilerState(void);
+int hasLine(const char *snap, const char *kind, const char *want);
+
+/* Tests and modes (test_observed.c). */
+extern const char *const kScenarios[5];
+int printSnapshot(int v, const char *scenario);
+int profilerChildMain(void);
+void test_profiler_match_plan(void);
+void test_profiler_clamped_channels(void);
+void test_profiler_other_algorithm(void);
+void test_profiler_p2p(void);
+void test_profiler_missing_comm_name(void);
+void test_profiler_comm_name_keys_rows(void);
+void test_profiler_activation_mask(void);
+void test_profiler_bounded(void);
+void test_profiler_user_plugin(void);
 
 #endif /* LAGOM_TEST_HARNESS_H_ */

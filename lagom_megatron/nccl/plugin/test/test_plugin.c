@@ -12,6 +12,9 @@
  *   test_plugin LIB.so --query TABLE TAG NRANKS NNODES COLL NBYTES
  *       prints "algo=<i> proto=<i> channels=<n> chunk=<bytes>" for one call on a cost table
  *       where every entry is enabled (-1 = NCCL's choice kept), and the plugin's log on stderr.
+ *   test_plugin LIB.so --snapshot VERSION SCENARIO
+ *       plays one profiler scenario of test_observed.c on profiler ABI VERSION and prints the
+ *       records it leaves (lagomProfilerSnapshot's text).
  * Exit status: 0 when every selected test passed.
  *
  * This file holds main(), the list of tests, --query and the shared helpers; the tests are in
@@ -33,6 +36,7 @@ char gLog[1 << 16];
 static size_t gLogLen;
 int gFailures;
 char gTablePath[512];
+const char *gLibPath;
 
 /* Stands in for NCCL's logger: keeps every message so tests can assert on them. */
 void mockLogger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
@@ -182,6 +186,15 @@ static const struct {
     {"chunk_by_slice", test_chunk_by_slice},
     {"middle_slices", test_middle_slices_cover_every_middle_channel},
     {"status_exports", test_status_exports},
+    {"profiler_match_plan", test_profiler_match_plan},
+    {"profiler_clamped_channels", test_profiler_clamped_channels},
+    {"profiler_other_algorithm", test_profiler_other_algorithm},
+    {"profiler_p2p", test_profiler_p2p},
+    {"profiler_missing_comm_name", test_profiler_missing_comm_name},
+    {"profiler_comm_name_keys_rows", test_profiler_comm_name_keys_rows},
+    {"profiler_activation_mask", test_profiler_activation_mask},
+    {"profiler_bounded", test_profiler_bounded},
+    {"profiler_user_plugin", test_profiler_user_plugin},
 };
 
 int main(int argc, char **argv) {
@@ -190,6 +203,7 @@ int main(int argc, char **argv) {
             "TEST...]\n", argv[0]);
     return 2;
   }
+  gLibPath = argv[1];
   gLib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (!gLib) {
     fprintf(stderr, "dlopen %s: %s\n", argv[1], dlerror());
@@ -210,6 +224,23 @@ int main(int argc, char **argv) {
   const char *tmp = getenv("TMPDIR");
   snprintf(gTablePath, sizeof(gTablePath), "%s/lagom_tuner_test_%d.csv", tmp ? tmp : "/tmp",
            (int)getpid());
+  if (argc == 3 && !strcmp(argv[2], "--foreign-child")) {
+    int rc = profilerChildMain();
+    unlink(gTablePath);
+    return rc;
+  }
+  if (argc >= 3 && !strcmp(argv[2], "--snapshot")) {
+    int v = argc == 5 ? atoi(argv[3]) : 0, known = 0;
+    for (int i = 0; argc == 5 && i < 5; i++) known |= !strcmp(argv[4], kScenarios[i]);
+    if (v < 1 || v > 6 || !known) {
+      fprintf(stderr, "--snapshot needs a profiler ABI version 1-6 and one of match, clamped, other_algo, p2p, "
+              "no_name\n");
+      return 2;
+    }
+    int rc = printSnapshot(v, argv[4]);
+    unlink(gTablePath);
+    return rc;
+  }
   int nRun = 0, nFailed = 0;
   for (size_t i = 0; i < sizeof(kTests) / sizeof(kTests[0]); i++) {
     if (argc >= 3 && !strcmp(argv[2], "--list")) {

@@ -1,0 +1,211 @@
+"""Applied = observed: after a plan is applied, every rank reads what its backend reports it ran for
+each planned site, the ranks agree, and the sites that did not run as planned go back to NCCL's
+defaults on every rank together.
+
+The tuner plugin's hit counts (``hits``) say that a table row matched, not what NCCL then ran: NCCL
+may still clamp channels, refuse an algorithm for a datatype or pick another protocol. So
+``Applier.apply`` arms an ``ObservedCheck`` after each plan it applies: on NCCL it switches on the
+profiler half of lagom's plugin (``nccl.profiler_status.set_recording``, the activation mask is 0
+otherwise); on gloo the router notes each routed call in the gloo pool's own record
+(``gloo.GlooRecord``: the worker threads of the group it really ran on, the pieces it was issued
+in). At the end of the first iteration that routed the plan's calls, ``Applier.check_observed``
+runs ``ObservedCheck.check`` on every rank: each rank compares its records with the plan site by
+site (``nccl.observed.observe_site``; on gloo ``observe_gloo_site``), the verdicts are all-gathered,
+and a site that differs on any rank is reverted on every rank (the router routes it to its own
+group; the caller drops it from the plan). The verdicts are kept for the report: planned vs
+observed per site, naming the rank that differed. Recording then stops.
+
+A site no record covers is ``unobserved``, never reverted: another profiler plugin is loaded
+(``NCCL_PROFILER_PLUGIN`` naming another library is never replaced; only the hit counts are
+checked then), the NCCL predates profiler plugins (2.23), or its calls did not run. On NCCL every
+routed path is covered (the records are NCCL's, per communicator), point-to-point sites included
+(p2p events carry their channels from profiler ABI v4); on gloo the router notes the calls of
+``SiteRouter.collective`` and of DDP bucket groups, so gloo's P2P, Megatron-FSDP and coalesced
+quantized-gather sites stay unobserved. Every rank makes the one all-gather whatever happens
+locally, so no rank waits alone.
+
+Fault injection: ``LAGOM_INJECT_APPLY_FAULT=observed:<rank>`` makes that rank's record of the first
+planned site show one channel (worker thread) fewer than planned, or half its chunk (what NCCL
+clamping looks like).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.megatron import consensus
+from lagom_megatron.nccl.observed import SiteObservation, matching_ops, observe_site
+
+
+def observe_gloo_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int, group_size: int,
+                      record: list | None) -> SiteObservation:
+    """Compares ``planned`` (worker threads ``n_channels``, piece bytes ``chunk_size``) with the gloo
+    pool's record ``[calls, threads seen, largest pieces seen]`` of the site's calls.
+
+    A call whose tensor fits in one piece goes out whole (``gloo.chunked_call``), so the piece the
+    plan implies is ``chunk_size`` only when the split side of the call (the tensor of an all-reduce,
+    one rank's share of an all-gather or reduce-scatter) is larger than it, else 0 (whole).
+    """
+    if not record or not record[0]:
+        return SiteObservation(site_id, "unobserved", note="no routed call of it was recorded")
+    calls, threads, pieces = record
+    want: dict[str, Any] = {}
+    seen: dict[str, Any] = {}
+    bad: list[str] = []
+    if planned.n_channels is not None:
+        want["n_channels"] = planned.n_channels
+        seen["n_channels"] = min(threads) if len(threads) == 1 else tuple(sorted(threads))
+        bad += ["n_channels"] if threads != {planned.n_channels} else []
+    if planned.chunk_size is not None:
+        split = nbytes if op == "all_reduce" else nbytes // max(group_size, 1)
+        expect = planned.chunk_size if split > planned.chunk_size else 0
+        want["chunk_size"] = planned.chunk_size
+        seen["chunk_size"] = min(pieces) if len(pieces) == 1 else tuple(sorted(pieces))
+        bad += ["chunk_size"] if pieces != {expect} else []
+    return SiteObservation(site_id, "differs" if bad else "applied", want, seen, tuple(bad), int(calls),
+                           "chunk_size 0: issued whole" if 0 in pieces and "chunk_size" in want else "")
+
+
+class ObservedCheck:
+    """The check of one rank (module docstring). ``armed`` is the same on every rank: set by every
+    rank's ``arm`` after the same apply, cleared by every rank's ``check``.
+
+    Args:
+        backend: ``nccl`` or ``gloo``.
+        reader: returns this rank's NCCL records (``nccl.profiler_status.read_observed``; tests pass
+            stand-ins); unused on gloo.
+        recorder: switches NCCL's events (``profiler_status.set_recording``).
+        state_reader: ``profiler_status.profiler_state``.
+    """
+
+    def __init__(self, backend: str, *, reader: Callable[[], Any] | None = None,
+                 recorder: Callable[..., bool] | None = None, state_reader: Callable[[], Any] | None = None) -> None:
+        self.backend = backend
+        self.reader = reader
+        self.recorder = recorder
+        self.state_reader = state_reader
+        self.gloo = None
+        """The router's ``GlooRecord`` (set by ``attach``)."""
+        self.armed = False
+        self.results: dict[str, dict[str, Any]] = {}
+        """Site id -> the agreed verdict (``SiteObservation.to_dict`` plus ``rank``: the first rank
+        whose record differed, or None): what the report lists."""
+        self.reverted: set[str] = set()
+        self.errors: list[str] = []
+        """``rank r: error`` of each rank whose check failed in the last ``check``."""
+
+    def attach(self, router: Any) -> None:
+        """Gives the router the gloo pool's record to note its routed calls in (gloo only)."""
+        if self.backend == "gloo":
+            from lagom_megatron.megatron.gloo import GlooRecord
+
+            self.gloo = router.observe = GlooRecord()
+
+    def _record(self, on: bool) -> bool:
+        """Switches the record; True when there is one to switch (the gloo record, or lagom's
+        profiler half initialised by NCCL in this process)."""
+        if self.backend == "gloo":
+            if self.gloo is not None:
+                self.gloo.start() if on else self.gloo.stop()
+            return self.gloo is not None
+        from lagom_megatron.nccl import profiler_status
+
+        switched = bool((self.recorder or profiler_status.set_recording)(on, reset=on))
+        state = (self.state_reader or profiler_status.profiler_state)()[0] if switched else "not loaded"
+        return switched and state == "lagom"
+
+    def arm(self) -> str | None:
+        """A plan was applied: record what runs from now on (NCCL events on, or the gloo record).
+
+        Returns:
+            On NCCL, a note when lagom's profiler half will record nothing (``NCCL_PROFILER_PLUGIN``
+            names another library, which is kept, or none), else None.
+        """
+        self.armed = True
+        on = self._record(True)
+        if self.backend == "gloo" or on:
+            return None
+        from lagom_megatron.nccl import profiler_status
+
+        return profiler_status.not_recording_note(*(self.state_reader or profiler_status.profiler_state)())
+
+    def local(self, plan: Any, pool: Any) -> list[SiteObservation]:
+        """This rank's verdict on every planned site it belongs to (not collective)."""
+        from lagom_megatron.nccl import profiler_status
+
+        comms = None
+        if self.backend != "gloo":
+            comms = (self.reader or profiler_status.read_observed)() or []
+        out = []
+        for sid, e in sorted(plan.entries.items()):
+            if e.config.is_default():
+                continue
+            info = pool.groups.by_name(e.group)
+            if info is None:
+                continue  # not a group of this rank: another pipeline stage's site
+            group = pool.group_for(info, e.config)
+            key = (pool.comm_key(group) or "") if group is not None else ""
+            if self.backend == "gloo":
+                rec = self.gloo.calls.get((e.group, key, e.op, e.nbytes)) if self.gloo is not None else None
+                obs = observe_gloo_site(sid, e.config, op=e.op, nbytes=e.nbytes, group_size=e.group_size, record=rec)
+            else:
+                ops = matching_ops(comms, key, e.op, e.nbytes, e.group_size) if key else []
+                obs = observe_site(sid, e.config, op=e.op, nbytes=e.nbytes, group_size=e.group_size, ops=ops)
+            out.append(obs)
+        if consensus.fault_injected("observed"):
+            out = _perturbed(out)
+        return out
+
+    def check(self, plan: Any, pool: Any) -> set[str]:
+        """Collective: every rank's verdicts are all-gathered; returns the sites that differ on any
+        rank (the same set on every rank) and stops recording. Never raises: a rank whose check
+        failed reports its error and its sites count as unobserved."""
+        try:
+            mine: Any = [o.to_dict() for o in self.local(plan, pool)]
+        except Exception as exc:  # noqa: BLE001 - still join the all-gather below
+            mine = f"{type(exc).__name__}: {exc}"
+        reports = consensus.all_gather(mine)
+        self.armed = False
+        self._record(False)
+        results: dict[str, dict[str, Any]] = {}
+        for rank, report in enumerate(reports):
+            if isinstance(report, str):
+                continue
+            for obs in report:
+                have = results.get(obs["site_id"])
+                if have is None or (obs["status"] == "differs" and have["status"] != "differs") \
+                        or (have["status"] == "unobserved" and obs["status"] == "applied"):
+                    results[obs["site_id"]] = {**obs, "rank": rank}
+        self.results = results
+        failed = [f"rank {r}: {rep}" for r, rep in enumerate(reports) if isinstance(rep, str)]
+        self.errors = failed
+        bad = {sid for sid, r in results.items() if r["status"] == "differs"}
+        self.reverted |= bad
+        return bad
+
+
+def _perturbed(observations: list[SiteObservation]) -> list[SiteObservation]:
+    """The ``observed`` fault: the first site whose channels (worker threads) or chunk size were
+    compared is seen with one channel fewer (at one: one more) or half the chunk."""
+    out = list(observations)
+    for i, o in enumerate(out):
+        knob = next((k for k in ("n_channels", "chunk_size") if k in o.planned), None)
+        if knob is None:
+            continue
+        n = int(o.planned[knob])
+        wrong = (n - 1 if n > 1 else n + 1) if knob == "n_channels" else n // 2
+        out[i] = SiteObservation(o.site_id, "differs", o.planned, dict(o.observed, **{knob: wrong}),
+                                 tuple(sorted({*o.knobs, knob})), o.calls, f"fault injected by {consensus.APPLY_FAULT_ENV}")
+        break
+    return out
+
+
+def describe(results: dict[str, dict[str, Any]], sites: set[str]) -> str:
+    """One line naming each reverted site with planned vs observed and the rank that saw it."""
+    parts = []
+    for sid in sorted(sites):
+        r = results[sid]
+        diff = ", ".join(f"{k} planned {r['planned'].get(k)} observed {r['observed'].get(k)}" for k in r["knobs"])
+        parts.append(f"{sid} ({diff}; rank {r['rank']}{'; ' + r['note'] if r['note'] else ''})")
+    return "; ".join(parts)

@@ -1,0 +1,167 @@
+"""Applied = observed, on NCCL: does what NCCL reported it ran for a site's calls match the plan?
+
+The profiler half of lagom's plugin records per communicator the shape of every call and NCCL's
+choice for it (``profiler_status.ObservedComm``). A site's calls are found in the records of the
+communicator it runs on (a pool entry's tag, or the commName NCCL was given) by NCCL's function
+and the call's bytes, counted the way the plan counts them (``op_bytes``). Then each knob the
+plan sets is compared with the event field that shows it (docs/nccl.md, "observed by"):
+
+- ``algorithm`` / ``protocol``: the coll event's ``algo`` / ``proto`` (``ncclAlgoToString``,
+  ``ncclProtoToString``, NVIDIA/nccl v2.30.7 ``src/collectives.cc:95-127``, filled from the task at
+  launch, ``src/plugin/profiler.cc:498-499``);
+- ``n_channels`` of a collective: the coll event's ``nChannels``, the channels the task really runs
+  on after NCCL split it (``task->nChannels``, ``src/enqueue.cc:701-704``; ABI v1-v3 report the
+  most it may use, ``nMaxChannels``): the plan's count, or the site differs ("clamped" when fewer);
+- ``n_channels`` of a point-to-point site (the entry's CTA bound, ``engine.p2p``): every p2p event's
+  ``nChannels`` (ABI v4+) is at most the P2P channels that bound gives (``p2p_channels``);
+- ``n_threads``: the coll event's ``nWarps`` x 32;
+- ``chunk_size``: the proxyOp event's ``chunkSize``, which is the collective's chunk times its
+  slice steps (``src/plugin/profiler.cc:580``; slice steps 2 = ``NCCL_STEPS / 4`` for ring /
+  simple all-reduce, all-gather and reduce-scatter, else 1: ``src/enqueue.cc:2223-2224``,
+  ``src/include/collectives.h:19-28``); only network transfers have proxy ops, so elsewhere the chunk
+  is not observable and not compared.
+
+A site whose calls left no record is ``unobserved`` (never a mismatch): the profiler half is not
+loaded, another profiler plugin is, or the calls did not run while recording was on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from lagom_megatron.engine.knobs import P2P_OPS, CommConfig
+from lagom_megatron.engine.p2p import p2p_channels
+from lagom_megatron.nccl.profiler_status import ObservedComm, ObservedOp
+
+FUNC_OPS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
+            "Broadcast": "broadcast", "Reduce": "reduce", "Send": "send", "Recv": "recv", "AlltoAll": "all_to_all"}
+"""NCCL's function names (``ncclFuncToString``, ``src/collectives.cc:14-45``) -> lagom's op names."""
+ALGORITHMS = {"TREE": "Tree", "RING": "Ring", "COLLNET_DIRECT": "CollNetDirect", "COLLNET_CHAIN": "CollNetChain",
+              "NVLS": "NVLS", "NVLS_TREE": "NVLSTree", "PAT": "PAT"}
+"""``ncclAlgoToString`` names -> ``engine.knobs.ALGORITHMS``."""
+PROTOCOLS = {"LL": "LL", "LL128": "LL128", "SIMPLE": "Simple"}
+DTYPE_BYTES = {"ncclInt8": 1, "ncclUint8": 1, "ncclFloat8e4m3": 1, "ncclFloat8e5m2": 1, "ncclFloat16": 2,
+               "ncclBfloat16": 2, "ncclInt32": 4, "ncclUint32": 4, "ncclFloat32": 4, "ncclInt64": 8,
+               "ncclUint64": 8, "ncclFloat64": 8}
+"""Element bytes per NCCL datatype name (``ncclTypeSize``, ``src/include/collectives.h:44-66``)."""
+PER_RANK_COUNT = ("AllGather", "ReduceScatter")
+"""Functions whose ``count`` is one rank's share: the plan counts the whole buffer (the all-gather's
+output, the reduce-scatter's input), ``nRanks`` x that (``ncclFuncMaxSendRecvCount``)."""
+
+
+def op_bytes(op: ObservedOp, n_ranks: int) -> int | None:
+    """The call's bytes as a plan entry counts them (``nbytes``), or None for an unknown datatype."""
+    size = DTYPE_BYTES.get(op.dtype)
+    if size is None:
+        return None
+    return op.count * size * (n_ranks if op.func in PER_RANK_COUNT else 1)
+
+
+def slice_steps(op: ObservedOp) -> int:
+    """Steps per slice of the call (the proxy's chunk is chunk x this): 2 for ring / simple
+    all-reduce, all-gather and reduce-scatter, 1 otherwise (see the module docstring)."""
+    ring_simple = op.algo == "RING" and op.proto == "SIMPLE"
+    return 2 if ring_simple and op.func in ("AllReduce", "AllGather", "ReduceScatter") else 1
+
+
+@dataclass(frozen=True)
+class SiteObservation:
+    """The verdict on one site of the plan: ``status`` ``applied`` (every knob the plan sets was
+    seen as planned), ``differs`` (``knobs`` names those that were not) or ``unobserved``.
+
+    ``planned`` and ``observed`` map each compared knob to its value (``observed``: the values seen,
+    a tuple when the calls differ among themselves); ``calls``: calls matched; ``note``: why a site
+    is unobserved or what "differs" means for a knob (``clamped``)."""
+
+    site_id: str
+    status: str
+    planned: dict[str, Any] = field(default_factory=dict)
+    observed: dict[str, Any] = field(default_factory=dict)
+    knobs: tuple[str, ...] = ()
+    calls: int = 0
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (the consensus all-gather and the report)."""
+        return {"site_id": self.site_id, "status": self.status, "planned": dict(self.planned),
+                "observed": {k: list(v) if isinstance(v, tuple) else v for k, v in self.observed.items()},
+                "knobs": list(self.knobs), "calls": self.calls, "note": self.note}
+
+
+def _one(values: Iterable[Any]) -> Any:
+    vals = tuple(sorted(set(values), key=repr))
+    return vals[0] if len(vals) == 1 else vals
+
+
+def matching_ops(comms: Iterable[ObservedComm], key: str, op: str, nbytes: int, group_size: int) -> list[ObservedOp]:
+    """The records of the communicator(s) known as ``key`` (tag or commName) whose function is
+    ``op`` and whose bytes are ``nbytes``; ``group_size`` turns per-rank counts into the plan's."""
+    out = []
+    for comm in comms:
+        if key not in comm.keys():
+            continue
+        n_ranks = comm.n_ranks if comm.n_ranks > 0 else group_size
+        out += [o for o in comm.ops if FUNC_OPS.get(o.func) == op and op_bytes(o, n_ranks) == nbytes]
+    return out
+
+
+def observe_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int, group_size: int,
+                 ops: list[ObservedOp]) -> SiteObservation:
+    """Compares ``planned`` with the records ``ops`` of the site's calls (``matching_ops``).
+
+    Args:
+        planned: the plan's config for the site (what the entry and the tuner table apply).
+        op, nbytes, group_size: the plan entry's op, bytes and group size.
+        ops: the matching records; empty = the site is unobserved.
+    """
+    if not ops:
+        return SiteObservation(site_id, "unobserved", note="no record of its calls (function and bytes) on its "
+                                                          "communicator while NCCL's events were on")
+    p2p = op in P2P_OPS
+    want: dict[str, Any] = {}
+    seen: dict[str, Any] = {}
+    bad: list[str] = []
+    notes: list[str] = []
+    if planned.algorithm is not None and not p2p:
+        want["algorithm"], seen["algorithm"] = planned.algorithm, _one(ALGORITHMS.get(o.algo or "", o.algo) for o in ops)
+        bad += ["algorithm"] if seen["algorithm"] != planned.algorithm else []
+    if planned.protocol is not None and not p2p:
+        want["protocol"], seen["protocol"] = planned.protocol, _one(PROTOCOLS.get(o.proto or "", o.proto) for o in ops)
+        bad += ["protocol"] if seen["protocol"] != planned.protocol else []
+    if planned.n_channels is not None:
+        channels = [o.channels for o in ops]
+        want["n_channels"], seen["n_channels"] = planned.n_channels, _one(channels)
+        if p2p:
+            bound = int(p2p_channels(planned.n_channels))
+            if all(c == 0 for c in channels):  # p2p events carry no channel count before ABI v4
+                del want["n_channels"], seen["n_channels"]
+            elif max(channels) > bound:
+                bad.append("n_channels")
+                notes.append(f"P2P ran on up to {max(channels)} channels, more than the {bound} its bound allows")
+        elif any(c != planned.n_channels for c in channels):
+            bad.append("n_channels")
+            if max(channels) < planned.n_channels:
+                notes.append(f"clamped: NCCL ran {seen['n_channels']} of the {planned.n_channels} planned channels")
+    if planned.n_threads is not None and not p2p:
+        want["n_threads"], seen["n_threads"] = planned.n_threads, _one(32 * o.warps for o in ops)
+        bad += ["n_threads"] if seen["n_threads"] != planned.n_threads else []
+    chunks = [o.chunk // slice_steps(o) for o in ops if o.chunk > 0]
+    if planned.chunk_size is not None and chunks:
+        want["chunk_size"], seen["chunk_size"] = planned.chunk_size, _one(chunks)
+        bad += ["chunk_size"] if any(c != planned.chunk_size for c in chunks) else []
+    calls = sum(o.calls for o in ops)
+    status = "differs" if bad else "applied"
+    return SiteObservation(site_id, status, want, seen, tuple(bad), calls, "; ".join(notes))
+
+
+def site_kernel_us(comms: Iterable[ObservedComm], key: str, op: str, nbytes: int, group_size: int,
+                   calls: int) -> float | None:
+    """The site's NCCL kernel time in the records, microseconds summed over its ``calls`` calls,
+    when the records tell it apart: every call of that shape on the communicator is the site's
+    (its bucket's calls equal ``calls``) and each reported its channels' timers. None otherwise
+    (another site shares the shape, or no timer: profiler ABI below v4)."""
+    ops = matching_ops(comms, key, op, nbytes, group_size)
+    if not ops or calls <= 0 or sum(o.calls for o in ops) != calls or sum(o.kernel_calls for o in ops) != calls:
+        return None
+    return sum(o.kernel_ns for o in ops) / 1e3

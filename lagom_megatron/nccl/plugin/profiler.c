@@ -1,0 +1,226 @@
+/*
+ * profiler.c: lagom's NCCL profiler plugin, the half of the library that reports what NCCL ran.
+ *
+ * The tuner half (plugin.c) states what a plan wants; this half records, per communicator, the
+ * collectives and point-to-point operations NCCL then launched with the algorithm, protocol,
+ * channels and warps NCCL chose, the chunk size its proxy moved, and each collective's GPU kernel
+ * time (observed.c keeps the records). lagom reads them in-process after a plan is applied and
+ * compares them with the plan (nccl/observed.py, megatron/observed.py).
+ *
+ * Loading (NVIDIA/nccl v2.30.7): NCCL opens the library named by NCCL_PROFILER_PLUGIN ("none"
+ * disables profiler plugins, src/plugin/profiler.cc:58-60) once per process and looks up
+ * ncclProfiler_v6, then _v5 .. _v1 (:73-88); NCCL 2.23 knows only ncclProfiler_v1 (v2.23.4
+ * src/misc/profiler.cc:21, :119), 2.24-2.25 v2 then v1 (v2.25.1 src/misc/profiler.cc:220-223).
+ * It calls init once per communicator (ncclProfilerPluginInit, src/init.cc:1520, before the tuner's
+ * init at :1641 with the same comm->commHash), with a pointer to the process's activation mask:
+ *   v1-v3: init(&context, &mask)
+ *   v4:    init(&context, &mask, commName, commHash, nNodes, nRanks, rank, logger)
+ *   v5-v6: init(&context, commId, &mask, commName, nNodes, nRanks, rank, logger)
+ * where commName is ncclConfig_t.commName (NCCL 2.27+; NULL when the creator set none). The
+ * events then come as startEvent(context, &handle, descriptor) / recordEventState(handle, state,
+ * args) / stopEvent(handle), in this order for one collective (src/enqueue.cc:1436-1445 and
+ * src/plugin/profiler.cc): group start, coll (or p2p) start with algo/proto/nChannels/nWarps
+ * (:476-542), stop of both on the host; later, from the proxy thread, proxyOp start (chunkSize,
+ * :567-587) and one kernelCh start (GPU start timer) and KernelChStop state (stop timer) + stop
+ * per channel (:679-705). NCCL 2.23-2.25 start coll events only inside a group event whose handle
+ * is not NULL (v2.25.1 src/misc/profiler.cc:383-384), so group events get a handle here.
+ *
+ * Every descriptor version is converted into one LagomEvent (plugin_internal.h); v1's func,
+ * datatype, algo and proto are enum values, named here as NCCL's own string functions name them
+ * (src/collectives.cc:14-127 at v2.30.7). An init that fails to allocate returns success with a
+ * NULL context: NCCL then passes NULL back and nothing is recorded for that communicator.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "plugin_internal.h"
+
+#define LAGOM_EXPORT __attribute__((visibility("default")))
+
+/* ncclFunc_t, ncclDataType_t, NCCL_ALGO_*, NCCL_PROTO_* values (src/include/nccl_common.h:74-88,
+ * src/nccl.h.in:382-394) named as ncclFuncToString & co. name them. */
+static const char *const kFuncs[] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
+                                     "SendRecv", "Send", "Recv"};
+static const char *const kTypes[] = {"ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32", "ncclInt64", "ncclUint64",
+                                     "ncclFloat16", "ncclFloat32", "ncclFloat64", "ncclBfloat16",
+                                     "ncclFloat8e4m3", "ncclFloat8e5m2"};
+static const char *const kAlgos[] = {"TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT"};
+static const char *const kProtos[] = {"LL", "LL128", "SIMPLE"};
+#define NAME_OF(table, v) ((v) < sizeof(table) / sizeof(table[0]) ? table[v] : "Unknown")
+
+static ncclResult_t initAny(void **context, int abi, int *mask, uint64_t commHash, const char *commName,
+                            int nNodes, int nRanks, int rank, ncclDebugLogger_t logFn) {
+  LagomObsComm *c = observedNewComm(abi, mask, commHash, commName, nNodes, nRanks, rank, logFn);
+  *context = c;
+  if (logFn)
+    logFn(c ? NCCL_LOG_INFO : NCCL_LOG_WARN, LAGOM_NCCL_SUBSYS_INIT, __FILE__, __LINE__,
+          c ? "LAGOM/profiler: ABI v%d init: comm 0x%llx name '%s' tag '%s' rank %d/%d nNodes %d"
+            : "LAGOM/profiler: out of memory in init (ABI v%d, comm 0x%llx): nothing recorded for it",
+          abi, (unsigned long long)commHash, c ? c->name : "", c ? c->tag : "", rank, nRanks, nNodes);
+  return ncclSuccess;
+}
+
+static ncclResult_t initV1(void **ctx, int *mask) { return initAny(ctx, 1, mask, 0, NULL, -1, -1, -1, NULL); }
+static ncclResult_t initV2(void **ctx, int *mask) { return initAny(ctx, 2, mask, 0, NULL, -1, -1, -1, NULL); }
+static ncclResult_t initV3(void **ctx, int *mask) { return initAny(ctx, 3, mask, 0, NULL, -1, -1, -1, NULL); }
+static ncclResult_t initV4(void **ctx, int *mask, const char *name, uint64_t hash, int nNodes, int nRanks, int rank,
+                           ncclDebugLogger_t logFn) {
+  return initAny(ctx, 4, mask, hash, name, nNodes, nRanks, rank, logFn);
+}
+static ncclResult_t initV5(void **ctx, uint64_t id, int *mask, const char *name, int nNodes, int nRanks, int rank,
+                           ncclDebugLogger_t logFn) {
+  return initAny(ctx, 5, mask, id, name, nNodes, nRanks, rank, logFn);
+}
+static ncclResult_t initV6(void **ctx, uint64_t id, int *mask, const char *name, int nNodes, int nRanks, int rank,
+                           ncclDebugLogger_t logFn) {
+  return initAny(ctx, 6, mask, id, name, nNodes, nRanks, rank, logFn);
+}
+
+/* The members every version has at the same names: proxyOp's chunk size. */
+#define PROXY_OP(e, d) ((e).chunkSize = (d)->proxyOp.chunkSize)
+
+static ncclResult_t start(void *context, void **handle, LagomEvent *e) {
+  *handle = observedStart(context, e);
+  return ncclSuccess;
+}
+
+static ncclResult_t startV1(void *context, void **handle, lagomProfilerDescr_v1_t *d) {
+  LagomEvent e = {.type = d->type, .parent = d->parentObj};
+  if (d->type == LAGOM_PROFILE_COLL) {
+    e.func = NAME_OF(kFuncs, d->coll.func);
+    e.dtype = NAME_OF(kTypes, d->coll.datatype);
+    e.algo = NAME_OF(kAlgos, d->coll.algo);
+    e.proto = NAME_OF(kProtos, d->coll.proto);
+    e.count = d->coll.count;
+    e.nChannels = d->coll.nMaxChannels;
+    e.nWarps = d->coll.nWarps;
+    e.commHash = d->coll.commHash;
+    e.commName = d->coll.name;
+  } else if (d->type == LAGOM_PROFILE_P2P) {
+    e.func = NAME_OF(kFuncs, d->p2p.func);
+    e.dtype = NAME_OF(kTypes, d->p2p.datatype);
+    e.count = d->p2p.count;
+    e.commHash = d->p2p.commHash;
+    e.commName = d->p2p.name;
+  } else if (d->type == LAGOM_PROFILE_PROXY_OP) {
+    PROXY_OP(e, d);
+  }
+  return start(context, handle, &e);
+}
+
+/* v2 and v3 share the coll/p2p members lagom reads (v3 dropped trafficBytes, added kernelCh). */
+#define START_V2_V3(e, d)                                                                       \
+  do {                                                                                          \
+    if ((d)->type == LAGOM_PROFILE_COLL) {                                                      \
+      (e).func = (d)->coll.func;                                                                \
+      (e).dtype = (d)->coll.datatype;                                                           \
+      (e).algo = (d)->coll.algo;                                                                \
+      (e).proto = (d)->coll.proto;                                                              \
+      (e).count = (d)->coll.count;                                                              \
+      (e).nChannels = (d)->coll.nMaxChannels;                                                   \
+      (e).nWarps = (d)->coll.nWarps;                                                            \
+      (e).commHash = (d)->coll.commHash;                                                        \
+      (e).commName = (d)->coll.name;                                                            \
+    } else if ((d)->type == LAGOM_PROFILE_P2P) {                                                \
+      (e).func = (d)->p2p.func;                                                                 \
+      (e).dtype = (d)->p2p.datatype;                                                            \
+      (e).count = (d)->p2p.count;                                                               \
+      (e).commHash = (d)->p2p.commHash;                                                         \
+      (e).commName = (d)->p2p.name;                                                             \
+    } else if ((d)->type == LAGOM_PROFILE_PROXY_OP) {                                           \
+      PROXY_OP(e, d);                                                                           \
+    }                                                                                           \
+  } while (0)
+
+static ncclResult_t startV2(void *context, void **handle, lagomProfilerDescr_v2_t *d) {
+  LagomEvent e = {.type = d->type, .parent = d->parentObj};
+  START_V2_V3(e, d);
+  return start(context, handle, &e);
+}
+
+static ncclResult_t startV3(void *context, void **handle, lagomProfilerDescr_v3_t *d) {
+  LagomEvent e = {.type = d->type, .parent = d->parentObj};
+  START_V2_V3(e, d);
+  return start(context, handle, &e); /* v3 kernelCh events carry no timer: not requested */
+}
+
+/* v4-v6: the same coll/p2p/proxyOp/kernelCh members (v5 and v6 add members before and after). */
+#define START_V4(e, d)                                                                          \
+  do {                                                                                          \
+    if ((d)->type == LAGOM_PROFILE_COLL) {                                                      \
+      (e).func = (d)->coll.func;                                                                \
+      (e).dtype = (d)->coll.datatype;                                                           \
+      (e).algo = (d)->coll.algo;                                                                \
+      (e).proto = (d)->coll.proto;                                                              \
+      (e).count = (d)->coll.count;                                                              \
+      (e).nChannels = (d)->coll.nChannels;                                                      \
+      (e).nWarps = (d)->coll.nWarps;                                                            \
+    } else if ((d)->type == LAGOM_PROFILE_P2P) {                                                \
+      (e).func = (d)->p2p.func;                                                                 \
+      (e).dtype = (d)->p2p.datatype;                                                            \
+      (e).count = (d)->p2p.count;                                                               \
+      (e).nChannels = (d)->p2p.nChannels;                                                       \
+    } else if ((d)->type == LAGOM_PROFILE_PROXY_OP) {                                           \
+      PROXY_OP(e, d);                                                                           \
+    } else if ((d)->type == LAGOM_PROFILE_KERNEL_CH) {                                          \
+      (e).pTimer = (d)->kernelCh.pTimer;                                                        \
+      (e).hasTimer = 1;                                                                         \
+    }                                                                                           \
+  } while (0)
+
+static ncclResult_t startV4(void *context, void **handle, lagomProfilerDescr_v4_t *d) {
+  LagomEvent e = {.type = d->type, .parent = d->parentObj};
+  START_V4(e, d);
+  return start(context, handle, &e);
+}
+
+static ncclResult_t startV5(void *context, void **handle, lagomProfilerDescr_v5_t *d) {
+  LagomEvent e = {.type = (int)(d->type & 0x7fffffff), .parent = d->parentObj};
+  START_V4(e, d);
+  return start(context, handle, &e);
+}
+
+static ncclResult_t startV6(void *context, void **handle, lagomProfilerDescr_v6_t *d) {
+  LagomEvent e = {.type = (int)(d->type & 0x7fffffff), .parent = d->parentObj};
+  START_V4(e, d);
+  return start(context, handle, &e);
+}
+
+static ncclResult_t stopAny(void *handle) {
+  observedStop(handle);
+  return ncclSuccess;
+}
+
+static ncclResult_t recordV1(void *handle, lagomProfilerState_t state, lagomProfilerStateArgs_v1_t *args) {
+  (void)handle;
+  (void)state;
+  (void)args; /* v1-v3 states carry no timer lagom reads */
+  return ncclSuccess;
+}
+
+static ncclResult_t recordV4(void *handle, lagomProfilerState_t state, lagomProfilerStateArgs_v4_t *args) {
+  if (args) observedRecord(handle, state, args->kernelCh.pTimer);
+  return ncclSuccess;
+}
+
+static ncclResult_t finalizeAny(void *context) {
+  observedFreeComm(context);
+  return ncclSuccess;
+}
+
+#define LAGOM_PROFILER(V, REC)                                                                  \
+  LAGOM_EXPORT const lagomProfiler_v##V##_t ncclProfiler_v##V = {                               \
+      .name = "lagom",                                                                          \
+      .init = initV##V,                                                                         \
+      .startEvent = startV##V,                                                                  \
+      .stopEvent = stopAny,                                                                     \
+      .recordEventState = REC,                                                                  \
+      .finalize = finalizeAny,                                                                  \
+  }
+
+LAGOM_PROFILER(6, recordV4);
+LAGOM_PROFILER(5, recordV4);
+LAGOM_PROFILER(4, recordV4);
+LAGOM_PROFILER(3, recordV1);
+LAGOM_PROFILER(2, recordV1);
+LAGOM_PROFILER(1, recordV1);

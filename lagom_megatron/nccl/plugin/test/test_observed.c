@@ -1,0 +1,234 @@
+/*
+ * Harness cases of the profiler half: what it records for each profiler ABI version (v1-v6),
+ * driven in NCCL's order by test_profiler.c, and the tuner half keyed by the profiler's commName.
+ *
+ * Every scenario plays one communicator "dp" of 8 ranks whose plan table row asks for ring /
+ * simple on 8 channels; NCCL then reports what it ran: the plan (match), fewer channels
+ * (clamped), another algorithm and protocol (other_algo), a P2P send (p2p), or the plan on a
+ * communicator created without a name (no_name). `--snapshot V SCENARIO` prints the records one
+ * scenario leaves (tests/nccl/test_observed.py compares them with a plan in Python).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static const char *const kPlanRow = "allreduce,0,-1,ring,simple,8,-1,8,-1,-1,262144,dp\n";
+const char *const kScenarios[] = {"match", "clamped", "other_algo", "p2p", "no_name"};
+
+static void *gProf; /* the scenario's profiler context, finalized by endScenario */
+
+/* Plays `scenario` on ABI `v`; returns 1 when the tuner half matched the plan row. */
+int playScenario(int v, const char *scenario) {
+  writeTable(kPlanRow);
+  resetRecords();
+  setActive(1);
+  uint64_t hash = 0x5eed00 + (uint64_t)v;
+  int named = strcmp(scenario, "no_name") != 0;
+  void *prof = gProf = profInit(v, hash, named ? "dp" : NULL, "dp");
+  void *tuner = initComm("dp", 8, 1, hash);
+  float t[NA][NP];
+  fillTable(t);
+  int hit = collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 8;
+  if (!strcmp(scenario, "p2p"))
+    driveP2p(v, prof, hash, "Send", 65536, 2);
+  else if (!strcmp(scenario, "clamped")) /* the proxy reports chunk x sliceSteps (2 for ring / simple) */
+    driveColl(v, prof, hash, "AllReduce", 1 << 20, "RING", "SIMPLE", 4, 2 * 262144);
+  else if (!strcmp(scenario, "other_algo"))
+    driveColl(v, prof, hash, "AllReduce", 1 << 20, "TREE", "LL", 8, 0);
+  else
+    driveColl(v, prof, hash, "AllReduce", 1 << 20, "RING", "SIMPLE", 8, 2 * 262144);
+  gV6->finalize(tuner);
+  return hit;
+}
+
+/* After the snapshot was read: NCCL finalizes the communicator (its records go with it). */
+static void endScenario(int v) {
+  profFinalize(v, gProf);
+  gProf = NULL;
+  setActive(0);
+}
+
+int printSnapshot(int v, const char *scenario) {
+  playScenario(v, scenario);
+  fputs(snapshot(), stdout);
+  endScenario(v);
+  return 0;
+}
+
+/* Kernel span of driveColl's channels: the last stop (5000 + 5 (n - 1)) minus the first start (1000). */
+static const char *kernelOf(int v, int nChannels) {
+  static char buf[64];
+  if (v < 4) return "kernel_ns=0 kernel_calls=0"; /* no GPU timers before ABI v4 */
+  snprintf(buf, sizeof(buf), "kernel_ns=%d kernel_calls=1", 5000 + 5 * (nChannels - 1) - 1000);
+  return buf;
+}
+
+static void checkScenario(const char *scenario, const char *line, int nChannels) {
+  for (int v = 1; v <= 6; v++) {
+    int hit = playScenario(v, scenario);
+    const char *snap = snapshot();
+    char want[512];
+    CHECK(hit, "v%d: the tuner half did not match the plan row", v);
+    CHECK(hasLine(snap, "comm", "tag=dp"), "v%d: no communicator tagged dp in\n%s", v, snap);
+    snprintf(want, sizeof(want), "%s %s", line, kernelOf(v, nChannels));
+    CHECK(hasLine(snap, strstr(line, "algo=-") ? "p2p" : "coll", want), "v%d: want '%s' in\n%s", v, want, snap);
+    if (v >= 4) {
+      CHECK(hasLine(snap, "comm", "rank=3 nranks=8 nnodes=1"), "v%d: init's rank and sizes:\n%s", v, snap);
+      CHECK(hasLine(snap, "comm", strcmp(scenario, "no_name") ? "name=dp" : "name=-"), "v%d: name\n%s", v, snap);
+    } else {
+      CHECK(hasLine(snap, "comm", "rank=-1 name=-"), "v%d: v1-v3 init has no rank nor name\n%s", v, snap);
+    }
+    char hash[64];
+    snprintf(hash, sizeof(hash), "hash=%llx abi=%d", 0x5eed00ULL + (unsigned long long)v, v);
+    CHECK(hasLine(snap, "comm", hash), "v%d: '%s' (v1-v3: from the task descriptor) in\n%s", v, hash, snap);
+    endScenario(v);
+    CHECK(!strstr(snapshot(), "comm "), "v%d: records left after finalize", v);
+  }
+}
+
+void test_profiler_match_plan(void) {
+  checkScenario("match", "func=AllReduce count=1048576 dtype=ncclFloat32 algo=RING proto=SIMPLE channels=8 "
+                "warps=16 calls=1 chunk=524288", 8);
+}
+
+void test_profiler_clamped_channels(void) {
+  checkScenario("clamped", "func=AllReduce algo=RING proto=SIMPLE channels=4 calls=1", 4);
+}
+
+void test_profiler_other_algorithm(void) {
+  checkScenario("other_algo", "func=AllReduce algo=TREE proto=LL channels=8 calls=1 chunk=0", 8);
+}
+
+void test_profiler_p2p(void) {
+  for (int v = 1; v <= 6; v++) {
+    playScenario(v, "p2p");
+    const char *snap = snapshot();
+    /* P2P channels are in the descriptor from v4 (p2p.nChannels); v1-v3 have none */
+    CHECK(hasLine(snap, "p2p", v >= 4 ? "func=Send count=65536 dtype=ncclBfloat16 algo=- proto=- channels=2 calls=1"
+                                      : "func=Send count=65536 dtype=ncclBfloat16 channels=0 calls=1"),
+          "v%d: p2p line in\n%s", v, snap);
+    if (v >= 4) CHECK(hasLine(snap, "p2p", "kernel_ns=4005 kernel_calls=1"), "v%d: p2p kernel time\n%s", v, snap);
+    CHECK(!strstr(snap, "\ncoll "), "v%d: a p2p is not a collective\n%s", v, snap);
+    endScenario(v);
+  }
+}
+
+void test_profiler_missing_comm_name(void) {
+  checkScenario("no_name", "func=AllReduce algo=RING proto=SIMPLE channels=8 calls=1", 8);
+}
+
+/* ABI v5+: the tuner's init gets the commId the profiler's init got with the communicator's name,
+ * and keys the communicator's rows by that name; a name that is no valid tag leaves the env tag. */
+void test_profiler_comm_name_keys_rows(void) {
+  writeTable(kPlanRow);
+  for (int v = 5; v <= 6; v++) {
+    void *prof = profInit(v, 0xa11ce, "dp", NULL);
+    resetLog();
+    void *tuner = initComm("other", 8, 1, 0xa11ce); /* the env tag says "other", the name "dp" */
+    float t[NA][NP];
+    fillTable(t);
+    CHECK(collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 8, "v%d: rows keyed by the name dp:\n%s", v, gLog);
+    CHECK(strstr(gLog, "tag 'dp'"), "v%d: the tuner logs the name as its tag:\n%s", v, gLog);
+    gV6->finalize(tuner);
+    profFinalize(v, prof);
+    prof = profInit(v, 0xa11cf, "dp,tp", NULL);
+    resetLog();
+    tuner = initComm("dp", 8, 1, 0xa11cf);
+    fillTable(t);
+    CHECK(collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 8, "v%d: env tag kept:\n%s", v, gLog);
+    CHECK(strstr(gLog, "is not a valid tag"), "v%d: says why the name was not used:\n%s", v, gLog);
+    gV6->finalize(tuner);
+    profFinalize(v, prof);
+  }
+}
+
+/* The activation mask: 0 while lagom reads no records, the events lagom needs while it does. */
+void test_profiler_activation_mask(void) {
+  for (int v = 1; v <= 6; v++) {
+    gNcclMask = -1;
+    setActive(0);
+    void *prof = profInit(v, 0x77, NULL, NULL);
+    CHECK(gNcclMask == 0, "v%d: mask %d after init while inactive; want 0 (no event at all)", v, gNcclMask);
+    setActive(1);
+    int want = LAGOM_PROFILE_COLL | LAGOM_PROFILE_P2P | LAGOM_PROFILE_PROXY_OP | (v >= 4 ? LAGOM_PROFILE_KERNEL_CH : 0);
+    CHECK(gNcclMask == want, "v%d: mask %d while active; want %d", v, gNcclMask, want);
+    setActive(0);
+    CHECK(gNcclMask == 0, "v%d: mask %d after deactivation", v, gNcclMask);
+    profFinalize(v, prof);
+  }
+}
+
+/* Memory stays bounded: 64 shapes per communicator, 256 tasks awaiting their channels. */
+void test_profiler_bounded(void) {
+  resetRecords();
+  setActive(1);
+  void *prof = profInit(6, 0xb0, "dp", "dp");
+  for (int i = 0; i < 70; i++) driveColl(6, prof, 0xb0, "AllGather", 1000 + (size_t)i, "RING", "LL", 1, 0);
+  const char *snap = snapshot();
+  CHECK(hasLine(snap, "comm", "dropped=0 overflow=6"), "70 shapes: 64 kept, 6 counted as overflow:\n%.300s", snap);
+  resetRecords();
+  for (int i = 0; i < 300; i++) { /* tasks whose channels never report: each keeps its slot */
+    lagomProfilerDescr_v6_t d = {.type = LAGOM_PROFILE_COLL};
+    d.coll.func = "AllReduce", d.coll.count = 8, d.coll.datatype = "ncclInt8", d.coll.nChannels = 1;
+    d.coll.algo = "RING", d.coll.proto = "LL";
+    void *h = NULL;
+    ((const lagomProfiler_v6_t *)profilerStruct(6))->startEvent(prof, &h, &d);
+    ((const lagomProfiler_v6_t *)profilerStruct(6))->stopEvent(h);
+  }
+  snap = snapshot();
+  CHECK(hasLine(snap, "comm", "dropped=44 overflow=0"), "300 tasks, 256 slots:\n%.300s", snap);
+  CHECK(hasLine(snap, "coll", "count=8 calls=300"), "every call is counted, dropped or not:\n%.300s", snap);
+  resetRecords();
+  profFinalize(6, prof);
+  setActive(0);
+}
+
+/* Runs in a child process of its own (the state is per process): NCCL_PROFILER_PLUGIN names
+ * another library, so NCCL never initialises lagom's profiler half; the tuner half says so once
+ * and still counts its row hits. */
+static int foreignChild(void) {
+  writeTable(kPlanRow);
+  void *tuner = initComm("dp", 8, 1, 0xf0);
+  float t[NA][NP];
+  fillTable(t);
+  int hit = collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 8;
+  void *second = initComm("dp", 8, 1, 0xf1);
+  gV6->finalize(second);
+  gV6->finalize(tuner);
+  const char *value = getenv("NCCL_PROFILER_PLUGIN");
+  const char *foreign = ((const char *(*)(void))dlsym(gLib, "lagomProfilerForeign"))();
+  int state = profilerState();
+  const char *said = strstr(gLog, "names another profiler plugin");
+  int once = said && !strstr(said + 1, "names another profiler plugin");
+  if (!strcmp(value, "none")) return !(state == 3 && hit && !said);
+  if (!strcmp(value, gLibPath)) return !(state == 0 && hit && !said); /* lagom's own: not foreign */
+  int ok = state == 2 && !strcmp(foreign, value) && hit && once;
+  if (!ok) fprintf(stderr, "  child: state %d foreign '%s' hit %d log:\n%s", state, foreign, hit, gLog);
+  return !ok;
+}
+
+static int runChild(const char *env) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("NCCL_PROFILER_PLUGIN", env, 1);
+    execl("/proc/self/exe", "test_plugin", gLibPath, "--foreign-child", (char *)NULL);
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+void test_profiler_user_plugin(void) {
+  CHECK(runChild("/opt/site/lib/libnccl-profiler-user.so") == 0, "another library: state, message, hit counts");
+  CHECK(runChild("none") == 0, "NCCL_PROFILER_PLUGIN=none: no profiler, no warning, hit counts kept");
+  CHECK(runChild(gLibPath) == 0, "NCCL_PROFILER_PLUGIN naming lagom's library is not another plugin");
+}
+
+int profilerChildMain(void) { return foreignChild(); }

@@ -1,0 +1,53 @@
+"""NCCL's kernel time per site (``megatron.kernel_time``): events on for the iteration only, a site
+timed when the records tell it apart (its calls are all the calls of that shape on its
+communicator), none otherwise; one all-gather whatever the rank holds (a world of one here)."""
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.megatron.kernel_time import KernelTimes
+from lagom_megatron.megatron.sites import GroupInfo, SiteRecord
+from lagom_megatron.nccl.profiler_status import parse_snapshot
+
+DP = GroupInfo(name="dp", ranks=tuple(range(8)))
+SNAPSHOT = """\
+comm 0 hash=1 rank=0 nranks=8 nnodes=1 abi=6 tag=dp/e name=dp/e dropped=0 overflow=0
+coll 0 func=ReduceScatter count=131072 dtype=ncclFloat32 algo=RING proto=SIMPLE channels=8 warps=16 calls=2 chunk=0 kernel_ns=5000 kernel_calls=2
+coll 0 func=AllGather count=65536 dtype=ncclBfloat16 algo=RING proto=SIMPLE channels=8 warps=16 calls=4 chunk=0 kernel_ns=8000 kernel_calls=4
+comm 1 hash=2 rank=0 nranks=8 nnodes=1 abi=6 tag=- name=MEGATRON_DP dropped=0 overflow=0
+coll 1 func=AllReduce count=1024 dtype=ncclFloat32 algo=RING proto=LL channels=2 warps=8 calls=1 chunk=0 kernel_ns=700 kernel_calls=1
+"""
+
+
+class _Pool:
+    entry, own = object(), type("G", (), {"group_desc": "MEGATRON_DP"})()
+
+    def group_for(self, info, config):
+        return self.entry
+
+    def comm_key(self, group):
+        return "dp/e" if group is self.entry else None
+
+    def own_group(self, name):
+        return self.own
+
+
+def test_sites_told_apart_get_nccls_time_and_events_go_off():
+    switches = []
+    kt = KernelTimes(reader=lambda: parse_snapshot(SNAPSHOT), recorder=lambda on, reset=False: switches.append((on, reset)) or True)
+    kt.start()
+    records = {
+        "dp.rs[0]": SiteRecord(site_id="dp.rs[0]", op="reduce_scatter", nbytes=4 << 20, dtype="float32", group=DP, calls=2),
+        "dp.ag[0]": SiteRecord(site_id="dp.ag[0]", op="all_gather", nbytes=1 << 20, dtype="bfloat16", group=DP, calls=2),
+        "dp.ar[0]": SiteRecord(site_id="dp.ar[0]", op="all_reduce", nbytes=4096, dtype="float32", group=DP, calls=1),
+    }
+    cfg = CommConfig(n_channels=8)
+    got = kt.finish(records, {"dp.rs[0]": cfg, "dp.ag[0]": cfg}, _Pool())
+    # dp.ag[0] has 2 of the 4 all-gathers of its shape on the entry: another site shares it, no time
+    assert got == {"dp.rs[0]": 5.0, "dp.ar[0]": 0.7}, got
+    assert switches == [(True, True), (False, False)] and not kt.on
+
+
+def test_without_the_profiler_half_no_site_gets_nccls_time():
+    kt = KernelTimes(reader=lambda: None, recorder=lambda on, reset=False: False)
+    kt.start()
+    rec = SiteRecord(site_id="s", op="all_reduce", nbytes=4096, dtype="float32", group=DP, calls=1)
+    assert kt.finish({"s": rec}, {}, _Pool()) == {}

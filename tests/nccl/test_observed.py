@@ -1,0 +1,131 @@
+"""Applied = observed on NCCL, from the profiler half's own records: the C harness plays each scenario
+in NCCL's calling order for profiler ABI v1-v6 (``nccl/plugin/test/test_observed.c``), prints the
+records it leaves, and the Python side (``profiler_status.parse_snapshot``, ``nccl.observed``)
+compares them with the plan the scenario's table row holds: all-reduce of 4 MiB on communicator
+``dp`` (8 ranks) with ring / simple, 8 channels, chunk 256 KiB."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.nccl.observed import matching_ops, observe_site, op_bytes, site_kernel_us
+from lagom_megatron.nccl.plugin import build_harness, build_tuner
+from lagom_megatron.nccl.profiler_status import ObservedOp, parse_snapshot, profiler_state, read_observed, set_recording
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed: the plugin is built with it")
+
+PLAN = CommConfig(algorithm="Ring", protocol="Simple", n_channels=8, chunk_size=262144)
+VERSIONS = range(1, 7)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("observed")
+    return build_tuner(out), build_harness(out)
+
+
+def _records(built, version, scenario):
+    lib, harness = built
+    proc = subprocess.run([str(harness), str(lib), "--snapshot", str(version), scenario], capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return parse_snapshot(proc.stdout)
+
+
+def _site(comms, planned=PLAN, op="all_reduce", nbytes=4 << 20):
+    ops = matching_ops(comms, "dp", op, nbytes, 8)
+    return observe_site("dp.grad_all_reduce[0]", planned, op=op, nbytes=nbytes, group_size=8, ops=ops)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_stream_that_matches_the_plan_is_applied(built, version):
+    obs = _site(_records(built, version, "match"))
+    assert obs.status == "applied" and obs.calls == 1, obs
+    assert obs.observed == {"algorithm": "Ring", "protocol": "Simple", "n_channels": 8, "chunk_size": 262144}
+    assert obs.planned == PLAN.to_dict()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_clamped_channels_differ(built, version):
+    obs = _site(_records(built, version, "clamped"))
+    assert (obs.status, obs.knobs, obs.observed["n_channels"]) == ("differs", ("n_channels",), 4)
+    assert obs.note == "clamped: NCCL ran 4 of the 8 planned channels"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_another_algorithm_differs(built, version):
+    obs = _site(_records(built, version, "other_algo"))
+    assert obs.status == "differs" and obs.knobs == ("algorithm", "protocol")
+    assert (obs.observed["algorithm"], obs.observed["protocol"]) == ("Tree", "LL")
+    assert "chunk_size" not in obs.observed, "no proxy op (no network transfer): the chunk is not observable"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_p2p_channels_against_the_bound(built, version):
+    comms = _records(built, version, "p2p")  # a send of 64 Ki bf16 on 2 channels
+    bound2 = _site(comms, CommConfig(n_channels=2), op="send", nbytes=131072)
+    bound1 = _site(comms, CommConfig(n_channels=1), op="send", nbytes=131072)
+    assert bound2.status == "applied" and bound2.calls == 1
+    if version >= 4:  # p2p.nChannels is in the descriptor from v4
+        assert bound2.observed == {"n_channels": 2}
+        assert bound1.status == "differs" and "more than the 1 its bound allows" in bound1.note
+    else:
+        assert bound1.status == "applied" and bound1.observed == {}, "v1-v3 p2p events carry no channel count"
+
+
+@pytest.mark.parametrize("version", [4, 5, 6])
+def test_a_nameless_communicator_is_found_by_its_tag(built, version):
+    comms = _records(built, version, "no_name")
+    assert [(c.tag, c.name) for c in comms] == [("dp", None)]
+    assert _site(comms).status == "applied"
+
+
+def test_records_of_another_communicator_or_shape_leave_the_site_unobserved(built):
+    comms = _records(built, 6, "match")
+    assert observe_site("s", PLAN, op="all_reduce", nbytes=4 << 20, group_size=8,
+                        ops=matching_ops(comms, "tp", "all_reduce", 4 << 20, 8)).status == "unobserved"
+    assert _site(comms, nbytes=2 << 20).status == "unobserved"
+    assert _site(comms, op="all_gather").status == "unobserved"
+
+
+@pytest.mark.parametrize("version, want", [(1, None), (3, None), (4, 4.035), (6, 4.035)])
+def test_nccl_kernel_time_is_a_second_source(built, version, want):
+    """driveColl's channel c starts at 1000 + 10c ns and stops at 5000 + 5c ns: 8 channels span
+    5035 - 1000 = 4035 ns; ABI v1-v3 have no GPU timer."""
+    comms = _records(built, version, "match")
+    assert site_kernel_us(comms, "dp", "all_reduce", 4 << 20, 8, calls=1) == want
+    assert site_kernel_us(comms, "dp", "all_reduce", 4 << 20, 8, calls=2) is None, "another site shares the shape"
+
+
+def test_plan_bytes_of_per_rank_counts():
+    """ncclAllGather's count is per rank and ncclReduceScatter's is the output's: the plan counts the
+    whole buffer (the all-gather's output, the reduce-scatter's input), nRanks times that."""
+    def op(func, count, dtype):
+        return ObservedOp("coll", func, count, dtype, "RING", "SIMPLE", 4, 16, 1, 0, 0, 0)
+    assert op_bytes(op("AllGather", 1000, "ncclBfloat16"), 8) == 16000
+    assert op_bytes(op("ReduceScatter", 1000, "ncclFloat32"), 4) == 16000
+    assert op_bytes(op("AllReduce", 1000, "ncclFloat32"), 4) == 4000
+    assert op_bytes(op("AllReduce", 1000, "ncclNoSuchType"), 4) is None
+
+
+def test_snapshot_errors_name_the_line():
+    with pytest.raises(ValueError, match="line 1: an op line before any comm line"):
+        parse_snapshot("coll 0 func=AllReduce count=1 dtype=ncclInt8 algo=RING proto=LL channels=1 warps=1 calls=1 "
+                       "chunk=0 kernel_ns=0 kernel_calls=0\n")
+    with pytest.raises(ValueError, match="line 1: missing field 'abi'"):
+        parse_snapshot("comm 0 hash=1 rank=0 nranks=2 nnodes=1 tag=- name=- dropped=0 overflow=0\n")
+
+
+def test_in_process_reader_of_the_loaded_library(built):
+    """The ctypes side against the real library, mapped in this process: empty records, events on
+    and off, and the state before NCCL initialised anything."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(built[0]))
+    assert lib is not None
+    assert read_observed(library=str(built[0])) == []
+    assert set_recording(True, reset=True, library=str(built[0])) and set_recording(False, library=str(built[0]))
+    assert profiler_state(library=str(built[0])) == ("not initialised", "")
+    assert read_observed(library="/no/such/libnccl-tuner-lagom.so") is None
