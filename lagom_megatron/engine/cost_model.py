@@ -46,6 +46,7 @@ from typing import Sequence
 
 import numpy as np
 
+from lagom_megatron.engine import queues
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import ALGORITHMS, GLOO_DEFAULT_THREADS, PROTOCOLS, CommConfig, max_channels
 from lagom_megatron.engine.p2p import P2PModel
@@ -93,6 +94,17 @@ class CostModel:
     """Per site and level, a factor on s: the compute beside one call slows more than beside
     another (a backward window holds other collectives and other kernels than a forward one);
     fitted by ``fit._level_factors``, 1 where not measured."""
+    wait_S: np.ndarray | None = None
+    """Per site, us per iteration its collectives wait, ready on their stream, for a running kernel's
+    pending blocks at the stream's normal priority (``fit._dispatch_waits``: the default iteration
+    against the high-priority probe); part of T_comm (torch's duration runs from the start event on
+    the NCCL stream), removed by a high-priority stream; none if None."""
+    offset_S: np.ndarray | None = None
+    """Per site, us its region holds beyond the own-config form: compute that other groups'
+    collectives stretch in its window (``cross.window_offsets``); none if None."""
+    hp_S: np.ndarray | None = None
+    """Per site, 1 where its collectives run on a high-priority stream (``engine.stream_priority``
+    sets it while a plan is predicted); 0 (NCCL's default stream) if None."""
     call_level: list = field(default_factory=list)
     """Per site, an int array: the level of each measured call (issue order), as
     ``set_call_levels`` grouped them (all 0 for a site of one level)."""
@@ -299,32 +311,44 @@ class CostModel:
                 f"  T_region time-weighted error {self.wape:.1f}% (sum |error| / sum measured)\n"
                 f"  T_comm MAPE {self.mape_comm:.1f}%")
 
-    def evaluate(self, i, alg, proto, nc, nt, chunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """T_comm (us), s, T_region (us) for site indices ``i`` under config codes (broadcast).
+    def dispatch_wait(self, i, hp=None):
+        """us per iteration the sites ``i`` wait for SMs before their collectives run (``wait_S``),
+        0 on a high-priority stream (``hp`` 1, broadcast; None = ``hp_S``)."""
+        if self.wait_S is None:
+            return 0.0
+        if hp is None:
+            hp = 0.0 if self.hp_S is None else self.hp_S[i]
+        return self.wait_S[i] * (1.0 - np.asarray(hp, dtype=float))
 
+    def evaluate(self, i, alg, proto, nc, nt, chunk, hp=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """T_comm (us), s, T_region (us) for site indices ``i`` under config codes (broadcast);
+        ``hp``: 1 where the sites run on a high-priority stream (None = ``hp_S``).
+
+        T_comm is the collective's run plus its dispatch wait (``dispatch_wait``); compute beside
+        it slows only while it runs, so the region is ``max(T_comm, T_comp + T_run s / (1 + s))``.
         This is the search's hot path: every element of the broadcast result is one model
         evaluation.
         """
         lat, xfer, ctas, wire, hbm_mult = self.prior_parts(i, alg, proto, nc, nt, chunk)
         calls = self.calls_S[i]
-        t_comm = calls * (self.alpha_S[i] * lat + self.beta_S[i] * xfer)
-        hbm_share = hbm_mult * (wire * calls / np.maximum(t_comm, 1e-9)) * 1e-3 / self.cluster.hbm_gbps
+        t_run = calls * (self.alpha_S[i] * lat + self.beta_S[i] * xfer)
+        wait = self.dispatch_wait(i, hp)
+        t_comm = t_run + wait
+        hbm_share = hbm_mult * (wire * calls / np.maximum(t_run, 1e-9)) * 1e-3 / self.cluster.hbm_gbps
         s = self.a_S[i] * sm_term(ctas, self.cluster.sms_per_gpu, self.gloo) + self.b_S[i] * hbm_share
         if self.corr_SC is not None:  # measured shape of s over channel counts (``fit._channel_correction``)
             s = s * self.corr_SC[i, np.clip(np.rint(ctas), 0, self.corr_SC.shape[1] - 1).astype(np.intp)]
         if self.comp_levels_SL is None:
-            region = region_time_us(t_comm, self.t_comp_us_S[i], s)
+            region = region_time_us(t_run, self.t_comp_us_S[i], s, wait)
         else:  # one region per call (``set_call_levels``), each call a calls-th of T_comm
-            t_call = np.asarray(t_comm / calls)[..., None]
+            t_call = np.asarray(t_run / calls)[..., None]
+            w_call = np.asarray(wait / calls)[..., None]
             s_l = np.asarray(s)[..., None] * self.slow_SL[i]
-            region = np.sum(self.comp_weights_SL[i] * region_time_us(t_call, self.comp_levels_SL[i], s_l), axis=-1)
+            region = np.sum(self.comp_weights_SL[i] * region_time_us(t_call, self.comp_levels_SL[i], s_l, w_call), axis=-1)
         if self.queued_S is not None and self.queued_S.any():
-            # queued behind each other on one stream (``mark_queues``): time a collective adds
-            # beyond its share of the compute the queue overlaps is time the ones behind it start
-            # later; an empty window's own region is that queue time, not its T_comm
-            extra = t_comm - self.t_comm_default_S[i]
-            q, empty = self.queued_S[i], self.queue_empty_S[i]
-            region = region - extra * q * empty + np.maximum(0.0, extra - self.queue_free_S[i]) * q
+            region = queues.queued_region(self, i, region, t_comm)
+        if self.offset_S is not None:  # other groups' collectives in the window (``cross``)
+            region = region + self.offset_S[i]
         return t_comm, s, region
 
     def set_call_levels(self, per_call_us: Sequence[Sequence[float]]) -> None:
@@ -359,39 +383,9 @@ class CostModel:
         self.slow_SL = np.ones_like(levels) if multi else None
 
     def mark_queues(self, empty_share: float = 0.01, queue_share: float = 0.25) -> None:
-        """Flags the sites of every communicator where collectives queue behind each other.
-
-        A site whose overlapped compute alone is below ``empty_share`` of its default T_comm has an
-        empty window: its launch is followed at once by a wait on another collective of the same
-        communicator (FSDP's backward: a gradient reduce-scatter launched before the wait on the
-        next parameter gather), so it runs behind that one and the region model, which treats
-        regions as independent, cannot see what a slower collective costs the ones queued behind
-        it. A communicator where at least ``queue_share`` of the sites have empty windows is a
-        queue (one empty window, e.g. DDP's last bucket before the final wait, is not). On such a
-        communicator a site's extra T_comm over NCCL's default is added to its region where it
-        exceeds the site's share (by default T_comm) of the queue's slack: the compute of the
-        queue's windows minus its collectives' default time. Within the slack the queue hides
-        behind compute; beyond it, it is the critical path. An empty window's own region (its
-        T_comm) is replaced by that queue time.
-        """
-        S = len(self.sites)
-        self.queued_S = None
-        alg, proto, nc, nt, chunk = self.default_codes_cached()
-        idx = np.arange(S)
-        t_def = self.evaluate(idx, alg, proto, nc, nt, chunk)[0]
-        empty = self.t_comp_us_S < empty_share * t_def
-        groups = np.array([s.group for s in self.sites], dtype=object)
-        comms = {g for g in set(groups.tolist())
-                 if np.count_nonzero(groups == g) > 1 and np.mean(empty[groups == g]) >= queue_share}
-        flag = np.array([g in comms for g in groups], dtype=float)
-        self.t_comm_default_S = t_def
-        self.queue_empty_S = empty.astype(float)
-        self.queue_free_S = np.zeros(S)
-        for g in comms:
-            m = groups == g
-            slack = max(0.0, float(self.t_comp_us_S[m].sum() - t_def[m].sum()))
-            self.queue_free_S[m] = slack * t_def[m] / max(float(t_def[m].sum()), 1e-9)
-        self.queued_S = flag if flag.any() else None
+        """Flags the sites of every communicator where collectives queue behind each other
+        (``queues.mark_queues``: the queue term of ``evaluate``)."""
+        queues.mark_queues(self, empty_share=empty_share, queue_share=queue_share)
 
     def _site(self, site: "CollectiveSite | str") -> int:
         key = site if isinstance(site, str) else site.site_id
@@ -402,17 +396,22 @@ class CostModel:
     def t_comm_us(self, site: "CollectiveSite | str", cfg: CommConfig) -> float:
         """Predicted collective time of ``site`` under ``cfg``, microseconds per iteration."""
         i = self._site(site)
-        return float(self.evaluate(i, *self.encode(i, cfg))[0])
+        return float(self.evaluate(i, *self.encode(i, cfg), hp=self._hp(cfg))[0])
 
     def slowdown(self, site: "CollectiveSite | str", cfg: CommConfig) -> float:
         """Predicted fractional compute slowdown s while ``site``'s collective runs under ``cfg``."""
         i = self._site(site)
-        return float(self.evaluate(i, *self.encode(i, cfg))[1])
+        return float(self.evaluate(i, *self.encode(i, cfg), hp=self._hp(cfg))[1])
 
     def t_region_us(self, site: "CollectiveSite | str", cfg: CommConfig) -> float:
         """Predicted overlap-region time of ``site`` under ``cfg``, microseconds."""
         i = self._site(site)
-        return float(self.evaluate(i, *self.encode(i, cfg))[2])
+        return float(self.evaluate(i, *self.encode(i, cfg), hp=self._hp(cfg))[2])
+
+    @staticmethod
+    def _hp(cfg: CommConfig) -> float | None:
+        """``evaluate``'s ``hp`` for ``cfg``: 1 on a high-priority stream, else None (the model's state)."""
+        return 1.0 if cfg.high_priority_stream else None
 
     # ---- construction -----------------------------------------------------------------------
 

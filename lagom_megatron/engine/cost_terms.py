@@ -140,19 +140,21 @@ def call_levels(per_call_us: Sequence[Sequence[float]], t_comp_us_S: np.ndarray,
     return levels[:, :used], weights[:, :used], level_of_call
 
 
-def region_time_us(t_comm_us: Any, t_comp_us: Any, s: Any) -> Any:
+def region_time_us(t_comm_us: Any, t_comp_us: Any, s: Any, wait_us: Any = 0.0) -> Any:
     """The unified region formula (docs/engine.md), elementwise on scalars or numpy arrays.
 
     Args:
-        t_comm_us: collective duration, microseconds.
+        t_comm_us: the collective's run, microseconds.
         t_comp_us: duration of the overlapped compute alone, microseconds.
         s: fractional compute slowdown while the collective runs (>= 0).
+        wait_us: time the collective waited for SMs before it ran (a dispatch wait), microseconds:
+            it delays the collective's end but slows no compute.
 
     Returns:
-        ``max(t_comm, t_comp + t_comm * s / (1 + s))`` in microseconds; continuous where
-        ``t_comm == t_comp * (1 + s)``.
+        ``max(wait + t_comm, t_comp + t_comm * s / (1 + s))`` in microseconds; continuous where
+        ``wait + t_comm == t_comp + t_comm s / (1 + s)``.
     """
-    return np.maximum(t_comm_us, t_comp_us + t_comm_us * (s / (1.0 + s)))
+    return np.maximum(wait_us + t_comm_us, t_comp_us + t_comm_us * (s / (1.0 + s)))
 
 
 def sm_term(ctas, sms, gloo: bool = False):

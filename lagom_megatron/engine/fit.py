@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from lagom_megatron.engine import cross, queues
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.cost_model import PRIOR_A, PRIOR_B, CostModel, sm_term
 from lagom_megatron.engine.profile import Profile
@@ -25,8 +26,12 @@ RIDGE_COMM = 0.005
 """Pull of alpha, beta towards 1 relative to one sample's squared relative error."""
 RIDGE_SLOWDOWN = 0.02
 """Pull of the slowdown coefficients a, b towards their priors (relative to the features' size)."""
-GAMMA_GRID = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0, 5.6, 8.0)
-"""Per-channel bandwidth scales tried when fitting (relative to the ClusterSpec prior)."""
+GAMMA_GRID = tuple(float(x) for x in np.round(np.geomspace(0.25, 8.0, 31), 4))
+"""Per-channel bandwidth scales tried when fitting (relative to the ClusterSpec prior): 31 scales 12%
+apart, so the channel count where bandwidth saturates is placed within ~6%. Steps of 1.4x left the
+fit unable to place the knee between two grid points: on NVLink-bridged A40 nodes the 2-channel
+probe of an FSDP gather was predicted 6% faster than measured, and the search took 2 channels where
+the queue behind them made the iteration slower than NCCL_MAX_CTAS=4."""
 RIDGE_GAMMA = 0.01
 """Pull of gamma towards 1 (per unit of squared log): the absolute per-channel prior holds unless the
 samples clearly disagree (probes at saturated channel counts cannot place the knee)."""
@@ -87,12 +92,24 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     codes = np.array([model.encode(i, smp.config) for i, smp in rows], dtype=float)
     alg_J, proto_J = codes[:, 0].astype(np.int64), codes[:, 1].astype(np.int64)
     nc_J, nt_J, chunk_J = codes[:, 2], codes[:, 3], codes[:, 4]
-    # T_comm: NCCL's own kernel time where the profile has it (its kernelCh timers, Sample.t_comm_nccl_us),
-    # else the collective's time on NCCL's stream as torch measured it
-    y_comm = np.array([max(comm_time_us(smp), 1e-6) for _, smp in rows])
     y_region = np.array([smp.t_region_us for _, smp in rows])
     y_comp = model.t_comp_us_S[i_J]
     S, calls = len(profile.sites), model.calls_S[i_J]
+    gi, G = _shape_groups(model)
+    # T_comm is torch's duration, from the NCCL stream reaching the call: at normal priority it holds
+    # the wait for a running kernel's blocks (``queues.dispatch_waits``, measured against the
+    # high-priority probe); alpha, beta and the slowdown describe the collective's run without it
+    waits = queues.dispatch_waits(profile.sites, by_site, gi, noise_rel=NOISE_REL)
+    model.wait_S = waits if waits.any() else None
+    hp_J = np.array([1.0 if smp.config.high_priority_stream else 0.0 for _, smp in rows])
+    wait_J = waits[i_J] * (1.0 - hp_J)
+    # the run: NCCL's own kernel time where the profile has it (its kernelCh timers start when the
+    # kernel runs, Sample.t_comm_nccl_us), else torch's time on NCCL's stream less the wait
+    torch_J = np.array([max(smp.t_comm_us, 1e-6) for _, smp in rows])
+    nccl_J = np.array([comm_time_us(smp) != smp.t_comm_us for _, smp in rows])
+    y_comm = np.where(nccl_J, [max(comm_time_us(smp), 1e-6) for _, smp in rows],
+                      np.maximum(torch_J - wait_J, 0.5 * torch_J))
+    y_meas = np.where(nccl_J, y_comm + wait_J, torch_J)  # what the model's T_comm (run + wait) is compared with
     # T_comm: for each per-channel bandwidth scale gamma on a grid, minimise
     # sum((alpha f1 + beta f2 - y)/y)^2 + ridge ((alpha/k-1)^2 + (beta/k-1)^2); keep per site the
     # gamma with the smallest error (plus a mild pull towards 1). gamma places the channel
@@ -111,7 +128,6 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     # sequence-parallel gather of every layer), and one fit over all their samples is far less
     # noisy than one per site (the search then stops scattering them over channel counts). On
     # gloo each site keeps its own fit (calls of one shape still differ in CPU contention there).
-    gi, G = _shape_groups(model)
     F_J = gi[i_J]
     best_err = np.full(G, np.inf)
     alpha, beta, gamma, scale_S = np.ones(G), np.ones(G), np.ones(G), np.ones(G)
@@ -139,10 +155,10 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     model.alpha_S, model.beta_S = alpha[gi], beta[gi]
     # Slowdown: observed only where the compute branch is active (region longer than comm), one
     # region per call where the samples have calls (``_slowdown_rows``).
-    F_R, ctas_R, s_comm, s_comp, s_region, hbm_rate, L_R, I_R = _slowdown_rows(
-        rows, per_call, model.call_level, F_J, ctas, y_comm, y_comp, y_region, hbm_mult * wire, calls)
+    F_R, ctas_R, s_comm, s_comp, s_region, hbm_rate, L_R, I_R, s_wait = _slowdown_rows(
+        rows, per_call, model.call_level, F_J, ctas, y_comm, y_comp, y_region, hbm_mult * wire, calls, wait_J)
     r = (s_region - s_comp) / s_comm
-    observed = (s_region > 1.01 * s_comm) & (r > 0)
+    observed = (s_region > 1.01 * (s_comm + s_wait)) & (r > 0)
     if model.slow_SL is not None:  # a summed sample of a site with calls unlike each other pins no s
         observed &= ~((L_R < 0) & ((model.comp_weights_SL > 0).sum(axis=1)[I_R] > 1))
     r = np.clip(r, 0.0, 0.9)
@@ -158,10 +174,10 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     k_R = np.ones(len(F_R))
     if model.slow_SL is not None:  # the level factors, then (a, b) refined with them, then the factors again
         k_R = _level_factors(model, gi, F_R, L_R, I_R, s_obs, a_G[F_R] * g1 + b_G[F_R] * g2, observed)
-        a_G, b_G = _refine_slowdown(F_R, G, a_G, b_G, g1 * k_R, g2 * k_R, s_comm, s_comp, s_region, observed)
+        a_G, b_G = _refine_slowdown(F_R, G, a_G, b_G, g1 * k_R, g2 * k_R, s_comm, s_comp, s_region, observed, s_wait)
         k_R = _level_factors(model, gi, F_R, L_R, I_R, s_obs, a_G[F_R] * g1 + b_G[F_R] * g2, observed)
     else:
-        a_G, b_G = _refine_slowdown(F_R, G, a_G, b_G, g1, g2, s_comm, s_comp, s_region, observed)
+        a_G, b_G = _refine_slowdown(F_R, G, a_G, b_G, g1, g2, s_comm, s_comp, s_region, observed, s_wait)
     model.a_S, model.b_S = a_G[gi], b_G[gi]
     if not model.gloo:
         s_fit = (a_G[F_R] * g1 + b_G[F_R] * g2) * k_R
@@ -175,10 +191,14 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     # ``mark_queues`` is what a slower collective costs the ones queued behind it (other sites'
     # regions), which the search counts but a site's own measurement never contains.
     queued, model.queued_S = model.queued_S, None
-    t_comm_hat, _, t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
+    t_comm_hat, _, t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J, hp=hp_J)
+    if not model.gloo:  # compute of other groups' collectives in each window (``cross``): what the own model leaves
+        offsets = cross.window_offsets(S, i_J, y_region - t_region_hat, y_region)
+        model.offset_S = offsets if offsets.any() else None
+        t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J, hp=hp_J)[2]
     model.queued_S = queued
     model.mape = float(100.0 * np.mean(np.abs(t_region_hat - y_region) / np.maximum(y_region, 1e-9)))
-    model.mape_comm = float(100.0 * np.mean(np.abs(t_comm_hat - y_comm) / y_comm))
+    model.mape_comm = float(100.0 * np.mean(np.abs(t_comm_hat - y_meas) / y_meas))
     model.wape = float(100.0 * np.sum(np.abs(t_region_hat - y_region)) / max(float(np.sum(y_region)), 1e-9))
     model.mape_floor = mape_floor(_indistinct_keys(model, i_J, nc_J, chunk_J, codes), y_region)
     model.n_points = len(rows)
@@ -198,33 +218,36 @@ def _call_compute(samples: list) -> list[float]:
     return [float(np.median([c[k][1] for c in timed if len(c) == m])) for k in range(m)]
 
 
-def _slowdown_rows(rows, per_call, call_level, F_J, ctas_J, y_comm, y_comp, y_region, hbm_per_call_J, calls_J):
+def _slowdown_rows(rows, per_call, call_level, F_J, ctas_J, y_comm, y_comp, y_region, hbm_per_call_J, calls_J, wait_J):
     """The observations the slowdown is fitted on: one per call for a sample whose calls match its
     site's per-call compute (``_call_compute``), one per sample otherwise.
 
     Args:
         rows: J (site index, Sample) pairs; ``per_call``, ``call_level``: per site, the compute
-            alone (us) and the level of each call; the rest: shape (J,) per sample (HBM bytes
-            of one call, calls per iteration).
+            alone (us) and the level of each call; the rest: shape (J,) per sample (the run of
+            its collectives, HBM bytes of one call, calls per iteration, the dispatch wait per
+            iteration, which a measured call's time holds ``wait / calls`` of).
 
     Returns:
         Shape (R,) arrays: shape group, CTAs, T_comm us, T_comp us, T_region us, HBM bytes per us
         of the collective (one call's bytes over that call's time, or the sample's over its sum),
-        call level (-1 for a summed sample: it belongs to no level), site index.
+        call level (-1 for a summed sample: it belongs to no level), site index, dispatch wait us.
     """
-    F, ct, comm, comp, reg, rate, lvl, site = [], [], [], [], [], [], [], []
+    F, ct, comm, comp, reg, rate, lvl, site, wait = [], [], [], [], [], [], [], [], []
     for j, (i, smp) in enumerate(rows):
         levels = per_call[i]
         if smp.calls and len(smp.calls) == len(levels) and all(c[0] > 0 and c[2] > 0 for c in smp.calls):
+            w = wait_J[j] / calls_J[j]
             for k, ((c_comm, _, c_region), c_comp) in enumerate(zip(smp.calls, levels)):
-                c_comm = max(c_comm, 1e-6)  # as y_comm: a zero-length call would divide by zero
+                c_comm = max(c_comm - w, 0.5 * c_comm, 1e-6)  # the run, as y_comm; never zero
+                wait.append(w)
                 F.append(F_J[j]); ct.append(ctas_J[j]); comm.append(c_comm); comp.append(c_comp); reg.append(c_region)
                 rate.append(hbm_per_call_J[j] / c_comm); lvl.append(int(call_level[i][k])); site.append(i)
             continue
         F.append(F_J[j]); ct.append(ctas_J[j]); comm.append(y_comm[j]); comp.append(y_comp[j]); reg.append(y_region[j])
-        rate.append(hbm_per_call_J[j] * calls_J[j] / y_comm[j]); lvl.append(-1); site.append(i)
+        rate.append(hbm_per_call_J[j] * calls_J[j] / y_comm[j]); lvl.append(-1); site.append(i); wait.append(wait_J[j])
     F_R, L_R, I_R = (np.asarray(x, dtype=np.int64) for x in (F, lvl, site))
-    return (F_R, *(np.asarray(x, dtype=float) for x in (ct, comm, comp, reg, rate)), L_R, I_R)
+    return (F_R, *(np.asarray(x, dtype=float) for x in (ct, comm, comp, reg, rate)), L_R, I_R, np.asarray(wait, dtype=float))
 
 
 LEVEL_FACTOR_RANGE = (0.2, 5.0)
@@ -258,12 +281,14 @@ REFINE_GRID = np.geomspace(0.5, 2.0, 13)
 """Scales of (a, b) tried around the linear solution by ``_refine_slowdown``."""
 
 
-def _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observed):
+def _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observed, y_wait):
     """Per group, the (a, b) on a grid of scales around the linear solution with the least squared
     relative error of the *region* (what the search compares), on the samples where compute was
     observed; a group keeps its linear solution when none does better. The linear fit in s-space
     weights samples by how precisely they pin s, not by what s does to the region, and leaves
-    the region biased where the slowdown is not linear in the model's two features."""
+    the region biased where the slowdown is not linear in the model's two features. ``y_comm`` is
+    the collectives' run and ``y_wait`` their dispatch wait (``queues.dispatch_waits``): the region
+    is at least their sum."""
     obs = observed & (y_comm > 0)
     if not obs.any():
         return a_G, b_G
@@ -272,7 +297,7 @@ def _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observe
     sa, sb = np.meshgrid(REFINE_GRID, REFINE_GRID, indexing="ij")
     sa, sb = sa.ravel()[:, None], sb.ravel()[:, None]                 # (K, 1)
     s = sa * a_G[f][None, :] * g1[j][None, :] + sb * b_G[f][None, :] * g2[j][None, :]   # (K, J)
-    region = np.maximum(y_comm[j], y_comp[j] + y_comm[j] * s / (1.0 + s))
+    region = np.maximum(y_comm[j] + y_wait[j], y_comp[j] + y_comm[j] * s / (1.0 + s))
     err = ((region - y_region[j]) / y_region[j]) ** 2                  # (K, J)
     tot = np.stack([np.bincount(f, e, G) for e in err])                # (K, G)
     k = np.argmin(tot, axis=0)

@@ -45,6 +45,11 @@ class CommConfig:
     net_peer_channels: int | None = None
     """Channels per network peer of point-to-point calls: ncclConfig_t.nChannelsPerNetPeer (NCCL
     2.28+, where torch binds it) or NCCL_NCHANNELS_PER_NET_PEER (process scope); a power of two."""
+    high_priority_stream: bool | None = None
+    """The site's collectives run on a pool entry whose NCCL stream has a high CUDA priority
+    (``ProcessGroupNCCL.Options.is_high_priority_stream``, as Megatron's
+    ``--high-priority-stream-groups`` sets for a group; communicator scope). None = the group's own
+    stream priority."""
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the fields that are set (not ``None``), JSON-ready."""
@@ -81,7 +86,7 @@ DEFAULT = CommConfig()
 
 KNOB_ORDER: tuple[str, ...] = (
     "n_channels", "chunk_size", "n_threads", "protocol", "algorithm", "cta_policy", "cga_cluster_size",
-    "net_peer_channels",
+    "net_peer_channels", "high_priority_stream",
 )
 """Knob-priority order of the search (docs/engine.md): channels and chunk size first, because
 they move compute slowdown the most (Lagom's introduction); algorithm last."""

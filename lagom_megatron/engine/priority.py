@@ -12,7 +12,9 @@ paper's algorithm is not public):
    gloo thread count) is decided once, when its highest-priority site reaches it, for the sum
    of the region times of all the sites it governs (each site answering every candidate value
    with one pass over its own knobs), and stays fixed after that.
-3. The static fixes a user could apply instead (NCCL's defaults, ``NCCL_MAX_NCHANNELS`` 2 / 4 / 8;
+3. The static fixes a user could apply instead (NCCL's defaults, ``NCCL_MAX_NCHANNELS`` 2 / 4 / 8,
+   and one ``max_ctas`` per process group as Megatron's ``--nccl-communicator-config-path`` sets
+   it, the caps chosen by coordinate descent over the groups on the model, ``group_caps_state``;
    ``NCCL_CTA_POLICY=EFFICIENCY`` is NCCL's default on unregistered buffers) are candidates too,
    each also refined by one coordinate descent: the plan kept is the candidate with the least
    predicted total region time, so on the model it is never worse than any of them.
@@ -55,6 +57,42 @@ def static_states(problem: SearchProblem, default_nc: np.ndarray) -> dict[str, S
     return out
 
 
+GROUP_CAPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+"""Per-group ``max_ctas`` values ``group_caps_state`` tries (the ones at or above NCCL's count change nothing)."""
+
+
+def group_caps_state(problem: SearchProblem, default_nc: np.ndarray, count: Counter, passes: int = 2) -> State:
+    """One channel cap per process group, as a user sets ``max_ctas`` per group in Megatron's
+    ``--nccl-communicator-config-path`` YAML: every site of the group where channels are tunable at
+    ``min(NCCL's choice, cap)`` (a point-to-point site's channel code is its communicator's count,
+    so the cap bounds it the same way, ``engine.p2p``), the caps found by coordinate descent over
+    the groups (each group's cap over ``GROUP_CAPS`` with the others fixed, ``passes`` passes) on the
+    predicted total region time: linear in groups x caps evaluations of all sites."""
+    st = problem.default_state()
+    tun = problem.tunable["n_channels"]
+    vals = problem.vals["n_channels"]
+    top = np.where(tun, np.nanmax(np.where(np.isnan(vals), -np.inf, vals), axis=1), 0.0) if vals.size else np.zeros(0)
+    groups = {g: np.array([i for i, c in enumerate(problem.comm_S) if c == g and tun[i]]) for g in dict.fromkeys(problem.comm_S)}
+    groups = {g: ix for g, ix in groups.items() if ix.size}
+    best = float(problem.evaluate(st)[2].sum())
+    count.add(len(problem.sites))
+    for _ in range(passes):
+        changed = False
+        for idx in groups.values():
+            for cap in GROUP_CAPS:
+                trial = st.copy()
+                trial.nc[idx] = np.minimum(np.minimum(default_nc[idx], float(cap)), top[idx])
+                if np.array_equal(trial.nc[idx], st.nc[idx]):
+                    continue
+                t = float(problem.evaluate(trial)[2].sum())
+                count.add(len(problem.sites))
+                if t < best * (1.0 - 1e-9):
+                    best, st, changed = t, trial, True
+        if not changed:
+            break
+    return st
+
+
 def best_candidate(problem: SearchProblem, searched: State, default_nc: np.ndarray, call_knobs: tuple[str, ...],
                    count: Counter, rounds: int) -> tuple[State, str]:
     """The state with the least predicted total region time among the searched one, the static
@@ -62,7 +100,9 @@ def best_candidate(problem: SearchProblem, searched: State, default_nc: np.ndarr
     earlier: searched, then statics in order). Returns (state, its name)."""
     cands: list[tuple[str, State]] = [("searched", searched)]
     everyone = np.arange(len(problem.sites))
-    for name, st in static_states(problem, default_nc).items():
+    statics = static_states(problem, default_nc)
+    statics["group-caps"] = group_caps_state(problem, default_nc, count)
+    for name, st in statics.items():
         cands.append((name, st))
         if call_knobs:
             refined = st.copy()

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from lagom_megatron import __version__
-from lagom_megatron.engine import p2p_knobs
+from lagom_megatron.engine import p2p_knobs, stream_priority
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.cost_model import ALG_NONE, PROTO_NONE, CostModel
 from lagom_megatron.engine.fit import fit_cost_model
@@ -155,26 +155,31 @@ class SearchProblem:
         return problem
 
     def keep_measured_algorithms(self, profile: Profile) -> None:
-        """Narrows each site's algorithm domain to the algorithms its samples ran (NCCL's own
-        choice for a sample without one): the cost model's constants for an algorithm never
-        measured at a site are extrapolation (NVLS's per-channel rate and HBM traffic differ from
-        Ring's by 1.5-2.5x), so the search does not bet a plan on them. Warm-up probes that set
-        an algorithm make it searchable."""
+        """Narrows each site's algorithm and protocol domains to those its samples ran (NCCL's own
+        choice for a sample without one): the cost model's constants for an algorithm or protocol
+        never measured at a site are extrapolation (NVLS's per-channel rate and HBM traffic differ
+        from Ring's by 1.5-2.5x; NCCL caps an LL128 channel at its own table, 18.35 GB/s per CTA on
+        Hopper, tuning.cc:185-190, which a Simple probe does not show), so the search does not bet
+        a plan on them. Warm-up probes that set an algorithm or protocol make it searchable."""
         if self.backend == "gloo":
             return
         seen: dict[int, set[int]] = {}
+        seen_proto: dict[int, set[int]] = {}
         for smp in profile.samples:
             i = self.model.index.get(smp.site_id)
             if i is not None:
-                seen.setdefault(i, set()).add(int(self.model.encode(i, smp.config)[0]))
+                codes = self.model.encode(i, smp.config)
+                seen.setdefault(i, set()).add(int(codes[0]))
+                seen_proto.setdefault(i, set()).add(int(codes[1]))
         changed = False
         for i, d in enumerate(self.domains_S):
-            algs = d["algorithm"]
-            if len(algs) > 1 and i in seen:
-                kept = tuple(a for a in algs if ALGORITHMS.index(a) in seen[i])
-                if kept and kept != algs:
-                    d["algorithm"] = kept
-                    changed = True
+            for knob, names, got in (("algorithm", ALGORITHMS, seen), ("protocol", PROTOCOLS, seen_proto)):
+                values = d[knob]
+                if len(values) > 1 and i in got:
+                    kept = tuple(v for v in values if names.index(v) in got[i])
+                    if kept and kept != values:
+                        d[knob] = kept
+                        changed = True
         if changed:
             self._encode_domains()
 
@@ -316,10 +321,13 @@ class SearchProblem:
         use = st if st is not None else default
         peer = p2p_knobs.decide(self, st) if st is not None else {}  # channels per network peer
         with p2p_knobs.applied(self, peer):
-            t_comm, _, t_region = self.evaluate(use)
+            fast = stream_priority.decide(self, st) if st is not None else set()  # high-priority streams
+            with stream_priority.applied(self, fast):
+                t_comm, _, t_region = self.evaluate(use)
         configs = self._configs(st) if st is not None else [CommConfig()] * len(self.sites)
         if peer and self.rules.scope(p2p_knobs.KNOB) == "communicator":
             configs = [replace(c, net_peer_channels=peer[i]) if i in peer else c for i, c in enumerate(configs)]
+        configs = [replace(c, high_priority_stream=True) if i in fast else c for i, c in enumerate(configs)]
         t_comm_l, t_region_l, d_region_l = (np.round(x, 3).tolist() for x in (t_comm, t_region, d_region))
         tunable = self.tunable_knobs()
         notes = self.notes_S or [""] * len(self.sites)

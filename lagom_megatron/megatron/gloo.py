@@ -97,7 +97,8 @@ class GlooRules:
             ValueError: the first knob gloo does not have or whose value is out of range.
         """
         c = config
-        for knob in ("algorithm", "protocol", "n_threads", "cta_policy", "cga_cluster_size", "net_peer_channels"):
+        for knob in ("algorithm", "protocol", "n_threads", "cta_policy", "cga_cluster_size", "net_peer_channels",
+                     "high_priority_stream"):
             if getattr(c, knob) is not None:
                 raise invalid_value(knob, getattr(c, knob), [None], "gloo has no such knob")
         if c.n_channels is not None and not (isinstance(c.n_channels, int) and 1 <= c.n_channels <= GLOO_MAX_THREADS):

@@ -4,8 +4,10 @@
   process-group names (dp, dp_cp, tp, pp, ep, cp, ...); values hold ``min_ctas`` (1) and
   ``max_ctas`` (the largest channel count the plan gives the group's sites; always both: NCCL
   rejects a one-sided range, NCCL PR#2256) and
-  ``cga_cluster_size`` where the plan sets one. Megatron copies only these keys (and net_name,
-  is_high_priority_stream) into ``ProcessGroupNCCL.Options().config``. Never empty: an empty
+  ``cga_cluster_size`` where the plan sets one, and ``is_high_priority_stream: true`` for a group
+  the plan puts on a high-priority stream (megatron-core 0.16.1 ``parallel_state.py:164`` passes
+  it to ``ProcessGroupNCCL.Options``, ``:770-773`` is where ``--high-priority-stream-groups`` sets
+  it). Megatron copies only these keys (and net_name) into ``ProcessGroupNCCL.Options``. Never empty: an empty
   file loads as None and Megatron's lookup fails, so a plan without CTA choices exports ``{}``.
 - ``nccl-tuner-csv``: the tuner table,
   ``collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff``.
@@ -110,7 +112,8 @@ def _megatron_yaml(plan: Plan, cluster) -> str:
         entries = groups[group]
         ch = [e.config.n_channels for e in entries if e.config.n_channels is not None and e.op not in P2P_OPS]
         cga = {e.config.cga_cluster_size for e in entries if e.config.cga_cluster_size is not None}
-        if not ch and not cga:
+        fast = any(e.config.high_priority_stream for e in entries)
+        if not ch and not cga and not fast:
             continue
         fields = {}
         if ch:
@@ -122,6 +125,8 @@ def _megatron_yaml(plan: Plan, cluster) -> str:
             fields["min_ctas"], fields["max_ctas"] = lo, hi
         if cga:
             fields["cga_cluster_size"] = max(cga)
+        if fast:
+            fields["is_high_priority_stream"] = "true"
         body.append(f"{group}: {{" + ", ".join(f"{k}: {v}" for k, v in fields.items()) + "}")
     return "\n".join(lines + (body or ["{}"])) + "\n"
 

@@ -103,13 +103,17 @@ KNOB_OVERRIDES: dict[str, tuple[str, ...]] = {
     "NCCL_CGA_CLUSTER_SIZE": ("cga_cluster_size",),
     "NCCL_CTA_POLICY": ("cta_policy",),
     "NCCL_NCHANNELS_PER_NET_PEER": ("net_peer_channels",),
+    "TORCH_NCCL_HIGH_PRIORITY": ("high_priority_stream",),
 }
 """Variable -> the knobs it fixes for every communicator of the process. NCCL_MIN/MAX_CTAS,
 NCCL_CGA_CLUSTER_SIZE, NCCL_CTA_POLICY and NCCL_NVLS_NCHANNELS override the ``ncclConfig_t`` field
 of every communicator (``src/init.cc`` ``envConfigOverride``); NCCL_ALGO / NCCL_PROTO narrow the
 algorithms and protocols before the tuner sees them (``src/graph/tuning.cc:453-461``);
 NCCL_NTHREADS is a process-wide parameter (``tuning.cc:14``); the buffer sizes set the chunk
-ceiling (``src/init.cc:810-824``). A knob a user fixed is not searched (``restrict_domains``)."""
+ceiling (``src/init.cc:810-824``). TORCH_NCCL_HIGH_PRIORITY is torch's: ProcessGroupNCCL takes every
+group's NCCL stream at high priority with it (``initNCCLComm``: ``getStreamFromPool(
+options_->is_high_priority_stream || force_high)``), so a plan has no stream priority to set. A
+knob a user fixed is not searched (``restrict_domains``)."""
 
 def nccl_version_tuple(version: Any) -> tuple[int, int, int] | None:
     """Normalises ``torch.cuda.nccl.version()`` (a tuple, or an int code in old torch)."""

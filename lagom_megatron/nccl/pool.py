@@ -65,11 +65,17 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
         tuner_table: plan table the plugin reads for this communicator (``LAGOM_TUNER_CONFIG``
             during creation); None = explicitly none (``TUNER_NO_TABLE``: neither the process's
             ``LAGOM_TUNER_CONFIG`` nor ``NCCL_TUNER_CONFIG_FILE`` reaches a probe entry).
-        high_priority_stream: ``Options.is_high_priority_stream``.
+        high_priority_stream: ``Options.is_high_priority_stream`` where neither ``config`` nor
+            ``inherited`` says.
         timeout: passed to ``new_group``.
-        inherited: ``parent_options`` of the site's own group: its stream priority and the
-            ``ncclConfig_t`` fields the entry's ``config`` does not set (Megatron's per-group
+        inherited: ``parent_options`` of the site's own group: its stream priority (unless
+            ``config.high_priority_stream`` sets one: the plan's wins) and the ``ncclConfig_t``
+            fields the entry's ``config`` does not set (Megatron's per-group
             ``--nccl-communicator-config-path`` CTAs / CGA / net_name, SHARP's ``collnet_enable``).
+            torch takes the entry's NCCL stream from its pool at that priority when it creates the
+            communicator (``ProcessGroupNCCL::initNCCLComm``: ``getStreamFromPool(
+            options_->is_high_priority_stream || TORCH_NCCL_HIGH_PRIORITY)``; ``Options(bool
+            is_high_priority_stream = false)`` in ``ProcessGroupNCCL.hpp``).
 
     Returns:
         The ``torch.distributed`` process group (``GroupMember.NON_GROUP_MEMBER`` on other ranks).
@@ -94,7 +100,9 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
         # init.cpp @ce00583b does not): NCCL hands it to the profiler's init (v2.30.7
         # src/plugin/profiler.cc:250), whose records and the tuner's rows are then keyed by it
         fields["comm_name"] = tag
-    if inherited is not None:
+    if config.high_priority_stream is not None:
+        high_priority_stream = bool(config.high_priority_stream)
+    elif inherited is not None:
         high_priority_stream = bool(inherited.get("is_high_priority_stream", high_priority_stream))
     opts = build_options(fields, options_cls=pg_nccl.Options, high_priority_stream=high_priority_stream)
     env = dict(mapping["env"])
@@ -237,7 +245,7 @@ class NcclPoolBackend:
 
     * tuner plugin: algorithm, protocol, channels and chunk size are per call, from the plan table.
       Every non-default config gets an entry keyed by its communicator-scope knobs (CTA policy, CGA
-      cluster size), its CTA bounds and the table. A config that sets a channel count runs on an
+      cluster size, stream priority), its CTA bounds and the table. A config that sets a channel count runs on an
       entry with CTA bounds ``min = max`` = the plan's largest channel count among the group's
       collective sites (``cta_bounds``): NCCL caps the plugin's ``*nChannels`` at the
       communicator's channel count (``src/enqueue.cc:583``, ``:598-599``), and both bounds make
@@ -248,7 +256,8 @@ class NcclPoolBackend:
       (``p2p_configs``). An entry of group ``dp`` is tagged ``dp/<key>`` (``pool_entry_tag``), so the
       rows the exporter tags ``dp`` reach it.
     * communicator (no plugin): one entry per distinct (n_channels, algorithm, protocol,
-      cta_policy, cga_cluster_size), applied with ``ncclConfig_t`` and NCCL_ALGO/NCCL_PROTO.
+      cta_policy, cga_cluster_size, stream priority), applied with ``ncclConfig_t``,
+      NCCL_ALGO/NCCL_PROTO and ``Options.is_high_priority_stream``.
 
     Args:
         use_tuner_plugin: the agreed mechanism is ``tuner`` (``Capabilities.mechanism``, set by
@@ -307,10 +316,10 @@ class NcclPoolBackend:
             else:  # a group the plan gives no channel count keeps NCCL's own (None)
                 bound = self.cta_bounds.get(group) if group is not None and self.cta_bounds else self.cta_bound
             return CommConfig(n_channels=bound, cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size,
-                              net_peer_channels=config.net_peer_channels)
+                              net_peer_channels=config.net_peer_channels, high_priority_stream=config.high_priority_stream)
         return CommConfig(n_channels=config.n_channels, algorithm=config.algorithm, protocol=config.protocol,
                           cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size,
-                          net_peer_channels=config.net_peer_channels)
+                          net_peer_channels=config.net_peer_channels, high_priority_stream=config.high_priority_stream)
 
     def entry_key(self, config: CommConfig, group: str | None = None) -> tuple | None:
         """None when the group's own communicator serves ``config`` (all defaults, or, without the
@@ -328,6 +337,8 @@ class NcclPoolBackend:
         def part(v: Any) -> str:
             return "any" if v is None else str(v)
         peer = () if entry.net_peer_channels is None else ("npp", str(entry.net_peer_channels))
+        if entry.high_priority_stream:
+            peer += ("hp",)  # a stream priority is the process group's: its own entry
         if self._plugin:  # the table is part of the key: the plugin reads it at communicator creation
             return ("plugin", part(entry.cta_policy), part(entry.cga_cluster_size), part(entry.n_channels),
                     self.table_id or "env-table", *peer)

@@ -49,6 +49,10 @@ BACKENDS: tuple[str, ...] = ("nccl", "sim")
 """Profile / plan labels these rules serve: real NCCL, and the simulated cluster that models it."""
 
 
+HIGH_PRIORITY_DOMAIN: tuple = (None, True)
+"""Stream priorities a site's communicator may take: its group's own (None) or a high-priority pool
+entry (``True``); a low priority is never chosen (it can only delay the collective)."""
+
 P2P_CHANNEL_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 """CTA bounds the search tries for a point-to-point site: ``p2pnChannels`` is the bound rounded up to a
 power of two (NVIDIA/nccl v2.30.7 ``src/graph/paths.cc:977-991``), so other bounds add nothing."""
@@ -76,6 +80,12 @@ def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, 
         return None if v < (2, 27, 0) else ("process" if mechanism == "env" else "communicator")
     if knob == "cga_cluster_size":
         return None if v < (2, 17, 0) else ("process" if mechanism == "env" else "communicator")
+    if knob == "high_priority_stream":
+        # ProcessGroupNCCL.Options(is_high_priority_stream=...) of a pool entry: torch takes the NCCL
+        # stream of each process group from its stream pool at that priority (initNCCLComm,
+        # ``getStreamFromPool(options_->is_high_priority_stream || TORCH_NCCL_HIGH_PRIORITY)``);
+        # any NCCL version. Not a variable: the env mechanism has no process groups to make.
+        return None if mechanism == "env" else "communicator"
     if knob == "net_peer_channels":
         # NCCL_NCHANNELS_PER_NET_PEER (2.12+, a cached NCCL_PARAM: one value per process); the
         # ncclConfig_t field (2.28+) is per communicator only where torch binds it (NcclRules.scope)
@@ -110,6 +120,8 @@ def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int 
     scope = {k: knob_scope(k, mechanism=mechanism, nccl_version=cluster.nccl) for k in KNOB_ORDER}
     out: dict[str, tuple] = {k: (None,) for k in KNOB_ORDER}
     cap = max_channels(cluster)
+    if scope["high_priority_stream"] is not None:
+        out["high_priority_stream"] = HIGH_PRIORITY_DOMAIN
     if op in P2P_OPS:
         # NCCL's tuner is never asked about point-to-point; the communicator's CTA bounds set its
         # P2P channels (a power of two, ``engine.p2p``), so only powers of two are distinct values;
@@ -143,7 +155,8 @@ def applicable(config: CommConfig, *, op: str) -> CommConfig:
     runs ``NCCL_MAX_NTHREADS`` whatever ``NCCL_NTHREADS`` says (NVIDIA/nccl v2.30.7
     ``src/enqueue.cc:1136``)."""
     if op in P2P_OPS:
-        return CommConfig(n_channels=config.n_channels, net_peer_channels=config.net_peer_channels)
+        return CommConfig(n_channels=config.n_channels, net_peer_channels=config.net_peer_channels,
+                          high_priority_stream=config.high_priority_stream)
     if config.net_peer_channels is not None:
         config = CommConfig(**{**config.to_dict(), "net_peer_channels": None})
     if config.algorithm is not None and config.algorithm not in ALGORITHMS_FOR_OP.get(op, ()):
@@ -151,18 +164,22 @@ def applicable(config: CommConfig, *, op: str) -> CommConfig:
     return config
 
 
-def probe_configs(cluster: ClusterSpec) -> list[CommConfig]:
+def probe_configs(cluster: ClusterSpec, *, mechanism: str = "tuner") -> list[CommConfig]:
     """The few configs the warm-up applies to every site at once, one per probe iteration.
 
     Each probe gives every region one more measured point; together with the default iteration
     they span what the cost model fits: channel count (bandwidth growth and SM share), protocol
-    (HBM traffic per wire byte) and, where settable, chunk size. All are valid for every
+    (HBM traffic per wire byte), where settable chunk size, and, where a pool entry can set it, a
+    high-priority stream at NCCL's own config (what the default iteration's collectives lose
+    waiting for a running kernel's blocks, ``fit._dispatch_waits``). All are valid for every
     collective op (``applicable`` strips them for point-to-point sites).
     """
     cap = max_channels(cluster)
     probes = [CommConfig(n_channels=2), CommConfig(n_channels=8), CommConfig(protocol="Simple", n_channels=min(16, cap))]
     if cluster.nccl >= (2, 30, 0):
         probes.append(CommConfig(protocol="Simple", n_channels=4, chunk_size=131072))
+    if knob_scope("high_priority_stream", mechanism=mechanism, nccl_version=cluster.nccl) is not None:
+        probes.append(CommConfig(high_priority_stream=True))
     return probes
 
 
@@ -354,7 +371,7 @@ class NcclRules:
         per-communicator pool entries (no plan table exists yet), so they keep only what such an
         entry applies: no chunk size (no ``ncclConfig_t`` field), no protocol before NCCL 2.24
         (per-function ``NCCL_PROTO``), nothing a variable of the run fixes."""
-        probes = probe_configs(self.cluster)
+        probes = probe_configs(self.cluster, mechanism=self.mechanism)
         if self.capabilities is None:
             return probes
         fixed = self.capabilities.fixed_knobs()

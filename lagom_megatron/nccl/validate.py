@@ -90,6 +90,12 @@ def validate_config(config: CommConfig, *, op: str, cluster: ClusterSpec, mechan
             raise invalid_value("net_peer_channels", n, [None], f"channels per network peer apply to point-to-point, not {op}")
         if cluster.nccl < (2, 12, 0):
             raise invalid_value("net_peer_channels", n, [None], f"NCCL_NCHANNELS_PER_NET_PEER needs NCCL 2.12; have {cluster.nccl_version}")
+    if c.high_priority_stream is not None:
+        if not isinstance(c.high_priority_stream, bool):
+            raise invalid_value("high_priority_stream", c.high_priority_stream, [None, True, False])
+        if mech == "env":
+            raise invalid_value("high_priority_stream", c.high_priority_stream, [None],
+                                "a stream priority is a process group's option (a pool entry), not a variable of the env mechanism")
     if c.cta_policy is not None and c.cta_policy not in CTA_POLICIES:
         raise invalid_value("cta_policy", c.cta_policy, list(CTA_POLICIES))
     if c.cga_cluster_size is not None:

@@ -98,6 +98,7 @@ class SimulatedCluster:
         # (AutoCCL's) that sets threads per call.
         if not (fork and cfg.n_threads is not None):
             cfg = replace(cfg, n_threads=self.nthreads)
+        cfg = replace(cfg, high_priority_stream=None)  # the stream's priority is the timeline's, not the kernel's
         key = (coll, cfg, channel_cap)
         hit = self._cost_cache.get(key)
         if hit is None:
@@ -147,16 +148,19 @@ class SimulatedCluster:
             raise ValueError(f"assignment names {len(unknown)} unknown site(s), e.g. {unknown[:3]}")
         calls = self._prog.calls
         caps = group_caps or {}
-        costs = [self._cost(i, assignment.get(c.site_id, DEFAULT) if c.site_id else DEFAULT,
-                            _min_cap(channel_cap, caps.get(c.stream)), registered=c.stream in registered, fork=fork)
-                 for i, c in enumerate(calls)]
+        configs = [assignment.get(c.site_id, DEFAULT) if c.site_id else DEFAULT for c in calls]
+        costs = [self._cost(i, cfg, _min_cap(channel_cap, caps.get(c.stream)), registered=c.stream in registered, fork=fork)
+                 for i, (c, cfg) in enumerate(zip(calls, configs))]
+        # a site routed to a pool entry made with is_high_priority_stream runs on that entry's stream
+        hp_calls = frozenset(i for i, cfg in enumerate(configs) if cfg.high_priority_stream)
         if free_comm:
             costs = [replace(c, ctas=0, hbm_mult=0.0) for c in costs]
         seed = hash((self.seed, iteration)) & 0x7FFFFFFF
         sig = {} if noise else {"sigma_comp": 0.0, "sigma_comm": 0.0}
         res = timeline.run(self._prog, self.gpu, costs, serialize=serialize, cdmc1=self.workload.cdmc1,
                            seed=seed, win=self._win,
-                           high_priority=frozenset(self.high_priority if high_priority is None else high_priority), **sig)
+                           high_priority=frozenset(self.high_priority if high_priority is None else high_priority),
+                           high_priority_calls=hp_calls, **sig)
         self.last_timeline = res
         w = self.workload
         steady = 0.0
@@ -217,13 +221,17 @@ def gpu_clusters() -> list[str]:
 def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
     """The warm-up probes of ``rules``, two more channel counts (4 and 12: the measured slowdown
     curve is interpolated between probed counts, ``fit._channel_correction``), and probes of each algorithm
-    besides Ring that the cluster can run (NVLS on sm90 NVSwitch nodes at 16 and 32 channels, Tree
+    besides Ring that the cluster can run (NVLS on sm90 NVSwitch nodes at 16 and 24 channels, Tree
     for all-reduce at 16): the search only picks algorithms a site measured
-    (``SearchProblem.keep_measured_algorithms``)."""
+    (``SearchProblem.keep_measured_algorithms``). NVLS's second point is 24, the count of the
+    search's channel domain between NCCL's 16 NVLS channels and the 32 of its Ring default (which
+    the default iteration measures): the slowdown steps with the GEMMs' waves, so a count between
+    two probes is interpolated, and at 32 the interpolation put 24 on the wrong side of the step
+    (Llama-3 8B on 8 H100: its NVLS reduce-scatters gain at 24, not at 16 or 32)."""
     c = rules.cluster
     extra = [CommConfig(n_channels=4), CommConfig(n_channels=12)]  # points of the curve between 2, 8 and 16
-    if c.nvswitch and c.sm_arch >= 90:  # two points of NVLS's own channel curve
-        extra += [CommConfig(algorithm="NVLS", n_channels=16), CommConfig(algorithm="NVLS", n_channels=32)]
+    if c.nvswitch and c.sm_arch >= 90:  # two points of NVLS's own channel curve (32 is Ring's default)
+        extra += [CommConfig(algorithm="NVLS", n_channels=16), CommConfig(algorithm="NVLS", n_channels=24)]
     extra.append(CommConfig(algorithm="Tree", n_channels=16))
     return list(rules.probe_configs()) + extra
 

@@ -68,8 +68,8 @@ COLUMNS = (
     "model_mape",
 )
 """The columns of ``simulated.csv`` (times in ms, medians; ``nccl_ub_ms`` empty where it does not apply)."""
-DETAIL_COLUMNS = COLUMNS + ("oracle_ms", "lagom_hp_kept_ms", "lagom_phase", "lagom_candidate", "caps", "verify_text",
-                            "autoccl_iterations", "wall_s")
+DETAIL_COLUMNS = COLUMNS + ("oracle_ms", "lagom_hp_kept_ms", "lagom_phase", "lagom_candidate", "lagom_hp_groups", "caps",
+                            "verify_text", "autoccl_iterations", "wall_s")
 BASELINES = ("default_ms", "static_caps_ms", "nemo_yaml_ms", "hp_stream_ms", "nccl_ub_ms", "autoccl_ms")
 """What lagom's kept result is compared with (claim 1)."""
 MAPE_LIMIT = 5.0

@@ -12,8 +12,10 @@ has no per-call thread count or (before tuner ABI v6) chunk size, so channels, p
 algorithm are its knobs here; its random restarts (``TUNER_RETRY``) are not run.
 
 ``oracle`` is coordinate descent directly on the simulator with noise off, from the best of the
-static fixes (defaults, caps 2/4/8 on the sites): first per group of sites (same communicator and
-op) over channels, protocol and algorithm, then per site over the neighbouring channel counts of
+static fixes (defaults, caps 2/4/8 on the sites, the best per-group caps; each also with every
+group on a high-priority stream where the mechanism can make one): first per group of sites (same communicator and
+op) over channels, protocol and algorithm, and per communicator its stream priority (a
+high-priority pool entry, where the mechanism can make one), then per site over the neighbouring channel counts of
 the ``ORACLE_SITES`` sites with the longest regions. It is the reference for what a plan could get
 *through the mechanism a plan uses* (NCCL's rules on the cluster): where channels can only be set
 per communicator (tuner plugin ABI below v3, NCCL < 2.22: ``ncclConfig_t.maxCTAs``), a value is a
@@ -116,6 +118,9 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
     doms = _domains(sim)
     rules = NcclRules(sim.cluster, backend="sim")
     per_comm = rules.scope("n_channels") != "call"
+    hp_ok = rules.scope("high_priority_stream") is not None
+    for d in doms.values():
+        d["high_priority_stream"] = (None, True)
     own_nc = {}
     if per_comm:  # a communicator's channel value caps NCCL's own count (ncclConfig_t.maxCTAs)
         for i, c in enumerate(sim._prog.calls):
@@ -142,6 +147,8 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
             v = max((x for x in d["n_channels"] if x <= min(cap, nccl_nc[sid])), default=None) if ok else None
             st[sid] = {**default[sid], "n_channels": v} if v is not None and v < nccl_nc[sid] else dict(default[sid])
         starts.append(st)
+    if hp_ok:  # each start also with every group on a high-priority stream (it pays with fewer channels)
+        starts += [{sid: {**k, "high_priority_stream": True} for sid, k in st.items()} for st in list(starts)]
     runs = 0
     times = []
     for st in starts:
@@ -163,7 +170,7 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
         moved = False
         for sid in members:
             v = min(value, own_nc[sid]) if (per_comm and knob == "n_channels" and sid in own_nc) else value
-            if v in doms[sid][knob] and len(doms[sid][knob]) > 1 and trial[sid][knob] != v:
+            if v in doms[sid][knob] and len(doms[sid][knob]) > 1 and trial[sid].get(knob) != v:
                 trial[sid][knob] = v
                 moved = True
         if not moved:
@@ -182,6 +189,9 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
                     continue
                 for v in sorted({v for sid in members for v in doms[sid][knob]}):
                     try_move(members, knob, v)
+        if hp_ok:  # a high-priority stream per communicator (pool entries of the group)
+            for members in comms.values():
+                try_move(members, "high_priority_stream", True)
         if per_comm:  # one channel cap per communicator
             for members in comms.values():
                 for v in sorted({v for sid in members for v in rules.domains(op=sites[members[0]].op, n_nodes=sites[members[0]].n_nodes,

@@ -141,6 +141,8 @@ def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_it
                model_mape=r.tuner.model_mape, oracle_ms=oracle_us / 1e3, lagom_phase=r.tuner.phase.value,
                lagom_candidate=(plan.stats.get("candidate") if plan is not None else None),
                verify_text=str(r.tuner.reason or "")[:160], caps=" ".join(f"{g}:{c}" for g, c in sorted(base["caps"].items())),
+               lagom_hp_groups=" ".join(sorted({e.group for e in plan.entries.values() if e.config.high_priority_stream}))
+               if plan is not None else "",
                autoccl_iterations=auto_iters)
     return row
 

@@ -20,7 +20,10 @@ Rules (our design, documented in docs/simulator.md):
   the CUDA block scheduler serves pending blocks of an earlier kernel first unless the later
   one's stream has a higher priority (CUDA programming guide, stream priorities; a GEMM holding
   every SM delays a waiting NCCL kernel, nccl#1431, pytorch#143890). Streams in
-  ``high_priority`` (Megatron's ``--high-priority-stream-groups``) start at once.
+  ``high_priority`` (Megatron's ``--high-priority-stream-groups``) and calls in
+  ``high_priority_calls`` (routed to a pool entry made with ``is_high_priority_stream``) start at
+  once. A call's reported time runs from when its stream reached it (``CallRecord.ready_us``), as
+  torch's start event on the NCCL stream does, so the wait is part of it.
 * ``serialize``: every collective is waited on right after its launch (the tuner's T_comp probe).
 * Noise: each kernel's work is multiplied by a seeded normal factor (compute ``sigma_comp``,
   communication ``sigma_comm``).
@@ -49,13 +52,24 @@ class CallRecord:
     """Times of one collective call (microseconds from iteration start)."""
 
     launch_us: float = -1.0
+    ready_us: float = -1.0
+    """When the call reached the head of its stream (launched, and the one before it on the stream
+    ended): where torch's start event on the NCCL stream completes."""
     start_us: float = -1.0
     end_us: float = -1.0
     window_busy_us: float = 0.0
 
     @property
     def t_comm_us(self) -> float:
-        return self.end_us - self.start_us
+        """What torch reports as the collective's duration (``WorkNCCL::getDuration``: start to end
+        event on the NCCL stream): from ``ready_us``, so a dispatch wait behind a running kernel's
+        pending blocks counts, as on the GPU."""
+        return self.end_us - self.ready_us
+
+    @property
+    def dispatch_wait_us(self) -> float:
+        """Time the call was ready but had no SMs (module docstring, "Dispatch")."""
+        return self.start_us - self.ready_us
 
 
 @dataclass(slots=True)
@@ -110,7 +124,8 @@ def last_wave_fraction(gpu: Gpu, k: ComputeKernel, sms_free: float) -> float | N
 
 def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = False, cdmc1: bool = False,
         seed: int = 0, sigma_comp: float = 0.02, sigma_comm: float | None = None,
-        win: list[list[int]] | None = None, high_priority: frozenset[str] = frozenset()) -> TimelineResult:
+        win: list[list[int]] | None = None, high_priority: frozenset[str] = frozenset(),
+        high_priority_calls: frozenset[int] = frozenset()) -> TimelineResult:
     """Simulates ``prog`` with ``costs[i]`` the standalone cost of call ``i``.
 
     Returns:
@@ -153,7 +168,10 @@ def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = Fal
                 if cdmc1:
                     return
                 continue
-            if not cdmc1 and cur is not None and cur[0] == "K" and prog.calls[i].stream not in high_priority:
+            if rec[i].ready_us < 0:
+                rec[i].ready_us = t  # the head of its stream, launched
+            if (not cdmc1 and cur is not None and cur[0] == "K" and prog.calls[i].stream not in high_priority
+                    and i not in high_priority_calls):
                 lw = last_wave_fraction(gpu, cur[2], gpu.sms - sum(costs[j].ctas for j in active))
                 if lw is not None and cur[3] > lw + 1e-9:
                     gated = True

@@ -64,7 +64,8 @@ def test_fit_recovers_hidden_parameters_from_warmup_samples():
     truth = build(sites=sites, comp_ratio=[0.5, 1.5, 2.0, 3.0], alpha=[0.8, 1.2, 1.0, 1.5], beta=[1.3, 0.7, 1.1, 0.9],
                   a=[0.5, 1.0, 2.0, 0.7], b=[2.0, 0.4, 1.0, 1.5])
     fitted = fit_cost_model(profile_from(truth), truth.cluster)
-    assert fitted.n_points == 4 * (1 + 3)
+    assert fitted.n_points == 4 * (1 + 4)  # defaults + 2, 8 and 16 channels + the high-priority stream
+    assert fitted.wait_S is None  # the truth has no dispatch wait: the probe finds none
     assert fitted.mape < 1.0, f"got MAPE {fitted.mape:.3f}% on noise-free samples but should be < 1%"
     # Held-out configs (never profiled) are predicted close to the truth.
     for cfg in (CommConfig(n_channels=4, protocol="Simple"), CommConfig(n_channels=24, protocol="LL128")):
@@ -123,7 +124,7 @@ def test_fit_tolerates_unmeasured_compute_and_failed_samples():
     prof.samples.append(replace(prof.samples[1], t_comm_us=nan, iteration=9))
     fitted = fit_cost_model(prof, truth.cluster)
     assert fitted.t_comp_us_S[0] == pytest.approx(truth.model.t_comp_us_S[0])
-    assert fitted.n_points == 4 and fitted.mape < 1.0
+    assert fitted.n_points == 5 and fitted.mape < 1.0
 
 
 def test_engine_imports_without_torch_or_megatron():
@@ -207,7 +208,7 @@ def test_fit_leaves_out_samples_with_a_region_of_zero():
     prof = profile_from(truth)
     prof.samples.append(replace(prof.samples[1], t_region_us=0.0, iteration=9))
     fitted = fit_cost_model(prof, truth.cluster)
-    assert fitted.n_points == 4 and fitted.mape < 1.0
+    assert fitted.n_points == 5 and fitted.mape < 1.0
 
 
 def test_fit_uses_nccls_kernel_time_when_the_profile_has_it():

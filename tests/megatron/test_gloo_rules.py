@@ -28,7 +28,7 @@ def test_scopes_domains_and_probes(gloo):
     rules = GlooRules(gloo)
     assert {k: rules.scope(k) for k in KNOB_ORDER} == {
         "n_channels": "communicator", "chunk_size": "call", "n_threads": None, "protocol": None, "algorithm": None,
-        "cta_policy": None, "cga_cluster_size": None, "net_peer_channels": None}
+        "cta_policy": None, "cga_cluster_size": None, "net_peer_channels": None, "high_priority_stream": None}
     with pytest.raises(ValueError, match="knob must be one of"):
         rules.scope("threads")
     dom = rules.domains(op="all_gather", n_nodes=1, group_size=2)

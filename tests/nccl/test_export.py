@@ -53,6 +53,21 @@ def test_megatron_yaml_communicator_mechanism_writes_the_searched_cap():
         assert cfg == {"min_ctas": 1, "max_ctas": max(caps)}
 
 
+def test_megatron_yaml_names_the_groups_on_high_priority_streams():
+    # megatron-core 0.16.1 parallel_state.py:164 reads is_high_priority_stream per group into
+    # ProcessGroupNCCL.Options: the key --high-priority-stream-groups sets (:770-773)
+    plan = Plan(entries={"dp.ag[0]": _entry(CommConfig(high_priority_stream=True), group="dp"),
+                         "dp.ag[1]": _entry(CommConfig(n_channels=4, high_priority_stream=True), group="dp"),
+                         "tp.ag[0]": _entry(CommConfig(n_channels=8))})
+    data = yaml.safe_load(export_plan(plan, "megatron-yaml"))
+    assert data == {"dp": {"min_ctas": 1, "max_ctas": 4, "is_high_priority_stream": True},
+                    "tp": {"min_ctas": 1, "max_ctas": 8}}
+    only = Plan(entries={"pp.send[0]": _entry(CommConfig(high_priority_stream=True), group="pp", op="send")})
+    assert yaml.safe_load(export_plan(only, "megatron-yaml")) == {"pp": {"is_high_priority_stream": True}}
+    # the tuner table has no stream priority: a priority alone gives no row
+    assert tuner_rows(plan, extended=True)[0].sites == ("dp.ag[1]",) and len(tuner_rows(plan, extended=True)) == 2
+
+
 def _explicit_plan():
     return Plan(entries={
         "tp.ag[0]": _entry(CommConfig(algorithm="Ring", protocol="LL", n_channels=4), nbytes=2**20),

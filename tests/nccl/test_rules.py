@@ -126,8 +126,12 @@ def test_scopes_per_mechanism_and_nccl_version():
 def test_probe_configs_are_valid_for_every_op(cluster):
     spec = ClusterSpec.load(cluster)
     probes = probe_configs(spec)
-    assert 3 <= len(probes) <= 4
+    assert 4 <= len(probes) <= 5
     assert len(set(probes)) == len(probes)
+    # a pool entry can make its stream high-priority (ProcessGroupNCCL.Options): one probe at NCCL's
+    # own config on such a stream; the env mechanism makes no process groups
+    assert CommConfig(high_priority_stream=True) in probes
+    assert CommConfig(high_priority_stream=True) not in probe_configs(spec, mechanism="env")
     for op in COLLECTIVES + ("send", "recv", "all_to_all"):
         for probe in probes:
             validate_config(applicable(probe, op=op), op=op, cluster=spec)

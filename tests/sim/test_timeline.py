@@ -24,6 +24,17 @@ def _math_kernel(us_alone: float) -> ComputeKernel:
     return ComputeKernel("k", "gemm", (us_alone - 1.0) * 100e6 * COMPUTE_EFF["gemm"], 0.0)
 
 
+def _two_queued(kernel):
+    """Collectives a and b launched on one stream (b queued behind a), then ``kernel``, then both waited."""
+    prog = Program()
+    a = prog.launch(Call("a", COLL, "dp"))
+    b = prog.launch(Call("b", COLL, "dp"))
+    prog.kernel(kernel, 0)
+    prog.wait(a)
+    prog.wait(b)
+    return prog
+
+
 def _run(prog, costs, **kw):
     return timeline.run(prog, GPU, costs, sigma_comp=0.0, sigma_comm=0.0, **kw)
 
@@ -112,17 +123,9 @@ def test_a_queued_collective_waits_for_the_running_kernels_last_wave_unless_high
     from lagom_megatron.sim.program import gemm
 
     k = gemm("g", 128 * 16, 256 * 10, 4096)  # 160 tiles on 100 SMs: two waves
-    def build():
-        prog = Program()
-        a = prog.launch(Call("a", COLL, "dp"))
-        b = prog.launch(Call("b", COLL, "dp"))
-        prog.kernel(k, 0)
-        prog.wait(a)
-        prog.wait(b)
-        return prog
     costs = [_cost(10.0, ctas=1), _cost(10.0, ctas=1)]
-    normal = _run(build(), costs)
-    fast = _run(build(), costs, high_priority=frozenset({"dp"}))
+    normal = _run(_two_queued(k), costs)
+    fast = _run(_two_queued(k), costs, high_priority=frozenset({"dp"}))
     assert fast.calls[1].start_us == pytest.approx(fast.calls[0].end_us)
     kernel_end = normal.total_us if normal.calls[1].end_us < normal.total_us else None
     assert normal.calls[1].start_us > fast.calls[1].start_us
@@ -130,3 +133,24 @@ def test_a_queued_collective_waits_for_the_running_kernels_last_wave_unless_high
     assert timeline.last_wave_fraction(GPU, k, 100) == pytest.approx(0.5)
     assert timeline.last_wave_fraction(GPU, gemm("small", 128, 256 * 10, 64), 100) is None  # SMs left free
 
+
+
+def test_a_collectives_time_runs_from_its_stream_reaching_it_and_a_high_priority_call_starts_at_once():
+    """torch times a collective between events on its NCCL stream (``WorkNCCL::getDuration``): the
+    start event completes when the stream reaches the call, before its kernel gets SMs, so a
+    dispatch wait is part of the reported time; a call routed to a high-priority pool entry
+    (``high_priority_calls``) waits for no kernel, whatever its group's stream priority."""
+    from lagom_megatron.sim.program import gemm
+
+    k = gemm("g", 128 * 16, 256 * 10, 4096)  # two waves on 100 SMs
+    costs = [_cost(10.0, ctas=1), _cost(10.0, ctas=1)]
+    normal = _run(_two_queued(k), costs)
+    b = normal.calls[1]
+    assert b.ready_us == pytest.approx(normal.calls[0].end_us) and b.dispatch_wait_us > 1.0
+    run = b.end_us - b.start_us
+    assert b.t_comm_us == pytest.approx(b.dispatch_wait_us + run) and run >= 10.0  # the wait, then its run
+    a = normal.calls[0]
+    assert a.dispatch_wait_us == 0.0 and a.t_comm_us == pytest.approx(a.end_us - a.start_us)  # launched onto a free stream
+    one = _run(_two_queued(k), costs, high_priority_calls=frozenset({1}))
+    assert one.calls[1].start_us == pytest.approx(one.calls[0].end_us) and one.calls[1].dispatch_wait_us == 0.0
+    assert one.calls[1].t_comm_us < b.t_comm_us - 1.0
