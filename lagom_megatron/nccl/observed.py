@@ -22,7 +22,7 @@ plan sets is compared with the event field that shows it (docs/nccl.md, "observe
   ``nChannels`` (ABI v4+) is at most the P2P channels that bound gives (``p2p_channels``);
 - ``n_threads``: the coll event's ``nWarps`` x 32;
 - ``chunk_size``: the proxyOp event's ``chunkSize``, which is the collective's chunk times its
-  slice steps (``src/plugin/profiler.cc:580``; slice steps 2 = ``NCCL_STEPS / 4`` for ring /
+  slice steps from NCCL 2.24 (the chunk alone in 2.23, ABI v1) (``src/plugin/profiler.cc:580``; slice steps 2 = ``NCCL_STEPS / 4`` for ring /
   simple all-reduce, all-gather and reduce-scatter, else 1: ``src/enqueue.cc:2223-2224``,
   ``src/include/collectives.h:19-28``); only network transfers have proxy ops, so elsewhere the chunk
   is not observable and not compared.
@@ -122,7 +122,11 @@ def nccl_coll_channels(op: ObservedOp, n_channels: int, n_ranks: int) -> int | N
 
 def slice_steps(op: ObservedOp) -> int:
     """Steps per slice of the call (the proxy's chunk is chunk x this): 2 for ring / simple
-    all-reduce, all-gather and reduce-scatter, 1 otherwise (see the module docstring)."""
+    all-reduce, all-gather and reduce-scatter, 1 otherwise (see the module docstring). 1 under
+    profiler ABI v1, which only NCCL 2.23 loads from lagom's library: it reports the chunk itself
+    (v2.23.4 ``src/misc/profiler.cc:361``; x sliceSteps from 2.24, v2.24.3 :475)."""
+    if op.abi == 1:
+        return 1
     ring_simple = op.algo == "RING" and op.proto == "SIMPLE"
     return 2 if ring_simple and op.func in ("AllReduce", "AllGather", "ReduceScatter") else 1
 
