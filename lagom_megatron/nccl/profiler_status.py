@@ -37,8 +37,10 @@ class ObservedOp:
     Attributes:
         kind: ``coll`` or ``p2p``.
         func: NCCL's name (``AllReduce``, ``AllGather``, ``ReduceScatter``, ``Send``, ...).
-        count: elements of the call as the application passed them (all-gather: per rank;
-            reduce-scatter: the output's).
+        count: elements of the call as NCCL's task holds them (all-gather: per rank;
+            reduce-scatter: the output's). For all-gather and broadcast NCCL counts bytes and
+            names the datatype ``ncclInt8`` (``src/enqueue.cc:2785-2789`` at v2.30.7, the same
+            since 2.23), so ``count`` x the datatype's size is the call's bytes either way.
         dtype: NCCL's name (``ncclBfloat16``, ...).
         algo, proto: NCCL's names (``RING``, ``SIMPLE``, ...); None for p2p.
         channels: channels the task ran on (v1-v3: the maximum NCCL allowed it; p2p before v4: 0).
@@ -47,6 +49,9 @@ class ObservedOp:
         chunk: the largest proxy chunk seen, bytes (chunk size x slice steps; 0 = no network proxy op).
         kernel_ns: summed kernel time of the calls whose channels all reported, ns (GPU globaltimer).
         kernel_calls: how many calls that sum covers.
+        abi, n_ranks, n_nodes: the profiler ABI and the sizes of the communicator the record is
+            of (``ObservedComm``; 0 where the record was built without one), which the channel
+            rule of ``nccl.observed.nccl_coll_channels`` needs.
     """
 
     kind: str
@@ -61,6 +66,9 @@ class ObservedOp:
     chunk: int
     kernel_ns: int
     kernel_calls: int
+    abi: int = 0
+    n_ranks: int = 0
+    n_nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,8 @@ def parse_snapshot(text: str) -> list[ObservedComm]:
                     kind=kind, func=kv["func"], count=int(kv["count"]), dtype=kv["dtype"],
                     algo=None if kv["algo"] == "-" else kv["algo"], proto=None if kv["proto"] == "-" else kv["proto"],
                     channels=int(kv["channels"]), warps=int(kv["warps"]), calls=int(kv["calls"]),
-                    chunk=int(kv["chunk"]), kernel_ns=int(kv["kernel_ns"]), kernel_calls=int(kv["kernel_calls"])))
+                    chunk=int(kv["chunk"]), kernel_ns=int(kv["kernel_ns"]), kernel_calls=int(kv["kernel_calls"]),
+                    abi=comms[-1]["abi"], n_ranks=comms[-1]["n_ranks"], n_nodes=comms[-1]["n_nodes"]))
             else:
                 raise ValueError(f"unknown record kind {kind!r} (comm, coll or p2p)")
         except KeyError as exc:

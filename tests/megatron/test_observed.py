@@ -80,7 +80,7 @@ def test_nccl_records_against_the_plan():
         ("differs", ["n_channels"], 6, 8)
     assert "dp.ar[0]" not in check.results, "a site the plan leaves at the defaults is not checked"
     assert describe(check.results, bad) == ("dp.ag[0] (n_channels planned 8 observed 6; rank 0; clamped: NCCL ran 6 "
-                                            "of the 8 planned channels)")
+                                            "of the 8 planned channels (NCCL's split of the call gives 8))")
 
 
 def test_applier_reverts_the_differing_sites_after_an_iteration_that_ran_the_plan(monkeypatch):
@@ -175,6 +175,6 @@ def test_report_lists_planned_vs_observed_per_knob():
     md = render_markdown([], {"phase": "applied", "observed": check.results})
     table = md[md.index("## Applied = observed"):].splitlines()
     assert "| `dp.ag[0]` | differs: reverted to the defaults | n_channels (differs) | 8 | 6 | 0 | clamped: NCCL ran 6 of " \
-           "the 8 planned channels |" in table
+           "the 8 planned channels (NCCL's split of the call gives 8) |" in table
     assert "| `dp.rs[0]` | applied | algorithm | Ring | Ring | 0 |  |" in table
     assert "## Applied = observed" not in render_markdown([], {"phase": "applied"}), "no check ran: no section"

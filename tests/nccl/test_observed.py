@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.nccl.observed import matching_ops, observe_site, op_bytes, site_kernel_us
+from lagom_megatron.nccl.observed import matching_ops, nccl_coll_channels, observe_site, op_bytes, site_kernel_us
 from lagom_megatron.nccl.plugin import build_harness, build_tuner
 from lagom_megatron.nccl.profiler_status import ObservedOp, parse_snapshot, profiler_state, read_observed, set_recording
 
@@ -49,9 +49,25 @@ def test_a_stream_that_matches_the_plan_is_applied(built, version):
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_clamped_channels_differ(built, version):
+    """4 MiB on 8 planned channels: NCCL's split of the call gives all 8 (``nccl_coll_channels``),
+    so 4 is not NCCL's own rule at work; v1-v3 report the tuner's value, so 4 differs there too."""
     obs = _site(_records(built, version, "clamped"))
     assert (obs.status, obs.knobs, obs.observed["n_channels"]) == ("differs", ("n_channels",), 4)
-    assert obs.note == "clamped: NCCL ran 4 of the 8 planned channels"
+    rule = " (NCCL's split of the call gives 8)" if version >= 4 else ""
+    assert obs.note == f"clamped: NCCL ran 4 of the 8 planned channels{rule}"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_small_call_nccl_splits_over_fewer_channels_is_applied(built, version):
+    """64 KiB of float32 all-reduce on 8 ranks, 8 planned channels. NCCL 2.29+ (ABI v6) cuts its
+    2 x 64 KiB of traffic into 32 KiB cells (v2.30.7 ``src/enqueue.cc:585``, :659-664), one channel
+    per cell: 4 channels, NCCL's rule, not a refusal of the plan; 2.27-2.28 (v4, v5) use 16 KiB
+    cells, 8 channels; v1-v3 report the tuner's ``nMaxChannels``, 8."""
+    obs = _site(_records(built, version, "small"), nbytes=65536)
+    want = 4 if version >= 6 else 8
+    assert (obs.status, obs.knobs, obs.observed["n_channels"], obs.calls) == ("applied", (), want, 1), obs
+    assert obs.note == ("split: NCCL ran the 8 planned channels' call on 4, as its traffic cells give for these "
+                        "bytes" if version >= 6 else "")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -97,6 +113,45 @@ def test_nccl_kernel_time_is_a_second_source(built, version, want):
     comms = _records(built, version, "match")
     assert site_kernel_us(comms, "dp", "all_reduce", 4 << 20, 8, calls=1) == want
     assert site_kernel_us(comms, "dp", "all_reduce", 4 << 20, 8, calls=2) is None, "another site shares the shape"
+
+
+def _coll(func, count, dtype, proto="SIMPLE", abi=6, algo="RING", n_nodes=1):
+    return ObservedOp("coll", func, count, dtype, algo, proto, 0, 16, 1, 0, 0, 0, abi, 8, n_nodes)
+
+
+@pytest.mark.parametrize("op, planned, want", [
+    # 4 MiB: 8 MiB of traffic / 8 = 1 MiB per channel, 32 cells of 32 KiB each: all 8 channels
+    (_coll("AllReduce", 1 << 20, "ncclFloat32"), 8, 8),
+    # 64 KiB: 128 KiB of traffic in 32 KiB cells: 4 cells, one per channel (2.29+)
+    (_coll("AllReduce", 16384, "ncclFloat32"), 8, 4),
+    # the same call under 2.27-2.28 (ABI v4, v5): 16 KiB cells, 8 of them
+    (_coll("AllReduce", 16384, "ncclFloat32", abi=5), 8, 8),
+    # LL counts 4x the traffic (:461, :658): 512 KiB, 4 KiB cells, 2 per channel: 8 channels
+    (_coll("AllReduce", 16384, "ncclFloat32", proto="LL"), 8, 8),
+    # 17 cells of 16 KiB on 16 planned channels: 34816 B per channel -> 2 cells each -> 1 + 7 + 1
+    (_coll("AllReduce", 69632, "ncclFloat32"), 16, 9),
+    # a 4 KiB-per-rank all-gather on 8 ranks (NCCL counts its bytes as ncclInt8): one cell, 1 channel
+    (_coll("AllGather", 4096, "ncclInt8"), 8, 1),
+    # records that carry no channel count of NCCL's split: ABI v3, CollNet, multi-node NVLS
+    (_coll("AllReduce", 16384, "ncclFloat32", abi=3), 8, None),
+    (_coll("AllReduce", 16384, "ncclFloat32", algo="COLLNET_DIRECT"), 8, None),
+    (_coll("AllReduce", 16384, "ncclFloat32", algo="NVLS", n_nodes=2), 8, None),
+])
+def test_nccl_coll_channels_follows_nccls_split(op, planned, want):
+    """Expected numbers worked by hand from ``scheduleCollTasksToPlan`` (v2.30.7
+    ``src/enqueue.cc:576-704``; v2.28.9 :529-638 for ABI v4/v5)."""
+    assert nccl_coll_channels(op, planned, 8) == want
+
+
+def test_nccl_coll_channels_refuses_bad_counts():
+    with pytest.raises(ValueError, match="n_channels \\(0\\) and n_ranks \\(8\\) must be >= 1"):
+        nccl_coll_channels(_coll("AllReduce", 16, "ncclFloat32"), 0, 8)
+
+
+def test_multi_node_nvls_channels_are_not_compared():
+    site = observe_site("s", CommConfig(n_channels=8), op="all_reduce", nbytes=65536, group_size=8,
+                        ops=[_coll("AllReduce", 16384, "ncclFloat32", algo="NVLS", n_nodes=2)])
+    assert (site.status, site.observed) == ("applied", {})
 
 
 def test_plan_bytes_of_per_rank_counts():

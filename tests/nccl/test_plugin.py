@@ -42,7 +42,8 @@ def test_harness_passes_every_case(built):
     # the profiler half in NCCL's order for ABI v1-v6 (nccl/plugin/test/test_observed.c)
     assert {"profiler_match_plan", "profiler_clamped_channels", "profiler_other_algorithm", "profiler_p2p",
             "profiler_missing_comm_name", "profiler_user_plugin", "profiler_comm_name_keys_rows",
-            "profiler_activation_mask", "profiler_bounded"} <= set(names)
+            "profiler_activation_mask", "profiler_bounded", "profiler_small_call",
+            "profiler_proxy_before_host_stop"} <= set(names)
     proc = subprocess.run([str(harness), str(lib)], capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     passed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("PASS ")]

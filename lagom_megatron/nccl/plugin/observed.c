@@ -17,9 +17,10 @@
  * the earliest start over its channels; it is added to the bucket's total when the host stop and
  * the stops of all its channels have been seen. NCCL adds one profiler proxy op per channel of the
  * task (src/enqueue.cc:641-654, :1103-1110), so a task expects `nChannels` channel events. Those
- * arrive after the host stops the task event (hostStreamPlanTask: start, proxy start, stop,
- * enqueue.cc:1436-1445), so a task keeps a slot (of LAGOM_OBS_SLOTS per communicator, taken round
- * robin) until they did; a task that finds no free slot is counted in `dropped` (its call is still
+ * come from the proxy thread, which the host starts before it stops the task event
+ * (hostStreamPlanTask: start, proxy start, stop, enqueue.cc:1436-1445), so they may come before
+ * or after that stop; a task keeps a slot (of LAGOM_OBS_SLOTS per communicator, taken round
+ * robin) until all of them did; a task that finds no free slot is counted in `dropped` (its call is still
  * counted, its kernel time is not). Child events carry the slot's address with a tag in its low
  * bits as their handle.
  *

@@ -20,10 +20,15 @@
  * events then come as startEvent(context, &handle, descriptor) / recordEventState(handle, state,
  * args) / stopEvent(handle), in this order for one collective (src/enqueue.cc:1436-1445 and
  * src/plugin/profiler.cc): group start, coll (or p2p) start with algo/proto/nChannels/nWarps
- * (:476-542), stop of both on the host; later, from the proxy thread, proxyOp start (chunkSize,
- * :567-587) and one kernelCh start (GPU start timer) and KernelChStop state (stop timer) + stop
- * per channel (:679-705). NCCL 2.23-2.25 start coll events only inside a group event whose handle
- * is not NULL (v2.25.1 src/misc/profiler.cc:383-384), so group events get a handle here.
+ * (:476-542), stop of both on the host; from the proxy thread, which the host starts before those
+ * stops (enqueue.cc:1441 vs :1443), proxyOp start (chunkSize, :567-587) and one kernelCh start
+ * (GPU start timer) and KernelChStop state (stop timer) + stop per channel (:679-705). NCCL
+ * 2.23-2.25 start coll events only inside a group event whose handle is not NULL (v2.25.1
+ * src/misc/profiler.cc:383-384), so group events get a handle here. The v1-v3 descriptors' `name`
+ * is always NULL: NCCL before 2.27 never sets comm->commName (v2.26.6 src/plugin/profiler.cc:242),
+ * so under those versions a communicator is known by its tag only. NCCL 2.23 puts the chunk
+ * itself in proxyOp.chunkSize (v2.23.4 src/misc/profiler.cc:361); 2.24+ chunk x sliceSteps (v2.24.3
+ * src/misc/profiler.cc:475).
  *
  * Every descriptor version is converted into one LagomEvent (plugin_internal.h); v1's func,
  * datatype, algo and proto are enum values, named here as NCCL's own string functions name them

@@ -13,7 +13,8 @@
  *                  (ABI version, init count, per-row hit counters, table failures).
  *   test_profiler.c the profiler half driven in NCCL's order for ABI v1-v6 (helpers below).
  *   test_observed.c its cases: what it records when NCCL ran the plan, fewer channels, another
- *                  algorithm, a P2P, a nameless communicator, a user's own profiler plugin.
+ *                  algorithm, a P2P, a nameless communicator, a call NCCL's split puts on fewer
+ *                  channels, proxy events before the host's stops, a user's own profiler plugin.
  */
 #ifndef LAGOM_TEST_HARNESS_H_
 #define LAGOM_TEST_HARNESS_H_
@@ -89,6 +90,7 @@ void test_status_exports(void);
 /* Profiler half, driven in NCCL's order (test_profiler.c). */
 const void *profilerStruct(int v);
 extern int gNcclMask;
+extern int gProxyFirst;
 void *profInit(int v, uint64_t hash, const char *commName, const char *tag);
 void profFinalize(int v, void *ctx);
 void driveColl(int v, void *ctx, uint64_t hash, const char *func, size_t count, const char *algo,
@@ -101,11 +103,13 @@ int profilerState(void);
 int hasLine(const char *snap, const char *kind, const char *want);
 
 /* Tests and modes (test_observed.c). */
-extern const char *const kScenarios[5];
+extern const char *const kScenarios[6];
 int printSnapshot(int v, const char *scenario);
 int profilerChildMain(void);
 void test_profiler_match_plan(void);
 void test_profiler_clamped_channels(void);
+void test_profiler_small_call(void);
+void test_profiler_proxy_before_host_stop(void);
 void test_profiler_other_algorithm(void);
 void test_profiler_p2p(void);
 void test_profiler_missing_comm_name(void);

@@ -4,8 +4,9 @@
  *
  * Every scenario plays one communicator "dp" of 8 ranks whose plan table row asks for ring /
  * simple on 8 channels; NCCL then reports what it ran: the plan (match), fewer channels
- * (clamped), another algorithm and protocol (other_algo), a P2P send (p2p), or the plan on a
- * communicator created without a name (no_name). `--snapshot V SCENARIO` prints the records one
+ * (clamped), another algorithm and protocol (other_algo), a P2P send (p2p), the plan on a
+ * communicator created without a name (no_name), or a 64 KiB all-reduce that NCCL's traffic
+ * cells split over fewer channels than the tuner gave (small). `--snapshot V SCENARIO` prints the records one
  * scenario leaves (tests/nccl/test_observed.py compares them with a plan in Python).
  */
 #define _GNU_SOURCE
@@ -19,9 +20,20 @@
 #include "harness.h"
 
 static const char *const kPlanRow = "allreduce,0,-1,ring,simple,8,-1,8,-1,-1,262144,dp\n";
-const char *const kScenarios[] = {"match", "clamped", "other_algo", "p2p", "no_name"};
+const char *const kScenarios[] = {"match", "clamped", "other_algo", "p2p", "no_name", "small"};
 
 static void *gProf; /* the scenario's profiler context, finalized by endScenario */
+
+/* The channels NCCL runs a lone 64 KiB ring / simple all-reduce on (8 ranks) when the tuner gave it
+ * 8: ABI v1-v3 report nMaxChannels, the tuner's 8 (v2.26.6 src/plugin/profiler.cc:251, src/enqueue.cc
+ * :1826); NCCL 2.27-2.28 (v4, v5) cut its 128 KiB of traffic into 16 KiB cells, 8 of them, one
+ * channel each (v2.28.9 src/enqueue.cc:529-638); 2.29+ (v6) into 32 KiB cells, so 4 channels
+ * (v2.30.7 src/enqueue.cc:585, :659-704). */
+static int smallChannels(int v) { return v >= 6 ? 4 : 8; }
+
+/* The proxy's chunk of the plan's 256 KiB ring / simple chunk: NCCL 2.23 (ABI v1) reports the chunk
+ * (v2.23.4 src/misc/profiler.cc:361), 2.24+ chunk x sliceSteps, 2 here (v2.24.3 :475). */
+static int chunkOf(int v) { return v == 1 ? 262144 : 2 * 262144; }
 
 /* Plays `scenario` on ABI `v`; returns 1 when the tuner half matched the plan row. */
 int playScenario(int v, const char *scenario) {
@@ -37,12 +49,14 @@ int playScenario(int v, const char *scenario) {
   int hit = collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 8;
   if (!strcmp(scenario, "p2p"))
     driveP2p(v, prof, hash, "Send", 65536, 2);
-  else if (!strcmp(scenario, "clamped")) /* the proxy reports chunk x sliceSteps (2 for ring / simple) */
-    driveColl(v, prof, hash, "AllReduce", 1 << 20, "RING", "SIMPLE", 4, 2 * 262144);
+  else if (!strcmp(scenario, "clamped"))
+    driveColl(v, prof, hash, "AllReduce", 1 << 20, "RING", "SIMPLE", 4, chunkOf(v));
+  else if (!strcmp(scenario, "small")) /* 16384 floats: the channels NCCL's split gives (smallChannels) */
+    driveColl(v, prof, hash, "AllReduce", 16384, "RING", "SIMPLE", smallChannels(v), 0);
   else if (!strcmp(scenario, "other_algo"))
     driveColl(v, prof, hash, "AllReduce", 1 << 20, "TREE", "LL", 8, 0);
   else
-    driveColl(v, prof, hash, "AllReduce", 1 << 20, "RING", "SIMPLE", 8, 2 * 262144);
+    driveColl(v, prof, hash, "AllReduce", 1 << 20, "RING", "SIMPLE", 8, chunkOf(v));
   gV6->finalize(tuner);
   return hit;
 }
@@ -78,6 +92,8 @@ static void checkScenario(const char *scenario, const char *line, int nChannels)
     CHECK(hasLine(snap, "comm", "tag=dp"), "v%d: no communicator tagged dp in\n%s", v, snap);
     snprintf(want, sizeof(want), "%s %s", line, kernelOf(v, nChannels));
     CHECK(hasLine(snap, strstr(line, "algo=-") ? "p2p" : "coll", want), "v%d: want '%s' in\n%s", v, want, snap);
+    snprintf(want, sizeof(want), "%s chunk=%d", line, chunkOf(v));
+    CHECK(strstr(line, "chunk=") || hasLine(snap, "coll", want), "v%d: want '%s' in\n%s", v, want, snap);
     if (v >= 4) {
       CHECK(hasLine(snap, "comm", "rank=3 nranks=8 nnodes=1"), "v%d: init's rank and sizes:\n%s", v, snap);
       CHECK(hasLine(snap, "comm", strcmp(scenario, "no_name") ? "name=dp" : "name=-"), "v%d: name\n%s", v, snap);
@@ -94,11 +110,39 @@ static void checkScenario(const char *scenario, const char *line, int nChannels)
 
 void test_profiler_match_plan(void) {
   checkScenario("match", "func=AllReduce count=1048576 dtype=ncclFloat32 algo=RING proto=SIMPLE channels=8 "
-                "warps=16 calls=1 chunk=524288", 8);
+                "warps=16 calls=1", 8);
 }
 
 void test_profiler_clamped_channels(void) {
   checkScenario("clamped", "func=AllReduce algo=RING proto=SIMPLE channels=4 calls=1", 4);
+}
+
+void test_profiler_small_call(void) {
+  for (int v = 1; v <= 6; v++) {
+    playScenario(v, "small");
+    const char *snap = snapshot();
+    char want[256];
+    snprintf(want, sizeof(want), "func=AllReduce count=16384 algo=RING proto=SIMPLE channels=%d calls=1 %s",
+             smallChannels(v), kernelOf(v, smallChannels(v)));
+    CHECK(hasLine(snap, "coll", want), "v%d: want '%s' in\n%s", v, want, snap);
+    endScenario(v);
+  }
+}
+
+/* The proxy thread's events before the host's stops (NCCL starts the proxy first, src/enqueue.cc
+ * :1441 vs :1443): the same records, kernel time included. */
+void test_profiler_proxy_before_host_stop(void) {
+  gProxyFirst = 1;
+  checkScenario("match", "func=AllReduce count=1048576 dtype=ncclFloat32 algo=RING proto=SIMPLE channels=8 "
+                "warps=16 calls=1", 8);
+  for (int v = 4; v <= 6; v++) {
+    playScenario(v, "p2p");
+    const char *snap = snapshot();
+    CHECK(hasLine(snap, "p2p", "channels=2 calls=1 kernel_ns=4005 kernel_calls=1"), "v%d: p2p\n%s", v, snap);
+    CHECK(hasLine(snap, "comm", "dropped=0"), "v%d: the slot was released\n%s", v, snap);
+    endScenario(v);
+  }
+  gProxyFirst = 0;
 }
 
 void test_profiler_other_algorithm(void) {

@@ -188,6 +188,8 @@ static const struct {
     {"status_exports", test_status_exports},
     {"profiler_match_plan", test_profiler_match_plan},
     {"profiler_clamped_channels", test_profiler_clamped_channels},
+    {"profiler_small_call", test_profiler_small_call},
+    {"profiler_proxy_before_host_stop", test_profiler_proxy_before_host_stop},
     {"profiler_other_algorithm", test_profiler_other_algorithm},
     {"profiler_p2p", test_profiler_p2p},
     {"profiler_missing_comm_name", test_profiler_missing_comm_name},
@@ -231,7 +233,7 @@ int main(int argc, char **argv) {
   }
   if (argc >= 3 && !strcmp(argv[2], "--snapshot")) {
     int v = argc == 5 ? atoi(argv[3]) : 0, known = 0;
-    for (int i = 0; argc == 5 && i < 5; i++) known |= !strcmp(argv[4], kScenarios[i]);
+    for (int i = 0; argc == 5 && i < 6; i++) known |= !strcmp(argv[4], kScenarios[i]);
     if (v < 1 || v > 6 || !known) {
       fprintf(stderr, "--snapshot needs a profiler ABI version 1-6 and one of match, clamped, other_algo, p2p, "
               "no_name\n");

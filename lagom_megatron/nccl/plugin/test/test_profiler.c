@@ -7,8 +7,14 @@
  * (src/enqueue.cc:1436-1445, src/plugin/profiler.cc:432-560); then, from the proxy thread, a
  * proxyOp start (:567-587) and, per channel, a kernelCh start with its GPU start timer, the
  * KernelChStop state with its stop timer and the kernelCh stop (:679-705); finalize at the end.
- * NCCL 2.23-2.26 (ABI v1-v3) give init no communicator data and put commHash in the descriptors.
- * driveColl / driveP2p below make the calls in that order with each version's descriptor.
+ * The host starts the proxy (ncclProxyStart, src/enqueue.cc:1441) before it stops the task events
+ * (:1443), so the proxy thread's events may come before or after the host's stops: driveColl plays
+ * them after, or before when gProxyFirst is set. NCCL 2.23-2.26 (ABI v1-v3) give init no
+ * communicator data and put commHash in the descriptors (their name is NULL: NCCL sets no
+ * comm->commName before 2.27). In ABI v4 the coll/p2p parent is the group (v2.27.3
+ * src/plugin/profiler.cc:244); in v5+ it is the collApi/p2pApi event, NULL when not asked for
+ * (v2.30.7 :487, :527). driveColl / driveP2p below make the calls in that order with each
+ * version's descriptor.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -30,6 +36,9 @@ const void *profilerStruct(int v) {
 /* NCCL's process-wide activation mask (a static in src/plugin/profiler.cc:219): every init gets
  * its address and NCCL reads it at each group it launches. */
 int gNcclMask = -1;
+
+/* 1: driveColl / driveP2p play the proxy thread's events before the host stops the task. */
+int gProxyFirst;
 
 /* init of version v for one communicator, the way NCCL calls it. */
 void *profInit(int v, uint64_t hash, const char *commName, const char *tag) {
@@ -103,7 +112,7 @@ static void *startTask(int v, void *ctx, void *group, uint64_t hash, const char 
     return v == 2 ? startEv(v, ctx, &d2) : startEv(v, ctx, &d3);
   }
   lagomProfilerDescr_v6_t d6 = {.type = coll ? LAGOM_PROFILE_COLL : LAGOM_PROFILE_P2P, .parentObj = NULL, .rank = 3};
-  lagomProfilerDescr_v4_t d4 = {.type = (uint8_t)d6.type, .parentObj = NULL, .rank = 3};
+  lagomProfilerDescr_v4_t d4 = {.type = (uint8_t)d6.type, .parentObj = group, .rank = 3};
   if (coll) {
     d6.coll.func = d4.coll.func = func, d6.coll.count = d4.coll.count = count;
     d6.coll.datatype = d4.coll.datatype = dtype, d6.coll.nChannels = d4.coll.nChannels = (uint8_t)nChannels;
@@ -147,18 +156,20 @@ void driveColl(int v, void *ctx, uint64_t hash, const char *func, size_t count, 
   lagomProfilerDescr_v6_t g = {.type = LAGOM_PROFILE_GROUP};
   void *group = startEv(v, ctx, &g);
   void *task = startTask(v, ctx, group, hash, func, count, "ncclFloat32", algo, proto, nChannels, 16);
-  stopEv(v, task); /* the host stops the task and the group before the proxy's events come */
+  if (gProxyFirst) proxyEvents(v, ctx, task, chunk, nChannels);
+  stopEv(v, task);
   stopEv(v, group);
-  proxyEvents(v, ctx, task, chunk, nChannels);
+  if (!gProxyFirst) proxyEvents(v, ctx, task, chunk, nChannels);
 }
 
 void driveP2p(int v, void *ctx, uint64_t hash, const char *func, size_t count, int nChannels) {
   lagomProfilerDescr_v6_t g = {.type = LAGOM_PROFILE_GROUP};
   void *group = startEv(v, ctx, &g);
   void *task = startTask(v, ctx, group, hash, func, count, "ncclBfloat16", NULL, NULL, nChannels, 0);
+  if (gProxyFirst) proxyEvents(v, ctx, task, 0, nChannels);
   stopEv(v, task);
   stopEv(v, group);
-  proxyEvents(v, ctx, task, 0, nChannels);
+  if (!gProxyFirst) proxyEvents(v, ctx, task, 0, nChannels);
 }
 
 char *snapshot(void) {
