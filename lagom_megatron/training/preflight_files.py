@@ -153,7 +153,7 @@ def _in_use(flag: str, value: str, folder: Path, holder: str) -> str:
     real = _folder_key(folder)
     where = str(folder) if real == os.path.abspath(folder) else f"{folder}, that is {real}"
     return (f"{flag} {value!r} is in use by another run ({holder}): one run writes a folder at a time "
-            f"({where}): wait for it, or give this run another {flag if flag != '--lagom-report' else '--lagom-plan'}")
+            f"({where}): wait for it, or give this run another {flag}")
 
 
 def rule_plan_lock(s: RunShape) -> list[Finding]:
@@ -175,7 +175,7 @@ def rule_plan_lock(s: RunShape) -> list[Finding]:
             continue
         out.append(Finding("error", "plan-lock", _in_use(flag, value, folder, holder),
                            "two runs would overwrite each other's plan, profile, report and verdict, and one "
-                           "would be lost", f"wait for the other run, or give another --lagom-plan"))
+                           "would be lost", f"wait for the other run, or give another {flag}"))
     return out
 
 

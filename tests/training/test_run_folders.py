@@ -72,6 +72,18 @@ def test_every_name_of_a_folder_in_use_is_refused(name, tmp_path, monkeypatch, c
     assert not (tmp_path / "free").exists()  # nothing taken or created for a refused run
 
 
+def test_a_report_folder_in_use_names_the_report_flag(tmp_path, monkeypatch, capsys, other):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    other(busy)
+    report = str(busy / "r.md")
+    t = train([*CPU, "--lagom", "--lagom-plan", str(tmp_path / "free" / "plan.json"), "--lagom-report", report],
+              monkeypatch, capsys)
+    (line,) = t.errors
+    assert line.startswith(f"pretrain_gpt.py: error: --lagom-report {report!r} is in use by another run (pid ")
+    assert line.endswith(f"({busy}): wait for it, or give this run another --lagom-report")
+
+
 def test_the_folders_of_a_run():
     args = {"lagom": True, "preset_name": "cpu-pp2-dp2", "lagom_report": "lagom_out/cpu-pp2-dp2/r.md"}
     assert [(f, str(p)) for f, _, p in run_folders(args)] == [("--lagom-plan", "lagom_out/cpu-pp2-dp2")]
