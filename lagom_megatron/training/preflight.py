@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from lagom_megatron.training.comm_config import rule_comm_config
 from lagom_megatron.training.preflight_env import rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides
-from lagom_megatron.training.preflight_files import rule_master_port, rule_output_folders, rule_plan_lock
+from lagom_megatron.training.preflight_files import rule_master_port, rule_output_folders, rule_output_names, rule_plan_lock
 from lagom_megatron.training.preflight_moe import rule_moe_overlap, rule_uneven_pipeline
 from lagom_megatron.training.preflight_rules import (
     rule_batch, rule_ddp_bucket_size, rule_experts, rule_fsdp_sharding, rule_heads, rule_layers, rule_nodes,
@@ -38,7 +38,7 @@ from lagom_megatron.training.target_cluster import (  # noqa: F401 (load_cluster
 ARGUMENT_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_values, rule_megatron_flags, rule_lagom_flags, rule_world_size, rule_batch, rule_heads, rule_layers,
     rule_uneven_pipeline, rule_experts, rule_moe_overlap, rule_sequence, rule_overlap_param_gather, rule_fsdp_sharding,
-    rule_ddp_bucket_size, rule_output_folders, rule_plan_lock, rule_master_port, rule_versions,
+    rule_ddp_bucket_size, rule_output_folders, rule_output_names, rule_plan_lock, rule_master_port, rule_versions,
 )
 """The rules that read the arguments, the environment and local files but nothing of the cluster
 (GPUs per node, compute capability, NCCL version, backend): training runs them before detecting
