@@ -277,7 +277,8 @@ def parse_args(argv: Sequence[str] | None = None, *, exit_on_error: bool = True)
         argv: the arguments (``sys.argv[1:]`` when None).
         exit_on_error: True: argparse prints usage and exits 2 on a bad flag or value, as
             ``pretrain_gpt.py`` does. False: raise ``ValueError`` instead (``lagom doctor``), with
-            argparse's message; an unknown flag names the closest known one.
+            argparse's message. Either way an unknown flag names the closest known one
+            (``unrecognized arguments: --lagom-warmup-iter (did you mean --lagom-warmup-iters?) 3``).
 
     Returns:
         The namespace, with ``args.preset_name`` set to the loaded preset's name (or None).
@@ -306,18 +307,15 @@ def parse_args(argv: Sequence[str] | None = None, *, exit_on_error: bool = True)
         if missing:  # a schema field without a flag is a bug of this module, not of the preset
             raise ValueError(f"preset {preset_name!r}: keys without a command-line flag: {', '.join(missing)}")
         parser.set_defaults(**defaults)
-    if exit_on_error:
-        args = parser.parse_args(argv)
-    else:
-        args, unknown = parser.parse_known_args(argv)
-        if unknown:
-            import difflib
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse's own line, with the closest known flag named: the script and the doctor alike
+        import difflib
 
-            flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-            words = []
-            for word in unknown:
-                close = difflib.get_close_matches(word.partition("=")[0], flags, n=1) if word.startswith("--") else []
-                words.append(f"{word} (did you mean {close[0]}?)" if close else word)
-            raise ValueError(f"unrecognized arguments: {' '.join(words)}")
+        flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+        words = []
+        for word in unknown:
+            close = difflib.get_close_matches(word.partition("=")[0], flags, n=1) if word.startswith("--") else []
+            words.append(f"{word} (did you mean {close[0]}?)" if close else word)
+        parser.error(f"unrecognized arguments: {' '.join(words)}")  # exits 2 (or raises ValueError, above)
     args.preset_name = preset_name
     return args

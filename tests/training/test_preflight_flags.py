@@ -115,6 +115,9 @@ FLAG_CASES = [
      "--split '90,abc5,5' is out of range; allowed: up to three weights >= 0 separated by commas, e.g. 969,30,1, "
      "with a training weight > 0"),
     ("split-commas", ["--split", "90, 5,5"], {}, None),
+    # a misspelt flag: the closest known one is named by the script as by the doctor (one implementation)
+    ("lagom-flag-typo", ["--lagom", "--lagom-warmup-iter", "3"], {},
+     "unrecognized arguments: --lagom-warmup-iter (did you mean --lagom-warmup-iters?) 3"),
     ("split-slashes", ["--split", "949/50/1"], {}, None),
 ]
 
