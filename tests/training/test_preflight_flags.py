@@ -285,3 +285,24 @@ def test_arguments_are_refused_before_the_machine_is_detected(monkeypatch, capsy
     assert (t.code, detected) == (2, [])
     t = train(CPU, monkeypatch, capsys, world=4)
     assert (t.code, t.started, len(detected)) == (0, True, 1)
+
+
+def test_a_cluster_named_by_the_flag_gets_another_value_for_that_flag(monkeypatch, capsys):
+    from lagom_megatron.training.target_cluster import Machine, choose_cluster, mismatch, this_machine
+
+    given = choose_cluster(None, {}, "h100-sxm-ib400", "--lagom-cluster", Machine(cuda=False))
+    assert mismatch(given, Machine(cuda=False)).endswith(
+        "or to run it on CPU anyway use --lagom-cluster cpu-gloo instead of --lagom-cluster h100-sxm-ib400")
+    ampere = Machine(cuda=True, sm_arch=80, nccl_version="2.21.5")
+    assert mismatch(given, ampere).endswith(
+        "name a cluster of this GPU with --lagom-cluster (a100-ib100 or a cluster YAML) instead of --lagom-cluster "
+        "h100-sxm-ib400")
+    preset = choose_cluster("llama3-8b-h100x8", {}, None, "--lagom-cluster", Machine(cuda=False))
+    assert mismatch(preset, Machine(cuda=False)).endswith("anyway add --lagom-cluster cpu-gloo")  # not on the line
+    if not this_machine().cuda:
+        t = train([*CPU, "--lagom-cluster", "h100-sxm-ib400"], monkeypatch, capsys)
+        assert (t.code, t.started) == (2, False)
+        assert t.errors == ["pretrain_gpt.py: error: --lagom-cluster chose cluster 'h100-sxm-ib400' (NCCL 2.27.5, "
+                            "sm_90 GPUs) but this machine has no CUDA GPU (cpu-gloo); run it on that cluster (lagom "
+                            "doctor checks it from here), or to run it on CPU anyway use --lagom-cluster cpu-gloo "
+                            "instead of --lagom-cluster h100-sxm-ib400"]
