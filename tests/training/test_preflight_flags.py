@@ -306,3 +306,17 @@ def test_a_cluster_named_by_the_flag_gets_another_value_for_that_flag(monkeypatc
                             "sm_90 GPUs) but this machine has no CUDA GPU (cpu-gloo); run it on that cluster (lagom "
                             "doctor checks it from here), or to run it on CPU anyway use --lagom-cluster cpu-gloo "
                             "instead of --lagom-cluster h100-sxm-ib400"]
+
+
+def test_only_two_lagom_options_work_without_lagom_and_the_docs_name_both(monkeypatch, capsys):
+    from lagom_megatron.training.lagom_flags import LAGOM_FLAGS, LAGOM_ONLY_FLAGS
+    from tests.training.preflight_harness import ROOT
+
+    assert LAGOM_FLAGS - set(LAGOM_ONLY_FLAGS) - {"--lagom"} == {"--lagom-allow-untested-versions", "--lagom-cluster"}
+    t = train([*CPU, "--lagom-cluster", "cpu-gloo"], monkeypatch, capsys)
+    assert (t.code, t.started, t.errors) == (0, True, [])  # the cluster is read without --lagom
+    for doc in ("README.md", "docs/integration.md", "docs/training.md"):
+        text = " ".join((ROOT / doc).read_text(encoding="utf-8").split())
+        assert ("`--lagom-allow-untested-versions` and `--lagom-cluster`" in text
+                or "`--lagom-allow-untested-versions` (the version check runs on every run) and `--lagom-cluster`"
+                in text), doc
