@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Sequence
 
 from lagom_megatron.training.arguments_megatron_lm import add_megatron_lm_args
@@ -39,6 +40,11 @@ the same in 0.18.2)."""
 DATA_PARALLEL_SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 """``--data-parallel-sharding-strategy`` choices, Megatron-LM's (core_v0.16.1-core_v0.18.2 ``arguments.py``) and
 Megatron-FSDP's (``megatron_fsdp/param_and_grad_buffer.py`` ``_init_each_parameter_group_buffers``)."""
+
+LAYOUT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size")
+"""The flags whose product divides the world into data-parallel replicas: given on the command line,
+they name the layout themselves, so a preset's world size no longer has to be the job's
+(``training.preflight.preset_world_problem``)."""
 
 MEGATRON_LM_REFUSED: dict[str, str] = {
     "--overlap-p2p-communication": "Megatron-LM has no such flag: pipeline send/recv overlap is on by "
@@ -281,7 +287,9 @@ def parse_args(argv: Sequence[str] | None = None, *, exit_on_error: bool = True)
             (``unrecognized arguments: --lagom-warmup-iter (did you mean --lagom-warmup-iters?) 3``).
 
     Returns:
-        The namespace, with ``args.preset_name`` set to the loaded preset's name (or None).
+        The namespace, with ``args.preset_name`` set to the loaded preset's name (or None),
+        ``args.preset_world_size`` to the world size it names (None without one) and
+        ``args.layout_flags_given`` to the :data:`LAYOUT_FLAGS` on the command line.
 
     Raises:
         ValueError: unknown preset, malformed preset YAML, or an unknown preset key (each names the
@@ -295,12 +303,14 @@ def parse_args(argv: Sequence[str] | None = None, *, exit_on_error: bool = True)
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--preset", default=None)
     known, _ = pre.parse_known_args(argv)
-    preset_name = None
+    preset_name, preset_world_size = None, None
     if known.preset:
         from lagom_megatron.config.presets import load_preset
 
         preset = load_preset(known.preset)
         preset_name = preset.name
+        if "world_size" in preset.model_fields_set:  # a preset that names no world size names no layout
+            preset_world_size = preset.world_size
         defaults = preset.to_args()
         dests = {a.dest for a in parser._actions}
         missing = sorted(k for k in defaults if k not in dests)
@@ -318,4 +328,7 @@ def parse_args(argv: Sequence[str] | None = None, *, exit_on_error: bool = True)
             words.append(f"{word} (did you mean {close[0]}?)" if close else word)
         parser.error(f"unrecognized arguments: {' '.join(words)}")  # exits 2 (or raises ValueError, above)
     args.preset_name = preset_name
+    args.preset_world_size = preset_world_size
+    words = list(sys.argv[1:] if argv is None else argv)
+    args.layout_flags_given = tuple(f for f in LAYOUT_FLAGS if any(w == f or w.startswith(f + "=") for w in words))
     return args
