@@ -177,15 +177,13 @@ def _paired(plan_us: list[float], default_us: list[float], *, min_gain: float, n
     level = "95%" if n_looks == 1 else f"{100 * (1 - ALPHA / n_looks):.2f}% (95% over {n_looks} looks)"
     stat = f"gain {gain / 1e3:.1f} ms (mean of {n} paired differences, defaults - plan)"
     plan = base - gain
-    if gain > need:
-        text = (f"{stat}, needed > {need / 1e3:.1f} ms (the larger of its {level} bound {bound / 1e3:.1f} ms and "
-                f"the minimum gain {floor / 1e3:.1f} ms)")
-        return Verdict(keep=True, plan_us=plan, default_us=base, gain_us=gain, needed_us=need, text=text)
-    if final or gain + bound < floor:
-        text = (f"{stat}, needed > {need / 1e3:.1f} ms (the larger of its {level} bound {bound / 1e3:.1f} ms and "
-                f"the minimum gain {floor / 1e3:.1f} ms)")
-        if not final:
-            text += (f"; stopped: even its upper bound {(gain + bound) / 1e3:.1f} ms is below the minimum gain")
+    line = (f"{stat}, needed > {need / 1e3:.1f} ms (the larger of its {level} bound {bound / 1e3:.1f} ms and "
+            f"the minimum gain {floor / 1e3:.1f} ms)")
+    keep = gain > need
+    if keep or final:
+        return Verdict(keep=keep, plan_us=plan, default_us=base, gain_us=gain, needed_us=need, text=line)
+    if gain + bound < floor:  # futility: even the upper end of the bound misses the minimum gain
+        text = f"{line}; stopped: even its upper bound {(gain + bound) / 1e3:.1f} ms is below the minimum gain"
         return Verdict(keep=False, plan_us=plan, default_us=base, gain_us=gain, needed_us=need, text=text)
     text = (f"undecided after {n} pairs: {stat}, needed > {need / 1e3:.1f} ms, its upper bound "
             f"{(gain + bound) / 1e3:.1f} ms still reaches the minimum gain {floor / 1e3:.1f} ms")
