@@ -9,7 +9,8 @@ defaults, plan, ...). Noise rules (ours; the Lagom paper's verification is not p
   ``default_k - plan_k`` and must exceed ``min_gain`` of the defaults' median and its one-sided
   95% Student-t bound, ``t(0.95, n-1) * sd / sqrt(n)``. With 8 pairs and 1% iteration noise it keeps
   a real 1.5% gain almost always and a pure-noise "gain" about 5% of the time; with fewer than
-  two pairs it falls back to ``half-range``.
+  two pairs it falls back to ``half-range``, which one iteration per arm leaves without a noise
+  estimate (the minimum gain alone decides, and the verdict's line says so).
 * ``half-range``: the medians' gain must exceed half the larger per-arm range (max - min).
 * ``none``: ``min_gain`` alone decides.
 
@@ -155,9 +156,11 @@ def verdict(plan_us: list[float], default_us: list[float], *, min_gain: float, n
     spread = max(half_range(plan_us), half_range(default_us)) if noise_rule == "half-range" else 0.0
     need = max(spread, min_gain * base)
     floor = f"the minimum gain {min_gain * base / 1e3:.1f} ms"
+    single = noise_rule == "half-range" and max(len(plan_us), len(default_us)) == 1
     text = (f"gain {gain / 1e3:.1f} ms (median of the defaults {base / 1e3:.1f} ms - median of the plan "
             f"{plan / 1e3:.1f} ms, {len(default_us)} and {len(plan_us)} iterations), needed > {need / 1e3:.1f} ms ("
-            + (f"the larger of half the wider arm's range {spread / 1e3:.1f} ms and {floor})"
+            + (f"{floor}; one iteration per arm gives no noise estimate: it alone decided)" if single else
+               f"the larger of half the wider arm's range {spread / 1e3:.1f} ms and {floor})"
                if noise_rule == "half-range" else f"{floor})"))
     return Verdict(keep=gain > need, plan_us=plan, default_us=base, gain_us=gain, needed_us=need, text=text)
 

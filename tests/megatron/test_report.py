@@ -164,8 +164,8 @@ def test_one_pair_falls_back_to_half_range_as_the_verdict_does():
     assert s["noise_rule"] == "half-range" and "95% bound" not in s["verdict"]
     # no range with one value: the minimum gain decides; the statistic is the medians' difference, so both are named
     assert s["verdict_figures"] == ("10.0 ms (median of the defaults 300.0 ms - median of the plan 290.0 ms, 1 and 1 "
-                                    "iterations), needed > 0.6 ms (the larger of half the wider arm's range 0.0 ms and "
-                                    "the minimum gain 0.6 ms)")
+                                    "iterations), needed > 0.6 ms (the minimum gain 0.6 ms; one iteration per arm gives "
+                                    "no noise estimate: it alone decided)")
     assert s["verdict_rule"].startswith("half-range: the plan is kept when the medians' difference")
     assert "no verification in this run" in render_markdown([], {"phase": "reused"})
 
