@@ -44,15 +44,14 @@ from __future__ import annotations
 
 import logging
 import statistics
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from lagom_megatron.engine.knobs import CommConfig, KnobRules
 from lagom_megatron.engine.profile import BACKENDS, Profile
 from lagom_megatron.engine.recorder import ProfileRecorder
-from lagom_megatron.engine.search import METHODS
 from lagom_megatron.engine.steps import IterationMeasurement, Phase, Step
-from lagom_megatron.engine.verify import NOISE_RULES, NoiseRule, looks, sequential_verdict
+from lagom_megatron.engine.tuner_config import TunerConfig
+from lagom_megatron.engine.verify import sequential_verdict
 
 log = logging.getLogger("lagom.tuner")
 
@@ -80,44 +79,8 @@ class Tuner:
         ValueError: rules with an unknown backend label.
     """
 
-    @dataclass(kw_only=True, slots=True)
-    class Config:
-        """Tuner settings (``--lagom-warmup-iters``, ``--lagom-verify-iters``, ``--lagom-verify-max-iters``,
-        ``--lagom-method``)."""
-
-        warmup_iters: int = 1
-        """Untimed iterations under defaults before profiling (iteration 0 is always one: the
-        allocator and communicators warm up there)."""
-        verify_iters: int = 3
-        """Timed iterations per arm (plan, defaults) at verification's first look."""
-        verify_max_iters: int | None = None
-        """Most timed iterations per arm: an undecided verdict (``paired`` rule) doubles the pairs up
-        to this cap (``verify.looks``); None = ``verify_iters`` (one look, no extension)."""
-        method: str = "priority"
-        """Searcher: priority, autoccl, exhaustive, nccl-default."""
-        min_gain: float = 0.002
-        """Smallest relative gain (fraction of the default median) a plan must show to be kept."""
-        noise_rule: NoiseRule = "paired"
-        """paired: the mean paired gain must exceed its 95% Student-t bound; half-range: the
-        medians' gain must exceed half the larger per-arm range (max - min); none: ``min_gain``
-        alone decides (``verify.verdict``)."""
-        probe_configs: list[CommConfig] | None = None
-        """Probe configs applied to all sites; None = ``rules.probe_configs()``."""
-
-        def __post_init__(self) -> None:
-            if self.warmup_iters < 1:
-                raise ValueError(f"lagom.warmup_iters must be >= 1 (iteration 0 is never timed); got {self.warmup_iters}")
-            if self.verify_iters < 1:
-                raise ValueError(f"lagom.verify_iters must be >= 1; got {self.verify_iters}")
-            if self.verify_max_iters is not None and self.verify_max_iters < self.verify_iters:
-                raise ValueError(f"lagom.verify_max_iters must be >= verify_iters ({self.verify_iters}) or None; "
-                                 f"got {self.verify_max_iters}")
-            if self.method not in METHODS:
-                raise ValueError(f"lagom.method must be one of {list(METHODS)}; got {self.method!r}")
-            if not 0.0 <= self.min_gain < 1.0:
-                raise ValueError(f"lagom.min_gain must be in [0, 1); got {self.min_gain}")
-            if self.noise_rule not in NOISE_RULES:
-                raise ValueError(f"lagom.noise_rule must be one of {list(NOISE_RULES)}; got {self.noise_rule!r}")
+    Config = TunerConfig
+    """The tuner's settings (``tuner_config.TunerConfig``)."""
 
     def __init__(
         self,
@@ -176,10 +139,8 @@ class Tuner:
 
     @property
     def verify_looks(self) -> tuple[int, ...]:
-        """Pairs (plan, defaults) after which verification takes its verdict (``verify.looks``; one
-        look, ``verify_iters``, unless the rule is ``paired`` and ``verify_max_iters`` is larger)."""
-        cap = self.config.verify_max_iters or self.config.verify_iters
-        return looks(self.config.verify_iters, cap) if self.config.noise_rule == "paired" else (self.config.verify_iters,)
+        """Pairs (plan, defaults) after which verification takes its verdict (``TunerConfig.looks``)."""
+        return self.config.looks()
 
     @property
     def total_iters(self) -> int:
