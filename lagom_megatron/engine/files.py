@@ -113,4 +113,15 @@ def read_json(path: str | os.PathLike) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        raise ValueError(f"{path}: {json_error_text(exc)}") from None
+
+
+def json_error_text(exc: json.JSONDecodeError) -> str:
+    """``invalid JSON at line L column C (char N): <json's message>``, whole: json's messages that
+    end in ``at`` (``Unterminated string starting at``) point at the position, said ``here``.
+
+    Args:
+        exc: the error of ``json.loads``.
+    """
+    msg = exc.msg[:-len(" at")] + " here" if exc.msg.endswith(" at") else exc.msg
+    return f"invalid JSON at line {exc.lineno} column {exc.colno} (char {exc.pos}): {msg}"
