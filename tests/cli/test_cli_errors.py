@@ -193,7 +193,35 @@ def test_a_malformed_cluster_yaml_is_one_error_line(tmp_path, capsys):
                  ["doctor", "--preset", "gpt3-13b-h100x64", "--cluster", str(bad)]):
         assert main(argv) == 2, argv
         err = _error_line(capsys)
-        assert f"{bad}: invalid YAML: while parsing a flow node expected the node content" in err, err
+        # the file and the line, not PyYAML's "<unicode string>"
+        assert err.endswith(f"{bad}: malformed YAML at line 2 column 1: expected the node content, but found "
+                            "'<stream end>' (while parsing a flow node started at line 2 column 1)"), err
+
+
+def test_a_cluster_yaml_missing_keys_names_them_by_their_yaml_names(tmp_path, capsys):
+    bad = tmp_path / "badcl.yaml"
+    bad.write_text("name: bad\ngpu: [x,\n  y]\nbackend: gloo\n")
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--cluster", str(bad), "--", "--mock-data"]) == 2
+    err = _error_line(capsys)
+    assert err.endswith(f"{bad}: missing cluster key(s) sms_per_gpu, hbm_gbps, nvlink_gbps_per_gpu, gpus_per_node, "
+                        "net_gbps_per_gpu, peak_bf16_tflops, nccl_version, sm_arch, nvswitch; every cluster file sets "
+                        "name, gpu, sms_per_gpu, hbm_gbps, nvlink_gbps_per_gpu, gpus_per_node, net_gbps_per_gpu, "
+                        "peak_bf16_tflops, nccl_version, sm_arch, nvswitch"), err
+    assert "__init__" not in err
+
+
+def test_a_folder_given_as_preset_model_or_cluster_says_so(tmp_path, capsys):
+    from lagom_megatron.config.presets import load_model
+
+    assert main(["doctor", "--preset", str(tmp_path)]) == 2
+    assert _error_line(capsys).startswith(f"lagom doctor: error: preset {str(tmp_path)!r} is a folder; give a preset "
+                                          "YAML file or one of: cpu-pp2-dp2, cpu-tp2-dp2, ")
+    with pytest.raises(ValueError, match=f"^model '{tmp_path}' is a folder; give a model YAML file or one of: gpt3-1.3b, "):
+        load_model(tmp_path)
+    from lagom_megatron.engine.cluster import ClusterSpec
+
+    with pytest.raises(ValueError, match=f"^cluster '{tmp_path}' is a folder; give a cluster YAML file or one of: a100-ib100, "):
+        ClusterSpec.load(tmp_path)
 
 
 @pytest.mark.parametrize("args, message", [
