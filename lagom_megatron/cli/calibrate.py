@@ -22,7 +22,7 @@ MAX_PROBLEMS = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
+    sub = parser.add_subparsers(dest="what", metavar="KIND", required=True)
     p = sub.add_parser("contention", help="a GPU's contention constants from scripts/gpu/contention_probe.py's CSV")
     p.add_argument("csv", type=readable_file, help="the probe's CSV (scripts/gpu/contention_probe.py --out)")
     p.add_argument("--out", default=None, type=writable_file, help="YAML to write (default: <csv stem>.fit.yaml beside the CSV)")
