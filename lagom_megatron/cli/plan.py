@@ -162,6 +162,9 @@ def _export(args, plan) -> int:
             cluster = None
     if cluster is not None and plan.backend != "gloo":
         _check_entries(args.plan, plan, cluster)  # never export a value NCCL would reject
+    if plan.backend == "gloo" and args.format != "env":  # the formats NCCL or Megatron-LM's NCCL groups read
+        raise ValueError(f"{args.plan}: a gloo plan has no {args.format} form (it sets no NCCL knob); export it with "
+                         "--format env, or give the plan itself to the training run (--lagom-plan)")
     if args.format == "nccl-tuner-csv" and plan.mechanism != "tuner":  # a table no plugin would read
         raise ValueError(f"{args.plan}: a plan of mechanism {plan.mechanism!r} has no tuner table"
                          + (f" (NCCL {cluster.nccl_version} on {cluster.name!r} loads no lagom tuner plugin)"
@@ -173,7 +176,10 @@ def _export(args, plan) -> int:
               "pass --allow-rejected to export it anyway", file=sys.stderr)
         return 1
     _warn_if_rejected(args.plan, plan)
-    text = export_plan(plan, args.format, extended=args.extended, cluster=cluster)
+    try:
+        text = export_plan(plan, args.format, extended=args.extended, cluster=cluster)
+    except ValueError as exc:  # a site the format cannot hold: name the file too
+        raise ValueError(f"{args.plan}: {exc}") from None
     if args.output:
         from lagom_megatron.engine.files import write_text_atomic
 

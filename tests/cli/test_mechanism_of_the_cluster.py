@@ -50,3 +50,30 @@ def test_a_plan_for_nccl_2_21_is_a_communicator_plan_end_to_end(tmp_path, capsys
     (tmp_path / "tuner.json").write_text(json.dumps(labelled))
     assert main(["plan", "validate", str(tmp_path / "tuner.json")]) == 2
     assert _error(capsys).startswith(f"lagom plan: error: {tmp_path / 'tuner.json'}: mechanism 'tuner' needs NCCL 2.22")
+
+
+def test_export_names_only_formats_that_work_for_the_plan(tmp_path, capsys):
+    """A gloo plan exports only as env (megatron-yaml is for NCCL plans); a tuner plan whose sites
+    leave knobs to NCCL names the CLI flag that holds them, not export_plan's keyword."""
+    from pathlib import Path
+
+    gloo = tmp_path / "gloo.json"
+    profile = Path(__file__).resolve().parents[1] / "engine" / "data" / "gloo_tp2_dp2_profile.json"
+    assert main(["search", "--profile", str(profile), "-o", str(gloo)]) == 0
+    capsys.readouterr()
+    for fmt in ("nccl-tuner-csv", "megatron-yaml"):
+        assert main(["plan", "export", str(gloo), "--format", fmt]) == 2
+        assert _error(capsys) == (f"lagom plan: error: {gloo}: a gloo plan has no {fmt} form (it sets no NCCL knob); "
+                                  "export it with --format env, or give the plan itself to the training run "
+                                  "(--lagom-plan)")
+    assert main(["plan", "export", str(gloo), "--format", "env"]) == 0  # the format the message gives works
+    assert capsys.readouterr().out.startswith("# process-scope NCCL settings of a lagom plan")
+
+    fsdp = tmp_path / "fsdp.json"
+    assert main(["simulate", "--preset", "llama2-7b-a40x16-fsdp", "--show", "0", "--plan-out", str(fsdp)]) == 0
+    capsys.readouterr()
+    assert main(["plan", "export", str(fsdp), "--format", "nccl-tuner-csv", "--allow-rejected"]) == 2
+    err = _error(capsys)
+    assert err.startswith(f"lagom plan: error: {fsdp}: site ") and " leaves " in err, err
+    assert err.endswith("(export with --extended for lagom's plugin)") and "extended=True" not in err, err
+    assert main(["plan", "export", str(fsdp), "--format", "nccl-tuner-csv", "--allow-rejected", "--extended"]) == 0
