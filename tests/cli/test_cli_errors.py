@@ -226,6 +226,11 @@ def test_a_folder_given_as_preset_model_or_cluster_says_so(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--presets", "cpu-tp2-dp2"], "preset 'cpu-tp2-dp2' on cluster 'cpu-gloo': the simulator models GPU clusters"),
+    # a GPU preset on the CPU cluster: the cluster is the CPU one, not the preset
+    (["--presets", "llama3-8b-h100x8", "--clusters", "cpu-gloo"],
+     "lagom bench simulated: error: cluster 'cpu-gloo' is a CPU (gloo) cluster; the simulator models GPU clusters: "
+     "a100-ib100, a40-nvlink-ib800, a40-pcie-ib100, a40-pcie-ib200, h100-sxm-ib400, h200-sxm "
+     "(see lagom bench simulated --help)"),
     (["--iters", "0"], "lagom bench simulated: error: argument --iters: 0 is not an integer >= 1 "
                        "(see lagom bench simulated --help)"),
     (["--verify-iters", "0"], "lagom bench simulated: error: argument --verify-iters: 0 is not an integer >= 1 "
@@ -241,3 +246,16 @@ def test_bench_simulated_usage_errors_are_one_line(capsys, args, message):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("lagom bench simulated: error: ") and message in err[0], err
+
+
+def test_bench_simulated_out_that_is_a_file_is_one_line(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    for out, message in ((afile, f"--out {str(afile)!r} is a file; give a folder"),
+                         (afile / "sub", f"--out {str(afile / 'sub')!r} cannot be created: Not a directory")):
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", "simulated", "--presets", "llama3-8b-h100x8", "--out", str(out)])
+        assert exc.value.code == 2
+        assert capsys.readouterr().err == (f"lagom bench simulated: error: {message} "
+                                           "(see lagom bench simulated --help)\n")
+    assert afile.read_text() == "mine\n"
