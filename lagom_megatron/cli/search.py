@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from lagom_megatron.cli.options import readable_file, refuse_large_exhaustive, refuse_overwriting_an_input, writable_file
+from lagom_megatron.cli.options import (FORCE_HELP, is_plan_text, readable_file, refuse_large_exhaustive, refuse_overwriting_an_input,
+                                        refuse_replacing, writable_file)
 from lagom_megatron.engine.search import METHODS
 
 
@@ -22,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", default=None, help="cluster name under configs/clusters or a YAML path (default: the profile's)")
     parser.add_argument("--method", default="priority", choices=list(METHODS), help="searcher (default: priority)")
     parser.add_argument("--mechanism", default=None, help="how the plan is applied: tuner, communicator, env (NCCL) or gloo")
-    parser.add_argument("-o", "--output", required=True, type=writable_file, help="plan JSON to write (atomically)")
+    parser.add_argument("-o", "--output", required=True, type=writable_file,
+                        help="plan JSON to write (atomically); an existing file that is not a plan is kept unless --force")
+    parser.add_argument("--force", action="store_true", help=FORCE_HELP)
     parser.add_argument("--verbose", action="store_true",
                         help="print the cost model's fit summary: MAPE, its floor on these samples, time-weighted error")
 
@@ -34,7 +37,7 @@ def check_inputs(args: argparse.Namespace):
         (profile, cluster, rules).
 
     Raises:
-        ValueError: ``-o`` naming the profile itself, an invalid profile or sample config, an unknown cluster, a cluster other
+        ValueError: ``-o`` naming the profile itself or an existing file that is not a plan (without ``--force``), an invalid profile or sample config, an unknown cluster, a cluster other
             than the profile's (``refuse_another_cluster``), a cluster of another backend than the profile's, a mechanism the
             backend does not have.
     """
@@ -43,6 +46,7 @@ def check_inputs(args: argparse.Namespace):
     from lagom_megatron.megatron.backends import rules_for
 
     refuse_overwriting_an_input(args.output, "-o", {"--profile": args.profile})
+    refuse_replacing(args.output, "-o", "a lagom plan", is_plan_text, force=args.force)
     profile = read_profile(args.profile, "lagom search --profile")
     cluster = ClusterSpec.load(args.cluster or profile.cluster)
     want = "gloo" if profile.backend == "gloo" else "nccl"

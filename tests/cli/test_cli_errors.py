@@ -259,3 +259,56 @@ def test_bench_simulated_out_that_is_a_file_is_one_line(tmp_path, capsys):
         assert capsys.readouterr().err == (f"lagom bench simulated: error: {message} "
                                            "(see lagom bench simulated --help)\n")
     assert afile.read_text() == "mine\n"
+
+
+def test_an_existing_file_that_is_not_lagom_s_output_of_the_kind_is_kept_unless_force(saved, tmp_path, capsys):
+    """`lagom search -o ../precious.json` replaced a user's file: every command writing a file keeps
+    one that is not its own kind of output unless --force, and replaces its own output."""
+    profile, plan = saved / "profile.json", saved / "plan.json"
+    precious = tmp_path / "precious.json"
+    cases = [
+        (["search", "--profile", str(profile), "-o", str(precious)], "lagom search", "-o", "a lagom plan"),
+        (["plan", "export", str(plan), "--format", "env", "-o", str(precious)], "lagom plan", "-o",
+         "a lagom env export"),
+        (["simulate", "--preset", "llama3-8b-h100x8", "--show", "0", "--plan-out", str(precious)], "lagom simulate",
+         "--plan-out", "a lagom plan"),
+        (["simulate", "--preset", "llama3-8b-h100x8", "--show", "0", "--profile-out", str(precious)],
+         "lagom simulate", "--profile-out", "a lagom profile"),
+    ]
+    for argv, prog, flag, what in cases:
+        precious.write_text('{"my": "notes"}\n')
+        assert main(argv) == 2, argv
+        assert _error_line(capsys) == (f"{prog}: error: {flag} {precious}: exists and is not {what}; pass --force to "
+                                       "replace it, or give another file name")
+        assert precious.read_text() == '{"my": "notes"}\n'
+    assert main(cases[0][0] + ["--force"]) == 0
+    assert Plan.load(precious).entries
+    capsys.readouterr()
+    assert main(cases[0][0]) == 0  # a plan: search replaces it
+    assert main(["plan", "export", str(plan), "--format", "env", "-o", str(precious)]) == 2  # a plan is no env file
+    assert "exists and is not a lagom env export" in _error_line(capsys)
+    env = tmp_path / "plan.env"
+    assert main(["plan", "export", str(plan), "--format", "env", "-o", str(env)]) == 0
+    assert main(["plan", "export", str(plan), "--format", "env", "-o", str(env)]) == 0  # its own export again
+    table = tmp_path / "plan.csv"
+    assert main(["plan", "export", str(plan), "--format", "nccl-tuner-csv", "--extended", "-o", str(table)]) == 0
+    assert main(["plan", "export", str(plan), "--format", "nccl-tuner-csv", "--extended", "-o", str(table)]) == 0
+    assert main(["plan", "export", str(plan), "--format", "megatron-yaml", "-o", str(table)]) == 2
+    assert "exists and is not a lagom megatron-yaml export" in _error_line(capsys)
+
+
+def test_calibrate_contention_keeps_a_file_it_did_not_write(tmp_path, capsys):
+    from tests.sim.test_calibrate import _synthetic
+
+    src = tmp_path / "probe.csv"
+    _synthetic(src, kappa_mem=1.5, kappa_compute=0.9)
+    fit = tmp_path / "probe.fit.yaml"
+    fit.write_text("mine: 1\n")
+    assert main(["calibrate", "contention", str(src)]) == 2
+    assert _error_line(capsys) == (f"lagom calibrate: error: output {fit}: exists and is not a lagom contention fit; "
+                                   "pass --force to replace it, or give another file name")
+    assert main(["calibrate", "contention", str(src), "--force"]) == 0
+    assert main(["calibrate", "contention", str(src)]) == 0  # its own fit: replaced
+    assert main(["calibrate", "contention", str(src), "--out", str(src)]) == 2
+    assert _error_line(capsys).endswith(f"--out {src} is the same file as csv {src}: one would replace the other; "
+                                        "give another file name")
