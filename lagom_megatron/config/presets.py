@@ -128,6 +128,7 @@ class LagomSpec(_Section):
     lagom: bool = False
     lagom_warmup_iters: int = 4
     lagom_verify_iters: int = 4
+    lagom_verify_max_iters: int | None = None
     lagom_method: Literal["priority", "autoccl", "nccl-default"] = "priority"
     lagom_plan: str | None = None
     lagom_report: str | None = None
@@ -189,7 +190,7 @@ OMIT_WHEN_DEFAULT: frozenset[str] = frozenset({
     "kv_channels", "rotary_base", "add_bias_linear", "moe_ffn_hidden_size", "moe_token_dispatcher_type",
     "moe_grouped_gemm", "num_virtual_stages_per_pipeline_rank", "expert_tensor_parallel_size",
     "overlap_param_gather_with_optimizer_step", "overlap_moe_expert_parallel_comm", "use_torch_fsdp2",
-    "use_megatron_fsdp", "data_parallel_sharding_strategy",
+    "use_megatron_fsdp", "data_parallel_sharding_strategy", "lagom_verify_max_iters",
 })
 """Optional Megatron-LM destinations that ``Preset.to_args`` leaves out while at their default."""
 
