@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from lagom_megatron.cli.options import int_range, refuse_large_exhaustive, refuse_overwriting_an_input, writable_file
+from lagom_megatron.cli.options import (FORCE_HELP, int_range, is_plan_text, is_profile_text, refuse_large_exhaustive,
+                                        refuse_overwriting_an_input, refuse_replacing, writable_file)
 from lagom_megatron.training.lagom_flags import MAX_VERIFY_ITERS, MAX_VERIFY_MAX_ITERS  # training's bounds: one number for both
 
 
@@ -28,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the preset's lagom_verify_max_iters, or --verify-iters when given)")
     parser.add_argument("--profile-out", default=None, type=writable_file, help="write the profile the search saw (JSON)")
     parser.add_argument("--plan-out", default=None, type=writable_file, help="write the searched plan (JSON)")
+    parser.add_argument("--force", action="store_true", help=FORCE_HELP)
     parser.add_argument("--show", type=int_range(0, 10000), default=5, metavar="N",
                         help="print the N sites with the largest predicted saving (0: none)")
     parser.add_argument("--json", action="store_true", help="print the tuner's summary as JSON")
@@ -43,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     refuse_overwriting_an_input(args.plan_out, "--plan-out", {"--profile-out": args.profile_out})
+    refuse_replacing(args.profile_out, "--profile-out", "a lagom profile", is_profile_text, force=args.force)
+    refuse_replacing(args.plan_out, "--plan-out", "a lagom plan", is_plan_text, force=args.force)
     logging.getLogger("lagom.tuner").setLevel(logging.ERROR)  # the phases are printed below
     preset = load_preset(args.preset)
     sim = SimulatedCluster(preset, args.cluster, seed=args.seed)

@@ -197,7 +197,10 @@ OMIT_WHEN_DEFAULT: frozenset[str] = frozenset({
 
 def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
+    if p.is_dir() and not (CONFIGS_DIR / kind / f"{name_or_path}.yaml").is_file():
+        raise ValueError(f"{kind[:-1]} {str(p)!r} is a folder; give a {kind[:-1]} YAML file or one of: "
+                         f"{', '.join(available(kind))}")
+    if p.suffix in (".yaml", ".yml") or p.is_file():
         if not p.is_file():
             raise FileNotFoundError(f"{kind} file {str(p)!r} does not exist")
         return p
@@ -306,7 +309,7 @@ def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
     """Loads ``configs/models/<name>.yaml`` or a path.
 
     Raises:
-        ValueError: unknown name, malformed YAML, unknown key or wrong type.
+        ValueError: unknown name, a folder, malformed YAML, unknown key or wrong type.
         FileNotFoundError: a path that does not exist.
     """
     path = _resolve("models", name_or_path)
@@ -317,8 +320,9 @@ def load_preset(name_or_path: str | os.PathLike) -> Preset:
     """Loads ``configs/presets/<name>.yaml`` or a path, model file included.
 
     Raises:
-        ValueError: unknown preset name (with the closest known one), malformed YAML, unknown key
-            (with the closest valid one), wrong type, or an unknown model name.
+        ValueError: unknown preset name (with the closest known one), a folder (with the known
+            names), malformed YAML, unknown key (with the closest valid one), wrong type, or an
+            unknown model name.
         FileNotFoundError: a path that does not exist.
     """
     path = _resolve("presets", name_or_path)

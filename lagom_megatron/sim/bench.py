@@ -186,10 +186,12 @@ def main(argv: list[str] | None = None, *, parser_class: type[argparse.ArgumentP
             ap.error(str(exc))
     rows = _rows(ap, args, accum)
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        ap.error(f"--out {str(out)!r} is a file; give a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        ap.error(f"--out {str(out)!r} cannot be created: {exc}")
+        ap.error(f"--out {str(out)!r} cannot be created: {exc.strerror or exc}")
     if not os.access(out, os.W_OK):
         ap.error(f"--out {str(out)!r} is not writable")
     tuner_log = logging.getLogger("lagom.tuner")
@@ -232,14 +234,23 @@ def _rows(ap: argparse.ArgumentParser, args: argparse.Namespace, accum: list[int
             spec = ClusterSpec.load(c)
         except (ValueError, FileNotFoundError) as exc:
             ap.error(str(exc))
-        if spec.backend != "nccl" or ClusterSpec.load(preset.cluster).backend != "nccl":
+        if ClusterSpec.load(preset.cluster).backend != "nccl":
             ap.error(f"preset {p!r} on cluster {c!r}: the simulator models GPU clusters (nccl); "
                      f"CPU presets train for real with scripts/pretrain_gpt.py --preset {p} --lagom (README)")
+        if spec.backend != "nccl":
+            ap.error(f"cluster {c!r} is a CPU (gloo) cluster; the simulator models GPU clusters: {', '.join(gpu_clusters())}")
         try:
             verify_counts(preset, args.verify_iters, args.verify_max_iters)
         except ValueError as exc:
             ap.error(f"--verify-max-iters for preset {p!r}: {exc}")
     return list(dict.fromkeys(rows))
+
+
+def gpu_clusters() -> list[str]:
+    """The shipped clusters the simulator models: those of backend nccl."""
+    from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
+
+    return [n for n in available_clusters() if ClusterSpec.load(n).backend == "nccl"]
 
 
 def _one(job: tuple) -> list[dict[str, Any]]:
