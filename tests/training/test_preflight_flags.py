@@ -108,8 +108,15 @@ FLAG_CASES = [
      "--lagom-verify-iters 99999999999999999999 is out of range; allowed: an integer in 1..200"),
     ("lagom-warmup-iters-unbounded", ["--lagom", "--lagom-warmup-iters", "1001"], {},
      "--lagom-warmup-iters 1001 is out of range; allowed: an integer in 1..1000"),
-    ("lagom-counts-at-their-bounds", ["--lagom", "--lagom-verify-iters", "200", "--lagom-warmup-iters", "1000"], {},
-     None),
+    ("lagom-counts-at-their-bounds", ["--lagom", "--lagom-verify-iters", "200", "--lagom-warmup-iters", "1000",
+                                      "--lagom-verify-max-iters", "1000"], {}, None),
+    # sequential verification's cap: bounded, and not below the first look
+    ("lagom-verify-max-without-lagom", ["--lagom-verify-max-iters", "80"], {},
+     "--lagom-verify-max-iters needs --lagom (or drop --lagom-verify-max-iters)"),
+    ("lagom-verify-max-below-first", ["--lagom", "--lagom-verify-iters", "20", "--lagom-verify-max-iters", "10"], {},
+     "--lagom-verify-max-iters 10 is below --lagom-verify-iters 20; allowed: an integer in 20..1000"),
+    ("lagom-verify-max-unbounded", ["--lagom", "--lagom-verify-max-iters", "1001"], {},
+     "--lagom-verify-max-iters 1001 is out of range; allowed: an integer in 1..1000"),
     # --split: weights separated by commas (or slashes); other characters are not dropped silently
     ("split-with-letters", ["--split", "90,abc5,5"], {},
      "--split '90,abc5,5' is out of range; allowed: up to three weights >= 0 separated by commas, e.g. 969,30,1, "
@@ -139,10 +146,11 @@ def test_every_lagom_only_flag_without_lagom_is_named():
     from lagom_megatron.training.lagom_flags import LAGOM_ONLY_FLAGS, lagom_flag_problems
 
     ns = parse_args([*CPU, "--lagom-plan", "p.json", "--lagom-report", "r.md", "--lagom-method", "autoccl",
-                     "--lagom-warmup-iters", "2", "--lagom-verify-iters", "2", "--lagom-pool-budget-mib", "64"])
+                     "--lagom-warmup-iters", "2", "--lagom-verify-iters", "2", "--lagom-verify-max-iters", "8",
+                     "--lagom-pool-budget-mib", "64"])
     found = lagom_flag_problems(vars(ns))
     assert [f.what for f in found] == [f"{flag} needs --lagom (or drop {flag})" for flag in LAGOM_ONLY_FLAGS]
-    assert found[2].why == "without --lagom no hook is installed and --lagom-plan 'p.json' would be ignored"
+    assert found[3].why == "without --lagom no hook is installed and --lagom-plan 'p.json' would be ignored"
     assert lagom_flag_problems(dict(vars(ns), lagom=True)) == []
     assert lagom_flag_problems({"lagom": False, "num_layers": 2}) == []  # a Megatron-LM line without lagom's flags
 
