@@ -1,6 +1,8 @@
 """lagom's command-line flags (``--lagom*``): their one definition, which ``scripts/pretrain_gpt.py`` and
 the patches for a Megatron-LM checkout share, and the pre-flight rule that refuses an option only
-``--lagom`` reads when ``--lagom`` is not given (it would be ignored silently otherwise).
+``--lagom`` reads when ``--lagom`` is not given (it would be ignored silently otherwise). Two options
+are read on every run and so need no ``--lagom``: ``--lagom-allow-untested-versions`` and
+``--lagom-cluster`` (:data:`LAGOM_ONLY_FLAGS`).
 
 This module imports neither torch nor Megatron.
 """
