@@ -15,17 +15,21 @@ import argparse
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lagom_megatron.cli.options import readable_file, readable_file_or_dir, refuse_overwriting_an_input, writable_file
+from lagom_megatron.cli.options import (FORCE_HELP, readable_file, readable_file_or_dir, refuse_overwriting_an_input,
+                                        refuse_replacing, writable_file)
 
+CALIBRATED_MARK = "calibrated by `lagom calibrate bandwidth`"
+"""What the first line of a cluster file this command wrote says (after the cluster's name)."""
 MAX_PROBLEMS = 20
 """Unreadable lines named in one error message at most (the rest are counted)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
+    sub = parser.add_subparsers(dest="what", metavar="KIND", required=True)
     p = sub.add_parser("contention", help="a GPU's contention constants from scripts/gpu/contention_probe.py's CSV")
     p.add_argument("csv", type=readable_file, help="the probe's CSV (scripts/gpu/contention_probe.py --out)")
     p.add_argument("--out", default=None, type=writable_file, help="YAML to write (default: <csv stem>.fit.yaml beside the CSV)")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p = sub.add_parser("bandwidth", help="per-channel bandwidth, saturation and link efficiency from nccl-tests output "
                                          "(scripts/gpu/nccl_sweep.sh) into a copy of a cluster file")
     p.add_argument("inputs", nargs="+", type=readable_file_or_dir, metavar="SWEEP",
@@ -34,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="cluster name or YAML file the fit goes into (the link bandwidths the efficiencies are shares of)")
     p.add_argument("--out", default=None, type=writable_file,
                    help="cluster YAML to write (default: <cluster name>.calibrated.yaml beside the first input)")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
 
     Raises:
         ValueError: bad input: a CSV or run file that cannot be read (every bad line named as
-            ``file:line``), no usable row, nothing identified; nothing is written then.
+            ``file:line``), no usable row, nothing identified, an output that is an input or an
+            existing file this command did not write (without ``--force``) or cannot read;
+            nothing is written then.
         OSError: a path that cannot be read or written.
     """
     return _contention(args) if args.what == "contention" else _bandwidth(args)
@@ -54,6 +61,8 @@ def _contention(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else src.with_name(src.stem + ".fit.yaml")
     if not out.parent.is_dir():
         raise ValueError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
+    refuse_overwriting_an_input(str(out), "--out" if args.out else "output", {"csv": args.csv})
+    refuse_replacing(out, "--out" if args.out else "output", "a lagom contention fit", _is_fit, force=args.force)
     fitted = fit(read_rows(src))
     if not any(fitted.rows.values()):
         raise ValueError(f"{src}: no usable row: each has a zero time, or a copy/reduce channel kernel whose HBM share "
@@ -97,8 +106,8 @@ def _bandwidth(args: argparse.Namespace) -> int:
     inputs = {"--cluster": args.cluster if Path(args.cluster).is_file() else None}
     inputs.update({f"input {p}": str(p) for p in files})
     refuse_overwriting_an_input(str(out), "--out", inputs)
-    if out.is_file() and not _readable(out):
-        raise ValueError(f"--out {out}: exists and cannot be read; not overwriting it")
+    refuse_replacing(out, "--out" if args.out else "output", "a cluster file lagom calibrate bandwidth wrote",
+                     lambda text: CALIBRATED_MARK in text.split("\n", 1)[0], force=args.force)
     runs, problems = [], []
     for path in files:
         try:
@@ -117,7 +126,7 @@ def _bandwidth(args: argparse.Namespace) -> int:
     doc = calibrated_cluster(base, fit, name=out.stem, source=str(out))
     summary = summary_lines(fit)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    header = [f"# {spec.name} calibrated by `lagom calibrate bandwidth` at {stamp} from {len(runs)} nccl-tests run(s)",
+    header = [f"# {spec.name} {CALIBRATED_MARK} at {stamp} from {len(runs)} nccl-tests run(s)",
               f"# in {', '.join(sorted({str(p.parent) for p in files}))}; fitted keys: {', '.join(fields)}.",
               "# Every other key is the cluster file's. The fit:"] + [f"#   {line}" for line in summary]
     write_text_atomic(out, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False))
@@ -126,9 +135,12 @@ def _bandwidth(args: argparse.Namespace) -> int:
     return 0
 
 
-def _readable(path: Path) -> bool:
+def _is_fit(text: str) -> bool:
+    """Whether ``text`` is a YAML file ``lagom calibrate contention`` wrote (``sim.calibrate.write_yaml``)."""
+    import yaml
+
     try:
-        with path.open("rb"):
-            return True
-    except OSError:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
         return False
+    return isinstance(data, dict) and {"fitted_at", "source_csv"} <= set(data)

@@ -27,10 +27,31 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 class LagomParser(argparse.ArgumentParser):
-    """argparse's parser with a one-line usage error: ``<prog>: error: <message>``, exit status 2."""
+    """argparse's parser with a one-line usage error: ``<prog>: error: <message>``, exit status 2.
+
+    A missing positional with choices (a subcommand, ``lagom bench``'s benchmark) is named with
+    them: ``no command given; give one of search, plan, ...``, not argparse's ``the following
+    arguments are required: COMMAND`` (which also names any argument after it, ``bench_args``).
+    """
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {_missing_choice(self, message) or message} (see {self.prog} --help)\n")
+
+
+_REQUIRED = "the following arguments are required: "
+
+
+def _missing_choice(parser: argparse.ArgumentParser, message: str) -> str | None:
+    """``no <name> given; give one of <choices>`` for the first missing positional that has
+    choices, or None (another error: argparse's message stands)."""
+    if not message.startswith(_REQUIRED):
+        return None
+    missing = message[len(_REQUIRED):].split(", ")
+    for action in parser._actions:  # argparse names a missing argument by its metavar, else its dest
+        name = argparse._get_action_name(action)
+        if not action.option_strings and action.choices and name in missing:
+            return f"no {name.lower()} given; give one of {', '.join(action.choices)}"
+    return None
 
 
 def _load(module: str):
@@ -48,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lagom for Megatron-Core: per-collective NCCL configurations for overlapped communication.",
     )
     parser.add_argument("--version", action="version", version=f"lagom-megatron {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=LagomParser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=LagomParser, required=True)
     for name, (module, help_text) in SUBCOMMANDS.items():
         mod = _load(module)
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -79,9 +100,6 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a usage error already printed on one line
         return exc.code if isinstance(exc.code, int) else 2
-    if not getattr(args, "_run", None):
-        parser.print_help()
-        return 0
     try:
         return int(args._run(args) or 0)
     except BrokenPipeError:  # e.g. `lagom plan show plan.json | head`: the reader left, not an error

@@ -8,6 +8,7 @@ that into one ``lagom <command>: error: ...`` line and exit status 2 (``main.Lag
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -136,6 +137,70 @@ def refuse_overwriting_an_input(output: str | None, output_flag: str, inputs: di
         if same:
             raise ValueError(f"{output_flag} {output} is the same file as {flag} {path}: one would replace "
                              "the other; give another file name")
+
+
+FORCE_HELP = "replace an existing output file that is not lagom's own output of this kind (default: refused)"
+"""Help of the ``--force`` option of every command that writes a file."""
+
+
+def refuse_replacing(output: str | os.PathLike | None, output_flag: str, what: str, is_own: Callable[[str], bool],
+                     *, force: bool) -> None:
+    """Refuses to replace an existing regular file that is not lagom's own output of the same kind
+    (a user's notes given as ``-o``), unless ``force``; a file that cannot be read is never replaced.
+    A missing path, a device or named pipe (written into, not replaced: ``engine.files``) pass.
+
+    Args:
+        output: the output path, or None (standard output: nothing to check).
+        output_flag: its option as the user typed it (``-o``, ``--out``), for the message.
+        what: the kind for the message (``a lagom plan``).
+        is_own: the file's text -> whether it is that kind (``lagom_json``, ``first_line``).
+        force: the command's ``--force``.
+
+    Raises:
+        ValueError: names the option, the path, the kind, and ``--force``.
+    """
+    if output is None or not Path(output).is_file():
+        return
+    try:
+        text = _read_text(Path(output))
+    except UnicodeDecodeError:
+        text = None
+    except OSError:
+        raise ValueError(f"{output_flag} {output}: exists and cannot be read; not overwriting it") from None
+    if not force and (text is None or not is_own(text)):
+        raise ValueError(f"{output_flag} {output}: exists and is not {what}; pass --force to replace it, "
+                         "or give another file name")
+
+
+def _read_text(path: Path) -> str:
+    """The UTF-8 text of ``path`` (one seam: tests make it fail where permissions cannot, as root)."""
+    return path.read_text(encoding="utf-8")
+
+
+def lagom_json(*keys: str) -> Callable[[str], bool]:
+    """``is_own`` of ``refuse_replacing`` for lagom's JSON files: a JSON object holding ``keys``
+    (a plan: ``entries``, ``fingerprint``; a profile: ``samples``, ``sites``)."""
+
+    def is_own(text: str) -> bool:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(data, dict) and all(k in data for k in keys)
+
+    return is_own
+
+
+is_plan_text = lagom_json("entries", "fingerprint")
+"""A plan file's text (``engine.plan.Plan.to_dict`` always writes both keys)."""
+is_profile_text = lagom_json("samples", "sites")
+"""A profile file's text (``engine.profile.Profile.to_dict``)."""
+
+
+def first_line(prefix: str) -> Callable[[str], bool]:
+    """``is_own`` of ``refuse_replacing`` for lagom's text files: the first line starts with ``prefix``
+    (the header lagom writes there)."""
+    return lambda text: text.split("\n", 1)[0].startswith(prefix)
 
 
 def refuse_large_exhaustive(sites, rules) -> None:

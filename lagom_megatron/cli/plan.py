@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from lagom_megatron.cli.options import readable_file, refuse_overwriting_an_input, writable_file
+from lagom_megatron.cli.options import FORCE_HELP, first_line, readable_file, refuse_overwriting_an_input, refuse_replacing, writable_file
 from lagom_megatron.nccl.export import FORMATS
 
 
@@ -35,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-rejected", action="store_true",
                    help="export a plan its own verification rejected (by default refused with exit 1)")
     p.add_argument("-o", "--output", default=None, type=writable_file,
-                   help="file to write (atomically); default: standard output")
+                   help="file to write (atomically); default: standard output. An existing file that is not lagom's "
+                        "export in this format is kept unless --force")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,6 +164,9 @@ def _export(args, plan) -> int:
             cluster = None
     if cluster is not None and plan.backend != "gloo":
         _check_entries(args.plan, plan, cluster)  # never export a value NCCL would reject
+    if plan.backend == "gloo" and args.format != "env":  # the formats NCCL or Megatron-LM's NCCL groups read
+        raise ValueError(f"{args.plan}: a gloo plan has no {args.format} form (it sets no NCCL knob); export it with "
+                         "--format env, or give the plan itself to the training run (--lagom-plan)")
     if args.format == "nccl-tuner-csv" and plan.mechanism != "tuner":  # a table no plugin would read
         raise ValueError(f"{args.plan}: a plan of mechanism {plan.mechanism!r} has no tuner table"
                          + (f" (NCCL {cluster.nccl_version} on {cluster.name!r} loads no lagom tuner plugin)"
@@ -173,10 +178,16 @@ def _export(args, plan) -> int:
               "pass --allow-rejected to export it anyway", file=sys.stderr)
         return 1
     _warn_if_rejected(args.plan, plan)
-    text = export_plan(plan, args.format, extended=args.extended, cluster=cluster)
+    try:
+        text = export_plan(plan, args.format, extended=args.extended, cluster=cluster)
+    except ValueError as exc:  # a site the format cannot hold: name the file too
+        raise ValueError(f"{args.plan}: {exc}") from None
     if args.output:
         from lagom_megatron.engine.files import write_text_atomic
 
+        # the header lagom writes first, up to what differs between variants (the tuner table's column count)
+        header = text.split("\n", 1)[0].split(" (")[0]
+        refuse_replacing(args.output, "-o", f"a lagom {args.format} export", first_line(header), force=args.force)
         write_text_atomic(args.output, text)
     else:
         sys.stdout.write(text)

@@ -4,14 +4,16 @@
 
 Every option and the profile are checked before the fit (``options``, ``schemas``): the profile
 field by field, each sample's config against the backend's knob rules, and ``--cluster`` against
-the profile's backend (a gloo profile is searched on a gloo cluster, an NCCL one on an NCCL one).
+the profile's cluster: the same one, or a file describing the same hardware and NCCL (a copy
+``lagom calibrate bandwidth`` fitted, say; ``refuse_another_cluster``).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from lagom_megatron.cli.options import readable_file, refuse_large_exhaustive, refuse_overwriting_an_input, writable_file
+from lagom_megatron.cli.options import (FORCE_HELP, is_plan_text, readable_file, refuse_large_exhaustive, refuse_overwriting_an_input,
+                                        refuse_replacing, writable_file)
 from lagom_megatron.engine.search import METHODS
 
 
@@ -21,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", default=None, help="cluster name under configs/clusters or a YAML path (default: the profile's)")
     parser.add_argument("--method", default="priority", choices=list(METHODS), help="searcher (default: priority)")
     parser.add_argument("--mechanism", default=None, help="how the plan is applied: tuner, communicator, env (NCCL) or gloo")
-    parser.add_argument("-o", "--output", required=True, type=writable_file, help="plan JSON to write (atomically)")
+    parser.add_argument("-o", "--output", required=True, type=writable_file,
+                        help="plan JSON to write (atomically); an existing file that is not a plan is kept unless --force")
+    parser.add_argument("--force", action="store_true", help=FORCE_HELP)
     parser.add_argument("--verbose", action="store_true",
                         help="print the cost model's fit summary: MAPE, its floor on these samples, time-weighted error")
 
@@ -33,20 +37,24 @@ def check_inputs(args: argparse.Namespace):
         (profile, cluster, rules).
 
     Raises:
-        ValueError: ``-o`` naming the profile itself, an invalid profile or sample config, an unknown cluster, a cluster of another
-            backend than the profile's, a mechanism the backend does not have.
+        ValueError: ``-o`` naming the profile itself or an existing file that is not a plan (without ``--force``), an invalid profile or sample config, an unknown cluster, a cluster other
+            than the profile's (``refuse_another_cluster``), a cluster of another backend than the profile's, a mechanism the
+            backend does not have.
     """
     from lagom_megatron.cli.inputs import read_profile
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.megatron.backends import rules_for
 
     refuse_overwriting_an_input(args.output, "-o", {"--profile": args.profile})
+    refuse_replacing(args.output, "-o", "a lagom plan", is_plan_text, force=args.force)
     profile = read_profile(args.profile, "lagom search --profile")
     cluster = ClusterSpec.load(args.cluster or profile.cluster)
     want = "gloo" if profile.backend == "gloo" else "nccl"
     if (cluster.backend == "gloo") != (want == "gloo"):
         raise ValueError(f"--cluster {cluster.name!r} is a {cluster.backend} cluster; profile {args.profile} was "
                          f"measured on {profile.backend}: give a {want} cluster")
+    if args.cluster:
+        refuse_another_cluster(cluster, profile, args.profile)
     rules = rules_for(profile.backend, cluster, args.mechanism)
     ops = {s.site_id: s for s in profile.sites}
     for smp in profile.samples:
@@ -56,6 +64,42 @@ def check_inputs(args: argparse.Namespace):
         except ValueError as exc:
             raise ValueError(f"{args.profile}: sample of site {smp.site_id!r} (iteration {smp.iteration}): {exc}") from None
     return profile, cluster, rules
+
+
+SAME_HARDWARE = ("backend", "gpu", "gpus_per_node", "nccl_version", "sm_arch", "nvswitch", "intra_link", "collnet",
+                 "nvlink_domain_gpus")
+"""Cluster keys a ``--cluster`` must share with the profile's cluster when it has another name: the
+hardware and NCCL version the knob domains and the mechanism follow. The others (bandwidths,
+latencies, ``lagom calibrate bandwidth``'s fitted keys) may differ: a calibrated copy describes the
+same cluster."""
+
+
+def refuse_another_cluster(cluster, profile, profile_path: str) -> None:
+    """Refuses a ``--cluster`` that is not the cluster the profile was measured on: its samples are
+    that cluster's times, and the plan is for the runs on it (its fingerprint keeps the profile's
+    cluster name, which ``lagom plan validate`` and ``export`` and a training run check against).
+
+    Accepted: the profile's own cluster; a file of another name with the same ``SAME_HARDWARE``
+    keys (a calibrated copy); any cluster when the profile's is no known cluster here (the file
+    then describes it).
+
+    Raises:
+        ValueError: names both clusters, the first differing key and its two values.
+    """
+    from lagom_megatron.engine.cluster import ClusterSpec
+
+    if cluster.name == profile.cluster:
+        return
+    try:
+        measured = ClusterSpec.load(profile.cluster)
+    except FileNotFoundError:
+        return
+    for key in SAME_HARDWARE:
+        mine, theirs = getattr(cluster, key), getattr(measured, key)
+        if mine != theirs:
+            raise ValueError(f"--cluster {cluster.name!r} is not the cluster profile {profile_path} was measured on "
+                             f"({profile.cluster!r}: {key} {theirs!r}, not {mine!r}); a plan is searched from a profile "
+                             f"of its own cluster: drop --cluster, or profile {cluster.name!r}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from lagom_megatron.cli.options import int_range, refuse_large_exhaustive, refuse_overwriting_an_input, writable_file
-from lagom_megatron.training.lagom_flags import MAX_VERIFY_ITERS  # training's bound: one number for both
+from lagom_megatron.cli.options import (FORCE_HELP, int_range, is_plan_text, is_profile_text, refuse_large_exhaustive,
+                                        refuse_overwriting_an_input, refuse_replacing, writable_file)
+from lagom_megatron.training.lagom_flags import MAX_VERIFY_ITERS, MAX_VERIFY_MAX_ITERS  # training's bounds: one number for both
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,9 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int_range(0, 2**32 - 1), default=0, help="noise seed (same seed, same timings)")
     parser.add_argument("--verify-iters", type=int_range(1, MAX_VERIFY_ITERS), default=None,
                         help=f"timed iterations per arm in verification, 1..{MAX_VERIFY_ITERS} "
-                             "(default: the preset's lagom_verify_iters)")
+                             "(default: the preset's lagom_verify_iters; given alone, also the cap)")
+    parser.add_argument("--verify-max-iters", type=int_range(1, MAX_VERIFY_MAX_ITERS), default=None,
+                        help=f"the most timed iterations per arm while the verdict is undecided, 1..{MAX_VERIFY_MAX_ITERS} "
+                             "(default: the preset's lagom_verify_max_iters, or --verify-iters when given)")
     parser.add_argument("--profile-out", default=None, type=writable_file, help="write the profile the search saw (JSON)")
     parser.add_argument("--plan-out", default=None, type=writable_file, help="write the searched plan (JSON)")
+    parser.add_argument("--force", action="store_true", help=FORCE_HELP)
     parser.add_argument("--show", type=int_range(0, 10000), default=5, metavar="N",
                         help="print the N sites with the largest predicted saving (0: none)")
     parser.add_argument("--json", action="store_true", help="print the tuner's summary as JSON")
@@ -36,19 +41,24 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from lagom_megatron.config.presets import load_preset
-    from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
+    from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle, verify_counts
 
     t0 = time.perf_counter()
     refuse_overwriting_an_input(args.plan_out, "--plan-out", {"--profile-out": args.profile_out})
+    refuse_replacing(args.profile_out, "--profile-out", "a lagom profile", is_profile_text, force=args.force)
+    refuse_replacing(args.plan_out, "--plan-out", "a lagom plan", is_plan_text, force=args.force)
     logging.getLogger("lagom.tuner").setLevel(logging.ERROR)  # the phases are printed below
     preset = load_preset(args.preset)
     sim = SimulatedCluster(preset, args.cluster, seed=args.seed)
-    verify_iters = args.verify_iters if args.verify_iters is not None else preset.lagom.lagom_verify_iters
+    try:
+        verify_iters, verify_max_iters = verify_counts(preset, args.verify_iters, args.verify_max_iters)
+    except ValueError as e:
+        raise SystemExit(f"lagom simulate: error: --verify-max-iters: {e}") from None
     if args.method == "exhaustive":
         from lagom_megatron.nccl.rules import NcclRules
 
         refuse_large_exhaustive(sim.sites, NcclRules(sim.cluster, backend="sim").for_sites(sim.sites))
-    result = run_lifecycle(sim, method=args.method, verify_iters=verify_iters)
+    result = run_lifecycle(sim, method=args.method, verify_iters=verify_iters, verify_max_iters=verify_max_iters)
     tuner = result.tuner
     summary = tuner.summary()
     if args.profile_out and tuner.profile is not None:

@@ -128,6 +128,7 @@ class LagomSpec(_Section):
     lagom: bool = False
     lagom_warmup_iters: int = 4
     lagom_verify_iters: int = 4
+    lagom_verify_max_iters: int | None = None
     lagom_method: Literal["priority", "autoccl", "nccl-default"] = "priority"
     lagom_plan: str | None = None
     lagom_report: str | None = None
@@ -189,14 +190,17 @@ OMIT_WHEN_DEFAULT: frozenset[str] = frozenset({
     "kv_channels", "rotary_base", "add_bias_linear", "moe_ffn_hidden_size", "moe_token_dispatcher_type",
     "moe_grouped_gemm", "num_virtual_stages_per_pipeline_rank", "expert_tensor_parallel_size",
     "overlap_param_gather_with_optimizer_step", "overlap_moe_expert_parallel_comm", "use_torch_fsdp2",
-    "use_megatron_fsdp", "data_parallel_sharding_strategy",
+    "use_megatron_fsdp", "data_parallel_sharding_strategy", "lagom_verify_max_iters",
 })
 """Optional Megatron-LM destinations that ``Preset.to_args`` leaves out while at their default."""
 
 
 def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
+    if p.is_dir() and not (CONFIGS_DIR / kind / f"{name_or_path}.yaml").is_file():
+        raise ValueError(f"{kind[:-1]} {str(p)!r} is a folder; give a {kind[:-1]} YAML file or one of: "
+                         f"{', '.join(available(kind))}")
+    if p.suffix in (".yaml", ".yml") or p.is_file():
         if not p.is_file():
             raise FileNotFoundError(f"{kind} file {str(p)!r} does not exist")
         return p
@@ -305,7 +309,7 @@ def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
     """Loads ``configs/models/<name>.yaml`` or a path.
 
     Raises:
-        ValueError: unknown name, malformed YAML, unknown key or wrong type.
+        ValueError: unknown name, a folder, malformed YAML, unknown key or wrong type.
         FileNotFoundError: a path that does not exist.
     """
     path = _resolve("models", name_or_path)
@@ -316,8 +320,9 @@ def load_preset(name_or_path: str | os.PathLike) -> Preset:
     """Loads ``configs/presets/<name>.yaml`` or a path, model file included.
 
     Raises:
-        ValueError: unknown preset name (with the closest known one), malformed YAML, unknown key
-            (with the closest valid one), wrong type, or an unknown model name.
+        ValueError: unknown preset name (with the closest known one), a folder (with the known
+            names), malformed YAML, unknown key (with the closest valid one), wrong type, or an
+            unknown model name.
         FileNotFoundError: a path that does not exist.
     """
     path = _resolve("presets", name_or_path)

@@ -15,13 +15,14 @@ This module is not a topology detector: it describes a cluster the user names.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from lagom_megatron import configs_dir
+from lagom_megatron.engine.files import yaml_error_text
 
 CLUSTERS_DIR = configs_dir()[0] / "clusters"
 """``clusters/`` of ``lagom_megatron.configs_dir()`` (the rule of the presets: ``$LAGOM_CONFIGS``, the
@@ -181,20 +182,23 @@ class ClusterSpec:
         """Builds a spec from a mapping (a parsed YAML file).
 
         Raises:
-            ValueError: unknown or missing key (names the key, the allowed keys and ``source``),
-                or a value outside its domain.
+            ValueError: unknown or missing key (names the keys, the allowed or the required ones
+                and ``source``), or a value outside its domain.
         """
         if not isinstance(data, dict):
-            raise ValueError(f"{source}: a cluster file must be a mapping of keys to values; got {type(data).__name__}")
+            got = "an empty file" if data is None else f"a {type(data).__name__}"
+            raise ValueError(f"{source}: a cluster file must be a mapping of keys to values; got {got}")
         allowed = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(allowed))
         if unknown:
             raise ValueError(f"{source}: unknown cluster key(s) {unknown}; allowed: {allowed}")
+        missing = [k for k in required_keys() if k not in data]
+        if missing:
+            raise ValueError(f"{source}: missing cluster key(s) {', '.join(missing)}; every cluster file sets "
+                             f"{', '.join(required_keys())}")
         try:
             return cls(**data)
-        except TypeError as exc:
-            raise ValueError(f"{source}: {exc}") from None
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: {exc}") from None
 
     @classmethod
@@ -203,22 +207,29 @@ class ClusterSpec:
 
         Raises:
             FileNotFoundError: neither a known cluster name nor an existing file (lists the names).
-            ValueError: the file is not valid YAML or not a valid cluster.
+            ValueError: a folder (lists the names), the file is not UTF-8 or not valid YAML (line and
+                column), or not a valid cluster (a missing or unknown key by its YAML name, a value
+                outside its domain); every message names the file.
         """
         if isinstance(name_or_path, ClusterSpec):
             return name_or_path
         path = Path(name_or_path)
         if not path.is_file():
             candidate = CLUSTERS_DIR / f"{name_or_path}.yaml"
+            if not candidate.is_file() and path.is_dir():
+                raise ValueError(f"cluster {str(name_or_path)!r} is a folder; give a cluster YAML file or one of: "
+                                 f"{', '.join(available_clusters())}")
             if not candidate.is_file():
                 raise FileNotFoundError(
                     f"cluster {str(name_or_path)!r} is neither a file nor one of {available_clusters()}"
                 )
             path = candidate
         try:
-            data = yaml.safe_load(path.read_text())
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: invalid YAML: {exc}") from None
+            raise ValueError(f"{path}: {yaml_error_text(exc)}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
         return cls.from_dict(data, source=str(path))
 
 
@@ -234,6 +245,11 @@ def _check_per_protocol(name: str, key: str, value: Any) -> None:
             raise ValueError(f"cluster {name!r}: {key}: unknown protocol {proto!r}; allowed: {list(PROTOCOLS)}")
         if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0 or number == float("inf"):
             raise ValueError(f"cluster {name!r}: {key}[{proto!r}] must be a finite number > 0; got {number!r}")
+
+
+def required_keys() -> list[str]:
+    """The keys a cluster file must set (the fields without a default), in field order."""
+    return [f.name for f in fields(ClusterSpec) if f.default is MISSING and f.default_factory is MISSING]
 
 
 def available_clusters() -> list[str]:

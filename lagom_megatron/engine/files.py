@@ -113,4 +113,35 @@ def read_json(path: str | os.PathLike) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        raise ValueError(f"{path}: {json_error_text(exc)}") from None
+
+
+def json_error_text(exc: json.JSONDecodeError) -> str:
+    """``invalid JSON at line L column C (char N): <json's message>``, whole: json's messages that
+    end in ``at`` (``Unterminated string starting at``) point at the position, said ``here``.
+
+    Args:
+        exc: the error of ``json.loads``.
+    """
+    msg = exc.msg[:-len(" at")] + " here" if exc.msg.endswith(" at") else exc.msg
+    return f"invalid JSON at line {exc.lineno} column {exc.colno} (char {exc.pos}): {msg}"
+
+
+def yaml_error_text(exc: Exception) -> str:
+    """One line for PyYAML's error ``exc``: ``malformed YAML at line L column C: <problem>``, line
+    and column 1-based from its ``problem_mark`` (PyYAML's own text names ``"<unicode string>"``
+    for text read first, not the file, and spans lines with a source excerpt).
+
+    ``config.presets.read_yaml`` says the same for presets and models (the config layer imports
+    nothing of lagom's).
+
+    Args:
+        exc: a ``yaml.YAMLError`` (read by attribute: this module does not import yaml).
+    """
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    context, cmark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and cmark is not None:
+        context += f" started at line {cmark.line + 1} column {cmark.column + 1}"
+    return f"malformed YAML{where}: {problem}" + (f" ({context})" if context else "")

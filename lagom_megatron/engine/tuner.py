@@ -26,12 +26,13 @@ Schedule (a fixed number of iterations, independent of the number of sites; docs
     SEARCHED   the cost model is fitted (``fit.fit_cost_model``) and searched (``search.search``) at the
                end of the last probe iteration; ``agree(plan)`` makes the ranks consistent
     VERIFYING  plan and defaults alternate, ``verify_iters`` timed iterations each (the first
-               iteration under the plan is not timed: communicator pool creation)
-    APPLIED    the plan's median iteration time beat the defaults' by more than the measured spread
+               iteration under the plan is not timed: communicator pool creation); an undecided
+               verdict doubles the pairs up to ``verify_max_iters`` (``verify_looks``)
+    APPLIED    the plan's gain over the defaults beat the noise rule's bound and the minimum gain
     FELL_BACK  it did not, or fit / search / agreement failed: defaults from then on, with the reason
 
 What was measured is kept by a ``recorder.ProfileRecorder`` (which also fills every sample's T_comp
-from the serialized iteration); the verdict is ``verify.verdict``; the types a backend sees are in
+from the serialized iteration); the verdict is ``verify.sequential_verdict``; the types a backend sees are in
 ``steps.py``.
 
 The priority search, the cost model and the verification rule follow docs/engine.md; the
@@ -43,15 +44,14 @@ from __future__ import annotations
 
 import logging
 import statistics
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from lagom_megatron.engine.knobs import CommConfig, KnobRules
 from lagom_megatron.engine.profile import BACKENDS, Profile
 from lagom_megatron.engine.recorder import ProfileRecorder
-from lagom_megatron.engine.search import METHODS
 from lagom_megatron.engine.steps import IterationMeasurement, Phase, Step
-from lagom_megatron.engine.verify import NOISE_RULES, NoiseRule, verdict
+from lagom_megatron.engine.tuner_config import TunerConfig
+from lagom_megatron.engine.verify import sequential_verdict
 
 log = logging.getLogger("lagom.tuner")
 
@@ -79,37 +79,8 @@ class Tuner:
         ValueError: rules with an unknown backend label.
     """
 
-    @dataclass(kw_only=True, slots=True)
-    class Config:
-        """Tuner settings (``--lagom-warmup-iters``, ``--lagom-verify-iters``, ``--lagom-method``)."""
-
-        warmup_iters: int = 1
-        """Untimed iterations under defaults before profiling (iteration 0 is always one: the
-        allocator and communicators warm up there)."""
-        verify_iters: int = 3
-        """Timed iterations per arm (plan, defaults) in verification; medians are compared."""
-        method: str = "priority"
-        """Searcher: priority, autoccl, exhaustive, nccl-default."""
-        min_gain: float = 0.002
-        """Smallest relative gain (fraction of the default median) a plan must show to be kept."""
-        noise_rule: NoiseRule = "paired"
-        """paired: the mean paired gain must exceed its 95% Student-t bound; half-range: the
-        medians' gain must exceed half the larger per-arm range (max - min); none: ``min_gain``
-        alone decides (``verify.verdict``)."""
-        probe_configs: list[CommConfig] | None = None
-        """Probe configs applied to all sites; None = ``rules.probe_configs()``."""
-
-        def __post_init__(self) -> None:
-            if self.warmup_iters < 1:
-                raise ValueError(f"lagom.warmup_iters must be >= 1 (iteration 0 is never timed); got {self.warmup_iters}")
-            if self.verify_iters < 1:
-                raise ValueError(f"lagom.verify_iters must be >= 1; got {self.verify_iters}")
-            if self.method not in METHODS:
-                raise ValueError(f"lagom.method must be one of {list(METHODS)}; got {self.method!r}")
-            if not 0.0 <= self.min_gain < 1.0:
-                raise ValueError(f"lagom.min_gain must be in [0, 1); got {self.min_gain}")
-            if self.noise_rule not in NOISE_RULES:
-                raise ValueError(f"lagom.noise_rule must be one of {list(NOISE_RULES)}; got {self.noise_rule!r}")
+    Config = TunerConfig
+    """The tuner's settings (``tuner_config.TunerConfig``)."""
 
     def __init__(
         self,
@@ -167,10 +138,16 @@ class Tuner:
         return self.config.warmup_iters + 2 + len(self.probes)
 
     @property
+    def verify_looks(self) -> tuple[int, ...]:
+        """Pairs (plan, defaults) after which verification takes its verdict (``TunerConfig.looks``)."""
+        return self.config.looks()
+
+    @property
     def total_iters(self) -> int:
-        """Iterations to the verdict: profiling (none after ``start_from_plan``), one settle iteration with the plan
-        (where the observed check runs), then ``verify_iters`` per arm."""
-        return (0 if self._from_plan else self.profiling_iters) + 1 + 2 * self.config.verify_iters
+        """Iterations to the latest verdict: profiling (none after ``start_from_plan``), one settle iteration with
+        the plan (where the observed check runs), then up to the last look's pairs (``verify_looks``), two
+        iterations each. The earliest verdict comes ``2 x (last - first look)`` iterations sooner."""
+        return (0 if self._from_plan else self.profiling_iters) + 1 + 2 * self.verify_looks[-1]
 
     def start_from_plan(self, plan: Any) -> None:
         """Skips profiling and search: verifies ``plan`` (e.g. a saved plan that was never
@@ -345,9 +322,11 @@ class Tuner:
             return
         if self.phase is Phase.SEARCHED:
             self.phase = Phase.VERIFYING
-            self._log(it, f"verifying: plan vs defaults, {self.config.verify_iters} iterations each, alternating")
+            points = self.verify_looks
+            more = f" (up to {points[-1]} while undecided)" if len(points) > 1 else ""
+            self._log(it, f"verifying: plan vs defaults, {points[0]} iterations each{more}, alternating")
             return
-        if self.phase is Phase.VERIFYING and min(len(self._verify_plan_us), len(self._verify_default_us)) >= self.config.verify_iters:
+        if self.phase is Phase.VERIFYING:
             self._finish_verify(it)
 
     def build_profile(self) -> Profile:
@@ -402,10 +381,18 @@ class Tuner:
                       f"model MAPE {self.model_mape:.1f}%{pred_txt}")
 
     def _finish_verify(self, it: int) -> None:
-        """VERIFYING -> APPLIED | FELL_BACK by the noise rule (``verify.verdict``)."""
+        """VERIFYING -> APPLIED | FELL_BACK at a look of ``verify_looks`` by the noise rule
+        (``verify.sequential_verdict``); between looks, or at an undecided one, verification goes on."""
         assert self.phase is Phase.VERIFYING, f"verify finished in phase {self.phase.name}"
-        v = verdict(self._verify_plan_us, self._verify_default_us, min_gain=self.config.min_gain,
-                    noise_rule=self.config.noise_rule)
+        points = self.verify_looks
+        v = sequential_verdict(self._verify_plan_us, self._verify_default_us, min_gain=self.config.min_gain,
+                               noise_rule=self.config.noise_rule, first=points[0], cap=points[-1])
+        if v is None:
+            return
+        if not v.decided:
+            nxt = points[points.index(len(self._verify_plan_us)) + 1]
+            self._log(it, f"{v.text}: verifying on to {nxt} iterations each")
+            return
         if v.keep:
             self.phase = Phase.APPLIED
             self.reason = v.text

@@ -42,8 +42,8 @@ class LagomController:
     """The ``--lagom`` training callback (module docstring). One per rank.
 
     Args:
-        warmup_iters, verify_iters, method: ``--lagom-warmup-iters``, ``--lagom-verify-iters``,
-            ``--lagom-method``.
+        warmup_iters, verify_iters, verify_max_iters, method: ``--lagom-warmup-iters``,
+            ``--lagom-verify-iters``, ``--lagom-verify-max-iters`` (None: ``verify_iters``), ``--lagom-method``.
         plan_path: ``--lagom-plan`` (reused when its fingerprint matches; else written there).
         report_path: ``--lagom-report``.
         cluster: cluster name for the cost model (``--lagom-cluster``: ``pretrain_gpt.py``'s
@@ -51,11 +51,13 @@ class LagomController:
             ``cpu-gloo`` on CPU, else ``$LAGOM_CLUSTER``, the preset's cluster or ``h100-sxm-ib400``.
     """
 
-    def __init__(self, *, warmup_iters: int = 1, verify_iters: int = 3, method: str = "priority",
+    def __init__(self, *, warmup_iters: int = 1, verify_iters: int = 3, verify_max_iters: int | None = None,
+                 method: str = "priority",
                  plan_path: str | None = None, report_path: str | None = None, cluster: str | None = None,
                  preset_name: str | None = None, pool_budget_mib: float | None = None) -> None:
         self.warmup_iters = warmup_iters
         self.verify_iters = verify_iters
+        self.verify_max_iters = verify_max_iters
         self.method = method
         self.cluster_name = cluster
         self.preset_name = preset_name
@@ -98,6 +100,7 @@ class LagomController:
     def from_args(cls, args: Any) -> "LagomController":
         """Builds the controller from ``pretrain_gpt.py``'s parsed arguments."""
         return cls(warmup_iters=args.lagom_warmup_iters, verify_iters=args.lagom_verify_iters,
+                   verify_max_iters=getattr(args, "lagom_verify_max_iters", None),
                    method=args.lagom_method, plan_path=args.lagom_plan, report_path=args.lagom_report,
                    cluster=getattr(args, "lagom_cluster", None), preset_name=getattr(args, "preset_name", None),
                    pool_budget_mib=getattr(args, "lagom_pool_budget_mib", None))
@@ -186,7 +189,8 @@ class LagomController:
         for line in getattr(rules, "warnings", lambda: [])():
             say(f"lagom: WARNING: {line}")
         self.tuner = Tuner(
-            Tuner.Config(warmup_iters=max(1, self.warmup_iters), verify_iters=max(1, self.verify_iters), method=self.method),
+            Tuner.Config(warmup_iters=max(1, self.warmup_iters), verify_iters=max(1, self.verify_iters),
+                         verify_max_iters=self.verify_max_iters, method=self.method),
             rules=rules, fingerprint=self.fingerprint, agree=self._agree,
         )
         if plan is not None:
@@ -199,11 +203,17 @@ class LagomController:
 
     def _warn_if_too_short(self, train_iters: int) -> None:
         needed = self.tuner.total_iters
-        if train_iters < needed:
-            verify = 1 + 2 * self.tuner.config.verify_iters
-            say(f"lagom: WARNING: --train-iters {train_iters} ends before tuning does: lagom needs {needed} "
-                 f"iterations ({needed - verify} to profile, then 1 + 2 x {self.tuner.config.verify_iters} "
+        points = self.tuner.verify_looks
+        soonest = needed - 2 * (points[-1] - points[0])
+        if train_iters < soonest:
+            verify = 1 + 2 * points[0]
+            say(f"lagom: WARNING: --train-iters {train_iters} ends before tuning does: lagom needs {soonest} "
+                 f"iterations ({soonest - verify} to profile, then 1 + 2 x {points[0]} "
                  f"to verify); the plan will be saved unverified")
+        elif train_iters < needed:
+            say(f"lagom: WARNING: --train-iters {train_iters} may end before tuning does: the verdict comes "
+                f"after {soonest} iterations, or up to {needed} when it is undecided (--lagom-verify-max-iters "
+                f"{points[-1]}); an undecided plan is then saved unverified")
 
     def _try_reuse_plan(self) -> bool:
         """Loads and applies ``--lagom-plan`` when its fingerprint matches (``reuse.try_reuse_plan``)."""

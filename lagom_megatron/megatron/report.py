@@ -37,7 +37,7 @@ from typing import Any
 
 from lagom_megatron.engine.files import write_json_atomic, write_text_atomic
 from lagom_megatron.engine.knobs import GLOO_DEFAULT_THREADS
-from lagom_megatron.engine.verify import half_range, t_95, verdict
+from lagom_megatron.engine.verify import ALPHA, half_range, t_95, t_quantile, verdict
 
 COLUMNS = ("site_id", "op", "group", "bytes_per_call", "calls_per_iter", "default_config", "chosen_config",
            "tuned", "measured_default_ms", "measured_plan_ms", "predicted_default_ms", "predicted_plan_ms")
@@ -155,7 +155,8 @@ def column_totals(rows: list[SiteRow], summary: dict[str, Any]) -> dict[str, tup
     return out
 
 
-def verdict_rule_text(noise_rule: str, n_pairs: int, min_gain: float, default_us: float, spread_us: float) -> str:
+def verdict_rule_text(noise_rule: str, n_pairs: int, min_gain: float, default_us: float, spread_us: float,
+                      n_looks: int = 1) -> str:
     """How ``engine.verify.verdict`` decided under ``noise_rule`` (the rule it applied, after its
     fallback), in words and milliseconds, for the report's ``rule`` line.
 
@@ -165,8 +166,17 @@ def verdict_rule_text(noise_rule: str, n_pairs: int, min_gain: float, default_us
         min_gain: the smallest relative gain (fraction of the defaults' median).
         default_us: the defaults' median, microseconds.
         spread_us: half the wider arm's range (max - min), microseconds.
+        n_looks: looks of sequential verification (``engine.verify.looks``) the 5% false-accept rate
+            was split over; 1 = one fixed count.
     """
     floor = f"the minimum gain ({min_gain:.1%} of the defaults' median: {_ms(min_gain * default_us)} ms)"
+    if noise_rule == "paired" and n_looks > 1:
+        p = 1.0 - ALPHA / n_looks
+        return (f"paired, sequential over {n_looks} looks: the k-th default and the k-th plan iteration form a pair; "
+                f"the plan is kept at a look when the mean of the {n_pairs} paired differences is more than the larger "
+                f"of its one-sided {p:.2%} Student-t bound (the 95% split over {n_looks} looks: t({p:.4f}, "
+                f"{n_pairs - 1}) x sd / sqrt({n_pairs}), t = {t_quantile(p, n_pairs - 1):.3f}) and {floor}; an "
+                f"undecided look doubles the pairs up to the cap")
     if noise_rule == "paired":
         return (f"paired: the k-th default and the k-th plan iteration form a pair; the plan is kept when the mean "
                 f"of the {n_pairs} paired differences is more than the larger of its one-sided 95% Student-t bound "
@@ -177,13 +187,15 @@ def verdict_rule_text(noise_rule: str, n_pairs: int, min_gain: float, default_us
     return f"{noise_rule}: the plan is kept when the medians' difference is more than {floor}"
 
 
-def verdict_summary(plan_us: list[float], default_us: list[float], *, min_gain: float, noise_rule: str) -> dict[str, Any]:
+def verdict_summary(plan_us: list[float], default_us: list[float], *, min_gain: float, noise_rule: str,
+                    n_looks: int = 1) -> dict[str, Any]:
     """The report's verdict fields, from ``engine.verify.verdict`` (the function and settings the
     tuner's verdict used, so the report shows the threshold that was applied).
 
     Args:
         plan_us, default_us: the verification's iteration times, microseconds, in the order measured.
         min_gain, noise_rule: the tuner's ``Tuner.Config.min_gain`` / ``noise_rule``.
+        n_looks: the tuner's looks (``Tuner.verify_looks``): the bound's level depends on them.
 
     Returns:
         ``gain_us``, ``needed_us``, ``spread_plan_us``, ``spread_default_us`` (microseconds);
@@ -197,7 +209,7 @@ def verdict_summary(plan_us: list[float], default_us: list[float], *, min_gain: 
     Raises:
         statistics.StatisticsError, ValueError: see ``engine.verify.verdict``.
     """
-    v = verdict(plan_us, default_us, min_gain=min_gain, noise_rule=noise_rule)  # type: ignore[arg-type]
+    v = verdict(plan_us, default_us, min_gain=min_gain, noise_rule=noise_rule, n_looks=n_looks)  # type: ignore[arg-type]
     n = min(len(plan_us), len(default_us))
     applied = "half-range" if noise_rule == "paired" and n < 2 else noise_rule
     spread = max(half_range(plan_us), half_range(default_us))
@@ -205,7 +217,7 @@ def verdict_summary(plan_us: list[float], default_us: list[float], *, min_gain: 
     return dict(gain_us=v.gain_us, needed_us=v.needed_us, spread_plan_us=half_range(plan_us),
                 spread_default_us=half_range(default_us),
                 verdict=("plan kept: " if v.keep else "defaults kept: ") + v.text, verdict_figures=figures,
-                noise_rule=applied, verdict_rule=verdict_rule_text(applied, n, min_gain, v.default_us, spread))
+                noise_rule=applied, verdict_rule=verdict_rule_text(applied, n, min_gain, v.default_us, spread, n_looks))
 
 
 def _bytes_text(n: int) -> str:

@@ -63,7 +63,7 @@ def try_reuse_plan(ctl: Any) -> bool:
         if not ctl._prepare_pool_for_plan(plan):
             return True
         say(f"lagom: phase verifying | plan {ctl.files.plan_path} reused (digest {plan.digest()[:12]}) but never "
-             f"verified | profiling and search skipped; {ctl.tuner.total_iters} iterations to verify it")
+             f"verified | profiling and search skipped; {'up to ' if len(ctl.tuner.verify_looks) > 1 else ''}{ctl.tuner.total_iters} iterations to verify it")
         return True
     if not ctl._prepare_pool_for_plan(plan):
         return True

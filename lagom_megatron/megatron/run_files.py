@@ -5,15 +5,19 @@ Files go to the run directory: the folder of ``--lagom-plan``, else ``./lagom_ou
 beside it (the plan's process-scope knobs, which the launch scripts source on the next run),
 ``profile.json`` (``lagom search --profile`` re-searches it offline), ``report.md`` (or
 ``--lagom-report``) and the report's PNG, and on NCCL with the tuner plugin one plan table per
-rank (``tuner_table.rank<r>.csv``). Rank 0 writes the shared files; every rank learns what rank 0
-read through ``consensus``, so all ranks take the same branch.
+rank (``tuner_table.rank<r>.csv``). Each has a name of its own: the pre-flight refuses a run whose
+``--lagom-plan`` or ``--lagom-report`` names another of these files (:meth:`RunFiles.name_clash`).
+Rank 0 writes the shared files; every rank learns what rank 0 read through ``consensus``, so all
+ranks take the same branch.
 
 A plan this run cannot reuse is moved aside together with every file of the run directory that this
 run would otherwise write over (:meth:`RunFiles.plan_files`): each gets the same tag before its
 suffix (``plan.json`` -> ``plan.<tag>.json``, ``profile.json`` -> ``profile.<tag>.json``,
 ``report.md`` -> ``report.<tag>.md``, ...), no existing file is replaced (:func:`rename_no_replace`),
 and the log line names every file moved. When the plan cannot be moved, nothing is moved and this
-run writes none of those files (:meth:`RunFiles.may_write`).
+run writes none of those files (:meth:`RunFiles.may_write`). Without a plan there, the same holds
+for the files that are there (a user's ``report.md``, an earlier run's ``profile.json`` or
+``plan.env``): they are moved aside under the tag ``earlier-<sha>`` before this run writes any.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 
 DEFAULT_RUN_DIR = "lagom_out"
 """Parent of the run directory when ``--lagom-plan`` is not given."""
+TUNER_TABLE = r"tuner_table\.rank\d+\.csv"
+"""Names of the tuner plugin's tables in the run directory, one per rank (:meth:`RunFiles.write_tuner_table`)."""
 STAYS = " (the other plan could not be moved aside: it stays, and this run saves no plan, profile or report over it)"
 """End of the fingerprint warning when the other plan's files could not be moved (``keep_user_file``)."""
 
@@ -142,6 +148,8 @@ class RunFiles:
         self.plan_path = Path(plan_path) if plan_path else self.run_dir / "plan.json"
         self.profile_path = self.run_dir / "profile.json"
         self.report_path = Path(report_path) if report_path else self.run_dir / "report.md"
+        self.plan_given = bool(plan_path)
+        self.report_given = bool(report_path)
         self.rank = rank
         self.keep_user_file = False
         self._held: set[Path] = set()
@@ -169,12 +177,70 @@ class RunFiles:
         paths = [self.plan_path, env_file_path(self.plan_path), self.profile_path]
         for r in reports:
             paths += [r, r.with_suffix(".png")]
-        paths += named(self.run_dir, r"tuner_table\.rank\d+\.csv")
+        paths += named(self.run_dir, TUNER_TABLE)
         out: list[Path] = []
         for p in paths:
             if p not in out and (not existing or os.path.lexists(p)):
                 out.append(p)
         return out
+
+    def outputs(self) -> list[tuple[str, Path, str | None]]:
+        """Each file this run writes at a fixed name, plan first: (what it is, path, why it is there or
+        None for a path the user gave), for messages. The plan, its env file, the profile, the report
+        and its PNG; the tuner tables and the reports of runs that do not tune have numbered names
+        (:meth:`name_clash` matches those by pattern)."""
+        from lagom_megatron.nccl.env_file import env_file_path
+
+        return [("--lagom-plan", self.plan_path, None) if self.plan_given
+                else ("the default plan", self.plan_path, "without --lagom-plan"),
+                ("the plan's env file", env_file_path(self.plan_path), "lagom writes it beside the plan"),
+                ("lagom's profile", self.profile_path, "lagom writes it in the plan's folder"),
+                ("--lagom-report", self.report_path, None) if self.report_given
+                else ("the default report", self.report_path, "without --lagom-report"),
+                ("the report's figure", self.report_path.with_suffix(".png"), "lagom writes it beside the report")]
+
+    def name_clash(self) -> str | None:
+        """Why two files of this run would be one file, or None when each has its own name.
+
+        Two of :meth:`outputs` that name the same file (the same path, a symlink or a hard link to it),
+        or ``--lagom-plan`` / ``--lagom-report`` named as a tuner table of the plan's folder
+        (:data:`TUNER_TABLE`) or ``--lagom-plan`` as the numbered report of a run that does not tune
+        (``<report stem>.<kind>-<n><suffix>``, ``report.report_path_for``): the later write would
+        replace the earlier file (``--lagom-report`` equal to ``--lagom-plan`` wrote the report over
+        the plan).
+
+        Returns:
+            One line naming the flag, the path and the file it would replace; None when no names clash.
+        """
+        from lagom_megatron.megatron.report import RUN_KINDS
+
+        def same(a: Path, b: Path) -> bool:
+            if os.path.realpath(a) == os.path.realpath(b):
+                return True
+            return a.exists() and b.exists() and os.path.samefile(a, b)
+
+        outputs = self.outputs()
+        given = [(what, path) for what, path, why in reversed(outputs) if why is None]  # the report first: it
+        # is the one to rename when it names the plan (the plan may hold a search's result)
+        for what, path in given:
+            for other, other_path, why in outputs:
+                if other_path is path or (other == "the report's figure" and what == "--lagom-report"):
+                    continue  # a report named .png is refused by its suffix (argument_checks.validate_args)
+                if same(path, other_path):
+                    return (f"{what} {str(path)!r} is the same file as {other} {str(other_path)!r}"
+                            f"{f' ({why})' if why else ''}: one would replace the other; give {what} another file name")
+        kinds = [k for k in RUN_KINDS if k != "tuned"]  # a tuning run's report is report_path itself
+        stem, suffix = self.report_path.stem, self.report_path.suffix
+        numbered = rf"{re.escape(stem)}\.({'|'.join(kinds)})-\d+{re.escape(suffix)}"
+        for what, path in given:
+            if same(path.parent, self.run_dir) and re.fullmatch(TUNER_TABLE, path.name):
+                return (f"{what} {str(path)!r} is the name of a tuner table lagom writes in the plan's folder "
+                        f"(tuner_table.rank<r>.csv): one would replace the other; give {what} another file name")
+            if what == "--lagom-plan" and same(path.parent, self.report_path.parent) and re.fullmatch(numbered, path.name):
+                return (f"{what} {str(path)!r} is the name of a report lagom writes for a run that does not tune "
+                        f"({stem}.<{'|'.join(kinds)}>-<n>{suffix}): one would replace the other; give {what} "
+                        "another file name")
+        return None
 
     def may_write(self, path: str | os.PathLike) -> bool:
         """False for a file of a plan that could not be reused nor moved aside (``keep_user_file``):
@@ -185,9 +251,11 @@ class RunFiles:
     def saved_plan(self, fingerprint: dict[str, Any], cluster: Any = None) -> Any:
         """The plan saved at ``plan_path`` if this run can reuse it, the same on every rank. Collective.
 
-        Returns None, after one warning line, when there is no plan or it cannot be reused; then
-        rank 0 moves the file aside with its :meth:`plan_files`, under the same tag, never
-        overwriting or deleting any, and the line names every file moved; the plan's tag is:
+        Returns None when there is no plan (after moving aside, with one warning line, the other
+        :meth:`plan_files` that are there: ``<stem>.earlier-<sha><suffix>``), or, after one warning
+        line, when it cannot be reused; then rank 0 moves the file aside with its :meth:`plan_files`,
+        under the same tag, never overwriting or deleting any, and the line names every file moved;
+        the plan's tag is:
 
         - it cannot be read, is not valid JSON or not a valid plan: ``plan.corrupt-<sha>.json``;
         - an entry or its env breaks the rules ``lagom plan validate`` applies (:func:`plan_problem`
@@ -201,6 +269,8 @@ class RunFiles:
         from lagom_megatron.megatron import consensus
 
         if not consensus.broadcast_object(self.plan_path.is_file()):
+            if self.rank == 0:
+                self._move_earlier_files()
             return None
         plan, error, kept = None, None, None
         if self.rank == 0:
@@ -230,16 +300,33 @@ class RunFiles:
             return None
         return consensus.agree_plan(plan if plan is not None else Plan(entries={}), from_dict=Plan.from_dict)
 
+    def _move_earlier_files(self) -> None:
+        """Without a plan at ``plan_path``: moves the other :meth:`plan_files` that exist (a user's
+        ``report.md``, an earlier run's ``profile.json`` or ``plan.env``) aside under one tag
+        ``earlier-<sha>`` (the first file's :func:`_file_sha`), as a plan's files are moved, and logs
+        what was moved; when one cannot be moved, all stay and this run writes none of them (rank 0)."""
+        sources = self.plan_files()
+        if not sources:
+            return
+        kept = self._move_aside("earlier-" + _file_sha(sources[0]))
+        if kept is not None:
+            say(f"lagom: WARNING: no plan at {self.plan_path}, but this run would write over {len(sources)} "
+                f"file(s) there: moved aside as {kept}; searching a new plan")
+        else:
+            say(f"lagom: WARNING: no plan at {self.plan_path}, and {', '.join(str(p) for p in sources)} could not "
+                "be moved aside: they stay, and this run writes none of them; searching a new plan")
+
     def _move_aside(self, tag: str) -> str | None:
-        """Moves the plan and its other :meth:`plan_files` to ``<stem>.<tag><suffix>`` (rank 0).
+        """Moves the plan and its other :meth:`plan_files` (the existing ones) to ``<stem>.<tag><suffix>`` (rank 0).
 
         The tag gets ``-2``, ``-3``, ... when a file of that name exists already (a plan moved aside
         earlier), so that nothing is replaced. All or nothing: when a file cannot be moved, those
         already moved are moved back, ``keep_user_file`` is set and :meth:`may_write` refuses every
-        file of the plan.
+        file of the plan (without a plan at ``plan_path``: the files that could not all be moved).
 
         Returns:
-            The files moved, for the log line (``<plan> with <file>, <file>``); None when they stay.
+            The files moved, for the log line (``<plan> with <file>, <file>``, or ``<file>, <file>``
+            without a plan); None when they stay.
         """
         sources = self.plan_files()
         base, n = tag, 1
@@ -258,9 +345,11 @@ class RunFiles:
                     except OSError:
                         pass  # its bytes are safe under the new name; the old one is held below
                 self.keep_user_file = True
-                self._held = set(self.plan_files(existing=False))
+                self._held = set(self.plan_files(existing=False)) if sources[0] == self.plan_path else set(sources)
                 return None
             moved.append((src, dst))
+        if sources[0] != self.plan_path:
+            return ", ".join(str(d) for _, d in moved)
         (_, plan), *rest = moved
         return f"{plan}" + (f" with {', '.join(str(d) for _, d in rest)}" if rest else "")
 
@@ -268,12 +357,15 @@ class RunFiles:
         """Saves the plan and, beside it, the env file of its process-scope knobs (``plan.env``),
         which the launch scripts source on the next run (NCCL reads those knobs once per process).
         A knob outside NCCL's domain is logged and left out of the env file; training goes on."""
-        from lagom_megatron.nccl.env_file import write_plan_env_file
+        from lagom_megatron.nccl.env_file import env_file_path, write_plan_env_file
 
         if not self.may_write(self.plan_path):  # a plan that could not be moved aside is never overwritten
             say(f"lagom: WARNING: plan not saved: {self.plan_path} could not be reused nor moved aside")
             return
         plan.save(self.plan_path)
+        if not self.may_write(env_file_path(self.plan_path)):
+            say(f"lagom: WARNING: env file not written: {env_file_path(self.plan_path)} could not be moved aside")
+            return
         try:
             write_plan_env_file(self.plan_path, plan.env)
         except ValueError as exc:

@@ -54,7 +54,8 @@ def run_summary(ctl: Any) -> dict[str, Any]:
                 out[key] = plan.stats[key]
     vp, vd = out.get("verify_plan_us") or [], out.get("verify_default_us") or []
     if vp and vd and tuner is not None:
-        out.update(verdict_summary(vp, vd, min_gain=tuner.config.min_gain, noise_rule=tuner.config.noise_rule))
+        out.update(verdict_summary(vp, vd, min_gain=tuner.config.min_gain, noise_rule=tuner.config.noise_rule,
+                                   n_looks=len(tuner.verify_looks)))
     if kind == "reused" and plan is not None:
         kept_defaults = plan.rejected
         saved = plan.stats.get("verification_reason") or "no reason saved"
@@ -73,7 +74,8 @@ def run_summary(ctl: Any) -> dict[str, Any]:
         out["reason"] = (f"training stopped at iteration {ctl._last_iteration} of {ctl._train_iters} (an error or "
                          f"a signal) while lagom was {phase}; defaults kept" if kind == "interrupted" else
                          f"--train-iters {ctl._train_iters} ended while lagom was {phase}: tuning needs "
-                         f"{tuner.total_iters} iterations; defaults kept")
+                         f"{'up to ' if len(tuner.verify_looks) > 1 else ''}{tuner.total_iters} iterations; "
+                         "defaults kept")
     # only files that exist: a run that never saved a plan or a profile does not name one
     out["plan_path"] = str(ctl.files.plan_path) if ctl.files.plan_path.is_file() else None
     out["profile_path"] = str(ctl.files.profile_path) if ctl.files.profile_path.is_file() else None

@@ -174,7 +174,7 @@ def tuner_rows(plan: Plan, *, extended: bool) -> list[TunerRow]:
                 raise ValueError(
                     f"site {site_id} {what}: NCCL's example tuner plugin would read that as ring / simple / "
                     "1 channel, or drop the chunk size; the 10-column table holds only explicit algorithm, "
-                    "protocol and channels (export with extended=True / --extended for lagom's plugin)")
+                    "protocol and channels (export with --extended for lagom's plugin)")
         decision = (TUNER_ALGORITHM.get(c.algorithm, "-1"), TUNER_PROTOCOL.get(c.protocol, "-1"),
                     str(c.n_channels if c.n_channels is not None else -1))
         if extended:

@@ -236,20 +236,37 @@ def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
     return list(rules.probe_configs()) + extra
 
 
+def verify_counts(preset: Any, verify_iters: int | None = None, verify_max_iters: int | None = None) -> tuple[int, int | None]:
+    """Verification's (first look, cap) for a simulated run: the options when given, else the preset's
+    ``lagom_verify_iters`` / ``lagom_verify_max_iters``; ``verify_iters`` given alone means one look
+    (a cap of its own count), as ``--lagom-verify-iters`` alone does in training.
+
+    Raises:
+        ValueError: a cap below the first look.
+    """
+    first = verify_iters if verify_iters is not None else preset.lagom.lagom_verify_iters
+    cap = verify_max_iters if verify_max_iters is not None else (
+        None if verify_iters is not None else preset.lagom.lagom_verify_max_iters)
+    if cap is not None and cap < first:
+        raise ValueError(f"verify_max_iters {cap} is below verify_iters {first}; allowed: {first} or more")
+    return first, cap
+
+
 def run_lifecycle(sim: SimulatedCluster, *, method: str = "priority", verify_iters: int = 3, warmup_iters: int = 1,
                   after_iters: int = 3, probe_configs: list[CommConfig] | None = None, first_iteration: int = 0,
-                  pool_budget_bytes: int | None = None) -> LifecycleResult:
+                  pool_budget_bytes: int | None = None, verify_max_iters: int | None = None) -> LifecycleResult:
     """Runs profile -> probe -> fit + search -> agree -> verify on ``sim`` with the real ``Tuner``,
     then ``after_iters`` more iterations with whatever the tuner kept.
 
     ``probe_configs`` None: ``algorithm_probes`` of the cluster's rules. ``pool_budget_bytes``: the
     communicator pool's budget the search respects (``NcclRules.pool_budget_bytes``); None = unbounded.
+    ``verify_iters`` / ``verify_max_iters``: ``Tuner.Config``'s (sequential verification up to the cap).
 
     Returns:
         A ``LifecycleResult``.
     """
     rules = NcclRules(sim.cluster, backend="sim", pool_budget_bytes=pool_budget_bytes)
-    cfg = Tuner.Config(warmup_iters=warmup_iters, verify_iters=verify_iters, method=method,
+    cfg = Tuner.Config(warmup_iters=warmup_iters, verify_iters=verify_iters, verify_max_iters=verify_max_iters, method=method,
                        probe_configs=probe_configs if probe_configs is not None else algorithm_probes(rules))
     tuner = Tuner(cfg, rules=rules, fingerprint=sim.fingerprint())
     out = LifecycleResult(tuner=tuner)

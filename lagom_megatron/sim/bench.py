@@ -156,7 +156,11 @@ def main(argv: list[str] | None = None, *, parser_class: type[argparse.ArgumentP
     ap.add_argument("--seeds", type=_positive_int(0), nargs="+", default=list(SEEDS), help="noise seeds (default 0-4)")
     ap.add_argument("--iters", type=_positive_int(1), default=5, help="simulated iterations per median")
     ap.add_argument("--verify-iters", type=_positive_int(1), default=None,
-                    help="lagom's verification iterations per arm (default: each preset's lagom_verify_iters)")
+                    help="lagom's verification iterations per arm at its first look (default: each preset's "
+                         "lagom_verify_iters; given alone, also the cap)")
+    ap.add_argument("--verify-max-iters", type=_positive_int(1), default=None,
+                    help="the most verification iterations per arm while the verdict is undecided (default: each "
+                         "preset's lagom_verify_max_iters, or --verify-iters when that is given)")
     ap.add_argument("--microbatches", nargs="+", default=None,
                     help="micro-batches per DP rank for --presets / --clusters rows: 'preset' and/or integers >= 1 "
                          "(default: the table's rows, or 2)")
@@ -182,10 +186,12 @@ def main(argv: list[str] | None = None, *, parser_class: type[argparse.ArgumentP
             ap.error(str(exc))
     rows = _rows(ap, args, accum)
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        ap.error(f"--out {str(out)!r} is a file; give a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        ap.error(f"--out {str(out)!r} cannot be created: {exc}")
+        ap.error(f"--out {str(out)!r} cannot be created: {exc.strerror or exc}")
     if not os.access(out, os.W_OK):
         ap.error(f"--out {str(out)!r} is not writable")
     tuner_log = logging.getLogger("lagom.tuner")
@@ -205,6 +211,7 @@ def _rows(ap: argparse.ArgumentParser, args: argparse.Namespace, accum: list[int
     """The (preset, cluster, micro-batches) rows to run; refuses unknown presets and clusters and CPU ones."""
     from lagom_megatron.config.presets import load_preset
     from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.sim.backend import verify_counts
 
     def load(p: str):
         try:
@@ -227,25 +234,39 @@ def _rows(ap: argparse.ArgumentParser, args: argparse.Namespace, accum: list[int
             spec = ClusterSpec.load(c)
         except (ValueError, FileNotFoundError) as exc:
             ap.error(str(exc))
-        if spec.backend != "nccl" or ClusterSpec.load(preset.cluster).backend != "nccl":
+        if ClusterSpec.load(preset.cluster).backend != "nccl":
             ap.error(f"preset {p!r} on cluster {c!r}: the simulator models GPU clusters (nccl); "
                      f"CPU presets train for real with scripts/pretrain_gpt.py --preset {p} --lagom (README)")
+        if spec.backend != "nccl":
+            ap.error(f"cluster {c!r} is a CPU (gloo) cluster; the simulator models GPU clusters: {', '.join(gpu_clusters())}")
+        try:
+            verify_counts(preset, args.verify_iters, args.verify_max_iters)
+        except ValueError as exc:
+            ap.error(f"--verify-max-iters for preset {p!r}: {exc}")
     return list(dict.fromkeys(rows))
+
+
+def gpu_clusters() -> list[str]:
+    """The shipped clusters the simulator models: those of backend nccl."""
+    from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
+
+    return [n for n in available_clusters() if ClusterSpec.load(n).backend == "nccl"]
 
 
 def _one(job: tuple) -> list[dict[str, Any]]:
     from lagom_megatron.config.presets import load_preset
+    from lagom_megatron.sim.backend import verify_counts
     from lagom_megatron.sim.bench_row import run_row
 
-    preset, cluster, mb, seeds, iters, verify_iters = job
+    preset, cluster, mb, seeds, iters, verify_iters, verify_max_iters = job
     logging.getLogger("lagom.tuner").setLevel(logging.ERROR)
-    vi = verify_iters or load_preset(preset).lagom.lagom_verify_iters
-    return run_row(preset, cluster, seeds=seeds, iters=iters, microbatches=mb, verify_iters=vi)
+    vi, cap = verify_counts(load_preset(preset), verify_iters, verify_max_iters)
+    return run_row(preset, cluster, seeds=seeds, iters=iters, microbatches=mb, verify_iters=vi, verify_max_iters=cap)
 
 
 def _run(args: argparse.Namespace, pairs: list[tuple[str, str, int | None]], out: Path) -> int:
     t0 = time.perf_counter()
-    jobs = [(p, c, m, list(args.seeds), args.iters, args.verify_iters) for p, c, m in pairs]
+    jobs = [(p, c, m, list(args.seeds), args.iters, args.verify_iters, args.verify_max_iters) for p, c, m in pairs]
     rows: list[dict[str, Any]] = []
 
     def report(got: list[dict[str, Any]]) -> None:

@@ -33,6 +33,11 @@ UB_GROUPS = frozenset({"dp", "dp_cp"})
 """Groups whose buffers ``--use-nccl-ub`` registers (Megatron-Core: DP / FSDP communication)."""
 BASE = 100_000
 """First iteration of the measured medians (away from the tuner's and AutoCCL's iterations)."""
+AUTOCCL_FIRST, LAGOM_FIRST, LAGOM_HP_FIRST = 10_000, 20_000, 60_000
+"""First iterations of AutoCCL's online search (under a hundred iterations), lagom's lifecycle and
+lagom's with every group on a high-priority stream (each profiling plus two iterations per
+verification pair: a few thousand at most). Noise draws depend on the seed and the iteration
+(``SimulatedCluster``), so runs at disjoint iterations draw independent noise."""
 
 
 def with_microbatches(preset: Any, n: int) -> Any:
@@ -104,7 +109,8 @@ def shared(sim: Any) -> dict[str, Any]:
             "oracle_quiet_us": orc_us, "runs": cap_runs + orc_runs + 2, "ub": ub_applies(sim)}
 
 
-def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_iters: int) -> dict[str, Any]:
+def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_iters: int,
+             verify_max_iters: int | None = None) -> dict[str, Any]:
     """Every method of the row under seed ``seed`` (module docstring)."""
     from lagom_megatron.sim.backend import run_lifecycle
     from lagom_megatron.sim.bench_autoccl import autoccl
@@ -118,11 +124,12 @@ def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_it
     row["nemo_yaml_ms"] = median_us(sim, iters=iters, group_caps={g: c for g, c in NEMO_CAPS.items() if g in groups}) / 1e3
     row["hp_stream_ms"] = median_us(sim, iters=iters, high_priority=groups) / 1e3
     row["nccl_ub_ms"] = median_us(sim, iters=iters, registered=UB_GROUPS) / 1e3 if base["ub"] else None
-    auto, auto_iters = autoccl(sim, first_iteration=10_000, seed=seed)
+    auto, auto_iters = autoccl(sim, first_iteration=AUTOCCL_FIRST, seed=seed)
     row["autoccl_ms"] = median_us(sim, iters=iters, assignment=auto, fork=True) / 1e3
     oracle_us = median_us(sim, iters=iters, assignment=base["oracle_plan"])
     row["oracle"] = default / oracle_us
-    r = run_lifecycle(sim, method="priority", verify_iters=verify_iters, after_iters=0, first_iteration=seed * 1000)
+    verify = {"verify_iters": verify_iters, "verify_max_iters": verify_max_iters}
+    r = run_lifecycle(sim, method="priority", **verify, after_iters=0, first_iteration=LAGOM_FIRST)
     plan = r.tuner.plan
     assignment = {k: e.config for k, e in plan.entries.items()} if plan is not None else {}
     plan_us = median_us(sim, iters=iters, assignment=assignment)
@@ -131,7 +138,7 @@ def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_it
     # entries inherit the group's stream priority, nccl/pool.py): a details column
     sim.high_priority = groups
     try:
-        hp = run_lifecycle(sim, method="priority", verify_iters=verify_iters, after_iters=0, first_iteration=seed * 1000 + 500)
+        hp = run_lifecycle(sim, method="priority", **verify, after_iters=0, first_iteration=LAGOM_HP_FIRST)
         hp_plan = {k: e.config for k, e in hp.tuner.plan.entries.items()} if hp.tuner.plan is not None else {}
         hp_kept = median_us(sim, iters=iters, assignment=hp_plan if hp.tuner.phase.value == "applied" else {})
     finally:
@@ -148,8 +155,9 @@ def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_it
 
 
 def run_row(preset_name: str, cluster: str, *, seeds: list[int], iters: int, microbatches: int | None,
-            verify_iters: int) -> list[dict[str, Any]]:
-    """All seeds of one row. ``microbatches`` None = the preset's own global batch."""
+            verify_iters: int, verify_max_iters: int | None = None) -> list[dict[str, Any]]:
+    """All seeds of one row. ``microbatches`` None = the preset's own global batch; ``verify_iters`` /
+    ``verify_max_iters``: lagom's verification (first look, cap; ``Tuner.Config``)."""
     from lagom_megatron.config.presets import load_preset
     from lagom_megatron.sim.backend import SimulatedCluster
 
@@ -162,7 +170,7 @@ def run_row(preset_name: str, cluster: str, *, seeds: list[int], iters: int, mic
     rows = []
     for seed in seeds:
         row = {"preset": preset_name, "cluster": sim.cluster.name, "microbatches": sim.workload.microbatches}
-        row.update(one_seed(sim, base, seed=seed, iters=iters, verify_iters=verify_iters))
+        row.update(one_seed(sim, base, seed=seed, iters=iters, verify_iters=verify_iters, verify_max_iters=verify_max_iters))
         rows.append(row)
     for row in rows:
         row["wall_s"] = (time.perf_counter() - t0) / len(rows)

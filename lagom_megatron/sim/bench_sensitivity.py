@@ -29,14 +29,15 @@ SENSITIVITY_ROWS: tuple[tuple[str, str, int], ...] = (
 COLUMNS = ("constant", "end", "value", "preset", "cluster", "microbatches", "kept", "oracle", "best_static", "bound")
 
 
-def one(preset_name: str, cluster: str, mb: int | None, verify_iters: int | None) -> dict[str, float]:
+def one(preset_name: str, cluster: str, mb: int | None, verify_iters: int | None,
+        verify_max_iters: int | None = None) -> dict[str, float]:
     """Speed-ups over NCCL defaults of one row under the current constants (seed 0)."""
     from lagom_megatron.config.presets import load_preset
-    from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
+    from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle, verify_counts
     from lagom_megatron.sim.bench_row import NEMO_CAPS, UB_GROUPS, groups_of, median_us, shared, with_microbatches
 
     preset = load_preset(preset_name)
-    vi = verify_iters or preset.lagom.lagom_verify_iters
+    vi, cap = verify_counts(preset, verify_iters, verify_max_iters)
     sim = SimulatedCluster(with_microbatches(preset, mb) if mb else preset, cluster, seed=0)
     base = shared(sim)
     groups = frozenset(groups_of(sim))
@@ -46,7 +47,7 @@ def one(preset_name: str, cluster: str, mb: int | None, verify_iters: int | None
               median_us(sim, iters=5, high_priority=groups)]
     if base["ub"]:
         static.append(median_us(sim, iters=5, registered=UB_GROUPS))
-    r = run_lifecycle(sim, method="priority", verify_iters=vi, after_iters=0)
+    r = run_lifecycle(sim, method="priority", verify_iters=vi, verify_max_iters=cap, after_iters=0)
     plan = r.tuner.plan
     kept = default
     if plan is not None and r.tuner.phase.value == "applied":
@@ -71,7 +72,7 @@ def run_sensitivity(args: argparse.Namespace, out: Path, *, constants: list[str]
         rows = [r for r in rows if r[1] is not None]
     names = constants or list(CONSTANTS)
     lines: list[dict[str, Any]] = []
-    central = {r: one(*r, args.verify_iters) for r in rows}
+    central = {r: one(*r, args.verify_iters, args.verify_max_iters) for r in rows}
     for r, v in central.items():
         lines.append({"constant": "-", "end": "value", "value": "", "preset": r[0], "cluster": r[1], "microbatches": r[2], **v})
     for name in names:
@@ -81,7 +82,7 @@ def run_sensitivity(args: argparse.Namespace, out: Path, *, constants: list[str]
             with overridden({name: x}):
                 for r in rows:
                     lines.append({"constant": name, "end": end, "value": x, "preset": r[0], "cluster": r[1],
-                                  "microbatches": r[2], **one(*r, args.verify_iters)})
+                                  "microbatches": r[2], **one(*r, args.verify_iters, args.verify_max_iters)})
         print(f"  {name}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
     _write(lines, out / "sensitivity.csv")
     print_tornado(lines, rows)

@@ -251,7 +251,8 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
            f"--lr-warmup-iters {args.lr_warmup_iters} must be in [0, --lr-decay-iters {args.lr_decay_iters})"
            + (" (--lr-decay-iters defaults to --train-iters)" if decay_default else ""))
     bounds = lagom_value_problems({"lagom_warmup_iters": args.lagom_warmup_iters,
-                                   "lagom_verify_iters": args.lagom_verify_iters})
+                                   "lagom_verify_iters": args.lagom_verify_iters,
+                                   "lagom_verify_max_iters": getattr(args, "lagom_verify_max_iters", None)})
     _check(not bounds, bounds[0].what if bounds else "")
     for flag, value in (("--lagom-report", args.lagom_report), ("--lagom-plan", args.lagom_plan)):
         if value:

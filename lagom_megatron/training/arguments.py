@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Sequence
 
 from lagom_megatron.training.arguments_megatron_lm import add_megatron_lm_args
@@ -39,6 +40,11 @@ the same in 0.18.2)."""
 DATA_PARALLEL_SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 """``--data-parallel-sharding-strategy`` choices, Megatron-LM's (core_v0.16.1-core_v0.18.2 ``arguments.py``) and
 Megatron-FSDP's (``megatron_fsdp/param_and_grad_buffer.py`` ``_init_each_parameter_group_buffers``)."""
+
+LAYOUT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size")
+"""The flags whose product divides the world into data-parallel replicas: given on the command line,
+they name the layout themselves, so a preset's world size no longer has to be the job's
+(``training.preflight.preset_world_problem``)."""
 
 MEGATRON_LM_REFUSED: dict[str, str] = {
     "--overlap-p2p-communication": "Megatron-LM has no such flag: pipeline send/recv overlap is on by "
@@ -277,10 +283,13 @@ def parse_args(argv: Sequence[str] | None = None, *, exit_on_error: bool = True)
         argv: the arguments (``sys.argv[1:]`` when None).
         exit_on_error: True: argparse prints usage and exits 2 on a bad flag or value, as
             ``pretrain_gpt.py`` does. False: raise ``ValueError`` instead (``lagom doctor``), with
-            argparse's message; an unknown flag names the closest known one.
+            argparse's message. Either way an unknown flag names the closest known one
+            (``unrecognized arguments: --lagom-warmup-iter (did you mean --lagom-warmup-iters?) 3``).
 
     Returns:
-        The namespace, with ``args.preset_name`` set to the loaded preset's name (or None).
+        The namespace, with ``args.preset_name`` set to the loaded preset's name (or None),
+        ``args.preset_world_size`` to the world size it names (None without one) and
+        ``args.layout_flags_given`` to the :data:`LAYOUT_FLAGS` on the command line.
 
     Raises:
         ValueError: unknown preset, malformed preset YAML, or an unknown preset key (each names the
@@ -294,30 +303,32 @@ def parse_args(argv: Sequence[str] | None = None, *, exit_on_error: bool = True)
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--preset", default=None)
     known, _ = pre.parse_known_args(argv)
-    preset_name = None
+    preset_name, preset_world_size = None, None
     if known.preset:
         from lagom_megatron.config.presets import load_preset
 
         preset = load_preset(known.preset)
         preset_name = preset.name
+        if "world_size" in preset.model_fields_set:  # a preset that names no world size names no layout
+            preset_world_size = preset.world_size
         defaults = preset.to_args()
         dests = {a.dest for a in parser._actions}
         missing = sorted(k for k in defaults if k not in dests)
         if missing:  # a schema field without a flag is a bug of this module, not of the preset
             raise ValueError(f"preset {preset_name!r}: keys without a command-line flag: {', '.join(missing)}")
         parser.set_defaults(**defaults)
-    if exit_on_error:
-        args = parser.parse_args(argv)
-    else:
-        args, unknown = parser.parse_known_args(argv)
-        if unknown:
-            import difflib
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse's own line, with the closest known flag named: the script and the doctor alike
+        import difflib
 
-            flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-            words = []
-            for word in unknown:
-                close = difflib.get_close_matches(word.partition("=")[0], flags, n=1) if word.startswith("--") else []
-                words.append(f"{word} (did you mean {close[0]}?)" if close else word)
-            raise ValueError(f"unrecognized arguments: {' '.join(words)}")
+        flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+        words = []
+        for word in unknown:
+            close = difflib.get_close_matches(word.partition("=")[0], flags, n=1) if word.startswith("--") else []
+            words.append(f"{word} (did you mean {close[0]}?)" if close else word)
+        parser.error(f"unrecognized arguments: {' '.join(words)}")  # exits 2 (or raises ValueError, above)
     args.preset_name = preset_name
+    args.preset_world_size = preset_world_size
+    words = list(sys.argv[1:] if argv is None else argv)
+    args.layout_flags_given = tuple(f for f in LAYOUT_FLAGS if any(w == f or w.startswith(f + "=") for w in words))
     return args

@@ -1,6 +1,8 @@
 """lagom's command-line flags (``--lagom*``): their one definition, which ``scripts/pretrain_gpt.py`` and
 the patches for a Megatron-LM checkout share, and the pre-flight rule that refuses an option only
-``--lagom`` reads when ``--lagom`` is not given (it would be ignored silently otherwise).
+``--lagom`` reads when ``--lagom`` is not given (it would be ignored silently otherwise). Two options
+are read on every run and so need no ``--lagom``: ``--lagom-allow-untested-versions`` and
+``--lagom-cluster`` (:data:`LAGOM_ONLY_FLAGS`).
 
 This module imports neither torch nor Megatron.
 """
@@ -18,6 +20,7 @@ LAGOM_FLAGS: frozenset[str] = frozenset(
         "--lagom",
         "--lagom-warmup-iters",
         "--lagom-verify-iters",
+        "--lagom-verify-max-iters",
         "--lagom-plan",
         "--lagom-method",
         "--lagom-report",
@@ -53,6 +56,9 @@ def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "default, one serialized and one iteration per probe config.")
     g.add_argument("--lagom-verify-iters", type=int, default=4,
                    help="Measured iterations per arm (plan, defaults; alternating) before the plan is kept or dropped.")
+    g.add_argument("--lagom-verify-max-iters", type=int, default=None,
+                   help="Most measured iterations per arm: an undecided verdict doubles the iterations per arm up to "
+                        "this (default: --lagom-verify-iters, one verdict); the false-accept rate stays 5%%.")
     g.add_argument("--lagom-plan", default=None,
                    help="Plan file: reused when it exists and its fingerprint matches (applied if verified, "
                         "verified first if never verified, skipped if rejected); written after the search otherwise.")
@@ -75,7 +81,7 @@ def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-LAGOM_ONLY_FLAGS = ("--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-plan", "--lagom-method", "--lagom-report",
+LAGOM_ONLY_FLAGS = ("--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-verify-max-iters", "--lagom-plan", "--lagom-method", "--lagom-report",
                     "--lagom-pool-budget-mib")
 """The ``--lagom-*`` options that only the ``--lagom`` controller reads (``megatron.controller.LagomController
 .from_args``). ``--lagom-allow-untested-versions`` is not one: ``pretrain_gpt.py`` checks the versions on
@@ -88,12 +94,16 @@ allocator, communicators and kernels; a thousand more only postpone tuning)."""
 MAX_VERIFY_ITERS = 200
 """Upper bound of ``--lagom-verify-iters`` (and of ``lagom simulate --verify-iters``): measured
 iterations per arm, plan and defaults alternating, before the verdict."""
+MAX_VERIFY_MAX_ITERS = 1000
+"""Upper bound of ``--lagom-verify-max-iters``: a gain of 0.3% at 1% iteration noise takes a few hundred
+pairs to confirm; beyond a thousand the run spends its first 2000 iterations alternating."""
 
 
 def lagom_value_problems(args: Mapping[str, Any]) -> list[Finding]:
-    """``--lagom-warmup-iters`` outside 1..:data:`MAX_WARMUP_ITERS` and ``--lagom-verify-iters`` outside
+    """``--lagom-warmup-iters`` outside 1..:data:`MAX_WARMUP_ITERS`, ``--lagom-verify-iters`` outside
     1..:data:`MAX_VERIFY_ITERS` (an unbounded count made the run alternate an unverified plan with the
-    defaults to its end and report that tuning needed 2e20 iterations).
+    defaults to its end and report that tuning needed 2e20 iterations), ``--lagom-verify-max-iters``
+    outside 1..:data:`MAX_VERIFY_MAX_ITERS` or below ``--lagom-verify-iters``.
 
     Returns:
         One ``Finding`` of level error, rule id ``lagom-flags``, per value out of range.
@@ -102,13 +112,21 @@ def lagom_value_problems(args: Mapping[str, Any]) -> list[Finding]:
     for flag, hi, why in (
             ("--lagom-warmup-iters", MAX_WARMUP_ITERS, "untimed iterations before profiling starts"),
             ("--lagom-verify-iters", MAX_VERIFY_ITERS, "measured iterations per arm (plan, defaults) before the "
-                                                       "verdict; the run needs twice as many")):
+                                                       "verdict; the run needs twice as many"),
+            ("--lagom-verify-max-iters", MAX_VERIFY_MAX_ITERS, "the most measured iterations per arm while the "
+                                                               "verdict is undecided")):
         value = args.get(flag[2:].replace("-", "_"))
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
             out.append(Finding("error", "lagom-flags", f"{flag} {value} is out of range; allowed: an integer in 1..{hi}",
                                f"{flag} counts {why}", f"give {flag} a value in 1..{hi}"))
+    first, cap = args.get("lagom_verify_iters"), args.get("lagom_verify_max_iters")
+    if not out and isinstance(cap, int) and isinstance(first, int) and cap < first:
+        out.append(Finding("error", "lagom-flags", f"--lagom-verify-max-iters {cap} is below --lagom-verify-iters "
+                                                   f"{first}; allowed: an integer in {first}..{MAX_VERIFY_MAX_ITERS}",
+                           "the cap bounds the iterations per arm that --lagom-verify-iters starts with",
+                           f"raise --lagom-verify-max-iters to {first} or more, or drop it"))
     return out
 
 

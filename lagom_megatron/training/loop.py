@@ -218,7 +218,8 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
             f"overlap_grad_reduce={args.overlap_grad_reduce} overlap_param_gather={args.overlap_param_gather} "
             f"use_distributed_optimizer={args.use_distributed_optimizer} ddp_bucket_size={args.ddp_bucket_size}")
         log(f"pretrain_gpt: lagom={args.lagom} lagom_warmup_iters={args.lagom_warmup_iters} "
-            f"lagom_verify_iters={args.lagom_verify_iters} lagom_method={args.lagom_method} "
+            f"lagom_verify_iters={args.lagom_verify_iters} "
+            f"lagom_verify_max_iters={getattr(args, 'lagom_verify_max_iters', None)} lagom_method={args.lagom_method} "
             f"lagom_plan={args.lagom_plan} lagom_report={args.lagom_report} "
             f"lagom_cluster={getattr(args, 'lagom_cluster', None)}")
         inactive = inactive_flags(args, build_parser(), on_gpu=on_gpu)

@@ -20,9 +20,10 @@ import copy
 import os
 from typing import Any, Callable, Mapping
 
+from lagom_megatron.training.arguments import LAYOUT_FLAGS
 from lagom_megatron.training.comm_config import rule_comm_config
 from lagom_megatron.training.preflight_env import rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides
-from lagom_megatron.training.preflight_files import rule_master_port, rule_output_folders, rule_plan_lock
+from lagom_megatron.training.preflight_files import rule_master_port, rule_output_folders, rule_output_names, rule_plan_lock
 from lagom_megatron.training.preflight_moe import rule_moe_overlap, rule_uneven_pipeline
 from lagom_megatron.training.preflight_rules import (
     rule_batch, rule_ddp_bucket_size, rule_experts, rule_fsdp_sharding, rule_heads, rule_layers, rule_nodes,
@@ -38,7 +39,7 @@ from lagom_megatron.training.target_cluster import (  # noqa: F401 (load_cluster
 ARGUMENT_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_values, rule_megatron_flags, rule_lagom_flags, rule_world_size, rule_batch, rule_heads, rule_layers,
     rule_uneven_pipeline, rule_experts, rule_moe_overlap, rule_sequence, rule_overlap_param_gather, rule_fsdp_sharding,
-    rule_ddp_bucket_size, rule_output_folders, rule_plan_lock, rule_master_port, rule_versions,
+    rule_ddp_bucket_size, rule_output_folders, rule_output_names, rule_plan_lock, rule_master_port, rule_versions,
 )
 """The rules that read the arguments, the environment and local files but nothing of the cluster
 (GPUs per node, compute capability, NCCL version, backend): training runs them before detecting
@@ -217,6 +218,52 @@ def check_run(args: Any, environ: Mapping[str, str] | None = None, cluster: Any 
     return findings
 
 
+def preset_world_problem(args: Any, world_size: int) -> Finding | None:
+    """A preset run with another world size than the preset names, or None when they agree.
+
+    A preset names a layout (``cpu-tp2-dp2``: TP 2 x DP 2 on 4 processes); run with another process
+    count it would silently train another one (2 processes: DP 1) and, with ``--lagom``, save that
+    layout's plan in the preset's folder. Without a layout flag of
+    ``training.arguments.LAYOUT_FLAGS`` on the command line that is an error naming both world sizes
+    and the launch that fits; with one the command line names the layout itself: a warning.
+
+    Args:
+        args: ``pretrain_gpt.py``'s namespace (``preset_world_size``, ``layout_flags_given`` and the
+            layout sizes, ``training.arguments.parse_args``).
+        world_size: the job's ranks (``WORLD_SIZE``; 1 for a plain ``python`` run).
+
+    Returns:
+        A ``Finding`` of rule ``preset-world-size`` (error or warning), or None.
+    """
+    want = getattr(args, "preset_world_size", None)
+    if want is None or want == world_size:
+        return None
+    from lagom_megatron.config.presets import load_preset
+
+    mp = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
+    layout = (f"TP={args.tensor_model_parallel_size} x PP={args.pipeline_model_parallel_size} x "
+              f"CP={args.context_parallel_size} x DP={world_size // mp}")
+    name = args.preset_name
+    given = getattr(args, "layout_flags_given", ())
+    ranks = f"this job has {world_size} process{'es' if world_size != 1 else ''} (WORLD_SIZE={world_size})"
+    if given:
+        return Finding("warning", "preset-world-size",
+                       f"preset {name!r} is for world size {want} but {ranks}: training {layout}, the layout "
+                       f"{', '.join(given)} give{'s' if len(given) == 1 else ''}",
+                       "the command line names the layout itself", f"launch {want} processes for the preset's own layout")
+    slurm = load_preset(args.preset).slurm if getattr(args, "preset", None) else None
+    if slurm is not None and slurm.nodes > 1:
+        launch = (f"launch it on {slurm.nodes} nodes x {slurm.gpus_per_node} GPUs "
+                  f"(scripts/slurm/lagom_pretrain.sbatch --preset {name})")
+    else:
+        launch = f"launch it with torchrun --nproc-per-node {want}"
+    return Finding("error", "preset-world-size",
+                   f"preset {name!r} is for world size {want} but {ranks}, which would train {layout} instead of "
+                   f"the preset's DP={want // mp}: {launch}, or give the layout on the command line "
+                   f"({', '.join(LAYOUT_FLAGS)}) to train another one on {world_size} process{'es' if world_size != 1 else ''}",
+                   STOP, launch)
+
+
 def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
                        log: Callable[[str], None] | None = None) -> int:
     """``scripts/pretrain_gpt.py``'s pre-flight: :func:`check_run` on this machine, before any process group.
@@ -227,6 +274,9 @@ def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | No
     the machine may import torch), and a refusal there stops before detection:
     the same verdict, in a fraction of the time; the line is the first error of the rules in
     :data:`RULES` order unless only a machine rule would have found one before ``validate_args``.
+
+    A preset launched with another world size than it names is refused after the argument rules
+    (:func:`preset_world_problem`; a warning when the layout flags are on the command line).
 
     Prints the first error once (rank 0; other ranks stay silent and exit with the same code) as
     one line ``pretrain_gpt.py: error: <what>``, and the warnings with ``--lagom``; then rank 0 takes the
@@ -260,6 +310,11 @@ def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | No
         # (detecting a GPU takes seconds) for a line that cannot start anyway
         if refused(check_run(args, environ, None, world_size=world_size, local=True, ours=True, machine=False)):
             return 2
+        preset_world = preset_world_problem(args, world_size)  # the arguments passed: they divide this world
+        if preset_world is not None:
+            if refused([preset_world]):
+                return 2
+            say(f"pretrain_gpt.py: warning: {preset_world.what}")
         machine = this_machine()
         target = choose_cluster(getattr(args, "preset_name", None), environ, getattr(args, "lagom_cluster", None),
                                 "--lagom-cluster", machine)

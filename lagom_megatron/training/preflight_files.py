@@ -1,13 +1,18 @@
-"""Pre-flight rules for what a run writes and binds on this machine: output folders, the plan lock, the rendezvous port.
+"""Pre-flight rules for what a run writes and binds on this machine: output folders and names, the plan lock, the rendezvous port.
 
 These rules apply only to a local run (``RunShape.local``: training itself, or ``lagom doctor``
-without ``--cluster``): a doctor on a login node says nothing of another machine's folders.
+without ``--cluster``): a doctor on a login node says nothing of another machine's folders. The
+output names are the exception: they are checked for every run.
 
 - Output folders (``--lagom-plan``, ``--lagom-report`` and their defaults under ``lagom_out/``,
   ``--data-cache-path``) exist as folders or can be created, and a file can be created in them:
   the check creates and removes an unnamed temporary file (``tempfile.TemporaryFile``), so a
   read-only file system or an immutable folder is caught even for root, for whom ``os.access``
   always says yes.
+- Each output of a ``--lagom`` run has a name of its own (:func:`output_name_problem`): a
+  ``--lagom-report`` that names the plan, or a plan or report named as a file lagom writes itself
+  (``profile.json``, the env file, ``report.md`` and its PNG, a tuner table, the lock) would be
+  replaced by the later write; the names are ``megatron.run_files.RunFiles``'s, listed once there.
 - One writer per output folder across jobs, whatever names it (the default ``lagom_out/<preset>/``,
   ``--lagom-plan``, ``--lagom-report``, a relative or a symlinked path): the first run takes an
   advisory POSIX lock (``fcntl.lockf``, which also works over NFS through its lock manager) on
@@ -103,6 +108,37 @@ def rule_output_folders(s: RunShape) -> list[Finding]:
     return out
 
 
+def output_name_problem(args: Mapping[str, Any]) -> str | None:
+    """Why two files of a ``--lagom`` run would be one file, or None (also without ``--lagom``).
+
+    ``megatron.run_files.RunFiles.name_clash`` on the run's plan and report (``--lagom-report`` equal
+    to ``--lagom-plan``, a plan named ``profile.json`` or ``report.md`` or ``plan.env`` beside it, ...),
+    and ``--lagom-plan`` or ``--lagom-report`` named :data:`LOCK_NAME` (the lock a run takes there).
+    """
+    if not args.get("lagom"):
+        return None
+    from lagom_megatron.megatron.run_files import RunFiles
+
+    for flag in ("--lagom-plan", "--lagom-report"):
+        value = args.get(flag[2:].replace("-", "_"))
+        if value and Path(value).name == LOCK_NAME:
+            return (f"{flag} {value!r} is the name of the lock file a run keeps in each folder it writes: "
+                    f"give {flag} another file name")
+    return RunFiles(plan_path=args.get("lagom_plan"), report_path=args.get("lagom_report"),
+                    preset_name=args.get("preset_name")).name_clash()
+
+
+def rule_output_names(s: RunShape) -> list[Finding]:
+    """Each file a ``--lagom`` run writes has its own name (:func:`output_name_problem`)."""
+    problem = output_name_problem(s.args)
+    if problem is None:
+        return []
+    return [Finding("error", "output-names", problem,
+                    "lagom writes both files: the later one replaces the earlier, and one of them (a plan, a "
+                    "profile, a report or the user's file) is lost",
+                    "give --lagom-plan and --lagom-report names of their own")]
+
+
 def _folder_key(folder: str | os.PathLike) -> str:
     return os.path.realpath(folder)
 
@@ -153,7 +189,7 @@ def _in_use(flag: str, value: str, folder: Path, holder: str) -> str:
     real = _folder_key(folder)
     where = str(folder) if real == os.path.abspath(folder) else f"{folder}, that is {real}"
     return (f"{flag} {value!r} is in use by another run ({holder}): one run writes a folder at a time "
-            f"({where}): wait for it, or give this run another {flag if flag != '--lagom-report' else '--lagom-plan'}")
+            f"({where}): wait for it, or give this run another {flag}")
 
 
 def rule_plan_lock(s: RunShape) -> list[Finding]:
@@ -175,7 +211,7 @@ def rule_plan_lock(s: RunShape) -> list[Finding]:
             continue
         out.append(Finding("error", "plan-lock", _in_use(flag, value, folder, holder),
                            "two runs would overwrite each other's plan, profile, report and verdict, and one "
-                           "would be lost", f"wait for the other run, or give another --lagom-plan"))
+                           "would be lost", f"wait for the other run, or give another {flag}"))
     return out
 
 

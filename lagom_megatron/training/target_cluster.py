@@ -209,15 +209,18 @@ def mismatch(target: Target, machine: Machine) -> str | None:
 
     Returns:
         One line naming the cluster and what chose it, this machine, and the flag that chooses
-        another cluster; None when the machine matches.
+        another cluster (``use --lagom-cluster cpu-gloo instead of --lagom-cluster NAME`` when that
+        flag chose it); None when the machine matches.
     """
     if _field(target.cluster, "backend") != "nccl":
         return None
     chosen = f"{target.chosen_by} is for" if target.source == "preset" else f"{target.chosen_by} chose"
+    # the flag is on the line already when it chose the cluster: say what to give it instead
+    instead = f" instead of {target.chosen_by} {target.name}" if target.source == "flag" else ""
     if not machine.cuda:
         return (f"{chosen} {target.describe()} but this machine has {machine.describe()} ({CPU_CLUSTER}); "
                 f"run it on that cluster (lagom doctor checks it from here), or to run it on CPU anyway "
-                f"add --lagom-cluster {CPU_CLUSTER}")
+                f"{'use' if instead else 'add'} --lagom-cluster {CPU_CLUSTER}{instead}")
     sm = _field(target.cluster, "sm_arch")
     if sm and machine.sm_arch and int(sm) != machine.sm_arch:
         from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
@@ -225,5 +228,5 @@ def mismatch(target: Target, machine: Machine) -> str | None:
         same = [n for n in available_clusters() if ClusterSpec.load(n).sm_arch == machine.sm_arch]
         hint = f" ({', '.join(same)} or a cluster YAML)" if same else " (a cluster YAML describing it)"
         return (f"{chosen} {target.describe()} but this machine has {machine.describe()}; "
-                f"name a cluster of this GPU with --lagom-cluster{hint}")
+                f"name a cluster of this GPU with --lagom-cluster{hint}{instead}")
     return None

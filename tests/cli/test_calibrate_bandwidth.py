@@ -64,8 +64,8 @@ def test_a_malformed_file_names_its_lines_and_nothing_is_written(tmp_path, capsy
     bad.write_text("\n".join(lines) + "\n")
     (sweep / "all_gather.Simple.c8.t512.txt").write_text("srun: error: Unable to create step for job 42\n")
     out = tmp_path / "out.yaml"
-    out.write_text("kept: true\n")
-    assert main(["calibrate", "bandwidth", str(sweep), "--cluster", "a40-pcie-ib100", "--out", str(out)]) == 2
+    out.write_text("kept: true\n")  # --force: replacing it is allowed, yet bad input writes nothing
+    assert main(["calibrate", "bandwidth", str(sweep), "--cluster", "a40-pcie-ib100", "--out", str(out), "--force"]) == 2
     err = _error_line(capsys)
     assert err.startswith("lagom calibrate: error: 3 problem(s) in the nccl-tests output, nothing written: ")
     assert f"{bad}:{row + 1}: expected a result row: size count type redop root, then time algbw busbw #wrong" in err
@@ -128,12 +128,35 @@ def test_an_out_it_cannot_read_is_not_replaced(tmp_path, capsys):
 
 def test_an_out_that_fails_to_open_is_not_replaced(tmp_path, capsys, monkeypatch):
     """The same refusal where permissions cannot show it (root reads any file): opening fails."""
-    import lagom_megatron.cli.calibrate as calibrate
+    import lagom_megatron.cli.options as options
 
     sweep = _sweep(tmp_path / "sweep", ops=("all_gather",))
     out = tmp_path / "locked.yaml"
     out.write_text("secret\n")
-    monkeypatch.setattr(calibrate, "_readable", lambda path: path != out)
+
+    def refuse(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(options, "_read_text", refuse)
     assert main(["calibrate", "bandwidth", str(sweep), "--cluster", "a40-pcie-ib100", "--out", str(out)]) == 2
     assert f"--out {out}: exists and cannot be read; not overwriting it" in _error_line(capsys)
     assert out.read_text() == "secret\n"
+
+
+def test_an_existing_file_it_did_not_write_is_kept_unless_force(tmp_path, capsys):
+    """`--out ../mine.yaml` replaced the user's file; it is refused unless --force, and a cluster
+    file this command wrote is replaced by the next calibration."""
+    sweep = _sweep(tmp_path / "sweep", ops=("all_gather",))
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("my notes\n")
+    argv = ["calibrate", "bandwidth", str(sweep), "--cluster", "a40-pcie-ib100", "--out", str(mine)]
+    assert main(argv) == 2
+    assert _error_line(capsys) == (f"lagom calibrate: error: --out {mine}: exists and is not a cluster file lagom "
+                                   "calibrate bandwidth wrote; pass --force to replace it, or give another file name")
+    assert mine.read_text() == "my notes\n"
+    assert main(argv + ["--force"]) == 0
+    assert ClusterSpec.load(mine).per_channel_gbps is not None
+    first = mine.read_text()
+    capsys.readouterr()
+    assert main(argv) == 0  # its own output: replaced without --force
+    assert mine.read_text().splitlines()[1:] == first.splitlines()[1:]

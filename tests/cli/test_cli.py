@@ -56,3 +56,22 @@ def test_ctrl_c_is_one_line_and_exit_130_without_a_traceback():
     finally:
         proc.kill()
     assert proc.returncode == 130 and err.strip().splitlines() == ["lagom bench: interrupted"], err
+
+
+def test_a_missing_command_is_a_usage_error_naming_the_choices(capsys):
+    """No command (like git) and no benchmark, action or kind: exit 2, one line with the choices;
+    argparse's internal names (``bench_args``) never shown. ``lagom --help`` stays exit 0."""
+    cases = [
+        ([], "lagom: error: no command given; give one of search, plan, bench, simulate, doctor, build-tuner, "
+             "calibrate (see lagom --help)"),
+        (["bench"], "lagom bench: error: no benchmark given; give one of search, simulated (see lagom bench --help)"),
+        (["plan"], "lagom plan: error: no action given; give one of show, diff, validate, export (see lagom plan --help)"),
+        (["calibrate"], "lagom calibrate: error: no kind given; give one of contention, bandwidth "
+                        "(see lagom calibrate --help)"),
+    ]
+    for argv, line in cases:
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        assert (captured.out, captured.err) == ("", line + "\n"), argv
+    assert main(["--help"]) == 0
+    assert "usage: lagom" in capsys.readouterr().out

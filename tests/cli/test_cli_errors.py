@@ -193,11 +193,44 @@ def test_a_malformed_cluster_yaml_is_one_error_line(tmp_path, capsys):
                  ["doctor", "--preset", "gpt3-13b-h100x64", "--cluster", str(bad)]):
         assert main(argv) == 2, argv
         err = _error_line(capsys)
-        assert f"{bad}: invalid YAML: while parsing a flow node expected the node content" in err, err
+        # the file and the line, not PyYAML's "<unicode string>"
+        assert err.endswith(f"{bad}: malformed YAML at line 2 column 1: expected the node content, but found "
+                            "'<stream end>' (while parsing a flow node started at line 2 column 1)"), err
+
+
+def test_a_cluster_yaml_missing_keys_names_them_by_their_yaml_names(tmp_path, capsys):
+    bad = tmp_path / "badcl.yaml"
+    bad.write_text("name: bad\ngpu: [x,\n  y]\nbackend: gloo\n")
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--cluster", str(bad), "--", "--mock-data"]) == 2
+    err = _error_line(capsys)
+    assert err.endswith(f"{bad}: missing cluster key(s) sms_per_gpu, hbm_gbps, nvlink_gbps_per_gpu, gpus_per_node, "
+                        "net_gbps_per_gpu, peak_bf16_tflops, nccl_version, sm_arch, nvswitch; every cluster file sets "
+                        "name, gpu, sms_per_gpu, hbm_gbps, nvlink_gbps_per_gpu, gpus_per_node, net_gbps_per_gpu, "
+                        "peak_bf16_tflops, nccl_version, sm_arch, nvswitch"), err
+    assert "__init__" not in err
+
+
+def test_a_folder_given_as_preset_model_or_cluster_says_so(tmp_path, capsys):
+    from lagom_megatron.config.presets import load_model
+
+    assert main(["doctor", "--preset", str(tmp_path)]) == 2
+    assert _error_line(capsys).startswith(f"lagom doctor: error: preset {str(tmp_path)!r} is a folder; give a preset "
+                                          "YAML file or one of: cpu-pp2-dp2, cpu-tp2-dp2, ")
+    with pytest.raises(ValueError, match=f"^model '{tmp_path}' is a folder; give a model YAML file or one of: gpt3-1.3b, "):
+        load_model(tmp_path)
+    from lagom_megatron.engine.cluster import ClusterSpec
+
+    with pytest.raises(ValueError, match=f"^cluster '{tmp_path}' is a folder; give a cluster YAML file or one of: a100-ib100, "):
+        ClusterSpec.load(tmp_path)
 
 
 @pytest.mark.parametrize("args, message", [
     (["--presets", "cpu-tp2-dp2"], "preset 'cpu-tp2-dp2' on cluster 'cpu-gloo': the simulator models GPU clusters"),
+    # a GPU preset on the CPU cluster: the cluster is the CPU one, not the preset
+    (["--presets", "llama3-8b-h100x8", "--clusters", "cpu-gloo"],
+     "lagom bench simulated: error: cluster 'cpu-gloo' is a CPU (gloo) cluster; the simulator models GPU clusters: "
+     "a100-ib100, a40-nvlink-ib800, a40-pcie-ib100, a40-pcie-ib200, h100-sxm-ib400, h200-sxm "
+     "(see lagom bench simulated --help)"),
     (["--iters", "0"], "lagom bench simulated: error: argument --iters: 0 is not an integer >= 1 "
                        "(see lagom bench simulated --help)"),
     (["--verify-iters", "0"], "lagom bench simulated: error: argument --verify-iters: 0 is not an integer >= 1 "
@@ -213,3 +246,69 @@ def test_bench_simulated_usage_errors_are_one_line(capsys, args, message):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("lagom bench simulated: error: ") and message in err[0], err
+
+
+def test_bench_simulated_out_that_is_a_file_is_one_line(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    for out, message in ((afile, f"--out {str(afile)!r} is a file; give a folder"),
+                         (afile / "sub", f"--out {str(afile / 'sub')!r} cannot be created: Not a directory")):
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", "simulated", "--presets", "llama3-8b-h100x8", "--out", str(out)])
+        assert exc.value.code == 2
+        assert capsys.readouterr().err == (f"lagom bench simulated: error: {message} "
+                                           "(see lagom bench simulated --help)\n")
+    assert afile.read_text() == "mine\n"
+
+
+def test_an_existing_file_that_is_not_lagom_s_output_of_the_kind_is_kept_unless_force(saved, tmp_path, capsys):
+    """`lagom search -o ../precious.json` replaced a user's file: every command writing a file keeps
+    one that is not its own kind of output unless --force, and replaces its own output."""
+    profile, plan = saved / "profile.json", saved / "plan.json"
+    precious = tmp_path / "precious.json"
+    cases = [
+        (["search", "--profile", str(profile), "-o", str(precious)], "lagom search", "-o", "a lagom plan"),
+        (["plan", "export", str(plan), "--format", "env", "-o", str(precious)], "lagom plan", "-o",
+         "a lagom env export"),
+        (["simulate", "--preset", "llama3-8b-h100x8", "--show", "0", "--plan-out", str(precious)], "lagom simulate",
+         "--plan-out", "a lagom plan"),
+        (["simulate", "--preset", "llama3-8b-h100x8", "--show", "0", "--profile-out", str(precious)],
+         "lagom simulate", "--profile-out", "a lagom profile"),
+    ]
+    for argv, prog, flag, what in cases:
+        precious.write_text('{"my": "notes"}\n')
+        assert main(argv) == 2, argv
+        assert _error_line(capsys) == (f"{prog}: error: {flag} {precious}: exists and is not {what}; pass --force to "
+                                       "replace it, or give another file name")
+        assert precious.read_text() == '{"my": "notes"}\n'
+    assert main(cases[0][0] + ["--force"]) == 0
+    assert Plan.load(precious).entries
+    capsys.readouterr()
+    assert main(cases[0][0]) == 0  # a plan: search replaces it
+    assert main(["plan", "export", str(plan), "--format", "env", "-o", str(precious)]) == 2  # a plan is no env file
+    assert "exists and is not a lagom env export" in _error_line(capsys)
+    env = tmp_path / "plan.env"
+    assert main(["plan", "export", str(plan), "--format", "env", "-o", str(env)]) == 0
+    assert main(["plan", "export", str(plan), "--format", "env", "-o", str(env)]) == 0  # its own export again
+    table = tmp_path / "plan.csv"
+    assert main(["plan", "export", str(plan), "--format", "nccl-tuner-csv", "--extended", "-o", str(table)]) == 0
+    assert main(["plan", "export", str(plan), "--format", "nccl-tuner-csv", "--extended", "-o", str(table)]) == 0
+    assert main(["plan", "export", str(plan), "--format", "megatron-yaml", "-o", str(table)]) == 2
+    assert "exists and is not a lagom megatron-yaml export" in _error_line(capsys)
+
+
+def test_calibrate_contention_keeps_a_file_it_did_not_write(tmp_path, capsys):
+    from tests.sim.test_calibrate import _synthetic
+
+    src = tmp_path / "probe.csv"
+    _synthetic(src, kappa_mem=1.5, kappa_compute=0.9)
+    fit = tmp_path / "probe.fit.yaml"
+    fit.write_text("mine: 1\n")
+    assert main(["calibrate", "contention", str(src)]) == 2
+    assert _error_line(capsys) == (f"lagom calibrate: error: output {fit}: exists and is not a lagom contention fit; "
+                                   "pass --force to replace it, or give another file name")
+    assert main(["calibrate", "contention", str(src), "--force"]) == 0
+    assert main(["calibrate", "contention", str(src)]) == 0  # its own fit: replaced
+    assert main(["calibrate", "contention", str(src), "--out", str(src)]) == 2
+    assert _error_line(capsys).endswith(f"--out {src} is the same file as csv {src}: one would replace the other; "
+                                        "give another file name")

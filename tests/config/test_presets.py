@@ -41,3 +41,16 @@ def test_tiny_gpt_model():
     assert spec.hidden_size % spec.num_attention_heads == 0
     assert spec.vocab_size >= 257 and spec.vocab_size % 2 == 0  # byte ids fit; divisible by TP 2
     assert spec.hidden_dropout == spec.attention_dropout == 0.0
+
+
+@pytest.mark.parametrize("name", available("presets"))
+def test_preset_header_names_no_other_preset(name):
+    # a header word that starts with the preset's name is the name itself ("llama2-7b-a40x16-tp82"
+    # named no preset)
+    import re
+
+    from lagom_megatron.config.presets import CONFIGS_DIR
+
+    header = (CONFIGS_DIR / "presets" / f"{name}.yaml").read_text().split("\ndescription:")[0]
+    words = re.findall(r"[\w.-]+", header)
+    assert [w for w in words if w.startswith(name) and w.rstrip(".") != name] == []

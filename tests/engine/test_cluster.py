@@ -61,3 +61,13 @@ def test_measured_bandwidth_fields_are_checked():
                          ({"channel_thread_exponent": -0.1}, "channel_thread_exponent must be a number >= 0")]:
         with pytest.raises(ValueError, match=message):
             ClusterSpec.from_dict(base | bad)
+
+
+def test_an_empty_cluster_file_and_a_folder_named_like_a_cluster(tmp_path, monkeypatch):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(ValueError, match=f"^{empty}: a cluster file must be a mapping of keys to values; got an empty file$"):
+        ClusterSpec.load(empty)
+    (tmp_path / "cpu-gloo").mkdir()  # a folder in the working directory does not hide the shipped cluster
+    monkeypatch.chdir(tmp_path)
+    assert ClusterSpec.load("cpu-gloo").backend == "gloo"

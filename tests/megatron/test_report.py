@@ -146,13 +146,26 @@ def test_the_report_explains_the_paired_verdict_it_shows():
     assert "the larger of the spread and the minimum gain" not in text
 
 
+def test_the_report_names_the_level_of_a_sequential_verdict():
+    """With four looks (``--lagom-verify-max-iters`` 8 x the first) the bound is at 1 - 0.05/4: the
+    report recomputes it at that level, as the tuner's verdict did, and says so."""
+    vd = [300e3, 302e3, 299e3, 301e3, 300e3, 303e3, 298e3, 300e3]
+    vp = [297e3, 300e3, 299e3, 296e3, 297e3, 301e3, 294e3, 298e3]
+    s = verdict_summary(vp, vd, min_gain=0.002, noise_rule="paired", n_looks=4)
+    # t(0.9875, 7) = 2.841 (t table: 2.841); bound 2.841 x 1.5059 / 2.828 = 1.513 ms
+    assert math.isclose(s["needed_us"], 1512.6, rel_tol=2e-3) and s["verdict"].startswith("plan kept: ")
+    assert "98.75% (95% over 4 looks) bound 1.5 ms" in s["verdict"]
+    assert s["verdict_rule"].startswith("paired, sequential over 4 looks:")
+    assert "t(0.9875, 7) x sd / sqrt(8), t = 2.84" in s["verdict_rule"]
+
+
 def test_one_pair_falls_back_to_half_range_as_the_verdict_does():
     s = verdict_summary([290e3], [300e3], min_gain=0.002, noise_rule="paired")
     assert s["noise_rule"] == "half-range" and "95% bound" not in s["verdict"]
     # no range with one value: the minimum gain decides; the statistic is the medians' difference, so both are named
     assert s["verdict_figures"] == ("10.0 ms (median of the defaults 300.0 ms - median of the plan 290.0 ms, 1 and 1 "
-                                    "iterations), needed > 0.6 ms (the larger of half the wider arm's range 0.0 ms and "
-                                    "the minimum gain 0.6 ms)")
+                                    "iterations), needed > 0.6 ms (the minimum gain 0.6 ms; one iteration per arm gives "
+                                    "no noise estimate: it alone decided)")
     assert s["verdict_rule"].startswith("half-range: the plan is kept when the medians' difference")
     assert "no verification in this run" in render_markdown([], {"phase": "reused"})
 

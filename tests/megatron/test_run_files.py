@@ -163,3 +163,46 @@ def test_the_report_is_written_where_no_unmovable_plan_holds_it(tmp_path, capsys
     ctl.mode = "tune"
     ctl.write_report()
     assert (tmp_path / "report.md").read_text().startswith("# lagom report: tune")
+
+
+def test_without_a_plan_the_files_there_are_moved_aside_before_any_is_written(tmp_path, capsys):
+    mine = {"report.md": b"# my own notes\n", "report.png": b"\x89PNG mine", "profile.json": b'{"mine": 1}\n',
+            "plan.env": b"export MINE=1\n", "notes.txt": b"not lagom's name: stays\n"}
+    for name, data in mine.items():
+        (tmp_path / name).write_bytes(data)
+    tag = "earlier-" + run_files._file_sha(tmp_path / "plan.env")  # the first of plan_files' order
+    files = RunFiles(plan_path=str(tmp_path / "plan.json"))
+    assert files.saved_plan(FP_TP2) is None
+    for name, data in mine.items():
+        kept = tmp_path / (name if name == "notes.txt" else _aside(name, tag))
+        assert kept.read_bytes() == data, name
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "no plan at" in ln]
+    assert line == (f"lagom: WARNING: no plan at {tmp_path / 'plan.json'}, but this run would write over 4 file(s) "
+                    f"there: moved aside as {tmp_path / f'plan.{tag}.env'}, {tmp_path / f'profile.{tag}.json'}, "
+                    f"{tmp_path / f'report.{tag}.md'}, {tmp_path / f'report.{tag}.png'}; searching a new plan")
+    files.save_plan(_plan(FP_TP2))  # this run's files now take the free names
+    assert (tmp_path / "plan.json").is_file() and b"MINE" not in (tmp_path / "plan.env").read_bytes()
+
+
+def test_without_a_plan_files_that_cannot_be_moved_stay_and_are_not_written(tmp_path, capsys, monkeypatch):
+    (tmp_path / "report.md").write_bytes(b"# my own notes\n")
+    (tmp_path / "plan.env").write_bytes(b"export MINE=1\n")
+    real = run_files.rename_no_replace
+
+    def refuse_the_report(src, dst):
+        if src.name == "report.md":
+            raise PermissionError(errno.EACCES, "Permission denied", str(src))
+        real(src, dst)
+
+    monkeypatch.setattr(run_files, "rename_no_replace", refuse_the_report)
+    files = RunFiles(plan_path=str(tmp_path / "plan.json"))
+    assert files.saved_plan(FP_TP2) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.env", "report.md"]  # plan.env was moved back
+    assert "could not be moved aside: they stay, and this run writes none of them" in capsys.readouterr().out
+    files.save_plan(_plan(FP_TP2))  # the plan had no file: it is saved; the env file beside it is not
+    assert (tmp_path / "plan.json").is_file()
+    assert (tmp_path / "plan.env").read_bytes() == b"export MINE=1\n"
+    ctl = LagomController(plan_path=str(tmp_path / "plan.json"))
+    ctl.files, ctl.mode = files, "tune"
+    ctl.write_report()
+    assert (tmp_path / "report.md").read_bytes() == b"# my own notes\n"

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lagom_megatron.training import pretrain_gpt
@@ -33,6 +33,8 @@ class Outcome:
     code: int
     errors: list[str]
     started: bool = False
+    warnings: list[str] = field(default_factory=list)
+    """(training) its ``pretrain_gpt.py: warning:`` lines."""
 
     @property
     def refused(self) -> bool:
@@ -47,7 +49,8 @@ def _env(monkeypatch, env):
 
 
 def train(argv, monkeypatch, capsys, *, world=4, env=None) -> Outcome:
-    """``pretrain_gpt.py ARGV`` as rank 0 of ``world``; errors = its ``pretrain_gpt.py: error:`` lines."""
+    """``pretrain_gpt.py ARGV`` as rank 0 of ``world``; errors (warnings) = its ``pretrain_gpt.py: error:``
+    (``warning:``) lines."""
     import lagom_megatron.training.loop as loop
 
     from lagom_megatron.training.preflight_files import _HELD, release_folder_lock
@@ -73,7 +76,7 @@ def train(argv, monkeypatch, capsys, *, world=4, env=None) -> Outcome:
             shutil.rmtree(scratch, ignore_errors=True)
     err = capsys.readouterr().err
     return Outcome(code, [line for line in err.splitlines() if line.startswith("pretrain_gpt.py: error:")],
-                   bool(started))
+                   bool(started), [line for line in err.splitlines() if line.startswith("pretrain_gpt.py: warning:")])
 
 
 def doctor(argv, monkeypatch, capsys, *, world=4, env=None, options=()) -> Outcome:

@@ -22,7 +22,7 @@ def validated(extra, world_size=4):
 
 def test_lagom_flags_are_frozen():
     # Changing the public --lagom* surface must change this test on purpose.
-    assert LAGOM_FLAGS == frozenset({"--lagom", "--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-plan",
+    assert LAGOM_FLAGS == frozenset({"--lagom", "--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-verify-max-iters", "--lagom-plan",
                                      "--lagom-method", "--lagom-report", "--lagom-pool-budget-mib",
                                      "--lagom-allow-untested-versions", "--lagom-cluster"})
     defined = {s for a in build_parser()._actions for s in a.option_strings if s.startswith("--lagom")}

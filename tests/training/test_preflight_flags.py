@@ -108,13 +108,23 @@ FLAG_CASES = [
      "--lagom-verify-iters 99999999999999999999 is out of range; allowed: an integer in 1..200"),
     ("lagom-warmup-iters-unbounded", ["--lagom", "--lagom-warmup-iters", "1001"], {},
      "--lagom-warmup-iters 1001 is out of range; allowed: an integer in 1..1000"),
-    ("lagom-counts-at-their-bounds", ["--lagom", "--lagom-verify-iters", "200", "--lagom-warmup-iters", "1000"], {},
-     None),
+    ("lagom-counts-at-their-bounds", ["--lagom", "--lagom-verify-iters", "200", "--lagom-warmup-iters", "1000",
+                                      "--lagom-verify-max-iters", "1000"], {}, None),
+    # sequential verification's cap: bounded, and not below the first look
+    ("lagom-verify-max-without-lagom", ["--lagom-verify-max-iters", "80"], {},
+     "--lagom-verify-max-iters needs --lagom (or drop --lagom-verify-max-iters)"),
+    ("lagom-verify-max-below-first", ["--lagom", "--lagom-verify-iters", "20", "--lagom-verify-max-iters", "10"], {},
+     "--lagom-verify-max-iters 10 is below --lagom-verify-iters 20; allowed: an integer in 20..1000"),
+    ("lagom-verify-max-unbounded", ["--lagom", "--lagom-verify-max-iters", "1001"], {},
+     "--lagom-verify-max-iters 1001 is out of range; allowed: an integer in 1..1000"),
     # --split: weights separated by commas (or slashes); other characters are not dropped silently
     ("split-with-letters", ["--split", "90,abc5,5"], {},
      "--split '90,abc5,5' is out of range; allowed: up to three weights >= 0 separated by commas, e.g. 969,30,1, "
      "with a training weight > 0"),
     ("split-commas", ["--split", "90, 5,5"], {}, None),
+    # a misspelt flag: the closest known one is named by the script as by the doctor (one implementation)
+    ("lagom-flag-typo", ["--lagom", "--lagom-warmup-iter", "3"], {},
+     "unrecognized arguments: --lagom-warmup-iter (did you mean --lagom-warmup-iters?) 3"),
     ("split-slashes", ["--split", "949/50/1"], {}, None),
 ]
 
@@ -136,10 +146,11 @@ def test_every_lagom_only_flag_without_lagom_is_named():
     from lagom_megatron.training.lagom_flags import LAGOM_ONLY_FLAGS, lagom_flag_problems
 
     ns = parse_args([*CPU, "--lagom-plan", "p.json", "--lagom-report", "r.md", "--lagom-method", "autoccl",
-                     "--lagom-warmup-iters", "2", "--lagom-verify-iters", "2", "--lagom-pool-budget-mib", "64"])
+                     "--lagom-warmup-iters", "2", "--lagom-verify-iters", "2", "--lagom-verify-max-iters", "8",
+                     "--lagom-pool-budget-mib", "64"])
     found = lagom_flag_problems(vars(ns))
     assert [f.what for f in found] == [f"{flag} needs --lagom (or drop {flag})" for flag in LAGOM_ONLY_FLAGS]
-    assert found[2].why == "without --lagom no hook is installed and --lagom-plan 'p.json' would be ignored"
+    assert found[3].why == "without --lagom no hook is installed and --lagom-plan 'p.json' would be ignored"
     assert lagom_flag_problems(dict(vars(ns), lagom=True)) == []
     assert lagom_flag_problems({"lagom": False, "num_layers": 2}) == []  # a Megatron-LM line without lagom's flags
 
@@ -282,3 +293,38 @@ def test_arguments_are_refused_before_the_machine_is_detected(monkeypatch, capsy
     assert (t.code, detected) == (2, [])
     t = train(CPU, monkeypatch, capsys, world=4)
     assert (t.code, t.started, len(detected)) == (0, True, 1)
+
+
+def test_a_cluster_named_by_the_flag_gets_another_value_for_that_flag(monkeypatch, capsys):
+    from lagom_megatron.training.target_cluster import Machine, choose_cluster, mismatch, this_machine
+
+    given = choose_cluster(None, {}, "h100-sxm-ib400", "--lagom-cluster", Machine(cuda=False))
+    assert mismatch(given, Machine(cuda=False)).endswith(
+        "or to run it on CPU anyway use --lagom-cluster cpu-gloo instead of --lagom-cluster h100-sxm-ib400")
+    ampere = Machine(cuda=True, sm_arch=80, nccl_version="2.21.5")
+    assert mismatch(given, ampere).endswith(
+        "name a cluster of this GPU with --lagom-cluster (a100-ib100 or a cluster YAML) instead of --lagom-cluster "
+        "h100-sxm-ib400")
+    preset = choose_cluster("llama3-8b-h100x8", {}, None, "--lagom-cluster", Machine(cuda=False))
+    assert mismatch(preset, Machine(cuda=False)).endswith("anyway add --lagom-cluster cpu-gloo")  # not on the line
+    if not this_machine().cuda:
+        t = train([*CPU, "--lagom-cluster", "h100-sxm-ib400"], monkeypatch, capsys)
+        assert (t.code, t.started) == (2, False)
+        assert t.errors == ["pretrain_gpt.py: error: --lagom-cluster chose cluster 'h100-sxm-ib400' (NCCL 2.27.5, "
+                            "sm_90 GPUs) but this machine has no CUDA GPU (cpu-gloo); run it on that cluster (lagom "
+                            "doctor checks it from here), or to run it on CPU anyway use --lagom-cluster cpu-gloo "
+                            "instead of --lagom-cluster h100-sxm-ib400"]
+
+
+def test_only_two_lagom_options_work_without_lagom_and_the_docs_name_both(monkeypatch, capsys):
+    from lagom_megatron.training.lagom_flags import LAGOM_FLAGS, LAGOM_ONLY_FLAGS
+    from tests.training.preflight_harness import ROOT
+
+    assert LAGOM_FLAGS - set(LAGOM_ONLY_FLAGS) - {"--lagom"} == {"--lagom-allow-untested-versions", "--lagom-cluster"}
+    t = train([*CPU, "--lagom-cluster", "cpu-gloo"], monkeypatch, capsys)
+    assert (t.code, t.started, t.errors) == (0, True, [])  # the cluster is read without --lagom
+    for doc in ("README.md", "docs/integration.md", "docs/training.md"):
+        text = " ".join((ROOT / doc).read_text(encoding="utf-8").split())
+        assert ("`--lagom-allow-untested-versions` and `--lagom-cluster`" in text
+                or "`--lagom-allow-untested-versions` (the version check runs on every run) and `--lagom-cluster`"
+                in text), doc

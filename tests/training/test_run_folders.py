@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from lagom_megatron.training.preflight_files import LOCK_NAME, folder_in_use, hold_run_locks, release_folder_lock, run_folders
-from tests.training.preflight_harness import hold_lock_elsewhere, train
+from lagom_megatron.megatron.run_files import RunFiles
+from tests.training.preflight_harness import doctor, hold_lock_elsewhere, train
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
 
@@ -72,9 +73,76 @@ def test_every_name_of_a_folder_in_use_is_refused(name, tmp_path, monkeypatch, c
     assert not (tmp_path / "free").exists()  # nothing taken or created for a refused run
 
 
+def test_a_report_folder_in_use_names_the_report_flag(tmp_path, monkeypatch, capsys, other):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    other(busy)
+    report = str(busy / "r.md")
+    t = train([*CPU, "--lagom", "--lagom-plan", str(tmp_path / "free" / "plan.json"), "--lagom-report", report],
+              monkeypatch, capsys)
+    (line,) = t.errors
+    assert line.startswith(f"pretrain_gpt.py: error: --lagom-report {report!r} is in use by another run (pid ")
+    assert line.endswith(f"({busy}): wait for it, or give this run another --lagom-report")
+
+
 def test_the_folders_of_a_run():
     args = {"lagom": True, "preset_name": "cpu-pp2-dp2", "lagom_report": "lagom_out/cpu-pp2-dp2/r.md"}
     assert [(f, str(p)) for f, _, p in run_folders(args)] == [("--lagom-plan", "lagom_out/cpu-pp2-dp2")]
     args["lagom_report"] = "/elsewhere/r.md"
     assert [str(p) for _, _, p in run_folders(args)] == ["lagom_out/cpu-pp2-dp2", "/elsewhere"]
     assert run_folders({"preset_name": "cpu-pp2-dp2"}) == []  # without --lagom nothing is written
+
+
+def test_a_report_named_as_the_plan_is_refused_before_any_rank(tmp_path, monkeypatch, capsys):
+    plan = str(tmp_path / "rc" / "plan.json")
+    line = (f"--lagom-report {plan!r} is the same file as --lagom-plan {plan!r}: one would replace the other; "
+            "give --lagom-report another file name")
+    t = train([*CPU, "--lagom", "--lagom-plan", plan, "--lagom-report", plan], monkeypatch, capsys)
+    assert (t.code, t.started, t.errors) == (2, False, [f"pretrain_gpt.py: error: {line}"])
+    d = doctor([*CPU, "--lagom", "--lagom-plan", plan, "--lagom-report", plan], monkeypatch, capsys)
+    assert d.code != 0 and line in d.errors  # the doctor's verdict on the same line
+    assert not (tmp_path / "rc").exists()
+
+
+@pytest.mark.parametrize("flag, name, other", [
+    ("--lagom-plan", "profile.json", "lagom's profile {p} (lagom writes it in the plan's folder)"),
+    ("--lagom-plan", "report.md", "the default report {p} (without --lagom-report)"),
+    ("--lagom-plan", "report.png", "the report's figure {p} (lagom writes it beside the report)"),
+    ("--lagom-plan", "plan.env", "the plan's env file {p} (lagom writes it beside the plan)"),
+    ("--lagom-report", "profile.json", "lagom's profile {p} (lagom writes it in the plan's folder)"),
+    ("--lagom-report", "plan.env.json", None),  # a name of its own: passes
+])
+def test_a_name_of_lagoms_own_files_is_refused(flag, name, other, tmp_path, monkeypatch, capsys):
+    path = str(tmp_path / "pp" / name)
+    extra = [flag, path] if flag == "--lagom-plan" else ["--lagom-plan", str(tmp_path / "pp" / "plan.json"), flag, path]
+    t = train([*CPU, "--lagom", *extra], monkeypatch, capsys)
+    if other is None:
+        assert (t.code, t.started, t.errors) == (0, True, [])
+        return
+    want = (f"pretrain_gpt.py: error: {flag} {path!r} is the same file as {other.format(p=repr(path))}: one would "
+            f"replace the other; give {flag} another file name")
+    assert (t.code, t.started, t.errors) == (2, False, [want])
+
+
+@pytest.mark.parametrize("name, what", [
+    ("tuner_table.rank0.csv", "the name of a tuner table lagom writes in the plan's folder (tuner_table.rank<r>.csv)"),
+    ("report.reused-1.md", "the name of a report lagom writes for a run that does not tune "
+                           "(report.<reused|unfinished|interrupted>-<n>.md)"),
+    (LOCK_NAME, "the name of the lock file a run keeps in each folder it writes"),
+])
+def test_a_plan_named_as_a_numbered_output_or_the_lock_is_refused(name, what, tmp_path, monkeypatch, capsys):
+    path = str(tmp_path / name)
+    t = train([*CPU, "--lagom", "--lagom-plan", path], monkeypatch, capsys)
+    assert (t.code, t.started) == (2, False)
+    assert t.errors == [f"pretrain_gpt.py: error: --lagom-plan {path!r} is {what}: "
+                        + ("give --lagom-plan another file name" if name == LOCK_NAME
+                           else "one would replace the other; give --lagom-plan another file name")]
+
+
+def test_a_symlink_to_the_plan_is_the_same_file(tmp_path, monkeypatch, capsys):
+    (tmp_path / "plan.json").write_text("{}")
+    (tmp_path / "alias.md").symlink_to(tmp_path / "plan.json")
+    files = RunFiles(plan_path=str(tmp_path / "plan.json"), report_path=str(tmp_path / "alias.md"))
+    assert files.name_clash().startswith(f"--lagom-report {str(tmp_path / 'alias.md')!r} is the same file as "
+                                         f"--lagom-plan {str(tmp_path / 'plan.json')!r}")
+    assert RunFiles(plan_path=str(tmp_path / "plan.json"), report_path=str(tmp_path / "r.md")).name_clash() is None
