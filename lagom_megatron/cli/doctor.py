@@ -103,8 +103,9 @@ def run(args: argparse.Namespace) -> int:
     local = not args.cluster and not away  # this machine as training checks it, or the job on its cluster
     first = f"lagom doctor: checking {target.describe()}: {target.reason()}"
     if away:
-        first += (f"; this machine ({machine.describe()}) is not one of its nodes, so its files, port and "
-                  "libraries are not checked")
+        first += (f"; this machine ({machine.describe()}) is not one of its nodes, so the command line, "
+                  "layout and environment are checked for its nodes but not this machine's files, port and "
+                  "libraries (training checks those on each node before it starts)")
     print(first, file=sys.stderr if args.json else sys.stdout)
     cluster = target.cluster
     if args.megatron_lm:

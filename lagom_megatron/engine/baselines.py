@@ -9,23 +9,35 @@
   gain more than ``AUTOCCL_MIN_GAIN`` of T_comm (its timing noise) to be taken.
 - ``exhaustive``: the joint product of every site's space and every shared knob's domain, on the
   cost model; refuses above ``EXHAUSTIVE_LIMIT`` joint configurations. It exists to show that
-  the priority search lands within 1% of the optimum on small instances.
+  the priority search lands within 1% of the optimum on small instances, so its space holds every
+  plan the priority search can return and its objective is the plan's predicted iteration
+  (``SearchProblem.make_plan``): each site's domain and NCCL's own value of each knob; the knobs
+  wider than a call (``problem.shared_units``) with NCCL's own value; the knobs ``make_plan``
+  decides after a search, channels per network peer (``p2p_knobs``) and a group's high-priority
+  stream (``stream_priority``), enumerated with the rest rather than decided after; and one config
+  per set of sites the mechanism cannot tell apart (``tie_indistinguishable``), any of its
+  members' configs.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 
+from lagom_megatron.engine import p2p_knobs, stream_priority
 from lagom_megatron.engine.cost_model import ALG_NONE
 from lagom_megatron.engine.descent import Counter, decide_unit, descend
-from lagom_megatron.engine.problem import SEARCH_KNOBS, SearchProblem, SearchResult, Timer, compat, register
+from lagom_megatron.engine.problem import SEARCH_KNOBS, SearchProblem, SearchResult, State, Timer, compat, register
 
 AUTOCCL_MIN_GAIN = 0.01
 """Smallest relative T_comm gain the autoccl baseline acts on (below it, measurements cannot tell)."""
 EXHAUSTIVE_LIMIT = 2_000_000
-"""Largest joint configuration count ``exhaustive`` accepts (about a second of numpy work)."""
+"""Largest joint configuration count ``exhaustive`` accepts: the size of the joint product it
+searches (sites' grids times the shared knobs' settings). Its work is far less (each shared
+assignment times the summed grids: a few thousand evaluations at the limit), so the limit keeps
+the searcher to the small instances it is for rather than to a time budget."""
 
 
 @register("nccl-default")
@@ -88,78 +100,154 @@ def _take(dst, src, idx) -> None:
         getattr(dst, name)[idx] = getattr(src, name)[idx]
 
 
-def _site_values(problem: SearchProblem, st, i: int, knob: str) -> list[float]:
+def _site_values(problem: SearchProblem, st: State, i: int, knob: str) -> list[float]:
+    """Site ``i``'s values of a per-call knob: its domain and NCCL's own choice (which a search may
+    keep); the value of ``st`` alone for a knob the site cannot tune per call."""
     if problem.scope[knob] == "call" and problem.tunable[knob][i]:
         row = problem.vals[knob][i]
         values = list(row[~np.isnan(row)])
-        current = float(st.get(knob)[i])  # NCCL's own choice, which the priority search may keep
+        current = float(st.get(knob)[i])
         return values if current in values else values + [current]
     return [float(st.get(knob)[i])]
+
+
+def _unit_settings(problem: SearchProblem, base: State, knob: str, governed: np.ndarray) -> list[np.ndarray]:
+    """The distinct codes a shared unit can give its ``governed`` sites: each value of its domain
+    (on NCCL a communicator's channel count caps NCCL's choice, ``descent.decide_unit``) and NCCL's
+    own value, which a searcher's static candidates keep."""
+    row = problem.vals[knob][governed[0]]
+    out = [base.get(knob)[governed].astype(float)]
+    for value in row[~np.isnan(row)]:
+        if knob == "n_channels" and problem.backend != "gloo":
+            codes = np.minimum(base.nc[governed], value)
+        else:
+            codes = np.full(governed.size, float(value))
+        if not any(np.array_equal(codes, o) for o in out):
+            out.append(codes)
+    return out
+
+
+@dataclass
+class _Dim:
+    """One shared knob of the joint product: a unit of a knob wider than a call (``kind`` "unit"),
+    channels per network peer ("peer", ``p2p_knobs``) or a group's high-priority stream ("hp",
+    ``stream_priority``); ``settings[0]`` is NCCL's own, so ties keep it."""
+
+    kind: str
+    knob: str | None
+    governed: np.ndarray
+    settings: list
+
+
+def _dims(problem: SearchProblem, base: State) -> list[_Dim]:
+    """Every shared knob of ``problem`` with its settings (module docstring)."""
+    dims = [_Dim("unit", knob, governed, _unit_settings(problem, base, knob, governed))
+            for knob, _key, governed in problem.shared_units()]
+    p2p = getattr(problem.model, "p2p", None)
+    for _key, idx in (p2p_knobs.units(problem) if p2p is not None and p2p.any else []):
+        values = sorted({float(v) for i in idx for v in problem.domains_S[i][p2p_knobs.KNOB] if v is not None})
+        dims.append(_Dim("peer", None, idx, [0.0] + values))  # 0: NCCL's own
+    wait = getattr(problem.model, "wait_S", None)
+    for _key, idx in stream_priority.units(problem):
+        if wait is not None and wait[idx].any():  # without a wait the stream's priority changes nothing
+            dims.append(_Dim("hp", None, idx, [0.0, 1.0]))
+    return dims
+
+
+def _apply(problem: SearchProblem, st: State, dim: _Dim, j: int) -> None:
+    """Puts setting ``j`` of ``dim`` on ``st`` (a unit) or on the cost model (peer, hp)."""
+    if dim.kind == "unit":
+        st.get(dim.knob)[dim.governed] = dim.settings[j]
+    elif dim.kind == "peer":
+        problem.model.p2p.net_peer_S[dim.governed] = dim.settings[j]
+    else:
+        problem.model.hp_S[dim.governed] = dim.settings[j]
+
+
+def _best_of_set(problem: SearchProblem, st: State, idx: np.ndarray, per_site: list[list[list[float]]],
+                 count: Counter) -> tuple[float, np.ndarray]:
+    """Under the shared knobs of ``st`` and the model: the least summed region of the sites ``idx``
+    over the configs of their grids (one config for them all, any member's), and that config
+    (codes in ``SEARCH_KNOBS`` order; ties keep the grid's first)."""
+    grids = []
+    for i in idx:
+        vals = [per_site[i][j] if problem.scope[k] == "call" and problem.tunable[k][i] else [float(st.get(k)[i])]
+                for j, k in enumerate(SEARCH_KNOBS)]
+        grids.append(np.array(list(itertools.product(*vals))))  # (P_i, 5) in SEARCH_KNOBS order
+    grid = np.unique(np.concatenate(grids), axis=0) if len(grids) > 1 else grids[0]
+    every = np.tile(grid, (idx.size, 1))                       # member-major: (members x P, 5)
+    nc, lvl, nt, proto, alg = (every[:, j] for j in range(5))
+    region = problem.evaluate_codes(np.repeat(idx, len(grid)), alg.astype(np.int64), proto.astype(np.int64),
+                                    nc, nt, lvl.astype(np.int64))[2]
+    count.add(len(every))
+    summed = region.reshape(idx.size, len(grid)).sum(axis=0)
+    j = int(np.argmin(summed))
+    return float(summed[j]), grid[j]
 
 
 @register("exhaustive")
 def exhaustive(problem: SearchProblem, *, limit: int = EXHAUSTIVE_LIMIT) -> SearchResult:
     """Optimum of the joint product on the cost model (module docstring).
 
+    The model is elementwise over sites, so each tie set's region depends on its own config and on
+    the shared knobs that govern its sites alone: per set, the least region over its grid is tabled
+    for every setting of those knobs, and the tables summed over the product of all shared settings
+    give the joint optimum (the least sum; ties keep NCCL's own settings, then the grid's order).
+
     Raises:
         ValueError: more than ``limit`` joint configurations (names both numbers).
     """
     timer, count = Timer(), Counter()
     base = problem.default_state()
-    default_nc = base.nc.copy()
-    units = problem.shared_units()
-    unit_values = []
-    for knob, _key, governed in units:
-        row = problem.vals[knob][governed[0]]
-        unit_values.append(list(row[~np.isnan(row)]))
+    model = problem.model
+    p2p = getattr(model, "p2p", None)
+    dims = _dims(problem, base)
     per_site = [[_site_values(problem, base, i, k) for k in SEARCH_KNOBS] for i in range(len(problem.sites))]
     sizes = [int(np.prod([len(v) for v in vals])) for vals in per_site]
-    n_shared = int(np.prod([len(v) for v in unit_values])) if unit_values else 1
-    joint = n_shared * int(np.prod(np.array(sizes, dtype=float)))
+    joint = int(np.prod([len(d.settings) for d in dims], dtype=float) * np.prod(np.array(sizes, dtype=float)))
     if joint > limit:
         raise ValueError(f"exhaustive search needs {joint:,} joint configurations, above the limit of {limit:,}; "
                          f"use method 'priority', fewer sites or narrower domains")
-    best_total, best_state = np.inf, None
-    for assignment in itertools.product(*unit_values):
-        st = base.copy()
-        for (knob, _key, governed), value in zip(units, assignment):
-            if knob == "n_channels" and problem.backend != "gloo":
-                st.nc[governed] = np.minimum(default_nc[governed], value)
-            else:
-                st.get(knob)[governed] = value
-        combos, owners = [], []
-        for i, vals in enumerate(per_site):
-            if problem.scope["n_channels"] != "call" or not problem.tunable["n_channels"][i]:
-                vals = list(vals)
-                vals[SEARCH_KNOBS.index("n_channels")] = [float(st.nc[i])]
-            for k in ("n_threads", "protocol", "algorithm", "chunk_size"):
-                if problem.scope[k] != "call" or not problem.tunable[k][i]:
-                    vals = list(vals)
-                    vals[SEARCH_KNOBS.index(k)] = [float(st.get(k)[i])]
-            grid = np.array(list(itertools.product(*vals)))  # (P_i, 5) in SEARCH_KNOBS order
-            combos.append(grid)
-            owners.append(np.full(len(grid), i))
-        # every site's grid in one evaluation (regions are per site: the model is elementwise)
-        every = np.concatenate(combos)
-        nc, lvl, nt, proto, alg = (every[:, j] for j in range(5))
-        region = problem.evaluate_codes(np.concatenate(owners), alg.astype(np.int64), proto.astype(np.int64),
-                                        nc, nt, lvl.astype(np.int64))[2]
-        count.add(len(every))
-        bounds = np.cumsum([0] + [len(g) for g in combos])
-        tables = [region[bounds[i]:bounds[i + 1]] for i in range(len(combos))]
-        # Under one shared assignment each site's region time depends on its own config alone, so
-        # the joint optimum is each site's own optimum (no product of tables: a numpy array holds
-        # at most 64 dimensions, a profile often more sites).
-        picks = [int(np.argmin(t)) for t in tables]
-        total = float(sum(t[j] for t, j in zip(tables, picks)))
-        if total < best_total:
-            best_total = total
-            best_state = st.copy()
-            for i, (grid, j) in enumerate(zip(combos, picks)):
-                nc, lvl, nt, proto, alg = grid[j]
-                best_state.nc[i], best_state.lvl[i], best_state.nt[i] = nc, int(lvl), nt
-                best_state.proto[i], best_state.alg[i] = int(proto), int(alg)
-    assert best_state is not None and (best_state.alg >= 0).all() and (best_state.alg <= ALG_NONE).all()
+    free = [d for d in dims if len(d.settings) > 1]  # at most log2(limit) of them: numpy's dimensions suffice
+    shape = tuple(len(d.settings) for d in free)
+    saved_peer, saved_hp = (None if p2p is None else p2p.net_peer_S.copy()), model.hp_S
+    total = np.zeros(shape)
+    picks = []
+    try:
+        if any(d.kind == "hp" for d in dims):
+            model.hp_S = np.zeros(len(problem.sites))
+        for idx in problem.tie_sets():
+            rel = [k for k, d in enumerate(free) if np.isin(d.governed, idx).any()]
+            table = np.empty(tuple(shape[k] for k in rel))
+            chosen = {}
+            for combo in itertools.product(*(range(shape[k]) for k in rel)):
+                st = base.copy()
+                for k, j in zip(rel, combo):
+                    _apply(problem, st, free[k], j)
+                table[combo], chosen[combo] = _best_of_set(problem, st, idx, per_site, count)
+            total += table.reshape(tuple(shape[k] if k in rel else 1 for k in range(len(free))))
+            picks.append((idx, rel, chosen))
+    finally:
+        if p2p is not None:
+            p2p.net_peer_S[:] = saved_peer
+        model.hp_S = saved_hp
+    best = np.unravel_index(int(np.argmin(total)), shape) if shape else ()
+    st = base.copy()
+    for d in dims:
+        if d.kind == "unit" and len(d.settings) == 1:
+            _apply(problem, st, d, 0)
+    peer, fast = {}, set()
+    for d, j in zip(free, best):
+        if d.kind == "unit":
+            _apply(problem, st, d, j)
+        elif d.kind == "peer" and d.settings[j]:
+            peer.update({int(i): int(d.settings[j]) for i in d.governed})
+        elif d.kind == "hp" and d.settings[j]:
+            fast.update(int(i) for i in d.governed)
+    for idx, rel, chosen in picks:
+        nc, lvl, nt, proto, alg = chosen[tuple(int(best[k]) for k in rel)]
+        st.nc[idx], st.lvl[idx], st.nt[idx], st.proto[idx], st.alg[idx] = nc, int(lvl), nt, int(proto), int(alg)
+    assert (st.alg >= 0).all() and (st.alg <= ALG_NONE).all()
     stats = {"method": "exhaustive", "model_evaluations": count.n, "joint_configs": joint, "wall_time_s": round(timer(), 6)}
-    plan = problem.make_plan(best_state, method="exhaustive", stats=stats)
+    plan = problem.make_plan(st, method="exhaustive", stats=stats, peer=peer, fast=fast)
     return SearchResult(plan=plan, stats=plan.stats)

@@ -44,17 +44,31 @@ STATIC_CAPS: tuple[int, ...] = (2, 4, 8)
 def static_states(problem: SearchProblem, default_nc: np.ndarray) -> dict[str, State]:
     """The static fixes as search states: ``nccl-default`` and ``cap{N}`` (every site where the
     channel count is tunable capped at ``min(NCCL's choice, N)``, as NCCL_MAX_NCHANNELS does),
-    never above the largest count of the site's domain (a budget's cap, ``nccl.budget``)."""
+    within the site's domain (``capped_channels``)."""
     base = problem.default_state()
     out = {"nccl-default": base}
-    tun = problem.tunable["n_channels"]
-    vals = problem.vals["n_channels"][tun]
-    top = np.nanmax(np.where(np.isnan(vals), -np.inf, vals), axis=1) if vals.size else np.zeros(0)
+    tun = np.flatnonzero(problem.tunable["n_channels"])
     for cap in STATIC_CAPS:
         st = base.copy()
-        st.nc[tun] = np.minimum(np.minimum(default_nc[tun], float(cap)), top)
+        st.nc[tun] = capped_channels(problem, tun, default_nc[tun], float(cap))
         out[f"cap{cap}"] = st
     return out
+
+
+def capped_channels(problem: SearchProblem, idx: np.ndarray, default_nc: np.ndarray, cap: float) -> np.ndarray:
+    """The channel codes of sites ``idx`` (channels tunable) under a channel cap: NCCL's choice
+    ``default_nc`` (shape (len(idx),)) where it is at or below ``cap`` and the domain's largest
+    count, else the largest count of the site's domain at or below ``min(default_nc, cap)`` (the
+    domain's least where none is, unless that is above NCCL's choice): a cap never takes a site
+    outside its domain (a budget's cap, ``nccl.budget``, or a narrowed domain) nor above NCCL's
+    choice. Returns shape (len(idx),)."""
+    vals = problem.vals["n_channels"][idx]                                   # (B, K), NaN-padded
+    top = np.max(np.where(np.isnan(vals), -np.inf, vals), axis=1)
+    least = np.min(np.where(np.isnan(vals), np.inf, vals), axis=1)
+    target = np.minimum(np.minimum(default_nc, cap), top)
+    floor = np.max(np.where(vals <= target[:, None], vals, -np.inf), axis=1)
+    snapped = np.where(np.isfinite(floor), floor, least)
+    return np.where((target == default_nc) | (snapped > default_nc), default_nc, snapped)
 
 
 GROUP_CAPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
@@ -64,15 +78,17 @@ GROUP_CAPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 def group_caps_state(problem: SearchProblem, default_nc: np.ndarray, count: Counter, passes: int = 2) -> State:
     """One channel cap per process group, as a user sets ``max_ctas`` per group in Megatron's
     ``--nccl-communicator-config-path`` YAML: every site of the group where channels are tunable at
-    ``min(NCCL's choice, cap)`` (a point-to-point site's channel code is its communicator's count,
-    so the cap bounds it the same way, ``engine.p2p``), the caps found by coordinate descent over
-    the groups (each group's cap over ``GROUP_CAPS`` with the others fixed, ``passes`` passes) on the
-    predicted total region time: linear in groups x caps evaluations of all sites."""
+    ``min(NCCL's choice, cap)`` within its domain (``capped_channels``; a point-to-point site's
+    channel code is its communicator's count, so the cap bounds it the same way, ``engine.p2p``),
+    the caps found by coordinate descent over the groups (each group's cap over ``GROUP_CAPS`` with
+    the others fixed, ``passes`` passes) on the predicted total region time: linear in groups x caps
+    evaluations of all sites. Where the mechanism sets the channel count once per process (the
+    ``env`` mechanism's ``NCCL_MAX_CTAS``) the whole process is one group: a plan cannot hold one
+    cap per group there."""
     st = problem.default_state()
     tun = problem.tunable["n_channels"]
-    vals = problem.vals["n_channels"]
-    top = np.where(tun, np.nanmax(np.where(np.isnan(vals), -np.inf, vals), axis=1), 0.0) if vals.size else np.zeros(0)
-    groups = {g: np.array([i for i, c in enumerate(problem.comm_S) if c == g and tun[i]]) for g in dict.fromkeys(problem.comm_S)}
+    keys = ["process"] * len(problem.sites) if problem.scope["n_channels"] == "process" else problem.comm_S
+    groups = {g: np.array([i for i, c in enumerate(keys) if c == g and tun[i]]) for g in dict.fromkeys(keys)}
     groups = {g: ix for g, ix in groups.items() if ix.size}
     best = float(problem.evaluate(st)[2].sum())
     count.add(len(problem.sites))
@@ -81,7 +97,7 @@ def group_caps_state(problem: SearchProblem, default_nc: np.ndarray, count: Coun
         for idx in groups.values():
             for cap in GROUP_CAPS:
                 trial = st.copy()
-                trial.nc[idx] = np.minimum(np.minimum(default_nc[idx], float(cap)), top[idx])
+                trial.nc[idx] = capped_channels(problem, idx, default_nc[idx], float(cap))
                 if np.array_equal(trial.nc[idx], st.nc[idx]):
                     continue
                 t = float(problem.evaluate(trial)[2].sum())

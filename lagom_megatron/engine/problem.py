@@ -268,19 +268,15 @@ class SearchProblem:
 
     # ---- plan -------------------------------------------------------------------------------
 
-    def tie_indistinguishable(self, st: State) -> tuple[State, int]:
-        """``st`` with one decision for each set of sites the applying mechanism cannot tell apart,
-        and how many sites changed.
+    def tie_sets(self) -> list[np.ndarray]:
+        """The sets of sites the applying mechanism cannot tell apart, each as sorted site indices
+        (singletons where it tells every site apart), in order of their first member.
 
         The rules say which sites those are through an optional ``call_keys(site)``: the keys of
         the table rows a site's call reaches (NCCL's tuner plugin sees a call only as communicator,
         collective and byte count, once per NCCL bin of a coalesced call), so sites sharing any key
-        share rows. Each set takes the one of its members' configs with the least summed region
-        time on the cost model, so the plan predicts what is applied.
-        """
+        share rows."""
         key_fn = getattr(self.rules, "call_keys", None)
-        if key_fn is None:
-            return st, 0
         parent = list(range(len(self.sites)))
 
         def root(i: int) -> int:
@@ -290,15 +286,26 @@ class SearchProblem:
             return i
         first: dict[Any, int] = {}
         for i, s in enumerate(self.sites):
-            for k in key_fn(s):
+            for k in (key_fn(s) if key_fn is not None else ()):
                 j = first.setdefault(k, i)
                 parent[root(i)] = root(j)
         sets: dict[int, list[int]] = {}
         for i in range(len(self.sites)):
             sets.setdefault(root(i), []).append(i)
+        return [np.array(members) for members in sets.values()]
+
+    def tie_indistinguishable(self, st: State) -> tuple[State, int]:
+        """``st`` with one decision for each set of sites the applying mechanism cannot tell apart
+        (``tie_sets``), and how many sites changed.
+
+        Each set takes the one of its members' configs with the least summed region time on the
+        cost model, so the plan predicts what is applied.
+        """
+        if getattr(self.rules, "call_keys", None) is None:
+            return st, 0
         out, changed = st.copy(), 0
-        for members in sets.values():
-            idx = np.array(members)
+        for idx in self.tie_sets():
+            members = idx.tolist()
             codes = np.stack([out.alg[idx], out.proto[idx], out.nc[idx], out.nt[idx], out.lvl[idx]], axis=1)
             cands = np.unique(codes, axis=0)
             if len(members) < 2 or len(cands) < 2:
@@ -309,9 +316,15 @@ class SearchProblem:
             out.alg[idx], out.proto[idx], out.nc[idx], out.nt[idx], out.lvl[idx] = best
         return out, changed
 
-    def make_plan(self, st: State | None, *, method: str, stats: dict[str, Any]) -> Plan:
+    def make_plan(self, st: State | None, *, method: str, stats: dict[str, Any], peer: dict[int, int] | None = None,
+                  fast: set[int] | None = None) -> Plan:
         """A Plan from a final state (None = leave everything to NCCL); sites the mechanism cannot
-        tell apart first get one decision (``tie_indistinguishable``)."""
+        tell apart first get one decision (``tie_indistinguishable``).
+
+        The channels per network peer (``peer``: site index -> value) and the sites on a
+        high-priority stream (``fast``) are decided here on the final state (``p2p_knobs.decide``,
+        ``stream_priority.decide``) unless the searcher gives them (``exhaustive`` enumerates them
+        with the rest)."""
         if st is not None:
             st, tied = self.tie_indistinguishable(st)
             if tied:
@@ -319,9 +332,11 @@ class SearchProblem:
         default = self.default_state()
         d_comm, _, d_region = self.evaluate(default)
         use = st if st is not None else default
-        peer = p2p_knobs.decide(self, st) if st is not None else {}  # channels per network peer
+        if peer is None:
+            peer = p2p_knobs.decide(self, st) if st is not None else {}  # channels per network peer
         with p2p_knobs.applied(self, peer):
-            fast = stream_priority.decide(self, st) if st is not None else set()  # high-priority streams
+            if fast is None:
+                fast = stream_priority.decide(self, st) if st is not None else set()  # high-priority streams
             with stream_priority.applied(self, fast):
                 t_comm, _, t_region = self.evaluate(use)
         configs = self._configs(st) if st is not None else [CommConfig()] * len(self.sites)

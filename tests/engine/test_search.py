@@ -189,7 +189,8 @@ def test_degenerate_sites_give_finite_plans(cluster):
              site(site_id="pp", op="recv", nbytes=2**20, group="pp", group_size=2, n_nodes=2)]
     problem = build(sites=sites, cluster=cluster, comp_ratio=1.0, domain_override=SMALL_DOMAINS)
     for method in ("priority", "autoccl", "exhaustive"):
-        res = search(problem, method=method)
+        # the receive across nodes brings 6 channels-per-peer settings: 2,332,800 joint configurations
+        res = search(problem, method=method, **({"limit": 3_000_000} if method == "exhaustive" else {}))
         assert np.isfinite(res.stats["predicted_iteration_us"])
         assert all(np.isfinite(e.predicted_t_region_us) for e in res.plan.entries.values())
 

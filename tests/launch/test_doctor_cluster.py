@@ -71,8 +71,9 @@ def test_the_doctor_checks_a_gpu_preset_on_its_own_cluster(preset, capsys, monke
     assert lines[0].startswith(f"lagom doctor: checking cluster {cluster!r} (NCCL ")
     assert f": the cluster of preset {preset!r} (--cluster or $LAGOM_CLUSTER checks another)" in lines[0]
     if not this_machine().cuda:
-        assert lines[0].endswith("; this machine (no CUDA GPU) is not one of its nodes, so its files, port and "
-                                 "libraries are not checked")
+        assert lines[0].endswith("; this machine (no CUDA GPU) is not one of its nodes, so the command line, layout "
+                                 "and environment are checked for its nodes but not this machine's files, port and "
+                                 "libraries (training checks those on each node before it starts)")
     assert "needs CUDA" not in "\n".join(lines)
 
 

@@ -61,12 +61,6 @@ def fake(tmp_path, plugin_dir):
     env = {k: v for k, v in env.items() if not k.startswith("LAGOM_TUNER")}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", FAKE_LOG=str(log), LAGOM_PYTHON=PY, LAGOM_ROOT=str(ROOT),
                LAGOM_TUNER_DIR=str(plugin_dir))
-    # The fake allocation's node has Transformer Engine, as a GPU node would: the doctor checks the
-    # machine it runs on (training.preflight), and the context-parallel presets need TE there.
-    te = tmp_path / "site" / "transformer_engine"
-    te.mkdir(parents=True)
-    (te / "__init__.py").write_text("")
-    env["PYTHONPATH"] = str(tmp_path / "site") + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
 
     def run(script, *args, slurm=True, extra_env=None):
         e = dict(env)
@@ -421,3 +415,29 @@ def test_a_dry_run_builds_nothing(fake, tmp_path):
                                                                    "SLURM_JOB_NUM_NODES": "1"})
     assert run.returncode == 0, run.stderr
     assert (empty / "libnccl-tuner-lagom.so").is_file()  # the launch itself builds it
+
+
+@pytest.mark.parametrize("preset", ["llama3-70b-h100x64", "gpt3-13b-h100x64"])
+def test_a_dry_run_off_the_cluster_says_what_it_checked_and_passes(fake, preset):
+    """On a machine that is not a node of the preset's cluster (here: no CUDA GPU, no Transformer
+    Engine, no APEX) the dry run checks the line, the layout and the environment for the nodes and
+    says that this machine's files, port and libraries are not checked: context parallel (llama3-70b)
+    needs Transformer Engine and gradient accumulation fusion (gpt3-13b) APEX on the nodes, where
+    training checks them, so neither stops the dry run here (exit 0, the srun line printed)."""
+    proc = fake(PER_NODE, "--preset", preset, "--dry-run", slurm=False)
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr.splitlines()
+    assert ("lagom doctor: checking cluster 'h100-sxm-ib400' (NCCL 2.27.5, sm_90 GPUs): named by $LAGOM_CLUSTER "
+            "(--cluster checks another); this machine (no CUDA GPU) is not one of its nodes, so the command line, "
+            "layout and environment are checked for its nodes but not this machine's files, port and libraries "
+            "(training checks those on each node before it starts)") in err
+    assert f"lagom doctor: preset {preset}: 0 error(s), 0 warning(s)" in err
+    assert proc.stdout.splitlines()[-1].startswith("srun --kill-on-bad-exit=1 --nodes=8 ")
+    # the same line checked as a node would check it stops on the missing library
+    from lagom_megatron.launch.doctor import check_command_line
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "LAGOM_", "CUDA_DEVICE_MAX"))}
+    env.update(load_preset(preset).env)
+    found = check_command_line(["--preset", preset, "--mock-data"], None, env, "h100-sxm-ib400", local=True)
+    what = "Transformer Engine" if preset.startswith("llama3") else "APEX"
+    assert any(f.level == "error" and what in f.what for f in found), [str(f) for f in found]
