@@ -118,10 +118,14 @@ class Machine:
 
 
 def this_machine() -> Machine:
-    """This machine's :class:`Machine` (torch is imported only when CUDA may be present)."""
+    """This machine's :class:`Machine` (torch is imported only when CUDA may be present; a Python
+    without torch, such as a login node's ``python3`` running a dry run, sees no CUDA GPU)."""
     if cuda_certainly_absent():
         return Machine(cuda=False)
-    import torch
+    try:
+        import torch
+    except ImportError:
+        return Machine(cuda=False)
 
     if not torch.cuda.is_available():
         return Machine(cuda=False)

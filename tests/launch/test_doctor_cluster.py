@@ -173,3 +173,16 @@ def test_a_lagom_configs_without_presets_is_named(tmp_path):
     assert proc.stderr.strip() == (f"lagom doctor: error: unknown preset 'llama3-8b-h100x8': {tmp_path}/nowhere/presets "
                                    "(from LAGOM_CONFIGS) holds no presets; set LAGOM_CONFIGS to a folder with clusters/, "
                                    "models/ and presets/, or unset it")
+
+
+def test_a_python_without_torch_sees_no_cuda_gpu(monkeypatch):
+    """A dry run from a login node falls back to its ``python3``, which may lack torch: the doctor's
+    machine check must then say "no CUDA GPU", not raise ImportError."""
+    import sys
+
+    from lagom_megatron.training import target_cluster
+
+    monkeypatch.setattr(target_cluster, "cuda_certainly_absent", lambda: False)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    assert this_machine() == Machine(cuda=False)
+    assert this_machine().describe() == "no CUDA GPU"
