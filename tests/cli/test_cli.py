@@ -44,8 +44,11 @@ def test_ctrl_c_is_one_line_and_exit_130_without_a_traceback():
     import signal
 
     # numpy.random is imported first: a SIGINT that lands inside numpy's lazy import of it (its
-    # compiled modules' initialisation) can be lost before Python raises it, whatever lagom does
-    code = ("import sys, numpy.random; from lagom_megatron.cli.main import main; "
+    # compiled modules' initialisation) can be lost before Python raises it, whatever lagom does.
+    # SIGINT gets Python's default handler as in a terminal: a suite started as a background job
+    # (``.ci/run &``) hands its children SIGINT ignored, and Python then installs no handler
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "import sys, numpy.random; from lagom_megatron.cli.main import main; "
             "sys.exit(main(['bench', 'search', '--sizes', '10000', '10000', '10000', '--instances', '1']))")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
