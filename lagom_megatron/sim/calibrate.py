@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from lagom_megatron.engine.files import write_text_atomic
 from lagom_megatron.sim.device import ComputeKernel, wave_factor
 
 COLUMNS = ("gpu", "sms", "peak_hbm_gbs", "kernel", "kind", "tiles", "persistent", "mode", "ctas", "threads",
@@ -135,7 +136,8 @@ def fit(rows: list[dict[str, Any]]) -> Fitted:
 
 
 def write_yaml(fitted: Fitted, out: Path, *, source: str) -> None:
-    """Writes the constants as YAML atomically (a temporary file renamed over ``out``).
+    """Writes the constants as YAML atomically (``engine.files.write_text_atomic``: a temporary file,
+    flushed to disk, renamed over ``out``).
 
     Raises:
         OSError: ``out`` exists but cannot be read (never overwritten then), or cannot be written.
@@ -144,6 +146,4 @@ def write_yaml(fitted: Fitted, out: Path, *, source: str) -> None:
         raise OSError(f"{out} exists and cannot be read; not overwriting it")
     doc = {**fitted.to_dict(), "source_csv": source, "fitted_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "use": "copy kappa_mem / kappa_compute into the GPU's cluster file (configs/clusters/*.yaml)"}
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
-    tmp.replace(out)
+    write_text_atomic(out, yaml.safe_dump(doc, sort_keys=False))
