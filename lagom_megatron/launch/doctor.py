@@ -1,17 +1,7 @@
 """``lagom doctor``: the pre-flight checks of a training run, for a target cluster.
 
-The checks themselves are ``lagom_megatron.training.preflight`` (``check_run``), the one
-validation that ``scripts/pretrain_gpt.py`` also runs before any process group exists, so the
-doctor and training reach the same verdict on the same input. This module adds what only a
-doctor does: parsing a command line as the script would (``check_command_line``), a target
-cluster other than this machine, and the entry point for a patched Megatron-LM checkout
-(``preflight``).
-
-Input: a ``Preset`` (or its name), an ``argparse.Namespace`` of Megatron-LM arguments, or a dict of
-argparse destinations; the environment the ranks will see; and the cluster (a
-``lagom_megatron.engine.cluster.ClusterSpec``, its name, or any object or dict with
-``gpus_per_node``, ``sm_arch``, ``nccl_version``, ``backend``).
-"""
+The checks are ``training.preflight.check_run``, which ``scripts/pretrain_gpt.py`` runs too; this module
+adds command-line parsing, a target cluster other than this machine, and a patched Megatron-LM's entry."""
 
 from __future__ import annotations
 
@@ -30,25 +20,9 @@ def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cl
                preset_env: Mapping[str, str] | None = None, local: bool = False) -> list[Finding]:
     """Runs every rule of the shared pre-flight (``training.preflight.run_rules``).
 
-    Args:
-        args_or_preset: a ``Preset``, a preset name or path, an ``argparse.Namespace`` of
-            Megatron-LM arguments, or a dict of argparse destinations.
-        environ: the ranks' environment; None = ``os.environ``. A preset's ``env`` is laid over it.
-        cluster: a ClusterSpec, its name, a dict/object with ``gpus_per_node``, ``sm_arch``,
-            ``nccl_version``, ``backend``, or None (a preset's own cluster, else
-            ``args.lagom_cluster`` when present, else unknown: backend "nccl", GPU taken as
-            pre-Blackwell).
-        world_size: ranks in the job, overriding the preset / ``WORLD_SIZE``.
-        gpus_per_node: overriding the cluster / ``LOCAL_WORLD_SIZE``.
-        preset_env: the preset's env section, when the caller resolved the preset itself.
-        local: the run starts on this machine (folders, plan lock and port are checked).
-
-    Returns:
-        Findings, errors and warnings in rule order; empty = all clear.
-
-    Raises:
-        ValueError: unknown preset or cluster, or an unsupported input type.
-    """
+    ``cluster``: a ClusterSpec, its name, a dict/object with ``gpus_per_node``, ``sm_arch``, ``nccl_version``,
+    ``backend``, or None (the preset's, else ``args.lagom_cluster``). ``local``: the run starts here (folders,
+    plan lock and port are checked). ValueError on an unknown preset or cluster, or an unsupported input type."""
     return run_rules(resolve(args_or_preset, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
                              preset_env=preset_env, local=local))
 
@@ -56,19 +30,9 @@ def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cl
 def check_command_line(argv: list[str], world_size: int | None, environ: Mapping[str, str] | None = None,
                        cluster: Any = None, *, gpus_per_node: int | None = None,
                        preset_env: Mapping[str, str] | None = None, local: bool = False) -> list[Finding]:
-    """The verdict of ``scripts/pretrain_gpt.py`` on a command line: its parser, then ``check_run``.
+    """The verdict of ``scripts/pretrain_gpt.py`` on a command line: its parser, then ``check_run(ours=True)``.
 
-    ``training.arguments.parse_args`` then ``training.preflight.check_run(..., ours=True)``, the
-    same calls the script makes, so an unknown flag, an invalid choice or a bad value is an error
-    naming it. A line without a data source gets a warning and is checked as if it had
-    ``--mock-data`` (the data flags are usually added at launch). ``world_size`` None or below 1
-    is replaced by TP x PP x CP (the rules report a bad one given explicitly).
-
-    Returns:
-        The findings: ``command-line`` (argparse refused the line) and the ``nccl-env`` findings
-        (they read only the environment and the cluster), or the ``data`` warning and the
-        pre-flight's findings.
-    """
+    A line without a data source is checked as with ``--mock-data`` (a warning); ``world_size`` None: TP x PP x CP."""
     from lagom_megatron.training.arguments import parse_args
 
     try:
@@ -99,9 +63,9 @@ def check_command_line(argv: list[str], world_size: int | None, environ: Mapping
 
 
 def plugin_abi_line(environ: Mapping[str, str], cluster: Any) -> str | None:
-    """``lagom doctor: <line>`` saying which tuner and profiler ABI the cluster's NCCL will use with
-    the library ``NCCL_TUNER_PLUGIN`` names (``nccl.plugin_check.plugin_abi_report``); None on gloo
-    or when the variable names no loadable absolute path (the rules report that)."""
+    """``lagom doctor: <line>`` naming the tuner and profiler ABI NCCL will use with ``NCCL_TUNER_PLUGIN``.
+
+    None on gloo or when the variable names no loadable absolute path."""
     from lagom_megatron.nccl.plugin_check import plugin_abi_report
 
     field = cluster.get if isinstance(cluster, dict) else (lambda k: getattr(cluster, k, None))
@@ -119,16 +83,7 @@ def errors(findings: list[Finding]) -> list[Finding]:
 
 def preflight(args: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
               log: Callable[[str], None] = print) -> list[Finding]:
-    """Runs the doctor for a training entry point and stops on errors.
-
-    Prints every finding through ``log`` and a summary line.
-
-    Returns:
-        The findings (warnings only) when there is no error.
-
-    Raises:
-        SystemExit: with code 1 when there is at least one error (after printing them).
-    """
+    """Logs the doctor's findings for a training entry point; returns them, or raises SystemExit(1) on errors."""
     findings = run_doctor(args, environ, cluster, local=True)
     for f in findings:
         log(f"lagom doctor: {f}")
@@ -140,11 +95,7 @@ def preflight(args: Any, environ: Mapping[str, str] | None = None, cluster: Any 
 
 
 def preflight_pretrain(args: Any, environ: Mapping[str, str] | None = None) -> list[Finding]:
-    """``preflight`` on a parsed namespace with ``detect_cluster``, printing on rank 0 only.
-
-    Raises:
-        SystemExit: code 1 when the doctor finds errors.
-    """
+    """``preflight`` with ``detect_cluster``, printing on rank 0 only; SystemExit(1) on errors."""
     import os
 
     environ = os.environ if environ is None else environ

@@ -1,18 +1,6 @@
 """Megatron-LM command lines <-> argparse destinations, without Megatron-LM's parser.
 
-Two directions, both used by the launch tooling:
-
-* ``preset_to_argv(preset)``: the flags of a preset as a Megatron-LM ``pretrain_gpt.py`` command
-  line (for a patched Megatron-LM checkout, which has no ``--preset``).
-* ``argv_to_args(argv)``: a ``pretrain_gpt.py`` command line (ours or Megatron-LM's) as a dict of
-  argparse destinations, for ``lagom doctor -- <args>``. It is tolerant: every ``--flag`` becomes
-  a destination (``--tensor-model-parallel-size 4`` -> ``tensor_model_parallel_size=4``), a bare
-  flag becomes True, and the few Megatron-LM flags that store False are mapped explicitly. A
-  ``--preset NAME`` in the line is applied first, as ``pretrain_gpt.py`` does.
-
-Flag names are Megatron-LM's (``megatron/training/arguments.py``); each flag emitted by
-``preset_to_argv`` for the GPU presets was checked against the core_v0.16 parser.
-"""
+Flag names are Megatron-LM's ``megatron/training/arguments.py``, checked for the GPU presets against core_v0.16."""
 
 from __future__ import annotations
 
@@ -34,7 +22,7 @@ STORE_FALSE_FLAGS: dict[str, str] = {
 """Destinations whose Megatron-LM flag stores False (default True there)."""
 
 NOT_MEGATRON_ARGS: frozenset[str] = frozenset()
-"""Preset destinations with no Megatron-LM flag (none at present; kept for additive schema fields)."""
+"""Preset destinations with no Megatron-LM flag."""
 
 
 def flag(dest: str) -> str:
@@ -43,18 +31,10 @@ def flag(dest: str) -> str:
 
 
 def args_to_argv(args: dict[str, Any]) -> list[str]:
-    """Turns argparse destinations into Megatron-LM flags.
+    """Argparse destinations as Megatron-LM flags, in the order of ``args``.
 
-    True -> the bare flag; False -> nothing, or the store-false flag of ``STORE_FALSE_FLAGS``;
-    None -> nothing; a list -> the flag followed by its items; anything else -> flag and ``str``.
-    ``num_query_groups`` also emits ``--group-query-attention``, which Megatron-LM requires.
-
-    Args:
-        args: destination -> value, e.g. ``Preset.to_args()``.
-
-    Returns:
-        The argv list, in the order of ``args``.
-    """
+    True: the bare flag; False: nothing or the ``STORE_FALSE_FLAGS`` flag; None: nothing; a list: the flag
+    and its items. ``num_query_groups`` adds ``--group-query-attention``, which Megatron-LM requires."""
     argv: list[str] = []
     for dest, value in args.items():
         if dest in NOT_MEGATRON_ARGS or value is None:
@@ -84,26 +64,16 @@ def _fmt(value: Any) -> str:
 
 
 MEGATRON_LM_EVAL_ITERS_WITHOUT_EVAL = 1
-"""``--eval-iters`` given with the ``--eval-interval`` a preset without one gets on a Megatron-LM line."""
 
 
 def preset_to_argv(preset: Any) -> list[str]:
-    """A preset as a Megatron-LM ``pretrain_gpt.py`` command line (``Preset.to_args`` flattened).
+    """A preset as a Megatron-LM ``pretrain_gpt.py`` command line.
 
-    The preset's own ``max_position_embeddings`` defaults to its sequence length when unset
-    (Megatron-LM requires it for learned and rotary positions alike). Megatron-LM cannot start
-    without ``--eval-interval`` (``train_iters // eval_interval`` in core_v0.16.1
-    ``megatron/training/training.py:3307``, :3547 in core_v0.17.1, :4136 in core_v0.18.2), so a
-    preset without one gets ``--eval-interval <train_iters> --eval-iters 1``: one evaluation
-    iteration, at the end. With ``use_megatron_fsdp`` the line gets ``--ckpt-format fsdp_dtensor``,
-    the only format Megatron-LM accepts with it (core_v0.16.1 ``megatron/training/arguments.py:690``),
-    and ``--use-distributed-optimizer``: Megatron-FSDP's user guide lists it among the required flags
-    (core_v0.16.1 ``docs/discussions/megatron-fsdp-user-guide/megatron-fsdp-user-guide.md:27-37``) and
-    core_v0.18.2 turns it on itself (``arguments.py:1113-1119``), so the line runs the same optimizer on
-    every release. The preset's ``data_parallel_sharding_strategy`` is always written out with
-    ``use_megatron_fsdp``: Megatron-LM's default differs by release (no_shard in core_v0.16/0.17,
-    optim_grads_params in core_v0.18).
-    """
+    Adds ``--eval-interval <train_iters> --eval-iters 1`` when unset: Megatron-LM divides by it
+    (``megatron/training/training.py:3307`` @core_v0.16.1, :3547 @core_v0.17.1, :4136 @core_v0.18.2).
+    ``use_megatron_fsdp`` adds ``--ckpt-format fsdp_dtensor`` (``arguments.py:690`` @core_v0.16.1),
+    ``--use-distributed-optimizer`` (``docs/discussions/megatron-fsdp-user-guide/megatron-fsdp-user-guide.md:27-37``
+    @core_v0.16.1; forced at ``arguments.py:1113-1119`` @core_v0.18.2) and the sharding strategy (default varies)."""
     args = preset.to_args()
     if args.get("max_position_embeddings") is None:
         args["max_position_embeddings"] = args.get("seq_length")
@@ -129,20 +99,10 @@ def _parse_value(text: str) -> Any:
 
 
 def argv_to_args(argv: Sequence[str]) -> dict[str, Any]:
-    """Parses a ``pretrain_gpt.py`` command line into argparse destinations.
+    """Parses a ``pretrain_gpt.py`` command line (ours or Megatron-LM's) into argparse destinations.
 
-    A ``--preset NAME`` (anywhere) is loaded first and the explicit flags override it, as our
-    ``pretrain_gpt.py`` does. ``--flag=value`` and ``--flag value ...`` are both accepted; several
-    values after one flag become a list; positional words before the first flag (the script path)
-    are skipped.
-
-    Returns:
-        destination -> value (int / float / bool / str / list), with ``world_size`` left to the
-        caller. When a preset was given, ``_preset`` holds the loaded ``Preset``.
-
-    Raises:
-        ValueError: ``--preset`` without a name, or an unknown preset (from ``load_preset``).
-    """
+    ``--preset NAME`` is loaded first and explicit flags override it (``_preset``: the loaded ``Preset``); a
+    bare flag is True, several values a list. ValueError: ``--preset`` without a name, or an unknown preset."""
     pairs: list[tuple[str, list[str]]] = []
     current: tuple[str, list[str]] | None = None
     for word in argv:

@@ -1,36 +1,9 @@
 """``--lagom`` in a Megatron-LM checkout's ``pretrain_gpt.py`` (the code ``patches/`` adds calls this).
 
-Megatron-LM's training loop (``megatron/training/training.py::train``) has no callbacks, so this
-module drives lagom's controller from around one function: ``train_step``, which ``train`` looks
-up as a module global once per iteration, with the same leading parameters from core_v0.16 to
-core_v0.19 (``forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config,
-forward_backward_func``; later releases add ``pg_collection``). The wrapper calls the same
-callbacks our own ``pretrain`` calls (``lagom_megatron.training.loop``):
-``on_setup(TrainingContext)`` before the first step, ``on_iteration_start`` /
-``on_iteration_end`` around each step, ``on_train_end`` from ``finish()``. The patch of
-``train_step`` is the only one; ``remove()`` restores it.
-
-What the patches add to ``pretrain_gpt.py``'s ``__main__`` block::
-
-    from lagom_megatron.launch.megatron_lm import LagomHooks
-
-    lagom = LagomHooks()
-    # core_v0.18 and later: parse first, then pretrain(full_config, ...)
-    args = lagom.parse_args(parse_and_validate_args, extra_args_provider=<as before>, ...)
-    ...
-    lagom.finish()
-    # core_v0.16 / core_v0.17: pretrain parses the arguments itself
-    lagom.pretrain(pretrain, <pretrain's arguments as before, extra_args_provider included>)
-
-Both chain lagom's flags (``training.arguments.add_lagom_args``) after the provider that
-``pretrain_gpt.py`` already passes (ModelOpt's when installed), then, when ``--lagom`` is set,
-run ``lagom doctor`` (stopping on errors, before any process group exists) and install the
-``train_step`` wrapper. For core_v0.16/0.17 the arguments are pre-parsed with Megatron-LM's own
-``parse_args`` and the same provider so that the doctor runs before ``pretrain`` starts. Without
-``--lagom`` nothing is installed.
-
-The cluster for the doctor and the cost model is ``$LAGOM_CLUSTER`` (the SLURM scripts export the
-preset's), else what torch reports about the local GPU.
+Megatron-LM's ``train`` (``megatron/training/training.py``) has no callbacks, so lagom wraps ``train_step``,
+which ``train`` looks up as a module global each iteration (same leading parameters core_v0.16 to
+core_v0.19), and drives the callbacks of ``training.loop``. core_v0.18+: ``LagomHooks.parse_args``;
+core_v0.16/0.17: ``LagomHooks.pretrain``. The cluster is ``$LAGOM_CLUSTER``, else the local GPU.
 """
 
 from __future__ import annotations
@@ -48,11 +21,7 @@ ArgsProvider = Callable[[Any], Any]
 
 
 def chain_extra_args_providers(*providers: ArgsProvider | None) -> ArgsProvider:
-    """One ``extra_args_provider`` that applies several in turn (None entries are skipped).
-
-    Megatron-LM accepts a single provider, a function ``parser -> parser``; each provider here
-    gets the parser the previous one returned (or the same parser when it returns None).
-    """
+    """One ``extra_args_provider`` (``parser -> parser``) applying several in turn; None entries are skipped."""
     chain = [p for p in providers if p is not None]
 
     def provider(parser):
@@ -69,13 +38,7 @@ def _rank0_print(line: str) -> None:
 
 
 class LagomHooks:
-    """lagom's callbacks driven from Megatron-LM's ``train_step`` (module docstring).
-
-    Attributes:
-        active: True while the ``train_step`` wrapper is installed.
-        iteration: training steps seen (1-based after the first step).
-        callbacks: the objects driven (default: one ``LagomController``).
-    """
+    """lagom's callbacks driven from Megatron-LM's ``train_step``."""
 
     def __init__(self) -> None:
         self.active = False
@@ -87,23 +50,11 @@ class LagomHooks:
 
     def print_help_if_asked(self, extra_args_provider: ArgsProvider | None = None,
                             argv: list[str] | None = None) -> None:
-        """Answers ``-h`` / ``--help`` with Megatron-LM's help and lagom's flags, then exits 0.
+        """Answers ``-h`` / ``--help`` with Megatron-LM's help and lagom's flags, then SystemExit(0).
 
-        The patches call this before ``inprocess_restart.maybe_wrap_for_inprocess_restart``, whose
-        own pre-parse (``parse_args(ignore_unknown_args=True)``, Megatron-LM
-        ``megatron/training/inprocess_restart.py:128`` in core_v0.16.1, ``:133`` in core_v0.18.2) would print
-        Megatron-LM's help without lagom's flags and exit. Megatron-LM's ``parse_args`` is called
-        with the chained provider, so argparse prints every flag and exits. Where Megatron-LM's own
-        help cannot be formatted (core_v0.18.2 and later: a help string of its own with a bare
-        ``%`` makes argparse raise ``ValueError``), lagom's flags are printed alone, with a note.
-
-        Args:
-            extra_args_provider: the provider pretrain_gpt.py passes (ModelOpt's or None).
-            argv: the arguments (default ``sys.argv[1:]``).
-
-        Raises:
-            SystemExit: code 0 after printing, only when help was asked for.
-        """
+        Must run before ``maybe_wrap_for_inprocess_restart``, whose pre-parse would print help without lagom's
+        flags (``megatron/training/inprocess_restart.py:128`` @core_v0.16.1, :133 @core_v0.18.2). Where
+        Megatron-LM's help raises ``ValueError`` (a bare ``%``, core_v0.18.2+), lagom's flags print alone."""
         argv = sys.argv[1:] if argv is None else argv
         if not any(a in ("-h", "--help") for a in argv):
             return
@@ -136,18 +87,7 @@ class LagomHooks:
 
     def parse_args(self, parse_fn: Callable[..., Any], *args: Any,
                    extra_args_provider: ArgsProvider | None = None, **kwargs: Any) -> Any:
-        """core_v0.18+: ``parse_fn(*args, extra_args_provider=<chained>, **kwargs)``, then ``start``.
-
-        Args:
-            parse_fn: Megatron-LM's ``parse_and_validate_args``.
-            extra_args_provider: the provider pretrain_gpt.py passes (ModelOpt's or None).
-
-        Returns:
-            The parsed arguments, as ``parse_fn`` returns them.
-
-        Raises:
-            SystemExit: ``lagom doctor`` found errors (code 1).
-        """
+        """core_v0.18+: ``parse_fn`` with lagom's flags chained, then ``start`` (SystemExit(1) on doctor errors)."""
         cpu_mode()
         parsed = parse_fn(*args, extra_args_provider=self.chained_provider(extra_args_provider), **kwargs)
         self.start(parsed)
@@ -155,17 +95,7 @@ class LagomHooks:
 
     def pretrain(self, pretrain_fn: Callable[..., Any], *args: Any,
                  extra_args_provider: ArgsProvider | None = None, **kwargs: Any) -> Any:
-        """core_v0.16/0.17: pre-parse, ``start``, ``pretrain_fn(...)`` with the chained provider, ``finish``.
-
-        The pre-parse uses Megatron-LM's ``megatron.training.arguments.parse_args`` with the same
-        provider (``pretrain`` parses again itself; parsing has no side effects).
-
-        Returns:
-            What ``pretrain_fn`` returns.
-
-        Raises:
-            SystemExit: ``lagom doctor`` found errors (code 1), before ``pretrain_fn`` runs.
-        """
+        """core_v0.16/0.17: pre-parse, ``start`` (SystemExit(1) on doctor errors), ``pretrain_fn``, ``finish``."""
         from megatron.training.arguments import parse_args
 
         provider = self.chained_provider(extra_args_provider)
@@ -177,23 +107,11 @@ class LagomHooks:
             self.finish()
 
     def start(self, args: Any, *, callbacks: list[Any] | None = None, cluster: Any = None) -> "LagomHooks":
-        """Checks the run and installs the ``train_step`` wrapper when ``args.lagom`` is set.
+        """Checks the run and installs the ``train_step`` wrapper when ``args.lagom`` is set; returns self.
 
-        Args:
-            args: Megatron-LM's parsed arguments.
-            callbacks: callback objects to drive; default ``[LagomController.from_args(args)]``.
-            cluster: for the doctor; default ``lagom_megatron.launch.doctor.detect_cluster()``.
-
-        Returns:
-            self.
-
-        Raises:
-            SystemExit: ``lagom doctor`` found errors (printed on rank 0), with code 1; another run
-                writes one of this run's output folders, with code 2; without
-                ``--lagom``, an option only ``--lagom`` reads was given a value other than its default
-                (``training.lagom_flags.lagom_flag_problems``), with code 2.
-            RuntimeError: already started.
-        """
+        SystemExit(1) when ``lagom doctor`` finds errors; SystemExit(2) when another run writes an output folder
+        of this one, or, without ``--lagom``, an option only ``--lagom`` reads is not at its default;
+        RuntimeError when already started."""
         if self.active:
             raise RuntimeError("lagom hooks are already installed around train_step")
         if not getattr(args, "lagom", False):
@@ -235,10 +153,8 @@ class LagomHooks:
         self._original = training.train_step
         training.train_step = self._wrap(training.train_step)
         self.active = True
-        # Megatron-LM's --exit-interval, --exit-duration-in-mins and --exit-signal-handler end in
-        # sys.exit() inside train() (megatron/training/training.py:3030 in core_v0.16.1, :3821 in core_v0.18.2,
-        # :5084 in main),
-        # past the patch's finish(): finish at interpreter exit too (it runs once).
+        # --exit-interval / --exit-duration-in-mins / --exit-signal-handler sys.exit() inside train(), past the
+        # patch's finish() (megatron/training/training.py:3030 @core_v0.16.1, :3821 @core_v0.18.2, :5084 @main)
         atexit.register(self.finish)
         _rank0_print(f"lagom: hooks around Megatron-LM's train_step | callbacks "
                      f"{', '.join(type(c).__name__ for c in self.callbacks)}")
@@ -296,8 +212,7 @@ class LagomHooks:
         self.active = False
 
     def finish(self) -> None:
-        """Ends training for the callbacks (``on_train_end``) and removes the wrapper; a second call
-        does nothing (``start`` also registers it with :mod:`atexit` for Megatron-LM's ``sys.exit``)."""
+        """Calls the callbacks' ``on_train_end`` and removes the wrapper, once (also registered with :mod:`atexit`)."""
         if self.active and self._set_up:
             self._call("on_train_end")
         self.remove()
@@ -305,33 +220,20 @@ class LagomHooks:
 
 
 def cpu_mode() -> bool:
-    """Installs the CPU shims of a Megatron-LM checkout (``launch.megatron_lm_cpu.apply``) when CUDA is
-    absent; the patches' entry points call it before Megatron-LM parses (``validate_args`` asks for the
-    GPU architecture). Returns True when they are installed."""
+    """Installs the ``megatron_lm_cpu`` shims when CUDA is absent; True when installed.
+
+    Must precede Megatron-LM's parsing: ``validate_args`` asks for the GPU architecture."""
     from lagom_megatron.launch import megatron_lm_cpu
 
     return megatron_lm_cpu.apply()
 
 
 def enable_tuner_plugin(args: Any, environ: Any = None) -> str | None:
-    """Turns lagom's NCCL tuner plugin on in this process, as ``scripts/pretrain_gpt.py`` does
-    (``training/loop.py``), for a run started with plain ``torchrun`` (the SLURM scripts export the
-    variables already, and a variable the user set is kept).
+    """Turns lagom's NCCL tuner plugin on for a plain ``torchrun`` start; returns the rank-0 note if it cannot.
 
-    NCCL reads ``NCCL_TUNER_PLUGIN`` once per process, when the first communicator is created
-    (``nccl/plugin_launch.py``); ``start`` runs before ``pretrain`` calls ``initialize_megatron`` ->
-    ``torch.distributed.init_process_group`` (Megatron-LM core_v0.16.1 ``training.py:768``,
-    ``initialize.py:355``), so every rank sets it in time. Without it NCCL loads no tuner and lagom
-    falls back to communicator mode (no chunk size, no LL128, one communicator per configuration).
-
-    Args:
-        args: Megatron-LM's parsed arguments (``distributed_backend``, default "nccl").
-        environ: the environment to update (default ``os.environ``).
-
-    Returns:
-        The line logged on rank 0 when the plugin cannot be used (None when it was enabled, was
-        already set, or the run has no NCCL: no CUDA, or ``--distributed-backend gloo``).
-    """
+    NCCL reads ``NCCL_TUNER_PLUGIN`` at the first communicator; ``start`` precedes ``init_process_group``
+    (Megatron-LM ``training.py:768``, ``initialize.py:355`` @core_v0.16.1). A user's value is kept; without
+    the plugin lagom falls back to communicator mode."""
     import torch
 
     if getattr(args, "distributed_backend", "nccl") != "nccl" or not torch.cuda.is_available():

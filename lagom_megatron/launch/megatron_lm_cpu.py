@@ -4,54 +4,24 @@
         --distributed-backend gloo --transformer-impl local --no-gradient-accumulation-fusion \\
         --no-persist-layer-norm --eval-interval 10 --eval-iters 1 <model, batch and data flags> --lagom
 
-Megatron-LM's ``megatron/training`` assumes a GPU in a few places that megatron-core's CPU shims
-(``lagom_megatron.training.cpu_shims``) do not reach. :func:`apply` installs those shims and the
-ones below, only when CUDA is absent; :func:`remove` restores every original. ``LagomHooks`` (the
-code the patches add) calls :func:`apply` before it parses, so plain ``torchrun pretrain_gpt.py``
-gets them too when ``triton`` is installed; this module's ``main`` (``-m``, above) also gives
-``triton`` a stand-in before ``pretrain_gpt.py`` imports anything, which is the only thing it
-adds. Line numbers are of Megatron-LM's tags core_v0.16.1 / core_v0.17.1 / core_v0.18.2 and of
-its main branch of 2026-08 (``main``):
+When CUDA is absent, :func:`apply` adds to ``training.cpu_shims`` one shim per Megatron-LM GPU assumption
+below; ``-m`` also gives ``triton`` a stand-in. Lines @core_v0.16.1 / @core_v0.17.1 / @core_v0.18.2 / @main (2026-08):
 
-======================  ===========================================================================
-shim                    the Megatron-LM line it answers
-======================  ===========================================================================
-``allow_no_cuda``       ``initialize.py:62`` / ``:61`` / ``:58`` / main ``:72`` assert
-                        ``torch.cuda.is_available()`` unless ``initialize_megatron(allow_no_cuda=True)``,
-                        which ``pretrain`` never passes (``training.py:768`` / ``:885`` / ``:1100`` /
-                        main ``:1577``)
-GPU architecture        ``arguments.py:928`` / ``:1219`` / ``:1399`` / main ``:1454``:
-                        ``get_device_arch_version()`` (``torch.cuda.get_device_properties``) with
-                        TP or CP > 1; answered as 9 (Hopper), which keeps
-                        ``CUDA_DEVICE_MAX_CONNECTIONS`` checks as on most clusters
-one device              ``initialize.py:319,330-331,360`` / ``:277,288-289`` / ``:250,261-262`` /
-                        main ``:277,288-289``: ``mpu.initialize_model_parallel`` runs only when
-                        ``torch.cuda.device_count() > 0``, after ``torch.cuda.set_device``
-no ``nvcc``             ``initialize.py:224,228`` (core_v0.16.1 only) ``fused_kernels.load`` runs
-                        ``CUDA_HOME/bin/nvcc``; it builds nothing training needs there
-device literals         ``initialize.py:475-512`` (``_warmup_jit_function``, ``torch.rand`` on
-                        ``"cuda"``; ``:476-513`` / ``:451-488`` / main ``:532-570``),
-                        ``rerun_state_machine.py:261,265`` / ``:264,268`` (x3), and
-                        ``training.py`` (11 / 12 / 15 / 15 ``device="cuda"`` or
-                        ``current_device()`` sites: start-time all-reduce, loss and
-                        evaluation reductions)
-no CUDA streams         ``training.py:1325-1344`` / ``:1481-1499`` / ``:1795-1817`` / main
-                        ``:2523-2543`` and main ``training/models/dist_utils.py:346``: ``get_model``
-                        builds DDP inside ``torch.cuda.stream(...)``
-dataset helper build    ``core/datasets/utils.py:26`` runs ``make`` in ``megatron/core/datasets``, whose
-                        Makefile asks the ``python3`` / ``python3-config`` on ``PATH`` for pybind11's
-                        includes and the extension suffix (another interpreter's suffix makes
-                        ``datasets/helpers.py:8`` fail to import the result); the same ``make`` is run
-                        with this interpreter's values
-``triton`` (``-m``)     ``batch_invariant_kernels.py:15`` (core_v0.16.1, imported by
-                        ``initialize.py:25``) and ``moe/paged_stash.py:8`` (core_v0.18.2, imported by
-                        ``training.py:162``; main ``moe/ops/paged_stash.py:4``, through
-                        ``moe/paged_stash.py:12`` from ``training.py:126``) import it
-                        unconditionally and decorate kernels with ``@triton.jit`` at import time;
-                        core_v0.17.1 falls back to a ``MagicMock`` itself. The stand-in is a module
-                        whose every attribute is a ``MagicMock`` and whose ``jit`` / ``autotune`` /
-                        ``heuristics`` return the function: no kernel runs on CPU
-======================  ===========================================================================
+- ``allow_no_cuda``: ``initialize.py:62`` / ``:61`` / ``:58`` / ``:72`` asserts CUDA; ``pretrain`` never passes
+  ``allow_no_cuda=True`` (``training.py:768`` / ``:885`` / ``:1100`` / ``:1577``).
+- GPU architecture, answered 9 (Hopper): ``arguments.py:928`` / ``:1219`` / ``:1399`` / ``:1454`` with TP or CP > 1.
+- one device: ``initialize.py:319,330-331,360`` / ``:277,288-289`` / ``:250,261-262`` / ``:277,288-289`` run
+  ``initialize_model_parallel`` only when ``device_count() > 0``, after ``set_device``.
+- no ``nvcc``: ``initialize.py:224,228`` (core_v0.16.1 only) ``fused_kernels.load``; nothing training needs.
+- device literals: ``initialize.py:475-512`` / ``:476-513`` / ``:451-488`` / ``:532-570`` (``_warmup_jit_function``),
+  ``rerun_state_machine.py:261,265`` / ``:264,268`` (x3), ``training.py`` (11 / 12 / 15 / 15 ``"cuda"`` sites).
+- no CUDA streams: ``training.py:1325-1344`` / ``:1481-1499`` / ``:1795-1817`` / ``:2523-2543`` and main
+  ``training/models/dist_utils.py:346`` build DDP in ``torch.cuda.stream(...)``.
+- dataset helper: ``core/datasets/utils.py:26`` runs ``make`` with the ``PATH`` ``python3``'s pybind11 and
+  suffix (``datasets/helpers.py:8`` then fails to import); rerun with this interpreter's values.
+- ``triton`` (``-m``): imported and ``@triton.jit`` used at import by ``batch_invariant_kernels.py:15``
+  (core_v0.16.1, via ``initialize.py:25``), ``moe/paged_stash.py:8`` (core_v0.18.2, via ``training.py:162``),
+  main ``moe/ops/paged_stash.py:4`` (via ``moe/paged_stash.py:12``, ``training.py:126``); core_v0.17.1 mocks it.
 """
 
 from __future__ import annotations
@@ -71,14 +41,14 @@ from typing import Any
 from lagom_megatron.training import cpu_shims
 
 GPU_ARCH_VERSION = 9
-"""What ``get_device_arch_version`` answers on CPU: 9 (Hopper; 10 would be Blackwell)."""
+"""``get_device_arch_version`` on CPU: 9 (Hopper; 10 would be Blackwell)."""
 
 _ORIGINALS: list[tuple[Any, str, Any]] = []
 _DEVICE_LITERAL_MODULES = ("megatron.training.initialize", "megatron.training.training",
                            "megatron.core.rerun_state_machine")
-"""Megatron-LM modules that allocate on ``"cuda"`` (table above); each gets a torch proxy."""
+"""Megatron-LM modules that allocate on ``"cuda"``; each gets a torch proxy."""
 _LATER_MODULES = ("megatron.training.models.dist_utils",)
-"""The same, in releases that have them (main: ``_ddp_wrap`` builds DDP in a CUDA stream, ``dist_utils.py:346``)."""
+"""Modules given the proxy too where the release has them (main: ``dist_utils.py:346``)."""
 
 
 def _set(owner: Any, name: str, value: Any) -> None:
@@ -86,7 +56,7 @@ def _set(owner: Any, name: str, value: Any) -> None:
 
 
 class _NoStream:
-    """``torch.cuda.Stream`` on CPU: waiting does nothing (gloo's work is synchronous on the CPU)."""
+    """``torch.cuda.Stream`` on CPU: gloo's work is synchronous, so waiting does nothing."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -99,8 +69,7 @@ class _NoStream:
 
 
 class _CpuCuda(types.ModuleType):
-    """``torch.cuda`` as the shimmed Megatron-LM modules see it: one device, no streams; every other
-    attribute is ``torch.cuda``'s own."""
+    """``torch.cuda`` for the shimmed modules: one device, no streams, the rest ``torch.cuda``'s."""
 
     def __getattr__(self, name: str) -> Any:
         import torch
@@ -127,7 +96,6 @@ class _CpuCuda(types.ModuleType):
 
 
 def _megatron_lm_torch() -> types.ModuleType:
-    """megatron-core's CPU torch proxy (CUDA devices of tensor factories -> CPU) with ``cuda`` = :class:`_CpuCuda`."""
     proxy = cpu_shims.make_cpu_torch()
     proxy.cuda = _CpuCuda("lagom_cpu_torch.cuda")
     return proxy
@@ -136,14 +104,7 @@ def _megatron_lm_torch() -> types.ModuleType:
 def build_dataset_helpers() -> None:
     """Megatron-LM's ``compile_helpers`` with this interpreter's pybind11 includes and extension suffix.
 
-    Runs the same ``make -C megatron/core/datasets`` with ``CPPFLAGS`` and ``LIBEXT`` given on the
-    command line (they override the Makefile's ``python3 -m pybind11 --includes`` and
-    ``python3-config --extension-suffix``, which would ask whatever ``python3`` is first on ``PATH``).
-
-    Raises:
-        SystemExit: code 1 when ``make`` fails or pybind11 is not installed, as Megatron-LM's own
-            ``compile_helpers`` exits (``core/datasets/utils.py:30``), after saying why.
-    """
+    SystemExit(1) when ``make`` fails or pybind11 is missing, as ``core/datasets/utils.py:30`` exits."""
     import megatron.core.datasets as datasets
 
     try:
@@ -166,16 +127,9 @@ def is_applied() -> bool:
 
 
 def apply(force: bool = False) -> bool:
-    """Installs megatron-core's CPU shims and the Megatron-LM ones of the module docstring.
+    """Installs megatron-core's CPU shims and the Megatron-LM ones of the module docstring; True when installed.
 
-    Needs a Megatron-LM checkout on ``sys.path`` (``megatron.training`` importable).
-
-    Args:
-        force: install even if CUDA is available (tests only).
-
-    Returns:
-        True when installed (now or earlier), False on a machine with CUDA (nothing changed).
-    """
+    False on a machine with CUDA unless ``force`` (tests). Needs ``megatron.training`` importable."""
     import torch
 
     if _ORIGINALS:
@@ -238,8 +192,7 @@ TRITON_IMPORTERS = (
     "megatron.core.transformer.moe.paged_stash",                        # core_v0.18.2 :8
     "megatron.core.transformer.moe.ops.paged_stash",                    # main :4
 )
-"""Megatron-LM modules that import triton unconditionally (the table's last row); those the checkout has
-are imported under the stand-in."""
+"""Megatron-LM modules that import triton unconditionally; those present are imported under the stand-in."""
 
 
 def _stand_in_modules() -> dict[str, types.ModuleType]:
@@ -255,15 +208,9 @@ def _stand_in_modules() -> dict[str, types.ModuleType]:
 
 
 def import_with_triton_stand_in(modules: tuple[str, ...] = TRITON_IMPORTERS) -> list[str]:
-    """Imports the Megatron-LM modules of ``modules`` that exist, with a stand-in ``triton`` and
-    ``triton.language`` in ``sys.modules`` only while they import, when triton is absent and CUDA is
-    too (the table's last row). The modules keep the stand-in as their global; afterwards ``import
-    triton`` fails again as it should, so torch (``torch.utils._triton.has_triton_package``, whose
-    answer torch's compiler caches, asked here before the stand-in exists) never sees it.
+    """Imports the existing ``modules`` under a stand-in ``triton`` when triton and CUDA are absent; returns them.
 
-    Returns:
-        The modules imported under the stand-in (empty when triton is installed, or CUDA is available).
-    """
+    The stand-in leaves ``sys.modules`` afterwards, so torch (``has_triton_package``, cached first) never sees it."""
     if "triton" in sys.modules or importlib.util.find_spec("triton") is not None:
         return []
     import torch
@@ -297,13 +244,9 @@ def import_with_triton_stand_in(modules: tuple[str, ...] = TRITON_IMPORTERS) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lagom_megatron.launch.megatron_lm_cpu SCRIPT [ARGS...]``: runs SCRIPT as ``__main__``
-    with the triton stand-in (when needed) in place; the script's folder leads ``sys.path``, as
-    ``python SCRIPT`` would have it.
+    """``python -m lagom_megatron.launch.megatron_lm_cpu SCRIPT [ARGS...]`` with the triton stand-in.
 
-    Returns:
-        2 with a usage line when no script is given or it does not exist; else what the script exits with.
-    """
+    Runs SCRIPT as ``__main__``, its folder first on ``sys.path``; returns 2 when it is missing, else its exit code."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") and len(argv) == 1:
         print("usage: python -m lagom_megatron.launch.megatron_lm_cpu PRETRAIN_GPT_PY [ARGS...]\n"

@@ -1,41 +1,7 @@
 """What a Megatron-LM release fails on before (or at) its first iteration, for ``lagom doctor --megatron-lm``.
 
-Each rule restates one failure of Megatron-LM's own code as a fact of its release (core_v0.16.x,
-core_v0.17.x, core_v0.18.x; the line numbers are of core_v0.16.1, core_v0.17.1 and core_v0.18.2,
-read from their sources), and names the release and the line:
-
-- ``--eval-interval`` missing (and neither ``--skip-train`` nor ``--full-validation``):
-  ``train_iters // args.eval_interval`` raises ``TypeError`` in
-  ``get_train_valid_test_num_samples`` before the first step (``megatron/training/training.py``
-  :3307 / :3547 / :4136);
-- a persistent layer norm (the default; ``--no-persist-layer-norm`` turns it off) with the local
-  layers and no APEX: ``WrappedTorchNorm`` asserts it (``megatron/core/transformer/torch_norm.py``
-  :30 / :48 / :48);
-- the masked-softmax fusion (the default) with ``--bf16`` or ``--fp16``, the local layers and no
-  APEX ``scaled_masked_softmax_cuda``, for the shapes where the fused kernel would be picked:
-  ``megatron/core/fusions/fused_softmax.py:357`` imports it (all three);
-- ``--use-megatron-fsdp`` without ``--ckpt-format fsdp_dtensor``: ``validate_args`` asserts it
-  (``megatron/training/arguments.py`` :690 / :971 / :1142);
-- Megatron-FSDP's sharding strategy (``--data-parallel-sharding-strategy``, whose parser default is
-  no_shard in core_v0.16/0.17, ``arguments.py`` :2307 / :2722, and optim_grads_params in core_v0.18,
-  :2805): left out on core_v0.16/0.17, Megatron-FSDP shards nothing (a warning,
-  ``training.preflight_rules.no_shard_finding``); optim_grads_params with
-  ``--check-weight-hash-across-dp-replicas-interval`` is asserted (:684 / :965 / :1136); core_v0.18
-  raises for ``--init-model-with-meta-device`` with no_shard (:1151); ``--ckpt-format fsdp_dtensor``
-  without ``--use-megatron-fsdp`` is asserted (:1050 / :1341 / :1507); and core_v0.16/0.17 run
-  Megatron-FSDP without ``--use-distributed-optimizer`` if it is not given, which Megatron-FSDP's user
-  guide lists as required and core_v0.18 turns on itself (:1113-1119) (a warning);
-- a Python package Megatron-LM imports unconditionally and this Python lacks (``six`` at
-  ``megatron/training/tokenizer/bert_tokenization.py:25`` and ``regex`` at
-  ``gpt2_tokenization.py:25`` in core_v0.16.x; ``pybind11`` for the dataset helper's
-  ``megatron/core/datasets/Makefile``; ``triton`` at
-  ``megatron/core/transformer/custom_layers/batch_invariant_kernels.py:15`` (core_v0.16.x) and
-  ``megatron/core/transformer/moe/paged_stash.py:8`` (core_v0.18.x)).
-
-APEX and packages are looked up in this Python: errors when the run starts here (``local``),
-warnings for another cluster's machines. Packages are checked only where the checkout itself is
-importable (``megatron.training`` on the path, as every rank has it): a login node that only plans
-the job says nothing of the nodes' Python.
+Each rule names the release and its line of core_v0.16.1 / core_v0.17.1 / core_v0.18.2 (``*_LINE``,
+``PACKAGES``). Missing APEX and packages are errors for a local run, warnings for another cluster.
 """
 
 from __future__ import annotations
@@ -83,11 +49,7 @@ PACKAGES: dict[str, dict[str, str]] = {
 
 
 def release_key(release: str) -> str:
-    """``core_v0.16.1`` / ``0.16.1`` / ``core_v0.16`` -> ``core_v0.16``.
-
-    Raises:
-        ValueError: a release outside core_v0.16-core_v0.18, naming the value and those allowed.
-    """
+    """``core_v0.16.1`` / ``0.16.1`` / ``core_v0.16`` -> ``core_v0.16``; ValueError outside core_v0.16-0.18."""
     text = release.strip().removeprefix("core_v").removeprefix("v")
     parts = text.split(".")
     key = f"core_v{parts[0]}.{parts[1]}" if len(parts) >= 2 else ""
@@ -106,22 +68,10 @@ def _installed(module: str) -> bool:
 
 def megatron_lm_traps(args: Mapping[str, Any], release: str, *, local: bool,
                       installed: Callable[[str], bool] = _installed, on_gpu: bool = True) -> list[Finding]:
-    """The findings of the module docstring for one Megatron-LM command line.
+    """The release's failures (module docstring) that one Megatron-LM command line would meet, errors first.
 
-    Args:
-        args: argparse destinations of the line (``launch.megatron_args.argv_to_args``).
-        release: the targeted Megatron-LM release, e.g. ``core_v0.16.1``.
-        local: the run starts on this machine (missing APEX and packages are errors, else warnings).
-        installed: whether a module can be imported here (a stand-in in tests).
-        on_gpu: the run has CUDA; without it ``triton`` is given a stand-in by
-            ``python -m lagom_megatron.launch.megatron_lm_cpu`` and is not needed.
-
-    Returns:
-        Findings, errors first in the order above.
-
-    Raises:
-        ValueError: an unknown release (:func:`release_key`).
-    """
+    ``args``: ``megatron_args.argv_to_args``'s; ``on_gpu`` False: no ``triton`` needed (``megatron_lm_cpu`` stands
+    in). ValueError on an unknown release."""
     key = release_key(release)
     out: list[Finding] = []
     get = args.get
@@ -171,8 +121,7 @@ def megatron_lm_traps(args: Mapping[str, Any], release: str, *, local: bool,
 
 
 def _fsdp_traps(args: Mapping[str, Any], release: str, key: str) -> list[Finding]:
-    """Megatron-FSDP's findings of the module docstring; an explicit strategy's own checks (its
-    value, no_shard given on the line) are ``training.preflight_rules.rule_fsdp_sharding``'s."""
+    """Megatron-FSDP's findings (an explicit strategy's own checks: ``preflight_rules.rule_fsdp_sharding``)."""
     get = args.get
     out: list[Finding] = []
     if get("ckpt_format") == "fsdp_dtensor" and not get("use_megatron_fsdp"):

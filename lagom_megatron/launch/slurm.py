@@ -3,33 +3,10 @@
     python -m lagom_megatron.launch.slurm --preset llama3-70b-h100x64 --layout per-node [--plan F]
         [--megatron-lm DIR] [-- extra pretrain_gpt.py args]
 
-prints lines for ``eval`` in ``scripts/slurm/*.sbatch``:
-
-* ``export NAME=value`` for each variable of the preset's ``env`` (NCCL_*, CUDA_DEVICE_MAX_CONNECTIONS),
-  so that every rank inherits identical values through ``srun`` (mismatched NCCL settings across
-  ranks are a classic hang), and ``LAGOM_CLUSTER`` (the preset's cluster, which lagom's
-  controller and the Megatron-LM adapter read);
-* on an NCCL cluster, lagom's tuner plugin for every rank (``nccl.plugin_launch.launch_env``):
-  the library's absolute path, located or built under ``$LAGOM_TUNER_DIR`` (default
-  ``build/nccl-plugin`` in the source tree, which the nodes must see), and an empty plan-table
-  variable; a user's own values are kept. When it cannot be built, an ``echo`` line warns on
-  stderr and lagom falls back to communicator mode;
-* ``LAGOM_EXPORTS``: the names exported; ``LAGOM_NODES``, ``LAGOM_GPUS_PER_NODE``,
-  ``LAGOM_WORLD_SIZE``; ``LAGOM_MASTER_PORT`` (derived from ``SLURM_JOB_ID``);
-* an existing ``--plan`` (or the preset's ``lagom_plan``) must be a plan of this run
-  (:func:`plan_for_another_run`): one for another layout, model or backend is refused here, before
-  the allocation, instead of being moved aside by the run once the job has started;
-* ``LAGOM_PLAN_ENV``: the saved plan's env file when it exists (the plan path with its suffix
-  replaced by ``.env``, else ``<plan>.env``), holding the process-scope knobs of a previous run;
-* ``LAGOM_SBATCH``: the ``sbatch`` options of the preset's SLURM shape for this layout;
-* ``LAGOM_TRAIN``: the training script and its arguments: our ``scripts/pretrain_gpt.py
-  --preset NAME`` by default, or a Megatron-LM checkout's ``pretrain_gpt.py`` with the preset
-  spelled out as Megatron-LM flags (``--megatron-lm DIR``, which needs one of ``patches/``).
-
-All values are quoted with ``shlex.quote``. The scripts hold no other logic. Exit code 2 with one
-line on stderr on bad input (unknown preset, no SLURM shape, an allocation of another size, a plan
-of another run). ``--dry-run`` builds nothing: a tuner plugin not built yet is named in a note, not
-built (``launch_env(build=False)``).
+prints ``shlex``-quoted lines for ``eval`` in ``scripts/slurm/*.sbatch``: the preset's ``env`` and
+``LAGOM_CLUSTER`` exported (identical on every rank), the tuner plugin's variables (built under
+``$LAGOM_TUNER_DIR``, which the nodes must see), and ``LAGOM_*`` values (sizes, port, plan env file,
+``sbatch`` options, training command). Exit 2 with one line on bad input.
 """
 
 from __future__ import annotations
@@ -50,25 +27,17 @@ from lagom_megatron.config.presets import Preset, load_preset
 FINGERPRINT_FROM_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
                          "global_batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
                          "context_parallel_size", "expert_model_parallel_size")
-"""The fields of a run's fingerprint (``megatron.fingerprint.run_fingerprint``) that the launch line
-decides, besides world size, backend and cluster."""
+"""Fields of ``megatron.fingerprint.run_fingerprint`` the launch line decides (besides world size, backend, cluster)."""
 PARALLEL_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
                      "context_parallel_size": 1, "expert_model_parallel_size": 1}
-"""Megatron-LM's defaults of the parallel sizes, for a line that does not give them."""
+"""Megatron-LM's defaults of the parallel sizes."""
 
 
 def plan_for_another_run(preset: Preset, plan: str, cluster: ClusterSpec, extra: Sequence[str]) -> str | None:
-    """Why the saved plan ``plan`` is not one this launch's run would reuse, or None.
+    """Why the saved ``plan`` is not one this launch's run would reuse (one line), or None.
 
-    The run reuses a plan whose fingerprint matches its own (``engine.plan.Plan.fingerprint_mismatch``)
-    and moves any other aside at start-up; here the fields the launch line decides are compared: the
-    layout, model and batch of the preset with ``extra`` laid over it, the world size, the cluster and
-    its backend, and the plan's entries against the cluster's rules (``megatron.run_files.plan_problem``).
-    A field the plan does not state is not compared.
-
-    Returns:
-        One line naming the plan, each differing field with both values, and the way out.
-    """
+    Compares the fingerprint fields the launch decides (preset with ``extra`` over it, world size, cluster,
+    backend; fields the plan does not state are skipped), then ``megatron.run_files.plan_problem``."""
     from lagom_megatron.engine.plan import Plan
     from lagom_megatron.launch.megatron_args import argv_to_args
     from lagom_megatron.megatron.run_files import plan_problem
@@ -94,23 +63,13 @@ DEFAULT_MASTER_PORT = 29500
 
 
 def master_port(environ: Mapping[str, str]) -> int:
-    """A rendezvous port derived from the job id, so that jobs sharing a node do not collide.
-
-    Returns:
-        20000 + SLURM_JOB_ID mod 40000 inside a job (range 20000..59999, below the usual
-        ephemeral range), else 29500.
-    """
+    """Rendezvous port per job: 20000 + SLURM_JOB_ID mod 40000 (below the ephemeral range), else 29500."""
     job = environ.get("SLURM_JOB_ID", "")
     return 20000 + int(job) % 40000 if job.isdigit() else DEFAULT_MASTER_PORT
 
 
 def plan_env_file(plan: str | None) -> Path | None:
-    """The env file written beside a plan: the plan's path with suffix ``.env`` (``runs/plan.json``
-    -> ``runs/plan.env``, as ``nccl.env_file`` writes it), else ``<plan>.env``.
-
-    Returns:
-        The first candidate that exists, or None.
-    """
+    """The env file ``nccl.env_file`` wrote beside a plan (``p.json`` -> ``p.env``, else ``p.json.env``), or None."""
     if not plan:
         return None
     p = Path(plan)
@@ -121,14 +80,9 @@ def plan_env_file(plan: str | None) -> Path | None:
 
 
 def sbatch_options(preset: Preset, layout: str) -> list[str]:
-    """``sbatch`` options for the preset's SLURM shape.
+    """``sbatch`` options for the preset's SLURM shape; ValueError when the preset has no ``slurm`` section.
 
-    Args:
-        layout: "per-node" (one task per node running torchrun) or "per-gpu" (one task per GPU).
-
-    Raises:
-        ValueError: the preset has no ``slurm`` section.
-    """
+    ``layout``: "per-node" (one torchrun per node) or "per-gpu" (one task per GPU)."""
     slurm = _slurm(preset)
     tasks = 1 if layout == "per-node" else slurm.gpus_per_node
     opts = [f"--job-name=lagom-{preset.name}", f"--nodes={slurm.nodes}", f"--ntasks-per-node={tasks}",
@@ -149,10 +103,7 @@ def _slurm(preset: Preset):
 
 def train_command(preset: Preset, *, root: str, plan: str | None, megatron_lm: str | None,
                   extra: Sequence[str]) -> list[str]:
-    """The training script and its arguments (without the python or torchrun in front).
-
-    Explicit ``extra`` arguments come last so that they override the preset's values.
-    """
+    """The training script and its arguments (no python/torchrun in front); ``extra`` last, so it overrides."""
     if megatron_lm:
         cmd = [str(Path(megatron_lm) / "pretrain_gpt.py"), *preset_to_argv(preset)]
     else:
@@ -165,14 +116,10 @@ def train_command(preset: Preset, *, root: str, plan: str | None, megatron_lm: s
 def shell_lines(preset: Preset, *, layout: str, root: str, plan: str | None = None,
                 megatron_lm: str | None = None, extra: Sequence[str] = (),
                 environ: Mapping[str, str] | None = None, dry_run: bool = False) -> list[str]:
-    """The lines printed for the scripts' ``eval``; see the module docstring (``dry_run``: build nothing).
+    """The lines printed for the scripts' ``eval`` (``dry_run``: build nothing, the plugin is only located).
 
-    Raises:
-        ValueError: no slurm section; the world size differs from nodes x GPUs per node; or,
-            inside an allocation, SLURM_JOB_NUM_NODES, SLURM_JOB_NODELIST or SLURM_TASKS_PER_NODE
-            differ from what the preset and layout need (``slurm_inputs.check_allocation``); an
-            existing plan of another run (:func:`plan_for_another_run`).
-    """
+    ValueError: no slurm section; world size != nodes x GPUs per node; an allocation of another shape
+    (``slurm_inputs.check_allocation``); an existing plan of another run."""
     environ = os.environ if environ is None else environ
     slurm = _slurm(preset)
     if slurm.nodes * slurm.gpus_per_node != preset.world_size:

@@ -1,18 +1,7 @@
 """SLURM's allocation variables, parsed as SLURM defines them, and the checks the launch needs of them.
 
-- Host lists (``SLURM_JOB_NODELIST``): comma-separated host names, each of which may hold bracket
-  expressions of numbers and ranges, ``node-a[07-08,10]``, ``rack[1-2]-gpu[1-2]``; a range keeps
-  the zero padding of its bounds (SLURM's ``src/common/hostlist.c``, the host-list expressions
-  of ``scontrol show hostnames``).
-- Tasks per node (``SLURM_TASKS_PER_NODE``): comma-separated counts in node-list order, a count
-  followed by ``(xN)`` repeated on N consecutive nodes, ``8(x2),4`` (sbatch(1), OUTPUT
-  ENVIRONMENT VARIABLES).
-
-:func:`check_allocation` refuses, before ``srun``, an allocation the launch cannot honour: a
-malformed list, another number of nodes than the preset's, or tasks per node that are not the
-layout's (one torchrun per node, or one task per GPU) on every node: torchrun and our per-GPU
-launch start the same number of ranks on every node.
-"""
+Host lists (``node-a[07-08,10]``; ranges keep their zero padding): SLURM's ``src/common/hostlist.c``;
+``SLURM_TASKS_PER_NODE`` (``8(x2),4``): sbatch(1), OUTPUT ENVIRONMENT VARIABLES."""
 
 from __future__ import annotations
 
@@ -23,7 +12,7 @@ _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
 def _split_top(text: str) -> list[str]:
-    """Splits on commas outside brackets; raises ValueError on unbalanced brackets."""
+    """Splits on commas outside brackets; raises ValueError on unbalanced or nested brackets."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch == "[":
@@ -60,12 +49,7 @@ def _range_values(body: str) -> list[str]:
 
 
 def expand_hostlist(text: str) -> list[str]:
-    """The host names of a SLURM host-list expression, in order.
-
-    Raises:
-        ValueError: one line naming the expression and the fault (empty, unbalanced brackets,
-            a non-numeric item, a backwards range).
-    """
+    """The host names of a SLURM host-list expression, in order; ValueError naming it and the fault."""
     if not text or not text.strip():
         raise ValueError("empty host list")
     hosts: list[str] = []
@@ -84,11 +68,7 @@ def expand_hostlist(text: str) -> list[str]:
 
 
 def parse_tasks_per_node(text: str) -> list[int]:
-    """``SLURM_TASKS_PER_NODE`` as one count per node, ``"8(x2),4"`` -> ``[8, 8, 4]``.
-
-    Raises:
-        ValueError: an entry that is not ``N`` or ``N(xM)`` with M >= 1.
-    """
+    """``SLURM_TASKS_PER_NODE`` as one count per node, ``"8(x2),4"`` -> ``[8, 8, 4]``; ValueError on a bad entry."""
     counts: list[int] = []
     for entry in text.strip().split(","):
         m = _TASKS.match(entry.strip())
@@ -99,17 +79,10 @@ def parse_tasks_per_node(text: str) -> list[int]:
 
 
 def check_allocation(environ: Mapping[str, str], *, nodes: int, tasks_per_node: int, name: str) -> None:
-    """Checks the allocation's node list and tasks per node against the launch (module docstring).
+    """Checks the allocation's node list and tasks per node; ValueError naming the variable, value and need.
 
-    Args:
-        environ: the batch script's environment (outside an allocation nothing is checked).
-        nodes: the preset's nodes.
-        tasks_per_node: 1 (per-node layout: one torchrun per node) or the GPUs per node (per-GPU).
-        name: the preset, for the message.
-
-    Raises:
-        ValueError: one line naming the variable, its value and what the launch needs.
-    """
+    Every node must run ``tasks_per_node`` (1: one torchrun per node, else one task per GPU); nothing is
+    checked outside an allocation."""
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if nodelist:
         hosts = expand_hostlist(nodelist)
