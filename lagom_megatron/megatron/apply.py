@@ -1,21 +1,5 @@
 """Applying configurations on every rank together, or on none: capabilities, pool entries, the plan
-table, first use, the memory budget and the revert.
-
-``Applier`` is the controller's one path for everything that touches NCCL (or gloo) outside a
-collective call:
-
-* ``agree_capabilities`` (start-up): every rank gathers its ``nccl.capabilities.Capabilities``;
-  ``consensus.agree_capabilities`` compares them. A disagreement logs one error naming the rank,
-  host and field; tuning stays off and the defaults are kept.
-* ``apply`` (probe configs after the default iteration, the agreed plan after the search or on
-  reuse): the environment re-check, the plan table, ``CommPool.prepare``'s preflight / creation /
-  first use each run as ``consensus.collective_step``; a failure on any rank makes every rank
-  destroy its entries, log one error and keep NCCL's defaults (``revert``). Training continues.
-* ``fit_plan_to_budget`` (before the plan is agreed): sites whose entries would pass the pool's
-  memory budget keep the defaults, least predicted gain first, so the plan predicts what is applied.
-* ``check_observed`` (after the first iteration that ran an applied plan): what NCCL's profiler
-  records (gloo: the pool's own record) show ran, against the plan, on every rank together; the
-  sites that differ on any rank go back to the defaults everywhere (``observed``).
+table, first use, the memory budget and the revert (a failure on any rank reverts every rank).
 """
 
 from __future__ import annotations
@@ -33,14 +17,7 @@ log = logging.getLogger("lagom")
 
 
 class Applier:
-    """The collective apply path of one rank (module docstring).
-
-    Args:
-        pool: the rank's ``CommPool``.
-        router: the ``SiteRouter`` (its assignment is cleared on revert).
-        files: the run's ``RunFiles`` (the plugin's table is written there).
-        cluster: the ``ClusterSpec`` the plan table is exported for.
-    """
+    """The collective apply path of one rank."""
 
     def __init__(self, *, pool: Any, router: Any, files: Any, cluster: Any) -> None:
         self.pool = pool
@@ -51,27 +28,22 @@ class Applier:
         self.error: str | None = None
         """Why applying was abandoned (None while nothing failed)."""
         self.table_plan: Any = None
-        """The plan whose tuner table the plugin loaded; it keeps the sites the observed check later
-        reverted, whose rows are still in that table."""
+        """The plan whose tuner table the plugin loaded (with any sites reverted since)."""
         from lagom_megatron.megatron.observed import ObservedCheck
 
         self.observed = ObservedCheck(getattr(getattr(pool, "backend", None), "name", "nccl"))
-        """What ran against the plan (``observed``); its verdicts go into the report."""
         self.observed.attach(router)
 
     # ------------------------------------------------------------------ capabilities
     def agree_capabilities(self, *, on_gpu: bool, gather: Callable[[], Any] | None = None) -> Any:
-        """Gathers, agrees and returns the capabilities (None after a disagreement, logged).
-
-        On NCCL one collective runs on the default group first, so that NCCL has created a
-        communicator and loaded (or not) the tuner plugin before its status is read.
-        """
+        """Gathers, agrees and returns the capabilities (None after a disagreement, logged)."""
         from lagom_megatron.nccl import capabilities as caps_mod
 
         if on_gpu:
             import torch
             import torch.distributed as dist
 
+            # NCCL creates a communicator (and loads the plugin, or not) before its status is read
             dist.all_reduce(torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device())))
         try:
             # gathering reads files, the driver and the plugin: a rank where it fails must not
@@ -98,13 +70,7 @@ class Applier:
         return agreed
 
     def _check_nodes(self, hosts: list[str]) -> None:
-        """Every named group spans as many nodes as NCCL counts (distinct hosts of its ranks) as the
-        sites say (``GroupNames``, from ``LOCAL_WORLD_SIZE`` and block rank placement): the search
-        domain depends on it (NVLS, PAT, CollNet) and so does the plugin's nNodes match.
-
-        Raises:
-            ValueError: names the group and both counts (the same on every rank: hosts are agreed).
-        """
+        """Raises ValueError unless every named group spans as many hosts as ``GroupNames`` counts nodes."""
         groups = self.pool.groups
         for name in groups.names():
             info = groups.by_name(name)
@@ -140,14 +106,12 @@ class Applier:
 
     def apply(self, needs: dict[str, set[CommConfig]], *, what: str, plan: Any = None,
               ops: dict[CommConfig, str] | None = None) -> bool:
-        """Creates the pool entries ``needs`` calls for (and, for a plan in plugin mode, its table),
-        every step collectively. Returns False after a revert (logged), True otherwise."""
+        """Creates the pool entries ``needs`` calls for (and a plan's table); False after a revert (logged)."""
         backend = self.pool.backend
         try:
             consensus.collective_step("env", self._check_env_unchanged)
             if plan is not None:
-                # the probe entries the plan does not use are destroyed in the same step: their
-                # keys come from the plan's configs (entry_key may refuse one) and a destroy can fail
+                # unused probe entries are destroyed in this step: entry_key may refuse a key, a destroy can fail
                 consensus.collective_step("table", lambda: (self._check_mechanism(plan), self._write_table(plan),
                                                             self.pool.destroy(keep=needs)))
             self.pool.prepare(needs, step=consensus.collective_step, ops=ops)
@@ -169,10 +133,7 @@ class Applier:
         return True
 
     def check_first_use(self) -> bool:
-        """At the end of an iteration, while the first calls on new entries are guarded: every rank
-        together (``collective_step("first-call")``), the first calls NCCL refused on any rank revert
-        every rank to NCCL's defaults (``first_use``). Returns False after such a revert (logged).
-        The guard ends after an iteration that routed calls (the assignment is the same on every rank)."""
+        """Reverts every rank when NCCL refused a first call on any rank (``first_use``); False then."""
         guard = getattr(self.router, "first_use", None)
         if guard is None or not guard.armed:
             return True
@@ -185,11 +146,8 @@ class Applier:
         return True
 
     def check_observed(self, plan: Any) -> set[str]:
-        """At the end of an iteration, after a plan was applied: every rank together
-        (``ObservedCheck.check``, one all-gather) compares what ran with ``plan``; the sites that
-        differ on any rank are routed to their own groups on every rank and returned (the caller
-        drops them from the plan). Waits (returns an empty set, no collective) while the armed check
-        has seen no iteration that routed the plan: the assignment is the same on every rank."""
+        """The sites that ran other than ``plan`` on any rank (one all-gather), routed back to the defaults.
+        Empty, without a collective, until an iteration routed the plan."""
         check = self.observed
         if not check.armed or not getattr(self.router, "assignment", None):
             return set()
@@ -209,8 +167,7 @@ class Applier:
         return bad
 
     def apply_probes(self, assignments: list[dict[str, CommConfig]], sites: list[Any]) -> bool:
-        """``apply`` for the warm-up probes: ``assignments`` (site id -> config, one per probe) over
-        the default iteration's ``sites`` (``CollectiveSite``)."""
+        """``apply`` for the warm-up probes (``assignments``: site id -> config, one per probe)."""
         group_of = {s.site_id: s.group for s in sites}
         op_of = {s.site_id: s.op for s in sites}
         needs: dict[str, set[CommConfig]] = {}
@@ -232,8 +189,7 @@ class Applier:
         return self.apply(needs, what=f"plan {plan.digest()[:12]}", plan=plan, ops=ops)
 
     def summary_part(self) -> dict[str, Any]:
-        """What the report's summary gets: pool counts, the agreed capabilities, and after a failure
-        ``phase = fell_back`` with the reason."""
+        """The report's summary part; after a failure ``phase = fell_back`` with the reason."""
         out: dict[str, Any] = {"pool": self.pool_summary()}
         if self.observed.results:
             out["observed"] = {sid: dict(r) for sid, r in sorted(self.observed.results.items())}
@@ -244,12 +200,7 @@ class Applier:
         return out
 
     def _check_mechanism(self, plan: Any) -> None:
-        """A plan searched for another mechanism than the agreed one holds knobs this run cannot
-        apply (chunk sizes or LL128 without the plugin; per-communicator algorithms with it).
-
-        Raises:
-            ValueError: names both mechanisms.
-        """
+        """Raises ValueError when ``plan`` was searched for another mechanism than the agreed one."""
         backend = self.pool.backend
         if backend.name != "nccl" or self.capabilities is None:
             return
@@ -291,9 +242,7 @@ class Applier:
 
     # ------------------------------------------------------------------ budget
     def fit_plan_to_budget(self, plan: Any) -> Any:
-        """``plan`` with the sites whose pool entries would pass the budget set to the defaults
-        (predicted times: the default's), dropping the entries of least summed predicted gain
-        first. The same on every rank (the plan and the estimates are). Unchanged when it fits."""
+        """``plan`` with the entries of least predicted gain set to the defaults until the pool fits its budget."""
         budget = self.pool.budget_bytes
         estimate = getattr(self.pool.backend, "estimate_bytes", None)
         if budget is None or estimate is None:
@@ -337,11 +286,8 @@ class Applier:
 
 
 def _set_cta_bounds(backend: Any, plan: Any) -> None:
-    """Plugin mode for ``plan``: the CTA bounds of each group's entries are the largest channel
-    count the plan gives that group's collective sites (``NcclPoolBackend.cta_bounds``;
-    ``cta_bound``, the plan's largest, for any other group); a point-to-point site's entry is
-    bounded at its own count (``NcclPoolBackend.p2p_configs``: NCCL never asks the plugin about
-    P2P, the bound is the knob)."""
+    """Plugin mode: each group's CTA bound is the largest channel count ``plan`` gives its collective sites;
+    P2P entries keep their own count (NCCL never asks the plugin about P2P)."""
     backend.plugin_active = True
     bounds: dict[str, int] = {}
     p2p: dict[str, set[CommConfig]] = {}

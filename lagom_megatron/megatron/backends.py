@@ -1,7 +1,4 @@
-"""The two communication backends a run can use, NCCL on a GPU and gloo on CPU: which knob rules
-the search gets for each (``rules_for``) and which communicator-pool backend applies plans
-(``make_pool_backend``). The controller and the ``lagom`` commands choose through here.
-"""
+"""The two communication backends, NCCL on a GPU and gloo on CPU: their knob rules and pool backends."""
 
 from __future__ import annotations
 
@@ -18,23 +15,9 @@ from lagom_megatron.nccl.rules import NcclRules, check_mechanism
 
 def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None,
               capabilities: Capabilities | None = None, pool_budget_bytes: int | None = None) -> KnobRules:
-    """The knob rules of ``backend`` on ``cluster``: ``GlooRules`` for gloo, ``NcclRules`` for nccl and
-    the simulated cluster (``sim``), by default under ``nccl.rules.default_mechanism`` (``tuner``
-    where the cluster's NCCL loads lagom's plugin, else ``communicator``); ``tuner`` given on a
-    cluster whose NCCL cannot load it is refused (``nccl.rules.check_mechanism``).
-
-    ``pool_budget_bytes`` (NCCL): the communicator pool's budget, which caps each group's channel
-    domain (``nccl.budget``); with capabilities, NVLS heads count where NVLS multicast runs (as in
-    ``Applier.agree_capabilities``).
-
-    With the run's agreed ``capabilities`` (NCCL only) the mechanism is theirs
-    (``Capabilities.mechanism``: the plugin NCCL really loaded, else communicator options) and the
-    cluster's NCCL version becomes the runtime one, so the domains are what this NCCL applies.
-
-    Raises:
-        ValueError: an unknown backend, a mechanism the backend does not have, or a cluster of
-            another backend (each names the value and what is allowed).
-    """
+    """The knob rules of ``backend`` (gloo, nccl, sim) on ``cluster``; with agreed ``capabilities`` (NCCL),
+    their mechanism and runtime NCCL version. ``pool_budget_bytes`` caps channel domains (``nccl.budget``).
+    ValueError for an unknown backend, a mechanism it does not have, or a cluster of another backend."""
     if backend == "gloo":
         return GlooRules(cluster, mechanism=mechanism or "gloo")
     if backend in ("nccl", "sim"):
@@ -51,11 +34,7 @@ def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None,
 
 
 def make_pool_backend(name: str) -> PoolBackend:
-    """The communicator-pool backend for ``gloo`` or ``nccl``.
-
-    Raises:
-        ValueError: unknown backend name.
-    """
+    """The communicator-pool backend for ``gloo`` or ``nccl``; ValueError for any other name."""
     if name == "gloo":
         return GlooPoolBackend()
     if name == "nccl":

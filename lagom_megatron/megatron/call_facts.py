@@ -1,18 +1,8 @@
-"""What a collective call itself says about what NCCL may run for it: its reduction, the dtypes and
-sizes of a coalesced call's tensors, and whether its buffers are registered with NCCL.
-
-The router records these once per site (``sites.SiteRecord``); the rules read them
-(``nccl.rules.NcclRules.site_domains``): NCCL has no NVLS for an averaging reduction or an 8-bit
-dtype (``nccl.bins``), a DDP bucket group asks the tuner plugin once per NCCL bin of its buckets,
-and a pool entry of a group whose buffers NCCL has registered must register them too or lose
-NCCL's registered-buffer algorithms.
-
-Sources: torch 2.13 ``torch.distributed.all_reduce(tensor, op=ReduceOp.SUM, group, async_op)`` and
-``reduce_scatter_tensor(output, input, op, group, async_op)``; megatron-core core_v0.16.1
-``distributed/param_and_grad_buffer.py:395-397`` (``ReduceOp.AVG`` with
-``ddp_config.average_in_collective``, else SUM) and ``:753-770`` (``ddp_config.nccl_ub``: the
-buffer is allocated in an NCCL memory pool registered on the data-parallel group); core_v0.18.2
-``:1066-1074`` keeps that pool as ``_ParamAndGradBuffer.nccl_mem_pool``.
+"""What a collective call says about what NCCL may run for it: reduction, coalesced tensors' dtypes and
+sizes, buffer registration. Sources: torch 2.13 ``all_reduce(tensor, op, group, async_op)``,
+``reduce_scatter_tensor(output, input, op, ...)``; megatron-core core_v0.16.1
+``distributed/param_and_grad_buffer.py:395-397`` (AVG with ``average_in_collective``), ``:753-770``
+(``nccl_ub`` pool); core_v0.18.2 ``:1066-1074`` (``nccl_mem_pool``).
 """
 
 from __future__ import annotations
@@ -24,8 +14,7 @@ OP_ARG = {"all_reduce": ("op", 1), "reduce_scatter": ("op", 2)}
 
 
 def reduce_op_name(op: Any) -> str:
-    """torch's reduction as a lower-case name: ``ReduceOp.AVG`` -> ``avg``; a ``ReduceOp`` instance
-    (``ReduceOp(ReduceOp.AVG)``, a pre-multiplied sum) by its ``op``; None (the default) -> ``sum``."""
+    """torch's reduction as a lower-case name: ``ReduceOp.AVG`` -> ``avg``; None -> ``sum``."""
     if op is None:
         return "sum"
     op = getattr(op, "op", op)
@@ -44,16 +33,14 @@ def call_reduce_op(op: str, args: tuple, kwargs: dict) -> str | None:
 
 
 def bucket_reduce_op(bucket_group: Any, kind: str) -> str | None:
-    """The reduction megatron-core's ``start_grad_sync`` uses for a bucket group (``kind`` ``grad``):
-    ``avg`` with ``average_in_collective``, else ``sum``; None for the parameter gather."""
+    """The reduction ``start_grad_sync`` uses for a bucket group; None for the parameter gather."""
     if kind != "grad":
         return None
     return "avg" if getattr(bucket_group.ddp_config, "average_in_collective", False) else "sum"
 
 
 def bucket_parts(tensors: list[Any]) -> tuple[tuple[str, int], ...]:
-    """(dtype, bytes) of each bucket tensor of one bucket-group call (empty for one tensor: the
-    site's own dtype and bytes say it all)."""
+    """(dtype, bytes) of each bucket tensor of one bucket-group call (empty for one tensor)."""
     from lagom_megatron.megatron.sites import dtype_name, tensor_nbytes
 
     if len(tensors) < 2:
@@ -62,11 +49,8 @@ def bucket_parts(tensors: list[Any]) -> tuple[tuple[str, int], ...]:
 
 
 def bucket_registration(bucket_group: Any, pools: list | None) -> str:
-    """``CollectiveSite.registered`` of a bucket group: ``""`` without ``ddp_config.nccl_ub``;
-    ``pool`` when the memory pools of its group's buffers are known (``pools``, from
-    ``registered_pools``), so a pool entry can register them too, ``symmetric`` when they are
-    registered as symmetric windows (NCCL may run its symmetric kernels on them); ``fixed`` when
-    they are not known (megatron-core before 0.18 keeps no handle on the pool)."""
+    """``CollectiveSite.registered`` of a bucket group: ``""`` (no ``nccl_ub``), ``pool``, ``symmetric``,
+    or ``fixed`` (pools unknown: megatron-core before 0.18 keeps no handle)."""
     if not getattr(bucket_group.ddp_config, "nccl_ub", False):
         return ""
     if not pools:
@@ -75,14 +59,8 @@ def bucket_registration(bucket_group: Any, pools: list | None) -> str:
 
 
 def registered_pools(model_chunks: Any, name_of: Any) -> dict[str, list[tuple[Any, bool]]]:
-    """Group name -> [(NCCL memory pool, symmetric)] of every DDP buffer of ``model_chunks``
-    allocated with ``nccl_ub`` whose pool megatron-core keeps (``_ParamAndGradBuffer.nccl_mem_pool``,
-    core 0.18+), under the name ``name_of`` gives the buffer's ``data_parallel_group`` (the group
-    megatron-core registers it on). Symmetric as megatron-core registers it:
-    ``not ddp_config.disable_symmetric_registration`` on torch 2.9+ (before, ``create_nccl_mem_pool``
-    and ``register_mem_pool`` fall back to plain registration, core_v0.16.1 ``nccl_allocator.py:111-122,
-    244-263``). A group whose buffers mix kept and lost pools is left out (its entries could not
-    register them all)."""
+    """Group name -> [(NCCL memory pool, symmetric)] of the ``nccl_ub`` DDP buffers of ``model_chunks``;
+    symmetric needs torch 2.9+ (core_v0.16.1 ``nccl_allocator.py:111-122, 244-263``)."""
     symm = _torch_at_least(2, 9)
     out: dict[str, list[tuple[Any, bool]]] = {}
     lost: set[str] = set()
@@ -102,7 +80,6 @@ def registered_pools(model_chunks: Any, name_of: Any) -> dict[str, list[tuple[An
 
 
 def _torch_at_least(*version: int) -> bool:
-    """Whether the installed torch's release is at least ``version`` (False without torch)."""
     from lagom_megatron.megatron.versions import installed_torch, release
 
     found = installed_torch()

@@ -1,20 +1,5 @@
-"""Communicator pool: process groups over the same ranks as a Megatron group, one per configuration.
-
-A site whose configuration needs different communicator-scope options than its group's defaults
-is routed to a *pool entry*: a process group over exactly the same ranks, in the same order,
-created with that configuration's options (docs/nccl.md; what NCCL's maintainers
-recommend for per-collective CTA limits). Per-call knobs travel with the call.
-
-Backends (a small interface, ``PoolBackend``; ``backends.make_pool_backend`` picks one):
-
-* ``gloo`` (CPU): ``gloo.GlooPoolBackend``, worker threads per communicator;
-* ``nccl`` (GPU): ``lagom_megatron.nccl.pool.NcclPoolBackend``, ProcessGroupNCCL options and the
-  tuner-plugin table.
-
-Entries are created eagerly and collectively: every rank calls ``CommPool.prepare`` with the same
-needs (derived from an agreed plan or from the probe configs), the rank lists of every group of
-a name are all-gathered over the world, and ``torch.distributed.new_group`` is called for each in
-one sorted order on all ranks (``new_group`` must be called by every rank of the world).
+"""Communicator pool: process groups over the same ranks as a Megatron group, one per communicator-scope
+configuration (docs/nccl.md); created by every rank in one sorted order, as ``new_group`` requires.
 """
 
 from __future__ import annotations
@@ -61,14 +46,7 @@ class PoolBudgetExceeded(ValueError):
 
 
 class CommPool:
-    """Pool entries of one rank, looked up on every routed call (a dict lookup).
-
-    Args:
-        backend: a ``PoolBackend``.
-        groups: the rank's ``GroupNames``; entries are registered in it as aliases of their group.
-        budget_bytes: bound on the summed ``backend.estimate_bytes`` of the live entries (backends
-            without an estimate count 0); None = unbounded.
-    """
+    """Pool entries of one rank; ``budget_bytes`` bounds the live entries' estimated bytes (None: unbounded)."""
 
     def __init__(self, backend: PoolBackend, groups: GroupNames, *, budget_bytes: int | None = DEFAULT_BUDGET_MIB * 2**20) -> None:
         self.backend = backend
@@ -78,15 +56,12 @@ class CommPool:
         self._created: dict[_EntryId, Any] = {}
         """Every entry created on this rank's side (also those it is not a member of) -> its group."""
         self._names: dict[int, str] = {}
-        """id of each live entry this rank is a member of -> the name its communicator is known by
-        (``comm_key``)."""
+        """id of each live member entry -> its communicator's name (``comm_key``)."""
         self._bytes: dict[_EntryId, int] = {}
         self._keys: dict[tuple[CommConfig, str | None], Hashable | None] = {}
         self.stats = {"created": 0, "destroyed": 0}
         self.registered: dict[str, list] = {}
-        """Group name -> the NCCL memory pools its own communicator has registered (DDP buffers with
-        ``--use-nccl-ub``, ``call_facts.registered_pools``): every entry of the group registers
-        them too (``backend.register_memory``), so routed calls keep registered-buffer algorithms."""
+        """Group name -> the NCCL memory pools its communicator registered; its entries register them too."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -106,17 +81,15 @@ class CommPool:
         return sum(self._bytes.values())
 
     def describe(self) -> str:
-        """``"<n> entries, ~<MiB> MiB"``: what the log and the report show."""
+        """``"<n> entries, ~<MiB> MiB"``."""
         return f"{len(self._created)} entries, ~{self.estimated_bytes / 2**20:.0f} MiB"
 
     def invalidate_keys(self) -> None:
-        """Forgets the cached entry keys: call it when the backend's mechanism changes (e.g. the
-        NCCL backend switching from per-communicator probe entries to the plan's tuner table)."""
+        """Forgets the cached entry keys (after the backend's mechanism changes)."""
         self._keys.clear()
 
     def key(self, config: CommConfig, group: str | None = None) -> Hashable | None:
-        """Cached ``backend.entry_key(config)`` for an entry of ``group`` (passed to backends whose
-        entry depends on the group: the NCCL plugin entries' CTA bounds)."""
+        """Cached ``backend.entry_key(config)`` for an entry of ``group``."""
         try:
             return self._keys[(config, group)]
         except KeyError:
@@ -124,13 +97,11 @@ class CommPool:
             return k
 
     def estimate(self, config: CommConfig, group: str | None = None) -> int:
-        """``backend.estimate_bytes`` of the entry of ``group`` serving ``config`` (bytes; 0 for a
-        backend without an estimate)."""
+        """Estimated bytes of the entry of ``group`` serving ``config`` (0 without an estimate)."""
         fn = getattr(self.backend, "estimate_bytes", None)
         return int(_call(fn, config, group=group)) if fn is not None else 0
 
     def _parent(self, name: str) -> Any:
-        """This rank's own process group called ``name`` (not a pool entry), or None."""
         info = self.groups.by_name(name)
         entries = {id(e) for e in self._created.values()}
         for g in getattr(self.groups, "_keep", ()):  # the group objects GroupNames registered, in order
@@ -140,21 +111,8 @@ class CommPool:
 
     def prepare(self, needs: dict[str, set[CommConfig]] | dict[str, list[CommConfig]], *,
                 step: Callable[[str, Callable[[], Any]], Any] = _local_step, ops: dict[CommConfig, str] | None = None) -> int:
-        """Creates the entries that ``needs`` (group name -> configs) calls for; collective.
-
-        Every rank must call this with the same ``needs``. A group with a partner
-        (``GroupNames.add_partner``, PP=2's ``pp_world``) gets the same entries for its partner. The work runs in three ``step``s, each
-        of which the controller runs collectively (``consensus.collective_step``: a failure on any
-        rank raises on every rank): ``pool-preflight`` (keys, budget and the backend's checks that
-        need no collective, so that no rank fails alone between two ``new_group`` calls),
-        ``pool-create`` (``new_group`` per entry in one sorted order on every rank; an error is
-        kept and the loop goes on, so every rank makes the same calls) and ``first-use`` (the
-        backend's ``verify``). Returns the number of groups created on this rank's side (entries
-        it is a member of).
-
-        Raises:
-            PoolBudgetExceeded (through ``step``): the new entries would pass the budget.
-        """
+        """Creates the entries ``needs`` (group name -> configs) calls for; every rank, same ``needs``. Returns
+        how many this rank is a member of; ``PoolBudgetExceeded`` (through ``step``) past the budget."""
         import torch.distributed as dist
 
         needs = dict(needs)
@@ -239,9 +197,7 @@ class CommPool:
         return self.backend.create_group(eid.ranks, config, desc)
 
     def destroy(self, keep: dict[str, set[CommConfig]] | None = None) -> int:
-        """Destroys every entry (or every entry not needed by ``keep``, group name -> configs);
-        collective in effect: all ranks call it at the same point. Returns how many were destroyed
-        on this rank's side."""
+        """Destroys every entry ``keep`` (group name -> configs) does not need, on all ranks; returns the count."""
         import torch.distributed as dist
 
         kept_keys = {(name, self.key(c, name)) for name, cs in (keep or {}).items() for c in cs}
@@ -268,17 +224,12 @@ class CommPool:
         return self._parent(name)
 
     def comm_key(self, group: Any) -> str | None:
-        """The name a live entry's communicator is known by in NCCL's profiler records (the tuner
-        tag ``<group>/<key>`` the NCCL backend set, its ``commName`` where torch binds it) or, on
-        gloo, the entry's ``group_desc``; None for a group that is not one of this rank's entries."""
+        """A live entry's communicator name in NCCL's profiler records (gloo: its ``group_desc``), or None."""
         return self._names.get(id(group))
 
     def group_for(self, info: GroupInfo, config: CommConfig) -> Any | None:
-        """The pool entry of ``info``'s group for ``config``; None = use the group itself.
-
-        Raises:
-            KeyError: the config needs an entry that ``prepare`` did not create (names both).
-        """
+        """The pool entry of ``info``'s group for ``config`` (None: the group itself); KeyError when
+        ``prepare`` did not create it."""
         key = self.key(config, info.name)
         if key is None:
             return None
@@ -290,7 +241,6 @@ class CommPool:
 
 
 def _call(fn: Callable[..., Any], *args: Any, group: str | None) -> Any:
-    """``fn(*args, group=group)`` when ``fn`` takes a ``group`` argument, else ``fn(*args)``."""
     import inspect
 
     try:

@@ -1,33 +1,7 @@
-"""Rank consistency: all-gathered measurements and one agreed plan (docs/engine.md).
-
-NCCL hangs or corrupts data when the ranks of one communicator choose differently for the same
-call, and a gloo send paired with a receive on another communicator never completes. So:
-
-* ``merge_measurements`` all-gathers every rank's per-site timings; a region's time is the
-  slowest rank's (max of ``t_comm``, ``t_region``; ``t_comp`` the max of the finite values) and
-  the iteration's time is the slowest rank's. Per-call times merge call by call: each call keeps
-  the three times of the rank whose region was longest, where every rank timed the same number
-  of calls of the site; such a site's summed times are then the sums of its merged calls. Every rank gets the same merged result, so the
-  tuner state machine advances identically everywhere.
-* ``agree_plan`` broadcasts rank 0's plan, every rank rebuilds it and computes its digest, and
-  the digests are all-gathered. Any mismatch raises ``PlanDisagreement`` on every rank (they all
-  see the same digests), which the tuner turns into "keep defaults" while training continues.
-
-All traffic goes over the default (world) group with ``*_object`` collectives: a few kilobytes
-once per profiled iteration, never on the training path after the plan is applied.
-
-* ``agree_capabilities`` all-gathers every rank's ``nccl.capabilities.Capabilities`` and raises
-  ``CapabilityDisagreement`` on every rank, naming the first rank, host and field that differ.
-* ``collective_step`` runs one step of applying a plan (pool preflight, creation, table, first
-  use) on every rank, all-gathers the outcome and raises ``ApplyFailed`` on every rank when any
-  rank failed, so that all ranks fall back together.
-
-Fault-injection switches (environment; used by the tests of these paths):
-``LAGOM_INJECT_DIGEST_FAULT=<rank>`` perturbs that rank's copy of the plan before the digest check;
-``LAGOM_INJECT_CAPABILITY_FAULT=<rank>[:<field>]`` perturbs that rank's capabilities;
-``LAGOM_INJECT_APPLY_FAULT=<step>:<rank>[,...]`` makes that step fail on that rank (``env``: sets
-the variable ``nccl.capabilities.ENV_FAULT`` names on that rank before the step, so the real check
-sees a changed environment).
+"""Rank consistency: all-gathered measurements, agreed capabilities and plan, collective apply steps
+(docs/engine.md); ``*_object`` collectives on the world group, a few KB per profiled iteration.
+Fault injection: ``LAGOM_INJECT_DIGEST_FAULT=<rank>``, ``LAGOM_INJECT_CAPABILITY_FAULT=<rank>[:<field>]``,
+``LAGOM_INJECT_APPLY_FAULT=<step>:<rank>[,...]``.
 """
 
 from __future__ import annotations
@@ -40,14 +14,11 @@ from typing import Any, Callable
 FAULT_ENV = "LAGOM_INJECT_DIGEST_FAULT"
 APPLY_FAULT_ENV = "LAGOM_INJECT_APPLY_FAULT"
 APPLY_STEPS = ("env", "pool-preflight", "pool-create", "table", "first-use", "first-call", "observed")
-"""Steps of applying, in order (``collective_step`` names; ``env`` is the environment re-check,
-``first-call`` the check after the first training calls on the entries, ``first_use``;
-``observed`` the check of what ran against the plan, ``observed``: its fault makes that rank's
-record differ from the plan instead of failing a step)."""
+"""Steps of applying, in order (``collective_step`` names)."""
 
 
 def fault_injected(step: str) -> bool:
-    """Whether ``APPLY_FAULT_ENV`` names ``step`` for this rank (the fault-injection switch)."""
+    """Whether ``APPLY_FAULT_ENV`` names ``step`` for this rank."""
     return _injected(step, _world()[0])
 
 
@@ -75,12 +46,8 @@ def _injected(step: str, rank: int) -> bool:
 
 
 def collective_step(name: str, fn: Callable[[], Any]) -> Any:
-    """Runs ``fn`` on this rank, then all-gathers (error, host) of every rank; returns ``fn``'s result.
-
-    Raises:
-        ApplyFailed: on every rank when ``fn`` raised on any rank; the message names the step and,
-            for each failed rank, its host and error.
-    """
+    """Runs ``fn`` on this rank and returns its result; raises ``ApplyFailed`` on every rank when it
+    raised on any (all-gathers each rank's error and host)."""
     rank, _ = _world()
     try:
         fault = _injected(name, rank)
@@ -104,18 +71,8 @@ def collective_step(name: str, fn: Callable[[], Any]) -> Any:
 def agree_capabilities(local: Any, *, from_dict: Callable[[dict[str, Any]], Any],
                        differences: Callable[[list[Any]], list[tuple[int, str, Any, Any]]],
                        perturb: Callable[[Any, str], Any] | None = None) -> tuple[Any, list[str]]:
-    """All-gathers every rank's capabilities; returns rank 0's with the job's topology
-    (``with_topology`` from every rank's host) and the list of every rank's host.
-
-    Args:
-        local: this rank's ``Capabilities`` (needs ``to_dict``, ``host``, ``with_topology``).
-        from_dict, differences: ``Capabilities.from_dict`` and ``capabilities.differences``.
-        perturb: ``capabilities.perturb``, used when ``LAGOM_INJECT_CAPABILITY_FAULT`` names this rank.
-
-    Raises:
-        CapabilityDisagreement: on every rank when any compared field differs; names the first
-            differing rank, its host, the field and both values.
-    """
+    """(Rank 0's capabilities with the job's topology, every rank's host); ``CapabilityDisagreement`` on
+    every rank when any field differs (names rank, host, field, both values)."""
     from lagom_megatron.nccl.capabilities import FAULT_ENV as CAP_FAULT_ENV
 
     rank, _ = _world()
@@ -160,7 +117,6 @@ Times3 = tuple[float, float, float]
 
 
 def _slowest(acc: list[float], comm: float, comp: float, region: float) -> None:
-    """Merges one rank's (t_comm, t_comp, t_region) into ``acc`` (module docstring's rule)."""
     acc[0] = max(acc[0], comm)
     acc[2] = max(acc[2], region)
     if math.isfinite(comp):
@@ -170,22 +126,10 @@ def _slowest(acc: list[float], comm: float, comp: float, region: float) -> None:
 def merge_measurements(sites: dict[str, dict[str, Any]], timings: dict[str, Times3], iteration_us: float,
                        calls: dict[str, list[Times3]] | None = None
                        ) -> tuple[dict[str, dict[str, Any]], dict[str, Times3], float, dict[str, tuple[Times3, ...]]]:
-    """All-gathers one iteration's measurements and keeps the slowest rank per region.
+    """All-gathers one iteration's (sites, timings, iteration_us, calls) and keeps the slowest rank (us).
 
-    Args:
-        sites: site id -> CollectiveSite fields (as a dict) seen on this rank.
-        timings: site id -> (t_comm_us, t_comp_us, t_region_us) measured on this rank.
-        iteration_us: this rank's iteration wall time (us).
-        calls: site id -> the same per call in issue order (``Profiler.call_times``); None: none.
-
-    Returns:
-        (sites, timings, iteration_us, calls) merged over all ranks, identical on every rank;
-        ``calls`` holds only the sites every rank that timed them timed with the same number of
-        calls (a rank that issued one more call than another cannot be matched call by call);
-        each call is the triple of the rank with the longest region for it (the first such rank
-        on a tie), and those sites' ``timings`` are the sums of their merged calls (t_comp_us:
-        NaN unless every call's is finite), so a sample's calls add up to its sums.
-    """
+    Per call: the rank with the longest region, for sites every rank timed with the same call count;
+    such a site's timings are its calls' sums (t_comp_us NaN unless all finite)."""
     gathered = _all_gather((sites, timings, float(iteration_us), calls or {}))
     all_sites: dict[str, dict[str, Any]] = {}
     merged: dict[str, list[float]] = {}
@@ -225,21 +169,9 @@ def merge_measurements(sites: dict[str, dict[str, Any]], timings: dict[str, Time
 
 def agree_plan(plan: Any, *, from_dict: Callable[[dict[str, Any]], Any],
                perturb: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Any:
-    """Broadcasts rank 0's plan, checks every rank's digest, returns the agreed plan.
-
-    Args:
-        plan: this rank's searched plan (only rank 0's is used); needs ``to_dict()``. None: the
-            search failed on this rank; every rank then raises, so all keep the defaults together
-            instead of some waiting in the broadcast below for a rank that gave up.
-        from_dict: rebuilds a plan from ``to_dict`` output (``Plan.from_dict``); the result needs
-            ``digest()``.
-        perturb: applied to this rank's copy before the digest check (fault injection; see
-            module docstring for the environment switch).
-
-    Raises:
-        PlanDisagreement: the search failed on some rank, or some rank's digest differs from
-            rank 0's (the message lists the ranks).
-    """
+    """Broadcasts rank 0's plan, checks every rank's digest, returns the agreed plan. ``plan`` None: the
+    search failed here. ``perturb`` (fault injection) changes this rank's copy before the check.
+    ``PlanDisagreement`` on every rank when the search failed on some rank or a digest differs."""
     import torch.distributed as dist
 
     rank, world = _world()
@@ -268,7 +200,6 @@ def agree_plan(plan: Any, *, from_dict: Callable[[dict[str, Any]], Any],
 
 
 def _perturb(data: dict[str, Any]) -> dict[str, Any]:
-    """Changes one entry's predicted time: a different digest, the same routing."""
     entries = data.get("entries")
     if isinstance(entries, dict) and entries:
         sid = sorted(entries)[0]

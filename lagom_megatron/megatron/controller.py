@@ -1,25 +1,4 @@
-"""``--lagom`` in a training run: the callback that tags, profiles, searches, agrees, applies, verifies.
-
-``LagomController.from_args(args)`` is what ``training.loop.pretrain`` adds to its callbacks when
-``--lagom`` is set. On every rank it
-
-* ``on_setup``: names the process groups, tags the DDP bucket groups, installs the hooks
-  (``patches.install``) and either loads ``--lagom-plan`` (fingerprint matches: applied from the
-  first iteration, no profiling) or starts a ``Tuner`` (engine's lifecycle state machine);
-* ``on_iteration_start``: asks the tuner for the step (assignment, serialize, timed) and hands
-  it to the router and the profiler;
-* ``on_iteration_end``: all-gathers the measurement (slowest rank per region,
-  ``consensus.merge_measurements``), feeds the tuner, creates communicator-pool entries when the
-  probe configs or the agreed plan need them, writes profile / plan / report on rank 0, logs
-  (what follows the tuner's step is ``step_end``);
-* ``on_train_end``: logs the tuner plugin's row hits and compares them across ranks (``hits``),
-  writes the report if not yet written and removes every hook.
-
-The tuner's ``agree`` hook is ``consensus.agree_plan``: rank 0's plan is broadcast and every
-rank's digest checked; a mismatch aborts tuning (defaults kept, training continues).
-
-The run's files (plan, profile, report, tuner tables) and their paths are ``run_files.RunFiles``.
-"""
+"""``--lagom`` in a training run: the callback that tags, profiles, searches, agrees, applies, verifies."""
 
 from __future__ import annotations
 
@@ -39,17 +18,8 @@ log = logging.getLogger("lagom")
 
 
 class LagomController:
-    """The ``--lagom`` training callback (module docstring). One per rank.
-
-    Args:
-        warmup_iters, verify_iters, verify_max_iters, method: ``--lagom-warmup-iters``,
-            ``--lagom-verify-iters``, ``--lagom-verify-max-iters`` (None: ``verify_iters``), ``--lagom-method``.
-        plan_path: ``--lagom-plan`` (reused when its fingerprint matches; else written there).
-        report_path: ``--lagom-report``.
-        cluster: cluster name for the cost model (``--lagom-cluster``: ``pretrain_gpt.py``'s
-            pre-flight sets it to the cluster it checked, ``training.target_cluster``); default
-            ``cpu-gloo`` on CPU, else ``$LAGOM_CLUSTER``, the preset's cluster or ``h100-sxm-ib400``.
-    """
+    """The ``--lagom`` training callback of one rank; arguments are the ``--lagom-*`` options (``cluster``
+    default: ``cpu-gloo`` on CPU, else ``$LAGOM_CLUSTER``, the preset's cluster or ``h100-sxm-ib400``)."""
 
     def __init__(self, *, warmup_iters: int = 1, verify_iters: int = 3, verify_max_iters: int | None = None,
                  method: str = "priority",
@@ -69,32 +39,26 @@ class LagomController:
         self.router: Any = None
         self.rank = int(os.environ.get("RANK", "0"))
         self.files = RunFiles(plan_path=plan_path, report_path=report_path, preset_name=preset_name, rank=self.rank)
-        """Paths of the run's plan, profile and report, and their reading and writing."""
         self._step: Any = None
         self._t_default: dict[str, tuple[float, float, float]] = {}
         self._t_plan: dict[str, list[float]] = {}
         self._t_verify_default: dict[str, list[float]] = {}
-        """Site id -> region times (us) in the verification's default iterations (the report's measured defaults)."""
+        """Site id -> region times (us) in the verification's default iterations."""
         self._train_iters: int | None = None
         self._last_iteration = 0
-        """Last iteration this controller saw end (tells an interrupted run from one too short to tune)."""
         self._applied_us: list[float] = []
         self._baseline_us: list[float] = []
         self._last_sites: dict[str, dict[str, Any]] = {}
         self._pool_for_probes = False
         self._reported = False
         self._n_steps = 0
-        """Iterations the tuner has finished (for the log's k/n)."""
         self._kind_steps: dict[str, int] = {}
-        """Profiling iterations finished per step kind (for the log's ``warmup i/n``)."""
         self.search_ms: float | None = None
         self.pool_budget_mib = pool_budget_mib
         self.applier: Any = None
-        """``apply.Applier``: capabilities, pool entries and the revert, on every rank together."""
         from lagom_megatron.megatron.kernel_time import KernelTimes
 
         self.kernel_times = KernelTimes()
-        """NCCL's kernel time per site in timed profiling iterations (``kernel_time``)."""
 
     @classmethod
     def from_args(cls, args: Any) -> "LagomController":
@@ -216,7 +180,6 @@ class LagomController:
                 f"{points[-1]}); an undecided plan is then saved unverified")
 
     def _try_reuse_plan(self) -> bool:
-        """Loads and applies ``--lagom-plan`` when its fingerprint matches (``reuse.try_reuse_plan``)."""
         from lagom_megatron.megatron.reuse import try_reuse_plan
 
         return try_reuse_plan(self)
@@ -226,7 +189,6 @@ class LagomController:
         return {sid: e.config for sid, e in plan.entries.items() if not e.config.is_default()}
 
     def _prepare_pool_for_plan(self, plan: Any) -> bool:
-        """The plan's table and entries on every rank together; False after a revert (``apply.Applier``)."""
         if not self.applier.apply_plan(plan):
             self.mode = "aborted"
             return False
@@ -251,9 +213,7 @@ class LagomController:
     # ------------------------------------------------------------------ iterations
     def on_iteration_start(self, iteration: int) -> None:
         """Applies this iteration's assignment and arms the profiler."""
-        # sites are recorded only for the tuner; an applied plan (or the defaults) needs none
-        # a reused plan's iterations 2-4 are timed for the report and record the sites (calls per
-        # iteration); the first is not: it is the slowest, and its call streams have no period yet
+        # a reused plan times iterations 2-4 for the report; the first is the slowest, with no call period yet
         reuse_timed = self.mode == "reuse" and self._last_iteration >= 1 and len(self._applied_us) < 3
         self.registry.start_iteration(record=(self.mode == "tune" and not self.tuner.done) or reuse_timed)
         if self.mode == "tune" and self.tuner.done:  # the final assignment was set once, in step_end.on_done
@@ -331,13 +291,9 @@ class LagomController:
         after_step(self, step, iteration, measurement, merged, before, phase, dt_ms)
 
     def _nccl_timed(self, step: Any) -> bool:
-        """A timed profiling iteration on NCCL: its samples get NCCL's kernel times too."""
         return getattr(self, "backend", None) == "nccl" and step.timed and step.kind in ("default", "serialized", "probe")
 
     def _check_observed(self) -> None:
-        """The sites NCCL (gloo) did not run as the plan says leave the plan on every rank
-        (``Applier.check_observed``): the tuner verifies the plan without them, a reused plan is
-        saved without them (rank 0)."""
         bad = self.applier.check_observed(self.plan)
         if not bad:
             return
@@ -357,8 +313,7 @@ class LagomController:
                 self.files.save_plan(self.plan)
 
     def on_train_end(self) -> None:
-        """Logs how many plan rows NCCL's tuner plugin matched, writes the report (if not yet
-        written) and removes every hook."""
+        """Logs the tuner plugin's row hits, writes the report (if not yet written), removes every hook."""
         try:
             # only a plan applied through the plugin (the agreed mechanism) and never reverted
             applied = self.applier is not None and self.applier.error is None and self.mode in ("tune", "reuse")
@@ -399,7 +354,7 @@ class LagomController:
         return run_rows(self)
 
     def write_report(self) -> None:
-        """Rank 0 writes the report (table + PNG; ``report.report_path_for``); other ranks return."""
+        """Rank 0 writes the report (table + PNG); other ranks return."""
         self._reported = True
         if self.rank != 0 or self.mode == "off":
             return

@@ -1,20 +1,7 @@
-"""Applying configurations on gloo (the CPU backend): the knob rules the search gets on gloo, the
-communicator-pool entries with more worker threads, and lagom's own splitting of a call into pieces.
-
-* ``n_channels`` = worker threads of a gloo communicator (``ProcessGroupGloo`` options
-  ``_threads``; torch's default is 2): communicator scope, applied by pool entries
-  (``GlooPoolBackend``).
-* ``chunk_size`` is per call: the tensor is split into pieces of at most that many bytes, issued
-  as several async calls and returned as one handle (``MultiWork``, ``chunked_call``). Splitting
-  is elementwise, so every element is reduced over the same ranks with the same operation; for
-  groups of two ranks the sums are bit-identical (a + b = b + a), for larger groups gloo's ring may
-  add in another order (last-bit differences). All-gathers issued inside a coalescing manager
-  (distributed-optimizer parameter all-gather) are not split: their pieces would need a copy after
-  the coalesced wait, which torch's coalescing manager gives no place for.
-
-gloo has no algorithm, protocol, thread-per-CTA, CTA-policy or CGA knob. torch is imported inside
-the functions that issue calls, so ``GlooRules`` is usable without torch (``lagom search`` on a
-gloo profile).
+"""gloo (the CPU backend): knob rules, pool entries with more worker threads, calls split into pieces.
+``n_channels`` = worker threads (``ProcessGroupGloo`` options ``_threads``, torch default 2), per
+communicator; ``chunk_size`` = piece bytes, per call. Splitting is elementwise: bit-identical sums for
+two ranks, last-bit differences beyond. ``GlooRules`` needs no torch.
 """
 
 from __future__ import annotations
@@ -31,20 +18,11 @@ GLOO_CHUNK_MIN = 4096
 """Smallest piece lagom splits a gloo tensor into, bytes (a multiple of it is required)."""
 
 GLOO_SCOPES: dict[str, Scope] = {"n_channels": "communicator", "chunk_size": "call"}
-"""The knobs gloo has and their scope; every other knob cannot be set on gloo."""
 
 
 @dataclass(frozen=True)
 class GlooRules:
-    """``engine.knobs.KnobRules`` on gloo (module docstring).
-
-    Args:
-        cluster: the ``ClusterSpec`` of the CPU machine (``cpu-gloo``), the cost model's cluster.
-        mechanism: ``gloo``, the only one (pool entries with more worker threads, split tensors).
-
-    Raises:
-        ValueError: another mechanism, or a cluster of another backend (names the value).
-    """
+    """``engine.knobs.KnobRules`` on gloo; ValueError for another mechanism or a non-gloo cluster."""
 
     cluster: ClusterSpec
     mechanism: str = "gloo"
@@ -57,11 +35,7 @@ class GlooRules:
             raise ValueError(f"cluster {self.cluster.name!r} is a {self.cluster.backend} cluster; gloo rules need a gloo cluster")
 
     def scope(self, knob: str) -> Scope | None:
-        """``communicator`` for worker threads, ``call`` for chunk size, None for every other knob.
-
-        Raises:
-            ValueError: unknown knob.
-        """
+        """``communicator`` for worker threads, ``call`` for chunk size, else None; ValueError for an unknown knob."""
         if knob not in KNOB_ORDER:
             raise ValueError(f"knob must be one of {list(KNOB_ORDER)}; got {knob!r}")
         return GLOO_SCOPES.get(knob)
@@ -74,11 +48,11 @@ class GlooRules:
         return out
 
     def site_domains(self, site: Any) -> tuple[dict[str, tuple], str]:
-        """``domains`` of the site's op: gloo's knobs do not depend on the call's reduction or dtype."""
+        """``domains`` of the site's op (independent of reduction and dtype)."""
         return self.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size), ""
 
     def for_sites(self, sites: Any) -> "GlooRules":
-        """Themselves: gloo's domains do not depend on the set of sites searched."""
+        """Themselves: gloo's domains do not depend on the sites."""
         return self
 
     def probe_configs(self) -> list[CommConfig]:
@@ -86,16 +60,13 @@ class GlooRules:
         return [CommConfig(n_channels=1), CommConfig(n_channels=4), CommConfig(n_channels=2, chunk_size=1048576)]
 
     def applicable(self, config: CommConfig, *, op: str) -> CommConfig:
-        """Only the worker threads and the chunk size of ``config`` (gloo has no other knob)."""
+        """Only the worker threads and the chunk size of ``config``."""
         return CommConfig(n_channels=config.n_channels, chunk_size=config.chunk_size)
 
     def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None,
                  reduce_op: str | None = None, dtype: str | None = None) -> None:
-        """Checks ``config`` against gloo's knobs: 1..16 worker threads, chunks a multiple of 4 KiB.
-
-        Raises:
-            ValueError: the first knob gloo does not have or whose value is out of range.
-        """
+        """Checks ``config``: 1..16 worker threads, chunks a multiple of 4 KiB, no other knob; ValueError
+        names the first knob gloo does not have or whose value is out of range."""
         c = config
         for knob in ("algorithm", "protocol", "n_threads", "cta_policy", "cga_cluster_size", "net_peer_channels",
                      "high_priority_stream"):
@@ -113,13 +84,12 @@ class GlooRules:
 
 
 class GlooPoolBackend:
-    """Gloo pool entries: ``n_channels`` -> worker threads of a new gloo group (see module docstring)."""
+    """Gloo pool entries: ``n_channels`` -> worker threads of a new gloo group."""
 
     name = "gloo"
     MAX_THREADS = GLOO_MAX_THREADS
-    """Upper bound accepted for gloo worker threads (the engine's domain; each is an OS thread)."""
     DEFAULT_THREADS = GLOO_DEFAULT_THREADS
-    """Worker threads of a gloo group built by ``new_group`` (torch 2.x; checked by the tests)."""
+    """Worker threads of a gloo group built by ``new_group`` (torch 2.x)."""
 
     def entry_key(self, config: CommConfig) -> Hashable | None:
         n = config.n_channels
@@ -163,11 +133,7 @@ class MultiWork:
 
 
 def piece_ranges(numel: int, element_size: int, chunk_bytes: int) -> list[tuple[int, int]]:
-    """Element ranges [lo, hi) of at most ``chunk_bytes`` bytes each covering ``numel`` elements.
-
-    Raises:
-        ValueError: ``chunk_bytes`` smaller than one element.
-    """
+    """Element ranges [lo, hi) of at most ``chunk_bytes`` bytes covering ``numel``; ValueError under one element."""
     per = chunk_bytes // element_size
     if per < 1:
         raise ValueError(f"chunk_size ({chunk_bytes} bytes) is smaller than one element ({element_size} bytes)")
@@ -183,18 +149,13 @@ def in_coalescing(group: Any) -> bool:
 
 
 class GlooRecord:
-    """The gloo pool's own record of what it ran, the gloo side of applied = observed
-    (``megatron.observed``): per (site group, entry, op, bytes) the calls, the worker threads
-    of the process group each call really ran on (its backend's ``options._threads``, which torch
-    binds read-only on ``ProcessGroupGloo``) and the largest piece ``chunked_call`` issued (the
-    whole tensor when it did not split). The router notes routed calls while ``on``; off, it is
-    never consulted (one attribute check on the routed path)."""
+    """The gloo pool's own record of what ran (``observed``): worker threads each call ran on
+    (``options._threads``, read-only on ``ProcessGroupGloo``) and pieces issued; noted while ``on``."""
 
     def __init__(self) -> None:
         self.on = False
         self.calls: dict[tuple[str, str, str, int], list] = {}
-        """(group name, the entry's ``CommPool.comm_key`` or "" for the site's own group, op, bytes)
-        -> [calls, worker threads seen, largest pieces seen]."""
+        """(group name, entry ``comm_key`` or "" for the own group, op, bytes) -> [calls, threads set, pieces set]."""
         self._threads: dict[int, int] = {}
 
     def start(self) -> None:
@@ -206,9 +167,7 @@ class GlooRecord:
         self.on = False
 
     def note(self, name: str, key: str, group: Any, op: str, nbytes: int, piece: int) -> None:
-        """One call of group ``name``'s site that ran on ``group`` (the entry known as ``key``, or
-        the site's own group, ``""``), ``nbytes`` as the plan counts them, its largest piece
-        ``piece`` bytes (0: issued whole)."""
+        """One call that ran on ``group``; ``piece``: its largest piece in bytes (0: issued whole)."""
         threads = self._threads.get(id(group))
         if threads is None:
             threads = self._threads[id(group)] = _gloo_threads(group)
@@ -219,7 +178,6 @@ class GlooRecord:
 
 
 def _gloo_threads(group: Any) -> int:
-    """Worker threads of ``group``'s gloo backend (0 when it has none readable)."""
     import torch
 
     try:
@@ -231,14 +189,8 @@ def _gloo_threads(group: Any) -> int:
 def chunked_call(op: str, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], chunk_bytes: int, group_size: int,
                  observe: Callable[[int], None] | None = None) -> Any:
     """Issues ``fn`` (a torch.distributed collective) as pieces of at most ``chunk_bytes`` bytes.
-
-    ``op`` is ``all_reduce`` (args: tensor), ``reduce_scatter`` (args: output, input; input is
-    ``group_size`` x output along the first dimension) or ``all_gather`` (args: output, input).
-    Returns a ``MultiWork`` when ``async_op`` is set, else None after waiting; inside a coalescing
-    manager it returns what the first piece returned (torch's placeholder). A tensor that fits in
-    one piece is passed through unchanged, and so is any other op. ``observe`` (``GlooRecord``)
-    gets the bytes of the largest piece issued, or 0 when the call went out whole.
-    """
+    ``all_gather`` is not split in a coalescing manager (no place for the copy-back). Returns a
+    ``MultiWork`` when ``async_op``, else None; ``observe`` gets the largest piece's bytes (0: whole)."""
     def whole() -> Any:
         if observe is not None:
             observe(0)

@@ -1,9 +1,4 @@
-"""Megatron's named process groups as lagom sees them: ``GroupInfo`` and ``GroupNames``.
-
-Group names are Megatron's process-group names (``parallel_state``'s ``tp``, ``pp``, ``dp``,
-``dp_cp``, ``cp``, ``ep``, ...), resolved from the group object once; ``sites`` builds site ids
-from them and ``comm_pool`` creates entries per name.
-"""
+"""Megatron's named process groups (``parallel_state``'s ``tp``, ``pp``, ``dp``, ...) as lagom sees them."""
 
 from __future__ import annotations
 
@@ -30,9 +25,7 @@ _GROUP_GETTERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 
 
 STAGE_LOCAL_GROUPS = frozenset({"tp", "dp", "dp_cp", "cp", "ep", "expt_tp", "expt_dp", "intra_dist_opt"})
-"""Groups whose ranks all hold the same pipeline stage: under pipeline parallelism their site ids
-carry the stage (``tp.sp_all_gather[stage1.3]``, ``dp.grad_all_reduce[stage0.chunk0.bucket1]``), since
-each stage runs other layers and buckets. Groups across stages (``pp``, ``embd``) carry none."""
+"""Groups within one pipeline stage: under PP their site ids carry the stage (``tp.sp_all_gather[stage1.3]``)."""
 
 # A group whose ranks equal those of the named group is called by that name (context parallel 1,
 # one distributed-optimizer instance): the collectives are then the plain data-parallel ones.
@@ -59,16 +52,8 @@ class GroupInfo:
 
 
 class GroupNames:
-    """Maps process-group objects to Megatron's group names (``tp``, ``dp``, ``pp``, ...).
-
-    Built once after ``parallel_state.initialize_model_parallel``. Lookups are by object identity
-    first (O(1), used on every call), then by rank list (groups built outside ``parallel_state``
-    over the same ranks, e.g. lagom's own communicator-pool entries, which register themselves
-    with ``alias``).
-
-    Args:
-        local_world_size: ranks per node, for ``n_nodes``; default ``$LOCAL_WORLD_SIZE`` or 1.
-    """
+    """Maps process-group objects to Megatron's group names, by object identity, then by rank list.
+    ``local_world_size``: ranks per node, for ``n_nodes`` (default ``$LOCAL_WORLD_SIZE`` or 1)."""
 
     def __init__(self, *, local_world_size: int | None = None) -> None:
         self.local_world_size = int(local_world_size or os.environ.get("LOCAL_WORLD_SIZE", 0) or 1)
@@ -117,11 +102,8 @@ class GroupNames:
         return info
 
     def add_partner(self, of: str, name: str, ranks: tuple[int, ...]) -> None:
-        """Registers ``name``, a group over ``ranks`` that carries part of group ``of``'s traffic.
-
-        Pool entries of ``of`` are then created for ``name`` too (``partner``): with two pipeline
-        stages megatron-core posts one direction on WORLD (``requests.split_world_direction``).
-        """
+        """Registers ``name``, a group over ``ranks`` that carries part of group ``of``'s traffic
+        (PP=2: megatron-core posts one direction on WORLD); ``of``'s pool entries are made for it too."""
         self._by_name.setdefault(name, GroupInfo(name=name, ranks=tuple(ranks),
                                                  n_nodes=len({r // self.local_world_size for r in ranks})))
         self._partners[of] = name
@@ -137,11 +119,7 @@ class GroupNames:
         self._keep.append(group)
 
     def lookup(self, group: Any) -> GroupInfo:
-        """The named group of ``group`` (None = the default group, named ``world``).
-
-        Unknown groups are named by their rank list when it matches a known group, else
-        ``world`` (all ranks) or ``other``; the result is cached.
-        """
+        """The named group of ``group`` (None: ``world``); an unknown group by its ranks, else ``world`` / ``other``."""
         if group is None:
             import torch.distributed as dist
 

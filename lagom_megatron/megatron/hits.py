@@ -1,16 +1,6 @@
-"""What NCCL's tuner plugin matched, after a plan was applied through it: this rank's hit summary
-and the comparison of the hit counts of shared communicators across ranks.
-
-The plugin counts, per table row, the ``getCollInfo`` calls that matched it (``nccl/plugin/status.c``),
-read in-process (``nccl.plugin_status.read_plugin_status``). A row applies to one group's
-communicator and its pool entries; every member rank of that communicator makes the same calls,
-so a counter that differs between two members means NCCL was asked different questions (or
-answered by different tables) on ranks that must choose alike: the hang class of NCCL issue 1136.
-``compare_shared_hits`` all-gathers every rank's counters and logs one warning naming the rows
-and ranks that differ (``plugin_status.shared_hit_mismatches``).
-
-Both run at train end on every rank (the controller's condition is the same on every rank: the
-agreed mechanism, the agreed plan, a revert is collective). Neither raises into training.
+"""What NCCL's tuner plugin matched (per-row ``getCollInfo`` hits, ``nccl/plugin/status.c``), and whether
+the members of one communicator agree: differing counts are the hang class of NCCL issue 1136.
+Run at train end on every rank; never raises into training.
 """
 
 from __future__ import annotations
@@ -22,8 +12,7 @@ from lagom_megatron.megatron.run_files import say
 
 
 def log_plan_hits(plan: Any, groups: Any, *, status_reader: Callable[[], Any] | None = None) -> list[str]:
-    """Logs this rank's hit summary (``export.plan_hit_summary``) and then, collectively,
-    ``compare_shared_hits``. Returns the comparison's warnings (empty when the members agree)."""
+    """Logs this rank's hit summary, then (collective) ``compare_shared_hits``; returns its warnings."""
     from lagom_megatron.nccl.export import plan_hit_summary
 
     try:
@@ -34,24 +23,8 @@ def log_plan_hits(plan: Any, groups: Any, *, status_reader: Callable[[], Any] | 
 
 
 def compare_shared_hits(plan: Any, groups: Any, *, status_reader: Callable[[], Any] | None = None) -> list[str]:
-    """All-gathers every rank's row hit counts and the ranks of its groups; logs one warning naming
-    the rows whose counts differ among the member ranks of one communicator, and the ranks.
-
-    Collective over the default group: every rank must call it (it all-gathers exactly once, also
-    when reading the status or the plan's rows fails here, so no rank waits alone).
-
-    Args:
-        plan: the applied plan (its tuner rows, ``export.tuner_rows(plan, extended=True)``, are the
-            table the plugin loaded, in file order).
-        groups: the rank's ``GroupNames`` (``names``, ``by_name(name).ranks``); None = no named
-            group (nothing to compare).
-        status_reader: ``plugin_status.read_plugin_status`` (tests pass a stand-in).
-
-    Returns:
-        The warning lines logged (rank 0 logs, every rank returns the same): the rows whose members
-        disagree, and the ranks whose counts could not be read (left out, with their error). Empty
-        when the members agree. Never raises.
-    """
+    """Logs and returns the warning naming rows whose hit counts differ among one communicator's ranks.
+    Collective: one all-gather on every rank, also when reading fails. Never raises."""
     from lagom_megatron.nccl import plugin_status
     from lagom_megatron.nccl.export import tuner_rows
 

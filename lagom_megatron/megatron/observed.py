@@ -1,32 +1,8 @@
-"""Applied = observed: after a plan is applied, every rank reads what its backend reports it ran for
-each planned site, the ranks agree, and the sites that did not run as planned go back to NCCL's
-defaults on every rank together.
-
-The tuner plugin's hit counts (``hits``) say that a table row matched, not what NCCL then ran: NCCL
-may still clamp channels, refuse an algorithm for a datatype or pick another protocol. So
-``Applier.apply`` arms an ``ObservedCheck`` after each plan it applies: on NCCL it switches on the
-profiler half of lagom's plugin (``nccl.profiler_status.set_recording``, the activation mask is 0
-otherwise); on gloo the router notes each routed call in the gloo pool's own record
-(``gloo.GlooRecord``: the worker threads of the group it really ran on, the pieces it was issued
-in). At the end of the first iteration that routed the plan's calls, ``Applier.check_observed``
-runs ``ObservedCheck.check`` on every rank: each rank compares its records with the plan site by
-site (``nccl.observed.observe_site``; on gloo ``observe_gloo_site``), the verdicts are all-gathered,
-and a site that differs on any rank is reverted on every rank (the router routes it to its own
-group; the caller drops it from the plan). The verdicts are kept for the report: planned vs
-observed per site, naming the rank that differed. Recording then stops.
-
-A site no record covers is ``unobserved``, never reverted: another profiler plugin is loaded
-(``NCCL_PROFILER_PLUGIN`` naming another library is never replaced; only the hit counts are
-checked then), the NCCL predates profiler plugins (2.23), or its calls did not run. On NCCL every
-routed path is covered (the records are NCCL's, per communicator), point-to-point sites included
-(p2p events carry their channels from profiler ABI v4); on gloo the router notes the calls of
-``SiteRouter.collective`` and of DDP bucket groups, so gloo's P2P, Megatron-FSDP and coalesced
-quantized-gather sites stay unobserved. Every rank makes the one all-gather whatever happens
-locally, so no rank waits alone.
-
-Fault injection: ``LAGOM_INJECT_APPLY_FAULT=observed:<rank>`` makes that rank's record of the first
-planned site show one channel (worker thread) fewer than planned, or half its chunk (what NCCL
-clamping looks like).
+"""Applied = observed: what each rank's backend reports it ran for each planned site, against the plan;
+sites that differ on any rank go back to NCCL's defaults on every rank.
+Plugin hits say a row matched, not what NCCL ran (it may clamp channels or switch protocol). A site no
+record covers is ``unobserved``, never reverted: another ``NCCL_PROFILER_PLUGIN``, NCCL before 2.23,
+or (gloo) P2P, Megatron-FSDP and coalesced quantized-gather sites.
 """
 
 from __future__ import annotations
@@ -40,13 +16,8 @@ from lagom_megatron.nccl.observed import SiteObservation, matching_ops, observe_
 
 def observe_gloo_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int, group_size: int,
                       record: list | None) -> SiteObservation:
-    """Compares ``planned`` (worker threads ``n_channels``, piece bytes ``chunk_size``) with the gloo
-    pool's record ``[calls, threads seen, largest pieces seen]`` of the site's calls.
-
-    A call whose tensor fits in one piece goes out whole (``gloo.chunked_call``), so the piece the
-    plan implies is ``chunk_size`` only when the split side of the call (the tensor of an all-reduce,
-    one rank's share of an all-gather or reduce-scatter) is larger than it, else 0 (whole).
-    """
+    """Compares ``planned`` with the gloo record ``[calls, threads seen, largest pieces seen]`` of the site;
+    a call no larger than one piece is expected whole (piece 0)."""
     if not record or not record[0]:
         return SiteObservation(site_id, "unobserved", note="no routed call of it was recorded")
     calls, threads, pieces = record
@@ -68,16 +39,7 @@ def observe_gloo_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int
 
 
 class ObservedCheck:
-    """The check of one rank (module docstring). ``armed`` is the same on every rank: set by every
-    rank's ``arm`` after the same apply, cleared by every rank's ``check``.
-
-    Args:
-        backend: ``nccl`` or ``gloo``.
-        reader: returns this rank's NCCL records (``nccl.profiler_status.read_observed``; tests pass
-            stand-ins); unused on gloo.
-        recorder: switches NCCL's events (``profiler_status.set_recording``).
-        state_reader: ``profiler_status.profiler_state``.
-    """
+    """The applied = observed check of one rank; ``armed`` is the same on every rank."""
 
     def __init__(self, backend: str, *, reader: Callable[[], Any] | None = None,
                  recorder: Callable[..., bool] | None = None, state_reader: Callable[[], Any] | None = None) -> None:
@@ -86,11 +48,9 @@ class ObservedCheck:
         self.recorder = recorder
         self.state_reader = state_reader
         self.gloo = None
-        """The router's ``GlooRecord`` (set by ``attach``)."""
         self.armed = False
         self.results: dict[str, dict[str, Any]] = {}
-        """Site id -> the agreed verdict (``SiteObservation.to_dict`` plus ``rank``: the first rank
-        whose record differed, or None): what the report lists."""
+        """Site id -> ``SiteObservation.to_dict`` plus ``rank``, the first rank that differed (or None)."""
         self.reverted: set[str] = set()
         self.errors: list[str] = []
         """``rank r: error`` of each rank whose check failed in the last ``check``."""
@@ -103,8 +63,6 @@ class ObservedCheck:
             self.gloo = router.observe = GlooRecord()
 
     def _record(self, on: bool) -> bool:
-        """Switches the record; True when there is one to switch (the gloo record, or lagom's
-        profiler half initialised by NCCL in this process)."""
         if self.backend == "gloo":
             if self.gloo is not None:
                 self.gloo.start() if on else self.gloo.stop()
@@ -116,12 +74,7 @@ class ObservedCheck:
         return switched and state == "lagom"
 
     def arm(self) -> str | None:
-        """A plan was applied: record what runs from now on (NCCL events on, or the gloo record).
-
-        Returns:
-            On NCCL, a note when lagom's profiler half will record nothing (``NCCL_PROFILER_PLUGIN``
-            names another library, which is kept, or none), else None.
-        """
+        """Records what runs from now on; returns a note when lagom's profiler will record nothing."""
         self.armed = True
         on = self._record(True)
         if self.backend == "gloo" or on:
@@ -158,9 +111,8 @@ class ObservedCheck:
         return out
 
     def check(self, plan: Any, pool: Any) -> set[str]:
-        """Collective: every rank's verdicts are all-gathered; returns the sites that differ on any
-        rank (the same set on every rank) and stops recording. Never raises: a rank whose check
-        failed reports its error and its sites count as unobserved."""
+        """Collective (one all-gather): the sites that differ on any rank; stops recording. Never raises:
+        a rank whose check failed counts as unobserved."""
         try:
             mine: Any = [o.to_dict() for o in self.local(plan, pool)]
         except Exception as exc:  # noqa: BLE001 - still join the all-gather below
@@ -186,8 +138,6 @@ class ObservedCheck:
 
 
 def _perturbed(observations: list[SiteObservation]) -> list[SiteObservation]:
-    """The ``observed`` fault: the first site whose channels (worker threads) or chunk size were
-    compared is seen with one channel fewer (at one: one more) or half the chunk."""
     out = list(observations)
     for i, o in enumerate(out):
         knob = next((k for k in ("n_channels", "chunk_size") if k in o.planned), None)
