@@ -1,19 +1,5 @@
-"""YAML presets: a model, a parallel layout, batch, overlap flags, environment, lagom settings and
-SLURM shape in one file, validated by a schema.
-
-Layout under ``configs/``::
-
-    configs/models/<name>.yaml     model dimensions (ModelSpec)
-    configs/clusters/<name>.yaml   a cluster description (read by lagom_megatron.engine.cluster)
-    configs/presets/<name>.yaml    a runnable combination (Preset); ``model:`` names a model file
-                                   or holds the dimensions inline
-
-Every key of the ``model``, ``parallel``, ``training``, ``overlap``, ``data`` and ``lagom``
-sections is the argparse destination of the Megatron-LM flag of the same name
-(``tensor_model_parallel_size`` is ``--tensor-model-parallel-size``), so ``Preset.to_args()``
-gives defaults that explicit command-line flags override. Unknown keys are errors that name the
-key and the closest valid one.
-"""
+"""YAML presets (``configs/presets/``) and model files (``configs/models/``); section keys are Megatron-LM
+argparse destinations, so ``Preset.to_args()`` gives defaults that command-line flags override."""
 
 from __future__ import annotations
 
@@ -28,8 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from lagom_megatron import configs_dir
 
 CONFIGS_DIR, CONFIGS_ORIGIN = configs_dir()
-"""Root of the presets, and what chose it (``lagom_megatron.configs_dir``: ``$LAGOM_CONFIGS``, the
-installed package's copy, or the source tree's ``configs/``)."""
+"""Root of the presets, and what chose it: ``$LAGOM_CONFIGS``, the installed copy, or the source ``configs/``."""
 
 
 class _Section(BaseModel):
@@ -47,7 +32,7 @@ class ModelSpec(_Section):
     ffn_hidden_size: int | None = None
     """Defaults to 4 * hidden_size, as in Megatron-LM."""
     num_query_groups: int | None = None
-    """Grouped-query attention groups; None = multi-head attention (one group per head)."""
+    """None = multi-head attention (one group per head)."""
     max_position_embeddings: int | None = None
     vocab_size: int | None = None
     """Padded vocabulary size of the tokenizer; None = the tokenizer's own."""
@@ -64,7 +49,7 @@ class ModelSpec(_Section):
     rotary_base: int | None = None
     """RoPE base (theta); None = Megatron-LM's default (10000)."""
     add_bias_linear: bool = True
-    """False = ``--disable-bias-linear`` (Llama and Mixtral have no bias in linear layers)."""
+    """False = ``--disable-bias-linear``."""
     moe_ffn_hidden_size: int | None = None
     """FFN hidden size of each expert; None = ffn_hidden_size."""
     moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] | None = None
@@ -76,8 +61,7 @@ class ParallelSpec(_Section):
     pipeline_model_parallel_size: int = 1
     num_layers_per_virtual_pipeline_stage: int | None = None
     num_virtual_stages_per_pipeline_rank: int | None = None
-    """Virtual pipeline stages (model chunks) per pipeline rank; at most one of this and
-    num_layers_per_virtual_pipeline_stage may be set, as in Megatron-LM."""
+    """Model chunks per pipeline rank; exclusive with num_layers_per_virtual_pipeline_stage."""
     context_parallel_size: int = 1
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None
@@ -113,8 +97,7 @@ class OverlapSpec(_Section):
     use_torch_fsdp2: bool = False
     use_megatron_fsdp: bool = False
     data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = "no_shard"
-    """What Megatron-FSDP shards (``--data-parallel-sharding-strategy``): no_shard (nothing), optim, optim_grads,
-    optim_grads_params (ZeRO-3). Default no_shard, Megatron-LM core_v0.16/0.17's; only Megatron-FSDP reads it."""
+    """What Megatron-FSDP shards (optim_grads_params = ZeRO-3); default as Megatron-LM core_v0.16/0.17."""
 
 
 class DataSpec(_Section):
@@ -170,12 +153,7 @@ class Preset(_Section):
         return load_model(self.model)
 
     def to_args(self) -> dict[str, Any]:
-        """Flattens the argument sections into argparse destinations -> values.
-
-        The optional fields of ``OMIT_WHEN_DEFAULT`` appear only when a preset sets them to a
-        value other than their default, so that a parser without those flags still takes every
-        preset that does not use them.
-        """
+        """Argparse destinations -> values; ``OMIT_WHEN_DEFAULT`` fields only when not at their default."""
         out: dict[str, Any] = {}
         for section in (self.model_spec(), self.parallel, self.training, self.overlap, self.data, self.lagom):
             defaults = type(section).model_fields
@@ -192,7 +170,6 @@ OMIT_WHEN_DEFAULT: frozenset[str] = frozenset({
     "overlap_param_gather_with_optimizer_step", "overlap_moe_expert_parallel_comm", "use_torch_fsdp2",
     "use_megatron_fsdp", "data_parallel_sharding_strategy", "lagom_verify_max_iters",
 })
-"""Optional Megatron-LM destinations that ``Preset.to_args`` leaves out while at their default."""
 
 
 def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
@@ -226,11 +203,7 @@ def available(kind: str) -> list[str]:
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Reads a YAML mapping.
-
-    Raises:
-        ValueError: malformed YAML (names the file, line and column) or not a mapping.
-    """
+    """Reads a YAML mapping; ValueError on malformed YAML (file, line, column) or a non-mapping."""
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -258,13 +231,11 @@ def _validate(cls: type[BaseModel], data: dict[str, Any], path: Path) -> Any:
         raise ValueError(f"{_where(path, err['loc'])}: {loc}: {err['msg']} (got {err.get('input')!r})") from None
 
 
-_BRANCHES = ("str", "ModelSpec")
-"""The tags pydantic puts in an error's location for the branches of ``Preset.model`` (``str | ModelSpec``)."""
+_BRANCHES = ("str", "ModelSpec")  # pydantic's location tags for the branches of ``Preset.model``
 
 
 def _the_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
-    """The error to report: for ``model:`` given as a mapping, the mapping's own error, not the other
-    branch's ``Input should be a valid string``; and an unknown key before the others."""
+    """A ``model:`` mapping's own error, not the ``str`` branch's; an unknown key before the others."""
     first = errors[0]
     if first["loc"][-1:] == ("str",) and isinstance(first.get("input"), dict):
         errors = [e for e in errors if e["loc"][:len(first["loc"]) - 1] == first["loc"][:-1]
@@ -306,25 +277,14 @@ def _valid_keys(cls: type[BaseModel], loc: tuple) -> list[str]:
 
 
 def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
-    """Loads ``configs/models/<name>.yaml`` or a path.
-
-    Raises:
-        ValueError: unknown name, a folder, malformed YAML, unknown key or wrong type.
-        FileNotFoundError: a path that does not exist.
-    """
+    """Loads ``configs/models/<name>.yaml`` or a path; ValueError on a bad name, key or type, FileNotFoundError."""
     path = _resolve("models", name_or_path)
     return _validate(ModelSpec, read_yaml(path), path)
 
 
 def load_preset(name_or_path: str | os.PathLike) -> Preset:
-    """Loads ``configs/presets/<name>.yaml`` or a path, model file included.
-
-    Raises:
-        ValueError: unknown preset name (with the closest known one), a folder (with the known
-            names), malformed YAML, unknown key (with the closest valid one), wrong type, or an
-            unknown model name.
-        FileNotFoundError: a path that does not exist.
-    """
+    """Loads ``configs/presets/<name>.yaml`` or a path, model file included; raises ValueError (unknown
+    name or key, with the closest; a folder; bad YAML or type) or FileNotFoundError."""
     path = _resolve("presets", name_or_path)
     preset = _validate(Preset, read_yaml(path), path)
     preset.name = path.stem

@@ -1,11 +1,5 @@
-"""Checks of ``scripts/pretrain_gpt.py``'s parsed arguments (from ``lagom_megatron.training.arguments.parse_args``).
-
-:func:`validate_args` checks what Megatron-LM's ``validate_args`` checks of our flags, fills in
-Megatron-LM's derived defaults and raises ``ValueError`` with one line naming the bad value and
-what is allowed. :func:`check_installed` checks that this machine has the libraries the arguments
-need. Both run inside ``lagom_megatron.training.preflight.check_run``, the pre-flight that
-``scripts/pretrain_gpt.py`` and ``lagom doctor`` share, after its rules. This module imports neither torch nor Megatron, so bad input fails within a fraction of a second.
-"""
+"""Checks of ``scripts/pretrain_gpt.py``'s parsed arguments (after ``preflight.check_run``'s rules);
+imports neither torch nor Megatron."""
 
 from __future__ import annotations
 
@@ -39,33 +33,14 @@ def _data_prefixes(data_path: list[str]) -> list[str]:
 
 
 FLASH_ATTN_MODULES = ("flash_attn", "flash_attn_3")
-"""Packages of the FlashAttention kernels: flash-attn 2 (``flash_attn``), which Transformer Engine's flash
-backend and Megatron-LM's legacy ``--use-flash-attn`` path import (core_v0.16.1
-``megatron/legacy/model/transformer.py:52-59, 544-547``), and FlashAttention 3 (``flash_attn_3``,
-megatron-core 0.16.1 ``transformer/attention.py:62``)."""
+"""FlashAttention 2 (Megatron-LM core_v0.16.1 ``megatron/legacy/model/transformer.py:52-59, 544-547``) and 3
+(megatron-core 0.16.1 ``transformer/attention.py:62``)."""
 
 
 def check_installed(args: argparse.Namespace, *, on_gpu: bool = False) -> None:
-    """Checks that this machine has the libraries the arguments need, before any process group exists.
-
-    Kept apart from :func:`validate_args`, which ``lagom doctor`` and the preset tests also run on
-    machines that only plan a job (no Transformer Engine there).
-
-    Args:
-        args: the parsed namespace.
-        on_gpu: the run trains on CUDA devices (the pre-flight's detected backend is ``nccl``).
-
-    Raises:
-        ValueError: one line naming the flag, its value and what to install or pass instead:
-            ``--use-megatron-fsdp`` / ``--use-torch-fsdp2`` without CUDA, or Megatron-FSDP without einops;
-            ``--context-parallel-size`` above 1 without Transformer Engine (megatron-core's
-            context-parallel attention is ``TEDotProductAttention``; without it every rank dies on an
-            assertion while the model is built); ``--attention-backend flash`` or ``--use-flash-attn``
-            without a FlashAttention package (:data:`FLASH_ATTN_MODULES`); on a GPU, gradient
-            accumulation fusion (on by default) with the local layers and no APEX
-            ``fused_weight_gradient_mlp_cuda`` (megatron-core 0.16.1 ``tensor_parallel/layers.py:44-48,
-            924-933`` raises ``RuntimeError`` on every rank while the model is built).
-    """
+    """Checks that this machine has the libraries the arguments need; raises ValueError naming the flag and
+    what to install (APEX for GPU gradient accumulation fusion on local layers: megatron-core 0.16.1
+    ``tensor_parallel/layers.py:44-48, 924-933``)."""
     import importlib.util
 
     def installed(name: str) -> bool:
@@ -101,28 +76,7 @@ def check_installed(args: argparse.Namespace, *, on_gpu: bool = False) -> None:
 
 
 def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
-    """Checks the arguments and fills in derived defaults, before any process group exists.
-
-    Fills in (as Megatron-LM does): ffn_hidden_size (4 x hidden, or Megatron-LM's SwiGLU size;
-    ``arguments.apply_megatron_lm_defaults``), max_position_embeddings =
-    seq_length, global_batch_size = micro-batch x DP, lr_decay_iters = train_iters,
-    sequence_parallel off when TP = 1, num_query_groups = heads without GQA; adds
-    ``data_parallel_size`` and ``virtual_pipeline_model_parallel_size``.
-
-    Args:
-        args: the namespace from :func:`parse_args` (modified in place).
-        world_size: number of ranks (``WORLD_SIZE`` of torchrun).
-
-    Returns:
-        The same namespace.
-
-    Raises:
-        ValueError: one line naming the bad value and what is allowed: a missing required flag,
-            world size not divisible by TP x PP x CP, heads not divisible by TP, query groups
-            neither a multiple nor a divisor of TP,
-            layers not divisible by PP or by the virtual stages, global batch not divisible by
-            micro-batch x DP, no data source, a missing or unreadable --data-path, and more.
-    """
+    """Checks the arguments and fills in Megatron-LM's derived defaults in place; ValueError names the bad value."""
     for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
                  "train_iters", "lr"):
         _check(getattr(args, flag) is not None,

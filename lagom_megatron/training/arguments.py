@@ -1,17 +1,5 @@
-"""Command-line arguments of ``scripts/pretrain_gpt.py``: Megatron-LM's flags, lagom's flags, presets.
-
-The flags keep Megatron-LM's names, destinations and defaults (``megatron/training/arguments.py``
-of Megatron-LM, read for core_v0.16), so a Megatron-LM command line runs here unchanged for the
-subset listed in :func:`add_megatron_args`. Three additions are ours: ``--preset NAME|PATH`` (a
-YAML file under ``configs/presets/`` whose values become the defaults, so explicit flags override
-them), the ``ByteLevel`` tokenizer type (no download needed), and the ``--lagom*`` flags, which
-``training.lagom_flags.add_lagom_args`` defines in one place (imported here too) so that patches for a
-Megatron-LM checkout reuse it.
-
-The checks of the parsed arguments (:func:`validate_args`, :func:`check_installed`) are in
-``lagom_megatron.training.argument_checks``. This module imports neither torch nor Megatron, so
-bad input fails within a fraction of a second.
-"""
+"""Command-line arguments of ``scripts/pretrain_gpt.py``: Megatron-LM's flags (names, destinations, defaults of
+core_v0.16 ``megatron/training/arguments.py``), ``--preset``, the ByteLevel tokenizer, ``--lagom*``. No torch."""
 
 from __future__ import annotations
 
@@ -25,44 +13,32 @@ from lagom_megatron.training.lagom_flags import LAGOM_FLAGS, LAGOM_METHODS, add_
 
 
 TOKENIZER_TYPES = ("ByteLevel", "NullTokenizer")
-"""Tokenizers that need no download: bytes 0-255 plus end-of-document, or Megatron's null
-tokenizer (whitespace-separated integer ids, ``--vocab-size`` of them)."""
+"""Tokenizers that need no download."""
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 
 DEFAULT_SPLIT = "969,30,1"
-"""``--split`` when none is given (Megatron-LM's, which sets it only when there is a ``--data-path``)."""
+"""``--split`` when none is given (Megatron-LM's)."""
 
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
-"""Names of Megatron-Core's ``transformer.enums.AttnBackend`` (megatron-core 0.16.1 ``enums.py:60-67``;
-the same in 0.18.2)."""
+"""Megatron-Core's ``transformer.enums.AttnBackend`` names (megatron-core 0.16.1 ``enums.py:60-67``; same in 0.18.2)."""
 
 DATA_PARALLEL_SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
-"""``--data-parallel-sharding-strategy`` choices, Megatron-LM's (core_v0.16.1-core_v0.18.2 ``arguments.py``) and
-Megatron-FSDP's (``megatron_fsdp/param_and_grad_buffer.py`` ``_init_each_parameter_group_buffers``)."""
+"""Megatron-LM core_v0.16.1-core_v0.18.2 ``arguments.py`` choices; Megatron-FSDP's
+(``megatron_fsdp/param_and_grad_buffer.py`` ``_init_each_parameter_group_buffers``)."""
 
 LAYOUT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size")
-"""The flags whose product divides the world into data-parallel replicas: given on the command line,
-they name the layout themselves, so a preset's world size no longer has to be the job's
-(``training.preflight.preset_world_problem``)."""
+"""Flags that name the layout: given, a preset's world size need not be the job's."""
 
 MEGATRON_LM_REFUSED: dict[str, str] = {
     "--overlap-p2p-communication": "Megatron-LM has no such flag: pipeline send/recv overlap is on by "
                                    "default (interleaved schedule); --no-overlap-p2p-communication turns it off",
 }
-"""Flags refused with what to use instead: each is a name users bring from elsewhere whose meaning
-here would differ from Megatron-LM's."""
+"""Flags refused with what to use instead (names whose meaning would differ from Megatron-LM's)."""
 
 
 def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the Megatron-LM flags this entry point supports, with Megatron-LM's names and defaults.
-
-    Args:
-        parser: the parser to extend (argument groups are added to it).
-
-    Returns:
-        The same parser.
-    """
+    """Adds the Megatron-LM flags this entry point supports (argument groups); returns the parser."""
     g = parser.add_argument_group("model")
     g.add_argument("--num-layers", type=int, default=None, help="Number of transformer layers.")
     g.add_argument("--hidden-size", type=int, default=None, help="Transformer hidden size.")
@@ -221,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Refused(argparse.Action):
-    """A flag that is refused with a hint (:data:`MEGATRON_LM_REFUSED`): parsing it is an error."""
+    """A flag of :data:`MEGATRON_LM_REFUSED`: parsing it is an error with the hint."""
 
     def __init__(self, option_strings, dest, hint: str = "", **kwargs):
         kwargs["nargs"] = "?"
@@ -233,31 +209,13 @@ class _Refused(argparse.Action):
 
 
 def default_ffn_hidden_size(hidden_size: int, swiglu: bool) -> int:
-    """Megatron-LM's ``--ffn-hidden-size`` when it is not given: 4 x hidden, or with ``--swiglu``
-    ``int(4 x hidden x 2/3 / 64) x 64`` (two input projections keep the parameter count near the
-    4h MLP's; a multiple of 64). Megatron-LM core_v0.16.1 ``megatron/training/arguments.py:802-811``
-    (the same rule in core_v0.18.2).
-
-    Example: hidden 4096 -> 16384, or 10880 with SwiGLU.
-    """
+    """Megatron-LM's default ``--ffn-hidden-size`` (core_v0.16.1 ``arguments.py:802-811``; same in core_v0.18.2)."""
     return int((4 * hidden_size * 2 / 3) / 64) * 64 if swiglu else 4 * hidden_size
 
 
 def apply_megatron_lm_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Fills in the values Megatron-LM's ``validate_args`` derives for the flags of this module, and
-    rejects the combinations it rejects, with one line naming the flags.
-
-    - ``split``: ``969,30,1`` when not given.
-    - ``ffn_hidden_size``: :func:`default_ffn_hidden_size` when not given.
-    - ``accumulate_allreduce_grads_in_fp32``: on with ``--bf16`` (Megatron-LM core_v0.16.1
-      ``arguments.py:711-724``: bf16 gradients are reduced in fp32; fp16 ones stay fp16).
-    - the refusals of ``training.preflight_values.megatron_flag_problems`` (recomputation, attention
-      backend, WSD, ``--init-method-std``, the pool budget), the checks the shared pre-flight runs, so
-      that ``validate_args`` and ``lagom doctor`` refuse the same lines with the same words.
-
-    Raises:
-        ValueError: one of the rejected combinations above.
-    """
+    """Fills in what Megatron-LM's ``validate_args`` derives (fp32 grad reduction with ``--bf16``: core_v0.16.1
+    ``arguments.py:711-724``); raises ValueError, the first of ``preflight_values.megatron_flag_problems``."""
     from lagom_megatron.training.preflight_values import megatron_flag_problems
 
     if args.split is None:  # Megatron-LM core_v0.16.1 arguments.py:468-472 (with --data-path)
@@ -277,26 +235,9 @@ def _raise_usage_error(message: str) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None, *, exit_on_error: bool = True) -> argparse.Namespace:
-    """Parses a command line, applying ``--preset`` values as defaults first.
-
-    Args:
-        argv: the arguments (``sys.argv[1:]`` when None).
-        exit_on_error: True: argparse prints usage and exits 2 on a bad flag or value, as
-            ``pretrain_gpt.py`` does. False: raise ``ValueError`` instead (``lagom doctor``), with
-            argparse's message. Either way an unknown flag names the closest known one
-            (``unrecognized arguments: --lagom-warmup-iter (did you mean --lagom-warmup-iters?) 3``).
-
-    Returns:
-        The namespace, with ``args.preset_name`` set to the loaded preset's name (or None),
-        ``args.preset_world_size`` to the world size it names (None without one) and
-        ``args.layout_flags_given`` to the :data:`LAYOUT_FLAGS` on the command line.
-
-    Raises:
-        ValueError: unknown preset, malformed preset YAML, or an unknown preset key (each names the
-            value and the closest allowed one); with ``exit_on_error=False`` also an unknown flag,
-            an invalid choice (naming the allowed set) or a value of the wrong type.
-        FileNotFoundError: a preset path that does not exist.
-    """
+    """Parses a command line with ``--preset`` values as defaults; sets ``preset_name``, ``preset_world_size``,
+    ``layout_flags_given``. ``exit_on_error`` False: ValueError instead of exit 2. Raises ValueError (a bad preset
+    name, YAML or key), FileNotFoundError."""
     parser = build_parser()
     if not exit_on_error:
         parser.error = _raise_usage_error  # type: ignore[method-assign]

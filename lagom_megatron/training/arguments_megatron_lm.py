@@ -1,19 +1,6 @@
-"""The Megatron-LM flags a GPT pre-training command line of core_v0.16-0.18 commonly carries, beyond
-those of ``training.arguments``: evaluation, exit and logging, learning-rate and MoE details,
-checkpoints, profiling and the fused-kernel switches, with Megatron-LM's names, destinations and
-defaults (``megatron/training/arguments.py`` of core_v0.16.1, core_v0.17.1 and core_v0.18.2;
-``tests/training/test_megatron_parity.py`` compares them with Megatron-LM's parser), so that one
-command line runs both Megatron-LM's ``pretrain_gpt.py`` and ours.
-
-"Commonly carried" is the flags of Megatron-LM's own GPT-3, Llama 3 and Mixtral example scripts of
-those releases (``examples/gpt3``, ``examples/llama``, ``examples/mixtral``), the flags the real
-loop needs to start at all (``--eval-interval``, ``--no-persist-layer-norm``,
-``--distributed-backend``), and those ``lagom doctor`` checks.
-
-Most of them act here (the module's tables say which do not). A flag that does not act in this
-script (:data:`NO_EFFECT`; on CPU also :data:`NO_EFFECT_ON_CPU`) is accepted and, when given a value
-other than its default, named once in the log (:func:`inactive_flags`).
-"""
+"""Megatron-LM flags a GPT command line commonly carries beyond ``training.arguments`` (``examples/gpt3``, ``llama``,
+``mixtral``), as ``megatron/training/arguments.py`` of core_v0.16.1, core_v0.17.1 and core_v0.18.2 defines them
+(``tests/training/test_megatron_parity.py``). Flags that do not act here are accepted and logged once."""
 
 from __future__ import annotations
 
@@ -58,16 +45,11 @@ REFUSED_HERE: dict[str, str] = {
     "decoupled_lr": "one learning rate for all parameters here",
     "decoupled_min_lr": "one learning rate for all parameters here",
 }
-"""Destination -> why ``scripts/pretrain_gpt.py`` refuses a non-default value (training would differ
-from Megatron-LM's with the same line); ``validate_args`` raises naming the flag."""
+"""Destination -> why a non-default value is refused (training would differ from Megatron-LM's)."""
 
 
 def add_megatron_lm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the flags of the module docstring (names, destinations, defaults, choices: Megatron-LM's).
-
-    Returns:
-        The same parser.
-    """
+    """Adds the flags of the module docstring; returns the parser."""
     g = parser.add_argument_group("evaluation, exit and logging")
     g.add_argument("--eval-interval", type=int, default=None,
                    help="Evaluate on the validation split every this many iterations (and after training).")
@@ -158,13 +140,7 @@ def add_megatron_lm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 
 def inactive_flags(args: argparse.Namespace, parser: argparse.ArgumentParser, *, on_gpu: bool) -> list[str]:
-    """The flags of ``args`` away from their default that do not act here, as ``--flag (why)``, in parser order.
-
-    Args:
-        args: the parsed namespace.
-        parser: the parser that made it (for the defaults and flag names).
-        on_gpu: the run trains on CUDA devices (:data:`NO_EFFECT_ON_CPU` then acts).
-    """
+    """The flags of ``args`` away from their default that do not act here, as ``--flag (why)``, in parser order."""
     table = dict(NO_EFFECT) if on_gpu else {**NO_EFFECT, **NO_EFFECT_ON_CPU}
     out = []
     for action in parser._actions:
@@ -181,11 +157,9 @@ def inactive_flags(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
 
 
 def refused_here(args: argparse.Namespace) -> str | None:
-    """The first refusal of these flags, as one error line, else None: a flag of :data:`REFUSED_HERE`
-    given a non-default value; ``--no-position-embedding`` without RoPE (Megatron-LM core_v0.16.1
-    ``arguments.py:999-1000`` raises the same); ``--lr-warmup-fraction`` with ``--lr-warmup-iters``
-    (``arguments.py:767-769``); ``--apply-layernorm-1p`` with the local layers (megatron-core 0.16.1
-    ``transformer/torch_norm.py:26-28`` asserts it)."""
+    """The first refusal of these flags as one error line, else None. Sources: Megatron-LM core_v0.16.1
+    ``arguments.py:999-1000`` (no position embedding without RoPE), ``:767-769`` (warm-up fraction and iters);
+    megatron-core 0.16.1 ``transformer/torch_norm.py:26-28`` (layernorm-1p needs TE layers)."""
     defaults = {"lr_warmup_samples": 0, "calculate_per_token_loss": False}
     for dest, why in REFUSED_HERE.items():
         if getattr(args, dest, None) not in (defaults.get(dest), None):

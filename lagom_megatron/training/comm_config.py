@@ -1,18 +1,6 @@
-"""Strict check of ``--nccl-communicator-config-path``: megatron-core's per-process-group NCCL options YAML.
-
-megatron-core 0.16.1 reads the file with ``yaml.safe_load`` (``megatron/core/parallel_state.py:768``)
-and, for each process group it creates, copies the keys ``is_high_priority_stream``,
-``cga_cluster_size``, ``max_ctas``, ``min_ctas`` and ``net_name`` of the group's entry into
-``ProcessGroupNCCL.Options`` (``get_nccl_options``, ``parallel_state.py:150-180``); ``net_name`` must be
-``IB`` or ``Socket`` (case-insensitive, ``parallel_state.py:175``). Nothing else is checked there:
-an empty file becomes ``None`` and the first ``pg_name in None`` raises ``TypeError`` after the
-process groups began to form; a quoted ``"4"`` reaches the NCCL binding as a string; a key
-spelled wrong is ignored. This module parses the file with PyYAML's node API, so each error
-names ``file:line:col``, and types every value strictly (YAML 1.1 via PyYAML's safe loader: a
-quoted ``"false"`` is a string, not a boolean). The CTA bounds follow NCCL's ``ncclConfig_t``
-(``minCTAs``/``maxCTAs`` in 1..MAXCHANNELS, ``cgaClusterSize`` 0..8: ``src/init.cc``
-``envConfigOverride``), through ``lagom_megatron.nccl.env_grammar``.
-"""
+"""Strict check of ``--nccl-communicator-config-path``, which megatron-core 0.16.1 loads unchecked
+(``megatron/core/parallel_state.py:768``) into ``ProcessGroupNCCL.Options`` (``get_nccl_options``, ``:150-180``;
+``net_name``: ``:175``). CTA bounds follow NCCL ``src/init.cc`` ``envConfigOverride``."""
 
 from __future__ import annotations
 
@@ -44,15 +32,7 @@ def _at(path: str, node: yaml.Node) -> str:
 
 
 def check_comm_config(path: str, nccl_version: str | None = None) -> list[str]:
-    """Every problem of one communicator-config file, each one line starting ``file:line:col``.
-
-    Args:
-        path: the YAML file.
-        nccl_version: the cluster's NCCL (the CTA ceiling is 32 before 2.25, 64 from it); None = 64.
-
-    Returns:
-        One message per problem; empty = megatron-core and NCCL accept the file as meant.
-    """
+    """Every problem of one communicator-config file as ``file:line:col: ...`` (``nccl_version`` None: CTAs <= 64)."""
     flag = "--nccl-communicator-config-path"
     p = Path(path)
     if not p.is_file():

@@ -1,19 +1,5 @@
-"""Shims that let Megatron-Core 0.16.1 train a GPTModel on CPU with gloo.
-
-Megatron-Core assumes a GPU in a handful of places: it allocates with
-``device=torch.cuda.current_device()`` or a literal ``device="cuda"``, keeps its dropout RNG in
-the CUDA generator, calls ``torch.cuda.synchronize()`` after batched p2p, and dispatches the
-distributed optimizer on ``param.type() == "torch.cuda.FloatTensor"``; and its pipeline p2p
-relies on NCCL's stream ordering, which gloo does not have. Each shim below redirects one of
-these and says which Megatron-Core call needs it (checked against megatron-core 0.16.1 with
-torch 2.13.0).
-
-:func:`apply` installs them only when CUDA is unavailable (GPU runs are never touched) and is
-idempotent; :func:`remove` restores every original. They must be applied
-before the model, the DDP wrapper or the optimizer is built. These are process-global changes to
-``torch.cuda``/``torch.Tensor``; that is acceptable because a process without CUDA could not have
-used the originals.
-"""
+"""Shims that let Megatron-Core 0.16.1 train a GPTModel on CPU with gloo (checked with torch 2.13.0): process-global
+patches of ``torch.cuda`` / ``torch.Tensor``, to apply before the model, DDP wrapper or optimizer is built."""
 
 from __future__ import annotations
 
@@ -55,17 +41,14 @@ def _cpu_device(device: Any) -> Any:
 
 
 class _CpuTorch(types.ModuleType):
-    """Stands in for ``torch`` inside one Megatron module: tensor factories map a CUDA device to
-    the CPU; every other attribute is torch's own."""
+    """``torch`` as seen by one Megatron module (:func:`make_cpu_torch`)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
 
 
 def make_cpu_torch() -> _CpuTorch:
-    """A stand-in for ``torch`` inside one module: its tensor factories (``zeros``, ``empty``, ``ones``,
-    ``tensor``, ``full``, ``arange``, ``rand``, ``randn``, ``randint``) put a ``"cuda"`` / ``cuda:N``
-    device on the CPU; every other attribute is torch's own."""
+    """A stand-in for ``torch`` whose tensor factories put a ``"cuda"`` / ``cuda:N`` device on the CPU."""
     proxy = _CpuTorch("lagom_cpu_torch")
     for name in ("zeros", "empty", "ones", "tensor", "full", "arange", "rand", "randn", "randint"):
         factory = getattr(torch, name)
@@ -89,9 +72,7 @@ BACKWARD_P2P_TAG = 2
 
 
 def _tagged_p2p_ops(*, as_dict: bool):
-    """Replacement of ``p2p_communication._batched_p2p_ops`` (as_dict False: returns a list of
-    requests) or ``_p2p_ops`` (as_dict True: returns {"send_next": req, ...}) that posts each
-    direction of pipeline traffic under its own tag."""
+    """``p2p_communication._batched_p2p_ops`` / ``_p2p_ops`` (``as_dict``) with one tag per direction."""
     import torch.distributed as dist
 
     def p2p_ops(*, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
@@ -111,8 +92,7 @@ def _tagged_p2p_ops(*, as_dict: bool):
 
 
 def set_recorded(originals: list, owner: Any, name: str, value: Any) -> None:
-    """``setattr(owner, name, value)``, first appending the owner's own entry (not an inherited one,
-    or a marker for none) to ``originals`` so that :func:`restore` puts back exactly that."""
+    """``setattr(owner, name, value)``, recording the owner's own entry (not an inherited one) for :func:`restore`."""
     originals.append((owner, name, vars(owner).get(name, _MISSING)))
     setattr(owner, name, value)
 
@@ -137,14 +117,7 @@ def is_applied() -> bool:
 
 
 def apply(force: bool = False) -> bool:
-    """Installs the CPU shims when CUDA is unavailable.
-
-    Args:
-        force: install even if CUDA is available (tests only; never on a GPU run).
-
-    Returns:
-        True if the shims are installed after the call (now or earlier), False on a CUDA machine.
-    """
+    """Installs the CPU shims without CUDA (``force``: anyway, tests only); True if installed after the call."""
     if _ORIGINALS:
         return True
     if torch.cuda.is_available() and not force:
@@ -207,12 +180,9 @@ def apply(force: bool = False) -> bool:
 
     _set(torch_norm.WrappedTorchNorm, "__new__", staticmethod(norm_new))
 
-    # P2PCommunicator._communicate posts pipeline sends/receives through _batched_p2p_ops or
-    # _p2p_ops without tags. With PP = 2 the previous and the next stage are the same rank, so
-    # activations (send_next -> recv_prev) and gradients (send_prev -> recv_next) travel between the
-    # same pair; gloo matches untagged messages in posting order, and the interleaved schedule posts
-    # them in different orders on the two ranks, so a gradient can land in an activation buffer.
-    # Give each direction its own tag (the rank order of the original is kept).
+    # P2PCommunicator._communicate posts untagged p2p; with PP = 2 previous and next stage are one rank,
+    # gloo matches untagged messages in posting order, and the interleaved schedule posts in different
+    # orders on the two ranks: a gradient can land in an activation buffer. One tag per direction.
     from megatron.core.pipeline_parallel import p2p_communication
 
     _set(p2p_communication, "_batched_p2p_ops", _tagged_p2p_ops(as_dict=False))

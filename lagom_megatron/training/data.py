@@ -1,17 +1,5 @@
-"""Training data: Megatron indexed datasets (``--data-path``) or Megatron's mock data
-(``--mock-data``), built with ``megatron.core.datasets``, and the per-rank micro-batch order.
-
-Writing: :func:`write_indexed_dataset` turns JSONL documents (a ``"text"`` field per line) into
-``PREFIX.bin`` + ``PREFIX.idx`` with Megatron-Core's ``IndexedDatasetBuilder`` (one document per
-line, end-of-document appended), as Megatron-LM's ``tools/preprocess_data.py`` does for GPT.
-
-Reading: :func:`build_train_dataset` builds a ``GPTDataset`` (or ``MockGPTDataset``) through
-``BlendedMegatronDatasetBuilder``; :func:`microbatch_iterator` yields the micro-batches of one
-data-parallel rank in the order of Megatron-LM's ``MegatronPretrainingSampler``: each step of
-``micro_batch_size x DP`` consecutive samples is split by data-parallel rank, so the union over
-ranks of one iteration is the same global batch for every DP size (the loss-parity tests rely on
-this).
-"""
+"""Training data: Megatron indexed datasets or mock data (``megatron.core.datasets``), and each DP rank's micro-batch
+order as Megatron-LM's ``MegatronPretrainingSampler`` (the same global batch for every DP size)."""
 
 from __future__ import annotations
 
@@ -26,11 +14,7 @@ from lagom_megatron.training.tokenizer import ByteLevelTokenizer
 
 
 def read_jsonl_texts(path: str | Path, *, key: str = "text") -> Iterator[str]:
-    """Yields the ``key`` field of each non-empty line of a JSONL file.
-
-    Raises:
-        ValueError: a line that is not a JSON object with a string ``key`` (names file and line).
-    """
+    """Yields the ``key`` field of each non-empty JSONL line; ValueError (file:line) on any other line."""
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -45,24 +29,8 @@ def read_jsonl_texts(path: str | Path, *, key: str = "text") -> Iterator[str]:
 
 
 def write_indexed_dataset(texts: Iterable[str], output_prefix: str | Path, tokenizer=None) -> dict:
-    """Tokenises documents and writes a Megatron indexed dataset ``PREFIX.bin`` / ``PREFIX.idx``.
-
-    Each document becomes its token ids followed by the end-of-document id (Megatron-LM's
-    ``--append-eod``). Token dtype is uint16 (enough for vocabularies up to 65,536). The files
-    are written under temporary names and renamed, so a reader never sees a partial dataset.
-
-    Args:
-        texts: the documents; empty ones are skipped.
-        output_prefix: path prefix of the two files.
-        tokenizer: an object with ``tokenize(text) -> ids`` and ``eod``; default byte-level.
-
-    Returns:
-        {"documents": n, "tokens": n_tokens, "bin": path, "idx": path}.
-
-    Raises:
-        ValueError: no non-empty document. On this or any other error (including one raised
-            while iterating ``texts``) the temporary files are removed.
-    """
+    """Writes documents as ``PREFIX.bin`` / ``PREFIX.idx`` (Megatron-LM ``tools/preprocess_data.py --append-eod``;
+    uint16 tokens), via temporary names. Returns {"documents", "tokens", "bin", "idx"}; ValueError without documents."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     tokenizer = tokenizer or ByteLevelTokenizer()
@@ -99,10 +67,9 @@ def write_indexed_dataset(texts: Iterable[str], output_prefix: str | Path, token
 
 
 def build_tokenizer(args):
-    """The tokenizer named by ``--tokenizer-type`` (ByteLevel, or Megatron's NullTokenizer of
-    ``--vocab-size``), built as Megatron-LM builds it: the null library is ``"null"`` in
-    megatron-core 0.16 (``tokenizers/megatron_tokenizer.py:21,72``) and ``"null-text"`` from 0.17
-    (``megatron_tokenizer.py:84``; Megatron-LM core_v0.18.2 ``tokenizers/utils/build_tokenizer.py:88-101``)."""
+    """The tokenizer of ``--tokenizer-type``: library ``"null"`` in megatron-core 0.16
+    (``tokenizers/megatron_tokenizer.py:21,72``), ``"null-text"`` from 0.17 (``megatron_tokenizer.py:84``;
+    Megatron-LM core_v0.18.2 ``tokenizers/utils/build_tokenizer.py:88-101``)."""
     if args.tokenizer_type == "NullTokenizer":
         from megatron.core.tokenizers import MegatronTokenizer
         from megatron.core.tokenizers import megatron_tokenizer
@@ -118,26 +85,9 @@ def build_train_dataset(args, tokenizer):
 
 
 def build_datasets(args, tokenizer, valid_samples: int = 0):
-    """Builds the training split (and the validation split when ``valid_samples`` > 0) with
-    Megatron-Core's ``BlendedMegatronDatasetBuilder``.
-
-    Needs torch.distributed to be initialised (rank 0 builds and caches the sample index first,
-    the others read it after a barrier, as in Megatron-LM).
-
-    Args:
-        args: validated arguments (mock_data or data_path, split, seq_length, seed, train_iters,
-            global_batch_size, data_cache_path).
-        tokenizer: from :func:`build_tokenizer`.
-
-    Returns:
-        (train, valid): train has at least ``train_iters x global_batch_size`` samples, each a dict
-        of ``tokens``/``labels``/``position_ids`` int64 (seq,), ``loss_mask`` float (seq,),
-        ``attention_mask`` bool (1, seq, seq); valid (the same kind, ``valid_samples`` of them) is
-        None when not asked for or when ``--split`` gives it no documents.
-
-    Raises:
-        ValueError: ``--split`` leaves no training documents.
-    """
+    """(train, valid) from ``BlendedMegatronDatasetBuilder`` (torch.distributed initialised); samples hold int64 (seq,)
+    ``tokens``/``labels``/``position_ids``, float ``loss_mask``, bool ``attention_mask`` (1, seq, seq). valid is None
+    without ``valid_samples`` or documents. Raises ValueError: ``--split`` leaves no training documents."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
     from megatron.core.datasets.utils import get_blend_from_list
@@ -157,8 +107,7 @@ def build_datasets(args, tokenizer, valid_samples: int = 0):
     )
     n_samples = args.train_iters * args.global_batch_size
     cls = MockGPTDataset if args.mock_data else GPTDataset
-    # Validation and test sizes None (not 0): GPTDataset loops forever sizing a split of 0 tokens
-    # for a request of 0 samples (megatron-core 0.16.1, _get_num_epochs).
+    # None, not 0: GPTDataset loops forever on 0 samples (megatron-core 0.16.1, _get_num_epochs)
     sizes = [n_samples, valid_samples or None, None]
     train, valid, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, config).build()
     if train is None:
@@ -168,17 +117,8 @@ def build_datasets(args, tokenizer, valid_samples: int = 0):
 
 def microbatch_indices(iteration: int, *, global_batch_size: int, micro_batch_size: int,
                        data_parallel_size: int, data_parallel_rank: int) -> list[list[int]]:
-    """Sample indices of each micro-batch of one data-parallel rank in one iteration.
-
-    Follows Megatron-LM's ``MegatronPretrainingSampler``: samples are taken in order,
-    ``micro_batch_size x DP`` at a time, and rank r takes slice [r*mbs, (r+1)*mbs) of each step.
-
-    Args:
-        iteration: 0-based iteration number.
-
-    Returns:
-        ``global_batch_size / (mbs x DP)`` lists of ``mbs`` indices each.
-    """
+    """Sample indices of each micro-batch of one DP rank in 0-based ``iteration``: rank r takes
+    [r*mbs, (r+1)*mbs) of each ``mbs x DP`` step (``MegatronPretrainingSampler``)."""
     step = micro_batch_size * data_parallel_size
     base = iteration * global_batch_size
     start = base + data_parallel_rank * micro_batch_size
@@ -188,8 +128,7 @@ def microbatch_indices(iteration: int, *, global_batch_size: int, micro_batch_si
 
 def microbatch_iterator(dataset, *, train_iters: int, global_batch_size: int, micro_batch_size: int,
                         data_parallel_size: int, data_parallel_rank: int) -> Iterator[dict]:
-    """Yields this rank's micro-batches for all iterations, each a dict of stacked tensors
-    (``tokens`` (mbs, seq) int64, ``attention_mask`` (mbs, 1, seq, seq) bool, ...)."""
+    """Yields this rank's micro-batches of stacked tensors (``tokens`` (mbs, seq) int64, ...) for all iterations."""
     for iteration in range(train_iters):
         for indices in microbatch_indices(iteration, global_batch_size=global_batch_size,
                                           micro_batch_size=micro_batch_size, data_parallel_size=data_parallel_size,

@@ -1,22 +1,6 @@
-"""Evaluation on the validation split, as Megatron-LM's training loop does it.
-
-Megatron-LM (core_v0.16.1 ``megatron/training/training.py``) evaluates every ``--eval-interval``
-iterations (``train``: ``iteration % args.eval_interval == 0``) and once more after training
-(``'iteration N on validation set'``), each time for ``--eval-iters`` forward-only iterations of a
-global batch (``evaluate``, lines 3035-3190), with dropout off, and prints one line between two rows
-of dashes (``evaluate_and_print_results``, lines 3253-3284)::
-
-    ------------------------------------------------------------------------------------------
-     validation loss at iteration 4 | lm loss value: 6.926349E+00 | lm loss PPL: 1.018768E+03 |
-    ------------------------------------------------------------------------------------------
-
-The validation split gets ``(train_iters // eval_interval + 1) x eval_iters`` global batches
-(Megatron-LM's ``get_train_valid_test_num_samples``), read in order from one evaluation to the
-next. The loss is the mean over micro-batches and data-parallel ranks of each micro-batch's mean
-token loss (what ``training.loop`` logs for training); Megatron-LM weights by token count, which is
-the same when every sample has ``--seq-length`` unmasked tokens (mock data and packed corpora).
-The test split is not evaluated.
-"""
+"""Validation-split evaluation as Megatron-LM core_v0.16.1 ``megatron/training/training.py`` ``evaluate``
+(lines 3035-3190) and ``evaluate_and_print_results`` (3253-3284); the loss is the mean of micro-batch mean token
+losses (Megatron-LM weights by token count: equal when no token is masked)."""
 
 from __future__ import annotations
 
@@ -27,40 +11,29 @@ import torch
 
 
 def validation_samples(args: Any) -> int:
-    """Samples the validation split needs: ``(train_iters // eval_interval + 1) x eval_iters x
-    global_batch_size`` (0 without ``--eval-interval`` or with ``--eval-iters 0``)."""
+    """Samples the validation split needs (Megatron-LM's ``get_train_valid_test_num_samples``)."""
     if not args.eval_interval or not args.eval_iters:
         return 0
     return (args.train_iters // args.eval_interval + 1) * args.eval_iters * args.global_batch_size
 
 
 def format_validation_lines(prefix: str, loss: float) -> list[str]:
-    """Megatron-LM's three lines for one evaluation: dashes, the loss and its perplexity
-    (``exp(min(20, loss))``), dashes of the line's length + 1."""
+    """Megatron-LM's three lines for one evaluation: dashes, loss and perplexity, dashes."""
     line = f" validation loss at {prefix} | lm loss value: {loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E} | "
     dashes = "-" * (len(line) + 1)
     return [dashes, line, dashes]
 
 
 class Evaluator:
-    """Runs one evaluation of ``--eval-iters`` iterations each time it is called.
-
-    Args:
-        args: validated arguments (eval_iters, micro_batch_size, num_microbatches, seq_length).
-        ctx: the ``training.loop.TrainingContext`` (model chunks, forward_backward_func).
-        batches: this rank's validation micro-batches, in order (one iterator per model chunk,
-            or one iterator); each evaluation takes ``eval_iters x num_microbatches`` of them.
-        forward_step: the training forward step (batch -> output, loss function).
-        log: prints a line (on the last rank).
-    """
+    """Runs one evaluation of ``--eval-iters`` iterations per call; ``batches``: this rank's validation micro-batches
+    (one iterator, or one per model chunk)."""
 
     def __init__(self, args: Any, ctx: Any, batches: Iterator | list[Iterator], forward_step: Callable,
                  log: Callable[[str], None]) -> None:
         self.args, self.ctx, self.batches, self.forward_step, self.log = args, ctx, batches, forward_step, log
 
     def __call__(self, prefix: str) -> float:
-        """Evaluates and logs Megatron-LM's validation line; returns the loss (NaN on other stages' ranks
-        is never returned: the loss is broadcast from the last stage, as in training)."""
+        """Evaluates and logs Megatron-LM's validation line; returns the loss, broadcast from the last stage."""
         import torch.distributed as dist
         from megatron.core import parallel_state
 

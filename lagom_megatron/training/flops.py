@@ -1,14 +1,6 @@
-"""Model FLOPs per iteration and TFLOP/s per GPU as Megatron-LM's iteration line reports them.
-
-Follows ``num_floating_point_operations(args, batch_size)`` of Megatron-LM's
-``megatron/training/training.py`` (tag core_v0.16.1, lines 220-600, its ``transformer_flops``
-branch) for the models our ``pretrain_gpt.py`` builds: dense or mixture-of-experts GPT layers with
-multi-head or grouped-query attention and a GeLU or SwiGLU MLP, no multi-latent attention, no
-multi-token prediction, no hybrid (Mamba) layers. Each GEMM counts 2 FLOPs per multiply-add and
-3 passes (forward, weight gradient, data gradient); causal attention counts half the score
-matrix. ``throughput_tflops_per_gpu`` is the formula of lines 2019-2021: FLOPs of one
-iteration / (seconds per iteration x 10^12 x world size).
-"""
+"""Model FLOPs and TFLOP/s per GPU as Megatron-LM core_v0.16.1 ``megatron/training/training.py`` counts them
+(``num_floating_point_operations``, lines 220-600, ``transformer_flops``: dense or MoE GPT, no MLA, MTP or Mamba;
+throughput: lines 2019-2021)."""
 
 from __future__ import annotations
 
@@ -16,17 +8,7 @@ import argparse
 
 
 def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> float:
-    """Training FLOPs of one iteration of ``batch_size`` sequences (Megatron-LM's count).
-
-    Args:
-        args: validated ``pretrain_gpt.py`` arguments (num_layers, hidden_size, ffn_hidden_size,
-            num_attention_heads, kv_channels, group_query_attention, num_query_groups, swiglu,
-            num_experts, moe_router_topk, seq_length, padded_vocab_size).
-        batch_size: sequences per iteration (the global batch size).
-
-    Returns:
-        Floating-point operations (forward and backward), a float.
-    """
+    """Forward + backward FLOPs of one iteration of ``batch_size`` sequences (Megatron-LM's count)."""
     h, s, layers = args.hidden_size, args.seq_length, args.num_layers
     heads = args.num_attention_heads
     kv = getattr(args, "kv_channels", None) or h // heads

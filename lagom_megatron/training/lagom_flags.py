@@ -1,11 +1,5 @@
-"""lagom's command-line flags (``--lagom*``): their one definition, which ``scripts/pretrain_gpt.py`` and
-the patches for a Megatron-LM checkout share, and the pre-flight rule that refuses an option only
-``--lagom`` reads when ``--lagom`` is not given (it would be ignored silently otherwise). Two options
-are read on every run and so need no ``--lagom``: ``--lagom-allow-untested-versions`` and
-``--lagom-cluster`` (:data:`LAGOM_ONLY_FLAGS`).
-
-This module imports neither torch nor Megatron.
-"""
+"""lagom's ``--lagom*`` flags (one definition for ``pretrain_gpt.py`` and the Megatron-LM patches) and the rule that
+refuses an option only ``--lagom`` reads without ``--lagom``. No torch."""
 
 from __future__ import annotations
 
@@ -32,22 +26,11 @@ LAGOM_FLAGS: frozenset[str] = frozenset(
 """The public ``--lagom*`` surface; ``tests/training/test_args.py`` freezes it."""
 
 LAGOM_METHODS = tuple(m for m in METHODS if m != "exhaustive")
-"""Values of ``--lagom-method``: the searchers of ``lagom_megatron.engine.search`` except
-``exhaustive``, which is for small offline instances only."""
+"""Values of ``--lagom-method`` (``exhaustive`` is for small offline instances only)."""
 
 
 def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the ``--lagom*`` flags (the set :data:`LAGOM_FLAGS`).
-
-    This is the single definition used by ``scripts/pretrain_gpt.py`` and by the patches for
-    Megatron-LM checkouts (pass it as ``extra_args_provider``).
-
-    Args:
-        parser: the parser to extend.
-
-    Returns:
-        The same parser.
-    """
+    """Adds the :data:`LAGOM_FLAGS` (usable as Megatron-LM's ``extra_args_provider``); returns the parser."""
     g = parser.add_argument_group("lagom")
     g.add_argument("--lagom", action="store_true",
                    help="Profile overlapped collectives during warm-up, search and apply per-collective configs.")
@@ -83,31 +66,20 @@ def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 LAGOM_ONLY_FLAGS = ("--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-verify-max-iters", "--lagom-plan", "--lagom-method", "--lagom-report",
                     "--lagom-pool-budget-mib")
-"""The ``--lagom-*`` options that only the ``--lagom`` controller reads (``megatron.controller.LagomController
-.from_args``). ``--lagom-allow-untested-versions`` is not one: ``pretrain_gpt.py`` checks the versions on
-every run, nor is ``--lagom-cluster``: the pre-flight checks every run against its cluster."""
+"""Options only the ``--lagom`` controller reads (not ``--lagom-allow-untested-versions``, ``--lagom-cluster``)."""
 
 
 MAX_WARMUP_ITERS = 1000
-"""Upper bound of ``--lagom-warmup-iters``: untimed iterations before profiling (the first few settle
-allocator, communicators and kernels; a thousand more only postpone tuning)."""
+"""Upper bound of ``--lagom-warmup-iters``."""
 MAX_VERIFY_ITERS = 200
-"""Upper bound of ``--lagom-verify-iters`` (and of ``lagom simulate --verify-iters``): measured
-iterations per arm, plan and defaults alternating, before the verdict."""
+"""Upper bound of ``--lagom-verify-iters`` and ``lagom simulate --verify-iters``."""
 MAX_VERIFY_MAX_ITERS = 1000
-"""Upper bound of ``--lagom-verify-max-iters``: a gain of 0.3% at 1% iteration noise takes a few hundred
-pairs to confirm; beyond a thousand the run spends its first 2000 iterations alternating."""
+"""Upper bound of ``--lagom-verify-max-iters`` (a 0.3% gain at 1% noise takes a few hundred pairs)."""
 
 
 def lagom_value_problems(args: Mapping[str, Any]) -> list[Finding]:
-    """``--lagom-warmup-iters`` outside 1..:data:`MAX_WARMUP_ITERS`, ``--lagom-verify-iters`` outside
-    1..:data:`MAX_VERIFY_ITERS` (an unbounded count made the run alternate an unverified plan with the
-    defaults to its end and report that tuning needed 2e20 iterations), ``--lagom-verify-max-iters``
-    outside 1..:data:`MAX_VERIFY_MAX_ITERS` or below ``--lagom-verify-iters``.
-
-    Returns:
-        One ``Finding`` of level error, rule id ``lagom-flags``, per value out of range.
-    """
+    """One ``lagom-flags`` error per ``--lagom-*-iters`` value outside 1..its ``MAX_*`` bound, or a verify cap
+    below ``--lagom-verify-iters``."""
     out = []
     for flag, hi, why in (
             ("--lagom-warmup-iters", MAX_WARMUP_ITERS, "untimed iterations before profiling starts"),
@@ -131,16 +103,8 @@ def lagom_value_problems(args: Mapping[str, Any]) -> list[Finding]:
 
 
 def lagom_flag_problems(args: Mapping[str, Any]) -> list[Finding]:
-    """Each of :data:`LAGOM_ONLY_FLAGS` given a value other than its default without ``--lagom``: the run
-    would install no hooks and ignore it silently (the value would only show in the training log's
-    ``lagom=False ... lagom_plan=...`` line). The defaults are :func:`add_lagom_args`'s, so a flag
-    given its default value, or absent (a Megatron-LM line without lagom's flags), passes.
-
-    With ``--lagom``: :func:`lagom_value_problems` instead.
-
-    Returns:
-        One ``Finding`` of level error, rule id ``lagom-flags``, per such flag, in flag order.
-    """
+    """One ``lagom-flags`` error per :data:`LAGOM_ONLY_FLAGS` flag away from its default without ``--lagom``
+    (it would be ignored silently); with ``--lagom``, :func:`lagom_value_problems`."""
     if args.get("lagom"):
         return lagom_value_problems(args)
     defaults = add_lagom_args(argparse.ArgumentParser(add_help=False))

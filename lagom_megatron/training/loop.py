@@ -1,17 +1,7 @@
-"""The training entry point of ``scripts/pretrain_gpt.py``: Megatron-Core pre-training of a GPT.
+"""The training loop of ``scripts/pretrain_gpt.py``: Megatron-Core GPT pre-training (gloo on CPU, nccl on GPU).
 
-``pretrain(args, callbacks)`` initialises torch.distributed from torchrun's environment (gloo on
-CPU, with :mod:`cpu_shims`; nccl on GPU), Megatron-Core's parallel state, the model
-(:mod:`model`), Megatron-Core's optimizer and LR schedule, the data (:mod:`data`), and runs
-``get_forward_backward_func()`` (no pipelining, 1F1B or interleaved 1F1B) for ``--train-iters``
-iterations, logging each ``--log-interval`` like Megatron-LM's ``training_log``.
-
-Callbacks are the seam lagom's controller plugs into. A callback object may define any of
-``on_setup(ctx: TrainingContext)``, ``on_iteration_start(iteration)``,
-``on_iteration_end(iteration, elapsed_s, loss)`` and ``on_train_end()``; iterations are 1-based
-as in the log, ``elapsed_s`` is the wall time of the iteration (seconds) and ``loss`` the
-iteration's mean lm loss (the same on every rank).
-"""
+Callbacks may define ``on_setup(ctx)``, ``on_iteration_start(iteration)``, ``on_iteration_end(iteration,
+elapsed_s, loss)`` (1-based, seconds, mean lm loss, the same on every rank) and ``on_train_end()``."""
 
 from __future__ import annotations
 
@@ -37,17 +27,14 @@ class TrainingContext:
 
     args: argparse.Namespace
     model: list
-    """Model chunks (one per virtual pipeline stage), each a Megatron-Core DistributedDataParallel."""
+    """One Megatron-Core DistributedDataParallel per virtual pipeline stage."""
     optimizer: Any
-    """The Megatron-Core optimizer (``get_megatron_optimizer``)."""
     ddp_config: Any
-    """The ``DistributedDataParallelConfig`` the chunks were wrapped with."""
     pg_collection: Any
-    """Megatron-Core ``ProcessGroupCollection`` of the parallel state, or None if unavailable."""
+    """Megatron-Core ``ProcessGroupCollection``, or None if unavailable."""
     forward_backward_func: Callable
-    """From ``get_forward_backward_func()``; the loop calls it once per iteration."""
     data_iterator: Any
-    """The iterator (or list of iterators, one per chunk) handed to the schedule."""
+    """An iterator, or one per chunk."""
 
 
 @dataclass
@@ -55,15 +42,14 @@ class TrainingResult:
     """What :func:`pretrain` returns on every rank."""
 
     losses: list[float] = field(default_factory=list)
-    """Mean lm loss of each iteration, averaged over micro-batches and data-parallel ranks."""
+    """Mean lm loss per iteration over micro-batches and DP ranks."""
     iteration_times_s: list[float] = field(default_factory=list)
-    """Wall time of each iteration, seconds."""
     learning_rates: list[float] = field(default_factory=list)
-    """Learning rate after each iteration's scheduler step (what Megatron-LM logs)."""
+    """After each scheduler step (what Megatron-LM logs)."""
 
 
 def _log(message: str, *, rank: int, world_size: int) -> None:
-    """Prints on the last rank (which holds the loss under pipeline parallelism), flushing."""
+    """Prints on the last rank (which holds the loss under pipeline parallelism)."""
     if rank == world_size - 1:
         sys.stdout.write(message + "\n")  # one write: lines from other ranks cannot split it
         sys.stdout.flush()
@@ -73,13 +59,8 @@ def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples:
                           lr: float, global_batch_size: int, loss: float, tokens_per_s: float,
                           grad_norm: float | None, tflops_per_gpu: float | None, loss_scale: float,
                           skipped_iters: int, nan_iters: int) -> str:
-    """One log line with the fields and order of Megatron-LM's ``training_log`` (core_v0.16.1
-    ``megatron/training/training.py`` lines 2031-2085): iteration, consumed samples, elapsed time
-    per iteration (ms), throughput per GPU (TFLOP/s/GPU; only when ``tflops_per_gpu`` is given, as
-    Megatron-LM prints it only with ``--log-throughput``, line 2043), learning rate, global batch
-    size, lm loss, loss scale, grad norm, number of skipped iterations, number of nan iterations (the
-    last two count the iterations since the previous line); then ``tokens per second``, which
-    Megatron-LM does not print."""
+    """One log line of Megatron-LM's ``training_log`` (core_v0.16.1 ``megatron/training/training.py``
+    lines 2031-2085; throughput only with ``--log-throughput``, line 2043), plus ``tokens per second``."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     line = (f" [{stamp}] iteration {iteration:8d}/{train_iters:8d} |"
             f" consumed samples: {consumed_samples:12d} |"
@@ -114,12 +95,8 @@ def _call(callbacks: list, name: str, *a) -> None:
 
 
 def _forward_step(data_iterator, model):
-    """Megatron-Core forward step: one micro-batch through a model chunk, and its loss function.
-
-    Returns:
-        (output tensor, loss function). On the last pipeline stage the output is the per-token
-        loss (mbs, seq); the loss function returns (mean loss over unmasked tokens, {"lm loss"}).
-    """
+    """Megatron-Core forward step: (output, loss function); on the last stage the output is the per-token
+    loss (mbs, seq) and the loss function returns (mean over unmasked tokens, {"lm loss"})."""
     batch = next(data_iterator)
     loss_mask = batch["loss_mask"].float()
     output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
@@ -138,22 +115,8 @@ def _on_device(batches, device):
 
 
 def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> TrainingResult:
-    """Trains a GPT with Megatron-Core as configured by validated Megatron-LM arguments.
-
-    Must run under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT set).
-
-    Args:
-        args: from ``arguments.parse_args`` then ``argument_checks.validate_args``.
-        callbacks: objects with any of on_setup / on_iteration_start / on_iteration_end /
-            on_train_end (see the module docstring). With ``--lagom``, lagom's controller is added.
-
-    Returns:
-        A :class:`TrainingResult` (losses are known on every rank: they are broadcast from the
-        last pipeline stage).
-
-    Raises:
-        ValueError: a value that could only be checked after set-up (e.g. ``--transformer-impl``).
-    """
+    """Trains a GPT from validated arguments under torchrun (``--lagom`` adds lagom's controller); the same
+    :class:`TrainingResult` on every rank. Raises ValueError: a value checked only after set-up."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.num_microbatches_calculator import (destroy_num_microbatches_calculator,
@@ -309,11 +272,7 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
 
 
 def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log, evaluate=None) -> TrainingResult:
-    """Runs ``--train-iters`` iterations of Megatron-LM's ``train_step`` and logs them; with ``evaluate``
-    (``training.evaluation.Evaluator``), evaluates every ``--eval-interval`` iterations and after
-    training. Stops early, as Megatron-LM's ``train`` does, after an iteration divisible by
-    ``--exit-interval`` or once ``--exit-duration-in-mins`` have passed; ``--skip-train`` runs no
-    iteration (only the evaluation after training)."""
+    """Megatron-LM's ``train``: ``train_step`` iterations, logging, evaluation and early exit."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
@@ -389,9 +348,7 @@ def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log, eva
 
 
 def _should_exit(args, iteration: int, started: float) -> bool:
-    """Megatron-LM's exit conditions after an iteration (core_v0.16.1 ``training.py`` ``train``):
-    ``iteration % --exit-interval == 0``, or ``--exit-duration-in-mins`` passed on any rank (the
-    ranks agree through a max all-reduce, so all stop at the same iteration)."""
+    """Megatron-LM's exit conditions after an iteration (core_v0.16.1 ``training.py`` ``train``); all ranks agree."""
     import torch.distributed as dist
 
     if args.exit_interval and iteration % args.exit_interval == 0:

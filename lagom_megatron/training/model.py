@@ -1,19 +1,7 @@
-"""The GPT model of ``pretrain_gpt.py``: Megatron-Core's ``GPTModel`` chunks wrapped in
-Megatron-Core's ``DistributedDataParallel``, built from parsed Megatron-LM arguments.
+"""The GPT model of ``pretrain_gpt.py``: Megatron-Core ``GPTModel`` chunks in its DDP, from Megatron-LM arguments.
 
-Layer implementation: Transformer Engine's spec when TE is installed and a GPU is present (or
-``--transformer-impl transformer_engine``), otherwise the local (plain torch) spec.
-
-Layout-invariant initialisation (our design, not Megatron-LM's): before each transformer layer
-is built, the CPU generator is reseeded from ``--seed`` and the layer's *global* number. With
-``use_cpu_initialization`` (always on without a GPU) Megatron initialises every weight as the
-full, unsharded matrix from that generator and then keeps this rank's shard, so a layer starts
-from the same values whatever the tensor-, pipeline- or virtual-pipeline layout. The embedding
-is built first from ``--seed`` itself and the output layer right after the last layer, so they
-match across layouts too. That is what lets TP=2, DP=2 and PP=2 runs reproduce a single-process
-run's losses. Megatron-LM instead offsets the seed by pipeline rank, so its PP runs start from
-different weights.
-"""
+Initialisation is layout-invariant (ours; Megatron-LM offsets the seed by pipeline rank): each layer reseeds from
+``--seed`` and its global number and CPU initialisation shards the full matrix, so TP, PP, DP runs match one process."""
 
 from __future__ import annotations
 
@@ -36,11 +24,7 @@ def te_available() -> bool:
 
 
 def use_transformer_engine(args: argparse.Namespace) -> bool:
-    """Resolves ``--transformer-impl``: TE when asked, or by default when TE and a GPU are present.
-
-    Raises:
-        ValueError: ``--transformer-impl transformer_engine`` without TE or without a GPU.
-    """
+    """Resolves ``--transformer-impl``; ValueError for transformer_engine without TE or a GPU."""
     if args.transformer_impl == "local":
         return False
     usable = torch.cuda.is_available() and te_available()
@@ -51,15 +35,7 @@ def use_transformer_engine(args: argparse.Namespace) -> bool:
 
 
 def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
-    """Megatron-Core ``TransformerConfig`` from validated arguments.
-
-    On CPU, fused kernels (bias-GeLU, bias-dropout-add, masked softmax, RoPE, gradient-accumulation
-    fusion) are turned off and weights are initialised on the CPU; on a GPU they keep Megatron-Core's
-    defaults, and gradient-accumulation fusion follows ``--no-gradient-accumulation-fusion`` as in
-    Megatron-LM (on by default; with the local spec it needs APEX's ``fused_weight_gradient_mlp_cuda``,
-    and megatron-core raises if that is missing). ``--init-method-std``, ``--recompute-*`` and
-    ``--attention-backend`` go to the fields of the same names.
-    """
+    """Megatron-Core ``TransformerConfig`` from validated arguments; on CPU, fused kernels off."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron.core.transformer.enums import AttnBackend
@@ -106,9 +82,8 @@ def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
         recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers,
         attention_backend=AttnBackend[args.attention_backend],
-        # Megatron frees a pipeline stage's output right after posting its send. NCCL sends are
-        # stream-ordered, but a gloo isend reads the tensor later from its own thread, so on CPU
-        # the freed storage would be sent (seen as wrong losses under --overlap-p2p-communication).
+        # a gloo isend reads the tensor later from its own thread: on CPU Megatron's freeing of a
+        # stage's output after posting its send would send freed storage
         deallocate_pipeline_outputs=on_gpu,
         **fused,
         **_megatron_lm_fields(args, on_gpu=on_gpu),
@@ -116,9 +91,7 @@ def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
 
 
 def _megatron_lm_fields(args: argparse.Namespace, *, on_gpu: bool) -> dict:
-    """TransformerConfig fields of the flags in ``training.arguments_megatron_lm``, as Megatron-LM's
-    ``core_transformer_config_from_args`` maps them (core_v0.16.1 ``arguments.py``): same names, except
-    the uneven pipeline (``--decoder-first/last-pipeline-num-layers`` -> ``num_layers_in_first/last_pipeline_stage``)."""
+    """Fields of ``arguments_megatron_lm``'s flags (Megatron-LM core_v0.16.1 ``core_transformer_config_from_args``)."""
     get = lambda name, default=None: getattr(args, name, default)  # noqa: E731
     return dict(
         layernorm_zero_centered_gamma=get("layernorm_zero_centered_gamma", False),
@@ -151,12 +124,7 @@ def layer_spec(args: argparse.Namespace, *, use_te: bool):
 
 
 def seeded_layer_class(layer_cls: type, seed: int) -> type:
-    """A subclass of ``layer_cls`` (Megatron's ``TransformerLayer``) that reseeds the CPU generator
-    from ``seed`` and its global 1-based layer number before building its weights.
-
-    The global number is computed with Megatron-Core's own ``get_transformer_layer_offset``, as
-    ``TransformerLayer.__init__`` does.
-    """
+    """``layer_cls`` reseeding the CPU generator from ``seed`` and its global 1-based layer number."""
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
     from megatron.core.utils import get_pg_rank
 
@@ -173,12 +141,7 @@ def seeded_layer_class(layer_cls: type, seed: int) -> type:
 
 
 def ddp_config(args: argparse.Namespace):
-    """Megatron-Core ``DistributedDataParallelConfig`` from ``--overlap-grad-reduce``,
-    ``--overlap-param-gather``, ``--use-distributed-optimizer``, ``--use-megatron-fsdp`` with
-    ``--data-parallel-sharding-strategy`` (Megatron-LM passes every field of that name, core_v0.16.1
-    ``training.py:1292-1294``), ``--ddp-bucket-size`` and
-    ``--accumulate-allreduce-grads-in-fp32`` (on with ``--bf16``, as Megatron-LM sets it; fp16
-    gradients are reduced in fp16, as in Megatron-LM core_v0.16.1 ``training.py:1295``)."""
+    """Megatron-Core's DDP (or FSDP2) config, as Megatron-LM core_v0.16.1 ``training.py:1287-1295`` builds it."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
     if getattr(args, "use_torch_fsdp2", False):  # Megatron-LM core_v0.16.1 training.py:1287-1289
@@ -197,9 +160,8 @@ def ddp_config(args: argparse.Namespace):
 
 
 def data_parallel_class(args: argparse.Namespace):
-    """The wrapper of each model chunk, chosen as Megatron-LM's ``get_model`` chooses it (core_v0.16.1
-    ``training.py:1276-1283``): torch FSDP2 (``--use-torch-fsdp2``), Megatron-FSDP
-    (``--use-megatron-fsdp``, ``distributed.fsdp.mcore_fsdp_adapter``), else Megatron-Core's DDP."""
+    """The wrapper of each model chunk, as Megatron-LM's ``get_model`` chooses it (core_v0.16.1
+    ``training.py:1276-1283``)."""
     if getattr(args, "use_torch_fsdp2", False):
         from megatron.core.distributed import TorchFullyShardedDataParallel
 
@@ -214,22 +176,7 @@ def data_parallel_class(args: argparse.Namespace):
 
 
 def build_model(args: argparse.Namespace, config, ddp_cfg, *, use_te: bool) -> list:
-    """Builds this rank's model chunks (one per virtual pipeline stage) wrapped in Megatron-Core DDP.
-
-    Sets the schedule hooks on ``config`` the way Megatron-LM's ``setup_model_and_optimizer``
-    does: ``no_sync_func``, ``grad_sync_func`` (with ``--overlap-grad-reduce``) and
-    ``finalize_model_grads_func``.
-
-    Args:
-        args: validated arguments (padded_vocab_size, seed, seq lengths, parallel sizes).
-        config: from :func:`transformer_config`.
-        ddp_cfg: from :func:`ddp_config`.
-        use_te: Transformer Engine layers.
-
-    Returns:
-        A list of ``DistributedDataParallel`` modules, one per virtual pipeline stage (length 1
-        without interleaving).
-    """
+    """This rank's wrapped model chunks; sets ``config``'s schedule hooks as ``setup_model_and_optimizer`` does."""
     from megatron.core import parallel_state
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.models.gpt import GPTModel

@@ -1,17 +1,5 @@
-"""The one pre-flight validation of a training run, shared by ``lagom doctor`` and ``scripts/pretrain_gpt.py``.
-
-Both call :func:`check_run` on the same inputs and so reach the same verdict: the doctor for a
-target cluster (chosen by the one rule of ``training.target_cluster``: a cluster on the command
-line, ``$LAGOM_CLUSTER``, the preset's cluster, this machine), training on rank 0 before any process
-group exists (:func:`pretrain_preflight`), which also refuses a cluster this machine does not match. A verdict is a list of ``Finding`` s; any ``error`` stops the run
-with exit code 2 and one line per error naming the flag or variable, the bad value and what is
-allowed. The rules are in ``preflight_rules`` (layout and overlap flags: Megatron-LM's
-``validate_args`` and megatron-core's config ``__post_init__``), ``preflight_moe`` (experts and
-uneven pipelines), ``preflight_values`` (optimizer, seed, split and other value domains), ``preflight_env`` (CUDA
-and NCCL variables), ``comm_config`` (the
-``--nccl-communicator-config-path`` YAML) and ``preflight_files`` (output folders, the plan lock,
-the rendezvous port); ``docs/training.md`` tables every check with its source and its test.
-"""
+"""The one pre-flight validation of a run, shared by ``lagom doctor`` and ``scripts/pretrain_gpt.py``
+(:func:`check_run`; an error stops with exit code 2). ``docs/training.md`` tables every check and its source."""
 
 from __future__ import annotations
 
@@ -41,18 +29,15 @@ ARGUMENT_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_uneven_pipeline, rule_experts, rule_moe_overlap, rule_sequence, rule_overlap_param_gather, rule_fsdp_sharding,
     rule_ddp_bucket_size, rule_output_folders, rule_output_names, rule_plan_lock, rule_master_port, rule_versions,
 )
-"""The rules that read the arguments, the environment and local files but nothing of the cluster
-(GPUs per node, compute capability, NCCL version, backend): training runs them before detecting
-the machine (:func:`pretrain_preflight`)."""
+"""The rules that read nothing of the cluster: training runs them before detecting the machine."""
 
 MACHINE_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_nodes, rule_tp_comm_overlap, rule_comm_config, rule_cuda_device_max_connections, rule_nccl_env,
     rule_nccl_overrides,
 )
-"""The rules that read the cluster's fields."""
 
 RULES: tuple[Callable[[RunShape], list[Finding]], ...] = ARGUMENT_RULES + MACHINE_RULES
-"""Every rule after ``rule_positive``, in report order: the argument rules, then the machine rules."""
+"""Every rule after ``rule_positive``, in report order."""
 
 STOP = "the run stops here with exit code 2, before any rank starts"
 
@@ -74,23 +59,11 @@ def _int_env(environ: Mapping[str, str], *names: str) -> int | None:
 
 
 MAX_WORLD_SIZE = 1 << 20
-"""Largest world size the checks accept (a million ranks; a typo of twenty digits is not a job)."""
 MAX_GPUS_PER_NODE = 1024
-"""Largest GPUs per node the checks accept."""
 
 
 def env_count(environ: Mapping[str, str], name: str, hi: int, default_of: str) -> int | None:
-    """``$name`` as a count in 1..``hi``, or None when unset or empty.
-
-    Args:
-        environ: the environment.
-        name: ``WORLD_SIZE`` or ``LOCAL_WORLD_SIZE``.
-        hi: the largest value allowed.
-        default_of: what the variable stands in for, for the message (``--world-size``).
-
-    Raises:
-        ValueError: set to anything else (``abc``, ``0``, ``-1``, twenty digits), naming the variable.
-    """
+    """``$name`` as a count in 1..``hi``, None when unset; ValueError naming it (and ``default_of``) otherwise."""
     text = environ.get(name, "").strip()
     if not text:
         return None
@@ -101,36 +74,17 @@ def env_count(environ: Mapping[str, str], name: str, hi: int, default_of: str) -
 
 
 def detect_cluster(preset_name: str | None = None, environ: Mapping[str, str] | None = None) -> Any:
-    """The cluster a run on this machine is checked against without a cluster on its command line:
-    ``training.target_cluster.choose_cluster`` (``$LAGOM_CLUSTER``, the preset's cluster, this machine).
-
-    Returns:
-        A ``ClusterSpec`` or, for this machine's GPU, a dict with ``gpus_per_node``
-        (``$LOCAL_WORLD_SIZE``), ``sm_arch``, ``nccl_version`` and ``backend`` from torch.
-
-    Raises:
-        ValueError: ``$LAGOM_CLUSTER`` names an unknown cluster (the message names the variable,
-            its value and the known clusters), or the preset is unknown.
-    """
+    """The cluster a run without ``--lagom-cluster`` is checked against: a ``ClusterSpec``, or a dict for this
+    machine's GPU. Raises ValueError: an unknown ``$LAGOM_CLUSTER`` or preset."""
     return choose_cluster(preset_name, environ).cluster
 
 
 def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
             world_size: int | None = None, gpus_per_node: int | None = None,
             preset_env: Mapping[str, str] | None = None, local: bool = False) -> RunShape:
-    """Normalises a preset, a namespace or a dict of argparse destinations into a ``RunShape``.
-
-    A preset's ``env`` is laid over ``environ`` (the launch scripts export it before the ranks
-    start) and its ``cluster`` is loaded when ``cluster`` is None. World size comes from the
-    argument, the preset, ``args.world_size`` or ``WORLD_SIZE``; GPUs per node from the argument,
-    the cluster, the preset's ``slurm`` section or ``LOCAL_WORLD_SIZE`` / ``SLURM_GPUS_ON_NODE``.
-    An explicit 0 or negative value is kept (the rules report it), not taken as unset.
-    ``local`` says the run is on this machine (files, ports and installed libraries are checked).
-
-    Raises:
-        ValueError: an unknown preset or cluster name, or an input type that is none of Preset,
-            str, Namespace, Mapping.
-    """
+    """Normalises a preset, namespace or dict into a ``RunShape`` (a preset's ``env`` over ``environ``; 0 or
+    negative sizes kept for the rules). ``local``: on this machine. Raises ValueError: an unknown preset or cluster,
+    or another input type."""
     from lagom_megatron.config.presets import Preset, load_preset
 
     environ = dict(os.environ if environ is None else environ)
@@ -172,8 +126,8 @@ def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, clust
 
 
 def run_rules(shape: RunShape, *, machine: bool = True) -> list[Finding]:
-    """``rule_positive`` first (a zero or negative size stops there: later rules divide by it),
-    then every rule of :data:`RULES` (``machine`` False: of :data:`ARGUMENT_RULES` only)."""
+    """``rule_positive`` (an error stops there: later rules divide by sizes), then :data:`RULES`
+    (``machine`` False: :data:`ARGUMENT_RULES`)."""
     findings = rule_positive(shape)
     if any(f.level == "error" for f in findings):
         return findings
@@ -186,21 +140,8 @@ def check_run(args: Any, environ: Mapping[str, str] | None = None, cluster: Any 
               world_size: int | None = None, gpus_per_node: int | None = None,
               preset_env: Mapping[str, str] | None = None, local: bool = False,
               ours: bool = False, machine: bool = True) -> list[Finding]:
-    """The verdict on one run: every rule, then (``ours``) ``validate_args`` of ``pretrain_gpt.py``.
-
-    Args:
-        args: a ``pretrain_gpt.py`` namespace (``ours``), or a preset / dict for a Megatron-LM line.
-        environ, cluster, world_size, gpus_per_node, preset_env: as :func:`resolve`.
-        local: the run is on this machine: output folders, the plan lock, the rendezvous port and
-            the installed libraries (Transformer Engine for context parallelism) are checked.
-        ours: ``args`` is our script's namespace: ``training.argument_checks.validate_args`` runs on
-            a copy (its complaint is kept when the rules found no error: most of it restates them).
-        machine: False: only the rules that need nothing of the cluster (:data:`ARGUMENT_RULES`) and
-            ``validate_args``; the installed libraries are not checked (``cluster`` may be None).
-
-    Returns:
-        Findings in rule order; an empty list or warnings only = the run may start.
-    """
+    """The verdict on one run, in rule order; ``ours``: also ``validate_args`` on a copy of ``pretrain_gpt.py``'s
+    namespace. ``machine`` False: :data:`ARGUMENT_RULES` only, installed libraries not checked."""
     from lagom_megatron.training.argument_checks import check_installed, validate_args
 
     shape = resolve(args, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
@@ -219,22 +160,8 @@ def check_run(args: Any, environ: Mapping[str, str] | None = None, cluster: Any 
 
 
 def preset_world_problem(args: Any, world_size: int) -> Finding | None:
-    """A preset run with another world size than the preset names, or None when they agree.
-
-    A preset names a layout (``cpu-tp2-dp2``: TP 2 x DP 2 on 4 processes); run with another process
-    count it would silently train another one (2 processes: DP 1) and, with ``--lagom``, save that
-    layout's plan in the preset's folder. Without a layout flag of
-    ``training.arguments.LAYOUT_FLAGS`` on the command line that is an error naming both world sizes
-    and the launch that fits; with one the command line names the layout itself: a warning.
-
-    Args:
-        args: ``pretrain_gpt.py``'s namespace (``preset_world_size``, ``layout_flags_given`` and the
-            layout sizes, ``training.arguments.parse_args``).
-        world_size: the job's ranks (``WORLD_SIZE``; 1 for a plain ``python`` run).
-
-    Returns:
-        A ``Finding`` of rule ``preset-world-size`` (error or warning), or None.
-    """
+    """A ``preset-world-size`` Finding when the job's world size differs from the preset's, else None:
+    an error (another layout would train silently), a warning when ``LAYOUT_FLAGS`` are on the command line."""
     want = getattr(args, "preset_world_size", None)
     if want is None or want == world_size:
         return None
@@ -266,28 +193,8 @@ def preset_world_problem(args: Any, world_size: int) -> Finding | None:
 
 def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
                        log: Callable[[str], None] | None = None) -> int:
-    """``scripts/pretrain_gpt.py``'s pre-flight: :func:`check_run` on this machine, before any process group.
-
-    The cluster is ``target_cluster.choose_cluster`` (``--lagom-cluster``, ``$LAGOM_CLUSTER``, the
-    preset's, this machine); one this machine does not match is refused with
-    ``target_cluster.mismatch``'s line. The argument rules and ``validate_args`` run first (finding
-    the machine may import torch), and a refusal there stops before detection:
-    the same verdict, in a fraction of the time; the line is the first error of the rules in
-    :data:`RULES` order unless only a machine rule would have found one before ``validate_args``.
-
-    A preset launched with another world size than it names is refused after the argument rules
-    (:func:`preset_world_problem`; a warning when the layout flags are on the command line).
-
-    Prints the first error once (rank 0; other ranks stay silent and exit with the same code) as
-    one line ``pretrain_gpt.py: error: <what>``, and the warnings with ``--lagom``; then rank 0 takes the
-    lock of every folder the run writes (``preflight_files.hold_run_locks``: the default run folder
-    too) for the process's life. The chosen cluster's
-    name is left in ``args.lagom_cluster`` for lagom's controller (unless it is this machine's GPU,
-    which has no cluster file).
-
-    Returns:
-        0 when the run may start, 2 when it must not.
-    """
+    """``pretrain_gpt.py``'s pre-flight before any process group: 0 = start, 2 = stop (rank 0 prints the first
+    error; with ``--lagom`` it locks every output folder). Sets ``args.lagom_cluster`` to a cluster file's name."""
     from lagom_megatron.training.preflight_files import hold_run_locks
 
     environ = os.environ if environ is None else environ

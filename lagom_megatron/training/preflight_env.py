@@ -1,10 +1,5 @@
-"""The environment rules of ``lagom doctor``: CUDA_DEVICE_MAX_CONNECTIONS and the NCCL variables.
-
-Each rule is ``RunShape -> list[Finding]``. The CUDA rule restates Megatron-LM's checks of
-``megatron/training/arguments.py`` (``validate_args``) as facts; the NCCL rules call
-``lagom_megatron.nccl.env_check``. ``RULES`` in ``lagom_megatron.training.preflight_rules`` lists them
-after the layout and overlap rules.
-"""
+"""The environment rules of ``lagom doctor``: CUDA_DEVICE_MAX_CONNECTIONS (Megatron-LM's ``validate_args`` in
+``megatron/training/arguments.py``) and the NCCL variables (``nccl.env_check``)."""
 
 from __future__ import annotations
 
@@ -67,11 +62,8 @@ def rule_cuda_device_max_connections(s: RunShape) -> list[Finding]:
 
 
 def rule_nccl_env(s: RunShape) -> list[Finding]:
-    """NCCL and TORCH_NCCL variables outside their grammars and domains (``nccl.env_check.check_nccl_env``:
-    algorithms, protocols, channels, threads; ``nccl.env_network.check_network_env``: network
-    selection, debugging, plugins, torch's process-group variables), a tuner plugin NCCL would
-    not load (``nccl.plugin_check.check_tuner_plugin``) and, with --lagom, a profiler plugin
-    variable that keeps lagom's profiler half from loading (``plugin_abi_report``)."""
+    """NCCL and TORCH_NCCL variables outside their grammars, a tuner plugin NCCL would not load and, with
+    --lagom, a profiler plugin variable that keeps lagom's profiler from loading."""
     if s.backend == "gloo":
         return []
     issues = check_nccl_env(s.environ, nccl_version=s.nccl_version) + check_network_env(s.environ)

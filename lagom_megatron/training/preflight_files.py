@@ -1,28 +1,6 @@
-"""Pre-flight rules for what a run writes and binds on this machine: output folders and names, the plan lock, the rendezvous port.
-
-These rules apply only to a local run (``RunShape.local``: training itself, or ``lagom doctor``
-without ``--cluster``): a doctor on a login node says nothing of another machine's folders. The
-output names are the exception: they are checked for every run.
-
-- Output folders (``--lagom-plan``, ``--lagom-report`` and their defaults under ``lagom_out/``,
-  ``--data-cache-path``) exist as folders or can be created, and a file can be created in them:
-  the check creates and removes an unnamed temporary file (``tempfile.TemporaryFile``), so a
-  read-only file system or an immutable folder is caught even for root, for whom ``os.access``
-  always says yes.
-- Each output of a ``--lagom`` run has a name of its own (:func:`output_name_problem`): a
-  ``--lagom-report`` that names the plan, or a plan or report named as a file lagom writes itself
-  (``profile.json``, the env file, ``report.md`` and its PNG, a tuner table, the lock) would be
-  replaced by the later write; the names are ``megatron.run_files.RunFiles``'s, listed once there.
-- One writer per output folder across jobs, whatever names it (the default ``lagom_out/<preset>/``,
-  ``--lagom-plan``, ``--lagom-report``, a relative or a symlinked path): the first run takes an
-  advisory POSIX lock (``fcntl.lockf``, which also works over NFS through its lock manager) on
-  :data:`LOCK_NAME` in each folder it writes (:func:`run_folders`, resolved with ``realpath``) and
-  writes who holds it there; a second run is refused with the holder's pid, host, job and start time.
-- ``MASTER_PORT`` is a port number (torch reads it with ``int()``; ``torch/distributed/rendezvous.py``
-  ``_env_rendezvous_handler``) and, when ``MASTER_ADDR`` is this machine and rank 0 will create
-  the store itself (no torchrun agent store: ``TORCHELASTIC_USE_AGENT_STORE``), it is free;
-  otherwise torch's ``TCPStore`` fails with ``EADDRINUSE`` on rank 0 while the other ranks wait.
-"""
+"""Pre-flight rules for what a local run writes and binds: output folders and names, the folder lock (advisory
+``fcntl.lockf`` on :data:`LOCK_NAME`, one writer per realpath, NFS too), ``MASTER_PORT`` (``int()`` in
+``torch/distributed/rendezvous.py`` ``_env_rendezvous_handler``; a taken port: ``EADDRINUSE`` on rank 0)."""
 
 from __future__ import annotations
 
@@ -38,21 +16,17 @@ from typing import Any, Mapping
 from lagom_megatron.training.preflight_types import Finding, RunShape
 
 DEFAULT_RUN_DIR = "lagom_out"
-"""Parent of the run directory without ``--lagom-plan`` (as ``megatron.run_files.DEFAULT_RUN_DIR``)."""
+"""Parent of the run directory without ``--lagom-plan``."""
 
 LOCK_NAME = ".lagom.lock"
-"""The lock file in each folder a run writes."""
 
 _HELD: dict[str, Any] = {}
-"""Folder (realpath) -> the open lock file this process holds for its whole life."""
+"""Folder (realpath) -> the open lock fd this process holds for its whole life."""
 
 
 def folder_problem(folder: Path) -> str | None:
-    """Why files cannot be written in ``folder`` (created if missing), or None when they can.
-
-    Nothing is left behind: a missing folder is not created, its nearest existing ancestor is
-    tried instead.
-    """
+    """Why files cannot be written in ``folder`` (created if missing), or None; creates nothing (a
+    ``TemporaryFile``: ``os.access`` says yes to root on a read-only file system)."""
     probe = folder
     while not probe.exists():
         if probe.parent == probe:
@@ -71,7 +45,7 @@ def folder_problem(folder: Path) -> str | None:
 
 
 def output_paths(args: Mapping[str, Any]) -> list[tuple[str, str, Path]]:
-    """(flag, value, folder) of every output of the run (module docstring)."""
+    """(flag, value, folder) of every output of the run."""
     out = []
     if args.get("lagom"):
         plan = args.get("lagom_plan")
@@ -109,12 +83,8 @@ def rule_output_folders(s: RunShape) -> list[Finding]:
 
 
 def output_name_problem(args: Mapping[str, Any]) -> str | None:
-    """Why two files of a ``--lagom`` run would be one file, or None (also without ``--lagom``).
-
-    ``megatron.run_files.RunFiles.name_clash`` on the run's plan and report (``--lagom-report`` equal
-    to ``--lagom-plan``, a plan named ``profile.json`` or ``report.md`` or ``plan.env`` beside it, ...),
-    and ``--lagom-plan`` or ``--lagom-report`` named :data:`LOCK_NAME` (the lock a run takes there).
-    """
+    """Why two files of a ``--lagom`` run would be one file (``RunFiles.name_clash``, or :data:`LOCK_NAME`),
+    or None."""
     if not args.get("lagom"):
         return None
     from lagom_megatron.megatron.run_files import RunFiles
@@ -148,9 +118,7 @@ def _lock_path(folder: str | os.PathLike) -> Path:
 
 
 def run_folders(args: Mapping[str, Any]) -> list[tuple[str, str, Path]]:
-    """(flag, value, folder) of each distinct folder a ``--lagom`` run writes, by realpath: the plan's
-    (``--lagom-plan`` or the default run folder, with profile, env file and tuner tables) and the
-    report's. Empty without ``--lagom``."""
+    """(flag, value, folder) of each distinct folder (by realpath) a ``--lagom`` run writes."""
     out, seen = [], set()
     for flag, value, folder in output_paths(args):
         key = _folder_key(folder)
@@ -193,8 +161,7 @@ def _in_use(flag: str, value: str, folder: Path, holder: str) -> str:
 
 
 def rule_plan_lock(s: RunShape) -> list[Finding]:
-    """No other run holds the lock of a folder this run writes (:func:`run_folders`; probed and
-    released at once, on rank 0 only, which then takes them with :func:`hold_run_locks`)."""
+    """No other run holds the lock of a folder this run writes (probed and released at once, on rank 0)."""
     if not s.local or s.environ.get("RANK", "0") != "0":
         return []  # rank 0 probes and then holds the locks; another rank's probe would race with it
     out = []
@@ -217,14 +184,7 @@ def rule_plan_lock(s: RunShape) -> list[Finding]:
 
 def hold_folder_lock(folder: str | os.PathLike, environ: Mapping[str, str] | None = None, *,
                      flag: str = "--lagom-plan", value: str | None = None) -> Path:
-    """Takes ``folder``'s lock for this process's life (creating the folder) and records the holder.
-
-    Returns:
-        The lock file's path.
-
-    Raises:
-        ValueError: another run holds it (the message names the holder, ``flag`` and ``value``).
-    """
+    """Takes ``folder``'s lock for the process's life; returns its path. ValueError: another run holds it."""
     key = _folder_key(folder)
     lock = _lock_path(folder)
     if key in _HELD:
@@ -240,11 +200,7 @@ def hold_folder_lock(folder: str | os.PathLike, environ: Mapping[str, str] | Non
 
 
 def hold_run_locks(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[Path]:
-    """:func:`hold_folder_lock` on every folder of :func:`run_folders` (none without ``--lagom``).
-
-    Raises:
-        ValueError: another run holds one of them (the ones taken before it are released).
-    """
+    """:func:`hold_folder_lock` on each :func:`run_folders`; ValueError releases those taken."""
     taken: list[str] = []
     try:
         locks = []
@@ -261,17 +217,17 @@ def hold_run_locks(args: Mapping[str, Any], environ: Mapping[str, str] | None = 
 
 
 def hold_plan_lock(plan: str, environ: Mapping[str, str] | None = None) -> Path:
-    """:func:`hold_folder_lock` on the plan's folder: the lock of every run that writes there."""
+    """:func:`hold_folder_lock` on the plan's folder."""
     return hold_folder_lock(Path(plan).parent, environ, value=str(plan))
 
 
 def release_plan_lock(plan: str) -> None:
-    """Releases the lock :func:`hold_plan_lock` took on the plan's folder (the process's exit does it too)."""
+    """Releases the lock :func:`hold_plan_lock` took."""
     release_folder_lock(Path(plan).parent)
 
 
 def release_folder_lock(folder: str | os.PathLike) -> None:
-    """Releases a lock :func:`hold_folder_lock` took (the process's exit does it too)."""
+    """Releases a lock :func:`hold_folder_lock` took."""
     fd = _HELD.pop(_folder_key(folder), None)
     if fd is not None:
         os.close(fd)
@@ -310,7 +266,7 @@ def _is_local_address(addr: str) -> bool:
 
 
 def rule_master_port(s: RunShape) -> list[Finding]:
-    """``MASTER_PORT`` is an integer 1..65535 and, where rank 0 will bind it here, free (module docstring)."""
+    """``MASTER_PORT`` is an integer 1..65535 and, where rank 0 will bind it here, free."""
     port_text = s.environ.get("MASTER_PORT")
     if not s.local or port_text is None:
         return []

@@ -1,11 +1,5 @@
-"""Pre-flight rules for mixture-of-experts overlap and uneven pipeline splits.
-
-Each rule is ``RunShape -> list[Finding]`` and reads flags with defaults, so a flag that our
-``pretrain_gpt.py`` does not define (a Megatron-LM checkout's line through ``lagom doctor
---megatron-lm``) is checked when present and skipped when absent. Line numbers cite megatron-core
-0.16.1 ``megatron/core/transformer/transformer_config.py`` (``transformer_config.py:N``) and
-Megatron-LM core_v0.16.1 ``megatron/training/arguments.py`` (``arguments.py:N``).
-"""
+"""Pre-flight rules for MoE overlap and uneven pipelines; line numbers: megatron-core 0.16.1
+``megatron/core/transformer/transformer_config.py``, Megatron-LM core_v0.16.1 ``megatron/training/arguments.py``."""
 
 from __future__ import annotations
 
@@ -24,13 +18,8 @@ def _vpp(s: RunShape) -> bool:
 
 
 def rule_moe_overlap(s: RunShape) -> list[Finding]:
-    """``--overlap-moe-expert-parallel-comm``: the conditions of transformer_config.py:1852-1892.
-
-    Needs experts and EP > 1 (1863), the alltoall or flex dispatcher (1867), no shared-expert
-    overlap (1887), bf16 or fp16 (1882), no recomputation (1871-1879) and, with PP > 1, a virtual
-    pipeline (1856). megatron-core asserts these when the model is built, after the process groups
-    exist; here they stop the run before.
-    """
+    """``--overlap-moe-expert-parallel-comm``: the asserts of transformer_config.py:1852-1892, before the
+    process groups exist."""
     if not s.get("overlap_moe_expert_parallel_comm", False):
         return []
     flag = "--overlap-moe-expert-parallel-comm"
@@ -62,14 +51,8 @@ def rule_moe_overlap(s: RunShape) -> list[Finding]:
 
 
 def rule_uneven_pipeline(s: RunShape) -> list[Finding]:
-    """``--decoder-first/last-pipeline-num-layers``: megatron-core's uneven split (transformer_config.py:1359-1430).
-
-    The first and last stages take the given layers; the remaining layers go evenly over the
-    remaining stages: both must be zero or both non-zero (1406), the remainder divisible (1414),
-    each given count divisible by the virtual pipeline size (1371, 1390). Megatron-LM asks for
-    ``--num-virtual-stages-per-pipeline-rank`` rather than ``--num-layers-per-virtual-pipeline-stage``
-    with an uneven split (arguments.py:530).
-    """
+    """``--decoder-first/last-pipeline-num-layers``: megatron-core's uneven split (transformer_config.py:1359-1430;
+    arguments.py:530)."""
     first, last = s.get("decoder_first_pipeline_num_layers"), s.get("decoder_last_pipeline_num_layers")
     if first is None and last is None:
         return []

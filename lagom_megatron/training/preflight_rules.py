@@ -1,14 +1,5 @@
-"""The layout and overlap rules of the pre-flight (``lagom doctor`` and training): each ``RunShape -> list[Finding]``.
-
-The layout and overlap rules, here, restate the checks of Megatron-LM's ``megatron/training/arguments.py``
-(``validate_args``), Megatron-Core's configs and Transformer Engine's Userbuffers as facts; the
-environment rules (CUDA_DEVICE_MAX_CONNECTIONS, NCCL variables) are in
-``lagom_megatron.training.preflight_env``, the data types in ``lagom_megatron.training.preflight_types``.
-Which rules exist and their levels are this project's design. ``RULES`` in
-``lagom_megatron.training.preflight`` lists them in report order and runs them. Line numbers cite
-Megatron-LM core_v0.16.1 ``megatron/training/arguments.py`` (``arguments.py:N``) and megatron-core
-0.16.1 ``megatron/core/transformer/transformer_config.py`` (``transformer_config.py:N``).
-"""
+"""The layout and overlap rules (Megatron-LM's ``validate_args``, Megatron-Core configs, TE Userbuffers); line
+numbers: Megatron-LM core_v0.16.1 ``megatron/training/arguments.py``, megatron-core 0.16.1 ``transformer_config.py``."""
 
 from __future__ import annotations
 
@@ -36,7 +27,7 @@ POSITIVE_INTEGERS: tuple[tuple[str, str], ...] = (
     ("log_interval", "iterations are logged every log_interval (taken modulo)"),
     ("moe_router_topk", "each token goes to moe_router_topk experts"),
 )
-"""Flags that must be positive integers when given: (argparse destination, why)."""
+"""(argparse destination, why) of flags that must be positive integers when given."""
 
 
 def _flag(dest: str) -> str:
@@ -44,10 +35,7 @@ def _flag(dest: str) -> str:
 
 
 def rule_positive(s: RunShape) -> list[Finding]:
-    """Every size of :data:`POSITIVE_INTEGERS` that is given is an integer >= 1 (not a bool).
-
-    Runs before the other rules, which divide by these sizes.
-    """
+    """Every size of :data:`POSITIVE_INTEGERS` that is given is an integer >= 1 (not a bool)."""
     out = []
     for dest, why in POSITIVE_INTEGERS:
         value = s.args.get(dest)
@@ -377,15 +365,13 @@ def rule_ddp_bucket_size(s: RunShape) -> list[Finding]:
 
 
 SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
-"""``--data-parallel-sharding-strategy``'s choices (arguments.py:2307-2309; the same in core_v0.17.1 and
-core_v0.18.2); Megatron-FSDP raises on any other (megatron-core 0.16.1 ``megatron_fsdp/param_and_grad_buffer.py:1865-1868``)."""
+"""Choices of arguments.py:2307-2309 (same in core_v0.17.1, core_v0.18.2); Megatron-FSDP raises on any other
+(megatron-core 0.16.1 ``megatron_fsdp/param_and_grad_buffer.py:1865-1868``)."""
 
 
 def no_shard_finding(origin: str = "") -> Finding:
-    """The warning for Megatron-FSDP sharding nothing (``origin``: where no_shard came from, e.g. a release's
-    default). Megatron-FSDP (megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp/``) then gathers no
-    parameters (``megatron_fsdp.py:425-426``) and all-reduces each bucket in the last micro-batch
-    (``:656-662``, ``param_and_grad_buffer.py:3224-3230``): DDP's work through its own hooks and buffers."""
+    """The warning for Megatron-FSDP sharding nothing (``origin``: where no_shard came from); megatron-core 0.16.1
+    ``distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:425-426, 656-662``, ``param_and_grad_buffer.py:3224-3230``."""
     return Finding(
         "warning", "fsdp-sharding", f"--use-megatron-fsdp with --data-parallel-sharding-strategy no_shard{origin}",
         "Megatron-FSDP then shards nothing: no parameter gathers, every gradient bucket all-reduced in the last "
@@ -396,9 +382,7 @@ def no_shard_finding(origin: str = "") -> Finding:
 
 def rule_fsdp_sharding(s: RunShape) -> list[Finding]:
     """``--data-parallel-sharding-strategy`` one of :data:`SHARDING_STRATEGIES`; a warning for no_shard with
-    ``--use-megatron-fsdp`` (:func:`no_shard_finding`) and for a sharding strategy without it (only
-    megatron-core's ``distributed/fsdp/`` reads the field; its DDP and torch FSDP2 do not). A Megatron-LM line
-    without the flag is judged by ``launch.megatron_lm_traps``: the releases' defaults differ."""
+    ``--use-megatron-fsdp`` and for a sharding strategy without it (only Megatron-FSDP reads it)."""
     strategy = s.args.get("data_parallel_sharding_strategy")
     if strategy is None:
         return []

@@ -1,9 +1,4 @@
-"""The data types of the pre-flight rules (``lagom doctor`` and training): ``RunShape`` (what a rule looks at) and ``Finding`` (what it reports).
-
-The rules are in ``lagom_megatron.training.preflight_rules`` (layout and overlap) and
-``lagom_megatron.training.preflight_env`` (CUDA and NCCL environment) and beside them;
-``lagom_megatron.training.preflight`` builds the ``RunShape`` and runs them.
-"""
+"""The pre-flight rules' data types: ``RunShape`` (what a rule looks at) and ``Finding`` (what it reports)."""
 
 from __future__ import annotations
 
@@ -15,15 +10,7 @@ Level = Literal["error", "warning"]
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One result of a rule.
-
-    Attributes:
-        level: "error" stops the launch; "warning" is printed only.
-        rule: short rule id, e.g. ``world-size`` or ``nccl-env``.
-        what: one line: what is wrong, with the values seen.
-        why: what would happen and where the requirement comes from.
-        fix: what to change.
-    """
+    """One result of a rule: an ``error`` stops the launch; ``why`` names where the requirement comes from."""
 
     level: Level
     rule: str
@@ -37,21 +24,8 @@ class Finding:
 
 @dataclass(frozen=True, slots=True)
 class RunShape:
-    """What the rules look at, normalised from a preset, a namespace or a dict.
-
-    Attributes:
-        args: argparse destinations -> values (Megatron-LM names).
-        environ: environment of the ranks.
-        world_size: ranks in the job; None = unknown (rules that need it are skipped).
-        gpus_per_node: GPUs (ranks) per node; None = unknown.
-        sm_arch: compute capability x 10 (90 = Hopper); None = unknown, treated as pre-Blackwell.
-        nccl_version: e.g. "2.27.3"; None = unknown.
-        backend: "nccl" or "gloo" (CPU: the CUDA and NCCL rules do not apply).
-        preset_env: the preset's ``env`` section (empty without a preset), so that a fix can say
-            whether the preset already sets a variable.
-        local: the run starts on this machine (training, or the doctor without ``--cluster``):
-            the rules that look at files, ports and installed libraries apply.
-    """
+    """What the rules look at. None sizes are unknown (rules needing them skip); ``sm_arch`` is compute capability
+    x 10 (None: pre-Blackwell); ``local``: on this machine (file, port and library rules apply)."""
 
     args: Mapping[str, Any]
     environ: Mapping[str, str]

@@ -1,27 +1,5 @@
-"""Pre-flight rule for the value domains that the libraries check only after the process groups exist.
-
-Each of these would otherwise stop every rank with a traceback once training is being set up:
-
-- the optimizer: torch's ``Adam`` / ``AdamW`` refuse lr < 0, eps < 0, betas outside [0, 1) and
-  weight decay < 0 when constructed (``torch/optim/adam.py``, ``adamw.py``); megatron-core builds
-  the optimizer after ``initialize_model_parallel``;
-- ``--seed``: numpy's ``np.random.seed`` accepts 0..2**32 - 1 only, and the loop seeds numpy with it;
-- ``--split``: megatron-core's ``parse_and_normalize_split``
-  (``megatron/core/datasets/blended_megatron_dataset_config.py:155-172``) takes the numbers of the
-  string, at most three, each >= 0, and divides by their sum; the training share must be > 0;
-- further sizes that must be >= 1 when given: ``--ffn-hidden-size``, ``--kv-channels``,
-  ``--max-position-embeddings``, ``--vocab-size``, ``--make-vocab-size-divisible-by``,
-  ``--distributed-timeout-minutes`` (a process-group timeout of zero minutes fails every collective);
-- ``--clip-grad`` >= 0 (megatron-core's ``clip_grad_norm_fp32`` scales by ``max_norm / total_norm``:
-  a negative value flips every gradient).
-
-The rule reads each flag with a default, so a Megatron-LM line without the flag is not checked for it.
-
-``rule_megatron_flags`` (:func:`megatron_flag_problems`) checks the model, recomputation, attention, schedule,
-gradient-reduction and pool-budget flags as Megatron-LM's ``validate_args`` and megatron-core's config
-``__post_init__`` do; ``training.arguments.apply_megatron_lm_defaults`` raises its first error, so the
-doctor, the pre-flight and ``validate_args`` refuse the same lines with the same words.
-"""
+"""Pre-flight rules for value domains the libraries check only after the process groups exist: ``torch/optim/adam.py``,
+``np.random.seed`` (0..2**32 - 1), megatron-core ``blended_megatron_dataset_config.py:155-172`` (``--split``)."""
 
 from __future__ import annotations
 
@@ -41,8 +19,7 @@ def _flag(dest: str) -> str:
 
 
 SPLIT = re.compile(r"\s*(\d+\.?\d*|\.\d+)(\s*[,/]\s*(\d+\.?\d*|\.\d+)){0,2}\s*")
-"""A ``--split`` as Megatron-LM documents it: one to three weights, separated by commas (or slashes,
-the older spelling); anything else in the string would be dropped silently by megatron-core's parser."""
+"""A ``--split`` as Megatron-LM documents it (megatron-core's parser silently drops anything else)."""
 
 
 def _number(value: object) -> bool:
@@ -50,7 +27,7 @@ def _number(value: object) -> bool:
 
 
 def rule_values(s: RunShape) -> list[Finding]:
-    """The domains of the module docstring; one error per bad flag."""
+    """One error per flag outside its domain."""
     out = []
 
     def bad(dest: str, value: object, allowed: str, why: str) -> None:
@@ -87,14 +64,12 @@ def rule_values(s: RunShape) -> list[Finding]:
 
 NVTE_ATTN = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 ATTN_ENV = {"local": "000", "flash": "100", "fused": "010", "unfused": "001", "auto": "111"}
-"""The values megatron-core's ``LanguageModule`` sets for :data:`NVTE_ATTN` per ``--attention-backend``
-(megatron-core 0.16.1 ``models/common/language_module/language_module.py:98-127``); a variable already
-set to another value fails its assertion on every rank while the model is built."""
+"""What megatron-core 0.16.1 sets :data:`NVTE_ATTN` to per ``--attention-backend`` (and asserts when already set;
+``models/common/language_module/language_module.py:98-127``)."""
 
 
 def _layers_per_chunk(args: Mapping[str, Any]) -> int | None:
-    """Transformer layers of one model chunk (``len(TransformerBlock.layers)``) for an even split, or None
-    (an uneven pipeline, or a size that is missing or not positive)."""
+    """Transformer layers of one model chunk for an even split, else None."""
     layers, pp = args.get("num_layers"), args.get("pipeline_model_parallel_size") or 1
     if args.get("decoder_first_pipeline_num_layers") or args.get("decoder_last_pipeline_num_layers") \
             or not isinstance(layers, int) or not isinstance(pp, int) or layers < 1 or pp < 1 or layers % pp:
@@ -110,42 +85,10 @@ def _layers_per_chunk(args: Mapping[str, Any]) -> int | None:
 
 
 def megatron_flag_problems(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[Finding]:
-    """The checks Megatron-LM's ``validate_args`` and megatron-core's config ``__post_init__`` make of
-    the model and schedule flags added for parity; one error per bad flag, in flag order.
-
-    Sources (Megatron-LM core_v0.16.1 ``megatron/training/arguments.py``, megatron-core 0.16.1):
-
-    - ``--init-method-std`` finite and >= 0: megatron-core draws the weights with
-      ``torch.nn.init.normal_(std=init_method_std)`` (``transformer_config.py:300-311``), which refuses a
-      negative or NaN std; an infinite one gives infinite weights.
-    - recomputation: ``selective`` takes no ``--recompute-method`` (``arguments.py:899-902``) nor
-      ``--recompute-num-layers`` (``transformer_config.py:1179-1185``); ``full`` needs a method
-      (``transformer_config.py:1166-1170``) and a layer count >= 1 (``transformer_config.py:1172-1178``),
-      with ``uniform`` a divisor of the layers of a model chunk (``transformer_block.py:460-470, 532-542``
-      index layer ``i + n - 1`` of each group);
-      ``--distribute-saved-activations`` needs TP > 1, ``full`` and a method (``arguments.py:884-893``) and
-      no sequence parallelism (``transformer_config.py:1187-1191``). A method or layer count without a
-      granularity is ignored by megatron-core; it is refused here (it would have no effect).
-    - ``--attention-backend local`` needs the local layer spec (``arguments.py:321-322``); with ``environ``,
-      ``NVTE_*_ATTN`` set against the backend (:data:`ATTN_ENV`).
-    - ``--lr-decay-style WSD`` needs ``--lr-wsd-decay-iters`` (``optimizer_param_scheduler.py:160-161``),
-      >= 1 and at most ``--lr-decay-iters`` (default ``--train-iters``): the decay phase starts at
-      ``lr_decay_steps - wsd_decay_steps`` (``optimizer_param_scheduler.py:259-265``), before step 0 otherwise.
-    - ``--accumulate-allreduce-grads-in-fp32`` with ``--bf16`` needs ``--main-grads-dtype fp32``
-      (``arguments.py:716-718``); gradient accumulation fusion is refused with ``--use-torch-fsdp2``
-      (``arguments.py:614``). Megatron-LM lines only: ``pretrain_gpt.py`` has neither flag.
-    - ``--lagom-pool-budget-mib`` finite and > 0: the controller converts it with ``int(mib * 2**20)``
-      (``OverflowError`` / ``ValueError`` on every rank for inf / NaN) and a budget of 0 sends every site
-      back to NCCL's defaults.
-
-    Args:
-        args: argparse destinations -> values (a flag that is absent is not checked).
-        environ: the ranks' environment, or None to skip the ``NVTE_*_ATTN`` check.
-
-    Returns:
-        ``Finding`` s of level error, rule ids ``init-method-std``, ``recompute``, ``attention-backend``,
-        ``lr-schedule``, ``grad-reduce`` and ``pool-budget``.
-    """
+    """Megatron-LM's ``validate_args`` and megatron-core's ``__post_init__`` checks of the parity flags; ``environ``
+    None skips ``NVTE_*_ATTN``. Megatron-LM core_v0.16.1 ``arguments.py:321-322, 614, 716-718, 884-893, 899-902``;
+    megatron-core 0.16.1 ``transformer_config.py:300-311, 1166-1191``, ``transformer_block.py:460-470, 532-542``,
+    ``optimizer_param_scheduler.py:160-161, 259-265``."""
     out: list[Finding] = []
 
     def bad(rule: str, what: str, why: str, fix: str) -> None:
@@ -238,9 +181,7 @@ def rule_megatron_flags(s: RunShape) -> list[Finding]:
 
 
 def rule_versions(s: RunShape) -> list[Finding]:
-    """Local runs: torch and megatron-core inside the tested ranges unless ``--lagom-allow-untested-versions``
-    or ``LAGOM_ALLOW_UNTESTED_VERSIONS=1`` (``megatron.versions.check_versions``, which ``pretrain_gpt.py``
-    runs first: the doctor reaches its verdict). Reads the packages' version files; imports neither."""
+    """Local runs: torch and megatron-core inside the tested ranges unless allowed; imports neither."""
     from lagom_megatron.megatron.versions import ALLOW_UNTESTED_ENV, untested_versions
 
     if not s.local or s.get("lagom_allow_untested_versions", False) \

@@ -1,12 +1,6 @@
-"""``pretrain_gpt.py``: pre-train a GPT with Megatron-Core, optionally tuned by lagom (``--lagom``).
+"""``pretrain_gpt.py``: pre-train a GPT with Megatron-Core, optionally tuned by lagom; docs/training.md.
 
     torchrun --standalone --nproc-per-node 4 -m lagom_megatron.training.pretrain_gpt --preset cpu-tp2-dp2 --lagom
-    torchrun --standalone --nproc-per-node 4 scripts/pretrain_gpt.py --preset cpu-tp2-dp2 --lagom   (a checkout)
-
-Takes Megatron-LM's flags (``--tensor-model-parallel-size``, ``--overlap-grad-reduce``, ...) plus
-``--preset NAME|PATH`` and the ``--lagom*`` flags; see docs/training.md. Bad input is reported
-once (by rank 0; the other ranks exit with the same code silently) with exit code 2, before any
-process group is created, by ``lagom_megatron.training.preflight`` (the checks ``lagom doctor`` runs).
 """
 
 from __future__ import annotations
@@ -56,11 +50,8 @@ def _launch_hint(args) -> str:
 
 
 REFUSAL_GRACE_S = 120.0
-"""Seconds a rank other than 0 waits before it exits on a refused input. torchrun (and srun with
-``--kill-on-bad-exit``) stops every rank as soon as one exits non-zero; the silent ranks must not beat
-rank 0, which prints the one error line and exits at once, and so stops the waiting ranks: a refusal
-takes no longer. The wait is long because on a busy machine rank 0 may reach its line much later than
-the others reach theirs."""
+"""Seconds a rank other than 0 waits before exiting on a refused input, so that rank 0's error line comes first
+(torchrun stops every rank when one exits non-zero; rank 0 may be much later on a busy machine)."""
 
 
 def _refused(code: int, rank0: bool) -> int:
@@ -73,15 +64,7 @@ def _refused(code: int, rank0: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parses, checks (``training.preflight.pretrain_preflight``) and trains; one rank of a torchrun job.
-
-    Args:
-        argv: the arguments (``sys.argv[1:]`` when None).
-
-    Returns:
-        The exit status: 0 trained, 2 refused input (one line from rank 0 before any process group
-        exists), 130 interrupted (Ctrl-C).
-    """
+    """Parses, checks and trains as one rank of a torchrun job: 0 trained, 2 refused input, 130 Ctrl-C."""
     rank0 = os.environ.get("RANK", "0") == "0"
     try:
         if rank0:  # argparse prints usage and the error, and exits 2

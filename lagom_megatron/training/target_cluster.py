@@ -1,23 +1,5 @@
-"""Which cluster a run is checked against: one rule for ``lagom doctor`` and ``pretrain_gpt.py``.
-
-The cluster is the first of (:func:`choose_cluster`):
-
-1. the one named on the command line: ``lagom doctor --cluster NAME``, or ``--lagom-cluster NAME`` on
-   the training line (the doctor reads that flag in the line after ``--`` too);
-2. ``$LAGOM_CLUSTER`` (the SLURM scripts export the preset's cluster);
-3. the preset's ``cluster``;
-4. this machine (:func:`this_machine`): ``cpu-gloo`` without CUDA, else its GPU as torch reports it.
-
-``lagom doctor`` checks the job on that cluster and says so on its first line; when this machine is
-not a node of it (a login node or a laptop preparing a GPU job) the checks of this machine's files,
-port and libraries are left out. ``pretrain_gpt.py`` runs here, so it refuses a cluster this
-machine does not match (:func:`mismatch`): an NCCL cluster without a CUDA GPU, or GPUs of another
-compute capability. One line names both and the way out (``--lagom-cluster cpu-gloo`` runs a GPU
-preset on CPU anyway). ``docs/training.md`` ("Which cluster is checked") states the rule for users.
-
-This module imports torch only when CUDA may be present (:func:`cuda_certainly_absent` decides
-without it).
-"""
+"""Which cluster a run is checked against (:func:`choose_cluster`), one rule for ``lagom doctor`` and
+``pretrain_gpt.py``; imports torch only when CUDA may be present."""
 
 from __future__ import annotations
 
@@ -26,19 +8,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 CPU_CLUSTER = "cpu-gloo"
-"""The cluster of a machine without CUDA."""
 
 
 def load_cluster(name: str, source: str) -> Any:
-    """``ClusterSpec.load(name)``, with an error naming where the name came from.
-
-    Args:
-        name: a cluster name under ``configs/clusters/`` or a YAML path.
-        source: what gave it, e.g. ``LAGOM_CLUSTER`` or ``--cluster``.
-
-    Raises:
-        ValueError: ``<source>=<name>: ...`` with the known names (an unknown name) or the file's error.
-    """
+    """``ClusterSpec.load(name)``; raises ValueError ``<source>=<name>: ...`` (known names, or the file's error)."""
     from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
 
     try:
@@ -51,14 +24,8 @@ def load_cluster(name: str, source: str) -> Any:
 
 
 def cuda_certainly_absent() -> bool:
-    """True when ``torch.cuda.is_available()`` is certainly False, decided without importing torch
-    (importing it takes seconds, far more on a loaded machine).
-
-    Either torch is a CPU build (``cuda`` and ``hip`` both None in ``torch/version.py``, which torch's
-    build writes; read with ``ast``, not imported), or it is a CUDA build on Linux and the NVIDIA
-    driver library ``libcuda.so.1`` cannot be loaded (the CUDA runtime that torch asks for the device
-    count loads the driver under that name and reports no device without it). False means: ask torch.
-    """
+    """True when ``torch.cuda.is_available()`` is certainly False, without importing torch: ``cuda`` and ``hip``
+    None in ``torch/version.py``, or a Linux CUDA build without a loadable ``libcuda.so.1``. False: ask torch."""
     import ast
     import importlib.util
     import sys
@@ -106,9 +73,9 @@ class Machine:
 
     cuda: bool
     sm_arch: int | None = None
-    """Compute capability times ten (90 = Hopper), None without CUDA."""
+    """Compute capability x 10 (90 = Hopper)."""
     nccl_version: str | None = None
-    """torch's NCCL, ``"2.27.5"``, None without CUDA."""
+    """torch's NCCL, ``"2.27.5"``."""
 
     def describe(self) -> str:
         """``no CUDA GPU`` or ``a CUDA GPU of compute capability sm_90 (NCCL 2.27.5)``."""
@@ -118,8 +85,7 @@ class Machine:
 
 
 def this_machine() -> Machine:
-    """This machine's :class:`Machine` (torch is imported only when CUDA may be present; a Python
-    without torch, such as a login node's ``python3`` running a dry run, sees no CUDA GPU)."""
+    """This machine's :class:`Machine`; a Python without torch sees no CUDA GPU."""
     if cuda_certainly_absent():
         return Machine(cuda=False)
     try:
@@ -140,10 +106,9 @@ class Target:
     """The cluster a run is checked against and what chose it (:func:`choose_cluster`)."""
 
     cluster: Any
-    """A ``ClusterSpec``, or for this machine's GPU a dict of ``gpus_per_node``, ``sm_arch``,
-    ``nccl_version`` and ``backend``."""
+    """A ``ClusterSpec``, or for this machine's GPU a dict of its fields."""
     source: str
-    """``flag``, ``env``, ``preset`` or ``machine``: the step of the rule that chose it."""
+    """``flag``, ``env``, ``preset`` or ``machine``."""
     chosen_by: str
     """In words: ``--cluster``, ``LAGOM_CLUSTER``, ``preset 'llama3-8b-h100x8'``, ``this machine``."""
 
@@ -172,19 +137,8 @@ class Target:
 
 def choose_cluster(preset_name: str | None, environ: Mapping[str, str] | None = None, given: str | None = None,
                    given_by: str = "--cluster", machine: Machine | None = None) -> Target:
-    """The rule of the module docstring: ``given``, ``$LAGOM_CLUSTER``, the preset's cluster, this machine.
-
-    Args:
-        preset_name: the run's preset (name or path), or None.
-        environ: the ranks' environment; None = ``os.environ``.
-        given: a cluster named on the command line, or None.
-        given_by: the flag that named it (for messages).
-        machine: this machine, when the caller detected it already (else detected when needed).
-
-    Raises:
-        ValueError: an unknown cluster name (naming the flag or variable, the value and the known
-            clusters), or an unknown preset.
-    """
+    """The first of: ``given`` (named by ``given_by``), ``$LAGOM_CLUSTER``, the preset's cluster, this machine
+    (``cpu-gloo`` without CUDA, else its GPU). Raises ValueError: an unknown cluster or preset."""
     environ = os.environ if environ is None else environ
     if given:
         return Target(load_cluster(given, given_by), "flag", given_by)
@@ -205,17 +159,8 @@ def choose_cluster(preset_name: str | None, environ: Mapping[str, str] | None = 
 
 
 def mismatch(target: Target, machine: Machine) -> str | None:
-    """Why a run on this machine cannot be a run on ``target``, or None when it can.
-
-    An NCCL cluster needs a CUDA GPU; a cluster's ``sm_arch`` must be the GPU's (the NCCL rules,
-    the cost model's priors and the algorithms allowed depend on it). A gloo cluster on a GPU machine
-    is not refused (a CPU preset may run on any machine).
-
-    Returns:
-        One line naming the cluster and what chose it, this machine, and the flag that chooses
-        another cluster (``use --lagom-cluster cpu-gloo instead of --lagom-cluster NAME`` when that
-        flag chose it); None when the machine matches.
-    """
+    """One line on why this machine cannot run ``target`` (an NCCL cluster without CUDA, or another
+    ``sm_arch``) and the flag that chooses another cluster; None when it can (gloo runs anywhere)."""
     if _field(target.cluster, "backend") != "nccl":
         return None
     chosen = f"{target.chosen_by} is for" if target.source == "preset" else f"{target.chosen_by} chose"
