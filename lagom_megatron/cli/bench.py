@@ -1,18 +1,11 @@
-"""``lagom bench search`` and ``lagom bench simulated``: the benchmarks that print the figures the
-design asks for (search scaling and optimality; the simulated-cluster comparison table).
-
-    lagom bench search [--sizes 10 100 1000 10000] [--instances 200] [--seed 0] [--cluster h100-sxm-ib400]
-    lagom bench simulated [options of lagom_megatron.sim.bench]
-"""
+"""``lagom bench search | simulated``: search scaling and optimality; the simulated-cluster comparison table."""
 
 from __future__ import annotations
 
 import argparse
 
 MAX_SITES = 100_000
-"""Largest ``--sizes`` value: ten times the design's 10,000-site target. The synthetic problem holds
-arrays per site and per configuration, so a size far past it runs out of memory after the table's
-header (100,000,000,000 sites asked for a 745 GiB array)."""
+"""Largest ``--sizes`` value (10x the 10,000-site target); arrays grow per site, 1e11 sites would need 745 GiB."""
 
 BENCHMARKS = {
     "search": "search time and evaluations vs sites; priority vs exhaustive",
@@ -35,14 +28,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def search_main(argv: list[str] | None = None) -> int:
-    """``lagom bench search``: prints the scaling and optimality tables of ``engine.bench`` on
-    synthetic problems of an NCCL cluster (tuner-plugin rules). Returns 0 when both targets are
-    met (10,000 sites in under 2 s; priority within 1% of exhaustive on at least 95% of the small
-    instances), else 1; 2 for a bad option (a size outside 1..``MAX_SITES`` or an instance count
-    below 1, a negative seed, a word where a number is due: one ``lagom bench search: error: ...``
-    line, nothing run).
+    """``lagom bench search``: ``engine.bench``'s scaling and optimality tables on synthetic NCCL problems.
 
-    An unknown, malformed or gloo ``--cluster`` is a bad option too (2, the same one line).
+    Returns 0 when 10,000 sites take < 2 s and priority is within 1% of exhaustive on >= 95% of instances, else 1;
+    2 for a bad option or ``--cluster``.
     """
     from lagom_megatron.cli.main import LagomParser  # one-line usage errors, as every lagom command
     from lagom_megatron.cli.options import int_range

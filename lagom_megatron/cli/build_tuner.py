@@ -15,12 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Builds the plugin; prints its path and the environment NCCL needs to load it.
-
-    Returns:
-        0 on success. A missing compiler raises FileNotFoundError (exit code 2 from the CLI);
-        a compiler error raises RuntimeError with the compiler's messages.
-    """
+    """Builds the plugin, prints its path and NCCL's env; 1 on a compiler error, FileNotFoundError without one."""
     import sys
 
     from lagom_megatron.nccl.plugin.build import build_tuner, usage_line

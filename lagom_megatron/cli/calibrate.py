@@ -1,12 +1,6 @@
 """``lagom calibrate contention | bandwidth``: fit simulator constants on the user's own hardware.
 
-    lagom calibrate contention CSV [--out FILE]
-        # a GPU's contention constants from scripts/gpu/contention_probe.py's CSV
-        # (``lagom_megatron.sim.calibrate``), written as YAML
-    lagom calibrate bandwidth SWEEP_DIR_OR_FILE... --cluster NAME|FILE [--out FILE]
-        # per-channel bandwidth, saturation and link efficiency from nccl-tests output as
-        # scripts/gpu/nccl_sweep.sh saves it (``nccl.perf_table``, ``sim.calibrate_bandwidth``),
-        # written as a copy of the cluster file with the fitted keys
+Inputs: scripts/gpu/contention_probe.py's CSV (``sim.calibrate``); scripts/gpu/nccl_sweep.sh's nccl-tests output.
 """
 
 from __future__ import annotations
@@ -19,9 +13,8 @@ from lagom_megatron.cli.options import (FORCE_HELP, readable_file, readable_file
                                         refuse_replacing, writable_file)
 
 CALIBRATED_MARK = "calibrated by `lagom calibrate bandwidth`"
-"""What the first line of a cluster file this command wrote says (after the cluster's name)."""
 MAX_PROBLEMS = 20
-"""Unreadable lines named in one error message at most (the rest are counted)."""
+"""Unreadable lines named in one error message at most."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,15 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Fits and writes; prints what was fitted.
-
-    Raises:
-        ValueError: bad input: a CSV or run file that cannot be read (every bad line named as
-            ``file:line``), no usable row, nothing identified, an output that is an input or an
-            existing file this command did not write (without ``--force``) or cannot read;
-            nothing is written then.
-        OSError: a path that cannot be read or written.
-    """
+    """Fits, writes and prints the fit; ValueError (bad input or refused output; nothing written) or OSError."""
     return _contention(args) if args.what == "contention" else _bandwidth(args)
 
 
@@ -77,7 +62,6 @@ def _contention(args: argparse.Namespace) -> int:
 
 
 def _run_files(inputs: list[str]) -> list[Path]:
-    """The run files: each file given, and each folder's ``*.txt`` (sorted)."""
     files = []
     for text in inputs:
         path = Path(text)
@@ -136,7 +120,6 @@ def _bandwidth(args: argparse.Namespace) -> int:
 
 
 def _is_fit(text: str) -> bool:
-    """Whether ``text`` is a YAML file ``lagom calibrate contention`` wrote (``sim.calibrate.write_yaml``)."""
     import yaml
 
     try:

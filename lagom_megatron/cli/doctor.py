@@ -1,22 +1,7 @@
-"""``lagom doctor``: pre-flight checks of a preset or a ``pretrain_gpt.py`` command line.
+"""``lagom doctor``: pre-flight checks (``training.preflight``) of a preset or a ``pretrain_gpt.py`` command line.
 
-    lagom doctor --preset llama3-70b-h100x64
-    lagom doctor --cluster h100-sxm-ib400 --world-size 64 -- --tensor-model-parallel-size 4 ...
-    lagom doctor --preset llama3-8b-h100x8 -- --context-parallel-size 4   # preset + overrides
-
-Exit code 0 when there is no error (warnings are printed), 1 when there is at least one error,
-2 on bad input (unknown preset or cluster). The checks are ``lagom_megatron.training.preflight``,
-the same that ``scripts/pretrain_gpt.py`` runs before any rank starts. The cluster checked is
-``training.target_cluster``'s rule, the one training follows (``--cluster``, ``--lagom-cluster`` in
-the line, ``$LAGOM_CLUSTER``, the preset's cluster, this machine); the first line names it and why.
-When this machine can be a node of it and no ``--cluster`` is given, this machine is checked as
-training would check it (folders, plan lock, port, installed libraries); otherwise the layout and
-environment for that cluster. The line after ``--``
-(with the preset) is parsed by ``scripts/pretrain_gpt.py``'s own parser, so an unknown flag or an
-invalid choice is an error; ``--megatron-lm`` checks a Megatron-LM checkout's line: the layout, and
-what the targeted release (``--megatron-lm-release``, default the importable megatron-core's) would
-fail on (``launch.megatron_lm_traps``: a missing ``--eval-interval``, fused kernels without APEX,
-missing packages), each naming the release and the line.
+Exit 0 without errors, 1 with some, 2 on bad input. The cluster is ``training.target_cluster``'s; this machine
+is checked only when it can be one of its nodes. ``--megatron-lm``: ``launch.megatron_lm_traps``.
 """
 
 from __future__ import annotations
@@ -30,7 +15,7 @@ from lagom_megatron.training.preflight import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the doctor's options; everything after ``--`` is a ``pretrain_gpt.py`` command line."""
+    """Adds the options; after ``--``: a ``pretrain_gpt.py`` command line."""
     parser.add_argument("--preset", help="preset name (configs/presets/) or path")
     parser.add_argument("--cluster", help="target cluster name (configs/clusters/) or path; default as training "
                                           "chooses it: --lagom-cluster in the line, $LAGOM_CLUSTER, the preset's "
@@ -56,14 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the rules and prints the findings.
-
-    Returns:
-        0 without errors, 1 with at least one error.
-
-    Raises:
-        ValueError: neither ``--preset`` nor a command line, or an unknown preset / cluster.
-    """
+    """Prints the findings; 0 without errors, 1 with some. ValueError: no input, unknown preset or cluster."""
     import sys
 
     from lagom_megatron.launch.doctor import check_command_line, errors, plugin_abi_line, run_doctor

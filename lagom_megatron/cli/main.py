@@ -1,8 +1,6 @@
-"""The ``lagom`` command: a thin dispatcher over the subcommand modules beside it.
+"""The ``lagom`` command: dispatches to ``lagom_megatron.cli.<name>`` (``add_arguments``, ``run``).
 
-Each subcommand lives in its own module ``lagom_megatron.cli.<name>`` that defines
-``add_arguments(parser)`` and ``run(args) -> int``. A subcommand module imports torch, Megatron
-or anything heavy inside ``run`` only, so that ``lagom --help`` stays fast and works without them.
+Subcommand modules import anything heavy inside ``run`` only (``lagom --help`` stays fast).
 """
 
 from __future__ import annotations
@@ -27,12 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 class LagomParser(argparse.ArgumentParser):
-    """argparse's parser with a one-line usage error: ``<prog>: error: <message>``, exit status 2.
-
-    A missing positional with choices (a subcommand, ``lagom bench``'s benchmark) is named with
-    them: ``no command given; give one of search, plan, ...``, not argparse's ``the following
-    arguments are required: COMMAND`` (which also names any argument after it, ``bench_args``).
-    """
+    """argparse's parser with a one-line usage error ``<prog>: error: <message>``, exit status 2."""
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
         self.exit(2, f"{self.prog}: error: {_missing_choice(self, message) or message} (see {self.prog} --help)\n")
@@ -42,8 +35,7 @@ _REQUIRED = "the following arguments are required: "
 
 
 def _missing_choice(parser: argparse.ArgumentParser, message: str) -> str | None:
-    """``no <name> given; give one of <choices>`` for the first missing positional that has
-    choices, or None (another error: argparse's message stands)."""
+    """``no <name> given; give one of <choices>`` for the first missing positional with choices, or None."""
     if not message.startswith(_REQUIRED):
         return None
     missing = message[len(_REQUIRED):].split(", ")
@@ -59,11 +51,7 @@ def _load(module: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Builds the top-level parser; subcommand modules add their own arguments lazily.
-
-    Returns:
-        The parser.
-    """
+    """The top-level parser; each subcommand module adds its own arguments."""
     parser = LagomParser(
         prog="lagom",
         description="Lagom for Megatron-Core: per-collective NCCL configurations for overlapped communication.",
@@ -79,22 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def one_line(message: str) -> str:
-    """``message`` on one line: a library's multi-line text (PyYAML's parser error with its source
-    excerpt and caret, say) joined with single spaces, blank and caret-only lines dropped."""
+    """``message`` joined on one line; blank and caret-only lines (PyYAML's excerpts) dropped."""
     lines = (line.strip() for line in message.splitlines())
     return " ".join(line for line in lines if line and set(line) != {"^"})
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``lagom`` console script.
-
-    Returns:
-        The process exit code, the same meaning in every subcommand: 0 done (a simulation whose
-        plan fell back is done too: its result line says so), 1 the thing checked failed
-        (``plan validate`` mismatch, ``plan diff`` differences, ``doctor`` errors, a benchmark
-        target missed, a compiler error), 2 bad usage or input (one error line, no traceback;
-        nothing has run), 130 interrupted (Ctrl-C; one line, no traceback).
-    """
+    """Entry point of ``lagom``: 0 done, 1 the thing checked failed, 2 bad usage or input, 130 interrupted."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

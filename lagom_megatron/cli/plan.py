@@ -1,11 +1,4 @@
-"""``lagom plan show | diff | validate | export``: inspect, compare, check and convert plan files.
-
-    lagom plan show plan.json
-    lagom plan diff old.json new.json           # exit 1 when they differ (verification verdict included)
-    lagom plan validate plan.json [--cluster C] [--profile P]   # exit 1 on a fingerprint mismatch
-    lagom plan export plan.json --format megatron-yaml|nccl-tuner-csv|env [--extended] [-o FILE]
-        # exit 1 for a plan its verification rejected, unless --allow-rejected
-"""
+"""``lagom plan show | diff | validate | export``; exit 1 on differences, a mismatch, or a rejected plan's export."""
 
 from __future__ import annotations
 
@@ -66,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def verification_state(plan) -> str:
-    """What the plan's own verification said: ``never verified``, ``applied`` (kept) or
-    ``fell_back`` (rejected: a run reusing it keeps the defaults), with the saved reason."""
+    """``never verified``, ``applied`` or ``fell_back (rejected: <reason>)``."""
     state = plan.stats.get("verification")
     if state is None:
         return "never verified"
@@ -124,13 +116,7 @@ def _validate(args, plan) -> int:
 
 
 def _check_entries(name, plan, cluster) -> None:
-    """Every entry's config against the knob rules of ``cluster``'s backend under the plan's mechanism
-    (NCCL's documented domains, or gloo's).
-
-    Raises:
-        ValueError: the first bad entry, naming the file, the site id and the knob; or a mechanism
-            the cluster's backend does not have.
-    """
+    """Raises ValueError for the first entry ``cluster``'s knob rules reject, or an unknown mechanism."""
     from lagom_megatron.megatron.backends import rules_for
 
     try:
@@ -145,7 +131,6 @@ def _check_entries(name, plan, cluster) -> None:
 
 
 def _warn_if_rejected(name, plan) -> None:
-    """One stderr line when the plan's own verification rejected it (measured no better than the defaults)."""
     if plan.rejected:
         print(f"warning: {name} was rejected by its verification ({plan.stats.get('verification_reason') or 'no reason saved'}); "
               "a training run reusing it keeps the defaults", file=sys.stderr)
@@ -185,7 +170,7 @@ def _export(args, plan) -> int:
     if args.output:
         from lagom_megatron.engine.files import write_text_atomic
 
-        # the header lagom writes first, up to what differs between variants (the tuner table's column count)
+        # the header's part shared by all variants (the tuner table's column count differs)
         header = text.split("\n", 1)[0].split(" (")[0]
         refuse_replacing(args.output, "-o", f"a lagom {args.format} export", first_line(header), force=args.force)
         write_text_atomic(args.output, text)

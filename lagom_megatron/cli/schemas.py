@@ -1,14 +1,4 @@
-"""Strict schemas (pydantic) of the profile and plan files the ``lagom`` commands read.
-
-The engine's loaders (``engine.profile.Profile.from_dict``, ``engine.plan.Plan.from_dict``)
-build the objects; these schemas check first, field by field and with strict types, what a hand
-edit can break: every top-level field (schema version, backend, mechanism, method, cluster,
-``iteration_us > 0``, ``fingerprint.world_size >= 1``), integer byte counts (``"1MB"`` or ``1e30``
-are refused), site ids that occur once, an entry config that is an object, a site's dtype (one of
-torch's) and group of at least two ranks, and a profile's fingerprint (what a plan searched from
-it is valid for: without one, the plan would match any run). ``load_profile`` and
-``load_plan`` give one ``ValueError`` line naming the file, the field and the value.
-"""
+"""Strict pydantic schemas of profile and plan files; ``load_*`` raise one ``ValueError`` line (file, field, value)."""
 
 from __future__ import annotations
 
@@ -23,17 +13,15 @@ from lagom_megatron.engine.search import METHODS
 from lagom_megatron.nccl.rules import MECHANISMS
 
 MAX_NBYTES = 1 << 40
-"""Largest message a site may hold (1 TiB): far above any collective of a real run."""
+"""Largest message a site may hold, bytes (1 TiB)."""
 
 MECHANISMS_OF: dict[str, tuple[str, ...]] = {"gloo": ("gloo",), "nccl": MECHANISMS, "sim": MECHANISMS}
-"""The mechanisms each backend can apply a plan with (``nccl.rules.MECHANISMS``; gloo: pool entries)."""
 
 Op = Literal[OPS]  # type: ignore[valid-type]
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
           "float8_e5m2fnuz", "int8", "uint8", "int16", "int32", "int64", "bool", "complex64", "complex128", "unknown")
-"""A site's ``dtype``: torch's dtype names as ``megatron.sites.dtype_name`` writes them (``torch.bfloat16`` ->
-``bfloat16``; ``unknown`` for a call without a tensor)."""
+"""torch dtype names as ``megatron.sites.dtype_name`` writes them; ``unknown``: a call without a tensor."""
 Dtype = Literal[DTYPES]  # type: ignore[valid-type]
 
 
@@ -44,7 +32,6 @@ def _finite(v: float) -> float:
 
 
 def _parts(v: list[list[Any]]) -> list[list[Any]]:
-    """Each part is [dtype name, bytes >= 0] (an integer, not a string or a float)."""
     for k, p in enumerate(v):
         if len(p) != 2 or not isinstance(p[0], str) or isinstance(p[1], bool) or not isinstance(p[1], int) or p[1] < 0:
             raise ValueError(f"parts[{k}] must be [dtype, bytes] with bytes an integer >= 0; got {p!r}")
@@ -64,12 +51,11 @@ class SiteSchema(_Strict):
     dtype: Dtype
     group: str = Field(min_length=1)
     group_size: StrictInt = Field(ge=2)
-    """A process group of one rank communicates nothing: it is never a site."""
     n_nodes: StrictInt = Field(default=1, ge=1)
     calls_per_iter: StrictInt = Field(default=1, ge=1)
     reduce_op: str | None = None
     parts: list[list[Any]] = Field(default_factory=list)
-    """(dtype, bytes) per tensor of a coalesced call (``engine.profile.CollectiveSite.parts``)."""
+    """(dtype, bytes) per tensor of a coalesced call."""
     registered: Literal[REGISTRATIONS] = ""  # type: ignore[valid-type]
 
     _check_parts = field_validator("parts")(lambda v: _parts(v))
@@ -85,7 +71,7 @@ class SampleSchema(_Strict):
     t_region_us: float = Field(ge=0)
     iteration: StrictInt = 0
     calls: list[tuple[float, float, float]] = Field(default_factory=list)
-    """Per call (t_comm_us, t_comp_us, t_region_us), optional (``engine.profile.Sample.calls``)."""
+    """Per call (t_comm_us, t_comp_us, t_region_us), optional."""
     model_config = ConfigDict(extra="forbid", strict=False)
 
     _finite_times = field_validator("t_comm_us", "t_comp_us", "t_region_us")(_finite)
@@ -110,8 +96,7 @@ class SampleSchema(_Strict):
 
 
 class RunFingerprintSchema(BaseModel):
-    """A profile's fingerprint: the keys every run and the simulator write (``megatron.fingerprint
-    .run_fingerprint``, ``sim.backend.SimulatedCluster.fingerprint``); the others pass as they are."""
+    """A profile's fingerprint: the keys every run and the simulator write; other keys pass."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     world_size: StrictInt = Field(ge=1)
@@ -163,7 +148,6 @@ class EntrySchema(_Strict):
     group_size: StrictInt = Field(default=0, ge=0)
     n_nodes: StrictInt = Field(default=1, ge=1)
     tunable: list[str] = Field(default_factory=list)
-    """The knobs the plan's mechanism can change for the site (``engine.plan.PlanEntry.tunable``)."""
     note: str = ""
     reduce_op: str | None = None
     parts: list[list[Any]] = Field(default_factory=list)
@@ -173,7 +157,7 @@ class EntrySchema(_Strict):
 
 
 class FingerprintSchema(BaseModel):
-    """The fields of a plan's fingerprint that have a valid range; other keys pass as they are."""
+    """A plan's fingerprint fields that have a valid range; other keys pass."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     world_size: StrictInt | None = Field(default=None, ge=1)
@@ -202,7 +186,6 @@ class PlanSchema(_Strict):
 
 
 def _one_line(exc: ValidationError, source: str) -> ValueError:
-    """The first error of ``exc`` as one line: file, field path, message, value."""
     err = exc.errors()[0]
     loc = ".".join(str(x) for x in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
@@ -233,12 +216,7 @@ def check_plan(data: Any, source: str) -> None:
 
 
 def load_profile(path: str):
-    """Reads, checks (``ProfileSchema``) and builds a profile.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: invalid JSON or an invalid profile (one line naming the file and field).
-    """
+    """Reads, checks and builds a profile; FileNotFoundError, or ValueError (one line) for an invalid one."""
     from lagom_megatron.engine.profile import Profile
 
     data = read_json(path)
@@ -247,12 +225,7 @@ def load_profile(path: str):
 
 
 def load_plan(path: str):
-    """Reads, checks (``PlanSchema``) and builds a plan.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: invalid JSON or an invalid plan (one line naming the file and field).
-    """
+    """Reads, checks and builds a plan; FileNotFoundError, or ValueError (one line) for an invalid one."""
     from lagom_megatron.engine.plan import Plan
 
     data = read_json(path)

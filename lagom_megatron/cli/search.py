@@ -1,12 +1,4 @@
-"""``lagom search``: fit the cost model on a profile and search a plan.
-
-    lagom search --profile profile.json [--cluster h100-sxm-ib400] [--method priority] [--verbose] -o plan.json
-
-Every option and the profile are checked before the fit (``options``, ``schemas``): the profile
-field by field, each sample's config against the backend's knob rules, and ``--cluster`` against
-the profile's cluster: the same one, or a file describing the same hardware and NCCL (a copy
-``lagom calibrate bandwidth`` fitted, say; ``refuse_another_cluster``).
-"""
+"""``lagom search``: fit the cost model on a profile and search a plan; every input is checked before the fit."""
 
 from __future__ import annotations
 
@@ -31,15 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_inputs(args: argparse.Namespace):
-    """Loads and checks the profile, the cluster and the rules; nothing is fitted yet.
+    """Loads and checks (profile, cluster, rules), nothing fitted.
 
-    Returns:
-        (profile, cluster, rules).
-
-    Raises:
-        ValueError: ``-o`` naming the profile itself or an existing file that is not a plan (without ``--force``), an invalid profile or sample config, an unknown cluster, a cluster other
-            than the profile's (``refuse_another_cluster``), a cluster of another backend than the profile's, a mechanism the
-            backend does not have.
+    ValueError: a refused ``-o``, a bad profile or sample config, an unknown or wrong cluster, an unknown mechanism.
     """
     from lagom_megatron.cli.inputs import read_profile
     from lagom_megatron.engine.cluster import ClusterSpec
@@ -68,24 +54,11 @@ def check_inputs(args: argparse.Namespace):
 
 SAME_HARDWARE = ("backend", "gpu", "gpus_per_node", "nccl_version", "sm_arch", "nvswitch", "intra_link", "collnet",
                  "nvlink_domain_gpus")
-"""Cluster keys a ``--cluster`` must share with the profile's cluster when it has another name: the
-hardware and NCCL version the knob domains and the mechanism follow. The others (bandwidths,
-latencies, ``lagom calibrate bandwidth``'s fitted keys) may differ: a calibrated copy describes the
-same cluster."""
+"""Keys a differently named ``--cluster`` must share with the profile's (bandwidths and latencies may differ)."""
 
 
 def refuse_another_cluster(cluster, profile, profile_path: str) -> None:
-    """Refuses a ``--cluster`` that is not the cluster the profile was measured on: its samples are
-    that cluster's times, and the plan is for the runs on it (its fingerprint keeps the profile's
-    cluster name, which ``lagom plan validate`` and ``export`` and a training run check against).
-
-    Accepted: the profile's own cluster; a file of another name with the same ``SAME_HARDWARE``
-    keys (a calibrated copy); any cluster when the profile's is no known cluster here (the file
-    then describes it).
-
-    Raises:
-        ValueError: names both clusters, the first differing key and its two values.
-    """
+    """ValueError for a ``--cluster`` differing from the profile's (if known) in a ``SAME_HARDWARE`` key."""
     from lagom_megatron.engine.cluster import ClusterSpec
 
     if cluster.name == profile.cluster:

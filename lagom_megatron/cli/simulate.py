@@ -1,9 +1,4 @@
-"""``lagom simulate --preset P [--method M] [--seed S]``: the whole ``--lagom`` lifecycle (profile,
-probe, fit, search, apply, verify) on a simulated GPU cluster, on this machine.
-
-The numbers are simulated: one representative rank of the preset's layout on the device model of
-``lagom_megatron.sim`` (docs/simulator.md), not measurements of real hardware.
-"""
+"""``lagom simulate``: the whole ``--lagom`` lifecycle on one simulated representative rank (docs/simulator.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +6,7 @@ import argparse
 
 from lagom_megatron.cli.options import (FORCE_HELP, int_range, is_plan_text, is_profile_text, refuse_large_exhaustive,
                                         refuse_overwriting_an_input, refuse_replacing, writable_file)
-from lagom_megatron.training.lagom_flags import MAX_VERIFY_ITERS, MAX_VERIFY_MAX_ITERS  # training's bounds: one number for both
+from lagom_megatron.training.lagom_flags import MAX_VERIFY_ITERS, MAX_VERIFY_MAX_ITERS  # training's bounds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,9 +96,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_top_sites(plan, n: int) -> None:
-    """The ``n`` sites whose predicted region time drops most under the plan (model figures), and
-    how many sites the plan changes with no predicted saving (ties of channel count, say, or a
-    config shared with a site that gains)."""
     changed = [(sid, e) for sid, e in plan.entries.items() if not e.config.is_default()]
     saving = sorted(((sid, e) for sid, e in changed if e.predicted_t_region_us < e.predicted_default_t_region_us),
                     key=lambda kv: kv[1].predicted_t_region_us - kv[1].predicted_default_t_region_us)

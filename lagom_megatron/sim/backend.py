@@ -1,15 +1,4 @@
-"""The simulated backend: a GPU-cluster preset run on the simulator, behind the interface the tuner
-drives on real hardware (an assignment in, an ``IterationMeasurement`` out).
-
-``SimulatedCluster.run_iteration(step)`` applies ``step.assignment`` (site id -> CommConfig; a
-missing site keeps NCCL defaults) to one simulated iteration and reports exactly what the real
-profiler reports: per site, the collective's time, the region time and, in a serialized
-iteration, the compute alone. Nothing else leaves this module: the tuner and the search never see
-the device model, the workload or the timeline (tests/sim/test_backend.py checks this).
-
-``run_lifecycle`` is the whole ``--lagom`` pipeline on the simulator: profile, probe, fit, search,
-apply and verify with ``lagom_megatron.engine.tuner.Tuner``, unchanged.
-"""
+"""The simulated backend: the tuner's interface (assignment in, ``IterationMeasurement`` out) on the simulator."""
 
 from __future__ import annotations
 
@@ -31,24 +20,12 @@ from lagom_megatron.sim.device import CommCost, Gpu, comm_cost, resolve_config
 from lagom_megatron.sim.workload import Workload, steady_copies
 
 def sigma_iteration() -> float:
-    """Relative standard deviation of whole-iteration noise (stragglers, clocks), on top of the
-    per-kernel noise (``sigma_iteration`` in ``sim.constants``, ranged: no source)."""
+    """Relative standard deviation of whole-iteration noise (ranged: no source)."""
     return get("sigma_iteration")
 
 
 class SimulatedCluster:
-    """One preset on one simulated cluster (representative rank; see ``sim.workload``).
-
-    Args:
-        preset: a ``Preset`` (``lagom_megatron.config.presets.load_preset``).
-        cluster: a ``ClusterSpec``; defaults to the preset's cluster. Must be a GPU cluster.
-        seed: seeds every noise draw; the same seed and assignments give the same timings.
-        nthreads: NCCL_NTHREADS of the simulated launch (None = the preset's env, else NCCL's
-            default); process scope, so assignments cannot change it.
-
-    Raises:
-        ValueError: a CPU (gloo) cluster, or a layout the workload model cannot split.
-    """
+    """One preset on a simulated GPU cluster (``nthreads`` None: the preset's); ValueError for gloo or a bad layout."""
 
     def __init__(self, preset: Any, cluster: Any = None, *, seed: int = 0, nthreads: int | None = None) -> None:
         from lagom_megatron.engine.cluster import ClusterSpec
@@ -72,8 +49,7 @@ class SimulatedCluster:
                 self._site_calls.setdefault(c.site_id, []).append(i)
         self._cost_cache: dict[tuple, CommCost] = {}
         self.high_priority: frozenset[str] = frozenset()
-        """Groups on high-priority streams in every iteration that does not say otherwise (a job
-        launched with ``--high-priority-stream-groups``; lagom's pool entries inherit it)."""
+        """Groups on high-priority streams by default (``--high-priority-stream-groups``)."""
 
     @property
     def sites(self) -> list[CollectiveSite]:
@@ -81,7 +57,7 @@ class SimulatedCluster:
         return list(self._sites)
 
     def fingerprint(self) -> dict[str, Any]:
-        """What is simulated: preset, model layout, world size, cluster (for the profile and plan)."""
+        """Preset, model layout, world size and cluster."""
         w = self.workload
         return {"preset": self.preset.name, "cluster": self.cluster.name, "world_size": self.preset.world_size,
                 "tp": w.tp, "pp": w.pp, "cp": w.cp, "dp": w.dp, "ep": w.ep, "vpp": w.chunks,
@@ -92,10 +68,7 @@ class SimulatedCluster:
         coll = self._prog.calls[i].coll
         if registered:
             coll = replace(coll, registered=True)
-        # NCCL_NTHREADS is read once per process: a running job cannot change it per call or per
-        # communicator (docs/nccl.md), so an assignment's n_threads does not reach the
-        # kernels; the launch environment's value (``nthreads``) does. ``fork``: a patched NCCL
-        # (AutoCCL's) that sets threads per call.
+        # NCCL_NTHREADS is read once per process (docs/nccl.md): the launch's value applies, unless ``fork``
         if not (fork and cfg.n_threads is not None):
             cfg = replace(cfg, n_threads=self.nthreads)
         cfg = replace(cfg, high_priority_stream=None)  # the stream's priority is the timeline's, not the kernel's
@@ -114,31 +87,10 @@ class SimulatedCluster:
                       free_comm: bool = False, group_caps: dict[str, int] | None = None,
                       high_priority: frozenset[str] | None = None, registered: frozenset[str] = frozenset(),
                       fork: bool = False) -> IterationMeasurement:
-        """Simulates one iteration.
+        """Simulates one iteration (from ``step``, or ``iteration`` / ``assignment`` / ``serialize``); times in us.
 
-        Args:
-            step: the tuner's ``Step`` (its iteration, assignment and serialize flag), or the same
-                given as ``iteration`` / ``assignment`` / ``serialize``.
-            channel_cap: a static cap on every collective's channels (NCCL_MAX_NCHANNELS-style
-                baseline), applied after the assignment.
-            noise: False switches every noise draw off (per kernel and per iteration).
-            free_comm: every collective holds no SM and draws no HBM, at unchanged speed: the
-                bound of any contention tuning.
-            group_caps: group -> channel cap of every collective of that process group, as
-                ``max_ctas`` in Megatron's ``--nccl-communicator-config-path`` YAML sets it
-                (``ncclConfig_t.maxCTAs`` bounds the communicator's collective and P2P channels,
-                NCCL v2.30.7 src/graph/connect.cc:503, src/graph/paths.cc:984).
-            high_priority: groups whose communication stream has a high priority
-                (``--high-priority-stream-groups``; ``timeline`` "Dispatch"); None = the
-                cluster's ``high_priority`` attribute (empty unless set).
-            registered: groups whose buffers are registered with NCCL (``--use-nccl-ub``).
-            fork: honour an assignment's per-call thread count (a patched NCCL such as AutoCCL's).
-
-        Returns:
-            An ``IterationMeasurement``: iteration time (us) and one sample per site; a sample's
-            ``t_comp_us`` is the window's compute alone in a serialized iteration and NaN otherwise.
-            Its ``calls`` are the simulated calls one by one (unscaled: each stands for
-            ``calls_per_iter / len(calls)`` calls, as ``Sample`` says).
+        ``group_caps``: group -> ``ncclConfig_t.maxCTAs`` (NCCL v2.30.7 src/graph/connect.cc:503,
+        src/graph/paths.cc:984); ``free_comm``: collectives hold no SM and no HBM; ``fork``: per-call threads.
         """
         if step is not None:
             iteration, assignment, serialize = step.iteration, step.assignment, step.serialize
@@ -190,13 +142,11 @@ def _min_cap(a: int | None, b: int | None) -> int | None:
 
 @dataclass(kw_only=True)
 class LifecycleResult:
-    """What ``run_lifecycle`` did: the tuner (phase, plan, profile, summary) and each iteration."""
+    """What ``run_lifecycle`` did: the tuner and each iteration."""
 
     tuner: Tuner
     steps: list[tuple[Step, float]] = field(default_factory=list)
-    """(step, measured iteration us) for every simulated iteration."""
     final_us: list[float] = field(default_factory=list)
-    """Iteration times after the lifecycle ended (plan or defaults, as kept)."""
 
     @property
     def final_median_us(self) -> float:
@@ -204,8 +154,7 @@ class LifecycleResult:
 
 
 def gpu_clusters() -> list[str]:
-    """Names of the NCCL (GPU) clusters under ``configs/clusters`` (``engine.cluster.available_clusters``
-    less the gloo ones): the clusters the simulator models. A file that does not load is left out."""
+    """Names of the loadable NCCL (GPU) clusters under ``configs/clusters``."""
     from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
 
     names = []
@@ -219,15 +168,10 @@ def gpu_clusters() -> list[str]:
 
 
 def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
-    """The warm-up probes of ``rules``, two more channel counts (4 and 12: the measured slowdown
-    curve is interpolated between probed counts, ``fit._channel_correction``), and probes of each algorithm
-    besides Ring that the cluster can run (NVLS on sm90 NVSwitch nodes at 16 and 24 channels, Tree
-    for all-reduce at 16): the search only picks algorithms a site measured
-    (``SearchProblem.keep_measured_algorithms``). NVLS's second point is 24, the count of the
-    search's channel domain between NCCL's 16 NVLS channels and the 32 of its Ring default (which
-    the default iteration measures): the slowdown steps with the GEMMs' waves, so a count between
-    two probes is interpolated, and at 32 the interpolation put 24 on the wrong side of the step
-    (Llama-3 8B on 8 H100: its NVLS reduce-scatters gain at 24, not at 16 or 32)."""
+    """``rules``' probes plus channels 4 and 12, NVLS at 16 and 24 (sm90 NVSwitch) and Tree at 16.
+
+    NVLS 24 lands on the right side of the GEMM-wave step (Llama-3 8B on 8 H100 gains at 24, not 16 or 32).
+    """
     c = rules.cluster
     extra = [CommConfig(n_channels=4), CommConfig(n_channels=12)]  # points of the curve between 2, 8 and 16
     if c.nvswitch and c.sm_arch >= 90:  # two points of NVLS's own channel curve (32 is Ring's default)
@@ -237,13 +181,7 @@ def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
 
 
 def verify_counts(preset: Any, verify_iters: int | None = None, verify_max_iters: int | None = None) -> tuple[int, int | None]:
-    """Verification's (first look, cap) for a simulated run: the options when given, else the preset's
-    ``lagom_verify_iters`` / ``lagom_verify_max_iters``; ``verify_iters`` given alone means one look
-    (a cap of its own count), as ``--lagom-verify-iters`` alone does in training.
-
-    Raises:
-        ValueError: a cap below the first look.
-    """
+    """Verification's (first look, cap): the options, else the preset's; ValueError for a cap below the first look."""
     first = verify_iters if verify_iters is not None else preset.lagom.lagom_verify_iters
     cap = verify_max_iters if verify_max_iters is not None else (
         None if verify_iters is not None else preset.lagom.lagom_verify_max_iters)
@@ -255,16 +193,7 @@ def verify_counts(preset: Any, verify_iters: int | None = None, verify_max_iters
 def run_lifecycle(sim: SimulatedCluster, *, method: str = "priority", verify_iters: int = 3, warmup_iters: int = 1,
                   after_iters: int = 3, probe_configs: list[CommConfig] | None = None, first_iteration: int = 0,
                   pool_budget_bytes: int | None = None, verify_max_iters: int | None = None) -> LifecycleResult:
-    """Runs profile -> probe -> fit + search -> agree -> verify on ``sim`` with the real ``Tuner``,
-    then ``after_iters`` more iterations with whatever the tuner kept.
-
-    ``probe_configs`` None: ``algorithm_probes`` of the cluster's rules. ``pool_budget_bytes``: the
-    communicator pool's budget the search respects (``NcclRules.pool_budget_bytes``); None = unbounded.
-    ``verify_iters`` / ``verify_max_iters``: ``Tuner.Config``'s (sequential verification up to the cap).
-
-    Returns:
-        A ``LifecycleResult``.
-    """
+    """Runs the whole lifecycle on ``sim`` with the real ``Tuner``, then ``after_iters`` iterations more."""
     rules = NcclRules(sim.cluster, backend="sim", pool_budget_bytes=pool_budget_bytes)
     cfg = Tuner.Config(warmup_iters=warmup_iters, verify_iters=verify_iters, verify_max_iters=verify_max_iters, method=method,
                        probe_configs=probe_configs if probe_configs is not None else algorithm_probes(rules))

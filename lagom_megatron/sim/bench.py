@@ -1,27 +1,7 @@
 """``lagom bench simulated``: the paper-style comparison table on simulated clusters.
 
-One row per (preset, cluster, micro-batches per data-parallel rank) and seed: the median
-simulated iteration time (ms) under
-
-    default         NCCL's own choices (``sim.channel_defaults``, NCCL's model)
-    static_caps     the best ``max_ctas`` per process group found by sweeping (``sim.bench_row``)
-    nemo_yaml       NeMo's shipped caps: dp / dp_cp 8, pp 2, tp 8
-    hp_stream       every communication group on a high-priority stream
-    nccl_ub         registered data-parallel buffers (``--use-nccl-ub``; sm90 NVSwitch only, else empty)
-    autoccl         AutoCCL as its public code behaves (``sim.bench_autoccl``)
-    lagom_plan      lagom's searched plan applied; lagom_kept: what the lifecycle keeps after
-                    paired verification (the plan, or NCCL's defaults)
-
-plus ``overlap_frac`` (share of compute time that overlaps a collective, defaults, noise off),
-``free_comm_bound`` (defaults / the same iteration with every collective holding no SM and drawing
-no HBM: the most any contention tuning could gain), ``oracle`` (defaults / coordinate descent on
-the simulator itself, noise off, through the plan's mechanism: ``sim.bench_methods``) and
-``model_mape`` (the cost model's fit error, %). Writes ``<out>/simulated.csv`` (these columns),
-``<out>/simulated_details.csv`` (more per row) and ``<out>/simulated.png``; ``--sensitivity``
-instead writes ``<out>/sensitivity.csv`` and prints the tornado table (``sim.bench_sensitivity``).
-
-All figures are SIMULATED (lagom_megatron.sim, one representative rank per preset), not
-measurements; the paper's measured ranges are printed beside the bound column for orientation.
+Median iteration ms per (preset, cluster, micro-batches) and seed under each baseline, AutoCCL and lagom.
+SIMULATED (one representative rank per preset), not measurements.
 """
 
 from __future__ import annotations
@@ -59,7 +39,6 @@ ROWS: tuple[tuple[str, str, int], ...] = (
     ("mixtral-8x7b-h100x32", "h100-sxm-ib400", 2), ("llama2-7b-a100x32-ib100", "a100-ib100", 1),
     ("llama2-7b-a100x32-ib100", "a100-ib100", 2),
 )
-"""The default table: (preset, cluster, micro-batches per data-parallel rank)."""
 SEEDS = (0, 1, 2, 3, 4)
 
 COLUMNS = (
@@ -67,26 +46,21 @@ COLUMNS = (
     "static_caps_ms", "nemo_yaml_ms", "hp_stream_ms", "nccl_ub_ms", "autoccl_ms", "lagom_plan_ms", "lagom_kept_ms",
     "model_mape",
 )
-"""The columns of ``simulated.csv`` (times in ms, medians; ``nccl_ub_ms`` empty where it does not apply)."""
+"""Times in ms, medians; ``nccl_ub_ms`` empty where it does not apply."""
 DETAIL_COLUMNS = COLUMNS + ("oracle_ms", "lagom_hp_kept_ms", "lagom_phase", "lagom_candidate", "lagom_hp_groups", "caps",
                             "verify_text", "autoccl_iterations", "wall_s")
 BASELINES = ("default_ms", "static_caps_ms", "nemo_yaml_ms", "hp_stream_ms", "nccl_ub_ms", "autoccl_ms")
-"""What lagom's kept result is compared with (claim 1)."""
 MAPE_LIMIT = 5.0
 
 
 def best_baseline_ms(row: dict[str, Any]) -> float:
-    """The fastest of the static baselines and AutoCCL on a row (``nccl_ub_ms`` where present)."""
+    """The fastest baseline (``BASELINES``) of a row."""
     return min(float(row[k]) for k in BASELINES if row.get(k) not in (None, ""))
 
 
 def must_show(row: dict[str, Any], *, noise: float | None = None) -> list[str]:
-    """The table's claims for one row, as failures (empty = all hold):
-
-    1. ``lagom_kept_ms <= 1.005 x min(static baselines, autoccl)``;
-    2. where the oracle's gain is over twice the iteration noise (``sigma_iteration``), the plan's
-       gain is at least 90% of the oracle's: ``default/plan - 1 >= 0.9 (oracle - 1)``;
-    3. ``model_mape < 5``.
+    """The row's claim failures: kept <= 1.005 x best baseline; plan gain >= 0.9 x oracle gain where the oracle's
+    exceeds 2 ``sigma_iteration``; ``model_mape < 5``.
     """
     noise = get("sigma_iteration") if noise is None else noise
     out = []
@@ -105,8 +79,6 @@ def must_show(row: dict[str, Any], *, noise: float | None = None) -> list[str]:
 
 
 def _positive_int(lo: int):
-    """An argparse type for an integer >= ``lo``; argparse names the option in front of the
-    message (``argument --iters: 0 is not an integer >= 1``), as ``cli.options.int_range`` does."""
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -120,11 +92,7 @@ def _positive_int(lo: int):
 
 
 def _microbatches(text: str) -> int | None:
-    """One ``--microbatches`` value: ``preset`` (None: the preset's own global batch) or an integer >= 1.
-
-    Raises:
-        ValueError: anything else (names the option, what is allowed and the value).
-    """
+    """``preset`` (None) or an integer >= 1; ValueError otherwise."""
     if text == "preset":
         return None
     try:
@@ -137,18 +105,7 @@ def _microbatches(text: str) -> int | None:
 
 
 def main(argv: list[str] | None = None, *, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
-    """Entry point of ``lagom bench simulated`` and ``scripts/bench_simulated.py``. Returns 0, or 1
-    when a row breaks ``must_show`` (the rows are still written).
-
-    Args:
-        argv: the options (module docstring); default ``sys.argv[1:]``.
-        parser_class: the argparse parser class (``lagom`` passes its one-line-error parser).
-
-    Raises:
-        SystemExit: a bad option (argparse names it): --iters, --verify-iters, --jobs below 1, a
-            negative seed, bad --microbatches, an unknown or CPU preset or cluster, an --out that
-            cannot be written.
-    """
+    """Entry point of ``lagom bench simulated``; returns 1 when a row breaks ``must_show``, else 0."""
     ap = parser_class(prog="lagom bench simulated", description=__doc__.split("\n\n")[0].replace("``", ""))
     ap.add_argument("--out", default="bench_out", help="output folder for simulated.csv and simulated.png")
     ap.add_argument("--presets", nargs="+", default=None, help="presets (default: the table's rows)")
@@ -208,7 +165,6 @@ def main(argv: list[str] | None = None, *, parser_class: type[argparse.ArgumentP
 
 
 def _rows(ap: argparse.ArgumentParser, args: argparse.Namespace, accum: list[int | None]) -> list[tuple[str, str, int | None]]:
-    """The (preset, cluster, micro-batches) rows to run; refuses unknown presets and clusters and CPU ones."""
     from lagom_megatron.config.presets import load_preset
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.sim.backend import verify_counts
@@ -247,7 +203,7 @@ def _rows(ap: argparse.ArgumentParser, args: argparse.Namespace, accum: list[int
 
 
 def gpu_clusters() -> list[str]:
-    """The shipped clusters the simulator models: those of backend nccl."""
+    """The shipped clusters of backend nccl (those the simulator models)."""
     from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
 
     return [n for n in available_clusters() if ClusterSpec.load(n).backend == "nccl"]

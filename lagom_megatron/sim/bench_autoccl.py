@@ -1,28 +1,8 @@
-"""AutoCCL (Xu et al., NSDI'25; public code ``gbxu/autoccl``) as its code behaves, on the
-simulated cluster: the ``autoccl`` column of ``lagom bench simulated``.
+"""AutoCCL (Xu et al., NSDI'25; ``gbxu/autoccl``) as its code behaves: ``lagom bench simulated``'s ``autoccl``.
 
-What is followed (the project's research notes on AutoCCL, section 2, read in its code):
-
-* **Workloads**: one tuning per (communicator, collective, bytes) (``isNewWorkload``), so sites
-  that NCCL's tuner cannot tell apart share one (``bench_methods.tie_sets``).
-* **Space**: AutoCCL's fork sets every field of a call: algorithm (Ring, Tree for all-reduce),
-  protocol (LL, LL128, Simple; LL128 only where NCCL enables it), channels 1..``MAX_CHANNELS``
-  (``TUNER_MAXCHANNELS`` of its example ``run.sh``), threads 96..640 in steps of 32 (3-20 warps),
-  chunk size (multiples of the minimum up to 2 MiB for Simple). Threads and chunk are per call
-  here, which stock NCCL cannot do: its runs use ``SimulatedCluster.run_iteration(fork=True)``.
-  The transport (P2P / SHM, copy engine) is not modelled.
-* **Search** (``TUNER_MODE`` 5, its default): the space is divided into (algorithm, protocol)
-  subspaces; ``PRETRAIN_STEPS`` random samples spread over them round robin, then
-  ``TRAIN_STEPS`` steps of coordinate descent over (channels, threads, chunk) from each
-  subspace's best sample, visiting subspaces round robin; a subspace is dropped when its best is
-  over 3x the global best after pretraining, or 1.5x after a tenth of the training
-  (``NcclCombinedJob``). A neighbour replaces the current point when it measured faster, by any
-  margin. NCCL's native config is timed first and kept if nothing measured faster. The cost of a candidate is the mean of the fastest 75% of its calls' durations
-  (``meanOfTopPercent(75)``): the collective's own time, blind to the compute it slows. The best
-  candidate measured is kept for the rest of training.
-* **Online**: every workload tries one candidate per iteration, all at once, each measured beside
-  the others' current candidates. The budgets are AutoCCL's defaults (``optimizer.h``: 20 + 50
-  candidates per workload); its ``run.sh`` uses 360 + 240 for microbenchmarks.
+One job per (communicator, collective, bytes) (``isNewWorkload``); per-call threads and chunk (``fork=True``);
+``TUNER_MAXCHANNELS`` (``run.sh``); ``TUNER_MODE`` 5: random pretraining then coordinate descent, pruning at
+3x / 1.5x (``NcclCombinedJob``); cost ``meanOfTopPercent(75)``; budgets ``optimizer.h`` (20 + 50).
 """
 
 from __future__ import annotations
@@ -50,15 +30,12 @@ def _grid(proto: str, max_channels: int) -> dict[str, tuple]:
 
 
 def _cost(calls: list[float]) -> float:
-    """``meanOfTopPercent(75)``: the mean of the fastest 75% of the call durations."""
     xs = sorted(calls)
     k = max(1, int(round(len(xs) * TOP_PERCENT)))
     return sum(xs[:k]) / k
 
 
 class _Workload:
-    """AutoCCL's job for one (communicator, collective, bytes): subspaces, samples, descent."""
-
     def __init__(self, subspaces: list[tuple[str | None, str | None]], max_channels: int, rng: random.Random) -> None:
         self.subs = subspaces
         self.grid = {s: _grid(s[1] or "Simple", max_channels) for s in subspaces}
@@ -75,7 +52,6 @@ class _Workload:
         return CommConfig(algorithm=sub[0], protocol=sub[1], n_channels=nc, n_threads=nt, chunk_size=chunk)
 
     def propose(self) -> CommConfig:
-        """The next candidate (pretraining samples, then coordinate descent)."""
         k = self.step
         self.step += 1
         if k < 0:
@@ -116,15 +92,13 @@ class _Workload:
 
     @staticmethod
     def _turn(st: list) -> None:
-        """No improvement along (dim, direction): try the other direction, then the next dim; the
-        step goes back to one grid point (``lr = -1``)."""
+        """No gain along (dim, direction): flip, then next dim; step back to 1 (``lr = -1``)."""
         if st[2] == 0:
             st[1], st[2], st[3] = -st[1], 1, 1
         else:
             st[0], st[1], st[2], st[3] = (st[0] + 1) % len(DIMS), 1, 0, 1
 
     def record(self, cost: float) -> None:
-        """The measured cost of the pending candidate: kept when faster than its subspace's best."""
         if self.pending is None:
             return
         sub, point = self.pending
@@ -144,7 +118,6 @@ class _Workload:
             self._turn(st)
 
     def final(self) -> CommConfig:
-        """The fastest candidate measured, NCCL's native config included."""
         if not self.best:
             return CommConfig()
         sub = min(self.best, key=lambda s: self.best[s][0])
@@ -163,12 +136,7 @@ def _subspaces(sim: Any, site: Any) -> list[tuple[str | None, str | None]]:
 
 def autoccl(sim: Any, *, first_iteration: int, seed: int = 0,
             steps: int = 1 + PRETRAIN_STEPS + TRAIN_STEPS) -> tuple[dict[str, CommConfig], int]:
-    """AutoCCL's online tuning on ``sim`` (module docstring).
-
-    Returns:
-        (site id -> the CommConfig it settled on, simulated iterations spent). Apply it with
-        ``run_iteration(..., fork=True)``: its threads and chunks are per call.
-    """
+    """AutoCCL's online tuning on ``sim``: (site id -> CommConfig for ``fork=True``, iterations spent)."""
     from lagom_megatron.sim.bench_methods import tie_sets
 
     rules = NcclRules(sim.cluster, backend="sim")
@@ -198,10 +166,7 @@ def autoccl(sim: Any, *, first_iteration: int, seed: int = 0,
 
 def microbench(cluster: Any, *, op: str, nbytes: int, group_size: int, n_nodes: int, seed: int = 0,
                steps: int = 1 + PRETRAIN_STEPS + TRAIN_STEPS) -> tuple[float, float, CommConfig]:
-    """AutoCCL's search on one collective alone (nccl-tests style, no compute beside it): the bus
-    bandwidth (GB/s) of NCCL's default and of AutoCCL's choice, and that choice. Each candidate is
-    timed once with the simulator's collective noise (``sigma_comm``); the bandwidths returned
-    are noise-free. Its published microbenchmarks: 1.24-1.29x NCCL's bandwidth."""
+    """AutoCCL on one collective alone: (default GB/s, AutoCCL's GB/s, its choice); published 1.24-1.29x."""
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.sim.constants import get
     from lagom_megatron.sim.device import Collective, Gpu, comm_cost, resolve_config

@@ -1,30 +1,8 @@
-"""The two measured references of ``lagom bench simulated``: AutoCCL as its public code behaves,
-and the oracle. Both drive the simulator directly (site assignments in, iteration times out).
+"""``lagom bench simulated``'s references on the simulator: ``autoccl_online`` and the ``oracle``.
 
-``autoccl_online`` follows AutoCCL (NSDI'25; its public code ``gbxu/autoccl``:
-``coordinate_descent_job.h``, ``get_candidates.py``): every collective is tuned online, for its own
-measured duration, by coordinate descent over its knobs; a candidate is kept when its measured
-duration is shorter than the best so far (no threshold: any measured gain moves it); the channel
-candidates span the whole range NCCL accepts (AutoCCL's list goes to 128; NCCL caps channels at
-``MAXCHANNELS`` 64 from 2.25, 32 before). All sites advance together, one candidate per iteration,
-so each candidate is measured beside the others' current choices, as online tuning is. Stock NCCL
-has no per-call thread count or (before tuner ABI v6) chunk size, so channels, protocol and
-algorithm are its knobs here; its random restarts (``TUNER_RETRY``) are not run.
-
-``oracle`` is coordinate descent directly on the simulator with noise off, from the best of the
-static fixes (defaults, caps 2/4/8 on the sites, the best per-group caps; each also with every
-group on a high-priority stream where the mechanism can make one): first per group of sites (same communicator and
-op) over channels, protocol and algorithm, and per communicator its stream priority (a
-high-priority pool entry, where the mechanism can make one), then per site over the neighbouring channel counts of
-the ``ORACLE_SITES`` sites with the longest regions. It is the reference for what a plan could get
-*through the mechanism a plan uses* (NCCL's rules on the cluster): where channels can only be set
-per communicator (tuner plugin ABI below v3, NCCL < 2.22: ``ncclConfig_t.maxCTAs``), a value is a
-cap on NCCL's own count, one per communicator, and the per-site pass is skipped. Sites the
-mechanism cannot tell apart (``NcclRules.call_key``: with the tuner plugin NCCL passes only the
-communicator, the collective and its byte count to ``getCollInfo``, NCCL v2.30.7
-``src/include/tuner.h``) move together in the per-site pass, so every oracle plan is one the
-plugin's table can hold (``export.tuner_rows`` refuses one that gives such sites different
-configs), as lagom's own plans are (``SearchProblem.tie_indistinguishable``).
+``autoccl_online``: AutoCCL-style descent (``coordinate_descent_job.h``, ``get_candidates.py``), channels up to
+``MAXCHANNELS`` (64 from NCCL 2.25, 32 before). ``oracle``: noise-free descent through the plan's mechanism;
+sites with one ``NcclRules.call_key`` move together (NCCL v2.30.7 ``src/include/tuner.h`` ``getCollInfo``).
 """
 
 from __future__ import annotations
@@ -36,11 +14,8 @@ from lagom_megatron.nccl.rules import NcclRules
 from lagom_megatron.sim.device import resolve_config
 
 AUTOCCL_ROUNDS = 2
-"""Coordinate-descent passes of the autoccl baseline."""
 ORACLE_ROUNDS = 2
-"""Passes of the oracle's per-group descent."""
 ORACLE_SITES = 24
-"""Sites the oracle refines one by one (longest regions first)."""
 KNOBS = ("n_channels", "protocol", "algorithm")
 
 
@@ -54,8 +29,7 @@ def _domains(sim: Any) -> dict[str, dict[str, tuple]]:
 
 
 def tie_sets(sites: list, rules: NcclRules) -> dict[str, list[str]]:
-    """Site id -> the ids of every site the mechanism of ``rules`` cannot tell apart from it
-    (same ``rules.call_key``; itself alone where the key is None), in ``sites`` order."""
+    """Site id -> ids of every site with the same ``rules.call_key`` (itself alone where None), in order."""
     by_key: dict[Any, list[str]] = {}
     out: dict[str, list[str]] = {}
     for s in sites:
@@ -71,11 +45,7 @@ def _config(knobs: dict[str, Any]) -> CommConfig:
 
 
 def autoccl_online(sim: Any, *, first_iteration: int, rounds: int = AUTOCCL_ROUNDS) -> tuple[dict[str, CommConfig], int]:
-    """AutoCCL's online tuning on ``sim`` (module docstring).
-
-    Returns:
-        (site id -> CommConfig it settled on, simulated iterations it spent).
-    """
+    """AutoCCL's online tuning on ``sim``; returns (site id -> CommConfig, simulated iterations spent)."""
     doms = _domains(sim)
     state = {sid: {k: None for k in KNOBS} for sid in doms}
     it = first_iteration
@@ -108,13 +78,7 @@ def _time(sim: Any, state: dict[str, dict]) -> float:
 
 def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_ROUNDS,
            per_site: int = ORACLE_SITES, group_caps: dict[str, int] | None = None) -> tuple[dict[str, CommConfig], float, int]:
-    """The oracle plan on ``sim`` (module docstring). ``group_caps`` (group -> channel cap, the
-    best static per-group caps) is one more start: a plan can hold it, each site at
-    ``min(NCCL's channels, its group's cap)``.
-
-    Returns:
-        (site id -> CommConfig, its noise-free iteration time in us, simulated iterations spent).
-    """
+    """The oracle plan: (site id -> CommConfig, noise-free iteration us, iterations spent)."""
     doms = _domains(sim)
     rules = NcclRules(sim.cluster, backend="sim")
     per_comm = rules.scope("n_channels") != "call"

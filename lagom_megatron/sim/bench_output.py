@@ -1,5 +1,4 @@
-"""What ``lagom bench simulated`` writes and prints: the CSV files (atomically), the bar chart and
-the table on stdout with its claims (``bench.must_show``)."""
+"""``lagom bench simulated``'s output: the CSV files, the bar chart and the table with its claims."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ def _cell(v: Any) -> Any:
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path, columns: tuple[str, ...]) -> None:
-    """Writes ``columns`` of ``rows`` atomically (temporary file + rename); None is an empty cell."""
+    """Writes ``columns`` of ``rows`` atomically."""
     tmp = path.with_suffix(".csv.tmp")
     with tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
@@ -35,8 +34,7 @@ def _median_by_row(rows: list[dict[str, Any]], key: str) -> dict[tuple, float]:
 
 
 def plot(rows: list[dict[str, Any]], path: Path, paper: tuple[float, float]) -> None:
-    """Bar chart of speed-ups over NCCL defaults per row (median over seeds) and method, with the
-    free-comm bound and the paper's measured range. Written atomically."""
+    """Bar chart of median speed-ups over NCCL defaults per row and method."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,8 +74,7 @@ def plot(rows: list[dict[str, Any]], path: Path, paper: tuple[float, float]) -> 
 
 def print_table(rows: list[dict[str, Any]], must_show: Callable[[dict[str, Any]], list[str]],
                 paper_nccl: tuple[float, float], paper_autoccl: tuple[float, float]) -> int:
-    """The table on stdout, the paper's measured range beside the free-comm bound; returns the
-    number of rows that break ``must_show`` (each printed)."""
+    """Prints the table; returns the number of ``must_show`` failures (each printed)."""
     print("\nSIMULATED iteration times (ms, median) -- from lagom_megatron's simulator, not real hardware")
     hdr = (f"{'preset':22s} {'cluster':16s} {'mb':>2s} {'s':>1s} {'ovl':>4s} {'bound':>5s} {'oracle':>6s} {'default':>8s} "
            f"{'caps':>8s} {'nemo':>8s} {'hp':>8s} {'ub':>8s} {'autoccl':>8s} {'plan':>8s} {'kept':>8s} {'mape':>4s}")

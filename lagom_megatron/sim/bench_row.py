@@ -1,23 +1,4 @@
-"""One row of ``lagom bench simulated``: every method on one preset, cluster and micro-batch count,
-for several seeds.
-
-The static baselines are what Megatron users deploy instead of a tuner:
-
-* ``static_caps``: one ``max_ctas`` per process group (Megatron's ``--nccl-communicator-config-path``
-  YAML), the best found by sweeping each group's cap over ``CAPS`` with the others fixed, two
-  passes, on the simulator without noise (the best a user could find by trying caps offline);
-* ``nemo_yaml``: the caps NeMo's performance scripts ship (dp / dp_cp ``max_ctas`` 8, pp 2, tp 8;
-  NVIDIA-NeMo PR #13407; its ``cga_cluster_size`` is not modelled);
-* ``hp_stream``: every communication group on a high-priority stream (Megatron's
-  ``--high-priority-stream-groups``; ``timeline``, "Dispatch");
-* ``nccl_ub``: the data-parallel groups' buffers registered (``--use-nccl-ub``), where NCCL's
-  symmetric kernels exist (sm90 NVSwitch nodes; ``channel_defaults.ub_ctas``); empty elsewhere.
-
-Noise-free work (the free-communication bound, the overlapped share, the caps sweep, the oracle)
-does not depend on the seed and runs once per row; each seed then measures every method with its
-own noise draws (medians of ``iters`` iterations, the same draws for every method) and runs
-AutoCCL and lagom's lifecycle.
-"""
+"""One row of ``lagom bench simulated``: every method per seed; ``NEMO_CAPS``: NVIDIA-NeMo PR #13407."""
 
 from __future__ import annotations
 
@@ -26,24 +7,15 @@ import time
 from typing import Any
 
 CAPS = (1, 2, 4, 8, 16, 32)
-"""Per-group channel caps the static sweep tries (a cap at or above NCCL's count changes nothing)."""
 NEMO_CAPS = {"dp": 8, "dp_cp": 8, "pp": 2, "tp": 8}
-"""NeMo's performance-script YAML: dp / dp_cp ``max_ctas: 8``, pp ``max_ctas: 2``, tp ``max_ctas: 8``."""
 UB_GROUPS = frozenset({"dp", "dp_cp"})
-"""Groups whose buffers ``--use-nccl-ub`` registers (Megatron-Core: DP / FSDP communication)."""
 BASE = 100_000
-"""First iteration of the measured medians (away from the tuner's and AutoCCL's iterations)."""
 AUTOCCL_FIRST, LAGOM_FIRST, LAGOM_HP_FIRST = 10_000, 20_000, 60_000
-"""First iterations of AutoCCL's online search (under a hundred iterations), lagom's lifecycle and
-lagom's with every group on a high-priority stream (each profiling plus two iterations per
-verification pair: a few thousand at most). Noise draws depend on the seed and the iteration
-(``SimulatedCluster``), so runs at disjoint iterations draw independent noise."""
+"""Disjoint first iterations, so independent noise draws."""
 
 
 def with_microbatches(preset: Any, n: int) -> Any:
-    """The preset with its global batch cut to ``n`` micro-batches per data-parallel rank (short
-    gradient accumulation: the data-parallel collectives then overlap a larger share of the
-    iteration). Raises ValueError for ``n < 1``."""
+    """The preset with its global batch cut to ``n`` micro-batches per DP rank; ValueError for ``n < 1``."""
     if n < 1:
         raise ValueError(f"micro-batches per rank must be >= 1; got {n}")
     p = preset.parallel
@@ -53,7 +25,7 @@ def with_microbatches(preset: Any, n: int) -> Any:
 
 
 def groups_of(sim: Any) -> list[str]:
-    """The process groups that run collectives in ``sim``'s iteration, in order of first call."""
+    """Process groups with collectives in ``sim``, by first call."""
     return list(dict.fromkeys(c.stream for c in sim._prog.calls))
 
 
@@ -68,7 +40,7 @@ def ub_applies(sim: Any) -> bool:
 
 
 def sweep_caps(sim: Any, *, passes: int = 2) -> tuple[dict[str, int], float, int]:
-    """The best ``max_ctas`` per group (module docstring). Returns (caps, noise-free us, iterations)."""
+    """The best ``max_ctas`` per group: (caps, noise-free us, iterations)."""
     caps: dict[str, int] = {}
     best = sim.run_iteration(iteration=0, noise=False).iteration_us
     runs = 1
@@ -89,14 +61,12 @@ def sweep_caps(sim: Any, *, passes: int = 2) -> tuple[dict[str, int], float, int
 
 
 def median_us(sim: Any, *, iters: int, **kw: Any) -> float:
-    """Median iteration time (us) over ``iters`` noisy iterations from ``BASE`` under ``kw``
-    (``run_iteration``'s options)."""
+    """Median iteration us over ``iters`` noisy iterations from ``BASE``."""
     return statistics.median(sim.run_iteration(iteration=BASE + i, **kw).iteration_us for i in range(iters))
 
 
 def shared(sim: Any) -> dict[str, Any]:
-    """The seed-independent part of a row: overlapped share, free-communication bound, the static
-    caps sweep and the oracle (noise-free)."""
+    """The seed-independent, noise-free part of a row."""
     from lagom_megatron.sim.bench_methods import oracle
 
     quiet = sim.run_iteration(iteration=0, noise=False)
@@ -111,7 +81,7 @@ def shared(sim: Any) -> dict[str, Any]:
 
 def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_iters: int,
              verify_max_iters: int | None = None) -> dict[str, Any]:
-    """Every method of the row under seed ``seed`` (module docstring)."""
+    """Every method of the row under ``seed``."""
     from lagom_megatron.sim.backend import run_lifecycle
     from lagom_megatron.sim.bench_autoccl import autoccl
 
@@ -134,8 +104,7 @@ def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_it
     assignment = {k: e.config for k, e in plan.entries.items()} if plan is not None else {}
     plan_us = median_us(sim, iters=iters, assignment=assignment)
     applied = r.tuner.phase.value == "applied"
-    # lagom in a job that also names every group in --high-priority-stream-groups (its pool
-    # entries inherit the group's stream priority, nccl/pool.py): a details column
+    # every group in --high-priority-stream-groups (pool entries inherit it, nccl/pool.py): a details column
     sim.high_priority = groups
     try:
         hp = run_lifecycle(sim, method="priority", **verify, after_iters=0, first_iteration=LAGOM_HP_FIRST)
@@ -156,8 +125,7 @@ def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_it
 
 def run_row(preset_name: str, cluster: str, *, seeds: list[int], iters: int, microbatches: int | None,
             verify_iters: int, verify_max_iters: int | None = None) -> list[dict[str, Any]]:
-    """All seeds of one row. ``microbatches`` None = the preset's own global batch; ``verify_iters`` /
-    ``verify_max_iters``: lagom's verification (first look, cap; ``Tuner.Config``)."""
+    """All seeds of one row."""
     from lagom_megatron.config.presets import load_preset
     from lagom_megatron.sim.backend import SimulatedCluster
 

@@ -1,14 +1,4 @@
-"""``lagom bench simulated --sensitivity``: the table at each end of every ranged constant's range
-(``sim.constants``), as a tornado table.
-
-For each constant and each end of its range, every row of ``SENSITIVITY_ROWS`` (or the rows the
-options select) is run with seed 0 and the constant set: lagom's kept speed-up over NCCL's
-defaults, the oracle's, and the best static baseline's (best per-group caps, NeMo's caps, the
-high-priority stream, registered buffers; AutoCCL is left out to keep the run short). Printed
-per constant: the range over rows of each speed-up at the low end and at the high end, sorted by
-how much the constant moves lagom's kept result; written to ``<out>/sensitivity.csv`` one line per
-(constant, end, row). The central values are the first block (``value``).
-"""
+"""``lagom bench simulated --sensitivity``: speed-ups at each end of every ranged constant (tornado table, seed 0)."""
 
 from __future__ import annotations
 
@@ -25,13 +15,12 @@ SENSITIVITY_ROWS: tuple[tuple[str, str, int], ...] = (
     ("llama2-7b-a40x16-tp8", "a40-pcie-ib200", 2), ("gpt3-2.7b-a40x8-fsdp", "h100-sxm-ib400", 1),
     ("llama3-8b-h100x8", "h100-sxm-ib400", 1), ("llama2-7b-a100x32-ib100", "a100-ib100", 1),
 )
-"""The paper's regime on both A40 clusters and the rows where tuning matters most on NVSwitch."""
 COLUMNS = ("constant", "end", "value", "preset", "cluster", "microbatches", "kept", "oracle", "best_static", "bound")
 
 
 def one(preset_name: str, cluster: str, mb: int | None, verify_iters: int | None,
         verify_max_iters: int | None = None) -> dict[str, float]:
-    """Speed-ups over NCCL defaults of one row under the current constants (seed 0)."""
+    """Speed-ups over NCCL defaults of one row (seed 0)."""
     from lagom_megatron.config.presets import load_preset
     from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle, verify_counts
     from lagom_megatron.sim.bench_row import NEMO_CAPS, UB_GROUPS, groups_of, median_us, shared, with_microbatches
@@ -58,8 +47,7 @@ def one(preset_name: str, cluster: str, mb: int | None, verify_iters: int | None
 
 def run_sensitivity(args: argparse.Namespace, out: Path, *, constants: list[str] | None = None,
                     table: tuple[tuple[str, str, int], ...] = ()) -> int:
-    """Runs and prints the tornado table (module docstring) over the selected rows (``table``:
-    the bench's default rows, where a preset's cluster is looked up); returns 0."""
+    """Runs, writes ``sensitivity.csv`` and prints the tornado table; returns 0."""
     ROWS = table
     t0 = time.perf_counter()
     if args.presets is None and args.clusters is None:
@@ -101,8 +89,7 @@ def _write(lines: list[dict[str, Any]], path: Path) -> None:
 
 
 def print_tornado(lines: list[dict[str, Any]], rows: list[tuple]) -> None:
-    """Per row: the central speed-ups, then per constant (sorted by how far it moves lagom's kept
-    speed-up on that row) each speed-up at the low and the high end of the constant's range."""
+    """Prints the tornado table per row."""
     print(f"\nSENSITIVITY (SIMULATED, seed 0, {len(rows)} rows): speed-up over NCCL defaults, low end -> high end")
     for r in rows:
         key = (r[0], r[1], r[2])

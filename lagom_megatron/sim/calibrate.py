@@ -1,21 +1,7 @@
-"""Fitting a GPU's contention constants from ``scripts/gpu/contention_probe.py``'s CSV
-(``lagom calibrate contention CSV``).
+"""A GPU's contention constants from ``scripts/gpu/contention_probe.py``'s CSV (``lagom calibrate contention``).
 
-The probe times compute kernels alone and beside a copy / reduce kernel holding ``ctas``
-persistent CTAs (``mode`` copy or reduce: HBM traffic; ``l2``: the same CTAs looping over an
-L2-resident buffer, so SMs are held with almost no HBM traffic). Per row it records the
-compute kernel's time alone and overlapped (us), its HBM bytes, the channel kernel's HBM traffic
-rate alone (GB/s) and the device's peak copy bandwidth (GB/s). With the simulator's sharing rule
-(``sim.device``, ``sim.timeline``) each overlapped row gives one value of a constant:
-
-* ``kappa_mem`` from memory-bound kernels (``kind`` elementwise / attention) beside copy/reduce:
-  slowdown = (1 / f) * (1 + kappa_mem * share), f = min(1, peak / (demand_compute + demand_comm)),
-  share = demand_comm * f / peak;
-* ``kappa_compute`` from GEMMs beside copy/reduce: slowdown = wave(ctas) * (1 + kappa * share);
-* the SM term is checked, not fitted: ``l2`` rows against ``device.wave_factor`` (mean absolute
-  error in percent).
-
-Each constant is the median of its rows (rows with ``share`` < 0.02 say nothing and are skipped).
+f = min(1, peak / demand), share = demand_comm f / peak; memory-bound: slowdown = (1 + kappa_mem share) / f;
+GEMM: wave(ctas)(1 + kappa_compute share); ``l2`` rows check ``wave_factor``. Medians; share < ``MIN_SHARE`` skipped.
 """
 
 from __future__ import annotations
@@ -36,13 +22,13 @@ from lagom_megatron.sim.device import ComputeKernel, wave_factor
 
 COLUMNS = ("gpu", "sms", "peak_hbm_gbs", "kernel", "kind", "tiles", "persistent", "mode", "ctas", "threads",
            "chunk_bytes", "total_bytes", "t_alone_us", "t_overlap_us", "kernel_hbm_bytes", "comm_hbm_gbs")
-"""The probe CSV's columns (units in the names: us, bytes, GB/s)."""
+"""Units in the names: us, bytes, GB/s."""
 MIN_SHARE = 0.02
 
 
 @dataclass(frozen=True)
 class Fitted:
-    """Fitted constants of one GPU and how many rows gave each (None: no usable row)."""
+    """Fitted constants of one GPU and rows per constant (None: no usable row)."""
 
     gpu: str
     kappa_mem: float | None
@@ -51,26 +37,17 @@ class Fitted:
     rows: dict[str, int]
 
     def to_dict(self) -> dict[str, Any]:
-        """The constants as a plain mapping (the YAML's body)."""
+        """The YAML's body."""
         return {"gpu": self.gpu, "kappa_mem": self.kappa_mem, "kappa_compute": self.kappa_compute,
                 "sm_term_mae_pct": self.sm_term_mae_pct, "rows": dict(self.rows)}
 
 
 TEXT_COLUMNS = ("gpu", "kernel", "kind", "mode")
-"""The columns that hold names; every other column holds a finite number >= 0."""
 POSITIVE_COLUMNS = ("sms", "peak_hbm_gbs")
-"""Numeric columns that must be > 0 (the fit divides by them)."""
 
 
 def read_rows(path: "str | os.PathLike") -> list[dict[str, Any]]:
-    """The probe CSV's rows with numbers parsed (``COLUMNS``; times in us, bytes, GB/s).
-
-    Raises:
-        ValueError: a missing column (names it and the expected set); a cell that is not a number,
-            or a negative, infinite or NaN one (``file:line``, the column and the value as written;
-            ``sms`` and ``peak_hbm_gbs`` must be > 0); or no rows.
-        OSError: the file cannot be read.
-    """
+    """The probe CSV's rows parsed; ValueError (named ``file:line``) for a bad column or cell, or no rows."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
@@ -85,8 +62,6 @@ def read_rows(path: "str | os.PathLike") -> list[dict[str, Any]]:
 
 
 def _number(text: str | None, where: str, column: str) -> float:
-    """``text`` as a finite number >= 0 (> 0 for ``POSITIVE_COLUMNS``); ValueError names ``where``,
-    the column and the value as written."""
     text = (text or "").strip()
     allowed = "a finite number > 0" if column in POSITIVE_COLUMNS else "a finite number >= 0"
     try:
@@ -99,11 +74,7 @@ def _number(text: str | None, where: str, column: str) -> float:
 
 
 def fit(rows: list[dict[str, Any]]) -> Fitted:
-    """Fits ``kappa_mem`` and ``kappa_compute`` and checks the SM term (module docstring).
-
-    Raises:
-        ValueError: rows of more than one GPU.
-    """
+    """Fits ``kappa_mem`` and ``kappa_compute`` and checks the SM term; ValueError for rows of several GPUs."""
     gpus = {r["gpu"] for r in rows}
     if len(gpus) != 1:
         raise ValueError(f"a probe CSV holds one GPU; got {sorted(gpus)}")
@@ -136,12 +107,7 @@ def fit(rows: list[dict[str, Any]]) -> Fitted:
 
 
 def write_yaml(fitted: Fitted, out: Path, *, source: str) -> None:
-    """Writes the constants as YAML atomically (``engine.files.write_text_atomic``: a temporary file,
-    flushed to disk, renamed over ``out``).
-
-    Raises:
-        OSError: ``out`` exists but cannot be read (never overwritten then), or cannot be written.
-    """
+    """Writes the constants as YAML atomically; OSError (never overwriting) if ``out`` exists unreadable."""
     if out.exists() and not os.access(out, os.R_OK):
         raise OSError(f"{out} exists and cannot be read; not overwriting it")
     doc = {**fitted.to_dict(), "source_csv": source, "fitted_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

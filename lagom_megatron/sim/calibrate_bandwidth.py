@@ -1,30 +1,8 @@
-"""Fitting a cluster's communication bandwidth from nccl-tests sweeps (``lagom calibrate bandwidth``).
+"""A cluster's communication bandwidth from nccl-tests sweeps (``lagom calibrate bandwidth``).
 
-Input: runs read by ``nccl.perf_table.read_perf_run`` (``scripts/gpu/nccl_sweep.sh`` writes one
-file per op x protocol x channels x threads). Two steps, both least squares:
-
-1. **Per run**, the time of one call against its wire bytes (``busbw / algbw`` x size, nccl-tests
-   doc/PERFORMANCE.md): ``t = latency + wire / bw``, the form PERFORMANCE.md describes ("roughly
-   equal to overhead + size / bw") and the simulator uses (``sim.device.CommCost.t_alone_us``).
-   Weighted by ``1 / t`` so small sizes fix the latency and large ones the bandwidth.
-2. **Across runs**, the per-channel-bandwidth-with-saturation shape of the simulator
-   (``sim.device.comm_cost``) and of the cost model (``engine.cost_model``)::
-
-       bw = softmin(channels * per_channel[kind] * (threads / 512)^e,  eff[kind] * link;  p)
-       softmin(x, y; p) = (x^-p + y^-p)^(-1/p)
-
-   one ``per_channel`` and ``eff`` per curve (scope intra / inter node x kind: the protocol of a
-   Ring collective, or P2P for send/recv and all-to-all), ``p`` and ``e`` shared. ``link`` is the
-   cluster file's: ``nvlink_gbps_per_gpu`` inside a node; across nodes ``net_gbps_per_gpu`` x ranks
-   per node for collectives and one GPU's share for P2P (as ``sim.device._link_gbs``). ``e`` applies
-   to Simple and LL only (NCCL_NTHREADS sets nothing else; ``nccl.perf_table.WARP_SIZE``). The fit
-   is Levenberg-Marquardt on log bandwidth (numpy; parameters in log space, clipped to bounds).
-
-A quantity the sweep cannot show is reported as not identified and written nowhere: a parameter
-whose standard error, at 1% scatter per run (``NOISE_LOG``), is above ``MAX_STD``: a ceiling no
-run reached, a per-channel rate no run was limited by, ``p`` without runs near the knee, ``e``
-with one thread count.
-``fit_to_cluster_fields`` is the one place that names the cluster keys.
+Per run ``t = latency + wire / bw`` (nccl-tests doc/PERFORMANCE.md); across runs Levenberg-Marquardt on log bw of
+``sim.device.comm_cost``'s softmin shape. A parameter whose standard error at ``NOISE_LOG`` exceeds ``MAX_STD`` is
+not identified and written nowhere.
 """
 
 from __future__ import annotations
@@ -42,39 +20,35 @@ from lagom_megatron.nccl.perf_table import PerfRun
 from lagom_megatron.sim.device import SAT_P, THREAD_EXPONENT
 
 THREAD_KINDS = ("LL", "Simple")
-"""Kinds whose per-channel bandwidth follows NCCL_NTHREADS."""
 P_BOUNDS, E_BOUNDS = (1.0, 64.0), (0.0, 2.0)
 NOISE_LOG = 0.01
-"""Scatter of one run's bandwidth the identification test assumes (1%, as log): a parameter is
-identified when that scatter leaves its standard error under ``MAX_STD``."""
+"""Assumed scatter of one run's log bandwidth (1%)."""
 MAX_STD = {"log": 0.05, "p": 0.2, "e": 0.05}
-"""Largest standard error of an identified parameter: per-channel bandwidth and efficiency 5%,
-log p 0.2 (p within about 20%), the thread exponent 0.05."""
 
 
 @dataclass(frozen=True)
 class RunBandwidth:
-    """One run's bus bandwidth (``t = latency + wire / bw``; GB/s, us)."""
+    """One run's bus bandwidth (GB/s) and latency (us)."""
 
     run: PerfRun
     bw_gbs: float
     latency_us: float | None
-    """None when the run has one size (bandwidth = its bus bandwidth, latency not separable)."""
+    """None when the run has one size."""
 
     @property
     def kind(self) -> str:
-        """The curve it belongs to: its protocol (Ring) or ``P2P``."""
+        """Its protocol (Ring) or ``P2P``."""
         return "P2P" if self.run.algorithm == "P2P" else self.run.protocol
 
     @property
     def scope(self) -> str:
-        """``intra`` (one node) or ``inter`` (several)."""
+        """``intra`` (one node) or ``inter``."""
         return "intra" if self.run.nodes == 1 else "inter"
 
 
 @dataclass(frozen=True)
 class Curve:
-    """The fitted shape of one scope x kind; a None figure was not identified (module docstring)."""
+    """The fitted shape of one scope x kind; None: not identified."""
 
     scope: str
     kind: str
@@ -100,7 +74,7 @@ class BandwidthFit:
 
 
 def run_bandwidth(run: PerfRun) -> RunBandwidth | None:
-    """Fits ``t = latency + wire / bw`` to one run's rows (step 1). None: no row with a size and a time."""
+    """Fits ``t = latency + wire / bw`` to one run; None without a row with a size and a time."""
     w = np.array([r.size * run.bus_factor for r in run.rows], dtype=float)
     t = np.array([r.time_us for r in run.rows], dtype=float)
     if not len(w) or run.bus_factor <= 0:
@@ -116,7 +90,6 @@ def run_bandwidth(run: PerfRun) -> RunBandwidth | None:
 
 
 def _link(r: RunBandwidth, c: ClusterSpec) -> tuple[float, str]:
-    """The link a run's ceiling is a share of, GB/s, and its cluster key."""
     if r.scope == "intra":
         return c.nvlink_gbps_per_gpu, "nvlink_gbps_per_gpu"
     if r.kind == "P2P":
@@ -130,13 +103,11 @@ def _softmin(x, y, p):
 
 
 def _jacobian(resid, x, r):
-    """Forward-difference Jacobian of ``resid`` at ``x`` (``r = resid(x)``): points x parameters."""
     h = 1e-6 * np.maximum(1.0, np.abs(x))
     return np.stack([(resid(x + h[j] * np.eye(len(x))[j]) - r) / h[j] for j in range(len(x))], axis=1)
 
 
 def _lm(resid, x0, lo, hi, iters: int = 300):
-    """Levenberg-Marquardt with a forward-difference Jacobian; steps clipped to [lo, hi]."""
     x = np.clip(np.asarray(x0, dtype=float), lo, hi)
     r = resid(x)
     cost, lam = float(r @ r), 1e-3
@@ -160,11 +131,7 @@ def _lm(resid, x0, lo, hi, iters: int = 300):
 
 
 def fit_bandwidth(runs: Sequence[PerfRun], cluster: ClusterSpec) -> BandwidthFit:
-    """Fits every run, then the shape across them (module docstring).
-
-    Raises:
-        ValueError: no run has a usable row (names the files).
-    """
+    """Fits every run, then the shape across them; ValueError when no run has a usable row."""
     notes = [f"{r.path}: asked {r.asked_channels} channels, NCCL ran {r.channels}" for r in runs
              if r.channels != r.asked_channels and r.algorithm != "P2P"]
     seen = sorted({f"{r.gpu or 'GPU not named'} x {r.ranks or '?'} ranks on {r.nodes} node(s)" for r in runs})
@@ -249,9 +216,6 @@ def fit_bandwidth(runs: Sequence[PerfRun], cluster: ClusterSpec) -> BandwidthFit
 
 
 def _std_errors(resid, x) -> np.ndarray:
-    """Standard error of each parameter at ``x`` if every run scattered by ``NOISE_LOG``:
-    ``sqrt(diag((J^T J + eps I)^-1)) x NOISE_LOG``; a direction the runs do not constrain gets
-    ``NOISE_LOG / sqrt(eps)``, far above any ``MAX_STD``."""
     jac = _jacobian(resid, x, resid(x))
     cov = np.linalg.inv(jac.T @ jac + 1e-10 * np.eye(len(x)))
     return NOISE_LOG * np.sqrt(np.maximum(np.diag(cov), 0.0))
@@ -262,16 +226,7 @@ def _sig(x: float) -> float:
 
 
 def fit_to_cluster_fields(fit: BandwidthFit) -> dict[str, Any]:
-    """The cluster-file keys a fit sets and their values: the one function that knows the
-    ``ClusterSpec`` names (``engine/cluster.py``). Per protocol, only identified figures; the
-    per-channel bandwidth from runs inside a node where there are any (the simulator has one
-    per-channel table for both scopes); P2P curves map to no key (the cluster schema has none)
-    and are reported only.
-
-    Returns:
-        ``per_channel_gbps``, ``link_eff``, ``net_eff`` (protocol -> value), ``bw_saturation_p``,
-        ``channel_thread_exponent``, each only when the fit identified it.
-    """
+    """The cluster-file keys a fit identified (per protocol; P2P curves map to none)."""
     ring = [c for c in fit.curves if c.kind in PROTOCOLS]
     per_channel: dict[str, float] = {}
     for c in sorted(ring, key=lambda c: c.scope != "intra"):
@@ -292,12 +247,7 @@ def fit_to_cluster_fields(fit: BandwidthFit) -> dict[str, Any]:
 
 
 def calibrated_cluster(base: dict[str, Any], fit: BandwidthFit, *, name: str, source: str) -> dict[str, Any]:
-    """``base`` (a cluster file's mapping) with the fitted keys merged in (per protocol: fitted
-    protocols replace, others stay) and ``name`` set, checked by ``ClusterSpec.from_dict``.
-
-    Raises:
-        ValueError: the result is not a valid cluster (names the key).
-    """
+    """``base`` with the fitted keys merged and ``name`` set; ValueError if not a valid cluster."""
     doc = dict(base)
     for key, value in fit_to_cluster_fields(fit).items():
         doc[key] = {**(doc.get(key) or {}), **value} if isinstance(value, dict) else value
@@ -307,7 +257,7 @@ def calibrated_cluster(base: dict[str, Any], fit: BandwidthFit, *, name: str, so
 
 
 def summary_lines(fit: BandwidthFit) -> list[str]:
-    """Human-readable lines: one per curve, the shared exponents, then the notes."""
+    """Human-readable lines: curves, shared exponents, notes."""
     fmt = lambda v, spec: "not identified" if v is None else format(v, spec)  # noqa: E731
     lines = []
     for c in fit.curves:

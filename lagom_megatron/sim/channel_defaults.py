@@ -1,30 +1,10 @@
-"""What NCCL runs by default on a simulated topology: algorithm, protocol, channels and threads
-(the simulator's NCCL side), from NCCL's own model (``nccl.tuning_model``, NCCL v2.30.7).
+"""What NCCL runs by default on a simulated topology (algorithm, protocol, channels, threads): ``nccl.tuning_model``.
 
-Channels come from NCCL's ring search where a link's capacity sets it, and from NCCL's logs where
-NVSwitch does:
-
-* **PCIe nodes** (``intra_link: pcie``): one GPU's PCIe Gen4 x16 is 24 GB/s in NCCL's units
-  (topo.cc:545-556). The search finds one ring at 20 GB/s, then keeps lowering the speed (0.49
-  rule) and finds two at 12 GB/s, which fill the 24 (search.cc:1198, 1245): 2 search channels,
-  4 CTAs after ``connect.cc:460`` doubles them.
-* **NVLink-bridged pairs on PCIe** (``nvlink_bridge_gbps``): a ring through the node alternates
-  bridge and PCIe hops, so each GPU's PCIe carries one direction of a ring and rings in both
-  directions fit: capacity 48, 24 per ring (the PCIe hop): 4 search channels at 12 GB/s, 8 CTAs.
-  A group of one bridged pair rings over the bridge alone (4 links x 12 GB/s, topo.h:23).
-* **Across nodes behind shared NICs**: the GPU-NIC path limits each ring (``maxBw``): one 100
-  Gb/s NIC (12.5 GB/s) gives one ring at 12 GB/s, 2 CTAs, and 256 threads because 12 <= PCI_BW
-  (tuning.cc:244-245): an NCCL maintainer in nccl#689, a PCIe system with one NIC "should just
-  launch 2 SMs". One 200 Gb/s NIC: one ring at 24, 2 CTAs, 512 threads; two 400 Gb/s NICs behind
-  bridged pairs: two rings at 24, 4 CTAs.
-* **NVSwitch nodes**: NCCL INFO logs "24 coll channels" on DGX A100 (the search gives the same:
-  6 rings at 40 GB/s over 12 links x 20, doubled twice) and "32 coll channels" on DGX H100
-  (the reduced search gives 24 there: the log is kept); about 16 across nodes with one NIC per
-  GPU (nccl#689). NVLS runs 16 channels (``nvlsChannels`` on sm90, 2.26 and later).
-
-Then NCCL's size rule (``tuning_model.size_rule``, enqueue.cc:2093-2105) drops channels and threads
-for small messages. Point-to-point calls use NCCL's per-peer channels and its P2P size rule
-(``p2p_channels``, paths.cc:919-1004 and enqueue.cc:918-925, 1143-1146).
+NCCL v2.30.7 sources: PCIe Gen4 x16 = 24 GB/s (topo.cc:545-556); ring search 2 x 12 GB/s (search.cc:1198, 1245),
+CTAs doubled (connect.cc:460): PCIe 4 CTAs, bridged pairs 8; bridge 4 links x 12 GB/s (topo.h:23). Across nodes
+the GPU-NIC path caps each ring (100 Gb/s NIC: 2 CTAs, 256 threads, tuning.cc:244-245; nccl#689). NVSwitch:
+INFO logs 24 (DGX A100) / 32 (DGX H100) coll channels, ~16 across nodes (nccl#689); NVLS 16 (``nvlsChannels``
+sm90, 2.26+). Size rule: enqueue.cc:2093-2105; P2P: paths.cc:919-1004, enqueue.cc:918-925, 1143-1146.
 """
 
 from __future__ import annotations
@@ -35,23 +15,22 @@ from lagom_megatron.engine import p2p as p2p_rule
 from lagom_megatron.nccl import tuning_model as nm
 
 NVSWITCH_CHANNELS = {90: 32, 80: 24}
-"""Collective CTAs in one NVSwitch node by SM architecture (NCCL INFO logs of DGX H100 / DGX A100)."""
+"""Collective CTAs in one NVSwitch node by SM arch (NCCL INFO logs of DGX H100 / DGX A100)."""
 NVLINK_INTER_NODE_CHANNELS = 16
-"""Collective CTAs across NVSwitch nodes with one NIC per GPU (nccl#689: about 16 SMs)."""
+"""Collective CTAs across NVSwitch nodes with one NIC per GPU (nccl#689)."""
 NVLS_CHANNELS = 16
-"""NVLS CTAs on sm90 (``NCCL_NVLS_NCHANNELS`` default, research notes: 16 on sm90 in 2.26)."""
+"""NVLS CTAs on sm90 (``NCCL_NVLS_NCHANNELS`` default in 2.26)."""
 
 
 def nvlinks(gpu: Any) -> int:
-    """NVLink links per GPU: NVSwitch links, or the bridge's, from datasheet GB/s per link."""
+    """NVLink links per GPU (NVSwitch or bridge), from datasheet GB/s per link."""
     arch = 86 if gpu.sm_arch == 86 else (90 if gpu.sm_arch >= 90 else 80)
     gbs = gpu.bridge_gbs if gpu.intra_link == "pcie" else gpu.nvlink_gbs
     return max(0, round(gbs / nm.NVLINK_LINK_GBS[arch]))
 
 
 def path(gpu: Any, c: Any) -> str:
-    """How the ranks of ``c`` are joined inside a node: ``nvswitch``, ``bridge`` (one NVLink-bridged
-    pair), ``bridged`` (a ring alternating bridge and PCIe hops), ``pcie``."""
+    """``nvswitch``, ``bridge`` (one NVLink-bridged pair), ``bridged`` (ring alternating bridge / PCIe) or ``pcie``."""
     if gpu.intra_link != "pcie":
         return "nvswitch"
     per_node = max(1, c.group_size // max(1, c.n_nodes))
@@ -64,13 +43,13 @@ def path(gpu: Any, c: Any) -> str:
 
 
 def nic_gbs(gpu: Any) -> float:
-    """One NIC's GB/s: the per-GPU share times the GPUs sharing a NIC."""
+    """One NIC's GB/s."""
     nics = gpu.nics_per_node or gpu.gpus_per_node
     return gpu.net_gbs * gpu.gpus_per_node / nics
 
 
 def ring_graph(gpu: Any, c: Any) -> tuple[int, float]:
-    """NCCL's ring graph for ``c`` on a PCIe-class node (module docstring): (search channels, speed)."""
+    """NCCL's ring graph for ``c`` on a PCIe-class node: (search channels, speed GB/s)."""
     p = path(gpu, c)
     if p == "bridge":
         cap, top = nvlinks(gpu) * nm.NVLINK_BW[86 if gpu.sm_arch == 86 else 80], None
@@ -86,8 +65,7 @@ def ring_graph(gpu: Any, c: Any) -> tuple[int, float]:
 
 
 def collective_ctas(gpu: Any, c: Any, algorithm: str) -> tuple[int, float]:
-    """A communicator's CTAs for ``algorithm`` before the size rule, and its ring graph's
-    ``channels x speed`` (NCCL's units; decides the default thread count)."""
+    """A communicator's CTAs for ``algorithm`` before the size rule, and its ring graph's channels x speed."""
     if algorithm == "NVLS":
         return NVLS_CHANNELS, 1e9
     if gpu.intra_link != "pcie":
@@ -98,19 +76,12 @@ def collective_ctas(gpu: Any, c: Any, algorithm: str) -> tuple[int, float]:
 
 
 def p2p_channels(gpu: Any, c: Any, *, cta_bound: int | None = None, net_peer: int | None = None) -> int:
-    """CTAs of one point-to-point call (send/recv, or one all-to-all) under NCCL's rule
-    (``engine.p2p``, the one implementation the cost model uses too; NVIDIA/nccl v2.30.7
-    ``src/graph/paths.cc:918-1007``, ``src/enqueue.cc:915-925, 1141-1146``): the communicator's
-    channels give ``p2pnChannels``, the least the peers' paths want is cut to it (NVLink 2 per link,
-    PCIe 2, a network peer by the GPU's NICs or ``net_peer``), and each task takes channels by its
-    bytes; the kernel runs one CTA per channel used.
+    """CTAs of one point-to-point call (send/recv, or one all-to-all) under NCCL's rule (``engine.p2p``).
 
-    ``cta_bound``: the communicator was created with ``minCTAs = maxCTAs = cta_bound`` (a pool
-    entry), so its collective channels, and with them ``p2pnChannels = pow2Up(nChannels)``
-    (paths.cc:984-990), follow the bound; None = NCCL's own channel count. ``net_peer``:
-    ``NCCL_NCHANNELS_PER_NET_PEER`` (``nChannelsPerNetPeer``) across nodes. A group of one
-    NVLink-bridged pair (``path`` ``bridge``) is all NVLink: the bridge's links and NVLink's chunk
-    (``src/init.cc:830-837``, ``comm->isAllNvlink``); a ring through bridged pairs also has PCIe peers."""
+    NVIDIA/nccl v2.30.7 ``src/graph/paths.cc:918-1007``, ``src/enqueue.cc:915-925, 1141-1146``. ``cta_bound``: a pool
+    entry's ``minCTAs = maxCTAs``, so ``p2pnChannels = pow2Up(nChannels)`` follows it (paths.cc:984-990); None: NCCL's
+    own count. ``net_peer``: ``NCCL_NCHANNELS_PER_NET_PEER``. A bridged pair is all NVLink (``src/init.cc:830-837``).
+    """
     comm = cta_bound if cta_bound is not None else collective_ctas(gpu, c, "Ring")[0]
     comm = min(max(1, int(comm)), gpu.max_channels)
     p2p = p2p_rule.p2p_channels(comm)
@@ -131,8 +102,7 @@ def p2p_channels(gpu: Any, c: Any, *, cta_bound: int | None = None, net_peer: in
 
 
 def default_protocol(gpu: Any, c: Any, algorithm: str) -> str:
-    """The protocol NCCL's model predicts fastest for ``c`` under ``algorithm`` among those it
-    enables (``tuning_model.ll128_enabled``; NVLS runs Simple only, tuning.cc:301)."""
+    """The protocol NCCL's model predicts fastest for ``c`` among those enabled (NVLS: Simple, tuning.cc:301)."""
     if algorithm in ("NVLS", "P2P"):
         return "Simple"
     best, best_t = "Simple", float("inf")
@@ -151,7 +121,7 @@ def ll128_allowed(gpu: Any, c: Any) -> bool:
 
 
 def model_time_us(gpu: Any, c: Any, algorithm: str, protocol: str) -> float:
-    """NCCL's predicted time for ``c`` (``tuning_model.algo_time_us``) on its graph of this topology."""
+    """NCCL's predicted time (us) for ``c`` (``tuning_model.algo_time_us``) on its graph of this topology."""
     n, nodes = c.group_size, c.n_nodes
     intra = "nvlink" if path(gpu, c) in ("nvswitch", "bridge") else "pci"
     if algorithm == "NVLS":
@@ -178,9 +148,7 @@ def model_time_us(gpu: Any, c: Any, algorithm: str, protocol: str) -> float:
 
 
 def default_algorithm(gpu: Any, c: Any, algorithms: tuple[str, ...]) -> str:
-    """NCCL's choice among ``algorithms`` (those the topology offers) for ``c``: the fastest by its
-    model at the protocol it would pick; all-gather and reduce-scatter stay on Ring (NVLS for them
-    needs registered buffers in the modelled versions, ``cta_efficiency_applies``)."""
+    """NCCL's model's choice among ``algorithms`` for ``c``; all-gather / reduce-scatter stay on Ring."""
     if algorithms == ("P2P",):
         return "P2P"
     cands = [a for a in algorithms if a in ("Ring", "Tree", "NVLS")]
@@ -190,8 +158,7 @@ def default_algorithm(gpu: Any, c: Any, algorithms: tuple[str, ...]) -> str:
 
 
 def default_channels(gpu: Any, c: Any, algorithm: str, protocol: str, threads: int | None) -> tuple[int, int]:
-    """(channels, threads) NCCL launches ``c`` with under ``algorithm`` / ``protocol``:
-    the communicator's CTAs, then the size rule; ``threads`` None = NCCL's default."""
+    """(channels, threads) NCCL launches ``c`` with: the communicator's CTAs, then the size rule."""
     if algorithm == "P2P":
         return p2p_channels(gpu, c), threads or nm.MAX_THREADS["Simple"]
     ctas, ring_bus = collective_ctas(gpu, c, algorithm)
@@ -202,24 +169,18 @@ def default_channels(gpu: Any, c: Any, algorithm: str, protocol: str, threads: i
 
 
 UB_CTAS = {(1, "all_gather"): 4, (1, "reduce_scatter"): 5, (2, "all_gather"): 16, (2, "reduce_scatter"): 16}
-"""SMs NCCL's kernels take for DP/FSDP gathers and reduce-scatters on registered (symmetric) buffers,
-by (one NVLink domain = 1 | NVLink + IB = 2, op): Megatron-Core's ``nccl_ub`` docstring
-(``DistributedDataParallelConfig``, ``--use-nccl-ub``): NVL 4/5, NVL+IB 16/16."""
+"""SMs on registered buffers by (NVL 1 | NVL + IB 2, op): Megatron-Core ``DistributedDataParallelConfig.nccl_ub``."""
 
 
 def ub_ctas(gpu: Any, c: Any) -> int | None:
-    """CTAs of ``c`` on registered buffers (``--use-nccl-ub``) under NCCL's defaults, or None where
-    registration changes nothing modelled: it needs NCCL's symmetric kernels (sm90 NVSwitch
-    nodes, NCCL 2.27+) and an all-gather or reduce-scatter."""
+    """CTAs of ``c`` on registered buffers; None without NCCL 2.27+'s symmetric kernels (sm90 NVSwitch AG / RS)."""
     if not (c.registered and gpu.nvswitch and gpu.sm_arch >= 90 and c.op in ("all_gather", "reduce_scatter")):
         return None
     return UB_CTAS[(1 if c.n_nodes == 1 else 2, c.op)]
 
 
 def latency_us(gpu: Any, c: Any, algorithm: str, protocol: str) -> float:
-    """NCCL's own latency model of the call (``nccl.tuning_model``: tuning.cc:384-435): Ring and Tree by
-    steps and path, NVLS one 25 us NVLink step (18 us more across nodes). Point-to-point calls,
-    which NCCL's model does not cover, take Ring/Simple's base plus one step of their path."""
+    """NCCL's latency model (us) of the call (tuning.cc:384-435); P2P: Ring/Simple base plus one step of its path."""
     intra = "nvlink" if path(gpu, c) in ("nvswitch", "bridge") else "pci"
     n = c.group_size
     if algorithm == "P2P":
@@ -250,12 +211,8 @@ def algorithms(gpu: Any, c: Any) -> tuple[str, ...]:
 
 
 def cta_efficiency_applies(gpu: Any, c: Any) -> bool:
-    """Whether ``NCCL_CTA_POLICY=EFFICIENCY`` changes anything for ``c``.
+    """Whether ``NCCL_CTA_POLICY=EFFICIENCY`` changes anything for ``c`` (``src/enqueue.cc:2152-2170``, NCCL 2.30.7).
 
-    NCCL 2.27+ acts on the policy in one place (``src/enqueue.cc:2152-2170``, NCCL 2.30.7): with
-    no tuner plugin, no NCCL_ALGO / NCCL_PROTO, an all-gather or reduce-scatter on *registered*
-    user buffers, and NVLS available (one NVSwitch node on sm90+), it switches to NVLS / Simple
-    with the channels NVLS registration needs. Everything else keeps NCCL's default. Megatron-Core
-    registers its buffers only with NCCL user buffers enabled (``--use-nccl-ub``).
+    Only registered all-gather / reduce-scatter with NVLS, no tuner plugin, no NCCL_ALGO / NCCL_PROTO.
     """
     return c.registered and nvls_ok(gpu, c) and c.op in ("all_gather", "reduce_scatter")

@@ -1,18 +1,4 @@
-"""The simulator's ranged constants: every value that decides the bench and that no source pins
-down exactly, with its plausible range, the reasoning behind the range, and what supports the
-central value.
-
-NCCL's own model (its tuning tables, enable rules, default channel and thread counts) is not
-here: it is copied as NCCL states it, with file and line, in ``nccl.tuning_model``. What is here is
-what NCCL's model does not say (how fast one CTA moves data when the link is not the limit, how
-sharply a channel sweep reaches the link, how much the memory system slows compute beside a
-collective) or what a public measurement gives only approximately.
-
-``get(name)`` reads a constant's current value; ``overridden({name: value})`` sets some for the
-duration of a ``with`` block (``lagom bench simulated --sensitivity`` runs the table at each end
-of each range). Code reads the values at call time, so a simulated cluster built inside the block
-sees the overrides.
-"""
+"""The simulator's ranged constants: values no source pins down, each with its range and support (``source``)."""
 
 from __future__ import annotations
 
@@ -23,8 +9,7 @@ from typing import Iterator
 
 @dataclass(frozen=True, slots=True)
 class Ranged:
-    """One constant: central ``value``, plausible ``low`` .. ``high``, ``unit``, and ``source``
-    (what supports the value and the range; "no source" where there is none)."""
+    """One constant: central ``value``, plausible ``low`` .. ``high``, ``unit``, and ``source``."""
 
     name: str
     value: float
@@ -101,11 +86,7 @@ _current: dict[str, float] = {name: c.value for name, c in CONSTANTS.items()}
 
 
 def get(name: str) -> float:
-    """The current value of constant ``name``.
-
-    Raises:
-        KeyError: an unknown name (names it and the known ones).
-    """
+    """The current value of constant ``name``; KeyError for an unknown name."""
     try:
         return _current[name]
     except KeyError:
@@ -114,12 +95,7 @@ def get(name: str) -> float:
 
 @contextmanager
 def overridden(values: dict[str, float]) -> Iterator[None]:
-    """Sets constants for the duration of the block, then restores them.
-
-    Raises:
-        KeyError: an unknown name.
-        ValueError: a value outside the constant's range (names it and the range).
-    """
+    """Sets constants for the block, then restores them; KeyError for an unknown name, ValueError outside its range."""
     for name, v in values.items():
         c = CONSTANTS.get(name)
         if c is None:

@@ -1,35 +1,9 @@
-"""Device model of the simulated GPU cluster: how long compute and communication kernels take, alone
-and when they share one GPU.
+"""Device model of the simulated GPU: kernel times alone and sharing one GPU (never seen by the engine).
 
-This is the simulator's hardware, and nothing here is visible to the engine: the search only
-ever sees the timings the simulated backend reports (``lagom_megatron.sim.backend``). What NCCL
-*chooses* to run (algorithm, protocol, channels, threads) is NCCL's own model
-(``sim.channel_defaults`` over ``nccl.tuning_model``); how long it takes is this module's.
-
-Compute kernels (GEMM, attention, element-wise, norm) are described by FLOPs, HBM bytes and the
-SMs they can use. Their time follows a roofline with imperfect overlap of math and memory::
-
-    t_math = flops / (peak_flops * eff_kind) * waves(sms_free) / waves(sms)   (SMs lost to comm CTAs)
-    t_mem  = hbm_bytes / hbm_free_bw * (1 + kappa_mem * share)       (HBM lost to comm, queueing)
-    t      = max(t_math, t_mem) + overlap_gamma * min(t_math, t_mem)
-
-Communication kernels hold ``n_channels`` CTAs (one SM each; NCCL CTAs never share an SM with
-compute, nccl#689) for their whole duration and move data at::
-
-    bw = softmin(n_channels * cta_gbs(arch, algorithm, protocol, threads, chunk), link(path, protocol))
-
-A CTA's rate when the link is not the limit (``cta_gbs``) is the fastest speed NCCL's search ever
-gives one search channel, over the two CTAs NCCL runs per search channel, capped per protocol by
-NCCL's per-channel tables (``sim.constants``: ``cta_gbs_sm80/86/90``; ``nccl.tuning_model``). The link
-is NVLink in an NVSwitch node, PCIe (or PCIe in both directions around NVLink-bridged pairs), or
-the network across nodes (``net_gbps_per_gpu`` times the group's ranks per node, since NCCL runs
-one ring per NIC). Each wire byte costs ``HBM_MULT[op kind][protocol]`` bytes of HBM traffic
-(NVLink bytes x2-3, nccl#1428), scaled by the chunk size (large chunks spill L2). When compute
-and communication together ask for more HBM bandwidth than the device has, both get a
-proportional share (the sharing rule).
-
-Every constant is either NCCL's (``nccl.tuning_model``, file:line), a public figure (cited here), or
-ranged in ``sim.constants`` with its reasoning (``lagom bench simulated --sensitivity``).
+Compute: roofline, t = max(t_math, t_mem) + overlap_gamma * min(...), math slowed by SMs lost to comm CTAs
+(waves) and both by the HBM share comm draws. Communication holds ``n_channels`` SMs (nccl#689) at
+bw = softmin(n_channels * cta_gbs, link); each wire byte costs ``HBM_MULT`` HBM bytes (nccl#1428). Over-asked
+HBM is shared proportionally. NCCL's choices: ``sim.channel_defaults``; ranged constants: ``sim.constants``.
 """
 
 from __future__ import annotations
@@ -49,48 +23,37 @@ from lagom_megatron.sim.constants import CONSTANTS, get
 KIB = 1024
 MIB = 1024 * 1024
 SAT_P = CONSTANTS["sat_p"].value
-"""The central saturation sharpness (``sat_p`` in ``sim.constants``; a cluster's ``bw_saturation_p`` wins)."""
 THREAD_EXPONENT = CONSTANTS["threads_exp"].value
-"""The central per-channel thread exponent (``threads_exp``; a cluster's ``channel_thread_exponent`` wins)."""
 
 COMPUTE_EFF: dict[str, float] = {"gemm": 0.60, "attention": 0.45, "elementwise": 0.05, "norm": 0.05}
-"""Achieved fraction of peak bf16 FLOP/s per kernel kind on Hopper. Large square GEMMs reach ~70% of
-peak; transformer GEMMs and the small kernels this model leaves out (softmax, dropout, rotary,
-bias) bring a GPT-3 175B iteration to Megatron-LM's reported "up to 47%" MFU on H100 (calibration
-test). On Ampere (A100, A40) the GEMM value is the ranged ``gemm_eff_ampere``."""
+"""Fraction of peak bf16 FLOP/s on Hopper, fitted to Megatron-LM's "up to 47%" MFU (GPT-3 175B, H100)."""
 HBM_EFF = 0.85
-"""Achievable fraction of the HBM datasheet bandwidth (STREAM-style copies reach 80-90%)."""
+"""Achievable fraction of HBM datasheet bandwidth (STREAM copies reach 80-90%)."""
 
 PROTOCOL_LINK_EFF: dict[int, float] = {90: 0.82, 80: 0.76}
-"""Ring/Simple bus bandwidth as a fraction of the NVLink line rate (sm arch): H100 ~370 of 450 GB/s
-(nccl-tests#212: "~20% protocol overhead"); A100 ~200-230 of 300 GB/s (nccl-tests#149, #178). LL128
-runs at 0.92 of it and LL at 0.5 (NCCL's own factors, tuning.cc:327-329)."""
+"""Ring/Simple busbw / NVLink rate: H100 ~370/450 (nccl-tests#212), A100 ~200-230/300 (nccl-tests#149, #178)."""
 NET_EFF: dict[str, float] = {"Simple": 0.94, "LL128": 0.94 * nm.LL128_BUS_FACTOR, "LL": 0.94 * nm.LL_BUS_FACTOR}
-"""Fraction of a NIC's line rate: 46-48 GB/s per 400 Gb/s NIC (nccl-tests#290); LL128 and LL by
-NCCL's factors."""
+"""Fraction of a NIC's line rate: 46-48 GB/s per 400 Gb/s NIC (nccl-tests#290)."""
 NVLS_BUSBW_FACTOR = 1.07
-"""NVLS all-reduce bus bandwidth / NVLink line rate: ~480 GB/s busbw on 8xH100 (nccl-tests#212)."""
+"""NVLS all-reduce busbw / NVLink line rate: ~480 GB/s on 8xH100 (nccl-tests#212)."""
 HBM_MULT: dict[str, dict[str, float]] = {
     "reduce": {"Simple": 3.0, "LL128": 3.2, "LL": 4.0},
     "copy": {"Simple": 2.0, "LL128": 2.2, "LL": 3.0},
 }
-"""HBM bytes per wire byte: reductions read two operands and write one; copies read and write
-(NVLink bytes "multiplied by at least 2x ... can be 3x", nccl#1428); LL128 and LL also write and
-poll their flags (8 of 128 and 8 of 16 bytes). NVLS: ``nvls_hbm_mult`` (ranged)."""
+"""HBM bytes per wire byte (nccl#1428: "at least 2x ... can be 3x"); LL128 / LL add flag writes and polls."""
 BUSBW_FACTOR_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Gpu:
-    """One GPU of a cluster, in the simulator's units (GB/s, TFLOP/s)."""
+    """One GPU of a cluster (GB/s, TFLOP/s); the fitted fields (None / empty: the simulator's) override constants."""
 
     sms: int
     hbm_gbs: float
     peak_tflops: float
     nvlink_gbs: float
-    """Intra-node link per direction, per GPU: NVLink to the NVSwitch, or the PCIe link."""
+    """Intra-node link per direction per GPU (NVLink to the switch, or PCIe)."""
     net_gbs: float
-    """Network line rate per GPU (the node's NICs shared by its GPUs), GB/s."""
     gpus_per_node: int
     sm_arch: int
     nvswitch: bool
@@ -98,32 +61,25 @@ class Gpu:
     net_latency_us: float
     max_channels: int
     intra_link: str = "nvlink"
-    """nvlink or pcie (``ClusterSpec.intra_link``): decides NCCL's paths and default channels."""
     bridge_gbs: float = 0.0
-    """NVLink bridge per direction between GPU pairs on a PCIe node, GB/s (0 = none)."""
+    """NVLink bridge per direction between GPU pairs on a PCIe node, GB/s (0: none)."""
     nics_per_node: int | None = None
-    """NICs per node; None = one per GPU."""
+    """None: one per GPU."""
     nccl: tuple[int, int, int] = (2, 30, 7)
-    """NCCL version (``ClusterSpec.nccl``): its point-to-point rule changed in 2.29 (``engine.p2p``)."""
+    """Point-to-point rule changed in 2.29 (``engine.p2p``)."""
     kappa_mem: float | None = None
     kappa_compute: float | None = None
-    """Contention constants a cluster file fitted (``lagom calibrate contention``); None = the
-    simulator's (``sim.constants``)."""
+    """Fitted by ``lagom calibrate contention``."""
     per_channel: Mapping[str, float] = field(default_factory=dict)
-    """Measured GB/s per channel by protocol (``ClusterSpec.per_channel_gbps``, ``lagom calibrate
-    bandwidth``); a protocol left out keeps the simulator's (``cta_gbs``)."""
     link_eff: Mapping[str, float] = field(default_factory=dict)
-    """Measured intra-node ceiling over ``nvlink_gbps`` by protocol (``ClusterSpec.link_eff``)."""
+    """Intra-node ceiling / ``nvlink_gbs`` by protocol."""
     net_eff: Mapping[str, float] = field(default_factory=dict)
-    """Measured share of the network by protocol (``ClusterSpec.net_eff``); else ``NET_EFF``."""
     fit_sat_p: float | None = None
-    """Measured saturation sharpness (``ClusterSpec.bw_saturation_p``); None = ``sat_p`` (``sim.constants``)."""
     fit_thread_exponent: float | None = None
-    """Measured per-channel thread scaling (``ClusterSpec.channel_thread_exponent``); None = ``threads_exp``."""
 
     @classmethod
     def from_cluster(cls, spec: Any) -> "Gpu":
-        """Builds the device from a ``ClusterSpec`` (configs/clusters/*.yaml)."""
+        """Builds the device from a ``ClusterSpec``."""
         major, minor = (int(x) for x in str(spec.nccl_version).split(".")[:2])
 
         def opt(key: str) -> float | None:
@@ -153,21 +109,21 @@ class Gpu:
 
     @property
     def table_key(self) -> int:
-        """The row of NCCL's per-architecture tables: 90, or 80 for every Ampere part (tuning.cc:263-266)."""
+        """Row of NCCL's per-arch tables: 90, or 80 for every Ampere part (tuning.cc:263-266)."""
         return 90 if self.sm_arch >= 90 else 80
 
     @property
     def sat_p(self) -> float:
-        """The saturation sharpness in force: the cluster's measured one, else ``sat_p``."""
+        """The cluster's measured saturation sharpness, else ``sat_p``."""
         return get("sat_p") if self.fit_sat_p is None else self.fit_sat_p
 
     @property
     def thread_exponent(self) -> float:
-        """The per-channel thread exponent in force: the cluster's measured one, else ``threads_exp``."""
+        """The cluster's measured thread exponent, else ``threads_exp``."""
         return get("threads_exp") if self.fit_thread_exponent is None else self.fit_thread_exponent
 
     def kappa(self, name: str) -> float:
-        """``kappa_mem`` / ``kappa_compute``: the cluster's fitted value, else the simulator's."""
+        """The cluster's fitted ``kappa_mem`` / ``kappa_compute``, else the simulator's."""
         v = getattr(self, name)
         return get(name) if v is None else v
 
@@ -177,11 +133,9 @@ class Gpu:
 
 @dataclass(frozen=True, slots=True)
 class ComputeKernel:
-    """A compute kernel: ``flops`` (FLOP), ``hbm_bytes`` (bytes), ``kind`` (gemm, attention,
-    elementwise, norm), ``max_sms`` (None = all SMs of the device), ``tiles`` (CTAs of one launch,
-    0 = so many that waves do not matter), ``persistent`` (a persistent kernel launches one CTA
-    per SM and loops over tiles: when SMs are taken, the CTAs that find no SM run after the others,
-    pytorch#143988)."""
+    """A compute kernel: ``flops``, ``hbm_bytes``, ``max_sms`` (None: all), ``tiles`` (CTAs per launch, 0: waves
+    do not matter), ``persistent`` (one CTA per SM looping over tiles, pytorch#143988).
+    """
 
     name: str
     kind: str
@@ -193,12 +147,8 @@ class ComputeKernel:
 
 
 def wave_factor(sms: int, sms_free: float, k: "ComputeKernel") -> float:
-    """Math-time factor of ``k`` on ``sms_free`` of ``sms`` SMs relative to all of them.
-
-    Tiles run in waves of one CTA per free SM: ``ceil(tiles / free) / ceil(tiles / sms)`` (a GEMM of
-    exactly one wave slows 2x when one SM is taken); a persistent kernel's ``sms`` CTAs take
-    ``ceil(sms / free)`` rounds (2x at 10% of the SMs taken, pytorch#143988); without tiles the
-    factor is ``sms / free`` (linear in free SMs).
+    """Math-time factor of ``k`` on ``sms_free`` of ``sms`` SMs: ``ceil(tiles / free) / ceil(tiles / sms)``;
+    persistent ``ceil(sms / free)`` (pytorch#143988); without tiles ``sms / free``.
     """
     free = max(1, int(math.floor(sms_free + 1e-9)))
     if free >= sms:
@@ -212,9 +162,7 @@ def wave_factor(sms: int, sms_free: float, k: "ComputeKernel") -> float:
 
 def compute_time_us(gpu: Gpu, k: ComputeKernel, *, sms_free: float | None = None, hbm_gbs: float | None = None,
                     comm_hbm_share: float = 0.0) -> float:
-    """Duration in microseconds of ``k`` given the SMs and HBM bandwidth (GB/s) left to it and the
-    fraction of HBM bandwidth concurrent collectives draw (``kappa_compute`` on math,
-    ``kappa_mem`` on memory time, ``sim.constants``); SMs count in waves (``wave_factor``)."""
+    """Duration (us) of ``k`` given the SMs and HBM GB/s left to it and the HBM share collectives draw."""
     sms = gpu.sms if sms_free is None else max(1.0, sms_free)
     full = gpu.sms
     if k.max_sms is not None:
@@ -244,10 +192,8 @@ class Collective:
     group_size: int
     n_nodes: int = 1
     stride: int = 1
-    """Rank stride of the group (1 = consecutive GPUs): on NVLink-bridged nodes it decides which hops
-    are bridges (``channel_defaults.path``)."""
+    """Rank stride of the group (1: consecutive GPUs); decides bridge hops (``channel_defaults.path``)."""
     registered: bool = False
-    """Buffers registered with NCCL (user buffers); Megatron-Core does so only with NCCL UB on."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -262,15 +208,13 @@ class Resolved:
 
 
 DEFAULT_CHUNK = {"Simple": 512 * KIB, "LL128": 576000, "LL": 32 * KIB}
-"""NCCL's chunk per protocol with default buffers (4 MiB Simple buffer over NCCL_STEPS 8, init.cc:813)."""
+"""NCCL's chunk bytes per protocol with default buffers (4 MiB Simple over NCCL_STEPS 8, init.cc:813)."""
 
 
 def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
-    """What NCCL runs for ``c`` under ``cfg``: requested knobs where NCCL honours them, its own
-    choice (``sim.channel_defaults``: NCCL's model) elsewhere. An algorithm or protocol NCCL cannot
-    run for the op is ignored (NCCL keeps its own choice when a tuner proposes an unavailable one);
-    LL128 where NCCL does not enable it is ignored too (tuning.cc:518-535 zeroes its bandwidth, so
-    NCCL never picks it)."""
+    """What NCCL runs for ``c`` under ``cfg``: honoured knobs, else NCCL's model (``sim.channel_defaults``); knobs
+    NCCL cannot run are ignored, LL128 where not enabled too (tuning.cc:518-535).
+    """
     algs = nccl.algorithms(gpu, c)
     if algs == ("P2P",):
         alg = "P2P"
@@ -302,14 +246,12 @@ def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
 
 
 def cta_gbs(gpu: Gpu, algorithm: str, protocol: str, n_threads: int, chunk: int, n_nodes: int = 1) -> float:
-    """GB/s one CTA moves when the link is not the limit (module docstring).
+    """GB/s one CTA moves when the link is not the limit.
 
-    Simple: ``cta_gbs_sm80/86/90`` (a cluster's measured ``per_channel_gbps`` wins, per protocol) at the protocol's
-    most threads (512; LL128 640, device.h:95-114), scaled as ``(threads / most)^threads_exp``; LL128 at most 0.92
-    of it and NCCL's per-channel cap over the two CTAs of a search channel (tuning.cc:328-329,
-    185-190); LL half of it (tuning.cc:327); Tree NCCL's per-channel Tree caps the same way
-    (tuning.cc:330-335). A chunk below
-    NCCL's default costs per-step overhead (half rate at 64 KiB; no source, a shape assumption)."""
+    Simple: ``cta_gbs_sm*`` (or measured ``per_channel``) x ``(threads / most)^threads_exp`` (device.h:95-114); LL128
+    <= 0.92x and NCCL's per-channel cap / 2 (tuning.cc:328-329, 185-190); LL 0.5x (tuning.cc:327); Tree capped the
+    same way (tuning.cc:330-335). Chunks below default cost per-step overhead (half rate at 64 KiB; no source).
+    """
     simple = gpu.per_channel.get("Simple") or get(f"cta_gbs_sm{gpu.arch_key}")
     arch = gpu.table_key
     idx = 0 if n_nodes == 1 else (1 if n_nodes == 2 else 2)
@@ -332,14 +274,13 @@ def cta_gbs(gpu: Gpu, algorithm: str, protocol: str, n_threads: int, chunk: int,
 
 
 def softmin(rate: float, link: float, p: float | None = None) -> float:
-    """``(rate^-p + link^-p)^(-1/p)`` with ``p = sat_p`` (``sim.constants``): the soft bandwidth ceiling, GB/s."""
+    """``(rate^-p + link^-p)^(-1/p)`` (p default ``sat_p``): the soft bandwidth ceiling, GB/s."""
     p = get("sat_p") if p is None else p
     return (rate ** -p + link ** -p) ** (-1.0 / p)
 
 
 def busbw_factor(op: str, n: int) -> float:
-    """Wire bytes per rank / message bytes (nccl-tests PERFORMANCE.md: all-reduce 2(n-1)/n,
-    all-gather / reduce-scatter / all-to-all (n-1)/n, send/recv and broadcast 1)."""
+    """Wire bytes per rank / message bytes (nccl-tests PERFORMANCE.md)."""
     if n <= 1:
         return 0.0
     if op == "all_reduce":
@@ -354,11 +295,7 @@ def _proto_factor(protocol: str) -> float:
 
 
 def intra_link_gbs(gpu: Gpu, c: Collective, protocol: str) -> float:
-    """Intra-node bus bandwidth ceiling of ``c``, GB/s: NVLink x its Ring/Simple efficiency
-    (nccl-tests figures), a bridge the same, PCIe x ``pcie_link_eff``, twice that around bridged
-    pairs (rings in both directions each use one direction of a GPU's PCIe); LL128 and LL at
-    NCCL's factors. A cluster's measured ``link_eff`` (the ring's ceiling over ``nvlink_gbps`` per
-    protocol, as nccl-tests measured it on that cluster) replaces all of this."""
+    """Intra-node busbw ceiling of ``c``, GB/s: ``link_eff``, else link x ``PROTOCOL_LINK_EFF`` / ``pcie_link_eff``."""
     p = nccl.path(gpu, c)
     if gpu.link_eff.get(protocol) and p != "bridge":
         return gpu.nvlink_gbs * gpu.link_eff[protocol]
@@ -370,7 +307,6 @@ def intra_link_gbs(gpu: Gpu, c: Collective, protocol: str) -> float:
 
 
 def _link_gbs(gpu: Gpu, c: Collective, algorithm: str, protocol: str) -> float:
-    """Link-limited bus bandwidth, GB/s."""
     nvl = intra_link_gbs(gpu, c, protocol)
     if algorithm == "NVLS":
         # all-reduce: nccl-tests#212's ~480 GB/s; gathers and reduce-scatters: no public figure, the ring's
@@ -389,8 +325,7 @@ def _link_gbs(gpu: Gpu, c: Collective, algorithm: str, protocol: str) -> float:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommCost:
-    """A collective's standalone cost: latency (us), wire bytes per rank, bandwidth (GB/s), CTAs
-    held and HBM bytes per wire byte."""
+    """A collective's standalone cost: latency (us), wire bytes per rank, GB/s, CTAs, HBM bytes per wire byte."""
 
     latency_us: float
     wire_bytes: float
@@ -412,9 +347,7 @@ def comm_cost(gpu: Gpu, c: Collective, r: Resolved) -> CommCost:
     if r.algorithm == "SYMK":  # symmetric kernels on registered buffers: their CTAs fill the link (UB_CTAS)
         rate = 1.5 * link
     elif r.algorithm == "NVLS":
-        # the switch reduces: NCCL's NVLS bandwidth per channel is its link speed x nvlsEfficiency,
-        # twice for all-reduce, which pipelines two operations, else x (ranks - 1) / ranks
-        # (tuning.cc:311-318)
+        # link speed x nvlsEfficiency, x2 for all-reduce, else x (ranks - 1) / ranks (tuning.cc:311-318)
         ppn = max(1, c.group_size // max(1, c.n_nodes))
         rate *= nm.NVLS_EFFICIENCY[90] * (2.0 if c.op == "all_reduce" else (ppn - 1) / ppn)
     bw = softmin(rate, link, gpu.sat_p)
@@ -428,7 +361,6 @@ def comm_cost(gpu: Gpu, c: Collective, r: Resolved) -> CommCost:
 
 
 def busbw_gbs(gpu: Gpu, c: Collective, cfg: CommConfig = CommConfig()) -> float:
-    """Bus bandwidth (GB/s) of ``c`` alone under ``cfg``, as nccl-tests reports it:
-    ``busbw = factor(op, n) * nbytes / time``."""
+    """Bus bandwidth (GB/s) of ``c`` alone under ``cfg``, as nccl-tests reports it."""
     cost = comm_cost(gpu, c, resolve_config(gpu, c, cfg))
     return cost.wire_bytes / (cost.t_alone_us * 1e3)

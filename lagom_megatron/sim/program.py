@@ -1,7 +1,4 @@
-"""A program: the compute stream of one iteration in issue order, with the collectives it launches.
-
-Built by ``lagom_megatron.sim.workload`` and run by ``lagom_megatron.sim.timeline``.
-"""
+"""A program: one iteration's compute stream in issue order, with the collectives it launches."""
 
 from __future__ import annotations
 
@@ -13,12 +10,12 @@ from lagom_megatron.sim.constants import get
 from lagom_megatron.sim.device import Collective, ComputeKernel
 
 TILE_M = 128
-"""Output tile height of a bf16 GEMM kernel (CUTLASS / cuBLAS); the width is ``tile_n`` (ranged)."""
+"""Output tile height of a bf16 GEMM (CUTLASS / cuBLAS); the width is ranged ``tile_n``."""
 
 
 @dataclass(slots=True)
 class Call:
-    """One collective call: ``site_id`` None = not a site (runs under NCCL defaults, unmeasured)."""
+    """One collective call; ``site_id`` None: not a site (NCCL defaults, unmeasured)."""
 
     site_id: str | None
     coll: Collective
@@ -28,7 +25,7 @@ class Call:
 
 @dataclass(slots=True)
 class Program:
-    """The compute stream in issue order plus the collective calls it launches.
+    """The compute stream in issue order plus its collective calls.
 
     ``ops``: ("K", ComputeKernel, microbatch) | ("L", call index) | ("W", call index) | ("I", us, microbatch).
     """
@@ -36,13 +33,13 @@ class Program:
     ops: list[tuple] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
     mb_start_op: dict[int, int] = field(default_factory=dict)
-    """Index of the first op of each micro-batch (to measure the steady micro-batch's span)."""
+    """Index of the first op of each micro-batch."""
 
     def kernel(self, k: ComputeKernel, mb: int) -> None:
         self.ops.append(("K", k, mb))
 
     def launch(self, call: Call) -> int:
-        """Appends a launch; returns the call index, or -1 for a group of one rank (no collective)."""
+        """Appends a launch; returns the call index, or -1 for a group of one rank."""
         if call.coll.group_size <= 1:
             return -1
         self.calls.append(call)
@@ -59,8 +56,7 @@ class Program:
 
 
 def gemm(name: str, m: float, n: float, k: float, max_sms: int | None = None) -> ComputeKernel:
-    """A bf16 GEMM (m x k) @ (k x n): 2mnk FLOPs, operands and result read/written once, one CTA
-    per ``TILE_M x tile_n`` output tile (``device.wave_factor``; ``tile_n`` in ``sim.constants``)."""
+    """A bf16 GEMM (m x k) @ (k x n): 2mnk FLOPs, one CTA per ``TILE_M x tile_n`` output tile."""
     tiles = math.ceil(m / TILE_M) * math.ceil(n / get("tile_n"))
     return ComputeKernel(name, "gemm", 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n), max_sms, tiles=int(tiles))
 

@@ -1,36 +1,8 @@
-"""Discrete-event timeline of one iteration on one GPU: a compute stream and one communication
-stream per process group, sharing SMs and HBM bandwidth (rules in ``lagom_megatron.sim.device``).
+"""Discrete-event timeline of one iteration on one GPU: a compute stream and one stream per process group.
 
-Rules (our design, documented in docs/simulator.md):
-
-* The compute stream runs its ops in order: a kernel, a launch (enqueues a collective on its
-  group's stream; takes no time), a wait (blocks until that collective ends), an idle gap
-  (pipeline bubble).
-* A communication stream runs its collectives one at a time in launch order. A collective first
-  spends its latency, then moves its wire bytes at its bandwidth times the HBM share factor; it
-  holds its CTAs throughout.
-* While collectives run, the compute kernel gets ``sms - sum(CTAs)`` SMs; when compute and
-  communication together ask for more HBM bandwidth than the device delivers, every party gets
-  the same fraction of what it asked for (proportional share).
-* ``CUDA_DEVICE_MAX_CONNECTIONS=1``: one hardware queue, so kernels start in issue order; a
-  launched collective that cannot start yet (its stream is busy) holds back every compute kernel
-  issued after it, and collectives start in launch order across streams (Megatron-LM#1468).
-* Dispatch: a collective whose stream frees while a compute kernel runs (it was queued behind
-  another collective of its group) gets SMs only once that kernel has dispatched its last wave:
-  the CUDA block scheduler serves pending blocks of an earlier kernel first unless the later
-  one's stream has a higher priority (CUDA programming guide, stream priorities; a GEMM holding
-  every SM delays a waiting NCCL kernel, nccl#1431, pytorch#143890). Streams in
-  ``high_priority`` (Megatron's ``--high-priority-stream-groups``) and calls in
-  ``high_priority_calls`` (routed to a pool entry made with ``is_high_priority_stream``) start at
-  once. A call's reported time runs from when its stream reached it (``CallRecord.ready_us``), as
-  torch's start event on the NCCL stream does, so the wait is part of it.
-* ``serialize``: every collective is waited on right after its launch (the tuner's T_comp probe).
-* Noise: each kernel's work is multiplied by a seeded normal factor (compute ``sigma_comp``,
-  communication ``sigma_comm``).
-
-The window of a collective is the compute kernels issued after its launch and before either its
-wait or the next launch on the same stream: the compute it overlaps by construction. Its region
-time is ``max(t_comm, busy time of the window's kernels)``.
+Rules: docs/simulator.md. ``cdmc1``: one queue, launch order (Megatron-LM#1468). A collective ready beside a kernel
+gets SMs after its last wave unless high-priority (CUDA stream priorities; nccl#1431, pytorch#143890). A call's
+window: kernels issued after its launch, before its wait or next launch; region = max(t_comm, window busy).
 """
 
 from __future__ import annotations
@@ -44,38 +16,34 @@ from lagom_megatron.sim.device import HBM_EFF, CommCost, ComputeKernel, Gpu, com
 from lagom_megatron.sim.program import Program
 
 WINDOW_CAP = 2000
-"""Most kernels a window scans (keeps window construction linear on long programs)."""
+"""Most kernels a window scans (keeps window construction linear)."""
 
 
 @dataclass(slots=True)
 class CallRecord:
-    """Times of one collective call (microseconds from iteration start)."""
+    """Times of one collective call (us from iteration start)."""
 
     launch_us: float = -1.0
     ready_us: float = -1.0
-    """When the call reached the head of its stream (launched, and the one before it on the stream
-    ended): where torch's start event on the NCCL stream completes."""
+    """When the call reached the head of its stream (torch's start event on the NCCL stream)."""
     start_us: float = -1.0
     end_us: float = -1.0
     window_busy_us: float = 0.0
 
     @property
     def t_comm_us(self) -> float:
-        """What torch reports as the collective's duration (``WorkNCCL::getDuration``: start to end
-        event on the NCCL stream): from ``ready_us``, so a dispatch wait behind a running kernel's
-        pending blocks counts, as on the GPU."""
+        """Torch's duration (``WorkNCCL::getDuration``): from ``ready_us``, dispatch wait included."""
         return self.end_us - self.ready_us
 
     @property
     def dispatch_wait_us(self) -> float:
-        """Time the call was ready but had no SMs (module docstring, "Dispatch")."""
+        """Time (us) the call was ready but had no SMs."""
         return self.start_us - self.ready_us
 
 
 @dataclass(slots=True)
 class TimelineResult:
-    """Total iteration time (us), one record per call, each micro-batch's start (us), and the
-    compute stream's busy time (us) alone and while at least one collective was running."""
+    """Iteration time, per-call records, micro-batch starts, compute busy time alone and overlapped (all us)."""
 
     total_us: float
     calls: list[CallRecord]
@@ -85,7 +53,7 @@ class TimelineResult:
 
 
 def windows(prog: Program) -> list[list[int]]:
-    """For each call, the op indices of the kernels in its window (module docstring)."""
+    """For each call, the op indices of the kernels in its window."""
     out: list[list[int]] = [[] for _ in prog.calls]
     ops = prog.ops
     for p, op in enumerate(ops):
@@ -106,11 +74,9 @@ def windows(prog: Program) -> list[list[int]]:
 
 
 def last_wave_fraction(gpu: Gpu, k: ComputeKernel, sms_free: float) -> float | None:
-    """Where a lower-priority kernel can start beside ``k``: None when ``k`` leaves SMs free (it
-    launches fewer CTAs than there are free SMs, or is limited to fewer SMs); else the fraction of
-    ``k``'s work still left when its last wave has been dispatched (``1 / waves``), 0 when its CTAs
-    hold their SMs to the end (one wave, a persistent kernel, or a grid so large that its waves
-    run until it ends). Module docstring, "Dispatch"."""
+    """Fraction of ``k``'s work left once its last wave is dispatched (``1 / waves``; 0 if its CTAs hold their SMs
+    to the end); None when ``k`` leaves SMs free.
+    """
     free = int(sms_free)
     if k.max_sms is not None and k.max_sms < free:
         return None
@@ -126,12 +92,7 @@ def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = Fal
         seed: int = 0, sigma_comp: float = 0.02, sigma_comm: float | None = None,
         win: list[list[int]] | None = None, high_priority: frozenset[str] = frozenset(),
         high_priority_calls: frozenset[int] = frozenset()) -> TimelineResult:
-    """Simulates ``prog`` with ``costs[i]`` the standalone cost of call ``i``.
-
-    Returns:
-        Total iteration time (us, until the compute stream and every collective are done), one
-        ``CallRecord`` per call, and the time each micro-batch's first op was reached.
-    """
+    """Simulates ``prog`` with ``costs[i]`` the standalone cost of call ``i``; times in us."""
     rng = random.Random(seed)
     sigma_comm = get("sigma_comm") if sigma_comm is None else sigma_comm
     kappa_comm = get("kappa_comm")

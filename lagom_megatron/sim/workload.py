@@ -1,47 +1,8 @@
-"""Workload model: one training iteration of a Megatron GPT on one representative rank, as the
-kernels and collectives Megatron-Core issues, in issue order.
+"""One Megatron GPT training iteration on one representative rank, as the kernels and collectives it issues.
 
-The per-rank quantities it starts from (dimensions, layout, groups, parameter counts, DDP buckets)
-are ``WorkloadShape`` (``lagom_megatron.sim.workload_shape``); this module builds the program.
-
-What is simulated (and what is not):
-
-* **One representative rank**: the first tensor-parallel rank of the first pipeline stage. It
-  finishes its backward last, so its data-parallel communication sets the end of the iteration,
-  and it is the only stage where Megatron's DDP splits gradients into buckets (``pp_rank > 0``
-  and virtual chunks after the first use one bucket; megatron-core ``DistributedDataParallel``
-  and Megatron-LM's ``disable_bucketing=(model_chunk_idx > 0)``). Every stage runs the same
-  layers (the output layer's cost is added when PP is 1 only), so its timeline stands for the
-  iteration; the 1F1B / interleaved pipeline bubble is added as idle time
-  ``(pp - 1) * (t_fwd + t_bwd) / v`` per iteration, from the kernels' standalone times (Megatron's
-  schedule analysis; Narayanan et al. 2021). A 64-GPU preset is therefore one rank's timeline, not
-  64, which is what makes ``lagom simulate`` fast.
-* **Micro-batches**: the first ``MICROBATCH_CAP`` are simulated; the steady micro-batches beyond
-  them are added as copies of the second one (their kernels and tensor/pipeline/context-parallel
-  collectives are identical), so that a 128-micro-batch iteration costs 4 micro-batches.
-* **Order**: forward then backward per micro-batch, chunks in order (virtual stages), backward in
-  reverse; gradient reduce-scatter (or all-reduce) of a DDP bucket is launched when the last layer
-  of the bucket finishes its backward in the last micro-batch; parameter all-gathers run in the
-  first micro-batch's forward, each bucket prefetching the next, as Megatron's DDP does.
-* **Streams**: one compute stream and one communication stream per process group.
-  ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (the preset's env) makes kernels start in issue order
-  (``lagom_megatron.sim.timeline``).
-
-Sites carry the ids, ops, bytes, dtypes and groups the real hooks report
-(``lagom_megatron.megatron.sites``): ``dp.grad_reduce_scatter[chunk{c}.bucket{b}]``
-(``dp.grad_all_reduce`` without the distributed optimizer; fp32 gradient buffer),
-``dp.param_all_gather[chunk{c}.bucket{b}]`` (bf16 parameters), the backward tensor-parallel
-streams ``tp.sp_all_gather[n]`` / ``tp.sp_reduce_scatter[n]`` / ``tp.dgrad_all_reduce[n]``
-(n = call order within a micro-batch), one ``pp.send_recv`` site per pipeline (op ``send``),
-the MoE dispatcher's forward ``ep.dispatch_all_to_all[n]`` / ``ep.combine_all_to_all[n]``, and
-``cp.ring_exchange[layer{l}]`` (context-parallel ring attention, which the real hooks do not
-report yet). Group names dp, dp_cp, tp, pp, ep, cp; ``dp_cp`` only with context parallelism.
-Collectives the hooks do not see (the forward sequence-parallel all-gather / reduce-scatter, the
-MoE all-to-alls of the backward pass) run under NCCL defaults and are not sites.
-
-Not modelled: expert-parameter gradient sync when the expert data-parallel size exceeds 1,
-Transformer Engine userbuffers beyond a fixed SM reservation (``tp_comm_overlap``), activation
-recomputation, FP8.
+The rank: first TP rank of the first PP stage (finishes backward last; DDP buckets only there, Megatron-LM
+``disable_bucketing=(model_chunk_idx > 0)``). Bubble: ``(pp - 1) (t_fwd + t_bwd) / v`` (Narayanan et al. 2021).
+Site ids: ``megatron.sites``. Not modelled: expert-DP grad sync, TE userbuffers beyond ``UB_SMS``, recompute, FP8.
 """
 
 from __future__ import annotations
@@ -56,27 +17,21 @@ from lagom_megatron.sim.workload_fsdp import every_microbatch, fsdp_microbatch
 from lagom_megatron.sim.workload_shape import WorkloadShape
 
 MICROBATCH_CAP = 4
-"""Micro-batches simulated explicitly; the rest are copies of the steady one (module docstring)."""
+"""Micro-batches simulated explicitly; the rest copy the steady one."""
 UB_SMS = 16
-"""SMs that userbuffers' TP overlap keeps for itself when ``tp_comm_overlap`` is on."""
+"""SMs userbuffers' TP overlap keeps when ``tp_comm_overlap`` is on."""
 ADAM_BYTES_PER_PARAM = 28.0
-"""HBM bytes per parameter of a distributed-optimizer Adam step (fp32 param, grad, m, v read and
-written, bf16 param written)."""
+"""HBM bytes per parameter of a distributed-optimizer Adam step (fp32 param, grad, m, v r/w; bf16 param w)."""
 
 
 @dataclass(kw_only=True)
 class Workload(WorkloadShape):
-    """A preset turned into per-rank quantities; ``program()`` builds one iteration.
-
-    Raises (``from_preset``):
-        ValueError: a layout that does not divide (names the sizes), or a CPU cluster.
-    """
+    """A preset turned into per-rank quantities; ``program()`` builds one iteration."""
 
     _counters: dict = field(default_factory=dict, repr=False)
 
     def _stream_id(self, group: str, kind: str) -> str:
-        """``{group}.{kind}[n]``: the n-th call of this stream in the current micro-batch, the way the
-        real hooks number call streams without a structural index (megatron/sites.py)."""
+        """``{group}.{kind}[n]``: the n-th call of this stream in the micro-batch (as megatron/sites.py)."""
         key = (group, kind)
         n = self._counters.get(key, 0)
         self._counters[key] = n + 1
@@ -115,7 +70,7 @@ class Workload(WorkloadShape):
     # ------------------------------------------------------------------ program
 
     def program(self) -> Program:
-        """One iteration of the representative rank (module docstring), ``prog_microbatches`` of them."""
+        """One iteration of the representative rank (``prog_microbatches`` micro-batches)."""
         prog = Program()
         mbs = prog_microbatches(self)
         buckets = self.buckets()
@@ -160,7 +115,7 @@ class Workload(WorkloadShape):
         return prog
 
     def bubble_us(self) -> float:
-        """Pipeline bubble per iteration: (pp - 1) * (t_fwd + t_bwd) of one chunk, standalone times."""
+        """Pipeline bubble (us) per iteration from standalone kernel times."""
         f = sum(compute_time_us(self.gpu, k) for k in self._layer_fwd_kernels()) * self.layers_per_chunk
         return (self.pp - 1) * 3.0 * f
 
@@ -238,7 +193,6 @@ class Workload(WorkloadShape):
         self._mlp_forward(prog, mb)
 
     def _attn_forward(self, prog: Program, c: int, li: int, mb: int) -> None:
-        """Attention part of a layer's forward, up to the second norm (and the router)."""
         ks = {k.name: k for k in self._layer_fwd_kernels()}
         layer = self.global_layer(c, li)
         prog.kernel(ks["norm1"], mb)
@@ -258,13 +212,11 @@ class Workload(WorkloadShape):
             prog.kernel(ks["router"], mb)
 
     def a2a_call(self, kind: str | None, mb: int) -> Call:
-        """An expert-parallel all-to-all of the layer's routed tokens; ``kind`` None = a backward
-        one (not a site), else the forward site stream ``dispatch_all_to_all`` / ``combine_all_to_all``."""
+        """An EP all-to-all of the layer's routed tokens; ``kind`` None: a backward one (not a site)."""
         a2a = self.tokens * self.topk * self.hidden * 2
         return Call(self._stream_id("ep", kind) if kind else None, self._coll("all_to_all", a2a, "ep"), "ep", mb)
 
     def _mlp_forward(self, prog: Program, mb: int) -> None:
-        """MLP part of a layer's forward (experts: dispatch, expert MLP, combine, blocking)."""
         ks = {k.name: k for k in self._layer_fwd_kernels()}
         if self.experts:
             prog.blocking(self.a2a_call("dispatch_all_to_all", mb))
@@ -278,8 +230,7 @@ class Workload(WorkloadShape):
             self._tp_fwd(prog, mb, "reduce_scatter")
 
     def _column_backward(self, prog: Program, k: ComputeKernel, layer: int, module: str, mb: int) -> None:
-        """Backward of a column-parallel linear: Megatron overlaps the input all-gather (for wgrad)
-        with the dgrad GEMM and the dgrad reduce-scatter (or all-reduce) with the wgrad GEMM."""
+        """Column-parallel backward: input all-gather beside dgrad, dgrad reduce-scatter / all-reduce beside wgrad."""
         dgrad = ComputeKernel(f"{module}.dgrad", k.kind, k.flops, k.hbm_bytes, k.max_sms)
         wgrad = ComputeKernel(f"{module}.wgrad", k.kind, k.flops, k.hbm_bytes, k.max_sms)
         nbytes = self.tokens * self.hidden * 2
@@ -311,7 +262,6 @@ class Workload(WorkloadShape):
         self._attn_backward(prog, c, li, mb)
 
     def _attn_backward(self, prog: Program, c: int, li: int, mb: int) -> None:
-        """A layer's backward after the expert MLP (router on) or, dense, all of it."""
         ks = {k.name: k for k in self._layer_fwd_kernels()}
         layer = self.global_layer(c, li)
         if self.experts:
@@ -374,5 +324,5 @@ def steady_copies(w: Workload) -> int:
 
 
 def fwd_flops(w: Workload) -> float:
-    """Forward FLOPs of one micro-batch on this rank (for reports: MFU-style sanity checks)."""
+    """Forward FLOPs of one micro-batch on this rank."""
     return sum(k.flops for k in w._layer_fwd_kernels()) * w.layers_per_chunk * w.chunks

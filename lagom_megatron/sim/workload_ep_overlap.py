@@ -1,27 +1,9 @@
-"""Overlapped expert-parallel all-to-all (``overlap_moe_expert_parallel_comm``) in the simulated
-iteration: Megatron-Core's combined 1F1B schedule without pipelining (megatron-core 0.16.1).
+"""``overlap_moe_expert_parallel_comm``: Megatron-Core 0.16.1's combined 1F1B schedule without pipelining.
 
-``forward_backward_no_pipelining`` hands the micro-batches to
-``combined_1f1b_schedule_for_no_pipelining`` when the flag is set (pipeline_parallel/schedules.py:598-599).
-That schedule runs the first micro-batch's forward alone, then, for each next micro-batch, its
-forward together with the previous micro-batch's backward, then the last backward alone
-(pipeline_parallel/combined_1f1b.py:51-108). Within one combined step, forward layer ``j`` is paired
-with backward layer ``L-1-j`` (models/common/model_chunk_schedule_plan.py:473-484), and each pair
-runs as ``TransformerLayerSchedulePlan.run`` orders it (same file, :215-254): on the communication
-stream ``combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd``, on the compute stream
-``attn_fwd | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | attn_bwd``. So:
-
-* the backward combine all-to-all overlaps the forward attention,
-* the forward dispatch overlaps the expert MLP's input-gradient GEMMs, the backward dispatch its
-  weight-gradient GEMMs (both on the one expert-parallel communicator: they queue),
-* the forward combine overlaps the backward attention.
-
-The forward all-to-alls are the sites (``ep.dispatch_all_to_all[n]`` / ``ep.combine_all_to_all[n]``);
-in the lone first forward and last backward they block as without the flag. Gradient buckets and
-parameter gathers are those of the last backward and the first forward, as without the flag.
-
-Refused (``WorkloadShape.from_preset``): the flag with pipeline or virtual stages (Megatron's
-interleaved combined schedule is not modelled) or with FSDP.
+pipeline_parallel/schedules.py:598-599, combined_1f1b.py:51-108; forward layer j pairs with backward L-1-j
+(models/common/model_chunk_schedule_plan.py:473-484), run as ``TransformerLayerSchedulePlan.run`` (:215-254):
+comm ``combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd``, compute ``attn_fwd | mlp_bwd -> mlp_bwd_dw ->
+mlp_fwd | attn_bwd``. The forward all-to-alls are the sites. Refused with PP, virtual stages or FSDP.
 """
 
 from __future__ import annotations
@@ -38,8 +20,7 @@ def _kernels(w: Any, prog: Program, names: tuple[str, ...], mb: int) -> None:
 
 
 def combined_step(w: Any, prog: Program, f_mb: int, b_mb: int) -> None:
-    """Appends one combined step: micro-batch ``f_mb``'s forward with ``b_mb``'s backward (module
-    docstring). Kernels and collectives are tagged with ``f_mb``, the step's micro-batch."""
+    """Appends micro-batch ``f_mb``'s forward combined with ``b_mb``'s backward, tagged ``f_mb``."""
     L = w.layers_per_chunk
     mb = f_mb
     prog.kernel(elementwise("embedding", w.tokens * w.hidden * 2 * 2), mb)

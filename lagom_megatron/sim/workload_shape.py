@@ -1,10 +1,4 @@
-"""The per-rank quantities of a simulated Megatron iteration: ``WorkloadShape``, built from a preset.
-
-The model's dimensions on one representative rank, the parallel layout and its process groups
-(sizes, nodes spanned), the overlap flags, parameter counts and the DDP buckets.
-``lagom_megatron.sim.workload`` (``Workload``) builds one iteration's program and sites from them;
-its docstring says which rank is simulated and why.
-"""
+"""``WorkloadShape``: a preset's per-rank dimensions, layout, groups, overlap flags and DDP buckets."""
 
 from __future__ import annotations
 
@@ -17,11 +11,7 @@ from lagom_megatron.sim.program import group_nodes
 
 @dataclass(kw_only=True)
 class WorkloadShape:
-    """A preset turned into per-rank quantities (``from_preset``); ``Workload`` adds the program.
-
-    Raises (``from_preset``):
-        ValueError: a layout that does not divide (names the sizes), or a CPU cluster.
-    """
+    """A preset's per-rank quantities; ``from_preset`` raises ValueError for a bad layout or an unmodelled flag."""
 
     name: str
     gpu: Gpu
@@ -35,7 +25,7 @@ class WorkloadShape:
     sp: bool
     microbatches: int
     tokens: int
-    """Tokens per micro-batch on this rank's sequence shard: micro_batch_size * seq_length / cp."""
+    """Per micro-batch on this rank's sequence shard: micro_batch_size * seq_length / cp."""
     seq: int
     hidden: int
     ffn: int
@@ -53,23 +43,20 @@ class WorkloadShape:
     fsdp: bool
     """Megatron-FSDP or torch FSDP2 (``sim.workload_fsdp``)."""
     fsdp_sharding: str = "optim_grads_params"
-    """What FSDP shards: Megatron-FSDP's ``data_parallel_sharding_strategy``; always optim_grads_params for FSDP2."""
+    """Megatron-FSDP's ``data_parallel_sharding_strategy`` (FSDP2: always optim_grads_params)."""
     tied_embeddings: bool = False
-    """The output layer reuses the word embedding (no ``untie_embeddings_and_output_weights``)."""
     position_params: float = 0.0
     """Elements of a learned absolute position embedding (0 with RoPE; not split over TP)."""
     linear_bias: bool = True
-    """The linear layers have biases (``add_bias_linear``)."""
     norm_bias: bool = True
-    """The norms have biases (LayerNorm; RMSNorm has none)."""
     ep_overlap: bool = False
-    """``overlap_moe_expert_parallel_comm``: the combined 1F1B schedule (``sim.workload_ep_overlap``)."""
+    """The combined 1F1B schedule (``sim.workload_ep_overlap``)."""
     cdmc1: bool
     bucket_params: int
     nodes: dict[str, int]
     sizes: dict[str, int]
     strides: dict[str, int] = field(default_factory=dict)
-    """Rank stride of each group (tp 1, dp tp x cp, ...): which GPUs of a node a group joins."""
+    """Rank stride of each group (tp 1, dp tp x cp, ...)."""
 
     @classmethod
     def from_preset(cls, preset: Any, gpu: Gpu) -> Self:
@@ -153,7 +140,7 @@ class WorkloadShape:
     # ------------------------------------------------------------------ sizes
 
     def layer_params(self) -> float:
-        """Parameters of one transformer layer on this rank (attention + MLP or local experts)."""
+        """Parameters of one transformer layer on this rank."""
         h, tp = self.hidden, self.tp
         attn = h * (self.q_dim + 2 * self.kv_dim) / tp + self.q_dim * h / tp
         up = 2 if self.swiglu else 1
@@ -163,23 +150,21 @@ class WorkloadShape:
         return attn + mlp
 
     def output_params(self) -> float:
-        """Output-layer parameters on this rank (untied, PP 1 only: otherwise on the last stage)."""
+        """Output-layer parameters on this rank (PP 1 only: else on the last stage)."""
         return self.vocab * self.hidden / self.tp if self.pp == 1 else 0.0
 
     def embedding_params(self) -> float:
         return self.vocab * self.hidden / self.tp
 
     def global_layer(self, chunk: int, i: int) -> int:
-        """Megatron's layer numbering (0-based here) on the first pipeline stage."""
+        """Megatron's layer numbering (0-based) on the first pipeline stage."""
         return chunk * self.pp * self.layers_per_chunk + i
 
     def buckets(self) -> list[list[tuple[int, list[int], float]]]:
         """Per chunk: DDP buckets in backward order as (bucket id, local layer indices, params).
 
-        Chunk 0 is split into buckets of ``bucket_params`` (at layer granularity); the last chunk's
-        first bucket also holds the output layer (PP 1), chunk 0's last bucket the embedding (its
-        gradients are ready last). Chunks after the first are one bucket each (Megatron-LM's
-        ``disable_bucketing`` for virtual chunks), as is everything without overlapped grad reduce."""
+        Chunk 0 splits at ``bucket_params``; later chunks are one bucket each (Megatron-LM ``disable_bucketing``).
+        """
         out = []
         for c in range(self.chunks):
             order = list(range(self.layers_per_chunk - 1, -1, -1))
