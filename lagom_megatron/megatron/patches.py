@@ -1,66 +1,7 @@
 """Every hook lagom puts on Megatron-Core's collectives and torch.distributed, in one removable set.
 
-``install(router)`` replaces the entry points below with thin wrappers that call the
-``router.SiteRouter``; it returns a ``PatchHandle`` whose ``remove()`` puts every original back.
-Installing twice is refused. Nothing here changes what is communicated: the wrappers only
-observe the call, pick the process group (a communicator-pool entry over the same ranks) and may
-split a tensor into elementwise pieces.
-
-Patched names, each where it is looked up (megatron-core 0.16.x; the names exist since 0.9):
-
-* ``param_and_grad_buffer._ParamAndGradBucketGroup.start_grad_sync`` / ``start_param_sync``: the
-  DDP bucket-group transitions, the only level with a structural id (bucket index) and one handle
-  per bucket group. The collective group is the bucket group's ``data_parallel_group`` /
-  ``intra_distributed_optimizer_instance_group`` attribute, read on every call, so routing swaps
-  it for the duration of the call (Megatron's own ``ProcessGroupCollection`` is consumed at DDP
-  construction, too early for a plan found during training).
-* ``param_and_grad_buffer._coalescing_manager``: the module's own name for torch's (imported at
-  the top of the module), which the bucket groups open; guarded on a bucket group's first call
-  on a new pool entry (``router.bucket_coalescing``, ``first_use``), torch's own otherwise.
-* ``param_and_grad_buffer.dist_reduce_scatter_func`` / ``dist_all_gather_func`` and the same two
-  names in ``tensor_parallel.layers``: module-level aliases bound at import, so patching
-  ``torch.distributed`` does not reach them (Megatron's own tests patch them the same way).
-* ``torch.distributed.all_reduce``: the tensor-parallel dgrad all-reduce in
-  ``tensor_parallel.layers``, the non-distributed-optimizer DDP all-reduce and the
-  ``finalize_model_grads`` all-reduces call it through the ``torch.distributed`` module.
-  Synchronous calls outside a tagged scope pass straight through.
-* ``torch.distributed.all_to_all_single``: the MoE token dispatcher's all-to-all (tagged only
-  inside ``MoEAlltoAllTokenDispatcher.token_dispatch`` / ``token_combine``, also patched).
-* ``pipeline_parallel.p2p_communication.P2PCommunicator._communicate``: every pipeline send and
-  receive of the schedules; the communicator's ``pp_group`` attribute is swapped for the call.
-  Wrapping ``torch.distributed.isend`` instead would break ``P2POp``, which checks identity.
-* ``config.finalize_model_grads_func`` of the given model configs (an attribute, not a module
-  name): wrapped so that its all-reduces are tagged ``<group>.finalize_all_reduce[k]``.
-* ``torch.distributed.all_gather_into_tensor`` / ``reduce_scatter_tensor`` (and torch 2.13's
-  ``all_gather_single`` / ``reduce_scatter_single``): Transformer Engine's sequence-parallel
-  collectives and torch FSDP2's call them through the ``torch.distributed`` module
-  (``te_targets``). Synchronous calls outside a scope pass straight through; a call inside an
-  open ``_coalescing_manager`` keeps its group.
-* Transformer Engine (``te_targets.find_te_targets``; skipped when TE is not installed): the
-  ``forward`` of ``Linear`` / ``LayerNormLinear`` / ``LayerNormMLP`` (named scope of the module,
-  ``scopes.module_forward``), ``forward`` / ``backward`` of their autograd functions and of the
-  context-parallel ones (the backward runs in its forward's scope, ``scopes.carry_*``),
-  ``DotProductAttention.forward`` (routes ``cp_group``) and ``flash_attn_p2p_communicate`` (ring
-  steps timed as overlapped), both in ``router_p2p``; ``distributed._all_gather_mxfp8`` /
-  ``_all_gather_nvfp4`` / ``_start_all_gather_fp8_blockwise``, the coalesced gathers of a
-  quantized input (``router_coalesced``).
-* torch FSDP2's ``FSDPParamGroup.unshard`` / ``post_backward``: one site per FSDP unit and op,
-  ``<group>.fsdp_all_gather[<module fqn>]`` (``scopes.named_method``).
-* Megatron-FSDP's ``AllGatherPipeline.all_gather_params`` / ``async_bucket_gather``,
-  ``GradReducePipeline._bucket_group_gradient_reduce`` and its module's ``_coalescing_manager``
-  (``te_targets.find_megatron_fsdp``): one site per FSDP unit's bucket group and op,
-  ``<group>.param_all_gather[chunk0.bucket<u>]`` / ``grad_reduce_scatter[...]`` (``router_fsdp``).
-* megatron-core's ``_AllToAll.forward`` / ``backward`` (``tensor_parallel.mappings``): the MoE
-  all-to-all's backward is tagged ``ep.dispatch_all_to_all_bwd[k]`` / ``combine_..._bwd[k]``.
-* ``p2p_communication._p2p_ops``: with two pipeline ranks, the half posted on WORLD follows a
-  routed pipeline site (``router_p2p.p2p_ops``).
-* ``utils.dist_all_gather_func`` and ``schedules.drain_embedding_wgrad_compute``: the deferred
-  embedding-wgrad all-gathers (``--defer-embedding-wgrad-compute``), the call-order stream
-  ``tp.embedding_wgrad_all_gather[k]`` of one iteration.
-
-``gloo_threads(n)`` is the one patch outside ``install``: a context manager that, while a pool
-entry is created, makes ``torch.distributed`` build its gloo backend with ``n`` worker threads
-(torch's ``new_group`` ignores ``pg_options`` for gloo in torch 2.x).
+``install(router)`` wraps the names it sets (megatron-core 0.16.x; names since 0.9) and ``te_targets``' TE / FSDP2 /
+Megatron-FSDP names to call ``router.SiteRouter``; wrappers only tag the call, pick its group, may split a tensor.
 """
 
 from __future__ import annotations
@@ -78,7 +19,7 @@ from lagom_megatron.megatron.te_targets import (TeTargets, find_fsdp2_param_grou
 
 log = logging.getLogger("lagom.patches")
 
-# torch.distributed functions patched in the torch.distributed module, and the router op of each.
+# torch.distributed functions patched in the torch.distributed module, and the router op of each (*_single: torch 2.13).
 _DIST_COLLECTIVES = (("all_reduce", "all_reduce"), ("all_to_all_single", "all_to_all"),
                      ("all_gather_into_tensor", "all_gather"), ("reduce_scatter_tensor", "reduce_scatter"),
                      ("all_gather_single", "all_gather"), ("reduce_scatter_single", "reduce_scatter"))
@@ -156,20 +97,10 @@ def _quantized_gather_wrapper(router: Any, orig: Callable[..., Any]) -> Callable
 
 def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te: TeTargets | None | str = "auto",
             fsdp2: type | None | str = "auto", megatron_fsdp: list[Any] | str = "auto") -> PatchHandle:
-    """Installs every hook (module docstring) calling ``router``; returns the handle.
+    """Installs every hook calling ``router`` (a ``SiteRouter``); RuntimeError when already installed.
 
-    Args:
-        router: a ``SiteRouter`` (``bucket_sync``, ``collective``, ``p2p``, ``p2p_ops``, ``scope``,
-            ``named``, ``module``, ``attention``, ``ring_exchange``, ``quantized_gather``, the
-            ``mfsdp_*`` methods, ``current_scope``, ``reenter``).
-        model_configs: Megatron ``TransformerConfig``s whose ``finalize_model_grads_func`` to tag.
-        te: the Transformer Engine names to hook; ``"auto"``: ``find_te_targets()`` (None when TE
-            is not installed); None: none.
-        fsdp2: torch FSDP2's ``FSDPParamGroup`` class; ``"auto"``: ``find_fsdp2_param_group()``.
-        megatron_fsdp: Megatron-FSDP ``param_and_grad_buffer`` modules; ``"auto"``: ``find_megatron_fsdp()``.
-
-    Raises:
-        RuntimeError: the patches are already installed (remove the first handle first).
+    ``te`` / ``fsdp2`` / ``megatron_fsdp``: ``"auto"`` finds them (``te_targets``), None / ``[]`` hooks none.
+    ``model_configs``: ``TransformerConfig``s whose ``finalize_model_grads_func`` to tag.
     """
     global _INSTALLED
     if _INSTALLED is not None:
@@ -200,7 +131,7 @@ def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te:
         handle._set(pgb, "_coalescing_manager", bucket_coalescing)
         from megatron.core import utils as mc_utils
 
-        for module in (pgb, layers, mc_utils):
+        for module in (pgb, layers, mc_utils):  # aliases bound at import: patching torch.distributed misses them
             for alias, op in (("dist_reduce_scatter_func", "reduce_scatter"), ("dist_all_gather_func", "all_gather")):
                 if hasattr(module, alias):
                     handle._set(module, alias, _collective_wrapper(router, op, getattr(module, alias)))
@@ -214,7 +145,7 @@ def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te:
         if note:
             log.warning(note)
 
-        comm_cls = p2p.P2PCommunicator
+        comm_cls = p2p.P2PCommunicator  # not torch.distributed.isend: P2POp checks the function's identity
         orig_comm = comm_cls._communicate
 
         def communicate(self: Any, **kwargs: Any) -> Any:
@@ -257,7 +188,6 @@ def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te:
 
 
 def _install_megatron_fsdp(handle: PatchHandle, router: Any, modules: list[Any]) -> None:
-    """Megatron-FSDP's per-unit gathers and reductions (``router_fsdp``), in each module given."""
     for mod in modules:
         for cls, name, method in ((mod.AllGatherPipeline, "all_gather_params", "mfsdp_all_gather"),
                                   (mod.AllGatherPipeline, "async_bucket_gather", "mfsdp_bucket"),
@@ -279,7 +209,6 @@ def _install_megatron_fsdp(handle: PatchHandle, router: Any, modules: list[Any])
 
 
 def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, fsdp2: type | None) -> None:
-    """The hooks beyond megatron-core's DDP / TP / P2P / MoE dispatcher names (module docstring)."""
     from megatron.core.pipeline_parallel import p2p_communication as p2p
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import mappings
@@ -328,16 +257,10 @@ def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, f
 
 @contextmanager
 def gloo_threads(n_threads: int) -> Iterator[None]:
-    """While active, gloo backends created by ``torch.distributed.new_group`` get ``n_threads`` workers.
+    """While active, gloo backends built by ``new_group`` get ``n_threads`` workers; ValueError when < 1.
 
-    torch 2.x's ``new_group`` builds ``ProcessGroupGloo(store, rank, size, timeout=...)`` (torch 2.14
-    adds ``enable_reconfigure=``: torch 2.14.1 ``distributed_c10d.py:669-676``, ``_create_gloo_process_group``,
-    which the options object carries as a field of the same name) and ignores ``pg_options`` for gloo; the options object with ``_threads`` is only accepted by the
-    constructor's other overload. This swaps ``distributed_c10d.ProcessGroupGloo`` for a subclass
-    that passes such options, and restores it on exit.
-
-    Raises:
-        ValueError: ``n_threads`` < 1.
+    torch 2.x's ``new_group`` ignores ``pg_options`` for gloo, so this swaps ``distributed_c10d.ProcessGroupGloo`` for a
+    subclass passing ``_threads`` (and torch 2.14's ``enable_reconfigure=``: 2.14.1 ``distributed_c10d.py:669-676``).
     """
     if n_threads < 1:
         raise ValueError(f"gloo worker threads must be >= 1; got {n_threads}")

@@ -1,56 +1,9 @@
 """Warm-up profiler: start and end of every collective site and the compute it overlaps.
 
-For each call of a site the profiler keeps four instants (seconds of ``time.perf_counter``):
-
-    t_issue   just before the collective is launched
-    t_end     first instant the collective was seen complete (``Work.is_completed()``)
-    t_wait    when the code that overlapped it asks for the result (``wait()`` is called), i.e.
-              the end of the overlapped compute
-    t_serial  in a serialized iteration, when the collective, waited on right after launch, ended
-
-and turns them into one ``Sample`` per site and iteration (sums over the site's calls; the same
-three times per call are kept in ``Profiler.call_times``, because the sums hide which call is
-exposed, ``engine.profile``):
-
-    t_comm_us   = t_end - t_issue
-    t_region_us = max(t_end, t_wait) - t_issue
-    t_comp_us   = t_wait - t_serial      serialized iterations only (compute alone); NaN otherwise
-
-Completion polling on CPU: the profiler checks ``is_completed()`` of the outstanding handles at
-every hook point (each collective issue, each ``wait()``) and finally inside ``wait()`` before
-blocking, so ``t_end`` is exact when a hook point falls near the completion and otherwise an
-upper bound whose error is the gap between two hook points (in Megatron's backward pass: one
-layer's gradient computation). No background thread is used: on a small CPU it would take a
-core from the compute being measured.
-
-Synchronous collectives (forward tensor-parallel reductions, ``finalize_model_grads``, pipeline
-P2P of the non-interleaved schedule) overlap nothing: ``t_comm = t_region = duration`` and
-``t_comp = 0``.
-
-GPU path (``CudaEventTiming``): CUDA events recorded on the current (compute) stream before the
-launch (``Profiler.mark``), after the serialized wait and after the consumer's ``wait()`` (which
-makes the compute stream wait for NCCL's stream), resolved once per iteration after a device
-synchronisation. Synchronous calls get an event before and after (a synchronous NCCL call makes
-the current stream wait for the collective). It is selected when CUDA is available.
-
-The collective's own time under overlap comes from NCCL's stream: ``Work._get_duration()``
-(milliseconds; torch's ``WorkNCCL::getDuration``, the elapsed time between the start and end CUDA
-events ``ProcessGroupNCCL`` records on its NCCL stream around the collective, available once the
-group's timing is on: ``ProcessGroup._enable_collectives_timing()``, which ``enable_comm_timing``
-calls on every group, or ``TORCH_NCCL_ENABLE_TIMING=1``; both in torch 2.13). A coalesced
-handle's duration is the sum over its works (they run one after another on one stream). Where no
-duration is available (gloo, timing off) ``t_comm`` falls back to the completion seen from the
-host (CPU) or the region (GPU, an upper bound). So on GPU ``t_comm`` < ``t_region`` when the
-compute is the longer branch, and the fit sees the slowdown.
-
-Serialized iteration: ``t_comm`` is the collective alone (issue to its immediate wait) and
-``t_comp`` the compute alone. A handle waited late (the gradient reduce-scatter of a bucket is
-waited at the end of the backward pass) has, between its serialized end and its consumer's wait,
-the serialized communication of every later asynchronous call; that time is subtracted, so
-``t_comp`` is the compute alone and not inflated by other sites' communication.
-
-The measurement scheme (serialized iteration for compute alone, polling resolution) is our
-design; the Lagom paper's profiler text is not available.
+Per call (s): ``t_issue`` launch, ``t_end`` first seen complete, ``t_wait`` consumer's ``wait()``, ``t_serial`` end of
+the serialized wait. Per site (us): t_comm = t_end - t_issue (GPU: ``Work._get_duration()``, torch 2.13
+``WorkNCCL::getDuration``, on with ``enable_comm_timing`` or ``TORCH_NCCL_ENABLE_TIMING=1``), t_region = max(t_end,
+t_wait) - t_issue, t_comp = t_wait - t_serial less later calls' serialized comm (NaN unless serialized).
 """
 
 from __future__ import annotations
@@ -75,10 +28,9 @@ class CallTiming:
 
 
 def _inner_work(work: Any) -> Any:
-    """The torch handle inside Transformer Engine's wrappers of one (``_AsyncHandle``,
-    ``_NVFP4AllGatherAsyncHandle``: ``async_handle``, TE v2.18 ``pytorch/distributed.py:955-979,
-    1300-1321``; v2.5-v2.11's ``_FP8BlockwiseAllGatherAsyncHandle``, v2.11 ``:1049-1063``), else
-    ``work`` itself."""
+    """The torch handle inside TE's ``_AsyncHandle`` / ``_NVFP4AllGatherAsyncHandle`` (v2.18
+    ``pytorch/distributed.py:955-979,1300-1321``) or v2.5-v2.11's ``_FP8BlockwiseAllGatherAsyncHandle``
+    (``:1049-1063``)."""
     inner = getattr(work, "async_handle", None)
     return work if inner is None else inner
 
@@ -93,9 +45,8 @@ def _is_completed(work: Any) -> bool:
 
 
 def work_duration_us(work: Any) -> float | None:
-    """The collective's own GPU time, microseconds, from ``Work._get_duration()`` (milliseconds, on
-    NCCL's stream; module docstring); summed over a coalescing manager's works. None when the
-    handle has no duration (gloo, or the group's timing is off: torch raises then)."""
+    """The collective's own GPU time (us) from ``Work._get_duration()`` (ms) summed over a coalescing manager's works;
+    None for gloo or when the group's timing is off."""
     work = _inner_work(work)
     works = getattr(work, "works", None)
     items = [w for w in works if w is not None] if works is not None else [work]
@@ -112,10 +63,7 @@ def work_duration_us(work: Any) -> float | None:
 
 
 def enable_comm_timing(groups: Any) -> int:
-    """Turns on torch's collective timing (``ProcessGroup._enable_collectives_timing``) for each
-    process group in ``groups``, so their handles report ``_get_duration()``; returns how many
-    accepted. The switch cannot be turned off again: every later collective of the group records
-    one more CUDA event (small next to a collective)."""
+    """Turns on ``ProcessGroup._enable_collectives_timing`` (irreversible) for each group; returns how many accepted."""
     n = 0
     for g in groups:
         fn = getattr(g, "_enable_collectives_timing", None)
@@ -130,11 +78,7 @@ def enable_comm_timing(groups: Any) -> int:
 
 
 class TimedWork:
-    """Wraps an async ``Work`` (or a coalescing manager) so that ``wait()`` stamps the profiler.
-
-    Behaves like the wrapped handle: ``wait()`` returns what it returns, other attributes pass
-    through. Waiting twice is allowed (the second wait stamps nothing).
-    """
+    """Wraps an async ``Work`` (or a coalescing manager) so that ``wait()`` stamps the profiler; else passes through."""
 
     __slots__ = ("_work", "_timing", "_profiler")
 
@@ -160,12 +104,7 @@ class TimedWork:
         return self._work.wait(*args, **kwargs)
 
     def wait_part(self, part: Any, *args: Any, **kwargs: Any) -> Any:
-        """Waits one request ``part`` of a composite handle (``requests.RequestGroup``, through its
-        ``wait_one``, which waits each request once).
-
-        The first part waited stamps the consumer's wait, as ``wait()`` does; the call's end is
-        stamped once every part has completed.
-        """
+        """Waits one request ``part`` of a ``requests.RequestGroup`` (its ``wait_one``), stamping as ``wait()`` does."""
         t = self._timing
         first = t.t_wait is None
         if first:
@@ -194,11 +133,7 @@ def _cuda_event() -> Any:
 
 
 class CudaEventTiming:
-    """CUDA events of one call on the current stream (GPU path; see module docstring).
-
-    Args:
-        issue: the event recorded before the launch (``Profiler.mark``); a new one if None.
-    """
+    """CUDA events of one call on the current stream (GPU path); ``issue``: the event ``Profiler.mark`` recorded."""
 
     __slots__ = ("events",)
 
@@ -216,20 +151,7 @@ class CudaEventTiming:
 
 
 class Profiler:
-    """Per-iteration timing of collective sites (module docstring gives the formulas).
-
-    Usage, once per iteration::
-
-        profiler.start_iteration(timed=True, serialize=False)
-        handle = profiler.issue(site_id, work, t_issue)      # async call, in the hooks
-        profiler.sync(site_id, t0, t1)                       # synchronous call
-        timings = profiler.finish_iteration()                # site_id -> (t_comm, t_comp, t_region) us
-
-    Args:
-        clock: seconds; ``time.perf_counter`` by default.
-        use_cuda_events: time with CUDA events (GPU path); default: ``torch.cuda.is_available()``
-            is checked by the caller and passed here.
-    """
+    """Per-iteration timing of collective sites; ``clock`` in seconds, ``use_cuda_events`` for the GPU path."""
 
     def __init__(self, *, clock: Callable[[], float] = time.perf_counter, use_cuda_events: bool = False) -> None:
         self.clock = clock
@@ -241,8 +163,7 @@ class Profiler:
         self._sync: dict[str, float] = {}
         self._sync_cuda: list[tuple[str, Any, Any]] = []
         self.call_times: dict[str, list[tuple[float, float, float]]] = {}
-        """After ``finish_iteration``: site id -> (t_comm_us, t_comp_us, t_region_us) of each
-        asynchronous call in issue order (synchronous sites have none: one region per site)."""
+        """After ``finish_iteration``: site id -> (t_comm_us, t_comp_us, t_region_us) per async call, in issue order."""
 
     def start_iteration(self, *, timed: bool, serialize: bool = False) -> None:
         """Begins an iteration; ``timed=False`` makes every hook a pass-through for the profiler."""
@@ -255,17 +176,13 @@ class Profiler:
         self.call_times = {}
 
     def mark(self) -> Any:
-        """The launch instant to hand to ``issue`` / ``sync``: seconds on CPU, a CUDA event on GPU
-        (recorded on the current stream before the launch)."""
+        """The launch instant for ``issue`` / ``sync``: seconds on CPU, a CUDA event on the current stream on GPU."""
         if self.use_cuda_events and self.timed:
             return _cuda_event()
         return self.clock()
 
     def issue(self, site_id: str, work: Any, t_issue: Any) -> Any:
-        """Registers an async call launched at ``t_issue`` (``mark()``); returns the handle the caller keeps.
-
-        In a serialized iteration the call is waited on here, before the caller's compute runs.
-        """
+        """Registers an async call from ``t_issue`` (``mark()``), waited here if serialized; returns its handle."""
         if not self.timed or work is None:
             return work
         cuda = None
@@ -284,9 +201,7 @@ class Profiler:
         return TimedWork(work, timing, self)
 
     def sync(self, site_id: str, t0: Any, t1: float | None = None) -> None:
-        """Registers a synchronous call that started at ``t0`` (``mark()``) and ends now (or at ``t1``,
-        seconds). On GPU the end is a CUDA event on the current stream, which a synchronous NCCL
-        call makes wait for the collective."""
+        """Registers a synchronous call from ``t0`` (``mark()``) to now or ``t1`` (seconds)."""
         if not self.timed:
             return
         if not isinstance(t0, float):  # CUDA event: resolved in finish_iteration
@@ -312,7 +227,6 @@ class Profiler:
         self._outstanding = still
 
     def _alone_us(self, t: CallTiming) -> float:
-        """Communication-alone time of one call of a serialized iteration (us; 0 if unknown)."""
         dur = work_duration_us(t.work)
         if dur is not None:
             return dur
@@ -322,8 +236,6 @@ class Profiler:
         return (t.t_serial - t.t_issue) * 1e6 if t.t_serial is not None else 0.0
 
     def _later_comm_us(self, k: int, alone: list[float]) -> float:
-        """Serialized communication of the async calls issued between call ``k``'s serialized end
-        and its consumer's ``wait()`` (host instants order the calls on both paths)."""
         t = self._calls[k]
         if t.t_serial is None or t.t_wait is None:
             return 0.0
@@ -331,12 +243,8 @@ class Profiler:
                    if j != k and u.t_serial is not None and u.t_issue >= t.t_serial and u.t_serial <= t.t_wait)
 
     def finish_iteration(self) -> dict[str, tuple[float, float, float]]:
-        """Site id -> (t_comm_us, t_comp_us, t_region_us) summed over the site's calls.
-
-        ``t_comp_us`` is NaN for async sites outside a serialized iteration, 0 for synchronous
-        sites. Calls never waited on by their consumer count up to their completion. Each
-        asynchronous call's own times are left in ``call_times``.
-        """
+        """Site id -> (t_comm_us, t_comp_us, t_region_us) summed over its calls; t_comp NaN for async sites unless
+        serialized, 0 for synchronous ones."""
         self.call_times = {}
         if not self.timed:
             return {}

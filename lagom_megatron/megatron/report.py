@@ -1,27 +1,7 @@
-"""``--lagom-report``: what a ``--lagom`` run measured and decided, as a table and a figure.
+"""``--lagom-report``: what a ``--lagom`` run measured and decided, as a table and a figure (milliseconds).
 
-The report answers "did lagom help, and why was its plan kept or not" in the units of
-Megatron's log (milliseconds):
-
-* **Iteration level** (what the verdict is based on): the median iteration time under the
-  defaults and under the plan over the verification iterations, each arm's spread (half its
-  range), the gain and the gain the verdict needed to keep the plan as ``engine.verify.verdict``
-  computed them, with the rule it applied in words (:func:`verdict_summary`), and the cost model's
-  predicted iteration times.
-* **Per site**: the region time of every collective site under the defaults and under the plan,
-  measured over those same verification iterations (median per site) and predicted by the cost
-  model. Two closing rows make each column add up to the iteration: ``rest of the iteration``
-  (the iteration minus the sum of the site rows: compute outside any overlap region, optimizer,
-  and whatever overlap between regions) and ``iteration``. A site counts as tuned only when its
-  chosen config differs from what the backend does by default (``default_config`` says what that
-  is: NCCL's own choice, or gloo's 2 worker threads and no split).
-
-``write_report`` writes ``.md`` (default), ``.csv`` or ``.json`` by suffix, and ``<stem>.png``
-beside it: the iteration-level bars with each arm's min-max range and the threshold the plan
-had to beat, and the per-site bars below. A run that did not measure a verification (a reused
-plan, a run too short to verify, an interrupted run) writes its own file
-(``<stem>.<kind>-<n><suffix>``, ``report_path_for``) and never replaces the report that holds
-a verification's measurements. Files are written atomically.
+Iteration level (median per verification arm, half-range spread, gain vs the gain needed) and per-site region
+times, measured and predicted; ``.md`` / ``.csv`` / ``.json`` by suffix plus ``<stem>.png``, written atomically.
 """
 
 from __future__ import annotations
@@ -44,9 +24,8 @@ COLUMNS = ("site_id", "op", "group", "bytes_per_call", "calls_per_iter", "defaul
 """Columns of the per-site table (times: region time per iteration, milliseconds)."""
 
 RUN_KINDS = ("tuned", "reused", "unfinished", "interrupted")
-"""``tuned``: profiled, searched and (maybe) verified in this run; ``reused``: a saved plan
-applied or skipped; ``unfinished``: ``--train-iters`` ended before tuning did; ``interrupted``:
-training stopped by an error or a signal before its last iteration."""
+"""``tuned`` here; ``reused``: a saved plan; ``unfinished``: ``--train-iters`` ended first; ``interrupted``: an error
+or signal stopped training."""
 
 
 def default_config_text(backend: str) -> str:
@@ -57,11 +36,7 @@ def default_config_text(backend: str) -> str:
 
 
 def is_tuned(config: dict[str, Any], backend: str) -> bool:
-    """True when ``config`` (``CommConfig.to_dict()``) changes what the backend does by default.
-
-    On gloo ``n_channels`` equal to torch's default thread count (2) changes nothing; on NCCL any
-    set knob does.
-    """
+    """True when ``config`` (``CommConfig.to_dict()``) changes the backend's default (gloo's is 2 threads)."""
     cfg = {k: v for k, v in config.items() if v is not None}
     if backend == "gloo" and cfg.get("n_channels") == GLOO_DEFAULT_THREADS:
         cfg.pop("n_channels")
@@ -84,22 +59,13 @@ class SiteRow:
     predicted_default_us: float = math.nan
     predicted_plan_us: float = math.nan
     note: str = ""
-    """What the plan says of the site's reach (``PlanEntry.note``: registered buffers kept, no NVLS
-    for its reduction, one tuner row per NCCL bin)."""
 
     @property
     def tuned(self) -> bool:
-        """Whether the plan changes this site's default (``is_tuned``)."""
         return is_tuned(self.chosen_config, self.backend)
 
     def values(self, applied: bool = True) -> list[Any]:
-        """The row in ``COLUMNS`` order (times converted to milliseconds).
-
-        Args:
-            applied: whether the plan ran at the end (``phase`` applied). The ``tuned`` column is
-                ``yes`` only then, ``not applied`` for a site the plan changes when the defaults
-                were kept, ``no`` for a site it leaves alone: the header's count is the ``yes`` rows.
-        """
+        """The row in ``COLUMNS`` order (ms); ``tuned`` is ``yes`` only when ``applied``, else ``not applied``."""
         tuned = ("yes" if applied else "not applied") if self.tuned else "no"
         return [self.site_id, self.op, self.group, _bytes_text(self.nbytes), self.calls_per_iter or "-",
                 default_config_text(self.backend), _cfg_text(self.chosen_config), tuned,
@@ -109,16 +75,7 @@ class SiteRow:
 
 def site_rows(entries: dict[str, Any], sites: dict[str, Any], measured_default_us: dict[str, list[float]],
               measured_plan_us: dict[str, list[float]], *, backend: str = "nccl") -> list[SiteRow]:
-    """One row per site of the plan or of the profiled sites, in site-id order.
-
-    Args:
-        entries: site id -> ``PlanEntry`` of the plan (empty without a plan).
-        sites: site id -> ``CollectiveSite`` (op, bytes, calls per iteration) as recorded in this run.
-        measured_default_us: site id -> region times under the defaults, microseconds, one per
-            measured iteration (the median is reported).
-        measured_plan_us: the same under the plan.
-        backend: gloo, nccl or sim (what "default" means, which configs count as tuned).
-    """
+    """One row per site of the plan or of the profiled sites; ``measured_*_us``: per-iteration region times (us)."""
     rows = []
     for sid in sorted(set(entries) | set(sites)):
         e, site = entries.get(sid), sites.get(sid)
@@ -137,12 +94,7 @@ def site_rows(entries: dict[str, Any], sites: dict[str, Any], measured_default_u
 
 
 def column_totals(rows: list[SiteRow], summary: dict[str, Any]) -> dict[str, tuple[float, float, float]]:
-    """Per time column: (sum of the site rows, rest of the iteration, iteration), microseconds.
-
-    The iteration is the summary's iteration-level figure of that column (measured medians of the
-    verification, or the model's predicted iterations); the rest is iteration minus the sum, so
-    the three always agree. NaN where the run has no such figure.
-    """
+    """Per time column: (sum of the site rows, rest of the iteration, iteration), microseconds; NaN where unknown."""
     iters = {"measured_default": summary.get("measured_default_us"), "measured_plan": summary.get("measured_plan_us"),
              "predicted_default": summary.get("predicted_default_iteration_us"),
              "predicted_plan": summary.get("predicted_iteration_us")}
@@ -157,18 +109,8 @@ def column_totals(rows: list[SiteRow], summary: dict[str, Any]) -> dict[str, tup
 
 def verdict_rule_text(noise_rule: str, n_pairs: int, min_gain: float, default_us: float, spread_us: float,
                       n_looks: int = 1) -> str:
-    """How ``engine.verify.verdict`` decided under ``noise_rule`` (the rule it applied, after its
-    fallback), in words and milliseconds, for the report's ``rule`` line.
-
-    Args:
-        noise_rule: ``paired``, ``half-range`` or ``none`` (``engine.verify.NOISE_RULES``).
-        n_pairs: pairs of default and plan iterations (the shorter arm's length).
-        min_gain: the smallest relative gain (fraction of the defaults' median).
-        default_us: the defaults' median, microseconds.
-        spread_us: half the wider arm's range (max - min), microseconds.
-        n_looks: looks of sequential verification (``engine.verify.looks``) the 5% false-accept rate
-            was split over; 1 = one fixed count.
-    """
+    """How ``engine.verify.verdict`` decided under ``noise_rule`` (after its fallback), in words and ms; inputs in us,
+    ``min_gain`` a fraction, ``n_looks`` the looks the 5% false-accept rate was split over."""
     floor = f"the minimum gain ({min_gain:.1%} of the defaults' median: {_ms(min_gain * default_us)} ms)"
     if noise_rule == "paired" and n_looks > 1:
         p = 1.0 - ALPHA / n_looks
@@ -189,25 +131,10 @@ def verdict_rule_text(noise_rule: str, n_pairs: int, min_gain: float, default_us
 
 def verdict_summary(plan_us: list[float], default_us: list[float], *, min_gain: float, noise_rule: str,
                     n_looks: int = 1) -> dict[str, Any]:
-    """The report's verdict fields, from ``engine.verify.verdict`` (the function and settings the
-    tuner's verdict used, so the report shows the threshold that was applied).
+    """The report's verdict fields, from ``engine.verify.verdict`` with the tuner's settings (times in us).
 
-    Args:
-        plan_us, default_us: the verification's iteration times, microseconds, in the order measured.
-        min_gain, noise_rule: the tuner's ``Tuner.Config.min_gain`` / ``noise_rule``.
-        n_looks: the tuner's looks (``Tuner.verify_looks``): the bound's level depends on them.
-
-    Returns:
-        ``gain_us``, ``needed_us``, ``spread_plan_us``, ``spread_default_us`` (microseconds);
-        ``verdict`` (``plan kept: `` or ``defaults kept: `` and the verdict's line);
-        ``verdict_figures`` (the verdict line's own gain and threshold, e.g. ``3.2 ms (mean of 8
-        paired differences, defaults - plan), needed > 15.9 ms (the larger of its 95% bound 15.9 ms
-        and the minimum gain 4.1 ms)``); ``noise_rule`` (the rule
-        applied: ``paired`` falls back to ``half-range`` below two pairs, as ``verdict`` does);
-        ``verdict_rule`` (:func:`verdict_rule_text`).
-
-    Raises:
-        statistics.StatisticsError, ValueError: see ``engine.verify.verdict``.
+    ``noise_rule`` is the rule applied (``paired`` falls back to ``half-range`` below two pairs). Raises what
+    ``engine.verify.verdict`` raises.
     """
     v = verdict(plan_us, default_us, min_gain=min_gain, noise_rule=noise_rule, n_looks=n_looks)  # type: ignore[arg-type]
     n = min(len(plan_us), len(default_us))
@@ -291,9 +218,7 @@ def render_markdown(rows: list[SiteRow], summary: dict[str, Any]) -> str:
 
 
 def observed_lines(observed: dict[str, dict[str, Any]]) -> list[str]:
-    """The observed check's table (``megatron.observed``): per planned site what the plan set and
-    what NCCL's profiler records (gloo: the pool's own record) show ran, the verdict, and the rank
-    whose record differed; empty when no check ran."""
+    """The observed check's table (``megatron.observed``) per planned site; empty when no check ran."""
     if not observed:
         return []
     out = ["", "## Applied = observed (what ran, per planned site)", "",
@@ -309,7 +234,6 @@ def observed_lines(observed: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def _note_lines(rows: list[SiteRow]) -> list[str]:
-    """The plan's notes on what it could not change or how it applies it, each with its sites."""
     by_note: dict[str, list[str]] = {}
     for r in rows:
         for note in filter(None, (n.strip() for n in r.note.split(";"))):
@@ -334,12 +258,8 @@ def render_csv(rows: list[SiteRow], applied: bool = True) -> str:
 
 
 def report_path_for(path: str | os.PathLike, run_kind: str) -> Path:
-    """Where a run of ``run_kind`` (``RUN_KINDS``) writes its report, given ``--lagom-report``.
-
-    A tuning run writes ``path``. Any other run writes ``<stem>.<run_kind>-<n><suffix>`` with
-    the first free ``n`` (1, 2, ...), so that no run replaces the report holding a verification's
-    measurements or another run's report.
-    """
+    """Where a run of ``run_kind`` writes its report: ``path`` when ``tuned``, else the first free
+    ``<stem>.<run_kind>-<n><suffix>``."""
     path = Path(path)
     if run_kind == "tuned":
         return path
@@ -352,14 +272,8 @@ def report_path_for(path: str | os.PathLike, run_kind: str) -> Path:
 
 
 def write_report(path: str | os.PathLike, rows: list[SiteRow], summary: dict[str, Any], *, figure: bool = True) -> list[Path]:
-    """Writes the report in the format of ``path``'s suffix and, with ``figure``, a PNG beside it.
-
-    Returns:
-        The paths written.
-
-    Raises:
-        ValueError: a suffix other than .md, .csv, .json (names it).
-    """
+    """Writes the report by ``path``'s suffix (.md, .csv, .json; else ValueError) and, with ``figure``, ``<stem>.png``;
+    returns the paths written."""
     path = Path(path)
     suffix = path.suffix.lower()
     applied = summary.get("phase") == "applied"

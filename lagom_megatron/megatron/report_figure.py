@@ -1,13 +1,7 @@
-"""The report's figure (``<report stem>.png``): the iteration-level verdict above, the sites below.
+"""The report's figure (``<report stem>.png``), in milliseconds.
 
-Top panel: one horizontal bar per arm of the verification (defaults, plan) at its median
-iteration time, a whisker over each arm's measured min-max range, and a shaded band from
-``defaults - needed`` to the defaults' median: the gain the verdict needed (under the paired
-rule, the mean of the paired differences had to exceed ``needed``), drawn from the defaults'
-median; a plan whose gain falls inside the band was not kept. The predicted iteration times are drawn as hollow markers.
-The title is the verdict line, wrapped so that every line fits the canvas (:func:`fit_title`). Bottom panel: per-site region times (measured defaults, measured
-plan, predicted defaults, predicted plan), at most ``MAX_SITES`` sites, those whose measured or
-predicted time changed most; milliseconds throughout.
+Top: each verification arm's median with its min-max range, predicted times as hollow markers, and a band from
+``defaults - needed`` to the defaults' median. Bottom: region times of the ``MAX_SITES`` sites that changed most.
 """
 
 from __future__ import annotations
@@ -27,13 +21,7 @@ def _ms(v: Any) -> float:
 
 
 def plot_report(path: Path, rows: list, summary: dict[str, Any]) -> None:
-    """Writes the figure (module docstring) as PNG to ``path``, atomically.
-
-    Args:
-        rows: ``report.SiteRow`` list.
-        summary: the run summary (``measured_*_us``, ``verify_*_us``, ``needed_us``, ``phase``,
-            ``verdict``, predicted iteration times), microseconds.
-    """
+    """Writes the figure as PNG to ``path``, atomically; ``summary`` times in microseconds."""
     import matplotlib.pyplot as plt
 
     fig = report_figure(rows, summary)
@@ -44,17 +32,10 @@ def plot_report(path: Path, rows: list, summary: dict[str, Any]) -> None:
 
 
 DPI = 100
-"""Pixels per inch of the PNG (the canvas :func:`fit_title` fits the title to)."""
 
 
 def fit_title(fig: Any, ax: Any, text: str, *, fontsize: float, min_width: int = 30) -> Any:
-    """Sets ``ax``'s title to ``text`` wrapped at word boundaries, narrower until it lies inside the
-    canvas (a centred title over an axes that does not span the figure overflows both edges). Lays
-    the figure out (``tight_layout``) at each try.
-
-    Returns:
-        The title's ``matplotlib.text.Text``.
-    """
+    """Sets ``ax``'s title to ``text``, wrapped narrower until it lies inside the canvas; returns the title ``Text``."""
     import textwrap
 
     width = max(len(line) for line in text.split("\n")) if text else min_width
@@ -70,11 +51,7 @@ def fit_title(fig: Any, ax: Any, text: str, *, fontsize: float, min_width: int =
 
 
 def report_figure(rows: list, summary: dict[str, Any]) -> Any:
-    """The figure of :func:`plot_report` (module docstring), laid out, on the Agg canvas.
-
-    Returns:
-        The ``matplotlib.figure.Figure``; the caller closes it.
-    """
+    """The figure of :func:`plot_report`, laid out on the Agg canvas; the caller closes the returned ``Figure``."""
     import matplotlib
 
     matplotlib.use("Agg")

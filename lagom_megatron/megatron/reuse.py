@@ -1,10 +1,5 @@
-"""Reusing a saved ``--lagom-plan`` whose fingerprint matches this run.
-
-A plan rejected by its own verification keeps the defaults (applying it unverified would undo that
-verdict on every later run); a plan never verified (``lagom search``, or a run too short to verify)
-is applied and verified against the defaults; a verified plan is applied from the first iteration.
-Profiling and search are skipped in all three cases.
-"""
+"""Reusing a saved ``--lagom-plan`` whose fingerprint matches this run: a rejected plan keeps the defaults, an
+unverified one is verified, a verified one applied; profiling and search are skipped."""
 
 from __future__ import annotations
 
@@ -15,16 +10,8 @@ from lagom_megatron.megatron.run_files import say
 
 
 def try_reuse_plan(ctl: Any) -> bool:
-    """Applies ``ctl.files``' saved plan if it matches ``ctl.fingerprint``.
-
-    Args:
-        ctl: the ``controller.LagomController`` of this rank (its files, router, applier, tuner).
-
-    Returns:
-        True when the run's course is decided here (a plan reused, skipped as rejected, or tuning
-        aborted because ranks disagree on the plan); False when there is no plan to reuse and the
-        controller should profile and search.
-    """
+    """Applies ``ctl.files``' saved plan if it matches ``ctl.fingerprint``; True when that decides the run's course
+    (reused, kept rejected, or aborted on disagreement), False when the controller should profile and search."""
     from lagom_megatron.megatron import consensus
 
     try:
@@ -41,15 +28,13 @@ def try_reuse_plan(ctl: Any) -> bool:
         say(f"lagom: WARNING: --lagom-method {ctl.method} not used: plan {ctl.files.plan_path} was searched "
             f"with {plan.method}; delete it or pass another --lagom-plan to search with {ctl.method}")
     if plan.rejected:
-        # measured no better than the defaults when it was searched: applying it unverified
-        # would undo that verdict on every later run; the router keeps its empty assignment
+        # applying it unverified would undo its verdict; the router keeps its empty assignment
         say(f"lagom: phase fell_back | plan {ctl.files.plan_path} reused (digest {plan.digest()[:12]}) "
              f"but its verification kept the defaults ({plan.stats.get('verification_reason') or 'no reason saved'}) | "
              f"profiling and search skipped; delete the plan or pass another --lagom-plan to search again")
         return True
     if getattr(ctl, "applier", None) is not None:
-        # a plan searched elsewhere (``lagom search``) was never trimmed to this run's pool budget:
-        # without this its entries would pass it and the whole plan fall back at the pool preflight
+        # a ``lagom search`` plan was never trimmed to this run's pool budget (else the pool preflight fails it)
         try:
             plan = ctl.plan = ctl.applier.fit_plan_to_budget(plan)
         except ValueError as exc:  # the same on every rank: the plan and the capabilities are agreed
@@ -57,8 +42,7 @@ def try_reuse_plan(ctl: Any) -> bool:
             ctl.mode = "aborted"
             return True
     if plan.stats.get("verification") is None:
-        # saved before any verification (`lagom search`, or a run too short to verify): measure
-        # it against the defaults now instead of trusting its prediction
+        # never verified (``lagom search``, a short run): measure it against the defaults now
         ctl._start_tuner(plan)
         if not ctl._prepare_pool_for_plan(plan):
             return True

@@ -1,22 +1,8 @@
 """Site router: what every patched collective call does (identify its site, route it, time it).
 
-``patches.py`` replaces Megatron-Core's collective entry points with thin wrappers that call the
-methods here; this module holds no patch itself. For each call it
-
-1. finds the collective site (``sites.SiteRegistry``: DDP bucket tag, call-order stream, the
-   module or FSDP unit of a named scope (``scopes``), or the pipeline),
-2. routes it under the configuration assigned to that site for this iteration: the communicator
-   pool entry of its group (``comm_pool.CommPool``) and, for per-call knobs, the chunked issue,
-3. hands the launch instant and the returned handle to the ``profiler.Profiler``.
-
-Pipeline and context-parallel P2P are in ``router_p2p``, Transformer Engine's coalesced quantized
-gathers in ``router_coalesced``, Megatron-FSDP's per-unit gathers and reductions in
-``router_fsdp`` (mixins of ``SiteRouter``). A group of one rank is never a site
-(``sites.ONE_RANK``): its calls pass straight through on every path.
-
-Calls that are synchronous and outside any tagged scope (forward tensor-parallel reductions,
-loss all-reduces, lagom's own consensus traffic) take a fast path of one attribute check.
-Routing never changes which tensors are communicated, in which order, or the bucket layout.
+Per call: its site (``sites.SiteRegistry``), the pool entry and chunking assigned to it (``comm_pool.CommPool``), its
+timing (``profiler.Profiler``); mixins ``router_p2p``, ``router_coalesced``, ``router_fsdp``. Never changes which
+tensors move, their order or the bucket layout; a one-rank group is never a site.
 """
 
 from __future__ import annotations
@@ -54,19 +40,11 @@ _ASYNC_KIND = {
 
 
 def coalesce_state() -> dict:
-    """torch's record of the ``_coalescing_manager`` s open now (process group -> queued calls).
+    """torch's record of the ``_coalescing_manager`` s open now (process group -> queued calls), bound once.
 
-    A call on a group with an open manager must keep that group: torch queues it for the
-    manager's group (``distributed_c10d.py``: ``all_gather_into_tensor`` / ``all_gather_single``,
-    ``reduce_scatter_*`` and ``all_reduce`` check ``group in _world.pg_coalesce_state``, torch 2.6
-    ``:3789,4227,2797``, 2.13 ``:4378,4928,3236``, 2.14 ``:5152,5908,3897``). The dict is created
-    once, in ``_World.__init__`` (2.6 ``:598``, 2.13 ``:685``, 2.14 ``:1234``) for the one module
-    global ``_world`` (2.6 ``:713``, 2.13 ``:805``, 2.14 ``:1356``), and afterwards only filled,
-    popped and cleared in place (``_coalescing_manager``, ``destroy_process_group``), never
-    replaced, so the router binds it once instead of importing ``distributed_c10d`` on every routed
-    call (a cold ``from ... import`` of a package costs several microseconds on the launch path).
-    The key torch uses for ``group=None`` is the default group; the router compares the group
-    argument as given (the hooked callers pass their group).
+    A call on a group in it keeps that group (``distributed_c10d.py`` torch 2.6 ``:3789,4227,2797``, 2.13
+    ``:4378,4928,3236``, 2.14 ``:5152,5908,3897``). Made once in ``_World.__init__`` (2.6 ``:598``, 2.13 ``:685``, 2.14
+    ``:1234``) for the global ``_world`` (2.6 ``:713``, 2.13 ``:805``, 2.14 ``:1356``), then only mutated in place.
     """
     from torch.distributed import distributed_c10d as c10d
 
@@ -81,11 +59,7 @@ def _arg(args: tuple, kwargs: dict, name: str, index: int, default: Any = None) 
 
 
 class _StreamCall:
-    """What a (group, op, scope) of unstructured calls resolves to once: its stream and arguments.
-
-    ``site_id`` is the one id of a ``NamedSite`` (None for a call-order ``Stream``, whose id is
-    its position's): the router's routed path reads it instead of calling ``next_id``.
-    """
+    """What a (group, op, scope) of unstructured calls resolves to once; ``site_id`` None for a ``Stream``."""
 
     __slots__ = ("info", "stream", "site_id", "tname", "tindex", "chunkable")
 
@@ -103,27 +77,13 @@ _NO_ROUTE: tuple[CommConfig | None, Any, int] = (None, None, 0)
 
 
 class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
-    """Per-rank routing state shared by all patched entry points.
-
-    Per-call cost after a plan is applied (profiler off): every lookup that depends only on the
-    call site (its named group, stream, site id format, pool entry, chunk size) is resolved on the
-    site's first call and kept, so a routed call pays a few dict hits, a counter step and the
-    argument swap; no string is formatted, no clock is read, nothing is logged.
-
-    Args:
-        registry: the rank's ``SiteRegistry``.
-        profiler: the rank's ``Profiler``.
-        pool: the rank's ``CommPool`` (None: never reroute; chunking still applies).
-        split_chunks: apply ``chunk_size`` by splitting tensors (True on gloo, False on NCCL).
-        clock: seconds; ``time.perf_counter``.
-    """
+    """Per-rank routing state shared by all patched entry points; ``pool`` None never reroutes, ``clock`` in seconds."""
 
     def __init__(self, registry: SiteRegistry, profiler: Profiler, pool: CommPool | None = None,
                  *, split_chunks: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
         self.registry = registry
         self.split_chunks = split_chunks
-        """Apply ``chunk_size`` by splitting tensors (gloo). On NCCL, chunk size is a per-call knob
-        of the tuner plugin and tensors are never split here."""
+        """Split tensors by ``chunk_size`` (gloo); on NCCL the chunk size is the tuner plugin's per-call knob."""
         self.profiler = profiler
         self.pool = pool
         self.clock = clock
@@ -142,10 +102,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         self._mfsdp: dict[int, Any] = {}
         """Megatron-FSDP buffer id -> its buckets' sites (``router_fsdp``)."""
         self.first_use = FirstUse(self._coalesce_state)
-        """Guards the first call of each site on a new pool entry (``first_use``)."""
         self.observe: Any = None
-        """The gloo pool's record of routed calls (``gloo.GlooRecord``, ``observed.ObservedCheck.attach``);
-        noted only while it is ``on``."""
+        """The gloo pool's record of routed calls (``gloo.GlooRecord``); noted only while it is ``on``."""
         self._pieces: list[int] | None = None
 
     # -------------------------------------------------------------- configuration
@@ -157,9 +115,7 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
             self._routes = {}
 
     def _resolve(self, site_id: str, info: GroupInfo) -> tuple[CommConfig | None, Any, int]:
-        """(config, pool group or None, chunk bytes or 0) of a site under the current assignment;
-        kept in ``_routes`` until the assignment changes. Chunk bytes are 0 unless tensors are split
-        here (``split_chunks``)."""
+        """(config, pool group or None, chunk bytes or 0 unless ``split_chunks``) of a site; cached in ``_routes``."""
         cfg = self.assignment.get(site_id)
         if cfg is None:
             route = _NO_ROUTE
@@ -171,7 +127,6 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         return route
 
     def _route(self, site_id: str, info: GroupInfo) -> tuple[CommConfig | None, Any, int]:
-        """``_resolve`` through the cache, counting the call in ``calls_routed`` when it is routed."""
         route = self._routes.get(site_id) or self._resolve(site_id, info)
         if route[0] is not None:
             self.calls_routed += 1
@@ -251,20 +206,13 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         return result
 
     def bucket_coalescing(self, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """megatron-core's ``param_and_grad_buffer._coalescing_manager``: guarded while a bucket
-        group's first call on a pool entry runs (``FirstUse.coalescing``), else torch's own."""
+        """megatron-core's ``param_and_grad_buffer._coalescing_manager``, through ``FirstUse.coalescing``."""
         return self.first_use.coalescing(orig, args, kwargs)
 
     # -------------------------------------------------------------- collectives
     def collective(self, op: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """A torch.distributed collective (or a Megatron alias of one) with ``op`` in GROUP_ARG.
-
-        The routed path after apply is written for the launch path's cold caches (a call follows
-        a layer's compute, which evicts them): every per-site lookup is resolved once
-        (``_stream_call``), the site id of a call position is read inline, and nothing is
-        imported, formatted or allocated beyond the swapped argument. ``kwargs`` is the patched
-        wrapper's own ``**kwargs`` dict (``patches``), so a routed call's group is set in it.
-        """
+        """A torch.distributed collective (or a Megatron alias) with ``op`` in GROUP_ARG; ``kwargs`` is the wrapper's
+        own dict, so a routed group is set in it. Per-site lookups are cached for the launch path's cold caches."""
         scope = self._scope
         gi = GROUP_ARG[op]
         async_op = kwargs.get("async_op", False) or (len(args) > gi + 1 and args[gi + 1])
@@ -347,14 +295,12 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         return work
 
     def _note(self, op: str, call: _StreamCall, ran_on: Any, args: tuple, kwargs: dict) -> Callable[[int], None]:
-        """The ``GlooRecord`` note of one routed call that runs on ``ran_on`` (given its largest piece)."""
         tensor = kwargs[call.tname] if call.tname in kwargs else args[call.tindex]
         key = (self.pool.comm_key(ran_on) or "") if self.pool is not None else ""
         nbytes, obs, name = tensor_nbytes([tensor]), self.observe, call.info.name
         return lambda piece: obs.note(name, key, ran_on, op, nbytes, piece)
 
     def _stream_call(self, group: Any, op: str, scope: Any) -> Any:
-        """The ``_StreamCall`` of calls of ``op`` on ``group`` in ``scope`` (``ONE_RANK`` for a group of one rank)."""
         info = self.registry.groups.lookup(group)
         if info.size < 2:
             return ONE_RANK
@@ -396,14 +342,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
 
     @contextmanager
     def named(self, name: str, *, prefix: str | None = None, tag_sync: bool = False) -> Iterator[None]:
-        """Collectives inside are the sites ``<group>.<kind>[<stage><name>]``.
-
-        Args:
-            name: the module path or FSDP unit (``SiteRegistry.module_name``).
-            prefix: kind ``<prefix>_<op>``; None: the kind of the group's asynchronous calls
-                (``tp.sp_all_gather``, ``cp.a2a``, ...).
-            tag_sync: synchronous calls are sites too (False: they pass straight through).
-        """
+        """Collectives inside are the sites ``<group>.<kind>[<stage><name>]``, kind ``<prefix>_<op>`` (None: the group's
+        async kind); with ``tag_sync`` synchronous calls are sites too."""
         prev = self._scope
         self._scope = ("named", (name, prefix, tag_sync))
         try:

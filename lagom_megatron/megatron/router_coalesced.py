@@ -1,32 +1,11 @@
-"""Coalesced routing of the ``SiteRouter``: Transformer Engine's quantized sequence-parallel gathers.
+"""Coalesced routing of the ``SiteRouter`` (a mixin): Transformer Engine's quantized sequence-parallel gathers.
 
-A mixin of ``router.SiteRouter`` (it uses its registry, profiler, pool and route cache).
-
-Transformer Engine v2.18 all-gathers a quantized input (MXFP8, NVFP4, FP8 block scaling) as
-several synchronous ``torch.distributed.all_gather_into_tensor`` calls (data and scale-inverses,
-row-wise and/or column-wise) inside one ``torch.distributed._coalescing_manager(group=...,
-device=..., async_ops=async_op)``: ``_start_all_gather_fp8_blockwise`` (TE v2.18
-``pytorch/distributed.py:1076-1223``, manager at ``:1156-1200``; ``_all_gather_fp8_blockwise`` in
-v2.3-v2.11, the same call, TE's ``_FP8BlockwiseAllGatherAsyncHandle`` around the manager),
-``_all_gather_nvfp4`` (``:1324-1506``, manager at ``:1410-1494``) and ``_all_gather_mxfp8``
-(``:1509-1637``, manager at ``:1584-1634``). ``gather_along_first_dim`` (``:1640-1790``) dispatches to them by the input's
-or quantizer's type (``:1709-1749``), looking them up as module globals at call time. The
-column-parallel backward calls it with ``async_op=True`` (``module/linear.py:947-951``,
-``layernorm_linear.py:764-768``, ``layernorm_mlp.py:1189-1193``) and waits the returned handle
-(the manager, or TE's ``_AsyncHandle`` / ``_NVFP4AllGatherAsyncHandle`` around it, whose
-``wait()`` also fixes the interleaved column-wise layout) before the wgrad GEMM.
-
-``te_targets.QUANTIZED_GATHERS`` names the helpers and ``patches`` wraps each. A call of one
-with ``async_op=True`` is one site, the same site as the plain-tensor gather of the same module
-(``tp.sp_all_gather[<module>]``, the stream of asynchronous TP all-gathers in the module's named
-scope): it is the same collective of the same layer, only quantized. Routing replaces the
-helper's ``process_group`` argument with the pool entry; the helper opens its manager on that
-group and issues every inner call on it, so torch's check that coalesced calls use the
-manager's group holds. The site's bytes are the sum of the inner calls' outputs, its dtype the
-largest output's (``uint8`` for FP8 and FP4 data); the returned handle is timed as an
-overlapped call (a fallback to a synchronous high-precision gather, ``:1127-1134``, returns no
-handle and is timed as synchronous). A synchronous helper call (the forward gather,
-``linear.py:372``) passes straight through, as the plain-tensor forward gathers do.
+TE v2.18 gathers an MXFP8 / NVFP4 / FP8-block input as synchronous all-gathers in one ``_coalescing_manager``
+(``pytorch/distributed.py``: ``_start_all_gather_fp8_blockwise`` :1076-1223, manager :1156-1200, v2.3-v2.11
+``_all_gather_fp8_blockwise``; ``_all_gather_nvfp4`` :1324-1506, :1410-1494; ``_all_gather_mxfp8`` :1509-1637,
+:1584-1634; via ``gather_along_first_dim`` :1640-1790, :1709-1749). The backward's async call
+(``module/linear.py:947-951``, ``layernorm_linear.py:764-768``, ``layernorm_mlp.py:1189-1193``) is the site
+``tp.sp_all_gather[<module>]``, routed through ``process_group``; synchronous ones (``linear.py:372``) pass.
 """
 
 from __future__ import annotations
@@ -54,7 +33,7 @@ class _Gathered:
 
 
 class CoalescedRouting:
-    """TE quantized-gather methods of ``SiteRouter`` (see module docstring)."""
+    """TE quantized-gather methods of ``SiteRouter``."""
 
     registry: Any
     profiler: Any
@@ -71,8 +50,8 @@ class CoalescedRouting:
         raise NotImplementedError
 
     def quantized_gather(self, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """One of ``QUANTIZED_GATHERS``: ``(inp, process_group, *, async_op=False, quantizer, out_shape)``
-        -> ``(out, handle)``; with ``async_op=True`` a site, routed and timed as a whole."""
+        """One of ``QUANTIZED_GATHERS`` ``(inp, process_group, *, async_op, quantizer, out_shape) -> (out, handle)``;
+        with ``async_op=True`` a site, routed and timed as a whole."""
         if not kwargs.get("async_op", False) or not self.active:
             return orig(*args, **kwargs)
         in_args = "process_group" not in kwargs
@@ -115,8 +94,7 @@ class CoalescedRouting:
         return out, handle
 
     def coalesced_call(self, op: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """A collective issued inside ``quantized_gather``: counted (all-gathers) and passed through
-        on the group the helper was given (the pool entry when routed)."""
+        """A collective inside ``quantized_gather``: all-gathers counted, passed through on the helper's group."""
         gathered = self._scope[1]
         if gathered is not None and op == "all_gather":
             gathered.add(kwargs["output_tensor"] if "output_tensor" in kwargs else args[0])

@@ -1,49 +1,13 @@
-"""Megatron-FSDP routing of the ``SiteRouter``: per-unit parameter all-gathers and gradient reduce-scatters.
+"""Megatron-FSDP routing of the ``SiteRouter`` (a mixin): per-unit parameter all-gathers and gradient reductions.
 
-A mixin of ``router.SiteRouter`` (it uses its registry, profiler, pool and route cache). The
-names are those of ``distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py`` in
-megatron-core 0.16.1 (Megatron-FSDP 0.3.1, the copy megatron-core imports), 0.17.1 (0.4.0) and
-0.18.2 (0.5.1), also in the ``megatron-fsdp`` 0.6.1 package; ``--use-megatron-fsdp`` wraps every
-model chunk with it (``distributed/fsdp/mcore_fsdp_adapter.py``). Line numbers are 0.16.1's, then
-0.17.1's and 0.18.2's:
-
-* ``AllGatherPipeline.all_gather_params(params, ..., bwd)`` (``:3447-3627``, ``:3921-4107``,
-  ``:3975-4163``), called by the forward and backward pre-hooks of every module through
-  ``all_gather_and_wait_parameters_ready`` (0.16.1 ``megatron_fsdp.py:432,680-711,808-829``): for
-  each bucket group to gather (the unit's, and prefetched ones) it opens
-  ``_coalescing_manager(dp_group, async_ops=async_param_gather)`` on the group of
-  ``get_fsdp_buffer(buckets[0])`` (``:3605-3613``, ``:4085-4093``, ``:4141-4149``) and calls
-  ``async_bucket_gather(bucket_id, bwd)`` (``:3718-3758``, ``:4206-4250``, ``:4263-4310``) per
-  bucket, whose ``all_gather_into_tensor(..., group=wbuf.data_parallel_group, async_op=True)``,
-  ``wbuf = get_fsdp_buffer(bucket_id, bwd)``, the manager queues; the manager itself is the handle
-  kept for the bucket and waited by ``wait_bucket_ready``. In every micro-batch, forward and
-  backward (the parameters are freed after each use).
-* ``GradReducePipeline._bucket_group_gradient_reduce(bucket_group, async_op, ...)``
-  (``:3182-3341``, ``:3566-3815``, ``:3600-3849``), called when a bucket group's gradients are all
-  ready, every micro-batch: ``_coalescing_manager(dp_group)`` (synchronous, on its reduce-scatter
-  stream on GPU) around one ``reduce_scatter_tensor`` (``all_reduce`` with ``no_shard``) per bucket
-  on ``get_fsdp_buffer(bucket_id).data_parallel_group``; an event recorded after it is what the
-  pipeline waits. With hybrid FSDP a second manager on the outer group follows.
-* ``_coalescing_manager``: the module's own name for torch's (imported at ``:32``).
-
-Which buffer a bucket is communicated in is the pipeline's ``get_fsdp_buffer`` (AllGather
-``:3705-3716``, ``:4190-4204``, ``:4247-4261``; GradReduce ``:3175-3180``, ``:3559-3564``,
-``:3593-3598``), and the router asks it rather than naming buffers: with HSDP and a sharded outer
-level the collectives run on the DP-Shard group of 0.16.1's ``hsdp_wbuf`` / ``hsdp_gbuf``, of
-0.17+'s ``hfsdp_helper_wbuf`` / ``hfsdp_helper_wtbuf`` / ``hfsdp_helper_gbuf``, while the model
-buffers keep the whole data-parallel group. A bucket group is one site per op:
-``<group>.param_all_gather[<tag>]`` and ``<group>.grad_reduce_scatter[<tag>]`` (``grad_all_reduce``
-without sharding), ``<group>`` being that buffer's, with the tags of
-``SiteRegistry.fsdp_bucket_tags`` (the simulator's ids). Routing swaps the ``data_parallel_group``
-of those buffers for the call, and only of a buffer over the site group's own ranks: for a
-reduction, the gradient buffers of its bucket group; for ``all_gather_params``, whose bucket
-groups (prefetch included) are chosen inside, the buffers of every routed bucket that the call
-can gather from (the transposed ones too in backward), so each manager and its inner calls see
-one group. The manager inside is timed: an asynchronous gather by its handle (the consumer's
-``wait``), a reduction as synchronous (on GPU its events are on the stream it runs on). Bytes are
-those of the inner calls. Not sites: the outer (hybrid FSDP) group's gathers and reductions, and
-the per-bucket gathers ``start_param_sync(force_sync=True)`` issues outside any manager (they pass
-straight through).
+``distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py`` of megatron-core 0.16.1 / 0.17.1 / 0.18.2
+(Megatron-FSDP 0.3.1 / 0.4.0 / 0.5.1; ``megatron-fsdp`` 0.6.1; ``distributed/fsdp/mcore_fsdp_adapter.py``), lines in
+that order: ``all_gather_params`` (``:3447-3627``, ``:3921-4107``, ``:3975-4163``; 0.16.1
+``megatron_fsdp.py:432,680-711,808-829``) opens a manager per bucket group (``:3605-3613``, ``:4085-4093``,
+``:4141-4149``) around ``async_bucket_gather`` (``:3718-3758``, ``:4206-4250``, ``:4263-4310``);
+``_bucket_group_gradient_reduce`` (``:3182-3341``, ``:3566-3815``, ``:3600-3849``); torch's ``_coalescing_manager``
+imported at ``:32``; ``get_fsdp_buffer`` (``:3705-3716``, ``:4190-4204``, ``:4247-4261``; ``:3175-3180``,
+``:3559-3564``, ``:3593-3598``) gives the groups, swapped only over the site's ranks.
 """
 
 from __future__ import annotations
@@ -65,19 +29,16 @@ class _Buffer:
     def __init__(self, tags: list[str]) -> None:
         self.tags = tags
         self.gather: list | None = None
-        """Per bucket id: (site id, group info) of its all-gather, or ``ONE_RANK`` (from the
-        ``AllGatherPipeline``'s ``get_fsdp_buffer``, on its first gather)."""
+        """Per bucket id: (site id, group info) of its all-gather, or ``ONE_RANK``."""
         self.reduce: list | None = None
-        """Per bucket id: (site id, group info) of its gradient reduction, or ``ONE_RANK`` (from the
-        ``GradReducePipeline``'s ``get_fsdp_buffer``, on its first reduction)."""
+        """Per bucket id: (site id, group info) of its gradient reduction, or ``ONE_RANK``."""
         self.swaps: dict[bool, list[tuple[Any, Any]]] = {}
         """``bwd`` -> (weight buffer, pool entry) of every routed all-gather under the routes ``swaps_for``."""
         self.swaps_for: Any = None
 
 
 class _Manager:
-    """One Megatron-FSDP call being routed: which bucket its coalesced manager gathers or reduces,
-    and what that manager's inner calls moved."""
+    """One Megatron-FSDP call being routed: the bucket its manager serves and what the inner calls moved."""
 
     __slots__ = ("sites", "gather", "bucket", "done", "calls", "nbytes", "dtype", "reduce_op")
 
@@ -122,8 +83,7 @@ class _Coalesced:
 
 
 class _LateHandle:
-    """The handle a timed asynchronous manager yields: Megatron-FSDP keeps it and waits it later;
-    it waits what the profiler made of the manager once the manager has exited."""
+    """The handle a timed async manager yields; waits what the profiler made of the manager once it exited."""
 
     __slots__ = ("work",)
 
@@ -138,7 +98,7 @@ class _LateHandle:
 
 
 class FsdpRouting:
-    """Megatron-FSDP methods of ``SiteRouter`` (see module docstring)."""
+    """Megatron-FSDP methods of ``SiteRouter``."""
 
     registry: Any
     profiler: Any
@@ -152,7 +112,6 @@ class FsdpRouting:
         raise NotImplementedError
 
     def _mfsdp_state(self, buffer: Any) -> _Buffer | None:
-        """What the router keeps of ``buffer`` (None: ``bind_model`` did not see it)."""
         known = self._mfsdp.get(id(buffer), _UNSEEN)
         if known is _UNSEEN:
             tags = self.registry.fsdp_bucket_tags(buffer)
@@ -160,8 +119,7 @@ class FsdpRouting:
         return known
 
     def _mfsdp_sites(self, tags: list[str], buffers: list[Any], name: str) -> list:
-        """(site id, group info) per bucket, named after the group of the buffer Megatron-FSDP
-        communicates the bucket in (``get_fsdp_buffer``), or ``ONE_RANK`` (no buffer, one rank)."""
+        """(site id, group info) per bucket after the group of its ``get_fsdp_buffer`` buffer, or ``ONE_RANK``."""
         lookup = self.registry.groups.lookup
         out = []
         for tag, buf in zip(tags, buffers):
@@ -201,9 +159,7 @@ class FsdpRouting:
             self._scope = prev
 
     def _mfsdp_swaps(self, pipeline: Any, state: _Buffer, bwd: bool) -> list[tuple[Any, Any]]:
-        """(buffer, pool entry) for each routed bucket: the buffer whose group the manager opens on
-        (``get_fsdp_buffer(bucket)``) and, in backward, the one the bucket is gathered from
-        (``get_fsdp_buffer(bucket, bwd=True)``: the transposed weights, where there are any)."""
+        """(buffer, pool entry) per routed bucket: ``get_fsdp_buffer(bucket)`` and, in backward, its transposed one."""
         swaps: list[tuple[Any, Any]] = []
         groups = pipeline.buffer.parameter_groups
         for i, site in enumerate(state.gather):
@@ -269,8 +225,7 @@ class FsdpRouting:
             self._scope = prev
 
     def mfsdp_coalescing(self, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """Megatron-FSDP's ``_coalescing_manager(group, device=None, async_ops=False)``: the site's
-        manager is timed and recorded (``_Coalesced``); any other passes through."""
+        """Megatron-FSDP's ``_coalescing_manager(group, device=None, async_ops=False)``: a site's is timed, recorded."""
         scope = self._scope
         call = scope[1] if scope is not None and scope[0] == "mfsdp" else None
         if call is None or call.done:
@@ -291,7 +246,6 @@ class FsdpRouting:
         return orig(*args, **kwargs)
 
     def _mfsdp_done(self, manager: _Coalesced) -> None:
-        """A manager exited: record, count and time the call it issued, if it is a site's."""
         call = manager.call
         call.done = not call.gather
         site = call.sites[call.bucket] if call.bucket is not None else ONE_RANK

@@ -1,27 +1,10 @@
-"""Point-to-point routing of the ``SiteRouter``: pipeline P2P and Transformer Engine's context-parallel ring.
+"""Point-to-point routing of the ``SiteRouter`` (a mixin): pipeline P2P and Transformer Engine's context-parallel ring.
 
-A mixin of ``router.SiteRouter`` (it uses its registry, profiler, pool and route cache).
-
-* ``p2p``: megatron-core's ``P2PCommunicator._communicate`` (mc0.16.1
-  ``pipeline_parallel/p2p_communication.py:254-389``). One site per pipeline (``pp.send_recv``;
-  ``sites`` says why). The communicator's ``pp_group`` attribute, read at call time
-  (``:357``), is swapped for the pool entry during the call. When the call returns its requests
-  unwaited (``wait_on_reqs=False``, the interleaved schedule with ``overlap_p2p_comm``), they are
-  timed as one overlapped call (``requests.time_requests``); otherwise the call is synchronous.
-* ``p2p_ops``: megatron-core's ``_p2p_ops`` (``:54-126``) while a routed call with two pipeline
-  ranks runs: the half megatron-core posts on ``group.WORLD`` goes to the pool entry of the
-  partner group ``pp_world`` (``requests.split_world_direction``).
-* ``attention``: Transformer Engine's ``DotProductAttention.forward``. TE reads the module's
-  ``cp_group`` attribute at forward (TE v2.18 ``dot_product_attention.py:1737,1793,1824``) and
-  keeps it on the autograd ``ctx`` for backward (``context_parallel.py:2148``), so swapping the
-  attribute for the forward routes the module's whole context-parallel exchange, forward and
-  backward, ring and all-to-all, to one pool entry: the configuration of its ring site
-  ``cp.ring_send_recv[<module>]`` (else of its ``cp.a2a[<module>]`` site). Hierarchical
-  ``a2a+p2p`` (a list of groups) is not re-routed.
-* ``ring_exchange``: TE's ``flash_attn_p2p_communicate(rank, send_tensor, send_dst, recv_tensor,
-  recv_src, cp_group, batch_p2p_comm)`` (``context_parallel.py:96-135``), one ring step, batched
-  (``batch_isend_irecv``) or not (``isend``/``irecv``): recorded as site
-  ``cp.ring_send_recv[<module>]`` and its requests timed as one overlapped call.
+``P2PCommunicator._communicate`` (mc0.16.1 ``pipeline_parallel/p2p_communication.py:254-389``) reads ``pp_group`` at
+``:357``; ``_p2p_ops`` is ``:54-126``. TE reads ``cp_group`` at forward (v2.18
+``dot_product_attention.py:1737,1793,1824``) and keeps it on ``ctx`` for backward (``context_parallel.py:2148``), so
+one swap routes the whole CP exchange (not hierarchical ``a2a+p2p``); ``flash_attn_p2p_communicate`` is one ring
+step (``context_parallel.py:96-135``).
 """
 
 from __future__ import annotations
@@ -33,7 +16,7 @@ from lagom_megatron.megatron.sites import ONE_RANK, GroupInfo, dtype_name, tenso
 
 
 class P2PRouting:
-    """Pipeline and context-parallel P2P methods of ``SiteRouter`` (see module docstring)."""
+    """Pipeline and context-parallel P2P methods of ``SiteRouter``."""
 
     registry: Any
     profiler: Any

@@ -1,23 +1,8 @@
 """The files of one ``--lagom`` run, and lagom's log lines.
 
-Files go to the run directory: the folder of ``--lagom-plan``, else ``./lagom_out/<preset>``
-(``./lagom_out/run`` without a preset): ``plan.json`` (or ``--lagom-plan``) with ``plan.env``
-beside it (the plan's process-scope knobs, which the launch scripts source on the next run),
-``profile.json`` (``lagom search --profile`` re-searches it offline), ``report.md`` (or
-``--lagom-report``) and the report's PNG, and on NCCL with the tuner plugin one plan table per
-rank (``tuner_table.rank<r>.csv``). Each has a name of its own: the pre-flight refuses a run whose
-``--lagom-plan`` or ``--lagom-report`` names another of these files (:meth:`RunFiles.name_clash`).
-Rank 0 writes the shared files; every rank learns what rank 0 read through ``consensus``, so all
-ranks take the same branch.
-
-A plan this run cannot reuse is moved aside together with every file of the run directory that this
-run would otherwise write over (:meth:`RunFiles.plan_files`): each gets the same tag before its
-suffix (``plan.json`` -> ``plan.<tag>.json``, ``profile.json`` -> ``profile.<tag>.json``,
-``report.md`` -> ``report.<tag>.md``, ...), no existing file is replaced (:func:`rename_no_replace`),
-and the log line names every file moved. When the plan cannot be moved, nothing is moved and this
-run writes none of those files (:meth:`RunFiles.may_write`). Without a plan there, the same holds
-for the files that are there (a user's ``report.md``, an earlier run's ``profile.json`` or
-``plan.env``): they are moved aside under the tag ``earlier-<sha>`` before this run writes any.
+Run directory: ``--lagom-plan``'s folder, else ``./lagom_out/<preset or run>``; rank 0 writes, ``consensus`` shares
+what it read. A plan this run cannot reuse is moved aside with every file it would overwrite, under one tag and
+never replacing a file; if it cannot be moved, this run writes none of them.
 """
 
 from __future__ import annotations
@@ -30,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_RUN_DIR = "lagom_out"
-"""Parent of the run directory when ``--lagom-plan`` is not given."""
 TUNER_TABLE = r"tuner_table\.rank\d+\.csv"
-"""Names of the tuner plugin's tables in the run directory, one per rank (:meth:`RunFiles.write_tuner_table`)."""
+"""Names of the tuner plugin's tables in the run directory, one per rank."""
 STAYS = " (the other plan could not be moved aside: it stays, and this run saves no plan, profile or report over it)"
 """End of the fingerprint warning when the other plan's files could not be moved (``keep_user_file``)."""
 
@@ -47,7 +31,6 @@ def say(msg: str) -> None:
 
 
 def _file_sha(path: Path) -> str:
-    """First 12 hex digits of the SHA-256 of a file's bytes ("unreadable" when it cannot be read)."""
     import hashlib
 
     try:
@@ -57,7 +40,7 @@ def _file_sha(path: Path) -> str:
 
 
 def aside_name(path: Path, tag: str) -> Path:
-    """``<stem>.<tag><suffix>`` beside ``path``: ``runs/profile.json`` -> ``runs/profile.<tag>.json``."""
+    """``<stem>.<tag><suffix>`` beside ``path``."""
     return path.with_name(f"{path.stem}.{tag}{path.suffix}")
 
 
@@ -66,16 +49,10 @@ NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, err
 
 
 def rename_no_replace(src: Path, dst: Path) -> None:
-    """Renames ``src`` to ``dst`` and never replaces an existing ``dst``.
+    """Renames ``src`` to ``dst`` (a symlink itself), never replacing ``dst``; nothing changes when it raises.
 
-    ``os.link`` (``link(2)`` fails with EEXIST when ``dst`` exists: atomic) then ``os.unlink(src)``;
-    where the file system gives no hard links (:data:`NO_HARD_LINKS`), ``os.rename`` after checking
-    that ``dst`` is free (only another writer of the same plan could race it, and the plan lock of
-    ``training.preflight_files`` keeps those out). A symlink is moved itself, not its target.
-
-    Raises:
-        FileExistsError: ``dst`` exists (nothing changed).
-        OSError: ``src`` could not be moved (nothing changed).
+    ``os.link`` + ``unlink``, or without hard links a checked ``os.rename`` (``training.preflight_files``' plan lock
+    keeps other writers out). Raises FileExistsError when ``dst`` exists, OSError when ``src`` cannot be moved.
     """
     try:
         os.link(src, dst, follow_symlinks=False)
@@ -96,17 +73,7 @@ def rename_no_replace(src: Path, dst: Path) -> None:
 
 
 def plan_problem(plan: Any, cluster: Any) -> str | None:
-    """Why ``lagom plan validate`` would reject ``plan`` for ``cluster``, or None when it accepts it.
-
-    The same rules as ``lagom plan validate`` (``cli/plan.py``): a gloo plan is only for a gloo
-    cluster; every entry's config passes ``rules_for(cluster.backend, cluster, plan.mechanism)
-    .validate`` (NCCL's documented domains, or gloo's); the env passes
-    ``nccl.env_vars.validate_env`` (NCCL_ALGO / NCCL_PROTO grammar and tokens, thread and
-    buffer sizes).
-
-    Returns:
-        One line naming the entry or variable, its value and what is allowed; None when valid.
-    """
+    """Why ``lagom plan validate`` (``cli/plan.py``) would reject ``plan`` for ``cluster`` in one line, or None."""
     from lagom_megatron.megatron.backends import rules_for
     from lagom_megatron.nccl.env_vars import validate_env
 
@@ -129,18 +96,8 @@ def plan_problem(plan: Any, cluster: Any) -> str | None:
 
 
 class RunFiles:
-    """Paths of one run's files (module docstring) and reading / writing them.
-
-    Args:
-        plan_path: ``--lagom-plan``; None = ``<run dir>/plan.json``.
-        report_path: ``--lagom-report``; None = ``<run dir>/report.md``.
-        preset_name: names the run directory when ``plan_path`` is None.
-        rank: this process's rank (only rank 0 writes shared files).
-
-    Attributes:
-        keep_user_file: set when a plan that could not be reused could not be moved aside either;
-            then none of :meth:`plan_files` is written (:meth:`may_write`).
-    """
+    """Paths of one run's files and reading / writing them (only ``rank`` 0 writes shared files); ``keep_user_file``:
+    a plan that could not be reused could not be moved aside either."""
 
     def __init__(self, *, plan_path: str | None = None, report_path: str | None = None,
                  preset_name: str | None = None, rank: int = 0) -> None:
@@ -153,20 +110,10 @@ class RunFiles:
         self.rank = rank
         self.keep_user_file = False
         self._held: set[Path] = set()
-        """Paths this run must not write (the unmovable plan's files, :meth:`may_write`)."""
 
     def plan_files(self, *, existing: bool = True) -> list[Path]:
-        """The files that go with the plan at ``plan_path``, which this run would write over, plan first.
-
-        ``plan_path``; its env file (``nccl.env_file.env_file_path``: ``plan.env``); ``profile.json``;
-        the report (``report_path``) and its PNG, and the reports of runs that reused the plan
-        (``report.reused-<n>.md``, ``report.report_path_for``) with theirs; the tuner plugin's tables
-        (``tuner_table.rank<r>.csv``).
-
-        Args:
-            existing: only the files that exist (a dangling symlink counts); False: every fixed path
-                (the reused reports and tables only where they exist).
-        """
+        """The existing files that go with the plan (all fixed paths if not ``existing``), plan first: ``plan.env``, the
+        profile, the reports (``report.reused-<n>.md`` too) and their PNGs, the tuner tables."""
         from lagom_megatron.nccl.env_file import env_file_path
 
         def named(folder: Path, pattern: str) -> list[Path]:
@@ -185,10 +132,7 @@ class RunFiles:
         return out
 
     def outputs(self) -> list[tuple[str, Path, str | None]]:
-        """Each file this run writes at a fixed name, plan first: (what it is, path, why it is there or
-        None for a path the user gave), for messages. The plan, its env file, the profile, the report
-        and its PNG; the tuner tables and the reports of runs that do not tune have numbered names
-        (:meth:`name_clash` matches those by pattern)."""
+        """(what, path, why or None for a user-given path) of each file this run writes at a fixed name, plan first."""
         from lagom_megatron.nccl.env_file import env_file_path
 
         return [("--lagom-plan", self.plan_path, None) if self.plan_given
@@ -200,18 +144,8 @@ class RunFiles:
                 ("the report's figure", self.report_path.with_suffix(".png"), "lagom writes it beside the report")]
 
     def name_clash(self) -> str | None:
-        """Why two files of this run would be one file, or None when each has its own name.
-
-        Two of :meth:`outputs` that name the same file (the same path, a symlink or a hard link to it),
-        or ``--lagom-plan`` / ``--lagom-report`` named as a tuner table of the plan's folder
-        (:data:`TUNER_TABLE`) or ``--lagom-plan`` as the numbered report of a run that does not tune
-        (``<report stem>.<kind>-<n><suffix>``, ``report.report_path_for``): the later write would
-        replace the earlier file (``--lagom-report`` equal to ``--lagom-plan`` wrote the report over
-        the plan).
-
-        Returns:
-            One line naming the flag, the path and the file it would replace; None when no names clash.
-        """
+        """Why two files of this run would be one file (same path, symlink or hard link; a given path named as a tuner
+        table or a numbered report), or None."""
         from lagom_megatron.megatron.report import RUN_KINDS
 
         def same(a: Path, b: Path) -> bool:
@@ -243,27 +177,15 @@ class RunFiles:
         return None
 
     def may_write(self, path: str | os.PathLike) -> bool:
-        """False for a file of a plan that could not be reused nor moved aside (``keep_user_file``):
-        the plan, its env file, ``profile.json`` and the report stay as they are, and are not mixed
-        with this run's files either."""
+        """False for a file of a plan that could neither be reused nor moved aside (``keep_user_file``)."""
         return Path(path) not in self._held
 
     def saved_plan(self, fingerprint: dict[str, Any], cluster: Any = None) -> Any:
         """The plan saved at ``plan_path`` if this run can reuse it, the same on every rank. Collective.
 
-        Returns None when there is no plan (after moving aside, with one warning line, the other
-        :meth:`plan_files` that are there: ``<stem>.earlier-<sha><suffix>``), or, after one warning
-        line, when it cannot be reused; then rank 0 moves the file aside with its :meth:`plan_files`,
-        under the same tag, never overwriting or deleting any, and the line names every file moved;
-        the plan's tag is:
-
-        - it cannot be read, is not valid JSON or not a valid plan: ``plan.corrupt-<sha>.json``;
-        - an entry or its env breaks the rules ``lagom plan validate`` applies (:func:`plan_problem`
-          with ``cluster``): ``plan.invalid-<digest>.json``;
-        - its fingerprint differs from ``fingerprint`` (another run's plan): ``plan.<digest>.json``.
-
-        Raises:
-            consensus.PlanDisagreement: the ranks' copies of the plan differ (digest check).
+        None when there is none or it cannot be reused; rank 0 moves it aside as ``plan.corrupt-<sha>.json``,
+        ``plan.invalid-<digest>.json`` (:func:`plan_problem`) or ``plan.<digest>.json`` (another fingerprint). Raises
+        ``consensus.PlanDisagreement`` when the ranks' copies differ.
         """
         from lagom_megatron.engine.plan import Plan, shown
         from lagom_megatron.megatron import consensus
@@ -301,10 +223,7 @@ class RunFiles:
         return consensus.agree_plan(plan if plan is not None else Plan(entries={}), from_dict=Plan.from_dict)
 
     def _move_earlier_files(self) -> None:
-        """Without a plan at ``plan_path``: moves the other :meth:`plan_files` that exist (a user's
-        ``report.md``, an earlier run's ``profile.json`` or ``plan.env``) aside under one tag
-        ``earlier-<sha>`` (the first file's :func:`_file_sha`), as a plan's files are moved, and logs
-        what was moved; when one cannot be moved, all stay and this run writes none of them (rank 0)."""
+        """Without a plan at ``plan_path``: moves the other :meth:`plan_files` aside as ``earlier-<sha>`` (rank 0)."""
         sources = self.plan_files()
         if not sources:
             return
@@ -317,17 +236,8 @@ class RunFiles:
                 "be moved aside: they stay, and this run writes none of them; searching a new plan")
 
     def _move_aside(self, tag: str) -> str | None:
-        """Moves the plan and its other :meth:`plan_files` (the existing ones) to ``<stem>.<tag><suffix>`` (rank 0).
-
-        The tag gets ``-2``, ``-3``, ... when a file of that name exists already (a plan moved aside
-        earlier), so that nothing is replaced. All or nothing: when a file cannot be moved, those
-        already moved are moved back, ``keep_user_file`` is set and :meth:`may_write` refuses every
-        file of the plan (without a plan at ``plan_path``: the files that could not all be moved).
-
-        Returns:
-            The files moved, for the log line (``<plan> with <file>, <file>``, or ``<file>, <file>``
-            without a plan); None when they stay.
-        """
+        """Moves the existing :meth:`plan_files` to ``<stem>.<tag>[-n]<suffix>``, all or nothing (rank 0); returns the
+        files moved for the log line, or None (then ``keep_user_file`` is set)."""
         sources = self.plan_files()
         base, n = tag, 1
         while any(os.path.lexists(aside_name(p, tag)) for p in sources):
@@ -354,9 +264,8 @@ class RunFiles:
         return f"{plan}" + (f" with {', '.join(str(d) for _, d in rest)}" if rest else "")
 
     def save_plan(self, plan: Any) -> None:
-        """Saves the plan and, beside it, the env file of its process-scope knobs (``plan.env``),
-        which the launch scripts source on the next run (NCCL reads those knobs once per process).
-        A knob outside NCCL's domain is logged and left out of the env file; training goes on."""
+        """Saves the plan and ``plan.env`` of its process-scope knobs (sourced by the launch scripts: NCCL reads them
+        once per process); a knob outside NCCL's domain is logged and left out."""
         from lagom_megatron.nccl.env_file import env_file_path, write_plan_env_file
 
         if not self.may_write(self.plan_path):  # a plan that could not be moved aside is never overwritten
@@ -372,8 +281,7 @@ class RunFiles:
             say(f"lagom: WARNING: env file for {self.plan_path} not written: {exc}")
 
     def save_profile(self, profile: Any) -> None:
-        """Saves the profile (``engine.profile.Profile``) at ``profile_path`` unless :meth:`may_write`
-        refuses it (then one warning line)."""
+        """Saves the profile (``engine.profile.Profile``) at ``profile_path`` unless :meth:`may_write` refuses it."""
         if not self.may_write(self.profile_path):
             say(f"lagom: WARNING: profile not saved: {self.profile_path} belongs to plan {self.plan_path}, "
                 "which could not be reused nor moved aside")

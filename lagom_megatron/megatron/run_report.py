@@ -1,9 +1,4 @@
-"""What a ``--lagom`` run's report says, read from its controller: the run kind, the summary
-(verdict figures, paths that exist) and the per-site rows (``report.py`` renders them).
-
-Kept apart from ``controller.py`` so that the controller holds the lifecycle and this module
-holds how it is told. Times are microseconds.
-"""
+"""What a ``--lagom`` run's report says, read from its controller (``report.py`` renders it); microseconds."""
 
 from __future__ import annotations
 
@@ -14,9 +9,7 @@ from lagom_megatron.megatron.report import SiteRow, site_rows, verdict_summary
 
 
 def run_kind(ctl: Any) -> str:
-    """``report.RUN_KINDS``: ``tuned`` (profiled, searched, verified or fallen back in this run),
-    ``reused`` (a saved plan applied, or skipped as rejected), ``unfinished`` (``--train-iters``
-    ended before tuning did) or ``interrupted`` (training stopped before its last iteration)."""
+    """``report.RUN_KINDS`` of this run."""
     tuner = ctl.tuner
     if ctl.mode == "reuse" and (tuner is None or tuner.done):
         return "reused"
@@ -28,14 +21,8 @@ def run_kind(ctl: Any) -> str:
 
 
 def run_summary(ctl: Any) -> dict[str, Any]:
-    """JSON-ready state of the run: the tuner's summary, the run kind, the verdict's figures and
-    the paths of the plan and profile when they exist.
-
-    ``needed_us`` / ``gain_us`` / ``spread_*_us`` / ``verdict_figures`` / ``verdict_rule`` are
-    recomputed from the verification's iteration times by ``engine.verify.verdict``, the function the
-    tuner's verdict used, with the tuner's own settings (``report.verdict_summary``), so the report
-    shows the threshold the verdict applied and how it was computed.
-    """
+    """JSON-ready state of the run for the report (us; paths only of existing files), verdict fields recomputed by
+    ``report.verdict_summary`` with the tuner's own settings."""
     tuner = ctl.tuner
     out: dict[str, Any] = tuner.summary() if tuner is not None else {"phase": ctl.mode, "method": ctl.method}
     kind = run_kind(ctl)
@@ -85,12 +72,7 @@ def run_summary(ctl: Any) -> dict[str, Any]:
 
 
 def run_rows(ctl: Any) -> list[SiteRow]:
-    """One ``report.SiteRow`` per site of the plan (or of the profiled sites).
-
-    The measured times are those of the iterations behind the iteration-level medians: the
-    verification's default and plan iterations, or a reused plan's first timed iterations (under
-    the defaults when the plan was a rejected one).
-    """
+    """One ``report.SiteRow`` per site of the plan (or of the profiled sites), from the verification's iterations."""
     entries = ctl.plan.entries if ctl.plan is not None else {}
     return site_rows(entries, ctl._last_sites, ctl._t_verify_default, ctl._t_plan,
                      backend=getattr(ctl, "backend", "nccl"))

@@ -1,26 +1,9 @@
 """Wrappers that give collectives issued inside Transformer Engine, FSDP2 and MoE autograd code a site.
 
-``patches.py`` installs these (it is the one module that replaces names); this module only
-builds the replacement functions. Each wrapper sets a *scope* on the ``SiteRouter`` while the
-wrapped code runs, so that a collective issued inside is named by structure (layer and module),
-not only by call order:
-
-* ``module_forward``: a module's ``forward`` (TE ``Linear`` / ``LayerNormLinear`` /
-  ``LayerNormMLP`` / ``DotProductAttention``) runs in the named scope of the module's path in
-  the model (``chunk0.decoder.layers.3.self_attention.linear_qkv``; ``SiteRegistry.module_name``).
-* ``carry_forward`` / ``carry_backward``: an autograd ``Function``'s ``forward`` keeps the scope it
-  ran in on its ``ctx``; its ``backward`` runs in that scope again (a call-order stream scope gets
-  the ``_bwd`` kind). This is how a collective issued in backward gets the module of its
-  forward: TE issues its sequence-parallel all-gather and reduce-scatter in ``_Linear.backward``
-  (TE v2.18 ``pytorch/module/linear.py:947-951,1064-1068``) and ``_LayerNormLinear.backward``
-  (``layernorm_linear.py:764-768,881-885``); megatron-core's MoE all-to-all backward is
-  ``_AllToAll.backward`` (mc0.16.1 ``tensor_parallel/mappings.py:453-460``).
-* ``named_method``: a method whose collectives form one site per object, named by an attribute
-  of the object (FSDP2's ``FSDPParamGroup.unshard`` / ``post_backward``, by ``_module_fqn``).
-
-Autograd runs ``Function.backward`` by looking the attribute up on the class at call time, and
-``Function.apply`` looks up ``forward`` the same way, so replacing the class attributes reaches
-calls made by TE and Megatron-Core (torch ``autograd/function.py``: ``BackwardCFunction.apply``).
+A wrapper sets a scope on the ``SiteRouter``; a backward reruns its forward's scope, so TE's backward SP collectives
+(v2.18 ``pytorch/module/linear.py:947-951,1064-1068``, ``layernorm_linear.py:764-768,881-885``) and
+``_AllToAll.backward`` (mc0.16.1 ``tensor_parallel/mappings.py:453-460``) get their module. Autograd looks
+``forward`` / ``backward`` up on the class at call time (torch ``autograd/function.py``).
 """
 
 from __future__ import annotations
@@ -32,11 +15,8 @@ _CTX_ATTR = "_lagom_scope"
 
 
 def carry_forward(router: Any, orig: Callable[..., Any]) -> Any:
-    """``staticmethod`` replacing an autograd ``Function.forward(ctx, ...)``: keeps the router's scope on ``ctx``.
-
-    ``ctx`` may be None (TE calls ``_Linear.forward(None, ...)`` directly when no gradient is
-    needed, TE v2.18 ``module/linear.py``); then nothing is kept.
-    """
+    """``staticmethod`` replacing ``Function.forward(ctx, ...)``: keeps the router's scope on ``ctx`` (None when TE
+    v2.18 ``module/linear.py`` calls ``_Linear.forward(None, ...)`` without grad)."""
 
     @functools.wraps(orig)
     def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
@@ -78,12 +58,8 @@ def module_forward(router: Any, orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def named_method(router: Any, orig: Callable[..., Any], *, prefix: str, attr: str) -> Callable[..., Any]:
-    """Replacement of a method whose collectives are the sites ``<group>.<prefix>_<op>[<self.attr>]``.
-
-    Synchronous collectives inside are sites too (FSDP2 issues its all-gathers and
-    reduce-scatters synchronously on side streams on GPU and on the caller's thread on CPU).
-    An empty or missing ``attr`` is named ``root``.
-    """
+    """Replacement of a method whose collectives, synchronous ones too (FSDP2's), are the sites
+    ``<group>.<prefix>_<op>[<self.attr or root>]``."""
 
     @functools.wraps(orig)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -108,11 +84,7 @@ def stream_scoped(router: Any, orig: Callable[..., Any], kind: str, *, per_micro
 
 
 def backward_scope(scope: Any) -> Any:
-    """The scope a backward runs in, given the scope its forward ran in (see module docstring).
-
-    ``("stream", (kind, per_mb))`` -> ``("stream", (kind + "_bwd", per_mb))`` unless already a
-    backward kind; named scopes are kept; a bucket scope (DDP internals) or None gives None.
-    """
+    """The scope a backward runs in, given its forward's: a stream kind gets ``_bwd``, named kept, else None."""
     if scope is None:
         return None
     tag, value = scope

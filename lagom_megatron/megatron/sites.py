@@ -1,42 +1,9 @@
 """Collective sites: stable ids and registry records for every overlapped collective of Megatron-Core.
 
-A *collective site* is one place that issues a collective; its id is the
-same on every iteration and on every rank of its process group, because it is derived from
-structure only, never from object ids:
-
-    dp.grad_reduce_scatter[chunk0.bucket1]   DDP bucket group 1 of model chunk 0 (distributed optimizer)
-    dp.grad_all_reduce[stage1.chunk0.bucket0] the same on pipeline stage 1 (pipeline parallel runs)
-    dp.grad_all_reduce[chunk0.bucket0]       the same without the distributed optimizer
-    dp.param_all_gather[chunk0.bucket0]      distributed-optimizer parameter all-gather
-    tp.sp_all_gather[3]                      4th asynchronous TP all-gather of a micro-batch's backward
-    tp.sp_reduce_scatter[3], tp.dgrad_all_reduce[3]
-    tp.finalize_all_reduce[0]                all-reduces issued by ``finalize_model_grads``
-    pp.send_recv                             all pipeline P2P traffic of the rank's pipeline
-    ep.dispatch_all_to_all[1]                MoE token dispatcher all-to-all (call order)
-    ep.dispatch_all_to_all_bwd[1]            its backward (``scopes.carry_backward``)
-    tp.sp_all_gather[chunk0.decoder.layers.3.self_attention.linear_qkv]
-                                             Transformer Engine layer: named by module path
-    cp.ring_send_recv[chunk0.decoder.layers.3.self_attention.core_attention]
-                                             TE's context-parallel KV ring of one attention module
-    dp.fsdp_all_gather[decoder.layers.3]     torch FSDP2 unit (the fqn of its fully_shard module)
-    dp.param_all_gather[chunk0.bucket3]      Megatron-FSDP unit 3 in backward order (``fsdp_bucket_tags``)
-
-Streams of calls that have no structural index (TP, finalize, MoE) are numbered by call order
-within one micro-batch: the first iteration (never timed) counts the calls of each stream, the
-count divided by the number of micro-batches is the stream's period, and call ``n`` of a later
-iteration is site ``n % period`` with ``calls_per_iter`` = micro-batches. Ranks of one group run
-the same layers in the same order, so the numbering agrees across them.
-
-Sites named by structure (``NamedSite``: a module path from ``name_modules`` or an FSDP unit's
-fqn) have one id for all their calls; ``calls_per_iter`` is the number of calls seen.
-
-Pipeline P2P is one site per pipeline, not one per stage pair: a send and its matching receive
-must use the same communicator, and a call of the interleaved schedule touches both neighbours,
-so the only routing that can never pair a send with a receive on another communicator is one
-configuration for the whole pipeline. This is our design.
-
-Group names are Megatron's process-group names (``parallel_state``'s ``dp``, ``dp_cp``, ``tp``,
-``pp``, ``ep``, ``cp``, ...), resolved from the group object at setup.
+Ids derive from structure only, the same across iterations and ranks (``dp.grad_reduce_scatter[chunk0.bucket1]``,
+``tp.sp_all_gather[chunk0.decoder.layers.3.self_attention.linear_qkv]``, ``pp.send_recv``); other streams are
+numbered by call order within a micro-batch. Pipeline P2P is one site per pipeline so a send and its receive share
+a communicator (our design).
 """
 
 from __future__ import annotations
@@ -51,10 +18,7 @@ __all__ = ["ONE_RANK", "GroupInfo", "GroupNames", "NamedSite", "SiteRecord", "Si
            "dtype_name", "tensor_nbytes"]
 
 ONE_RANK: Any = ()
-"""What the router keeps for calls on a group of one rank (data, tensor, pipeline, expert or
-context parallel 1, an FSDP group of one): never a site, since the collective moves no data, so
-such calls pass straight through, unrecorded, unrouted and untimed, and no pool entry is made
-for them."""
+"""For a group of one rank: never a site (no data moves); passed through unrecorded, unrouted, untimed."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -68,11 +32,9 @@ class SiteRecord:
     group: GroupInfo
     calls: int = 0
     facts: dict | None = None
-    """The call's reduction, coalesced parts and buffer registration (``call_facts``), as
-    ``CollectiveSite`` fields; None: none recorded."""
+    """The call's reduction, coalesced parts and buffer registration (``call_facts``); None: none recorded."""
 
     def to_site(self, *, calls_per_iter: int | None = None) -> CollectiveSite:
-        """The engine's ``CollectiveSite`` for this record."""
         return CollectiveSite(
             site_id=self.site_id, op=self.op, nbytes=int(self.nbytes), dtype=self.dtype,
             group=self.group.name, group_size=self.group.size, n_nodes=self.group.n_nodes,
@@ -82,17 +44,13 @@ class SiteRecord:
 
 @dataclass(kw_only=True, slots=True)
 class Stream:
-    """One call stream (group, kind): its call counter and the site id of each call position.
-
-    ``next_id`` is what a routed call pays for its site id: a counter step and a list index.
-    """
+    """One call stream (group, kind): its call counter and the site id of each call position."""
 
     prefix: str
     """``<group>.<kind>[<stage>``: the id of position ``i`` is ``f"{prefix}{i}]"``."""
     count: int = 0
     period: int | None = None
     ids: list[str] = field(default_factory=list)
-    """Site id of each call position (formatted once)."""
 
     def next_id(self) -> str:
         """Site id of the next call (position ``count % period``; ``count`` before the period is known)."""
@@ -104,17 +62,13 @@ class Stream:
         return ids[n] if n < len(ids) else self.id_at(n)
 
     def id_at(self, n: int) -> str:
-        """Site id of call position ``n`` (formatted once, with every position before it)."""
         ids = self.ids
         ids.extend(f"{self.prefix}{i}]" for i in range(len(ids), n + 1))
         return ids[n]
 
 
 class NamedSite:
-    """A site named by structure (module path or FSDP unit): every call has the same id.
-
-    It has ``next_id`` like ``Stream`` so that the router treats both alike.
-    """
+    """A site named by structure (module path or FSDP unit): every call has the same id."""
 
     __slots__ = ("site_id",)
 
@@ -122,17 +76,11 @@ class NamedSite:
         self.site_id = site_id
 
     def next_id(self) -> str:
-        """The site id (the same for every call)."""
         return self.site_id
 
 
 class SiteRegistry:
-    """Assigns site ids and keeps one ``SiteRecord`` per site seen in the current iteration.
-
-    Args:
-        groups: the ``GroupNames`` of this rank.
-        num_microbatches: micro-batches per iteration (folds per-micro-batch call streams).
-    """
+    """Assigns site ids and keeps one ``SiteRecord`` per site seen in the current iteration."""
 
     def __init__(self, groups: GroupNames, *, num_microbatches: int = 1, pp_stage: int | None = None) -> None:
         if num_microbatches < 1:
@@ -143,12 +91,10 @@ class SiteRegistry:
         """Prefix of the ids of stage-local groups under pipeline parallelism (``stage1.``)."""
         self.records: dict[str, SiteRecord] = {}
         self.recording = True
-        """Whether this iteration's calls are recorded in ``records`` (see ``start_iteration``)."""
         self.registered_pools: dict[str, list] = {}
         """Group name -> the NCCL memory pools its DDP buffers are registered in (``call_facts``)."""
         self._bucket_tags: dict[int, str] = {}
         self._fsdp_buffers: dict[int, int] = {}
-        """``id`` of a Megatron-FSDP ``ParamAndGradBuffer`` -> its model chunk (``bind_model``)."""
         self._module_names: dict[int, str] = {}
         self._named: dict[tuple[str, str, str], "NamedSite"] = {}
         self._streams: dict[tuple[str, str, bool], Stream] = {}
@@ -156,13 +102,8 @@ class SiteRegistry:
 
     # -------------------------------------------------------------- structure
     def bind_model(self, model_chunks: Iterable[Any]) -> int:
-        """Tags every DDP bucket group of every model chunk ``chunk{c}.bucket{i}``; returns the count.
-
-        ``model_chunks`` are Megatron ``DistributedDataParallel`` modules (one per virtual pipeline
-        stage); expert-parallel bucket groups are tagged ``chunk{c}.expert_bucket{i}``. A chunk
-        wrapped by Megatron-FSDP (its ``param_and_grad_buffer``) has its buckets tagged by
-        ``fsdp_bucket_tags`` instead and counts one.
-        """
+        """Tags every DDP bucket group ``chunk{c}.bucket{i}`` / ``expert_bucket{i}``; returns the count (a Megatron-FSDP
+        chunk counts one, its buckets tagged by ``fsdp_bucket_tags``)."""
         n = 0
         for c, chunk in enumerate(model_chunks):
             self.name_modules(chunk, prefix=f"chunk{c}.")
@@ -179,11 +120,7 @@ class SiteRegistry:
         return n
 
     def name_modules(self, root: Any, *, prefix: str = "") -> int:
-        """Names every submodule of ``root`` by its path, wrapper prefixes (``module.``) dropped.
-
-        ``chunk0.decoder.layers.3.self_attention.linear_qkv``: the same on every rank of a stage
-        and every run of one model, so sites named after it are stable. Returns the count.
-        """
+        """Names every submodule of ``root`` by its path, ``module.`` wrapper prefixes dropped; returns the count."""
         named = getattr(root, "named_modules", None)
         if named is None:
             return 0
@@ -198,8 +135,7 @@ class SiteRegistry:
         return n
 
     def module_name(self, module: Any) -> str:
-        """The path ``name_modules`` gave ``module``; a module it never saw is named by its class and
-        the order in which such modules are first seen (the same on ranks that build one model)."""
+        """The path ``name_modules`` gave ``module``; an unseen one is ``<class><n>`` in first-seen order."""
         name = self._module_names.get(id(module))
         if name is None:
             name = self._module_names[id(module)] = f"{type(module).__name__}{len(self._module_names)}"
@@ -216,21 +152,12 @@ class SiteRegistry:
         return site
 
     def fsdp_bucket_tags(self, buffer: Any) -> list[str] | None:
-        """The structural tag of each bucket of a Megatron-FSDP ``ParamAndGradBuffer`` (by bucket
-        id), or None when ``bind_model`` did not see the buffer.
+        """Tag of each bucket of a Megatron-FSDP ``ParamAndGradBuffer`` (by bucket id), or None when not bound.
 
-        Megatron-FSDP (megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp/
-        param_and_grad_buffer.py:1271-1502``, 0.17.1 / 0.18.2 ``:1349-1580``,
-        ``_get_parameter_groups``) puts the parameters of each FSDP unit module (a
-        ``TransformerLayer``) in buckets by dtype, expert-ness and chunk-size factor, and coalesces
-        the buckets of one unit and kind into one bucket group (key ``(fsdp_unit_id,
-        is_expert_param)``, 0.16.1 ``:1475-1497``): a unit's non-expert buckets form one group, its
-        expert buckets another, and every bucket of a group has the group's tag. Parameters
-        outside every unit (embedding, final norm, output layer) get buckets of their own. Units
-        are numbered in backward order like DDP buckets (the last layer is ``bucket0``), the same
-        ids the simulator's FSDP workload uses (``sim/workload_fsdp.py``):
-        ``{stage}chunk{c}.bucket{u}``, ``chunk{c}.expert_bucket{u}``; the buckets outside the
-        units are ``chunk{c}.root_bucket{j}`` in bucket order.
+        ``_get_parameter_groups`` makes one group per FSDP unit and kind (megatron-core 0.16.1
+        ``distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:1271-1502``, 0.17.1 / 0.18.2 ``:1349-1580``; key
+        0.16.1 ``:1475-1497``). Units in backward order as in ``sim/workload_fsdp.py``: ``{stage}chunk{c}.bucket{u}`` /
+        ``expert_bucket{u}``; buckets outside every unit ``chunk{c}.root_bucket{j}``.
         """
         c = self._fsdp_buffers.get(id(buffer))
         if c is None:
@@ -255,15 +182,7 @@ class SiteRegistry:
 
     # -------------------------------------------------------------- iterations
     def start_iteration(self, *, record: bool = True) -> None:
-        """Forgets the records of the previous iteration and restarts every call stream.
-
-        Args:
-            record: keep a ``SiteRecord`` of every call of this iteration. False once a plan is
-                applied (records are read only while tuning): the call streams still advance, so
-                site ids and routing are the same, but a call's first sight in the iteration no
-                longer sizes its tensor and builds a record (several microseconds on a cache-cold
-                call).
-        """
+        """Forgets the previous iteration's records and restarts every call stream; ``record=False``: no records."""
         self.records = {}
         self.recording = record
         for s in self._streams.values():
@@ -278,7 +197,7 @@ class SiteRegistry:
 
     # -------------------------------------------------------------- ids
     def stream(self, group: GroupInfo, kind: str, *, per_microbatch: bool = True) -> Stream:
-        """The call stream (group, kind), created on first use; callers may keep it (it is never replaced)."""
+        """The call stream (group, kind), created on first use and never replaced."""
         key = (group.name, kind, per_microbatch)
         s = self._streams.get(key)
         if s is None:
@@ -304,11 +223,7 @@ class SiteRegistry:
         return rec
 
     def record_tensor(self, site_id: str, *, op: str, tensor: Any, group: GroupInfo, facts: dict | None = None) -> None:
-        """``record`` that sizes ``tensor`` only on the first call of the site in an iteration.
-
-        Calls of one site id carry tensors of one size (ids are per call position), so later
-        calls only count; this keeps the per-call cost to two dict operations.
-        """
+        """``record`` that sizes ``tensor`` only on the site's first call in an iteration (one id, one size)."""
         rec = self.records.get(site_id)
         if rec is None:
             self.records[site_id] = SiteRecord(site_id=site_id, op=op, nbytes=tensor_nbytes(tensor),
@@ -317,10 +232,7 @@ class SiteRegistry:
             rec.calls += 1
 
     def sites(self) -> list[CollectiveSite]:
-        """The sites of the current iteration as engine ``CollectiveSite`` records, sorted by id.
-
-        A group of one rank (e.g. DP = 1) is never a site: its collective moves no data, so there
-        is nothing to profile, tune or give a pool entry."""
+        """The current iteration's sites of groups over more than one rank, sorted by id."""
         return [self.records[k].to_site() for k in sorted(self.records) if self.records[k].group.size > 1]
 
 

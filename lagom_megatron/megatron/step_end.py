@@ -1,13 +1,4 @@
-"""The controller's handling of the end of a tuning iteration, after the tuner took its step:
-progress lines, the probe entries after the default iteration, verification times, the search's
-outcome (plan saved and applied on every rank) and the end of verification.
-
-These functions act on the ``LagomController`` (``ctl``) they are given, in the order
-``LagomController.on_iteration_end`` calls them; they are the same on every rank (every branch
-depends on the tuner's phase and step kind, which the all-gathered measurements make identical),
-so the collective calls inside (``Applier.apply_probes``, ``ctl._prepare_pool_for_plan``) are made
-by every rank together.
-"""
+"""The controller's end of a tuning iteration; branches depend only on the tuner's state, the same on every rank."""
 
 from __future__ import annotations
 
@@ -17,10 +8,8 @@ from lagom_megatron.megatron.run_files import say
 
 
 def after_step(ctl: Any, step: Any, iteration: int, m: Any, merged: dict, before: Any, phase: Any, dt_ms: float) -> None:
-    """What the controller does after the tuner took one profiled or verified iteration: the
-    progress line, the probe entries after the default iteration, the verification times, and the
-    phase changes (``on_searched``, ``on_done``). ``m`` is the ``IterationMeasurement``, ``merged``
-    site id -> (t_comm, t_comp, t_region) in microseconds, ``dt_ms`` the tuner's step time."""
+    """The controller's work after one profiled or verified iteration; ``merged``: site id -> (t_comm, t_comp, t_region)
+    in us, ``dt_ms``: the tuner's step time."""
     from lagom_megatron.engine.steps import Phase
 
     tuner = ctl.tuner
@@ -58,8 +47,7 @@ def after_step(ctl: Any, step: Any, iteration: int, m: Any, merged: dict, before
 
 
 def on_searched(ctl: Any, iteration: int, phase: Any, dt_ms: float) -> None:
-    """After the search: the profile and plan saved on rank 0, the search line logged, the plan's
-    pool entries and table applied on every rank (``ctl._prepare_pool_for_plan``)."""
+    """After the search: profile and plan saved on rank 0, the search line, the plan's pool entries on every rank."""
     from lagom_megatron.engine.steps import Phase
 
     tuner = ctl.tuner
@@ -87,8 +75,7 @@ def on_searched(ctl: Any, iteration: int, phase: Any, dt_ms: float) -> None:
 
 
 def on_done(ctl: Any, phase: Any) -> None:
-    """Verification over (APPLIED or FELL_BACK): the final assignment for good, the phase line, the
-    plan saved with its verdict on rank 0, the report written."""
+    """Verification over (APPLIED or FELL_BACK): final assignment, phase line, plan saved with its verdict, report."""
     from lagom_megatron.engine.steps import Phase
 
     ctl.router.set_assignment(ctl.tuner.assignment())  # the plan (APPLIED) or {} (FELL_BACK), for good

@@ -1,25 +1,9 @@
 """The torch and megatron-core versions lagom is tested with, and those this process would import.
 
-lagom hooks private names of Megatron-Core (``_ParamAndGradBucketGroup``, ``P2PCommunicator._communicate``,
-module-level aliases) and of torch (gloo's process-group constructor), and our ``pretrain_gpt.py``
-runs Megatron-Core on CPU through shims; each release can move them. The ranges below are the
-versions the whole test suite passed on (``make test-min`` / ``make test-max``, docs/training.md,
-"Tested versions"); ``pyproject.toml`` declares the same ranges and ``tests/megatron/test_versions.py``
-keeps the two equal.
-
-Why the upper bounds:
-
-- megatron-core 0.19 and newer: ``_ParamAndGradBucketGroup.start_grad_sync`` calls
-  ``torch.cuda.current_stream()`` unconditionally (megatron-core 0.19.0
-  ``distributed/param_and_grad_buffer.py:632``; Megatron-LM main ``:638``), so no data-parallel
-  gradient reduction runs without CUDA and every CPU training test fails there. Untested on GPU.
-- torch 2.15 and newer: not tested (2.14.1 was the newest release the test machines could install).
-
-The versions are read from the source files of the packages Python would import (``megatron/core/
-package_info.py``, ``torch/version.py``), found with :func:`importlib.util.find_spec`, without
-importing them: a Megatron-LM checkout on ``PYTHONPATH`` (or the working directory of a patched
-``pretrain_gpt.py``) shadows a pip-installed megatron-core, and its code is what runs, whatever
-pip's metadata says. Nothing here imports torch or Megatron.
+Ranges: ``make test-min`` / ``test-max`` (docs/training.md), equal to ``pyproject.toml``'s (``test_versions.py``).
+megatron-core 0.19.0 ``distributed/param_and_grad_buffer.py:632`` (main ``:638``) calls
+``torch.cuda.current_stream()`` in ``start_grad_sync``, failing every CPU test; torch 2.15 is untested. Versions are
+read from the source Python would import (a checkout on ``PYTHONPATH`` shadows pip's), without importing it.
 """
 
 from __future__ import annotations
@@ -32,24 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TESTED_TORCH = ("2.6.0", "2.15")
-"""torch versions lagom is tested with: ``>= [0]`` and ``< [1]`` (release part; ``+cpu`` or an NGC
-``a0+...`` suffix is ignored)."""
+"""torch versions lagom is tested with: ``>= [0]`` and ``< [1]`` (release part only)."""
 
 TESTED_MEGATRON_CORE = ("0.16.1", "0.19")
 """megatron-core versions lagom is tested with: ``>= [0]`` and ``< [1]``."""
 
 ALLOW_UNTESTED_ENV = "LAGOM_ALLOW_UNTESTED_VERSIONS"
-"""Set to 1 to run with versions outside the tested ranges (the flag ``--lagom-allow-untested-versions``
-does the same on the command line)."""
+"""Set to 1 to run with versions outside the tested ranges (as ``--lagom-allow-untested-versions``)."""
 
 
 def release(version: str) -> tuple[int, ...]:
-    """The release numbers of a version string: ``"2.13.0+cpu"`` -> (2, 13, 0), ``"2.8.0a0+nv25"`` ->
-    (2, 8, 0), ``"0.19"`` -> (0, 19).
-
-    Raises:
-        ValueError: a string that does not start with a dotted number.
-    """
+    """The release numbers of a version string: ``"2.8.0a0+nv25"`` -> (2, 8, 0); ValueError when it does not start with
+    a dotted number."""
     m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
     if not m:
         raise ValueError(f"not a version number: {version!r}")
@@ -57,8 +35,7 @@ def release(version: str) -> tuple[int, ...]:
 
 
 def in_range(version: str, bounds: tuple[str, str]) -> bool:
-    """True when ``bounds[0] <= version < bounds[1]``, comparing release numbers only (so a
-    pre-release or local build of a tested release counts as that release)."""
+    """True when ``bounds[0] <= version < bounds[1]``, comparing release numbers only."""
     v, lo, hi = release(version), release(bounds[0]), release(bounds[1])
     width = max(len(v), len(lo), len(hi))
 
@@ -70,16 +47,7 @@ def in_range(version: str, bounds: tuple[str, str]) -> bool:
 
 @dataclass(frozen=True)
 class InstalledVersion:
-    """One package as this interpreter would import it.
-
-    Attributes:
-        name: ``torch`` or ``megatron-core``.
-        version: the version in the imported source (``package_info.py`` / ``version.py``), or
-            ``"unknown"`` when the file has none.
-        path: the package directory Python imports it from.
-        checkout: True when that directory is not inside a ``site-packages`` / ``dist-packages``
-            folder (a source checkout such as Megatron-LM's).
-    """
+    """One package as this interpreter would import it; ``checkout``: outside ``site-packages`` / ``dist-packages``."""
 
     name: str
     version: str
@@ -87,7 +55,6 @@ class InstalledVersion:
     checkout: bool
 
     def describe(self) -> str:
-        """``megatron-core 0.17.1 (checkout at /path)`` or ``torch 2.13.0+cpu``."""
         where = f" (checkout at {self.path})" if self.checkout else ""
         return f"{self.name} {self.version}{where}"
 
@@ -123,11 +90,8 @@ def _is_checkout(path: Path) -> bool:
 
 
 def installed_megatron_core() -> InstalledVersion | None:
-    """megatron-core as ``import megatron.core`` would load it here, or None when it is not importable.
-
-    The version is ``MAJOR.MINOR.PATCH`` + ``PRE_RELEASE`` of the imported ``megatron/core/package_info.py``
-    (the same string as ``megatron.core.__version__``; megatron-core 0.16.1 to Megatron-LM main).
-    """
+    """megatron-core as ``import megatron.core`` would load it (``MAJOR.MINOR.PATCH`` + ``PRE_RELEASE`` of its
+    ``package_info.py``, 0.16.1 to main), or None."""
     mdir = _module_dir("megatron.core")
     if mdir is None:
         return None
@@ -149,8 +113,7 @@ def installed_torch() -> InstalledVersion | None:
 
 
 def untested_versions() -> list[str]:
-    """One line per installed package outside its tested range (empty when all are tested), each
-    naming the version, where it is imported from, and the tested range."""
+    """One line per installed package outside its tested range (empty when all are tested)."""
     problems = []
     for found, bounds in ((installed_torch(), TESTED_TORCH), (installed_megatron_core(), TESTED_MEGATRON_CORE)):
         if found is None:
@@ -169,19 +132,8 @@ class UntestedVersionError(RuntimeError):
 
 
 def check_versions(*, allow_untested: bool = False) -> list[str]:
-    """Refuses to run on a torch or megatron-core outside the tested ranges.
-
-    Args:
-        allow_untested: True (``--lagom-allow-untested-versions``), or the environment variable
-            ``LAGOM_ALLOW_UNTESTED_VERSIONS=1``, turns the error into returned warnings.
-
-    Returns:
-        The warning lines (empty when every version is tested).
-
-    Raises:
-        UntestedVersionError: one message naming each untested version, where it is imported
-            from, the tested range, and the override.
-    """
+    """Refuses a torch or megatron-core outside the tested ranges (UntestedVersionError naming each, where from, the
+    range and the override); with ``allow_untested`` or ``LAGOM_ALLOW_UNTESTED_VERSIONS=1`` returns them as warnings."""
     problems = untested_versions()
     if not problems:
         return []
