@@ -1,23 +1,8 @@
 """Baseline searchers beside the priority search (docs/engine.md).
 
-- ``nccl-default``: no change; every site keeps NCCL's own choice.
-- ``autoccl``: each collective tuned for its own T_comm, compute ignored, as AutoCCL (NSDI'25)
-  does: within each (algorithm, protocol) pair, coordinate descent over channels, threads and
-  chunk size; the fastest pair wins. Knobs wider than a call (a process-wide thread count, a
-  communicator's channel cap) are decided once per unit for the sum of T_comm, because stock
-  NCCL cannot set them per call (AutoCCL's own NCCL fork can). AutoCCL measures, so a move must
-  gain more than ``AUTOCCL_MIN_GAIN`` of T_comm (its timing noise) to be taken.
-- ``exhaustive``: the joint product of every site's space and every shared knob's domain, on the
-  cost model; refuses above ``EXHAUSTIVE_LIMIT`` joint configurations. It exists to show that
-  the priority search lands within 1% of the optimum on small instances, so its space holds every
-  plan the priority search can return and its objective is the plan's predicted iteration
-  (``SearchProblem.make_plan``): each site's domain and NCCL's own value of each knob; the knobs
-  wider than a call (``problem.shared_units``) with NCCL's own value; the knobs ``make_plan``
-  decides after a search, channels per network peer (``p2p_knobs``) and a group's high-priority
-  stream (``stream_priority``), enumerated with the rest rather than decided after; and one config
-  per set of sites the mechanism cannot tell apart (``tie_indistinguishable``), any of its
-  members' configs.
-"""
+``nccl-default``: NCCL's choice everywhere. ``autoccl``: each collective for its own T_comm as AutoCCL (NSDI'25),
+descent per (algorithm, protocol) pair; a move must gain ``AUTOCCL_MIN_GAIN``. ``exhaustive``: the joint optimum on
+the cost model over a superset of what priority can return, up to ``EXHAUSTIVE_LIMIT`` configurations."""
 
 from __future__ import annotations
 
@@ -34,10 +19,7 @@ from lagom_megatron.engine.problem import SEARCH_KNOBS, SearchProblem, SearchRes
 AUTOCCL_MIN_GAIN = 0.01
 """Smallest relative T_comm gain the autoccl baseline acts on (below it, measurements cannot tell)."""
 EXHAUSTIVE_LIMIT = 2_000_000
-"""Largest joint configuration count ``exhaustive`` accepts: the size of the joint product it
-searches (sites' grids times the shared knobs' settings). Its work is far less (each shared
-assignment times the summed grids: a few thousand evaluations at the limit), so the limit keeps
-the searcher to the small instances it is for rather than to a time budget."""
+"""Largest joint product ``exhaustive`` accepts (its work is far less: a few thousand evaluations)."""
 
 
 @register("nccl-default")
@@ -51,7 +33,7 @@ def nccl_default(problem: SearchProblem) -> SearchResult:
 
 @register("autoccl")
 def autoccl(problem: SearchProblem, *, rounds: int = 3) -> SearchResult:
-    """AutoCCL-style tuning of each collective for its own speed (module docstring)."""
+    """AutoCCL-style tuning of each collective for its own T_comm (module docstring)."""
     timer, count = Timer(), Counter()
     st = problem.default_state()
     default_nc = st.nc.copy()
@@ -101,8 +83,7 @@ def _take(dst, src, idx) -> None:
 
 
 def _site_values(problem: SearchProblem, st: State, i: int, knob: str) -> list[float]:
-    """Site ``i``'s values of a per-call knob: its domain and NCCL's own choice (which a search may
-    keep); the value of ``st`` alone for a knob the site cannot tune per call."""
+    """Site ``i``'s values of a knob: its call-scope domain plus NCCL's choice, else ``st``'s value alone."""
     if problem.scope[knob] == "call" and problem.tunable[knob][i]:
         row = problem.vals[knob][i]
         values = list(row[~np.isnan(row)])
@@ -112,9 +93,7 @@ def _site_values(problem: SearchProblem, st: State, i: int, knob: str) -> list[f
 
 
 def _unit_settings(problem: SearchProblem, base: State, knob: str, governed: np.ndarray) -> list[np.ndarray]:
-    """The distinct codes a shared unit can give its ``governed`` sites: each value of its domain
-    (on NCCL a communicator's channel count caps NCCL's choice, ``descent.decide_unit``) and NCCL's
-    own value, which a searcher's static candidates keep."""
+    """Distinct codes a shared unit gives its sites: NCCL's own first, then each domain value (NCCL channels: a cap)."""
     row = problem.vals[knob][governed[0]]
     out = [base.get(knob)[governed].astype(float)]
     for value in row[~np.isnan(row)]:
@@ -129,9 +108,8 @@ def _unit_settings(problem: SearchProblem, base: State, knob: str, governed: np.
 
 @dataclass
 class _Dim:
-    """One shared knob of the joint product: a unit of a knob wider than a call (``kind`` "unit"),
-    channels per network peer ("peer", ``p2p_knobs``) or a group's high-priority stream ("hp",
-    ``stream_priority``); ``settings[0]`` is NCCL's own, so ties keep it."""
+    """One shared knob of the joint product: ``kind`` unit, peer (``p2p_knobs``) or hp (``stream_priority``);
+    ``settings[0]`` is NCCL's own, so ties keep it."""
 
     kind: str
     knob: str | None
@@ -140,7 +118,7 @@ class _Dim:
 
 
 def _dims(problem: SearchProblem, base: State) -> list[_Dim]:
-    """Every shared knob of ``problem`` with its settings (module docstring)."""
+    """Every shared knob of ``problem`` with its settings."""
     dims = [_Dim("unit", knob, governed, _unit_settings(problem, base, knob, governed))
             for knob, _key, governed in problem.shared_units()]
     p2p = getattr(problem.model, "p2p", None)
@@ -166,9 +144,7 @@ def _apply(problem: SearchProblem, st: State, dim: _Dim, j: int) -> None:
 
 def _best_of_set(problem: SearchProblem, st: State, idx: np.ndarray, per_site: list[list[list[float]]],
                  count: Counter) -> tuple[float, np.ndarray]:
-    """Under the shared knobs of ``st`` and the model: the least summed region of the sites ``idx``
-    over the configs of their grids (one config for them all, any member's), and that config
-    (codes in ``SEARCH_KNOBS`` order; ties keep the grid's first)."""
+    """Least summed region of sites ``idx`` over one config of their grids, and that config (``SEARCH_KNOBS`` order)."""
     grids = []
     for i in idx:
         vals = [per_site[i][j] if problem.scope[k] == "call" and problem.tunable[k][i] else [float(st.get(k)[i])]
@@ -187,16 +163,8 @@ def _best_of_set(problem: SearchProblem, st: State, idx: np.ndarray, per_site: l
 
 @register("exhaustive")
 def exhaustive(problem: SearchProblem, *, limit: int = EXHAUSTIVE_LIMIT) -> SearchResult:
-    """Optimum of the joint product on the cost model (module docstring).
-
-    The model is elementwise over sites, so each tie set's region depends on its own config and on
-    the shared knobs that govern its sites alone: per set, the least region over its grid is tabled
-    for every setting of those knobs, and the tables summed over the product of all shared settings
-    give the joint optimum (the least sum; ties keep NCCL's own settings, then the grid's order).
-
-    Raises:
-        ValueError: more than ``limit`` joint configurations (names both numbers).
-    """
+    """Optimum of the joint product on the cost model: per tie set, the least region per setting of its shared
+    knobs, summed over all settings (ties keep NCCL's, then grid order); ValueError above ``limit`` configurations."""
     timer, count = Timer(), Counter()
     base = problem.default_state()
     model = problem.model

@@ -1,16 +1,7 @@
-"""Search cost and quality on seeded synthetic problems (``lagom bench search`` prints them):
+"""Search cost and quality on seeded synthetic problems (``lagom bench search``).
 
-1. ``scaling_table``: for 10, 100, 1,000 and 10,000 sites, model evaluations and wall time of
-   ``priority`` and ``autoccl`` (the target: a plan for 10,000 sites in under 2 s on one
-   core; evaluations linear in sites).
-2. ``optimality``: on seeded small instances, how often ``priority`` is within 1% of
-   ``exhaustive``'s optimum on the cost model (target: at least 95%).
-
-Synthetic sites mimic a Megatron iteration: data-parallel reduce-scatter / all-gather buckets
-across nodes, tensor-parallel all-gather / reduce-scatter inside a node, a few all-reduces and
-pipeline sends, with compute beside each that ranges from much shorter to much longer than the
-collective, and per-region slowdown coefficients drawn around the priors.
-"""
+``scaling_table``: evaluations and wall time of priority and autoccl for 10..10,000 sites (target: 10,000 sites
+in < 2 s on one core, linear). ``optimality``: how often priority is within 1% of exhaustive (target >= 95%)."""
 
 from __future__ import annotations
 
@@ -39,12 +30,8 @@ _KINDS = (
 
 
 def synthetic_problem(*, n_sites: int, seed: int, rules: KnobRules, domain_override: dict | None = None) -> SearchProblem:
-    """A seeded synthetic SearchProblem of ``n_sites`` sites on ``rules.cluster`` (cost model from
-    priors), searched under ``rules`` (e.g. ``nccl.rules.NcclRules`` of an H100 cluster).
-
-    Compute beside each collective is its default T_comm times a log-uniform factor in [0.3, 3]
-    (both regimes occur); slowdown coefficients a, b are log-uniform in [0.3, 3] x prior.
-    """
+    """A seeded synthetic SearchProblem of ``n_sites`` Megatron-like sites on ``rules.cluster``, model from priors:
+    compute = default T_comm x log-uniform [0.3, 3]; a, b = prior x log-uniform [0.3, 3]."""
     spec = rules.cluster
     rng = np.random.default_rng(seed)
     kinds = rng.integers(0, len(_KINDS), n_sites)
@@ -80,9 +67,7 @@ def scaling_table(sizes=(10, 100, 1000, 10000), *, rules: KnobRules, seed: int =
 
 
 def optimality(*, rules: KnobRules, instances: int = 200, seed: int = 1, tol: float = 0.01) -> dict:
-    """Share of small seeded instances (2-3 sites) where priority is within ``tol`` of exhaustive, and
-    the gaps (priority's predicted iteration over the optimum's, less 1): worst, mean and least (never
-    below 0: exhaustive searches every plan priority can return)."""
+    """Share of small seeded instances (2-3 sites) with priority within ``tol`` of exhaustive; worst/mean/least gap."""
     within, worst, gaps = 0, 0.0, []
     for k in range(instances):
         n = 2 + k % 2

@@ -1,16 +1,6 @@
-"""Cluster descriptions: the hardware facts the cost model starts from (its priors).
+"""Cluster descriptions (``configs/clusters/<name>.yaml``): the hardware facts behind the cost model's priors.
 
-A ``ClusterSpec`` is loaded from ``configs/clusters/<name>.yaml`` (or any YAML path). It holds what
-the cost model cannot learn from a handful of warm-up samples: SMs per GPU (to turn CTAs into a
-share of the device), HBM bandwidth (to turn collective traffic into a share of memory bandwidth),
-link bandwidths and latencies (to predict collective time under configs never profiled), and the
-NCCL version (which decides the knob domains and which knob can be set at which scope).
-
-Units are in the key names: every ``*_gbps`` value is GB/s (gigaBYTES per second, as NCCL's
-bus-bandwidth figures), every ``*_us`` value microseconds.
-
-This module is not a topology detector: it describes a cluster the user names.
-"""
+Units in key names: ``*_gbps`` GB/s (bytes, as NCCL's bus bandwidth), ``*_us`` microseconds. Not a topology detector."""
 
 from __future__ import annotations
 
@@ -25,33 +15,24 @@ from lagom_megatron import configs_dir
 from lagom_megatron.engine.files import yaml_error_text
 
 CLUSTERS_DIR = configs_dir()[0] / "clusters"
-"""``clusters/`` of ``lagom_megatron.configs_dir()`` (the rule of the presets: ``$LAGOM_CONFIGS``, the
-installed package, the source tree)."""
 PROTOCOLS = ("LL", "LL128", "Simple")
-"""NCCL's protocol names, the keys of the per-protocol fields (``engine.knobs.PROTOCOLS``, which
-imports this module, holds the same; tests/engine/test_cluster.py keeps them equal)."""
+"""NCCL protocol names, as ``engine.knobs.PROTOCOLS`` (which imports this module; a test keeps them equal)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterSpec:
-    """One cluster: a node type, its interconnect and its NCCL version.
-
-    On the gloo backend the GPU terms map onto the CPU host: ``sms_per_gpu`` = CPU cores the
-    ranks share, ``hbm_gbps`` = DRAM bandwidth, ``nvlink_gbps_per_gpu`` = loopback bandwidth.
-    """
+    """One cluster: a node type, its interconnect and its NCCL version. On gloo: ``sms_per_gpu`` = CPU cores
+    the ranks share, ``hbm_gbps`` = DRAM, ``nvlink_gbps_per_gpu`` = loopback."""
 
     name: str
     """Short name, also the YAML file's stem: ``h100-sxm-ib400``."""
     gpu: str
-    """Device model, for humans and fingerprints: ``H100-SXM5-80GB``."""
     sms_per_gpu: int
     """Streaming multiprocessors per GPU (CPU cores on gloo): one NCCL CTA occupies one SM."""
     hbm_gbps: float
-    """Device memory bandwidth, GB/s."""
     nvlink_gbps_per_gpu: float
     """Intra-node bandwidth per GPU and direction, GB/s (NVLink; loopback on gloo)."""
     gpus_per_node: int
-    """GPUs (ranks) per node."""
     net_gbps_per_gpu: float
     """Inter-node network bandwidth per GPU and direction, GB/s (400 Gb/s NIC = 50 GB/s)."""
     peak_bf16_tflops: float
@@ -63,58 +44,45 @@ class ClusterSpec:
     nvswitch: bool
     """NVSwitch in the node (needed, with sm90+, for the NVLS algorithms)."""
     backend: Literal["nccl", "gloo"] = "nccl"
-    """Communication backend of the cluster."""
     collnet: bool = False
     """IB SHARP (CollNet) available in the network."""
     nvlink_latency_us: float = 1.0
     """Latency of one algorithm step inside a node, microseconds (Simple protocol)."""
     intra_link: Literal["nvlink", "pcie"] = "nvlink"
-    """What joins the GPUs of a node: NVLink (``nvlink_gbps_per_gpu`` is NVLink) or PCIe
-    (``nvlink_gbps_per_gpu`` is then the PCIe bandwidth per GPU and direction). NCCL's default
-    channel count follows it (``lagom_megatron.sim.channel_defaults``)."""
+    """``nvlink`` or ``pcie`` (then ``nvlink_gbps_per_gpu`` is PCIe GB/s per GPU and direction)."""
     nics_per_node: int | None = None
     """Network cards per node; None = one per GPU (DGX-class). NCCL runs one ring per NIC."""
     kappa_mem: float | None = None
-    """Simulator only: memory-bound kernels' queueing behind a collective's HBM traffic, fitted by
-    ``lagom calibrate contention`` on this GPU; None = the simulator's default."""
+    """Simulator only: memory-bound kernels' queueing behind collective HBM traffic (``lagom calibrate contention``)."""
     kappa_compute: float | None = None
     """Simulator only: the same for compute-bound kernels; None = the simulator's default."""
     net_latency_us: float = 5.0
     """Latency of one algorithm step across nodes, microseconds (Simple protocol)."""
     nvlink_bridge_gbps: float | None = None
-    """NVLink bridges between GPU pairs of a PCIe node (``intra_link: pcie``): the bridge's GB/s per
-    direction (A40: 112.5 GB/s both ways = 56.25); None = no bridges."""
+    """GB/s per direction of NVLink bridges between GPU pairs of a PCIe node (A40: 56.25); None = none."""
     coll_channels: int | None = None
-    """NCCL's collective channels (CTAs) in one node, as its INFO log reports ("N coll channels");
-    None = the cost model's approximation (32 on sm90 NVSwitch, 24 before, 2 on PCIe)."""
+    """NCCL's collective channels in one node, from its INFO log ("N coll channels"); None = the model's guess."""
     coll_channels_inter: int | None = None
-    """The same for a communicator spanning nodes; None = 16 on NVSwitch nodes (nccl#689), else
-    ``coll_channels``."""
+    """The same across nodes; None = 16 on NVSwitch nodes (nccl#689), else ``coll_channels``."""
     # Measured bandwidth shape, written by ``lagom calibrate bandwidth`` from nccl-tests sweeps
     # (``sim.calibrate_bandwidth.fit_to_cluster_fields``); None or a protocol left out = the
     # simulator's own tables (``sim.device``).
     per_channel_gbps: dict[str, float] | None = None
-    """GB/s one Ring channel (one CTA) moves per protocol (``LL``, ``LL128``, ``Simple``) at 512
-    threads and NCCL's default chunk, before the link caps it."""
+    """GB/s of one Ring channel per protocol at 512 threads and NCCL's default chunk, before the link cap."""
     channel_thread_exponent: float | None = None
-    """Per-channel bandwidth scales as ``(threads / 512) ** exponent`` (Simple and LL; LL128 and
-    point-to-point run fixed thread counts)."""
+    """Per-channel bandwidth scales as ``(threads / 512) ** exponent`` (Simple and LL)."""
     bw_saturation_p: float | None = None
     """Sharpness ``p`` of the saturation ``bw = ((channels * per_channel)^-p + ceiling^-p)^(-1/p)``."""
     link_eff: dict[str, float] | None = None
     """Per protocol: the Ring bus-bandwidth ceiling inside a node over ``nvlink_gbps_per_gpu``."""
     net_eff: dict[str, float] | None = None
-    """Per protocol: the Ring bus-bandwidth ceiling across nodes over the node's network
-    (``net_gbps_per_gpu`` x the group's ranks per node)."""
+    """Per protocol: the Ring bus-bandwidth ceiling across nodes over ``net_gbps_per_gpu`` x ranks per node."""
     nvlink_domain_gpus: int | None = None
-    """GPUs of one multi-node NVLink domain (MNNVL, e.g. 72 on GB200 NVL72); None = the node's
-    GPUs. NCCL counts a whole NVLink domain as one node (``nccl_nodes``)."""
+    """GPUs of one multi-node NVLink domain (GB200 NVL72: 72); None = the node's GPUs."""
 
     def nccl_nodes(self, hosts: int, group_size: int) -> int:
-        """How many nodes NCCL counts for a group of ``group_size`` ranks over ``hosts`` hosts: one per
-        NVLink domain it spans (NVIDIA/nccl v2.30.7 ``src/init.cc:1285-1297`` counts a node per
-        distinct ``ringRecv[0]``, and an MNNVL clique is one ring node), with ranks placed host by host.
-        Without ``nvlink_domain_gpus`` that is ``hosts``."""
+        """Nodes NCCL counts for ``group_size`` ranks over ``hosts`` hosts: one per NVLink domain spanned
+        (NVIDIA/nccl v2.30.7 src/init.cc:1285-1297: an MNNVL clique is one ring node)."""
         if not self.nvlink_domain_gpus or self.nvlink_domain_gpus <= self.gpus_per_node:
             return int(hosts)
         hosts_per_domain = max(1, self.nvlink_domain_gpus // self.gpus_per_node)
@@ -179,12 +147,7 @@ class ClusterSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "<cluster>") -> "ClusterSpec":
-        """Builds a spec from a mapping (a parsed YAML file).
-
-        Raises:
-            ValueError: unknown or missing key (names the keys, the allowed or the required ones
-                and ``source``), or a value outside its domain.
-        """
+        """Builds a spec from a mapping (parsed YAML); ValueError naming ``source`` on a bad, missing or unknown key."""
         if not isinstance(data, dict):
             got = "an empty file" if data is None else f"a {type(data).__name__}"
             raise ValueError(f"{source}: a cluster file must be a mapping of keys to values; got {got}")
@@ -203,14 +166,8 @@ class ClusterSpec:
 
     @classmethod
     def load(cls, name_or_path: "str | os.PathLike | ClusterSpec") -> "ClusterSpec":
-        """Loads ``configs/clusters/<name>.yaml`` or a YAML file path (a ClusterSpec passes through).
-
-        Raises:
-            FileNotFoundError: neither a known cluster name nor an existing file (lists the names).
-            ValueError: a folder (lists the names), the file is not UTF-8 or not valid YAML (line and
-                column), or not a valid cluster (a missing or unknown key by its YAML name, a value
-                outside its domain); every message names the file.
-        """
+        """Loads ``configs/clusters/<name>.yaml`` or a YAML path (a ClusterSpec passes through); FileNotFoundError
+        if neither; ValueError naming the file for a folder, bad text or YAML (line, column), or an invalid cluster."""
         if isinstance(name_or_path, ClusterSpec):
             return name_or_path
         path = Path(name_or_path)
@@ -234,8 +191,6 @@ class ClusterSpec:
 
 
 def _check_per_protocol(name: str, key: str, value: Any) -> None:
-    """``value`` is None or a mapping of NCCL protocol names to numbers > 0; ValueError names the
-    cluster, the key and the bad entry."""
     if value is None:
         return
     if not isinstance(value, dict) or not value:
@@ -258,11 +213,7 @@ def available_clusters() -> list[str]:
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
-    """``"2.27.5"`` -> ``(2, 27, 5)``; ``"2.30"`` -> ``(2, 30, 0)``.
-
-    Raises:
-        ValueError: not of the form MAJOR.MINOR[.PATCH] (names the value).
-    """
+    """``"2.27.5"`` -> ``(2, 27, 5)``, ``"2.30"`` -> ``(2, 30, 0)``; ValueError otherwise."""
     parts = str(version).split(".")
     try:
         nums = [int(p) for p in parts]

@@ -1,43 +1,9 @@
-"""The unified cost model of an overlap region (docs/engine.md): evaluation. Its fitting to a
-profile is ``fit.py``.
+"""The unified cost model of an overlap region (docs/engine.md): evaluation; its fitting is ``fit.py``. Our design.
 
-For one region, with ``s(x)`` the fractional slowdown communication inflicts on the overlapped
-compute and ``T_comm(x)`` the collective's duration (already including what compute does to it):
+    T_region = max(T_comm, T_comp + T_comm s / (1 + s));  T_comm = calls (alpha latency + beta wire_bytes / bw)
+    bw = softmin(n_eff per_channel_bw, link_bw);  s = a n_eff / (SMs - n_eff) + b hbm_bytes / T_comm / HBM bw
 
-    T_region(x) = max( T_comm(x),  T_comp + T_comm(x) * s(x) / (1 + s(x)) )
-
-While the collective runs, compute advances at rate 1/(1+s); after it ends, at full speed. The
-branches meet where T_comm = T_comp (1 + s): one formula for the communication-bound and the
-computation-bound regime. Where the profile timed each call (``set_call_levels``), a site's
-region is the sum of this formula over its calls, each with its own T_comp, T_comm / calls and
-s times the call level's factor.
-
-Sub-models (our design; the Lagom paper's formulas are not public, see the research notes):
-
-    T_comm(x) = calls * ( alpha * latency(alg, proto, steps) + beta * wire_bytes / bw(x) )
-    per_channel_bw = gamma * PER_CHANNEL_PRIOR_GBS[arch] * eff(proto) * (n_threads / 512)^0.6 * eff(chunk)
-                (the cluster file's measured Simple ``per_channel_gbps`` replaces the per-arch prior)
-    bw(x)     = softmin( n_eff * per_channel_bw(proto, n_threads, chunk), link_eff(alg, proto) * link_bw )
-    s(x)      = a * sm_share(x) + b * hbm_share(x)
-    sm_share  = n_eff / (SMs - n_eff) (a CTA holds its SM whatever its thread count; compute on
-                SMs - n_eff SMs runs SMs / (SMs - n_eff) slower, the same form as the device's)
-    hbm_share = hbm_mult(proto, chunk) * wire_bytes * calls / T_comm / HBM bandwidth
-
-``wire_bytes`` uses the bus-bandwidth factors (all-reduce 2(n-1)/n, all-gather and
-reduce-scatter (n-1)/n of the full size; NVLS reduces in the switch). ``link_bw`` is NVLink
-inside a node and, across nodes, the node's network (per-GPU share x the group's ranks per node,
-capped by the intra-node link; one GPU's share for point-to-point) (``ClusterSpec``). ``alpha``, ``beta`` (per site) and
-``a``, ``b`` (per region) are fitted by least squares with a ridge pull towards the priors
-(1, 1, 1, 1), so a site with a single sample keeps the ClusterSpec prediction scaled to it (on
-gloo, where the ClusterSpec's speed is only a guess, alpha and beta may instead be pulled towards
-the site's measured-to-prior scale; see ``fit``). A gloo call also costs ``GLOO_CALL_US`` per
-call or piece whatever its bytes. On
-gloo the same formulas hold with worker threads for CTAs (sm_share = threads / cores), DRAM for
-HBM and loopback for NVLink: the contention is CPU time and memory bandwidth.
-
-Shape legend: ``_S`` one value per site, ``_SK`` sites x candidate configs; any numpy-broadcast
-shape works for the evaluation functions.
-"""
+Times in us, bandwidths GB/s; gloo: threads for CTAs, DRAM for HBM. ``_S`` per site, ``_SK`` sites x configs."""
 
 from __future__ import annotations
 
@@ -63,12 +29,7 @@ from lagom_megatron.engine.cost_terms import (  # noqa: F401  (re-exported: the 
 
 @dataclass
 class CostModel:
-    """A fitted cost model for a fixed list of sites on one cluster.
-
-    Build with ``fit.fit_cost_model(profile, cluster)`` (from measurements) or
-    ``CostModel.from_priors(...)`` (ClusterSpec priors only, for synthetic problems). Per-site
-    parameters are numpy arrays in the order of ``sites``.
-    """
+    """A fitted cost model for fixed sites on one cluster (``fit.fit_cost_model`` or ``from_priors``)."""
 
     cluster: ClusterSpec
     backend: str
@@ -79,48 +40,33 @@ class CostModel:
     a_S: np.ndarray
     b_S: np.ndarray
     gamma_S: np.ndarray | None = None
-    """Per-channel bandwidth relative to the ClusterSpec prior (where bandwidth saturates); 1 if None."""
+    """Per-channel bandwidth relative to the ClusterSpec prior; 1 if None."""
     corr_SC: np.ndarray | None = None
-    """Per site and channel count 0..64, a factor on s measured at the probed channel counts and
-    interpolated between them (``fit._channel_correction``); none if None."""
+    """Per site and channel count 0..64, a factor on s (``fit._channel_correction``); none if None."""
     queued_S: np.ndarray | None = None
-    """Sites on a communicator whose collectives queue behind each other (``mark_queues``); none if None."""
+    """Sites whose collectives queue behind each other on their communicator (``mark_queues``)."""
     comp_levels_SL: np.ndarray | None = None
-    """Shape (S, L), L <= ``MAX_CALL_LEVELS``: per site, the compute alone (us) of one call of each
-    level of its calls' regions (``set_call_levels``); None: one region per site."""
+    """Shape (S, L), L <= ``MAX_CALL_LEVELS``: compute alone (us) of one call per level; None: one region per site."""
     comp_weights_SL: np.ndarray | None = None
     """How many calls per iteration each level stands for (a row sums to the site's calls)."""
     slow_SL: np.ndarray | None = None
-    """Per site and level, a factor on s: the compute beside one call slows more than beside
-    another (a backward window holds other collectives and other kernels than a forward one);
-    fitted by ``fit._level_factors``, 1 where not measured."""
+    """Per site and level, a factor on s (``fit._level_factors``); 1 where not measured."""
     wait_S: np.ndarray | None = None
-    """Per site, us per iteration its collectives wait, ready on their stream, for a running kernel's
-    pending blocks at the stream's normal priority (``fit._dispatch_waits``: the default iteration
-    against the high-priority probe); part of T_comm (torch's duration runs from the start event on
-    the NCCL stream), removed by a high-priority stream; none if None."""
+    """Per site, us per iteration its collectives wait for SMs at normal priority (in T_comm; ``queues``)."""
     offset_S: np.ndarray | None = None
-    """Per site, us its region holds beyond the own-config form: compute that other groups'
-    collectives stretch in its window (``cross.window_offsets``); none if None."""
+    """Per site, us other groups' collectives add to its window (``cross.window_offsets``)."""
     hp_S: np.ndarray | None = None
-    """Per site, 1 where its collectives run on a high-priority stream (``engine.stream_priority``
-    sets it while a plan is predicted); 0 (NCCL's default stream) if None."""
+    """Per site, 1 on a high-priority stream (set by ``stream_priority`` while a plan is predicted); None = 0."""
     call_level: list = field(default_factory=list)
-    """Per site, an int array: the level of each measured call (issue order), as
-    ``set_call_levels`` grouped them (all 0 for a site of one level)."""
+    """Per site, int array: the level of each measured call, in issue order."""
     mape: float = float("nan")
     """Mean absolute percentage error of T_region on the fitted samples, %."""
     mape_comm: float = float("nan")
     """Same for T_comm, %."""
     wape: float = float("nan")
-    """Time-weighted error of T_region on the fitted samples, %: sum |predicted - measured| /
-    sum measured. A different metric from MAPE (long regions count more, tiny ones cannot
-    dominate); reported beside it, never instead of it."""
+    """Time-weighted T_region error on the fitted samples, %: sum |predicted - measured| / sum measured."""
     mape_floor: float = float("nan")
-    """Lowest T_region MAPE any parameters of this model form can reach on the fitted samples, %:
-    samples of one site whose configs the model cannot tell apart (``_indistinct_keys``, e.g. gloo
-    thread counts on an unsplit call, which runs on one worker thread) get one prediction, so their
-    spread is measurement noise; the floor is the MAPE of the best single value per such group."""
+    """Lowest T_region MAPE this model form can reach on the fitted samples (``_indistinct_keys`` groups), %."""
     n_points: int = 0
     index: dict[str, int] = field(default_factory=dict)
 
@@ -181,16 +127,7 @@ class CostModel:
     # ---- defaults ---------------------------------------------------------------------------
 
     def default_codes(self) -> tuple[np.ndarray, ...]:
-        """NCCL's own choice per site as codes ``(alg_S, proto_S, nc_S, nt_S, chunk_S)``.
-
-        Our approximation of NCCL's tuning (documented, not NCCL's exact table): Ring, except
-        all-reduce on NVLS inside an NVSwitch sm90 node from 256 KiB and Tree across nodes
-        below 8 MiB; LL below 64 KiB, LL128 below 4 MiB on sm80+ NVLink (never on PCIe), Simple
-        above; channels by NCCL's size rule up to the cluster's ``coll_channels`` (else 32 inside
-        a node, 24 before sm90, 16 across nodes: about 16 SMs on an 8-NIC node, nccl#689);
-        512 threads; default chunk (code 0).
-        On gloo: 2 worker threads (ProcessGroupGloo's default), no splitting.
-        """
+        """NCCL's own choice per site as codes ``(alg_S, proto_S, nc_S, nt_S, chunk_S)``: our approximation."""
         S = len(self.sites)
         if self.gloo:
             return (np.full(S, ALG_NONE), np.full(S, PROTO_NONE), np.full(S, float(GLOO_DEFAULT_THREADS)),
@@ -260,8 +197,8 @@ class CostModel:
     # ---- evaluation (vectorised) ------------------------------------------------------------
 
     def prior_parts(self, i, alg, proto, nc, nt, chunk):
-        """Per call under config codes (broadcast): latency (us), transfer time (us), effective
-        channels (CTAs), wire bytes, and HBM bytes per wire byte, before the fitted alpha / beta."""
+        """Per call under config codes (broadcast): latency (us), transfer time (us), effective channels (CTAs),
+        wire bytes, and HBM bytes per wire byte, before the fitted alpha / beta."""
         n, nb = self.n_S[i], self.nbytes_S[i]
         steps = self.steps_SA[i, alg]
         wire = self.wire_SA[i, alg]
@@ -312,8 +249,7 @@ class CostModel:
                 f"  T_comm MAPE {self.mape_comm:.1f}%")
 
     def dispatch_wait(self, i, hp=None):
-        """us per iteration the sites ``i`` wait for SMs before their collectives run (``wait_S``),
-        0 on a high-priority stream (``hp`` 1, broadcast; None = ``hp_S``)."""
+        """us per iteration sites ``i`` wait for SMs (``wait_S``); 0 where ``hp`` is 1 (None = ``hp_S``)."""
         if self.wait_S is None:
             return 0.0
         if hp is None:
@@ -321,14 +257,8 @@ class CostModel:
         return self.wait_S[i] * (1.0 - np.asarray(hp, dtype=float))
 
     def evaluate(self, i, alg, proto, nc, nt, chunk, hp=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """T_comm (us), s, T_region (us) for site indices ``i`` under config codes (broadcast);
-        ``hp``: 1 where the sites run on a high-priority stream (None = ``hp_S``).
-
-        T_comm is the collective's run plus its dispatch wait (``dispatch_wait``); compute beside
-        it slows only while it runs, so the region is ``max(T_comm, T_comp + T_run s / (1 + s))``.
-        This is the search's hot path: every element of the broadcast result is one model
-        evaluation.
-        """
+        """T_comm (us), s, T_region (us) of sites ``i`` under config codes (broadcast); the search's hot path.
+        ``hp``: 1 on a high-priority stream (None = ``hp_S``); T_comm holds the dispatch wait (slows no compute)."""
         lat, xfer, ctas, wire, hbm_mult = self.prior_parts(i, alg, proto, nc, nt, chunk)
         calls = self.calls_S[i]
         t_run = calls * (self.alpha_S[i] * lat + self.beta_S[i] * xfer)
@@ -352,25 +282,8 @@ class CostModel:
         return t_comm, s, region
 
     def set_call_levels(self, per_call_us: Sequence[Sequence[float]]) -> None:
-        """Gives each site one region per call instead of one for the sum of its calls.
-
-        Args:
-            per_call_us: per site (model order), the compute alone of each measured call's region,
-                us, in issue order; each entry stands for ``calls_per_iter / len(entries)`` calls.
-                An empty entry keeps the site's single region (``t_comp_us_S``, summed).
-
-        Calls whose compute differs are what this is for (an FSDP gather waited at once in the
-        forward pass, prefetched under a layer in the backward): summed, ``max(T_comm, T_comp +
-        ...)`` sits on the compute branch and a faster collective looks useless. Per site the
-        calls are grouped into at most ``MAX_CALL_LEVELS`` levels of alike compute
-        (``cost_terms.call_levels``). A site with several levels gets ``t_comp_us_S`` = the sum of
-        its levels (what its calls' compute adds up to). Replaces any earlier levels: resets
-        ``slow_SL`` to 1 and ``call_level``. Nothing changes (``comp_levels_SL`` stays None) when
-        no site has calls of different compute.
-
-        Raises:
-            ValueError: not one entry per site, or a negative or non-finite time.
-        """
+        """One region per call instead of one per site (``cost_terms.call_levels``); resets ``slow_SL``, ``call_level``.
+        ``per_call_us``: per site, compute alone (us) per call, issue order; ValueError on a bad count or time."""
         if len(per_call_us) != len(self.sites):
             raise ValueError(f"per_call_us must have one entry per site ({len(self.sites)}); got {len(per_call_us)}")
         levels, weights, self.call_level = call_levels(per_call_us, self.t_comp_us_S, self.calls_S,
@@ -383,8 +296,7 @@ class CostModel:
         self.slow_SL = np.ones_like(levels) if multi else None
 
     def mark_queues(self, empty_share: float = 0.01, queue_share: float = 0.25) -> None:
-        """Flags the sites of every communicator where collectives queue behind each other
-        (``queues.mark_queues``: the queue term of ``evaluate``)."""
+        """Flags the sites of every communicator where collectives queue (``queues.mark_queues``)."""
         queues.mark_queues(self, empty_share=empty_share, queue_share=queue_share)
 
     def _site(self, site: "CollectiveSite | str") -> int:
@@ -410,7 +322,6 @@ class CostModel:
 
     @staticmethod
     def _hp(cfg: CommConfig) -> float | None:
-        """``evaluate``'s ``hp`` for ``cfg``: 1 on a high-priority stream, else None (the model's state)."""
         return 1.0 if cfg.high_priority_stream else None
 
     # ---- construction -----------------------------------------------------------------------
@@ -418,13 +329,8 @@ class CostModel:
     @classmethod
     def from_priors(cls, sites: Sequence[CollectiveSite], t_comp_us: Sequence[float], cluster: ClusterSpec, *,
                     backend: str | None = None, alpha=1.0, beta=1.0, a=PRIOR_A, b=PRIOR_B, gamma=1.0) -> "CostModel":
-        """A model from ClusterSpec priors only (no measurements): synthetic problems and tests.
-
-        ``alpha``, ``beta``, ``a``, ``b``, ``gamma`` are scalars or one value per site.
-
-        Raises:
-            ValueError: ``t_comp_us`` does not have one value per site.
-        """
+        """A model from ClusterSpec priors only (synthetic problems, tests); ``alpha`` .. ``gamma``: scalar or per
+        site. ValueError if ``t_comp_us`` has not one value per site."""
         S = len(sites)
         if len(t_comp_us) != S:
             raise ValueError(f"t_comp_us must have one value per site ({S}); got {len(t_comp_us)}")

@@ -1,8 +1,4 @@
-"""Constants and elementwise terms of the unified cost model (``cost_model.CostModel``): per
-protocol and per algorithm tables, the absolute per-channel bandwidth prior, the region formula,
-the SM term, the soft bandwidth ceiling and the bus-bandwidth factors. Sources are given per
-constant (NCCL 2.30.7 source lines, nccl-tests and NCCL issues).
-"""
+"""Constants and elementwise terms of the cost model (``cost_model``); sources per constant."""
 
 from __future__ import annotations
 
@@ -33,39 +29,25 @@ _PROTO_CHUNK_HALF = np.array([4096.0, 65536.0, 65536.0, 65536.0])
 """Chunk size at which a channel reaches half of its large-chunk throughput, bytes."""
 _PROTO_DEFAULT_CHUNK = np.array([DEFAULT_CHUNK["LL"], DEFAULT_CHUNK["LL128"], DEFAULT_CHUNK["Simple"], 0.0])
 RING_SIMPLE_CHUNK_STEPS = 4
-"""Ring / Simple collectives move ``chunkSteps`` buffer steps per chunk: all-reduce, all-gather and
-reduce-scatter use ``NCCL_STEPS / 2`` = 4 (NCCL 2.30.7 src/include/collectives.h:19-26), so with the
-default 4 MiB buffer the chunk is 4 x 512 KiB = 2 MiB (src/enqueue.cc:2222-2225); every other
-algorithm / protocol runs one step per chunk (enqueue.cc:2223)."""
+"""Buffer steps per chunk of Ring / Simple all-reduce, all-gather, reduce-scatter: ``NCCL_STEPS / 2``
+(NCCL 2.30.7 src/include/collectives.h:19-26), so a 2 MiB chunk (src/enqueue.cc:2222-2225); else 1 (enqueue.cc:2223)."""
 # Per-algorithm constants, indexed as knobs.ALGORITHMS plus none.
 _ALG_LINK_EFF = np.array([1.0, 0.85, 1.0, 0.95, 1.0, 0.95, 0.9, 1.0])
 _ALG_CH_MULT = np.array([1.0, 1.0, 1.7, 1.7, 1.0, 1.0, 1.0, 1.0])
-"""Per-channel throughput multiplier of an all-reduce: NVLS CTAs drive the switch's multicast.
-NCCL's model gives an NVLS channel its link speed x nvlsEfficiency (0.85 on Hopper), twice for
-all-reduce, which pipelines two operations (NCCL v2.30.7 src/graph/tuning.cc:139-144, 311-318):
-1.7x a Ring channel. For all-gather and reduce-scatter NCCL multiplies by (ranks-1)/ranks instead
-of 2 (``NVLS_GATHER_MULT``)."""
+"""Per-channel throughput multiplier: an NVLS channel is link x nvlsEfficiency 0.85, x2 for all-reduce (NCCL
+v2.30.7 src/graph/tuning.cc:139-144, 311-318): 1.7x Ring; all-gather / reduce-scatter: ``NVLS_GATHER_MULT``."""
 NVLS_ALLREDUCE_LINK = 1.3
-"""NVLS all-reduce's bandwidth ceiling relative to Ring's: ~480 against ~370 GB/s on 8 x H100
-(nccl-tests#212)."""
+"""NVLS all-reduce's ceiling over Ring's: ~480 vs ~370 GB/s on 8 x H100 (nccl-tests#212)."""
 NVLS_GATHER_MULT = 0.85
-"""NVLS all-gather / reduce-scatter channel relative to a Ring channel, before (ranks-1)/ranks
-(tuning.cc:311-317)."""
+"""NVLS all-gather / reduce-scatter channel over a Ring channel, before (ranks-1)/ranks (tuning.cc:311-317)."""
 _ALG_HBM = np.array([1.0, 1.0, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0])
-"""HBM traffic per wire byte relative to the protocol's (``_PROTO_HBM``): NVLS reduces in the
-NVSwitch with multimem loads and stores, so each GPU reads its operand and writes its result once
-(~1.2 HBM bytes per wire byte against 2.5-3 for a ring reduction, nccl#1428's 2-3x)."""
+"""HBM traffic per wire byte relative to ``_PROTO_HBM``: NVLS reduces in the switch (~1.2 vs 2.5-3, nccl#1428)."""
 
 PER_CHANNEL_PRIOR_GBS: dict[int, float] = {90: 22.0, 80: 15.0}
-"""Absolute prior of one channel's Simple bandwidth at 512 threads, GB/s, by SM architecture
-(Hopper and later: 90; Ampere: 80): about 370 GB/s of 8 x H100 NVLink ring bus bandwidth needs
-~17 channels (nccl-tests#212), about 230 GB/s on 8 x A100 ~16 (nccl-tests#149). Absolute rather
-than a share of the link: on PCIe one channel is most of the link (link/16 would be 11x low)."""
+"""One channel's Simple GB/s at 512 threads by SM arch: ~370 GB/s needs ~17 channels on 8 x H100
+(nccl-tests#212), ~230 ~16 on 8 x A100 (nccl-tests#149). Absolute: on PCIe one channel is most of the link."""
 SOFTMIN_P = 8.0
-"""Sharpness of the bandwidth saturation: bw = (x^-p + y^-p)^(-1/p). Channel sweeps reach the link
-within a few percent once channels x per-channel bandwidth pass it (nccl-tests with
-NCCL_MIN/MAX_NCHANNELS); p = 4 would leave 16% below the link at twice the knee's channels and
-make the fitted per-channel bandwidth (gamma) absorb the difference."""
+"""Sharpness p of the saturation bw = (x^-p + y^-p)^(-1/p): channel sweeps reach the link within a few %."""
 DEFAULT_THREADS = 512
 NCCL_BASE_LATENCY_US = 3.0
 """Kernel launch and setup of one NCCL call, microseconds."""
@@ -74,43 +56,21 @@ PRIOR_B = 1.0
 CHUNK_L2_FLOOR = 0.6
 """Share of the HBM traffic a very small chunk still causes (the rest stays in L2)."""
 GLOO_CALL_US = 100.0
-"""Fixed cost of one gloo call (each piece of a chunked call is one), microseconds: torch
-dispatch, work enqueue and the worker thread's wake-up. Without it a group of one rank (no wire
-bytes, no steps) is predicted to take 0 us, while it takes hundreds of microseconds on a loaded CPU."""
+"""Fixed cost of one gloo call or piece, us: torch dispatch, enqueue, worker wake-up."""
 
 
 MAX_CALL_LEVELS = 8
-"""Per-call regions kept per site at most (``CostModel.set_call_levels``): FSDP's gather of one unit
-has two kinds of window (forward: waited at once or under one layer; backward: under one layer's
-gradients) and each micro-batch repeats them."""
+"""Most per-call regions per site (FSDP: forward and backward windows, repeated per micro-batch)."""
 LEVEL_REL_TOL = 0.10
-"""Calls whose compute is within 10% (plus ``LEVEL_ABS_US``) of the shortest call of a level join
-that level: windows of one kind measured with timing noise (2% here, ``fit.NOISE_REL``) are one
-level, not several whose factors would fit the noise."""
+"""Calls within this fraction (+ ``LEVEL_ABS_US``) of a level's shortest call join it: noise is no level."""
 LEVEL_ABS_US = 10.0
 """Absolute slack of a level, microseconds (a few kernel launches)."""
 
 
 def call_levels(per_call_us: Sequence[Sequence[float]], t_comp_us_S: np.ndarray, calls_S: np.ndarray,
                 names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """Per site, the compute of its calls' regions as at most ``MAX_CALL_LEVELS`` levels.
-
-    Args:
-        per_call_us: per site, each measured call's compute alone (us, issue order); each stands
-            for ``calls / len(entries)`` calls. Empty, or one level only: ``t_comp / calls``.
-        t_comp_us_S, calls_S: shape (S,): per site, the summed compute (us) and the calls per iteration.
-        names: per site, its id (for error messages).
-
-    Returns:
-        (levels (S, L) in us, weights (S, L) in calls (a row sums to the site's calls; unused
-        levels weigh 0), per site the level of each measured call), L the most levels any site
-        has. Calls are sorted by compute; a call within ``LEVEL_REL_TOL`` (+ ``LEVEL_ABS_US``)
-        of its level's shortest call joins it; beyond ``MAX_CALL_LEVELS`` levels the two
-        neighbours closest in relative terms merge. A level's value is its calls' mean.
-
-    Raises:
-        ValueError: a negative or non-finite time (names the site).
-    """
+    """Per site, its calls' compute as at most ``MAX_CALL_LEVELS`` levels: (levels (S, L) us, weights (S, L) calls,
+    per site each call's level); one level: ``t_comp / calls``. ValueError on a negative or non-finite time."""
     S = len(per_call_us)
     levels, weights = np.zeros((S, MAX_CALL_LEVELS)), np.zeros((S, MAX_CALL_LEVELS))
     level_of_call = []
@@ -141,26 +101,13 @@ def call_levels(per_call_us: Sequence[Sequence[float]], t_comp_us_S: np.ndarray,
 
 
 def region_time_us(t_comm_us: Any, t_comp_us: Any, s: Any, wait_us: Any = 0.0) -> Any:
-    """The unified region formula (docs/engine.md), elementwise on scalars or numpy arrays.
-
-    Args:
-        t_comm_us: the collective's run, microseconds.
-        t_comp_us: duration of the overlapped compute alone, microseconds.
-        s: fractional compute slowdown while the collective runs (>= 0).
-        wait_us: time the collective waited for SMs before it ran (a dispatch wait), microseconds:
-            it delays the collective's end but slows no compute.
-
-    Returns:
-        ``max(wait + t_comm, t_comp + t_comm * s / (1 + s))`` in microseconds; continuous where
-        ``wait + t_comm == t_comp + t_comm s / (1 + s)``.
-    """
+    """The region formula (docs/engine.md), elementwise, us: ``max(wait + t_comm, t_comp + t_comm s / (1 + s))``;
+    the dispatch wait delays the collective's end but slows no compute."""
     return np.maximum(wait_us + t_comm_us, t_comp_us + t_comm_us * (s / (1.0 + s)))
 
 
 def sm_term(ctas, sms, gloo: bool = False):
-    """``c / (SMs - c)``: the fractional slowdown of compute left ``SMs - c`` SMs (c clipped below
-    SMs - 1), elementwise. On gloo worker threads time-share the cores with compute, so the
-    share stays linear: ``c / cores``."""
+    """``c / (SMs - c)`` (c < SMs): compute slowdown on the SMs left; gloo: ``c / cores`` (threads time-share)."""
     if gloo:
         return ctas / sms
     c = np.minimum(ctas, sms - 1.0)
@@ -175,11 +122,7 @@ def _softmin(x, y):
 
 
 def wire_bytes(op: str, nbytes: int, group_size: int) -> float:
-    """Bytes each rank sends for one call under Ring (bus-bandwidth factors of nccl-tests).
-
-    all-reduce 2(n-1)/n, all-gather / reduce-scatter / all-to-all (n-1)/n of the full size,
-    broadcast / send / recv the full size.
-    """
+    """Bytes each rank sends per Ring call (nccl-tests bus bandwidth): AR 2(n-1)/n, AG/RS/A2A (n-1)/n, else 1."""
     n = max(group_size, 1)
     if op == "all_reduce":
         return 2.0 * (n - 1) / n * nbytes

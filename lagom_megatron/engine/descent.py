@@ -1,11 +1,4 @@
-"""Coordinate-descent primitives every searcher is built from (``priority.py``, ``baselines.py``).
-
-``scan_knob`` scans one knob's domain for many sites at once (numpy, others fixed);
-``decide_unit`` decides a knob of communicator or process scope once for all the sites it
-governs; ``descend`` repeats ``scan_knob`` over several knobs until nothing changes. Each counts
-its model evaluations in a ``Counter`` (the linear-cost claim of docs/engine.md is checked
-on those counts).
-"""
+"""Coordinate-descent primitives of every searcher; each counts its model evaluations in a ``Counter``."""
 
 from __future__ import annotations
 
@@ -15,9 +8,7 @@ from lagom_megatron.engine.problem import SEARCH_KNOBS, SIMPLE, SearchProblem, S
 
 
 TIE_REL = 1e-3
-"""Objectives within this fraction of the best are ties; a tie goes to fewer resources (fewer
-channels, then fewer threads, then a smaller chunk: each knob's smallest tied value), since the
-model cannot tell them apart and fewer CTAs never cost compute."""
+"""Objectives within this fraction of the best tie; a tie goes to fewer channels, threads, chunk bytes."""
 RESOURCE_KNOBS = ("n_channels", "n_threads", "chunk_size")
 
 
@@ -38,10 +29,8 @@ def _objective(problem: SearchProblem, idx, alg, proto, nc, nt, lvl, objective: 
 
 def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, objective: str, count: Counter,
               min_gain: float = 0.0) -> bool:
-    """Scans ``knob`` over its domain for the sites ``idx`` at once (others fixed); keeps the
-    best value per site when it beats the current one by more than the fraction ``min_gain``.
-    Mutates ``st``; returns True on a change.
-    """
+    """Scans ``knob`` for sites ``idx`` at once (others fixed), keeping a value that beats the current by more
+    than ``min_gain``; mutates ``st``, True on a change."""
     idx = idx[problem.tunable[knob][idx]]
     if idx.size == 0:
         return False
@@ -98,8 +87,7 @@ def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, obj
 
 
 def _resource(problem: SearchProblem, knob: str, values: np.ndarray, proto: np.ndarray) -> np.ndarray:
-    """What a knob value costs in resources: channels, threads, or chunk bytes (level 0, NCCL's own
-    chunk, counts as the protocol's default)."""
+    """A value's resource cost: channels, threads, or chunk bytes (level 0 = the protocol's default chunk)."""
     if knob != "chunk_size":
         return values
     lvl = values.astype(np.int64)
@@ -110,12 +98,8 @@ def _resource(problem: SearchProblem, knob: str, values: np.ndarray, proto: np.n
 
 def decide_unit(problem: SearchProblem, st: State, knob: str, governed: np.ndarray, objective: str, count: Counter,
                 default_nc: np.ndarray, *, lookahead: bool = False) -> None:
-    """Decides a knob of communicator or process scope once for all ``governed`` sites: the value
-    minimising the sum of their objective, under their current configs or, with ``lookahead``,
-    after one pass of each site over its per-call knobs (linear: values x sites x domains).
-    On NCCL a communicator's channel count is a cap (ncclConfig_t.maxCTAs): each site keeps
-    min(NCCL's choice, cap). Only the shared knob is kept; the sites' own knobs are searched
-    when they are reached."""
+    """Decides a communicator- or process-scope knob once for ``governed``: least summed objective, with
+    ``lookahead`` after one pass of their per-call knobs. NCCL channels are a cap (ncclConfig_t.maxCTAs)."""
     row = problem.vals[knob][governed[0]]
     values = row[~np.isnan(row)]
     K = values.size
@@ -156,8 +140,7 @@ def decide_unit(problem: SearchProblem, st: State, knob: str, governed: np.ndarr
 
 def descend(problem: SearchProblem, st: State, idx: np.ndarray, knobs: tuple[str, ...], objective: str,
             count: Counter, rounds: int, min_gain: float = 0.0) -> None:
-    """Coordinate descent of ``knobs`` (call scope) for the sites ``idx``, at most ``rounds``
-    passes, stopping early when a pass changes nothing."""
+    """Coordinate descent of call-scope ``knobs`` for sites ``idx``: at most ``rounds`` passes, to a fixed point."""
     for _ in range(rounds):
         changed = False
         for knob in knobs:

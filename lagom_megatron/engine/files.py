@@ -1,11 +1,7 @@
-"""Atomic file writing and JSON reading shared by every file lagom writes.
+"""Atomic file writing and JSON reading for every file lagom writes.
 
-A reader (another rank, a launch script, the user) never sees a partial file: the content goes
-to a temporary file in the target folder, then ``os.replace`` renames it over the target (one
-file system, so the rename is atomic). The file gets the mode a plain ``open()`` would give it
-(0666 less the process umask), not ``mkstemp``'s private 0600, so teammates on a shared cluster
-can read plans and reports.
-"""
+A temporary file in the target folder, then ``os.replace``; mode 0666 less the umask (not mkstemp's 0600), so
+teammates can read plans and reports."""
 
 from __future__ import annotations
 
@@ -25,24 +21,8 @@ def _umask() -> int:
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
-    """Runs ``write(tmp_path)`` on a temporary file beside ``path``, then renames it to ``path``.
-
-    Args:
-        path: the target file; its folder is created if missing.
-        write: fills the temporary file given its path (e.g. ``fig.savefig``).
-
-    A symlink is followed (its target is replaced, the link stays). A path that exists and is not
-    a regular file (a device such as ``/dev/stdout``, a named pipe) is written into directly, not
-    replaced: atomicity does not apply to those.
-
-    Returns:
-        The path written (symlinks resolved).
-
-    Raises:
-        IsADirectoryError: ``path`` is an existing folder (nothing is written).
-        OSError: the folder cannot be created or written (the same type and errno, naming ``path``,
-            never the temporary file, which is removed).
-    """
+    """Runs ``write(tmp_path)`` on a temporary file beside ``path``, then renames it over ``path`` (symlinks followed;
+    pipes, devices written directly). IsADirectoryError for a folder; OSError naming ``path``; returns the path."""
     path = Path(os.path.realpath(path))  # a symlink keeps pointing where it did: write its target
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; give a file name")
@@ -69,11 +49,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Writes ``text`` to ``path`` atomically, flushed to disk before the rename (see module doc).
-
-    Raises:
-        IsADirectoryError, OSError: see ``write_atomic``.
-    """
+    """Writes ``text`` to ``path`` atomically, fsynced before the rename; raises as ``write_atomic``."""
 
     def _write(tmp: str) -> None:
         with open(tmp, "w") as f:
@@ -86,23 +62,13 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
-    """Writes ``data`` as indented JSON to ``path`` atomically.
-
-    Raises:
-        TypeError: ``data`` is not JSON-serialisable (nothing is written).
-        IsADirectoryError, OSError: see ``write_atomic``.
-    """
+    """Writes ``data`` as indented JSON atomically; TypeError if not serialisable (nothing is written)."""
     return write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    """Reads a JSON file.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: ``path`` is a folder, not UTF-8 text, or invalid JSON (the message names the
-            file, and the line and column for JSON errors).
-    """
+    """Reads a JSON file; FileNotFoundError if missing, ValueError for a folder, non-UTF-8 text or invalid JSON
+    (naming the file, line and column)."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a folder; give a JSON file")
@@ -117,27 +83,13 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def json_error_text(exc: json.JSONDecodeError) -> str:
-    """``invalid JSON at line L column C (char N): <json's message>``, whole: json's messages that
-    end in ``at`` (``Unterminated string starting at``) point at the position, said ``here``.
-
-    Args:
-        exc: the error of ``json.loads``.
-    """
+    """``invalid JSON at line L column C (char N): <msg>``; json's trailing ``at`` becomes ``here``."""
     msg = exc.msg[:-len(" at")] + " here" if exc.msg.endswith(" at") else exc.msg
     return f"invalid JSON at line {exc.lineno} column {exc.colno} (char {exc.pos}): {msg}"
 
 
 def yaml_error_text(exc: Exception) -> str:
-    """One line for PyYAML's error ``exc``: ``malformed YAML at line L column C: <problem>``, line
-    and column 1-based from its ``problem_mark`` (PyYAML's own text names ``"<unicode string>"``
-    for text read first, not the file, and spans lines with a source excerpt).
-
-    ``config.presets.read_yaml`` says the same for presets and models (the config layer imports
-    nothing of lagom's).
-
-    Args:
-        exc: a ``yaml.YAMLError`` (read by attribute: this module does not import yaml).
-    """
+    """One line for PyYAML's error ``exc`` (read by attribute): ``malformed YAML at line L column C: <problem>``."""
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
     problem = getattr(exc, "problem", None) or " ".join(str(exc).split())

@@ -1,14 +1,7 @@
-"""Fitting the unified cost model (``cost_model.CostModel``) to a profile: ``fit_cost_model``.
+"""Fitting the cost model (``cost_model.CostModel``) to a profile: ``fit_cost_model``. Our design.
 
-Per site, T_comm's ``alpha``, ``beta`` and the per-channel bandwidth scale ``gamma``; per region,
-the slowdown coefficients ``a``, ``b`` (on one observation per call where the profile timed calls,
-with a factor per call level): small ridge least-squares problems pulled towards the
-ClusterSpec priors, solved for all sites at once with numpy, followed by a few reweighting passes
-towards the least absolute relative error (what MAPE measures). The model reports its own fit
-error: T_region and T_comm MAPE, the time-weighted error, and the lowest MAPE any parameters of the
-model form could reach on the samples (``mape_floor``). Our design; the Lagom paper's fitting is
-not public.
-"""
+Per shape group, ridge least squares pulled to the ClusterSpec priors for alpha, beta, gamma (T_comm) and a, b
+(slowdown, per call level), then reweighted towards the least absolute relative error (MAPE)."""
 
 from __future__ import annotations
 
@@ -27,14 +20,9 @@ RIDGE_COMM = 0.005
 RIDGE_SLOWDOWN = 0.02
 """Pull of the slowdown coefficients a, b towards their priors (relative to the features' size)."""
 GAMMA_GRID = tuple(float(x) for x in np.round(np.geomspace(0.25, 8.0, 31), 4))
-"""Per-channel bandwidth scales tried when fitting (relative to the ClusterSpec prior): 31 scales 12%
-apart, so the channel count where bandwidth saturates is placed within ~6%. Steps of 1.4x left the
-fit unable to place the knee between two grid points: on NVLink-bridged A40 nodes the 2-channel
-probe of an FSDP gather was predicted 6% faster than measured, and the search took 2 channels where
-the queue behind them made the iteration slower than NCCL_MAX_CTAS=4."""
+"""Per-channel bandwidth scales tried (x ClusterSpec prior): 31 scales 12% apart place the saturation knee to ~6%."""
 RIDGE_GAMMA = 0.01
-"""Pull of gamma towards 1 (per unit of squared log): the absolute per-channel prior holds unless the
-samples clearly disagree (probes at saturated channel counts cannot place the knee)."""
+"""Pull of gamma towards 1, per unit of squared log."""
 IRLS_STEPS = 4
 """Reweighting passes of the T_comm fit (weights 1/sqrt|relative residual|, i.e. towards L1)."""
 NOISE_REL = 0.02
@@ -42,23 +30,14 @@ NOISE_REL = 0.02
 
 
 def comm_time_us(sample: Any) -> float:
-    """The communication time a sample gives the fit, microseconds: ``t_comm_nccl_us`` (NCCL's kernel
-    timers) when finite and positive, else ``t_comm_us``."""
+    """A sample's communication time for the fit, us: ``t_comm_nccl_us`` (NCCL's timers) if > 0, else ``t_comm_us``."""
     nccl = getattr(sample, "t_comm_nccl_us", math.nan)
     return float(nccl) if math.isfinite(nccl) and nccl > 0 else float(sample.t_comm_us)
 
 
 def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
-    """Fits alpha, beta (T_comm) and a, b (slowdown) per site from the profile's samples.
-
-    Works with one default sample plus a few probe samples per site (the warm-up): each site
-    solves two 2x2 ridge least-squares problems, pulled towards the ClusterSpec priors so a
-    site with one sample (or whose compute branch is never observed) stays well defined.
-    Samples of iteration 0 are left out when a later one exists (start-up effects).
-
-    Raises:
-        ValueError: the profile has no sites, or a site has no sample.
-    """
+    """Fits alpha, beta (T_comm) and a, b (slowdown) per site; iteration 0 is dropped where a later one exists.
+    ValueError if the profile has no sites or a site has no usable sample."""
     if not profile.sites:
         raise ValueError("profile has no collective sites to fit")
     # A region is never shorter than its collective; a sample with a region time <= 0 is a
@@ -110,24 +89,11 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     y_comm = np.where(nccl_J, [max(comm_time_us(smp), 1e-6) for _, smp in rows],
                       np.maximum(torch_J - wait_J, 0.5 * torch_J))
     y_meas = np.where(nccl_J, y_comm + wait_J, torch_J)  # what the model's T_comm (run + wait) is compared with
-    # T_comm: for each per-channel bandwidth scale gamma on a grid, minimise
-    # sum((alpha f1 + beta f2 - y)/y)^2 + ridge ((alpha/k-1)^2 + (beta/k-1)^2); keep per site the
-    # gamma with the smallest error (plus a mild pull towards 1). gamma places the channel
-    # count where bandwidth saturates, which alpha and beta alone cannot move.
-    # On gloo the ClusterSpec is an order-of-magnitude guess and a rank's collectives run
-    # 6-160x slower than it while the other ranks compute on the same cores, so a ridge
-    # towards alpha = beta = 1 keeps every prediction of a site below all of its
-    # measurements. There each site also tries the ridge towards (k, k), k its
-    # measured-to-prior scale (the one scale with the least MAPE over its samples: their
-    # ratios' median weighted by prior / measured), and keeps the better fit: the ridge then
-    # pulls the shape (latency vs bandwidth share) towards the ClusterSpec, not the speed.
-    # NCCL clusters keep the pull towards the absolute ClusterSpec values (tried there, it
-    # lowered the simulator's T_comm MAPE but raised its T_region MAPE, 1.9% -> 2.5%).
-    # Sites of one shape (NCCL: same op, bytes, communicator, size and nodes) share their
-    # parameters: they are the same collective beside similar compute (e.g. the n-th
-    # sequence-parallel gather of every layer), and one fit over all their samples is far less
-    # noisy than one per site (the search then stops scattering them over channel counts). On
-    # gloo each site keeps its own fit (calls of one shape still differ in CPU contention there).
+    # T_comm: per gamma on the grid, minimise sum((alpha f1 + beta f2 - y)/y)^2 + ridge ((alpha/k-1)^2 +
+    # (beta/k-1)^2); keep per group the gamma of least error. gamma places the saturation knee.
+    # On gloo (ClusterSpec only an order-of-magnitude guess) k may also be the group's measured-to-prior
+    # scale, so the ridge pulls the latency/bandwidth shape, not the speed, towards the prior.
+    # Sites of one shape (op, bytes, communicator, size, nodes) share one fit on NCCL; gloo fits per site.
     F_J = gi[i_J]
     best_err = np.full(G, np.inf)
     alpha, beta, gamma, scale_S = np.ones(G), np.ones(G), np.ones(G), np.ones(G)
@@ -206,10 +172,7 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
 
 
 def _call_compute(samples: list) -> list[float]:
-    """A site's compute alone per call (us, issue order): per call index, the median over the
-    samples that timed their calls with the compute measured (the serialized iteration's values,
-    which ``ProfileRecorder`` copies into every sample), among the samples with the most common
-    number of calls; empty when no sample has them."""
+    """A site's compute alone per call (us, issue order): medians over the samples with the most common call count."""
     timed = [smp.calls for smp in samples if smp.calls and all(math.isfinite(c[1]) for c in smp.calls)]
     if not timed:
         return []
@@ -219,20 +182,8 @@ def _call_compute(samples: list) -> list[float]:
 
 
 def _slowdown_rows(rows, per_call, call_level, F_J, ctas_J, y_comm, y_comp, y_region, hbm_per_call_J, calls_J, wait_J):
-    """The observations the slowdown is fitted on: one per call for a sample whose calls match its
-    site's per-call compute (``_call_compute``), one per sample otherwise.
-
-    Args:
-        rows: J (site index, Sample) pairs; ``per_call``, ``call_level``: per site, the compute
-            alone (us) and the level of each call; the rest: shape (J,) per sample (the run of
-            its collectives, HBM bytes of one call, calls per iteration, the dispatch wait per
-            iteration, which a measured call's time holds ``wait / calls`` of).
-
-    Returns:
-        Shape (R,) arrays: shape group, CTAs, T_comm us, T_comp us, T_region us, HBM bytes per us
-        of the collective (one call's bytes over that call's time, or the sample's over its sum),
-        call level (-1 for a summed sample: it belongs to no level), site index, dispatch wait us.
-    """
+    """The slowdown fit's rows (one per call where calls match ``per_call``, else per sample), shape (R,): group,
+    CTAs, T_comm, T_comp, T_region (us), HBM bytes per us, call level (-1: summed), site, dispatch wait (us)."""
     F, ct, comm, comp, reg, rate, lvl, site, wait = [], [], [], [], [], [], [], [], []
     for j, (i, smp) in enumerate(rows):
         levels = per_call[i]
@@ -255,15 +206,7 @@ LEVEL_FACTOR_RANGE = (0.2, 5.0)
 
 
 def _level_factors(model: CostModel, gi, F_R, L_R, I_R, s_obs, s_fit, observed) -> np.ndarray:
-    """Sets ``model.slow_SL``: per site with several call levels, per level, the median of measured
-    s over fitted s on the observations of that level, pooled over the sites of its shape group
-    with as many levels (a level is a rank among alike windows, so it means the same only
-    between sites with the same number of them); clipped to ``LEVEL_FACTOR_RANGE``, 1 where none
-    is observed. Returns each observation's factor, shape (R,) (1 for summed samples, level -1).
-
-    One (a, b) per group gives the slowdown's shape over configs; the compute beside a call sets
-    its scale: a backward window (gradient kernels, the reduce-scatter of other buckets running
-    too) slows more per byte moved than a forward one. Our design."""
+    """Sets ``model.slow_SL`` (per level, median measured / fitted s per shape group); returns each row's factor."""
     n_levels = (model.comp_weights_SL > 0).sum(axis=1)
     ok = observed & (s_fit > 1e-9) & (L_R >= 0)
     ratios: dict[tuple[int, int, int], list[float]] = {}
@@ -282,13 +225,7 @@ REFINE_GRID = np.geomspace(0.5, 2.0, 13)
 
 
 def _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observed, y_wait):
-    """Per group, the (a, b) on a grid of scales around the linear solution with the least squared
-    relative error of the *region* (what the search compares), on the samples where compute was
-    observed; a group keeps its linear solution when none does better. The linear fit in s-space
-    weights samples by how precisely they pin s, not by what s does to the region, and leaves
-    the region biased where the slowdown is not linear in the model's two features. ``y_comm`` is
-    the collectives' run and ``y_wait`` their dispatch wait (``queues.dispatch_waits``): the region
-    is at least their sum."""
+    """Per group, the (a, b) scale on ``REFINE_GRID`` with least squared relative region error (else unchanged)."""
     obs = observed & (y_comm > 0)
     if not obs.any():
         return a_G, b_G
@@ -313,13 +250,7 @@ CORR_MIN_COMM_SHARE = 0.2
 
 
 def _channel_correction(F_J, G, gi, ctas_J, s_obs, s_fit, observed, max_channels: int) -> np.ndarray | None:
-    """Per site and channel count 0..``max_channels``, the factor by which the measured s departs
-    from the fitted form at the channel counts the group's samples ran, linearly interpolated
-    between them and held flat beyond (None when no group has two observed channel counts).
-
-    The form ``a * c / (SMs - c) + b * hbm_share`` is smooth in the channel count; real slowdowns
-    step where the overlapped GEMMs' tiles need one more wave, so between two probed counts the
-    measured points, not the form, say what a channel costs."""
+    """Per site and channel count, measured / fitted s interpolated between observed counts; None if < 2 counts."""
     obs = observed & (s_fit > 1e-6) & (s_obs > 0)
     if not obs.any():
         return None
@@ -352,10 +283,7 @@ def _shape_groups(model: CostModel) -> tuple[np.ndarray, int]:
 
 
 def _indistinct_keys(model: CostModel, i_J, nc_J, chunk_J, codes_JK) -> list[tuple]:
-    """One key per sample; equal keys = same site and configs the model form maps to the same
-    prediction whatever its parameters. On gloo only the pieces of a call and how many of them
-    run at once matter (an unsplit call runs on one worker thread whatever the thread count);
-    on NCCL every config code counts."""
+    """One key per sample; equal keys: same site and configs the model form cannot tell apart (gloo: pieces, n_eff)."""
     if model.gloo:
         nb = model.nbytes_S[i_J]
         pieces = np.maximum(1.0, np.where(chunk_J > 0, np.ceil(nb / np.maximum(chunk_J, 1.0)), 1.0))
@@ -365,11 +293,7 @@ def _indistinct_keys(model: CostModel, i_J, nc_J, chunk_J, codes_JK) -> list[tup
 
 
 def _weighted_median_by_site(i_J: np.ndarray, S: int, v: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Per site, the median of ``v`` weighted by ``w`` (1 for a site without samples).
-
-    ``sum_j w_j |c - v_j|`` is least at this c; with v = measured / prior and w = prior / measured
-    that is sum |c * prior - measured| / measured, the MAPE of the prior scaled by c.
-    """
+    """Per site, the median of ``v`` weighted by ``w`` (1 without samples): argmin_c sum_j w_j |c - v_j|."""
     out = np.ones(S)
     order = np.lexsort((v, i_J))
     i_o, v_o, w_o = i_J[order], v[order], w[order]
@@ -384,11 +308,7 @@ def _weighted_median_by_site(i_J: np.ndarray, S: int, v: np.ndarray, w: np.ndarr
 
 
 def mape_floor(keys: list, y: np.ndarray) -> float:
-    """Mean absolute percentage error (%) of the best single value per group of samples.
-
-    For one group with values y_j, sum |y_j - c| / y_j is minimised by the median of y_j weighted
-    by 1 / y_j; the floor averages the resulting errors over all samples.
-    """
+    """MAPE (%) of the best single value per group of samples (its 1 / y-weighted median)."""
     y = np.maximum(np.asarray(y, dtype=float), 1e-9)
     groups: dict = {}
     for j, k in enumerate(keys):
@@ -404,14 +324,8 @@ def mape_floor(keys: list, y: np.ndarray) -> float:
 
 
 def _ridge2(i_J, S, f1, f2, y, lam, p1, p2, *, lo, ref=None):
-    """Per-site 2-parameter ridge least squares: min sum (c1 f1 + c2 f2 - y)^2 + lam*(w1 (c1-p1)^2 + w2 (c2-p2)^2).
-
-    ``ref`` optionally scales the ridge per site by the features' size so it stays relative.
-    Solved for all sites at once as batched 2x2 normal equations. Where the joint solution puts a
-    coefficient below ``lo``, that coefficient is fixed at ``lo`` and the other is solved again
-    with it (clipping one alone would leave the other fitted to the unclipped value: with nearly
-    collinear features, a latency weight pinned at ``lo`` left the bandwidth weight ~15% high).
-    """
+    """Per-site ridge least squares, min sum (c1 f1 + c2 f2 - y)^2 + lam (w1 (c1-p1)^2 + w2 (c2-p2)^2), batched;
+    ``ref`` scales the ridge by the features' size; a coefficient below ``lo`` is fixed there, the other re-solved."""
     A11 = np.bincount(i_J, f1 * f1, S)
     A12 = np.bincount(i_J, f1 * f2, S)
     A22 = np.bincount(i_J, f2 * f2, S)

@@ -1,14 +1,7 @@
-"""The knob space: communication configurations, the values each knob can take, and the contract
-(``KnobRules``) by which the layer that applies plans tells the engine what it can set.
+"""The knob space: ``CommConfig`` (``None`` = NCCL's own choice), each knob's values, and ``KnobRules``.
 
-A ``CommConfig`` is one point of the knob space of one collective: algorithm, protocol,
-n_channels (CTAs), n_threads, chunk_size (bytes), and per-communicator extras (CTA policy, CGA
-cluster size). ``None`` in a field means "NCCL's own choice" (stock behaviour).
-
-Which knobs a mechanism can set, at which scope, on which NCCL version, is not decided here: the
-engine is handed a ``KnobRules`` (``lagom_megatron.nccl.rules.NcclRules`` on NCCL and on the
-simulator, ``lagom_megatron.megatron.gloo.GlooRules`` on gloo) and searches the domain it gives.
-"""
+``KnobRules`` is how the applying layer (``nccl.rules.NcclRules``, ``megatron.gloo.GlooRules``) tells the engine
+which knobs it can set, at which scope; the engine searches the domain it gives."""
 
 from __future__ import annotations
 
@@ -21,12 +14,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommConfig:
-    """One communication configuration. Every field ``None`` = NCCL defaults.
-
-    On the gloo backend (CPU), ``n_channels`` is the number of gloo worker threads of the
-    communicator and ``chunk_size`` the size in bytes of the pieces a tensor is split into;
-    algorithm, protocol and n_threads do not apply there.
-    """
+    """One communication configuration; every field ``None`` = NCCL defaults. On gloo ``n_channels`` is worker
+    threads and ``chunk_size`` the piece size (bytes); the other knobs do not apply."""
 
     algorithm: str | None = None
     """NCCL algorithm: Ring, Tree, NVLS, NVLSTree, CollNetDirect, CollNetChain, PAT."""
@@ -43,13 +32,10 @@ class CommConfig:
     cga_cluster_size: int | None = None
     """ncclConfig_t.cgaClusterSize, 0..8 (communicator scope, sm90+)."""
     net_peer_channels: int | None = None
-    """Channels per network peer of point-to-point calls: ncclConfig_t.nChannelsPerNetPeer (NCCL
-    2.28+, where torch binds it) or NCCL_NCHANNELS_PER_NET_PEER (process scope); a power of two."""
+    """Channels per network peer of P2P calls, a power of two: ncclConfig_t.nChannelsPerNetPeer (NCCL 2.28+)
+    or NCCL_NCHANNELS_PER_NET_PEER (process scope)."""
     high_priority_stream: bool | None = None
-    """The site's collectives run on a pool entry whose NCCL stream has a high CUDA priority
-    (``ProcessGroupNCCL.Options.is_high_priority_stream``, as Megatron's
-    ``--high-priority-stream-groups`` sets for a group; communicator scope). None = the group's own
-    stream priority."""
+    """Run on a pool entry with a high-priority NCCL stream (``ProcessGroupNCCL.Options.is_high_priority_stream``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the fields that are set (not ``None``), JSON-ready."""
@@ -57,11 +43,7 @@ class CommConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CommConfig":
-        """Builds a config from ``to_dict`` output.
-
-        Raises:
-            ValueError: on a key that is not a CommConfig field (names the key and the allowed set).
-        """
+        """Builds a config from ``to_dict`` output; ValueError on a key that is not a field."""
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - allowed)
         if unknown:
@@ -74,7 +56,6 @@ class CommConfig:
 
 
 DEFAULT = CommConfig()
-"""NCCL's own choice for every knob."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,8 +69,7 @@ KNOB_ORDER: tuple[str, ...] = (
     "n_channels", "chunk_size", "n_threads", "protocol", "algorithm", "cta_policy", "cga_cluster_size",
     "net_peer_channels", "high_priority_stream",
 )
-"""Knob-priority order of the search (docs/engine.md): channels and chunk size first, because
-they move compute slowdown the most (Lagom's introduction); algorithm last."""
+"""Knob-priority order of the search: channels and chunk size first, they move compute slowdown most (Lagom)."""
 
 ALGORITHMS: tuple[str, ...] = ("Ring", "Tree", "NVLS", "NVLSTree", "CollNetDirect", "CollNetChain", "PAT")
 """NCCL algorithm names (NCCL_ALGO tokens, case as in NCCL's docs)."""
@@ -102,8 +82,7 @@ CTA_POLICIES: tuple[str, ...] = ("DEFAULT", "EFFICIENCY", "ZERO")
 CGA_CLUSTER_SIZES: tuple[int, ...] = tuple(range(0, 9))
 """ncclConfig_t.cgaClusterSize, 0..8 (sm90+; NCCL clamps above 8)."""
 NET_PEER_CHANNELS: tuple[int, ...] = (1, 2, 4, 8, 16)
-"""Channels per network peer the search tries: NCCL rounds ``nChannelsPerNetPeer`` up to a power of
-two (NVIDIA/nccl v2.30.7 ``src/graph/paths.cc:988``), so only powers of two are distinct."""
+"""Values tried: NCCL rounds ``nChannelsPerNetPeer`` up to a power of two (v2.30.7 src/graph/paths.cc:988)."""
 
 COLLECTIVE_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 """Ops that run an NCCL algorithm (the tuner plugin is consulted for them)."""
@@ -116,7 +95,6 @@ ALGORITHMS_FOR_OP: dict[str, tuple[str, ...]] = {
     "reduce_scatter": ("Ring", "NVLS", "CollNetDirect", "PAT"),
     "broadcast": ("Ring",),
 }
-"""Which algorithm NCCL implements for which collective (Tree only for all-reduce, and so on)."""
 
 PROTOCOLS_FOR_ALGORITHM: dict[str, tuple[str, ...]] = {
     "Ring": ("LL", "LL128", "Simple"),
@@ -127,10 +105,8 @@ PROTOCOLS_FOR_ALGORITHM: dict[str, tuple[str, ...]] = {
     "CollNetChain": ("Simple",),
     "PAT": ("Simple",),
 }
-"""Protocols each algorithm runs with in NCCL."""
 
 GLOO_MAX_THREADS = 16
-"""Largest gloo worker-thread count accepted per communicator."""
 GLOO_DEFAULT_THREADS = 2
 """Worker threads of a gloo group built by ``new_group`` (torch 2.x; the pool's tests check it)."""
 
@@ -170,40 +146,24 @@ def invalid_value(knob: str, value: Any, allowed: Any, why: str = "") -> ValueEr
 
 
 class KnobRules(Protocol):
-    """What one mechanism can set on one cluster: the search domain handed to the engine.
-
-    Implemented by ``lagom_megatron.nccl.rules.NcclRules`` (NCCL and the simulated cluster: tuner
-    plugin, communicator options or process environment, per NCCL version) and
-    ``lagom_megatron.megatron.gloo.GlooRules`` (gloo worker threads and tensor pieces). The engine
-    never decides these itself: a plan can then hold only what the applying layer can apply.
-
-    Attributes:
-        cluster: the ``ClusterSpec`` the rules are for (also the cost model's cluster).
-        backend: ``nccl``, ``gloo`` or ``sim``: what profiles and plans are labelled with.
-        mechanism: how a plan is applied (``tuner``, ``communicator``, ``env`` or ``gloo``).
-    """
+    """What one mechanism can set on one cluster: the search domain handed to the engine. ``backend`` (nccl,
+    gloo, sim) labels profiles and plans; ``mechanism``: tuner, communicator, env or gloo."""
 
     cluster: "ClusterSpec"
     backend: str
     mechanism: str
 
     def scope(self, knob: str) -> Scope | None:
-        """The widest unit ``knob`` can differ over (``call``, ``communicator``, ``process``), or
-        None when the mechanism cannot set it. Raises ValueError on an unknown knob."""
+        """Widest unit ``knob`` can differ over (call, communicator, process) or None; ValueError on an unknown knob."""
 
     def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None) -> dict[str, tuple]:
-        """Values the search scans per knob for one collective site (``(None,)`` = not tunable);
-        ``reduce_op`` is the call's reduction where known (some algorithms depend on it)."""
+        """Values scanned per knob for one site (``(None,)`` = not tunable); ``reduce_op`` where known."""
 
     def site_domains(self, site: Any) -> tuple[dict[str, tuple], str]:
-        """``domains`` of one ``profile.CollectiveSite``, cut by what the call itself allows (its
-        reduction, dtype, buffer registration), and a note on what was cut and why (empty when
-        nothing was)."""
+        """``domains`` of one site, cut by what its call allows (reduction, dtype, registration), and a note why."""
 
     def for_sites(self, sites: Any) -> "KnobRules":
-        """These rules for one search over ``sites`` (``profile.CollectiveSite``): rules whose domains
-        depend on the whole set of sites (e.g. a memory budget the sites' groups share) return a
-        specialised copy; others return themselves."""
+        """These rules for a search over ``sites``: a specialised copy where domains depend on all sites, else self."""
 
     def probe_configs(self) -> list[CommConfig]:
         """The few configs the warm-up applies to every site at once, one per probe iteration."""
@@ -213,9 +173,7 @@ class KnobRules(Protocol):
 
     def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None,
                  reduce_op: str | None = None, dtype: str | None = None) -> None:
-        """Raises ValueError naming the first knob of ``config`` the mechanism cannot apply (for a call
-        with ``reduce_op`` and ``dtype`` where they are known)."""
+        """Raises ValueError naming the first knob of ``config`` the mechanism cannot apply to such a call."""
 
     def process_env(self, chosen: dict[str, list[int]]) -> dict[str, str]:
-        """The launch environment that applies the process-scope knobs of a plan: ``chosen`` maps
-        each such knob to the values the search picked for the sites it governs."""
+        """Launch environment for the process-scope knobs; ``chosen``: knob -> values picked for its sites."""

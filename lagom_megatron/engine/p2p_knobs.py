@@ -1,17 +1,7 @@
-"""The point-to-point knob the per-site search does not scan: channels per network peer.
+"""Channels per network peer (``nChannelsPerNetPeer``), the P2P knob the per-site search does not scan.
 
-``net_peer_channels`` (NCCL's ``nChannelsPerNetPeer``) sets how many channels a send or receive to a
-peer across the network may use (``engine.p2p``, step 3). It is one value per process
-(``NCCL_NCHANNELS_PER_NET_PEER``) or per communicator (``ncclConfig_t.nChannelsPerNetPeer`` where
-torch binds it), so, like the other knobs wider than a call (``descent.decide_unit``), it is decided
-once for all the sites it governs: after the search, each candidate value of the unit's domain is
-evaluated for the sum of those sites' region times with everything else as the search left it, and
-the least wins; NCCL's own choice unless a value is strictly faster on the model.
-
-The decision lives on the cost model's ``p2p.net_peer_S`` while the plan's times are predicted
-(``SearchProblem.make_plan``), and is undone after, so the model stays NCCL's defaults for the next
-search.
-"""
+One value per process or communicator, decided after the search for its sites' summed region; NCCL's own
+unless a value is strictly faster. It sits on ``model.p2p.net_peer_S`` only while the plan is predicted."""
 
 from __future__ import annotations
 
@@ -23,8 +13,7 @@ KNOB = "net_peer_channels"
 
 
 def units(problem: Any) -> list[tuple[str, np.ndarray]]:
-    """(unit key, governed site indices): one unit for the process, or one per communicator (Megatron
-    group) where the knob is per communicator; only sites whose domain holds more than NCCL's choice."""
+    """(unit key, site indices) per process or communicator; only sites whose domain holds more than NCCL's choice."""
     scope = problem.rules.scope(KNOB)
     governed = [i for i, d in enumerate(problem.domains_S) if len(d.get(KNOB, (None,))) > 1]
     if scope is None or not governed:
@@ -38,8 +27,7 @@ def units(problem: Any) -> list[tuple[str, np.ndarray]]:
 
 
 def decide(problem: Any, st: Any) -> dict[int, int]:
-    """Site index -> the channels per network peer chosen for it (sites left to NCCL are absent), on
-    the cost model under state ``st`` (module docstring). The model is left as it was."""
+    """Site index -> channels per network peer (NCCL-default sites absent) under ``st``; the model is restored."""
     p2p = getattr(problem.model, "p2p", None)
     if p2p is None or not p2p.any:
         return {}

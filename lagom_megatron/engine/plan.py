@@ -1,16 +1,7 @@
-"""Plan files: which CommConfig each collective site gets, and what the plan was searched for.
+"""Plan files: the CommConfig each collective site gets, and what the plan was searched for.
 
-A plan is JSON (``PLAN_SCHEMA_VERSION``): a fingerprint (model dims, parallel layout, world size,
-cluster, NCCL version, lagom version), one entry per site id with its config and predicted
-times, the process-scope environment (``env``: knobs only the launch environment can set, such as
-NCCL_NTHREADS) and the search statistics. It is written atomically and loaded with validation:
-a corrupted file is reported with its name and the line/column of the damage, a plan made for
-another run is reported with the names of the fingerprint fields that differ.
-
-``Plan.digest()`` is what ranks compare before applying a plan (docs/engine.md, rank
-consistency): a sha256 over the canonical JSON of everything but the statistics, which hold
-wall-clock figures.
-"""
+JSON (``PLAN_SCHEMA_VERSION``): fingerprint, per-site entries with predicted times, process-scope ``env``, stats.
+``Plan.digest()`` (sha256 of the canonical JSON without the wall-clock stats) is what ranks compare."""
 
 from __future__ import annotations
 
@@ -44,7 +35,6 @@ class PlanEntry:
     group: str
     """Megatron process-group name of the site's communicator (dp, dp_cp, tp, pp, ep, cp, ...)."""
     op: str = "all_reduce"
-    """Collective op, as in CollectiveSite.op (exporters need it)."""
     nbytes: int = 0
     """Message size of one call, bytes (the tuner table's byte range)."""
     group_size: int = 0
@@ -54,16 +44,12 @@ class PlanEntry:
     predicted_default_t_region_us: float = 0.0
     """Predicted region time under NCCL's defaults, microseconds (for `plan show`)."""
     tunable: tuple[str, ...] = ()
-    """The knobs the plan's mechanism can change for this site (its search domain had more than
-    NCCL's own value), in knob-priority order; empty = the site keeps NCCL's choice whatever the plan."""
+    """Knobs the mechanism can change for this site, in priority order; empty = NCCL's choice whatever the plan."""
     note: str = ""
-    """Why a knob is out of the site's reach, or how the site is applied (registered buffers, one
-    tuner row per NCCL bin); empty when there is nothing to say."""
+    """Why a knob is out of reach, or how the site is applied; empty when nothing to say."""
     reduce_op: str | None = None
-    """The site's reduction (``CollectiveSite.reduce_op``)."""
     parts: tuple[tuple[str, int], ...] = ()
-    """(dtype, bytes) per tensor of a coalesced call (``CollectiveSite.parts``): the exporter writes
-    one tuner row per NCCL bin of them."""
+    """(dtype, bytes) per tensor of a coalesced call: one tuner row per NCCL bin."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -120,14 +106,13 @@ class Plan:
     entries: dict[str, PlanEntry]
     fingerprint: dict[str, Any] = field(default_factory=dict)
     method: str = "priority"
-    """Searcher that produced the plan: priority, autoccl, exhaustive, nccl-default."""
     env: dict[str, str] = field(default_factory=dict)
     """Process-scope knobs as environment variables (NCCL_NTHREADS, ...) for the next launch."""
     stats: dict[str, Any] = field(default_factory=dict)
     """Search statistics: model_evaluations, wall_time_s, predicted/default iteration time, ..."""
     backend: str = "nccl"
     mechanism: str = "tuner"
-    """How the plan is applied: tuner, communicator, env (NCCL) or gloo; see ``nccl.rules.MECHANISMS`` (gloo: ``gloo``)."""
+    """How the plan is applied: tuner, communicator or env (NCCL, ``nccl.rules.MECHANISMS``), or gloo."""
     schema_version: int = PLAN_SCHEMA_VERSION
 
     def to_dict(self, *, with_stats: bool = True) -> dict[str, Any]:
@@ -155,12 +140,8 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "<plan>") -> "Plan":
-        """Builds a plan from ``to_dict`` output, validating every field.
-
-        Raises:
-            ValueError: wrong schema version, missing or unknown field, bad entry (the message
-                names ``source`` and the entry's site id).
-        """
+        """Builds a plan from ``to_dict`` output, validating every field; ValueError (naming ``source`` and the site)
+        on a wrong schema version, a missing or unknown field, or a bad entry."""
         if not isinstance(data, dict):
             raise ValueError(f"{source}: a plan must be a JSON object; got {type(data).__name__}")
         version = data.get("schema_version")
@@ -195,22 +176,12 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
-        """Reads and validates a plan file.
-
-        Raises:
-            FileNotFoundError: no such file.
-            ValueError: invalid JSON (names the file, line and column) or an invalid plan.
-        """
+        """Reads and validates a plan file; FileNotFoundError, or ValueError on invalid JSON (line, column) or plan."""
         return cls.from_dict(read_json(path), source=str(path))
 
     def fingerprint_mismatch(self, expected: dict[str, Any]) -> list[str]:
-        """Names of the fields of ``expected`` whose values differ in the plan's fingerprint (sorted).
-
-        A field ``expected`` names that the plan lacks counts as differing, unless ``expected``
-        holds None there (None and a missing key both mean "not stated"). Fields only the plan
-        has (the search adds cluster, nccl_version, lagom_version, backend when the profile did
-        not state them) are not compared: a run that does not state them accepts any value.
-        """
+        """Sorted names of ``expected``'s fields that differ in the plan's fingerprint; a field the plan lacks
+        differs unless ``expected`` holds None, and fields only the plan has are not compared."""
         return sorted(k for k in expected if self.fingerprint.get(k) != expected[k])
 
     def check_fingerprint(self, expected: dict[str, Any], *, source: str = "plan") -> None:
@@ -222,9 +193,7 @@ class Plan:
 
     @property
     def rejected(self) -> bool:
-        """True when the plan's own verification measured it no better than the defaults
-        (``stats["verification"] == "fell_back"``, the tuner's FELL_BACK phase): runs that reuse
-        it keep the defaults."""
+        """True when the plan's own verification fell back (``stats["verification"] == "fell_back"``)."""
         return self.stats.get("verification") == "fell_back"
 
     def with_stats(self, **stats: Any) -> "Plan":
@@ -232,12 +201,8 @@ class Plan:
         return replace(self, stats={**self.stats, **stats})
 
     def with_defaults(self, site_ids: Any, *, note: str) -> "Plan":
-        """A copy where ``site_ids`` keep NCCL's defaults (predicted region: the default's), each with
-        ``note`` saying why; ``stats["sites_reverted"]`` lists every site reverted so far.
-
-        Raises:
-            KeyError: a site id the plan does not hold (names it).
-        """
+        """A copy where ``site_ids`` keep NCCL's defaults, noted with ``note`` (``stats["sites_reverted"]``
+        accumulates); KeyError on a site the plan does not hold."""
         entries = dict(self.entries)
         for sid in sorted(site_ids):
             if sid not in entries:
@@ -255,11 +220,7 @@ def shown(values: dict[str, Any], key: str) -> str:
 
 
 def diff_plans(a: Plan, b: Plan) -> list[str]:
-    """Human-readable differences between two plans, one line each (empty when equal).
-
-    A fingerprint or env key that one plan lacks is shown as ``(missing)``; a missing key and a
-    ``None`` value both mean "not stated" and are not listed as a difference.
-    """
+    """Human-readable differences between two plans, one line each; a missing key equals None."""
     lines = []
     for k in sorted(set(a.fingerprint) | set(b.fingerprint)):
         if a.fingerprint.get(k) != b.fingerprint.get(k):

@@ -1,34 +1,8 @@
-"""The priority search (docs/engine.md), registered as ``priority``.
+"""The priority search (docs/engine.md): our reading of Lagom's "priority-based search".
 
-Priority search, our reading of Lagom's "priority-based search, exponential to linear" (the
-paper's algorithm is not public):
-
-1. Priority of a site = the time it could save: T_region(NCCL default) - T_comp (the region can
-   never be shorter than its compute alone). Largest first.
-2. Each site, in priority order, scans its knobs one at a time in knob-priority order
-   (n_channels, chunk_size, n_threads, protocol, algorithm), each domain once with the others
-   fixed, on the cost model; up to ``rounds`` passes while something changes. A knob whose
-   scope is wider than one call (a process-wide thread count, a communicator's channel cap or
-   gloo thread count) is decided once, when its highest-priority site reaches it, for the sum
-   of the region times of all the sites it governs (each site answering every candidate value
-   with one pass over its own knobs), and stays fixed after that.
-3. The static fixes a user could apply instead (NCCL's defaults, ``NCCL_MAX_NCHANNELS`` 2 / 4 / 8,
-   and one ``max_ctas`` per process group as Megatron's ``--nccl-communicator-config-path`` sets
-   it, the caps chosen by coordinate descent over the groups on the model, ``group_caps_state``;
-   ``NCCL_CTA_POLICY=EFFICIENCY`` is NCCL's default on unregistered buffers) are candidates too,
-   each also refined by one coordinate descent: the plan kept is the candidate with the least
-   predicted total region time, so on the model it is never worse than any of them.
-4. A site (or a set of sites the mechanism cannot tell apart) whose chosen per-call knobs do not
-   predict a shorter region than NCCL's defaults keeps NCCL's defaults for them
-   (``keep_defaults_without_gain``): the tie rule of the scans prefers fewer resources at equal
-   predicted time, which must not move a site off NCCL's choice for no predicted gain.
-5. Cost: O(sum over sites of sum over knobs of domain size) model evaluations: linear in sites.
-
-Implementation note: the sites that decide a shared knob ("leaders") run one by one in priority
-order. Every other site finds all its shared knobs decided when it is reached, and its scan
-depends only on its own state, so all of them are scanned together as numpy arrays. This gives
-exactly the sequential algorithm's result, in a fraction of the time.
-"""
+Sites by possible saving (default T_region - T_comp) scan knobs one at a time in priority order; a shared knob is
+decided once, by its first site. Static fixes (``NCCL_MAX_NCHANNELS``, per-group ``max_ctas``) refined by descent
+are candidates too; a site without predicted gain keeps NCCL's defaults. Linear in sites."""
 
 from __future__ import annotations
 
@@ -42,9 +16,7 @@ STATIC_CAPS: tuple[int, ...] = (2, 4, 8)
 
 
 def static_states(problem: SearchProblem, default_nc: np.ndarray) -> dict[str, State]:
-    """The static fixes as search states: ``nccl-default`` and ``cap{N}`` (every site where the
-    channel count is tunable capped at ``min(NCCL's choice, N)``, as NCCL_MAX_NCHANNELS does),
-    within the site's domain (``capped_channels``)."""
+    """The static fixes as states: ``nccl-default`` and ``cap{N}`` (tunable channels capped, ``capped_channels``)."""
     base = problem.default_state()
     out = {"nccl-default": base}
     tun = np.flatnonzero(problem.tunable["n_channels"])
@@ -56,12 +28,8 @@ def static_states(problem: SearchProblem, default_nc: np.ndarray) -> dict[str, S
 
 
 def capped_channels(problem: SearchProblem, idx: np.ndarray, default_nc: np.ndarray, cap: float) -> np.ndarray:
-    """The channel codes of sites ``idx`` (channels tunable) under a channel cap: NCCL's choice
-    ``default_nc`` (shape (len(idx),)) where it is at or below ``cap`` and the domain's largest
-    count, else the largest count of the site's domain at or below ``min(default_nc, cap)`` (the
-    domain's least where none is, unless that is above NCCL's choice): a cap never takes a site
-    outside its domain (a budget's cap, ``nccl.budget``, or a narrowed domain) nor above NCCL's
-    choice. Returns shape (len(idx),)."""
+    """Channel codes of sites ``idx`` under ``cap``: the domain's largest count <= min(``default_nc``, cap), else its
+    least; never above NCCL's choice. Shape (len(idx),)."""
     vals = problem.vals["n_channels"][idx]                                   # (B, K), NaN-padded
     top = np.max(np.where(np.isnan(vals), -np.inf, vals), axis=1)
     least = np.min(np.where(np.isnan(vals), np.inf, vals), axis=1)
@@ -76,15 +44,8 @@ GROUP_CAPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 
 def group_caps_state(problem: SearchProblem, default_nc: np.ndarray, count: Counter, passes: int = 2) -> State:
-    """One channel cap per process group, as a user sets ``max_ctas`` per group in Megatron's
-    ``--nccl-communicator-config-path`` YAML: every site of the group where channels are tunable at
-    ``min(NCCL's choice, cap)`` within its domain (``capped_channels``; a point-to-point site's
-    channel code is its communicator's count, so the cap bounds it the same way, ``engine.p2p``),
-    the caps found by coordinate descent over the groups (each group's cap over ``GROUP_CAPS`` with
-    the others fixed, ``passes`` passes) on the predicted total region time: linear in groups x caps
-    evaluations of all sites. Where the mechanism sets the channel count once per process (the
-    ``env`` mechanism's ``NCCL_MAX_CTAS``) the whole process is one group: a plan cannot hold one
-    cap per group there."""
+    """One ``max_ctas`` per process group (Megatron's ``--nccl-communicator-config-path``), by coordinate descent
+    over groups on the total region; one group per process where channels are process-scope (``NCCL_MAX_CTAS``)."""
     st = problem.default_state()
     tun = problem.tunable["n_channels"]
     keys = ["process"] * len(problem.sites) if problem.scope["n_channels"] == "process" else problem.comm_S
@@ -111,9 +72,7 @@ def group_caps_state(problem: SearchProblem, default_nc: np.ndarray, count: Coun
 
 def best_candidate(problem: SearchProblem, searched: State, default_nc: np.ndarray, call_knobs: tuple[str, ...],
                    count: Counter, rounds: int) -> tuple[State, str]:
-    """The state with the least predicted total region time among the searched one, the static
-    fixes and each static fix refined by coordinate descent of the per-call knobs (ties keep the
-    earlier: searched, then statics in order). Returns (state, its name)."""
+    """Least-total-region state among the searched one, the static fixes and each refined by descent; (state, name)."""
     cands: list[tuple[str, State]] = [("searched", searched)]
     everyone = np.arange(len(problem.sites))
     statics = static_states(problem, default_nc)
@@ -137,11 +96,8 @@ GAIN_TOL = 1e-6
 
 
 def keep_defaults_without_gain(problem: SearchProblem, st: State, call_knobs: tuple[str, ...]) -> tuple[State, int]:
-    """``st`` with every site whose per-call knobs predict no gain back on NCCL's defaults for them.
-
-    Sites the mechanism cannot tell apart (``problem.tie_indistinguishable``) are judged by their
-    summed regions and reset together; knobs of communicator or process scope stay as decided
-    (they govern other sites too). Returns (state, sites reset)."""
+    """``st`` with sites whose per-call knobs predict no gain back on NCCL's defaults; tie sets are judged and reset
+    together, shared knobs kept. Returns (state, sites reset)."""
     st, _ = problem.tie_indistinguishable(st)
     default = problem.default_state()
     back = st.copy()

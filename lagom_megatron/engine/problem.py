@@ -1,17 +1,7 @@
-"""The search problem: sites, their overlap regions (as a fitted cost model), the knob rules of the
-mechanism that applies a plan (``knobs.KnobRules``), and the knob domains those rules give every
-site, encoded as numpy arrays.
+"""The search problem every searcher takes: sites, fitted cost model, knob rules, knob domains as numpy arrays.
 
-Every searcher (``priority`` in ``search.py``; ``nccl-default``, ``autoccl``, ``exhaustive`` in
-``baselines.py``) takes one ``SearchProblem`` and returns a ``SearchResult``; searchers register
-by name with ``@register("name")``. They never mutate the problem: each works on its own
-``State`` (per-site config codes) and builds a new ``Plan``.
-
-Config codes (see ``cost_model``): algorithm index (``ALG_NONE`` for point-to-point / gloo),
-protocol index, n_channels, n_threads, and a chunk *level*: 0 = NCCL's own chunk, 1..4 = the
-protocol's chunk domain (``knobs.chunk_domain``), so a protocol change keeps a valid chunk.
-Shape legend: ``_S`` per site, ``_SK`` per site and candidate value.
-"""
+Config codes: algorithm and protocol index (``ALG_NONE`` / ``PROTO_NONE``: P2P, gloo), n_channels, n_threads, chunk
+level (0 = NCCL's chunk, 1..4 = ``knobs.chunk_domain``). Suffixes: ``_S`` per site, ``_SK`` per site and value."""
 
 from __future__ import annotations
 
@@ -33,8 +23,7 @@ from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.engine.profile import CollectiveSite, Profile
 
 SEARCH_KNOBS: tuple[str, ...] = ("n_channels", "chunk_size", "n_threads", "protocol", "algorithm")
-"""Knobs the cost model distinguishes, in knob-priority order (CTA policy and CGA cluster size
-are validated and exported but not modelled, so no searcher changes them)."""
+"""Knobs the cost model distinguishes, in priority order (CTA policy, CGA size: not modelled, never searched)."""
 
 _CHUNK_LEVELS = np.zeros((len(PROTOCOLS) + 1, 5))
 for _p, _name in enumerate(PROTOCOLS):
@@ -79,12 +68,8 @@ class SearchResult:
 
 @dataclass
 class SearchProblem:
-    """Everything a searcher needs; built with ``from_profile`` or ``from_model``.
-
-    ``domains_S[i][knob]`` is the tuple of values site i may take (``(None,)`` = not tunable);
-    ``scope[knob]`` is call / communicator / process / None under ``rules``;
-    ``comm_S[i]`` names site i's communicator (its Megatron group).
-    """
+    """Everything a searcher needs, built by ``from_profile`` or ``from_model``. ``domains_S[i][knob]``: site
+    i's values (``(None,)`` = not tunable); ``scope[knob]``: call, communicator, process or None."""
 
     model: CostModel
     rules: KnobRules
@@ -93,7 +78,7 @@ class SearchProblem:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     scope: dict[str, str | None] = field(default_factory=dict)
     notes_S: list[str] = field(default_factory=list)
-    """Per site, what the rules say about its domain (``KnobRules.site_domains``); copied to the plan."""
+    """Per site, the rules' note on its domain (``KnobRules.site_domains``); copied to the plan."""
 
     def __post_init__(self) -> None:
         self.cluster: ClusterSpec = self.model.cluster
@@ -107,16 +92,8 @@ class SearchProblem:
     @classmethod
     def from_model(cls, model: CostModel, *, rules: KnobRules, iteration_us: float | None = None,
                    fingerprint: dict | None = None, domain_override: dict[str, tuple] | None = None) -> "SearchProblem":
-        """A problem over ``model``'s sites under ``rules`` (the mechanism's knob domains and
-        scopes); ``domain_override`` narrows knob domains (e.g. for instances small enough for
-        ``exhaustive``): each given tuple is intersected with the site's own domain (an empty
-        intersection keeps the site's first value).
-
-        ``iteration_us`` defaults to the sum of default region times (no non-overlapped time).
-
-        Raises:
-            ValueError: ``rules`` are for another cluster than the model's (names both).
-        """
+        """A problem over ``model``'s sites under ``rules`` (ValueError: another cluster); ``domain_override`` narrows
+        site domains (empty keeps the first value); ``iteration_us`` defaults to the summed default regions."""
         if rules.cluster.name != model.cluster.name:
             raise ValueError(f"knob rules are for cluster {rules.cluster.name!r} but the cost model is for {model.cluster.name!r}")
         backend = model.backend
@@ -155,12 +132,8 @@ class SearchProblem:
         return problem
 
     def keep_measured_algorithms(self, profile: Profile) -> None:
-        """Narrows each site's algorithm and protocol domains to those its samples ran (NCCL's own
-        choice for a sample without one): the cost model's constants for an algorithm or protocol
-        never measured at a site are extrapolation (NVLS's per-channel rate and HBM traffic differ
-        from Ring's by 1.5-2.5x; NCCL caps an LL128 channel at its own table, 18.35 GB/s per CTA on
-        Hopper, tuning.cc:185-190, which a Simple probe does not show), so the search does not bet
-        a plan on them. Warm-up probes that set an algorithm or protocol make it searchable."""
+        """Narrows algorithm and protocol domains to those each site's samples ran (warm-up probes included).
+        Others are extrapolation (NCCL caps an LL128 CTA at 18.35 GB/s on Hopper, tuning.cc:185-190)."""
         if self.backend == "gloo":
             return
         seen: dict[int, set[int]] = {}
@@ -228,8 +201,7 @@ class SearchProblem:
                                    self.chunk_bytes(st.proto[idx], st.lvl[idx]))
 
     def evaluate_codes(self, idx, alg, proto, nc, nt, lvl):
-        """Like ``evaluate`` on explicit (broadcastable) code arrays; incompatible algorithm /
-        protocol pairs get an infinite time."""
+        """``evaluate`` on explicit broadcastable code arrays; incompatible algorithm / protocol pairs take inf."""
         alg = np.asarray(alg, dtype=np.int64)
         proto = np.asarray(proto, dtype=np.int64)
         lvl = np.asarray(lvl, dtype=np.int64)
@@ -243,11 +215,7 @@ class SearchProblem:
     # ---- shared-scope units -----------------------------------------------------------------
 
     def shared_units(self) -> list[tuple[str, str, np.ndarray]]:
-        """(knob, unit key, governed site indices) for each tunable knob wider than a call.
-
-        Process scope: one unit over all sites where the knob is tunable. Communicator scope:
-        one unit per communicator (Megatron group).
-        """
+        """(knob, unit key, site indices) per tunable knob of process (one unit) or communicator scope (one each)."""
         units = []
         for knob in SEARCH_KNOBS:
             scope = self.scope.get(knob)
@@ -269,13 +237,8 @@ class SearchProblem:
     # ---- plan -------------------------------------------------------------------------------
 
     def tie_sets(self) -> list[np.ndarray]:
-        """The sets of sites the applying mechanism cannot tell apart, each as sorted site indices
-        (singletons where it tells every site apart), in order of their first member.
-
-        The rules say which sites those are through an optional ``call_keys(site)``: the keys of
-        the table rows a site's call reaches (NCCL's tuner plugin sees a call only as communicator,
-        collective and byte count, once per NCCL bin of a coalesced call), so sites sharing any key
-        share rows."""
+        """Sets of site indices the mechanism cannot tell apart (sharing a key of the rules' optional ``call_keys``),
+        by first member; singletons otherwise (NCCL's tuner plugin sees only communicator, collective and bytes)."""
         key_fn = getattr(self.rules, "call_keys", None)
         parent = list(range(len(self.sites)))
 
@@ -295,12 +258,7 @@ class SearchProblem:
         return [np.array(members) for members in sets.values()]
 
     def tie_indistinguishable(self, st: State) -> tuple[State, int]:
-        """``st`` with one decision for each set of sites the applying mechanism cannot tell apart
-        (``tie_sets``), and how many sites changed.
-
-        Each set takes the one of its members' configs with the least summed region time on the
-        cost model, so the plan predicts what is applied.
-        """
+        """``st`` with one config per ``tie_sets`` set (the member config of least summed region), and sites changed."""
         if getattr(self.rules, "call_keys", None) is None:
             return st, 0
         out, changed = st.copy(), 0
@@ -318,13 +276,9 @@ class SearchProblem:
 
     def make_plan(self, st: State | None, *, method: str, stats: dict[str, Any], peer: dict[int, int] | None = None,
                   fast: set[int] | None = None) -> Plan:
-        """A Plan from a final state (None = leave everything to NCCL); sites the mechanism cannot
-        tell apart first get one decision (``tie_indistinguishable``).
-
-        The channels per network peer (``peer``: site index -> value) and the sites on a
-        high-priority stream (``fast``) are decided here on the final state (``p2p_knobs.decide``,
-        ``stream_priority.decide``) unless the searcher gives them (``exhaustive`` enumerates them
-        with the rest)."""
+        """A Plan from a final state (None = NCCL's choice everywhere); tie sets first get one config. Net-peer
+        channels (``peer``: site index -> value) and high-priority-stream sites (``fast``) are decided on the final
+        state (``p2p_knobs``, ``stream_priority``) unless given."""
         if st is not None:
             st, tied = self.tie_indistinguishable(st)
             if tied:
@@ -374,16 +328,12 @@ class SearchProblem:
                     backend=self.backend, mechanism=self.mechanism)
 
     def tunable_knobs(self) -> list[tuple[str, ...]]:
-        """Per site, the knobs whose domain holds more than NCCL's own value, in ``KNOB_ORDER``: what
-        the mechanism can change for it (``PlanEntry.tunable``)."""
+        """Per site, the knobs whose domain holds more than NCCL's own value, in ``KNOB_ORDER``."""
         return [tuple(k for k in KNOB_ORDER if len(d.get(k, (None,))) > 1) for d in self.domains_S]
 
     def _configs(self, st: State) -> list[CommConfig]:
-        """One CommConfig per site; knobs a site cannot tune stay None (NCCL's choice), and a site
-        the search left in the default state gets ``CommConfig()``: NCCL's own choice, not the
-        model's approximation of it pinned as explicit values (which would also need pool entries).
-        A point-to-point site whose channel code gives the kernel NCCL's own CTA count counts as
-        left in the default state."""
+        """One CommConfig per site: untunable knobs None; ``CommConfig()`` for a site left at the default (P2P:
+        at NCCL's own CTA count)."""
         tun = {k: self.tunable[k].tolist() for k in SEARCH_KNOBS}
         chunk = self.chunk_bytes(st.proto, st.lvl).astype(np.int64).tolist()
         alg, proto, nc, nt = (x.astype(np.int64).tolist() for x in (st.alg, st.proto, st.nc, st.nt))
@@ -413,15 +363,10 @@ class SearchProblem:
 
 Searcher = Callable[[SearchProblem], SearchResult]
 SEARCHERS: dict[str, Searcher] = {}
-"""Registered searchers by name (filled by ``@register``)."""
 
 
 def register(name: str) -> Callable[[Searcher], Searcher]:
-    """Class-free registry decorator: ``@register("priority") def priority(problem): ...``.
-
-    Raises:
-        ValueError: the name is taken.
-    """
+    """Registry decorator, ``@register("priority")``; ValueError if the name is taken."""
     def wrap(fn: Searcher) -> Searcher:
         if name in SEARCHERS:
             raise ValueError(f"searcher {name!r} is already registered")

@@ -1,27 +1,7 @@
-"""Profile files: what the warm-up profiler (or the simulator) measured, and what the search reads.
+"""Profile files: what the warm-up profiler (or the simulator) measured; all the search sees of the system.
 
-This is the contract between measurement and search. The warm-up profiler in
-``lagom_megatron.megatron`` and the simulated backend both write a ``Profile``; ``lagom
-search --profile P`` reads it. The search sees nothing else of the system it tunes.
-
-One ``Sample`` is one overlap region measured once under one ``CommConfig``:
-
-    t_comm_us   start -> end of the collective (all calls of the site in that iteration, summed)
-    t_comp_us   the compute of the region alone, with no collective beside it
-    t_region_us start of the collective -> end of both the collective and the overlapped compute
-    calls       optional: the same three times per call, in issue order (``CallTimes``)
-
-so that the unified cost model (docs/engine.md) can fit T_comm(x) from ``t_comm_us`` and the
-slowdown s(x) from ``t_region_us`` against ``t_comp_us``. Times are microseconds; a region's time
-is the slowest rank's (the profiler all-gathers before writing).
-
-Why per call: the sums hide which call is exposed. An FSDP unit's parameter gather is launched
-right before the layer that needs it in the forward pass (a window of almost no compute) and
-prefetched under a whole layer's backward; summed, the site looks compute-bound and a faster
-gather looks useless, while per call the forward gathers are communication-bound. The cost model
-evaluates one region per call where a sample has them (``cost_model.CostModel``). ``calls`` is
-optional: profiles without it (older files, synchronous sites) are read as one region per site.
-"""
+A ``Sample`` is one overlap region under one ``CommConfig`` (us, slowest rank): ``t_comm_us`` (the site's calls
+summed), ``t_comp_us`` (compute alone), ``t_region_us`` (collective start -> end of both), optional ``calls``."""
 
 from __future__ import annotations
 
@@ -38,20 +18,14 @@ PROFILE_SCHEMA_VERSION = 1
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast"]
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 REGISTRATIONS: tuple[str, ...] = ("", "pool", "symmetric", "fixed")
-"""``CollectiveSite.registered`` values."""
 Backend = Literal["nccl", "gloo", "sim"]
 BACKENDS: tuple[str, ...] = ("nccl", "gloo", "sim")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CollectiveSite:
-    """One place in Megatron-Core that issues an overlapped collective.
-
-    ``site_id`` is stable across iterations and identical on every rank of ``group``, e.g.
-    ``dp.grad_reduce_scatter[chunk0.bucket3]``, ``tp.sp_all_gather[layer7.fc1]``, ``pp.send_next``.
-    ``nbytes`` is the full message size in bytes of one call: for all-gather the gathered output,
-    for reduce-scatter the unscattered input, for all-reduce the buffer, for send/recv the tensor.
-    """
+    """One place in Megatron-Core that issues an overlapped collective; ``site_id`` is stable across iterations
+    and ranks. ``nbytes``: one call's full message (all-gather: gathered output; reduce-scatter: input)."""
 
     site_id: str
     op: str
@@ -64,17 +38,12 @@ class CollectiveSite:
     """Nodes spanned by the group (1 = intra-node only)."""
     calls_per_iter: int = 1
     reduce_op: str | None = None
-    """The reduction of a reducing collective as torch names it (``sum``, ``avg``, ``max``, ...);
-    None where the call has none or it was not recorded. NCCL runs no NVLS for ``avg``."""
+    """Torch's reduction (``sum``, ``avg``, ...) or None; NCCL runs no NVLS for ``avg``."""
     parts: tuple[tuple[str, int], ...] = ()
-    """(dtype, bytes) of each tensor of a call that issues several collectives at once (a DDP
-    bucket group's buckets under one coalescing manager); empty = one tensor of ``dtype``. NCCL
-    groups such tensors by dtype and size before it asks the tuner plugin (``nccl.bins``)."""
+    """(dtype, bytes) per tensor of a coalesced call (NCCL bins them, ``nccl.bins``); empty = one of ``dtype``."""
     registered: str = ""
-    """NCCL buffer registration of the site's buffers (``--use-nccl-ub``): ``""`` none, ``pool`` (a
-    memory pool a pool entry can register too), ``symmetric`` (the same, as symmetric windows: NCCL
-    may run its symmetric kernels, which ask no tuner, ``nccl.rules.NcclRules.site_domains``),
-    ``fixed`` (registered on the group's own communicator only)."""
+    """NCCL buffer registration (``--use-nccl-ub``): "" none, ``pool``, ``symmetric`` (symmetric kernels ask no
+    tuner), ``fixed`` (the group's own communicator only)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", tuple((str(d), int(b)) for d, b in self.parts))
@@ -97,15 +66,8 @@ CallTimes = tuple[float, float, float]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Sample:
-    """One measurement of one overlap region under one config (microseconds).
-
-    ``calls``: the site's calls of that iteration, each ``(t_comm_us, t_comp_us, t_region_us)``,
-    in issue order; empty when not recorded. Each entry stands for ``calls_per_iter / len(calls)``
-    calls of the site (the simulator may time a few micro-batches and scale the rest).
-    ``t_comm_nccl_us``: the same calls' time as NCCL's own kernel timers report it (the profiler
-    half of lagom's plugin, ``megatron.kernel_time``), NaN where NCCL reported none; the fit uses
-    it instead of ``t_comm_us`` when it is there.
-    """
+    """One measurement of one overlap region under one config (us). ``calls``: per call (t_comm, t_comp, t_region),
+    issue order; ``t_comm_nccl_us``: NCCL's kernel timers (``megatron.kernel_time``), NaN if none (fit prefers it)."""
 
     site_id: str
     config: CommConfig
@@ -158,13 +120,8 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "<profile>") -> "Profile":
-        """Builds a profile from ``to_dict`` output.
-
-        Raises:
-            ValueError: wrong schema version, unknown backend, missing field, a sample whose
-                site id is not among the sites, or a ``calls`` entry that is not three numbers
-                (each message names ``source``).
-        """
+        """Builds a profile from ``to_dict`` output; ValueError (naming ``source``) on a bad schema version, backend,
+        field or ``calls`` entry, or a sample of an unknown site."""
         if not isinstance(data, dict):
             raise ValueError(f"{source}: expected a JSON object (a profile); got a JSON {type(data).__name__}")
         try:
@@ -210,12 +167,7 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Profile":
-        """Reads a profile file.
-
-        Raises:
-            FileNotFoundError: no such file.
-            ValueError: not valid JSON (names the file, line and column) or not a valid profile.
-        """
+        """Reads a profile file; FileNotFoundError, or ValueError on invalid JSON (file, line, column) or profile."""
         return cls.from_dict(read_json(path), source=str(path))
 
 
@@ -223,7 +175,6 @@ _SITE_DEFAULTS = {"reduce_op": None, "parts": (), "registered": ""}
 
 
 def _site_dict(s: CollectiveSite) -> dict[str, Any]:
-    """A site as JSON; the optional call facts only where they are set (older readers ignore none)."""
     out = {k: getattr(s, k) for k in CollectiveSite.__slots__ if k not in _SITE_DEFAULTS}
     for k, default in _SITE_DEFAULTS.items():
         v = getattr(s, k)
@@ -233,12 +184,7 @@ def _site_dict(s: CollectiveSite) -> dict[str, Any]:
 
 
 def _calls(raw: Any, site_id: str) -> tuple[CallTimes, ...]:
-    """A sample's ``calls`` field as tuples of three floats.
-
-    Raises:
-        ValueError: not a list of [t_comm_us, t_comp_us, t_region_us] entries (names the site
-            and the entry).
-    """
+    """A sample's ``calls`` as tuples of three floats; ValueError naming the site and entry otherwise."""
     if not isinstance(raw, (list, tuple)):
         raise ValueError(f"sample of site {site_id!r}: calls must be a list of [t_comm_us, t_comp_us, t_region_us]; "
                          f"got {type(raw).__name__}")

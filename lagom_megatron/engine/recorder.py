@@ -1,17 +1,7 @@
-"""What the warm-up measured, site by site, until it becomes the ``Profile`` the search sees.
+"""``ProfileRecorder``: the warm-up's measurements, site by site, until they become the search's ``Profile``.
 
-``ProfileRecorder`` takes the default, serialized and probe iterations' measurements from the
-tuner (``tuner.py``), checks every sample against the config that was assigned to its site, and
-keeps T_comp from the serialized iteration (per site, and per call where the backend timed calls). A site whose sample is missing from a probe
-iteration, or that reports another config than the one assigned, is excluded (it keeps NCCL
-defaults) with a warning naming the site, what was expected and what was found.
-
-Samples measured in overlapped iterations carry ``t_comp_us`` as the backend saw it (often
-unknown, NaN); ``build_profile`` replaces it with the serialized iteration's value for that site,
-so every sample in the profile has the same T_comp for its region. The same holds per call: a
-sample whose calls match the serialized iteration's in number gets each call's compute alone;
-one that does not (a call missing or extra) loses its per-call times and counts as one region.
-"""
+A sample under another config than assigned, or a probe missing a site, excludes the site (NCCL defaults, warning);
+``build_profile`` gives samples the serialized iteration's T_comp (per call where the call counts match)."""
 
 from __future__ import annotations
 
@@ -28,35 +18,25 @@ log = logging.getLogger("lagom.tuner")
 
 
 class ProfileRecorder:
-    """The measurements of one tuning run (module docstring).
-
-    Args:
-        backend: ``nccl``, ``gloo`` or ``sim``, recorded in the profile.
-        cluster_name: the cluster's name, recorded in the profile.
-        fingerprint: what is being tuned, copied into the profile.
-    """
+    """The measurements of one tuning run; ``backend``, ``cluster_name``, ``fingerprint`` go to the profile."""
 
     def __init__(self, *, backend: str, cluster_name: str, fingerprint: dict[str, Any]) -> None:
         self.backend = backend
         self.cluster_name = cluster_name
         self.fingerprint = dict(fingerprint)
         self.sites: dict[str, CollectiveSite] = {}
-        """Site id -> site, as the default iteration reported them."""
         self.default_us: list[float] = []
-        """Iteration times under defaults, microseconds."""
         self.t_comp_us: dict[str, float] = {}
         """Site id -> its compute alone (the serialized iteration), microseconds."""
         self.t_comp_calls_us: dict[str, tuple[float, ...]] = {}
-        """Site id -> each call's compute alone (the serialized iteration), microseconds, where the
-        backend timed calls."""
+        """Site id -> each call's compute alone (serialized iteration, us), where calls were timed."""
         self.samples: list[Sample] = []
         """Every kept sample, as measured (T_comp filled in by ``build_profile``)."""
         self.excluded: dict[str, str] = {}
         """Site id -> why it was left out of the profile (it keeps NCCL defaults)."""
 
     def record_default(self, m: IterationMeasurement) -> bool:
-        """Records the default iteration: its sites, iteration time and samples. Returns False when
-        it reported no site (nothing overlapped to tune)."""
+        """Records the default iteration's sites, time and samples; False when it reported no site."""
         if not m.sites:
             return False
         self.sites = {s.site_id: s for s in m.sites}
@@ -80,8 +60,7 @@ class ProfileRecorder:
         self.t_comp_us = {sid: statistics.median(v) for sid, v in by_site.items()}
 
     def record_probe(self, m: IterationMeasurement, assigned: dict[str, CommConfig], *, what: str) -> None:
-        """Records a probe iteration run under ``assigned``; a site without a sample is excluded
-        (``what`` names the iteration in the reason)."""
+        """Records a probe iteration run under ``assigned``; a site without a sample is excluded."""
         kept = self.keep(m, assigned)
         seen = {s.site_id for s in kept}
         for sid in sorted(set(self.sites) - seen - set(self.excluded)):
@@ -104,8 +83,7 @@ class ProfileRecorder:
         return out
 
     def _calls_with_compute(self, s: Sample) -> tuple:
-        """``s.calls`` with each call's compute alone from the serialized iteration; () when the
-        sample or the serialized iteration did not time calls, or their numbers differ."""
+        """``s.calls`` with each call's serialized compute; () unless both timed the same number of calls."""
         comp = self.t_comp_calls_us.get(s.site_id)
         if not s.calls or comp is None or len(comp) != len(s.calls):
             return ()
@@ -118,11 +96,7 @@ class ProfileRecorder:
             log.warning("lagom: site %r keeps NCCL defaults: %s", site_id, why)
 
     def build_profile(self) -> Profile:
-        """The profile of everything recorded so far, T_comp filled in from the serialized iteration.
-
-        Raises:
-            RuntimeError: called before the default and serialized iterations were recorded.
-        """
+        """The profile recorded so far, T_comp from the serialized iteration; RuntimeError before it and the default."""
         if not self.default_us or not self.t_comp_us:
             raise RuntimeError(
                 f"build_profile: needs the default and serialized iterations; have {len(self.default_us)} "

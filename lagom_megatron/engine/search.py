@@ -1,9 +1,4 @@
-"""``search()``: the entry point of every search method, and the list of methods.
-
-The searchers live in ``priority.py`` (Lagom's priority search) and ``baselines.py``
-(``nccl-default``, ``autoccl``, ``exhaustive``); importing them registers them by name
-(``problem.register``). Their shared coordinate-descent steps are in ``descent.py``.
-"""
+"""``search()``: the entry point of every search method; importing ``priority`` and ``baselines`` registers them."""
 
 from __future__ import annotations
 
@@ -16,30 +11,13 @@ from lagom_megatron.engine.problem import SEARCHERS, SearchProblem, SearchResult
 from lagom_megatron.engine.profile import Profile
 
 METHODS: tuple[str, ...] = ("priority", "autoccl", "exhaustive", "nccl-default")
-"""Search methods accepted by ``search`` and ``lagom search --method`` (every registered searcher)."""
+"""Methods accepted by ``search`` and ``lagom search --method``."""
 
 
 def search(profile: "Profile | SearchProblem", *, rules: KnobRules | None = None, method: str = "priority",
            model: CostModel | None = None, **options: Any) -> SearchResult:
-    """Searches a plan with ``method`` for a profile (or a prepared ``SearchProblem``).
-
-    Args:
-        profile: a Profile (the cost model is fitted on ``rules.cluster`` unless ``model`` is
-            given) or a SearchProblem (which carries its own rules).
-        rules: the knob rules of the mechanism that will apply the plan (``knobs.KnobRules``,
-            e.g. ``lagom_megatron.nccl.rules.NcclRules``); required with a Profile.
-        method: priority, autoccl, exhaustive or nccl-default.
-        model: an already fitted CostModel for the profile's sites.
-        options: passed to the searcher (``rounds``, ``limit`` for exhaustive).
-
-    Returns:
-        SearchResult(plan, stats); stats has model_evaluations, wall_time_s,
-        predicted_iteration_us, default_iteration_us, n_sites.
-
-    Raises:
-        ValueError: unknown method (names it and the allowed set), a Profile without rules, or a
-            searcher's refusal (exhaustive above its size limit).
-    """
+    """Searches a plan with ``method`` for a Profile (needs ``rules``; fitted unless ``model``) or a SearchProblem;
+    ``options`` go to the searcher. ValueError on an unknown method, a Profile without rules, a searcher's refusal."""
     if method not in SEARCHERS:
         raise ValueError(f"method must be one of {sorted(SEARCHERS)}; got {method!r}")
     if isinstance(profile, SearchProblem):

@@ -1,6 +1,4 @@
-"""What passes between the tuner and a backend each iteration: the lifecycle ``Phase``, the ``Step``
-the backend must run, and the ``IterationMeasurement`` it reports back (``tuner.py`` drives them).
-"""
+"""Between tuner and backend each iteration: the ``Phase``, the ``Step`` to run, the ``IterationMeasurement``."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from lagom_megatron.engine.profile import CollectiveSite, Sample
 
 
 class Phase(Enum):
-    """Where the tuner is in its lifecycle (module docstring gives the schedule)."""
+    """Where the tuner is in its lifecycle (schedule: ``tuner`` module docstring)."""
 
     PROFILING = "profiling"
     PROBING = "probing"
@@ -29,13 +27,8 @@ StepKind = Literal["warmup", "default", "serialized", "probe", "settle", "verify
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Step:
-    """What the next iteration must do.
-
-    ``assignment`` maps site id -> CommConfig to apply (a missing site = NCCL defaults).
-    ``serialize``: wait on every collective right after launching it (T_comp measurement).
-    ``timed``: whether the tuner uses this iteration's measurement (backends may skip timing
-    collectives when it is false).
-    """
+    """What the next iteration must do. ``assignment``: site id -> CommConfig (missing = NCCL defaults);
+    ``serialize``: wait on each collective at launch (T_comp); ``timed`` False: the measurement is ignored."""
 
     iteration: int
     kind: StepKind
@@ -48,13 +41,8 @@ class Step:
 
 @dataclass(kw_only=True, slots=True)
 class IterationMeasurement:
-    """What a backend measured in one iteration.
-
-    ``iteration_us``: wall time of the whole iteration (slowest rank), microseconds.
-    ``sites``: the collective sites seen in the iteration (may be empty after profiling).
-    ``samples``: one ``Sample`` per site region (its ``config`` is what was applied; ``t_comm_us``
-    sums all calls of the site; ``t_comp_us`` may be NaN where compute alone was not measured).
-    """
+    """What a backend measured in one iteration (us): ``iteration_us`` of the slowest rank; one ``Sample`` per
+    site region (``t_comm_us`` summed over calls, ``t_comp_us`` NaN where not measured)."""
 
     iteration: int
     iteration_us: float

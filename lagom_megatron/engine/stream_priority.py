@@ -1,19 +1,7 @@
-"""The communicator-scope knob the per-site search does not scan: a high-priority stream.
+"""High-priority NCCL stream per communicator, the knob the per-site search does not scan.
 
-``high_priority_stream`` routes a group's sites to pool entries created with
-``ProcessGroupNCCL.Options(is_high_priority_stream=True)`` (``nccl.pool``), whose NCCL stream torch
-takes from its stream pool at high priority. Its only modelled effect is the dispatch wait
-(``CostModel.wait_S``, fitted by ``queues.dispatch_waits``): a collective that becomes ready while a
-compute kernel still has blocks to dispatch starts after them at normal priority and at once at
-high priority. Like the channels per network peer (``p2p_knobs``) it is decided after the search,
-once per communicator (Megatron group) for all the sites it governs: on for the group where the
-model predicts those sites' summed region times shorter by more than ``GAIN_TOL`` of them, with
-everything else as the search left it; NCCL's (the group's own) stream otherwise.
-
-The decision lives on the cost model's ``hp_S`` while the plan's times are predicted
-(``SearchProblem.make_plan``) and is undone after, so the model stays at the group's own streams for
-the next search.
-"""
+Its only modelled effect removes the dispatch wait (``CostModel.wait_S``). Decided after the search per group:
+on where the summed region shrinks by more than ``GAIN_TOL``; on ``model.hp_S`` only while the plan is predicted."""
 
 from __future__ import annotations
 
@@ -38,8 +26,7 @@ def units(problem: Any) -> list[tuple[str, np.ndarray]]:
 
 
 def decide(problem: Any, st: Any) -> set[int]:
-    """The indices of the sites whose group runs on a high-priority stream, on the cost model
-    under state ``st`` (module docstring). The model is left as it was."""
+    """Site indices whose group runs on a high-priority stream under ``st``; the model is restored."""
     model = problem.model
     if getattr(model, "wait_S", None) is None or not model.wait_S.any():
         return set()

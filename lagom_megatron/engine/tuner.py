@@ -1,44 +1,8 @@
-"""The tuning lifecycle: profile -> probe -> fit + search -> agree -> verify -> applied | fell back.
+"""The tuning lifecycle: profile -> probe -> fit + search -> agree -> verify -> applied | fell back. Our design.
 
-A backend-agnostic state machine that the real Megatron integration (NCCL or gloo) and the
-simulated cluster (``lagom_megatron.sim``) both drive the same way, one training iteration at a
-time::
-
-    tuner = Tuner(Tuner.Config(), rules=NcclRules(spec), fingerprint=fp, agree=broadcast_plan)
-    for it in range(train_iters):
-        step = tuner.start_iteration(it)        # what to apply: step.assignment, step.serialize
-        ... run the iteration with step.assignment (site id -> CommConfig; missing = NCCL defaults),
-            waiting on every collective at launch when step.serialize is true ...
-        tuner.finish_iteration(IterationMeasurement(iteration=it, iteration_us=..., sites=..., samples=...))
-
-The tuner sees only what the backend measured (``IterationMeasurement``: sites and per-region
-samples) and hands the search only a ``Profile``; it never sees how the timings came about.
-
-Schedule (a fixed number of iterations, independent of the number of sites; docs/engine.md):
-
-    PROFILING  ``warmup_iters`` untimed iterations under defaults (allocator, communicator warm-up)
-               1 iteration under defaults, overlapped: every site's T_comm and T_region, and the
-                 default iteration time
-               1 "serialized" iteration under defaults: every collective is waited on at launch, so
-                 the compute of each region runs alone; its per-site ``t_comp_us`` is T_comp
-    PROBING    1 iteration per probe config (``rules.probe_configs()``), applied to all sites at once:
-                 each gives every region one more (config, T_comm, T_region) point
-    SEARCHED   the cost model is fitted (``fit.fit_cost_model``) and searched (``search.search``) at the
-               end of the last probe iteration; ``agree(plan)`` makes the ranks consistent
-    VERIFYING  plan and defaults alternate, ``verify_iters`` timed iterations each (the first
-               iteration under the plan is not timed: communicator pool creation); an undecided
-               verdict doubles the pairs up to ``verify_max_iters`` (``verify_looks``)
-    APPLIED    the plan's gain over the defaults beat the noise rule's bound and the minimum gain
-    FELL_BACK  it did not, or fit / search / agreement failed: defaults from then on, with the reason
-
-What was measured is kept by a ``recorder.ProfileRecorder`` (which also fills every sample's T_comp
-from the serialized iteration); the verdict is ``verify.sequential_verdict``; the types a backend sees are in
-``steps.py``.
-
-The priority search, the cost model and the verification rule follow docs/engine.md; the
-lifecycle and the serialized-iteration measurement of T_comp are our design (the Lagom paper's
-text on profiling is not available).
-"""
+A backend-agnostic state machine (Megatron on NCCL or gloo, ``sim``), one iteration at a time: ``start_iteration``,
+run ``step.assignment``, ``finish_iteration``. Schedule: ``warmup_iters`` untimed, one default, one serialized
+(T_comp), one per probe config; fit and search; plan and defaults alternate until ``verify.sequential_verdict``."""
 
 from __future__ import annotations
 
@@ -57,30 +21,11 @@ log = logging.getLogger("lagom.tuner")
 
 
 class Tuner:
-    """The lifecycle state machine (module docstring). One instance per training run and rank.
-
-    Args:
-        config: ``Tuner.Config``.
-        rules: the knob rules of the mechanism that applies plans (``knobs.KnobRules``): the
-            probe configs, the search domain, and the cluster (``rules.cluster``, passed to
-            ``fit.fit_cost_model`` and recorded in the profile) and backend label (``rules.backend``:
-            ``nccl``, ``gloo`` or ``sim``) of the profile.
-        fingerprint: what is being tuned (model, layout, world size, cluster, versions); copied into
-            the profile and hence the plan.
-        agree: ``agree(plan) -> plan`` called once on the searched plan, e.g. broadcast rank 0's plan
-            and check digests. Raising any exception makes the tuner fall back to defaults. When
-            the fit or search fails on this rank, it is called with ``None`` (it is collective, so
-            the other ranks must hear of the failure) and its outcome is ignored.
-
-    Every rank must feed the same (all-gathered) measurements: fit and search are deterministic,
-    so all ranks then reach ``agree`` in the same iteration, or fall back in the same iteration.
-
-    Raises:
-        ValueError: rules with an unknown backend label.
-    """
+    """The lifecycle state machine, one per training run and rank; ValueError on an unknown ``rules.backend``.
+    ``agree(plan) -> plan`` (collective; e.g. broadcast rank 0's plan, check digests) runs once on the searched plan,
+    with ``None`` after a failed fit/search; raising makes the tuner fall back. Ranks must feed equal measurements."""
 
     Config = TunerConfig
-    """The tuner's settings (``tuner_config.TunerConfig``)."""
 
     def __init__(
         self,
@@ -100,17 +45,16 @@ class Tuner:
         self.agree = agree
         self.phase = Phase.PROFILING
         self.reason = ""
-        """Why the tuner ended where it did (APPLIED or FELL_BACK), one line."""
+        """Why the tuner ended APPLIED or FELL_BACK, one line."""
         self.plan: Any = None
-        """The searched (and agreed) Plan, once SEARCHED; kept for inspection after a fall-back."""
+        """The searched (and agreed) Plan; kept after a fall-back."""
         self.profile: Profile | None = None
         self.search_stats: dict[str, Any] = {}
         self.model_mape: float | None = None
         self.events: list[tuple[int, str, str]] = []
-        """(iteration, phase, message) for each transition, for reports and ``lagom simulate``."""
+        """(iteration, phase, message) per transition."""
         self._probes: list[CommConfig] | None = None
         self._rec = ProfileRecorder(backend=self.backend, cluster_name=self.cluster.name, fingerprint=self.fingerprint)
-        """The measurements of the profiling iterations (sites, T_comp, samples, excluded sites)."""
         self._verify_plan_us: list[float] = []
         self._verify_default_us: list[float] = []
         self._started: Step | None = None
@@ -144,18 +88,12 @@ class Tuner:
 
     @property
     def total_iters(self) -> int:
-        """Iterations to the latest verdict: profiling (none after ``start_from_plan``), one settle iteration with
-        the plan (where the observed check runs), then up to the last look's pairs (``verify_looks``), two
-        iterations each. The earliest verdict comes ``2 x (last - first look)`` iterations sooner."""
+        """Iterations to the latest verdict: profiling (0 after ``start_from_plan``), 1 settle, 2 per pair."""
         return (0 if self._from_plan else self.profiling_iters) + 1 + 2 * self.verify_looks[-1]
 
     def start_from_plan(self, plan: Any) -> None:
-        """Skips profiling and search: verifies ``plan`` (e.g. a saved plan that was never
-        verified, such as one from ``lagom search``) against the defaults, then APPLIED or FELL_BACK.
-
-        Raises:
-            RuntimeError: called after the first iteration started, or with a plan that tunes no site.
-        """
+        """Skips profiling and search: verifies ``plan`` (e.g. from ``lagom search``) against the defaults.
+        RuntimeError after the first iteration started, or if the plan tunes no site."""
         if self._n_finished or self._started is not None or self.phase is not Phase.PROFILING:
             raise RuntimeError(f"start_from_plan: the tuner already ran {self._n_finished} iteration(s), "
                                f"phase {self.phase.name}; call it before the first iteration")
@@ -213,14 +151,10 @@ class Tuner:
         return self.phase in (Phase.APPLIED, Phase.FELL_BACK)
 
     def probe_assignments(self) -> list[dict[str, CommConfig]]:
-        """Site id -> config of every probe iteration, in order (known once the default
-        iteration has named the sites): what a backend must be ready to apply, e.g. the
-        communicator-pool entries to create before the first probe."""
+        """Site id -> config of every probe iteration, in order; known once the default iteration named the sites."""
         return [self._probe_assignment(k) for k in range(len(self.probes))]
 
     def _probe_assignment(self, k: int) -> dict[str, CommConfig]:
-        """Probe ``k`` for every site, minus the knobs that do not apply to the site's op
-        (``rules.applicable``: a send/recv site keeps only what NCCL's P2P path honours)."""
         cfg = self.probes[k]
         return {sid: self.rules.applicable(cfg, op=site.op) for sid, site in self._rec.sites.items()}
 
@@ -232,15 +166,8 @@ class Tuner:
     # ------------------------------------------------------------------ iteration pairs
 
     def start_iteration(self, iteration: int) -> Step:
-        """Marks ``iteration`` as running and returns its ``Step``.
-
-        Optional: a backend may call only ``assignment()`` and ``finish_iteration``. When called,
-        the matching ``finish_iteration`` must carry the same iteration number.
-
-        Raises:
-            RuntimeError: an iteration was started and not finished, or ``iteration`` does not come
-                after the last finished one.
-        """
+        """Marks ``iteration`` as running and returns its ``Step`` (optional: ``assignment()`` alone works too).
+        RuntimeError if an iteration is unfinished or ``iteration`` is not after the last finished."""
         if self._started is not None:
             raise RuntimeError(
                 f"start_iteration({iteration}): iteration {self._started.iteration} was started and not finished"
@@ -255,20 +182,8 @@ class Tuner:
         return self._started
 
     def finish_iteration(self, measurement: IterationMeasurement) -> Phase:
-        """Records one iteration's measurement and advances the lifecycle.
-
-        Returns:
-            The phase after this iteration.
-
-        Raises:
-            RuntimeError: ``measurement.iteration`` differs from the started iteration, or is not
-                after the last finished one.
-
-        Bad measurements never raise: the default iteration reporting no sites makes the tuner
-        fall back; a site whose sample is missing from a probe iteration, or that reports another
-        config than the one assigned, is excluded (it keeps NCCL defaults) with a warning naming
-        the site, what was expected and what was found.
-        """
+        """Records one iteration's measurement and returns the phase after it; RuntimeError on a wrong iteration
+        number. Bad measurements never raise: the tuner falls back or excludes the site."""
         it = measurement.iteration
         if self._started is not None and it != self._started.iteration:
             raise RuntimeError(
@@ -330,15 +245,10 @@ class Tuner:
             self._finish_verify(it)
 
     def build_profile(self) -> Profile:
-        """The profile of everything measured so far (``recorder.ProfileRecorder.build_profile``).
-
-        Raises:
-            RuntimeError: called before the default and serialized iterations were measured.
-        """
+        """The profile measured so far; RuntimeError before the default and serialized iterations."""
         return self._rec.build_profile()
 
     def _start_search(self, it: int) -> None:
-        """PROBING -> SEARCHED (or FELL_BACK): fit the cost model, search, agree on the plan."""
         assert self.phase is Phase.PROBING, f"search started in phase {self.phase.name}"
         from lagom_megatron.engine import fit, search
 
@@ -381,8 +291,7 @@ class Tuner:
                       f"model MAPE {self.model_mape:.1f}%{pred_txt}")
 
     def _finish_verify(self, it: int) -> None:
-        """VERIFYING -> APPLIED | FELL_BACK at a look of ``verify_looks`` by the noise rule
-        (``verify.sequential_verdict``); between looks, or at an undecided one, verification goes on."""
+        """VERIFYING -> APPLIED | FELL_BACK at a decided look of ``verify_looks``; otherwise verification goes on."""
         assert self.phase is Phase.VERIFYING, f"verify finished in phase {self.phase.name}"
         points = self.verify_looks
         v = sequential_verdict(self._verify_plan_us, self._verify_default_us, min_gain=self.config.min_gain,

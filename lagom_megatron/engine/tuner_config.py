@@ -1,6 +1,4 @@
-"""The tuner's settings (``Tuner.Config``): the flags ``--lagom-warmup-iters``, ``--lagom-verify-iters``,
-``--lagom-verify-max-iters`` and ``--lagom-method`` and the verification rule's parameters, checked
-when built (``tuner.py`` runs the lifecycle they configure)."""
+"""The tuner's settings (``Tuner.Config``), checked when built."""
 
 from __future__ import annotations
 
@@ -13,30 +11,19 @@ from lagom_megatron.engine.verify import NOISE_RULES, NoiseRule, looks
 
 @dataclass(kw_only=True, slots=True)
 class TunerConfig:
-    """``Tuner.Config``: the tuner's settings (``--lagom-warmup-iters``, ``--lagom-verify-iters``,
-    ``--lagom-verify-max-iters``, ``--lagom-method``).
-
-    Raises:
-        ValueError: a count below 1, a cap below ``verify_iters``, an unknown method or noise rule,
-            a ``min_gain`` outside [0, 1).
-    """
+    """``Tuner.Config``: the ``--lagom-*`` flags (warm-up, verify, verify-max iterations, method) and the
+    verification rule; ValueError on a count < 1, a cap < ``verify_iters``, unknown method or rule, bad ``min_gain``."""
 
     warmup_iters: int = 1
-    """Untimed iterations under defaults before profiling (iteration 0 is always one: the
-    allocator and communicators warm up there)."""
+    """Untimed iterations under defaults before profiling (>= 1: iteration 0 warms allocator and communicators)."""
     verify_iters: int = 3
     """Timed iterations per arm (plan, defaults) at verification's first look."""
     verify_max_iters: int | None = None
-    """Most timed iterations per arm: an undecided verdict (``paired`` rule) doubles the pairs up
-    to this cap (``verify.looks``); None = ``verify_iters`` (one look, no extension)."""
+    """Most timed iterations per arm while undecided (``paired``); None = ``verify_iters``."""
     method: str = "priority"
-    """Searcher: priority, autoccl, exhaustive, nccl-default."""
     min_gain: float = 0.002
     """Smallest relative gain (fraction of the default median) a plan must show to be kept."""
     noise_rule: NoiseRule = "paired"
-    """paired: the mean paired gain must exceed its 95% Student-t bound; half-range: the
-    medians' gain must exceed half the larger per-arm range (max - min); none: ``min_gain``
-    alone decides (``verify.verdict``)."""
     probe_configs: list[CommConfig] | None = None
     """Probe configs applied to all sites; None = ``rules.probe_configs()``."""
 
@@ -56,7 +43,6 @@ class TunerConfig:
             raise ValueError(f"lagom.noise_rule must be one of {list(NOISE_RULES)}; got {self.noise_rule!r}")
 
     def looks(self) -> tuple[int, ...]:
-        """Pairs (plan, defaults) after which verification takes its verdict (``verify.looks``):
-        one look at ``verify_iters`` unless the rule is ``paired`` and ``verify_max_iters`` is larger."""
+        """Pair counts of the verdicts (``verify.looks``); one unless ``paired`` with larger ``verify_max_iters``."""
         cap = self.verify_max_iters or self.verify_iters
         return looks(self.verify_iters, cap) if self.noise_rule == "paired" else (self.verify_iters,)

@@ -1,31 +1,8 @@
-"""The verification rule: keep a plan only when its measured gain beats the noise (docs/engine.md,
-"Search").
+"""The verification rule: keep a plan only when its measured gain beats the noise (docs/engine.md; ours).
 
-Plan and defaults alternate for a few timed iterations each (``tuner.py``: defaults, plan,
-defaults, plan, ...). Noise rules (ours; the Lagom paper's verification is not public):
-
-* ``paired`` (default): the k-th default and the k-th plan iteration are neighbours, so slow drift
-  (clocks, thermals, a straggler) hits both; the gain is the mean of the paired differences
-  ``default_k - plan_k`` and must exceed ``min_gain`` of the defaults' median and its one-sided
-  95% Student-t bound, ``t(0.95, n-1) * sd / sqrt(n)``. With 8 pairs and 1% iteration noise it keeps
-  a real 1.5% gain almost always and a pure-noise "gain" about 5% of the time; with fewer than
-  two pairs it falls back to ``half-range``, which one iteration per arm leaves without a noise
-  estimate (the minimum gain alone decides, and the verdict's line says so).
-* ``half-range``: the medians' gain must exceed half the larger per-arm range (max - min).
-* ``none``: ``min_gain`` alone decides.
-
-Sequential verification (``paired`` only; ``looks``, ``sequential_verdict``): a gain of 0.5% at 1%
-iteration noise needs about a hundred pairs to tell from noise, while a plan 2% faster or slower is
-plain after a few. So the verdict is taken at a growing number of pairs, the looks ``n, 2n, 4n, ...,
-cap``: a look accepts the plan when its gain clears the bound, stops and rejects it when even the
-upper end of its confidence interval is below the minimum gain (futility), and otherwise asks for
-more pairs; at the cap an undecided plan is rejected. The one-sided 5% false-accept rate is split
-evenly over the K looks (Bonferroni: each look's bound uses the ``1 - 0.05 / K`` quantile), so a
-plan with no gain is kept at most 5% of the time however many looks it gets; with ``cap == n`` there
-is one look and the rule is the fixed-count rule above. ``sim.verify_mc`` tabulates both rates.
-
-On a noisy machine the rules keep the defaults, which is the intended behaviour.
-"""
+``paired``: mean of default_k - plan_k above ``min_gain`` and its one-sided 95% Student-t bound (one pair:
+``half-range``); ``half-range``: medians' gain above half the wider arm's range; ``none``: ``min_gain`` alone.
+Sequential ``paired``: verdicts at ``looks``, reject on futility or at the cap; 5% false-accept split over the looks."""
 
 from __future__ import annotations
 
@@ -40,8 +17,7 @@ NOISE_RULES: tuple[str, ...] = ("paired", "half-range", "none")
 
 T_95: tuple[float, ...] = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812,
                            1.796, 1.782, 1.771, 1.761, 1.753, 1.746, 1.740, 1.734, 1.729)
-"""One-sided 95% quantiles of Student's t for 1..19 degrees of freedom (standard table); 1.645
-(the normal quantile) beyond."""
+"""One-sided 95% Student-t quantiles for 1..19 degrees of freedom; 1.645 beyond."""
 
 
 ALPHA = 0.05
@@ -54,16 +30,8 @@ def t_95(dof: int) -> float:
 
 
 def t_quantile(p: float, dof: int) -> float:
-    """The ``p`` quantile of Student's t with ``dof`` degrees of freedom.
-
-    Exact for 1 and 2 degrees of freedom (closed forms); beyond, the Cornish-Fisher expansion of t
-    in the normal quantile z to the 1/dof^4 term (Abramowitz & Stegun, Handbook of Mathematical
-    Functions, 26.7.5), within 1.5% of the exact quantile for p <= 0.9975 and dof >= 3 and within
-    0.1% from dof 10. The table ``T_95`` gives p = 0.95 exactly (``t_95``).
-
-    Raises:
-        ValueError: ``p`` outside (0.5, 1) or ``dof < 1``.
-    """
+    """The ``p`` quantile of Student's t (ValueError unless 0.5 < p < 1, dof >= 1): exact for dof 1, 2, else
+    Cornish-Fisher to 1/dof^4 (Abramowitz & Stegun 26.7.5; within 1.5% for p <= 0.9975, dof >= 3)."""
     if not 0.5 < p < 1.0 or dof < 1:
         raise ValueError(f"t_quantile needs 0.5 < p < 1 and dof >= 1; got p={p}, dof={dof}")
     if dof == 1:
@@ -79,12 +47,8 @@ def t_quantile(p: float, dof: int) -> float:
 
 
 def looks(first: int, cap: int) -> tuple[int, ...]:
-    """Pair counts at which sequential verification takes its verdict: ``first``, doubling, then
-    ``cap`` (module docstring). ``looks(20, 160) == (20, 40, 80, 160)``; ``looks(4, 4) == (4,)``.
-
-    Raises:
-        ValueError: ``first < 1`` or ``cap < first``.
-    """
+    """Pair counts of the verdicts: ``first``, doubling, then ``cap``: ``looks(20, 160) == (20, 40, 80, 160)``.
+    ValueError unless 1 <= first <= cap."""
     if first < 1 or cap < first:
         raise ValueError(f"verification looks need 1 <= first <= cap; got first={first}, cap={cap}")
     out = []
@@ -97,14 +61,8 @@ def looks(first: int, cap: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """The outcome of verification. Times in microseconds.
-
-    ``keep``: the plan beat the defaults by more than ``needed_us``; ``text``: one line saying so
-    in milliseconds (the unit of Megatron's log), for logs, reports and the plan's
-    ``verification_reason``: the one statistic the rule compared (``gain ...``, what it is) and the
-    bound it had to beat (``needed > ...``, what it is made of). Under ``paired`` the arms' medians
-    are not in it: they are another statistic (the report's iteration table lists them, labelled).
-    """
+    """The outcome of verification (us); ``text``: one line in ms (Megatron's log unit) with the statistic
+    compared and the bound it had to beat."""
 
     keep: bool
     plan_us: float
@@ -113,8 +71,7 @@ class Verdict:
     needed_us: float
     text: str
     decided: bool = True
-    """False: a look of sequential verification that neither accepted nor ruled out the plan (more
-    pairs are needed; ``keep`` is then False)."""
+    """False: a look that neither accepted nor ruled out the plan (``keep`` False, more pairs due)."""
 
 
 def half_range(xs: list[float]) -> float:
@@ -124,22 +81,8 @@ def half_range(xs: list[float]) -> float:
 
 def verdict(plan_us: list[float], default_us: list[float], *, min_gain: float, noise_rule: NoiseRule,
             n_looks: int = 1, final: bool = True) -> Verdict:
-    """Compares the plan's iteration times with the defaults' (module docstring).
-
-    Args:
-        plan_us, default_us: iteration times of each arm in the order measured, microseconds (at
-            least one each); under ``paired`` the k-th of each form a pair.
-        min_gain: smallest relative gain (fraction of the defaults' median) a plan must show.
-        noise_rule: ``paired``, ``half-range`` or ``none`` (module docstring).
-        n_looks: looks of sequential verification the false-accept rate is split over (``paired``
-            only; 1 = the fixed-count rule).
-        final: whether this is the last look; an earlier look may leave the plan undecided
-            (``Verdict.decided`` False). Other rules always decide.
-
-    Raises:
-        statistics.StatisticsError: an arm without measurements.
-        ValueError: an unknown noise rule.
-    """
+    """Compares the plan's iteration times (us, measured order) with the defaults' (module docstring); ``final``
+    False lets a look stay undecided. StatisticsError on an empty arm, ValueError on an unknown rule."""
     if noise_rule not in NOISE_RULES:
         raise ValueError(f"noise_rule must be one of {list(NOISE_RULES)}; got {noise_rule!r}")
     n = min(len(plan_us), len(default_us))
@@ -195,13 +138,8 @@ def _paired(plan_us: list[float], default_us: list[float], *, min_gain: float, n
 
 def sequential_verdict(plan_us: list[float], default_us: list[float], *, min_gain: float, noise_rule: NoiseRule,
                        first: int, cap: int) -> Verdict | None:
-    """The verdict of sequential verification (module docstring) once both arms hold a look's
-    number of measurements (``looks(first, cap)``), None between looks; at a look that leaves the
-    plan undecided, a ``Verdict`` with ``decided`` False (more pairs are due). Under ``half-range`` and ``none`` the only look is ``first``.
-
-    Raises:
-        ValueError: as ``looks``; an unknown noise rule.
-    """
+    """The verdict once both arms hold a look's count (``looks(first, cap)``; one look unless ``paired``), else
+    None. ValueError as ``looks`` or on an unknown noise rule."""
     points = looks(first, cap) if noise_rule == "paired" else (first,)
     n = min(len(plan_us), len(default_us))
     if len(plan_us) != len(default_us) or n not in points:
