@@ -1,11 +1,5 @@
-"""Which NCCL algorithms one collective can run: by op, hardware, NCCL version, NCCL's node count,
-and the call's own reduction and dtype.
-
-``algorithms_for`` is the hardware and version part (``nccl.rules.domains`` uses it for every
-site); ``call_algorithms`` cuts it by what the call itself allows (``nccl.bins``: NVLS needs a
-reduction and dtype ``ncclNvlsSupported`` lists; PAT reduce-scatter no averaging reduction). Node
-counts are NCCL's (``ClusterSpec.nccl_nodes``: an MNNVL domain is one node), not hosts.
-"""
+"""Which NCCL algorithms one collective can run: by op, hardware, NCCL version, NCCL's node count, reduction and dtype.
+Node counts are NCCL's (``ClusterSpec.nccl_nodes``: an MNNVL domain is one node), not hosts."""
 
 from __future__ import annotations
 
@@ -27,16 +21,8 @@ ranks NCCL runs NVLS / NVLSTree only for all-reduce (``src/enqueue.cc:2004-2006`
 
 def algorithms_for(*, op: str, cluster: ClusterSpec, n_nodes: int = 1, group_size: int = 2,
                    reduce_op: str | None = None) -> tuple[str, ...]:
-    """Algorithms NCCL can run for ``op`` on ``cluster`` (empty for point-to-point ops).
-
-    ``n_nodes`` is NCCL's node count (NVLink domains). NVLS/NVLSTree need NVSwitch and sm90+
-    (NVLSTree only across nodes, NVLS across nodes only with CollNet); CollNet needs IB SHARP and
-    more than one node; PAT needs one rank per node; each algorithm needs its first NCCL version;
-    NVLS for all-gather and reduce-scatter needs at most ``NVLS_MAX_ARITY`` ranks per NVLink domain.
-    PAT reduce-scatter needs a known reduction that is not an average (NCCL 2.30
-    ``src/enqueue.cc:2010-2012`` skips it for ``ncclDevPreMulSum`` / ``ncclDevSumPostDiv``):
-    ``reduce_op`` None (not recorded) keeps it out.
-    """
+    """Algorithms NCCL can run for ``op`` on ``cluster`` (``n_nodes``: NCCL's); ``reduce_op`` None excludes PAT
+    reduce-scatter, which NCCL 2.30 skips for averaging reductions (``src/enqueue.cc:2010-2012``)."""
     if op not in ALGORITHMS_FOR_OP:
         return ()
     v = cluster.nccl
@@ -68,12 +54,7 @@ def algorithms_for(*, op: str, cluster: ClusterSpec, n_nodes: int = 1, group_siz
 
 def call_algorithms(algorithms: tuple, *, op: str, reduce_op: str | None, dtype: str,
                     parts: tuple[tuple[str, int], ...] = ()) -> tuple[tuple, str]:
-    """``algorithms`` (a domain, ``(None,)`` = left to NCCL) without those NCCL disables for this
-    call's reduction and dtypes, and a note naming what was removed and why (empty if nothing).
-
-    NVLS and NVLSTree leave a reducing op whose (reduction, dtype) ``ncclNvlsSupported`` does not
-    list (AVG, FP8, an unrecorded reduction: ``nccl.bins.nvls_supported``).
-    """
+    """``algorithms`` minus NVLS / NVLSTree where ``ncclNvlsSupported`` lacks the call's (reduction, dtype), and why."""
     if op not in REDUCING_OPS or not any(a in ("NVLS", "NVLSTree") for a in algorithms):
         return algorithms, ""
     bad = sorted({d for d in site_dtypes(dtype, parts) if not nvls_supported(reduce_op, d)})

@@ -1,30 +1,10 @@
-"""What this process can apply on NCCL, gathered at start-up and agreed by every rank.
+"""What this process can apply on NCCL, gathered at start-up and agreed by every rank (ranks choosing differently for
+one collective hang, NVIDIA/nccl#1136).
 
-A plan may hold only what the mechanism that applies it really reaches on every rank of a
-communicator; ranks that choose differently for one collective hang (NVIDIA/nccl#1136). So the
-search domain is derived from a ``Capabilities`` record, never from one rank's environment text:
-
-* torch and NCCL versions (``torch.cuda.nccl.version()``), and the ``ncclConfig_t`` fields this
-  torch binds (``options.nccl_config_fields``);
-* whether lagom's tuner plugin is *loaded by NCCL in this process*, and the ABI NCCL initialised it
-  with (``plugin_status.read_plugin_status``: ``dlopen(RTLD_NOLOAD)`` plus the plugin's status
-  exports; ``NCCL_TUNER_PLUGIN=none``, a foreign plugin, a wrong path or NCCL < 2.22 all read as
-  "not loaded");
-* NVLS multicast: NCCL sets ``comm->nvlsSupport`` from ``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED``
-  unless ``NCCL_NVLS_ENABLE`` says otherwise (NCCL 2.30 ``src/transport/nvls.cc:262-277``);
-* CollNet: only when ``NCCL_COLLNET_ENABLE=1`` (``src/init.cc:63``; off by default), which NCCL
-  also needs for NVLS across nodes (``src/graph/tuning.cc:503-506``, ``src/enqueue.cc:2008``);
-* nodes and ranks per node as NCCL counts them: NCCL groups ranks by host hash, the host name
-  followed by the boot id, or ``NCCL_HOSTID`` when set (``src/misc/utils.cc:117-135``);
-* every ``NCCL_*`` variable that overrides a knob (``options.KNOB_OVERRIDES``), from the environment and
-  from the files NCCL loads into it at init where the variable is not already set
-  (``NCCL_CONF_FILE`` or ``~/.nccl.conf``, then ``/etc/nccl.conf``: ``src/misc/param.cc:27-67``,
-  ``setenv(..., 0)`` in ``src/os/linux.cc:106-108``).
-
-``megatron.consensus.agree_capabilities`` all-gathers the records and compares them field by field
-(``differences``); the agreed record picks the mechanism (``mechanism``) and restricts the rules'
-domains (``restrict_domains``). torch is imported lazily; everything else is plain Python.
-"""
+Recorded (NCCL 2.30): versions, bound ``ncclConfig_t`` fields, lagom's plugin as loaded, NVLS multicast
+(``src/transport/nvls.cc:262-277``), CollNet (``src/init.cc:63``; NVLS across nodes, ``src/enqueue.cc:2008``,
+``src/graph/tuning.cc:503-506``), hosts (``src/misc/utils.cc:117-135``), knob-fixing variables, also from conf files
+(``src/misc/param.cc:27-67``, ``src/os/linux.cc:106-108``). ``megatron.consensus.agree_capabilities`` compares them."""
 
 from __future__ import annotations
 
@@ -40,15 +20,11 @@ from lagom_megatron.engine.p2p import MAXCHANNELS, p2p_channels
 from lagom_megatron.nccl.options import KNOB_OVERRIDES, nccl_config_fields, runtime_nccl_version
 
 ALGORITHM_SWITCHES: tuple[str, ...] = ("NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE", "NCCL_PAT_ENABLE", "NCCL_NET_PLUGIN")
-"""Variables that enable or disable algorithms (recorded so ranks agree on them; they shape the
-algorithm domain, they do not remove the knob). ``NCCL_NET_PLUGIN``: a network plugin may offload
-the network to the device (``NCCL_NET_DEVICE_UNPACK``), and NCCL runs no PAT then
+"""Variables shaping the algorithm domain; under a ``NCCL_NET_PLUGIN`` NCCL may run no PAT
 (``src/graph/tuning.cc:215-221``)."""
 
 P2P_SWITCHES: tuple[str, ...] = ("NCCL_MIN_P2P_NCHANNELS", "NCCL_MAX_P2P_NCHANNELS")
-"""Variables that bound point-to-point channels of every communicator (``comm->p2pnChannels``,
-NVIDIA/nccl v2.30.7 ``src/graph/paths.cc:956-991``; cached NCCL_PARAMs): recorded so ranks agree, and
-a P2P site's CTA bounds are cut to the counts they leave distinct (``restrict_domains``)."""
+"""Variables bounding P2P channels (``comm->p2pnChannels``, v2.30.7 ``src/graph/paths.cc:956-991``)."""
 
 RECORDED_PREFIXES: tuple[str, ...] = ("NCCL_", "TORCH_NCCL_")
 
@@ -56,29 +32,13 @@ ENV_FAULT = ("NCCL_MAX_CTAS", "4")
 """The variable the ``env`` apply fault sets on one rank (``megatron.consensus.collective_step``)."""
 
 FAULT_ENV = "LAGOM_INJECT_CAPABILITY_FAULT"
-"""``<rank>[:<field>]``: that rank perturbs its record before the comparison (fault-injection
-switch used by the tests of the disagreement path; ``field`` defaults to ``plugin_loaded``)."""
+"""``<rank>[:<field>]``: that rank perturbs its record before comparing (tests; default ``plugin_loaded``)."""
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What one rank can apply (module docstring). JSON-ready through ``to_dict``.
-
-    Attributes:
-        torch_version: ``torch.__version__``.
-        nccl_version: the NCCL torch runs with, e.g. ``(2, 27, 5)``; None without CUDA / NCCL.
-        config_fields: ``ncclConfig_t`` attributes this torch binds (sorted).
-        plugin_loaded: lagom's tuner plugin is mapped in this process and NCCL initialised it.
-        plugin_abi: tuner ABI version NCCL initialised the plugin with (3-6); 0 when not loaded.
-        nvls_multicast: NCCL can run NVLS here (multicast supported and not disabled); None when
-            unknown (no GPU).
-        collnet: ``NCCL_COLLNET_ENABLE=1``.
-        overrides: (variable, value) pairs of every ``KNOB_OVERRIDES`` / ``ALGORITHM_SWITCHES``
-            variable that is set, sorted.
-        host: this rank's host as NCCL counts hosts (host name + boot id, or ``NCCL_HOSTID``);
-            never compared, used for ``n_nodes`` and in error messages.
-        n_nodes, ranks_per_node: filled in after the all-gather (``with_topology``).
-    """
+    """What one rank can apply (module docstring); ``host`` is never compared, ``n_nodes`` / ``ranks_per_node`` come
+    from ``with_topology``; ``plugin_abi`` 0 when not loaded, ``nvls_multicast`` None when unknown."""
 
     torch_version: str
     nccl_version: tuple[int, int, int] | None
@@ -102,11 +62,7 @@ class Capabilities:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Capabilities":
-        """Rebuilds a record from ``to_dict`` output.
-
-        Raises:
-            ValueError: a key that is not a field (names it and the allowed set).
-        """
+        """Rebuilds a record from ``to_dict`` output; ValueError names a key that is not a field."""
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - allowed)
         if unknown:
@@ -140,9 +96,7 @@ class Capabilities:
         return dict(self.overrides).get(var)
 
     def mechanism(self) -> str:
-        """How a plan reaches NCCL here: ``tuner`` when NCCL loaded lagom's plugin with ABI v3+
-        (NCCL 2.22+), else ``communicator`` (pool entries with ``ncclConfig_t`` options and, on NCCL
-        2.24+, a per-function ``NCCL_ALGO`` / ``NCCL_PROTO``; older NCCL: CTA bounds only)."""
+        """``tuner`` when NCCL loaded lagom's plugin with ABI v3+ (NCCL 2.22+), else ``communicator``."""
         return "tuner" if self.plugin_loaded and self.plugin_abi >= 3 else "communicator"
 
 
@@ -158,8 +112,7 @@ def differences(records: list[Capabilities]) -> list[tuple[int, str, Any, Any]]:
 
 
 def conf_file_values(environ: Mapping[str, str], home: str | None = None) -> dict[str, str]:
-    """Variables NCCL would load from its configuration files at init (module docstring), for the
-    names not already in ``environ``. Unreadable files are skipped, as NCCL does."""
+    """Variables NCCL would load from its conf files at init that ``environ`` lacks (unreadable files skipped)."""
     paths = []
     user = environ.get("NCCL_CONF_FILE")
     if user:
@@ -186,16 +139,14 @@ def conf_file_values(environ: Mapping[str, str], home: str | None = None) -> dic
 
 
 def knob_overrides(environ: Mapping[str, str], home: str | None = None) -> tuple[tuple[str, str], ...]:
-    """The (variable, value) pairs of ``environ`` plus NCCL's configuration files that fix a knob
-    or switch an algorithm, sorted. A variable set to the empty string counts as set (NCCL sees it)."""
+    """Sorted (variable, value) pairs of ``environ`` and conf files that fix a knob or switch an algorithm."""
     merged = {**conf_file_values(environ, home), **{k: v for k, v in environ.items()}}
     wanted = set(KNOB_OVERRIDES) | set(ALGORITHM_SWITCHES) | set(P2P_SWITCHES)
     return tuple(sorted((k, str(v)) for k, v in merged.items() if k in wanted))
 
 
 def host_id(environ: Mapping[str, str], boot_id_file: str = "/proc/sys/kernel/random/boot_id") -> str:
-    """The host as NCCL tells hosts apart: ``NCCL_HOSTID`` when set, else the host name followed
-    by the boot id (``src/misc/utils.cc:117-135``)."""
+    """The host as NCCL tells hosts apart: ``NCCL_HOSTID``, else host name + boot id (``src/misc/utils.cc:117-135``)."""
     if environ.get("NCCL_HOSTID"):
         return environ["NCCL_HOSTID"]
     try:
@@ -206,9 +157,8 @@ def host_id(environ: Mapping[str, str], boot_id_file: str = "/proc/sys/kernel/ra
 
 
 def multicast_supported(device: int = 0) -> bool | None:
-    """``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` (132, CUDA 12.1+) of ``device`` through the
-    driver API, as NCCL asks it (``src/transport/nvls.cc:273``); None when the driver cannot be
-    asked (no libcuda, no device)."""
+    """``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` (CUDA 12.1+) of ``device``, as ``src/transport/nvls.cc:273`` asks;
+    None if unknown."""
     import ctypes
 
     try:
@@ -224,8 +174,7 @@ def multicast_supported(device: int = 0) -> bool | None:
 
 
 def nvls_available(multicast: bool | None, environ: Mapping[str, str]) -> bool | None:
-    """Whether NCCL enables NVLS: ``NCCL_NVLS_ENABLE`` 0 -> no, 1 -> yes (NCCL does not ask the
-    device), default 2 -> the device's multicast support (``src/transport/nvls.cc:262-277``)."""
+    """Whether NCCL enables NVLS (``NCCL_NVLS_ENABLE`` 0, 1, else multicast; ``src/transport/nvls.cc:262-277``)."""
     flag = str(environ.get("NCCL_NVLS_ENABLE", "2")).strip()
     if flag == "0":
         return False
@@ -237,20 +186,8 @@ def nvls_available(multicast: bool | None, environ: Mapping[str, str]) -> bool |
 def gather_local(*, environ: Mapping[str, str] | None = None, status_reader: Callable[[], Any] | None = None,
                  nccl_version: tuple[int, int, int] | None | str = "detect", config_fields: tuple[str, ...] | None = None,
                  multicast: bool | None | str = "detect", torch_version: str | None = None) -> Capabilities:
-    """This rank's ``Capabilities``. Every argument defaults to asking the running process; tests
-    pass stand-ins.
-
-    Call it after NCCL created at least one communicator (the plugin is loaded with the first
-    one, ``src/plugin/tuner.cc``): the controller runs one collective on the default group first.
-
-    Args:
-        environ: the environment (default ``os.environ``).
-        status_reader: returns a ``PluginStatus`` or None (default ``read_plugin_status``).
-        nccl_version: the runtime NCCL version (default: asked from torch; None = no NCCL).
-        config_fields: the bound ``ncclConfig_t`` fields (default: detected, empty without NCCL).
-        multicast: the device's multicast support (default: asked from the driver when NCCL runs).
-        torch_version: default ``torch.__version__``.
-    """
+    """This rank's ``Capabilities`` (arguments default to asking the process); call it after NCCL's first communicator,
+    which loads the plugin (``src/plugin/tuner.cc``)."""
     from lagom_megatron.nccl.plugin_status import read_plugin_status
 
     env = os.environ if environ is None else environ
@@ -282,11 +219,7 @@ def gather_local(*, environ: Mapping[str, str] | None = None, status_reader: Cal
 
 
 def perturb(caps: Capabilities, what: str = "plugin_loaded") -> Capabilities:
-    """``caps`` with one compared field changed (fault injection, ``FAULT_ENV``).
-
-    Raises:
-        ValueError: ``what`` is not a compared field.
-    """
+    """``caps`` with compared field ``what`` changed (fault injection, ``FAULT_ENV``); ValueError for other fields."""
     if what not in Capabilities.COMPARED:
         raise ValueError(f"{FAULT_ENV} field must be one of {list(Capabilities.COMPARED)}; got {what!r}")
     d = asdict(caps)
@@ -318,28 +251,11 @@ def fixed_knob_warning(knob: str, var: str) -> str:
 
 def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, n_nodes: int,
                      mechanism: str) -> tuple[dict[str, tuple], list[str]]:
-    """``domains`` (knob -> values, ``(None,)`` = left to NCCL) cut to what ``mechanism`` applies
-    under the agreed ``caps``; returns the new domains and one warning per knob removed because a
-    variable fixes it.
+    """``domains`` cut to what ``mechanism`` applies under ``caps``, and a warning per knob a variable fixes.
 
-    * a knob a variable fixes (``Capabilities.fixed_knobs``) is not searched;
-    * ``n_threads`` is never searched in a running process: NCCL reads ``NCCL_NTHREADS`` once, as a
-      cached ``NCCL_PARAM`` (``src/graph/tuning.cc:14``), when the first communicator is created,
-      which happened before any plan exists (an offline plan's env file applies it at the next
-      launch instead);
-    * ``chunk_size`` only through the plugin with ABI v6 (``getChunkSize``, NCCL 2.30);
-    * algorithms NCCL disables on this communicator: NVLS / NVLSTree without NVLS support
-      (``src/enqueue.cc:2004-2006``), NVLS across nodes without CollNet (``enqueue.cc:2008``,
-      ``tuning.cc:503-506``), CollNet without ``NCCL_COLLNET_ENABLE=1`` (``tuning.cc:503-506``),
-      PAT with ``NCCL_PAT_ENABLE=0`` (``tuning.cc:215``), and PAT under a network plugin named by
-      ``NCCL_NET_PLUGIN``: NCCL runs PAT only with a host network device (``tuning.cc:220``), and
-      which device type a plugin reports is not readable from here, so any plugin counts as
-      offloading, unless ``NCCL_PAT_ENABLE=1``, which NCCL returns before that test
-      (``tuning.cc:217-219``) (with the variable unset NCCL may still load ``libnccl-net.so``: the
-      first-call check, ``megatron.first_use``, catches a refused PAT there);
-    * a point-to-point site's CTA bounds under ``NCCL_MIN_P2P_NCHANNELS`` / ``NCCL_MAX_P2P_NCHANNELS``:
-      the least bound of each distinct ``p2pnChannels`` (``P2P_SWITCHES``).
-    """
+    Never ``n_threads`` (read once, ``src/graph/tuning.cc:14``); ``chunk_size`` only with plugin ABI v6; NVLS needs
+    support (``src/enqueue.cc:2004-2006``) and across nodes CollNet (:2008, ``tuning.cc:503-506``); no PAT with
+    ``NCCL_PAT_ENABLE=0`` (:215) or a net plugin (:220) unless it is 1 (:217-219)."""
     d = dict(domains)
     warnings = []
     for knob, var in sorted(caps.fixed_knobs().items()):
@@ -372,8 +288,7 @@ def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, 
 
 
 def _p2p_bounds(bounds: tuple, caps: Capabilities) -> tuple:
-    """``bounds`` (CTA bounds of a P2P site), the least of each distinct ``p2pnChannels`` under the
-    run's ``NCCL_MIN_P2P_NCHANNELS`` / ``NCCL_MAX_P2P_NCHANNELS`` (``(None,)`` when one is left)."""
+    """The least bound per distinct ``p2pnChannels`` under the run's P2P variables; ``(None,)`` when one is left."""
     def param(var: str, default: int) -> int:
         value = str(caps.switch(var) or "").strip()
         try:

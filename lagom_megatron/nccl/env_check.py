@@ -1,19 +1,8 @@
 """Checks of NCCL environment variables against NCCL's documented domains, before NCCL sees them.
 
-NCCL accepts bad input silently in many places: a non-numeric integer becomes the default, an
-``NCCL_NTHREADS`` that is not a multiple of 32 becomes 512, an ``NCCL_CGA_CLUSTER_SIZE`` above 8
-becomes 8, an unknown ``NCCL_CTA_POLICY`` name is ignored, each with an INFO log only. Bad
-``NCCL_ALGO`` / ``NCCL_PROTO`` tokens fail at the first collective (``ncclInvalidUsage``, 2.24+).
-This module finds all of these up front and says what is allowed.
-
-Sources: NCCL's ``docs/userguide/source/env.rst``, ``src/graph/tuning.cc`` and ``src/init.cc``;
-the grammar, tokens and domains are in ``lagom_megatron.nccl.env_grammar``. Two rules are lagom's
-own policy rather than NCCL's: never force-enable LL128 (NCCL issues 786, 1261: silent corruption
-on unsupported paths) and never restrict every collective to algorithms without Ring (NCCL issue
-653, PyTorch PR 163063: ``no algorithm/protocol available`` at the first broadcast).
-
-Pure Python: imported by ``lagom doctor`` and by the plan exporters; no torch.
-"""
+NCCL takes most bad values silently (INFO log); bad ``NCCL_ALGO`` / ``NCCL_PROTO`` tokens fail the first collective
+(2.24+). Sources: NCCL ``docs/userguide/source/env.rst``, ``src/graph/tuning.cc``, ``src/init.cc``. lagom's policy:
+no forced LL128 (NCCL issues 786, 1261), Ring in a global algorithm list (NCCL issue 653, PyTorch PR 163063)."""
 
 from __future__ import annotations
 
@@ -31,17 +20,8 @@ Level = Literal["error", "warning"]
 
 @dataclass(frozen=True, slots=True)
 class EnvIssue:
-    """One problem with one environment variable.
-
-    Attributes:
-        level: "error" (NCCL would fail, ignore or clamp the value, or lagom's policy forbids it)
-            or "warning" (legal but likely to defeat tuning or NCCL's own advice).
-        variable: the variable name, e.g. ``NCCL_ALGO``.
-        value: the value as set.
-        what: one line saying what is wrong.
-        why: what NCCL does with it and the source.
-        fix: what to set instead.
-    """
+    """One problem with one variable: ``what`` is wrong, ``why`` (NCCL's behaviour, source), ``fix``; ``level`` "error"
+    (NCCL fails, ignores or clamps it, or lagom forbids it) or "warning" (legal, likely to defeat tuning)."""
 
     level: Level
     variable: str
@@ -139,17 +119,7 @@ def _is_power_of_two(n: int) -> bool:
 
 
 def check_nccl_env(environ: Mapping[str, str], *, nccl_version: str | None = None) -> list[EnvIssue]:
-    """Checks every NCCL variable lagom knows the domain of.
-
-    Args:
-        environ: the environment the ranks will see (``os.environ`` plus the preset's env).
-        nccl_version: the cluster's NCCL, e.g. "2.27.3"; enables the version-dependent rules
-            (per-function syntax 2.24+, NVLS 2.17+, NVLSTree 2.18+, PAT 2.23+, 64 CTAs from
-            2.25, CTA policy 2.27+, policy names 2.29+). None skips them.
-
-    Returns:
-        The issues found, in variable order; empty when everything is in its domain.
-    """
+    """Every known NCCL variable of ``environ`` against its domain; ``nccl_version`` None skips the version rules."""
     version = parse_version(nccl_version)
     issues: list[EnvIssue] = []
     get = environ.get
@@ -278,11 +248,7 @@ def check_nccl_env(environ: Mapping[str, str], *, nccl_version: str | None = Non
 
 
 def plugin_path_missing(value: str | None) -> bool:
-    """True when ``value`` is a path (it contains ``/``) to a file that does not exist.
-
-    A bare name (``libnccl-tuner-x.so`` or ``x``) is searched by the dynamic loader and is not
-    checked here.
-    """
+    """True when ``value`` is a path (contains ``/``) to a missing file; bare names are left to the dynamic loader."""
     return bool(value) and "/" in value and not os.path.exists(value)
 
 
@@ -321,17 +287,8 @@ def _check_cta_policy(value: str, version, issues: list[EnvIssue]) -> None:
 
 
 def override_issues(environ: Mapping[str, str]) -> list[EnvIssue]:
-    """Variables that silently replace lagom's per-communicator or tuner-plugin choices.
-
-    A per-communicator override (``PER_COMMUNICATOR_OVERRIDES``, e.g. ``NCCL_MAX_CTAS``) is
-    copied into every communicator's ``ncclConfig_t`` at creation (``envConfigOverride``), so a
-    plan's per-site CTA budgets would be ignored. ``NCCL_ALGO`` / ``NCCL_PROTO`` narrow the
-    choices before the tuner plugin sees the cost table (``TUNER_OVERRIDES``; some plugins refuse
-    to load then, NCCL issue 1661). A foreign ``NCCL_TUNER_PLUGIN`` replaces lagom's plugin.
-
-    Returns:
-        One warning per variable set, naming what it overrides.
-    """
+    """One warning per set variable that silently replaces lagom's per-communicator (``envConfigOverride``) or
+    tuner-plugin choices (NCCL issue 1661)."""
     issues = []
     for var, field in PER_COMMUNICATOR_OVERRIDES.items():
         if environ.get(var) is not None:

@@ -1,18 +1,5 @@
-"""Process-scope NCCL knobs of a plan, written as a shell env file beside the plan.
-
-NCCL reads ``NCCL_NTHREADS`` and ``NCCL_BUFFSIZE`` once per process and caches them (its
-``NCCL_PARAM`` getters), so a plan cannot change them in a running job. They go into
-``<plan>.env`` (``runs/plan.json`` -> ``runs/plan.env``), which the launch scripts source before
-starting the next run::
-
-    # written by lagom: process-scope NCCL knobs of plan.json
-    export NCCL_NTHREADS=256
-    export NCCL_BUFFSIZE=2097152
-
-The file may also carry the tuner plugin's location (``NCCL_TUNER_PLUGIN``) and the plan table
-it reads (``LAGOM_TUNER_CONFIG``), which are process scope too (NCCL loads the plugin at the
-first communicator creation). Every value is validated before it is written and again when read.
-"""
+"""Process-scope NCCL knobs of a plan as a validated shell env file (``plan.json`` -> ``plan.env``) that the launch
+sources: NCCL reads ``NCCL_NTHREADS`` / ``NCCL_BUFFSIZE`` once per process (``NCCL_PARAM``)."""
 
 from __future__ import annotations
 
@@ -28,20 +15,16 @@ NTHREADS_DOMAIN = (64, 128, 256, 512)
 """NCCL_NTHREADS values NCCL accepts (threads per CTA; NCCL's docs, env.rst)."""
 BUFFSIZE_MIN = 1 << 16
 BUFFSIZE_MAX = 1 << 30
-"""NCCL_BUFFSIZE bounds in bytes. NCCL documents "an integer, default 4 MiB"; lagom further
-requires a power of two in 64 KiB..1 GiB (our conservative choice: NCCL splits the buffer into
-equal steps, and larger buffers cost GPU memory per peer and channel)."""
+"""NCCL_BUFFSIZE bounds, bytes: lagom's conservative power-of-two range (NCCL documents only the 4 MiB default)."""
 
 PROCESS_KNOBS: dict[str, str] = {
     "NCCL_NTHREADS": "CUDA threads per CTA for the Simple protocol",
     "NCCL_BUFFSIZE": "bytes of staging buffer per peer and channel (Simple protocol)",
 }
-"""Process-scope NCCL variables a plan may set."""
 PATH_VARS: dict[str, str] = {
     "NCCL_TUNER_PLUGIN": "path of libnccl-tuner-lagom.so",
     "LAGOM_TUNER_CONFIG": "path of the plan table the tuner plugin reads",
 }
-"""Process-scope variables naming files."""
 ALIASES = {"n_threads": "NCCL_NTHREADS", "buffsize": "NCCL_BUFFSIZE", "buffer_size": "NCCL_BUFFSIZE"}
 """Knob names a plan's ``env`` section may use instead of the NCCL variable names."""
 
@@ -56,19 +39,8 @@ def _int_value(name: str, value: Any) -> int:
 
 
 def validate_process_env(env: Mapping[str, Any]) -> dict[str, str]:
-    """Checks process-scope knobs against NCCL's domains and returns them as strings.
-
-    Args:
-        env: variable (or alias, see ``ALIASES``) -> value, e.g. ``{"NCCL_NTHREADS": 256}``.
-
-    Returns:
-        NCCL variable name -> value string, in a stable order (knobs first, then paths).
-
-    Raises:
-        ValueError: an unknown variable (names the allowed ones), NCCL_NTHREADS outside
-            64/128/256/512, NCCL_BUFFSIZE not a power of two in 64 KiB..1 GiB, an empty path, or
-            two names for the same variable.
-    """
+    """Process-scope knobs (names or ``ALIASES``) checked against NCCL's domains, as strings, knobs first. Raises
+    ValueError: an unknown variable, a value outside its domain, an empty path, two names for one variable."""
     out: dict[str, str] = {}
     for key, value in env.items():
         name = ALIASES.get(key, key)
@@ -103,20 +75,7 @@ def env_file_path(plan_path: str | os.PathLike) -> Path:
 
 
 def write_env_file(env: Mapping[str, Any], path: str | os.PathLike, *, source: str | None = None) -> Path:
-    """Writes validated ``export VAR=value`` lines to ``path`` atomically (temp file + rename).
-
-    Args:
-        env: see ``validate_process_env``; may be empty (the file then only has its header, so
-            sourcing it is harmless).
-        path: the env file, usually ``env_file_path(plan_path)``.
-        source: what the values come from, for the header comment (e.g. the plan's file name).
-
-    Returns:
-        ``path`` as a Path.
-
-    Raises:
-        ValueError: see ``validate_process_env``.
-    """
+    """Writes validated ``export VAR=value`` lines to ``path`` atomically (ValueError: ``validate_process_env``)."""
     values = validate_process_env(env)
     path = Path(path)
     lines = [f"# written by lagom: process-scope NCCL settings{f' of {source}' if source else ''}",
@@ -127,16 +86,7 @@ def write_env_file(env: Mapping[str, Any], path: str | os.PathLike, *, source: s
 
 
 def read_env_file(path: str | os.PathLike) -> dict[str, str]:
-    """Reads an env file written by ``write_env_file`` and validates it again.
-
-    Returns:
-        Variable -> value.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: a line that is not ``export VAR=value`` or a comment (names the line), or a
-            value outside NCCL's domain.
-    """
+    """Reads and revalidates an env file; FileNotFoundError, or ValueError naming a bad line or value."""
     env: dict[str, str] = {}
     for lineno, raw in enumerate(Path(path).read_text().splitlines(), 1):
         line = raw.strip()
@@ -153,15 +103,7 @@ def read_env_file(path: str | os.PathLike) -> dict[str, str]:
 def write_plan_env_file(plan_path: str | os.PathLike, env: Mapping[str, Any], *,
                         tuner_plugin: str | os.PathLike | None = None,
                         tuner_table: str | os.PathLike | None = None) -> Path:
-    """Writes the env file of the plan saved at ``plan_path`` (``Plan.env`` plus, optionally,
-    the tuner plugin and its table), beside it: ``runs/plan.json`` -> ``runs/plan.env``.
-
-    Returns:
-        The env file's path.
-
-    Raises:
-        ValueError: see ``validate_process_env``.
-    """
+    """Writes ``env`` (and the tuner plugin and table) to ``env_file_path(plan_path)``; ValueError if invalid."""
     values: dict[str, Any] = dict(env)
     if tuner_plugin is not None:
         values["NCCL_TUNER_PLUGIN"] = os.fspath(tuner_plugin)

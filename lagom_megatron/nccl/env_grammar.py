@@ -1,13 +1,6 @@
-"""What NCCL accepts in its environment variables: the ``NCCL_ALGO`` / ``NCCL_PROTO`` grammar and
-tokens, and the domains of the thread, CTA, CGA and CTA-policy variables.
-
-Sources: NCCL's ``docs/userguide/source/env.rst``; ``src/graph/tuning.cc`` (``parseList``, the
-grammar of ``NCCL_ALGO``/``NCCL_PROTO`` and its error messages; ``getNthreads``); ``src/init.cc``
-(``envConfigOverride``, ``getEnvCtaPolicyOnce``). ``lagom_megatron.nccl.env_check`` checks a user's
-variables against these tables and parsers.
-
-Pure Python; no torch.
-"""
+"""What NCCL accepts in ``NCCL_ALGO`` / ``NCCL_PROTO`` (grammar, tokens) and the thread, CTA, CGA and CTA-policy
+variables. Sources: NCCL ``docs/userguide/source/env.rst``, ``src/graph/tuning.cc`` (``parseList``, ``getNthreads``),
+``src/init.cc`` (``envConfigOverride``, ``getEnvCtaPolicyOnce``)."""
 
 from __future__ import annotations
 
@@ -28,7 +21,6 @@ ALGORITHMS: dict[str, tuple[int, int]] = {
 """Algorithm token -> first NCCL (major, minor) that accepts it (tokens are case-insensitive)."""
 
 PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
-"""Protocol tokens (case-insensitive)."""
 
 NTHREADS_ALLOWED: tuple[int, ...] = (64, 128, 256, 512)
 """NCCL_NTHREADS values listed by env.rst; NCCL clamps anything else with an INFO log only."""
@@ -64,24 +56,10 @@ def max_ctas(nccl_version: str | None) -> int:
 
 
 def parse_selection(value: str, kind: Literal["algorithm", "protocol"]) -> dict[str, frozenset[str]]:
-    """Parses an ``NCCL_ALGO`` / ``NCCL_PROTO`` value the way NCCL's ``parseList`` does.
+    """Parses an ``NCCL_ALGO`` / ``NCCL_PROTO`` value as NCCL's ``parseList`` does: function name -> enabled tokens.
 
-    Grammar: entries separated by ``;``; each entry is ``[function:]list``; only the first entry
-    may omit the function prefix (it then applies to every function); a list is comma-separated
-    tokens, optionally led by ``^`` (everything except these). Tokens and prefixes are
-    case-insensitive; empty tokens are skipped, as ``strtok`` does.
-
-    Args:
-        value: the variable's value, e.g. ``"ring,tree"``, ``"^LL128;allreduce:LL"``.
-        kind: "algorithm" (tokens of ``ALGORITHMS``) or "protocol" (``PROTOCOLS``).
-
-    Returns:
-        function name (``FUNCTIONS``) -> the canonical tokens enabled for it, after all entries.
-
-    Raises:
-        ValueError: with NCCL's own wording: a later entry without a prefix, an unrecognized
-            token, an unrecognized prefix, or an empty value.
-    """
+    ``;``-separated ``[function:]list`` entries (only the first without prefix), ``^`` negates, case-insensitive.
+    Raises ValueError in NCCL's wording (a later entry without prefix, unknown token or prefix, empty value)."""
     tokens = tuple(ALGORITHMS) if kind == "algorithm" else PROTOCOLS
     canon = {t.lower(): t for t in tokens}
     funcs = {f.lower(): f for f in FUNCTIONS}

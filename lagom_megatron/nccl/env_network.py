@@ -1,28 +1,9 @@
-"""NCCL's network-selection, debugging and plugin variables and torch's ``TORCH_NCCL_*`` variables, parsed with their own grammars.
+"""NCCL's network, debugging and plugin variables and torch's ``TORCH_NCCL_*`` ones, each parsed with its own grammar.
 
-``lagom_megatron.nccl.env_check`` covers the variables that decide algorithms, protocols and
-channels; this module covers the rest of what ``lagom doctor`` knows, each with the grammar of the
-code that reads it:
-
-- ``NCCL_SOCKET_IFNAME``, ``NCCL_IB_HCA``: an optional ``^`` (exclude the list), then an optional
-  ``=`` (exact names instead of prefixes), in that order, then comma-separated entries
-  ``name[:port]`` of at most 63 characters (``src/misc/utils.cc`` ``parseStringList`` into
-  ``struct netIf { char prefix[64]; int port; }``; the prefixes are taken off in
-  ``src/misc/socket.cc`` and ``src/transport/net_ib.cc``). The port goes through ``atoi``: a
-  non-number becomes 0 and matches no port. A list that names nothing selects no interface.
-- ``NCCL_DEBUG``: VERSION, WARN, INFO, ABORT or TRACE; ``NCCL_DEBUG_SUBSYS``: comma-separated
-  subsystems, ``^`` first to invert (``src/debug.cc``). NCCL ignores anything else without a word.
-- ``NCCL_NET_PLUGIN``: a path that does not exist is never loaded (``none`` disables plugins);
-  ``NCCL_SOCKET_FAMILY``: ``AF_INET`` or ``AF_INET6``; ``NCCL_P2P_LEVEL``: LOC, NVL, PIX, PXB,
-  PHB, SYS (env.rst).
-- Integer NCCL variables (``src/misc/param.cc``: ``strtoll``, an unparsable value silently keeps
-  the default).
-- ``TORCH_NCCL_*`` booleans and integers, read by torch's ``getCvarBool`` / ``getCvarInt``
-  (``torch/csrc/distributed/c10d/Utils.hpp``): a boolean is y, yes, 1, t, true, n, no, 0, f, false
-  in any case; an integer is what ``std::stoi`` parses; anything else stops every rank when the
-  NCCL process group is created. ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is one of the
-  ``ErrorHandlingMode`` values 0..3 (``ProcessGroupNCCL.hpp``).
-"""
+Sources: NCCL ``src/misc/utils.cc`` ``parseStringList`` (prefixes: ``src/misc/socket.cc``,
+``src/transport/net_ib.cc``), ``src/debug.cc``, ``src/misc/param.cc`` (``strtoll``), env.rst; torch
+``torch/csrc/distributed/c10d/Utils.hpp`` (``getCvarBool`` / ``getCvarInt``: a bad value stops every rank),
+``ProcessGroupNCCL.hpp``."""
 
 from __future__ import annotations
 
@@ -52,7 +33,7 @@ def _issue(var: str, value: str, what: str, why: str, fix: str) -> EnvIssue:
 
 
 def check_interface_list(var: str, value: str) -> list[EnvIssue]:
-    """``NCCL_SOCKET_IFNAME`` / ``NCCL_IB_HCA`` against ``parseStringList``'s grammar (module docstring)."""
+    """``NCCL_SOCKET_IFNAME`` / ``NCCL_IB_HCA`` against ``parseStringList``'s ``[^][=]name[:port],...`` grammar."""
     why = f"NCCL parses {var} as [^][=]name[:port],... (src/misc/utils.cc parseStringList)"
     body = value
     if body.startswith("="):
@@ -77,11 +58,7 @@ def check_interface_list(var: str, value: str) -> list[EnvIssue]:
 
 
 def check_network_env(environ: Mapping[str, str]) -> list[EnvIssue]:
-    """Every variable of this module that is set, against its grammar.
-
-    Returns:
-        One ``EnvIssue`` (level error) per bad variable or entry; empty when all parse.
-    """
+    """One error ``EnvIssue`` per set variable of this module (or list entry) its grammar rejects."""
     out: list[EnvIssue] = []
     for var in ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"):
         if var in environ:

@@ -1,11 +1,5 @@
-"""NCCL environment variables that matter to lagom: which ones override per-communicator config,
-and ``validate_env``, the check of every variable lagom writes (a plan's ``env``, its exports).
-
-Source: research on NCCL's ``src/init.cc`` (``envConfigOverride``): when one of these variables is
-set, it overrides the matching ``ncclConfig_t`` field of every communicator, so lagom's
-per-communicator choices would be silently ignored. ``env_check`` holds the doctor's checks of
-the variables a user sets.
-"""
+"""NCCL variables that matter to lagom; ``validate_env`` checks those lagom writes (``env_check``: the user's). A set
+override replaces its ``ncclConfig_t`` field in every communicator (``src/init.cc`` ``envConfigOverride``)."""
 
 from __future__ import annotations
 
@@ -31,8 +25,7 @@ TUNER_OVERRIDES: dict[str, str] = {
 
 
 def launch_nthreads(env: dict[str, str]) -> int | None:
-    """``NCCL_NTHREADS`` of a launch environment as an int; None when it is unset or empty (NCCL's
-    own thread count). NCCL reads it once per process (docs/nccl.md)."""
+    """``NCCL_NTHREADS`` of a launch environment; None when unset or empty (NCCL reads it once per process)."""
     value = env.get("NCCL_NTHREADS")
     return int(value) if value else None
 
@@ -42,15 +35,8 @@ def _split_list(value: str) -> list[str]:
 
 
 def validate_env(env: dict[str, str]) -> None:
-    """Checks NCCL environment variables lagom would write (or the user set) against NCCL's rules.
-
-    NCCL_PROTO must not force LL128 (only exclusions like ``^LL128`` are accepted); NCCL_ALGO
-    must not be a global list without Ring (pytorch#163063: broadcast/barrier die with NVLS or
-    CollNet alone); NCCL_NTHREADS in {64, 128, 256, 512}; NCCL_BUFFSIZE a power of two.
-
-    Raises:
-        ValueError: names the variable, its value and what is allowed.
-    """
+    """Checks NCCL variables against NCCL's and lagom's rules (no forced LL128, nccl#786; a global NCCL_ALGO keeps Ring,
+    pytorch#163063); ValueError names the variable, value and allowed set."""
     for key, value in env.items():
         value = str(value)
         if key == "NCCL_PROTO":

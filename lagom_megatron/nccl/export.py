@@ -1,39 +1,13 @@
 """Plan exporters: the formats stock NCCL and Megatron-LM read.
 
-- ``megatron-yaml``: Megatron-LM's ``--nccl-communicator-config-path`` file. Keys are Megatron
-  process-group names (dp, dp_cp, tp, pp, ep, cp, ...); values hold ``min_ctas`` (1) and
-  ``max_ctas`` (the largest channel count the plan gives the group's sites; always both: NCCL
-  rejects a one-sided range, NCCL PR#2256) and
-  ``cga_cluster_size`` where the plan sets one, and ``is_high_priority_stream: true`` for a group
-  the plan puts on a high-priority stream (megatron-core 0.16.1 ``parallel_state.py:164`` passes
-  it to ``ProcessGroupNCCL.Options``, ``:770-773`` is where ``--high-priority-stream-groups`` sets
-  it). Megatron copies only these keys (and net_name) into ``ProcessGroupNCCL.Options``. Never empty: an empty
-  file loads as None and Megatron's lookup fails, so a plan without CTA choices exports ``{}``.
-- ``nccl-tuner-csv``: the tuner table,
-  ``collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff``.
-  Rows are per (communicator, op, byte size), what a tuner plugin can tell apart: sites with the
-  same key and the same exported config share one row (a comment lists them); sites with the same
-  key and different configs are refused (``ValueError`` naming both): the search must give sites
-  NCCL cannot tell apart one decision, and the table never picks one silently. A coalesced call
-  (a DDP bucket group) gets one row per NCCL bin of its tensors (``bins.nccl_bins``). nNodes is
-  always -1 (any): NCCL's node count is NVLink domains, not hosts.
-
-  * 10 columns (default): the format of NCCL's own example tuner plugin
-    (``plugins/tuner/example/plugin.c`` at NCCL v2.30.7), and it reads every row as lagom's plugin
-    does. The example reads an algorithm it does not know, ``-1`` included, as ring
-    (``parseAlgorithm``, :81-91), a protocol ``-1`` as simple (``parseProtocol``, :107-112) and
-    channels with ``atoi`` after presetting one channel on every call (:236, :361, :406-409), and
-    has no chunk size or communicator tag (at most 10 fields, :216). So this export writes only
-    explicit algorithm, protocol and channels, and refuses a plan that leaves any of them to NCCL
-    or sets a chunk size, naming the site. Every collective no row matches still runs on one
-    channel under NCCL's example plugin (:361); under lagom's plugin it keeps NCCL's choice.
-  * 12 columns (``extended=True``): lagom's plugin only; adds ``chunkSize`` and ``commTag`` and
-    writes ``-1`` for a knob left to NCCL. NCCL's example plugin cannot refuse these rows (it
-    stops reading at 10 fields) and would misread them, so they must not be given to it.
-- ``env``: ``export NAME='VALUE'`` lines (shell-quoted: ``;`` in ``NCCL_ALGO`` lists never runs as
-  a command) of the plan's process-scope knobs only, checked with ``env_vars.validate_env`` (never
-  LL128 forced, never a global algorithm list without Ring).
-"""
+- ``megatron-yaml``: Megatron-LM's ``--nccl-communicator-config-path`` file per process group: ``min_ctas`` 1 and
+  ``max_ctas`` (both: NCCL PR#2256), ``cga_cluster_size``, ``is_high_priority_stream`` (megatron-core 0.16.1
+  ``parallel_state.py:164``, :770-773); ``{}`` when empty (an empty file loads as None).
+- ``nccl-tuner-csv``: a row per (communicator, op, NCCL bin; nNodes -1); sites sharing a key must share a config. 10
+  columns: NCCL's example plugin, which reads -1 as ring / simple / 1 channel (``plugins/tuner/example/plugin.c``
+  @v2.30.7 :81-91, :107-112, :216, :236, :361, :406-409), so explicit values only; 12 (``extended``): lagom's plugin
+  only.
+- ``env``: shell-quoted ``export`` lines, checked by ``env_vars.validate_env``."""
 
 from __future__ import annotations
 
@@ -67,19 +41,7 @@ TUNER_PROTOCOL = {"LL": "ll", "LL128": "ll128", "Simple": "simple"}
 
 
 def export_plan(plan: Plan, fmt: str, *, extended: bool = False, cluster=None) -> str:
-    """The plan as text in ``fmt`` (megatron-yaml, nccl-tuner-csv or env).
-
-    Args:
-        plan: the plan to export.
-        fmt: one of ``FORMATS``.
-        extended: nccl-tuner-csv only: add the chunkSize and commTag columns.
-        cluster: a ClusterSpec to check CTA ranges against (64 CTAs from NCCL 2.25, else 32);
-            without it the 64 limit applies.
-
-    Raises:
-        ValueError: unknown format (names it and the allowed set), or a value the target would
-            reject (a CTA range, an env variable).
-    """
+    """The plan as text in ``fmt`` (``cluster``: CTA limits, default 64); ValueError: bad format or rejected value."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {list(FORMATS)}; got {fmt!r}")
     if plan.backend == "gloo" and fmt != "env":
@@ -133,31 +95,15 @@ def _megatron_yaml(plan: Plan, cluster) -> str:
 
 @dataclass(frozen=True)
 class TunerRow:
-    """One data row of an exported tuner table.
-
-    Attributes:
-        cells: the row's column values as written (10 or 12 strings, ``TUNER_COLUMNS`` order).
-        sites: the plan sites this row applies to (first = highest predicted gain).
-    """
+    """One tuner-table row: its ``cells`` (``TUNER_COLUMNS`` order) and the ``sites`` it serves (highest gain first)."""
 
     cells: tuple[str, ...]
     sites: tuple[str, ...]
 
 
 def tuner_rows(plan: Plan, *, extended: bool) -> list[TunerRow]:
-    """The data rows of the plan's tuner table, in file order (what the plugin's per-row hit
-    counters index, ``nccl/plugin_status.py``).
-
-    Args:
-        plan: an NCCL plan.
-        extended: 12 columns for lagom's plugin; else the 10 columns NCCL's example plugin reads
-            the same way (see the module docstring).
-
-    Raises:
-        ValueError: two sites with the same (communicator tag, collective, bytes, nodes, ranks)
-            and different configs (names both and the values); 10 columns: a site that leaves its
-            algorithm, protocol or channels to NCCL, or sets a chunk size (names the site).
-    """
+    """The plan's tuner-table rows in file order (what the plugin's hit counters index). Raises ValueError: sites NCCL
+    cannot tell apart with different configs; for 10 columns, a knob left to NCCL or a chunk size."""
     order = sorted(plan.entries.items(),
                    key=lambda kv: -(kv[1].predicted_default_t_region_us - kv[1].predicted_t_region_us))
     rows: dict[tuple, list] = {}
@@ -234,11 +180,7 @@ def _env(plan: Plan) -> str:
 
 
 def parse_tuner_csv(text: str) -> list[dict[str, str]]:
-    """Rows of a tuner table as dicts (comments and blank lines skipped); 10 or 12 columns.
-
-    Raises:
-        ValueError: a row with another column count (names the line number).
-    """
+    """Rows of a tuner table (10 or 12 columns) as dicts; ValueError names a row with another column count."""
     rows = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -252,9 +194,7 @@ def parse_tuner_csv(text: str) -> list[dict[str, str]]:
 
 
 def plan_hit_summary(plan: Plan, *, status_reader: Any = None) -> str:
-    """``plugin_status.summarize_hits`` for ``plan``'s tuner rows (``tuner_rows``, extended) with
-    this process's plugin status (``status_reader``, default ``read_plugin_status``): one log line.
-    Never raises for a plan whose table could not be exported (the line says so instead)."""
+    """One log line: ``summarize_hits`` of ``plan``'s extended tuner rows; never raises for a plan without a table."""
     try:
         rows = tuner_rows(plan, extended=True)
     except ValueError as exc:

@@ -1,35 +1,10 @@
 """Applied = observed, on NCCL: does what NCCL reported it ran for a site's calls match the plan?
 
-The profiler half of lagom's plugin records per communicator the shape of every call and NCCL's
-choice for it (``profiler_status.ObservedComm``). A site's calls are found in the records of the
-communicator it runs on (a pool entry's tag, or the commName NCCL was given) by NCCL's function
-and the call's bytes, counted the way the plan counts them (``op_bytes``). Then each knob the
-plan sets is compared with the event field that shows it (docs/nccl.md, "observed by"):
-
-- ``algorithm`` / ``protocol``: the coll event's ``algo`` / ``proto`` (``ncclAlgoToString``,
-  ``ncclProtoToString``, NVIDIA/nccl v2.30.7 ``src/collectives.cc:95-127``, filled from the task at
-  launch, ``src/plugin/profiler.cc:498-499``);
-- ``n_channels`` of a collective: the coll event's ``nChannels``, the channels the task really runs
-  on after NCCL split it (``task->nChannels``, ``src/enqueue.cc:701-704``; ABI v1-v3 report the
-  most it may use, ``nMaxChannels``, which is the tuner's value as it gave it, :2178). NCCL takes
-  the tuner's count exactly (:2178) but then splits the call into 32 KiB traffic cells (16 KiB
-  before 2.29) and runs it on no more channels than it has cells, so a small call runs on fewer
-  channels than planned (``nccl_coll_channels``). The site is applied when the count is the plan's
-  or the count NCCL's split gives for it ("split" note), else it differs ("clamped" when fewer).
-  CollNet and multi-node NVLS tasks carry no channel count (NCCL never sets it on that path,
-  :624-654) and are not compared;
-- ``n_channels`` of a point-to-point site (the entry's CTA bound, ``engine.p2p``): every p2p event's
-  ``nChannels`` (ABI v4+) is at most the P2P channels that bound gives (``p2p_channels``);
-- ``n_threads``: the coll event's ``nWarps`` x 32;
-- ``chunk_size``: the proxyOp event's ``chunkSize``, which is the collective's chunk times its
-  slice steps from NCCL 2.24 (the chunk alone in 2.23, ABI v1) (``src/plugin/profiler.cc:580``; slice steps 2 = ``NCCL_STEPS / 4`` for ring /
-  simple all-reduce, all-gather and reduce-scatter, else 1: ``src/enqueue.cc:2223-2224``,
-  ``src/include/collectives.h:19-28``); only network transfers have proxy ops, so elsewhere the chunk
-  is not observable and not compared.
-
-A site whose calls left no record is ``unobserved`` (never a mismatch): the profiler half is not
-loaded, another profiler plugin is, or the calls did not run while recording was on.
-"""
+Calls are found in the profiler records of the site's communicator by function and bytes (``op_bytes``); each planned
+knob is compared with its event field (docs/nccl.md; NVIDIA/nccl v2.30.7): ``algo`` / ``proto``
+(``src/collectives.cc:95-127``, ``src/plugin/profiler.cc:498-499``), ``nChannels`` (``src/enqueue.cc:701-704``; ABI
+v1-v3 the maximum, :2178; none for CollNet / multi-node NVLS, :624-654), ``nWarps``, the proxy ``chunkSize``
+(``src/plugin/profiler.cc:580``; network only). A site without records is ``unobserved``, never a mismatch."""
 
 from __future__ import annotations
 
@@ -69,29 +44,11 @@ def _div_up(a: int, b: int) -> int:
 
 
 def nccl_coll_channels(op: ObservedOp, n_channels: int, n_ranks: int) -> int | None:
-    """The channels NCCL runs one collective on when its tuner gave it ``n_channels`` and the call
-    is alone in its launch, or None where the record cannot tell (unknown datatype, ABI below v4,
-    CollNet / multi-node NVLS). Follows ``scheduleCollTasksToPlan`` (NVIDIA/nccl v2.30.7
-    ``src/enqueue.cc:576-704``; v2.27.3 :536-648 and v2.28.9 :529-638 for ABI v4 and v5):
-
-    - the task's traffic is its bytes x ``ncclFuncTrafficPerByte`` (2 for all-reduce, ``nRanks``
-      for all-gather and reduce-scatter, 1 else, :91-102, :2790), x 4 for LL (:461, :658), at
-      least ``MinTrafficPerChannel`` (32 KiB from 2.29 = ABI v6, 16 KiB in 2.27-2.28, :585, :597);
-    - each channel gets that traffic / ``min(n_channels, comm channels)`` (:598-599, :618; 2.27-2.28
-      at least the minimum), in cells of the minimum traffic (:659-664);
-    - the call fills a first channel, then whole channels, then a last one (:665-701).
-
-    The communicator is assumed to have at least ``n_channels`` channels (lagom's pool entries set
-    ``min_ctas = max_ctas`` to the plan's largest count, docs/nccl.md); a call grouped with others
-    in one launch shares their channel budget and may differ.
-
-    Args:
-        op: the record (``count``, ``dtype``, ``proto``, ``func``, ``abi``, ``n_nodes``).
-        n_channels: the tuner's channel count (>= 1).
-        n_ranks: the communicator's size.
-    Raises:
-        ValueError: ``n_channels`` or ``n_ranks`` below 1.
-    """
+    """Channels NCCL runs one collective on, alone in its launch, when its tuner gave ``n_channels`` (assuming the
+    communicator has that many); None where the record cannot tell. ``scheduleCollTasksToPlan`` (v2.30.7
+    ``src/enqueue.cc:576-704``; v2.27.3 :536-648, v2.28.9 :529-638): traffic per byte :91-102, :2790; LL x4 :461,
+    :658; minimum per channel (32 KiB from ABI v6, else 16) :585, :597; split :598-599, :618; cells :659-664,
+    :665-701. ValueError: ``n_channels`` or ``n_ranks`` < 1."""
     if n_channels < 1 or n_ranks < 1:
         raise ValueError(f"n_channels ({n_channels}) and n_ranks ({n_ranks}) must be >= 1")
     size = DTYPE_BYTES.get(op.dtype)
@@ -121,10 +78,9 @@ def nccl_coll_channels(op: ObservedOp, n_channels: int, n_ranks: int) -> int | N
 
 
 def slice_steps(op: ObservedOp) -> int:
-    """Steps per slice of the call (the proxy's chunk is chunk x this): 2 for ring / simple
-    all-reduce, all-gather and reduce-scatter, 1 otherwise (see the module docstring). 1 under
-    profiler ABI v1, which only NCCL 2.23 loads from lagom's library: it reports the chunk itself
-    (v2.23.4 ``src/misc/profiler.cc:361``; x sliceSteps from 2.24, v2.24.3 :475)."""
+    """Steps per slice (proxy chunk = chunk x this): 2 for ring / simple all-reduce, all-gather and reduce-scatter
+    (``src/enqueue.cc:2223-2224``, ``src/include/collectives.h:19-28``), else 1; 1 under ABI v1 (v2.23.4
+    ``src/misc/profiler.cc:361``; x slice steps from v2.24.3 :475)."""
     if op.abi == 1:
         return 1
     ring_simple = op.algo == "RING" and op.proto == "SIMPLE"
@@ -133,12 +89,7 @@ def slice_steps(op: ObservedOp) -> int:
 
 @dataclass(frozen=True)
 class SiteObservation:
-    """The verdict on one site of the plan: ``status`` ``applied`` (every knob the plan sets was
-    seen as planned), ``differs`` (``knobs`` names those that were not) or ``unobserved``.
-
-    ``planned`` and ``observed`` map each compared knob to its value (``observed``: the values seen,
-    a tuple when the calls differ among themselves); ``calls``: calls matched; ``note``: why a site
-    is unobserved or what "differs" means for a knob (``clamped``)."""
+    """One site's verdict: ``applied``, ``differs`` (``knobs`` says which; ``note``: ``clamped``) or ``unobserved``."""
 
     site_id: str
     status: str
@@ -161,8 +112,7 @@ def _one(values: Iterable[Any]) -> Any:
 
 
 def matching_ops(comms: Iterable[ObservedComm], key: str, op: str, nbytes: int, group_size: int) -> list[ObservedOp]:
-    """The records of the communicator(s) known as ``key`` (tag or commName) whose function is
-    ``op`` and whose bytes are ``nbytes``; ``group_size`` turns per-rank counts into the plan's."""
+    """Records of the communicator(s) known as ``key`` whose function is ``op`` and bytes the plan's ``nbytes``."""
     out = []
     for comm in comms:
         if key not in comm.keys():
@@ -174,13 +124,7 @@ def matching_ops(comms: Iterable[ObservedComm], key: str, op: str, nbytes: int, 
 
 def observe_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int, group_size: int,
                  ops: list[ObservedOp]) -> SiteObservation:
-    """Compares ``planned`` with the records ``ops`` of the site's calls (``matching_ops``).
-
-    Args:
-        planned: the plan's config for the site (what the entry and the tuner table apply).
-        op, nbytes, group_size: the plan entry's op, bytes and group size.
-        ops: the matching records; empty = the site is unobserved.
-    """
+    """Compares ``planned`` (the plan's config for the site) with its calls' records ``ops`` (empty: unobserved)."""
     if not ops:
         return SiteObservation(site_id, "unobserved", note="no record of its calls (function and bytes) on its "
                                                           "communicator while NCCL's events were on")
@@ -234,10 +178,7 @@ def observe_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int, gro
 
 def site_kernel_us(comms: Iterable[ObservedComm], key: str, op: str, nbytes: int, group_size: int,
                    calls: int) -> float | None:
-    """The site's NCCL kernel time in the records, microseconds summed over its ``calls`` calls,
-    when the records tell it apart: every call of that shape on the communicator is the site's
-    (its bucket's calls equal ``calls``) and each reported its channels' timers. None otherwise
-    (another site shares the shape, or no timer: profiler ABI below v4)."""
+    """The site's NCCL kernel time, us summed over ``calls``; None unless the records tell it apart (ABI v4+)."""
     ops = matching_ops(comms, key, op, nbytes, group_size)
     if not ops or calls <= 0 or sum(o.calls for o in ops) != calls or sum(o.kernel_calls for o in ops) != calls:
         return None

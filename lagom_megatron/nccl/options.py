@@ -1,26 +1,8 @@
-"""``ncclConfig_t`` options of one communicator: which ``CommConfig`` knob becomes which
-``ProcessGroupNCCL.Options`` attribute or environment variable (docs/nccl.md):
-
-====================  ==============================================  =======================
-CommConfig field      NCCLConfig attribute / environment              torch that binds it
-====================  ==============================================  =======================
-n_channels            min_ctas = max_ctas = n (and nvls_ctas = n)     min/max_ctas: 2.1+,
-                                                                      nvls_ctas: 2.8+
-cga_cluster_size      cga_cluster_size (0..8)                         2.1+
-cta_policy            cta_policy (DEFAULT 0, EFFICIENCY 1, ZERO 2)    2.8+ (ZERO: NCCL 2.28+)
-algorithm, protocol   NCCL_ALGO / NCCL_PROTO set around creation,      any (NCCL 2.24+ syntax)
-                      per NCCL function ("allreduce:Tree")
-====================  ==============================================  =======================
-
-The attribute set depends on the NCCL headers torch was built with, so it is detected from the
-installed torch (``nccl_config_fields``), never assumed. NCCL re-reads ``NCCL_ALGO`` /
-``NCCL_PROTO`` at every communicator creation (research on NCCL's ``src/graph/tuning.cc``), so
-they are set around an eager creation (``pool.create_nccl_pool_entry``). With the tuner plugin,
-algorithm, protocol, channels and chunk size come per call from the plan table instead, so no
-``NCCL_ALGO`` / ``NCCL_PROTO`` is set. ``n_threads`` is process scope (``env_file``);
-``chunk_size`` needs the plugin (ABI v6). ``check_env_conflicts`` refuses variables that would
-override all of this. torch is imported lazily; the mapping functions work without NCCL.
-"""
+"""``ncclConfig_t`` options of one communicator: which ``CommConfig`` knob becomes which ``ProcessGroupNCCL.Options``
+attribute (torch binding it) or variable (docs/nccl.md): ``n_channels`` -> ``min_ctas = max_ctas`` (2.1+),
+``nvls_ctas`` (2.8+); ``cga_cluster_size`` (2.1+); ``cta_policy`` (2.8+; ZERO needs NCCL 2.28); ``algorithm`` /
+``protocol`` -> per-function NCCL_ALGO / NCCL_PROTO around an eager creation (NCCL 2.24+, re-read per communicator,
+``src/graph/tuning.cc``), not with the tuner plugin. torch is imported lazily."""
 
 from __future__ import annotations
 
@@ -33,12 +15,9 @@ from lagom_megatron.nccl.env_vars import PER_COMMUNICATOR_OVERRIDES, TUNER_OVERR
 TUNER_COMM_TAG_ENV = "LAGOM_TUNER_COMM_TAG"
 """Read by the tuner plugin in ``init``: the tag of the communicator being created."""
 TUNER_CONFIG_ENV = "LAGOM_TUNER_CONFIG"
-"""Read by the tuner plugin in ``init``: path of the plan table. Only when it is unset does the
-plugin read ``NCCL_TUNER_CONFIG_FILE`` (``nccl/plugin/plugin.c`` ``lagomInit``)."""
+"""The plugin's plan table, read in ``init`` (``plugin.c`` ``lagomInit``); unset: ``NCCL_TUNER_CONFIG_FILE``."""
 TUNER_NO_TABLE = "none"
-"""``LAGOM_TUNER_CONFIG`` value meaning "no table" (as ``""`` does): the plugin keeps NCCL's tuning
-for that communicator and does not fall back to ``NCCL_TUNER_CONFIG_FILE`` (``LAGOM_TUNER_NO_TABLE``
-in ``nccl/plugin/lagom_tuner.h``). Every pool entry made without a plan table is created with it."""
+"""``LAGOM_TUNER_CONFIG`` value for "no table", as ``""`` (no fallback; ``LAGOM_TUNER_NO_TABLE``, ``lagom_tuner.h``)."""
 NONBLOCKING_ENV = "TORCH_NCCL_USE_COMM_NONBLOCKING"
 """PyTorch switch for non-blocking communicators, whose creation runs in another thread."""
 
@@ -46,11 +25,8 @@ KNOWN_CONFIG_FIELDS: frozenset[str] = frozenset({
     "blocking", "cga_cluster_size", "min_ctas", "max_ctas", "net_name", "split_share",
     "traffic_class", "collnet_enable", "cta_policy", "nvls_ctas", "comm_name", "n_channels_per_net_peer",
 })
-"""NCCLConfig attributes some torch release binds (torch 2.5-2.7: the first six; 2.8+: four more).
-``n_channels_per_net_peer`` (``ncclConfig_t.nChannelsPerNetPeer``, NCCL 2.28) is bound by no torch
-release we read (``torch/csrc/distributed/c10d/init.cpp`` at pytorch ce00583b binds blocking,
-cga_cluster_size, min_ctas, max_ctas, split_share, traffic_class, collnet_enable, cta_policy,
-nvls_ctas and net_name): it is detected, never assumed, and used where a torch binds it."""
+"""NCCLConfig attributes some torch binds (2.5-2.7: the first six; 2.8+: four more). ``n_channels_per_net_peer`` (NCCL
+2.28) is bound by no torch we read (``torch/csrc/distributed/c10d/init.cpp`` @ce00583b): detected, never assumed."""
 
 CTA_POLICIES: dict[str, int] = {"DEFAULT": 0, "EFFICIENCY": 1, "ZERO": 2}
 """ncclConfig_t.CTAPolicy values (NCCL_CTA_POLICY_*; ZERO usable from NCCL 2.28)."""
@@ -70,12 +46,9 @@ ALGORITHM_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "NVLSTree": ("allreduce",),
     "PAT": ("allgather", "reducescatter"),
 }
-"""NCCL functions each algorithm implements. A per-communicator NCCL_ALGO names the algorithm
-for these functions only ("allreduce:Tree"): a bare NCCL_ALGO=Tree leaves all-gather with no
-algorithm and NCCL fails the call."""
+"""NCCL functions each algorithm implements (NCCL_ALGO is per function: a bare ``Tree`` leaves all-gather none)."""
 
 SIMPLE_ONLY_ALGORITHMS = frozenset({"CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"})
-"""Algorithms NCCL runs with the Simple protocol only."""
 
 PROTOCOLS: dict[str, str] = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
 """Normalised name -> NCCL_PROTO spelling."""
@@ -105,15 +78,10 @@ KNOB_OVERRIDES: dict[str, tuple[str, ...]] = {
     "NCCL_NCHANNELS_PER_NET_PEER": ("net_peer_channels",),
     "TORCH_NCCL_HIGH_PRIORITY": ("high_priority_stream",),
 }
-"""Variable -> the knobs it fixes for every communicator of the process. NCCL_MIN/MAX_CTAS,
-NCCL_CGA_CLUSTER_SIZE, NCCL_CTA_POLICY and NCCL_NVLS_NCHANNELS override the ``ncclConfig_t`` field
-of every communicator (``src/init.cc`` ``envConfigOverride``); NCCL_ALGO / NCCL_PROTO narrow the
-algorithms and protocols before the tuner sees them (``src/graph/tuning.cc:453-461``);
-NCCL_NTHREADS is a process-wide parameter (``tuning.cc:14``); the buffer sizes set the chunk
-ceiling (``src/init.cc:810-824``). TORCH_NCCL_HIGH_PRIORITY is torch's: ProcessGroupNCCL takes every
-group's NCCL stream at high priority with it (``initNCCLComm``: ``getStreamFromPool(
-options_->is_high_priority_stream || force_high)``), so a plan has no stream priority to set. A
-knob a user fixed is not searched (``restrict_domains``)."""
+"""Variable -> the knobs it fixes for every communicator (not searched, ``restrict_domains``): ``ncclConfig_t``
+overrides (``src/init.cc`` ``envConfigOverride``), NCCL_ALGO / NCCL_PROTO (``src/graph/tuning.cc:453-461``),
+NCCL_NTHREADS (``tuning.cc:14``), buffer sizes cap the chunk (``src/init.cc:810-824``), TORCH_NCCL_HIGH_PRIORITY
+(``initNCCLComm``: ``getStreamFromPool(options_->is_high_priority_stream || force_high)``)."""
 
 def nccl_version_tuple(version: Any) -> tuple[int, int, int] | None:
     """Normalises ``torch.cuda.nccl.version()`` (a tuple, or an int code in old torch)."""
@@ -140,18 +108,7 @@ def runtime_nccl_version() -> tuple[int, int, int] | None:
 
 
 def nccl_config_fields(options_cls: Any = None) -> frozenset[str]:
-    """Which NCCLConfig attributes the installed torch exposes (detected, not assumed).
-
-    Args:
-        options_cls: a ``ProcessGroupNCCL.Options``-like class (tests pass fakes); default: the
-            installed torch's.
-
-    Returns:
-        The attribute names among ``KNOWN_CONFIG_FIELDS`` present on ``options_cls().config``.
-
-    Raises:
-        RuntimeError: "NCCL is not available: ..." when ``options_cls`` is None and torch has no NCCL.
-    """
+    """``KNOWN_CONFIG_FIELDS`` that ``options_cls`` (default: torch's) exposes; RuntimeError when torch has no NCCL."""
     if options_cls is None:
         options_cls = nccl_module_parts()[1].Options
     config = options_cls().config
@@ -172,28 +129,10 @@ def _per_function(functions: Iterable[str], value: str) -> str:
 def nccl_options_for(config: CommConfig, *, fields: Iterable[str] | None = None,
                      nccl_version: tuple[int, int, int] | None = None, use_tuner_plugin: bool = False,
                      op: str | None = None, tag: str | None = None) -> dict[str, dict[str, Any]]:
-    """Maps a CommConfig to the NCCLConfig attributes and the environment of one pool entry.
-
-    Args:
-        config: the entry's configuration; ``n_threads`` and ``chunk_size`` are not
-            per-communicator knobs and are ignored here (see module docstring).
-        fields: NCCLConfig attributes the torch in use binds (``nccl_config_fields()``); None =
-            the torch 2.8+ set (all of ``KNOWN_CONFIG_FIELDS``).
-        nccl_version: runtime NCCL version; None = assume a current one (2.28+).
-        use_tuner_plugin: algorithm/protocol come from the plugin's table, not NCCL_ALGO/NCCL_PROTO.
-        op: the site's CollectiveSite.op, to name only its NCCL function in NCCL_ALGO/NCCL_PROTO;
-            None = every function the algorithm implements.
-        tag: communicator tag for the tuner plugin (``LAGOM_TUNER_COMM_TAG``).
-
-    Returns:
-        ``{"config": {attribute: value}, "env": {variable: value}}``; env holds what must be set
-        while the communicator is created (and restored after).
-
-    Raises:
-        ValueError: a value outside NCCL's domain, a field this torch does not bind, an
-            algorithm/protocol pair NCCL does not run, LL128 forced through NCCL_PROTO, or a
-            per-communicator algorithm on NCCL < 2.24; the message names the value and what is allowed.
-    """
+    """Maps ``config`` to one pool entry's NCCLConfig attributes and creation-time env: ``{"config": ..., "env": ...}``.
+    Ignores ``n_threads`` and ``chunk_size``; ``fields`` None = all known, ``nccl_version`` None = 2.28+. Raises
+    ValueError naming the value and what is allowed (domain, unbound field, a pair NCCL does not run, forced LL128, a
+    per-communicator algorithm before NCCL 2.24)."""
     fields = frozenset(KNOWN_CONFIG_FIELDS if fields is None else fields)
     version = nccl_version or (2, 99, 0)
     out: dict[str, Any] = {}
@@ -284,23 +223,9 @@ def _algo_proto_env(config: CommConfig, *, op: str | None, version: tuple[int, i
 
 def check_env_conflicts(environ: Mapping[str, str], *, use_tuner_plugin: bool, config: CommConfig | None = None,
                         blocking_bound: bool = True) -> None:
-    """Refuses an environment that would silently override what a pool entry sets.
-
-    Args:
-        environ: the process environment (``os.environ`` or a dict in tests).
-        use_tuner_plugin: also refuse NCCL_ALGO / NCCL_PROTO, which narrow the plugin's choices.
-        config: the entry's configuration: only variables that override a knob it sets count
-            (``KNOB_OVERRIDES``; a knob a variable fixes is never searched, so an
-            agreed plan does not hold it). None = every overriding variable counts.
-        blocking_bound: this torch binds ``NCCLConfig.blocking``. The entry then sets it to 1, which
-            torch honours before ``TORCH_NCCL_USE_COMM_NONBLOCKING`` (``ProcessGroupNCCL::useNonblocking``:
-            the options' ``blocking`` first, the variable second), so the variable matters only
-            without the field.
-
-    Raises:
-        ValueError: listing every offending variable with its value and what it overrides. A
-            variable set to the empty string counts as set (NCCL sees it).
-    """
+    """Refuses (ValueError listing each variable, "" included) an environment that silently overrides a pool entry.
+    ``config``: only variables fixing a knob it sets count; ``blocking_bound``: the bound ``NCCLConfig.blocking``
+    wins over ``TORCH_NCCL_USE_COMM_NONBLOCKING`` (``ProcessGroupNCCL::useNonblocking``)."""
     def counts(var: str) -> bool:
         if var not in environ:
             return False
@@ -337,14 +262,7 @@ def nccl_module_parts():
 
 
 def build_options(config_fields: Mapping[str, Any], *, options_cls: Any, high_priority_stream: bool = False) -> Any:
-    """Creates ``options_cls(is_high_priority_stream=...)`` and sets ``config_fields`` on its config.
-
-    Communicators are made blocking (``blocking = 1``) when the field exists, so that their
-    creation reads the environment set around it.
-
-    Raises:
-        ValueError: an attribute the config object does not have.
-    """
+    """``options_cls(...)`` with ``config_fields`` and, where bound, ``blocking = 1``; ValueError: unknown attribute."""
     opts = options_cls(is_high_priority_stream=high_priority_stream)
     for name, value in {**config_fields, **({"blocking": 1} if hasattr(opts.config, "blocking") else {})}.items():
         if not hasattr(opts.config, name):

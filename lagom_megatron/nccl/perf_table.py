@@ -1,40 +1,10 @@
-"""Reads the output of one nccl-tests run (``all_gather_perf``, ``all_reduce_perf``, ...) as
-``scripts/gpu/nccl_sweep.sh`` saves it, for ``lagom calibrate bandwidth``.
+"""Reads the output of one nccl-tests run as ``scripts/gpu/nccl_sweep.sh`` saves it, for ``lagom calibrate bandwidth``.
 
-nccl-tests' own output (NVIDIA/nccl-tests v2.19.6, ``src/util.cu``), which this reader follows:
-
-- ``#`` lines before the table: the version and the run's parameters (util.cu:623-640), then
-  ``# Using devices`` and one ``#  Rank  r Group  g Pid  p on  HOST device  d [BUS] NAME`` line
-  per rank (util.cu:667-706), from every process with MPI;
-- the table header (util.cu:744-760): ``size count type redop root``, then ``time algbw busbw
-  #wrong`` for out-of-place and again for in-place (``time`` is ``cputime`` with ``-C``; with
-  ``-I`` each half has four more columns ``i_min i_max i_p99 i_cv%``; with ``-S`` a trailing
-  two-token ``timestamp``);
-- one row per size (common.cu:936-941): ``%12li  %12li  %8s  %6s  %6s`` (size in bytes, count in
-  elements, type, redop, root), then per half ``  %7s  %6s  %6s  %6g`` (time in us, algbw and
-  busbw in GB/s, the count of wrong elements, ``N/A`` with ``-c 0``; util.cu:495-511); numbers
-  too wide for their column lose decimals or turn to ``1.2e+06`` (``getFloatStr``, util.cu:487-492);
-- the footer (util.cu:771-780): ``# Out of bounds values : N OK|FAILED`` and ``# Avg bus
-  bandwidth : X``, the mean of every busbw printed, both halves (common.cu:895-896, 1831).
-
-``algbw = size / time`` and ``busbw = algbw x factor`` with factor 2(n-1)/n for all-reduce,
-(n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for send/recv
-(nccl-tests doc/PERFORMANCE.md, "Summary"; src/all_gather.cu:38-44, all_reduce.cu:59-65,
-reduce_scatter.cu:37-43, alltoall.cu:48-54, sendrecv.cu:38-44); the reader checks both on every row.
-
-nccl-tests never prints the NCCL variables a run was given, so the sweep writes them first, in
-one comment line (``SWEEP_TAG``)::
-
-    # lagom-sweep op=all_gather algorithm=Ring protocol=Simple channels=8 threads=256 nodes=1
-
-and runs with ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV``, so NCCL's own lines say what it
-ran (NCCL v2.30.7): ``N coll channels, ..., M p2p channels, K p2p channels per peer`` per rank
-(src/init.cc:1646-1647; the reader takes NCCL's count over the asked one), ``NCCL_PROTO set by
-environment to P`` (src/graph/tuning.cc:455), ``NCCL_ALGO set by environment to A``
-(tuning.cc:460), ``NCCL_NTHREADS set by environment to T.`` (src/misc/param.cc:100); a line
-contradicting the sweep line is an error. NCCL log lines (``NCCL INFO`` / ``WARN``, debug.cc:343-354)
-may come anywhere, the table included; any other line inside the table is an error.
-"""
+Follows NVIDIA/nccl-tests v2.19.6 (``src/util.cu:487-511, 623-640, 667-706, 744-760, 771-780``, ``common.cu:895-896,
+936-941, 1831``) and checks algbw = size / time and busbw = algbw x factor (doc/PERFORMANCE.md;
+``src/all_gather.cu:38-44``, ``all_reduce.cu:59-65``, ``reduce_scatter.cu:37-43``, ``alltoall.cu:48-54``,
+``sendrecv.cu:38-44``). The ``SWEEP_TAG`` line's settings must agree with NCCL v2.30.7's INFO lines
+(``src/init.cc:1646-1647``, ``src/graph/tuning.cc:455, 460``, ``src/misc/param.cc:100``, ``debug.cc:343-354``)."""
 
 from __future__ import annotations
 
@@ -44,19 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SWEEP_TAG = "# lagom-sweep"
-"""Start of the sweep's settings line."""
 PERF_OPS: dict[str, str] = {"all_gather": "Ring", "reduce_scatter": "Ring", "all_reduce": "Ring",
                             "alltoall": "P2P", "sendrecv": "P2P"}
-"""nccl-tests binary stem (``<op>_perf``) -> the algorithm the sweep pins: NCCL_ALGO=Ring for the
-collectives; send/recv and all-to-all are point-to-point, whatever NCCL_ALGO says."""
+"""nccl-tests binary stem (``<op>_perf``) -> the algorithm the sweep pins (Ring; P2P for send/recv and all-to-all)."""
 PROTOCOL_NAMES = ("LL", "LL128", "Simple")
 MAX_CHANNELS = 64
-"""MAXCHANNELS (NCCL v2.30.7 src/include/device.h:91): NCCL caps NCCL_MIN/MAX_NCHANNELS there
+"""MAXCHANNELS (v2.30.7 src/include/device.h:91), where NCCL caps NCCL_MIN/MAX_NCHANNELS
 (src/graph/connect.cc:334-358)."""
 WARP_SIZE = 32
-"""NCCL_NTHREADS must be a multiple of it, 64 (2 warps) to 512 for Simple and LL
-(tuning.cc:17-33, 244-256; device.h:90-97); LL128 and point-to-point kernels ignore it and run
-640 (NCCL_LL128_NTHREADS' default, tuning.cc:255-256; NCCL_MAX_NTHREADS, src/enqueue.cc:1135)."""
+"""NCCL_NTHREADS is a multiple of it, 64..512 for Simple and LL (tuning.cc:17-33, 244-256; device.h:90-97); LL128 and
+P2P kernels run 640 (tuning.cc:255-256; NCCL_MAX_NTHREADS, src/enqueue.cc:1135)."""
 FIXED_THREADS = 640
 ROW_COLUMNS = ("size", "count", "type", "redop", "root")
 HALF_COLUMNS = ("time", "algbw", "busbw", "#wrong")
@@ -85,8 +52,7 @@ class PerfRow:
     size: int
     """Bytes (nccl-tests' size column: the larger of the send and receive buffers)."""
     time_us: float
-    """Mean time of one call, microseconds: the time column, or size / algbw where that one has
-    more significant digits (both are printed rounded)."""
+    """Mean time of one call, us: the time column, or size / algbw where that has more significant digits."""
     algbw: float
     busbw: float
     """GB/s (1e9 bytes per second), as printed."""
@@ -99,14 +65,11 @@ class PerfRun:
 
     path: str
     op: str
-    """nccl-tests binary stem: all_gather, reduce_scatter, all_reduce, alltoall, sendrecv."""
     algorithm: str
     """Ring (NCCL_ALGO the sweep set) or P2P."""
     protocol: str
     channels: int
-    """Channels (CTAs) NCCL ran: its ``coll channels`` (``p2p channels`` for P2P) when it logged
-    them, else what the sweep asked (``asked_channels``; for P2P rounded up to a power of two as
-    NCCL does, src/graph/paths.cc:984-990)."""
+    """Channels NCCL logged, else ``asked_channels`` (P2P: next power of two, src/graph/paths.cc:984-990)."""
     asked_channels: int
     threads: int
     nodes: int
@@ -120,8 +83,7 @@ class PerfRun:
 
 
 class PerfFormatError(ValueError):
-    """The file is not readable as nccl-tests output; ``problems`` lists each ``file:line: problem``
-    (the message joins them)."""
+    """Not readable as nccl-tests output; ``problems`` lists each ``file:line: problem``."""
 
     def __init__(self, problems: "list[str] | str") -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
@@ -129,19 +91,8 @@ class PerfFormatError(ValueError):
 
 
 def read_perf_run(path: "str | Path") -> PerfRun:
-    """Parses one run's saved output (module docstring).
-
-    Returns:
-        The run, its rows in file order (both halves of each row).
-
-    Raises:
-        PerfFormatError: every problem found, each as ``file:line: what is wrong; expected ...``:
-            no or a malformed sweep line, a row that is not a result row, a number that is not
-            finite, ``#wrong`` above 0, algbw / busbw that disagree with size / time, NCCL lines
-            that contradict the sweep line or each other, no table, a table without its footer,
-            an ``Avg bus bandwidth`` that is not the mean of the table.
-        OSError: the file cannot be read.
-    """
+    """Parses one run's saved output (module docstring); rows in file order. Raises PerfFormatError (every problem, each
+    as ``file:line: what; expected ...``) or OSError."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -235,8 +186,7 @@ class _Parser:
         return half + half
 
     def _row(self, n: int, text: str, header: list[str], busbw_cells: list[str]) -> list[PerfRow]:
-        """The row's usable halves (size and time > 0); every printed busbw goes to ``busbw_cells``
-        (the footer's mean counts them all)."""
+        """The row's usable halves; every printed busbw goes to ``busbw_cells`` (the footer's mean counts them all)."""
         tokens = text.split()
         want = len(ROW_COLUMNS) + len(header) + (2 if self.timestamp else 0)
         if len(tokens) != want or not (tokens[0].isdigit() and tokens[1].isdigit() and tokens[4].lstrip("-").isdigit()):
@@ -331,8 +281,7 @@ class _Parser:
                 self.bad(n, f"NCCL says it ran {key} {value} but the sweep line says {key}={s[key]}")
 
     def _bus_factor(self, rows, op, ranks) -> tuple[float | None, int | None]:
-        """PERFORMANCE.md's factor for ``op`` on the run's ranks (inferred from busbw / algbw when
-        no ``#  Rank`` line names them), after checking every row against it; and the ranks."""
+        """PERFORMANCE.md's factor for ``op``, checked on each row, and the ranks (inferred without ``#  Rank``)."""
         usable = [r for r in rows if r.algbw > 0]
         if not usable:
             return None, ranks

@@ -1,25 +1,8 @@
-"""Checks that ``NCCL_TUNER_PLUGIN`` names a tuner plugin NCCL will really load, before any rank starts,
-and which tuner and profiler ABI NCCL will use with lagom's library (``plugin_abi_report``).
-
-NCCL reads ``NCCL_TUNER_PLUGIN`` once per process, at the first communicator, and never fails on
-it: a wrong value leaves NCCL on its internal tuner with an INFO log only, so a plan searched for
-the plugin is silently not applied. What NCCL does with the value (NCCL v2.30.7):
-
-- ``none`` (any case) disables every tuner plugin (``src/plugin/tuner.cc:58-60``);
-- otherwise it ``dlopen``s the value with ``RTLD_NOW | RTLD_LOCAL`` (``src/os/linux.cc:52``, from
-  ``src/plugin/plugin_open.cc:41``), then ``libnccl-tuner-<value>.so``; a value with a ``/`` is a
-  path, resolved by the dynamic loader against each rank's working directory when relative;
-- then it looks up the newest struct it knows, ``ncclTunerPlugin_v6`` down to ``_v2``
-  (``src/plugin/tuner.cc:73-85``); a library with none of them is "unsupported" and NCCL keeps its
-  own tuner. Which names an NCCL release knows: v2.22.3 tries v3, v2 (``src/misc/tuner.cc:199-202``);
-  v2.24.3 v4, v3, v2 (``src/misc/tuner.cc:216-222``); v2.28.3 v5..v2 (``src/plugin/tuner.cc:72-80``);
-  v2.30.3 v6..v2. NCCL 2.21 and older know only v2 and v1 (``src/include/nccl_tuner.h:58`` at
-  v2.21.5), which lagom's plugin does not export.
-
-A missing file is reported by ``nccl.env_check.check_nccl_env``; this module adds the cases that
-need more than ``os.path.exists``. Pure Python (the library is probed in a child process, so a
-foreign library's constructors never run in the caller).
-"""
+"""Checks that ``NCCL_TUNER_PLUGIN`` names a tuner plugin NCCL will load (on a bad value NCCL silently keeps its own
+tuner), and which tuner and profiler ABI NCCL will use with lagom's library. NCCL v2.30.7: ``none`` disables
+(``src/plugin/tuner.cc:58-60``); else ``dlopen`` RTLD_NOW | RTLD_LOCAL (``src/os/linux.cc:52``,
+``src/plugin/plugin_open.cc:41``) of the value, then ``libnccl-tuner-<value>.so``, newest known struct first
+(``src/plugin/tuner.cc:73-85``). The library is probed in a child process."""
 
 from __future__ import annotations
 
@@ -40,14 +23,15 @@ TUNER_SYMBOLS_BY_NCCL: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
     ((2, 22), ("ncclTunerPlugin_v3", "ncclTunerPlugin_v2")),
     ((0, 0), ("ncclTunerPlugin_v2", "ncclTunerPlugin_v1")),
 )
-"""(first NCCL release, tuner struct names it looks up, newest first): see the module docstring."""
+"""(first NCCL release, tuner structs it looks up, newest first): v2.22.3 ``src/misc/tuner.cc:199-202``, v2.24.3
+:216-222, v2.28.3 ``src/plugin/tuner.cc:72-80``, v2.30.3 (v6 first); 2.21 and older v2, v1
+(``src/include/nccl_tuner.h:58`` @v2.21.5)."""
 
 ALL_TUNER_SYMBOLS = tuple(f"ncclTunerPlugin_v{v}" for v in (6, 5, 4, 3, 2, 1))
 
 NEWEST_TUNER_ABI = 6
-"""The newest tuner ABI lagom's plugin exports: NCCL v2.30.7, the newest release whose sources lagom
-was checked against, defines ``tuner_v2.h`` .. ``tuner_v6.h`` (``src/include/plugin/tuner/``) and
-looks up ``ncclTunerPlugin_v6`` first (``src/plugin/tuner.cc:73``); it has no tuner v7."""
+"""Newest tuner ABI lagom exports: NCCL v2.30.7 has ``tuner_v2.h`` .. ``tuner_v6.h`` (``src/include/plugin/tuner/``) and
+looks up ``ncclTunerPlugin_v6`` first (``src/plugin/tuner.cc:73``)."""
 
 PROFILER_VAR = "NCCL_PROFILER_PLUGIN"
 
@@ -60,11 +44,8 @@ PROFILER_SYMBOLS_BY_NCCL: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = 
     ((2, 23), ("ncclProfiler_v1",)),
     ((0, 0), ()),
 )
-"""(first NCCL release, profiler struct names it looks up, newest first): v2.23.4 looks up only
-``ncclProfiler_v1`` (``src/misc/profiler.cc:21,119``); v2.24.3 and v2.25.1 ``_v2`` then ``_v1``
-(``src/misc/profiler.cc:220-223``); v2.26.2 ``_v3`` .. ``_v1``, v2.27.3 ``_v4`` .. ``_v1``, v2.28.3
-``_v5`` .. ``_v1``, v2.29.2 and v2.30.7 ``_v6`` .. ``_v1`` (``src/plugin/profiler.cc:73-88`` at
-v2.30.7). NCCL 2.22 and older have no profiler plugin."""
+"""(first NCCL release, profiler structs it looks up, newest first): v2.23.4 ``src/misc/profiler.cc:21,119``, v2.24.3
+and v2.25.1 :220-223; v2.26.2, v2.27.3, v2.28.3, v2.29.2 and v2.30.7 ``src/plugin/profiler.cc:73-88``."""
 
 ALL_PROFILER_SYMBOLS = PROFILER_SYMBOLS_BY_NCCL[0][1]
 
@@ -93,24 +74,17 @@ def _symbols_for(table: tuple[tuple[tuple[int, int], tuple[str, ...]], ...], eve
 
 
 def tuner_symbols_for(nccl_version: str | None) -> tuple[str, ...]:
-    """The tuner struct names NCCL ``nccl_version`` looks up, newest first; every known name when
-    the version is None or unparsable (e.g. ``"none"``).
-
-    Raises:
-        Nothing: an unparsable version is treated as unknown.
-    """
+    """The tuner struct names NCCL ``nccl_version`` looks up, newest first; all known names when None or unparsable."""
     return _symbols_for(TUNER_SYMBOLS_BY_NCCL, ALL_TUNER_SYMBOLS, nccl_version)
 
 
 def profiler_symbols_for(nccl_version: str | None) -> tuple[str, ...]:
-    """The profiler struct names NCCL ``nccl_version`` looks up, newest first (``PROFILER_SYMBOLS_BY_NCCL``;
-    empty before 2.23); every known name when the version is None or unparsable."""
+    """The profiler struct names NCCL ``nccl_version`` looks up, newest first (empty before 2.23); all when unknown."""
     return _symbols_for(PROFILER_SYMBOLS_BY_NCCL, ALL_PROFILER_SYMBOLS, nccl_version)
 
 
 def abis_in_use(exported: tuple[str, ...] | list[str], nccl_version: str | None) -> tuple[str | None, str | None]:
-    """(tuner struct, profiler struct) NCCL ``nccl_version`` takes from a library exporting
-    ``exported``: the first name of each lookup order the library has, None where it has none."""
+    """(tuner, profiler) struct NCCL ``nccl_version`` takes from a library exporting ``exported``; None where none."""
     have = set(exported)
     tuner = next((n for n in tuner_symbols_for(nccl_version) if n in have), None)
     profiler = next((n for n in profiler_symbols_for(nccl_version) if n in have), None)
@@ -119,13 +93,7 @@ def abis_in_use(exported: tuple[str, ...] | list[str], nccl_version: str | None)
 
 def probe_library(path: str, symbols: tuple[str, ...] = ALL_TUNER_SYMBOLS, timeout_s: float = 30.0
                   ) -> tuple[tuple[str, ...], str | None]:
-    """Loads ``path`` the way NCCL does (``dlopen`` RTLD_NOW | RTLD_LOCAL) in a child Python process
-    and reports which of ``symbols`` it exports.
-
-    Returns:
-        (exported symbols among ``symbols``, None), or ((), the loader's error text) when it does
-        not load.
-    """
+    """Loads ``path`` as NCCL does, in a child process: (exported ``symbols``, None) or ((), the loader's error)."""
     try:
         proc = subprocess.run([sys.executable, "-c", _PROBE, path, *symbols], capture_output=True, text=True,
                               timeout=timeout_s)
@@ -141,21 +109,8 @@ def probe_library(path: str, symbols: tuple[str, ...] = ALL_TUNER_SYMBOLS, timeo
 
 def check_tuner_plugin(environ: Mapping[str, str] | None = None, *, nccl_version: str | None = None,
                        probe: bool = True) -> list[EnvIssue]:
-    """Errors for an ``NCCL_TUNER_PLUGIN`` with which NCCL would not load a tuner plugin.
-
-    Args:
-        environ: the ranks' environment (default ``os.environ``); an unset variable is no error
-            (the launch scripts set it; see ``launch/slurm.py``).
-        nccl_version: the cluster's NCCL, e.g. ``"2.27.5"``, to know which struct names it looks
-            up; None = any release.
-        probe: load an existing library in a child process to read its symbols.
-
-    Returns:
-        At most one ``EnvIssue`` (level "error", variable ``NCCL_TUNER_PLUGIN``): the value
-        disables plugins (``none``), is a relative path, does not load, or exports none of the
-        ``ncclTunerPlugin_v*`` structs this NCCL looks up. A missing file is left to
-        ``env_check.check_nccl_env``, which already reports it.
-    """
+    """At most one error ``EnvIssue``: an ``NCCL_TUNER_PLUGIN`` that is ``none``, relative, unloadable or without a
+    struct ``nccl_version`` looks up. Unset is fine; a missing file is ``env_check``'s."""
     environ = os.environ if environ is None else environ
     value = environ.get(VAR)
     if value is None:
@@ -204,20 +159,8 @@ def check_tuner_plugin(environ: Mapping[str, str] | None = None, *, nccl_version
 
 def plugin_abi_report(environ: Mapping[str, str] | None = None, *, nccl_version: str | None = None,
                       probe: bool = True) -> tuple[str | None, list[EnvIssue]]:
-    """Which tuner and which profiler ABI NCCL ``nccl_version`` will use with the libraries the
-    ranks' ``NCCL_TUNER_PLUGIN`` and ``NCCL_PROFILER_PLUGIN`` name (NCCL takes the first name of
-    its lookup order that a library exports: ``abis_in_use``).
-
-    A library with neither kind of struct is refused by ``check_tuner_plugin`` (an error naming
-    what it exports).
-
-    Returns:
-        (one report line, or None when ``NCCL_TUNER_PLUGIN`` names no absolute path that loads;
-        issues): a warning when ``NCCL_PROFILER_PLUGIN`` names another library than the
-        tuner's (lagom leaves a user's profiler plugin in place and then checks only the tuner's row
-        hits, not what NCCL ran) or is ``none`` (``src/plugin/profiler.cc:58-60``). Unset, lagom's
-        launch sets it to the tuner's library (``plugin_launch.launch_env``).
-    """
+    """(a line on the ABIs NCCL will use with the plugin library, or None; a warning when ``NCCL_PROFILER_PLUGIN`` is
+    ``none`` (``src/plugin/profiler.cc:58-60``) or another library: lagom then checks only row hits)."""
     environ = os.environ if environ is None else environ
     tuner_lib = environ.get(VAR, "")
     if not probe or not os.path.isabs(tuner_lib) or plugin_path_missing(tuner_lib):

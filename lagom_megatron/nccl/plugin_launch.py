@@ -1,21 +1,9 @@
-"""Turns lagom's NCCL tuner plugin on for every rank at launch: locates or builds the library and
-gives the variables NCCL and the plugin read.
+"""Turns lagom's NCCL tuner plugin on for every rank at launch: locates or builds it and gives the variables to export.
 
-NCCL loads a tuner plugin once per process, at the first communicator, from ``NCCL_TUNER_PLUGIN``
-(NCCL v2.30.7 ``src/plugin/tuner.cc:37-60``); with the variable unset it tries
-``libnccl-tuner.so`` and the network plugin, never lagom's (``tuner.cc:62-71``). So the variable
-must hold the library's absolute path in every rank's environment before
-``init_process_group`` creates the first communicator: the SLURM launch exports it
-(``launch/slurm.py``) and the training loop sets it in-process when the launcher did not
-(``training/loop.py``). The plan table variable (``LAGOM_TUNER_CONFIG``) starts empty for every
-rank, so Megatron's own communicators read no table and every rank starts from the same state (the
-plugin takes ``""`` as "no table" and then does not fall back to ``NCCL_TUNER_CONFIG_FILE``);
-lagom's pool names a table, or ``none``, around the creation of each of its communicators.
-
-Fallbacks when the plugin cannot be used (documented in docs/nccl.md): communicator mode
-(per-communicator ``NCCL_ALGO``/``NCCL_PROTO`` and CTA bounds, NCCL >= 2.24) and CTA bounds only
-(older NCCL). A variable the user set is never replaced (``lagom doctor`` checks it).
-"""
+NCCL loads a tuner once per process, at the first communicator, from ``NCCL_TUNER_PLUGIN`` (v2.30.7
+``src/plugin/tuner.cc:37-60``; unset: never lagom's, :62-71), so every rank needs its absolute path first.
+``LAGOM_TUNER_CONFIG`` starts "" (no table); the pool names one per communicator. A user's value is never replaced.
+Without the plugin: communicator mode (NCCL 2.24+), else CTA bounds only (docs/nccl.md)."""
 
 from __future__ import annotations
 
@@ -28,19 +16,14 @@ from lagom_megatron.nccl.plugin.build import HEADERS, LIBRARY_NAME, PLUGIN_DIR, 
 
 PLUGIN_VAR = "NCCL_TUNER_PLUGIN"
 PROFILER_VAR = "NCCL_PROFILER_PLUGIN"
-"""The same library is NCCL's profiler plugin (its ``ncclProfiler_v*`` half, ``nccl/plugin/profiler.c``):
-NCCL opens the library this variable names once per process, at the first communicator
-(NVIDIA/nccl v2.30.7 ``src/plugin/profiler.cc:46-71``); unset, it tries ``libnccl-profiler.so``,
-never lagom's. A value the user set (another profiler plugin, or ``none``) is never replaced:
-lagom then checks the tuner's row hits only (``lagom doctor`` says so)."""
+"""Also NCCL's profiler plugin (read once per process, v2.30.7 ``src/plugin/profiler.cc:46-71``); a user's is kept."""
 TABLE_VAR = "LAGOM_TUNER_CONFIG"
 DIR_VAR = "LAGOM_TUNER_DIR"
 """Where the library is looked for and built; default ``<source tree>/build/nccl-plugin``."""
 
 
 def plugin_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """The folder of the plugin library: ``$LAGOM_TUNER_DIR``, else ``build/nccl-plugin`` under the
-    source tree that holds this package (an absolute path in both cases)."""
+    """``$LAGOM_TUNER_DIR``, else ``build/nccl-plugin`` under the source tree holding this package (absolute)."""
     environ = os.environ if environ is None else environ
     if environ.get(DIR_VAR):
         return Path(environ[DIR_VAR]).expanduser().resolve()
@@ -48,14 +31,8 @@ def plugin_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def locate_or_build(environ: Mapping[str, str] | None = None) -> Path:
-    """The absolute path of an up-to-date ``libnccl-tuner-lagom.so`` in ``plugin_dir``, built with
-    gcc when missing or older than one of its C sources (the build is atomic, so ranks building at
-    once are safe).
-
-    Raises:
-        FileNotFoundError: no C compiler and no library.
-        RuntimeError: the compiler failed.
-    """
+    """Absolute path of an up-to-date library in ``plugin_dir``, built (atomically) when missing or stale. Raises
+    FileNotFoundError (no compiler and no library) or RuntimeError (the compiler failed)."""
     lib = built_library(environ)
     if lib is not None:
         return lib
@@ -63,8 +40,7 @@ def locate_or_build(environ: Mapping[str, str] | None = None) -> Path:
 
 
 MIN_NCCL = (2, 22)
-"""First NCCL that loads a tuner struct lagom exports (``ncclTunerPlugin_v3``, NCCL v2.22.3
-``src/misc/tuner.cc:199``); 2.21 and older look up only v2/v1 (``nccl/plugin_check.py``)."""
+"""First NCCL that loads ``ncclTunerPlugin_v3`` (v2.22.3 ``src/misc/tuner.cc:199``); 2.21 looks up only v2/v1."""
 
 
 def built_library(environ: Mapping[str, str] | None = None) -> Path | None:
@@ -77,22 +53,8 @@ def built_library(environ: Mapping[str, str] | None = None) -> Path | None:
 
 def launch_env(environ: Mapping[str, str] | None = None, *, backend: str = "nccl",
                nccl_version: str | None = None, build: bool = True) -> tuple[dict[str, str], str | None]:
-    """The variables to export to every rank to turn the plugin on.
-
-    Args:
-        environ: the launcher's environment (default ``os.environ``).
-        backend: the cluster's backend; only "nccl" uses the plugin.
-        nccl_version: the cluster's NCCL (e.g. "2.27.5"); below 2.22 NCCL cannot load lagom's
-            plugin, so nothing is exported (the CTA-bounds-only fallback). None = unknown.
-        build: False (a dry run): a library not built yet is not built; nothing is exported and the
-            note says what the launch will build.
-
-    Returns:
-        (variables, note): ``NCCL_TUNER_PLUGIN`` (absolute path), ``NCCL_PROFILER_PLUGIN`` (the
-        same library, when the tuner variable names lagom's) and ``LAGOM_TUNER_CONFIG`` ("")
-        unless the user already set them; empty for gloo. ``note`` is a one-line warning when the
-        library could not be built (then lagom falls back to communicator mode), else None.
-    """
+    """The variables to export to every rank to turn the plugin on, and a log note or None. Nothing below NCCL 2.22,
+    after a failed build, in a dry run (``build=False``) without a library, or for gloo; user-set ones stay."""
     environ = os.environ if environ is None else environ
     if backend != "nccl":
         return {}, None
@@ -124,16 +86,7 @@ def launch_env(environ: Mapping[str, str] | None = None, *, backend: str = "nccl
 
 def enable_in_process(environ: MutableMapping[str, str] | None = None, *, backend: str = "nccl",
                       nccl_version: str | None = None) -> str | None:
-    """Sets the plugin's variables in this process's environment when the launcher did not; call it
-    before the first NCCL communicator (``init_process_group``).
-
-    Args:
-        nccl_version: this process's NCCL, e.g. ``".".join(map(str, torch.cuda.nccl.version()))``.
-
-    Returns:
-        The warning line when the plugin could not be built or this NCCL cannot load it (the
-        caller logs it), else None.
-    """
+    """Sets the plugin's variables here where the launcher did not (before the first communicator); returns the note."""
     environ = os.environ if environ is None else environ
     values, note = launch_env(environ, backend=backend, nccl_version=nccl_version)
     environ.update(values)

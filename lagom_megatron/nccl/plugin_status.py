@@ -1,30 +1,8 @@
 """Reads, in this process, whether NCCL really loaded lagom's tuner plugin, and its row hit counts.
 
-"Plugin active" is never inferred from the text of ``NCCL_TUNER_PLUGIN``: a value of ``none``, a
-foreign plugin, a wrong path or an NCCL older than 2.22 all leave the variable set while no lagom
-table is applied. Instead this module asks the dynamic loader whether lagom's library is already
-mapped into the process (``dlopen`` with ``RTLD_NOLOAD`` never loads it itself) and, if it is,
-calls the status functions the plugin exports:
-
-- ``int lagomTunerAbiVersion(void)``: the tuner ABI version NCCL initialised the plugin with (3-6),
-  0 while NCCL has not yet created a communicator through it;
-- ``int lagomTunerInitCount(void)``: how many communicators NCCL initialised the plugin for;
-- ``int lagomTunerRowHits(unsigned long long *out, int capacity)``: copies up to ``capacity``
-  per-row match counters (in the table file's data-row order) and returns the number of rows of
-  the loaded table, or -1 when no table is loaded;
-- ``int lagomTunerTableFailures(void)``: how many inits found a plan table they could not read or
-  parse (optional: a build without it reports 0).
-
-NCCL opens the plugin with ``dlopen(path, RTLD_NOW | RTLD_LOCAL)`` (NCCL v2.30.7
-``src/os/linux.cc:52``, called from ``src/plugin/plugin_open.cc:41``) and loads it once per process
-at the first communicator (``src/plugin/tuner.cc:39-56``), so the status is per process and covers
-every communicator of the process. Counters are in ``nccl/plugin/status.c``.
-
-``summarize_hits`` turns the counters into the controller's log line after a plan is applied.
-
-The library is found through the process's memory map (``/proc/self/maps``), so it is found under
-whatever name NCCL resolved ``NCCL_TUNER_PLUGIN`` to.
-"""
+Never from ``NCCL_TUNER_PLUGIN``'s text: the library mapped in ``/proc/self/maps`` is opened ``RTLD_NOLOAD`` and its
+``lagomTuner*`` exports (``nccl/plugin/status.c``) are called. NCCL loads it once per process (v2.30.7
+``src/os/linux.cc:52``, ``src/plugin/plugin_open.cc:41``, ``src/plugin/tuner.cc:39-56``)."""
 
 from __future__ import annotations
 
@@ -36,23 +14,12 @@ from typing import Any, Mapping, Sequence
 
 
 LIBRARY_NAME = "libnccl-tuner-lagom.so"
-"""File name of lagom's built plugin (see ``nccl/plugin/build.py``)."""
 
 
 @dataclass(frozen=True)
 class PluginStatus:
-    """What lagom's plugin reports from inside this process.
-
-    Attributes:
-        path: absolute path of the library as mapped in this process.
-        abi_version: tuner ABI version NCCL initialised it with (3-6); 0 before any communicator.
-        init_count: number of communicators NCCL initialised the plugin for.
-        row_hits: per table row (file order), how many ``getCollInfo`` calls it matched; empty when
-            no table is loaded.
-        table_loaded: whether a plan table was read and parsed.
-        table_failures: inits whose plan table could not be read or parsed (0 when the library
-            predates that export).
-    """
+    """What lagom's plugin reports in this process: ``abi_version`` 3-6 (0 before a communicator), ``row_hits``:
+    ``getCollInfo`` matches per table row (empty without a table), ``table_failures`` (0 on old builds)."""
 
     path: str
     abi_version: int
@@ -63,11 +30,7 @@ class PluginStatus:
 
 
 def loaded_library_path(maps_file: str = "/proc/self/maps") -> str | None:
-    """Returns the path of lagom's plugin library if it is mapped into this process, else None.
-
-    Args:
-        maps_file: the process memory map to read (Linux ``/proc/<pid>/maps`` format).
-    """
+    """Path of lagom's plugin library if ``maps_file`` (``/proc/<pid>/maps`` format) maps it, else None."""
     try:
         text = Path(maps_file).read_text()
     except OSError:
@@ -80,8 +43,7 @@ def loaded_library_path(maps_file: str = "/proc/self/maps") -> str | None:
 
 
 def open_loaded(library: str | None = None) -> ctypes.CDLL | None:
-    """lagom's library as already mapped in this process (``library``, else the one in the memory
-    map), opened with ``RTLD_NOLOAD`` so that nothing is loaded here; None when it is not mapped."""
+    """lagom's library as mapped in this process, opened ``RTLD_NOLOAD``; None if unmapped."""
     path = library or loaded_library_path()
     if path is None:
         return None
@@ -92,21 +54,7 @@ def open_loaded(library: str | None = None) -> ctypes.CDLL | None:
 
 
 def read_plugin_status(library: str | None = None, max_rows: int = 4096) -> PluginStatus | None:
-    """Returns the status lagom's plugin reports in this process, or None when it is not loaded.
-
-    Args:
-        library: path of an already loaded library to query; default: the one found in the
-            process's memory map. It is opened with ``RTLD_NOLOAD``, so this never loads a library
-            NCCL did not load.
-        max_rows: capacity of the hit-counter buffer (rows beyond it are not reported).
-
-    Returns:
-        A ``PluginStatus``, or None when the library is not loaded or lacks the status exports
-        (an older build of the plugin).
-
-    Raises:
-        ValueError: ``max_rows`` < 0.
-    """
+    """The status lagom's plugin reports here; None if not loaded or no status exports (ValueError: max_rows < 0)."""
     if max_rows < 0:
         raise ValueError(f"max_rows must be >= 0; got {max_rows}")
     path = library or loaded_library_path()
@@ -134,18 +82,7 @@ def read_plugin_status(library: str | None = None, max_rows: int = 4096) -> Plug
 
 
 def summarize_hits(status: PluginStatus | None, plan_rows: Sequence[Any], *, max_listed: int = 8) -> str:
-    """One log line: how many planned tuner-table rows NCCL matched at least once, and which never.
-
-    Args:
-        status: from ``read_plugin_status()`` (None = the plugin is not loaded in this process).
-        plan_rows: the table's data rows as exported (``nccl.export.tuner_rows(plan, extended=True)``),
-            in file order, which is the order of ``status.row_hits``.
-        max_listed: rows named at most (the rest are counted).
-
-    Returns:
-        A line starting with ``lagom: tuner plugin``; it says when the plugin is not loaded, when
-        no table is loaded, or when the loaded table has another row count than the plan's.
-    """
+    """One log line: which planned rows (``export.tuner_rows(plan, extended=True)``) NCCL matched, which never."""
     if status is None:
         return ("lagom: tuner plugin not loaded by NCCL in this process: none of the "
                 f"{len(plan_rows)} planned rows can have been applied")
@@ -176,23 +113,8 @@ def summarize_hits(status: PluginStatus | None, plan_rows: Sequence[Any], *, max
 
 def shared_hit_mismatches(row_groups: Sequence[str], reports: Sequence[tuple[Sequence[int] | None, Mapping[str, Sequence[int]]]],
                           ) -> list[tuple[int, dict[int, int]]]:
-    """Rows whose hit counts differ among the ranks of one communicator.
-
-    A row tagged with group ``g`` matches the calls of ``g``'s communicator and of its pool entries
-    (``pool.pool_entry_tag``); every member rank of one communicator makes the same calls, so its
-    counter must be the same on all of them. Instances of ``g`` over other ranks (another
-    pipeline stage's ``tp``) may differ and are not compared with each other.
-
-    Args:
-        row_groups: the group tag of each table row, in file order (``TunerRow.cells[11]``).
-        reports: per rank (index = global rank): its ``PluginStatus.row_hits`` (None: no status or
-            a table with another row count, left out) and, per group name, the global ranks of
-            that rank's instance of the group (``GroupInfo.ranks``).
-
-    Returns:
-        ``(row index, {rank: hits})`` per row and communicator whose members disagree (all members
-        that reported, in rank order), rows in file order.
-    """
+    """``(row, {rank: hits})`` for each row whose hit counts differ among one communicator's member ranks, in file
+    order. ``reports[rank]``: (its ``row_hits`` or None, group -> the ranks of its instance)."""
     out: list[tuple[int, dict[int, int]]] = []
     for i, group in enumerate(row_groups):
         by_comm: dict[tuple[int, ...], dict[int, int]] = {}
@@ -210,8 +132,7 @@ def shared_hit_mismatches(row_groups: Sequence[str], reports: Sequence[tuple[Seq
 
 def describe_mismatches(mismatches: Sequence[tuple[int, Mapping[int, int]]], plan_rows: Sequence[Any],
                         *, max_listed: int = 8) -> str:
-    """One warning line for ``shared_hit_mismatches``: each row (1-based, its op, bytes and group)
-    with the ranks and their counts; empty string when there is none."""
+    """One warning line for ``shared_hit_mismatches`` (each row with its ranks' counts); "" when none."""
     if not mismatches:
         return ""
 

@@ -1,21 +1,6 @@
-"""Reads, in this process, what NCCL reported to the profiler half of lagom's plugin: per
-communicator, the collectives and point-to-point operations it ran, with the algorithm, protocol,
-channels and warps it chose, the proxy's chunk size and the GPU kernel time.
-
-The records are kept by ``nccl/plugin/observed.c`` in the library NCCL loaded (one library holds
-the tuner and the profiler halves; NCCL loads it as its profiler when ``NCCL_PROFILER_PLUGIN``
-names it, NVIDIA/nccl v2.30.7 ``src/plugin/profiler.cc:46-111``). As for the tuner's status
-(``plugin_status``), the library is never loaded here: it is found in the process's memory map
-and opened with ``RTLD_NOLOAD``, then these exports are called through ctypes:
-
-- ``int lagomProfilerSnapshot(char *buf, int capacity)``: the records as text (``parse_snapshot``);
-- ``void lagomProfilerSetActive(int on)``: NCCL's activation mask to lagom's events, or to 0 (no
-  event at all: the cost outside the phases that read the records is nothing);
-- ``void lagomProfilerReset(void)``: forget every record (call with no collective in flight);
-- ``int lagomProfilerState(void)``, ``const char *lagomProfilerForeign(void)``: whether NCCL
-  initialised lagom's profiler half, or ``NCCL_PROFILER_PLUGIN`` names another library (kept);
-- ``int lagomProfilerAbiVersion(void)``, ``int lagomProfilerInitCount(void)``.
-"""
+"""Reads, in this process, what NCCL reported to the profiler half of lagom's plugin (``nccl/plugin/observed.c``): per
+communicator, each op's algorithm, protocol, channels, warps, proxy chunk and kernel time. NCCL loads it through
+``NCCL_PROFILER_PLUGIN`` (v2.30.7 ``src/plugin/profiler.cc:46-111``); opened ``RTLD_NOLOAD``."""
 
 from __future__ import annotations
 
@@ -25,34 +10,16 @@ from dataclasses import dataclass
 from lagom_megatron.nccl.plugin_status import open_loaded
 
 STATES = {0: "not initialised", 1: "lagom", 2: "foreign", 3: "none"}
-"""``lagomProfilerState`` values (``plugin_internal.h``, ``LAGOM_PROFILER_STATE_*``): NCCL has not
-initialised lagom's profiler half (yet); it has; ``NCCL_PROFILER_PLUGIN`` names another library;
-it is unset or ``none``."""
+"""``lagomProfilerState`` values (``plugin_internal.h``, ``LAGOM_PROFILER_STATE_*``)."""
 
 
 @dataclass(frozen=True)
 class ObservedOp:
-    """One bucket of a communicator's records: every call NCCL ran with the same shape and choice.
+    """One bucket of a communicator's records: the calls NCCL ran with one shape and choice.
 
-    Attributes:
-        kind: ``coll`` or ``p2p``.
-        func: NCCL's name (``AllReduce``, ``AllGather``, ``ReduceScatter``, ``Send``, ...).
-        count: elements of the call as NCCL's task holds them (all-gather: per rank;
-            reduce-scatter: the output's). For all-gather and broadcast NCCL counts bytes and
-            names the datatype ``ncclInt8`` (``src/enqueue.cc:2785-2789`` at v2.30.7, the same
-            since 2.23), so ``count`` x the datatype's size is the call's bytes either way.
-        dtype: NCCL's name (``ncclBfloat16``, ...).
-        algo, proto: NCCL's names (``RING``, ``SIMPLE``, ...); None for p2p.
-        channels: channels the task ran on (v1-v3: the maximum NCCL allowed it; p2p before v4: 0).
-        warps: warps per CTA (threads / 32); 0 for p2p.
-        calls: calls of this shape.
-        chunk: the largest proxy chunk seen, bytes (chunk size x slice steps; 0 = no network proxy op).
-        kernel_ns: summed kernel time of the calls whose channels all reported, ns (GPU globaltimer).
-        kernel_calls: how many calls that sum covers.
-        abi, n_ranks, n_nodes: the profiler ABI and the sizes of the communicator the record is
-            of (``ObservedComm``; 0 where the record was built without one), which the channel
-            rule of ``nccl.observed.nccl_coll_channels`` needs.
-    """
+    ``count``: elements of NCCL's task (all-gather: per rank; reduce-scatter: the output's; all-gather and broadcast
+    as ``ncclInt8`` bytes, ``src/enqueue.cc:2785-2789`` @v2.30.7); ``channels``: ABI v1-v3 NCCL's maximum, p2p before
+    v4 0; ``chunk``: largest proxy chunk, bytes; ``kernel_ns``: GPU time of the ``kernel_calls`` fully timed calls."""
 
     kind: str
     func: str
@@ -73,10 +40,8 @@ class ObservedOp:
 
 @dataclass(frozen=True)
 class ObservedComm:
-    """The records of one communicator. ``tag`` is lagom's ``LAGOM_TUNER_COMM_TAG`` at its creation,
-    ``name`` NCCL's commName (profiler ABI v4+); None where absent. ``rank``, ``n_ranks``,
-    ``n_nodes`` are -1 before profiler ABI v4. ``dropped``: calls whose kernel time was not kept
-    (no free slot); ``overflow``: calls of more distinct shapes than the record keeps."""
+    """One communicator's records; ``rank`` / ``n_ranks`` / ``n_nodes`` -1 and ``name`` None before ABI v4; ``dropped``:
+    calls without kernel time; ``overflow``: calls of shapes beyond the record's capacity."""
 
     comm_hash: int
     rank: int
@@ -95,7 +60,6 @@ class ObservedComm:
 
 
 def _fields(line: str, n: int) -> tuple[str, dict[str, str]]:
-    """(record kind, its key=value fields) of ``<kind> <index> key=value ...``."""
     parts = line.split()
     try:
         return parts[0], dict(p.split("=", 1) for p in parts[2:])
@@ -104,12 +68,7 @@ def _fields(line: str, n: int) -> tuple[str, dict[str, str]]:
 
 
 def parse_snapshot(text: str) -> list[ObservedComm]:
-    """The communicators of a ``lagomProfilerSnapshot`` text (format in ``nccl/plugin/observed.c``).
-
-    Raises:
-        ValueError: a line that is not a ``comm``, ``coll`` or ``p2p`` record, a missing or
-            non-integer field, or an op line before any communicator (names the line).
-    """
+    """The communicators of a ``lagomProfilerSnapshot`` text; ValueError names a bad line."""
     comms: list[dict] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -146,9 +105,7 @@ def _library(library: str | None) -> ctypes.CDLL | None:
 
 
 def read_observed(library: str | None = None) -> list[ObservedComm] | None:
-    """This process's records (``parse_snapshot``), or None when lagom's library is not loaded or
-    predates the profiler half. ``library``: the path of an already loaded library (default: the one
-    in the memory map)."""
+    """This process's records; None when lagom's library (default: the mapped one) is absent or has no profiler half."""
     lib = _library(library)
     if lib is None:
         return None
@@ -164,8 +121,7 @@ def read_observed(library: str | None = None) -> list[ObservedComm] | None:
 
 
 def set_recording(on: bool, *, reset: bool = False, library: str | None = None) -> bool:
-    """Switches NCCL's profiler events for lagom on (``on``) or off (activation mask 0); with
-    ``reset``, forgets the records first. Returns False when lagom's library is not loaded."""
+    """Turns lagom's profiler events on or off, optionally resetting the records; False if the library is not loaded."""
     lib = _library(library)
     if lib is None:
         return False
@@ -176,8 +132,7 @@ def set_recording(on: bool, *, reset: bool = False, library: str | None = None) 
 
 
 def profiler_state(library: str | None = None) -> tuple[str, str]:
-    """(``STATES`` value, the other library ``NCCL_PROFILER_PLUGIN`` names or "") of this process;
-    ("not loaded", "") when lagom's library is not mapped."""
+    """(``STATES`` value, the other library ``NCCL_PROFILER_PLUGIN`` names or ""); ("not loaded", "") if unmapped."""
     lib = _library(library)
     if lib is None:
         return "not loaded", ""
@@ -188,8 +143,7 @@ def profiler_state(library: str | None = None) -> tuple[str, str]:
 
 
 def not_recording_note(state: str, foreign: str) -> str:
-    """The log line saying why lagom's profiler half records nothing in this process, from
-    ``profiler_state``: another profiler plugin is kept, or NCCL loaded none of lagom's."""
+    """The log line saying why lagom's profiler half records nothing in this process (from ``profiler_state``)."""
     if state == "foreign":
         return (f"lagom: note: NCCL_PROFILER_PLUGIN={foreign!r} is another profiler plugin; lagom leaves it in "
                 "place and checks only the tuner's row hits, not what NCCL ran")

@@ -1,22 +1,9 @@
 """Which knob NCCL lets lagom set, at which scope, with which values: the search domain on NCCL.
 
-Three mechanisms apply a plan on stock NCCL (docs/nccl.md; research notes, NCCL
-mechanisms):
-
-* ``tuner``: lagom's tuner plugin sets algorithm, protocol and channels per call (plugin ABI v3,
-  NCCL 2.22+) and chunk size per call (ABI v6, NCCL 2.30+), ``ncclConfig_t`` sets the
-  communicator-scope extras (CTA policy, CGA cluster size), the launch environment the rest;
-* ``communicator``: no plugin; ``ncclConfig_t`` min/max CTAs per communicator, and
-  ``NCCL_ALGO`` / ``NCCL_PROTO`` set just before a communicator-pool entry is created;
-* ``env``: the process environment only (one value per job).
-
-``NcclRules`` is the ``engine.knobs.KnobRules`` of one mechanism on one cluster: the engine
-searches only what it returns, so a plan never holds a knob the mechanism cannot apply. The
-simulated cluster (``lagom_megatron.sim``) models NCCL and uses the same rules.
-
-Value checks live in ``nccl.validate`` and the per-call algorithm rules in ``nccl.algorithms``;
-both are re-exported here.
-"""
+Mechanisms (docs/nccl.md): ``tuner`` (lagom's plugin: algorithm, protocol, channels per call from NCCL 2.22, chunk
+size from 2.30; ``ncclConfig_t`` the communicator-scope extras), ``communicator`` (``ncclConfig_t`` CTA bounds,
+``NCCL_ALGO`` / ``NCCL_PROTO`` per pool entry), ``env`` (one value per job). ``NcclRules`` offers only what the
+mechanism can apply; the simulator uses it too."""
 
 from __future__ import annotations
 
@@ -50,25 +37,16 @@ BACKENDS: tuple[str, ...] = ("nccl", "sim")
 
 
 HIGH_PRIORITY_DOMAIN: tuple = (None, True)
-"""Stream priorities a site's communicator may take: its group's own (None) or a high-priority pool
-entry (``True``); a low priority is never chosen (it can only delay the collective)."""
+"""A site's own group's stream (None) or a high-priority pool entry; a low priority could only delay."""
 
 P2P_CHANNEL_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-"""CTA bounds the search tries for a point-to-point site: ``p2pnChannels`` is the bound rounded up to a
-power of two (NVIDIA/nccl v2.30.7 ``src/graph/paths.cc:977-991``), so other bounds add nothing."""
+"""P2P CTA bounds worth trying: ``p2pnChannels`` rounds up to a power of two (v2.30.7
+``src/graph/paths.cc:977-991``)."""
 
 def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, int, int] = (2, 27, 5)) -> Scope | None:
-    """The widest unit a knob can differ over, or None when the mechanism cannot set it at all.
-
-    ``call``: each collective site can have its own value; ``communicator``: one value per
-    communicator (Megatron process group); ``process``: one value for the whole job.
-    Sources: NCCL tuner plugin ABI v3-v6 (algorithm, protocol, nChannels per call from v3 /
-    NCCL 2.22; chunk size per call from v6 / NCCL 2.30), ncclConfig_t fields (minCTAs/maxCTAs
-    2.17, cgaClusterSize 2.17, CTAPolicy 2.27), NCCL_NTHREADS read once per process.
-
-    Raises:
-        ValueError: unknown knob or mechanism (names it and the allowed set).
-    """
+    """The widest unit a knob can differ over (``call``, ``communicator``, ``process``); None if the mechanism cannot
+    set it. Tuner ABI v3 (NCCL 2.22): algorithm, protocol, channels per call, v6 (2.30) chunk size; ``ncclConfig_t``
+    CTAs and CGA 2.17, CTAPolicy 2.27. ValueError: an unknown knob or mechanism."""
     if knob not in KNOB_ORDER:
         raise ValueError(f"knob must be one of {list(KNOB_ORDER)}; got {knob!r}")
     if mechanism not in MECHANISMS:
@@ -106,17 +84,8 @@ def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, 
 
 def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int = 2, mechanism: str = "tuner",
             reduce_op: str | None = None) -> dict[str, tuple]:
-    """The values the search scans for each knob of one site (``(None,)`` = left to NCCL).
-
-    These are subsets of what ``validate_config`` accepts, chosen so that a scan of each knob is
-    short (the search cost is linear in the sum of domain sizes): channels on a roughly
-    geometric grid up to the NCCL maximum, four chunk sizes (Simple's grid), all thread counts,
-    protocols without LL128 where NCCL would not enable it (``ll128_enabled``), the op's algorithms.
-    A knob whose scope is None under ``mechanism`` gets ``(None,)``.
-
-    Raises:
-        ValueError: unknown mechanism.
-    """
+    """Values the search scans per knob of one site (``(None,)`` = NCCL's): short subsets of ``validate_config``'s
+    domain. ValueError: an unknown mechanism."""
     scope = {k: knob_scope(k, mechanism=mechanism, nccl_version=cluster.nccl) for k in KNOB_ORDER}
     out: dict[str, tuple] = {k: (None,) for k in KNOB_ORDER}
     cap = max_channels(cluster)
@@ -149,11 +118,8 @@ def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int 
 
 
 def applicable(config: CommConfig, *, op: str) -> CommConfig:
-    """``config`` without the knobs that do not apply to ``op`` on NCCL (probe configs are applied
-    to all sites at once). A send/recv or all-to-all site keeps only what NCCL's P2P path honours:
-    the communicator's channel count and channels per network peer (``engine.p2p``); its kernel
-    runs ``NCCL_MAX_NTHREADS`` whatever ``NCCL_NTHREADS`` says (NVIDIA/nccl v2.30.7
-    ``src/enqueue.cc:1136``)."""
+    """``config`` without the knobs NCCL does not apply to ``op``; P2P keeps channels, net-peer channels and stream
+    priority (its kernel runs ``NCCL_MAX_NTHREADS``, NVIDIA/nccl v2.30.7 ``src/enqueue.cc:1136``)."""
     if op in P2P_OPS:
         return CommConfig(n_channels=config.n_channels, net_peer_channels=config.net_peer_channels,
                           high_priority_stream=config.high_priority_stream)
@@ -165,15 +131,7 @@ def applicable(config: CommConfig, *, op: str) -> CommConfig:
 
 
 def probe_configs(cluster: ClusterSpec, *, mechanism: str = "tuner") -> list[CommConfig]:
-    """The few configs the warm-up applies to every site at once, one per probe iteration.
-
-    Each probe gives every region one more measured point; together with the default iteration
-    they span what the cost model fits: channel count (bandwidth growth and SM share), protocol
-    (HBM traffic per wire byte), where settable chunk size, and, where a pool entry can set it, a
-    high-priority stream at NCCL's own config (what the default iteration's collectives lose
-    waiting for a running kernel's blocks, ``fit._dispatch_waits``). All are valid for every
-    collective op (``applicable`` strips them for point-to-point sites).
-    """
+    """Configs the warm-up applies to every site at once, one per probe iteration, spanning what the cost model fits."""
     cap = max_channels(cluster)
     probes = [CommConfig(n_channels=2), CommConfig(n_channels=8), CommConfig(protocol="Simple", n_channels=min(16, cap))]
     if cluster.nccl >= (2, 30, 0):
@@ -184,12 +142,10 @@ def probe_configs(cluster: ClusterSpec, *, mechanism: str = "tuner") -> list[Com
 
 
 def symmetric_kernels(cluster: ClusterSpec, site: Any) -> bool:
-    """Whether NCCL would run ``site`` (buffers in symmetric windows) on its symmetric kernels, which
-    never ask the tuner plugin: an all-NVLink communicator (NVSwitch node, one NCCL node) and NCCL
-    2.28+ for any call (``ncclMakeSymmetricTaskList``, NVIDIA/nccl v2.28.9 ``src/enqueue.cc:360-362``,
-    ``src/scheduler/symmetric_sched.cc:26-35``; v2.30.7 ``symmetric_sched.cc:66-215``, where
-    ``ncclSymkAvailable`` needs ``isAllDirectNvlink``, ``src/sym_kernels.cc:591-597``), NCCL 2.27 for a
-    call of one collective (v2.27.7 ``src/enqueue.cc:338-360``: one task on one node)."""
+    """Whether NCCL runs ``site`` (symmetric-window buffers) on symmetric kernels, which never ask the tuner: all-NVLink
+    and NCCL 2.28+ (``ncclMakeSymmetricTaskList``, v2.28.9 ``src/enqueue.cc:360-362``,
+    ``src/scheduler/symmetric_sched.cc:26-35``; v2.30.7 ``symmetric_sched.cc:66-215``,
+    ``src/sym_kernels.cc:591-597``), or 2.27 for one collective (v2.27.7 ``src/enqueue.cc:338-360``)."""
     if cluster.intra_link != "nvlink" or not cluster.nvswitch or cluster.nccl_nodes(site.n_nodes, site.group_size) > 1:
         return False
     v = cluster.nccl
@@ -197,15 +153,9 @@ def symmetric_kernels(cluster: ClusterSpec, site: Any) -> bool:
 
 
 def process_env(chosen: dict[str, list[int]]) -> dict[str, str]:
-    """NCCL's launch environment for a plan's process-scope knobs (``chosen``: knob -> the values
-    picked for the sites it governs; one process-wide value must serve them all).
-
-    ``n_threads`` -> ``NCCL_NTHREADS`` = the largest picked, left unset when every site keeps
-    NCCL's 512; ``n_channels`` (``env`` mechanism) -> ``NCCL_MIN_CTAS=1`` and ``NCCL_MAX_CTAS`` =
-    the largest picked, both ends always set (NCCL PR 2256: a one-sided range fails);
-    ``net_peer_channels`` -> ``NCCL_NCHANNELS_PER_NET_PEER`` (it overrides the ``ncclConfig_t``
-    field of every communicator, NVIDIA/nccl v2.30.7 ``src/init.cc:2038-2047``).
-    """
+    """NCCL's launch environment for a plan's process-scope knobs (``chosen``: knob -> values picked; the largest wins).
+    Both CTA ends (NCCL PR 2256); ``NCCL_NCHANNELS_PER_NET_PEER`` overrides every communicator (v2.30.7
+    ``src/init.cc:2038-2047``)."""
     env: dict[str, str] = {}
     if chosen.get("n_threads") and set(chosen["n_threads"]) != {512}:
         env["NCCL_NTHREADS"] = str(max(chosen["n_threads"]))
@@ -217,42 +167,23 @@ def process_env(chosen: dict[str, list[int]]) -> dict[str, str]:
 
 
 def tuner_call_key(*, group: str, op: str, nbytes: int) -> tuple[str, str, int]:
-    """What NCCL's tuner plugin can tell one collective call by: the communicator (a process group
-    and its pool entries share the group's tag), the op and the byte count (``getCollInfo`` gets
-    the function and ``nBytes``; NCCL v2.30.7 ``src/include/tuner.h``). Sites with the same key
-    get one table row: ``SearchProblem.tie_indistinguishable`` gives them one decision
-    (``NcclRules.call_key``) and ``export.tuner_rows`` refuses a plan that does not."""
+    """What NCCL's tuner plugin can tell one call by: communicator tag, op, bytes (``getCollInfo``, NCCL v2.30.7
+    ``src/include/tuner.h``). Sites sharing a key get one table row and one decision."""
     return (group, op, int(nbytes))
 
 
 @dataclass(frozen=True)
 class NcclRules:
-    """``engine.knobs.KnobRules`` of one mechanism on one NCCL cluster (module docstring).
-
-    Args:
-        cluster: the ``ClusterSpec`` (its NCCL version, NVSwitch, SHARP and SM architecture decide
-            the algorithms, the channel limit and the scopes).
-        mechanism: ``tuner``, ``communicator`` or ``env``; None (default): :func:`default_mechanism`.
-        backend: ``nccl`` (a real run) or ``sim`` (the simulated cluster), the label of the
-            profiles and plans searched under these rules.
-        capabilities: the run's agreed capabilities; its NCCL version must be the cluster's
-            (``megatron.backends.rules_for`` sets both) and the domains are cut to what they allow
-            (``capabilities.restrict_domains``).
-
-    Raises:
-        ValueError: a gloo cluster, an unknown mechanism or backend (names the value and the
-            allowed set).
-    """
+    """``engine.knobs.KnobRules`` of one mechanism (None: ``default_mechanism``) on one NCCL cluster; ``backend``:
+    ``nccl`` or ``sim``. ValueError: a gloo cluster, an unknown mechanism or backend."""
 
     cluster: ClusterSpec
     mechanism: str = None  # type: ignore[assignment]  # None: default_mechanism(cluster), set in __post_init__
     backend: str = "nccl"
     capabilities: Capabilities | None = None
-    """The agreed ``nccl.capabilities.Capabilities`` of a live run; None (offline search, the
-    simulator) = what the cluster spec promises."""
+    """The agreed capabilities of a live run (domains are cut to them); None = what the cluster spec promises."""
     pool_budget_bytes: int | None = None
-    """The pool's memory budget per rank (``--lagom-pool-budget-mib``); None = unbounded. Caps each
-    group's channel domain at what its share allows (``nccl.budget``; not under ``env``)."""
+    """Pool memory budget per rank (``--lagom-pool-budget-mib``); None = unbounded. Caps channels (``nccl.budget``)."""
     nvls_heads: int = 0
     """NVLS heads counted in an entry's estimate (ranks of an NVLink domain where NVLS runs)."""
     budget_groups: tuple[str, ...] = ()
@@ -269,9 +200,7 @@ class NcclRules:
             raise ValueError(f"NCCL rules serve backends {list(BACKENDS)}; got {self.backend!r}")
 
     def scope(self, knob: str) -> Scope | None:
-        """``knob_scope`` under this mechanism and the cluster's NCCL version; ``net_peer_channels``
-        is per communicator where the run's torch binds ``NCCLConfig.n_channels_per_net_peer`` on
-        NCCL 2.28+ (agreed capabilities; no released torch we read does)."""
+        """``knob_scope``; ``net_peer_channels`` per communicator where torch binds ``n_channels_per_net_peer``."""
         scope = knob_scope(knob, mechanism=self.mechanism, nccl_version=self.cluster.nccl)
         if (knob == "net_peer_channels" and scope is not None and self.mechanism != "env" and self.capabilities is not None
                 and self.cluster.nccl >= (2, 28, 0) and "n_channels_per_net_peer" in self.capabilities.config_fields):
@@ -279,8 +208,7 @@ class NcclRules:
         return scope
 
     def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None) -> dict[str, tuple]:
-        """``domains`` of one site of ``op`` spanning ``n_nodes`` hosts and ``group_size``
-        ranks, cut to the run's capabilities when there are any, channels cut to ``channel_cap``."""
+        """``domains`` of one site (``n_nodes``: hosts), cut to the run's capabilities and ``channel_cap``."""
         d = domains(cluster=self.cluster, op=op, n_nodes=n_nodes, group_size=group_size, mechanism=self.mechanism,
                     reduce_op=reduce_op)
         if self.capabilities is not None:
@@ -294,11 +222,7 @@ class NcclRules:
         return d
 
     def site_domains(self, site: Any) -> tuple[dict[str, tuple], str]:
-        """``domains`` of one ``CollectiveSite`` cut by its call (``algorithms.call_algorithms``: no
-        NVLS for a reduction and dtype NCCL has none for), all knobs left to NCCL where its buffers
-        are registered on the group's own communicator only (``registered = fixed``), and a note
-        on each such cut, on a pool entry that registers the site's memory pool, and on a site that
-        needs one tuner row per NCCL bin (``bins.nccl_bins``)."""
+        """``domains`` of a ``CollectiveSite`` cut by its call and its buffer registration, and a note on each cut."""
         d = self.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size, reduce_op=site.reduce_op)
         notes = []
         d["algorithm"], why = call_algorithms(d["algorithm"], op=site.op, reduce_op=site.reduce_op, dtype=site.dtype,
@@ -321,16 +245,14 @@ class NcclRules:
         return d, "; ".join(notes)
 
     def channel_cap(self) -> int | None:
-        """Largest channel count a pool entry of one group may have under the budget
-        (``nccl.budget``: the equal share of ``budget_groups``); None = no cap (no budget, ``env``)."""
+        """Largest channel count one group's pool entry may have under the budget; None = no cap."""
         if self.pool_budget_bytes is None or self.mechanism == "env":
             return None
         share = group_share(self.pool_budget_bytes, self.budget_groups)
         return channel_cap(share, nvls_heads=self.nvls_heads, limit=max_channels(self.cluster))
 
     def for_sites(self, sites: Any) -> "NcclRules":
-        """These rules for a search over ``sites`` (``engine.profile.CollectiveSite``): the budget is
-        shared by the groups with a site whose channel count the mechanism can set."""
+        """These rules for ``sites``: the budget is shared by groups with a site whose channels can be set."""
         if self.pool_budget_bytes is None:
             return self
         groups = sorted({s.group for s in sites if len(domains(cluster=self.cluster, op=s.op, n_nodes=s.n_nodes,
@@ -339,8 +261,7 @@ class NcclRules:
         return replace(self, budget_groups=tuple(groups))
 
     def call_keys(self, site: Any) -> list[tuple[str, str, int]]:
-        """``call_key`` of each NCCL bin of ``site``'s call (``bins.nccl_bins``): sites sharing any
-        key share the table rows of that key, so they get one decision."""
+        """``call_key`` of each NCCL bin of ``site``'s call (``bins.nccl_bins``)."""
         out = []
         for nbytes in nccl_bins(site.parts, nbytes=site.nbytes, op=site.op):
             k = self.call_key(group=site.group, op=site.op, nbytes=nbytes)
@@ -349,13 +270,7 @@ class NcclRules:
         return out
 
     def call_key(self, *, group: str, op: str, nbytes: int) -> tuple[str, str, int] | None:
-        """Which sites NCCL cannot tell apart under this mechanism (``SearchProblem.tie_indistinguishable``).
-
-        With the tuner plugin every non-default site of a group runs on one pool entry, and NCCL
-        hands the plugin only the collective and its byte count (``getCollInfo``), so sites of one
-        (group, op, bytes) share a table row: key ``(group, op, nbytes)``. Communicator and env
-        mechanisms give each distinct config its own communicator (or one value per job): None.
-        """
+        """``(group, op, nbytes)``: what NCCL's tuner tells calls apart by (``getCollInfo``); None unless ``tuner``."""
         if self.mechanism != "tuner" or op in P2P_OPS:
             return None  # P2P has no table row: its sites are told apart by the entry they are routed to
         return tuner_call_key(group=group, op=op, nbytes=nbytes)
@@ -367,10 +282,7 @@ class NcclRules:
         return [fixed_knob_warning(k, v) for k, v in sorted(self.capabilities.fixed_knobs().items())]
 
     def probe_configs(self) -> list[CommConfig]:
-        """``probe_configs`` of the cluster. In a live run (capabilities given) the probes run on
-        per-communicator pool entries (no plan table exists yet), so they keep only what such an
-        entry applies: no chunk size (no ``ncclConfig_t`` field), no protocol before NCCL 2.24
-        (per-function ``NCCL_PROTO``), nothing a variable of the run fixes."""
+        """``probe_configs``, live: only what a per-communicator entry applies (nothing fixed, no chunk size)."""
         probes = probe_configs(self.cluster, mechanism=self.mechanism)
         if self.capabilities is None:
             return probes
@@ -390,13 +302,7 @@ class NcclRules:
 
     def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None,
                  reduce_op: str | None = None, dtype: str | None = None) -> None:
-        """``validate_config`` under this mechanism on the cluster (with the call's reduction and
-        dtype where known); with capabilities, also refuses a knob whose domain they empty (names
-        the knob and why).
-
-        Raises:
-            ValueError: the first knob that cannot be applied.
-        """
+        """``validate_config`` under this mechanism, also refusing knobs the capabilities empty; ValueError."""
         validate_config(config, op=op, cluster=self.cluster, mechanism=self.mechanism, n_nodes=n_nodes, group_size=group_size,
                         reduce_op=reduce_op, dtype=dtype)
         if self.capabilities is not None:

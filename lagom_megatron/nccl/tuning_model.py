@@ -1,15 +1,8 @@
 """NCCL's own tuning model, as the simulated NCCL uses it to choose its defaults.
 
-Everything here is NCCL's, read at tag ``v2.30.7-1`` of ``NVIDIA/nccl`` (file:line at that tag;
-the same values at v2.27.5-1 unless noted): the latencies and per-channel bandwidth caps of its
-tuning tables, which protocol it enables on which path, how it picks an algorithm and protocol
-for a size, and how many channels and threads a call runs with (point-to-point channel counts:
-``engine.p2p``). The simulator's *hardware* (what a CTA really moves, ``sim.device``) is separate: NCCL's
-model decides what NCCL runs, the device model how long that takes.
-
-Units: GB/s, microseconds, bytes. "Search channel" is a channel of NCCL's topology graph; NCCL
-launches two CTAs per search channel (``src/graph/connect.cc:460`` duplicates every channel).
-"""
+NVIDIA/nccl @v2.30.7-1 (file:line at that tag; the same values at v2.27.5-1 unless noted). What a CTA really moves is
+``sim.device``'s; P2P channel counts are ``engine.p2p``'s. Units: GB/s, microseconds, bytes. A "search channel" is a
+channel of NCCL's topology graph; NCCL launches two CTAs per search channel (``src/graph/connect.cc:460``)."""
 
 from __future__ import annotations
 
@@ -50,8 +43,7 @@ LL_BUS_FACTOR = 0.5
 NVLINK_BW: dict[int, float] = {80: 20.0, 86: 12.0, 90: 20.6}
 """GB/s NCCL counts per NVLink link (SM80_NVLINK_BW, SM86_NVLINK_BW, SM90_NVLINK_BW; topo.h:21-23)."""
 NVLINK_LINK_GBS: dict[int, float] = {80: 25.0, 86: 14.0625, 90: 25.0}
-"""Datasheet GB/s per link and direction: NVLink 3 on A100 (12 links, 300 GB/s), on GA102 (4 links,
-the A40 bridge's 112.5 GB/s both ways), NVLink 4 on H100 (18 links, 450 GB/s)."""
+"""Datasheet GB/s per link and direction: A100 (NVLink 3, 12 links), GA102 (4, A40 bridge), H100 (NVLink 4, 18)."""
 PCI_BW = 12.0
 """PCI Gen3 x16 in NCCL's units (topo.h:25): Ring/Simple defaults to 256 threads at or below it."""
 PCIE_GEN4_X16 = 24.0
@@ -79,40 +71,17 @@ MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 
 
 def ll128_enabled(*, sm_arch: int, intra_nvlink: bool, n_nodes: int) -> bool:
-    """Whether NCCL enables LL128 by default (tuning.cc:518-535).
-
-    LL128 needs every intra-node hop of the graph on NVLink (``typeIntra <= PATH_NVB``,
-    tuning.cc:531): never on PCIe, on a ring through NVLink-bridged pairs only when the group is
-    one bridged pair. Across nodes the GPU-NIC path must be at most PXB before Hopper, PXN from
-    Hopper (tuning.cc:520-530); the clusters modelled attach NICs by PCIe switch (PXB), so that
-    part holds. Mixed compute capabilities are not modelled (tuning.cc:533).
-    """
+    """Whether NCCL enables LL128 by default (tuning.cc:518-535): all intra-node hops NVLink (:531); the GPU-NIC path
+    (:520-530) is PXB on every modelled cluster; mixed compute capabilities (:533) are not modelled."""
     del n_nodes  # the GPU-NIC path type is PXB on every modelled cluster (docstring)
     return intra_nvlink and sm_arch >= 70
 
 
 def ring_graph(capacity_gbs: float, *, sm_arch: int, inter: bool, max_bw: float | None = None) -> tuple[int, float]:
-    """The ring graph NCCL's search finds where every ring costs each GPU its speed out of
-    ``capacity_gbs`` (search.cc:1074-1265 reduced to one capacity): (search channels, speed).
-
-    Pass 1 (search.cc:1170-1251) starts at the fastest speed of the table at or below the
-    capacity, keeps the graph with the most ``channels x speed`` (search.cc:457, ties keep the
-    first), stops once that reaches the capacity (search.cc:1198), and otherwise lowers the speed
-    while the next speed is above 0.49 of the best graph's (search.cc:1245). Then
-    ``ncclTopoDupChannels`` doubles the channels at half the speed when the speed is >= 25 GB/s
-    (search.cc:1036-1049). Pass 2 never finds a faster graph when the capacity is the only limit.
-
-    Args:
-        capacity_gbs: what a GPU can give all rings, in NCCL's units (PCIe Gen4 x16 24; twice
-            that when NVLink bridges carry every other hop; the NIC's rate across nodes).
-        sm_arch: 80, 86 or 90 (sm86 uses the Ampere table, search.cc:1157).
-        inter: the graph spans nodes (speedArrayInter).
-        max_bw: the fastest single path (``system->maxBw``, search.cc:1170: across nodes the
-            GPU-NIC path); None = the capacity.
-
-    Returns:
-        (search channels >= 1, speed GB/s).
-    """
+    """(search channels >= 1, speed GB/s) of the ring graph NCCL's search finds when each ring costs a GPU its speed out
+    of ``capacity_gbs`` (NCCL's units): search.cc:1074-1265 for one capacity, pass 1 (:1170-1251; :457, :1198, :1245)
+    and ``ncclTopoDupChannels`` (:1036-1049). ``max_bw``: ``system->maxBw`` (:1170), None = the capacity; sm86 uses
+    the Ampere table (:1157)."""
     table = (SPEED_INTER if inter else SPEED_INTRA)[90 if sm_arch >= 90 else 80]
     top = capacity_gbs if max_bw is None else min(capacity_gbs, max_bw)
     i = next((k for k, s in enumerate(table) if s <= top + 1e-9), len(table) - 1)
@@ -132,25 +101,20 @@ def ring_graph(capacity_gbs: float, *, sm_arch: int, inter: bool, max_bw: float 
 
 
 def comm_ctas(search_channels: int, *, max_channels: int = 64) -> int:
-    """CTAs of a communicator for a graph of ``search_channels``: doubled when the rings are
-    connected (connect.cc:460), at most MAXCHANNELS (64 from NCCL 2.25)."""
+    """CTAs of a communicator for ``search_channels``: twice (connect.cc:460), at most MAXCHANNELS (64 from 2.25)."""
     return min(max_channels, 2 * search_channels)
 
 
 def default_threads(protocol: str, algorithm: str, *, ring_busbw_gbs: float) -> int:
-    """Threads per CTA NCCL launches with before the size rule (tuning.cc:244-257): Ring/Simple
-    256 when its graph's ``speed x channels`` is at most PCI_BW (12 GB/s), else 512; Tree/Simple
-    512; LL 512; LL128 640."""
+    """Threads per CTA before the size rule (tuning.cc:244-257): Ring/Simple 256 at ``speed x channels`` <= PCI_BW."""
     if protocol == "Simple" and algorithm == "Ring":
         return 256 if ring_busbw_gbs <= PCI_BW + 1e-9 else MAX_THREADS["Simple"]
     return MAX_THREADS[protocol]
 
 
 def size_rule(nbytes: int, *, channels: int, threads: int, protocol: str, algorithm: str, n_ranks: int) -> tuple[int, int]:
-    """Channels and threads NCCL runs a Ring or Tree call of ``nbytes`` with (enqueue.cc:2093-2105):
-    it drops channels while ``nbytes < nc x nt x threshold``, then halves the threads (a multiple
-    of 128) while the same holds. ``nbytes`` is the full message (``ncclFuncMaxSendRecvCount``:
-    all ranks' data for all-gather and reduce-scatter, enqueue.h:39-41)."""
+    """(channels, threads) NCCL runs a Ring / Tree call of ``nbytes`` with (enqueue.cc:2093-2105); ``nbytes``: the full
+    message (``ncclFuncMaxSendRecvCount``, enqueue.h:39-41)."""
     thr = THREAD_THRESHOLD[protocol] * (n_ranks if (protocol == "LL" and algorithm == "Ring") else 1)
     nc, nt = max(1, channels), threads
     while nbytes < nc * nt * thr and nc >= 2:
@@ -161,9 +125,7 @@ def size_rule(nbytes: int, *, channels: int, threads: int, protocol: str, algori
 
 
 def ring_latency_us(protocol: str, *, op: str, n_ranks: int, n_nodes: int, intra: str) -> float:
-    """NCCL's Ring latency for one call (tuning.cc:384-413): base + per-step hardware latency,
-    the inter-node steps at the network's (plus its flush on Simple) and, across nodes, at least
-    the network's post overhead per step (1 us on Intel, x3 for Simple; tuning.cc:228-233, 404-410)."""
+    """NCCL's Ring latency of one call, us (tuning.cc:384-413; network post overhead per step, :228-233, 404-410)."""
     p = PROTOS.index(protocol)
     steps = 2 * (n_ranks - 1) if op == "all_reduce" else n_ranks - 1
     lat = BASE_LATENCY_US["Ring"][p]
@@ -187,9 +149,7 @@ def tree_latency_us(protocol: str, *, n_ranks: int, n_nodes: int, intra: str) ->
 
 def model_busbw_gbs(algorithm: str, protocol: str, *, op: str, graph_channels: int, graph_speed: float,
                     sm_arch: int, n_nodes: int) -> float:
-    """NCCL's predicted bus bandwidth of an (algorithm, protocol) (tuning.cc:306-336): channels x
-    speed, then LL at half (capped by llMaxBw), LL128 at 0.92 capped per channel, Tree at 0.92
-    capped per channel (1/3.8 for LL, 7/9 for LL128 on one node). 0 = not available."""
+    """NCCL's predicted bus bandwidth of an (algorithm, protocol), GB/s (tuning.cc:306-336); 0 = not available."""
     arch = 90 if sm_arch >= 90 else 80
     idx = 0 if n_nodes == 1 else (1 if n_nodes == 2 else 2)
     ll_max = LL_MAX_BW[arch if n_nodes == 1 else 0][idx]
@@ -211,9 +171,7 @@ def model_busbw_gbs(algorithm: str, protocol: str, *, op: str, graph_channels: i
 
 
 def algo_time_us(nbytes: int, *, op: str, busbw_gbs: float, latency_us: float, n_ranks: int, algorithm: str) -> float:
-    """NCCL's predicted time of one call (tuning.cc:376-382, 630-654): latency plus bytes over
-    the algorithm bandwidth (bus bandwidth x nRanks / nsteps for Ring; x 0.5 for Tree); inf when
-    the bandwidth is 0. The Tree correction factors of medium sizes are left out."""
+    """NCCL's predicted time of one call, us (tuning.cc:376-382, 630-654; no Tree correction); inf at 0 bandwidth."""
     if busbw_gbs <= 0:
         return math.inf
     steps = 2 * (n_ranks - 1) if op == "all_reduce" else n_ranks - 1

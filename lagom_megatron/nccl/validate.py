@@ -1,11 +1,5 @@
-"""Checks of knob values against NCCL's documented domains: a config for one op on one cluster
-(``validate_config``), a communicator's CTA range (``validate_cta_range``) and chunk sizes per
-protocol (``CHUNK_RULES``). ``nccl.rules`` re-exports them; its ``NcclRules.validate`` adds the run's
-capabilities.
-
-Where NCCL itself clamps silently (``NCCL_NTHREADS=480`` -> 512), lagom refuses instead: a value
-that NCCL would change behind our back makes the cost model's prediction wrong.
-"""
+"""Checks of knob values against NCCL's documented domains (``nccl.rules`` re-exports them). Where NCCL clamps silently
+(``NCCL_NTHREADS=480`` -> 512) lagom refuses: the cost model would predict a wrong value."""
 
 from __future__ import annotations
 
@@ -21,25 +15,14 @@ CHUNK_RULES: dict[str, dict[str, int]] = {
     "LL": {"min": 1024, "max": 32768, "multiple": 0},
     "LL128": {"min": 3840, "max": 576000, "multiple": 120},
 }
-"""Chunk sizes NCCL can use per protocol, bytes. Simple and LL: powers of two up to one step of
-the default buffer (NCCL_BUFFSIZE 4 MiB / NCCL_STEPS 8; LL buffer 512 KiB of 16-byte lines half of
-which are flags, / 8 steps); LL128: multiples of 120 data bytes per 128-byte line up to one step
-of its 4,915,200-byte buffer (x 120/128 / 8). NCCL clamps larger values to the buffer (tuner v6)."""
+"""Chunk sizes per protocol, bytes, up to one step of the default buffer (Simple 4 MiB / 8; LL 512 KiB, half flags, / 8;
+LL128 4,915,200 x 120/128 / 8, multiples of 120). NCCL clamps larger values (tuner v6)."""
 
 
 def validate_config(config: CommConfig, *, op: str, cluster: ClusterSpec, mechanism: str = "tuner", n_nodes: int = 1,
                     group_size: int | None = None, reduce_op: str | None = None, dtype: str | None = None) -> None:
-    """Checks every set knob of ``config`` against NCCL's documented domain for ``op`` on ``cluster``.
-
-    Rules (research notes, ecosystem section 5): algorithm and protocol names as NCCL spells
-    them, algorithm implemented for the op and the hardware, protocol run by the algorithm,
-    LL128 never forced through the environment (silent corruption, nccl#786/#1261), n_threads
-    in {64, 128, 256, 512}, 1 <= n_channels <= 64 (32 before NCCL 2.25), chunk size within the
-    protocol's buffer step and granularity, CTA policy name, CGA cluster size 0..8 (sm90+).
-
-    Raises:
-        ValueError: the first offending knob, with its value and the allowed set.
-    """
+    """Checks every set knob of ``config`` against NCCL's domain for ``op`` on ``cluster`` (LL128 is never forced,
+    nccl#786/#1261); ValueError names the first bad knob, its value and the allowed set."""
     mech = mechanism
     group_size = group_size or max(2, n_nodes * getattr(cluster, "gpus_per_node", 1))  # whole nodes
     c = config
@@ -117,14 +100,8 @@ def _check_chunk(chunk: int, protocol: str) -> None:
 
 
 def validate_cta_range(min_ctas: int | None, max_ctas: int | None, *, cluster: ClusterSpec) -> None:
-    """Checks a communicator's CTA range as written to ncclConfig_t / Megatron's YAML.
-
-    Both ends must be given (NCCL PR#2256: ``min_ctas`` alone reaches NCCL as 4/-2147483648 and
-    fails with ncclInvalidArgument), integers, and 1 <= min_ctas <= max_ctas <= 64 (32 before 2.25).
-
-    Raises:
-        ValueError: names the missing end, or the numbers that break the rule.
-    """
+    """Checks a CTA range: both ends (NCCL PR#2256: a lone ``min_ctas`` fails), 1 <= min <= max <= 64 (32 before NCCL
+    2.25); ValueError names what breaks."""
     if (min_ctas is None) != (max_ctas is None):
         given, missing = ("min_ctas", "max_ctas") if max_ctas is None else ("max_ctas", "min_ctas")
         raise ValueError(f"a CTA range needs both ends: {given} is set but {missing} is not (NCCL rejects a one-sided range)")

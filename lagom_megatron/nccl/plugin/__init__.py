@@ -1,8 +1,4 @@
-"""lagom's NCCL tuner plugin: C sources (``plugin.c``, ``table.c``, ``lagom_tuner.h``, ``plugin_internal.h``;
-the C test harness under ``test/``) and their builder (``build.py``).
-
-See ``docs/nccl.md`` for the plan-table format and how NCCL loads the plugin.
-"""
+"""lagom's NCCL tuner plugin: C sources, their test harness (``test/``) and builder (``build.py``); docs/nccl.md."""
 
 from lagom_megatron.nccl.plugin.build import LIBRARY_NAME, PLUGIN_DIR, build_harness, build_tuner, find_compiler
 

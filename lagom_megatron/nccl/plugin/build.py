@@ -1,11 +1,5 @@
-"""Builds lagom's NCCL plugin (tuner and profiler halves, ``plugin.c`` ... ``observed.c``) into one shared
-library with gcc.
-
-The plugin needs neither CUDA nor NCCL's sources: it declares the tuner ABI itself
-(``lagom_tuner.h``) and NCCL ``dlopen()``s it at communicator creation when
-``NCCL_TUNER_PLUGIN`` names the library. This module only runs the C compiler; it imports
-nothing beyond the standard library.
-"""
+"""Builds lagom's NCCL plugin (tuner and profiler halves) into one shared library with gcc; standard library only. Needs
+no CUDA or NCCL sources (``lagom_tuner.h`` declares the ABI)."""
 
 from __future__ import annotations
 
@@ -16,32 +10,22 @@ import tempfile
 from pathlib import Path
 
 PLUGIN_DIR = Path(__file__).resolve().parent
-"""Directory holding the plugin's C sources and headers and the ``Makefile``."""
 TUNER_SOURCES = (PLUGIN_DIR / "plugin.c", PLUGIN_DIR / "table.c", PLUGIN_DIR / "status.c", PLUGIN_DIR / "profiler.c",
                  PLUGIN_DIR / "observed.c")
-"""The plugin's C sources: the tuner's entry points and ABI structs, the plan-table reader, the
-status exports, and the profiler half (its entry points and its records); all include
-``plugin_internal.h``."""
 HEADERS = (PLUGIN_DIR / "lagom_tuner.h", PLUGIN_DIR / "lagom_profiler.h", PLUGIN_DIR / "plugin_internal.h")
-"""The headers the sources include (a change rebuilds the library, ``plugin_launch.locate_or_build``)."""
+"""The headers; a change rebuilds the library (``plugin_launch.locate_or_build``)."""
 LIBRARY_NAME = "libnccl-tuner-lagom.so"
-"""File name of the built plugin (NCCL also finds it as ``NCCL_TUNER_PLUGIN=lagom`` on the
-library path, from its ``libnccl-tuner-<name>.so`` naming rule)."""
+"""File name of the built plugin (NCCL also finds it as ``NCCL_TUNER_PLUGIN=lagom`` on the library path)."""
 HARNESS_SOURCE = PLUGIN_DIR / "test" / "test_plugin.c"
-"""The C test harness's main source (present in a source checkout, not in an installed wheel)."""
+"""The C test harness's main source (in a source checkout, not in an installed wheel)."""
 HARNESS_SOURCES = (HARNESS_SOURCE, *(PLUGIN_DIR / "test" / f"test_{name}.c"
                                      for name in ("calls", "table", "slices", "profiler", "observed")))
-"""Every source of the C test harness (they share ``test/harness.h``)."""
 
 _WARN = ["-std=gnu11", "-Wall", "-Wextra"]
 
 
 def find_compiler(cc: str | None = None) -> str:
-    """Returns the path of the C compiler to use: ``cc``, else ``$CC``, else ``gcc``.
-
-    Raises:
-        FileNotFoundError: when that compiler is not on ``PATH`` (names it and how to get gcc).
-    """
+    """Path of the C compiler: ``cc``, else ``$CC``, else ``gcc``; FileNotFoundError when it is not on ``PATH``."""
     name = cc or os.environ.get("CC") or "gcc"
     path = shutil.which(name)
     if path is None:
@@ -71,21 +55,8 @@ def _compile(args: list[str], out: Path, what: str) -> Path:
 
 def build_tuner(out_dir: str | os.PathLike, *, cc: str | None = None,
                 extra_cflags: list[str] | tuple[str, ...] = ()) -> Path:
-    """Compiles the tuner plugin into ``out_dir/libnccl-tuner-lagom.so``.
-
-    Args:
-        out_dir: directory for the library (created if missing).
-        cc: C compiler; default ``$CC`` or ``gcc``.
-        extra_cflags: more compiler flags (e.g. sanitizers in tests).
-
-    Returns:
-        The absolute path of the library; it exports ``ncclTunerPlugin_v6`` to ``_v3`` and
-        ``ncclProfiler_v6`` to ``_v1``.
-
-    Raises:
-        FileNotFoundError: no C compiler.
-        RuntimeError: the compiler failed (its messages are included).
-    """
+    """Compiles the plugin (``ncclTunerPlugin_v3``-``_v6``, ``ncclProfiler_v1``-``_v6``) into ``out_dir``; returns its
+    absolute path. Raises FileNotFoundError (no C compiler) or RuntimeError (the compiler failed, with its messages)."""
     out = Path(out_dir).resolve() / LIBRARY_NAME
     args = [find_compiler(cc), *_WARN, "-O2", "-g", *extra_cflags, "-fPIC", "-shared",
             "-fvisibility=hidden", *(str(src) for src in TUNER_SOURCES), "-ldl"]
@@ -93,9 +64,7 @@ def build_tuner(out_dir: str | os.PathLike, *, cc: str | None = None,
 
 
 def usage_line(library: str | os.PathLike) -> str:
-    """One line telling how to load the built plugin: the variables NCCL and the plugin read (the
-    same library is NCCL's tuner and its profiler plugin). The ``export`` part is a shell command as
-    it stands (the path is quoted: a folder may hold spaces)."""
+    """One shell line telling how to load the built plugin as NCCL's tuner and profiler (the path is quoted)."""
     import shlex
 
     lib = shlex.quote(str(library))
@@ -105,13 +74,7 @@ def usage_line(library: str | os.PathLike) -> str:
 
 def build_harness(out_dir: str | os.PathLike, *, cc: str | None = None,
                   extra_cflags: list[str] | tuple[str, ...] = ()) -> Path:
-    """Compiles the C test harness (``test/test_plugin.c`` and the ``test/test_*.c`` cases) into
-    ``out_dir/test_plugin``.
-
-    Raises:
-        FileNotFoundError: no C compiler, or no harness source (installed wheel, not a checkout).
-        RuntimeError: the compiler failed.
-    """
+    """Compiles the C test harness to ``out_dir/test_plugin``; FileNotFoundError (no cc or sources), RuntimeError."""
     for source in HARNESS_SOURCES:
         if not source.is_file():
             raise FileNotFoundError(f"test harness source {source} is missing (not a source checkout)")
