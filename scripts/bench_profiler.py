@@ -152,11 +152,11 @@ class Bench:
         self.profiled_calls = []
 
     def on_setup(self, ctx):
-        from lagom_megatron.megatron.backends import make_pool_backend
-        from lagom_megatron.megatron.comm_pool import CommPool
-        from lagom_megatron.megatron.profiler import Profiler
-        from lagom_megatron.megatron.router import SiteRouter
-        from lagom_megatron.megatron.sites import GroupNames, SiteRegistry
+        from lagom_megatron.megatron.pool.comm_pool import make_pool_backend
+        from lagom_megatron.megatron.pool.comm_pool import CommPool
+        from lagom_megatron.megatron.hooks.profiler import Profiler
+        from lagom_megatron.megatron.hooks.router import SiteRouter
+        from lagom_megatron.megatron.hooks.sites import GroupNames, SiteRegistry
 
         groups = GroupNames.from_parallel_state()
         self.registry = SiteRegistry(groups, num_microbatches=ctx.args.num_microbatches)
@@ -177,7 +177,7 @@ class Bench:
         return MODES[(iteration - 3) % len(MODES)]
 
     def on_iteration_start(self, iteration):
-        from lagom_megatron.megatron import patches
+        from lagom_megatron.megatron.hooks import patches
 
         mode = self.mode = self._mode(iteration)
         self.registry.start_iteration(record=mode != "routed+")  # an applied plan records no sites (controller)
@@ -296,10 +296,10 @@ def isolated_routing_us(n_calls: int = 20000, repeats: int = 5) -> float:
     import torch
 
     from lagom_megatron.engine.knobs import CommConfig
-    from lagom_megatron.megatron.patches import _collective_wrapper
-    from lagom_megatron.megatron.profiler import Profiler
-    from lagom_megatron.megatron.router import SiteRouter
-    from lagom_megatron.megatron.sites import GroupInfo, GroupNames, SiteRegistry
+    from lagom_megatron.megatron.hooks.patches import _collective_wrapper
+    from lagom_megatron.megatron.hooks.profiler import Profiler
+    from lagom_megatron.megatron.hooks.router import SiteRouter
+    from lagom_megatron.megatron.hooks.sites import GroupInfo, GroupNames, SiteRegistry
 
     class _Pool:
         def group_for(self, info, cfg):

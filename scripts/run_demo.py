@@ -12,7 +12,7 @@
 
 lagom writes its plan, profile and reports under ``runs/demo/<preset>/``, emptied at the start
 of each demo so that every demo searches afresh; a folder another run is writing (its lock is
-held: ``lagom_megatron.training.preflight_files``) stops the demo before anything is built or removed. Each run's log streams through; at the end the
+held: ``lagom_megatron.preflight.files``) stops the demo before anything is built or removed. Each run's log streams through; at the end the
 mean lm loss of the first and last 10 iterations of each tuning run is printed. Exits non-zero if
 a run fails or its loss did not go down, 130 when interrupted.
 """
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main() -> int:
-    from lagom_megatron.training.preflight_files import folder_in_use
+    from lagom_megatron.preflight.files import folder_in_use
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     for preset in PRESETS:  # emptied below: never under a run that is writing there

@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config, items):
 def _release_run_folder_locks():
     """A run holds its folders' locks for its process's life (``training.preflight_files``); an
     in-process run of a test must not hold them into the next test."""
-    from lagom_megatron.training.preflight_files import _HELD, release_folder_lock
+    from lagom_megatron.preflight.files import _HELD, release_folder_lock
 
     before = set(_HELD)
     yield

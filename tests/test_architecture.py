@@ -28,9 +28,10 @@ ALLOWED: dict[str, set[str]] = {
     "config": set(),
     "sim": {"engine", "nccl", "config"},
     "megatron": {"engine", "nccl", "config"},
-    "training": {"engine", "nccl", "config", "megatron"},
-    "launch": {"engine", "nccl", "config", "megatron", "training"},
-    "cli": {"engine", "nccl", "config", "sim", "megatron", "training", "launch"},
+    "preflight": {"engine", "nccl", "config", "megatron", "sim"},
+    "training": {"engine", "nccl", "config", "megatron", "preflight"},
+    "launch": {"engine", "nccl", "config", "megatron", "training", "preflight"},
+    "cli": {"engine", "nccl", "config", "sim", "megatron", "training", "launch", "preflight"},
 }
 """Folder -> the folders its modules may import (docs/architecture.md, "What may import what").
 Every module may import its own folder and the package root (``__version__``)."""
@@ -59,7 +60,7 @@ DYNAMIC_IMPORTS: dict[str, str] = {
     "lagom_megatron.training.cpu_shims": "patches Megatron-Core modules it names in a tuple",
     "lagom_megatron.launch.megatron_lm_cpu": "patches a Megatron-LM checkout's modules, which it names in tuples "
                                              "(the checkout is not a package of ours)",
-    "lagom_megatron.megatron.te_targets": "finds Transformer Engine's and torch FSDP2's modules, whose paths differ "
+    "lagom_megatron.megatron.hooks.te_targets": "finds Transformer Engine's and torch FSDP2's modules, whose paths differ "
                                           "by version (and a stand-in package in tests)",
 }
 """Modules allowed to import a computed module name, and why (a computed name escapes these checks)."""
@@ -163,7 +164,7 @@ def test_the_flow_check_sees_every_form_of_import():
     src = """
 import numpy
 def f():
-    from lagom_megatron.megatron import sites
+    from lagom_megatron.megatron.hooks import sites
     import importlib, sys
     importlib.import_module("lagom_megatron.nccl.rules")
     importlib.import_module(f"lagom_megatron.cli.{name}")
@@ -293,6 +294,6 @@ def test_the_checks_see_the_whole_package():
     import_module names."""
     assert {_folder(m) for m in MODULES} - {None} == set(ALLOWED)
     assert "lagom_megatron.nccl.plugin.build" in MODULES and _folder("lagom_megatron.nccl.plugin.build") == "nccl"
-    assert "lagom_megatron.megatron.controller" in IMPORTS["lagom_megatron.training.loop"][0]  # a lazy import
+    assert "lagom_megatron.megatron.control.controller" in IMPORTS["lagom_megatron.training.loop"][0]  # a lazy import
     assert "lagom_megatron.engine.priority" in IMPORTS["lagom_megatron.engine.search"][0]  # `from pkg import module`
-    assert "torch" in IMPORTS["lagom_megatron.megatron.gloo"][1]
+    assert "torch" in IMPORTS["lagom_megatron.megatron.pool.gloo"][1]

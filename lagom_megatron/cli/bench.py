@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     if args.benchmark == "search":
         return search_main(args.bench_args)
     from lagom_megatron.cli.main import LagomParser
-    from lagom_megatron.sim.bench import main
+    from lagom_megatron.sim.bench.table import main
 
     return int(main(args.bench_args, parser_class=LagomParser) or 0)
 

@@ -81,7 +81,7 @@ def _bandwidth(args: argparse.Namespace) -> int:
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.engine.files import write_text_atomic
     from lagom_megatron.nccl.perf_table import PerfFormatError, read_perf_run
-    from lagom_megatron.sim.calibrate_bandwidth import calibrated_cluster, fit_bandwidth, fit_to_cluster_fields, summary_lines
+    from lagom_megatron.sim.calibrate import calibrated_cluster, fit_bandwidth, fit_to_cluster_fields, summary_lines
 
     spec = ClusterSpec.load(args.cluster)
     files = _run_files(args.inputs)

@@ -11,7 +11,7 @@ import json
 import os
 
 from lagom_megatron.cli.options import int_range
-from lagom_megatron.training.preflight import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, env_count
+from lagom_megatron.preflight.check import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, env_count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     from lagom_megatron.launch.doctor import check_command_line, errors, plugin_abi_line, run_doctor
     from lagom_megatron.launch.megatron_args import argv_to_args
-    from lagom_megatron.training.target_cluster import choose_cluster, mismatch, this_machine
+    from lagom_megatron.preflight.cluster import choose_cluster, mismatch, this_machine
 
     argv = list(args.argv)
     if argv and argv[0] == "--":
@@ -87,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
     print(first, file=sys.stderr if args.json else sys.stdout)
     cluster = target.cluster
     if args.megatron_lm:
-        from lagom_megatron.launch.megatron_lm_traps import megatron_lm_traps
-        from lagom_megatron.megatron.versions import installed_megatron_core
+        from lagom_megatron.preflight.megatron_lm import megatron_lm_traps
+        from lagom_megatron.megatron.hooks.versions import installed_megatron_core
 
         release = args.megatron_lm_release
         if release is None:

@@ -68,7 +68,7 @@ def verification_state(plan) -> str:
 
 
 def _show(plan) -> int:
-    from lagom_megatron.megatron.report import default_config_text
+    from lagom_megatron.megatron.outputs.report import default_config_text
 
     print(f"method {plan.method}, backend {plan.backend}, mechanism {plan.mechanism}, digest {plan.digest()[:12]}, "
           f"verification: {verification_state(plan)}")
@@ -117,7 +117,7 @@ def _validate(args, plan) -> int:
 
 def _check_entries(name, plan, cluster) -> None:
     """Raises ValueError for the first entry ``cluster``'s knob rules reject, or an unknown mechanism."""
-    from lagom_megatron.megatron.backends import rules_for
+    from lagom_megatron.megatron.pool.comm_pool import rules_for
 
     try:
         rules = rules_for(cluster.backend, cluster, plan.mechanism)

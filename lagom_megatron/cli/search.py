@@ -29,7 +29,7 @@ def check_inputs(args: argparse.Namespace):
     """
     from lagom_megatron.cli.inputs import read_profile
     from lagom_megatron.engine.cluster import ClusterSpec
-    from lagom_megatron.megatron.backends import rules_for
+    from lagom_megatron.megatron.pool.comm_pool import rules_for
 
     refuse_overwriting_an_input(args.output, "-o", {"--profile": args.profile})
     refuse_replacing(args.output, "-o", "a lagom plan", is_plan_text, force=args.force)

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from lagom_megatron.engine import queues
+from lagom_megatron.engine import cost_terms as queues
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import ALGORITHMS, GLOO_DEFAULT_THREADS, PROTOCOLS, CommConfig, max_channels
 from lagom_megatron.engine.p2p import P2PModel

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from lagom_megatron.engine import cross, queues
+from lagom_megatron.engine import cost_terms as cross
+from lagom_megatron.engine import cost_terms as queues
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.cost_model import PRIOR_A, PRIOR_B, CostModel, sm_term
 from lagom_megatron.engine.profile import Profile

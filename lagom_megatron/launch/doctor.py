@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from lagom_megatron.training.preflight import RULES, STOP, check_run, detect_cluster, resolve, run_rules
-from lagom_megatron.training.preflight_env import BLACKWELL_SM_ARCH, rule_nccl_env
-from lagom_megatron.training.preflight_types import Finding, Level, RunShape
+from lagom_megatron.preflight.check import RULES, STOP, check_run, detect_cluster, resolve, run_rules
+from lagom_megatron.preflight.environment import BLACKWELL_SM_ARCH, rule_nccl_env
+from lagom_megatron.preflight.types import Finding, Level, RunShape
 
 __all__ = ["BLACKWELL_SM_ARCH", "RULES", "Finding", "Level", "RunShape", "resolve", "run_doctor", "errors",
            "preflight", "detect_cluster", "preflight_pretrain", "check_command_line", "plugin_abi_line"]
@@ -66,7 +66,7 @@ def plugin_abi_line(environ: Mapping[str, str], cluster: Any) -> str | None:
     """``lagom doctor: <line>`` naming the tuner and profiler ABI NCCL will use with ``NCCL_TUNER_PLUGIN``.
 
     None on gloo or when the variable names no loadable absolute path."""
-    from lagom_megatron.nccl.plugin_check import plugin_abi_report
+    from lagom_megatron.nccl.plugin_launch import plugin_abi_report
 
     field = cluster.get if isinstance(cluster, dict) else (lambda k: getattr(cluster, k, None))
     if field("backend") == "gloo":

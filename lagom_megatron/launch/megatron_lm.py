@@ -115,14 +115,14 @@ class LagomHooks:
         if self.active:
             raise RuntimeError("lagom hooks are already installed around train_step")
         if not getattr(args, "lagom", False):
-            from lagom_megatron.training.lagom_flags import lagom_flag_problems
+            from lagom_megatron.preflight.lagom_flags import lagom_flag_problems
 
             problems = lagom_flag_problems(vars(args))  # e.g. --lagom-plan alone: refused, not ignored
             if problems:
                 _rank0_print(f"lagom: error: {problems[0].what}")
                 raise SystemExit(2)
             return self
-        from lagom_megatron.megatron.versions import UntestedVersionError, check_versions
+        from lagom_megatron.megatron.hooks.versions import UntestedVersionError, check_versions
 
         try:
             for warning in check_versions(allow_untested=getattr(args, "lagom_allow_untested_versions", False)):
@@ -134,7 +134,7 @@ class LagomHooks:
 
         preflight(args, os.environ, detect_cluster() if cluster is None else cluster, log=_rank0_print)
         if int(os.environ.get("RANK", "0")) == 0:  # one writer per output folder, as our pretrain_gpt.py
-            from lagom_megatron.training.preflight_files import hold_run_locks
+            from lagom_megatron.preflight.files import hold_run_locks
 
             try:
                 hold_run_locks(vars(args), os.environ)
@@ -143,7 +143,7 @@ class LagomHooks:
                 raise SystemExit(2) from exc
         enable_tuner_plugin(args)
         if callbacks is None:
-            from lagom_megatron.megatron.controller import LagomController
+            from lagom_megatron.megatron.control.controller import LagomController
 
             callbacks = [LagomController.from_args(args)]
         self.callbacks = list(callbacks)

@@ -17,7 +17,7 @@ from typing import Any
 
 from lagom_megatron.engine.knobs import P2P_OPS
 from lagom_megatron.nccl import plugin_status
-from lagom_megatron.nccl.bins import nccl_bins
+from lagom_megatron.nccl.validate import nccl_bins
 from lagom_megatron.nccl.env_vars import validate_env
 from lagom_megatron.nccl.rules import tuner_call_key, validate_cta_range
 from lagom_megatron.engine.plan import Plan, PlanEntry

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 from lagom_megatron.engine.knobs import P2P_OPS, CommConfig
 from lagom_megatron.engine.p2p import p2p_channels
-from lagom_megatron.nccl.profiler_status import ObservedComm, ObservedOp
+from lagom_megatron.nccl.plugin_status import ObservedComm, ObservedOp
 
 FUNC_OPS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
             "Broadcast": "broadcast", "Reduce": "reduce", "Send": "send", "Recv": "recv", "AlltoAll": "all_to_all"}

@@ -11,12 +11,12 @@ import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
-
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.nccl.options import (
     TUNER_COMM_TAG_ENV, TUNER_CONFIG_ENV, TUNER_NO_TABLE, build_options, check_env_conflicts, nccl_config_fields, nccl_module_parts,
     nccl_options_for, runtime_nccl_version,
 )
+from collections.abc import Iterable
 
 
 @contextlib.contextmanager
@@ -310,3 +310,21 @@ def _read_status() -> Any:
     from lagom_megatron.nccl.plugin_status import read_plugin_status
 
     return read_plugin_status()
+
+
+def group_share(budget_bytes: int, groups: Iterable[str]) -> int:
+    """Equal share (bytes) of ``budget_bytes`` per distinct group, all of it when none; ValueError when negative."""
+    if budget_bytes < 0:
+        raise ValueError(f"pool budget must be >= 0 bytes; got {budget_bytes}")
+    n = len(set(groups))
+    return int(budget_bytes) // max(1, n)
+
+
+def channel_cap(share_bytes: int, *, nvls_heads: int = 0, limit: int = 64) -> int:
+    """Largest channel count 0..``limit`` whose pool entry fits ``share_bytes`` (0: the group keeps NCCL's count)."""
+    cap = 0
+    for n in range(1, int(limit) + 1):
+        if estimate_entry_bytes(n, nvls_heads=nvls_heads) > share_bytes:
+            break
+        cap = n
+    return cap

@@ -7,23 +7,55 @@ mechanism can apply; the simulator uses it too."""
 
 from __future__ import annotations
 
+from lagom_megatron.engine.cluster import ClusterSpec
 from dataclasses import dataclass, replace
 from typing import Any
-
-from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import (
     ALGORITHMS_FOR_OP, KNOB_ORDER, N_THREADS, NET_PEER_CHANNELS, P2P_OPS, CommConfig, Scope, chunk_domain,
     invalid_value, max_channels,
 )
-from lagom_megatron.nccl.algorithms import algorithms_for, call_algorithms
-from lagom_megatron.nccl.bins import nccl_bins
-from lagom_megatron.nccl.budget import channel_cap, group_share
+from lagom_megatron.nccl.validate import algorithms_for, call_algorithms
+from lagom_megatron.nccl.validate import nccl_bins
+from lagom_megatron.nccl.pool import channel_cap, group_share
 from lagom_megatron.nccl.capabilities import Capabilities, fixed_knob_warning, restrict_domains
-from lagom_megatron.nccl.tuner_abi import (  # noqa: F401 (public here too)
-    LAGOM_TUNER_ABI_MIN, TUNER_ABI_SINCE, check_mechanism, default_mechanism, tuner_abi,
-)
 from lagom_megatron.nccl.validate import CHUNK_RULES, validate_config, validate_cta_range
-from lagom_megatron.nccl.paths import ll128_enabled
+
+
+def ll128_enabled(cluster: ClusterSpec, *, n_nodes: int = 1, group_size: int = 2) -> bool:
+    """Whether NCCL enables LL128 by default for ``group_size`` ranks on ``n_nodes`` (PCIe: a bridged pair per node)."""
+    if cluster.sm_arch < 80:
+        return False
+    if cluster.intra_link != "pcie":
+        return True
+    return bool(cluster.nvlink_bridge_gbps) and max(1, group_size // max(1, n_nodes)) == 2
+
+
+TUNER_ABI_SINCE: tuple[tuple[tuple[int, int, int], int], ...] = (
+    ((2, 30, 0), 6), ((2, 28, 0), 5), ((2, 24, 0), 4), ((2, 22, 0), 3), ((2, 21, 0), 2), ((2, 19, 0), 1),
+)
+"""Newest tuner ABI per NCCL version: v3 edits the cost table, v4 adds regBuff, v5 per-comm constants, v6 chunk size."""
+
+
+def tuner_abi(nccl_version: tuple[int, int, int]) -> int:
+    """Newest tuner plugin ABI NCCL ``nccl_version`` loads (0 = none)."""
+    return next((abi for since, abi in TUNER_ABI_SINCE if nccl_version >= since), 0)
+
+
+LAGOM_TUNER_ABI_MIN = 3
+"""Oldest tuner ABI lagom's plugin exports (``ncclTunerPlugin_v3``, NCCL 2.22)."""
+
+
+def default_mechanism(cluster: ClusterSpec) -> str:
+    """``tuner`` where the cluster's NCCL loads lagom's plugin (NCCL 2.22+), else ``communicator``."""
+    return "tuner" if tuner_abi(cluster.nccl) >= LAGOM_TUNER_ABI_MIN else "communicator"
+
+
+def check_mechanism(mechanism: str, cluster: ClusterSpec) -> None:
+    """Refuses ``tuner`` (ValueError) on a cluster whose NCCL cannot load lagom's plugin."""
+    if mechanism == "tuner" and tuner_abi(cluster.nccl) < LAGOM_TUNER_ABI_MIN:
+        raise ValueError(f"mechanism 'tuner' needs NCCL 2.22 or newer (lagom's tuner plugin, ABI v3); cluster "
+                         f"{cluster.name!r} has NCCL {cluster.nccl_version}: use mechanism 'communicator' or 'env'")
+
 
 __all__ = ["BACKENDS", "CHUNK_RULES", "MECHANISMS", "NcclRules", "algorithms_for", "applicable", "domains", "knob_scope",
            "probe_configs", "process_env", "tuner_abi", "tuner_call_key", "validate_config", "validate_cta_range",

@@ -3,12 +3,139 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.engine.knobs import ALGORITHMS_FOR_OP
 from lagom_megatron.engine.knobs import (
     ALGORITHMS, ALGORITHMS_FOR_OP, CGA_CLUSTER_SIZES, CTA_POLICIES, N_THREADS, P2P_OPS, PROTOCOLS,
     PROTOCOLS_FOR_ALGORITHM, CommConfig, invalid_value, max_channels,
 )
-from lagom_megatron.nccl.algorithms import algorithms_for, call_algorithms
+
+
+AGGREGATE_RATIO = 4
+"""NCCL aggregates a bin's tasks while they stay below this multiple of the first (``enqueue.cc:430``)."""
+SORTER_UNIT_LOG2, SORTER_MAX_LOG2, SORTER_BITS_PER_POW2 = 10, 30, 2
+"""``ncclTaskCollSorter``'s ``UnitLog2`` (1 KiB), ``MaxLog2`` (1 GiB) and ``BitsPerPow2`` (``comm.h:362-368``)."""
+
+NVLS_SUM_MINMAX_DTYPES = frozenset({"int32", "uint32", "int64", "uint64", "float16", "bfloat16"})
+"""dtypes (torch's names) NCCL reduces with NVLS for sum, min and max."""
+NVLS_SUM_DTYPES = frozenset({"float32", "float64"})
+"""dtypes (torch's names) NCCL reduces with NVLS for sum only."""
+AVERAGING_OPS = frozenset({"avg", "premul_sum"})
+"""torch reductions NCCL runs as a scaled sum (``ncclDevPreMulSum`` / ``ncclDevSumPostDiv``)."""
+BYTE_OPS = frozenset({"all_gather", "broadcast"})
+"""Ops NCCL enqueues as ``ncclInt8`` bytes, so one bin whatever the dtypes (v2.30.7 ``src/enqueue.cc:2733-2737``,
+v2.27.7 :2360-2362)."""
+REDUCING_OPS = frozenset({"all_reduce", "reduce_scatter"})
+
+
+def sorter_bin(traffic: int) -> int:
+    """``u32fpEncode`` code NCCL's task sorter files ``traffic`` bytes under (larger = bigger tasks)."""
+    x = min(1 << SORTER_MAX_LOG2, max(0, int(traffic))) >> SORTER_UNIT_LOG2
+    log2x = (x | 1).bit_length() - 1
+    bits = SORTER_BITS_PER_POW2
+    mantissa = (x >> (log2x - bits if log2x >= bits else 0)) & ((1 << bits) - 1)
+    exponent = log2x - (bits - 1) if log2x >= bits else 0
+    return exponent << bits | mantissa
+
+
+def nccl_bins(parts: Iterable[tuple[str, int]], *, nbytes: int, op: str | None = None) -> list[int]:
+    """``nBytes`` per ``getCollInfo`` for a call of ``op`` issuing ``parts`` ((dtype, bytes)), else ``[nbytes]``."""
+    per_byte = 2 if op == "all_reduce" else 1  # ncclFuncTrafficPerByte over the site's bytes
+    as_bytes = op in BYTE_OPS  # enqueued as ncclInt8: one bin whatever the dtypes
+    by_dtype: dict[str, list[tuple[int, int]]] = {}
+    for i, (dtype, b) in enumerate(parts):
+        by_dtype.setdefault("int8" if as_bytes else str(dtype), []).append((i, int(b)))
+    if not by_dtype:
+        return [int(nbytes)]
+    out: list[int] = []
+    for tasks in by_dtype.values():
+        sizes = [b for _, b in sorted(tasks, key=lambda t: (sorter_bin(per_byte * t[1]), t[0]))]
+        first = agg = sizes[0]
+        for b in sizes[1:]:
+            if b < AGGREGATE_RATIO * first:
+                agg += b
+            else:
+                out.append(agg)
+                first = agg = b
+        out.append(agg)
+    return out
+
+
+def nvls_supported(reduce_op: str | None, dtype: str | None) -> bool:
+    """Whether ``ncclNvlsSupported`` lists (``reduce_op``, ``dtype``) (torch names); unknown counts as unsupported."""
+    op = (reduce_op or "").lower()
+    dt = (dtype or "").lower()
+    if dt in NVLS_SUM_MINMAX_DTYPES:
+        return op in ("sum", "max", "min")
+    if dt in NVLS_SUM_DTYPES:
+        return op == "sum"
+    return False
+
+
+def site_dtypes(dtype: str, parts: Iterable[tuple[str, int]]) -> list[str]:
+    """The dtypes one call of a site reduces: its parts' when it has parts, else its own."""
+    names = [str(d) for d, _ in parts]
+    return names or [dtype]
+
+
+ALGORITHM_SINCE: dict[str, tuple[int, int, int]] = {
+    "Ring": (2, 0, 0), "Tree": (2, 4, 0), "NVLS": (2, 17, 0), "NVLSTree": (2, 18, 0),
+    "CollNetDirect": (2, 14, 0), "CollNetChain": (2, 14, 0), "PAT": (2, 23, 0),
+}
+"""First NCCL release of each algorithm."""
+
+
+NVLS_MAX_ARITY = 32
+"""``NCCL_MAX_NVLS_ARITY`` (NVIDIA/nccl v2.30.7 ``src/include/device.h:213``): above this many local
+ranks NCCL runs NVLS / NVLSTree only for all-reduce (``src/enqueue.cc:2004-2006``)."""
+
+
+def algorithms_for(*, op: str, cluster: ClusterSpec, n_nodes: int = 1, group_size: int = 2,
+                   reduce_op: str | None = None) -> tuple[str, ...]:
+    """Algorithms NCCL can run for ``op`` on ``cluster`` (``n_nodes``: NCCL's); ``reduce_op`` None excludes PAT
+    reduce-scatter, which NCCL 2.30 skips for averaging reductions (``src/enqueue.cc:2010-2012``)."""
+    if op not in ALGORITHMS_FOR_OP:
+        return ()
+    v = cluster.nccl
+    out = []
+    for alg in ALGORITHMS_FOR_OP[op]:
+        if v < ALGORITHM_SINCE[alg]:
+            continue
+        if alg in ("NVLS", "NVLSTree") and not (cluster.nvswitch and cluster.sm_arch >= 90):
+            continue
+        if alg == "NVLSTree" and n_nodes < 2:
+            continue
+        if alg in ("NVLS", "NVLSTree") and group_size <= 2 * n_nodes:
+            continue  # two GPUs per NVLink domain: a direct copy, nothing for the switch to do (our rule)
+        if alg == "NVLS" and n_nodes > 1 and op != "all_reduce":
+            continue  # NVLS all-gather / reduce-scatter are modelled inside one NVLink domain only
+        if alg in ("NVLS", "NVLSTree") and op != "all_reduce" and group_size > NVLS_MAX_ARITY * max(1, n_nodes):
+            continue  # more local ranks than NCCL_MAX_NVLS_ARITY: NCCL skips NVLS but for all-reduce
+        if alg == "NVLS" and n_nodes > 1 and not cluster.collnet:
+            continue  # NCCL disables NVLS across nodes without CollNet (2.30 src/enqueue.cc:2008)
+        if alg.startswith("CollNet") and not (cluster.collnet and n_nodes > 1):
+            continue
+        if alg == "PAT" and group_size != n_nodes:
+            continue
+        if alg == "PAT" and op == "reduce_scatter" and (reduce_op is None or reduce_op.lower() in AVERAGING_OPS):
+            continue
+        out.append(alg)
+    return tuple(out)
+
+
+def call_algorithms(algorithms: tuple, *, op: str, reduce_op: str | None, dtype: str,
+                    parts: tuple[tuple[str, int], ...] = ()) -> tuple[tuple, str]:
+    """``algorithms`` minus NVLS / NVLSTree where ``ncclNvlsSupported`` lacks the call's (reduction, dtype), and why."""
+    if op not in REDUCING_OPS or not any(a in ("NVLS", "NVLSTree") for a in algorithms):
+        return algorithms, ""
+    bad = sorted({d for d in site_dtypes(dtype, parts) if not nvls_supported(reduce_op, d)})
+    if not bad:
+        return algorithms, ""
+    keep = tuple(a for a in algorithms if a not in ("NVLS", "NVLSTree"))
+    why = "not recorded" if reduce_op is None else f"{reduce_op} of {', '.join(bad)}"
+    return (keep if len(keep) > 1 else (None,)), f"no NVLS: NCCL runs none for this reduction ({why}; ncclNvlsSupported)"
+
 
 CHUNK_RULES: dict[str, dict[str, int]] = {
     "Simple": {"min": 4096, "max": 524288, "multiple": 0},

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from lagom_megatron.engine import p2p as p2p_rule
-from lagom_megatron.nccl import tuning_model as nm
+from lagom_megatron.sim import tuning_model as nm
 
 NVSWITCH_CHANNELS = {90: 32, 80: 24}
 """Collective CTAs in one NVSwitch node by SM arch (NCCL INFO logs of DGX H100 / DGX A100)."""

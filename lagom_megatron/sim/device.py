@@ -16,7 +16,7 @@ import numpy as np
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.sim import channel_defaults as nccl
-from lagom_megatron.nccl import tuning_model as nm
+from lagom_megatron.sim import tuning_model as nm
 from lagom_megatron.sim.channel_defaults import cta_efficiency_applies  # noqa: F401  (part of this module's API)
 from lagom_megatron.sim.constants import CONSTANTS, get
 

@@ -7,14 +7,52 @@ Site ids: ``megatron.sites``. Not modelled: expert-DP grad sync, TE userbuffers 
 
 from __future__ import annotations
 
+from typing import Any
+from lagom_megatron.sim.program import Program, elementwise, gemm
 from dataclasses import dataclass, field
-
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.sim.device import Collective, ComputeKernel, compute_time_us
 from lagom_megatron.sim.program import Call, Program, elementwise, gemm
-from lagom_megatron.sim.workload_ep_overlap import combined_step
 from lagom_megatron.sim.workload_fsdp import every_microbatch, fsdp_microbatch
 from lagom_megatron.sim.workload_shape import WorkloadShape
+
+
+def _kernels(w: Any, prog: Program, names: tuple[str, ...], mb: int) -> None:
+    ks = {k.name: k for k in w._layer_fwd_kernels()}
+    for n in names:
+        prog.kernel(ks[n], mb)  # a backward GEMM costs its forward's (as ``Workload._layer_backward``)
+
+
+def combined_step(w: Any, prog: Program, f_mb: int, b_mb: int) -> None:
+    """Appends micro-batch ``f_mb``'s forward combined with ``b_mb``'s backward, tagged ``f_mb``."""
+    L = w.layers_per_chunk
+    mb = f_mb
+    prog.kernel(elementwise("embedding", w.tokens * w.hidden * 2 * 2), mb)
+    T = w.tokens
+    prog.kernel(gemm("output.dgrad", T, w.hidden, w.vocab / w.tp, w._sms()), mb)
+    prog.kernel(gemm("output.wgrad", T, w.hidden, w.vocab / w.tp, w._sms()), mb)
+    pending_cf = -1
+    for j in range(L):
+        bl = L - 1 - j
+        cb = prog.launch(w.a2a_call(None, mb))             # combine backward of layer bl
+        prog.wait(pending_cf)                              # forward layer j needs layer j-1's output
+        w._attn_forward(prog, 0, j, mb)
+        prog.wait(cb)
+        df = prog.launch(w.a2a_call("dispatch_all_to_all", mb))
+        _kernels(w, prog, ("fc2", "act", "fc1"), mb)     # expert MLP input gradients (mlp.backward)
+        db = prog.launch(w.a2a_call(None, mb))             # dispatch backward, queued behind df
+        _kernels(w, prog, ("fc2", "fc1"), mb)            # weight gradients (mlp.backward_dw)
+        prog.wait(df)
+        _kernels(w, prog, ("fc1", "act", "fc2"), mb)
+        pending_cf = prog.launch(w.a2a_call("combine_all_to_all", mb))
+        prog.wait(db)
+        w._attn_backward(prog, 0, bl, mb)
+        if bl == 0:
+            prog.kernel(elementwise("embedding.bwd", w.tokens * w.hidden * 2 * 3), mb)
+    prog.wait(pending_cf)
+    prog.kernel(gemm("output", T, w.vocab / w.tp, w.hidden, w._sms()), mb)
+    prog.kernel(elementwise("cross_entropy", T * w.vocab / w.tp * 8), mb)
+
 
 MICROBATCH_CAP = 4
 """Micro-batches simulated explicitly; the rest copy the steady one."""
@@ -31,7 +69,7 @@ class Workload(WorkloadShape):
     _counters: dict = field(default_factory=dict, repr=False)
 
     def _stream_id(self, group: str, kind: str) -> str:
-        """``{group}.{kind}[n]``: the n-th call of this stream in the micro-batch (as megatron/sites.py)."""
+        """``{group}.{kind}[n]``: the n-th call of this stream in the micro-batch (as megatron/hooks/sites.py)."""
         key = (group, kind)
         n = self._counters.get(key, 0)
         self._counters[key] = n + 1

@@ -14,11 +14,42 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
-
 import numpy as np
 import torch
+from typing import Any, Callable, Iterator
 
-from lagom_megatron.training.flops import num_floating_point_operations, throughput_tflops_per_gpu
+
+def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> float:
+    """Forward + backward FLOPs of one iteration of ``batch_size`` sequences (Megatron-LM's count)."""
+    h, s, layers = args.hidden_size, args.seq_length, args.num_layers
+    heads = args.num_attention_heads
+    kv = getattr(args, "kv_channels", None) or h // heads
+    groups = args.num_query_groups if getattr(args, "group_query_attention", False) and args.num_query_groups else heads
+    fwd_bwd, fma = 3, 2
+    ffn_factor = 3 if getattr(args, "swiglu", False) else 2
+    num_experts = getattr(args, "num_experts", None)
+    if num_experts is None:
+        dense_layers, moe_layers, routed_to = layers, 0, 0
+    else:  # every layer is a MoE layer (our script has no --moe-layer-freq: Megatron's default 1)
+        dense_layers, moe_layers, routed_to = 0, layers, args.moe_router_topk
+    ffn = args.ffn_hidden_size
+    moe_ffn = getattr(args, "moe_ffn_hidden_size", None) or ffn
+    q_size, kv_size = kv * heads, kv * groups
+    self_attn = fwd_bwd * fma * (
+        h * (q_size + 2 * kv_size)       # QKV projection
+        + q_size * s / 2 * 2             # QK^T and (QK^T)V, half of the causal mask
+        + q_size * h                     # output projection
+    )
+    mlp = fwd_bwd * fma * h * (ffn * ffn_factor * dense_layers + moe_ffn * routed_to * ffn_factor * moe_layers)
+    logits = fwd_bwd * fma * h * args.padded_vocab_size
+    return float(batch_size * s * (mlp + self_attn * layers + logits))
+
+
+def throughput_tflops_per_gpu(flops_per_iteration: float, seconds_per_iteration: float, world_size: int) -> float:
+    """TFLOP/s per GPU (Megatron-LM's ``throughput per GPU (TFLOP/s/GPU)``); 0 for a zero time."""
+    if seconds_per_iteration <= 0:
+        return 0.0
+    return flops_per_iteration / (seconds_per_iteration * 1e12 * world_size)
 
 
 @dataclass
@@ -82,7 +113,7 @@ def _lagom_callback(args: argparse.Namespace):
     """lagom's controller (``megatron.controller.LagomController``) when ``--lagom`` is set, else None."""
     if not args.lagom:
         return None
-    from lagom_megatron.megatron.controller import LagomController
+    from lagom_megatron.megatron.control.controller import LagomController
 
     return LagomController.from_args(args)
 
@@ -128,8 +159,7 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
 
     from lagom_megatron.training import cpu_shims; from lagom_megatron.training import data; from lagom_megatron.training import model as model_mod
     from lagom_megatron.training.arguments import build_parser
-    from lagom_megatron.training.arguments_megatron_lm import inactive_flags
-    from lagom_megatron.training.evaluation import Evaluator, validation_samples
+    from lagom_megatron.training.arguments import inactive_flags
 
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -360,3 +390,61 @@ def _should_exit(args, iteration: int, started: float) -> bool:
         late = late.cuda()
     dist.all_reduce(late, op=dist.ReduceOp.MAX)
     return bool(late.item())
+
+
+def validation_samples(args: Any) -> int:
+    """Samples the validation split needs (Megatron-LM's ``get_train_valid_test_num_samples``)."""
+    if not args.eval_interval or not args.eval_iters:
+        return 0
+    return (args.train_iters // args.eval_interval + 1) * args.eval_iters * args.global_batch_size
+
+
+def format_validation_lines(prefix: str, loss: float) -> list[str]:
+    """Megatron-LM's three lines for one evaluation: dashes, loss and perplexity, dashes."""
+    line = f" validation loss at {prefix} | lm loss value: {loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E} | "
+    dashes = "-" * (len(line) + 1)
+    return [dashes, line, dashes]
+
+
+class Evaluator:
+    """Runs one evaluation of ``--eval-iters`` iterations per call; ``batches``: this rank's validation micro-batches
+    (one iterator, or one per model chunk)."""
+
+    def __init__(self, args: Any, ctx: Any, batches: Iterator | list[Iterator], forward_step: Callable,
+                 log: Callable[[str], None]) -> None:
+        self.args, self.ctx, self.batches, self.forward_step, self.log = args, ctx, batches, forward_step, log
+
+    def __call__(self, prefix: str) -> float:
+        """Evaluates and logs Megatron-LM's validation line; returns the loss, broadcast from the last stage."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        for chunk in self.ctx.model:
+            chunk.eval()
+        total, count = 0.0, 0
+        try:
+            with torch.no_grad():
+                for _ in range(self.args.eval_iters):
+                    losses = self.ctx.forward_backward_func(
+                        forward_step_func=self.forward_step, data_iterator=self.batches, model=self.ctx.model,
+                        num_microbatches=self.args.num_microbatches, seq_length=self.args.seq_length,
+                        micro_batch_size=self.args.micro_batch_size, forward_only=True)
+                    if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+                        total += sum(float(x["lm loss"]) for x in losses)
+                        count += len(losses)
+        finally:
+            for chunk in self.ctx.model:
+                chunk.train()
+        loss = torch.tensor([total / max(count, 1)], dtype=torch.float64)
+        on_gpu = torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        loss = loss.to(device)
+        if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+            dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+            dist.all_reduce(loss, group=dp_group)
+            loss /= dist.get_world_size(group=dp_group)
+        dist.broadcast(loss, src=dist.get_world_size() - 1)
+        value = float(loss.cpu()[0])
+        for line in format_validation_lines(prefix, value):
+            self.log(line)
+        return value

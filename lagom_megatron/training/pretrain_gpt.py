@@ -11,10 +11,10 @@ import os
 import sys
 from pathlib import Path
 
-from lagom_megatron.megatron.versions import UntestedVersionError, check_versions
+from lagom_megatron.megatron.hooks.versions import UntestedVersionError, check_versions
 from lagom_megatron.training.argument_checks import validate_args
 from lagom_megatron.training.arguments import parse_args
-from lagom_megatron.training.preflight import pretrain_preflight
+from lagom_megatron.preflight.check import pretrain_preflight
 
 
 def _single_process_env() -> None:

@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from lagom_megatron.megatron.versions import installed_megatron_core, release
+from lagom_megatron.megatron.hooks.versions import installed_megatron_core, release
 
 BYTE_VOCAB_SIZE = 257
 """Ids of the byte-level tokenizer: 256 byte values + end-of-document."""

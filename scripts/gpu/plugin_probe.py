@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         result["plugin_status"] = dataclasses.asdict(status) if status is not None else None
         # mapped but never initialised (NCCL did not run): the reader finds it, with no init yet
         checks["status_readable"] = status is not None and status.init_count == 0
-        from lagom_megatron.nccl.profiler_status import profiler_state, read_observed
+        from lagom_megatron.nccl.plugin_status import profiler_state, read_observed
 
         checks["profiler_readable"] = profiler_state() == ("not initialised", "") and read_observed() == []
         checks["timing_enabled"] = os.environ.get("TORCH_NCCL_ENABLE_TIMING") == "1"
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         checks["options_group_all_reduce"] = bool(torch.all(t2 == 2.0).item())
         result["options"] = {"is_high_priority_stream": True, "min_ctas": 1, "max_ctas": 4}
 
-        from lagom_megatron.nccl import profiler_status
+        from lagom_megatron.nccl import plugin_status as profiler_status
 
         profiler_status.set_recording(True, reset=True)
         t3 = torch.ones(1 << 24, device=dev)

@@ -9,7 +9,7 @@ from lagom_megatron.engine.cost_model import CostModel
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.problem import SearchProblem
 from lagom_megatron.engine.profile import CollectiveSite, Profile, Sample
-from lagom_megatron.megatron.backends import rules_for
+from lagom_megatron.megatron.pool.comm_pool import rules_for
 
 
 def site(*, site_id="tp.ag[0]", op="all_gather", nbytes=64 * 2**20, group="tp", group_size=8, n_nodes=1, calls=1):

@@ -10,7 +10,7 @@ import pytest
 from lagom_megatron.engine.knobs import (
     DEFAULT, KNOB_ORDER, CommConfig, KnobRules, chunk_domain, invalid_value, max_channels,
 )
-from lagom_megatron.megatron.gloo import GlooRules
+from lagom_megatron.megatron.pool.gloo import GlooRules
 from lagom_megatron.nccl.rules import NcclRules
 
 

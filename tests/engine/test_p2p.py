@@ -97,7 +97,7 @@ def test_channels_per_network_peer_are_decided_once_for_the_process_where_the_mo
     channels per network peer free SMs, so the plan sets NCCL_NCHANNELS_PER_NET_PEER below NCCL's 4;
     a send that only waits (communication-bound) never gets fewer (its time is the NIC's)."""
     from lagom_megatron.engine.problem import SearchProblem
-    from lagom_megatron.megatron.backends import rules_for
+    from lagom_megatron.megatron.pool.comm_pool import rules_for
 
     h200 = ClusterSpec.load("h200-sxm")
     send = site(site_id="pp.send_recv", op="send", nbytes=64 << 20, group="pp", group_size=2, n_nodes=2)

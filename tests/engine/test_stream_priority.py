@@ -9,7 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from lagom_megatron.engine import queues, stream_priority
+from lagom_megatron.engine import stream_priority
+from lagom_megatron.engine import cost_terms as queues
 from lagom_megatron.engine.fit import fit_cost_model
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.profile import Profile, Sample

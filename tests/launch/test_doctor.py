@@ -127,7 +127,7 @@ CASES = [
     ("nccl-override-ctas", {}, {**BASE_ENV, "NCCL_MIN_CTAS": "2", "NCCL_MAX_CTAS": "16"}, H100, 16,
      "nccl-override", "warning"),
     ("nccl-override-algo", {}, {**BASE_ENV, "NCCL_ALGO": "ring,tree"}, H100, 16, "nccl-override", "warning"),
-    # Megatron-LM parity flags on a Megatron-LM line (training/preflight_values.py megatron_flag_problems)
+    # Megatron-LM parity flags on a Megatron-LM line (preflight/values.py megatron_flag_problems)
     ("init-method-std", dict(init_method_std=-0.01), None, H100, 16, "init-method-std", "error"),
     ("recompute-full-no-method", dict(recompute_granularity="full", recompute_num_layers=1), None, H100, 16,
      "recompute", "error"),

@@ -8,7 +8,7 @@ import pytest
 
 from lagom_megatron.cli.main import main
 from lagom_megatron.config.presets import CONFIGS_DIR, load_preset
-from lagom_megatron.training.target_cluster import Machine, choose_cluster, mismatch, this_machine
+from lagom_megatron.preflight.cluster import Machine, choose_cluster, mismatch, this_machine
 from tests.training.preflight_harness import _env, train
 
 PRESETS = sorted(p.stem for p in (CONFIGS_DIR / "presets").glob("*.yaml"))
@@ -180,7 +180,7 @@ def test_a_python_without_torch_sees_no_cuda_gpu(monkeypatch):
     machine check must then say "no CUDA GPU", not raise ImportError."""
     import sys
 
-    from lagom_megatron.training import target_cluster
+    from lagom_megatron.preflight import cluster as target_cluster
 
     monkeypatch.setattr(target_cluster, "cuda_certainly_absent", lambda: False)
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError

@@ -11,7 +11,7 @@ import pytest
 
 from lagom_megatron.launch import megatron_lm
 from lagom_megatron.launch.megatron_lm import LagomHooks
-from lagom_megatron.megatron import versions
+from lagom_megatron.megatron.hooks import versions
 from lagom_megatron.training.arguments import LAGOM_FLAGS
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"

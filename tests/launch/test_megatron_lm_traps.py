@@ -4,7 +4,7 @@
 import pytest
 
 from lagom_megatron.launch.megatron_args import argv_to_args
-from lagom_megatron.launch.megatron_lm_traps import megatron_lm_traps, release_key
+from lagom_megatron.preflight.megatron_lm import megatron_lm_traps, release_key
 
 LINE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
         "--micro-batch-size", "2", "--train-iters", "8", "--transformer-impl", "local", "--bf16"]

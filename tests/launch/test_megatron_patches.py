@@ -126,7 +126,7 @@ class Recorder:
 def fake_megatron(monkeypatch, tmp_path):
     """megatron.training with train_step, get_args and parse_args, as Megatron-LM lays them out; the
     run folder (./lagom_out/run, whose lock rank 0 takes) lies under tmp_path."""
-    from lagom_megatron.training.preflight_files import _HELD, release_folder_lock
+    from lagom_megatron.preflight.files import _HELD, release_folder_lock
 
     monkeypatch.chdir(tmp_path)
     held = set(_HELD)
@@ -330,7 +330,7 @@ def test_chain_extra_args_providers():
 
 def test_adapter_matches_the_controller_and_training_context():
     """The adapter builds TrainingContext by keyword and calls the controller's four callbacks."""
-    from lagom_megatron.megatron.controller import LagomController
+    from lagom_megatron.megatron.control.controller import LagomController
     from lagom_megatron.training.loop import TrainingContext
 
     inspect.signature(LagomController.from_args).bind(argparse.Namespace())

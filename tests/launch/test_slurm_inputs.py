@@ -1,10 +1,10 @@
 """SLURM host lists and tasks per node parsed as SLURM defines them, and allocations the launch
-cannot honour refused before srun (``launch/slurm_inputs.py``)."""
+cannot honour refused before srun (``launch/slurm.py``)."""
 
 import pytest
 
 from lagom_megatron.launch.slurm import main
-from lagom_megatron.launch.slurm_inputs import check_allocation, expand_hostlist, parse_tasks_per_node
+from lagom_megatron.launch.slurm import check_allocation, expand_hostlist, parse_tasks_per_node
 
 
 @pytest.mark.parametrize("text, hosts", [

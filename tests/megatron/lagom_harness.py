@@ -53,7 +53,7 @@ class _Probe:
         self.patched = 0
 
     def on_iteration_start(self, iteration):
-        from lagom_megatron.megatron import patches
+        from lagom_megatron.megatron.hooks import patches
 
         h = patches.installed()
         self.patched = max(self.patched, len(h.patched) if h is not None else 0)
@@ -84,7 +84,7 @@ def _fresh_rendezvous(i, rank):
 def main(spec_path, out_path):
     from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
 
-    from lagom_megatron.megatron import patches
+    from lagom_megatron.megatron.hooks import patches
     from lagom_megatron.training.argument_checks import validate_args
     from lagom_megatron.training.arguments import parse_args
     from lagom_megatron.training.loop import pretrain

@@ -262,13 +262,13 @@ def _fsdp_part(router, pool, groups, dp):
 
 def worker(rank: int, store_path: str, out_dir: str) -> None:
     """One rank: installs the hooks with the TE stand-in and runs every part (module docstring)."""
-    from lagom_megatron.megatron import patches
-    from lagom_megatron.megatron.backends import make_pool_backend
-    from lagom_megatron.megatron.comm_pool import CommPool
-    from lagom_megatron.megatron.profiler import Profiler
-    from lagom_megatron.megatron.router import SiteRouter
-    from lagom_megatron.megatron.sites import GroupNames, SiteRegistry
-    from lagom_megatron.megatron.te_targets import find_te_targets
+    from lagom_megatron.megatron.hooks import patches
+    from lagom_megatron.megatron.pool.comm_pool import make_pool_backend
+    from lagom_megatron.megatron.pool.comm_pool import CommPool
+    from lagom_megatron.megatron.hooks.profiler import Profiler
+    from lagom_megatron.megatron.hooks.router import SiteRouter
+    from lagom_megatron.megatron.hooks.sites import GroupNames, SiteRegistry
+    from lagom_megatron.megatron.hooks.te_targets import find_te_targets
     from lagom_megatron.training import cpu_shims
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)

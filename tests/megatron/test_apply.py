@@ -6,9 +6,9 @@ import pytest
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
-from lagom_megatron.megatron.apply import Applier
-from lagom_megatron.megatron.comm_pool import CommPool
-from lagom_megatron.megatron.sites import GroupNames
+from lagom_megatron.megatron.control.apply import Applier
+from lagom_megatron.megatron.pool.comm_pool import CommPool
+from lagom_megatron.megatron.hooks.sites import GroupNames
 from lagom_megatron.nccl.capabilities import gather_local, perturb
 from lagom_megatron.nccl.pool import NcclPoolBackend
 

@@ -10,9 +10,9 @@ import pytest
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.megatron import consensus
-from lagom_megatron.megatron.apply import Applier
-from lagom_megatron.megatron.comm_pool import CommPool, PoolBudgetExceeded
-from lagom_megatron.megatron.sites import GroupNames
+from lagom_megatron.megatron.control.apply import Applier
+from lagom_megatron.megatron.pool.comm_pool import CommPool, PoolBudgetExceeded
+from lagom_megatron.megatron.hooks.sites import GroupNames
 from lagom_megatron.nccl.capabilities import gather_local
 from lagom_megatron.nccl.plugin_status import PluginStatus
 from lagom_megatron.nccl.pool import NcclPoolBackend
@@ -66,7 +66,7 @@ class _Files:
         self.tmp_path, self.error = tmp_path, error
 
     def write_tuner_table(self, plan, cluster):
-        from lagom_megatron.megatron.run_files import RunFiles
+        from lagom_megatron.megatron.outputs.run_files import RunFiles
 
         if self.error is not None:
             raise self.error
@@ -161,7 +161,7 @@ def test_collective_step_names_the_step_and_rank():
 def test_a_budget_fit_failure_on_one_rank_reaches_every_rank_through_the_agreement(capsys):
     """The budget fit runs before the agreement; a rank where it fails must still enter
     ``agree_plan`` (with None), or the others wait there for it forever."""
-    from lagom_megatron.megatron.controller import LagomController
+    from lagom_megatron.megatron.control.controller import LagomController
 
     def refuse(plan):
         raise ValueError("n_channels must be an integer in 1..32 for NCCL 2.21.5; got 48")

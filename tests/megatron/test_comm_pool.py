@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.megatron.gloo import GlooPoolBackend, MultiWork, piece_ranges
+from lagom_megatron.megatron.pool.gloo import GlooPoolBackend, MultiWork, piece_ranges
 
 WORLD = 2
 
@@ -21,11 +21,11 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    from lagom_megatron.megatron import patches
-    from lagom_megatron.megatron.backends import make_pool_backend
-    from lagom_megatron.megatron.comm_pool import CommPool
-    from lagom_megatron.megatron.gloo import chunked_call
-    from lagom_megatron.megatron.sites import GroupNames
+    from lagom_megatron.megatron.hooks import patches
+    from lagom_megatron.megatron.pool.comm_pool import make_pool_backend
+    from lagom_megatron.megatron.pool.comm_pool import CommPool
+    from lagom_megatron.megatron.pool.gloo import chunked_call
+    from lagom_megatron.megatron.hooks.sites import GroupNames
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)
     out: dict = {}

@@ -8,7 +8,7 @@ import pytest
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.megatron import consensus
-from lagom_megatron.megatron.controller import LagomController
+from lagom_megatron.megatron.control.controller import LagomController
 
 
 def _plan(fingerprint):
@@ -166,7 +166,7 @@ def test_plan_table_is_written_before_the_plugin_entries_are_created(tmp_path):
                       predicted_t_region_us=12.0, group="tp", op="all_gather", nbytes=1 << 20, group_size=8)
     plan = Plan(entries={"tp.sp_all_gather[0]": entry}, fingerprint={"cluster": "h100-sxm-ib400"}, backend="nccl")
     ctl = LagomController(plan_path=str(tmp_path / "plan.json"))
-    from lagom_megatron.megatron.apply import Applier
+    from lagom_megatron.megatron.control.apply import Applier
 
     ctl.pool, ctl.cluster = Pool(), ClusterSpec.load("h100-sxm-ib400")
     pool = ctl.pool
@@ -249,7 +249,7 @@ def test_another_method_is_named_for_a_never_verified_or_rejected_plan_too(tmp_p
 
 def test_run_too_short_or_interrupted_is_named_with_its_reason(tmp_path):
     from lagom_megatron.engine.cluster import ClusterSpec
-    from lagom_megatron.megatron.backends import rules_for
+    from lagom_megatron.megatron.pool.comm_pool import rules_for
 
     ctl = LagomController(plan_path=str(tmp_path / "plan.json"), warmup_iters=1, verify_iters=2)
     ctl.fingerprint, ctl.cluster, ctl.backend = dict(FP), ClusterSpec.load("cpu-gloo"), "gloo"

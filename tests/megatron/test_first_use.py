@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 from lagom_megatron.engine.cluster import ClusterSpec  # noqa: E402
 from lagom_megatron.engine.knobs import CommConfig  # noqa: E402
-from lagom_megatron.megatron.apply import Applier  # noqa: E402
+from lagom_megatron.megatron.control.apply import Applier  # noqa: E402
 from lagom_megatron.nccl.rules import NcclRules  # noqa: E402
 
 from .test_router import _iteration, _router  # noqa: E402

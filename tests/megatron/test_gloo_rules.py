@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lagom_megatron.engine.knobs import KNOB_ORDER, CommConfig
-from lagom_megatron.megatron.backends import rules_for
-from lagom_megatron.megatron.gloo import GlooRules
+from lagom_megatron.megatron.pool.comm_pool import rules_for
+from lagom_megatron.megatron.pool.gloo import GlooRules
 from lagom_megatron.nccl.rules import NcclRules
 
 

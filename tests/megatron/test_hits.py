@@ -35,8 +35,8 @@ def _worker(rank, store_path, out_path):
 
     import torch.distributed as dist
 
-    from lagom_megatron.megatron.hits import compare_shared_hits, log_plan_hits
-    from lagom_megatron.megatron.sites import GroupNames
+    from lagom_megatron.megatron.control.observed import compare_shared_hits, log_plan_hits
+    from lagom_megatron.megatron.hooks.sites import GroupNames
 
     os.environ["RANK"] = str(rank)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)

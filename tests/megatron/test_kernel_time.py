@@ -3,9 +3,9 @@ timed when the records tell it apart (its calls are all the calls of that shape 
 communicator), none otherwise; one all-gather whatever the rank holds (a world of one here)."""
 
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.megatron.kernel_time import KernelTimes
-from lagom_megatron.megatron.sites import GroupInfo, SiteRecord
-from lagom_megatron.nccl.profiler_status import parse_snapshot
+from lagom_megatron.megatron.hooks.profiler import KernelTimes
+from lagom_megatron.megatron.hooks.sites import GroupInfo, SiteRecord
+from lagom_megatron.nccl.plugin_status import parse_snapshot
 
 DP = GroupInfo(name="dp", ranks=tuple(range(8)))
 SNAPSHOT = """\

@@ -7,11 +7,11 @@ import torch
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
-from lagom_megatron.megatron.apply import Applier
-from lagom_megatron.megatron.gloo import GlooRecord, chunked_call
-from lagom_megatron.megatron.observed import ObservedCheck, describe, observe_gloo_site
-from lagom_megatron.megatron.sites import GroupInfo
-from lagom_megatron.nccl.profiler_status import parse_snapshot
+from lagom_megatron.megatron.control.apply import Applier
+from lagom_megatron.megatron.pool.gloo import GlooRecord, chunked_call
+from lagom_megatron.megatron.control.observed import ObservedCheck, describe, observe_gloo_site
+from lagom_megatron.megatron.hooks.sites import GroupInfo
+from lagom_megatron.nccl.plugin_status import parse_snapshot
 
 RING8 = CommConfig(algorithm="Ring", protocol="Simple", n_channels=8)
 SNAPSHOT = """\
@@ -140,7 +140,7 @@ class _GlooGroup:
 
 
 def test_gloo_record_threads_of_the_group_a_call_ran_on_and_its_pieces(monkeypatch):
-    from lagom_megatron.megatron import gloo
+    from lagom_megatron.megatron.pool import gloo
 
     monkeypatch.setattr(gloo, "in_coalescing", lambda group: False)  # no default group in this process
     rec, entry = GlooRecord(), _GlooGroup(4)
@@ -167,7 +167,7 @@ def test_gloo_record_threads_of_the_group_a_call_ran_on_and_its_pieces(monkeypat
 
 
 def test_report_lists_planned_vs_observed_per_knob():
-    from lagom_megatron.megatron.report import render_markdown
+    from lagom_megatron.megatron.outputs.report import render_markdown
 
     check = _check([])
     check.arm()

@@ -14,9 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lagom_megatron.engine.knobs import CommConfig  # noqa: E402
-from lagom_megatron.megatron.profiler import Profiler  # noqa: E402
-from lagom_megatron.megatron.router import SiteRouter  # noqa: E402
-from lagom_megatron.megatron.sites import GroupInfo, GroupNames, SiteRegistry  # noqa: E402
+from lagom_megatron.megatron.hooks.profiler import Profiler  # noqa: E402
+from lagom_megatron.megatron.hooks.router import SiteRouter  # noqa: E402
+from lagom_megatron.megatron.hooks.sites import GroupInfo, GroupNames, SiteRegistry  # noqa: E402
 
 CFG = CommConfig(n_channels=3)
 

@@ -10,7 +10,7 @@ from megatron.core.distributed import param_and_grad_buffer as pgb  # noqa: E402
 from megatron.core.pipeline_parallel import p2p_communication as p2p  # noqa: E402
 from megatron.core.tensor_parallel import layers  # noqa: E402
 
-from lagom_megatron.megatron import patches  # noqa: E402
+from lagom_megatron.megatron.hooks import patches  # noqa: E402
 
 from .lagom_harness import _originals as _names  # noqa: E402  (the names lagom patches, one list)
 
@@ -114,7 +114,7 @@ def test_gloo_threads_rejects_bad_values_and_restores():
 def test_remove_restores_autograd_staticmethods_and_te_fsdp2_methods_exactly():
     from megatron.core.tensor_parallel import mappings
 
-    from lagom_megatron.megatron.te_targets import find_fsdp2_param_group, find_te_targets
+    from lagom_megatron.megatron.hooks.te_targets import find_fsdp2_param_group, find_te_targets
 
     te = find_te_targets("tests.megatron.te_standin")
     fsdp2 = find_fsdp2_param_group()
@@ -153,7 +153,7 @@ def test_the_fp8_block_scaling_gather_of_te_2_3_to_2_11_is_hooked_too(tmp_path, 
     ``pytorch/distributed.py:1066``, same signature, one ``_coalescing_manager`` from v2.5), and
     ``gather_along_first_dim`` looks it up as a module global (v2.11 ``:1661``), as v2.18 does
     ``_start_all_gather_fp8_blockwise``."""
-    from lagom_megatron.megatron.te_targets import find_te_targets
+    from lagom_megatron.megatron.hooks.te_targets import find_te_targets
 
     pkg = tmp_path / "te_v211_layout"
     pkg.mkdir()
@@ -180,7 +180,7 @@ def test_the_fp8_block_scaling_gather_of_te_2_3_to_2_11_is_hooked_too(tmp_path, 
 
 
 def test_backward_scope_of_each_forward_scope():
-    from lagom_megatron.megatron.scopes import backward_scope
+    from lagom_megatron.megatron.hooks.scopes import backward_scope
 
     assert backward_scope(("stream", ("dispatch_all_to_all", True))) == ("stream", ("dispatch_all_to_all_bwd", True))
     assert backward_scope(("stream", ("combine_all_to_all_bwd", True))) == ("stream", ("combine_all_to_all_bwd", True))
@@ -193,7 +193,7 @@ def test_userbuffers_are_flagged_at_install_as_not_nccl(caplog):
     import logging
     import types
 
-    from lagom_megatron.megatron.te_targets import userbuffers_note
+    from lagom_megatron.megatron.hooks.te_targets import userbuffers_note
 
     assert userbuffers_note([types.SimpleNamespace(tp_comm_overlap=False)]) is None
     assert userbuffers_note([]) is None

@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
-from lagom_megatron.megatron.gloo import GlooPoolBackend
+from lagom_megatron.megatron.pool.gloo import GlooPoolBackend
 from lagom_megatron.nccl.pool import RING_BUFFER_BYTES, NcclPoolBackend
 
 C3, C4, C8 = CommConfig(n_channels=3), CommConfig(n_channels=4), CommConfig(n_channels=8)
@@ -28,8 +28,8 @@ def _worker(rank, store_path, out_path):
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    from lagom_megatron.megatron.comm_pool import CommPool, PoolBudgetExceeded
-    from lagom_megatron.megatron.sites import GroupNames
+    from lagom_megatron.megatron.pool.comm_pool import CommPool, PoolBudgetExceeded
+    from lagom_megatron.megatron.hooks.sites import GroupNames
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 1), rank=0, world_size=1)
     groups = GroupNames(local_world_size=1)
@@ -92,9 +92,9 @@ def _entry(config, gain):
 
 
 def test_plan_is_trimmed_to_the_budget_least_gain_first():
-    from lagom_megatron.megatron.apply import Applier
-    from lagom_megatron.megatron.comm_pool import CommPool
-    from lagom_megatron.megatron.sites import GroupNames
+    from lagom_megatron.megatron.control.apply import Applier
+    from lagom_megatron.megatron.pool.comm_pool import CommPool
+    from lagom_megatron.megatron.hooks.sites import GroupNames
 
     plan = Plan(entries={"dp.a[0]": _entry(C8, 300.0), "dp.a[1]": _entry(C8, 200.0), "dp.b[0]": _entry(C4, 50.0),
                          "dp.c[0]": _entry(CommConfig(), 0.0)}, fingerprint={}, backend="nccl", mechanism="communicator")

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from lagom_megatron.megatron.profiler import Profiler
+from lagom_megatron.megatron.hooks.profiler import Profiler
 from tests.megatron.fakes import Clock, FakeWork
 
 

@@ -22,7 +22,7 @@ from lagom_megatron.engine.cost_model import CostModel
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.problem import SearchProblem
 from lagom_megatron.engine.profile import CollectiveSite
-from lagom_megatron.megatron.call_facts import bucket_registration, registered_pools
+from lagom_megatron.megatron.hooks.sites import bucket_registration, registered_pools
 from lagom_megatron.nccl.pool import NcclPoolBackend
 from lagom_megatron.nccl.rules import NcclRules
 
@@ -130,9 +130,9 @@ def test_an_entry_registers_its_groups_pools_as_megatron_core_does(monkeypatch, 
 def _worker(rank, store_path, out_path):
     import torch.distributed as dist
 
-    from lagom_megatron.megatron.comm_pool import CommPool
-    from lagom_megatron.megatron.gloo import GlooPoolBackend
-    from lagom_megatron.megatron.sites import GroupNames
+    from lagom_megatron.megatron.pool.comm_pool import CommPool
+    from lagom_megatron.megatron.pool.gloo import GlooPoolBackend
+    from lagom_megatron.megatron.hooks.sites import GroupNames
 
     class Registering(GlooPoolBackend):
         """Gloo entries; registration recorded (gloo has no NCCL memory)."""

@@ -10,7 +10,7 @@ from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import PlanEntry
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.engine.verify import verdict
-from lagom_megatron.megatron.report import (
+from lagom_megatron.megatron.outputs.report import (
     column_totals, default_config_text, is_tuned, render_markdown, report_path_for, site_rows, verdict_summary,
     write_report,
 )
@@ -175,7 +175,7 @@ def test_every_text_of_the_figure_fits_its_canvas():
     import matplotlib.pyplot as plt
     from matplotlib.text import Text
 
-    from lagom_megatron.megatron.report_figure import report_figure
+    from lagom_megatron.megatron.outputs.figure import report_figure
 
     rows, summary = _fixture()
     long = ("plan runs/demo/cpu-tp2-dp2/a/rather/deep/folder/of/plans/plan.json reused (digest c9e4646a602e) but its "

@@ -7,10 +7,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lagom_megatron.engine.knobs import CommConfig  # noqa: E402
-from lagom_megatron.megatron import requests  # noqa: E402
-from lagom_megatron.megatron.profiler import Profiler  # noqa: E402
-from lagom_megatron.megatron.router import SiteRouter  # noqa: E402
-from lagom_megatron.megatron.sites import GroupInfo, GroupNames, SiteRegistry  # noqa: E402
+from lagom_megatron.megatron.hooks import router_p2p as requests  # noqa: E402
+from lagom_megatron.megatron.hooks.profiler import Profiler  # noqa: E402
+from lagom_megatron.megatron.hooks.router import SiteRouter  # noqa: E402
+from lagom_megatron.megatron.hooks.sites import GroupInfo, GroupNames, SiteRegistry  # noqa: E402
 
 
 from tests.megatron.fakes import Clock  # noqa: E402
@@ -117,7 +117,7 @@ def test_router_p2p_times_unwaited_requests_as_overlapped_and_routes_the_world_h
     clock = Clock()
     registry = SiteRegistry(names, num_microbatches=1)
     router = SiteRouter(registry, Profiler(clock=clock), Pool(), clock=clock)
-    monkeypatch.setattr("lagom_megatron.megatron.router_p2p.uses_world_half", lambda g: True)
+    monkeypatch.setattr("lagom_megatron.megatron.hooks.router_p2p.uses_world_half", lambda g: True)
     seen = {}
 
     def communicate(comm, **kwargs):

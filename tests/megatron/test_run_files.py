@@ -13,9 +13,9 @@ from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.engine.profile import Profile
-from lagom_megatron.megatron import run_files
-from lagom_megatron.megatron.controller import LagomController
-from lagom_megatron.megatron.run_files import RunFiles, rename_no_replace
+from lagom_megatron.megatron.outputs import run_files
+from lagom_megatron.megatron.control.controller import LagomController
+from lagom_megatron.megatron.outputs.run_files import RunFiles, rename_no_replace
 
 SITE = "dp.grad_reduce_scatter[chunk0.bucket0]"
 FP_PP2 = {"pipeline_model_parallel_size": 2, "tensor_model_parallel_size": 1, "world_size": 4, "backend": "gloo",

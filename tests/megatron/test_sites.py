@@ -2,7 +2,7 @@
 
 import pytest
 
-from lagom_megatron.megatron.sites import GroupInfo, GroupNames, SiteRegistry, tensor_nbytes
+from lagom_megatron.megatron.hooks.sites import GroupInfo, GroupNames, SiteRegistry, tensor_nbytes
 
 
 def _registry(num_microbatches: int) -> SiteRegistry:

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from lagom_megatron.megatron.te_targets import find_te_targets  # noqa: E402
+from lagom_megatron.megatron.hooks.te_targets import find_te_targets  # noqa: E402
 
 from .te_standin import distributed as standin_dist  # noqa: E402
 from .te_standin.attention.dot_product_attention import context_parallel as standin_cp  # noqa: E402

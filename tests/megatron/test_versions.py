@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lagom_megatron.megatron import versions
-from lagom_megatron.megatron.versions import (
+from lagom_megatron.megatron.hooks import versions
+from lagom_megatron.megatron.hooks.versions import (
     TESTED_MEGATRON_CORE,
     TESTED_TORCH,
     UntestedVersionError,
@@ -92,7 +92,7 @@ def test_a_checkout_on_the_path_is_what_counts(tmp_path):
     # A Megatron-LM checkout on PYTHONPATH shadows the pip-installed megatron-core: its
     # package_info.py names the version, and the checkout is flagged as one.
     _fake_checkout(tmp_path, 20)
-    code = ("from lagom_megatron.megatron.versions import installed_megatron_core, untested_versions;"
+    code = ("from lagom_megatron.megatron.hooks.versions import installed_megatron_core, untested_versions;"
             "v = installed_megatron_core(); print(v.version, v.checkout, v.path); print(untested_versions())")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
@@ -126,7 +126,7 @@ def test_installed_versions_pass_the_check():
 def test_fingerprint_records_the_imported_version(monkeypatch):
     from types import SimpleNamespace
 
-    from lagom_megatron.megatron.fingerprint import run_fingerprint
+    from lagom_megatron.megatron.outputs.run_files import run_fingerprint
 
     fake = versions.InstalledVersion("megatron-core", "0.17.1", "/checkout/megatron/core", True)
     monkeypatch.setattr(versions, "installed_megatron_core", lambda: fake)
@@ -140,7 +140,7 @@ def test_fingerprint_tells_megatron_fsdp_strategies_apart():
     from types import SimpleNamespace
 
     from lagom_megatron.engine.plan import Plan
-    from lagom_megatron.megatron.fingerprint import run_fingerprint
+    from lagom_megatron.megatron.outputs.run_files import run_fingerprint
 
     def fp(**kw):
         return run_fingerprint(SimpleNamespace(use_megatron_fsdp=True, **kw), backend="nccl", cluster="a40-pcie-ib200")

@@ -13,7 +13,7 @@ from lagom_megatron.engine.cost_model import CostModel
 from lagom_megatron.engine.problem import SearchProblem
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.engine.search import search
-from lagom_megatron.megatron.backends import rules_for
+from lagom_megatron.megatron.pool.comm_pool import rules_for
 from lagom_megatron.nccl.capabilities import (
     Capabilities, differences, gather_local, host_id, knob_overrides, perturb, restrict_domains,
 )

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
-from lagom_megatron.nccl.env_grammar import FUNCTIONS, max_ctas, parse_selection, parse_version
+from lagom_megatron.nccl.env_vars import FUNCTIONS, max_ctas, parse_selection, parse_version
 
 
 def levels(env, version="2.27.5"):

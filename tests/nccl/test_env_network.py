@@ -1,9 +1,9 @@
 """NCCL's network-selection, debugging and plugin variables and torch's TORCH_NCCL_* variables,
-parsed with the grammar of the code that reads them (``nccl/env_network.py``)."""
+parsed with the grammar of the code that reads them (``nccl/env_check.py``)."""
 
 import pytest
 
-from lagom_megatron.nccl.env_network import check_network_env
+from lagom_megatron.nccl.env_check import check_network_env
 
 
 @pytest.mark.parametrize("env", [

@@ -12,7 +12,7 @@ import pytest
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.nccl.observed import matching_ops, nccl_coll_channels, observe_site, op_bytes, site_kernel_us
 from lagom_megatron.nccl.plugin import build_harness, build_tuner
-from lagom_megatron.nccl.profiler_status import ObservedOp, parse_snapshot, profiler_state, read_observed, set_recording
+from lagom_megatron.nccl.plugin_status import ObservedOp, parse_snapshot, profiler_state, read_observed, set_recording
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed: the plugin is built with it")
 

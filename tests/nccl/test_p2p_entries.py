@@ -17,7 +17,7 @@ from lagom_megatron.engine.cost_model import CostModel
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.engine.profile import CollectiveSite
-from lagom_megatron.megatron.apply import _set_cta_bounds
+from lagom_megatron.megatron.control.apply import _set_cta_bounds
 from lagom_megatron.nccl.export import tuner_rows
 from lagom_megatron.nccl.pool import NcclPoolBackend
 

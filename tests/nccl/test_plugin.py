@@ -85,7 +85,7 @@ def test_nm_lists_the_profiler_and_tuner_symbols(built):
     other ``nccl*`` symbol."""
     if shutil.which("nm") is None:
         pytest.skip("nm (binutils) is not installed")
-    from lagom_megatron.nccl.plugin_check import NEWEST_TUNER_ABI
+    from lagom_megatron.nccl.plugin_launch import NEWEST_TUNER_ABI
 
     out = subprocess.run(["nm", "-D", "--defined-only", str(built[0])], capture_output=True, text=True, check=True).stdout
     names = {line.split()[-1] for line in out.splitlines() if line.strip()}

@@ -8,7 +8,7 @@ import pytest
 
 from lagom_megatron.cli.main import main
 from lagom_megatron.nccl.plugin import build_tuner
-from lagom_megatron.nccl.plugin_check import check_tuner_plugin, probe_library, tuner_symbols_for
+from lagom_megatron.nccl.plugin_launch import check_tuner_plugin, probe_library, tuner_symbols_for
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 
@@ -84,7 +84,7 @@ def test_doctor_accepts_lagoms_plugin(libs, capsys, monkeypatch):
 
 
 def test_profiler_symbols_each_nccl_release_looks_up():
-    from lagom_megatron.nccl.plugin_check import abis_in_use, profiler_symbols_for
+    from lagom_megatron.nccl.plugin_launch import abis_in_use, profiler_symbols_for
 
     assert profiler_symbols_for("2.22.3") == ()
     assert profiler_symbols_for("2.23.4") == ("ncclProfiler_v1",)

@@ -1,4 +1,4 @@
-"""NCCL's own tuning model (``nccl/tuning_model.py``) against what NCCL reports on real systems:
+"""NCCL's own tuning model (``sim/tuning_model.py``) against what NCCL reports on real systems:
 its INFO logs, a maintainer's statements, and the behaviour its source lines define."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 from lagom_megatron.engine import p2p
 from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.nccl import tuning_model as nm
-from lagom_megatron.nccl.paths import ll128_enabled
+from lagom_megatron.sim import tuning_model as nm
+from lagom_megatron.nccl.rules import ll128_enabled
 from lagom_megatron.nccl.rules import domains
 
 

@@ -27,7 +27,7 @@ from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
 from lagom_megatron.sim.workload import Workload
 from tests.timeouts import COMMAND_S
 
-SITE_PATTERNS = [  # the real hooks' scheme (lagom_megatron.megatron.sites)
+SITE_PATTERNS = [  # the real hooks' scheme (lagom_megatron.megatron.hooks.sites)
     r"dp\.grad_reduce_scatter\[chunk\d+\.bucket\d+\]", r"dp\.grad_all_reduce\[chunk\d+\.bucket\d+\]",
     r"dp\.param_all_gather\[chunk\d+\.bucket\d+\]", r"tp\.(sp_all_gather|sp_reduce_scatter|dgrad_all_reduce)\[\d+\]",
     r"pp\.send_recv", r"ep\.(dispatch|combine)_all_to_all\[\d+\]", r"cp\.ring_exchange\[layer\d+\]",
@@ -235,7 +235,7 @@ def test_a_plans_high_priority_stream_reaches_the_simulated_streams():
     dp site with it is the same iteration as the job's ``--high-priority-stream-groups dp``, and on
     Llama-2 7B FSDP over A40 PCIe nodes both are faster than NCCL's normal-priority stream, whose
     gathers wait for the running GEMM's last wave."""
-    from lagom_megatron.sim.bench_row import with_microbatches
+    from lagom_megatron.sim.bench.row import with_microbatches
 
     sim = SimulatedCluster(with_microbatches(load_preset("llama2-7b-a40x16-fsdp"), 2), "a40-pcie-ib200")
     fast = {s.site_id: CommConfig(high_priority_stream=True) for s in sim.sites if s.group == "dp"}

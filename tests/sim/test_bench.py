@@ -8,7 +8,7 @@ import csv
 
 import pytest
 
-from lagom_megatron.sim import bench
+from lagom_megatron.sim.bench import table as bench
 
 
 def _floats(row: dict) -> dict:
@@ -126,7 +126,7 @@ def test_oracle_gives_sites_nccl_cannot_tell_apart_one_config():
     from lagom_megatron.config.presets import load_preset
     from lagom_megatron.nccl.rules import NcclRules
     from lagom_megatron.sim.backend import SimulatedCluster
-    from lagom_megatron.sim.bench_methods import oracle, tie_sets
+    from lagom_megatron.sim.bench.references import oracle, tie_sets
 
     sim = SimulatedCluster(bench.with_microbatches(load_preset("llama3-70b-h100x64"), 2), "h100-sxm-ib400", seed=0)
     rules = NcclRules(sim.cluster, backend="sim")

@@ -1,4 +1,4 @@
-"""The AutoCCL stand-in (``sim/bench_autoccl.py``) behaves as AutoCCL's code does: it tunes each
+"""The AutoCCL stand-in (``sim/bench/references.py``) behaves as AutoCCL's code does: it tunes each
 (communicator, collective, bytes) on the collective's own measured time, keeps NCCL's native
 config when nothing measured faster, and, on its own microbenchmark shapes, gains what the
 simulated links allow (reported in docs/simulator.md against its published 1.24-1.29x)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.sim.bench_autoccl import PRETRAIN_STEPS, TRAIN_STEPS, _cost, microbench
+from lagom_megatron.sim.bench.references import PRETRAIN_STEPS, TRAIN_STEPS, _cost, microbench
 from lagom_megatron.sim.constants import overridden
 
 MIB = 1 << 20
@@ -39,8 +39,8 @@ def test_online_tuning_spends_its_default_budget_and_ties_indistinguishable_site
     from lagom_megatron.config.presets import load_preset
     from lagom_megatron.nccl.rules import NcclRules
     from lagom_megatron.sim.backend import SimulatedCluster
-    from lagom_megatron.sim.bench_autoccl import autoccl
-    from lagom_megatron.sim.bench_methods import tie_sets
+    from lagom_megatron.sim.bench.references import autoccl
+    from lagom_megatron.sim.bench.references import tie_sets
 
     sim = SimulatedCluster(load_preset("moe-2b-8e-a40x8-ep8"), "a40-pcie-ib200", seed=0)
     plan, iters = autoccl(sim, first_iteration=10_000, seed=0)

@@ -1,4 +1,4 @@
-"""The bandwidth fit of ``lagom calibrate bandwidth`` (``sim/calibrate_bandwidth.py``): on runs in
+"""The bandwidth fit of ``lagom calibrate bandwidth`` (``sim/calibrate.py``): on runs in
 nccl-tests' format made from a shape chosen here (not the simulator's constants) it recovers that
 shape, says what a sweep cannot show, maps the result to cluster keys in one place, and the
 simulator given the calibrated cluster reproduces the measured bus bandwidth."""
@@ -15,7 +15,7 @@ from lagom_megatron.engine.cost_model import CostModel
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.nccl.perf_table import read_perf_run
-from lagom_megatron.sim.calibrate_bandwidth import (
+from lagom_megatron.sim.calibrate import (
     calibrated_cluster, fit_bandwidth, fit_to_cluster_fields, run_bandwidth, summary_lines,
 )
 from lagom_megatron.sim.device import SAT_P, THREAD_EXPONENT, Collective, Gpu, busbw_gbs

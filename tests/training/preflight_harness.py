@@ -53,7 +53,7 @@ def train(argv, monkeypatch, capsys, *, world=4, env=None) -> Outcome:
     (``warning:``) lines."""
     import lagom_megatron.training.loop as loop
 
-    from lagom_megatron.training.preflight_files import _HELD, release_folder_lock
+    from lagom_megatron.preflight.files import _HELD, release_folder_lock
 
     started = []
     monkeypatch.setattr(loop, "pretrain", started.append)
@@ -96,7 +96,7 @@ def doctor(argv, monkeypatch, capsys, *, world=4, env=None, options=()) -> Outco
 def hold_lock_elsewhere(plan: Path) -> subprocess.Popen:
     """Another process (another job) that holds ``plan``'s lock until killed; returns once it holds it."""
     code = ("import sys, time\n"
-            "from lagom_megatron.training.preflight_files import hold_plan_lock\n"
+            "from lagom_megatron.preflight.files import hold_plan_lock\n"
             f"hold_plan_lock({str(plan)!r}, {{'SLURM_JOB_ID': '4242'}})\n"
             "print('held', flush=True)\n"
             "time.sleep(3600)\n")  # killed by the test; never a limit the test could outlast

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lagom_megatron.megatron.versions import TESTED_MEGATRON_CORE, in_range
+from lagom_megatron.megatron.hooks.versions import TESTED_MEGATRON_CORE, in_range
 from lagom_megatron.training.argument_checks import validate_args
 from lagom_megatron.training.arguments import (
     LAGOM_FLAGS,
@@ -249,7 +249,7 @@ def test_every_flag_of_megatron_lms_gpt_examples_is_accepted(release):
 
 
 def test_flags_without_effect_are_named_and_those_that_would_differ_refused():
-    from lagom_megatron.training.arguments_megatron_lm import inactive_flags
+    from lagom_megatron.training.arguments import inactive_flags
 
     line = SMALL + ["--eval-interval", "2", "--save", "ckpt", "--no-persist-layer-norm", "--tensorboard-dir", "tb",
                     "--distributed-backend", "gloo", "--cross-entropy-loss-fusion"]

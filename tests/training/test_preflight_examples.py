@@ -111,7 +111,7 @@ def _plan_file(path, *, n_channels=1, env=None, truncate=False):
 def test_4_5_bad_plan_is_moved_aside_not_reused_or_lost(tmp_path, capsys, case, kwargs, tag, message):
     from lagom_megatron.cli.main import main
     from lagom_megatron.engine.cluster import ClusterSpec
-    from lagom_megatron.megatron.run_files import RunFiles
+    from lagom_megatron.megatron.outputs.run_files import RunFiles
 
     path = tmp_path / "plan.json"
     original = _plan_file(path, **kwargs)
@@ -198,7 +198,7 @@ def test_10_plan_in_use_by_another_job(tmp_path, monkeypatch, capsys):
     finally:
         other.kill()
         other.wait()
-    from lagom_megatron.training.preflight_files import release_plan_lock
+    from lagom_megatron.preflight.files import release_plan_lock
 
     t = train([*CPU, "--lagom", "--lagom-plan", str(plan)], monkeypatch, capsys)  # free again: this run takes it
     release_plan_lock(str(plan))
@@ -270,7 +270,7 @@ def test_13_master_port_in_use(monkeypatch, capsys):
 
 # 14. a process group of one rank is never a site
 def test_14_group_of_one_rank_is_not_a_site():
-    from lagom_megatron.megatron.sites import GroupInfo, GroupNames, SiteRegistry
+    from lagom_megatron.megatron.hooks.sites import GroupInfo, GroupNames, SiteRegistry
 
     registry = SiteRegistry(GroupNames(local_world_size=2))
     registry.record("dp.grad_all_reduce[chunk0.bucket0]", op="all_reduce", nbytes=4096, dtype="float32",
@@ -312,8 +312,8 @@ def test_torchrun_refused_input_starts_no_rank():
 
 def test_only_rank_0_probes_the_plan_lock(tmp_path):
     """The other ranks of the job that holds the lock must not see it as another run's."""
-    from lagom_megatron.training.preflight import resolve
-    from lagom_megatron.training.preflight_files import rule_plan_lock
+    from lagom_megatron.preflight.check import resolve
+    from lagom_megatron.preflight.files import rule_plan_lock
 
     plan = tmp_path / "plan.json"
     other = hold_lock_elsewhere(plan)
@@ -354,7 +354,7 @@ def test_5_a_plan_that_cannot_be_moved_aside_is_never_overwritten(tmp_path, caps
 
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.engine.plan import Plan
-    from lagom_megatron.megatron.run_files import RunFiles
+    from lagom_megatron.megatron.outputs.run_files import RunFiles
 
     path = tmp_path / "plan.json"
     original = _plan_file(path, truncate=True)

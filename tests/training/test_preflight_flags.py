@@ -3,7 +3,7 @@ with the same one line (flag, bad value, what is allowed), before any rank start
 
 Each case of :data:`FLAG_CASES` is a ``cpu-tp2-dp2`` command line (world size 4, train iters 60)
 plus extra flags; ``tests/training/test_preflight_parity.py`` runs the same cases for the verdict.
-Sources of each check: ``training/preflight_values.py`` (``megatron_flag_problems``) and
+Sources of each check: ``preflight/values.py`` (``megatron_flag_problems``) and
 ``training/argument_checks.py`` (``check_installed``); the table in ``docs/training.md``.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from lagom_megatron.training.argument_checks import check_installed, validate_args
 from lagom_megatron.training.arguments import parse_args
-from lagom_megatron.training.preflight_values import megatron_flag_problems
+from lagom_megatron.preflight.values import megatron_flag_problems
 from tests.training.preflight_harness import doctor, train
 from tests.timeouts import COMMAND_S
 
@@ -143,7 +143,7 @@ def test_flag_checked_once_before_any_rank(monkeypatch, capsys, name, extra, env
 
 def test_every_lagom_only_flag_without_lagom_is_named():
     """The doctor lists one finding per option (training prints the first and counts the rest)."""
-    from lagom_megatron.training.lagom_flags import LAGOM_ONLY_FLAGS, lagom_flag_problems
+    from lagom_megatron.preflight.lagom_flags import LAGOM_ONLY_FLAGS, lagom_flag_problems
 
     ns = parse_args([*CPU, "--lagom-plan", "p.json", "--lagom-report", "r.md", "--lagom-method", "autoccl",
                      "--lagom-warmup-iters", "2", "--lagom-verify-iters", "2", "--lagom-verify-max-iters", "8",
@@ -235,7 +235,7 @@ def test_flash_attention_needs_its_package(monkeypatch):
 def test_untested_versions_same_verdict_and_override(monkeypatch, capsys):
     """Training refuses torch / megatron-core outside the tested ranges (``check_versions``); the doctor
     now reaches the same verdict on this machine, and ``--lagom-allow-untested-versions`` lets both start."""
-    import lagom_megatron.megatron.versions as versions
+    import lagom_megatron.megatron.hooks.versions as versions
 
     line = "torch 2.99.0 (from site-packages) is outside the tested range >=2.6.0,<2.15"
     monkeypatch.setattr(versions, "untested_versions", lambda: [line])
@@ -270,7 +270,7 @@ def test_cuda_absence_is_read_without_importing_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=COMMAND_S)
     assert out.stdout.strip() == "exit 2 False", (out.stdout, out.stderr)
     assert "--init-method-std -1.0 is out of range" in out.stderr
-    from lagom_megatron.training.preflight import cuda_certainly_absent
+    from lagom_megatron.preflight.check import cuda_certainly_absent
 
     import torch
 
@@ -280,8 +280,8 @@ def test_cuda_absence_is_read_without_importing_torch(tmp_path):
 def test_arguments_are_refused_before_the_machine_is_detected(monkeypatch, capsys):
     """Where finding the GPU would import torch, the argument rules run first: a refused line never
     reaches ``this_machine``; a valid one does, and gets the full verdict."""
-    import lagom_megatron.training.preflight as preflight
-    from lagom_megatron.training.target_cluster import Machine
+    import lagom_megatron.preflight.check as preflight
+    from lagom_megatron.preflight.cluster import Machine
 
     detected = []
     monkeypatch.setattr(preflight, "cuda_certainly_absent", lambda: False)
@@ -296,7 +296,7 @@ def test_arguments_are_refused_before_the_machine_is_detected(monkeypatch, capsy
 
 
 def test_a_cluster_named_by_the_flag_gets_another_value_for_that_flag(monkeypatch, capsys):
-    from lagom_megatron.training.target_cluster import Machine, choose_cluster, mismatch, this_machine
+    from lagom_megatron.preflight.cluster import Machine, choose_cluster, mismatch, this_machine
 
     given = choose_cluster(None, {}, "h100-sxm-ib400", "--lagom-cluster", Machine(cuda=False))
     assert mismatch(given, Machine(cuda=False)).endswith(
@@ -317,7 +317,7 @@ def test_a_cluster_named_by_the_flag_gets_another_value_for_that_flag(monkeypatc
 
 
 def test_only_two_lagom_options_work_without_lagom_and_the_docs_name_both(monkeypatch, capsys):
-    from lagom_megatron.training.lagom_flags import LAGOM_FLAGS, LAGOM_ONLY_FLAGS
+    from lagom_megatron.preflight.lagom_flags import LAGOM_FLAGS, LAGOM_ONLY_FLAGS
     from tests.training.preflight_harness import ROOT
 
     assert LAGOM_FLAGS - set(LAGOM_ONLY_FLAGS) - {"--lagom"} == {"--lagom-allow-untested-versions", "--lagom-cluster"}

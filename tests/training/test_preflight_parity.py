@@ -14,7 +14,7 @@ import socket
 import pytest
 
 from lagom_megatron.config.presets import CONFIGS_DIR, load_preset
-from lagom_megatron.training.target_cluster import choose_cluster, mismatch, this_machine
+from lagom_megatron.preflight.cluster import choose_cluster, mismatch, this_machine
 from tests.training.preflight_harness import doctor, hold_lock_elsewhere, train
 from tests.training.test_preflight_flags import FLAG_CASES
 
@@ -67,7 +67,7 @@ PRESETS = sorted(p.stem for p in (CONFIGS_DIR / "presets").glob("*.yaml"))
 def _same_verdict(argv, world, env, monkeypatch, capsys):
     d = doctor(argv, monkeypatch, capsys, world=world, env=env)
     t = train(argv, monkeypatch, capsys, world=world, env=env)
-    from lagom_megatron.training.preflight_files import _HELD, release_plan_lock
+    from lagom_megatron.preflight.files import _HELD, release_plan_lock
 
     for held in list(_HELD):
         release_plan_lock(held)
@@ -129,7 +129,7 @@ def test_doctor_and_training_agree_on_every_preset(tmp_path, monkeypatch, capsys
 def test_cpu_presets_may_start():
     """The CPU presets are the demo: the shared pre-flight must let them start here."""
     from lagom_megatron.training.arguments import parse_args
-    from lagom_megatron.training.preflight import check_run, detect_cluster
+    from lagom_megatron.preflight.check import check_run, detect_cluster
 
     for name in ("cpu-tp2-dp2", "cpu-pp2-dp2"):
         ns = parse_args(["--preset", name, "--mock-data"], exit_on_error=False)

@@ -4,7 +4,7 @@ any rank starts, unless the command line names the layout itself (``training.pre
 from __future__ import annotations
 
 from lagom_megatron.training.arguments import parse_args
-from lagom_megatron.training.preflight import preset_world_problem
+from lagom_megatron.preflight.check import preset_world_problem
 from tests.training.preflight_harness import train
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from lagom_megatron.training.preflight_files import LOCK_NAME, folder_in_use, hold_run_locks, release_folder_lock, run_folders
-from lagom_megatron.megatron.run_files import RunFiles
+from lagom_megatron.preflight.files import LOCK_NAME, folder_in_use, hold_run_locks, release_folder_lock, run_folders
+from lagom_megatron.megatron.outputs.run_files import RunFiles
 from tests.training.preflight_harness import doctor, hold_lock_elsewhere, train
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
@@ -45,7 +45,7 @@ def test_a_run_holds_the_default_folder_against_a_second(tmp_path, monkeypatch, 
     held = hold_run_locks({"lagom": True, "preset_name": "cpu-tp2-dp2"})
     try:
         assert held == [tmp_path / "lagom_out" / "cpu-tp2-dp2" / LOCK_NAME]
-        probe = subprocess.run([sys.executable, "-c", "from lagom_megatron.training.preflight_files import "
+        probe = subprocess.run([sys.executable, "-c", "from lagom_megatron.preflight.files import "
                                 "folder_in_use; print(folder_in_use('lagom_out/cpu-tp2-dp2'))"],
                                cwd=tmp_path, capture_output=True, text=True, check=True)
         assert probe.stdout.startswith(f"pid {os.getpid()} on host ")

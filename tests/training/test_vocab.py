@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lagom_megatron.megatron.versions import installed_megatron_core
+from lagom_megatron.megatron.hooks.versions import installed_megatron_core
 from lagom_megatron.training.argument_checks import validate_args
 from lagom_megatron.training.arguments import parse_args
 from lagom_megatron.training.tokenizer import null_tokenizer_vocab_size

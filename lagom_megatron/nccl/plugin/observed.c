@@ -1,6 +1,6 @@
 /*
  * observed.c: what NCCL really ran, per communicator, as its profiler events report it; kept in
- * bounded memory and read back in-process by lagom (nccl/profiler_status.py).
+ * bounded memory and read back in-process by lagom (nccl/plugin_status.py).
  *
  * Records. Each communicator NCCL initialised the profiler half for (profiler.c) has a
  * LagomObsComm: its commHash, rank, size, nodes, the profiler ABI, the communicator's name (the
@@ -302,7 +302,7 @@ void observedRecord(void *h, int state, uint64_t pTimer) {
   }
 }
 
-/* ---- what lagom reads in-process (ctypes, nccl/profiler_status.py) ---- */
+/* ---- what lagom reads in-process (ctypes, nccl/plugin_status.py) ---- */
 
 /* 1: NCCL's events on (the phases that read the records); 0: activation mask 0, no event at all.
  * NCCL reads the mask at each group it launches, so calls already enqueued keep the old one. */

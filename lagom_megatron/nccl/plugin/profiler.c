@@ -5,7 +5,7 @@
  * collectives and point-to-point operations NCCL then launched with the algorithm, protocol,
  * channels and warps NCCL chose, the chunk size its proxy moved, and each collective's GPU kernel
  * time (observed.c keeps the records). lagom reads them in-process after a plan is applied and
- * compares them with the plan (nccl/observed.py, megatron/observed.py).
+ * compares them with the plan (nccl/observed.py, megatron/control/observed.py).
  *
  * Loading (NVIDIA/nccl v2.30.7): NCCL opens the library named by NCCL_PROFILER_PLUGIN ("none"
  * disables profiler plugins, src/plugin/profiler.cc:58-60) once per process and looks up

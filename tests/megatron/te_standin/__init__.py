@@ -1,7 +1,7 @@
 """A stand-in for Transformer Engine's ``transformer_engine.pytorch``, laid out as TE v2.18 is.
 
 It issues the collectives exactly as TE v2.18 (git tag ``v2.18``) does, on CPU tensors, so the
-hooks of ``lagom_megatron.megatron.te_targets`` / ``patches`` can be tested without TE or a GPU:
+hooks of ``lagom_megatron.megatron.hooks.te_targets`` / ``patches`` can be tested without TE or a GPU:
 
 * ``distributed.py``: ``gather_along_first_dim`` / ``reduce_scatter_along_first_dim`` /
   ``allreduce`` call ``torch.distributed.all_gather_into_tensor`` / ``reduce_scatter_tensor`` /

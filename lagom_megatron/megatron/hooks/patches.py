@@ -1,0 +1,288 @@
+"""Every hook lagom puts on Megatron-Core's collectives and torch.distributed, in one removable set.
+
+``install(router)`` wraps the names it sets (megatron-core 0.16.x; names since 0.9) and ``te_targets``' TE / FSDP2 /
+Megatron-FSDP names to call ``router.SiteRouter``; wrappers only tag the call, pick its group, may split a tensor.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import importlib
+import logging
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from lagom_megatron.megatron.hooks import scopes
+from lagom_megatron.megatron.hooks.te_targets import (TeTargets, find_fsdp2_param_group, find_megatron_fsdp, find_te_targets,
+                                                userbuffers_note)
+
+log = logging.getLogger("lagom.patches")
+
+# torch.distributed functions patched in the torch.distributed module, and the router op of each (*_single: torch 2.13).
+_DIST_COLLECTIVES = (("all_reduce", "all_reduce"), ("all_to_all_single", "all_to_all"),
+                     ("all_gather_into_tensor", "all_gather"), ("reduce_scatter_tensor", "reduce_scatter"),
+                     ("all_gather_single", "all_gather"), ("reduce_scatter_single", "reduce_scatter"))
+
+_INSTALLED: "PatchHandle | None" = None
+_INHERITED = object()
+
+
+class PatchHandle:
+    """The installed patches; ``remove()`` restores every original (idempotent)."""
+
+    def __init__(self) -> None:
+        self._undo: list[tuple[Any, str, Any]] = []
+        self.removed = False
+
+    def _set(self, owner: Any, name: str, value: Any) -> None:
+        # on a class, the raw attribute (a staticmethod stays one; an inherited name is deleted again)
+        original = owner.__dict__.get(name, _INHERITED) if isinstance(owner, type) else getattr(owner, name)
+        self._undo.append((owner, name, original))
+        setattr(owner, name, value)
+
+    @property
+    def patched(self) -> list[str]:
+        """``owner.name`` of every patched attribute, in installation order."""
+        return [f"{getattr(o, '__name__', type(o).__name__)}.{n}" for o, n, _ in self._undo]
+
+    def remove(self) -> None:
+        """Restores every original in reverse order and allows a new ``install``."""
+        global _INSTALLED
+        if self.removed:
+            return
+        for owner, name, original in reversed(self._undo):
+            if original is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        self._undo.clear()
+        self.removed = True
+        if _INSTALLED is self:
+            _INSTALLED = None
+
+    def __enter__(self) -> "PatchHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def installed() -> PatchHandle | None:
+    """The handle of the patches currently installed, or None."""
+    return _INSTALLED
+
+
+def _collective_wrapper(router: Any, op: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+    collective = router.collective  # bound once: the wrapper is one frame and one call per collective
+
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return collective(op, orig, args, kwargs)
+
+    wrapper.__lagom_original__ = orig  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _quantized_gather_wrapper(router: Any, orig: Callable[..., Any]) -> Callable[..., Any]:
+    gather = router.quantized_gather
+
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return gather(orig, args, kwargs)
+
+    wrapper.__lagom_original__ = orig  # type: ignore[attr-defined]
+    return wrapper
+
+
+def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te: TeTargets | None | str = "auto",
+            fsdp2: type | None | str = "auto", megatron_fsdp: list[Any] | str = "auto") -> PatchHandle:
+    """Installs every hook calling ``router`` (a ``SiteRouter``); RuntimeError when already installed.
+
+    ``te`` / ``fsdp2`` / ``megatron_fsdp``: ``"auto"`` finds them (``te_targets``), None / ``[]`` hooks none.
+    ``model_configs``: ``TransformerConfig``s whose ``finalize_model_grads_func`` to tag.
+    """
+    global _INSTALLED
+    if _INSTALLED is not None:
+        raise RuntimeError("lagom patches are already installed; call remove() on the existing handle first")
+    import torch.distributed as dist
+    from megatron.core.distributed import param_and_grad_buffer as pgb
+    from megatron.core.pipeline_parallel import p2p_communication as p2p
+    from megatron.core.tensor_parallel import layers
+
+    handle = PatchHandle()
+    try:
+        bg_cls = pgb._ParamAndGradBucketGroup
+        bucket_sync = router.bucket_sync
+        for name, kind in (("start_grad_sync", "grad"), ("start_param_sync", "param")):
+            orig = getattr(bg_cls, name)
+
+            def bucket_wrapper(self: Any, *args: Any, _orig: Callable = orig, _kind: str = kind, **kwargs: Any) -> Any:
+                return bucket_sync(self, _kind, _orig, args, kwargs)
+
+            functools.update_wrapper(bucket_wrapper, orig)
+            handle._set(bg_cls, name, bucket_wrapper)
+        orig_cm = pgb._coalescing_manager
+
+        def bucket_coalescing(*args: Any, **kwargs: Any) -> Any:
+            return router.bucket_coalescing(orig_cm, args, kwargs)
+
+        functools.update_wrapper(bucket_coalescing, orig_cm)
+        handle._set(pgb, "_coalescing_manager", bucket_coalescing)
+        from megatron.core import utils as mc_utils
+
+        for module in (pgb, layers, mc_utils):  # aliases bound at import: patching torch.distributed misses them
+            for alias, op in (("dist_reduce_scatter_func", "reduce_scatter"), ("dist_all_gather_func", "all_gather")):
+                if hasattr(module, alias):
+                    handle._set(module, alias, _collective_wrapper(router, op, getattr(module, alias)))
+        for name, op in _DIST_COLLECTIVES:
+            if hasattr(dist, name):
+                handle._set(dist, name, _collective_wrapper(router, op, getattr(dist, name)))
+        _install_extras(handle, router, te=find_te_targets() if te == "auto" else te,
+                        fsdp2=find_fsdp2_param_group() if fsdp2 == "auto" else fsdp2)
+        _install_megatron_fsdp(handle, router, find_megatron_fsdp() if megatron_fsdp == "auto" else megatron_fsdp)
+        note = userbuffers_note(model_configs)
+        if note:
+            log.warning(note)
+
+        comm_cls = p2p.P2PCommunicator  # not torch.distributed.isend: P2POp checks the function's identity
+        orig_comm = comm_cls._communicate
+
+        def communicate(self: Any, **kwargs: Any) -> Any:
+            return router.p2p(self, orig_comm, kwargs)
+
+        functools.update_wrapper(communicate, orig_comm)
+        handle._set(comm_cls, "_communicate", communicate)
+
+        try:
+            disp = importlib.import_module("megatron.core.transformer.moe.token_dispatcher")
+            a2a_cls = getattr(disp, "MoEAlltoAllTokenDispatcher", None)
+        except ImportError:
+            a2a_cls = None
+        if a2a_cls is not None:
+            for name in ("token_dispatch", "token_combine"):
+                orig = getattr(a2a_cls, name)
+
+                def moe_wrapper(self: Any, *args: Any, _orig: Callable = orig, _name: str = name, **kwargs: Any) -> Any:
+                    with router.scope(f"{_name.split('_')[1]}_all_to_all", per_microbatch=True):
+                        return _orig(self, *args, **kwargs)
+
+                functools.update_wrapper(moe_wrapper, orig)
+                handle._set(a2a_cls, name, moe_wrapper)
+
+        for cfg in model_configs:
+            fn = getattr(cfg, "finalize_model_grads_func", None)
+            if fn is None:
+                continue
+
+            def finalize(*args: Any, _fn: Callable = fn, **kwargs: Any) -> Any:
+                with router.scope("finalize_all_reduce", per_microbatch=False):
+                    return _fn(*args, **kwargs)
+
+            handle._set(cfg, "finalize_model_grads_func", finalize)
+    except BaseException:
+        handle.remove()
+        raise
+    _INSTALLED = handle
+    return handle
+
+
+def _install_megatron_fsdp(handle: PatchHandle, router: Any, modules: list[Any]) -> None:
+    for mod in modules:
+        for cls, name, method in ((mod.AllGatherPipeline, "all_gather_params", "mfsdp_all_gather"),
+                                  (mod.AllGatherPipeline, "async_bucket_gather", "mfsdp_bucket"),
+                                  (mod.GradReducePipeline, "_bucket_group_gradient_reduce", "mfsdp_reduce")):
+            orig = getattr(cls, name)
+
+            def pipeline_method(self: Any, *args: Any, _orig: Callable = orig, _m: str = method, **kwargs: Any) -> Any:
+                return getattr(router, _m)(self, _orig, args, kwargs)
+
+            functools.update_wrapper(pipeline_method, orig)
+            handle._set(cls, name, pipeline_method)
+        orig_cm = mod._coalescing_manager
+
+        def coalescing_manager(*args: Any, _orig: Callable = orig_cm, **kwargs: Any) -> Any:
+            return router.mfsdp_coalescing(_orig, args, kwargs)
+
+        functools.update_wrapper(coalescing_manager, orig_cm)
+        handle._set(mod, "_coalescing_manager", coalescing_manager)
+
+
+def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, fsdp2: type | None) -> None:
+    from megatron.core.pipeline_parallel import p2p_communication as p2p
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.tensor_parallel import mappings
+
+    orig_ops = p2p._p2p_ops
+
+    def p2p_ops(**kwargs: Any) -> Any:
+        return router.p2p_ops(orig_ops, kwargs)
+
+    functools.update_wrapper(p2p_ops, orig_ops)
+    handle._set(p2p, "_p2p_ops", p2p_ops)
+    if hasattr(schedules, "drain_embedding_wgrad_compute"):
+        handle._set(schedules, "drain_embedding_wgrad_compute", scopes.stream_scoped(
+            router, schedules.drain_embedding_wgrad_compute, "embedding_wgrad_all_gather", per_microbatch=False))
+    functions = [mappings._AllToAll] + (list(te.functions) if te is not None else [])
+    for fn_cls in functions:  # Function.forward / backward are staticmethods: class lookup gives the function
+        handle._set(fn_cls, "forward", scopes.carry_forward(router, fn_cls.forward))
+        handle._set(fn_cls, "backward", scopes.carry_backward(router, fn_cls.backward))
+    if te is not None:
+        for mod_cls in te.modules:
+            handle._set(mod_cls, "forward", scopes.module_forward(router, mod_cls.forward))
+        if te.attention is not None:
+            orig_attn = te.attention.forward
+
+            def attention(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return router.attention(self, orig_attn, args, kwargs)
+
+            functools.update_wrapper(attention, orig_attn)
+            handle._set(te.attention, "forward", attention)
+        for name in te.quantized_gathers:
+            handle._set(te.distributed, name, _quantized_gather_wrapper(router, getattr(te.distributed, name)))
+        if te.context_parallel is not None:
+            orig_ring = te.context_parallel.flash_attn_p2p_communicate
+
+            def ring(*args: Any, **kwargs: Any) -> Any:
+                return router.ring_exchange(orig_ring, args, kwargs)
+
+            functools.update_wrapper(ring, orig_ring)
+            handle._set(te.context_parallel, "flash_attn_p2p_communicate", ring)
+    if fsdp2 is not None:
+        for name, prefix in (("unshard", "fsdp"), ("post_backward", "fsdp")):
+            if hasattr(fsdp2, name):
+                handle._set(fsdp2, name, scopes.named_method(router, getattr(fsdp2, name), prefix=prefix,
+                                                             attr="_module_fqn"))
+
+
+@contextmanager
+def gloo_threads(n_threads: int) -> Iterator[None]:
+    """While active, gloo backends built by ``new_group`` get ``n_threads`` workers; ValueError when < 1.
+
+    torch 2.x's ``new_group`` ignores ``pg_options`` for gloo, so this swaps ``distributed_c10d.ProcessGroupGloo`` for a
+    subclass passing ``_threads`` (and torch 2.14's ``enable_reconfigure=``: 2.14.1 ``distributed_c10d.py:669-676``).
+    """
+    if n_threads < 1:
+        raise ValueError(f"gloo worker threads must be >= 1; got {n_threads}")
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d.ProcessGroupGloo
+
+    class _ProcessGroupGlooWithThreads(original):  # type: ignore[misc, valid-type]
+        def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+                     **options: Any) -> None:
+            opts = original._Options()
+            opts._timeout = timeout
+            opts._threads = n_threads
+            opts._devices = [original.create_default_device()]
+            for name, value in options.items():  # torch 2.14: enable_reconfigure=, also an _Options field
+                if not hasattr(opts, name):
+                    raise TypeError(f"ProcessGroupGloo got an unexpected keyword argument {name!r}")
+                setattr(opts, name, value)
+            super().__init__(store, rank, size, opts)
+
+    c10d.ProcessGroupGloo = _ProcessGroupGlooWithThreads
+    try:
+        yield
+    finally:
+        c10d.ProcessGroupGloo = original

@@ -1,0 +1,1 @@
+"""A run's files (plan, profile, tuner tables) and its report."""

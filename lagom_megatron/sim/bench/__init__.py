@@ -1,0 +1,1 @@
+"""``lagom bench simulated``: the simulated comparison of lagom with static baselines and AutoCCL."""

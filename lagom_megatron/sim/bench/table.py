@@ -1,0 +1,346 @@
+"""``lagom bench simulated``: the paper-style comparison table on simulated clusters.
+
+Median iteration ms per (preset, cluster, micro-batches) and seed under each baseline, AutoCCL and lagom.
+SIMULATED (one representative rank per preset), not measurements.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+import argparse
+import logging
+import os
+import time
+from typing import Any
+from lagom_megatron.sim.bench.row import with_microbatches  # noqa: F401  (part of this module's API)
+from lagom_megatron.sim.constants import get
+
+
+def _cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    return f"{v:.4f}" if isinstance(v, float) else v
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path, columns: tuple[str, ...]) -> None:
+    """Writes ``columns`` of ``rows`` atomically."""
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _cell(r.get(k)) for k in columns})
+    tmp.replace(path)
+
+
+def _median_by_row(rows: list[dict[str, Any]], key: str) -> dict[tuple, float]:
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r.get(key) not in (None, ""):
+            groups.setdefault((r["preset"], r["cluster"], r["microbatches"]), []).append(float(r["default_ms"]) / float(r[key]))
+    return {k: statistics.median(v) for k, v in groups.items()}
+
+
+def plot(rows: list[dict[str, Any]], path: Path, paper: tuple[float, float]) -> None:
+    """Bar chart of median speed-ups over NCCL defaults per row and method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [("static_caps_ms", "best static caps"), ("hp_stream_ms", "high-priority stream"),
+               ("nccl_ub_ms", "NCCL UB"), ("autoccl_ms", "AutoCCL (online)"), ("oracle_ms", "oracle"),
+               ("lagom_plan_ms", "lagom plan"), ("lagom_kept_ms", "lagom (after verify)")]
+    keys = list(dict.fromkeys((r["preset"], r["cluster"], r["microbatches"]) for r in rows))
+    labels = [f"{p}\n{c} {m}mb" for p, c, m in keys]
+    fig, ax = plt.subplots(figsize=(max(9, 0.9 * len(keys)), 6.0))
+    width = 0.8 / (len(methods) + 1)
+    values = []
+    for j, (key, name) in enumerate(methods):
+        med = _median_by_row(rows, key)
+        ys = [med.get(k, 0.0) for k in keys]
+        values += [y for y in ys if y]
+        ax.bar([i + (j - len(methods) / 2) * width for i in range(len(keys))], ys, width, label=name)
+    bound = {(r["preset"], r["cluster"], r["microbatches"]): float(r["free_comm_bound"]) for r in rows}
+    ax.bar([i + (len(methods) / 2) * width for i in range(len(keys))], [bound[k] for k in keys], width, color="none",
+           edgecolor="black", hatch="//", label="free-comm bound")
+    ax.axhspan(*paper, color="grey", alpha=0.15, label=f"paper: {paper[0]}-{paper[1]}x over NCCL (measured, real clusters)")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    values += list(bound.values())
+    ax.set_ylim(min(0.8, min(values) - 0.02), max(paper[1], max(values)) + 0.05)
+    ax.set_xticks(list(range(len(keys))))
+    ax.set_xticklabels(labels, fontsize=6, rotation=35, ha="right")
+    ax.set_ylabel("speed-up over NCCL defaults, median over seeds (SIMULATED)")
+    ax.set_title("lagom_megatron on simulated clusters (not measurements)")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def print_table(rows: list[dict[str, Any]], must_show: Callable[[dict[str, Any]], list[str]],
+                paper_nccl: tuple[float, float], paper_autoccl: tuple[float, float]) -> int:
+    """Prints the table; returns the number of ``must_show`` failures (each printed)."""
+    print("\nSIMULATED iteration times (ms, median) -- from lagom_megatron's simulator, not real hardware")
+    hdr = (f"{'preset':22s} {'cluster':16s} {'mb':>2s} {'s':>1s} {'ovl':>4s} {'bound':>5s} {'oracle':>6s} {'default':>8s} "
+           f"{'caps':>8s} {'nemo':>8s} {'hp':>8s} {'ub':>8s} {'autoccl':>8s} {'plan':>8s} {'kept':>8s} {'mape':>4s}")
+    print(hdr)
+    for r in rows:
+        ub = f"{r['nccl_ub_ms']:8.1f}" if r.get("nccl_ub_ms") is not None else f"{'':8s}"
+        print(f"{r['preset'][:22]:22s} {r['cluster'][:16]:16s} {r['microbatches']:2d} {r['seed']:1d} {r['overlap_frac']:4.2f} "
+              f"{r['free_comm_bound']:5.3f} {r['oracle']:6.3f} {r['default_ms']:8.1f} {r['static_caps_ms']:8.1f} "
+              f"{r['nemo_yaml_ms']:8.1f} {r['hp_stream_ms']:8.1f} {ub} {r['autoccl_ms']:8.1f} {r['lagom_plan_ms']:8.1f} "
+              f"{r['lagom_kept_ms']:8.1f} {r['model_mape']:4.1f}")
+    bound = [r["free_comm_bound"] for r in rows]
+    kept = [r["default_ms"] / r["lagom_kept_ms"] for r in rows]
+    auto = [r["autoccl_ms"] / r["lagom_kept_ms"] for r in rows]
+    print(f"\nbound of any contention tuning (free-comm), simulated: {min(bound):.3f}-{max(bound):.3f}x   "
+          f"paper, lagom over NCCL (measured): {paper_nccl[0]}-{paper_nccl[1]}x, over AutoCCL {paper_autoccl[0]}-{paper_autoccl[1]}x")
+    print(f"lagom kept over NCCL defaults, simulated: {min(kept):.3f}-{max(kept):.3f}x; over AutoCCL {min(auto):.3f}-{max(auto):.3f}x")
+    failures = 0
+    for r in rows:
+        for f in must_show(r):
+            failures += 1
+            print(f"  NOT MET {r['preset']} {r['cluster']} {r['microbatches']} mb seed {r['seed']}: {f}")
+    print("must-show: " + ("met on every row" if not failures else f"{failures} failure(s)"))
+    return failures
+
+
+PAPER_VS_NCCL = (1.07, 1.33)
+"""Lagom (arXiv 2602.20656) abstract: measured speed-up over NCCL defaults."""
+PAPER_VS_AUTOCCL = (1.03, 1.27)
+"""Lagom (arXiv 2602.20656) abstract: measured speed-up over AutoCCL."""
+
+ROWS: tuple[tuple[str, str, int], ...] = (
+    # the paper's regime: A40 nodes, PCIe (200 / 100 Gb/s) and NVLink-bridged (2 x 400 Gb/s); FSDP, TP, EP
+    ("llama2-7b-a40x16-fsdp", "a40-pcie-ib200", 2), ("llama2-7b-a40x16-fsdp", "a40-pcie-ib100", 2),
+    ("llama2-7b-a40x16-fsdp", "a40-nvlink-ib800", 2), ("gpt3-2.7b-a40x8-fsdp", "a40-pcie-ib200", 2),
+    ("gpt3-2.7b-a40x8-fsdp", "a40-nvlink-ib800", 1), ("llama2-7b-a40x16-tp8", "a40-pcie-ib200", 2),
+    ("llama2-7b-a40x16-tp8", "a40-nvlink-ib800", 1), ("moe-2b-8e-a40x8-ep8", "a40-pcie-ib200", 2),
+    ("moe-2b-8e-a40x8-ep8", "a40-nvlink-ib800", 2), ("gpt3-2.7b-a40x8-fsdp", "a40-pcie-ib100", 1),
+    # FSDP on NVSwitch clusters, one micro-batch
+    ("gpt3-2.7b-a40x8-fsdp", "h100-sxm-ib400", 1), ("llama2-7b-a40x16-fsdp", "h100-sxm-ib400", 1),
+    ("llama2-7b-a40x16-fsdp", "a100-ib100", 1),
+    # the H100 / A100 presets
+    ("gpt3-13b-h100x64", "h100-sxm-ib400", 2), ("gpt3-13b-h100x64", "a100-ib100", 2),
+    ("llama3-8b-h100x8", "h100-sxm-ib400", 1), ("llama3-8b-h100x8", "h100-sxm-ib400", 2),
+    ("llama3-8b-h100x8", "a100-ib100", 2), ("llama3-70b-h100x64", "h100-sxm-ib400", 2),
+    ("mixtral-8x7b-h100x32", "h100-sxm-ib400", 2), ("llama2-7b-a100x32-ib100", "a100-ib100", 1),
+    ("llama2-7b-a100x32-ib100", "a100-ib100", 2),
+)
+SEEDS = (0, 1, 2, 3, 4)
+
+COLUMNS = (
+    "preset", "cluster", "microbatches", "seed", "overlap_frac", "free_comm_bound", "oracle", "default_ms",
+    "static_caps_ms", "nemo_yaml_ms", "hp_stream_ms", "nccl_ub_ms", "autoccl_ms", "lagom_plan_ms", "lagom_kept_ms",
+    "model_mape",
+)
+"""Times in ms, medians; ``nccl_ub_ms`` empty where it does not apply."""
+DETAIL_COLUMNS = COLUMNS + ("oracle_ms", "lagom_hp_kept_ms", "lagom_phase", "lagom_candidate", "lagom_hp_groups", "caps",
+                            "verify_text", "autoccl_iterations", "wall_s")
+BASELINES = ("default_ms", "static_caps_ms", "nemo_yaml_ms", "hp_stream_ms", "nccl_ub_ms", "autoccl_ms")
+MAPE_LIMIT = 5.0
+
+
+def best_baseline_ms(row: dict[str, Any]) -> float:
+    """The fastest baseline (``BASELINES``) of a row."""
+    return min(float(row[k]) for k in BASELINES if row.get(k) not in (None, ""))
+
+
+def must_show(row: dict[str, Any], *, noise: float | None = None) -> list[str]:
+    """The row's claim failures: kept <= 1.005 x best baseline; plan gain >= 0.9 x oracle gain where the oracle's
+    exceeds 2 ``sigma_iteration``; ``model_mape < 5``.
+    """
+    noise = get("sigma_iteration") if noise is None else noise
+    out = []
+    best = best_baseline_ms(row)
+    if float(row["lagom_kept_ms"]) > 1.005 * best:
+        out.append(f"kept {float(row['lagom_kept_ms']):.1f} ms > 1.005 x best baseline {best:.1f} ms")
+    ref = float(row["oracle"]) - 1.0
+    if ref > 2.0 * noise:
+        got = float(row["default_ms"]) / float(row["lagom_plan_ms"]) - 1.0
+        if got < 0.9 * ref:
+            out.append(f"plan gain {got:.4f} < 0.9 x oracle gain {ref:.4f}")
+    mape = float(row["model_mape"])
+    if not mape < MAPE_LIMIT:
+        out.append(f"model MAPE {mape:.1f}% >= {MAPE_LIMIT:.0f}%")
+    return out
+
+
+def _positive_int(lo: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {lo}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v} is not an integer >= {lo}")
+        return v
+    parse.__name__ = "integer"
+    return parse
+
+
+def _microbatches(text: str) -> int | None:
+    """``preset`` (None) or an integer >= 1; ValueError otherwise."""
+    if text == "preset":
+        return None
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"--microbatches must be 'preset' or an integer >= 1; got {text!r}") from None
+    if v < 1:
+        raise ValueError(f"--microbatches must be 'preset' or an integer >= 1; got {v}")
+    return v
+
+
+def main(argv: list[str] | None = None, *, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
+    """Entry point of ``lagom bench simulated``; returns 1 when a row breaks ``must_show``, else 0."""
+    ap = parser_class(prog="lagom bench simulated", description=__doc__.split("\n\n")[0].replace("``", ""))
+    ap.add_argument("--out", default="bench_out", help="output folder for simulated.csv and simulated.png")
+    ap.add_argument("--presets", nargs="+", default=None, help="presets (default: the table's rows)")
+    ap.add_argument("--clusters", nargs="+", default=None, help="clusters each preset runs on (default: the table's rows)")
+    ap.add_argument("--seeds", type=_positive_int(0), nargs="+", default=list(SEEDS), help="noise seeds (default 0-4)")
+    ap.add_argument("--iters", type=_positive_int(1), default=5, help="simulated iterations per median")
+    ap.add_argument("--verify-iters", type=_positive_int(1), default=None,
+                    help="lagom's verification iterations per arm at its first look (default: each preset's "
+                         "lagom_verify_iters; given alone, also the cap)")
+    ap.add_argument("--verify-max-iters", type=_positive_int(1), default=None,
+                    help="the most verification iterations per arm while the verdict is undecided (default: each "
+                         "preset's lagom_verify_max_iters, or --verify-iters when that is given)")
+    ap.add_argument("--microbatches", nargs="+", default=None,
+                    help="micro-batches per DP rank for --presets / --clusters rows: 'preset' and/or integers >= 1 "
+                         "(default: the table's rows, or 2)")
+    ap.add_argument("--jobs", type=_positive_int(1), default=1, help="rows simulated in parallel processes")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help="run the sensitivity (tornado) table of the ranged constants instead (sim.bench_sensitivity)")
+    ap.add_argument("--constants", nargs="+", default=None,
+                    help="with --sensitivity: only these ranged constants (default: all of sim.constants)")
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+    from lagom_megatron.sim.constants import CONSTANTS
+
+    unknown = [c for c in args.constants or [] if c not in CONSTANTS]
+    if unknown:
+        ap.error(f"--constants: unknown {unknown}; the ranged constants are {sorted(CONSTANTS)}")
+    if args.constants and not args.sensitivity:
+        ap.error("--constants needs --sensitivity")
+    accum = []
+    for m in args.microbatches or []:
+        try:
+            accum.append(_microbatches(m))
+        except ValueError as exc:
+            ap.error(str(exc))
+    rows = _rows(ap, args, accum)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        ap.error(f"--out {str(out)!r} is a file; give a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        ap.error(f"--out {str(out)!r} cannot be created: {exc.strerror or exc}")
+    if not os.access(out, os.W_OK):
+        ap.error(f"--out {str(out)!r} is not writable")
+    tuner_log = logging.getLogger("lagom.tuner")
+    level = tuner_log.level
+    tuner_log.setLevel(logging.ERROR)  # fall-backs are columns of the table
+    try:
+        if args.sensitivity:
+            from lagom_megatron.sim.bench.sensitivity import run_sensitivity
+
+            return run_sensitivity(args, out, constants=args.constants, table=ROWS)
+        return _run(args, rows, out)
+    finally:
+        tuner_log.setLevel(level)
+
+
+def _rows(ap: argparse.ArgumentParser, args: argparse.Namespace, accum: list[int | None]) -> list[tuple[str, str, int | None]]:
+    from lagom_megatron.config.presets import load_preset
+    from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.sim.backend import verify_counts
+
+    def load(p: str):
+        try:
+            return load_preset(p)
+        except (ValueError, FileNotFoundError) as exc:
+            ap.error(str(exc))
+
+    if args.presets is None and args.clusters is None:
+        pairs = list(dict.fromkeys((p, c) for p, c, _ in ROWS))
+        rows = [(p, c, m) for p, c in pairs for m in accum] if accum else list(ROWS)
+    else:
+        mbs = accum or [2]
+        presets = args.presets or list(dict.fromkeys(r[0] for r in ROWS))
+        pairs = [(p, c) for p in presets for c in args.clusters] if args.clusters else \
+            [(p, c) for p in presets for c in (list(dict.fromkeys(r[1] for r in ROWS if r[0] == p)) or [load(p).cluster])]
+        rows = [(p, c, m) for p, c in pairs for m in mbs]
+    for p, c, _ in rows:
+        preset = load(p)
+        try:
+            spec = ClusterSpec.load(c)
+        except (ValueError, FileNotFoundError) as exc:
+            ap.error(str(exc))
+        if ClusterSpec.load(preset.cluster).backend != "nccl":
+            ap.error(f"preset {p!r} on cluster {c!r}: the simulator models GPU clusters (nccl); "
+                     f"CPU presets train for real with scripts/pretrain_gpt.py --preset {p} --lagom (README)")
+        if spec.backend != "nccl":
+            ap.error(f"cluster {c!r} is a CPU (gloo) cluster; the simulator models GPU clusters: {', '.join(gpu_clusters())}")
+        try:
+            verify_counts(preset, args.verify_iters, args.verify_max_iters)
+        except ValueError as exc:
+            ap.error(f"--verify-max-iters for preset {p!r}: {exc}")
+    return list(dict.fromkeys(rows))
+
+
+def gpu_clusters() -> list[str]:
+    """The shipped clusters of backend nccl (those the simulator models)."""
+    from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
+
+    return [n for n in available_clusters() if ClusterSpec.load(n).backend == "nccl"]
+
+
+def _one(job: tuple) -> list[dict[str, Any]]:
+    from lagom_megatron.config.presets import load_preset
+    from lagom_megatron.sim.backend import verify_counts
+    from lagom_megatron.sim.bench.row import run_row
+
+    preset, cluster, mb, seeds, iters, verify_iters, verify_max_iters = job
+    logging.getLogger("lagom.tuner").setLevel(logging.ERROR)
+    vi, cap = verify_counts(load_preset(preset), verify_iters, verify_max_iters)
+    return run_row(preset, cluster, seeds=seeds, iters=iters, microbatches=mb, verify_iters=vi, verify_max_iters=cap)
+
+
+def _run(args: argparse.Namespace, pairs: list[tuple[str, str, int | None]], out: Path) -> int:
+    t0 = time.perf_counter()
+    jobs = [(p, c, m, list(args.seeds), args.iters, args.verify_iters, args.verify_max_iters) for p, c, m in pairs]
+    rows: list[dict[str, Any]] = []
+
+    def report(got: list[dict[str, Any]]) -> None:
+        rows.extend(got)
+        r = got[0]
+        print(f"  {r['preset']:24s} {r['cluster']:16s} {r['microbatches']:3d} mb  bound x{r['free_comm_bound']:.3f}  "
+              f"oracle x{min(x['oracle'] for x in got):.3f}-{max(x['oracle'] for x in got):.3f}  "
+              f"kept x{min(x['default_ms'] / x['lagom_kept_ms'] for x in got):.3f}-"
+              f"{max(x['default_ms'] / x['lagom_kept_ms'] for x in got):.3f}  {sum(x['wall_s'] for x in got):.0f} s", flush=True)
+
+    if args.jobs > 1 and len(jobs) > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(min(args.jobs, len(jobs))) as pool:
+            for got in pool.imap(_one, jobs):
+                report(got)
+    else:
+        for job in jobs:
+            report(_one(job))
+    write_csv(rows, out / "simulated.csv", COLUMNS)
+    write_csv(rows, out / "simulated_details.csv", DETAIL_COLUMNS)
+    if not args.no_plot:
+        plot(rows, out / "simulated.png", PAPER_VS_NCCL)
+    failures = print_table(rows, must_show, PAPER_VS_NCCL, PAPER_VS_AUTOCCL)
+    print(f"\nwrote {out / 'simulated.csv'}" + ("" if args.no_plot else f" and {out / 'simulated.png'}") +
+          f" in {time.perf_counter() - t0:.0f} s")
+    return 1 if failures else 0
