@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.megatron.pool.gloo import GlooPoolBackend, MultiWork, piece_ranges
+from lagom_megatron.megatron.pool.gloo import GlooPoolBackend, MultiWork, gloo_threads, piece_ranges
 
 WORLD = 2
 
@@ -21,7 +21,6 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    from lagom_megatron.megatron.hooks import patches
     from lagom_megatron.megatron.pool.comm_pool import make_pool_backend
     from lagom_megatron.megatron.pool.comm_pool import CommPool
     from lagom_megatron.megatron.pool.gloo import chunked_call
@@ -87,7 +86,7 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
         chunked_call("reduce_scatter", dist.reduce_scatter_tensor, (got, big), {"group": entry, "async_op": True}, 1024, WORLD)
     cm.wait()
     out["coalesced_rs_equal"] = torch.equal(ref, got)
-    with patches.gloo_threads(4):
+    with gloo_threads(4):
         g4 = dist.new_group([0, 1])
     out["ctx_threads"] = g4._get_backend(cpu).options._threads
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
@@ -125,3 +124,15 @@ def test_piece_ranges_and_bad_values():
         piece_ranges(10, 4, 2)
     with pytest.raises(ValueError, match="gloo n_channels .* must be in 1..16; got 0"):
         GlooPoolBackend().entry_key(CommConfig(n_channels=0))
+
+
+def test_gloo_threads_rejects_bad_values_and_restores():
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d.ProcessGroupGloo
+    with pytest.raises(ValueError, match="gloo worker threads must be >= 1; got 0"):
+        with gloo_threads(0):
+            pass
+    with gloo_threads(3):
+        assert c10d.ProcessGroupGloo is not original and issubclass(c10d.ProcessGroupGloo, original)
+    assert c10d.ProcessGroupGloo is original

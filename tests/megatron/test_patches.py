@@ -99,18 +99,6 @@ def test_install_routes_every_entry_point_and_remove_restores_them():
     assert all(before[k] is v for k, v in _names().items())
 
 
-def test_gloo_threads_rejects_bad_values_and_restores():
-    from torch.distributed import distributed_c10d as c10d
-
-    original = c10d.ProcessGroupGloo
-    with pytest.raises(ValueError, match="gloo worker threads must be >= 1; got 0"):
-        with patches.gloo_threads(0):
-            pass
-    with patches.gloo_threads(3):
-        assert c10d.ProcessGroupGloo is not original and issubclass(c10d.ProcessGroupGloo, original)
-    assert c10d.ProcessGroupGloo is original
-
-
 def test_remove_restores_autograd_staticmethods_and_te_fsdp2_methods_exactly():
     from megatron.core.tensor_parallel import mappings
 

@@ -6,12 +6,10 @@ Megatron-FSDP names to call ``router.SiteRouter``; wrappers only tag the call, p
 
 from __future__ import annotations
 
-import datetime
 import functools
 import importlib
 import logging
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from lagom_megatron.megatron.hooks import scopes
 from lagom_megatron.megatron.hooks.te_targets import (TeTargets, find_fsdp2_param_group, find_megatron_fsdp, find_te_targets,
@@ -253,36 +251,3 @@ def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, f
             if hasattr(fsdp2, name):
                 handle._set(fsdp2, name, scopes.named_method(router, getattr(fsdp2, name), prefix=prefix,
                                                              attr="_module_fqn"))
-
-
-@contextmanager
-def gloo_threads(n_threads: int) -> Iterator[None]:
-    """While active, gloo backends built by ``new_group`` get ``n_threads`` workers; ValueError when < 1.
-
-    torch 2.x's ``new_group`` ignores ``pg_options`` for gloo, so this swaps ``distributed_c10d.ProcessGroupGloo`` for a
-    subclass passing ``_threads`` (and torch 2.14's ``enable_reconfigure=``: 2.14.1 ``distributed_c10d.py:669-676``).
-    """
-    if n_threads < 1:
-        raise ValueError(f"gloo worker threads must be >= 1; got {n_threads}")
-    from torch.distributed import distributed_c10d as c10d
-
-    original = c10d.ProcessGroupGloo
-
-    class _ProcessGroupGlooWithThreads(original):  # type: ignore[misc, valid-type]
-        def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta = datetime.timedelta(minutes=30),
-                     **options: Any) -> None:
-            opts = original._Options()
-            opts._timeout = timeout
-            opts._threads = n_threads
-            opts._devices = [original.create_default_device()]
-            for name, value in options.items():  # torch 2.14: enable_reconfigure=, also an _Options field
-                if not hasattr(opts, name):
-                    raise TypeError(f"ProcessGroupGloo got an unexpected keyword argument {name!r}")
-                setattr(opts, name, value)
-            super().__init__(store, rank, size, opts)
-
-    c10d.ProcessGroupGloo = _ProcessGroupGlooWithThreads
-    try:
-        yield
-    finally:
-        c10d.ProcessGroupGloo = original

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Protocol
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.megatron.hooks.sites import GroupInfo, GroupNames
+from lagom_megatron.megatron.groups import GroupInfo, GroupNames
 import dataclasses
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import KnobRules

@@ -6,8 +6,10 @@ two ranks, last-bit differences beyond. ``GlooRules`` needs no torch.
 
 from __future__ import annotations
 
+import datetime
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterator
 
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import (
@@ -104,10 +106,41 @@ class GlooPoolBackend:
     def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str) -> Any:
         import torch.distributed as dist
 
-        from lagom_megatron.megatron.hooks import patches
-
-        with patches.gloo_threads(int(config.n_channels)):
+        with gloo_threads(int(config.n_channels)):
             return dist.new_group(list(ranks), backend="gloo", group_desc=desc)
+
+
+@contextmanager
+def gloo_threads(n_threads: int) -> Iterator[None]:
+    """While active, gloo backends built by ``new_group`` get ``n_threads`` workers; ValueError when < 1.
+
+    torch 2.x's ``new_group`` ignores ``pg_options`` for gloo, so this swaps ``distributed_c10d.ProcessGroupGloo`` for a
+    subclass passing ``_threads`` (and torch 2.14's ``enable_reconfigure=``: 2.14.1 ``distributed_c10d.py:669-676``).
+    """
+    if n_threads < 1:
+        raise ValueError(f"gloo worker threads must be >= 1; got {n_threads}")
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d.ProcessGroupGloo
+
+    class _ProcessGroupGlooWithThreads(original):  # type: ignore[misc, valid-type]
+        def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+                     **options: Any) -> None:
+            opts = original._Options()
+            opts._timeout = timeout
+            opts._threads = n_threads
+            opts._devices = [original.create_default_device()]
+            for name, value in options.items():  # torch 2.14: enable_reconfigure=, also an _Options field
+                if not hasattr(opts, name):
+                    raise TypeError(f"ProcessGroupGloo got an unexpected keyword argument {name!r}")
+                setattr(opts, name, value)
+            super().__init__(store, rank, size, opts)
+
+    c10d.ProcessGroupGloo = _ProcessGroupGlooWithThreads
+    try:
+        yield
+    finally:
+        c10d.ProcessGroupGloo = original
 
 
 class MultiWork:
