@@ -20,7 +20,7 @@ class BudgetedGloo(GlooPoolBackend):
     """Gloo entries (real process groups) with the NCCL backend's memory estimate as a stand-in:
     gloo holds no device buffers, so the estimate of the same channel count is used."""
 
-    def estimate_bytes(self, config):
+    def estimate_bytes(self, config, group=None):
         return NcclPoolBackend(use_tuner_plugin=False).estimate_bytes(config)
 
 

@@ -87,7 +87,7 @@ def test_entries_load_the_rows_plan_hit_summary_reads_under_the_rows_tags(world,
 
 def _counting(preflight, inits):
     """``preflight`` as is, and one more plugin init per entry (what NCCL does at creation)."""
-    def wrapped(config, op=None):
-        preflight(config, op)
+    def wrapped(config, op=None, group=None):
+        preflight(config, op, group)
         inits["n"] += 1
     return wrapped

@@ -22,15 +22,34 @@ log = logging.getLogger("lagom.pool")
 
 
 class PoolBackend(Protocol):
-    """Creates pool entries for one communication backend."""
+    """Creates pool entries for one communication backend; ``group``: the name of the Megatron group an entry serves."""
 
     name: str
 
-    def entry_key(self, config: CommConfig) -> Hashable | None:
-        """The communicator-scope part of ``config``; None when the group's own communicator serves it."""
+    def entry_key(self, config: CommConfig, group: str | None = None) -> Hashable | None:
+        """The communicator-scope part of ``config``; None when the group's own communicator serves it (ValueError)."""
 
-    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str) -> Any:
-        """Creates one process group over ``ranks`` for ``config``; called collectively by all ranks."""
+    def estimate_bytes(self, config: CommConfig, group: str | None = None) -> int:
+        """Device memory of the entry serving ``config``, bytes."""
+
+    def preflight(self, config: CommConfig, op: str | None = None, group: str | None = None) -> None:
+        """The checks of ``config``'s entry that need no collective; ValueError."""
+
+    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str, *, group: str | None = None,
+                     parent: Any = None) -> Any:
+        """One process group over ``ranks`` for ``config``, with ``parent``'s options where it has any; collective."""
+
+    def tag_for(self, desc: str, group: str | None = None) -> str:
+        """The entry's communicator name in the profiler's records (``CommPool.comm_key``)."""
+
+    def register_memory(self, group: Any, pools: list[tuple[Any, bool]]) -> None:
+        """Registers the (memory pool, symmetric) pairs of the entry's group with the entry; collective."""
+
+    def verify(self) -> None:
+        """After the entries were created: RuntimeError when they did not come up as configured."""
+
+    def destroy_group(self, group: Any) -> None:
+        """Destroys one entry."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,17 +115,16 @@ class CommPool:
         self._keys.clear()
 
     def key(self, config: CommConfig, group: str | None = None) -> Hashable | None:
-        """Cached ``backend.entry_key(config)`` for an entry of ``group``."""
+        """Cached ``backend.entry_key(config, group)``."""
         try:
             return self._keys[(config, group)]
         except KeyError:
-            k = self._keys[(config, group)] = _call(self.backend.entry_key, config, group=group)
+            k = self._keys[(config, group)] = self.backend.entry_key(config, group)
             return k
 
     def estimate(self, config: CommConfig, group: str | None = None) -> int:
-        """Estimated bytes of the entry of ``group`` serving ``config`` (0 without an estimate)."""
-        fn = getattr(self.backend, "estimate_bytes", None)
-        return int(_call(fn, config, group=group)) if fn is not None else 0
+        """Estimated bytes of the entry of ``group`` serving ``config``."""
+        return int(self.backend.estimate_bytes(config, group))
 
     def _parent(self, name: str) -> Any:
         info = self.groups.by_name(name)
@@ -148,10 +166,8 @@ class CommPool:
                     f"{len(todo)} new communicator-pool entries need ~{extra / 2**20:.0f} MiB on this rank on top of "
                     f"~{self.estimated_bytes / 2**20:.0f} MiB live, over the budget of {self.budget_bytes / 2**20:.0f} MiB "
                     "(--lagom-pool-budget-mib)")
-            check = getattr(self.backend, "preflight", None)
             for e, c in todo:
-                if check is not None:
-                    _call(check, c, (ops or {}).get(c), group=e.name)
+                self.backend.preflight(c, (ops or {}).get(c), group=e.name)
             return todo
 
         todo = step("pool-preflight", preflight)
@@ -167,10 +183,9 @@ class CommPool:
                     continue
                 self._created[eid] = group
                 self.stats["created"] += 1
-                register = getattr(self.backend, "register_memory", None)
-                if dist.get_rank() in eid.ranks and self.registered.get(eid.name) and register is not None:
+                if dist.get_rank() in eid.ranks and self.registered.get(eid.name):
                     try:  # collective among the entry's ranks (symmetric windows): same order on each
-                        register(group, self.registered[eid.name])
+                        self.backend.register_memory(group, self.registered[eid.name])
                     except Exception as exc:  # noqa: BLE001 - kept, reported after every rank made the same calls
                         errors.append(f"entry {desc}: registering its group's NCCL memory pool: {type(exc).__name__}: {exc}")
                 if dist.get_rank() in eid.ranks:
@@ -179,8 +194,7 @@ class CommPool:
                         info = GroupInfo(name=eid.name, ranks=eid.ranks)
                     self.groups.alias(group, info)
                     self._entries[(eid.name, eid.key)] = group
-                    tag_for = getattr(self.backend, "tag_for", None)
-                    self._names[id(group)] = tag_for(desc, eid.name) if tag_for is not None else desc
+                    self._names[id(group)] = self.backend.tag_for(desc, eid.name)
                     self._bytes[eid] = self.estimate(config, eid.name)
                     made += 1
             if errors:
@@ -188,20 +202,16 @@ class CommPool:
             return made
 
         created = step("pool-create", create)
-        step("first-use", getattr(self.backend, "verify", None) or (lambda: None))
+        step("first-use", self.backend.verify)
         if created:
             log.info("lagom: communicator pool: %s on this rank (%s backend)", self.describe(), self.backend.name)
         return created
 
     def _create(self, eid: _EntryId, config: CommConfig, desc: str) -> Any:
-        import inspect
-
-        if "parent" in inspect.signature(self.backend.create_group).parameters:  # the NCCL backend inherits options
-            info = self.groups.by_name(eid.name)
-            parent = self._parent(eid.name) if info is not None and info.ranks == eid.ranks else None
-            # the group's name as the plan's entries (and so the tuner table's commTag) spell it
-            return self.backend.create_group(eid.ranks, config, desc, group=eid.name, parent=parent)
-        return self.backend.create_group(eid.ranks, config, desc)
+        info = self.groups.by_name(eid.name)
+        parent = self._parent(eid.name) if info is not None and info.ranks == eid.ranks else None
+        # the group's name as the plan's entries (and so the tuner table's commTag) spell it
+        return self.backend.create_group(eid.ranks, config, desc, group=eid.name, parent=parent)
 
     def destroy(self, keep: dict[str, set[CommConfig]] | None = None) -> int:
         """Destroys every entry ``keep`` (group name -> configs) does not need, on all ranks; returns the count."""
@@ -218,8 +228,7 @@ class CommPool:
             if self._entries.get((eid.name, eid.key)) is group:
                 del self._entries[(eid.name, eid.key)]
             if group is not None and group is not getattr(dist.GroupMember, "NON_GROUP_MEMBER", object()):
-                fn = getattr(self.backend, "destroy_group", None)
-                (fn or dist.destroy_process_group)(group)
+                self.backend.destroy_group(group)
             n += 1
         self.stats["destroyed"] += n
         if n:
@@ -245,16 +254,6 @@ class CommPool:
         except KeyError:
             raise KeyError(f"no communicator-pool entry for group {info.name!r} and {config.to_dict()}; "
                            "CommPool.prepare was not called with it") from None
-
-
-def _call(fn: Callable[..., Any], *args: Any, group: str | None) -> Any:
-    import inspect
-
-    try:
-        takes = "group" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        takes = False
-    return fn(*args, group=group) if takes else fn(*args)
 
 
 def _flat(key: Hashable) -> tuple:

@@ -86,14 +86,15 @@ class GlooRules:
 
 
 class GlooPoolBackend:
-    """Gloo pool entries: ``n_channels`` -> worker threads of a new gloo group."""
+    """``comm_pool.PoolBackend`` on gloo: ``n_channels`` -> worker threads of a new gloo group; no device memory,
+    nothing to register or verify."""
 
     name = "gloo"
     MAX_THREADS = GLOO_MAX_THREADS
     DEFAULT_THREADS = GLOO_DEFAULT_THREADS
     """Worker threads of a gloo group built by ``new_group`` (torch 2.x)."""
 
-    def entry_key(self, config: CommConfig) -> Hashable | None:
+    def entry_key(self, config: CommConfig, group: str | None = None) -> Hashable | None:
         n = config.n_channels
         if n is None:
             return None
@@ -103,11 +104,32 @@ class GlooPoolBackend:
             return None  # the group's own communicator already has that many threads
         return ("threads", int(n))
 
-    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str) -> Any:
+    def estimate_bytes(self, config: CommConfig, group: str | None = None) -> int:
+        return 0
+
+    def preflight(self, config: CommConfig, op: str | None = None, group: str | None = None) -> None:
+        pass  # entry_key checks the threads
+
+    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str, *, group: str | None = None,
+                     parent: Any = None) -> Any:
         import torch.distributed as dist
 
         with gloo_threads(int(config.n_channels)):
             return dist.new_group(list(ranks), backend="gloo", group_desc=desc)
+
+    def tag_for(self, desc: str, group: str | None = None) -> str:
+        return desc
+
+    def register_memory(self, group: Any, pools: list[tuple[Any, bool]]) -> None:
+        pass
+
+    def verify(self) -> None:
+        pass
+
+    def destroy_group(self, group: Any) -> None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group(group)
 
 
 @contextmanager
