@@ -11,7 +11,10 @@ import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
-from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.files import write_text_atomic
+from lagom_megatron.engine.knobs import P2P_OPS, CommConfig
+from lagom_megatron.engine.plan import Plan
+from lagom_megatron.nccl.capabilities import Capabilities
 from lagom_megatron.nccl.options import (
     TUNER_COMM_TAG_ENV, TUNER_CONFIG_ENV, TUNER_NO_TABLE, build_options, check_env_conflicts, nccl_config_fields, nccl_module_parts,
     nccl_options_for, runtime_nccl_version,
@@ -168,7 +171,7 @@ def estimate_entry_bytes(n_channels: int | None, *, nvls_heads: int = 0) -> int:
 
 
 class NcclPoolBackend:
-    """Pool backend for ``megatron.comm_pool.CommPool`` on NCCL; the mechanism comes from the agreed capabilities.
+    """``megatron.pool.comm_pool.PoolBackend`` on NCCL; the mechanism comes from the agreed capabilities.
 
     With the plugin, per-call knobs come from the table, and a config setting channels gets an entry with ``min =
     max`` CTAs = the group's largest planned count: NCCL caps the tuner's ``*nChannels`` at the communicator's
@@ -184,8 +187,7 @@ class NcclPoolBackend:
         self.table_id: str | None = None
         """Table content id, equal on every rank; part of the entry key, so a new table gets new entries."""
         self.plugin_active = self.use_tuner_plugin
-        """Per-call knobs through the plan table (False: per-communicator entries, as for the warm-up probes). Changing
-        it changes ``entry_key``: call ``CommPool.invalidate_keys()`` after."""
+        """Per-call knobs through the plan table (False: per-communicator entries, as for the warm-up probes)."""
         self.cta_bound: int | None = None
         """CTA bounds of plugin-mode entries when no group applies; None = NCCL's."""
         self.cta_bounds: dict[str, int] = {}
@@ -199,11 +201,52 @@ class NcclPoolBackend:
         self._failures_before = 0
 
     @property
-    def _plugin(self) -> bool:
+    def uses_table(self) -> bool:
+        """True while per-call knobs travel through the plan table."""
         return self.use_tuner_plugin and self.plugin_active
 
+    # Each method below changes ``entry_key``: call ``CommPool.invalidate_keys()`` after it.
+    def configure(self, capabilities: Capabilities) -> None:
+        """The mechanism (``tuner``: the plugin's table) and NVLS heads of the agreed ``nccl.capabilities``."""
+        self.use_tuner_plugin = self.plugin_active = capabilities.mechanism() == "tuner"
+        self.nvls_heads = capabilities.ranks_per_node if capabilities.nvls_multicast else 0
+
+    def start_probes(self) -> bool:
+        """Per-communicator entries until the next ``set_cta_bounds`` (no table exists yet); True in plugin mode."""
+        self.plugin_active = False
+        return self.use_tuner_plugin
+
+    def set_cta_bounds(self, plan: Plan) -> bool:
+        """Plugin mode (else False, nothing set): the table's knobs again, each group's CTA bound the largest channel
+        count ``plan`` gives its collective sites; P2P entries keep their own count (NCCL never asks the plugin)."""
+        if not self.use_tuner_plugin:
+            return False
+        self.plugin_active = True
+        bounds: dict[str, int] = {}
+        p2p: dict[str, set[CommConfig]] = {}
+        for e in plan.entries.values():
+            if e.op in P2P_OPS:
+                if not e.config.is_default():
+                    p2p.setdefault(e.group, set()).add(e.config)
+            elif e.config.n_channels:
+                bounds[e.group] = max(bounds.get(e.group, 0), int(e.config.n_channels))
+        self.cta_bounds, self.cta_bound, self.p2p_configs = bounds, max(bounds.values(), default=None), p2p
+        return True
+
+    def load_table(self, plan: Plan, path: str | os.PathLike, text: str) -> bool:
+        """Plugin mode (else False, nothing written): ``set_cta_bounds(plan)``, then ``text`` (``plan`` as
+        ``nccl.export`` writes the plugin's table) at ``path`` for the entries created next. OSError: not writable
+        or not readable back."""
+        if not self.set_cta_bounds(plan):
+            return False
+        write_text_atomic(path, text)
+        with open(path, encoding="utf-8") as f:  # what the plugin will read: readable here, or fail now
+            f.read(1)
+        self.tuner_table, self.table_id = str(path), plan.digest()[:12]
+        return True
+
     def _entry_config(self, config: CommConfig, group: str | None = None) -> CommConfig:
-        if self._plugin:  # per-call knobs travel through the plugin table
+        if self.uses_table:  # per-call knobs travel through the plugin table
             if config.n_channels is None:
                 # the row leaves channels to NCCL, which starts from comm->nChannels (src/enqueue.cc:2070):
                 # an entry with NCCL's own CTA bounds, so the site runs at the count NCCL would choose
@@ -221,8 +264,8 @@ class NcclPoolBackend:
     def entry_key(self, config: CommConfig, group: str | None = None) -> tuple | None:
         """None if the group's own communicator serves ``config``, else its communicator-scope key (ValueError)."""
         entry = self._entry_config(config, group)
-        nccl_options_for(entry, use_tuner_plugin=self._plugin)  # validates
-        if config.is_default() or (not self._plugin and entry.is_default()):
+        nccl_options_for(entry, use_tuner_plugin=self.uses_table)  # validates
+        if config.is_default() or (not self.uses_table and entry.is_default()):
             return None  # e.g. only chunk_size, which needs the plugin: nothing an entry can apply
 
         def part(v: Any) -> str:
@@ -230,7 +273,7 @@ class NcclPoolBackend:
         peer = () if entry.net_peer_channels is None else ("npp", str(entry.net_peer_channels))
         if entry.high_priority_stream:
             peer += ("hp",)  # a stream priority is the process group's: its own entry
-        if self._plugin:  # the table is part of the key: the plugin reads it at communicator creation
+        if self.uses_table:  # the table is part of the key: the plugin reads it at communicator creation
             return ("plugin", part(entry.cta_policy), part(entry.cga_cluster_size), part(entry.n_channels),
                     self.table_id or "env-table", *peer)
         return ("env", part(entry.n_channels), part(entry.algorithm), part(entry.protocol),
@@ -246,16 +289,16 @@ class NcclPoolBackend:
             fields = nccl_config_fields()
         except RuntimeError:
             fields = None  # no NCCL here (CPU): checked against every known field
-        entry_options(self._entry_config(config, group), tag="_", use_tuner_plugin=self._plugin, op=op, fields=fields,
-                      nccl_version=runtime_nccl_version())
-        if self._plugin and self._inits_before is None:
+        entry_options(self._entry_config(config, group), tag="_", use_tuner_plugin=self.uses_table, op=op,
+                      fields=fields, nccl_version=runtime_nccl_version())
+        if self.uses_table and self._inits_before is None:
             status = (self.status_reader or _read_status)()
             self._inits_before = status.init_count if status is not None else 0
             self._failures_before = getattr(status, "table_failures", 0) if status is not None else 0
 
     def verify(self) -> None:
         """Plugin mode: RuntimeError unless the plugin initialised the new communicators and loaded the plan table."""
-        if not self._plugin:
+        if not self.uses_table:
             return
         before, self._inits_before = self._inits_before, None
         status = (self.status_reader or _read_status)()
@@ -283,7 +326,8 @@ class NcclPoolBackend:
                      parent: Any = None) -> Any:
         """Creates the entry (``create_nccl_pool_entry``), inheriting ``parent``'s options; collective."""
         return create_nccl_pool_entry(list(ranks), self._entry_config(config, group), tag=self.tag_for(desc, group),
-                                      use_tuner_plugin=self._plugin, tuner_table=self.tuner_table if self._plugin else None,
+                                      use_tuner_plugin=self.uses_table,
+                                      tuner_table=self.tuner_table if self.uses_table else None,
                                       inherited=parent_options(parent) if parent is not None else None)
 
     def register_memory(self, group: Any, pools: list[tuple[Any, bool]]) -> None:

@@ -17,7 +17,6 @@ from lagom_megatron.engine.cost_model import CostModel
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.engine.profile import CollectiveSite
-from lagom_megatron.megatron.control.apply import _set_cta_bounds
 from lagom_megatron.nccl.export import tuner_rows
 from lagom_megatron.nccl.pool import NcclPoolBackend
 
@@ -78,7 +77,7 @@ def test_p2p_sites_get_their_channel_count_through_the_entrys_cta_bounds(monkeyp
     })
     backend = NcclPoolBackend(use_tuner_plugin=True, tuner_table="/runs/tuner_table.rank0.csv")
     backend.table_id = "abc"
-    _set_cta_bounds(backend, plan)
+    backend.set_cta_bounds(plan)
     made = _created(monkeypatch, backend, plan)
     topology = 32  # an NVSwitch node's channels
     for sid, want in (("pp.send_recv[0]", 4), ("ep.dispatch_all_to_all[0]", 16), ("ep.combine_all_to_all[0]", 2)):
@@ -115,7 +114,7 @@ def test_a_site_that_leaves_channels_to_nccl_runs_at_nccls_own_count(monkeypatch
         "tp.sp_all_gather[1]": _entry(CommConfig(protocol="Simple"), group="tp", op="all_gather", nbytes=32 << 20),
     })
     backend = NcclPoolBackend(use_tuner_plugin=True, tuner_table="/runs/tuner_table.rank0.csv")
-    _set_cta_bounds(backend, plan)
+    backend.set_cta_bounds(plan)
     made = _created(monkeypatch, backend, plan)
     topology = 24  # DGX A100
     key8, bounded = made["tp.sp_all_gather[0]"]

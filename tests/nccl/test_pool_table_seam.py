@@ -1,6 +1,6 @@
 """The seam between the plan table and the pool in plugin mode, single process (gloo world of
 one, entry creation replaced by a stand-in that records what ``create_nccl_pool_entry`` gets):
-the table each entry is created with is the file ``RunFiles.write_tuner_table`` wrote, its rows
+the table each entry is created with is the file ``NcclPoolBackend.load_table`` wrote, its rows
 are ``export.tuner_rows(plan, extended=True)`` in order (what ``plan_hit_summary`` indexes the
 plugin's counters with), and every entry's communicator tag is ``<row commTag>/...``, which the
 plugin's ``tagMatches`` (``plugin/table.c``) accepts, for the Transformer Engine sites (named by

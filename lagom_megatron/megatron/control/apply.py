@@ -9,9 +9,11 @@ import logging
 import os
 from typing import Any, Callable
 
-from lagom_megatron.engine.knobs import P2P_OPS, CommConfig
+from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.megatron import consensus
 from lagom_megatron.megatron.outputs.run_files import say
+from lagom_megatron.nccl.export import export_plan
+from lagom_megatron.nccl.pool import NcclPoolBackend
 
 log = logging.getLogger("lagom")
 
@@ -61,11 +63,8 @@ class Applier:
             from lagom_megatron.megatron.hooks.profiler import enable_comm_timing
 
             enable_comm_timing(getattr(self.pool.groups, "_keep", []))
-        backend = self.pool.backend
-        if backend.name == "nccl":
-            backend.use_tuner_plugin = agreed.mechanism() == "tuner"
-            backend.plugin_active = backend.use_tuner_plugin
-            backend.nvls_heads = agreed.ranks_per_node if agreed.nvls_multicast else 0
+        if isinstance(self.pool.backend, NcclPoolBackend):
+            self.pool.backend.configure(agreed)
             self.pool.invalidate_keys()
         return agreed
 
@@ -112,7 +111,7 @@ class Applier:
             consensus.collective_step("env", self._check_env_unchanged)
             if plan is not None:
                 # unused probe entries are destroyed in this step: entry_key may refuse a key, a destroy can fail
-                consensus.collective_step("table", lambda: (self._check_mechanism(plan), self._write_table(plan),
+                consensus.collective_step("table", lambda: (self._check_mechanism(plan), self._load_table(plan),
                                                             self.pool.destroy(keep=needs)))
             self.pool.prepare(needs, step=consensus.collective_step, ops=ops)
         except consensus.ApplyFailed as exc:
@@ -209,17 +208,13 @@ class Applier:
             raise ValueError(f"plan {plan.digest()[:12]} was searched for mechanism {plan.mechanism!r} but this run "
                              f"applies {agreed!r} (agreed capabilities: plugin loaded {self.capabilities.plugin_loaded})")
 
-    def _write_table(self, plan: Any) -> None:
+    def _load_table(self, plan: Any) -> None:
         backend = self.pool.backend
-        if not getattr(backend, "use_tuner_plugin", False):
-            return  # gloo, or NCCL without the plugin: no table to write
-        _set_cta_bounds(backend, plan)
-        self.pool.invalidate_keys()
-        table = self.files.write_tuner_table(plan, self.cluster)
-        with open(table, encoding="utf-8") as f:  # what the plugin will read: readable here, or fail now
-            f.read(1)
-        backend.tuner_table, backend.table_id = str(table), plan.digest()[:12]
-        self.table_plan = plan  # the rows the plugin loaded (hits are counted against them, hits.py)
+        if isinstance(backend, NcclPoolBackend) and backend.use_tuner_plugin:  # else no table to write
+            table = export_plan(plan, "nccl-tuner-csv", extended=True, cluster=self.cluster)
+            backend.load_table(plan, self.files.tuner_table, table)
+            self.pool.invalidate_keys()
+            self.table_plan = plan  # the rows the plugin loaded (hits are counted against them, observed.py)
 
     def revert(self, reason: str) -> None:
         """Every rank: NCCL's defaults for every site, every pool entry destroyed, one error logged."""
@@ -243,11 +238,11 @@ class Applier:
     # ------------------------------------------------------------------ budget
     def fit_plan_to_budget(self, plan: Any) -> Any:
         """``plan`` with the entries of least predicted gain set to the defaults until the pool fits its budget."""
-        budget = self.pool.budget_bytes
-        estimate = getattr(self.pool.backend, "estimate_bytes", None)
-        if budget is None or estimate is None:
+        budget, backend = self.pool.budget_bytes, self.pool.backend
+        if budget is None or not isinstance(backend, NcclPoolBackend):
             return plan
-        self._set_bound_for(plan)
+        if backend.set_cta_bounds(plan):
+            self.pool.invalidate_keys()
         by_key: dict[tuple[str, Any], list[str]] = {}
         cost: dict[tuple[str, Any], int] = {}
         for sid, e in plan.entries.items():
@@ -277,27 +272,3 @@ class Applier:
         say(f"lagom: WARNING: {len(dropped)} site(s) keep NCCL's defaults: their communicator-pool entries would pass "
             f"the budget of {budget / 2**20:.0f} MiB per rank (--lagom-pool-budget-mib)")
         return dataclasses.replace(plan, entries=entries, stats={**plan.stats, "sites_dropped_for_budget": len(dropped)})
-
-    def _set_bound_for(self, plan: Any) -> None:
-        backend = self.pool.backend
-        if getattr(backend, "use_tuner_plugin", False):
-            _set_cta_bounds(backend, plan)
-            self.pool.invalidate_keys()
-
-
-def _set_cta_bounds(backend: Any, plan: Any) -> None:
-    """Plugin mode: each group's CTA bound is the largest channel count ``plan`` gives its collective sites;
-    P2P entries keep their own count (NCCL never asks the plugin about P2P)."""
-    backend.plugin_active = True
-    bounds: dict[str, int] = {}
-    p2p: dict[str, set[CommConfig]] = {}
-    for e in plan.entries.values():
-        if e.op in P2P_OPS:
-            if not e.config.is_default():
-                p2p.setdefault(e.group, set()).add(e.config)
-        elif e.config.n_channels:
-            bounds[e.group] = max(bounds.get(e.group, 0), int(e.config.n_channels))
-    backend.cta_bounds = bounds
-    backend.cta_bound = max(bounds.values(), default=None)
-    if hasattr(backend, "p2p_configs"):
-        backend.p2p_configs = p2p

@@ -105,6 +105,8 @@ class RunFiles:
         self.run_dir = Path(plan_path).parent if plan_path else Path(DEFAULT_RUN_DIR) / (preset_name or "run")
         self.plan_path = Path(plan_path) if plan_path else self.run_dir / "plan.json"
         self.profile_path = self.run_dir / "profile.json"
+        self.tuner_table = self.run_dir / f"tuner_table.rank{rank}.csv"
+        """This rank's copy of the plan as the tuner plugin reads it (``NcclPoolBackend.load_table`` writes it)."""
         self.report_path = Path(report_path) if report_path else self.run_dir / "report.md"
         self.plan_given = bool(plan_path)
         self.report_given = bool(report_path)
@@ -288,15 +290,6 @@ class RunFiles:
                 "which could not be reused nor moved aside")
             return
         profile.save(self.profile_path)
-
-    def write_tuner_table(self, plan: Any, cluster: Any) -> Path:
-        """Writes this rank's copy of the plan as the tuner plugin's table (extended CSV), atomically."""
-        from lagom_megatron.engine.files import write_text_atomic
-        from lagom_megatron.nccl.export import export_plan
-
-        table = self.run_dir / f"tuner_table.rank{self.rank}.csv"
-        write_text_atomic(table, export_plan(plan, "nccl-tuner-csv", extended=True, cluster=cluster))
-        return table
 
 
 def run_fingerprint(args: Any, *, backend: str, cluster: str) -> dict[str, Any]:
