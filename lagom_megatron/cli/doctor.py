@@ -1,7 +1,7 @@
-"""``lagom doctor``: pre-flight checks (``training.preflight``) of a preset or a ``pretrain_gpt.py`` command line.
+"""``lagom doctor``: pre-flight checks (``preflight/``) of a preset or a ``pretrain_gpt.py`` command line.
 
-Exit 0 without errors, 1 with some, 2 on bad input. The cluster is ``training.target_cluster``'s; this machine
-is checked only when it can be one of its nodes. ``--megatron-lm``: ``launch.megatron_lm_traps``.
+Exit 0 without errors, 1 with some, 2 on bad input. The cluster is ``preflight.cluster``'s; this machine
+is checked only when it can be one of its nodes. ``--megatron-lm``: ``preflight.megatron_lm``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import os
 
 from lagom_megatron.cli.options import int_range
-from lagom_megatron.preflight.check import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, env_count
+from lagom_megatron.engine.cluster import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
 
     from lagom_megatron.launch.doctor import check_command_line, errors, plugin_abi_line, run_doctor
     from lagom_megatron.launch.megatron_args import argv_to_args
-    from lagom_megatron.preflight.cluster import choose_cluster, mismatch, this_machine
+    from lagom_megatron.preflight.check import env_count
+    from lagom_megatron.preflight.cluster import choose_cluster, cluster_field, mismatch, this_machine
 
     argv = list(args.argv)
     if argv and argv[0] == "--":
@@ -94,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
         if release is None:
             installed = installed_megatron_core()
             release = f"core_v{installed.version}" if installed is not None else "core_v0.16.1"
-        backend = cluster.get("backend") if isinstance(cluster, dict) else getattr(cluster, "backend", "nccl")
-        traps = megatron_lm_traps(parsed, release, local=local, on_gpu=backend != "gloo")
+        traps = megatron_lm_traps(parsed, release, local=local, on_gpu=cluster_field(cluster, "backend") != "gloo")
         findings = traps + run_doctor(parsed, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
                                       preset_env=preset_env, local=local)
     elif args.megatron_lm_release:

@@ -17,6 +17,9 @@ from lagom_megatron.engine.files import yaml_error_text
 CLUSTERS_DIR = configs_dir()[0] / "clusters"
 PROTOCOLS = ("LL", "LL128", "Simple")
 """NCCL protocol names, as ``engine.knobs.PROTOCOLS`` (which imports this module; a test keeps them equal)."""
+MAX_GPUS_PER_NODE = 1024
+MAX_WORLD_SIZE = 1 << 20
+"""Bounds of a job's shape (``lagom doctor --gpus-per-node``, ``--world-size``, ``$WORLD_SIZE``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

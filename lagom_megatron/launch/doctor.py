@@ -1,6 +1,6 @@
 """``lagom doctor``: the pre-flight checks of a training run, for a target cluster.
 
-The checks are ``training.preflight.check_run``, which ``scripts/pretrain_gpt.py`` runs too; this module
+The checks are ``preflight.check.check_run``, which ``scripts/pretrain_gpt.py`` runs too; this module
 adds command-line parsing, a target cluster other than this machine, and a patched Megatron-LM's entry."""
 
 from __future__ import annotations
@@ -8,17 +8,20 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from lagom_megatron.preflight.check import RULES, STOP, check_run, detect_cluster, resolve, run_rules
-from lagom_megatron.preflight.environment import BLACKWELL_SM_ARCH, rule_nccl_env
-from lagom_megatron.preflight.types import Finding, Level, RunShape
+from lagom_megatron.preflight.cluster import cluster_field
+from lagom_megatron.preflight.environment import rule_nccl_env
+from lagom_megatron.preflight.types import Finding
+from lagom_megatron.training.argument_checks import check_installed, validate_args
+from lagom_megatron.training.arguments import parse_args
 
-__all__ = ["BLACKWELL_SM_ARCH", "RULES", "Finding", "Level", "RunShape", "resolve", "run_doctor", "errors",
-           "preflight", "detect_cluster", "preflight_pretrain", "check_command_line", "plugin_abi_line"]
+__all__ = ["RULES", "Finding", "run_doctor", "errors", "preflight", "detect_cluster", "preflight_pretrain",
+           "check_command_line", "plugin_abi_line"]
 
 
 def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
                world_size: int | None = None, gpus_per_node: int | None = None,
                preset_env: Mapping[str, str] | None = None, local: bool = False) -> list[Finding]:
-    """Runs every rule of the shared pre-flight (``training.preflight.run_rules``).
+    """Runs every rule of the shared pre-flight (``preflight.check.run_rules``).
 
     ``cluster``: a ClusterSpec, its name, a dict/object with ``gpus_per_node``, ``sm_arch``, ``nccl_version``,
     ``backend``, or None (the preset's, else ``args.lagom_cluster``). ``local``: the run starts here (folders,
@@ -30,11 +33,9 @@ def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cl
 def check_command_line(argv: list[str], world_size: int | None, environ: Mapping[str, str] | None = None,
                        cluster: Any = None, *, gpus_per_node: int | None = None,
                        preset_env: Mapping[str, str] | None = None, local: bool = False) -> list[Finding]:
-    """The verdict of ``scripts/pretrain_gpt.py`` on a command line: its parser, then ``check_run(ours=True)``.
+    """The verdict of ``scripts/pretrain_gpt.py`` on a command line: its parser, then ``check_run`` with its checks.
 
     A line without a data source is checked as with ``--mock-data`` (a warning); ``world_size`` None: TP x PP x CP."""
-    from lagom_megatron.training.arguments import parse_args
-
     try:
         ns = parse_args(argv, exit_on_error=False)
     except (ValueError, FileNotFoundError) as exc:
@@ -59,7 +60,7 @@ def check_command_line(argv: list[str], world_size: int | None, environ: Mapping
                                               "context_parallel_size")]
         world_size = sizes[0] * sizes[1] * sizes[2] if all(isinstance(v, int) and v >= 1 for v in sizes) else 1
     return out + check_run(ns, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
-                           preset_env=preset_env, local=local, ours=True)
+                           preset_env=preset_env, local=local, validate=validate_args, installed=check_installed)
 
 
 def plugin_abi_line(environ: Mapping[str, str], cluster: Any) -> str | None:
@@ -68,10 +69,9 @@ def plugin_abi_line(environ: Mapping[str, str], cluster: Any) -> str | None:
     None on gloo or when the variable names no loadable absolute path."""
     from lagom_megatron.nccl.plugin_launch import plugin_abi_report
 
-    field = cluster.get if isinstance(cluster, dict) else (lambda k: getattr(cluster, k, None))
-    if field("backend") == "gloo":
+    if cluster_field(cluster, "backend") == "gloo":
         return None
-    version = field("nccl_version")
+    version = cluster_field(cluster, "nccl_version")
     line, _ = plugin_abi_report(environ, nccl_version=str(version) if version else None)
     return f"lagom doctor: {line}" if line else None
 

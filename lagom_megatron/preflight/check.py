@@ -8,7 +8,6 @@ import copy
 import os
 from typing import Any, Callable, Mapping
 
-from lagom_megatron.training.arguments import LAYOUT_FLAGS
 from lagom_megatron.preflight.environment import rule_comm_config
 from lagom_megatron.preflight.environment import rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides
 from lagom_megatron.preflight.files import rule_master_port, rule_output_folders, rule_output_names, rule_plan_lock
@@ -20,9 +19,7 @@ from lagom_megatron.preflight.layout import (
 from lagom_megatron.preflight.types import Finding, RunShape
 from lagom_megatron.preflight.lagom_flags import rule_lagom_flags
 from lagom_megatron.preflight.values import rule_megatron_flags, rule_values, rule_versions
-from lagom_megatron.preflight.cluster import (  # noqa: F401 (load_cluster, cuda_certainly_absent: public here too)
-    choose_cluster, cuda_certainly_absent, load_cluster, mismatch, this_machine,
-)
+from lagom_megatron.preflight.cluster import choose_cluster, cluster_field, load_cluster
 
 ARGUMENT_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_values, rule_megatron_flags, rule_lagom_flags, rule_world_size, rule_batch, rule_heads, rule_layers,
@@ -42,24 +39,12 @@ RULES: tuple[Callable[[RunShape], list[Finding]], ...] = ARGUMENT_RULES + MACHIN
 STOP = "the run stops here with exit code 2, before any rank starts"
 
 
-def _field(cluster: Any, name: str) -> Any:
-    if cluster is None:
-        return None
-    if isinstance(cluster, Mapping):
-        return cluster.get(name)
-    return getattr(cluster, name, None)
-
-
 def _int_env(environ: Mapping[str, str], *names: str) -> int | None:
     for name in names:
         value = environ.get(name)
         if value and value.strip().isdigit():
             return int(value)
     return None
-
-
-MAX_WORLD_SIZE = 1 << 20
-MAX_GPUS_PER_NODE = 1024
 
 
 def env_count(environ: Mapping[str, str], name: str, hi: int, default_of: str) -> int | None:
@@ -114,14 +99,14 @@ def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, clust
     if world_size is None:
         world_size = args.get("world_size") or _int_env(environ, "WORLD_SIZE")
     if gpus_per_node is None:
-        gpus_per_node = _field(cluster, "gpus_per_node")
+        gpus_per_node = cluster_field(cluster, "gpus_per_node")
         if gpus_per_node is None:
             gpus_per_node = _int_env(environ, "LOCAL_WORLD_SIZE", "SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE")
     return RunShape(
         args=args, environ=environ, world_size=None if world_size is None else int(world_size),
         gpus_per_node=None if gpus_per_node is None else int(gpus_per_node),
-        sm_arch=_field(cluster, "sm_arch"), nccl_version=_field(cluster, "nccl_version"),
-        backend=str(_field(cluster, "backend") or "nccl"), preset_env=preset_env, local=local,
+        sm_arch=cluster_field(cluster, "sm_arch"), nccl_version=cluster_field(cluster, "nccl_version"),
+        backend=str(cluster_field(cluster, "backend") or "nccl"), preset_env=preset_env, local=local,
     )
 
 
@@ -138,112 +123,22 @@ def run_rules(shape: RunShape, *, machine: bool = True) -> list[Finding]:
 
 def check_run(args: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
               world_size: int | None = None, gpus_per_node: int | None = None,
-              preset_env: Mapping[str, str] | None = None, local: bool = False,
-              ours: bool = False, machine: bool = True) -> list[Finding]:
-    """The verdict on one run, in rule order; ``ours``: also ``validate_args`` on a copy of ``pretrain_gpt.py``'s
-    namespace. ``machine`` False: :data:`ARGUMENT_RULES` only, installed libraries not checked."""
-    from lagom_megatron.training.argument_checks import check_installed, validate_args
-
+              preset_env: Mapping[str, str] | None = None, local: bool = False, machine: bool = True,
+              validate: Callable[[Any, int], Any] | None = None,
+              installed: Callable[..., None] | None = None) -> list[Finding]:
+    """The verdict on one run, in rule order. ``validate(ns, world_size)`` and, local with ``machine``,
+    ``installed(ns, on_gpu=...)``: the trainer's own checks on a copy of ``args`` (ValueError, FileNotFoundError:
+    a ``pretrain-args`` error). ``machine`` False: :data:`ARGUMENT_RULES` only."""
     shape = resolve(args, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
                     preset_env=preset_env, local=local)
     findings = run_rules(shape, machine=machine)
-    if ours and not any(f.level == "error" for f in findings):
+    if validate is not None and not any(f.level == "error" for f in findings):
         ns = copy.deepcopy(args)
         try:
-            validate_args(ns, shape.world_size or 1)
-            if local and machine:
-                check_installed(ns, on_gpu=shape.backend == "nccl")
+            validate(ns, shape.world_size or 1)
+            if installed is not None and local and machine:
+                installed(ns, on_gpu=shape.backend == "nccl")
         except (ValueError, FileNotFoundError) as exc:
-            findings.insert(0, Finding("error", "pretrain-args", str(exc), STOP,
-                                       "change the value named (python scripts/pretrain_gpt.py --help lists the flags)"))
+            fix = "change the value named (python scripts/pretrain_gpt.py --help lists the flags)"
+            findings.insert(0, Finding("error", "pretrain-args", str(exc), STOP, fix))
     return findings
-
-
-def preset_world_problem(args: Any, world_size: int) -> Finding | None:
-    """A ``preset-world-size`` Finding when the job's world size differs from the preset's, else None:
-    an error (another layout would train silently), a warning when ``LAYOUT_FLAGS`` are on the command line."""
-    want = getattr(args, "preset_world_size", None)
-    if want is None or want == world_size:
-        return None
-    from lagom_megatron.config.presets import load_preset
-
-    mp = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
-    layout = (f"TP={args.tensor_model_parallel_size} x PP={args.pipeline_model_parallel_size} x "
-              f"CP={args.context_parallel_size} x DP={world_size // mp}")
-    name = args.preset_name
-    given = getattr(args, "layout_flags_given", ())
-    ranks = f"this job has {world_size} process{'es' if world_size != 1 else ''} (WORLD_SIZE={world_size})"
-    if given:
-        return Finding("warning", "preset-world-size",
-                       f"preset {name!r} is for world size {want} but {ranks}: training {layout}, the layout "
-                       f"{', '.join(given)} give{'s' if len(given) == 1 else ''}",
-                       "the command line names the layout itself", f"launch {want} processes for the preset's own layout")
-    slurm = load_preset(args.preset).slurm if getattr(args, "preset", None) else None
-    if slurm is not None and slurm.nodes > 1:
-        launch = (f"launch it on {slurm.nodes} nodes x {slurm.gpus_per_node} GPUs "
-                  f"(scripts/slurm/lagom_pretrain.sbatch --preset {name})")
-    else:
-        launch = f"launch it with torchrun --nproc-per-node {want}"
-    return Finding("error", "preset-world-size",
-                   f"preset {name!r} is for world size {want} but {ranks}, which would train {layout} instead of "
-                   f"the preset's DP={want // mp}: {launch}, or give the layout on the command line "
-                   f"({', '.join(LAYOUT_FLAGS)}) to train another one on {world_size} process{'es' if world_size != 1 else ''}",
-                   STOP, launch)
-
-
-def pretrain_preflight(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *,
-                       log: Callable[[str], None] | None = None) -> int:
-    """``pretrain_gpt.py``'s pre-flight before any process group: 0 = start, 2 = stop (rank 0 prints the first
-    error; with ``--lagom`` it locks every output folder). Sets ``args.lagom_cluster`` to a cluster file's name."""
-    from lagom_megatron.preflight.files import hold_run_locks
-
-    environ = os.environ if environ is None else environ
-    rank0 = environ.get("RANK", "0") == "0"
-
-    def say(line: str) -> None:
-        if rank0:
-            (log or (lambda s: print(s, flush=True)))(line)
-
-    def refused(findings: list[Finding]) -> bool:
-        bad = [f for f in findings if f.level == "error"]
-        if bad:  # one line: the first error; lagom doctor prints all of them with why and fix
-            more = f" (and {len(bad) - 1} more error(s): lagom doctor lists them)" if len(bad) > 1 else ""
-            say(f"pretrain_gpt.py: error: {bad[0].what}{more}")
-        return bool(bad)
-
-    try:
-        world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "the job's world size") or 1
-        # what the arguments alone refuse first: the same line as the doctor's, and no torch import
-        # (detecting a GPU takes seconds) for a line that cannot start anyway
-        if refused(check_run(args, environ, None, world_size=world_size, local=True, ours=True, machine=False)):
-            return 2
-        preset_world = preset_world_problem(args, world_size)  # the arguments passed: they divide this world
-        if preset_world is not None:
-            if refused([preset_world]):
-                return 2
-            say(f"pretrain_gpt.py: warning: {preset_world.what}")
-        machine = this_machine()
-        target = choose_cluster(getattr(args, "preset_name", None), environ, getattr(args, "lagom_cluster", None),
-                                "--lagom-cluster", machine)
-        problem = mismatch(target, machine)
-        if problem:
-            say(f"pretrain_gpt.py: error: {problem}")
-            return 2
-        findings = check_run(args, environ, target.cluster, world_size=world_size, local=True, ours=True)
-        if not isinstance(target.cluster, Mapping):  # lagom's cost model starts from the same cluster
-            args.lagom_cluster = target.name
-    except ValueError as exc:
-        say(f"pretrain_gpt.py: error: {exc}")
-        return 2
-    if refused(findings):
-        return 2
-    if getattr(args, "lagom", False):
-        for f in findings:
-            say(f"lagom doctor: {f}")
-        if rank0:
-            try:
-                hold_run_locks(vars(args), environ)
-            except ValueError as exc:
-                say(f"pretrain_gpt.py: error: {exc}")
-                return 2
-    return 0

@@ -61,7 +61,7 @@ def cuda_certainly_absent() -> bool:
     return False
 
 
-def _field(cluster: Any, name: str) -> Any:
+def cluster_field(cluster: Any, name: str) -> Any:
     if isinstance(cluster, Mapping):
         return cluster.get(name)
     return getattr(cluster, name, None)
@@ -115,7 +115,7 @@ class Target:
     @property
     def name(self) -> str:
         """The cluster's name (``this machine's GPU`` for a GPU without a cluster file)."""
-        return str(_field(self.cluster, "name") or "this machine's GPU")
+        return str(cluster_field(self.cluster, "name") or "this machine's GPU")
 
     def reason(self) -> str:
         """Why this cluster, in words, with what would choose another."""
@@ -129,10 +129,10 @@ class Target:
 
     def describe(self) -> str:
         """``cluster 'h100-sxm-ib400' (NCCL 2.27.5, sm_90 GPUs)`` or ``cluster 'cpu-gloo' (gloo, CPU)``."""
-        if _field(self.cluster, "backend") == "gloo":
+        if cluster_field(self.cluster, "backend") == "gloo":
             return f"cluster {self.name!r} (gloo, CPU)"
-        return (f"cluster {self.name!r} (NCCL {_field(self.cluster, 'nccl_version')}, "
-                f"sm_{_field(self.cluster, 'sm_arch')} GPUs)")
+        return (f"cluster {self.name!r} (NCCL {cluster_field(self.cluster, 'nccl_version')}, "
+                f"sm_{cluster_field(self.cluster, 'sm_arch')} GPUs)")
 
 
 def choose_cluster(preset_name: str | None, environ: Mapping[str, str] | None = None, given: str | None = None,
@@ -161,7 +161,7 @@ def choose_cluster(preset_name: str | None, environ: Mapping[str, str] | None = 
 def mismatch(target: Target, machine: Machine) -> str | None:
     """One line on why this machine cannot run ``target`` (an NCCL cluster without CUDA, or another
     ``sm_arch``) and the flag that chooses another cluster; None when it can (gloo runs anywhere)."""
-    if _field(target.cluster, "backend") != "nccl":
+    if cluster_field(target.cluster, "backend") != "nccl":
         return None
     chosen = f"{target.chosen_by} is for" if target.source == "preset" else f"{target.chosen_by} chose"
     # the flag is on the line already when it chose the cluster: say what to give it instead
@@ -170,7 +170,7 @@ def mismatch(target: Target, machine: Machine) -> str | None:
         return (f"{chosen} {target.describe()} but this machine has {machine.describe()} ({CPU_CLUSTER}); "
                 f"run it on that cluster (lagom doctor checks it from here), or to run it on CPU anyway "
                 f"{'use' if instead else 'add'} --lagom-cluster {CPU_CLUSTER}{instead}")
-    sm = _field(target.cluster, "sm_arch")
+    sm = cluster_field(target.cluster, "sm_arch")
     if sm and machine.sm_arch and int(sm) != machine.sm_arch:
         from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
 

@@ -216,16 +216,6 @@ def hold_run_locks(args: Mapping[str, Any], environ: Mapping[str, str] | None = 
         raise
 
 
-def hold_plan_lock(plan: str, environ: Mapping[str, str] | None = None) -> Path:
-    """:func:`hold_folder_lock` on the plan's folder."""
-    return hold_folder_lock(Path(plan).parent, environ, value=str(plan))
-
-
-def release_plan_lock(plan: str) -> None:
-    """Releases the lock :func:`hold_plan_lock` took."""
-    release_folder_lock(Path(plan).parent)
-
-
 def release_folder_lock(folder: str | os.PathLike) -> None:
     """Releases a lock :func:`hold_folder_lock` took."""
     fd = _HELD.pop(_folder_key(folder), None)

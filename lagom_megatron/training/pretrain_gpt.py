@@ -10,11 +10,16 @@ import io
 import os
 import sys
 from pathlib import Path
+from typing import Any, Callable, Mapping
 
+from lagom_megatron.engine.cluster import MAX_WORLD_SIZE
 from lagom_megatron.megatron.hooks.versions import UntestedVersionError, check_versions
-from lagom_megatron.training.argument_checks import validate_args
-from lagom_megatron.training.arguments import parse_args
-from lagom_megatron.preflight.check import pretrain_preflight
+from lagom_megatron.preflight.check import STOP, check_run, env_count
+from lagom_megatron.preflight.cluster import choose_cluster, mismatch, this_machine
+from lagom_megatron.preflight.files import hold_run_locks
+from lagom_megatron.preflight.types import Finding
+from lagom_megatron.training.argument_checks import check_installed, validate_args
+from lagom_megatron.training.arguments import LAYOUT_FLAGS, parse_args
 
 
 def _single_process_env() -> None:
@@ -61,6 +66,98 @@ def _refused(code: int, rank0: bool) -> int:
 
         time.sleep(REFUSAL_GRACE_S)
     return code
+
+
+def preset_world_problem(args: Any, world_size: int) -> Finding | None:
+    """A ``preset-world-size`` Finding when the job's world size differs from the preset's, else None:
+    an error (another layout would train silently), a warning when ``LAYOUT_FLAGS`` are on the command line."""
+    want = getattr(args, "preset_world_size", None)
+    if want is None or want == world_size:
+        return None
+    from lagom_megatron.config.presets import load_preset
+
+    mp = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
+    layout = (f"TP={args.tensor_model_parallel_size} x PP={args.pipeline_model_parallel_size} x "
+              f"CP={args.context_parallel_size} x DP={world_size // mp}")
+    name = args.preset_name
+    given = getattr(args, "layout_flags_given", ())
+    processes = f"{world_size} process{'es' if world_size != 1 else ''}"
+    ranks = f"this job has {processes} (WORLD_SIZE={world_size})"
+    if given:
+        return Finding("warning", "preset-world-size",
+                       f"preset {name!r} is for world size {want} but {ranks}: training {layout}, the layout "
+                       f"{', '.join(given)} give{'s' if len(given) == 1 else ''}",
+                       "the command line names the layout itself",
+                       f"launch {want} processes for the preset's own layout")
+    slurm = load_preset(args.preset).slurm if getattr(args, "preset", None) else None
+    if slurm is not None and slurm.nodes > 1:
+        launch = (f"launch it on {slurm.nodes} nodes x {slurm.gpus_per_node} GPUs "
+                  f"(scripts/slurm/lagom_pretrain.sbatch --preset {name})")
+    else:
+        launch = f"launch it with torchrun --nproc-per-node {want}"
+    return Finding("error", "preset-world-size",
+                   f"preset {name!r} is for world size {want} but {ranks}, which would train {layout} instead of "
+                   f"the preset's DP={want // mp}: {launch}, or give the layout on the command line "
+                   f"({', '.join(LAYOUT_FLAGS)}) to train another one on {processes}",
+                   STOP, launch)
+
+
+def pretrain_preflight(args: Any, environ: Mapping[str, str] | None = None, *,
+                       log: Callable[[str], None] | None = None) -> int:
+    """``pretrain_gpt.py``'s pre-flight before any process group: 0 = start, 2 = stop (rank 0 prints the first
+    error; with ``--lagom`` it locks every output folder). Sets ``args.lagom_cluster`` to a cluster file's name."""
+    environ = os.environ if environ is None else environ
+    rank0 = environ.get("RANK", "0") == "0"
+
+    def say(line: str) -> None:
+        if rank0:
+            (log or (lambda s: print(s, flush=True)))(line)
+
+    def refused(findings: list[Finding]) -> bool:
+        bad = [f for f in findings if f.level == "error"]
+        if bad:  # one line: the first error; lagom doctor prints all of them with why and fix
+            more = f" (and {len(bad) - 1} more error(s): lagom doctor lists them)" if len(bad) > 1 else ""
+            say(f"pretrain_gpt.py: error: {bad[0].what}{more}")
+        return bool(bad)
+
+    try:
+        world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "the job's world size") or 1
+        # what the arguments alone refuse first: the same line as the doctor's, and no torch import
+        # (detecting a GPU takes seconds) for a line that cannot start anyway
+        if refused(check_run(args, environ, None, world_size=world_size, local=True, machine=False,
+                               validate=validate_args)):
+            return 2
+        preset_world = preset_world_problem(args, world_size)  # the arguments passed: they divide this world
+        if preset_world is not None:
+            if refused([preset_world]):
+                return 2
+            say(f"pretrain_gpt.py: warning: {preset_world.what}")
+        machine = this_machine()
+        target = choose_cluster(getattr(args, "preset_name", None), environ, getattr(args, "lagom_cluster", None),
+                                "--lagom-cluster", machine)
+        problem = mismatch(target, machine)
+        if problem:
+            say(f"pretrain_gpt.py: error: {problem}")
+            return 2
+        findings = check_run(args, environ, target.cluster, world_size=world_size, local=True,
+                             validate=validate_args, installed=check_installed)
+        if not isinstance(target.cluster, Mapping):  # lagom's cost model starts from the same cluster
+            args.lagom_cluster = target.name
+    except ValueError as exc:
+        say(f"pretrain_gpt.py: error: {exc}")
+        return 2
+    if refused(findings):
+        return 2
+    if getattr(args, "lagom", False):
+        for f in findings:
+            say(f"lagom doctor: {f}")
+        if rank0:
+            try:
+                hold_run_locks(vars(args), environ)
+            except ValueError as exc:
+                say(f"pretrain_gpt.py: error: {exc}")
+                return 2
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -96,8 +96,8 @@ def doctor(argv, monkeypatch, capsys, *, world=4, env=None, options=()) -> Outco
 def hold_lock_elsewhere(plan: Path) -> subprocess.Popen:
     """Another process (another job) that holds ``plan``'s lock until killed; returns once it holds it."""
     code = ("import sys, time\n"
-            "from lagom_megatron.preflight.files import hold_plan_lock\n"
-            f"hold_plan_lock({str(plan)!r}, {{'SLURM_JOB_ID': '4242'}})\n"
+            "from lagom_megatron.preflight.files import hold_folder_lock\n"
+            f"hold_folder_lock({str(plan.parent)!r}, {{'SLURM_JOB_ID': '4242'}}, value={str(plan)!r})\n"
             "print('held', flush=True)\n"
             "time.sleep(3600)\n")  # killed by the test; never a limit the test could outlast
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)

@@ -198,10 +198,10 @@ def test_10_plan_in_use_by_another_job(tmp_path, monkeypatch, capsys):
     finally:
         other.kill()
         other.wait()
-    from lagom_megatron.preflight.files import release_plan_lock
+    from lagom_megatron.preflight.files import release_folder_lock
 
     t = train([*CPU, "--lagom", "--lagom-plan", str(plan)], monkeypatch, capsys)  # free again: this run takes it
-    release_plan_lock(str(plan))
+    release_folder_lock(plan.parent)
     assert (t.code, t.started) == (0, True)
 
 

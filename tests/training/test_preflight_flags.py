@@ -270,7 +270,7 @@ def test_cuda_absence_is_read_without_importing_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=COMMAND_S)
     assert out.stdout.strip() == "exit 2 False", (out.stdout, out.stderr)
     assert "--init-method-std -1.0 is out of range" in out.stderr
-    from lagom_megatron.preflight.check import cuda_certainly_absent
+    from lagom_megatron.preflight.cluster import cuda_certainly_absent
 
     import torch
 
@@ -280,12 +280,13 @@ def test_cuda_absence_is_read_without_importing_torch(tmp_path):
 def test_arguments_are_refused_before_the_machine_is_detected(monkeypatch, capsys):
     """Where finding the GPU would import torch, the argument rules run first: a refused line never
     reaches ``this_machine``; a valid one does, and gets the full verdict."""
-    import lagom_megatron.preflight.check as preflight
+    import lagom_megatron.preflight.cluster as cluster
     from lagom_megatron.preflight.cluster import Machine
+    from lagom_megatron.training import pretrain_gpt
 
     detected = []
-    monkeypatch.setattr(preflight, "cuda_certainly_absent", lambda: False)
-    monkeypatch.setattr(preflight, "this_machine", lambda: detected.append(1) or Machine(cuda=False))
+    monkeypatch.setattr(cluster, "cuda_certainly_absent", lambda: False)
+    monkeypatch.setattr(pretrain_gpt, "this_machine", lambda: detected.append(1) or Machine(cuda=False))
     t = train([*CPU, "--recompute-num-layers", "0"], monkeypatch, capsys, world=4)
     assert (t.code, t.started, detected) == (2, False, [])
     assert t.errors == ["pretrain_gpt.py: error: --recompute-num-layers 0 is out of range; allowed: an integer >= 1"]

@@ -67,10 +67,10 @@ PRESETS = sorted(p.stem for p in (CONFIGS_DIR / "presets").glob("*.yaml"))
 def _same_verdict(argv, world, env, monkeypatch, capsys):
     d = doctor(argv, monkeypatch, capsys, world=world, env=env)
     t = train(argv, monkeypatch, capsys, world=world, env=env)
-    from lagom_megatron.preflight.files import _HELD, release_plan_lock
+    from lagom_megatron.preflight.files import _HELD, release_folder_lock
 
     for held in list(_HELD):
-        release_plan_lock(held)
+        release_folder_lock(held)
     assert d.refused == t.refused, (d, t)
     assert t.started == (not t.refused)
     if t.refused:
@@ -128,10 +128,12 @@ def test_doctor_and_training_agree_on_every_preset(tmp_path, monkeypatch, capsys
 
 def test_cpu_presets_may_start():
     """The CPU presets are the demo: the shared pre-flight must let them start here."""
-    from lagom_megatron.training.arguments import parse_args
     from lagom_megatron.preflight.check import check_run, detect_cluster
+    from lagom_megatron.training.argument_checks import check_installed, validate_args
+    from lagom_megatron.training.arguments import parse_args
 
     for name in ("cpu-tp2-dp2", "cpu-pp2-dp2"):
         ns = parse_args(["--preset", name, "--mock-data"], exit_on_error=False)
-        found = check_run(ns, {}, detect_cluster(name, {}), world_size=4, local=True, ours=True)
+        found = check_run(ns, {}, detect_cluster(name, {}), world_size=4, local=True,
+                          validate=validate_args, installed=check_installed)
         assert [f for f in found if f.level == "error"] == []

@@ -1,10 +1,10 @@
 """A preset names a layout and its world size: launched with another process count it is refused before
-any rank starts, unless the command line names the layout itself (``training.preflight.preset_world_problem``)."""
+any rank starts, unless the command line names the layout itself (``training.pretrain_gpt.preset_world_problem``)."""
 
 from __future__ import annotations
 
 from lagom_megatron.training.arguments import parse_args
-from lagom_megatron.preflight.check import preset_world_problem
+from lagom_megatron.training.pretrain_gpt import preset_world_problem
 from tests.training.preflight_harness import train
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
