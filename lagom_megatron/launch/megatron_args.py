@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from lagom_megatron.preflight.types import flag
+
 STORE_FALSE_FLAGS: dict[str, str] = {
     "add_bias_linear": "--disable-bias-linear",
     "overlap_p2p_comm": "--no-overlap-p2p-communication",
@@ -21,15 +23,6 @@ STORE_FALSE_FLAGS: dict[str, str] = {
 }
 """Destinations whose Megatron-LM flag stores False (default True there)."""
 
-NOT_MEGATRON_ARGS: frozenset[str] = frozenset()
-"""Preset destinations with no Megatron-LM flag."""
-
-
-def flag(dest: str) -> str:
-    """``tensor_model_parallel_size`` -> ``--tensor-model-parallel-size``."""
-    return "--" + dest.replace("_", "-")
-
-
 def args_to_argv(args: dict[str, Any]) -> list[str]:
     """Argparse destinations as Megatron-LM flags, in the order of ``args``.
 
@@ -37,7 +30,7 @@ def args_to_argv(args: dict[str, Any]) -> list[str]:
     and its items. ``num_query_groups`` adds ``--group-query-attention``, which Megatron-LM requires."""
     argv: list[str] = []
     for dest, value in args.items():
-        if dest in NOT_MEGATRON_ARGS or value is None:
+        if value is None:
             continue
         if dest in STORE_FALSE_FLAGS:
             if value is False:

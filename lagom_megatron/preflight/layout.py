@@ -3,7 +3,7 @@ numbers: Megatron-LM core_v0.16.1 ``megatron/training/arguments.py``, megatron-c
 
 from __future__ import annotations
 
-from lagom_megatron.preflight.types import Finding, RunShape
+from lagom_megatron.preflight.types import Finding, RunShape, flag
 
 
 POSITIVE_INTEGERS: tuple[tuple[str, str], ...] = (
@@ -31,10 +31,6 @@ POSITIVE_INTEGERS: tuple[tuple[str, str], ...] = (
 """(argparse destination, why) of flags that must be positive integers when given."""
 
 
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
 def rule_positive(s: RunShape) -> list[Finding]:
     """Every size of :data:`POSITIVE_INTEGERS` that is given is an integer >= 1 (not a bool)."""
     out = []
@@ -44,8 +40,8 @@ def rule_positive(s: RunShape) -> list[Finding]:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             out.append(Finding(
-                "error", "positive", f"{_flag(dest)} must be a positive integer; got {value!r}", why,
-                f"give {_flag(dest)} an integer >= 1 (or leave it out for the default)",
+                "error", "positive", f"{flag(dest)} must be a positive integer; got {value!r}", why,
+                f"give {flag(dest)} an integer >= 1 (or leave it out for the default)",
             ))
     return out
 

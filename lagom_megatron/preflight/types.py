@@ -8,6 +8,11 @@ from typing import Any, Literal, Mapping
 Level = Literal["error", "warning"]
 
 
+def flag(dest: str) -> str:
+    """``tensor_model_parallel_size`` -> ``--tensor-model-parallel-size``."""
+    return "--" + dest.replace("_", "-")
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One result of a rule: an ``error`` stops the launch; ``why`` names where the requirement comes from."""

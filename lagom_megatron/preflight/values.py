@@ -7,15 +7,11 @@ import math
 import re
 from typing import Any, Mapping
 
-from lagom_megatron.preflight.types import Finding, RunShape
+from lagom_megatron.preflight.types import Finding, RunShape, flag
 
 SIZES = ("ffn_hidden_size", "kv_channels", "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by",
          "distributed_timeout_minutes")
 SEED_MAX = 2**32 - 1
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
 
 
 SPLIT = re.compile(r"\s*(\d+\.?\d*|\.\d+)(\s*[,/]\s*(\d+\.?\d*|\.\d+)){0,2}\s*")
@@ -31,8 +27,8 @@ def rule_values(s: RunShape) -> list[Finding]:
     out = []
 
     def bad(dest: str, value: object, allowed: str, why: str) -> None:
-        out.append(Finding("error", "values", f"{_flag(dest)} {value!r} is out of range; allowed: {allowed}", why,
-                           f"give {_flag(dest)} a value in {allowed}"))
+        out.append(Finding("error", "values", f"{flag(dest)} {value!r} is out of range; allowed: {allowed}", why,
+                           f"give {flag(dest)} a value in {allowed}"))
 
     adam = "torch.optim.Adam refuses it when megatron-core builds the optimizer (torch/optim/adam.py)"
     for dest, allowed, ok in (("lr", ">= 0", lambda v: v >= 0), ("min_lr", ">= 0", lambda v: v >= 0),
