@@ -8,7 +8,7 @@ Writes bench_out/simulated.csv and bench_out/simulated.png. All numbers are simu
 
 import sys
 
-from lagom_megatron.sim.bench.table import main
+from lagom_megatron.cli.bench import simulated_main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(simulated_main(sys.argv[1:]))

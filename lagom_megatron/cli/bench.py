@@ -21,10 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.benchmark == "search":
         return search_main(args.bench_args)
-    from lagom_megatron.cli.main import LagomParser
-    from lagom_megatron.sim.bench.table import main
-
-    return int(main(args.bench_args, parser_class=LagomParser) or 0)
+    return simulated_main(args.bench_args)
 
 
 def search_main(argv: list[str] | None = None) -> int:
@@ -70,3 +67,93 @@ def search_main(argv: list[str] | None = None) -> int:
     print(f"\ntargets: {max(args.sizes):,} sites < 2 s: {'met' if ok_time else 'NOT met'}; "
           f">= 95% within 1%: {'met' if ok_opt else 'NOT met'}")
     return 0 if ok_time and ok_opt else 1
+
+
+def simulated_main(argv: list[str] | None = None) -> int:
+    """``lagom bench simulated``: ``sim.bench.table``'s comparison table, or ``--sensitivity``'s tornado table.
+
+    Returns 1 when a row breaks ``must_show``, else 0; SystemExit(2) for a bad option, preset, cluster or ``--out``.
+    """
+    import logging
+    import os
+    from pathlib import Path
+
+    from lagom_megatron.cli.main import LagomParser
+    from lagom_megatron.cli.options import int_range
+    from lagom_megatron.sim.bench.sensitivity import run_sensitivity
+    from lagom_megatron.sim.bench.table import SEEDS, run_table, select_rows
+    from lagom_megatron.sim.constants import CONSTANTS
+
+    ap = LagomParser(prog="lagom bench simulated",
+                     description="lagom bench simulated: the paper-style comparison table on simulated clusters.")
+    ap.add_argument("--out", default="bench_out", help="output folder for simulated.csv and simulated.png")
+    ap.add_argument("--presets", nargs="+", default=None, help="presets (default: the table's rows)")
+    ap.add_argument("--clusters", nargs="+", default=None,
+                    help="clusters each preset runs on (default: the table's rows)")
+    ap.add_argument("--seeds", type=int_range(0), nargs="+", default=list(SEEDS), help="noise seeds (default 0-4)")
+    ap.add_argument("--iters", type=int_range(1), default=5, help="simulated iterations per median")
+    ap.add_argument("--verify-iters", type=int_range(1), default=None,
+                    help="lagom's verification iterations per arm at its first look (default: each preset's "
+                         "lagom_verify_iters; given alone, also the cap)")
+    ap.add_argument("--verify-max-iters", type=int_range(1), default=None,
+                    help="the most verification iterations per arm while the verdict is undecided (default: each "
+                         "preset's lagom_verify_max_iters, or --verify-iters when that is given)")
+    ap.add_argument("--microbatches", nargs="+", default=None,
+                    help="micro-batches per DP rank for --presets / --clusters rows: 'preset' and/or integers >= 1 "
+                         "(default: the table's rows, or 2)")
+    ap.add_argument("--jobs", type=int_range(1), default=1, help="rows simulated in parallel processes")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help="run the sensitivity (tornado) table of the ranged constants instead (sim.bench.sensitivity)")
+    ap.add_argument("--constants", nargs="+", default=None,
+                    help="with --sensitivity: only these ranged constants (default: all of sim.constants)")
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+    unknown = [c for c in args.constants or [] if c not in CONSTANTS]
+    if unknown:
+        ap.error(f"--constants: unknown {unknown}; the ranged constants are {sorted(CONSTANTS)}")
+    if args.constants and not args.sensitivity:
+        ap.error("--constants needs --sensitivity")
+    microbatches = []
+    for m in args.microbatches or []:
+        try:
+            microbatches.append(_microbatches(m))
+        except ValueError as exc:
+            ap.error(str(exc))
+    try:
+        rows = select_rows(args.presets, args.clusters, microbatches, args.verify_iters, args.verify_max_iters)
+    except (ValueError, FileNotFoundError) as exc:
+        ap.error(str(exc))
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        ap.error(f"--out {str(out)!r} is a file; give a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        ap.error(f"--out {str(out)!r} cannot be created: {exc.strerror or exc}")
+    if not os.access(out, os.W_OK):
+        ap.error(f"--out {str(out)!r} is not writable")
+    verify = {"verify_iters": args.verify_iters, "verify_max_iters": args.verify_max_iters}
+    tuner_log = logging.getLogger("lagom.tuner")
+    level = tuner_log.level
+    tuner_log.setLevel(logging.ERROR)  # fall-backs are columns of the table
+    try:
+        if args.sensitivity:
+            return run_sensitivity(out, presets=args.presets, clusters=args.clusters, microbatches=microbatches,
+                                   constants=args.constants, **verify)
+        return run_table(rows, out, seeds=list(args.seeds), iters=args.iters, jobs=args.jobs,
+                         plot_png=not args.no_plot, **verify)
+    finally:
+        tuner_log.setLevel(level)
+
+
+def _microbatches(text: str) -> int | None:
+    """``preset`` (None) or an integer >= 1; ValueError otherwise."""
+    if text == "preset":
+        return None
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"--microbatches must be 'preset' or an integer >= 1; got {text!r}") from None
+    if v < 1:
+        raise ValueError(f"--microbatches must be 'preset' or an integer >= 1; got {v}")
+    return v

@@ -7,7 +7,7 @@ import pytest
 
 from lagom_megatron.config.presets import load_preset
 from lagom_megatron.sim.backend import SimulatedCluster
-from lagom_megatron.sim.bench.table import with_microbatches
+from lagom_megatron.sim.bench.row import with_microbatches
 from lagom_megatron.sim.timeline import windows
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
-import csv
 import time
 from pathlib import Path
 from typing import Any
 
+from lagom_megatron.sim.bench.table import ROWS, write_csv
 from lagom_megatron.sim.constants import CONSTANTS, overridden
 
 SENSITIVITY_ROWS: tuple[tuple[str, str, int], ...] = (
@@ -45,22 +44,24 @@ def one(preset_name: str, cluster: str, mb: int | None, verify_iters: int | None
             "best_static": default / min(static), "bound": base["free_comm_bound"]}
 
 
-def run_sensitivity(args: argparse.Namespace, out: Path, *, constants: list[str] | None = None,
-                    table: tuple[tuple[str, str, int], ...] = ()) -> int:
-    """Runs, writes ``sensitivity.csv`` and prints the tornado table; returns 0."""
-    ROWS = table
+def run_sensitivity(out: Path, *, presets: list[str] | None, clusters: list[str] | None,
+                    microbatches: list[int | None], constants: list[str] | None, verify_iters: int | None,
+                    verify_max_iters: int | None) -> int:
+    """Runs ``SENSITIVITY_ROWS`` (or ``presets`` x ``clusters`` x ``microbatches``), writes ``sensitivity.csv`` and
+    prints the tornado table; returns 0.
+    """
     t0 = time.perf_counter()
-    if args.presets is None and args.clusters is None:
+    if presets is None and clusters is None:
         rows = list(SENSITIVITY_ROWS)
     else:
-        presets = args.presets or list(dict.fromkeys(r[0] for r in ROWS))
-        clusters = args.clusters or [None]
-        mbs = [int(m) for m in (args.microbatches or ["2"]) if m != "preset"] or [None]
-        rows = [(p, c or next((r[1] for r in ROWS if r[0] == p), None), m) for p in presets for c in clusters for m in mbs]
+        presets = presets or list(dict.fromkeys(r[0] for r in ROWS))
+        mbs = [m for m in microbatches or [2] if m is not None] or [None]
+        rows = [(p, c or next((r[1] for r in ROWS if r[0] == p), None), m) for p in presets for c in clusters or [None]
+                for m in mbs]
         rows = [r for r in rows if r[1] is not None]
     names = constants or list(CONSTANTS)
     lines: list[dict[str, Any]] = []
-    central = {r: one(*r, args.verify_iters, args.verify_max_iters) for r in rows}
+    central = {r: one(*r, verify_iters, verify_max_iters) for r in rows}
     for r, v in central.items():
         lines.append({"constant": "-", "end": "value", "value": "", "preset": r[0], "cluster": r[1], "microbatches": r[2], **v})
     for name in names:
@@ -70,22 +71,12 @@ def run_sensitivity(args: argparse.Namespace, out: Path, *, constants: list[str]
             with overridden({name: x}):
                 for r in rows:
                     lines.append({"constant": name, "end": end, "value": x, "preset": r[0], "cluster": r[1],
-                                  "microbatches": r[2], **one(*r, args.verify_iters, args.verify_max_iters)})
+                                  "microbatches": r[2], **one(*r, verify_iters, verify_max_iters)})
         print(f"  {name}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
-    _write(lines, out / "sensitivity.csv")
+    write_csv(lines, out / "sensitivity.csv", COLUMNS)
     print_tornado(lines, rows)
     print(f"\nwrote {out / 'sensitivity.csv'} in {time.perf_counter() - t0:.0f} s")
     return 0
-
-
-def _write(lines: list[dict[str, Any]], path: Path) -> None:
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
-        w.writeheader()
-        for ln in lines:
-            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in ln.items()})
-    tmp.replace(path)
 
 
 def print_tornado(lines: list[dict[str, Any]], rows: list[tuple]) -> None:
