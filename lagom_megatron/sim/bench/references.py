@@ -1,23 +1,32 @@
-"""``lagom bench simulated``'s references on the simulator: ``autoccl_online`` and the ``oracle``.
+"""``lagom bench simulated``'s references on the simulator: AutoCCL's online tuning and the ``oracle``.
 
-``autoccl_online``: AutoCCL-style descent (``coordinate_descent_job.h``, ``get_candidates.py``), channels up to
-``MAXCHANNELS`` (64 from NCCL 2.25, 32 before). ``oracle``: noise-free descent through the plan's mechanism;
-sites with one ``NcclRules.call_key`` move together (NCCL v2.30.7 ``src/include/tuner.h`` ``getCollInfo``).
+``autoccl``: AutoCCL's search per (communicator, collective, bytes) (``coordinate_descent_job.h``,
+``get_candidates.py``), channels up to ``MAX_CHANNELS``. ``oracle``: noise-free descent through the plan's
+mechanism; sites with one ``NcclRules.call_key`` move together (NCCL v2.30.7 ``src/include/tuner.h`` ``getCollInfo``).
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
+
+from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.nccl.rules import NcclRules
-from lagom_megatron.sim.device import resolve_config
-import random
+from lagom_megatron.sim.constants import get
+from lagom_megatron.sim.device import Collective, Gpu, comm_cost, resolve_config
 
-
-AUTOCCL_ROUNDS = 2
 ORACLE_ROUNDS = 2
 ORACLE_SITES = 24
 KNOBS = ("n_channels", "protocol", "algorithm")
+PRETRAIN_STEPS = 20
+TRAIN_STEPS = 50
+MAX_CHANNELS = 32
+THREADS = tuple(range(96, 641, 32))
+SIMPLE_CHUNKS = (65536, 131072, 262144, 524288, 1048576, 2097152)
+TOP_PERCENT = 0.75
+PRUNE_EXTREME, PRUNE_SLOW = 3.0, 1.5
+DIMS = ("n_channels", "n_threads", "chunk_size")
 
 
 def _domains(sim: Any) -> dict[str, dict[str, tuple]]:
@@ -45,34 +54,6 @@ def _config(knobs: dict[str, Any]) -> CommConfig:
     return CommConfig(**{k: v for k, v in knobs.items() if v is not None})
 
 
-def autoccl_online(sim: Any, *, first_iteration: int, rounds: int = AUTOCCL_ROUNDS) -> tuple[dict[str, CommConfig], int]:
-    """AutoCCL's online tuning on ``sim``; returns (site id -> CommConfig, simulated iterations spent)."""
-    doms = _domains(sim)
-    state = {sid: {k: None for k in KNOBS} for sid in doms}
-    it = first_iteration
-    m = sim.run_iteration(iteration=it)
-    it += 1
-    best = {smp.site_id: smp.t_comm_us for smp in m.samples}
-    for _ in range(rounds):
-        for knob in KNOBS:
-            width = max(len(d[knob]) for d in doms.values())
-            for j in range(width):
-                trial = {}
-                for sid, d in doms.items():
-                    if j < len(d[knob]) and len(d[knob]) > 1 and d[knob][j] != state[sid][knob]:
-                        trial[sid] = {**state[sid], knob: d[knob][j]}
-                if not trial:
-                    continue
-                assign = {sid: _config(trial.get(sid, state[sid])) for sid in doms}
-                m = sim.run_iteration(iteration=it, assignment=assign)
-                it += 1
-                for smp in m.samples:
-                    if smp.site_id in trial and smp.t_comm_us < best[smp.site_id]:
-                        best[smp.site_id] = smp.t_comm_us
-                        state[smp.site_id] = trial[smp.site_id]
-    return {sid: _config(k) for sid, k in state.items()}, it - first_iteration
-
-
 def _time(sim: Any, state: dict[str, dict]) -> float:
     return sim.run_iteration(iteration=0, assignment={sid: _config(k) for sid, k in state.items()}, noise=False).iteration_us
 
@@ -86,14 +67,14 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
     hp_ok = rules.scope("high_priority_stream") is not None
     for d in doms.values():
         d["high_priority_stream"] = (None, True)
-    own_nc = {}
+    nccl_nc = {}  # site id -> NCCL's own channel count
+    for c in sim._prog.calls:
+        if c.site_id is not None and c.site_id not in nccl_nc:
+            nccl_nc[c.site_id] = resolve_config(sim.gpu, c.coll, CommConfig()).n_channels
     if per_comm:  # a communicator's channel value caps NCCL's own count (ncclConfig_t.maxCTAs)
-        for i, c in enumerate(sim._prog.calls):
-            if c.site_id is not None and c.site_id not in own_nc:
-                own_nc[c.site_id] = resolve_config(sim.gpu, c.coll, CommConfig()).n_channels
         for sid, d in doms.items():
-            if sid in own_nc:
-                d["n_channels"] = tuple(sorted({min(v, own_nc[sid]) for v in d["n_channels"]}))
+            if sid in nccl_nc:
+                d["n_channels"] = tuple(sorted({min(v, nccl_nc[sid]) for v in d["n_channels"]}))
     default = {sid: {k: None for k in KNOBS} for sid in doms}
     starts = [default]
     for cap in caps:
@@ -101,10 +82,6 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
                        else dict(default[sid]) for sid, d in doms.items()})
     if group_caps:
         site_of = {s.site_id: s for s in sim.sites}
-        nccl_nc = {}
-        for c in sim._prog.calls:
-            if c.site_id is not None and c.site_id not in nccl_nc:
-                nccl_nc[c.site_id] = resolve_config(sim.gpu, c.coll, CommConfig()).n_channels
         st = {}
         for sid, d in doms.items():
             cap = group_caps.get(site_of[sid].group)
@@ -134,7 +111,7 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
         trial = {sid: dict(v) for sid, v in state.items()}
         moved = False
         for sid in members:
-            v = min(value, own_nc[sid]) if (per_comm and knob == "n_channels" and sid in own_nc) else value
+            v = min(value, nccl_nc[sid]) if (per_comm and knob == "n_channels" and sid in nccl_nc) else value
             if v in doms[sid][knob] and len(doms[sid][knob]) > 1 and trial[sid].get(knob) != v:
                 trial[sid][knob] = v
                 moved = True
@@ -179,16 +156,6 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
         for v in near:
             try_move(tied[sid], "n_channels", v)
     return {sid: _config(k) for sid, k in state.items()}, best, runs
-
-
-PRETRAIN_STEPS = 20
-TRAIN_STEPS = 50
-MAX_CHANNELS = 32
-THREADS = tuple(range(96, 641, 32))
-SIMPLE_CHUNKS = (65536, 131072, 262144, 524288, 1048576, 2097152)
-TOP_PERCENT = 0.75
-PRUNE_EXTREME, PRUNE_SLOW = 3.0, 1.5
-DIMS = ("n_channels", "n_threads", "chunk_size")
 
 
 def _grid(proto: str, max_channels: int) -> dict[str, tuple]:
@@ -292,10 +259,11 @@ class _Workload:
         return self.config(sub, self.best[sub][1]) if self.best[sub][0] < self.native_cost else CommConfig()
 
 
-def _subspaces(sim: Any, site: Any) -> list[tuple[str | None, str | None]]:
+def _subspaces(cluster: ClusterSpec, site: Any) -> list[tuple[str | None, str | None]]:
+    """(algorithm, protocol) pairs AutoCCL searches for ``site`` (a ``CollectiveSite`` or ``Collective``)."""
     if site.op in ("send", "recv", "all_to_all"):
         return [(None, None)]
-    rules = NcclRules(sim.cluster, backend="sim")
+    rules = NcclRules(cluster, backend="sim")
     d = rules.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size)
     algs = [a for a in ("Ring", "Tree") if a in d["algorithm"]] or ["Ring"]
     protos = [p for p in ("LL", "LL128", "Simple") if p in d["protocol"]] or ["Simple"]
@@ -305,14 +273,13 @@ def _subspaces(sim: Any, site: Any) -> list[tuple[str | None, str | None]]:
 def autoccl(sim: Any, *, first_iteration: int, seed: int = 0,
             steps: int = 1 + PRETRAIN_STEPS + TRAIN_STEPS) -> tuple[dict[str, CommConfig], int]:
     """AutoCCL's online tuning on ``sim``: (site id -> CommConfig for ``fork=True``, iterations spent)."""
-
     rules = NcclRules(sim.cluster, backend="sim")
     groups: dict[str, list[str]] = {}
-    for sid, members in tie_sets(sim.sites, rules).items():
+    for members in tie_sets(sim.sites, rules).values():
         groups.setdefault(members[0], members)
     sites = {s.site_id: s for s in sim.sites}
     rng = random.Random(seed)
-    jobs = {lead: _Workload(_subspaces(sim, sites[lead]), sim.gpu.max_channels, random.Random(rng.random()))
+    jobs = {lead: _Workload(_subspaces(sim.cluster, sites[lead]), sim.gpu.max_channels, random.Random(rng.random()))
             for lead in groups}
     for it in range(steps):
         assign = {}
@@ -334,10 +301,6 @@ def autoccl(sim: Any, *, first_iteration: int, seed: int = 0,
 def microbench(cluster: Any, *, op: str, nbytes: int, group_size: int, n_nodes: int, seed: int = 0,
                steps: int = 1 + PRETRAIN_STEPS + TRAIN_STEPS) -> tuple[float, float, CommConfig]:
     """AutoCCL on one collective alone: (default GB/s, AutoCCL's GB/s, its choice); published 1.24-1.29x."""
-    from lagom_megatron.engine.cluster import ClusterSpec
-    from lagom_megatron.sim.constants import get
-    from lagom_megatron.sim.device import Collective, Gpu, comm_cost, resolve_config
-
     spec = ClusterSpec.load(cluster)
     gpu = Gpu.from_cluster(spec)
     c = Collective(op=op, nbytes=int(nbytes), group_size=group_size, n_nodes=n_nodes)
@@ -345,19 +308,8 @@ def microbench(cluster: Any, *, op: str, nbytes: int, group_size: int, n_nodes: 
     def time_us(cfg: CommConfig) -> float:
         return comm_cost(gpu, c, resolve_config(gpu, c, cfg)).t_alone_us
 
-    class _Site:  # what _subspaces reads of a site
-        pass
-
-    site = _Site()
-    site.op, site.n_nodes, site.group_size = op, n_nodes, group_size
-
-    class _Sim:
-        pass
-
-    sim = _Sim()
-    sim.cluster = spec
     rng = random.Random(seed)
-    job = _Workload(_subspaces(sim, site), gpu.max_channels, random.Random(seed))
+    job = _Workload(_subspaces(spec, c), gpu.max_channels, random.Random(seed))
     for _ in range(steps):
         cfg = job.propose()
         job.record(time_us(cfg) * max(0.2, 1.0 + rng.gauss(0.0, get("sigma_comm"))))

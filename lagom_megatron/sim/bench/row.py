@@ -39,11 +39,10 @@ def ub_applies(sim: Any) -> bool:
                if c.stream in UB_GROUPS)
 
 
-def sweep_caps(sim: Any, *, passes: int = 2) -> tuple[dict[str, int], float, int]:
-    """The best ``max_ctas`` per group: (caps, noise-free us, iterations)."""
+def sweep_caps(sim: Any, *, passes: int = 2) -> dict[str, int]:
+    """The best ``max_ctas`` per group, noise-free."""
     caps: dict[str, int] = {}
     best = sim.run_iteration(iteration=0, noise=False).iteration_us
-    runs = 1
     for _ in range(passes):
         changed = False
         for g in groups_of(sim):
@@ -52,12 +51,11 @@ def sweep_caps(sim: Any, *, passes: int = 2) -> tuple[dict[str, int], float, int
                     continue
                 trial = {**caps, g: cap}
                 t = sim.run_iteration(iteration=0, noise=False, group_caps=trial).iteration_us
-                runs += 1
                 if t < best * (1.0 - 1e-6):
                     best, caps, changed = t, trial, True
         if not changed:
             break
-    return caps, best, runs
+    return caps
 
 
 def median_us(sim: Any, *, iters: int, **kw: Any) -> float:
@@ -72,11 +70,10 @@ def shared(sim: Any) -> dict[str, Any]:
     quiet = sim.run_iteration(iteration=0, noise=False)
     tl = sim.last_timeline
     free = sim.run_iteration(iteration=0, noise=False, free_comm=True)
-    caps, _, cap_runs = sweep_caps(sim)
-    orc, orc_us, orc_runs = oracle(sim, group_caps=caps)
+    caps = sweep_caps(sim)
     return {"overlap_frac": tl.compute_overlapped_us / max(tl.compute_us, 1e-9),
-            "free_comm_bound": quiet.iteration_us / free.iteration_us, "caps": caps, "oracle_plan": orc,
-            "oracle_quiet_us": orc_us, "runs": cap_runs + orc_runs + 2, "ub": ub_applies(sim)}
+            "free_comm_bound": quiet.iteration_us / free.iteration_us, "caps": caps,
+            "oracle_plan": oracle(sim, group_caps=caps)[0], "ub": ub_applies(sim)}
 
 
 def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_iters: int,
