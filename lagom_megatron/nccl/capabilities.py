@@ -26,8 +26,6 @@ ALGORITHM_SWITCHES: tuple[str, ...] = ("NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE"
 P2P_SWITCHES: tuple[str, ...] = ("NCCL_MIN_P2P_NCHANNELS", "NCCL_MAX_P2P_NCHANNELS")
 """Variables bounding P2P channels (``comm->p2pnChannels``, v2.30.7 ``src/graph/paths.cc:956-991``)."""
 
-RECORDED_PREFIXES: tuple[str, ...] = ("NCCL_", "TORCH_NCCL_")
-
 ENV_FAULT = ("NCCL_MAX_CTAS", "4")
 """The variable the ``env`` apply fault sets on one rank (``megatron.consensus.collective_step``)."""
 

@@ -1,7 +1,11 @@
-"""A GPU's contention constants from ``scripts/gpu/contention_probe.py``'s CSV (``lagom calibrate contention``).
+"""The simulator's constants fitted on your GPUs: ``lagom calibrate contention`` and ``lagom calibrate bandwidth``.
 
-f = min(1, peak / demand), share = demand_comm f / peak; memory-bound: slowdown = (1 + kappa_mem share) / f;
-GEMM: wave(ctas)(1 + kappa_compute share); ``l2`` rows check ``wave_factor``. Medians; share < ``MIN_SHARE`` skipped.
+Contention, from ``scripts/gpu/contention_probe.py``'s CSV: f = min(1, peak / demand), share = demand_comm f / peak;
+memory-bound: slowdown = (1 + kappa_mem share) / f; GEMM: wave(ctas)(1 + kappa_compute share); ``l2`` rows check
+``wave_factor``. Medians; share < ``MIN_SHARE`` skipped.
+Bandwidth, from nccl-tests sweeps: per run ``t = latency + wire / bw`` (nccl-tests doc/PERFORMANCE.md); across runs
+Levenberg-Marquardt on log bw of ``sim.device.comm_cost``'s softmin shape. A parameter whose standard error at
+``NOISE_LOG`` exceeds ``MAX_STD`` is not identified and written nowhere.
 """
 
 from __future__ import annotations
@@ -10,22 +14,21 @@ import csv
 import math
 import os
 import statistics
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-import yaml
-from lagom_megatron.engine.files import write_text_atomic
-from lagom_megatron.sim.device import ComputeKernel, wave_factor
-from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+
 import numpy as np
+import yaml
+
 from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.engine.files import write_text_atomic
 from lagom_megatron.engine.knobs import PROTOCOLS
 from lagom_megatron.nccl.perf_table import PerfRun
-from lagom_megatron.sim.device import SAT_P, THREAD_EXPONENT
-
+from lagom_megatron.sim.device import SAT_P, THREAD_EXPONENT, ComputeKernel, softmin, wave_factor
 
 COLUMNS = ("gpu", "sms", "peak_hbm_gbs", "kernel", "kind", "tiles", "persistent", "mode", "ctas", "threads",
            "chunk_bytes", "total_bytes", "t_alone_us", "t_overlap_us", "kernel_hbm_bytes", "comm_hbm_gbs")
@@ -53,7 +56,7 @@ TEXT_COLUMNS = ("gpu", "kernel", "kind", "mode")
 POSITIVE_COLUMNS = ("sms", "peak_hbm_gbs")
 
 
-def read_rows(path: "str | os.PathLike") -> list[dict[str, Any]]:
+def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The probe CSV's rows parsed; ValueError (named ``file:line``) for a bad column or cell, or no rows."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
@@ -117,7 +120,7 @@ def write_yaml(fitted: Fitted, out: Path, *, source: str) -> None:
     """Writes the constants as YAML atomically; OSError (never overwriting) if ``out`` exists unreadable."""
     if out.exists() and not os.access(out, os.R_OK):
         raise OSError(f"{out} exists and cannot be read; not overwriting it")
-    doc = {**fitted.to_dict(), "source_csv": source, "fitted_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    doc = {**fitted.to_dict(), "source_csv": source, "fitted_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "use": "copy kappa_mem / kappa_compute into the GPU's cluster file (configs/clusters/*.yaml)"}
     write_text_atomic(out, yaml.safe_dump(doc, sort_keys=False))
 
@@ -201,10 +204,6 @@ def _link(r: RunBandwidth, c: ClusterSpec) -> tuple[float, str]:
     return c.net_gbps_per_gpu * max(1, per_node), f"net_gbps_per_gpu x {max(1, per_node)} ranks per node"
 
 
-def _softmin(x, y, p):
-    return (x ** -p + y ** -p) ** (-1.0 / p)
-
-
 def _jacobian(resid, x, r):
     h = 1e-6 * np.maximum(1.0, np.abs(x))
     return np.stack([(resid(x + h[j] * np.eye(len(x))[j]) - r) / h[j] for j in range(len(x))], axis=1)
@@ -271,7 +270,7 @@ def fit_bandwidth(runs: Sequence[PerfRun], cluster: ClusterSpec) -> BandwidthFit
 
     def resid(x, p_fixed=None):
         rate, cap, p = model(x, p_fixed)
-        return np.log(_softmin(rate, cap, p)) - np.log(bw)
+        return np.log(softmin(rate, cap, p)) - np.log(bw)
 
     lo = np.r_[np.full(ng, math.log(1e-2)), np.full(ng, math.log(1e-3)), math.log(P_BOUNDS[0]), E_BOUNDS[0]]
     hi = np.r_[np.full(ng, math.log(1e3)), np.full(ng, math.log(10.0)), math.log(P_BOUNDS[1]), E_BOUNDS[1]]
@@ -288,7 +287,7 @@ def fit_bandwidth(runs: Sequence[PerfRun], cluster: ClusterSpec) -> BandwidthFit
         std = _std_errors(lambda v: resid(v, SAT_P), x)
     c, eff, p, e = unpack(x, None if p_known else SAT_P)
     rate, cap, _ = model(x, None if p_known else SAT_P)
-    err = np.abs(_softmin(rate, cap, p) - bw) / bw * 100.0
+    err = np.abs(softmin(rate, cap, p) - bw) / bw * 100.0
     curves = []
     for k, (scope, kind) in enumerate(keys):
         mine = g == k

@@ -9,15 +9,13 @@ HBM is shared proportionally. NCCL's choices: ``sim.channel_defaults``; ranged c
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
-
-import numpy as np
+from typing import Any
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.sim import channel_defaults as nccl
 from lagom_megatron.sim import tuning_model as nm
-from lagom_megatron.sim.channel_defaults import cta_efficiency_applies  # noqa: F401  (part of this module's API)
 from lagom_megatron.sim.constants import CONSTANTS, get
 
 KIB = 1024
@@ -41,7 +39,6 @@ HBM_MULT: dict[str, dict[str, float]] = {
     "copy": {"Simple": 2.0, "LL128": 2.2, "LL": 3.0},
 }
 """HBM bytes per wire byte (nccl#1428: "at least 2x ... can be 3x"); LL128 / LL add flag writes and polls."""
-BUSBW_FACTOR_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,7 +75,7 @@ class Gpu:
     fit_thread_exponent: float | None = None
 
     @classmethod
-    def from_cluster(cls, spec: Any) -> "Gpu":
+    def from_cluster(cls, spec: Any) -> Gpu:
         """Builds the device from a ``ClusterSpec``."""
         major, minor = (int(x) for x in str(spec.nccl_version).split(".")[:2])
 
@@ -146,7 +143,7 @@ class ComputeKernel:
     persistent: bool = False
 
 
-def wave_factor(sms: int, sms_free: float, k: "ComputeKernel") -> float:
+def wave_factor(sms: int, sms_free: float, k: ComputeKernel) -> float:
     """Math-time factor of ``k`` on ``sms_free`` of ``sms`` SMs: ``ceil(tiles / free) / ceil(tiles / sms)``;
     persistent ``ceil(sms / free)`` (pytorch#143988); without tiles ``sms / free``.
     """
@@ -173,11 +170,6 @@ def compute_time_us(gpu: Gpu, k: ComputeKernel, *, sms_free: float | None = None
               * (1.0 + gpu.kappa("kappa_compute") * comm_hbm_share))
     t_mem = k.hbm_bytes / (bw * 1e3) * (1.0 + gpu.kappa("kappa_mem") * comm_hbm_share)
     return max(t_math, t_mem) + get("overlap_gamma") * min(t_math, t_mem) + 1.0
-
-
-def hbm_demand_gbs(gpu: Gpu, k: ComputeKernel, *, sms_free: float | None = None) -> float:
-    """HBM bandwidth (GB/s) the kernel draws when it runs unhindered on ``sms_free`` SMs."""
-    return k.hbm_bytes / (compute_time_us(gpu, k, sms_free=sms_free) * 1e3)
 
 
 # ---------------------------------------------------------------------------------- communication

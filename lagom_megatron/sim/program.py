@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import math
+from dataclasses import dataclass, field
 
 from lagom_megatron.sim.constants import get
 from lagom_megatron.sim.device import Collective, ComputeKernel

@@ -23,7 +23,6 @@ WINDOW_CAP = 2000
 class CallRecord:
     """Times of one collective call (us from iteration start)."""
 
-    launch_us: float = -1.0
     ready_us: float = -1.0
     """When the call reached the head of its stream (torch's start event on the NCCL stream)."""
     start_us: float = -1.0
@@ -160,7 +159,6 @@ def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = Fal
                     progressed = True
             elif kind == "L":
                 i = op[1]
-                rec[i].launch_us = t
                 streams.setdefault(prog.calls[i].stream, deque()).append(i)
                 unstarted.append(i)
                 pc += 1

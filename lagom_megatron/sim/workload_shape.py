@@ -50,7 +50,7 @@ class WorkloadShape:
     linear_bias: bool = True
     norm_bias: bool = True
     ep_overlap: bool = False
-    """The combined 1F1B schedule (``sim.workload_ep_overlap``)."""
+    """The combined 1F1B schedule (``workload.combined_step``)."""
     cdmc1: bool
     bucket_params: int
     nodes: dict[str, int]
