@@ -19,10 +19,6 @@ from lagom_megatron.sim.constants import get
 from lagom_megatron.sim.device import CommCost, Gpu, comm_cost, resolve_config
 from lagom_megatron.sim.workload import Workload, steady_copies
 
-def sigma_iteration() -> float:
-    """Relative standard deviation of whole-iteration noise (ranged: no source)."""
-    return get("sigma_iteration")
-
 
 class SimulatedCluster:
     """One preset on a simulated GPU cluster (``nthreads`` None: the preset's); ValueError for gloo or a bad layout."""
@@ -120,7 +116,7 @@ class SimulatedCluster:
             steady = res.mb_start_us[2] - res.mb_start_us[1]
         total = res.total_us + steady_copies(w) * steady
         if noise:
-            total *= 1.0 + random.Random(seed ^ 0x5EED).gauss(0.0, sigma_iteration())
+            total *= 1.0 + random.Random(seed ^ 0x5EED).gauss(0.0, get("sigma_iteration"))
         samples = []
         for site in self._sites:
             idx = self._site_calls[site.site_id]
