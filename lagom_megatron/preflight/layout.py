@@ -189,7 +189,7 @@ def rule_layers(s: RunShape) -> list[Finding]:
         return out
     layers = int(layers)
     if s.get("decoder_first_pipeline_num_layers") is not None or s.get("decoder_last_pipeline_num_layers") is not None:
-        return out  # an uneven split: preflight_moe.rule_uneven_pipeline checks it (arguments.py:558)
+        return out  # an uneven split: rule_uneven_pipeline checks it (arguments.py:558)
     if layers % s.pp:
         out.append(Finding(
             "error", "layers-pp",

@@ -121,7 +121,7 @@ def megatron_lm_traps(args: Mapping[str, Any], release: str, *, local: bool,
 
 
 def _fsdp_traps(args: Mapping[str, Any], release: str, key: str) -> list[Finding]:
-    """Megatron-FSDP's findings (an explicit strategy's own checks: ``preflight_rules.rule_fsdp_sharding``)."""
+    """Megatron-FSDP's findings (an explicit strategy's own checks: ``layout.rule_fsdp_sharding``)."""
     get = args.get
     out: list[Finding] = []
     if get("ckpt_format") == "fsdp_dtensor" and not get("use_megatron_fsdp"):

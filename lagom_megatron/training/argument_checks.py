@@ -124,7 +124,7 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
 
     layers = args.num_layers
     uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
-    _check(uneven or layers % pp == 0,  # an uneven split is checked by preflight_moe.rule_uneven_pipeline
+    _check(uneven or layers % pp == 0,  # an uneven split is checked by preflight.layout.rule_uneven_pipeline
            f"--num-layers {layers} is not divisible by --pipeline-model-parallel-size {pp}")
     args.virtual_pipeline_model_parallel_size = None
     per_vstage = args.num_layers_per_virtual_pipeline_stage

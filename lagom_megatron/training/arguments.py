@@ -381,7 +381,7 @@ def default_ffn_hidden_size(hidden_size: int, swiglu: bool) -> int:
 
 def apply_megatron_lm_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """Fills in what Megatron-LM's ``validate_args`` derives (fp32 grad reduction with ``--bf16``: core_v0.16.1
-    ``arguments.py:711-724``); raises ValueError, the first of ``preflight_values.megatron_flag_problems``."""
+    ``arguments.py:711-724``); raises ValueError, the first of ``preflight.values.megatron_flag_problems``."""
     from lagom_megatron.preflight.values import megatron_flag_problems
 
     if args.split is None:  # Megatron-LM core_v0.16.1 arguments.py:468-472 (with --data-path)

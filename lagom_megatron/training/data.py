@@ -79,11 +79,6 @@ def build_tokenizer(args):
     return ByteLevelTokenizer()
 
 
-def build_train_dataset(args, tokenizer):
-    """The training split of :func:`build_datasets`."""
-    return build_datasets(args, tokenizer)[0]
-
-
 def build_datasets(args, tokenizer, valid_samples: int = 0):
     """(train, valid) from ``BlendedMegatronDatasetBuilder`` (torch.distributed initialised); samples hold int64 (seq,)
     ``tokens``/``labels``/``position_ids``, float ``loss_mask``, bool ``attention_mask`` (1, seq, seq). valid is None

@@ -381,6 +381,6 @@ def test_pretrain_gpt_with_lagom_stops_on_doctor_errors():
     env = {**os.environ, "WORLD_SIZE": "4", "RANK": "0", "LAGOM_CLUSTER": "cpu-gloo"}
     proc = subprocess.run([sys.executable, str(script), "--preset", "cpu-tp2-dp2", "--mock-data", "--lagom",
                            "--tp-comm-overlap"], capture_output=True, text=True, env=env, timeout=COMMAND_S)
-    # the shared pre-flight (training.preflight) refuses bad input with exit code 2, one line on stderr
+    # the shared pre-flight (preflight/) refuses bad input with exit code 2, one line on stderr
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == ["pretrain_gpt.py: error: --tp-comm-overlap is set on a CPU (gloo) cluster; it needs CUDA"]

@@ -1,4 +1,4 @@
-"""Which cluster ``lagom doctor`` and ``pretrain_gpt.py`` check (``training.target_cluster``): one rule,
+"""Which cluster ``lagom doctor`` and ``pretrain_gpt.py`` check (``preflight.cluster``): one rule,
 a first line that names the cluster and why, and a training run refused on a machine that is not
 one of the cluster's nodes."""
 

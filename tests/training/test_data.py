@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lagom_megatron.training.data import (build_train_dataset, microbatch_indices, read_jsonl_texts,
+from lagom_megatron.training.data import (build_datasets, microbatch_indices, read_jsonl_texts,
                                              write_indexed_dataset)
 from lagom_megatron.training.tokenizer import ByteLevelTokenizer, padded_vocab_size
 from tests.timeouts import COMMAND_S
@@ -81,7 +81,7 @@ def dataset_args(**kw):
 def test_gpt_dataset_reads_the_documents_in_sequence(tmp_path):
     prefix = tmp_path / "docs_text_document"
     write_indexed_dataset([d for d in DOCS if d], prefix)
-    ds = build_train_dataset(dataset_args(data_path=[str(prefix)], split="100,0,0"), ByteLevelTokenizer())
+    ds, _ = build_datasets(dataset_args(data_path=[str(prefix)], split="100,0,0"), ByteLevelTokenizer())
     assert len(ds) >= 3 * 4
     sample = ds[0]
     assert sample["tokens"].shape == (16,) and sample["attention_mask"].shape == (1, 16, 16)
@@ -93,7 +93,7 @@ def test_gpt_dataset_reads_the_documents_in_sequence(tmp_path):
 
 
 def test_mock_dataset_with_byte_tokenizer():
-    ds = build_train_dataset(dataset_args(mock_data=True), ByteLevelTokenizer())
+    ds, _ = build_datasets(dataset_args(mock_data=True), ByteLevelTokenizer())
     assert len(ds) >= 12
     tokens = np.asarray(ds[5]["tokens"])
     assert tokens.shape == (16,) and tokens.min() >= 0 and tokens.max() <= 256

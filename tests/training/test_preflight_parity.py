@@ -3,7 +3,7 @@
 Inputs: the examples of the pre-flight issue that are command lines of our ``pretrain_gpt.py``,
 the Megatron-LM parity flags (``test_preflight_flags.FLAG_CASES``), and every preset under ``configs/presets/`` (with ``--mock-data``, at the preset's world size),
 each checked on this machine (the doctor without ``--cluster`` chooses the cluster as training
-does: ``training.target_cluster``). The verdict is "refused" (non-zero exit) or "may start"; a refused training run never
+does: ``preflight.cluster``). The verdict is "refused" (non-zero exit) or "may start"; a refused training run never
 reaches ``training.loop.pretrain``.
 """
 

@@ -1,5 +1,5 @@
 """One writer per output folder, whatever names it: the default ``lagom_out/<preset>/``, another plan
-name in the same folder, a symlink to it, or a report folder (``training.preflight_files``)."""
+name in the same folder, a symlink to it, or a report folder (``preflight.files``)."""
 
 from __future__ import annotations
 
