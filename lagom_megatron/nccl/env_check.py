@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Literal, Mapping
 from lagom_megatron.nccl.env_vars import (
     ALGORITHMS, CTA_POLICIES, FUNCTIONS, MAX_CGA_CLUSTER_SIZE, NTHREADS_ALLOWED, PER_FUNCTION_SYNTAX_VERSION, PROTOCOLS,
-    max_ctas, parse_selection, parse_version)
+    max_ctas, parse_selection)
+from lagom_megatron.engine.cluster import parse_version
 from lagom_megatron.nccl.env_vars import PER_COMMUNICATOR_OVERRIDES, TUNER_OVERRIDES
 import re
 from typing import Mapping
@@ -122,7 +123,10 @@ def _is_power_of_two(n: int) -> bool:
 
 def check_nccl_env(environ: Mapping[str, str], *, nccl_version: str | None = None) -> list[EnvIssue]:
     """Every known NCCL variable of ``environ`` against its domain; ``nccl_version`` None skips the version rules."""
-    version = parse_version(nccl_version)
+    try:
+        version = parse_version(nccl_version) if nccl_version else None
+    except ValueError:
+        version = None
     issues: list[EnvIssue] = []
     get = environ.get
     for var, kind in (("NCCL_ALGO", "algorithm"), ("NCCL_PROTO", "protocol")):

@@ -3,6 +3,7 @@ override replaces its ``ncclConfig_t`` field in every communicator (``src/init.c
 
 from __future__ import annotations
 
+from lagom_megatron.engine.cluster import parse_version
 from lagom_megatron.engine.knobs import ALGORITHMS, N_THREADS, PROTOCOLS, invalid_value
 from typing import Literal
 
@@ -106,24 +107,12 @@ PER_FUNCTION_SYNTAX_VERSION = (2, 24)
 """First NCCL release with the ``function:list;...`` form of NCCL_ALGO / NCCL_PROTO."""
 
 
-def parse_version(text: str | None) -> tuple[int, int, int] | None:
-    """``"2.27.3"`` -> ``(2, 27, 3)``; None or an unparsable string -> None."""
-    if not text:
-        return None
-    parts = str(text).split(".")
-    try:
-        nums = [int(p) for p in parts[:3]]
-    except ValueError:
-        return None
-    while len(nums) < 3:
-        nums.append(0)
-    return (nums[0], nums[1], nums[2])
-
-
 def max_ctas(nccl_version: str | None) -> int:
-    """Largest CTA count NCCL accepts: 64 from NCCL 2.25 (MAXCHANNELS), 32 before; 64 if unknown."""
-    v = parse_version(nccl_version)
-    return 32 if v is not None and v[:2] < (2, 25) else 64
+    """Largest CTA count NCCL accepts: 64 from NCCL 2.25 (MAXCHANNELS), 32 before; 64 if unknown or unparsable."""
+    try:
+        return 32 if nccl_version and parse_version(nccl_version)[:2] < (2, 25) else 64
+    except ValueError:
+        return 64
 
 
 def parse_selection(value: str, kind: Literal["algorithm", "protocol"]) -> dict[str, frozenset[str]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Mapping, MutableMapping
-from lagom_megatron.nccl.env_vars import parse_version
+from lagom_megatron.engine.cluster import parse_version
 from lagom_megatron.nccl.plugin.build import HEADERS, LIBRARY_NAME, PLUGIN_DIR, TUNER_SOURCES, build_tuner
 import subprocess
 import sys
@@ -62,7 +62,10 @@ def launch_env(environ: Mapping[str, str] | None = None, *, backend: str = "nccl
     environ = os.environ if environ is None else environ
     if backend != "nccl":
         return {}, None
-    version = parse_version(nccl_version)
+    try:
+        version = parse_version(nccl_version) if nccl_version else None
+    except ValueError:
+        version = None
     if version is not None and version[:2] < MIN_NCCL:
         return {}, (f"lagom: note: NCCL {nccl_version} cannot load lagom's tuner plugin (2.22+); lagom applies "
                     "CTA bounds only (docs/nccl.md)")

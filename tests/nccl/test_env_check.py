@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
-from lagom_megatron.nccl.env_vars import FUNCTIONS, max_ctas, parse_selection, parse_version
+from lagom_megatron.nccl.env_vars import FUNCTIONS, max_ctas, parse_selection
 
 
 def levels(env, version="2.27.5"):
@@ -115,11 +115,6 @@ def test_overrides():
     found = {(i.variable, i.level) for i in override_issues(env)}
     assert found == {("NCCL_MAX_CTAS", "warning"), ("NCCL_PROTO", "warning"), ("NCCL_TUNER_PLUGIN", "warning")}
     assert override_issues({"NCCL_TUNER_PLUGIN": "liblagom_tuner.so"}) == []
-
-
-def test_parse_version():
-    assert parse_version("2.27.3") == (2, 27, 3) and parse_version("2.24") == (2, 24, 0)
-    assert parse_version("none") is None and parse_version(None) is None
 
 
 def test_engine_module_needs_no_torch():
