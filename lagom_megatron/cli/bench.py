@@ -80,8 +80,7 @@ def simulated_main(argv: list[str] | None = None) -> int:
 
     from lagom_megatron.cli.main import LagomParser
     from lagom_megatron.cli.options import int_range
-    from lagom_megatron.sim.bench.sensitivity import run_sensitivity
-    from lagom_megatron.sim.bench.table import SEEDS, run_table, select_rows
+    from lagom_megatron.sim.bench.table import SEEDS, run_sensitivity, run_table, select_rows
     from lagom_megatron.sim.constants import CONSTANTS
 
     ap = LagomParser(prog="lagom bench simulated",
@@ -103,7 +102,7 @@ def simulated_main(argv: list[str] | None = None) -> int:
                          "(default: the table's rows, or 2)")
     ap.add_argument("--jobs", type=int_range(1), default=1, help="rows simulated in parallel processes")
     ap.add_argument("--sensitivity", action="store_true",
-                    help="run the sensitivity (tornado) table of the ranged constants instead (sim.bench.sensitivity)")
+                    help="run the sensitivity (tornado) table of the ranged constants instead (sim.bench.table)")
     ap.add_argument("--constants", nargs="+", default=None,
                     help="with --sensitivity: only these ranged constants (default: all of sim.constants)")
     ap.add_argument("--no-plot", action="store_true")
