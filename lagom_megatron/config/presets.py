@@ -12,6 +12,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lagom_megatron import configs_dir
+from lagom_megatron.engine.search import LAGOM_METHODS
+from lagom_megatron.engine.tuner import DEFAULT_CONFIG
 
 CONFIGS_DIR, CONFIGS_ORIGIN = configs_dir()
 """Root of the presets, and what chose it: ``$LAGOM_CONFIGS``, the installed copy, or the source ``configs/``."""
@@ -109,10 +111,10 @@ class DataSpec(_Section):
 
 class LagomSpec(_Section):
     lagom: bool = False
-    lagom_warmup_iters: int = 4
-    lagom_verify_iters: int = 4
-    lagom_verify_max_iters: int | None = None
-    lagom_method: Literal["priority", "autoccl", "nccl-default"] = "priority"
+    lagom_warmup_iters: int = DEFAULT_CONFIG.warmup_iters
+    lagom_verify_iters: int = DEFAULT_CONFIG.verify_iters
+    lagom_verify_max_iters: int | None = DEFAULT_CONFIG.verify_max_iters
+    lagom_method: Literal[LAGOM_METHODS] = DEFAULT_CONFIG.method  # type: ignore[valid-type]
     lagom_plan: str | None = None
     lagom_report: str | None = None
 

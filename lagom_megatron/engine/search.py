@@ -11,7 +11,9 @@ from lagom_megatron.engine.problem import SEARCHERS, SearchProblem, SearchResult
 from lagom_megatron.engine.profile import Profile
 
 METHODS: tuple[str, ...] = ("priority", "autoccl", "exhaustive", "nccl-default")
-"""Methods accepted by ``search`` and ``lagom search --method``."""
+"""Methods accepted by ``search`` and ``lagom search --method``; the only list of them."""
+LAGOM_METHODS = tuple(m for m in METHODS if m != "exhaustive")
+"""Values of ``--lagom-method`` and a preset's ``lagom_method`` (``exhaustive`` is for small offline instances only)."""
 
 
 def search(profile: "Profile | SearchProblem", *, rules: KnobRules | None = None, method: str = "priority",

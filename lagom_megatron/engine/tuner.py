@@ -20,14 +20,25 @@ from lagom_megatron.engine.steps import IterationMeasurement, Phase, Step
 from lagom_megatron.engine.verify import sequential_verdict
 
 
-@dataclass(kw_only=True, slots=True)
-class TunerConfig:
-    """``Tuner.Config``: the ``--lagom-*`` flags (warm-up, verify, verify-max iterations, method) and the
-    verification rule; ValueError on a count < 1, a cap < ``verify_iters``, unknown method or rule, bad ``min_gain``."""
+MIN_ITERS = 1
+"""Lower bound of each count of :class:`TunerConfig` (iteration 0 warms allocator and communicators: never timed)."""
+MAX_WARMUP_ITERS = 1000
+"""Upper bound of ``--lagom-warmup-iters``."""
+MAX_VERIFY_ITERS = 200
+"""Upper bound of ``--lagom-verify-iters`` and ``lagom simulate --verify-iters``."""
+MAX_VERIFY_MAX_ITERS = 1000
+"""Upper bound of ``--lagom-verify-max-iters`` (a 0.3% gain at 1% noise takes a few hundred pairs)."""
 
-    warmup_iters: int = 1
-    """Untimed iterations under defaults before profiling (>= 1: iteration 0 warms allocator and communicators)."""
-    verify_iters: int = 3
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TunerConfig:
+    """``Tuner.Config``: the one definition of the ``--lagom-*`` flags' defaults (warm-up, verify, verify-max
+    iterations, method; their bounds are this module's ``MIN_ITERS`` and ``MAX_*_ITERS``) and the verification rule;
+    ValueError on a count < ``MIN_ITERS``, a cap < ``verify_iters``, unknown method or rule, bad ``min_gain``."""
+
+    warmup_iters: int = 4
+    """Untimed iterations under defaults before profiling."""
+    verify_iters: int = 4
     """Timed iterations per arm (plan, defaults) at verification's first look."""
     verify_max_iters: int | None = None
     """Most timed iterations per arm while undecided (``paired``); None = ``verify_iters``."""
@@ -39,10 +50,11 @@ class TunerConfig:
     """Probe configs applied to all sites; None = ``rules.probe_configs()``."""
 
     def __post_init__(self) -> None:
-        if self.warmup_iters < 1:
-            raise ValueError(f"lagom.warmup_iters must be >= 1 (iteration 0 is never timed); got {self.warmup_iters}")
-        if self.verify_iters < 1:
-            raise ValueError(f"lagom.verify_iters must be >= 1; got {self.verify_iters}")
+        if self.warmup_iters < MIN_ITERS:
+            raise ValueError(f"lagom.warmup_iters must be >= {MIN_ITERS} (iteration 0 is never timed); "
+                             f"got {self.warmup_iters}")
+        if self.verify_iters < MIN_ITERS:
+            raise ValueError(f"lagom.verify_iters must be >= {MIN_ITERS}; got {self.verify_iters}")
         if self.verify_max_iters is not None and self.verify_max_iters < self.verify_iters:
             raise ValueError(f"lagom.verify_max_iters must be >= verify_iters ({self.verify_iters}) or None; "
                              f"got {self.verify_max_iters}")
@@ -57,6 +69,10 @@ class TunerConfig:
         """Pair counts of the verdicts (``verify.looks``); one unless ``paired`` with larger ``verify_max_iters``."""
         cap = self.verify_max_iters or self.verify_iters
         return looks(self.verify_iters, cap) if self.noise_rule == "paired" else (self.verify_iters,)
+
+
+DEFAULT_CONFIG = TunerConfig()
+"""The ``--lagom-*`` defaults that argparse, presets, ``LagomController`` and ``sim.backend.run_lifecycle`` read."""
 
 
 log = logging.getLogger("lagom.tuner")

@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 from typing import Any, Mapping
 
-from lagom_megatron.engine.search import METHODS
+from lagom_megatron.engine.search import LAGOM_METHODS
+from lagom_megatron.engine.tuner import (DEFAULT_CONFIG, MAX_VERIFY_ITERS, MAX_VERIFY_MAX_ITERS, MAX_WARMUP_ITERS,
+                                        MIN_ITERS)
+from lagom_megatron.megatron.pool.comm_pool import DEFAULT_BUDGET_MIB
 from lagom_megatron.preflight.types import Finding, RunShape
 
 LAGOM_FLAGS: frozenset[str] = frozenset(
@@ -25,32 +28,29 @@ LAGOM_FLAGS: frozenset[str] = frozenset(
 )
 """The public ``--lagom*`` surface; ``tests/training/test_args.py`` freezes it."""
 
-LAGOM_METHODS = tuple(m for m in METHODS if m != "exhaustive")
-"""Values of ``--lagom-method`` (``exhaustive`` is for small offline instances only)."""
-
 
 def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the :data:`LAGOM_FLAGS` (usable as Megatron-LM's ``extra_args_provider``); returns the parser."""
     g = parser.add_argument_group("lagom")
     g.add_argument("--lagom", action="store_true",
                    help="Profile overlapped collectives during warm-up, search and apply per-collective configs.")
-    g.add_argument("--lagom-warmup-iters", type=int, default=4,
+    g.add_argument("--lagom-warmup-iters", type=int, default=DEFAULT_CONFIG.warmup_iters,
                    help="Untimed iterations under defaults before profiling; profiling then takes one "
                         "default, one serialized and one iteration per probe config.")
-    g.add_argument("--lagom-verify-iters", type=int, default=4,
+    g.add_argument("--lagom-verify-iters", type=int, default=DEFAULT_CONFIG.verify_iters,
                    help="Measured iterations per arm (plan, defaults; alternating) before the plan is kept or dropped.")
-    g.add_argument("--lagom-verify-max-iters", type=int, default=None,
+    g.add_argument("--lagom-verify-max-iters", type=int, default=DEFAULT_CONFIG.verify_max_iters,
                    help="Most measured iterations per arm: an undecided verdict doubles the iterations per arm up to "
                         "this (default: --lagom-verify-iters, one verdict); the false-accept rate stays 5%%.")
     g.add_argument("--lagom-plan", default=None,
                    help="Plan file: reused when it exists and its fingerprint matches (applied if verified, "
                         "verified first if never verified, skipped if rejected); written after the search otherwise.")
-    g.add_argument("--lagom-method", choices=LAGOM_METHODS, default="priority",
+    g.add_argument("--lagom-method", choices=LAGOM_METHODS, default=DEFAULT_CONFIG.method,
                    help="Searcher: priority (Lagom), autoccl (each collective for its own speed), nccl-default.")
     g.add_argument("--lagom-report", default=None,
                    help="Per-site report (.md, .csv or .json, by suffix) and a PNG beside it; "
                         "default report.md in the plan's folder.")
-    g.add_argument("--lagom-pool-budget-mib", type=float, default=512.0,
+    g.add_argument("--lagom-pool-budget-mib", type=float, default=float(DEFAULT_BUDGET_MIB),
                    help="Bound on the estimated GPU memory (MiB per rank) of lagom's extra communicators; "
                         "sites whose communicators would pass it keep NCCL's defaults.")
     g.add_argument("--lagom-cluster", default=None, metavar="NAME|PATH",
@@ -69,17 +69,9 @@ LAGOM_ONLY_FLAGS = ("--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-ver
 """Options only the ``--lagom`` controller reads (not ``--lagom-allow-untested-versions``, ``--lagom-cluster``)."""
 
 
-MAX_WARMUP_ITERS = 1000
-"""Upper bound of ``--lagom-warmup-iters``."""
-MAX_VERIFY_ITERS = 200
-"""Upper bound of ``--lagom-verify-iters`` and ``lagom simulate --verify-iters``."""
-MAX_VERIFY_MAX_ITERS = 1000
-"""Upper bound of ``--lagom-verify-max-iters`` (a 0.3% gain at 1% noise takes a few hundred pairs)."""
-
-
 def lagom_value_problems(args: Mapping[str, Any]) -> list[Finding]:
-    """One ``lagom-flags`` error per ``--lagom-*-iters`` value outside 1..its ``MAX_*`` bound, or a verify cap
-    below ``--lagom-verify-iters``."""
+    """One ``lagom-flags`` error per ``--lagom-*-iters`` value outside ``MIN_ITERS``..its ``MAX_*`` bound, or a verify
+    cap below ``--lagom-verify-iters``."""
     out = []
     for flag, hi, why in (
             ("--lagom-warmup-iters", MAX_WARMUP_ITERS, "untimed iterations before profiling starts"),
@@ -90,9 +82,10 @@ def lagom_value_problems(args: Mapping[str, Any]) -> list[Finding]:
         value = args.get(flag[2:].replace("-", "_"))
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
-            out.append(Finding("error", "lagom-flags", f"{flag} {value} is out of range; allowed: an integer in 1..{hi}",
-                               f"{flag} counts {why}", f"give {flag} a value in 1..{hi}"))
+        if isinstance(value, bool) or not isinstance(value, int) or not MIN_ITERS <= value <= hi:
+            out.append(Finding("error", "lagom-flags",
+                               f"{flag} {value} is out of range; allowed: an integer in {MIN_ITERS}..{hi}",
+                               f"{flag} counts {why}", f"give {flag} a value in {MIN_ITERS}..{hi}"))
     first, cap = args.get("lagom_verify_iters"), args.get("lagom_verify_max_iters")
     if not out and isinstance(cap, int) and isinstance(first, int) and cap < first:
         out.append(Finding("error", "lagom-flags", f"--lagom-verify-max-iters {cap} is below --lagom-verify-iters "

@@ -11,7 +11,7 @@ from typing import Any
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Sample
 from lagom_megatron.engine.steps import IterationMeasurement, Phase, Step
-from lagom_megatron.engine.tuner import Tuner
+from lagom_megatron.engine.tuner import DEFAULT_CONFIG, Tuner
 from lagom_megatron.nccl.env_vars import launch_nthreads
 from lagom_megatron.nccl.rules import NcclRules
 from lagom_megatron.sim import timeline
@@ -186,9 +186,11 @@ def verify_counts(preset: Any, verify_iters: int | None = None, verify_max_iters
     return first, cap
 
 
-def run_lifecycle(sim: SimulatedCluster, *, method: str = "priority", verify_iters: int = 3, warmup_iters: int = 1,
+def run_lifecycle(sim: SimulatedCluster, *, method: str = DEFAULT_CONFIG.method,
+                  verify_iters: int = DEFAULT_CONFIG.verify_iters, warmup_iters: int = DEFAULT_CONFIG.warmup_iters,
                   after_iters: int = 3, probe_configs: list[CommConfig] | None = None, first_iteration: int = 0,
-                  pool_budget_bytes: int | None = None, verify_max_iters: int | None = None) -> LifecycleResult:
+                  pool_budget_bytes: int | None = None,
+                  verify_max_iters: int | None = DEFAULT_CONFIG.verify_max_iters) -> LifecycleResult:
     """Runs the whole lifecycle on ``sim`` with the real ``Tuner``, then ``after_iters`` iterations more."""
     rules = NcclRules(sim.cluster, backend="sim", pool_budget_bytes=pool_budget_bytes)
     cfg = Tuner.Config(warmup_iters=warmup_iters, verify_iters=verify_iters, verify_max_iters=verify_max_iters, method=method,

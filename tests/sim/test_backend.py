@@ -171,7 +171,7 @@ def test_search_sees_only_profile_records(monkeypatch):
 
 def test_lifecycle_ends_applied_or_fell_back_with_a_reason():
     sim = SimulatedCluster(load_preset("llama3-8b-h100x8"), seed=2)
-    r = run_lifecycle(sim, verify_iters=2, after_iters=2)
+    r = run_lifecycle(sim, verify_iters=2, warmup_iters=1, after_iters=2)
     t = r.tuner
     assert t.phase in (Phase.APPLIED, Phase.FELL_BACK) and t.reason
     kinds = [s.kind for s, _ in r.steps]

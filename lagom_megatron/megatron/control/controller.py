@@ -9,6 +9,7 @@ import time
 from typing import Any
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Sample
+from lagom_megatron.engine.tuner import DEFAULT_CONFIG
 from lagom_megatron.megatron.hooks.sites import registered_pools
 from lagom_megatron.megatron.outputs.run_files import num_microbatches, run_fingerprint
 from lagom_megatron.megatron.outputs.run_files import RunFiles, say
@@ -23,8 +24,9 @@ class LagomController:
     """The ``--lagom`` training callback of one rank; arguments are the ``--lagom-*`` options (``cluster``
     default: ``cpu-gloo`` on CPU, else ``$LAGOM_CLUSTER``, the preset's cluster or ``h100-sxm-ib400``)."""
 
-    def __init__(self, *, warmup_iters: int = 1, verify_iters: int = 3, verify_max_iters: int | None = None,
-                 method: str = "priority",
+    def __init__(self, *, warmup_iters: int = DEFAULT_CONFIG.warmup_iters,
+                 verify_iters: int = DEFAULT_CONFIG.verify_iters,
+                 verify_max_iters: int | None = DEFAULT_CONFIG.verify_max_iters, method: str = DEFAULT_CONFIG.method,
                  plan_path: str | None = None, report_path: str | None = None, cluster: str | None = None,
                  preset_name: str | None = None, pool_budget_mib: float | None = None) -> None:
         self.warmup_iters = warmup_iters
@@ -66,7 +68,7 @@ class LagomController:
     def from_args(cls, args: Any) -> "LagomController":
         """Builds the controller from ``pretrain_gpt.py``'s parsed arguments."""
         return cls(warmup_iters=args.lagom_warmup_iters, verify_iters=args.lagom_verify_iters,
-                   verify_max_iters=getattr(args, "lagom_verify_max_iters", None),
+                   verify_max_iters=getattr(args, "lagom_verify_max_iters", DEFAULT_CONFIG.verify_max_iters),
                    method=args.lagom_method, plan_path=args.lagom_plan, report_path=args.lagom_report,
                    cluster=getattr(args, "lagom_cluster", None), preset_name=getattr(args, "preset_name", None),
                    pool_budget_mib=getattr(args, "lagom_pool_budget_mib", None))
