@@ -21,6 +21,15 @@ def test_help_runs_without_torch():
     assert "usage: lagom" in proc.stdout
 
 
+def test_help_imports_neither_training_nor_preflight():
+    """Building every subcommand's parser imports no module of ``training/`` or ``preflight/``."""
+    code = ("import sys; from lagom_megatron.cli.main import main; main(['--help']); "
+            "print(*(m for m in sys.modules if m.startswith(('lagom_megatron.training', 'lagom_megatron.preflight'))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=COMMAND_S)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "", proc.stdout.splitlines()[-1]
+
+
 def test_every_entry_point_is_the_lagom_command():
     """``python -m lagom_megatron``, ``python -m lagom_megatron.cli`` (the SLURM scripts' form) and the
     ``lagom`` console script named in pyproject.toml all run the same command."""
