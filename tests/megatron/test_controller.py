@@ -256,11 +256,11 @@ def test_run_too_short_or_interrupted_is_named_with_its_reason(tmp_path):
     ctl.pool = None
     ctl._start_tuner()
     assert rules_for("gloo", ctl.cluster).backend == "gloo"
-    ctl._train_iters, ctl._last_iteration = 8, 8
+    ctl.train_iters, ctl.last_iteration = 8, 8
     s = ctl.summary()
     assert s["run_kind"] == "unfinished" and s["plan_path"] is None and s["profile_path"] is None
     assert f"--train-iters 8 ended while lagom was profiling: tuning needs {ctl.tuner.total_iters} iterations" in s["reason"]
-    ctl._last_iteration = 3
+    ctl.last_iteration = 3
     s = ctl.summary()
     assert s["run_kind"] == "interrupted" and "training stopped at iteration 3 of 8" in s["reason"]
 

@@ -7,22 +7,30 @@ import math
 import os
 import time
 from typing import Any
-from lagom_megatron.engine.knobs import DEFAULT, CommConfig
+
+from lagom_megatron.config.presets import load_preset
+from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.engine.knobs import DEFAULT
+from lagom_megatron.engine.plan import Plan
 from lagom_megatron.engine.profile import CollectiveSite, Sample
-from lagom_megatron.engine.tuner import DEFAULT_CONFIG
-from lagom_megatron.megatron.hooks.sites import registered_pools
-from lagom_megatron.megatron.outputs.run_files import num_microbatches, run_fingerprint
-from lagom_megatron.megatron.outputs.run_files import RunFiles, say
-from lagom_megatron.megatron.outputs.run_files import say
-from lagom_megatron.megatron.outputs.report import is_tuned
-
-
-log = logging.getLogger("lagom")
+from lagom_megatron.engine.steps import IterationMeasurement, Phase
+from lagom_megatron.engine.tuner import DEFAULT_CONFIG, Tuner
+from lagom_megatron.megatron import consensus
+from lagom_megatron.megatron.control.apply import Applier
+from lagom_megatron.megatron.control.observed import log_plan_hits
+from lagom_megatron.megatron.hooks import patches
+from lagom_megatron.megatron.hooks.profiler import KernelTimes, Profiler
+from lagom_megatron.megatron.hooks.sites import GroupNames, SiteRegistry, registered_pools
+from lagom_megatron.megatron.outputs.report import is_tuned, report_path_for, run_rows, run_summary, write_report
+from lagom_megatron.megatron.outputs.run_files import RunFiles, num_microbatches, run_fingerprint, say
+from lagom_megatron.megatron.pool.comm_pool import DEFAULT_BUDGET_MIB, CommPool, make_pool_backend, rules_for
+from lagom_megatron.nccl.pool import NcclPoolBackend
 
 
 class LagomController:
     """The ``--lagom`` training callback of one rank; arguments are the ``--lagom-*`` options (``cluster``
-    default: ``cpu-gloo`` on CPU, else ``$LAGOM_CLUSTER``, the preset's cluster or ``h100-sxm-ib400``)."""
+    default: ``cpu-gloo`` on CPU, else ``$LAGOM_CLUSTER``, the preset's cluster or ``h100-sxm-ib400``). Implements
+    ``outputs.report.RunView``."""
 
     def __init__(self, *, warmup_iters: int = DEFAULT_CONFIG.warmup_iters,
                  verify_iters: int = DEFAULT_CONFIG.verify_iters,
@@ -45,23 +53,24 @@ class LagomController:
         self.files = RunFiles(plan_path=plan_path, report_path=report_path, preset_name=preset_name, rank=self.rank)
         self._step: Any = None
         self._t_default: dict[str, tuple[float, float, float]] = {}
-        self._t_plan: dict[str, list[float]] = {}
-        self._t_verify_default: dict[str, list[float]] = {}
-        """Site id -> region times (us) in the verification's default iterations."""
-        self._train_iters: int | None = None
-        self._last_iteration = 0
-        self._applied_us: list[float] = []
-        self._baseline_us: list[float] = []
-        self._last_sites: dict[str, dict[str, Any]] = {}
-        self._pool_for_probes = False
+        self.t_plan: dict[str, list[float]] = {}
+        self.t_verify_default: dict[str, list[float]] = {}
+        """Site id -> region times (us) in the verification's plan / default iterations."""
+        self.train_iters: int | None = None
+        self.last_iteration = 0
+        self.applied_us: list[float] = []
+        """Iteration times (us) of a reused plan's 2nd-4th iterations."""
+        self.last_sites: dict[str, CollectiveSite] = {}
         self._reported = False
         self._n_steps = 0
         self._kind_steps: dict[str, int] = {}
         self.search_ms: float | None = None
         self.pool_budget_mib = pool_budget_mib
+        self.backend: str | None = None
+        """nccl or gloo (``on_setup``)."""
+        self.cluster: ClusterSpec | None = None
+        self.pool: Any = None
         self.applier: Any = None
-        from lagom_megatron.megatron.hooks.profiler import KernelTimes
-
         self.kernel_times = KernelTimes()
 
     @classmethod
@@ -83,8 +92,6 @@ class LagomController:
             return os.environ["LAGOM_CLUSTER"]
         if self.preset_name:
             try:
-                from lagom_megatron.config.presets import load_preset
-
                 return load_preset(self.preset_name).cluster
             except (ValueError, FileNotFoundError):
                 pass
@@ -93,17 +100,12 @@ class LagomController:
     def on_setup(self, ctx: Any) -> None:
         """Installs the hooks and loads a saved plan or starts the tuner (collective on all ranks)."""
         import torch
+        from megatron.core import parallel_state
 
-        from lagom_megatron.engine.cluster import ClusterSpec
-        from lagom_megatron.megatron.hooks import patches
-        from lagom_megatron.megatron.pool.comm_pool import make_pool_backend
-        from lagom_megatron.megatron.pool.comm_pool import CommPool
-        from lagom_megatron.megatron.hooks.profiler import Profiler
-        from lagom_megatron.megatron.hooks.router import SiteRouter
-        from lagom_megatron.megatron.hooks.sites import GroupNames, SiteRegistry
+        from lagom_megatron.megatron.hooks.router import SiteRouter  # imports torch
 
         args = ctx.args
-        self._train_iters = getattr(args, "train_iters", None)
+        self.train_iters = getattr(args, "train_iters", None)
         if self.rank != 0:  # one copy of the tuner's warnings, not one per rank
             logging.getLogger("lagom").setLevel(logging.ERROR)
         on_gpu = torch.cuda.is_available()
@@ -112,8 +114,6 @@ class LagomController:
         self.cluster = ClusterSpec.load(cluster_name)
         self.fingerprint = run_fingerprint(args, backend=self.backend, cluster=self.cluster.name)
         groups = GroupNames.from_parallel_state()
-        from megatron.core import parallel_state
-
         pp = parallel_state.get_pipeline_model_parallel_world_size()
         self.registry = SiteRegistry(groups, num_microbatches=num_microbatches(args),
                                      pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None)
@@ -121,9 +121,6 @@ class LagomController:
         # DDP buffers in NCCL memory pools (--use-nccl-ub): pool entries of their group register them too
         self.registry.registered_pools = registered_pools(ctx.model, lambda g: groups.lookup(g).name)
         self.profiler = Profiler(use_cuda_events=on_gpu)
-        from lagom_megatron.megatron.control.apply import Applier
-        from lagom_megatron.megatron.pool.comm_pool import DEFAULT_BUDGET_MIB
-
         budget = DEFAULT_BUDGET_MIB if self.pool_budget_mib is None else self.pool_budget_mib
         self.pool = CommPool(make_pool_backend(self.backend), groups, budget_bytes=int(budget * 2**20))
         self.pool.registered = self.registry.registered_pools
@@ -146,14 +143,61 @@ class LagomController:
         if self.mode == "tune":
             self._warn_if_too_short(args.train_iters)
 
+    def _try_reuse_plan(self) -> bool:
+        """Applies ``files``' saved plan if it matches ``fingerprint``; True when that decides the run's course (reused,
+        kept rejected, or aborted on disagreement), False when the controller should profile and search."""
+        try:
+            plan = self.files.saved_plan(self.fingerprint, self.cluster)
+        except consensus.PlanDisagreement as exc:
+            say(f"lagom: ERROR: {exc}")
+            self.mode = "aborted"
+            return True
+        if plan is None:
+            return False
+        self.plan = plan
+        self.mode = "reuse"
+        if plan.method != self.method:  # whichever branch follows: applied, verified first, or kept rejected
+            say(f"lagom: WARNING: --lagom-method {self.method} not used: plan {self.files.plan_path} was searched "
+                f"with {plan.method}; delete it or pass another --lagom-plan to search with {self.method}")
+        if plan.rejected:
+            # applying it unverified would undo its verdict; the router keeps its empty assignment
+            reason = plan.stats.get("verification_reason") or "no reason saved"
+            say(f"lagom: phase fell_back | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) but its "
+                f"verification kept the defaults ({reason}) | profiling and search skipped; delete the plan or pass "
+                "another --lagom-plan to search again")
+            return True
+        if self.applier is not None:
+            # a ``lagom search`` plan was never trimmed to this run's pool budget (else the pool preflight fails it)
+            try:
+                plan = self.plan = self.applier.fit_plan_to_budget(plan)
+            except ValueError as exc:  # the same on every rank: the plan and the capabilities are agreed
+                say(f"lagom: ERROR: plan {self.files.plan_path} cannot be fitted to the pool budget: {exc}; "
+                    "NCCL defaults kept")
+                self.mode = "aborted"
+                return True
+        if plan.stats.get("verification") is None:
+            # never verified (``lagom search``, a short run): measure it against the defaults now
+            self._start_tuner(plan)
+            if not self._prepare_pool_for_plan(plan):
+                return True
+            up_to = "up to " if len(self.tuner.verify_looks) > 1 else ""
+            say(f"lagom: phase verifying | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) but never "
+                f"verified | profiling and search skipped; {up_to}{self.tuner.total_iters} iterations to verify it")
+            return True
+        if not self._prepare_pool_for_plan(plan):
+            return True
+        assignment = {sid: e.config for sid, e in plan.entries.items() if not e.config.is_default()}
+        self.router.set_assignment(assignment)
+        tuned = sum(is_tuned(c.to_dict(), self.backend) for c in assignment.values())
+        say(f"lagom: phase applied | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) | "
+             f"{tuned}/{len(plan.entries)} sites tuned | profiling and search skipped")
+        return True
+
     def _start_tuner(self, plan: Any = None) -> None:
         """Creates the tuner; with ``plan``, it only verifies that plan (no profiling or search)."""
-        from lagom_megatron.engine.tuner import Tuner
-        from lagom_megatron.megatron.pool.comm_pool import rules_for
-
         caps = self.applier.capabilities if self.backend == "nccl" else None
         rules = rules_for(self.backend, self.cluster, capabilities=caps,  # the search knows the pool budget
-                          pool_budget_bytes=getattr(self.pool, "budget_bytes", None) if self.backend == "nccl" else None)
+                          pool_budget_bytes=self.pool.budget_bytes if self.backend == "nccl" else None)
         for line in getattr(rules, "warnings", lambda: [])():
             say(f"lagom: WARNING: {line}")
         self.tuner = Tuner(
@@ -163,10 +207,8 @@ class LagomController:
         )
         if plan is not None:
             self.tuner.start_from_plan(plan)
-        elif getattr(self.pool, "backend", None) is not None and getattr(self.pool.backend, "use_tuner_plugin", False):
-            # NCCL with the plugin: the probes run on per-communicator entries (no table exists yet)
-            self.pool.backend.plugin_active = False
-            self.pool.invalidate_keys()
+        elif isinstance(getattr(self.pool, "backend", None), NcclPoolBackend) and self.pool.backend.start_probes():
+            self.pool.invalidate_keys()  # the probes run on per-communicator entries: no table exists yet
         self.mode = "tune"
 
     def _warn_if_too_short(self, train_iters: int) -> None:
@@ -183,14 +225,6 @@ class LagomController:
                 f"after {soonest} iterations, or up to {needed} when it is undecided (--lagom-verify-max-iters "
                 f"{points[-1]}); an undecided plan is then saved unverified")
 
-    def _try_reuse_plan(self) -> bool:
-
-        return try_reuse_plan(self)
-
-    @staticmethod
-    def _assignment_of(plan: Any) -> dict[str, CommConfig]:
-        return {sid: e.config for sid, e in plan.entries.items() if not e.config.is_default()}
-
     def _prepare_pool_for_plan(self, plan: Any) -> bool:
         if not self.applier.apply_plan(plan):
             self.mode = "aborted"
@@ -198,9 +232,6 @@ class LagomController:
         return True
 
     def _agree(self, plan: Any) -> Any:
-        from lagom_megatron.engine.plan import Plan
-        from lagom_megatron.megatron import consensus
-
         try:
             if plan is not None:
                 try:
@@ -217,14 +248,14 @@ class LagomController:
     def on_iteration_start(self, iteration: int) -> None:
         """Applies this iteration's assignment and arms the profiler."""
         # a reused plan times iterations 2-4 for the report; the first is the slowest, with no call period yet
-        reuse_timed = self.mode == "reuse" and self._last_iteration >= 1 and len(self._applied_us) < 3
+        reuse_timed = self.mode == "reuse" and self.last_iteration >= 1 and len(self.applied_us) < 3
         self.registry.start_iteration(record=(self.mode == "tune" and not self.tuner.done) or reuse_timed)
-        if self.mode == "tune" and self.tuner.done:  # the final assignment was set once, in step_end.on_done
+        if self.mode == "tune" and self.tuner.done:  # the final assignment was set once, in _on_done
             self.profiler.start_iteration(timed=False)
         elif self.mode == "tune":
             step = self._step = self.tuner.start_iteration(iteration)
             self.router.set_assignment(step.assignment)
-            if self._nccl_timed(step):  # NCCL's kernel timers: a second source for the profile (kernel_time)
+            if self._nccl_timed(step):  # NCCL's kernel timers: a second source for the profile (KernelTimes)
                 self.kernel_times.start()
             self.profiler.start_iteration(timed=step.timed, serialize=step.serialize)
         elif self.mode == "reuse":
@@ -235,28 +266,26 @@ class LagomController:
 
     def on_iteration_end(self, iteration: int, elapsed_s: float, loss: float) -> None:
         """Feeds the (all-gathered) measurement to the tuner and acts on its phase changes."""
-        from lagom_megatron.engine.steps import IterationMeasurement
-        from lagom_megatron.megatron import consensus
-
         self.registry.finish_iteration()
-        self._last_iteration = iteration
+        self.last_iteration = iteration
         timed = self.profiler.timed  # the same on every rank: decides the collective calls below
         timings = self.profiler.finish_iteration()
         if self.applier is not None and not self.applier.check_first_use():  # NCCL refused a first call on an entry
             self.mode = "aborted"
             if self.plan is not None and self.rank == 0:
-                self.files.save_plan(self.plan.with_stats(verification="fell_back", verification_reason=self.applier.error))
+                self.files.save_plan(self.plan.with_stats(verification="fell_back",
+                                                          verification_reason=self.applier.error))
             self.write_report()
             return
         if self.applier is not None and self.plan is not None and self.mode in ("tune", "reuse"):
             self._check_observed()  # collective once the plan's calls ran: the condition is the same on every rank
         if self.mode == "reuse":
             if timed:
-                self._last_sites = {sid: r.to_site() for sid, r in self.registry.records.items()}
+                self.last_sites = {sid: r.to_site() for sid, r in self.registry.records.items()}
                 _, merged, it_us, _ = consensus.merge_measurements({}, timings, elapsed_s * 1e6)
-                self._applied_us.append(it_us)
+                self.applied_us.append(it_us)
                 # a rejected plan runs under defaults: its regions are default times, not the plan's
-                into = self._t_verify_default if self.plan.rejected else self._t_plan
+                into = self.t_verify_default if self.plan.rejected else self.t_plan
                 for sid, t in merged.items():
                     into.setdefault(sid, []).append(t[2])
             return
@@ -287,13 +316,91 @@ class LagomController:
             self.router.set_assignment({})
             say(f"lagom: ERROR: tuning aborted at iteration {iteration}: {exc}; NCCL defaults kept, training continues")
             return
-        dt_ms = (time.perf_counter() - t0) * 1e3
         self._n_steps += 1
+        self._after_step(step, iteration, measurement, merged, before, phase, (time.perf_counter() - t0) * 1e3)
 
-        after_step(self, step, iteration, measurement, merged, before, phase, dt_ms)
+    def _after_step(self, step: Any, iteration: int, m: IterationMeasurement, merged: dict, before: Phase, phase: Phase,
+                    dt_ms: float) -> None:
+        """After one profiled or verified iteration; ``merged``: site id -> (t_comm, t_comp, t_region) in us, ``dt_ms``:
+        the tuner's step time."""
+        tuner = self.tuner
+        total = tuner.profiling_iters
+        if step.kind == "default":
+            self._t_default = dict(merged)
+            self.last_sites = {s.site_id: s for s in m.sites}
+        if step.kind in ("warmup", "default", "serialized", "probe"):
+            sites = f"sites {len(m.sites)}" if m.sites else "counting calls per stream"
+            # warmup i/n counts --lagom-warmup-iters; step k/total counts every profiling iteration
+            of_kind = {"warmup": tuner.config.warmup_iters, "probe": len(tuner.probes), "default": 1, "serialized": 1}
+            self._kind_steps[step.kind] = self._kind_steps.get(step.kind, 0) + 1
+            say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._kind_steps[step.kind]}/"
+                f"{of_kind[step.kind]}; profiling step {self._n_steps}/{total}) | {sites} | "
+                f"iteration {m.iteration_us / 1e3:.1f} ms")
+        if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
+            # the configs the router will route in the probe iterations (probes as each site's op allows)
+            if not self.applier.apply_probes(tuner.probe_assignments(), m.sites):
+                self.mode = "aborted"
+                self.write_report()
+                return
+        if step.kind in ("verify-plan", "verify-default"):
+            if not self._t_default and m.sites:  # verifying a reused plan: no default profile gave the sites
+                self.last_sites = {s.site_id: s for s in m.sites}
+            into = self.t_plan if step.kind == "verify-plan" else self.t_verify_default
+            for sid, t in merged.items():
+                into.setdefault(sid, []).append(t[2])
+        if step.kind in ("verify-plan", "verify-default"):
+            say(f"lagom: phase verifying (iteration {iteration}, {step.kind.split('-')[1]}) | "
+                 f"iteration {m.iteration_us / 1e3:.1f} ms")
+        if before is Phase.PROBING and phase is not Phase.PROBING:
+            self._on_searched(phase, dt_ms)
+        if phase in (Phase.APPLIED, Phase.FELL_BACK) and before not in (Phase.APPLIED, Phase.FELL_BACK):
+            self._on_done(phase)
+
+    def _on_searched(self, phase: Phase, dt_ms: float) -> None:
+        """After the search: profile and plan saved on rank 0, the search line, the plan's pool entries on all ranks."""
+        tuner = self.tuner
+        if tuner.profile is not None and self.rank == 0:
+            self.files.save_profile(tuner.profile)
+        stats = tuner.search_stats
+        n = len(tuner.profile.sites) if tuner.profile is not None else 0
+        wall_ms = float(stats.get("wall_time_s", dt_ms / 1e3)) * 1e3
+        self.search_ms = wall_ms
+        pred, base = stats.get("predicted_iteration_us"), stats.get("default_iteration_us")
+        pred_txt = (f" | predicted iteration {base / 1e3:.1f} -> {pred / 1e3:.1f} ms"
+                    if isinstance(pred, (int, float)) and isinstance(base, (int, float)) else "")
+        mape = f" | model MAPE {tuner.model_mape:.1f}%" if tuner.model_mape is not None else ""
+        say(f"lagom: phase searching | searched {n} sites in {wall_ms:.1f} ms ({tuner.config.method}, "
+             f"{stats.get('model_evaluations', '?')} evaluations){pred_txt}{mape}")
+        if tuner.plan is not None and phase is not Phase.FELL_BACK:
+            self.plan = tuner.plan
+            if self.rank == 0:
+                self.files.save_plan(tuner.plan)
+            if not self._prepare_pool_for_plan(tuner.plan):
+                if self.rank == 0:  # a later run keeps the defaults instead of failing the same way
+                    self.files.save_plan(tuner.plan.with_stats(verification="fell_back",
+                                                               verification_reason=self.applier.error))
+                self.write_report()
+                return
+            say(f"lagom: plan {self.files.plan_path} (digest {tuner.plan.digest()[:12]}) | "
+                f"profile {self.files.profile_path}")
+
+    def _on_done(self, phase: Phase) -> None:
+        """Verification over (APPLIED or FELL_BACK): final assignment, phase line, plan saved with its verdict,
+        report."""
+        self.router.set_assignment(self.tuner.assignment())  # the plan (APPLIED) or {} (FELL_BACK), for good
+        s = self.tuner.summary()
+        if phase is Phase.APPLIED:
+            say(f"lagom: phase applied | measured {s['measured_default_us'] / 1e3:.1f} -> "
+                f"{s['measured_plan_us'] / 1e3:.1f} ms | {self.tuner.reason}")
+        else:
+            live = self.pool.live
+            say(f"lagom: phase fell_back | {self.tuner.reason} | {self.pool.destroy()}/{live} pool entries destroyed")
+        if self.plan is not None and self.rank == 0:
+            self.files.save_plan(self.plan.with_stats(verification=phase.value, verification_reason=self.tuner.reason))
+        self.write_report()
 
     def _nccl_timed(self, step: Any) -> bool:
-        return getattr(self, "backend", None) == "nccl" and step.timed and step.kind in ("default", "serialized", "probe")
+        return self.backend == "nccl" and step.timed and step.kind in ("default", "serialized", "probe")
 
     def _check_observed(self) -> None:
         bad = self.applier.check_observed(self.plan)
@@ -301,13 +408,10 @@ class LagomController:
             return
         reason = "what ran differed from the plan (observed check)"
         if self.mode == "tune" and self.tuner is not None and not self.tuner.done:
-            from lagom_megatron.engine.steps import Phase
-
             self.tuner.revert_sites(bad, reason)
             self.plan = self.tuner.plan
             if self.tuner.phase is Phase.FELL_BACK:
-
-                on_done(self, Phase.FELL_BACK)
+                self._on_done(Phase.FELL_BACK)
         else:
             self.plan = self.plan.with_defaults(bad, note=reason)
             if self.rank == 0:
@@ -318,12 +422,11 @@ class LagomController:
         try:
             # only a plan applied through the plugin (the agreed mechanism) and never reverted
             applied = self.applier is not None and self.applier.error is None and self.mode in ("tune", "reuse")
-            if applied and getattr(self.pool.backend, "use_tuner_plugin", False) \
-                    and getattr(self.pool.backend, "plugin_active", False) and self.plan is not None:
-                from lagom_megatron.megatron.control.observed import log_plan_hits
-
+            if applied and isinstance(self.pool.backend, NcclPoolBackend) and self.pool.backend.uses_table \
+                    and self.plan is not None:
                 table_plan = getattr(self.applier, "table_plan", None) or self.plan  # the rows the plugin loaded
-                log_plan_hits(table_plan, getattr(self.pool, "groups", None))  # collective: the condition is the same on every rank
+                # collective: the condition is the same on every rank
+                log_plan_hits(table_plan, getattr(self.pool, "groups", None))
             if not self._reported:
                 self.write_report()
         finally:
@@ -336,31 +439,15 @@ class LagomController:
             self.handle = None
 
     # ------------------------------------------------------------------ report
-    def run_kind(self) -> str:
-        """``report.RUN_KINDS`` of this run (``run_report.run_kind``)."""
-        from lagom_megatron.megatron.outputs.report import run_kind
-
-        return run_kind(self)
-
     def summary(self) -> dict[str, Any]:
-        """JSON-ready state of the run (``run_report.run_summary``)."""
-        from lagom_megatron.megatron.outputs.report import run_summary
-
+        """JSON-ready state of the run (``report.run_summary``)."""
         return run_summary(self)
-
-    def report_rows(self) -> list[Any]:
-        """One ``report.SiteRow`` per site (``run_report.run_rows``)."""
-        from lagom_megatron.megatron.outputs.report import run_rows
-
-        return run_rows(self)
 
     def write_report(self) -> None:
         """Rank 0 writes the report (table + PNG); other ranks return."""
         self._reported = True
         if self.rank != 0 or self.mode == "off":
             return
-        from lagom_megatron.megatron.outputs.report import report_path_for, write_report
-
         summary = self.summary()
         path = report_path_for(self.files.report_path, summary["run_kind"])
         if not (self.files.may_write(path) and self.files.may_write(path.with_suffix(".png"))):
@@ -368,141 +455,8 @@ class LagomController:
                 "not be reused nor moved aside")
             return
         try:
-            paths = write_report(path, self.report_rows(), summary)
+            paths = write_report(path, run_rows(self), summary)
         except OSError as exc:  # the report is not worth a training run
             say(f"lagom: WARNING: report not written to {path}: {exc}")
             return
         say(f"lagom: report {', '.join(str(p) for p in paths)}")
-
-
-def after_step(ctl: Any, step: Any, iteration: int, m: Any, merged: dict, before: Any, phase: Any, dt_ms: float) -> None:
-    """The controller's work after one profiled or verified iteration; ``merged``: site id -> (t_comm, t_comp, t_region)
-    in us, ``dt_ms``: the tuner's step time."""
-    from lagom_megatron.engine.steps import Phase
-
-    tuner = ctl.tuner
-    total = tuner.profiling_iters
-    if step.kind == "default":
-        ctl._t_default = dict(merged)
-        ctl._last_sites = {s.site_id: s for s in m.sites}
-    if step.kind in ("warmup", "default", "serialized", "probe"):
-        sites = f"sites {len(m.sites)}" if m.sites else "counting calls per stream"
-        # warmup i/n counts --lagom-warmup-iters; step k/total counts every profiling iteration
-        of_kind = {"warmup": tuner.config.warmup_iters, "probe": len(tuner.probes), "default": 1, "serialized": 1}
-        ctl._kind_steps[step.kind] = ctl._kind_steps.get(step.kind, 0) + 1
-        say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {ctl._kind_steps[step.kind]}/"
-            f"{of_kind[step.kind]}; profiling step {ctl._n_steps}/{total}) | {sites} | "
-            f"iteration {m.iteration_us / 1e3:.1f} ms")
-    if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
-        # the configs the router will route in the probe iterations (probes as each site's op allows)
-        if not ctl.applier.apply_probes(tuner.probe_assignments(), m.sites):
-            ctl.mode = "aborted"
-            ctl.write_report()
-            return
-    if step.kind in ("verify-plan", "verify-default"):
-        if not ctl._t_default and m.sites:  # verifying a reused plan: no default profile gave the sites
-            ctl._last_sites = {s.site_id: s for s in m.sites}
-        into = ctl._t_plan if step.kind == "verify-plan" else ctl._t_verify_default
-        for sid, t in merged.items():
-            into.setdefault(sid, []).append(t[2])
-    if step.kind in ("verify-plan", "verify-default"):
-        say(f"lagom: phase verifying (iteration {iteration}, {step.kind.split('-')[1]}) | "
-             f"iteration {m.iteration_us / 1e3:.1f} ms")
-    if before is Phase.PROBING and phase is not Phase.PROBING:
-        on_searched(ctl, iteration, phase, dt_ms)
-    if phase in (Phase.APPLIED, Phase.FELL_BACK) and before not in (Phase.APPLIED, Phase.FELL_BACK):
-        on_done(ctl, phase)
-
-
-def on_searched(ctl: Any, iteration: int, phase: Any, dt_ms: float) -> None:
-    """After the search: profile and plan saved on rank 0, the search line, the plan's pool entries on every rank."""
-    from lagom_megatron.engine.steps import Phase
-
-    tuner = ctl.tuner
-    if tuner.profile is not None and ctl.rank == 0:
-        ctl.files.save_profile(tuner.profile)
-    stats = tuner.search_stats
-    n = len(tuner.profile.sites) if tuner.profile is not None else 0
-    wall_ms = float(stats.get("wall_time_s", dt_ms / 1e3)) * 1e3
-    ctl.search_ms = wall_ms
-    pred, base = stats.get("predicted_iteration_us"), stats.get("default_iteration_us")
-    pred_txt = f" | predicted iteration {base / 1e3:.1f} -> {pred / 1e3:.1f} ms" if isinstance(pred, (int, float)) and isinstance(base, (int, float)) else ""
-    mape = f" | model MAPE {tuner.model_mape:.1f}%" if tuner.model_mape is not None else ""
-    say(f"lagom: phase searching | searched {n} sites in {wall_ms:.1f} ms ({tuner.config.method}, "
-         f"{stats.get('model_evaluations', '?')} evaluations){pred_txt}{mape}")
-    if tuner.plan is not None and phase is not Phase.FELL_BACK:
-        ctl.plan = tuner.plan
-        if ctl.rank == 0:
-            ctl.files.save_plan(tuner.plan)
-        if not ctl._prepare_pool_for_plan(tuner.plan):
-            if ctl.rank == 0:  # a later run keeps the defaults instead of failing the same way
-                ctl.files.save_plan(tuner.plan.with_stats(verification="fell_back", verification_reason=ctl.applier.error))
-            ctl.write_report()
-            return
-        say(f"lagom: plan {ctl.files.plan_path} (digest {tuner.plan.digest()[:12]}) | profile {ctl.files.profile_path}")
-
-
-def on_done(ctl: Any, phase: Any) -> None:
-    """Verification over (APPLIED or FELL_BACK): final assignment, phase line, plan saved with its verdict, report."""
-    from lagom_megatron.engine.steps import Phase
-
-    ctl.router.set_assignment(ctl.tuner.assignment())  # the plan (APPLIED) or {} (FELL_BACK), for good
-    s = ctl.tuner.summary()
-    if phase is Phase.APPLIED:
-        say(f"lagom: phase applied | measured {s['measured_default_us'] / 1e3:.1f} -> {s['measured_plan_us'] / 1e3:.1f} ms | {ctl.tuner.reason}")
-    else:
-        live = ctl.pool.live
-        say(f"lagom: phase fell_back | {ctl.tuner.reason} | {ctl.pool.destroy()}/{live} pool entries destroyed")
-    if ctl.plan is not None and ctl.rank == 0:
-        ctl.files.save_plan(ctl.plan.with_stats(verification=phase.value, verification_reason=ctl.tuner.reason))
-    ctl.write_report()
-
-
-def try_reuse_plan(ctl: Any) -> bool:
-    """Applies ``ctl.files``' saved plan if it matches ``ctl.fingerprint``; True when that decides the run's course
-    (reused, kept rejected, or aborted on disagreement), False when the controller should profile and search."""
-    from lagom_megatron.megatron import consensus
-
-    try:
-        plan = ctl.files.saved_plan(ctl.fingerprint, getattr(ctl, "cluster", None))
-    except consensus.PlanDisagreement as exc:
-        say(f"lagom: ERROR: {exc}")
-        ctl.mode = "aborted"
-        return True
-    if plan is None:
-        return False
-    ctl.plan = plan
-    ctl.mode = "reuse"
-    if plan.method != ctl.method:  # whichever branch follows: applied, verified first, or kept rejected
-        say(f"lagom: WARNING: --lagom-method {ctl.method} not used: plan {ctl.files.plan_path} was searched "
-            f"with {plan.method}; delete it or pass another --lagom-plan to search with {ctl.method}")
-    if plan.rejected:
-        # applying it unverified would undo its verdict; the router keeps its empty assignment
-        say(f"lagom: phase fell_back | plan {ctl.files.plan_path} reused (digest {plan.digest()[:12]}) "
-             f"but its verification kept the defaults ({plan.stats.get('verification_reason') or 'no reason saved'}) | "
-             f"profiling and search skipped; delete the plan or pass another --lagom-plan to search again")
-        return True
-    if getattr(ctl, "applier", None) is not None:
-        # a ``lagom search`` plan was never trimmed to this run's pool budget (else the pool preflight fails it)
-        try:
-            plan = ctl.plan = ctl.applier.fit_plan_to_budget(plan)
-        except ValueError as exc:  # the same on every rank: the plan and the capabilities are agreed
-            say(f"lagom: ERROR: plan {ctl.files.plan_path} cannot be fitted to the pool budget: {exc}; NCCL defaults kept")
-            ctl.mode = "aborted"
-            return True
-    if plan.stats.get("verification") is None:
-        # never verified (``lagom search``, a short run): measure it against the defaults now
-        ctl._start_tuner(plan)
-        if not ctl._prepare_pool_for_plan(plan):
-            return True
-        say(f"lagom: phase verifying | plan {ctl.files.plan_path} reused (digest {plan.digest()[:12]}) but never "
-             f"verified | profiling and search skipped; {'up to ' if len(ctl.tuner.verify_looks) > 1 else ''}{ctl.tuner.total_iters} iterations to verify it")
-        return True
-    if not ctl._prepare_pool_for_plan(plan):
-        return True
-    assignment = ctl._assignment_of(plan)
-    ctl.router.set_assignment(assignment)
-    tuned = sum(is_tuned(c.to_dict(), ctl.backend) for c in assignment.values())
-    say(f"lagom: phase applied | plan {ctl.files.plan_path} reused (digest {plan.digest()[:12]}) | "
-         f"{tuned}/{len(plan.entries)} sites tuned | profiling and search skipped")
-    return True

@@ -13,20 +13,21 @@ import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.files import write_json_atomic, write_text_atomic
 from lagom_megatron.engine.knobs import GLOO_DEFAULT_THREADS
+from lagom_megatron.engine.plan import Plan
+from lagom_megatron.engine.profile import CollectiveSite
+from lagom_megatron.engine.tuner import Tuner
 from lagom_megatron.engine.verify import ALPHA, half_range, t_95, t_quantile, verdict
+from lagom_megatron.megatron.outputs.run_files import RunFiles
 
 
 COLUMNS = ("site_id", "op", "group", "bytes_per_call", "calls_per_iter", "default_config", "chosen_config",
            "tuned", "measured_default_ms", "measured_plan_ms", "predicted_default_ms", "predicted_plan_ms")
 """Columns of the per-site table (times: region time per iteration, milliseconds)."""
-
-RUN_KINDS = ("tuned", "reused", "unfinished", "interrupted")
-"""``tuned`` here; ``reused``: a saved plan; ``unfinished``: ``--train-iters`` ended first; ``interrupted``: an error
-or signal stopped training."""
-
 
 def default_config_text(backend: str) -> str:
     """What a site runs with when lagom leaves it alone, on ``backend`` (gloo, nccl or sim)."""
@@ -299,27 +300,52 @@ def write_report(path: str | os.PathLike, rows: list[SiteRow], summary: dict[str
     return written
 
 
-def run_kind(ctl: Any) -> str:
-    """``report.RUN_KINDS`` of this run."""
+class SummaryPart(Protocol):
+    def summary_part(self) -> dict[str, Any]:
+        """The report's summary fields of the apply path (pool, capabilities, observed, a failure)."""
+
+
+class RunView(Protocol):
+    """What the report reads of a run (``control.controller.LagomController``); times in us."""
+
+    mode: str
+    method: str
+    backend: str | None
+    cluster: ClusterSpec | None
+    tuner: Tuner | None
+    plan: Plan | None
+    applier: SummaryPart | None
+    files: RunFiles
+    search_ms: float | None
+    train_iters: int | None
+    last_iteration: int
+    applied_us: list[float]
+    last_sites: dict[str, CollectiveSite]
+    t_verify_default: dict[str, list[float]]
+    t_plan: dict[str, list[float]]
+
+
+def run_kind(ctl: RunView) -> str:
+    """``run_files.RUN_KINDS`` of this run."""
     tuner = ctl.tuner
     if ctl.mode == "reuse" and (tuner is None or tuner.done):
         return "reused"
     if tuner is not None and not tuner.done and ctl.mode != "aborted":
-        if ctl._train_iters is not None and ctl._last_iteration < ctl._train_iters:
+        if ctl.train_iters is not None and ctl.last_iteration < ctl.train_iters:
             return "interrupted"
         return "unfinished"
     return "tuned"
 
 
-def run_summary(ctl: Any) -> dict[str, Any]:
+def run_summary(ctl: RunView) -> dict[str, Any]:
     """JSON-ready state of the run for the report (us; paths only of existing files), verdict fields recomputed by
-    ``report.verdict_summary`` with the tuner's own settings."""
+    ``verdict_summary`` with the tuner's own settings."""
     tuner = ctl.tuner
     out: dict[str, Any] = tuner.summary() if tuner is not None else {"phase": ctl.mode, "method": ctl.method}
     kind = run_kind(ctl)
-    out.update(mode=ctl.mode, run_kind=kind, search_ms=ctl.search_ms, backend=getattr(ctl, "backend", None),
-               cluster=getattr(getattr(ctl, "cluster", None), "name", None))
-    if getattr(ctl, "applier", None) is not None:  # pool counts, capabilities; a failed apply means defaults everywhere
+    out.update(mode=ctl.mode, run_kind=kind, search_ms=ctl.search_ms, backend=ctl.backend,
+               cluster=ctl.cluster.name if ctl.cluster is not None else None)
+    if ctl.applier is not None:  # pool counts, capabilities; a failed apply means defaults everywhere
         out.update(ctl.applier.summary_part())
     search = out.get("search") or {}
     for key in ("predicted_iteration_us", "predicted_default_iteration_us"):
@@ -343,15 +369,15 @@ def run_summary(ctl: Any) -> dict[str, Any]:
                          f"reused plan {ctl.files.plan_path}, verified when it was searched ({saved}); "
                          "not verified again in this run")
         out["method"] = plan.method
-        if ctl._applied_us:  # under the defaults when the reused plan was a rejected one
+        if ctl.applied_us:  # under the defaults when the reused plan was a rejected one
             arm = "default" if kept_defaults else "plan"
-            out[f"measured_{arm}_us"] = statistics.median(ctl._applied_us)
-            out[f"verify_{arm}_us"] = list(ctl._applied_us)
-    elif kind in ("unfinished", "interrupted"):
+            out[f"measured_{arm}_us"] = statistics.median(ctl.applied_us)
+            out[f"verify_{arm}_us"] = list(ctl.applied_us)
+    elif kind in ("unfinished", "interrupted") and tuner is not None:
         phase = tuner.phase.value
-        out["reason"] = (f"training stopped at iteration {ctl._last_iteration} of {ctl._train_iters} (an error or "
+        out["reason"] = (f"training stopped at iteration {ctl.last_iteration} of {ctl.train_iters} (an error or "
                          f"a signal) while lagom was {phase}; defaults kept" if kind == "interrupted" else
-                         f"--train-iters {ctl._train_iters} ended while lagom was {phase}: tuning needs "
+                         f"--train-iters {ctl.train_iters} ended while lagom was {phase}: tuning needs "
                          f"{'up to ' if len(tuner.verify_looks) > 1 else ''}{tuner.total_iters} iterations; "
                          "defaults kept")
     # only files that exist: a run that never saved a plan or a profile does not name one
@@ -362,8 +388,7 @@ def run_summary(ctl: Any) -> dict[str, Any]:
     return out
 
 
-def run_rows(ctl: Any) -> list[SiteRow]:
-    """One ``report.SiteRow`` per site of the plan (or of the profiled sites), from the verification's iterations."""
+def run_rows(ctl: RunView) -> list[SiteRow]:
+    """One ``SiteRow`` per site of the plan (or of the profiled sites), from the verification's iterations."""
     entries = ctl.plan.entries if ctl.plan is not None else {}
-    return site_rows(entries, ctl._last_sites, ctl._t_verify_default, ctl._t_plan,
-                     backend=getattr(ctl, "backend", "nccl"))
+    return site_rows(entries, ctl.last_sites, ctl.t_verify_default, ctl.t_plan, backend=ctl.backend or "nccl")

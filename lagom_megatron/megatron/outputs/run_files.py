@@ -18,6 +18,9 @@ from typing import Any
 DEFAULT_RUN_DIR = "lagom_out"
 TUNER_TABLE = r"tuner_table\.rank\d+\.csv"
 """Names of the tuner plugin's tables in the run directory, one per rank."""
+RUN_KINDS = ("tuned", "reused", "unfinished", "interrupted")
+"""How a run ended, which names its report: ``tuned``; ``reused``: a saved plan; ``unfinished``: ``--train-iters``
+ended first; ``interrupted``: an error or signal stopped training."""
 STAYS = " (the other plan could not be moved aside: it stays, and this run saves no plan, profile or report over it)"
 """End of the fingerprint warning when the other plan's files could not be moved (``keep_user_file``)."""
 
@@ -149,8 +152,6 @@ class RunFiles:
     def name_clash(self) -> str | None:
         """Why two files of this run would be one file (same path, symlink or hard link; a given path named as a tuner
         table or a numbered report), or None."""
-        from lagom_megatron.megatron.outputs.report import RUN_KINDS
-
         def same(a: Path, b: Path) -> bool:
             if os.path.realpath(a) == os.path.realpath(b):
                 return True
