@@ -6,19 +6,17 @@ run ``step.assignment``, ``finish_iteration``. Schedule: ``warmup_iters`` untime
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.engine.search import METHODS
-from lagom_megatron.engine.verify import NOISE_RULES, NoiseRule, looks
 import logging
 import statistics
+from dataclasses import dataclass
 from typing import Any, Callable
+
 from lagom_megatron.engine.knobs import CommConfig, KnobRules
 from lagom_megatron.engine.profile import BACKENDS, Profile
 from lagom_megatron.engine.recorder import ProfileRecorder
+from lagom_megatron.engine.search import METHODS
 from lagom_megatron.engine.steps import IterationMeasurement, Phase, Step
-from lagom_megatron.engine.verify import sequential_verdict
-
+from lagom_megatron.engine.verify import NOISE_RULES, NoiseRule, looks, sequential_verdict
 
 MIN_ITERS = 1
 """Lower bound of each count of :class:`TunerConfig` (iteration 0 warms allocator and communicators: never timed)."""
@@ -32,9 +30,8 @@ MAX_VERIFY_MAX_ITERS = 1000
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TunerConfig:
-    """``Tuner.Config``: the one definition of the ``--lagom-*`` flags' defaults (warm-up, verify, verify-max
-    iterations, method; their bounds are this module's ``MIN_ITERS`` and ``MAX_*_ITERS``) and the verification rule;
-    ValueError on a count < ``MIN_ITERS``, a cap < ``verify_iters``, unknown method or rule, bad ``min_gain``."""
+    """``Tuner.Config``: the one definition of the ``--lagom-*`` defaults (bounds: ``MIN_ITERS``, ``MAX_*_ITERS``)
+    and the verification rule; ValueError on a count < 1, a cap < ``verify_iters``, a bad method, rule, min_gain."""
 
     warmup_iters: int = 4
     """Untimed iterations under defaults before profiling."""
@@ -71,8 +68,7 @@ class TunerConfig:
         return looks(self.verify_iters, cap) if self.noise_rule == "paired" else (self.verify_iters,)
 
 
-DEFAULT_CONFIG = TunerConfig()
-"""The ``--lagom-*`` defaults that argparse, presets, ``LagomController`` and ``sim.backend.run_lifecycle`` read."""
+DEFAULT_CONFIG = TunerConfig()  # read by argparse, presets, LagomController, sim.backend.run_lifecycle
 
 
 log = logging.getLogger("lagom.tuner")
