@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lagom-installed
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 # The Python version pyproject.toml requires (requires-python = ">=X.Y"), checked before anything is installed.
 MIN_PY := $(shell sed -n 's/^requires-python *= *">= *\([0-9.]*\)".*/\1/p' pyproject.toml)
@@ -31,9 +31,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) scripts/run_demo.py
 
-## test: the whole test suite (CI runs exactly this)
+## test: the whole test suite (CI runs lint, then this)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+## lint: ruff's checks and its formatter, as configured in pyproject.toml
+lint: $(STAMP)
+	$(VENV)/bin/ruff check lagom_megatron tests scripts
+	$(VENV)/bin/ruff format --check lagom_megatron tests scripts
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
