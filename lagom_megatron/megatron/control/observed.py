@@ -51,7 +51,6 @@ class ObservedCheck:
         self.armed = False
         self.results: dict[str, dict[str, Any]] = {}
         """Site id -> ``SiteObservation.to_dict`` plus ``rank``, the first rank that differed (or None)."""
-        self.reverted: set[str] = set()
         self.errors: list[str] = []
         """``rank r: error`` of each rank whose check failed in the last ``check``."""
 
@@ -133,7 +132,6 @@ class ObservedCheck:
         failed = [f"rank {r}: {rep}" for r, rep in enumerate(reports) if isinstance(rep, str)]
         self.errors = failed
         bad = {sid for sid, r in results.items() if r["status"] == "differs"}
-        self.reverted |= bad
         return bad
 
 

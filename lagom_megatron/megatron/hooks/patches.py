@@ -78,7 +78,6 @@ def _collective_wrapper(router: Any, op: str, orig: Callable[..., Any]) -> Calla
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return collective(op, orig, args, kwargs)
 
-    wrapper.__lagom_original__ = orig  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -89,7 +88,6 @@ def _quantized_gather_wrapper(router: Any, orig: Callable[..., Any]) -> Callable
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return gather(orig, args, kwargs)
 
-    wrapper.__lagom_original__ = orig  # type: ignore[attr-defined]
     return wrapper
 
 

@@ -12,16 +12,18 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.megatron.hooks.sites import bucket_parts, bucket_reduce_op, bucket_registration, call_reduce_op
-from lagom_megatron.megatron.pool.comm_pool import CommPool
-from lagom_megatron.megatron.pool.first_use import FirstUse
-from lagom_megatron.megatron.pool.gloo import chunked_call
 from lagom_megatron.megatron.hooks.profiler import Profiler
 from lagom_megatron.megatron.hooks.router_coalesced import CoalescedRouting
 from lagom_megatron.megatron.hooks.router_fsdp import FsdpRouting
 from lagom_megatron.megatron.hooks.router_p2p import P2PRouting
 from lagom_megatron.megatron.hooks.scopes import backward_scope
-from lagom_megatron.megatron.hooks.sites import ONE_RANK, GroupInfo, NamedSite, SiteRegistry, Stream, dtype_name, tensor_nbytes
+from lagom_megatron.megatron.hooks.sites import (
+    ONE_RANK, GroupInfo, NamedSite, SiteRegistry, Stream, bucket_parts, bucket_reduce_op, bucket_registration,
+    call_reduce_op, dtype_name, tensor_nbytes,
+)
+from lagom_megatron.megatron.pool.comm_pool import CommPool
+from lagom_megatron.megatron.pool.first_use import FirstUse
+from lagom_megatron.megatron.pool.gloo import chunked_call
 
 # Positional index of ``group`` in each torch.distributed function lagom wraps.
 # (all_gather: all_gather_into_tensor / all_gather_single; reduce_scatter: reduce_scatter_tensor /

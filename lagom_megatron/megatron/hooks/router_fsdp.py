@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from lagom_megatron.megatron.hooks.sites import call_reduce_op
-from lagom_megatron.megatron.hooks.sites import ONE_RANK, dtype_name, tensor_nbytes
+from lagom_megatron.megatron.hooks.sites import ONE_RANK, call_reduce_op, dtype_name, tensor_nbytes
 
 _TENSOR = {"all_gather": ("output_tensor", 0), "reduce_scatter": ("input", 1), "all_reduce": ("tensor", 0)}
 _UNSEEN: Any = object()

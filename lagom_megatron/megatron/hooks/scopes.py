@@ -27,7 +27,6 @@ def carry_forward(router: Any, orig: Callable[..., Any]) -> Any:
                 pass
         return orig(ctx, *args, **kwargs)
 
-    forward.__lagom_original__ = orig  # type: ignore[attr-defined]
     return staticmethod(forward)
 
 
@@ -42,7 +41,6 @@ def carry_backward(router: Any, orig: Callable[..., Any]) -> Any:
         with router.reenter(scope):
             return orig(ctx, *grads)
 
-    backward.__lagom_original__ = orig  # type: ignore[attr-defined]
     return staticmethod(backward)
 
 
@@ -53,7 +51,6 @@ def module_forward(router: Any, orig: Callable[..., Any]) -> Callable[..., Any]:
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         return router.module(self, orig, args, kwargs)
 
-    forward.__lagom_original__ = orig  # type: ignore[attr-defined]
     return forward
 
 
@@ -67,7 +64,6 @@ def named_method(router: Any, orig: Callable[..., Any], *, prefix: str, attr: st
         with router.named(str(name), prefix=prefix, tag_sync=True):
             return orig(self, *args, **kwargs)
 
-    method.__lagom_original__ = orig  # type: ignore[attr-defined]
     return method
 
 
@@ -79,7 +75,6 @@ def stream_scoped(router: Any, orig: Callable[..., Any], kind: str, *, per_micro
         with router.scope(kind, per_microbatch=per_microbatch):
             return orig(*args, **kwargs)
 
-    fn.__lagom_original__ = orig  # type: ignore[attr-defined]
     return fn
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.megatron.groups import STAGE_LOCAL_GROUPS, GroupInfo, GroupNames
-from typing import Any
 
 
 __all__ = ["ONE_RANK", "GroupInfo", "GroupNames", "NamedSite", "SiteRecord", "SiteRegistry", "Stream", "STAGE_LOCAL_GROUPS",

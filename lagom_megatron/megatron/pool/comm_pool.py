@@ -4,15 +4,15 @@ configuration (docs/nccl.md); created by every rank in one sorted order, as ``ne
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Protocol
-from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.megatron.groups import GroupInfo, GroupNames
-import dataclasses
+
 from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.engine.knobs import KnobRules
+from lagom_megatron.engine.knobs import CommConfig, KnobRules
 from lagom_megatron.engine.profile import BACKENDS
+from lagom_megatron.megatron.groups import GroupInfo, GroupNames
 from lagom_megatron.megatron.pool.gloo import GlooPoolBackend, GlooRules
 from lagom_megatron.nccl.capabilities import Capabilities
 from lagom_megatron.nccl.rules import NcclRules, check_mechanism
