@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if tuner.phase.value == "applied":
         print(f"    later iterations, plan (median): {result.final_median_us / 1e3:7.1f} ms")
     else:  # the defaults were kept: a later sample of them is noise, not a gain
-        print(f"    after tuning                 : the defaults (fell_back); no gain")
+        print("    after tuning                 : the defaults (fell_back); no gain")
     if args.show > 0 and tuner.plan is not None:
         _print_top_sites(tuner.plan, args.show)
     if summary.get("model_mape_pct") is not None:

@@ -463,12 +463,12 @@ def rule_uneven_pipeline(s: RunShape) -> list[Finding]:
         return out
     remaining, stages = int(layers), s.pp
     vpp = s.get("num_virtual_stages_per_pipeline_rank")
-    for flag, n in (("--decoder-first-pipeline-num-layers", first), ("--decoder-last-pipeline-num-layers", last)):
+    for name, n in (("--decoder-first-pipeline-num-layers", first), ("--decoder-last-pipeline-num-layers", last)):
         if n is None:
             continue
         if vpp is not None and int(vpp) > 1 and int(n) % int(vpp):
             out.append(Finding("error", "uneven-pipeline",
-                               f"{flag} {n} is not divisible by --num-virtual-stages-per-pipeline-rank {vpp}",
+                               f"{name} {n} is not divisible by --num-virtual-stages-per-pipeline-rank {vpp}",
                                why, f"use a multiple of {vpp}"))
         remaining -= int(n)
         stages -= 1

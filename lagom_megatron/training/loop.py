@@ -13,10 +13,10 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
 import numpy as np
 import torch
-from typing import Any, Callable, Iterator
 
 
 def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> float:
@@ -157,7 +157,8 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from lagom_megatron.training import cpu_shims; from lagom_megatron.training import data; from lagom_megatron.training import model as model_mod
+    from lagom_megatron.training import cpu_shims, data
+    from lagom_megatron.training import model as model_mod
     from lagom_megatron.training.arguments import build_parser
     from lagom_megatron.training.arguments import inactive_flags
 
