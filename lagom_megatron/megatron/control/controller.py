@@ -115,15 +115,15 @@ class LagomController:
         self.fingerprint = run_fingerprint(args, backend=self.backend, cluster=self.cluster.name)
         groups = GroupNames.from_parallel_state()
         pp = parallel_state.get_pipeline_model_parallel_world_size()
-        self.registry = SiteRegistry(groups, num_microbatches=num_microbatches(args),
+        # DDP buffers in NCCL memory pools (--use-nccl-ub): pool entries of their group register them too
+        pools = registered_pools(ctx.model, lambda g: groups.lookup(g).name)
+        self.registry = SiteRegistry(groups, num_microbatches=num_microbatches(args), registered_pools=pools,
                                      pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None)
         n_buckets = self.registry.bind_model(ctx.model)
-        # DDP buffers in NCCL memory pools (--use-nccl-ub): pool entries of their group register them too
-        self.registry.registered_pools = registered_pools(ctx.model, lambda g: groups.lookup(g).name)
         self.profiler = Profiler(use_cuda_events=on_gpu)
         budget = DEFAULT_BUDGET_MIB if self.pool_budget_mib is None else self.pool_budget_mib
-        self.pool = CommPool(make_pool_backend(self.backend), groups, budget_bytes=int(budget * 2**20))
-        self.pool.registered = self.registry.registered_pools
+        self.pool = CommPool(make_pool_backend(self.backend), groups, budget_bytes=int(budget * 2**20),
+                             registered=pools)
         self.router = SiteRouter(self.registry, self.profiler, self.pool, split_chunks=self.backend == "gloo")
         self.applier = Applier(pool=self.pool, router=self.router, files=self.files, cluster=self.cluster)
         configs = []

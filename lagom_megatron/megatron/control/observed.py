@@ -55,11 +55,9 @@ class ObservedCheck:
         """``rank r: error`` of each rank whose check failed in the last ``check``."""
 
     def attach(self, router: Any) -> None:
-        """Gives the router the gloo pool's record to note its routed calls in (gloo only)."""
+        """Reads the gloo calls ``router`` notes (gloo only)."""
         if self.backend == "gloo":
-            from lagom_megatron.megatron.pool.gloo import GlooRecord
-
-            self.gloo = router.observe = GlooRecord()
+            self.gloo = router.observe
 
     def _record(self, on: bool) -> bool:
         if self.backend == "gloo":

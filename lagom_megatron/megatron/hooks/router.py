@@ -23,7 +23,7 @@ from lagom_megatron.megatron.hooks.sites import (
 )
 from lagom_megatron.megatron.pool.comm_pool import CommPool
 from lagom_megatron.megatron.pool.first_use import FirstUse
-from lagom_megatron.megatron.pool.gloo import chunked_call
+from lagom_megatron.megatron.pool.gloo import GlooRecord, chunked_call
 
 # Positional index of ``group`` in each torch.distributed function lagom wraps.
 # (all_gather: all_gather_into_tensor / all_gather_single; reduce_scatter: reduce_scatter_tensor /
@@ -104,8 +104,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         self._mfsdp: dict[int, Any] = {}
         """Megatron-FSDP buffer id -> its buckets' sites (``router_fsdp``)."""
         self.first_use = FirstUse(self._coalesce_state)
-        self.observe: Any = None
-        """The gloo pool's record of routed calls (``gloo.GlooRecord``); noted only while it is ``on``."""
+        self.observe = GlooRecord() if split_chunks else None
+        """The record of routed gloo calls (``control.observed``); noted only while it is ``on``."""
         self._pieces: list[int] | None = None
 
     # -------------------------------------------------------------- configuration

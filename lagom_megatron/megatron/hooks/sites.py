@@ -82,7 +82,8 @@ class NamedSite:
 class SiteRegistry:
     """Assigns site ids and keeps one ``SiteRecord`` per site seen in the current iteration."""
 
-    def __init__(self, groups: GroupNames, *, num_microbatches: int = 1, pp_stage: int | None = None) -> None:
+    def __init__(self, groups: GroupNames, *, num_microbatches: int = 1, pp_stage: int | None = None,
+                 registered_pools: dict[str, list] | None = None) -> None:
         if num_microbatches < 1:
             raise ValueError(f"num_microbatches must be >= 1; got {num_microbatches}")
         self.groups = groups
@@ -91,8 +92,8 @@ class SiteRegistry:
         """Prefix of the ids of stage-local groups under pipeline parallelism (``stage1.``)."""
         self.records: dict[str, SiteRecord] = {}
         self.recording = True
-        self.registered_pools: dict[str, list] = {}
-        """Group name -> the NCCL memory pools its DDP buffers are registered in (``call_facts``)."""
+        self.registered_pools = registered_pools or {}
+        """Group name -> the NCCL memory pools its DDP buffers are registered in (``registered_pools``)."""
         self._bucket_tags: dict[int, str] = {}
         self._fsdp_buffers: dict[int, int] = {}
         self._module_names: dict[int, str] = {}

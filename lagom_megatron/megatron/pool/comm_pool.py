@@ -74,7 +74,9 @@ class PoolBudgetExceeded(ValueError):
 class CommPool:
     """Pool entries of one rank; ``budget_bytes`` bounds the live entries' estimated bytes (None: unbounded)."""
 
-    def __init__(self, backend: PoolBackend, groups: GroupNames, *, budget_bytes: int | None = DEFAULT_BUDGET_MIB * 2**20) -> None:
+    def __init__(self, backend: PoolBackend, groups: GroupNames, *,
+                 budget_bytes: int | None = DEFAULT_BUDGET_MIB * 2**20, registered: dict[str, list] | None = None
+                 ) -> None:
         self.backend = backend
         self.groups = groups
         self.budget_bytes = budget_bytes
@@ -86,7 +88,7 @@ class CommPool:
         self._bytes: dict[_EntryId, int] = {}
         self._keys: dict[tuple[CommConfig, str | None], Hashable | None] = {}
         self.stats = {"created": 0, "destroyed": 0}
-        self.registered: dict[str, list] = {}
+        self.registered = registered or {}
         """Group name -> the NCCL memory pools its communicator registered; its entries register them too."""
 
     def __len__(self) -> int:
