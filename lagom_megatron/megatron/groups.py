@@ -141,3 +141,7 @@ class GroupNames:
     def names(self) -> list[str]:
         """Names of this rank's groups, in registration order."""
         return list(self._by_name)
+
+    def objects(self) -> list[Any]:
+        """The group objects registered (``add``, ``alias``), in registration order."""
+        return list(self._keep)

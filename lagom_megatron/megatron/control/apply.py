@@ -62,7 +62,7 @@ class Applier:
         if on_gpu:  # the collectives' own times on NCCL's stream during profiling (profiler docstring)
             from lagom_megatron.megatron.hooks.profiler import enable_comm_timing
 
-            enable_comm_timing(getattr(self.pool.groups, "_keep", []))
+            enable_comm_timing(self.pool.groups.objects())
         if isinstance(self.pool.backend, NcclPoolBackend):
             self.pool.backend.configure(agreed)
             self.pool.invalidate_keys()

@@ -128,10 +128,11 @@ class CommPool:
         """Estimated bytes of the entry of ``group`` serving ``config``."""
         return int(self.backend.estimate_bytes(config, group))
 
-    def _parent(self, name: str) -> Any:
+    def own_group(self, name: str) -> Any:
+        """This rank's own process group called ``name`` (Megatron's, not a pool entry), or None."""
         info = self.groups.by_name(name)
         entries = {id(e) for e in self._created.values()}
-        for g in getattr(self.groups, "_keep", ()):  # the group objects GroupNames registered, in order
+        for g in self.groups.objects():
             if id(g) not in entries and self.groups.lookup(g) is info:
                 return g
         return None
@@ -211,7 +212,7 @@ class CommPool:
 
     def _create(self, eid: _EntryId, config: CommConfig, desc: str) -> Any:
         info = self.groups.by_name(eid.name)
-        parent = self._parent(eid.name) if info is not None and info.ranks == eid.ranks else None
+        parent = self.own_group(eid.name) if info is not None and info.ranks == eid.ranks else None
         # the group's name as the plan's entries (and so the tuner table's commTag) spell it
         return self.backend.create_group(eid.ranks, config, desc, group=eid.name, parent=parent)
 
@@ -236,10 +237,6 @@ class CommPool:
         if n:
             log.info("lagom: communicator pool: %d entries destroyed, %s left", n, self.describe())
         return n
-
-    def own_group(self, name: str) -> Any:
-        """This rank's own process group called ``name`` (Megatron's, not a pool entry), or None."""
-        return self._parent(name)
 
     def comm_key(self, group: Any) -> str | None:
         """A live entry's communicator name in NCCL's profiler records (gloo: its ``group_desc``), or None."""
