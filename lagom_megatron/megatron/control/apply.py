@@ -5,13 +5,17 @@ table, first use, the memory budget and the revert (a failure on any rank revert
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from typing import Any, Callable
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.megatron import consensus
+from lagom_megatron.megatron.control.observed import ObservedCheck, describe
+from lagom_megatron.megatron.hooks.profiler import enable_comm_timing
 from lagom_megatron.megatron.outputs.run_files import say
+from lagom_megatron.nccl import capabilities as caps_mod
 from lagom_megatron.nccl.export import export_plan
 from lagom_megatron.nccl.pool import NcclPoolBackend
 
@@ -31,16 +35,12 @@ class Applier:
         """Why applying was abandoned (None while nothing failed)."""
         self.table_plan: Any = None
         """The plan whose tuner table the plugin loaded (with any sites reverted since)."""
-        from lagom_megatron.megatron.control.observed import ObservedCheck
-
-        self.observed = ObservedCheck(getattr(getattr(pool, "backend", None), "name", "nccl"))
+        self.observed = ObservedCheck(pool.backend.name)
         self.observed.attach(router)
 
     # ------------------------------------------------------------------ capabilities
     def agree_capabilities(self, *, on_gpu: bool, gather: Callable[[], Any] | None = None) -> Any:
         """Gathers, agrees and returns the capabilities (None after a disagreement, logged)."""
-        from lagom_megatron.nccl import capabilities as caps_mod
-
         if on_gpu:
             import torch
             import torch.distributed as dist
@@ -60,8 +60,6 @@ class Applier:
             return None
         self.capabilities = agreed
         if on_gpu:  # the collectives' own times on NCCL's stream during profiling (profiler docstring)
-            from lagom_megatron.megatron.hooks.profiler import enable_comm_timing
-
             enable_comm_timing(self.pool.groups.objects())
         if isinstance(self.pool.backend, NcclPoolBackend):
             self.pool.backend.configure(agreed)
@@ -83,19 +81,15 @@ class Applier:
         """The agreed capabilities as recorded in the plan's fingerprint (without the host)."""
         if self.capabilities is None:
             return {}
-        import json
-
         d = self.capabilities.to_dict()
         d.pop("host", None)
         return {"capabilities": json.loads(json.dumps(d))}  # as a saved plan holds it (lists, not tuples)
 
     # ------------------------------------------------------------------ apply / revert
     def _check_env_unchanged(self) -> None:
-        from lagom_megatron.nccl.capabilities import knob_overrides
-
         if self.capabilities is None:
             return
-        now = dict(knob_overrides(os.environ))
+        now = dict(caps_mod.knob_overrides(os.environ))
         then = dict(self.capabilities.overrides)
         changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
         if changed:
@@ -118,8 +112,6 @@ class Applier:
             self.revert(f"applying {what} failed: {exc}")
             return False
         if backend.name == "nccl":  # the profiler reads the entries' collective times on NCCL's stream
-            from lagom_megatron.megatron.hooks.profiler import enable_comm_timing
-
             enable_comm_timing(self.pool.entries())
         guard = getattr(self.router, "first_use", None)
         if guard is not None:  # NCCL refuses some calls only when they are made (first_use)
@@ -156,8 +148,6 @@ class Applier:
         applied = sum(r["status"] == "applied" for r in check.results.values())
         unobserved = sum(r["status"] == "unobserved" for r in check.results.values())
         if bad:
-            from lagom_megatron.megatron.control.observed import describe
-
             self.router.set_assignment({k: v for k, v in self.router.assignment.items() if k not in bad})
             say(f"lagom: WARNING: {len(bad)} site(s) did not run as planned and keep the defaults on every rank: "
                 f"{describe(check.results, bad)}")
