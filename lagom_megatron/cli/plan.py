@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lagom_megatron.cli.inputs import read_plan
+    from lagom_megatron.config.plan_files import load_plan
 
     command = f"lagom plan {args.plan_command}"  # a profile given here is named as one
     if args.plan_command == "export" and args.extended and args.format != "nccl-tuner-csv":
@@ -42,11 +42,11 @@ def run(args: argparse.Namespace) -> int:
     if args.plan_command == "export":
         refuse_overwriting_an_input(args.output, "-o", {"plan": args.plan})
     if args.plan_command == "show":
-        return _show(read_plan(args.plan, command))
+        return _show(load_plan(args.plan, command))
     if args.plan_command == "diff":
         from lagom_megatron.engine.plan import diff_plans
 
-        first, second = read_plan(args.first, command), read_plan(args.second, command)
+        first, second = load_plan(args.first, command), load_plan(args.second, command)
         lines = diff_plans(first, second)
         va, vb = verification_state(first), verification_state(second)
         if va != vb:
@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(lines) if lines else f"plans are identical (verification: {va})")
         return 1 if lines else 0
     if args.plan_command == "validate":
-        return _validate(args, read_plan(args.plan, command))
-    return _export(args, read_plan(args.plan, command))
+        return _validate(args, load_plan(args.plan, command))
+    return _export(args, load_plan(args.plan, command))
 
 
 def verification_state(plan) -> str:
@@ -100,9 +100,9 @@ def _validate(args, plan) -> int:
     _warn_if_rejected(args.plan, plan)
     if args.profile:
         from lagom_megatron.engine.plan import shown
-        from lagom_megatron.cli.inputs import read_profile
+        from lagom_megatron.config.plan_files import load_profile
 
-        expected = dict(read_profile(args.profile, "lagom plan validate --profile").fingerprint)
+        expected = dict(load_profile(args.profile, "lagom plan validate --profile").fingerprint)
         diff = plan.fingerprint_mismatch(expected)
         if diff:
             for k in diff:

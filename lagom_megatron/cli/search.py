@@ -27,13 +27,13 @@ def check_inputs(args: argparse.Namespace):
 
     ValueError: a refused ``-o``, a bad profile or sample config, an unknown or wrong cluster, an unknown mechanism.
     """
-    from lagom_megatron.cli.inputs import read_profile
+    from lagom_megatron.config.plan_files import load_profile
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.megatron.pool.comm_pool import rules_for
 
     refuse_overwriting_an_input(args.output, "-o", {"--profile": args.profile})
     refuse_replacing(args.output, "-o", "a lagom plan", is_plan_text, force=args.force)
-    profile = read_profile(args.profile, "lagom search --profile")
+    profile = load_profile(args.profile, "lagom search --profile")
     cluster = ClusterSpec.load(args.cluster or profile.cluster)
     want = "gloo" if profile.backend == "gloo" else "nccl"
     if (cluster.backend == "gloo") != (want == "gloo"):

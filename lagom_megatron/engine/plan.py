@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.engine.files import read_json, write_json_atomic
+from lagom_megatron.engine.files import write_json_atomic
 
 PLAN_SCHEMA_VERSION = 1
 """Version of the plan file format; bump on any incompatible change (a test freezes it)."""
@@ -21,6 +21,12 @@ FINGERPRINT_FIELDS: tuple[str, ...] = (
     "model", "parallel", "world_size", "cluster", "nccl_version", "lagom_version", "backend",
 )
 """Fields a fingerprint usually holds; any other key is compared too."""
+
+NCCL_MECHANISMS: tuple[str, ...] = ("tuner", "communicator", "env")
+"""How a plan reaches NCCL (``nccl.rules``): lagom's tuner plugin (the default), ``ncclConfig_t`` per pool entry, or
+one value per job."""
+MECHANISMS: dict[str, tuple[str, ...]] = {"nccl": NCCL_MECHANISMS, "sim": NCCL_MECHANISMS, "gloo": ("gloo",)}
+"""The mechanisms a plan of each backend may name."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,29 +80,11 @@ class PlanEntry:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PlanEntry":
-        known = {"config", "predicted_t_comm_us", "predicted_t_region_us", "predicted_default_t_region_us",
-                 "group", "op", "nbytes", "group_size", "n_nodes", "tunable", "note", "reduce_op", "parts"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown entry field(s) {unknown}; allowed: {sorted(known)}")
-        tunable = data.get("tunable", [])
-        if not isinstance(tunable, list) or not all(isinstance(k, str) for k in tunable):
-            raise ValueError(f"tunable must be a list of knob names; got {tunable!r}")
-        return cls(
-            tunable=tuple(tunable),
-            note=str(data.get("note", "")),
-            reduce_op=None if data.get("reduce_op") is None else str(data["reduce_op"]),
-            parts=tuple((str(d), int(b)) for d, b in data.get("parts", ())),
-            config=CommConfig.from_dict(data["config"]),
-            predicted_t_comm_us=float(data["predicted_t_comm_us"]),
-            predicted_t_region_us=float(data["predicted_t_region_us"]),
-            predicted_default_t_region_us=float(data.get("predicted_default_t_region_us", 0.0)),
-            group=str(data["group"]),
-            op=str(data.get("op", "all_reduce")),
-            nbytes=int(data.get("nbytes", 0)),
-            group_size=int(data.get("group_size", 0)),
-            n_nodes=int(data.get("n_nodes", 1)),
-        )
+        """Builds an entry from ``to_dict`` output that ``config.plan_files.PlanSchema`` accepts."""
+        times = ("predicted_t_comm_us", "predicted_t_region_us", "predicted_default_t_region_us")
+        return cls(**{**data, **{k: float(data[k]) for k in times if k in data},
+                      "config": CommConfig.from_dict(data["config"]), "tunable": tuple(data.get("tunable", ())),
+                      "parts": tuple(map(tuple, data.get("parts", ())))})
 
 
 @dataclass(kw_only=True)
@@ -112,7 +100,7 @@ class Plan:
     """Search statistics: model_evaluations, wall_time_s, predicted/default iteration time, ..."""
     backend: str = "nccl"
     mechanism: str = "tuner"
-    """How the plan is applied: tuner, communicator or env (NCCL, ``nccl.rules.MECHANISMS``), or gloo."""
+    """How the plan is applied: one of ``MECHANISMS[backend]``."""
     schema_version: int = PLAN_SCHEMA_VERSION
 
     def to_dict(self, *, with_stats: bool = True) -> dict[str, Any]:
@@ -139,45 +127,12 @@ class Plan:
         write_json_atomic(path, self.to_dict())
 
     @classmethod
-    def from_dict(cls, data: Any, *, source: str = "<plan>") -> "Plan":
-        """Builds a plan from ``to_dict`` output, validating every field; ValueError (naming ``source`` and the site)
-        on a wrong schema version, a missing or unknown field, or a bad entry."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{source}: a plan must be a JSON object; got {type(data).__name__}")
-        version = data.get("schema_version")
-        if version != PLAN_SCHEMA_VERSION:
-            raise ValueError(f"{source}: plan schema_version must be {PLAN_SCHEMA_VERSION}; got {version!r}")
-        known = {"schema_version", "method", "backend", "mechanism", "fingerprint", "env", "entries", "stats"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{source}: unknown plan field(s) {unknown}; allowed: {sorted(known)}")
-        if not isinstance(data.get("entries"), dict):
-            raise ValueError(f"{source}: missing field 'entries' (an object of site id -> entry)")
-        entries = {}
-        for site_id, raw in data["entries"].items():
-            try:
-                entries[site_id] = PlanEntry.from_dict(raw)
-            except KeyError as exc:
-                raise ValueError(f"{source}: entry {site_id!r}: missing field {exc.args[0]!r}") from None
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{source}: entry {site_id!r}: {exc}") from None
-        env = data.get("env", {})
-        if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
-            raise ValueError(f"{source}: 'env' must be an object of variable -> value")
-        return cls(
-            entries=entries,
-            fingerprint=dict(data.get("fingerprint") or {}),
-            method=str(data.get("method", "priority")),
-            env={k: str(v) for k, v in env.items()},
-            stats=dict(data.get("stats") or {}),
-            backend=str(data.get("backend", "nccl")),
-            mechanism=str(data.get("mechanism", "tuner")),
-        )
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Plan":
-        """Reads and validates a plan file; FileNotFoundError, or ValueError on invalid JSON (line, column) or plan."""
-        return cls.from_dict(read_json(path), source=str(path))
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        """Builds a plan from ``to_dict`` output that ``config.plan_files.PlanSchema`` accepts (which reads files)."""
+        return cls(**{k: data[k] for k in ("method", "backend", "mechanism") if k in data},
+                   entries={sid: PlanEntry.from_dict(e) for sid, e in data["entries"].items()},
+                   fingerprint=dict(data.get("fingerprint", {})), env=dict(data.get("env", {})),
+                   stats=dict(data.get("stats", {})))
 
     def fingerprint_mismatch(self, expected: dict[str, Any]) -> list[str]:
         """Sorted names of ``expected``'s fields that differ in the plan's fingerprint; a field the plan lacks

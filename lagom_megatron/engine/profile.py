@@ -8,17 +8,15 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from lagom_megatron.engine.files import read_json, write_json_atomic
+from lagom_megatron.engine.files import write_json_atomic
 from lagom_megatron.engine.knobs import CommConfig
 
 PROFILE_SCHEMA_VERSION = 1
 
-Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast"]
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 REGISTRATIONS: tuple[str, ...] = ("", "pool", "symmetric", "fixed")
-Backend = Literal["nccl", "gloo", "sim"]
 BACKENDS: tuple[str, ...] = ("nccl", "gloo", "sim")
 
 
@@ -119,56 +117,22 @@ class Profile:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "<profile>") -> "Profile":
-        """Builds a profile from ``to_dict`` output; ValueError (naming ``source``) on a bad schema version, backend,
-        field or ``calls`` entry, or a sample of an unknown site."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{source}: expected a JSON object (a profile); got a JSON {type(data).__name__}")
-        try:
-            version = data["schema_version"]
-            if version != PROFILE_SCHEMA_VERSION:
-                raise ValueError(f"schema_version must be {PROFILE_SCHEMA_VERSION}; got {version!r}")
-            if data["backend"] not in BACKENDS:
-                raise ValueError(f"backend must be one of {list(BACKENDS)}; got {data['backend']!r}")
-            sites = [CollectiveSite(**s) for s in data["sites"]]
-            known = {s.site_id for s in sites}
-            samples = []
-            for s in data["samples"]:
-                if s["site_id"] not in known:
-                    raise ValueError(f"sample for unknown site {s['site_id']!r}")
-                samples.append(
-                    Sample(
-                        site_id=s["site_id"],
-                        config=CommConfig.from_dict(s["config"]),
-                        t_comm_us=float(s["t_comm_us"]),
-                        t_comp_us=float(s["t_comp_us"]),
-                        t_region_us=float(s["t_region_us"]),
-                        iteration=int(s.get("iteration", 0)),
-                        calls=_calls(s.get("calls", ()), s["site_id"]),
-                        t_comm_nccl_us=float(s.get("t_comm_nccl_us", math.nan)),
-                    )
-                )
-            return cls(
-                backend=data["backend"],
-                cluster=data["cluster"],
-                iteration_us=float(data["iteration_us"]),
-                sites=sites,
-                samples=samples,
-                fingerprint=dict(data.get("fingerprint", {})),
-            )
-        except KeyError as exc:
-            raise ValueError(f"{source}: missing field {exc.args[0]!r}") from None
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{source}: {exc}") from None
+    def from_dict(cls, data: dict[str, Any]) -> "Profile":
+        """Builds a profile from ``to_dict`` output that ``config.plan_files.ProfileSchema`` accepts (which reads
+        files)."""
+        samples = [Sample(site_id=s["site_id"], config=CommConfig.from_dict(s["config"]),
+                          t_comm_us=float(s["t_comm_us"]), t_comp_us=float(s["t_comp_us"]),
+                          t_region_us=float(s["t_region_us"]), iteration=s.get("iteration", 0),
+                          calls=tuple(tuple(map(float, c)) for c in s.get("calls", ())),
+                          t_comm_nccl_us=float(s.get("t_comm_nccl_us", math.nan)))
+                   for s in data["samples"]]
+        return cls(backend=data["backend"], cluster=data["cluster"], iteration_us=float(data["iteration_us"]),
+                   sites=[CollectiveSite(**s) for s in data["sites"]], samples=samples,
+                   fingerprint=dict(data.get("fingerprint", {})))
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the profile as JSON atomically (temporary file in the same folder + rename)."""
         write_json_atomic(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Profile":
-        """Reads a profile file; FileNotFoundError, or ValueError on invalid JSON (file, line, column) or profile."""
-        return cls.from_dict(read_json(path), source=str(path))
 
 
 _SITE_DEFAULTS = {"reduce_op": None, "parts": (), "registered": ""}
@@ -181,20 +145,3 @@ def _site_dict(s: CollectiveSite) -> dict[str, Any]:
         if v != default:
             out[k] = [list(p) for p in v] if k == "parts" else v
     return out
-
-
-def _calls(raw: Any, site_id: str) -> tuple[CallTimes, ...]:
-    """A sample's ``calls`` as tuples of three floats; ValueError naming the site and entry otherwise."""
-    if not isinstance(raw, (list, tuple)):
-        raise ValueError(f"sample of site {site_id!r}: calls must be a list of [t_comm_us, t_comp_us, t_region_us]; "
-                         f"got {type(raw).__name__}")
-    out = []
-    for k, c in enumerate(raw):
-        try:
-            if not isinstance(c, (list, tuple)) or len(c) != 3:
-                raise ValueError
-            out.append((float(c[0]), float(c[1]), float(c[2])))
-        except (TypeError, ValueError):
-            raise ValueError(f"sample of site {site_id!r}: calls[{k}] must be [t_comm_us, t_comp_us, t_region_us] "
-                             f"(numbers); got {c!r}") from None
-    return tuple(out)

@@ -134,11 +134,11 @@ def plan_for_another_run(preset: Preset, plan: str, cluster: ClusterSpec, extra:
 
     Compares the fingerprint fields the launch decides (preset with ``extra`` over it, world size, cluster,
     backend; fields the plan does not state are skipped), then ``megatron.run_files.plan_problem``."""
-    from lagom_megatron.engine.plan import Plan
+    from lagom_megatron.config.plan_files import load_plan
     from lagom_megatron.launch.megatron_args import argv_to_args
     from lagom_megatron.megatron.outputs.run_files import plan_problem
 
-    saved = Plan.load(plan)
+    saved = load_plan(plan)
     args = {**PARALLEL_DEFAULTS, **{k: v for k, v in argv_to_args(["--preset", preset.name, *extra]).items()
                                     if not k.startswith("_")}}
     want = {k: args.get(k) for k in FINGERPRINT_FROM_ARGS if args.get(k) is not None}

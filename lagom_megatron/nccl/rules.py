@@ -8,6 +8,7 @@ mechanism can apply; the simulator uses it too."""
 from __future__ import annotations
 
 from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.engine.plan import NCCL_MECHANISMS as MECHANISMS
 from dataclasses import dataclass, replace
 from typing import Any
 from lagom_megatron.engine.knobs import (
@@ -61,8 +62,6 @@ __all__ = ["BACKENDS", "CHUNK_RULES", "MECHANISMS", "NcclRules", "algorithms_for
            "probe_configs", "process_env", "tuner_abi", "tuner_call_key", "validate_config", "validate_cta_range",
            "check_mechanism", "default_mechanism"]
 
-MECHANISMS: tuple[str, ...] = ("tuner", "communicator", "env")
-"""How a plan reaches NCCL (module docstring); ``tuner`` is the default."""
 
 BACKENDS: tuple[str, ...] = ("nccl", "sim")
 """Profile / plan labels these rules serve: real NCCL, and the simulated cluster that models it."""

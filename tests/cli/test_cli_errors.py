@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from lagom_megatron.cli.main import main
+from lagom_megatron.config.plan_files import load_plan
 from lagom_megatron.engine.cluster import available_clusters
 from lagom_megatron.engine.files import write_json_atomic, write_text_atomic
 from lagom_megatron.engine.knobs import CommConfig
@@ -115,7 +116,7 @@ def test_non_utf8_plan_names_the_file(tmp_path, capsys):
 
 
 def test_export_refuses_what_validate_refuses_and_rejected_plans_unless_allowed(saved, capsys):
-    plan = Plan.load(saved / "plan.json")
+    plan = load_plan(saved / "plan.json")
     site_id = next(iter(plan.entries))
     bad = dataclasses.replace(plan.entries[site_id], config=CommConfig(n_channels=999))
     Plan(**{**_plan_fields(plan), "entries": {**plan.entries, site_id: bad}}).save(saved / "bad.json")
@@ -282,7 +283,7 @@ def test_an_existing_file_that_is_not_lagom_s_output_of_the_kind_is_kept_unless_
                                        "replace it, or give another file name")
         assert precious.read_text() == '{"my": "notes"}\n'
     assert main(cases[0][0] + ["--force"]) == 0
-    assert Plan.load(precious).entries
+    assert load_plan(precious).entries
     capsys.readouterr()
     assert main(cases[0][0]) == 0  # a plan: search replaces it
     assert main(["plan", "export", str(plan), "--format", "env", "-o", str(precious)]) == 2  # a plan is no env file

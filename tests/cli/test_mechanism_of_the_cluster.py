@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 from lagom_megatron.cli.main import main
+from lagom_megatron.config.plan_files import load_plan
 from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.engine.plan import Plan
 from lagom_megatron.nccl.rules import check_mechanism, default_mechanism
 
 
@@ -29,7 +29,7 @@ def test_a_plan_for_nccl_2_21_is_a_communicator_plan_end_to_end(tmp_path, capsys
     plan, profile = tmp_path / "plan.json", tmp_path / "profile.json"
     assert main(["simulate", "--preset", "llama2-7b-a100x32-ib100", "--seed", "1", "--plan-out", str(plan),
                  "--profile-out", str(profile)]) == 0
-    assert Plan.load(plan).mechanism == "communicator"
+    assert load_plan(plan).mechanism == "communicator"
     capsys.readouterr()
     assert main(["plan", "validate", str(plan)]) == 0
     capsys.readouterr()
@@ -40,7 +40,7 @@ def test_a_plan_for_nccl_2_21_is_a_communicator_plan_end_to_end(tmp_path, capsys
     assert main(["plan", "export", str(plan), "--format", "megatron-yaml", "--allow-rejected"]) == 0
     assert "min_ctas" in capsys.readouterr().out
     assert main(["search", "--profile", str(profile), "-o", str(tmp_path / "again.json")]) == 0
-    assert Plan.load(tmp_path / "again.json").mechanism == "communicator"
+    assert load_plan(tmp_path / "again.json").mechanism == "communicator"
     capsys.readouterr()
     assert main(["search", "--profile", str(profile), "--mechanism", "tuner", "-o", str(tmp_path / "t.json")]) == 2
     assert _error(capsys) == ("lagom search: error: mechanism 'tuner' needs NCCL 2.22 or newer (lagom's tuner plugin, "
@@ -100,7 +100,7 @@ def test_search_keeps_to_the_profile_s_cluster(tmp_path, capsys):
     calibrated.write_text(yaml.safe_dump({k: v for k, v in spec.items() if v is not None}
                                          | {"name": "a100-ib100.calibrated", "net_gbps_per_gpu": 11.0}))
     assert main(["search", "--profile", str(profile), "--cluster", str(calibrated), "-o", str(plan)]) == 0
-    searched = Plan.load(plan)
+    searched = load_plan(plan)
     assert (searched.fingerprint["cluster"], searched.fingerprint["nccl_version"], searched.mechanism) == (
         "a100-ib100", "2.21.5", "communicator")
     capsys.readouterr()
@@ -118,4 +118,4 @@ def test_search_keeps_to_the_profile_s_cluster(tmp_path, capsys):
     data["cluster"] = data["fingerprint"]["cluster"] = "our-a100s"
     (tmp_path / "ours.json").write_text(json.dumps(data))
     assert main(["search", "--profile", str(tmp_path / "ours.json"), "--cluster", str(calibrated), "-o", str(plan)]) == 0
-    assert Plan.load(plan).fingerprint["cluster"] == "our-a100s"
+    assert load_plan(plan).fingerprint["cluster"] == "our-a100s"

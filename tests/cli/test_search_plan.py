@@ -8,7 +8,7 @@ import yaml
 
 from lagom_megatron.cli.main import main
 from lagom_megatron.cli.bench import search_main as bench_main
-from lagom_megatron.engine.plan import Plan
+from lagom_megatron.config.plan_files import load_plan
 
 from ..engine.factory import build, profile_from, site
 
@@ -28,7 +28,7 @@ def test_search_then_show_validate_export_diff(tmp_path, capsys):
     assert main(["search", "--profile", str(prof), "-o", str(plan_path)]) == 0
     out = capsys.readouterr().out
     assert "priority: 2 sites" in out and "MAPE" in out
-    plan = Plan.load(plan_path)
+    plan = load_plan(plan_path)
     assert plan.fingerprint["cluster"] == "h100-sxm-ib400" and plan.method == "priority"
     assert main(["plan", "show", str(plan_path)]) == 0
     assert "tp.ag[0]" in capsys.readouterr().out
@@ -122,12 +122,12 @@ def test_exhaustive_search_of_more_than_64_sites_with_shared_knobs_runs(tmp_path
     out = tmp_path / "plan.json"
     assert main(["search", "--profile", str(prof), "-o", str(out), "--method", "exhaustive"]) == 0
     assert capsys.readouterr().out.startswith("exhaustive: 96 sites, 2,240 model evaluations")
-    plan = Plan.load(out)
+    plan = load_plan(out)
     assert plan.method == "exhaustive" and len(plan.entries) == 96 and plan.stats["joint_configs"] == 192
     assert plan.mechanism == "communicator"
     assert main(["search", "--profile", str(prof), "-o", str(tmp_path / "prio.json")]) == 0
     capsys.readouterr()
-    prio = Plan.load(tmp_path / "prio.json")
+    prio = load_plan(tmp_path / "prio.json")
     assert plan.stats["predicted_iteration_us"] <= prio.stats["predicted_iteration_us"] * (1 + 1e-9)
 
 

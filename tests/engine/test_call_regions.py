@@ -32,7 +32,7 @@ def _model(per_call_us, cluster="a40-pcie-ib200", **kw):
     return m
 
 
-def test_profile_round_trips_per_call_times_and_names_a_bad_entry(tmp_path):
+def test_profile_round_trips_per_call_times(tmp_path):
     s = site()
     smp = Sample(site_id=s.site_id, config=CommConfig(n_channels=4), t_comm_us=30.0, t_comp_us=math.nan, t_region_us=60.0,
                  iteration=2, calls=((10.0, math.nan, 10.0), (20.0, 40.0, 50.0)))
@@ -41,12 +41,8 @@ def test_profile_round_trips_per_call_times_and_names_a_bad_entry(tmp_path):
     prof.save(tmp_path / "p.json")
     data = json.loads((tmp_path / "p.json").read_text())
     assert "calls" not in data["samples"][1]  # optional: absent when not recorded
-    back = Profile.load(tmp_path / "p.json").samples
+    back = Profile.from_dict(data).samples
     assert back[0].calls[1] == (20.0, 40.0, 50.0) and math.isnan(back[0].calls[0][1]) and back[1].calls == ()
-    data["samples"][0]["calls"][1] = [20.0, 40.0]
-    with pytest.raises(ValueError, match=r"x\.json: sample of site 'tp\.ag\[0\]': calls\[1\] must be "
-                                         r"\[t_comm_us, t_comp_us, t_region_us\] \(numbers\); got \[20\.0, 40\.0\]"):
-        Profile.from_dict(data, source="x.json")
 
 
 def test_calls_of_equal_compute_keep_the_summed_region():

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lagom_megatron.config.plan_files import load_profile
 from lagom_megatron.engine.cost_model import CostModel, region_time_us, wire_bytes
 from lagom_megatron.engine.fit import fit_cost_model, mape_floor
 from lagom_megatron.engine.knobs import CommConfig
@@ -151,7 +152,7 @@ DATA = Path(__file__).parent / "data"
 def test_fit_on_real_gloo_profile_reaches_its_noise_floor(gloo, name, mape_max, floor_min):
     # Before the gloo fit fixes these profiles gave 33.1% and 55.2%: the ridge towards the
     # ClusterSpec's absolute speed kept predictions below every measurement of a site.
-    prof = Profile.load(DATA / f"gloo_{name}_profile.json")
+    prof = load_profile(DATA / f"gloo_{name}_profile.json")
     fitted = fit_cost_model(prof, gloo)
     assert fitted.mape < mape_max, f"{name}: got MAPE {fitted.mape:.1f}% but should be < {mape_max}%"
     # What is left is measurement spread the model cannot express: samples whose configs it must
@@ -168,7 +169,7 @@ def test_identical_gloo_sites_spread_beyond_ten_percent():
     # The 9 sequence-parallel all-gathers of the tp2-dp2 profile move the same bytes over the same
     # group under the same config in the same iteration: any cost model predicts them alike, and
     # the best single value per config still misses them by more than 10% on average.
-    prof = Profile.load(DATA / "gloo_tp2_dp2_profile.json")
+    prof = load_profile(DATA / "gloo_tp2_dp2_profile.json")
     groups: dict[str, list[float]] = {}
     for s in prof.samples:
         if s.site_id.startswith("tp.sp_all_gather["):

@@ -376,6 +376,7 @@ def test_submit_outside_slurm_names_the_missing_tool(fake, tmp_path):
 def test_a_plan_of_another_run_stops_the_dry_run(fake):
     """A CPU (gloo) plan given to an H100 preset passed the dry run (rc 0); the run would only have
     moved it aside once the allocation had started."""
+    from lagom_megatron.config.plan_files import load_plan
     from lagom_megatron.engine.plan import Plan
 
     gloo = fake.tmp / "cpu-plan.json"
@@ -390,7 +391,7 @@ def test_a_plan_of_another_run_stops_the_dry_run(fake):
         "the run would move it aside and search anew: give this run's plan, or a path that does not exist yet")
     layout = fake.tmp / "tp2-plan.json"
     _valid_plan(layout)
-    data = Plan.load(layout).to_dict()
+    data = load_plan(layout).to_dict()
     data["fingerprint"]["tensor_model_parallel_size"] = 2
     Plan.from_dict(data).save(layout)
     proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(layout))

@@ -4,6 +4,7 @@ environment re-check names the variable that changed since the capabilities were
 
 import pytest
 
+from lagom_megatron.config.plan_files import load_plan
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.megatron.control.apply import Applier
@@ -29,7 +30,7 @@ def test_capabilities_in_the_fingerprint_survive_save_and_load(tmp_path):
     entry = PlanEntry(config=CommConfig(n_channels=4), predicted_t_comm_us=1.0, predicted_t_region_us=2.0,
                       group="dp", op="all_reduce", nbytes=1024, group_size=2)
     Plan(entries={"dp.x[0]": entry}, fingerprint=fp, backend="nccl").save(tmp_path / "plan.json")
-    loaded = Plan.load(tmp_path / "plan.json")
+    loaded = load_plan(tmp_path / "plan.json")
     assert loaded.fingerprint_mismatch(fp) == []
     other = {"model": "tiny", "capabilities": {**fp["capabilities"], "plugin_loaded": True}}
     assert loaded.fingerprint_mismatch(other) == ["capabilities"]

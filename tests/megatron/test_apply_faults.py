@@ -75,9 +75,9 @@ def test_fault_on_one_rank_keeps_defaults_on_all_and_training_finishes(launched,
     if name in ("pool", "first_use", "first_call"):
         assert rep["pool"]["created"] > 0, rep["pool"]  # entries existed and were destroyed
     if name == "table":  # failed after the search: the plan is saved as rejected, so reuse keeps the defaults
-        from lagom_megatron.engine.plan import Plan
+        from lagom_megatron.config.plan_files import load_plan
 
-        saved = Plan.load(tmp / name / "plan.json")
+        saved = load_plan(tmp / name / "plan.json")
         assert saved.rejected and "table failed on rank 1" in saved.stats["verification_reason"]
     else:
         assert not (tmp / name / "plan.json").exists()

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from lagom_megatron.config.plan_files import load_plan, load_profile
 from lagom_megatron.engine.plan import Plan
 from lagom_megatron.nccl.env_file import read_env_file, validate_process_env
-from lagom_megatron.engine.profile import Profile
 from tests.megatron.harness_launch import launch_harness
 from tests.timeouts import LAUNCH_S
 
@@ -99,7 +99,7 @@ def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
     for phase in ("lagom: phase profiling", "lagom: phase searching", "lagom: phase verifying"):
         assert phase in log, f"{phase!r} missing from the log:\n{log}"
     assert ("lagom: phase applied" in log) or ("lagom: phase fell_back" in log), log
-    profile = Profile.load(plan.parent / "profile.json")
+    profile = load_profile(plan.parent / "profile.json")
     ids = {s.site_id for s in profile.sites}
     assert any(i.startswith("dp.grad_reduce_scatter[chunk0.bucket") for i in ids), sorted(ids)
     assert any(i.startswith("dp.param_all_gather[chunk0.bucket") for i in ids), sorted(ids)
@@ -112,7 +112,7 @@ def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
         # micro-batch 2 x seq 128 x hidden 128 fp32 = 131072 bytes gathered per call
         assert all(s.nbytes == 2 * 128 * 128 * 4 for s in sites), [s.nbytes for s in sites]
     assert {s.site_id for s in profile.sites} == {s.site_id for s in profile.samples}
-    saved = Plan.load(plan)
+    saved = load_plan(plan)
     assert set(saved.entries) == ids
     # the process-scope knobs go to an env file beside the plan for the launch scripts to source
     assert read_env_file(plan.with_suffix(".env")) == validate_process_env(saved.env)
@@ -155,7 +155,7 @@ def test_pp2_dp2_digest_mismatch_keeps_defaults_and_plan_keeps_losses(tmp_path):
     # the searched plan is applied in the verification iterations: same losses
     assert tuned["losses"] == default["losses"], f"got {tuned['losses']} but should be {default['losses']}"
     assert "lagom: phase verifying (iteration 9, plan)" in logs["lagom"], logs["lagom"]
-    assert "pp.send_recv" in Plan.load(tmp_path / "ok" / "plan.json").entries
+    assert "pp.send_recv" in load_plan(tmp_path / "ok" / "plan.json").entries
     assert len(fault["losses"]) == ITERS, "training stopped after the aborted tuning"
     assert fault["losses"] == default["losses"], f"got {fault['losses']} but should be {default['losses']}"
     _check_hooks_removed(fault, lagom=True)
@@ -184,9 +184,9 @@ def test_tp2_on_two_ranks_has_no_data_parallel_sites(tmp_path):
             "--overlap-grad-reduce", "--overlap-param-gather", *COMMON, "--lagom", "--lagom-plan", str(plan)]
     results, logs = launch_harness(tmp_path, "dp1", [{"name": "lagom", "argv": argv}], nproc=2, timeout_s=LAUNCH_S)
     _check_hooks_removed(results["lagom"], lagom=True)
-    profile = Profile.load(plan.parent / "profile.json")
+    profile = load_profile(plan.parent / "profile.json")
     ids = sorted(s.site_id for s in profile.sites)
     assert ids and all(s.group_size == 2 for s in profile.sites), [(s.site_id, s.group_size) for s in profile.sites]
     assert not [i for i in ids if i.startswith("dp.")], ids
     assert any(i.startswith("tp.sp_all_gather[") for i in ids), ids
-    assert sorted(Plan.load(plan).entries) == ids
+    assert sorted(load_plan(plan).entries) == ids

@@ -44,7 +44,7 @@ def test_without_a_fault_every_planned_site_ran_as_planned(launched):
 
 
 def test_a_disagreeing_rank_reverts_the_site_on_every_rank(launched):
-    from lagom_megatron.engine.plan import Plan
+    from lagom_megatron.config.plan_files import load_plan
 
     tmp, results, logs = launched
     log = logs["fault"]
@@ -60,7 +60,7 @@ def test_a_disagreeing_rank_reverts_the_site_on_every_rank(launched):
     assert (f"{sid} ({knob} planned {r['planned'][knob]} observed {r['observed'][knob]}; rank 1; fault injected"
             in warn), warn
     assert "keep the defaults on every rank" in warn
-    saved = Plan.load(tmp / "fault" / "plan.json")
+    saved = load_plan(tmp / "fault" / "plan.json")
     assert saved.entries[sid].config.is_default() and saved.stats["sites_reverted"] == [sid]
     others = [s for s, e in saved.entries.items() if not e.config.is_default()]
     assert all(observed[s]["status"] == "applied" for s in others), "the other sites stay as planned"

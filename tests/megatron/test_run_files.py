@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from lagom_megatron.config.plan_files import load_plan
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
@@ -73,8 +74,8 @@ def test_another_runs_plan_is_moved_aside_with_its_profile_report_env_and_tables
     tp2 = _plan(FP_TP2, n_channels=2)
     files.save_plan(tp2)
     files.save_profile(Profile(backend="gloo", cluster="cpu-gloo", iteration_us=1000.0, sites=[], samples=[]))
-    assert Plan.load(tmp_path / "plan.json").digest() == tp2.digest()
-    assert Plan.load(tmp_path / f"plan.{tag}.json").digest() == pp2.digest()
+    assert load_plan(tmp_path / "plan.json").digest() == tp2.digest()
+    assert load_plan(tmp_path / f"plan.{tag}.json").digest() == pp2.digest()
     assert (tmp_path / f"profile.{tag}.json").read_bytes() == before["profile.json"]
     assert (tmp_path / "profile.json").read_bytes() != before["profile.json"]
 

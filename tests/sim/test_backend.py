@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lagom_megatron.engine.plan import Plan
+from lagom_megatron.config.plan_files import load_plan
 
 import lagom_megatron.engine.cost_model as cost_model_mod
 import lagom_megatron.engine.fit as fit_mod
@@ -198,7 +198,7 @@ def test_lagom_simulate_64_gpu_preset_cli(tmp_path):
     assert "SIMULATED" in out.stdout and "predicted, plan" in out.stdout and "measured, defaults" in out.stdout
     assert "largest predicted savings" in out.stdout and re.search(r"result: (applied|fell_back): ", out.stdout)
     verdict = re.search(r"result: (applied|fell_back): ", out.stdout).group(1)  # the plan's own state names
-    assert Plan.load(tmp_path / "plan.json").stats["verification"] == verdict  # saved with its verdict
+    assert load_plan(tmp_path / "plan.json").stats["verification"] == verdict  # saved with its verdict
 
 
 def test_workload_rejects_bad_layout():

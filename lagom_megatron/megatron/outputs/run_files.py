@@ -191,6 +191,7 @@ class RunFiles:
         ``plan.invalid-<digest>.json`` (:func:`plan_problem`) or ``plan.<digest>.json`` (another fingerprint). Raises
         ``consensus.PlanDisagreement`` when the ranks' copies differ.
         """
+        from lagom_megatron.config.plan_files import load_plan
         from lagom_megatron.engine.plan import Plan, shown
         from lagom_megatron.megatron import consensus
 
@@ -201,7 +202,7 @@ class RunFiles:
         plan, error, kept = None, None, None
         if self.rank == 0:
             try:
-                plan = Plan.load(self.plan_path)
+                plan = load_plan(self.plan_path)
             except (ValueError, OSError) as exc:
                 error, kept = str(exc), self._move_aside("corrupt-" + _file_sha(self.plan_path))
             if plan is not None and cluster is not None:

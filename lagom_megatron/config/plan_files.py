@@ -1,66 +1,29 @@
-"""Profile and plan readers over ``cli.schemas`` that say so when given a profile for a plan (or the reverse)."""
+"""Plan and profile files (JSON; ``engine.plan``, ``engine.profile``): one schema each, and the readers every such
+file goes through, the ``lagom`` commands' and the training run's alike."""
 
 from __future__ import annotations
 
-from typing import Any
 import math
+import os
 from typing import Any, Literal
+
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+
 from lagom_megatron.engine.files import read_json
-from lagom_megatron.engine.profile import BACKENDS, OPS, REGISTRATIONS
+from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.plan import MECHANISMS, PLAN_SCHEMA_VERSION, Plan
+from lagom_megatron.engine.profile import BACKENDS, OPS, PROFILE_SCHEMA_VERSION, REGISTRATIONS, Profile
 from lagom_megatron.engine.search import METHODS
-from lagom_megatron.nccl.rules import MECHANISMS
-
-
-def read_plan(path: str, command: str):
-    """``schemas.load_plan(path)``; ValueError ``<path> looks like a profile ...; <command> reads plans`` for one."""
-
-    return _load(load_plan, path, "profile", f"{path} looks like a profile (it has samples, no entries); {command} reads "
-                 "plans (a profile is searched with lagom search --profile)")
-
-
-def read_profile(path: str, command: str):
-    """``schemas.load_profile(path)``; ValueError ``<path> looks like a plan ...; <command> reads profiles`` for one."""
-
-    return _load(load_profile, path, "plan", f"{path} looks like a plan (it has entries, no samples); {command} reads "
-                 "profiles (a plan is read by lagom plan show | diff | validate | export)")
-
-
-def _load(loader, path: str, other: str, message: str):
-    try:
-        return loader(path)
-    except ValueError:
-        if _kind(path) == other:
-            raise ValueError(message) from None
-        raise
-
-
-def _kind(path: str) -> str | None:
-    from lagom_megatron.engine.files import read_json
-
-    try:
-        data: Any = read_json(path)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    if "samples" in data and "entries" not in data:
-        return "profile"
-    if "entries" in data and "samples" not in data:
-        return "plan"
-    return None
-
 
 MAX_NBYTES = 1 << 40
 """Largest message a site may hold, bytes (1 TiB)."""
 
-MECHANISMS_OF: dict[str, tuple[str, ...]] = {"gloo": ("gloo",), "nccl": MECHANISMS, "sim": MECHANISMS}
-
 Op = Literal[OPS]  # type: ignore[valid-type]
+Backend = Literal[BACKENDS]  # type: ignore[valid-type]
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
           "float8_e5m2fnuz", "int8", "uint8", "int16", "int32", "int64", "bool", "complex64", "complex128", "unknown")
-"""torch dtype names as ``megatron.sites.dtype_name`` writes them; ``unknown``: a call without a tensor."""
+"""torch dtype names as ``megatron.hooks.sites.dtype_name`` writes them; ``unknown``: a call without a tensor."""
 Dtype = Literal[DTYPES]  # type: ignore[valid-type]
 
 
@@ -74,6 +37,11 @@ def _parts(v: list[list[Any]]) -> list[list[Any]]:
     for k, p in enumerate(v):
         if len(p) != 2 or not isinstance(p[0], str) or isinstance(p[1], bool) or not isinstance(p[1], int) or p[1] < 0:
             raise ValueError(f"parts[{k}] must be [dtype, bytes] with bytes an integer >= 0; got {p!r}")
+    return v
+
+
+def _config(v: dict[str, Any]) -> dict[str, Any]:
+    CommConfig.from_dict(v)  # ValueError naming an unknown knob
     return v
 
 
@@ -111,9 +79,12 @@ class SampleSchema(_Strict):
     iteration: StrictInt = 0
     calls: list[tuple[float, float, float]] = Field(default_factory=list)
     """Per call (t_comm_us, t_comp_us, t_region_us), optional."""
+    t_comm_nccl_us: float = Field(default=math.nan, ge=0)
+    """NCCL's kernel timers, optional."""
     model_config = ConfigDict(extra="forbid", strict=False)
 
-    _finite_times = field_validator("t_comm_us", "t_comp_us", "t_region_us")(_finite)
+    _finite_times = field_validator("t_comm_us", "t_comp_us", "t_region_us", "t_comm_nccl_us")(_finite)
+    _check_config = field_validator("config")(_config)
 
     @field_validator("calls", mode="before")
     @classmethod
@@ -130,7 +101,8 @@ class SampleSchema(_Strict):
     def _call_times(cls, v: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
         for k, c in enumerate(v):
             if not all(math.isfinite(x) and x >= 0 for x in c):
-                raise ValueError(f"calls[{k}] must be three finite times >= 0 (t_comm_us, t_comp_us, t_region_us); got {list(c)}")
+                raise ValueError(f"calls[{k}] must be three finite times >= 0 (t_comm_us, t_comp_us, t_region_us); "
+                                 f"got {list(c)}")
         return v
 
 
@@ -139,15 +111,15 @@ class RunFingerprintSchema(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
     world_size: StrictInt = Field(ge=1)
-    backend: Literal[BACKENDS]  # type: ignore[valid-type]
+    backend: Backend
     cluster: str = Field(min_length=1)
 
 
 class ProfileSchema(_Strict):
     """A profile file (``engine.profile.Profile.to_dict``)."""
 
-    schema_version: Literal[1]
-    backend: Literal[BACKENDS]  # type: ignore[valid-type]
+    schema_version: Literal[PROFILE_SCHEMA_VERSION]  # type: ignore[valid-type]
+    backend: Backend
     cluster: str = Field(min_length=1)
     iteration_us: float = Field(gt=0)
     fingerprint: RunFingerprintSchema
@@ -158,19 +130,22 @@ class ProfileSchema(_Strict):
     _finite_iteration = field_validator("iteration_us")(_finite)
 
     @model_validator(mode="after")
-    def _fingerprint_of_this_run(self) -> "ProfileSchema":
+    def _fingerprint_of_this_run(self) -> ProfileSchema:
         if self.fingerprint.backend != self.backend:
             raise ValueError(f"fingerprint.backend {self.fingerprint.backend!r} is not the profile's backend "
                              f"{self.backend!r}")
         return self
 
     @model_validator(mode="after")
-    def _unique_sites(self) -> "ProfileSchema":
+    def _sites_once_and_sampled_sites_listed(self) -> ProfileSchema:
         seen: set[str] = set()
         for s in self.sites:
             if s.site_id in seen:
                 raise ValueError(f"site {s.site_id!r} is listed twice (each site once)")
             seen.add(s.site_id)
+        for smp in self.samples:
+            if smp.site_id not in seen:
+                raise ValueError(f"sample for unknown site {smp.site_id!r}")
         return self
 
 
@@ -193,6 +168,7 @@ class EntrySchema(_Strict):
     model_config = ConfigDict(extra="forbid", strict=False)
 
     _check_parts = field_validator("parts")(lambda v: _parts(v))
+    _check_config = field_validator("config")(_config)
 
 
 class FingerprintSchema(BaseModel):
@@ -200,24 +176,24 @@ class FingerprintSchema(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
     world_size: StrictInt | None = Field(default=None, ge=1)
-    backend: Literal[BACKENDS] | None = None  # type: ignore[valid-type]
+    backend: Backend | None = None
 
 
 class PlanSchema(_Strict):
-    """A plan file (``engine.plan.Plan.to_dict``)."""
+    """A plan file (``engine.plan.Plan.to_dict``); absent fields take ``Plan``'s defaults."""
 
-    schema_version: Literal[1]
-    method: Literal[METHODS] = "priority"  # type: ignore[valid-type]
-    backend: Literal[BACKENDS] = "nccl"  # type: ignore[valid-type]
-    mechanism: str = "tuner"
+    schema_version: Literal[PLAN_SCHEMA_VERSION]  # type: ignore[valid-type]
+    method: Literal[METHODS] = Plan.method  # type: ignore[valid-type]
+    backend: Backend = Plan.backend
+    mechanism: str = Plan.mechanism
     fingerprint: FingerprintSchema = Field(default_factory=FingerprintSchema)
     env: dict[str, str] = Field(default_factory=dict)
     entries: dict[str, EntrySchema]
     stats: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _mechanism_of_backend(self) -> "PlanSchema":
-        allowed = MECHANISMS_OF[self.backend]
+    def _mechanism_of_backend(self) -> PlanSchema:
+        allowed = MECHANISMS[self.backend]
         if self.mechanism not in allowed:
             raise ValueError(f"mechanism must be one of {list(allowed)} for backend {self.backend!r}; "
                              f"got {self.mechanism!r}")
@@ -234,39 +210,37 @@ def _one_line(exc: ValidationError, source: str) -> ValueError:
     return ValueError(f"{source}: {loc + ': ' if loc else ''}{msg}{shown}")
 
 
-def check_profile(data: Any, source: str) -> None:
-    """Raises ValueError (one line) when ``data`` is not a valid profile (``ProfileSchema``)."""
+def _check(schema: type[BaseModel], data: Any, source: str) -> None:
+    """ValueError (one line) when ``data`` is not valid under ``schema``."""
     if not isinstance(data, dict):
-        raise ValueError(f"{source}: expected a JSON object (a profile); got a JSON {type(data).__name__}")
+        raise ValueError(f"{source}: expected a JSON object (a {schema.__name__.removesuffix('Schema').lower()}); "
+                         f"got a JSON {type(data).__name__}")
     try:
-        ProfileSchema.model_validate(data)
+        schema.model_validate(data)
     except ValidationError as exc:
         raise _one_line(exc, source) from None
 
 
-def check_plan(data: Any, source: str) -> None:
-    """Raises ValueError (one line) when ``data`` is not a valid plan (``PlanSchema``)."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{source}: a plan must be a JSON object; got {type(data).__name__}")
-    try:
-        PlanSchema.model_validate(data)
-    except ValidationError as exc:
-        raise _one_line(exc, source) from None
+def _has_only(data: Any, key: str, other: str) -> bool:
+    return isinstance(data, dict) and key in data and other not in data
 
 
-def load_profile(path: str):
-    """Reads, checks and builds a profile; FileNotFoundError, or ValueError (one line) for an invalid one."""
-    from lagom_megatron.engine.profile import Profile
-
+def load_plan(path: str | os.PathLike, command: str | None = None) -> Plan:
+    """Reads, checks and builds a plan; FileNotFoundError, or ValueError (one line: invalid JSON with its line and
+    column, or the first schema error) for an invalid one; with ``command``, ``<path> looks like a profile ...``."""
     data = read_json(path)
-    check_profile(data, str(path))
-    return Profile.from_dict(data, source=str(path))
+    if command and _has_only(data, "samples", "entries"):
+        raise ValueError(f"{path} looks like a profile (it has samples, no entries); {command} reads plans "
+                         "(a profile is searched with lagom search --profile)")
+    _check(PlanSchema, data, str(path))
+    return Plan.from_dict(data)
 
 
-def load_plan(path: str):
-    """Reads, checks and builds a plan; FileNotFoundError, or ValueError (one line) for an invalid one."""
-    from lagom_megatron.engine.plan import Plan
-
+def load_profile(path: str | os.PathLike, command: str | None = None) -> Profile:
+    """Reads, checks and builds a profile; raises as :func:`load_plan` (``looks like a plan`` with ``command``)."""
     data = read_json(path)
-    check_plan(data, str(path))
-    return Plan.from_dict(data, source=str(path))
+    if command and _has_only(data, "entries", "samples"):
+        raise ValueError(f"{path} looks like a plan (it has entries, no samples); {command} reads profiles "
+                         "(a plan is read by lagom plan show | diff | validate | export)")
+    _check(ProfileSchema, data, str(path))
+    return Profile.from_dict(data)

@@ -1,0 +1,79 @@
+"""The one schema of plan and profile files, which every reader uses (the ``lagom`` commands, the training run's
+``--lagom-plan``, the SLURM launch): its one-line errors and what it accepts of what lagom writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lagom_megatron.config.plan_files import load_plan, load_profile
+from lagom_megatron.engine.plan import Plan
+
+from ..engine.factory import build, profile_from, site
+
+DATA = Path(__file__).resolve().parents[1] / "engine" / "data"
+
+
+def _plan_file(tmp_path, mutate) -> Path:
+    from lagom_megatron.engine.search import search
+
+    data = search(build(sites=[site()]), method="priority").plan.to_dict()
+    mutate(data)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(schema_version=99), "schema_version: Input should be 1; got 99"),
+    (lambda d: d.update(bogus=1), "bogus: Extra inputs are not permitted; got 1"),
+    (lambda d: d.pop("entries"), "entries: Field required"),
+    (lambda d: d["entries"]["tp.ag[0]"].pop("group"), "entries.tp.ag[0].group: Field required"),
+    (lambda d: d["entries"]["tp.ag[0]"]["config"].update(n_chanels=4),
+     "entries.tp.ag[0].config: unknown CommConfig field(s) ['n_chanels']; allowed: "),
+    (lambda d: d["entries"]["tp.ag[0]"].update(tunable="n_channels"),
+     "entries.tp.ag[0].tunable: Input should be a valid list; got 'n_channels'"),
+    (lambda d: d.update(env={"NCCL_NTHREADS": 256}), "env.NCCL_NTHREADS: Input should be a valid string; got 256"),
+])
+def test_a_bad_plan_is_one_line_naming_the_file_and_field(tmp_path, mutate, message):
+    path = _plan_file(tmp_path, mutate)
+    with pytest.raises(ValueError) as info:
+        load_plan(path)
+    assert str(info.value).startswith(f"{path}: {message}"), info.value
+
+
+def test_a_plan_given_as_a_list_or_a_profile_is_named_as_such(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text("[]")
+    with pytest.raises(ValueError, match=r"p\.json: expected a JSON object \(a plan\); got a JSON list"):
+        load_plan(path)
+    profile = DATA / "gloo_tp2_dp2_profile.json"
+    with pytest.raises(ValueError, match="entries: Field required"):
+        load_plan(profile)  # no command to name
+    with pytest.raises(ValueError, match=r"looks like a profile \(it has samples, no entries\); --x reads plans"):
+        load_plan(profile, "--x")
+
+
+def test_what_lagom_writes_is_what_it_reads(tmp_path):
+    prof = profile_from(build(sites=[site(), site(site_id="dp.rs[0]", op="reduce_scatter", group="dp")]))
+    prof.fingerprint.update(world_size=8, backend=prof.backend, cluster=prof.cluster)
+    smp = prof.samples[0]
+    # NCCL's kernel timers (a GPU run with the profiler plugin) travel in the sample
+    prof.samples[0] = type(smp)(**{**{k: getattr(smp, k) for k in smp.__slots__}, "t_comm_nccl_us": 12.5})
+    prof.save(tmp_path / "profile.json")
+    back = load_profile(tmp_path / "profile.json")
+    assert back.to_dict() == prof.to_dict() and back.samples[0].t_comm_nccl_us == 12.5
+    plan = Plan.from_dict(json.loads(_plan_file(tmp_path, lambda d: None).read_text()))
+    plan.save(tmp_path / "plan.json")
+    assert load_plan(tmp_path / "plan.json").digest() == plan.digest()
+
+
+def test_a_sample_of_an_unlisted_site_is_refused(tmp_path):
+    data = json.loads((DATA / "gloo_tp2_dp2_profile.json").read_text())
+    data["samples"][0]["site_id"] = "tp.nowhere[0]"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"^.*p\.json: sample for unknown site 'tp\.nowhere\[0\]'$"):
+        load_profile(path)
