@@ -74,7 +74,7 @@ def test_collectives_on_a_one_rank_group_pass_straight_through(op, args):
 
 
 def test_a_named_scope_on_a_one_rank_group_has_no_site():
-    """FSDP2 units (``scopes.named_method``, synchronous calls tagged) and TE modules alike."""
+    """FSDP2 units (``patches.named_method``, synchronous calls tagged) and TE modules alike."""
     router, groups = _router(("dp", 1))
     router.registry.start_iteration()
     with router.named("decoder.layers.0", prefix="fsdp", tag_sync=True):

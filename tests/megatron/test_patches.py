@@ -168,7 +168,7 @@ def test_the_fp8_block_scaling_gather_of_te_2_3_to_2_11_is_hooked_too(tmp_path, 
 
 
 def test_backward_scope_of_each_forward_scope():
-    from lagom_megatron.megatron.hooks.scopes import backward_scope
+    from lagom_megatron.megatron.hooks.router import backward_scope
 
     assert backward_scope(("stream", ("dispatch_all_to_all", True))) == ("stream", ("dispatch_all_to_all_bwd", True))
     assert backward_scope(("stream", ("combine_all_to_all_bwd", True))) == ("stream", ("combine_all_to_all_bwd", True))

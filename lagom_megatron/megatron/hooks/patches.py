@@ -11,7 +11,6 @@ import importlib
 import logging
 from typing import Any, Callable
 
-from lagom_megatron.megatron.hooks import scopes
 from lagom_megatron.megatron.hooks.te_targets import (TeTargets, find_fsdp2_param_group, find_megatron_fsdp, find_te_targets,
                                                 userbuffers_note)
 
@@ -89,6 +88,78 @@ def _quantized_gather_wrapper(router: Any, orig: Callable[..., Any]) -> Callable
         return gather(orig, args, kwargs)
 
     return wrapper
+
+
+# Scope wrappers give the collectives issued inside Transformer Engine, FSDP2 and MoE autograd code a site: each sets a
+# scope on the ``SiteRouter``; a backward reruns its forward's scope, so TE's backward SP collectives (v2.18
+# ``pytorch/module/linear.py:947-951,1064-1068``, ``layernorm_linear.py:764-768,881-885``) and ``_AllToAll.backward``
+# (mc0.16.1 ``tensor_parallel/mappings.py:453-460``) get their module. Autograd looks ``forward`` / ``backward`` up on
+# the class at call time (torch ``autograd/function.py``).
+_CTX_ATTR = "_lagom_scope"
+
+
+def carry_forward(router: Any, orig: Callable[..., Any]) -> Any:
+    """``staticmethod`` replacing ``Function.forward(ctx, ...)``: keeps the router's scope on ``ctx`` (None when TE
+    v2.18 ``module/linear.py`` calls ``_Linear.forward(None, ...)`` without grad)."""
+
+    @functools.wraps(orig)
+    def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        if ctx is not None:
+            try:
+                setattr(ctx, _CTX_ATTR, router.current_scope())
+            except AttributeError:  # a ctx that refuses attributes: backward is then unscoped
+                pass
+        return orig(ctx, *args, **kwargs)
+
+    return staticmethod(forward)
+
+
+def carry_backward(router: Any, orig: Callable[..., Any]) -> Any:
+    """``staticmethod`` replacing ``Function.backward(ctx, *grads)``: runs it in the forward's scope."""
+
+    @functools.wraps(orig)
+    def backward(ctx: Any, *grads: Any) -> Any:
+        scope = getattr(ctx, _CTX_ATTR, None)
+        if scope is None:
+            return orig(ctx, *grads)
+        with router.reenter(scope):
+            return orig(ctx, *grads)
+
+    return staticmethod(backward)
+
+
+def module_forward(router: Any, orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement of ``Module.forward``: runs it in the named scope of the module (``router.module``)."""
+
+    @functools.wraps(orig)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return router.module(self, orig, args, kwargs)
+
+    return forward
+
+
+def named_method(router: Any, orig: Callable[..., Any], *, prefix: str, attr: str) -> Callable[..., Any]:
+    """Replacement of a method whose collectives, synchronous ones too (FSDP2's), are the sites
+    ``<group>.<prefix>_<op>[<self.attr or root>]``."""
+
+    @functools.wraps(orig)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(self, attr, None) or "root"
+        with router.named(str(name), prefix=prefix, tag_sync=True):
+            return orig(self, *args, **kwargs)
+
+    return method
+
+
+def stream_scoped(router: Any, orig: Callable[..., Any], kind: str, *, per_microbatch: bool) -> Callable[..., Any]:
+    """Replacement of a function whose collectives form the call-order stream ``kind``."""
+
+    @functools.wraps(orig)
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        with router.scope(kind, per_microbatch=per_microbatch):
+            return orig(*args, **kwargs)
+
+    return fn
 
 
 def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te: TeTargets | None | str = "auto",
@@ -217,15 +288,15 @@ def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, f
     functools.update_wrapper(p2p_ops, orig_ops)
     handle._set(p2p, "_p2p_ops", p2p_ops)
     if hasattr(schedules, "drain_embedding_wgrad_compute"):
-        handle._set(schedules, "drain_embedding_wgrad_compute", scopes.stream_scoped(
+        handle._set(schedules, "drain_embedding_wgrad_compute", stream_scoped(
             router, schedules.drain_embedding_wgrad_compute, "embedding_wgrad_all_gather", per_microbatch=False))
     functions = [mappings._AllToAll] + (list(te.functions) if te is not None else [])
     for fn_cls in functions:  # Function.forward / backward are staticmethods: class lookup gives the function
-        handle._set(fn_cls, "forward", scopes.carry_forward(router, fn_cls.forward))
-        handle._set(fn_cls, "backward", scopes.carry_backward(router, fn_cls.backward))
+        handle._set(fn_cls, "forward", carry_forward(router, fn_cls.forward))
+        handle._set(fn_cls, "backward", carry_backward(router, fn_cls.backward))
     if te is not None:
         for mod_cls in te.modules:
-            handle._set(mod_cls, "forward", scopes.module_forward(router, mod_cls.forward))
+            handle._set(mod_cls, "forward", module_forward(router, mod_cls.forward))
         if te.attention is not None:
             orig_attn = te.attention.forward
 
@@ -247,5 +318,5 @@ def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, f
     if fsdp2 is not None:
         for name, prefix in (("unshard", "fsdp"), ("post_backward", "fsdp")):
             if hasattr(fsdp2, name):
-                handle._set(fsdp2, name, scopes.named_method(router, getattr(fsdp2, name), prefix=prefix,
+                handle._set(fsdp2, name, named_method(router, getattr(fsdp2, name), prefix=prefix,
                                                              attr="_module_fqn"))

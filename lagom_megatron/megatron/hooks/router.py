@@ -16,7 +16,6 @@ from lagom_megatron.megatron.hooks.profiler import Profiler
 from lagom_megatron.megatron.hooks.router_coalesced import CoalescedRouting
 from lagom_megatron.megatron.hooks.router_fsdp import FsdpRouting
 from lagom_megatron.megatron.hooks.router_p2p import P2PRouting
-from lagom_megatron.megatron.hooks.scopes import backward_scope
 from lagom_megatron.megatron.hooks.sites import (
     ONE_RANK, GroupInfo, NamedSite, SiteRegistry, Stream, bucket_parts, bucket_reduce_op, bucket_registration,
     call_reduce_op, dtype_name, tensor_nbytes,
@@ -327,14 +326,14 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         finally:
             self._scope = prev
 
-    # -------------------------------------------------------------- named scopes (scopes.py)
+    # -------------------------------------------------------------- named scopes (patches' scope wrappers)
     def current_scope(self) -> Any:
-        """The scope collectives are tagged with now (kept by ``scopes.carry_forward`` on a ctx)."""
+        """The scope collectives are tagged with now (kept by ``patches.carry_forward`` on a ctx)."""
         return self._scope
 
     @contextmanager
     def reenter(self, scope: Any) -> Iterator[None]:
-        """Runs a backward in ``scopes.backward_scope(scope)``: the scope of its forward."""
+        """Runs a backward in ``backward_scope(scope)``: the scope of its forward."""
         prev = self._scope
         self._scope = backward_scope(scope)
         try:
@@ -354,7 +353,7 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
             self._scope = prev
 
     def module(self, module: Any, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """A module's ``forward`` (``scopes.module_forward``) in the named scope of its path."""
+        """A module's ``forward`` (``patches.module_forward``) in the named scope of its path."""
         if not self.active:
             return orig(module, *args, **kwargs)
         prev = self._scope
@@ -363,3 +362,16 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
             return orig(module, *args, **kwargs)
         finally:
             self._scope = prev
+
+
+def backward_scope(scope: Any) -> Any:
+    """The scope a backward runs in, given its forward's: a stream kind gets ``_bwd``, named kept, else None."""
+    if scope is None:
+        return None
+    tag, value = scope
+    if tag == "stream":
+        kind, per_mb = value
+        return scope if kind.endswith("_bwd") else ("stream", (f"{kind}_bwd", per_mb))
+    if tag == "named":
+        return scope
+    return None
