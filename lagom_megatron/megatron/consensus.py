@@ -60,7 +60,7 @@ def collective_step(name: str, fn: Callable[[], Any]) -> Any:
             raise RuntimeError(f"fault injected by {APPLY_FAULT_ENV}")
     except Exception as exc:  # noqa: BLE001 - reported on every rank below
         result, err = None, f"{type(exc).__name__}: {exc}"
-    outcomes = _all_gather((err, socket.gethostname()))
+    outcomes = all_gather((err, socket.gethostname()))
     bad = [(r, h, e) for r, (e, h) in enumerate(outcomes) if e]
     if bad:
         detail = "; ".join(f"rank {r} ({h}): {e}" for r, h, e in bad)
@@ -81,7 +81,7 @@ def agree_capabilities(local: Any, *, from_dict: Callable[[dict[str, Any]], Any]
         who, _, what = fault.partition(":")
         if who.strip() == str(rank):
             local = perturb(local, what.strip() or "plugin_loaded")
-    records = [from_dict(d) for d in _all_gather(local.to_dict())]
+    records = [from_dict(d) for d in all_gather(local.to_dict())]
     diffs = differences(records)
     if diffs:
         r, field, want, got = diffs[0]
@@ -101,7 +101,8 @@ def _world() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _all_gather(obj: Any) -> list[Any]:
+def all_gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank (``[obj]`` when not distributed)."""
     import torch.distributed as dist
 
     rank, world = _world()
@@ -130,7 +131,7 @@ def merge_measurements(sites: dict[str, dict[str, Any]], timings: dict[str, Time
 
     Per call: the rank with the longest region, for sites every rank timed with the same call count;
     such a site's timings are its calls' sums (t_comp_us NaN unless all finite)."""
-    gathered = _all_gather((sites, timings, float(iteration_us), calls or {}))
+    gathered = all_gather((sites, timings, float(iteration_us), calls or {}))
     all_sites: dict[str, dict[str, Any]] = {}
     merged: dict[str, list[float]] = {}
     per_call: dict[str, list[Times3] | None] = {}
@@ -175,7 +176,7 @@ def agree_plan(plan: Any, *, from_dict: Callable[[dict[str, Any]], Any],
     import torch.distributed as dist
 
     rank, world = _world()
-    failed = [r for r, f in enumerate(_all_gather(plan is None)) if f]
+    failed = [r for r, f in enumerate(all_gather(plan is None)) if f]
     if failed:
         raise PlanDisagreement(f"the search failed on rank(s) {failed}; tuning aborted on every rank, defaults kept")
     data = plan.to_dict()
@@ -189,7 +190,7 @@ def agree_plan(plan: Any, *, from_dict: Callable[[dict[str, Any]], Any],
     if perturb is not None:
         data = perturb(dict(data))
     agreed = from_dict(data)
-    digests = _all_gather(agreed.digest())
+    digests = all_gather(agreed.digest())
     bad = [r for r, d in enumerate(digests) if d != digests[0]]
     if bad:
         detail = ", ".join(f"rank {r} {digests[r][:12]}" for r in bad)
@@ -209,11 +210,6 @@ def _perturb(data: dict[str, Any]) -> dict[str, Any]:
     else:
         data["method"] = f"{data.get('method', '')}-perturbed"
     return data
-
-
-def all_gather(obj: Any) -> list[Any]:
-    """Every rank's ``obj``, in rank order, on every rank (``[obj]`` when not distributed)."""
-    return _all_gather(obj)
 
 
 def broadcast_object(obj: Any, *, src: int = 0) -> Any:

@@ -97,7 +97,7 @@ def test_merge_keeps_the_slowest_rank_per_region(monkeypatch):
          {sp: [(25.0, 10.0, 50.0), (15.0, 20.0, 45.0)], dp: [(4.0, 0.0, 4.0), (5.0, 1.0, 5.0)]}),
         ({}, {sp: (45.0, 35.0, 60.0)}, 900.0, {sp: [(22.0, 15.0, 20.0), (23.0, 20.0, 40.0)]}),
     ]
-    monkeypatch.setattr(consensus, "_all_gather", lambda obj: ranks)
+    monkeypatch.setattr(consensus, "all_gather", lambda obj: ranks)
     sites, timings, it_us, calls = consensus.merge_measurements({}, {}, 0.0)
     assert it_us == 1200.0
     assert sites["tp.sp_all_gather[0]"]["nbytes"] == 120
@@ -112,7 +112,7 @@ def test_digest_mismatch_raises_naming_the_rank(monkeypatch):
     plan = _plan(FP)
     assert consensus.agree_plan(plan, from_dict=Plan.from_dict).digest() == plan.digest()  # one process
     # the first all-gather carries the "search failed" flags (none failed), the second the digests
-    monkeypatch.setattr(consensus, "_all_gather", lambda d: [d, d, d] if isinstance(d, bool) else [d, "0" * 64, d])
+    monkeypatch.setattr(consensus, "all_gather", lambda d: [d, d, d] if isinstance(d, bool) else [d, "0" * 64, d])
     with pytest.raises(consensus.PlanDisagreement, match=r"plan digest mismatch: rank 0 has \w{12}, rank 1 000000000000"):
         consensus.agree_plan(plan, from_dict=Plan.from_dict)
 
@@ -127,7 +127,7 @@ def test_fault_injection_changes_the_digest_not_the_routing(monkeypatch):
 
 def test_a_search_failure_on_one_rank_aborts_tuning_on_every_rank(monkeypatch):
     # rank 0 searched fine, rank 1 failed (plan None): every rank must raise, none may wait in the broadcast
-    monkeypatch.setattr(consensus, "_all_gather", lambda obj: [False, True])
+    monkeypatch.setattr(consensus, "all_gather", lambda obj: [False, True])
     with pytest.raises(consensus.PlanDisagreement, match=r"search failed on rank\(s\) \[1\]"):
         consensus.agree_plan(_plan(dict(FP)), from_dict=Plan.from_dict)
 
