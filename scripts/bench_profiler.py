@@ -152,11 +152,10 @@ class Bench:
         self.profiled_calls = []
 
     def on_setup(self, ctx):
-        from lagom_megatron.megatron.pool.comm_pool import make_pool_backend
-        from lagom_megatron.megatron.pool.comm_pool import CommPool
         from lagom_megatron.megatron.hooks.profiler import Profiler
         from lagom_megatron.megatron.hooks.router import SiteRouter
         from lagom_megatron.megatron.hooks.sites import GroupNames, SiteRegistry
+        from lagom_megatron.megatron.pool.comm_pool import CommPool, make_pool_backend
 
         groups = GroupNames.from_parallel_state()
         self.registry = SiteRegistry(groups, num_microbatches=ctx.args.num_microbatches)

@@ -6,11 +6,17 @@ Inputs: scripts/gpu/contention_probe.py's CSV (``sim.calibrate``); scripts/gpu/n
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from lagom_megatron.cli.options import (FORCE_HELP, readable_file, readable_file_or_dir, refuse_overwriting_an_input,
-                                        refuse_replacing, writable_file)
+from lagom_megatron.cli.options import (
+    FORCE_HELP,
+    readable_file,
+    readable_file_or_dir,
+    refuse_overwriting_an_input,
+    refuse_replacing,
+    writable_file,
+)
 
 CALIBRATED_MARK = "calibrated by `lagom calibrate bandwidth`"
 MAX_PROBLEMS = 20
@@ -109,7 +115,7 @@ def _bandwidth(args: argparse.Namespace) -> int:
     base = {k: v for k, v in spec.to_dict().items() if v is not None}
     doc = calibrated_cluster(base, fit, name=out.stem, source=str(out))
     summary = summary_lines(fit)
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     header = [f"# {spec.name} {CALIBRATED_MARK} at {stamp} from {len(runs)} nccl-tests run(s)",
               f"# in {', '.join(sorted({str(p.parent) for p in files}))}; fitted keys: {', '.join(fields)}.",
               "# Every other key is the cluster file's. The fit:"] + [f"#   {line}" for line in summary]

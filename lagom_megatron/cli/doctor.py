@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
     print(first, file=sys.stderr if args.json else sys.stdout)
     cluster = target.cluster
     if args.megatron_lm:
-        from lagom_megatron.preflight.megatron_lm import megatron_lm_traps
         from lagom_megatron.megatron.hooks.versions import installed_megatron_core
+        from lagom_megatron.preflight.megatron_lm import megatron_lm_traps
 
         release = args.megatron_lm_release
         if release is None:

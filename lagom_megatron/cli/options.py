@@ -6,8 +6,8 @@ import argparse
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def int_range(lo: int, hi: int | None = None) -> Callable[[str], int]:

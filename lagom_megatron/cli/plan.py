@@ -6,7 +6,14 @@ import argparse
 import json
 import sys
 
-from lagom_megatron.cli.options import FORCE_HELP, first_line, readable_file, refuse_overwriting_an_input, refuse_replacing, writable_file
+from lagom_megatron.cli.options import (
+    FORCE_HELP,
+    first_line,
+    readable_file,
+    refuse_overwriting_an_input,
+    refuse_replacing,
+    writable_file,
+)
 from lagom_megatron.nccl.export import FORMATS
 
 
@@ -99,8 +106,8 @@ def _validate(args, plan) -> int:
     validate_env(plan.env)
     _warn_if_rejected(args.plan, plan)
     if args.profile:
-        from lagom_megatron.engine.plan import shown
         from lagom_megatron.config.plan_files import load_profile
+        from lagom_megatron.engine.plan import shown
 
         expected = dict(load_profile(args.profile, "lagom plan validate --profile").fingerprint)
         diff = plan.fingerprint_mismatch(expected)

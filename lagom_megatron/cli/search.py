@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from lagom_megatron.cli.options import (FORCE_HELP, is_plan_text, readable_file, refuse_large_exhaustive, refuse_overwriting_an_input,
-                                        refuse_replacing, writable_file)
+from lagom_megatron.cli.options import (
+    FORCE_HELP,
+    is_plan_text,
+    readable_file,
+    refuse_large_exhaustive,
+    refuse_overwriting_an_input,
+    refuse_replacing,
+    writable_file,
+)
 from lagom_megatron.engine.search import METHODS
 
 

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from lagom_megatron.cli.options import (FORCE_HELP, int_range, is_plan_text, is_profile_text, refuse_large_exhaustive,
-                                        refuse_overwriting_an_input, refuse_replacing, writable_file)
+from lagom_megatron.cli.options import (
+    FORCE_HELP,
+    int_range,
+    is_plan_text,
+    is_profile_text,
+    refuse_large_exhaustive,
+    refuse_overwriting_an_input,
+    refuse_replacing,
+    writable_file,
+)
 from lagom_megatron.engine.tuner import MAX_VERIFY_ITERS, MAX_VERIFY_MAX_ITERS
 
 

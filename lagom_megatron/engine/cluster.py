@@ -149,7 +149,7 @@ class ClusterSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "<cluster>") -> "ClusterSpec":
+    def from_dict(cls, data: dict[str, Any], *, source: str = "<cluster>") -> ClusterSpec:
         """Builds a spec from a mapping (parsed YAML); ValueError naming ``source`` on a bad, missing or unknown key."""
         if not isinstance(data, dict):
             got = "an empty file" if data is None else f"a {type(data).__name__}"
@@ -168,7 +168,7 @@ class ClusterSpec:
             raise ValueError(f"{source}: {exc}") from None
 
     @classmethod
-    def load(cls, name_or_path: "str | os.PathLike | ClusterSpec") -> "ClusterSpec":
+    def load(cls, name_or_path: str | os.PathLike | ClusterSpec) -> ClusterSpec:
         """Loads ``configs/clusters/<name>.yaml`` or a YAML path (a ClusterSpec passes through); FileNotFoundError
         if neither; ValueError naming the file for a folder, bad text or YAML (line, column), or an invalid cluster."""
         if isinstance(name_or_path, ClusterSpec):

@@ -7,24 +7,64 @@ Times in us, bandwidths GB/s; gloo: threads for CTAs, DRAM for HBM. ``_S`` per s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
 from lagom_megatron.engine import cost_terms as queues
 from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.engine.cost_terms import (  # noqa: F401  (re-exported: the model's constants and terms)
+    _A2A,
+    _AG,
+    _ALG_CH_MULT,
+    _ALG_HBM,
+    _ALG_LINK_EFF,
+    _AR,
+    _BCAST,
+    _CNCHAIN,
+    _CNDIRECT,
+    _LL,
+    _LL128,
+    _NVLS,
+    _NVLSTREE,
+    _OP,
+    _PAT,
+    _PROTO_CH_EFF,
+    _PROTO_CHUNK_HALF,
+    _PROTO_DEFAULT_CHUNK,
+    _PROTO_HBM,
+    _PROTO_LAT,
+    _PROTO_LINK_EFF,
+    _RECV,
+    _RING,
+    _RS,
+    _SEND,
+    _SIMPLE,
+    _TREE,
+    ALG_NONE,
+    CHUNK_L2_FLOOR,
+    DEFAULT_THREADS,
+    GLOO_CALL_US,
+    MAX_CALL_LEVELS,
+    NCCL_BASE_LATENCY_US,
+    NVLS_ALLREDUCE_LINK,
+    NVLS_GATHER_MULT,
+    PER_CHANNEL_PRIOR_GBS,
+    PRIOR_A,
+    PRIOR_B,
+    PROTO_NONE,
+    RING_SIMPLE_CHUNK_STEPS,
+    SOFTMIN_P,
+    _softmin,
+    call_levels,
+    region_time_us,
+    sm_term,
+    wire_bytes,
+)
 from lagom_megatron.engine.knobs import ALGORITHMS, GLOO_DEFAULT_THREADS, PROTOCOLS, CommConfig, max_channels
 from lagom_megatron.engine.p2p import P2PModel
 from lagom_megatron.engine.profile import CollectiveSite
-
-from lagom_megatron.engine.cost_terms import (  # noqa: F401  (re-exported: the model's constants and terms)
-    _A2A, _AG, _ALG_CH_MULT, _ALG_HBM, _ALG_LINK_EFF, _AR, _BCAST, _CNCHAIN, _CNDIRECT, _LL, _LL128, _NVLS, _NVLSTREE, _OP,
-    _PAT, _PROTO_CH_EFF, _PROTO_CHUNK_HALF, _PROTO_DEFAULT_CHUNK, _PROTO_HBM, _PROTO_LAT, _PROTO_LINK_EFF, _RECV, _RING,
-    _RS, _SEND, _SIMPLE, _TREE, ALG_NONE, CHUNK_L2_FLOOR, DEFAULT_THREADS, GLOO_CALL_US, NCCL_BASE_LATENCY_US,
-    MAX_CALL_LEVELS, NVLS_ALLREDUCE_LINK, NVLS_GATHER_MULT, PER_CHANNEL_PRIOR_GBS, PRIOR_A, PRIOR_B, PROTO_NONE, RING_SIMPLE_CHUNK_STEPS, SOFTMIN_P, _softmin,
-    call_levels, region_time_us, sm_term, wire_bytes,
-)
 
 
 @dataclass
@@ -299,23 +339,23 @@ class CostModel:
         """Flags the sites of every communicator where collectives queue (``queues.mark_queues``)."""
         queues.mark_queues(self, empty_share=empty_share, queue_share=queue_share)
 
-    def _site(self, site: "CollectiveSite | str") -> int:
+    def _site(self, site: CollectiveSite | str) -> int:
         key = site if isinstance(site, str) else site.site_id
         if key not in self.index:
             raise ValueError(f"site {key!r} is not in this cost model ({len(self.sites)} sites)")
         return self.index[key]
 
-    def t_comm_us(self, site: "CollectiveSite | str", cfg: CommConfig) -> float:
+    def t_comm_us(self, site: CollectiveSite | str, cfg: CommConfig) -> float:
         """Predicted collective time of ``site`` under ``cfg``, microseconds per iteration."""
         i = self._site(site)
         return float(self.evaluate(i, *self.encode(i, cfg), hp=self._hp(cfg))[0])
 
-    def slowdown(self, site: "CollectiveSite | str", cfg: CommConfig) -> float:
+    def slowdown(self, site: CollectiveSite | str, cfg: CommConfig) -> float:
         """Predicted fractional compute slowdown s while ``site``'s collective runs under ``cfg``."""
         i = self._site(site)
         return float(self.evaluate(i, *self.encode(i, cfg), hp=self._hp(cfg))[1])
 
-    def t_region_us(self, site: "CollectiveSite | str", cfg: CommConfig) -> float:
+    def t_region_us(self, site: CollectiveSite | str, cfg: CommConfig) -> float:
         """Predicted overlap-region time of ``site`` under ``cfg``, microseconds."""
         i = self._site(site)
         return float(self.evaluate(i, *self.encode(i, cfg), hp=self._hp(cfg))[2])
@@ -328,7 +368,7 @@ class CostModel:
 
     @classmethod
     def from_priors(cls, sites: Sequence[CollectiveSite], t_comp_us: Sequence[float], cluster: ClusterSpec, *,
-                    backend: str | None = None, alpha=1.0, beta=1.0, a=PRIOR_A, b=PRIOR_B, gamma=1.0) -> "CostModel":
+                    backend: str | None = None, alpha=1.0, beta=1.0, a=PRIOR_A, b=PRIOR_B, gamma=1.0) -> CostModel:
         """A model from ClusterSpec priors only (synthetic problems, tests); ``alpha`` .. ``gamma``: scalar or per
         site. ValueError if ``t_comp_us`` has not one value per site."""
         S = len(sites)

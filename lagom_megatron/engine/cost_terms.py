@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-import numpy as np
-from lagom_megatron.engine.knobs import ALGORITHMS, DEFAULT_CHUNK, PROTOCOLS
-from lagom_megatron.engine.profile import OPS
 import math
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from lagom_megatron.engine.knobs import ALGORITHMS, DEFAULT_CHUNK, PROTOCOLS
+from lagom_megatron.engine.profile import OPS
 
 ALG_NONE = len(ALGORITHMS)  # point-to-point on NCCL, or gloo: no algorithm choice
 PROTO_NONE = len(PROTOCOLS)

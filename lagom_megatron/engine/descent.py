@@ -6,7 +6,6 @@ import numpy as np
 
 from lagom_megatron.engine.problem import SEARCH_KNOBS, SIMPLE, SearchProblem, State, compat
 
-
 TIE_REL = 1e-3
 """Objectives within this fraction of the best tie; a tie goes to fewer channels, threads, chunk bytes."""
 RESOURCE_KNOBS = ("n_channels", "n_threads", "chunk_size")

@@ -185,19 +185,19 @@ def _call_compute(samples: list) -> list[float]:
 def _slowdown_rows(rows, per_call, call_level, F_J, ctas_J, y_comm, y_comp, y_region, hbm_per_call_J, calls_J, wait_J):
     """The slowdown fit's rows (one per call where calls match ``per_call``, else per sample), shape (R,): group,
     CTAs, T_comm, T_comp, T_region (us), HBM bytes per us, call level (-1: summed), site, dispatch wait (us)."""
-    F, ct, comm, comp, reg, rate, lvl, site, wait = [], [], [], [], [], [], [], [], []
+    out: list[tuple] = []  # (group, CTAs, T_comm, T_comp, T_region, rate, level, site, wait) per row
     for j, (i, smp) in enumerate(rows):
         levels = per_call[i]
         if smp.calls and len(smp.calls) == len(levels) and all(c[0] > 0 and c[2] > 0 for c in smp.calls):
             w = wait_J[j] / calls_J[j]
             for k, ((c_comm, _, c_region), c_comp) in enumerate(zip(smp.calls, levels)):
                 c_comm = max(c_comm - w, 0.5 * c_comm, 1e-6)  # the run, as y_comm; never zero
-                wait.append(w)
-                F.append(F_J[j]); ct.append(ctas_J[j]); comm.append(c_comm); comp.append(c_comp); reg.append(c_region)
-                rate.append(hbm_per_call_J[j] / c_comm); lvl.append(int(call_level[i][k])); site.append(i)
-            continue
-        F.append(F_J[j]); ct.append(ctas_J[j]); comm.append(y_comm[j]); comp.append(y_comp[j]); reg.append(y_region[j])
-        rate.append(hbm_per_call_J[j] * calls_J[j] / y_comm[j]); lvl.append(-1); site.append(i); wait.append(wait_J[j])
+                rate = hbm_per_call_J[j] / c_comm
+                out.append((F_J[j], ctas_J[j], c_comm, c_comp, c_region, rate, int(call_level[i][k]), i, w))
+        else:
+            rate = hbm_per_call_J[j] * calls_J[j] / y_comm[j]
+            out.append((F_J[j], ctas_J[j], y_comm[j], y_comp[j], y_region[j], rate, -1, i, wait_J[j]))
+    F, ct, comm, comp, reg, rate, lvl, site, wait = zip(*out) if out else ((),) * 9
     F_R, L_R, I_R = (np.asarray(x, dtype=np.int64) for x in (F, lvl, site))
     return (F_R, *(np.asarray(x, dtype=float) for x in (ct, comm, comp, reg, rate)), L_R, I_R, np.asarray(wait, dtype=float))
 

@@ -42,7 +42,7 @@ class CommConfig:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CommConfig":
+    def from_dict(cls, data: dict[str, Any]) -> CommConfig:
         """Builds a config from ``to_dict`` output; ValueError on a key that is not a field."""
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - allowed)
@@ -149,7 +149,7 @@ class KnobRules(Protocol):
     """What one mechanism can set on one cluster: the search domain handed to the engine. ``backend`` (nccl,
     gloo, sim) labels profiles and plans; ``mechanism``: tuner, communicator, env or gloo."""
 
-    cluster: "ClusterSpec"
+    cluster: ClusterSpec
     backend: str
     mechanism: str
 
@@ -162,7 +162,7 @@ class KnobRules(Protocol):
     def site_domains(self, site: Any) -> tuple[dict[str, tuple], str]:
         """``domains`` of one site, cut by what its call allows (reduction, dtype, registration), and a note why."""
 
-    def for_sites(self, sites: Any) -> "KnobRules":
+    def for_sites(self, sites: Any) -> KnobRules:
         """These rules for a search over ``sites``: a specialised copy where domains depend on all sites, else self."""
 
     def probe_configs(self) -> list[CommConfig]:

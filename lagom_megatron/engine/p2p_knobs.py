@@ -51,7 +51,7 @@ def decide(problem: Any, st: Any) -> dict[int, int]:
     return chosen
 
 
-def applied(problem: Any, chosen: dict[int, int]) -> "_Applied":
+def applied(problem: Any, chosen: dict[int, int]) -> _Applied:
     """A context manager that puts ``chosen`` on the model's ``p2p.net_peer_S`` for its body."""
     return _Applied(problem, chosen)
 

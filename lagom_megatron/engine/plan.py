@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.files import write_json_atomic
+from lagom_megatron.engine.knobs import CommConfig
 
 PLAN_SCHEMA_VERSION = 1
 """Version of the plan file format; bump on any incompatible change (a test freezes it)."""
@@ -79,7 +79,7 @@ class PlanEntry:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PlanEntry":
+    def from_dict(cls, data: dict[str, Any]) -> PlanEntry:
         """Builds an entry from ``to_dict`` output that ``config.plan_files.PlanSchema`` accepts."""
         times = ("predicted_t_comm_us", "predicted_t_region_us", "predicted_default_t_region_us")
         return cls(**{**data, **{k: float(data[k]) for k in times if k in data},
@@ -127,7 +127,7 @@ class Plan:
         write_json_atomic(path, self.to_dict())
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
         """Builds a plan from ``to_dict`` output that ``config.plan_files.PlanSchema`` accepts (which reads files)."""
         return cls(**{k: data[k] for k in ("method", "backend", "mechanism") if k in data},
                    entries={sid: PlanEntry.from_dict(e) for sid, e in data["entries"].items()},
@@ -151,11 +151,11 @@ class Plan:
         """True when the plan's own verification fell back (``stats["verification"] == "fell_back"``)."""
         return self.stats.get("verification") == "fell_back"
 
-    def with_stats(self, **stats: Any) -> "Plan":
+    def with_stats(self, **stats: Any) -> Plan:
         """A copy with ``stats`` updated (plans are not mutated by searchers)."""
         return replace(self, stats={**self.stats, **stats})
 
-    def with_defaults(self, site_ids: Any, *, note: str) -> "Plan":
+    def with_defaults(self, site_ids: Any, *, note: str) -> Plan:
         """A copy where ``site_ids`` keep NCCL's defaults, noted with ``note`` (``stats["sites_reverted"]``
         accumulates); KeyError on a site the plan does not hold."""
         entries = dict(self.entries)

@@ -6,8 +6,9 @@ level (0 = NCCL's chunk, 1..4 = ``knobs.chunk_domain``). Suffixes: ``_S`` per si
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,13 @@ from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.cost_model import ALG_NONE, PROTO_NONE, CostModel
 from lagom_megatron.engine.fit import fit_cost_model
 from lagom_megatron.engine.knobs import (
-    ALGORITHMS, KNOB_ORDER, PROTOCOLS, PROTOCOLS_FOR_ALGORITHM, CommConfig, KnobRules, chunk_domain,
+    ALGORITHMS,
+    KNOB_ORDER,
+    PROTOCOLS,
+    PROTOCOLS_FOR_ALGORITHM,
+    CommConfig,
+    KnobRules,
+    chunk_domain,
 )
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.engine.profile import CollectiveSite, Profile
@@ -47,7 +54,7 @@ class State:
     nt: np.ndarray
     lvl: np.ndarray
 
-    def copy(self) -> "State":
+    def copy(self) -> State:
         return State(*(x.copy() for x in (self.alg, self.proto, self.nc, self.nt, self.lvl)))
 
     def get(self, knob: str) -> np.ndarray:
@@ -91,7 +98,7 @@ class SearchProblem:
 
     @classmethod
     def from_model(cls, model: CostModel, *, rules: KnobRules, iteration_us: float | None = None,
-                   fingerprint: dict | None = None, domain_override: dict[str, tuple] | None = None) -> "SearchProblem":
+                   fingerprint: dict | None = None, domain_override: dict[str, tuple] | None = None) -> SearchProblem:
         """A problem over ``model``'s sites under ``rules`` (ValueError: another cluster); ``domain_override`` narrows
         site domains (empty keeps the first value); ``iteration_us`` defaults to the summed default regions."""
         if rules.cluster.name != model.cluster.name:
@@ -121,7 +128,7 @@ class SearchProblem:
 
     @classmethod
     def from_profile(cls, profile: Profile, *, rules: KnobRules, model: CostModel | None = None,
-                     domain_override: dict[str, tuple] | None = None) -> "SearchProblem":
+                     domain_override: dict[str, tuple] | None = None) -> SearchProblem:
         """A problem from a profile on ``rules.cluster``: fits the cost model unless one is given."""
         model = model or fit_cost_model(profile, rules.cluster)
         fp = dict(profile.fingerprint)

@@ -117,7 +117,7 @@ class Profile:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Profile":
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
         """Builds a profile from ``to_dict`` output that ``config.plan_files.ProfileSchema`` accepts (which reads
         files)."""
         samples = [Sample(site_id=s["site_id"], config=CommConfig.from_dict(s["config"]),

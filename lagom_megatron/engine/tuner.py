@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from lagom_megatron.engine.knobs import CommConfig, KnobRules
 from lagom_megatron.engine.profile import BACKENDS, Profile
@@ -83,7 +84,7 @@ class Tuner:
 
     def __init__(
         self,
-        config: "Tuner.Config",
+        config: Tuner.Config,
         *,
         rules: KnobRules,
         fingerprint: dict[str, Any] | None = None,

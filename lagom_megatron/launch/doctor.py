@@ -5,7 +5,8 @@ adds command-line parsing, a target cluster other than this machine, and a patch
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from lagom_megatron.preflight.check import RULES, STOP, check_run, detect_cluster, resolve, run_rules
 from lagom_megatron.preflight.cluster import cluster_field

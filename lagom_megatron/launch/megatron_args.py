@@ -4,7 +4,8 @@ Flag names are Megatron-LM's ``megatron/training/arguments.py``, checked for the
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from lagom_megatron.preflight.types import flag
 

@@ -15,7 +15,8 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 ArgsProvider = Callable[[Any], Any]
 
@@ -106,7 +107,7 @@ class LagomHooks:
         finally:
             self.finish()
 
-    def start(self, args: Any, *, callbacks: list[Any] | None = None, cluster: Any = None) -> "LagomHooks":
+    def start(self, args: Any, *, callbacks: list[Any] | None = None, cluster: Any = None) -> LagomHooks:
         """Checks the run and installs the ``train_step`` wrapper when ``args.lagom`` is set; returns self.
 
         SystemExit(1) when ``lagom doctor`` finds errors; SystemExit(2) when another run writes an output folder

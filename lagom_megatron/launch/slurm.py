@@ -11,19 +11,18 @@ prints ``shlex``-quoted lines for ``eval`` in ``scripts/slurm/*.sbatch``: the pr
 
 from __future__ import annotations
 
-import re
-from typing import Mapping
 import argparse
 import os
+import re
 import shlex
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
+
+from lagom_megatron.config.presets import Preset, load_preset
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.launch.megatron_args import preset_to_argv
 from lagom_megatron.nccl.plugin_launch import launch_env
-from lagom_megatron.config.presets import Preset, load_preset
-
 
 _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 import os
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 FAULT_ENV = "LAGOM_INJECT_DIGEST_FAULT"
 APPLY_FAULT_ENV = "LAGOM_INJECT_APPLY_FAULT"

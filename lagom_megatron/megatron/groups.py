@@ -64,7 +64,7 @@ class GroupNames:
         self._partners: dict[str, str] = {}
 
     @classmethod
-    def from_parallel_state(cls, **kwargs: Any) -> "GroupNames":
+    def from_parallel_state(cls, **kwargs: Any) -> GroupNames:
         """Names every group that ``megatron.core.parallel_state`` has initialised on this rank."""
         from megatron.core import parallel_state as ps
 

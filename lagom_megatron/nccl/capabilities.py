@@ -59,7 +59,7 @@ class Capabilities:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Capabilities":
+    def from_dict(cls, data: Mapping[str, Any]) -> Capabilities:
         """Rebuilds a record from ``to_dict`` output; ValueError names a key that is not a field."""
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - allowed)
@@ -72,7 +72,7 @@ class Capabilities:
         d["overrides"] = tuple(tuple(x) for x in d.get("overrides", ()))
         return cls(**d)
 
-    def with_topology(self, hosts: list[str]) -> "Capabilities":
+    def with_topology(self, hosts: list[str]) -> Capabilities:
         """This record with ``n_nodes`` / ``ranks_per_node`` counted from every rank's host."""
         counts: dict[str, int] = {}
         for h in hosts:

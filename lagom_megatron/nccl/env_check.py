@@ -7,16 +7,25 @@ no forced LL128 (NCCL issues 786, 1261), Ring in a global algorithm list (NCCL i
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Literal, Mapping
-from lagom_megatron.nccl.env_vars import (
-    ALGORITHMS, CTA_POLICIES, FUNCTIONS, MAX_CGA_CLUSTER_SIZE, NTHREADS_ALLOWED, PER_FUNCTION_SYNTAX_VERSION, PROTOCOLS,
-    max_ctas, parse_selection)
-from lagom_megatron.engine.cluster import parse_version
-from lagom_megatron.nccl.env_vars import PER_COMMUNICATOR_OVERRIDES, TUNER_OVERRIDES
 import re
-from typing import Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
 
+from lagom_megatron.engine.cluster import parse_version
+from lagom_megatron.nccl.env_vars import (
+    ALGORITHMS,
+    CTA_POLICIES,
+    FUNCTIONS,
+    MAX_CGA_CLUSTER_SIZE,
+    NTHREADS_ALLOWED,
+    PER_COMMUNICATOR_OVERRIDES,
+    PER_FUNCTION_SYNTAX_VERSION,
+    PROTOCOLS,
+    TUNER_OVERRIDES,
+    max_ctas,
+    parse_selection,
+)
 
 Level = Literal["error", "warning"]
 

@@ -3,10 +3,10 @@ override replaces its ``ncclConfig_t`` field in every communicator (``src/init.c
 
 from __future__ import annotations
 
-from lagom_megatron.engine.cluster import parse_version
-from lagom_megatron.engine.knobs import ALGORITHMS, N_THREADS, PROTOCOLS, invalid_value
 from typing import Literal
 
+from lagom_megatron.engine.cluster import parse_version
+from lagom_megatron.engine.knobs import ALGORITHMS, N_THREADS, PROTOCOLS, invalid_value
 
 PER_COMMUNICATOR_OVERRIDES: dict[str, str] = {
     "NCCL_MIN_CTAS": "ncclConfig_t.minCTAs",
@@ -81,7 +81,7 @@ def validate_env(env: dict[str, str]) -> None:
 FUNCTIONS: tuple[str, ...] = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 """Function prefixes of the per-function form (NCCL 2.24+). There is no AllToAll or SendRecv."""
 
-ALGORITHMS: dict[str, tuple[int, int]] = {
+ALGORITHM_SINCE: dict[str, tuple[int, int]] = {
     "Tree": (2, 4),
     "Ring": (2, 4),
     "CollNetDirect": (2, 14),
@@ -90,9 +90,7 @@ ALGORITHMS: dict[str, tuple[int, int]] = {
     "NVLSTree": (2, 18),
     "PAT": (2, 23),
 }
-"""Algorithm token -> first NCCL (major, minor) that accepts it (tokens are case-insensitive)."""
-
-PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
+"""Algorithm token, in NCCL's enum order -> first NCCL (major, minor) that accepts it (case-insensitive)."""
 
 NTHREADS_ALLOWED: tuple[int, ...] = (64, 128, 256, 512)
 """NCCL_NTHREADS values listed by env.rst; NCCL clamps anything else with an INFO log only."""
@@ -120,7 +118,7 @@ def parse_selection(value: str, kind: Literal["algorithm", "protocol"]) -> dict[
 
     ``;``-separated ``[function:]list`` entries (only the first without prefix), ``^`` negates, case-insensitive.
     Raises ValueError in NCCL's wording (a later entry without prefix, unknown token or prefix, empty value)."""
-    tokens = tuple(ALGORITHMS) if kind == "algorithm" else PROTOCOLS
+    tokens = tuple(ALGORITHM_SINCE) if kind == "algorithm" else PROTOCOLS
     canon = {t.lower(): t for t in tokens}
     funcs = {f.lower(): f for f in FUNCTIONS}
     enabled: dict[str, frozenset[str]] = {f: frozenset(tokens) for f in FUNCTIONS}

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from lagom_megatron.engine.knobs import P2P_OPS
+from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.nccl import plugin_status
-from lagom_megatron.nccl.validate import nccl_bins
 from lagom_megatron.nccl.env_vars import validate_env
 from lagom_megatron.nccl.rules import tuner_call_key, validate_cta_range
-from lagom_megatron.engine.plan import Plan, PlanEntry
+from lagom_megatron.nccl.validate import nccl_bins
 
 FORMATS: tuple[str, ...] = ("megatron-yaml", "nccl-tuner-csv", "env")
 

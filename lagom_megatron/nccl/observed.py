@@ -8,8 +8,9 @@ v1-v3 the maximum, :2178; none for CollNet / multi-node NVLS, :624-654), ``nWarp
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from lagom_megatron.engine.knobs import P2P_OPS, CommConfig
 from lagom_megatron.engine.p2p import p2p_channels

@@ -85,12 +85,12 @@ class PerfRun:
 class PerfFormatError(ValueError):
     """Not readable as nccl-tests output; ``problems`` lists each ``file:line: problem``."""
 
-    def __init__(self, problems: "list[str] | str") -> None:
+    def __init__(self, problems: list[str] | str) -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         super().__init__("; ".join(self.problems))
 
 
-def read_perf_run(path: "str | Path") -> PerfRun:
+def read_perf_run(path: str | Path) -> PerfRun:
     """Parses one run's saved output (module docstring); rows in file order. Raises PerfFormatError (every problem, each
     as ``file:line: what; expected ...``) or OSError."""
     path = Path(path)

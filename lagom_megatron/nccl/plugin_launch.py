@@ -8,15 +8,14 @@ Without the plugin: communicator mode (NCCL 2.24+), else CTA bounds only (docs/n
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Mapping, MutableMapping
-from lagom_megatron.engine.cluster import parse_version
-from lagom_megatron.nccl.plugin.build import HEADERS, LIBRARY_NAME, PLUGIN_DIR, TUNER_SOURCES, build_tuner
 import subprocess
 import sys
-from typing import Mapping
-from lagom_megatron.nccl.env_check import EnvIssue, plugin_path_missing
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 
+from lagom_megatron.engine.cluster import parse_version
+from lagom_megatron.nccl.env_check import EnvIssue, plugin_path_missing
+from lagom_megatron.nccl.plugin.build import HEADERS, LIBRARY_NAME, PLUGIN_DIR, TUNER_SOURCES, build_tuner
 
 PLUGIN_VAR = "NCCL_TUNER_PLUGIN"
 PROFILER_VAR = "NCCL_PROFILER_PLUGIN"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
-
+from typing import Any
 
 LIBRARY_NAME = "libnccl-tuner-lagom.so"
 

@@ -17,8 +17,15 @@ from lagom_megatron.engine.knobs import P2P_OPS, CommConfig
 from lagom_megatron.engine.plan import Plan
 from lagom_megatron.nccl.capabilities import Capabilities
 from lagom_megatron.nccl.options import (
-    TUNER_COMM_TAG_ENV, TUNER_CONFIG_ENV, TUNER_NO_TABLE, build_options, check_env_conflicts, nccl_config_fields,
-    nccl_module_parts, nccl_options_for, runtime_nccl_version,
+    TUNER_COMM_TAG_ENV,
+    TUNER_CONFIG_ENV,
+    TUNER_NO_TABLE,
+    build_options,
+    check_env_conflicts,
+    nccl_config_fields,
+    nccl_module_parts,
+    nccl_options_for,
+    runtime_nccl_version,
 )
 
 

@@ -7,19 +7,33 @@ mechanism can apply; the simulator uses it too."""
 
 from __future__ import annotations
 
-from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.engine.plan import NCCL_MECHANISMS as MECHANISMS
 from dataclasses import dataclass, replace
 from typing import Any
+
+from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import (
-    ALGORITHMS_FOR_OP, KNOB_ORDER, N_THREADS, NET_PEER_CHANNELS, P2P_OPS, CommConfig, Scope, chunk_domain,
-    invalid_value, max_channels,
+    ALGORITHMS_FOR_OP,
+    KNOB_ORDER,
+    N_THREADS,
+    NET_PEER_CHANNELS,
+    P2P_OPS,
+    CommConfig,
+    Scope,
+    chunk_domain,
+    invalid_value,
+    max_channels,
 )
-from lagom_megatron.nccl.validate import algorithms_for, call_algorithms
-from lagom_megatron.nccl.validate import nccl_bins
-from lagom_megatron.nccl.pool import channel_cap, group_share
+from lagom_megatron.engine.plan import NCCL_MECHANISMS as MECHANISMS
 from lagom_megatron.nccl.capabilities import Capabilities, fixed_knob_warning, restrict_domains
-from lagom_megatron.nccl.validate import CHUNK_RULES, validate_config, validate_cta_range
+from lagom_megatron.nccl.pool import channel_cap, group_share
+from lagom_megatron.nccl.validate import (
+    CHUNK_RULES,
+    algorithms_for,
+    call_algorithms,
+    nccl_bins,
+    validate_config,
+    validate_cta_range,
+)
 
 
 def ll128_enabled(cluster: ClusterSpec, *, n_nodes: int = 1, group_size: int = 2) -> bool:
@@ -282,7 +296,7 @@ class NcclRules:
         share = group_share(self.pool_budget_bytes, self.budget_groups)
         return channel_cap(share, nvls_heads=self.nvls_heads, limit=max_channels(self.cluster))
 
-    def for_sites(self, sites: Any) -> "NcclRules":
+    def for_sites(self, sites: Any) -> NcclRules:
         """These rules for ``sites``: the budget is shared by groups with a site whose channels can be set."""
         if self.pool_budget_bytes is None:
             return self

@@ -4,13 +4,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.engine.knobs import ALGORITHMS_FOR_OP
-from lagom_megatron.engine.knobs import (
-    ALGORITHMS, ALGORITHMS_FOR_OP, CGA_CLUSTER_SIZES, CTA_POLICIES, N_THREADS, P2P_OPS, PROTOCOLS,
-    PROTOCOLS_FOR_ALGORITHM, CommConfig, invalid_value, max_channels,
-)
 
+from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.engine.knobs import (
+    ALGORITHMS,
+    ALGORITHMS_FOR_OP,
+    CGA_CLUSTER_SIZES,
+    CTA_POLICIES,
+    N_THREADS,
+    P2P_OPS,
+    PROTOCOLS,
+    PROTOCOLS_FOR_ALGORITHM,
+    CommConfig,
+    invalid_value,
+    max_channels,
+)
 
 AGGREGATE_RATIO = 4
 """NCCL aggregates a bin's tasks while they stay below this multiple of the first (``enqueue.cc:430``)."""

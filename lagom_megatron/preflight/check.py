@@ -6,20 +6,36 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from lagom_megatron.preflight.environment import rule_comm_config
-from lagom_megatron.preflight.environment import rule_cuda_device_max_connections, rule_nccl_env, rule_nccl_overrides
+from lagom_megatron.preflight.cluster import choose_cluster, cluster_field, load_cluster
+from lagom_megatron.preflight.environment import (
+    rule_comm_config,
+    rule_cuda_device_max_connections,
+    rule_nccl_env,
+    rule_nccl_overrides,
+)
 from lagom_megatron.preflight.files import rule_master_port, rule_output_folders, rule_output_names, rule_plan_lock
-from lagom_megatron.preflight.layout import rule_moe_overlap, rule_uneven_pipeline
+from lagom_megatron.preflight.lagom_flags import rule_lagom_flags
 from lagom_megatron.preflight.layout import (
-    rule_batch, rule_ddp_bucket_size, rule_experts, rule_fsdp_sharding, rule_heads, rule_layers, rule_nodes,
-    rule_overlap_param_gather, rule_positive, rule_sequence, rule_tp_comm_overlap, rule_world_size,
+    rule_batch,
+    rule_ddp_bucket_size,
+    rule_experts,
+    rule_fsdp_sharding,
+    rule_heads,
+    rule_layers,
+    rule_moe_overlap,
+    rule_nodes,
+    rule_overlap_param_gather,
+    rule_positive,
+    rule_sequence,
+    rule_tp_comm_overlap,
+    rule_uneven_pipeline,
+    rule_world_size,
 )
 from lagom_megatron.preflight.types import Finding, RunShape
-from lagom_megatron.preflight.lagom_flags import rule_lagom_flags
 from lagom_megatron.preflight.values import rule_megatron_flags, rule_values, rule_versions
-from lagom_megatron.preflight.cluster import choose_cluster, cluster_field, load_cluster
 
 ARGUMENT_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_values, rule_megatron_flags, rule_lagom_flags, rule_world_size, rule_batch, rule_heads, rule_layers,

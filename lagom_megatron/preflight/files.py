@@ -10,8 +10,9 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from lagom_megatron.preflight.types import Finding, RunShape
 

@@ -4,11 +4,17 @@ refuses an option only ``--lagom`` reads without ``--lagom``. No torch."""
 from __future__ import annotations
 
 import argparse
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from lagom_megatron.engine.search import LAGOM_METHODS
-from lagom_megatron.engine.tuner import (DEFAULT_CONFIG, MAX_VERIFY_ITERS, MAX_VERIFY_MAX_ITERS, MAX_WARMUP_ITERS,
-                                        MIN_ITERS)
+from lagom_megatron.engine.tuner import (
+    DEFAULT_CONFIG,
+    MAX_VERIFY_ITERS,
+    MAX_VERIFY_MAX_ITERS,
+    MAX_WARMUP_ITERS,
+    MIN_ITERS,
+)
 from lagom_megatron.megatron.pool.comm_pool import DEFAULT_BUDGET_MIB
 from lagom_megatron.preflight.types import Finding, RunShape
 

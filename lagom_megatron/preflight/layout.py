@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from lagom_megatron.preflight.types import Finding, RunShape, flag
 
-
 POSITIVE_INTEGERS: tuple[tuple[str, str], ...] = (
     ("tensor_model_parallel_size", "world = TP x PP x CP x DP (arguments.py:317)"),
     ("pipeline_model_parallel_size", "world = TP x PP x CP x DP (arguments.py:317)"),

@@ -7,7 +7,8 @@ Each rule names the release and its line of core_v0.16.1 / core_v0.17.1 / core_v
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from lagom_megatron.preflight.layout import no_shard_finding
 from lagom_megatron.preflight.types import Finding

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
-from lagom_megatron.preflight.lagom_flags import LAGOM_FLAGS, LAGOM_METHODS, add_lagom_args  # noqa: F401 (public here too)
+from collections.abc import Sequence
 
+from lagom_megatron.preflight.lagom_flags import LAGOM_FLAGS, LAGOM_METHODS, add_lagom_args  # noqa: F401 (public here too)
 
 NO_EFFECT: dict[str, str] = {
     "save": "this script writes no checkpoints", "save_interval": "this script writes no checkpoints",

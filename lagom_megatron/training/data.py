@@ -4,8 +4,8 @@ order as Megatron-LM's ``MegatronPretrainingSampler`` (the same global batch for
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -71,8 +71,7 @@ def build_tokenizer(args):
     (``tokenizers/megatron_tokenizer.py:21,72``), ``"null-text"`` from 0.17 (``megatron_tokenizer.py:84``;
     Megatron-LM core_v0.18.2 ``tokenizers/utils/build_tokenizer.py:88-101``)."""
     if args.tokenizer_type == "NullTokenizer":
-        from megatron.core.tokenizers import MegatronTokenizer
-        from megatron.core.tokenizers import megatron_tokenizer
+        from megatron.core.tokenizers import MegatronTokenizer, megatron_tokenizer
 
         library = "null" if "null" in getattr(megatron_tokenizer, "TOKENIZER_LIBRARIES", ()) else "null-text"
         return MegatronTokenizer.from_pretrained(metadata_path={"library": library}, vocab_size=args.vocab_size)

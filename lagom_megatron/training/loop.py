@@ -12,8 +12,9 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -150,8 +151,10 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
     :class:`TrainingResult` on every rank. Raises ValueError: a value checked only after set-up."""
     import torch.distributed as dist
     from megatron.core import parallel_state
-    from megatron.core.num_microbatches_calculator import (destroy_num_microbatches_calculator,
-                                                           init_num_microbatches_calculator)
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -159,8 +162,7 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
 
     from lagom_megatron.training import cpu_shims, data
     from lagom_megatron.training import model as model_mod
-    from lagom_megatron.training.arguments import build_parser
-    from lagom_megatron.training.arguments import inactive_flags
+    from lagom_megatron.training.arguments import build_parser, inactive_flags
 
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -36,9 +36,8 @@ def use_transformer_engine(args: argparse.Namespace) -> bool:
 
 def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
     """Megatron-Core ``TransformerConfig`` from validated arguments; on CPU, fused kernels off."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     from megatron.core.transformer.enums import AttnBackend
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
     fused = {} if on_gpu else dict(

@@ -9,8 +9,9 @@ import contextlib
 import io
 import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from lagom_megatron.engine.cluster import MAX_WORLD_SIZE
 from lagom_megatron.megatron.hooks.versions import UntestedVersionError, check_versions

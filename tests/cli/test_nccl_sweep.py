@@ -31,7 +31,7 @@ def standin_binaries(folder: Path, failing: str | None = None) -> Path:
     """One ``<op>_perf`` per op that runs the stand-in under its own name (``failing`` exits 1)."""
     folder.mkdir()
     for op in OPS:
-        body = (f'echo "Test NCCL failure common.cu:1000 \'unhandled cuda error\'"; exit 1' if op == failing else
+        body = ('echo "Test NCCL failure common.cu:1000 \'unhandled cuda error\'"; exit 1' if op == failing else
                 f'exec "{sys.executable}" "{STANDIN}" --as "$(basename "$0")" "$@"')
         path = folder / f"{op}_perf"
         path.write_text(f"#!/bin/sh\n{body}\n")

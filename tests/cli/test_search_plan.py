@@ -6,8 +6,8 @@ import json
 
 import yaml
 
-from lagom_megatron.cli.main import main
 from lagom_megatron.cli.bench import search_main as bench_main
+from lagom_megatron.cli.main import main
 from lagom_megatron.config.plan_files import load_plan
 
 from ..engine.factory import build, profile_from, site

@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from lagom_megatron.launch.doctor import run_doctor
-from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.launch.megatron_args import argv_to_args, preset_to_argv
 from lagom_megatron.config.presets import CONFIGS_DIR, available, load_model, load_preset
+from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.launch.doctor import run_doctor
+from lagom_megatron.launch.megatron_args import argv_to_args, preset_to_argv
 
 GPU_PRESETS = ["llama3-8b-h100x8", "llama3-70b-h100x64", "gpt3-175b-h100x512", "mixtral-8x7b-h100x32",
                "llama2-7b-a100x32-ib100", "gpt3-13b-h100x64"]

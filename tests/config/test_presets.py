@@ -2,9 +2,9 @@
 
 import pytest
 
+from lagom_megatron.config.presets import OMIT_WHEN_DEFAULT, available, load_model, load_preset
 from lagom_megatron.training.argument_checks import validate_args
 from lagom_megatron.training.arguments import build_parser, parse_args
-from lagom_megatron.config.presets import OMIT_WHEN_DEFAULT, available, load_model, load_preset
 
 
 @pytest.mark.parametrize("name", available("presets"))

@@ -8,7 +8,13 @@ import inspect
 import pytest
 
 from lagom_megatron.engine.knobs import (
-    DEFAULT, KNOB_ORDER, CommConfig, KnobRules, chunk_domain, invalid_value, max_channels,
+    DEFAULT,
+    KNOB_ORDER,
+    CommConfig,
+    KnobRules,
+    chunk_domain,
+    invalid_value,
+    max_channels,
 )
 from lagom_megatron.megatron.pool.gloo import GlooRules
 from lagom_megatron.nccl.rules import NcclRules

@@ -7,9 +7,9 @@ import copy
 import numpy as np
 import pytest
 
-from lagom_megatron.engine.priority import STATIC_CAPS
 from lagom_megatron.engine.bench import SMALL_DOMAINS
 from lagom_megatron.engine.knobs import CommConfig
+from lagom_megatron.engine.priority import STATIC_CAPS
 from lagom_megatron.engine.problem import SEARCH_KNOBS
 from lagom_megatron.engine.search import METHODS, search
 
@@ -166,7 +166,7 @@ def test_every_planned_config_passes_nccl_validation(cluster, mechanism):
         plan = search(problem, method=method).plan
         # the default: lagom's plugin where NCCL loads it (2.22+), CTA bounds per communicator on NCCL 2.21
         assert plan.mechanism == (mechanism or ("communicator" if cluster == "a100-ib100" else "tuner"))
-        for site_id, e in plan.entries.items():
+        for e in plan.entries.values():
             validate_config(e.config, op=e.op, cluster=problem.cluster, mechanism=plan.mechanism, n_nodes=e.n_nodes,
                             group_size=e.group_size)
         validate_env(plan.env)

@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from lagom_megatron.engine import stream_priority
 from lagom_megatron.engine import cost_terms as queues
+from lagom_megatron.engine import stream_priority
 from lagom_megatron.engine.fit import fit_cost_model
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.profile import Profile, Sample
@@ -121,7 +121,7 @@ def test_the_plan_validates_and_keeps_its_other_knobs():
     plan = problem.make_plan(st, method="test", stats={})
     e = plan.entries["dp.ag[0]"]
     assert e.config.high_priority_stream is True and e.config.n_channels == 4
-    for sid, entry in plan.entries.items():
+    for entry in plan.entries.values():
         problem.rules.validate(entry.config, op=entry.op, group_size=entry.group_size)
     with pytest.raises(ValueError, match="high_priority_stream 'yes' is not allowed"):
         problem.rules.validate(replace(HP, high_priority_stream="yes"), op="all_gather")

@@ -223,7 +223,9 @@ def test_new_api_parse_then_finish(fake_megatron, monkeypatch):
     rec = Recorder()
     monkeypatch.setattr(LagomHooks, "start", _start_with(rec, LagomHooks.start))
     hooks = LagomHooks()
-    parse_and_validate_args = lambda extra_args_provider, args_defaults: fake_megatron.parse_args(extra_args_provider)
+    def parse_and_validate_args(extra_args_provider, args_defaults):
+        return fake_megatron.parse_args(extra_args_provider)
+
     args = hooks.parse_args(parse_and_validate_args, extra_args_provider=None, args_defaults={})
     assert args.lagom is True and hooks.active
     assert fake_megatron.training.train_step is not fake_megatron.original

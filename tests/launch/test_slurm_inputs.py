@@ -3,8 +3,7 @@ cannot honour refused before srun (``launch/slurm.py``)."""
 
 import pytest
 
-from lagom_megatron.launch.slurm import main
-from lagom_megatron.launch.slurm import check_allocation, expand_hostlist, parse_tasks_per_node
+from lagom_megatron.launch.slurm import check_allocation, expand_hostlist, main, parse_tasks_per_node
 
 
 @pytest.mark.parametrize("text, hosts", [

@@ -272,8 +272,8 @@ def test_slurm_env_refuses_presets_without_a_slurm_shape(capsys):
 
 
 def test_slurm_env_checks_world_size_against_slurm_shape(tmp_path):
-    from lagom_megatron.launch.slurm import shell_lines
     from lagom_megatron.config.presets import load_preset
+    from lagom_megatron.launch.slurm import shell_lines
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: llama3-8b\ncluster: h100-sxm-ib400\nworld_size: 16\nslurm: {nodes: 1, gpus_per_node: 8}\n")

@@ -47,10 +47,9 @@ class _GroupSpy:
 
 
 def _te_quantized_part(router, pool, groups, tp):
+    from lagom_megatron.engine.knobs import CommConfig
     from tests.megatron.te_standin.module.linear import Linear
     from tests.megatron.te_standin.quantized import Float8BlockQuantizer, MXFP8Quantizer, NVFP4Quantizer
-
-    from lagom_megatron.engine.knobs import CommConfig
 
     out = {}
     rank = dist.get_rank()
@@ -147,7 +146,8 @@ def _megatron_fsdp_part(router, pool, groups, dp):
     from megatron.core.distributed.fsdp.src.megatron_fsdp import FSDPDistributedIndex, MegatronFSDP
     from megatron.core.distributed.fsdp.src.megatron_fsdp import param_and_grad_buffer as mfsdp_pgb
     from megatron.core.distributed.fsdp.src.megatron_fsdp.distributed_data_parallel_config import (
-        DistributedDataParallelConfig)
+        DistributedDataParallelConfig,
+    )
     from torch.distributed.device_mesh import DeviceMesh
 
     from lagom_megatron.engine.knobs import CommConfig
@@ -231,7 +231,8 @@ def _megatron_fsdp_strategies_part(router, dp):
     ``no_sync``, ``finish_grad_sync`` after the last): the sites of the second iteration, with calls."""
     from megatron.core.distributed.fsdp.src.megatron_fsdp import FSDPDistributedIndex, MegatronFSDP
     from megatron.core.distributed.fsdp.src.megatron_fsdp.distributed_data_parallel_config import (
-        DistributedDataParallelConfig)
+        DistributedDataParallelConfig,
+    )
     from torch.distributed.device_mesh import DeviceMesh
 
     out = {}
@@ -328,12 +329,11 @@ def _megatron_fsdp_hsdp_part(router, pool, groups, full, inner):
 def worker(rank: int, store_path: str, out_dir: str) -> None:
     """One rank: installs the hooks with the TE stand-in and runs every part (module docstring)."""
     from lagom_megatron.megatron.hooks import patches
-    from lagom_megatron.megatron.pool.comm_pool import make_pool_backend
-    from lagom_megatron.megatron.pool.comm_pool import CommPool
     from lagom_megatron.megatron.hooks.profiler import Profiler
     from lagom_megatron.megatron.hooks.router import SiteRouter
     from lagom_megatron.megatron.hooks.sites import GroupNames, SiteRegistry
     from lagom_megatron.megatron.hooks.te_targets import find_megatron_fsdp, find_te_targets
+    from lagom_megatron.megatron.pool.comm_pool import CommPool, make_pool_backend
     from tests.megatron import mfsdp_standin
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)

@@ -17,9 +17,9 @@ def _originals():
     import torch.distributed as dist
     from megatron.core import utils as mc_utils
     from megatron.core.distributed import param_and_grad_buffer as pgb
+    from megatron.core.distributed.fsdp.src.megatron_fsdp import param_and_grad_buffer as mfsdp
     from megatron.core.pipeline_parallel import p2p_communication as p2p
     from megatron.core.pipeline_parallel import schedules
-    from megatron.core.distributed.fsdp.src.megatron_fsdp import param_and_grad_buffer as mfsdp
     from megatron.core.tensor_parallel import layers, mappings
 
     return {

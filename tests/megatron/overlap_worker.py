@@ -28,10 +28,9 @@ def _records(router):
 
 
 def _te_part(router, pool, groups, tp):
+    from lagom_megatron.engine.knobs import CommConfig
     from tests.megatron.te_standin.module.layernorm_linear import LayerNormLinear
     from tests.megatron.te_standin.module.linear import Linear
-
-    from lagom_megatron.engine.knobs import CommConfig
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(LayerNormLinear(8, 16, tp_group=tp, parallel_mode="column", sequence_parallel=True),
@@ -70,9 +69,8 @@ def _te_part(router, pool, groups, tp):
 
 
 def _cp_part(router, pool, groups, cp, batch):
-    from tests.megatron.te_standin.attention.dot_product_attention.dot_product_attention import DotProductAttention
-
     from lagom_megatron.engine.knobs import CommConfig
+    from tests.megatron.te_standin.attention.dot_product_attention.dot_product_attention import DotProductAttention
 
     holder = torch.nn.Module()
     holder.attn = DotProductAttention(cp_group=cp, cp_global_ranks=[0, 1], batch_p2p_comm=batch,
@@ -106,9 +104,8 @@ def _cp_part(router, pool, groups, cp, batch):
 
 
 def _cp_a2a_part(router, pool, groups, cp):
-    from tests.megatron.te_standin.attention.dot_product_attention.dot_product_attention import DotProductAttention
-
     from lagom_megatron.engine.knobs import CommConfig
+    from tests.megatron.te_standin.attention.dot_product_attention.dot_product_attention import DotProductAttention
 
     holder = torch.nn.Module()
     holder.attn = DotProductAttention(cp_group=cp, cp_global_ranks=[0, 1], cp_comm_type="a2a",
@@ -263,12 +260,11 @@ def _fsdp_part(router, pool, groups, dp):
 def worker(rank: int, store_path: str, out_dir: str) -> None:
     """One rank: installs the hooks with the TE stand-in and runs every part (module docstring)."""
     from lagom_megatron.megatron.hooks import patches
-    from lagom_megatron.megatron.pool.comm_pool import make_pool_backend
-    from lagom_megatron.megatron.pool.comm_pool import CommPool
     from lagom_megatron.megatron.hooks.profiler import Profiler
     from lagom_megatron.megatron.hooks.router import SiteRouter
     from lagom_megatron.megatron.hooks.sites import GroupNames, SiteRegistry
     from lagom_megatron.megatron.hooks.te_targets import find_te_targets
+    from lagom_megatron.megatron.pool.comm_pool import CommPool, make_pool_backend
     from lagom_megatron.training import cpu_shims
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)

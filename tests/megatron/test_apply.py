@@ -8,8 +8,8 @@ from lagom_megatron.config.plan_files import load_plan
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.megatron.control.apply import Applier
-from lagom_megatron.megatron.pool.comm_pool import CommPool
 from lagom_megatron.megatron.hooks.sites import GroupNames
+from lagom_megatron.megatron.pool.comm_pool import CommPool
 from lagom_megatron.nccl.capabilities import gather_local, perturb
 from lagom_megatron.nccl.pool import NcclPoolBackend
 

@@ -11,8 +11,8 @@ from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.megatron import consensus
 from lagom_megatron.megatron.control.apply import Applier
-from lagom_megatron.megatron.pool.comm_pool import CommPool, PoolBudgetExceeded
 from lagom_megatron.megatron.hooks.sites import GroupNames
+from lagom_megatron.megatron.pool.comm_pool import CommPool, PoolBudgetExceeded
 from lagom_megatron.nccl.capabilities import gather_local
 from lagom_megatron.nccl.plugin_status import PluginStatus
 from lagom_megatron.nccl.pool import NcclPoolBackend

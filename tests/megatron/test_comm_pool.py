@@ -21,10 +21,9 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    from lagom_megatron.megatron.pool.comm_pool import make_pool_backend
-    from lagom_megatron.megatron.pool.comm_pool import CommPool
-    from lagom_megatron.megatron.pool.gloo import chunked_call
     from lagom_megatron.megatron.hooks.sites import GroupNames
+    from lagom_megatron.megatron.pool.comm_pool import CommPool, make_pool_backend
+    from lagom_megatron.megatron.pool.gloo import chunked_call
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)
     out: dict = {}

@@ -8,9 +8,9 @@ import torch
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.megatron.control.apply import Applier
-from lagom_megatron.megatron.pool.gloo import GlooRecord, chunked_call
 from lagom_megatron.megatron.control.observed import ObservedCheck, describe, observe_gloo_site
 from lagom_megatron.megatron.hooks.sites import GroupInfo
+from lagom_megatron.megatron.pool.gloo import GlooRecord, chunked_call
 from lagom_megatron.nccl.plugin_status import parse_snapshot
 
 RING8 = CommConfig(algorithm="Ring", protocol="Simple", n_channels=8)

@@ -101,7 +101,7 @@ def test_overlapped_pipeline_p2p_has_compute_time_and_pp2_world_half_follows_the
 
 
 def test_moe_all_to_all_backward_is_tagged(ranks):
-    for rank, r in enumerate(ranks):
+    for r in ranks:
         rec = r["moe_records"]
         assert rec["ep.dispatch_all_to_all[0]"] == ["all_to_all", 32, 1, "ep"]
         assert rec["ep.dispatch_all_to_all_bwd[0]"] == ["all_to_all", 32, 1, "ep"]

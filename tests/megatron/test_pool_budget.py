@@ -28,8 +28,8 @@ def _worker(rank, store_path, out_path):
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    from lagom_megatron.megatron.pool.comm_pool import CommPool, PoolBudgetExceeded
     from lagom_megatron.megatron.hooks.sites import GroupNames
+    from lagom_megatron.megatron.pool.comm_pool import CommPool, PoolBudgetExceeded
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 1), rank=0, world_size=1)
     groups = GroupNames(local_world_size=1)
@@ -93,8 +93,8 @@ def _entry(config, gain):
 
 def test_plan_is_trimmed_to_the_budget_least_gain_first():
     from lagom_megatron.megatron.control.apply import Applier
-    from lagom_megatron.megatron.pool.comm_pool import CommPool
     from lagom_megatron.megatron.hooks.sites import GroupNames
+    from lagom_megatron.megatron.pool.comm_pool import CommPool
 
     plan = Plan(entries={"dp.a[0]": _entry(C8, 300.0), "dp.a[1]": _entry(C8, 200.0), "dp.b[0]": _entry(C4, 50.0),
                          "dp.c[0]": _entry(CommConfig(), 0.0)}, fingerprint={}, backend="nccl", mechanism="communicator")

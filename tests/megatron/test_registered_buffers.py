@@ -130,9 +130,9 @@ def test_an_entry_registers_its_groups_pools_as_megatron_core_does(monkeypatch, 
 def _worker(rank, store_path, out_path):
     import torch.distributed as dist
 
+    from lagom_megatron.megatron.hooks.sites import GroupNames
     from lagom_megatron.megatron.pool.comm_pool import CommPool
     from lagom_megatron.megatron.pool.gloo import GlooPoolBackend
-    from lagom_megatron.megatron.hooks.sites import GroupNames
 
     class Registering(GlooPoolBackend):
         """Gloo entries; registration recorded (gloo has no NCCL memory)."""

@@ -11,7 +11,13 @@ from lagom_megatron.engine.plan import PlanEntry
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.engine.verify import verdict
 from lagom_megatron.megatron.outputs.report import (
-    column_totals, default_config_text, is_tuned, render_markdown, report_path_for, site_rows, verdict_summary,
+    column_totals,
+    default_config_text,
+    is_tuned,
+    render_markdown,
+    report_path_for,
+    site_rows,
+    verdict_summary,
     write_report,
 )
 

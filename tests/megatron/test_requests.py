@@ -11,8 +11,6 @@ from lagom_megatron.megatron.hooks import router_p2p as requests  # noqa: E402
 from lagom_megatron.megatron.hooks.profiler import Profiler  # noqa: E402
 from lagom_megatron.megatron.hooks.router import SiteRouter  # noqa: E402
 from lagom_megatron.megatron.hooks.sites import GroupInfo, GroupNames, SiteRegistry  # noqa: E402
-
-
 from tests.megatron.fakes import Clock  # noqa: E402
 from tests.megatron.fakes import FakeWork as Req  # noqa: E402
 

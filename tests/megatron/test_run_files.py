@@ -14,8 +14,8 @@ from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.engine.profile import Profile
-from lagom_megatron.megatron.outputs import run_files
 from lagom_megatron.megatron.control.controller import LagomController
+from lagom_megatron.megatron.outputs import run_files
 from lagom_megatron.megatron.outputs.run_files import RunFiles, rename_no_replace
 
 SITE = "dp.grad_reduce_scatter[chunk0.bucket0]"

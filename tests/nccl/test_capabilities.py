@@ -15,7 +15,13 @@ from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.engine.search import search
 from lagom_megatron.megatron.pool.comm_pool import rules_for
 from lagom_megatron.nccl.capabilities import (
-    Capabilities, differences, gather_local, host_id, knob_overrides, perturb, restrict_domains,
+    Capabilities,
+    differences,
+    gather_local,
+    host_id,
+    knob_overrides,
+    perturb,
+    restrict_domains,
 )
 from lagom_megatron.nccl.options import nccl_options_for
 from lagom_megatron.nccl.plugin_status import PluginStatus

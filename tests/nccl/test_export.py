@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from lagom_megatron.nccl.export import TUNER_COLUMNS, TUNER_EXTENDED_COLUMNS, export_plan, parse_tuner_csv, tuner_rows
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.engine.search import search
+from lagom_megatron.nccl.export import TUNER_COLUMNS, TUNER_EXTENDED_COLUMNS, export_plan, parse_tuner_csv, tuner_rows
+from tests.timeouts import COMMAND_S
 
 from ..engine.factory import build, site
-from tests.timeouts import COMMAND_S
 
 
 def _mixed_plan(method="priority", mechanism=None):

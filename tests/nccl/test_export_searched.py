@@ -69,8 +69,8 @@ def test_budget_fit_bounds_each_groups_entries_by_its_own_channels(plan, capsys)
     among that group's tuned sites), not one plan-wide bound; the budget fit then keeps exactly the
     groups whose entry fits the default budget (512 MiB), in the estimate of ``estimate_entry_bytes``."""
     from lagom_megatron.megatron.control.apply import Applier
-    from lagom_megatron.megatron.pool.comm_pool import CommPool
     from lagom_megatron.megatron.hooks.sites import GroupNames
+    from lagom_megatron.megatron.pool.comm_pool import CommPool
     from lagom_megatron.nccl.pool import NcclPoolBackend, estimate_entry_bytes
 
     tuned = [e for e in plan.entries.values() if not e.config.is_default()]
@@ -104,10 +104,9 @@ def test_the_search_respects_a_small_pool_budget():
     9 do not), the search holds no channel count whose plugin entry would pass its group's share,
     and the budget fit then has nothing to drop: the plan searched is the plan applied."""
     from lagom_megatron.megatron.control.apply import Applier
-    from lagom_megatron.megatron.pool.comm_pool import CommPool
     from lagom_megatron.megatron.hooks.sites import GroupNames
-    from lagom_megatron.nccl.pool import channel_cap
-    from lagom_megatron.nccl.pool import RING_BUFFER_BYTES, NcclPoolBackend, estimate_entry_bytes
+    from lagom_megatron.megatron.pool.comm_pool import CommPool
+    from lagom_megatron.nccl.pool import RING_BUFFER_BYTES, NcclPoolBackend, channel_cap, estimate_entry_bytes
 
     budget = 160 * 2**20
     # three groups share it (tp, dp and the pipeline's send/recv, whose channels are bounded too)
@@ -128,8 +127,7 @@ def test_the_budget_caps_the_channel_domain_per_mechanism():
     """``NcclRules`` with a budget: the channel domain stops at ``channel_cap`` of the groups' equal
     share (plugin and communicator mechanisms), NVLS heads count, ``env`` has no pool and no cap."""
     from lagom_megatron.engine.profile import CollectiveSite
-    from lagom_megatron.nccl.pool import channel_cap, group_share
-    from lagom_megatron.nccl.pool import RING_BUFFER_BYTES, NVLS_BYTES_PER_CHANNEL_HEAD
+    from lagom_megatron.nccl.pool import NVLS_BYTES_PER_CHANNEL_HEAD, RING_BUFFER_BYTES, channel_cap, group_share
 
     cluster = SimulatedCluster(load_preset("gpt3-13b-h100x64")).cluster
     budget = 40 * RING_BUFFER_BYTES

@@ -42,7 +42,7 @@ def test_check_rehearsal_writes_what_the_next_steps_read(tmp_path):
 
     sys.path.insert(0, str(GPU))
     try:
-        from contention_probe import REHEARSAL_KAPPA, sweep_points, COMPUTE_KERNELS
+        from contention_probe import COMPUTE_KERNELS, REHEARSAL_KAPPA, sweep_points
     finally:
         sys.path.pop(0)
     out = tmp_path / "out"

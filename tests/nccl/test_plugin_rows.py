@@ -22,10 +22,10 @@ from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.engine.profile import CollectiveSite
-from lagom_megatron.nccl.validate import nccl_bins
 from lagom_megatron.nccl.export import export_plan, tuner_rows
 from lagom_megatron.nccl.plugin import build_tuner
 from lagom_megatron.nccl.rules import NcclRules
+from lagom_megatron.nccl.validate import nccl_bins
 
 from .test_plugin_status import _drive
 

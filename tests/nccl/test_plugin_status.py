@@ -154,9 +154,9 @@ def test_summarize_hits_when_nothing_can_have_applied():
 
 
 def test_plan_hit_summary_in_a_process_without_the_plugin(monkeypatch):
-    from lagom_megatron.nccl import plugin_status
     from lagom_megatron.engine.knobs import CommConfig
     from lagom_megatron.engine.plan import Plan, PlanEntry
+    from lagom_megatron.nccl import plugin_status
     from lagom_megatron.nccl.export import plan_hit_summary
 
     monkeypatch.setattr(plugin_status, "read_plugin_status", lambda: None)  # other tests may have loaded it here

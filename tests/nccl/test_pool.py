@@ -9,7 +9,11 @@ import pytest
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.nccl.env_vars import PER_COMMUNICATOR_OVERRIDES
 from lagom_megatron.nccl.options import (
-    build_options, check_env_conflicts, nccl_config_fields, nccl_options_for, nccl_version_tuple,
+    build_options,
+    check_env_conflicts,
+    nccl_config_fields,
+    nccl_options_for,
+    nccl_version_tuple,
 )
 from lagom_megatron.nccl.pool import create_nccl_pool_entry, scoped_env
 

@@ -14,9 +14,9 @@ import torch.distributed as dist
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.megatron.control.apply import Applier
-from lagom_megatron.megatron.pool.comm_pool import CommPool
-from lagom_megatron.megatron.outputs.run_files import RunFiles
 from lagom_megatron.megatron.hooks.sites import GroupNames
+from lagom_megatron.megatron.outputs.run_files import RunFiles
+from lagom_megatron.megatron.pool.comm_pool import CommPool
 from lagom_megatron.nccl import pool as nccl_pool
 from lagom_megatron.nccl.export import parse_tuner_csv, tuner_rows
 from lagom_megatron.nccl.plugin_status import PluginStatus

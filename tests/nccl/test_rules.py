@@ -8,7 +8,15 @@ import pytest
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import ALGORITHMS_FOR_OP, N_THREADS, CommConfig, max_channels
 from lagom_megatron.nccl.rules import (
-    NcclRules, applicable, domains, knob_scope, probe_configs, process_env, tuner_abi, validate_config, validate_cta_range,
+    NcclRules,
+    applicable,
+    domains,
+    knob_scope,
+    probe_configs,
+    process_env,
+    tuner_abi,
+    validate_config,
+    validate_cta_range,
 )
 
 CLUSTERS = ("h100-sxm-ib400", "a100-ib100", "h200-sxm")

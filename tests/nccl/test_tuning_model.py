@@ -7,9 +7,8 @@ import pytest
 
 from lagom_megatron.engine import p2p
 from lagom_megatron.engine.cluster import ClusterSpec
+from lagom_megatron.nccl.rules import domains, ll128_enabled
 from lagom_megatron.sim import tuning_model as nm
-from lagom_megatron.nccl.rules import ll128_enabled
-from lagom_megatron.nccl.rules import domains
 
 
 def test_ring_search_of_a_dgx_a100_gives_the_24_channels_its_log_reports():

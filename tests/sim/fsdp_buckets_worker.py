@@ -20,7 +20,9 @@ def main(store: str, models: list[dict]) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, 1), rank=0, world_size=1)
     from megatron.core import parallel_state
     from megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer import (
-        BucketingPolicy, _get_parameter_groups)
+        BucketingPolicy,
+        _get_parameter_groups,
+    )
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig

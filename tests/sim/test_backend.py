@@ -11,17 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from lagom_megatron.config.plan_files import load_plan
-
 import lagom_megatron.engine.cost_model as cost_model_mod
 import lagom_megatron.engine.fit as fit_mod
 import lagom_megatron.engine.search as search_mod
+from lagom_megatron.config.plan_files import load_plan
+from lagom_megatron.config.presets import load_preset
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Profile, Sample
 from lagom_megatron.engine.steps import IterationMeasurement, Phase
 from lagom_megatron.engine.tuner import Tuner
-from lagom_megatron.config.presets import load_preset
 from lagom_megatron.nccl.rules import NcclRules
 from lagom_megatron.sim.backend import SimulatedCluster, run_lifecycle
 from lagom_megatron.sim.workload import Workload

@@ -39,8 +39,7 @@ def test_online_tuning_spends_its_default_budget_and_ties_indistinguishable_site
     from lagom_megatron.config.presets import load_preset
     from lagom_megatron.nccl.rules import NcclRules
     from lagom_megatron.sim.backend import SimulatedCluster
-    from lagom_megatron.sim.bench.references import autoccl
-    from lagom_megatron.sim.bench.references import tie_sets
+    from lagom_megatron.sim.bench.references import autoccl, tie_sets
 
     sim = SimulatedCluster(load_preset("moe-2b-8e-a40x8-ep8"), "a40-pcie-ib200", seed=0)
     plan, iters = autoccl(sim, first_iteration=10_000, seed=0)

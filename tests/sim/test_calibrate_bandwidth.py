@@ -16,7 +16,11 @@ from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.nccl.perf_table import read_perf_run
 from lagom_megatron.sim.calibrate import (
-    calibrated_cluster, fit_bandwidth, fit_to_cluster_fields, run_bandwidth, summary_lines,
+    calibrated_cluster,
+    fit_bandwidth,
+    fit_to_cluster_fields,
+    run_bandwidth,
+    summary_lines,
 )
 from lagom_megatron.sim.device import SAT_P, THREAD_EXPONENT, Collective, Gpu, busbw_gbs
 from tests.nccl.perf_text import Truth, run_text, sizes
@@ -88,7 +92,7 @@ def test_what_a_sweep_cannot_show_is_not_identified(tmp_path):
     assert low.saturation_p is None and low.thread_exponent is None
     notes = " ".join(low.notes)
     assert "intra Simple: ceiling not identified: no run was limited by it (add runs with more channels)" in notes
-    assert f"saturation p not identified" in notes and f"one thread count; the fit used {THREAD_EXPONENT:g}" in notes
+    assert "saturation p not identified" in notes and f"one thread count; the fit used {THREAD_EXPONENT:g}" in notes
     assert fit_to_cluster_fields(low) == {"per_channel_gbps": {"Simple": pytest.approx(6.3, rel=0.01)}}
     high = fit_bandwidth(sweep(tmp_path / "high", sharp, channels=(16, 32, 64), **one_kind), A40)
     assert curve(high, "intra", "Simple").per_channel_gbs is None

@@ -13,7 +13,14 @@ from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.sim import channel_defaults as nccl
 from lagom_megatron.sim.constants import CONSTANTS, get, overridden
 from lagom_megatron.sim.device import (
-    HBM_EFF, Collective, ComputeKernel, Gpu, busbw_gbs, comm_cost, compute_time_us, resolve_config,
+    HBM_EFF,
+    Collective,
+    ComputeKernel,
+    Gpu,
+    busbw_gbs,
+    comm_cost,
+    compute_time_us,
+    resolve_config,
 )
 from lagom_megatron.sim.program import gemm
 

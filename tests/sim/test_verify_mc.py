@@ -9,8 +9,14 @@ import pytest
 
 from lagom_megatron.config.presets import load_preset
 from lagom_megatron.sim.constants import get
-from lagom_megatron.sim.verify_mc import (TARGET_KEEP_1PCT, TARGET_KEEP_HALF_PCT, accept_rate, choose_cap,
-                                          choose_iters, rates)
+from lagom_megatron.sim.verify_mc import (
+    TARGET_KEEP_1PCT,
+    TARGET_KEEP_HALF_PCT,
+    accept_rate,
+    choose_cap,
+    choose_iters,
+    rates,
+)
 
 
 @pytest.mark.parametrize("n", [8, 20])

@@ -52,7 +52,6 @@ def train(argv, monkeypatch, capsys, *, world=4, env=None) -> Outcome:
     """``pretrain_gpt.py ARGV`` as rank 0 of ``world``; errors (warnings) = its ``pretrain_gpt.py: error:``
     (``warning:``) lines."""
     import lagom_megatron.training.loop as loop
-
     from lagom_megatron.preflight.files import _HELD, release_folder_lock
 
     started = []

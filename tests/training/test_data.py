@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lagom_megatron.training.data import (build_datasets, microbatch_indices, read_jsonl_texts,
-                                             write_indexed_dataset)
+from lagom_megatron.training.data import build_datasets, microbatch_indices, read_jsonl_texts, write_indexed_dataset
 from lagom_megatron.training.tokenizer import ByteLevelTokenizer, padded_vocab_size
 from tests.timeouts import COMMAND_S
 

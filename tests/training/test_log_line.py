@@ -4,8 +4,7 @@ import argparse
 import math
 import re
 
-from lagom_megatron.training.loop import num_floating_point_operations, throughput_tflops_per_gpu
-from lagom_megatron.training.loop import format_iteration_line
+from lagom_megatron.training.loop import format_iteration_line, num_floating_point_operations, throughput_tflops_per_gpu
 
 
 def _args(**kw):

@@ -14,8 +14,8 @@ import socket
 
 import pytest
 
-from tests.training.preflight_harness import doctor, hold_lock_elsewhere, train
 from tests.timeouts import LAUNCH_S, run
+from tests.training.preflight_harness import doctor, hold_lock_elsewhere, train
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
 

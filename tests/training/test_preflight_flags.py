@@ -13,11 +13,11 @@ import importlib.util
 
 import pytest
 
+from lagom_megatron.preflight.values import megatron_flag_problems
 from lagom_megatron.training.argument_checks import check_installed, validate_args
 from lagom_megatron.training.arguments import parse_args
-from lagom_megatron.preflight.values import megatron_flag_problems
-from tests.training.preflight_harness import doctor, train
 from tests.timeouts import COMMAND_S
+from tests.training.preflight_harness import doctor, train
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
 SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -270,9 +270,9 @@ def test_cuda_absence_is_read_without_importing_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=COMMAND_S)
     assert out.stdout.strip() == "exit 2 False", (out.stdout, out.stderr)
     assert "--init-method-std -1.0 is out of range" in out.stderr
-    from lagom_megatron.preflight.cluster import cuda_certainly_absent
-
     import torch
+
+    from lagom_megatron.preflight.cluster import cuda_certainly_absent
 
     assert cuda_certainly_absent() == (torch.version.cuda is None and torch.version.hip is None)
 

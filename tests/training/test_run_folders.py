@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from lagom_megatron.preflight.files import LOCK_NAME, folder_in_use, hold_run_locks, release_folder_lock, run_folders
 from lagom_megatron.megatron.outputs.run_files import RunFiles
+from lagom_megatron.preflight.files import LOCK_NAME, folder_in_use, hold_run_locks, release_folder_lock, run_folders
 from tests.training.preflight_harness import doctor, hold_lock_elsewhere, train
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
@@ -36,7 +36,7 @@ def test_the_default_folder_is_locked_too(tmp_path, monkeypatch, capsys, other):
     assert line.startswith("pretrain_gpt.py: error: --lagom-plan 'lagom_out/cpu-tp2-dp2/plan.json (the default, "
                            f"without --lagom-plan)' is in use by another run (pid {holder.pid} on host "
                            f"{socket.gethostname()}, job 4242, since ")
-    assert line.endswith(f"one run writes a folder at a time (lagom_out/cpu-tp2-dp2): wait for it, or give this run "
+    assert line.endswith("one run writes a folder at a time (lagom_out/cpu-tp2-dp2): wait for it, or give this run "
                          "another --lagom-plan")
 
 

@@ -8,7 +8,8 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.megatron import consensus

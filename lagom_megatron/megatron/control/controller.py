@@ -74,7 +74,7 @@ class LagomController:
         self.kernel_times = KernelTimes()
 
     @classmethod
-    def from_args(cls, args: Any) -> "LagomController":
+    def from_args(cls, args: Any) -> LagomController:
         """Builds the controller from ``pretrain_gpt.py``'s parsed arguments."""
         return cls(warmup_iters=args.lagom_warmup_iters, verify_iters=args.lagom_verify_iters,
                    verify_max_iters=getattr(args, "lagom_verify_max_iters", DEFAULT_CONFIG.verify_max_iters),

@@ -7,11 +7,13 @@ or (gloo) P2P, Megatron-FSDP and coalesced quantized-gather sites.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
+
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.megatron import consensus
-from lagom_megatron.nccl.observed import SiteObservation, matching_ops, observe_site
 from lagom_megatron.megatron.outputs.run_files import say
+from lagom_megatron.nccl.observed import SiteObservation, matching_ops, observe_site
 
 
 def observe_gloo_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int, group_size: int,

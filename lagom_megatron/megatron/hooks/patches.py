@@ -9,10 +9,16 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from lagom_megatron.megatron.hooks.te_targets import (TeTargets, find_fsdp2_param_group, find_megatron_fsdp, find_te_targets,
-                                                userbuffers_note)
+from lagom_megatron.megatron.hooks.te_targets import (
+    TeTargets,
+    find_fsdp2_param_group,
+    find_megatron_fsdp,
+    find_te_targets,
+    userbuffers_note,
+)
 
 log = logging.getLogger("lagom.patches")
 
@@ -21,7 +27,7 @@ _DIST_COLLECTIVES = (("all_reduce", "all_reduce"), ("all_to_all_single", "all_to
                      ("all_gather_into_tensor", "all_gather"), ("reduce_scatter_tensor", "reduce_scatter"),
                      ("all_gather_single", "all_gather"), ("reduce_scatter_single", "reduce_scatter"))
 
-_INSTALLED: "PatchHandle | None" = None
+_INSTALLED: PatchHandle | None = None
 _INHERITED = object()
 
 
@@ -58,7 +64,7 @@ class PatchHandle:
         if _INSTALLED is self:
             _INSTALLED = None
 
-    def __enter__(self) -> "PatchHandle":
+    def __enter__(self) -> PatchHandle:
         return self
 
     def __exit__(self, *exc: Any) -> None:

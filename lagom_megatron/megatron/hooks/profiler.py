@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+
 from lagom_megatron.megatron import consensus
 from lagom_megatron.nccl.observed import site_kernel_us
 
@@ -84,7 +86,7 @@ class TimedWork:
 
     __slots__ = ("_work", "_timing", "_profiler")
 
-    def __init__(self, work: Any, timing: CallTiming, profiler: "Profiler") -> None:
+    def __init__(self, work: Any, timing: CallTiming, profiler: Profiler) -> None:
         self._work = work
         self._timing = timing
         self._profiler = profiler

@@ -8,8 +8,9 @@ tensors move, their order or the bucket layout; a one-rank group is never a site
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.megatron.hooks.profiler import Profiler
@@ -17,8 +18,17 @@ from lagom_megatron.megatron.hooks.router_coalesced import CoalescedRouting
 from lagom_megatron.megatron.hooks.router_fsdp import FsdpRouting
 from lagom_megatron.megatron.hooks.router_p2p import P2PRouting
 from lagom_megatron.megatron.hooks.sites import (
-    ONE_RANK, GroupInfo, NamedSite, SiteRegistry, Stream, bucket_parts, bucket_reduce_op, bucket_registration,
-    call_reduce_op, dtype_name, tensor_nbytes,
+    ONE_RANK,
+    GroupInfo,
+    NamedSite,
+    SiteRegistry,
+    Stream,
+    bucket_parts,
+    bucket_reduce_op,
+    bucket_registration,
+    call_reduce_op,
+    dtype_name,
+    tensor_nbytes,
 )
 from lagom_megatron.megatron.pool.comm_pool import CommPool
 from lagom_megatron.megatron.pool.first_use import FirstUse

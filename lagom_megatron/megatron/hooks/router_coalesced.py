@@ -10,7 +10,8 @@ TE v2.18 gathers an MXFP8 / NVFP4 / FP8-block input as synchronous all-gathers i
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lagom_megatron.megatron.hooks.sites import ONE_RANK, dtype_name, tensor_nbytes
 

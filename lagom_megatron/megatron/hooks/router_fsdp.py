@@ -12,7 +12,8 @@ imported at ``:32``; ``get_fsdp_buffer`` (``:3705-3716``, ``:4190-4204``, ``:424
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lagom_megatron.megatron.hooks.sites import ONE_RANK, call_reduce_op, dtype_name, tensor_nbytes
 

@@ -9,8 +9,11 @@ step (``context_parallel.py:96-135``).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
+
 import torch.distributed as dist
+
 from lagom_megatron.megatron.hooks.sites import ONE_RANK, GroupInfo, dtype_name, tensor_nbytes
 
 

@@ -8,11 +8,12 @@ a communicator (our design).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
+
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.megatron.groups import STAGE_LOCAL_GROUPS, GroupInfo, GroupNames
-
 
 __all__ = ["ONE_RANK", "GroupInfo", "GroupNames", "NamedSite", "SiteRecord", "SiteRegistry", "Stream", "STAGE_LOCAL_GROUPS",
            "dtype_name", "tensor_nbytes"]
@@ -97,7 +98,7 @@ class SiteRegistry:
         self._bucket_tags: dict[int, str] = {}
         self._fsdp_buffers: dict[int, int] = {}
         self._module_names: dict[int, str] = {}
-        self._named: dict[tuple[str, str, str], "NamedSite"] = {}
+        self._named: dict[tuple[str, str, str], NamedSite] = {}
         self._streams: dict[tuple[str, str, bool], Stream] = {}
         self._keep: list[Any] = []
 
@@ -143,7 +144,7 @@ class SiteRegistry:
             self._keep.append(module)
         return name
 
-    def named_site(self, group: GroupInfo, kind: str, name: str) -> "NamedSite":
+    def named_site(self, group: GroupInfo, kind: str, name: str) -> NamedSite:
         """The site ``<group>.<kind>[<stage><name>]`` (stage only for stage-local groups), created once."""
         key = (group.name, kind, name)
         site = self._named.get(key)

@@ -24,7 +24,6 @@ from lagom_megatron.engine.tuner import Tuner
 from lagom_megatron.engine.verify import ALPHA, half_range, t_95, t_quantile, verdict
 from lagom_megatron.megatron.outputs.run_files import RunFiles
 
-
 COLUMNS = ("site_id", "op", "group", "bytes_per_call", "calls_per_iter", "default_config", "chosen_config",
            "tuned", "measured_default_ms", "measured_plan_ms", "predicted_default_ms", "predicted_plan_ms")
 """Columns of the per-site table (times: region time per iteration, milliseconds)."""

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 DEFAULT_RUN_DIR = "lagom_out"
 TUNER_TABLE = r"tuner_table\.rank\d+\.csv"
 """Names of the tuner plugin's tables in the run directory, one per rank."""

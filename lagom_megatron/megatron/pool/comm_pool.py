@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Protocol
+from typing import Any, Protocol
 
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import CommConfig, KnobRules
@@ -16,7 +17,6 @@ from lagom_megatron.megatron.groups import GroupInfo, GroupNames
 from lagom_megatron.megatron.pool.gloo import GlooPoolBackend, GlooRules
 from lagom_megatron.nccl.capabilities import Capabilities
 from lagom_megatron.nccl.rules import NcclRules, check_mechanism
-
 
 log = logging.getLogger("lagom.pool")
 

@@ -9,7 +9,8 @@ any other error propagates (re-issuing on one rank would hang).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from lagom_megatron.megatron import consensus
 

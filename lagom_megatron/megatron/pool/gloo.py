@@ -7,13 +7,20 @@ two ranks, last-bit differences beyond. ``GlooRules`` needs no torch.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any
 
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import (
-    GLOO_DEFAULT_THREADS, GLOO_MAX_THREADS, KNOB_ORDER, CommConfig, Scope, chunk_domain, invalid_value,
+    GLOO_DEFAULT_THREADS,
+    GLOO_MAX_THREADS,
+    KNOB_ORDER,
+    CommConfig,
+    Scope,
+    chunk_domain,
+    invalid_value,
 )
 
 GLOO_CHUNK_MIN = 4096
@@ -53,7 +60,7 @@ class GlooRules:
         """``domains`` of the site's op (independent of reduction and dtype)."""
         return self.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size), ""
 
-    def for_sites(self, sites: Any) -> "GlooRules":
+    def for_sites(self, sites: Any) -> GlooRules:
         """Themselves: gloo's domains do not depend on the sites."""
         return self
 

@@ -15,13 +15,20 @@ at the manager's exit) without NCCL's ``ncclGroupStart/End`` bracket.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
-from .quantized import (Float8BlockQuantizer, Float8BlockwiseQTensorStorage, MXFP8Quantizer, MXFP8TensorStorage,
-                        NVFP4Quantizer, NVFP4TensorStorage)
+from .quantized import (
+    Float8BlockQuantizer,
+    Float8BlockwiseQTensorStorage,
+    MXFP8Quantizer,
+    MXFP8TensorStorage,
+    NVFP4Quantizer,
+    NVFP4TensorStorage,
+)
 
 
 def _device(device):
@@ -33,7 +40,7 @@ class _AsyncHandle:
     """TE ``distributed.py:955-979``: waits the manager, then post-processes once."""
 
     async_handle: Any
-    post_process_function: Optional[Callable] = None
+    post_process_function: Callable | None = None
     post_process_function_args: tuple = ()
     _synchronized: bool = False
 
