@@ -106,10 +106,17 @@ class Shims:
         from megatron.core.pipeline_parallel import p2p_communication as p2p
         from megatron.core.tensor_parallel import layers
 
-        return [(dist, "all_reduce"), (dist, "all_to_all_single"), (pgb, "dist_reduce_scatter_func"),
-                (pgb, "dist_all_gather_func"), (layers, "dist_reduce_scatter_func"), (layers, "dist_all_gather_func"),
-                (pgb._ParamAndGradBucketGroup, "start_grad_sync"), (pgb._ParamAndGradBucketGroup, "start_param_sync"),
-                (p2p.P2PCommunicator, "_communicate")]
+        return [
+            (dist, "all_reduce"),
+            (dist, "all_to_all_single"),
+            (pgb, "dist_reduce_scatter_func"),
+            (pgb, "dist_all_gather_func"),
+            (layers, "dist_reduce_scatter_func"),
+            (layers, "dist_all_gather_func"),
+            (pgb._ParamAndGradBucketGroup, "start_grad_sync"),
+            (pgb._ParamAndGradBucketGroup, "start_param_sync"),
+            (p2p.P2PCommunicator, "_communicate"),
+        ]
 
     def install_inner(self):
         """Wraps the originals (before lagom's patches capture them)."""
@@ -207,7 +214,10 @@ class Bench:
         self.registry.finish_iteration()
         timings = self.profiler.finish_iteration()
         if mode.startswith("profiled") or mode == "discover":
-            sites = {r.site_id: {"group": r.group.name, "nbytes": r.nbytes, "calls_per_iter": r.calls} for r in self.registry.records.values()}
+            sites = {
+                r.site_id: {"group": r.group.name, "nbytes": r.nbytes, "calls_per_iter": r.calls}
+                for r in self.registry.records.values()
+            }
             merged_sites, _, _, _ = consensus.merge_measurements(sites, timings, elapsed_s * 1e6)
         end_s = time.perf_counter() - t0
         it_s = consensus.merge_measurements({}, {}, elapsed_s * 1e6)[2] / 1e6  # slowest rank
@@ -254,8 +264,10 @@ class Bench:
         if not matched:
             return "routing overhead after apply (same-call shim cost subtracted): n/a (call sequences differ)"
         q = [round(x, 1) for x in statistics.quantiles(matched, n=4)]
-        return (f"routing overhead after apply (in the run, each call's own shim cost in the off+ iterations "
-                f"subtracted): median {statistics.median(matched):.1f} us per routed call, quartiles {q} (goal < 20 us)")
+        return (
+            f"routing overhead after apply (in the run, each call's own shim cost in the off+ iterations "
+            f"subtracted): median {statistics.median(matched):.1f} us per routed call, quartiles {q} (goal < 20 us)"
+        )
 
     def report(self):
         off = statistics.median(self.times["off"])
@@ -279,8 +291,10 @@ class Bench:
             f"intercepted calls/iteration (goal < 20 us)",
             f"routed-call overhead quartiles (us, shims included): {[round(q, 1) for q in statistics.quantiles(self.route_routed, n=4)]}, min {min(self.route_routed):.1f}",
             self._matched_line(),
-            "routed calls by entry point (median us, shims' own cost subtracted; calls): " + ", ".join(
-                f"{e} {statistics.median(v) - floor:.1f} ({len(v)})" for e, v in sorted(self.route_by_entry.items())),
+            "routed calls by entry point (median us, shims' own cost subtracted; calls): "
+            + ", ".join(
+                f"{e} {statistics.median(v) - floor:.1f} ({len(v)})" for e, v in sorted(self.route_by_entry.items())
+            ),
             f"routing overhead after apply (isolated loop, warm caches): {isolated_us:.1f} us per routed call",
         ]
         return "\n".join(lines)
@@ -363,8 +377,19 @@ def main(argv=None):
     from lagom_megatron.config.presets import load_preset
 
     world = load_preset(ns.preset).world_size
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-           os.path.abspath(__file__), "--preset", ns.preset, "--cycles", str(ns.cycles)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(world),
+        os.path.abspath(__file__),
+        "--preset",
+        ns.preset,
+        "--cycles",
+        str(ns.cycles),
+    ]
     return subprocess.call(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 

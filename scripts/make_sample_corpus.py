@@ -30,7 +30,9 @@ def stdlib_docstrings(min_chars: int, max_bytes: int):
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+        nodes = [tree] + [
+            n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
         for node in nodes:
             doc = ast.get_docstring(node, clean=True)
             if not doc or len(doc) < min_chars or not doc.isascii():
@@ -47,8 +49,12 @@ def main(argv=None) -> int:
 
     parser = LagomParser(prog="make_sample_corpus.py", description=__doc__.splitlines()[0])
     # checked first: a folder that cannot be written is one line, before the minutes of reading
-    parser.add_argument("--output-dir", type=writable_dir, default="data",
-                        help="folder of the corpus files (created if missing; must be writable)")
+    parser.add_argument(
+        "--output-dir",
+        type=writable_dir,
+        default="data",
+        help="folder of the corpus files (created if missing; must be writable)",
+    )
     parser.add_argument("--max-bytes", type=int, default=2_000_000, help="stop after this much text")
     parser.add_argument("--min-chars", type=int, default=80, help="shortest docstring kept")
     args = parser.parse_args(argv)
@@ -57,8 +63,11 @@ def main(argv=None) -> int:
     out = Path(args.output_dir)
     docs = list(stdlib_docstrings(args.min_chars, args.max_bytes))
     if not docs:  # checked before the folder is created, so a failed run leaves nothing behind
-        print(f"make_sample_corpus.py: error: no docstring of at least --min-chars {args.min_chars} characters "
-              "found in the standard library", file=sys.stderr)
+        print(
+            f"make_sample_corpus.py: error: no docstring of at least --min-chars {args.min_chars} characters "
+            "found in the standard library",
+            file=sys.stderr,
+        )
         return 2
     # Imported here: Megatron-Core's import warnings are not wanted for --help or a bad argument.
     from lagom_megatron.training.data import write_indexed_dataset
@@ -74,11 +83,15 @@ def main(argv=None) -> int:
         stats = write_indexed_dataset(docs, out / "sample_text_document")
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        print(f"make_sample_corpus.py: error: cannot write the corpus in --output-dir {out}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
+        print(
+            f"make_sample_corpus.py: error: cannot write the corpus in --output-dir {out}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         return 2
-    print(f"sample corpus: {stats['documents']} documents, {stats['tokens']} byte tokens -> {jsonl}, "
-          f"{out / 'sample_text_document'}.bin/.idx")
+    print(
+        f"sample corpus: {stats['documents']} documents, {stats['tokens']} byte tokens -> {jsonl}, "
+        f"{out / 'sample_text_document'}.bin/.idx"
+    )
     return 0
 
 

@@ -52,13 +52,20 @@ def flag_table(parser: argparse.ArgumentParser, names: set[str]) -> dict[str, di
     for action in parser._actions:
         for option in action.option_strings:
             if option in names:
-                table[option] = {"dest": action.dest, "default": _jsonable(action.default), "kind": _kind(action),
-                                 "choices": _jsonable(list(action.choices)) if action.choices else None}
+                table[option] = {
+                    "dest": action.dest,
+                    "default": _jsonable(action.default),
+                    "kind": _kind(action),
+                    "choices": _jsonable(list(action.choices)) if action.choices else None,
+                }
     return dict(sorted(table.items()))
 
 
-EXAMPLE_SCRIPTS = ("examples/gpt3/train_gpt3_175b_distributed.sh", "examples/llama/train_llama3_8b_h100_fp8.sh",
-                   "examples/mixtral/train_mixtral_8x7b_distributed.sh")
+EXAMPLE_SCRIPTS = (
+    "examples/gpt3/train_gpt3_175b_distributed.sh",
+    "examples/llama/train_llama3_8b_h100_fp8.sh",
+    "examples/mixtral/train_mixtral_8x7b_distributed.sh",
+)
 """Megatron-LM's GPT pre-training examples (the same paths in core_v0.16.1 to core_v0.18.2)."""
 
 

@@ -26,9 +26,11 @@ def check_paths(input_path: str, output_prefix: str) -> None:
         raise ValueError(f"--input {input_path} is a folder; give a JSONL file")
     separators = tuple(s for s in (os.sep, os.altsep) if s)
     if not output_prefix or output_prefix.endswith(separators) or Path(output_prefix).is_dir():
-        raise ValueError(f"--output-prefix {output_prefix!r} names a folder; give a file-name prefix such as "
-                         f"{os.path.join(output_prefix.rstrip(''.join(separators)) or '.', 'corpus_text_document')} "
-                         "(writes PREFIX.bin and PREFIX.idx)")
+        raise ValueError(
+            f"--output-prefix {output_prefix!r} names a folder; give a file-name prefix such as "
+            f"{os.path.join(output_prefix.rstrip(''.join(separators)) or '.', 'corpus_text_document')} "
+            "(writes PREFIX.bin and PREFIX.idx)"
+        )
 
 
 def main(argv=None) -> int:

@@ -49,17 +49,32 @@ def run(cmd: list[str], env: dict) -> tuple[int, list[float]]:
 
 def train_command(preset: str, run_dir: Path, *extra: str) -> list[str]:
     """The torchrun command of one demo run of ``preset`` with its lagom files in ``run_dir``."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-            str(ROOT / "scripts" / "pretrain_gpt.py"), "--preset", preset, "--lagom",
-            "--lagom-plan", str((run_dir / "plan.json").relative_to(ROOT)),
-            "--data-path", str(DATA_PREFIX.relative_to(ROOT)), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        str(ROOT / "scripts" / "pretrain_gpt.py"),
+        "--preset",
+        preset,
+        "--lagom",
+        "--lagom-plan",
+        str((run_dir / "plan.json").relative_to(ROOT)),
+        "--data-path",
+        str(DATA_PREFIX.relative_to(ROOT)),
+        *extra,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parses the command line (``--help`` only), then runs the demo; returns its exit status."""
-    argparse.ArgumentParser(prog="run_demo.py", description=__doc__.split("\n\n")[0],
-                            epilog=f"writes data/ and runs/demo/{{{','.join(PRESETS)}}}/; "
-                                   "see the module docstring").parse_args(argv)
+    argparse.ArgumentParser(
+        prog="run_demo.py",
+        description=__doc__.split("\n\n")[0],
+        epilog=f"writes data/ and runs/demo/{{{','.join(PRESETS)}}}/; see the module docstring",
+    ).parse_args(argv)
     try:
         return _main()
     except KeyboardInterrupt:
@@ -74,12 +89,17 @@ def _main() -> int:
     for preset in PRESETS:  # emptied below: never under a run that is writing there
         holder = folder_in_use(ROOT / "runs" / "demo" / preset)
         if holder:
-            print(f"run_demo: runs/demo/{preset} is in use by another run ({holder}); wait for it to finish, "
-                  "then run the demo again", file=sys.stderr)
+            print(
+                f"run_demo: runs/demo/{preset} is in use by another run ({holder}); wait for it to finish, "
+                "then run the demo again",
+                file=sys.stderr,
+            )
             return 2
     if not (DATA_PREFIX.with_suffix(".bin").is_file() and DATA_PREFIX.with_suffix(".idx").is_file()):
-        code, _ = run([sys.executable, str(ROOT / "scripts" / "make_sample_corpus.py"),
-                       "--output-dir", str(DATA_PREFIX.parent)], env)
+        code, _ = run(
+            [sys.executable, str(ROOT / "scripts" / "make_sample_corpus.py"), "--output-dir", str(DATA_PREFIX.parent)],
+            env,
+        )
         if code:
             print(f"run_demo: building the sample corpus failed (exit {code})", file=sys.stderr)
             return code
@@ -93,7 +113,10 @@ def _main() -> int:
         code, losses = run(cmd, env)
         wall = time.perf_counter() - start
         if code:
-            print(f"run_demo: {preset} {'interrupted' if code < 0 or code == 130 else 'failed'} (exit {code})", file=sys.stderr)
+            print(
+                f"run_demo: {preset} {'interrupted' if code < 0 or code == 130 else 'failed'} (exit {code})",
+                file=sys.stderr,
+            )
             return code
         if len(losses) < 20:
             print(f"run_demo: {preset} logged {len(losses)} iterations; need at least 20", file=sys.stderr)
@@ -106,8 +129,10 @@ def _main() -> int:
     start = time.perf_counter()
     code, _ = run(cmd, env)
     if code:
-        print(f"run_demo: {preset} (plan reuse) {'interrupted' if code < 0 or code == 130 else 'failed'} (exit {code})",
-              file=sys.stderr)
+        print(
+            f"run_demo: {preset} (plan reuse) {'interrupted' if code < 0 or code == 130 else 'failed'} (exit {code})",
+            file=sys.stderr,
+        )
         return code
     reuse_wall = time.perf_counter() - start
     print("\n=== demo summary (mean lm loss of the first and last 10 iterations)")
@@ -116,8 +141,10 @@ def _main() -> int:
         verdict = "decreased" if last < first else "DID NOT DECREASE"
         ok &= last < first
         print(f"{preset}: {n} iterations in {wall:.1f} s; first 10: {first:.4f}  last 10: {last:.4f}  ({verdict})")
-    print(f"{PRESETS[0]} plan reuse: {REUSE_ITERS} iterations in {reuse_wall:.1f} s, no profiling or search; "
-          f"reports in runs/demo/<preset>/")
+    print(
+        f"{PRESETS[0]} plan reuse: {REUSE_ITERS} iterations in {reuse_wall:.1f} s, no profiling or search; "
+        f"reports in runs/demo/<preset>/"
+    )
     return 0 if ok else 1
 
 

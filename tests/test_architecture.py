@@ -59,9 +59,9 @@ def _resolve(name: str) -> str | None:
 DYNAMIC_IMPORTS: dict[str, str] = {
     "lagom_megatron.training.cpu_shims": "patches Megatron-Core modules it names in a tuple",
     "lagom_megatron.launch.megatron_lm_cpu": "patches a Megatron-LM checkout's modules, which it names in tuples "
-                                             "(the checkout is not a package of ours)",
+    "(the checkout is not a package of ours)",
     "lagom_megatron.megatron.hooks.te_targets": "finds Transformer Engine's and torch FSDP2's modules, whose paths differ "
-                                          "by version (and a stand-in package in tests)",
+    "by version (and a stand-in package in tests)",
 }
 """Modules allowed to import a computed module name, and why (a computed name escapes these checks)."""
 
@@ -117,11 +117,19 @@ def imports_of(source: str, module: str, *, is_package: bool = False) -> tuple[s
             for alias in node.names:  # `from pkg import submodule` imports the submodule
                 full = f"{name}.{alias.name}"
                 add(full if full in MODULES else name)
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__"):
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+            "import_module",
+            "__import__",
+        ):
             if node.args and not add_named(node.args[0]):
                 computed += 1
-        elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "modules"
-              and isinstance(node.value.value, ast.Name) and node.value.value.id == "sys"):
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "modules"
+            and isinstance(node.value.value, ast.Name)
+            and node.value.value.id == "sys"
+        ):
             add_named(node.slice)
     return ours, external, computed
 
@@ -146,8 +154,10 @@ def test_only_init_and_main_at_the_package_root():
 
 def test_every_folder_has_its_place_in_the_layering():
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
-    assert folders == set(ALLOWED), (f"folders {sorted(folders ^ set(ALLOWED))} differ from the layering; add a "
-                                     "new folder to ALLOWED and to docs/architecture.md")
+    assert folders == set(ALLOWED), (
+        f"folders {sorted(folders ^ set(ALLOWED))} differ from the layering; add a "
+        "new folder to ALLOWED and to docs/architecture.md"
+    )
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if _folder(m)))
@@ -182,7 +192,8 @@ def test_computed_import_names_only_where_listed():
     found = {m for m in MODULES if IMPORTS[m][2]}
     assert found <= set(DYNAMIC_IMPORTS) | {"lagom_megatron.cli.main"}, (
         f"{sorted(found - set(DYNAMIC_IMPORTS))} import a computed module name, which the flow check cannot "
-        "follow; import the module by name, or list it in DYNAMIC_IMPORTS with the reason")
+        "follow; import the module by name, or list it in DYNAMIC_IMPORTS with the reason"
+    )
     assert IMPORTS["lagom_megatron.cli.main"][0] >= {"lagom_megatron.cli"}  # its f-string names its own folder
 
 
@@ -190,17 +201,21 @@ def test_engine_imports_only_the_standard_library_numpy_and_yaml():
     allowed = set(sys.stdlib_module_names) | ENGINE_THIRD_PARTY | {"lagom_megatron", "__future__"}
     for module in (m for m in MODULES if _folder(m) == "engine"):
         extra = IMPORTS[module][1] - allowed
-        assert not extra, f"{module} imports {sorted(extra)}; the engine may use the standard library, numpy and PyYAML only"
+        assert not extra, (
+            f"{module} imports {sorted(extra)}; the engine may use the standard library, numpy and PyYAML only"
+        )
 
 
 def test_engine_imports_without_torch_or_megatron():
     """Every engine module imports in a process where torch, Megatron and Transformer Engine
     cannot be imported (a static check can miss what a dependency drags in)."""
     engine = sorted(m for m in MODULES if _folder(m) == "engine")
-    code = ("import sys\nfor name in ('torch', 'megatron', 'transformer_engine', 'pydantic', 'matplotlib'):\n"
-            "    sys.modules[name] = None\n"
-            f"import importlib\nfor m in {engine!r}:\n    importlib.import_module(m)\n"
-            "print(len([m for m in sys.modules if m.startswith('lagom_megatron.engine')]))")
+    code = (
+        "import sys\nfor name in ('torch', 'megatron', 'transformer_engine', 'pydantic', 'matplotlib'):\n"
+        "    sys.modules[name] = None\n"
+        f"import importlib\nfor m in {engine!r}:\n    importlib.import_module(m)\n"
+        "print(len([m for m in sys.modules if m.startswith('lagom_megatron.engine')]))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) >= len(engine)
@@ -252,8 +267,7 @@ def test_no_import_circle():
 SOURCE_SUFFIXES = {".py", ".c", ".h", ".sh", ".sbatch"}
 MAX_LINES = 600
 MIN_LINES = 100
-SMALL_MODULES: dict[str, str] = {
-}
+SMALL_MODULES: dict[str, str] = {}
 """Modules under MIN_LINES and why each stands alone: an entry point, a registry, a protocol, or one
 plugin of an interface. Anything else under MIN_LINES belongs in its concept's module."""
 
@@ -264,17 +278,25 @@ def _lines(path: Path) -> int:
 
 @pytest.mark.parametrize("folder", ["lagom_megatron", "scripts", "tests"])
 def test_no_source_file_over_600_lines(folder):
-    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / folder).rglob("*"))
-            if p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts and (n := _lines(p)) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in sorted((ROOT / folder).rglob("*"))
+        if p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts and (n := _lines(p)) > MAX_LINES
+    }
     assert not long, f"source files over {MAX_LINES} lines (one concept per file; split along a concept): {long}"
 
 
 def test_modules_under_100_lines_say_why_they_stand_alone():
-    small = {str(p.relative_to(PACKAGE)): n for p in sorted(PACKAGE.rglob("*.py"))
-             if p.stem not in ("__init__", "__main__") and (n := _lines(p)) < MIN_LINES}
+    small = {
+        str(p.relative_to(PACKAGE)): n
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.stem not in ("__init__", "__main__") and (n := _lines(p)) < MIN_LINES
+    }
     unexplained = {f: n for f, n in small.items() if f not in SMALL_MODULES}
-    assert not unexplained, (f"modules under {MIN_LINES} lines {unexplained}: merge each into its concept's module, "
-                             "or list it in SMALL_MODULES with why it stands alone")
+    assert not unexplained, (
+        f"modules under {MIN_LINES} lines {unexplained}: merge each into its concept's module, "
+        "or list it in SMALL_MODULES with why it stands alone"
+    )
     stale = sorted(set(SMALL_MODULES) - set(small))
     assert not stale, f"SMALL_MODULES lists {stale}, which are gone or no longer small"
 
@@ -290,7 +312,11 @@ def docstring_lines(source: str) -> int:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 count += first.end_lineno - first.lineno + 1
     return count
 
@@ -329,10 +355,14 @@ def test_megatron_holds_its_rooms_and_floor_only():
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if _megatron_level(m) is not None))
 def test_megatron_rooms_import_only_downward(module):
     level = _megatron_level(module)
-    assert [_megatron_level(m) for m in ("lagom_megatron.megatron.control.apply", "lagom_megatron.megatron.groups",
-                                         "lagom_megatron.megatron")] == [4, 0, None]
+    assert [
+        _megatron_level(m)
+        for m in ("lagom_megatron.megatron.control.apply", "lagom_megatron.megatron.groups", "lagom_megatron.megatron")
+    ] == [4, 0, None]
     up = sorted(t for t in IMPORTS[module][0] if (lt := _megatron_level(t)) is not None and lt > level)
-    assert not up, f"{module} imports {up}, a room above its own; megatron/ flows {' -> '.join(MEGATRON_ROOMS)} -> floor"
+    assert not up, (
+        f"{module} imports {up}, a room above its own; megatron/ flows {' -> '.join(MEGATRON_ROOMS)} -> floor"
+    )
 
 
 NCCL_VARIABLE = re.compile(r"\b(?:TORCH_)?NCCL_[A-Z0-9_]+")
@@ -344,18 +374,26 @@ def nccl_variables(source: str) -> set[str]:
     not docstrings: code that reads, writes or explains an NCCL variable."""
     tree = ast.parse(source)
     docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
-    return {v for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
-            for v in NCCL_VARIABLE.findall(n.value)}
+    return {
+        v
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+        for v in NCCL_VARIABLE.findall(n.value)
+    }
 
 
 def test_nccl_configuration_lives_in_the_nccl_folder():
     """No file outside ``nccl/`` is named after NCCL, and no module outside it handles an NCCL
     variable by name: those go through ``lagom_megatron.nccl``."""
-    assert nccl_variables('"""NCCL_ALGO in a docstring"""\nx = {"NCCL_ALGO": 1}\ny = f"export NCCL_PROTO={v}"\n'
-                          'z = "TORCH_NCCL_USE_COMM_NONBLOCKING=1"') == {
-        "NCCL_ALGO", "NCCL_PROTO", "TORCH_NCCL_USE_COMM_NONBLOCKING"}  # the check can fail
-    named = sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*")
-                   if "nccl" in p.name.lower() and "nccl" not in p.relative_to(PACKAGE).parts[:1] and p.name != "__pycache__")
+    assert nccl_variables(
+        '"""NCCL_ALGO in a docstring"""\nx = {"NCCL_ALGO": 1}\ny = f"export NCCL_PROTO={v}"\n'
+        'z = "TORCH_NCCL_USE_COMM_NONBLOCKING=1"'
+    ) == {"NCCL_ALGO", "NCCL_PROTO", "TORCH_NCCL_USE_COMM_NONBLOCKING"}  # the check can fail
+    named = sorted(
+        str(p.relative_to(ROOT))
+        for p in PACKAGE.rglob("*")
+        if "nccl" in p.name.lower() and "nccl" not in p.relative_to(PACKAGE).parts[:1] and p.name != "__pycache__"
+    )
     assert not named, f"files about NCCL outside lagom_megatron/nccl/: {named}"
     for module, path in MODULES.items():
         if _folder(module) == "nccl":

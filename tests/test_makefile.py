@@ -37,8 +37,13 @@ def _fake(path: Path, version: str) -> Path:
 
 
 def _make(tree: Path, python: Path):
-    return subprocess.run(["make", "install", f"PYTHON={python}", "VENV=venv"], cwd=tree, capture_output=True,
-                          text=True, timeout=COMMAND_S)
+    return subprocess.run(
+        ["make", "install", f"PYTHON={python}", "VENV=venv"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_S,
+    )
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
@@ -56,7 +61,9 @@ def test_a_venv_of_another_python_is_named_and_recreated(tmp_path):
     _fake(tree / "venv" / "bin" / "python", "3.10.13")  # what an earlier `make PYTHON=python3.10` left
     proc = _make(tree, _fake(tmp_path / "py311", "3.11.7"))
     assert proc.returncode == 0, proc.stderr
-    assert "make: venv is broken or made with another Python (3.10.13); removing it and creating it again" in proc.stderr
+    assert (
+        "make: venv is broken or made with another Python (3.10.13); removing it and creating it again" in proc.stderr
+    )
     assert (tree / "venv" / ".lagom-installed").exists()
     assert "3.11.7" in (tree / "venv" / "bin" / "python").read_text()
     pip = (tree / "pip.log").read_text().splitlines()
@@ -69,6 +76,7 @@ def test_a_python_that_does_not_run_is_named_as_such(tmp_path, python):
     tree = _tree(tmp_path)
     proc = _make(tree, python)
     assert proc.returncode != 0
-    assert (f"make: {python} does not run (not found, or not a Python); lagom-megatron needs Python >= 3.11"
-            in proc.stderr), proc.stderr
+    assert (
+        f"make: {python} does not run (not found, or not a Python); lagom-megatron needs Python >= 3.11" in proc.stderr
+    ), proc.stderr
     assert not (tree / "venv").exists()

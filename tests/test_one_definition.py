@@ -16,9 +16,15 @@ FLAG_VALUES = {"warmup_iters", "verify_iters", "verify_max_iters", "pool_budget_
 """Names (also with a ``lagom_`` prefix) of parameters, fields and argument keys that carry a ``--lagom-*`` value."""
 DEFAULT_OWNER = ("engine/tuner.py", "TunerConfig")
 """The one class whose fields may give these names (and ``method``) a literal default."""
-OWNERS = {"MIN_ITERS": "engine/tuner.py", "MAX_WARMUP_ITERS": "engine/tuner.py", "MAX_VERIFY_ITERS": "engine/tuner.py",
-          "MAX_VERIFY_MAX_ITERS": "engine/tuner.py", "DEFAULT_BUDGET_MIB": "megatron/pool/comm_pool.py",
-          "METHODS": "engine/search.py", "LAGOM_METHODS": "engine/search.py"}
+OWNERS = {
+    "MIN_ITERS": "engine/tuner.py",
+    "MAX_WARMUP_ITERS": "engine/tuner.py",
+    "MAX_VERIFY_ITERS": "engine/tuner.py",
+    "MAX_VERIFY_MAX_ITERS": "engine/tuner.py",
+    "DEFAULT_BUDGET_MIB": "megatron/pool/comm_pool.py",
+    "METHODS": "engine/search.py",
+    "LAGOM_METHODS": "engine/search.py",
+}
 """Name of a bound, default or list -> the one module that assigns it."""
 METHOD_NAMES = {"priority", "autoccl", "exhaustive", "nccl-default"}
 
@@ -51,13 +57,20 @@ def _defaults(node: ast.AST) -> list[tuple[str, ast.AST]]:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
         a = node.args
         positional = a.posonlyargs + a.args
-        pairs = list(zip([p.arg for p in positional[len(positional) - len(a.defaults):]], a.defaults))
+        pairs = list(zip([p.arg for p in positional[len(positional) - len(a.defaults) :]], a.defaults))
         return pairs + [(p.arg, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
     if isinstance(node, ast.ClassDef):
-        return [(s.target.id, s.value) for s in node.body
-                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.value is not None] + \
-               [(t.id, s.value) for s in node.body if isinstance(s, ast.Assign) for t in s.targets
-                if isinstance(t, ast.Name)]
+        return [
+            (s.target.id, s.value)
+            for s in node.body
+            if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.value is not None
+        ] + [
+            (t.id, s.value)
+            for s in node.body
+            if isinstance(s, ast.Assign)
+            for t in s.targets
+            if isinstance(t, ast.Name)
+        ]
     return []
 
 
@@ -71,25 +84,45 @@ def second_definitions(root: Path) -> list[str]:
             pairs = _defaults(node)
             takes_flags = any(_flag_value(n) for n, _ in pairs)
             if (rel, getattr(node, "name", None)) != DEFAULT_OWNER:
-                found += [f"{where}: default {n} = {ast.unparse(d)}" for n, d in pairs if _literal(d) and (
-                    _flag_value(n) or (n.removeprefix("lagom_") == "method" and takes_flags))]
+                found += [
+                    f"{where}: default {n} = {ast.unparse(d)}"
+                    for n, d in pairs
+                    if _literal(d) and (_flag_value(n) or (n.removeprefix("lagom_") == "method" and takes_flags))
+                ]
             if isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                found += [f"{where}: {t.id} assigned outside {OWNERS[t.id]}" for t in targets
-                          if isinstance(t, ast.Name) and t.id in OWNERS and OWNERS[t.id] != rel]
+                found += [
+                    f"{where}: {t.id} assigned outside {OWNERS[t.id]}"
+                    for t in targets
+                    if isinstance(t, ast.Name) and t.id in OWNERS and OWNERS[t.id] != rel
+                ]
             if isinstance(node, ast.Call):
                 func = _name(node.func)
                 args = node.args
-                if func == "add_argument" and args and isinstance(args[0], ast.Constant) \
-                        and str(args[0].value).startswith("--lagom"):
-                    found += [f"{where}: {args[0].value} default={ast.unparse(k.value)}" for k in node.keywords
-                              if k.arg == "default" and _literal(k.value)]
-                found += [f"{where}: {func}({k.arg}={ast.unparse(k.value)})" for k in node.keywords
-                          if func == "set_defaults" and k.arg and _flag_value(k.arg) and _literal(k.value)]
+                if (
+                    func == "add_argument"
+                    and args
+                    and isinstance(args[0], ast.Constant)
+                    and str(args[0].value).startswith("--lagom")
+                ):
+                    found += [
+                        f"{where}: {args[0].value} default={ast.unparse(k.value)}"
+                        for k in node.keywords
+                        if k.arg == "default" and _literal(k.value)
+                    ]
+                found += [
+                    f"{where}: {func}({k.arg}={ast.unparse(k.value)})"
+                    for k in node.keywords
+                    if func == "set_defaults" and k.arg and _flag_value(k.arg) and _literal(k.value)
+                ]
                 looked_up = args[1:3] if func == "getattr" else args[:2] if func == "get" else []
                 key, fallback = [*looked_up, None, None][:2]
-                if isinstance(key, ast.Constant) and isinstance(key.value, str) and _flag_value(key.value) \
-                        and _literal(fallback):
+                if (
+                    isinstance(key, ast.Constant)
+                    and isinstance(key.value, str)
+                    and _flag_value(key.value)
+                    and _literal(fallback)
+                ):
                     found.append(f"{where}: {func}({key.value!r}, {ast.unparse(fallback)})")
             if isinstance(node, ast.Compare):
                 operands = [node.left, *node.comparators]
@@ -108,8 +141,10 @@ def second_definitions(root: Path) -> list[str]:
 
 def test_each_lagom_default_and_bound_is_defined_once():
     found = second_definitions(PACKAGE)
-    assert not found, ("a --lagom-* default, bound or method list is written out again; read it from its one "
-                       f"definition ({DEFAULT_OWNER[1]}, {sorted(OWNERS)}): {found}")
+    assert not found, (
+        "a --lagom-* default, bound or method list is written out again; read it from its one "
+        f"definition ({DEFAULT_OWNER[1]}, {sorted(OWNERS)}): {found}"
+    )
 
 
 SECOND_LITERALS = {
@@ -130,6 +165,8 @@ def test_the_scan_finds_a_second_literal_of_each_kind(tmp_path):
     for kind, source in SECOND_LITERALS.items():
         (tmp_path / "mod.py").write_text(source + "\n")
         assert second_definitions(tmp_path), f"the scan misses a second {kind}: {source}"
-    (tmp_path / "mod.py").write_text("def search(method='priority'): ...\ndef run(*, warmup_iters=DEFAULT.warmup_iters,"
-                                     " pool_budget_mib=None): ...\nfor m in ('priority', 'autoccl'): ...\n")
+    (tmp_path / "mod.py").write_text(
+        "def search(method='priority'): ...\ndef run(*, warmup_iters=DEFAULT.warmup_iters,"
+        " pool_budget_mib=None): ...\nfor m in ('priority', 'autoccl'): ...\n"
+    )
     assert second_definitions(tmp_path) == []

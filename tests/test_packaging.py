@@ -27,16 +27,44 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lagom_megatron"
 SOURCES = ("pyproject.toml", "README.md", "lagom_megatron", "configs")
 """What the wheel is built from (a copy, so that the build leaves nothing in the checkout)."""
-TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-        "--max-position-embeddings", "32", "--vocab-size", "384", "--tokenizer-type", "ByteLevel", "--mock-data",
-        "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2", "--lr", "1e-3",
-        "--log-interval", "1", "--seed", "1234"]
+TINY = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--max-position-embeddings",
+    "32",
+    "--vocab-size",
+    "384",
+    "--tokenizer-type",
+    "ByteLevel",
+    "--mock-data",
+    "--micro-batch-size",
+    "1",
+    "--global-batch-size",
+    "2",
+    "--train-iters",
+    "2",
+    "--lr",
+    "1e-3",
+    "--log-interval",
+    "1",
+    "--seed",
+    "1234",
+]
 
 
 def test_the_wheel_lists_every_package_and_every_config_folder():
     listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    folders = {"lagom_megatron." + ".".join(p.relative_to(PACKAGE).parts)
-               for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    folders = {
+        "lagom_megatron." + ".".join(p.relative_to(PACKAGE).parts)
+        for p in PACKAGE.rglob("__init__.py")
+        if p.parent != PACKAGE
+    }
     configs = {f"lagom_megatron.configs.{p.name}" for p in (ROOT / "configs").iterdir() if p.is_dir()}
     assert set(listed) == {"lagom_megatron"} | {f.removesuffix(".__init__.py") for f in folders} | configs
 
@@ -62,26 +90,50 @@ def installed(tmp_path_factory):
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o"))
         else:
             shutil.copy2(ROOT / name, src / name)
-    built = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                 "-w", str(tmp / "dist"), str(src)], timeout=COMMAND_S, text=True)
+    built = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ],
+        timeout=COMMAND_S,
+        text=True,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = (tmp / "dist").glob("lagom_megatron-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for path in ("lagom_megatron/configs/presets/cpu-tp2-dp2.yaml", "lagom_megatron/configs/clusters/h100-sxm-ib400.yaml",
-                 "lagom_megatron/configs/models/tiny-gpt.yaml", "lagom_megatron/nccl/plugin/plugin.c",
-                 "lagom_megatron/nccl/plugin/lagom_tuner.h", "lagom_megatron/nccl/plugin/Makefile",
-                 "lagom_megatron/training/pretrain_gpt.py"):
+    for path in (
+        "lagom_megatron/configs/presets/cpu-tp2-dp2.yaml",
+        "lagom_megatron/configs/clusters/h100-sxm-ib400.yaml",
+        "lagom_megatron/configs/models/tiny-gpt.yaml",
+        "lagom_megatron/nccl/plugin/plugin.c",
+        "lagom_megatron/nccl/plugin/lagom_tuner.h",
+        "lagom_megatron/nccl/plugin/Makefile",
+        "lagom_megatron/training/pretrain_gpt.py",
+    ):
         assert path in names, f"{path} is not in {wheel.name}"
     venv = tmp / "venv"
     made = run([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=COMMAND_S, text=True)
     assert made.returncode == 0, made.stderr
     python = venv / "bin" / "python"
-    target = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                 timeout=COMMAND_S, text=True).stdout.strip()
+    target = run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], timeout=COMMAND_S, text=True
+    ).stdout.strip()
     reuse = [p for p in site.getsitepackages() if Path(p).is_dir()]
     Path(target, "reuse_installed_packages.pth").write_text("\n".join(reuse) + "\n")
-    put = run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
-               str(wheel)], timeout=COMMAND_S, text=True)
+    put = run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
+        timeout=COMMAND_S,
+        text=True,
+    )
     assert put.returncode == 0, put.stdout + put.stderr
     outside = tmp / "elsewhere"
     outside.mkdir()
@@ -89,15 +141,20 @@ def installed(tmp_path_factory):
 
 
 def _run(argv, outside, env=None, timeout=COMMAND_S):
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LAGOM_CONFIGS", "LAGOM_CLUSTER", "RANK",
-                                                            "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "LAGOM_CONFIGS", "LAGOM_CLUSTER", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     return run([str(a) for a in argv], timeout=timeout, text=True, cwd=outside, env={**clean, **(env or {})})
 
 
 def test_the_package_is_the_installed_one_not_the_checkout(installed):
     python, _, outside = installed
-    proc = _run([python, "-c", "import lagom_megatron; print(lagom_megatron.__file__, *lagom_megatron.configs_dir(), "
-                               "sep='|')"], outside)
+    proc = _run(
+        [python, "-c", "import lagom_megatron; print(lagom_megatron.__file__, *lagom_megatron.configs_dir(), sep='|')"],
+        outside,
+    )
     where, configs, origin = proc.stdout.strip().split("|")
     assert str(ROOT) not in where and Path(where).is_relative_to(python.parent.parent), proc.stdout
     assert (origin, Path(configs)) == ("the installed package", Path(where).parent / "configs")
@@ -107,12 +164,24 @@ def test_doctor_and_simulate_from_the_installed_package(installed):
     python, bin_dir, outside = installed
     doc = _run([bin_dir / "lagom", "doctor", "--preset", "cpu-tp2-dp2", "--", "--mock-data"], outside)
     assert doc.returncode == 0, doc.stdout + doc.stderr
-    assert doc.stdout.splitlines()[0].startswith("lagom doctor: checking cluster 'cpu-gloo' (gloo, CPU): the cluster "
-                                                 "of preset 'cpu-tp2-dp2'")
+    assert doc.stdout.splitlines()[0].startswith(
+        "lagom doctor: checking cluster 'cpu-gloo' (gloo, CPU): the cluster of preset 'cpu-tp2-dp2'"
+    )
     gpu = _run([bin_dir / "lagom", "doctor", "--preset", "llama3-8b-h100x8"], outside, {"NCCL_NTHREADS": "480"})
     assert gpu.returncode == 1 and "error: [nccl-env] NCCL_NTHREADS=480 is not one of 64, 128, 256, 512" in gpu.stdout
-    sim = _run([bin_dir / "lagom", "simulate", "--preset", "llama3-8b-h100x8", "--seed", "1", "--plan-out",
-                outside / "plan.json"], outside)
+    sim = _run(
+        [
+            bin_dir / "lagom",
+            "simulate",
+            "--preset",
+            "llama3-8b-h100x8",
+            "--seed",
+            "1",
+            "--plan-out",
+            outside / "plan.json",
+        ],
+        outside,
+    )
     assert sim.returncode == 0, sim.stdout + sim.stderr
     assert "SIMULATED" in sim.stdout and (outside / "plan.json").is_file()
 
@@ -130,16 +199,30 @@ def test_lagom_configs_still_overrides_the_packaged_configs(installed, tmp_path)
     assert mine.returncode == 0 and "the cluster of preset 'mine'" in mine.stdout, mine.stdout + mine.stderr
     packaged = _run([bin_dir / "lagom", "doctor", "--preset", "llama3-8b-h100x8"], outside, env)
     assert packaged.returncode == 2
-    assert packaged.stderr.strip() == (f"lagom doctor: error: unknown preset 'llama3-8b-h100x8'; available (from "
-                                       f"LAGOM_CONFIGS={tmp_path}): mine")
+    assert packaged.stderr.strip() == (
+        f"lagom doctor: error: unknown preset 'llama3-8b-h100x8'; available (from LAGOM_CONFIGS={tmp_path}): mine"
+    )
 
 
 @pytest.mark.distributed
 def test_torchrun_starts_training_from_the_installed_module(installed):
     python, _, outside = installed
-    proc = _run([python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                 "-m", "lagom_megatron.training.pretrain_gpt", *TINY], outside,
-                {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}, timeout=LAUNCH_S)
+    proc = _run(
+        [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "-m",
+            "lagom_megatron.training.pretrain_gpt",
+            *TINY,
+        ],
+        outside,
+        {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
+        timeout=LAUNCH_S,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     iterations = [line for line in proc.stdout.splitlines() if " iteration " in line and "lm loss:" in line]
     assert len(iterations) == 2 and "iteration        2/       2" in iterations[-1], proc.stdout[-2000:]

@@ -13,8 +13,11 @@ import pytest
 from tests.timeouts import COMMAND_S, run
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted(p for p in (ROOT / "scripts").rglob("*")
-                 if p.is_file() and p.suffix in (".py", ".sh", ".sbatch") and "gpu" not in p.relative_to(ROOT).parts)
+SCRIPTS = sorted(
+    p
+    for p in (ROOT / "scripts").rglob("*")
+    if p.is_file() and p.suffix in (".py", ".sh", ".sbatch") and "gpu" not in p.relative_to(ROOT).parts
+)
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache"}
 
 
@@ -35,8 +38,13 @@ def _tree() -> dict[str, tuple[int, int]]:
 
 def test_the_scripts_are_found():
     names = {p.relative_to(ROOT).as_posix() for p in SCRIPTS}
-    assert {"scripts/run_demo.py", "scripts/pretrain_gpt.py", "scripts/make_sample_corpus.py",
-            "scripts/test_versions.sh", "scripts/slurm/lagom_pretrain.sbatch"} <= names
+    assert {
+        "scripts/run_demo.py",
+        "scripts/pretrain_gpt.py",
+        "scripts/make_sample_corpus.py",
+        "scripts/test_versions.sh",
+        "scripts/slurm/lagom_pretrain.sbatch",
+    } <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.relative_to(ROOT).as_posix() for p in SCRIPTS])

@@ -35,8 +35,7 @@ def _gone(pid: int) -> bool:
 
 
 def test_kill_tree_reaches_a_child_in_its_own_session():
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, start_new_session=True)
     child = int(parent.stdout.readline())
     assert child in timeouts.descendants(parent.pid)
     assert not _gone(child)
@@ -65,8 +64,11 @@ def test_a_bad_scale_is_refused_with_its_name(text, monkeypatch):
 
 
 def test_run_returns_what_subprocess_run_returns():
-    proc = timeouts.run([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
-                        timeout=timeouts.COMMAND_S, text=True)
+    proc = timeouts.run(
+        [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
+        timeout=timeouts.COMMAND_S,
+        text=True,
+    )
     assert (proc.returncode, proc.stdout, proc.stderr) == (3, "out\n", "err\n")
     with pytest.raises(subprocess.CalledProcessError):
         timeouts.run([sys.executable, "-c", "raise SystemExit(1)"], timeout=timeouts.COMMAND_S, check=True)

@@ -43,8 +43,10 @@ class SlowMachine(subprocess.TimeoutExpired):
     """A subprocess ran past its limit; the message says how to raise the limits."""
 
     def __str__(self) -> str:
-        return (f"{super().__str__()}; the limits scale with LAGOM_TEST_TIMEOUT_SCALE (now {SCALE:g}): "
-                "raise it on a slow or busy machine")
+        return (
+            f"{super().__str__()}; the limits scale with LAGOM_TEST_TIMEOUT_SCALE (now {SCALE:g}): "
+            "raise it on a slow or busy machine"
+        )
 
 
 def descendants(pid: int) -> list[int]:
@@ -82,8 +84,9 @@ def kill_tree(pid: int) -> None:
         pass
 
 
-def run(argv: list, *, timeout: float, capture_output: bool = True, check: bool = False,
-        **kwargs) -> subprocess.CompletedProcess:
+def run(
+    argv: list, *, timeout: float, capture_output: bool = True, check: bool = False, **kwargs
+) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, timeout=timeout, capture_output=True, ...)`` in a session of its own,
     killed whole when the limit passes or the test is interrupted: torchrun's ranks are its children
     and hold the output pipes, so killing torchrun alone would leave ``subprocess.run`` waiting for

@@ -36,10 +36,14 @@ def search_main(argv: list[str] | None = None) -> int:
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.nccl.rules import NcclRules
 
-    parser = LagomParser(prog="lagom bench search",
-                         description="Search cost and quality on seeded synthetic problems.")
-    parser.add_argument("--sizes", type=int_range(1, MAX_SITES), nargs="+", default=[10, 100, 1000, 10000],
-                        help=f"site counts to time (1..{MAX_SITES:,})")
+    parser = LagomParser(prog="lagom bench search", description="Search cost and quality on seeded synthetic problems.")
+    parser.add_argument(
+        "--sizes",
+        type=int_range(1, MAX_SITES),
+        nargs="+",
+        default=[10, 100, 1000, 10000],
+        help=f"site counts to time (1..{MAX_SITES:,})",
+    )
     parser.add_argument("--instances", type=int_range(1), default=200, help="small instances compared with exhaustive")
     parser.add_argument("--seed", type=int_range(0), default=0)
     parser.add_argument("--cluster", default="h100-sxm-ib400")
@@ -55,17 +59,23 @@ def search_main(argv: list[str] | None = None) -> int:
     print(f"{'sites':>7} {'method':>9} {'model evals':>12} {'evals/site':>10} {'wall s':>8} {'pred. speedup':>13}")
     rows = scaling_table(args.sizes, seed=args.seed, rules=rules)
     for r in rows:
-        print(f"{r['sites']:>7} {r['method']:>9} {r['evaluations']:>12,} {r['evaluations'] / r['sites']:>10.1f} "
-              f"{r['wall_s']:>8.3f} {r['speedup']:>13.4f}")
+        print(
+            f"{r['sites']:>7} {r['method']:>9} {r['evaluations']:>12,} {r['evaluations'] / r['sites']:>10.1f} "
+            f"{r['wall_s']:>8.3f} {r['speedup']:>13.4f}"
+        )
     opt = optimality(instances=args.instances, seed=args.seed + 1, rules=rules)
     print(f"\npriority vs exhaustive on {opt['instances']} seeded instances of 2-3 sites:")
-    print(f"  within 1% of the optimum: {opt['within']}/{opt['instances']} = {100 * opt['share']:.1f}%  "
-          f"(mean gap {100 * opt['mean_gap']:.3f}%, worst {100 * opt['worst_gap']:.2f}%, least {100 * opt['least_gap']:.3f}%)")
+    print(
+        f"  within 1% of the optimum: {opt['within']}/{opt['instances']} = {100 * opt['share']:.1f}%  "
+        f"(mean gap {100 * opt['mean_gap']:.3f}%, worst {100 * opt['worst_gap']:.2f}%, least {100 * opt['least_gap']:.3f}%)"
+    )
     big = [r for r in rows if r["method"] == "priority" and r["sites"] == max(args.sizes)]
     ok_time = all(r["wall_s"] < 2.0 for r in big) if max(args.sizes) >= 10000 else True
     ok_opt = opt["share"] >= 0.95
-    print(f"\ntargets: {max(args.sizes):,} sites < 2 s: {'met' if ok_time else 'NOT met'}; "
-          f">= 95% within 1%: {'met' if ok_opt else 'NOT met'}")
+    print(
+        f"\ntargets: {max(args.sizes):,} sites < 2 s: {'met' if ok_time else 'NOT met'}; "
+        f">= 95% within 1%: {'met' if ok_opt else 'NOT met'}"
+    )
     return 0 if ok_time and ok_opt else 1
 
 
@@ -83,28 +93,50 @@ def simulated_main(argv: list[str] | None = None) -> int:
     from lagom_megatron.sim.bench.table import SEEDS, run_sensitivity, run_table, select_rows
     from lagom_megatron.sim.constants import CONSTANTS
 
-    ap = LagomParser(prog="lagom bench simulated",
-                     description="lagom bench simulated: the paper-style comparison table on simulated clusters.")
+    ap = LagomParser(
+        prog="lagom bench simulated",
+        description="lagom bench simulated: the paper-style comparison table on simulated clusters.",
+    )
     ap.add_argument("--out", default="bench_out", help="output folder for simulated.csv and simulated.png")
     ap.add_argument("--presets", nargs="+", default=None, help="presets (default: the table's rows)")
-    ap.add_argument("--clusters", nargs="+", default=None,
-                    help="clusters each preset runs on (default: the table's rows)")
+    ap.add_argument(
+        "--clusters", nargs="+", default=None, help="clusters each preset runs on (default: the table's rows)"
+    )
     ap.add_argument("--seeds", type=int_range(0), nargs="+", default=list(SEEDS), help="noise seeds (default 0-4)")
     ap.add_argument("--iters", type=int_range(1), default=5, help="simulated iterations per median")
-    ap.add_argument("--verify-iters", type=int_range(1), default=None,
-                    help="lagom's verification iterations per arm at its first look (default: each preset's "
-                         "lagom_verify_iters; given alone, also the cap)")
-    ap.add_argument("--verify-max-iters", type=int_range(1), default=None,
-                    help="the most verification iterations per arm while the verdict is undecided (default: each "
-                         "preset's lagom_verify_max_iters, or --verify-iters when that is given)")
-    ap.add_argument("--microbatches", nargs="+", default=None,
-                    help="micro-batches per DP rank for --presets / --clusters rows: 'preset' and/or integers >= 1 "
-                         "(default: the table's rows, or 2)")
+    ap.add_argument(
+        "--verify-iters",
+        type=int_range(1),
+        default=None,
+        help="lagom's verification iterations per arm at its first look (default: each preset's "
+        "lagom_verify_iters; given alone, also the cap)",
+    )
+    ap.add_argument(
+        "--verify-max-iters",
+        type=int_range(1),
+        default=None,
+        help="the most verification iterations per arm while the verdict is undecided (default: each "
+        "preset's lagom_verify_max_iters, or --verify-iters when that is given)",
+    )
+    ap.add_argument(
+        "--microbatches",
+        nargs="+",
+        default=None,
+        help="micro-batches per DP rank for --presets / --clusters rows: 'preset' and/or integers >= 1 "
+        "(default: the table's rows, or 2)",
+    )
     ap.add_argument("--jobs", type=int_range(1), default=1, help="rows simulated in parallel processes")
-    ap.add_argument("--sensitivity", action="store_true",
-                    help="run the sensitivity (tornado) table of the ranged constants instead (sim.bench.table)")
-    ap.add_argument("--constants", nargs="+", default=None,
-                    help="with --sensitivity: only these ranged constants (default: all of sim.constants)")
+    ap.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="run the sensitivity (tornado) table of the ranged constants instead (sim.bench.table)",
+    )
+    ap.add_argument(
+        "--constants",
+        nargs="+",
+        default=None,
+        help="with --sensitivity: only these ranged constants (default: all of sim.constants)",
+    )
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
     unknown = [c for c in args.constants or [] if c not in CONSTANTS]
@@ -137,10 +169,17 @@ def simulated_main(argv: list[str] | None = None) -> int:
     tuner_log.setLevel(logging.ERROR)  # fall-backs are columns of the table
     try:
         if args.sensitivity:
-            return run_sensitivity(out, presets=args.presets, clusters=args.clusters, microbatches=microbatches,
-                                   constants=args.constants, **verify)
-        return run_table(rows, out, seeds=list(args.seeds), iters=args.iters, jobs=args.jobs,
-                         plot_png=not args.no_plot, **verify)
+            return run_sensitivity(
+                out,
+                presets=args.presets,
+                clusters=args.clusters,
+                microbatches=microbatches,
+                constants=args.constants,
+                **verify,
+            )
+        return run_table(
+            rows, out, seeds=list(args.seeds), iters=args.iters, jobs=args.jobs, plot_png=not args.no_plot, **verify
+        )
     finally:
         tuner_log.setLevel(level)
 

@@ -9,8 +9,13 @@ from lagom_megatron.cli.options import writable_dir
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds ``-o/--out-dir`` and ``--cc``."""
-    parser.add_argument("-o", "--out-dir", default="build", type=writable_dir,
-                        help="directory for libnccl-tuner-lagom.so (default: ./build)")
+    parser.add_argument(
+        "-o",
+        "--out-dir",
+        default="build",
+        type=writable_dir,
+        help="directory for libnccl-tuner-lagom.so (default: ./build)",
+    )
     parser.add_argument("--cc", default=None, help="C compiler (default: $CC or gcc)")
 
 

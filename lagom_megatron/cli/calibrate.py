@@ -27,16 +27,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="what", metavar="KIND", required=True)
     p = sub.add_parser("contention", help="a GPU's contention constants from scripts/gpu/contention_probe.py's CSV")
     p.add_argument("csv", type=readable_file, help="the probe's CSV (scripts/gpu/contention_probe.py --out)")
-    p.add_argument("--out", default=None, type=writable_file, help="YAML to write (default: <csv stem>.fit.yaml beside the CSV)")
+    p.add_argument(
+        "--out", default=None, type=writable_file, help="YAML to write (default: <csv stem>.fit.yaml beside the CSV)"
+    )
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
-    p = sub.add_parser("bandwidth", help="per-channel bandwidth, saturation and link efficiency from nccl-tests output "
-                                         "(scripts/gpu/nccl_sweep.sh) into a copy of a cluster file")
-    p.add_argument("inputs", nargs="+", type=readable_file_or_dir, metavar="SWEEP",
-                   help="nccl_sweep.sh's output folder (its *.txt files) or single run files")
-    p.add_argument("--cluster", required=True,
-                   help="cluster name or YAML file the fit goes into (the link bandwidths the efficiencies are shares of)")
-    p.add_argument("--out", default=None, type=writable_file,
-                   help="cluster YAML to write (default: <cluster name>.calibrated.yaml beside the first input)")
+    p = sub.add_parser(
+        "bandwidth",
+        help="per-channel bandwidth, saturation and link efficiency from nccl-tests output "
+        "(scripts/gpu/nccl_sweep.sh) into a copy of a cluster file",
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        type=readable_file_or_dir,
+        metavar="SWEEP",
+        help="nccl_sweep.sh's output folder (its *.txt files) or single run files",
+    )
+    p.add_argument(
+        "--cluster",
+        required=True,
+        help="cluster name or YAML file the fit goes into (the link bandwidths the efficiencies are shares of)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        type=writable_file,
+        help="cluster YAML to write (default: <cluster name>.calibrated.yaml beside the first input)",
+    )
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
@@ -56,13 +73,17 @@ def _contention(args: argparse.Namespace) -> int:
     refuse_replacing(out, "--out" if args.out else "output", "a lagom contention fit", _is_fit, force=args.force)
     fitted = fit(read_rows(src))
     if not any(fitted.rows.values()):
-        raise ValueError(f"{src}: no usable row: each has a zero time, or a copy/reduce channel kernel whose HBM share "
-                         f"is below {MIN_SHARE}; nothing written")
+        raise ValueError(
+            f"{src}: no usable row: each has a zero time, or a copy/reduce channel kernel whose HBM share "
+            f"is below {MIN_SHARE}; nothing written"
+        )
     write_yaml(fitted, out, source=src.name)
     fmt = lambda x, unit="": "no usable rows" if x is None else f"{x:.3f}{unit}"  # noqa: E731
-    print(f"{fitted.gpu}: kappa_mem {fmt(fitted.kappa_mem)} ({fitted.rows['kappa_mem']} rows), "
-          f"kappa_compute {fmt(fitted.kappa_compute)} ({fitted.rows['kappa_compute']} rows), "
-          f"SM term error {fmt(fitted.sm_term_mae_pct, '%')} ({fitted.rows['sm_term']} rows)")
+    print(
+        f"{fitted.gpu}: kappa_mem {fmt(fitted.kappa_mem)} ({fitted.rows['kappa_mem']} rows), "
+        f"kappa_compute {fmt(fitted.kappa_compute)} ({fitted.rows['kappa_compute']} rows), "
+        f"SM term error {fmt(fitted.sm_term_mae_pct, '%')} ({fitted.rows['sm_term']} rows)"
+    )
     print(f"wrote {out}")
     return 0
 
@@ -74,7 +95,9 @@ def _run_files(inputs: list[str]) -> list[Path]:
         if path.is_dir():
             found = sorted(p for p in path.glob("*.txt") if p.is_file())
             if not found:
-                raise ValueError(f"{text}: no *.txt run files in this folder (scripts/gpu/nccl_sweep.sh writes one per run)")
+                raise ValueError(
+                    f"{text}: no *.txt run files in this folder (scripts/gpu/nccl_sweep.sh writes one per run)"
+                )
             files += found
         else:
             files.append(path)
@@ -96,8 +119,13 @@ def _bandwidth(args: argparse.Namespace) -> int:
     inputs = {"--cluster": args.cluster if Path(args.cluster).is_file() else None}
     inputs.update({f"input {p}": str(p) for p in files})
     refuse_overwriting_an_input(str(out), "--out", inputs)
-    refuse_replacing(out, "--out" if args.out else "output", "a cluster file lagom calibrate bandwidth wrote",
-                     lambda text: CALIBRATED_MARK in text.split("\n", 1)[0], force=args.force)
+    refuse_replacing(
+        out,
+        "--out" if args.out else "output",
+        "a cluster file lagom calibrate bandwidth wrote",
+        lambda text: CALIBRATED_MARK in text.split("\n", 1)[0],
+        force=args.force,
+    )
     runs, problems = [], []
     for path in files:
         try:
@@ -106,8 +134,11 @@ def _bandwidth(args: argparse.Namespace) -> int:
             problems += exc.problems
     if problems:
         more = f"; and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
-        raise ValueError(f"{len(problems)} problem(s) in the nccl-tests output, nothing written: "
-                         + "; ".join(problems[:MAX_PROBLEMS]) + more)
+        raise ValueError(
+            f"{len(problems)} problem(s) in the nccl-tests output, nothing written: "
+            + "; ".join(problems[:MAX_PROBLEMS])
+            + more
+        )
     fit = fit_bandwidth(runs, spec)
     fields = fit_to_cluster_fields(fit)
     if not fields:
@@ -116,9 +147,11 @@ def _bandwidth(args: argparse.Namespace) -> int:
     doc = calibrated_cluster(base, fit, name=out.stem, source=str(out))
     summary = summary_lines(fit)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    header = [f"# {spec.name} {CALIBRATED_MARK} at {stamp} from {len(runs)} nccl-tests run(s)",
-              f"# in {', '.join(sorted({str(p.parent) for p in files}))}; fitted keys: {', '.join(fields)}.",
-              "# Every other key is the cluster file's. The fit:"] + [f"#   {line}" for line in summary]
+    header = [
+        f"# {spec.name} {CALIBRATED_MARK} at {stamp} from {len(runs)} nccl-tests run(s)",
+        f"# in {', '.join(sorted({str(p.parent) for p in files}))}; fitted keys: {', '.join(fields)}.",
+        "# Every other key is the cluster file's. The fit:",
+    ] + [f"#   {line}" for line in summary]
     write_text_atomic(out, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False))
     print("\n".join(summary))
     print(f"wrote {out} ({', '.join(f'{k}' for k in fields)})")

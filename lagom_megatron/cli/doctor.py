@@ -17,27 +17,46 @@ from lagom_megatron.engine.cluster import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the options; after ``--``: a ``pretrain_gpt.py`` command line."""
     parser.add_argument("--preset", help="preset name (configs/presets/) or path")
-    parser.add_argument("--cluster", help="target cluster name (configs/clusters/) or path; default as training "
-                                          "chooses it: --lagom-cluster in the line, $LAGOM_CLUSTER, the preset's "
-                                          "cluster, else this machine (cpu-gloo without CUDA, else its GPU)")
-    parser.add_argument("--world-size", type=int_range(1, MAX_WORLD_SIZE),
-                        help="ranks in the job; default: the preset's, else $WORLD_SIZE, else TP x PP x CP")
-    parser.add_argument("--gpus-per-node", type=int_range(1, MAX_GPUS_PER_NODE),
-                        help="default: the preset's SLURM shape, else the cluster's, else $LOCAL_WORLD_SIZE")
-    parser.add_argument("--megatron-lm", action="store_true",
-                        help="the line after -- is for a Megatron-LM checkout's pretrain_gpt.py: check the "
-                             "layout and what that release fails on (--eval-interval, fused kernels without APEX, "
-                             "packages), not our parser's flags (default: parse it with scripts/pretrain_gpt.py's "
-                             "parser, so unknown flags and invalid values are errors)")
-    parser.add_argument("--megatron-lm-release", metavar="TAG",
-                        help="with --megatron-lm: the Megatron-LM release, e.g. core_v0.16.1 (core_v0.16-0.18); "
-                             "default: that of the importable megatron-core")
+    parser.add_argument(
+        "--cluster",
+        help="target cluster name (configs/clusters/) or path; default as training "
+        "chooses it: --lagom-cluster in the line, $LAGOM_CLUSTER, the preset's "
+        "cluster, else this machine (cpu-gloo without CUDA, else its GPU)",
+    )
+    parser.add_argument(
+        "--world-size",
+        type=int_range(1, MAX_WORLD_SIZE),
+        help="ranks in the job; default: the preset's, else $WORLD_SIZE, else TP x PP x CP",
+    )
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int_range(1, MAX_GPUS_PER_NODE),
+        help="default: the preset's SLURM shape, else the cluster's, else $LOCAL_WORLD_SIZE",
+    )
+    parser.add_argument(
+        "--megatron-lm",
+        action="store_true",
+        help="the line after -- is for a Megatron-LM checkout's pretrain_gpt.py: check the "
+        "layout and what that release fails on (--eval-interval, fused kernels without APEX, "
+        "packages), not our parser's flags (default: parse it with scripts/pretrain_gpt.py's "
+        "parser, so unknown flags and invalid values are errors)",
+    )
+    parser.add_argument(
+        "--megatron-lm-release",
+        metavar="TAG",
+        help="with --megatron-lm: the Megatron-LM release, e.g. core_v0.16.1 (core_v0.16-0.18); "
+        "default: that of the importable megatron-core",
+    )
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
-    parser.add_argument("--no-preset-env", action="store_true",
-                        help="check the environment as it is (the launch scripts have exported the "
-                             "preset's env and the plan's env file already)")
-    parser.add_argument("argv", nargs=argparse.REMAINDER,
-                        help="-- followed by pretrain_gpt.py arguments (Megatron-LM flag names)")
+    parser.add_argument(
+        "--no-preset-env",
+        action="store_true",
+        help="check the environment as it is (the launch scripts have exported the "
+        "preset's env and the plan's env file already)",
+    )
+    parser.add_argument(
+        "argv", nargs=argparse.REMAINDER, help="-- followed by pretrain_gpt.py arguments (Megatron-LM flag names)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,9 +90,13 @@ def run(args: argparse.Namespace) -> int:
         if gpus_per_node is None and preset.slurm is not None:
             gpus_per_node = preset.slurm.gpus_per_node
     machine = this_machine()
-    target = choose_cluster(preset.name if preset is not None else None, environ,
-                            args.cluster or parsed.get("lagom_cluster"),
-                            "--cluster" if args.cluster else "--lagom-cluster", machine)
+    target = choose_cluster(
+        preset.name if preset is not None else None,
+        environ,
+        args.cluster or parsed.get("lagom_cluster"),
+        "--cluster" if args.cluster else "--lagom-cluster",
+        machine,
+    )
     away = mismatch(target, machine) is not None
     if world_size is None:  # read strictly: a WORLD_SIZE of abc or 0 was ignored without a word
         world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "--world-size")
@@ -82,9 +105,11 @@ def run(args: argparse.Namespace) -> int:
     local = not args.cluster and not away  # this machine as training checks it, or the job on its cluster
     first = f"lagom doctor: checking {target.describe()}: {target.reason()}"
     if away:
-        first += (f"; this machine ({machine.describe()}) is not one of its nodes, so the command line, "
-                  "layout and environment are checked for its nodes but not this machine's files, port and "
-                  "libraries (training checks those on each node before it starts)")
+        first += (
+            f"; this machine ({machine.describe()}) is not one of its nodes, so the command line, "
+            "layout and environment are checked for its nodes but not this machine's files, port and "
+            "libraries (training checks those on each node before it starts)"
+        )
     print(first, file=sys.stderr if args.json else sys.stdout)
     cluster = target.cluster
     if args.megatron_lm:
@@ -96,17 +121,29 @@ def run(args: argparse.Namespace) -> int:
             installed = installed_megatron_core()
             release = f"core_v{installed.version}" if installed is not None else "core_v0.16.1"
         traps = megatron_lm_traps(parsed, release, local=local, on_gpu=cluster_field(cluster, "backend") != "gloo")
-        findings = traps + run_doctor(parsed, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
-                                      preset_env=preset_env, local=local)
+        findings = traps + run_doctor(
+            parsed,
+            environ,
+            cluster,
+            world_size=world_size,
+            gpus_per_node=gpus_per_node,
+            preset_env=preset_env,
+            local=local,
+        )
     elif args.megatron_lm_release:
         raise ValueError("--megatron-lm-release needs --megatron-lm")
     else:
-        findings = check_command_line(argv, world_size, environ, cluster, gpus_per_node=gpus_per_node,
-                                      preset_env=preset_env, local=local)
+        findings = check_command_line(
+            argv, world_size, environ, cluster, gpus_per_node=gpus_per_node, preset_env=preset_env, local=local
+        )
     n_err = len(errors(findings))
     if args.json:
-        print(json.dumps([{"level": f.level, "rule": f.rule, "what": f.what, "why": f.why, "fix": f.fix}
-                          for f in findings], indent=1))
+        print(
+            json.dumps(
+                [{"level": f.level, "rule": f.rule, "what": f.what, "why": f.why, "fix": f.fix} for f in findings],
+                indent=1,
+            )
+        )
     else:
         for f in findings:
             print(f)

@@ -38,7 +38,7 @@ def _missing_choice(parser: argparse.ArgumentParser, message: str) -> str | None
     """``no <name> given; give one of <choices>`` for the first missing positional with choices, or None."""
     if not message.startswith(_REQUIRED):
         return None
-    missing = message[len(_REQUIRED):].split(", ")
+    missing = message[len(_REQUIRED) :].split(", ")
     for action in parser._actions:  # argparse names a missing argument by its metavar, else its dest
         name = argparse._get_action_name(action)
         if not action.option_strings and action.choices and name in missing:

@@ -97,15 +97,18 @@ def refuse_overwriting_an_input(output: str | None, output_flag: str, inputs: di
         if not same and out.exists() and Path(path).exists():
             same = os.path.samefile(out, path)
         if same:
-            raise ValueError(f"{output_flag} {output} is the same file as {flag} {path}: one would replace "
-                             "the other; give another file name")
+            raise ValueError(
+                f"{output_flag} {output} is the same file as {flag} {path}: one would replace "
+                "the other; give another file name"
+            )
 
 
 FORCE_HELP = "replace an existing output file that is not lagom's own output of this kind (default: refused)"
 
 
-def refuse_replacing(output: str | os.PathLike | None, output_flag: str, what: str, is_own: Callable[[str], bool],
-                     *, force: bool) -> None:
+def refuse_replacing(
+    output: str | os.PathLike | None, output_flag: str, what: str, is_own: Callable[[str], bool], *, force: bool
+) -> None:
     """ValueError for an existing regular file not lagom's own (``is_own(text)``) without ``force``, or unreadable."""
     if output is None or not Path(output).is_file():
         return
@@ -116,8 +119,9 @@ def refuse_replacing(output: str | os.PathLike | None, output_flag: str, what: s
     except OSError:
         raise ValueError(f"{output_flag} {output}: exists and cannot be read; not overwriting it") from None
     if not force and (text is None or not is_own(text)):
-        raise ValueError(f"{output_flag} {output}: exists and is not {what}; pass --force to replace it, "
-                         "or give another file name")
+        raise ValueError(
+            f"{output_flag} {output}: exists and is not {what}; pass --force to replace it, or give another file name"
+        )
 
 
 def _read_text(path: Path) -> str:
@@ -160,6 +164,8 @@ def refuse_large_exhaustive(sites, rules) -> None:
     for site in sites:
         doms = rules.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size)
         free += any(len(doms[k]) > 1 for k in per_call)
-    if 2 ** free > EXHAUSTIVE_LIMIT:
-        raise ValueError(f"--method exhaustive: {free} tunable sites need at least 2^{free} joint configurations, "
-                         f"above the limit of {EXHAUSTIVE_LIMIT:,}; use --method priority (or autoccl)")
+    if 2**free > EXHAUSTIVE_LIMIT:
+        raise ValueError(
+            f"--method exhaustive: {free} tunable sites need at least 2^{free} joint configurations, "
+            f"above the limit of {EXHAUSTIVE_LIMIT:,}; use --method priority (or autoccl)"
+        )

@@ -21,22 +21,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="plan_command", metavar="ACTION", required=True)
     p = sub.add_parser("show", help="print a plan: fingerprint, statistics, env and one line per site")
     p.add_argument("plan", type=readable_file)
-    p = sub.add_parser("diff", help="differences between two plans, their verification verdict included (exit 1 when they differ)")
+    p = sub.add_parser(
+        "diff", help="differences between two plans, their verification verdict included (exit 1 when they differ)"
+    )
     p.add_argument("first", type=readable_file)
     p.add_argument("second", type=readable_file)
     p = sub.add_parser("validate", help="check every field and config against the backend's rules and the fingerprint")
     p.add_argument("plan", type=readable_file)
     p.add_argument("--cluster", default=None, help="cluster to check against (default: the plan's fingerprint)")
-    p.add_argument("--profile", default=None, type=readable_file, help="a profile whose fingerprint the plan must match")
+    p.add_argument(
+        "--profile", default=None, type=readable_file, help="a profile whose fingerprint the plan must match"
+    )
     p = sub.add_parser("export", help="write the plan in a format NCCL or Megatron-LM reads")
     p.add_argument("plan", type=readable_file)
     p.add_argument("--format", required=True, choices=list(FORMATS))
     p.add_argument("--extended", action="store_true", help="nccl-tuner-csv: add lagom's chunkSize and commTag columns")
-    p.add_argument("--allow-rejected", action="store_true",
-                   help="export a plan its own verification rejected (by default refused with exit 1)")
-    p.add_argument("-o", "--output", default=None, type=writable_file,
-                   help="file to write (atomically); default: standard output. An existing file that is not lagom's "
-                        "export in this format is kept unless --force")
+    p.add_argument(
+        "--allow-rejected",
+        action="store_true",
+        help="export a plan its own verification rejected (by default refused with exit 1)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        type=writable_file,
+        help="file to write (atomically); default: standard output. An existing file that is not lagom's "
+        "export in this format is kept unless --force",
+    )
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
@@ -77,8 +89,10 @@ def verification_state(plan) -> str:
 def _show(plan) -> int:
     from lagom_megatron.megatron.outputs.report import default_config_text
 
-    print(f"method {plan.method}, backend {plan.backend}, mechanism {plan.mechanism}, digest {plan.digest()[:12]}, "
-          f"verification: {verification_state(plan)}")
+    print(
+        f"method {plan.method}, backend {plan.backend}, mechanism {plan.mechanism}, digest {plan.digest()[:12]}, "
+        f"verification: {verification_state(plan)}"
+    )
     print("fingerprint: " + json.dumps(plan.fingerprint, sort_keys=True))
     print("stats: " + json.dumps(plan.stats, sort_keys=True))
     print("env: " + (" ".join(f"{k}={v}" for k, v in sorted(plan.env.items())) or "(none)"))
@@ -86,8 +100,10 @@ def _show(plan) -> int:
     print(f"{'site':<44} {'group':<6} {'op':<15} {'bytes':>11} {'default ms':>11} {'planned ms':>11}  config")
     for site_id, e in plan.entries.items():
         cfg = ", ".join(f"{k}={v}" for k, v in e.config.to_dict().items()) or default
-        print(f"{site_id:<44} {e.group:<6} {e.op:<15} {e.nbytes:>11} {e.predicted_default_t_region_us / 1e3:>11.3f} "
-              f"{e.predicted_t_region_us / 1e3:>11.3f}  {cfg}")
+        print(
+            f"{site_id:<44} {e.group:<6} {e.op:<15} {e.nbytes:>11} {e.predicted_default_t_region_us / 1e3:>11.3f} "
+            f"{e.predicted_t_region_us / 1e3:>11.3f}  {cfg}"
+        )
     return 0
 
 
@@ -100,8 +116,9 @@ def _validate(args, plan) -> int:
         raise ValueError(f"{args.plan}: the plan's fingerprint names no cluster; pass --cluster")
     cluster = ClusterSpec.load(cluster_name)
     if (plan.backend == "gloo") != (cluster.backend == "gloo"):
-        raise ValueError(f"{args.plan}: a {plan.backend} plan cannot be checked against {cluster.backend} "
-                         f"cluster {cluster.name!r}")
+        raise ValueError(
+            f"{args.plan}: a {plan.backend} plan cannot be checked against {cluster.backend} cluster {cluster.name!r}"
+        )
     _check_entries(args.plan, plan, cluster)
     validate_env(plan.env)
     _warn_if_rejected(args.plan, plan)
@@ -113,12 +130,16 @@ def _validate(args, plan) -> int:
         diff = plan.fingerprint_mismatch(expected)
         if diff:
             for k in diff:
-                print(f"fingerprint mismatch: {k}: plan {shown(plan.fingerprint, k)}, profile {shown(expected, k)}",
-                      file=sys.stderr)
+                print(
+                    f"fingerprint mismatch: {k}: plan {shown(plan.fingerprint, k)}, profile {shown(expected, k)}",
+                    file=sys.stderr,
+                )
             return 1
     version = f"NCCL {cluster.nccl_version}" if cluster.backend != "gloo" else "gloo"
-    print(f"{args.plan}: valid ({len(plan.entries)} entries, cluster {cluster.name}, {version}; "
-          f"verification: {verification_state(plan)})")
+    print(
+        f"{args.plan}: valid ({len(plan.entries)} entries, cluster {cluster.name}, {version}; "
+        f"verification: {verification_state(plan)})"
+    )
     return 0
 
 
@@ -139,8 +160,11 @@ def _check_entries(name, plan, cluster) -> None:
 
 def _warn_if_rejected(name, plan) -> None:
     if plan.rejected:
-        print(f"warning: {name} was rejected by its verification ({plan.stats.get('verification_reason') or 'no reason saved'}); "
-              "a training run reusing it keeps the defaults", file=sys.stderr)
+        print(
+            f"warning: {name} was rejected by its verification ({plan.stats.get('verification_reason') or 'no reason saved'}); "
+            "a training run reusing it keeps the defaults",
+            file=sys.stderr,
+        )
 
 
 def _export(args, plan) -> int:
@@ -157,17 +181,27 @@ def _export(args, plan) -> int:
     if cluster is not None and plan.backend != "gloo":
         _check_entries(args.plan, plan, cluster)  # never export a value NCCL would reject
     if plan.backend == "gloo" and args.format != "env":  # the formats NCCL or Megatron-LM's NCCL groups read
-        raise ValueError(f"{args.plan}: a gloo plan has no {args.format} form (it sets no NCCL knob); export it with "
-                         "--format env, or give the plan itself to the training run (--lagom-plan)")
+        raise ValueError(
+            f"{args.plan}: a gloo plan has no {args.format} form (it sets no NCCL knob); export it with "
+            "--format env, or give the plan itself to the training run (--lagom-plan)"
+        )
     if args.format == "nccl-tuner-csv" and plan.mechanism != "tuner":  # a table no plugin would read
-        raise ValueError(f"{args.plan}: a plan of mechanism {plan.mechanism!r} has no tuner table"
-                         + (f" (NCCL {cluster.nccl_version} on {cluster.name!r} loads no lagom tuner plugin)"
-                            if cluster is not None and cluster.backend != "gloo" else "")
-                         + "; export it with --format megatron-yaml or --format env")
+        raise ValueError(
+            f"{args.plan}: a plan of mechanism {plan.mechanism!r} has no tuner table"
+            + (
+                f" (NCCL {cluster.nccl_version} on {cluster.name!r} loads no lagom tuner plugin)"
+                if cluster is not None and cluster.backend != "gloo"
+                else ""
+            )
+            + "; export it with --format megatron-yaml or --format env"
+        )
     if plan.rejected and not args.allow_rejected:
-        print(f"lagom plan: {args.plan} was rejected by its verification "
-              f"({plan.stats.get('verification_reason') or 'no reason saved'}): not exported; "
-              "pass --allow-rejected to export it anyway", file=sys.stderr)
+        print(
+            f"lagom plan: {args.plan} was rejected by its verification "
+            f"({plan.stats.get('verification_reason') or 'no reason saved'}): not exported; "
+            "pass --allow-rejected to export it anyway",
+            file=sys.stderr,
+        )
         return 1
     _warn_if_rejected(args.plan, plan)
     try:

@@ -24,17 +24,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--method", default="priority", choices=list(METHODS))
     parser.add_argument("--seed", type=int_range(0, 2**32 - 1), default=0, help="noise seed (same seed, same timings)")
-    parser.add_argument("--verify-iters", type=int_range(1, MAX_VERIFY_ITERS), default=None,
-                        help=f"timed iterations per arm in verification, 1..{MAX_VERIFY_ITERS} "
-                             "(default: the preset's lagom_verify_iters; given alone, also the cap)")
-    parser.add_argument("--verify-max-iters", type=int_range(1, MAX_VERIFY_MAX_ITERS), default=None,
-                        help=f"the most timed iterations per arm while the verdict is undecided, 1..{MAX_VERIFY_MAX_ITERS} "
-                             "(default: the preset's lagom_verify_max_iters, or --verify-iters when given)")
-    parser.add_argument("--profile-out", default=None, type=writable_file, help="write the profile the search saw (JSON)")
+    parser.add_argument(
+        "--verify-iters",
+        type=int_range(1, MAX_VERIFY_ITERS),
+        default=None,
+        help=f"timed iterations per arm in verification, 1..{MAX_VERIFY_ITERS} "
+        "(default: the preset's lagom_verify_iters; given alone, also the cap)",
+    )
+    parser.add_argument(
+        "--verify-max-iters",
+        type=int_range(1, MAX_VERIFY_MAX_ITERS),
+        default=None,
+        help=f"the most timed iterations per arm while the verdict is undecided, 1..{MAX_VERIFY_MAX_ITERS} "
+        "(default: the preset's lagom_verify_max_iters, or --verify-iters when given)",
+    )
+    parser.add_argument(
+        "--profile-out", default=None, type=writable_file, help="write the profile the search saw (JSON)"
+    )
     parser.add_argument("--plan-out", default=None, type=writable_file, help="write the searched plan (JSON)")
     parser.add_argument("--force", action="store_true", help=FORCE_HELP)
-    parser.add_argument("--show", type=int_range(0, 10000), default=5, metavar="N",
-                        help="print the N sites with the largest predicted saving (0: none)")
+    parser.add_argument(
+        "--show",
+        type=int_range(0, 10000),
+        default=5,
+        metavar="N",
+        help="print the N sites with the largest predicted saving (0: none)",
+    )
     parser.add_argument("--json", action="store_true", help="print the tuner's summary as JSON")
 
 
@@ -73,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=1, default=str))
         return 0
     w = sim.workload
-    print(f"lagom simulate: {preset.name} on {sim.cluster.name} (SIMULATED; one representative rank of "
-          f"{preset.world_size}: TP{w.tp} PP{w.pp}x{w.chunks} CP{w.cp} DP{w.dp} EP{w.ep}, {w.microbatches} micro-batches)")
+    print(
+        f"lagom simulate: {preset.name} on {sim.cluster.name} (SIMULATED; one representative rank of "
+        f"{preset.world_size}: TP{w.tp} PP{w.pp}x{w.chunks} CP{w.cp} DP{w.dp} EP{w.ep}, {w.microbatches} micro-batches)"
+    )
     print(f"  {len(sim.sites)} collective sites; method {args.method}; seed {args.seed}")
     for it, phase, msg in tuner.events:
         print(f"  [{phase:>9}] iteration {it:>2}: {msg}")
@@ -89,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"    predicted, plan              : {pred / 1e3:10.1f} ms")
     if "measured_plan_us" in summary:
         print(f"    measured, plan (median)      : {summary['measured_plan_us'] / 1e3:10.1f} ms")
-        print(f"    measured, defaults (median)  : {summary['measured_default_us'] / 1e3:10.1f} ms  (x{summary['speedup']:.3f})")
+        print(
+            f"    measured, defaults (median)  : {summary['measured_default_us'] / 1e3:10.1f} ms  (x{summary['speedup']:.3f})"
+        )
     if tuner.phase.value == "applied":
         print(f"    later iterations, plan (median): {result.final_median_us / 1e3:7.1f} ms")
     else:  # the defaults were kept: a later sample of them is noise, not a gain
@@ -105,15 +124,21 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_top_sites(plan, n: int) -> None:
     changed = [(sid, e) for sid, e in plan.entries.items() if not e.config.is_default()]
-    saving = sorted(((sid, e) for sid, e in changed if e.predicted_t_region_us < e.predicted_default_t_region_us),
-                    key=lambda kv: kv[1].predicted_t_region_us - kv[1].predicted_default_t_region_us)
+    saving = sorted(
+        ((sid, e) for sid, e in changed if e.predicted_t_region_us < e.predicted_default_t_region_us),
+        key=lambda kv: kv[1].predicted_t_region_us - kv[1].predicted_default_t_region_us,
+    )
     no_saving = len(changed) - len(saving)
     if saving:
         print(f"  largest predicted savings ({plan.method}; region time per iteration, model):")
     for sid, e in saving[:n]:
         saved = e.predicted_default_t_region_us - e.predicted_t_region_us
-        print(f"    {sid:40s} {str(e.config.to_dict()):58s} {e.predicted_default_t_region_us / 1e3:8.2f} -> "
-              f"{e.predicted_t_region_us / 1e3:8.2f} ms ({saved / 1e3:+.2f})")
+        print(
+            f"    {sid:40s} {str(e.config.to_dict()):58s} {e.predicted_default_t_region_us / 1e3:8.2f} -> "
+            f"{e.predicted_t_region_us / 1e3:8.2f} ms ({saved / 1e3:+.2f})"
+        )
     if no_saving:
-        print(f"  {no_saving} other site{'s' if no_saving != 1 else ''} changed with no predicted saving of "
-              f"{'their' if no_saving != 1 else 'its'} own (model)")
+        print(
+            f"  {no_saving} other site{'s' if no_saving != 1 else ''} changed with no predicted saving of "
+            f"{'their' if no_saving != 1 else 'its'} own (model)"
+        )

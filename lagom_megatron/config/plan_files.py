@@ -21,8 +21,25 @@ MAX_NBYTES = 1 << 40
 Op = Literal[OPS]  # type: ignore[valid-type]
 Backend = Literal[BACKENDS]  # type: ignore[valid-type]
 
-DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-          "float8_e5m2fnuz", "int8", "uint8", "int16", "int32", "int64", "bool", "complex64", "complex128", "unknown")
+DTYPES = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "int8",
+    "uint8",
+    "int16",
+    "int32",
+    "int64",
+    "bool",
+    "complex64",
+    "complex128",
+    "unknown",
+)
 """torch dtype names as ``megatron.hooks.sites.dtype_name`` writes them; ``unknown``: a call without a tensor."""
 Dtype = Literal[DTYPES]  # type: ignore[valid-type]
 
@@ -101,8 +118,9 @@ class SampleSchema(_Strict):
     def _call_times(cls, v: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
         for k, c in enumerate(v):
             if not all(math.isfinite(x) and x >= 0 for x in c):
-                raise ValueError(f"calls[{k}] must be three finite times >= 0 (t_comm_us, t_comp_us, t_region_us); "
-                                 f"got {list(c)}")
+                raise ValueError(
+                    f"calls[{k}] must be three finite times >= 0 (t_comm_us, t_comp_us, t_region_us); got {list(c)}"
+                )
         return v
 
 
@@ -132,8 +150,9 @@ class ProfileSchema(_Strict):
     @model_validator(mode="after")
     def _fingerprint_of_this_run(self) -> ProfileSchema:
         if self.fingerprint.backend != self.backend:
-            raise ValueError(f"fingerprint.backend {self.fingerprint.backend!r} is not the profile's backend "
-                             f"{self.backend!r}")
+            raise ValueError(
+                f"fingerprint.backend {self.fingerprint.backend!r} is not the profile's backend {self.backend!r}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -195,8 +214,9 @@ class PlanSchema(_Strict):
     def _mechanism_of_backend(self) -> PlanSchema:
         allowed = MECHANISMS[self.backend]
         if self.mechanism not in allowed:
-            raise ValueError(f"mechanism must be one of {list(allowed)} for backend {self.backend!r}; "
-                             f"got {self.mechanism!r}")
+            raise ValueError(
+                f"mechanism must be one of {list(allowed)} for backend {self.backend!r}; got {self.mechanism!r}"
+            )
         return self
 
 
@@ -213,8 +233,10 @@ def _one_line(exc: ValidationError, source: str) -> ValueError:
 def _check(schema: type[BaseModel], data: Any, source: str) -> None:
     """ValueError (one line) when ``data`` is not valid under ``schema``."""
     if not isinstance(data, dict):
-        raise ValueError(f"{source}: expected a JSON object (a {schema.__name__.removesuffix('Schema').lower()}); "
-                         f"got a JSON {type(data).__name__}")
+        raise ValueError(
+            f"{source}: expected a JSON object (a {schema.__name__.removesuffix('Schema').lower()}); "
+            f"got a JSON {type(data).__name__}"
+        )
     try:
         schema.model_validate(data)
     except ValidationError as exc:
@@ -230,8 +252,10 @@ def load_plan(path: str | os.PathLike, command: str | None = None) -> Plan:
     column, or the first schema error) for an invalid one; with ``command``, ``<path> looks like a profile ...``."""
     data = read_json(path)
     if command and _has_only(data, "samples", "entries"):
-        raise ValueError(f"{path} looks like a profile (it has samples, no entries); {command} reads plans "
-                         "(a profile is searched with lagom search --profile)")
+        raise ValueError(
+            f"{path} looks like a profile (it has samples, no entries); {command} reads plans "
+            "(a profile is searched with lagom search --profile)"
+        )
     _check(PlanSchema, data, str(path))
     return Plan.from_dict(data)
 
@@ -240,7 +264,9 @@ def load_profile(path: str | os.PathLike, command: str | None = None) -> Profile
     """Reads, checks and builds a profile; raises as :func:`load_plan` (``looks like a plan`` with ``command``)."""
     data = read_json(path)
     if command and _has_only(data, "entries", "samples"):
-        raise ValueError(f"{path} looks like a plan (it has entries, no samples); {command} reads profiles "
-                         "(a plan is read by lagom plan show | diff | validate | export)")
+        raise ValueError(
+            f"{path} looks like a plan (it has entries, no samples); {command} reads profiles "
+            "(a plan is read by lagom plan show | diff | validate | export)"
+        )
     _check(ProfileSchema, data, str(path))
     return Profile.from_dict(data)

@@ -166,19 +166,32 @@ class Preset(_Section):
         return out
 
 
-OMIT_WHEN_DEFAULT: frozenset[str] = frozenset({
-    "kv_channels", "rotary_base", "add_bias_linear", "moe_ffn_hidden_size", "moe_token_dispatcher_type",
-    "moe_grouped_gemm", "num_virtual_stages_per_pipeline_rank", "expert_tensor_parallel_size",
-    "overlap_param_gather_with_optimizer_step", "overlap_moe_expert_parallel_comm", "use_torch_fsdp2",
-    "use_megatron_fsdp", "data_parallel_sharding_strategy", "lagom_verify_max_iters",
-})
+OMIT_WHEN_DEFAULT: frozenset[str] = frozenset(
+    {
+        "kv_channels",
+        "rotary_base",
+        "add_bias_linear",
+        "moe_ffn_hidden_size",
+        "moe_token_dispatcher_type",
+        "moe_grouped_gemm",
+        "num_virtual_stages_per_pipeline_rank",
+        "expert_tensor_parallel_size",
+        "overlap_param_gather_with_optimizer_step",
+        "overlap_moe_expert_parallel_comm",
+        "use_torch_fsdp2",
+        "use_megatron_fsdp",
+        "data_parallel_sharding_strategy",
+        "lagom_verify_max_iters",
+    }
+)
 
 
 def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
     p = Path(name_or_path)
     if p.is_dir() and not (CONFIGS_DIR / kind / f"{name_or_path}.yaml").is_file():
-        raise ValueError(f"{kind[:-1]} {str(p)!r} is a folder; give a {kind[:-1]} YAML file or one of: "
-                         f"{', '.join(available(kind))}")
+        raise ValueError(
+            f"{kind[:-1]} {str(p)!r} is a folder; give a {kind[:-1]} YAML file or one of: {', '.join(available(kind))}"
+        )
     if p.suffix in (".yaml", ".yml") or p.is_file():
         if not p.is_file():
             raise FileNotFoundError(f"{kind} file {str(p)!r} does not exist")
@@ -191,10 +204,11 @@ def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     env = CONFIGS_ORIGIN == "LAGOM_CONFIGS"
     if not known:  # a LAGOM_CONFIGS that names the wrong folder, or an install without its package data
-        raise ValueError(f"unknown {kind[:-1]} {str(name_or_path)!r}: {CONFIGS_DIR / kind} "
-                         f"({'from LAGOM_CONFIGS' if env else CONFIGS_ORIGIN}) holds no {kind}"
-                         + ("; set LAGOM_CONFIGS to a folder with clusters/, models/ and presets/, or unset it"
-                            if env else ""))
+        raise ValueError(
+            f"unknown {kind[:-1]} {str(name_or_path)!r}: {CONFIGS_DIR / kind} "
+            f"({'from LAGOM_CONFIGS' if env else CONFIGS_ORIGIN}) holds no {kind}"
+            + ("; set LAGOM_CONFIGS to a folder with clusters/, models/ and presets/, or unset it" if env else "")
+        )
     source = f" (from LAGOM_CONFIGS={CONFIGS_DIR})" if env else ""
     raise ValueError(f"unknown {kind[:-1]} {str(name_or_path)!r}{hint}; available{source}: {', '.join(known)}")
 
@@ -240,8 +254,9 @@ def _the_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
     """A ``model:`` mapping's own error, not the ``str`` branch's; an unknown key before the others."""
     first = errors[0]
     if first["loc"][-1:] == ("str",) and isinstance(first.get("input"), dict):
-        errors = [e for e in errors if e["loc"][:len(first["loc"]) - 1] == first["loc"][:-1]
-                  and "ModelSpec" in e["loc"]] or errors
+        errors = [
+            e for e in errors if e["loc"][: len(first["loc"]) - 1] == first["loc"][:-1] and "ModelSpec" in e["loc"]
+        ] or errors
     typos = [e for e in errors if e["type"] == "extra_forbidden"]  # a typo explains the "Field required" of its key
     return dict((typos or errors)[0])
 

@@ -57,7 +57,9 @@ def autoccl(problem: SearchProblem, *, rounds: int = 3) -> SearchResult:
         count.add(tun.size)
         algs = problem.vals["algorithm"][tun]
         protos = problem.vals["protocol"][tun]
-        pairs = {(int(a), int(p)) for a in np.unique(algs[~np.isnan(algs)]) for p in np.unique(protos[~np.isnan(protos)])}
+        pairs = {
+            (int(a), int(p)) for a in np.unique(algs[~np.isnan(algs)]) for p in np.unique(protos[~np.isnan(protos)])
+        }
         for a, p in sorted(pairs):
             if not compat(np.array(a), np.array(p)):
                 continue
@@ -119,10 +121,12 @@ class _Dim:
 
 def _dims(problem: SearchProblem, base: State) -> list[_Dim]:
     """Every shared knob of ``problem`` with its settings."""
-    dims = [_Dim("unit", knob, governed, _unit_settings(problem, base, knob, governed))
-            for knob, _key, governed in problem.shared_units()]
+    dims = [
+        _Dim("unit", knob, governed, _unit_settings(problem, base, knob, governed))
+        for knob, _key, governed in problem.shared_units()
+    ]
     p2p = getattr(problem.model, "p2p", None)
-    for _key, idx in (p2p_knobs.units(problem) if p2p is not None and p2p.any else []):
+    for _key, idx in p2p_knobs.units(problem) if p2p is not None and p2p.any else []:
         values = sorted({float(v) for i in idx for v in problem.domains_S[i][p2p_knobs.KNOB] if v is not None})
         dims.append(_Dim("peer", None, idx, [0.0] + values))  # 0: NCCL's own
     wait = getattr(problem.model, "wait_S", None)
@@ -142,19 +146,23 @@ def _apply(problem: SearchProblem, st: State, dim: _Dim, j: int) -> None:
         problem.model.hp_S[dim.governed] = dim.settings[j]
 
 
-def _best_of_set(problem: SearchProblem, st: State, idx: np.ndarray, per_site: list[list[list[float]]],
-                 count: Counter) -> tuple[float, np.ndarray]:
+def _best_of_set(
+    problem: SearchProblem, st: State, idx: np.ndarray, per_site: list[list[list[float]]], count: Counter
+) -> tuple[float, np.ndarray]:
     """Least summed region of sites ``idx`` over one config of their grids, and that config (``SEARCH_KNOBS`` order)."""
     grids = []
     for i in idx:
-        vals = [per_site[i][j] if problem.scope[k] == "call" and problem.tunable[k][i] else [float(st.get(k)[i])]
-                for j, k in enumerate(SEARCH_KNOBS)]
+        vals = [
+            per_site[i][j] if problem.scope[k] == "call" and problem.tunable[k][i] else [float(st.get(k)[i])]
+            for j, k in enumerate(SEARCH_KNOBS)
+        ]
         grids.append(np.array(list(itertools.product(*vals))))  # (P_i, 5) in SEARCH_KNOBS order
     grid = np.unique(np.concatenate(grids), axis=0) if len(grids) > 1 else grids[0]
-    every = np.tile(grid, (idx.size, 1))                       # member-major: (members x P, 5)
+    every = np.tile(grid, (idx.size, 1))  # member-major: (members x P, 5)
     nc, lvl, nt, proto, alg = (every[:, j] for j in range(5))
-    region = problem.evaluate_codes(np.repeat(idx, len(grid)), alg.astype(np.int64), proto.astype(np.int64),
-                                    nc, nt, lvl.astype(np.int64))[2]
+    region = problem.evaluate_codes(
+        np.repeat(idx, len(grid)), alg.astype(np.int64), proto.astype(np.int64), nc, nt, lvl.astype(np.int64)
+    )[2]
     count.add(len(every))
     summed = region.reshape(idx.size, len(grid)).sum(axis=0)
     j = int(np.argmin(summed))
@@ -174,8 +182,10 @@ def exhaustive(problem: SearchProblem, *, limit: int = EXHAUSTIVE_LIMIT) -> Sear
     sizes = [int(np.prod([len(v) for v in vals])) for vals in per_site]
     joint = int(np.prod([len(d.settings) for d in dims], dtype=float) * np.prod(np.array(sizes, dtype=float)))
     if joint > limit:
-        raise ValueError(f"exhaustive search needs {joint:,} joint configurations, above the limit of {limit:,}; "
-                         f"use method 'priority', fewer sites or narrower domains")
+        raise ValueError(
+            f"exhaustive search needs {joint:,} joint configurations, above the limit of {limit:,}; "
+            f"use method 'priority', fewer sites or narrower domains"
+        )
     free = [d for d in dims if len(d.settings) > 1]  # at most log2(limit) of them: numpy's dimensions suffice
     shape = tuple(len(d.settings) for d in free)
     saved_peer, saved_hp = (None if p2p is None else p2p.net_peer_S.copy()), model.hp_S
@@ -216,6 +226,11 @@ def exhaustive(problem: SearchProblem, *, limit: int = EXHAUSTIVE_LIMIT) -> Sear
         nc, lvl, nt, proto, alg = chosen[tuple(int(best[k]) for k in rel)]
         st.nc[idx], st.lvl[idx], st.nt[idx], st.proto[idx], st.alg[idx] = nc, int(lvl), nt, int(proto), int(alg)
     assert (st.alg >= 0).all() and (st.alg <= ALG_NONE).all()
-    stats = {"method": "exhaustive", "model_evaluations": count.n, "joint_configs": joint, "wall_time_s": round(timer(), 6)}
+    stats = {
+        "method": "exhaustive",
+        "model_evaluations": count.n,
+        "joint_configs": joint,
+        "wall_time_s": round(timer(), 6),
+    }
     plan = problem.make_plan(st, method="exhaustive", stats=stats, peer=peer, fast=fast)
     return SearchResult(plan=plan, stats=plan.stats)

@@ -29,7 +29,9 @@ _KINDS = (
 )
 
 
-def synthetic_problem(*, n_sites: int, seed: int, rules: KnobRules, domain_override: dict | None = None) -> SearchProblem:
+def synthetic_problem(
+    *, n_sites: int, seed: int, rules: KnobRules, domain_override: dict | None = None
+) -> SearchProblem:
     """A seeded synthetic SearchProblem of ``n_sites`` Megatron-like sites on ``rules.cluster``, model from priors:
     compute = default T_comm x log-uniform [0.3, 3]; a, b = prior x log-uniform [0.3, 3]."""
     spec = rules.cluster
@@ -39,8 +41,17 @@ def synthetic_problem(*, n_sites: int, seed: int, rules: KnobRules, domain_overr
     for j, k in enumerate(kinds):
         group, op, n, nodes, lo, hi = _KINDS[k]
         nbytes = int(2 ** rng.uniform(lo, hi)) // 256 * 256 + 256
-        sites.append(CollectiveSite(site_id=f"{group}.{op}[{j}]", op=op, nbytes=nbytes, dtype="bfloat16", group=group,
-                                    group_size=n, n_nodes=nodes))
+        sites.append(
+            CollectiveSite(
+                site_id=f"{group}.{op}[{j}]",
+                op=op,
+                nbytes=nbytes,
+                dtype="bfloat16",
+                group=group,
+                group_size=n,
+                n_nodes=nodes,
+            )
+        )
     a = np.exp(rng.uniform(np.log(0.3), np.log(3.0), n_sites))
     b = np.exp(rng.uniform(np.log(0.3), np.log(3.0), n_sites))
     probe = CostModel.from_priors(sites, np.ones(n_sites), spec, a=a, b=b)
@@ -48,8 +59,9 @@ def synthetic_problem(*, n_sites: int, seed: int, rules: KnobRules, domain_overr
     t_comm = probe.evaluate(np.arange(n_sites), st.alg, st.proto, st.nc, st.nt, np.zeros(n_sites))[0]
     t_comp = t_comm * np.exp(rng.uniform(np.log(0.3), np.log(3.0), n_sites))
     model = CostModel.from_priors(sites, t_comp, spec, a=a, b=b)
-    return SearchProblem.from_model(model, rules=rules, domain_override=domain_override,
-                                    fingerprint={"synthetic_seed": seed, "cluster": spec.name})
+    return SearchProblem.from_model(
+        model, rules=rules, domain_override=domain_override, fingerprint={"synthetic_seed": seed, "cluster": spec.name}
+    )
 
 
 def scaling_table(sizes=(10, 100, 1000, 10000), *, rules: KnobRules, seed: int = 0) -> list[dict]:
@@ -61,8 +73,15 @@ def scaling_table(sizes=(10, 100, 1000, 10000), *, rules: KnobRules, seed: int =
             t0 = time.perf_counter()
             res = search(problem, method=method)
             wall = time.perf_counter() - t0
-            rows.append({"sites": n, "method": method, "evaluations": res.stats["model_evaluations"],
-                         "wall_s": wall, "speedup": res.stats["predicted_speedup"]})
+            rows.append(
+                {
+                    "sites": n,
+                    "method": method,
+                    "evaluations": res.stats["model_evaluations"],
+                    "wall_s": wall,
+                    "speedup": res.stats["predicted_speedup"],
+                }
+            )
     return rows
 
 
@@ -78,5 +97,11 @@ def optimality(*, rules: KnobRules, instances: int = 200, seed: int = 1, tol: fl
         gaps.append(gap)
         within += gap <= tol
         worst = max(worst, gap)
-    return {"instances": instances, "within": within, "share": within / instances, "worst_gap": worst,
-            "mean_gap": float(np.mean(gaps)), "least_gap": float(np.min(gaps))}
+    return {
+        "instances": instances,
+        "within": within,
+        "share": within / instances,
+        "worst_gap": worst,
+        "mean_gap": float(np.mean(gaps)),
+        "least_gap": float(np.min(gaps)),
+    }

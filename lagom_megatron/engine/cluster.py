@@ -107,15 +107,24 @@ class ClusterSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"cluster {self.name!r}: {key} must be a number >= 0 (us); got {value!r}")
         if self.intra_link not in ("nvlink", "pcie"):
-            raise ValueError(f"cluster {self.name!r}: intra_link must be one of ['nvlink', 'pcie']; got {self.intra_link!r}")
-        if self.nvlink_domain_gpus is not None and (isinstance(self.nvlink_domain_gpus, bool)
-                                                    or not isinstance(self.nvlink_domain_gpus, int)
-                                                    or self.nvlink_domain_gpus < self.gpus_per_node):
-            raise ValueError(f"cluster {self.name!r}: nvlink_domain_gpus must be an integer >= gpus_per_node "
-                             f"({self.gpus_per_node}) or absent; got {self.nvlink_domain_gpus!r}")
-        if self.nics_per_node is not None and (isinstance(self.nics_per_node, bool) or not isinstance(self.nics_per_node, int)
-                                               or self.nics_per_node < 1):
-            raise ValueError(f"cluster {self.name!r}: nics_per_node must be an integer >= 1 or absent; got {self.nics_per_node!r}")
+            raise ValueError(
+                f"cluster {self.name!r}: intra_link must be one of ['nvlink', 'pcie']; got {self.intra_link!r}"
+            )
+        if self.nvlink_domain_gpus is not None and (
+            isinstance(self.nvlink_domain_gpus, bool)
+            or not isinstance(self.nvlink_domain_gpus, int)
+            or self.nvlink_domain_gpus < self.gpus_per_node
+        ):
+            raise ValueError(
+                f"cluster {self.name!r}: nvlink_domain_gpus must be an integer >= gpus_per_node "
+                f"({self.gpus_per_node}) or absent; got {self.nvlink_domain_gpus!r}"
+            )
+        if self.nics_per_node is not None and (
+            isinstance(self.nics_per_node, bool) or not isinstance(self.nics_per_node, int) or self.nics_per_node < 1
+        ):
+            raise ValueError(
+                f"cluster {self.name!r}: nics_per_node must be an integer >= 1 or absent; got {self.nics_per_node!r}"
+            )
         for key in ("kappa_mem", "kappa_compute"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
@@ -126,15 +135,21 @@ class ClusterSpec:
                 raise ValueError(f"cluster {self.name!r}: {key} must be an integer 1..64 or absent; got {value!r}")
         bridge = self.nvlink_bridge_gbps
         if bridge is not None and (isinstance(bridge, bool) or not isinstance(bridge, (int, float)) or not bridge > 0):
-            raise ValueError(f"cluster {self.name!r}: nvlink_bridge_gbps must be a number > 0 (GB/s) or absent; got {bridge!r}")
+            raise ValueError(
+                f"cluster {self.name!r}: nvlink_bridge_gbps must be a number > 0 (GB/s) or absent; got {bridge!r}"
+            )
         if bridge is not None and self.intra_link != "pcie":
-            raise ValueError(f"cluster {self.name!r}: nvlink_bridge_gbps describes NVLink bridges on a PCIe node; "
-                             f"it needs intra_link: pcie, got intra_link: {self.intra_link!r}")
+            raise ValueError(
+                f"cluster {self.name!r}: nvlink_bridge_gbps describes NVLink bridges on a PCIe node; "
+                f"it needs intra_link: pcie, got intra_link: {self.intra_link!r}"
+            )
         for key in ("per_channel_gbps", "link_eff", "net_eff"):
             _check_per_protocol(self.name, key, getattr(self, key))
         for key, lo in (("channel_thread_exponent", 0.0), ("bw_saturation_p", 1.0)):
             value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= lo):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= lo
+            ):
                 raise ValueError(f"cluster {self.name!r}: {key} must be a number >= {lo:g} or absent; got {value!r}")
         if self.backend == "nccl":
             parse_version(self.nccl_version)  # raises on a malformed version
@@ -160,8 +175,10 @@ class ClusterSpec:
             raise ValueError(f"{source}: unknown cluster key(s) {unknown}; allowed: {allowed}")
         missing = [k for k in required_keys() if k not in data]
         if missing:
-            raise ValueError(f"{source}: missing cluster key(s) {', '.join(missing)}; every cluster file sets "
-                             f"{', '.join(required_keys())}")
+            raise ValueError(
+                f"{source}: missing cluster key(s) {', '.join(missing)}; every cluster file sets "
+                f"{', '.join(required_keys())}"
+            )
         try:
             return cls(**data)
         except (TypeError, ValueError) as exc:
@@ -177,8 +194,10 @@ class ClusterSpec:
         if not path.is_file():
             candidate = CLUSTERS_DIR / f"{name_or_path}.yaml"
             if not candidate.is_file() and path.is_dir():
-                raise ValueError(f"cluster {str(name_or_path)!r} is a folder; give a cluster YAML file or one of: "
-                                 f"{', '.join(available_clusters())}")
+                raise ValueError(
+                    f"cluster {str(name_or_path)!r} is a folder; give a cluster YAML file or one of: "
+                    f"{', '.join(available_clusters())}"
+                )
             if not candidate.is_file():
                 raise FileNotFoundError(
                     f"cluster {str(name_or_path)!r} is neither a file nor one of {available_clusters()}"

@@ -130,15 +130,26 @@ class CostModel:
         self.gloo = self.backend == "gloo"
         # a per-channel figure measured on this cluster (``lagom calibrate bandwidth``) beats the per-arch prior
         measured = (getattr(c, "per_channel_gbps", None) or {}).get("Simple")
-        self.pcb = (c.nvlink_gbps_per_gpu / 2.0 if self.gloo
-                    else float(measured) if measured else PER_CHANNEL_PRIOR_GBS[90 if c.sm_arch >= 90 else 80])
+        self.pcb = (
+            c.nvlink_gbps_per_gpu / 2.0
+            if self.gloo
+            else float(measured)
+            if measured
+            else PER_CHANNEL_PRIOR_GBS[90 if c.sm_arch >= 90 else 80]
+        )
         self.max_channels = max_channels(c)
         if self.gamma_S is None:
             self.gamma_S = np.ones(len(sites))
         # point-to-point on NCCL: the channel code is the communicator's channel count (its CTA
         # bounds), and the kernel's CTAs follow from it by NCCL's P2P rule (``engine.p2p``)
-        self.p2p = P2PModel(c, op_p2p_S=p2p & (not self.gloo), a2a_S=self.op_S == _A2A, nbytes_S=self.nbytes_S,
-                            group_size_S=self.n_S, n_nodes_S=self.nodes_S)
+        self.p2p = P2PModel(
+            c,
+            op_p2p_S=p2p & (not self.gloo),
+            a2a_S=self.op_S == _A2A,
+            nbytes_S=self.nbytes_S,
+            group_size_S=self.n_S,
+            n_nodes_S=self.nodes_S,
+        )
         self._static_tables()
 
     def _static_tables(self) -> None:
@@ -150,14 +161,30 @@ class CostModel:
         log2n = np.ceil(np.log2(np.maximum(n, 2.0)))
         ring_steps = np.where(op == _AR, 2.0 * (n - 1.0), np.where(np.isin(op, [_SEND, _RECV]), 1.0, n - 1.0))
         steps = np.select(
-            [alg == _TREE, alg == _NVLS, alg == _NVLSTREE, (alg == _CNDIRECT) | (alg == _CNCHAIN), alg == _PAT,
-             (alg == ALG_NONE) & (op == _A2A)],
-            [2.0 * log2n, np.where(op == _AR, 2.0, 1.0), 2.0 + 2.0 * np.log2(np.maximum(nodes, 1.0)), 4.0, log2n, 1.0 + log2n],
+            [
+                alg == _TREE,
+                alg == _NVLS,
+                alg == _NVLSTREE,
+                (alg == _CNDIRECT) | (alg == _CNCHAIN),
+                alg == _PAT,
+                (alg == ALG_NONE) & (op == _A2A),
+            ],
+            [
+                2.0 * log2n,
+                np.where(op == _AR, 2.0, 1.0),
+                2.0 + 2.0 * np.log2(np.maximum(nodes, 1.0)),
+                4.0,
+                log2n,
+                1.0 + log2n,
+            ],
             default=ring_steps,
         )
         wire_factor = np.select(
             [op == _AR, np.isin(op, [_AG, _RS, _A2A])],
-            [np.where((alg == _NVLS) | (alg == _NVLSTREE), 1.5 * frac, np.where(alg >= _CNDIRECT, frac, 2.0 * frac)), frac],
+            [
+                np.where((alg == _NVLS) | (alg == _NVLSTREE), 1.5 * frac, np.where(alg >= _CNDIRECT, frac, 2.0 * frac)),
+                frac,
+            ],
             default=1.0,
         )
         wire = wire_factor * nb
@@ -170,8 +197,13 @@ class CostModel:
         """NCCL's own choice per site as codes ``(alg_S, proto_S, nc_S, nt_S, chunk_S)``: our approximation."""
         S = len(self.sites)
         if self.gloo:
-            return (np.full(S, ALG_NONE), np.full(S, PROTO_NONE), np.full(S, float(GLOO_DEFAULT_THREADS)),
-                    np.full(S, 512.0), np.zeros(S))
+            return (
+                np.full(S, ALG_NONE),
+                np.full(S, PROTO_NONE),
+                np.full(S, float(GLOO_DEFAULT_THREADS)),
+                np.full(S, 512.0),
+                np.zeros(S),
+            )
         c = self.cluster
         nb, op, inter = self.nbytes_S, self.op_S, self.nodes_S > 1
         p2p = np.isin(op, [_A2A, _SEND, _RECV])
@@ -180,7 +212,9 @@ class CostModel:
         alg = np.where((op == _AR) & ~inter & nvls_ok & (nb >= 262144), _NVLS, alg)
         alg = np.where((op == _AR) & inter & (nb < 8 * 2**20), _TREE, alg)
         alg = np.where(p2p, ALG_NONE, alg)
-        ll128 = (c.sm_arch >= 80) and getattr(c, "intra_link", "nvlink") != "pcie"  # NCCL: NVLink paths only (tuning.cc:531)
+        ll128 = (c.sm_arch >= 80) and getattr(
+            c, "intra_link", "nvlink"
+        ) != "pcie"  # NCCL: NVLink paths only (tuning.cc:531)
         proto = np.where(nb < 65536, _LL, np.where((nb < 4 * 2**20) & ~inter & ll128, _LL128, _SIMPLE))
         proto = np.where(np.isin(alg, [_NVLS, _NVLSTREE, _CNDIRECT, _CNCHAIN, _PAT]), _SIMPLE, proto)
         proto = np.where(p2p, PROTO_NONE, proto)
@@ -265,8 +299,9 @@ class CostModel:
         # Fewer threads per CTA move less per channel; never profiled (process scope), so the
         # prior is deliberately pessimistic: throughput ~ threads^0.6.
         thr_eff = (nt_eff / DEFAULT_THREADS) ** 0.6
-        alg_mult = np.where(np.isin(alg, [_NVLS, _NVLSTREE]) & (self.op_S[i] != _AR), NVLS_GATHER_MULT * (n - 1) / n,
-                            _ALG_CH_MULT[alg])
+        alg_mult = np.where(
+            np.isin(alg, [_NVLS, _NVLSTREE]) & (self.op_S[i] != _AR), NVLS_GATHER_MULT * (n - 1) / n, _ALG_CH_MULT[alg]
+        )
         per_ch = self.pcb * self.gamma_S[i] * _PROTO_CH_EFF[p] * alg_mult * thr_eff * chunk_eff
         # NVLS all-reduce reaches ~480 GB/s of bus bandwidth on 8 x H100 where Ring reaches ~370
         # (nccl-tests#212): 1.3x the ring's ceiling; its gathers and reduce-scatters the ring's
@@ -282,11 +317,13 @@ class CostModel:
 
     def fit_summary(self) -> str:
         """Several lines on the fit: points, T_region MAPE, its floor, time-weighted error, T_comm MAPE."""
-        return (f"cost model fit on {self.n_points} samples of {len(self.sites)} sites ({self.backend}):\n"
-                f"  T_region MAPE {self.mape:.1f}% (floor for this model form on these samples {self.mape_floor:.1f}%: "
-                f"spread of samples it cannot tell apart)\n"
-                f"  T_region time-weighted error {self.wape:.1f}% (sum |error| / sum measured)\n"
-                f"  T_comm MAPE {self.mape_comm:.1f}%")
+        return (
+            f"cost model fit on {self.n_points} samples of {len(self.sites)} sites ({self.backend}):\n"
+            f"  T_region MAPE {self.mape:.1f}% (floor for this model form on these samples {self.mape_floor:.1f}%: "
+            f"spread of samples it cannot tell apart)\n"
+            f"  T_region time-weighted error {self.wape:.1f}% (sum |error| / sum measured)\n"
+            f"  T_comm MAPE {self.mape_comm:.1f}%"
+        )
 
     def dispatch_wait(self, i, hp=None):
         """us per iteration sites ``i`` wait for SMs (``wait_S``); 0 where ``hp`` is 1 (None = ``hp_S``)."""
@@ -314,7 +351,9 @@ class CostModel:
             t_call = np.asarray(t_run / calls)[..., None]
             w_call = np.asarray(wait / calls)[..., None]
             s_l = np.asarray(s)[..., None] * self.slow_SL[i]
-            region = np.sum(self.comp_weights_SL[i] * region_time_us(t_call, self.comp_levels_SL[i], s_l, w_call), axis=-1)
+            region = np.sum(
+                self.comp_weights_SL[i] * region_time_us(t_call, self.comp_levels_SL[i], s_l, w_call), axis=-1
+            )
         if self.queued_S is not None and self.queued_S.any():
             region = queues.queued_region(self, i, region, t_comm)
         if self.offset_S is not None:  # other groups' collectives in the window (``cross``)
@@ -326,8 +365,9 @@ class CostModel:
         ``per_call_us``: per site, compute alone (us) per call, issue order; ValueError on a bad count or time."""
         if len(per_call_us) != len(self.sites):
             raise ValueError(f"per_call_us must have one entry per site ({len(self.sites)}); got {len(per_call_us)}")
-        levels, weights, self.call_level = call_levels(per_call_us, self.t_comp_us_S, self.calls_S,
-                                                       [s.site_id for s in self.sites])
+        levels, weights, self.call_level = call_levels(
+            per_call_us, self.t_comp_us_S, self.calls_S, [s.site_id for s in self.sites]
+        )
         multi = levels.shape[1] > 1
         if multi:
             several = weights[:, 1] > 0
@@ -367,8 +407,19 @@ class CostModel:
     # ---- construction -----------------------------------------------------------------------
 
     @classmethod
-    def from_priors(cls, sites: Sequence[CollectiveSite], t_comp_us: Sequence[float], cluster: ClusterSpec, *,
-                    backend: str | None = None, alpha=1.0, beta=1.0, a=PRIOR_A, b=PRIOR_B, gamma=1.0) -> CostModel:
+    def from_priors(
+        cls,
+        sites: Sequence[CollectiveSite],
+        t_comp_us: Sequence[float],
+        cluster: ClusterSpec,
+        *,
+        backend: str | None = None,
+        alpha=1.0,
+        beta=1.0,
+        a=PRIOR_A,
+        b=PRIOR_B,
+        gamma=1.0,
+    ) -> CostModel:
         """A model from ClusterSpec priors only (synthetic problems, tests); ``alpha`` .. ``gamma``: scalar or per
         site. ValueError if ``t_comp_us`` has not one value per site."""
         S = len(sites)
@@ -378,6 +429,14 @@ class CostModel:
         def arr(x):
             return np.broadcast_to(np.asarray(x, dtype=float), (S,)).copy()
 
-        return cls(cluster=cluster, backend=backend or cluster.backend, sites=list(sites),
-                   t_comp_us_S=arr(t_comp_us), alpha_S=arr(alpha), beta_S=arr(beta), a_S=arr(a), b_S=arr(b),
-                   gamma_S=arr(gamma))
+        return cls(
+            cluster=cluster,
+            backend=backend or cluster.backend,
+            sites=list(sites),
+            t_comp_us_S=arr(t_comp_us),
+            alpha_S=arr(alpha),
+            beta_S=arr(beta),
+            a_S=arr(a),
+            b_S=arr(b),
+            gamma_S=arr(gamma),
+        )

@@ -16,7 +16,9 @@ PROTO_NONE = len(PROTOCOLS)
 _RING, _TREE, _NVLS, _NVLSTREE, _CNDIRECT, _CNCHAIN, _PAT = range(7)
 _LL, _LL128, _SIMPLE = range(3)
 _OP = {op: i for i, op in enumerate(OPS)}
-_AR, _AG, _RS, _A2A, _SEND, _RECV, _BCAST = (_OP[o] for o in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast"))
+_AR, _AG, _RS, _A2A, _SEND, _RECV, _BCAST = (
+    _OP[o] for o in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
+)
 
 # Per-protocol constants, indexed LL, LL128, Simple, none.
 _PROTO_LAT = np.array([0.3, 0.5, 1.0, 1.0])
@@ -69,8 +71,9 @@ LEVEL_ABS_US = 10.0
 """Absolute slack of a level, microseconds (a few kernel launches)."""
 
 
-def call_levels(per_call_us: Sequence[Sequence[float]], t_comp_us_S: np.ndarray, calls_S: np.ndarray,
-                names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+def call_levels(
+    per_call_us: Sequence[Sequence[float]], t_comp_us_S: np.ndarray, calls_S: np.ndarray, names: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Per site, its calls' compute as at most ``MAX_CALL_LEVELS`` levels: (levels (S, L) us, weights (S, L) calls,
     per site each call's level); one level: ``t_comp / calls``. ValueError on a negative or non-finite time."""
     S = len(per_call_us)
@@ -89,7 +92,7 @@ def call_levels(per_call_us: Sequence[Sequence[float]], t_comp_us_S: np.ndarray,
         while len(runs) > MAX_CALL_LEVELS:
             means = [float(raw[r].mean()) for r in runs]
             j = min(range(len(runs) - 1), key=lambda q: (means[q + 1] - means[q]) / max(means[q + 1], 1.0))
-            runs[j:j + 2] = [runs[j] + runs[j + 1]]
+            runs[j : j + 2] = [runs[j] + runs[j + 1]]
         level_of = np.zeros(raw.size, dtype=np.int64)
         if len(runs) <= 1:
             levels[i, 0], weights[i, 0] = t_comp_us_S[i] / calls_S[i], calls_S[i]
@@ -146,8 +149,11 @@ def mark_queues(model: Any, *, empty_share: float = 0.01, queue_share: float = 0
         model.region_default_S = model.region_default_S - model.offset_S
     empty = model.t_comp_us_S < empty_share * t_def
     groups = np.array([s.group for s in model.sites], dtype=object)
-    comms = {g for g in set(groups.tolist())
-             if np.count_nonzero(groups == g) > 1 and np.mean(empty[groups == g]) >= queue_share}
+    comms = {
+        g
+        for g in set(groups.tolist())
+        if np.count_nonzero(groups == g) > 1 and np.mean(empty[groups == g]) >= queue_share
+    }
     flag = np.array([g in comms for g in groups], dtype=float)
     model.t_comm_default_S = t_def
     model.queue_empty_S = empty.astype(float)
@@ -173,8 +179,9 @@ def dispatch_waits(sites: list, by_site: dict[str, list], groups_S: np.ndarray, 
     base = np.full(len(sites), np.nan)
     for i, site in enumerate(sites):
         plain = [s.t_comm_us for s in by_site[site.site_id] if s.config.is_default()]
-        fast = [s.t_comm_us for s in by_site[site.site_id]
-                if s.config.high_priority_stream and _only_priority(s.config)]
+        fast = [
+            s.t_comm_us for s in by_site[site.site_id] if s.config.high_priority_stream and _only_priority(s.config)
+        ]
         if plain and fast:
             base[i] = float(np.median(plain))
             diff[i] = base[i] - float(np.median(fast))

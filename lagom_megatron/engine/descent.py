@@ -26,14 +26,15 @@ def _objective(problem: SearchProblem, idx, alg, proto, nc, nt, lvl, objective: 
     return t_comm if objective == "comm" else t_region
 
 
-def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, objective: str, count: Counter,
-              min_gain: float = 0.0) -> bool:
+def scan_knob(
+    problem: SearchProblem, st: State, idx: np.ndarray, knob: str, objective: str, count: Counter, min_gain: float = 0.0
+) -> bool:
     """Scans ``knob`` for sites ``idx`` at once (others fixed), keeping a value that beats the current by more
     than ``min_gain``; mutates ``st``, True on a change."""
     idx = idx[problem.tunable[knob][idx]]
     if idx.size == 0:
         return False
-    vals = problem.vals[knob][idx]                              # (B, K)
+    vals = problem.vals[knob][idx]  # (B, K)
     valid = ~np.isnan(vals)
     codes = {k: st.get(k)[idx][:, None] for k in SEARCH_KNOBS}  # (B, 1) each
     cand = np.where(valid, vals, 0.0)
@@ -51,8 +52,21 @@ def scan_knob(problem: SearchProblem, st: State, idx: np.ndarray, knob: str, obj
         args = (codes["algorithm"], codes["protocol"], codes["n_channels"], codes["n_threads"], cand.astype(np.int64))
     obj = _objective(problem, idx[:, None], *args, objective)
     obj = np.where(valid, obj, np.inf)
-    cur = _objective(problem, idx, *(c[:, 0] for c in (codes["algorithm"], codes["protocol"], codes["n_channels"],
-                                                         codes["n_threads"], codes["chunk_size"])), objective)
+    cur = _objective(
+        problem,
+        idx,
+        *(
+            c[:, 0]
+            for c in (
+                codes["algorithm"],
+                codes["protocol"],
+                codes["n_channels"],
+                codes["n_threads"],
+                codes["chunk_size"],
+            )
+        ),
+        objective,
+    )
     count.add(valid.sum() + idx.size)
     best = np.argmin(obj, axis=1)
     best_obj = obj[np.arange(idx.size), best]
@@ -95,8 +109,17 @@ def _resource(problem: SearchProblem, knob: str, values: np.ndarray, proto: np.n
     return np.where(lvl == 0, problem.chunk_bytes(p, np.full_like(lvl, 4)), b)
 
 
-def decide_unit(problem: SearchProblem, st: State, knob: str, governed: np.ndarray, objective: str, count: Counter,
-                default_nc: np.ndarray, *, lookahead: bool = False) -> None:
+def decide_unit(
+    problem: SearchProblem,
+    st: State,
+    knob: str,
+    governed: np.ndarray,
+    objective: str,
+    count: Counter,
+    default_nc: np.ndarray,
+    *,
+    lookahead: bool = False,
+) -> None:
     """Decides a communicator- or process-scope knob once for ``governed``: least summed objective, with
     ``lookahead`` after one pass of their per-call knobs. NCCL channels are a cap (ncclConfig_t.maxCTAs)."""
     row = problem.vals[knob][governed[0]]
@@ -124,8 +147,16 @@ def decide_unit(problem: SearchProblem, st: State, knob: str, governed: np.ndarr
             count.add(governed.size)
             totals[j] = (t_comm if objective == "comm" else t_region).sum()
     else:
-        obj = _objective(problem, governed[None, :], codes["algorithm"], codes["protocol"], codes["n_channels"],
-                         codes["n_threads"], codes["chunk_size"], objective)
+        obj = _objective(
+            problem,
+            governed[None, :],
+            codes["algorithm"],
+            codes["protocol"],
+            codes["n_channels"],
+            codes["n_threads"],
+            codes["chunk_size"],
+            objective,
+        )
         count.add(obj.size)
         totals = obj.sum(axis=1)
     k = int(np.argmin(totals))
@@ -137,8 +168,16 @@ def decide_unit(problem: SearchProblem, st: State, knob: str, governed: np.ndarr
             st.get(name)[governed] = codes[name][k]
 
 
-def descend(problem: SearchProblem, st: State, idx: np.ndarray, knobs: tuple[str, ...], objective: str,
-            count: Counter, rounds: int, min_gain: float = 0.0) -> None:
+def descend(
+    problem: SearchProblem,
+    st: State,
+    idx: np.ndarray,
+    knobs: tuple[str, ...],
+    objective: str,
+    count: Counter,
+    rounds: int,
+    min_gain: float = 0.0,
+) -> None:
     """Coordinate descent of call-scope ``knobs`` for sites ``idx``: at most ``rounds`` passes, to a fixed point."""
     for _ in range(rounds):
         changed = False

@@ -84,7 +84,7 @@ def read_json(path: str | os.PathLike) -> Any:
 
 def json_error_text(exc: json.JSONDecodeError) -> str:
     """``invalid JSON at line L column C (char N): <msg>``; json's trailing ``at`` becomes ``here``."""
-    msg = exc.msg[:-len(" at")] + " here" if exc.msg.endswith(" at") else exc.msg
+    msg = exc.msg[: -len(" at")] + " here" if exc.msg.endswith(" at") else exc.msg
     return f"invalid JSON at line {exc.lineno} column {exc.colno} (char {exc.pos}): {msg}"
 
 

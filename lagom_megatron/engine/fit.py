@@ -43,8 +43,11 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
         raise ValueError("profile has no collective sites to fit")
     # A region is never shorter than its collective; a sample with a region time <= 0 is a
     # failed measurement and would put a zero denominator into the MAPE.
-    usable = [s for s in profile.samples
-              if math.isfinite(s.t_comm_us) and math.isfinite(s.t_region_us) and s.t_comm_us > 0 and s.t_region_us > 0]
+    usable = [
+        s
+        for s in profile.samples
+        if math.isfinite(s.t_comm_us) and math.isfinite(s.t_region_us) and s.t_comm_us > 0 and s.t_region_us > 0
+    ]
     samples = [s for s in usable if s.iteration > 0] or usable
     if len({s.site_id for s in samples}) < len(profile.sites):
         samples = usable
@@ -53,7 +56,9 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
         by_site[smp.site_id].append(smp)
     missing = [k for k, v in by_site.items() if not v]
     if missing:
-        raise ValueError(f"profile has no usable sample (finite t_comm_us > 0 and t_region_us > 0) for site(s) {missing[:5]}")
+        raise ValueError(
+            f"profile has no usable sample (finite t_comm_us > 0 and t_region_us > 0) for site(s) {missing[:5]}"
+        )
     backend = "gloo" if profile.backend == "gloo" else cluster.backend
     # T_comp: the compute measured alone (NaN in samples where it was not measured, e.g.
     # iterations that did not serialise). A site never measured alone falls back to its
@@ -61,7 +66,9 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     t_comp = []
     for site in profile.sites:
         comp = [s.t_comp_us for s in by_site[site.site_id] if math.isfinite(s.t_comp_us)]
-        comp = comp or [s.t_comp_us for s in profile.samples if s.site_id == site.site_id and math.isfinite(s.t_comp_us)]
+        comp = comp or [
+            s.t_comp_us for s in profile.samples if s.site_id == site.site_id and math.isfinite(s.t_comp_us)
+        ]
         t_comp.append(float(np.median(comp)) if comp else min(s.t_region_us for s in by_site[site.site_id]))
     model = CostModel.from_priors(profile.sites, t_comp, cluster, backend=backend)
     per_call = [_call_compute(by_site[site.site_id]) for site in profile.sites]
@@ -87,8 +94,9 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     # kernel runs, Sample.t_comm_nccl_us), else torch's time on NCCL's stream less the wait
     torch_J = np.array([max(smp.t_comm_us, 1e-6) for _, smp in rows])
     nccl_J = np.array([comm_time_us(smp) != smp.t_comm_us for _, smp in rows])
-    y_comm = np.where(nccl_J, [max(comm_time_us(smp), 1e-6) for _, smp in rows],
-                      np.maximum(torch_J - wait_J, 0.5 * torch_J))
+    y_comm = np.where(
+        nccl_J, [max(comm_time_us(smp), 1e-6) for _, smp in rows], np.maximum(torch_J - wait_J, 0.5 * torch_J)
+    )
     y_meas = np.where(nccl_J, y_comm + wait_J, torch_J)  # what the model's T_comm (run + wait) is compared with
     # T_comm: per gamma on the grid, minimise sum((alpha f1 + beta f2 - y)/y)^2 + ridge ((alpha/k-1)^2 +
     # (beta/k-1)^2); keep per group the gamma of least error. gamma places the saturation knee.
@@ -103,12 +111,18 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
         lat, xfer, _, _, _ = model.prior_parts(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
         f1, f2 = calls * lat / y_comm, calls * xfer / y_comm
         k_med = _weighted_median_by_site(F_J, G, 1.0 / np.maximum(f1 + f2, 1e-12), np.maximum(f1 + f2, 1e-12))
-        for k in ((np.ones(G), k_med) if model.gloo else (np.ones(G),)):
+        for k in (np.ones(G), k_med) if model.gloo else (np.ones(G),):
             a_g, b_g = _ridge2(F_J, G, k[F_J] * f1, k[F_J] * f2, np.ones_like(f1), RIDGE_COMM, 1.0, 1.0, lo=0.05)
             a_g, b_g = a_g * k, b_g * k
             err = np.bincount(F_J, (a_g[F_J] * f1 + b_g[F_J] * f2 - 1.0) ** 2, G) + RIDGE_GAMMA * np.log(g) ** 2
             take = err < best_err - 1e-12
-            best_err[take], alpha[take], beta[take], gamma[take], scale_S[take] = err[take], a_g[take], b_g[take], g, k[take]
+            best_err[take], alpha[take], beta[take], gamma[take], scale_S[take] = (
+                err[take],
+                a_g[take],
+                b_g[take],
+                g,
+                k[take],
+            )
     model.gamma_S = gamma[gi]
     lat, xfer, ctas, wire, hbm_mult = model.prior_parts(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
     # Iteratively reweighted least squares towards the least absolute relative error (what
@@ -123,7 +137,8 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     # Slowdown: observed only where the compute branch is active (region longer than comm), one
     # region per call where the samples have calls (``_slowdown_rows``).
     F_R, ctas_R, s_comm, s_comp, s_region, hbm_rate, L_R, I_R, s_wait = _slowdown_rows(
-        rows, per_call, model.call_level, F_J, ctas, y_comm, y_comp, y_region, hbm_mult * wire, calls, wait_J)
+        rows, per_call, model.call_level, F_J, ctas, y_comm, y_comp, y_region, hbm_mult * wire, calls, wait_J
+    )
     r = (s_region - s_comp) / s_comm
     observed = (s_region > 1.01 * (s_comm + s_wait)) & (r > 0)
     if model.slow_SL is not None:  # a summed sample of a site with calls unlike each other pins no s
@@ -136,8 +151,18 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     # Weight each point by how precisely it pins s: a timing error of NOISE_REL of the region
     # moves r by NOISE_REL * region / T_comm and s by that / (1 - r)^2.
     scale = NOISE_REL * (s_region / s_comm) / (1.0 - r) ** 2 + 0.05 * s_obs + 1e-3
-    a_G, b_G = _ridge2(F_R, G, w * g1 / scale, w * g2 / scale, w * s_obs / scale, RIDGE_SLOWDOWN, PRIOR_A, PRIOR_B, lo=0.0,
-                       ref=(np.bincount(F_R, g1 / scale, G), np.bincount(F_R, g2 / scale, G)))
+    a_G, b_G = _ridge2(
+        F_R,
+        G,
+        w * g1 / scale,
+        w * g2 / scale,
+        w * s_obs / scale,
+        RIDGE_SLOWDOWN,
+        PRIOR_A,
+        PRIOR_B,
+        lo=0.0,
+        ref=(np.bincount(F_R, g1 / scale, G), np.bincount(F_R, g2 / scale, G)),
+    )
     k_R = np.ones(len(F_R))
     if model.slow_SL is not None:  # the level factors, then (a, b) refined with them, then the factors again
         k_R = _level_factors(model, gi, F_R, L_R, I_R, s_obs, a_G[F_R] * g1 + b_G[F_R] * g2, observed)
@@ -199,7 +224,13 @@ def _slowdown_rows(rows, per_call, call_level, F_J, ctas_J, y_comm, y_comp, y_re
             out.append((F_J[j], ctas_J[j], y_comm[j], y_comp[j], y_region[j], rate, -1, i, wait_J[j]))
     F, ct, comm, comp, reg, rate, lvl, site, wait = zip(*out) if out else ((),) * 9
     F_R, L_R, I_R = (np.asarray(x, dtype=np.int64) for x in (F, lvl, site))
-    return (F_R, *(np.asarray(x, dtype=float) for x in (ct, comm, comp, reg, rate)), L_R, I_R, np.asarray(wait, dtype=float))
+    return (
+        F_R,
+        *(np.asarray(x, dtype=float) for x in (ct, comm, comp, reg, rate)),
+        L_R,
+        I_R,
+        np.asarray(wait, dtype=float),
+    )
 
 
 LEVEL_FACTOR_RANGE = (0.2, 5.0)
@@ -233,11 +264,11 @@ def _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observe
     j = np.flatnonzero(obs)
     f = F_J[j]
     sa, sb = np.meshgrid(REFINE_GRID, REFINE_GRID, indexing="ij")
-    sa, sb = sa.ravel()[:, None], sb.ravel()[:, None]                 # (K, 1)
-    s = sa * a_G[f][None, :] * g1[j][None, :] + sb * b_G[f][None, :] * g2[j][None, :]   # (K, J)
+    sa, sb = sa.ravel()[:, None], sb.ravel()[:, None]  # (K, 1)
+    s = sa * a_G[f][None, :] * g1[j][None, :] + sb * b_G[f][None, :] * g2[j][None, :]  # (K, J)
     region = np.maximum(y_comm[j] + y_wait[j], y_comp[j] + y_comm[j] * s / (1.0 + s))
-    err = ((region - y_region[j]) / y_region[j]) ** 2                  # (K, J)
-    tot = np.stack([np.bincount(f, e, G) for e in err])                # (K, G)
+    err = ((region - y_region[j]) / y_region[j]) ** 2  # (K, J)
+    tot = np.stack([np.bincount(f, e, G) for e in err])  # (K, G)
     k = np.argmin(tot, axis=0)
     one = int(np.argmin(np.abs(sa.ravel() - 1.0) + np.abs(sb.ravel() - 1.0)))
     k = np.where(tot[k, np.arange(G)] < tot[one] * (1 - 1e-9), k, one)
@@ -304,7 +335,7 @@ def _weighted_median_by_site(i_J: np.ndarray, S: int, v: np.ndarray, w: np.ndarr
     for s in np.flatnonzero(end > start):
         base = csum[start[s] - 1] if start[s] > 0 else 0.0
         half = base + 0.5 * (csum[end[s] - 1] - base)
-        out[s] = v_o[min(int(np.searchsorted(csum[start[s]:end[s]], half)) + start[s], end[s] - 1)]
+        out[s] = v_o[min(int(np.searchsorted(csum[start[s] : end[s]], half)) + start[s], end[s] - 1)]
     return out
 
 

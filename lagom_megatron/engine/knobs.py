@@ -66,8 +66,15 @@ DEFAULT = CommConfig()
 # --------------------------------------------------------------------------------------------
 
 KNOB_ORDER: tuple[str, ...] = (
-    "n_channels", "chunk_size", "n_threads", "protocol", "algorithm", "cta_policy", "cga_cluster_size",
-    "net_peer_channels", "high_priority_stream",
+    "n_channels",
+    "chunk_size",
+    "n_threads",
+    "protocol",
+    "algorithm",
+    "cta_policy",
+    "cga_cluster_size",
+    "net_peer_channels",
+    "high_priority_stream",
 )
 """Knob-priority order of the search: channels and chunk size first, they move compute slowdown most (Lagom)."""
 
@@ -156,7 +163,9 @@ class KnobRules(Protocol):
     def scope(self, knob: str) -> Scope | None:
         """Widest unit ``knob`` can differ over (call, communicator, process) or None; ValueError on an unknown knob."""
 
-    def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None) -> dict[str, tuple]:
+    def domains(
+        self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None
+    ) -> dict[str, tuple]:
         """Values scanned per knob for one site (``(None,)`` = not tunable); ``reduce_op`` where known."""
 
     def site_domains(self, site: Any) -> tuple[dict[str, tuple], str]:
@@ -171,8 +180,16 @@ class KnobRules(Protocol):
     def applicable(self, config: CommConfig, *, op: str) -> CommConfig:
         """``config`` without the knobs that do not apply to ``op`` (probes go to every site)."""
 
-    def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None,
-                 reduce_op: str | None = None, dtype: str | None = None) -> None:
+    def validate(
+        self,
+        config: CommConfig,
+        *,
+        op: str,
+        n_nodes: int = 1,
+        group_size: int | None = None,
+        reduce_op: str | None = None,
+        dtype: str | None = None,
+    ) -> None:
         """Raises ValueError naming the first knob of ``config`` the mechanism cannot apply to such a call."""
 
     def process_env(self, chosen: dict[str, list[int]]) -> dict[str, str]:

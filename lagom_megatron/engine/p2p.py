@@ -28,7 +28,9 @@ def pow2_up(x: Any) -> np.ndarray:
     return np.exp2(np.ceil(np.log2(x)))
 
 
-def p2p_channels(comm_channels: Any, *, min_p2p: int = 1, max_p2p: int = MAXCHANNELS, rounded: bool = True) -> np.ndarray:
+def p2p_channels(
+    comm_channels: Any, *, min_p2p: int = 1, max_p2p: int = MAXCHANNELS, rounded: bool = True
+) -> np.ndarray:
     """``comm->p2pnChannels``: ``comm_channels`` within ``NCCL_MIN/MAX_P2P_NCHANNELS``, rounded up to a power of
     two unless ``rounded`` is False, <= 64 (src/graph/paths.cc:977-991; v2.27.5 paths.cc:842-866); channels above
     ``nChannels`` serve P2P only (paths.cc:1007)."""
@@ -41,9 +43,20 @@ def link_kind(*, intra_link: str, n_nodes: Any) -> np.ndarray:
     return np.where(np.asarray(n_nodes) > 1, "net", intra_link)
 
 
-def peer_channels(*, p2p: Any, n_nodes: Any, group_size: Any, intra_link: str, sm_arch: int, nvlink_gbps: float,
-                  nics_per_gpu: int = 1, nic_gbps: float = 25.0, net_peer_channels: Any = None,
-                  nccl: tuple[int, int, int] = (2, 30, 7), comm_channels: Any = None) -> np.ndarray:
+def peer_channels(
+    *,
+    p2p: Any,
+    n_nodes: Any,
+    group_size: Any,
+    intra_link: str,
+    sm_arch: int,
+    nvlink_gbps: float,
+    nics_per_gpu: int = 1,
+    nic_gbps: float = 25.0,
+    net_peer_channels: Any = None,
+    nccl: tuple[int, int, int] = (2, 30, 7),
+    comm_channels: Any = None,
+) -> np.ndarray:
     """``comm->p2pnChannelsPerPeer``, elementwise: a power of two <= ``p2p``. Least over peers (paths.cc:918-954):
     NVLink 2 x max(1, path / link bw), PCIe 2, network ``net_peer_channels`` (2.28+; overridden by
     NCCL_NCHANNELS_PER_NET_PEER, src/init.cc:2038-2047) else >= NICs and divUp(netBw, 14) (2.29+,
@@ -108,22 +121,36 @@ def task_channels(nbytes: Any, *, per_peer: Any, p2p: Any, n_ranks: Any, chunk: 
 
 def kernel_ctas(task_ch: Any, *, tasks: Any, p2p: Any) -> np.ndarray:
     """CTAs of one call's P2P kernel: one per channel its ``tasks`` use, <= ``p2p`` (src/include/channel.h:21-33)."""
-    return np.minimum(np.asarray(p2p, dtype=float), np.asarray(task_ch, dtype=float) * np.maximum(np.asarray(tasks, dtype=float), 1.0))
+    return np.minimum(
+        np.asarray(p2p, dtype=float), np.asarray(task_ch, dtype=float) * np.maximum(np.asarray(tasks, dtype=float), 1.0)
+    )
 
 
 class P2PModel:
     """The P2P channel rule for the point-to-point sites of one cost model; ``net_peer_S`` (0 = unset), ``chunk_S``
     (bytes). Nodes are NCCL's: one per NVLink domain (``ClusterSpec.nccl_nodes``; src/init.cc:830-837)."""
 
-    def __init__(self, cluster: Any, *, op_p2p_S: np.ndarray, a2a_S: np.ndarray, nbytes_S: np.ndarray,
-                 group_size_S: np.ndarray, n_nodes_S: np.ndarray) -> None:
+    def __init__(
+        self,
+        cluster: Any,
+        *,
+        op_p2p_S: np.ndarray,
+        a2a_S: np.ndarray,
+        nbytes_S: np.ndarray,
+        group_size_S: np.ndarray,
+        n_nodes_S: np.ndarray,
+    ) -> None:
         self.mask_S = np.asarray(op_p2p_S, dtype=bool)
         self.any = bool(self.mask_S.any())
         self.cluster = cluster
         self.ranks_S = np.maximum(np.asarray(group_size_S, dtype=float), 1.0)
         nccl_nodes = getattr(cluster, "nccl_nodes", None)  # NCCL's nodes: NVLink domains (P2PModel docstring)
-        self.nodes_S = np.array([float(nccl_nodes(int(h), int(r)) if nccl_nodes else h)
-                                 for h, r in zip(np.asarray(n_nodes_S, dtype=float).ravel(), self.ranks_S.ravel())])
+        self.nodes_S = np.array(
+            [
+                float(nccl_nodes(int(h), int(r)) if nccl_nodes else h)
+                for h, r in zip(np.asarray(n_nodes_S, dtype=float).ravel(), self.ranks_S.ravel())
+            ]
+        )
         self.tasks_S = np.where(a2a_S, self.ranks_S, 1.0)
         self.task_bytes_S = np.asarray(nbytes_S, dtype=float) / np.where(a2a_S, self.ranks_S, 1.0)
         intra = getattr(cluster, "intra_link", "nvlink")
@@ -139,11 +166,25 @@ class P2PModel:
         """CTAs of the P2P kernel of sites ``i`` on a communicator of ``comm_channels`` channels (broadcast)."""
         c = self.cluster
         p2p = p2p_channels(comm_channels)
-        per = peer_channels(p2p=p2p, n_nodes=self.nodes_S[i], group_size=self.ranks_S[i],
-                            intra_link=getattr(c, "intra_link", "nvlink"), sm_arch=int(c.sm_arch),
-                            nvlink_gbps=float(c.nvlink_gbps_per_gpu), nics_per_gpu=self.nics_per_gpu,
-                            nic_gbps=self.nic_gbps, net_peer_channels=self.net_peer_S[i], nccl=c.nccl,
-                            comm_channels=comm_channels)
-        task = task_channels(self.task_bytes_S[i], per_peer=per, p2p=p2p, n_ranks=self.ranks_S[i],
-                             chunk=self.chunk_S[i], multi_node=self.nodes_S[i] > 1)
+        per = peer_channels(
+            p2p=p2p,
+            n_nodes=self.nodes_S[i],
+            group_size=self.ranks_S[i],
+            intra_link=getattr(c, "intra_link", "nvlink"),
+            sm_arch=int(c.sm_arch),
+            nvlink_gbps=float(c.nvlink_gbps_per_gpu),
+            nics_per_gpu=self.nics_per_gpu,
+            nic_gbps=self.nic_gbps,
+            net_peer_channels=self.net_peer_S[i],
+            nccl=c.nccl,
+            comm_channels=comm_channels,
+        )
+        task = task_channels(
+            self.task_bytes_S[i],
+            per_peer=per,
+            p2p=p2p,
+            n_ranks=self.ranks_S[i],
+            chunk=self.chunk_S[i],
+            multi_node=self.nodes_S[i] > 1,
+        )
         return kernel_ctas(task, tasks=self.tasks_S[i], p2p=p2p)

@@ -18,7 +18,13 @@ PLAN_SCHEMA_VERSION = 1
 """Version of the plan file format; bump on any incompatible change (a test freezes it)."""
 
 FINGERPRINT_FIELDS: tuple[str, ...] = (
-    "model", "parallel", "world_size", "cluster", "nccl_version", "lagom_version", "backend",
+    "model",
+    "parallel",
+    "world_size",
+    "cluster",
+    "nccl_version",
+    "lagom_version",
+    "backend",
 )
 """Fields a fingerprint usually holds; any other key is compared too."""
 
@@ -82,9 +88,15 @@ class PlanEntry:
     def from_dict(cls, data: dict[str, Any]) -> PlanEntry:
         """Builds an entry from ``to_dict`` output that ``config.plan_files.PlanSchema`` accepts."""
         times = ("predicted_t_comm_us", "predicted_t_region_us", "predicted_default_t_region_us")
-        return cls(**{**data, **{k: float(data[k]) for k in times if k in data},
-                      "config": CommConfig.from_dict(data["config"]), "tunable": tuple(data.get("tunable", ())),
-                      "parts": tuple(map(tuple, data.get("parts", ())))})
+        return cls(
+            **{
+                **data,
+                **{k: float(data[k]) for k in times if k in data},
+                "config": CommConfig.from_dict(data["config"]),
+                "tunable": tuple(data.get("tunable", ())),
+                "parts": tuple(map(tuple, data.get("parts", ()))),
+            }
+        )
 
 
 @dataclass(kw_only=True)
@@ -129,10 +141,13 @@ class Plan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
         """Builds a plan from ``to_dict`` output that ``config.plan_files.PlanSchema`` accepts (which reads files)."""
-        return cls(**{k: data[k] for k in ("method", "backend", "mechanism") if k in data},
-                   entries={sid: PlanEntry.from_dict(e) for sid, e in data["entries"].items()},
-                   fingerprint=dict(data.get("fingerprint", {})), env=dict(data.get("env", {})),
-                   stats=dict(data.get("stats", {})))
+        return cls(
+            **{k: data[k] for k in ("method", "backend", "mechanism") if k in data},
+            entries={sid: PlanEntry.from_dict(e) for sid, e in data["entries"].items()},
+            fingerprint=dict(data.get("fingerprint", {})),
+            env=dict(data.get("env", {})),
+            stats=dict(data.get("stats", {})),
+        )
 
     def fingerprint_mismatch(self, expected: dict[str, Any]) -> list[str]:
         """Sorted names of ``expected``'s fields that differ in the plan's fingerprint; a field the plan lacks
@@ -143,7 +158,9 @@ class Plan:
         """Raises ValueError naming each differing field with both values, if any differ."""
         diff = self.fingerprint_mismatch(expected)
         if diff:
-            detail = "; ".join(f"{k}: plan has {shown(self.fingerprint, k)}, run has {shown(expected, k)}" for k in diff)
+            detail = "; ".join(
+                f"{k}: plan has {shown(self.fingerprint, k)}, run has {shown(expected, k)}" for k in diff
+            )
             raise ValueError(f"{source} was made for another run ({', '.join(diff)} differ): {detail}")
 
     @property
@@ -163,8 +180,12 @@ class Plan:
             if sid not in entries:
                 raise KeyError(f"plan {self.digest()[:12]} has no site {sid!r}")
             e = entries[sid]
-            entries[sid] = replace(e, config=CommConfig(), predicted_t_region_us=e.predicted_default_t_region_us,
-                                   note="; ".join(x for x in (e.note, note) if x))
+            entries[sid] = replace(
+                e,
+                config=CommConfig(),
+                predicted_t_region_us=e.predicted_default_t_region_us,
+                note="; ".join(x for x in (e.note, note) if x),
+            )
         done = sorted({*self.stats.get("sites_reverted", ()), *site_ids})
         return replace(self, entries=entries, stats={**self.stats, "sites_reverted": done})
 

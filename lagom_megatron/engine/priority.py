@@ -30,7 +30,7 @@ def static_states(problem: SearchProblem, default_nc: np.ndarray) -> dict[str, S
 def capped_channels(problem: SearchProblem, idx: np.ndarray, default_nc: np.ndarray, cap: float) -> np.ndarray:
     """Channel codes of sites ``idx`` under ``cap``: the domain's largest count <= min(``default_nc``, cap), else its
     least; never above NCCL's choice. Shape (len(idx),)."""
-    vals = problem.vals["n_channels"][idx]                                   # (B, K), NaN-padded
+    vals = problem.vals["n_channels"][idx]  # (B, K), NaN-padded
     top = np.max(np.where(np.isnan(vals), -np.inf, vals), axis=1)
     least = np.min(np.where(np.isnan(vals), np.inf, vals), axis=1)
     target = np.minimum(np.minimum(default_nc, cap), top)
@@ -70,8 +70,14 @@ def group_caps_state(problem: SearchProblem, default_nc: np.ndarray, count: Coun
     return st
 
 
-def best_candidate(problem: SearchProblem, searched: State, default_nc: np.ndarray, call_knobs: tuple[str, ...],
-                   count: Counter, rounds: int) -> tuple[State, str]:
+def best_candidate(
+    problem: SearchProblem,
+    searched: State,
+    default_nc: np.ndarray,
+    call_knobs: tuple[str, ...],
+    count: Counter,
+    rounds: int,
+) -> tuple[State, str]:
     """Least-total-region state among the searched one, the static fixes and each refined by descent; (state, name)."""
     cands: list[tuple[str, State]] = [("searched", searched)]
     everyone = np.arange(len(problem.sites))
@@ -156,7 +162,12 @@ def priority(problem: SearchProblem, *, rounds: int = 3) -> SearchResult:
     st, chosen = best_candidate(problem, st, default_nc, call_knobs, count, rounds)
     st, reset = keep_defaults_without_gain(problem, st, call_knobs)
     count.add(2 * len(problem.sites))
-    stats = {"method": "priority", "model_evaluations": count.n, "wall_time_s": round(timer(), 6), "candidate": chosen,
-             "zero_gain_sites_reset": reset}
+    stats = {
+        "method": "priority",
+        "model_evaluations": count.n,
+        "wall_time_s": round(timer(), 6),
+        "candidate": chosen,
+        "zero_gain_sites_reset": reset,
+    }
     plan = problem.make_plan(st, method="priority", stats=stats)
     return SearchResult(plan=plan, stats=plan.stats)

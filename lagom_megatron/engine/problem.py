@@ -97,12 +97,21 @@ class SearchProblem:
         self._encode_domains()
 
     @classmethod
-    def from_model(cls, model: CostModel, *, rules: KnobRules, iteration_us: float | None = None,
-                   fingerprint: dict | None = None, domain_override: dict[str, tuple] | None = None) -> SearchProblem:
+    def from_model(
+        cls,
+        model: CostModel,
+        *,
+        rules: KnobRules,
+        iteration_us: float | None = None,
+        fingerprint: dict | None = None,
+        domain_override: dict[str, tuple] | None = None,
+    ) -> SearchProblem:
         """A problem over ``model``'s sites under ``rules`` (ValueError: another cluster); ``domain_override`` narrows
         site domains (empty keeps the first value); ``iteration_us`` defaults to the summed default regions."""
         if rules.cluster.name != model.cluster.name:
-            raise ValueError(f"knob rules are for cluster {rules.cluster.name!r} but the cost model is for {model.cluster.name!r}")
+            raise ValueError(
+                f"knob rules are for cluster {rules.cluster.name!r} but the cost model is for {model.cluster.name!r}"
+            )
         backend = model.backend
         rules = rules.for_sites(model.sites)
         doms, notes = [], []
@@ -127,14 +136,21 @@ class SearchProblem:
         return problem
 
     @classmethod
-    def from_profile(cls, profile: Profile, *, rules: KnobRules, model: CostModel | None = None,
-                     domain_override: dict[str, tuple] | None = None) -> SearchProblem:
+    def from_profile(
+        cls,
+        profile: Profile,
+        *,
+        rules: KnobRules,
+        model: CostModel | None = None,
+        domain_override: dict[str, tuple] | None = None,
+    ) -> SearchProblem:
         """A problem from a profile on ``rules.cluster``: fits the cost model unless one is given."""
         model = model or fit_cost_model(profile, rules.cluster)
         fp = dict(profile.fingerprint)
         fp.setdefault("backend", profile.backend)
-        problem = cls.from_model(model, rules=rules, iteration_us=profile.iteration_us, fingerprint=fp,
-                                 domain_override=domain_override)
+        problem = cls.from_model(
+            model, rules=rules, iteration_us=profile.iteration_us, fingerprint=fp, domain_override=domain_override
+        )
         problem.keep_measured_algorithms(profile)
         return problem
 
@@ -194,8 +210,13 @@ class SearchProblem:
     def default_state(self) -> State:
         """NCCL's own choice for every site (the model's approximation of it)."""
         alg, proto, nc, nt, _ = self.model.default_codes_cached()
-        return State(alg.astype(np.int64).copy(), proto.astype(np.int64).copy(), nc.astype(float).copy(),
-                     nt.astype(float).copy(), np.zeros(len(self.sites), dtype=np.int64))
+        return State(
+            alg.astype(np.int64).copy(),
+            proto.astype(np.int64).copy(),
+            nc.astype(float).copy(),
+            nt.astype(float).copy(),
+            np.zeros(len(self.sites), dtype=np.int64),
+        )
 
     def chunk_bytes(self, proto: np.ndarray, lvl: np.ndarray) -> np.ndarray:
         return _CHUNK_LEVELS[proto, lvl]
@@ -204,8 +225,9 @@ class SearchProblem:
         """(t_comm, s, t_region) of the sites ``idx`` (all when None) under state ``st``."""
         if idx is None:
             idx = np.arange(len(self.sites))
-        return self.model.evaluate(idx, st.alg[idx], st.proto[idx], st.nc[idx], st.nt[idx],
-                                   self.chunk_bytes(st.proto[idx], st.lvl[idx]))
+        return self.model.evaluate(
+            idx, st.alg[idx], st.proto[idx], st.nc[idx], st.nt[idx], self.chunk_bytes(st.proto[idx], st.lvl[idx])
+        )
 
     def evaluate_codes(self, idx, alg, proto, nc, nt, lvl):
         """``evaluate`` on explicit broadcastable code arrays; incompatible algorithm / protocol pairs take inf."""
@@ -254,9 +276,10 @@ class SearchProblem:
                 parent[i] = parent[parent[i]]
                 i = parent[i]
             return i
+
         first: dict[Any, int] = {}
         for i, s in enumerate(self.sites):
-            for k in (key_fn(s) if key_fn is not None else ()):
+            for k in key_fn(s) if key_fn is not None else ():
                 j = first.setdefault(k, i)
                 parent[root(i)] = root(j)
         sets: dict[int, list[int]] = {}
@@ -281,8 +304,15 @@ class SearchProblem:
             out.alg[idx], out.proto[idx], out.nc[idx], out.nt[idx], out.lvl[idx] = best
         return out, changed
 
-    def make_plan(self, st: State | None, *, method: str, stats: dict[str, Any], peer: dict[int, int] | None = None,
-                  fast: set[int] | None = None) -> Plan:
+    def make_plan(
+        self,
+        st: State | None,
+        *,
+        method: str,
+        stats: dict[str, Any],
+        peer: dict[int, int] | None = None,
+        fast: set[int] | None = None,
+    ) -> Plan:
         """A Plan from a final state (None = NCCL's choice everywhere); tie sets first get one config. Net-peer
         channels (``peer``: site index -> value) and high-priority-stream sites (``fast``) are decided on the final
         state (``p2p_knobs``, ``stream_priority``) unless given."""
@@ -309,10 +339,20 @@ class SearchProblem:
         notes = self.notes_S or [""] * len(self.sites)
         entries = {
             site.site_id: PlanEntry(
-                config=configs[i], predicted_t_comm_us=t_comm_l[i], predicted_t_region_us=t_region_l[i],
-                predicted_default_t_region_us=d_region_l[i], group=site.group, op=site.op, nbytes=site.nbytes,
-                group_size=site.group_size, n_nodes=site.n_nodes, tunable=tunable[i], note=notes[i],
-                reduce_op=site.reduce_op, parts=site.parts)
+                config=configs[i],
+                predicted_t_comm_us=t_comm_l[i],
+                predicted_t_region_us=t_region_l[i],
+                predicted_default_t_region_us=d_region_l[i],
+                group=site.group,
+                op=site.op,
+                nbytes=site.nbytes,
+                group_size=site.group_size,
+                n_nodes=site.n_nodes,
+                tunable=tunable[i],
+                note=notes[i],
+                reduce_op=site.reduce_op,
+                parts=site.parts,
+            )
             for i, site in enumerate(self.sites)
         }
         chosen: dict[str, list[int]] = {}
@@ -324,15 +364,26 @@ class SearchProblem:
         env = self.rules.process_env(chosen) if chosen else {}
         default_iter = self.iteration_us
         predicted = self.iteration_us - float(d_region.sum()) + float(t_region.sum())
-        stats = {**stats, "n_sites": len(self.sites), "default_iteration_us": round(default_iter, 3),
-                 "predicted_default_iteration_us": round(default_iter, 3),
-                 "predicted_iteration_us": round(predicted, 3),
-                 "predicted_speedup": round(default_iter / predicted, 4) if predicted > 0 else None,
-                 "model_mape_pct": None if np.isnan(self.model.mape) else round(self.model.mape, 3),
-                 "model_mape_floor_pct": None if np.isnan(self.model.mape_floor) else round(self.model.mape_floor, 3),
-                 "model_wape_pct": None if np.isnan(self.model.wape) else round(self.model.wape, 3)}
-        return Plan(entries=entries, fingerprint=dict(self.fingerprint), method=method, env=env, stats=stats,
-                    backend=self.backend, mechanism=self.mechanism)
+        stats = {
+            **stats,
+            "n_sites": len(self.sites),
+            "default_iteration_us": round(default_iter, 3),
+            "predicted_default_iteration_us": round(default_iter, 3),
+            "predicted_iteration_us": round(predicted, 3),
+            "predicted_speedup": round(default_iter / predicted, 4) if predicted > 0 else None,
+            "model_mape_pct": None if np.isnan(self.model.mape) else round(self.model.mape, 3),
+            "model_mape_floor_pct": None if np.isnan(self.model.mape_floor) else round(self.model.mape_floor, 3),
+            "model_wape_pct": None if np.isnan(self.model.wape) else round(self.model.wape, 3),
+        }
+        return Plan(
+            entries=entries,
+            fingerprint=dict(self.fingerprint),
+            method=method,
+            env=env,
+            stats=stats,
+            backend=self.backend,
+            mechanism=self.mechanism,
+        )
 
     def tunable_knobs(self) -> list[tuple[str, ...]]:
         """Per site, the knobs whose domain holds more than NCCL's own value, in ``KNOB_ORDER``."""
@@ -351,20 +402,21 @@ class SearchProblem:
             # a P2P bound that gives the kernel NCCL's own CTAs changes nothing: no entry for it
             idx = np.arange(len(self.sites))
             same_nc |= p2p.mask_S & (p2p.ctas(idx, st.nc) == p2p.ctas(idx, d.nc))
-        unchanged = ((st.alg == d.alg) & (st.proto == d.proto) & same_nc & (st.nt == d.nt)
-                     & (st.lvl == d.lvl)).tolist()
+        unchanged = ((st.alg == d.alg) & (st.proto == d.proto) & same_nc & (st.nt == d.nt) & (st.lvl == d.lvl)).tolist()
         out = []
         for i in range(len(self.sites)):
             if unchanged[i]:
                 out.append(CommConfig())
                 continue
-            out.append(CommConfig(
-                algorithm=ALGORITHMS[alg[i]] if tun["algorithm"][i] and alg[i] != ALG_NONE else None,
-                protocol=PROTOCOLS[proto[i]] if tun["protocol"][i] and proto[i] != PROTO_NONE else None,
-                n_channels=nc[i] if tun["n_channels"][i] else None,
-                n_threads=nt[i] if tun["n_threads"][i] else None,
-                chunk_size=chunk[i] if tun["chunk_size"][i] and chunk[i] > 0 else None,
-            ))
+            out.append(
+                CommConfig(
+                    algorithm=ALGORITHMS[alg[i]] if tun["algorithm"][i] and alg[i] != ALG_NONE else None,
+                    protocol=PROTOCOLS[proto[i]] if tun["protocol"][i] and proto[i] != PROTO_NONE else None,
+                    n_channels=nc[i] if tun["n_channels"][i] else None,
+                    n_threads=nt[i] if tun["n_threads"][i] else None,
+                    chunk_size=chunk[i] if tun["chunk_size"][i] and chunk[i] > 0 else None,
+                )
+            )
         return out
 
 
@@ -374,11 +426,13 @@ SEARCHERS: dict[str, Searcher] = {}
 
 def register(name: str) -> Callable[[Searcher], Searcher]:
     """Registry decorator, ``@register("priority")``; ValueError if the name is taken."""
+
     def wrap(fn: Searcher) -> Searcher:
         if name in SEARCHERS:
             raise ValueError(f"searcher {name!r} is already registered")
         SEARCHERS[name] = fn
         return fn
+
     return wrap
 
 

@@ -46,7 +46,9 @@ class CollectiveSite:
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", tuple((str(d), int(b)) for d, b in self.parts))
         if self.registered not in REGISTRATIONS:
-            raise ValueError(f"site {self.site_id!r}: registered must be one of {list(REGISTRATIONS)}; got {self.registered!r}")
+            raise ValueError(
+                f"site {self.site_id!r}: registered must be one of {list(REGISTRATIONS)}; got {self.registered!r}"
+            )
         if self.op not in OPS:
             raise ValueError(f"site {self.site_id!r}: op must be one of {list(OPS)}; got {self.op!r}")
         if self.nbytes < 0:
@@ -120,15 +122,27 @@ class Profile:
     def from_dict(cls, data: dict[str, Any]) -> Profile:
         """Builds a profile from ``to_dict`` output that ``config.plan_files.ProfileSchema`` accepts (which reads
         files)."""
-        samples = [Sample(site_id=s["site_id"], config=CommConfig.from_dict(s["config"]),
-                          t_comm_us=float(s["t_comm_us"]), t_comp_us=float(s["t_comp_us"]),
-                          t_region_us=float(s["t_region_us"]), iteration=s.get("iteration", 0),
-                          calls=tuple(tuple(map(float, c)) for c in s.get("calls", ())),
-                          t_comm_nccl_us=float(s.get("t_comm_nccl_us", math.nan)))
-                   for s in data["samples"]]
-        return cls(backend=data["backend"], cluster=data["cluster"], iteration_us=float(data["iteration_us"]),
-                   sites=[CollectiveSite(**s) for s in data["sites"]], samples=samples,
-                   fingerprint=dict(data.get("fingerprint", {})))
+        samples = [
+            Sample(
+                site_id=s["site_id"],
+                config=CommConfig.from_dict(s["config"]),
+                t_comm_us=float(s["t_comm_us"]),
+                t_comp_us=float(s["t_comp_us"]),
+                t_region_us=float(s["t_region_us"]),
+                iteration=s.get("iteration", 0),
+                calls=tuple(tuple(map(float, c)) for c in s.get("calls", ())),
+                t_comm_nccl_us=float(s.get("t_comm_nccl_us", math.nan)),
+            )
+            for s in data["samples"]
+        ]
+        return cls(
+            backend=data["backend"],
+            cluster=data["cluster"],
+            iteration_us=float(data["iteration_us"]),
+            sites=[CollectiveSite(**s) for s in data["sites"]],
+            samples=samples,
+            fingerprint=dict(data.get("fingerprint", {})),
+        )
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the profile as JSON atomically (temporary file in the same folder + rename)."""

@@ -55,8 +55,12 @@ class ProfileRecorder:
                     self.t_comp_calls_us[s.site_id] = tuple(c[1] for c in s.calls)
         missing = sorted(set(self.sites) - set(by_site))
         if missing:
-            log.warning("serialized iteration %d: no T_comp for %d site(s), e.g. %s; they keep defaults",
-                        m.iteration, len(missing), missing[:5])
+            log.warning(
+                "serialized iteration %d: no T_comp for %d site(s), e.g. %s; they keep defaults",
+                m.iteration,
+                len(missing),
+                missing[:5],
+            )
         self.t_comp_us = {sid: statistics.median(v) for sid, v in by_site.items()}
 
     def record_probe(self, m: IterationMeasurement, assigned: dict[str, CommConfig], *, what: str) -> None:
@@ -76,8 +80,11 @@ class ProfileRecorder:
                 continue
             expected = assigned.get(s.site_id, DEFAULT)
             if s.config != expected:
-                self.exclude(s.site_id, f"iteration {m.iteration}: assigned {expected.to_dict() or 'defaults'}, "
-                                        f"found config {s.config.to_dict()}")
+                self.exclude(
+                    s.site_id,
+                    f"iteration {m.iteration}: assigned {expected.to_dict() or 'defaults'}, "
+                    f"found config {s.config.to_dict()}",
+                )
                 continue
             out.append(s)
         return out
@@ -104,12 +111,25 @@ class ProfileRecorder:
             )
         usable = {sid for sid in self.t_comp_us if sid not in self.excluded}
         samples = [
-            Sample(site_id=s.site_id, config=s.config, t_comm_us=s.t_comm_us, t_comp_us=self.t_comp_us[s.site_id],
-                   t_region_us=s.t_region_us, iteration=s.iteration, calls=self._calls_with_compute(s),
-                   t_comm_nccl_us=s.t_comm_nccl_us)
+            Sample(
+                site_id=s.site_id,
+                config=s.config,
+                t_comm_us=s.t_comm_us,
+                t_comp_us=self.t_comp_us[s.site_id],
+                t_region_us=s.t_region_us,
+                iteration=s.iteration,
+                calls=self._calls_with_compute(s),
+                t_comm_nccl_us=s.t_comm_nccl_us,
+            )
             for s in self.samples
             if s.site_id in usable
         ]
         sites = [s for sid, s in self.sites.items() if sid in usable]
-        return Profile(backend=self.backend, cluster=self.cluster_name, iteration_us=statistics.median(self.default_us),
-                       sites=sites, samples=samples, fingerprint=dict(self.fingerprint))
+        return Profile(
+            backend=self.backend,
+            cluster=self.cluster_name,
+            iteration_us=statistics.median(self.default_us),
+            sites=sites,
+            samples=samples,
+            fingerprint=dict(self.fingerprint),
+        )

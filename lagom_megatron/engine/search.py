@@ -16,8 +16,14 @@ LAGOM_METHODS = tuple(m for m in METHODS if m != "exhaustive")
 """Values of ``--lagom-method`` and a preset's ``lagom_method`` (``exhaustive`` is for small offline instances only)."""
 
 
-def search(profile: Profile | SearchProblem, *, rules: KnobRules | None = None, method: str = "priority",
-           model: CostModel | None = None, **options: Any) -> SearchResult:
+def search(
+    profile: Profile | SearchProblem,
+    *,
+    rules: KnobRules | None = None,
+    method: str = "priority",
+    model: CostModel | None = None,
+    **options: Any,
+) -> SearchResult:
     """Searches a plan with ``method`` for a Profile (needs ``rules``; fitted unless ``model``) or a SearchProblem;
     ``options`` go to the searcher. ValueError on an unknown method, a Profile without rules, a searcher's refusal."""
     if method not in SEARCHERS:

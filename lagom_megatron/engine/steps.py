@@ -22,7 +22,9 @@ class Phase(Enum):
     FELL_BACK = "fell_back"
 
 
-StepKind = Literal["warmup", "default", "serialized", "probe", "settle", "verify-plan", "verify-default", "applied", "fell-back"]
+StepKind = Literal[
+    "warmup", "default", "serialized", "probe", "settle", "verify-plan", "verify-default", "applied", "fell-back"
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,4 +53,6 @@ class IterationMeasurement:
 
     def __post_init__(self) -> None:
         if not (self.iteration_us > 0 and math.isfinite(self.iteration_us)):
-            raise ValueError(f"iteration {self.iteration}: iteration_us must be a positive finite number; got {self.iteration_us!r}")
+            raise ValueError(
+                f"iteration {self.iteration}: iteration_us must be a positive finite number; got {self.iteration_us!r}"
+            )

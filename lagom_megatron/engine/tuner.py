@@ -49,13 +49,16 @@ class TunerConfig:
 
     def __post_init__(self) -> None:
         if self.warmup_iters < MIN_ITERS:
-            raise ValueError(f"lagom.warmup_iters must be >= {MIN_ITERS} (iteration 0 is never timed); "
-                             f"got {self.warmup_iters}")
+            raise ValueError(
+                f"lagom.warmup_iters must be >= {MIN_ITERS} (iteration 0 is never timed); got {self.warmup_iters}"
+            )
         if self.verify_iters < MIN_ITERS:
             raise ValueError(f"lagom.verify_iters must be >= {MIN_ITERS}; got {self.verify_iters}")
         if self.verify_max_iters is not None and self.verify_max_iters < self.verify_iters:
-            raise ValueError(f"lagom.verify_max_iters must be >= verify_iters ({self.verify_iters}) or None; "
-                             f"got {self.verify_max_iters}")
+            raise ValueError(
+                f"lagom.verify_max_iters must be >= verify_iters ({self.verify_iters}) or None; "
+                f"got {self.verify_max_iters}"
+            )
         if self.method not in METHODS:
             raise ValueError(f"lagom.method must be one of {list(METHODS)}; got {self.method!r}")
         if not 0.0 <= self.min_gain < 1.0:
@@ -128,7 +131,9 @@ class Tuner:
             else:
                 self._probes = list(self.rules.probe_configs())
             if any(p.is_default() for p in self._probes):
-                raise ValueError("probe configs must differ from NCCL defaults (the default iteration is already measured)")
+                raise ValueError(
+                    "probe configs must differ from NCCL defaults (the default iteration is already measured)"
+                )
         return self._probes
 
     @property
@@ -150,8 +155,10 @@ class Tuner:
         """Skips profiling and search: verifies ``plan`` (e.g. from ``lagom search``) against the defaults.
         RuntimeError after the first iteration started, or if the plan tunes no site."""
         if self._n_finished or self._started is not None or self.phase is not Phase.PROFILING:
-            raise RuntimeError(f"start_from_plan: the tuner already ran {self._n_finished} iteration(s), "
-                               f"phase {self.phase.name}; call it before the first iteration")
+            raise RuntimeError(
+                f"start_from_plan: the tuner already ran {self._n_finished} iteration(s), "
+                f"phase {self.phase.name}; call it before the first iteration"
+            )
         if not any(not e.config.is_default() for e in plan.entries.values()):
             raise RuntimeError("start_from_plan: the plan keeps NCCL defaults for every site; nothing to verify")
         self.plan = plan
@@ -231,8 +238,12 @@ class Tuner:
             raise RuntimeError(f"start_iteration({iteration}): iteration {self._last_finished} already finished")
         step = self.next_step()
         self._started = Step(
-            iteration=iteration, kind=step.kind, assignment=step.assignment, serialize=step.serialize,
-            timed=step.timed, probe_index=step.probe_index,
+            iteration=iteration,
+            kind=step.kind,
+            assignment=step.assignment,
+            serialize=step.serialize,
+            timed=step.timed,
+            probe_index=step.probe_index,
         )
         return self._started
 
@@ -267,20 +278,31 @@ class Tuner:
 
     def _record_default(self, m: IterationMeasurement) -> None:
         if not self._rec.record_default(m):
-            self._fall_back(m.iteration, f"iteration {m.iteration}: no collective sites were reported under defaults; "
-                                         "nothing overlapped to tune (are the lagom hooks installed?)")
+            self._fall_back(
+                m.iteration,
+                f"iteration {m.iteration}: no collective sites were reported under defaults; "
+                "nothing overlapped to tune (are the lagom hooks installed?)",
+            )
             return
-        self._log(m.iteration, f"profiled {len(self._rec.sites)} sites under defaults: iteration {m.iteration_us / 1e3:.1f} ms")
+        self._log(
+            m.iteration,
+            f"profiled {len(self._rec.sites)} sites under defaults: iteration {m.iteration_us / 1e3:.1f} ms",
+        )
 
     def _record_serialized(self, m: IterationMeasurement) -> None:
         self._rec.record_serialized(m)
-        self._log(m.iteration, f"serialized iteration: T_comp of {len(self._rec.t_comp_us)} regions, iteration {m.iteration_us / 1e3:.1f} ms")
+        self._log(
+            m.iteration,
+            f"serialized iteration: T_comp of {len(self._rec.t_comp_us)} regions, iteration {m.iteration_us / 1e3:.1f} ms",
+        )
 
     def _record_probe(self, m: IterationMeasurement, k: int | None) -> None:
         k = k if k is not None else 0
         cfg = self.probes[k]
         self._rec.record_probe(m, self._probe_assignment(k), what=f"probe iteration {m.iteration} ({cfg.to_dict()})")
-        self._log(m.iteration, f"probe {k + 1}/{len(self.probes)} {cfg.to_dict()}: iteration {m.iteration_us / 1e3:.1f} ms")
+        self._log(
+            m.iteration, f"probe {k + 1}/{len(self.probes)} {cfg.to_dict()}: iteration {m.iteration_us / 1e3:.1f} ms"
+        )
 
     # ------------------------------------------------------------------ transitions
 
@@ -310,8 +332,11 @@ class Tuner:
         self.profile = self.build_profile()
         if not self.profile.sites:
             excluded = self._rec.excluded
-            self._fall_back(it, f"no site left to tune ({len(excluded)} of {len(self._rec.sites)} excluded, e.g. "
-                                f"{next(iter(excluded.items()), ('-', '-'))})")
+            self._fall_back(
+                it,
+                f"no site left to tune ({len(excluded)} of {len(self._rec.sites)} excluded, e.g. "
+                f"{next(iter(excluded.items()), ('-', '-'))})",
+            )
             return
         try:
             model = fit.fit_cost_model(self.profile, self.cluster)
@@ -342,15 +367,24 @@ class Tuner:
         self.phase = Phase.SEARCHED
         pred = self.search_stats.get("predicted_iteration_us")
         pred_txt = f", predicted iteration {pred / 1e3:.1f} ms" if isinstance(pred, (int, float)) else ""
-        self._log(it, f"searched ({self.config.method}): {n_tuned}/{len(plan.entries)} sites tuned, "
-                      f"model MAPE {self.model_mape:.1f}%{pred_txt}")
+        self._log(
+            it,
+            f"searched ({self.config.method}): {n_tuned}/{len(plan.entries)} sites tuned, "
+            f"model MAPE {self.model_mape:.1f}%{pred_txt}",
+        )
 
     def _finish_verify(self, it: int) -> None:
         """VERIFYING -> APPLIED | FELL_BACK at a decided look of ``verify_looks``; otherwise verification goes on."""
         assert self.phase is Phase.VERIFYING, f"verify finished in phase {self.phase.name}"
         points = self.verify_looks
-        v = sequential_verdict(self._verify_plan_us, self._verify_default_us, min_gain=self.config.min_gain,
-                               noise_rule=self.config.noise_rule, first=points[0], cap=points[-1])
+        v = sequential_verdict(
+            self._verify_plan_us,
+            self._verify_default_us,
+            min_gain=self.config.min_gain,
+            noise_rule=self.config.noise_rule,
+            first=points[0],
+            cap=points[-1],
+        )
         if v is None:
             return
         if not v.decided:
@@ -382,7 +416,9 @@ class Tuner:
             "reason": self.reason,
             "method": self.config.method,
             "iterations_finished": self._n_finished,
-            "profiling_iters": self.profiling_iters if self._probes is not None or self.config.probe_configs is not None else None,
+            "profiling_iters": self.profiling_iters
+            if self._probes is not None or self.config.probe_configs is not None
+            else None,
             "n_sites": len(self._rec.sites),
             "n_samples": len(self._rec.samples),
             "excluded_sites": dict(self._rec.excluded),

@@ -15,8 +15,27 @@ from typing import Literal
 NoiseRule = Literal["paired", "half-range", "none"]
 NOISE_RULES: tuple[str, ...] = ("paired", "half-range", "none")
 
-T_95: tuple[float, ...] = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812,
-                           1.796, 1.782, 1.771, 1.761, 1.753, 1.746, 1.740, 1.734, 1.729)
+T_95: tuple[float, ...] = (
+    6.314,
+    2.920,
+    2.353,
+    2.132,
+    2.015,
+    1.943,
+    1.895,
+    1.860,
+    1.833,
+    1.812,
+    1.796,
+    1.782,
+    1.771,
+    1.761,
+    1.753,
+    1.746,
+    1.740,
+    1.734,
+    1.729,
+)
 """One-sided 95% Student-t quantiles for 1..19 degrees of freedom; 1.645 beyond."""
 
 
@@ -39,10 +58,12 @@ def t_quantile(p: float, dof: int) -> float:
     if dof == 2:
         return (2.0 * p - 1.0) / math.sqrt(2.0 * p * (1.0 - p))
     z = NormalDist().inv_cdf(p)
-    terms = ((z ** 3 + z) / 4.0,
-             (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96.0,
-             (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384.0,
-             (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160.0)
+    terms = (
+        (z**3 + z) / 4.0,
+        (5 * z**5 + 16 * z**3 + 3 * z) / 96.0,
+        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384.0,
+        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160.0,
+    )
     return z + sum(g / dof ** (k + 1) for k, g in enumerate(terms))
 
 
@@ -79,8 +100,15 @@ def half_range(xs: list[float]) -> float:
     return (max(xs) - min(xs)) / 2.0 if len(xs) > 1 else 0.0
 
 
-def verdict(plan_us: list[float], default_us: list[float], *, min_gain: float, noise_rule: NoiseRule,
-            n_looks: int = 1, final: bool = True) -> Verdict:
+def verdict(
+    plan_us: list[float],
+    default_us: list[float],
+    *,
+    min_gain: float,
+    noise_rule: NoiseRule,
+    n_looks: int = 1,
+    final: bool = True,
+) -> Verdict:
     """Compares the plan's iteration times (us, measured order) with the defaults' (module docstring); ``final``
     False lets a look stay undecided. StatisticsError on an empty arm, ValueError on an unknown rule."""
     if noise_rule not in NOISE_RULES:
@@ -88,8 +116,15 @@ def verdict(plan_us: list[float], default_us: list[float], *, min_gain: float, n
     n = min(len(plan_us), len(default_us))
     if noise_rule == "paired" and n < 2 and not final:
         base = statistics.median(default_us)
-        return Verdict(keep=False, plan_us=statistics.median(plan_us), default_us=base, gain_us=base - statistics.median(plan_us),
-                       needed_us=min_gain * base, text=f"undecided after {n} pair: the paired rule needs two", decided=False)
+        return Verdict(
+            keep=False,
+            plan_us=statistics.median(plan_us),
+            default_us=base,
+            gain_us=base - statistics.median(plan_us),
+            needed_us=min_gain * base,
+            text=f"undecided after {n} pair: the paired rule needs two",
+            decided=False,
+        )
     if noise_rule == "paired" and n >= 2:
         return _paired(plan_us[:n], default_us[:n], min_gain=min_gain, n_looks=n_looks, final=final)
     if noise_rule == "paired":
@@ -100,11 +135,17 @@ def verdict(plan_us: list[float], default_us: list[float], *, min_gain: float, n
     need = max(spread, min_gain * base)
     floor = f"the minimum gain {min_gain * base / 1e3:.1f} ms"
     single = noise_rule == "half-range" and max(len(plan_us), len(default_us)) == 1
-    text = (f"gain {gain / 1e3:.1f} ms (median of the defaults {base / 1e3:.1f} ms - median of the plan "
-            f"{plan / 1e3:.1f} ms, {len(default_us)} and {len(plan_us)} iterations), needed > {need / 1e3:.1f} ms ("
-            + (f"{floor}; one iteration per arm gives no noise estimate: it alone decided)" if single else
-               f"the larger of half the wider arm's range {spread / 1e3:.1f} ms and {floor})"
-               if noise_rule == "half-range" else f"{floor})"))
+    text = (
+        f"gain {gain / 1e3:.1f} ms (median of the defaults {base / 1e3:.1f} ms - median of the plan "
+        f"{plan / 1e3:.1f} ms, {len(default_us)} and {len(plan_us)} iterations), needed > {need / 1e3:.1f} ms ("
+        + (
+            f"{floor}; one iteration per arm gives no noise estimate: it alone decided)"
+            if single
+            else f"the larger of half the wider arm's range {spread / 1e3:.1f} ms and {floor})"
+            if noise_rule == "half-range"
+            else f"{floor})"
+        )
+    )
     return Verdict(keep=gain > need, plan_us=plan, default_us=base, gain_us=gain, needed_us=need, text=text)
 
 
@@ -123,27 +164,33 @@ def _paired(plan_us: list[float], default_us: list[float], *, min_gain: float, n
     level = "95%" if n_looks == 1 else f"{100 * (1 - ALPHA / n_looks):.2f}% (95% over {n_looks} looks)"
     stat = f"gain {gain / 1e3:.1f} ms (mean of {n} paired differences, defaults - plan)"
     plan = base - gain
-    line = (f"{stat}, needed > {need / 1e3:.1f} ms (the larger of its {level} bound {bound / 1e3:.1f} ms and "
-            f"the minimum gain {floor / 1e3:.1f} ms)")
+    line = (
+        f"{stat}, needed > {need / 1e3:.1f} ms (the larger of its {level} bound {bound / 1e3:.1f} ms and "
+        f"the minimum gain {floor / 1e3:.1f} ms)"
+    )
     keep = gain > need
     if keep or final:
         return Verdict(keep=keep, plan_us=plan, default_us=base, gain_us=gain, needed_us=need, text=line)
     if gain + bound < floor:  # futility: even the upper end of the bound misses the minimum gain
         text = f"{line}; stopped: even its upper bound {(gain + bound) / 1e3:.1f} ms is below the minimum gain"
         return Verdict(keep=False, plan_us=plan, default_us=base, gain_us=gain, needed_us=need, text=text)
-    text = (f"undecided after {n} pairs: {stat}, needed > {need / 1e3:.1f} ms, its upper bound "
-            f"{(gain + bound) / 1e3:.1f} ms still reaches the minimum gain {floor / 1e3:.1f} ms")
+    text = (
+        f"undecided after {n} pairs: {stat}, needed > {need / 1e3:.1f} ms, its upper bound "
+        f"{(gain + bound) / 1e3:.1f} ms still reaches the minimum gain {floor / 1e3:.1f} ms"
+    )
     return Verdict(keep=False, plan_us=plan, default_us=base, gain_us=gain, needed_us=need, text=text, decided=False)
 
 
-def sequential_verdict(plan_us: list[float], default_us: list[float], *, min_gain: float, noise_rule: NoiseRule,
-                       first: int, cap: int) -> Verdict | None:
+def sequential_verdict(
+    plan_us: list[float], default_us: list[float], *, min_gain: float, noise_rule: NoiseRule, first: int, cap: int
+) -> Verdict | None:
     """The verdict once both arms hold a look's count (``looks(first, cap)``; one look unless ``paired``), else
     None. ValueError as ``looks`` or on an unknown noise rule."""
     points = looks(first, cap) if noise_rule == "paired" else (first,)
     n = min(len(plan_us), len(default_us))
     if len(plan_us) != len(default_us) or n not in points:
         return None
-    v = verdict(plan_us, default_us, min_gain=min_gain, noise_rule=noise_rule, n_looks=len(points),
-                final=n == points[-1])
+    v = verdict(
+        plan_us, default_us, min_gain=min_gain, noise_rule=noise_rule, n_looks=len(points), final=n == points[-1]
+    )
     return v

@@ -15,53 +15,112 @@ from lagom_megatron.preflight.types import Finding
 from lagom_megatron.training.argument_checks import check_installed, validate_args
 from lagom_megatron.training.arguments import parse_args
 
-__all__ = ["RULES", "Finding", "run_doctor", "errors", "preflight", "detect_cluster", "preflight_pretrain",
-           "check_command_line", "plugin_abi_line"]
+__all__ = [
+    "RULES",
+    "Finding",
+    "run_doctor",
+    "errors",
+    "preflight",
+    "detect_cluster",
+    "preflight_pretrain",
+    "check_command_line",
+    "plugin_abi_line",
+]
 
 
-def run_doctor(args_or_preset: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
-               world_size: int | None = None, gpus_per_node: int | None = None,
-               preset_env: Mapping[str, str] | None = None, local: bool = False) -> list[Finding]:
+def run_doctor(
+    args_or_preset: Any,
+    environ: Mapping[str, str] | None = None,
+    cluster: Any = None,
+    *,
+    world_size: int | None = None,
+    gpus_per_node: int | None = None,
+    preset_env: Mapping[str, str] | None = None,
+    local: bool = False,
+) -> list[Finding]:
     """Runs every rule of the shared pre-flight (``preflight.check.run_rules``).
 
     ``cluster``: a ClusterSpec, its name, a dict/object with ``gpus_per_node``, ``sm_arch``, ``nccl_version``,
     ``backend``, or None (the preset's, else ``args.lagom_cluster``). ``local``: the run starts here (folders,
     plan lock and port are checked). ValueError on an unknown preset or cluster, or an unsupported input type."""
-    return run_rules(resolve(args_or_preset, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
-                             preset_env=preset_env, local=local))
+    return run_rules(
+        resolve(
+            args_or_preset,
+            environ,
+            cluster,
+            world_size=world_size,
+            gpus_per_node=gpus_per_node,
+            preset_env=preset_env,
+            local=local,
+        )
+    )
 
 
-def check_command_line(argv: list[str], world_size: int | None, environ: Mapping[str, str] | None = None,
-                       cluster: Any = None, *, gpus_per_node: int | None = None,
-                       preset_env: Mapping[str, str] | None = None, local: bool = False) -> list[Finding]:
+def check_command_line(
+    argv: list[str],
+    world_size: int | None,
+    environ: Mapping[str, str] | None = None,
+    cluster: Any = None,
+    *,
+    gpus_per_node: int | None = None,
+    preset_env: Mapping[str, str] | None = None,
+    local: bool = False,
+) -> list[Finding]:
     """The verdict of ``scripts/pretrain_gpt.py`` on a command line: its parser, then ``check_run`` with its checks.
 
     A line without a data source is checked as with ``--mock-data`` (a warning); ``world_size`` None: TP x PP x CP."""
     try:
         ns = parse_args(argv, exit_on_error=False)
     except (ValueError, FileNotFoundError) as exc:
-        line = Finding("error", "command-line", str(exc), STOP,
-                       "fix the flag or value named (python scripts/pretrain_gpt.py --help lists them); "
-                       "a Megatron-LM checkout's line is checked with lagom doctor --megatron-lm")
+        line = Finding(
+            "error",
+            "command-line",
+            str(exc),
+            STOP,
+            "fix the flag or value named (python scripts/pretrain_gpt.py --help lists them); "
+            "a Megatron-LM checkout's line is checked with lagom doctor --megatron-lm",
+        )
         # the NCCL variables need nothing of the line: still named, so that one run finds both
-        shape = resolve({}, environ, cluster, world_size=world_size or 1, gpus_per_node=gpus_per_node,
-                        preset_env=preset_env, local=local)
+        shape = resolve(
+            {},
+            environ,
+            cluster,
+            world_size=world_size or 1,
+            gpus_per_node=gpus_per_node,
+            preset_env=preset_env,
+            local=local,
+        )
         return [line, *rule_nccl_env(shape)]
     out = []
     if not ns.mock_data and not ns.data_path:
-        out.append(Finding(
-            "warning", "data", "no training data: neither --mock-data nor --data-path is given",
-            "pretrain_gpt.py stops without a data source; the rest of the line was checked as if "
-            "--mock-data were given",
-            "add --mock-data or --data-path PREFIX to the launch command",
-        ))
+        out.append(
+            Finding(
+                "warning",
+                "data",
+                "no training data: neither --mock-data nor --data-path is given",
+                "pretrain_gpt.py stops without a data source; the rest of the line was checked as if "
+                "--mock-data were given",
+                "add --mock-data or --data-path PREFIX to the launch command",
+            )
+        )
         ns.mock_data = True
     if world_size is None:
-        sizes = [getattr(ns, f, 1) for f in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                              "context_parallel_size")]
+        sizes = [
+            getattr(ns, f, 1)
+            for f in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+        ]
         world_size = sizes[0] * sizes[1] * sizes[2] if all(isinstance(v, int) and v >= 1 for v in sizes) else 1
-    return out + check_run(ns, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
-                           preset_env=preset_env, local=local, validate=validate_args, installed=check_installed)
+    return out + check_run(
+        ns,
+        environ,
+        cluster,
+        world_size=world_size,
+        gpus_per_node=gpus_per_node,
+        preset_env=preset_env,
+        local=local,
+        validate=validate_args,
+        installed=check_installed,
+    )
 
 
 def plugin_abi_line(environ: Mapping[str, str], cluster: Any) -> str | None:
@@ -82,8 +141,9 @@ def errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.level == "error"]
 
 
-def preflight(args: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
-              log: Callable[[str], None] = print) -> list[Finding]:
+def preflight(
+    args: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *, log: Callable[[str], None] = print
+) -> list[Finding]:
     """Logs the doctor's findings for a training entry point; returns them, or raises SystemExit(1) on errors."""
     findings = run_doctor(args, environ, cluster, local=True)
     for f in findings:

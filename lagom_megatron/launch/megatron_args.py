@@ -24,6 +24,7 @@ STORE_FALSE_FLAGS: dict[str, str] = {
 }
 """Destinations whose Megatron-LM flag stores False (default True there)."""
 
+
 def args_to_argv(args: dict[str, Any]) -> list[str]:
     """Argparse destinations as Megatron-LM flags, in the order of ``args``.
 

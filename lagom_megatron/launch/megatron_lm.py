@@ -49,8 +49,9 @@ class LagomHooks:
         self._module: Any = None
         self._set_up = False
 
-    def print_help_if_asked(self, extra_args_provider: ArgsProvider | None = None,
-                            argv: list[str] | None = None) -> None:
+    def print_help_if_asked(
+        self, extra_args_provider: ArgsProvider | None = None, argv: list[str] | None = None
+    ) -> None:
         """Answers ``-h`` / ``--help`` with Megatron-LM's help and lagom's flags, then SystemExit(0).
 
         Must run before ``maybe_wrap_for_inprocess_restart``, whose pre-parse would print help without lagom's
@@ -86,16 +87,22 @@ class LagomHooks:
 
         return chain_extra_args_providers(extra_args_provider, add_lagom_args)
 
-    def parse_args(self, parse_fn: Callable[..., Any], *args: Any,
-                   extra_args_provider: ArgsProvider | None = None, **kwargs: Any) -> Any:
+    def parse_args(
+        self, parse_fn: Callable[..., Any], *args: Any, extra_args_provider: ArgsProvider | None = None, **kwargs: Any
+    ) -> Any:
         """core_v0.18+: ``parse_fn`` with lagom's flags chained, then ``start`` (SystemExit(1) on doctor errors)."""
         cpu_mode()
         parsed = parse_fn(*args, extra_args_provider=self.chained_provider(extra_args_provider), **kwargs)
         self.start(parsed)
         return parsed
 
-    def pretrain(self, pretrain_fn: Callable[..., Any], *args: Any,
-                 extra_args_provider: ArgsProvider | None = None, **kwargs: Any) -> Any:
+    def pretrain(
+        self,
+        pretrain_fn: Callable[..., Any],
+        *args: Any,
+        extra_args_provider: ArgsProvider | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """core_v0.16/0.17: pre-parse, ``start`` (SystemExit(1) on doctor errors), ``pretrain_fn``, ``finish``."""
         from megatron.training.arguments import parse_args
 
@@ -157,8 +164,10 @@ class LagomHooks:
         # --exit-interval / --exit-duration-in-mins / --exit-signal-handler sys.exit() inside train(), past the
         # patch's finish() (megatron/training/training.py:3030 @core_v0.16.1, :3821 @core_v0.18.2, :5084 @main)
         atexit.register(self.finish)
-        _rank0_print(f"lagom: hooks around Megatron-LM's train_step | callbacks "
-                     f"{', '.join(type(c).__name__ for c in self.callbacks)}")
+        _rank0_print(
+            f"lagom: hooks around Megatron-LM's train_step | callbacks "
+            f"{', '.join(type(c).__name__ for c in self.callbacks)}"
+        )
         return self
 
     def _wrap(self, train_step: Callable) -> Callable:
@@ -192,9 +201,13 @@ class LagomHooks:
         model = bound["model"]
         model = model if isinstance(model, list) else [model]
         ctx = TrainingContext(
-            args=args, model=model, optimizer=bound["optimizer"],
-            ddp_config=getattr(model[0], "ddp_config", None), pg_collection=bound.get("pg_collection"),
-            forward_backward_func=bound["forward_backward_func"], data_iterator=bound["data_iterator"],
+            args=args,
+            model=model,
+            optimizer=bound["optimizer"],
+            ddp_config=getattr(model[0], "ddp_config", None),
+            pg_collection=bound.get("pg_collection"),
+            forward_backward_func=bound["forward_backward_func"],
+            data_iterator=bound["data_iterator"],
         )
         self._set_up = True
         self._call("on_setup", ctx)
@@ -244,8 +257,10 @@ def enable_tuner_plugin(args: Any, environ: Any = None) -> str | None:
     from lagom_megatron.nccl.plugin_launch import enable_in_process
 
     if dist.is_available() and dist.is_initialized():
-        note = ("lagom: warning: torch.distributed was initialised before lagom's hooks; NCCL may have "
-                "loaded its tuner already, so the plugin may not be in use (communicator mode)")
+        note = (
+            "lagom: warning: torch.distributed was initialised before lagom's hooks; NCCL may have "
+            "loaded its tuner already, so the plugin may not be in use (communicator mode)"
+        )
     else:
         note = enable_in_process(environ, nccl_version=".".join(map(str, torch.cuda.nccl.version())))
     if note:

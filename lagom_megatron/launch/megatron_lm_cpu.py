@@ -44,8 +44,11 @@ GPU_ARCH_VERSION = 9
 """``get_device_arch_version`` on CPU: 9 (Hopper; 10 would be Blackwell)."""
 
 _ORIGINALS: list[tuple[Any, str, Any]] = []
-_DEVICE_LITERAL_MODULES = ("megatron.training.initialize", "megatron.training.training",
-                           "megatron.core.rerun_state_machine")
+_DEVICE_LITERAL_MODULES = (
+    "megatron.training.initialize",
+    "megatron.training.training",
+    "megatron.core.rerun_state_machine",
+)
 """Megatron-LM modules that allocate on ``"cuda"``; each gets a torch proxy."""
 _LATER_MODULES = ("megatron.training.models.dist_utils",)
 """Modules given the proxy too where the release has them (main: ``dist_utils.py:346``)."""
@@ -110,8 +113,11 @@ def build_dataset_helpers() -> None:
     try:
         import pybind11
     except ImportError:
-        print("lagom: error: Megatron-LM's dataset helper needs pybind11 (pip install 'lagom-megatron[megatron-lm]')",
-              file=sys.stderr, flush=True)
+        print(
+            "lagom: error: Megatron-LM's dataset helper needs pybind11 (pip install 'lagom-megatron[megatron-lm]')",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(1) from None
     folder = os.path.dirname(os.path.abspath(datasets.__file__))
     includes = f"-I{sysconfig.get_paths()['include']} -I{pybind11.get_include()}"
@@ -189,8 +195,8 @@ class _TritonStandIn(types.ModuleType):
 
 TRITON_IMPORTERS = (
     "megatron.core.transformer.custom_layers.batch_invariant_kernels",  # core_v0.16.1 :15
-    "megatron.core.transformer.moe.paged_stash",                        # core_v0.18.2 :8
-    "megatron.core.transformer.moe.ops.paged_stash",                    # main :4
+    "megatron.core.transformer.moe.paged_stash",  # core_v0.18.2 :8
+    "megatron.core.transformer.moe.ops.paged_stash",  # main :4
 )
 """Megatron-LM modules that import triton unconditionally; those present are imported under the stand-in."""
 
@@ -249,14 +255,18 @@ def main(argv: list[str] | None = None) -> int:
     Runs SCRIPT as ``__main__``, its folder first on ``sys.path``; returns 2 when it is missing, else its exit code."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") and len(argv) == 1:
-        print("usage: python -m lagom_megatron.launch.megatron_lm_cpu PRETRAIN_GPT_PY [ARGS...]\n"
-              "Runs a patched Megatron-LM pretrain_gpt.py on CPU (gloo); see lagom_megatron/launch/megatron_lm_cpu.py.",
-              file=sys.stderr if not argv else sys.stdout)
+        print(
+            "usage: python -m lagom_megatron.launch.megatron_lm_cpu PRETRAIN_GPT_PY [ARGS...]\n"
+            "Runs a patched Megatron-LM pretrain_gpt.py on CPU (gloo); see lagom_megatron/launch/megatron_lm_cpu.py.",
+            file=sys.stderr if not argv else sys.stdout,
+        )
         return 2 if not argv else 0
     script = argv[0]
     if not os.path.isfile(script):
-        print(f"lagom: error: {script!r} is not a file; give the path of a patched Megatron-LM pretrain_gpt.py",
-              file=sys.stderr)
+        print(
+            f"lagom: error: {script!r} is not a file; give the path of a patched Megatron-LM pretrain_gpt.py",
+            file=sys.stderr,
+        )
         return 2
     sys.argv = [script, *argv[1:]]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

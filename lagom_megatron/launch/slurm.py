@@ -103,28 +103,47 @@ def check_allocation(environ: Mapping[str, str], *, nodes: int, tasks_per_node: 
     if nodelist:
         hosts = expand_hostlist(nodelist)
         if len(hosts) != nodes:
-            raise ValueError(f"SLURM_JOB_NODELIST={nodelist!r} names {len(hosts)} nodes but preset {name!r} needs "
-                             f"{nodes}; submit with --nodes={nodes}")
+            raise ValueError(
+                f"SLURM_JOB_NODELIST={nodelist!r} names {len(hosts)} nodes but preset {name!r} needs "
+                f"{nodes}; submit with --nodes={nodes}"
+            )
         if len(set(hosts)) != len(hosts):
             raise ValueError(f"SLURM_JOB_NODELIST={nodelist!r} names a node twice")
     tasks = environ.get("SLURM_TASKS_PER_NODE")
     if tasks:
         counts = parse_tasks_per_node(tasks)
         if nodelist and len(counts) != len(expand_hostlist(nodelist)):
-            raise ValueError(f"SLURM_TASKS_PER_NODE={tasks!r} gives {len(counts)} nodes, SLURM_JOB_NODELIST "
-                             f"{len(expand_hostlist(nodelist))}")
+            raise ValueError(
+                f"SLURM_TASKS_PER_NODE={tasks!r} gives {len(counts)} nodes, SLURM_JOB_NODELIST "
+                f"{len(expand_hostlist(nodelist))}"
+            )
         if any(c != tasks_per_node for c in counts):
-            raise ValueError(f"SLURM_TASKS_PER_NODE={tasks!r}: the launch needs {tasks_per_node} task(s) on every "
-                             f"node ({'one torchrun per node' if tasks_per_node == 1 else 'one task per GPU'}); "
-                             f"submit with --ntasks-per-node={tasks_per_node}")
+            raise ValueError(
+                f"SLURM_TASKS_PER_NODE={tasks!r}: the launch needs {tasks_per_node} task(s) on every "
+                f"node ({'one torchrun per node' if tasks_per_node == 1 else 'one task per GPU'}); "
+                f"submit with --ntasks-per-node={tasks_per_node}"
+            )
 
 
-FINGERPRINT_FROM_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
-                         "global_batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                         "context_parallel_size", "expert_model_parallel_size")
+FINGERPRINT_FROM_ARGS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "seq_length",
+    "micro_batch_size",
+    "global_batch_size",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+)
 """Fields of ``megatron.fingerprint.run_fingerprint`` the launch line decides (besides world size, backend, cluster)."""
-PARALLEL_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
-                     "context_parallel_size": 1, "expert_model_parallel_size": 1}
+PARALLEL_DEFAULTS = {
+    "tensor_model_parallel_size": 1,
+    "pipeline_model_parallel_size": 1,
+    "context_parallel_size": 1,
+    "expert_model_parallel_size": 1,
+}
 """Megatron-LM's defaults of the parallel sizes."""
 
 
@@ -138,8 +157,10 @@ def plan_for_another_run(preset: Preset, plan: str, cluster: ClusterSpec, extra:
     from lagom_megatron.megatron.outputs.run_files import plan_problem
 
     saved = load_plan(plan)
-    args = {**PARALLEL_DEFAULTS, **{k: v for k, v in argv_to_args(["--preset", preset.name, *extra]).items()
-                                    if not k.startswith("_")}}
+    args = {
+        **PARALLEL_DEFAULTS,
+        **{k: v for k, v in argv_to_args(["--preset", preset.name, *extra]).items() if not k.startswith("_")},
+    }
     want = {k: args.get(k) for k in FINGERPRINT_FROM_ARGS if args.get(k) is not None}
     want.update(world_size=preset.world_size, backend=cluster.backend, cluster=cluster.name)
     if saved.backend != cluster.backend and "backend" not in saved.fingerprint:
@@ -150,8 +171,11 @@ def plan_for_another_run(preset: Preset, plan: str, cluster: ClusterSpec, extra:
     if not diff and problem is None:
         return None
     what = "; ".join(diff) if diff else problem
-    return (f"--plan {plan} is not a plan of this run (preset {preset.name!r} on cluster {cluster.name!r}): {what}; "
-            "the run would move it aside and search anew: give this run's plan, or a path that does not exist yet")
+    return (
+        f"--plan {plan} is not a plan of this run (preset {preset.name!r} on cluster {cluster.name!r}): {what}; "
+        "the run would move it aside and search anew: give this run's plan, or a path that does not exist yet"
+    )
+
 
 DEFAULT_MASTER_PORT = 29500
 """torchrun's default, used outside a SLURM job."""
@@ -180,8 +204,14 @@ def sbatch_options(preset: Preset, layout: str) -> list[str]:
     ``layout``: "per-node" (one torchrun per node) or "per-gpu" (one task per GPU)."""
     slurm = _slurm(preset)
     tasks = 1 if layout == "per-node" else slurm.gpus_per_node
-    opts = [f"--job-name=lagom-{preset.name}", f"--nodes={slurm.nodes}", f"--ntasks-per-node={tasks}",
-            f"--gpus-per-node={slurm.gpus_per_node}", f"--time={slurm.time}", "--exclusive"]
+    opts = [
+        f"--job-name=lagom-{preset.name}",
+        f"--nodes={slurm.nodes}",
+        f"--ntasks-per-node={tasks}",
+        f"--gpus-per-node={slurm.gpus_per_node}",
+        f"--time={slurm.time}",
+        "--exclusive",
+    ]
     if slurm.partition:
         opts.append(f"--partition={slurm.partition}")
     if slurm.account:
@@ -191,13 +221,16 @@ def sbatch_options(preset: Preset, layout: str) -> list[str]:
 
 def _slurm(preset: Preset):
     if preset.slurm is None:
-        raise ValueError(f"preset {preset.name!r} has no slurm section (nodes, gpus_per_node); "
-                         "it cannot be launched with the SLURM scripts")
+        raise ValueError(
+            f"preset {preset.name!r} has no slurm section (nodes, gpus_per_node); "
+            "it cannot be launched with the SLURM scripts"
+        )
     return preset.slurm
 
 
-def train_command(preset: Preset, *, root: str, plan: str | None, megatron_lm: str | None,
-                  extra: Sequence[str]) -> list[str]:
+def train_command(
+    preset: Preset, *, root: str, plan: str | None, megatron_lm: str | None, extra: Sequence[str]
+) -> list[str]:
     """The training script and its arguments (no python/torchrun in front); ``extra`` last, so it overrides."""
     if megatron_lm:
         cmd = [str(Path(megatron_lm) / "pretrain_gpt.py"), *preset_to_argv(preset)]
@@ -208,9 +241,17 @@ def train_command(preset: Preset, *, root: str, plan: str | None, megatron_lm: s
     return cmd + list(extra)
 
 
-def shell_lines(preset: Preset, *, layout: str, root: str, plan: str | None = None,
-                megatron_lm: str | None = None, extra: Sequence[str] = (),
-                environ: Mapping[str, str] | None = None, dry_run: bool = False) -> list[str]:
+def shell_lines(
+    preset: Preset,
+    *,
+    layout: str,
+    root: str,
+    plan: str | None = None,
+    megatron_lm: str | None = None,
+    extra: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    dry_run: bool = False,
+) -> list[str]:
     """The lines printed for the scripts' ``eval`` (``dry_run``: build nothing, the plugin is only located).
 
     ValueError: no slurm section; world size != nodes x GPUs per node; an allocation of another shape
@@ -220,14 +261,17 @@ def shell_lines(preset: Preset, *, layout: str, root: str, plan: str | None = No
     if slurm.nodes * slurm.gpus_per_node != preset.world_size:
         raise ValueError(
             f"preset {preset.name!r}: world_size {preset.world_size} != slurm.nodes x slurm.gpus_per_node "
-            f"= {slurm.nodes} x {slurm.gpus_per_node}")
+            f"= {slurm.nodes} x {slurm.gpus_per_node}"
+        )
     allocated = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")
     if allocated and allocated.isdigit() and int(allocated) != slurm.nodes:
         raise ValueError(
             f"the allocation has {allocated} nodes but preset {preset.name!r} needs {slurm.nodes}; "
-            f"submit with --nodes={slurm.nodes}")
-    check_allocation(environ, nodes=slurm.nodes, name=preset.name,
-                     tasks_per_node=1 if layout == "per-node" else slurm.gpus_per_node)
+            f"submit with --nodes={slurm.nodes}"
+        )
+    check_allocation(
+        environ, nodes=slurm.nodes, name=preset.name, tasks_per_node=1 if layout == "per-node" else slurm.gpus_per_node
+    )
     q = shlex.quote
     exports = {**preset.env, "LAGOM_CLUSTER": preset.env.get("LAGOM_CLUSTER", preset.cluster)}
     cluster = ClusterSpec.load(exports["LAGOM_CLUSTER"])
@@ -236,8 +280,9 @@ def shell_lines(preset: Preset, *, layout: str, root: str, plan: str | None = No
         problem = plan_for_another_run(preset, saved, cluster, extra)
         if problem:
             raise ValueError(problem)
-    plugin, note = launch_env({**environ, **preset.env}, backend=cluster.backend, nccl_version=cluster.nccl_version,
-                              build=not dry_run)
+    plugin, note = launch_env(
+        {**environ, **preset.env}, backend=cluster.backend, nccl_version=cluster.nccl_version, build=not dry_run
+    )
     exports.update(plugin)
     lines = [f"echo {q(note)} >&2"] if note else []
     lines += [f"export {k}={q(str(v))}" for k, v in exports.items()]
@@ -264,16 +309,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layout", choices=("per-node", "per-gpu"), default="per-node")
     parser.add_argument("--plan", help="plan file; default: the preset's lagom_plan")
     parser.add_argument("--megatron-lm", help="a patched Megatron-LM checkout to run instead of ours")
-    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]),
-                        help="the lagom_megatron source tree (for scripts/pretrain_gpt.py)")
+    parser.add_argument(
+        "--root",
+        default=str(Path(__file__).resolve().parents[2]),
+        help="the lagom_megatron source tree (for scripts/pretrain_gpt.py)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="build nothing (the tuner plugin is only located)")
     parser.add_argument("extra", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
     try:
         preset = load_preset(args.preset)
-        lines = shell_lines(preset, layout=args.layout, root=args.root, plan=args.plan,
-                            megatron_lm=args.megatron_lm, extra=extra, dry_run=args.dry_run)
+        lines = shell_lines(
+            preset,
+            layout=args.layout,
+            root=args.root,
+            plan=args.plan,
+            megatron_lm=args.megatron_lm,
+            extra=extra,
+            dry_run=args.dry_run,
+        )
     except (ValueError, FileNotFoundError) as exc:
         print(f"lagom launch: error: {exc}", file=sys.stderr)
         return 2

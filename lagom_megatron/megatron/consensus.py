@@ -69,9 +69,13 @@ def collective_step(name: str, fn: Callable[[], Any]) -> Any:
     return result
 
 
-def agree_capabilities(local: Any, *, from_dict: Callable[[dict[str, Any]], Any],
-                       differences: Callable[[list[Any]], list[tuple[int, str, Any, Any]]],
-                       perturb: Callable[[Any, str], Any] | None = None) -> tuple[Any, list[str]]:
+def agree_capabilities(
+    local: Any,
+    *,
+    from_dict: Callable[[dict[str, Any]], Any],
+    differences: Callable[[list[Any]], list[tuple[int, str, Any, Any]]],
+    perturb: Callable[[Any, str], Any] | None = None,
+) -> tuple[Any, list[str]]:
     """(Rank 0's capabilities with the job's topology, every rank's host); ``CapabilityDisagreement`` on
     every rank when any field differs (names rank, host, field, both values)."""
     from lagom_megatron.nccl.capabilities import FAULT_ENV as CAP_FAULT_ENV
@@ -89,7 +93,8 @@ def agree_capabilities(local: Any, *, from_dict: Callable[[dict[str, Any]], Any]
         more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
         raise CapabilityDisagreement(
             f"ranks disagree on what they can apply: rank {r} on host {records[r].host} has {field}={got!r} but "
-            f"rank 0 on host {records[0].host} has {field}={want!r}{more}; tuning off, defaults kept")
+            f"rank 0 on host {records[0].host} has {field}={want!r}{more}; tuning off, defaults kept"
+        )
     hosts = [x.host for x in records]
     return records[0].with_topology(hosts), hosts
 
@@ -125,9 +130,12 @@ def _slowest(acc: list[float], comm: float, comp: float, region: float) -> None:
         acc[1] = comp if not math.isfinite(acc[1]) else max(acc[1], comp)
 
 
-def merge_measurements(sites: dict[str, dict[str, Any]], timings: dict[str, Times3], iteration_us: float,
-                       calls: dict[str, list[Times3]] | None = None
-                       ) -> tuple[dict[str, dict[str, Any]], dict[str, Times3], float, dict[str, tuple[Times3, ...]]]:
+def merge_measurements(
+    sites: dict[str, dict[str, Any]],
+    timings: dict[str, Times3],
+    iteration_us: float,
+    calls: dict[str, list[Times3]] | None = None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, Times3], float, dict[str, tuple[Times3, ...]]]:
     """All-gathers one iteration's (sites, timings, iteration_us, calls) and keeps the slowest rank (us).
 
     Per call: the rank with the longest region, for sites every rank timed with the same call count;
@@ -160,17 +168,27 @@ def merge_measurements(sites: dict[str, dict[str, Any]], timings: dict[str, Time
                 merged[sid] = [comm, comp, region]
                 continue
             _slowest(acc, comm, comp, region)
-    timed_calls = {sid: tuple((float(c[0]), float(c[1]), float(c[2])) for c in v) for sid, v in per_call.items()
-                   if v and all(sid in r[3] for r in gathered if sid in r[1])}
+    timed_calls = {
+        sid: tuple((float(c[0]), float(c[1]), float(c[2])) for c in v)
+        for sid, v in per_call.items()
+        if v and all(sid in r[3] for r in gathered if sid in r[1])
+    }
     for sid, cs in timed_calls.items():
         comp = [c[1] for c in cs]
-        merged[sid] = [sum(c[0] for c in cs), sum(comp) if all(map(math.isfinite, comp)) else math.nan,
-                       sum(c[2] for c in cs)]
+        merged[sid] = [
+            sum(c[0] for c in cs),
+            sum(comp) if all(map(math.isfinite, comp)) else math.nan,
+            sum(c[2] for c in cs),
+        ]
     return all_sites, {k: (v[0], v[1], v[2]) for k, v in merged.items()}, it_us, timed_calls
 
 
-def agree_plan(plan: Any, *, from_dict: Callable[[dict[str, Any]], Any],
-               perturb: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Any:
+def agree_plan(
+    plan: Any,
+    *,
+    from_dict: Callable[[dict[str, Any]], Any],
+    perturb: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Any:
     """Broadcasts rank 0's plan, checks every rank's digest, returns the agreed plan. ``plan`` None: the
     search failed here. ``perturb`` (fault injection) changes this rank's copy before the check.
     ``PlanDisagreement`` on every rank when the search failed on some rank or a digest differs."""

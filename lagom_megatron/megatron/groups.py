@@ -74,7 +74,9 @@ class GroupNames:
             if fn is None:
                 continue
             try:
-                group = fn(check_initialized=False, **kw) if "check_initialized" in fn.__code__.co_varnames else fn(**kw)
+                group = (
+                    fn(check_initialized=False, **kw) if "check_initialized" in fn.__code__.co_varnames else fn(**kw)
+                )
             except (AssertionError, RuntimeError, TypeError):
                 continue
             if group is not None:
@@ -104,8 +106,9 @@ class GroupNames:
     def add_partner(self, of: str, name: str, ranks: tuple[int, ...]) -> None:
         """Registers ``name``, a group over ``ranks`` that carries part of group ``of``'s traffic
         (PP=2: megatron-core posts one direction on WORLD); ``of``'s pool entries are made for it too."""
-        self._by_name.setdefault(name, GroupInfo(name=name, ranks=tuple(ranks),
-                                                 n_nodes=len({r // self.local_world_size for r in ranks})))
+        self._by_name.setdefault(
+            name, GroupInfo(name=name, ranks=tuple(ranks), n_nodes=len({r // self.local_world_size for r in ranks}))
+        )
         self._partners[of] = name
 
     def partner(self, name: str) -> GroupInfo | None:

@@ -50,8 +50,16 @@ class Capabilities:
     n_nodes: int = 1
     ranks_per_node: int = 1
 
-    COMPARED = ("torch_version", "nccl_version", "config_fields", "plugin_loaded", "plugin_abi", "nvls_multicast",
-                "collnet", "overrides")
+    COMPARED = (
+        "torch_version",
+        "nccl_version",
+        "config_fields",
+        "plugin_loaded",
+        "plugin_abi",
+        "nvls_multicast",
+        "collnet",
+        "overrides",
+    )
     """Fields every rank must hold equal."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,9 +85,16 @@ class Capabilities:
         counts: dict[str, int] = {}
         for h in hosts:
             counts[h] = counts.get(h, 0) + 1
-        return Capabilities(**{**asdict(self), "n_nodes": len(counts), "ranks_per_node": max(counts.values(), default=1),
-                               "nccl_version": self.nccl_version, "config_fields": self.config_fields,
-                               "overrides": self.overrides})
+        return Capabilities(
+            **{
+                **asdict(self),
+                "n_nodes": len(counts),
+                "ranks_per_node": max(counts.values(), default=1),
+                "nccl_version": self.nccl_version,
+                "config_fields": self.config_fields,
+                "overrides": self.overrides,
+            }
+        )
 
     def fixed_knobs(self) -> dict[str, str]:
         """Knob -> the variable (``NAME=value``) that fixes it for the whole process."""
@@ -181,9 +196,15 @@ def nvls_available(multicast: bool | None, environ: Mapping[str, str]) -> bool |
     return multicast
 
 
-def gather_local(*, environ: Mapping[str, str] | None = None, status_reader: Callable[[], Any] | None = None,
-                 nccl_version: tuple[int, int, int] | None | str = "detect", config_fields: tuple[str, ...] | None = None,
-                 multicast: bool | None | str = "detect", torch_version: str | None = None) -> Capabilities:
+def gather_local(
+    *,
+    environ: Mapping[str, str] | None = None,
+    status_reader: Callable[[], Any] | None = None,
+    nccl_version: tuple[int, int, int] | None | str = "detect",
+    config_fields: tuple[str, ...] | None = None,
+    multicast: bool | None | str = "detect",
+    torch_version: str | None = None,
+) -> Capabilities:
     """This rank's ``Capabilities`` (arguments default to asking the process); call it after NCCL's first communicator,
     which loads the plugin (``src/plugin/tuner.cc``)."""
     from lagom_megatron.nccl.plugin_status import read_plugin_status
@@ -208,12 +229,16 @@ def gather_local(*, environ: Mapping[str, str] | None = None, status_reader: Cal
             multicast = multicast_supported(torch.cuda.current_device())
     loaded = status is not None and status.init_count > 0 and status.abi_version >= 3
     return Capabilities(
-        torch_version=torch_version, nccl_version=tuple(version) if version is not None else None,
-        config_fields=tuple(sorted(config_fields)), plugin_loaded=loaded,
+        torch_version=torch_version,
+        nccl_version=tuple(version) if version is not None else None,
+        config_fields=tuple(sorted(config_fields)),
+        plugin_loaded=loaded,
         plugin_abi=int(status.abi_version) if loaded else 0,
         nvls_multicast=nvls_available(multicast, env) if version is not None else None,
-        collnet=str(env.get("NCCL_COLLNET_ENABLE", "0")).strip() == "1", overrides=knob_overrides(env),
-        host=host_id(env))
+        collnet=str(env.get("NCCL_COLLNET_ENABLE", "0")).strip() == "1",
+        overrides=knob_overrides(env),
+        host=host_id(env),
+    )
 
 
 def perturb(caps: Capabilities, what: str = "plugin_loaded") -> Capabilities:
@@ -247,8 +272,9 @@ def fixed_knob_warning(knob: str, var: str) -> str:
     return f"{var} fixes {knob} for every communicator: {knob} is not searched (unset {var.split('=')[0]} to let lagom tune it)"
 
 
-def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, n_nodes: int,
-                     mechanism: str) -> tuple[dict[str, tuple], list[str]]:
+def restrict_domains(
+    domains: dict[str, tuple], caps: Capabilities, *, op: str, n_nodes: int, mechanism: str
+) -> tuple[dict[str, tuple], list[str]]:
     """``domains`` cut to what ``mechanism`` applies under ``caps``, and a warning per knob a variable fixes.
 
     Never ``n_threads`` (read once, ``src/graph/tuning.cc:14``); ``chunk_size`` only with plugin ABI v6; NVLS needs
@@ -277,8 +303,11 @@ def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, 
                 continue
             if alg == "PAT" and str(caps.switch("NCCL_PAT_ENABLE") or "2").strip() == "0":
                 continue
-            if (alg == "PAT" and str(caps.switch("NCCL_NET_PLUGIN") or "none").strip().lower() not in ("none", "")
-                    and str(caps.switch("NCCL_PAT_ENABLE") or "2").strip() != "1"):  # =1 skips the device test
+            if (
+                alg == "PAT"
+                and str(caps.switch("NCCL_NET_PLUGIN") or "none").strip().lower() not in ("none", "")
+                and str(caps.switch("NCCL_PAT_ENABLE") or "2").strip() != "1"
+            ):  # =1 skips the device test
                 continue
             keep.append(alg)
         d["algorithm"] = tuple(keep) if len(keep) > 1 else (None,)
@@ -287,12 +316,14 @@ def restrict_domains(domains: dict[str, tuple], caps: Capabilities, *, op: str, 
 
 def _p2p_bounds(bounds: tuple, caps: Capabilities) -> tuple:
     """The least bound per distinct ``p2pnChannels`` under the run's P2P variables; ``(None,)`` when one is left."""
+
     def param(var: str, default: int) -> int:
         value = str(caps.switch(var) or "").strip()
         try:
             return int(value, 0)  # NCCL reads it with strtoll(.., 0) (src/misc/param.cc:93-96)
         except ValueError:
             return default
+
     lo, hi = param("NCCL_MIN_P2P_NCHANNELS", 1), param("NCCL_MAX_P2P_NCHANNELS", MAXCHANNELS)
     seen: dict[float, int] = {}
     for b in bounds:

@@ -47,68 +47,97 @@ def _int_value(var: str, value: str, issues: list[EnvIssue]) -> int | None:
     try:
         return int(value.strip(), 0)
     except ValueError:
-        issues.append(EnvIssue(
-            "error", var, value, f"{var}={value!r} is not an integer",
-            "NCCL reads integer variables with strtoll and silently falls back to its default on "
-            "anything else (src/misc/param.cc, INFO log only)",
-            f"set {var} to an integer or unset it",
-        ))
+        issues.append(
+            EnvIssue(
+                "error",
+                var,
+                value,
+                f"{var}={value!r} is not an integer",
+                "NCCL reads integer variables with strtoll and silently falls back to its default on "
+                "anything else (src/misc/param.cc, INFO log only)",
+                f"set {var} to an integer or unset it",
+            )
+        )
         return None
 
 
-def _check_selection(var: str, value: str, kind: Literal["algorithm", "protocol"], version,
-                     issues: list[EnvIssue]) -> None:
+def _check_selection(
+    var: str, value: str, kind: Literal["algorithm", "protocol"], version, issues: list[EnvIssue]
+) -> None:
     try:
         enabled = parse_selection(value, kind)
     except ValueError as exc:
         allowed = ", ".join(ALGORITHMS if kind == "algorithm" else PROTOCOLS)
-        issues.append(EnvIssue(
-            "error", var, value, f"{var}={value!r}: {exc}",
-            "NCCL 2.24+ fails the first collective with ncclInvalidUsage on a bad token or prefix "
-            "(src/graph/tuning.cc, parseList)",
-            f"use a comma list of {allowed}, '^' to exclude, and 'function:list' entries after the "
-            f"first (e.g. 'ring,tree' or '^LL128;allreduce:LL,Simple')",
-        ))
+        issues.append(
+            EnvIssue(
+                "error",
+                var,
+                value,
+                f"{var}={value!r}: {exc}",
+                "NCCL 2.24+ fails the first collective with ncclInvalidUsage on a bad token or prefix "
+                "(src/graph/tuning.cc, parseList)",
+                f"use a comma list of {allowed}, '^' to exclude, and 'function:list' entries after the "
+                f"first (e.g. 'ring,tree' or '^LL128;allreduce:LL,Simple')",
+            )
+        )
         return
     if version is not None and (";" in value or ":" in value) and version[:2] < PER_FUNCTION_SYNTAX_VERSION:
-        issues.append(EnvIssue(
-            "error", var, value, f"{var}={value!r} uses the per-function form, which needs NCCL 2.24+",
-            f"the cluster's NCCL is {'.'.join(map(str, version))}; older releases do not parse "
-            "'function:list' entries",
-            "use one list for all functions, or upgrade NCCL",
-        ))
+        issues.append(
+            EnvIssue(
+                "error",
+                var,
+                value,
+                f"{var}={value!r} uses the per-function form, which needs NCCL 2.24+",
+                f"the cluster's NCCL is {'.'.join(map(str, version))}; older releases do not parse "
+                "'function:list' entries",
+                "use one list for all functions, or upgrade NCCL",
+            )
+        )
     if kind == "algorithm":
         used = {canon for f in FUNCTIONS for canon in enabled[f]}
         if version is not None:
             for algo in sorted(used):
                 first = ALGORITHMS[algo]
                 if version[:2] < first and algo.lower() in value.lower():
-                    issues.append(EnvIssue(
-                        "error", var, value, f"{var} names {algo}, which needs NCCL {first[0]}.{first[1]}+",
-                        f"the cluster's NCCL is {'.'.join(map(str, version))}",
-                        f"drop {algo} from {var} or upgrade NCCL",
-                    ))
+                    issues.append(
+                        EnvIssue(
+                            "error",
+                            var,
+                            value,
+                            f"{var} names {algo}, which needs NCCL {first[0]}.{first[1]}+",
+                            f"the cluster's NCCL is {'.'.join(map(str, version))}",
+                            f"drop {algo} from {var} or upgrade NCCL",
+                        )
+                    )
         first_entry = [e for e in value.split(";") if e][0]
         if ":" not in first_entry and "Ring" not in parse_selection(first_entry, kind)["AllReduce"]:
-            issues.append(EnvIssue(
-                "error", var, value,
-                f"{var}={value!r} takes Ring away from every collective",
-                "a single global algorithm fails for collectives it cannot run (e.g. NVLS has no "
-                "int8 broadcast: 'no algorithm/protocol available', NCCL issue 653, PyTorch PR "
-                "163063), and lagom keeps Ring available everywhere",
-                f"restrict per function instead, e.g. {var}='allreduce:nvls,ring', or unset it",
-            ))
+            issues.append(
+                EnvIssue(
+                    "error",
+                    var,
+                    value,
+                    f"{var}={value!r} takes Ring away from every collective",
+                    "a single global algorithm fails for collectives it cannot run (e.g. NVLS has no "
+                    "int8 broadcast: 'no algorithm/protocol available', NCCL issue 653, PyTorch PR "
+                    "163063), and lagom keeps Ring available everywhere",
+                    f"restrict per function instead, e.g. {var}='allreduce:nvls,ring', or unset it",
+                )
+            )
     else:
         forced = sorted(f for f in FUNCTIONS if "LL128" in enabled[f] and _positively_names(value, f, "ll128"))
         if forced:
-            issues.append(EnvIssue(
-                "error", var, value,
-                f"{var}={value!r} force-enables LL128 for {', '.join(forced)}",
-                "forcing LL128 where NCCL would not pick it gives silent data corruption on "
-                "unsupported paths (NCCL issues 786, 1261); NCCL's maintainers advise against "
-                "setting NCCL_PROTO except as a workaround",
-                f"only exclude protocols (e.g. {var}='^LL128') or unset {var}",
-            ))
+            issues.append(
+                EnvIssue(
+                    "error",
+                    var,
+                    value,
+                    f"{var}={value!r} force-enables LL128 for {', '.join(forced)}",
+                    "forcing LL128 where NCCL would not pick it gives silent data corruption on "
+                    "unsupported paths (NCCL issues 786, 1261); NCCL's maintainers advise against "
+                    "setting NCCL_PROTO except as a workaround",
+                    f"only exclude protocols (e.g. {var}='^LL128') or unset {var}",
+                )
+            )
 
 
 def _positively_names(value: str, function: str, token: str) -> bool:
@@ -145,21 +174,31 @@ def check_nccl_env(environ: Mapping[str, str], *, nccl_version: str | None = Non
     for var in ("NCCL_NTHREADS",):
         if get(var) is not None and (n := _int_value(var, get(var), issues)) is not None:
             if n not in NTHREADS_ALLOWED:
-                issues.append(EnvIssue(
-                    "error", var, get(var), f"{var}={n} is not one of {', '.join(map(str, NTHREADS_ALLOWED))}",
-                    "NCCL clamps other values with an INFO log only (not a multiple of 32 -> 512, "
-                    "above 512 -> 512, below 64 -> 64; src/graph/tuning.cc); NCCL issue 698 shows "
-                    "wrong all-reduce results with 480",
-                    f"set {var} to 64, 128, 256 or 512, or unset it",
-                ))
+                issues.append(
+                    EnvIssue(
+                        "error",
+                        var,
+                        get(var),
+                        f"{var}={n} is not one of {', '.join(map(str, NTHREADS_ALLOWED))}",
+                        "NCCL clamps other values with an INFO log only (not a multiple of 32 -> 512, "
+                        "above 512 -> 512, below 64 -> 64; src/graph/tuning.cc); NCCL issue 698 shows "
+                        "wrong all-reduce results with 480",
+                        f"set {var} to 64, 128, 256 or 512, or unset it",
+                    )
+                )
     if get("NCCL_LL128_NTHREADS") is not None:
         var = "NCCL_LL128_NTHREADS"
         if (n := _int_value(var, get(var), issues)) is not None and (n % 32 or not 64 <= n <= 640):
-            issues.append(EnvIssue(
-                "error", var, get(var), f"{var}={n} is outside 64..640 or not a multiple of 32",
-                "NCCL clamps it with an INFO log only (src/graph/tuning.cc, getNthreads)",
-                f"set {var} to a multiple of 32 between 64 and 640, or unset it",
-            ))
+            issues.append(
+                EnvIssue(
+                    "error",
+                    var,
+                    get(var),
+                    f"{var}={n} is outside 64..640 or not a multiple of 32",
+                    "NCCL clamps it with an INFO log only (src/graph/tuning.cc, getNthreads)",
+                    f"set {var} to a multiple of 32 between 64 and 640, or unset it",
+                )
+            )
 
     limit = max_ctas(nccl_version)
     for low_var, high_var in (("NCCL_MIN_CTAS", "NCCL_MAX_CTAS"), ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")):
@@ -171,94 +210,141 @@ def check_nccl_env(environ: Mapping[str, str], *, nccl_version: str | None = Non
             if n is None:
                 continue
             if not 1 <= n <= limit:
-                issues.append(EnvIssue(
-                    "error", var, get(var), f"{var}={n} is outside 1..{limit}",
-                    f"NCCL ignores values <= 0 and caps CTAs at {limit} "
-                    f"({'64 from NCCL 2.25' if limit == 64 else '32 before NCCL 2.25'}; src/init.cc)",
-                    f"set {var} between 1 and {limit}",
-                ))
+                issues.append(
+                    EnvIssue(
+                        "error",
+                        var,
+                        get(var),
+                        f"{var}={n} is outside 1..{limit}",
+                        f"NCCL ignores values <= 0 and caps CTAs at {limit} "
+                        f"({'64 from NCCL 2.25' if limit == 64 else '32 before NCCL 2.25'}; src/init.cc)",
+                        f"set {var} between 1 and {limit}",
+                    )
+                )
                 continue
             values[var] = n
         if len(values) == 2 and values[low_var] > values[high_var]:
-            issues.append(EnvIssue(
-                "error", low_var, get(low_var),
-                f"{low_var} ({values[low_var]}) must be <= {high_var} ({values[high_var]})",
-                "NCCL rejects a communicator whose minimum CTA count exceeds its maximum "
-                "(ncclInvalidArgument, src/init.cc)",
-                f"lower {low_var} or raise {high_var}",
-            ))
+            issues.append(
+                EnvIssue(
+                    "error",
+                    low_var,
+                    get(low_var),
+                    f"{low_var} ({values[low_var]}) must be <= {high_var} ({values[high_var]})",
+                    "NCCL rejects a communicator whose minimum CTA count exceeds its maximum "
+                    "(ncclInvalidArgument, src/init.cc)",
+                    f"lower {low_var} or raise {high_var}",
+                )
+            )
         elif len(values) == 1 and (get(low_var) is None or get(high_var) is None):
             (only,) = values
             other = high_var if only == low_var else low_var
-            issues.append(EnvIssue(
-                "warning", only, get(only), f"{only} is set without {other}: a one-ended CTA range",
-                "the other end stays at NCCL's default, which may not bracket it (a minimum above the "
-                "default maximum is an invalid range; NCCL PR 2256)",
-                f"set both {low_var} and {high_var}",
-            ))
+            issues.append(
+                EnvIssue(
+                    "warning",
+                    only,
+                    get(only),
+                    f"{only} is set without {other}: a one-ended CTA range",
+                    "the other end stays at NCCL's default, which may not bracket it (a minimum above the "
+                    "default maximum is an invalid range; NCCL PR 2256)",
+                    f"set both {low_var} and {high_var}",
+                )
+            )
 
     if get("NCCL_BUFFSIZE") is not None:
         var = "NCCL_BUFFSIZE"
         if (n := _int_value(var, get(var), issues)) is not None and not _is_power_of_two(n):
-            issues.append(EnvIssue(
-                "error", var, get(var), f"{var}={n} is not a positive power of two",
-                "NCCL documents powers of two (default 4 MiB); odd sizes gave wrong results and "
-                "hangs (NCCL issues 698, 1739)",
-                f"set {var} to a power of two (e.g. 4194304) or unset it",
-            ))
+            issues.append(
+                EnvIssue(
+                    "error",
+                    var,
+                    get(var),
+                    f"{var}={n} is not a positive power of two",
+                    "NCCL documents powers of two (default 4 MiB); odd sizes gave wrong results and "
+                    "hangs (NCCL issues 698, 1739)",
+                    f"set {var} to a power of two (e.g. 4194304) or unset it",
+                )
+            )
     for var in ("NCCL_LL_BUFFSIZE", "NCCL_LL128_BUFFSIZE"):
         if get(var) is not None:
-            issues.append(EnvIssue(
-                "warning", var, get(var), f"{var} is set",
-                "NCCL's maintainers recommend not changing it: LL128 buffers must be a multiple of "
-                "120 bytes and odd sizes hang (NCCL issue 1739)",
-                f"unset {var}",
-            ))
-    for var in ("NCCL_P2P_NET_CHUNKSIZE", "NCCL_P2P_NVL_CHUNKSIZE", "NCCL_P2P_PCI_CHUNKSIZE",
-                "NCCL_NVLS_CHUNKSIZE"):
+            issues.append(
+                EnvIssue(
+                    "warning",
+                    var,
+                    get(var),
+                    f"{var} is set",
+                    "NCCL's maintainers recommend not changing it: LL128 buffers must be a multiple of "
+                    "120 bytes and odd sizes hang (NCCL issue 1739)",
+                    f"unset {var}",
+                )
+            )
+    for var in ("NCCL_P2P_NET_CHUNKSIZE", "NCCL_P2P_NVL_CHUNKSIZE", "NCCL_P2P_PCI_CHUNKSIZE", "NCCL_NVLS_CHUNKSIZE"):
         if get(var) is not None and (n := _int_value(var, get(var), issues)) is not None:
             if not _is_power_of_two(n):
-                issues.append(EnvIssue(
-                    "error", var, get(var), f"{var}={n} is not a positive power of two",
-                    "NCCL documents power-of-two chunk sizes (env.rst)",
-                    f"set {var} to a power of two (e.g. 2097152) or unset it",
-                ))
+                issues.append(
+                    EnvIssue(
+                        "error",
+                        var,
+                        get(var),
+                        f"{var}={n} is not a positive power of two",
+                        "NCCL documents power-of-two chunk sizes (env.rst)",
+                        f"set {var} to a power of two (e.g. 2097152) or unset it",
+                    )
+                )
     if get("NCCL_CHUNK_SIZE") is not None:
-        issues.append(EnvIssue(
-            "warning", "NCCL_CHUNK_SIZE", get("NCCL_CHUNK_SIZE"), "NCCL_CHUNK_SIZE is set",
-            "it is undocumented (src/enqueue.cc, 0 = automatic) and applies to every collective",
-            "unset it; lagom sets chunk sizes per collective through its tuner plugin",
-        ))
+        issues.append(
+            EnvIssue(
+                "warning",
+                "NCCL_CHUNK_SIZE",
+                get("NCCL_CHUNK_SIZE"),
+                "NCCL_CHUNK_SIZE is set",
+                "it is undocumented (src/enqueue.cc, 0 = automatic) and applies to every collective",
+                "unset it; lagom sets chunk sizes per collective through its tuner plugin",
+            )
+        )
 
     if get("NCCL_CGA_CLUSTER_SIZE") is not None:
         var = "NCCL_CGA_CLUSTER_SIZE"
         if (n := _int_value(var, get(var), issues)) is not None and not 0 <= n <= MAX_CGA_CLUSTER_SIZE:
-            issues.append(EnvIssue(
-                "error", var, get(var), f"{var}={n} is outside 0..{MAX_CGA_CLUSTER_SIZE}",
-                "NCCL clamps values above 8 to 8 and ignores negative ones, with an INFO log only "
-                "(src/init.cc, envConfigOverride)",
-                f"set {var} between 0 and {MAX_CGA_CLUSTER_SIZE}",
-            ))
+            issues.append(
+                EnvIssue(
+                    "error",
+                    var,
+                    get(var),
+                    f"{var}={n} is outside 0..{MAX_CGA_CLUSTER_SIZE}",
+                    "NCCL clamps values above 8 to 8 and ignores negative ones, with an INFO log only "
+                    "(src/init.cc, envConfigOverride)",
+                    f"set {var} between 0 and {MAX_CGA_CLUSTER_SIZE}",
+                )
+            )
 
     if get("NCCL_CTA_POLICY") is not None:
         _check_cta_policy(get("NCCL_CTA_POLICY"), version, issues)  # type: ignore[arg-type]
 
     if get("NCCL_NVLS_ENABLE") is not None and get("NCCL_NVLS_ENABLE").strip() not in ("0", "1", "2"):
-        issues.append(EnvIssue(
-            "error", "NCCL_NVLS_ENABLE", get("NCCL_NVLS_ENABLE"),
-            f"NCCL_NVLS_ENABLE={get('NCCL_NVLS_ENABLE')!r} is not 0, 1 or 2",
-            "env.rst documents 0 (off), 1 (on) and 2 (auto, the default)",
-            "set NCCL_NVLS_ENABLE to 0, 1 or 2, or unset it",
-        ))
+        issues.append(
+            EnvIssue(
+                "error",
+                "NCCL_NVLS_ENABLE",
+                get("NCCL_NVLS_ENABLE"),
+                f"NCCL_NVLS_ENABLE={get('NCCL_NVLS_ENABLE')!r} is not 0, 1 or 2",
+                "env.rst documents 0 (off), 1 (on) and 2 (auto, the default)",
+                "set NCCL_NVLS_ENABLE to 0, 1 or 2, or unset it",
+            )
+        )
     plugin = get("NCCL_TUNER_PLUGIN")
     if plugin_path_missing(plugin):
-        issues.append(EnvIssue(
-            "error", "NCCL_TUNER_PLUGIN", plugin, f"NCCL_TUNER_PLUGIN={plugin!r}: the file does not exist",
-            "NCCL dlopens the tuner plugin when a communicator is created; when that fails it logs "
-            "at INFO level only and silently uses its internal tuner instead",
-            "point NCCL_TUNER_PLUGIN at an existing file (lagom's: `lagom build-tuner -o build` -> "
-            "build/libnccl-tuner-lagom.so), or unset it",
-        ))
+        issues.append(
+            EnvIssue(
+                "error",
+                "NCCL_TUNER_PLUGIN",
+                plugin,
+                f"NCCL_TUNER_PLUGIN={plugin!r}: the file does not exist",
+                "NCCL dlopens the tuner plugin when a communicator is created; when that fails it logs "
+                "at INFO level only and silently uses its internal tuner instead",
+                "point NCCL_TUNER_PLUGIN at an existing file (lagom's: `lagom build-tuner -o build` -> "
+                "build/libnccl-tuner-lagom.so), or unset it",
+            )
+        )
     return issues
 
 
@@ -270,35 +356,55 @@ def plugin_path_missing(value: str | None) -> bool:
 def _check_cta_policy(value: str, version, issues: list[EnvIssue]) -> None:
     var = "NCCL_CTA_POLICY"
     if version is not None and version[:2] < (2, 27):
-        issues.append(EnvIssue(
-            "error", var, value, f"{var} needs NCCL 2.27+",
-            f"the cluster's NCCL is {'.'.join(map(str, version))}, which does not read it",
-            f"unset {var} or upgrade NCCL",
-        ))
+        issues.append(
+            EnvIssue(
+                "error",
+                var,
+                value,
+                f"{var} needs NCCL 2.27+",
+                f"the cluster's NCCL is {'.'.join(map(str, version))}, which does not read it",
+                f"unset {var} or upgrade NCCL",
+            )
+        )
         return
     if value[:1].isdigit():
         if value.strip() not in ("0", "1", "2"):
-            issues.append(EnvIssue(
-                "error", var, value, f"{var}={value!r} is not a legacy policy number (0, 1 or 2)",
-                "NCCL reads only the first digit and falls back to DEFAULT on anything else, with "
-                "an INFO log (src/init.cc)",
-                f"set {var} to 0 (DEFAULT), 1 (EFFICIENCY) or 2 (ZERO), or names joined by '|'",
-            ))
+            issues.append(
+                EnvIssue(
+                    "error",
+                    var,
+                    value,
+                    f"{var}={value!r} is not a legacy policy number (0, 1 or 2)",
+                    "NCCL reads only the first digit and falls back to DEFAULT on anything else, with "
+                    "an INFO log (src/init.cc)",
+                    f"set {var} to 0 (DEFAULT), 1 (EFFICIENCY) or 2 (ZERO), or names joined by '|'",
+                )
+            )
         return
     names = [t for t in value.split("|") if t]
     bad = [t for t in names if t.upper() not in CTA_POLICIES]
     if bad or not names:
-        issues.append(EnvIssue(
-            "error", var, value, f"{var}={value!r}: unknown policy {', '.join(map(repr, bad)) or 'name'}",
-            "NCCL ignores unknown names with an INFO log only (src/init.cc)",
-            f"use {' | '.join(CTA_POLICIES)} joined by '|' (NCCL 2.29+) or 0/1/2",
-        ))
+        issues.append(
+            EnvIssue(
+                "error",
+                var,
+                value,
+                f"{var}={value!r}: unknown policy {', '.join(map(repr, bad)) or 'name'}",
+                "NCCL ignores unknown names with an INFO log only (src/init.cc)",
+                f"use {' | '.join(CTA_POLICIES)} joined by '|' (NCCL 2.29+) or 0/1/2",
+            )
+        )
     elif version is not None and version[:2] < (2, 29):
-        issues.append(EnvIssue(
-            "error", var, value, f"{var}={value!r} uses policy names, which need NCCL 2.29+",
-            f"the cluster's NCCL is {'.'.join(map(str, version))}, which reads only 0, 1 or 2",
-            "use the number: DEFAULT=0, EFFICIENCY=1, ZERO=2",
-        ))
+        issues.append(
+            EnvIssue(
+                "error",
+                var,
+                value,
+                f"{var}={value!r} uses policy names, which need NCCL 2.29+",
+                f"the cluster's NCCL is {'.'.join(map(str, version))}, which reads only 0, 1 or 2",
+                "use the number: DEFAULT=0, EFFICIENCY=1, ZERO=2",
+            )
+        )
 
 
 def override_issues(environ: Mapping[str, str]) -> list[EnvIssue]:
@@ -307,42 +413,94 @@ def override_issues(environ: Mapping[str, str]) -> list[EnvIssue]:
     issues = []
     for var, field in PER_COMMUNICATOR_OVERRIDES.items():
         if environ.get(var) is not None:
-            issues.append(EnvIssue(
-                "warning", var, environ[var], f"{var} is set and overrides lagom's per-communicator choice",
-                f"NCCL copies it into {field} of every communicator (src/init.cc, envConfigOverride), "
-                "so the plan's per-collective settings for this knob are silently ignored",
-                f"unset {var} and let lagom set it per communicator",
-            ))
+            issues.append(
+                EnvIssue(
+                    "warning",
+                    var,
+                    environ[var],
+                    f"{var} is set and overrides lagom's per-communicator choice",
+                    f"NCCL copies it into {field} of every communicator (src/init.cc, envConfigOverride), "
+                    "so the plan's per-collective settings for this knob are silently ignored",
+                    f"unset {var} and let lagom set it per communicator",
+                )
+            )
     for var, what in TUNER_OVERRIDES.items():
         if environ.get(var) is not None:
-            issues.append(EnvIssue(
-                "warning", var, environ[var], f"{var} is set and limits lagom's tuner plugin",
-                f"it {what}; the plan's choices outside it are silently dropped",
-                f"unset {var}; lagom chooses per collective",
-            ))
+            issues.append(
+                EnvIssue(
+                    "warning",
+                    var,
+                    environ[var],
+                    f"{var} is set and limits lagom's tuner plugin",
+                    f"it {what}; the plan's choices outside it are silently dropped",
+                    f"unset {var}; lagom chooses per collective",
+                )
+            )
     plugin = environ.get("NCCL_TUNER_PLUGIN")
     if plugin is not None and "lagom" not in plugin.lower() and not plugin_path_missing(plugin):
         # a missing file is check_nccl_env's error
-        issues.append(EnvIssue(
-            "warning", "NCCL_TUNER_PLUGIN", plugin, f"NCCL_TUNER_PLUGIN={plugin!r} is not lagom's plugin",
-            "NCCL loads one tuner plugin per process; another plugin replaces lagom's per-collective "
-            "algorithm, protocol and channel choices",
-            "unset NCCL_TUNER_PLUGIN (lagom sets it when a plan needs its plugin)",
-        ))
+        issues.append(
+            EnvIssue(
+                "warning",
+                "NCCL_TUNER_PLUGIN",
+                plugin,
+                f"NCCL_TUNER_PLUGIN={plugin!r} is not lagom's plugin",
+                "NCCL loads one tuner plugin per process; another plugin replaces lagom's per-collective "
+                "algorithm, protocol and channel choices",
+                "unset NCCL_TUNER_PLUGIN (lagom sets it when a plan needs its plugin)",
+            )
+        )
     return issues
 
 
 DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "ABORT", "TRACE")
-DEBUG_SUBSYSTEMS = ("INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC", "ALLOC_HOST", "CALL",
-                    "PROXY", "NVLS", "BOOTSTRAP", "REG", "PROFILE", "RAS", "DESTROY", "ALL")
+DEBUG_SUBSYSTEMS = (
+    "INIT",
+    "COLL",
+    "P2P",
+    "SHM",
+    "NET",
+    "GRAPH",
+    "TUNING",
+    "ENV",
+    "ALLOC",
+    "ALLOC_HOST",
+    "CALL",
+    "PROXY",
+    "NVLS",
+    "BOOTSTRAP",
+    "REG",
+    "PROFILE",
+    "RAS",
+    "DESTROY",
+    "ALL",
+)
 P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
 SOCKET_FAMILIES = ("AF_INET", "AF_INET6")
-INTEGER_VARIABLES = ("NCCL_IB_DISABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_GID_INDEX",
-                     "NCCL_IB_RETRY_CNT", "NCCL_IB_TIMEOUT", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD",
-                     "NCCL_CUMEM_ENABLE", "NCCL_COLLNET_ENABLE", "NCCL_IGNORE_CPU_AFFINITY", "NCCL_NET_GDR_READ")
-TORCH_BOOLS = ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_USE_COMM_NONBLOCKING", "TORCH_NCCL_AVOID_RECORD_STREAMS",
-               "TORCH_NCCL_ENABLE_MONITORING", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DESYNC_DEBUG",
-               "TORCH_NCCL_ENABLE_TIMING", "TORCH_NCCL_NAN_CHECK")
+INTEGER_VARIABLES = (
+    "NCCL_IB_DISABLE",
+    "NCCL_P2P_DISABLE",
+    "NCCL_SHM_DISABLE",
+    "NCCL_IB_GID_INDEX",
+    "NCCL_IB_RETRY_CNT",
+    "NCCL_IB_TIMEOUT",
+    "NCCL_SOCKET_NTHREADS",
+    "NCCL_NSOCKS_PERTHREAD",
+    "NCCL_CUMEM_ENABLE",
+    "NCCL_COLLNET_ENABLE",
+    "NCCL_IGNORE_CPU_AFFINITY",
+    "NCCL_NET_GDR_READ",
+)
+TORCH_BOOLS = (
+    "TORCH_NCCL_BLOCKING_WAIT",
+    "TORCH_NCCL_USE_COMM_NONBLOCKING",
+    "TORCH_NCCL_AVOID_RECORD_STREAMS",
+    "TORCH_NCCL_ENABLE_MONITORING",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT",
+    "TORCH_NCCL_DESYNC_DEBUG",
+    "TORCH_NCCL_ENABLE_TIMING",
+    "TORCH_NCCL_NAN_CHECK",
+)
 TORCH_INTS = ("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 _BOOL_WORDS = ("y", "yes", "1", "t", "true", "n", "no", "0", "f", "false")
 _STOI = re.compile(r"^\s*[+-]?\d+")
@@ -358,22 +516,51 @@ def check_interface_list(var: str, value: str) -> list[EnvIssue]:
     body = value
     if body.startswith("="):
         if body[1:].startswith("^"):
-            return [_issue(var, value, f"{var}={value!r} puts '=' before '^'; allowed order: ^ then =", why,
-                           f"write {var}=^={body[2:]}")]
+            return [
+                _issue(
+                    var,
+                    value,
+                    f"{var}={value!r} puts '=' before '^'; allowed order: ^ then =",
+                    why,
+                    f"write {var}=^={body[2:]}",
+                )
+            ]
     body = body.removeprefix("^").removeprefix("=")
     entries = [e for e in body.split(",") if e]
     if not entries:
-        return [_issue(var, value, f"{var}={value!r} names no interface", why + "; nothing would be selected",
-                       f"give interface names, e.g. {var}={'eth0' if 'SOCKET' in var else 'mlx5_0:1'}")]
+        return [
+            _issue(
+                var,
+                value,
+                f"{var}={value!r} names no interface",
+                why + "; nothing would be selected",
+                f"give interface names, e.g. {var}={'eth0' if 'SOCKET' in var else 'mlx5_0:1'}",
+            )
+        ]
     out = []
     for entry in entries:
         name, sep, port = entry.partition(":")
         if not name or any(c.isspace() for c in entry) or len(name) > 63:
-            out.append(_issue(var, value, f"{var}={value!r}: entry {entry!r} is not an interface name "
-                              "(empty, with spaces, or over 63 characters)", why, "fix the entry"))
+            out.append(
+                _issue(
+                    var,
+                    value,
+                    f"{var}={value!r}: entry {entry!r} is not an interface name "
+                    "(empty, with spaces, or over 63 characters)",
+                    why,
+                    "fix the entry",
+                )
+            )
         elif sep and (not port.isdigit() or int(port) < 1):
-            out.append(_issue(var, value, f"{var}={value!r}: port {port!r} of {name!r} is not a number >= 1",
-                              why + "; atoi makes it 0, which matches no port", f"write {name}:1 or just {name}"))
+            out.append(
+                _issue(
+                    var,
+                    value,
+                    f"{var}={value!r}: port {port!r} of {name!r} is not a number >= 1",
+                    why + "; atoi makes it 0, which matches no port",
+                    f"write {name}:1 or just {name}",
+                )
+            )
     return out
 
 
@@ -383,47 +570,96 @@ def check_network_env(environ: Mapping[str, str]) -> list[EnvIssue]:
     for var in ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"):
         if var in environ:
             out += check_interface_list(var, environ[var])
-    choices = (("NCCL_DEBUG", DEBUG_LEVELS, "src/debug.cc"), ("NCCL_P2P_LEVEL", P2P_LEVELS, "env.rst"),
-               ("NCCL_SOCKET_FAMILY", SOCKET_FAMILIES, "env.rst"))
+    choices = (
+        ("NCCL_DEBUG", DEBUG_LEVELS, "src/debug.cc"),
+        ("NCCL_P2P_LEVEL", P2P_LEVELS, "env.rst"),
+        ("NCCL_SOCKET_FAMILY", SOCKET_FAMILIES, "env.rst"),
+    )
     for var, allowed, source in choices:
         value = environ.get(var)
         if value is not None and value.strip().upper() not in allowed:
-            out.append(_issue(var, value, f"{var}={value!r} is not one of {', '.join(allowed)}",
-                              f"NCCL ignores other values without a word ({source})", f"set {var} to one of them"))
+            out.append(
+                _issue(
+                    var,
+                    value,
+                    f"{var}={value!r} is not one of {', '.join(allowed)}",
+                    f"NCCL ignores other values without a word ({source})",
+                    f"set {var} to one of them",
+                )
+            )
     subsys = environ.get("NCCL_DEBUG_SUBSYS")
     if subsys is not None:
         unknown = [t for t in subsys.removeprefix("^").split(",") if t.strip().upper() not in DEBUG_SUBSYSTEMS]
         if unknown:
-            out.append(_issue("NCCL_DEBUG_SUBSYS", subsys, f"NCCL_DEBUG_SUBSYS={subsys!r}: unknown subsystem(s) "
-                              f"{', '.join(map(repr, unknown))}; allowed: {', '.join(DEBUG_SUBSYSTEMS)}",
-                              "NCCL skips unknown names (src/debug.cc)", "fix the names; '^' first inverts the list"))
+            out.append(
+                _issue(
+                    "NCCL_DEBUG_SUBSYS",
+                    subsys,
+                    f"NCCL_DEBUG_SUBSYS={subsys!r}: unknown subsystem(s) "
+                    f"{', '.join(map(repr, unknown))}; allowed: {', '.join(DEBUG_SUBSYSTEMS)}",
+                    "NCCL skips unknown names (src/debug.cc)",
+                    "fix the names; '^' first inverts the list",
+                )
+            )
     plugin = environ.get("NCCL_NET_PLUGIN")
     if plugin is not None and plugin.lower() != "none" and plugin_path_missing(plugin):
-        out.append(_issue("NCCL_NET_PLUGIN", plugin, f"NCCL_NET_PLUGIN={plugin!r}: the file does not exist",
-                          "NCCL falls back to its internal network transports", "fix the path or unset it"))
+        out.append(
+            _issue(
+                "NCCL_NET_PLUGIN",
+                plugin,
+                f"NCCL_NET_PLUGIN={plugin!r}: the file does not exist",
+                "NCCL falls back to its internal network transports",
+                "fix the path or unset it",
+            )
+        )
     for var in INTEGER_VARIABLES:
         value = environ.get(var)
         if value is not None and not re.fullmatch(r"\s*[+-]?(0[xX][0-9a-fA-F]+|\d+)\s*", value):
-            out.append(_issue(var, value, f"{var}={value!r} is not an integer",
-                              "NCCL reads it with strtoll and silently keeps its default (src/misc/param.cc)",
-                              f"set {var} to an integer or unset it"))
+            out.append(
+                _issue(
+                    var,
+                    value,
+                    f"{var}={value!r} is not an integer",
+                    "NCCL reads it with strtoll and silently keeps its default (src/misc/param.cc)",
+                    f"set {var} to an integer or unset it",
+                )
+            )
     for var in TORCH_BOOLS:
         value = environ.get(var)
         if value is not None and value.lower() not in _BOOL_WORDS:
-            out.append(_issue(var, value, f"{var}={value!r} is not a boolean; allowed: {', '.join(_BOOL_WORDS)}",
-                              "torch's getCvarBool stops every rank on it when the NCCL process group is created "
-                              "(c10d/Utils.hpp)", f"set {var}=1 or {var}=0"))
+            out.append(
+                _issue(
+                    var,
+                    value,
+                    f"{var}={value!r} is not a boolean; allowed: {', '.join(_BOOL_WORDS)}",
+                    "torch's getCvarBool stops every rank on it when the NCCL process group is created "
+                    "(c10d/Utils.hpp)",
+                    f"set {var}=1 or {var}=0",
+                )
+            )
     for var in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", *TORCH_INTS):
         value = environ.get(var)
         if value is None:
             continue
         m = _STOI.match(value)
         if not m:
-            out.append(_issue(var, value, f"{var}={value!r} is not an integer",
-                              "torch's getCvarInt (std::stoi) stops every rank on it (c10d/Utils.hpp)",
-                              f"set {var} to an integer"))
+            out.append(
+                _issue(
+                    var,
+                    value,
+                    f"{var}={value!r} is not an integer",
+                    "torch's getCvarInt (std::stoi) stops every rank on it (c10d/Utils.hpp)",
+                    f"set {var} to an integer",
+                )
+            )
         elif var == "TORCH_NCCL_ASYNC_ERROR_HANDLING" and not 0 <= int(m.group()) <= 3:
-            out.append(_issue(var, value, f"{var}={value!r} is not an ErrorHandlingMode; allowed: 0, 1, 2, 3",
-                              "0 no handling, 1 tear down, 2 clean up only, 3 skip clean-up (ProcessGroupNCCL.hpp)",
-                              f"set {var}=1 (torch's default) or 3"))
+            out.append(
+                _issue(
+                    var,
+                    value,
+                    f"{var}={value!r} is not an ErrorHandlingMode; allowed: 0, 1, 2, 3",
+                    "0 no handling, 1 tear down, 2 clean up only, 3 skip clean-up (ProcessGroupNCCL.hpp)",
+                    f"set {var}=1 (torch's default) or 3",
+                )
+            )
     return out

@@ -54,8 +54,9 @@ def validate_process_env(env: Mapping[str, Any]) -> dict[str, str]:
         elif name == "NCCL_BUFFSIZE":
             n = _int_value(name, value)
             if not BUFFSIZE_MIN <= n <= BUFFSIZE_MAX or n & (n - 1):
-                raise ValueError(f"NCCL_BUFFSIZE must be a power of two in {BUFFSIZE_MIN}..{BUFFSIZE_MAX} "
-                                 f"bytes; got {n}")
+                raise ValueError(
+                    f"NCCL_BUFFSIZE must be a power of two in {BUFFSIZE_MIN}..{BUFFSIZE_MAX} bytes; got {n}"
+                )
             out[name] = str(n)
         elif name in PATH_VARS:
             if not str(value).strip() or "\n" in str(value):
@@ -78,8 +79,10 @@ def write_env_file(env: Mapping[str, Any], path: str | os.PathLike, *, source: s
     """Writes validated ``export VAR=value`` lines to ``path`` atomically (ValueError: ``validate_process_env``)."""
     values = validate_process_env(env)
     path = Path(path)
-    lines = [f"# written by lagom: process-scope NCCL settings{f' of {source}' if source else ''}",
-             "# NCCL reads these once per process; the launch scripts source this file before a run."]
+    lines = [
+        f"# written by lagom: process-scope NCCL settings{f' of {source}' if source else ''}",
+        "# NCCL reads these once per process; the launch scripts source this file before a run.",
+    ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in values.items()]
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path
@@ -100,9 +103,13 @@ def read_env_file(path: str | os.PathLike) -> dict[str, str]:
     return validate_process_env(env)
 
 
-def write_plan_env_file(plan_path: str | os.PathLike, env: Mapping[str, Any], *,
-                        tuner_plugin: str | os.PathLike | None = None,
-                        tuner_table: str | os.PathLike | None = None) -> Path:
+def write_plan_env_file(
+    plan_path: str | os.PathLike,
+    env: Mapping[str, Any],
+    *,
+    tuner_plugin: str | os.PathLike | None = None,
+    tuner_table: str | os.PathLike | None = None,
+) -> Path:
     """Writes ``env`` (and the tuner plugin and table) to ``env_file_path(plan_path)``; ValueError if invalid."""
     values: dict[str, Any] = dict(env)
     if tuner_plugin is not None:

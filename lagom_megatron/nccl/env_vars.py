@@ -52,8 +52,12 @@ def validate_env(env: dict[str, str]) -> None:
                 if bad:
                     raise invalid_value("NCCL_PROTO", value, list(PROTOCOLS), f"unknown token {bad[0]!r}")
                 if any(t.lower() == "ll128" for t in tokens):
-                    raise invalid_value("NCCL_PROTO", value, "exclusions such as '^LL128' or lists without LL128",
-                                "forcing LL128 can corrupt data silently (nccl#786)")
+                    raise invalid_value(
+                        "NCCL_PROTO",
+                        value,
+                        "exclusions such as '^LL128' or lists without LL128",
+                        "forcing LL128 can corrupt data silently (nccl#786)",
+                    )
         elif key == "NCCL_ALGO":
             for entry in value.split(";"):
                 prefixed = ":" in entry
@@ -65,8 +69,12 @@ def validate_env(env: dict[str, str]) -> None:
                 if bad:
                     raise invalid_value("NCCL_ALGO", value, list(ALGORITHMS), f"unknown token {bad[0]!r}")
                 if not prefixed and "ring" not in {t.lower() for t in tokens}:
-                    raise invalid_value("NCCL_ALGO", value, "a global list that includes Ring, or per-function entries ('allreduce:nvls,ring')",
-                                "collectives with no allowed algorithm fail (pytorch#163063)")
+                    raise invalid_value(
+                        "NCCL_ALGO",
+                        value,
+                        "a global list that includes Ring, or per-function entries ('allreduce:nvls,ring')",
+                        "collectives with no allowed algorithm fail (pytorch#163063)",
+                    )
         elif key == "NCCL_NTHREADS":
             if not value.isdigit() or int(value) not in N_THREADS:
                 raise invalid_value("NCCL_NTHREADS", value, list(N_THREADS))
@@ -146,8 +154,7 @@ def parse_selection(value: str, kind: Literal["algorithm", "protocol"]) -> dict[
         for name in names:
             if name.lower() not in canon:
                 raise ValueError(
-                    f'Unrecognized element token "{name}" when parsing "{value}"; '
-                    f"allowed {kind}s: {', '.join(tokens)}"
+                    f'Unrecognized element token "{name}" when parsing "{value}"; allowed {kind}s: {", ".join(tokens)}'
                 )
             chosen.add(canon[name.lower()])
         result = frozenset(tokens) - chosen if negate else frozenset(chosen)

@@ -25,18 +25,37 @@ from lagom_megatron.nccl.validate import nccl_bins
 FORMATS: tuple[str, ...] = ("megatron-yaml", "nccl-tuner-csv", "env")
 
 TUNER_COLUMNS: tuple[str, ...] = (
-    "collective_type", "min_bytes", "max_bytes", "algorithm", "protocol", "channels", "nNodes", "nRanks",
-    "numPipeOps", "regBuff",
+    "collective_type",
+    "min_bytes",
+    "max_bytes",
+    "algorithm",
+    "protocol",
+    "channels",
+    "nNodes",
+    "nRanks",
+    "numPipeOps",
+    "regBuff",
 )
 """Columns of NCCL's example tuner plugin table, in order."""
 TUNER_EXTENDED_COLUMNS: tuple[str, ...] = TUNER_COLUMNS + ("chunkSize", "commTag")
 """The two optional trailing columns lagom's own plugin understands."""
 
-TUNER_COLLECTIVE = {"broadcast": "broadcast", "all_gather": "allgather", "reduce_scatter": "reducescatter",
-                    "all_reduce": "allreduce"}
+TUNER_COLLECTIVE = {
+    "broadcast": "broadcast",
+    "all_gather": "allgather",
+    "reduce_scatter": "reducescatter",
+    "all_reduce": "allreduce",
+}
 """lagom op -> the plugin's collective_type (NCCL's tuner is not consulted for P2P ops)."""
-TUNER_ALGORITHM = {"Tree": "tree", "Ring": "ring", "CollNetDirect": "collnet_direct", "CollNetChain": "collnet_chain",
-                   "NVLS": "nvls", "NVLSTree": "nvls_tree", "PAT": "pat"}
+TUNER_ALGORITHM = {
+    "Tree": "tree",
+    "Ring": "ring",
+    "CollNetDirect": "collnet_direct",
+    "CollNetChain": "collnet_chain",
+    "NVLS": "nvls",
+    "NVLSTree": "nvls_tree",
+    "PAT": "pat",
+}
 TUNER_PROTOCOL = {"LL": "ll", "LL128": "ll128", "Simple": "simple"}
 
 
@@ -104,25 +123,34 @@ class TunerRow:
 def tuner_rows(plan: Plan, *, extended: bool) -> list[TunerRow]:
     """The plan's tuner-table rows in file order (what the plugin's hit counters index). Raises ValueError: sites NCCL
     cannot tell apart with different configs; for 10 columns, a knob left to NCCL or a chunk size."""
-    order = sorted(plan.entries.items(),
-                   key=lambda kv: -(kv[1].predicted_default_t_region_us - kv[1].predicted_t_region_us))
+    order = sorted(
+        plan.entries.items(), key=lambda kv: -(kv[1].predicted_default_t_region_us - kv[1].predicted_t_region_us)
+    )
     rows: dict[tuple, list] = {}
     for site_id, e in order:
         c = e.config
-        if e.op not in TUNER_COLLECTIVE or (c.algorithm is None and c.protocol is None and c.n_channels is None
-                                            and c.chunk_size is None):
+        if e.op not in TUNER_COLLECTIVE or (
+            c.algorithm is None and c.protocol is None and c.n_channels is None and c.chunk_size is None
+        ):
             continue
         if not extended:
-            unset = [name for name, v in (("algorithm", c.algorithm), ("protocol", c.protocol),
-                                          ("channels", c.n_channels)) if v is None]
+            unset = [
+                name
+                for name, v in (("algorithm", c.algorithm), ("protocol", c.protocol), ("channels", c.n_channels))
+                if v is None
+            ]
             if unset or c.chunk_size is not None:
-                what = (f"leaves {', '.join(unset)} to NCCL" if unset else f"sets chunk size {c.chunk_size}")
+                what = f"leaves {', '.join(unset)} to NCCL" if unset else f"sets chunk size {c.chunk_size}"
                 raise ValueError(
                     f"site {site_id} {what}: NCCL's example tuner plugin would read that as ring / simple / "
                     "1 channel, or drop the chunk size; the 10-column table holds only explicit algorithm, "
-                    "protocol and channels (export with --extended for lagom's plugin)")
-        decision = (TUNER_ALGORITHM.get(c.algorithm, "-1"), TUNER_PROTOCOL.get(c.protocol, "-1"),
-                    str(c.n_channels if c.n_channels is not None else -1))
+                    "protocol and channels (export with --extended for lagom's plugin)"
+                )
+        decision = (
+            TUNER_ALGORITHM.get(c.algorithm, "-1"),
+            TUNER_PROTOCOL.get(c.protocol, "-1"),
+            str(c.n_channels if c.n_channels is not None else -1),
+        )
         if extended:
             decision += (str(c.chunk_size if c.chunk_size is not None else -1),)
         # one row per getCollInfo NCCL makes for the call (bins.nccl_bins: a coalesced bucket group
@@ -140,7 +168,8 @@ def tuner_rows(plan: Plan, *, extended: bool) -> list[TunerRow]:
                     raise ValueError(
                         f"sites {first} and {site_id} are the same collective to a tuner plugin (tag {key[0]!r}, "
                         f"{TUNER_COLLECTIVE[e.op]}, {key[2]} bytes, {key[4]} ranks) but have different configs "
-                        f"{first_decision} and {decision}; the plan must give them one decision")
+                        f"{first_decision} and {decision}; the plan must give them one decision"
+                    )
                 if site_id not in rows[key][0]:
                     rows[key][0].append(site_id)
                 continue
@@ -157,8 +186,10 @@ def tuner_rows(plan: Plan, *, extended: bool) -> list[TunerRow]:
 def _tuner_csv(plan: Plan, extended: bool) -> str:
     columns = TUNER_EXTENDED_COLUMNS if extended else TUNER_COLUMNS
     lines = [
-        "# NCCL tuner table written by lagom" + (" (lagom's plugin only: 12 columns)" if extended
-                                                 else " (NCCL's example tuner plugin reads it the same way)"),
+        "# NCCL tuner table written by lagom"
+        + (
+            " (lagom's plugin only: 12 columns)" if extended else " (NCCL's example tuner plugin reads it the same way)"
+        ),
         "# " + ",".join(columns),
         "# collective_type: broadcast|reduce|allgather|reducescatter|allreduce; min/max_bytes inclusive",
         "# algorithm: tree|ring|collnet_direct|collnet_chain|nvls|nvls_tree|pat|-1; protocol: ll|ll128|simple|-1",
@@ -188,7 +219,9 @@ def parse_tuner_csv(text: str) -> list[dict[str, str]]:
             continue
         cells = line.split(",")
         if len(cells) not in (len(TUNER_COLUMNS), len(TUNER_EXTENDED_COLUMNS)):
-            raise ValueError(f"tuner table line {n}: expected {len(TUNER_COLUMNS)} or {len(TUNER_EXTENDED_COLUMNS)} columns; got {len(cells)}")
+            raise ValueError(
+                f"tuner table line {n}: expected {len(TUNER_COLUMNS)} or {len(TUNER_EXTENDED_COLUMNS)} columns; got {len(cells)}"
+            )
         rows.append(dict(zip(TUNER_EXTENDED_COLUMNS, cells)))
     return rows
 

@@ -16,16 +16,42 @@ from lagom_megatron.engine.knobs import P2P_OPS, CommConfig
 from lagom_megatron.engine.p2p import p2p_channels
 from lagom_megatron.nccl.plugin_status import ObservedComm, ObservedOp
 
-FUNC_OPS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
-            "Broadcast": "broadcast", "Reduce": "reduce", "Send": "send", "Recv": "recv", "AlltoAll": "all_to_all"}
+FUNC_OPS = {
+    "AllReduce": "all_reduce",
+    "AllGather": "all_gather",
+    "ReduceScatter": "reduce_scatter",
+    "Broadcast": "broadcast",
+    "Reduce": "reduce",
+    "Send": "send",
+    "Recv": "recv",
+    "AlltoAll": "all_to_all",
+}
 """NCCL's function names (``ncclFuncToString``, ``src/collectives.cc:14-45``) -> lagom's op names."""
-ALGORITHMS = {"TREE": "Tree", "RING": "Ring", "COLLNET_DIRECT": "CollNetDirect", "COLLNET_CHAIN": "CollNetChain",
-              "NVLS": "NVLS", "NVLS_TREE": "NVLSTree", "PAT": "PAT"}
+ALGORITHMS = {
+    "TREE": "Tree",
+    "RING": "Ring",
+    "COLLNET_DIRECT": "CollNetDirect",
+    "COLLNET_CHAIN": "CollNetChain",
+    "NVLS": "NVLS",
+    "NVLS_TREE": "NVLSTree",
+    "PAT": "PAT",
+}
 """``ncclAlgoToString`` names -> ``engine.knobs.ALGORITHMS``."""
 PROTOCOLS = {"LL": "LL", "LL128": "LL128", "SIMPLE": "Simple"}
-DTYPE_BYTES = {"ncclInt8": 1, "ncclUint8": 1, "ncclFloat8e4m3": 1, "ncclFloat8e5m2": 1, "ncclFloat16": 2,
-               "ncclBfloat16": 2, "ncclInt32": 4, "ncclUint32": 4, "ncclFloat32": 4, "ncclInt64": 8,
-               "ncclUint64": 8, "ncclFloat64": 8}
+DTYPE_BYTES = {
+    "ncclInt8": 1,
+    "ncclUint8": 1,
+    "ncclFloat8e4m3": 1,
+    "ncclFloat8e5m2": 1,
+    "ncclFloat16": 2,
+    "ncclBfloat16": 2,
+    "ncclInt32": 4,
+    "ncclUint32": 4,
+    "ncclFloat32": 4,
+    "ncclInt64": 8,
+    "ncclUint64": 8,
+    "ncclFloat64": 8,
+}
 """Element bytes per NCCL datatype name (``ncclTypeSize``, ``src/include/collectives.h:44-66``)."""
 PER_RANK_COUNT = ("AllGather", "ReduceScatter")
 """Functions whose ``count`` is one rank's share: the plan counts the whole buffer (the all-gather's
@@ -53,8 +79,12 @@ def nccl_coll_channels(op: ObservedOp, n_channels: int, n_ranks: int) -> int | N
     if n_channels < 1 or n_ranks < 1:
         raise ValueError(f"n_channels ({n_channels}) and n_ranks ({n_ranks}) must be >= 1")
     size = DTYPE_BYTES.get(op.dtype)
-    if size is None or op.abi < 4 or op.algo in ("COLLNET_DIRECT", "COLLNET_CHAIN") or (
-            op.algo == "NVLS" and op.n_nodes > 1):
+    if (
+        size is None
+        or op.abi < 4
+        or op.algo in ("COLLNET_DIRECT", "COLLNET_CHAIN")
+        or (op.algo == "NVLS" and op.n_nodes > 1)
+    ):
         return None
     nbytes = op.count * size
     if nbytes <= 0:
@@ -102,9 +132,15 @@ class SiteObservation:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (the consensus all-gather and the report)."""
-        return {"site_id": self.site_id, "status": self.status, "planned": dict(self.planned),
-                "observed": {k: list(v) if isinstance(v, tuple) else v for k, v in self.observed.items()},
-                "knobs": list(self.knobs), "calls": self.calls, "note": self.note}
+        return {
+            "site_id": self.site_id,
+            "status": self.status,
+            "planned": dict(self.planned),
+            "observed": {k: list(v) if isinstance(v, tuple) else v for k, v in self.observed.items()},
+            "knobs": list(self.knobs),
+            "calls": self.calls,
+            "note": self.note,
+        }
 
 
 def _one(values: Iterable[Any]) -> Any:
@@ -123,19 +159,26 @@ def matching_ops(comms: Iterable[ObservedComm], key: str, op: str, nbytes: int, 
     return out
 
 
-def observe_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int, group_size: int,
-                 ops: list[ObservedOp]) -> SiteObservation:
+def observe_site(
+    site_id: str, planned: CommConfig, *, op: str, nbytes: int, group_size: int, ops: list[ObservedOp]
+) -> SiteObservation:
     """Compares ``planned`` (the plan's config for the site) with its calls' records ``ops`` (empty: unobserved)."""
     if not ops:
-        return SiteObservation(site_id, "unobserved", note="no record of its calls (function and bytes) on its "
-                                                          "communicator while NCCL's events were on")
+        return SiteObservation(
+            site_id,
+            "unobserved",
+            note="no record of its calls (function and bytes) on its communicator while NCCL's events were on",
+        )
     p2p = op in P2P_OPS
     want: dict[str, Any] = {}
     seen: dict[str, Any] = {}
     bad: list[str] = []
     notes: list[str] = []
     if planned.algorithm is not None and not p2p:
-        want["algorithm"], seen["algorithm"] = planned.algorithm, _one(ALGORITHMS.get(o.algo or "", o.algo) for o in ops)
+        want["algorithm"], seen["algorithm"] = (
+            planned.algorithm,
+            _one(ALGORITHMS.get(o.algo or "", o.algo) for o in ops),
+        )
         bad += ["algorithm"] if seen["algorithm"] != planned.algorithm else []
     if planned.protocol is not None and not p2p:
         want["protocol"], seen["protocol"] = planned.protocol, _one(PROTOCOLS.get(o.proto or "", o.proto) for o in ops)
@@ -151,8 +194,9 @@ def observe_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int, gro
                 bad.append("n_channels")
                 notes.append(f"P2P ran on up to {max(channels)} channels, more than the {bound} its bound allows")
         else:
-            split = {o: nccl_coll_channels(o, planned.n_channels, o.n_ranks if o.n_ranks > 0 else group_size)
-                     for o in ops}
+            split = {
+                o: nccl_coll_channels(o, planned.n_channels, o.n_ranks if o.n_ranks > 0 else group_size) for o in ops
+            }
             if all(s is None and o.abi >= 4 for o, s in split.items()):  # CollNet / multi-node NVLS
                 del want["n_channels"], seen["n_channels"]
             elif any(o.channels not in (planned.n_channels, split[o]) for o in ops):
@@ -160,11 +204,14 @@ def observe_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int, gro
                 rule = _one(s for s in split.values() if s is not None)
                 nccl = f" (NCCL's split of the call gives {rule})" if rule != () else ""
                 if max(channels) < planned.n_channels:
-                    notes.append(f"clamped: NCCL ran {seen['n_channels']} of the {planned.n_channels} planned "
-                                 f"channels{nccl}")
+                    notes.append(
+                        f"clamped: NCCL ran {seen['n_channels']} of the {planned.n_channels} planned channels{nccl}"
+                    )
             elif any(o.channels != planned.n_channels for o in ops):
-                notes.append(f"split: NCCL ran the {planned.n_channels} planned channels' call on "
-                             f"{seen['n_channels']}, as its traffic cells give for these bytes")
+                notes.append(
+                    f"split: NCCL ran the {planned.n_channels} planned channels' call on "
+                    f"{seen['n_channels']}, as its traffic cells give for these bytes"
+                )
     if planned.n_threads is not None and not p2p:
         want["n_threads"], seen["n_threads"] = planned.n_threads, _one(32 * o.warps for o in ops)
         bad += ["n_threads"] if seen["n_threads"] != planned.n_threads else []
@@ -177,8 +224,9 @@ def observe_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int, gro
     return SiteObservation(site_id, status, want, seen, tuple(bad), calls, "; ".join(notes))
 
 
-def site_kernel_us(comms: Iterable[ObservedComm], key: str, op: str, nbytes: int, group_size: int,
-                   calls: int) -> float | None:
+def site_kernel_us(
+    comms: Iterable[ObservedComm], key: str, op: str, nbytes: int, group_size: int, calls: int
+) -> float | None:
     """The site's NCCL kernel time, us summed over ``calls``; None unless the records tell it apart (ABI v4+)."""
     ops = matching_ops(comms, key, op, nbytes, group_size)
     if not ops or calls <= 0 or sum(o.calls for o in ops) != calls or sum(o.kernel_calls for o in ops) != calls:

@@ -21,10 +21,22 @@ TUNER_NO_TABLE = "none"
 NONBLOCKING_ENV = "TORCH_NCCL_USE_COMM_NONBLOCKING"
 """PyTorch switch for non-blocking communicators, whose creation runs in another thread."""
 
-KNOWN_CONFIG_FIELDS: frozenset[str] = frozenset({
-    "blocking", "cga_cluster_size", "min_ctas", "max_ctas", "net_name", "split_share",
-    "traffic_class", "collnet_enable", "cta_policy", "nvls_ctas", "comm_name", "n_channels_per_net_peer",
-})
+KNOWN_CONFIG_FIELDS: frozenset[str] = frozenset(
+    {
+        "blocking",
+        "cga_cluster_size",
+        "min_ctas",
+        "max_ctas",
+        "net_name",
+        "split_share",
+        "traffic_class",
+        "collnet_enable",
+        "cta_policy",
+        "nvls_ctas",
+        "comm_name",
+        "n_channels_per_net_peer",
+    }
+)
 """NCCLConfig attributes some torch binds (2.5-2.7: the first six; 2.8+: four more). ``n_channels_per_net_peer`` (NCCL
 2.28) is bound by no torch we read (``torch/csrc/distributed/c10d/init.cpp`` @ce00583b): detected, never assumed."""
 
@@ -32,8 +44,13 @@ CTA_POLICIES: dict[str, int] = {"DEFAULT": 0, "EFFICIENCY": 1, "ZERO": 2}
 """ncclConfig_t.CTAPolicy values (NCCL_CTA_POLICY_*; ZERO usable from NCCL 2.28)."""
 
 ALGORITHMS: dict[str, str] = {
-    "tree": "Tree", "ring": "Ring", "collnetdirect": "CollNetDirect", "collnetchain": "CollNetChain",
-    "nvls": "NVLS", "nvlstree": "NVLSTree", "pat": "PAT",
+    "tree": "Tree",
+    "ring": "Ring",
+    "collnetdirect": "CollNetDirect",
+    "collnetchain": "CollNetChain",
+    "nvls": "NVLS",
+    "nvlstree": "NVLSTree",
+    "pat": "PAT",
 }
 """Normalised name (lower case, no underscores) -> NCCL_ALGO spelling."""
 
@@ -54,8 +71,14 @@ PROTOCOLS: dict[str, str] = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
 """Normalised name -> NCCL_PROTO spelling."""
 
 OP_FUNCTIONS: dict[str, str | None] = {
-    "all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
-    "broadcast": "broadcast", "reduce": "reduce", "all_to_all": None, "send": None, "recv": None,
+    "all_reduce": "allreduce",
+    "all_gather": "allgather",
+    "reduce_scatter": "reducescatter",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "all_to_all": None,
+    "send": None,
+    "recv": None,
 }
 """CollectiveSite.op -> NCCL function name (None: point-to-point, no algorithm/protocol choice)."""
 
@@ -82,6 +105,7 @@ KNOB_OVERRIDES: dict[str, tuple[str, ...]] = {
 overrides (``src/init.cc`` ``envConfigOverride``), NCCL_ALGO / NCCL_PROTO (``src/graph/tuning.cc:453-461``),
 NCCL_NTHREADS (``tuning.cc:14``), buffer sizes cap the chunk (``src/init.cc:810-824``), TORCH_NCCL_HIGH_PRIORITY
 (``initNCCLComm``: ``getStreamFromPool(options_->is_high_priority_stream || force_high)``)."""
+
 
 def nccl_version_tuple(version: Any) -> tuple[int, int, int] | None:
     """Normalises ``torch.cuda.nccl.version()`` (a tuple, or an int code in old torch)."""
@@ -126,9 +150,15 @@ def _per_function(functions: Iterable[str], value: str) -> str:
     return ";".join(f"{fn}:{value}" for fn in functions)
 
 
-def nccl_options_for(config: CommConfig, *, fields: Iterable[str] | None = None,
-                     nccl_version: tuple[int, int, int] | None = None, use_tuner_plugin: bool = False,
-                     op: str | None = None, tag: str | None = None) -> dict[str, dict[str, Any]]:
+def nccl_options_for(
+    config: CommConfig,
+    *,
+    fields: Iterable[str] | None = None,
+    nccl_version: tuple[int, int, int] | None = None,
+    use_tuner_plugin: bool = False,
+    op: str | None = None,
+    tag: str | None = None,
+) -> dict[str, dict[str, Any]]:
     """Maps ``config`` to one pool entry's NCCLConfig attributes and creation-time env: ``{"config": ..., "env": ...}``.
     Ignores ``n_threads`` and ``chunk_size``; ``fields`` None = all known, ``nccl_version`` None = 2.28+. Raises
     ValueError naming the value and what is allowed (domain, unbound field, a pair NCCL does not run, forced LL128, a
@@ -140,15 +170,18 @@ def nccl_options_for(config: CommConfig, *, fields: Iterable[str] | None = None,
 
     def need(field: str, knob: str, since: str) -> None:
         if field not in fields:
-            raise ValueError(f"{knob} needs NCCLConfig.{field}, which this torch does not bind "
-                             f"(bound: {sorted(fields)}); it needs torch {since}")
+            raise ValueError(
+                f"{knob} needs NCCLConfig.{field}, which this torch does not bind "
+                f"(bound: {sorted(fields)}); it needs torch {since}"
+            )
 
     if config.n_channels is not None:
         limit = 64 if version >= (2, 25, 0) else 32
         n = config.n_channels
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= limit:
-            raise ValueError(f"n_channels must be an integer in 1..{limit} for NCCL "
-                             f"{'.'.join(map(str, version))}; got {n!r}")
+            raise ValueError(
+                f"n_channels must be an integer in 1..{limit} for NCCL {'.'.join(map(str, version))}; got {n!r}"
+            )
         need("min_ctas", "n_channels", ">= 2.1")
         need("max_ctas", "n_channels", ">= 2.1")
         out["min_ctas"] = out["max_ctas"] = n  # both ends: never a one-sided CTA range
@@ -165,8 +198,10 @@ def nccl_options_for(config: CommConfig, *, fields: Iterable[str] | None = None,
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64 or n & (n - 1):
             raise ValueError(f"net_peer_channels must be a power of two in 1..64; got {n!r}")
         if version < (2, 28, 0):
-            raise ValueError(f"net_peer_channels as ncclConfig_t.nChannelsPerNetPeer needs NCCL >= 2.28; runtime "
-                             f"NCCL is {'.'.join(map(str, version))} (NCCL_NCHANNELS_PER_NET_PEER sets it per process)")
+            raise ValueError(
+                f"net_peer_channels as ncclConfig_t.nChannelsPerNetPeer needs NCCL >= 2.28; runtime "
+                f"NCCL is {'.'.join(map(str, version))} (NCCL_NCHANNELS_PER_NET_PEER sets it per process)"
+            )
         need("n_channels_per_net_peer", "net_peer_channels", "built with NCCL >= 2.28 that binds it")
         out["n_channels_per_net_peer"] = n
     if config.cta_policy is not None:
@@ -195,37 +230,44 @@ def _algo_proto_env(config: CommConfig, *, op: str | None, version: tuple[int, i
             raise ValueError(f"op must be one of {sorted(OP_FUNCTIONS)}; got {op!r}")
         fn = OP_FUNCTIONS[op]
         if fn is None:
-            raise ValueError(f"{op} is point-to-point: NCCL has no algorithm/protocol choice for it; "
-                             f"got algorithm={config.algorithm!r} protocol={config.protocol!r}")
+            raise ValueError(
+                f"{op} is point-to-point: NCCL has no algorithm/protocol choice for it; "
+                f"got algorithm={config.algorithm!r} protocol={config.protocol!r}"
+            )
         functions = (fn,)
     if version < (2, 24, 0):
-        raise ValueError(f"a per-communicator algorithm/protocol needs NCCL >= 2.24 (per-function "
-                         f"NCCL_ALGO syntax); runtime NCCL is {'.'.join(map(str, version))}: use the tuner plugin")
+        raise ValueError(
+            f"a per-communicator algorithm/protocol needs NCCL >= 2.24 (per-function "
+            f"NCCL_ALGO syntax); runtime NCCL is {'.'.join(map(str, version))}: use the tuner plugin"
+        )
     env: dict[str, str] = {}
     algo = None
     if config.algorithm is not None:
         algo = _canonical(config.algorithm, ALGORITHMS, "algorithm")
         functions = tuple(fn for fn in functions if fn in ALGORITHM_FUNCTIONS[algo])
         if not functions:
-            raise ValueError(f"NCCL's {algo} does not implement {op}; it implements "
-                             f"{list(ALGORITHM_FUNCTIONS[algo])}")
+            raise ValueError(f"NCCL's {algo} does not implement {op}; it implements {list(ALGORITHM_FUNCTIONS[algo])}")
         env["NCCL_ALGO"] = _per_function(functions, algo)
     if config.protocol is not None:
         proto = _canonical(config.protocol, PROTOCOLS, "protocol")
         if proto == "LL128":
-            raise ValueError("protocol LL128 is never forced through NCCL_PROTO (NCCL enables it only "
-                             "where it is safe); use the tuner plugin, which prefers it only where NCCL enabled it")
+            raise ValueError(
+                "protocol LL128 is never forced through NCCL_PROTO (NCCL enables it only "
+                "where it is safe); use the tuner plugin, which prefers it only where NCCL enabled it"
+            )
         if algo in SIMPLE_ONLY_ALGORITHMS and proto != "Simple":
             raise ValueError(f"NCCL runs {algo} with the Simple protocol only; got protocol {config.protocol!r}")
         env["NCCL_PROTO"] = _per_function(functions, proto)
     return env
 
 
-def check_env_conflicts(environ: Mapping[str, str], *, use_tuner_plugin: bool, config: CommConfig | None = None,
-                        blocking_bound: bool = True) -> None:
+def check_env_conflicts(
+    environ: Mapping[str, str], *, use_tuner_plugin: bool, config: CommConfig | None = None, blocking_bound: bool = True
+) -> None:
     """Refuses (ValueError listing each variable, "" included) an environment that silently overrides a pool entry.
     ``config``: only variables fixing a knob it sets count; ``blocking_bound``: the bound ``NCCLConfig.blocking``
     wins over ``TORCH_NCCL_USE_COMM_NONBLOCKING`` (``ProcessGroupNCCL::useNonblocking``)."""
+
     def counts(var: str) -> bool:
         if var not in environ:
             return False
@@ -234,18 +276,26 @@ def check_env_conflicts(environ: Mapping[str, str], *, use_tuner_plugin: bool, c
         knobs = KNOB_OVERRIDES.get(var, ())
         return any(getattr(config, k, None) is not None for k in knobs)
 
-    problems = [f"{var}={environ[var]!r} overrides {field} in every communicator"
-                for var, field in PER_COMMUNICATOR_OVERRIDES.items() if counts(var)]
+    problems = [
+        f"{var}={environ[var]!r} overrides {field} in every communicator"
+        for var, field in PER_COMMUNICATOR_OVERRIDES.items()
+        if counts(var)
+    ]
     if use_tuner_plugin:
         problems += [f"{var}={environ[var]!r} {why}" for var, why in TUNER_OVERRIDES.items() if counts(var)]
     flag = environ.get(NONBLOCKING_ENV, "").strip().lower()
     if not blocking_bound and flag not in ("", "0", "false", "no", "off"):
-        problems.append(f"{NONBLOCKING_ENV}={environ[NONBLOCKING_ENV]!r} creates communicators in a "
-                        "background thread, where per-communicator NCCL_ALGO/NCCL_PROTO and the "
-                        "tuner's communicator tag are not seen (this torch cannot make an entry blocking)")
+        problems.append(
+            f"{NONBLOCKING_ENV}={environ[NONBLOCKING_ENV]!r} creates communicators in a "
+            "background thread, where per-communicator NCCL_ALGO/NCCL_PROTO and the "
+            "tuner's communicator tag are not seen (this torch cannot make an entry blocking)"
+        )
     if problems:
-        raise ValueError("the environment conflicts with lagom's per-communicator NCCL configuration: "
-                         + "; ".join(problems) + ". Unset these variables (lagom sets them per communicator).")
+        raise ValueError(
+            "the environment conflicts with lagom's per-communicator NCCL configuration: "
+            + "; ".join(problems)
+            + ". Unset these variables (lagom sets them per communicator)."
+        )
 
 
 def nccl_module_parts():
@@ -256,8 +306,10 @@ def nccl_module_parts():
     except ImportError as exc:  # pragma: no cover - torch is a dependency
         raise RuntimeError(f"NCCL is not available: torch cannot be imported ({exc})") from exc
     if not dist.is_available() or not dist.is_nccl_available():
-        raise RuntimeError(f"NCCL is not available: torch {torch.__version__} was built without NCCL "
-                           "(a CPU build); use the gloo backend")
+        raise RuntimeError(
+            f"NCCL is not available: torch {torch.__version__} was built without NCCL "
+            "(a CPU build); use the gloo backend"
+        )
     return torch, dist.ProcessGroupNCCL, dist
 
 

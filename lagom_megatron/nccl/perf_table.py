@@ -14,8 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SWEEP_TAG = "# lagom-sweep"
-PERF_OPS: dict[str, str] = {"all_gather": "Ring", "reduce_scatter": "Ring", "all_reduce": "Ring",
-                            "alltoall": "P2P", "sendrecv": "P2P"}
+PERF_OPS: dict[str, str] = {
+    "all_gather": "Ring",
+    "reduce_scatter": "Ring",
+    "all_reduce": "Ring",
+    "alltoall": "P2P",
+    "sendrecv": "P2P",
+}
 """nccl-tests binary stem (``<op>_perf``) -> the algorithm the sweep pins (Ring; P2P for send/recv and all-to-all)."""
 PROTOCOL_NAMES = ("LL", "LL128", "Simple")
 MAX_CHANNELS = 64
@@ -28,8 +33,10 @@ FIXED_THREADS = 640
 ROW_COLUMNS = ("size", "count", "type", "redop", "root")
 HALF_COLUMNS = ("time", "algbw", "busbw", "#wrong")
 ITER_COLUMNS = ("i_min", "i_max", "i_p99", "i_cv%")
-EXPECTED_ROW = ("a result row: size count type redop root, then time algbw busbw #wrong for out-of-place and "
-                "again for in-place (nccl-tests' table), or an NCCL log line")
+EXPECTED_ROW = (
+    "a result row: size count type redop root, then time algbw busbw #wrong for out-of-place and "
+    "again for in-place (nccl-tests' table), or an NCCL log line"
+)
 
 _NCCL_LOG = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL)\b|^(?:\[[^\]]*\]\s*)?NCCL version ")
 _DEVICE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group\s+(\d+)\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s*(.*)$")
@@ -38,9 +45,11 @@ _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
 _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
 _COLL_CHANNELS = re.compile(r"NCCL INFO (\d+) coll channels")
 _P2P_CHANNELS = re.compile(r"\b(\d+) p2p channels,")
-_ENV = {"protocol": re.compile(r"NCCL_PROTO set by environment to (\S+)"),
-        "algorithm": re.compile(r"NCCL_ALGO set by environment to (\S+)"),
-        "threads": re.compile(r"NCCL_NTHREADS set by environment to (\d+)")}
+_ENV = {
+    "protocol": re.compile(r"NCCL_PROTO set by environment to (\S+)"),
+    "algorithm": re.compile(r"NCCL_ALGO set by environment to (\S+)"),
+    "threads": re.compile(r"NCCL_NTHREADS set by environment to (\d+)"),
+}
 _BAD_THREADS = re.compile(r"Invalid NCCL_NTHREADS \d+[^\n]*")
 
 
@@ -151,7 +160,7 @@ class _Parser:
             self.bad(n, f"a second {SWEEP_TAG!r} line (the first is line {self.settings_line}); one run per file")
             return
         fields: dict[str, str] = {}
-        for token in text[len(SWEEP_TAG):].split():
+        for token in text[len(SWEEP_TAG) :].split():
             key, eq, value = token.partition("=")
             if not eq or key in fields:
                 self.bad(n, f"{SWEEP_TAG} line: expected key=value tokens, each key once; got {token!r}")
@@ -163,12 +172,23 @@ class _Parser:
             return
         checks = [
             ("op", fields["op"] in PERF_OPS, f"one of {list(PERF_OPS)}"),
-            ("algorithm", fields["algorithm"] == PERF_OPS.get(fields["op"]), f"{PERF_OPS.get(fields['op'], 'Ring or P2P')} for this op"),
-            ("protocol", fields["protocol"] in PROTOCOL_NAMES and (fields["algorithm"] != "P2P" or fields["protocol"] == "Simple"),
-             f"one of {list(PROTOCOL_NAMES)} (Simple for P2P)"),
+            (
+                "algorithm",
+                fields["algorithm"] == PERF_OPS.get(fields["op"]),
+                f"{PERF_OPS.get(fields['op'], 'Ring or P2P')} for this op",
+            ),
+            (
+                "protocol",
+                fields["protocol"] in PROTOCOL_NAMES
+                and (fields["algorithm"] != "P2P" or fields["protocol"] == "Simple"),
+                f"one of {list(PROTOCOL_NAMES)} (Simple for P2P)",
+            ),
             ("channels", _int_in(fields["channels"], 1, MAX_CHANNELS), f"an integer in 1..{MAX_CHANNELS}"),
-            ("threads", _threads_ok(fields["threads"], fields["protocol"], fields["algorithm"]),
-             f"a multiple of {WARP_SIZE} in 64..512 for Simple and LL, {FIXED_THREADS} for LL128 and P2P"),
+            (
+                "threads",
+                _threads_ok(fields["threads"], fields["protocol"], fields["algorithm"]),
+                f"a multiple of {WARP_SIZE} in 64..512 for Simple and LL, {FIXED_THREADS} for LL128 and P2P",
+            ),
             ("nodes", _int_in(fields["nodes"], 1, None), "an integer >= 1"),
         ]
         for key, ok, allowed in checks:
@@ -190,13 +210,16 @@ class _Parser:
         tokens = text.split()
         want = len(ROW_COLUMNS) + len(header) + (2 if self.timestamp else 0)
         if len(tokens) != want or not (tokens[0].isdigit() and tokens[1].isdigit() and tokens[4].lstrip("-").isdigit()):
-            self.bad(n, f"expected {EXPECTED_ROW}: {want} columns, size, count and root integers; "
-                        f"got {len(tokens)} columns: {text[:80]!r}")
+            self.bad(
+                n,
+                f"expected {EXPECTED_ROW}: {want} columns, size, count and root integers; "
+                f"got {len(tokens)} columns: {text[:80]!r}",
+            )
             return []
         size = int(tokens[0])
         out = []
         for half, start in ((False, len(ROW_COLUMNS)), (True, len(ROW_COLUMNS) + _last(header, "time"))):
-            cells = dict(zip(HALF_COLUMNS, tokens[start:start + 4]))
+            cells = dict(zip(HALF_COLUMNS, tokens[start : start + 4]))
             where = "in-place" if half else "out-of-place"
             values = {}
             for key in ("time", "algbw", "busbw"):
@@ -208,8 +231,11 @@ class _Parser:
             busbw_cells.append(cells["busbw"])
             wrong = cells["#wrong"]
             if wrong != "N/A" and (_float(wrong) is None or _float(wrong) != 0):
-                self.bad(n, f"{where} #wrong is {wrong}: NCCL returned wrong data for this size (expected 0 or N/A); "
-                            "its time says nothing about a working configuration")
+                self.bad(
+                    n,
+                    f"{where} #wrong is {wrong}: NCCL returned wrong data for this size (expected 0 or N/A); "
+                    "its time says nothing about a working configuration",
+                )
                 return []
             t, alg = values["time"], values["algbw"]
             if size == 0 or t == 0:
@@ -217,8 +243,11 @@ class _Parser:
             t_alg = size / (alg * 1e3) if alg > 0 else math.inf
             tol = 2.0 * (_rel_ulp(cells["time"], t) + _rel_ulp(cells["algbw"], alg)) + 0.01
             if alg > 0 and abs(t_alg - t) > tol * t:
-                self.bad(n, f"{where}: size / time = {size / (t * 1e3):.4g} GB/s but algbw is {cells['algbw']} "
-                            "(nccl-tests prints algbw = size / time)")
+                self.bad(
+                    n,
+                    f"{where}: size / time = {size / (t * 1e3):.4g} GB/s but algbw is {cells['algbw']} "
+                    "(nccl-tests prints algbw = size / time)",
+                )
                 return []
             better = t_alg if alg > 0 and _rel_ulp(cells["algbw"], alg) < _rel_ulp(cells["time"], t) else t
             out.append(PerfRow(line=n, size=size, time_us=better, algbw=alg, busbw=values["busbw"], in_place=half))
@@ -227,12 +256,18 @@ class _Parser:
     def _finish(self, header, rows, busbw_cells, avg, devices, channels, env, version, starting) -> PerfRun:
         last = len(self.lines)
         if self.settings is None and not any(SWEEP_TAG in p for p in self.problems):
-            self.bad(1, f"no {SWEEP_TAG!r} line: nccl-tests does not print the NCCL settings of a run; "
-                        f"scripts/gpu/nccl_sweep.sh writes it (format: '{SWEEP_TAG} op=all_gather algorithm=Ring "
-                        "protocol=Simple channels=8 threads=256 nodes=1')")
+            self.bad(
+                1,
+                f"no {SWEEP_TAG!r} line: nccl-tests does not print the NCCL settings of a run; "
+                f"scripts/gpu/nccl_sweep.sh writes it (format: '{SWEEP_TAG} op=all_gather algorithm=Ring "
+                "protocol=Simple channels=8 threads=256 nodes=1')",
+            )
         if header is None:
-            self.bad(last, "no result table: no '#  size  count  type  redop  root  time  algbw  busbw  #wrong ...' "
-                           "header line (did the run fail before its first size?)")
+            self.bad(
+                last,
+                "no result table: no '#  size  count  type  redop  root  time  algbw  busbw  #wrong ...' "
+                "header line (did the run fail before its first size?)",
+            )
         elif avg is None:
             self.bad(last, "the table has no '# Avg bus bandwidth' footer: the run stopped before its last size")
         if self.problems:
@@ -246,28 +281,48 @@ class _Parser:
             mean = sum(float(c) for c in busbw_cells) / len(busbw_cells)
             tol = max(_ulp(c) for c in busbw_cells) + 1e-3 * max(mean, avg_value) + 1e-6
             if abs(mean - avg_value) > tol:
-                self.bad(avg[0], f"Avg bus bandwidth {avg[1]} is not the mean {mean:.4g} of the table's busbw "
-                                 "columns: rows are missing or were edited")
+                self.bad(
+                    avg[0],
+                    f"Avg bus bandwidth {avg[1]} is not the mean {mean:.4g} of the table's busbw "
+                    "columns: rows are missing or were edited",
+                )
         group = [d for d in devices if d[1] == 0]
         ranks = len(group) or None
         nodes = len({d[2] for d in group}) if group else int(s["nodes"])
         if group and nodes != int(s["nodes"]):
-            self.bad(self.settings_line, f"the sweep line says nodes={s['nodes']} but the '#  Rank' lines name "
-                                         f"{nodes} hosts: {sorted({d[2] for d in group})}")
+            self.bad(
+                self.settings_line,
+                f"the sweep line says nodes={s['nodes']} but the '#  Rank' lines name "
+                f"{nodes} hosts: {sorted({d[2] for d in group})}",
+            )
         factor, ranks = self._bus_factor(rows, s["op"], ranks)
         kind = "p2p" if s["algorithm"] == "P2P" else "coll"
         if len(channels[kind]) > 1:
             where = ", ".join(f"{v} (line {ln})" for v, ln in sorted(channels[kind].items()))
-            self.bad(min(channels[kind].values()), f"ranks report different {kind} channel counts: {where}; "
-                                                   "the channel variables did not reach every rank")
+            self.bad(
+                min(channels[kind].values()),
+                f"ranks report different {kind} channel counts: {where}; "
+                "the channel variables did not reach every rank",
+            )
         if self.problems:
             raise PerfFormatError(self.problems)
         asked = int(s["channels"])
         ran = next(iter(channels[kind]), None) or (1 << (asked - 1).bit_length() if kind == "p2p" else asked)
-        return PerfRun(path=self.path, op=s["op"], algorithm=s["algorithm"], protocol=s["protocol"], channels=ran,
-                       asked_channels=asked, threads=int(s["threads"]), nodes=nodes, ranks=ranks,
-                       bus_factor=factor or 0.0, rows=tuple(rows), gpu=", ".join(sorted({d[3] for d in group})) or None,
-                       nccl_version=version)
+        return PerfRun(
+            path=self.path,
+            op=s["op"],
+            algorithm=s["algorithm"],
+            protocol=s["protocol"],
+            channels=ran,
+            asked_channels=asked,
+            threads=int(s["threads"]),
+            nodes=nodes,
+            ranks=ranks,
+            bus_factor=factor or 0.0,
+            rows=tuple(rows),
+            gpu=", ".join(sorted({d[3] for d in group})) or None,
+            nccl_version=version,
+        )
 
     def _check_nccl_lines(self, s, env, starting) -> None:
         if starting and not starting[1].startswith(s["op"] + "_perf"):
@@ -285,17 +340,23 @@ class _Parser:
         usable = [r for r in rows if r.algbw > 0]
         if not usable:
             return None, ranks
-        ratio = sum(r.busbw * r.algbw for r in usable) / sum(r.algbw ** 2 for r in usable)
+        ratio = sum(r.busbw * r.algbw for r in usable) / sum(r.algbw**2 for r in usable)
         if ranks is None:
             ranks = _ranks_from_factor(op, ratio)
         factor = ratio if ranks is None else _factor(op, ranks)
         off = [r for r in usable if abs(r.busbw - factor * r.algbw) > 0.02 + 0.01 * r.busbw]
         if 2 * len(off) > len(usable):
-            self.bad(usable[-1].line, f"busbw / algbw = {ratio:.4f}, but {op} on {ranks} ranks has factor {factor:.4f} "
-                                      "(nccl-tests doc/PERFORMANCE.md)")
+            self.bad(
+                usable[-1].line,
+                f"busbw / algbw = {ratio:.4f}, but {op} on {ranks} ranks has factor {factor:.4f} "
+                "(nccl-tests doc/PERFORMANCE.md)",
+            )
         for r in off if 2 * len(off) <= len(usable) else ():
-            self.bad(r.line, f"busbw {r.busbw} is not {factor:.4f} x algbw {r.algbw} ({op} on {ranks} ranks, "
-                             "nccl-tests doc/PERFORMANCE.md)")
+            self.bad(
+                r.line,
+                f"busbw {r.busbw} is not {factor:.4f} x algbw {r.algbw} ({op} on {ranks} ranks, "
+                "nccl-tests doc/PERFORMANCE.md)",
+            )
         return (None if off else factor), ranks
 
 

@@ -54,8 +54,13 @@ def built_library(environ: Mapping[str, str] | None = None) -> Path | None:
     return lib if lib.is_file() and lib.stat().st_mtime >= newest else None
 
 
-def launch_env(environ: Mapping[str, str] | None = None, *, backend: str = "nccl",
-               nccl_version: str | None = None, build: bool = True) -> tuple[dict[str, str], str | None]:
+def launch_env(
+    environ: Mapping[str, str] | None = None,
+    *,
+    backend: str = "nccl",
+    nccl_version: str | None = None,
+    build: bool = True,
+) -> tuple[dict[str, str], str | None]:
     """The variables to export to every rank to turn the plugin on, and a log note or None. Nothing below NCCL 2.22,
     after a failed build, in a dry run (``build=False``) without a library, or for gloo; user-set ones stay."""
     environ = os.environ if environ is None else environ
@@ -66,22 +71,28 @@ def launch_env(environ: Mapping[str, str] | None = None, *, backend: str = "nccl
     except ValueError:
         version = None
     if version is not None and version[:2] < MIN_NCCL:
-        return {}, (f"lagom: note: NCCL {nccl_version} cannot load lagom's tuner plugin (2.22+); lagom applies "
-                    "CTA bounds only (docs/nccl.md)")
+        return {}, (
+            f"lagom: note: NCCL {nccl_version} cannot load lagom's tuner plugin (2.22+); lagom applies "
+            "CTA bounds only (docs/nccl.md)"
+        )
     out: dict[str, str] = {}
     if PLUGIN_VAR not in environ and not build:
         lib = built_library(environ)
         if lib is None:
-            return {}, (f"lagom: note: a dry run builds nothing; the launch builds the NCCL tuner plugin as "
-                        f"{plugin_dir(environ) / LIBRARY_NAME} and exports {PLUGIN_VAR} to every rank")
+            return {}, (
+                f"lagom: note: a dry run builds nothing; the launch builds the NCCL tuner plugin as "
+                f"{plugin_dir(environ) / LIBRARY_NAME} and exports {PLUGIN_VAR} to every rank"
+            )
         out[PLUGIN_VAR] = str(lib)
     if PLUGIN_VAR not in environ and PLUGIN_VAR not in out:
         try:
             out[PLUGIN_VAR] = str(locate_or_build(environ))
         except (FileNotFoundError, RuntimeError, OSError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return {}, (f"lagom: warning: the NCCL tuner plugin is not available ({first}); "
-                        f"{PLUGIN_VAR} stays unset and lagom uses communicator mode (docs/nccl.md)")
+            return {}, (
+                f"lagom: warning: the NCCL tuner plugin is not available ({first}); "
+                f"{PLUGIN_VAR} stays unset and lagom uses communicator mode (docs/nccl.md)"
+            )
     tuner = out.get(PLUGIN_VAR, environ.get(PLUGIN_VAR, ""))
     if PROFILER_VAR not in environ and os.path.isabs(tuner) and os.path.basename(tuner) == LIBRARY_NAME:
         out[PROFILER_VAR] = tuner
@@ -90,8 +101,9 @@ def launch_env(environ: Mapping[str, str] | None = None, *, backend: str = "nccl
     return out, None
 
 
-def enable_in_process(environ: MutableMapping[str, str] | None = None, *, backend: str = "nccl",
-                      nccl_version: str | None = None) -> str | None:
+def enable_in_process(
+    environ: MutableMapping[str, str] | None = None, *, backend: str = "nccl", nccl_version: str | None = None
+) -> str | None:
     """Sets the plugin's variables here where the launcher did not (before the first communicator); returns the note."""
     environ = os.environ if environ is None else environ
     values, note = launch_env(environ, backend=backend, nccl_version=nccl_version)
@@ -102,7 +114,10 @@ def enable_in_process(environ: MutableMapping[str, str] | None = None, *, backen
 VAR = "NCCL_TUNER_PLUGIN"
 
 TUNER_SYMBOLS_BY_NCCL: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
-    ((2, 30), ("ncclTunerPlugin_v6", "ncclTunerPlugin_v5", "ncclTunerPlugin_v4", "ncclTunerPlugin_v3", "ncclTunerPlugin_v2")),
+    (
+        (2, 30),
+        ("ncclTunerPlugin_v6", "ncclTunerPlugin_v5", "ncclTunerPlugin_v4", "ncclTunerPlugin_v3", "ncclTunerPlugin_v2"),
+    ),
     ((2, 28), ("ncclTunerPlugin_v5", "ncclTunerPlugin_v4", "ncclTunerPlugin_v3", "ncclTunerPlugin_v2")),
     ((2, 24), ("ncclTunerPlugin_v4", "ncclTunerPlugin_v3", "ncclTunerPlugin_v2")),
     ((2, 22), ("ncclTunerPlugin_v3", "ncclTunerPlugin_v2")),
@@ -142,8 +157,9 @@ _PROBE = (
 )
 
 
-def _symbols_for(table: tuple[tuple[tuple[int, int], tuple[str, ...]], ...], every: tuple[str, ...],
-                 nccl_version: str | None) -> tuple[str, ...]:
+def _symbols_for(
+    table: tuple[tuple[tuple[int, int], tuple[str, ...]], ...], every: tuple[str, ...], nccl_version: str | None
+) -> tuple[str, ...]:
     try:
         version = parse_version(nccl_version) if nccl_version else None
     except ValueError:
@@ -174,24 +190,27 @@ def abis_in_use(exported: tuple[str, ...] | list[str], nccl_version: str | None)
     return tuner, profiler
 
 
-def probe_library(path: str, symbols: tuple[str, ...] = ALL_TUNER_SYMBOLS, timeout_s: float = 30.0
-                  ) -> tuple[tuple[str, ...], str | None]:
+def probe_library(
+    path: str, symbols: tuple[str, ...] = ALL_TUNER_SYMBOLS, timeout_s: float = 30.0
+) -> tuple[tuple[str, ...], str | None]:
     """Loads ``path`` as NCCL does, in a child process: (exported ``symbols``, None) or ((), the loader's error)."""
     try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE, path, *symbols], capture_output=True, text=True,
-                              timeout=timeout_s)
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE, path, *symbols], capture_output=True, text=True, timeout=timeout_s
+        )
     except subprocess.TimeoutExpired:
         return (), f"loading it took longer than {timeout_s:.0f} s"
     out = proc.stdout.strip()
     if proc.returncode != 0:
         return (), (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
     if out.startswith("LOAD-ERROR"):
-        return (), out[len("LOAD-ERROR"):].strip()
+        return (), out[len("LOAD-ERROR") :].strip()
     return tuple(out.split()), None
 
 
-def check_tuner_plugin(environ: Mapping[str, str] | None = None, *, nccl_version: str | None = None,
-                       probe: bool = True) -> list[EnvIssue]:
+def check_tuner_plugin(
+    environ: Mapping[str, str] | None = None, *, nccl_version: str | None = None, probe: bool = True
+) -> list[EnvIssue]:
     """At most one error ``EnvIssue``: an ``NCCL_TUNER_PLUGIN`` that is ``none``, relative, unloadable or without a
     struct ``nccl_version`` looks up. Unset is fine; a missing file is ``env_check``'s."""
     environ = os.environ if environ is None else environ
@@ -200,48 +219,69 @@ def check_tuner_plugin(environ: Mapping[str, str] | None = None, *, nccl_version
         return []
     shown = f"{VAR}={value!r}"
     if value.strip().lower() == "none" or not value.strip():
-        return [EnvIssue(
-            "error", VAR, value, f"{shown} disables the tuner plugin",
-            "NCCL skips every tuner plugin for 'none' (src/plugin/tuner.cc:58-60) and an empty value "
-            "names no library, so a plan's per-collective choices are never applied",
-            f"set {VAR} to the absolute path of libnccl-tuner-lagom.so (lagom build-tuner), or unset it",
-        )]
+        return [
+            EnvIssue(
+                "error",
+                VAR,
+                value,
+                f"{shown} disables the tuner plugin",
+                "NCCL skips every tuner plugin for 'none' (src/plugin/tuner.cc:58-60) and an empty value "
+                "names no library, so a plan's per-collective choices are never applied",
+                f"set {VAR} to the absolute path of libnccl-tuner-lagom.so (lagom build-tuner), or unset it",
+            )
+        ]
     if "/" in value and not os.path.isabs(value):
-        return [EnvIssue(
-            "error", VAR, value, f"{shown} is a relative path",
-            "NCCL dlopens it relative to each rank's working directory, which the launcher may change "
-            "per node; where it does not resolve NCCL silently keeps its internal tuner",
-            f"set {VAR} to an absolute path, e.g. {os.path.abspath(value)}",
-        )]
+        return [
+            EnvIssue(
+                "error",
+                VAR,
+                value,
+                f"{shown} is a relative path",
+                "NCCL dlopens it relative to each rank's working directory, which the launcher may change "
+                "per node; where it does not resolve NCCL silently keeps its internal tuner",
+                f"set {VAR} to an absolute path, e.g. {os.path.abspath(value)}",
+            )
+        ]
     if "/" not in value or plugin_path_missing(value) or not probe:
         return []  # a loader-path name, or a missing file (env_check reports that)
     wanted = tuner_symbols_for(nccl_version)
     exported, error = probe_library(value, ALL_TUNER_SYMBOLS + ALL_PROFILER_SYMBOLS)
     if error is not None:
-        return [EnvIssue(
-            "error", VAR, value, f"{shown} does not load: {error}",
-            "NCCL dlopens it with RTLD_NOW and, when that fails, silently keeps its internal tuner "
-            "(src/plugin/plugin_open.cc:41, src/plugin/tuner.cc:62-66)",
-            "rebuild the plugin on this system (lagom build-tuner) or point the variable at a loadable library",
-        )]
+        return [
+            EnvIssue(
+                "error",
+                VAR,
+                value,
+                f"{shown} does not load: {error}",
+                "NCCL dlopens it with RTLD_NOW and, when that fails, silently keeps its internal tuner "
+                "(src/plugin/plugin_open.cc:41, src/plugin/tuner.cc:62-66)",
+                "rebuild the plugin on this system (lagom build-tuner) or point the variable at a loadable library",
+            )
+        ]
     if not set(exported) & set(wanted):
         profilers = [n for n in exported if n.startswith("ncclProfiler_")]
         exported = tuple(n for n in exported if n.startswith("ncclTunerPlugin_"))
         has = f"it exports {', '.join(exported)}" if exported else "it exports no ncclTunerPlugin_v* struct"
         has += f" (profiler structs: {', '.join(profilers)})" if profilers else " and no ncclProfiler_v* struct"
         need = f"NCCL {nccl_version}" if nccl_version and wanted != ALL_TUNER_SYMBOLS else "NCCL"
-        return [EnvIssue(
-            "error", VAR, value, f"{shown} has none of the symbols {need} looks up ({', '.join(wanted)})",
-            f"{has}; NCCL then reports the plugin unsupported at INFO level and keeps its internal "
-            "tuner (src/plugin/tuner.cc:73-88); lagom's plugin exports v3-v6, which NCCL 2.22+ reads",
-            f"point {VAR} at libnccl-tuner-lagom.so (lagom build-tuner)"
-            + (", and use NCCL 2.22 or newer" if "ncclTunerPlugin_v3" not in wanted else ""),
-        )]
+        return [
+            EnvIssue(
+                "error",
+                VAR,
+                value,
+                f"{shown} has none of the symbols {need} looks up ({', '.join(wanted)})",
+                f"{has}; NCCL then reports the plugin unsupported at INFO level and keeps its internal "
+                "tuner (src/plugin/tuner.cc:73-88); lagom's plugin exports v3-v6, which NCCL 2.22+ reads",
+                f"point {VAR} at libnccl-tuner-lagom.so (lagom build-tuner)"
+                + (", and use NCCL 2.22 or newer" if "ncclTunerPlugin_v3" not in wanted else ""),
+            )
+        ]
     return []
 
 
-def plugin_abi_report(environ: Mapping[str, str] | None = None, *, nccl_version: str | None = None,
-                      probe: bool = True) -> tuple[str | None, list[EnvIssue]]:
+def plugin_abi_report(
+    environ: Mapping[str, str] | None = None, *, nccl_version: str | None = None, probe: bool = True
+) -> tuple[str | None, list[EnvIssue]]:
     """(a line on the ABIs NCCL will use with the plugin library, or None; a warning when ``NCCL_PROFILER_PLUGIN`` is
     ``none`` (``src/plugin/profiler.cc:58-60``) or another library: lagom then checks only row hits)."""
     environ = os.environ if environ is None else environ
@@ -258,12 +298,21 @@ def plugin_abi_report(environ: Mapping[str, str] | None = None, *, nccl_version:
     same = not value or (os.path.isabs(value) and os.path.realpath(value) == os.path.realpath(tuner_lib))
     abi = f"{profiler} (profiler ABI v{profiler.rsplit('v', 1)[1]})" if profiler else "no profiler struct"
     if profiler is not None and not same:
-        why = (f"{PROFILER_VAR}='none' disables profiler plugins" if value.strip().lower() == "none" else
-               f"{PROFILER_VAR}={value!r} names another profiler plugin, which lagom never replaces")
-        issues.append(EnvIssue(
-            "warning", PROFILER_VAR, value, f"{why}: lagom checks only the tuner's row hits, not what NCCL ran",
-            "the observed check reads lagom's own profiler records (docs/nccl.md, 'Applied = observed')",
-            f"keep it, or set {PROFILER_VAR}={tuner_lib} to check what NCCL ran"))
+        why = (
+            f"{PROFILER_VAR}='none' disables profiler plugins"
+            if value.strip().lower() == "none"
+            else f"{PROFILER_VAR}={value!r} names another profiler plugin, which lagom never replaces"
+        )
+        issues.append(
+            EnvIssue(
+                "warning",
+                PROFILER_VAR,
+                value,
+                f"{why}: lagom checks only the tuner's row hits, not what NCCL ran",
+                "the observed check reads lagom's own profiler records (docs/nccl.md, 'Applied = observed')",
+                f"keep it, or set {PROFILER_VAR}={tuner_lib} to check what NCCL ran",
+            )
+        )
         profiler_used = f"no profiler of lagom's ({PROFILER_VAR}={value})"
     elif profiler is not None and not value:
         profiler_used = f"{abi}, once {PROFILER_VAR} names it (lagom's launch sets it when unset)"

@@ -77,29 +77,42 @@ def read_plugin_status(library: str | None = None, max_rows: int = 4096) -> Plug
     buf = (ctypes.c_ulonglong * max(max_rows, 1))()
     n = hits_fn(buf, max_rows)
     rows = tuple(int(buf[i]) for i in range(min(max(n, 0), max_rows)))
-    return PluginStatus(path=path, abi_version=int(abi()), init_count=int(inits()), row_hits=rows,
-                        table_loaded=n >= 0, table_failures=int(failures()) if failures is not None else 0)
+    return PluginStatus(
+        path=path,
+        abi_version=int(abi()),
+        init_count=int(inits()),
+        row_hits=rows,
+        table_loaded=n >= 0,
+        table_failures=int(failures()) if failures is not None else 0,
+    )
 
 
 def summarize_hits(status: PluginStatus | None, plan_rows: Sequence[Any], *, max_listed: int = 8) -> str:
     """One log line: which planned rows (``export.tuner_rows(plan, extended=True)``) NCCL matched, which never."""
     if status is None:
-        return ("lagom: tuner plugin not loaded by NCCL in this process: none of the "
-                f"{len(plan_rows)} planned rows can have been applied")
+        return (
+            "lagom: tuner plugin not loaded by NCCL in this process: none of the "
+            f"{len(plan_rows)} planned rows can have been applied"
+        )
     if status.init_count == 0:
-        return ("lagom: tuner plugin mapped in this process but NCCL initialised no communicator with it: none "
-                f"of the {len(plan_rows)} planned rows can have been applied")
+        return (
+            "lagom: tuner plugin mapped in this process but NCCL initialised no communicator with it: none "
+            f"of the {len(plan_rows)} planned rows can have been applied"
+        )
     head = f"lagom: tuner plugin ABI v{status.abi_version}, {status.init_count} communicator(s)"
     if status.table_failures:
         head += f", {status.table_failures} unreadable table load(s)"
     if not status.table_loaded:
         return f"{head}: no plan table loaded; none of the {len(plan_rows)} planned rows applied"
     if len(status.row_hits) != len(plan_rows):
-        return (f"{head}: the loaded table has {len(status.row_hits)} rows, the plan {len(plan_rows)}: "
-                "it is not this plan's table")
+        return (
+            f"{head}: the loaded table has {len(status.row_hits)} rows, the plan {len(plan_rows)}: "
+            "it is not this plan's table"
+        )
     never = [i for i, n in enumerate(status.row_hits) if n == 0]
     line = f"{head}: {len(plan_rows) - len(never)}/{len(plan_rows)} planned rows matched at least once"
     if never:
+
         def name(i: int) -> str:
             sites = plan_rows[i].sites
             more = f" +{len(sites) - 1} more" if len(sites) > 1 else ""
@@ -111,8 +124,10 @@ def summarize_hits(status: PluginStatus | None, plan_rows: Sequence[Any], *, max
     return line
 
 
-def shared_hit_mismatches(row_groups: Sequence[str], reports: Sequence[tuple[Sequence[int] | None, Mapping[str, Sequence[int]]]],
-                          ) -> list[tuple[int, dict[int, int]]]:
+def shared_hit_mismatches(
+    row_groups: Sequence[str],
+    reports: Sequence[tuple[Sequence[int] | None, Mapping[str, Sequence[int]]]],
+) -> list[tuple[int, dict[int, int]]]:
     """``(row, {rank: hits})`` for each row whose hit counts differ among one communicator's member ranks, in file
     order. ``reports[rank]``: (its ``row_hits`` or None, group -> the ranks of its instance)."""
     out: list[tuple[int, dict[int, int]]] = []
@@ -130,8 +145,9 @@ def shared_hit_mismatches(row_groups: Sequence[str], reports: Sequence[tuple[Seq
     return out
 
 
-def describe_mismatches(mismatches: Sequence[tuple[int, Mapping[int, int]]], plan_rows: Sequence[Any],
-                        *, max_listed: int = 8) -> str:
+def describe_mismatches(
+    mismatches: Sequence[tuple[int, Mapping[int, int]]], plan_rows: Sequence[Any], *, max_listed: int = 8
+) -> str:
     """One warning line for ``shared_hit_mismatches`` (each row with its ranks' counts); "" when none."""
     if not mismatches:
         return ""
@@ -140,10 +156,13 @@ def describe_mismatches(mismatches: Sequence[tuple[int, Mapping[int, int]]], pla
         cells = plan_rows[i].cells
         counts = ", ".join(f"rank {r}: {n}" for r, n in seen.items())
         return f"row {i + 1} ({cells[0]},{cells[1]}-{cells[2]} B, group {cells[11]}) {counts}"
+
     listed = "; ".join(one(i, seen) for i, seen in mismatches[:max_listed])
     rest = f"; and {len(mismatches) - max_listed} more" if len(mismatches) > max_listed else ""
-    return (f"lagom: WARNING: ranks of one communicator matched tuner rows a different number of times, so NCCL "
-            f"may have chosen differently on them: {listed}{rest}")
+    return (
+        f"lagom: WARNING: ranks of one communicator matched tuner rows a different number of times, so NCCL "
+        f"may have chosen differently on them: {listed}{rest}"
+    )
 
 
 STATES = {0: "not initialised", 1: "lagom", 2: "foreign", 3: "none"}
@@ -213,20 +232,42 @@ def parse_snapshot(text: str) -> list[ObservedComm]:
         kind, kv = _fields(line, n)
         try:
             if kind == "comm":
-                comms.append({"comm_hash": int(kv["hash"], 16), "rank": int(kv["rank"]), "n_ranks": int(kv["nranks"]),
-                              "n_nodes": int(kv["nnodes"]), "abi": int(kv["abi"]),
-                              "tag": None if kv["tag"] == "-" else kv["tag"],
-                              "name": None if kv["name"] == "-" else kv["name"],
-                              "dropped": int(kv["dropped"]), "overflow": int(kv["overflow"]), "ops": []})
+                comms.append(
+                    {
+                        "comm_hash": int(kv["hash"], 16),
+                        "rank": int(kv["rank"]),
+                        "n_ranks": int(kv["nranks"]),
+                        "n_nodes": int(kv["nnodes"]),
+                        "abi": int(kv["abi"]),
+                        "tag": None if kv["tag"] == "-" else kv["tag"],
+                        "name": None if kv["name"] == "-" else kv["name"],
+                        "dropped": int(kv["dropped"]),
+                        "overflow": int(kv["overflow"]),
+                        "ops": [],
+                    }
+                )
             elif kind in ("coll", "p2p"):
                 if not comms:
                     raise ValueError("an op line before any comm line")
-                comms[-1]["ops"].append(ObservedOp(
-                    kind=kind, func=kv["func"], count=int(kv["count"]), dtype=kv["dtype"],
-                    algo=None if kv["algo"] == "-" else kv["algo"], proto=None if kv["proto"] == "-" else kv["proto"],
-                    channels=int(kv["channels"]), warps=int(kv["warps"]), calls=int(kv["calls"]),
-                    chunk=int(kv["chunk"]), kernel_ns=int(kv["kernel_ns"]), kernel_calls=int(kv["kernel_calls"]),
-                    abi=comms[-1]["abi"], n_ranks=comms[-1]["n_ranks"], n_nodes=comms[-1]["n_nodes"]))
+                comms[-1]["ops"].append(
+                    ObservedOp(
+                        kind=kind,
+                        func=kv["func"],
+                        count=int(kv["count"]),
+                        dtype=kv["dtype"],
+                        algo=None if kv["algo"] == "-" else kv["algo"],
+                        proto=None if kv["proto"] == "-" else kv["proto"],
+                        channels=int(kv["channels"]),
+                        warps=int(kv["warps"]),
+                        calls=int(kv["calls"]),
+                        chunk=int(kv["chunk"]),
+                        kernel_ns=int(kv["kernel_ns"]),
+                        kernel_calls=int(kv["kernel_calls"]),
+                        abi=comms[-1]["abi"],
+                        n_ranks=comms[-1]["n_ranks"],
+                        n_nodes=comms[-1]["n_nodes"],
+                    )
+                )
             else:
                 raise ValueError(f"unknown record kind {kind!r} (comm, coll or p2p)")
         except KeyError as exc:
@@ -282,7 +323,11 @@ def profiler_state(library: str | None = None) -> tuple[str, str]:
 def not_recording_note(state: str, foreign: str) -> str:
     """The log line saying why lagom's profiler half records nothing in this process (from ``profiler_state``)."""
     if state == "foreign":
-        return (f"lagom: note: NCCL_PROFILER_PLUGIN={foreign!r} is another profiler plugin; lagom leaves it in "
-                "place and checks only the tuner's row hits, not what NCCL ran")
-    return (f"lagom: note: lagom's profiler half is not loaded by NCCL in this process ({state}; "
-            "NCCL_PROFILER_PLUGIN unset or none, or NCCL < 2.23): what NCCL ran is not checked")
+        return (
+            f"lagom: note: NCCL_PROFILER_PLUGIN={foreign!r} is another profiler plugin; lagom leaves it in "
+            "place and checks only the tuner's row hits, not what NCCL ran"
+        )
+    return (
+        f"lagom: note: lagom's profiler half is not loaded by NCCL in this process ({state}; "
+        "NCCL_PROFILER_PLUGIN unset or none, or NCCL < 2.23): what NCCL ran is not checked"
+    )

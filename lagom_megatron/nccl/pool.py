@@ -45,10 +45,18 @@ def scoped_env(values: Mapping[str, str], environ: Any = None) -> Iterator[None]
                 environ[k] = old
 
 
-def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, use_tuner_plugin: bool,
-                           op: str | None = None, tuner_table: str | os.PathLike | None = None,
-                           high_priority_stream: bool = False, timeout: Any = None,
-                           inherited: Mapping[str, Any] | None = None) -> Any:
+def create_nccl_pool_entry(
+    ranks: list[int],
+    config: CommConfig,
+    *,
+    tag: str,
+    use_tuner_plugin: bool,
+    op: str | None = None,
+    tuner_table: str | os.PathLike | None = None,
+    high_priority_stream: bool = False,
+    timeout: Any = None,
+    inherited: Mapping[str, Any] | None = None,
+) -> Any:
     """Creates one pool entry: an NCCL process group over ``ranks`` with ``config`` applied; collective.
 
     ``tag``: ``commTag``, ``group_desc``, ``commName``; ``inherited`` (``parent_options``): stream priority
@@ -58,11 +66,13 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
     if not torch.cuda.is_available():
         raise RuntimeError("NCCL is not available: no CUDA device is visible")
     if not dist.is_initialized():
-        raise RuntimeError("NCCL is not available: torch.distributed is not initialized "
-                           "(call init_process_group first)")
+        raise RuntimeError(
+            "NCCL is not available: torch.distributed is not initialized (call init_process_group first)"
+        )
     bound = nccl_config_fields(pg_nccl.Options)
-    mapping = entry_options(config, tag=tag, use_tuner_plugin=use_tuner_plugin, op=op,
-                            fields=bound, nccl_version=runtime_nccl_version())
+    mapping = entry_options(
+        config, tag=tag, use_tuner_plugin=use_tuner_plugin, op=op, fields=bound, nccl_version=runtime_nccl_version()
+    )
     fields = dict((inherited or {}).get("config", {}))
     fields.update(mapping["config"])  # the entry's own knobs win over the parent's
     if "comm_name" in bound:
@@ -94,15 +104,23 @@ def create_nccl_pool_entry(ranks: list[int], config: CommConfig, *, tag: str, us
     return group
 
 
-def entry_options(config: CommConfig, *, tag: str, use_tuner_plugin: bool, op: str | None = None,
-                  fields: Any = None, nccl_version: tuple[int, int, int] | None = None,
-                  environ: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+def entry_options(
+    config: CommConfig,
+    *,
+    tag: str,
+    use_tuner_plugin: bool,
+    op: str | None = None,
+    fields: Any = None,
+    nccl_version: tuple[int, int, int] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, dict[str, Any]]:
     """The checks of ``create_nccl_pool_entry`` that need no collective, run on every rank first so none fails alone;
     ValueError names the value and the allowed set."""
     env = os.environ if environ is None else environ
     check_env_conflicts(env, use_tuner_plugin=use_tuner_plugin, config=config)
-    return nccl_options_for(config, fields=fields, nccl_version=nccl_version, use_tuner_plugin=use_tuner_plugin,
-                            op=op, tag=tag)
+    return nccl_options_for(
+        config, fields=fields, nccl_version=nccl_version, use_tuner_plugin=use_tuner_plugin, op=op, tag=tag
+    )
 
 
 def parent_options(group: Any) -> dict[str, Any] | None:
@@ -149,7 +167,7 @@ def comm_tag_scope(tag: str, environ: Any = None) -> Iterator[None]:
 
 def _group_from_desc(desc: str) -> tuple[str, str] | None:
     """(group, entry) from CommPool's ``LAGOM_POOL_<GROUP>_<key...>`` with this backend's keys."""
-    rest = desc[len("LAGOM_POOL_"):] if desc.startswith("LAGOM_POOL_") else None
+    rest = desc[len("LAGOM_POOL_") :] if desc.startswith("LAGOM_POOL_") else None
     if not rest:
         return None
     for marker in ("_plugin", "_env"):  # first element of NcclPoolBackend.entry_key
@@ -157,7 +175,7 @@ def _group_from_desc(desc: str) -> tuple[str, str] | None:
         if i < 0 and rest.endswith(marker):
             i = len(rest) - len(marker)
         if i > 0:
-            return rest[:i].lower(), rest[i + 1:]
+            return rest[:i].lower(), rest[i + 1 :]
     return None
 
 
@@ -187,8 +205,12 @@ class NcclPoolBackend:
 
     name = "nccl"
 
-    def __init__(self, use_tuner_plugin: bool = False, tuner_table: str | os.PathLike | None = None,
-                 status_reader: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        use_tuner_plugin: bool = False,
+        tuner_table: str | os.PathLike | None = None,
+        status_reader: Callable[[], Any] | None = None,
+    ) -> None:
         self.use_tuner_plugin = bool(use_tuner_plugin)
         self.tuner_table = tuner_table
         self.table_id: str | None = None
@@ -262,11 +284,22 @@ class NcclPoolBackend:
                 bound = config.n_channels  # P2P: the bound is the knob (engine.p2p), no row applies
             else:  # a group the plan gives no channel count keeps NCCL's own (None)
                 bound = self.cta_bounds.get(group) if group is not None and self.cta_bounds else self.cta_bound
-            return CommConfig(n_channels=bound, cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size,
-                              net_peer_channels=config.net_peer_channels, high_priority_stream=config.high_priority_stream)
-        return CommConfig(n_channels=config.n_channels, algorithm=config.algorithm, protocol=config.protocol,
-                          cta_policy=config.cta_policy, cga_cluster_size=config.cga_cluster_size,
-                          net_peer_channels=config.net_peer_channels, high_priority_stream=config.high_priority_stream)
+            return CommConfig(
+                n_channels=bound,
+                cta_policy=config.cta_policy,
+                cga_cluster_size=config.cga_cluster_size,
+                net_peer_channels=config.net_peer_channels,
+                high_priority_stream=config.high_priority_stream,
+            )
+        return CommConfig(
+            n_channels=config.n_channels,
+            algorithm=config.algorithm,
+            protocol=config.protocol,
+            cta_policy=config.cta_policy,
+            cga_cluster_size=config.cga_cluster_size,
+            net_peer_channels=config.net_peer_channels,
+            high_priority_stream=config.high_priority_stream,
+        )
 
     def entry_key(self, config: CommConfig, group: str | None = None) -> tuple | None:
         """None if the group's own communicator serves ``config``, else its communicator-scope key (ValueError)."""
@@ -277,14 +310,28 @@ class NcclPoolBackend:
 
         def part(v: Any) -> str:
             return "any" if v is None else str(v)
+
         peer = () if entry.net_peer_channels is None else ("npp", str(entry.net_peer_channels))
         if entry.high_priority_stream:
             peer += ("hp",)  # a stream priority is the process group's: its own entry
         if self.uses_table:  # the table is part of the key: the plugin reads it at communicator creation
-            return ("plugin", part(entry.cta_policy), part(entry.cga_cluster_size), part(entry.n_channels),
-                    self.table_id or "env-table", *peer)
-        return ("env", part(entry.n_channels), part(entry.algorithm), part(entry.protocol),
-                part(entry.cta_policy), part(entry.cga_cluster_size), *peer)
+            return (
+                "plugin",
+                part(entry.cta_policy),
+                part(entry.cga_cluster_size),
+                part(entry.n_channels),
+                self.table_id or "env-table",
+                *peer,
+            )
+        return (
+            "env",
+            part(entry.n_channels),
+            part(entry.algorithm),
+            part(entry.protocol),
+            part(entry.cta_policy),
+            part(entry.cga_cluster_size),
+            *peer,
+        )
 
     def estimate_bytes(self, config: CommConfig, group: str | None = None) -> int:
         """``estimate_entry_bytes`` of the entry of ``group`` that serves ``config``."""
@@ -296,8 +343,14 @@ class NcclPoolBackend:
             fields = nccl_config_fields()
         except RuntimeError:
             fields = None  # no NCCL here (CPU): checked against every known field
-        entry_options(self._entry_config(config, group), tag="_", use_tuner_plugin=self.uses_table, op=op,
-                      fields=fields, nccl_version=runtime_nccl_version())
+        entry_options(
+            self._entry_config(config, group),
+            tag="_",
+            use_tuner_plugin=self.uses_table,
+            op=op,
+            fields=fields,
+            nccl_version=runtime_nccl_version(),
+        )
         if self.uses_table and self._inits_before is None:
             status = (self.status_reader or _read_status)()
             self._inits_before = status.init_count if status is not None else 0
@@ -312,15 +365,19 @@ class NcclPoolBackend:
         if status is None:
             raise RuntimeError("lagom's tuner plugin is not loaded by NCCL in this process")
         if before is not None and status.init_count <= before:
-            raise RuntimeError(f"NCCL did not initialise lagom's plugin for the new entries (init count "
-                               f"{status.init_count}, {before} before)")
+            raise RuntimeError(
+                f"NCCL did not initialise lagom's plugin for the new entries (init count "
+                f"{status.init_count}, {before} before)"
+            )
         failures_before, self._failures_before = self._failures_before, 0
         failed = before is not None and status.table_failures > failures_before  # only entries made now count
         if not status.table_loaded or failed:
             # table_loaded says some table was loaded in this process (an earlier plan's, maybe);
             # a failure counted since the preflight is this table's (plugin/table.c loadTable)
-            raise RuntimeError(f"lagom's plugin did not load the plan table {self.tuner_table or '(environment)'}"
-                               f" ({status.table_failures - failures_before} failed load(s) in NCCL's log, 'LAGOM/tuner')")
+            raise RuntimeError(
+                f"lagom's plugin did not load the plan table {self.tuner_table or '(environment)'}"
+                f" ({status.table_failures - failures_before} failed load(s) in NCCL's log, 'LAGOM/tuner')"
+            )
 
     def tag_for(self, desc: str, group: str | None = None) -> str:
         """The entry's tuner tag: ``"<group>/<key>"`` from ``LAGOM_POOL_<GROUP>_<key>``, else ``comm_tag(desc)``."""
@@ -329,13 +386,18 @@ class NcclPoolBackend:
             return pool_entry_tag(group, parsed[1] if parsed else desc)
         return pool_entry_tag(*parsed) if parsed else comm_tag(desc)
 
-    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str, *, group: str | None = None,
-                     parent: Any = None) -> Any:
+    def create_group(
+        self, ranks: tuple[int, ...], config: CommConfig, desc: str, *, group: str | None = None, parent: Any = None
+    ) -> Any:
         """Creates the entry (``create_nccl_pool_entry``), inheriting ``parent``'s options; collective."""
-        return create_nccl_pool_entry(list(ranks), self._entry_config(config, group), tag=self.tag_for(desc, group),
-                                      use_tuner_plugin=self.uses_table,
-                                      tuner_table=self.tuner_table if self.uses_table else None,
-                                      inherited=parent_options(parent) if parent is not None else None)
+        return create_nccl_pool_entry(
+            list(ranks),
+            self._entry_config(config, group),
+            tag=self.tag_for(desc, group),
+            use_tuner_plugin=self.uses_table,
+            tuner_table=self.tuner_table if self.uses_table else None,
+            inherited=parent_options(parent) if parent is not None else None,
+        )
 
     def register_memory(self, group: Any, pools: list[tuple[Any, bool]]) -> None:
         """Registers each (``MemPool``, symmetric) with ``group``'s NCCL backend as megatron-core does (core_v0.16.1

@@ -46,7 +46,12 @@ def ll128_enabled(cluster: ClusterSpec, *, n_nodes: int = 1, group_size: int = 2
 
 
 TUNER_ABI_SINCE: tuple[tuple[tuple[int, int, int], int], ...] = (
-    ((2, 30, 0), 6), ((2, 28, 0), 5), ((2, 24, 0), 4), ((2, 22, 0), 3), ((2, 21, 0), 2), ((2, 19, 0), 1),
+    ((2, 30, 0), 6),
+    ((2, 28, 0), 5),
+    ((2, 24, 0), 4),
+    ((2, 22, 0), 3),
+    ((2, 21, 0), 2),
+    ((2, 19, 0), 1),
 )
 """Newest tuner ABI per NCCL version: v3 edits the cost table, v4 adds regBuff, v5 per-comm constants, v6 chunk size."""
 
@@ -68,13 +73,30 @@ def default_mechanism(cluster: ClusterSpec) -> str:
 def check_mechanism(mechanism: str, cluster: ClusterSpec) -> None:
     """Refuses ``tuner`` (ValueError) on a cluster whose NCCL cannot load lagom's plugin."""
     if mechanism == "tuner" and tuner_abi(cluster.nccl) < LAGOM_TUNER_ABI_MIN:
-        raise ValueError(f"mechanism 'tuner' needs NCCL 2.22 or newer (lagom's tuner plugin, ABI v3); cluster "
-                         f"{cluster.name!r} has NCCL {cluster.nccl_version}: use mechanism 'communicator' or 'env'")
+        raise ValueError(
+            f"mechanism 'tuner' needs NCCL 2.22 or newer (lagom's tuner plugin, ABI v3); cluster "
+            f"{cluster.name!r} has NCCL {cluster.nccl_version}: use mechanism 'communicator' or 'env'"
+        )
 
 
-__all__ = ["BACKENDS", "CHUNK_RULES", "MECHANISMS", "NcclRules", "algorithms_for", "applicable", "domains", "knob_scope",
-           "probe_configs", "process_env", "tuner_abi", "tuner_call_key", "validate_config", "validate_cta_range",
-           "check_mechanism", "default_mechanism"]
+__all__ = [
+    "BACKENDS",
+    "CHUNK_RULES",
+    "MECHANISMS",
+    "NcclRules",
+    "algorithms_for",
+    "applicable",
+    "domains",
+    "knob_scope",
+    "probe_configs",
+    "process_env",
+    "tuner_abi",
+    "tuner_call_key",
+    "validate_config",
+    "validate_cta_range",
+    "check_mechanism",
+    "default_mechanism",
+]
 
 
 BACKENDS: tuple[str, ...] = ("nccl", "sim")
@@ -87,6 +109,7 @@ HIGH_PRIORITY_DOMAIN: tuple = (None, True)
 P2P_CHANNEL_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 """P2P CTA bounds worth trying: ``p2pnChannels`` rounds up to a power of two (v2.30.7
 ``src/graph/paths.cc:977-991``)."""
+
 
 def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, int, int] = (2, 27, 5)) -> Scope | None:
     """The widest unit a knob can differ over (``call``, ``communicator``, ``process``); None if the mechanism cannot
@@ -127,8 +150,15 @@ def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, 
     return "call" if abi >= 3 else "communicator"
 
 
-def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int = 2, mechanism: str = "tuner",
-            reduce_op: str | None = None) -> dict[str, tuple]:
+def domains(
+    *,
+    cluster: ClusterSpec,
+    op: str,
+    n_nodes: int = 1,
+    group_size: int = 2,
+    mechanism: str = "tuner",
+    reduce_op: str | None = None,
+) -> dict[str, tuple]:
     """Values the search scans per knob of one site (``(None,)`` = NCCL's): short subsets of ``validate_config``'s
     domain. ValueError: an unknown mechanism."""
     scope = {k: knob_scope(k, mechanism=mechanism, nccl_version=cluster.nccl) for k in KNOB_ORDER}
@@ -150,11 +180,20 @@ def domains(*, cluster: ClusterSpec, op: str, n_nodes: int = 1, group_size: int 
     out["n_threads"] = N_THREADS
     if mechanism == "env":
         return out  # a process-wide algorithm or protocol would hit every op: never searched
-    algs = algorithms_for(op=op, cluster=cluster, n_nodes=cluster.nccl_nodes(n_nodes, group_size), group_size=group_size,
-                          reduce_op=reduce_op)
+    algs = algorithms_for(
+        op=op,
+        cluster=cluster,
+        n_nodes=cluster.nccl_nodes(n_nodes, group_size),
+        group_size=group_size,
+        reduce_op=reduce_op,
+    )
     if scope["algorithm"] is not None and algs:
         out["algorithm"] = algs
-    protos = ("LL", "LL128", "Simple") if ll128_enabled(cluster, n_nodes=cluster.nccl_nodes(n_nodes, group_size), group_size=group_size) else ("LL", "Simple")
+    protos = (
+        ("LL", "LL128", "Simple")
+        if ll128_enabled(cluster, n_nodes=cluster.nccl_nodes(n_nodes, group_size), group_size=group_size)
+        else ("LL", "Simple")
+    )
     if mechanism != "tuner":
         protos = tuple(p for p in protos if p != "LL128")  # never force LL128 through NCCL_PROTO
     if scope["protocol"] is not None:
@@ -166,8 +205,11 @@ def applicable(config: CommConfig, *, op: str) -> CommConfig:
     """``config`` without the knobs NCCL does not apply to ``op``; P2P keeps channels, net-peer channels and stream
     priority (its kernel runs ``NCCL_MAX_NTHREADS``, NVIDIA/nccl v2.30.7 ``src/enqueue.cc:1136``)."""
     if op in P2P_OPS:
-        return CommConfig(n_channels=config.n_channels, net_peer_channels=config.net_peer_channels,
-                          high_priority_stream=config.high_priority_stream)
+        return CommConfig(
+            n_channels=config.n_channels,
+            net_peer_channels=config.net_peer_channels,
+            high_priority_stream=config.high_priority_stream,
+        )
     if config.net_peer_channels is not None:
         config = CommConfig(**{**config.to_dict(), "net_peer_channels": None})
     if config.algorithm is not None and config.algorithm not in ALGORITHMS_FOR_OP.get(op, ()):
@@ -178,7 +220,11 @@ def applicable(config: CommConfig, *, op: str) -> CommConfig:
 def probe_configs(cluster: ClusterSpec, *, mechanism: str = "tuner") -> list[CommConfig]:
     """Configs the warm-up applies to every site at once, one per probe iteration, spanning what the cost model fits."""
     cap = max_channels(cluster)
-    probes = [CommConfig(n_channels=2), CommConfig(n_channels=8), CommConfig(protocol="Simple", n_channels=min(16, cap))]
+    probes = [
+        CommConfig(n_channels=2),
+        CommConfig(n_channels=8),
+        CommConfig(protocol="Simple", n_channels=min(16, cap)),
+    ]
     if cluster.nccl >= (2, 30, 0):
         probes.append(CommConfig(protocol="Simple", n_channels=4, chunk_size=131072))
     if knob_scope("high_priority_stream", mechanism=mechanism, nccl_version=cluster.nccl) is not None:
@@ -236,29 +282,52 @@ class NcclRules:
 
     def __post_init__(self) -> None:
         if self.cluster.backend != "nccl":
-            raise ValueError(f"cluster {self.cluster.name!r} is a {self.cluster.backend} cluster; NCCL rules need an NCCL cluster")
+            raise ValueError(
+                f"cluster {self.cluster.name!r} is a {self.cluster.backend} cluster; NCCL rules need an NCCL cluster"
+            )
         if self.mechanism is None:
             object.__setattr__(self, "mechanism", default_mechanism(self.cluster))
         if self.mechanism not in MECHANISMS:
-            raise ValueError(f"mechanism for backend {self.backend!r} must be one of {list(MECHANISMS)}; got {self.mechanism!r}")
+            raise ValueError(
+                f"mechanism for backend {self.backend!r} must be one of {list(MECHANISMS)}; got {self.mechanism!r}"
+            )
         if self.backend not in BACKENDS:
             raise ValueError(f"NCCL rules serve backends {list(BACKENDS)}; got {self.backend!r}")
 
     def scope(self, knob: str) -> Scope | None:
         """``knob_scope``; ``net_peer_channels`` per communicator where torch binds ``n_channels_per_net_peer``."""
         scope = knob_scope(knob, mechanism=self.mechanism, nccl_version=self.cluster.nccl)
-        if (knob == "net_peer_channels" and scope is not None and self.mechanism != "env" and self.capabilities is not None
-                and self.cluster.nccl >= (2, 28, 0) and "n_channels_per_net_peer" in self.capabilities.config_fields):
+        if (
+            knob == "net_peer_channels"
+            and scope is not None
+            and self.mechanism != "env"
+            and self.capabilities is not None
+            and self.cluster.nccl >= (2, 28, 0)
+            and "n_channels_per_net_peer" in self.capabilities.config_fields
+        ):
             return "communicator"
         return scope
 
-    def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None) -> dict[str, tuple]:
+    def domains(
+        self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None
+    ) -> dict[str, tuple]:
         """``domains`` of one site (``n_nodes``: hosts), cut to the run's capabilities and ``channel_cap``."""
-        d = domains(cluster=self.cluster, op=op, n_nodes=n_nodes, group_size=group_size, mechanism=self.mechanism,
-                    reduce_op=reduce_op)
+        d = domains(
+            cluster=self.cluster,
+            op=op,
+            n_nodes=n_nodes,
+            group_size=group_size,
+            mechanism=self.mechanism,
+            reduce_op=reduce_op,
+        )
         if self.capabilities is not None:
-            d, _ = restrict_domains(d, self.capabilities, op=op, n_nodes=self.cluster.nccl_nodes(n_nodes, group_size),
-                                    mechanism=self.mechanism)
+            d, _ = restrict_domains(
+                d,
+                self.capabilities,
+                op=op,
+                n_nodes=self.cluster.nccl_nodes(n_nodes, group_size),
+                mechanism=self.mechanism,
+            )
             if self.scope("net_peer_channels") != "communicator":
                 d["net_peer_channels"] = (None,)  # a process-wide value: read once, before any plan
         cap = self.channel_cap()
@@ -270,18 +339,23 @@ class NcclRules:
         """``domains`` of a ``CollectiveSite`` cut by its call and its buffer registration, and a note on each cut."""
         d = self.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size, reduce_op=site.reduce_op)
         notes = []
-        d["algorithm"], why = call_algorithms(d["algorithm"], op=site.op, reduce_op=site.reduce_op, dtype=site.dtype,
-                                              parts=site.parts)
+        d["algorithm"], why = call_algorithms(
+            d["algorithm"], op=site.op, reduce_op=site.reduce_op, dtype=site.dtype, parts=site.parts
+        )
         if why:
             notes.append(why)
         if site.registered == "fixed":
             d = {k: (None,) for k in d}
-            notes.append("registered buffers (--use-nccl-ub) that only the group's own communicator holds: kept there, "
-                         "NCCL's choice (a pool entry cannot register a memory pool megatron-core does not keep)")
+            notes.append(
+                "registered buffers (--use-nccl-ub) that only the group's own communicator holds: kept there, "
+                "NCCL's choice (a pool entry cannot register a memory pool megatron-core does not keep)"
+            )
         elif site.registered == "symmetric" and symmetric_kernels(self.cluster, site):
             d = {k: (None,) for k in d}
-            notes.append("buffers in symmetric windows (--use-nccl-ub) on an all-NVLink communicator: NCCL runs its "
-                         "symmetric kernels, which ask no tuner plugin, so nothing a plan sets reaches the call: NCCL's choice")
+            notes.append(
+                "buffers in symmetric windows (--use-nccl-ub) on an all-NVLink communicator: NCCL runs its "
+                "symmetric kernels, which ask no tuner plugin, so nothing a plan sets reaches the call: NCCL's choice"
+            )
         elif site.registered in ("pool", "symmetric"):
             notes.append("registered buffers (--use-nccl-ub): its pool entry registers the same NCCL memory pool")
         bins = nccl_bins(site.parts, nbytes=site.nbytes, op=site.op)
@@ -300,9 +374,22 @@ class NcclRules:
         """These rules for ``sites``: the budget is shared by groups with a site whose channels can be set."""
         if self.pool_budget_bytes is None:
             return self
-        groups = sorted({s.group for s in sites if len(domains(cluster=self.cluster, op=s.op, n_nodes=s.n_nodes,
-                                                               group_size=s.group_size, mechanism=self.mechanism)
-                                                       ["n_channels"]) > 1})
+        groups = sorted(
+            {
+                s.group
+                for s in sites
+                if len(
+                    domains(
+                        cluster=self.cluster,
+                        op=s.op,
+                        n_nodes=s.n_nodes,
+                        group_size=s.group_size,
+                        mechanism=self.mechanism,
+                    )["n_channels"]
+                )
+                > 1
+            }
+        )
         return replace(self, budget_groups=tuple(groups))
 
     def call_keys(self, site: Any) -> list[tuple[str, str, int]]:
@@ -334,8 +421,13 @@ class NcclRules:
         fixed = self.capabilities.fixed_knobs()
         out: list[CommConfig] = []
         for p in probes:
-            d = {k: v for k, v in p.to_dict().items() if k not in fixed and k != "chunk_size"
-                 and not (k in ("algorithm", "protocol") and self.cluster.nccl < (2, 24, 0))}
+            d = {
+                k: v
+                for k, v in p.to_dict().items()
+                if k not in fixed
+                and k != "chunk_size"
+                and not (k in ("algorithm", "protocol") and self.cluster.nccl < (2, 24, 0))
+            }
             c = CommConfig(**d)
             if not c.is_default() and c not in out:
                 out.append(c)
@@ -345,17 +437,37 @@ class NcclRules:
         """``applicable``: what of ``config`` NCCL honours for ``op``."""
         return applicable(config, op=op)
 
-    def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None,
-                 reduce_op: str | None = None, dtype: str | None = None) -> None:
+    def validate(
+        self,
+        config: CommConfig,
+        *,
+        op: str,
+        n_nodes: int = 1,
+        group_size: int | None = None,
+        reduce_op: str | None = None,
+        dtype: str | None = None,
+    ) -> None:
         """``validate_config`` under this mechanism, also refusing knobs the capabilities empty; ValueError."""
-        validate_config(config, op=op, cluster=self.cluster, mechanism=self.mechanism, n_nodes=n_nodes, group_size=group_size,
-                        reduce_op=reduce_op, dtype=dtype)
+        validate_config(
+            config,
+            op=op,
+            cluster=self.cluster,
+            mechanism=self.mechanism,
+            n_nodes=n_nodes,
+            group_size=group_size,
+            reduce_op=reduce_op,
+            dtype=dtype,
+        )
         if self.capabilities is not None:
             d = self.domains(op=op, n_nodes=n_nodes, group_size=group_size or 2, reduce_op=reduce_op)
             for knob, value in config.to_dict().items():
                 if knob in d and (d[knob] == (None,) or (knob == "algorithm" and value not in d[knob])):
-                    raise invalid_value(knob, value, list(d[knob]), f"not applicable under mechanism {self.mechanism} "
-                                        f"with this run's capabilities")
+                    raise invalid_value(
+                        knob,
+                        value,
+                        list(d[knob]),
+                        f"not applicable under mechanism {self.mechanism} with this run's capabilities",
+                    )
 
     def process_env(self, chosen: dict[str, list[int]]) -> dict[str, str]:
         """``process_env``: NCCL's variables for the process-scope knobs of a plan."""

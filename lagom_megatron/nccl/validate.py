@@ -88,8 +88,13 @@ def site_dtypes(dtype: str, parts: Iterable[tuple[str, int]]) -> list[str]:
 
 
 ALGORITHM_SINCE: dict[str, tuple[int, int, int]] = {
-    "Ring": (2, 0, 0), "Tree": (2, 4, 0), "NVLS": (2, 17, 0), "NVLSTree": (2, 18, 0),
-    "CollNetDirect": (2, 14, 0), "CollNetChain": (2, 14, 0), "PAT": (2, 23, 0),
+    "Ring": (2, 0, 0),
+    "Tree": (2, 4, 0),
+    "NVLS": (2, 17, 0),
+    "NVLSTree": (2, 18, 0),
+    "CollNetDirect": (2, 14, 0),
+    "CollNetChain": (2, 14, 0),
+    "PAT": (2, 23, 0),
 }
 """First NCCL release of each algorithm."""
 
@@ -99,8 +104,9 @@ NVLS_MAX_ARITY = 32
 ranks NCCL runs NVLS / NVLSTree only for all-reduce (``src/enqueue.cc:2004-2006``)."""
 
 
-def algorithms_for(*, op: str, cluster: ClusterSpec, n_nodes: int = 1, group_size: int = 2,
-                   reduce_op: str | None = None) -> tuple[str, ...]:
+def algorithms_for(
+    *, op: str, cluster: ClusterSpec, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None
+) -> tuple[str, ...]:
     """Algorithms NCCL can run for ``op`` on ``cluster`` (``n_nodes``: NCCL's); ``reduce_op`` None excludes PAT
     reduce-scatter, which NCCL 2.30 skips for averaging reductions (``src/enqueue.cc:2010-2012``)."""
     if op not in ALGORITHMS_FOR_OP:
@@ -132,8 +138,9 @@ def algorithms_for(*, op: str, cluster: ClusterSpec, n_nodes: int = 1, group_siz
     return tuple(out)
 
 
-def call_algorithms(algorithms: tuple, *, op: str, reduce_op: str | None, dtype: str,
-                    parts: tuple[tuple[str, int], ...] = ()) -> tuple[tuple, str]:
+def call_algorithms(
+    algorithms: tuple, *, op: str, reduce_op: str | None, dtype: str, parts: tuple[tuple[str, int], ...] = ()
+) -> tuple[tuple, str]:
     """``algorithms`` minus NVLS / NVLSTree where ``ncclNvlsSupported`` lacks the call's (reduction, dtype), and why."""
     if op not in REDUCING_OPS or not any(a in ("NVLS", "NVLSTree") for a in algorithms):
         return algorithms, ""
@@ -142,7 +149,9 @@ def call_algorithms(algorithms: tuple, *, op: str, reduce_op: str | None, dtype:
         return algorithms, ""
     keep = tuple(a for a in algorithms if a not in ("NVLS", "NVLSTree"))
     why = "not recorded" if reduce_op is None else f"{reduce_op} of {', '.join(bad)}"
-    return (keep if len(keep) > 1 else (None,)), f"no NVLS: NCCL runs none for this reduction ({why}; ncclNvlsSupported)"
+    return (
+        keep if len(keep) > 1 else (None,)
+    ), f"no NVLS: NCCL runs none for this reduction ({why}; ncclNvlsSupported)"
 
 
 CHUNK_RULES: dict[str, dict[str, int]] = {
@@ -154,8 +163,17 @@ CHUNK_RULES: dict[str, dict[str, int]] = {
 LL128 4,915,200 x 120/128 / 8, multiples of 120). NCCL clamps larger values (tuner v6)."""
 
 
-def validate_config(config: CommConfig, *, op: str, cluster: ClusterSpec, mechanism: str = "tuner", n_nodes: int = 1,
-                    group_size: int | None = None, reduce_op: str | None = None, dtype: str | None = None) -> None:
+def validate_config(
+    config: CommConfig,
+    *,
+    op: str,
+    cluster: ClusterSpec,
+    mechanism: str = "tuner",
+    n_nodes: int = 1,
+    group_size: int | None = None,
+    reduce_op: str | None = None,
+    dtype: str | None = None,
+) -> None:
     """Checks every set knob of ``config`` against NCCL's domain for ``op`` on ``cluster`` (LL128 is never forced,
     nccl#786/#1261); ValueError names the first bad knob, its value and the allowed set."""
     mech = mechanism
@@ -168,11 +186,20 @@ def validate_config(config: CommConfig, *, op: str, cluster: ClusterSpec, mechan
             raise invalid_value("algorithm", c.algorithm, [None], f"op {op!r} is point-to-point")
         if c.algorithm not in ALGORITHMS_FOR_OP[op]:
             raise invalid_value("algorithm", c.algorithm, list(ALGORITHMS_FOR_OP[op]), f"not implemented for {op}")
-        ok = algorithms_for(op=op, cluster=cluster, n_nodes=cluster.nccl_nodes(n_nodes, group_size), group_size=group_size,
-                            reduce_op=reduce_op)
+        ok = algorithms_for(
+            op=op,
+            cluster=cluster,
+            n_nodes=cluster.nccl_nodes(n_nodes, group_size),
+            group_size=group_size,
+            reduce_op=reduce_op,
+        )
         if c.algorithm not in ok:
-            raise invalid_value("algorithm", c.algorithm, list(ok),
-                        f"not available on {cluster.name} (sm{cluster.sm_arch}, NCCL {cluster.nccl_version}, {n_nodes} node(s))")
+            raise invalid_value(
+                "algorithm",
+                c.algorithm,
+                list(ok),
+                f"not available on {cluster.name} (sm{cluster.sm_arch}, NCCL {cluster.nccl_version}, {n_nodes} node(s))",
+            )
         if dtype is not None:
             kept, why = call_algorithms(ok, op=op, reduce_op=reduce_op, dtype=dtype)
             if why and c.algorithm not in kept:
@@ -183,44 +210,77 @@ def validate_config(config: CommConfig, *, op: str, cluster: ClusterSpec, mechan
         if op in P2P_OPS:
             raise invalid_value("protocol", c.protocol, [None], f"op {op!r} is point-to-point")
         if c.protocol == "LL128" and mech != "tuner":
-            raise invalid_value("protocol", c.protocol, ["LL", "Simple"],
-                        "forcing LL128 through NCCL_PROTO can corrupt data silently; only the tuner plugin may prefer it")
+            raise invalid_value(
+                "protocol",
+                c.protocol,
+                ["LL", "Simple"],
+                "forcing LL128 through NCCL_PROTO can corrupt data silently; only the tuner plugin may prefer it",
+            )
         if c.algorithm is not None and c.protocol not in PROTOCOLS_FOR_ALGORITHM[c.algorithm]:
-            raise invalid_value("protocol", c.protocol, list(PROTOCOLS_FOR_ALGORITHM[c.algorithm]), f"with algorithm {c.algorithm}")
+            raise invalid_value(
+                "protocol", c.protocol, list(PROTOCOLS_FOR_ALGORITHM[c.algorithm]), f"with algorithm {c.algorithm}"
+            )
     if c.n_threads is not None and (isinstance(c.n_threads, bool) or c.n_threads not in N_THREADS):
         raise invalid_value("n_threads", c.n_threads, list(N_THREADS), "NCCL_NTHREADS")
     if c.n_threads is not None and op in P2P_OPS:
-        raise invalid_value("n_threads", c.n_threads, [None], f"NCCL runs {op} with NCCL_MAX_NTHREADS whatever "
-                            "NCCL_NTHREADS says (src/enqueue.cc:1136)")
+        raise invalid_value(
+            "n_threads",
+            c.n_threads,
+            [None],
+            f"NCCL runs {op} with NCCL_MAX_NTHREADS whatever NCCL_NTHREADS says (src/enqueue.cc:1136)",
+        )
     if c.n_channels is not None:
         cap = max_channels(cluster)
         if isinstance(c.n_channels, bool) or not isinstance(c.n_channels, int) or not 1 <= c.n_channels <= cap:
             raise invalid_value("n_channels", c.n_channels, f"integers 1..{cap} (NCCL {cluster.nccl_version})")
     if c.chunk_size is not None:
         if mech != "tuner" or cluster.nccl < (2, 30, 0):
-            raise invalid_value("chunk_size", c.chunk_size, [None], f"per-call chunk size needs the tuner plugin v6 (NCCL >= 2.30); have NCCL {cluster.nccl_version}, mechanism {mech}")
+            raise invalid_value(
+                "chunk_size",
+                c.chunk_size,
+                [None],
+                f"per-call chunk size needs the tuner plugin v6 (NCCL >= 2.30); have NCCL {cluster.nccl_version}, mechanism {mech}",
+            )
         _check_chunk(c.chunk_size, c.protocol or "Simple")
     if c.net_peer_channels is not None:
         n = c.net_peer_channels
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64 or n & (n - 1):
-            raise invalid_value("net_peer_channels", n, "powers of two 1..64", "NCCL rounds nChannelsPerNetPeer up to one")
+            raise invalid_value(
+                "net_peer_channels", n, "powers of two 1..64", "NCCL rounds nChannelsPerNetPeer up to one"
+            )
         if op not in P2P_OPS:
-            raise invalid_value("net_peer_channels", n, [None], f"channels per network peer apply to point-to-point, not {op}")
+            raise invalid_value(
+                "net_peer_channels", n, [None], f"channels per network peer apply to point-to-point, not {op}"
+            )
         if cluster.nccl < (2, 12, 0):
-            raise invalid_value("net_peer_channels", n, [None], f"NCCL_NCHANNELS_PER_NET_PEER needs NCCL 2.12; have {cluster.nccl_version}")
+            raise invalid_value(
+                "net_peer_channels",
+                n,
+                [None],
+                f"NCCL_NCHANNELS_PER_NET_PEER needs NCCL 2.12; have {cluster.nccl_version}",
+            )
     if c.high_priority_stream is not None:
         if not isinstance(c.high_priority_stream, bool):
             raise invalid_value("high_priority_stream", c.high_priority_stream, [None, True, False])
         if mech == "env":
-            raise invalid_value("high_priority_stream", c.high_priority_stream, [None],
-                                "a stream priority is a process group's option (a pool entry), not a variable of the env mechanism")
+            raise invalid_value(
+                "high_priority_stream",
+                c.high_priority_stream,
+                [None],
+                "a stream priority is a process group's option (a pool entry), not a variable of the env mechanism",
+            )
     if c.cta_policy is not None and c.cta_policy not in CTA_POLICIES:
         raise invalid_value("cta_policy", c.cta_policy, list(CTA_POLICIES))
     if c.cga_cluster_size is not None:
         if isinstance(c.cga_cluster_size, bool) or c.cga_cluster_size not in CGA_CLUSTER_SIZES:
             raise invalid_value("cga_cluster_size", c.cga_cluster_size, "integers 0..8")
         if cluster.sm_arch < 90 and c.cga_cluster_size != 0:
-            raise invalid_value("cga_cluster_size", c.cga_cluster_size, [0], f"thread-block clusters need sm90+; {cluster.name} is sm{cluster.sm_arch}")
+            raise invalid_value(
+                "cga_cluster_size",
+                c.cga_cluster_size,
+                [0],
+                f"thread-block clusters need sm90+; {cluster.name} is sm{cluster.sm_arch}",
+            )
 
 
 def _check_chunk(chunk: int, protocol: str) -> None:
@@ -229,7 +289,11 @@ def _check_chunk(chunk: int, protocol: str) -> None:
         raise invalid_value("chunk_size", chunk, f"{rule['min']}..{rule['max']} bytes for protocol {protocol}")
     if rule["multiple"]:
         if chunk % rule["multiple"]:
-            raise invalid_value("chunk_size", chunk, f"multiples of {rule['multiple']} bytes for protocol {protocol} (120 data bytes per 128-byte line)")
+            raise invalid_value(
+                "chunk_size",
+                chunk,
+                f"multiples of {rule['multiple']} bytes for protocol {protocol} (120 data bytes per 128-byte line)",
+            )
     elif chunk & (chunk - 1):
         raise invalid_value("chunk_size", chunk, f"powers of two for protocol {protocol}")
 
@@ -239,7 +303,9 @@ def validate_cta_range(min_ctas: int | None, max_ctas: int | None, *, cluster: C
     2.25); ValueError names what breaks."""
     if (min_ctas is None) != (max_ctas is None):
         given, missing = ("min_ctas", "max_ctas") if max_ctas is None else ("max_ctas", "min_ctas")
-        raise ValueError(f"a CTA range needs both ends: {given} is set but {missing} is not (NCCL rejects a one-sided range)")
+        raise ValueError(
+            f"a CTA range needs both ends: {given} is set but {missing} is not (NCCL rejects a one-sided range)"
+        )
     if min_ctas is None:
         return
     cap = max_channels(cluster)

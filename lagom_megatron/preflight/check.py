@@ -38,14 +38,34 @@ from lagom_megatron.preflight.types import Finding, RunShape
 from lagom_megatron.preflight.values import rule_megatron_flags, rule_values, rule_versions
 
 ARGUMENT_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
-    rule_values, rule_megatron_flags, rule_lagom_flags, rule_world_size, rule_batch, rule_heads, rule_layers,
-    rule_uneven_pipeline, rule_experts, rule_moe_overlap, rule_sequence, rule_overlap_param_gather, rule_fsdp_sharding,
-    rule_ddp_bucket_size, rule_output_folders, rule_output_names, rule_plan_lock, rule_master_port, rule_versions,
+    rule_values,
+    rule_megatron_flags,
+    rule_lagom_flags,
+    rule_world_size,
+    rule_batch,
+    rule_heads,
+    rule_layers,
+    rule_uneven_pipeline,
+    rule_experts,
+    rule_moe_overlap,
+    rule_sequence,
+    rule_overlap_param_gather,
+    rule_fsdp_sharding,
+    rule_ddp_bucket_size,
+    rule_output_folders,
+    rule_output_names,
+    rule_plan_lock,
+    rule_master_port,
+    rule_versions,
 )
 """The rules that read nothing of the cluster: training runs them before detecting the machine."""
 
 MACHINE_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
-    rule_nodes, rule_tp_comm_overlap, rule_comm_config, rule_cuda_device_max_connections, rule_nccl_env,
+    rule_nodes,
+    rule_tp_comm_overlap,
+    rule_comm_config,
+    rule_cuda_device_max_connections,
+    rule_nccl_env,
     rule_nccl_overrides,
 )
 
@@ -69,8 +89,10 @@ def env_count(environ: Mapping[str, str], name: str, hi: int, default_of: str) -
     if not text:
         return None
     if not text.isdigit() or not 1 <= int(text) <= hi:
-        raise ValueError(f"{name}={environ[name]!r} is not an integer in 1..{hi} (it stands for {default_of}): "
-                         "set it to a count, or unset it")
+        raise ValueError(
+            f"{name}={environ[name]!r} is not an integer in 1..{hi} (it stands for {default_of}): "
+            "set it to a count, or unset it"
+        )
     return int(text)
 
 
@@ -80,9 +102,16 @@ def detect_cluster(preset_name: str | None = None, environ: Mapping[str, str] | 
     return choose_cluster(preset_name, environ).cluster
 
 
-def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
-            world_size: int | None = None, gpus_per_node: int | None = None,
-            preset_env: Mapping[str, str] | None = None, local: bool = False) -> RunShape:
+def resolve(
+    args_or_preset: Any,
+    environ: Mapping[str, str] | None = None,
+    cluster: Any = None,
+    *,
+    world_size: int | None = None,
+    gpus_per_node: int | None = None,
+    preset_env: Mapping[str, str] | None = None,
+    local: bool = False,
+) -> RunShape:
     """Normalises a preset, namespace or dict into a ``RunShape`` (a preset's ``env`` over ``environ``; 0 or
     negative sizes kept for the rules). ``local``: on this machine. Raises ValueError: an unknown preset or cluster,
     or another input type."""
@@ -106,8 +135,10 @@ def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, clust
     elif isinstance(args_or_preset, Mapping):
         args = dict(args_or_preset)
     else:
-        raise ValueError(f"doctor input must be a Preset, a preset name, an argparse.Namespace or a dict; "
-                         f"got {type(args_or_preset).__name__}")
+        raise ValueError(
+            f"doctor input must be a Preset, a preset name, an argparse.Namespace or a dict; "
+            f"got {type(args_or_preset).__name__}"
+        )
     if cluster is None and args.get("lagom_cluster"):
         cluster = args["lagom_cluster"]
     if isinstance(cluster, (str, os.PathLike)):
@@ -119,10 +150,15 @@ def resolve(args_or_preset: Any, environ: Mapping[str, str] | None = None, clust
         if gpus_per_node is None:
             gpus_per_node = _int_env(environ, "LOCAL_WORLD_SIZE", "SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE")
     return RunShape(
-        args=args, environ=environ, world_size=None if world_size is None else int(world_size),
+        args=args,
+        environ=environ,
+        world_size=None if world_size is None else int(world_size),
         gpus_per_node=None if gpus_per_node is None else int(gpus_per_node),
-        sm_arch=cluster_field(cluster, "sm_arch"), nccl_version=cluster_field(cluster, "nccl_version"),
-        backend=str(cluster_field(cluster, "backend") or "nccl"), preset_env=preset_env, local=local,
+        sm_arch=cluster_field(cluster, "sm_arch"),
+        nccl_version=cluster_field(cluster, "nccl_version"),
+        backend=str(cluster_field(cluster, "backend") or "nccl"),
+        preset_env=preset_env,
+        local=local,
     )
 
 
@@ -137,16 +173,25 @@ def run_rules(shape: RunShape, *, machine: bool = True) -> list[Finding]:
     return findings
 
 
-def check_run(args: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *,
-              world_size: int | None = None, gpus_per_node: int | None = None,
-              preset_env: Mapping[str, str] | None = None, local: bool = False, machine: bool = True,
-              validate: Callable[[Any, int], Any] | None = None,
-              installed: Callable[..., None] | None = None) -> list[Finding]:
+def check_run(
+    args: Any,
+    environ: Mapping[str, str] | None = None,
+    cluster: Any = None,
+    *,
+    world_size: int | None = None,
+    gpus_per_node: int | None = None,
+    preset_env: Mapping[str, str] | None = None,
+    local: bool = False,
+    machine: bool = True,
+    validate: Callable[[Any, int], Any] | None = None,
+    installed: Callable[..., None] | None = None,
+) -> list[Finding]:
     """The verdict on one run, in rule order. ``validate(ns, world_size)`` and, local with ``machine``,
     ``installed(ns, on_gpu=...)``: the trainer's own checks on a copy of ``args`` (ValueError, FileNotFoundError:
     a ``pretrain-args`` error). ``machine`` False: :data:`ARGUMENT_RULES` only."""
-    shape = resolve(args, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node,
-                    preset_env=preset_env, local=local)
+    shape = resolve(
+        args, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node, preset_env=preset_env, local=local
+    )
     findings = run_rules(shape, machine=machine)
     if validate is not None and not any(f.level == "error" for f in findings):
         ns = copy.deepcopy(args)

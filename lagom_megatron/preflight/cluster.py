@@ -18,8 +18,10 @@ def load_cluster(name: str, source: str) -> Any:
     try:
         return ClusterSpec.load(name)
     except FileNotFoundError:
-        raise ValueError(f"{source}={name!r} is not a known cluster or a cluster file; allowed: "
-                         f"{', '.join(available_clusters())} or a path to a cluster YAML") from None
+        raise ValueError(
+            f"{source}={name!r} is not a known cluster or a cluster file; allowed: "
+            f"{', '.join(available_clusters())} or a path to a cluster YAML"
+        ) from None
     except ValueError as exc:
         raise ValueError(f"{source}={name!r}: {exc}") from None
 
@@ -40,8 +42,13 @@ def cuda_certainly_absent() -> bool:
         return False
     build: dict[str, Any] = {}
     for node in tree.body if tree else ():
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(
-            node, "target", None) if isinstance(node, ast.AnnAssign) else None
+        target = (
+            node.targets[0]
+            if isinstance(node, ast.Assign) and len(node.targets) == 1
+            else getattr(node, "target", None)
+            if isinstance(node, ast.AnnAssign)
+            else None
+        )
         if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and node.value is not None:
             try:
                 build[target.id] = ast.literal_eval(node.value)
@@ -98,8 +105,11 @@ def this_machine() -> Machine:
         return Machine(cuda=False)
     major, minor = torch.cuda.get_device_capability()
     nccl = torch.cuda.nccl.version()
-    return Machine(cuda=True, sm_arch=major * 10 + minor,
-                   nccl_version=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl))
+    return Machine(
+        cuda=True,
+        sm_arch=major * 10 + minor,
+        nccl_version=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
+    )
 
 
 @dataclass(frozen=True)
@@ -132,12 +142,19 @@ class Target:
         """``cluster 'h100-sxm-ib400' (NCCL 2.27.5, sm_90 GPUs)`` or ``cluster 'cpu-gloo' (gloo, CPU)``."""
         if cluster_field(self.cluster, "backend") == "gloo":
             return f"cluster {self.name!r} (gloo, CPU)"
-        return (f"cluster {self.name!r} (NCCL {cluster_field(self.cluster, 'nccl_version')}, "
-                f"sm_{cluster_field(self.cluster, 'sm_arch')} GPUs)")
+        return (
+            f"cluster {self.name!r} (NCCL {cluster_field(self.cluster, 'nccl_version')}, "
+            f"sm_{cluster_field(self.cluster, 'sm_arch')} GPUs)"
+        )
 
 
-def choose_cluster(preset_name: str | None, environ: Mapping[str, str] | None = None, given: str | None = None,
-                   given_by: str = "--cluster", machine: Machine | None = None) -> Target:
+def choose_cluster(
+    preset_name: str | None,
+    environ: Mapping[str, str] | None = None,
+    given: str | None = None,
+    given_by: str = "--cluster",
+    machine: Machine | None = None,
+) -> Target:
     """The first of: ``given`` (named by ``given_by``), ``$LAGOM_CLUSTER``, the preset's cluster, this machine
     (``cpu-gloo`` without CUDA, else its GPU). Raises ValueError: an unknown cluster or preset."""
     environ = os.environ if environ is None else environ
@@ -149,14 +166,23 @@ def choose_cluster(preset_name: str | None, environ: Mapping[str, str] | None = 
         from lagom_megatron.config.presets import load_preset
 
         preset = load_preset(preset_name)
-        return Target(load_cluster(preset.cluster, f"preset {preset.name!r} cluster"), "preset",
-                      f"preset {preset.name!r}")
+        return Target(
+            load_cluster(preset.cluster, f"preset {preset.name!r} cluster"), "preset", f"preset {preset.name!r}"
+        )
     machine = this_machine() if machine is None else machine
     if not machine.cuda:
         return Target(load_cluster(CPU_CLUSTER, "cluster"), "machine", "this machine")
     local = environ.get("LOCAL_WORLD_SIZE", "")
-    return Target({"gpus_per_node": int(local) if local.strip().isdigit() else None, "sm_arch": machine.sm_arch,
-                   "backend": "nccl", "nccl_version": machine.nccl_version}, "machine", "this machine")
+    return Target(
+        {
+            "gpus_per_node": int(local) if local.strip().isdigit() else None,
+            "sm_arch": machine.sm_arch,
+            "backend": "nccl",
+            "nccl_version": machine.nccl_version,
+        },
+        "machine",
+        "this machine",
+    )
 
 
 def mismatch(target: Target, machine: Machine) -> str | None:
@@ -168,15 +194,19 @@ def mismatch(target: Target, machine: Machine) -> str | None:
     # the flag is on the line already when it chose the cluster: say what to give it instead
     instead = f" instead of {target.chosen_by} {target.name}" if target.source == "flag" else ""
     if not machine.cuda:
-        return (f"{chosen} {target.describe()} but this machine has {machine.describe()} ({CPU_CLUSTER}); "
-                f"run it on that cluster (lagom doctor checks it from here), or to run it on CPU anyway "
-                f"{'use' if instead else 'add'} --lagom-cluster {CPU_CLUSTER}{instead}")
+        return (
+            f"{chosen} {target.describe()} but this machine has {machine.describe()} ({CPU_CLUSTER}); "
+            f"run it on that cluster (lagom doctor checks it from here), or to run it on CPU anyway "
+            f"{'use' if instead else 'add'} --lagom-cluster {CPU_CLUSTER}{instead}"
+        )
     sm = cluster_field(target.cluster, "sm_arch")
     if sm and machine.sm_arch and int(sm) != machine.sm_arch:
         from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
 
         same = [n for n in available_clusters() if ClusterSpec.load(n).sm_arch == machine.sm_arch]
         hint = f" ({', '.join(same)} or a cluster YAML)" if same else " (a cluster YAML describing it)"
-        return (f"{chosen} {target.describe()} but this machine has {machine.describe()}; "
-                f"name a cluster of this GPU with --lagom-cluster{hint}{instead}")
+        return (
+            f"{chosen} {target.describe()} but this machine has {machine.describe()}; "
+            f"name a cluster of this GPU with --lagom-cluster{hint}{instead}"
+        )
     return None

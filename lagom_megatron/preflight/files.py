@@ -34,8 +34,11 @@ def folder_problem(folder: Path) -> str | None:
             return f"no existing ancestor of {folder}"
         probe = probe.parent
     if not probe.is_dir():
-        return f"{probe} is a file, not a folder, so {folder} cannot be created" if probe != folder \
+        return (
+            f"{probe} is a file, not a folder, so {folder} cannot be created"
+            if probe != folder
             else f"{folder} is a file, not a folder"
+        )
     try:
         with tempfile.TemporaryFile(dir=probe):
             pass
@@ -53,8 +56,7 @@ def output_paths(args: Mapping[str, Any]) -> list[tuple[str, str, Path]]:
         run_dir = Path(plan).parent if plan else Path(DEFAULT_RUN_DIR) / (args.get("preset_name") or "run")
         out.append(("--lagom-plan", plan or str(run_dir / "plan.json"), run_dir))
         report = args.get("lagom_report")
-        out.append(("--lagom-report", report or str(run_dir / "report.md"),
-                    Path(report).parent if report else run_dir))
+        out.append(("--lagom-report", report or str(run_dir / "report.md"), Path(report).parent if report else run_dir))
     if args.get("data_cache_path"):
         out.append(("--data-cache-path", args["data_cache_path"], Path(args["data_cache_path"])))
     return out
@@ -71,15 +73,26 @@ def rule_output_folders(s: RunShape) -> list[Finding]:
         seen.add(folder)
         problem = folder_problem(folder)
         if problem:
-            out.append(Finding(
-                "error", "output-folder", f"{flag} {value!r}: {problem}",
-                "the run would train, then fail on every rank when it first writes there",
-                "give a path in a folder that exists and is writable, or that can be created"))
+            out.append(
+                Finding(
+                    "error",
+                    "output-folder",
+                    f"{flag} {value!r}: {problem}",
+                    "the run would train, then fail on every rank when it first writes there",
+                    "give a path in a folder that exists and is writable, or that can be created",
+                )
+            )
     plan = s.args.get("lagom_plan") if s.args.get("lagom") else None
     if plan and Path(plan).is_file() and not os.access(plan, os.R_OK):
-        out.append(Finding("error", "output-folder", f"--lagom-plan {plan!r} exists but cannot be read",
-                           "lagom would neither reuse it nor may it overwrite a file it could not read",
-                           "make the file readable, or give another --lagom-plan"))
+        out.append(
+            Finding(
+                "error",
+                "output-folder",
+                f"--lagom-plan {plan!r} exists but cannot be read",
+                "lagom would neither reuse it nor may it overwrite a file it could not read",
+                "make the file readable, or give another --lagom-plan",
+            )
+        )
     return out
 
 
@@ -93,10 +106,13 @@ def output_name_problem(args: Mapping[str, Any]) -> str | None:
     for flag in ("--lagom-plan", "--lagom-report"):
         value = args.get(flag[2:].replace("-", "_"))
         if value and Path(value).name == LOCK_NAME:
-            return (f"{flag} {value!r} is the name of the lock file a run keeps in each folder it writes: "
-                    f"give {flag} another file name")
-    return RunFiles(plan_path=args.get("lagom_plan"), report_path=args.get("lagom_report"),
-                    preset_name=args.get("preset_name")).name_clash()
+            return (
+                f"{flag} {value!r} is the name of the lock file a run keeps in each folder it writes: "
+                f"give {flag} another file name"
+            )
+    return RunFiles(
+        plan_path=args.get("lagom_plan"), report_path=args.get("lagom_report"), preset_name=args.get("preset_name")
+    ).name_clash()
 
 
 def rule_output_names(s: RunShape) -> list[Finding]:
@@ -104,10 +120,16 @@ def rule_output_names(s: RunShape) -> list[Finding]:
     problem = output_name_problem(s.args)
     if problem is None:
         return []
-    return [Finding("error", "output-names", problem,
-                    "lagom writes both files: the later one replaces the earlier, and one of them (a plan, a "
-                    "profile, a report or the user's file) is lost",
-                    "give --lagom-plan and --lagom-report names of their own")]
+    return [
+        Finding(
+            "error",
+            "output-names",
+            problem,
+            "lagom writes both files: the later one replaces the earlier, and one of them (a plan, a "
+            "profile, a report or the user's file) is lost",
+            "give --lagom-plan and --lagom-report names of their own",
+        )
+    ]
 
 
 def _folder_key(folder: str | os.PathLike) -> str:
@@ -133,8 +155,11 @@ def run_folders(args: Mapping[str, Any]) -> list[tuple[str, str, Path]]:
 
 def _holder(environ: Mapping[str, str]) -> str:
     job = environ.get("SLURM_JOB_ID") or environ.get("TORCHELASTIC_RUN_ID")
-    return (f"pid {os.getpid()} on host {socket.gethostname()}" + (f", job {job}" if job else "")
-            + f", since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}")
+    return (
+        f"pid {os.getpid()} on host {socket.gethostname()}"
+        + (f", job {job}" if job else "")
+        + f", since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}"
+    )
 
 
 def _try_lock(path: Path) -> tuple[int | None, str]:
@@ -157,8 +182,10 @@ def _try_lock(path: Path) -> tuple[int | None, str]:
 def _in_use(flag: str, value: str, folder: Path, holder: str) -> str:
     real = _folder_key(folder)
     where = str(folder) if real == os.path.abspath(folder) else f"{folder}, that is {real}"
-    return (f"{flag} {value!r} is in use by another run ({holder}): one run writes a folder at a time "
-            f"({where}): wait for it, or give this run another {flag}")
+    return (
+        f"{flag} {value!r} is in use by another run ({holder}): one run writes a folder at a time "
+        f"({where}): wait for it, or give this run another {flag}"
+    )
 
 
 def rule_plan_lock(s: RunShape) -> list[Finding]:
@@ -177,14 +204,25 @@ def rule_plan_lock(s: RunShape) -> list[Finding]:
         if fd is not None:
             os.close(fd)  # closing releases the lock; the lock file stays for the next run
             continue
-        out.append(Finding("error", "plan-lock", _in_use(flag, value, folder, holder),
-                           "two runs would overwrite each other's plan, profile, report and verdict, and one "
-                           "would be lost", f"wait for the other run, or give another {flag}"))
+        out.append(
+            Finding(
+                "error",
+                "plan-lock",
+                _in_use(flag, value, folder, holder),
+                "two runs would overwrite each other's plan, profile, report and verdict, and one would be lost",
+                f"wait for the other run, or give another {flag}",
+            )
+        )
     return out
 
 
-def hold_folder_lock(folder: str | os.PathLike, environ: Mapping[str, str] | None = None, *,
-                     flag: str = "--lagom-plan", value: str | None = None) -> Path:
+def hold_folder_lock(
+    folder: str | os.PathLike,
+    environ: Mapping[str, str] | None = None,
+    *,
+    flag: str = "--lagom-plan",
+    value: str | None = None,
+) -> Path:
     """Takes ``folder``'s lock for the process's life; returns its path. ValueError: another run holds it."""
     key = _folder_key(folder)
     lock = _lock_path(folder)
@@ -266,9 +304,15 @@ def rule_master_port(s: RunShape) -> list[Finding]:
     except ValueError:
         port = -1
     if not 1 <= port <= 65535:
-        return [Finding("error", "master-port", f"MASTER_PORT={port_text!r} is not a port number; allowed: 1..65535",
-                        "torch's env:// rendezvous reads it with int() and binds it on rank 0",
-                        "export MASTER_PORT=<a free port>, e.g. 29500")]
+        return [
+            Finding(
+                "error",
+                "master-port",
+                f"MASTER_PORT={port_text!r} is not a port number; allowed: 1..65535",
+                "torch's env:// rendezvous reads it with int() and binds it on rank 0",
+                "export MASTER_PORT=<a free port>, e.g. 29500",
+            )
+        ]
     if s.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or s.environ.get("RANK", "0") != "0":
         return []  # torchrun's agent already bound it, or this process is not the one that binds
     dist = sys.modules.get("torch.distributed")
@@ -285,7 +329,12 @@ def rule_master_port(s: RunShape) -> list[Finding]:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 return []
-    return [Finding("error", "master-port",
-                    f"MASTER_PORT={port} is already in use on this machine (MASTER_ADDR={addr}); allowed: a free port",
-                    "rank 0 binds the rendezvous store there; torch would fail with EADDRINUSE while the other "
-                    "ranks wait", "export another MASTER_PORT, or stop the process that holds it")]
+    return [
+        Finding(
+            "error",
+            "master-port",
+            f"MASTER_PORT={port} is already in use on this machine (MASTER_ADDR={addr}); allowed: a free port",
+            "rank 0 binds the rendezvous store there; torch would fail with EADDRINUSE while the other ranks wait",
+            "export another MASTER_PORT, or stop the process that holds it",
+        )
+    ]

@@ -38,40 +38,83 @@ LAGOM_FLAGS: frozenset[str] = frozenset(
 def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the :data:`LAGOM_FLAGS` (usable as Megatron-LM's ``extra_args_provider``); returns the parser."""
     g = parser.add_argument_group("lagom")
-    g.add_argument("--lagom", action="store_true",
-                   help="Profile overlapped collectives during warm-up, search and apply per-collective configs.")
-    g.add_argument("--lagom-warmup-iters", type=int, default=DEFAULT_CONFIG.warmup_iters,
-                   help="Untimed iterations under defaults before profiling; profiling then takes one "
-                        "default, one serialized and one iteration per probe config.")
-    g.add_argument("--lagom-verify-iters", type=int, default=DEFAULT_CONFIG.verify_iters,
-                   help="Measured iterations per arm (plan, defaults; alternating) before the plan is kept or dropped.")
-    g.add_argument("--lagom-verify-max-iters", type=int, default=DEFAULT_CONFIG.verify_max_iters,
-                   help="Most measured iterations per arm: an undecided verdict doubles the iterations per arm up to "
-                        "this (default: --lagom-verify-iters, one verdict); the false-accept rate stays 5%%.")
-    g.add_argument("--lagom-plan", default=None,
-                   help="Plan file: reused when it exists and its fingerprint matches (applied if verified, "
-                        "verified first if never verified, skipped if rejected); written after the search otherwise.")
-    g.add_argument("--lagom-method", choices=LAGOM_METHODS, default=DEFAULT_CONFIG.method,
-                   help="Searcher: priority (Lagom), autoccl (each collective for its own speed), nccl-default.")
-    g.add_argument("--lagom-report", default=None,
-                   help="Per-site report (.md, .csv or .json, by suffix) and a PNG beside it; "
-                        "default report.md in the plan's folder.")
-    g.add_argument("--lagom-pool-budget-mib", type=float, default=float(DEFAULT_BUDGET_MIB),
-                   help="Bound on the estimated GPU memory (MiB per rank) of lagom's extra communicators; "
-                        "sites whose communicators would pass it keep NCCL's defaults.")
-    g.add_argument("--lagom-cluster", default=None, metavar="NAME|PATH",
-                   help="The cluster this run is checked against and lagom's cost model starts from "
-                        "(configs/clusters/ name or YAML path); default $LAGOM_CLUSTER, else the preset's "
-                        "cluster, else this machine. A cluster this machine does not match is refused: "
-                        "--lagom-cluster cpu-gloo runs a GPU preset on CPU anyway.")
-    g.add_argument("--lagom-allow-untested-versions", action="store_true",
-                   help="Run even when torch or megatron-core is outside the tested ranges "
-                        "(lagom_megatron.megatron.hooks.versions; also LAGOM_ALLOW_UNTESTED_VERSIONS=1).")
+    g.add_argument(
+        "--lagom",
+        action="store_true",
+        help="Profile overlapped collectives during warm-up, search and apply per-collective configs.",
+    )
+    g.add_argument(
+        "--lagom-warmup-iters",
+        type=int,
+        default=DEFAULT_CONFIG.warmup_iters,
+        help="Untimed iterations under defaults before profiling; profiling then takes one "
+        "default, one serialized and one iteration per probe config.",
+    )
+    g.add_argument(
+        "--lagom-verify-iters",
+        type=int,
+        default=DEFAULT_CONFIG.verify_iters,
+        help="Measured iterations per arm (plan, defaults; alternating) before the plan is kept or dropped.",
+    )
+    g.add_argument(
+        "--lagom-verify-max-iters",
+        type=int,
+        default=DEFAULT_CONFIG.verify_max_iters,
+        help="Most measured iterations per arm: an undecided verdict doubles the iterations per arm up to "
+        "this (default: --lagom-verify-iters, one verdict); the false-accept rate stays 5%%.",
+    )
+    g.add_argument(
+        "--lagom-plan",
+        default=None,
+        help="Plan file: reused when it exists and its fingerprint matches (applied if verified, "
+        "verified first if never verified, skipped if rejected); written after the search otherwise.",
+    )
+    g.add_argument(
+        "--lagom-method",
+        choices=LAGOM_METHODS,
+        default=DEFAULT_CONFIG.method,
+        help="Searcher: priority (Lagom), autoccl (each collective for its own speed), nccl-default.",
+    )
+    g.add_argument(
+        "--lagom-report",
+        default=None,
+        help="Per-site report (.md, .csv or .json, by suffix) and a PNG beside it; "
+        "default report.md in the plan's folder.",
+    )
+    g.add_argument(
+        "--lagom-pool-budget-mib",
+        type=float,
+        default=float(DEFAULT_BUDGET_MIB),
+        help="Bound on the estimated GPU memory (MiB per rank) of lagom's extra communicators; "
+        "sites whose communicators would pass it keep NCCL's defaults.",
+    )
+    g.add_argument(
+        "--lagom-cluster",
+        default=None,
+        metavar="NAME|PATH",
+        help="The cluster this run is checked against and lagom's cost model starts from "
+        "(configs/clusters/ name or YAML path); default $LAGOM_CLUSTER, else the preset's "
+        "cluster, else this machine. A cluster this machine does not match is refused: "
+        "--lagom-cluster cpu-gloo runs a GPU preset on CPU anyway.",
+    )
+    g.add_argument(
+        "--lagom-allow-untested-versions",
+        action="store_true",
+        help="Run even when torch or megatron-core is outside the tested ranges "
+        "(lagom_megatron.megatron.hooks.versions; also LAGOM_ALLOW_UNTESTED_VERSIONS=1).",
+    )
     return parser
 
 
-LAGOM_ONLY_FLAGS = ("--lagom-warmup-iters", "--lagom-verify-iters", "--lagom-verify-max-iters", "--lagom-plan", "--lagom-method", "--lagom-report",
-                    "--lagom-pool-budget-mib")
+LAGOM_ONLY_FLAGS = (
+    "--lagom-warmup-iters",
+    "--lagom-verify-iters",
+    "--lagom-verify-max-iters",
+    "--lagom-plan",
+    "--lagom-method",
+    "--lagom-report",
+    "--lagom-pool-budget-mib",
+)
 """Options only the ``--lagom`` controller reads (not ``--lagom-allow-untested-versions``, ``--lagom-cluster``)."""
 
 
@@ -80,24 +123,43 @@ def lagom_value_problems(args: Mapping[str, Any]) -> list[Finding]:
     cap below ``--lagom-verify-iters``."""
     out = []
     for flag, hi, why in (
-            ("--lagom-warmup-iters", MAX_WARMUP_ITERS, "untimed iterations before profiling starts"),
-            ("--lagom-verify-iters", MAX_VERIFY_ITERS, "measured iterations per arm (plan, defaults) before the "
-                                                       "verdict; the run needs twice as many"),
-            ("--lagom-verify-max-iters", MAX_VERIFY_MAX_ITERS, "the most measured iterations per arm while the "
-                                                               "verdict is undecided")):
+        ("--lagom-warmup-iters", MAX_WARMUP_ITERS, "untimed iterations before profiling starts"),
+        (
+            "--lagom-verify-iters",
+            MAX_VERIFY_ITERS,
+            "measured iterations per arm (plan, defaults) before the verdict; the run needs twice as many",
+        ),
+        (
+            "--lagom-verify-max-iters",
+            MAX_VERIFY_MAX_ITERS,
+            "the most measured iterations per arm while the verdict is undecided",
+        ),
+    ):
         value = args.get(flag[2:].replace("-", "_"))
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not MIN_ITERS <= value <= hi:
-            out.append(Finding("error", "lagom-flags",
-                               f"{flag} {value} is out of range; allowed: an integer in {MIN_ITERS}..{hi}",
-                               f"{flag} counts {why}", f"give {flag} a value in {MIN_ITERS}..{hi}"))
+            out.append(
+                Finding(
+                    "error",
+                    "lagom-flags",
+                    f"{flag} {value} is out of range; allowed: an integer in {MIN_ITERS}..{hi}",
+                    f"{flag} counts {why}",
+                    f"give {flag} a value in {MIN_ITERS}..{hi}",
+                )
+            )
     first, cap = args.get("lagom_verify_iters"), args.get("lagom_verify_max_iters")
     if not out and isinstance(cap, int) and isinstance(first, int) and cap < first:
-        out.append(Finding("error", "lagom-flags", f"--lagom-verify-max-iters {cap} is below --lagom-verify-iters "
-                                                   f"{first}; allowed: an integer in {first}..{MAX_VERIFY_MAX_ITERS}",
-                           "the cap bounds the iterations per arm that --lagom-verify-iters starts with",
-                           f"raise --lagom-verify-max-iters to {first} or more, or drop it"))
+        out.append(
+            Finding(
+                "error",
+                "lagom-flags",
+                f"--lagom-verify-max-iters {cap} is below --lagom-verify-iters "
+                f"{first}; allowed: an integer in {first}..{MAX_VERIFY_MAX_ITERS}",
+                "the cap bounds the iterations per arm that --lagom-verify-iters starts with",
+                f"raise --lagom-verify-max-iters to {first} or more, or drop it",
+            )
+        )
     return out
 
 
@@ -113,9 +175,15 @@ def lagom_flag_problems(args: Mapping[str, Any]) -> list[Finding]:
         default = defaults.get_default(dest)
         value = args.get(dest, default)
         if value is not None and value != default:
-            out.append(Finding("error", "lagom-flags", f"{flag} needs --lagom (or drop {flag})",
-                               f"without --lagom no hook is installed and {flag} {value!r} would be ignored",
-                               f"add --lagom, or drop {flag}"))
+            out.append(
+                Finding(
+                    "error",
+                    "lagom-flags",
+                    f"{flag} needs --lagom (or drop {flag})",
+                    f"without --lagom no hook is installed and {flag} {value!r} would be ignored",
+                    f"add --lagom, or drop {flag}",
+                )
+            )
     return out
 
 

@@ -38,10 +38,15 @@ def rule_positive(s: RunShape) -> list[Finding]:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            out.append(Finding(
-                "error", "positive", f"{flag(dest)} must be a positive integer; got {value!r}", why,
-                f"give {flag(dest)} an integer >= 1 (or leave it out for the default)",
-            ))
+            out.append(
+                Finding(
+                    "error",
+                    "positive",
+                    f"{flag(dest)} must be a positive integer; got {value!r}",
+                    why,
+                    f"give {flag(dest)} an integer >= 1 (or leave it out for the default)",
+                )
+            )
     return out
 
 
@@ -49,38 +54,52 @@ def rule_nodes(s: RunShape) -> list[Finding]:
     """World size >= 1, GPUs per node >= 1; on GPUs, whole nodes and TP groups that do not straddle nodes."""
     out = []
     if s.world_size is not None and s.world_size < 1:
-        out.append(Finding(
-            "error", "world-size", f"world size {s.world_size} is not a positive integer",
-            "the job needs at least one rank; torchrun and Megatron-LM refuse a world size below 1",
-            "give the number of ranks (nodes x GPUs per node), e.g. --world-size 64",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "world-size",
+                f"world size {s.world_size} is not a positive integer",
+                "the job needs at least one rank; torchrun and Megatron-LM refuse a world size below 1",
+                "give the number of ranks (nodes x GPUs per node), e.g. --world-size 64",
+            )
+        )
     if s.gpus_per_node is not None and s.gpus_per_node < 1:
-        out.append(Finding(
-            "error", "gpus-per-node", f"GPUs per node {s.gpus_per_node} is not a positive integer",
-            "every node runs at least one rank; the layout checks divide by the GPUs per node",
-            "give the GPUs (ranks) of one node, e.g. --gpus-per-node 8",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "gpus-per-node",
+                f"GPUs per node {s.gpus_per_node} is not a positive integer",
+                "every node runs at least one rank; the layout checks divide by the GPUs per node",
+                "give the GPUs (ranks) of one node, e.g. --gpus-per-node 8",
+            )
+        )
     if out or s.world_size is None or s.gpus_per_node is None or s.backend == "gloo":
         return out  # gloo: CPU processes on one host; the cluster's GPUs per node are nominal
     gpn = s.gpus_per_node
     if s.world_size > gpn and s.world_size % gpn:
-        out.append(Finding(
-            "error", "gpus-per-node",
-            f"world size {s.world_size} is not a multiple of the {gpn} GPUs per node",
-            "SLURM and torchrun start the same number of ranks on every node, so a job spans whole "
-            "nodes: nodes x GPUs per node = world size",
-            f"use a world size that is a multiple of {gpn}, or fix --gpus-per-node",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "gpus-per-node",
+                f"world size {s.world_size} is not a multiple of the {gpn} GPUs per node",
+                "SLURM and torchrun start the same number of ranks on every node, so a job spans whole "
+                "nodes: nodes x GPUs per node = world size",
+                f"use a world size that is a multiple of {gpn}, or fix --gpus-per-node",
+            )
+        )
     tp = s.tp
     if tp > 1 and ((tp <= gpn and gpn % tp) or (tp > gpn and tp % gpn)):
-        out.append(Finding(
-            "error", "tp-node",
-            f"--tensor-model-parallel-size {tp} does not tile the {gpn} GPUs of a node",
-            "Megatron-LM puts consecutive ranks in a TP group; unless the GPUs per node are a multiple "
-            "of TP, some TP groups straddle two nodes and their per-layer collectives silently go "
-            "over the network instead of NVLink",
-            f"use a TP that divides {gpn} (or a multiple of {gpn}), or fix --gpus-per-node",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "tp-node",
+                f"--tensor-model-parallel-size {tp} does not tile the {gpn} GPUs of a node",
+                "Megatron-LM puts consecutive ranks in a TP group; unless the GPUs per node are a multiple "
+                "of TP, some TP groups straddle two nodes and their per-layer collectives silently go "
+                "over the network instead of NVLink",
+                f"use a TP that divides {gpn} (or a multiple of {gpn}), or fix --gpus-per-node",
+            )
+        )
     return out
 
 
@@ -91,22 +110,28 @@ def rule_world_size(s: RunShape) -> list[Finding]:
         return out
     model_parallel = s.tp * s.pp * s.cp
     if s.world_size % model_parallel:
-        out.append(Finding(
-            "error", "world-size",
-            f"world size {s.world_size} is not divisible by TP x PP x CP = {s.tp} x {s.pp} x {s.cp} = {model_parallel}",
-            "Megatron-LM builds world = TP x PP x CP x DP and fails at initialize_model_parallel",
-            f"use a world size that is a multiple of {model_parallel}, or change TP/PP/CP",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "world-size",
+                f"world size {s.world_size} is not divisible by TP x PP x CP = {s.tp} x {s.pp} x {s.cp} = {model_parallel}",
+                "Megatron-LM builds world = TP x PP x CP x DP and fails at initialize_model_parallel",
+                f"use a world size that is a multiple of {model_parallel}, or change TP/PP/CP",
+            )
+        )
         return out
     etp = int(s.get("expert_tensor_parallel_size", s.tp))
     if s.ep > 1 and s.world_size % (etp * s.ep * s.pp):
-        out.append(Finding(
-            "error", "world-size",
-            f"world size {s.world_size} is not divisible by ETP x EP x PP = {etp} x {s.ep} x {s.pp} = {etp * s.ep * s.pp}",
-            "the expert layout (expert tensor x expert x pipeline x expert data parallel) must tile "
-            "the world (megatron/core/parallel_state.py)",
-            "change EP or expert TP so that ETP x EP x PP divides the world size",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "world-size",
+                f"world size {s.world_size} is not divisible by ETP x EP x PP = {etp} x {s.ep} x {s.pp} = {etp * s.ep * s.pp}",
+                "the expert layout (expert tensor x expert x pipeline x expert data parallel) must tile "
+                "the world (megatron/core/parallel_state.py)",
+                "change EP or expert TP so that ETP x EP x PP divides the world size",
+            )
+        )
     return out
 
 
@@ -117,13 +142,15 @@ def rule_batch(s: RunShape) -> list[Finding]:
         return []
     dp = s.world_size // (s.tp * s.pp * s.cp)
     if int(gbs) % (mbs * dp):
-        return [Finding(
-            "error", "batch",
-            f"global batch {gbs} is not divisible by micro-batch x DP = {mbs} x {dp} = {mbs * dp}",
-            "Megatron-LM's micro-batch calculator needs global batch = micro-batch x accumulation "
-            "steps x DP",
-            f"use a global batch that is a multiple of {mbs * dp}",
-        )]
+        return [
+            Finding(
+                "error",
+                "batch",
+                f"global batch {gbs} is not divisible by micro-batch x DP = {mbs} x {dp} = {mbs * dp}",
+                "Megatron-LM's micro-batch calculator needs global batch = micro-batch x accumulation steps x DP",
+                f"use a global batch that is a multiple of {mbs * dp}",
+            )
+        ]
     return []
 
 
@@ -135,29 +162,38 @@ def rule_heads(s: RunShape) -> list[Finding]:
     if s.args.get("group_query_attention") is False:
         groups = None  # Megatron-LM's parse_args defaults num_query_groups to 1 and ignores it then
     if heads is not None and int(heads) % s.tp:
-        out.append(Finding(
-            "error", "heads-tp",
-            f"--num-attention-heads {heads} is not a multiple of --tensor-model-parallel-size {s.tp}",
-            "each tensor-parallel rank holds whole attention heads (TransformerConfig raises)",
-            "pick a TP that divides the number of heads",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "heads-tp",
+                f"--num-attention-heads {heads} is not a multiple of --tensor-model-parallel-size {s.tp}",
+                "each tensor-parallel rank holds whole attention heads (TransformerConfig raises)",
+                "pick a TP that divides the number of heads",
+            )
+        )
     if groups is not None:
         if int(groups) % s.tp and s.tp % int(groups):
-            out.append(Finding(
-                "error", "query-groups-tp",
-                f"--num-query-groups {groups} is neither a multiple nor a divisor of "
-                f"--tensor-model-parallel-size {s.tp}",
-                "each tensor-parallel rank holds whole key/value groups, or a group is replicated over "
-                "TP / groups ranks (transformer_config.py:939-946)",
-                "use a number of query groups that is a multiple or a divisor of TP",
-            ))
+            out.append(
+                Finding(
+                    "error",
+                    "query-groups-tp",
+                    f"--num-query-groups {groups} is neither a multiple nor a divisor of "
+                    f"--tensor-model-parallel-size {s.tp}",
+                    "each tensor-parallel rank holds whole key/value groups, or a group is replicated over "
+                    "TP / groups ranks (transformer_config.py:939-946)",
+                    "use a number of query groups that is a multiple or a divisor of TP",
+                )
+            )
         if heads is not None and int(heads) % int(groups):
-            out.append(Finding(
-                "error", "query-groups-tp",
-                f"--num-attention-heads {heads} is not a multiple of --num-query-groups {groups}",
-                "grouped-query attention shares each key/value group among a whole number of heads",
-                "use a number of query groups that divides the number of heads",
-            ))
+            out.append(
+                Finding(
+                    "error",
+                    "query-groups-tp",
+                    f"--num-attention-heads {heads} is not a multiple of --num-query-groups {groups}",
+                    "grouped-query attention shares each key/value group among a whole number of heads",
+                    "use a number of query groups that divides the number of heads",
+                )
+            )
     return out
 
 
@@ -168,21 +204,27 @@ def rule_layers(s: RunShape) -> list[Finding]:
     per_vstage = s.get("num_layers_per_virtual_pipeline_stage")
     vstages = s.get("num_virtual_stages_per_pipeline_rank")
     if per_vstage is not None and vstages is not None:
-        out.append(Finding(
-            "error", "virtual-stages",
-            f"both --num-layers-per-virtual-pipeline-stage {per_vstage} and "
-            f"--num-virtual-stages-per-pipeline-rank {vstages} are set; allowed: one of them",
-            "Megatron-LM accepts at most one way of giving the interleaved schedule",
-            "keep one of the two",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "virtual-stages",
+                f"both --num-layers-per-virtual-pipeline-stage {per_vstage} and "
+                f"--num-virtual-stages-per-pipeline-rank {vstages} are set; allowed: one of them",
+                "Megatron-LM accepts at most one way of giving the interleaved schedule",
+                "keep one of the two",
+            )
+        )
         return out
     if (per_vstage is not None or vstages is not None) and s.pp == 1:
-        out.append(Finding(
-            "error", "virtual-stages",
-            "virtual pipeline stages are set with --pipeline-model-parallel-size 1; allowed: PP > 1",
-            "the interleaved schedule needs pipeline parallelism (Megatron-LM validate_args)",
-            "set pipeline_model_parallel_size > 1 or drop the virtual stages",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "virtual-stages",
+                "virtual pipeline stages are set with --pipeline-model-parallel-size 1; allowed: PP > 1",
+                "the interleaved schedule needs pipeline parallelism (Megatron-LM validate_args)",
+                "set pipeline_model_parallel_size > 1 or drop the virtual stages",
+            )
+        )
         return out
     if layers is None:
         return out
@@ -190,30 +232,39 @@ def rule_layers(s: RunShape) -> list[Finding]:
     if s.get("decoder_first_pipeline_num_layers") is not None or s.get("decoder_last_pipeline_num_layers") is not None:
         return out  # an uneven split: rule_uneven_pipeline checks it (arguments.py:558)
     if layers % s.pp:
-        out.append(Finding(
-            "error", "layers-pp",
-            f"--num-layers {layers} is not divisible by --pipeline-model-parallel-size {s.pp}",
-            "each pipeline stage holds the same number of layers (Megatron-LM validate_args)",
-            "pick a PP that divides the number of layers",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "layers-pp",
+                f"--num-layers {layers} is not divisible by --pipeline-model-parallel-size {s.pp}",
+                "each pipeline stage holds the same number of layers (Megatron-LM validate_args)",
+                "pick a PP that divides the number of layers",
+            )
+        )
         return out
     per_rank = layers // s.pp
     if per_vstage is not None and per_rank % int(per_vstage):
-        out.append(Finding(
-            "error", "virtual-stages",
-            f"layers per pipeline rank ({layers} / {s.pp} = {per_rank}) is not divisible by "
-            f"--num-layers-per-virtual-pipeline-stage {per_vstage}",
-            "each virtual stage (model chunk) holds the same number of layers",
-            f"use a divisor of {per_rank} layers per virtual stage",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "virtual-stages",
+                f"layers per pipeline rank ({layers} / {s.pp} = {per_rank}) is not divisible by "
+                f"--num-layers-per-virtual-pipeline-stage {per_vstage}",
+                "each virtual stage (model chunk) holds the same number of layers",
+                f"use a divisor of {per_rank} layers per virtual stage",
+            )
+        )
     if vstages is not None and per_rank % int(vstages):
-        out.append(Finding(
-            "error", "virtual-stages",
-            f"layers per pipeline rank ({layers} / {s.pp} = {per_rank}) is not divisible by "
-            f"--num-virtual-stages-per-pipeline-rank {vstages}",
-            "each virtual stage (model chunk) holds the same number of layers",
-            f"use a divisor of {per_rank} as the number of virtual stages",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "virtual-stages",
+                f"layers per pipeline rank ({layers} / {s.pp} = {per_rank}) is not divisible by "
+                f"--num-virtual-stages-per-pipeline-rank {vstages}",
+                "each virtual stage (model chunk) holds the same number of layers",
+                f"use a divisor of {per_rank} as the number of virtual stages",
+            )
+        )
     return out
 
 
@@ -221,19 +272,25 @@ def rule_experts(s: RunShape) -> list[Finding]:
     """Experts vs expert parallelism."""
     experts = s.get("num_experts")
     if s.ep > 1 and experts is None:
-        return [Finding(
-            "error", "experts-ep",
-            f"--expert-model-parallel-size {s.ep} needs experts (--num-experts unset)",
-            "Megatron-LM requires num_experts for expert parallelism",
-            "set num_experts or use expert_model_parallel_size 1",
-        )]
+        return [
+            Finding(
+                "error",
+                "experts-ep",
+                f"--expert-model-parallel-size {s.ep} needs experts (--num-experts unset)",
+                "Megatron-LM requires num_experts for expert parallelism",
+                "set num_experts or use expert_model_parallel_size 1",
+            )
+        ]
     if experts is not None and int(experts) % s.ep:
-        return [Finding(
-            "error", "experts-ep",
-            f"--num-experts {experts} is not a multiple of --expert-model-parallel-size {s.ep}",
-            "each expert-parallel rank holds the same number of whole experts",
-            "pick an EP that divides the number of experts",
-        )]
+        return [
+            Finding(
+                "error",
+                "experts-ep",
+                f"--num-experts {experts} is not a multiple of --expert-model-parallel-size {s.ep}",
+                "each expert-parallel rank holds the same number of whole experts",
+                "pick an EP that divides the number of experts",
+            )
+        ]
     return []
 
 
@@ -242,27 +299,36 @@ def rule_sequence(s: RunShape) -> list[Finding]:
     out = []
     seq = s.get("seq_length")
     if s.get("sequence_parallel", False) and s.tp == 1:
-        out.append(Finding(
-            "warning", "sequence-parallel",
-            "--sequence-parallel is set with --tensor-model-parallel-size 1",
-            "Megatron-LM turns sequence parallelism off when TP is 1: there is nothing to shard",
-            "drop sequence_parallel, or use TP > 1",
-        ))
+        out.append(
+            Finding(
+                "warning",
+                "sequence-parallel",
+                "--sequence-parallel is set with --tensor-model-parallel-size 1",
+                "Megatron-LM turns sequence parallelism off when TP is 1: there is nothing to shard",
+                "drop sequence_parallel, or use TP > 1",
+            )
+        )
     elif s.get("sequence_parallel", False) and seq is not None and int(seq) % s.tp:
-        out.append(Finding(
-            "error", "sequence-parallel",
-            f"--seq-length {seq} is not divisible by --tensor-model-parallel-size {s.tp} (needed by --sequence-parallel)",
-            "sequence parallelism splits the sequence dimension over the TP ranks",
-            f"use a sequence length that is a multiple of {s.tp}",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "sequence-parallel",
+                f"--seq-length {seq} is not divisible by --tensor-model-parallel-size {s.tp} (needed by --sequence-parallel)",
+                "sequence parallelism splits the sequence dimension over the TP ranks",
+                f"use a sequence length that is a multiple of {s.tp}",
+            )
+        )
     if s.cp > 1 and seq is not None and int(seq) % (2 * s.cp):
-        out.append(Finding(
-            "error", "context-parallel",
-            f"--seq-length {seq} is not divisible by 2 x --context-parallel-size = {2 * s.cp}",
-            "load-balanced context parallelism cuts the sequence into 2 x CP chunks "
-            "(megatron.core.utils.get_batch_on_this_cp_rank)",
-            f"use a sequence length that is a multiple of {2 * s.cp}",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "context-parallel",
+                f"--seq-length {seq} is not divisible by 2 x --context-parallel-size = {2 * s.cp}",
+                "load-balanced context parallelism cuts the sequence into 2 x CP chunks "
+                "(megatron.core.utils.get_batch_on_this_cp_rank)",
+                f"use a sequence length that is a multiple of {2 * s.cp}",
+            )
+        )
     return out
 
 
@@ -272,34 +338,49 @@ def rule_tp_comm_overlap(s: RunShape) -> list[Finding]:
         return []
     out = []
     if s.backend == "gloo":
-        out.append(Finding(
-            "error", "tp-comm-overlap", "--tp-comm-overlap is set on a CPU (gloo) cluster; it needs CUDA",
-            "TP communication/GEMM overlap is Transformer Engine's Userbuffers, which needs CUDA",
-            "drop tp_comm_overlap on CPU",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "tp-comm-overlap",
+                "--tp-comm-overlap is set on a CPU (gloo) cluster; it needs CUDA",
+                "TP communication/GEMM overlap is Transformer Engine's Userbuffers, which needs CUDA",
+                "drop tp_comm_overlap on CPU",
+            )
+        )
         return out
     if s.tp == 1:
-        out.append(Finding(
-            "warning", "tp-comm-overlap", "--tp-comm-overlap is set with --tensor-model-parallel-size 1",
-            "there is no tensor-parallel communication to overlap",
-            "drop tp_comm_overlap or use TP > 1",
-        ))
+        out.append(
+            Finding(
+                "warning",
+                "tp-comm-overlap",
+                "--tp-comm-overlap is set with --tensor-model-parallel-size 1",
+                "there is no tensor-parallel communication to overlap",
+                "drop tp_comm_overlap or use TP > 1",
+            )
+        )
         return out
     if not s.get("sequence_parallel", False):
-        out.append(Finding(
-            "error", "tp-comm-overlap", "--tp-comm-overlap needs --sequence-parallel",
-            "Megatron-LM: 'Tensor parallel communication/GEMM overlap can happen only when "
-            "sequence parallelism is enabled'",
-            "add --sequence-parallel or drop --tp-comm-overlap",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "tp-comm-overlap",
+                "--tp-comm-overlap needs --sequence-parallel",
+                "Megatron-LM: 'Tensor parallel communication/GEMM overlap can happen only when "
+                "sequence parallelism is enabled'",
+                "add --sequence-parallel or drop --tp-comm-overlap",
+            )
+        )
     if s.gpus_per_node is not None and s.gpus_per_node >= 1 and s.tp > s.gpus_per_node:
-        out.append(Finding(
-            "error", "tp-comm-overlap",
-            f"--tp-comm-overlap with --tensor-model-parallel-size {s.tp} larger than the {s.gpus_per_node} GPUs of a node",
-            "Userbuffers overlap works only inside one NVLink domain; a TP group spanning nodes "
-            "fails at IPC/multicast initialisation (TransformerEngine issues 966, 1071)",
-            f"use TP <= {s.gpus_per_node} or drop --tp-comm-overlap",
-        ))
+        out.append(
+            Finding(
+                "error",
+                "tp-comm-overlap",
+                f"--tp-comm-overlap with --tensor-model-parallel-size {s.tp} larger than the {s.gpus_per_node} GPUs of a node",
+                "Userbuffers overlap works only inside one NVLink domain; a TP group spanning nodes "
+                "fails at IPC/multicast initialisation (TransformerEngine issues 966, 1071)",
+                f"use TP <= {s.gpus_per_node} or drop --tp-comm-overlap",
+            )
+        )
     return out
 
 
@@ -308,30 +389,39 @@ def rule_overlap_param_gather(s: RunShape) -> list[Finding]:
     out = []
     if s.get("overlap_param_gather", False):
         if not (s.get("use_distributed_optimizer", False) or s.get("use_megatron_fsdp", False)):
-            out.append(Finding(
-                "error", "overlap-param-gather",
-                "--overlap-param-gather needs --use-distributed-optimizer",
-                "parameters are all-gathered only when the optimizer state is sharded "
-                "(Megatron-LM validate_args asserts --use-distributed-optimizer)",
-                "add --use-distributed-optimizer or drop --overlap-param-gather",
-            ))
+            out.append(
+                Finding(
+                    "error",
+                    "overlap-param-gather",
+                    "--overlap-param-gather needs --use-distributed-optimizer",
+                    "parameters are all-gathered only when the optimizer state is sharded "
+                    "(Megatron-LM validate_args asserts --use-distributed-optimizer)",
+                    "add --use-distributed-optimizer or drop --overlap-param-gather",
+                )
+            )
         if not s.get("overlap_grad_reduce", False):
-            out.append(Finding(
-                "error", "overlap-param-gather",
-                "--overlap-param-gather needs --overlap-grad-reduce",
-                "Megatron-LM validate_args asserts --overlap-grad-reduce with --overlap-param-gather",
-                "add --overlap-grad-reduce",
-            ))
+            out.append(
+                Finding(
+                    "error",
+                    "overlap-param-gather",
+                    "--overlap-param-gather needs --overlap-grad-reduce",
+                    "Megatron-LM validate_args asserts --overlap-grad-reduce with --overlap-param-gather",
+                    "add --overlap-grad-reduce",
+                )
+            )
     if s.get("overlap_param_gather_with_optimizer_step", False):
         interleaved = s.get("num_layers_per_virtual_pipeline_stage") or s.get("num_virtual_stages_per_pipeline_rank")
         if not (s.get("overlap_param_gather", False) and s.get("use_distributed_optimizer", False) and interleaved):
-            out.append(Finding(
-                "error", "overlap-param-gather",
-                "overlap_param_gather_with_optimizer_step needs overlap_param_gather, the "
-                "distributed optimizer and an interleaved pipeline",
-                "Megatron-LM validate_args asserts all three",
-                "add the missing flags or drop --overlap-param-gather-with-optimizer-step",
-            ))
+            out.append(
+                Finding(
+                    "error",
+                    "overlap-param-gather",
+                    "overlap_param_gather_with_optimizer_step needs overlap_param_gather, the "
+                    "distributed optimizer and an interleaved pipeline",
+                    "Megatron-LM validate_args asserts all three",
+                    "add the missing flags or drop --overlap-param-gather-with-optimizer-step",
+                )
+            )
     return out
 
 
@@ -341,23 +431,28 @@ def rule_ddp_bucket_size(s: RunShape) -> list[Finding]:
     if size is None:
         return []
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-        return [Finding(
-            "error", "ddp-bucket-size",
-            f"--ddp-bucket-size {size!r} is not a positive integer; allowed: a number of parameters >= 1",
-            "the bucket size counts parameters; megatron-core does not check it (distributed_data_parallel.py:64: "
-            "a negative size silently gives one bucket per parameter) and a bool passes as an int and silently "
-            "disables bucketing (NVIDIA recsys-examples PR 374)",
-            "give a positive number of parameters, e.g. 40000000",
-        )]
+        return [
+            Finding(
+                "error",
+                "ddp-bucket-size",
+                f"--ddp-bucket-size {size!r} is not a positive integer; allowed: a number of parameters >= 1",
+                "the bucket size counts parameters; megatron-core does not check it (distributed_data_parallel.py:64: "
+                "a negative size silently gives one bucket per parameter) and a bool passes as an int and silently "
+                "disables bucketing (NVIDIA recsys-examples PR 374)",
+                "give a positive number of parameters, e.g. 40000000",
+            )
+        ]
     if not s.get("overlap_grad_reduce", False):
-        return [Finding(
-            "warning", "ddp-bucket-size", f"--ddp-bucket-size {size} is set without --overlap-grad-reduce",
-            "Megatron-Core uses one bucket when gradients are not reduced during backward",
-            "add --overlap-grad-reduce or drop --ddp-bucket-size",
-        )]
+        return [
+            Finding(
+                "warning",
+                "ddp-bucket-size",
+                f"--ddp-bucket-size {size} is set without --overlap-grad-reduce",
+                "Megatron-Core uses one bucket when gradients are not reduced during backward",
+                "add --overlap-grad-reduce or drop --ddp-bucket-size",
+            )
+        ]
     return []
-
-
 
 
 SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -369,11 +464,14 @@ def no_shard_finding(origin: str = "") -> Finding:
     """The warning for Megatron-FSDP sharding nothing (``origin``: where no_shard came from); megatron-core 0.16.1
     ``distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:425-426, 656-662``, ``param_and_grad_buffer.py:3224-3230``."""
     return Finding(
-        "warning", "fsdp-sharding", f"--use-megatron-fsdp with --data-parallel-sharding-strategy no_shard{origin}",
+        "warning",
+        "fsdp-sharding",
+        f"--use-megatron-fsdp with --data-parallel-sharding-strategy no_shard{origin}",
         "Megatron-FSDP then shards nothing: no parameter gathers, every gradient bucket all-reduced in the last "
         "micro-batch as Megatron-Core's DDP does, through its own hooks and buffers (extra cost, no memory saved; "
         "megatron_fsdp.py:425-426, 656-662, param_and_grad_buffer.py:3224-3230)",
-        "add --data-parallel-sharding-strategy optim_grads_params (ZeRO-3), or drop --use-megatron-fsdp")
+        "add --data-parallel-sharding-strategy optim_grads_params (ZeRO-3), or drop --use-megatron-fsdp",
+    )
 
 
 def rule_fsdp_sharding(s: RunShape) -> list[Finding]:
@@ -383,19 +481,30 @@ def rule_fsdp_sharding(s: RunShape) -> list[Finding]:
     if strategy is None:
         return []
     if strategy not in SHARDING_STRATEGIES:
-        return [Finding(
-            "error", "fsdp-sharding", f"--data-parallel-sharding-strategy {strategy!r} is not one of "
-            f"{', '.join(SHARDING_STRATEGIES)}", "Megatron-LM's parser allows only these (arguments.py:2307-2309); "
-            "Megatron-FSDP raises on any other (param_and_grad_buffer.py:1865-1868)",
-            "use optim_grads_params for ZeRO-3 (parameters, gradients and optimizer state sharded)")]
+        return [
+            Finding(
+                "error",
+                "fsdp-sharding",
+                f"--data-parallel-sharding-strategy {strategy!r} is not one of {', '.join(SHARDING_STRATEGIES)}",
+                "Megatron-LM's parser allows only these (arguments.py:2307-2309); "
+                "Megatron-FSDP raises on any other (param_and_grad_buffer.py:1865-1868)",
+                "use optim_grads_params for ZeRO-3 (parameters, gradients and optimizer state sharded)",
+            )
+        ]
     if s.get("use_megatron_fsdp", False):
         return [no_shard_finding()] if strategy == "no_shard" else []
     if strategy == "no_shard":
         return []
-    return [Finding(
-        "warning", "fsdp-sharding", f"--data-parallel-sharding-strategy {strategy} without --use-megatron-fsdp",
-        "only Megatron-FSDP reads it: Megatron-Core's DDP and torch FSDP2 ignore it, so nothing is sharded "
-        "beyond what --use-distributed-optimizer shards", "add --use-megatron-fsdp, or drop the flag")]
+    return [
+        Finding(
+            "warning",
+            "fsdp-sharding",
+            f"--data-parallel-sharding-strategy {strategy} without --use-megatron-fsdp",
+            "only Megatron-FSDP reads it: Megatron-Core's DDP and torch FSDP2 ignore it, so nothing is sharded "
+            "beyond what --use-distributed-optimizer shards",
+            "add --use-megatron-fsdp, or drop the flag",
+        )
+    ]
 
 
 def _vpp(s: RunShape) -> bool:
@@ -418,27 +527,50 @@ def rule_moe_overlap(s: RunShape) -> list[Finding]:
     why = "megatron-core 0.16.1 asserts it in TransformerConfig.__post_init__ (transformer_config.py:1852-1892)"
     problems = []
     if s.get("num_experts") is None:
-        problems.append((f"{flag} is set but the model has no experts (--num-experts unset)",
-                         "add --num-experts and --expert-model-parallel-size > 1, or drop the flag"))
+        problems.append(
+            (
+                f"{flag} is set but the model has no experts (--num-experts unset)",
+                "add --num-experts and --expert-model-parallel-size > 1, or drop the flag",
+            )
+        )
     if s.ep <= 1:
-        problems.append((f"{flag} needs --expert-model-parallel-size > 1; got {s.ep}",
-                         "use expert parallelism (EP > 1) or drop the flag"))
+        problems.append(
+            (
+                f"{flag} needs --expert-model-parallel-size > 1; got {s.ep}",
+                "use expert parallelism (EP > 1) or drop the flag",
+            )
+        )
     dispatcher = s.get("moe_token_dispatcher_type", "allgather")
     if dispatcher not in ("alltoall", "flex"):
-        problems.append((f"{flag} needs --moe-token-dispatcher-type alltoall or flex; got {dispatcher!r}",
-                         "pass --moe-token-dispatcher-type alltoall"))
+        problems.append(
+            (
+                f"{flag} needs --moe-token-dispatcher-type alltoall or flex; got {dispatcher!r}",
+                "pass --moe-token-dispatcher-type alltoall",
+            )
+        )
     if s.get("moe_shared_expert_overlap", False):
-        problems.append((f"{flag} cannot be combined with --moe-shared-expert-overlap",
-                         "drop one of the two"))
+        problems.append((f"{flag} cannot be combined with --moe-shared-expert-overlap", "drop one of the two"))
     if not (s.get("bf16", False) or s.get("fp16", False)):
         problems.append((f"{flag} needs --bf16 or --fp16 (the model is fp32)", "add --bf16"))
-    if s.get("recompute_granularity") == "full" or s.get("recompute_method") is not None \
-            or s.get("recompute_num_layers") is not None:
-        problems.append((f"{flag} cannot be combined with full recomputation (--recompute-granularity full, "
-                         "--recompute-method, --recompute-num-layers)", "drop the recomputation flags"))
+    if (
+        s.get("recompute_granularity") == "full"
+        or s.get("recompute_method") is not None
+        or s.get("recompute_num_layers") is not None
+    ):
+        problems.append(
+            (
+                f"{flag} cannot be combined with full recomputation (--recompute-granularity full, "
+                "--recompute-method, --recompute-num-layers)",
+                "drop the recomputation flags",
+            )
+        )
     if s.pp > 1 and not _vpp(s):
-        problems.append((f"{flag} with --pipeline-model-parallel-size {s.pp} needs a virtual pipeline",
-                         "add --num-virtual-stages-per-pipeline-rank N (N > 1)"))
+        problems.append(
+            (
+                f"{flag} with --pipeline-model-parallel-size {s.pp} needs a virtual pipeline",
+                "add --num-virtual-stages-per-pipeline-rank N (N > 1)",
+            )
+        )
     return [Finding("error", "moe-overlap", what, why, fix) for what, fix in problems]
 
 
@@ -452,11 +584,15 @@ def rule_uneven_pipeline(s: RunShape) -> list[Finding]:
     why = "megatron-core splits the layers so (transformer_config.py:1359-1430)"
     out = []
     if s.get("num_layers_per_virtual_pipeline_stage") is not None:
-        out.append(Finding("error", "uneven-pipeline",
-                           "--decoder-first/last-pipeline-num-layers cannot be used with "
-                           "--num-layers-per-virtual-pipeline-stage",
-                           "Megatron-LM asserts it (arguments.py:530)",
-                           "give the virtual pipeline as --num-virtual-stages-per-pipeline-rank"))
+        out.append(
+            Finding(
+                "error",
+                "uneven-pipeline",
+                "--decoder-first/last-pipeline-num-layers cannot be used with --num-layers-per-virtual-pipeline-stage",
+                "Megatron-LM asserts it (arguments.py:530)",
+                "give the virtual pipeline as --num-virtual-stages-per-pipeline-rank",
+            )
+        )
         return out
     if layers is None:
         return out
@@ -466,22 +602,38 @@ def rule_uneven_pipeline(s: RunShape) -> list[Finding]:
         if n is None:
             continue
         if vpp is not None and int(vpp) > 1 and int(n) % int(vpp):
-            out.append(Finding("error", "uneven-pipeline",
-                               f"{name} {n} is not divisible by --num-virtual-stages-per-pipeline-rank {vpp}",
-                               why, f"use a multiple of {vpp}"))
+            out.append(
+                Finding(
+                    "error",
+                    "uneven-pipeline",
+                    f"{name} {n} is not divisible by --num-virtual-stages-per-pipeline-rank {vpp}",
+                    why,
+                    f"use a multiple of {vpp}",
+                )
+            )
         remaining -= int(n)
         stages -= 1
     if stages < 0 or remaining < 0 or bool(remaining) != bool(stages):
-        out.append(Finding(
-            "error", "uneven-pipeline",
-            f"--num-layers {layers} with --pipeline-model-parallel-size {s.pp}, first stage {first}, last stage "
-            f"{last} leaves {remaining} layers for {max(stages, 0)} middle stages",
-            why, "the middle stages need layers if and only if there are middle stages: change the first/last "
-                 "stage layers or PP"))
+        out.append(
+            Finding(
+                "error",
+                "uneven-pipeline",
+                f"--num-layers {layers} with --pipeline-model-parallel-size {s.pp}, first stage {first}, last stage "
+                f"{last} leaves {remaining} layers for {max(stages, 0)} middle stages",
+                why,
+                "the middle stages need layers if and only if there are middle stages: change the first/last "
+                "stage layers or PP",
+            )
+        )
     elif stages and remaining % stages:
-        out.append(Finding(
-            "error", "uneven-pipeline",
-            f"the {remaining} middle layers (--num-layers {layers} less first {first} and last {last}) are not "
-            f"divisible by the {stages} middle pipeline stages", why,
-            "change the first/last stage layers so the rest splits evenly"))
+        out.append(
+            Finding(
+                "error",
+                "uneven-pipeline",
+                f"the {remaining} middle layers (--num-layers {layers} less first {first} and last {last}) are not "
+                f"divisible by the {stages} middle pipeline stages",
+                why,
+                "change the first/last stage layers so the rest splits evenly",
+            )
+        )
     return out

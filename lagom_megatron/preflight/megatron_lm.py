@@ -15,36 +15,52 @@ from lagom_megatron.preflight.types import Finding
 
 RELEASES = ("core_v0.16", "core_v0.17", "core_v0.18")
 
-EVAL_INTERVAL_LINE = {"core_v0.16": "megatron/training/training.py:3307",
-                      "core_v0.17": "megatron/training/training.py:3547",
-                      "core_v0.18": "megatron/training/training.py:4136"}
-PERSIST_LAYER_NORM_LINE = {"core_v0.16": "megatron/core/transformer/torch_norm.py:30",
-                           "core_v0.17": "megatron/core/transformer/torch_norm.py:48",
-                           "core_v0.18": "megatron/core/transformer/torch_norm.py:48"}
+EVAL_INTERVAL_LINE = {
+    "core_v0.16": "megatron/training/training.py:3307",
+    "core_v0.17": "megatron/training/training.py:3547",
+    "core_v0.18": "megatron/training/training.py:4136",
+}
+PERSIST_LAYER_NORM_LINE = {
+    "core_v0.16": "megatron/core/transformer/torch_norm.py:30",
+    "core_v0.17": "megatron/core/transformer/torch_norm.py:48",
+    "core_v0.18": "megatron/core/transformer/torch_norm.py:48",
+}
 MASKED_SOFTMAX_LINE = dict.fromkeys(RELEASES, "megatron/core/fusions/fused_softmax.py:357")
-FSDP_CKPT_LINE = {"core_v0.16": "megatron/training/arguments.py:690",
-                  "core_v0.17": "megatron/training/arguments.py:971",
-                  "core_v0.18": "megatron/training/arguments.py:1142"}
-SHARDING_DEFAULT = {"core_v0.16": ("no_shard", "megatron/training/arguments.py:2307"),
-                    "core_v0.17": ("no_shard", "megatron/training/arguments.py:2722"),
-                    "core_v0.18": ("optim_grads_params", "megatron/training/arguments.py:2805")}
+FSDP_CKPT_LINE = {
+    "core_v0.16": "megatron/training/arguments.py:690",
+    "core_v0.17": "megatron/training/arguments.py:971",
+    "core_v0.18": "megatron/training/arguments.py:1142",
+}
+SHARDING_DEFAULT = {
+    "core_v0.16": ("no_shard", "megatron/training/arguments.py:2307"),
+    "core_v0.17": ("no_shard", "megatron/training/arguments.py:2722"),
+    "core_v0.18": ("optim_grads_params", "megatron/training/arguments.py:2805"),
+}
 """Release -> (``--data-parallel-sharding-strategy``'s default, the parser line)."""
-WEIGHT_HASH_LINE = {"core_v0.16": "megatron/training/arguments.py:684",
-                    "core_v0.17": "megatron/training/arguments.py:965",
-                    "core_v0.18": "megatron/training/arguments.py:1136"}
-DTENSOR_WITHOUT_FSDP_LINE = {"core_v0.16": "megatron/training/arguments.py:1050",
-                             "core_v0.17": "megatron/training/arguments.py:1341",
-                             "core_v0.18": "megatron/training/arguments.py:1507"}
+WEIGHT_HASH_LINE = {
+    "core_v0.16": "megatron/training/arguments.py:684",
+    "core_v0.17": "megatron/training/arguments.py:965",
+    "core_v0.18": "megatron/training/arguments.py:1136",
+}
+DTENSOR_WITHOUT_FSDP_LINE = {
+    "core_v0.16": "megatron/training/arguments.py:1050",
+    "core_v0.17": "megatron/training/arguments.py:1341",
+    "core_v0.18": "megatron/training/arguments.py:1507",
+}
 META_DEVICE_NO_SHARD_LINE = {"core_v0.18": "megatron/training/arguments.py:1151"}
 DISTOPT_FORCED_LINE = "core_v0.18.2 megatron/training/arguments.py:1113-1119"
 PACKAGES: dict[str, dict[str, str]] = {
-    "core_v0.16": {"six": "megatron/training/tokenizer/bert_tokenization.py:25",
-                   "regex": "megatron/training/tokenizer/gpt2_tokenization.py:25",
-                   "pybind11": "megatron/core/datasets/Makefile (the dataset helper's build)",
-                   "triton": "megatron/core/transformer/custom_layers/batch_invariant_kernels.py:15"},
+    "core_v0.16": {
+        "six": "megatron/training/tokenizer/bert_tokenization.py:25",
+        "regex": "megatron/training/tokenizer/gpt2_tokenization.py:25",
+        "pybind11": "megatron/core/datasets/Makefile (the dataset helper's build)",
+        "triton": "megatron/core/transformer/custom_layers/batch_invariant_kernels.py:15",
+    },
     "core_v0.17": {"pybind11": "megatron/core/datasets/Makefile (the dataset helper's build)"},
-    "core_v0.18": {"pybind11": "megatron/core/datasets/Makefile (the dataset helper's build)",
-                   "triton": "megatron/core/transformer/moe/paged_stash.py:8"},
+    "core_v0.18": {
+        "pybind11": "megatron/core/datasets/Makefile (the dataset helper's build)",
+        "triton": "megatron/core/transformer/moe/paged_stash.py:8",
+    },
 }
 """Release -> {package: where Megatron-LM imports or needs it}."""
 
@@ -55,8 +71,10 @@ def release_key(release: str) -> str:
     parts = text.split(".")
     key = f"core_v{parts[0]}.{parts[1]}" if len(parts) >= 2 else ""
     if key not in RELEASES:
-        raise ValueError(f"--megatron-lm-release {release!r} is not one of the releases the doctor knows "
-                         f"({', '.join(r + '.x' for r in RELEASES)})")
+        raise ValueError(
+            f"--megatron-lm-release {release!r} is not one of the releases the doctor knows "
+            f"({', '.join(r + '.x' for r in RELEASES)})"
+        )
     return key
 
 
@@ -67,8 +85,14 @@ def _installed(module: str) -> bool:
         return False
 
 
-def megatron_lm_traps(args: Mapping[str, Any], release: str, *, local: bool,
-                      installed: Callable[[str], bool] = _installed, on_gpu: bool = True) -> list[Finding]:
+def megatron_lm_traps(
+    args: Mapping[str, Any],
+    release: str,
+    *,
+    local: bool,
+    installed: Callable[[str], bool] = _installed,
+    on_gpu: bool = True,
+) -> list[Finding]:
     """The release's failures (module docstring) that one Megatron-LM command line would meet, errors first.
 
     ``args``: ``megatron_args.argv_to_args``'s; ``on_gpu`` False: no ``triton`` needed (``megatron_lm_cpu`` stands
@@ -79,45 +103,80 @@ def megatron_lm_traps(args: Mapping[str, Any], release: str, *, local: bool,
     level = "error" if local else "warning"
     where = "this Python" if local else "this Python (the cluster's may differ)"
     if get("eval_interval") is None and not get("skip_train") and not get("full_validation"):
-        out.append(Finding(
-            "error", "megatron-lm", f"no --eval-interval: Megatron-LM {release} computes train_iters // eval_interval",
-            f"{EVAL_INTERVAL_LINE[key]} raises TypeError before the first iteration",
-            "add --eval-interval N (and --eval-iters M), or --skip-train"))
+        out.append(
+            Finding(
+                "error",
+                "megatron-lm",
+                f"no --eval-interval: Megatron-LM {release} computes train_iters // eval_interval",
+                f"{EVAL_INTERVAL_LINE[key]} raises TypeError before the first iteration",
+                "add --eval-interval N (and --eval-iters M), or --skip-train",
+            )
+        )
     local_layers = get("transformer_impl", "transformer_engine") == "local"
     # the local spec uses APEX's FusedLayerNorm when "import apex" works, else torch's
     # (megatron/core/models/gpt/gpt_layer_specs.py:58-72 in core_v0.16.1)
     if local_layers and not get("no_persist_layer_norm") and not installed("apex"):
-        out.append(Finding(
-            level, "megatron-lm", f"persistent layer norm (the default) with --transformer-impl local and no APEX in {where}",
-            f"Megatron-LM {release} builds torch's LayerNorm, which asserts not persist_layer_norm "
-            f"({PERSIST_LAYER_NORM_LINE[key]})", "add --no-persist-layer-norm, or install APEX"))
+        out.append(
+            Finding(
+                level,
+                "megatron-lm",
+                f"persistent layer norm (the default) with --transformer-impl local and no APEX in {where}",
+                f"Megatron-LM {release} builds torch's LayerNorm, which asserts not persist_layer_norm "
+                f"({PERSIST_LAYER_NORM_LINE[key]})",
+                "add --no-persist-layer-norm, or install APEX",
+            )
+        )
     half = get("bf16") or get("fp16")
     seq = get("seq_length") or 0
     heads = (get("num_attention_heads") or 0) // max(int(get("tensor_model_parallel_size") or 1), 1)
     fused_shape = 16 < seq <= 4096 and seq % 4 == 0 and ((get("micro_batch_size") or 1) * heads) % 4 == 0
-    if (local_layers and half and get("masked_softmax_fusion", True) and fused_shape
-            and not installed("scaled_masked_softmax_cuda")):
-        out.append(Finding(
-            level, "megatron-lm", f"masked-softmax fusion (the default) with --{'bf16' if get('bf16') else 'fp16'}, "
-            f"--transformer-impl local and no APEX scaled_masked_softmax_cuda in {where}",
-            f"Megatron-LM {release} imports it for these shapes ({MASKED_SOFTMAX_LINE[key]})",
-            "add --no-masked-softmax-fusion, or install APEX with its CUDA extensions"))
+    if (
+        local_layers
+        and half
+        and get("masked_softmax_fusion", True)
+        and fused_shape
+        and not installed("scaled_masked_softmax_cuda")
+    ):
+        out.append(
+            Finding(
+                level,
+                "megatron-lm",
+                f"masked-softmax fusion (the default) with --{'bf16' if get('bf16') else 'fp16'}, "
+                f"--transformer-impl local and no APEX scaled_masked_softmax_cuda in {where}",
+                f"Megatron-LM {release} imports it for these shapes ({MASKED_SOFTMAX_LINE[key]})",
+                "add --no-masked-softmax-fusion, or install APEX with its CUDA extensions",
+            )
+        )
     if get("use_megatron_fsdp") and get("ckpt_format", "torch_dist") != "fsdp_dtensor":
-        out.append(Finding(
-            "error", "megatron-lm", f"--use-megatron-fsdp with --ckpt-format {get('ckpt_format', 'torch_dist')}",
-            f"Megatron-LM {release} asserts ckpt_format == 'fsdp_dtensor' ({FSDP_CKPT_LINE[key]})",
-            "add --ckpt-format fsdp_dtensor"))
+        out.append(
+            Finding(
+                "error",
+                "megatron-lm",
+                f"--use-megatron-fsdp with --ckpt-format {get('ckpt_format', 'torch_dist')}",
+                f"Megatron-LM {release} asserts ckpt_format == 'fsdp_dtensor' ({FSDP_CKPT_LINE[key]})",
+                "add --ckpt-format fsdp_dtensor",
+            )
+        )
     out += _fsdp_traps(args, release, key)
     checkout_here = installed("megatron.training")
-    missing = [(p, site) for p, site in PACKAGES[key].items()
-               if checkout_here and not installed(p) and (on_gpu or p != "triton")]
+    missing = [
+        (p, site)
+        for p, site in PACKAGES[key].items()
+        if checkout_here and not installed(p) and (on_gpu or p != "triton")
+    ]
     for package, site in missing:
-        out.append(Finding(
-            level, "megatron-lm", f"Python package {package} is missing in {where}",
-            f"Megatron-LM {release} needs it: {site}",
-            "pip install 'lagom-megatron[megatron-lm]'" if package != "triton" else
-            "pip install triton (CUDA torch wheels bring it), or on CPU start with "
-            "python -m lagom_megatron.launch.megatron_lm_cpu"))
+        out.append(
+            Finding(
+                level,
+                "megatron-lm",
+                f"Python package {package} is missing in {where}",
+                f"Megatron-LM {release} needs it: {site}",
+                "pip install 'lagom-megatron[megatron-lm]'"
+                if package != "triton"
+                else "pip install triton (CUDA torch wheels bring it), or on CPU start with "
+                "python -m lagom_megatron.launch.megatron_lm_cpu",
+            )
+        )
     return out
 
 
@@ -126,10 +185,15 @@ def _fsdp_traps(args: Mapping[str, Any], release: str, key: str) -> list[Finding
     get = args.get
     out: list[Finding] = []
     if get("ckpt_format") == "fsdp_dtensor" and not get("use_megatron_fsdp"):
-        out.append(Finding(
-            "error", "megatron-lm", "--ckpt-format fsdp_dtensor without --use-megatron-fsdp",
-            f"Megatron-LM {release} asserts use_megatron_fsdp for it ({DTENSOR_WITHOUT_FSDP_LINE[key]})",
-            "add --use-megatron-fsdp or use --ckpt-format torch_dist"))
+        out.append(
+            Finding(
+                "error",
+                "megatron-lm",
+                "--ckpt-format fsdp_dtensor without --use-megatron-fsdp",
+                f"Megatron-LM {release} asserts use_megatron_fsdp for it ({DTENSOR_WITHOUT_FSDP_LINE[key]})",
+                "add --use-megatron-fsdp or use --ckpt-format torch_dist",
+            )
+        )
     if not get("use_megatron_fsdp"):
         return out
     default, default_line = SHARDING_DEFAULT[key]
@@ -137,21 +201,38 @@ def _fsdp_traps(args: Mapping[str, Any], release: str, key: str) -> list[Finding
     if get("data_parallel_sharding_strategy") is None and strategy == "no_shard":
         out.append(no_shard_finding(f" (Megatron-LM {release}'s default, {default_line})"))
     if strategy == "optim_grads_params" and get("check_weight_hash_across_dp_replicas_interval") is not None:
-        out.append(Finding(
-            "error", "megatron-lm", "--check-weight-hash-across-dp-replicas-interval with --use-megatron-fsdp "
-            "and --data-parallel-sharding-strategy optim_grads_params",
-            f"Megatron-LM {release} asserts it is unset with optim_grads_params ({WEIGHT_HASH_LINE[key]}): "
-            "each rank holds a different shard of the weights", "drop --check-weight-hash-across-dp-replicas-interval"))
+        out.append(
+            Finding(
+                "error",
+                "megatron-lm",
+                "--check-weight-hash-across-dp-replicas-interval with --use-megatron-fsdp "
+                "and --data-parallel-sharding-strategy optim_grads_params",
+                f"Megatron-LM {release} asserts it is unset with optim_grads_params ({WEIGHT_HASH_LINE[key]}): "
+                "each rank holds a different shard of the weights",
+                "drop --check-weight-hash-across-dp-replicas-interval",
+            )
+        )
     if key in META_DEVICE_NO_SHARD_LINE and strategy == "no_shard" and get("init_model_with_meta_device"):
-        out.append(Finding(
-            "error", "megatron-lm", "--init-model-with-meta-device with --use-megatron-fsdp and no_shard",
-            f"Megatron-LM {release} raises ValueError for it ({META_DEVICE_NO_SHARD_LINE[key]})",
-            "drop --init-model-with-meta-device or shard (--data-parallel-sharding-strategy optim_grads_params)"))
+        out.append(
+            Finding(
+                "error",
+                "megatron-lm",
+                "--init-model-with-meta-device with --use-megatron-fsdp and no_shard",
+                f"Megatron-LM {release} raises ValueError for it ({META_DEVICE_NO_SHARD_LINE[key]})",
+                "drop --init-model-with-meta-device or shard (--data-parallel-sharding-strategy optim_grads_params)",
+            )
+        )
     if key != "core_v0.18" and not get("use_distributed_optimizer"):
-        out.append(Finding(
-            "warning", "megatron-lm", "--use-megatron-fsdp without --use-distributed-optimizer",
-            f"Megatron-LM {release} then builds a non-distributed optimizer over Megatron-FSDP's parameters; "
-            "Megatron-FSDP's user guide lists --use-distributed-optimizer among the required flags "
-            "(docs/discussions/megatron-fsdp-user-guide/megatron-fsdp-user-guide.md) and "
-            f"{DISTOPT_FORCED_LINE} turns it on itself", "add --use-distributed-optimizer"))
+        out.append(
+            Finding(
+                "warning",
+                "megatron-lm",
+                "--use-megatron-fsdp without --use-distributed-optimizer",
+                f"Megatron-LM {release} then builds a non-distributed optimizer over Megatron-FSDP's parameters; "
+                "Megatron-FSDP's user guide lists --use-distributed-optimizer among the required flags "
+                "(docs/discussions/megatron-fsdp-user-guide/megatron-fsdp-user-guide.md) and "
+                f"{DISTOPT_FORCED_LINE} turns it on itself",
+                "add --use-distributed-optimizer",
+            )
+        )
     return out

@@ -28,8 +28,10 @@ class SimulatedCluster:
 
         spec = ClusterSpec.load(cluster or preset.cluster)
         if getattr(spec, "backend", "nccl") != "nccl":
-            raise ValueError(f"cluster {spec.name!r} is a {spec.backend} cluster; the simulator models GPU clusters "
-                             f"(nccl): one of {gpu_clusters()} or a GPU cluster YAML")
+            raise ValueError(
+                f"cluster {spec.name!r} is a {spec.backend} cluster; the simulator models GPU clusters "
+                f"(nccl): one of {gpu_clusters()} or a GPU cluster YAML"
+            )
         self.preset = preset
         self.cluster = spec
         self.gpu = Gpu.from_cluster(spec)
@@ -55,12 +57,23 @@ class SimulatedCluster:
     def fingerprint(self) -> dict[str, Any]:
         """Preset, model layout, world size and cluster."""
         w = self.workload
-        return {"preset": self.preset.name, "cluster": self.cluster.name, "world_size": self.preset.world_size,
-                "tp": w.tp, "pp": w.pp, "cp": w.cp, "dp": w.dp, "ep": w.ep, "vpp": w.chunks,
-                "microbatches": w.microbatches, "backend": "sim"}
+        return {
+            "preset": self.preset.name,
+            "cluster": self.cluster.name,
+            "world_size": self.preset.world_size,
+            "tp": w.tp,
+            "pp": w.pp,
+            "cp": w.cp,
+            "dp": w.dp,
+            "ep": w.ep,
+            "vpp": w.chunks,
+            "microbatches": w.microbatches,
+            "backend": "sim",
+        }
 
-    def _cost(self, i: int, cfg: CommConfig, channel_cap: int | None, *, registered: bool = False,
-              fork: bool = False) -> CommCost:
+    def _cost(
+        self, i: int, cfg: CommConfig, channel_cap: int | None, *, registered: bool = False, fork: bool = False
+    ) -> CommCost:
         coll = self._prog.calls[i].coll
         if registered:
             coll = replace(coll, registered=True)
@@ -73,16 +86,31 @@ class SimulatedCluster:
         if hit is None:
             r = resolve_config(self.gpu, coll, cfg)
             if channel_cap is not None and r.n_channels > channel_cap:
-                r = type(r)(algorithm=r.algorithm, protocol=r.protocol, n_channels=channel_cap,
-                            n_threads=r.n_threads, chunk_size=r.chunk_size)
+                r = type(r)(
+                    algorithm=r.algorithm,
+                    protocol=r.protocol,
+                    n_channels=channel_cap,
+                    n_threads=r.n_threads,
+                    chunk_size=r.chunk_size,
+                )
             hit = self._cost_cache[key] = comm_cost(self.gpu, coll, r)
         return hit
 
-    def run_iteration(self, step: Step | None = None, *, iteration: int = 0, assignment: dict[str, CommConfig] | None = None,
-                      serialize: bool = False, channel_cap: int | None = None, noise: bool = True,
-                      free_comm: bool = False, group_caps: dict[str, int] | None = None,
-                      high_priority: frozenset[str] | None = None, registered: frozenset[str] = frozenset(),
-                      fork: bool = False) -> IterationMeasurement:
+    def run_iteration(
+        self,
+        step: Step | None = None,
+        *,
+        iteration: int = 0,
+        assignment: dict[str, CommConfig] | None = None,
+        serialize: bool = False,
+        channel_cap: int | None = None,
+        noise: bool = True,
+        free_comm: bool = False,
+        group_caps: dict[str, int] | None = None,
+        high_priority: frozenset[str] | None = None,
+        registered: frozenset[str] = frozenset(),
+        fork: bool = False,
+    ) -> IterationMeasurement:
         """Simulates one iteration (from ``step``, or ``iteration`` / ``assignment`` / ``serialize``); times in us.
 
         ``group_caps``: group -> ``ncclConfig_t.maxCTAs`` (NCCL v2.30.7 src/graph/connect.cc:503,
@@ -97,18 +125,28 @@ class SimulatedCluster:
         calls = self._prog.calls
         caps = group_caps or {}
         configs = [assignment.get(c.site_id, DEFAULT) if c.site_id else DEFAULT for c in calls]
-        costs = [self._cost(i, cfg, _min_cap(channel_cap, caps.get(c.stream)), registered=c.stream in registered, fork=fork)
-                 for i, (c, cfg) in enumerate(zip(calls, configs))]
+        costs = [
+            self._cost(i, cfg, _min_cap(channel_cap, caps.get(c.stream)), registered=c.stream in registered, fork=fork)
+            for i, (c, cfg) in enumerate(zip(calls, configs))
+        ]
         # a site routed to a pool entry made with is_high_priority_stream runs on that entry's stream
         hp_calls = frozenset(i for i, cfg in enumerate(configs) if cfg.high_priority_stream)
         if free_comm:
             costs = [replace(c, ctas=0, hbm_mult=0.0) for c in costs]
         seed = hash((self.seed, iteration)) & 0x7FFFFFFF
         sig = {} if noise else {"sigma_comp": 0.0, "sigma_comm": 0.0}
-        res = timeline.run(self._prog, self.gpu, costs, serialize=serialize, cdmc1=self.workload.cdmc1,
-                           seed=seed, win=self._win,
-                           high_priority=frozenset(self.high_priority if high_priority is None else high_priority),
-                           high_priority_calls=hp_calls, **sig)
+        res = timeline.run(
+            self._prog,
+            self.gpu,
+            costs,
+            serialize=serialize,
+            cdmc1=self.workload.cdmc1,
+            seed=seed,
+            win=self._win,
+            high_priority=frozenset(self.high_priority if high_priority is None else high_priority),
+            high_priority_calls=hp_calls,
+            **sig,
+        )
         self.last_timeline = res
         w = self.workload
         steady = 0.0
@@ -124,11 +162,25 @@ class SimulatedCluster:
             t_comm = sum(res.calls[i].t_comm_us for i in idx) * scale
             busy = sum(res.calls[i].window_busy_us for i in idx) * scale
             t_region = sum(max(res.calls[i].t_comm_us, res.calls[i].window_busy_us) for i in idx) * scale
-            calls = tuple((res.calls[i].t_comm_us, res.calls[i].window_busy_us if serialize else math.nan,
-                           max(res.calls[i].t_comm_us, res.calls[i].window_busy_us)) for i in idx)
-            samples.append(Sample(site_id=site.site_id, config=assignment.get(site.site_id, DEFAULT),
-                                  t_comm_us=t_comm, t_comp_us=busy if serialize else math.nan,
-                                  t_region_us=t_region, iteration=iteration, calls=calls))
+            calls = tuple(
+                (
+                    res.calls[i].t_comm_us,
+                    res.calls[i].window_busy_us if serialize else math.nan,
+                    max(res.calls[i].t_comm_us, res.calls[i].window_busy_us),
+                )
+                for i in idx
+            )
+            samples.append(
+                Sample(
+                    site_id=site.site_id,
+                    config=assignment.get(site.site_id, DEFAULT),
+                    t_comm_us=t_comm,
+                    t_comp_us=busy if serialize else math.nan,
+                    t_region_us=t_region,
+                    iteration=iteration,
+                    calls=calls,
+                )
+            )
         return IterationMeasurement(iteration=iteration, iteration_us=total, sites=list(self._sites), samples=samples)
 
 
@@ -176,25 +228,42 @@ def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
     return list(rules.probe_configs()) + extra
 
 
-def verify_counts(preset: Any, verify_iters: int | None = None, verify_max_iters: int | None = None) -> tuple[int, int | None]:
+def verify_counts(
+    preset: Any, verify_iters: int | None = None, verify_max_iters: int | None = None
+) -> tuple[int, int | None]:
     """Verification's (first look, cap): the options, else the preset's; ValueError for a cap below the first look."""
     first = verify_iters if verify_iters is not None else preset.lagom.lagom_verify_iters
-    cap = verify_max_iters if verify_max_iters is not None else (
-        None if verify_iters is not None else preset.lagom.lagom_verify_max_iters)
+    cap = (
+        verify_max_iters
+        if verify_max_iters is not None
+        else (None if verify_iters is not None else preset.lagom.lagom_verify_max_iters)
+    )
     if cap is not None and cap < first:
         raise ValueError(f"verify_max_iters {cap} is below verify_iters {first}; allowed: {first} or more")
     return first, cap
 
 
-def run_lifecycle(sim: SimulatedCluster, *, method: str = DEFAULT_CONFIG.method,
-                  verify_iters: int = DEFAULT_CONFIG.verify_iters, warmup_iters: int = DEFAULT_CONFIG.warmup_iters,
-                  after_iters: int = 3, probe_configs: list[CommConfig] | None = None, first_iteration: int = 0,
-                  pool_budget_bytes: int | None = None,
-                  verify_max_iters: int | None = DEFAULT_CONFIG.verify_max_iters) -> LifecycleResult:
+def run_lifecycle(
+    sim: SimulatedCluster,
+    *,
+    method: str = DEFAULT_CONFIG.method,
+    verify_iters: int = DEFAULT_CONFIG.verify_iters,
+    warmup_iters: int = DEFAULT_CONFIG.warmup_iters,
+    after_iters: int = 3,
+    probe_configs: list[CommConfig] | None = None,
+    first_iteration: int = 0,
+    pool_budget_bytes: int | None = None,
+    verify_max_iters: int | None = DEFAULT_CONFIG.verify_max_iters,
+) -> LifecycleResult:
     """Runs the whole lifecycle on ``sim`` with the real ``Tuner``, then ``after_iters`` iterations more."""
     rules = NcclRules(sim.cluster, backend="sim", pool_budget_bytes=pool_budget_bytes)
-    cfg = Tuner.Config(warmup_iters=warmup_iters, verify_iters=verify_iters, verify_max_iters=verify_max_iters, method=method,
-                       probe_configs=probe_configs if probe_configs is not None else algorithm_probes(rules))
+    cfg = Tuner.Config(
+        warmup_iters=warmup_iters,
+        verify_iters=verify_iters,
+        verify_max_iters=verify_max_iters,
+        method=method,
+        probe_configs=probe_configs if probe_configs is not None else algorithm_probes(rules),
+    )
     tuner = Tuner(cfg, rules=rules, fingerprint=sim.fingerprint())
     out = LifecycleResult(tuner=tuner)
     it = first_iteration

@@ -30,8 +30,24 @@ from lagom_megatron.engine.knobs import PROTOCOLS
 from lagom_megatron.nccl.perf_table import PerfRun
 from lagom_megatron.sim.device import SAT_P, THREAD_EXPONENT, ComputeKernel, softmin, wave_factor
 
-COLUMNS = ("gpu", "sms", "peak_hbm_gbs", "kernel", "kind", "tiles", "persistent", "mode", "ctas", "threads",
-           "chunk_bytes", "total_bytes", "t_alone_us", "t_overlap_us", "kernel_hbm_bytes", "comm_hbm_gbs")
+COLUMNS = (
+    "gpu",
+    "sms",
+    "peak_hbm_gbs",
+    "kernel",
+    "kind",
+    "tiles",
+    "persistent",
+    "mode",
+    "ctas",
+    "threads",
+    "chunk_bytes",
+    "total_bytes",
+    "t_alone_us",
+    "t_overlap_us",
+    "kernel_hbm_bytes",
+    "comm_hbm_gbs",
+)
 """Units in the names: us, bytes, GB/s."""
 MIN_SHARE = 0.02
 
@@ -48,8 +64,13 @@ class Fitted:
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML's body."""
-        return {"gpu": self.gpu, "kappa_mem": self.kappa_mem, "kappa_compute": self.kappa_compute,
-                "sm_term_mae_pct": self.sm_term_mae_pct, "rows": dict(self.rows)}
+        return {
+            "gpu": self.gpu,
+            "kappa_mem": self.kappa_mem,
+            "kappa_compute": self.kappa_compute,
+            "sm_term_mae_pct": self.sm_term_mae_pct,
+            "rows": dict(self.rows),
+        }
 
 
 TEXT_COLUMNS = ("gpu", "kernel", "kind", "mode")
@@ -111,17 +132,25 @@ def fit(rows: list[dict[str, Any]]) -> Fitted:
         else:
             mem.append((slow * f - 1.0) / share)
     med = lambda xs: max(0.0, statistics.median(xs)) if xs else None  # noqa: E731
-    return Fitted(gpu=gpus.pop(), kappa_mem=med(mem), kappa_compute=med(comp),
-                  sm_term_mae_pct=100.0 * statistics.fmean(sm_err) if sm_err else None,
-                  rows={"kappa_mem": len(mem), "kappa_compute": len(comp), "sm_term": len(sm_err)})
+    return Fitted(
+        gpu=gpus.pop(),
+        kappa_mem=med(mem),
+        kappa_compute=med(comp),
+        sm_term_mae_pct=100.0 * statistics.fmean(sm_err) if sm_err else None,
+        rows={"kappa_mem": len(mem), "kappa_compute": len(comp), "sm_term": len(sm_err)},
+    )
 
 
 def write_yaml(fitted: Fitted, out: Path, *, source: str) -> None:
     """Writes the constants as YAML atomically; OSError (never overwriting) if ``out`` exists unreadable."""
     if out.exists() and not os.access(out, os.R_OK):
         raise OSError(f"{out} exists and cannot be read; not overwriting it")
-    doc = {**fitted.to_dict(), "source_csv": source, "fitted_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "use": "copy kappa_mem / kappa_compute into the GPU's cluster file (configs/clusters/*.yaml)"}
+    doc = {
+        **fitted.to_dict(),
+        "source_csv": source,
+        "fitted_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "use": "copy kappa_mem / kappa_compute into the GPU's cluster file (configs/clusters/*.yaml)",
+    }
     write_text_atomic(out, yaml.safe_dump(doc, sort_keys=False))
 
 
@@ -234,8 +263,11 @@ def _lm(resid, x0, lo, hi, iters: int = 300):
 
 def fit_bandwidth(runs: Sequence[PerfRun], cluster: ClusterSpec) -> BandwidthFit:
     """Fits every run, then the shape across them; ValueError when no run has a usable row."""
-    notes = [f"{r.path}: asked {r.asked_channels} channels, NCCL ran {r.channels}" for r in runs
-             if r.channels != r.asked_channels and r.algorithm != "P2P"]
+    notes = [
+        f"{r.path}: asked {r.asked_channels} channels, NCCL ran {r.channels}"
+        for r in runs
+        if r.channels != r.asked_channels and r.algorithm != "P2P"
+    ]
     seen = sorted({f"{r.gpu or 'GPU not named'} x {r.ranks or '?'} ranks on {r.nodes} node(s)" for r in runs})
     notes.append(f"runs measured on {'; '.join(seen)}; the cluster file says {cluster.gpus_per_node} x {cluster.gpu}")
     versions = sorted({r.nccl_version for r in runs if r.nccl_version})
@@ -246,8 +278,10 @@ def fit_bandwidth(runs: Sequence[PerfRun], cluster: ClusterSpec) -> BandwidthFit
         rb = run_bandwidth(run)
         (fitted.append(rb) if rb else notes.append(f"{run.path}: no row with a size and a time > 0; not used"))
     if not fitted:
-        raise ValueError(f"no usable row in {len(runs)} file(s) ({', '.join(r.path for r in runs[:3])}"
-                         f"{', ...' if len(runs) > 3 else ''}): every row has size 0 or time 0")
+        raise ValueError(
+            f"no usable row in {len(runs)} file(s) ({', '.join(r.path for r in runs[:3])}"
+            f"{', ...' if len(runs) > 3 else ''}): every row has size 0 or time 0"
+        )
     keys = sorted({(r.scope, r.kind) for r in fitted}, key=lambda k: (k[0] != "intra", k[1]))
     g = np.array([keys.index((r.scope, r.kind)) for r in fitted])
     n = np.array([float(r.run.channels) for r in fitted])
@@ -256,17 +290,19 @@ def fit_bandwidth(runs: Sequence[PerfRun], cluster: ClusterSpec) -> BandwidthFit
     link = np.array([v for v, _ in links])
     bw = np.array([r.bw_gbs for r in fitted])
     ng = len(keys)
-    free_e = any(len({r.run.threads for r in fitted if (r.scope, r.kind) == k}) > 1 for k in keys if k[1] in THREAD_KINDS)
+    free_e = any(
+        len({r.run.threads for r in fitted if (r.scope, r.kind) == k}) > 1 for k in keys if k[1] in THREAD_KINDS
+    )
 
     def unpack(x, p_fixed):
-        c, eff = np.exp(x[:ng]), np.exp(x[ng:2 * ng])
+        c, eff = np.exp(x[:ng]), np.exp(x[ng : 2 * ng])
         p = math.exp(x[2 * ng]) if p_fixed is None else p_fixed
         e = x[2 * ng + 1] if free_e else THREAD_EXPONENT
         return c, eff, p, e
 
     def model(x, p_fixed=None):
         c, eff, p, e = unpack(x, p_fixed)
-        return n * c[g] * thr ** e, eff[g] * link, p
+        return n * c[g] * thr**e, eff[g] * link, p
 
     def resid(x, p_fixed=None):
         rate, cap, p = model(x, p_fixed)
@@ -281,8 +317,10 @@ def fit_bandwidth(runs: Sequence[PerfRun], cluster: ClusterSpec) -> BandwidthFit
     std = _std_errors(resid, x)
     p_known = bool(std[2 * ng] <= MAX_STD["p"])
     if not p_known:
-        notes.append("saturation p not identified: too few runs near the knee (channels x per-channel bandwidth "
-                     f"close to the ceiling); the fit used the simulator's {SAT_P:g}")
+        notes.append(
+            "saturation p not identified: too few runs near the knee (channels x per-channel bandwidth "
+            f"close to the ceiling); the fit used the simulator's {SAT_P:g}"
+        )
         x, _ = _lm(lambda v: resid(v, SAT_P), x, lo, hi)
         std = _std_errors(lambda v: resid(v, SAT_P), x)
     c, eff, p, e = unpack(x, None if p_known else SAT_P)
@@ -296,25 +334,44 @@ def fit_bandwidth(runs: Sequence[PerfRun], cluster: ClusterSpec) -> BandwidthFit
             ops[r.run.op].append(er)
         has_rate, has_cap = bool(std[k] <= MAX_STD["log"]), bool(std[ng + k] <= MAX_STD["log"])
         if not (has_rate or has_cap):
-            notes.append(f"{scope} {kind}: the runs cannot tell per-channel bandwidth from the ceiling: sweep more "
-                         "channel counts")
+            notes.append(
+                f"{scope} {kind}: the runs cannot tell per-channel bandwidth from the ceiling: sweep more "
+                "channel counts"
+            )
         elif not has_cap:
-            notes.append(f"{scope} {kind}: ceiling not identified: no run was limited by it (add runs with more channels)")
+            notes.append(
+                f"{scope} {kind}: ceiling not identified: no run was limited by it (add runs with more channels)"
+            )
         elif not has_rate:
-            notes.append(f"{scope} {kind}: per-channel bandwidth not identified: every run was at the ceiling "
-                         "(add runs with fewer channels)")
+            notes.append(
+                f"{scope} {kind}: per-channel bandwidth not identified: every run was at the ceiling "
+                "(add runs with fewer channels)"
+            )
         name = next(nm for (_, nm), m in zip(links, mine) if m)
-        curves.append(Curve(scope=scope, kind=kind, per_channel_gbs=float(c[k]) if has_rate else None,
-                            link_eff=float(eff[k]) if has_cap else None, link_name=name,
-                            ceiling_gbs=float(eff[k] * link[mine][0]) if has_cap and scope == "intra" else None,
-                            runs=int(mine.sum()), mape_pct=float(err[mine].mean()),
-                            op_mape_pct={op: float(np.mean(v)) for op, v in sorted(ops.items())}))
+        curves.append(
+            Curve(
+                scope=scope,
+                kind=kind,
+                per_channel_gbs=float(c[k]) if has_rate else None,
+                link_eff=float(eff[k]) if has_cap else None,
+                link_name=name,
+                ceiling_gbs=float(eff[k] * link[mine][0]) if has_cap and scope == "intra" else None,
+                runs=int(mine.sum()),
+                mape_pct=float(err[mine].mean()),
+                op_mape_pct={op: float(np.mean(v)) for op, v in sorted(ops.items())},
+            )
+        )
     e_known = free_e and bool(std[2 * ng + 1] <= MAX_STD["e"])
     if not e_known:
         why = "Simple / LL runs have one thread count" if not free_e else "the thread counts do not separate it"
         notes.append(f"thread exponent not identified: {why}; the fit used {THREAD_EXPONENT:g}")
-    return BandwidthFit(curves=tuple(curves), saturation_p=p if p_known else None,
-                        thread_exponent=float(e) if e_known else None, runs=tuple(fitted), notes=tuple(notes))
+    return BandwidthFit(
+        curves=tuple(curves),
+        saturation_p=p if p_known else None,
+        thread_exponent=float(e) if e_known else None,
+        runs=tuple(fitted),
+        notes=tuple(notes),
+    )
 
 
 def _std_errors(resid, x) -> np.ndarray:
@@ -365,7 +422,9 @@ def summary_lines(fit: BandwidthFit) -> list[str]:
     for c in fit.curves:
         ceiling = f" = {c.ceiling_gbs:.3g} GB/s" if c.ceiling_gbs is not None else ""
         per_op = ", ".join(f"{op} {v:.1f}%" for op, v in c.op_mape_pct.items())
-        lines.append(f"{c.scope} {c.kind}: {fmt(c.per_channel_gbs, '.3g')} GB/s per channel; ceiling "
-                     f"{fmt(c.link_eff, '.3f')} x {c.link_name}{ceiling}; {c.runs} runs, error {c.mape_pct:.1f}% ({per_op})")
+        lines.append(
+            f"{c.scope} {c.kind}: {fmt(c.per_channel_gbs, '.3g')} GB/s per channel; ceiling "
+            f"{fmt(c.link_eff, '.3f')} x {c.link_name}{ceiling}; {c.runs} runs, error {c.mape_pct:.1f}% ({per_op})"
+        )
     lines.append(f"saturation p {fmt(fit.saturation_p, '.3g')}, thread exponent {fmt(fit.thread_exponent, '.3g')}")
     return lines + [f"note: {n}" for n in fit.notes]

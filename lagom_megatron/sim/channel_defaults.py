@@ -88,16 +88,30 @@ def p2p_channels(gpu: Any, c: Any, *, cta_bound: int | None = None, net_peer: in
     link = path(gpu, c)
     nvl = link in ("nvswitch", "bridge")
     nics = gpu.nics_per_node
-    per = p2p_rule.peer_channels(p2p=p2p, n_nodes=c.n_nodes, group_size=c.group_size,
-                                 intra_link="nvlink" if nvl else "pcie", sm_arch=gpu.sm_arch,
-                                 nvlink_gbps=gpu.nvlink_gbs if link == "nvswitch" else gpu.bridge_gbs,
-                                 nics_per_gpu=1 if nics is None else max(1, nics // gpu.gpus_per_node),
-                                 nic_gbps=nic_gbs(gpu), net_peer_channels=net_peer, nccl=gpu.nccl, comm_channels=comm)
+    per = p2p_rule.peer_channels(
+        p2p=p2p,
+        n_nodes=c.n_nodes,
+        group_size=c.group_size,
+        intra_link="nvlink" if nvl else "pcie",
+        sm_arch=gpu.sm_arch,
+        nvlink_gbps=gpu.nvlink_gbs if link == "nvswitch" else gpu.bridge_gbs,
+        nics_per_gpu=1 if nics is None else max(1, nics // gpu.gpus_per_node),
+        nic_gbps=nic_gbs(gpu),
+        net_peer_channels=net_peer,
+        nccl=gpu.nccl,
+        comm_channels=comm,
+    )
     a2a = c.op == "all_to_all"
     ranks = max(1, c.group_size)
     chunk = p2p_rule.P2P_CHUNK_BYTES["net" if c.n_nodes > 1 else ("nvlink" if nvl else "pcie")]
-    task = p2p_rule.task_channels(c.nbytes / ranks if a2a else c.nbytes, per_peer=per, p2p=p2p, n_ranks=ranks,
-                                  chunk=chunk, multi_node=c.n_nodes > 1)
+    task = p2p_rule.task_channels(
+        c.nbytes / ranks if a2a else c.nbytes,
+        per_peer=per,
+        p2p=p2p,
+        n_ranks=ranks,
+        chunk=chunk,
+        multi_node=c.n_nodes > 1,
+    )
     return int(p2p_rule.kernel_ctas(task, tasks=ranks if a2a else 1, p2p=p2p))
 
 
@@ -126,7 +140,13 @@ def model_time_us(gpu: Any, c: Any, algorithm: str, protocol: str) -> float:
     intra = "nvlink" if path(gpu, c) in ("nvswitch", "bridge") else "pci"
     if algorithm == "NVLS":
         link = nvlinks(gpu) * nm.NVLINK_BW[90]
-        bus = link * nm.NVLS_EFFICIENCY[90] * (NVLS_CHANNELS - 1) / NVLS_CHANNELS * (2.0 if c.op == "all_reduce" else (n - 1) / n)
+        bus = (
+            link
+            * nm.NVLS_EFFICIENCY[90]
+            * (NVLS_CHANNELS - 1)
+            / NVLS_CHANNELS
+            * (2.0 if c.op == "all_reduce" else (n - 1) / n)
+        )
         lat = nm.HW_LATENCY_US["nvlink"]["NVLS"][2]
         return nm.algo_time_us(c.nbytes, op=c.op, busbw_gbs=bus, latency_us=lat, n_ranks=n, algorithm="NVLS")
     if gpu.intra_link == "pcie":
@@ -138,8 +158,9 @@ def model_time_us(gpu: Any, c: Any, algorithm: str, protocol: str) -> float:
         if nodes > 1:
             link = min(link, nic_gbs(gpu) * max(1, n // nodes))
         speed = link / ch
-    bus = nm.model_busbw_gbs(algorithm, protocol, op=c.op, graph_channels=ch, graph_speed=speed, sm_arch=gpu.sm_arch,
-                             n_nodes=nodes)
+    bus = nm.model_busbw_gbs(
+        algorithm, protocol, op=c.op, graph_channels=ch, graph_speed=speed, sm_arch=gpu.sm_arch, n_nodes=nodes
+    )
     if algorithm == "Tree":
         lat = nm.tree_latency_us(protocol, n_ranks=n, n_nodes=nodes, intra=intra)
     else:
@@ -165,7 +186,9 @@ def default_channels(gpu: Any, c: Any, algorithm: str, protocol: str, threads: i
     nt = threads or nm.default_threads(protocol, algorithm, ring_busbw_gbs=ring_bus)
     if algorithm == "NVLS":
         return ctas, nt
-    return nm.size_rule(c.nbytes, channels=ctas, threads=nt, protocol=protocol, algorithm=algorithm, n_ranks=c.group_size)
+    return nm.size_rule(
+        c.nbytes, channels=ctas, threads=nt, protocol=protocol, algorithm=algorithm, n_ranks=c.group_size
+    )
 
 
 UB_CTAS = {(1, "all_gather"): 4, (1, "reduce_scatter"): 5, (2, "all_gather"): 16, (2, "reduce_scatter"): 16}

@@ -84,19 +84,28 @@ class Gpu:
             return None if v is None else float(v)
 
         return cls(
-            sms=int(spec.sms_per_gpu), hbm_gbs=float(spec.hbm_gbps), peak_tflops=float(spec.peak_bf16_tflops),
-            nvlink_gbs=float(spec.nvlink_gbps_per_gpu), net_gbs=float(spec.net_gbps_per_gpu),
-            gpus_per_node=int(spec.gpus_per_node), sm_arch=int(spec.sm_arch), nvswitch=bool(spec.nvswitch),
+            sms=int(spec.sms_per_gpu),
+            hbm_gbs=float(spec.hbm_gbps),
+            peak_tflops=float(spec.peak_bf16_tflops),
+            nvlink_gbs=float(spec.nvlink_gbps_per_gpu),
+            net_gbs=float(spec.net_gbps_per_gpu),
+            gpus_per_node=int(spec.gpus_per_node),
+            sm_arch=int(spec.sm_arch),
+            nvswitch=bool(spec.nvswitch),
             nvlink_latency_us=float(getattr(spec, "nvlink_latency_us", 1.0)),
             net_latency_us=float(getattr(spec, "net_latency_us", 5.0)),
             max_channels=64 if (major, minor) >= (2, 25) else 32,
             intra_link=str(getattr(spec, "intra_link", "nvlink")),
             bridge_gbs=float(getattr(spec, "nvlink_bridge_gbps", None) or 0.0),
-            nics_per_node=getattr(spec, "nics_per_node", None), nccl=tuple(spec.nccl),
-            kappa_mem=opt("kappa_mem"), kappa_compute=opt("kappa_compute"),
+            nics_per_node=getattr(spec, "nics_per_node", None),
+            nccl=tuple(spec.nccl),
+            kappa_mem=opt("kappa_mem"),
+            kappa_compute=opt("kappa_compute"),
             per_channel=dict(getattr(spec, "per_channel_gbps", None) or {}),
-            link_eff=dict(getattr(spec, "link_eff", None) or {}), net_eff=dict(getattr(spec, "net_eff", None) or {}),
-            fit_sat_p=opt("bw_saturation_p"), fit_thread_exponent=opt("channel_thread_exponent"),
+            link_eff=dict(getattr(spec, "link_eff", None) or {}),
+            net_eff=dict(getattr(spec, "net_eff", None) or {}),
+            fit_sat_p=opt("bw_saturation_p"),
+            fit_thread_exponent=opt("channel_thread_exponent"),
         )
 
     @property
@@ -157,8 +166,14 @@ def wave_factor(sms: int, sms_free: float, k: ComputeKernel) -> float:
     return sms / max(1.0, sms_free)
 
 
-def compute_time_us(gpu: Gpu, k: ComputeKernel, *, sms_free: float | None = None, hbm_gbs: float | None = None,
-                    comm_hbm_share: float = 0.0) -> float:
+def compute_time_us(
+    gpu: Gpu,
+    k: ComputeKernel,
+    *,
+    sms_free: float | None = None,
+    hbm_gbs: float | None = None,
+    comm_hbm_share: float = 0.0,
+) -> float:
     """Duration (us) of ``k`` given the SMs and HBM GB/s left to it and the HBM share collectives draw."""
     sms = gpu.sms if sms_free is None else max(1.0, sms_free)
     full = gpu.sms
@@ -166,8 +181,12 @@ def compute_time_us(gpu: Gpu, k: ComputeKernel, *, sms_free: float | None = None
         sms, full = min(sms, k.max_sms), min(full, k.max_sms)
     bw = gpu.hbm_gbs * HBM_EFF if hbm_gbs is None else max(1.0, hbm_gbs)
     eff = get("gemm_eff_ampere") if (k.kind == "gemm" and gpu.sm_arch < 90) else COMPUTE_EFF[k.kind]
-    t_math = (k.flops / (gpu.peak_tflops * 1e6 * eff * full / gpu.sms) * wave_factor(full, sms, k)
-              * (1.0 + gpu.kappa("kappa_compute") * comm_hbm_share))
+    t_math = (
+        k.flops
+        / (gpu.peak_tflops * 1e6 * eff * full / gpu.sms)
+        * wave_factor(full, sms, k)
+        * (1.0 + gpu.kappa("kappa_compute") * comm_hbm_share)
+    )
     t_mem = k.hbm_bytes / (bw * 1e3) * (1.0 + gpu.kappa("kappa_mem") * comm_hbm_share)
     return max(t_math, t_mem) + get("overlap_gamma") * min(t_math, t_mem) + 1.0
 
@@ -268,7 +287,7 @@ def cta_gbs(gpu: Gpu, algorithm: str, protocol: str, n_threads: int, chunk: int,
 def softmin(rate: float, link: float, p: float | None = None) -> float:
     """``(rate^-p + link^-p)^(-1/p)`` (p default ``sat_p``): the soft bandwidth ceiling, GB/s."""
     p = get("sat_p") if p is None else p
-    return (rate ** -p + link ** -p) ** (-1.0 / p)
+    return (rate**-p + link**-p) ** (-1.0 / p)
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -348,8 +367,13 @@ def comm_cost(gpu: Gpu, c: Collective, r: Resolved) -> CommCost:
     if proto == "Simple":
         w = get("chunk_hbm_weight")
         mult *= (1.0 - w) + w * min(r.chunk_size, 4 * MIB) / DEFAULT_CHUNK["Simple"]
-    return CommCost(latency_us=nccl.latency_us(gpu, c, r.algorithm, r.protocol), wire_bytes=wire, bw_gbs=max(bw, 1e-3), ctas=r.n_channels,
-                    hbm_mult=mult)
+    return CommCost(
+        latency_us=nccl.latency_us(gpu, c, r.algorithm, r.protocol),
+        wire_bytes=wire,
+        bw_gbs=max(bw, 1e-3),
+        ctas=r.n_channels,
+        hbm_mult=mult,
+    )
 
 
 def busbw_gbs(gpu: Gpu, c: Collective, cfg: CommConfig = CommConfig()) -> float:

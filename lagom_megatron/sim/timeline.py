@@ -87,10 +87,20 @@ def last_wave_fraction(gpu: Gpu, k: ComputeKernel, sms_free: float) -> float | N
     return 0.0
 
 
-def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = False, cdmc1: bool = False,
-        seed: int = 0, sigma_comp: float = 0.02, sigma_comm: float | None = None,
-        win: list[list[int]] | None = None, high_priority: frozenset[str] = frozenset(),
-        high_priority_calls: frozenset[int] = frozenset()) -> TimelineResult:
+def run(
+    prog: Program,
+    gpu: Gpu,
+    costs: list[CommCost],
+    *,
+    serialize: bool = False,
+    cdmc1: bool = False,
+    seed: int = 0,
+    sigma_comp: float = 0.02,
+    sigma_comm: float | None = None,
+    win: list[list[int]] | None = None,
+    high_priority: frozenset[str] = frozenset(),
+    high_priority_calls: frozenset[int] = frozenset(),
+) -> TimelineResult:
     """Simulates ``prog`` with ``costs[i]`` the standalone cost of call ``i``; times in us."""
     rng = random.Random(seed)
     sigma_comm = get("sigma_comm") if sigma_comm is None else sigma_comm
@@ -130,8 +140,13 @@ def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = Fal
                 continue
             if rec[i].ready_us < 0:
                 rec[i].ready_us = t  # the head of its stream, launched
-            if (not cdmc1 and cur is not None and cur[0] == "K" and prog.calls[i].stream not in high_priority
-                    and i not in high_priority_calls):
+            if (
+                not cdmc1
+                and cur is not None
+                and cur[0] == "K"
+                and prog.calls[i].stream not in high_priority
+                and i not in high_priority_calls
+            ):
                 lw = last_wave_fraction(gpu, cur[2], gpu.sms - sum(costs[j].ctas for j in active))
                 if lw is not None and cur[3] > lw + 1e-9:
                     gated = True
@@ -194,8 +209,13 @@ def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = Fal
         demand = d_c + comm_total
         f = min(1.0, hbm / demand) if demand > 0 else 1.0
         if k_time is not None and (f < 1.0 or comm_total > 0.0):
-            k_time = compute_time_us(gpu, cur[2], sms_free=gpu.sms - ctas, hbm_gbs=d_c * f if f < 1.0 else None,
-                                     comm_hbm_share=comm_total * f / hbm)
+            k_time = compute_time_us(
+                gpu,
+                cur[2],
+                sms_free=gpu.sms - ctas,
+                hbm_gbs=d_c * f if f < 1.0 else None,
+                comm_hbm_share=comm_total * f / hbm,
+            )
         # compute's HBM draw also slows the collectives (kappa_comm, sim.constants)
         fc = f / (1.0 + kappa_comm * min(1.0, d_c * f / hbm))
         # next event
@@ -244,4 +264,6 @@ def run(prog: Program, gpu: Gpu, costs: list[CommCost], *, serialize: bool = Fal
                 done[i] = True
                 rec[i].end_us = t
                 streams[prog.calls[i].stream].popleft()
-    return TimelineResult(total_us=t, calls=rec, mb_start_us=mb_start, compute_us=comp_us, compute_overlapped_us=comp_ovl_us)
+    return TimelineResult(
+        total_us=t, calls=rec, mb_start_us=mb_start, compute_us=comp_us, compute_overlapped_us=comp_ovl_us
+    )

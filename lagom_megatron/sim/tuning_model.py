@@ -14,7 +14,10 @@ PROTOS = ("LL", "LL128", "Simple")
 
 # --- src/graph/tuning.cc:148-211 (ncclTunerConstantsDefaults) -----------------------------------
 BASE_LATENCY_US: dict[str, tuple[float, float, float]] = {
-    "Tree": (6.8, 14.0, 8.4), "Ring": (6.6, 14.0, 8.4), "NVLS": (0.0, 0.0, 0.0), "PAT": (8.0, 8.0, 8.0),
+    "Tree": (6.8, 14.0, 8.4),
+    "Ring": (6.6, 14.0, 8.4),
+    "NVLS": (0.0, 0.0, 0.0),
+    "PAT": (8.0, 8.0, 8.0),
 }
 """baseLatencies[algo][LL, LL128, Simple] (tuning.cc:150-155)."""
 HW_LATENCY_US: dict[str, dict[str, tuple[float, float, float]]] = {
@@ -23,7 +26,11 @@ HW_LATENCY_US: dict[str, dict[str, tuple[float, float, float]]] = {
     "net": {"Tree": (5.0, 8.5, 14.0), "Ring": (2.7, 4.0, 14.0), "NVLS": (0.0, 0.0, 18.0), "PAT": (0.0, 0.0, 14.0)},
 }
 """hwLatencies[NVLINK | PCI | NET][algo][proto], per algorithm step (tuning.cc:157-176)."""
-LL_MAX_BW: dict[int, tuple[float, float, float]] = {0: (39.0, 39.0, 20.4), 80: (87.7, 22.5, 19.0), 90: (141.0, 45.0, 35.0)}
+LL_MAX_BW: dict[int, tuple[float, float, float]] = {
+    0: (39.0, 39.0, 20.4),
+    80: (87.7, 22.5, 19.0),
+    90: (141.0, 45.0, 35.0),
+}
 """llMaxBws (tuning.cc:178-183): one node indexes the GPU generation, several nodes the CPU (row 0
 Intel, which the simulator assumes); columns 1 node / 2 nodes / more (tuning.cc:267-272)."""
 PER_CH_MAX_RING_LL128: dict[int, float] = {80: 20.0, 90: 36.7}
@@ -112,7 +119,9 @@ def default_threads(protocol: str, algorithm: str, *, ring_busbw_gbs: float) -> 
     return MAX_THREADS[protocol]
 
 
-def size_rule(nbytes: int, *, channels: int, threads: int, protocol: str, algorithm: str, n_ranks: int) -> tuple[int, int]:
+def size_rule(
+    nbytes: int, *, channels: int, threads: int, protocol: str, algorithm: str, n_ranks: int
+) -> tuple[int, int]:
     """(channels, threads) NCCL runs a Ring / Tree call of ``nbytes`` with (enqueue.cc:2093-2105); ``nbytes``: the full
     message (``ncclFuncMaxSendRecvCount``, enqueue.h:39-41)."""
     thr = THREAD_THRESHOLD[protocol] * (n_ranks if (protocol == "LL" and algorithm == "Ring") else 1)
@@ -143,12 +152,14 @@ def tree_latency_us(protocol: str, *, n_ranks: int, n_nodes: int, intra: str) ->
     p = PROTOS.index(protocol)
     per_node = max(1, n_ranks // max(1, n_nodes))
     log_nodes = int(math.log2(max(1, n_nodes)))
-    return BASE_LATENCY_US["Tree"][p] + 2 * ((per_node - 1) * HW_LATENCY_US[intra]["Tree"][p]
-                                             + log_nodes * HW_LATENCY_US["net"]["Tree"][p])
+    return BASE_LATENCY_US["Tree"][p] + 2 * (
+        (per_node - 1) * HW_LATENCY_US[intra]["Tree"][p] + log_nodes * HW_LATENCY_US["net"]["Tree"][p]
+    )
 
 
-def model_busbw_gbs(algorithm: str, protocol: str, *, op: str, graph_channels: int, graph_speed: float,
-                    sm_arch: int, n_nodes: int) -> float:
+def model_busbw_gbs(
+    algorithm: str, protocol: str, *, op: str, graph_channels: int, graph_speed: float, sm_arch: int, n_nodes: int
+) -> float:
     """NCCL's predicted bus bandwidth of an (algorithm, protocol), GB/s (tuning.cc:306-336); 0 = not available."""
     arch = 90 if sm_arch >= 90 else 80
     idx = 0 if n_nodes == 1 else (1 if n_nodes == 2 else 2)
@@ -165,7 +176,9 @@ def model_busbw_gbs(algorithm: str, protocol: str, *, op: str, graph_channels: i
         if protocol == "LL":
             return min(bus / 3.8, ll_max)
         if protocol == "LL128":
-            return min(bus * (7.0 / 9.0 if n_nodes == 1 else 120.0 / 128.0), graph_channels * PER_CH_MAX_TREE_LL128[arch][idx])
+            return min(
+                bus * (7.0 / 9.0 if n_nodes == 1 else 120.0 / 128.0), graph_channels * PER_CH_MAX_TREE_LL128[arch][idx]
+            )
         return bus
     return 0.0
 
@@ -177,5 +190,3 @@ def algo_time_us(nbytes: int, *, op: str, busbw_gbs: float, latency_us: float, n
     steps = 2 * (n_ranks - 1) if op == "all_reduce" else n_ranks - 1
     ratio = (n_ranks / max(1, steps)) if algorithm in ("Ring", "NVLS") else 0.5
     return latency_us + nbytes / (1000.0 * busbw_gbs * ratio)
-
-

@@ -30,13 +30,23 @@ class Rates:
     mean_pairs: float
 
 
-def rates(gain: float, first: int, cap: int | None = None, *, sigma: float, trials: int = 2000, seed: int = 0,
-          min_gain: float = MIN_GAIN) -> Rates:
+def rates(
+    gain: float,
+    first: int,
+    cap: int | None = None,
+    *,
+    sigma: float,
+    trials: int = 2000,
+    seed: int = 0,
+    min_gain: float = MIN_GAIN,
+) -> Rates:
     """Verifies a plan of true ``gain`` ``trials`` times (cap None: ``first``); ValueError for bad counts or sigma."""
     cap = first if cap is None else cap
     if first < 1 or cap < first or sigma < 0 or trials < 1:
-        raise ValueError(f"need 1 <= first <= cap, sigma >= 0, trials >= 1; got first={first}, cap={cap}, "
-                         f"sigma={sigma}, trials={trials}")
+        raise ValueError(
+            f"need 1 <= first <= cap, sigma >= 0, trials >= 1; got first={first}, cap={cap}, "
+            f"sigma={sigma}, trials={trials}"
+        )
     points = looks(first, cap)
     rng = random.Random(seed)
     kept = pairs = 0
@@ -55,8 +65,16 @@ def rates(gain: float, first: int, cap: int | None = None, *, sigma: float, tria
     return Rates(kept=kept / trials, mean_pairs=pairs / trials)
 
 
-def accept_rate(gain: float, n: int, *, sigma: float, trials: int = 2000, seed: int = 0, min_gain: float = MIN_GAIN,
-                cap: int | None = None) -> float:
+def accept_rate(
+    gain: float,
+    n: int,
+    *,
+    sigma: float,
+    trials: int = 2000,
+    seed: int = 0,
+    min_gain: float = MIN_GAIN,
+    cap: int | None = None,
+) -> float:
     """Share of ``trials`` keeping a plan of true ``gain`` with ``n`` iterations per arm; ValueError as ``rates``."""
     if n < 1 or sigma < 0 or trials < 1:
         raise ValueError(f"need n >= 1, sigma >= 0, trials >= 1; got n={n}, sigma={sigma}, trials={trials}")
@@ -90,13 +108,17 @@ def main() -> None:
 
     sigma = get("sigma_iteration")
     first = choose_iters(sigma)
-    print(f"paired verdict, iteration noise {sigma:.1%}, min_gain {MIN_GAIN:.1%}, first look {first} iterations "
-          f"per arm: share of plans kept (mean iterations per arm at the verdict)")
+    print(
+        f"paired verdict, iteration noise {sigma:.1%}, min_gain {MIN_GAIN:.1%}, first look {first} iterations "
+        f"per arm: share of plans kept (mean iterations per arm at the verdict)"
+    )
     print("cap/arm " + " ".join(f"{'gain ' + format(g, '.1%'):>15s}" for g in GAINS))
     for cap, row in table(sigma, first=first, caps=tuple(first * m for m in CANDIDATE_CAPS)).items():
         print(f"{cap:7d} " + " ".join(f"{row[g].kept:8.3f} ({row[g].mean_pairs:4.0f})" for g in GAINS))
-    print(f"chosen: first look {first} iterations per arm (keeps a 1% gain >= {TARGET_KEEP_1PCT:.0%} of the time), "
-          f"cap {choose_cap(sigma, first)} (keeps a 0.5% gain >= {TARGET_KEEP_HALF_PCT:.0%} of the time)")
+    print(
+        f"chosen: first look {first} iterations per arm (keeps a 1% gain >= {TARGET_KEEP_1PCT:.0%} of the time), "
+        f"cap {choose_cap(sigma, first)} (keeps a 0.5% gain >= {TARGET_KEEP_HALF_PCT:.0%} of the time)"
+    )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,13 @@ class Workload(WorkloadShape):
         return f"{group}.{kind}[{n}]"
 
     def _coll(self, op: str, nbytes: float, group: str) -> Collective:
-        return Collective(op=op, nbytes=int(nbytes), group_size=self.sizes[group], n_nodes=self.nodes[group],
-                          stride=self.strides.get(group, 1))
+        return Collective(
+            op=op,
+            nbytes=int(nbytes),
+            group_size=self.sizes[group],
+            n_nodes=self.nodes[group],
+            stride=self.strides.get(group, 1),
+        )
 
     # ------------------------------------------------------------------ sites
 
@@ -61,9 +66,19 @@ class Workload(WorkloadShape):
             dtype = "float32" if "grad_" in sid and sid.startswith("dp.") else "bfloat16"
             # Megatron-Core sums (ReduceOp.SUM) unless --ddp-average-in-collective, which no preset sets
             reduce_op = "sum" if call.coll.op in ("all_reduce", "reduce_scatter") else None
-            out.append(CollectiveSite(site_id=sid, op=call.coll.op, nbytes=call.coll.nbytes, dtype=dtype,
-                                      group=call.stream, group_size=call.coll.group_size,
-                                      n_nodes=call.coll.n_nodes, calls_per_iter=max(1, n), reduce_op=reduce_op))
+            out.append(
+                CollectiveSite(
+                    site_id=sid,
+                    op=call.coll.op,
+                    nbytes=call.coll.nbytes,
+                    dtype=dtype,
+                    group=call.stream,
+                    group_size=call.coll.group_size,
+                    n_nodes=call.coll.n_nodes,
+                    calls_per_iter=max(1, n),
+                    reduce_op=reduce_op,
+                )
+            )
         return out
 
     # ------------------------------------------------------------------ program
@@ -104,13 +119,26 @@ class Workload(WorkloadShape):
         for i, call in enumerate(prog.calls):
             if call.stream in ("dp", "dp_cp") and "grad" in (call.site_id or ""):
                 prog.wait(i)
-        params = self.layer_params() * self.layers_per_chunk * self.chunks + self.output_params() + self.embedding_params()
-        shard = params / (self.dp * self.cp) if (self.dist_opt or (self.fsdp and self.fsdp_sharding != "no_shard")) else params
+        params = (
+            self.layer_params() * self.layers_per_chunk * self.chunks + self.output_params() + self.embedding_params()
+        )
+        shard = (
+            params / (self.dp * self.cp)
+            if (self.dist_opt or (self.fsdp and self.fsdp_sharding != "no_shard"))
+            else params
+        )
         prog.kernel(elementwise("optimizer.adam", shard * ADAM_BYTES_PER_PARAM), mbs - 1)
         if not (self.dist_opt and self.overlap_param) and self.dist_opt:
             for c in range(self.chunks):
                 for b, _, p in buckets[c]:
-                    prog.blocking(Call(f"dp.param_all_gather[chunk{c}.bucket{b}]", self._coll("all_gather", p * 2, self.dp_group()), self.dp_group(), mbs - 1))
+                    prog.blocking(
+                        Call(
+                            f"dp.param_all_gather[chunk{c}.bucket{b}]",
+                            self._coll("all_gather", p * 2, self.dp_group()),
+                            self.dp_group(),
+                            mbs - 1,
+                        )
+                    )
         return prog
 
     def bubble_us(self) -> float:
@@ -133,12 +161,19 @@ class Workload(WorkloadShape):
         ]
         if self.experts:
             tt = T * self.topk
-            ks += [gemm("router", T, self.experts, h), gemm("fc1", tt, self.ffn * (2 if self.swiglu else 1), h),
-                   elementwise("act", tt * self.ffn * 6), gemm("fc2", tt, h, self.ffn)]
+            ks += [
+                gemm("router", T, self.experts, h),
+                gemm("fc1", tt, self.ffn * (2 if self.swiglu else 1), h),
+                elementwise("act", tt * self.ffn * 6),
+                gemm("fc2", tt, h, self.ffn),
+            ]
         else:
             up = 2 if self.swiglu else 1
-            ks += [gemm("fc1", T, up * self.ffn / tp, h, sms), elementwise("act", T * self.ffn * 6 / tp),
-                   gemm("fc2", T, h, self.ffn / tp, sms)]
+            ks += [
+                gemm("fc1", T, up * self.ffn / tp, h, sms),
+                elementwise("act", T * self.ffn * 6 / tp),
+                gemm("fc2", T, h, self.ffn / tp, sms),
+            ]
         return ks
 
     def _tp_fwd(self, prog: Program, mb: int, op: str) -> None:
@@ -234,15 +269,21 @@ class Workload(WorkloadShape):
         wgrad = ComputeKernel(f"{module}.wgrad", k.kind, k.flops, k.hbm_bytes, k.max_sms)
         nbytes = self.tokens * self.hidden * 2
         if self.tp > 1 and not self.tp_comm_overlap and self.sp:
-            ag = prog.launch(Call(self._stream_id("tp", "sp_all_gather"), self._coll("all_gather", nbytes, "tp"), "tp", mb))
+            ag = prog.launch(
+                Call(self._stream_id("tp", "sp_all_gather"), self._coll("all_gather", nbytes, "tp"), "tp", mb)
+            )
             prog.kernel(dgrad, mb)
             prog.wait(ag)
-            rs = prog.launch(Call(self._stream_id("tp", "sp_reduce_scatter"), self._coll("reduce_scatter", nbytes, "tp"), "tp", mb))
+            rs = prog.launch(
+                Call(self._stream_id("tp", "sp_reduce_scatter"), self._coll("reduce_scatter", nbytes, "tp"), "tp", mb)
+            )
             prog.kernel(wgrad, mb)
             prog.wait(rs)
         elif self.tp > 1 and not self.tp_comm_overlap:
             prog.kernel(dgrad, mb)
-            ar = prog.launch(Call(self._stream_id("tp", "dgrad_all_reduce"), self._coll("all_reduce", nbytes, "tp"), "tp", mb))
+            ar = prog.launch(
+                Call(self._stream_id("tp", "dgrad_all_reduce"), self._coll("all_reduce", nbytes, "tp"), "tp", mb)
+            )
             prog.kernel(wgrad, mb)
             prog.wait(ar)
         else:
@@ -302,11 +343,15 @@ class Workload(WorkloadShape):
                 prog.kernel(elementwise("embedding.bwd", self.tokens * self.hidden * 2 * 3), mb)
             if buckets is not None and self.overlap_grad and li in last_layer_of:
                 b, p = last_layer_of[li]
-                op, name = ("reduce_scatter", "grad_reduce_scatter") if self.dist_opt else ("all_reduce", "grad_all_reduce")
+                op, name = (
+                    ("reduce_scatter", "grad_reduce_scatter") if self.dist_opt else ("all_reduce", "grad_all_reduce")
+                )
                 prog.launch(Call(f"dp.{name}[chunk{c}.bucket{b}]", self._coll(op, p * 4, g), g, mb))
         if buckets is not None and not self.overlap_grad:
             for b, _, p in buckets:
-                op, name = ("reduce_scatter", "grad_reduce_scatter") if self.dist_opt else ("all_reduce", "grad_all_reduce")
+                op, name = (
+                    ("reduce_scatter", "grad_reduce_scatter") if self.dist_opt else ("all_reduce", "grad_all_reduce")
+                )
                 prog.blocking(Call(f"dp.{name}[chunk{c}.bucket{b}]", self._coll(op, p * 4, g), g, mb))
         if self.pp > 1 and c > 0:
             self._send(prog, "pp.send_recv", act_bytes, mb, pending_send)
@@ -345,14 +390,14 @@ def combined_step(w: Workload, prog: Program, mb: int) -> None:
     pending_cf = -1
     for j in range(L):
         bl = L - 1 - j
-        cb = prog.launch(w.a2a_call(None, mb))             # combine backward of layer bl
-        prog.wait(pending_cf)                              # forward layer j needs layer j-1's output
+        cb = prog.launch(w.a2a_call(None, mb))  # combine backward of layer bl
+        prog.wait(pending_cf)  # forward layer j needs layer j-1's output
         w._attn_forward(prog, 0, j, mb)
         prog.wait(cb)
         df = prog.launch(w.a2a_call("dispatch_all_to_all", mb))
-        _kernels(w, prog, ("fc2", "act", "fc1"), mb)     # expert MLP input gradients (mlp.backward)
-        db = prog.launch(w.a2a_call(None, mb))             # dispatch backward, queued behind df
-        _kernels(w, prog, ("fc2", "fc1"), mb)            # weight gradients (mlp.backward_dw)
+        _kernels(w, prog, ("fc2", "act", "fc1"), mb)  # expert MLP input gradients (mlp.backward)
+        db = prog.launch(w.a2a_call(None, mb))  # dispatch backward, queued behind df
+        _kernels(w, prog, ("fc2", "fc1"), mb)  # weight gradients (mlp.backward_dw)
         prog.wait(df)
         _kernels(w, prog, ("fc1", "act", "fc2"), mb)
         pending_cf = prog.launch(w.a2a_call("combine_all_to_all", mb))

@@ -52,7 +52,9 @@ def _sharded_params_microbatch(w: Any, prog: Program, mb: int) -> None:
 
     def ag(li: int) -> int:
         u = L - 1 - li  # numbered in backward order, like DDP buckets
-        return prog.launch(Call(f"dp.param_all_gather[chunk0.bucket{u}]", w._coll("all_gather", params[li] * 2, g), g, mb))
+        return prog.launch(
+            Call(f"dp.param_all_gather[chunk0.bucket{u}]", w._coll("all_gather", params[li] * 2, g), g, mb)
+        )
 
     pending = ag(0)
     prog.kernel(elementwise("embedding", w.tokens * w.hidden * 2 * 2), mb)
@@ -76,8 +78,11 @@ def _sharded_params_microbatch(w: Any, prog: Program, mb: int) -> None:
         if li == 0:
             prog.kernel(elementwise("embedding.bwd", w.tokens * w.hidden * 2 * 3), mb)
         u = L - 1 - li
-        rs.append(prog.launch(Call(f"dp.grad_reduce_scatter[chunk0.bucket{u}]",
-                                   w._coll("reduce_scatter", params[li] * 4, g), g, mb)))
+        rs.append(
+            prog.launch(
+                Call(f"dp.grad_reduce_scatter[chunk0.bucket{u}]", w._coll("reduce_scatter", params[li] * 4, g), g, mb)
+            )
+        )
     for idx in rs:
         prog.wait(idx)
 
@@ -138,13 +143,23 @@ def _unsharded_params_microbatch(w: Any, prog: Program, mb: int, last: bool) -> 
             j += 1
         for b in range(mine[0], j):
             if b not in gathers:
-                gathers[b] = prog.launch(Call(f"dp.param_all_gather[chunk0.root_bucket{b}]",
-                                              w._coll("all_gather", buckets[b][2] * 2, g), g, mb))
+                gathers[b] = prog.launch(
+                    Call(
+                        f"dp.param_all_gather[chunk0.root_bucket{b}]",
+                        w._coll("all_gather", buckets[b][2] * 2, g),
+                        g,
+                        mb,
+                    )
+                )
         for b in mine:
             prog.wait(gathers[b])
 
     reduce_now = w.fsdp_sharding == "optim_grads" or last
-    op, name = ("all_reduce", "grad_all_reduce") if w.fsdp_sharding == "no_shard" else ("reduce_scatter", "grad_reduce_scatter")
+    op, name = (
+        ("all_reduce", "grad_all_reduce")
+        if w.fsdp_sharding == "no_shard"
+        else ("reduce_scatter", "grad_reduce_scatter")
+    )
 
     def reduce(layer: int) -> None:
         for j, (first, _, n) in enumerate(buckets):

@@ -62,7 +62,12 @@ class WorkloadShape:
     def from_preset(cls, preset: Any, gpu: Gpu) -> Self:
         m = preset.model_spec()
         p, t, o = preset.parallel, preset.training, preset.overlap
-        tp, pp, cp, ep = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size, p.expert_model_parallel_size
+        tp, pp, cp, ep = (
+            p.tensor_model_parallel_size,
+            p.pipeline_model_parallel_size,
+            p.context_parallel_size,
+            p.expert_model_parallel_size,
+        )
         world = preset.world_size
         if world % (tp * pp * cp):
             raise ValueError(f"world_size ({world}) must be a multiple of TP*PP*CP ({tp}*{pp}*{cp})")
@@ -74,12 +79,18 @@ class WorkloadShape:
             raise ValueError(f"num_layers ({m.num_layers}) must divide into PP*virtual stages ({pp}*{chunks})")
         gbs = t.global_batch_size or t.micro_batch_size * dp
         if gbs % (t.micro_batch_size * dp):
-            raise ValueError(f"global_batch_size ({gbs}) must be a multiple of micro_batch_size*DP ({t.micro_batch_size}*{dp})")
+            raise ValueError(
+                f"global_batch_size ({gbs}) must be a multiple of micro_batch_size*DP ({t.micro_batch_size}*{dp})"
+            )
         heads = m.num_attention_heads
         head_dim = getattr(m, "kv_channels", None) or m.hidden_size // heads
         groups = m.num_query_groups or heads
         experts = m.num_experts or 0
-        ffn = (getattr(m, "moe_ffn_hidden_size", None) or m.ffn_hidden_size or 4 * m.hidden_size) if experts else (m.ffn_hidden_size or 4 * m.hidden_size)
+        ffn = (
+            (getattr(m, "moe_ffn_hidden_size", None) or m.ffn_hidden_size or 4 * m.hidden_size)
+            if experts
+            else (m.ffn_hidden_size or 4 * m.hidden_size)
+        )
         gpn = gpu.gpus_per_node
         sizes = {"tp": tp, "cp": cp, "dp": dp, "dp_cp": dp * cp, "pp": pp, "ep": ep}
         strides = {"tp": 1, "cp": tp, "dp": tp * cp, "dp_cp": tp, "pp": tp * cp * dp, "ep": tp * cp}
@@ -95,46 +106,80 @@ class WorkloadShape:
         refused = {
             "overlap_moe_expert_parallel_comm with PP, virtual stages or FSDP": (
                 o.overlap_moe_expert_parallel_comm and (pp > 1 or chunks > 1 or fsdp),
-                "the combined 1F1B all-to-all overlap is modelled without pipelining only"),
+                "the combined 1F1B all-to-all overlap is modelled without pipelining only",
+            ),
             "overlap_moe_expert_parallel_comm without experts and EP > 1": (
                 o.overlap_moe_expert_parallel_comm and (experts == 0 or ep < 2),
-                "Megatron-Core asserts expert_model_parallel_size > 1 for it"),
-            "overlap_param_gather_with_optimizer_step": (o.overlap_param_gather_with_optimizer_step,
-                                                         "the simulator does not model the gather inside the optimizer step"),
-            "use_megatron_fsdp / use_torch_fsdp2 with PP or virtual stages": (fsdp and (pp > 1 or chunks > 1),
-                                                                                "FSDP is modelled with one pipeline stage only"),
+                "Megatron-Core asserts expert_model_parallel_size > 1 for it",
+            ),
+            "overlap_param_gather_with_optimizer_step": (
+                o.overlap_param_gather_with_optimizer_step,
+                "the simulator does not model the gather inside the optimizer step",
+            ),
+            "use_megatron_fsdp / use_torch_fsdp2 with PP or virtual stages": (
+                fsdp and (pp > 1 or chunks > 1),
+                "FSDP is modelled with one pipeline stage only",
+            ),
             "use_torch_fsdp2 with use_distributed_optimizer": (
                 o.use_torch_fsdp2 and o.use_distributed_optimizer,
-                "Megatron-LM asserts it (core_v0.16.1 megatron/training/arguments.py:612-613)"),
+                "Megatron-LM asserts it (core_v0.16.1 megatron/training/arguments.py:612-613)",
+            ),
             "moe_token_dispatcher_type other than alltoall": (
                 experts > 0 and (getattr(m, "moe_token_dispatcher_type", None) or "alltoall") != "alltoall",
-                "only the all-to-all dispatcher is modelled"),
-            "expert_tensor_parallel_size > 1": ((getattr(p, "expert_tensor_parallel_size", None) or 1) > 1 and experts > 0,
-                                                "expert tensor parallelism is not modelled"),
+                "only the all-to-all dispatcher is modelled",
+            ),
+            "expert_tensor_parallel_size > 1": (
+                (getattr(p, "expert_tensor_parallel_size", None) or 1) > 1 and experts > 0,
+                "expert tensor parallelism is not modelled",
+            ),
         }
         bad = [f"{k} ({why})" for k, (on, why) in refused.items() if on]
         if bad:
             raise ValueError(f"preset {preset.name!r} sets what the simulator cannot model: {'; '.join(bad)}")
         bucket = o.ddp_bucket_size or max(40_000_000, 1_000_000 * dp * cp)
         return cls(
-            name=preset.name or "preset", gpu=gpu, layers_per_chunk=m.num_layers // (pp * chunks), chunks=chunks,
-            pp=pp, tp=tp, cp=cp, dp=dp, ep=ep, sp=bool(p.sequence_parallel and tp > 1),
-            microbatches=gbs // (t.micro_batch_size * dp), tokens=t.micro_batch_size * t.seq_length // cp,
-            seq=t.seq_length, hidden=m.hidden_size, ffn=ffn, q_dim=heads * head_dim, kv_dim=groups * head_dim,
-            vocab=m.vocab_size or 50304, swiglu=m.swiglu, experts=experts, topk=m.moe_router_topk or 1,
+            name=preset.name or "preset",
+            gpu=gpu,
+            layers_per_chunk=m.num_layers // (pp * chunks),
+            chunks=chunks,
+            pp=pp,
+            tp=tp,
+            cp=cp,
+            dp=dp,
+            ep=ep,
+            sp=bool(p.sequence_parallel and tp > 1),
+            microbatches=gbs // (t.micro_batch_size * dp),
+            tokens=t.micro_batch_size * t.seq_length // cp,
+            seq=t.seq_length,
+            hidden=m.hidden_size,
+            ffn=ffn,
+            q_dim=heads * head_dim,
+            kv_dim=groups * head_dim,
+            vocab=m.vocab_size or 50304,
+            swiglu=m.swiglu,
+            experts=experts,
+            topk=m.moe_router_topk or 1,
             # with Megatron-FSDP the distributed optimizer issues no collectives of its own (megatron-core
             # 0.16.1 optimizer/distrib_optimizer.py:2440-2443, 2609-2611 hand them to Megatron-FSDP)
-            dist_opt=o.use_distributed_optimizer and not fsdp, overlap_grad=o.overlap_grad_reduce,
+            dist_opt=o.use_distributed_optimizer and not fsdp,
+            overlap_grad=o.overlap_grad_reduce,
             overlap_param=o.overlap_param_gather,
             fsdp_sharding=o.data_parallel_sharding_strategy if o.use_megatron_fsdp else "optim_grads_params",
             tied_embeddings=not m.untie_embeddings_and_output_weights,
             position_params=float((m.max_position_embeddings or t.seq_length) * m.hidden_size)
-            if m.position_embedding_type == "learned_absolute" else 0.0,  # not split over TP
-            linear_bias=m.add_bias_linear, norm_bias=m.normalization == "LayerNorm",
-            overlap_p2p=o.overlap_p2p_comm, tp_comm_overlap=o.tp_comm_overlap and tp > 1, fsdp=fsdp,
+            if m.position_embedding_type == "learned_absolute"
+            else 0.0,  # not split over TP
+            linear_bias=m.add_bias_linear,
+            norm_bias=m.normalization == "LayerNorm",
+            overlap_p2p=o.overlap_p2p_comm,
+            tp_comm_overlap=o.tp_comm_overlap and tp > 1,
+            fsdp=fsdp,
             ep_overlap=bool(o.overlap_moe_expert_parallel_comm),
-            cdmc1=str(preset.env.get("CUDA_DEVICE_MAX_CONNECTIONS", "")) == "1", bucket_params=int(bucket),
-            nodes=nodes, sizes=sizes, strides=strides,
+            cdmc1=str(preset.env.get("CUDA_DEVICE_MAX_CONNECTIONS", "")) == "1",
+            bucket_params=int(bucket),
+            nodes=nodes,
+            sizes=sizes,
+            strides=strides,
         )
 
     # ------------------------------------------------------------------ sizes

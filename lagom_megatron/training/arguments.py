@@ -11,26 +11,38 @@ from collections.abc import Sequence
 from lagom_megatron.preflight.lagom_flags import LAGOM_FLAGS, LAGOM_METHODS, add_lagom_args  # noqa: F401 (public here too)
 
 NO_EFFECT: dict[str, str] = {
-    "save": "this script writes no checkpoints", "save_interval": "this script writes no checkpoints",
-    "load": "this script loads no checkpoints", "ckpt_format": "this script writes no checkpoints",
-    "no_load_optim": "this script loads no checkpoints", "no_load_rng": "this script loads no checkpoints",
-    "tensorboard_dir": "no TensorBoard writer", "wandb_project": "no Weights & Biases writer",
-    "wandb_exp_name": "no Weights & Biases writer", "profile": "no torch profiler",
-    "profile_step_start": "no torch profiler", "profile_step_end": "no torch profiler",
-    "manual_gc": "Python's garbage collector is left as it is", "num_workers": "batches are read in the loop",
-    "empty_unused_memory_level": "the CUDA cache is not emptied", "deprecated_use_mcore_models": "always Megatron-Core",
-    "mmap_bin_files": "indexed datasets are memory-mapped", "create_attention_mask_in_dataloader": "masks always built",
+    "save": "this script writes no checkpoints",
+    "save_interval": "this script writes no checkpoints",
+    "load": "this script loads no checkpoints",
+    "ckpt_format": "this script writes no checkpoints",
+    "no_load_optim": "this script loads no checkpoints",
+    "no_load_rng": "this script loads no checkpoints",
+    "tensorboard_dir": "no TensorBoard writer",
+    "wandb_project": "no Weights & Biases writer",
+    "wandb_exp_name": "no Weights & Biases writer",
+    "profile": "no torch profiler",
+    "profile_step_start": "no torch profiler",
+    "profile_step_end": "no torch profiler",
+    "manual_gc": "Python's garbage collector is left as it is",
+    "num_workers": "batches are read in the loop",
+    "empty_unused_memory_level": "the CUDA cache is not emptied",
+    "deprecated_use_mcore_models": "always Megatron-Core",
+    "mmap_bin_files": "indexed datasets are memory-mapped",
+    "create_attention_mask_in_dataloader": "masks always built",
     "no_persist_layer_norm": "persistent layer-norm kernels are never used",
     "masked_softmax_fusion": "fused kernels: off on CPU, Megatron-Core's defaults on a GPU",
     "bias_gelu_fusion": "fused kernels: off on CPU, Megatron-Core's defaults on a GPU",
     "bias_swiglu_fusion": "fused kernels: off on CPU, Megatron-Core's defaults on a GPU",
     "bias_dropout_fusion": "fused kernels: off on CPU, Megatron-Core's defaults on a GPU",
     "apply_rope_fusion": "fused kernels: off on CPU, Megatron-Core's defaults on a GPU",
-    "vocab_file": "tokenizers: ByteLevel and NullTokenizer only", "merge_file": "tokenizers: ByteLevel and NullTokenizer only",
+    "vocab_file": "tokenizers: ByteLevel and NullTokenizer only",
+    "merge_file": "tokenizers: ByteLevel and NullTokenizer only",
     "tokenizer_model": "tokenizers: ByteLevel and NullTokenizer only",
     "tiktoken_pattern": "tokenizers: ByteLevel and NullTokenizer only",
-    "fp8": "no FP8 recipe in this script", "fp8_amax_history_len": "no FP8 recipe in this script",
-    "fp8_amax_compute_algo": "no FP8 recipe in this script", "fp8_param_gather": "no FP8 recipe in this script",
+    "fp8": "no FP8 recipe in this script",
+    "fp8_amax_history_len": "no FP8 recipe in this script",
+    "fp8_amax_compute_algo": "no FP8 recipe in this script",
+    "fp8_param_gather": "no FP8 recipe in this script",
 }
 """Destination -> why it does not act in ``scripts/pretrain_gpt.py``."""
 
@@ -55,23 +67,36 @@ REFUSED_HERE: dict[str, str] = {
 def add_megatron_lm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the flags of the module docstring; returns the parser."""
     g = parser.add_argument_group("evaluation, exit and logging")
-    g.add_argument("--eval-interval", type=int, default=None,
-                   help="Evaluate on the validation split every this many iterations (and after training).")
+    g.add_argument(
+        "--eval-interval",
+        type=int,
+        default=None,
+        help="Evaluate on the validation split every this many iterations (and after training).",
+    )
     g.add_argument("--eval-iters", type=int, default=100, help="Iterations of each evaluation.")
     g.add_argument("--skip-train", action="store_true", help="Evaluate only (no training iterations).")
     g.add_argument("--exit-interval", type=int, default=None, help="Stop after an iteration divisible by this.")
     g.add_argument("--exit-duration-in-mins", type=int, default=None, help="Stop after this many minutes of training.")
     g.add_argument("--log-throughput", action="store_true", help="Log the TFLOP/s per GPU (throughput per GPU).")
-    g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default="nccl",
-                   help="torch.distributed backend on a GPU (always gloo on CPU).")
+    g.add_argument(
+        "--distributed-backend",
+        choices=["nccl", "gloo"],
+        default="nccl",
+        help="torch.distributed backend on a GPU (always gloo on CPU).",
+    )
     for dest in ("tensorboard_dir", "wandb_project", "wandb_exp_name"):
         g.add_argument("--" + dest.replace("_", "-"), default=None, help=f"Accepted; {NO_EFFECT[dest]}.")
     g.add_argument("--profile", action="store_true", help="Accepted; no torch profiler.")
     g.add_argument("--profile-step-start", type=int, default=10, help="Accepted; no torch profiler.")
     g.add_argument("--profile-step-end", type=int, default=12, help="Accepted; no torch profiler.")
     g.add_argument("--manual-gc", action="store_true", help=f"Accepted; {NO_EFFECT['manual_gc']}.")
-    g.add_argument("--empty-unused-memory-level", type=int, choices=[0, 1, 2], default=0,
-                   help="Accepted; the CUDA cache is not emptied.")
+    g.add_argument(
+        "--empty-unused-memory-level",
+        type=int,
+        choices=[0, 1, 2],
+        default=0,
+        help="Accepted; the CUDA cache is not emptied.",
+    )
 
     g = parser.add_argument_group("checkpoints (accepted; this script writes and loads none)")
     g.add_argument("--save", default=None)
@@ -82,64 +107,128 @@ def add_megatron_lm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--no-load-rng", action="store_true", default=None)
 
     g = parser.add_argument_group("learning rate and loss")
-    g.add_argument("--lr-warmup-fraction", type=float, default=None,
-                   help="Warm-up as a fraction of --lr-decay-iters (instead of --lr-warmup-iters).")
+    g.add_argument(
+        "--lr-warmup-fraction",
+        type=float,
+        default=None,
+        help="Warm-up as a fraction of --lr-decay-iters (instead of --lr-warmup-iters).",
+    )
     g.add_argument("--train-samples", type=int, default=None, help=REFUSED_HERE["train_samples"] + ".")
     g.add_argument("--lr-warmup-samples", type=int, default=0, help=REFUSED_HERE["lr_warmup_samples"] + ".")
     g.add_argument("--lr-decay-samples", type=int, default=None, help=REFUSED_HERE["lr_decay_samples"] + ".")
     g.add_argument("--rampup-batch-size", nargs=3, type=int, default=None, help=REFUSED_HERE["rampup_batch_size"] + ".")
     g.add_argument("--decoupled-lr", type=float, default=None, help=REFUSED_HERE["decoupled_lr"] + ".")
     g.add_argument("--decoupled-min-lr", type=float, default=None, help=REFUSED_HERE["decoupled_min_lr"] + ".")
-    g.add_argument("--calculate-per-token-loss", action="store_true", help=REFUSED_HERE["calculate_per_token_loss"] + ".")
+    g.add_argument(
+        "--calculate-per-token-loss", action="store_true", help=REFUSED_HERE["calculate_per_token_loss"] + "."
+    )
     g.add_argument("--cross-entropy-loss-fusion", action="store_true", help="Fused cross entropy (GPU).")
-    g.add_argument("--grad-reduce-in-bf16", action="store_true",
-                   help="Reduce gradients in bf16 (not fp32) across data-parallel ranks.")
+    g.add_argument(
+        "--grad-reduce-in-bf16",
+        action="store_true",
+        help="Reduce gradients in bf16 (not fp32) across data-parallel ranks.",
+    )
 
     g = parser.add_argument_group("model details")
     g.add_argument("--rotary-percent", type=float, default=1.0, help="Fraction of each head's channels RoPE rotates.")
-    g.add_argument("--no-position-embedding", dest="add_position_embedding", action="store_false",
-                   help="Deprecated in Megatron-LM: only valid with --position-embedding-type rope.")
-    g.add_argument("--apply-layernorm-1p", dest="layernorm_zero_centered_gamma", action="store_true",
-                   help="Zero-centred LayerNorm weights (1 + gamma); needs Transformer Engine layers.")
-    g.add_argument("--moe-ffn-hidden-size", type=int, default=None, help="Expert MLP hidden size (default --ffn-hidden-size).")
-    g.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None,
-                   help="Hidden size of the shared experts (none by default).")
-    g.add_argument("--moe-shared-expert-overlap", action="store_true",
-                   help="Overlap the shared experts with the token dispatch.")
-    g.add_argument("--moe-router-load-balancing-type", default="aux_loss",
-                   choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"])
+    g.add_argument(
+        "--no-position-embedding",
+        dest="add_position_embedding",
+        action="store_false",
+        help="Deprecated in Megatron-LM: only valid with --position-embedding-type rope.",
+    )
+    g.add_argument(
+        "--apply-layernorm-1p",
+        dest="layernorm_zero_centered_gamma",
+        action="store_true",
+        help="Zero-centred LayerNorm weights (1 + gamma); needs Transformer Engine layers.",
+    )
+    g.add_argument(
+        "--moe-ffn-hidden-size", type=int, default=None, help="Expert MLP hidden size (default --ffn-hidden-size)."
+    )
+    g.add_argument(
+        "--moe-shared-expert-intermediate-size",
+        type=int,
+        default=None,
+        help="Hidden size of the shared experts (none by default).",
+    )
+    g.add_argument(
+        "--moe-shared-expert-overlap", action="store_true", help="Overlap the shared experts with the token dispatch."
+    )
+    g.add_argument(
+        "--moe-router-load-balancing-type",
+        default="aux_loss",
+        choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"],
+    )
     g.add_argument("--moe-aux-loss-coeff", type=float, default=0.0, help="Weight of the load-balancing loss.")
-    g.add_argument("--overlap-moe-expert-parallel-comm", action="store_true",
-                   help="Overlap the expert-parallel all-to-all of one micro-batch with another's compute.")
-    g.add_argument("--expert-tensor-parallel-size", type=int, default=None,
-                   help="Tensor parallelism inside the experts (default --tensor-model-parallel-size).")
-    g.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None,
-                   help="Layers of the first pipeline stage (an uneven split).")
-    g.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None,
-                   help="Layers of the last pipeline stage (an uneven split).")
-    for flag, dest in (("--no-masked-softmax-fusion", "masked_softmax_fusion"),
-                       ("--no-bias-gelu-fusion", "bias_gelu_fusion"),
-                       ("--no-bias-swiglu-fusion", "bias_swiglu_fusion"),
-                       ("--no-bias-dropout-fusion", "bias_dropout_fusion"),
-                       ("--no-rope-fusion", "apply_rope_fusion")):
+    g.add_argument(
+        "--overlap-moe-expert-parallel-comm",
+        action="store_true",
+        help="Overlap the expert-parallel all-to-all of one micro-batch with another's compute.",
+    )
+    g.add_argument(
+        "--expert-tensor-parallel-size",
+        type=int,
+        default=None,
+        help="Tensor parallelism inside the experts (default --tensor-model-parallel-size).",
+    )
+    g.add_argument(
+        "--decoder-first-pipeline-num-layers",
+        type=int,
+        default=None,
+        help="Layers of the first pipeline stage (an uneven split).",
+    )
+    g.add_argument(
+        "--decoder-last-pipeline-num-layers",
+        type=int,
+        default=None,
+        help="Layers of the last pipeline stage (an uneven split).",
+    )
+    for flag, dest in (
+        ("--no-masked-softmax-fusion", "masked_softmax_fusion"),
+        ("--no-bias-gelu-fusion", "bias_gelu_fusion"),
+        ("--no-bias-swiglu-fusion", "bias_swiglu_fusion"),
+        ("--no-bias-dropout-fusion", "bias_dropout_fusion"),
+        ("--no-rope-fusion", "apply_rope_fusion"),
+    ):
         g.add_argument(flag, dest=dest, action="store_false", help=f"Accepted; {NO_EFFECT[dest]}.")
-    g.add_argument("--no-persist-layer-norm", action="store_true", help=f"Accepted; {NO_EFFECT['no_persist_layer_norm']}.")
-    g.add_argument("--use-mcore-models", dest="deprecated_use_mcore_models", action="store_true",
-                   help="Accepted (deprecated in Megatron-LM); always Megatron-Core.")
+    g.add_argument(
+        "--no-persist-layer-norm", action="store_true", help=f"Accepted; {NO_EFFECT['no_persist_layer_norm']}."
+    )
+    g.add_argument(
+        "--use-mcore-models",
+        dest="deprecated_use_mcore_models",
+        action="store_true",
+        help="Accepted (deprecated in Megatron-LM); always Megatron-Core.",
+    )
     g.add_argument("--fp8-amax-history-len", type=int, default=1, help="Accepted; no FP8 recipe here.")
-    g.add_argument("--fp8-format", dest="fp8", choices=["e4m3", "hybrid"], default=None, help="Accepted; no FP8 recipe here.")
-    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent",
-                   help="Accepted; no FP8 recipe here.")
+    g.add_argument(
+        "--fp8-format", dest="fp8", choices=["e4m3", "hybrid"], default=None, help="Accepted; no FP8 recipe here."
+    )
+    g.add_argument(
+        "--fp8-amax-compute-algo",
+        choices=["most_recent", "max"],
+        default="most_recent",
+        help="Accepted; no FP8 recipe here.",
+    )
     g.add_argument("--fp8-param-gather", action="store_true", help="Accepted; no FP8 recipe here.")
 
     g = parser.add_argument_group("data and tokenizer (accepted; see --tokenizer-type)")
     for dest in ("vocab_file", "merge_file", "tokenizer_model", "tiktoken_pattern"):
         g.add_argument("--" + dest.replace("_", "-"), default=None, help=f"Accepted; {NO_EFFECT[dest]}.")
     g.add_argument("--num-workers", type=int, default=2, help=f"Accepted; {NO_EFFECT['num_workers']}.")
-    g.add_argument("--no-mmap-bin-files", dest="mmap_bin_files", action="store_false",
-                   help=f"Accepted; {NO_EFFECT['mmap_bin_files']}.")
-    g.add_argument("--no-create-attention-mask-in-dataloader", dest="create_attention_mask_in_dataloader",
-                   action="store_false", help=f"Accepted; {NO_EFFECT['create_attention_mask_in_dataloader']}.")
+    g.add_argument(
+        "--no-mmap-bin-files",
+        dest="mmap_bin_files",
+        action="store_false",
+        help=f"Accepted; {NO_EFFECT['mmap_bin_files']}.",
+    )
+    g.add_argument(
+        "--no-create-attention-mask-in-dataloader",
+        dest="create_attention_mask_in_dataloader",
+        action="store_false",
+        help=f"Accepted; {NO_EFFECT['create_attention_mask_in_dataloader']}.",
+    )
     return parser
 
 
@@ -167,14 +256,20 @@ def refused_here(args: argparse.Namespace) -> str | None:
     defaults = {"lr_warmup_samples": 0, "calculate_per_token_loss": False}
     for dest, why in REFUSED_HERE.items():
         if getattr(args, dest, None) not in (defaults.get(dest), None):
-            return f"--{dest.replace('_', '-')} {getattr(args, dest)!r} is not accepted by scripts/pretrain_gpt.py: {why}"
+            return (
+                f"--{dest.replace('_', '-')} {getattr(args, dest)!r} is not accepted by scripts/pretrain_gpt.py: {why}"
+            )
     if not getattr(args, "add_position_embedding", True) and args.position_embedding_type != "rope":
-        return "--no-position-embedding is deprecated (Megatron-LM refuses it without RoPE): use --position-embedding-type"
+        return (
+            "--no-position-embedding is deprecated (Megatron-LM refuses it without RoPE): use --position-embedding-type"
+        )
     if getattr(args, "lr_warmup_fraction", None) is not None and args.lr_warmup_iters:
         return "pass one of --lr-warmup-fraction and --lr-warmup-iters, not both"
     if getattr(args, "layernorm_zero_centered_gamma", False) and args.transformer_impl == "local":
-        return ("--apply-layernorm-1p needs Transformer Engine layers (megatron-core's local LayerNorm has no "
-                "zero-centred weights): use --transformer-impl transformer_engine")
+        return (
+            "--apply-layernorm-1p needs Transformer Engine layers (megatron-core's local LayerNorm has no "
+            "zero-centred weights): use --transformer-impl transformer_engine"
+        )
     return None
 
 
@@ -198,7 +293,7 @@ LAYOUT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size"
 
 MEGATRON_LM_REFUSED: dict[str, str] = {
     "--overlap-p2p-communication": "Megatron-LM has no such flag: pipeline send/recv overlap is on by "
-                                   "default (interleaved schedule); --no-overlap-p2p-communication turns it off",
+    "default (interleaved schedule); --no-overlap-p2p-communication turns it off",
 }
 """Flags refused with what to use instead (names whose meaning would differ from Megatron-LM's)."""
 
@@ -208,20 +303,35 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g = parser.add_argument_group("model")
     g.add_argument("--num-layers", type=int, default=None, help="Number of transformer layers.")
     g.add_argument("--hidden-size", type=int, default=None, help="Transformer hidden size.")
-    g.add_argument("--ffn-hidden-size", type=int, default=None,
-                   help="MLP hidden size; default 4 x hidden size, or int(8 x hidden / 3 / 64) x 64 with --swiglu "
-                        "(Megatron-LM's value).")
-    g.add_argument("--kv-channels", type=int, default=None,
-                   help="Projection size per attention head; default hidden size / heads.")
+    g.add_argument(
+        "--ffn-hidden-size",
+        type=int,
+        default=None,
+        help="MLP hidden size; default 4 x hidden size, or int(8 x hidden / 3 / 64) x 64 with --swiglu "
+        "(Megatron-LM's value).",
+    )
+    g.add_argument(
+        "--kv-channels", type=int, default=None, help="Projection size per attention head; default hidden size / heads."
+    )
     g.add_argument("--num-attention-heads", type=int, default=None, help="Number of attention heads.")
-    g.add_argument("--group-query-attention", action="store_true",
-                   help="Use grouped-query attention with --num-query-groups groups.")
-    g.add_argument("--num-query-groups", type=int, default=None,
-                   help="Query groups of grouped-query attention (implies --group-query-attention).")
-    g.add_argument("--max-position-embeddings", type=int, default=None,
-                   help="Maximum sequence length of the position embeddings; default --seq-length.")
-    g.add_argument("--position-embedding-type", choices=("learned_absolute", "rope"),
-                   default="learned_absolute")
+    g.add_argument(
+        "--group-query-attention",
+        action="store_true",
+        help="Use grouped-query attention with --num-query-groups groups.",
+    )
+    g.add_argument(
+        "--num-query-groups",
+        type=int,
+        default=None,
+        help="Query groups of grouped-query attention (implies --group-query-attention).",
+    )
+    g.add_argument(
+        "--max-position-embeddings",
+        type=int,
+        default=None,
+        help="Maximum sequence length of the position embeddings; default --seq-length.",
+    )
+    g.add_argument("--position-embedding-type", choices=("learned_absolute", "rope"), default="learned_absolute")
     g.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
     g.add_argument("--swiglu", action="store_true", help="Gated SiLU MLP instead of GeLU.")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
@@ -231,84 +341,166 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--moe-router-topk", type=int, default=2)
     g.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall", "flex"), default="allgather")
     g.add_argument("--moe-grouped-gemm", action="store_true", help="Grouped GEMM for the experts (GPU).")
-    g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false",
-                   help="No bias in the linear layers (Llama, Mixtral).")
+    g.add_argument(
+        "--disable-bias-linear",
+        dest="add_bias_linear",
+        action="store_false",
+        help="No bias in the linear layers (Llama, Mixtral).",
+    )
     g.add_argument("--rotary-base", type=int, default=10000, help="RoPE base (theta).")
-    g.add_argument("--transformer-impl", choices=("local", "transformer_engine"), default=None,
-                   help="Layer implementation; default: transformer_engine when it is installed and a "
-                        "GPU is present, else local.")
-    g.add_argument("--use-cpu-initialization", action="store_true", default=None,
-                   help="Initialise weights on the CPU (always on without a GPU).")
-    g.add_argument("--init-method-std", type=float, default=0.02,
-                   help="Standard deviation of the normal weight initialisation.")
-    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
-                   help="Megatron-Core's AttnBackend: which attention kernel Transformer Engine's layers use "
-                        "(local: the plain torch attention, only with --transformer-impl local).")
-    g.add_argument("--use-flash-attn", action="store_true",
-                   help="Accepted as Megatron-LM accepts it: no effect on Megatron-Core's GPT model; "
-                        "use --attention-backend flash.")
-    g.add_argument("--recompute-granularity", choices=("full", "selective"), default=None,
-                   help="Activation recomputation: full layers or selected parts (core attention).")
-    g.add_argument("--recompute-method", choices=("uniform", "block"), default=None,
-                   help="With --recompute-granularity full: how the recomputed layers are chosen.")
-    g.add_argument("--recompute-num-layers", type=int, default=None,
-                   help="With --recompute-granularity full: layers per recomputed unit (uniform) or "
-                        "recomputed layers per pipeline stage (block).")
+    g.add_argument(
+        "--transformer-impl",
+        choices=("local", "transformer_engine"),
+        default=None,
+        help="Layer implementation; default: transformer_engine when it is installed and a GPU is present, else local.",
+    )
+    g.add_argument(
+        "--use-cpu-initialization",
+        action="store_true",
+        default=None,
+        help="Initialise weights on the CPU (always on without a GPU).",
+    )
+    g.add_argument(
+        "--init-method-std", type=float, default=0.02, help="Standard deviation of the normal weight initialisation."
+    )
+    g.add_argument(
+        "--attention-backend",
+        choices=ATTENTION_BACKENDS,
+        default="auto",
+        help="Megatron-Core's AttnBackend: which attention kernel Transformer Engine's layers use "
+        "(local: the plain torch attention, only with --transformer-impl local).",
+    )
+    g.add_argument(
+        "--use-flash-attn",
+        action="store_true",
+        help="Accepted as Megatron-LM accepts it: no effect on Megatron-Core's GPT model; "
+        "use --attention-backend flash.",
+    )
+    g.add_argument(
+        "--recompute-granularity",
+        choices=("full", "selective"),
+        default=None,
+        help="Activation recomputation: full layers or selected parts (core attention).",
+    )
+    g.add_argument(
+        "--recompute-method",
+        choices=("uniform", "block"),
+        default=None,
+        help="With --recompute-granularity full: how the recomputed layers are chosen.",
+    )
+    g.add_argument(
+        "--recompute-num-layers",
+        type=int,
+        default=None,
+        help="With --recompute-granularity full: layers per recomputed unit (uniform) or "
+        "recomputed layers per pipeline stage (block).",
+    )
 
     g = parser.add_argument_group("distributed")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
-                   help="Layers per virtual pipeline stage (interleaved 1F1B schedule).")
-    g.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None,
-                   help="Virtual pipeline stages (model chunks) per pipeline rank; the alternative to "
-                        "--num-layers-per-virtual-pipeline-stage.")
+    g.add_argument(
+        "--num-layers-per-virtual-pipeline-stage",
+        type=int,
+        default=None,
+        help="Layers per virtual pipeline stage (interleaved 1F1B schedule).",
+    )
+    g.add_argument(
+        "--num-virtual-stages-per-pipeline-rank",
+        type=int,
+        default=None,
+        help="Virtual pipeline stages (model chunks) per pipeline rank; the alternative to "
+        "--num-layers-per-virtual-pipeline-stage.",
+    )
     g.add_argument("--context-parallel-size", type=int, default=1)
     g.add_argument("--expert-model-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true")
-    g.add_argument("--overlap-grad-reduce", action="store_true",
-                   help="Overlap the data-parallel gradient reduce with the backward pass.")
-    g.add_argument("--overlap-param-gather", action="store_true",
-                   help="Overlap the distributed optimizer's parameter all-gather with the forward pass.")
+    g.add_argument(
+        "--overlap-grad-reduce",
+        action="store_true",
+        help="Overlap the data-parallel gradient reduce with the backward pass.",
+    )
+    g.add_argument(
+        "--overlap-param-gather",
+        action="store_true",
+        help="Overlap the distributed optimizer's parameter all-gather with the forward pass.",
+    )
     g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--use-megatron-fsdp", action="store_true",
-                   help="Wrap the model in Megatron-Core's Megatron-FSDP (GPU); what it shards is "
-                        "--data-parallel-sharding-strategy's choice (optim_grads_params for ZeRO-3).")
+    g.add_argument(
+        "--use-megatron-fsdp",
+        action="store_true",
+        help="Wrap the model in Megatron-Core's Megatron-FSDP (GPU); what it shards is "
+        "--data-parallel-sharding-strategy's choice (optim_grads_params for ZeRO-3).",
+    )
     # Megatron-LM core_v0.16.1 arguments.py:2307-2309 (core_v0.17.1 :2722-2724: the same); core_v0.18.2
     # :2805-2807 defaults to optim_grads_params. Only Megatron-FSDP reads it (megatron-core's DDP and
     # torch FSDP2 ignore it), so no_shard with --use-megatron-fsdp shards nothing (lagom doctor warns).
-    g.add_argument("--data-parallel-sharding-strategy", choices=DATA_PARALLEL_SHARDING_STRATEGIES, default="no_shard",
-                   help="What Megatron-FSDP shards over the data-parallel group: no_shard (nothing: DDP), optim "
-                        "(optimizer state, ZeRO-1), optim_grads (and gradients, ZeRO-2), optim_grads_params (and "
-                        "parameters, ZeRO-3). Default no_shard, as in Megatron-LM core_v0.16/0.17 (core_v0.18 "
-                        "defaults to optim_grads_params).")
-    g.add_argument("--use-torch-fsdp2", action="store_true",
-                   help="Shard with torch's FSDP2 (fully_shard) through Megatron-Core's wrapper (GPU).")
-    g.add_argument("--ddp-bucket-size", type=int, default=None,
-                   help="Parameters per DDP bucket; default: Megatron-Core's.")
-    g.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false",
-                   help="Do not overlap pipeline send/recv with compute; overlap is on by default and only the "
-                        "interleaved schedule uses it.")
-    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
-                   help="Reduce gradients across data-parallel ranks in fp32 (on by default with --bf16).")
-    g.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion",
-                   action="store_false",
-                   help="Do not fuse weight-gradient accumulation into the GEMM (fused by default on a GPU; "
-                        "always off on CPU, where the fused kernel does not exist).")
-    g.add_argument("--tp-comm-overlap", action="store_true",
-                   help="Transformer Engine userbuffers overlap of tensor-parallel communication.")
-    g.add_argument("--nccl-communicator-config-path", default=None,
-                   help="YAML of per-process-group NCCL options (Megatron-Core's format).")
+    g.add_argument(
+        "--data-parallel-sharding-strategy",
+        choices=DATA_PARALLEL_SHARDING_STRATEGIES,
+        default="no_shard",
+        help="What Megatron-FSDP shards over the data-parallel group: no_shard (nothing: DDP), optim "
+        "(optimizer state, ZeRO-1), optim_grads (and gradients, ZeRO-2), optim_grads_params (and "
+        "parameters, ZeRO-3). Default no_shard, as in Megatron-LM core_v0.16/0.17 (core_v0.18 "
+        "defaults to optim_grads_params).",
+    )
+    g.add_argument(
+        "--use-torch-fsdp2",
+        action="store_true",
+        help="Shard with torch's FSDP2 (fully_shard) through Megatron-Core's wrapper (GPU).",
+    )
+    g.add_argument(
+        "--ddp-bucket-size", type=int, default=None, help="Parameters per DDP bucket; default: Megatron-Core's."
+    )
+    g.add_argument(
+        "--no-overlap-p2p-communication",
+        dest="overlap_p2p_comm",
+        action="store_false",
+        help="Do not overlap pipeline send/recv with compute; overlap is on by default and only the "
+        "interleaved schedule uses it.",
+    )
+    g.add_argument(
+        "--accumulate-allreduce-grads-in-fp32",
+        action="store_true",
+        help="Reduce gradients across data-parallel ranks in fp32 (on by default with --bf16).",
+    )
+    g.add_argument(
+        "--no-gradient-accumulation-fusion",
+        dest="gradient_accumulation_fusion",
+        action="store_false",
+        help="Do not fuse weight-gradient accumulation into the GEMM (fused by default on a GPU; "
+        "always off on CPU, where the fused kernel does not exist).",
+    )
+    g.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="Transformer Engine userbuffers overlap of tensor-parallel communication.",
+    )
+    g.add_argument(
+        "--nccl-communicator-config-path",
+        default=None,
+        help="YAML of per-process-group NCCL options (Megatron-Core's format).",
+    )
     g.add_argument("--distributed-timeout-minutes", type=int, default=10)
     # Megatron-LM core_v0.16.1 arguments.py:2275; torch.distributed.launch passes --local-rank=N
     # (torch >= 2.0) or --local_rank N (older); the rank is read from LOCAL_RANK either way
-    g.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int,
-                   default=int(os.getenv("LOCAL_RANK", "0")), help="Local rank passed by a distributed launcher.")
+    g.add_argument(
+        "--local-rank",
+        "--local_rank",
+        dest="local_rank",
+        type=int,
+        default=int(os.getenv("LOCAL_RANK", "0")),
+        help="Local rank passed by a distributed launcher.",
+    )
 
     g = parser.add_argument_group("training")
     g.add_argument("--micro-batch-size", type=int, default=None)
-    g.add_argument("--global-batch-size", type=int, default=None,
-                   help="Samples per iteration; default micro-batch size x data-parallel size.")
+    g.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=None,
+        help="Samples per iteration; default micro-batch size x data-parallel size.",
+    )
     g.add_argument("--seq-length", type=int, default=None)
     g.add_argument("--train-iters", type=int, default=None)
     g.add_argument("--lr", type=float, default=None)
@@ -317,10 +509,18 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--lr-warmup-init", type=float, default=0.0)
     g.add_argument("--lr-decay-iters", type=int, default=None, help="Default: --train-iters.")
     g.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES, default="linear")
-    g.add_argument("--lr-wsd-decay-style", choices=("exponential", "linear", "cosine", "minus_sqrt"),
-                   default="exponential", help="Decay of the WSD schedule's last phase.")
-    g.add_argument("--lr-wsd-decay-iters", type=int, default=None,
-                   help="Iterations of the WSD schedule's decay phase (needed by --lr-decay-style WSD).")
+    g.add_argument(
+        "--lr-wsd-decay-style",
+        choices=("exponential", "linear", "cosine", "minus_sqrt"),
+        default="exponential",
+        help="Decay of the WSD schedule's last phase.",
+    )
+    g.add_argument(
+        "--lr-wsd-decay-iters",
+        type=int,
+        default=None,
+        help="Iterations of the WSD schedule's decay phase (needed by --lr-decay-style WSD).",
+    )
     g.add_argument("--weight-decay", type=float, default=0.01)
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.999)
@@ -333,14 +533,25 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
     g = parser.add_argument_group("data")
     g.add_argument("--mock-data", action="store_true", help="Megatron's MockGPTDataset.")
-    g.add_argument("--data-path", nargs="*", default=None,
-                   help="Indexed dataset prefixes (PREFIX.bin/.idx), optionally weighted: W1 P1 W2 P2.")
-    g.add_argument("--split", default=None,
-                   help="Train, validation, test weights of the documents; default 969,30,1 as in Megatron-LM.")
+    g.add_argument(
+        "--data-path",
+        nargs="*",
+        default=None,
+        help="Indexed dataset prefixes (PREFIX.bin/.idx), optionally weighted: W1 P1 W2 P2.",
+    )
+    g.add_argument(
+        "--split",
+        default=None,
+        help="Train, validation, test weights of the documents; default 969,30,1 as in Megatron-LM.",
+    )
     g.add_argument("--data-cache-path", default=None)
     g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=None)
-    g.add_argument("--vocab-size", type=int, default=None,
-                   help="Tokenizer vocabulary before padding (NullTokenizer), or the padded size.")
+    g.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="Tokenizer vocabulary before padding (NullTokenizer), or the padded size.",
+    )
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     return parser
 
@@ -352,8 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a GPT with Megatron-Core (Megatron-LM's flags), optionally tuned by lagom.",
         allow_abbrev=False,
     )
-    parser.add_argument("--preset", default=None,
-                        help="Preset name under configs/presets/ or a YAML path; explicit flags override it.")
+    parser.add_argument(
+        "--preset", default=None, help="Preset name under configs/presets/ or a YAML path; explicit flags override it."
+    )
     add_megatron_args(parser)
     add_megatron_lm_args(parser)
     add_lagom_args(parser)

@@ -14,21 +14,23 @@ _ORIGINALS: list[tuple[Any, str, Any]] = []
 """(owner, attribute, original own value or _MISSING) in installation order; empty when not applied."""
 
 _DEVICE_LITERAL_MODULES = (
-    "megatron.core.pipeline_parallel.schedules",   # total_num_tokens = torch.zeros([], device="cuda")
-    "megatron.core.transformer.utils",             # get_default_causal_mask: torch.ones(..., device="cuda")
-    "megatron.core.optimizer.optimizer",           # _scale / _dummy_overflow_buf: torch.tensor(..., device="cuda")
-    "megatron.core.optimizer.distrib_optimizer",   # grad-norm and overflow buffers on "cuda"
-    "megatron.core.optimizer.clip_grads",          # total_norm / dummy_overflow_buf on "cuda"
-    "megatron.core.optimizer.grad_scaler",         # loss-scale tensors on "cuda"
-    "megatron.core.utils",                         # local_multi_tensor_l2_norm: torch.tensor(device="cuda")
+    "megatron.core.pipeline_parallel.schedules",  # total_num_tokens = torch.zeros([], device="cuda")
+    "megatron.core.transformer.utils",  # get_default_causal_mask: torch.ones(..., device="cuda")
+    "megatron.core.optimizer.optimizer",  # _scale / _dummy_overflow_buf: torch.tensor(..., device="cuda")
+    "megatron.core.optimizer.distrib_optimizer",  # grad-norm and overflow buffers on "cuda"
+    "megatron.core.optimizer.clip_grads",  # total_norm / dummy_overflow_buf on "cuda"
+    "megatron.core.optimizer.grad_scaler",  # loss-scale tensors on "cuda"
+    "megatron.core.utils",  # local_multi_tensor_l2_norm: torch.tensor(device="cuda")
 )
 """Modules that pass ``device="cuda"`` literals to tensor factories; they get a torch proxy."""
 
-_CUDA_TYPE_CALLERS = frozenset({
-    "megatron.core.optimizer.distrib_optimizer",
-    "megatron.core.optimizer.optimizer",
-    "megatron.core.optimizer.clip_grads",
-})
+_CUDA_TYPE_CALLERS = frozenset(
+    {
+        "megatron.core.optimizer.distrib_optimizer",
+        "megatron.core.optimizer.optimizer",
+        "megatron.core.optimizer.clip_grads",
+    }
+)
 """Modules whose ``tensor.type()`` calls get the CUDA type name of a CPU tensor."""
 
 
@@ -75,8 +77,16 @@ def _tagged_p2p_ops(*, as_dict: bool):
     """``p2p_communication._batched_p2p_ops`` / ``_p2p_ops`` (``as_dict``) with one tag per direction."""
     import torch.distributed as dist
 
-    def p2p_ops(*, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
-                prev_pipeline_rank, next_pipeline_rank):
+    def p2p_ops(
+        *,
+        tensor_send_prev,
+        tensor_recv_prev,
+        tensor_send_next,
+        tensor_recv_next,
+        group,
+        prev_pipeline_rank,
+        next_pipeline_rank,
+    ):
         reqs = {}
         if tensor_send_next is not None:
             reqs["send_next"] = dist.isend(tensor_send_next, next_pipeline_rank, group=group, tag=FORWARD_P2P_TAG)
@@ -154,10 +164,15 @@ def apply(force: bool = False) -> bool:
 
     def tensor_type(self, *args, **kwargs):
         result = original_type(self, *args, **kwargs)
-        if (not args and not kwargs and isinstance(result, str) and result.startswith("torch.")
-                and ".cuda." not in result
-                and sys._getframe(1).f_globals.get("__name__") in _CUDA_TYPE_CALLERS):
-            return "torch.cuda." + result[len("torch."):]
+        if (
+            not args
+            and not kwargs
+            and isinstance(result, str)
+            and result.startswith("torch.")
+            and ".cuda." not in result
+            and sys._getframe(1).f_globals.get("__name__") in _CUDA_TYPE_CALLERS
+        ):
+            return "torch.cuda." + result[len("torch.") :]
         return result
 
     _set(torch.Tensor, "type", tensor_type)

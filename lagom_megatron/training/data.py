@@ -109,23 +109,36 @@ def build_datasets(args, tokenizer, valid_samples: int = 0):
     return train, valid if valid_samples else None
 
 
-def microbatch_indices(iteration: int, *, global_batch_size: int, micro_batch_size: int,
-                       data_parallel_size: int, data_parallel_rank: int) -> list[list[int]]:
+def microbatch_indices(
+    iteration: int, *, global_batch_size: int, micro_batch_size: int, data_parallel_size: int, data_parallel_rank: int
+) -> list[list[int]]:
     """Sample indices of each micro-batch of one DP rank in 0-based ``iteration``: rank r takes
     [r*mbs, (r+1)*mbs) of each ``mbs x DP`` step (``MegatronPretrainingSampler``)."""
     step = micro_batch_size * data_parallel_size
     base = iteration * global_batch_size
     start = base + data_parallel_rank * micro_batch_size
-    return [list(range(start + m * step, start + m * step + micro_batch_size))
-            for m in range(global_batch_size // step)]
+    return [
+        list(range(start + m * step, start + m * step + micro_batch_size)) for m in range(global_batch_size // step)
+    ]
 
 
-def microbatch_iterator(dataset, *, train_iters: int, global_batch_size: int, micro_batch_size: int,
-                        data_parallel_size: int, data_parallel_rank: int) -> Iterator[dict]:
+def microbatch_iterator(
+    dataset,
+    *,
+    train_iters: int,
+    global_batch_size: int,
+    micro_batch_size: int,
+    data_parallel_size: int,
+    data_parallel_rank: int,
+) -> Iterator[dict]:
     """Yields this rank's micro-batches of stacked tensors (``tokens`` (mbs, seq) int64, ...) for all iterations."""
     for iteration in range(train_iters):
-        for indices in microbatch_indices(iteration, global_batch_size=global_batch_size,
-                                          micro_batch_size=micro_batch_size, data_parallel_size=data_parallel_size,
-                                          data_parallel_rank=data_parallel_rank):
+        for indices in microbatch_indices(
+            iteration,
+            global_batch_size=global_batch_size,
+            micro_batch_size=micro_batch_size,
+            data_parallel_size=data_parallel_size,
+            data_parallel_rank=data_parallel_rank,
+        ):
             samples = [dataset[i] for i in indices]
             yield {key: torch.stack([torch.as_tensor(s[key]) for s in samples]) for key in samples[0]}

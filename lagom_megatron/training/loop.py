@@ -36,10 +36,14 @@ def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> 
     ffn = args.ffn_hidden_size
     moe_ffn = getattr(args, "moe_ffn_hidden_size", None) or ffn
     q_size, kv_size = kv * heads, kv * groups
-    self_attn = fwd_bwd * fma * (
-        h * (q_size + 2 * kv_size)       # QKV projection
-        + q_size * s / 2 * 2             # QK^T and (QK^T)V, half of the causal mask
-        + q_size * h                     # output projection
+    self_attn = (
+        fwd_bwd
+        * fma
+        * (
+            h * (q_size + 2 * kv_size)  # QKV projection
+            + q_size * s / 2 * 2  # QK^T and (QK^T)V, half of the causal mask
+            + q_size * h  # output projection
+        )
     )
     mlp = fwd_bwd * fma * h * (ffn * ffn_factor * dense_layers + moe_ffn * routed_to * ffn_factor * moe_layers)
     logits = fwd_bwd * fma * h * args.padded_vocab_size
@@ -87,26 +91,42 @@ def _log(message: str, *, rank: int, world_size: int) -> None:
         sys.stdout.flush()
 
 
-def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples: int, elapsed_ms: float,
-                          lr: float, global_batch_size: int, loss: float, tokens_per_s: float,
-                          grad_norm: float | None, tflops_per_gpu: float | None, loss_scale: float,
-                          skipped_iters: int, nan_iters: int) -> str:
+def format_iteration_line(
+    *,
+    iteration: int,
+    train_iters: int,
+    consumed_samples: int,
+    elapsed_ms: float,
+    lr: float,
+    global_batch_size: int,
+    loss: float,
+    tokens_per_s: float,
+    grad_norm: float | None,
+    tflops_per_gpu: float | None,
+    loss_scale: float,
+    skipped_iters: int,
+    nan_iters: int,
+) -> str:
     """One log line of Megatron-LM's ``training_log`` (core_v0.16.1 ``megatron/training/training.py``
     lines 2031-2085; throughput only with ``--log-throughput``, line 2043), plus ``tokens per second``."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-    line = (f" [{stamp}] iteration {iteration:8d}/{train_iters:8d} |"
-            f" consumed samples: {consumed_samples:12d} |"
-            f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
-            + (f" throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f} |" if tflops_per_gpu is not None else "")
-            + f" learning rate: {lr:.6E} |"
-            f" global batch size: {global_batch_size:5d} |"
-            f" lm loss: {loss:.6E} |"
-            f" loss scale: {loss_scale:.1f} |")
+    line = (
+        f" [{stamp}] iteration {iteration:8d}/{train_iters:8d} |"
+        f" consumed samples: {consumed_samples:12d} |"
+        f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
+        + (f" throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f} |" if tflops_per_gpu is not None else "")
+        + f" learning rate: {lr:.6E} |"
+        f" global batch size: {global_batch_size:5d} |"
+        f" lm loss: {loss:.6E} |"
+        f" loss scale: {loss_scale:.1f} |"
+    )
     if grad_norm is not None:
         line += f" grad norm: {grad_norm:.3f} |"
-    line += (f" number of skipped iterations: {skipped_iters:3d} |"
-             f" number of nan iterations: {nan_iters:3d} |"
-             f" tokens per second: {tokens_per_s:.1f} |")
+    line += (
+        f" number of skipped iterations: {skipped_iters:3d} |"
+        f" number of nan iterations: {nan_iters:3d} |"
+        f" tokens per second: {tokens_per_s:.1f} |"
+    )
     return line
 
 
@@ -183,8 +203,12 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         note = enable_in_process(nccl_version=".".join(map(str, torch.cuda.nccl.version())))
         if note:
             log(note)
-    dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
+    dist.init_process_group(
+        backend=backend,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes),
+    )
     try:
         comm_config = args.nccl_communicator_config_path if on_gpu else None
         if args.nccl_communicator_config_path and not on_gpu:
@@ -199,25 +223,30 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
             nccl_communicator_config_path=comm_config,
             distributed_timeout_minutes=args.distributed_timeout_minutes,
         )
-        init_num_microbatches_calculator(rank, None, args.global_batch_size, args.micro_batch_size,
-                                         args.data_parallel_size)
+        init_num_microbatches_calculator(
+            rank, None, args.global_batch_size, args.micro_batch_size, args.data_parallel_size
+        )
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         model_parallel_cuda_manual_seed(args.seed)
 
-        log(f"pretrain_gpt: preset={args.preset_name} world_size={world_size} "
+        log(
+            f"pretrain_gpt: preset={args.preset_name} world_size={world_size} "
             f"TP={args.tensor_model_parallel_size} PP={args.pipeline_model_parallel_size} "
             f"VPP={args.virtual_pipeline_model_parallel_size} DP={args.data_parallel_size} "
             f"micro-batches={args.num_microbatches} backend={backend} "
             f"layers={'transformer_engine' if use_te else 'local'} "
             f"overlap_grad_reduce={args.overlap_grad_reduce} overlap_param_gather={args.overlap_param_gather} "
-            f"use_distributed_optimizer={args.use_distributed_optimizer} ddp_bucket_size={args.ddp_bucket_size}")
-        log(f"pretrain_gpt: lagom={args.lagom} lagom_warmup_iters={args.lagom_warmup_iters} "
+            f"use_distributed_optimizer={args.use_distributed_optimizer} ddp_bucket_size={args.ddp_bucket_size}"
+        )
+        log(
+            f"pretrain_gpt: lagom={args.lagom} lagom_warmup_iters={args.lagom_warmup_iters} "
             f"lagom_verify_iters={args.lagom_verify_iters} "
             f"lagom_verify_max_iters={getattr(args, 'lagom_verify_max_iters', None)} lagom_method={args.lagom_method} "
             f"lagom_plan={args.lagom_plan} lagom_report={args.lagom_report} "
-            f"lagom_cluster={getattr(args, 'lagom_cluster', None)}")
+            f"lagom_cluster={getattr(args, 'lagom_cluster', None)}"
+        )
         inactive = inactive_flags(args, build_parser(), on_gpu=on_gpu)
         if inactive:
             log(f"pretrain_gpt: accepted without effect here: {', '.join(inactive)}")
@@ -226,14 +255,24 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         ddp_cfg = model_mod.ddp_config(args)
         chunks = model_mod.build_model(args, config, ddp_cfg, use_te=use_te)
         n_params = sum(p.numel() for c in chunks for p in c.parameters())
-        log(f"pretrain_gpt: parameters on the last rank: {n_params:,} "
-            f"(vocabulary {args.orig_vocab_size} padded to {args.padded_vocab_size})")
+        log(
+            f"pretrain_gpt: parameters on the last rank: {n_params:,} "
+            f"(vocabulary {args.orig_vocab_size} padded to {args.padded_vocab_size})"
+        )
 
         dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
         opt_config = OptimizerConfig(
-            optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
-            adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
-            clip_grad=args.clip_grad, bf16=args.bf16, fp16=args.fp16, params_dtype=dtype,
+            optimizer="adam",
+            lr=args.lr,
+            min_lr=args.min_lr,
+            weight_decay=args.weight_decay,
+            adam_beta1=args.adam_beta1,
+            adam_beta2=args.adam_beta2,
+            adam_eps=args.adam_eps,
+            clip_grad=args.clip_grad,
+            bf16=args.bf16,
+            fp16=args.fp16,
+            params_dtype=dtype,
             use_distributed_optimizer=args.use_distributed_optimizer,
             overlap_param_gather=args.overlap_param_gather,
         )
@@ -242,10 +281,17 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         gbs = args.global_batch_size
         # Megatron-LM counts LR steps in samples when --train-iters is given.
         scheduler = OptimizerParamScheduler(
-            optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
-            lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=args.lr_decay_iters * gbs,
-            lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
-            wd_incr_steps=args.train_iters * gbs, wd_incr_style="constant",
+            optimizer,
+            init_lr=args.lr_warmup_init,
+            max_lr=args.lr,
+            min_lr=args.min_lr,
+            lr_warmup_steps=args.lr_warmup_iters * gbs,
+            lr_decay_steps=args.lr_decay_iters * gbs,
+            lr_decay_style=args.lr_decay_style,
+            start_wd=args.weight_decay,
+            end_wd=args.weight_decay,
+            wd_incr_steps=args.train_iters * gbs,
+            wd_incr_style="constant",
             wsd_decay_steps=args.lr_wsd_decay_iters * gbs if args.lr_wsd_decay_iters else None,
             lr_wsd_decay_style=args.lr_wsd_decay_style,
         )
@@ -255,10 +301,17 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         dp_rank = parallel_state.get_data_parallel_rank()
 
         def make_iterator(split, iters):
-            return _on_device(data.microbatch_iterator(
-                split, train_iters=iters, global_batch_size=gbs,
-                micro_batch_size=args.micro_batch_size, data_parallel_size=args.data_parallel_size,
-                data_parallel_rank=dp_rank), device)
+            return _on_device(
+                data.microbatch_iterator(
+                    split,
+                    train_iters=iters,
+                    global_batch_size=gbs,
+                    micro_batch_size=args.micro_batch_size,
+                    data_parallel_size=args.data_parallel_size,
+                    data_parallel_rank=dp_rank,
+                ),
+                device,
+            )
 
         def iterators(split, iters):
             return [make_iterator(split, iters) for _ in chunks] if len(chunks) > 1 else make_iterator(split, iters)
@@ -275,9 +328,15 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         cb = _lagom_callback(args)
         if cb is not None:
             callbacks.append(cb)
-        ctx = TrainingContext(args=args, model=chunks, optimizer=optimizer, ddp_config=ddp_cfg,
-                              pg_collection=pg_collection, forward_backward_func=forward_backward,
-                              data_iterator=data_iterator)
+        ctx = TrainingContext(
+            args=args,
+            model=chunks,
+            optimizer=optimizer,
+            ddp_config=ddp_cfg,
+            pg_collection=pg_collection,
+            forward_backward_func=forward_backward,
+            data_iterator=data_iterator,
+        )
         _call(callbacks, "on_setup", ctx)
 
         evaluate = None
@@ -326,9 +385,13 @@ def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log, eva
             chunk.zero_grad_buffer()
         ctx.optimizer.zero_grad()
         losses = ctx.forward_backward_func(
-            forward_step_func=_forward_step, data_iterator=ctx.data_iterator, model=ctx.model,
-            num_microbatches=args.num_microbatches, seq_length=args.seq_length,
-            micro_batch_size=args.micro_batch_size, forward_only=False,
+            forward_step_func=_forward_step,
+            data_iterator=ctx.data_iterator,
+            model=ctx.model,
+            num_microbatches=args.num_microbatches,
+            seq_length=args.seq_length,
+            micro_batch_size=args.micro_batch_size,
+            forward_only=False,
         )
         update_successful, grad_norm, _ = ctx.optimizer.step()
         if update_successful:
@@ -359,14 +422,27 @@ def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log, eva
         window_time += elapsed
         window_n += 1
         if iteration % args.log_interval == 0 or iteration == args.train_iters:
-            log(format_iteration_line(
-                iteration=iteration, train_iters=args.train_iters, consumed_samples=iteration * gbs,
-                elapsed_ms=1000.0 * window_time / window_n, lr=lr, global_batch_size=gbs,
-                loss=window_loss / window_n, tokens_per_s=window_n * gbs * args.seq_length / window_time,
-                grad_norm=float(grad_norm) if grad_norm is not None else None,
-                tflops_per_gpu=(throughput_tflops_per_gpu(flops, window_time / window_n, world_size)
-                                if args.log_throughput else None),
-                loss_scale=float(ctx.optimizer.get_loss_scale()), skipped_iters=window_skipped, nan_iters=window_nan))
+            log(
+                format_iteration_line(
+                    iteration=iteration,
+                    train_iters=args.train_iters,
+                    consumed_samples=iteration * gbs,
+                    elapsed_ms=1000.0 * window_time / window_n,
+                    lr=lr,
+                    global_batch_size=gbs,
+                    loss=window_loss / window_n,
+                    tokens_per_s=window_n * gbs * args.seq_length / window_time,
+                    grad_norm=float(grad_norm) if grad_norm is not None else None,
+                    tflops_per_gpu=(
+                        throughput_tflops_per_gpu(flops, window_time / window_n, world_size)
+                        if args.log_throughput
+                        else None
+                    ),
+                    loss_scale=float(ctx.optimizer.get_loss_scale()),
+                    skipped_iters=window_skipped,
+                    nan_iters=window_nan,
+                )
+            )
             window_loss, window_time, window_n, window_skipped, window_nan = 0.0, 0.0, 0, 0, 0
         _call(callbacks, "on_iteration_end", iteration, elapsed, loss_value)
         if evaluate is not None and iteration % args.eval_interval == 0:
@@ -413,8 +489,14 @@ class Evaluator:
     """Runs one evaluation of ``--eval-iters`` iterations per call; ``batches``: this rank's validation micro-batches
     (one iterator, or one per model chunk)."""
 
-    def __init__(self, args: Any, ctx: Any, batches: Iterator | list[Iterator], forward_step: Callable,
-                 log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        args: Any,
+        ctx: Any,
+        batches: Iterator | list[Iterator],
+        forward_step: Callable,
+        log: Callable[[str], None],
+    ) -> None:
         self.args, self.ctx, self.batches, self.forward_step, self.log = args, ctx, batches, forward_step, log
 
     def __call__(self, prefix: str) -> float:
@@ -429,9 +511,14 @@ class Evaluator:
             with torch.no_grad():
                 for _ in range(self.args.eval_iters):
                     losses = self.ctx.forward_backward_func(
-                        forward_step_func=self.forward_step, data_iterator=self.batches, model=self.ctx.model,
-                        num_microbatches=self.args.num_microbatches, seq_length=self.args.seq_length,
-                        micro_batch_size=self.args.micro_batch_size, forward_only=True)
+                        forward_step_func=self.forward_step,
+                        data_iterator=self.batches,
+                        model=self.ctx.model,
+                        num_microbatches=self.args.num_microbatches,
+                        seq_length=self.args.seq_length,
+                        micro_batch_size=self.args.micro_batch_size,
+                        forward_only=True,
+                    )
                     if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
                         total += sum(float(x["lm loss"]) for x in losses)
                         count += len(losses)

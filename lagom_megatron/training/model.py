@@ -29,8 +29,10 @@ def use_transformer_engine(args: argparse.Namespace) -> bool:
         return False
     usable = torch.cuda.is_available() and te_available()
     if args.transformer_impl == "transformer_engine" and not usable:
-        raise ValueError("--transformer-impl transformer_engine needs Transformer Engine and a CUDA GPU; "
-                         "use --transformer-impl local")
+        raise ValueError(
+            "--transformer-impl transformer_engine needs Transformer Engine and a CUDA GPU; "
+            "use --transformer-impl local"
+        )
     return usable
 
 
@@ -40,9 +42,16 @@ def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
-    fused = {} if on_gpu else dict(
-        bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
-        apply_rope_fusion=False, persist_layer_norm=False,
+    fused = (
+        {}
+        if on_gpu
+        else dict(
+            bias_activation_fusion=False,
+            masked_softmax_fusion=False,
+            bias_dropout_fusion=False,
+            apply_rope_fusion=False,
+            persist_layer_norm=False,
+        )
     )
     return TransformerConfig(
         num_layers=args.num_layers,
@@ -113,11 +122,14 @@ def layer_spec(args: argparse.Namespace, *, use_te: bool):
 
     if use_te:
         spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=args.num_experts, moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False))
+            num_experts=args.num_experts, moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False)
+        )
     else:
-        spec = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=args.num_experts,
-                                                        moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False),
-                                                        normalization=args.normalization)
+        spec = gpt_layer_specs.get_gpt_layer_local_spec(
+            num_experts=args.num_experts,
+            moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False),
+            normalization=args.normalization,
+        )
     spec.module = seeded_layer_class(spec.module, args.seed)
     return spec
 
@@ -210,8 +222,9 @@ def build_model(args: argparse.Namespace, config, ddp_cfg, *, use_te: bool) -> l
             model = Float16Module(config, model)
         # Megatron-LM wraps every chunk but the first without bucketing (their grads are reduced in
         # finalize_model_grads, not overlapped with the backward of other chunks).
-        chunks.append(data_parallel_class(args)(config=config, ddp_config=ddp_cfg, module=model,
-                                                disable_bucketing=vp_stage > 0))
+        chunks.append(
+            data_parallel_class(args)(config=config, ddp_config=ddp_cfg, module=model, disable_bucketing=vp_stage > 0)
+        )
     single = len(chunks) == 1
     config.no_sync_func = chunks[0].no_sync if single else [c.no_sync for c in chunks]
     if args.overlap_grad_reduce:

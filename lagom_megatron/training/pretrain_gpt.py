@@ -1,6 +1,6 @@
 """``pretrain_gpt.py``: pre-train a GPT with Megatron-Core, optionally tuned by lagom; docs/training.md.
 
-    torchrun --standalone --nproc-per-node 4 -m lagom_megatron.training.pretrain_gpt --preset cpu-tp2-dp2 --lagom
+torchrun --standalone --nproc-per-node 4 -m lagom_megatron.training.pretrain_gpt --preset cpu-tp2-dp2 --lagom
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def _single_process_env() -> None:
     with socket.socket() as sock:  # a free port on loopback for the rendezvous of one process
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
 
 
 def _program() -> str:
@@ -78,33 +79,45 @@ def preset_world_problem(args: Any, world_size: int) -> Finding | None:
     from lagom_megatron.config.presets import load_preset
 
     mp = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
-    layout = (f"TP={args.tensor_model_parallel_size} x PP={args.pipeline_model_parallel_size} x "
-              f"CP={args.context_parallel_size} x DP={world_size // mp}")
+    layout = (
+        f"TP={args.tensor_model_parallel_size} x PP={args.pipeline_model_parallel_size} x "
+        f"CP={args.context_parallel_size} x DP={world_size // mp}"
+    )
     name = args.preset_name
     given = getattr(args, "layout_flags_given", ())
     processes = f"{world_size} process{'es' if world_size != 1 else ''}"
     ranks = f"this job has {processes} (WORLD_SIZE={world_size})"
     if given:
-        return Finding("warning", "preset-world-size",
-                       f"preset {name!r} is for world size {want} but {ranks}: training {layout}, the layout "
-                       f"{', '.join(given)} give{'s' if len(given) == 1 else ''}",
-                       "the command line names the layout itself",
-                       f"launch {want} processes for the preset's own layout")
+        return Finding(
+            "warning",
+            "preset-world-size",
+            f"preset {name!r} is for world size {want} but {ranks}: training {layout}, the layout "
+            f"{', '.join(given)} give{'s' if len(given) == 1 else ''}",
+            "the command line names the layout itself",
+            f"launch {want} processes for the preset's own layout",
+        )
     slurm = load_preset(args.preset).slurm if getattr(args, "preset", None) else None
     if slurm is not None and slurm.nodes > 1:
-        launch = (f"launch it on {slurm.nodes} nodes x {slurm.gpus_per_node} GPUs "
-                  f"(scripts/slurm/lagom_pretrain.sbatch --preset {name})")
+        launch = (
+            f"launch it on {slurm.nodes} nodes x {slurm.gpus_per_node} GPUs "
+            f"(scripts/slurm/lagom_pretrain.sbatch --preset {name})"
+        )
     else:
         launch = f"launch it with torchrun --nproc-per-node {want}"
-    return Finding("error", "preset-world-size",
-                   f"preset {name!r} is for world size {want} but {ranks}, which would train {layout} instead of "
-                   f"the preset's DP={want // mp}: {launch}, or give the layout on the command line "
-                   f"({', '.join(LAYOUT_FLAGS)}) to train another one on {processes}",
-                   STOP, launch)
+    return Finding(
+        "error",
+        "preset-world-size",
+        f"preset {name!r} is for world size {want} but {ranks}, which would train {layout} instead of "
+        f"the preset's DP={want // mp}: {launch}, or give the layout on the command line "
+        f"({', '.join(LAYOUT_FLAGS)}) to train another one on {processes}",
+        STOP,
+        launch,
+    )
 
 
-def pretrain_preflight(args: Any, environ: Mapping[str, str] | None = None, *,
-                       log: Callable[[str], None] | None = None) -> int:
+def pretrain_preflight(
+    args: Any, environ: Mapping[str, str] | None = None, *, log: Callable[[str], None] | None = None
+) -> int:
     """``pretrain_gpt.py``'s pre-flight before any process group: 0 = start, 2 = stop (rank 0 prints the first
     error; with ``--lagom`` it locks every output folder). Sets ``args.lagom_cluster`` to a cluster file's name."""
     environ = os.environ if environ is None else environ
@@ -125,8 +138,9 @@ def pretrain_preflight(args: Any, environ: Mapping[str, str] | None = None, *,
         world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "the job's world size") or 1
         # what the arguments alone refuse first: the same line as the doctor's, and no torch import
         # (detecting a GPU takes seconds) for a line that cannot start anyway
-        if refused(check_run(args, environ, None, world_size=world_size, local=True, machine=False,
-                               validate=validate_args)):
+        if refused(
+            check_run(args, environ, None, world_size=world_size, local=True, machine=False, validate=validate_args)
+        ):
             return 2
         preset_world = preset_world_problem(args, world_size)  # the arguments passed: they divide this world
         if preset_world is not None:
@@ -134,14 +148,26 @@ def pretrain_preflight(args: Any, environ: Mapping[str, str] | None = None, *,
                 return 2
             say(f"pretrain_gpt.py: warning: {preset_world.what}")
         machine = this_machine()
-        target = choose_cluster(getattr(args, "preset_name", None), environ, getattr(args, "lagom_cluster", None),
-                                "--lagom-cluster", machine)
+        target = choose_cluster(
+            getattr(args, "preset_name", None),
+            environ,
+            getattr(args, "lagom_cluster", None),
+            "--lagom-cluster",
+            machine,
+        )
         problem = mismatch(target, machine)
         if problem:
             say(f"pretrain_gpt.py: error: {problem}")
             return 2
-        findings = check_run(args, environ, target.cluster, world_size=world_size, local=True,
-                             validate=validate_args, installed=check_installed)
+        findings = check_run(
+            args,
+            environ,
+            target.cluster,
+            world_size=world_size,
+            local=True,
+            validate=validate_args,
+            installed=check_installed,
+        )
         if not isinstance(target.cluster, Mapping):  # lagom's cost model starts from the same cluster
             args.lagom_cluster = target.name
     except ValueError as exc:
@@ -179,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         return _refused(2, rank0)
 
     def hint(message: str) -> str:
-        if "WORLD_SIZE" not in os.environ and message.startswith("pretrain_gpt.py: error: world size 1 is not divisible"):
+        if "WORLD_SIZE" not in os.environ and message.startswith(
+            "pretrain_gpt.py: error: world size 1 is not divisible"
+        ):
             return message + _launch_hint(args)
         return message
 

@@ -66,12 +66,14 @@ def resolve_vocab(args) -> tuple[int, int]:
     if args.tokenizer_type == "NullTokenizer":
         found = installed_megatron_core()
         orig = null_tokenizer_vocab_size(args.vocab_size, None if found is None else found.version)
-        return orig, padded_vocab_size(orig, divisible_by=args.make_vocab_size_divisible_by,
-                                       tensor_model_parallel_size=tp)
+        return orig, padded_vocab_size(
+            orig, divisible_by=args.make_vocab_size_divisible_by, tensor_model_parallel_size=tp
+        )
     orig = BYTE_VOCAB_SIZE
     if args.vocab_size is None:
-        return orig, padded_vocab_size(orig, divisible_by=args.make_vocab_size_divisible_by,
-                                       tensor_model_parallel_size=tp)
+        return orig, padded_vocab_size(
+            orig, divisible_by=args.make_vocab_size_divisible_by, tensor_model_parallel_size=tp
+        )
     if args.vocab_size < orig or args.vocab_size % tp:
         raise ValueError(
             f"--vocab-size {args.vocab_size} must be >= {orig} (the ByteLevel tokenizer's ids) and divisible by "

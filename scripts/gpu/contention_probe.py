@@ -38,8 +38,24 @@ import sys
 import time
 from pathlib import Path
 
-COLUMNS = ("gpu", "sms", "peak_hbm_gbs", "kernel", "kind", "tiles", "persistent", "mode", "ctas", "threads",
-           "chunk_bytes", "total_bytes", "t_alone_us", "t_overlap_us", "kernel_hbm_bytes", "comm_hbm_gbs")
+COLUMNS = (
+    "gpu",
+    "sms",
+    "peak_hbm_gbs",
+    "kernel",
+    "kind",
+    "tiles",
+    "persistent",
+    "mode",
+    "ctas",
+    "threads",
+    "chunk_bytes",
+    "total_bytes",
+    "t_alone_us",
+    "t_overlap_us",
+    "kernel_hbm_bytes",
+    "comm_hbm_gbs",
+)
 """Same as ``lagom_megatron.sim.calibrate.COLUMNS`` (kept here so the probe runs without the package)."""
 MIB = 1 << 20
 GEMM_N = 8192
@@ -92,10 +108,26 @@ def rehearsal_rows() -> list[dict]:
                 slow = wave * (1.0 + REHEARSAL_KAPPA["kappa_compute"] * share)
             else:
                 slow = (1.0 / f) * (1.0 + REHEARSAL_KAPPA["kappa_mem"] * share)
-            rows.append(dict(gpu="rehearsal stand-in (no GPU)", sms=sms, peak_hbm_gbs=peak, kernel=name, kind=kind,
-                             tiles=tiles, persistent=0, mode=mode, ctas=ctas, threads=threads, chunk_bytes=chunk,
-                             total_bytes=total, t_alone_us=alone, t_overlap_us=round(alone * slow, 4),
-                             kernel_hbm_bytes=hbm_bytes, comm_hbm_gbs=round(rate, 1)))
+            rows.append(
+                dict(
+                    gpu="rehearsal stand-in (no GPU)",
+                    sms=sms,
+                    peak_hbm_gbs=peak,
+                    kernel=name,
+                    kind=kind,
+                    tiles=tiles,
+                    persistent=0,
+                    mode=mode,
+                    ctas=ctas,
+                    threads=threads,
+                    chunk_bytes=chunk,
+                    total_bytes=total,
+                    t_alone_us=alone,
+                    t_overlap_us=round(alone * slow, 4),
+                    kernel_hbm_bytes=hbm_bytes,
+                    comm_hbm_gbs=round(rate, 1),
+                )
+            )
     return rows
 
 
@@ -145,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="CSV to write (atomically)")
     ap.add_argument("--budget-s", type=float, default=270.0, help="stop the sweep after this many seconds")
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions per point (median)")
-    ap.add_argument("--rehearse", action="store_true",
-                    help="no GPU: write the sweep's CSV with stand-in times (module docstring)")
+    ap.add_argument(
+        "--rehearse", action="store_true", help="no GPU: write the sweep's CSV with stand-in times (module docstring)"
+    )
     args = ap.parse_args(argv)
     if args.budget_s <= 0 or args.reps < 1:
         ap.error(f"--budget-s must be > 0 and --reps >= 1; got {args.budget_s}, {args.reps}")
@@ -203,19 +236,25 @@ def _sweep(budget_s: float, reps: int) -> list[dict]:
     q = torch.randn(1, 32, 8192, 128, device="cuda", dtype=torch.bfloat16)
     few = torch.randn(1024, 16384, device="cuda", dtype=torch.bfloat16)
     fewB = torch.randn(16384, 1024, device="cuda", dtype=torch.bfloat16)
-    fns = [lambda: A @ B, lambda: few @ fewB, lambda: E.mul_(1.0001).add_(1e-6),
-           lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True)]
+    fns = [
+        lambda: A @ B,
+        lambda: few @ fewB,
+        lambda: E.mul_(1.0001).add_(1e-6),
+        lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+    ]
     computes = [(name, kind, fn, hbm, tiles) for (name, kind, hbm, tiles), fn in zip(COMPUTE_KERNELS, fns)]
     buf_elems = 512 * MIB // 4
     src, src2, dst = (torch.empty(buf_elems, device="cuda", dtype=torch.float32).fill_(1.0) for _ in range(3))
     l2_elems = 2 * MIB // 4
 
     def comm_fn(mode: str, ctas: int, threads: int, chunk_bytes: int, total_bytes: int, passes: int):
-        elems = (l2_elems if mode == "l2" else total_bytes // 4)
+        elems = l2_elems if mode == "l2" else total_bytes // 4
         per_cta = max(1024, elems // ctas)
         chunk = max(1024, min(per_cta, chunk_bytes // 4))
         m = {"copy": 0, "reduce": 1, "l2": 2}[mode]
-        return lambda: channel[(ctas,)](src, src2, dst, per_cta, chunk, passes, MODE=m, BLOCK=1024, num_warps=max(1, threads // 32))
+        return lambda: channel[(ctas,)](
+            src, src2, dst, per_cta, chunk, passes, MODE=m, BLOCK=1024, num_warps=max(1, threads // 32)
+        )
 
     # peak copy bandwidth: the channel kernel on every SM, alone
     peak_fn = comm_fn("copy", sms, 512, 4 * MIB, 256 * MIB, 1)
@@ -249,10 +288,26 @@ def _sweep(budget_s: float, reps: int) -> list[dict]:
                 torch.cuda.synchronize()
                 ts.append(a.elapsed_time(b) * 1e3)
             ts.sort()
-            rows.append(dict(gpu=gpu, sms=sms, peak_hbm_gbs=round(peak, 1), kernel=name, kind=kind, tiles=tiles, persistent=0,
-                             mode=mode, ctas=ctas, threads=threads, chunk_bytes=chunk, total_bytes=total,
-                             t_alone_us=round(alone[name], 2), t_overlap_us=round(ts[len(ts) // 2], 2),
-                             kernel_hbm_bytes=hbm_bytes, comm_hbm_gbs=round(hbm_rate, 1)))
+            rows.append(
+                dict(
+                    gpu=gpu,
+                    sms=sms,
+                    peak_hbm_gbs=round(peak, 1),
+                    kernel=name,
+                    kind=kind,
+                    tiles=tiles,
+                    persistent=0,
+                    mode=mode,
+                    ctas=ctas,
+                    threads=threads,
+                    chunk_bytes=chunk,
+                    total_bytes=total,
+                    t_alone_us=round(alone[name], 2),
+                    t_overlap_us=round(ts[len(ts) // 2], 2),
+                    kernel_hbm_bytes=hbm_bytes,
+                    comm_hbm_gbs=round(hbm_rate, 1),
+                )
+            )
     return rows
 
 

@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         plugin_cfg = {"n_channels": 4, "cga_cluster_size": 2}
         if "cta_policy" in fields:
             plugin_cfg["cta_policy"] = "EFFICIENCY"
-        g1 = create_nccl_pool_entry([0], CommConfig(**plugin_cfg), tag="pool_plugin", use_tuner_plugin=True,
-                                    op="all_reduce")
+        g1 = create_nccl_pool_entry(
+            [0], CommConfig(**plugin_cfg), tag="pool_plugin", use_tuner_plugin=True, op="all_reduce"
+        )
         t1 = torch.full((1 << 20,), 3.0, device=dev)
         dist.all_reduce(t1, group=g1)
         torch.cuda.synchronize()
@@ -70,8 +71,13 @@ def main(argv: list[str] | None = None) -> int:
 
         # The env entry sets NCCL_ALGO/NCCL_PROTO, which the plugin mode refuses in the process
         # environment; here they are only set around this entry's creation.
-        g2 = create_nccl_pool_entry([0], CommConfig(algorithm="Ring", protocol="Simple", n_channels=2),
-                                    tag="pool_env", use_tuner_plugin=False, op="all_reduce")
+        g2 = create_nccl_pool_entry(
+            [0],
+            CommConfig(algorithm="Ring", protocol="Simple", n_channels=2),
+            tag="pool_env",
+            use_tuner_plugin=False,
+            op="all_reduce",
+        )
         t2 = torch.full((1 << 20,), 5.0, device=dev)
         dist.all_reduce(t2, group=g2)
         torch.cuda.synchronize()
@@ -90,10 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     checks["plugin_loaded"] = any("ABI v" in line for line in lagom_lines)
     checks["plugin_saw_tag_pool_plugin"] = any("tag 'pool_plugin'" in line for line in lagom_lines)
     checks["plugin_read_table"] = any("rows of" in line for line in lagom_lines)
-    checks["nccl_algo_per_comm"] = any("NCCL_ALGO set by environment to allreduce:Ring" in line
-                                       for line in log_text.splitlines())
-    result["nccl_tuner_lines"] = [line.strip() for line in log_text.splitlines()
-                                  if "tuner" in line.lower() and "LAGOM" not in line][:20]
+    checks["nccl_algo_per_comm"] = any(
+        "NCCL_ALGO set by environment to allreduce:Ring" in line for line in log_text.splitlines()
+    )
+    result["nccl_tuner_lines"] = [
+        line.strip() for line in log_text.splitlines() if "tuner" in line.lower() and "LAGOM" not in line
+    ][:20]
     ok = "error" not in result and all(checks.values())
     result["status"] = "ok" if ok else "failed"
     return _finish(out, result, 0 if ok else 1)

@@ -100,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         if no_gpu(result):
             return _finish(out, result, 0)
         result["nccl_runtime"] = ".".join(map(str, torch.cuda.nccl.version()))
-        result["env"] = {k: os.environ.get(k) for k in ("NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN",
-                                                        "LAGOM_TUNER_CONFIG", "TORCH_NCCL_ENABLE_TIMING")}
+        result["env"] = {
+            k: os.environ.get(k)
+            for k in ("NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN", "LAGOM_TUNER_CONFIG", "TORCH_NCCL_ENABLE_TIMING")
+        }
         dev = init_single_rank(out, "probe_filestore")
         checks["world_all_reduce"] = world_all_reduce_ok(dev, 1 << 20)
 
@@ -112,9 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         if table and Path(table).is_file():
             from lagom_megatron.nccl.export import TunerRow
 
-            rows = [TunerRow(cells=tuple(line.split(",")), sites=(f"line{i}",))
-                    for i, line in enumerate(Path(table).read_text().splitlines(), 1)
-                    if line.strip() and not line.startswith("#")]
+            rows = [
+                TunerRow(cells=tuple(line.split(",")), sites=(f"line{i}",))
+                for i, line in enumerate(Path(table).read_text().splitlines(), 1)
+                if line.strip() and not line.startswith("#")
+            ]
             result["hit_summary"] = summarize_hits(status, rows)
 
         try:

@@ -24,9 +24,12 @@ def parse_out_dir(argv: list[str] | None, doc: str) -> argparse.Namespace:
     """``OUT_DIR [--rehearse]`` of both check scripts (``--help`` prints the usage, exit 0)."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path, help="folder for the JSON result (and NCCL's debug logs)")
-    parser.add_argument("--rehearse", action="store_true",
-                        help="no GPU: check the inputs check.sh gives this step and write the result file, "
-                             "with the NCCL checks marked not run (check.sh --rehearse)")
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="no GPU: check the inputs check.sh gives this step and write the result file, "
+        "with the NCCL checks marked not run (check.sh --rehearse)",
+    )
     args = parser.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     return args
@@ -47,13 +50,16 @@ def rehearse_inputs(result: dict, *, table_var: str = "LAGOM_TUNER_CONFIG") -> d
         handle = None
     checks["plugin_library_loads"] = handle is not None
     checks["plugin_exports_abi"] = handle is not None and any(
-        hasattr(handle, f"ncclTunerPlugin_v{v}") for v in range(3, 7))
+        hasattr(handle, f"ncclTunerPlugin_v{v}") for v in range(3, 7)
+    )
     table = os.environ.get(table_var, "")
-    rows = [line for line in Path(table).read_text().splitlines()
-            if line.strip() and not line.startswith("#")] if table and Path(table).is_file() else []
+    rows = (
+        [line for line in Path(table).read_text().splitlines() if line.strip() and not line.startswith("#")]
+        if table and Path(table).is_file()
+        else []
+    )
     checks["table_rows_well_formed"] = bool(rows) and all(len(r.split(",")) == TABLE_COLUMNS for r in rows)
-    result.update(status="rehearsed", reason="--rehearse: no GPU; the NCCL checks did not run",
-                  rehearsal_checks=checks)
+    result.update(status="rehearsed", reason="--rehearse: no GPU; the NCCL checks did not run", rehearsal_checks=checks)
     return checks
 
 
@@ -84,8 +90,12 @@ def init_single_rank(out: Path, store_name: str) -> Any:
 
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 0)
-    kwargs: dict[str, Any] = {"backend": "nccl", "store": dist.FileStore(str(out / store_name), 1), "rank": 0,
-                              "world_size": 1}
+    kwargs: dict[str, Any] = {
+        "backend": "nccl",
+        "store": dist.FileStore(str(out / store_name), 1),
+        "rank": 0,
+        "world_size": 1,
+    }
     if "device_id" in inspect.signature(dist.init_process_group).parameters:
         kwargs["device_id"] = dev
     dist.init_process_group(**kwargs)

@@ -23,8 +23,25 @@ def _floats(row: dict) -> dict:
 
 
 def test_subset_writes_the_columns_and_meets_the_claims(tmp_path, capsys):
-    rc = simulated_main(["--out", str(tmp_path), "--presets", "moe-2b-8e-a40x8-ep8", "--clusters", "a40-pcie-ib200",
-                     "h100-sxm-ib400", "--seeds", "0", "1", "--iters", "3", "--verify-iters", "4", "--no-plot"])
+    rc = simulated_main(
+        [
+            "--out",
+            str(tmp_path),
+            "--presets",
+            "moe-2b-8e-a40x8-ep8",
+            "--clusters",
+            "a40-pcie-ib200",
+            "h100-sxm-ib400",
+            "--seeds",
+            "0",
+            "1",
+            "--iters",
+            "3",
+            "--verify-iters",
+            "4",
+            "--no-plot",
+        ]
+    )
     with (tmp_path / "simulated.csv").open() as f:
         reader = csv.DictReader(f)
         assert list(reader.fieldnames) == list(bench.COLUMNS)
@@ -35,7 +52,9 @@ def test_subset_writes_the_columns_and_meets_the_claims(tmp_path, capsys):
     for r, d in zip(rows, details):
         assert bench.must_show(r) == [], (r["cluster"], bench.must_show(r))
         assert r["microbatches"] == 2
-        assert r["lagom_kept_ms"] == pytest.approx(r["lagom_plan_ms"] if d["lagom_phase"] == "applied" else r["default_ms"], rel=1e-4)
+        assert r["lagom_kept_ms"] == pytest.approx(
+            r["lagom_plan_ms"] if d["lagom_phase"] == "applied" else r["default_ms"], rel=1e-4
+        )
         assert r["oracle"] == pytest.approx(r["default_ms"] / d["oracle_ms"], rel=1e-3)
         assert 0.0 <= r["overlap_frac"] <= 1.0 and r["free_comm_bound"] >= 1.0 - 1e-9
     # registered buffers change nothing modelled on PCIe: the column is empty there
@@ -46,8 +65,21 @@ def test_subset_writes_the_columns_and_meets_the_claims(tmp_path, capsys):
 
 
 def test_sensitivity_prints_a_tornado_line_per_constant(tmp_path, capsys):
-    rc = simulated_main(["--out", str(tmp_path), "--sensitivity", "--constants", "sat_p", "--presets", "moe-2b-8e-a40x8-ep8",
-                     "--clusters", "a40-pcie-ib200", "--verify-iters", "4"])
+    rc = simulated_main(
+        [
+            "--out",
+            str(tmp_path),
+            "--sensitivity",
+            "--constants",
+            "sat_p",
+            "--presets",
+            "moe-2b-8e-a40x8-ep8",
+            "--clusters",
+            "a40-pcie-ib200",
+            "--verify-iters",
+            "4",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "SENSITIVITY" in out and "sat_p" in out and "3..16" in out
@@ -56,19 +88,22 @@ def test_sensitivity_prints_a_tornado_line_per_constant(tmp_path, capsys):
     assert all(float(ln["kept"]) > 0.9 for ln in lines)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--iters", "0"], "argument --iters: 0 is not an integer >= 1"),
-    (["--verify-iters", "0"], "argument --verify-iters: 0 is not an integer >= 1"),
-    (["--verify-iters", "x"], "argument --verify-iters: 'x' is not an integer >= 1"),
-    (["--seeds", "-1"], "argument --seeds: -1 is not an integer >= 0"),
-    (["--jobs", "0"], "argument --jobs: 0 is not an integer >= 1"),
-    (["--microbatches", "0"], "--microbatches must be 'preset' or an integer >= 1; got 0"),
-    (["--microbatches", "preset", "x"], "--microbatches must be 'preset' or an integer >= 1; got 'x'"),
-    (["--presets", "cpu-tp2-dp2"], "the simulator models GPU clusters"),
-    (["--presets", "no-such-preset"], "no-such-preset"),
-    (["--constants", "sat_p"], "--constants needs --sensitivity"),
-    (["--sensitivity", "--constants", "nope"], "--constants: unknown ['nope']"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--iters", "0"], "argument --iters: 0 is not an integer >= 1"),
+        (["--verify-iters", "0"], "argument --verify-iters: 0 is not an integer >= 1"),
+        (["--verify-iters", "x"], "argument --verify-iters: 'x' is not an integer >= 1"),
+        (["--seeds", "-1"], "argument --seeds: -1 is not an integer >= 0"),
+        (["--jobs", "0"], "argument --jobs: 0 is not an integer >= 1"),
+        (["--microbatches", "0"], "--microbatches must be 'preset' or an integer >= 1; got 0"),
+        (["--microbatches", "preset", "x"], "--microbatches must be 'preset' or an integer >= 1; got 'x'"),
+        (["--presets", "cpu-tp2-dp2"], "the simulator models GPU clusters"),
+        (["--presets", "no-such-preset"], "no-such-preset"),
+        (["--constants", "sat_p"], "--constants needs --sensitivity"),
+        (["--sensitivity", "--constants", "nope"], "--constants: unknown ['nope']"),
+    ],
+)
 def test_bad_options_are_refused_up_front(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
         simulated_main(["--out", str(tmp_path / "o")] + argv)

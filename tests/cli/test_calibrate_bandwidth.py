@@ -13,8 +13,13 @@ from lagom_megatron.cli.main import main
 from lagom_megatron.engine.cluster import ClusterSpec
 from tests.nccl.perf_text import Truth, run_text, sizes
 
-TRUTH = Truth(per_channel={"LL": 2.0, "LL128": 3.0, "Simple": 4.8, "P2P": 5.0},
-              ceiling={"LL": 8.0, "LL128": 15.0, "Simple": 18.0, "P2P": 19.0}, p=4.0, e=0.7, latency_us=20.0)
+TRUTH = Truth(
+    per_channel={"LL": 2.0, "LL128": 3.0, "Simple": 4.8, "P2P": 5.0},
+    ceiling={"LL": 8.0, "LL128": 15.0, "Simple": 18.0, "P2P": 19.0},
+    p=4.0,
+    e=0.7,
+    latency_us=20.0,
+)
 
 
 def _sweep(folder, *, ops=("all_gather", "reduce_scatter"), channels=(1, 2, 4, 8, 16), threads=(128, 512)):
@@ -24,8 +29,16 @@ def _sweep(folder, *, ops=("all_gather", "reduce_scatter"), channels=(1, 2, 4, 8
             for th in threads:
                 line = f"# lagom-sweep op={op} algorithm=Ring protocol=Simple channels={ch} threads={th} nodes=1"
                 (folder / f"{op}.Simple.c{ch}.t{th}.txt").write_text(
-                    run_text(op=op, sizes=sizes(), busbw=TRUTH.busbw("Simple", ch, th), ranks=8, hosts=["n"],
-                             latency_us=TRUTH.latency_us, sweep_line=line))
+                    run_text(
+                        op=op,
+                        sizes=sizes(),
+                        busbw=TRUTH.busbw("Simple", ch, th),
+                        ranks=8,
+                        hosts=["n"],
+                        latency_us=TRUTH.latency_us,
+                        sweep_line=line,
+                    )
+                )
     return folder
 
 
@@ -44,14 +57,24 @@ def test_a_sweep_folder_becomes_a_cluster_file(tmp_path, capsys):
     assert spec.link_eff["Simple"] * spec.nvlink_gbps_per_gpu == pytest.approx(18.0, rel=0.01)
     assert spec.bw_saturation_p == pytest.approx(4.0, rel=0.05)
     assert spec.channel_thread_exponent == pytest.approx(0.7, abs=0.02)
-    assert (spec.name, spec.gpu, spec.hbm_gbps) == ("a40-pcie-ib100.calibrated", "A40-PCIe-48GB", 696)  # the rest is kept
+    assert (spec.name, spec.gpu, spec.hbm_gbps) == (
+        "a40-pcie-ib100.calibrated",
+        "A40-PCIe-48GB",
+        696,
+    )  # the rest is kept
     text = out.read_text()
-    assert text.startswith("# a40-pcie-ib100 calibrated by `lagom calibrate bandwidth`") and "from 20 nccl-tests run(s)" in text
+    assert (
+        text.startswith("# a40-pcie-ib100 calibrated by `lagom calibrate bandwidth`")
+        and "from 20 nccl-tests run(s)" in text
+    )
     printed = capsys.readouterr().out
     assert "intra Simple: 4.8 GB/s per channel" in printed and f"wrote {out}" in printed
     # a rerun on the same folder reads its *.txt only, and --out elsewhere leaves the first file alone
     before = out.read_text()
-    assert main(["calibrate", "bandwidth", str(sweep), "--cluster", "a40-pcie-ib100", "--out", str(tmp_path / "b.yaml")]) == 0
+    assert (
+        main(["calibrate", "bandwidth", str(sweep), "--cluster", "a40-pcie-ib100", "--out", str(tmp_path / "b.yaml")])
+        == 0
+    )
     assert out.read_text() == before and ClusterSpec.load(tmp_path / "b.yaml").name == "b"
 
 
@@ -65,7 +88,9 @@ def test_a_malformed_file_names_its_lines_and_nothing_is_written(tmp_path, capsy
     (sweep / "all_gather.Simple.c8.t512.txt").write_text("srun: error: Unable to create step for job 42\n")
     out = tmp_path / "out.yaml"
     out.write_text("kept: true\n")  # --force: replacing it is allowed, yet bad input writes nothing
-    assert main(["calibrate", "bandwidth", str(sweep), "--cluster", "a40-pcie-ib100", "--out", str(out), "--force"]) == 2
+    assert (
+        main(["calibrate", "bandwidth", str(sweep), "--cluster", "a40-pcie-ib100", "--out", str(out), "--force"]) == 2
+    )
     err = _error_line(capsys)
     assert err.startswith("lagom calibrate: error: 3 problem(s) in the nccl-tests output, nothing written: ")
     assert f"{bad}:{row + 1}: expected a result row: size count type redop root, then time algbw busbw #wrong" in err
@@ -77,9 +102,17 @@ def test_a_malformed_file_names_its_lines_and_nothing_is_written(tmp_path, capsy
 def test_no_usable_row_and_nothing_identified_are_refused(tmp_path, capsys):
     zero = tmp_path / "zero"
     zero.mkdir()
-    (zero / "run.txt").write_text(run_text(
-        op="all_gather", sizes=[0], busbw=1.0, ranks=8, hosts=["n"], latency_us=5,
-        sweep_line="# lagom-sweep op=all_gather algorithm=Ring protocol=Simple channels=2 threads=512 nodes=1"))
+    (zero / "run.txt").write_text(
+        run_text(
+            op="all_gather",
+            sizes=[0],
+            busbw=1.0,
+            ranks=8,
+            hosts=["n"],
+            latency_us=5,
+            sweep_line="# lagom-sweep op=all_gather algorithm=Ring protocol=Simple channels=2 threads=512 nodes=1",
+        )
+    )
     assert main(["calibrate", "bandwidth", str(zero), "--cluster", "a40-pcie-ib100"]) == 2
     assert "no usable row in 1 file(s)" in _error_line(capsys)
     one = _sweep(tmp_path / "one", ops=("all_gather",), channels=(4,), threads=(512,))
@@ -106,8 +139,21 @@ def test_bad_paths_and_outputs(tmp_path, capsys):
     assert main(["calibrate", "bandwidth", str(sweep), "--cluster", str(mine), "--out", str(mine)]) == 2
     assert f"--out {mine} is the same file as --cluster {mine}" in _error_line(capsys)
     run = sweep / "all_gather.Simple.c1.t512.txt"
-    assert main(["calibrate", "bandwidth", str(run), str(sweep / "all_gather.Simple.c16.t512.txt"), "--cluster", str(mine),
-                 "--out", str(run)]) == 2
+    assert (
+        main(
+            [
+                "calibrate",
+                "bandwidth",
+                str(run),
+                str(sweep / "all_gather.Simple.c16.t512.txt"),
+                "--cluster",
+                str(mine),
+                "--out",
+                str(run),
+            ]
+        )
+        == 2
+    )
     assert f"--out {run} is the same file as input {run}" in _error_line(capsys)
     assert mine.read_text() == before
 
@@ -151,8 +197,10 @@ def test_an_existing_file_it_did_not_write_is_kept_unless_force(tmp_path, capsys
     mine.write_text("my notes\n")
     argv = ["calibrate", "bandwidth", str(sweep), "--cluster", "a40-pcie-ib100", "--out", str(mine)]
     assert main(argv) == 2
-    assert _error_line(capsys) == (f"lagom calibrate: error: --out {mine}: exists and is not a cluster file lagom "
-                                   "calibrate bandwidth wrote; pass --force to replace it, or give another file name")
+    assert _error_line(capsys) == (
+        f"lagom calibrate: error: --out {mine}: exists and is not a cluster file lagom "
+        "calibrate bandwidth wrote; pass --force to replace it, or give another file name"
+    )
     assert mine.read_text() == "my notes\n"
     assert main(argv + ["--force"]) == 0
     assert ClusterSpec.load(mine).per_channel_gbps is not None

@@ -23,8 +23,10 @@ def test_help_runs_without_torch():
 
 def test_help_imports_neither_training_nor_preflight():
     """Building every subcommand's parser imports no module of ``training/`` or ``preflight/``."""
-    code = ("import sys; from lagom_megatron.cli.main import main; main(['--help']); "
-            "print(*(m for m in sys.modules if m.startswith(('lagom_megatron.training', 'lagom_megatron.preflight'))))")
+    code = (
+        "import sys; from lagom_megatron.cli.main import main; main(['--help']); "
+        "print(*(m for m in sys.modules if m.startswith(('lagom_megatron.training', 'lagom_megatron.preflight'))))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "", proc.stdout.splitlines()[-1]
@@ -41,8 +43,11 @@ def test_every_entry_point_is_the_lagom_command():
     module, _, func = target.partition(":")
     code = f"import sys, importlib; sys.exit(getattr(importlib.import_module({module!r}), {func!r})(['--version']))"
     expected = f"lagom-megatron {lagom_megatron.__version__}"
-    for argv in ([sys.executable, "-m", "lagom_megatron", "--version"], [sys.executable, "-m", "lagom_megatron.cli", "--version"],
-                 [sys.executable, "-c", code]):
+    for argv in (
+        [sys.executable, "-m", "lagom_megatron", "--version"],
+        [sys.executable, "-m", "lagom_megatron.cli", "--version"],
+        [sys.executable, "-c", code],
+    ):
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=root, timeout=COMMAND_S)
         assert proc.returncode == 0 and proc.stdout.strip() == expected, (argv, proc.stdout, proc.stderr)
 
@@ -56,11 +61,18 @@ def test_ctrl_c_is_one_line_and_exit_130_without_a_traceback():
     # compiled modules' initialisation) can be lost before Python raises it, whatever lagom does.
     # SIGINT gets Python's default handler as in a terminal: a suite started as a background job
     # (``.ci/run &``) hands its children SIGINT ignored, and Python then installs no handler
-    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "import sys, numpy.random; from lagom_megatron.cli.main import main; "
-            "sys.exit(main(['bench', 'search', '--sizes', '10000', '10000', '10000', '--instances', '1']))")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    code = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "import sys, numpy.random; from lagom_megatron.cli.main import main; "
+        "sys.exit(main(['bench', 'search', '--sizes', '10000', '10000', '10000', '--instances', '1']))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         assert proc.stdout.readline().startswith("search scaling on")  # running: the search has started
         proc.send_signal(signal.SIGINT)
@@ -74,12 +86,20 @@ def test_a_missing_command_is_a_usage_error_naming_the_choices(capsys):
     """No command (like git) and no benchmark, action or kind: exit 2, one line with the choices;
     argparse's internal names (``bench_args``) never shown. ``lagom --help`` stays exit 0."""
     cases = [
-        ([], "lagom: error: no command given; give one of search, plan, bench, simulate, doctor, build-tuner, "
-             "calibrate (see lagom --help)"),
+        (
+            [],
+            "lagom: error: no command given; give one of search, plan, bench, simulate, doctor, build-tuner, "
+            "calibrate (see lagom --help)",
+        ),
         (["bench"], "lagom bench: error: no benchmark given; give one of search, simulated (see lagom bench --help)"),
-        (["plan"], "lagom plan: error: no action given; give one of show, diff, validate, export (see lagom plan --help)"),
-        (["calibrate"], "lagom calibrate: error: no kind given; give one of contention, bandwidth "
-                        "(see lagom calibrate --help)"),
+        (
+            ["plan"],
+            "lagom plan: error: no action given; give one of show, diff, validate, export (see lagom plan --help)",
+        ),
+        (
+            ["calibrate"],
+            "lagom calibrate: error: no kind given; give one of contention, bandwidth (see lagom calibrate --help)",
+        ),
     ]
     for argv, line in cases:
         assert main(argv) == 2, argv

@@ -38,12 +38,16 @@ def _error_line(capsys) -> str:
     return err[0]
 
 
-@pytest.mark.parametrize("argv_of", [
-    lambda d: ["search", "--profile", str(d / "profile.json"), "-o", str(d)],
-    lambda d: ["search", "--profile", str(d), "-o", str(d / "p.json")],
-    lambda d: ["plan", "show", str(d)],
-    lambda d: ["plan", "export", str(d / "plan.json"), "--format", "env", "-o", str(d)],
-], ids=["search-output-folder", "search-profile-folder", "show-folder", "export-output-folder"])
+@pytest.mark.parametrize(
+    "argv_of",
+    [
+        lambda d: ["search", "--profile", str(d / "profile.json"), "-o", str(d)],
+        lambda d: ["search", "--profile", str(d), "-o", str(d / "p.json")],
+        lambda d: ["plan", "show", str(d)],
+        lambda d: ["plan", "export", str(d / "plan.json"), "--format", "env", "-o", str(d)],
+    ],
+    ids=["search-output-folder", "search-profile-folder", "show-folder", "export-output-folder"],
+)
 def test_a_folder_where_a_file_is_due_is_one_error_line(saved, capsys, argv_of):
     before = sorted(p.name for p in saved.iterdir())
     assert main(argv_of(saved)) == 2
@@ -67,8 +71,11 @@ def test_build_tuner_into_a_file_is_refused(tmp_path, capsys):
 def test_closed_pipe_exits_quietly(tmp_path):
     problem = build(sites=[site(site_id=f"tp.ag[{i}]") for i in range(1500)])
     search(profile_from(problem), rules=problem.rules).plan.save(tmp_path / "plan.json")
-    proc = subprocess.Popen([sys.executable, "-m", "lagom_megatron", "plan", "show", str(tmp_path / "plan.json")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lagom_megatron", "plan", "show", str(tmp_path / "plan.json")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.stdout.readline()
     proc.stdout.close()  # like `| head -1`, long before the show (over 64 KiB, a pipe's buffer) ends
     err = proc.stderr.read().decode()
@@ -128,8 +135,20 @@ def test_export_refuses_what_validate_refuses_and_rejected_plans_unless_allowed(
     assert main(["plan", "export", str(saved / "rejected.json"), "--format", "nccl-tuner-csv"]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and "rejected by its verification (gain below noise): not exported" in captured.err
-    assert main(["plan", "export", str(saved / "rejected.json"), "--format", "nccl-tuner-csv", "--extended",
-                 "--allow-rejected"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "export",
+                str(saved / "rejected.json"),
+                "--format",
+                "nccl-tuner-csv",
+                "--extended",
+                "--allow-rejected",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert "rejected by its verification (gain below noise)" in captured.err
     assert captured.out.strip(), "the table is still exported"
@@ -139,18 +158,25 @@ def _plan_fields(plan):
     return {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--sizes", "abc"], "argument --sizes: 'abc' is not an integer in 1..100000"),
-    (["--sizes", "0"], "argument --sizes: 0 is not an integer in 1..100000"),
-    # a MemoryError traceback after the table's header before it had a bound
-    (["--sizes", "100000000000"], "argument --sizes: 100000000000 is not an integer in 1..100000"),
-    (["--instances", "-3"], "argument --instances: -3 is not an integer >= 1"),
-    (["--seed", "-1"], "argument --seed: -1 is not an integer >= 0"),
-    (["--cluster", "nope"], f"cluster 'nope' is neither a file nor one of {available_clusters()} "
-                            "(see lagom bench search --help)"),
-    (["--cluster", "cpu-gloo"], "cluster 'cpu-gloo' is a gloo cluster; NCCL rules need an NCCL cluster "
-                                "(see lagom bench search --help)"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--sizes", "abc"], "argument --sizes: 'abc' is not an integer in 1..100000"),
+        (["--sizes", "0"], "argument --sizes: 0 is not an integer in 1..100000"),
+        # a MemoryError traceback after the table's header before it had a bound
+        (["--sizes", "100000000000"], "argument --sizes: 100000000000 is not an integer in 1..100000"),
+        (["--instances", "-3"], "argument --instances: -3 is not an integer >= 1"),
+        (["--seed", "-1"], "argument --seed: -1 is not an integer >= 0"),
+        (
+            ["--cluster", "nope"],
+            f"cluster 'nope' is neither a file nor one of {available_clusters()} (see lagom bench search --help)",
+        ),
+        (
+            ["--cluster", "cpu-gloo"],
+            "cluster 'cpu-gloo' is a gloo cluster; NCCL rules need an NCCL cluster (see lagom bench search --help)",
+        ),
+    ],
+)
 def test_bench_search_bad_options_are_one_line_before_anything_runs(argv, expected, capsys):
     assert main(["bench", "search", *argv]) == 2
     err = _error_line(capsys)
@@ -175,12 +201,22 @@ def test_an_output_naming_an_input_is_refused_and_the_input_kept(saved, tmp_path
     link.symlink_to(plan)
     before = {p: p.read_bytes() for p in (plan, profile)}
     for argv, expected in [
-        (["plan", "export", str(plan), "--format", "env", "-o", str(plan)], f"-o {plan} is the same file as plan {plan}"),
-        (["plan", "export", str(plan), "--format", "env", "-o", str(link)], f"-o {link} is the same file as plan {plan}"),
-        (["search", "--profile", str(profile), "-o", str(profile)],
-         f"-o {profile} is the same file as --profile {profile}"),
-        (["simulate", "--preset", "gpt3-13b-h100x64", "--plan-out", str(plan), "--profile-out", str(plan)],
-         f"--plan-out {plan} is the same file as --profile-out {plan}"),
+        (
+            ["plan", "export", str(plan), "--format", "env", "-o", str(plan)],
+            f"-o {plan} is the same file as plan {plan}",
+        ),
+        (
+            ["plan", "export", str(plan), "--format", "env", "-o", str(link)],
+            f"-o {link} is the same file as plan {plan}",
+        ),
+        (
+            ["search", "--profile", str(profile), "-o", str(profile)],
+            f"-o {profile} is the same file as --profile {profile}",
+        ),
+        (
+            ["simulate", "--preset", "gpt3-13b-h100x64", "--plan-out", str(plan), "--profile-out", str(plan)],
+            f"--plan-out {plan} is the same file as --profile-out {plan}",
+        ),
     ]:
         assert main(argv) == 2, argv
         assert expected in _error_line(capsys)
@@ -190,13 +226,17 @@ def test_an_output_naming_an_input_is_refused_and_the_input_kept(saved, tmp_path
 def test_a_malformed_cluster_yaml_is_one_error_line(tmp_path, capsys):
     bad = tmp_path / "cluster.yaml"
     bad.write_text("name: [\n")
-    for argv in (["simulate", "--preset", "gpt3-13b-h100x64", "--cluster", str(bad)],
-                 ["doctor", "--preset", "gpt3-13b-h100x64", "--cluster", str(bad)]):
+    for argv in (
+        ["simulate", "--preset", "gpt3-13b-h100x64", "--cluster", str(bad)],
+        ["doctor", "--preset", "gpt3-13b-h100x64", "--cluster", str(bad)],
+    ):
         assert main(argv) == 2, argv
         err = _error_line(capsys)
         # the file and the line, not PyYAML's "<unicode string>"
-        assert err.endswith(f"{bad}: malformed YAML at line 2 column 1: expected the node content, but found "
-                            "'<stream end>' (while parsing a flow node started at line 2 column 1)"), err
+        assert err.endswith(
+            f"{bad}: malformed YAML at line 2 column 1: expected the node content, but found "
+            "'<stream end>' (while parsing a flow node started at line 2 column 1)"
+        ), err
 
 
 def test_a_cluster_yaml_missing_keys_names_them_by_their_yaml_names(tmp_path, capsys):
@@ -204,10 +244,12 @@ def test_a_cluster_yaml_missing_keys_names_them_by_their_yaml_names(tmp_path, ca
     bad.write_text("name: bad\ngpu: [x,\n  y]\nbackend: gloo\n")
     assert main(["doctor", "--preset", "cpu-tp2-dp2", "--cluster", str(bad), "--", "--mock-data"]) == 2
     err = _error_line(capsys)
-    assert err.endswith(f"{bad}: missing cluster key(s) sms_per_gpu, hbm_gbps, nvlink_gbps_per_gpu, gpus_per_node, "
-                        "net_gbps_per_gpu, peak_bf16_tflops, nccl_version, sm_arch, nvswitch; every cluster file sets "
-                        "name, gpu, sms_per_gpu, hbm_gbps, nvlink_gbps_per_gpu, gpus_per_node, net_gbps_per_gpu, "
-                        "peak_bf16_tflops, nccl_version, sm_arch, nvswitch"), err
+    assert err.endswith(
+        f"{bad}: missing cluster key(s) sms_per_gpu, hbm_gbps, nvlink_gbps_per_gpu, gpus_per_node, "
+        "net_gbps_per_gpu, peak_bf16_tflops, nccl_version, sm_arch, nvswitch; every cluster file sets "
+        "name, gpu, sms_per_gpu, hbm_gbps, nvlink_gbps_per_gpu, gpus_per_node, net_gbps_per_gpu, "
+        "peak_bf16_tflops, nccl_version, sm_arch, nvswitch"
+    ), err
     assert "__init__" not in err
 
 
@@ -215,30 +257,50 @@ def test_a_folder_given_as_preset_model_or_cluster_says_so(tmp_path, capsys):
     from lagom_megatron.config.presets import load_model
 
     assert main(["doctor", "--preset", str(tmp_path)]) == 2
-    assert _error_line(capsys).startswith(f"lagom doctor: error: preset {str(tmp_path)!r} is a folder; give a preset "
-                                          "YAML file or one of: cpu-pp2-dp2, cpu-tp2-dp2, ")
-    with pytest.raises(ValueError, match=f"^model '{tmp_path}' is a folder; give a model YAML file or one of: gpt3-1.3b, "):
+    assert _error_line(capsys).startswith(
+        f"lagom doctor: error: preset {str(tmp_path)!r} is a folder; give a preset "
+        "YAML file or one of: cpu-pp2-dp2, cpu-tp2-dp2, "
+    )
+    with pytest.raises(
+        ValueError, match=f"^model '{tmp_path}' is a folder; give a model YAML file or one of: gpt3-1.3b, "
+    ):
         load_model(tmp_path)
     from lagom_megatron.engine.cluster import ClusterSpec
 
-    with pytest.raises(ValueError, match=f"^cluster '{tmp_path}' is a folder; give a cluster YAML file or one of: a100-ib100, "):
+    with pytest.raises(
+        ValueError, match=f"^cluster '{tmp_path}' is a folder; give a cluster YAML file or one of: a100-ib100, "
+    ):
         ClusterSpec.load(tmp_path)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--presets", "cpu-tp2-dp2"], "preset 'cpu-tp2-dp2' on cluster 'cpu-gloo': the simulator models GPU clusters"),
-    # a GPU preset on the CPU cluster: the cluster is the CPU one, not the preset
-    (["--presets", "llama3-8b-h100x8", "--clusters", "cpu-gloo"],
-     "lagom bench simulated: error: cluster 'cpu-gloo' is a CPU (gloo) cluster; the simulator models GPU clusters: "
-     "a100-ib100, a40-nvlink-ib800, a40-pcie-ib100, a40-pcie-ib200, h100-sxm-ib400, h200-sxm "
-     "(see lagom bench simulated --help)"),
-    (["--iters", "0"], "lagom bench simulated: error: argument --iters: 0 is not an integer >= 1 "
-                       "(see lagom bench simulated --help)"),
-    (["--verify-iters", "0"], "lagom bench simulated: error: argument --verify-iters: 0 is not an integer >= 1 "
-                              "(see lagom bench simulated --help)"),
-    (["--microbatches", "x"], "lagom bench simulated: error: --microbatches must be 'preset' or an integer >= 1; "
-                              "got 'x' (see lagom bench simulated --help)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--presets", "cpu-tp2-dp2"], "preset 'cpu-tp2-dp2' on cluster 'cpu-gloo': the simulator models GPU clusters"),
+        # a GPU preset on the CPU cluster: the cluster is the CPU one, not the preset
+        (
+            ["--presets", "llama3-8b-h100x8", "--clusters", "cpu-gloo"],
+            "lagom bench simulated: error: cluster 'cpu-gloo' is a CPU (gloo) cluster; the simulator models GPU clusters: "
+            "a100-ib100, a40-nvlink-ib800, a40-pcie-ib100, a40-pcie-ib200, h100-sxm-ib400, h200-sxm "
+            "(see lagom bench simulated --help)",
+        ),
+        (
+            ["--iters", "0"],
+            "lagom bench simulated: error: argument --iters: 0 is not an integer >= 1 "
+            "(see lagom bench simulated --help)",
+        ),
+        (
+            ["--verify-iters", "0"],
+            "lagom bench simulated: error: argument --verify-iters: 0 is not an integer >= 1 "
+            "(see lagom bench simulated --help)",
+        ),
+        (
+            ["--microbatches", "x"],
+            "lagom bench simulated: error: --microbatches must be 'preset' or an integer >= 1; "
+            "got 'x' (see lagom bench simulated --help)",
+        ),
+    ],
+)
 def test_bench_simulated_usage_errors_are_one_line(capsys, args, message):
     """`lagom bench simulated` refuses bad options the way every lagom command does: one
     `lagom bench simulated: error: ...` line on stderr, no usage block, exit 2, nothing run."""
@@ -252,13 +314,16 @@ def test_bench_simulated_usage_errors_are_one_line(capsys, args, message):
 def test_bench_simulated_out_that_is_a_file_is_one_line(tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("mine\n")
-    for out, message in ((afile, f"--out {str(afile)!r} is a file; give a folder"),
-                         (afile / "sub", f"--out {str(afile / 'sub')!r} cannot be created: Not a directory")):
+    for out, message in (
+        (afile, f"--out {str(afile)!r} is a file; give a folder"),
+        (afile / "sub", f"--out {str(afile / 'sub')!r} cannot be created: Not a directory"),
+    ):
         with pytest.raises(SystemExit) as exc:
             main(["bench", "simulated", "--presets", "llama3-8b-h100x8", "--out", str(out)])
         assert exc.value.code == 2
-        assert capsys.readouterr().err == (f"lagom bench simulated: error: {message} "
-                                           "(see lagom bench simulated --help)\n")
+        assert capsys.readouterr().err == (
+            f"lagom bench simulated: error: {message} (see lagom bench simulated --help)\n"
+        )
     assert afile.read_text() == "mine\n"
 
 
@@ -269,18 +334,32 @@ def test_an_existing_file_that_is_not_lagom_s_output_of_the_kind_is_kept_unless_
     precious = tmp_path / "precious.json"
     cases = [
         (["search", "--profile", str(profile), "-o", str(precious)], "lagom search", "-o", "a lagom plan"),
-        (["plan", "export", str(plan), "--format", "env", "-o", str(precious)], "lagom plan", "-o",
-         "a lagom env export"),
-        (["simulate", "--preset", "llama3-8b-h100x8", "--show", "0", "--plan-out", str(precious)], "lagom simulate",
-         "--plan-out", "a lagom plan"),
-        (["simulate", "--preset", "llama3-8b-h100x8", "--show", "0", "--profile-out", str(precious)],
-         "lagom simulate", "--profile-out", "a lagom profile"),
+        (
+            ["plan", "export", str(plan), "--format", "env", "-o", str(precious)],
+            "lagom plan",
+            "-o",
+            "a lagom env export",
+        ),
+        (
+            ["simulate", "--preset", "llama3-8b-h100x8", "--show", "0", "--plan-out", str(precious)],
+            "lagom simulate",
+            "--plan-out",
+            "a lagom plan",
+        ),
+        (
+            ["simulate", "--preset", "llama3-8b-h100x8", "--show", "0", "--profile-out", str(precious)],
+            "lagom simulate",
+            "--profile-out",
+            "a lagom profile",
+        ),
     ]
     for argv, prog, flag, what in cases:
         precious.write_text('{"my": "notes"}\n')
         assert main(argv) == 2, argv
-        assert _error_line(capsys) == (f"{prog}: error: {flag} {precious}: exists and is not {what}; pass --force to "
-                                       "replace it, or give another file name")
+        assert _error_line(capsys) == (
+            f"{prog}: error: {flag} {precious}: exists and is not {what}; pass --force to "
+            "replace it, or give another file name"
+        )
         assert precious.read_text() == '{"my": "notes"}\n'
     assert main(cases[0][0] + ["--force"]) == 0
     assert load_plan(precious).entries
@@ -306,10 +385,13 @@ def test_calibrate_contention_keeps_a_file_it_did_not_write(tmp_path, capsys):
     fit = tmp_path / "probe.fit.yaml"
     fit.write_text("mine: 1\n")
     assert main(["calibrate", "contention", str(src)]) == 2
-    assert _error_line(capsys) == (f"lagom calibrate: error: output {fit}: exists and is not a lagom contention fit; "
-                                   "pass --force to replace it, or give another file name")
+    assert _error_line(capsys) == (
+        f"lagom calibrate: error: output {fit}: exists and is not a lagom contention fit; "
+        "pass --force to replace it, or give another file name"
+    )
     assert main(["calibrate", "contention", str(src), "--force"]) == 0
     assert main(["calibrate", "contention", str(src)]) == 0  # its own fit: replaced
     assert main(["calibrate", "contention", str(src), "--out", str(src)]) == 2
-    assert _error_line(capsys).endswith(f"--out {src} is the same file as csv {src}: one would replace the other; "
-                                        "give another file name")
+    assert _error_line(capsys).endswith(
+        f"--out {src} is the same file as csv {src}: one would replace the other; give another file name"
+    )

@@ -27,24 +27,42 @@ def _error(capsys) -> str:
 
 def test_a_plan_for_nccl_2_21_is_a_communicator_plan_end_to_end(tmp_path, capsys):
     plan, profile = tmp_path / "plan.json", tmp_path / "profile.json"
-    assert main(["simulate", "--preset", "llama2-7b-a100x32-ib100", "--seed", "1", "--plan-out", str(plan),
-                 "--profile-out", str(profile)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--preset",
+                "llama2-7b-a100x32-ib100",
+                "--seed",
+                "1",
+                "--plan-out",
+                str(plan),
+                "--profile-out",
+                str(profile),
+            ]
+        )
+        == 0
+    )
     assert load_plan(plan).mechanism == "communicator"
     capsys.readouterr()
     assert main(["plan", "validate", str(plan)]) == 0
     capsys.readouterr()
     assert main(["plan", "export", str(plan), "--format", "nccl-tuner-csv", "--allow-rejected"]) == 2
-    assert _error(capsys) == (f"lagom plan: error: {plan}: a plan of mechanism 'communicator' has no tuner table "
-                              "(NCCL 2.21.5 on 'a100-ib100' loads no lagom tuner plugin); export it with --format "
-                              "megatron-yaml or --format env")
+    assert _error(capsys) == (
+        f"lagom plan: error: {plan}: a plan of mechanism 'communicator' has no tuner table "
+        "(NCCL 2.21.5 on 'a100-ib100' loads no lagom tuner plugin); export it with --format "
+        "megatron-yaml or --format env"
+    )
     assert main(["plan", "export", str(plan), "--format", "megatron-yaml", "--allow-rejected"]) == 0
     assert "min_ctas" in capsys.readouterr().out
     assert main(["search", "--profile", str(profile), "-o", str(tmp_path / "again.json")]) == 0
     assert load_plan(tmp_path / "again.json").mechanism == "communicator"
     capsys.readouterr()
     assert main(["search", "--profile", str(profile), "--mechanism", "tuner", "-o", str(tmp_path / "t.json")]) == 2
-    assert _error(capsys) == ("lagom search: error: mechanism 'tuner' needs NCCL 2.22 or newer (lagom's tuner plugin, "
-                              "ABI v3); cluster 'a100-ib100' has NCCL 2.21.5: use mechanism 'communicator' or 'env'")
+    assert _error(capsys) == (
+        "lagom search: error: mechanism 'tuner' needs NCCL 2.22 or newer (lagom's tuner plugin, "
+        "ABI v3); cluster 'a100-ib100' has NCCL 2.21.5: use mechanism 'communicator' or 'env'"
+    )
     labelled = json.loads(plan.read_text())
     labelled["mechanism"] = "tuner"  # what the earlier search wrote for this cluster
     (tmp_path / "tuner.json").write_text(json.dumps(labelled))
@@ -63,9 +81,11 @@ def test_export_names_only_formats_that_work_for_the_plan(tmp_path, capsys):
     capsys.readouterr()
     for fmt in ("nccl-tuner-csv", "megatron-yaml"):
         assert main(["plan", "export", str(gloo), "--format", fmt]) == 2
-        assert _error(capsys) == (f"lagom plan: error: {gloo}: a gloo plan has no {fmt} form (it sets no NCCL knob); "
-                                  "export it with --format env, or give the plan itself to the training run "
-                                  "(--lagom-plan)")
+        assert _error(capsys) == (
+            f"lagom plan: error: {gloo}: a gloo plan has no {fmt} form (it sets no NCCL knob); "
+            "export it with --format env, or give the plan itself to the training run "
+            "(--lagom-plan)"
+        )
     assert main(["plan", "export", str(gloo), "--format", "env"]) == 0  # the format the message gives works
     assert capsys.readouterr().out.startswith("# process-scope NCCL settings of a lagom plan")
 
@@ -90,26 +110,36 @@ def test_search_keeps_to_the_profile_s_cluster(tmp_path, capsys):
     assert main(["simulate", "--preset", "llama2-7b-a100x32-ib100", "--show", "0", "--profile-out", str(profile)]) == 0
     capsys.readouterr()
     assert main(["search", "--profile", str(profile), "--cluster", "h100-sxm-ib400", "-o", str(plan)]) == 2
-    assert _error(capsys) == (f"lagom search: error: --cluster 'h100-sxm-ib400' is not the cluster profile {profile} "
-                              "was measured on ('a100-ib100': gpu 'A100-SXM4-80GB', not 'H100-SXM5-80GB'); a plan is "
-                              "searched from a profile of its own cluster: drop --cluster, or profile 'h100-sxm-ib400'")
+    assert _error(capsys) == (
+        f"lagom search: error: --cluster 'h100-sxm-ib400' is not the cluster profile {profile} "
+        "was measured on ('a100-ib100': gpu 'A100-SXM4-80GB', not 'H100-SXM5-80GB'); a plan is "
+        "searched from a profile of its own cluster: drop --cluster, or profile 'h100-sxm-ib400'"
+    )
     assert not plan.exists()
 
     spec = ClusterSpec.load("a100-ib100").to_dict()
     calibrated = tmp_path / "a100-ib100.calibrated.yaml"
-    calibrated.write_text(yaml.safe_dump({k: v for k, v in spec.items() if v is not None}
-                                         | {"name": "a100-ib100.calibrated", "net_gbps_per_gpu": 11.0}))
+    calibrated.write_text(
+        yaml.safe_dump(
+            {k: v for k, v in spec.items() if v is not None}
+            | {"name": "a100-ib100.calibrated", "net_gbps_per_gpu": 11.0}
+        )
+    )
     assert main(["search", "--profile", str(profile), "--cluster", str(calibrated), "-o", str(plan)]) == 0
     searched = load_plan(plan)
     assert (searched.fingerprint["cluster"], searched.fingerprint["nccl_version"], searched.mechanism) == (
-        "a100-ib100", "2.21.5", "communicator")
+        "a100-ib100",
+        "2.21.5",
+        "communicator",
+    )
     capsys.readouterr()
     assert main(["plan", "validate", str(plan)]) == 0
     assert main(["plan", "export", str(plan), "--format", "megatron-yaml"]) == 0
 
     other_nccl = tmp_path / "newer.yaml"
-    other_nccl.write_text(yaml.safe_dump({k: v for k, v in spec.items() if v is not None}
-                                         | {"name": "newer", "nccl_version": "2.27.5"}))
+    other_nccl.write_text(
+        yaml.safe_dump({k: v for k, v in spec.items() if v is not None} | {"name": "newer", "nccl_version": "2.27.5"})
+    )
     capsys.readouterr()
     assert main(["search", "--profile", str(profile), "--cluster", str(other_nccl), "-o", str(plan)]) == 2
     assert "('a100-ib100': nccl_version '2.21.5', not '2.27.5')" in _error(capsys)
@@ -117,5 +147,7 @@ def test_search_keeps_to_the_profile_s_cluster(tmp_path, capsys):
     data = json.loads(profile.read_text())
     data["cluster"] = data["fingerprint"]["cluster"] = "our-a100s"
     (tmp_path / "ours.json").write_text(json.dumps(data))
-    assert main(["search", "--profile", str(tmp_path / "ours.json"), "--cluster", str(calibrated), "-o", str(plan)]) == 0
+    assert (
+        main(["search", "--profile", str(tmp_path / "ours.json"), "--cluster", str(calibrated), "-o", str(plan)]) == 0
+    )
     assert load_plan(plan).fingerprint["cluster"] == "our-a100s"

@@ -31,8 +31,11 @@ def standin_binaries(folder: Path, failing: str | None = None) -> Path:
     """One ``<op>_perf`` per op that runs the stand-in under its own name (``failing`` exits 1)."""
     folder.mkdir()
     for op in OPS:
-        body = ('echo "Test NCCL failure common.cu:1000 \'unhandled cuda error\'"; exit 1' if op == failing else
-                f'exec "{sys.executable}" "{STANDIN}" --as "$(basename "$0")" "$@"')
+        body = (
+            "echo \"Test NCCL failure common.cu:1000 'unhandled cuda error'\"; exit 1"
+            if op == failing
+            else f'exec "{sys.executable}" "{STANDIN}" --as "$(basename "$0")" "$@"'
+        )
         path = folder / f"{op}_perf"
         path.write_text(f"#!/bin/sh\n{body}\n")
         path.chmod(0o755)
@@ -50,7 +53,10 @@ def test_help_and_bad_usage(tmp_path):
         (["-b", "1X", "o"], "-b: 1X is not a size"),
         (["--bogus", "o"], "unknown option --bogus"),
         ([], "give OUT_DIR"),
-        (["--tests-dir", str(tmp_path / "none"), str(tmp_path / "out")], f"{tmp_path / 'none'}/all_gather_perf: missing"),
+        (
+            ["--tests-dir", str(tmp_path / "none"), str(tmp_path / "out")],
+            f"{tmp_path / 'none'}/all_gather_perf: missing",
+        ),
     ]:
         r = sweep(*args)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
@@ -59,16 +65,42 @@ def test_help_and_bad_usage(tmp_path):
 
 def test_a_dry_run_prints_every_command_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
-    r = sweep("--dry-run", str(out), "--ops", "all_gather,sendrecv", "--channels", "2,8", "--threads", "256",
-              "--protocols", "LL128,Simple", "--launcher", "mpirun -np 16 -N 8", "--nodes", "2", "-e", "64M")
+    r = sweep(
+        "--dry-run",
+        str(out),
+        "--ops",
+        "all_gather,sendrecv",
+        "--channels",
+        "2,8",
+        "--threads",
+        "256",
+        "--protocols",
+        "LL128,Simple",
+        "--launcher",
+        "mpirun -np 16 -N 8",
+        "--nodes",
+        "2",
+        "-e",
+        "64M",
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[-1] == "# dry run: 6 runs, nothing run or written" and not out.exists()
     simple = next(line for line in lines if line.endswith(f"{out}/all_gather.Simple.c8.t256.txt"))
-    for part in ("NCCL_MIN_NCHANNELS=8", "NCCL_MAX_NCHANNELS=8", "NCCL_MIN_CTAS=8", "NCCL_MAX_CTAS=8", "NCCL_ALGO=Ring",
-                 "NCCL_PROTO=Simple", "NCCL_NTHREADS=256", "NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,ENV",
-                 "mpirun -np 16 -N 8 -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS", "-x NCCL_NTHREADS",
-                 "./build/all_gather_perf -b 1M -e 64M -f 2 -g 1 -n 20 -w 5 -c 1"):
+    for part in (
+        "NCCL_MIN_NCHANNELS=8",
+        "NCCL_MAX_NCHANNELS=8",
+        "NCCL_MIN_CTAS=8",
+        "NCCL_MAX_CTAS=8",
+        "NCCL_ALGO=Ring",
+        "NCCL_PROTO=Simple",
+        "NCCL_NTHREADS=256",
+        "NCCL_DEBUG=INFO",
+        "NCCL_DEBUG_SUBSYS=INIT,ENV",
+        "mpirun -np 16 -N 8 -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS",
+        "-x NCCL_NTHREADS",
+        "./build/all_gather_perf -b 1M -e 64M -f 2 -g 1 -n 20 -w 5 -c 1",
+    ):
         assert part in simple, part
     ll128 = next(line for line in lines if line.endswith("all_gather.LL128.c2.t640.txt"))
     assert "NCCL_PROTO=LL128" in ll128 and "NCCL_NTHREADS" not in ll128  # LL128 reads NCCL_LL128_NTHREADS
@@ -78,8 +110,21 @@ def test_a_dry_run_prints_every_command_and_writes_nothing(tmp_path):
 
 def test_the_sweep_output_is_what_lagom_calibrate_bandwidth_reads(tmp_path, capsys):
     build, out = standin_binaries(tmp_path / "build"), tmp_path / "sweep"
-    r = sweep(str(out), "--tests-dir", str(build), "--ops", "all_gather,sendrecv", "--channels", "1,2,4,8,16",
-              "--threads", "128,512", "--protocols", "LL128,Simple", "-e", "256M")
+    r = sweep(
+        str(out),
+        "--tests-dir",
+        str(build),
+        "--ops",
+        "all_gather,sendrecv",
+        "--channels",
+        "1,2,4,8,16",
+        "--threads",
+        "128,512",
+        "--protocols",
+        "LL128,Simple",
+        "-e",
+        "256M",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "20 runs, 0 failed; next: lagom calibrate bandwidth" in r.stdout
     files = sorted(p.name for p in out.iterdir())
@@ -99,12 +144,29 @@ def test_the_sweep_output_is_what_lagom_calibrate_bandwidth_reads(tmp_path, caps
 
 def test_a_failed_run_is_kept_apart_and_an_old_sweep_is_not_replaced(tmp_path):
     build, out = standin_binaries(tmp_path / "build", failing="sendrecv"), tmp_path / "sweep"
-    args = [str(out), "--tests-dir", str(build), "--ops", "all_gather,sendrecv", "--channels", "2,4", "--threads", "512",
-            "--protocols", "Simple", "-e", "16M"]
+    args = [
+        str(out),
+        "--tests-dir",
+        str(build),
+        "--ops",
+        "all_gather,sendrecv",
+        "--channels",
+        "2,4",
+        "--threads",
+        "512",
+        "--protocols",
+        "Simple",
+        "-e",
+        "16M",
+    ]
     r = sweep(*args)
     assert r.returncode == 1 and "4 runs, 2 failed" in r.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["all_gather.Simple.c2.t512.txt", "all_gather.Simple.c4.t512.txt",
-                                                     "sendrecv.P2P.c2.t640.failed", "sendrecv.P2P.c4.t640.failed"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "all_gather.Simple.c2.t512.txt",
+        "all_gather.Simple.c4.t512.txt",
+        "sendrecv.P2P.c2.t640.failed",
+        "sendrecv.P2P.c4.t640.failed",
+    ]
     assert "Test NCCL failure" in (out / "sendrecv.P2P.c2.t640.failed").read_text()
     r = sweep(*args)
     assert r.returncode == 2 and f"{out} already holds run files (*.txt); give a new folder or --overwrite" in r.stderr

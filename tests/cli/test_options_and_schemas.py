@@ -23,18 +23,31 @@ def _one_error(capsys) -> str:
     return err[0]
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["simulate", "--preset", "gpt3-13b-h100x64", "--verify-iters", "100000000"],
-     "argument --verify-iters: 100000000 is not an integer in 1..200"),
-    (["simulate", "--preset", "gpt3-13b-h100x64", "--verify-iters", "0"], "0 is not an integer in 1..200"),
-    (["simulate", "--preset", "gpt3-13b-h100x64", "--show", "-1"], "argument --show: -1 is not an integer in 0..10000"),
-    (["simulate", "--preset", "gpt3-13b-h100x64", "--seed", "abc"], "'abc' is not an integer in 0..4294967295"),
-    (["simulate", "--preset", "gpt3-13b-h100x64", "--method", "magic"], "invalid choice: 'magic'"),
-    (["simulate", "--preset", "gpt3-13b-h100x64", "--method", "exhaustive"],
-     "--method exhaustive: 121 tunable sites need at least 2^121 joint configurations, above the limit of 2,000,000"),
-    (["doctor", "--preset", "llama3-8b-h100x8", "--world-size", "0"], "argument --world-size: 0 is not an integer in 1..1048576"),
-    (["doctor", "--preset", "llama3-8b-h100x8", "--gpus-per-node", "x"], "'x' is not an integer in 1..1024"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["simulate", "--preset", "gpt3-13b-h100x64", "--verify-iters", "100000000"],
+            "argument --verify-iters: 100000000 is not an integer in 1..200",
+        ),
+        (["simulate", "--preset", "gpt3-13b-h100x64", "--verify-iters", "0"], "0 is not an integer in 1..200"),
+        (
+            ["simulate", "--preset", "gpt3-13b-h100x64", "--show", "-1"],
+            "argument --show: -1 is not an integer in 0..10000",
+        ),
+        (["simulate", "--preset", "gpt3-13b-h100x64", "--seed", "abc"], "'abc' is not an integer in 0..4294967295"),
+        (["simulate", "--preset", "gpt3-13b-h100x64", "--method", "magic"], "invalid choice: 'magic'"),
+        (
+            ["simulate", "--preset", "gpt3-13b-h100x64", "--method", "exhaustive"],
+            "--method exhaustive: 121 tunable sites need at least 2^121 joint configurations, above the limit of 2,000,000",
+        ),
+        (
+            ["doctor", "--preset", "llama3-8b-h100x8", "--world-size", "0"],
+            "argument --world-size: 0 is not an integer in 1..1048576",
+        ),
+        (["doctor", "--preset", "llama3-8b-h100x8", "--gpus-per-node", "x"], "'x' is not an integer in 1..1024"),
+    ],
+)
 def test_simulate_and_doctor_options_are_bounded(argv, expected, capsys):
     assert main(argv) == 2
     line = _one_error(capsys)
@@ -44,9 +57,11 @@ def test_simulate_and_doctor_options_are_bounded(argv, expected, capsys):
 def test_unwritable_outputs_are_refused_before_the_run(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    for argv in (["simulate", "--preset", "gpt3-13b-h100x64", "--plan-out", str(blocker / "plan.json")],
-                 ["search", "--profile", str(GLOO_PROFILE), "-o", str(blocker / "plan.json")],
-                 ["build-tuner", "-o", str(blocker / "sub")]):
+    for argv in (
+        ["simulate", "--preset", "gpt3-13b-h100x64", "--plan-out", str(blocker / "plan.json")],
+        ["search", "--profile", str(GLOO_PROFILE), "-o", str(blocker / "plan.json")],
+        ["build-tuner", "-o", str(blocker / "sub")],
+    ):
         assert main(argv) == 2
         assert f"{blocker} is not a folder" in _one_error(capsys)
 
@@ -59,35 +74,62 @@ def _bad_profile(tmp_path: Path, edit) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("edit, expected", [
-    (lambda d: d.update(iteration_us=0), "iteration_us: Input should be greater than 0; got 0"),
-    (lambda d: d.update(iteration_us=float("inf")), "iteration_us: must be a finite number; got inf"),
-    (lambda d: d["sites"].append(d["sites"][0]), "is listed twice (each site once)"),
-    (lambda d: d["sites"][0].update(nbytes="1MB"), "sites.0.nbytes: Input should be a valid integer; got '1MB'"),
-    (lambda d: d["sites"][0].update(nbytes=1e30), "sites.0.nbytes: Input should be a valid integer"),
-    (lambda d: d["sites"][0].update(nbytes=2 ** 41), "sites.0.nbytes: Input should be less than or equal to 1099511627776"),
-    (lambda d: d["samples"][0]["config"].update(n_channels=999), "n_channels"),
-    (lambda d: d.update(backend="mpi"), "backend: Input should be 'nccl', 'gloo' or 'sim'; got 'mpi'"),
-    (lambda d: d.update(surprise=1), "surprise: Extra inputs are not permitted"),
-    (lambda d: d["samples"][0].update(calls=[[1.0, 2.0]]),
-     "samples.0.calls: calls[0] must be three times [t_comm_us, t_comp_us, t_region_us]; got [1.0, 2.0]"),
-    (lambda d: d["samples"][0].update(calls=5), "samples.0.calls: must be a list of [t_comm_us, t_comp_us, t_region_us]"),
-    (lambda d: d["samples"][0].update(calls=[[1.0, -2.0, 3.0]]),
-     "calls[0] must be three finite times >= 0 (t_comm_us, t_comp_us, t_region_us); got [1.0, -2.0, 3.0]"),
-    (lambda d: d["sites"][0].update(parts=[["uint8", "4MB"]]),
-     "sites.0.parts: parts[0] must be [dtype, bytes] with bytes an integer >= 0; got ['uint8', '4MB']"),
-    (lambda d: d["sites"][0].update(registered="maybe"), "sites.0.registered: Input should be '', 'pool', 'symmetric' or 'fixed'"),
-    # accepted before, with a plan written: what the plan is valid for, and what a site can be
-    (lambda d: d.pop("fingerprint"), "bad.json: fingerprint: Field required"),
-    (lambda d: d["fingerprint"].update(world_size=0), "fingerprint.world_size: Input should be greater than or "
-                                                      "equal to 1; got 0"),
-    (lambda d: d["fingerprint"].pop("cluster"), "fingerprint.cluster: Field required"),
-    (lambda d: d["fingerprint"].update(backend="nccl"), "fingerprint.backend 'nccl' is not the profile's backend 'gloo'"),
-    (lambda d: d["sites"][0].update(group_size=1), "sites.0.group_size: Input should be greater than or equal to 2; "
-                                                   "got 1"),
-    (lambda d: d["sites"][0].update(dtype="float99"), "sites.0.dtype: Input should be 'float32', 'float16', "
-                                                      "'bfloat16',"),
-])
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda d: d.update(iteration_us=0), "iteration_us: Input should be greater than 0; got 0"),
+        (lambda d: d.update(iteration_us=float("inf")), "iteration_us: must be a finite number; got inf"),
+        (lambda d: d["sites"].append(d["sites"][0]), "is listed twice (each site once)"),
+        (lambda d: d["sites"][0].update(nbytes="1MB"), "sites.0.nbytes: Input should be a valid integer; got '1MB'"),
+        (lambda d: d["sites"][0].update(nbytes=1e30), "sites.0.nbytes: Input should be a valid integer"),
+        (
+            lambda d: d["sites"][0].update(nbytes=2**41),
+            "sites.0.nbytes: Input should be less than or equal to 1099511627776",
+        ),
+        (lambda d: d["samples"][0]["config"].update(n_channels=999), "n_channels"),
+        (lambda d: d.update(backend="mpi"), "backend: Input should be 'nccl', 'gloo' or 'sim'; got 'mpi'"),
+        (lambda d: d.update(surprise=1), "surprise: Extra inputs are not permitted"),
+        (
+            lambda d: d["samples"][0].update(calls=[[1.0, 2.0]]),
+            "samples.0.calls: calls[0] must be three times [t_comm_us, t_comp_us, t_region_us]; got [1.0, 2.0]",
+        ),
+        (
+            lambda d: d["samples"][0].update(calls=5),
+            "samples.0.calls: must be a list of [t_comm_us, t_comp_us, t_region_us]",
+        ),
+        (
+            lambda d: d["samples"][0].update(calls=[[1.0, -2.0, 3.0]]),
+            "calls[0] must be three finite times >= 0 (t_comm_us, t_comp_us, t_region_us); got [1.0, -2.0, 3.0]",
+        ),
+        (
+            lambda d: d["sites"][0].update(parts=[["uint8", "4MB"]]),
+            "sites.0.parts: parts[0] must be [dtype, bytes] with bytes an integer >= 0; got ['uint8', '4MB']",
+        ),
+        (
+            lambda d: d["sites"][0].update(registered="maybe"),
+            "sites.0.registered: Input should be '', 'pool', 'symmetric' or 'fixed'",
+        ),
+        # accepted before, with a plan written: what the plan is valid for, and what a site can be
+        (lambda d: d.pop("fingerprint"), "bad.json: fingerprint: Field required"),
+        (
+            lambda d: d["fingerprint"].update(world_size=0),
+            "fingerprint.world_size: Input should be greater than or equal to 1; got 0",
+        ),
+        (lambda d: d["fingerprint"].pop("cluster"), "fingerprint.cluster: Field required"),
+        (
+            lambda d: d["fingerprint"].update(backend="nccl"),
+            "fingerprint.backend 'nccl' is not the profile's backend 'gloo'",
+        ),
+        (
+            lambda d: d["sites"][0].update(group_size=1),
+            "sites.0.group_size: Input should be greater than or equal to 2; got 1",
+        ),
+        (
+            lambda d: d["sites"][0].update(dtype="float99"),
+            "sites.0.dtype: Input should be 'float32', 'float16', 'bfloat16',",
+        ),
+    ],
+)
 def test_search_refuses_bad_profiles(tmp_path, capsys, edit, expected):
     out = tmp_path / "plan.json"
     assert main(["search", "--profile", _bad_profile(tmp_path, edit), "-o", str(out)]) == 2
@@ -108,19 +150,36 @@ def gloo_plan(tmp_path, capsys):
     assert main(["search", "--profile", str(GLOO_PROFILE), "-o", str(path)]) == 0
     out = capsys.readouterr().out
     # a gloo run is not compared with "NCCL defaults", and the times are in ms like Megatron's log
-    assert re.search(r"predicted iteration [\d.]+ ms vs defaults \(gloo: 2 worker threads, no split\) [\d.]+ ms", out), out
+    assert re.search(
+        r"predicted iteration [\d.]+ ms vs defaults \(gloo: 2 worker threads, no split\) [\d.]+ ms", out
+    ), out
     assert "NCCL" not in out
     return path
 
 
-@pytest.mark.parametrize("edit, expected", [
-    (lambda d: d.update(backend="mpi"), "backend: Input should be 'nccl', 'gloo' or 'sim'; got 'mpi'"),
-    (lambda d: d.update(mechanism="magic"), "mechanism must be one of ['gloo'] for backend 'gloo'; got 'magic'"),
-    (lambda d: d.update(method="magic"), "method: Input should be 'priority', 'autoccl', 'exhaustive' or 'nccl-default'"),
-    (lambda d: d["fingerprint"].update(world_size=0), "fingerprint.world_size: Input should be greater than or equal to 1; got 0"),
-    (lambda d: next(iter(d["entries"].values())).update(config=None), ".config: Input should be a valid dictionary; got None"),
-    (lambda d: next(iter(d["entries"].values())).update(nbytes="1MB"), ".nbytes: Input should be a valid integer; got '1MB'"),
-])
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda d: d.update(backend="mpi"), "backend: Input should be 'nccl', 'gloo' or 'sim'; got 'mpi'"),
+        (lambda d: d.update(mechanism="magic"), "mechanism must be one of ['gloo'] for backend 'gloo'; got 'magic'"),
+        (
+            lambda d: d.update(method="magic"),
+            "method: Input should be 'priority', 'autoccl', 'exhaustive' or 'nccl-default'",
+        ),
+        (
+            lambda d: d["fingerprint"].update(world_size=0),
+            "fingerprint.world_size: Input should be greater than or equal to 1; got 0",
+        ),
+        (
+            lambda d: next(iter(d["entries"].values())).update(config=None),
+            ".config: Input should be a valid dictionary; got None",
+        ),
+        (
+            lambda d: next(iter(d["entries"].values())).update(nbytes="1MB"),
+            ".nbytes: Input should be a valid integer; got '1MB'",
+        ),
+    ],
+)
 def test_plan_validate_refuses_bad_top_level_fields(gloo_plan, capsys, edit, expected):
     data = json.loads(gloo_plan.read_text())
     edit(data)
@@ -139,7 +198,8 @@ def test_plan_show_and_diff_name_the_gloo_default_and_the_verification(gloo_plan
     rejected.write_text(json.dumps(data))
     assert main(["plan", "diff", str(gloo_plan), str(rejected)]) == 1
     assert capsys.readouterr().out.strip() == (
-        "verification: never verified -> fell_back (rejected: gain 1.0 ms, needed > 5.0 ms)")
+        "verification: never verified -> fell_back (rejected: gain 1.0 ms, needed > 5.0 ms)"
+    )
     assert main(["plan", "export", str(gloo_plan), "--format", "env", "--extended"]) == 2
     assert "--extended is for --format nccl-tuner-csv only" in _one_error(capsys)
 
@@ -147,17 +207,19 @@ def test_plan_show_and_diff_name_the_gloo_default_and_the_verification(gloo_plan
 def test_simulate_fall_back_is_its_result_and_shows_no_gain(capsys):
     assert main(["simulate", "--preset", "gpt3-13b-h100x64", "--show", "0"]) == 0  # done, whichever the result
     out = capsys.readouterr().out
-    m = re.search(r"result: (applied|fell_back): gain (-?[\d.]+) ms \(mean of (\d+) paired differences, defaults - "
-                  r"plan\), needed > ([\d.]+) ms \(the larger of its (?:95%|[\d.]+% \(95% over \d looks\)) bound [\d.]+ ms "
-                  r"and the minimum gain [\d.]+ ms\)",
-                  out)
+    m = re.search(
+        r"result: (applied|fell_back): gain (-?[\d.]+) ms \(mean of (\d+) paired differences, defaults - "
+        r"plan\), needed > ([\d.]+) ms \(the larger of its (?:95%|[\d.]+% \(95% over \d looks\)) bound [\d.]+ ms "
+        r"and the minimum gain [\d.]+ ms\)",
+        out,
+    )
     assert m, out
     assert "FELL_BACK" not in out and "reverted" not in out
     assert (m.group(1) == "applied") == (float(m.group(2)) > float(m.group(4)))  # the line's own statistic decides
     if m.group(1) == "fell_back":
         assert "after tuning                 : the defaults (fell_back); no gain" in out
         # no time after the fall-back line below the measured defaults
-        after = out[out.index("after tuning"):]
+        after = out[out.index("after tuning") :]
         assert not [float(x) for x in re.findall(r"([\d.]+) ms", after.split("\n")[0])]
 
 
@@ -167,8 +229,10 @@ def test_simulate_of_a_cpu_preset_lists_the_gpu_clusters(capsys):
     gpu = [c for c in available_clusters() if ClusterSpec.load(c).backend == "nccl"]
     assert "h100-sxm-ib400" in gpu and "cpu-gloo" not in gpu
     assert main(["simulate", "--preset", "cpu-tp2-dp2"]) == 2
-    assert _one_error(capsys) == ("lagom simulate: error: cluster 'cpu-gloo' is a gloo cluster; the simulator models "
-                                  f"GPU clusters (nccl): one of {gpu} or a GPU cluster YAML")
+    assert _one_error(capsys) == (
+        "lagom simulate: error: cluster 'cpu-gloo' is a gloo cluster; the simulator models "
+        f"GPU clusters (nccl): one of {gpu} or a GPU cluster YAML"
+    )
 
 
 def test_simulate_lists_only_sites_with_a_predicted_saving(capsys):
@@ -177,14 +241,23 @@ def test_simulate_lists_only_sites_with_a_predicted_saving(capsys):
     from lagom_megatron.engine.plan import Plan, PlanEntry
 
     def entry(config, default_us, planned_us):
-        return PlanEntry(config=config, predicted_t_comm_us=1.0, predicted_t_region_us=planned_us, group="dp",
-                         predicted_default_t_region_us=default_us)
+        return PlanEntry(
+            config=config,
+            predicted_t_comm_us=1.0,
+            predicted_t_region_us=planned_us,
+            group="dp",
+            predicted_default_t_region_us=default_us,
+        )
 
-    plan = Plan(entries={"a": entry(CommConfig(n_channels=8), 12_000.0, 11_000.0),
-                         "worse": entry(CommConfig(n_channels=8), 12_360.0, 12_370.0),  # shares a's config
-                         "equal": entry(CommConfig(n_threads=512), 5_000.0, 5_000.0),
-                         "b": entry(CommConfig(n_channels=4), 9_000.0, 8_500.0),
-                         "default": entry(CommConfig(), 7_000.0, 7_000.0)})
+    plan = Plan(
+        entries={
+            "a": entry(CommConfig(n_channels=8), 12_000.0, 11_000.0),
+            "worse": entry(CommConfig(n_channels=8), 12_360.0, 12_370.0),  # shares a's config
+            "equal": entry(CommConfig(n_threads=512), 5_000.0, 5_000.0),
+            "b": entry(CommConfig(n_channels=4), 9_000.0, 8_500.0),
+            "default": entry(CommConfig(), 7_000.0, 7_000.0),
+        }
+    )
     _print_top_sites(plan, 10)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "  largest predicted savings (priority; region time per iteration, model):"

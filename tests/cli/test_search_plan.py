@@ -56,7 +56,10 @@ def test_validate_reports_fingerprint_mismatch(tmp_path, capsys):
 
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys):
     assert main(["search", "--profile", str(tmp_path / "missing.json"), "-o", str(tmp_path / "p.json")]) == 2
-    assert main(["search", "--profile", str(_profile(tmp_path)), "--method", "greedy", "-o", str(tmp_path / "p.json")]) == 2
+    assert (
+        main(["search", "--profile", str(_profile(tmp_path)), "--method", "greedy", "-o", str(tmp_path / "p.json")])
+        == 2
+    )
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({"schema_version": 1, "entries": {}})[:-3])
     assert main(["plan", "show", str(broken)]) == 2
@@ -85,7 +88,8 @@ def test_diff_and_validate_show_a_missing_fingerprint_key(tmp_path, capsys):
     prof = _profile(tmp_path, ddp_bucket_size=40_000_000)
     assert main(["plan", "validate", str(other_path), "--profile", str(prof)]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
-        "fingerprint mismatch: ddp_bucket_size: plan (missing), profile 40000000"]
+        "fingerprint mismatch: ddp_bucket_size: plan (missing), profile 40000000"
+    ]
 
 
 def _simulated_profile(tmp_path, capsys, preset: str, cluster: str):
@@ -99,14 +103,18 @@ def test_search_refuses_an_exhaustive_search_of_per_call_knobs_as_simulate_does(
     # NCCL 2.27 with the tuner plugin sets knobs per call: every site (64 data-parallel collectives and
     # 32 context-parallel ring exchanges, bounded by their entries' CTAs) doubles the space at least
     prof = _simulated_profile(tmp_path, capsys, "llama3-8b-h100x8", "h100-sxm-ib400")
-    expected = ("--method exhaustive: 96 tunable sites need at least 2^96 joint configurations, above the limit "
-                "of 2,000,000; use --method priority (or autoccl)")
+    expected = (
+        "--method exhaustive: 96 tunable sites need at least 2^96 joint configurations, above the limit "
+        "of 2,000,000; use --method priority (or autoccl)"
+    )
     out = tmp_path / "plan.json"
     assert main(["search", "--profile", str(prof), "-o", str(out), "--method", "exhaustive"]) == 2
     captured = capsys.readouterr()
     assert captured.err.strip() == f"lagom search: error: {expected}" and captured.out == ""
     assert not out.exists()
-    assert main(["simulate", "--preset", "llama3-8b-h100x8", "--cluster", "h100-sxm-ib400", "--method", "exhaustive"]) == 2
+    assert (
+        main(["simulate", "--preset", "llama3-8b-h100x8", "--cluster", "h100-sxm-ib400", "--method", "exhaustive"]) == 2
+    )
     assert capsys.readouterr().err.strip() == f"lagom simulate: error: {expected}"
 
 
@@ -136,22 +144,31 @@ def test_a_profile_given_as_a_plan_and_a_plan_given_as_a_profile_are_named_as_su
     plan = tmp_path / "plan.json"
     assert main(["search", "--profile", str(prof), "-o", str(plan)]) == 0
     capsys.readouterr()
-    for argv, command in [(["plan", "show", str(prof)], "lagom plan show"),
-                          (["plan", "diff", str(plan), str(prof)], "lagom plan diff"),
-                          (["plan", "export", str(prof), "--format", "env"], "lagom plan export")]:
+    for argv, command in [
+        (["plan", "show", str(prof)], "lagom plan show"),
+        (["plan", "diff", str(plan), str(prof)], "lagom plan diff"),
+        (["plan", "export", str(prof), "--format", "env"], "lagom plan export"),
+    ]:
         assert main(argv) == 2, argv
         captured = capsys.readouterr()
-        assert captured.err.strip() == (f"lagom plan: error: {prof} looks like a profile (it has samples, no entries); "
-                                        f"{command} reads plans (a profile is searched with lagom search --profile)")
+        assert captured.err.strip() == (
+            f"lagom plan: error: {prof} looks like a profile (it has samples, no entries); "
+            f"{command} reads plans (a profile is searched with lagom search --profile)"
+        )
         assert captured.out == ""
-    for argv, command in [(["search", "--profile", str(plan), "-o", str(tmp_path / "new.json")], "lagom search --profile"),
-                          (["plan", "validate", str(plan), "--profile", str(plan)], "lagom plan validate --profile")]:
+    for argv, command in [
+        (["search", "--profile", str(plan), "-o", str(tmp_path / "new.json")], "lagom search --profile"),
+        (["plan", "validate", str(plan), "--profile", str(plan)], "lagom plan validate --profile"),
+    ]:
         assert main(argv) == 2, argv
         assert capsys.readouterr().err.strip() == (
             f"lagom {argv[0]}: error: {plan} looks like a plan (it has entries, no samples); {command} reads profiles "
-            "(a plan is read by lagom plan show | diff | validate | export)")
+            "(a plan is read by lagom plan show | diff | validate | export)"
+        )
     assert not (tmp_path / "new.json").exists()
     # a file that is neither keeps the schema's own line
     (tmp_path / "odd.json").write_text('{"entries": {}, "samples": []}')
     assert main(["plan", "show", str(tmp_path / "odd.json")]) == 2
-    assert capsys.readouterr().err.strip() == f"lagom plan: error: {tmp_path / 'odd.json'}: schema_version: Field required"
+    assert (
+        capsys.readouterr().err.strip() == f"lagom plan: error: {tmp_path / 'odd.json'}: schema_version: Field required"
+    )

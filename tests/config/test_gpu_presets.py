@@ -10,8 +10,14 @@ from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.launch.doctor import run_doctor
 from lagom_megatron.launch.megatron_args import argv_to_args, preset_to_argv
 
-GPU_PRESETS = ["llama3-8b-h100x8", "llama3-70b-h100x64", "gpt3-175b-h100x512", "mixtral-8x7b-h100x32",
-               "llama2-7b-a100x32-ib100", "gpt3-13b-h100x64"]
+GPU_PRESETS = [
+    "llama3-8b-h100x8",
+    "llama3-70b-h100x64",
+    "gpt3-175b-h100x512",
+    "mixtral-8x7b-h100x32",
+    "llama2-7b-a100x32-ib100",
+    "gpt3-13b-h100x64",
+]
 
 # name: (layers, hidden, ffn, heads, query groups or None, vocab) -- GPT-3 paper / gpt-neox configs,
 # Llama-2/3 and Mixtral model cards as used by Megatron-Bridge
@@ -39,6 +45,7 @@ def test_model_dimensions(name):
 
 def test_parameter_counts_match_the_names():
     """Weights of attention + MLP + embeddings, worked out from the dimensions (biases and norms left out)."""
+
     def params(name):
         m = load_model(name)
         h, f, layers, heads = m.hidden_size, m.ffn_hidden_size, m.num_layers, m.num_attention_heads
@@ -47,9 +54,20 @@ def test_parameter_counts_match_the_names():
         mlp = (3 if m.swiglu else 2) * h * f * (m.num_experts or 1)
         emb = m.vocab_size * h * (2 if m.untie_embeddings_and_output_weights else 1)
         return layers * (attn + mlp) + emb
-    expected_billions = {"gpt3-1.3b": 1.3, "gpt3-2.7b": 2.7, "gpt3-6.7b": 6.7, "gpt3-13b": 13, "gpt3-175b": 175,
-                         "llama2-7b": 6.7, "llama2-13b": 13, "llama2-70b": 69, "llama3-8b": 8.0,
-                         "llama3-70b": 70.6, "mixtral-8x7b": 46.7}
+
+    expected_billions = {
+        "gpt3-1.3b": 1.3,
+        "gpt3-2.7b": 2.7,
+        "gpt3-6.7b": 6.7,
+        "gpt3-13b": 13,
+        "gpt3-175b": 175,
+        "llama2-7b": 6.7,
+        "llama2-13b": 13,
+        "llama2-70b": 69,
+        "llama3-8b": 8.0,
+        "llama3-70b": 70.6,
+        "mixtral-8x7b": 46.7,
+    }
     for name, billions in expected_billions.items():
         assert params(name) / 1e9 == pytest.approx(billions, rel=0.05), name
 
@@ -75,8 +93,13 @@ def test_gpu_preset_shape_and_header_arithmetic(name):
     header = (CONFIGS_DIR / "presets" / f"{name}.yaml").read_text().split("\ndescription:")[0]
     assert f"--preset {name}" in header
     world = re.search(r"world (\d+) = TP (\d+) x PP (\d+) x CP (\d+) x DP (\d+)", header).groups()
-    assert tuple(map(int, world)) == (preset.world_size, p.tensor_model_parallel_size,
-                                      p.pipeline_model_parallel_size, p.context_parallel_size, dp)
+    assert tuple(map(int, world)) == (
+        preset.world_size,
+        p.tensor_model_parallel_size,
+        p.pipeline_model_parallel_size,
+        p.context_parallel_size,
+        dp,
+    )
     batch = re.search(r"global batch (\d+) = micro-batch (\d+) x (\d+) accumulation steps x DP (\d+)", header).groups()
     gbs, mbs, acc, dp_h = map(int, batch)
     assert (gbs, mbs, dp_h) == (t.global_batch_size, t.micro_batch_size, dp) and mbs * acc * dp == gbs
@@ -89,8 +112,16 @@ def test_issue_layouts():
     def layout(name):
         p = load_preset(name)
         par = p.parallel
-        return (p.world_size, par.tensor_model_parallel_size, par.pipeline_model_parallel_size,
-                par.context_parallel_size, par.expert_model_parallel_size, par.sequence_parallel, p.cluster)
+        return (
+            p.world_size,
+            par.tensor_model_parallel_size,
+            par.pipeline_model_parallel_size,
+            par.context_parallel_size,
+            par.expert_model_parallel_size,
+            par.sequence_parallel,
+            p.cluster,
+        )
+
     assert layout("llama3-8b-h100x8") == (8, 1, 1, 2, 1, False, "h100-sxm-ib400")
     assert layout("llama3-70b-h100x64") == (64, 4, 4, 2, 1, True, "h100-sxm-ib400")
     assert layout("gpt3-175b-h100x512") == (512, 4, 8, 1, 1, True, "h100-sxm-ib400")
@@ -106,14 +137,19 @@ def test_issue_layouts():
 def test_unknown_key_names_the_closest(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: llama3-8b\nparallel:\n  tensor_model_paralel_size: 2\n")
-    with pytest.raises(ValueError, match="unknown key 'parallel.tensor_model_paralel_size'; did you mean 'tensor_model_parallel_size'"):
+    with pytest.raises(
+        ValueError, match="unknown key 'parallel.tensor_model_paralel_size'; did you mean 'tensor_model_parallel_size'"
+    ):
         load_preset(bad)
 
 
-@pytest.mark.parametrize("model", [
-    "  num_layer: 2\n  hidden_size: 64\n  num_attention_heads: 4\n",                   # the key misspelt
-    "  num_layers: 2\n  hidden_size: 64\n  num_attention_heads: 4\n  num_layer: 3\n",  # an extra misspelt key
-])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "  num_layer: 2\n  hidden_size: 64\n  num_attention_heads: 4\n",  # the key misspelt
+        "  num_layers: 2\n  hidden_size: 64\n  num_attention_heads: 4\n  num_layer: 3\n",  # an extra misspelt key
+    ],
+)
 def test_a_typo_key_inside_an_inline_model_is_named(tmp_path, model):
     """It was reported as ``model.str: Input should be a valid string``, the other branch of ``model:``."""
     bad = tmp_path / "bad.yaml"
@@ -132,8 +168,20 @@ def test_a_wrong_type_inside_an_inline_model_names_the_key(tmp_path):
 
 
 def test_command_line_overrides_the_preset():
-    args = argv_to_args(["pretrain_gpt.py", "--preset", "llama3-8b-h100x8", "--context-parallel-size", "4",
-                         "--no-overlap-p2p-communication", "--data-path", "1", "a", "--lr=1e-3"])
+    args = argv_to_args(
+        [
+            "pretrain_gpt.py",
+            "--preset",
+            "llama3-8b-h100x8",
+            "--context-parallel-size",
+            "4",
+            "--no-overlap-p2p-communication",
+            "--data-path",
+            "1",
+            "a",
+            "--lr=1e-3",
+        ]
+    )
     assert args["context_parallel_size"] == 4 and args["tensor_model_parallel_size"] == 1
     assert args["overlap_p2p_comm"] is False and args["data_path"] == [1, "a"] and args["lr"] == 1e-3
     assert args["_preset"].name == "llama3-8b-h100x8" and args["num_layers"] == 32

@@ -26,17 +26,24 @@ def _plan_file(tmp_path, mutate) -> Path:
     return path
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d.update(schema_version=99), "schema_version: Input should be 1; got 99"),
-    (lambda d: d.update(bogus=1), "bogus: Extra inputs are not permitted; got 1"),
-    (lambda d: d.pop("entries"), "entries: Field required"),
-    (lambda d: d["entries"]["tp.ag[0]"].pop("group"), "entries.tp.ag[0].group: Field required"),
-    (lambda d: d["entries"]["tp.ag[0]"]["config"].update(n_chanels=4),
-     "entries.tp.ag[0].config: unknown CommConfig field(s) ['n_chanels']; allowed: "),
-    (lambda d: d["entries"]["tp.ag[0]"].update(tunable="n_channels"),
-     "entries.tp.ag[0].tunable: Input should be a valid list; got 'n_channels'"),
-    (lambda d: d.update(env={"NCCL_NTHREADS": 256}), "env.NCCL_NTHREADS: Input should be a valid string; got 256"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(schema_version=99), "schema_version: Input should be 1; got 99"),
+        (lambda d: d.update(bogus=1), "bogus: Extra inputs are not permitted; got 1"),
+        (lambda d: d.pop("entries"), "entries: Field required"),
+        (lambda d: d["entries"]["tp.ag[0]"].pop("group"), "entries.tp.ag[0].group: Field required"),
+        (
+            lambda d: d["entries"]["tp.ag[0]"]["config"].update(n_chanels=4),
+            "entries.tp.ag[0].config: unknown CommConfig field(s) ['n_chanels']; allowed: ",
+        ),
+        (
+            lambda d: d["entries"]["tp.ag[0]"].update(tunable="n_channels"),
+            "entries.tp.ag[0].tunable: Input should be a valid list; got 'n_channels'",
+        ),
+        (lambda d: d.update(env={"NCCL_NTHREADS": 256}), "env.NCCL_NTHREADS: Input should be a valid string; got 256"),
+    ],
+)
 def test_a_bad_plan_is_one_line_naming_the_file_and_field(tmp_path, mutate, message):
     path = _plan_file(tmp_path, mutate)
     with pytest.raises(ValueError) as info:

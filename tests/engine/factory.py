@@ -14,12 +14,31 @@ from lagom_megatron.megatron.pool.comm_pool import rules_for
 
 def site(*, site_id="tp.ag[0]", op="all_gather", nbytes=64 * 2**20, group="tp", group_size=8, n_nodes=1, calls=1):
     """One CollectiveSite with test defaults (a 64 MiB tensor-parallel all-gather in one node)."""
-    return CollectiveSite(site_id=site_id, op=op, nbytes=nbytes, dtype="bfloat16", group=group, group_size=group_size,
-                          n_nodes=n_nodes, calls_per_iter=calls)
+    return CollectiveSite(
+        site_id=site_id,
+        op=op,
+        nbytes=nbytes,
+        dtype="bfloat16",
+        group=group,
+        group_size=group_size,
+        n_nodes=n_nodes,
+        calls_per_iter=calls,
+    )
 
 
-def build(*, sites=None, comp_ratio=1.0, cluster="h100-sxm-ib400", mechanism=None, a=1.0, b=1.0, alpha=1.0, beta=1.0,
-          domain_override=None, iteration_us=None):
+def build(
+    *,
+    sites=None,
+    comp_ratio=1.0,
+    cluster="h100-sxm-ib400",
+    mechanism=None,
+    a=1.0,
+    b=1.0,
+    alpha=1.0,
+    beta=1.0,
+    domain_override=None,
+    iteration_us=None,
+):
     """A SearchProblem whose regions have T_comp = comp_ratio x the default T_comm of each site.
 
     ``comp_ratio`` is a scalar or one value per site; a/b/alpha/beta are the cost-model
@@ -32,9 +51,16 @@ def build(*, sites=None, comp_ratio=1.0, cluster="h100-sxm-ib400", mechanism=Non
     probe = CostModel.from_priors(sites, np.ones(len(sites)), spec, a=a, b=b, alpha=alpha, beta=beta)
     st = SearchProblem.from_model(probe, rules=rules).default_state()
     t_comm = probe.evaluate(np.arange(len(sites)), st.alg, st.proto, st.nc, st.nt, np.zeros(len(sites)))[0]
-    model = CostModel.from_priors(sites, t_comm * np.asarray(comp_ratio, dtype=float), spec, a=a, b=b, alpha=alpha, beta=beta)
-    return SearchProblem.from_model(model, rules=rules, domain_override=domain_override, iteration_us=iteration_us,
-                                    fingerprint={"cluster": spec.name, "world_size": 16})
+    model = CostModel.from_priors(
+        sites, t_comm * np.asarray(comp_ratio, dtype=float), spec, a=a, b=b, alpha=alpha, beta=beta
+    )
+    return SearchProblem.from_model(
+        model,
+        rules=rules,
+        domain_override=domain_override,
+        iteration_us=iteration_us,
+        fingerprint={"cluster": spec.name, "world_size": 16},
+    )
 
 
 def profile_from(problem, *, noise=0.0, seed=0, probes=None, iteration_us=10_000.0):
@@ -49,11 +75,24 @@ def profile_from(problem, *, noise=0.0, seed=0, probes=None, iteration_us=10_000
             c = problem.rules.applicable(cfg, op=s.op)
             t_comm, _, t_region = (float(x) for x in m.evaluate(i, *m.encode(i, c)))
             e1, e2 = (1.0 + noise * rng.standard_normal(2)) if noise else (1.0, 1.0)
-            samples.append(Sample(site_id=s.site_id, config=c, t_comm_us=t_comm * e1, t_comp_us=float(m.t_comp_us_S[i]),
-                                  t_region_us=max(t_region * e2, t_comm * e1), iteration=it))
-    return Profile(backend=backend, cluster=problem.cluster.name, iteration_us=iteration_us, sites=list(m.sites),
-                   samples=samples, fingerprint={"world_size": 16, "model": "tiny-gpt", "backend": backend,
-                                                        "cluster": problem.cluster.name})
+            samples.append(
+                Sample(
+                    site_id=s.site_id,
+                    config=c,
+                    t_comm_us=t_comm * e1,
+                    t_comp_us=float(m.t_comp_us_S[i]),
+                    t_region_us=max(t_region * e2, t_comm * e1),
+                    iteration=it,
+                )
+            )
+    return Profile(
+        backend=backend,
+        cluster=problem.cluster.name,
+        iteration_us=iteration_us,
+        sites=list(m.sites),
+        samples=samples,
+        fingerprint={"world_size": 16, "model": "tiny-gpt", "backend": backend, "cluster": problem.cluster.name},
+    )
 
 
 def synthetic(*, n_sites, seed, cluster="h100-sxm-ib400", mechanism=None, domain_override=None):
@@ -61,5 +100,6 @@ def synthetic(*, n_sites, seed, cluster="h100-sxm-ib400", mechanism=None, domain
     from lagom_megatron.engine.bench import synthetic_problem
 
     spec = ClusterSpec.load(cluster)
-    return synthetic_problem(n_sites=n_sites, seed=seed, rules=rules_for(spec.backend, spec, mechanism),
-                             domain_override=domain_override)
+    return synthetic_problem(
+        n_sites=n_sites, seed=seed, rules=rules_for(spec.backend, spec, mechanism), domain_override=domain_override
+    )

@@ -20,8 +20,15 @@ from lagom_megatron.engine.steps import IterationMeasurement
 
 from .factory import site
 
-GATHER = dict(site_id="dp.param_all_gather[chunk0.bucket0]", op="all_gather", nbytes=256 * 2**20, group="dp",
-              group_size=16, n_nodes=2, calls=4)
+GATHER = dict(
+    site_id="dp.param_all_gather[chunk0.bucket0]",
+    op="all_gather",
+    nbytes=256 * 2**20,
+    group="dp",
+    group_size=16,
+    n_nodes=2,
+    calls=4,
+)
 
 
 def _model(per_call_us, cluster="a40-pcie-ib200", **kw):
@@ -34,10 +41,22 @@ def _model(per_call_us, cluster="a40-pcie-ib200", **kw):
 
 def test_profile_round_trips_per_call_times(tmp_path):
     s = site()
-    smp = Sample(site_id=s.site_id, config=CommConfig(n_channels=4), t_comm_us=30.0, t_comp_us=math.nan, t_region_us=60.0,
-                 iteration=2, calls=((10.0, math.nan, 10.0), (20.0, 40.0, 50.0)))
-    prof = Profile(backend="nccl", cluster="h100-sxm-ib400", iteration_us=1e3, sites=[s], samples=[smp, Sample(
-        site_id=s.site_id, config=CommConfig(), t_comm_us=1.0, t_comp_us=1.0, t_region_us=1.0)])
+    smp = Sample(
+        site_id=s.site_id,
+        config=CommConfig(n_channels=4),
+        t_comm_us=30.0,
+        t_comp_us=math.nan,
+        t_region_us=60.0,
+        iteration=2,
+        calls=((10.0, math.nan, 10.0), (20.0, 40.0, 50.0)),
+    )
+    prof = Profile(
+        backend="nccl",
+        cluster="h100-sxm-ib400",
+        iteration_us=1e3,
+        sites=[s],
+        samples=[smp, Sample(site_id=s.site_id, config=CommConfig(), t_comm_us=1.0, t_comp_us=1.0, t_region_us=1.0)],
+    )
     prof.save(tmp_path / "p.json")
     data = json.loads((tmp_path / "p.json").read_text())
     assert "calls" not in data["samples"][1]  # optional: absent when not recorded
@@ -67,7 +86,7 @@ def test_an_exposed_call_is_its_own_region():
         assert 2 * tc < 2 * 100.0 + 2 * tc  # the forward calls are communication-bound ...
         assert region > float(region_time_us(t_comm, sum(per_call), s))  # ... which the sum cannot see
     # a faster collective now shortens the region by what it saves on the exposed calls
-    slow, fast = (m.evaluate(0, *m.encode(0, CommConfig(n_channels=nc)))[:: 2] for nc in (1, 2))
+    slow, fast = (m.evaluate(0, *m.encode(0, CommConfig(n_channels=nc)))[::2] for nc in (1, 2))
     assert slow[1] - fast[1] > 0.4 * (slow[0] - fast[0])
 
 
@@ -80,7 +99,7 @@ def test_an_exposed_call_keeps_its_own_level_among_many_hidden_ones(n):
 
 
 def test_levels_merge_the_closest_neighbours_beyond_the_limit():
-    per_call = [100.0 * 3.0 ** k for k in range(MAX_CALL_LEVELS + 3)][::-1]  # 11 windows, none alike
+    per_call = [100.0 * 3.0**k for k in range(MAX_CALL_LEVELS + 3)][::-1]  # 11 windows, none alike
     m = _model(per_call, calls=2 * len(per_call))
     lv, w = m.comp_levels_SL[0], m.comp_weights_SL[0]
     assert lv.shape == (MAX_CALL_LEVELS,) and w.sum() == 2 * len(per_call) and (np.diff(lv) > 0).all()
@@ -104,8 +123,17 @@ def _measured(truth: CostModel, per_call, configs, *, drop_calls=()):
             tc = t_comm / len(per_call[i])
             k = truth.slow_SL[i][truth.call_level[i]]
             calls = tuple((tc, c, float(region_time_us(tc, c, s * kc))) for c, kc in zip(per_call[i], k))
-            out.append(Sample(site_id=site_.site_id, config=cfg, t_comm_us=t_comm, t_comp_us=float(sum(per_call[i])),
-                              t_region_us=region, iteration=it, calls=() if (i, it - 1) in drop_calls else calls))
+            out.append(
+                Sample(
+                    site_id=site_.site_id,
+                    config=cfg,
+                    t_comm_us=t_comm,
+                    t_comp_us=float(sum(per_call[i])),
+                    t_region_us=region,
+                    iteration=it,
+                    calls=() if (i, it - 1) in drop_calls else calls,
+                )
+            )
     return out
 
 
@@ -116,12 +144,14 @@ def _truth(per_call, factors):
     """Sites of one shape group (same op, bytes, communicator), one per entry of ``per_call``, with
     slowdown factors per level ``factors`` and a = 2, b = 1.5."""
     spec = ClusterSpec.load("a40-pcie-ib200")
-    sites = [site(**(GATHER | {"site_id": f"dp.param_all_gather[chunk0.bucket{i}]", "calls": len(c)}))
-             for i, c in enumerate(per_call)]
+    sites = [
+        site(**(GATHER | {"site_id": f"dp.param_all_gather[chunk0.bucket{i}]", "calls": len(c)}))
+        for i, c in enumerate(per_call)
+    ]
     m = CostModel.from_priors(sites, [float(sum(c)) for c in per_call], spec, a=2.0, b=1.5)
     m.set_call_levels(per_call)
     for i, f in enumerate(factors):
-        m.slow_SL[i, :len(f)] = f
+        m.slow_SL[i, : len(f)] = f
     return m
 
 
@@ -132,8 +162,10 @@ def _tc() -> float:
 
 
 def _fit(truth, samples):
-    return fit_cost_model(Profile(backend="nccl", cluster="a40-pcie-ib200", iteration_us=1e6, sites=truth.sites,
-                                  samples=samples), truth.cluster)
+    return fit_cost_model(
+        Profile(backend="nccl", cluster="a40-pcie-ib200", iteration_us=1e6, sites=truth.sites, samples=samples),
+        truth.cluster,
+    )
 
 
 def test_fit_recovers_a_slowdown_that_differs_per_call():
@@ -145,14 +177,18 @@ def test_fit_recovers_a_slowdown_that_differs_per_call():
     k = fitted.slow_SL[0]
     assert k[1] / k[0] == pytest.approx(3.0, rel=0.05)
     for cfg in (CommConfig(n_channels=6), CommConfig(n_channels=12)):
-        assert fitted.t_region_us(truth.sites[0], cfg) == pytest.approx(truth.t_region_us(truth.sites[0], cfg), rel=0.01)
+        assert fitted.t_region_us(truth.sites[0], cfg) == pytest.approx(
+            truth.t_region_us(truth.sites[0], cfg), rel=0.01
+        )
     assert fitted.mape < 0.5
     # a sample that kept only its sums (its calls could not be matched) belongs to no level
     dropped = _fit(truth, _measured(truth, per_call, CONFIGS, drop_calls={(0, 0), (0, 3)}))
     kd = dropped.slow_SL[0]
     assert kd[1] / kd[0] == pytest.approx(3.0, rel=0.05) and dropped.mape < 1.0
     for cfg in (CommConfig(n_channels=6), CommConfig(n_channels=12)):
-        assert dropped.t_region_us(truth.sites[0], cfg) == pytest.approx(truth.t_region_us(truth.sites[0], cfg), rel=0.01)
+        assert dropped.t_region_us(truth.sites[0], cfg) == pytest.approx(
+            truth.t_region_us(truth.sites[0], cfg), rel=0.01
+        )
 
 
 def test_level_factors_pool_only_sites_with_as_many_levels():
@@ -172,7 +208,9 @@ def test_a_call_of_almost_no_time_does_not_break_the_fit():
     samples = _measured(truth, per_call, CONFIGS)
     samples[1] = replace(samples[1], calls=((1e-300, 2 * tc, 2 * tc), samples[1].calls[1]))
     fitted = _fit(truth, samples)
-    assert np.isfinite(fitted.slow_SL).all() and np.isfinite(fitted.t_region_us(truth.sites[0], CommConfig(n_channels=4)))
+    assert np.isfinite(fitted.slow_SL).all() and np.isfinite(
+        fitted.t_region_us(truth.sites[0], CommConfig(n_channels=4))
+    )
 
 
 def test_recorder_gives_each_call_its_serialized_compute():
@@ -180,8 +218,15 @@ def test_recorder_gives_each_call_its_serialized_compute():
     rec = ProfileRecorder(backend="nccl", cluster_name="h100-sxm-ib400", fingerprint={})
 
     def m(it, calls, comp=math.nan):
-        smp = Sample(site_id=s.site_id, config=CommConfig(), t_comm_us=sum(c[0] for c in calls), t_comp_us=comp,
-                     t_region_us=sum(c[2] for c in calls), iteration=it, calls=calls)
+        smp = Sample(
+            site_id=s.site_id,
+            config=CommConfig(),
+            t_comm_us=sum(c[0] for c in calls),
+            t_comp_us=comp,
+            t_region_us=sum(c[2] for c in calls),
+            iteration=it,
+            calls=calls,
+        )
         return IterationMeasurement(iteration=it, iteration_us=1e3, sites=[s], samples=[smp])
 
     rec.record_default(m(1, ((10.0, math.nan, 12.0), (10.0, math.nan, 40.0))))

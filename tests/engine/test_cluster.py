@@ -28,12 +28,15 @@ def test_unknown_key_and_missing_file(tmp_path):
         ClusterSpec.load("no-such-cluster")
 
 
-@pytest.mark.parametrize("key, value, fragment", [
-    ("sms_per_gpu", 0, "sms_per_gpu must be an integer >= 1"),
-    ("hbm_gbps", -1, "hbm_gbps must be a number > 0"),
-    ("nccl_version", "2.x", "nccl_version must look like"),
-    ("backend", "mpi", "backend must be one of"),
-])
+@pytest.mark.parametrize(
+    "key, value, fragment",
+    [
+        ("sms_per_gpu", 0, "sms_per_gpu must be an integer >= 1"),
+        ("hbm_gbps", -1, "hbm_gbps must be a number > 0"),
+        ("nccl_version", "2.x", "nccl_version must look like"),
+        ("backend", "mpi", "backend must be one of"),
+    ],
+)
 def test_bad_values(key, value, fragment):
     data = ClusterSpec.load("h100-sxm-ib400").to_dict() | {key: value}
     with pytest.raises(ValueError, match=fragment):
@@ -50,15 +53,24 @@ def test_measured_bandwidth_fields_are_checked():
 
     assert cluster.PROTOCOLS == knobs.PROTOCOLS  # the per-protocol keys are NCCL's protocol names
     base = ClusterSpec.load("a40-pcie-ib100").to_dict()
-    spec = ClusterSpec.from_dict(base | {"per_channel_gbps": {"Simple": 5.5}, "link_eff": {"LL": 0.4, "Simple": 0.85},
-                                         "bw_saturation_p": 3.0, "channel_thread_exponent": 0.5})
+    spec = ClusterSpec.from_dict(
+        base
+        | {
+            "per_channel_gbps": {"Simple": 5.5},
+            "link_eff": {"LL": 0.4, "Simple": 0.85},
+            "bw_saturation_p": 3.0,
+            "channel_thread_exponent": 0.5,
+        }
+    )
     assert (spec.per_channel_gbps, spec.link_eff["LL"], spec.net_eff) == ({"Simple": 5.5}, 0.4, None)
-    for bad, message in [({"per_channel_gbps": {"Simpel": 5.0}}, "per_channel_gbps: unknown protocol 'Simpel'; allowed"),
-                         ({"link_eff": {"LL": 0}}, r"link_eff\['LL'\] must be a finite number > 0; got 0"),
-                         ({"net_eff": {"LL": float("nan")}}, r"net_eff\['LL'\] must be a finite number > 0"),
-                         ({"net_eff": 0.9}, "net_eff must map protocols"),
-                         ({"bw_saturation_p": 0.5}, "bw_saturation_p must be a number >= 1 or absent; got 0.5"),
-                         ({"channel_thread_exponent": -0.1}, "channel_thread_exponent must be a number >= 0")]:
+    for bad, message in [
+        ({"per_channel_gbps": {"Simpel": 5.0}}, "per_channel_gbps: unknown protocol 'Simpel'; allowed"),
+        ({"link_eff": {"LL": 0}}, r"link_eff\['LL'\] must be a finite number > 0; got 0"),
+        ({"net_eff": {"LL": float("nan")}}, r"net_eff\['LL'\] must be a finite number > 0"),
+        ({"net_eff": 0.9}, "net_eff must map protocols"),
+        ({"bw_saturation_p": 0.5}, "bw_saturation_p must be a number >= 1 or absent; got 0.5"),
+        ({"channel_thread_exponent": -0.1}, "channel_thread_exponent must be a number >= 0"),
+    ]:
         with pytest.raises(ValueError, match=message):
             ClusterSpec.from_dict(base | bad)
 
@@ -66,7 +78,9 @@ def test_measured_bandwidth_fields_are_checked():
 def test_an_empty_cluster_file_and_a_folder_named_like_a_cluster(tmp_path, monkeypatch):
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing yet\n")
-    with pytest.raises(ValueError, match=f"^{empty}: a cluster file must be a mapping of keys to values; got an empty file$"):
+    with pytest.raises(
+        ValueError, match=f"^{empty}: a cluster file must be a mapping of keys to values; got an empty file$"
+    ):
         ClusterSpec.load(empty)
     (tmp_path / "cpu-gloo").mkdir()  # a folder in the working directory does not hide the shipped cluster
     monkeypatch.chdir(tmp_path)

@@ -62,8 +62,14 @@ def test_channels_trade_communication_speed_for_compute_slowdown(h100):
 
 def test_fit_recovers_hidden_parameters_from_warmup_samples():
     sites = [site(site_id=f"tp.ag[{i}]", nbytes=(4 + 8 * i) * 2**20) for i in range(4)]
-    truth = build(sites=sites, comp_ratio=[0.5, 1.5, 2.0, 3.0], alpha=[0.8, 1.2, 1.0, 1.5], beta=[1.3, 0.7, 1.1, 0.9],
-                  a=[0.5, 1.0, 2.0, 0.7], b=[2.0, 0.4, 1.0, 1.5])
+    truth = build(
+        sites=sites,
+        comp_ratio=[0.5, 1.5, 2.0, 3.0],
+        alpha=[0.8, 1.2, 1.0, 1.5],
+        beta=[1.3, 0.7, 1.1, 0.9],
+        a=[0.5, 1.0, 2.0, 0.7],
+        b=[2.0, 0.4, 1.0, 1.5],
+    )
     fitted = fit_cost_model(profile_from(truth), truth.cluster)
     assert fitted.n_points == 4 * (1 + 4)  # defaults + 2, 8 and 16 channels + the high-priority stream
     assert fitted.wait_S is None  # the truth has no dispatch wait: the probe finds none
@@ -76,8 +82,10 @@ def test_fit_recovers_hidden_parameters_from_warmup_samples():
 
 
 def test_fit_with_noise_reports_mape_below_ten_percent():
-    sites = [site(site_id=f"dp.rs[{i}]", op="reduce_scatter", nbytes=2**(20 + i), group="dp", group_size=16, n_nodes=2)
-             for i in range(8)]
+    sites = [
+        site(site_id=f"dp.rs[{i}]", op="reduce_scatter", nbytes=2 ** (20 + i), group="dp", group_size=16, n_nodes=2)
+        for i in range(8)
+    ]
     truth = build(sites=sites, comp_ratio=np.linspace(0.3, 3.0, 8))
     fitted = fit_cost_model(profile_from(truth, noise=0.03, seed=1), truth.cluster)
     assert 0.0 < fitted.mape < 10.0
@@ -102,7 +110,9 @@ def test_fit_on_gloo_profile(gloo):
     split2, split1 = CommConfig(n_channels=2, chunk_size=2**20), CommConfig(n_channels=1, chunk_size=2**20)
     assert fitted.slowdown("dp.ar[0]", split2) > fitted.slowdown("dp.ar[0]", split1)
     assert fitted.t_comm_us("dp.ar[0]", split2) < fitted.t_comm_us("dp.ar[0]", split1)
-    assert fitted.slowdown("dp.ar[0]", CommConfig(n_channels=2)) == fitted.slowdown("dp.ar[0]", CommConfig(n_channels=1))
+    assert fitted.slowdown("dp.ar[0]", CommConfig(n_channels=2)) == fitted.slowdown(
+        "dp.ar[0]", CommConfig(n_channels=1)
+    )
 
 
 def test_fit_errors():
@@ -112,8 +122,10 @@ def test_fit_errors():
     with pytest.raises(ValueError, match=r"no usable sample .* for site\(s\) \['tp.ag\[0\]'\]"):
         fit_cost_model(prof, problem.cluster)
     with pytest.raises(ValueError, match="profile has no collective sites"):
-        fit_cost_model(type(prof)(backend="nccl", cluster="h100-sxm-ib400", iteration_us=1.0, sites=[], samples=[]),
-                      problem.cluster)
+        fit_cost_model(
+            type(prof)(backend="nccl", cluster="h100-sxm-ib400", iteration_us=1.0, sites=[], samples=[]),
+            problem.cluster,
+        )
 
 
 def test_fit_tolerates_unmeasured_compute_and_failed_samples():
@@ -129,14 +141,16 @@ def test_fit_tolerates_unmeasured_compute_and_failed_samples():
 
 
 def test_engine_imports_without_torch_or_megatron():
-    code = ("import sys; sys.modules['torch'] = None; sys.modules['megatron'] = None\n"
-            "import importlib, pkgutil, lagom_megatron.engine as e\n"
-            "names = [m.name for m in pkgutil.iter_modules(e.__path__)]\n"
-            "assert {'tuner', 'cost_model', 'search', 'plan', 'files'} <= set(names), names\n"
-            "for n in names: importlib.import_module('lagom_megatron.engine.' + n)\n"
-            "import lagom_megatron.cli.search, lagom_megatron.cli.plan\n"
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('pydantic', 'scipy', 'matplotlib')]\n"
-            "assert not bad, bad\n")
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['megatron'] = None\n"
+        "import importlib, pkgutil, lagom_megatron.engine as e\n"
+        "names = [m.name for m in pkgutil.iter_modules(e.__path__)]\n"
+        "assert {'tuner', 'cost_model', 'search', 'plan', 'files'} <= set(names), names\n"
+        "for n in names: importlib.import_module('lagom_megatron.engine.' + n)\n"
+        "import lagom_megatron.cli.search, lagom_megatron.cli.plan\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('pydantic', 'scipy', 'matplotlib')]\n"
+        "assert not bad, bad\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
@@ -186,11 +200,16 @@ def test_gloo_call_on_a_single_rank_group_has_a_cost(gloo):
     one = site(site_id="dp.ar[0]", op="all_reduce", nbytes=2**20, group="dp", group_size=1)
     model = CostModel.from_priors([one], [100.0], gloo)
     assert model.t_comm_us("dp.ar[0]", CommConfig()) > 0.0
-    assert model.t_comm_us("dp.ar[0]", CommConfig(n_channels=2, chunk_size=2**18)) > model.t_comm_us("dp.ar[0]", CommConfig())
+    assert model.t_comm_us("dp.ar[0]", CommConfig(n_channels=2, chunk_size=2**18)) > model.t_comm_us(
+        "dp.ar[0]", CommConfig()
+    )
 
 
 def test_gloo_fit_follows_measurements_far_slower_than_the_cluster_spec(gloo):
-    sites = [site(site_id=f"dp.ar[{i}]", op="all_reduce", nbytes=2**(18 + 2 * i), group="dp", group_size=2) for i in range(3)]
+    sites = [
+        site(site_id=f"dp.ar[{i}]", op="all_reduce", nbytes=2 ** (18 + 2 * i), group="dp", group_size=2)
+        for i in range(3)
+    ]
     truth = build(sites=sites, cluster="cpu-gloo", comp_ratio=0.5, alpha=20.0, beta=30.0)
     fitted = fit_cost_model(profile_from(truth), gloo)
     assert fitted.mape < 2.0, f"got MAPE {fitted.mape:.2f}% on noise-free samples 20-30x slower than the prior"

@@ -36,9 +36,16 @@ def _gap(problem):
     return (p - e.stats["predicted_iteration_us"]) / e.stats["predicted_iteration_us"], e.plan
 
 
-@pytest.mark.parametrize("cluster, mechanism, above, fast, peer", [
-    ("h100-sxm-ib400", None, 4, 5, 0), ("a100-ib100", None, 3, 7, 4), ("h200-sxm", None, 6, 5, 0),
-    ("h100-sxm-ib400", "communicator", 6, 5, 0), ("h100-sxm-ib400", "env", 0, 0, 2)])
+@pytest.mark.parametrize(
+    "cluster, mechanism, above, fast, peer",
+    [
+        ("h100-sxm-ib400", None, 4, 5, 0),
+        ("a100-ib100", None, 3, 7, 4),
+        ("h200-sxm", None, 6, 5, 0),
+        ("h100-sxm-ib400", "communicator", 6, 5, 0),
+        ("h100-sxm-ib400", "env", 0, 0, 2),
+    ],
+)
 def test_priority_never_beats_the_optimum(cluster, mechanism, above, fast, peer):
     """16 problems of 2-3 sites per cluster and mechanism, half with dispatch waits: the gap is never
     negative; ``above`` of them have one above 0; in ``fast`` the optimum puts a group on a
@@ -46,13 +53,15 @@ def test_priority_never_beats_the_optimum(cluster, mechanism, above, fast, peer)
     gaps, n_fast, n_peer = [], 0, 0
     for k in range(8):
         for waits in (False, True):
-            problem = synthetic(n_sites=2 + k % 2, seed=5000 + k, cluster=cluster, mechanism=mechanism,
-                                domain_override=SMALL_DOMAINS)
+            problem = synthetic(
+                n_sites=2 + k % 2, seed=5000 + k, cluster=cluster, mechanism=mechanism, domain_override=SMALL_DOMAINS
+            )
             gap, plan = _gap(_with_waits(problem, k) if waits else problem)
             gaps.append(gap)
             n_fast += any(e.config.high_priority_stream for e in plan.entries.values())
-            n_peer += "NCCL_NCHANNELS_PER_NET_PEER" in plan.env or any(e.config.net_peer_channels
-                                                                        for e in plan.entries.values())
+            n_peer += "NCCL_NCHANNELS_PER_NET_PEER" in plan.env or any(
+                e.config.net_peer_channels for e in plan.entries.values()
+            )
     assert min(gaps) >= -1e-9, [round(g, 6) for g in gaps]
     assert max(gaps) < 0.06  # and priority stays close to it
     assert (sum(g > 1e-9 for g in gaps), n_fast, n_peer) == (above, fast, peer)

@@ -32,11 +32,13 @@ def test_channels_per_peer_by_path():
     assert float(p2p.peer_channels(p2p=32, n_nodes=1, group_size=8, intra_link="nvlink", **kw)) == 32.0
     # a 50 GB/s NIC: max(1 NIC, ceil(50 / 14)) = 4 per network peer (NCCL 2.29+); two ranks: ceil(2 / 8) = 1
     # round, halved while 4 x 1 > p2pnChannels
-    assert p2p.peer_channels(p2p=[2, 4, 16], n_nodes=2, group_size=2, intra_link="nvlink", nic_gbps=50.0,
-                             **kw).tolist() == [2, 4, 4]
+    assert p2p.peer_channels(
+        p2p=[2, 4, 16], n_nodes=2, group_size=2, intra_link="nvlink", nic_gbps=50.0, **kw
+    ).tolist() == [2, 4, 4]
     # nChannelsPerNetPeer set: no halving, only the cut to p2pnChannels (paths.cc:1002-1003)
-    assert p2p.peer_channels(p2p=[4, 16], n_nodes=2, group_size=2, intra_link="nvlink", nic_gbps=50.0,
-                             net_peer_channels=8, **kw).tolist() == [4, 8]
+    assert p2p.peer_channels(
+        p2p=[4, 16], n_nodes=2, group_size=2, intra_link="nvlink", nic_gbps=50.0, net_peer_channels=8, **kw
+    ).tolist() == [4, 8]
     # NCCL 2.27: 2 per network peer, 1 when 2 x nRanks > 4 x p2pnChannels, at least the NICs
     old = dict(kw, nccl=(2, 27, 5))
     assert p2p.peer_channels(p2p=[4, 16], n_nodes=2, group_size=16, intra_link="nvlink", **old).tolist() == [1, 2]
@@ -77,13 +79,20 @@ def test_the_cost_model_takes_p2p_ctas_from_the_communicators_cta_bound():
 def test_a_collective_on_the_same_cluster_keeps_its_own_channel_rule():
     h100 = ClusterSpec.load("h100-sxm-ib400")
     ag = site(nbytes=64 << 20)
-    send = dataclasses.replace(site(site_id="pp.send_recv[0]", op="send", nbytes=16 << 20, group="pp", group_size=2,
-                                    n_nodes=2))
+    send = dataclasses.replace(
+        site(site_id="pp.send_recv[0]", op="send", nbytes=16 << 20, group="pp", group_size=2, n_nodes=2)
+    )
     m = CostModel.from_priors([ag, send], [10.0, 10.0], h100)
     nc = m.default_codes()[2]
     assert nc.tolist() == [32.0, 16.0]  # a 64 MiB all-gather: 32 (one per 128 KiB, capped); across nodes: 16
-    ctas = m.prior_parts(np.array([0, 1]), np.array([0, 7]), np.array([2, 3]), np.array([6.0, 6.0]),
-                         np.array([512.0, 512.0]), np.zeros(2))[2]
+    ctas = m.prior_parts(
+        np.array([0, 1]),
+        np.array([0, 7]),
+        np.array([2, 3]),
+        np.array([6.0, 6.0]),
+        np.array([512.0, 512.0]),
+        np.zeros(2),
+    )[2]
     # the all-gather runs the 6 channels it is given; the send on a 6-channel communicator: p2pnChannels 8,
     # 2 per network peer (NCCL 2.27.5's rule), one task
     assert ctas.tolist() == [6.0, 2.0]

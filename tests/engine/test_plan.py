@@ -41,7 +41,9 @@ def test_digest_covers_configs_but_not_statistics():
     assert plan.with_stats(wall_time_s=123.0).digest() == plan.digest()
     changed = Plan(**{**plan.__dict__, "entries": dict(plan.entries)})
     e = changed.entries["tp.ag[0]"]
-    changed.entries["tp.ag[0]"] = PlanEntry(**{**{k: getattr(e, k) for k in e.__slots__}, "config": CommConfig(n_channels=3)})
+    changed.entries["tp.ag[0]"] = PlanEntry(
+        **{**{k: getattr(e, k) for k in e.__slots__}, "config": CommConfig(n_channels=3)}
+    )
     assert changed.digest() != plan.digest()
     assert diff_plans(plan, changed) == [f"tp.ag[0]: {e.config.to_dict()} -> {{'n_channels': 3}}"]
 
@@ -78,13 +80,26 @@ def test_missing_file():
 def test_diff_lists_only_real_differences_and_names_missing_keys():
     plan = _plan()
     base = {k: v for k, v in plan.fingerprint.items() if k != "ddp_bucket_size"}
-    a = Plan(**{**plan.__dict__, "fingerprint": {**base, "ddp_bucket_size": None, "seq_length": 128},
-                "env": {"NCCL_ALGO": "Ring"}})
-    b = Plan(**{**plan.__dict__, "fingerprint": {k: v for k, v in base.items() if k != "seq_length"},
-                "env": {"NCCL_PROTO": "Simple"}})
+    a = Plan(
+        **{
+            **plan.__dict__,
+            "fingerprint": {**base, "ddp_bucket_size": None, "seq_length": 128},
+            "env": {"NCCL_ALGO": "Ring"},
+        }
+    )
+    b = Plan(
+        **{
+            **plan.__dict__,
+            "fingerprint": {k: v for k, v in base.items() if k != "seq_length"},
+            "env": {"NCCL_PROTO": "Simple"},
+        }
+    )
     # ddp_bucket_size: None on one side, absent on the other: both "not stated", not a difference.
-    assert diff_plans(a, b) == ["fingerprint.seq_length: 128 -> (missing)", "env.NCCL_ALGO: 'Ring' -> (missing)",
-                                "env.NCCL_PROTO: (missing) -> 'Simple'"]
+    assert diff_plans(a, b) == [
+        "fingerprint.seq_length: 128 -> (missing)",
+        "env.NCCL_ALGO: 'Ring' -> (missing)",
+        "env.NCCL_PROTO: (missing) -> 'Simple'",
+    ]
     assert diff_plans(b, a)[0] == "fingerprint.seq_length: (missing) -> 128"
     assert diff_plans(a, a) == []
     assert b.fingerprint_mismatch({"ddp_bucket_size": None}) == []

@@ -50,16 +50,25 @@ def test_model_evaluations_grow_linearly_with_sites():
     base = synthetic(n_sites=40, seed=7)
     counts = {}
     for copies in (1, 2, 4, 8):
-        sites = [type(s)(**{**{k: getattr(s, k) for k in s.__slots__}, "site_id": f"{s.site_id}#{c}"})
-                 for c in range(copies) for s in base.sites]
-        problem = build(sites=sites, comp_ratio=np.tile(base.model.t_comp_us_S / _default_comm(base), copies),
-                        a=np.tile(base.model.a_S, copies), b=np.tile(base.model.b_S, copies))
+        sites = [
+            type(s)(**{**{k: getattr(s, k) for k in s.__slots__}, "site_id": f"{s.site_id}#{c}"})
+            for c in range(copies)
+            for s in base.sites
+        ]
+        problem = build(
+            sites=sites,
+            comp_ratio=np.tile(base.model.t_comp_us_S / _default_comm(base), copies),
+            a=np.tile(base.model.a_S, copies),
+            b=np.tile(base.model.b_S, copies),
+        )
         counts[copies] = search(problem, method="priority").stats["model_evaluations"]
         # Bound per site: 1 default evaluation + 3 rounds of (domain + current) per knob, plus for
         # each shared knob governing it: per candidate value one such pass and one evaluation; plus
         # the static candidates (nccl-default, cap 2/4/8): each evaluated, refined by 3 rounds, evaluated.
         one_pass = sum(problem.vals[k].shape[1] + 1 for k in SEARCH_KNOBS)
-        shared = sum(np.count_nonzero(~np.isnan(problem.vals[k][g[0]])) * (one_pass + 1) for k, _, g in problem.shared_units())
+        shared = sum(
+            np.count_nonzero(~np.isnan(problem.vals[k][g[0]])) * (one_pass + 1) for k, _, g in problem.shared_units()
+        )
         statics = 1 + len(STATIC_CAPS)
         assert counts[copies] <= (1 + 3 * one_pass + shared + 1 + 2 * statics + statics * 3 * one_pass) * len(sites)
     for copies in (2, 4, 8):
@@ -73,8 +82,10 @@ def _default_comm(problem):
 
 
 def test_communicator_scope_knob_gets_one_value_for_all_its_sites():
-    sites = [site(site_id=f"dp.rs[{i}]", op="reduce_scatter", nbytes=64 * 2**20, group="dp", group_size=16, n_nodes=2)
-             for i in range(4)]
+    sites = [
+        site(site_id=f"dp.rs[{i}]", op="reduce_scatter", nbytes=64 * 2**20, group="dp", group_size=16, n_nodes=2)
+        for i in range(4)
+    ]
     sites += [site(site_id=f"tp.ag[{i}]", nbytes=(8 + 16 * i) * 2**20) for i in range(4)]
     problem = build(sites=sites, comp_ratio=[0.2, 1.0, 2.0, 4.0] * 2, mechanism="communicator")
     assert problem.scope["n_channels"] == "communicator"
@@ -94,8 +105,10 @@ def test_communicator_scope_knob_gets_one_value_for_all_its_sites():
 
 
 def test_gloo_threads_are_one_value_per_communicator():
-    sites = [site(site_id=f"dp.ar[{i}]", op="all_reduce", nbytes=(4 + 8 * i) * 2**20, group="dp", group_size=2)
-             for i in range(3)] + [site(site_id="tp.ag[0]", nbytes=8 * 2**20, group="tp", group_size=2)]
+    sites = [
+        site(site_id=f"dp.ar[{i}]", op="all_reduce", nbytes=(4 + 8 * i) * 2**20, group="dp", group_size=2)
+        for i in range(3)
+    ] + [site(site_id="tp.ag[0]", nbytes=8 * 2**20, group="tp", group_size=2)]
     problem = build(sites=sites, cluster="cpu-gloo", comp_ratio=[0.3, 1.0, 3.0, 1.0])
     plan = search(problem, method="priority").plan
     assert len({plan.entries[f"dp.ar[{i}]"].config.n_channels for i in range(3)}) == 1
@@ -113,7 +126,9 @@ def test_priority_is_within_one_percent_of_exhaustive(seed):
 
 def test_exhaustive_refuses_large_instances():
     problem = synthetic(n_sites=12, seed=3)
-    with pytest.raises(ValueError, match=r"exhaustive search needs [\d,]+ joint configurations, above the limit of 2,000,000"):
+    with pytest.raises(
+        ValueError, match=r"exhaustive search needs [\d,]+ joint configurations, above the limit of 2,000,000"
+    ):
         search(problem, method="exhaustive")
 
 
@@ -144,7 +159,9 @@ def test_stats_and_iteration_prediction():
     for key in ("model_evaluations", "wall_time_s", "predicted_iteration_us", "default_iteration_us", "n_sites"):
         assert key in res.stats
     entries = res.plan.entries.values()
-    want = 5000.0 - sum(e.predicted_default_t_region_us for e in entries) + sum(e.predicted_t_region_us for e in entries)
+    want = (
+        5000.0 - sum(e.predicted_default_t_region_us for e in entries) + sum(e.predicted_t_region_us for e in entries)
+    )
     assert res.stats["predicted_iteration_us"] == pytest.approx(want, abs=0.01)
     assert res.stats["n_sites"] == 2 and res.stats["default_iteration_us"] == 5000.0
 
@@ -155,8 +172,16 @@ def test_unknown_method():
     assert set(METHODS) == {"priority", "autoccl", "exhaustive", "nccl-default"}
 
 
-@pytest.mark.parametrize("cluster, mechanism", [("h100-sxm-ib400", None), ("a100-ib100", None), ("h200-sxm", None),
-                                                ("h100-sxm-ib400", "communicator"), ("h100-sxm-ib400", "env")])
+@pytest.mark.parametrize(
+    "cluster, mechanism",
+    [
+        ("h100-sxm-ib400", None),
+        ("a100-ib100", None),
+        ("h200-sxm", None),
+        ("h100-sxm-ib400", "communicator"),
+        ("h100-sxm-ib400", "env"),
+    ],
+)
 def test_every_planned_config_passes_nccl_validation(cluster, mechanism):
     from lagom_megatron.nccl.env_vars import validate_env
     from lagom_megatron.nccl.rules import validate_config
@@ -167,16 +192,24 @@ def test_every_planned_config_passes_nccl_validation(cluster, mechanism):
         # the default: lagom's plugin where NCCL loads it (2.22+), CTA bounds per communicator on NCCL 2.21
         assert plan.mechanism == (mechanism or ("communicator" if cluster == "a100-ib100" else "tuner"))
         for e in plan.entries.values():
-            validate_config(e.config, op=e.op, cluster=problem.cluster, mechanism=plan.mechanism, n_nodes=e.n_nodes,
-                            group_size=e.group_size)
+            validate_config(
+                e.config,
+                op=e.op,
+                cluster=problem.cluster,
+                mechanism=plan.mechanism,
+                n_nodes=e.n_nodes,
+                group_size=e.group_size,
+            )
         validate_env(plan.env)
     if cluster == "h200-sxm":  # tuner plugin v6: chunk sizes are searched per call
         assert any(e.config.chunk_size for e in search(problem, method="priority").plan.entries.values())
 
 
 def test_gloo_plans_pass_validation():
-    sites = [site(site_id=f"dp.ar[{i}]", op="all_reduce", nbytes=(1 + 4 * i) * 2**20, group="dp", group_size=2)
-             for i in range(4)]
+    sites = [
+        site(site_id=f"dp.ar[{i}]", op="all_reduce", nbytes=(1 + 4 * i) * 2**20, group="dp", group_size=2)
+        for i in range(4)
+    ]
     problem = build(sites=sites, cluster="cpu-gloo", comp_ratio=[0.3, 1.0, 2.0, 4.0])
     for method in ("priority", "autoccl", "exhaustive"):
         for e in search(problem, method=method).plan.entries.values():
@@ -185,8 +218,12 @@ def test_gloo_plans_pass_validation():
 
 @pytest.mark.parametrize("cluster", ["h100-sxm-ib400", "cpu-gloo"])
 def test_degenerate_sites_give_finite_plans(cluster):
-    sites = [site(site_id="empty", nbytes=0), site(site_id="alone", group_size=1), site(site_id="tiny", nbytes=256),
-             site(site_id="pp", op="recv", nbytes=2**20, group="pp", group_size=2, n_nodes=2)]
+    sites = [
+        site(site_id="empty", nbytes=0),
+        site(site_id="alone", group_size=1),
+        site(site_id="tiny", nbytes=256),
+        site(site_id="pp", op="recv", nbytes=2**20, group="pp", group_size=2, n_nodes=2),
+    ]
     problem = build(sites=sites, cluster=cluster, comp_ratio=1.0, domain_override=SMALL_DOMAINS)
     for method in ("priority", "autoccl", "exhaustive"):
         # the receive across nodes brings 6 channels-per-peer settings: 2,332,800 joint configurations

@@ -54,7 +54,9 @@ def test_sm_term_has_the_devices_form():
     m = problem.model
     sms = m.cluster.sms_per_gpu
     for c in (1, 8, 32, 64):
-        assert m.slowdown("tp.ag[0]", CommConfig(n_channels=c, protocol="Simple", algorithm="Ring")) == pytest.approx(c / (sms - c))
+        assert m.slowdown("tp.ag[0]", CommConfig(n_channels=c, protocol="Simple", algorithm="Ring")) == pytest.approx(
+            c / (sms - c)
+        )
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -65,7 +67,11 @@ def test_plan_is_never_predicted_worse_than_a_static_fix(seed):
     states = static_states(problem, default_nc)
     assert set(states) == {"nccl-default"} | {f"cap{c}" for c in STATIC_CAPS}
     for name, st in states.items():
-        total = problem.iteration_us - float(problem.evaluate(problem.default_state())[2].sum()) + float(problem.evaluate(st)[2].sum())
+        total = (
+            problem.iteration_us
+            - float(problem.evaluate(problem.default_state())[2].sum())
+            + float(problem.evaluate(st)[2].sum())
+        )
         assert plan_us <= total * (1 + 1e-9), (name, plan_us, total)
 
 
@@ -143,10 +149,16 @@ def test_model_follows_nccls_default_chunk_and_thread_rules():
     ring = dict(algorithm="Ring", protocol="Simple", n_channels=16)
     own = m.t_comm_us("tp.ag[0]", CommConfig(**ring))
     assert m.t_comm_us("tp.ag[0]", CommConfig(**ring, chunk_size=2 * 2**20)) == pytest.approx(own)
-    assert m.slowdown("tp.ag[0]", CommConfig(**ring, chunk_size=512 * 1024)) < m.slowdown("tp.ag[0]", CommConfig(**ring))
+    assert m.slowdown("tp.ag[0]", CommConfig(**ring, chunk_size=512 * 1024)) < m.slowdown(
+        "tp.ag[0]", CommConfig(**ring)
+    )
     # NCCL_NTHREADS governs Ring/Tree Simple and LL only (tuning.cc:246-254): not NVLS or LL128
-    for cfg, moves in ((dict(algorithm="Ring", protocol="Simple"), True), (dict(algorithm="Ring", protocol="LL"), True),
-                       (dict(algorithm="NVLS", protocol="Simple"), False), (dict(algorithm="Ring", protocol="LL128"), False)):
+    for cfg, moves in (
+        (dict(algorithm="Ring", protocol="Simple"), True),
+        (dict(algorithm="Ring", protocol="LL"), True),
+        (dict(algorithm="NVLS", protocol="Simple"), False),
+        (dict(algorithm="Ring", protocol="LL128"), False),
+    ):
         t64 = m.t_comm_us("tp.ag[0]", CommConfig(**cfg, n_channels=4, n_threads=64))
         t512 = m.t_comm_us("tp.ag[0]", CommConfig(**cfg, n_channels=4, n_threads=512))
         assert (t64 > t512 * 1.01) == moves, cfg
@@ -190,7 +202,9 @@ def test_queued_communicator_charges_a_slower_collective_to_the_iteration():
     assert m.t_region_us("dp.ag[0]", slow) <= base + max(extra, free - base) + 1e-6
     # an empty window's own region is its queue time: nothing while the slack hides it
     rs_extra = m.t_comm_us("dp.rs[0]", slow) - m.t_comm_us("dp.rs[0]", CommConfig())
-    assert m.t_region_us("dp.rs[0]", slow) == pytest.approx(m.t_region_us("dp.rs[0]", CommConfig()) + max(0.0, rs_extra - m.queue_free_S[4]))
+    assert m.t_region_us("dp.rs[0]", slow) == pytest.approx(
+        m.t_region_us("dp.rs[0]", CommConfig()) + max(0.0, rs_extra - m.queue_free_S[4])
+    )
     # without slack (gathers with as much compute as comm) every extra microsecond is charged
     tight = build(sites=sites, comp_ratio=[1.0] * 4 + [0.0] * 4 + [3.0]).model
     tight.mark_queues()
@@ -212,7 +226,7 @@ def test_measured_slowdown_shape_is_interpolated_between_probed_channel_counts()
     F = np.array([0, 0, 0, 0])
     ctas = np.array([8.0, 8.0, 16.0, 16.0])
     s_fit = np.array([0.2, 0.2, 0.4, 0.4])
-    s_obs = np.array([0.2, 0.2, 0.6, 0.6])       # x1 at 8 channels, x1.5 at 16
+    s_obs = np.array([0.2, 0.2, 0.6, 0.6])  # x1 at 8 channels, x1.5 at 16
     corr = _channel_correction(F, 1, np.array([0, 0]), ctas, s_obs, s_fit, np.ones(4, bool), 64)
     assert corr.shape == (2, 65)
     assert corr[0, 8] == pytest.approx(1.0) and corr[0, 16] == pytest.approx(1.5) and corr[0, 12] == pytest.approx(1.25)
@@ -254,8 +268,19 @@ def test_a_site_with_no_predicted_gain_keeps_nccls_defaults(monkeypatch):
     out, reset = keep_defaults_without_gain(problem, st, ("n_channels", "chunk_size", "protocol", "algorithm"))
     assert out.nc[0] == problem.default_state().nc[0] and reset >= 1
     gain_1 = real(np.array([1]), st.alg[1:], st.proto[1:], st.nc[1:], st.nt[1:], np.zeros(1))[2][0]
-    default_1 = real(np.array([1]), *(x[1:] for x in (problem.default_state().alg, problem.default_state().proto,
-                                                        problem.default_state().nc, problem.default_state().nt)), np.zeros(1))[2][0]
+    default_1 = real(
+        np.array([1]),
+        *(
+            x[1:]
+            for x in (
+                problem.default_state().alg,
+                problem.default_state().proto,
+                problem.default_state().nc,
+                problem.default_state().nt,
+            )
+        ),
+        np.zeros(1),
+    )[2][0]
     assert (out.nc[1] == 1.0) == (gain_1 < default_1)
     # and the searched plan holds NCCL's default for the flat site
     plan = search(problem, method="priority").plan
@@ -275,8 +300,10 @@ def test_the_search_bets_only_on_algorithms_and_protocols_a_site_measured():
     assert "NVLS" in problem.domains_S[0]["algorithm"]
     narrowed = SearchProblem.from_profile(profile_from(problem), rules=problem.rules)
     assert narrowed.domains_S[0]["protocol"] == ("Simple",) and narrowed.domains_S[0]["algorithm"] == ("Ring",)
-    probes = list(problem.rules.probe_configs()) + [CommConfig(protocol="LL128", n_channels=16),
-                                                     CommConfig(algorithm="NVLS", n_channels=16)]
+    probes = list(problem.rules.probe_configs()) + [
+        CommConfig(protocol="LL128", n_channels=16),
+        CommConfig(algorithm="NVLS", n_channels=16),
+    ]
     probed = SearchProblem.from_profile(profile_from(problem, probes=probes), rules=problem.rules)
     assert probed.domains_S[0]["protocol"] == ("LL128", "Simple")
     assert probed.domains_S[0]["algorithm"] == ("Ring", "NVLS")

@@ -32,11 +32,24 @@ def _profile(problem, wait_us, *, noise=0.0, seed=0):
             t_comm, _, t_region = (float(x) for x in m.evaluate(i, *m.encode(i, c)))
             w = 0.0 if c.high_priority_stream else wait_us[i]
             e = 1.0 + noise * rng.standard_normal()
-            samples.append(Sample(site_id=s.site_id, config=c, t_comm_us=(t_comm + w) * e,
-                                  t_comp_us=float(m.t_comp_us_S[i]), t_region_us=max(t_region, t_comm + w) * e,
-                                  iteration=it))
-    return Profile(backend=problem.backend, cluster=problem.cluster.name, iteration_us=10_000.0, sites=list(m.sites),
-                   samples=samples, fingerprint={})
+            samples.append(
+                Sample(
+                    site_id=s.site_id,
+                    config=c,
+                    t_comm_us=(t_comm + w) * e,
+                    t_comp_us=float(m.t_comp_us_S[i]),
+                    t_region_us=max(t_region, t_comm + w) * e,
+                    iteration=it,
+                )
+            )
+    return Profile(
+        backend=problem.backend,
+        cluster=problem.cluster.name,
+        iteration_us=10_000.0,
+        sites=list(m.sites),
+        samples=samples,
+        fingerprint={},
+    )
 
 
 def _queue(comp_ratio):
@@ -54,13 +67,19 @@ def test_the_probe_measures_the_dispatch_wait_per_shape():
     assert fitted.wait_S[:2] == pytest.approx(wait[:2], rel=0.1)
     assert fitted.wait_S[2:].tolist() == [0.0, 0.0]  # within the noise: no wait
     # the model's T_comm is torch's duration: the wait at normal priority, none on a high-priority stream
-    assert fitted.t_comm_us("dp.ag[0]", CommConfig()) - fitted.t_comm_us("dp.ag[0]", HP) == pytest.approx(wait[0], rel=0.1)
+    assert fitted.t_comm_us("dp.ag[0]", CommConfig()) - fitted.t_comm_us("dp.ag[0]", HP) == pytest.approx(
+        wait[0], rel=0.1
+    )
     # without the probe there is nothing to measure it against
     no_probe = _profile(problem, wait)
     no_probe.samples = [s for s in no_probe.samples if not s.config.high_priority_stream]
     assert fit_cost_model(no_probe, problem.cluster).wait_S is None
-    assert queues.dispatch_waits(problem.sites, {s.site_id: [] for s in problem.sites}, np.zeros(4, int),
-                                 noise_rel=0.02).tolist() == [0.0] * 4
+    assert (
+        queues.dispatch_waits(
+            problem.sites, {s.site_id: [] for s in problem.sites}, np.zeros(4, int), noise_rel=0.02
+        ).tolist()
+        == [0.0] * 4
+    )
 
 
 def _with_wait(problem, wait):
@@ -87,7 +106,9 @@ def test_a_critical_queue_gains_the_wait_and_one_with_slack_does_not():
     # windows with room for the queue (compute 5 x each collective): the wait hides behind compute
     slack = _with_wait(_queue(5.0), [300.0, 300.0, 0.0, 0.0])
     assert slack.model.queue_free_S.sum() > 0 and stream_priority.decide(slack, slack.default_state()) == set()
-    assert all(e.config == CommConfig() for e in slack.make_plan(slack.default_state(), method="t", stats={}).entries.values())
+    assert all(
+        e.config == CommConfig() for e in slack.make_plan(slack.default_state(), method="t", stats={}).entries.values()
+    )
 
 
 def test_no_wait_no_knob_and_the_env_mechanism_has_none():

@@ -23,10 +23,18 @@ from lagom_megatron.engine.tuner import Tuner
 
 PROBES = [CommConfig(n_channels=4), CommConfig(n_channels=8, protocol="Simple")]
 SITES = [
-    CollectiveSite(site_id="dp.grad_reduce_scatter[chunk0.bucket0]", op="reduce_scatter", nbytes=64 << 20,
-                   dtype="bf16", group="dp", group_size=8, n_nodes=8),
-    CollectiveSite(site_id="tp.sp_all_gather[layer0.fc1]", op="all_gather", nbytes=8 << 20,
-                   dtype="bf16", group="tp", group_size=8),
+    CollectiveSite(
+        site_id="dp.grad_reduce_scatter[chunk0.bucket0]",
+        op="reduce_scatter",
+        nbytes=64 << 20,
+        dtype="bf16",
+        group="dp",
+        group_size=8,
+        n_nodes=8,
+    ),
+    CollectiveSite(
+        site_id="tp.sp_all_gather[layer0.fc1]", op="all_gather", nbytes=8 << 20, dtype="bf16", group="tp", group_size=8
+    ),
 ]
 T_COMP = {SITES[0].site_id: 900.0, SITES[1].site_id: 120.0}
 
@@ -96,8 +104,16 @@ def _measure(step, *, plan_us=9000.0, default_us=10000.0, jitter=0.0):
     for s in SITES:
         comp = T_COMP[s.site_id]
         t_comp = comp if step.serialize else math.nan
-        samples.append(Sample(site_id=s.site_id, config=cfgs[s.site_id], t_comm_us=comp * 0.8,
-                              t_comp_us=t_comp, t_region_us=comp * 1.2, iteration=step.iteration))
+        samples.append(
+            Sample(
+                site_id=s.site_id,
+                config=cfgs[s.site_id],
+                t_comm_us=comp * 0.8,
+                t_comp_us=t_comp,
+                t_region_us=comp * 1.2,
+                iteration=step.iteration,
+            )
+        )
     uses_plan = step.kind in ("verify-plan", "applied", "settle")
     us = (plan_us if uses_plan else default_us) + jitter * (-1) ** (step.iteration // 2)
     return IterationMeasurement(iteration=step.iteration, iteration_us=us, sites=list(SITES), samples=samples)
@@ -121,8 +137,20 @@ def test_schedule_is_fixed_and_independent_of_sites(fake_engine):
     t = _tuner(warmup_iters=2, verify_iters=2)
     assert t.profiling_iters == 2 + 1 + 1 + len(PROBES)
     kinds = _run(t, 12)
-    assert kinds == ["warmup", "warmup", "default", "serialized", "probe", "probe", "settle",
-                     "verify-default", "verify-plan", "verify-default", "verify-plan", "applied"]
+    assert kinds == [
+        "warmup",
+        "warmup",
+        "default",
+        "serialized",
+        "probe",
+        "probe",
+        "settle",
+        "verify-default",
+        "verify-plan",
+        "verify-default",
+        "verify-plan",
+        "applied",
+    ]
     assert t.phase is Phase.APPLIED, t.summary()
 
 

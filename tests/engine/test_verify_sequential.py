@@ -11,9 +11,19 @@ from lagom_megatron.engine.verify import T_95, looks, sequential_verdict, t_quan
 from tests.engine.test_tuner import PROBES, _measure, _Rules, fake_engine  # noqa: F401  (fixture)
 
 # two-sided t-table values (one-sided p), e.g. NIST/SEMATECH e-Handbook of Statistical Methods, 1.3.6.7.2
-PUBLISHED = [((0.975, 1), 12.706), ((0.975, 2), 4.303), ((0.95, 3), 2.353), ((0.995, 3), 5.841),
-             ((0.99, 5), 3.365), ((0.995, 5), 4.032), ((0.975, 10), 2.228), ((0.9995, 10), 4.587),
-             ((0.99, 20), 2.528), ((0.995, 30), 2.750), ((0.975, 100), 1.984)]
+PUBLISHED = [
+    ((0.975, 1), 12.706),
+    ((0.975, 2), 4.303),
+    ((0.95, 3), 2.353),
+    ((0.995, 3), 5.841),
+    ((0.99, 5), 3.365),
+    ((0.995, 5), 4.032),
+    ((0.975, 10), 2.228),
+    ((0.9995, 10), 4.587),
+    ((0.99, 20), 2.528),
+    ((0.995, 30), 2.750),
+    ((0.975, 100), 1.984),
+]
 
 
 @pytest.mark.parametrize("args,value", PUBLISHED)
@@ -81,8 +91,12 @@ def _verify(t, gain_us, spread_us):
         step = t.start_iteration(it)
         m = _measure(step, plan_us=10_000.0, default_us=10_000.0)
         if step.kind == "verify-plan":
-            m = type(m)(iteration=m.iteration, iteration_us=10_000.0 - gain_us + spread_us * (-1) ** k,
-                        sites=m.sites, samples=m.samples)
+            m = type(m)(
+                iteration=m.iteration,
+                iteration_us=10_000.0 - gain_us + spread_us * (-1) ** k,
+                sites=m.sites,
+                samples=m.samples,
+            )
             k += 1
         if step.kind.startswith("verify"):
             kinds.append(step.kind)

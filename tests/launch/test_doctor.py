@@ -17,11 +17,22 @@ CPU = {"gpus_per_node": 4, "sm_arch": 0, "nccl_version": "none", "backend": "glo
 def base_args(**changes):
     """A valid layout: world 16 = TP 2 x PP 2 x CP 1 x DP 4; global batch 32 = 1 x 8 x 4."""
     args = dict(
-        num_layers=8, hidden_size=512, num_attention_heads=16, num_query_groups=4,
-        tensor_model_parallel_size=2, pipeline_model_parallel_size=2, context_parallel_size=1,
-        expert_model_parallel_size=1, sequence_parallel=True, seq_length=1024,
-        micro_batch_size=1, global_batch_size=32, use_distributed_optimizer=True,
-        overlap_grad_reduce=True, overlap_param_gather=True, lagom=True,
+        num_layers=8,
+        hidden_size=512,
+        num_attention_heads=16,
+        num_query_groups=4,
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=2,
+        context_parallel_size=1,
+        expert_model_parallel_size=1,
+        sequence_parallel=True,
+        seq_length=1024,
+        micro_batch_size=1,
+        global_batch_size=32,
+        use_distributed_optimizer=True,
+        overlap_grad_reduce=True,
+        overlap_param_gather=True,
+        lagom=True,
     )
     args.update(changes)
     return args
@@ -31,8 +42,9 @@ BASE_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
 def findings_of(args=None, env=None, cluster=H100, world_size=16):
-    return run_doctor(base_args() if args is None else args, BASE_ENV if env is None else env, cluster,
-                      world_size=world_size)
+    return run_doctor(
+        base_args() if args is None else args, BASE_ENV if env is None else env, cluster, world_size=world_size
+    )
 
 
 def test_base_layout_is_clean():
@@ -45,109 +57,378 @@ CASES = [
     ("world-zero", {}, None, H100, 0, "world-size", "error"),
     ("world-negative", {}, None, H100, -4, "world-size", "error"),
     ("gpus-per-node-zero", {}, None, {**H100, "gpus_per_node": 0}, 16, "gpus-per-node", "error"),
-    ("world-not-whole-nodes", dict(global_batch_size=48), None, {**H100, "gpus_per_node": 16}, 24,
-     "gpus-per-node", "error"),
-    ("tp-straddles-nodes", dict(tensor_model_parallel_size=4, global_batch_size=48), None,
-     {**H100, "gpus_per_node": 6}, 24, "tp-node", "error"),
-    ("expert-layout", dict(expert_model_parallel_size=8, num_experts=8, tensor_model_parallel_size=1,
-                           sequence_parallel=False, global_batch_size=48), {}, H100, 24, "world-size", "error"),
+    (
+        "world-not-whole-nodes",
+        dict(global_batch_size=48),
+        None,
+        {**H100, "gpus_per_node": 16},
+        24,
+        "gpus-per-node",
+        "error",
+    ),
+    (
+        "tp-straddles-nodes",
+        dict(tensor_model_parallel_size=4, global_batch_size=48),
+        None,
+        {**H100, "gpus_per_node": 6},
+        24,
+        "tp-node",
+        "error",
+    ),
+    (
+        "expert-layout",
+        dict(
+            expert_model_parallel_size=8,
+            num_experts=8,
+            tensor_model_parallel_size=1,
+            sequence_parallel=False,
+            global_batch_size=48,
+        ),
+        {},
+        H100,
+        24,
+        "world-size",
+        "error",
+    ),
     ("batch", dict(global_batch_size=30), None, H100, 16, "batch", "error"),
-    ("heads-tp", dict(num_attention_heads=15, num_query_groups=None, hidden_size=480), None, H100, 16,
-     "heads-tp", "error"),
+    (
+        "heads-tp",
+        dict(num_attention_heads=15, num_query_groups=None, hidden_size=480),
+        None,
+        H100,
+        16,
+        "heads-tp",
+        "error",
+    ),
     # megatron-core 0.16.1 accepts groups that divide TP (transformer_config.py:939-946): 12 vs TP 8 does neither
-    ("query-groups-tp", dict(tensor_model_parallel_size=8, num_attention_heads=24, hidden_size=768,
-                             num_query_groups=12),
-     None, H100, 16, "query-groups-tp", "error"),
+    (
+        "query-groups-tp",
+        dict(tensor_model_parallel_size=8, num_attention_heads=24, hidden_size=768, num_query_groups=12),
+        None,
+        H100,
+        16,
+        "query-groups-tp",
+        "error",
+    ),
     ("heads-vs-groups", dict(num_query_groups=6), None, H100, 16, "query-groups-tp", "error"),
     ("layers-pp", dict(num_layers=9), None, H100, 16, "layers-pp", "error"),
-    ("vstages-both", dict(num_layers_per_virtual_pipeline_stage=2, num_virtual_stages_per_pipeline_rank=2),
-     None, H100, 16, "virtual-stages", "error"),
-    ("vstages-no-pp", dict(pipeline_model_parallel_size=1, num_virtual_stages_per_pipeline_rank=2,
-                           global_batch_size=64), None, H100, 16, "virtual-stages", "error"),
-    ("layers-per-vstage", dict(num_layers_per_virtual_pipeline_stage=3), None, H100, 16,
-     "virtual-stages", "error"),
-    ("vstages-per-rank", dict(num_virtual_stages_per_pipeline_rank=3), None, H100, 16,
-     "virtual-stages", "error"),
+    (
+        "vstages-both",
+        dict(num_layers_per_virtual_pipeline_stage=2, num_virtual_stages_per_pipeline_rank=2),
+        None,
+        H100,
+        16,
+        "virtual-stages",
+        "error",
+    ),
+    (
+        "vstages-no-pp",
+        dict(pipeline_model_parallel_size=1, num_virtual_stages_per_pipeline_rank=2, global_batch_size=64),
+        None,
+        H100,
+        16,
+        "virtual-stages",
+        "error",
+    ),
+    ("layers-per-vstage", dict(num_layers_per_virtual_pipeline_stage=3), None, H100, 16, "virtual-stages", "error"),
+    ("vstages-per-rank", dict(num_virtual_stages_per_pipeline_rank=3), None, H100, 16, "virtual-stages", "error"),
     ("ep-without-experts", dict(expert_model_parallel_size=2), None, H100, 16, "experts-ep", "error"),
-    ("experts-vs-ep", dict(expert_model_parallel_size=4, num_experts=6), None, H100, 16,
-     "experts-ep", "error"),
-    ("sp-with-tp1", dict(tensor_model_parallel_size=1, num_query_groups=None, global_batch_size=64),
-     {}, H100, 16, "sequence-parallel", "warning"),
+    ("experts-vs-ep", dict(expert_model_parallel_size=4, num_experts=6), None, H100, 16, "experts-ep", "error"),
+    (
+        "sp-with-tp1",
+        dict(tensor_model_parallel_size=1, num_query_groups=None, global_batch_size=64),
+        {},
+        H100,
+        16,
+        "sequence-parallel",
+        "warning",
+    ),
     ("sp-seq-vs-tp", dict(seq_length=1023), None, H100, 16, "sequence-parallel", "error"),
-    ("cp-seq", dict(context_parallel_size=2, seq_length=1026, global_batch_size=16), None, H100, 16,
-     "context-parallel", "error"),
-    ("tp-overlap-without-sp", dict(tp_comm_overlap=True, sequence_parallel=False), None, H100, 16,
-     "tp-comm-overlap", "error"),
-    ("tp-overlap-across-nodes", dict(tp_comm_overlap=True, tensor_model_parallel_size=16,
-                                     num_attention_heads=32, num_query_groups=16, pipeline_model_parallel_size=1,
-                                     global_batch_size=2), None, H100, 32, "tp-comm-overlap", "error"),
-    ("tp-overlap-tp1", dict(tp_comm_overlap=True, tensor_model_parallel_size=1, sequence_parallel=False,
-                            global_batch_size=64), {}, H100, 16, "tp-comm-overlap", "warning"),
+    (
+        "cp-seq",
+        dict(context_parallel_size=2, seq_length=1026, global_batch_size=16),
+        None,
+        H100,
+        16,
+        "context-parallel",
+        "error",
+    ),
+    (
+        "tp-overlap-without-sp",
+        dict(tp_comm_overlap=True, sequence_parallel=False),
+        None,
+        H100,
+        16,
+        "tp-comm-overlap",
+        "error",
+    ),
+    (
+        "tp-overlap-across-nodes",
+        dict(
+            tp_comm_overlap=True,
+            tensor_model_parallel_size=16,
+            num_attention_heads=32,
+            num_query_groups=16,
+            pipeline_model_parallel_size=1,
+            global_batch_size=2,
+        ),
+        None,
+        H100,
+        32,
+        "tp-comm-overlap",
+        "error",
+    ),
+    (
+        "tp-overlap-tp1",
+        dict(tp_comm_overlap=True, tensor_model_parallel_size=1, sequence_parallel=False, global_batch_size=64),
+        {},
+        H100,
+        16,
+        "tp-comm-overlap",
+        "warning",
+    ),
     ("tp-overlap-cpu", dict(tp_comm_overlap=True), {}, CPU, 16, "tp-comm-overlap", "error"),
-    ("param-gather-no-distopt", dict(use_distributed_optimizer=False), None, H100, 16,
-     "overlap-param-gather", "error"),
-    ("param-gather-no-grad-reduce", dict(overlap_grad_reduce=False), None, H100, 16,
-     "overlap-param-gather", "error"),
-    ("param-gather-with-step", dict(overlap_param_gather_with_optimizer_step=True), None, H100, 16,
-     "overlap-param-gather", "error"),
+    ("param-gather-no-distopt", dict(use_distributed_optimizer=False), None, H100, 16, "overlap-param-gather", "error"),
+    ("param-gather-no-grad-reduce", dict(overlap_grad_reduce=False), None, H100, 16, "overlap-param-gather", "error"),
+    (
+        "param-gather-with-step",
+        dict(overlap_param_gather_with_optimizer_step=True),
+        None,
+        H100,
+        16,
+        "overlap-param-gather",
+        "error",
+    ),
     # Megatron-FSDP sharding nothing (megatron-core 0.16.1 megatron_fsdp.py:425-426, 656-662) and a strategy
     # only Megatron-FSDP reads; Megatron-LM's choices (arguments.py:2307-2309)
-    ("fsdp-no-shard", dict(use_megatron_fsdp=True, data_parallel_sharding_strategy="no_shard",
-                           tensor_model_parallel_size=1, sequence_parallel=False), {}, H100, 16, "fsdp-sharding",
-     "warning"),
-    ("fsdp-strategy-without-fsdp", dict(data_parallel_sharding_strategy="optim_grads_params"), None, H100, 16,
-     "fsdp-sharding", "warning"),
-    ("fsdp-strategy-unknown", dict(use_megatron_fsdp=True, data_parallel_sharding_strategy="zero3",
-                                   tensor_model_parallel_size=1, sequence_parallel=False), {}, H100, 16,
-     "fsdp-sharding", "error"),
+    (
+        "fsdp-no-shard",
+        dict(
+            use_megatron_fsdp=True,
+            data_parallel_sharding_strategy="no_shard",
+            tensor_model_parallel_size=1,
+            sequence_parallel=False,
+        ),
+        {},
+        H100,
+        16,
+        "fsdp-sharding",
+        "warning",
+    ),
+    (
+        "fsdp-strategy-without-fsdp",
+        dict(data_parallel_sharding_strategy="optim_grads_params"),
+        None,
+        H100,
+        16,
+        "fsdp-sharding",
+        "warning",
+    ),
+    (
+        "fsdp-strategy-unknown",
+        dict(
+            use_megatron_fsdp=True,
+            data_parallel_sharding_strategy="zero3",
+            tensor_model_parallel_size=1,
+            sequence_parallel=False,
+        ),
+        {},
+        H100,
+        16,
+        "fsdp-sharding",
+        "error",
+    ),
     ("bucket-size-bool", dict(ddp_bucket_size=True), None, H100, 16, "ddp-bucket-size", "error"),
-    ("bucket-size-unused", dict(ddp_bucket_size=40_000_000, overlap_grad_reduce=False,
-                                overlap_param_gather=False), None, H100, 16, "ddp-bucket-size", "warning"),
+    (
+        "bucket-size-unused",
+        dict(ddp_bucket_size=40_000_000, overlap_grad_reduce=False, overlap_param_gather=False),
+        None,
+        H100,
+        16,
+        "ddp-bucket-size",
+        "warning",
+    ),
     ("cdmc-missing-tp", {}, {}, H100, 16, "cuda-device-max-connections", "error"),
-    ("cdmc-missing-cp", dict(tensor_model_parallel_size=1, sequence_parallel=False, context_parallel_size=2,
-                             global_batch_size=32), {}, H100, 16, "cuda-device-max-connections", "error"),
+    (
+        "cdmc-missing-cp",
+        dict(tensor_model_parallel_size=1, sequence_parallel=False, context_parallel_size=2, global_batch_size=32),
+        {},
+        H100,
+        16,
+        "cuda-device-max-connections",
+        "error",
+    ),
     # FSDP2 needs gradient accumulation fusion off (Megatron-LM core_v0.16.1 arguments.py:614; rule grad-reduce)
-    ("cdmc-fsdp", dict(use_torch_fsdp2=True, gradient_accumulation_fusion=False), None, H100, 16,
-     "cuda-device-max-connections", "error"),
-    ("cdmc-serialises-dp", dict(tensor_model_parallel_size=1, sequence_parallel=False, global_batch_size=64),
-     None, H100, 16, "cuda-device-max-connections", "warning"),
+    (
+        "cdmc-fsdp",
+        dict(use_torch_fsdp2=True, gradient_accumulation_fusion=False),
+        None,
+        H100,
+        16,
+        "cuda-device-max-connections",
+        "error",
+    ),
+    (
+        "cdmc-serialises-dp",
+        dict(tensor_model_parallel_size=1, sequence_parallel=False, global_batch_size=64),
+        None,
+        H100,
+        16,
+        "cuda-device-max-connections",
+        "warning",
+    ),
     # a MoE overlap megatron-core accepts (transformer_config.py:1852-1892); alone it is an error (issue example 11)
-    ("cdmc-moe-overlap", dict(overlap_moe_expert_parallel_comm=True, num_experts=8, expert_model_parallel_size=2,
-                              moe_token_dispatcher_type="alltoall", bf16=True,
-                              num_virtual_stages_per_pipeline_rank=2), None, H100, 16,
-     "cuda-device-max-connections", "warning"),
-    ("nccl-algo-grammar", dict(lagom=False), {**BASE_ENV, "NCCL_ALGO": "allreduce:tree;ring"}, H100, 16, "nccl-env", "error"),
-    ("nccl-proto-ll128", dict(lagom=False), {**BASE_ENV, "NCCL_PROTO": "LL,LL128,Simple"}, H100, 16, "nccl-env", "error"),
+    (
+        "cdmc-moe-overlap",
+        dict(
+            overlap_moe_expert_parallel_comm=True,
+            num_experts=8,
+            expert_model_parallel_size=2,
+            moe_token_dispatcher_type="alltoall",
+            bf16=True,
+            num_virtual_stages_per_pipeline_rank=2,
+        ),
+        None,
+        H100,
+        16,
+        "cuda-device-max-connections",
+        "warning",
+    ),
+    (
+        "nccl-algo-grammar",
+        dict(lagom=False),
+        {**BASE_ENV, "NCCL_ALGO": "allreduce:tree;ring"},
+        H100,
+        16,
+        "nccl-env",
+        "error",
+    ),
+    (
+        "nccl-proto-ll128",
+        dict(lagom=False),
+        {**BASE_ENV, "NCCL_PROTO": "LL,LL128,Simple"},
+        H100,
+        16,
+        "nccl-env",
+        "error",
+    ),
     ("nccl-nthreads", dict(lagom=False), {**BASE_ENV, "NCCL_NTHREADS": "480"}, H100, 16, "nccl-env", "error"),
-    ("nccl-ctas-range", dict(lagom=False), {**BASE_ENV, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "4"}, H100, 16,
-     "nccl-env", "error"),
+    (
+        "nccl-ctas-range",
+        dict(lagom=False),
+        {**BASE_ENV, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "4"},
+        H100,
+        16,
+        "nccl-env",
+        "error",
+    ),
     ("nccl-debug-typo", dict(lagom=False), {**BASE_ENV, "NCCL_DEBUG": "VERBOSE"}, H100, 16, "nccl-env", "error"),
-    ("torch-nccl-bool", dict(lagom=False), {**BASE_ENV, "TORCH_NCCL_BLOCKING_WAIT": "on"}, H100, 16, "nccl-env", "error"),
+    (
+        "torch-nccl-bool",
+        dict(lagom=False),
+        {**BASE_ENV, "TORCH_NCCL_BLOCKING_WAIT": "on"},
+        H100,
+        16,
+        "nccl-env",
+        "error",
+    ),
     ("nccl-buffsize", dict(lagom=False), {**BASE_ENV, "NCCL_BUFFSIZE": "1000000"}, H100, 16, "nccl-env", "error"),
-    ("nccl-override-ctas", {}, {**BASE_ENV, "NCCL_MIN_CTAS": "2", "NCCL_MAX_CTAS": "16"}, H100, 16,
-     "nccl-override", "warning"),
+    (
+        "nccl-override-ctas",
+        {},
+        {**BASE_ENV, "NCCL_MIN_CTAS": "2", "NCCL_MAX_CTAS": "16"},
+        H100,
+        16,
+        "nccl-override",
+        "warning",
+    ),
     ("nccl-override-algo", {}, {**BASE_ENV, "NCCL_ALGO": "ring,tree"}, H100, 16, "nccl-override", "warning"),
     # Megatron-LM parity flags on a Megatron-LM line (preflight/values.py megatron_flag_problems)
     ("init-method-std", dict(init_method_std=-0.01), None, H100, 16, "init-method-std", "error"),
-    ("recompute-full-no-method", dict(recompute_granularity="full", recompute_num_layers=1), None, H100, 16,
-     "recompute", "error"),
-    ("recompute-activations-with-method", dict(recompute_activations=True, recompute_method="uniform"), None, H100,
-     16, "recompute", "error"),
+    (
+        "recompute-full-no-method",
+        dict(recompute_granularity="full", recompute_num_layers=1),
+        None,
+        H100,
+        16,
+        "recompute",
+        "error",
+    ),
+    (
+        "recompute-activations-with-method",
+        dict(recompute_activations=True, recompute_method="uniform"),
+        None,
+        H100,
+        16,
+        "recompute",
+        "error",
+    ),
     # 8 layers / PP 2 / 2 virtual stages = 2 layers per model chunk; uniform groups of 4 index past it
-    ("recompute-uniform-vpp", dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=4,
-                                   num_virtual_stages_per_pipeline_rank=2), None, H100, 16, "recompute", "error"),
-    ("distribute-saved-activations-sp", dict(distribute_saved_activations=True, recompute_granularity="full",
-                                             recompute_method="block", recompute_num_layers=1), None, H100, 16,
-     "recompute", "error"),
-    ("attention-backend-env", dict(attention_backend="fused"), {**BASE_ENV, "NVTE_FLASH_ATTN": "1"}, H100, 16,
-     "attention-backend", "error"),
-    ("wsd-past-decay", dict(lr_decay_style="WSD", lr_decay_iters=100, lr_wsd_decay_iters=200), None, H100, 16,
-     "lr-schedule", "error"),
-    ("main-grads-bf16", dict(bf16=True, accumulate_allreduce_grads_in_fp32=True, main_grads_dtype="bf16"), None,
-     H100, 16, "grad-reduce", "error"),
+    (
+        "recompute-uniform-vpp",
+        dict(
+            recompute_granularity="full",
+            recompute_method="uniform",
+            recompute_num_layers=4,
+            num_virtual_stages_per_pipeline_rank=2,
+        ),
+        None,
+        H100,
+        16,
+        "recompute",
+        "error",
+    ),
+    (
+        "distribute-saved-activations-sp",
+        dict(
+            distribute_saved_activations=True,
+            recompute_granularity="full",
+            recompute_method="block",
+            recompute_num_layers=1,
+        ),
+        None,
+        H100,
+        16,
+        "recompute",
+        "error",
+    ),
+    (
+        "attention-backend-env",
+        dict(attention_backend="fused"),
+        {**BASE_ENV, "NVTE_FLASH_ATTN": "1"},
+        H100,
+        16,
+        "attention-backend",
+        "error",
+    ),
+    (
+        "wsd-past-decay",
+        dict(lr_decay_style="WSD", lr_decay_iters=100, lr_wsd_decay_iters=200),
+        None,
+        H100,
+        16,
+        "lr-schedule",
+        "error",
+    ),
+    (
+        "main-grads-bf16",
+        dict(bf16=True, accumulate_allreduce_grads_in_fp32=True, main_grads_dtype="bf16"),
+        None,
+        H100,
+        16,
+        "grad-reduce",
+        "error",
+    ),
     ("pool-budget-inf", dict(lagom_pool_budget_mib=float("inf")), None, H100, 16, "pool-budget", "error"),
-    ("lagom-plan-without-lagom", dict(lagom=False, lagom_plan="runs/x/plan.json"), None, H100, 16, "lagom-flags",
-     "error"),
+    (
+        "lagom-plan-without-lagom",
+        dict(lagom=False, lagom_plan="runs/x/plan.json"),
+        None,
+        H100,
+        16,
+        "lagom-flags",
+        "error",
+    ),
 ]
 
 
@@ -174,8 +455,9 @@ def test_megatron_fsdp_sharding_findings_name_the_strategy_and_megatron_fsdps_li
     for strategy in ("optim", "optim_grads", "optim_grads_params"):  # sharded: nothing to say
         assert findings_of(base_args(**fsdp, data_parallel_sharding_strategy=strategy), {}) == []
     (f,) = findings_of(base_args(**fsdp, data_parallel_sharding_strategy="zero3"), {})
-    assert f.what == ("--data-parallel-sharding-strategy 'zero3' is not one of no_shard, optim, optim_grads, "
-                      "optim_grads_params")
+    assert f.what == (
+        "--data-parallel-sharding-strategy 'zero3' is not one of no_shard, optim, optim_grads, optim_grads_params"
+    )
     assert findings_of(base_args(data_parallel_sharding_strategy="no_shard")) == []  # plain DDP: its default
 
 
@@ -185,7 +467,8 @@ def test_query_groups_ignored_without_group_query_attention():
     assert findings_of(args) == []
     assert findings_of(base_args(num_query_groups=1, group_query_attention=True)) == []  # 1 divides TP 2
     assert {f.rule for f in findings_of(base_args(num_query_groups=3, group_query_attention=True))} == {
-        "query-groups-tp"}
+        "query-groups-tp"
+    }
 
 
 def test_cdmc_not_required_on_blackwell():
@@ -204,8 +487,22 @@ def test_cdmc_fix_names_the_preset_env_only_when_it_sets_it(capsys, monkeypatch)
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
     assert main(["doctor", "--no-preset-env", "--cluster", "h100-sxm-ib400", "--preset", "gpt3-13b-h100x64"]) == 1
     assert "    fix: export CUDA_DEVICE_MAX_CONNECTIONS=1 (the preset's env does this)" in capsys.readouterr().out
-    assert main(["doctor", "--no-preset-env", "--cluster", "h100-sxm-ib400", "--preset", "mixtral-8x7b-h100x32",
-                 "--", "--tensor-model-parallel-size", "2"]) == 1
+    assert (
+        main(
+            [
+                "doctor",
+                "--no-preset-env",
+                "--cluster",
+                "h100-sxm-ib400",
+                "--preset",
+                "mixtral-8x7b-h100x32",
+                "--",
+                "--tensor-model-parallel-size",
+                "2",
+            ]
+        )
+        == 1
+    )
     out = capsys.readouterr().out
     assert "CUDA_DEVICE_MAX_CONNECTIONS is unset with TP 2" in out
     assert "    fix: export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in out
@@ -266,33 +563,62 @@ def test_finding_text():
 
 def test_command_line_exit_codes(capsys, monkeypatch):
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    bad = ["doctor", "--world-size", "8", "--", "--tensor-model-parallel-size", "3",
-           "--num-attention-heads", "32", "--num-layers", "4"]
+    bad = [
+        "doctor",
+        "--world-size",
+        "8",
+        "--",
+        "--tensor-model-parallel-size",
+        "3",
+        "--num-attention-heads",
+        "32",
+        "--num-layers",
+        "4",
+    ]
     assert main(bad) == 1
     out = capsys.readouterr().out
     assert "[world-size]" in out and "[heads-tp]" in out and "2 error(s)" in out
-    good = ["doctor", "--world-size", "8", "--", "--tensor-model-parallel-size", "2",
-            "--num-attention-heads", "32", "--num-layers", "4"]
+    good = [
+        "doctor",
+        "--world-size",
+        "8",
+        "--",
+        "--tensor-model-parallel-size",
+        "2",
+        "--num-attention-heads",
+        "32",
+        "--num-layers",
+        "4",
+    ]
     assert main(good) == 1  # pretrain_gpt.py would stop: no --hidden-size, ...
     assert "error: [pretrain-args] --hidden-size is required" in capsys.readouterr().out
     assert main(["doctor", "--megatron-lm", *good[1:], "--eval-interval", "10"]) == 0  # a Megatron-LM line
     capsys.readouterr()
     assert main(["doctor", "--megatron-lm", "--megatron-lm-release", "core_v0.18.2", *good[1:]]) == 1
-    assert ("no --eval-interval: Megatron-LM core_v0.18.2 computes train_iters // eval_interval\n"
-            "    why: megatron/training/training.py:4136 raises TypeError") in capsys.readouterr().out
+    assert (
+        "no --eval-interval: Megatron-LM core_v0.18.2 computes train_iters // eval_interval\n"
+        "    why: megatron/training/training.py:4136 raises TypeError"
+    ) in capsys.readouterr().out
     full = ["doctor", "--world-size", "8", "--", "--preset", "cpu-tp2-dp2", "--mock-data"]
     assert main(full) == 0
 
 
-@pytest.mark.parametrize("extra, what", [
-    (["--lagom-method", "foo"],
-     "error: [command-line] argument --lagom-method: invalid choice: 'foo' "
-     "(choose from 'priority', 'autoccl', 'nccl-default')"),
-    (["--tensor-model-paralel-size", "2"],
-     "error: [command-line] unrecognized arguments: --tensor-model-paralel-size "
-     "(did you mean --tensor-model-parallel-size?) 2"),
-    (["--num-layers", "x"], "error: [command-line] argument --num-layers: invalid int value: 'x'"),
-])
+@pytest.mark.parametrize(
+    "extra, what",
+    [
+        (
+            ["--lagom-method", "foo"],
+            "error: [command-line] argument --lagom-method: invalid choice: 'foo' "
+            "(choose from 'priority', 'autoccl', 'nccl-default')",
+        ),
+        (
+            ["--tensor-model-paralel-size", "2"],
+            "error: [command-line] unrecognized arguments: --tensor-model-paralel-size "
+            "(did you mean --tensor-model-parallel-size?) 2",
+        ),
+        (["--num-layers", "x"], "error: [command-line] argument --num-layers: invalid int value: 'x'"),
+    ],
+)
 def test_command_line_is_parsed_by_pretrain_gpt(capsys, extra, what):
     assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", *extra]) == 1
     out = capsys.readouterr().out
@@ -311,14 +637,19 @@ def test_command_line_validate_args_and_data_warning(capsys):
     assert "0 error(s), 0 warning(s)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("option, what", [
-    (["--world-size", "0"], "argument --world-size: 0 is not an integer in 1..1048576"),
-    (["--world-size", "-4"], "argument --world-size: -4 is not an integer in 1..1048576"),
-    (["--gpus-per-node", "0"], "argument --gpus-per-node: 0 is not an integer in 1..1024"),
-    # accepted before (rc 0, no error): twenty digits are no GPU count
-    (["--gpus-per-node", "99999999999999999999"], "argument --gpus-per-node: 99999999999999999999 is not an integer "
-                                                  "in 1..1024"),
-])
+@pytest.mark.parametrize(
+    "option, what",
+    [
+        (["--world-size", "0"], "argument --world-size: 0 is not an integer in 1..1048576"),
+        (["--world-size", "-4"], "argument --world-size: -4 is not an integer in 1..1048576"),
+        (["--gpus-per-node", "0"], "argument --gpus-per-node: 0 is not an integer in 1..1024"),
+        # accepted before (rc 0, no error): twenty digits are no GPU count
+        (
+            ["--gpus-per-node", "99999999999999999999"],
+            "argument --gpus-per-node: 99999999999999999999 is not an integer in 1..1024",
+        ),
+    ],
+)
 def test_command_refuses_bad_own_options_as_usage(capsys, option, what):
     # the doctor's own options are checked by argparse: a usage error (exit 2), nothing checked yet
     assert main(["doctor", "--preset", "gpt3-13b-h100x64", *option]) == 2
@@ -326,10 +657,16 @@ def test_command_refuses_bad_own_options_as_usage(capsys, option, what):
     assert captured.out == "" and what in captured.err
 
 
-@pytest.mark.parametrize("option, what", [
-    (["--gpus-per-node", "3"], "error: [gpus-per-node] world size 64 is not a multiple of the 3 GPUs per node"),
-    (["--gpus-per-node", "3"], "error: [tp-node] --tensor-model-parallel-size 2 does not tile the 3 GPUs of a node"),
-])
+@pytest.mark.parametrize(
+    "option, what",
+    [
+        (["--gpus-per-node", "3"], "error: [gpus-per-node] world size 64 is not a multiple of the 3 GPUs per node"),
+        (
+            ["--gpus-per-node", "3"],
+            "error: [tp-node] --tensor-model-parallel-size 2 does not tile the 3 GPUs of a node",
+        ),
+    ],
+)
 def test_command_rejects_bad_node_shapes(capsys, option, what):
     assert main(["doctor", "--cluster", "h100-sxm-ib400", "--preset", "gpt3-13b-h100x64", *option]) == 1
     out = capsys.readouterr().out
@@ -379,8 +716,15 @@ def test_pretrain_gpt_with_lagom_stops_on_doctor_errors():
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "pretrain_gpt.py"
     env = {**os.environ, "WORLD_SIZE": "4", "RANK": "0", "LAGOM_CLUSTER": "cpu-gloo"}
-    proc = subprocess.run([sys.executable, str(script), "--preset", "cpu-tp2-dp2", "--mock-data", "--lagom",
-                           "--tp-comm-overlap"], capture_output=True, text=True, env=env, timeout=COMMAND_S)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--preset", "cpu-tp2-dp2", "--mock-data", "--lagom", "--tp-comm-overlap"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=COMMAND_S,
+    )
     # the shared pre-flight (preflight/) refuses bad input with exit code 2, one line on stderr
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.splitlines() == ["pretrain_gpt.py: error: --tp-comm-overlap is set on a CPU (gloo) cluster; it needs CUDA"]
+    assert proc.stderr.splitlines() == [
+        "pretrain_gpt.py: error: --tp-comm-overlap is set on a CPU (gloo) cluster; it needs CUDA"
+    ]

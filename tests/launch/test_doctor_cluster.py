@@ -35,8 +35,11 @@ def test_the_rule_in_order():
     assert (t.name, t.source) == ("cpu-gloo", "machine")
     t = choose_cluster(None, {"LOCAL_WORLD_SIZE": "4"}, machine=HOPPER)
     assert t.cluster == {"gpus_per_node": 4, "sm_arch": 90, "backend": "nccl", "nccl_version": "2.27.5"}
-    with pytest.raises(ValueError, match=r"^--lagom-cluster='h100' is not a known cluster or a cluster file; "
-                                         r"allowed: a100-ib100, .*cpu-gloo"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--lagom-cluster='h100' is not a known cluster or a cluster file; "
+        r"allowed: a100-ib100, .*cpu-gloo",
+    ):
         choose_cluster(None, {}, "h100", "--lagom-cluster", machine=NO_CUDA)
 
 
@@ -45,12 +48,14 @@ def test_a_machine_that_is_not_a_node_of_the_cluster():
     assert mismatch(preset, NO_CUDA) == (
         "preset 'llama3-8b-h100x8' is for cluster 'h100-sxm-ib400' (NCCL 2.27.5, sm_90 GPUs) but this machine has "
         "no CUDA GPU (cpu-gloo); run it on that cluster (lagom doctor checks it from here), or to run it on CPU "
-        "anyway add --lagom-cluster cpu-gloo")
+        "anyway add --lagom-cluster cpu-gloo"
+    )
     assert mismatch(preset, HOPPER) is None
     assert mismatch(preset, AMPERE) == (
         "preset 'llama3-8b-h100x8' is for cluster 'h100-sxm-ib400' (NCCL 2.27.5, sm_90 GPUs) but this machine has "
         "a CUDA GPU of compute capability sm_80 (NCCL 2.21.5); name a cluster of this GPU with --lagom-cluster "
-        "(a100-ib100 or a cluster YAML)")
+        "(a100-ib100 or a cluster YAML)"
+    )
     env = choose_cluster("cpu-tp2-dp2", {"LAGOM_CLUSTER": "a100-ib100"}, machine=NO_CUDA)
     assert mismatch(env, NO_CUDA).startswith("LAGOM_CLUSTER chose cluster 'a100-ib100' (NCCL 2.21.5, sm_80 GPUs)")
     for machine in (NO_CUDA, HOPPER):  # a gloo cluster runs anywhere
@@ -71,9 +76,11 @@ def test_the_doctor_checks_a_gpu_preset_on_its_own_cluster(preset, capsys, monke
     assert lines[0].startswith(f"lagom doctor: checking cluster {cluster!r} (NCCL ")
     assert f": the cluster of preset {preset!r} (--cluster or $LAGOM_CLUSTER checks another)" in lines[0]
     if not this_machine().cuda:
-        assert lines[0].endswith("; this machine (no CUDA GPU) is not one of its nodes, so the command line, layout "
-                                 "and environment are checked for its nodes but not this machine's files, port and "
-                                 "libraries (training checks those on each node before it starts)")
+        assert lines[0].endswith(
+            "; this machine (no CUDA GPU) is not one of its nodes, so the command line, layout "
+            "and environment are checked for its nodes but not this machine's files, port and "
+            "libraries (training checks those on each node before it starts)"
+        )
     assert "needs CUDA" not in "\n".join(lines)
 
 
@@ -88,25 +95,33 @@ def test_a_bad_nccl_variable_fails_the_doctor_of_every_gpu_preset(preset, variab
 
 def test_the_nccl_variables_are_checked_when_the_line_is_refused(capsys, monkeypatch):
     """A line the parser refuses still gets the environment's findings: one run names both."""
-    code, lines = _doctor(capsys, monkeypatch, ["--preset", "llama3-8b-h100x8", "--", "--no-such-flag"],
-                          {"NCCL_NTHREADS": "480"})
+    code, lines = _doctor(
+        capsys, monkeypatch, ["--preset", "llama3-8b-h100x8", "--", "--no-such-flag"], {"NCCL_NTHREADS": "480"}
+    )
     errors = [line for line in lines if line.startswith("error: ")]
     assert code == 1 and [e.split("]")[0] for e in errors] == ["error: [command-line", "error: [nccl-env"], lines
 
 
 def test_first_line_names_what_chose_the_cluster(capsys, monkeypatch):
     code, lines = _doctor(capsys, monkeypatch, ["--cluster", "a100-ib100", "--preset", "llama3-8b-h100x8"])
-    assert lines[0].startswith("lagom doctor: checking cluster 'a100-ib100' (NCCL 2.21.5, sm_80 GPUs): named by --cluster")
+    assert lines[0].startswith(
+        "lagom doctor: checking cluster 'a100-ib100' (NCCL 2.21.5, sm_80 GPUs): named by --cluster"
+    )
     code, lines = _doctor(capsys, monkeypatch, ["--preset", "llama3-8b-h100x8"], {"LAGOM_CLUSTER": "h200-sxm"})
-    assert lines[0].startswith("lagom doctor: checking cluster 'h200-sxm' (NCCL 2.30.7, sm_90 GPUs): named by "
-                               "$LAGOM_CLUSTER (--cluster checks another)")
+    assert lines[0].startswith(
+        "lagom doctor: checking cluster 'h200-sxm' (NCCL 2.30.7, sm_90 GPUs): named by "
+        "$LAGOM_CLUSTER (--cluster checks another)"
+    )
     code, lines = _doctor(capsys, monkeypatch, ["--preset", "llama3-8b-h100x8", "--", "--lagom-cluster", "a100-ib100"])
-    assert lines[0].startswith("lagom doctor: checking cluster 'a100-ib100' (NCCL 2.21.5, sm_80 GPUs): named by "
-                               "--lagom-cluster")
+    assert lines[0].startswith(
+        "lagom doctor: checking cluster 'a100-ib100' (NCCL 2.21.5, sm_80 GPUs): named by --lagom-cluster"
+    )
     if not this_machine().cuda:
         code, lines = _doctor(capsys, monkeypatch, ["--", "--mock-data", "--num-layers", "2"])
-        assert lines[0] == ("lagom doctor: checking cluster 'cpu-gloo' (gloo, CPU): this machine (--preset, --cluster "
-                            "or $LAGOM_CLUSTER checks another)")
+        assert lines[0] == (
+            "lagom doctor: checking cluster 'cpu-gloo' (gloo, CPU): this machine (--preset, --cluster "
+            "or $LAGOM_CLUSTER checks another)"
+        )
 
 
 @pytest.mark.skipif(this_machine().cuda, reason="a CPU-only check: this machine has a CUDA GPU")
@@ -136,10 +151,14 @@ def test_training_tells_lagom_the_cluster_it_checked(monkeypatch, capsys):
     assert seen == ["cpu-gloo"]
 
 
-@pytest.mark.parametrize("variable, value, stands_for", [
-    ("WORLD_SIZE", "abc", "--world-size"), ("WORLD_SIZE", "0", "--world-size"),
-    ("LOCAL_WORLD_SIZE", "-2", "--gpus-per-node"),
-])
+@pytest.mark.parametrize(
+    "variable, value, stands_for",
+    [
+        ("WORLD_SIZE", "abc", "--world-size"),
+        ("WORLD_SIZE", "0", "--world-size"),
+        ("LOCAL_WORLD_SIZE", "-2", "--gpus-per-node"),
+    ],
+)
 def test_the_doctor_reads_its_default_counts_strictly(variable, value, stands_for, capsys, monkeypatch):
     """A WORLD_SIZE of abc or 0 was ignored without a word (rc 0)."""
     _env(monkeypatch, {variable: value})
@@ -147,15 +166,19 @@ def test_the_doctor_reads_its_default_counts_strictly(variable, value, stands_fo
     capsys.readouterr()
     assert main(["doctor", "--", "--mock-data", "--num-layers", "2"]) == 2
     hi = 1048576 if variable == "WORLD_SIZE" else 1024
-    assert capsys.readouterr().err.strip() == (f"lagom doctor: error: {variable}={value!r} is not an integer in 1..{hi} "
-                                               f"(it stands for {stands_for}): set it to a count, or unset it")
+    assert capsys.readouterr().err.strip() == (
+        f"lagom doctor: error: {variable}={value!r} is not an integer in 1..{hi} "
+        f"(it stands for {stands_for}): set it to a count, or unset it"
+    )
 
 
 def test_training_reads_world_size_strictly(monkeypatch, capsys):
     t = train(["--preset", "cpu-tp2-dp2", "--mock-data"], monkeypatch, capsys, env={"WORLD_SIZE": "abc"})
     assert (t.code, t.started) == (2, False)
-    assert t.errors == ["pretrain_gpt.py: error: WORLD_SIZE='abc' is not an integer in 1..1048576 (it stands for the "
-                        "job's world size): set it to a count, or unset it"]
+    assert t.errors == [
+        "pretrain_gpt.py: error: WORLD_SIZE='abc' is not an integer in 1..1048576 (it stands for the "
+        "job's world size): set it to a count, or unset it"
+    ]
 
 
 def test_a_lagom_configs_without_presets_is_named(tmp_path):
@@ -167,12 +190,19 @@ def test_a_lagom_configs_without_presets_is_named(tmp_path):
 
     env = {k: v for k, v in __import__("os").environ.items() if k != "LAGOM_CLUSTER"}
     env["LAGOM_CONFIGS"] = str(tmp_path / "nowhere")
-    proc = subprocess.run([sys.executable, "-m", "lagom_megatron", "doctor", "--preset", "llama3-8b-h100x8"], env=env,
-                          capture_output=True, text=True, timeout=COMMAND_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lagom_megatron", "doctor", "--preset", "llama3-8b-h100x8"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_S,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"lagom doctor: error: unknown preset 'llama3-8b-h100x8': {tmp_path}/nowhere/presets "
-                                   "(from LAGOM_CONFIGS) holds no presets; set LAGOM_CONFIGS to a folder with clusters/, "
-                                   "models/ and presets/, or unset it")
+    assert proc.stderr.strip() == (
+        f"lagom doctor: error: unknown preset 'llama3-8b-h100x8': {tmp_path}/nowhere/presets "
+        "(from LAGOM_CONFIGS) holds no presets; set LAGOM_CONFIGS to a folder with clusters/, "
+        "models/ and presets/, or unset it"
+    )
 
 
 def test_a_python_without_torch_sees_no_cuda_gpu(monkeypatch):

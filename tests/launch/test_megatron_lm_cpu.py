@@ -10,8 +10,9 @@ import pytest
 
 from lagom_megatron.launch import megatron_lm_cpu
 
-needs_no_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is not None,
-                                     reason="triton is installed: no stand-in is used")
+needs_no_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is not None, reason="triton is installed: no stand-in is used"
+)
 
 
 @needs_no_triton
@@ -23,10 +24,12 @@ def test_modules_importing_triton_get_the_stand_in_and_nothing_else_does(tmp_pat
     (pkg / "kernels.py").write_text(
         "import triton\nimport triton.language as tl\n\n"
         "@triton.jit\ndef kernel(x, BLOCK: tl.constexpr):\n    return x + 1\n\n"
-        "@triton.jit(launch_metadata=None)\ndef other(x):\n    return x\n")
+        "@triton.jit(launch_metadata=None)\ndef other(x):\n    return x\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    imported = megatron_lm_cpu.import_with_triton_stand_in(("fake_mlm_pkg.kernels", "fake_mlm_pkg.absent",
-                                                            "no_such_package.module"))
+    imported = megatron_lm_cpu.import_with_triton_stand_in(
+        ("fake_mlm_pkg.kernels", "fake_mlm_pkg.absent", "no_such_package.module")
+    )
     assert imported == ["fake_mlm_pkg.kernels"]
     kernels = sys.modules["fake_mlm_pkg.kernels"]
     assert kernels.kernel(1, 8) == 2 and kernels.other(3) == 3  # the decorators return the function
@@ -39,7 +42,10 @@ def test_modules_importing_triton_get_the_stand_in_and_nothing_else_does(tmp_pat
 
 
 def test_launcher_usage(capsys, tmp_path):
-    assert megatron_lm_cpu.main([]) == 2 and "usage: python -m lagom_megatron.launch.megatron_lm_cpu" in capsys.readouterr().err
+    assert (
+        megatron_lm_cpu.main([]) == 2
+        and "usage: python -m lagom_megatron.launch.megatron_lm_cpu" in capsys.readouterr().err
+    )
     assert megatron_lm_cpu.main(["--help"]) == 0 and "usage:" in capsys.readouterr().out
     assert megatron_lm_cpu.main([str(tmp_path / "pretrain_gpt.py")]) == 2
     assert "is not a file; give the path of a patched Megatron-LM pretrain_gpt.py" in capsys.readouterr().err
@@ -47,7 +53,9 @@ def test_launcher_usage(capsys, tmp_path):
 
 def test_launcher_runs_the_script_as_main_with_its_arguments(tmp_path, capsys):
     script = tmp_path / "pretrain_gpt.py"
-    script.write_text("import sys\nprint('main' if __name__ == '__main__' else 'imported', sys.argv[1:])\nsys.exit(3)\n")
+    script.write_text(
+        "import sys\nprint('main' if __name__ == '__main__' else 'imported', sys.argv[1:])\nsys.exit(3)\n"
+    )
     assert megatron_lm_cpu.main([str(script), "--eval-interval", "4"]) == 3
     assert capsys.readouterr().out == "main ['--eval-interval', '4']\n"
 

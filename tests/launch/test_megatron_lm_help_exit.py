@@ -68,7 +68,9 @@ def test_no_help_no_parse(fake_arguments):
 @pytest.mark.parametrize("name", ["megatron-lm-core_v0.16-0.17.patch", "megatron-lm-core_v0.18+.patch"])
 def test_patches_answer_help_before_inprocess_restart_pre_parses(name):
     text = (PATCHES / name).read_text()
-    assert text.index("+    lagom.print_help_if_asked(") < text.index("inprocess_restart.maybe_wrap_for_inprocess_restart")
+    assert text.index("+    lagom.print_help_if_asked(") < text.index(
+        "inprocess_restart.maybe_wrap_for_inprocess_restart"
+    )
 
 
 class Ends:
@@ -92,8 +94,11 @@ class Ends:
 def fake_training(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # rank 0 locks the run folder, ./lagom_out/run: not in the source tree
     training = types.ModuleType("megatron.training.training")
-    training.train_step = lambda forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config, \
-        forward_backward_func: ({"lm loss": 1.0},)
+    training.train_step = (
+        lambda forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config, forward_backward_func: (
+            {"lm loss": 1.0},
+        )
+    )
     package = types.ModuleType("megatron.training")
     package.training = training
     package.get_args = lambda: argparse.Namespace(num_microbatches=1)
@@ -143,8 +148,10 @@ def test_untested_megatron_core_stops_before_the_doctor(fake_training, monkeypat
     with pytest.raises(SystemExit) as exc:
         LagomHooks().start(argparse.Namespace(lagom=True), callbacks=[Ends()])
     assert exc.value.code == 2
-    assert "lagom: error: megatron-core 0.19.0 (checkout at /checkout/megatron/core) is outside the tested range" \
+    assert (
+        "lagom: error: megatron-core 0.19.0 (checkout at /checkout/megatron/core) is outside the tested range"
         in capsys.readouterr().out
+    )
     hooks = LagomHooks().start(argparse.Namespace(lagom=True, lagom_allow_untested_versions=True), callbacks=[Ends()])
     assert hooks.active and "running anyway" in capsys.readouterr().out
     hooks.finish()

@@ -33,15 +33,52 @@ pytestmark = [
 ]
 
 ITERS = 16
-TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
-        "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
-        "--train-iters", str(ITERS), "--lr", "1e-4", "--log-interval", "1", "--mock-data",
-        "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000", "--transformer-impl", "local",
-        "--no-gradient-accumulation-fusion", "--distributed-backend", "gloo", "--no-persist-layer-norm",
-        "--eval-interval", "8", "--eval-iters", "1"]
+TINY = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "64",
+    "--max-position-embeddings",
+    "64",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "8",
+    "--train-iters",
+    str(ITERS),
+    "--lr",
+    "1e-4",
+    "--log-interval",
+    "1",
+    "--mock-data",
+    "--tokenizer-type",
+    "NullTokenizer",
+    "--vocab-size",
+    "1000",
+    "--transformer-impl",
+    "local",
+    "--no-gradient-accumulation-fusion",
+    "--distributed-backend",
+    "gloo",
+    "--no-persist-layer-norm",
+    "--eval-interval",
+    "8",
+    "--eval-iters",
+    "1",
+]
 LAYOUTS = {
-    "tp2xdp2": ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
-                "--overlap-grad-reduce", "--overlap-param-gather"],
+    "tp2xdp2": [
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+    ],
     "pp2xdp2": ["--pipeline-model-parallel-size", "2", "--overlap-grad-reduce"],
 }
 LAGOM = ["--lagom", "--lagom-warmup-iters", "2", "--lagom-verify-iters", "2"]
@@ -52,18 +89,34 @@ def _patched_checkout() -> Path:
     script = path / "pretrain_gpt.py"
     assert script.is_file(), f"MEGATRON_LM_DIR={CHECKOUT!r} has no pretrain_gpt.py"
     assert "LagomHooks" in script.read_text(), (
-        f"{script} is not patched: git apply {ROOT}/patches/<the patch for its release> in the checkout")
+        f"{script} is not patched: git apply {ROOT}/patches/<the patch for its release> in the checkout"
+    )
     return path
 
 
 def _train(checkout: Path, argv: list[str], log: Path) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), str(ROOT)]),
-           "CUDA_DEVICE_MAX_CONNECTIONS": "1", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(checkout), str(ROOT)]),
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop("LAGOM_CLUSTER", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-           "-m", "lagom_megatron.launch.megatron_lm_cpu", "pretrain_gpt.py", *argv]
-    proc = run(cmd, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-               timeout=LAUNCH_S)  # the whole launch's tree is killed at the limit
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "-m",
+        "lagom_megatron.launch.megatron_lm_cpu",
+        "pretrain_gpt.py",
+        *argv,
+    ]
+    proc = run(
+        cmd, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=LAUNCH_S
+    )  # the whole launch's tree is killed at the limit
     log.write_text(proc.stdout)
     assert proc.returncode == 0, f"exit {proc.returncode}; last lines:\n" + "\n".join(proc.stdout.splitlines()[-30:])
     return proc.stdout

@@ -88,7 +88,8 @@ def test_added_code_calls_existing_functions_with_matching_signatures(name, entr
         if plus:
             checked += check_calls(added_code(lines, plus), namespace, types_of)
     assert checked == ["LagomHooks", "LagomHooks.print_help_if_asked", f"LagomHooks.{entry}"] + (
-        ["LagomHooks.finish"] if entry == "parse_args" else [])
+        ["LagomHooks.finish"] if entry == "parse_args" else []
+    )
     # the call passes the provider pretrain_gpt.py already had, and the entry takes it by keyword
     assert "extra_args_provider=add_modelopt_args if has_nvidia_modelopt else None," in text
     assert "extra_args_provider" in inspect.signature(getattr(LagomHooks, entry)).parameters
@@ -104,6 +105,7 @@ def test_patch_is_a_git_patch_of_pretrain_gpt_only(name):
 
 
 # ---------------------------------------------------------------------------- adapter with fakes
+
 
 class Recorder:
     def __init__(self):
@@ -139,8 +141,16 @@ def _fake_megatron(monkeypatch):
     state = {"args": None, "argv": []}
     training = types.ModuleType("megatron.training.training")
 
-    def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config,
-                   forward_backward_func, iteration=None):
+    def train_step(
+        forward_step_func,
+        data_iterator,
+        model,
+        optimizer,
+        opt_param_scheduler,
+        config,
+        forward_backward_func,
+        iteration=None,
+    ):
         return ({"lm loss": 2.5},) + (False,) * 6
 
     training.train_step = train_step
@@ -159,8 +169,11 @@ def _fake_megatron(monkeypatch):
 
     arguments.parse_args = parse_args
     package.training, package.arguments = training, arguments
-    for name, mod in (("megatron.training", package), ("megatron.training.training", training),
-                      ("megatron.training.arguments", arguments)):
+    for name, mod in (
+        ("megatron.training", package),
+        ("megatron.training.training", training),
+        ("megatron.training.arguments", arguments),
+    ):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setenv("LAGOM_CLUSTER", "h100-sxm-ib400")
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
@@ -168,8 +181,9 @@ def _fake_megatron(monkeypatch):
 
     cpu_mode_calls = []  # the CPU shims need a real checkout (tests/launch/test_megatron_lm_real_loop.py)
     monkeypatch.setattr(megatron_lm_cpu, "apply", lambda force=False: cpu_mode_calls.append(1) or True)
-    yield types.SimpleNamespace(training=training, state=state, original=train_step, parse_args=parse_args,
-                                 cpu_mode_calls=cpu_mode_calls)
+    yield types.SimpleNamespace(
+        training=training, state=state, original=train_step, parse_args=parse_args, cpu_mode_calls=cpu_mode_calls
+    )
 
 
 def run_fake_pretrain(fake, steps):
@@ -178,9 +192,11 @@ def run_fake_pretrain(fake, steps):
         model = [types.SimpleNamespace(ddp_config="ddp-config")]
         for i in range(steps):
             # Megatron-LM's train() looks train_step up as a module global, as here
-            fake.training.train_step(forward_step, "data-iter", model, "optimizer", "scheduler", "config",
-                                     "fwd-bwd", iteration=i)
+            fake.training.train_step(
+                forward_step, "data-iter", model, "optimizer", "scheduler", "config", "fwd-bwd", iteration=i
+            )
         return "done"
+
     return pretrain
 
 
@@ -196,15 +212,26 @@ def test_old_api_drives_callbacks_and_restores(fake_megatron, monkeypatch):
         parser.add_argument("--modelopt-flag", action="store_true")
         return parser
 
-    out = hooks.pretrain(run_fake_pretrain(fake_megatron, 3), "ds", "mp", "encoder_or_decoder", "fwd",
-                         extra_args_provider=modelopt_provider, store=None)
+    out = hooks.pretrain(
+        run_fake_pretrain(fake_megatron, 3),
+        "ds",
+        "mp",
+        "encoder_or_decoder",
+        "fwd",
+        extra_args_provider=modelopt_provider,
+        store=None,
+    )
     assert out == "done"
     assert seen_providers == ["modelopt", "modelopt"]  # pre-parse and pretrain's own parse
     kinds = [e[0] for e in rec.events]
     assert kinds == ["setup", "start", "end", "start", "end", "start", "end", "train_end"]
     ctx = rec.events[0][1]
     assert (ctx.optimizer, ctx.data_iterator, ctx.forward_backward_func, ctx.ddp_config) == (
-        "optimizer", "data-iter", "fwd-bwd", "ddp-config")
+        "optimizer",
+        "data-iter",
+        "fwd-bwd",
+        "ddp-config",
+    )
     assert ctx.args.lagom is True and ctx.args.num_microbatches == 4
     assert [e[1] for e in rec.events if e[0] == "start"] == [1, 2, 3]
     assert rec.events[2][2] == 2.5
@@ -215,6 +242,7 @@ def test_old_api_drives_callbacks_and_restores(fake_megatron, monkeypatch):
 def _start_with(recorder, original_start):
     def start(self, args, **kw):
         return original_start(self, args, callbacks=[recorder])
+
     return start
 
 
@@ -223,6 +251,7 @@ def test_new_api_parse_then_finish(fake_megatron, monkeypatch):
     rec = Recorder()
     monkeypatch.setattr(LagomHooks, "start", _start_with(rec, LagomHooks.start))
     hooks = LagomHooks()
+
     def parse_and_validate_args(extra_args_provider, args_defaults):
         return fake_megatron.parse_args(extra_args_provider)
 
@@ -237,14 +266,21 @@ def test_new_api_parse_then_finish(fake_megatron, monkeypatch):
     assert fake_megatron.cpu_mode_calls == [1]
 
 
-TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+TORCHRUN_ENV = {
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "2",
+    "LOCAL_WORLD_SIZE": "2",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+}
 """What plain ``torchrun`` gives each rank: no NCCL_TUNER_PLUGIN, no LAGOM_TUNER_CONFIG."""
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed (the plugin is built with it)")
 def test_plain_torchrun_on_a_gpu_enables_the_tuner_plugin_before_the_first_communicator(
-        fake_megatron, monkeypatch, tmp_path):
+    fake_megatron, monkeypatch, tmp_path
+):
     """A GPU run (CUDA stood in) started by plain torchrun: ``start`` sets NCCL_TUNER_PLUGIN to lagom's
     library and an empty LAGOM_TUNER_CONFIG before ``pretrain`` (whose initialize_megatron creates the
     first NCCL communicator, which is when NCCL loads a tuner) runs, as scripts/pretrain_gpt.py does."""

@@ -25,8 +25,18 @@ def test_preset_passes_the_doctor_on_its_cluster(name, capsys):
 @pytest.mark.parametrize("name", PRESETS)
 def test_presets_megatron_lm_line_passes_the_doctor(name, release, capsys):
     preset = load_preset(name)
-    argv = ["doctor", "--megatron-lm", "--megatron-lm-release", release, "--cluster", preset.cluster,
-            "--preset", name, "--", *preset_to_argv(preset)]  # the preset's env, as the SLURM scripts export it
+    argv = [
+        "doctor",
+        "--megatron-lm",
+        "--megatron-lm-release",
+        release,
+        "--cluster",
+        preset.cluster,
+        "--preset",
+        name,
+        "--",
+        *preset_to_argv(preset),
+    ]  # the preset's env, as the SLURM scripts export it
     code = main(argv)
     out = capsys.readouterr().out
     assert code == 0, out
@@ -47,23 +57,45 @@ def test_fsdp_presets_megatron_lm_line_shards_parameters_gradients_and_optimizer
     preset = load_preset(name)
     assert preset.overlap.use_megatron_fsdp and preset.overlap.data_parallel_sharding_strategy == "optim_grads_params"
     argv = preset_to_argv(preset)
-    assert {("--data-parallel-sharding-strategy", "optim_grads_params"), ("--ckpt-format", "fsdp_dtensor")} <= _pairs(argv)
+    assert {("--data-parallel-sharding-strategy", "optim_grads_params"), ("--ckpt-format", "fsdp_dtensor")} <= _pairs(
+        argv
+    )
     assert argv.count("--data-parallel-sharding-strategy") == 1 and "--use-distributed-optimizer" in argv
     for release in ("core_v0.16.1", "core_v0.17.1", "core_v0.18.2"):
-        assert main(["doctor", "--megatron-lm", "--megatron-lm-release", release, "--cluster", preset.cluster,
-                     "--", *argv]) == 0
+        assert (
+            main(
+                ["doctor", "--megatron-lm", "--megatron-lm-release", release, "--cluster", preset.cluster, "--", *argv]
+            )
+            == 0
+        )
         out = capsys.readouterr().out
         assert "fsdp-sharding" not in out and "--use-megatron-fsdp without" not in out, out
 
 
 def test_a_megatron_fsdp_preset_without_sharding_says_no_shard_on_its_line_and_is_warned(capsys):
     preset = load_preset("gpt3-2.7b-a40x8-fsdp")
-    plain = preset.model_copy(update={"overlap": preset.overlap.model_copy(
-        update={"data_parallel_sharding_strategy": "no_shard"})})
+    plain = preset.model_copy(
+        update={"overlap": preset.overlap.model_copy(update={"data_parallel_sharding_strategy": "no_shard"})}
+    )
     argv = preset_to_argv(plain)
     assert ("--data-parallel-sharding-strategy", "no_shard") in _pairs(argv)  # core_v0.18 would shard otherwise
-    assert main(["doctor", "--megatron-lm", "--megatron-lm-release", "core_v0.18.2", "--cluster", preset.cluster,
-                 "--", *argv]) == 0
-    assert "warning: [fsdp-sharding] --use-megatron-fsdp with --data-parallel-sharding-strategy no_shard\n" in \
-        capsys.readouterr().out
+    assert (
+        main(
+            [
+                "doctor",
+                "--megatron-lm",
+                "--megatron-lm-release",
+                "core_v0.18.2",
+                "--cluster",
+                preset.cluster,
+                "--",
+                *argv,
+            ]
+        )
+        == 0
+    )
+    assert (
+        "warning: [fsdp-sharding] --use-megatron-fsdp with --data-parallel-sharding-strategy no_shard\n"
+        in capsys.readouterr().out
+    )
     assert "--data-parallel-sharding-strategy" not in preset_to_argv(load_preset("llama3-8b-h100x8"))  # not FSDP

@@ -6,25 +6,31 @@ import pytest
 from lagom_megatron.launch.slurm import check_allocation, expand_hostlist, main, parse_tasks_per_node
 
 
-@pytest.mark.parametrize("text, hosts", [
-    ("node-a07", ["node-a07"]),
-    ("node-a[07-08]", ["node-a07", "node-a08"]),
-    ("gpu[1,3-4],login1", ["gpu1", "gpu3", "gpu4", "login1"]),
-    ("n[098-101]", ["n098", "n099", "n100", "n101"]),  # the low bound's zero padding is kept
-    ("rack[1-2]-gpu[1-2]", ["rack1-gpu1", "rack1-gpu2", "rack2-gpu1", "rack2-gpu2"]),
-])
+@pytest.mark.parametrize(
+    "text, hosts",
+    [
+        ("node-a07", ["node-a07"]),
+        ("node-a[07-08]", ["node-a07", "node-a08"]),
+        ("gpu[1,3-4],login1", ["gpu1", "gpu3", "gpu4", "login1"]),
+        ("n[098-101]", ["n098", "n099", "n100", "n101"]),  # the low bound's zero padding is kept
+        ("rack[1-2]-gpu[1-2]", ["rack1-gpu1", "rack1-gpu2", "rack2-gpu1", "rack2-gpu2"]),
+    ],
+)
 def test_hostlist_expansion(text, hosts):
     assert expand_hostlist(text) == hosts
 
 
-@pytest.mark.parametrize("text, fault", [
-    ("node[1-2", "'[' without ']'"),
-    ("node1-2]", "']' without '['"),
-    ("node[2-1]", "range '2-1' runs backwards"),
-    ("node[a-b]", "holds 'a-b', not a number or a range LOW-HIGH"),
-    ("node1,,node2", "an empty entry between commas"),
-    ("", "empty host list"),
-])
+@pytest.mark.parametrize(
+    "text, fault",
+    [
+        ("node[1-2", "'[' without ']'"),
+        ("node1-2]", "']' without '['"),
+        ("node[2-1]", "range '2-1' runs backwards"),
+        ("node[a-b]", "holds 'a-b', not a number or a range LOW-HIGH"),
+        ("node1,,node2", "an empty entry between commas"),
+        ("", "empty host list"),
+    ],
+)
 def test_malformed_hostlists_are_refused(text, fault):
     with pytest.raises(ValueError) as info:
         expand_hostlist(text)
@@ -48,8 +54,9 @@ def test_allocation_the_launch_cannot_honour():
     with pytest.raises(ValueError, match=r"SLURM_JOB_NODELIST='g\[01-03\]' names 3 nodes but preset 'p' needs 2"):
         check_allocation({"SLURM_JOB_NODELIST": "g[01-03]"}, nodes=2, tasks_per_node=8, name="p")
     with pytest.raises(ValueError, match=r"SLURM_TASKS_PER_NODE='8,4': the launch needs 8 task\(s\) on every node"):
-        check_allocation({"SLURM_JOB_NODELIST": "g[01-02]", "SLURM_TASKS_PER_NODE": "8,4"}, nodes=2, tasks_per_node=8,
-                         name="p")
+        check_allocation(
+            {"SLURM_JOB_NODELIST": "g[01-02]", "SLURM_TASKS_PER_NODE": "8,4"}, nodes=2, tasks_per_node=8, name="p"
+        )
     with pytest.raises(ValueError, match="one torchrun per node"):
         check_allocation({"SLURM_TASKS_PER_NODE": "8(x2)"}, nodes=2, tasks_per_node=1, name="p")
 

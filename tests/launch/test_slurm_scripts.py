@@ -56,11 +56,19 @@ def fake(tmp_path, plugin_dir):
         (bin_dir / name).chmod(0o755)
     log = tmp_path / "log"
     log.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "NCCL_", "CUDA_DEVICE_MAX", "MASTER_", "WORLD_SIZE"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "NCCL_", "CUDA_DEVICE_MAX", "MASTER_", "WORLD_SIZE"))
+    }
     env = {k: v for k, v in env.items() if not k.startswith("LAGOM_TUNER")}
-    env.update(PATH=f"{bin_dir}:{env['PATH']}", FAKE_LOG=str(log), LAGOM_PYTHON=PY, LAGOM_ROOT=str(ROOT),
-               LAGOM_TUNER_DIR=str(plugin_dir))
+    env.update(
+        PATH=f"{bin_dir}:{env['PATH']}",
+        FAKE_LOG=str(log),
+        LAGOM_PYTHON=PY,
+        LAGOM_ROOT=str(ROOT),
+        LAGOM_TUNER_DIR=str(plugin_dir),
+    )
 
     def run(script, *args, slurm=True, extra_env=None):
         e = dict(env)
@@ -69,7 +77,9 @@ def fake(tmp_path, plugin_dir):
             name = args[i] if i < len(args) and not args[i].startswith("-") else None
             preset = load_preset(name) if name else None
             nodes = preset.slurm.nodes if preset is not None and preset.slurm is not None else 2
-            e.update(SLURM_JOB_ID="123456", SLURM_JOB_NODELIST=f"node-a[07-{6 + nodes:02d}]" if nodes > 1 else "node-a07")
+            e.update(
+                SLURM_JOB_ID="123456", SLURM_JOB_NODELIST=f"node-a[07-{6 + nodes:02d}]" if nodes > 1 else "node-a07"
+            )
         e.update(extra_env or {})
         return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=e, cwd=tmp_path)
 
@@ -83,20 +93,43 @@ def test_per_node_dry_run_prints_exact_commands(fake):
     proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-70b-h100x64", "--", "--train-iters", "50")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[:8] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
-                         "export NCCL_P2P_NET_CHUNKSIZE=2097152", "export NCCL_DEBUG=WARN",
-                         "export LAGOM_CLUSTER=h100-sxm-ib400", f"export NCCL_TUNER_PLUGIN={fake.plugin}",
-                         f"export NCCL_PROFILER_PLUGIN={fake.plugin}", "export LAGOM_TUNER_CONFIG=''"]
+    assert lines[:8] == [
+        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
+        "export NCCL_P2P_NET_CHUNKSIZE=2097152",
+        "export NCCL_DEBUG=WARN",
+        "export LAGOM_CLUSTER=h100-sxm-ib400",
+        f"export NCCL_TUNER_PLUGIN={fake.plugin}",
+        f"export NCCL_PROFILER_PLUGIN={fake.plugin}",
+        "export LAGOM_TUNER_CONFIG=''",
+    ]
     lines = lines[:4] + lines[8:]
     doctor = shlex.split(lines[4])
     assert doctor[:5] == [PY, "-m", "lagom_megatron.cli", "doctor", "--no-preset-env"]
     assert lines[5] == f"export MASTER_ADDR=node-a07 MASTER_PORT={20000 + 123456 % 40000}"
     srun = shlex.split(lines[6])
     train = str(ROOT / "scripts" / "pretrain_gpt.py")
-    assert srun == ["srun", "--kill-on-bad-exit=1", "--nodes=8", "--ntasks-per-node=1", "--export=ALL", PY, "-m",
-                    "torch.distributed.run", "--nnodes=8", "--nproc-per-node=8", "--rdzv-id=123456",
-                    "--rdzv-backend=c10d", "--rdzv-endpoint=node-a07:23456", "--max-restarts=0", train,
-                    "--preset", "llama3-70b-h100x64", "--train-iters", "50"]
+    assert srun == [
+        "srun",
+        "--kill-on-bad-exit=1",
+        "--nodes=8",
+        "--ntasks-per-node=1",
+        "--export=ALL",
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=8",
+        "--nproc-per-node=8",
+        "--rdzv-id=123456",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=node-a07:23456",
+        "--max-restarts=0",
+        train,
+        "--preset",
+        "llama3-70b-h100x64",
+        "--train-iters",
+        "50",
+    ]
     assert len(lines) == 7
     assert not (fake.log / "srun.args").exists()  # dry run: srun never called
     assert "0 error(s)" in proc.stderr
@@ -107,8 +140,12 @@ def test_per_gpu_dry_run_prints_exact_commands(fake):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     # NCCL 2.21.5 (a100-ib100) cannot load lagom's plugin: no plugin variables, a note on stderr
-    assert lines[:4] == ["export CUDA_DEVICE_MAX_CONNECTIONS=1", "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
-                         "export NCCL_DEBUG=WARN", "export LAGOM_CLUSTER=a100-ib100"]
+    assert lines[:4] == [
+        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        "export TORCH_NCCL_AVOID_RECORD_STREAMS=1",
+        "export NCCL_DEBUG=WARN",
+        "export LAGOM_CLUSTER=a100-ib100",
+    ]
     assert "NCCL 2.21.5 cannot load lagom's tuner plugin (2.22+); lagom applies CTA bounds only" in proc.stderr
     lines = lines[:3] + lines[4:]
     assert lines[4] == "export MASTER_ADDR=FIRST_NODE_OF_THE_ALLOCATION MASTER_PORT=29500"
@@ -123,9 +160,16 @@ def test_per_node_run_exports_settings_to_every_rank(fake):
     proc = fake(PER_NODE, "--preset", "llama3-8b-h100x8", extra_env={"SLURM_JOB_NUM_NODES": "1"})
     assert proc.returncode == 0, proc.stderr
     env = (fake.log / "srun.env").read_text().splitlines()
-    assert env == ["CUDA_DEVICE_MAX_CONNECTIONS=1", "LAGOM_CLUSTER=h100-sxm-ib400", "MASTER_ADDR=node-a07", "MASTER_PORT=23456",
-                   "NCCL_DEBUG=WARN", f"NCCL_PROFILER_PLUGIN={fake.plugin}", f"NCCL_TUNER_PLUGIN={fake.plugin}",
-                   "TORCH_NCCL_AVOID_RECORD_STREAMS=1"]
+    assert env == [
+        "CUDA_DEVICE_MAX_CONNECTIONS=1",
+        "LAGOM_CLUSTER=h100-sxm-ib400",
+        "MASTER_ADDR=node-a07",
+        "MASTER_PORT=23456",
+        "NCCL_DEBUG=WARN",
+        f"NCCL_PROFILER_PLUGIN={fake.plugin}",
+        f"NCCL_TUNER_PLUGIN={fake.plugin}",
+        "TORCH_NCCL_AVOID_RECORD_STREAMS=1",
+    ]
     assert (fake.log / "srun.args").read_text().startswith("--kill-on-bad-exit=1 --nodes=1 ")
 
 
@@ -133,14 +177,28 @@ def test_per_gpu_ranks_from_slurm_and_megatron_lm_flags(fake):
     mlm = fake.tmp / "Megatron-LM"
     mlm.mkdir()
     (mlm / "pretrain_gpt.py").write_text(FAKE_PRETRAIN)
-    proc = fake(PER_GPU, "--preset", "llama2-7b-a100x32-ib100", "--megatron-lm", str(mlm), "--", "--train-iters", "3",
-                extra_env={"FAKE_SRUN_EXEC": "2"})
+    proc = fake(
+        PER_GPU,
+        "--preset",
+        "llama2-7b-a100x32-ib100",
+        "--megatron-lm",
+        str(mlm),
+        "--",
+        "--train-iters",
+        "3",
+        extra_env={"FAKE_SRUN_EXEC": "2"},
+    )
     assert proc.returncode == 0, proc.stderr
     ranks = [line.split(" ARGS ")[0] for line in proc.stdout.splitlines() if line.startswith("RANK")]
     assert ranks == [f"RANK {r} LOCAL_RANK {r} WORLD_SIZE 32 PLUGIN None TABLE None" for r in (0, 1)]  # NCCL 2.21
     args = proc.stdout.splitlines()[-1].split(" ARGS ")[1].split()
-    for flag in ("--tensor-model-parallel-size 2", "--num-query-groups 32 --group-query-attention",
-                 "--disable-bias-linear", "--rotary-base 10000", "--lagom-plan runs/llama2-7b-a100x32-ib100/plan.json"):
+    for flag in (
+        "--tensor-model-parallel-size 2",
+        "--num-query-groups 32 --group-query-attention",
+        "--disable-bias-linear",
+        "--rotary-base 10000",
+        "--lagom-plan runs/llama2-7b-a100x32-ib100/plan.json",
+    ):
         assert flag in " ".join(args), flag
     assert args[-2:] == ["--train-iters", "3"]
     assert "--preset" not in args
@@ -155,8 +213,12 @@ def _valid_plan(path, preset="llama3-8b-h100x8"):
 
     p = load_preset(preset)
     cluster = ClusterSpec.load(p.cluster)
-    Plan(entries={}, backend="nccl", mechanism=default_mechanism(cluster),
-         fingerprint={"cluster": cluster.name, "backend": "nccl", "world_size": p.world_size}).save(path)
+    Plan(
+        entries={},
+        backend="nccl",
+        mechanism=default_mechanism(cluster),
+        fingerprint={"cluster": cluster.name, "backend": "nccl", "world_size": p.world_size},
+    ).save(path)
 
 
 def test_plan_env_file_is_sourced_before_srun(fake):
@@ -179,10 +241,13 @@ def test_doctor_errors_stop_the_launch(fake):
     assert not (fake.log / "srun.args").exists()
 
 
-@pytest.mark.parametrize("extra, what", [
-    (["--lagom-method", "foo"], "invalid choice: 'foo' (choose from 'priority', 'autoccl', 'nccl-default')"),
-    (["--tensor-model-paralel-size", "2"], "unrecognized arguments: --tensor-model-paralel-size"),
-])
+@pytest.mark.parametrize(
+    "extra, what",
+    [
+        (["--lagom-method", "foo"], "invalid choice: 'foo' (choose from 'priority', 'autoccl', 'nccl-default')"),
+        (["--tensor-model-paralel-size", "2"], "unrecognized arguments: --tensor-model-paralel-size"),
+    ],
+)
 def test_bad_pretrain_flags_stop_at_the_doctor(fake, extra, what):
     proc = fake(PER_NODE, "--preset", "llama3-70b-h100x64", "--dry-run", "--", *extra)
     assert proc.returncode == 1, proc.stderr
@@ -205,11 +270,14 @@ def test_missing_plan_is_announced_and_its_folder_created(fake):
     plan = fake.tmp / "runs" / "new" / "plan.json"
     dry = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(plan))
     assert dry.returncode == 0, dry.stderr
-    assert (f"lagom_pretrain: warning: plan {plan} does not exist; this run searches a new plan and saves it there"
-            in dry.stderr.splitlines())
+    assert (
+        f"lagom_pretrain: warning: plan {plan} does not exist; this run searches a new plan and saves it there"
+        in dry.stderr.splitlines()
+    )
     assert not plan.parent.exists()  # a dry run creates nothing
-    proc = fake(PER_GPU, "--preset", "llama2-7b-a100x32-ib100", "--plan", str(plan),
-                extra_env={"SLURM_JOB_NUM_NODES": "4"})
+    proc = fake(
+        PER_GPU, "--preset", "llama2-7b-a100x32-ib100", "--plan", str(plan), extra_env={"SLURM_JOB_NUM_NODES": "4"}
+    )
     assert proc.returncode == 0, proc.stderr
     assert "warning: plan" in proc.stderr and plan.parent.is_dir()
     assert (fake.log / "srun.args").read_text().split()[-2:] == ["--lagom-plan", str(plan)]
@@ -240,9 +308,17 @@ def test_submit_uses_the_preset_shape(fake):
     proc = fake(PER_GPU, "--submit", "--preset", "llama2-7b-a100x32-ib100", slurm=False)
     assert proc.returncode == 0, proc.stderr
     args = (fake.log / "sbatch.args").read_text().split()
-    assert args == ["--job-name=lagom-llama2-7b-a100x32-ib100", "--nodes=4", "--ntasks-per-node=8",
-                    "--gpus-per-node=8", "--time=01:00:00", "--exclusive", str(PER_GPU),
-                    "--preset", "llama2-7b-a100x32-ib100"]
+    assert args == [
+        "--job-name=lagom-llama2-7b-a100x32-ib100",
+        "--nodes=4",
+        "--ntasks-per-node=8",
+        "--gpus-per-node=8",
+        "--time=01:00:00",
+        "--exclusive",
+        str(PER_GPU),
+        "--preset",
+        "llama2-7b-a100x32-ib100",
+    ]
 
 
 def test_allocation_of_the_wrong_size_is_refused(fake):
@@ -279,9 +355,15 @@ def test_slurm_env_checks_world_size_against_slurm_shape(tmp_path):
     bad.write_text("model: llama3-8b\ncluster: h100-sxm-ib400\nworld_size: 16\nslurm: {nodes: 1, gpus_per_node: 8}\n")
     with pytest.raises(ValueError, match=r"world_size 16 != slurm.nodes x slurm.gpus_per_node = 1 x 8"):
         shell_lines(load_preset(bad), layout="per-node", root="/src", environ={})
-    lines = shell_lines(load_preset("gpt3-13b-h100x64"), layout="per-gpu", root="/src", environ={},
-                        megatron_lm="/mlm", extra=["--train-iters", "2"])
-    train = shlex.split(lines[-1][len("LAGOM_TRAIN=("):-1])
+    lines = shell_lines(
+        load_preset("gpt3-13b-h100x64"),
+        layout="per-gpu",
+        root="/src",
+        environ={},
+        megatron_lm="/mlm",
+        extra=["--train-iters", "2"],
+    )
+    train = shlex.split(lines[-1][len("LAGOM_TRAIN=(") : -1])
     assert train[0] == "/mlm/pretrain_gpt.py" and train[-2:] == ["--train-iters", "2"]
     assert "--ntasks-per-node=8" in lines[-2] and "--nodes=8" in lines[-2]
 
@@ -302,8 +384,13 @@ def test_dry_run_sets_an_absolute_tuner_plugin_for_every_rank(fake):
 
 
 def test_users_plugin_and_gloo_clusters_are_left_alone(fake):
-    mine = fake(PER_NODE, "--preset", "llama3-70b-h100x64", "--dry-run",
-                extra_env={"NCCL_TUNER_PLUGIN": fake.plugin, "LAGOM_TUNER_CONFIG": "/tmp/x.csv"})
+    mine = fake(
+        PER_NODE,
+        "--preset",
+        "llama3-70b-h100x64",
+        "--dry-run",
+        extra_env={"NCCL_TUNER_PLUGIN": fake.plugin, "LAGOM_TUNER_CONFIG": "/tmp/x.csv"},
+    )
     assert mine.returncode == 0, mine.stderr
     assert not [l for l in mine.stdout.splitlines() if l.startswith(("export NCCL_TUNER_PLUGIN", "export LAGOM_TUNER"))]
     from lagom_megatron.nccl.plugin_launch import launch_env
@@ -318,8 +405,14 @@ def test_every_rank_inherits_the_plugin(fake):
     mlm = fake.tmp / "Megatron-LM"
     mlm.mkdir()
     (mlm / "pretrain_gpt.py").write_text(FAKE_PRETRAIN)
-    proc = fake(PER_GPU, "--preset", "llama3-8b-h100x8", "--megatron-lm", str(mlm),
-                extra_env={"FAKE_SRUN_EXEC": "8", "SLURM_JOB_NUM_NODES": "1"})
+    proc = fake(
+        PER_GPU,
+        "--preset",
+        "llama3-8b-h100x8",
+        "--megatron-lm",
+        str(mlm),
+        extra_env={"FAKE_SRUN_EXEC": "8", "SLURM_JOB_NUM_NODES": "1"},
+    )
     assert proc.returncode == 0, proc.stderr
     ranks = [line.split(" ARGS ")[0] for line in proc.stdout.splitlines() if line.startswith("RANK")]
     assert ranks == [f"RANK {r} LOCAL_RANK {r} WORLD_SIZE 8 PLUGIN {fake.plugin} TABLE ''" for r in range(8)]
@@ -342,13 +435,18 @@ def test_dry_run_never_executes_the_plan_env_file(fake, script):
     assert f"set -a; source {plan.with_suffix('.env')}; set +a" in proc.stdout
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--preset"], "lagom_pretrain: --preset needs a value (see --help)"),
-    (["--preset", "llama3-70b-h100x64", "--plan"], "--plan needs a value"),
-    (["--preset", "--dry-run"], "--preset needs a value"),
-    (["--preset", "llama3-70b-h100x64", "--megatron-lm", "/nonexistent"],
-     "--megatron-lm /nonexistent: no pretrain_gpt.py there"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--preset"], "lagom_pretrain: --preset needs a value (see --help)"),
+        (["--preset", "llama3-70b-h100x64", "--plan"], "--plan needs a value"),
+        (["--preset", "--dry-run"], "--preset needs a value"),
+        (
+            ["--preset", "llama3-70b-h100x64", "--megatron-lm", "/nonexistent"],
+            "--megatron-lm /nonexistent: no pretrain_gpt.py there",
+        ),
+    ],
+)
 def test_dry_run_checks_every_input(fake, args, expected):
     proc = fake(PER_NODE, "--dry-run", *args)
     assert proc.returncode == 2 and expected in proc.stderr and proc.stdout == "", (proc.stdout, proc.stderr)
@@ -380,15 +478,20 @@ def test_a_plan_of_another_run_stops_the_dry_run(fake):
     from lagom_megatron.engine.plan import Plan
 
     gloo = fake.tmp / "cpu-plan.json"
-    Plan(entries={}, backend="gloo", mechanism="gloo", fingerprint={
-        "cluster": "cpu-gloo", "backend": "gloo", "world_size": 4, "tensor_model_parallel_size": 2}).save(gloo)
+    Plan(
+        entries={},
+        backend="gloo",
+        mechanism="gloo",
+        fingerprint={"cluster": "cpu-gloo", "backend": "gloo", "world_size": 4, "tensor_model_parallel_size": 2},
+    ).save(gloo)
     proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(gloo))
     assert proc.returncode == 2 and "srun" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1] == (
         f"lagom launch: error: --plan {gloo} is not a plan of this run (preset 'llama3-8b-h100x8' on cluster "
         "'h100-sxm-ib400'): tensor_model_parallel_size 2 (this run: 1); world_size 4 (this run: 8); backend 'gloo' "
         "(this run: 'nccl'); cluster 'cpu-gloo' (this run: 'h100-sxm-ib400'); "
-        "the run would move it aside and search anew: give this run's plan, or a path that does not exist yet")
+        "the run would move it aside and search anew: give this run's plan, or a path that does not exist yet"
+    )
     layout = fake.tmp / "tp2-plan.json"
     _valid_plan(layout)
     data = load_plan(layout).to_dict()
@@ -397,8 +500,17 @@ def test_a_plan_of_another_run_stops_the_dry_run(fake):
     proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(layout))
     assert proc.returncode == 2 and "tensor_model_parallel_size 2 (this run: 1)" in proc.stderr
     # the same line with the layout the plan was made for: accepted (the doctor then checks that layout)
-    proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", "--plan", str(layout), "--",
-                "--tensor-model-parallel-size", "2")
+    proc = fake(
+        PER_NODE,
+        "--dry-run",
+        "--preset",
+        "llama3-8b-h100x8",
+        "--plan",
+        str(layout),
+        "--",
+        "--tensor-model-parallel-size",
+        "2",
+    )
     assert "is not a plan of this run" not in proc.stderr, proc.stderr
 
 
@@ -409,11 +521,14 @@ def test_a_dry_run_builds_nothing(fake, tmp_path):
     proc = fake(PER_NODE, "--dry-run", "--preset", "llama3-8b-h100x8", extra_env={"LAGOM_TUNER_DIR": str(empty)})
     assert proc.returncode == 0, proc.stderr
     assert list(empty.iterdir()) == []
-    assert (f"lagom: note: a dry run builds nothing; the launch builds the NCCL tuner plugin as "
-            f"{empty / 'libnccl-tuner-lagom.so'} and exports NCCL_TUNER_PLUGIN to every rank") in proc.stderr
+    assert (
+        f"lagom: note: a dry run builds nothing; the launch builds the NCCL tuner plugin as "
+        f"{empty / 'libnccl-tuner-lagom.so'} and exports NCCL_TUNER_PLUGIN to every rank"
+    ) in proc.stderr
     assert "NCCL_TUNER_PLUGIN" not in proc.stdout.split("lagom_megatron.cli doctor")[0]
-    run = fake(PER_NODE, "--preset", "llama3-8b-h100x8", extra_env={"LAGOM_TUNER_DIR": str(empty),
-                                                                   "SLURM_JOB_NUM_NODES": "1"})
+    run = fake(
+        PER_NODE, "--preset", "llama3-8b-h100x8", extra_env={"LAGOM_TUNER_DIR": str(empty), "SLURM_JOB_NUM_NODES": "1"}
+    )
     assert run.returncode == 0, run.stderr
     assert (empty / "libnccl-tuner-lagom.so").is_file()  # the launch itself builds it
 
@@ -428,10 +543,12 @@ def test_a_dry_run_off_the_cluster_says_what_it_checked_and_passes(fake, preset)
     proc = fake(PER_NODE, "--preset", preset, "--dry-run", slurm=False)
     assert proc.returncode == 0, proc.stderr
     err = proc.stderr.splitlines()
-    assert ("lagom doctor: checking cluster 'h100-sxm-ib400' (NCCL 2.27.5, sm_90 GPUs): named by $LAGOM_CLUSTER "
-            "(--cluster checks another); this machine (no CUDA GPU) is not one of its nodes, so the command line, "
-            "layout and environment are checked for its nodes but not this machine's files, port and libraries "
-            "(training checks those on each node before it starts)") in err
+    assert (
+        "lagom doctor: checking cluster 'h100-sxm-ib400' (NCCL 2.27.5, sm_90 GPUs): named by $LAGOM_CLUSTER "
+        "(--cluster checks another); this machine (no CUDA GPU) is not one of its nodes, so the command line, "
+        "layout and environment are checked for its nodes but not this machine's files, port and libraries "
+        "(training checks those on each node before it starts)"
+    ) in err
     assert f"lagom doctor: preset {preset}: 0 error(s), 0 warning(s)" in err
     assert proc.stdout.splitlines()[-1].startswith("srun --kill-on-bad-exit=1 --nodes=8 ")
     # the same line checked as a node would check it stops on the missing library

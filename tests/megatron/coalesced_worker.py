@@ -59,8 +59,9 @@ def _te_quantized_part(router, pool, groups, tp):
         name = recipe.__name__
         torch.manual_seed(0)
         holder = torch.nn.Module()
-        holder.fc1 = Linear(128, 8, tp_group=tp, parallel_mode="column", sequence_parallel=True,
-                            input_quantizer=recipe())
+        holder.fc1 = Linear(
+            128, 8, tp_group=tp, parallel_mode="column", sequence_parallel=True, input_quantizer=recipe()
+        )
         torch.nn.init.normal_(holder.fc1.weight)
         router.registry.name_modules(holder, prefix="chunk0.")
         # 128 tokens x 128 hidden per rank, integer codes 0..15 (exact in every stand-in format)
@@ -114,8 +115,10 @@ class _CudaStreamsOnCpu:
         import contextlib
 
         cuda = torch.cuda
-        self._saved = [(cuda, n, getattr(cuda, n)) for n in ("Stream", "current_stream", "stream", "current_device",
-                                                              "empty_cache", "synchronize")]
+        self._saved = [
+            (cuda, n, getattr(cuda, n))
+            for n in ("Stream", "current_stream", "stream", "current_device", "empty_cache", "synchronize")
+        ]
         self._saved.append((torch.Tensor, "cuda", torch.Tensor.cuda))
         cuda.Stream = cuda.current_stream = lambda *a, **k: self._Stream()
         cuda.stream = lambda s: contextlib.nullcontext()
@@ -154,12 +157,17 @@ def _megatron_fsdp_part(router, pool, groups, dp):
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), _Layer(), _Layer(), torch.nn.Linear(8, 4))
-    index = FSDPDistributedIndex(device_mesh=DeviceMesh.from_group(dp, "cpu", mesh_dim_names=("dp_cp",)),
-                                 dp_shard_dim="dp_cp")
+    index = FSDPDistributedIndex(
+        device_mesh=DeviceMesh.from_group(dp, "cpu", mesh_dim_names=("dp_cp",)), dp_shard_dim="dp_cp"
+    )
     # gloo has no PREMUL_SUM: scale, then SUM (gradient_reduce_preprocessing, param_and_grad_buffer.py:3762-3777)
-    config = DistributedDataParallelConfig(data_parallel_sharding_strategy="optim_grads_params",
-                                           overlap_grad_reduce=True, overlap_param_gather=True,
-                                           grad_reduce_in_fp32=True, gradient_reduce_div_fusion=False)
+    config = DistributedDataParallelConfig(
+        data_parallel_sharding_strategy="optim_grads_params",
+        overlap_grad_reduce=True,
+        overlap_param_gather=True,
+        grad_reduce_in_fp32=True,
+        gradient_reduce_div_fusion=False,
+    )
     fsdp = MegatronFSDP(model, index, ddp_config=config, fsdp_unit_modules=[_Layer], device=torch.device("cpu"))
     buffer = fsdp.param_and_grad_buffer
     router.registry.bind_model([fsdp])
@@ -170,11 +178,16 @@ def _megatron_fsdp_part(router, pool, groups, dp):
         fsdp(x).square().sum().backward()
         fsdp.finish_grad_sync()
         # each parameter's reduced gradient shard on this rank (the buffers' padding left out)
-        return [g.main_grad_buffer.get_item(i, only_shard=True).clone() for g in buffer.parameter_groups
-                for i in range(len(g.params))]
+        return [
+            g.main_grad_buffer.get_item(i, only_shard=True).clone()
+            for g in buffer.parameter_groups
+            for i in range(len(g.params))
+        ]
 
-    out = {"mfsdp_groups": [[g.fsdp_unit_id, g.model_weight_buffer.bucket_index.size] for g in buffer.parameter_groups],
-           "mfsdp_tags": router.registry.fsdp_bucket_tags(buffer)}
+    out = {
+        "mfsdp_groups": [[g.fsdp_unit_id, g.model_weight_buffer.bucket_index.size] for g in buffer.parameter_groups],
+        "mfsdp_tags": router.registry.fsdp_bucket_tags(buffer),
+    }
     router.active = False
     reference = step()
     router.active = True
@@ -201,15 +214,23 @@ def _megatron_fsdp_part(router, pool, groups, dp):
     out["mfsdp_routed_calls"] = router.calls_routed - before
     out["mfsdp_routed_managers"] = seen
     out["mfsdp_same_routed"] = all(torch.equal(a, b) for a, b in zip(reference, got))
-    out["mfsdp_groups_restored"] = all(b.data_parallel_group is dp for g in buffer.parameter_groups
-                                       for b in (g.model_weight_buffer, g.main_grad_buffer))
+    out["mfsdp_groups_restored"] = all(
+        b.data_parallel_group is dp
+        for g in buffer.parameter_groups
+        for b in (g.model_weight_buffer, g.main_grad_buffer)
+    )
     router.set_assignment({})
     # data parallel 1: Megatron-FSDP over a group of one rank has no sites
     solos = [dist.new_group([r]) for r in range(WORLD)]
     mesh = DeviceMesh.from_group(solos[dist.get_rank()], "cpu", mesh_dim_names=("dp_cp",))
     torch.manual_seed(0)
-    solo = MegatronFSDP(torch.nn.Sequential(_Layer(), _Layer()), FSDPDistributedIndex(device_mesh=mesh, dp_shard_dim="dp_cp"),
-                        ddp_config=config, fsdp_unit_modules=[_Layer], device=torch.device("cpu"))
+    solo = MegatronFSDP(
+        torch.nn.Sequential(_Layer(), _Layer()),
+        FSDPDistributedIndex(device_mesh=mesh, dp_shard_dim="dp_cp"),
+        ddp_config=config,
+        fsdp_unit_modules=[_Layer],
+        device=torch.device("cpu"),
+    )
     router.registry.bind_model([solo])
 
     def solo_step():
@@ -217,7 +238,9 @@ def _megatron_fsdp_part(router, pool, groups, dp):
         solo(x).square().sum().backward()
         solo.finish_grad_sync()
 
-    router.set_assignment({"other.param_all_gather[chunk0.bucket0]": cfg, "other.grad_reduce_scatter[chunk0.bucket0]": cfg})
+    router.set_assignment(
+        {"other.param_all_gather[chunk0.bucket0]": cfg, "other.grad_reduce_scatter[chunk0.bucket0]": cfg}
+    )
     _iteration(router, solo_step, timed=True)
     out["mfsdp_solo_records"] = _records(router)
     router.set_assignment({})
@@ -241,11 +264,17 @@ def _megatron_fsdp_strategies_part(router, dp):
     for strategy in ("no_shard", "optim", "optim_grads"):
         torch.manual_seed(0)
         model = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)))
-        index = FSDPDistributedIndex(device_mesh=DeviceMesh.from_group(dp, "cpu", mesh_dim_names=("dp_cp",)),
-                                     dp_shard_dim="dp_cp")
-        config = DistributedDataParallelConfig(data_parallel_sharding_strategy=strategy, overlap_grad_reduce=True,
-                                               overlap_param_gather=True, grad_reduce_in_fp32=True,
-                                               gradient_reduce_div_fusion=False, bucket_size=8 * 8 + 8)
+        index = FSDPDistributedIndex(
+            device_mesh=DeviceMesh.from_group(dp, "cpu", mesh_dim_names=("dp_cp",)), dp_shard_dim="dp_cp"
+        )
+        config = DistributedDataParallelConfig(
+            data_parallel_sharding_strategy=strategy,
+            overlap_grad_reduce=True,
+            overlap_param_gather=True,
+            grad_reduce_in_fp32=True,
+            gradient_reduce_div_fusion=False,
+            bucket_size=8 * 8 + 8,
+        )
         fsdp = MegatronFSDP(model, index, ddp_config=config, fsdp_unit_modules=[], device=torch.device("cpu"))
         router.registry.bind_model([fsdp])
 
@@ -260,8 +289,9 @@ def _megatron_fsdp_strategies_part(router, dp):
         _iteration(router, step)
         out[f"mfsdp_{strategy}_records"] = _records(router)
         out[f"mfsdp_{strategy}_tags"] = router.registry.fsdp_bucket_tags(fsdp.param_and_grad_buffer)
-        out[f"mfsdp_{strategy}_sizes"] = [g.main_grad_buffer.bucket_index.size
-                                          for g in fsdp.param_and_grad_buffer.parameter_groups]
+        out[f"mfsdp_{strategy}_sizes"] = [
+            g.main_grad_buffer.bucket_index.size for g in fsdp.param_and_grad_buffer.parameter_groups
+        ]
     return out
 
 
@@ -296,8 +326,12 @@ def _megatron_fsdp_hsdp_part(router, pool, groups, full, inner):
     out = {"hsdp_records": _records(router), "hsdp_same_hooked": all(torch.equal(a, b) for a, b in zip(reference, got))}
     cfg = CommConfig(n_channels=3)
     pool.prepare({"intra_dist_opt": {cfg}})
-    router.set_assignment({"intra_dist_opt.param_all_gather[chunk0.bucket0]": cfg,
-                           "intra_dist_opt.grad_reduce_scatter[chunk0.bucket1]": cfg})
+    router.set_assignment(
+        {
+            "intra_dist_opt.param_all_gather[chunk0.bucket0]": cfg,
+            "intra_dist_opt.grad_reduce_scatter[chunk0.bucket1]": cfg,
+        }
+    )
     seen, saved = [], (sm._coalescing_manager, dist.all_gather_into_tensor, dist.reduce_scatter_tensor)
 
     def spy(kind, fn):
@@ -306,10 +340,14 @@ def _megatron_fsdp_hsdp_part(router, pool, groups, full, inner):
             name = "outer" if group is outer else groups.lookup(group).name
             seen.append([kind, name, any(group is g for g in (full, inner, outer))])
             return fn(*args, **kwargs)
+
         return call
 
     sm._coalescing_manager = spy("manager", saved[0])
-    dist.all_gather_into_tensor, dist.reduce_scatter_tensor = spy("all_gather", saved[1]), spy("reduce_scatter", saved[2])
+    dist.all_gather_into_tensor, dist.reduce_scatter_tensor = (
+        spy("all_gather", saved[1]),
+        spy("reduce_scatter", saved[2]),
+    )
     before = router.calls_routed
     try:
         got, _ = _iteration(router, step, record=False)
@@ -319,9 +357,15 @@ def _megatron_fsdp_hsdp_part(router, pool, groups, full, inner):
     out["hsdp_seen"] = seen
     out["hsdp_same_routed"] = all(torch.equal(a, b) for a, b in zip(reference, got))
     out["hsdp_groups_restored"] = all(
-        b.data_parallel_group is grp for u in units for grp, bufs in
-        ((full, (u.model_weight_buffer, u.main_grad_buffer, u.transpose_weight_buffer)),
-         (inner, (u.hfsdp_helper_wbuf, u.hfsdp_helper_gbuf, u.hfsdp_helper_wtbuf))) for b in bufs if b is not None)
+        b.data_parallel_group is grp
+        for u in units
+        for grp, bufs in (
+            (full, (u.model_weight_buffer, u.main_grad_buffer, u.transpose_weight_buffer)),
+            (inner, (u.hfsdp_helper_wbuf, u.hfsdp_helper_gbuf, u.hfsdp_helper_wtbuf)),
+        )
+        for b in bufs
+        if b is not None
+    )
     router.set_assignment({})
     return out
 
@@ -343,8 +387,9 @@ def worker(rank: int, store_path: str, out_dir: str) -> None:
         groups.add(name, group)
     registry = SiteRegistry(groups, num_microbatches=1)
     router = SiteRouter(registry, Profiler(), CommPool(make_pool_backend("gloo"), groups))
-    handle = patches.install(router, te=find_te_targets("tests.megatron.te_standin"),
-                             megatron_fsdp=find_megatron_fsdp() + [mfsdp_standin])
+    handle = patches.install(
+        router, te=find_te_targets("tests.megatron.te_standin"), megatron_fsdp=find_megatron_fsdp() + [mfsdp_standin]
+    )
     out = {"patched": handle.patched}
     try:
         out.update(_te_quantized_part(router, router.pool, groups, named["tp"]))

@@ -17,8 +17,9 @@ from tests.timeouts import run
 HARNESS = Path(__file__).resolve().parent / "lagom_harness.py"
 
 
-def launch_harness(workdir: Path, name: str, runs: list[dict], *, nproc: int,
-                   timeout_s: float) -> tuple[dict, dict[str, str]]:
+def launch_harness(
+    workdir: Path, name: str, runs: list[dict], *, nproc: int, timeout_s: float
+) -> tuple[dict, dict[str, str]]:
     """Runs ``runs`` (the harness's spec: name, argv, env per training) on ``nproc`` gloo ranks.
 
     Args:
@@ -38,8 +39,22 @@ def launch_harness(workdir: Path, name: str, runs: list[dict], *, nproc: int,
     spec.write_text(json.dumps({"runs": runs}))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(HARNESS),
-         str(spec), str(out)], cwd=workdir, env=env, text=True, timeout=timeout_s)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            str(HARNESS),
+            str(spec),
+            str(out),
+        ],
+        cwd=workdir,
+        env=env,
+        text=True,
+        timeout=timeout_s,
+    )
     assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     logs: dict[str, str] = {}
     current = None

@@ -69,8 +69,9 @@ def _fresh_rendezvous(i, rank):
 
     # a generous wait for rank 0's key, scaled as every test limit (tests/timeouts.py)
     wait_s = 600 * float(os.environ.get("LAGOM_TEST_TIMEOUT_SCALE", "1"))
-    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=timedelta(seconds=wait_s))
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=wait_s)
+    )
     key = f"lagom_harness_port_{i}"
     if rank == 0:
         with socket.socket() as s:

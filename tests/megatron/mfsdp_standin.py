@@ -45,7 +45,7 @@ class DataParallelBuffer:
 
     def get_shard_from_bucket(self, bucket):
         n = self.data.numel()
-        return bucket.data[self.data_parallel_group.rank() * n:][:n]
+        return bucket.data[self.data_parallel_group.rank() * n :][:n]
 
 
 class ParameterGroup:
@@ -69,8 +69,9 @@ class ParamAndGradBuffer:
         self.parameter_groups = groups
         self.param_to_param_group = {g.params[0]: i for i, g in enumerate(groups)}
         self.bucket_to_bucket_group = {i: [i] for i in range(len(groups))}
-        self.ddp_config = SimpleNamespace(data_parallel_sharding_strategy="optim_grads_params",
-                                          outer_dp_sharding_strategy="optim")
+        self.ddp_config = SimpleNamespace(
+            data_parallel_sharding_strategy="optim_grads_params", outer_dp_sharding_strategy="optim"
+        )
         self.dist_index = SimpleNamespace(get_outer_fsdp_group=lambda **_: outer)
 
 
@@ -89,11 +90,21 @@ class AllGatherPipeline:
             return param_group.transpose_weight_buffer
         return param_group.model_weight_buffer
 
-    def all_gather_params(self, params, prefetch=False, prefetch_order=None, suggested_AG_prefetch_size=None,
-                          async_param_gather=True, outer_fsdp_group_param_gather=False, bwd=False):
+    def all_gather_params(
+        self,
+        params,
+        prefetch=False,
+        prefetch_order=None,
+        suggested_AG_prefetch_size=None,
+        async_param_gather=True,
+        outer_fsdp_group_param_gather=False,
+        bwd=False,
+    ):
         ag_buckets = sorted({self.buffer.param_to_param_group[p] for p in params})
-        for buckets in ([b for b in ag_buckets if self.buffer.bucket_to_bucket_group[b][0] == g]
-                        for g in sorted({self.buffer.bucket_to_bucket_group[b][0] for b in ag_buckets})):
+        for buckets in (
+            [b for b in ag_buckets if self.buffer.bucket_to_bucket_group[b][0] == g]
+            for g in sorted({self.buffer.bucket_to_bucket_group[b][0] for b in ag_buckets})
+        ):
             dp_group = self.get_fsdp_buffer(buckets[0]).data_parallel_group
             with _coalescing_manager(dp_group, async_ops=async_param_gather) as coalescing_event:
                 for bucket_id in buckets:
@@ -105,8 +116,11 @@ class AllGatherPipeline:
         wbuf = self.get_fsdp_buffer(bucket_id, bwd)
         bucket = wbuf.fetch_bucket(set_param_data=True)
         self.param_gather_event_map[(bucket_id, bwd)] = torch.distributed.all_gather_into_tensor(
-            output_tensor=bucket.data, input_tensor=wbuf.get_shard_from_local_buffer(),
-            group=wbuf.data_parallel_group, async_op=True)
+            output_tensor=bucket.data,
+            input_tensor=wbuf.get_shard_from_local_buffer(),
+            group=wbuf.data_parallel_group,
+            async_op=True,
+        )
 
     def wait_bucket_ready(self, bucket_id, bwd):
         self.param_gather_event_map.pop((bucket_id, bwd)).wait()
@@ -130,11 +144,17 @@ class GradReducePipeline:
             for bucket_id in bucket_group:
                 gbuf = self.get_fsdp_buffer(bucket_id)
                 unreduced = gbuf.fetch_bucket().data
-                unreduced.copy_(torch.arange(unreduced.numel(), dtype=torch.float32) * (bucket_id + 1)
-                                + torch.distributed.get_rank())
+                unreduced.copy_(
+                    torch.arange(unreduced.numel(), dtype=torch.float32) * (bucket_id + 1)
+                    + torch.distributed.get_rank()
+                )
                 grad_shard = torch.empty_like(gbuf.get_shard_from_bucket(gbuf.bucket))
-                torch.distributed.reduce_scatter_tensor(output=grad_shard, input=unreduced,
-                                                        op=torch.distributed.ReduceOp.SUM, group=gbuf.data_parallel_group)
+                torch.distributed.reduce_scatter_tensor(
+                    output=grad_shard,
+                    input=unreduced,
+                    op=torch.distributed.ReduceOp.SUM,
+                    group=gbuf.data_parallel_group,
+                )
                 reduced.append((gbuf.data, grad_shard))
         for local, grad_shard in reduced:  # after the manager: its reduce-scatters have run
             local.copy_(grad_shard)
@@ -144,9 +164,10 @@ class GradReducePipeline:
                 for bucket_id in bucket_group:
                     shard = self.get_fsdp_buffer(bucket_id).data
                     out = torch.empty(shard.numel() // outer.size())
-                    torch.distributed.reduce_scatter_tensor(output=out, input=shard.clone(),
-                                                            op=torch.distributed.ReduceOp.SUM, group=outer)
-                    reduced.append((self.buffer.parameter_groups[bucket_id].main_grad_buffer.data[:out.numel()], out))
-            for local, grad_shard in reduced[len(bucket_group):]:
+                    torch.distributed.reduce_scatter_tensor(
+                        output=out, input=shard.clone(), op=torch.distributed.ReduceOp.SUM, group=outer
+                    )
+                    reduced.append((self.buffer.parameter_groups[bucket_id].main_grad_buffer.data[: out.numel()], out))
+            for local, grad_shard in reduced[len(bucket_group) :]:
                 local.copy_(grad_shard)
         return True

@@ -33,9 +33,11 @@ def _te_part(router, pool, groups, tp):
     from tests.megatron.te_standin.module.linear import Linear
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(LayerNormLinear(8, 16, tp_group=tp, parallel_mode="column", sequence_parallel=True),
-                                Linear(16, 8, tp_group=tp, parallel_mode="row", sequence_parallel=True),
-                                Linear(8, 8, tp_group=tp, parallel_mode="column", sequence_parallel=False))
+    model = torch.nn.Sequential(
+        LayerNormLinear(8, 16, tp_group=tp, parallel_mode="column", sequence_parallel=True),
+        Linear(16, 8, tp_group=tp, parallel_mode="row", sequence_parallel=True),
+        Linear(8, 8, tp_group=tp, parallel_mode="column", sequence_parallel=False),
+    )
     for p in model.parameters():
         torch.nn.init.normal_(p)
     router.registry.name_modules(model, prefix="chunk0.")
@@ -73,8 +75,9 @@ def _cp_part(router, pool, groups, cp, batch):
     from tests.megatron.te_standin.attention.dot_product_attention.dot_product_attention import DotProductAttention
 
     holder = torch.nn.Module()
-    holder.attn = DotProductAttention(cp_group=cp, cp_global_ranks=[0, 1], batch_p2p_comm=batch,
-                                      step_compute=lambda: time.sleep(SLEEP))
+    holder.attn = DotProductAttention(
+        cp_group=cp, cp_global_ranks=[0, 1], batch_p2p_comm=batch, step_compute=lambda: time.sleep(SLEEP)
+    )
     router.registry.name_modules(holder, prefix="chunk0.")
     q = torch.full((6,), 1.0 + dist.get_rank(), requires_grad=True)
     kv = torch.full((6,), 10.0 * (1 + dist.get_rank()))
@@ -108,8 +111,9 @@ def _cp_a2a_part(router, pool, groups, cp):
     from tests.megatron.te_standin.attention.dot_product_attention.dot_product_attention import DotProductAttention
 
     holder = torch.nn.Module()
-    holder.attn = DotProductAttention(cp_group=cp, cp_global_ranks=[0, 1], cp_comm_type="a2a",
-                                      step_compute=lambda: time.sleep(SLEEP))
+    holder.attn = DotProductAttention(
+        cp_group=cp, cp_global_ranks=[0, 1], cp_comm_type="a2a", step_compute=lambda: time.sleep(SLEEP)
+    )
     router.registry.name_modules(holder, prefix="chunk0.")
     q = torch.arange(8.0) + 100 * dist.get_rank()
     q.requires_grad_(True)
@@ -148,8 +152,14 @@ def _pp_part(router, pool, groups, pp):
     comm = P2PCommunicator(pp, ModelParallelConfig(pipeline_dtype=torch.float32, batch_p2p_comm=False))
 
     def step():
-        _, recv, reqs = comm._communicate(tensor_send_next=None, tensor_send_prev=torch.full((5,), 1.0 + rank),
-                                          recv_prev=False, recv_next=True, tensor_shape=(5,), wait_on_reqs=False)
+        _, recv, reqs = comm._communicate(
+            tensor_send_next=None,
+            tensor_send_prev=torch.full((5,), 1.0 + rank),
+            recv_prev=False,
+            recv_next=True,
+            tensor_shape=(5,),
+            wait_on_reqs=False,
+        )
         time.sleep(SLEEP)  # the compute the interleaved schedule runs before it waits
         for name in sorted(reqs):
             reqs[name].wait()

@@ -15,10 +15,20 @@ from lagom_megatron.nccl.pool import NcclPoolBackend
 
 
 def _applier(environ):
-    caps = gather_local(environ=environ, status_reader=lambda: None, nccl_version=(2, 27, 5),
-                        config_fields=("max_ctas", "min_ctas"), multicast=True, torch_version="2.9.1")
-    a = Applier(pool=CommPool(NcclPoolBackend(use_tuner_plugin=False), GroupNames(local_world_size=1)), router=None,
-                files=None, cluster=None)
+    caps = gather_local(
+        environ=environ,
+        status_reader=lambda: None,
+        nccl_version=(2, 27, 5),
+        config_fields=("max_ctas", "min_ctas"),
+        multicast=True,
+        torch_version="2.9.1",
+    )
+    a = Applier(
+        pool=CommPool(NcclPoolBackend(use_tuner_plugin=False), GroupNames(local_world_size=1)),
+        router=None,
+        files=None,
+        cluster=None,
+    )
     a.capabilities = caps
     return a
 
@@ -27,8 +37,15 @@ def test_capabilities_in_the_fingerprint_survive_save_and_load(tmp_path):
     a = _applier({"NCCL_ALGO": "Ring"})
     fp = {"model": "tiny", **a.fingerprint_part()}
     assert "host" not in fp["capabilities"] and fp["capabilities"]["overrides"] == [["NCCL_ALGO", "Ring"]]
-    entry = PlanEntry(config=CommConfig(n_channels=4), predicted_t_comm_us=1.0, predicted_t_region_us=2.0,
-                      group="dp", op="all_reduce", nbytes=1024, group_size=2)
+    entry = PlanEntry(
+        config=CommConfig(n_channels=4),
+        predicted_t_comm_us=1.0,
+        predicted_t_region_us=2.0,
+        group="dp",
+        op="all_reduce",
+        nbytes=1024,
+        group_size=2,
+    )
     Plan(entries={"dp.x[0]": entry}, fingerprint=fp, backend="nccl").save(tmp_path / "plan.json")
     loaded = load_plan(tmp_path / "plan.json")
     assert loaded.fingerprint_mismatch(fp) == []
@@ -66,5 +83,7 @@ def test_groups_must_span_the_nodes_nccl_counts(monkeypatch):
     groups.add("dp", G((0, 2)))
     a = Applier(pool=CommPool(NcclPoolBackend(use_tuner_plugin=False), groups), router=None, files=None, cluster=None)
     a._check_nodes(["h0", "h0", "h1", "h1"])  # block placement: what lagom assumed
-    with pytest.raises(ValueError, match=r"group 'tp' spans 2 node\(s\) as NCCL counts hosts but 1 from LOCAL_WORLD_SIZE=2"):
+    with pytest.raises(
+        ValueError, match=r"group 'tp' spans 2 node\(s\) as NCCL counts hosts but 1 from LOCAL_WORLD_SIZE=2"
+    ):
         a._check_nodes(["h0", "h1", "h0", "h1"])  # round-robin placement

@@ -41,6 +41,7 @@ class _Pool:
         def preflight():
             if self.prepare_error is not None:
                 raise self.prepare_error
+
         step("pool-preflight", preflight)
         step("pool-create", lambda: 0)
         step("first-use", lambda: None)
@@ -73,8 +74,17 @@ class _Files:
 
 
 def _entry(config, nbytes=1 << 20, op="reduce_scatter"):
-    return PlanEntry(config=config, predicted_t_comm_us=1.0, predicted_t_region_us=2.0, predicted_default_t_region_us=3.0,
-                     group="tp", op=op, nbytes=nbytes, group_size=8, n_nodes=1)
+    return PlanEntry(
+        config=config,
+        predicted_t_comm_us=1.0,
+        predicted_t_region_us=2.0,
+        predicted_default_t_region_us=3.0,
+        group="tp",
+        op=op,
+        nbytes=nbytes,
+        group_size=8,
+        n_nodes=1,
+    )
 
 
 def _plan(**entries):
@@ -122,8 +132,13 @@ def test_pool_budget_falls_back(tmp_path):
 def test_a_plan_that_applies_writes_the_rows_plan_hit_summary_reads(tmp_path):
     from lagom_megatron.nccl.export import parse_tuner_csv, tuner_rows
 
-    plan = _plan(**{"tp.a[0]": _entry(CommConfig(n_channels=4)), "tp.a[1]": _entry(CommConfig(n_channels=4)),
-                    "tp.b[0]": _entry(CommConfig(algorithm="Ring", protocol="LL128"), nbytes=4096, op="all_gather")})
+    plan = _plan(
+        **{
+            "tp.a[0]": _entry(CommConfig(n_channels=4)),
+            "tp.a[1]": _entry(CommConfig(n_channels=4)),
+            "tp.b[0]": _entry(CommConfig(algorithm="Ring", protocol="LL128"), nbytes=4096, op="all_gather"),
+        }
+    )
     a, pool = _applier(tmp_path)
     assert a.apply_plan(plan) is True and a.error is None
     table = pool.backend.tuner_table
@@ -134,21 +149,31 @@ def test_a_plan_that_applies_writes_the_rows_plan_hit_summary_reads(tmp_path):
 
 
 def _caps(status):
-    return gather_local(environ={"NCCL_TUNER_PLUGIN": "/opt/lagom/libnccl-tuner-lagom.so"}, status_reader=lambda: status,
-                        nccl_version=(2, 30, 3), config_fields=("max_ctas", "min_ctas"), multicast=False,
-                        torch_version="2.9.1")
+    return gather_local(
+        environ={"NCCL_TUNER_PLUGIN": "/opt/lagom/libnccl-tuner-lagom.so"},
+        status_reader=lambda: status,
+        nccl_version=(2, 30, 3),
+        config_fields=("max_ctas", "min_ctas"),
+        multicast=False,
+        torch_version="2.9.1",
+    )
 
 
-@pytest.mark.parametrize("status, mechanism", [
-    (None, "communicator"),  # the variable is set but NCCL did not load the plugin (wrong path, none, NCCL < 2.22)
-    (PluginStatus(path="x", abi_version=6, init_count=1, row_hits=(), table_loaded=False), "tuner"),
-])
+@pytest.mark.parametrize(
+    "status, mechanism",
+    [
+        (None, "communicator"),  # the variable is set but NCCL did not load the plugin (wrong path, none, NCCL < 2.22)
+        (PluginStatus(path="x", abi_version=6, init_count=1, row_hits=(), table_loaded=False), "tuner"),
+    ],
+)
 def test_pool_mechanism_follows_the_agreed_capabilities(status, mechanism):
     pool = CommPool(NcclPoolBackend(), GroupNames(local_world_size=1))
     a = Applier(pool=pool, router=_Router(), files=None, cluster=None)
     caps = a.agree_capabilities(on_gpu=False, gather=lambda: _caps(status))
     assert caps.mechanism() == mechanism
-    assert pool.backend.use_tuner_plugin is (mechanism == "tuner") and pool.backend.plugin_active is (mechanism == "tuner")
+    assert pool.backend.use_tuner_plugin is (mechanism == "tuner") and pool.backend.plugin_active is (
+        mechanism == "tuner"
+    )
 
 
 def test_collective_step_names_the_step_and_rank():

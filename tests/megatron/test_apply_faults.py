@@ -24,12 +24,51 @@ from tests.timeouts import LAUNCH_S
 pytestmark = [pytest.mark.distributed]
 
 ITERS = 10
-ARGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-        "--max-position-embeddings", "32", "--vocab-size", "384", "--tokenizer-type", "ByteLevel", "--mock-data",
-        "--hidden-dropout", "0", "--attention-dropout", "0", "--micro-batch-size", "1", "--global-batch-size", "4",
-        "--train-iters", str(ITERS), "--lr", "3e-3", "--min-lr", "0", "--lr-warmup-iters", "1",
-        "--lr-decay-style", "linear", "--log-interval", "1", "--seed", "1234", "--overlap-grad-reduce",
-        "--use-distributed-optimizer", "--lagom-warmup-iters", "1", "--lagom-verify-iters", "1"]
+ARGS = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--max-position-embeddings",
+    "32",
+    "--vocab-size",
+    "384",
+    "--tokenizer-type",
+    "ByteLevel",
+    "--mock-data",
+    "--hidden-dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+    "--micro-batch-size",
+    "1",
+    "--global-batch-size",
+    "4",
+    "--train-iters",
+    str(ITERS),
+    "--lr",
+    "3e-3",
+    "--min-lr",
+    "0",
+    "--lr-warmup-iters",
+    "1",
+    "--lr-decay-style",
+    "linear",
+    "--log-interval",
+    "1",
+    "--seed",
+    "1234",
+    "--overlap-grad-reduce",
+    "--use-distributed-optimizer",
+    "--lagom-warmup-iters",
+    "1",
+    "--lagom-verify-iters",
+    "1",
+]
 
 FAULTS = {  # run name -> (environment, what the error names)
     "caps": ({"LAGOM_INJECT_CAPABILITY_FAULT": "1:plugin_loaded"}, "rank 1 on host"),
@@ -47,8 +86,20 @@ def launched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("faults")
     runs = [{"name": "default", "argv": ARGS}]
     for name, (env, _) in FAULTS.items():
-        runs.append({"name": name, "argv": [*ARGS, "--lagom", "--lagom-plan", str(tmp / name / "plan.json"),
-                                            "--lagom-report", str(tmp / name / "report.json")], "env": env})
+        runs.append(
+            {
+                "name": name,
+                "argv": [
+                    *ARGS,
+                    "--lagom",
+                    "--lagom-plan",
+                    str(tmp / name / "plan.json"),
+                    "--lagom-report",
+                    str(tmp / name / "report.json"),
+                ],
+                "env": env,
+            }
+        )
     results, logs = launch_harness(tmp, "faults", runs, nproc=2, timeout_s=LAUNCH_S)
     return tmp, results, logs
 

@@ -31,8 +31,11 @@ from .coalesced_worker import worker  # noqa: E402
 # MXFP8: data [256, 128] uint8 + scale-inverses [ru(256 / 32, 4), ru(128, 128)] = [8, 128] uint8;
 # FP8 1x128 blocks: transposed data [2 x 128, 128] uint8 + scale-inverses [256 / 128, ru(128, 4)] float32;
 # NVFP4: transposed packed data [2 x 128, 64] uint8 + unpadded scale-inverses [2 x 128, 128 / 16] uint8.
-GATHERED = {"MXFP8Quantizer": 256 * 128 + 8 * 128, "Float8BlockQuantizer": 256 * 128 + 2 * 128 * 4,
-            "NVFP4Quantizer": 256 * 64 + 256 * 8}
+GATHERED = {
+    "MXFP8Quantizer": 256 * 128 + 8 * 128,
+    "Float8BlockQuantizer": 256 * 128 + 2 * 128 * 4,
+    "NVFP4Quantizer": 256 * 64 + 256 * 8,
+}
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +74,18 @@ def test_te_quantized_gather_routes_the_manager_and_every_inner_call(ranks, reci
 
 def test_every_coalesced_entry_point_was_patched(ranks):
     patched = set(ranks[0]["patched"])
-    names = [f"tests.megatron.te_standin.distributed.{name}"
-             for name in ("_all_gather_mxfp8", "_all_gather_nvfp4", "_start_all_gather_fp8_blockwise")]
-    names += ["AllGatherPipeline.all_gather_params", "AllGatherPipeline.async_bucket_gather",
-              "GradReducePipeline._bucket_group_gradient_reduce",
-              "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer._coalescing_manager"]
+    names = [
+        f"tests.megatron.te_standin.distributed.{name}"
+        for name in ("_all_gather_mxfp8", "_all_gather_nvfp4", "_start_all_gather_fp8_blockwise")
+    ]
+    names += [
+        "AllGatherPipeline.all_gather_params",
+        "AllGatherPipeline.async_bucket_gather",
+        "GradReducePipeline._bucket_group_gradient_reduce",
+        "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer._coalescing_manager",
+    ]
     for name in names:
         assert name in patched, sorted(patched)
-
 
 
 def test_megatron_fsdp_unit_gathers_and_reduce_scatters_are_sites(ranks):
@@ -121,19 +128,22 @@ def test_megatron_fsdp_sites_are_routed_with_the_same_gradients(ranks):
         assert r["mfsdp_same_routed"] and r["mfsdp_groups_restored"]
 
 
-
 def test_megatron_fsdp_over_one_rank_has_no_sites(ranks):
     for r in ranks:
         assert r["mfsdp_solo_records"] == {}
 
 
-@pytest.mark.parametrize("strategy, gathers, reduce_name, reduces", [
-    ("no_shard", 0, "grad_all_reduce", 1),         # no gathers; all-reduced in the last micro-batch only
-    ("optim", 1, "grad_reduce_scatter", 1),        # gathered once per iteration; reduced in the last micro-batch
-    ("optim_grads", 1, "grad_reduce_scatter", 2),  # gathered once per iteration; reduced in every micro-batch
-])
-def test_megatron_fsdp_strategies_without_units_issue_what_the_simulator_models(ranks, strategy, gathers, reduce_name,
-                                                                                reduces):
+@pytest.mark.parametrize(
+    "strategy, gathers, reduce_name, reduces",
+    [
+        ("no_shard", 0, "grad_all_reduce", 1),  # no gathers; all-reduced in the last micro-batch only
+        ("optim", 1, "grad_reduce_scatter", 1),  # gathered once per iteration; reduced in the last micro-batch
+        ("optim_grads", 1, "grad_reduce_scatter", 2),  # gathered once per iteration; reduced in every micro-batch
+    ],
+)
+def test_megatron_fsdp_strategies_without_units_issue_what_the_simulator_models(
+    ranks, strategy, gathers, reduce_name, reduces
+):
     """Two micro-batches (the first under no_sync) of four linears, one bucket each (72 fp32 elements): the
     per-iteration calls of sim/workload_fsdp.py's no_shard / optim / optim_grads."""
     tags = [f"chunk0.root_bucket{j}" for j in range(4)]
@@ -142,10 +152,13 @@ def test_megatron_fsdp_strategies_without_units_issue_what_the_simulator_models(
         # each bucket holds one linear's 72 elements, padded to 80 when sharded (DP 2 x chunk factor 8)
         assert r[f"mfsdp_{strategy}_sizes"] == [72 if strategy == "no_shard" else 80] * 4
         nbytes = r[f"mfsdp_{strategy}_sizes"][0] * 4
-        expected = {f"dp.{reduce_name}[{t}]": [reduce_name.split("_", 1)[1], nbytes, reduces, "dp", "float32"]
-                    for t in tags}
+        expected = {
+            f"dp.{reduce_name}[{t}]": [reduce_name.split("_", 1)[1], nbytes, reduces, "dp", "float32"] for t in tags
+        }
         if gathers:
-            expected.update({f"dp.param_all_gather[{t}]": ["all_gather", nbytes, gathers, "dp", "float32"] for t in tags})
+            expected.update(
+                {f"dp.param_all_gather[{t}]": ["all_gather", nbytes, gathers, "dp", "float32"] for t in tags}
+            )
         assert r[f"mfsdp_{strategy}_records"] == expected
 
 
@@ -156,8 +169,13 @@ def test_megatron_fsdp_hsdp_sites_are_on_the_group_the_collectives_run_on(ranks)
         rec = r["hsdp_records"]
         for tag in ("chunk0.bucket0", "chunk0.bucket1"):  # forward and backward gathers of 8 floats; 1 reduce-scatter
             assert rec[f"intra_dist_opt.param_all_gather[{tag}]"] == ["all_gather", 32, 2, "intra_dist_opt", "float32"]
-            assert rec[f"intra_dist_opt.grad_reduce_scatter[{tag}]"] == ["reduce_scatter", 32, 1, "intra_dist_opt",
-                                                                          "float32"]
+            assert rec[f"intra_dist_opt.grad_reduce_scatter[{tag}]"] == [
+                "reduce_scatter",
+                32,
+                1,
+                "intra_dist_opt",
+                "float32",
+            ]
         assert len(rec) == 4, rec  # the outer group's reduce-scatters are not sites
         assert r["hsdp_same_hooked"]
 
@@ -172,7 +190,14 @@ def test_megatron_fsdp_hsdp_routing_moves_every_collective_of_the_site(ranks):
         # manager and its gather, of the transposed buffer in backward too, on the pool entry
         gathers = [["manager"] + own, ["all_gather"] + own, ["manager"] + entry, ["all_gather"] + entry]
         assert seen[:8] == gathers * 2, seen
-        assert seen[8:] == [["manager"] + entry, ["reduce_scatter"] + entry, ["manager"] + outer,
-                            ["reduce_scatter"] + outer, ["manager"] + own, ["reduce_scatter"] + own,
-                            ["manager"] + outer, ["reduce_scatter"] + outer], seen
+        assert seen[8:] == [
+            ["manager"] + entry,
+            ["reduce_scatter"] + entry,
+            ["manager"] + outer,
+            ["reduce_scatter"] + outer,
+            ["manager"] + own,
+            ["reduce_scatter"] + own,
+            ["manager"] + outer,
+            ["reduce_scatter"] + outer,
+        ], seen
         assert r["hsdp_same_routed"] and r["hsdp_groups_restored"]

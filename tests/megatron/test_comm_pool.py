@@ -32,14 +32,18 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
     groups = GroupNames(local_world_size=WORLD)
     dp = groups.add("dp", dist.new_group([0, 1]))
     pool = CommPool(make_pool_backend("gloo"), groups)
-    created = pool.prepare({"dp": {CommConfig(n_channels=3), CommConfig(n_channels=2, chunk_size=64), CommConfig(chunk_size=32)}})
+    created = pool.prepare(
+        {"dp": {CommConfig(n_channels=3), CommConfig(n_channels=2, chunk_size=64), CommConfig(chunk_size=32)}}
+    )
     out["created"] = created
     entry = pool.group_for(dp, CommConfig(n_channels=3))
     out["entry_threads"] = entry._get_backend(cpu).options._threads
     out["entry_ranks"] = dist.get_process_group_ranks(entry)
     out["entry_name"] = groups.lookup(entry).name
     out["two_threads_entry"] = pool.group_for(dp, CommConfig(n_channels=2, chunk_size=64)) is None
-    out["restored"] = c10d.ProcessGroupGloo.__name__ == "ProcessGroupGloo" and not hasattr(c10d.ProcessGroupGloo, "__wrapped__")
+    out["restored"] = c10d.ProcessGroupGloo.__name__ == "ProcessGroupGloo" and not hasattr(
+        c10d.ProcessGroupGloo, "__wrapped__"
+    )
     try:
         pool.group_for(dp, CommConfig(n_channels=5))
     except KeyError as exc:
@@ -67,7 +71,9 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
     ref = torch.empty(600)
     dist.all_gather_into_tensor(ref, shard, group=entry)
     got = torch.empty(600)
-    chunked_call("all_gather", dist.all_gather_into_tensor, (got, shard), {"group": entry, "async_op": True}, 400, WORLD).wait()
+    chunked_call(
+        "all_gather", dist.all_gather_into_tensor, (got, shard), {"group": entry, "async_op": True}, 400, WORLD
+    ).wait()
     out["ag_equal"] = torch.equal(ref, got)
     # inside a coalescing manager (how DDP bucket groups issue): all-reduce and reduce-scatter pieces
     buf = x.clone()
@@ -82,7 +88,9 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
     dist.reduce_scatter_tensor(ref, big, group=entry)
     got = torch.empty(1000)
     with c10d._coalescing_manager(entry, async_ops=True) as cm:
-        chunked_call("reduce_scatter", dist.reduce_scatter_tensor, (got, big), {"group": entry, "async_op": True}, 1024, WORLD)
+        chunked_call(
+            "reduce_scatter", dist.reduce_scatter_tensor, (got, big), {"group": entry, "async_op": True}, 1024, WORLD
+        )
     cm.wait()
     out["coalesced_rs_equal"] = torch.equal(ref, got)
     with gloo_threads(4):
@@ -103,7 +111,9 @@ def results(tmp_path_factory):
 def test_pool_entries_get_their_threads(results):
     for r in results:
         assert r["default_threads"] == GlooPoolBackend.DEFAULT_THREADS
-        assert r["created"] == 1, "only n_channels=3 needs an entry (2 threads = the group's own; chunk_size is per call)"
+        assert r["created"] == 1, (
+            "only n_channels=3 needs an entry (2 threads = the group's own; chunk_size is per call)"
+        )
         assert r["entry_threads"] == 3 and r["entry_ranks"] == [0, 1] and r["entry_name"] == "dp"
         assert r["two_threads_entry"] and r["restored"]
         assert "no communicator-pool entry for group 'dp'" in r["missing_entry_error"]

@@ -13,10 +13,21 @@ from lagom_megatron.megatron.control.controller import LagomController
 
 
 def _plan(fingerprint):
-    entry = PlanEntry(config=CommConfig(n_channels=1), predicted_t_comm_us=10.0, predicted_t_region_us=12.0,
-                      group="dp", op="reduce_scatter", nbytes=4096, group_size=2)
-    return Plan(entries={"dp.grad_reduce_scatter[chunk0.bucket0]": entry}, fingerprint=fingerprint, backend="gloo",
-                mechanism="gloo")  # as the search writes a gloo plan; "tuner" would fail validation
+    entry = PlanEntry(
+        config=CommConfig(n_channels=1),
+        predicted_t_comm_us=10.0,
+        predicted_t_region_us=12.0,
+        group="dp",
+        op="reduce_scatter",
+        nbytes=4096,
+        group_size=2,
+    )
+    return Plan(
+        entries={"dp.grad_reduce_scatter[chunk0.bucket0]": entry},
+        fingerprint=fingerprint,
+        backend="gloo",
+        mechanism="gloo",
+    )  # as the search writes a gloo plan; "tuner" would fail validation
 
 
 FP = {"hidden_size": 128, "num_layers": 4, "tensor_model_parallel_size": 2, "world_size": 4, "backend": "gloo"}
@@ -66,7 +77,8 @@ def test_never_verified_plan_is_verified_not_applied_blind(tmp_path, capsys, mon
     assert "phase verifying" in out and "never verified" in out and "5 iterations to verify it" in out, out
     assert ctl.mode == "tune" and ctl.tuner.phase is Phase.SEARCHED
     assert ctl.tuner.next_step().kind == "settle" and ctl.tuner.next_step().assignment == {
-        "dp.grad_reduce_scatter[chunk0.bucket0]": CommConfig(n_channels=1)}
+        "dp.grad_reduce_scatter[chunk0.bucket0]": CommConfig(n_channels=1)
+    }
 
 
 def test_unreadable_plan_means_re_search(tmp_path, capsys):
@@ -81,20 +93,40 @@ def test_unreadable_plan_means_re_search(tmp_path, capsys):
 def test_run_directory_defaults():
     ctl = LagomController(plan_path="runs/a/plan.json")
     files = ctl.files
-    assert (str(files.run_dir), str(files.profile_path), str(files.report_path)) == ("runs/a", "runs/a/profile.json", "runs/a/report.md")
+    assert (str(files.run_dir), str(files.profile_path), str(files.report_path)) == (
+        "runs/a",
+        "runs/a/profile.json",
+        "runs/a/report.md",
+    )
     assert str(LagomController().files.plan_path) == "lagom_out/run/plan.json"
     assert str(LagomController(preset_name="cpu-pp2-dp2").files.plan_path) == "lagom_out/cpu-pp2-dp2/plan.json"
 
 
 def test_merge_keeps_the_slowest_rank_per_region(monkeypatch):
-    site = {"site_id": "tp.sp_all_gather[0]", "op": "all_gather", "nbytes": 100, "dtype": "float32",
-            "group": "tp", "group_size": 2, "n_nodes": 1, "calls_per_iter": 2}
+    site = {
+        "site_id": "tp.sp_all_gather[0]",
+        "op": "all_gather",
+        "nbytes": 100,
+        "dtype": "float32",
+        "group": "tp",
+        "group_size": 2,
+        "n_nodes": 1,
+        "calls_per_iter": 2,
+    }
     sp, dp = "tp.sp_all_gather[0]", "dp.grad_reduce_scatter[0]"
     ranks = [
-        ({sp: site}, {sp: (50.0, math.nan, 70.0), dp: (8.0, math.nan, 8.0)}, 1000.0,
-         {sp: [(20.0, math.nan, 30.0), (30.0, math.nan, 40.0)], dp: [(8.0, math.nan, 8.0)]}),
-        ({sp: dict(site, nbytes=120)}, {sp: (40.0, 30.0, 90.0), "pp.send_recv": (5.0, 0.0, 5.0), dp: (9.0, 1.0, 9.0)}, 1200.0,
-         {sp: [(25.0, 10.0, 50.0), (15.0, 20.0, 45.0)], dp: [(4.0, 0.0, 4.0), (5.0, 1.0, 5.0)]}),
+        (
+            {sp: site},
+            {sp: (50.0, math.nan, 70.0), dp: (8.0, math.nan, 8.0)},
+            1000.0,
+            {sp: [(20.0, math.nan, 30.0), (30.0, math.nan, 40.0)], dp: [(8.0, math.nan, 8.0)]},
+        ),
+        (
+            {sp: dict(site, nbytes=120)},
+            {sp: (40.0, 30.0, 90.0), "pp.send_recv": (5.0, 0.0, 5.0), dp: (9.0, 1.0, 9.0)},
+            1200.0,
+            {sp: [(25.0, 10.0, 50.0), (15.0, 20.0, 45.0)], dp: [(4.0, 0.0, 4.0), (5.0, 1.0, 5.0)]},
+        ),
         ({}, {sp: (45.0, 35.0, 60.0)}, 900.0, {sp: [(22.0, 15.0, 20.0), (23.0, 20.0, 40.0)]}),
     ]
     monkeypatch.setattr(consensus, "all_gather", lambda obj: ranks)
@@ -113,7 +145,9 @@ def test_digest_mismatch_raises_naming_the_rank(monkeypatch):
     assert consensus.agree_plan(plan, from_dict=Plan.from_dict).digest() == plan.digest()  # one process
     # the first all-gather carries the "search failed" flags (none failed), the second the digests
     monkeypatch.setattr(consensus, "all_gather", lambda d: [d, d, d] if isinstance(d, bool) else [d, "0" * 64, d])
-    with pytest.raises(consensus.PlanDisagreement, match=r"plan digest mismatch: rank 0 has \w{12}, rank 1 000000000000"):
+    with pytest.raises(
+        consensus.PlanDisagreement, match=r"plan digest mismatch: rank 0 has \w{12}, rank 1 000000000000"
+    ):
         consensus.agree_plan(plan, from_dict=Plan.from_dict)
 
 
@@ -163,8 +197,15 @@ def test_plan_table_is_written_before_the_plugin_entries_are_created(tmp_path):
         def entries(self):
             return []
 
-    entry = PlanEntry(config=CommConfig(n_channels=4, algorithm="Ring", protocol="Simple"), predicted_t_comm_us=10.0,
-                      predicted_t_region_us=12.0, group="tp", op="all_gather", nbytes=1 << 20, group_size=8)
+    entry = PlanEntry(
+        config=CommConfig(n_channels=4, algorithm="Ring", protocol="Simple"),
+        predicted_t_comm_us=10.0,
+        predicted_t_region_us=12.0,
+        group="tp",
+        op="all_gather",
+        nbytes=1 << 20,
+        group_size=8,
+    )
     plan = Plan(entries={"tp.sp_all_gather[0]": entry}, fingerprint={"cluster": "h100-sxm-ib400"}, backend="nccl")
     ctl = LagomController(plan_path=str(tmp_path / "plan.json"))
     from lagom_megatron.megatron.control.apply import Applier
@@ -175,13 +216,21 @@ def test_plan_table_is_written_before_the_plugin_entries_are_created(tmp_path):
     ctl.applier = Applier(pool=pool, router=None, files=ctl.files, cluster=ctl.cluster)
     assert ctl._prepare_pool_for_plan(plan) is True
     table = tmp_path / "tuner_table.rank0.csv"
-    assert events == [("invalidate", True), ("destroy", {"tp": {entry.config}}),
-                      ("prepare", {"tp": {entry.config}}, str(table), True)], events
+    assert events == [
+        ("invalidate", True),
+        ("destroy", {"tp": {entry.config}}),
+        ("prepare", {"tp": {entry.config}}, str(table), True),
+    ], events
     assert backend.cta_bound == 4  # plugin entries are created with CTA bounds = the plan's largest count
     assert backend.table_id == plan.digest()[:12]
     (row,) = parse_tuner_csv(table.read_text())
     assert (row["collective_type"], row["algorithm"], row["protocol"], row["channels"], row["commTag"]) == (
-        "allgather", "ring", "simple", "4", "tp")
+        "allgather",
+        "ring",
+        "simple",
+        "4",
+        "tp",
+    )
 
 
 def test_train_end_logs_the_plugin_hit_summary(tmp_path, capsys, monkeypatch):
@@ -191,8 +240,15 @@ def test_train_end_logs_the_plugin_hit_summary(tmp_path, capsys, monkeypatch):
     from lagom_megatron.nccl.pool import NcclPoolBackend
 
     monkeypatch.setattr(plugin_status, "read_plugin_status", lambda: None)  # another test may have loaded it here
-    entry = PlanEntry(config=CommConfig(n_channels=4, algorithm="Ring", protocol="Simple"), predicted_t_comm_us=10.0,
-                      predicted_t_region_us=12.0, group="tp", op="all_gather", nbytes=1 << 20, group_size=8)
+    entry = PlanEntry(
+        config=CommConfig(n_channels=4, algorithm="Ring", protocol="Simple"),
+        predicted_t_comm_us=10.0,
+        predicted_t_region_us=12.0,
+        group="tp",
+        op="all_gather",
+        nbytes=1 << 20,
+        group_size=8,
+    )
     ctl = LagomController(plan_path=str(tmp_path / "plan.json"))
     ctl.plan = Plan(entries={"tp.sp_all_gather[0]": entry}, backend="nccl")
     ctl.pool = type("Pool", (), {"backend": NcclPoolBackend(use_tuner_plugin=True)})()
@@ -200,8 +256,10 @@ def test_train_end_logs_the_plugin_hit_summary(tmp_path, capsys, monkeypatch):
     ctl.mode, ctl.applier = "reuse", type("Applier", (), {"error": None})()
     ctl._reported = True  # the report is not what this test is about
     ctl.on_train_end()
-    assert ("lagom: tuner plugin not loaded by NCCL in this process: none of the 1 planned rows can have been applied"
-            in capsys.readouterr().out.splitlines())
+    assert (
+        "lagom: tuner plugin not loaded by NCCL in this process: none of the 1 planned rows can have been applied"
+        in capsys.readouterr().out.splitlines()
+    )
     # a plan whose application was reverted has no rows in NCCL: no hit summary claims otherwise
     ctl.mode, ctl.applier.error = "aborted", "applying plan x failed: table failed on rank 1"
     ctl.on_train_end()
@@ -211,8 +269,14 @@ def test_train_end_logs_the_plugin_hit_summary(tmp_path, capsys, monkeypatch):
 def test_reused_plan_of_another_method_says_so_and_counts_only_changed_sites(tmp_path, capsys, monkeypatch):
     path = tmp_path / "plan.json"
     plan = _plan(dict(FP))
-    plan.entries["dp.other"] = PlanEntry(config=CommConfig(n_channels=2), predicted_t_comm_us=1.0,
-                                         predicted_t_region_us=1.0, group="dp", op="all_reduce", nbytes=8)
+    plan.entries["dp.other"] = PlanEntry(
+        config=CommConfig(n_channels=2),
+        predicted_t_comm_us=1.0,
+        predicted_t_region_us=1.0,
+        group="dp",
+        op="all_reduce",
+        nbytes=8,
+    )
     plan.with_stats(verification="applied", verification_reason="gain 5%").save(path)
     ctl = LagomController(plan_path=str(path), method="autoccl")
     ctl.fingerprint, ctl.backend = dict(FP), "gloo"
@@ -235,8 +299,11 @@ def test_another_method_is_named_for_a_never_verified_or_rejected_plan_too(tmp_p
     """The warning was printed only when a verified plan was applied: silent for the two other branches."""
     path = tmp_path / "plan.json"
     plan = _plan(dict(FP))
-    (plan.with_stats(verification=verification, verification_reason="gain 0.1% below noise 2%")
-     if verification else plan).save(path)
+    (
+        plan.with_stats(verification=verification, verification_reason="gain 0.1% below noise 2%")
+        if verification
+        else plan
+    ).save(path)
     ctl = LagomController(plan_path=str(path), method="autoccl", verify_iters=2)
     from lagom_megatron.engine.cluster import ClusterSpec
 
@@ -244,8 +311,10 @@ def test_another_method_is_named_for_a_never_verified_or_rejected_plan_too(tmp_p
     monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: True)
     assert ctl._try_reuse_plan() is True
     lines = [line for line in capsys.readouterr().out.splitlines() if "WARNING" in line]
-    assert lines == [f"lagom: WARNING: --lagom-method autoccl not used: plan {path} was searched with priority; "
-                     "delete it or pass another --lagom-plan to search with autoccl"]
+    assert lines == [
+        f"lagom: WARNING: --lagom-method autoccl not used: plan {path} was searched with priority; "
+        "delete it or pass another --lagom-plan to search with autoccl"
+    ]
 
 
 def test_run_too_short_or_interrupted_is_named_with_its_reason(tmp_path):
@@ -260,7 +329,10 @@ def test_run_too_short_or_interrupted_is_named_with_its_reason(tmp_path):
     ctl.train_iters, ctl.last_iteration = 8, 8
     s = ctl.summary()
     assert s["run_kind"] == "unfinished" and s["plan_path"] is None and s["profile_path"] is None
-    assert f"--train-iters 8 ended while lagom was profiling: tuning needs {ctl.tuner.total_iters} iterations" in s["reason"]
+    assert (
+        f"--train-iters 8 ended while lagom was profiling: tuning needs {ctl.tuner.total_iters} iterations"
+        in s["reason"]
+    )
     ctl.last_iteration = 3
     s = ctl.summary()
     assert s["run_kind"] == "interrupted" and "training stopped at iteration 3 of 8" in s["reason"]
@@ -274,7 +346,9 @@ def test_a_reused_plan_is_fitted_to_the_pool_budget_before_it_is_applied(tmp_pat
     ctl = LagomController(plan_path=str(path))
     ctl.fingerprint, ctl.backend = dict(FP), "gloo"
     ctl.router = type("Router", (), {"set_assignment": lambda self, a: None})()
-    trimmed = _plan(dict(FP)).with_stats(verification="applied", verification_reason="gain 5%", sites_dropped_for_budget=1)
+    trimmed = _plan(dict(FP)).with_stats(
+        verification="applied", verification_reason="gain 5%", sites_dropped_for_budget=1
+    )
     ctl.applier = type("Applier", (), {"fit_plan_to_budget": staticmethod(lambda plan: trimmed)})()
     applied = []
     monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: applied.append(plan) or True)
@@ -285,6 +359,10 @@ def test_a_reused_plan_is_fitted_to_the_pool_budget_before_it_is_applied(tmp_pat
         raise ValueError("n_channels must be an integer in 1..32; got 48")
 
     ctl = LagomController(plan_path=str(path))
-    ctl.fingerprint, ctl.backend, ctl.applier = dict(FP), "gloo", type("Applier", (), {"fit_plan_to_budget": staticmethod(refuse)})()
+    ctl.fingerprint, ctl.backend, ctl.applier = (
+        dict(FP),
+        "gloo",
+        type("Applier", (), {"fit_plan_to_budget": staticmethod(refuse)})(),
+    )
     assert ctl._try_reuse_plan() is True and ctl.mode == "aborted"
     assert "cannot be fitted to the pool budget: n_channels must be" in capsys.readouterr().out

@@ -33,24 +33,33 @@ class NcclRefusal(RuntimeError):
 def _bucket_group(tensors, *, average=False, nccl_ub=False, distopt=True, group=None):
     """A megatron-core ``_ParamAndGradBucketGroup`` as the router reads it in ``start_grad_sync``."""
     ddp = types.SimpleNamespace(use_distributed_optimizer=distopt, average_in_collective=average, nccl_ub=nccl_ub)
-    return types.SimpleNamespace(buckets=[types.SimpleNamespace(grad_data=t, param_data=t) for t in tensors],
-                                 ddp_config=ddp, is_first_batch=False, grad_reduce_handle=None,
-                                 param_gather_handle=None, intra_distributed_optimizer_instance_group=group,
-                                 data_parallel_group=group)
+    return types.SimpleNamespace(
+        buckets=[types.SimpleNamespace(grad_data=t, param_data=t) for t in tensors],
+        ddp_config=ddp,
+        is_first_batch=False,
+        grad_reduce_handle=None,
+        param_gather_handle=None,
+        intra_distributed_optimizer_instance_group=group,
+        data_parallel_group=group,
+    )
 
 
 def test_the_router_records_the_reduction_and_the_buckets():
     router, registry, tp, _ = _router()
-    bg = _bucket_group([torch.zeros(8, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.uint8)], average=True, group=tp)
+    bg = _bucket_group(
+        [torch.zeros(8, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.uint8)], average=True, group=tp
+    )
     registry._bucket_tags[id(bg)] = "chunk0.bucket0"
 
     def start_grad_sync(self, force_all_reduce=False):
         return None
 
     t = torch.zeros(4)
-    calls = [lambda: router.bucket_sync(bg, "grad", start_grad_sync, (), {}),
-             lambda: router.collective("all_reduce", lambda *a, **k: "w", (t, torch.distributed.ReduceOp.MAX, tp, True), {}),
-             lambda: router.collective("reduce_scatter", lambda *a, **k: "w", (t, t), {"group": tp, "async_op": True})]
+    calls = [
+        lambda: router.bucket_sync(bg, "grad", start_grad_sync, (), {}),
+        lambda: router.collective("all_reduce", lambda *a, **k: "w", (t, torch.distributed.ReduceOp.MAX, tp, True), {}),
+        lambda: router.collective("reduce_scatter", lambda *a, **k: "w", (t, t), {"group": tp, "async_op": True}),
+    ]
     _iteration(router, registry, calls)
     sites = {s.site_id: s for s in registry.sites()}
     rs = sites["tp.grad_reduce_scatter[chunk0.bucket0]"]
@@ -59,20 +68,24 @@ def test_the_router_records_the_reduction_and_the_buckets():
     assert sites["tp.sp_reduce_scatter[0]"].reduce_op == "sum"  # torch's default op
 
 
-@pytest.mark.parametrize("op, reduce_op, dtype, nvls", [
-    ("reduce_scatter", "sum", "bfloat16", True),
-    ("reduce_scatter", "avg", "bfloat16", False),       # --ddp-average-in-collective: ncclAvg
-    ("all_reduce", "sum", "float8_e4m3fn", False),      # FP8: not in ncclNvlsSupported
-    ("all_reduce", "max", "float32", False),            # fp32 reduces with NVLS for sum only
-    ("all_reduce", None, "bfloat16", False),            # reduction not recorded: never forced
-    ("all_gather", None, "uint8", True),                # all-gather runs NVLS whatever its dtype
-])
+@pytest.mark.parametrize(
+    "op, reduce_op, dtype, nvls",
+    [
+        ("reduce_scatter", "sum", "bfloat16", True),
+        ("reduce_scatter", "avg", "bfloat16", False),  # --ddp-average-in-collective: ncclAvg
+        ("all_reduce", "sum", "float8_e4m3fn", False),  # FP8: not in ncclNvlsSupported
+        ("all_reduce", "max", "float32", False),  # fp32 reduces with NVLS for sum only
+        ("all_reduce", None, "bfloat16", False),  # reduction not recorded: never forced
+        ("all_gather", None, "uint8", True),  # all-gather runs NVLS whatever its dtype
+    ],
+)
 def test_nvls_stays_out_of_the_domain_of_a_reduction_nccl_has_none_for(op, reduce_op, dtype, nvls):
     from lagom_megatron.engine.profile import CollectiveSite
 
     rules = NcclRules(ClusterSpec.load("h100-sxm-ib400"), mechanism="communicator")
-    site = CollectiveSite(site_id="dp.x[0]", op=op, nbytes=64 << 20, dtype=dtype, group="dp", group_size=8,
-                          reduce_op=reduce_op)
+    site = CollectiveSite(
+        site_id="dp.x[0]", op=op, nbytes=64 << 20, dtype=dtype, group="dp", group_size=8, reduce_op=reduce_op
+    )
     d, note = rules.site_domains(site)
     assert ("NVLS" in d["algorithm"]) is nvls, d["algorithm"]
     assert ("no NVLS" in note) is (not nvls)
@@ -95,8 +108,14 @@ def test_a_call_nccl_refuses_on_its_entry_runs_on_its_own_group_and_reverts_ever
     call = lambda: router.collective("all_reduce", all_reduce, (t,), {"group": tp, "async_op": True})  # noqa: E731
     _iteration(router, registry, [call, call])
     router.set_assignment({"tp.dgrad_all_reduce[0]": CommConfig(n_channels=3, algorithm="NVLS")})
-    pool = types.SimpleNamespace(backend=types.SimpleNamespace(name="gloo"), prepare=lambda *a, **k: 0,
-                                 entries=lambda: [], describe=lambda: "1 entry", destroy=lambda keep=None: 1, live=1)
+    pool = types.SimpleNamespace(
+        backend=types.SimpleNamespace(name="gloo"),
+        prepare=lambda *a, **k: 0,
+        entries=lambda: [],
+        describe=lambda: "1 entry",
+        destroy=lambda keep=None: 1,
+        live=1,
+    )
     applier = Applier(pool=pool, router=router, files=None, cluster=None)
     assert applier.apply({"tp": {CommConfig(n_channels=3)}}, what="a plan") and router.first_use.armed
     seen.clear()
@@ -113,8 +132,14 @@ def test_first_calls_that_succeed_end_the_guard_after_an_iteration_that_routed()
     t = torch.zeros(4)
     call = lambda: router.collective("all_reduce", lambda *a, **k: "w", (t,), {"group": tp, "async_op": True})  # noqa: E731
     _iteration(router, registry, [call])
-    pool = types.SimpleNamespace(backend=types.SimpleNamespace(name="gloo"), prepare=lambda *a, **k: 0,
-                                 entries=lambda: [], describe=lambda: "", destroy=lambda keep=None: 0, live=0)
+    pool = types.SimpleNamespace(
+        backend=types.SimpleNamespace(name="gloo"),
+        prepare=lambda *a, **k: 0,
+        entries=lambda: [],
+        describe=lambda: "",
+        destroy=lambda keep=None: 0,
+        live=0,
+    )
     applier = Applier(pool=pool, router=router, files=None, cluster=None)
     applier.apply({}, what="probes")
     assert applier.check_first_use() and router.first_use.armed  # nothing routed yet: still guarding
@@ -147,6 +172,7 @@ class _Coalescing:
             self.issued.append((group, ops))
             if async_ops:
                 cm.append(("work", group))
+
         return cm_gen()
 
     def reduce_scatter(self, output, input, op=None, group=None, async_op=False):
@@ -158,6 +184,7 @@ def _start_grad_sync(pgb, reduce_scatter):
     gradients are scaled before the coalescing manager opens, the collectives are queued in it, and
     an asynchronous call keeps the manager as its handle. ``pgb._coalescing_manager`` is the module
     name megatron-core looks up at call time (lagom patches it)."""
+
     def start_grad_sync(self, force_all_reduce=False):
         for bucket in self.buckets:
             if bucket.gradient_scaling_factor != 1.0:
@@ -167,6 +194,7 @@ def _start_grad_sync(pgb, reduce_scatter):
             for bucket in self.buckets:
                 reduce_scatter(bucket.grad_data[:2], bucket.grad_data, op=None, group=group, async_op=True)
         self.grad_reduce_handle = cm
+
     return start_grad_sync
 
 
@@ -190,8 +218,14 @@ def test_a_bucket_group_nccl_refuses_scales_its_gradients_once_and_runs_on_its_o
     _iteration(router, registry, [call])
     grad.fill_(8.0)
     router.set_assignment({"tp.grad_reduce_scatter[chunk0.bucket0]": CommConfig(n_channels=3, algorithm="NVLS")})
-    pool = types.SimpleNamespace(backend=types.SimpleNamespace(name="gloo"), prepare=lambda *a, **k: 0,
-                                 entries=lambda: [], describe=lambda: "1 entry", destroy=lambda keep=None: 1, live=1)
+    pool = types.SimpleNamespace(
+        backend=types.SimpleNamespace(name="gloo"),
+        prepare=lambda *a, **k: 0,
+        entries=lambda: [],
+        describe=lambda: "1 entry",
+        destroy=lambda keep=None: 1,
+        live=1,
+    )
     applier = Applier(pool=pool, router=router, files=None, cluster=None)
     assert applier.apply({"tp": {CommConfig(n_channels=3)}}, what="a plan") and router.first_use.armed
     torch_cm.issued.clear()

@@ -10,13 +10,16 @@ from lagom_megatron.megatron.pool.gloo import GlooRules
 from lagom_megatron.nccl.rules import NcclRules
 
 
-@pytest.mark.parametrize("config, fragments", [
-    (CommConfig(algorithm="Ring"), ["algorithm", "gloo"]),
-    (CommConfig(n_threads=256), ["n_threads", "gloo"]),
-    (CommConfig(n_channels=32), ["n_channels", "32", "1..16"]),
-    (CommConfig(n_channels=0), ["n_channels", "0", "1..16"]),
-    (CommConfig(chunk_size=1000), ["chunk_size", "1000", "4096"]),
-])
+@pytest.mark.parametrize(
+    "config, fragments",
+    [
+        (CommConfig(algorithm="Ring"), ["algorithm", "gloo"]),
+        (CommConfig(n_threads=256), ["n_threads", "gloo"]),
+        (CommConfig(n_channels=32), ["n_channels", "32", "1..16"]),
+        (CommConfig(n_channels=0), ["n_channels", "0", "1..16"]),
+        (CommConfig(chunk_size=1000), ["chunk_size", "1000", "4096"]),
+    ],
+)
 def test_invalid_value_names_knob_value_and_allowed_set(gloo, config, fragments):
     with pytest.raises(ValueError) as info:
         GlooRules(gloo).validate(config, op="all_reduce")
@@ -27,8 +30,16 @@ def test_invalid_value_names_knob_value_and_allowed_set(gloo, config, fragments)
 def test_scopes_domains_and_probes(gloo):
     rules = GlooRules(gloo)
     assert {k: rules.scope(k) for k in KNOB_ORDER} == {
-        "n_channels": "communicator", "chunk_size": "call", "n_threads": None, "protocol": None, "algorithm": None,
-        "cta_policy": None, "cga_cluster_size": None, "net_peer_channels": None, "high_priority_stream": None}
+        "n_channels": "communicator",
+        "chunk_size": "call",
+        "n_threads": None,
+        "protocol": None,
+        "algorithm": None,
+        "cta_policy": None,
+        "cga_cluster_size": None,
+        "net_peer_channels": None,
+        "high_priority_stream": None,
+    }
     with pytest.raises(ValueError, match="knob must be one of"):
         rules.scope("threads")
     dom = rules.domains(op="all_gather", n_nodes=1, group_size=2)
@@ -40,7 +51,9 @@ def test_scopes_domains_and_probes(gloo):
                 rules.validate(CommConfig(**{k: v}), op=op)
         for probe in rules.probe_configs():
             rules.validate(rules.applicable(probe, op=op), op=op)
-    assert rules.applicable(CommConfig(n_channels=4, n_threads=256, algorithm="Ring"), op="send") == CommConfig(n_channels=4)
+    assert rules.applicable(CommConfig(n_channels=4, n_threads=256, algorithm="Ring"), op="send") == CommConfig(
+        n_channels=4
+    )
 
 
 def test_rules_for_picks_the_backend(gloo, h100):

@@ -15,16 +15,32 @@ from lagom_megatron.nccl.plugin_status import PluginStatus, describe_mismatches,
 
 
 def _entry(group, op, nbytes, gain):
-    return PlanEntry(config=CommConfig(n_channels=4), predicted_t_comm_us=10.0, predicted_t_region_us=100.0 - gain,
-                     predicted_default_t_region_us=100.0, group=group, op=op, nbytes=nbytes, group_size=2, n_nodes=1)
+    return PlanEntry(
+        config=CommConfig(n_channels=4),
+        predicted_t_comm_us=10.0,
+        predicted_t_region_us=100.0 - gain,
+        predicted_default_t_region_us=100.0,
+        group=group,
+        op=op,
+        nbytes=nbytes,
+        group_size=2,
+        n_nodes=1,
+    )
 
 
-PLAN = Plan(entries={"tp.ar[0]": _entry("tp", "all_reduce", 4096, 30.0), "dp.rs[0]": _entry("dp", "reduce_scatter", 8192, 20.0)},
-            fingerprint={}, backend="nccl", mechanism="tuner")
+PLAN = Plan(
+    entries={
+        "tp.ar[0]": _entry("tp", "all_reduce", 4096, 30.0),
+        "dp.rs[0]": _entry("dp", "reduce_scatter", 8192, 20.0),
+    },
+    fingerprint={},
+    backend="nccl",
+    mechanism="tuner",
+)
 """Rows in file order: 1 = tp all-reduce (largest gain first), 2 = dp reduce-scatter."""
 
 CASES = {  # name -> per rank: the row hits its stand-in reports (None: the read raises)
-    "agree": [(5, 7), (5, 3)],          # dp differs, but dp is a different communicator on each rank
+    "agree": [(5, 7), (5, 3)],  # dp differs, but dp is a different communicator on each rank
     "tp_differs": [(5, 7), (4, 7)],
     "read_fails": [(5, 7), None],
 }
@@ -52,9 +68,15 @@ def _worker(rank, store_path, out_path):
             if hits is None:
                 raise OSError("status unreadable")
             return PluginStatus(path="x", abi_version=6, init_count=3, row_hits=hits, table_loaded=True)
+
         out[name] = compare_shared_hits(PLAN, groups, status_reader=reader)
-    out["logged"] = log_plan_hits(PLAN, groups, status_reader=lambda: PluginStatus(
-        path="x", abi_version=6, init_count=3, row_hits=(rank + 1, 1), table_loaded=True))
+    out["logged"] = log_plan_hits(
+        PLAN,
+        groups,
+        status_reader=lambda: PluginStatus(
+            path="x", abi_version=6, init_count=3, row_hits=(rank + 1, 1), table_loaded=True
+        ),
+    )
     dist.barrier()
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(out, f)
@@ -71,12 +93,20 @@ def results(tmp_path_factory):
 def test_members_of_one_communicator_compare_their_row_hits(results):
     r0, r1 = results
     assert r0["agree"] == r1["agree"] == []
-    want = ("lagom: WARNING: ranks of one communicator matched tuner rows a different number of times, so NCCL "
-            "may have chosen differently on them: row 1 (allreduce,4096-4096 B, group tp) rank 0: 5, rank 1: 4")
+    want = (
+        "lagom: WARNING: ranks of one communicator matched tuner rows a different number of times, so NCCL "
+        "may have chosen differently on them: row 1 (allreduce,4096-4096 B, group tp) rank 0: 5, rank 1: 4"
+    )
     assert r0["tp_differs"] == r1["tp_differs"] == [want]
     # rank 1 left out, named with its error; nobody waits or raises
-    assert r0["read_fails"] == r1["read_fails"] == ["lagom: WARNING: tuner row hits not read, left out of the "
-                                                    "comparison across ranks: rank 1: OSError: status unreadable"]
+    assert (
+        r0["read_fails"]
+        == r1["read_fails"]
+        == [
+            "lagom: WARNING: tuner row hits not read, left out of the "
+            "comparison across ranks: rank 1: OSError: status unreadable"
+        ]
+    )
     (logged,) = r0["logged"]
     assert r1["logged"] == [logged] and "row 1 (allreduce" in logged and "rank 0: 1, rank 1: 2" in logged
 

@@ -32,11 +32,17 @@ class _Pool:
 
 def test_sites_told_apart_get_nccls_time_and_events_go_off():
     switches = []
-    kt = KernelTimes(reader=lambda: parse_snapshot(SNAPSHOT), recorder=lambda on, reset=False: switches.append((on, reset)) or True)
+    kt = KernelTimes(
+        reader=lambda: parse_snapshot(SNAPSHOT), recorder=lambda on, reset=False: switches.append((on, reset)) or True
+    )
     kt.start()
     records = {
-        "dp.rs[0]": SiteRecord(site_id="dp.rs[0]", op="reduce_scatter", nbytes=4 << 20, dtype="float32", group=DP, calls=2),
-        "dp.ag[0]": SiteRecord(site_id="dp.ag[0]", op="all_gather", nbytes=1 << 20, dtype="bfloat16", group=DP, calls=2),
+        "dp.rs[0]": SiteRecord(
+            site_id="dp.rs[0]", op="reduce_scatter", nbytes=4 << 20, dtype="float32", group=DP, calls=2
+        ),
+        "dp.ag[0]": SiteRecord(
+            site_id="dp.ag[0]", op="all_gather", nbytes=1 << 20, dtype="bfloat16", group=DP, calls=2
+        ),
         "dp.ar[0]": SiteRecord(site_id="dp.ar[0]", op="all_reduce", nbytes=4096, dtype="float32", group=DP, calls=1),
     }
     cfg = CommConfig(n_channels=8)

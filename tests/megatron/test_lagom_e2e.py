@@ -30,8 +30,17 @@ from tests.timeouts import LAUNCH_S
 pytestmark = pytest.mark.distributed
 
 ITERS = 12
-COMMON = ["--mock-data", "--train-iters", str(ITERS), "--log-interval", "1",
-          "--lagom-warmup-iters", "1", "--lagom-verify-iters", "2"]
+COMMON = [
+    "--mock-data",
+    "--train-iters",
+    str(ITERS),
+    "--log-interval",
+    "1",
+    "--lagom-warmup-iters",
+    "1",
+    "--lagom-verify-iters",
+    "2",
+]
 
 
 def _launch(tmp_path: Path, name: str, runs: list[dict]) -> tuple[dict, dict[str, str]]:
@@ -52,9 +61,12 @@ def _check_report_against_log(md: str, log: str, saved: Plan) -> set[str]:
     the paired gain, and its bound); each time column of the per-site table adds up (sites + rest)
     to its iteration figure, and the measured columns' iteration row is the table's medians.
     Returns the site ids of the table."""
-    m = re.search(r"lagom: phase (applied|fell_back) \| (?:measured [\d.]+ -> [\d.]+ ms \| )?gain (-?[\d.]+ ms "
-                  r"\(mean of (\d+) paired differences, defaults - plan\), needed > [\d.]+ ms \(the larger of its 95% "
-                  r"bound [\d.]+ ms and the minimum gain [\d.]+ ms\))", log)
+    m = re.search(
+        r"lagom: phase (applied|fell_back) \| (?:measured [\d.]+ -> [\d.]+ ms \| )?gain (-?[\d.]+ ms "
+        r"\(mean of (\d+) paired differences, defaults - plan\), needed > [\d.]+ ms \(the larger of its 95% "
+        r"bound [\d.]+ ms and the minimum gain [\d.]+ ms\))",
+        log,
+    )
     assert m, log
     phase, figures, n = m.groups()
     assert md.startswith(f"# lagom report: {phase}\n") and phase == saved.stats["verification"]
@@ -69,8 +81,11 @@ def _check_report_against_log(md: str, log: str, saved: Plan) -> set[str]:
         if t:
             totals[t.group(1)] = [float(x) for x in line.strip("| ").split(" | ")[-4:]]
     for col in range(4):
-        assert math.isclose(totals["sum of the sites"][col] + totals["rest of the iteration"][col],
-                            totals["iteration"][col], abs_tol=0.011), totals
+        assert math.isclose(
+            totals["sum of the sites"][col] + totals["rest of the iteration"][col],
+            totals["iteration"][col],
+            abs_tol=0.011,
+        ), totals
     assert totals["iteration"][:2] == pytest.approx([float(default_ms), float(plan_ms)], abs=0.051), totals
     rows = [line.split(" | ") for line in md.splitlines() if re.match(r"\| (dp|tp|pp)\.", line)]
     tuned = [r for r in rows if r[7] == "yes"]
@@ -82,11 +97,15 @@ def test_tp2_dp2_lagom_search_apply_reuse(tmp_path):
     plan = tmp_path / "run" / "plan.json"
     report = tmp_path / "run" / "report.md"
     base = ["--preset", "cpu-tp2-dp2", *COMMON]
-    results, logs = _launch(tmp_path, "tp", [
-        {"name": "default", "argv": base},
-        {"name": "lagom", "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report)]},
-        {"name": "reuse", "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report)]},
-    ])
+    results, logs = _launch(
+        tmp_path,
+        "tp",
+        [
+            {"name": "default", "argv": base},
+            {"name": "lagom", "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report)]},
+            {"name": "reuse", "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report)]},
+        ],
+    )
     default, tuned, reused = results["default"], results["lagom"], results["reuse"]
     assert len(default["losses"]) == ITERS and all(math.isfinite(x) for x in default["losses"])
     assert tuned["losses"] == default["losses"], f"got {tuned['losses']} but should be {default['losses']}"
@@ -145,12 +164,19 @@ def test_pp2_dp2_digest_mismatch_keeps_defaults_and_plan_keeps_losses(tmp_path):
     plan = tmp_path / "run" / "plan.json"
     report = tmp_path / "run" / "report.json"
     base = ["--preset", "cpu-pp2-dp2", *COMMON]
-    results, logs = _launch(tmp_path, "pp", [
-        {"name": "default", "argv": base},
-        {"name": "fault", "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report)],
-         "env": {"LAGOM_INJECT_DIGEST_FAULT": "1"}},
-        {"name": "lagom", "argv": [*base, "--lagom", "--lagom-plan", str(tmp_path / "ok" / "plan.json")]},
-    ])
+    results, logs = _launch(
+        tmp_path,
+        "pp",
+        [
+            {"name": "default", "argv": base},
+            {
+                "name": "fault",
+                "argv": [*base, "--lagom", "--lagom-plan", str(plan), "--lagom-report", str(report)],
+                "env": {"LAGOM_INJECT_DIGEST_FAULT": "1"},
+            },
+            {"name": "lagom", "argv": [*base, "--lagom", "--lagom-plan", str(tmp_path / "ok" / "plan.json")]},
+        ],
+    )
     default, fault, tuned = results["default"], results["fault"], results["lagom"]
     # the searched plan is applied in the verification iterations: same losses
     assert tuned["losses"] == default["losses"], f"got {tuned['losses']} but should be {default['losses']}"
@@ -178,10 +204,34 @@ def test_tp2_on_two_ranks_has_no_data_parallel_sites(tmp_path):
     sites, so neither the profile nor the plan names one (it did: ``dp.grad_reduce_scatter
     [chunk0.bucket0]`` with ``group_size`` 1)."""
     plan = tmp_path / "run" / "plan.json"
-    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-            "--max-position-embeddings", "32", "--micro-batch-size", "1", "--global-batch-size", "2",
-            "--lr", "3e-3", "--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
-            "--overlap-grad-reduce", "--overlap-param-gather", *COMMON, "--lagom", "--lagom-plan", str(plan)]
+    argv = [
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "32",
+        "--max-position-embeddings",
+        "32",
+        "--micro-batch-size",
+        "1",
+        "--global-batch-size",
+        "2",
+        "--lr",
+        "3e-3",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        *COMMON,
+        "--lagom",
+        "--lagom-plan",
+        str(plan),
+    ]
     results, logs = launch_harness(tmp_path, "dp1", [{"name": "lagom", "argv": argv}], nproc=2, timeout_s=LAUNCH_S)
     _check_hooks_removed(results["lagom"], lagom=True)
     profile = load_profile(plan.parent / "profile.json")

@@ -23,13 +23,26 @@ comm 1 hash=cd rank=0 nranks=8 nnodes=1 abi=6 tag=- name=- dropped=0 overflow=0
 
 
 def _entry(config, op, nbytes):
-    return PlanEntry(config=config, predicted_t_comm_us=1.0, predicted_t_region_us=2.0, predicted_default_t_region_us=3.0,
-                     group="dp", op=op, nbytes=nbytes, group_size=8, n_nodes=1)
+    return PlanEntry(
+        config=config,
+        predicted_t_comm_us=1.0,
+        predicted_t_region_us=2.0,
+        predicted_default_t_region_us=3.0,
+        group="dp",
+        op=op,
+        nbytes=nbytes,
+        group_size=8,
+        n_nodes=1,
+    )
 
 
-PLAN = Plan(entries={"dp.rs[0]": _entry(RING8, "reduce_scatter", 4 << 20),
-                     "dp.ag[0]": _entry(RING8, "all_gather", 1 << 20),
-                     "dp.ar[0]": _entry(CommConfig(), "all_reduce", 1 << 20)})
+PLAN = Plan(
+    entries={
+        "dp.rs[0]": _entry(RING8, "reduce_scatter", 4 << 20),
+        "dp.ag[0]": _entry(RING8, "all_gather", 1 << 20),
+        "dp.ar[0]": _entry(CommConfig(), "all_reduce", 1 << 20),
+    }
+)
 
 
 class _Groups:
@@ -63,8 +76,12 @@ class _Router:
 
 
 def _check(recorded, state=("lagom", "")):
-    return ObservedCheck("nccl", reader=lambda: parse_snapshot(SNAPSHOT), state_reader=lambda: state,
-                         recorder=lambda on, reset=False: recorded.append((on, reset)) or True)
+    return ObservedCheck(
+        "nccl",
+        reader=lambda: parse_snapshot(SNAPSHOT),
+        state_reader=lambda: state,
+        recorder=lambda on, reset=False: recorded.append((on, reset)) or True,
+    )
 
 
 def test_nccl_records_against_the_plan():
@@ -76,11 +93,17 @@ def test_nccl_records_against_the_plan():
     assert bad == {"dp.ag[0]"} and not check.armed and recorded[-1] == (False, False)
     rs, ag = check.results["dp.rs[0]"], check.results["dp.ag[0]"]
     assert (rs["status"], rs["calls"], rs["rank"]) == ("applied", 3, 0)
-    assert (ag["status"], ag["knobs"], ag["observed"]["n_channels"], ag["planned"]["n_channels"]) == \
-        ("differs", ["n_channels"], 6, 8)
+    assert (ag["status"], ag["knobs"], ag["observed"]["n_channels"], ag["planned"]["n_channels"]) == (
+        "differs",
+        ["n_channels"],
+        6,
+        8,
+    )
     assert "dp.ar[0]" not in check.results, "a site the plan leaves at the defaults is not checked"
-    assert describe(check.results, bad) == ("dp.ag[0] (n_channels planned 8 observed 6; rank 0; clamped: NCCL ran 6 "
-                                            "of the 8 planned channels (NCCL's split of the call gives 8))")
+    assert describe(check.results, bad) == (
+        "dp.ag[0] (n_channels planned 8 observed 6; rank 0; clamped: NCCL ran 6 "
+        "of the 8 planned channels (NCCL's split of the call gives 8))"
+    )
 
 
 def test_applier_reverts_the_differing_sites_after_an_iteration_that_ran_the_plan(monkeypatch):
@@ -99,11 +122,17 @@ def test_applier_reverts_the_differing_sites_after_an_iteration_that_ran_the_pla
 
 
 def test_a_users_own_profiler_plugin_is_said_and_leaves_the_sites_unobserved():
-    check = ObservedCheck("nccl", reader=lambda: [], state_reader=lambda: ("foreign", "/opt/site/libnccl-profiler-x.so"),
-                          recorder=lambda on, reset=False: True)
+    check = ObservedCheck(
+        "nccl",
+        reader=lambda: [],
+        state_reader=lambda: ("foreign", "/opt/site/libnccl-profiler-x.so"),
+        recorder=lambda on, reset=False: True,
+    )
     note = check.arm()
-    assert note == ("lagom: note: NCCL_PROFILER_PLUGIN='/opt/site/libnccl-profiler-x.so' is another profiler plugin; "
-                    "lagom leaves it in place and checks only the tuner's row hits, not what NCCL ran")
+    assert note == (
+        "lagom: note: NCCL_PROFILER_PLUGIN='/opt/site/libnccl-profiler-x.so' is another profiler plugin; "
+        "lagom leaves it in place and checks only the tuner's row hits, not what NCCL ran"
+    )
     assert check.check(PLAN, _Pool()) == set()
     assert {r["status"] for r in check.results.values()} == {"unobserved"}
 
@@ -111,7 +140,10 @@ def test_a_users_own_profiler_plugin_is_said_and_leaves_the_sites_unobserved():
 def test_a_failing_reader_leaves_every_site_unobserved_and_still_joins():
     def broken():
         raise OSError("mapped library vanished")
-    check = ObservedCheck("nccl", reader=broken, recorder=lambda on, reset=False: True, state_reader=lambda: ("lagom", ""))
+
+    check = ObservedCheck(
+        "nccl", reader=broken, recorder=lambda on, reset=False: True, state_reader=lambda: ("lagom", "")
+    )
     check.arm()
     assert check.check(PLAN, _Pool()) == set() and check.results == {}
     assert check.errors == ["rank 0: OSError: mapped library vanished"]
@@ -153,17 +185,27 @@ def test_gloo_record_threads_of_the_group_a_call_ran_on_and_its_pieces(monkeypat
     for piece in seen:
         rec.note("dp", "LAGOM_POOL_DP_threads_4", entry, "all_reduce", 65536, piece)
     assert rec.calls[("dp", "LAGOM_POOL_DP_threads_4", "all_reduce", 65536)] == [2, {4}, {16384, 0}]
-    ok = observe_gloo_site("s", CommConfig(n_channels=4, chunk_size=16384), op="all_reduce", nbytes=65536,
-                           group_size=2, record=[1, {4}, {16384}])
+    ok = observe_gloo_site(
+        "s",
+        CommConfig(n_channels=4, chunk_size=16384),
+        op="all_reduce",
+        nbytes=65536,
+        group_size=2,
+        record=[1, {4}, {16384}],
+    )
     assert ok.status == "applied" and ok.observed == {"n_channels": 4, "chunk_size": 16384}
-    whole = observe_gloo_site("s", CommConfig(chunk_size=16384), op="all_gather", nbytes=65536, group_size=8,
-                              record=[1, {2}, {0}])
+    whole = observe_gloo_site(
+        "s", CommConfig(chunk_size=16384), op="all_gather", nbytes=65536, group_size=8, record=[1, {2}, {0}]
+    )
     assert whole.status == "applied", "one rank's 8 KiB share fits one piece: issued whole is as planned"
-    bad = observe_gloo_site("s", CommConfig(n_channels=4), op="all_reduce", nbytes=65536, group_size=2,
-                            record=[3, {2}, {0}])
+    bad = observe_gloo_site(
+        "s", CommConfig(n_channels=4), op="all_reduce", nbytes=65536, group_size=2, record=[3, {2}, {0}]
+    )
     assert bad.status == "differs" and bad.observed == {"n_channels": 2}
-    assert observe_gloo_site("s", CommConfig(n_channels=4), op="all_reduce", nbytes=1, group_size=2,
-                             record=None).status == "unobserved"
+    assert (
+        observe_gloo_site("s", CommConfig(n_channels=4), op="all_reduce", nbytes=1, group_size=2, record=None).status
+        == "unobserved"
+    )
 
 
 def test_report_lists_planned_vs_observed_per_knob():
@@ -173,8 +215,10 @@ def test_report_lists_planned_vs_observed_per_knob():
     check.arm()
     check.check(PLAN, _Pool())
     md = render_markdown([], {"phase": "applied", "observed": check.results})
-    table = md[md.index("## Applied = observed"):].splitlines()
-    assert "| `dp.ag[0]` | differs: reverted to the defaults | n_channels (differs) | 8 | 6 | 0 | clamped: NCCL ran 6 of " \
-           "the 8 planned channels (NCCL's split of the call gives 8) |" in table
+    table = md[md.index("## Applied = observed") :].splitlines()
+    assert (
+        "| `dp.ag[0]` | differs: reverted to the defaults | n_channels (differs) | 8 | 6 | 0 | clamped: NCCL ran 6 of "
+        "the 8 planned channels (NCCL's split of the call gives 8) |" in table
+    )
     assert "| `dp.rs[0]` | applied | algorithm | Ring | Ring | 0 |  |" in table
     assert "## Applied = observed" not in render_markdown([], {"phase": "applied"}), "no check ran: no section"

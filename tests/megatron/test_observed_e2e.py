@@ -24,8 +24,20 @@ def launched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("observed")
     runs = [{"name": "default", "argv": ARGS}]
     for name, env in (("clean", {}), ("fault", {"LAGOM_INJECT_APPLY_FAULT": "observed:1"})):
-        runs.append({"name": name, "argv": [*ARGS, "--lagom", "--lagom-plan", str(tmp / name / "plan.json"),
-                                            "--lagom-report", str(tmp / name / "report.json")], "env": env})
+        runs.append(
+            {
+                "name": name,
+                "argv": [
+                    *ARGS,
+                    "--lagom",
+                    "--lagom-plan",
+                    str(tmp / name / "plan.json"),
+                    "--lagom-report",
+                    str(tmp / name / "report.json"),
+                ],
+                "env": env,
+            }
+        )
     results, logs = launch_harness(tmp, "observed", runs, nproc=2, timeout_s=540)
     return tmp, results, logs
 
@@ -53,12 +65,13 @@ def test_a_disagreeing_rank_reverts_the_site_on_every_rank(launched):
     observed = rep["summary"]["observed"]
     bad = {sid: r for sid, r in observed.items() if r["status"] == "differs"}
     assert len(bad) == 1, observed
-    (sid, r), = bad.items()
+    ((sid, r),) = bad.items()
     knob = r["knobs"][0]
     assert r["rank"] == 1 and r["planned"][knob] != r["observed"][knob], r
     (warn,) = [x for x in log.splitlines() if "did not run as planned" in x]
-    assert (f"{sid} ({knob} planned {r['planned'][knob]} observed {r['observed'][knob]}; rank 1; fault injected"
-            in warn), warn
+    assert (
+        f"{sid} ({knob} planned {r['planned'][knob]} observed {r['observed'][knob]}; rank 1; fault injected" in warn
+    ), warn
     assert "keep the defaults on every rank" in warn
     saved = load_plan(tmp / "fault" / "plan.json")
     assert saved.entries[sid].config.is_default() and saved.stats["sites_reverted"] == [sid]

@@ -47,12 +47,18 @@ def _assign_everything(router, site_ids):
     router.set_assignment({sid: CFG for sid in site_ids})
 
 
-@pytest.mark.parametrize("op,args", [
-    ("all_gather", lambda g: ((torch.zeros(4), torch.zeros(2)), {"group": g, "async_op": True})),  # TP / FSDP gathers
-    ("reduce_scatter", lambda g: ((torch.zeros(2), torch.zeros(4)), {"group": g, "async_op": True})),
-    ("all_reduce", lambda g: ((torch.zeros(4),), {"group": g, "async_op": True})),  # TP dgrad all-reduce
-    ("all_to_all", lambda g: ((torch.zeros(4), torch.zeros(4), None, None), {"group": g, "async_op": True})),  # EP
-])
+@pytest.mark.parametrize(
+    "op,args",
+    [
+        (
+            "all_gather",
+            lambda g: ((torch.zeros(4), torch.zeros(2)), {"group": g, "async_op": True}),
+        ),  # TP / FSDP gathers
+        ("reduce_scatter", lambda g: ((torch.zeros(2), torch.zeros(4)), {"group": g, "async_op": True})),
+        ("all_reduce", lambda g: ((torch.zeros(4),), {"group": g, "async_op": True})),  # TP dgrad all-reduce
+        ("all_to_all", lambda g: ((torch.zeros(4), torch.zeros(4), None, None), {"group": g, "async_op": True})),  # EP
+    ],
+)
 def test_collectives_on_a_one_rank_group_pass_straight_through(op, args):
     router, groups = _router(("tp", 2), ("solo", 1))
     seen = []
@@ -124,7 +130,9 @@ def test_pipeline_and_context_parallel_p2p_of_one_rank_are_never_sites():
     router, groups = _router(("pp", 1), ("cp", 1))
     _assign_everything(router, ["pp.send_recv", "cp.ring_send_recv[0]"])
     router.registry.start_iteration()
-    communicator = types.SimpleNamespace(pp_group=groups["pp"], config=types.SimpleNamespace(pipeline_dtype=torch.float32))
+    communicator = types.SimpleNamespace(
+        pp_group=groups["pp"], config=types.SimpleNamespace(pipeline_dtype=torch.float32)
+    )
     seen = []
 
     def communicate(comm, **kwargs):

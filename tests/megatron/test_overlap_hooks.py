@@ -133,12 +133,21 @@ def test_fsdp2_units_are_sites_profiled_and_routed(ranks):
 
 def test_every_new_entry_point_was_patched(ranks):
     patched = set(ranks[0]["patched"])
-    for name in ("torch.distributed.all_gather_into_tensor", "torch.distributed.reduce_scatter_tensor",
-                 "megatron.core.pipeline_parallel.p2p_communication._p2p_ops", "_AllToAll.forward",
-                 "_AllToAll.backward", "_Linear.backward", "_LayerNormLinear.backward", "Linear.forward",
-                 "DotProductAttention.forward", "AttnFuncWithCPAndKVP2P.backward", "FSDPParamGroup.unshard",
-                 "FSDPParamGroup.post_backward",
-                 "tests.megatron.te_standin.attention.dot_product_attention.context_parallel.flash_attn_p2p_communicate",
-                 "megatron.core.utils.dist_all_gather_func",
-                 "megatron.core.pipeline_parallel.schedules.drain_embedding_wgrad_compute"):
+    for name in (
+        "torch.distributed.all_gather_into_tensor",
+        "torch.distributed.reduce_scatter_tensor",
+        "megatron.core.pipeline_parallel.p2p_communication._p2p_ops",
+        "_AllToAll.forward",
+        "_AllToAll.backward",
+        "_Linear.backward",
+        "_LayerNormLinear.backward",
+        "Linear.forward",
+        "DotProductAttention.forward",
+        "AttnFuncWithCPAndKVP2P.backward",
+        "FSDPParamGroup.unshard",
+        "FSDPParamGroup.post_backward",
+        "tests.megatron.te_standin.attention.dot_product_attention.context_parallel.flash_attn_p2p_communicate",
+        "megatron.core.utils.dist_all_gather_func",
+        "megatron.core.pipeline_parallel.schedules.drain_embedding_wgrad_compute",
+    ):
         assert name in patched, name

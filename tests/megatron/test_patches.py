@@ -151,7 +151,8 @@ def test_the_fp8_block_scaling_gather_of_te_2_3_to_2_11_is_hooked_too(tmp_path, 
         "    return 'unhooked', None\n\n\n"
         "def gather_along_first_dim(inp, process_group, async_op=False, quantizer=None):\n"
         "    return _all_gather_fp8_blockwise(inp, process_group, async_op=async_op, quantizer=quantizer,\n"
-        "                                     out_shape=[8])\n")
+        "                                     out_shape=[8])\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     te = find_te_targets("te_v211_layout")
     assert te.quantized_gathers == ["_all_gather_fp8_blockwise"]
@@ -160,8 +161,12 @@ def test_the_fp8_block_scaling_gather_of_te_2_3_to_2_11_is_hooked_too(tmp_path, 
     handle = patches.install(router, te=te, fsdp2=None, megatron_fsdp=[])
     try:
         assert te.distributed.gather_along_first_dim("inp", "pg", async_op=True) == ("gathered", None)
-        assert router.calls[-1] == ("quantized_gather", orig, ("inp", "pg"),
-                                    {"async_op": True, "quantizer": None, "out_shape": [8]})
+        assert router.calls[-1] == (
+            "quantized_gather",
+            orig,
+            ("inp", "pg"),
+            {"async_op": True, "quantizer": None, "out_shape": [8]},
+        )
     finally:
         handle.remove()
     assert te.distributed._all_gather_fp8_blockwise is orig

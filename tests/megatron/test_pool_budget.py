@@ -86,9 +86,17 @@ def test_budget_is_respected_and_entries_are_destroyed(result):
 
 
 def _entry(config, gain):
-    return PlanEntry(config=config, predicted_t_comm_us=100.0, predicted_t_region_us=1000.0 - gain,
-                     predicted_default_t_region_us=1000.0, group="dp", op="reduce_scatter", nbytes=1 << 24,
-                     group_size=8, n_nodes=1)
+    return PlanEntry(
+        config=config,
+        predicted_t_comm_us=100.0,
+        predicted_t_region_us=1000.0 - gain,
+        predicted_default_t_region_us=1000.0,
+        group="dp",
+        op="reduce_scatter",
+        nbytes=1 << 24,
+        group_size=8,
+        n_nodes=1,
+    )
 
 
 def test_plan_is_trimmed_to_the_budget_least_gain_first():
@@ -96,16 +104,27 @@ def test_plan_is_trimmed_to_the_budget_least_gain_first():
     from lagom_megatron.megatron.hooks.sites import GroupNames
     from lagom_megatron.megatron.pool.comm_pool import CommPool
 
-    plan = Plan(entries={"dp.a[0]": _entry(C8, 300.0), "dp.a[1]": _entry(C8, 200.0), "dp.b[0]": _entry(C4, 50.0),
-                         "dp.c[0]": _entry(CommConfig(), 0.0)}, fingerprint={}, backend="nccl", mechanism="communicator")
-    pool = CommPool(NcclPoolBackend(use_tuner_plugin=False), GroupNames(local_world_size=1),
-                    budget_bytes=10 * RING_BUFFER_BYTES)
+    plan = Plan(
+        entries={
+            "dp.a[0]": _entry(C8, 300.0),
+            "dp.a[1]": _entry(C8, 200.0),
+            "dp.b[0]": _entry(C4, 50.0),
+            "dp.c[0]": _entry(CommConfig(), 0.0),
+        },
+        fingerprint={},
+        backend="nccl",
+        mechanism="communicator",
+    )
+    pool = CommPool(
+        NcclPoolBackend(use_tuner_plugin=False), GroupNames(local_world_size=1), budget_bytes=10 * RING_BUFFER_BYTES
+    )
     fitted = Applier(pool=pool, router=None, files=None, cluster=None).fit_plan_to_budget(plan)
     # the 8-channel entry (gain 500 us) fits; the 4-channel one (gain 50 us) would pass 10 channels' worth
     assert fitted.entries["dp.a[0]"].config == C8 and fitted.entries["dp.a[1]"].config == C8
     assert fitted.entries["dp.b[0]"].config.is_default()
     assert fitted.entries["dp.b[0]"].predicted_t_region_us == 1000.0  # predicts what is applied: the default
     assert fitted.stats["sites_dropped_for_budget"] == 1
-    roomy = CommPool(NcclPoolBackend(use_tuner_plugin=False), GroupNames(local_world_size=1),
-                     budget_bytes=12 * RING_BUFFER_BYTES)
+    roomy = CommPool(
+        NcclPoolBackend(use_tuner_plugin=False), GroupNames(local_world_size=1), budget_bytes=12 * RING_BUFFER_BYTES
+    )
     assert Applier(pool=roomy, router=None, files=None, cluster=None).fit_plan_to_budget(plan) is plan

@@ -74,7 +74,10 @@ def test_call_times_keep_an_exposed_call_apart_from_a_hidden_one():
     prof.sync("p", 0.021, 0.022)
     comm, _, region = prof.finish_iteration()["g"]
     assert (comm, region) == pytest.approx((8000.0, 14000.0))
-    assert [(c[0], c[2]) for c in prof.call_times["g"]] == [pytest.approx((4000.0, 4000.0)), pytest.approx((4000.0, 10000.0))]
+    assert [(c[0], c[2]) for c in prof.call_times["g"]] == [
+        pytest.approx((4000.0, 4000.0)),
+        pytest.approx((4000.0, 10000.0)),
+    ]
     assert "p" not in prof.call_times  # synchronous: one region per site
     prof.finish_iteration()
     assert len(prof.call_times["g"]) == 2  # finishing again does not add the calls twice
@@ -169,11 +172,23 @@ def test_slowdown_coefficients_move_from_their_priors_when_samples_show_slowdown
     from lagom_megatron.engine.knobs import CommConfig
     from lagom_megatron.engine.profile import CollectiveSite, Profile, Sample
 
-    site = CollectiveSite(site_id="tp.sp_reduce_scatter[0]", op="reduce_scatter", nbytes=64 * 2**20, dtype="bf16",
-                          group="tp", group_size=8, n_nodes=1, calls_per_iter=1)
+    site = CollectiveSite(
+        site_id="tp.sp_reduce_scatter[0]",
+        op="reduce_scatter",
+        nbytes=64 * 2**20,
+        dtype="bf16",
+        group="tp",
+        group_size=8,
+        n_nodes=1,
+        calls_per_iter=1,
+    )
     comp_us = 2000.0
-    runs = [(CommConfig(), 600.0, 0.20), (CommConfig(n_channels=2), 1500.0, 0.03),
-            (CommConfig(n_channels=8), 700.0, 0.10), (CommConfig(n_channels=16), 500.0, 0.25)]
+    runs = [
+        (CommConfig(), 600.0, 0.20),
+        (CommConfig(n_channels=2), 1500.0, 0.03),
+        (CommConfig(n_channels=8), 700.0, 0.10),
+        (CommConfig(n_channels=16), 500.0, 0.25),
+    ]
 
     def samples(with_duration):
         out = []
@@ -181,22 +196,32 @@ def test_slowdown_coefficients_move_from_their_priors_when_samples_show_slowdown
             clock = Clock()
             prof = Profiler(clock=clock)
             prof.start_iteration(timed=True)
-            work = (TimedNcclWork(clock, 0.0, comm_us / 1e3) if with_duration else FakeWork(clock, 0.0))
+            work = TimedNcclWork(clock, 0.0, comm_us / 1e3) if with_duration else FakeWork(clock, 0.0)
             handle = prof.issue(site.site_id, work, t_issue=0.0)
             clock.t = comp_us * (1 + slow) / 1e6
             handle.wait()
             if not with_duration:  # the old GPU path: comm = elapsed(issue, wait) = the region
                 prof._calls[0].t_end = clock.t
             comm, _, region = prof.finish_iteration()[site.site_id]
-            out.append(Sample(site_id=site.site_id, config=cfg, t_comm_us=comm, t_comp_us=comp_us,
-                              t_region_us=region, iteration=it))
+            out.append(
+                Sample(
+                    site_id=site.site_id,
+                    config=cfg,
+                    t_comm_us=comm,
+                    t_comp_us=comp_us,
+                    t_region_us=region,
+                    iteration=it,
+                )
+            )
         return out
 
     cluster = ClusterSpec.load("h100-sxm-ib400")
-    fitted = fit_cost_model(Profile(backend="nccl", cluster=cluster.name, iteration_us=1e4, sites=[site],
-                                    samples=samples(True)), cluster)
-    blind = fit_cost_model(Profile(backend="nccl", cluster=cluster.name, iteration_us=1e4, sites=[site],
-                                   samples=samples(False)), cluster)
+    fitted = fit_cost_model(
+        Profile(backend="nccl", cluster=cluster.name, iteration_us=1e4, sites=[site], samples=samples(True)), cluster
+    )
+    blind = fit_cost_model(
+        Profile(backend="nccl", cluster=cluster.name, iteration_us=1e4, sites=[site], samples=samples(False)), cluster
+    )
     assert (blind.a_S[0], blind.b_S[0]) == (PRIOR_A, PRIOR_B)
     moved = abs(fitted.a_S[0] - PRIOR_A) + abs(fitted.b_S[0] - PRIOR_B)
     assert moved > 0.05, (fitted.a_S[0], fitted.b_S[0])
@@ -238,8 +263,10 @@ def test_cuda_event_path_times_each_call_and_drops_a_call_never_waited(monkeypat
     h.wait()
     prof.finish_iteration()
     # no Work duration here (gloo-like handle): T_comm falls back to the region, per call
-    assert prof.call_times["g"] == [pytest.approx((4000.0, math.nan, 4000.0), nan_ok=True),
-                                    pytest.approx((10000.0, math.nan, 10000.0), nan_ok=True)]
+    assert prof.call_times["g"] == [
+        pytest.approx((4000.0, math.nan, 4000.0), nan_ok=True),
+        pytest.approx((10000.0, math.nan, 10000.0), nan_ok=True),
+    ]
     prof.start_iteration(timed=True)
     prof.issue("g", FakeWork(clock, done_at=0.030), t_issue=prof.mark())  # its consumer never waits
     clock.t = 0.040

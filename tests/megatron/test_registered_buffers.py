@@ -29,8 +29,11 @@ from lagom_megatron.nccl.rules import NcclRules
 
 def _buffer(group, *, pool, ub=True, symmetric_off=False):
     """A ``_ParamAndGradBuffer`` as core_v0.18.2 has it (``pool=None``: core_v0.16.1, no handle)."""
-    buf = types.SimpleNamespace(nccl_ub=ub, data_parallel_group=group,
-                                ddp_config=types.SimpleNamespace(disable_symmetric_registration=symmetric_off))
+    buf = types.SimpleNamespace(
+        nccl_ub=ub,
+        data_parallel_group=group,
+        ddp_config=types.SimpleNamespace(disable_symmetric_registration=symmetric_off),
+    )
     if pool is not None:
         buf.nccl_mem_pool = pool
     return buf
@@ -39,8 +42,10 @@ def _buffer(group, *, pool, ub=True, symmetric_off=False):
 def test_registered_pools_follow_megatron_cores_buffers():
     dp, ep_dp = object(), object()
     names = {id(dp): "dp", id(ep_dp): "ep_dp"}
-    ddp = types.SimpleNamespace(buffers=[_buffer(dp, pool="pool-a"), _buffer(dp, pool="pool-b", symmetric_off=True)],
-                                expert_parallel_buffers=[_buffer(ep_dp, pool=None)])
+    ddp = types.SimpleNamespace(
+        buffers=[_buffer(dp, pool="pool-a"), _buffer(dp, pool="pool-b", symmetric_off=True)],
+        expert_parallel_buffers=[_buffer(ep_dp, pool=None)],
+    )
     pools = registered_pools([ddp], lambda g: names[id(g)])
     assert pools == {"dp": [("pool-a", True), ("pool-b", False)]}  # ep_dp's pool is lost (core 0.16): left out
     bg = types.SimpleNamespace(ddp_config=types.SimpleNamespace(nccl_ub=True))
@@ -51,8 +56,16 @@ def test_registered_pools_follow_megatron_cores_buffers():
 
 
 def _site(registered):
-    return CollectiveSite(site_id="dp.grad_reduce_scatter[chunk0.bucket0]", op="reduce_scatter", nbytes=256 << 20,
-                          dtype="bfloat16", group="dp", group_size=8, reduce_op="sum", registered=registered)
+    return CollectiveSite(
+        site_id="dp.grad_reduce_scatter[chunk0.bucket0]",
+        op="reduce_scatter",
+        nbytes=256 << 20,
+        dtype="bfloat16",
+        group="dp",
+        group_size=8,
+        reduce_op="sum",
+        registered=registered,
+    )
 
 
 def test_the_search_knows_which_registered_sites_it_can_move():
@@ -90,11 +103,12 @@ def test_symmetric_windows_leave_the_site_to_nccl_where_its_symmetric_kernels_ta
     one = _site("symmetric")
     two = dataclasses.replace(one, parts=(("bfloat16", 128 << 20), ("bfloat16", 128 << 20)))
     for cluster, site, movable in (
-            (h100, one, False),                                             # 2.27: one collective, one node
-            (h100, two, True),                                              # 2.27: a coalesced group asks the tuner
-            (dataclasses.replace(h100, nccl_version="2.28.9"), two, False),  # 2.28+: every call
-            (dataclasses.replace(h100, nccl_version="2.30.7"), dataclasses.replace(two, n_nodes=2, group_size=16), True),
-            (ClusterSpec.load("a40-pcie-ib200"), one, True)):               # PCIe: no symmetric kernels
+        (h100, one, False),  # 2.27: one collective, one node
+        (h100, two, True),  # 2.27: a coalesced group asks the tuner
+        (dataclasses.replace(h100, nccl_version="2.28.9"), two, False),  # 2.28+: every call
+        (dataclasses.replace(h100, nccl_version="2.30.7"), dataclasses.replace(two, n_nodes=2, group_size=16), True),
+        (ClusterSpec.load("a40-pcie-ib200"), one, True),
+    ):  # PCIe: no symmetric kernels
         d, note = NcclRules(cluster).site_domains(site)
         assert (len(d["n_channels"]) > 1) is movable, (cluster.name, cluster.nccl_version, site.parts, site.n_nodes)
         if movable:
@@ -136,6 +150,7 @@ def _worker(rank, store_path, out_path):
 
     class Registering(GlooPoolBackend):
         """Gloo entries; registration recorded (gloo has no NCCL memory)."""
+
         calls: list = []
 
         def register_memory(self, group, pools):
@@ -166,7 +181,11 @@ def test_the_router_records_the_registration_of_a_bucket_groups_buffers():
     from .test_first_use import _bucket_group
     from .test_router import _iteration, _router
 
-    for pools, want in ((None, "fixed"), ({"tp": [("pool-a", False)]}, "pool"), ({"tp": [("pool-a", True)]}, "symmetric")):
+    for pools, want in (
+        (None, "fixed"),
+        ({"tp": [("pool-a", False)]}, "pool"),
+        ({"tp": [("pool-a", True)]}, "symmetric"),
+    ):
         router, registry, tp, _ = _router()
         if pools:
             registry.registered_pools = pools

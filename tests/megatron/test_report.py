@@ -23,23 +23,58 @@ from lagom_megatron.megatron.outputs.report import (
 
 
 def _entry(cfg, pred, pred_default, op="all_gather", group="tp"):
-    return PlanEntry(config=cfg, predicted_t_comm_us=1.0, predicted_t_region_us=pred,
-                     predicted_default_t_region_us=pred_default, group=group, op=op, nbytes=131072)
+    return PlanEntry(
+        config=cfg,
+        predicted_t_comm_us=1.0,
+        predicted_t_region_us=pred,
+        predicted_default_t_region_us=pred_default,
+        group=group,
+        op=op,
+        nbytes=131072,
+    )
 
 
 def _fixture():
-    entries = {"tp.sp_all_gather[0]": _entry(CommConfig(n_channels=1), 1000.0, 1000.0),
-               "dp.grad_all_reduce[b0]": _entry(CommConfig(n_channels=2), 5000.0, 6000.0, "all_reduce", "dp")}
-    sites = {"tp.sp_all_gather[0]": CollectiveSite(site_id="tp.sp_all_gather[0]", op="all_gather", nbytes=131072,
-                                                  dtype="float32", group="tp", group_size=2, calls_per_iter=2)}
-    rows = site_rows(entries, sites, {"tp.sp_all_gather[0]": [1100, 1200, 1300], "dp.grad_all_reduce[b0]": [7000, 7100]},
-                     {"tp.sp_all_gather[0]": [1000, 1050], "dp.grad_all_reduce[b0]": [6500]}, backend="gloo")
+    entries = {
+        "tp.sp_all_gather[0]": _entry(CommConfig(n_channels=1), 1000.0, 1000.0),
+        "dp.grad_all_reduce[b0]": _entry(CommConfig(n_channels=2), 5000.0, 6000.0, "all_reduce", "dp"),
+    }
+    sites = {
+        "tp.sp_all_gather[0]": CollectiveSite(
+            site_id="tp.sp_all_gather[0]",
+            op="all_gather",
+            nbytes=131072,
+            dtype="float32",
+            group="tp",
+            group_size=2,
+            calls_per_iter=2,
+        )
+    }
+    rows = site_rows(
+        entries,
+        sites,
+        {"tp.sp_all_gather[0]": [1100, 1200, 1300], "dp.grad_all_reduce[b0]": [7000, 7100]},
+        {"tp.sp_all_gather[0]": [1000, 1050], "dp.grad_all_reduce[b0]": [6500]},
+        backend="gloo",
+    )
     vd, vp = [300e3, 310e3, 320e3], [290e3, 305e3]
     v = verdict(vp, vd, min_gain=0.01, noise_rule="half-range")
-    summary = dict(phase="fell_back", reason=v.text, run_kind="tuned", method="priority", backend="gloo",
-                   cluster="cpu-gloo", verify_default_us=vd, verify_plan_us=vp, measured_default_us=v.default_us,
-                   measured_plan_us=v.plan_us, predicted_iteration_us=299e3, predicted_default_iteration_us=300e3,
-                   default_iteration_us=350e3, **verdict_summary(vp, vd, min_gain=0.01, noise_rule="half-range"))
+    summary = dict(
+        phase="fell_back",
+        reason=v.text,
+        run_kind="tuned",
+        method="priority",
+        backend="gloo",
+        cluster="cpu-gloo",
+        verify_default_us=vd,
+        verify_plan_us=vp,
+        measured_default_us=v.default_us,
+        measured_plan_us=v.plan_us,
+        predicted_iteration_us=299e3,
+        predicted_default_iteration_us=300e3,
+        default_iteration_us=350e3,
+        **verdict_summary(vp, vd, min_gain=0.01, noise_rule="half-range"),
+    )
     assert (summary["spread_default_us"], summary["spread_plan_us"], summary["needed_us"]) == (10e3, 7.5e3, v.needed_us)
     return rows, summary
 
@@ -59,14 +94,20 @@ def test_markdown_columns_add_up_to_the_verdict_medians(tmp_path):
     assert written == [path, tmp_path / "report.png"] and written[1].stat().st_size > 5000
     text = path.read_text()
     # the verdict kept the defaults: nothing ran tuned; n_channels=2 on gloo is the default, not a change
-    assert ("- sites tuned: 0 of 2 (the defaults were kept: n_channels=2 (gloo worker threads), no split); the plan "
-            "would change 1 (0 with a predicted gain), tuned 'not applied' below") in text
+    assert (
+        "- sites tuned: 0 of 2 (the defaults were kept: n_channels=2 (gloo worker threads), no split); the plan "
+        "would change 1 (0 with a predicted gain), tuned 'not applied' below"
+    ) in text
     # the half-range rule: max(half range 10 ms, 1% of 310 ms); the figures are the verdict line's own
-    assert ("- gain (defaults - plan): 12.5 ms (median of the defaults 310.0 ms - median of the plan 297.5 ms, 3 and "
-            "2 iterations), needed > 10.0 ms (the larger of half the wider arm's range 10.0 ms and the minimum gain "
-            "3.1 ms)\n") in text
-    assert "- rule: half-range: the plan is kept when the medians' difference is more than the larger of half the " \
-           "wider arm's range (max - min: 10.0 ms) and the minimum gain (1.0% of the defaults' median: 3.1 ms)\n" in text
+    assert (
+        "- gain (defaults - plan): 12.5 ms (median of the defaults 310.0 ms - median of the plan 297.5 ms, 3 and "
+        "2 iterations), needed > 10.0 ms (the larger of half the wider arm's range 10.0 ms and the minimum gain "
+        "3.1 ms)\n"
+    ) in text
+    assert (
+        "- rule: half-range: the plan is kept when the medians' difference is more than the larger of half the "
+        "wider arm's range (max - min: 10.0 ms) and the minimum gain (1.0% of the defaults' median: 3.1 ms)\n" in text
+    )
     assert "| measured median (3 / 2 iterations" in text and "| 310.0 | 297.5 |" in text
     table = {}
     for line in text.splitlines():
@@ -79,7 +120,10 @@ def test_markdown_columns_add_up_to_the_verdict_medians(tmp_path):
     for s, r, i in zip(sums, rest, it):
         assert math.isclose(s + r, i, abs_tol=0.011)
     # the tuned column agrees with the header: the defaults ran, so no row says yes
-    assert "| tp.sp_all_gather[0] | all_gather | tp | 128.0 KiB | 2 | n_channels=2 (gloo worker threads), no split | n_channels=1 | not applied | 1.20 | 1.02 |" in text
+    assert (
+        "| tp.sp_all_gather[0] | all_gather | tp | 128.0 KiB | 2 | n_channels=2 (gloo worker threads), no split | n_channels=1 | not applied | 1.20 | 1.02 |"
+        in text
+    )
     assert "| yes |" not in text
     # predicted iteration = default iteration - sum(default regions) + sum(plan regions) (engine/problem.py)
     t = column_totals(rows, summary)
@@ -95,7 +139,9 @@ def test_an_applied_plan_counts_its_changed_sites(tmp_path):
     assert text.count(" | yes | ") == 1 and "not applied" not in text  # the header's 1 is the column's one yes
 
 
-@pytest.mark.parametrize("phase, tuned", [("applied", ["no", "yes"]), ("fell_back", ["no", "not applied"])])  # rows by site id: dp, tp
+@pytest.mark.parametrize(
+    "phase, tuned", [("applied", ["no", "yes"]), ("fell_back", ["no", "not applied"])]
+)  # rows by site id: dp, tp
 def test_csv_and_json_tuned_columns_follow_the_verdict(tmp_path, phase, tuned):
     import csv
     import json
@@ -121,8 +167,12 @@ def test_runs_without_a_verification_never_replace_the_tuned_report(tmp_path):
 
 def test_a_run_without_files_says_so(tmp_path):
     rows, summary = _fixture()
-    summary.update(plan_path=None, profile_path=None, run_kind="unfinished",
-                   reason="--train-iters 8 ended while lagom was probing: tuning needs 18 iterations; defaults kept")
+    summary.update(
+        plan_path=None,
+        profile_path=None,
+        run_kind="unfinished",
+        reason="--train-iters 8 ended while lagom was probing: tuning needs 18 iterations; defaults kept",
+    )
     write_report(tmp_path / "r.md", rows, summary, figure=False)
     text = (tmp_path / "r.md").read_text()
     assert "- plan: none written by this run" in text and "- profile: none written by this run" in text
@@ -140,15 +190,21 @@ def test_the_report_explains_the_paired_verdict_it_shows():
     assert math.isclose(s["gain_us"], 2625.0) and math.isclose(s["needed_us"], 1008.956, rel_tol=1e-6)
     assert (s["needed_us"], s["verdict"]) == (v.needed_us, "plan kept: " + v.text)
     text = render_markdown([], dict(phase="applied", **s))
-    assert ("- gain (defaults - plan): 2.6 ms (mean of 8 paired differences, defaults - plan), needed > 1.0 ms (the "
-            "larger of its 95% bound 1.0 ms and the minimum gain 0.6 ms)\n") in text
+    assert (
+        "- gain (defaults - plan): 2.6 ms (mean of 8 paired differences, defaults - plan), needed > 1.0 ms (the "
+        "larger of its 95% bound 1.0 ms and the minimum gain 0.6 ms)\n"
+    ) in text
     # one statistic and its bound: the verdict line holds no median (they are the table's, labelled)
-    assert v.text == ("gain 2.6 ms (mean of 8 paired differences, defaults - plan), needed > 1.0 ms (the larger of "
-                      "its 95% bound 1.0 ms and the minimum gain 0.6 ms)")
+    assert v.text == (
+        "gain 2.6 ms (mean of 8 paired differences, defaults - plan), needed > 1.0 ms (the larger of "
+        "its 95% bound 1.0 ms and the minimum gain 0.6 ms)"
+    )
     assert "median" not in v.text and "median" not in s["verdict"]
-    assert "- rule: paired: the k-th default and the k-th plan iteration form a pair; the plan is kept when the mean " \
-           "of the 8 paired differences is more than the larger of its one-sided 95% Student-t bound " \
-           "(t(0.95, 7) x sd / sqrt(8), t = 1.895) and the minimum gain (0.2% of the defaults' median: 0.6 ms)\n" in text
+    assert (
+        "- rule: paired: the k-th default and the k-th plan iteration form a pair; the plan is kept when the mean "
+        "of the 8 paired differences is more than the larger of its one-sided 95% Student-t bound "
+        "(t(0.95, 7) x sd / sqrt(8), t = 1.895) and the minimum gain (0.2% of the defaults' median: 0.6 ms)\n" in text
+    )
     assert "the larger of the spread and the minimum gain" not in text
 
 
@@ -169,9 +225,11 @@ def test_one_pair_falls_back_to_half_range_as_the_verdict_does():
     s = verdict_summary([290e3], [300e3], min_gain=0.002, noise_rule="paired")
     assert s["noise_rule"] == "half-range" and "95% bound" not in s["verdict"]
     # no range with one value: the minimum gain decides; the statistic is the medians' difference, so both are named
-    assert s["verdict_figures"] == ("10.0 ms (median of the defaults 300.0 ms - median of the plan 290.0 ms, 1 and 1 "
-                                    "iterations), needed > 0.6 ms (the minimum gain 0.6 ms; one iteration per arm gives "
-                                    "no noise estimate: it alone decided)")
+    assert s["verdict_figures"] == (
+        "10.0 ms (median of the defaults 300.0 ms - median of the plan 290.0 ms, 1 and 1 "
+        "iterations), needed > 0.6 ms (the minimum gain 0.6 ms; one iteration per arm gives "
+        "no noise estimate: it alone decided)"
+    )
     assert s["verdict_rule"].startswith("half-range: the plan is kept when the medians' difference")
     assert "no verification in this run" in render_markdown([], {"phase": "reused"})
 
@@ -184,10 +242,12 @@ def test_every_text_of_the_figure_fits_its_canvas():
     from lagom_megatron.megatron.outputs.figure import report_figure
 
     rows, summary = _fixture()
-    long = ("plan runs/demo/cpu-tp2-dp2/a/rather/deep/folder/of/plans/plan.json reused (digest c9e4646a602e) but its "
-            "verification kept the defaults (gain -456.2 ms (mean of 4 paired differences, defaults - plan), needed > "
-            "600.0 ms (the larger of its 95% bound 600.0 ms and the minimum gain 8.2 ms)) | profiling and search "
-            "skipped; delete the plan or pass another --lagom-plan to search again")
+    long = (
+        "plan runs/demo/cpu-tp2-dp2/a/rather/deep/folder/of/plans/plan.json reused (digest c9e4646a602e) but its "
+        "verification kept the defaults (gain -456.2 ms (mean of 4 paired differences, defaults - plan), needed > "
+        "600.0 ms (the larger of its 95% bound 600.0 ms and the minimum gain 8.2 ms)) | profiling and search "
+        "skipped; delete the plan or pass another --lagom-plan to search again"
+    )
     for reason in (summary["verdict"], long):
         fig = report_figure(rows, {**summary, "verdict": reason, "run_kind": "reused"})
         try:
@@ -209,14 +269,21 @@ def test_the_report_says_what_the_plan_cannot_change_and_why():
 
     kept = "registered buffers (--use-nccl-ub) that only the group's own communicator holds: kept there"
     bins = "2 tuner rows, one per NCCL bin of its tensors (12582912, 4194304 bytes)"
-    entries = {f"dp.grad_reduce_scatter[chunk0.bucket{i}]": dataclasses.replace(
-        _entry(CommConfig(), 100.0, 100.0, "reduce_scatter", "dp"), note=kept) for i in range(5)}
+    entries = {
+        f"dp.grad_reduce_scatter[chunk0.bucket{i}]": dataclasses.replace(
+            _entry(CommConfig(), 100.0, 100.0, "reduce_scatter", "dp"), note=kept
+        )
+        for i in range(5)
+    }
     entries["dp.param_all_gather[chunk0.bucket0]"] = dataclasses.replace(
-        _entry(CommConfig(n_channels=4), 90.0, 100.0, "all_gather", "dp"), note=bins)
+        _entry(CommConfig(n_channels=4), 90.0, 100.0, "all_gather", "dp"), note=bins
+    )
     rows, summary = _fixture()
     text = render_markdown(site_rows(entries, {}, {}, {}) + rows, summary)
     assert "## What the plan cannot change, and how it applies the rest" in text
-    assert (f"- {kept}: `dp.grad_reduce_scatter[chunk0.bucket0]`, `dp.grad_reduce_scatter[chunk0.bucket1]`, "
-            "`dp.grad_reduce_scatter[chunk0.bucket2]` and 2 more") in text
+    assert (
+        f"- {kept}: `dp.grad_reduce_scatter[chunk0.bucket0]`, `dp.grad_reduce_scatter[chunk0.bucket1]`, "
+        "`dp.grad_reduce_scatter[chunk0.bucket2]` and 2 more"
+    ) in text
     assert f"- {bins}: `dp.param_all_gather[chunk0.bucket0]`" in text
     assert "What the plan cannot change" not in render_markdown(rows, summary)  # no notes, no section

@@ -25,7 +25,9 @@ def test_serialized_posted_requests_give_compute_time_and_each_proxy_waits_only_
     assert clock.t == 0.003  # serialized: both waited at posting (communication alone: 3 ms)
     clock.t = 0.010  # 7 ms of compute, then the schedule waits one request
     out["recv_prev"].wait()
-    assert reqs["recv_prev"].waits == 1 and reqs["send_next"].waits == 1  # each request waited once (gloo P2P blocks on a second wait)
+    assert (
+        reqs["recv_prev"].waits == 1 and reqs["send_next"].waits == 1
+    )  # each request waited once (gloo P2P blocks on a second wait)
     t_comm, t_comp, t_region = prof.finish_iteration()["pp.send_recv"]
     assert t_comm == pytest.approx(3000) and t_comp == pytest.approx(7000) and t_region == pytest.approx(10000)
 
@@ -68,25 +70,50 @@ class Group:
 @pytest.mark.parametrize("rank", [0, 1])
 def test_split_world_direction_posts_megatrons_world_half_on_the_partner_entry(monkeypatch, rank):
     posted = []
-    monkeypatch.setattr(requests.dist, "isend", lambda tensor, dst, group, tag: posted.append(("isend", dst, group, tag)) or "s")
-    monkeypatch.setattr(requests.dist, "irecv", lambda tensor, src, group, tag: posted.append(("irecv", src, group, tag)) or "r")
+    monkeypatch.setattr(
+        requests.dist, "isend", lambda tensor, dst, group, tag: posted.append(("isend", dst, group, tag)) or "s"
+    )
+    monkeypatch.setattr(
+        requests.dist, "irecv", lambda tensor, src, group, tag: posted.append(("irecv", src, group, tag)) or "r"
+    )
 
     def orig(**kw):  # megatron's _p2p_ops: gets only the half that stays on the pipeline group
-        posted.append(("orig", tuple(k for k in ("tensor_send_next", "tensor_recv_prev", "tensor_send_prev",
-                                                 "tensor_recv_next") if kw[k] is not None)))
+        posted.append(
+            (
+                "orig",
+                tuple(
+                    k
+                    for k in ("tensor_send_next", "tensor_recv_prev", "tensor_send_prev", "tensor_recv_next")
+                    if kw[k] is not None
+                ),
+            )
+        )
         return {"own": "o"}
 
     t = torch.zeros(2)
-    kwargs = dict(tensor_send_prev=t, tensor_recv_prev=t, tensor_send_next=t, tensor_recv_next=t,
-                  group=Group(rank), prev_pipeline_rank=1 - rank, next_pipeline_rank=1 - rank)
+    kwargs = dict(
+        tensor_send_prev=t,
+        tensor_recv_prev=t,
+        tensor_send_next=t,
+        tensor_recv_next=t,
+        group=Group(rank),
+        prev_pipeline_rank=1 - rank,
+        next_pipeline_rank=1 - rank,
+    )
     reqs = requests.split_world_direction(orig, kwargs, "WORLD_ENTRY")
     if rank == 0:  # even: sends stay on the pipeline group, receives go where Megatron uses WORLD
-        assert posted == [("orig", ("tensor_send_next", "tensor_send_prev")),
-                          ("irecv", 1, "WORLD_ENTRY", 1), ("irecv", 1, "WORLD_ENTRY", 2)]
+        assert posted == [
+            ("orig", ("tensor_send_next", "tensor_send_prev")),
+            ("irecv", 1, "WORLD_ENTRY", 1),
+            ("irecv", 1, "WORLD_ENTRY", 2),
+        ]
         assert reqs == {"own": "o", "recv_prev": "r", "recv_next": "r"}
     else:
-        assert posted == [("orig", ("tensor_recv_prev", "tensor_recv_next")),
-                          ("isend", 0, "WORLD_ENTRY", 1), ("isend", 0, "WORLD_ENTRY", 2)]
+        assert posted == [
+            ("orig", ("tensor_recv_prev", "tensor_recv_next")),
+            ("isend", 0, "WORLD_ENTRY", 1),
+            ("isend", 0, "WORLD_ENTRY", 2),
+        ]
         assert reqs == {"own": "o", "send_next": "s", "send_prev": "s"}
 
 

@@ -71,8 +71,10 @@ def test_routed_calls_swap_the_group_per_site_and_resolve_each_site_once():
         return "work"
 
     t = torch.zeros(4)
-    calls = [lambda: router.collective("all_gather", all_gather, (t, t), {"group": tp, "async_op": True}),
-             lambda: router.collective("all_gather", all_gather, (t, t, tp, True), {})] * 2
+    calls = [
+        lambda: router.collective("all_gather", all_gather, (t, t), {"group": tp, "async_op": True}),
+        lambda: router.collective("all_gather", all_gather, (t, t, tp, True), {}),
+    ] * 2
     _iteration(router, registry, calls)  # discovery: 4 calls / 2 micro-batches = period 2
     seen.clear()
     router.set_assignment({"tp.sp_all_gather[1]": CommConfig(n_channels=3)})
@@ -84,7 +86,8 @@ def test_routed_calls_swap_the_group_per_site_and_resolve_each_site_once():
     assert router.calls_routed == 4
     assert {k: (r.calls, r.nbytes, r.dtype, r.op) for k, r in registry.records.items()} == {
         "tp.sp_all_gather[0]": (2, 16, "float32", "all_gather"),
-        "tp.sp_all_gather[1]": (2, 16, "float32", "all_gather")}
+        "tp.sp_all_gather[1]": (2, 16, "float32", "all_gather"),
+    }
     assert clock.reads == 0  # profiler off: no clock read on the routed path
     router.set_assignment({"tp.sp_all_gather[0]": CommConfig(n_channels=2)})
     seen.clear()
@@ -126,8 +129,9 @@ def test_chunk_size_splits_the_tensor_and_all_to_all_is_never_split():
         router.collective("all_reduce", all_reduce, (t,), {"group": tp, "async_op": True}).wait()
     router.collective("all_to_all", all_to_all, (t, t), {"group": tp, "async_op": True})
     registry.finish_iteration()
-    router.set_assignment({"tp.finalize_all_reduce[0]": CommConfig(chunk_size=16),
-                           "tp.async_all_to_all[0]": CommConfig(chunk_size=16)})
+    router.set_assignment(
+        {"tp.finalize_all_reduce[0]": CommConfig(chunk_size=16), "tp.async_all_to_all[0]": CommConfig(chunk_size=16)}
+    )
     pieces.clear()
     registry.start_iteration()
     with router.scope("finalize_all_reduce", per_microbatch=False):

@@ -19,14 +19,26 @@ from lagom_megatron.megatron.outputs import run_files
 from lagom_megatron.megatron.outputs.run_files import RunFiles, rename_no_replace
 
 SITE = "dp.grad_reduce_scatter[chunk0.bucket0]"
-FP_PP2 = {"pipeline_model_parallel_size": 2, "tensor_model_parallel_size": 1, "world_size": 4, "backend": "gloo",
-          "cluster": "cpu-gloo"}
+FP_PP2 = {
+    "pipeline_model_parallel_size": 2,
+    "tensor_model_parallel_size": 1,
+    "world_size": 4,
+    "backend": "gloo",
+    "cluster": "cpu-gloo",
+}
 FP_TP2 = dict(FP_PP2, pipeline_model_parallel_size=1, tensor_model_parallel_size=2)
 
 
 def _plan(fingerprint, n_channels=1, env=None):
-    entry = PlanEntry(config=CommConfig(n_channels=n_channels), predicted_t_comm_us=10.0, predicted_t_region_us=12.0,
-                      group="dp", op="reduce_scatter", nbytes=4096, group_size=2)
+    entry = PlanEntry(
+        config=CommConfig(n_channels=n_channels),
+        predicted_t_comm_us=10.0,
+        predicted_t_region_us=12.0,
+        group="dp",
+        op="reduce_scatter",
+        nbytes=4096,
+        group_size=2,
+    )
     return Plan(entries={SITE: entry}, fingerprint=fingerprint, backend="gloo", mechanism="gloo", env=env or {})
 
 
@@ -36,10 +48,15 @@ def _pp2_run_dir(folder, plan):
 
     plan.save(folder / "plan.json")
     write_plan_env_file(folder / "plan.json", {"NCCL_NTHREADS": 256})
-    contents = {"profile.json": b'{"sites": "pp2 profile"}\n', "report.md": b"# lagom report: applied (pp2)\n",
-                "report.png": b"\x89PNG pp2 figure", "report.reused-1.md": b"# lagom report: reused (pp2)\n",
-                "report.reused-1.png": b"\x89PNG pp2 reused figure", "tuner_table.rank0.csv": b"pp2,table,0\n",
-                "tuner_table.rank3.csv": b"pp2,table,3\n"}
+    contents = {
+        "profile.json": b'{"sites": "pp2 profile"}\n',
+        "report.md": b"# lagom report: applied (pp2)\n",
+        "report.png": b"\x89PNG pp2 figure",
+        "report.reused-1.md": b"# lagom report: reused (pp2)\n",
+        "report.reused-1.png": b"\x89PNG pp2 reused figure",
+        "tuner_table.rank0.csv": b"pp2,table,0\n",
+        "tuner_table.rank3.csv": b"pp2,table,3\n",
+    }
     for name, data in contents.items():
         (folder / name).write_bytes(data)
     return {p.name: p.read_bytes() for p in folder.iterdir()}
@@ -66,9 +83,19 @@ def test_another_runs_plan_is_moved_aside_with_its_profile_report_env_and_tables
     assert (tmp_path / "report.reused-1.abc.md").read_bytes() == b"moved earlier"
     out = capsys.readouterr().out
     (line,) = [ln for ln in out.splitlines() if "fingerprint differs" in ln]
-    expected = ", ".join(str(tmp_path / _aside(n, tag)) for n in (
-        "plan.env", "profile.json", "report.md", "report.png", "report.reused-1.md", "report.reused-1.png",
-        "tuner_table.rank0.csv", "tuner_table.rank3.csv"))
+    expected = ", ".join(
+        str(tmp_path / _aside(n, tag))
+        for n in (
+            "plan.env",
+            "profile.json",
+            "report.md",
+            "report.png",
+            "report.reused-1.md",
+            "report.reused-1.png",
+            "tuner_table.rank0.csv",
+            "tuner_table.rank3.csv",
+        )
+    )
     assert line.endswith(f"(the other plan is kept as {tmp_path / f'plan.{tag}.json'} with {expected})"), line
     # the tp2 run now writes its own files; the pp2 run's stay as they were
     tp2 = _plan(FP_TP2, n_channels=2)
@@ -102,8 +129,10 @@ def test_an_invalid_plan_takes_its_env_file_and_profile_along(tmp_path, capsys):
     assert (tmp_path / f"plan.{tag}.env").read_bytes() == before["plan.env"]
     assert b"export NCCL_NTHREADS=256" in before["plan.env"]
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "cannot reuse plan" in ln]
-    assert f"kept as {tmp_path / f'plan.{tag}.json'} with {tmp_path / f'plan.{tag}.env'}, " \
-           f"{tmp_path / f'profile.{tag}.json'}, {tmp_path / f'report.{tag}.md'}," in line, line
+    assert (
+        f"kept as {tmp_path / f'plan.{tag}.json'} with {tmp_path / f'plan.{tag}.env'}, "
+        f"{tmp_path / f'profile.{tag}.json'}, {tmp_path / f'report.{tag}.md'}," in line
+    ), line
     # the next plan's env file does not meet the invalid plan's
     files.save_plan(_plan({"cluster": "cpu-gloo"}))
     assert "NCCL_NTHREADS" not in (tmp_path / "plan.env").read_text()
@@ -125,8 +154,10 @@ def test_a_plan_that_cannot_be_moved_keeps_all_its_files_and_gets_none_written_o
     # plan.json and plan.env were moved first, then moved back: all or nothing
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
     assert files.keep_user_file
-    assert [files.may_write(tmp_path / n) for n in ("plan.json", "plan.env", "profile.json", "report.md",
-                                                    "report.png", "report.reused-1.md")] == [False] * 6
+    assert [
+        files.may_write(tmp_path / n)
+        for n in ("plan.json", "plan.env", "profile.json", "report.md", "report.png", "report.reused-1.md")
+    ] == [False] * 6
     files.save_plan(_plan(FP_TP2, n_channels=2))
     files.save_profile(Profile(backend="gloo", cluster="cpu-gloo", iteration_us=1000.0, sites=[], samples=[]))
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
@@ -147,6 +178,7 @@ def test_rename_no_replace_never_replaces(tmp_path, monkeypatch):
     with pytest.raises(FileExistsError):
         rename_no_replace(src, dst)
     assert (src.read_bytes(), dst.read_bytes()) == (b"a", b"b")
+
     # a file system without hard links: renamed after the check, still never over a file
     def no_links(*a, **k):
         raise OSError(errno.EPERM, "Operation not permitted")
@@ -167,8 +199,13 @@ def test_the_report_is_written_where_no_unmovable_plan_holds_it(tmp_path, capsys
 
 
 def test_without_a_plan_the_files_there_are_moved_aside_before_any_is_written(tmp_path, capsys):
-    mine = {"report.md": b"# my own notes\n", "report.png": b"\x89PNG mine", "profile.json": b'{"mine": 1}\n',
-            "plan.env": b"export MINE=1\n", "notes.txt": b"not lagom's name: stays\n"}
+    mine = {
+        "report.md": b"# my own notes\n",
+        "report.png": b"\x89PNG mine",
+        "profile.json": b'{"mine": 1}\n',
+        "plan.env": b"export MINE=1\n",
+        "notes.txt": b"not lagom's name: stays\n",
+    }
     for name, data in mine.items():
         (tmp_path / name).write_bytes(data)
     tag = "earlier-" + run_files._file_sha(tmp_path / "plan.env")  # the first of plan_files' order
@@ -178,9 +215,11 @@ def test_without_a_plan_the_files_there_are_moved_aside_before_any_is_written(tm
         kept = tmp_path / (name if name == "notes.txt" else _aside(name, tag))
         assert kept.read_bytes() == data, name
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "no plan at" in ln]
-    assert line == (f"lagom: WARNING: no plan at {tmp_path / 'plan.json'}, but this run would write over 4 file(s) "
-                    f"there: moved aside as {tmp_path / f'plan.{tag}.env'}, {tmp_path / f'profile.{tag}.json'}, "
-                    f"{tmp_path / f'report.{tag}.md'}, {tmp_path / f'report.{tag}.png'}; searching a new plan")
+    assert line == (
+        f"lagom: WARNING: no plan at {tmp_path / 'plan.json'}, but this run would write over 4 file(s) "
+        f"there: moved aside as {tmp_path / f'plan.{tag}.env'}, {tmp_path / f'profile.{tag}.json'}, "
+        f"{tmp_path / f'report.{tag}.md'}, {tmp_path / f'report.{tag}.png'}; searching a new plan"
+    )
     files.save_plan(_plan(FP_TP2))  # this run's files now take the free names
     assert (tmp_path / "plan.json").is_file() and b"MINE" not in (tmp_path / "plan.env").read_bytes()
 

@@ -37,8 +37,13 @@ def test_stream_not_per_microbatch_and_uneven_counts():
     reg.finish_iteration()
     reg.start_iteration()
     assert [reg.stream_site_id(TP, "finalize_all_reduce", per_microbatch=False)[0] for _ in range(3)] == [
-        "tp.finalize_all_reduce[0]", "tp.finalize_all_reduce[1]", "tp.finalize_all_reduce[2]"]
-    assert [reg.stream_site_id(TP, "dgrad_all_reduce")[0] for _ in range(6)] == [f"tp.dgrad_all_reduce[{i}]" for i in range(6)]
+        "tp.finalize_all_reduce[0]",
+        "tp.finalize_all_reduce[1]",
+        "tp.finalize_all_reduce[2]",
+    ]
+    assert [reg.stream_site_id(TP, "dgrad_all_reduce")[0] for _ in range(6)] == [
+        f"tp.dgrad_all_reduce[{i}]" for i in range(6)
+    ]
 
 
 class _Chunk:
@@ -64,7 +69,13 @@ def test_records_and_sites():
         reg.record("tp.sp_all_gather[0]", op="all_gather", nbytes=nbytes, dtype="float32", group=TP)
     (site,) = reg.sites()
     assert (site.site_id, site.op, site.nbytes, site.group, site.group_size, site.calls_per_iter) == (
-        "tp.sp_all_gather[0]", "all_gather", 400, "tp", 2, 3)
+        "tp.sp_all_gather[0]",
+        "all_gather",
+        400,
+        "tp",
+        2,
+        3,
+    )
     reg.start_iteration()
     assert reg.sites() == []
 
@@ -97,7 +108,9 @@ def test_iteration_without_records_keeps_the_stream_ids():
     reg.finish_iteration()
     reg.start_iteration(record=False)  # an applied plan: ids still advance, nothing is recorded
     assert not reg.recording and reg.records == {}
-    assert [reg.stream_site_id(TP, "sp_all_gather")[0] for _ in range(4)] == [f"tp.sp_all_gather[{i % 2}]" for i in range(4)]
+    assert [reg.stream_site_id(TP, "sp_all_gather")[0] for _ in range(4)] == [
+        f"tp.sp_all_gather[{i % 2}]" for i in range(4)
+    ]
     reg.start_iteration()
     assert reg.recording
 
@@ -132,5 +145,9 @@ def test_megatron_fsdp_site_ids_are_the_simulators(preset):
     real = {f"dp.{op}[{t}]" for t in tags for op in ("param_all_gather", "grad_reduce_scatter")}
     simulated = {s.site_id for s in sim.sites if s.site_id.startswith("dp.")}
     assert len(simulated) == 2 * layers and simulated <= real
-    assert sorted(real - simulated) == ["dp.grad_reduce_scatter[chunk0.root_bucket0]", "dp.grad_reduce_scatter[chunk0.root_bucket1]",
-                                        "dp.param_all_gather[chunk0.root_bucket0]", "dp.param_all_gather[chunk0.root_bucket1]"]
+    assert sorted(real - simulated) == [
+        "dp.grad_reduce_scatter[chunk0.root_bucket0]",
+        "dp.grad_reduce_scatter[chunk0.root_bucket1]",
+        "dp.param_all_gather[chunk0.root_bucket0]",
+        "dp.param_all_gather[chunk0.root_bucket1]",
+    ]

@@ -28,8 +28,12 @@ def _te():
 def test_stand_in_has_the_names_lagom_hooks():
     t = find_te_targets("tests.megatron.te_standin")
     assert [c.__name__ for c in t.modules] == ["Linear", "LayerNormLinear"]
-    assert [c.__name__ for c in t.functions] == ["_Linear", "_LayerNormLinear", "AttnFuncWithCPAndKVP2P",
-                                                  "AttnFuncWithCPAndQKVOA2A"]
+    assert [c.__name__ for c in t.functions] == [
+        "_Linear",
+        "_LayerNormLinear",
+        "AttnFuncWithCPAndKVP2P",
+        "AttnFuncWithCPAndQKVOA2A",
+    ]
     assert t.attention.__name__ == "DotProductAttention"
     assert t.context_parallel is standin_cp
     assert t.distributed is standin_dist
@@ -55,8 +59,9 @@ def test_installed_te_issues_the_collectives_as_the_stand_in_does():
     scatter = inspect.getsource(te_dist.reduce_scatter_along_first_dim)
     assert "torch.distributed.all_gather_into_tensor(" in gather and "async_op=async_op" in gather
     assert "torch.distributed.reduce_scatter_tensor(" in scatter and "async_op=async_op" in scatter
-    assert list(inspect.signature(te_dist.reduce_scatter_along_first_dim).parameters) == \
-        list(inspect.signature(standin_dist.reduce_scatter_along_first_dim).parameters)
+    assert list(inspect.signature(te_dist.reduce_scatter_along_first_dim).parameters) == list(
+        inspect.signature(standin_dist.reduce_scatter_along_first_dim).parameters
+    )
     for module in (linear, layernorm_linear):  # the backward posts both with async_op=True
         src = inspect.getsource(module)
         assert "gather_along_first_dim(" in src and "reduce_scatter_along_first_dim(" in src
@@ -70,7 +75,9 @@ def test_installed_te_gathers_quantized_inputs_as_the_stand_in_does():
     assert "_all_gather_mxfp8" in t.quantized_gathers  # NVFP4 since v2.8; block scaling renamed in v2.12
     for name in t.quantized_gathers:  # (inp, process_group, *, async_op, quantizer, out_shape), as lagom reads them
         params = inspect.signature(getattr(te_dist, name)).parameters
-        assert list(params)[:2] == ["inp", "process_group"] and params["async_op"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert (
+            list(params)[:2] == ["inp", "process_group"] and params["async_op"].kind is inspect.Parameter.KEYWORD_ONLY
+        )
         twin = "_start_all_gather_fp8_blockwise" if name == "_all_gather_fp8_blockwise" else name
         assert list(params) == list(inspect.signature(getattr(standin_dist, twin)).parameters)
         src = inspect.getsource(getattr(te_dist, name))
@@ -83,8 +90,9 @@ def test_installed_te_gathers_quantized_inputs_as_the_stand_in_does():
 
 def test_installed_te_context_parallel_ring_matches_the_stand_in():
     t = _te()
-    assert list(inspect.signature(t.context_parallel.flash_attn_p2p_communicate).parameters) == \
-        list(inspect.signature(standin_cp.flash_attn_p2p_communicate).parameters)
+    assert list(inspect.signature(t.context_parallel.flash_attn_p2p_communicate).parameters) == list(
+        inspect.signature(standin_cp.flash_attn_p2p_communicate).parameters
+    )
     ring = inspect.getsource(t.context_parallel.flash_attn_p2p_communicate)
     assert "torch.distributed.batch_isend_irecv(" in ring and "torch.distributed.isend(" in ring
     fwd = inspect.getsource(t.attention.forward)

@@ -45,8 +45,10 @@ def test_in_range_bounds():
 
 def test_pyproject_declares_the_tested_ranges():
     deps = re.findall(r'"(torch|megatron-core)([^"]*)"', (ROOT / "pyproject.toml").read_text())
-    assert dict(deps) == {"torch": f">={TESTED_TORCH[0]},<{TESTED_TORCH[1]}",
-                          "megatron-core": f">={TESTED_MEGATRON_CORE[0]},<{TESTED_MEGATRON_CORE[1]}"}
+    assert dict(deps) == {
+        "torch": f">={TESTED_TORCH[0]},<{TESTED_TORCH[1]}",
+        "megatron-core": f">={TESTED_MEGATRON_CORE[0]},<{TESTED_MEGATRON_CORE[1]}",
+    }
 
 
 def test_makefile_matrix_runs_both_ends_of_the_ranges():
@@ -79,12 +81,14 @@ def _fake_checkout(root: Path, minor: int) -> Path:
     core.mkdir(parents=True)
     (root / "megatron" / "__init__.py").write_text("")
     (core / "__init__.py").write_text("raise ImportError('never imported by the version check')\n")
-    (core / "package_info.py").write_text(textwrap.dedent(f"""\
+    (core / "package_info.py").write_text(
+        textwrap.dedent(f"""\
         MAJOR = 0
         MINOR = {minor}
         PATCH = 0
         PRE_RELEASE = 'rc1'
-        """))
+        """)
+    )
     return root
 
 
@@ -92,14 +96,18 @@ def test_a_checkout_on_the_path_is_what_counts(tmp_path):
     # A Megatron-LM checkout on PYTHONPATH shadows the pip-installed megatron-core: its
     # package_info.py names the version, and the checkout is flagged as one.
     _fake_checkout(tmp_path, 20)
-    code = ("from lagom_megatron.megatron.hooks.versions import installed_megatron_core, untested_versions;"
-            "v = installed_megatron_core(); print(v.version, v.checkout, v.path); print(untested_versions())")
+    code = (
+        "from lagom_megatron.megatron.hooks.versions import installed_megatron_core, untested_versions;"
+        "v = installed_megatron_core(); print(v.version, v.checkout, v.path); print(untested_versions())"
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     first, second = out.splitlines()
     assert first == f"0.20.0rc1 True {tmp_path / 'megatron' / 'core'}"
-    assert f"megatron-core 0.20.0rc1 (checkout at {tmp_path / 'megatron' / 'core'}) is outside the tested range " \
-           f">={TESTED_MEGATRON_CORE[0]},<{TESTED_MEGATRON_CORE[1]}" in second
+    assert (
+        f"megatron-core 0.20.0rc1 (checkout at {tmp_path / 'megatron' / 'core'}) is outside the tested range "
+        f">={TESTED_MEGATRON_CORE[0]},<{TESTED_MEGATRON_CORE[1]}" in second
+    )
 
 
 def test_untested_version_stops_with_one_message(monkeypatch):
@@ -109,12 +117,15 @@ def test_untested_version_stops_with_one_message(monkeypatch):
     with pytest.raises(UntestedVersionError) as err:
         check_versions()
     message = str(err.value)
-    assert message.startswith(f"megatron-core 0.19.2 is outside the tested range >={TESTED_MEGATRON_CORE[0]},"
-                              f"<{TESTED_MEGATRON_CORE[1]}.")
+    assert message.startswith(
+        f"megatron-core 0.19.2 is outside the tested range >={TESTED_MEGATRON_CORE[0]},<{TESTED_MEGATRON_CORE[1]}."
+    )
     assert "--lagom-allow-untested-versions" in message and versions.ALLOW_UNTESTED_ENV in message
     warnings = check_versions(allow_untested=True)
-    assert warnings == [f"megatron-core 0.19.2 is outside the tested range >={TESTED_MEGATRON_CORE[0]},"
-                        f"<{TESTED_MEGATRON_CORE[1]} (running anyway: untested versions allowed)"]
+    assert warnings == [
+        f"megatron-core 0.19.2 is outside the tested range >={TESTED_MEGATRON_CORE[0]},"
+        f"<{TESTED_MEGATRON_CORE[1]} (running anyway: untested versions allowed)"
+    ]
     monkeypatch.setenv(versions.ALLOW_UNTESTED_ENV, "1")
     assert check_versions() == warnings
 
@@ -145,7 +156,10 @@ def test_fingerprint_tells_megatron_fsdp_strategies_apart():
     def fp(**kw):
         return run_fingerprint(SimpleNamespace(use_megatron_fsdp=True, **kw), backend="nccl", cluster="a40-pcie-ib200")
 
-    full, none = fp(data_parallel_sharding_strategy="optim_grads_params"), fp(data_parallel_sharding_strategy="no_shard")
+    full, none = (
+        fp(data_parallel_sharding_strategy="optim_grads_params"),
+        fp(data_parallel_sharding_strategy="no_shard"),
+    )
     assert full["data_parallel_sharding_strategy"] == "optim_grads_params"
     plan = Plan(entries={}, fingerprint=full)
     assert plan.fingerprint_mismatch(none) == ["data_parallel_sharding_strategy"]
@@ -156,10 +170,27 @@ def test_script_refuses_an_untested_megatron_core(tmp_path):
     _fake_checkout(tmp_path, 20)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
     env.pop(versions.ALLOW_UNTESTED_ENV, None)
-    argv = [sys.executable, str(ROOT / "scripts" / "pretrain_gpt.py"), "--num-layers", "2", "--hidden-size", "64",
-            "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "1", "--train-iters", "1",
-            "--lr", "1e-3", "--mock-data"]
+    argv = [
+        sys.executable,
+        str(ROOT / "scripts" / "pretrain_gpt.py"),
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "32",
+        "--micro-batch-size",
+        "1",
+        "--train-iters",
+        "1",
+        "--lr",
+        "1e-3",
+        "--mock-data",
+    ]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith(
-        "pretrain_gpt.py: error: megatron-core 0.20.0rc1 (checkout at ")
+    assert (
+        proc.stderr.strip().splitlines()[-1].startswith("pretrain_gpt.py: error: megatron-core 0.20.0rc1 (checkout at ")
+    )

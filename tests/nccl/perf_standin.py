@@ -51,9 +51,21 @@ def main(argv: list[str]) -> int:
         if "NCCL_NTHREADS" in env:
             lines.append(nccl_info(host, 0, f"NCCL_NTHREADS set by environment to {env['NCCL_NTHREADS']}."))
     busbw = truth.busbw(proto, p2p if point_to_point else coll, threads)
-    print(run_text(op=op, sizes=sizes(_size(args.get("-b", "32M")), _size(args.get("-e", "32M"))), busbw=busbw,
-                   ranks=ranks, hosts=[host], latency_us=truth.latency_us, sweep_line=None, nccl_lines=lines,
-                   check=args.get("-c", "1") != "0", iters=int(args.get("-n", "20")), warmup=int(args.get("-w", "1"))))
+    print(
+        run_text(
+            op=op,
+            sizes=sizes(_size(args.get("-b", "32M")), _size(args.get("-e", "32M"))),
+            busbw=busbw,
+            ranks=ranks,
+            hosts=[host],
+            latency_us=truth.latency_us,
+            sweep_line=None,
+            nccl_lines=lines,
+            check=args.get("-c", "1") != "0",
+            iters=int(args.get("-n", "20")),
+            warmup=int(args.get("-w", "1")),
+        )
+    )
     return 0
 
 

@@ -28,36 +28,77 @@ from lagom_megatron.nccl.plugin_status import PluginStatus
 from lagom_megatron.nccl.pool import NcclPoolBackend
 from lagom_megatron.nccl.rules import tuner_abi
 
-FIELDS = ("blocking", "cga_cluster_size", "collnet_enable", "cta_policy", "max_ctas", "min_ctas", "net_name", "nvls_ctas",
-          "split_share", "traffic_class")
+FIELDS = (
+    "blocking",
+    "cga_cluster_size",
+    "collnet_enable",
+    "cta_policy",
+    "max_ctas",
+    "min_ctas",
+    "net_name",
+    "nvls_ctas",
+    "split_share",
+    "traffic_class",
+)
 
 
 def _status(abi=6, inits=1):
-    return PluginStatus(path="/opt/lagom/libnccl-tuner-lagom.so", abi_version=abi, init_count=inits, row_hits=(),
-                        table_loaded=False)
+    return PluginStatus(
+        path="/opt/lagom/libnccl-tuner-lagom.so", abi_version=abi, init_count=inits, row_hits=(), table_loaded=False
+    )
 
 
 def caps(version=(2, 30, 3), plugin=True, environ=None, multicast=True):
     """The capabilities a rank would gather on NCCL ``version`` (stand-ins for the process)."""
     abi = tuner_abi(version)
     status = (lambda: _status(abi)) if plugin and abi >= 3 else (lambda: None)
-    return gather_local(environ=environ or {}, status_reader=status, nccl_version=version, config_fields=FIELDS,
-                        multicast=multicast, torch_version="2.9.1")
+    return gather_local(
+        environ=environ or {},
+        status_reader=status,
+        nccl_version=version,
+        config_fields=FIELDS,
+        multicast=multicast,
+        torch_version="2.9.1",
+    )
 
 
 def test_plugin_loaded_comes_from_the_process_not_the_variable():
-    text_only = gather_local(environ={"NCCL_TUNER_PLUGIN": "/opt/lagom/libnccl-tuner-lagom.so"}, status_reader=lambda: None,
-                             nccl_version=(2, 27, 5), config_fields=FIELDS, multicast=True, torch_version="2.9.1")
+    text_only = gather_local(
+        environ={"NCCL_TUNER_PLUGIN": "/opt/lagom/libnccl-tuner-lagom.so"},
+        status_reader=lambda: None,
+        nccl_version=(2, 27, 5),
+        config_fields=FIELDS,
+        multicast=True,
+        torch_version="2.9.1",
+    )
     assert (text_only.plugin_loaded, text_only.plugin_abi, text_only.mechanism()) == (False, 0, "communicator")
-    loaded = gather_local(environ={}, status_reader=lambda: _status(5), nccl_version=(2, 28, 3), config_fields=FIELDS,
-                          multicast=True, torch_version="2.9.1")
+    loaded = gather_local(
+        environ={},
+        status_reader=lambda: _status(5),
+        nccl_version=(2, 28, 3),
+        config_fields=FIELDS,
+        multicast=True,
+        torch_version="2.9.1",
+    )
     assert (loaded.plugin_loaded, loaded.plugin_abi, loaded.mechanism()) == (True, 5, "tuner")
     # mapped but never initialised by NCCL (no communicator through it): not loaded
-    idle = gather_local(environ={}, status_reader=lambda: _status(0, 0), nccl_version=(2, 28, 3), config_fields=FIELDS,
-                        multicast=True, torch_version="2.9.1")
+    idle = gather_local(
+        environ={},
+        status_reader=lambda: _status(0, 0),
+        nccl_version=(2, 28, 3),
+        config_fields=FIELDS,
+        multicast=True,
+        torch_version="2.9.1",
+    )
     assert idle.mechanism() == "communicator"
-    cpu = gather_local(environ={}, status_reader=lambda: _status(6), nccl_version=None, config_fields=(),
-                       multicast="detect", torch_version="2.9.1")
+    cpu = gather_local(
+        environ={},
+        status_reader=lambda: _status(6),
+        nccl_version=None,
+        config_fields=(),
+        multicast="detect",
+        torch_version="2.9.1",
+    )
     assert (cpu.plugin_loaded, cpu.nvls_multicast, cpu.nccl_version) == (False, None, None)
 
 
@@ -105,12 +146,18 @@ def test_variable_that_fixes_a_knob_removes_it_with_a_warning_naming_it():
     assert all(p.n_channels is None and p.protocol is None for p in rules.probe_configs())
 
 
-@pytest.mark.parametrize("n_nodes, multicast, collnet, want_nvls", [
-    (1, True, False, True), (1, False, False, False), (2, True, False, False), (2, True, True, True)])
+@pytest.mark.parametrize(
+    "n_nodes, multicast, collnet, want_nvls",
+    [(1, True, False, True), (1, False, False, False), (2, True, False, False), (2, True, True, True)],
+)
 def test_nvls_only_where_nccl_enables_it(n_nodes, multicast, collnet, want_nvls):
     c = caps(multicast=multicast, environ={"NCCL_COLLNET_ENABLE": "1"} if collnet else {})
     spec = ClusterSpec.load("h100-sxm-ib400")
-    d = {"algorithm": ("Ring", "Tree", "NVLS", "NVLSTree", "CollNetDirect"), "n_threads": (64, 512), "chunk_size": (None, 4096)}
+    d = {
+        "algorithm": ("Ring", "Tree", "NVLS", "NVLSTree", "CollNetDirect"),
+        "n_threads": (64, 512),
+        "chunk_size": (None, 4096),
+    }
     got, _ = restrict_domains(d, c, op="all_reduce", n_nodes=n_nodes, mechanism="tuner")
     assert ("NVLS" in got["algorithm"]) is want_nvls
     assert ("CollNetDirect" in got["algorithm"]) is collnet
@@ -127,12 +174,18 @@ def test_pat_never_under_a_network_plugin_and_reduce_scatter_needs_a_known_non_a
     PAT reduce-scatter for an averaging reduction (``src/enqueue.cc:2010-2012``)."""
     spec = ClusterSpec.load("h100-sxm-ib400")
     d = {"algorithm": ("Ring", "PAT"), "n_threads": (None,), "chunk_size": (None,)}
-    assert restrict_domains(d, caps(), op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == ("Ring", "PAT")
+    assert restrict_domains(d, caps(), op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == (
+        "Ring",
+        "PAT",
+    )
     offload = caps(environ={"NCCL_NET_PLUGIN": "gpudirect_tcpxo"})
     assert restrict_domains(d, offload, op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == (None,)
     # NCCL_PAT_ENABLE=1 returns before the network-device test (tuning.cc:217-219): PAT stays
     forced = caps(environ={"NCCL_NET_PLUGIN": "gpudirect_tcpxo", "NCCL_PAT_ENABLE": "1"})
-    assert restrict_domains(d, forced, op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == ("Ring", "PAT")
+    assert restrict_domains(d, forced, op="all_gather", n_nodes=4, mechanism="communicator")[0]["algorithm"] == (
+        "Ring",
+        "PAT",
+    )
     rules = rules_for("nccl", spec)
     assert "PAT" in rules.domains(op="reduce_scatter", n_nodes=4, group_size=4, reduce_op="sum")["algorithm"]
     assert "PAT" not in rules.domains(op="reduce_scatter", n_nodes=4, group_size=4, reduce_op="avg")["algorithm"]
@@ -146,7 +199,9 @@ def test_p2p_channel_variables_cut_the_p2p_bounds_to_the_distinct_counts():
     d = {"n_channels": (1, 2, 4, 8, 16, 32, 64), "n_threads": (None,), "chunk_size": (None,)}
     cut = restrict_domains(d, caps(environ={"NCCL_MAX_P2P_NCHANNELS": "4"}), op="send", n_nodes=1, mechanism="tuner")[0]
     assert cut["n_channels"] == (1, 2, 4)
-    cut = restrict_domains(d, caps(environ={"NCCL_MIN_P2P_NCHANNELS": "8"}), op="all_to_all", n_nodes=1, mechanism="tuner")[0]
+    cut = restrict_domains(
+        d, caps(environ={"NCCL_MIN_P2P_NCHANNELS": "8"}), op="all_to_all", n_nodes=1, mechanism="tuner"
+    )[0]
     assert cut["n_channels"] == (1, 16, 32, 64)
     both = caps(environ={"NCCL_MIN_P2P_NCHANNELS": "8", "NCCL_MAX_P2P_NCHANNELS": "8"})
     assert restrict_domains(d, both, op="send", n_nodes=1, mechanism="tuner")[0]["n_channels"] == (None,)
@@ -157,14 +212,57 @@ def test_p2p_channel_variables_cut_the_p2p_bounds_to_the_distinct_counts():
 # ---------------------------------------------------------------------------------------------- plans
 
 SITES = (
-    [CollectiveSite(site_id=f"tp.sp_reduce_scatter[{i}]", op="reduce_scatter", nbytes=41_943_040, dtype="bf16",
-                    group="tp", group_size=8, n_nodes=1, calls_per_iter=1) for i in range(6)]
-    + [CollectiveSite(site_id=f"tp.sp_all_gather[{i}]", op="all_gather", nbytes=41_943_040, dtype="bf16",
-                      group="tp", group_size=8, n_nodes=1, calls_per_iter=1) for i in range(3)]
-    + [CollectiveSite(site_id=f"dp.grad_reduce_scatter[{i}]", op="reduce_scatter", nbytes=(i + 1) * 2**24, dtype="fp32",
-                      group="dp", group_size=8, n_nodes=8, calls_per_iter=1) for i in range(3)]
-    + [CollectiveSite(site_id="dp.grad_all_reduce[0]", op="all_reduce", nbytes=2**26, dtype="fp32", group="dp",
-                      group_size=16, n_nodes=2, calls_per_iter=1)]
+    [
+        CollectiveSite(
+            site_id=f"tp.sp_reduce_scatter[{i}]",
+            op="reduce_scatter",
+            nbytes=41_943_040,
+            dtype="bf16",
+            group="tp",
+            group_size=8,
+            n_nodes=1,
+            calls_per_iter=1,
+        )
+        for i in range(6)
+    ]
+    + [
+        CollectiveSite(
+            site_id=f"tp.sp_all_gather[{i}]",
+            op="all_gather",
+            nbytes=41_943_040,
+            dtype="bf16",
+            group="tp",
+            group_size=8,
+            n_nodes=1,
+            calls_per_iter=1,
+        )
+        for i in range(3)
+    ]
+    + [
+        CollectiveSite(
+            site_id=f"dp.grad_reduce_scatter[{i}]",
+            op="reduce_scatter",
+            nbytes=(i + 1) * 2**24,
+            dtype="fp32",
+            group="dp",
+            group_size=8,
+            n_nodes=8,
+            calls_per_iter=1,
+        )
+        for i in range(3)
+    ]
+    + [
+        CollectiveSite(
+            site_id="dp.grad_all_reduce[0]",
+            op="all_reduce",
+            nbytes=2**26,
+            dtype="fp32",
+            group="dp",
+            group_size=16,
+            n_nodes=2,
+            calls_per_iter=1,
+        )
+    ]
 )
 RATIOS = np.array([0.3, 0.8, 1.5, 3.0, 0.5, 2.0, 0.4, 1.0, 2.5, 1.0, 1.5, 0.7, 1.2])
 
@@ -233,13 +331,16 @@ def test_indistinguishable_sites_share_the_best_of_their_configs():
     totals = {n: problem.evaluate_codes(idx, st.alg, st.proto, np.full(6, n), st.nt, st.lvl)[2].sum() for n in st.nc}
     assert tied.nc[0] == min(totals, key=totals.get)
     # under communicator options each config has its own communicator: nothing is tied
-    comm = SearchProblem.from_model(model, rules=rules_for("nccl", ClusterSpec.load("h100-sxm-ib400"), "communicator",
-                                                           capabilities=c))
+    comm = SearchProblem.from_model(
+        model, rules=rules_for("nccl", ClusterSpec.load("h100-sxm-ib400"), "communicator", capabilities=c)
+    )
     assert comm.tie_indistinguishable(st)[1] == 0
 
 
-@pytest.mark.parametrize("version, plugin, has_protocol_probe", [
-    ((2, 21, 5), False, False), ((2, 22, 3), True, False), ((2, 24, 3), False, True), ((2, 30, 3), True, True)])
+@pytest.mark.parametrize(
+    "version, plugin, has_protocol_probe",
+    [((2, 21, 5), False, False), ((2, 22, 3), True, False), ((2, 24, 3), False, True), ((2, 30, 3), True, True)],
+)
 def test_probe_configs_are_what_a_per_communicator_entry_applies(version, plugin, has_protocol_probe):
     c = caps(version, plugin)
     rules = rules_for("nccl", ClusterSpec.load("h100-sxm-ib400"), capabilities=c)
@@ -261,7 +362,9 @@ def test_live_rules_get_the_pool_budget_and_the_nvls_heads():
     spec = ClusterSpec.load("h100-sxm-ib400")
     budget = 512 * 2**20
     nvls = rules_for("nccl", spec, capabilities=caps().with_topology(["a"] * 8), pool_budget_bytes=budget)
-    ring = rules_for("nccl", spec, capabilities=caps(multicast=False).with_topology(["a"] * 8), pool_budget_bytes=budget)
+    ring = rules_for(
+        "nccl", spec, capabilities=caps(multicast=False).with_topology(["a"] * 8), pool_budget_bytes=budget
+    )
     assert (nvls.pool_budget_bytes, nvls.nvls_heads, ring.nvls_heads) == (budget, 8, 0)
     assert nvls.channel_cap() == budget // (RING_BUFFER_BYTES + 8 * NVLS_BYTES_PER_CHANNEL_HEAD) == 20
     assert ring.channel_cap() == budget // RING_BUFFER_BYTES == 55

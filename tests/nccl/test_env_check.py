@@ -13,18 +13,30 @@ def levels(env, version="2.27.5"):
     return [(i.variable, i.level) for i in check_nccl_env(env, nccl_version=version)]
 
 
-@pytest.mark.parametrize("value", ["ring,tree", "^tree", "ring;allreduce:tree,collnetdirect",
-                                   "allreduce:tree;allgather:ring", "Ring,NVLS", "RING,tree,"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "ring,tree",
+        "^tree",
+        "ring;allreduce:tree,collnetdirect",
+        "allreduce:tree;allgather:ring",
+        "Ring,NVLS",
+        "RING,tree,",
+    ],
+)
 def test_valid_algorithm_values(value):
     assert levels({"NCCL_ALGO": value}) == []
 
 
-@pytest.mark.parametrize("value,message", [
-    ("allreduce:tree;ring", "All entries except the first must have a prefix"),
-    ("allreduce:foo", 'Unrecognized element token "foo"'),
-    ("all_reduce:ring", 'Unrecognized prefix token "all_reduce"'),
-    ("alltoall:ring", 'Unrecognized prefix token "alltoall"'),
-])
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("allreduce:tree;ring", "All entries except the first must have a prefix"),
+        ("allreduce:foo", 'Unrecognized element token "foo"'),
+        ("all_reduce:ring", 'Unrecognized prefix token "all_reduce"'),
+        ("alltoall:ring", 'Unrecognized prefix token "alltoall"'),
+    ],
+)
 def test_invalid_algorithm_values(value, message):
     (issue,) = check_nccl_env({"NCCL_ALGO": value}, nccl_version="2.27.5")
     assert issue.level == "error" and message in issue.what
@@ -50,28 +62,41 @@ def test_per_function_restriction_keeps_ring_elsewhere():
     assert levels({"NCCL_ALGO": "allreduce:nvls"}) == []
 
 
-@pytest.mark.parametrize("env,version,needle", [
-    ({"NCCL_ALGO": "ring;allreduce:tree"}, "2.21.5", "needs NCCL 2.24+"),
-    ({"NCCL_ALGO": "ring,pat"}, "2.21.5", "PAT, which needs NCCL 2.23+"),
-    ({"NCCL_ALGO": "ring,nvls"}, "2.16.2", "NVLS, which needs NCCL 2.17+"),
-    ({"NCCL_CTA_POLICY": "1"}, "2.26.2", "needs NCCL 2.27+"),
-    ({"NCCL_CTA_POLICY": "EFFICIENCY"}, "2.27.5", "need NCCL 2.29+"),
-])
+@pytest.mark.parametrize(
+    "env,version,needle",
+    [
+        ({"NCCL_ALGO": "ring;allreduce:tree"}, "2.21.5", "needs NCCL 2.24+"),
+        ({"NCCL_ALGO": "ring,pat"}, "2.21.5", "PAT, which needs NCCL 2.23+"),
+        ({"NCCL_ALGO": "ring,nvls"}, "2.16.2", "NVLS, which needs NCCL 2.17+"),
+        ({"NCCL_CTA_POLICY": "1"}, "2.26.2", "needs NCCL 2.27+"),
+        ({"NCCL_CTA_POLICY": "EFFICIENCY"}, "2.27.5", "need NCCL 2.29+"),
+    ],
+)
 def test_version_dependent_rules(env, version, needle):
     issues = check_nccl_env(env, nccl_version=version)
     assert len(issues) == 1 and issues[0].level == "error" and needle in issues[0].what
     assert check_nccl_env(env, nccl_version="2.29.1") == []
 
 
-@pytest.mark.parametrize("value,bad", [("LL,LL128,Simple", True), ("LL128", True), ("^LL128;allreduce:LL128", True),
-                                       ("^LL128", False), ("Simple", False), ("allreduce:^LL", False),
-                                       ("^LL", False)])
+@pytest.mark.parametrize(
+    "value,bad",
+    [
+        ("LL,LL128,Simple", True),
+        ("LL128", True),
+        ("^LL128;allreduce:LL128", True),
+        ("^LL128", False),
+        ("Simple", False),
+        ("allreduce:^LL", False),
+        ("^LL", False),
+    ],
+)
 def test_forcing_ll128(value, bad):
     assert levels({"NCCL_PROTO": value}) == ([("NCCL_PROTO", "error")] if bad else [])
 
 
-@pytest.mark.parametrize("value,ok", [("64", True), ("512", True), ("480", False), ("32", False),
-                                      ("1024", False), ("lots", False)])
+@pytest.mark.parametrize(
+    "value,ok", [("64", True), ("512", True), ("480", False), ("32", False), ("1024", False), ("lots", False)]
+)
 def test_nthreads(value, ok):
     assert levels({"NCCL_NTHREADS": value}) == ([] if ok else [("NCCL_NTHREADS", "error")])
 
@@ -91,14 +116,25 @@ def test_cta_ranges():
     assert (max_ctas("2.24.3"), max_ctas("2.25.1"), max_ctas(None)) == (32, 64, 64)
 
 
-@pytest.mark.parametrize("var,value,level", [
-    ("NCCL_BUFFSIZE", "4194304", None), ("NCCL_BUFFSIZE", "1000000", "error"), ("NCCL_BUFFSIZE", "4M", "error"),
-    ("NCCL_LL128_BUFFSIZE", "131072", "warning"), ("NCCL_P2P_NET_CHUNKSIZE", "2097152", None),
-    ("NCCL_P2P_NET_CHUNKSIZE", "3000000", "error"), ("NCCL_CHUNK_SIZE", "65536", "warning"),
-    ("NCCL_CGA_CLUSTER_SIZE", "4", None), ("NCCL_CGA_CLUSTER_SIZE", "9", "error"),
-    ("NCCL_CGA_CLUSTER_SIZE", "-1", "error"), ("NCCL_CTA_POLICY", "3", "error"),
-    ("NCCL_CTA_POLICY", "0", None), ("NCCL_NVLS_ENABLE", "3", "error"), ("NCCL_NVLS_ENABLE", "0", None),
-])
+@pytest.mark.parametrize(
+    "var,value,level",
+    [
+        ("NCCL_BUFFSIZE", "4194304", None),
+        ("NCCL_BUFFSIZE", "1000000", "error"),
+        ("NCCL_BUFFSIZE", "4M", "error"),
+        ("NCCL_LL128_BUFFSIZE", "131072", "warning"),
+        ("NCCL_P2P_NET_CHUNKSIZE", "2097152", None),
+        ("NCCL_P2P_NET_CHUNKSIZE", "3000000", "error"),
+        ("NCCL_CHUNK_SIZE", "65536", "warning"),
+        ("NCCL_CGA_CLUSTER_SIZE", "4", None),
+        ("NCCL_CGA_CLUSTER_SIZE", "9", "error"),
+        ("NCCL_CGA_CLUSTER_SIZE", "-1", "error"),
+        ("NCCL_CTA_POLICY", "3", "error"),
+        ("NCCL_CTA_POLICY", "0", None),
+        ("NCCL_NVLS_ENABLE", "3", "error"),
+        ("NCCL_NVLS_ENABLE", "0", None),
+    ],
+)
 def test_domains(var, value, level):
     assert levels({var: value}) == ([] if level is None else [(var, level)])
 
@@ -110,8 +146,12 @@ def test_cta_policy_names_combine():
 
 
 def test_overrides():
-    env = {"NCCL_MAX_CTAS": "8", "NCCL_PROTO": "^LL128", "NCCL_TUNER_PLUGIN": "libnccl-tuner-other.so",
-           "NCCL_NTHREADS": "256"}
+    env = {
+        "NCCL_MAX_CTAS": "8",
+        "NCCL_PROTO": "^LL128",
+        "NCCL_TUNER_PLUGIN": "libnccl-tuner-other.so",
+        "NCCL_NTHREADS": "256",
+    }
     found = {(i.variable, i.level) for i in override_issues(env)}
     assert found == {("NCCL_MAX_CTAS", "warning"), ("NCCL_PROTO", "warning"), ("NCCL_TUNER_PLUGIN", "warning")}
     assert override_issues({"NCCL_TUNER_PLUGIN": "liblagom_tuner.so"}) == []

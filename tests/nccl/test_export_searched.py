@@ -26,8 +26,11 @@ def plan():
 
 def test_the_search_and_the_exporter_share_one_key():
     rules = NcclRules(SimulatedCluster(load_preset("gpt3-13b-h100x64")).cluster, backend="sim")
-    assert rules.call_key(group="tp", op="reduce_scatter", nbytes=1 << 20) == \
-        tuner_call_key(group="tp", op="reduce_scatter", nbytes=1 << 20) == ("tp", "reduce_scatter", 1 << 20)
+    assert (
+        rules.call_key(group="tp", op="reduce_scatter", nbytes=1 << 20)
+        == tuner_call_key(group="tp", op="reduce_scatter", nbytes=1 << 20)
+        == ("tp", "reduce_scatter", 1 << 20)
+    )
     assert dataclasses.replace(rules, mechanism="communicator").call_key(group="tp", op="all_reduce", nbytes=8) is None
 
 
@@ -58,8 +61,13 @@ def test_an_untied_plan_is_refused(plan):
     sid = rows[0].sites[1]
     e = plan.entries[sid]
     other = 2 if e.config.n_channels != 2 else 4
-    broken = dataclasses.replace(plan, entries={**plan.entries, sid: dataclasses.replace(
-        e, config=CommConfig(**{**e.config.to_dict(), "n_channels": other}))})
+    broken = dataclasses.replace(
+        plan,
+        entries={
+            **plan.entries,
+            sid: dataclasses.replace(e, config=CommConfig(**{**e.config.to_dict(), "n_channels": other})),
+        },
+    )
     with pytest.raises(ValueError, match=re.escape(f"sites {rows[0].sites[0]} and {sid} are the same collective")):
         tuner_rows(broken, extended=True)
 
@@ -133,8 +141,10 @@ def test_the_budget_caps_the_channel_domain_per_mechanism():
     budget = 40 * RING_BUFFER_BYTES
     rules = NcclRules(cluster, backend="sim", pool_budget_bytes=budget)
     assert rules.domains(op="all_reduce")["n_channels"][-1] == 32  # the whole budget: 40 channels fit, grid stops at 32
-    sites = [CollectiveSite(site_id=f"{g}.x[0]", group=g, op=op, nbytes=1 << 20, dtype="bf16", group_size=8, n_nodes=1)
-             for g, op in (("tp", "all_reduce"), ("dp", "reduce_scatter"), ("pp", "send"))]
+    sites = [
+        CollectiveSite(site_id=f"{g}.x[0]", group=g, op=op, nbytes=1 << 20, dtype="bf16", group_size=8, n_nodes=1)
+        for g, op in (("tp", "all_reduce"), ("dp", "reduce_scatter"), ("pp", "send"))
+    ]
     shared = rules.for_sites(sites)
     # send/recv channels are bounded through the pp group's entries (NCCL's P2P rule): pp shares the budget
     assert shared.budget_groups == ("dp", "pp", "tp")

@@ -49,8 +49,15 @@ def test_check_rehearsal_writes_what_the_next_steps_read(tmp_path):
     proc = _run(["bash", str(GPU / "check.sh"), "--rehearse", str(out)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = (out / "summary.md").read_text()
-    for step in ("environment", "build tuner plugin", "NCCL pool + tuner plugin", "plugin status + capabilities",
-                 "contention probe", "lagom calibrate contention", "rehearsal outputs"):
+    for step in (
+        "environment",
+        "build tuner plugin",
+        "NCCL pool + tuner plugin",
+        "plugin status + capabilities",
+        "contention probe",
+        "lagom calibrate contention",
+        "rehearsal outputs",
+    ):
         assert re.search(rf"^\| {re.escape(step)} \| ok \|", summary, re.M), step
     for name in ("nccl", "plugin_probe"):
         result = json.loads((out / f"{name}.json").read_text())
@@ -75,7 +82,9 @@ def test_check_limits_fit_a_twelve_minute_slot_and_budgets_fit_their_limits(tmp_
     startup = int(re.search(r"^STARTUP_S=(\d+)", text, re.M).group(1))
     assert budget + startup <= int(limits["contention"])
     too_long = tmp_path / "check.sh"  # a budget past its limit is refused before anything runs
-    too_long.write_text(text.replace(f"CONTENTION_BUDGET_S={budget}", f"CONTENTION_BUDGET_S={int(limits['contention'])}"))
+    too_long.write_text(
+        text.replace(f"CONTENTION_BUDGET_S={budget}", f"CONTENTION_BUDGET_S={int(limits['contention'])}")
+    )
     proc = _run(["bash", str(too_long), "--rehearse", str(tmp_path / "out")])
     assert proc.returncode == 2
     assert f"step contention: budget {limits['contention']} s + start-up {startup} s exceeds its limit" in proc.stderr

@@ -28,8 +28,9 @@ def built(tmp_path_factory):
 
 def _records(built, version, scenario):
     lib, harness = built
-    proc = subprocess.run([str(harness), str(lib), "--snapshot", str(version), scenario], capture_output=True,
-                          text=True, timeout=30)
+    proc = subprocess.run(
+        [str(harness), str(lib), "--snapshot", str(version), scenario], capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode == 0, proc.stderr
     return parse_snapshot(proc.stdout)
 
@@ -66,8 +67,11 @@ def test_a_small_call_nccl_splits_over_fewer_channels_is_applied(built, version)
     obs = _site(_records(built, version, "small"), nbytes=65536)
     want = 4 if version >= 6 else 8
     assert (obs.status, obs.knobs, obs.observed["n_channels"], obs.calls) == ("applied", (), want, 1), obs
-    assert obs.note == ("split: NCCL ran the 8 planned channels' call on 4, as its traffic cells give for these "
-                        "bytes" if version >= 6 else "")
+    assert obs.note == (
+        "split: NCCL ran the 8 planned channels' call on 4, as its traffic cells give for these bytes"
+        if version >= 6
+        else ""
+    )
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -100,8 +104,17 @@ def test_a_nameless_communicator_is_found_by_its_tag(built, version):
 
 def test_records_of_another_communicator_or_shape_leave_the_site_unobserved(built):
     comms = _records(built, 6, "match")
-    assert observe_site("s", PLAN, op="all_reduce", nbytes=4 << 20, group_size=8,
-                        ops=matching_ops(comms, "tp", "all_reduce", 4 << 20, 8)).status == "unobserved"
+    assert (
+        observe_site(
+            "s",
+            PLAN,
+            op="all_reduce",
+            nbytes=4 << 20,
+            group_size=8,
+            ops=matching_ops(comms, "tp", "all_reduce", 4 << 20, 8),
+        ).status
+        == "unobserved"
+    )
     assert _site(comms, nbytes=2 << 20).status == "unobserved"
     assert _site(comms, op="all_gather").status == "unobserved"
 
@@ -119,24 +132,27 @@ def _coll(func, count, dtype, proto="SIMPLE", abi=6, algo="RING", n_nodes=1):
     return ObservedOp("coll", func, count, dtype, algo, proto, 0, 16, 1, 0, 0, 0, abi, 8, n_nodes)
 
 
-@pytest.mark.parametrize("op, planned, want", [
-    # 4 MiB: 8 MiB of traffic / 8 = 1 MiB per channel, 32 cells of 32 KiB each: all 8 channels
-    (_coll("AllReduce", 1 << 20, "ncclFloat32"), 8, 8),
-    # 64 KiB: 128 KiB of traffic in 32 KiB cells: 4 cells, one per channel (2.29+)
-    (_coll("AllReduce", 16384, "ncclFloat32"), 8, 4),
-    # the same call under 2.27-2.28 (ABI v4, v5): 16 KiB cells, 8 of them
-    (_coll("AllReduce", 16384, "ncclFloat32", abi=5), 8, 8),
-    # LL counts 4x the traffic (:461, :658): 512 KiB, 4 KiB cells, 2 per channel: 8 channels
-    (_coll("AllReduce", 16384, "ncclFloat32", proto="LL"), 8, 8),
-    # 17 cells of 16 KiB on 16 planned channels: 34816 B per channel -> 2 cells each -> 1 + 7 + 1
-    (_coll("AllReduce", 69632, "ncclFloat32"), 16, 9),
-    # a 4 KiB-per-rank all-gather on 8 ranks (NCCL counts its bytes as ncclInt8): one cell, 1 channel
-    (_coll("AllGather", 4096, "ncclInt8"), 8, 1),
-    # records that carry no channel count of NCCL's split: ABI v3, CollNet, multi-node NVLS
-    (_coll("AllReduce", 16384, "ncclFloat32", abi=3), 8, None),
-    (_coll("AllReduce", 16384, "ncclFloat32", algo="COLLNET_DIRECT"), 8, None),
-    (_coll("AllReduce", 16384, "ncclFloat32", algo="NVLS", n_nodes=2), 8, None),
-])
+@pytest.mark.parametrize(
+    "op, planned, want",
+    [
+        # 4 MiB: 8 MiB of traffic / 8 = 1 MiB per channel, 32 cells of 32 KiB each: all 8 channels
+        (_coll("AllReduce", 1 << 20, "ncclFloat32"), 8, 8),
+        # 64 KiB: 128 KiB of traffic in 32 KiB cells: 4 cells, one per channel (2.29+)
+        (_coll("AllReduce", 16384, "ncclFloat32"), 8, 4),
+        # the same call under 2.27-2.28 (ABI v4, v5): 16 KiB cells, 8 of them
+        (_coll("AllReduce", 16384, "ncclFloat32", abi=5), 8, 8),
+        # LL counts 4x the traffic (:461, :658): 512 KiB, 4 KiB cells, 2 per channel: 8 channels
+        (_coll("AllReduce", 16384, "ncclFloat32", proto="LL"), 8, 8),
+        # 17 cells of 16 KiB on 16 planned channels: 34816 B per channel -> 2 cells each -> 1 + 7 + 1
+        (_coll("AllReduce", 69632, "ncclFloat32"), 16, 9),
+        # a 4 KiB-per-rank all-gather on 8 ranks (NCCL counts its bytes as ncclInt8): one cell, 1 channel
+        (_coll("AllGather", 4096, "ncclInt8"), 8, 1),
+        # records that carry no channel count of NCCL's split: ABI v3, CollNet, multi-node NVLS
+        (_coll("AllReduce", 16384, "ncclFloat32", abi=3), 8, None),
+        (_coll("AllReduce", 16384, "ncclFloat32", algo="COLLNET_DIRECT"), 8, None),
+        (_coll("AllReduce", 16384, "ncclFloat32", algo="NVLS", n_nodes=2), 8, None),
+    ],
+)
 def test_nccl_coll_channels_follows_nccls_split(op, planned, want):
     """Expected numbers worked by hand from ``scheduleCollTasksToPlan`` (v2.30.7
     ``src/enqueue.cc:576-704``; v2.28.9 :529-638 for ABI v4/v5)."""
@@ -149,16 +165,24 @@ def test_nccl_coll_channels_refuses_bad_counts():
 
 
 def test_multi_node_nvls_channels_are_not_compared():
-    site = observe_site("s", CommConfig(n_channels=8), op="all_reduce", nbytes=65536, group_size=8,
-                        ops=[_coll("AllReduce", 16384, "ncclFloat32", algo="NVLS", n_nodes=2)])
+    site = observe_site(
+        "s",
+        CommConfig(n_channels=8),
+        op="all_reduce",
+        nbytes=65536,
+        group_size=8,
+        ops=[_coll("AllReduce", 16384, "ncclFloat32", algo="NVLS", n_nodes=2)],
+    )
     assert (site.status, site.observed) == ("applied", {})
 
 
 def test_plan_bytes_of_per_rank_counts():
     """ncclAllGather's count is per rank and ncclReduceScatter's is the output's: the plan counts the
     whole buffer (the all-gather's output, the reduce-scatter's input), nRanks times that."""
+
     def op(func, count, dtype):
         return ObservedOp("coll", func, count, dtype, "RING", "SIMPLE", 4, 16, 1, 0, 0, 0)
+
     assert op_bytes(op("AllGather", 1000, "ncclBfloat16"), 8) == 16000
     assert op_bytes(op("ReduceScatter", 1000, "ncclFloat32"), 4) == 16000
     assert op_bytes(op("AllReduce", 1000, "ncclFloat32"), 4) == 4000
@@ -167,8 +191,10 @@ def test_plan_bytes_of_per_rank_counts():
 
 def test_snapshot_errors_name_the_line():
     with pytest.raises(ValueError, match="line 1: an op line before any comm line"):
-        parse_snapshot("coll 0 func=AllReduce count=1 dtype=ncclInt8 algo=RING proto=LL channels=1 warps=1 calls=1 "
-                       "chunk=0 kernel_ns=0 kernel_calls=0\n")
+        parse_snapshot(
+            "coll 0 func=AllReduce count=1 dtype=ncclInt8 algo=RING proto=LL channels=1 warps=1 calls=1 "
+            "chunk=0 kernel_ns=0 kernel_calls=0\n"
+        )
     with pytest.raises(ValueError, match="line 1: missing field 'abi'"):
         parse_snapshot("comm 0 hash=1 rank=0 nranks=2 nnodes=1 tag=- name=- dropped=0 overflow=0\n")
 

@@ -49,8 +49,15 @@ def nccl_collective_channels(comm_channels: int, plugin_channels: int) -> int:
 
 
 def _entry(config, *, group, op, nbytes=16 << 20, group_size=8):
-    return PlanEntry(config=config, predicted_t_comm_us=1.0, predicted_t_region_us=1.0, group=group, op=op,
-                     nbytes=nbytes, group_size=group_size)
+    return PlanEntry(
+        config=config,
+        predicted_t_comm_us=1.0,
+        predicted_t_region_us=1.0,
+        group=group,
+        op=op,
+        nbytes=nbytes,
+        group_size=group_size,
+    )
 
 
 def _created(monkeypatch, backend, plan):
@@ -68,13 +75,16 @@ def _created(monkeypatch, backend, plan):
 
 
 def test_p2p_sites_get_their_channel_count_through_the_entrys_cta_bounds(monkeypatch):
-    plan = Plan(entries={
-        "pp.send_recv[0]": _entry(CommConfig(n_channels=4), group="pp", op="send", group_size=2),
-        "ep.dispatch_all_to_all[0]": _entry(CommConfig(n_channels=16), group="ep", op="all_to_all"),
-        "ep.combine_all_to_all[0]": _entry(CommConfig(n_channels=2), group="ep", op="all_to_all"),
-        "dp.grad_reduce_scatter[0]": _entry(CommConfig(n_channels=24, protocol="Simple"), group="dp",
-                                            op="reduce_scatter"),
-    })
+    plan = Plan(
+        entries={
+            "pp.send_recv[0]": _entry(CommConfig(n_channels=4), group="pp", op="send", group_size=2),
+            "ep.dispatch_all_to_all[0]": _entry(CommConfig(n_channels=16), group="ep", op="all_to_all"),
+            "ep.combine_all_to_all[0]": _entry(CommConfig(n_channels=2), group="ep", op="all_to_all"),
+            "dp.grad_reduce_scatter[0]": _entry(
+                CommConfig(n_channels=24, protocol="Simple"), group="dp", op="reduce_scatter"
+            ),
+        }
+    )
     backend = NcclPoolBackend(use_tuner_plugin=True, tuner_table="/runs/tuner_table.rank0.csv")
     backend.table_id = "abc"
     backend.set_cta_bounds(plan)
@@ -92,10 +102,15 @@ def test_p2p_sites_get_their_channel_count_through_the_entrys_cta_bounds(monkeyp
     assert [r.sites for r in tuner_rows(plan, extended=True)] == [("dp.grad_reduce_scatter[0]",)]
     # the cost model predicts the CTAs NCCL's rule gives those communicators (8 PCIe tasks, 2 per peer)
     a40 = ClusterSpec.load("a40-pcie-ib200")
-    a2a = CollectiveSite(site_id="ep.x[0]", op="all_to_all", nbytes=32 << 20, dtype="bfloat16", group="ep", group_size=8)
+    a2a = CollectiveSite(
+        site_id="ep.x[0]", op="all_to_all", nbytes=32 << 20, dtype="bfloat16", group="ep", group_size=8
+    )
     model = CostModel.from_priors([a2a], [1.0], a40)
     codes = model.default_codes()
-    assert [float(model.prior_parts(0, codes[0][0], codes[1][0], float(n), 512.0, 0.0)[2]) for n in (2, 16)] == [2.0, 16.0]
+    assert [float(model.prior_parts(0, codes[0][0], codes[1][0], float(n), 512.0, 0.0)[2]) for n in (2, 16)] == [
+        2.0,
+        16.0,
+    ]
 
 
 def test_communicator_mode_bounds_p2p_the_same_way(monkeypatch):
@@ -109,10 +124,12 @@ def test_a_site_that_leaves_channels_to_nccl_runs_at_nccls_own_count(monkeypatch
     """Two tensor-parallel sites: one planned at 8 channels, one tuned in protocol only. The second
     gets an entry with NCCL's own CTA bounds, so NCCL starts from its topology's count; on the first's
     entry (min = max = 8) it would run 8 channels."""
-    plan = Plan(entries={
-        "tp.sp_all_gather[0]": _entry(CommConfig(n_channels=8, protocol="LL128"), group="tp", op="all_gather"),
-        "tp.sp_all_gather[1]": _entry(CommConfig(protocol="Simple"), group="tp", op="all_gather", nbytes=32 << 20),
-    })
+    plan = Plan(
+        entries={
+            "tp.sp_all_gather[0]": _entry(CommConfig(n_channels=8, protocol="LL128"), group="tp", op="all_gather"),
+            "tp.sp_all_gather[1]": _entry(CommConfig(protocol="Simple"), group="tp", op="all_gather", nbytes=32 << 20),
+        }
+    )
     backend = NcclPoolBackend(use_tuner_plugin=True, tuner_table="/runs/tuner_table.rank0.csv")
     backend.set_cta_bounds(plan)
     made = _created(monkeypatch, backend, plan)
@@ -164,8 +181,14 @@ def test_channels_per_network_peer_reach_nccl_by_the_field_torch_binds_or_the_va
     validate_env({"NCCL_NCHANNELS_PER_NET_PEER": "2"})
     with pytest.raises(ValueError, match="powers of two"):
         validate_env({"NCCL_NCHANNELS_PER_NET_PEER": "3"})
-    caps = gather_local(environ={}, status_reader=lambda: None, nccl_version=(2, 30, 7), config_fields=bound,
-                        multicast=False, torch_version="2.99")
+    caps = gather_local(
+        environ={},
+        status_reader=lambda: None,
+        nccl_version=(2, 30, 7),
+        config_fields=bound,
+        multicast=False,
+        torch_version="2.99",
+    )
     live = NcclRules(h200, capabilities=caps)
     assert live.scope("net_peer_channels") == "communicator"
     assert live.domains(op="send", n_nodes=2, group_size=2)["net_peer_channels"] == (None, 1, 2, 4, 8, 16)

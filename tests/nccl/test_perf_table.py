@@ -66,29 +66,53 @@ def _refused(tmp_path, text, *expected):
 def test_a_table_written_by_hand_parses_to_its_printed_values(tmp_path):
     run = read_perf_run(_write(tmp_path, BY_HAND))
     assert (run.op, run.algorithm, run.protocol, run.channels, run.asked_channels, run.threads) == (
-        "all_gather", "Ring", "Simple", 4, 4, 256)
+        "all_gather",
+        "Ring",
+        "Simple",
+        4,
+        4,
+        256,
+    )
     assert (run.ranks, run.nodes, run.gpu, run.nccl_version) == (8, 1, "NVIDIA A40", "2.27.5")
     assert run.bus_factor == 7 / 8  # PERFORMANCE.md's (n-1)/n on the 8 '#  Rank' lines
-    assert [(r.line, r.size, r.in_place) for r in run.rows][:3] == [(23, 1048576, False), (23, 1048576, True),
-                                                                    (ROW_4M, 4194304, False)]
+    assert [(r.line, r.size, r.in_place) for r in run.rows][:3] == [
+        (23, 1048576, False),
+        (23, 1048576, True),
+        (ROW_4M, 4194304, False),
+    ]
     assert [r.time_us for r in run.rows] == [100.0, 101.0, 250.0, 251.0, 850.0, 852.0]  # 5 digits beat algbw's 4
     assert [r.busbw for r in run.rows] == [9.18, 9.08, 14.68, 14.62, 17.27, 17.23]
 
 
 def test_generated_tables_and_tolerated_variants(tmp_path):
-    text = run_text(op="all_reduce", sizes=sizes(1 << 10, 1 << 31), busbw=1.3, ranks=16, hosts=["a", "b"], latency_us=30,
-                    sweep_line=SWEEP.replace("all_gather", "all_reduce").replace("nodes=1", "nodes=2"), check=False,
-                    nccl_lines=[channel_line(h, r, 8, 8) for r, h in enumerate("a" * 8 + "b" * 8)],
-                    table_nccl_line=nccl_info("a", 0, "Connected all rings"))
+    text = run_text(
+        op="all_reduce",
+        sizes=sizes(1 << 10, 1 << 31),
+        busbw=1.3,
+        ranks=16,
+        hosts=["a", "b"],
+        latency_us=30,
+        sweep_line=SWEEP.replace("all_gather", "all_reduce").replace("nodes=1", "nodes=2"),
+        check=False,
+        nccl_lines=[channel_line(h, r, 8, 8) for r, h in enumerate("a" * 8 + "b" * 8)],
+        table_nccl_line=nccl_info("a", 0, "Connected all rings"),
+    )
     noisy = "Warning: Permanently added 'b' (ECDSA) to the list of known hosts.\n" + text
     run = read_perf_run(_write(tmp_path, noisy))
     assert (run.ranks, run.nodes, run.channels, run.asked_channels) == (16, 2, 8, 4)  # NCCL's count wins
     assert run.bus_factor == pytest.approx(2 * 15 / 16, rel=1e-3)
     big = [r for r in run.rows if r.size == 1 << 31][0]
-    assert big.time_us == pytest.approx(30 + 2 * 15 / 16 * 2 ** 31 / 1.3e3, rel=1e-3)  # time column '3.1e+06': algbw used
+    assert big.time_us == pytest.approx(30 + 2 * 15 / 16 * 2**31 / 1.3e3, rel=1e-3)  # time column '3.1e+06': algbw used
     # point-to-point without NCCL's lines: channels rounded up to a power of two; ranks from busbw / algbw
-    p2p = run_text(op="alltoall", sizes=sizes(), busbw=5.0, ranks=4, hosts=["a"], latency_us=10,
-                   sweep_line="# lagom-sweep op=alltoall algorithm=P2P protocol=Simple channels=3 threads=640 nodes=1")
+    p2p = run_text(
+        op="alltoall",
+        sizes=sizes(),
+        busbw=5.0,
+        ranks=4,
+        hosts=["a"],
+        latency_us=10,
+        sweep_line="# lagom-sweep op=alltoall algorithm=P2P protocol=Simple channels=3 threads=640 nodes=1",
+    )
     p2p = "\n".join(line for line in p2p.splitlines() if not line.startswith("#  Rank"))
     run = read_perf_run(_write(tmp_path, p2p, "p2p.txt"))
     assert (run.channels, run.asked_channels, run.ranks) == (4, 3, 4)
@@ -101,39 +125,99 @@ def test_per_iteration_and_timestamp_columns(tmp_path):
         "    i_cv%     time   algbw   busbw  #wrong    i_min    i_max    i_p99    i_cv%           timestamp\n"
         "    16777216        524288     float    none      -1   850.00   19.74   17.27       0   840.10   870.20   869.00"
         "     1.10   852.00   19.69   17.23       0   845.00   861.30   860.90     0.90 2026-03-01 10:00:00\n"
-        "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 17.25 \n")
+        "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 17.25 \n"
+    )
     run = read_perf_run(_write(tmp_path, text))
     assert [r.time_us for r in run.rows] == [850.0, 852.0]
 
 
-@pytest.mark.parametrize("edit, expected", [
-    (lambda t: t.replace(SWEEP + "\n", ""), "{path}:1: no '# lagom-sweep' line"),
-    (lambda t: t.replace("channels=4 threads", "channels=0 threads"), "{path}:1: # lagom-sweep line: channels must be an integer in 1..64; got '0'"),
-    (lambda t: t.replace("threads=256", "threads=100"), "{path}:1: # lagom-sweep line: threads must be a multiple of 32"),
-    (lambda t: t.replace("nodes=1", "nodes=1 algo=Ring"), "must have exactly the keys"),
-    (lambda t: t.replace("op=all_gather algorithm=Ring", "op=sendrecv algorithm=Ring"), "algorithm must be P2P for this op"),
-    (lambda t: t.replace("   250.00   16.78   14.68       0", "   250.00   16.78   14.68"),
-     "{path}:25: expected a result row: size count type redop root, then time algbw busbw #wrong"),
-    (lambda t: t.replace("   250.00   16.78", "      abc   16.78"), "{path}:25: out-of-place time must be a finite number >= 0; got 'abc'"),
-    (lambda t: t.replace("14.62       0", "  nan       0"), "{path}:25: in-place busbw must be a finite number >= 0; got 'nan'"),
-    (lambda t: t.replace("14.68       0", "14.68       3"), "{path}:25: out-of-place #wrong is 3: NCCL returned wrong data"),
-    (lambda t: t.replace("   250.00   16.78", "   250.00   26.78"), "{path}:25: out-of-place: size / time = 16.78 GB/s but algbw is 26.78"),
-    (lambda t: t.replace("16.78   14.68", "16.78   12.68"), "{path}:25: busbw 12.68 is not 0.8750 x algbw 16.78 (all_gather on 8 ranks"),
-    (lambda t: t.split("# Out of bounds")[0], "the table has no '# Avg bus bandwidth' footer: the run stopped"),
-    (lambda t: t.split("#       size")[0], "no result table"),
-    (lambda t: t.replace("13.6767", "12.1"), "{path}:28: Avg bus bandwidth 12.1 is not the mean 13.68 of the table's busbw"),
-    (lambda t: t.replace("environment to Simple", "environment to LL"), "{path}:16: NCCL says it ran protocol LL but the sweep line says protocol=Simple"),
-    (lambda t: t.replace("environment to 256.", "environment to 512."), "{path}:17: NCCL says it ran threads 512"),
-    (lambda t: t.replace("NCCL version 2.27.5+cuda12.9", "gpu07:1:1 [5] NCCL INFO 2 coll channels, 2 p2p channels, 1 p2p channels per peer"),
-     "ranks report different coll channel counts: 2 (line 15), 4 (line 18)"),
-    (lambda t: t.replace("gpu07:31000:31007 [3] NCCL INFO Channel", "srun: error: gpu07: task 3: Killed Channel"),
-     "{path}:24: expected a result row"),
-    (lambda t: t.replace("starting: all_gather_perf", "starting: all_reduce_perf"), "{path}:3: the run is all_reduce_perf but the sweep line says op=all_gather"),
-    (lambda t: t.replace("nodes=1", "nodes=2"), "{path}:1: the sweep line says nodes=2 but the '#  Rank' lines name 1 hosts"),
-    (lambda t: t.replace("algorithm=Ring protocol=Simple", "algorithm=Ring protocol=Simple").replace("op=all_gather algorithm", "op=all_reduce algorithm")
-     .replace("starting: all_gather_perf", "starting: all_reduce_perf"), "busbw / algbw = 0.8749, but all_reduce on 8 ranks has factor 1.7500"),
-    (lambda t: t + t.split("# Collective test starting: all_gather_perf\n")[1], "a second result table: one nccl-tests run per file"),
-])
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda t: t.replace(SWEEP + "\n", ""), "{path}:1: no '# lagom-sweep' line"),
+        (
+            lambda t: t.replace("channels=4 threads", "channels=0 threads"),
+            "{path}:1: # lagom-sweep line: channels must be an integer in 1..64; got '0'",
+        ),
+        (
+            lambda t: t.replace("threads=256", "threads=100"),
+            "{path}:1: # lagom-sweep line: threads must be a multiple of 32",
+        ),
+        (lambda t: t.replace("nodes=1", "nodes=1 algo=Ring"), "must have exactly the keys"),
+        (
+            lambda t: t.replace("op=all_gather algorithm=Ring", "op=sendrecv algorithm=Ring"),
+            "algorithm must be P2P for this op",
+        ),
+        (
+            lambda t: t.replace("   250.00   16.78   14.68       0", "   250.00   16.78   14.68"),
+            "{path}:25: expected a result row: size count type redop root, then time algbw busbw #wrong",
+        ),
+        (
+            lambda t: t.replace("   250.00   16.78", "      abc   16.78"),
+            "{path}:25: out-of-place time must be a finite number >= 0; got 'abc'",
+        ),
+        (
+            lambda t: t.replace("14.62       0", "  nan       0"),
+            "{path}:25: in-place busbw must be a finite number >= 0; got 'nan'",
+        ),
+        (
+            lambda t: t.replace("14.68       0", "14.68       3"),
+            "{path}:25: out-of-place #wrong is 3: NCCL returned wrong data",
+        ),
+        (
+            lambda t: t.replace("   250.00   16.78", "   250.00   26.78"),
+            "{path}:25: out-of-place: size / time = 16.78 GB/s but algbw is 26.78",
+        ),
+        (
+            lambda t: t.replace("16.78   14.68", "16.78   12.68"),
+            "{path}:25: busbw 12.68 is not 0.8750 x algbw 16.78 (all_gather on 8 ranks",
+        ),
+        (lambda t: t.split("# Out of bounds")[0], "the table has no '# Avg bus bandwidth' footer: the run stopped"),
+        (lambda t: t.split("#       size")[0], "no result table"),
+        (
+            lambda t: t.replace("13.6767", "12.1"),
+            "{path}:28: Avg bus bandwidth 12.1 is not the mean 13.68 of the table's busbw",
+        ),
+        (
+            lambda t: t.replace("environment to Simple", "environment to LL"),
+            "{path}:16: NCCL says it ran protocol LL but the sweep line says protocol=Simple",
+        ),
+        (lambda t: t.replace("environment to 256.", "environment to 512."), "{path}:17: NCCL says it ran threads 512"),
+        (
+            lambda t: t.replace(
+                "NCCL version 2.27.5+cuda12.9",
+                "gpu07:1:1 [5] NCCL INFO 2 coll channels, 2 p2p channels, 1 p2p channels per peer",
+            ),
+            "ranks report different coll channel counts: 2 (line 15), 4 (line 18)",
+        ),
+        (
+            lambda t: t.replace(
+                "gpu07:31000:31007 [3] NCCL INFO Channel", "srun: error: gpu07: task 3: Killed Channel"
+            ),
+            "{path}:24: expected a result row",
+        ),
+        (
+            lambda t: t.replace("starting: all_gather_perf", "starting: all_reduce_perf"),
+            "{path}:3: the run is all_reduce_perf but the sweep line says op=all_gather",
+        ),
+        (
+            lambda t: t.replace("nodes=1", "nodes=2"),
+            "{path}:1: the sweep line says nodes=2 but the '#  Rank' lines name 1 hosts",
+        ),
+        (
+            lambda t: (
+                t.replace("algorithm=Ring protocol=Simple", "algorithm=Ring protocol=Simple")
+                .replace("op=all_gather algorithm", "op=all_reduce algorithm")
+                .replace("starting: all_gather_perf", "starting: all_reduce_perf")
+            ),
+            "busbw / algbw = 0.8749, but all_reduce on 8 ranks has factor 1.7500",
+        ),
+        (
+            lambda t: t + t.split("# Collective test starting: all_gather_perf\n")[1],
+            "a second result table: one nccl-tests run per file",
+        ),
+    ],
+)
 def test_malformed_input_names_the_line_and_what_was_expected(tmp_path, edit, expected):
     _refused(tmp_path, edit(BY_HAND), expected)
 

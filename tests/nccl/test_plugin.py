@@ -11,7 +11,9 @@ from lagom_megatron.cli.main import main
 from lagom_megatron.nccl.plugin import PLUGIN_DIR, build_harness, build_tuner
 from tests.timeouts import COMMAND_S
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed: the tuner plugin is built with gcc")
+pytestmark = pytest.mark.skipif(
+    shutil.which("gcc") is None, reason="gcc is not installed: the tuner plugin is built with gcc"
+)
 
 ALGOS = ["tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat"]
 PROTOS = ["ll", "ll128", "simple"]
@@ -25,13 +27,22 @@ def built(tmp_path_factory):
 
 def _query(built, table, tag, n_ranks, n_nodes, coll, nbytes):
     lib, harness = built
-    proc = subprocess.run([str(harness), str(lib), "--query", str(table), tag, str(n_ranks), str(n_nodes),
-                           coll, str(nbytes)], capture_output=True, text=True, timeout=COMMAND_S)
+    proc = subprocess.run(
+        [str(harness), str(lib), "--query", str(table), tag, str(n_ranks), str(n_nodes), coll, str(nbytes)],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_S,
+    )
     assert proc.returncode == 0, proc.stderr
     fields = dict(kv.split("=") for kv in proc.stdout.split())
     algo, proto = int(fields["algo"]), int(fields["proto"])
-    return {"algo": ALGOS[algo] if algo >= 0 else None, "proto": PROTOS[proto] if proto >= 0 else None,
-            "channels": int(fields["channels"]), "chunk": int(fields["chunk"]), "log": proc.stderr}
+    return {
+        "algo": ALGOS[algo] if algo >= 0 else None,
+        "proto": PROTOS[proto] if proto >= 0 else None,
+        "channels": int(fields["channels"]),
+        "chunk": int(fields["chunk"]),
+        "log": proc.stderr,
+    }
 
 
 def test_harness_passes_every_case(built):
@@ -40,10 +51,19 @@ def test_harness_passes_every_case(built):
     names = listed.stdout.split()
     assert {"several_comms", "malformed_tables", "empty_table", "missing_table", "older_abis"} <= set(names)
     # the profiler half in NCCL's order for ABI v1-v6 (nccl/plugin/test/test_observed.c)
-    assert {"profiler_match_plan", "profiler_clamped_channels", "profiler_other_algorithm", "profiler_p2p",
-            "profiler_missing_comm_name", "profiler_user_plugin", "profiler_comm_name_keys_rows",
-            "profiler_activation_mask", "profiler_bounded", "profiler_small_call",
-            "profiler_proxy_before_host_stop"} <= set(names)
+    assert {
+        "profiler_match_plan",
+        "profiler_clamped_channels",
+        "profiler_other_algorithm",
+        "profiler_p2p",
+        "profiler_missing_comm_name",
+        "profiler_user_plugin",
+        "profiler_comm_name_keys_rows",
+        "profiler_activation_mask",
+        "profiler_bounded",
+        "profiler_small_call",
+        "profiler_proxy_before_host_stop",
+    } <= set(names)
     proc = subprocess.run([str(harness), str(lib)], capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     passed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("PASS ")]
@@ -53,8 +73,12 @@ def test_harness_passes_every_case(built):
 def test_harness_under_address_sanitizer(tmp_path):
     """Same cases with ASan/UBSan/LeakSanitizer: every error path must free what it allocated."""
     flags = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
-    probe = subprocess.run(["gcc", *flags, "-x", "c", "-", "-o", str(tmp_path / "probe")],
-                           input="int main(void){return 0;}", capture_output=True, text=True)
+    probe = subprocess.run(
+        ["gcc", *flags, "-x", "c", "-", "-o", str(tmp_path / "probe")],
+        input="int main(void){return 0;}",
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
         pytest.skip("gcc here has no AddressSanitizer runtime")
     lib = build_tuner(tmp_path, extra_cflags=flags)
@@ -70,12 +94,32 @@ def test_exports_only_the_abi_structs_and_status(built):
         assert hasattr(lib, f"ncclTunerPlugin_v{version}")
     for version in (1, 2, 3, 4, 5, 6):
         assert hasattr(lib, f"ncclProfiler_v{version}")
-    for status in ("lagomTunerAbiVersion", "lagomTunerInitCount", "lagomTunerRowHits", "lagomTunerTableFailures",
-                   "lagomProfilerSnapshot", "lagomProfilerSetActive", "lagomProfilerReset", "lagomProfilerState",
-                   "lagomProfilerInitCount", "lagomProfilerAbiVersion", "lagomProfilerForeign"):
+    for status in (
+        "lagomTunerAbiVersion",
+        "lagomTunerInitCount",
+        "lagomTunerRowHits",
+        "lagomTunerTableFailures",
+        "lagomProfilerSnapshot",
+        "lagomProfilerSetActive",
+        "lagomProfilerReset",
+        "lagomProfilerState",
+        "lagomProfilerInitCount",
+        "lagomProfilerAbiVersion",
+        "lagomProfilerForeign",
+    ):
         assert hasattr(lib, status), f"status export {status} missing"
-    for internal in ("lagomInit", "lagomGetCollInfo", "loadTable", "parseRow", "statusTableHits", "takeSlice",
-                     "observedStart", "observedNewComm", "findBucket", "initAny"):
+    for internal in (
+        "lagomInit",
+        "lagomGetCollInfo",
+        "loadTable",
+        "parseRow",
+        "statusTableHits",
+        "takeSlice",
+        "observedStart",
+        "observedNewComm",
+        "findBucket",
+        "initAny",
+    ):
         assert not hasattr(lib, internal), f"{internal} should be hidden"
 
 
@@ -87,10 +131,14 @@ def test_nm_lists_the_profiler_and_tuner_symbols(built):
         pytest.skip("nm (binutils) is not installed")
     from lagom_megatron.nccl.plugin_launch import NEWEST_TUNER_ABI
 
-    out = subprocess.run(["nm", "-D", "--defined-only", str(built[0])], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(built[0])], capture_output=True, text=True, check=True
+    ).stdout
     names = {line.split()[-1] for line in out.splitlines() if line.strip()}
     nccl = {n for n in names if n.startswith("nccl")}
-    assert nccl == {f"ncclProfiler_v{v}" for v in range(1, 7)} | {f"ncclTunerPlugin_v{v}" for v in range(3, NEWEST_TUNER_ABI + 1)}
+    assert nccl == {f"ncclProfiler_v{v}" for v in range(1, 7)} | {
+        f"ncclTunerPlugin_v{v}" for v in range(3, NEWEST_TUNER_ABI + 1)
+    }
     assert NEWEST_TUNER_ABI == 6
 
 
@@ -101,7 +149,8 @@ def test_extended_table_per_communicator(built, tmp_path):
         "reducescatter,0,33554432,ring,simple,4,-1,8,-1,-1,262144,dp_cp\n"
         "allgather,0,-1,ring,ll,2,-1,8,-1,-1,-1,dp_cp\n"
         "allgather,0,-1,nvls,simple,6,1,4,-1,-1,-1,tp\n"
-        "allreduce,0,-1,tree,ll128,12,-1,-1\n")
+        "allreduce,0,-1,tree,ll128,12,-1,-1\n"
+    )
     rs = _query(built, table, "dp_cp", 8, 1, "reducescatter", 33554432)
     assert (rs["algo"], rs["proto"], rs["channels"], rs["chunk"]) == ("ring", "simple", 4, 262144)
     rs_big = _query(built, table, "dp_cp", 8, 1, "reducescatter", 33554433)
@@ -142,8 +191,12 @@ def test_malformed_table_keeps_nccl_choice(built, tmp_path):
 def test_makefile_build_and_test_targets(tmp_path):
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    proc = subprocess.run(["make", "-C", str(PLUGIN_DIR), "test", f"BUILD_DIR={tmp_path}"],
-                          capture_output=True, text=True, timeout=COMMAND_S)
+    proc = subprocess.run(
+        ["make", "-C", str(PLUGIN_DIR), "test", f"BUILD_DIR={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_S,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 failed" in proc.stdout
     assert (tmp_path / "libnccl-tuner-lagom.so").is_file()
@@ -162,8 +215,16 @@ def test_the_export_hint_is_a_shell_command_for_a_folder_with_spaces(tmp_path, c
     assert main(["build-tuner", "-o", str(out)]) == 0
     lib, hint = capsys.readouterr().out.splitlines()
     command = hint.removeprefix("# use it with:").split("  (")[0].strip()
-    shown = subprocess.run(["bash", "-c", f'{command}; printf "%s|%s|%s" "$NCCL_TUNER_PLUGIN" "$NCCL_PROFILER_PLUGIN" '
-                            '"$LAGOM_TUNER_CONFIG"'], capture_output=True, text=True, timeout=COMMAND_S)
+    shown = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'{command}; printf "%s|%s|%s" "$NCCL_TUNER_PLUGIN" "$NCCL_PROFILER_PLUGIN" "$LAGOM_TUNER_CONFIG"',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_S,
+    )
     assert shown.returncode == 0 and shown.stdout == f"{lib}|{lib}|TABLE.csv", shown.stderr
     assert lib == str((out / "libnccl-tuner-lagom.so").resolve())
 
@@ -190,8 +251,9 @@ def test_gpu_check_script_fails_gracefully_without_a_gpu(tmp_path):
     shadow.mkdir()
     (shadow / "torch.py").write_text("raise ImportError('torch hidden by the test')\n")
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(shadow)}
-    proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=COMMAND_S,
-                          env=env)
+    proc = subprocess.run(
+        ["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=COMMAND_S, env=env
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| build tuner plugin | ok | 4 ABI structs exported |" in summary
@@ -216,12 +278,24 @@ def test_exported_plan_table_is_read_by_the_plugin(built, tmp_path):
     entries = {
         "dp.grad_reduce_scatter[bucket0]": PlanEntry(
             config=CommConfig(algorithm="Ring", protocol="Simple", n_channels=4, chunk_size=131072),
-            predicted_t_comm_us=100.0, predicted_t_region_us=120.0, group="dp", op="reduce_scatter",
-            nbytes=8 << 20, group_size=8, n_nodes=1),
+            predicted_t_comm_us=100.0,
+            predicted_t_region_us=120.0,
+            group="dp",
+            op="reduce_scatter",
+            nbytes=8 << 20,
+            group_size=8,
+            n_nodes=1,
+        ),
         "tp.sp_all_gather[layer0]": PlanEntry(
             config=CommConfig(algorithm="Ring", protocol="LL", n_channels=2),
-            predicted_t_comm_us=10.0, predicted_t_region_us=30.0, group="tp", op="all_gather",
-            nbytes=1 << 16, group_size=4, n_nodes=1),
+            predicted_t_comm_us=10.0,
+            predicted_t_region_us=30.0,
+            group="tp",
+            op="all_gather",
+            nbytes=1 << 16,
+            group_size=4,
+            n_nodes=1,
+        ),
     }
     text = export.export_plan(Plan(entries=entries), "nccl-tuner-csv", extended=True)
     table = tmp_path / "plan.csv"
@@ -230,8 +304,11 @@ def test_exported_plan_table_is_read_by_the_plugin(built, tmp_path):
     assert rows, "the exporter wrote no rows"
     colls = {"reduce_scatter": "reducescatter", "all_gather": "allgather"}
     for site, entry in entries.items():
-        row = next(r for r in rows if r[0] == colls[entry.op] and int(r[1]) <= entry.nbytes
-                   and (int(r[2]) == -1 or entry.nbytes <= int(r[2])))
+        row = next(
+            r
+            for r in rows
+            if r[0] == colls[entry.op] and int(r[1]) <= entry.nbytes and (int(r[2]) == -1 or entry.nbytes <= int(r[2]))
+        )
         tag = row[11].strip() if len(row) > 11 and row[11].strip() not in ("", "*") else "-"
         # the group's own communicator, and a pool entry of that group (tagged "<group>/<key>")
         for comm in (tag, f"{tag}/plugin_any_any" if tag != "-" else "-"):
@@ -260,8 +337,12 @@ def _nccl_example_decision(table_text, n_ranks, n_nodes, coll, nbytes):
         if not 8 <= len(fields) <= 10:
             continue
         c_nodes, c_ranks = int(fields[6]), int(fields[7])
-        if (fields[0] == coll and int(fields[1]) <= nbytes <= int(fields[2]) and c_nodes in (-1, n_nodes)
-                and c_ranks in (-1, n_ranks)):
+        if (
+            fields[0] == coll
+            and int(fields[1]) <= nbytes <= int(fields[2])
+            and c_nodes in (-1, n_nodes)
+            and c_ranks in (-1, n_ranks)
+        ):
             algo = fields[3] if fields[3] in algos else "ring"
             proto = fields[4] if fields[4] in protos else "simple"
             if int(fields[5]) != -1:
@@ -279,14 +360,26 @@ def test_ten_column_export_gives_the_same_decisions_in_nccl_example_plugin(built
     from lagom_megatron.nccl.export import export_plan
 
     def entry(cfg, op, nbytes, group_size, n_nodes):
-        return PlanEntry(config=cfg, predicted_t_comm_us=1.0, predicted_t_region_us=1.0, group="dp", op=op,
-                         nbytes=nbytes, group_size=group_size, n_nodes=n_nodes)
+        return PlanEntry(
+            config=cfg,
+            predicted_t_comm_us=1.0,
+            predicted_t_region_us=1.0,
+            group="dp",
+            op=op,
+            nbytes=nbytes,
+            group_size=group_size,
+            n_nodes=n_nodes,
+        )
 
-    plan = Plan(entries={
-        "dp.rs[0]": entry(CommConfig(algorithm="Ring", protocol="Simple", n_channels=12), "reduce_scatter", 41943040, 8, 1),
-        "dp.ag[0]": entry(CommConfig(algorithm="PAT", protocol="LL", n_channels=2), "all_gather", 1 << 20, 16, 2),
-        "dp.ar[0]": entry(CommConfig(algorithm="Tree", protocol="LL128", n_channels=16), "all_reduce", 4096, 16, 2),
-    })
+    plan = Plan(
+        entries={
+            "dp.rs[0]": entry(
+                CommConfig(algorithm="Ring", protocol="Simple", n_channels=12), "reduce_scatter", 41943040, 8, 1
+            ),
+            "dp.ag[0]": entry(CommConfig(algorithm="PAT", protocol="LL", n_channels=2), "all_gather", 1 << 20, 16, 2),
+            "dp.ar[0]": entry(CommConfig(algorithm="Tree", protocol="LL128", n_channels=16), "all_reduce", 4096, 16, 2),
+        }
+    )
     text = export_plan(plan, "nccl-tuner-csv")
     table = tmp_path / "nccl_tuner.conf"
     table.write_text(text)

@@ -53,8 +53,11 @@ def _layout(binary: Path) -> dict[str, int]:
 
 def _ours(tmp_path: Path) -> dict[str, int]:
     binary = tmp_path / "abi_ours"
-    proc = subprocess.run(["gcc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(binary), str(SOURCE)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["gcc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(binary), str(SOURCE)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     return _layout(binary)
 
@@ -76,7 +79,9 @@ def test_table_covers_every_exported_version():
     # values counted by hand from the headers' member lists: the union starts at 24 (type, parentObj,
     # rank); v4 dropped name and commHash (16 bytes) before nChannels; v6's copy-engine members end
     # where v5's coll ends (parentGroup at 104), so both descriptors are 112 bytes
-    assert NCCL_ABI_LAYOUT["ncclProfilerEventDescr_v5_t"] == 112 and NCCL_ABI_LAYOUT["ncclProfilerEventDescr_v6_t"] == 112
+    assert (
+        NCCL_ABI_LAYOUT["ncclProfilerEventDescr_v5_t"] == 112 and NCCL_ABI_LAYOUT["ncclProfilerEventDescr_v6_t"] == 112
+    )
     assert NCCL_ABI_LAYOUT["ncclProfilerEventDescr_v3_t.coll.nMaxChannels"] == 96
     assert NCCL_ABI_LAYOUT["ncclProfilerEventDescr_v4_t.coll.nChannels"] == 80
     assert NCCL_ABI_LAYOUT["ncclTuner_v6_t.getChunkSize"] == 32
@@ -96,11 +101,15 @@ def test_live_against_nccls_own_headers(tmp_path):
     for h in TUNER_HEADERS + PROFILER_HEADERS:  # copied into the temporary folder only
         (work / h).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(include / h, work / h)
-    (work / "lagom_abi_nccl_prelude.h").write_text(PRELUDE + "".join(f'#include "{h}"\n'
-                                                                      for h in TUNER_HEADERS + PROFILER_HEADERS))
+    (work / "lagom_abi_nccl_prelude.h").write_text(
+        PRELUDE + "".join(f'#include "{h}"\n' for h in TUNER_HEADERS + PROFILER_HEADERS)
+    )
     binary = tmp_path / "abi_nccl"
-    proc = subprocess.run(["g++", "-x", "c++", "-DLAGOM_ABI_NCCL", f"-I{work}", "-o", str(binary), str(SOURCE)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["g++", "-x", "c++", "-DLAGOM_ABI_NCCL", f"-I{work}", "-o", str(binary), str(SOURCE)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     theirs = _layout(binary)
     assert theirs == _ours(tmp_path)

@@ -17,8 +17,13 @@ needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not i
 def libs(tmp_path_factory):
     out = tmp_path_factory.mktemp("plugin_check")
     foreign = out / "libnot-a-tuner.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-x", "c", "-", "-o", str(foreign)], input="int lagomNothing = 1;\n",
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-x", "c", "-", "-o", str(foreign)],
+        input="int lagomNothing = 1;\n",
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     broken = out / "libbroken.so"
     broken.write_bytes(b"not an ELF file")
     return {"lagom": build_tuner(out), "foreign": foreign, "broken": broken}
@@ -36,8 +41,11 @@ def test_symbols_each_nccl_release_looks_up():
 def test_values_that_load_no_plugin():
     assert check_tuner_plugin({}) == []
     (none,) = check_tuner_plugin({"NCCL_TUNER_PLUGIN": "None"})
-    assert (none.level, none.variable, none.what) == ("error", "NCCL_TUNER_PLUGIN",
-                                                      "NCCL_TUNER_PLUGIN='None' disables the tuner plugin")
+    assert (none.level, none.variable, none.what) == (
+        "error",
+        "NCCL_TUNER_PLUGIN",
+        "NCCL_TUNER_PLUGIN='None' disables the tuner plugin",
+    )
     (rel,) = check_tuner_plugin({"NCCL_TUNER_PLUGIN": "build/libnccl-tuner-lagom.so"})
     assert rel.what == "NCCL_TUNER_PLUGIN='build/libnccl-tuner-lagom.so' is a relative path"
     assert check_tuner_plugin({"NCCL_TUNER_PLUGIN": "lagom"}) == [], "a loader-path name is NCCL's lookup"
@@ -59,16 +67,29 @@ def test_library_symbols(libs):
 
 
 @needs_gcc
-@pytest.mark.parametrize("kind, line", [
-    ("missing", "error: [nccl-env] NCCL_TUNER_PLUGIN='/nonexistent/libnccl-tuner-lagom.so': the file does not exist"),
-    ("relative", "error: [nccl-env] NCCL_TUNER_PLUGIN='./libnccl-tuner-lagom.so' is a relative path"),
-    ("foreign", "error: [nccl-env] NCCL_TUNER_PLUGIN='{foreign}' has none of the symbols NCCL 2.27.5 looks up "
-                "(ncclTunerPlugin_v4, ncclTunerPlugin_v3, ncclTunerPlugin_v2)"),
-    ("none", "error: [nccl-env] NCCL_TUNER_PLUGIN='none' disables the tuner plugin"),
-])
+@pytest.mark.parametrize(
+    "kind, line",
+    [
+        (
+            "missing",
+            "error: [nccl-env] NCCL_TUNER_PLUGIN='/nonexistent/libnccl-tuner-lagom.so': the file does not exist",
+        ),
+        ("relative", "error: [nccl-env] NCCL_TUNER_PLUGIN='./libnccl-tuner-lagom.so' is a relative path"),
+        (
+            "foreign",
+            "error: [nccl-env] NCCL_TUNER_PLUGIN='{foreign}' has none of the symbols NCCL 2.27.5 looks up "
+            "(ncclTunerPlugin_v4, ncclTunerPlugin_v3, ncclTunerPlugin_v2)",
+        ),
+        ("none", "error: [nccl-env] NCCL_TUNER_PLUGIN='none' disables the tuner plugin"),
+    ],
+)
 def test_doctor_errors_name_the_variable(libs, capsys, monkeypatch, kind, line):
-    value = {"missing": "/nonexistent/libnccl-tuner-lagom.so", "relative": "./libnccl-tuner-lagom.so",
-             "foreign": str(libs["foreign"]), "none": "none"}[kind]
+    value = {
+        "missing": "/nonexistent/libnccl-tuner-lagom.so",
+        "relative": "./libnccl-tuner-lagom.so",
+        "foreign": str(libs["foreign"]),
+        "none": "none",
+    }[kind]
     monkeypatch.setenv("NCCL_TUNER_PLUGIN", value)
     assert main(["doctor", "--preset", "llama3-70b-h100x64", "--cluster", "h100-sxm-ib400"]) == 1
     out = capsys.readouterr().out
@@ -107,13 +128,17 @@ def test_doctor_reports_the_abis_nccl_will_use(libs, capsys, monkeypatch):
     monkeypatch.setenv("NCCL_PROFILER_PLUGIN", lib)
     assert main(["doctor", "--preset", "llama3-70b-h100x64", "--cluster", "h100-sxm-ib400"]) == 0
     out = capsys.readouterr().out.splitlines()  # h100-sxm-ib400 pins NCCL 2.27.5
-    assert (f"lagom doctor: NCCL 2.27.5 will use, of {lib}: ncclTunerPlugin_v4 (tuner ABI v4); ncclProfiler_v4 "
-            "(profiler ABI v4)") in out
+    assert (
+        f"lagom doctor: NCCL 2.27.5 will use, of {lib}: ncclTunerPlugin_v4 (tuner ABI v4); ncclProfiler_v4 "
+        "(profiler ABI v4)"
+    ) in out
     monkeypatch.setenv("NCCL_PROFILER_PLUGIN", "/opt/site/libnccl-profiler-user.so")
     assert main(["doctor", "--preset", "llama3-70b-h100x64", "--cluster", "h100-sxm-ib400"]) == 0
     out = capsys.readouterr().out
-    assert ("warning: [nccl-env] NCCL_PROFILER_PLUGIN='/opt/site/libnccl-profiler-user.so' names another profiler "
-            "plugin, which lagom never replaces: lagom checks only the tuner's row hits, not what NCCL ran") in out
+    assert (
+        "warning: [nccl-env] NCCL_PROFILER_PLUGIN='/opt/site/libnccl-profiler-user.so' names another profiler "
+        "plugin, which lagom never replaces: lagom checks only the tuner's row hits, not what NCCL ran"
+    ) in out
     assert "ncclTunerPlugin_v4 (tuner ABI v4); no profiler of lagom's (NCCL_PROFILER_PLUGIN=/opt/site/" in out
 
 

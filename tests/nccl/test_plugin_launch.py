@@ -32,10 +32,13 @@ def test_in_process_variables(tmp_path):
     assert launch_env(mine) == ({}, None), "a user's own values are kept (and no profiler of lagom's is named)"
     theirs = {"LAGOM_TUNER_DIR": str(tmp_path), "NCCL_PROFILER_PLUGIN": "/opt/site/libnccl-profiler-x.so"}
     values, _ = launch_env(theirs, nccl_version="2.27.5")
-    assert "NCCL_PROFILER_PLUGIN" not in values and values["NCCL_TUNER_PLUGIN"].endswith("libnccl-tuner-lagom.so"), \
+    assert "NCCL_PROFILER_PLUGIN" not in values and values["NCCL_TUNER_PLUGIN"].endswith("libnccl-tuner-lagom.so"), (
         "a user's own profiler plugin is never replaced"
+    )
     values, _ = launch_env({"NCCL_TUNER_PLUGIN": env["NCCL_TUNER_PLUGIN"]})
     assert values == {"NCCL_PROFILER_PLUGIN": env["NCCL_TUNER_PLUGIN"], "LAGOM_TUNER_CONFIG": ""}
     values, note = launch_env({"LAGOM_TUNER_DIR": str(tmp_path)}, nccl_version="2.21.5")
-    assert values == {} and note == ("lagom: note: NCCL 2.21.5 cannot load lagom's tuner plugin (2.22+); lagom "
-                                     "applies CTA bounds only (docs/nccl.md)")
+    assert values == {} and note == (
+        "lagom: note: NCCL 2.21.5 cannot load lagom's tuner plugin (2.22+); lagom "
+        "applies CTA bounds only (docs/nccl.md)"
+    )

@@ -25,13 +25,21 @@ def probe():
 
 
 def test_status_checks(probe):
-    good = PluginStatus(path="/p/libnccl-tuner-lagom.so", abi_version=6, init_count=2, row_hits=(0, 0), table_loaded=True)
+    good = PluginStatus(
+        path="/p/libnccl-tuner-lagom.so", abi_version=6, init_count=2, row_hits=(0, 0), table_loaded=True
+    )
     assert probe.status_checks(good) == dict.fromkeys(
-        ("plugin_loaded", "plugin_abi", "plugin_initialised", "table_loaded", "table_ok"), True)
+        ("plugin_loaded", "plugin_abi", "plugin_initialised", "table_loaded", "table_ok"), True
+    )
     assert not any(probe.status_checks(None).values())
     not_init = PluginStatus(path="p", abi_version=0, init_count=0, row_hits=(), table_loaded=False, table_failures=1)
-    assert probe.status_checks(not_init) == {"plugin_loaded": True, "plugin_abi": False, "plugin_initialised": False,
-                                             "table_loaded": False, "table_ok": False}
+    assert probe.status_checks(not_init) == {
+        "plugin_loaded": True,
+        "plugin_abi": False,
+        "plugin_initialised": False,
+        "table_loaded": False,
+        "table_ok": False,
+    }
 
 
 class FakeWork:
@@ -66,8 +74,12 @@ def test_probe_skips_without_a_gpu(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: check.sh runs the probe for real")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "plugin_probe.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=COMMAND_S)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu" / "plugin_probe.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_S,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "plugin_probe.json").read_text())
     assert result["status"] == "skipped" and result["reason"] == "no CUDA device or torch without NCCL"

@@ -29,7 +29,9 @@ from lagom_megatron.nccl.validate import nccl_bins
 
 from .test_plugin_status import _drive
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed: the tuner plugin is built with gcc")
+pytestmark = pytest.mark.skipif(
+    shutil.which("gcc") is None, reason="gcc is not installed: the tuner plugin is built with gcc"
+)
 
 ALLGATHER, ALLREDUCE = 2, 4  # ncclFunc_t
 MIB = 1 << 20
@@ -41,8 +43,17 @@ def lib(tmp_path_factory):
 
 
 def _entry(config, *, op="all_gather", nbytes, parts=(), group="dp", group_size=8, n_nodes=1):
-    return PlanEntry(config=config, predicted_t_comm_us=1.0, predicted_t_region_us=1.0, group=group, op=op,
-                     nbytes=nbytes, group_size=group_size, n_nodes=n_nodes, parts=tuple(parts))
+    return PlanEntry(
+        config=config,
+        predicted_t_comm_us=1.0,
+        predicted_t_region_us=1.0,
+        group=group,
+        op=op,
+        nbytes=nbytes,
+        group_size=group_size,
+        n_nodes=n_nodes,
+        parts=tuple(parts),
+    )
 
 
 def test_nccl_bins_aggregate_within_4x_per_dtype():
@@ -89,8 +100,13 @@ def test_a_mixed_bucket_group_gets_one_row_per_nccl_bin_and_every_call_matches(l
     parts = [("uint8", 64 * MIB), ("bfloat16", 4 * MIB), ("bfloat16", 8 * MIB), ("bfloat16", 32 * MIB)]
     bins = nccl_bins(parts, nbytes=sum(b for _, b in parts), op="all_gather")
     assert bins == [12 * MIB, 96 * MIB]  # an all-gather's tensors are one bin of bytes
-    plan = Plan(entries={"dp.param_all_gather[chunk0.bucket3]": _entry(CommConfig(n_channels=6, protocol="Simple"),
-                                                                       nbytes=108 * MIB, parts=parts)})
+    plan = Plan(
+        entries={
+            "dp.param_all_gather[chunk0.bucket3]": _entry(
+                CommConfig(n_channels=6, protocol="Simple"), nbytes=108 * MIB, parts=parts
+            )
+        }
+    )
     rows = tuner_rows(plan, extended=True)
     assert sorted(int(r.cells[1]) for r in rows) == sorted(bins)
     table = tmp_path / "table.csv"
@@ -107,10 +123,25 @@ def test_a_mixed_bucket_group_gets_one_row_per_nccl_bin_and_every_call_matches(l
 
 def test_sites_sharing_a_bin_share_one_decision():
     rules = NcclRules(ClusterSpec.load("h100-sxm-ib400"))
-    a = CollectiveSite(site_id="dp.a[0]", op="reduce_scatter", nbytes=16 * MIB, dtype="bfloat16", group="dp",
-                       group_size=8, reduce_op="sum", parts=(("float32", 12 * MIB), ("bfloat16", 4 * MIB)))
-    b = CollectiveSite(site_id="dp.b[0]", op="reduce_scatter", nbytes=4 * MIB, dtype="bfloat16", group="dp",
-                       group_size=8, reduce_op="sum")
+    a = CollectiveSite(
+        site_id="dp.a[0]",
+        op="reduce_scatter",
+        nbytes=16 * MIB,
+        dtype="bfloat16",
+        group="dp",
+        group_size=8,
+        reduce_op="sum",
+        parts=(("float32", 12 * MIB), ("bfloat16", 4 * MIB)),
+    )
+    b = CollectiveSite(
+        site_id="dp.b[0]",
+        op="reduce_scatter",
+        nbytes=4 * MIB,
+        dtype="bfloat16",
+        group="dp",
+        group_size=8,
+        reduce_op="sum",
+    )
     assert rules.call_keys(a) == [("dp", "reduce_scatter", 12 * MIB), ("dp", "reduce_scatter", 4 * MIB)]
     assert set(rules.call_keys(a)) & set(rules.call_keys(b))  # one getCollInfo key: tied by the search
     assert "2 tuner rows, one per NCCL bin" in rules.site_domains(a)[1]
@@ -119,11 +150,22 @@ def test_sites_sharing_a_bin_share_one_decision():
 def test_rows_match_the_node_count_nccl_passes_on_multi_node_nvlink(lib, tmp_path):
     """A tensor-parallel group of 8 over two 4-GPU hosts of one 72-GPU NVLink domain: the plan says
     2 nodes (hosts), NCCL initialises the plugin with nNodes 1 (one domain)."""
-    nvl72 = dataclasses.replace(ClusterSpec.load("h100-sxm-ib400"), name="nvl72", gpus_per_node=4, nvlink_domain_gpus=72,
-                                sm_arch=100, nccl_version="2.30.7")
+    nvl72 = dataclasses.replace(
+        ClusterSpec.load("h100-sxm-ib400"),
+        name="nvl72",
+        gpus_per_node=4,
+        nvlink_domain_gpus=72,
+        sm_arch=100,
+        nccl_version="2.30.7",
+    )
     assert nvl72.nccl_nodes(2, 8) == 1 and nvl72.nccl_nodes(36, 144) == 2
-    plan = Plan(entries={"tp.sp_all_gather[0]": _entry(CommConfig(n_channels=8, protocol="Simple"), nbytes=32 * MIB,
-                                                       group="tp", n_nodes=2)})
+    plan = Plan(
+        entries={
+            "tp.sp_all_gather[0]": _entry(
+                CommConfig(n_channels=8, protocol="Simple"), nbytes=32 * MIB, group="tp", n_nodes=2
+            )
+        }
+    )
     (row,) = tuner_rows(plan, extended=True)
     assert row.cells[6] == "-1"  # nNodes: any
     table = tmp_path / "table.csv"

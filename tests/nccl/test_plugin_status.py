@@ -16,9 +16,11 @@ import pytest
 from lagom_megatron.nccl.plugin import build_tuner
 from tests.timeouts import COMMAND_S
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed: the tuner plugin is built with gcc")
+pytestmark = pytest.mark.skipif(
+    shutil.which("gcc") is None, reason="gcc is not installed: the tuner plugin is built with gcc"
+)
 
-DRIVER = textwrap.dedent('''
+DRIVER = textwrap.dedent("""
     import ctypes, json, os, sys
     from lagom_megatron.nccl.plugin_status import read_plugin_status
 
@@ -63,7 +65,7 @@ DRIVER = textwrap.dedent('''
     out["channels"] = channels
     tuner.finalize(ctx)
     print(json.dumps(out))
-''')
+""")
 
 
 def _drive(lib, table, tag, calls, *, n_ranks=8, n_nodes=1):
@@ -71,8 +73,12 @@ def _drive(lib, table, tag, calls, *, n_ranks=8, n_nodes=1):
     ``comm->nRanks``, ``comm->nNodes``), then ``getCollInfo`` for each (func, nBytes) of ``calls``."""
     import json
 
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(lib), str(table), tag, json.dumps(calls),
-                           json.dumps([n_ranks, n_nodes])], capture_output=True, text=True, timeout=COMMAND_S)
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(lib), str(table), tag, json.dumps(calls), json.dumps([n_ranks, n_nodes])],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_S,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -87,12 +93,14 @@ ALLREDUCE, ALLGATHER, REDUCESCATTER = 4, 2, 3
 
 def test_hit_counters_read_back_through_ctypes(lib, tmp_path):
     table = tmp_path / "plan.csv"
-    table.write_text("# lagom plan table\n"
-                     "allreduce,1048576,1048576,ring,simple,4,1,8,-1,-1,-1,dp\n"
-                     "\n"
-                     "allgather,65536,65536,ring,ll,2,1,8,-1,-1,-1,dp\n"
-                     "reducescatter,4096,4096,ring,simple,3,1,8,-1,-1,-1,tp\n"
-                     "allreduce,4096,4096,tree,simple,6,1,8,-1,-1,-1,dp\n")
+    table.write_text(
+        "# lagom plan table\n"
+        "allreduce,1048576,1048576,ring,simple,4,1,8,-1,-1,-1,dp\n"
+        "\n"
+        "allgather,65536,65536,ring,ll,2,1,8,-1,-1,-1,dp\n"
+        "reducescatter,4096,4096,ring,simple,3,1,8,-1,-1,-1,tp\n"
+        "allreduce,4096,4096,tree,simple,6,1,8,-1,-1,-1,dp\n"
+    )
     calls = [[ALLREDUCE, 1048576]] * 3 + [[ALLREDUCE, 4096], [ALLREDUCE, 777], [REDUCESCATTER, 4096]]
     got = _drive(lib, table, "dp/plugin_entry", calls)
     assert got["before_load"] is True, "not loaded yet: no status"
@@ -120,35 +128,47 @@ def test_not_loaded_library_reads_none(lib):
 def _rows():
     from lagom_megatron.nccl.export import TunerRow
 
-    return [TunerRow(cells=("allreduce", "4096", "4096"), sites=("dp.ar[0]",)),
-            TunerRow(cells=("reducescatter", "41943040", "41943040"), sites=("tp.rs[0]", "tp.rs[1]", "tp.rs[2]")),
-            TunerRow(cells=("allgather", "1024", "1024"), sites=("tp.ag[0]",))]
+    return [
+        TunerRow(cells=("allreduce", "4096", "4096"), sites=("dp.ar[0]",)),
+        TunerRow(cells=("reducescatter", "41943040", "41943040"), sites=("tp.rs[0]", "tp.rs[1]", "tp.rs[2]")),
+        TunerRow(cells=("allgather", "1024", "1024"), sites=("tp.ag[0]",)),
+    ]
 
 
 def test_summarize_hits_names_rows_never_matched():
     from lagom_megatron.nccl.plugin_status import PluginStatus, summarize_hits
 
-    status = PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=12, row_hits=(5, 0, 0),
-                          table_loaded=True)
+    status = PluginStatus(
+        path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=12, row_hits=(5, 0, 0), table_loaded=True
+    )
     assert summarize_hits(status, _rows()) == (
         "lagom: tuner plugin ABI v6, 12 communicator(s): 1/3 planned rows matched at least once; never matched: "
-        "row 2 (reducescatter,41943040,41943040; tp.rs[0] +2 more), row 3 (allgather,1024,1024; tp.ag[0])")
+        "row 2 (reducescatter,41943040,41943040; tp.rs[0] +2 more), row 3 (allgather,1024,1024; tp.ag[0])"
+    )
     assert summarize_hits(status, _rows(), max_listed=1).endswith("tp.rs[0] +2 more), and 1 more")
     all_hit = PluginStatus(path="p", abi_version=5, init_count=3, row_hits=(1, 2, 3), table_loaded=True)
-    assert summarize_hits(all_hit, _rows()) == "lagom: tuner plugin ABI v5, 3 communicator(s): 3/3 planned rows matched at least once"
+    assert (
+        summarize_hits(all_hit, _rows())
+        == "lagom: tuner plugin ABI v5, 3 communicator(s): 3/3 planned rows matched at least once"
+    )
 
 
 def test_summarize_hits_when_nothing_can_have_applied():
     from lagom_megatron.nccl.plugin_status import PluginStatus, summarize_hits
 
-    assert summarize_hits(None, _rows()) == ("lagom: tuner plugin not loaded by NCCL in this process: none of the "
-                                             "3 planned rows can have been applied")
+    assert summarize_hits(None, _rows()) == (
+        "lagom: tuner plugin not loaded by NCCL in this process: none of the 3 planned rows can have been applied"
+    )
     no_table = PluginStatus(path="p", abi_version=6, init_count=2, row_hits=(), table_loaded=False, table_failures=2)
-    assert summarize_hits(no_table, _rows()) == ("lagom: tuner plugin ABI v6, 2 communicator(s), 2 unreadable table "
-                                                 "load(s): no plan table loaded; none of the 3 planned rows applied")
+    assert summarize_hits(no_table, _rows()) == (
+        "lagom: tuner plugin ABI v6, 2 communicator(s), 2 unreadable table "
+        "load(s): no plan table loaded; none of the 3 planned rows applied"
+    )
     idle = PluginStatus(path="p", abi_version=0, init_count=0, row_hits=(), table_loaded=False)
-    assert summarize_hits(idle, _rows()) == ("lagom: tuner plugin mapped in this process but NCCL initialised no "
-                                             "communicator with it: none of the 3 planned rows can have been applied")
+    assert summarize_hits(idle, _rows()) == (
+        "lagom: tuner plugin mapped in this process but NCCL initialised no "
+        "communicator with it: none of the 3 planned rows can have been applied"
+    )
     other = PluginStatus(path="p", abi_version=6, init_count=2, row_hits=(1,), table_loaded=True)
     assert "the loaded table has 1 rows, the plan 3: it is not this plan's table" in summarize_hits(other, _rows())
 
@@ -160,7 +180,16 @@ def test_plan_hit_summary_in_a_process_without_the_plugin(monkeypatch):
     from lagom_megatron.nccl.export import plan_hit_summary
 
     monkeypatch.setattr(plugin_status, "read_plugin_status", lambda: None)  # other tests may have loaded it here
-    entry = PlanEntry(config=CommConfig(algorithm="Ring", n_channels=4), predicted_t_comm_us=1.0, predicted_t_region_us=1.0,
-                      group="dp", op="all_reduce", nbytes=4096, group_size=8, n_nodes=1)
+    entry = PlanEntry(
+        config=CommConfig(algorithm="Ring", n_channels=4),
+        predicted_t_comm_us=1.0,
+        predicted_t_region_us=1.0,
+        group="dp",
+        op="all_reduce",
+        nbytes=4096,
+        group_size=8,
+        n_nodes=1,
+    )
     assert plan_hit_summary(Plan(entries={"dp.ar[0]": entry})).startswith(
-        "lagom: tuner plugin not loaded by NCCL in this process: none of the 1 planned rows")
+        "lagom: tuner plugin not loaded by NCCL in this process: none of the 1 planned rows"
+    )

@@ -44,8 +44,9 @@ def test_fields_are_detected_from_the_options_class(torch_fields):
     assert nccl_config_fields(make_options_cls(torch_fields)) == frozenset(torch_fields)
 
 
-@pytest.mark.parametrize("torch_fields, expect_nvls", [(TORCH_25_FIELDS, False), (TORCH_28_FIELDS, True)],
-                         ids=["torch2.5-2.7", "torch2.8+"])
+@pytest.mark.parametrize(
+    "torch_fields, expect_nvls", [(TORCH_25_FIELDS, False), (TORCH_28_FIELDS, True)], ids=["torch2.5-2.7", "torch2.8+"]
+)
 def test_channels_map_to_both_cta_ends(torch_fields, expect_nvls):
     cfg = CommConfig(n_channels=6, cga_cluster_size=2)
     mapping = nccl_options_for(cfg, fields=nccl_config_fields(make_options_cls(torch_fields)))
@@ -71,8 +72,10 @@ def test_cta_policy_needs_torch_28():
         nccl_options_for(CommConfig(cta_policy="FAST"))
 
 
-@pytest.mark.parametrize("n, version, ok", [(64, (2, 27, 5), True), (64, (2, 21, 5), False), (32, (2, 21, 5), True),
-                                            (0, None, False), (65, None, False)])
+@pytest.mark.parametrize(
+    "n, version, ok",
+    [(64, (2, 27, 5), True), (64, (2, 21, 5), False), (32, (2, 21, 5), True), (0, None, False), (65, None, False)],
+)
 def test_channel_domain_depends_on_nccl_version(n, version, ok):
     cfg = CommConfig(n_channels=n)
     if ok:
@@ -95,24 +98,30 @@ def test_algorithm_and_protocol_are_scoped_per_nccl_function():
     env = nccl_options_for(CommConfig(algorithm="PAT"))["env"]
     assert env == {"NCCL_ALGO": "allgather:PAT;reducescatter:PAT"}
     env = nccl_options_for(CommConfig(protocol="simple"))["env"]
-    assert env == {"NCCL_PROTO": "broadcast:Simple;reduce:Simple;allgather:Simple;reducescatter:Simple;allreduce:Simple"}
+    assert env == {
+        "NCCL_PROTO": "broadcast:Simple;reduce:Simple;allgather:Simple;reducescatter:Simple;allreduce:Simple"
+    }
 
 
 def test_tuner_plugin_mode_sets_no_algo_env():
-    env = nccl_options_for(CommConfig(algorithm="Ring", protocol="LL128", n_channels=4), use_tuner_plugin=True,
-                           tag="tp")["env"]
+    env = nccl_options_for(
+        CommConfig(algorithm="Ring", protocol="LL128", n_channels=4), use_tuner_plugin=True, tag="tp"
+    )["env"]
     assert env == {"LAGOM_TUNER_COMM_TAG": "tp"}
 
 
-@pytest.mark.parametrize("cfg, op, message", [
-    (CommConfig(protocol="LL128"), None, "LL128 is never forced"),
-    (CommConfig(algorithm="NVLS", protocol="LL"), None, "NVLS with the Simple protocol only"),
-    (CommConfig(algorithm="Tree"), "all_gather", "Tree does not implement all_gather"),
-    (CommConfig(algorithm="Ring"), "send", "send is point-to-point"),
-    (CommConfig(algorithm="Ring"), "gather", "op must be one of"),
-    (CommConfig(algorithm="Butterfly"), None, "algorithm 'Butterfly' is not one of"),
-    (CommConfig(protocol="LL256"), None, "protocol 'LL256' is not one of"),
-])
+@pytest.mark.parametrize(
+    "cfg, op, message",
+    [
+        (CommConfig(protocol="LL128"), None, "LL128 is never forced"),
+        (CommConfig(algorithm="NVLS", protocol="LL"), None, "NVLS with the Simple protocol only"),
+        (CommConfig(algorithm="Tree"), "all_gather", "Tree does not implement all_gather"),
+        (CommConfig(algorithm="Ring"), "send", "send is point-to-point"),
+        (CommConfig(algorithm="Ring"), "gather", "op must be one of"),
+        (CommConfig(algorithm="Butterfly"), None, "algorithm 'Butterfly' is not one of"),
+        (CommConfig(protocol="LL256"), None, "protocol 'LL256' is not one of"),
+    ],
+)
 def test_algorithm_protocol_refusals(cfg, op, message):
     with pytest.raises(ValueError, match=message):
         nccl_options_for(cfg, op=op)
@@ -151,8 +160,10 @@ def test_algo_env_refused_only_with_tuner_plugin():
 
 def test_all_conflicts_reported_together_and_empty_counts_as_set():
     with pytest.raises(ValueError) as info:
-        check_env_conflicts({"NCCL_MAX_CTAS": "", "NCCL_CGA_CLUSTER_SIZE": "2",
-                             "TORCH_NCCL_USE_COMM_NONBLOCKING": "1"}, use_tuner_plugin=False)
+        check_env_conflicts(
+            {"NCCL_MAX_CTAS": "", "NCCL_CGA_CLUSTER_SIZE": "2", "TORCH_NCCL_USE_COMM_NONBLOCKING": "1"},
+            use_tuner_plugin=False,
+        )
     msg = str(info.value)
     assert "NCCL_MAX_CTAS=''" in msg and "NCCL_CGA_CLUSTER_SIZE='2'" in msg
     check_env_conflicts({"TORCH_NCCL_USE_COMM_NONBLOCKING": "0", "NCCL_DEBUG": "INFO"}, use_tuner_plugin=True)
@@ -246,8 +257,9 @@ def test_plugin_backend_probes_per_communicator_and_plans_per_table():
     backend.tuner_table, backend.table_id = "run/tuner_table.rank0.csv", "46323ebface1"
     first = backend.entry_key(probe)
     backend.table_id = "b97327b5e29a"
-    assert first == ("plugin", "any", "any", "any", "46323ebface1") != backend.entry_key(probe), \
+    assert first == ("plugin", "any", "any", "any", "46323ebface1") != backend.entry_key(probe), (
         "a new table must get new communicators: the plugin reads it only at creation"
+    )
 
 
 def test_backend_mode_never_follows_the_variable_text(monkeypatch):
@@ -326,13 +338,31 @@ def test_preflight_refuses_what_would_have_crashed_creation():
 
     # NCCL 2.21: a per-communicator protocol (the Simple probe) is refused before any new_group
     with pytest.raises(ValueError, match="needs NCCL >= 2.24"):
-        entry_options(CommConfig(protocol="Simple", n_channels=16), tag="dp/x", use_tuner_plugin=False,
-                      op="all_reduce", nccl_version=(2, 21, 5), environ={})
+        entry_options(
+            CommConfig(protocol="Simple", n_channels=16),
+            tag="dp/x",
+            use_tuner_plugin=False,
+            op="all_reduce",
+            nccl_version=(2, 21, 5),
+            environ={},
+        )
     with pytest.raises(ValueError, match="NCCL_MIN_CTAS='2'"):
-        entry_options(CommConfig(n_channels=16), tag="dp/x", use_tuner_plugin=False, op="all_reduce",
-                      nccl_version=(2, 27, 5), environ={"NCCL_MIN_CTAS": "2"})
-    got = entry_options(CommConfig(n_channels=16), tag="dp/x", use_tuner_plugin=False, op="all_reduce",
-                        nccl_version=(2, 27, 5), environ={"NCCL_ALGO": "Ring", "TORCH_NCCL_USE_COMM_NONBLOCKING": "1"})
+        entry_options(
+            CommConfig(n_channels=16),
+            tag="dp/x",
+            use_tuner_plugin=False,
+            op="all_reduce",
+            nccl_version=(2, 27, 5),
+            environ={"NCCL_MIN_CTAS": "2"},
+        )
+    got = entry_options(
+        CommConfig(n_channels=16),
+        tag="dp/x",
+        use_tuner_plugin=False,
+        op="all_reduce",
+        nccl_version=(2, 27, 5),
+        environ={"NCCL_ALGO": "Ring", "TORCH_NCCL_USE_COMM_NONBLOCKING": "1"},
+    )
     assert got["config"]["min_ctas"] == 16 and got["env"] == {"LAGOM_TUNER_COMM_TAG": "dp/x"}
 
 
@@ -340,12 +370,16 @@ def test_first_use_check_reads_the_plugin_status_in_process():
     from lagom_megatron.nccl.plugin_status import PluginStatus
     from lagom_megatron.nccl.pool import NcclPoolBackend
 
-    status = {"now": PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=1, row_hits=(),
-                                  table_loaded=False)}
+    status = {
+        "now": PluginStatus(
+            path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=1, row_hits=(), table_loaded=False
+        )
+    }
     backend = NcclPoolBackend(use_tuner_plugin=True, status_reader=lambda: status["now"])
     backend.preflight(CommConfig(cga_cluster_size=2))  # remembers the init count before creation
-    status["now"] = PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=2, row_hits=(),
-                                 table_loaded=False)
+    status["now"] = PluginStatus(
+        path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=2, row_hits=(), table_loaded=False
+    )
     with pytest.raises(RuntimeError, match="did not load the plan table"):
         backend.verify()  # the table was unreadable on this rank
     backend.preflight(CommConfig(cga_cluster_size=2))
@@ -354,13 +388,20 @@ def test_first_use_check_reads_the_plugin_status_in_process():
     status["now"] = None
     with pytest.raises(RuntimeError, match="not loaded by NCCL in this process"):
         backend.verify()
-    status["now"] = PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=3, row_hits=(0, 2),
-                                 table_loaded=True)
+    status["now"] = PluginStatus(
+        path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=3, row_hits=(0, 2), table_loaded=True
+    )
     backend.verify()
     # an earlier plan's table is still "loaded", but this table failed to load in the new entries
     backend.preflight(CommConfig(cga_cluster_size=2))
-    status["now"] = PluginStatus(path="/x/libnccl-tuner-lagom.so", abi_version=6, init_count=4, row_hits=(0, 2),
-                                 table_loaded=True, table_failures=1)
+    status["now"] = PluginStatus(
+        path="/x/libnccl-tuner-lagom.so",
+        abi_version=6,
+        init_count=4,
+        row_hits=(0, 2),
+        table_loaded=True,
+        table_failures=1,
+    )
     with pytest.raises(RuntimeError, match=r"did not load the plan table .*\(1 failed load"):
         backend.verify()
     NcclPoolBackend(use_tuner_plugin=False, status_reader=lambda: None).verify()  # nothing to check without the plugin
@@ -375,15 +416,25 @@ def _fake_nccl(monkeypatch, calls):
     options_cls = make_options_cls(TORCH_28_FIELDS)
     torch_ = types.SimpleNamespace(
         cuda=types.SimpleNamespace(is_available=lambda: True, current_device=lambda: 0, synchronize=lambda d: None),
-        device=lambda kind, i=None: f"{kind}:{i}", zeros=lambda n, device=None: [0.0] * n)
+        device=lambda kind, i=None: f"{kind}:{i}",
+        zeros=lambda n, device=None: [0.0] * n,
+    )
 
     def new_group(ranks, backend, pg_options, timeout=None, group_desc=None, device_id=None):
-        calls.append({"ranks": ranks, "opts": pg_options, "env_algo": os.environ.get("NCCL_ALGO"),
-                      "table": os.environ.get("LAGOM_TUNER_CONFIG"), "tag": os.environ.get("LAGOM_TUNER_COMM_TAG")})
+        calls.append(
+            {
+                "ranks": ranks,
+                "opts": pg_options,
+                "env_algo": os.environ.get("NCCL_ALGO"),
+                "table": os.environ.get("LAGOM_TUNER_CONFIG"),
+                "tag": os.environ.get("LAGOM_TUNER_COMM_TAG"),
+            }
+        )
         return "entry"
 
-    dist_ = types.SimpleNamespace(is_initialized=lambda: True, new_group=new_group, get_rank=lambda: 0,
-                                  all_reduce=lambda t, group=None: None)
+    dist_ = types.SimpleNamespace(
+        is_initialized=lambda: True, new_group=new_group, get_rank=lambda: 0, all_reduce=lambda t, group=None: None
+    )
     pg = types.SimpleNamespace(Options=options_cls)
     monkeypatch.setattr(pool_mod, "nccl_module_parts", lambda: (torch_, pg, dist_))
     monkeypatch.setattr(pool_mod, "runtime_nccl_version", lambda: (2, 27, 5))
@@ -405,10 +456,18 @@ def test_entry_inherits_its_groups_options_and_its_own_knobs_win(monkeypatch):
             return type("B", (), {"options": parent_opts})()
 
     inherited = parent_options(Parent())
-    assert inherited == {"is_high_priority_stream": True, "config": {
-        "min_ctas": 4, "max_ctas": 8, "cga_cluster_size": 2, "collnet_enable": 1, "net_name": "IB"}}
-    create_nccl_pool_entry([1, 0], CommConfig(n_channels=16, algorithm="Ring"), tag="dp/x", use_tuner_plugin=False,
-                           op="all_reduce", inherited=inherited)
+    assert inherited == {
+        "is_high_priority_stream": True,
+        "config": {"min_ctas": 4, "max_ctas": 8, "cga_cluster_size": 2, "collnet_enable": 1, "net_name": "IB"},
+    }
+    create_nccl_pool_entry(
+        [1, 0],
+        CommConfig(n_channels=16, algorithm="Ring"),
+        tag="dp/x",
+        use_tuner_plugin=False,
+        op="all_reduce",
+        inherited=inherited,
+    )
     (call,) = calls
     cfg = call["opts"].config
     assert call["opts"].is_high_priority_stream is True and call["ranks"] == [0, 1]
@@ -437,10 +496,14 @@ def test_every_entry_is_created_with_an_explicit_table(monkeypatch):
     backend.plugin_active = True  # the plan
     backend.cta_bounds = {"dp": 8}
     backend.create_group((0, 1), CommConfig(n_channels=8, protocol="LL"), "LAGOM_POOL_DP_plugin_x", group="dp")
-    NcclPoolBackend(use_tuner_plugin=False).create_group((0, 1), CommConfig(n_channels=4), "LAGOM_POOL_TP_env_4",
-                                                         group="tp")
-    assert [c["table"] for c in calls] == [TUNER_NO_TABLE, "/runs/tuner_table.rank0.csv", TUNER_NO_TABLE] == \
-        ["none", "/runs/tuner_table.rank0.csv", "none"]
+    NcclPoolBackend(use_tuner_plugin=False).create_group(
+        (0, 1), CommConfig(n_channels=4), "LAGOM_POOL_TP_env_4", group="tp"
+    )
+    assert (
+        [c["table"] for c in calls]
+        == [TUNER_NO_TABLE, "/runs/tuner_table.rank0.csv", TUNER_NO_TABLE]
+        == ["none", "/runs/tuner_table.rank0.csv", "none"]
+    )
     assert [c["tag"] for c in calls] == ["dp/env_8_any_any_any_any", "dp/plugin_x", "tp/env_4"]
     assert os.environ["LAGOM_TUNER_CONFIG"] == "/runs/user_plan.csv"
     assert os.environ["NCCL_TUNER_CONFIG_FILE"] == "/runs/example_plugin.csv"

@@ -18,10 +18,16 @@ def test_a_plans_high_priority_stream_reaches_the_entrys_options(monkeypatch):
     calls = []
     _fake_nccl(monkeypatch, calls)
     normal = {"is_high_priority_stream": False, "config": {}}
-    create_nccl_pool_entry([0, 1], CommConfig(high_priority_stream=True), tag="dp/x", use_tuner_plugin=True,
-                           inherited=normal)
-    create_nccl_pool_entry([0, 1], CommConfig(n_channels=4), tag="dp/y", use_tuner_plugin=True,
-                           inherited={"is_high_priority_stream": True, "config": {}})
+    create_nccl_pool_entry(
+        [0, 1], CommConfig(high_priority_stream=True), tag="dp/x", use_tuner_plugin=True, inherited=normal
+    )
+    create_nccl_pool_entry(
+        [0, 1],
+        CommConfig(n_channels=4),
+        tag="dp/y",
+        use_tuner_plugin=True,
+        inherited={"is_high_priority_stream": True, "config": {}},
+    )
     create_nccl_pool_entry([0, 1], CommConfig(n_channels=4), tag="dp/z", use_tuner_plugin=True, inherited=normal)
     assert [c["opts"].is_high_priority_stream for c in calls] == [True, True, False]
     for plugin in (True, False):

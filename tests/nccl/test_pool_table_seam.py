@@ -30,8 +30,17 @@ def world(tmp_path):
 
 
 def _entry(group, op, nbytes, config):
-    return PlanEntry(config=config, predicted_t_comm_us=1.0, predicted_t_region_us=2.0, predicted_default_t_region_us=3.0,
-                     group=group, op=op, nbytes=nbytes, group_size=1, n_nodes=1)
+    return PlanEntry(
+        config=config,
+        predicted_t_comm_us=1.0,
+        predicted_t_region_us=2.0,
+        predicted_default_t_region_us=3.0,
+        group=group,
+        op=op,
+        nbytes=nbytes,
+        group_size=1,
+        n_nodes=1,
+    )
 
 
 def test_entries_load_the_rows_plan_hit_summary_reads_under_the_rows_tags(world, tmp_path, monkeypatch):
@@ -56,15 +65,24 @@ def test_entries_load_the_rows_plan_hit_summary_reads_under_the_rows_tags(world,
 
     backend = nccl_pool.NcclPoolBackend(use_tuner_plugin=True, status_reader=status)
     pool = CommPool(backend, groups)
-    plan = Plan(backend="nccl", mechanism="tuner", entries={
-        "tp.sp_all_gather[chunk0.decoder.layers.3.self_attention.linear_qkv]":
-            _entry("tp", "all_gather", 1 << 22, CommConfig(protocol="LL128", n_channels=8)),
-        "tp.sp_reduce_scatter[chunk0.decoder.layers.3.self_attention.linear_proj]":
-            _entry("tp", "reduce_scatter", 1 << 22, CommConfig(n_channels=16, chunk_size=262144)),
-        "dp_cp.grad_reduce_scatter[chunk0.bucket0]": _entry("dp_cp", "reduce_scatter", 1 << 26, CommConfig(n_channels=4)),
-        "expt_dp.grad_reduce_scatter[chunk0.bucket0]": _entry("expt_dp", "reduce_scatter", 1 << 24,
-                                                              CommConfig(algorithm="Ring", cta_policy="EFFICIENCY")),
-    })
+    plan = Plan(
+        backend="nccl",
+        mechanism="tuner",
+        entries={
+            "tp.sp_all_gather[chunk0.decoder.layers.3.self_attention.linear_qkv]": _entry(
+                "tp", "all_gather", 1 << 22, CommConfig(protocol="LL128", n_channels=8)
+            ),
+            "tp.sp_reduce_scatter[chunk0.decoder.layers.3.self_attention.linear_proj]": _entry(
+                "tp", "reduce_scatter", 1 << 22, CommConfig(n_channels=16, chunk_size=262144)
+            ),
+            "dp_cp.grad_reduce_scatter[chunk0.bucket0]": _entry(
+                "dp_cp", "reduce_scatter", 1 << 26, CommConfig(n_channels=4)
+            ),
+            "expt_dp.grad_reduce_scatter[chunk0.bucket0]": _entry(
+                "expt_dp", "reduce_scatter", 1 << 24, CommConfig(algorithm="Ring", cta_policy="EFFICIENCY")
+            ),
+        },
+    )
     files = RunFiles(plan_path=str(tmp_path / "plan.json"))
     a = Applier(pool=pool, router=None, files=files, cluster=None)
     monkeypatch.setattr(backend, "preflight", _counting(backend.preflight, inits))
@@ -87,7 +105,9 @@ def test_entries_load_the_rows_plan_hit_summary_reads_under_the_rows_tags(world,
 
 def _counting(preflight, inits):
     """``preflight`` as is, and one more plugin init per entry (what NCCL does at creation)."""
+
     def wrapped(config, op=None, group=None):
         preflight(config, op, group)
         inits["n"] += 1
+
     return wrapped

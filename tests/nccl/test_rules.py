@@ -28,20 +28,68 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
     [
         (CommConfig(algorithm="Foo"), "all_reduce", "h100-sxm-ib400", None, ["algorithm", "'Foo'", "Ring", "PAT"]),
         (CommConfig(protocol="LL64"), "all_reduce", "h100-sxm-ib400", None, ["protocol", "'LL64'", "LL128", "Simple"]),
-        (CommConfig(algorithm="Tree"), "all_gather", "h100-sxm-ib400", None, ["algorithm", "'Tree'", "all_gather", "Ring"]),
+        (
+            CommConfig(algorithm="Tree"),
+            "all_gather",
+            "h100-sxm-ib400",
+            None,
+            ["algorithm", "'Tree'", "all_gather", "Ring"],
+        ),
         (CommConfig(algorithm="NVLS"), "all_reduce", "a100-ib100", None, ["algorithm", "'NVLS'", "sm80"]),
-        (CommConfig(protocol="LL128"), "all_reduce", "h100-sxm-ib400", "communicator", ["protocol", "'LL128'", "corrupt", "Simple"]),
-        (CommConfig(protocol="LL", algorithm="NVLS"), "all_reduce", "h100-sxm-ib400", None, ["protocol", "'LL'", "NVLS", "Simple"]),
+        (
+            CommConfig(protocol="LL128"),
+            "all_reduce",
+            "h100-sxm-ib400",
+            "communicator",
+            ["protocol", "'LL128'", "corrupt", "Simple"],
+        ),
+        (
+            CommConfig(protocol="LL", algorithm="NVLS"),
+            "all_reduce",
+            "h100-sxm-ib400",
+            None,
+            ["protocol", "'LL'", "NVLS", "Simple"],
+        ),
         (CommConfig(n_threads=480), "all_reduce", "h100-sxm-ib400", None, ["n_threads", "480", "64, 128, 256, 512"]),
         (CommConfig(n_channels=0), "all_reduce", "h100-sxm-ib400", None, ["n_channels", "0", "1..64"]),
         (CommConfig(n_channels=65), "all_reduce", "h100-sxm-ib400", None, ["n_channels", "65", "1..64"]),
         (CommConfig(n_channels=33), "all_reduce", "a100-ib100", None, ["n_channels", "33", "1..32", "2.21.5"]),
         (CommConfig(n_threads=256), "send", "h100-sxm-ib400", None, ["n_threads", "256", "NCCL_MAX_NTHREADS"]),
-        (CommConfig(chunk_size=131072), "all_reduce", "h100-sxm-ib400", None, ["chunk_size", "131072", "2.30", "[None]"]),
-        (CommConfig(chunk_size=1000, protocol="Simple"), "all_reduce", "h200-sxm", None, ["chunk_size", "1000", "4096..524288"]),
-        (CommConfig(chunk_size=2**20, protocol="Simple"), "all_reduce", "h200-sxm", None, ["chunk_size", "1048576", "4096..524288"]),
-        (CommConfig(chunk_size=100_000, protocol="Simple"), "all_reduce", "h200-sxm", None, ["chunk_size", "100000", "powers of two"]),
-        (CommConfig(chunk_size=100_001, protocol="LL128"), "all_reduce", "h200-sxm", None, ["chunk_size", "100001", "multiples of 120"]),
+        (
+            CommConfig(chunk_size=131072),
+            "all_reduce",
+            "h100-sxm-ib400",
+            None,
+            ["chunk_size", "131072", "2.30", "[None]"],
+        ),
+        (
+            CommConfig(chunk_size=1000, protocol="Simple"),
+            "all_reduce",
+            "h200-sxm",
+            None,
+            ["chunk_size", "1000", "4096..524288"],
+        ),
+        (
+            CommConfig(chunk_size=2**20, protocol="Simple"),
+            "all_reduce",
+            "h200-sxm",
+            None,
+            ["chunk_size", "1048576", "4096..524288"],
+        ),
+        (
+            CommConfig(chunk_size=100_000, protocol="Simple"),
+            "all_reduce",
+            "h200-sxm",
+            None,
+            ["chunk_size", "100000", "powers of two"],
+        ),
+        (
+            CommConfig(chunk_size=100_001, protocol="LL128"),
+            "all_reduce",
+            "h200-sxm",
+            None,
+            ["chunk_size", "100001", "multiples of 120"],
+        ),
         (CommConfig(cta_policy="FAST"), "all_reduce", "h100-sxm-ib400", None, ["cta_policy", "'FAST'", "EFFICIENCY"]),
         (CommConfig(cga_cluster_size=9), "all_reduce", "h100-sxm-ib400", None, ["cga_cluster_size", "9", "0..8"]),
         (CommConfig(cga_cluster_size=2), "all_reduce", "a100-ib100", None, ["cga_cluster_size", "2", "sm90"]),
@@ -61,13 +109,16 @@ def test_ll128_is_a_preference_through_the_tuner_plugin_only(h100):
     assert "LL128" not in domains(cluster=h100, op="all_reduce", mechanism="communicator")["protocol"]
 
 
-@pytest.mark.parametrize("min_ctas, max_ctas, fragment", [
-    (8, 4, "min_ctas (8) must be <= max_ctas (4)"),
-    (4, None, "min_ctas is set but max_ctas is not"),
-    (None, 4, "max_ctas is set but min_ctas is not"),
-    (0, 4, "min_ctas 0"),
-    (1, 65, "max_ctas 65"),
-])
+@pytest.mark.parametrize(
+    "min_ctas, max_ctas, fragment",
+    [
+        (8, 4, "min_ctas (8) must be <= max_ctas (4)"),
+        (4, None, "min_ctas is set but max_ctas is not"),
+        (None, 4, "max_ctas is set but min_ctas is not"),
+        (0, 4, "min_ctas 0"),
+        (1, 65, "max_ctas 65"),
+    ],
+)
 def test_cta_range_rules(h100, min_ctas, max_ctas, fragment):
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         validate_cta_range(min_ctas, max_ctas, cluster=h100)
@@ -92,8 +143,13 @@ def test_every_domain_value_validates(cluster, op, n_nodes):
             protocol = None
             if knob == "chunk_size" and value is not None:
                 protocol = "Simple"
-            validate_config(CommConfig(**{knob: value, **({"protocol": protocol} if protocol else {})}),
-                            op=op, cluster=spec, n_nodes=n_nodes, group_size=group)
+            validate_config(
+                CommConfig(**{knob: value, **({"protocol": protocol} if protocol else {})}),
+                op=op,
+                cluster=spec,
+                n_nodes=n_nodes,
+                group_size=group,
+            )
 
 
 def test_algorithm_domains_follow_op_and_hardware(h100, a100):
@@ -103,6 +159,7 @@ def test_algorithm_domains_follow_op_and_hardware(h100, a100):
     # NVLS across nodes needs CollNet (NCCL 2.30 src/enqueue.cc:2008); this cluster has no SHARP
     assert ar_two == ("Ring", "Tree", "NVLSTree")
     import dataclasses
+
     sharp = dataclasses.replace(h100, collnet=True)
     assert "NVLS" in domains(cluster=sharp, op="all_reduce", n_nodes=2, group_size=16)["algorithm"]
     # PAT reduce-scatter is skipped by NCCL with AVG (enqueue.cc:2010-2012): never offered
@@ -125,7 +182,14 @@ def test_scopes_per_mechanism_and_nccl_version():
     assert knob_scope("n_threads", mechanism="tuner", nccl_version=v230) == "process"
     assert knob_scope("cta_policy", mechanism="tuner", nccl_version=v227) == "communicator"
     assert knob_scope("cta_policy", mechanism="tuner", nccl_version=v221) is None
-    assert [tuner_abi(v) for v in ((2, 18, 0), (2, 21, 5), (2, 22, 3), (2, 27, 5), (2, 28, 3), (2, 30, 7))] == [0, 2, 3, 4, 5, 6]
+    assert [tuner_abi(v) for v in ((2, 18, 0), (2, 21, 5), (2, 22, 3), (2, 27, 5), (2, 28, 3), (2, 30, 7))] == [
+        0,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
     with pytest.raises(ValueError, match="mechanism .* must be one of"):
         knob_scope("n_channels", mechanism="gloo")
 

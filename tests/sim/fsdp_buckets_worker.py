@@ -31,17 +31,31 @@ def main(store: str, models: list[dict]) -> None:
     out = []
     for m in models:
         config = TransformerConfig(
-            num_layers=m["num_layers"], hidden_size=m["hidden_size"], ffn_hidden_size=m["ffn_hidden_size"],
-            num_attention_heads=m["num_attention_heads"], num_query_groups=m["num_query_groups"],
-            gated_linear_unit=m["swiglu"], add_bias_linear=m["add_bias_linear"], normalization=m["normalization"],
-            params_dtype=torch.bfloat16, bf16=True, use_cpu_initialization=True, perform_initialization=False)
+            num_layers=m["num_layers"],
+            hidden_size=m["hidden_size"],
+            ffn_hidden_size=m["ffn_hidden_size"],
+            num_attention_heads=m["num_attention_heads"],
+            num_query_groups=m["num_query_groups"],
+            gated_linear_unit=m["swiglu"],
+            add_bias_linear=m["add_bias_linear"],
+            normalization=m["normalization"],
+            params_dtype=torch.bfloat16,
+            bf16=True,
+            use_cpu_initialization=True,
+            perform_initialization=False,
+        )
         with torch.device("meta"):
-            model = GPTModel(config, get_gpt_layer_local_spec(normalization=m["normalization"]),
-                             vocab_size=m["vocab_size"], max_sequence_length=m["max_position_embeddings"],
-                             position_embedding_type=m["position_embedding_type"],
-                             share_embeddings_and_output_weights=m["tied"]).bfloat16()
-        policy = BucketingPolicy(suggested_bucket_size=m["bucket_size"], fsdp_unit_modules=[],
-                                 data_parallel_sharding_strategy="optim")
+            model = GPTModel(
+                config,
+                get_gpt_layer_local_spec(normalization=m["normalization"]),
+                vocab_size=m["vocab_size"],
+                max_sequence_length=m["max_position_embeddings"],
+                position_embedding_type=m["position_embedding_type"],
+                share_embeddings_and_output_weights=m["tied"],
+            ).bfloat16()
+        policy = BucketingPolicy(
+            suggested_bucket_size=m["bucket_size"], fsdp_unit_modules=[], data_parallel_sharding_strategy="optim"
+        )
         groups, _, _ = _get_parameter_groups(model, policy, {})
         out.append([sum(p.numel() for p in g.params) for g in groups])
     print(json.dumps(out))

@@ -27,9 +27,13 @@ from lagom_megatron.sim.workload import Workload
 from tests.timeouts import COMMAND_S
 
 SITE_PATTERNS = [  # the real hooks' scheme (lagom_megatron.megatron.hooks.sites)
-    r"dp\.grad_reduce_scatter\[chunk\d+\.bucket\d+\]", r"dp\.grad_all_reduce\[chunk\d+\.bucket\d+\]",
-    r"dp\.param_all_gather\[chunk\d+\.bucket\d+\]", r"tp\.(sp_all_gather|sp_reduce_scatter|dgrad_all_reduce)\[\d+\]",
-    r"pp\.send_recv", r"ep\.(dispatch|combine)_all_to_all\[\d+\]", r"cp\.ring_exchange\[layer\d+\]",
+    r"dp\.grad_reduce_scatter\[chunk\d+\.bucket\d+\]",
+    r"dp\.grad_all_reduce\[chunk\d+\.bucket\d+\]",
+    r"dp\.param_all_gather\[chunk\d+\.bucket\d+\]",
+    r"tp\.(sp_all_gather|sp_reduce_scatter|dgrad_all_reduce)\[\d+\]",
+    r"pp\.send_recv",
+    r"ep\.(dispatch|combine)_all_to_all\[\d+\]",
+    r"cp\.ring_exchange\[layer\d+\]",
 ]
 
 
@@ -54,7 +58,9 @@ def test_sites_follow_the_hooks_naming_and_shapes(gpt13b):
     assert tp.nbytes == 2 * 2048 * 5120 * 2, "micro-batch 2 x seq 2048 tokens x hidden 5120 x bf16"
     assert tp.calls_per_iter == w.microbatches == 512 // (2 * 16)
     rs = [s for s in sites if s.site_id.startswith("dp.grad_reduce_scatter")]
-    assert rs and all((s.op, s.group, s.group_size, s.n_nodes, s.dtype) == ("reduce_scatter", "dp", 16, 4, "float32") for s in rs)
+    assert rs and all(
+        (s.op, s.group, s.group_size, s.n_nodes, s.dtype) == ("reduce_scatter", "dp", 16, 4, "float32") for s in rs
+    )
     # every layer and the output layer are in exactly one bucket: bytes add up to the stage's grads
     params = w.layer_params() * w.layers_per_chunk + w.vocab * w.hidden / w.tp  # + embedding, no output layer
     assert sum(s.nbytes for s in rs) == pytest.approx(4 * params, rel=1e-6)
@@ -110,7 +116,9 @@ def test_samples_time_each_call_and_their_sums_scale_to_the_site(gpt13b):
 def test_fewer_channels_slow_the_collective_and_samples_echo_the_assignment(gpt13b):
     sid = "tp.sp_all_gather[0]"
     d = {x.site_id: x for x in gpt13b.run_iteration(iteration=9).samples}[sid]
-    few = {x.site_id: x for x in gpt13b.run_iteration(iteration=9, assignment={sid: CommConfig(n_channels=2)}).samples}[sid]
+    few = {x.site_id: x for x in gpt13b.run_iteration(iteration=9, assignment={sid: CommConfig(n_channels=2)}).samples}[
+        sid
+    ]
     assert few.t_comm_us > 2 * d.t_comm_us
     assert few.config == CommConfig(n_channels=2) and d.config == DEFAULT
 
@@ -175,7 +183,7 @@ def test_lifecycle_ends_applied_or_fell_back_with_a_reason():
     assert t.phase in (Phase.APPLIED, Phase.FELL_BACK) and t.reason
     kinds = [s.kind for s, _ in r.steps]
     n_probes = len(t.probes)
-    assert kinds[:3 + n_probes] == ["warmup", "default", "serialized"] + ["probe"] * n_probes
+    assert kinds[: 3 + n_probes] == ["warmup", "default", "serialized"] + ["probe"] * n_probes
     assert kinds.count("verify-plan") == kinds.count("verify-default") == 2
     after = [s for s, _ in r.steps][-2:]
     if t.phase is Phase.FELL_BACK:
@@ -189,8 +197,23 @@ def test_lifecycle_ends_applied_or_fell_back_with_a_reason():
 def test_lagom_simulate_64_gpu_preset_cli(tmp_path):
     """The 64-GPU preset end to end through the command (its speed is printed by the command itself,
     not asserted: the suite runs on shared, busy machines)."""
-    out = subprocess.run([sys.executable, "-m", "lagom_megatron", "simulate", "--preset", "gpt3-13b-h100x64", "--seed", "1",
-                          "--plan-out", str(tmp_path / "plan.json")], capture_output=True, text=True, timeout=COMMAND_S)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lagom_megatron",
+            "simulate",
+            "--preset",
+            "gpt3-13b-h100x64",
+            "--seed",
+            "1",
+            "--plan-out",
+            str(tmp_path / "plan.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_S,
+    )
     assert out.returncode == 0, out.stderr
     for phase in ("profiling", "probing", "searched", "verifying"):
         assert f"[{phase:>9}]" in out.stdout, out.stdout
@@ -220,7 +243,9 @@ def test_ddp_buckets_only_on_the_first_virtual_chunk():
 
 def test_without_overlapped_grad_reduce_one_blocking_bucket_per_chunk():
     p = load_preset("gpt3-13b-h100x64")
-    p = p.model_copy(update={"overlap": p.overlap.model_copy(update={"overlap_grad_reduce": False, "overlap_param_gather": False})})
+    p = p.model_copy(
+        update={"overlap": p.overlap.model_copy(update={"overlap_grad_reduce": False, "overlap_param_gather": False})}
+    )
     sim = SimulatedCluster(p)
     rs = [s for s in sim.sites if s.site_id.startswith("dp.grad_reduce_scatter")]
     assert [s.site_id for s in rs] == ["dp.grad_reduce_scatter[chunk0.bucket0]"]

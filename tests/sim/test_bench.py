@@ -10,9 +10,18 @@ from lagom_megatron.sim.bench.row import with_microbatches
 
 
 def test_must_show_flags_each_claim():
-    row = {"lagom_kept_ms": 101.0, "default_ms": 110.0, "static_caps_ms": 100.0, "nemo_yaml_ms": 120.0,
-           "hp_stream_ms": 110.0, "nccl_ub_ms": None, "autoccl_ms": 115.0, "lagom_plan_ms": 105.0,
-           "oracle": 110.0 / 100.0, "model_mape": 6.0}
+    row = {
+        "lagom_kept_ms": 101.0,
+        "default_ms": 110.0,
+        "static_caps_ms": 100.0,
+        "nemo_yaml_ms": 120.0,
+        "hp_stream_ms": 110.0,
+        "nccl_ub_ms": None,
+        "autoccl_ms": 115.0,
+        "lagom_plan_ms": 105.0,
+        "oracle": 110.0 / 100.0,
+        "model_mape": 6.0,
+    }
     fails = bench.must_show(row, noise=0.01)
     assert len(fails) == 3 and "best baseline" in fails[0] and "oracle gain" in fails[1] and "MAPE" in fails[2]
     ok = {**row, "lagom_kept_ms": 100.4, "lagom_plan_ms": 100.9, "model_mape": 4.9}  # gain 0.0902 >= 0.9 x 0.1
@@ -21,7 +30,9 @@ def test_must_show_flags_each_claim():
     assert bench.must_show({**ok, "oracle": 1.015, "lagom_plan_ms": 110.0}, noise=0.01) == []
     assert len(bench.must_show({**ok, "oracle": 1.025, "lagom_plan_ms": 110.0}, noise=0.01)) == 1
     # registered buffers, where they apply, are a baseline like the others
-    assert bench.must_show({**ok, "nccl_ub_ms": 99.0}, noise=0.01)[0].startswith("kept 100.4 ms > 1.005 x best baseline 99.0")
+    assert bench.must_show({**ok, "nccl_ub_ms": 99.0}, noise=0.01)[0].startswith(
+        "kept 100.4 ms > 1.005 x best baseline 99.0"
+    )
 
 
 def test_default_table_has_the_rows_the_claims_are_about():

@@ -34,12 +34,36 @@ def _synthetic(path: Path, *, kappa_mem: float, kappa_compute: float, sms: int =
             k = ComputeKernel("k", kind, 0.0, 0.0, tiles=tiles)
             wave = wave_factor(sms, sms - ctas, k)
             slow = (1 / f) * (1 + kappa_mem * share) if kind == "elementwise" else wave * (1 + kappa_compute * share)
-            rows.append(dict(gpu="H200", sms=sms, peak_hbm_gbs=peak, kernel=kind, kind=kind, tiles=tiles, persistent=0,
-                             mode="copy", ctas=ctas, threads=256, chunk_bytes=524288, total_bytes=1 << 30,
-                             t_alone_us=t_alone, t_overlap_us=t_alone * slow, kernel_hbm_bytes=d_c * t_alone * 1e3,
-                             comm_hbm_gbs=d_comm))
-        rows.append(dict(rows[-1], mode="l2", kind="gemm", tiles=sms, comm_hbm_gbs=0.0,
-                         t_overlap_us=1000.0 * (2.0 if ctas else 1.0)))
+            rows.append(
+                dict(
+                    gpu="H200",
+                    sms=sms,
+                    peak_hbm_gbs=peak,
+                    kernel=kind,
+                    kind=kind,
+                    tiles=tiles,
+                    persistent=0,
+                    mode="copy",
+                    ctas=ctas,
+                    threads=256,
+                    chunk_bytes=524288,
+                    total_bytes=1 << 30,
+                    t_alone_us=t_alone,
+                    t_overlap_us=t_alone * slow,
+                    kernel_hbm_bytes=d_c * t_alone * 1e3,
+                    comm_hbm_gbs=d_comm,
+                )
+            )
+        rows.append(
+            dict(
+                rows[-1],
+                mode="l2",
+                kind="gemm",
+                tiles=sms,
+                comm_hbm_gbs=0.0,
+                t_overlap_us=1000.0 * (2.0 if ctas else 1.0),
+            )
+        )
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
@@ -51,7 +75,9 @@ def test_fit_recovers_the_constants_of_a_synthetic_probe(tmp_path):
     _synthetic(src, kappa_mem=2.2, kappa_compute=0.6)
     got = fit(read_rows(src))
     assert got.kappa_mem == pytest.approx(2.2, rel=1e-6) and got.kappa_compute == pytest.approx(0.6, rel=1e-6)
-    assert got.rows["sm_term"] == 7 and got.sm_term_mae_pct == pytest.approx(0.0, abs=1e-9)  # one wave, one SM taken: 2x
+    assert got.rows["sm_term"] == 7 and got.sm_term_mae_pct == pytest.approx(
+        0.0, abs=1e-9
+    )  # one wave, one SM taken: 2x
 
 
 def test_cli_writes_yaml_and_refuses_a_bad_csv(tmp_path, capsys):
@@ -59,7 +85,9 @@ def test_cli_writes_yaml_and_refuses_a_bad_csv(tmp_path, capsys):
     _synthetic(src, kappa_mem=1.5, kappa_compute=0.9)
     assert lagom(["calibrate", "contention", str(src)]) == 0
     doc = yaml.safe_load((tmp_path / "probe.fit.yaml").read_text())
-    assert doc["gpu"] == "H200" and doc["kappa_mem"] == pytest.approx(1.5) and doc["kappa_compute"] == pytest.approx(0.9)
+    assert (
+        doc["gpu"] == "H200" and doc["kappa_mem"] == pytest.approx(1.5) and doc["kappa_compute"] == pytest.approx(0.9)
+    )
     bad = tmp_path / "bad.csv"
     bad.write_text("gpu,sms\nH200,132\n")
     assert lagom(["calibrate", "contention", str(bad)]) == 2
@@ -78,8 +106,12 @@ def test_fitted_constants_reach_the_device_model():
 
 
 def test_probe_imports_without_cuda_and_exits_cleanly(tmp_path):
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu" / "contention_probe.py"), "--out", str(tmp_path / "p.csv")],
-                       capture_output=True, text=True, timeout=COMMAND_S)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu" / "contention_probe.py"), "--out", str(tmp_path / "p.csv")],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_S,
+    )
     assert r.returncode == 0, r.stderr
     assert "no CUDA GPU" in r.stdout + r.stderr
     assert not (tmp_path / "p.csv").exists()
@@ -98,16 +130,20 @@ def _edited(tmp_path: Path, edit) -> Path:
     return src
 
 
-@pytest.mark.parametrize("column, cell, shown", [
-    ("t_overlap_us", "-5", "must be a finite number >= 0; got -5"),
-    ("t_alone_us", "nan", "must be a finite number >= 0; got nan"),
-    ("kernel_hbm_bytes", "inf", "must be a finite number >= 0; got inf"),
-    ("t_alone_us", "12us", "must be a finite number >= 0; got '12us'"),
-    ("peak_hbm_gbs", "0", "must be a finite number > 0; got 0"),
-])
+@pytest.mark.parametrize(
+    "column, cell, shown",
+    [
+        ("t_overlap_us", "-5", "must be a finite number >= 0; got -5"),
+        ("t_alone_us", "nan", "must be a finite number >= 0; got nan"),
+        ("kernel_hbm_bytes", "inf", "must be a finite number >= 0; got inf"),
+        ("t_alone_us", "12us", "must be a finite number >= 0; got '12us'"),
+        ("peak_hbm_gbs", "0", "must be a finite number > 0; got 0"),
+    ],
+)
 def test_a_bad_cell_names_file_line_column_and_value_and_writes_nothing(tmp_path, capsys, column, cell, shown):
     def edit(rows):
         rows[2][column] = cell
+
     src = _edited(tmp_path, edit)
     assert lagom(["calibrate", "contention", str(src)]) == 2
     captured = capsys.readouterr()
@@ -119,11 +155,14 @@ def test_a_csv_without_a_usable_row_is_refused_and_writes_nothing(tmp_path, caps
     def edit(rows):
         for r in rows:
             r["t_overlap_us"] = "0"
+
     src = _edited(tmp_path, edit)
     assert lagom(["calibrate", "contention", str(src)]) == 2
     captured = capsys.readouterr()
-    assert captured.err.strip() == (f"lagom calibrate: error: {src}: no usable row: each has a zero time, or a "
-                                    "copy/reduce channel kernel whose HBM share is below 0.02; nothing written")
+    assert captured.err.strip() == (
+        f"lagom calibrate: error: {src}: no usable row: each has a zero time, or a "
+        "copy/reduce channel kernel whose HBM share is below 0.02; nothing written"
+    )
     assert captured.out == "" and not (tmp_path / "probe.fit.yaml").exists()
 
 
@@ -131,5 +170,7 @@ def test_a_constant_without_rows_is_reported_without_a_unit(tmp_path, capsys):
     src = _edited(tmp_path, lambda rows: [r for r in rows if r["mode"] != "l2"])  # no SM-term rows; 1 CTA: share < 0.02
     assert lagom(["calibrate", "contention", str(src)]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == "H200: kappa_mem 1.500 (6 rows), kappa_compute 0.900 (6 rows), SM term error no usable rows (0 rows)"
+    assert (
+        first == "H200: kappa_mem 1.500 (6 rows), kappa_compute 0.900 (6 rows), SM term error no usable rows (0 rows)"
+    )
     assert yaml.safe_load((tmp_path / "probe.fit.yaml").read_text())["sm_term_mae_pct"] is None

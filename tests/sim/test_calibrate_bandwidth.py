@@ -28,8 +28,18 @@ from tests.nccl.perf_text import Truth, run_text, sizes
 A40 = ClusterSpec.load("a40-pcie-ib100")  # nvlink_gbps_per_gpu 24 (PCIe), net 1.5625 per GPU
 
 
-def sweep(tmp_path, truth, *, ops=("all_gather", "all_reduce", "sendrecv"), channels=(1, 2, 4, 8, 16),
-          threads=(128, 256, 512), protocols=("LL", "LL128", "Simple"), noise=0.0, nodes=1, link=1.0):
+def sweep(
+    tmp_path,
+    truth,
+    *,
+    ops=("all_gather", "all_reduce", "sendrecv"),
+    channels=(1, 2, 4, 8, 16),
+    threads=(128, 256, 512),
+    protocols=("LL", "LL128", "Simple"),
+    noise=0.0,
+    nodes=1,
+    link=1.0,
+):
     """Reads back one file per run made from ``truth`` (its ceilings scaled by ``link``)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     rng, runs = random.Random(7), []
@@ -40,14 +50,30 @@ def sweep(tmp_path, truth, *, ops=("all_gather", "all_reduce", "sendrecv"), chan
             for ch in channels:
                 for th in (640,) if p2p or proto == "LL128" else threads:
                     ran = 1 << (ch - 1).bit_length() if p2p else ch
-                    scaled = Truth(per_channel=truth.per_channel, ceiling={k: v * link for k, v in truth.ceiling.items()},
-                                   p=truth.p, e=truth.e, latency_us=truth.latency_us)
+                    scaled = Truth(
+                        per_channel=truth.per_channel,
+                        ceiling={k: v * link for k, v in truth.ceiling.items()},
+                        p=truth.p,
+                        e=truth.e,
+                        latency_us=truth.latency_us,
+                    )
                     bw = scaled.busbw(kind, ran, th) * (1.0 + noise * rng.gauss(0.0, 1.0))
-                    line = (f"# lagom-sweep op={op} algorithm={'P2P' if p2p else 'Ring'} protocol={proto} channels={ch} "
-                            f"threads={th} nodes={nodes}")
+                    line = (
+                        f"# lagom-sweep op={op} algorithm={'P2P' if p2p else 'Ring'} protocol={proto} channels={ch} "
+                        f"threads={th} nodes={nodes}"
+                    )
                     path = tmp_path / f"{op}.{kind}.c{ch}.t{th}.txt"
-                    path.write_text(run_text(op=op, sizes=sizes(), busbw=bw, ranks=8 * nodes, latency_us=truth.latency_us,
-                                             hosts=[f"n{i}" for i in range(nodes)], sweep_line=line))
+                    path.write_text(
+                        run_text(
+                            op=op,
+                            sizes=sizes(),
+                            busbw=bw,
+                            ranks=8 * nodes,
+                            latency_us=truth.latency_us,
+                            hosts=[f"n{i}" for i in range(nodes)],
+                            sweep_line=line,
+                        )
+                    )
                     runs.append(read_perf_run(path))
     return runs
 
@@ -56,8 +82,13 @@ def curve(fit, scope, kind):
     return next(c for c in fit.curves if (c.scope, c.kind) == (scope, kind))
 
 
-TRUTH = Truth(per_channel={"LL": 2.2, "LL128": 3.7, "Simple": 6.3, "P2P": 7.1},
-              ceiling={"LL": 9.5, "LL128": 17.0, "Simple": 19.4, "P2P": 20.6}, p=2.6, e=0.45, latency_us=15.0)
+TRUTH = Truth(
+    per_channel={"LL": 2.2, "LL128": 3.7, "Simple": 6.3, "P2P": 7.1},
+    ceiling={"LL": 9.5, "LL128": 17.0, "Simple": 19.4, "P2P": 20.6},
+    p=2.6,
+    e=0.45,
+    latency_us=15.0,
+)
 
 
 def test_the_fit_recovers_the_shape_the_runs_were_made_with(tmp_path):
@@ -80,7 +111,9 @@ def test_noisy_runs_still_give_the_shape(tmp_path):
     simple = curve(fit, "intra", "Simple")
     assert simple.per_channel_gbs == pytest.approx(6.3, rel=0.05)
     assert simple.link_eff * 24.0 == pytest.approx(19.4, rel=0.04)
-    assert 1.8 < fit.saturation_p < 3.6 and 0.8 < simple.mape_pct < 2.5  # 2% noise: ~1.6% mean error, less what the fit absorbs
+    assert (
+        1.8 < fit.saturation_p < 3.6 and 0.8 < simple.mape_pct < 2.5
+    )  # 2% noise: ~1.6% mean error, less what the fit absorbs
 
 
 def test_what_a_sweep_cannot_show_is_not_identified(tmp_path):
@@ -105,8 +138,10 @@ def test_what_a_sweep_cannot_show_is_not_identified(tmp_path):
 
 def test_runs_across_nodes_give_the_network_share(tmp_path):
     # 2 nodes x 8 ranks: the ceiling is the node's network, net_gbps_per_gpu x 8 = 12.5 GB/s
-    fit = fit_bandwidth(sweep(tmp_path, TRUTH, ops=("all_reduce",), protocols=("Simple",), nodes=2, link=0.5,
-                              channels=(1, 2, 4, 8)), A40)
+    fit = fit_bandwidth(
+        sweep(tmp_path, TRUTH, ops=("all_reduce",), protocols=("Simple",), nodes=2, link=0.5, channels=(1, 2, 4, 8)),
+        A40,
+    )
     inter = curve(fit, "inter", "Simple")
     assert inter.link_name == "net_gbps_per_gpu x 8 ranks per node"
     assert inter.link_eff * 12.5 == pytest.approx(19.4 * 0.5, rel=0.01)
@@ -123,7 +158,9 @@ def test_the_one_mapping_and_the_merged_cluster(tmp_path):
     assert doc["name"] == "lab-a40" and doc["per_channel_gbps"]["LL128"] == 3.3  # an unfitted protocol is kept
     assert doc["per_channel_gbps"]["Simple"] == pytest.approx(6.3, rel=0.01)
     lines = summary_lines(fit)
-    p2p = re.compile(r"intra P2P: 7\.(09|1|11) GB/s per channel; ceiling 0\.85[78] x nvlink_gbps_per_gpu = 20\.6 GB/s; 5 runs")
+    p2p = re.compile(
+        r"intra P2P: 7\.(09|1|11) GB/s per channel; ceiling 0\.85[78] x nvlink_gbps_per_gpu = 20\.6 GB/s; 5 runs"
+    )
     assert any(p2p.match(line) for line in lines), lines
 
 
@@ -137,16 +174,31 @@ def test_the_simulator_given_the_calibrated_cluster_reproduces_the_runs(tmp_path
     for ch, th in ((1, 512), (2, 128), (4, 256), (16, 512)):
         cfg = CommConfig(algorithm="Ring", protocol="Simple", n_channels=ch, n_threads=th)
         assert busbw_gbs(gpu, big, cfg) == pytest.approx(TRUTH.busbw("Simple", ch, th), rel=0.01), (ch, th)
-    site = CollectiveSite(site_id="dp.ag[0]", op="all_gather", nbytes=1 << 26, dtype="bf16", group="dp", group_size=8,
-                          n_nodes=1, calls_per_iter=1)
+    site = CollectiveSite(
+        site_id="dp.ag[0]",
+        op="all_gather",
+        nbytes=1 << 26,
+        dtype="bf16",
+        group="dp",
+        group_size=8,
+        n_nodes=1,
+        calls_per_iter=1,
+    )
     assert CostModel.from_priors([site], [100.0], spec).pcb == spec.per_channel_gbps["Simple"]
     assert CostModel.from_priors([site], [100.0], A40).pcb == 15.0  # the per-arch prior without a measurement
 
 
 def test_no_usable_row_is_refused(tmp_path):
     path = tmp_path / "zero.txt"
-    text = run_text(op="all_gather", sizes=[0], busbw=1.0, ranks=8, hosts=["n"], latency_us=5,
-                    sweep_line="# lagom-sweep op=all_gather algorithm=Ring protocol=Simple channels=2 threads=512 nodes=1")
+    text = run_text(
+        op="all_gather",
+        sizes=[0],
+        busbw=1.0,
+        ranks=8,
+        hosts=["n"],
+        latency_us=5,
+        sweep_line="# lagom-sweep op=all_gather algorithm=Ring protocol=Simple channels=2 threads=512 nodes=1",
+    )
     path.write_text(text.replace("0.00       0", "0.00       0"))
     run = read_perf_run(path)
     assert run.rows == () and run_bandwidth(run) is None

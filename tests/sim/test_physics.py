@@ -31,12 +31,16 @@ def _gpu(name: str) -> Gpu:
     return Gpu.from_cluster(ClusterSpec.load(name))
 
 
-@pytest.mark.parametrize("cluster, n_nodes, channels", [
-    ("h100-sxm-ib400", 1, 32), ("a100-ib100", 1, 24),  # NCCL INFO: "32 coll channels" (DGX H100), "24" (DGX A100)
-    ("h100-sxm-ib400", 2, 16),                        # across 8-NIC nodes: about 16 SMs (nccl#689)
-    ("a40-pcie-ib100", 2, 2),                         # one NIC per PCIe node: "should just launch 2 SMs" (nccl#689)
-    ("a40-pcie-ib200", 1, 4),                         # 2 PCIe GPUs: "4 coll channels" (nccl#1706 log)
-])
+@pytest.mark.parametrize(
+    "cluster, n_nodes, channels",
+    [
+        ("h100-sxm-ib400", 1, 32),
+        ("a100-ib100", 1, 24),  # NCCL INFO: "32 coll channels" (DGX H100), "24" (DGX A100)
+        ("h100-sxm-ib400", 2, 16),  # across 8-NIC nodes: about 16 SMs (nccl#689)
+        ("a40-pcie-ib100", 2, 2),  # one NIC per PCIe node: "should just launch 2 SMs" (nccl#689)
+        ("a40-pcie-ib200", 1, 4),  # 2 PCIe GPUs: "4 coll channels" (nccl#1706 log)
+    ],
+)
 def test_nccl_default_channels_match_nccl_reports(cluster, n_nodes, channels):
     g = _gpu(cluster)
     c = Collective(op="all_gather", nbytes=256 * MIB, group_size=8 * n_nodes, n_nodes=n_nodes)
@@ -99,7 +103,7 @@ def test_cta_policy_efficiency_changes_only_registered_nvls_gathers():
 def test_persistent_gemm_takes_twice_as_long_when_nccl_holds_ten_percent_of_the_sms():
     # pytorch#143988 (H100, FSDP): persistent cuBLAS matmuls 2x with NCCL on ~10% of the SMs
     g = _gpu("h100-sxm-ib400")
-    k = ComputeKernel("persistent", "gemm", 2.0 * 8192 ** 3, 1e6, persistent=True)
+    k = ComputeKernel("persistent", "gemm", 2.0 * 8192**3, 1e6, persistent=True)
     assert compute_time_us(g, k, sms_free=g.sms - 13) / compute_time_us(g, k) == pytest.approx(2.0, rel=0.03)
 
 
@@ -111,8 +115,9 @@ def _steady_slowdown(g: Gpu, k: ComputeKernel, c: Collective) -> float:
     d_c = k.hbm_bytes / (t_alone * 1e3)
     comm = cost.bw_gbs * cost.hbm_mult
     f = min(1.0, hbm / (d_c + comm))
-    t = compute_time_us(g, k, sms_free=g.sms - cost.ctas, hbm_gbs=d_c * f if f < 1.0 else None,
-                        comm_hbm_share=comm * f / hbm)
+    t = compute_time_us(
+        g, k, sms_free=g.sms - cost.ctas, hbm_gbs=d_c * f if f < 1.0 else None, comm_hbm_share=comm * f / hbm
+    )
     return t / compute_time_us(g, k)
 
 
@@ -123,7 +128,7 @@ def test_memory_bound_kernel_slowdown_is_in_the_public_range_across_kappa_mem(en
     with overridden({"kappa_mem": getattr(CONSTANTS["kappa_mem"], end)}):
         g = _gpu("a100-ib100")
         ag = Collective(op="all_gather", nbytes=256 * MIB, group_size=8, n_nodes=1)
-        ew = ComputeKernel("elementwise", "elementwise", 2 * 2 ** 30 / 4, 2 * 2 ** 30)
+        ew = ComputeKernel("elementwise", "elementwise", 2 * 2**30 / 4, 2 * 2**30)
         assert 1.75 <= _steady_slowdown(g, ew, ag) <= 2.55
 
 

@@ -9,8 +9,19 @@ from lagom_megatron.sim.constants import get
 from lagom_megatron.sim.device import COMPUTE_EFF, Collective, CommCost, ComputeKernel, Gpu
 from lagom_megatron.sim.program import Call, Program
 
-GPU = Gpu(sms=100, hbm_gbs=1000.0, peak_tflops=100.0, nvlink_gbs=100.0, net_gbs=10.0, gpus_per_node=8, sm_arch=90,
-          nvswitch=True, nvlink_latency_us=1.0, net_latency_us=5.0, max_channels=64)
+GPU = Gpu(
+    sms=100,
+    hbm_gbs=1000.0,
+    peak_tflops=100.0,
+    nvlink_gbs=100.0,
+    net_gbs=10.0,
+    gpus_per_node=8,
+    sm_arch=90,
+    nvswitch=True,
+    nvlink_latency_us=1.0,
+    net_latency_us=5.0,
+    max_channels=64,
+)
 COLL = Collective(op="all_gather", nbytes=1 << 20, group_size=8)
 
 
@@ -88,6 +99,7 @@ def test_cuda_device_max_connections_1_blocks_compute_behind_a_waiting_collectiv
         prog.wait(a)
         prog.wait(b)
         return prog
+
     costs = [_cost(100.0, ctas=1), _cost(100.0, ctas=1)]
     free = _run(build(), costs, high_priority=frozenset({"dp"}))
     one = _run(build(), costs, cdmc1=True)
@@ -134,7 +146,6 @@ def test_a_queued_collective_waits_for_the_running_kernels_last_wave_unless_high
     assert timeline.last_wave_fraction(GPU, gemm("small", 128, 256 * 10, 64), 100) is None  # SMs left free
 
 
-
 def test_a_collectives_time_runs_from_its_stream_reaching_it_and_a_high_priority_call_starts_at_once():
     """torch times a collective between events on its NCCL stream (``WorkNCCL::getDuration``): the
     start event completes when the stream reaches the call, before its kernel gets SMs, so a
@@ -150,7 +161,9 @@ def test_a_collectives_time_runs_from_its_stream_reaching_it_and_a_high_priority
     run = b.end_us - b.start_us
     assert b.t_comm_us == pytest.approx(b.dispatch_wait_us + run) and run >= 10.0  # the wait, then its run
     a = normal.calls[0]
-    assert a.dispatch_wait_us == 0.0 and a.t_comm_us == pytest.approx(a.end_us - a.start_us)  # launched onto a free stream
+    assert a.dispatch_wait_us == 0.0 and a.t_comm_us == pytest.approx(
+        a.end_us - a.start_us
+    )  # launched onto a free stream
     one = _run(_two_queued(k), costs, high_priority_calls=frozenset({1}))
     assert one.calls[1].start_us == pytest.approx(one.calls[0].end_us) and one.calls[1].dispatch_wait_us == 0.0
     assert one.calls[1].t_comm_us < b.t_comm_us - 1.0

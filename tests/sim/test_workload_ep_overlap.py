@@ -47,8 +47,9 @@ def test_forward_all_to_alls_overlap_the_other_micro_batch_backward():
 
 def test_same_sites_more_overlap_shorter_iteration():
     on, off = _moe(True, 4), _moe(False, 4)
-    assert [(s.site_id, s.calls_per_iter, s.nbytes) for s in on.sites] == \
-           [(s.site_id, s.calls_per_iter, s.nbytes) for s in off.sites]
+    assert [(s.site_id, s.calls_per_iter, s.nbytes) for s in on.sites] == [
+        (s.site_id, s.calls_per_iter, s.nbytes) for s in off.sites
+    ]
     t_on = on.run_iteration(iteration=0, noise=False).iteration_us
     ovl_on = on.last_timeline.compute_overlapped_us / on.last_timeline.compute_us
     t_off = off.run_iteration(iteration=0, noise=False).iteration_us

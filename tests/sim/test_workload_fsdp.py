@@ -32,10 +32,13 @@ def test_fsdp_gathers_twice_and_reduce_scatters_once_per_layer_in_every_micro_ba
     assert tl.compute_overlapped_us / tl.compute_us > 0.8
 
 
-@pytest.mark.parametrize("section, key", [
-    ("overlap", "overlap_moe_expert_parallel_comm"),
-    ("overlap", "overlap_param_gather_with_optimizer_step"),
-])
+@pytest.mark.parametrize(
+    "section, key",
+    [
+        ("overlap", "overlap_moe_expert_parallel_comm"),
+        ("overlap", "overlap_param_gather_with_optimizer_step"),
+    ],
+)
 def test_flags_the_simulator_cannot_model_are_refused_by_name(section, key):
     p = load_preset("llama3-8b-h100x8")
     part = getattr(p, section).model_copy(update={key: True})
@@ -49,8 +52,13 @@ def test_torch_fsdp2_with_the_distributed_optimizer_is_refused_megatron_fsdp_wit
     Megatron-FSDP the distributed optimizer hands its gathers to Megatron-FSDP (distrib_optimizer.py:2440-2443,
     2609-2611), so the iteration is the one without it."""
     p = load_preset("gpt3-2.7b-a40x8-fsdp")
-    fsdp2 = p.model_copy(update={"overlap": p.overlap.model_copy(update={
-        "use_distributed_optimizer": True, "use_megatron_fsdp": False, "use_torch_fsdp2": True})})
+    fsdp2 = p.model_copy(
+        update={
+            "overlap": p.overlap.model_copy(
+                update={"use_distributed_optimizer": True, "use_megatron_fsdp": False, "use_torch_fsdp2": True}
+            )
+        }
+    )
     with pytest.raises(ValueError, match="use_torch_fsdp2 with use_distributed_optimizer.*arguments.py:612-613"):
         SimulatedCluster(fsdp2, seed=0)
     with_opt = p.model_copy(update={"overlap": p.overlap.model_copy(update={"use_distributed_optimizer": True})})
@@ -70,11 +78,14 @@ def _dp_sites(sim):
     return {s.site_id: s for s in sim.sites if s.site_id.startswith("dp.")}
 
 
-@pytest.mark.parametrize("strategy, gathers, reduce_op, reduces_per_iter", [
-    ("no_shard", None, "all_reduce", 1),          # megatron_fsdp.py:425-426 (no gathers), :656-662 (last micro-batch)
-    ("optim", 1, "reduce_scatter", 1),            # one gather per bucket per iteration, reductions delayed
-    ("optim_grads", 1, "reduce_scatter", 2),      # reduce-scatters in each of the 2 micro-batches
-])
+@pytest.mark.parametrize(
+    "strategy, gathers, reduce_op, reduces_per_iter",
+    [
+        ("no_shard", None, "all_reduce", 1),  # megatron_fsdp.py:425-426 (no gathers), :656-662 (last micro-batch)
+        ("optim", 1, "reduce_scatter", 1),  # one gather per bucket per iteration, reductions delayed
+        ("optim_grads", 1, "reduce_scatter", 2),  # reduce-scatters in each of the 2 micro-batches
+    ],
+)
 def test_unsharded_parameter_strategies_issue_what_megatron_fsdp_issues(strategy, gathers, reduce_op, reduces_per_iter):
     """Without FSDP units (mcore_fsdp_adapter.py:96-99) every site is a root bucket's, in bucket order."""
     sim = SimulatedCluster(_with_strategy("gpt3-2.7b-a40x8-fsdp", strategy), seed=0)
@@ -129,17 +140,31 @@ def test_root_buckets_are_megatron_fsdps_own(tmp_path):
         preset = _with_strategy(name, "optim")
         w = SimulatedCluster(preset, seed=0).workload
         m = preset.model_spec()
-        models.append(dict(
-            num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=w.ffn,
-            num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups, swiglu=m.swiglu,
-            add_bias_linear=m.add_bias_linear, normalization=m.normalization, vocab_size=w.vocab,
-            max_position_embeddings=m.max_position_embeddings or preset.training.seq_length,
-            position_embedding_type=m.position_embedding_type, tied=not m.untie_embeddings_and_output_weights,
-            bucket_size=w.bucket_params))
+        models.append(
+            dict(
+                num_layers=m.num_layers,
+                hidden_size=m.hidden_size,
+                ffn_hidden_size=w.ffn,
+                num_attention_heads=m.num_attention_heads,
+                num_query_groups=m.num_query_groups,
+                swiglu=m.swiglu,
+                add_bias_linear=m.add_bias_linear,
+                normalization=m.normalization,
+                vocab_size=w.vocab,
+                max_position_embeddings=m.max_position_embeddings or preset.training.seq_length,
+                position_embedding_type=m.position_embedding_type,
+                tied=not m.untie_embeddings_and_output_weights,
+                bucket_size=w.bucket_params,
+            )
+        )
         simulated.append([int(n) for _, _, n in root_buckets(w)])
     root = Path(__file__).resolve().parents[2]
-    proc = run([sys.executable, "-m", "tests.sim.fsdp_buckets_worker", str(tmp_path / "store"),
-                           json.dumps(models)], cwd=root, text=True, timeout=LAUNCH_S)  # two ranks; their tree killed at the limit
+    proc = run(
+        [sys.executable, "-m", "tests.sim.fsdp_buckets_worker", str(tmp_path / "store"), json.dumps(models)],
+        cwd=root,
+        text=True,
+        timeout=LAUNCH_S,
+    )  # two ranks; their tree killed at the limit
     assert proc.returncode == 0, proc.stderr[-3000:]
     real = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [len(b) for b in real] == [50, 98]

@@ -18,8 +18,18 @@ from pathlib import Path
 from lagom_megatron.training import pretrain_gpt
 
 ROOT = Path(__file__).resolve().parents[2]
-CLEAN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LAGOM_CLUSTER",
-         "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "CUDA_DEVICE_MAX_CONNECTIONS")
+CLEAN = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "LAGOM_CLUSTER",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+)
 
 
 SCRIPT = pretrain_gpt
@@ -74,8 +84,12 @@ def train(argv, monkeypatch, capsys, *, world=4, env=None) -> Outcome:
             monkeypatch.chdir(ROOT)
             shutil.rmtree(scratch, ignore_errors=True)
     err = capsys.readouterr().err
-    return Outcome(code, [line for line in err.splitlines() if line.startswith("pretrain_gpt.py: error:")],
-                   bool(started), [line for line in err.splitlines() if line.startswith("pretrain_gpt.py: warning:")])
+    return Outcome(
+        code,
+        [line for line in err.splitlines() if line.startswith("pretrain_gpt.py: error:")],
+        bool(started),
+        [line for line in err.splitlines() if line.startswith("pretrain_gpt.py: warning:")],
+    )
 
 
 def doctor(argv, monkeypatch, capsys, *, world=4, env=None, options=()) -> Outcome:
@@ -94,11 +108,13 @@ def doctor(argv, monkeypatch, capsys, *, world=4, env=None, options=()) -> Outco
 
 def hold_lock_elsewhere(plan: Path) -> subprocess.Popen:
     """Another process (another job) that holds ``plan``'s lock until killed; returns once it holds it."""
-    code = ("import sys, time\n"
-            "from lagom_megatron.preflight.files import hold_folder_lock\n"
-            f"hold_folder_lock({str(plan.parent)!r}, {{'SLURM_JOB_ID': '4242'}}, value={str(plan)!r})\n"
-            "print('held', flush=True)\n"
-            "time.sleep(3600)\n")  # killed by the test; never a limit the test could outlast
+    code = (
+        "import sys, time\n"
+        "from lagom_megatron.preflight.files import hold_folder_lock\n"
+        f"hold_folder_lock({str(plan.parent)!r}, {{'SLURM_JOB_ID': '4242'}}, value={str(plan)!r})\n"
+        "print('held', flush=True)\n"
+        "time.sleep(3600)\n"
+    )  # killed by the test; never a limit the test could outlast
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout.readline().strip() == "held"
     return proc

@@ -11,8 +11,13 @@ def test_cpu_shims_apply_remove_idempotent():
     from megatron.core.pipeline_parallel import p2p_communication
     from megatron.core.transformer import torch_norm
 
-    before = (torch.cuda.current_device, vars(torch.Tensor).get("cuda"), mc_utils.torch,
-              p2p_communication._batched_p2p_ops, vars(torch_norm.WrappedTorchNorm)["__new__"])
+    before = (
+        torch.cuda.current_device,
+        vars(torch.Tensor).get("cuda"),
+        mc_utils.torch,
+        p2p_communication._batched_p2p_ops,
+        vars(torch_norm.WrappedTorchNorm)["__new__"],
+    )
     assert cpu_shims.apply() and cpu_shims.apply()  # second call is a no-op
     try:
         assert torch.cuda.current_device() == "cpu"
@@ -21,8 +26,13 @@ def test_cpu_shims_apply_remove_idempotent():
         assert p2p_communication._batched_p2p_ops is not before[3]
     finally:
         cpu_shims.remove()
-    after = (torch.cuda.current_device, vars(torch.Tensor).get("cuda"), mc_utils.torch,
-             p2p_communication._batched_p2p_ops, vars(torch_norm.WrappedTorchNorm)["__new__"])
+    after = (
+        torch.cuda.current_device,
+        vars(torch.Tensor).get("cuda"),
+        mc_utils.torch,
+        p2p_communication._batched_p2p_ops,
+        vars(torch_norm.WrappedTorchNorm)["__new__"],
+    )
     assert all(a is b for a, b in zip(before, after)) and not cpu_shims.is_applied()
 
 

@@ -16,8 +16,12 @@ from lagom_megatron.training.tokenizer import ByteLevelTokenizer, padded_vocab_s
 from tests.timeouts import COMMAND_S
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ["The quick brown fox jumps over the lazy dog.", "", "Zwölf Boxkämpfer jagen Viktor quer über den Sylter Deich.",
-        "Pack my box with five dozen liquor jugs. " * 20]
+DOCS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "",
+    "Zwölf Boxkämpfer jagen Viktor quer über den Sylter Deich.",
+    "Pack my box with five dozen liquor jugs. " * 20,
+]
 
 
 def load_script(name):
@@ -36,9 +40,15 @@ def test_byte_level_tokenizer_round_trip():
     assert (tok.vocab_size, tok.eod) == (257, 256)
 
 
-@pytest.mark.parametrize("vocab, divisible_by, tp, expected", [
-    (257, 128, 1, 384), (257, 128, 2, 512), (256, 128, 1, 256), (50257, 128, 8, 51200),
-])
+@pytest.mark.parametrize(
+    "vocab, divisible_by, tp, expected",
+    [
+        (257, 128, 1, 384),
+        (257, 128, 2, 512),
+        (256, 128, 1, 256),
+        (50257, 128, 8, 51200),
+    ],
+)
 def test_padded_vocab_size(vocab, divisible_by, tp, expected):
     got = padded_vocab_size(vocab, divisible_by=divisible_by, tensor_model_parallel_size=tp)
     assert got == expected and got % (divisible_by * tp) == 0 and got - vocab < divisible_by * tp
@@ -71,8 +81,16 @@ def test_bad_jsonl_names_file_and_line(tmp_path):
 
 
 def dataset_args(**kw):
-    base = dict(seed=1234, seq_length=16, mock_data=False, data_path=None, split="969,30,1", data_cache_path=None,
-                train_iters=3, global_batch_size=4)
+    base = dict(
+        seed=1234,
+        seq_length=16,
+        mock_data=False,
+        data_path=None,
+        split="969,30,1",
+        data_cache_path=None,
+        train_iters=3,
+        global_batch_size=4,
+    )
     base.update(kw)
     return Namespace(**base)
 
@@ -102,12 +120,19 @@ def test_mock_dataset_with_byte_tokenizer():
 def test_microbatches_cover_the_same_global_batch_for_any_dp(dp):
     gbs, mbs = 8, 2
     for iteration in range(3):
-        seen = [i for r in range(dp) for mb in microbatch_indices(iteration, global_batch_size=gbs, micro_batch_size=mbs,
-                                                                  data_parallel_size=dp, data_parallel_rank=r) for i in mb]
+        seen = [
+            i
+            for r in range(dp)
+            for mb in microbatch_indices(
+                iteration, global_batch_size=gbs, micro_batch_size=mbs, data_parallel_size=dp, data_parallel_rank=r
+            )
+            for i in mb
+        ]
         assert sorted(seen) == list(range(iteration * gbs, (iteration + 1) * gbs))
     # Megatron's sampler order: rank 1 of DP 2 takes samples 2-3 of each 4-sample step.
-    assert microbatch_indices(0, global_batch_size=8, micro_batch_size=2, data_parallel_size=2,
-                              data_parallel_rank=1) == [[2, 3], [6, 7]]
+    assert microbatch_indices(
+        0, global_batch_size=8, micro_batch_size=2, data_parallel_size=2, data_parallel_rank=1
+    ) == [[2, 3], [6, 7]]
 
 
 def test_sample_corpus_is_english_and_deterministic():
@@ -119,13 +144,16 @@ def test_sample_corpus_is_english_and_deterministic():
     assert words.count("the") > 100 and all(d.isascii() and len(d) >= 80 for d in a)
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "no such file"),
-    ('{"text": "ok"}\n{"text": \n', "bad.jsonl:2: not valid JSON"),
-    ('{"text": "ok"}\n{"body": "x"}\n', "bad.jsonl:2: expected a JSON object with a string 'text' field"),
-    ('{"text": "ok"}\n{"text": 7}\n', "bad.jsonl:2: expected a JSON object with a string 'text' field"),
-    ('["ok"]\n', "bad.jsonl:1: expected a JSON object with a string 'text' field"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        ('{"text": "ok"}\n{"text": \n', "bad.jsonl:2: not valid JSON"),
+        ('{"text": "ok"}\n{"body": "x"}\n', "bad.jsonl:2: expected a JSON object with a string 'text' field"),
+        ('{"text": "ok"}\n{"text": 7}\n', "bad.jsonl:2: expected a JSON object with a string 'text' field"),
+        ('["ok"]\n', "bad.jsonl:1: expected a JSON object with a string 'text' field"),
+    ],
+)
 def test_preprocess_errors_leave_no_file_behind(tmp_path, capsys, content, message):
     src = tmp_path / "bad.jsonl"
     if content is not None:
@@ -144,8 +172,14 @@ def test_preprocess_refuses_folders_as_input_or_prefix(tmp_path, capsys):
     main = load_script("preprocess_data").main
     cases = [
         (["--input", str(tmp_path), "--output-prefix", str(tmp_path / "x")], f"--input {tmp_path} is a folder"),
-        (["--input", str(src), "--output-prefix", str(tmp_path / "d") + os.sep], "names a folder; give a file-name prefix"),
-        (["--input", str(src), "--output-prefix", str(tmp_path / "existing")], "names a folder; give a file-name prefix"),
+        (
+            ["--input", str(src), "--output-prefix", str(tmp_path / "d") + os.sep],
+            "names a folder; give a file-name prefix",
+        ),
+        (
+            ["--input", str(src), "--output-prefix", str(tmp_path / "existing")],
+            "names a folder; give a file-name prefix",
+        ),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv
@@ -158,12 +192,14 @@ def test_preprocess_refuses_folders_as_input_or_prefix(tmp_path, capsys):
 def test_preprocess_argument_errors_do_not_import_megatron(tmp_path):
     script = str(ROOT / "scripts" / "preprocess_data.py")
     for argv in (["--help"], ["--input", str(tmp_path / "none.jsonl"), "--output-prefix", str(tmp_path / "d")]):
-        proc = subprocess.run([sys.executable, "-X", "importtime", script, *argv], capture_output=True, text=True,
-                              timeout=COMMAND_S)
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", script, *argv], capture_output=True, text=True, timeout=COMMAND_S
+        )
         assert " megatron" not in proc.stderr and "torch" not in proc.stderr, argv  # -X importtime lists imports
     assert proc.returncode == 2
     assert [l for l in proc.stderr.splitlines() if not l.startswith("import time:")] == [
-        f"preprocess_data.py: error: --input {tmp_path / 'none.jsonl'}: no such file"]
+        f"preprocess_data.py: error: --input {tmp_path / 'none.jsonl'}: no such file"
+    ]
 
 
 def test_sample_corpus_argument_errors(tmp_path, capsys, monkeypatch):
@@ -174,7 +210,8 @@ def test_sample_corpus_argument_errors(tmp_path, capsys, monkeypatch):
     assert info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"make_sample_corpus.py: error: argument --output-dir: {tmp_path / 'file'}: is a file; give a folder "
-        "(see make_sample_corpus.py --help)"]
+        "(see make_sample_corpus.py --help)"
+    ]
     for value in ("0", "-5"):
         with pytest.raises(SystemExit) as info:
             corpus.main(["--output-dir", str(tmp_path / "out"), "--max-bytes", value])
@@ -195,5 +232,10 @@ def test_sample_corpus_refuses_an_unwritable_folder_before_reading_anything(monk
         corpus.main(["--output-dir", "/sys/kernel/lagom-corpus"])
     assert info.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("make_sample_corpus.py: error: argument --output-dir: /sys/kernel/lagom-corpus: cannot "
-                           "write in /sys/kernel (") and ".tmp" not in line
+    assert (
+        line.startswith(
+            "make_sample_corpus.py: error: argument --output-dir: /sys/kernel/lagom-corpus: cannot "
+            "write in /sys/kernel ("
+        )
+        and ".tmp" not in line
+    )

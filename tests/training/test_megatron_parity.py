@@ -28,8 +28,23 @@ from tests.timeouts import COMMAND_S
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = json.loads((ROOT / "tests" / "training" / "data" / "megatron_lm_flags.json").read_text())
-SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-         "--micro-batch-size", "1", "--train-iters", "3", "--lr", "1e-3", "--mock-data"]
+SMALL = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--micro-batch-size",
+    "1",
+    "--train-iters",
+    "3",
+    "--lr",
+    "1e-3",
+    "--mock-data",
+]
 
 OURS_ONLY = LAGOM_FLAGS | {"--preset", "--local-rank", "--local_rank"}
 """Flags Megatron-LM does not have in every supported release: lagom's, the preset loader, and the
@@ -39,20 +54,31 @@ rank torch's launchers pass (``--local-rank``: Megatron-LM core_v0.16.1 argument
 
 KNOWN_DIFFERENCES = {
     # flag: (field, ours, Megatron-LM's, why)
-    "--transformer-impl": ("default", None, "transformer_engine",
-                           "None picks transformer_engine when TE and a GPU are present, else local: "
-                           "Transformer Engine does not run on CPU"),
-    "--num-query-groups": ("default", None, 1,
-                           "None means one group per head; a value implies --group-query-attention, "
-                           "as the model presets expect (Megatron-LM ignores it without that flag)"),
+    "--transformer-impl": (
+        "default",
+        None,
+        "transformer_engine",
+        "None picks transformer_engine when TE and a GPU are present, else local: "
+        "Transformer Engine does not run on CPU",
+    ),
+    "--num-query-groups": (
+        "default",
+        None,
+        1,
+        "None means one group per head; a value implies --group-query-attention, "
+        "as the model presets expect (Megatron-LM ignores it without that flag)",
+    ),
 }
 RELEASE_DIFFERENCES = {
     # (release, flag): (field, ours, that release's, why)
     ("core_v0.18.2", "--data-parallel-sharding-strategy"): (
-        "default", "no_shard", "optim_grads_params",
+        "default",
+        "no_shard",
+        "optim_grads_params",
         "core_v0.16.1 and core_v0.17.1 default to no_shard (as DistributedDataParallelConfig does in all three), "
         "core_v0.18.2's parser to optim_grads_params; ours keeps no_shard and lagom doctor warns when "
-        "--use-megatron-fsdp meets no_shard"),
+        "--use-megatron-fsdp meets no_shard",
+    ),
 }
 """Differences from one release only (a default Megatron-LM changed between releases)."""
 EXTRA_CHOICES = {"--tokenizer-type": {"ByteLevel"}}
@@ -66,9 +92,14 @@ def ours():
         for option in action.option_strings:
             if option.startswith("--") and action.help != "==SUPPRESS==":
                 kind = {"_StoreTrueAction": "store_true", "_StoreFalseAction": "store_false"}.get(
-                    type(action).__name__, "store")
-                table[option] = {"dest": action.dest, "default": action.default, "kind": kind,
-                                 "choices": list(action.choices) if action.choices else None}
+                    type(action).__name__, "store"
+                )
+                table[option] = {
+                    "dest": action.dest,
+                    "default": action.default,
+                    "kind": kind,
+                    "choices": list(action.choices) if action.choices else None,
+                }
     return table
 
 
@@ -114,9 +145,16 @@ def test_sharding_strategy_is_megatron_lms_and_reaches_the_ddp_config():
 
     for release in TABLE:
         assert TABLE[release]["--data-parallel-sharding-strategy"]["choices"] == [
-            "no_shard", "optim", "optim_grads", "optim_grads_params"]
+            "no_shard",
+            "optim",
+            "optim_grads",
+            "optim_grads_params",
+        ]
     assert [TABLE[r]["--data-parallel-sharding-strategy"]["default"] for r in sorted(TABLE)] == [
-        "no_shard", "no_shard", "optim_grads_params"]
+        "no_shard",
+        "no_shard",
+        "optim_grads_params",
+    ]
     assert parse_args(SMALL).data_parallel_sharding_strategy == "no_shard"
     args = validate_args(parse_args(SMALL + ["--data-parallel-sharding-strategy", "optim_grads_params"]), 1)
     assert model.ddp_config(args).data_parallel_sharding_strategy == "optim_grads_params"
@@ -129,23 +167,55 @@ def test_sharding_strategy_is_megatron_lms_and_reaches_the_ddp_config():
 def test_refused_flags_are_not_megatron_lm_flags(release):
     assert not set(MEGATRON_LM_REFUSED) & set(TABLE[release])
     assert TABLE[release]["--no-overlap-p2p-communication"] == {
-        "choices": None, "default": True, "dest": "overlap_p2p_comm", "kind": "store_false"}
+        "choices": None,
+        "default": True,
+        "dest": "overlap_p2p_comm",
+        "kind": "store_false",
+    }
 
 
 def test_refused_flag_says_what_to_use_instead():
-    with pytest.raises(ValueError, match="--overlap-p2p-communication is not accepted: .*"
-                                         "--no-overlap-p2p-communication turns it off"):
+    with pytest.raises(
+        ValueError, match="--overlap-p2p-communication is not accepted: .*--no-overlap-p2p-communication turns it off"
+    ):
         parse_args(SMALL + ["--overlap-p2p-communication"], exit_on_error=False)
 
 
 def test_p2p_overlap_is_on_by_default_with_the_interleaved_schedule():
-    args = validate_args(parse_args(SMALL + ["--num-layers", "4", "--pipeline-model-parallel-size", "2",
-                                             "--num-layers-per-virtual-pipeline-stage", "1",
-                                             "--global-batch-size", "2"]), 2)
+    args = validate_args(
+        parse_args(
+            SMALL
+            + [
+                "--num-layers",
+                "4",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--num-layers-per-virtual-pipeline-stage",
+                "1",
+                "--global-batch-size",
+                "2",
+            ]
+        ),
+        2,
+    )
     assert args.overlap_p2p_comm is True
-    args = validate_args(parse_args(SMALL + ["--num-layers", "4", "--pipeline-model-parallel-size", "2",
-                                             "--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size",
-                                             "2", "--no-overlap-p2p-communication"]), 2)
+    args = validate_args(
+        parse_args(
+            SMALL
+            + [
+                "--num-layers",
+                "4",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--num-layers-per-virtual-pipeline-stage",
+                "1",
+                "--global-batch-size",
+                "2",
+                "--no-overlap-p2p-communication",
+            ]
+        ),
+        2,
+    )
     assert args.overlap_p2p_comm is False
     assert validate_args(parse_args(SMALL + ["--pipeline-model-parallel-size", "2"]), 2).overlap_p2p_comm is False
 
@@ -161,8 +231,12 @@ def test_swiglu_ffn_size_is_megatron_lms():
 def test_grad_reduction_dtype_and_fusion_follow_megatron_lm():
     assert validate_args(parse_args(SMALL + ["--bf16"]), 1).accumulate_allreduce_grads_in_fp32 is True
     assert validate_args(parse_args(SMALL + ["--fp16"]), 1).accumulate_allreduce_grads_in_fp32 is False
-    assert validate_args(parse_args(SMALL + ["--fp16", "--accumulate-allreduce-grads-in-fp32"]),
-                         1).accumulate_allreduce_grads_in_fp32 is True
+    assert (
+        validate_args(
+            parse_args(SMALL + ["--fp16", "--accumulate-allreduce-grads-in-fp32"]), 1
+        ).accumulate_allreduce_grads_in_fp32
+        is True
+    )
     assert parse_args(SMALL).gradient_accumulation_fusion is True
     assert parse_args(SMALL + ["--no-gradient-accumulation-fusion"]).gradient_accumulation_fusion is False
 
@@ -170,9 +244,25 @@ def test_grad_reduction_dtype_and_fusion_follow_megatron_lm():
 def test_model_configs_take_the_new_flags():
     from lagom_megatron.training import model
 
-    args = validate_args(parse_args(SMALL + ["--init-method-std", "0.006", "--recompute-granularity", "full",
-                                             "--recompute-method", "uniform", "--recompute-num-layers", "1",
-                                             "--attention-backend", "unfused", "--fp16"]), 1)
+    args = validate_args(
+        parse_args(
+            SMALL
+            + [
+                "--init-method-std",
+                "0.006",
+                "--recompute-granularity",
+                "full",
+                "--recompute-method",
+                "uniform",
+                "--recompute-num-layers",
+                "1",
+                "--attention-backend",
+                "unfused",
+                "--fp16",
+            ]
+        ),
+        1,
+    )
     cfg = model.transformer_config(args, on_gpu=False)
     assert cfg.init_method_std == 0.006
     assert (cfg.recompute_granularity, cfg.recompute_method, cfg.recompute_num_layers) == ("full", "uniform", 1)
@@ -181,15 +271,25 @@ def test_model_configs_take_the_new_flags():
     assert model.ddp_config(args).grad_reduce_in_fp32 is False  # fp16 grads reduced in fp16, as Megatron-LM
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--recompute-granularity", "full"], "--recompute-granularity full needs --recompute-method"),
-    (["--recompute-granularity", "selective", "--recompute-method", "block"],
-     "--recompute-granularity selective takes no --recompute-method"),
-    (["--recompute-num-layers", "2"], "--recompute-method and --recompute-num-layers need --recompute-granularity full"),
-    (["--lr-decay-style", "WSD"], "--lr-decay-style WSD needs --lr-wsd-decay-iters >= 1"),
-    (["--attention-backend", "local", "--transformer-impl", "transformer_engine"],
-     "--attention-backend local needs --transformer-impl local"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--recompute-granularity", "full"], "--recompute-granularity full needs --recompute-method"),
+        (
+            ["--recompute-granularity", "selective", "--recompute-method", "block"],
+            "--recompute-granularity selective takes no --recompute-method",
+        ),
+        (
+            ["--recompute-num-layers", "2"],
+            "--recompute-method and --recompute-num-layers need --recompute-granularity full",
+        ),
+        (["--lr-decay-style", "WSD"], "--lr-decay-style WSD needs --lr-wsd-decay-iters >= 1"),
+        (
+            ["--attention-backend", "local", "--transformer-impl", "transformer_engine"],
+            "--attention-backend local needs --transformer-impl local",
+        ),
+    ],
+)
 def test_rejected_combinations(extra, message):
     with pytest.raises(ValueError, match=message):
         validate_args(parse_args(SMALL + extra), 1)
@@ -199,9 +299,24 @@ def test_wsd_schedule_reaches_megatron_cores_scheduler():
     import torch
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    args = validate_args(parse_args(SMALL + ["--train-iters", "10", "--lr-decay-style", "WSD",
-                                             "--lr-wsd-decay-iters", "4", "--lr-wsd-decay-style", "linear",
-                                             "--min-lr", "1e-4"]), 1)
+    args = validate_args(
+        parse_args(
+            SMALL
+            + [
+                "--train-iters",
+                "10",
+                "--lr-decay-style",
+                "WSD",
+                "--lr-wsd-decay-iters",
+                "4",
+                "--lr-wsd-decay-style",
+                "linear",
+                "--min-lr",
+                "1e-4",
+            ]
+        ),
+        1,
+    )
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.lr)
 
     class Wrapped:  # OptimizerParamScheduler reads optimizer.param_groups
@@ -209,10 +324,20 @@ def test_wsd_schedule_reaches_megatron_cores_scheduler():
 
     gbs = args.global_batch_size
     sched = OptimizerParamScheduler(
-        Wrapped, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr, lr_warmup_steps=0,
-        lr_decay_steps=args.lr_decay_iters * gbs, lr_decay_style=args.lr_decay_style, start_wd=0.0, end_wd=0.0,
-        wd_incr_steps=args.train_iters * gbs, wd_incr_style="constant",
-        wsd_decay_steps=args.lr_wsd_decay_iters * gbs, lr_wsd_decay_style=args.lr_wsd_decay_style)
+        Wrapped,
+        init_lr=0.0,
+        max_lr=args.lr,
+        min_lr=args.min_lr,
+        lr_warmup_steps=0,
+        lr_decay_steps=args.lr_decay_iters * gbs,
+        lr_decay_style=args.lr_decay_style,
+        start_wd=0.0,
+        end_wd=0.0,
+        wd_incr_steps=args.train_iters * gbs,
+        wd_incr_style="constant",
+        wsd_decay_steps=args.lr_wsd_decay_iters * gbs,
+        lr_wsd_decay_style=args.lr_wsd_decay_style,
+    )
     lrs = []
     for _ in range(10):
         sched.step(gbs)
@@ -222,13 +347,23 @@ def test_wsd_schedule_reaches_megatron_cores_scheduler():
 
 
 def test_help_lists_every_lagom_flag():
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "pretrain_gpt.py"), "--help"],
-                          capture_output=True, text=True, timeout=COMMAND_S)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "pretrain_gpt.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_S,
+    )
     assert proc.returncode == 0
     for flag in sorted(LAGOM_FLAGS):
         assert f"  {flag}" in proc.stdout, flag
-    for flag in ("--init-method-std", "--recompute-granularity", "--no-overlap-p2p-communication",
-                 "--attention-backend", "--accumulate-allreduce-grads-in-fp32", "--lr-wsd-decay-iters"):
+    for flag in (
+        "--init-method-std",
+        "--recompute-granularity",
+        "--no-overlap-p2p-communication",
+        "--attention-backend",
+        "--accumulate-allreduce-grads-in-fp32",
+        "--lr-wsd-decay-iters",
+    ):
         assert f"  {flag}" in proc.stdout, flag
     assert "--overlap-p2p-communication " not in proc.stdout.replace("--no-overlap-p2p-communication", "")
 
@@ -251,19 +386,38 @@ def test_every_flag_of_megatron_lms_gpt_examples_is_accepted(release):
 def test_flags_without_effect_are_named_and_those_that_would_differ_refused():
     from lagom_megatron.training.arguments import inactive_flags
 
-    line = SMALL + ["--eval-interval", "2", "--save", "ckpt", "--no-persist-layer-norm", "--tensorboard-dir", "tb",
-                    "--distributed-backend", "gloo", "--cross-entropy-loss-fusion"]
+    line = SMALL + [
+        "--eval-interval",
+        "2",
+        "--save",
+        "ckpt",
+        "--no-persist-layer-norm",
+        "--tensorboard-dir",
+        "tb",
+        "--distributed-backend",
+        "gloo",
+        "--cross-entropy-loss-fusion",
+    ]
     args = parse_args(line)
     assert inactive_flags(args, build_parser(), on_gpu=True) == [
-        "--tensorboard-dir (no TensorBoard writer)", "--save (this script writes no checkpoints)",
-        "--no-persist-layer-norm (persistent layer-norm kernels are never used)"]
+        "--tensorboard-dir (no TensorBoard writer)",
+        "--save (this script writes no checkpoints)",
+        "--no-persist-layer-norm (persistent layer-norm kernels are never used)",
+    ]
     assert "--cross-entropy-loss-fusion (no fused kernels on CPU)" in inactive_flags(args, build_parser(), on_gpu=False)
     assert inactive_flags(parse_args(SMALL), build_parser(), on_gpu=False) == []
-    for extra, message in ((["--train-samples", "100"], "--train-samples 100 is not accepted by scripts/pretrain_gpt.py: "
-                            "sample-based training is not implemented here; give --train-iters"),
-                           (["--no-position-embedding"], "--no-position-embedding is deprecated"),
-                           (["--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "1"],
-                            "pass one of --lr-warmup-fraction and --lr-warmup-iters, not both")):
+    for extra, message in (
+        (
+            ["--train-samples", "100"],
+            "--train-samples 100 is not accepted by scripts/pretrain_gpt.py: "
+            "sample-based training is not implemented here; give --train-iters",
+        ),
+        (["--no-position-embedding"], "--no-position-embedding is deprecated"),
+        (
+            ["--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "1"],
+            "pass one of --lr-warmup-fraction and --lr-warmup-iters, not both",
+        ),
+    ):
         with pytest.raises(ValueError, match=message):
             validate_args(parse_args(SMALL + extra), 1)
     assert validate_args(parse_args(SMALL + ["--lr-warmup-fraction", "0.5"]), 1).lr_warmup_iters == 1  # of 3

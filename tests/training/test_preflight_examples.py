@@ -21,13 +21,23 @@ CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
 
 
 # 1. --nccl-communicator-config-path: empty, half a CTA range, and a quoted boolean
-@pytest.mark.parametrize("text, where, message", [
-    ("", "1:1", "--nccl-communicator-config-path file is empty; megatron-core needs a mapping of process-group names"),
-    ("dp:\n  min_ctas: 2\n", "2:13", "group 'dp' sets min_ctas without max_ctas; give both"),
-    ("tp:\n  is_high_priority_stream: \"false\"\n", "2:28",
-     "tp.is_high_priority_stream must be a YAML bool; got 'false' (quoted: a string)"),
-    ("dp:\n  min_ctas: 1\n  max_ctas: '8'\n", "3:13", "dp.max_ctas must be a YAML int; got '8' (quoted: a string)"),
-])
+@pytest.mark.parametrize(
+    "text, where, message",
+    [
+        (
+            "",
+            "1:1",
+            "--nccl-communicator-config-path file is empty; megatron-core needs a mapping of process-group names",
+        ),
+        ("dp:\n  min_ctas: 2\n", "2:13", "group 'dp' sets min_ctas without max_ctas; give both"),
+        (
+            'tp:\n  is_high_priority_stream: "false"\n',
+            "2:28",
+            "tp.is_high_priority_stream must be a YAML bool; got 'false' (quoted: a string)",
+        ),
+        ("dp:\n  min_ctas: 1\n  max_ctas: '8'\n", "3:13", "dp.max_ctas must be a YAML int; got '8' (quoted: a string)"),
+    ],
+)
 def test_1_communicator_config(tmp_path, monkeypatch, capsys, text, where, message):
     path = tmp_path / "nccl.yaml"
     path.write_text(text)
@@ -49,8 +59,9 @@ def test_1_a_whole_communicator_config_passes(tmp_path, monkeypatch, capsys):
 def test_2_negative_bucket_size(monkeypatch, capsys):
     t = train([*CPU, "--ddp-bucket-size", "-5"], monkeypatch, capsys)
     assert (t.code, t.started) == (2, False)
-    assert t.errors == ["pretrain_gpt.py: error: --ddp-bucket-size -5 is not a positive integer; "
-                        "allowed: a number of parameters >= 1"]
+    assert t.errors == [
+        "pretrain_gpt.py: error: --ddp-bucket-size -5 is not a positive integer; allowed: a number of parameters >= 1"
+    ]
 
 
 # 3. output folders that cannot be created or written
@@ -60,8 +71,10 @@ def test_3_plan_folder_cannot_be_created(tmp_path, monkeypatch, capsys):
     plan = blocker / "sub" / "plan.json"
     t = train([*CPU, "--lagom", "--lagom-plan", str(plan)], monkeypatch, capsys)
     assert (t.code, t.started) == (2, False)
-    assert t.errors == [f"pretrain_gpt.py: error: --lagom-plan {str(plan)!r}: {blocker} is a file, not a folder, "
-                        f"so {blocker / 'sub'} cannot be created"]
+    assert t.errors == [
+        f"pretrain_gpt.py: error: --lagom-plan {str(plan)!r}: {blocker} is a file, not a folder, "
+        f"so {blocker / 'sub'} cannot be created"
+    ]
 
 
 def test_3_report_folder_not_writable(tmp_path, monkeypatch, capsys):
@@ -78,11 +91,15 @@ def test_3_report_folder_not_writable(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
     report = ro / "report.md"
-    t = train([*CPU, "--lagom", "--lagom-plan", str(tmp_path / "p" / "plan.json"), "--lagom-report", str(report)],
-              monkeypatch, capsys)
+    t = train(
+        [*CPU, "--lagom", "--lagom-plan", str(tmp_path / "p" / "plan.json"), "--lagom-report", str(report)],
+        monkeypatch,
+        capsys,
+    )
     assert (t.code, t.started) == (2, False)
-    assert t.errors == [f"pretrain_gpt.py: error: --lagom-report {str(report)!r}: {ro} cannot be written: "
-                        "Operation not permitted"]
+    assert t.errors == [
+        f"pretrain_gpt.py: error: --lagom-report {str(report)!r}: {ro} cannot be written: Operation not permitted"
+    ]
 
 
 # 4. and 5. plans that `lagom plan validate` rejects, or that cannot be read: moved aside, never lost
@@ -90,10 +107,22 @@ def _plan_file(path, *, n_channels=1, env=None, truncate=False):
     from lagom_megatron.engine.knobs import CommConfig
     from lagom_megatron.engine.plan import Plan, PlanEntry
 
-    entry = PlanEntry(config=CommConfig(n_channels=1), predicted_t_comm_us=10.0, predicted_t_region_us=12.0,
-                      group="dp", op="reduce_scatter", nbytes=4096, group_size=2)
-    plan = Plan(entries={"dp.grad_reduce_scatter[chunk0.bucket0]": entry}, fingerprint={"cluster": "cpu-gloo"},
-                backend="gloo", mechanism="gloo", env=env or {})
+    entry = PlanEntry(
+        config=CommConfig(n_channels=1),
+        predicted_t_comm_us=10.0,
+        predicted_t_region_us=12.0,
+        group="dp",
+        op="reduce_scatter",
+        nbytes=4096,
+        group_size=2,
+    )
+    plan = Plan(
+        entries={"dp.grad_reduce_scatter[chunk0.bucket0]": entry},
+        fingerprint={"cluster": "cpu-gloo"},
+        backend="gloo",
+        mechanism="gloo",
+        env=env or {},
+    )
     plan.save(path)
     data = json.loads(path.read_text())
     data["entries"]["dp.grad_reduce_scatter[chunk0.bucket0]"]["config"]["n_channels"] = n_channels
@@ -102,12 +131,19 @@ def _plan_file(path, *, n_channels=1, env=None, truncate=False):
     return path.read_bytes()
 
 
-@pytest.mark.parametrize("case, kwargs, tag, message", [
-    ("n_channels 999", dict(n_channels=999), "invalid-",
-     "entry 'dp.grad_reduce_scatter[chunk0.bucket0]': n_channels 999 is not allowed; allowed: 1..16 gloo worker threads"),
-    ("NCCL_ALGO foo", dict(env={"NCCL_ALGO": "foo"}), "invalid-", "env: NCCL_ALGO"),
-    ("truncated", dict(truncate=True), "corrupt-", "invalid JSON at line"),
-])
+@pytest.mark.parametrize(
+    "case, kwargs, tag, message",
+    [
+        (
+            "n_channels 999",
+            dict(n_channels=999),
+            "invalid-",
+            "entry 'dp.grad_reduce_scatter[chunk0.bucket0]': n_channels 999 is not allowed; allowed: 1..16 gloo worker threads",
+        ),
+        ("NCCL_ALGO foo", dict(env={"NCCL_ALGO": "foo"}), "invalid-", "env: NCCL_ALGO"),
+        ("truncated", dict(truncate=True), "corrupt-", "invalid JSON at line"),
+    ],
+)
 def test_4_5_bad_plan_is_moved_aside_not_reused_or_lost(tmp_path, capsys, case, kwargs, tag, message):
     from lagom_megatron.cli.main import main
     from lagom_megatron.engine.cluster import ClusterSpec
@@ -126,15 +162,18 @@ def test_4_5_bad_plan_is_moved_aside_not_reused_or_lost(tmp_path, capsys, case, 
 
 
 # 6. zero sizes: one line, no ZeroDivisionError, in the doctor (also for the SLURM dry run) and in training
-@pytest.mark.parametrize("preset, world, flag", [
-    ("llama3-8b-h100x8", 8, "--tensor-model-parallel-size"),
-    ("llama3-8b-h100x8", 8, "--pipeline-model-parallel-size"),
-    ("llama3-8b-h100x8", 8, "--context-parallel-size"),
-    ("llama3-8b-h100x8", 8, "--micro-batch-size"),
-    ("llama3-8b-h100x8", 8, "--num-query-groups"),
-    ("mixtral-8x7b-h100x32", 32, "--expert-model-parallel-size"),
-    ("llama3-70b-h100x64", 64, "--num-layers-per-virtual-pipeline-stage"),
-])
+@pytest.mark.parametrize(
+    "preset, world, flag",
+    [
+        ("llama3-8b-h100x8", 8, "--tensor-model-parallel-size"),
+        ("llama3-8b-h100x8", 8, "--pipeline-model-parallel-size"),
+        ("llama3-8b-h100x8", 8, "--context-parallel-size"),
+        ("llama3-8b-h100x8", 8, "--micro-batch-size"),
+        ("llama3-8b-h100x8", 8, "--num-query-groups"),
+        ("mixtral-8x7b-h100x32", 32, "--expert-model-parallel-size"),
+        ("llama3-70b-h100x64", 64, "--num-layers-per-virtual-pipeline-stage"),
+    ],
+)
 def test_6_zero_sizes(monkeypatch, capsys, preset, world, flag):
     argv = ["--preset", preset, "--mock-data", flag, "0"]
     line = f"{flag} must be a positive integer; got 0"
@@ -151,7 +190,9 @@ def test_7_unknown_lagom_cluster(monkeypatch, capsys):
 
     known = ", ".join(sorted(p.stem for p in (CONFIGS_DIR / "clusters").glob("*.yaml")))
     assert known.startswith("a100-ib100, ") and "cpu-gloo" in known
-    line = f"LAGOM_CLUSTER='h100' is not a known cluster or a cluster file; allowed: {known} or a path to a cluster YAML"
+    line = (
+        f"LAGOM_CLUSTER='h100' is not a known cluster or a cluster file; allowed: {known} or a path to a cluster YAML"
+    )
     t = train(CPU, monkeypatch, capsys, env={"LAGOM_CLUSTER": "h100"})
     assert (t.code, t.errors, t.started) == (2, [f"pretrain_gpt.py: error: {line}"], False)
     d = doctor(CPU, monkeypatch, capsys, env={"LAGOM_CLUSTER": "h100"})
@@ -159,8 +200,23 @@ def test_7_unknown_lagom_cluster(monkeypatch, capsys):
 
 
 # 8. query groups that divide TP are accepted, as megatron-core 0.16.1 does
-SMALL = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "32", "--seq-length", "32",
-         "--micro-batch-size", "1", "--train-iters", "2", "--lr", "1e-3", "--mock-data"]
+SMALL = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "256",
+    "--num-attention-heads",
+    "32",
+    "--seq-length",
+    "32",
+    "--micro-batch-size",
+    "1",
+    "--train-iters",
+    "2",
+    "--lr",
+    "1e-3",
+    "--mock-data",
+]
 
 
 def test_8_query_groups_dividing_tp_are_accepted(monkeypatch, capsys):
@@ -168,11 +224,27 @@ def test_8_query_groups_dividing_tp_are_accepted(monkeypatch, capsys):
     assert doctor(argv, monkeypatch, capsys, world=8).code == 0
     t = train(argv, monkeypatch, capsys, world=8)
     assert (t.code, t.errors, t.started) == (0, [], True)
-    bad = train([*SMALL, "--num-attention-heads", "24", "--hidden-size", "240", "--num-query-groups", "12",
-                 "--tensor-model-parallel-size", "8"], monkeypatch, capsys, world=8)
+    bad = train(
+        [
+            *SMALL,
+            "--num-attention-heads",
+            "24",
+            "--hidden-size",
+            "240",
+            "--num-query-groups",
+            "12",
+            "--tensor-model-parallel-size",
+            "8",
+        ],
+        monkeypatch,
+        capsys,
+        world=8,
+    )
     assert (bad.code, bad.started) == (2, False)
-    assert bad.errors == ["pretrain_gpt.py: error: --num-query-groups 12 is neither a multiple nor a divisor of "
-                          "--tensor-model-parallel-size 8"]
+    assert bad.errors == [
+        "pretrain_gpt.py: error: --num-query-groups 12 is neither a multiple nor a divisor of "
+        "--tensor-model-parallel-size 8"
+    ]
 
 
 # 9. --local-rank / --local_rank as launchers pass them
@@ -190,8 +262,10 @@ def test_10_plan_in_use_by_another_job(tmp_path, monkeypatch, capsys):
         t = train([*CPU, "--lagom", "--lagom-plan", str(plan)], monkeypatch, capsys)
         assert (t.code, t.started) == (2, False)
         (line,) = t.errors
-        assert line.startswith(f"pretrain_gpt.py: error: --lagom-plan {str(plan)!r} is in use by another run "
-                               f"(pid {other.pid} on host {socket.gethostname()}, job 4242, since ")
+        assert line.startswith(
+            f"pretrain_gpt.py: error: --lagom-plan {str(plan)!r} is in use by another run "
+            f"(pid {other.pid} on host {socket.gethostname()}, job 4242, since "
+        )
         assert line.endswith("wait for it, or give this run another --lagom-plan")
         d = doctor([*CPU, "--lagom", "--lagom-plan", str(plan)], monkeypatch, capsys)
         assert d.code == 1 and d.errors == [line.removeprefix("pretrain_gpt.py: error: ")]
@@ -206,50 +280,135 @@ def test_10_plan_in_use_by_another_job(tmp_path, monkeypatch, capsys):
 
 
 # 11. --overlap-moe-expert-parallel-comm without what megatron-core needs
-MOE = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-       "--micro-batch-size", "1", "--bf16", "--overlap-moe-expert-parallel-comm", "--eval-interval", "10"]
+MOE = [
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--micro-batch-size",
+    "1",
+    "--bf16",
+    "--overlap-moe-expert-parallel-comm",
+    "--eval-interval",
+    "10",
+]
 
 
-@pytest.mark.parametrize("extra, line", [
-    (["--num-experts", "8", "--expert-model-parallel-size", "1", "--moe-token-dispatcher-type", "alltoall"],
-     "--overlap-moe-expert-parallel-comm needs --expert-model-parallel-size > 1; got 1"),
-    (["--num-experts", "8", "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"],
-     "--overlap-moe-expert-parallel-comm needs --moe-token-dispatcher-type alltoall or flex; got 'allgather'"),
-    (["--num-experts", "8", "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
-      "--moe-shared-expert-overlap"], "--overlap-moe-expert-parallel-comm cannot be combined with --moe-shared-expert-overlap"),
-    (["--moe-token-dispatcher-type", "alltoall"],
-     "--overlap-moe-expert-parallel-comm is set but the model has no experts (--num-experts unset)"),
-])
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        (
+            ["--num-experts", "8", "--expert-model-parallel-size", "1", "--moe-token-dispatcher-type", "alltoall"],
+            "--overlap-moe-expert-parallel-comm needs --expert-model-parallel-size > 1; got 1",
+        ),
+        (
+            ["--num-experts", "8", "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"],
+            "--overlap-moe-expert-parallel-comm needs --moe-token-dispatcher-type alltoall or flex; got 'allgather'",
+        ),
+        (
+            [
+                "--num-experts",
+                "8",
+                "--expert-model-parallel-size",
+                "2",
+                "--moe-token-dispatcher-type",
+                "alltoall",
+                "--moe-shared-expert-overlap",
+            ],
+            "--overlap-moe-expert-parallel-comm cannot be combined with --moe-shared-expert-overlap",
+        ),
+        (
+            ["--moe-token-dispatcher-type", "alltoall"],
+            "--overlap-moe-expert-parallel-comm is set but the model has no experts (--num-experts unset)",
+        ),
+    ],
+)
 def test_11_moe_overlap(monkeypatch, capsys, extra, line):
     d = doctor([*MOE, *extra], monkeypatch, capsys, options=("--megatron-lm",))
     assert d.code == 1 and line in d.errors
-    ok = doctor([*MOE, "--num-experts", "8", "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type",
-                 "alltoall"], monkeypatch, capsys, options=("--megatron-lm",))
+    ok = doctor(
+        [*MOE, "--num-experts", "8", "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"],
+        monkeypatch,
+        capsys,
+        options=("--megatron-lm",),
+    )
     assert ok.code == 0
     t = train([*CPU, "--overlap-moe-expert-parallel-comm"], monkeypatch, capsys)  # our script: the same rule
     assert (t.code, t.started) == (2, False)
-    assert t.errors[0].startswith("pretrain_gpt.py: error: --overlap-moe-expert-parallel-comm is set but the model "
-                                  "has no experts (--num-experts unset)")
+    assert t.errors[0].startswith(
+        "pretrain_gpt.py: error: --overlap-moe-expert-parallel-comm is set but the model "
+        "has no experts (--num-experts unset)"
+    )
 
 
 # 12. uneven pipeline splits, as megatron-core computes them
-LAYERS = ["--num-layers", "30", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-          "--micro-batch-size", "1", "--eval-interval", "10"]
+LAYERS = [
+    "--num-layers",
+    "30",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--micro-batch-size",
+    "1",
+    "--eval-interval",
+    "10",
+]
 
 
 def test_12_uneven_pipeline(monkeypatch, capsys):
-    bad = doctor([*LAYERS, "--pipeline-model-parallel-size", "1", "--decoder-last-pipeline-num-layers", "1"],
-                 monkeypatch, capsys, world=1, options=("--megatron-lm",))
+    bad = doctor(
+        [*LAYERS, "--pipeline-model-parallel-size", "1", "--decoder-last-pipeline-num-layers", "1"],
+        monkeypatch,
+        capsys,
+        world=1,
+        options=("--megatron-lm",),
+    )
     assert bad.code == 1 and bad.errors == [
         "--num-layers 30 with --pipeline-model-parallel-size 1, first stage None, last stage 1 leaves 29 layers "
-        "for 0 middle stages"]
-    good = doctor([*LAYERS, "--pipeline-model-parallel-size", "4", "--decoder-first-pipeline-num-layers", "6",
-                   "--decoder-last-pipeline-num-layers", "8"], monkeypatch, capsys, world=4, options=("--megatron-lm",))
+        "for 0 middle stages"
+    ]
+    good = doctor(
+        [
+            *LAYERS,
+            "--pipeline-model-parallel-size",
+            "4",
+            "--decoder-first-pipeline-num-layers",
+            "6",
+            "--decoder-last-pipeline-num-layers",
+            "8",
+        ],
+        monkeypatch,
+        capsys,
+        world=4,
+        options=("--megatron-lm",),
+    )
     assert (good.code, good.errors) == (0, [])
-    odd = doctor([*LAYERS, "--pipeline-model-parallel-size", "4", "--decoder-first-pipeline-num-layers", "5",
-                  "--decoder-last-pipeline-num-layers", "8"], monkeypatch, capsys, world=4, options=("--megatron-lm",))
-    assert odd.errors == ["the 17 middle layers (--num-layers 30 less first 5 and last 8) are not divisible by the "
-                          "2 middle pipeline stages"]
+    odd = doctor(
+        [
+            *LAYERS,
+            "--pipeline-model-parallel-size",
+            "4",
+            "--decoder-first-pipeline-num-layers",
+            "5",
+            "--decoder-last-pipeline-num-layers",
+            "8",
+        ],
+        monkeypatch,
+        capsys,
+        world=4,
+        options=("--megatron-lm",),
+    )
+    assert odd.errors == [
+        "the 17 middle layers (--num-layers 30 less first 5 and last 8) are not divisible by the "
+        "2 middle pipeline stages"
+    ]
 
 
 # 13. MASTER_PORT already bound on this machine
@@ -273,9 +432,16 @@ def test_14_group_of_one_rank_is_not_a_site():
     from lagom_megatron.megatron.hooks.sites import GroupInfo, GroupNames, SiteRegistry
 
     registry = SiteRegistry(GroupNames(local_world_size=2))
-    registry.record("dp.grad_all_reduce[chunk0.bucket0]", op="all_reduce", nbytes=4096, dtype="float32",
-                    group=GroupInfo(name="dp", ranks=(0,)))
-    registry.record("tp.sp_all_gather[0]", op="all_gather", nbytes=4096, dtype="float32", group=GroupInfo(name="tp", ranks=(0, 1)))
+    registry.record(
+        "dp.grad_all_reduce[chunk0.bucket0]",
+        op="all_reduce",
+        nbytes=4096,
+        dtype="float32",
+        group=GroupInfo(name="dp", ranks=(0,)),
+    )
+    registry.record(
+        "tp.sp_all_gather[0]", op="all_gather", nbytes=4096, dtype="float32", group=GroupInfo(name="tp", ranks=(0, 1))
+    )
     assert [s.site_id for s in registry.sites()] == ["tp.sp_all_gather[0]"]
 
 
@@ -283,8 +449,10 @@ def test_14_group_of_one_rank_is_not_a_site():
 # its default, on in the interleaved schedule, turned off without one; --no-overlap-p2p-communication)
 def test_15_p2p_overlap_without_virtual_pipeline(monkeypatch, capsys):
     argv = ["--preset", "cpu-pp2-dp2", "--mock-data", "--overlap-p2p-communication"]
-    line = ("--overlap-p2p-communication is not accepted: Megatron-LM has no such flag: pipeline send/recv overlap "
-            "is on by default (interleaved schedule); --no-overlap-p2p-communication turns it off")
+    line = (
+        "--overlap-p2p-communication is not accepted: Megatron-LM has no such flag: pipeline send/recv overlap "
+        "is on by default (interleaved schedule); --no-overlap-p2p-communication turns it off"
+    )
     t = train(argv, monkeypatch, capsys)
     assert (t.code, t.errors, t.started) == (2, [f"pretrain_gpt.py: error: {line}"], False)
     d = doctor(argv, monkeypatch, capsys)
@@ -300,13 +468,29 @@ def test_torchrun_refused_input_starts_no_rank():
     from tests.training.preflight_harness import CLEAN, ROOT
 
     env = {k: v for k, v in os.environ.items() if k not in CLEAN}
-    proc = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                "scripts/pretrain_gpt.py", *CPU, "--ddp-bucket-size", "-5"], cwd=ROOT, env=env, text=True,
-               timeout=LAUNCH_S)
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "scripts/pretrain_gpt.py",
+            *CPU,
+            "--ddp-bucket-size",
+            "-5",
+        ],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        timeout=LAUNCH_S,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert [line for line in out.splitlines() if "pretrain_gpt.py: error:" in line] == [
-        "pretrain_gpt.py: error: --ddp-bucket-size -5 is not a positive integer; allowed: a number of parameters >= 1"]
+        "pretrain_gpt.py: error: --ddp-bucket-size -5 is not a positive integer; allowed: a number of parameters >= 1"
+    ]
     assert "pretrain_gpt: preset=" not in out and "iteration" not in out
 
 
@@ -326,20 +510,25 @@ def test_only_rank_0_probes_the_plan_lock(tmp_path):
         other.wait()
 
 
-@pytest.mark.parametrize("extra, line", [
-    (["--adam-beta2", "1.0"], "--adam-beta2 1.0 is out of range; allowed: [0, 1)"),
-    (["--adam-eps=-1e-8"], "--adam-eps -1e-08 is out of range; allowed: >= 0"),
-    (["--weight-decay", "-0.1"], "--weight-decay -0.1 is out of range; allowed: >= 0"),
-    (["--clip-grad", "-1"], "--clip-grad -1.0 is out of range; allowed: >= 0"),
-    (["--seed", "-1"], "--seed -1 is out of range; allowed: 0..4294967295"),
-    (["--split", "0,1,0"], "--split '0,1,0' is out of range; allowed: up to three weights >= 0"),
-    (["--split", "90,5,4,1"], "--split '90,5,4,1' is out of range"),
-    (["--split", "90,abc5,5"], "--split '90,abc5,5' is out of range; allowed: up to three weights >= 0 separated by "
-                               "commas"),
-    (["--split", "90;5;5"], "--split '90;5;5' is out of range"),
-    (["--ffn-hidden-size", "0"], "--ffn-hidden-size 0 is out of range; allowed: an integer >= 1"),
-    (["--distributed-timeout-minutes", "0"], "--distributed-timeout-minutes 0 is out of range"),
-])
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        (["--adam-beta2", "1.0"], "--adam-beta2 1.0 is out of range; allowed: [0, 1)"),
+        (["--adam-eps=-1e-8"], "--adam-eps -1e-08 is out of range; allowed: >= 0"),
+        (["--weight-decay", "-0.1"], "--weight-decay -0.1 is out of range; allowed: >= 0"),
+        (["--clip-grad", "-1"], "--clip-grad -1.0 is out of range; allowed: >= 0"),
+        (["--seed", "-1"], "--seed -1 is out of range; allowed: 0..4294967295"),
+        (["--split", "0,1,0"], "--split '0,1,0' is out of range; allowed: up to three weights >= 0"),
+        (["--split", "90,5,4,1"], "--split '90,5,4,1' is out of range"),
+        (
+            ["--split", "90,abc5,5"],
+            "--split '90,abc5,5' is out of range; allowed: up to three weights >= 0 separated by commas",
+        ),
+        (["--split", "90;5;5"], "--split '90;5;5' is out of range"),
+        (["--ffn-hidden-size", "0"], "--ffn-hidden-size 0 is out of range; allowed: an integer >= 1"),
+        (["--distributed-timeout-minutes", "0"], "--distributed-timeout-minutes 0 is out of range"),
+    ],
+)
 def test_value_domains_checked_after_process_groups_are_refused_before(monkeypatch, capsys, extra, line):
     """Values torch's Adam, numpy's seed or megatron-core's split parser would refuse mid-setup."""
     t = train([*CPU, *extra], monkeypatch, capsys)

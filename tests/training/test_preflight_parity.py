@@ -19,8 +19,23 @@ from tests.training.preflight_harness import doctor, hold_lock_elsewhere, train
 from tests.training.test_preflight_flags import FLAG_CASES
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data"]
-SMALL = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "32", "--seq-length", "32",
-         "--micro-batch-size", "1", "--train-iters", "2", "--lr", "1e-3", "--mock-data"]
+SMALL = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "256",
+    "--num-attention-heads",
+    "32",
+    "--seq-length",
+    "32",
+    "--micro-batch-size",
+    "1",
+    "--train-iters",
+    "2",
+    "--lr",
+    "1e-3",
+    "--mock-data",
+]
 
 
 def _file(text):
@@ -28,6 +43,7 @@ def _file(text):
         path = tmp_path / "nccl.yaml"
         path.write_text(text)
         return str(path)
+
     return make
 
 
@@ -35,12 +51,22 @@ def _file(text):
 EXAMPLES = [
     ("1-empty-comm-config", [*CPU, "--nccl-communicator-config-path", _file("")], 4, {}, True),
     ("1-half-cta-range", [*CPU, "--nccl-communicator-config-path", _file("dp:\n  min_ctas: 2\n")], 4, {}, True),
-    ("1-whole-cta-range", [*CPU, "--nccl-communicator-config-path", _file("dp:\n  min_ctas: 1\n  max_ctas: 4\n")],
-     4, {}, False),
+    (
+        "1-whole-cta-range",
+        [*CPU, "--nccl-communicator-config-path", _file("dp:\n  min_ctas: 1\n  max_ctas: 4\n")],
+        4,
+        {},
+        False,
+    ),
     ("2-negative-bucket", [*CPU, "--ddp-bucket-size", "-5"], 4, {}, True),
     ("3-plan-under-a-file", [*CPU, "--lagom", "--lagom-plan", lambda t: str(t / "f" / "x" / "plan.json")], 4, {}, True),
-    ("3-plan-folder-creatable", [*CPU, "--lagom", "--lagom-plan", lambda t: str(t / "new" / "plan.json")], 4, {},
-     False),
+    (
+        "3-plan-folder-creatable",
+        [*CPU, "--lagom", "--lagom-plan", lambda t: str(t / "new" / "plan.json")],
+        4,
+        {},
+        False,
+    ),
     ("6-tp-zero", ["--preset", "llama3-8b-h100x8", "--mock-data", "--tensor-model-parallel-size", "0"], 8, {}, True),
     ("6-micro-batch-zero", [*CPU, "--micro-batch-size", "0"], 4, {}, True),
     ("6-query-groups-zero", [*CPU, "--num-query-groups", "0"], 4, {}, True),
@@ -53,8 +79,13 @@ EXAMPLES = [
     ("12-uneven-pipeline-flag", [*CPU, "--decoder-last-pipeline-num-layers", "1"], 4, {}, True),
     ("13-master-port-busy", CPU, 4, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "BUSY"}, True),
     ("13-master-port-not-a-number", CPU, 4, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "http"}, True),
-    ("15-p2p-overlap-without-vpp", ["--preset", "cpu-pp2-dp2", "--mock-data", "--overlap-p2p-communication"], 4, {},
-     True),
+    (
+        "15-p2p-overlap-without-vpp",
+        ["--preset", "cpu-pp2-dp2", "--mock-data", "--overlap-p2p-communication"],
+        4,
+        {},
+        True,
+    ),
     ("world-not-divisible", [*CPU, "--tensor-model-parallel-size", "3"], 4, {}, True),
     ("valid-cpu-line", CPU, 4, {}, False),
 ]
@@ -134,6 +165,13 @@ def test_cpu_presets_may_start():
 
     for name in ("cpu-tp2-dp2", "cpu-pp2-dp2"):
         ns = parse_args(["--preset", name, "--mock-data"], exit_on_error=False)
-        found = check_run(ns, {}, detect_cluster(name, {}), world_size=4, local=True,
-                          validate=validate_args, installed=check_installed)
+        found = check_run(
+            ns,
+            {},
+            detect_cluster(name, {}),
+            world_size=4,
+            local=True,
+            validate=validate_args,
+            installed=check_installed,
+        )
         assert [f for f in found if f.level == "error"] == []

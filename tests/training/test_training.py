@@ -17,15 +17,48 @@ LOSS = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.* lm loss: ([0-9.E+-]+) \|")
 
 # 4 layers x 64 hidden, seq 32, dropout off, 4 iterations of 4 samples. LR: 1 warm-up iteration to
 # 3e-3, then linear decay to 0 at iteration 4 (Megatron's first step runs at the initial LR, 0).
-TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-        "--max-position-embeddings", "32", "--vocab-size", "384", "--tokenizer-type", "ByteLevel",
-        "--hidden-dropout", "0", "--attention-dropout", "0", "--micro-batch-size", "1", "--global-batch-size", "4",
-        "--train-iters", "4", "--lr", "3e-3", "--min-lr", "0", "--lr-warmup-iters", "1", "--lr-decay-style", "linear",
-        "--log-interval", "1", "--seed", "1234"]
+TINY = [
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--max-position-embeddings",
+    "32",
+    "--vocab-size",
+    "384",
+    "--tokenizer-type",
+    "ByteLevel",
+    "--hidden-dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+    "--micro-batch-size",
+    "1",
+    "--global-batch-size",
+    "4",
+    "--train-iters",
+    "4",
+    "--lr",
+    "3e-3",
+    "--min-lr",
+    "0",
+    "--lr-warmup-iters",
+    "1",
+    "--lr-decay-style",
+    "linear",
+    "--log-interval",
+    "1",
+    "--seed",
+    "1234",
+]
 
 # The single-process baseline runs pretrain() through this driver, which records the callbacks and
 # the returned TrainingResult (rank 0 writes them as JSON).
-DRIVER = r'''
+DRIVER = r"""
 import json, os, sys
 from lagom_megatron.training.argument_checks import validate_args
 from lagom_megatron.training.arguments import parse_args
@@ -46,7 +79,7 @@ result = pretrain(args, callbacks=[rec])
 if int(os.environ["RANK"]) == 0:
     json.dump({"events": rec.events, "losses": result.losses, "times": result.iteration_times_s,
                "lrs": result.learning_rates}, open(sys.argv[1], "w"))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +99,16 @@ def corpus(tmp_path_factory):
 
 def torchrun(nproc, *argv, script=ROOT / "scripts" / "pretrain_gpt.py", timeout=LAUNCH_S):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           str(script), *argv]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        str(script),
+        *argv,
+    ]
     proc = run(cmd, text=True, env=env, timeout=timeout, cwd=ROOT)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     losses = [float(m.group(3)) for m in LOSS.finditer(proc.stdout)]
@@ -79,8 +120,17 @@ def baseline(corpus, tmp_path_factory):
     """TP=1 DP=1 PP=1 run of TINY with --log-interval 2: (recorded JSON, stdout)."""
     tmp = tmp_path_factory.mktemp("baseline")
     (tmp / "driver.py").write_text(DRIVER)
-    _, log = torchrun(1, tmp / "out.json", *TINY, "--data-path", corpus, "--log-interval", "2", "--log-throughput",
-                      script=tmp / "driver.py")
+    _, log = torchrun(
+        1,
+        tmp / "out.json",
+        *TINY,
+        "--data-path",
+        corpus,
+        "--log-interval",
+        "2",
+        "--log-throughput",
+        script=tmp / "driver.py",
+    )
     record = json.loads((tmp / "out.json").read_text())
     assert len(record["losses"]) == 4
     assert record["losses"][3] < record["losses"][0], f"training should lower the loss; got {record['losses']}"
@@ -107,11 +157,23 @@ def test_callbacks_result_and_log_interval(baseline):
 
 LAYOUTS = {
     "tp2-sp": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
-    "dp2-distopt-overlap": (2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
-                                "--ddp-bucket-size", "20000", "--lagom"]),
+    "dp2-distopt-overlap": (
+        2,
+        [
+            "--use-distributed-optimizer",
+            "--overlap-grad-reduce",
+            "--overlap-param-gather",
+            "--ddp-bucket-size",
+            "20000",
+            "--lagom",
+        ],
+    ),
     "pp2-1f1b": (2, ["--pipeline-model-parallel-size", "2"]),
     # send/recv overlap is Megatron-LM's default with the interleaved schedule
-    "pp2-vpp2-interleaved": (2, ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"]),
+    "pp2-vpp2-interleaved": (
+        2,
+        ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"],
+    ),
 }
 
 
@@ -135,22 +197,46 @@ def test_evaluation_on_the_validation_split_prints_megatron_lms_line(corpus):
     and 4 and after training, between rows of dashes one longer than the line; the same validation loss
     at iteration 4 and after training would be a coincidence, so the split is read on from one evaluation
     to the next; without --log-throughput there is no throughput field; flags without effect are named."""
-    _, log = torchrun(2, *TINY, "--data-path", corpus, "--tensor-model-parallel-size", "2", "--eval-interval", "2",
-                      "--eval-iters", "2", "--distributed-backend", "gloo", "--no-persist-layer-norm",
-                      "--save", "ckpt")
+    _, log = torchrun(
+        2,
+        *TINY,
+        "--data-path",
+        corpus,
+        "--tensor-model-parallel-size",
+        "2",
+        "--eval-interval",
+        "2",
+        "--eval-iters",
+        "2",
+        "--distributed-backend",
+        "gloo",
+        "--no-persist-layer-norm",
+        "--save",
+        "ckpt",
+    )
     lines = log.splitlines()
-    found = [(i, m) for i, line in enumerate(lines)
-             if (m := re.fullmatch(r" validation loss at (iteration \d+(?: on validation set)?) \| lm loss value: "
-                                   r"([0-9.]+E[+-]\d+) \| lm loss PPL: ([0-9.]+E[+-]\d+) \| ", line))]
+    found = [
+        (i, m)
+        for i, line in enumerate(lines)
+        if (
+            m := re.fullmatch(
+                r" validation loss at (iteration \d+(?: on validation set)?) \| lm loss value: "
+                r"([0-9.]+E[+-]\d+) \| lm loss PPL: ([0-9.]+E[+-]\d+) \| ",
+                line,
+            )
+        )
+    ]
     assert [m.group(1) for _, m in found] == ["iteration 2", "iteration 4", "iteration 4 on validation set"]
     for i, m in found:
         assert lines[i - 1] == lines[i + 1] == "-" * (len(lines[i]) + 1)
         loss, ppl = float(m.group(2)), float(m.group(3))
-        assert 0 < loss < 7 and ppl == pytest.approx(2.718281828459045 ** loss, rel=1e-5)
+        assert 0 < loss < 7 and ppl == pytest.approx(2.718281828459045**loss, rel=1e-5)
     assert found[1][1].group(2) != found[2][1].group(2)
     assert "throughput per GPU" not in log
-    assert ("pretrain_gpt: accepted without effect here: --save (this script writes no checkpoints), "
-            "--no-persist-layer-norm (persistent layer-norm kernels are never used)") in log
+    assert (
+        "pretrain_gpt: accepted without effect here: --save (this script writes no checkpoints), "
+        "--no-persist-layer-norm (persistent layer-norm kernels are never used)"
+    ) in log
 
 
 def test_iteration_line_has_megatron_fields(baseline):

@@ -18,14 +18,36 @@ from lagom_megatron.training.tokenizer import null_tokenizer_vocab_size
 from tests.timeouts import LAUNCH_S, run
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-         "--micro-batch-size", "1", "--train-iters", "3", "--lr", "1e-3", "--mock-data"]
+SMALL = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--micro-batch-size",
+    "1",
+    "--train-iters",
+    "3",
+    "--lr",
+    "1e-3",
+    "--mock-data",
+]
 
 
-@pytest.mark.parametrize("version, vocab, expected", [
-    ("0.16.1", 512, 513), ("0.17.1", 32000, 32001), ("0.18.2", 512, 512), ("0.19.0", 128256, 128256),
-    ("0.20.0rc0", 7, 7), (None, 512, 512),
-])
+@pytest.mark.parametrize(
+    "version, vocab, expected",
+    [
+        ("0.16.1", 512, 513),
+        ("0.17.1", 32000, 32001),
+        ("0.18.2", 512, 512),
+        ("0.19.0", 128256, 128256),
+        ("0.20.0rc0", 7, 7),
+        (None, 512, 512),
+    ],
+)
 def test_null_tokenizer_ids_per_release(version, vocab, expected):
     assert null_tokenizer_vocab_size(vocab, version) == expected
 
@@ -36,8 +58,20 @@ def test_padding_counts_the_ids_of_the_installed_null_tokenizer():
     from lagom_megatron.training.data import build_tokenizer
 
     for vocab, tp in ((512, 2), (32000, 1), (128256, 1), (1000, 2)):
-        args = validate_args(parse_args(SMALL + ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab),
-                                                 "--tensor-model-parallel-size", str(tp)]), tp)
+        args = validate_args(
+            parse_args(
+                SMALL
+                + [
+                    "--tokenizer-type",
+                    "NullTokenizer",
+                    "--vocab-size",
+                    str(vocab),
+                    "--tensor-model-parallel-size",
+                    str(tp),
+                ]
+            ),
+            tp,
+        )
         tokenizer = build_tokenizer(args)
         from megatron.core.tokenizers import megatron_tokenizer
 
@@ -55,8 +89,20 @@ def test_padded_sizes_of_the_reported_presets():
     mc = installed_megatron_core()
     before_018 = mc is not None and tuple(int(p) for p in mc.version.split(".")[:2]) < (0, 18)
     for vocab, tp, old, new in ((512, 2, 768, 512), (32000, 1, 32128, 32000), (128256, 1, 128384, 128256)):
-        args = validate_args(parse_args(SMALL + ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab),
-                                                 "--tensor-model-parallel-size", str(tp)]), tp)
+        args = validate_args(
+            parse_args(
+                SMALL
+                + [
+                    "--tokenizer-type",
+                    "NullTokenizer",
+                    "--vocab-size",
+                    str(vocab),
+                    "--tensor-model-parallel-size",
+                    str(tp),
+                ]
+            ),
+            tp,
+        )
         assert args.padded_vocab_size == (old if before_018 else new)
 
 
@@ -64,13 +110,48 @@ def test_padded_sizes_of_the_reported_presets():
 def test_tp2_null_tokenizer_vocab_512_with_lagom_reaches_the_last_iteration(tmp_path):
     iters = 6
     plan = tmp_path / "plan.json"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            str(ROOT / "scripts" / "pretrain_gpt.py"), "--tensor-model-parallel-size", "2", "--sequence-parallel",
-            "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512",
-            "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-            "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", str(iters), "--lr", "1e-3",
-            "--log-interval", "1", "--lagom", "--lagom-warmup-iters", "1", "--lagom-verify-iters", "1",
-            "--lagom-plan", str(plan)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "scripts" / "pretrain_gpt.py"),
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+        "--mock-data",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "512",
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "32",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--train-iters",
+        str(iters),
+        "--lr",
+        "1e-3",
+        "--log-interval",
+        "1",
+        "--lagom",
+        "--lagom-warmup-iters",
+        "1",
+        "--lagom-verify-iters",
+        "1",
+        "--lagom-plan",
+        str(plan),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = run(argv, cwd=tmp_path, env=env, text=True, timeout=LAUNCH_S)
     out = proc.stdout + proc.stderr

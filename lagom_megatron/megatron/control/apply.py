@@ -52,8 +52,12 @@ class Applier:
             # gathering reads files, the driver and the plugin: a rank where it fails must not
             # leave the others waiting in the comparison's all-gather
             local = consensus.collective_step("capabilities", gather or caps_mod.gather_local)
-            agreed, hosts = consensus.agree_capabilities(local, from_dict=caps_mod.Capabilities.from_dict,
-                                                         differences=caps_mod.differences, perturb=caps_mod.perturb)
+            agreed, hosts = consensus.agree_capabilities(
+                local,
+                from_dict=caps_mod.Capabilities.from_dict,
+                differences=caps_mod.differences,
+                perturb=caps_mod.perturb,
+            )
             self._check_nodes(hosts)
         except (consensus.CapabilityDisagreement, consensus.ApplyFailed, ValueError) as exc:
             self.error = str(exc)
@@ -74,9 +78,11 @@ class Applier:
             info = groups.by_name(name)
             nccl_nodes = len({hosts[r] for r in info.ranks if r < len(hosts)})
             if info.ranks and nccl_nodes != info.n_nodes:
-                raise ValueError(f"group {name!r} spans {nccl_nodes} node(s) as NCCL counts hosts but {info.n_nodes} "
-                                 f"from LOCAL_WORLD_SIZE={groups.local_world_size} (ranks not placed in blocks per node?); "
-                                 "tuning off, defaults kept")
+                raise ValueError(
+                    f"group {name!r} spans {nccl_nodes} node(s) as NCCL counts hosts but {info.n_nodes} "
+                    f"from LOCAL_WORLD_SIZE={groups.local_world_size} (ranks not placed in blocks per node?); "
+                    "tuning off, defaults kept"
+                )
 
     def fingerprint_part(self) -> dict[str, Any]:
         """The agreed capabilities as recorded in the plan's fingerprint (without the host)."""
@@ -95,19 +101,29 @@ class Applier:
         changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
         if changed:
             detail = ", ".join(f"{k}={now.get(k)!r} (was {then.get(k)!r})" for k in changed)
-            raise ValueError(f"NCCL variables changed since the capabilities were agreed: {detail}; the plan's "
-                             "domain no longer holds")
+            raise ValueError(
+                f"NCCL variables changed since the capabilities were agreed: {detail}; the plan's "
+                "domain no longer holds"
+            )
 
-    def apply(self, needs: dict[str, set[CommConfig]], *, what: str, plan: Any = None,
-              ops: dict[CommConfig, str] | None = None) -> bool:
+    def apply(
+        self,
+        needs: dict[str, set[CommConfig]],
+        *,
+        what: str,
+        plan: Any = None,
+        ops: dict[CommConfig, str] | None = None,
+    ) -> bool:
         """Creates the pool entries ``needs`` calls for (and a plan's table); False after a revert (logged)."""
         backend = self.pool.backend
         try:
             consensus.collective_step("env", self._check_env_unchanged)
             if plan is not None:
                 # unused probe entries are destroyed in this step: entry_key may refuse a key, a destroy can fail
-                consensus.collective_step("table", lambda: (self._check_mechanism(plan), self._load_table(plan),
-                                                            self.pool.destroy(keep=needs)))
+                consensus.collective_step(
+                    "table",
+                    lambda: (self._check_mechanism(plan), self._load_table(plan), self.pool.destroy(keep=needs)),
+                )
             self.pool.prepare(needs, step=consensus.collective_step, ops=ops)
         except consensus.ApplyFailed as exc:
             self.revert(f"applying {what} failed: {exc}")
@@ -150,10 +166,14 @@ class Applier:
         unobserved = sum(r["status"] == "unobserved" for r in check.results.values())
         if bad:
             self.router.set_assignment({k: v for k, v in self.router.assignment.items() if k not in bad})
-            say(f"lagom: WARNING: {len(bad)} site(s) did not run as planned and keep the defaults on every rank: "
-                f"{describe(check.results, bad)}")
-        say(f"lagom: observed: {applied} site(s) ran as planned, {len(bad)} differed, {unobserved} unobserved "
-            f"({self.pool.backend.name})")
+            say(
+                f"lagom: WARNING: {len(bad)} site(s) did not run as planned and keep the defaults on every rank: "
+                f"{describe(check.results, bad)}"
+            )
+        say(
+            f"lagom: observed: {applied} site(s) ran as planned, {len(bad)} differed, {unobserved} unobserved "
+            f"({self.pool.backend.name})"
+        )
         return bad
 
     def apply_probes(self, assignments: list[dict[str, CommConfig]], sites: list[Any]) -> bool:
@@ -196,8 +216,10 @@ class Applier:
             return
         agreed = self.capabilities.mechanism()
         if plan.mechanism != agreed:
-            raise ValueError(f"plan {plan.digest()[:12]} was searched for mechanism {plan.mechanism!r} but this run "
-                             f"applies {agreed!r} (agreed capabilities: plugin loaded {self.capabilities.plugin_loaded})")
+            raise ValueError(
+                f"plan {plan.digest()[:12]} was searched for mechanism {plan.mechanism!r} but this run "
+                f"applies {agreed!r} (agreed capabilities: plugin loaded {self.capabilities.plugin_loaded})"
+            )
 
     def _load_table(self, plan: Any) -> None:
         backend = self.pool.backend
@@ -217,14 +239,19 @@ class Applier:
         except Exception as exc:  # noqa: BLE001 - the defaults are routed already; say so and go on
             destroyed = live - self.pool.live
             reason = f"{reason}; destroying the pool entries failed too ({type(exc).__name__}: {exc})"
-        say(f"lagom: ERROR: {reason}; NCCL defaults kept on every rank, {destroyed}/{live} pool entries destroyed, "
-            "training continues")
+        say(
+            f"lagom: ERROR: {reason}; NCCL defaults kept on every rank, {destroyed}/{live} pool entries destroyed, "
+            "training continues"
+        )
 
     def pool_summary(self) -> dict[str, Any]:
         """Counts for the report: entries created and destroyed, live now, estimated MiB."""
-        return {**self.pool.stats, "live": self.pool.live,
-                "estimated_mib": round(self.pool.estimated_bytes / 2**20, 1),
-                "budget_mib": None if self.pool.budget_bytes is None else round(self.pool.budget_bytes / 2**20, 1)}
+        return {
+            **self.pool.stats,
+            "live": self.pool.live,
+            "estimated_mib": round(self.pool.estimated_bytes / 2**20, 1),
+            "budget_mib": None if self.pool.budget_bytes is None else round(self.pool.budget_bytes / 2**20, 1),
+        }
 
     # ------------------------------------------------------------------ budget
     def fit_plan_to_budget(self, plan: Any) -> Any:
@@ -248,7 +275,10 @@ class Applier:
             return plan
 
         def gain(k: tuple[str, Any]) -> float:
-            return sum(plan.entries[s].predicted_default_t_region_us - plan.entries[s].predicted_t_region_us for s in by_key[k])
+            return sum(
+                plan.entries[s].predicted_default_t_region_us - plan.entries[s].predicted_t_region_us for s in by_key[k]
+            )
+
         kept, total, dropped = [], 0, []
         for k in sorted(by_key, key=lambda k: (-gain(k), repr(k))):
             if total + cost[k] <= budget:
@@ -259,7 +289,13 @@ class Applier:
         entries = dict(plan.entries)
         for sid in dropped:
             e = entries[sid]
-            entries[sid] = dataclasses.replace(e, config=CommConfig(), predicted_t_region_us=e.predicted_default_t_region_us)
-        say(f"lagom: WARNING: {len(dropped)} site(s) keep NCCL's defaults: their communicator-pool entries would pass "
-            f"the budget of {budget / 2**20:.0f} MiB per rank (--lagom-pool-budget-mib)")
-        return dataclasses.replace(plan, entries=entries, stats={**plan.stats, "sites_dropped_for_budget": len(dropped)})
+            entries[sid] = dataclasses.replace(
+                e, config=CommConfig(), predicted_t_region_us=e.predicted_default_t_region_us
+            )
+        say(
+            f"lagom: WARNING: {len(dropped)} site(s) keep NCCL's defaults: their communicator-pool entries would pass "
+            f"the budget of {budget / 2**20:.0f} MiB per rank (--lagom-pool-budget-mib)"
+        )
+        return dataclasses.replace(
+            plan, entries=entries, stats={**plan.stats, "sites_dropped_for_budget": len(dropped)}
+        )

@@ -32,11 +32,19 @@ class LagomController:
     default: ``cpu-gloo`` on CPU, else ``$LAGOM_CLUSTER``, the preset's cluster or ``h100-sxm-ib400``). Implements
     ``outputs.report.RunView``."""
 
-    def __init__(self, *, warmup_iters: int = DEFAULT_CONFIG.warmup_iters,
-                 verify_iters: int = DEFAULT_CONFIG.verify_iters,
-                 verify_max_iters: int | None = DEFAULT_CONFIG.verify_max_iters, method: str = DEFAULT_CONFIG.method,
-                 plan_path: str | None = None, report_path: str | None = None, cluster: str | None = None,
-                 preset_name: str | None = None, pool_budget_mib: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        warmup_iters: int = DEFAULT_CONFIG.warmup_iters,
+        verify_iters: int = DEFAULT_CONFIG.verify_iters,
+        verify_max_iters: int | None = DEFAULT_CONFIG.verify_max_iters,
+        method: str = DEFAULT_CONFIG.method,
+        plan_path: str | None = None,
+        report_path: str | None = None,
+        cluster: str | None = None,
+        preset_name: str | None = None,
+        pool_budget_mib: float | None = None,
+    ) -> None:
         self.warmup_iters = warmup_iters
         self.verify_iters = verify_iters
         self.verify_max_iters = verify_max_iters
@@ -76,11 +84,17 @@ class LagomController:
     @classmethod
     def from_args(cls, args: Any) -> LagomController:
         """Builds the controller from ``pretrain_gpt.py``'s parsed arguments."""
-        return cls(warmup_iters=args.lagom_warmup_iters, verify_iters=args.lagom_verify_iters,
-                   verify_max_iters=getattr(args, "lagom_verify_max_iters", DEFAULT_CONFIG.verify_max_iters),
-                   method=args.lagom_method, plan_path=args.lagom_plan, report_path=args.lagom_report,
-                   cluster=getattr(args, "lagom_cluster", None), preset_name=getattr(args, "preset_name", None),
-                   pool_budget_mib=getattr(args, "lagom_pool_budget_mib", None))
+        return cls(
+            warmup_iters=args.lagom_warmup_iters,
+            verify_iters=args.lagom_verify_iters,
+            verify_max_iters=getattr(args, "lagom_verify_max_iters", DEFAULT_CONFIG.verify_max_iters),
+            method=args.lagom_method,
+            plan_path=args.lagom_plan,
+            report_path=args.lagom_report,
+            cluster=getattr(args, "lagom_cluster", None),
+            preset_name=getattr(args, "preset_name", None),
+            pool_budget_mib=getattr(args, "lagom_pool_budget_mib", None),
+        )
 
     # ------------------------------------------------------------------ setup
     def _resolve_cluster(self, on_gpu: bool) -> str:
@@ -117,13 +131,18 @@ class LagomController:
         pp = parallel_state.get_pipeline_model_parallel_world_size()
         # DDP buffers in NCCL memory pools (--use-nccl-ub): pool entries of their group register them too
         pools = registered_pools(ctx.model, lambda g: groups.lookup(g).name)
-        self.registry = SiteRegistry(groups, num_microbatches=num_microbatches(args), registered_pools=pools,
-                                     pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None)
+        self.registry = SiteRegistry(
+            groups,
+            num_microbatches=num_microbatches(args),
+            registered_pools=pools,
+            pp_stage=parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else None,
+        )
         n_buckets = self.registry.bind_model(ctx.model)
         self.profiler = Profiler(use_cuda_events=on_gpu)
         budget = DEFAULT_BUDGET_MIB if self.pool_budget_mib is None else self.pool_budget_mib
-        self.pool = CommPool(make_pool_backend(self.backend), groups, budget_bytes=int(budget * 2**20),
-                             registered=pools)
+        self.pool = CommPool(
+            make_pool_backend(self.backend), groups, budget_bytes=int(budget * 2**20), registered=pools
+        )
         self.router = SiteRouter(self.registry, self.profiler, self.pool, split_chunks=self.backend == "gloo")
         self.applier = Applier(pool=self.pool, router=self.router, files=self.files, cluster=self.cluster)
         configs = []
@@ -132,8 +151,10 @@ class LagomController:
             if cfg is not None and all(cfg is not c for c in configs):
                 configs.append(cfg)
         self.handle = patches.install(self.router, model_configs=configs)
-        say(f"lagom: hooks installed | {len(self.handle.patched)} entry points | {n_buckets} DDP bucket groups | "
-             f"backend {self.backend} | cluster {self.cluster.name} | run dir {self.files.run_dir}")
+        say(
+            f"lagom: hooks installed | {len(self.handle.patched)} entry points | {n_buckets} DDP bucket groups | "
+            f"backend {self.backend} | cluster {self.cluster.name} | run dir {self.files.run_dir}"
+        )
         if self.applier.agree_capabilities(on_gpu=on_gpu) is None:
             self.mode = "aborted"  # ranks could apply different things: nothing is tuned
             return
@@ -157,22 +178,28 @@ class LagomController:
         self.plan = plan
         self.mode = "reuse"
         if plan.method != self.method:  # whichever branch follows: applied, verified first, or kept rejected
-            say(f"lagom: WARNING: --lagom-method {self.method} not used: plan {self.files.plan_path} was searched "
-                f"with {plan.method}; delete it or pass another --lagom-plan to search with {self.method}")
+            say(
+                f"lagom: WARNING: --lagom-method {self.method} not used: plan {self.files.plan_path} was searched "
+                f"with {plan.method}; delete it or pass another --lagom-plan to search with {self.method}"
+            )
         if plan.rejected:
             # applying it unverified would undo its verdict; the router keeps its empty assignment
             reason = plan.stats.get("verification_reason") or "no reason saved"
-            say(f"lagom: phase fell_back | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) but its "
+            say(
+                f"lagom: phase fell_back | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) but its "
                 f"verification kept the defaults ({reason}) | profiling and search skipped; delete the plan or pass "
-                "another --lagom-plan to search again")
+                "another --lagom-plan to search again"
+            )
             return True
         if self.applier is not None:
             # a ``lagom search`` plan was never trimmed to this run's pool budget (else the pool preflight fails it)
             try:
                 plan = self.plan = self.applier.fit_plan_to_budget(plan)
             except ValueError as exc:  # the same on every rank: the plan and the capabilities are agreed
-                say(f"lagom: ERROR: plan {self.files.plan_path} cannot be fitted to the pool budget: {exc}; "
-                    "NCCL defaults kept")
+                say(
+                    f"lagom: ERROR: plan {self.files.plan_path} cannot be fitted to the pool budget: {exc}; "
+                    "NCCL defaults kept"
+                )
                 self.mode = "aborted"
                 return True
         if plan.stats.get("verification") is None:
@@ -181,29 +208,43 @@ class LagomController:
             if not self._prepare_pool_for_plan(plan):
                 return True
             up_to = "up to " if len(self.tuner.verify_looks) > 1 else ""
-            say(f"lagom: phase verifying | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) but never "
-                f"verified | profiling and search skipped; {up_to}{self.tuner.total_iters} iterations to verify it")
+            say(
+                f"lagom: phase verifying | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) but never "
+                f"verified | profiling and search skipped; {up_to}{self.tuner.total_iters} iterations to verify it"
+            )
             return True
         if not self._prepare_pool_for_plan(plan):
             return True
         assignment = {sid: e.config for sid, e in plan.entries.items() if not e.config.is_default()}
         self.router.set_assignment(assignment)
         tuned = sum(is_tuned(c.to_dict(), self.backend) for c in assignment.values())
-        say(f"lagom: phase applied | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) | "
-             f"{tuned}/{len(plan.entries)} sites tuned | profiling and search skipped")
+        say(
+            f"lagom: phase applied | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) | "
+            f"{tuned}/{len(plan.entries)} sites tuned | profiling and search skipped"
+        )
         return True
 
     def _start_tuner(self, plan: Any = None) -> None:
         """Creates the tuner; with ``plan``, it only verifies that plan (no profiling or search)."""
         caps = self.applier.capabilities if self.backend == "nccl" else None
-        rules = rules_for(self.backend, self.cluster, capabilities=caps,  # the search knows the pool budget
-                          pool_budget_bytes=self.pool.budget_bytes if self.backend == "nccl" else None)
+        rules = rules_for(
+            self.backend,
+            self.cluster,
+            capabilities=caps,  # the search knows the pool budget
+            pool_budget_bytes=self.pool.budget_bytes if self.backend == "nccl" else None,
+        )
         for line in getattr(rules, "warnings", lambda: [])():
             say(f"lagom: WARNING: {line}")
         self.tuner = Tuner(
-            Tuner.Config(warmup_iters=max(1, self.warmup_iters), verify_iters=max(1, self.verify_iters),
-                         verify_max_iters=self.verify_max_iters, method=self.method),
-            rules=rules, fingerprint=self.fingerprint, agree=self._agree,
+            Tuner.Config(
+                warmup_iters=max(1, self.warmup_iters),
+                verify_iters=max(1, self.verify_iters),
+                verify_max_iters=self.verify_max_iters,
+                method=self.method,
+            ),
+            rules=rules,
+            fingerprint=self.fingerprint,
+            agree=self._agree,
         )
         if plan is not None:
             self.tuner.start_from_plan(plan)
@@ -217,13 +258,17 @@ class LagomController:
         soonest = needed - 2 * (points[-1] - points[0])
         if train_iters < soonest:
             verify = 1 + 2 * points[0]
-            say(f"lagom: WARNING: --train-iters {train_iters} ends before tuning does: lagom needs {soonest} "
-                 f"iterations ({soonest - verify} to profile, then 1 + 2 x {points[0]} "
-                 f"to verify); the plan will be saved unverified")
+            say(
+                f"lagom: WARNING: --train-iters {train_iters} ends before tuning does: lagom needs {soonest} "
+                f"iterations ({soonest - verify} to profile, then 1 + 2 x {points[0]} "
+                f"to verify); the plan will be saved unverified"
+            )
         elif train_iters < needed:
-            say(f"lagom: WARNING: --train-iters {train_iters} may end before tuning does: the verdict comes "
+            say(
+                f"lagom: WARNING: --train-iters {train_iters} may end before tuning does: the verdict comes "
                 f"after {soonest} iterations, or up to {needed} when it is undecided (--lagom-verify-max-iters "
-                f"{points[-1]}); an undecided plan is then saved unverified")
+                f"{points[-1]}); an undecided plan is then saved unverified"
+            )
 
     def _prepare_pool_for_plan(self, plan: Any) -> bool:
         if not self.applier.apply_plan(plan):
@@ -273,8 +318,9 @@ class LagomController:
         if self.applier is not None and not self.applier.check_first_use():  # NCCL refused a first call on an entry
             self.mode = "aborted"
             if self.plan is not None and self.rank == 0:
-                self.files.save_plan(self.plan.with_stats(verification="fell_back",
-                                                          verification_reason=self.applier.error))
+                self.files.save_plan(
+                    self.plan.with_stats(verification="fell_back", verification_reason=self.applier.error)
+                )
             self.write_report()
             return
         if self.applier is not None and self.plan is not None and self.mode in ("tune", "reuse"):
@@ -292,21 +338,41 @@ class LagomController:
         if self.mode != "tune" or self.tuner.done:
             return
         step = self._step
-        sites_local = {r.site_id: {k: getattr(s, k) for k in CollectiveSite.__slots__}
-                       for r, s in ((r, r.to_site()) for r in self.registry.records.values())}
+        sites_local = {
+            r.site_id: {k: getattr(s, k) for k in CollectiveSite.__slots__}
+            for r, s in ((r, r.to_site()) for r in self.registry.records.values())
+        }
         if step.timed:
-            sites, merged, it_us, calls = consensus.merge_measurements(sites_local, timings, elapsed_s * 1e6,
-                                                                       self.profiler.call_times)
+            sites, merged, it_us, calls = consensus.merge_measurements(
+                sites_local, timings, elapsed_s * 1e6, self.profiler.call_times
+            )
         else:
             sites, merged, it_us, calls = {}, {}, elapsed_s * 1e6, {}
-        nccl_us = self.kernel_times.finish(self.registry.records, step.assignment, self.pool) \
-            if self._nccl_timed(step) else {}  # collective: the condition is the same on every rank
-        samples = [Sample(site_id=sid, config=step.assignment.get(sid, DEFAULT), t_comm_us=t[0], t_comp_us=t[1],
-                          t_region_us=t[2], iteration=iteration, calls=calls.get(sid, ()),
-                          t_comm_nccl_us=nccl_us.get(sid, math.nan))
-                   for sid, t in sorted(merged.items()) if sid in sites]
-        measurement = IterationMeasurement(iteration=iteration, iteration_us=max(it_us, 1e-3),
-                                           sites=[CollectiveSite(**sites[k]) for k in sorted(sites)], samples=samples)
+        nccl_us = (
+            self.kernel_times.finish(self.registry.records, step.assignment, self.pool)
+            if self._nccl_timed(step)
+            else {}
+        )  # collective: the condition is the same on every rank
+        samples = [
+            Sample(
+                site_id=sid,
+                config=step.assignment.get(sid, DEFAULT),
+                t_comm_us=t[0],
+                t_comp_us=t[1],
+                t_region_us=t[2],
+                iteration=iteration,
+                calls=calls.get(sid, ()),
+                t_comm_nccl_us=nccl_us.get(sid, math.nan),
+            )
+            for sid, t in sorted(merged.items())
+            if sid in sites
+        ]
+        measurement = IterationMeasurement(
+            iteration=iteration,
+            iteration_us=max(it_us, 1e-3),
+            sites=[CollectiveSite(**sites[k]) for k in sorted(sites)],
+            samples=samples,
+        )
         before = self.tuner.phase
         t0 = time.perf_counter()
         try:
@@ -319,8 +385,16 @@ class LagomController:
         self._n_steps += 1
         self._after_step(step, iteration, measurement, merged, before, phase, (time.perf_counter() - t0) * 1e3)
 
-    def _after_step(self, step: Any, iteration: int, m: IterationMeasurement, merged: dict, before: Phase, phase: Phase,
-                    dt_ms: float) -> None:
+    def _after_step(
+        self,
+        step: Any,
+        iteration: int,
+        m: IterationMeasurement,
+        merged: dict,
+        before: Phase,
+        phase: Phase,
+        dt_ms: float,
+    ) -> None:
         """After one profiled or verified iteration; ``merged``: site id -> (t_comm, t_comp, t_region) in us, ``dt_ms``:
         the tuner's step time."""
         tuner = self.tuner
@@ -333,9 +407,11 @@ class LagomController:
             # warmup i/n counts --lagom-warmup-iters; step k/total counts every profiling iteration
             of_kind = {"warmup": tuner.config.warmup_iters, "probe": len(tuner.probes), "default": 1, "serialized": 1}
             self._kind_steps[step.kind] = self._kind_steps.get(step.kind, 0) + 1
-            say(f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._kind_steps[step.kind]}/"
+            say(
+                f"lagom: phase profiling (iteration {iteration}, {step.kind} {self._kind_steps[step.kind]}/"
                 f"{of_kind[step.kind]}; profiling step {self._n_steps}/{total}) | {sites} | "
-                f"iteration {m.iteration_us / 1e3:.1f} ms")
+                f"iteration {m.iteration_us / 1e3:.1f} ms"
+            )
         if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
             # the configs the router will route in the probe iterations (probes as each site's op allows)
             if not self.applier.apply_probes(tuner.probe_assignments(), m.sites):
@@ -349,8 +425,10 @@ class LagomController:
             for sid, t in merged.items():
                 into.setdefault(sid, []).append(t[2])
         if step.kind in ("verify-plan", "verify-default"):
-            say(f"lagom: phase verifying (iteration {iteration}, {step.kind.split('-')[1]}) | "
-                 f"iteration {m.iteration_us / 1e3:.1f} ms")
+            say(
+                f"lagom: phase verifying (iteration {iteration}, {step.kind.split('-')[1]}) | "
+                f"iteration {m.iteration_us / 1e3:.1f} ms"
+            )
         if before is Phase.PROBING and phase is not Phase.PROBING:
             self._on_searched(phase, dt_ms)
         if phase in (Phase.APPLIED, Phase.FELL_BACK) and before not in (Phase.APPLIED, Phase.FELL_BACK):
@@ -366,23 +444,31 @@ class LagomController:
         wall_ms = float(stats.get("wall_time_s", dt_ms / 1e3)) * 1e3
         self.search_ms = wall_ms
         pred, base = stats.get("predicted_iteration_us"), stats.get("default_iteration_us")
-        pred_txt = (f" | predicted iteration {base / 1e3:.1f} -> {pred / 1e3:.1f} ms"
-                    if isinstance(pred, (int, float)) and isinstance(base, (int, float)) else "")
+        pred_txt = (
+            f" | predicted iteration {base / 1e3:.1f} -> {pred / 1e3:.1f} ms"
+            if isinstance(pred, (int, float)) and isinstance(base, (int, float))
+            else ""
+        )
         mape = f" | model MAPE {tuner.model_mape:.1f}%" if tuner.model_mape is not None else ""
-        say(f"lagom: phase searching | searched {n} sites in {wall_ms:.1f} ms ({tuner.config.method}, "
-             f"{stats.get('model_evaluations', '?')} evaluations){pred_txt}{mape}")
+        say(
+            f"lagom: phase searching | searched {n} sites in {wall_ms:.1f} ms ({tuner.config.method}, "
+            f"{stats.get('model_evaluations', '?')} evaluations){pred_txt}{mape}"
+        )
         if tuner.plan is not None and phase is not Phase.FELL_BACK:
             self.plan = tuner.plan
             if self.rank == 0:
                 self.files.save_plan(tuner.plan)
             if not self._prepare_pool_for_plan(tuner.plan):
                 if self.rank == 0:  # a later run keeps the defaults instead of failing the same way
-                    self.files.save_plan(tuner.plan.with_stats(verification="fell_back",
-                                                               verification_reason=self.applier.error))
+                    self.files.save_plan(
+                        tuner.plan.with_stats(verification="fell_back", verification_reason=self.applier.error)
+                    )
                 self.write_report()
                 return
-            say(f"lagom: plan {self.files.plan_path} (digest {tuner.plan.digest()[:12]}) | "
-                f"profile {self.files.profile_path}")
+            say(
+                f"lagom: plan {self.files.plan_path} (digest {tuner.plan.digest()[:12]}) | "
+                f"profile {self.files.profile_path}"
+            )
 
     def _on_done(self, phase: Phase) -> None:
         """Verification over (APPLIED or FELL_BACK): final assignment, phase line, plan saved with its verdict,
@@ -390,8 +476,10 @@ class LagomController:
         self.router.set_assignment(self.tuner.assignment())  # the plan (APPLIED) or {} (FELL_BACK), for good
         s = self.tuner.summary()
         if phase is Phase.APPLIED:
-            say(f"lagom: phase applied | measured {s['measured_default_us'] / 1e3:.1f} -> "
-                f"{s['measured_plan_us'] / 1e3:.1f} ms | {self.tuner.reason}")
+            say(
+                f"lagom: phase applied | measured {s['measured_default_us'] / 1e3:.1f} -> "
+                f"{s['measured_plan_us'] / 1e3:.1f} ms | {self.tuner.reason}"
+            )
         else:
             live = self.pool.live
             say(f"lagom: phase fell_back | {self.tuner.reason} | {self.pool.destroy()}/{live} pool entries destroyed")
@@ -422,8 +510,12 @@ class LagomController:
         try:
             # only a plan applied through the plugin (the agreed mechanism) and never reverted
             applied = self.applier is not None and self.applier.error is None and self.mode in ("tune", "reuse")
-            if applied and isinstance(self.pool.backend, NcclPoolBackend) and self.pool.backend.uses_table \
-                    and self.plan is not None:
+            if (
+                applied
+                and isinstance(self.pool.backend, NcclPoolBackend)
+                and self.pool.backend.uses_table
+                and self.plan is not None
+            ):
                 table_plan = getattr(self.applier, "table_plan", None) or self.plan  # the rows the plugin loaded
                 # collective: the condition is the same on every rank
                 log_plan_hits(table_plan, getattr(self.pool, "groups", None))
@@ -451,8 +543,10 @@ class LagomController:
         summary = self.summary()
         path = report_path_for(self.files.report_path, summary["run_kind"])
         if not (self.files.may_write(path) and self.files.may_write(path.with_suffix(".png"))):
-            say(f"lagom: WARNING: report not written: {path} belongs to plan {self.files.plan_path}, which could "
-                "not be reused nor moved aside")
+            say(
+                f"lagom: WARNING: report not written: {path} belongs to plan {self.files.plan_path}, which could "
+                "not be reused nor moved aside"
+            )
             return
         try:
             paths = write_report(path, run_rows(self), summary)

@@ -16,8 +16,9 @@ from lagom_megatron.megatron.outputs.run_files import say
 from lagom_megatron.nccl.observed import SiteObservation, matching_ops, observe_site
 
 
-def observe_gloo_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int, group_size: int,
-                      record: list | None) -> SiteObservation:
+def observe_gloo_site(
+    site_id: str, planned: CommConfig, *, op: str, nbytes: int, group_size: int, record: list | None
+) -> SiteObservation:
     """Compares ``planned`` with the gloo record ``[calls, threads seen, largest pieces seen]`` of the site;
     a call no larger than one piece is expected whole (piece 0)."""
     if not record or not record[0]:
@@ -36,15 +37,28 @@ def observe_gloo_site(site_id: str, planned: CommConfig, *, op: str, nbytes: int
         want["chunk_size"] = planned.chunk_size
         seen["chunk_size"] = min(pieces) if len(pieces) == 1 else tuple(sorted(pieces))
         bad += ["chunk_size"] if pieces != {expect} else []
-    return SiteObservation(site_id, "differs" if bad else "applied", want, seen, tuple(bad), int(calls),
-                           "chunk_size 0: issued whole" if 0 in pieces and "chunk_size" in want else "")
+    return SiteObservation(
+        site_id,
+        "differs" if bad else "applied",
+        want,
+        seen,
+        tuple(bad),
+        int(calls),
+        "chunk_size 0: issued whole" if 0 in pieces and "chunk_size" in want else "",
+    )
 
 
 class ObservedCheck:
     """The applied = observed check of one rank; ``armed`` is the same on every rank."""
 
-    def __init__(self, backend: str, *, reader: Callable[[], Any] | None = None,
-                 recorder: Callable[..., bool] | None = None, state_reader: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        backend: str,
+        *,
+        reader: Callable[[], Any] | None = None,
+        recorder: Callable[..., bool] | None = None,
+        state_reader: Callable[[], Any] | None = None,
+    ) -> None:
         self.backend = backend
         self.reader = reader
         self.recorder = recorder
@@ -125,8 +139,11 @@ class ObservedCheck:
                 continue
             for obs in report:
                 have = results.get(obs["site_id"])
-                if have is None or (obs["status"] == "differs" and have["status"] != "differs") \
-                        or (have["status"] == "unobserved" and obs["status"] == "applied"):
+                if (
+                    have is None
+                    or (obs["status"] == "differs" and have["status"] != "differs")
+                    or (have["status"] == "unobserved" and obs["status"] == "applied")
+                ):
                     results[obs["site_id"]] = {**obs, "rank": rank}
         self.results = results
         failed = [f"rank {r}: {rep}" for r, rep in enumerate(reports) if isinstance(rep, str)]
@@ -143,8 +160,15 @@ def _perturbed(observations: list[SiteObservation]) -> list[SiteObservation]:
             continue
         n = int(o.planned[knob])
         wrong = (n - 1 if n > 1 else n + 1) if knob == "n_channels" else n // 2
-        out[i] = SiteObservation(o.site_id, "differs", o.planned, dict(o.observed, **{knob: wrong}),
-                                 tuple(sorted({*o.knobs, knob})), o.calls, f"fault injected by {consensus.APPLY_FAULT_ENV}")
+        out[i] = SiteObservation(
+            o.site_id,
+            "differs",
+            o.planned,
+            dict(o.observed, **{knob: wrong}),
+            tuple(sorted({*o.knobs, knob})),
+            o.calls,
+            f"fault injected by {consensus.APPLY_FAULT_ENV}",
+        )
         break
     return out
 
@@ -183,8 +207,11 @@ def compare_shared_hits(plan: Any, groups: Any, *, status_reader: Callable[[], A
         hits = tuple(status.row_hits) if status is not None and status.table_loaded else None
         if hits is not None and len(hits) != len(rows):
             hits = None  # another table than this plan's: nothing to compare (the summary says so)
-        members = {} if groups is None else {name: tuple(info.ranks) for name in groups.names()
-                                             if (info := groups.by_name(name)) is not None}
+        members = (
+            {}
+            if groups is None
+            else {name: tuple(info.ranks) for name in groups.names() if (info := groups.by_name(name)) is not None}
+        )
         local: tuple = (hits, members, None)
     except Exception as exc:  # noqa: BLE001 - still join the all-gather below
         local = (None, {}, f"{type(exc).__name__}: {exc}")
@@ -197,8 +224,9 @@ def compare_shared_hits(plan: Any, groups: Any, *, status_reader: Callable[[], A
             warnings.append(line)
         failed = [f"rank {r}: {err}" for r, (_, _, err) in enumerate(reports) if err]
         if failed:
-            warnings.append(f"lagom: WARNING: tuner row hits not read, left out of the comparison across ranks: "
-                            f"{'; '.join(failed)}")
+            warnings.append(
+                f"lagom: WARNING: tuner row hits not read, left out of the comparison across ranks: {'; '.join(failed)}"
+            )
     except Exception as exc:  # noqa: BLE001 - a broken comparison must not end training
         warnings = [f"lagom: WARNING: comparing tuner row hits across ranks failed ({type(exc).__name__}: {exc})"]
     for line in warnings:

@@ -23,9 +23,14 @@ from lagom_megatron.megatron.hooks.te_targets import (
 log = logging.getLogger("lagom.patches")
 
 # torch.distributed functions patched in the torch.distributed module, and the router op of each (*_single: torch 2.13).
-_DIST_COLLECTIVES = (("all_reduce", "all_reduce"), ("all_to_all_single", "all_to_all"),
-                     ("all_gather_into_tensor", "all_gather"), ("reduce_scatter_tensor", "reduce_scatter"),
-                     ("all_gather_single", "all_gather"), ("reduce_scatter_single", "reduce_scatter"))
+_DIST_COLLECTIVES = (
+    ("all_reduce", "all_reduce"),
+    ("all_to_all_single", "all_to_all"),
+    ("all_gather_into_tensor", "all_gather"),
+    ("reduce_scatter_tensor", "reduce_scatter"),
+    ("all_gather_single", "all_gather"),
+    ("reduce_scatter_single", "reduce_scatter"),
+)
 
 _INSTALLED: PatchHandle | None = None
 _INHERITED = object()
@@ -168,8 +173,14 @@ def stream_scoped(router: Any, orig: Callable[..., Any], kind: str, *, per_micro
     return fn
 
 
-def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te: TeTargets | None | str = "auto",
-            fsdp2: type | None | str = "auto", megatron_fsdp: list[Any] | str = "auto") -> PatchHandle:
+def install(
+    router: Any,
+    *,
+    model_configs: list[Any] | tuple[Any, ...] = (),
+    te: TeTargets | None | str = "auto",
+    fsdp2: type | None | str = "auto",
+    megatron_fsdp: list[Any] | str = "auto",
+) -> PatchHandle:
     """Installs every hook calling ``router`` (a ``SiteRouter``); RuntimeError when already installed.
 
     ``te`` / ``fsdp2`` / ``megatron_fsdp``: ``"auto"`` finds them (``te_targets``), None / ``[]`` hooks none.
@@ -211,8 +222,12 @@ def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te:
         for name, op in _DIST_COLLECTIVES:
             if hasattr(dist, name):
                 handle._set(dist, name, _collective_wrapper(router, op, getattr(dist, name)))
-        _install_extras(handle, router, te=find_te_targets() if te == "auto" else te,
-                        fsdp2=find_fsdp2_param_group() if fsdp2 == "auto" else fsdp2)
+        _install_extras(
+            handle,
+            router,
+            te=find_te_targets() if te == "auto" else te,
+            fsdp2=find_fsdp2_param_group() if fsdp2 == "auto" else fsdp2,
+        )
         _install_megatron_fsdp(handle, router, find_megatron_fsdp() if megatron_fsdp == "auto" else megatron_fsdp)
         note = userbuffers_note(model_configs)
         if note:
@@ -262,9 +277,11 @@ def install(router: Any, *, model_configs: list[Any] | tuple[Any, ...] = (), te:
 
 def _install_megatron_fsdp(handle: PatchHandle, router: Any, modules: list[Any]) -> None:
     for mod in modules:
-        for cls, name, method in ((mod.AllGatherPipeline, "all_gather_params", "mfsdp_all_gather"),
-                                  (mod.AllGatherPipeline, "async_bucket_gather", "mfsdp_bucket"),
-                                  (mod.GradReducePipeline, "_bucket_group_gradient_reduce", "mfsdp_reduce")):
+        for cls, name, method in (
+            (mod.AllGatherPipeline, "all_gather_params", "mfsdp_all_gather"),
+            (mod.AllGatherPipeline, "async_bucket_gather", "mfsdp_bucket"),
+            (mod.GradReducePipeline, "_bucket_group_gradient_reduce", "mfsdp_reduce"),
+        ):
             orig = getattr(cls, name)
 
             def pipeline_method(self: Any, *args: Any, _orig: Callable = orig, _m: str = method, **kwargs: Any) -> Any:
@@ -294,8 +311,13 @@ def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, f
     functools.update_wrapper(p2p_ops, orig_ops)
     handle._set(p2p, "_p2p_ops", p2p_ops)
     if hasattr(schedules, "drain_embedding_wgrad_compute"):
-        handle._set(schedules, "drain_embedding_wgrad_compute", stream_scoped(
-            router, schedules.drain_embedding_wgrad_compute, "embedding_wgrad_all_gather", per_microbatch=False))
+        handle._set(
+            schedules,
+            "drain_embedding_wgrad_compute",
+            stream_scoped(
+                router, schedules.drain_embedding_wgrad_compute, "embedding_wgrad_all_gather", per_microbatch=False
+            ),
+        )
     functions = [mappings._AllToAll] + (list(te.functions) if te is not None else [])
     for fn_cls in functions:  # Function.forward / backward are staticmethods: class lookup gives the function
         handle._set(fn_cls, "forward", carry_forward(router, fn_cls.forward))
@@ -324,5 +346,4 @@ def _install_extras(handle: PatchHandle, router: Any, *, te: TeTargets | None, f
     if fsdp2 is not None:
         for name, prefix in (("unshard", "fsdp"), ("post_backward", "fsdp")):
             if hasattr(fsdp2, name):
-                handle._set(fsdp2, name, named_method(router, getattr(fsdp2, name), prefix=prefix,
-                                                             attr="_module_fqn"))
+                handle._set(fsdp2, name, named_method(router, getattr(fsdp2, name), prefix=prefix, attr="_module_fqn"))

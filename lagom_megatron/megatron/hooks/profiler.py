@@ -243,8 +243,11 @@ class Profiler:
         t = self._calls[k]
         if t.t_serial is None or t.t_wait is None:
             return 0.0
-        return sum(alone[j] for j, u in enumerate(self._calls)
-                   if j != k and u.t_serial is not None and u.t_issue >= t.t_serial and u.t_serial <= t.t_wait)
+        return sum(
+            alone[j]
+            for j, u in enumerate(self._calls)
+            if j != k and u.t_serial is not None and u.t_issue >= t.t_serial and u.t_serial <= t.t_wait
+        )
 
     def finish_iteration(self) -> dict[str, tuple[float, float, float]]:
         """Site id -> (t_comm_us, t_comp_us, t_region_us) summed over its calls; t_comp NaN for async sites unless
@@ -279,7 +282,11 @@ class Profiler:
                 wait = t.t_wait if t.t_wait is not None else end
                 comm = dur if dur is not None else (end - t.t_issue) * 1e6
                 region = (max(end, wait) - t.t_issue) * 1e6
-                comp = (wait - t.t_serial) * 1e6 if (self.serialize and t.t_serial is not None and t.t_wait is not None) else math.nan
+                comp = (
+                    (wait - t.t_serial) * 1e6
+                    if (self.serialize and t.t_serial is not None and t.t_wait is not None)
+                    else math.nan
+                )
             if self.serialize and math.isfinite(comp):
                 comp = max(0.0, comp - self._later_comm_us(k, alone))
             acc = out.setdefault(t.site_id, [0.0, 0.0, 0.0])
@@ -292,7 +299,9 @@ class Profiler:
             acc[0] += dt * 1e6
             acc[2] += dt * 1e6
             self.call_times.pop(sid, None)  # some calls synchronous: the per-call list would be short
-        for sid in [k for k, v in self.call_times.items() if not all(math.isfinite(c[0]) and math.isfinite(c[2]) for c in v)]:
+        for sid in [
+            k for k, v in self.call_times.items() if not all(math.isfinite(c[0]) and math.isfinite(c[2]) for c in v)
+        ]:
             del self.call_times[sid]  # a call never waited on (no CUDA event): not timed call by call
         return {k: (v[0], v[1], v[2]) for k, v in out.items()}
 

@@ -39,8 +39,12 @@ from lagom_megatron.megatron.pool.gloo import GlooRecord, chunked_call
 # reduce_scatter_single: the same positions in torch 2.4-2.13.)
 GROUP_ARG = {"all_reduce": 2, "all_gather": 2, "reduce_scatter": 3, "all_to_all": 4}
 # (keyword, position) of the tensor whose size is the call's message size, per op.
-_TENSOR_ARG = {"all_reduce": ("tensor", 0), "all_gather": ("output_tensor", 0),
-               "reduce_scatter": ("input", 1), "all_to_all": ("input", 1)}
+_TENSOR_ARG = {
+    "all_reduce": ("tensor", 0),
+    "all_gather": ("output_tensor", 0),
+    "reduce_scatter": ("input", 1),
+    "all_to_all": ("input", 1),
+}
 # Stream kind of an async call outside any scope, by (group name, op).
 _ASYNC_KIND = {
     ("tp", "all_gather"): "sp_all_gather",
@@ -74,14 +78,14 @@ class _StreamCall:
 
     __slots__ = ("info", "stream", "site_id", "tname", "tindex", "chunkable")
 
-    def __init__(self, info: GroupInfo, stream: Stream | NamedSite, tensor_arg: tuple[str, int], chunkable: bool) -> None:
+    def __init__(
+        self, info: GroupInfo, stream: Stream | NamedSite, tensor_arg: tuple[str, int], chunkable: bool
+    ) -> None:
         self.info = info
         self.stream = stream
         self.site_id = stream.site_id if isinstance(stream, NamedSite) else None
         self.tname, self.tindex = tensor_arg
         self.chunkable = chunkable
-
-
 
 
 _NO_ROUTE: tuple[CommConfig | None, Any, int] = (None, None, 0)
@@ -90,8 +94,15 @@ _NO_ROUTE: tuple[CommConfig | None, Any, int] = (None, None, 0)
 class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
     """Per-rank routing state shared by all patched entry points; ``pool`` None never reroutes, ``clock`` in seconds."""
 
-    def __init__(self, registry: SiteRegistry, profiler: Profiler, pool: CommPool | None = None,
-                 *, split_chunks: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        registry: SiteRegistry,
+        profiler: Profiler,
+        pool: CommPool | None = None,
+        *,
+        split_chunks: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.registry = registry
         self.split_chunks = split_chunks
         """Split tensors by ``chunk_size`` (gloo); on NCCL the chunk size is the tuner plugin's per-call knob."""
@@ -173,8 +184,11 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                 op, name = "all_gather", "param_all_gather"
                 tensors = [b.param_data for b in bucket_group.buckets]
             if known is None:
-                facts = {"reduce_op": bucket_reduce_op(bucket_group, kind), "parts": bucket_parts(tensors),
-                         "registered": bucket_registration(bucket_group, self.registry.registered_pools.get(info.name))}
+                facts = {
+                    "reduce_op": bucket_reduce_op(bucket_group, kind),
+                    "parts": bucket_parts(tensors),
+                    "registered": bucket_registration(bucket_group, self.registry.registered_pools.get(info.name)),
+                }
                 known = (f"{info.name}.{name}[{tag}]", op, tensor_nbytes(tensors), dtype_name(tensors), info, facts)
             self._buckets[key] = known
         if known is ONE_RANK:  # data parallel 1: no data moves, never a site
@@ -206,7 +220,14 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
             self._scope = prev_scope
         if noting:
             key = (self.pool.comm_key(pool_group) or "") if pool_group is not None else ""
-            obs.note(info.name, key, pool_group if pool_group is not None else group, op, nbytes, max(self._pieces, default=0))
+            obs.note(
+                info.name,
+                key,
+                pool_group if pool_group is not None else group,
+                op,
+                nbytes,
+                max(self._pieces, default=0),
+            )
             self._pieces = None
         if timed:
             handle = getattr(bucket_group, handle_attr)
@@ -237,8 +258,9 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                 chunk, info = scope[1]
                 if chunk:
                     pieces = self._pieces
-                    return chunked_call(op, orig, args, kwargs, chunk, info.size,
-                                        observe=pieces.append if pieces is not None else None)
+                    return chunked_call(
+                        op, orig, args, kwargs, chunk, info.size, observe=pieces.append if pieces is not None else None
+                    )
                 return orig(*args, **kwargs)
             if tag == "named" and not async_op and not scope[1][2]:  # TE module forward: synchronous
                 return orig(*args, **kwargs)
@@ -271,8 +293,13 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
             else:
                 tname = call.tname
                 reduce_op = call_reduce_op(op, args, kwargs)
-                registry.record_tensor(site_id, op=op, tensor=kwargs[tname] if tname in kwargs else args[call.tindex],
-                                       group=call.info, facts=None if reduce_op is None else {"reduce_op": reduce_op})
+                registry.record_tensor(
+                    site_id,
+                    op=op,
+                    tensor=kwargs[tname] if tname in kwargs else args[call.tindex],
+                    group=call.info,
+                    facts=None if reduce_op is None else {"reduce_op": reduce_op},
+                )
         route = self._routes.get(site_id) or self._resolve(site_id, call.info)
         chunk, note = 0, None
         if route[0] is not None:
@@ -284,7 +311,7 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                     if self.first_use.armed:  # the own group's arguments, before the swap below
                         orig = self.first_use.guard(site_id, orig, args, dict(kwargs))
                     if group_in_args:
-                        args = args[:gi] + (pool_group,) + args[gi + 1:]
+                        args = args[:gi] + (pool_group,) + args[gi + 1 :]
                     else:  # the wrapper's own ``**kwargs`` dict (patches): nobody else holds it
                         kwargs["group"] = pool_group
                 chunk = route[2] if call.chunkable else 0
@@ -299,7 +326,11 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
             return orig(*args, **kwargs)
         profiler.poll()
         t0 = profiler.mark()
-        work = chunked_call(op, orig, args, kwargs, chunk, call.info.size, observe=note) if chunk else orig(*args, **kwargs)
+        work = (
+            chunked_call(op, orig, args, kwargs, chunk, call.info.size, observe=note)
+            if chunk
+            else orig(*args, **kwargs)
+        )
         if async_op:
             return profiler.issue(site_id, work, t0)
         profiler.sync(site_id, t0)

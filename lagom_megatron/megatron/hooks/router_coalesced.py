@@ -85,8 +85,9 @@ class CoalescedRouting:
         finally:
             self._scope = scope
         if gathered is not None:
-            self.registry.record(site_id, op="all_gather", nbytes=gathered.nbytes, dtype=gathered.dtype,
-                                 group=call.info)
+            self.registry.record(
+                site_id, op="all_gather", nbytes=gathered.nbytes, dtype=gathered.dtype, group=call.info
+            )
         if timed:
             if handle is None:  # TE fell back to a synchronous high-precision gather (``:1127-1134``)
                 profiler.sync(site_id, t0)

@@ -138,7 +138,9 @@ class FsdpRouting:
             return orig(pipeline, *args, **kwargs)
         if state.gather is None:
             n = len(state.tags)
-            state.gather = self._mfsdp_sites(state.tags, [pipeline.get_fsdp_buffer(i) for i in range(n)], "param_all_gather")
+            state.gather = self._mfsdp_sites(
+                state.tags, [pipeline.get_fsdp_buffer(i) for i in range(n)], "param_all_gather"
+            )
         bwd = bool(kwargs["bwd"] if "bwd" in kwargs else len(args) > 6 and args[6])
         routes = self._routes
         if state.swaps_for is not routes:  # the weight buffers of every routed gather, once per assignment
@@ -174,8 +176,7 @@ class FsdpRouting:
                     bufs.append(pipeline.get_fsdp_buffer(i, bwd=True))
                 except RuntimeError:  # mc 0.16.1 HSDP has no transposed buffer: Megatron-FSDP raises at that gather
                     pass
-            swaps.extend((b, entry) for b in bufs
-                         if self._same_ranks(b, site[1]) and all(b is not s for s, _ in swaps))
+            swaps.extend((b, entry) for b in bufs if self._same_ranks(b, site[1]) and all(b is not s for s, _ in swaps))
         return swaps
 
     def mfsdp_bucket(self, pipeline: Any, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -199,8 +200,11 @@ class FsdpRouting:
             return orig(pipeline, *args, **kwargs)
         if state.reduce is None:
             no_shard = pipeline.buffer.ddp_config.data_parallel_sharding_strategy == "no_shard"
-            state.reduce = self._mfsdp_sites(state.tags, [pipeline.get_fsdp_buffer(i) for i in range(len(state.tags))],
-                                             "grad_all_reduce" if no_shard else "grad_reduce_scatter")
+            state.reduce = self._mfsdp_sites(
+                state.tags,
+                [pipeline.get_fsdp_buffer(i) for i in range(len(state.tags))],
+                "grad_all_reduce" if no_shard else "grad_reduce_scatter",
+            )
         bucket_group = kwargs["bucket_group"] if "bucket_group" in kwargs else args[0]
         site = state.reduce[bucket_group[0]]
         if site is ONE_RANK:
@@ -254,8 +258,14 @@ class FsdpRouting:
         site_id, info = site
         if self.registry.recording:
             op = "all_gather" if call.gather else ("reduce_scatter" if "scatter" in site_id else "all_reduce")
-            self.registry.record(site_id, op=op, nbytes=call.nbytes, dtype=call.dtype, group=info,
-                                 facts=None if call.reduce_op is None else {"reduce_op": call.reduce_op})
+            self.registry.record(
+                site_id,
+                op=op,
+                nbytes=call.nbytes,
+                dtype=call.dtype,
+                group=info,
+                facts=None if call.reduce_op is None else {"reduce_op": call.reduce_op},
+            )
         if (self._routes.get(site_id) or self._resolve(site_id, info))[0] is not None:
             self.calls_routed += 1
         if manager.t0 is None:

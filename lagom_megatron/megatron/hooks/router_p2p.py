@@ -77,8 +77,14 @@ def time_requests(profiler: Any, site_id: str, reqs: Any, t_issue: Any) -> Any:
 # Per parity of the pipeline rank: the tensors Megatron-Core posts on group.WORLD, in its order
 # (p2p_communication.py:75-125: even ranks receive there, odd ranks send there).
 _WORLD_HALF = {
-    True: (("tensor_recv_prev", "recv_prev", "prev_pipeline_rank"), ("tensor_recv_next", "recv_next", "next_pipeline_rank")),
-    False: (("tensor_send_next", "send_next", "next_pipeline_rank"), ("tensor_send_prev", "send_prev", "prev_pipeline_rank")),
+    True: (
+        ("tensor_recv_prev", "recv_prev", "prev_pipeline_rank"),
+        ("tensor_recv_next", "recv_next", "next_pipeline_rank"),
+    ),
+    False: (
+        ("tensor_send_next", "send_next", "next_pipeline_rank"),
+        ("tensor_send_prev", "send_prev", "prev_pipeline_rank"),
+    ),
 }
 # A tag per direction (activations forward, gradients backward): NCCL ignores tags; gloo matches
 # messages between one pair of ranks by tag, and with two stages both directions join the same pair.
@@ -190,8 +196,10 @@ class P2PRouting:
     # -------------------------------------------------------------- context parallel (TE)
     def _cp_sites(self, module: Any, info: GroupInfo) -> tuple[str, str]:
         name = self.registry.module_name(module)
-        return (self.registry.named_site(info, "ring_send_recv", name).site_id,
-                self.registry.named_site(info, "a2a", name).site_id)
+        return (
+            self.registry.named_site(info, "ring_send_recv", name).site_id,
+            self.registry.named_site(info, "a2a", name).site_id,
+        )
 
     def attention(self, module: Any, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """TE ``DotProductAttention.forward``: named scope of the module; its ``cp_group`` routed."""

@@ -15,8 +15,18 @@ from typing import Any
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.megatron.groups import STAGE_LOCAL_GROUPS, GroupInfo, GroupNames
 
-__all__ = ["ONE_RANK", "GroupInfo", "GroupNames", "NamedSite", "SiteRecord", "SiteRegistry", "Stream", "STAGE_LOCAL_GROUPS",
-           "dtype_name", "tensor_nbytes"]
+__all__ = [
+    "ONE_RANK",
+    "GroupInfo",
+    "GroupNames",
+    "NamedSite",
+    "SiteRecord",
+    "SiteRegistry",
+    "Stream",
+    "STAGE_LOCAL_GROUPS",
+    "dtype_name",
+    "tensor_nbytes",
+]
 
 ONE_RANK: Any = ()
 """For a group of one rank: never a site (no data moves); passed through unrecorded, unrouted, untimed."""
@@ -37,9 +47,15 @@ class SiteRecord:
 
     def to_site(self, *, calls_per_iter: int | None = None) -> CollectiveSite:
         return CollectiveSite(
-            site_id=self.site_id, op=self.op, nbytes=int(self.nbytes), dtype=self.dtype,
-            group=self.group.name, group_size=self.group.size, n_nodes=self.group.n_nodes,
-            calls_per_iter=max(1, calls_per_iter or self.calls), **(self.facts or {}),
+            site_id=self.site_id,
+            op=self.op,
+            nbytes=int(self.nbytes),
+            dtype=self.dtype,
+            group=self.group.name,
+            group_size=self.group.size,
+            n_nodes=self.group.n_nodes,
+            calls_per_iter=max(1, calls_per_iter or self.calls),
+            **(self.facts or {}),
         )
 
 
@@ -83,8 +99,14 @@ class NamedSite:
 class SiteRegistry:
     """Assigns site ids and keeps one ``SiteRecord`` per site seen in the current iteration."""
 
-    def __init__(self, groups: GroupNames, *, num_microbatches: int = 1, pp_stage: int | None = None,
-                 registered_pools: dict[str, list] | None = None) -> None:
+    def __init__(
+        self,
+        groups: GroupNames,
+        *,
+        num_microbatches: int = 1,
+        pp_stage: int | None = None,
+        registered_pools: dict[str, list] | None = None,
+    ) -> None:
         if num_microbatches < 1:
             raise ValueError(f"num_microbatches must be >= 1; got {num_microbatches}")
         self.groups = groups
@@ -212,13 +234,15 @@ class SiteRegistry:
         s = self.stream(group, kind, per_microbatch=per_microbatch)
         return s.next_id(), (self.num_microbatches if per_microbatch and s.period else 1)
 
-    def record(self, site_id: str, *, op: str, nbytes: int, dtype: str, group: GroupInfo,
-               facts: dict | None = None) -> SiteRecord:
+    def record(
+        self, site_id: str, *, op: str, nbytes: int, dtype: str, group: GroupInfo, facts: dict | None = None
+    ) -> SiteRecord:
         """Counts one call of ``site_id`` (creating its record on first sight this iteration)."""
         rec = self.records.get(site_id)
         if rec is None:
-            rec = self.records[site_id] = SiteRecord(site_id=site_id, op=op, nbytes=nbytes, dtype=dtype, group=group,
-                                                     facts=facts)
+            rec = self.records[site_id] = SiteRecord(
+                site_id=site_id, op=op, nbytes=nbytes, dtype=dtype, group=group, facts=facts
+            )
         elif nbytes > rec.nbytes:
             rec.nbytes = nbytes
         rec.calls += 1
@@ -228,8 +252,15 @@ class SiteRegistry:
         """``record`` that sizes ``tensor`` only on the site's first call in an iteration (one id, one size)."""
         rec = self.records.get(site_id)
         if rec is None:
-            self.records[site_id] = SiteRecord(site_id=site_id, op=op, nbytes=tensor_nbytes(tensor),
-                                               dtype=dtype_name(tensor), group=group, calls=1, facts=facts)
+            self.records[site_id] = SiteRecord(
+                site_id=site_id,
+                op=op,
+                nbytes=tensor_nbytes(tensor),
+                dtype=dtype_name(tensor),
+                group=group,
+                calls=1,
+                facts=facts,
+            )
         else:
             rec.calls += 1
 

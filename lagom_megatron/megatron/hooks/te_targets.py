@@ -18,6 +18,7 @@ from typing import Any
 
 log = logging.getLogger("lagom.patches")
 
+
 @dataclass
 class TeTargets:
     """The Transformer Engine names to hook (any may be missing: an older or partial install)."""
@@ -30,14 +31,21 @@ class TeTargets:
     quantized_gathers: list[str] = field(default_factory=list)
 
 
-QUANTIZED_GATHERS = ("_all_gather_mxfp8", "_all_gather_nvfp4", "_start_all_gather_fp8_blockwise",
-                     "_all_gather_fp8_blockwise")
+QUANTIZED_GATHERS = (
+    "_all_gather_mxfp8",
+    "_all_gather_nvfp4",
+    "_start_all_gather_fp8_blockwise",
+    "_all_gather_fp8_blockwise",
+)
 """TE ``pytorch/distributed.py`` quantized gathers: MXFP8 (v2.0+, v2.18 ``:1509``), NVFP4 (v2.8+, ``:1324``), FP8
 blocks (v2.12+, ``:1076``; v2.3-v2.11 ``_all_gather_fp8_blockwise``, v2.11 ``:1066``, synchronous before v2.5)."""
 
 
-_TE_MODULES = (("module.linear", "Linear", "_Linear"), ("module.layernorm_linear", "LayerNormLinear", "_LayerNormLinear"),
-               ("module.layernorm_mlp", "LayerNormMLP", "_LayerNormMLP"))
+_TE_MODULES = (
+    ("module.linear", "Linear", "_Linear"),
+    ("module.layernorm_linear", "LayerNormLinear", "_LayerNormLinear"),
+    ("module.layernorm_mlp", "LayerNormMLP", "_LayerNormMLP"),
+)
 _CP_MODULES = ("attention.dot_product_attention.context_parallel", "attention")
 _CP_FUNCTIONS = ("AttnFuncWithCPAndKVP2P", "AttnFuncWithCPAndQKVOA2A", "AttnFuncWithCPAndKVAllGather")
 _DPA_MODULES = ("attention.dot_product_attention.dot_product_attention", "attention")
@@ -50,8 +58,12 @@ def _import(name: str) -> ModuleType | None:
     except ImportError:
         return None
     except Exception as exc:  # noqa: BLE001 - any failure means: not hooked, training goes on
-        log.warning("lagom: %s is installed but does not import (%s: %s); its collectives are not hooked",
-                    name, type(exc).__name__, exc)
+        log.warning(
+            "lagom: %s is installed but does not import (%s: %s); its collectives are not hooked",
+            name,
+            type(exc).__name__,
+            exc,
+        )
         return None
 
 
@@ -92,8 +104,10 @@ def find_te_targets(base: str = "transformer_engine.pytorch") -> TeTargets | Non
 
 def find_fsdp2_param_group() -> type | None:
     """torch FSDP2's ``FSDPParamGroup`` class, or None on a torch without FSDP2."""
-    for path in ("torch.distributed.fsdp._fully_shard._fsdp_param_group",  # torch >= 2.6, then 2.4-2.5
-                 "torch.distributed._composable.fsdp._fsdp_param_group"):
+    for path in (
+        "torch.distributed.fsdp._fully_shard._fsdp_param_group",  # torch >= 2.6, then 2.4-2.5
+        "torch.distributed._composable.fsdp._fsdp_param_group",
+    ):
         try:
             cls = getattr(importlib.import_module(path), "FSDPParamGroup", None)
         except ImportError:
@@ -103,8 +117,10 @@ def find_fsdp2_param_group() -> type | None:
     return None
 
 
-MEGATRON_FSDP_MODULES = ("megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer",
-                         "megatron_fsdp.param_and_grad_buffer")
+MEGATRON_FSDP_MODULES = (
+    "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer",
+    "megatron_fsdp.param_and_grad_buffer",
+)
 """Megatron-FSDP in megatron-core (0.16.1-0.18.2; ``distributed/fsdp/mcore_fsdp_adapter.py:48``) and in
 ``megatron-fsdp``."""
 
@@ -117,9 +133,11 @@ def find_megatron_fsdp() -> list[ModuleType]:
         if mod is None or any(m is mod for m in found):
             continue
         ag, rs = getattr(mod, "AllGatherPipeline", None), getattr(mod, "GradReducePipeline", None)
-        if (callable(getattr(mod, "_coalescing_manager", None))
-                and all(hasattr(ag, n) for n in ("all_gather_params", "async_bucket_gather", "get_fsdp_buffer"))
-                and all(hasattr(rs, n) for n in ("_bucket_group_gradient_reduce", "get_fsdp_buffer"))):
+        if (
+            callable(getattr(mod, "_coalescing_manager", None))
+            and all(hasattr(ag, n) for n in ("all_gather_params", "async_bucket_gather", "get_fsdp_buffer"))
+            and all(hasattr(rs, n) for n in ("_bucket_group_gradient_reduce", "get_fsdp_buffer"))
+        ):
             found.append(mod)
     return found
 
@@ -129,6 +147,8 @@ def userbuffers_note(model_configs: Any) -> str | None:
     (``num_sm`` 16 / 1, TE v2.18 ``module/base.py:360,379``) are not in the cost model; else None."""
     if not any(getattr(cfg, "tp_comm_overlap", False) for cfg in model_configs or ()):
         return None
-    return ("lagom: WARNING: --tp-comm-overlap: Transformer Engine userbuffers carry the tensor-parallel "
-            "collectives of TE layers outside NCCL; lagom does not hook or tune them, and the SMs their "
-            "kernels hold are not in its cost model (predictions for sites overlapping them are optimistic)")
+    return (
+        "lagom: WARNING: --tp-comm-overlap: Transformer Engine userbuffers carry the tensor-parallel "
+        "collectives of TE layers outside NCCL; lagom does not hook or tune them, and the SMs their "
+        "kernels hold are not in its cost model (predictions for sites overlapping them are optimistic)"
+    )

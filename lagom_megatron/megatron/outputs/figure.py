@@ -65,25 +65,52 @@ def report_figure(rows: list, summary: dict[str, Any]) -> Any:
     shown = sorted(rows, key=change, reverse=True)[:MAX_SITES]
     shown.sort(key=lambda r: r.site_id)
     fig, (ax_it, ax_site) = plt.subplots(
-        2, 1, figsize=(12, 3.2 + 0.42 * len(shown)), dpi=DPI,
-        gridspec_kw={"height_ratios": [1.6, max(1.0, 0.42 * len(shown))]})
+        2,
+        1,
+        figsize=(12, 3.2 + 0.42 * len(shown)),
+        dpi=DPI,
+        gridspec_kw={"height_ratios": [1.6, max(1.0, 0.42 * len(shown))]},
+    )
     s = summary
-    arms = [("defaults", s.get("verify_default_us") or [], s.get("measured_default_us"),
-             s.get("predicted_default_iteration_us"), "tab:blue"),
-            ("plan", s.get("verify_plan_us") or [], s.get("measured_plan_us"),
-             s.get("predicted_iteration_us"), "tab:orange")]
+    arms = [
+        (
+            "defaults",
+            s.get("verify_default_us") or [],
+            s.get("measured_default_us"),
+            s.get("predicted_default_iteration_us"),
+            "tab:blue",
+        ),
+        (
+            "plan",
+            s.get("verify_plan_us") or [],
+            s.get("measured_plan_us"),
+            s.get("predicted_iteration_us"),
+            "tab:orange",
+        ),
+    ]
     base = _ms(s.get("measured_default_us"))
     needed = _ms(s.get("needed_us"))
     if math.isfinite(base) and math.isfinite(needed):
-        ax_it.axvspan(base - needed, base, color="0.85", zorder=0,
-                      label=f"not enough gain: the verdict needed more than {needed:.1f} ms")
+        ax_it.axvspan(
+            base - needed,
+            base,
+            color="0.85",
+            zorder=0,
+            label=f"not enough gain: the verdict needed more than {needed:.1f} ms",
+        )
         ax_it.axvline(base - needed, color="0.4", ls="--", lw=1)
     for y, (label, xs, med, pred, color) in enumerate(arms):
         med = _ms(med)
         if math.isfinite(med):
             lo, hi = min(xs) / 1e3, max(xs) / 1e3
-            ax_it.barh(y, med, height=0.5, color=color, alpha=0.8, label=f"{label}: median {med:.1f} ms "
-                       f"(range {lo:.1f}-{hi:.1f}, {len(xs)} iterations)")
+            ax_it.barh(
+                y,
+                med,
+                height=0.5,
+                color=color,
+                alpha=0.8,
+                label=f"{label}: median {med:.1f} ms (range {lo:.1f}-{hi:.1f}, {len(xs)} iterations)",
+            )
             ax_it.errorbar(med, y, xerr=[[med - lo], [hi - med]], fmt="none", ecolor="k", capsize=5)
         pred = _ms(pred)
         if math.isfinite(pred):
@@ -93,9 +120,15 @@ def report_figure(rows: list, summary: dict[str, Any]) -> Any:
     ax_it.invert_yaxis()
     # zoomed to the measurements (the differences are a few percent of the iteration)
     xs = [x / 1e3 for _, vals, _, _, _ in arms for x in vals]
-    xs += [v for v in (base - needed if math.isfinite(needed) else math.nan,
-                       _ms(s.get("predicted_default_iteration_us")), _ms(s.get("predicted_iteration_us")))
-           if math.isfinite(v)]
+    xs += [
+        v
+        for v in (
+            base - needed if math.isfinite(needed) else math.nan,
+            _ms(s.get("predicted_default_iteration_us")),
+            _ms(s.get("predicted_iteration_us")),
+        )
+        if math.isfinite(v)
+    ]
     if xs:
         lo, hi = min(xs), max(xs)
         pad = max(0.1 * (hi - lo), 0.01 * hi, 1e-3)
@@ -106,10 +139,12 @@ def report_figure(rows: list, summary: dict[str, Any]) -> Any:
     title = f"lagom: {s.get('phase', '?')} ({s.get('run_kind', '')}, {s.get('method', '')})\n{verdict}"
 
     names = [r.site_id for r in shown]
-    series = [("measured, defaults", [r.measured_default_us for r in shown]),
-              ("measured, plan", [r.measured_plan_us for r in shown]),
-              ("predicted, defaults", [r.predicted_default_us for r in shown]),
-              ("predicted, plan", [r.predicted_plan_us for r in shown])]
+    series = [
+        ("measured, defaults", [r.measured_default_us for r in shown]),
+        ("measured, plan", [r.measured_plan_us for r in shown]),
+        ("predicted, defaults", [r.predicted_default_us for r in shown]),
+        ("predicted, plan", [r.predicted_plan_us for r in shown]),
+    ]
     y = np.arange(len(names))
     h = 0.2
     for i, (label, vals) in enumerate(series):

@@ -102,8 +102,14 @@ class RunFiles:
     """Paths of one run's files and reading / writing them (only ``rank`` 0 writes shared files); ``keep_user_file``:
     a plan that could not be reused could not be moved aside either."""
 
-    def __init__(self, *, plan_path: str | None = None, report_path: str | None = None,
-                 preset_name: str | None = None, rank: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        plan_path: str | None = None,
+        report_path: str | None = None,
+        preset_name: str | None = None,
+        rank: int = 0,
+    ) -> None:
         self.run_dir = Path(plan_path).parent if plan_path else Path(DEFAULT_RUN_DIR) / (preset_name or "run")
         self.plan_path = Path(plan_path) if plan_path else self.run_dir / "plan.json"
         self.profile_path = self.run_dir / "profile.json"
@@ -140,17 +146,22 @@ class RunFiles:
         """(what, path, why or None for a user-given path) of each file this run writes at a fixed name, plan first."""
         from lagom_megatron.nccl.env_file import env_file_path
 
-        return [("--lagom-plan", self.plan_path, None) if self.plan_given
-                else ("the default plan", self.plan_path, "without --lagom-plan"),
-                ("the plan's env file", env_file_path(self.plan_path), "lagom writes it beside the plan"),
-                ("lagom's profile", self.profile_path, "lagom writes it in the plan's folder"),
-                ("--lagom-report", self.report_path, None) if self.report_given
-                else ("the default report", self.report_path, "without --lagom-report"),
-                ("the report's figure", self.report_path.with_suffix(".png"), "lagom writes it beside the report")]
+        return [
+            ("--lagom-plan", self.plan_path, None)
+            if self.plan_given
+            else ("the default plan", self.plan_path, "without --lagom-plan"),
+            ("the plan's env file", env_file_path(self.plan_path), "lagom writes it beside the plan"),
+            ("lagom's profile", self.profile_path, "lagom writes it in the plan's folder"),
+            ("--lagom-report", self.report_path, None)
+            if self.report_given
+            else ("the default report", self.report_path, "without --lagom-report"),
+            ("the report's figure", self.report_path.with_suffix(".png"), "lagom writes it beside the report"),
+        ]
 
     def name_clash(self) -> str | None:
         """Why two files of this run would be one file (same path, symlink or hard link; a given path named as a tuner
         table or a numbered report), or None."""
+
         def same(a: Path, b: Path) -> bool:
             if os.path.realpath(a) == os.path.realpath(b):
                 return True
@@ -164,19 +175,29 @@ class RunFiles:
                 if other_path is path or (other == "the report's figure" and what == "--lagom-report"):
                     continue  # a report named .png is refused by its suffix (argument_checks.validate_args)
                 if same(path, other_path):
-                    return (f"{what} {str(path)!r} is the same file as {other} {str(other_path)!r}"
-                            f"{f' ({why})' if why else ''}: one would replace the other; give {what} another file name")
+                    return (
+                        f"{what} {str(path)!r} is the same file as {other} {str(other_path)!r}"
+                        f"{f' ({why})' if why else ''}: one would replace the other; give {what} another file name"
+                    )
         kinds = [k for k in RUN_KINDS if k != "tuned"]  # a tuning run's report is report_path itself
         stem, suffix = self.report_path.stem, self.report_path.suffix
         numbered = rf"{re.escape(stem)}\.({'|'.join(kinds)})-\d+{re.escape(suffix)}"
         for what, path in given:
             if same(path.parent, self.run_dir) and re.fullmatch(TUNER_TABLE, path.name):
-                return (f"{what} {str(path)!r} is the name of a tuner table lagom writes in the plan's folder "
-                        f"(tuner_table.rank<r>.csv): one would replace the other; give {what} another file name")
-            if what == "--lagom-plan" and same(path.parent, self.report_path.parent) and re.fullmatch(numbered, path.name):
-                return (f"{what} {str(path)!r} is the name of a report lagom writes for a run that does not tune "
-                        f"({stem}.<{'|'.join(kinds)}>-<n>{suffix}): one would replace the other; give {what} "
-                        "another file name")
+                return (
+                    f"{what} {str(path)!r} is the name of a tuner table lagom writes in the plan's folder "
+                    f"(tuner_table.rank<r>.csv): one would replace the other; give {what} another file name"
+                )
+            if (
+                what == "--lagom-plan"
+                and same(path.parent, self.report_path.parent)
+                and re.fullmatch(numbered, path.name)
+            ):
+                return (
+                    f"{what} {str(path)!r} is the name of a report lagom writes for a run that does not tune "
+                    f"({stem}.<{'|'.join(kinds)}>-<n>{suffix}): one would replace the other; give {what} "
+                    "another file name"
+                )
         return None
 
     def may_write(self, path: str | os.PathLike) -> bool:
@@ -211,18 +232,25 @@ class RunFiles:
                     plan = None
         error, kept = consensus.broadcast_object((error, kept))
         if error is not None:
-            say(f"lagom: WARNING: cannot reuse plan {self.plan_path}: {error}; "
-                f"{f'kept as {kept}' if kept else 'left in place'}; searching a new one")
+            say(
+                f"lagom: WARNING: cannot reuse plan {self.plan_path}: {error}; "
+                f"{f'kept as {kept}' if kept else 'left in place'}; searching a new one"
+            )
             return None
         diff = consensus.broadcast_object(plan.fingerprint_mismatch(fingerprint) if plan is not None else None)
         if diff:
-            detail = "; ".join(f"{k}: plan {shown(plan.fingerprint, k)} vs run {shown(fingerprint, k)}"
-                               for k in diff) if plan is not None else ""
+            detail = (
+                "; ".join(f"{k}: plan {shown(plan.fingerprint, k)} vs run {shown(fingerprint, k)}" for k in diff)
+                if plan is not None
+                else ""
+            )
             kept = self._move_aside(plan.digest()[:12]) if plan is not None else None
-            say(f"lagom: WARNING: plan {self.plan_path} fingerprint differs in {', '.join(diff)}"
+            say(
+                f"lagom: WARNING: plan {self.plan_path} fingerprint differs in {', '.join(diff)}"
                 f"{' (' + detail + ')' if detail else ''}; re-searching and saving there"
                 f"{f' (the other plan is kept as {kept})' if kept is not None else ''}"
-                f"{STAYS if self.keep_user_file else ''}")
+                f"{STAYS if self.keep_user_file else ''}"
+            )
             return None
         return consensus.agree_plan(plan if plan is not None else Plan(entries={}), from_dict=Plan.from_dict)
 
@@ -233,11 +261,15 @@ class RunFiles:
             return
         kept = self._move_aside("earlier-" + _file_sha(sources[0]))
         if kept is not None:
-            say(f"lagom: WARNING: no plan at {self.plan_path}, but this run would write over {len(sources)} "
-                f"file(s) there: moved aside as {kept}; searching a new plan")
+            say(
+                f"lagom: WARNING: no plan at {self.plan_path}, but this run would write over {len(sources)} "
+                f"file(s) there: moved aside as {kept}; searching a new plan"
+            )
         else:
-            say(f"lagom: WARNING: no plan at {self.plan_path}, and {', '.join(str(p) for p in sources)} could not "
-                "be moved aside: they stay, and this run writes none of them; searching a new plan")
+            say(
+                f"lagom: WARNING: no plan at {self.plan_path}, and {', '.join(str(p) for p in sources)} could not "
+                "be moved aside: they stay, and this run writes none of them; searching a new plan"
+            )
 
     def _move_aside(self, tag: str) -> str | None:
         """Moves the existing :meth:`plan_files` to ``<stem>.<tag>[-n]<suffix>``, all or nothing (rank 0); returns the
@@ -287,8 +319,10 @@ class RunFiles:
     def save_profile(self, profile: Any) -> None:
         """Saves the profile (``engine.profile.Profile``) at ``profile_path`` unless :meth:`may_write` refuses it."""
         if not self.may_write(self.profile_path):
-            say(f"lagom: WARNING: profile not saved: {self.profile_path} belongs to plan {self.plan_path}, "
-                "which could not be reused nor moved aside")
+            say(
+                f"lagom: WARNING: profile not saved: {self.profile_path} belongs to plan {self.plan_path}, "
+                "which could not be reused nor moved aside"
+            )
             return
         profile.save(self.profile_path)
 
@@ -303,18 +337,43 @@ def run_fingerprint(args: Any, *, backend: str, cluster: str) -> dict[str, Any]:
     # the version Python imports, not pip's: a Megatron-LM checkout on PYTHONPATH shadows megatron-core
     found = installed_megatron_core()
     mcore = found.version if found is not None else "unknown"
-    keys = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-            "padded_vocab_size", "seq_length", "micro_batch_size", "global_batch_size",
-            "tensor_model_parallel_size", "pipeline_model_parallel_size",
-            "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",
-            "data_parallel_size", "sequence_parallel", "num_experts", "overlap_grad_reduce",
-            "overlap_param_gather", "use_distributed_optimizer", "ddp_bucket_size", "bf16", "fp16")
+    keys = (
+        "num_layers",
+        "hidden_size",
+        "ffn_hidden_size",
+        "num_attention_heads",
+        "num_query_groups",
+        "padded_vocab_size",
+        "seq_length",
+        "micro_batch_size",
+        "global_batch_size",
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "virtual_pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "data_parallel_size",
+        "sequence_parallel",
+        "num_experts",
+        "overlap_grad_reduce",
+        "overlap_param_gather",
+        "use_distributed_optimizer",
+        "ddp_bucket_size",
+        "bf16",
+        "fp16",
+    )
     fp: dict[str, Any] = {k: getattr(args, k, None) for k in keys}
     # Megatron-FSDP's strategy decides its sites; None without Megatron-FSDP
-    fp["data_parallel_sharding_strategy"] = (getattr(args, "data_parallel_sharding_strategy", None)
-                                             if getattr(args, "use_megatron_fsdp", False) else None)
-    fp.update(world_size=int(os.environ.get("WORLD_SIZE", "1")), backend=backend, cluster=cluster,
-              torch=torch.__version__.split("+")[0], megatron_core=mcore)
+    fp["data_parallel_sharding_strategy"] = (
+        getattr(args, "data_parallel_sharding_strategy", None) if getattr(args, "use_megatron_fsdp", False) else None
+    )
+    fp.update(
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        backend=backend,
+        cluster=cluster,
+        torch=torch.__version__.split("+")[0],
+        megatron_core=mcore,
+    )
     return fp
 
 

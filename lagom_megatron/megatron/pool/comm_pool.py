@@ -35,8 +35,9 @@ class PoolBackend(Protocol):
     def preflight(self, config: CommConfig, op: str | None = None, group: str | None = None) -> None:
         """The checks of ``config``'s entry that need no collective; ValueError."""
 
-    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str, *, group: str | None = None,
-                     parent: Any = None) -> Any:
+    def create_group(
+        self, ranks: tuple[int, ...], config: CommConfig, desc: str, *, group: str | None = None, parent: Any = None
+    ) -> Any:
         """One process group over ``ranks`` for ``config``, with ``parent``'s options where it has any; collective."""
 
     def tag_for(self, desc: str, group: str | None = None) -> str:
@@ -74,9 +75,14 @@ class PoolBudgetExceeded(ValueError):
 class CommPool:
     """Pool entries of one rank; ``budget_bytes`` bounds the live entries' estimated bytes (None: unbounded)."""
 
-    def __init__(self, backend: PoolBackend, groups: GroupNames, *,
-                 budget_bytes: int | None = DEFAULT_BUDGET_MIB * 2**20, registered: dict[str, list] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        backend: PoolBackend,
+        groups: GroupNames,
+        *,
+        budget_bytes: int | None = DEFAULT_BUDGET_MIB * 2**20,
+        registered: dict[str, list] | None = None,
+    ) -> None:
         self.backend = backend
         self.groups = groups
         self.budget_bytes = budget_bytes
@@ -137,8 +143,13 @@ class CommPool:
                 return g
         return None
 
-    def prepare(self, needs: dict[str, set[CommConfig]] | dict[str, list[CommConfig]], *,
-                step: Callable[[str, Callable[[], Any]], Any] = _local_step, ops: dict[CommConfig, str] | None = None) -> int:
+    def prepare(
+        self,
+        needs: dict[str, set[CommConfig]] | dict[str, list[CommConfig]],
+        *,
+        step: Callable[[str, Callable[[], Any]], Any] = _local_step,
+        ops: dict[CommConfig, str] | None = None,
+    ) -> int:
         """Creates the entries ``needs`` (group name -> configs) calls for; every rank, same ``needs``. Returns
         how many this rank is a member of; ``PoolBudgetExceeded`` (through ``step``) past the budget."""
         import torch.distributed as dist
@@ -161,14 +172,17 @@ class CommPool:
                         continue
                     for ranks in sorted({d[name] for d in gathered if name in d}):
                         wanted.setdefault(_EntryId(name, ranks, key), c)
-            todo = sorted(((e, c) for e, c in wanted.items() if e not in self._created),
-                          key=lambda ec: (ec[0].name, ec[0].ranks, repr(ec[0].key)))
+            todo = sorted(
+                ((e, c) for e, c in wanted.items() if e not in self._created),
+                key=lambda ec: (ec[0].name, ec[0].ranks, repr(ec[0].key)),
+            )
             extra = sum(self.estimate(c, e.name) for e, c in todo if dist.get_rank() in e.ranks)
             if self.budget_bytes is not None and self.estimated_bytes + extra > self.budget_bytes:
                 raise PoolBudgetExceeded(
                     f"{len(todo)} new communicator-pool entries need ~{extra / 2**20:.0f} MiB on this rank on top of "
                     f"~{self.estimated_bytes / 2**20:.0f} MiB live, over the budget of {self.budget_bytes / 2**20:.0f} MiB "
-                    "(--lagom-pool-budget-mib)")
+                    "(--lagom-pool-budget-mib)"
+                )
             for e, c in todo:
                 self.backend.preflight(c, (ops or {}).get(c), group=e.name)
             return todo
@@ -190,7 +204,9 @@ class CommPool:
                     try:  # collective among the entry's ranks (symmetric windows): same order on each
                         self.backend.register_memory(group, self.registered[eid.name])
                     except Exception as exc:  # noqa: BLE001 - kept, reported after every rank made the same calls
-                        errors.append(f"entry {desc}: registering its group's NCCL memory pool: {type(exc).__name__}: {exc}")
+                        errors.append(
+                            f"entry {desc}: registering its group's NCCL memory pool: {type(exc).__name__}: {exc}"
+                        )
                 if dist.get_rank() in eid.ranks:
                     info = self.groups.by_name(eid.name)
                     if info is None or info.ranks != eid.ranks:
@@ -251,16 +267,23 @@ class CommPool:
         try:
             return self._entries[(info.name, key)]
         except KeyError:
-            raise KeyError(f"no communicator-pool entry for group {info.name!r} and {config.to_dict()}; "
-                           "CommPool.prepare was not called with it") from None
+            raise KeyError(
+                f"no communicator-pool entry for group {info.name!r} and {config.to_dict()}; "
+                "CommPool.prepare was not called with it"
+            ) from None
 
 
 def _flat(key: Hashable) -> tuple:
     return key if isinstance(key, tuple) else (key,)
 
 
-def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None,
-              capabilities: Capabilities | None = None, pool_budget_bytes: int | None = None) -> KnobRules:
+def rules_for(
+    backend: str,
+    cluster: ClusterSpec,
+    mechanism: str | None = None,
+    capabilities: Capabilities | None = None,
+    pool_budget_bytes: int | None = None,
+) -> KnobRules:
     """The knob rules of ``backend`` (gloo, nccl, sim) on ``cluster``; with agreed ``capabilities`` (NCCL),
     their mechanism and runtime NCCL version. ``pool_budget_bytes`` caps channel domains (``nccl.budget``).
     ValueError for an unknown backend, a mechanism it does not have, or a cluster of another backend."""
@@ -271,8 +294,14 @@ def rules_for(backend: str, cluster: ClusterSpec, mechanism: str | None = None,
             if capabilities.nccl_version is not None:
                 cluster = dataclasses.replace(cluster, nccl_version=".".join(map(str, capabilities.nccl_version)))
             heads = capabilities.ranks_per_node if capabilities.nvls_multicast else 0
-            return NcclRules(cluster, mechanism=mechanism or capabilities.mechanism(), backend=backend,
-                             capabilities=capabilities, pool_budget_bytes=pool_budget_bytes, nvls_heads=heads or 0)
+            return NcclRules(
+                cluster,
+                mechanism=mechanism or capabilities.mechanism(),
+                backend=backend,
+                capabilities=capabilities,
+                pool_budget_bytes=pool_budget_bytes,
+                nvls_heads=heads or 0,
+            )
         if mechanism is not None and cluster.backend == "nccl":
             check_mechanism(mechanism, cluster)
         return NcclRules(cluster, mechanism=mechanism, backend=backend, pool_budget_bytes=pool_budget_bytes)

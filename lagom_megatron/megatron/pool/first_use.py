@@ -57,8 +57,10 @@ class FirstUse:
 
     def guard(self, site_id: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Callable[..., Any]:
         """``orig`` for a routed call, the first time wrapped to re-issue a refusal with the own-group ``args``."""
+
         def on_own(*a: Any, **k: Any) -> Any:
             return orig(*args, **kwargs)
+
         if site_id in self.refused:
             return on_own
         if site_id in self.seen:
@@ -74,13 +76,17 @@ class FirstUse:
                     raise
                 self._refuse(site_id, exc)
                 return on_own(*a, **k)
+
         return first
 
-    def guard_bucket(self, site_id: str, orig: Callable[..., Any], owner: Any, attr: str, own: Any) -> Callable[..., Any]:
+    def guard_bucket(
+        self, site_id: str, orig: Callable[..., Any], owner: Any, attr: str, own: Any
+    ) -> Callable[..., Any]:
         """``start_grad_sync`` / ``start_param_sync`` of a bucket group routed by swapping ``owner.<attr>``.
         Re-calling it would scale the gradients twice (core_v0.16.1 ``param_and_grad_buffer.py:382-392``;
         core_v0.18.2 also copies ``main_grad``), so the first call guards its coalescing manager instead."""
         if site_id in self.refused:
+
             def on_own(*a: Any, **k: Any) -> Any:
                 entry = getattr(owner, attr)
                 setattr(owner, attr, own)
@@ -88,6 +94,7 @@ class FirstUse:
                     return orig(*a, **k)
                 finally:
                     setattr(owner, attr, entry)
+
             return on_own
         if site_id in self.seen:
             return orig
@@ -99,6 +106,7 @@ class FirstUse:
                 return orig(*a, **k)
             finally:
                 self.pending = prev
+
         return first
 
     def record(self, fn: Callable[..., Any], args: tuple, kwargs: dict, group_index: int) -> None:
@@ -140,7 +148,7 @@ class FirstUse:
                     if "group" in k or len(a) <= gi:
                         k = {**k, "group": call.own}
                     else:
-                        a = a[:gi] + (call.own,) + a[gi + 1:]
+                        a = a[:gi] + (call.own,) + a[gi + 1 :]
                     fn(*a, **k)
             for work in getattr(again, "works", ()):  # torch's _CoalescingManager: Megatron waits cm
                 cm.append(work)
@@ -164,5 +172,7 @@ class FirstUse:
 def _inject() -> None:
     """The ``first-call`` fault: a refusal before the call is issued (set it on every rank, as NCCL's is)."""
     if consensus.fault_injected("first-call"):
-        raise RuntimeError("NCCL error: invalid usage (No algorithm/protocol available; fault injected by "
-                           f"{consensus.APPLY_FAULT_ENV})")
+        raise RuntimeError(
+            "NCCL error: invalid usage (No algorithm/protocol available; fault injected by "
+            f"{consensus.APPLY_FAULT_ENV})"
+        )

@@ -41,7 +41,9 @@ class GlooRules:
         if self.mechanism != "gloo":
             raise ValueError(f"mechanism for backend 'gloo' must be one of ['gloo']; got {self.mechanism!r}")
         if self.cluster.backend != "gloo":
-            raise ValueError(f"cluster {self.cluster.name!r} is a {self.cluster.backend} cluster; gloo rules need a gloo cluster")
+            raise ValueError(
+                f"cluster {self.cluster.name!r} is a {self.cluster.backend} cluster; gloo rules need a gloo cluster"
+            )
 
     def scope(self, knob: str) -> Scope | None:
         """``communicator`` for worker threads, ``call`` for chunk size, else None; ValueError for an unknown knob."""
@@ -49,7 +51,9 @@ class GlooRules:
             raise ValueError(f"knob must be one of {list(KNOB_ORDER)}; got {knob!r}")
         return GLOO_SCOPES.get(knob)
 
-    def domains(self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None) -> dict[str, tuple]:
+    def domains(
+        self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None
+    ) -> dict[str, tuple]:
         """1, 2 or 4 worker threads and three piece sizes (or no split), the same for every op."""
         out: dict[str, tuple] = {k: (None,) for k in KNOB_ORDER}
         out["n_channels"] = (1, 2, 4)
@@ -72,19 +76,35 @@ class GlooRules:
         """Only the worker threads and the chunk size of ``config``."""
         return CommConfig(n_channels=config.n_channels, chunk_size=config.chunk_size)
 
-    def validate(self, config: CommConfig, *, op: str, n_nodes: int = 1, group_size: int | None = None,
-                 reduce_op: str | None = None, dtype: str | None = None) -> None:
+    def validate(
+        self,
+        config: CommConfig,
+        *,
+        op: str,
+        n_nodes: int = 1,
+        group_size: int | None = None,
+        reduce_op: str | None = None,
+        dtype: str | None = None,
+    ) -> None:
         """Checks ``config``: 1..16 worker threads, chunks a multiple of 4 KiB, no other knob; ValueError
         names the first knob gloo does not have or whose value is out of range."""
         c = config
-        for knob in ("algorithm", "protocol", "n_threads", "cta_policy", "cga_cluster_size", "net_peer_channels",
-                     "high_priority_stream"):
+        for knob in (
+            "algorithm",
+            "protocol",
+            "n_threads",
+            "cta_policy",
+            "cga_cluster_size",
+            "net_peer_channels",
+            "high_priority_stream",
+        ):
             if getattr(c, knob) is not None:
                 raise invalid_value(knob, getattr(c, knob), [None], "gloo has no such knob")
         if c.n_channels is not None and not (isinstance(c.n_channels, int) and 1 <= c.n_channels <= GLOO_MAX_THREADS):
             raise invalid_value("n_channels", c.n_channels, f"1..{GLOO_MAX_THREADS} gloo worker threads")
-        if c.chunk_size is not None and not (isinstance(c.chunk_size, int) and c.chunk_size >= GLOO_CHUNK_MIN
-                                             and c.chunk_size % GLOO_CHUNK_MIN == 0):
+        if c.chunk_size is not None and not (
+            isinstance(c.chunk_size, int) and c.chunk_size >= GLOO_CHUNK_MIN and c.chunk_size % GLOO_CHUNK_MIN == 0
+        ):
             raise invalid_value("chunk_size", c.chunk_size, f"a multiple of {GLOO_CHUNK_MIN} bytes")
 
     def process_env(self, chosen: dict[str, list[int]]) -> dict[str, str]:
@@ -117,8 +137,9 @@ class GlooPoolBackend:
     def preflight(self, config: CommConfig, op: str | None = None, group: str | None = None) -> None:
         pass  # entry_key checks the threads
 
-    def create_group(self, ranks: tuple[int, ...], config: CommConfig, desc: str, *, group: str | None = None,
-                     parent: Any = None) -> Any:
+    def create_group(
+        self, ranks: tuple[int, ...], config: CommConfig, desc: str, *, group: str | None = None, parent: Any = None
+    ) -> Any:
         import torch.distributed as dist
 
         with gloo_threads(int(config.n_channels)):
@@ -153,8 +174,14 @@ def gloo_threads(n_threads: int) -> Iterator[None]:
     original = c10d.ProcessGroupGloo
 
     class _ProcessGroupGlooWithThreads(original):  # type: ignore[misc, valid-type]
-        def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta = datetime.timedelta(minutes=30),
-                     **options: Any) -> None:
+        def __init__(
+            self,
+            store: Any,
+            rank: int,
+            size: int,
+            timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+            **options: Any,
+        ) -> None:
             opts = original._Options()
             opts._timeout = timeout
             opts._threads = n_threads
@@ -248,11 +275,19 @@ def _gloo_threads(group: Any) -> int:
         return 0
 
 
-def chunked_call(op: str, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], chunk_bytes: int, group_size: int,
-                 observe: Callable[[int], None] | None = None) -> Any:
+def chunked_call(
+    op: str,
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    chunk_bytes: int,
+    group_size: int,
+    observe: Callable[[int], None] | None = None,
+) -> Any:
     """Issues ``fn`` (a torch.distributed collective) as pieces of at most ``chunk_bytes`` bytes.
     ``all_gather`` is not split in a coalescing manager (no place for the copy-back). Returns a
     ``MultiWork`` when ``async_op``, else None; ``observe`` gets the largest piece's bytes (0: whole)."""
+
     def whole() -> Any:
         if observe is not None:
             observe(0)

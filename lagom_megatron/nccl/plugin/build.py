@@ -10,16 +10,23 @@ import tempfile
 from pathlib import Path
 
 PLUGIN_DIR = Path(__file__).resolve().parent
-TUNER_SOURCES = (PLUGIN_DIR / "plugin.c", PLUGIN_DIR / "table.c", PLUGIN_DIR / "status.c", PLUGIN_DIR / "profiler.c",
-                 PLUGIN_DIR / "observed.c")
+TUNER_SOURCES = (
+    PLUGIN_DIR / "plugin.c",
+    PLUGIN_DIR / "table.c",
+    PLUGIN_DIR / "status.c",
+    PLUGIN_DIR / "profiler.c",
+    PLUGIN_DIR / "observed.c",
+)
 HEADERS = (PLUGIN_DIR / "lagom_tuner.h", PLUGIN_DIR / "lagom_profiler.h", PLUGIN_DIR / "plugin_internal.h")
 """The headers; a change rebuilds the library (``plugin_launch.locate_or_build``)."""
 LIBRARY_NAME = "libnccl-tuner-lagom.so"
 """File name of the built plugin (NCCL also finds it as ``NCCL_TUNER_PLUGIN=lagom`` on the library path)."""
 HARNESS_SOURCE = PLUGIN_DIR / "test" / "test_plugin.c"
 """The C test harness's main source (in a source checkout, not in an installed wheel)."""
-HARNESS_SOURCES = (HARNESS_SOURCE, *(PLUGIN_DIR / "test" / f"test_{name}.c"
-                                     for name in ("calls", "table", "slices", "profiler", "observed")))
+HARNESS_SOURCES = (
+    HARNESS_SOURCE,
+    *(PLUGIN_DIR / "test" / f"test_{name}.c" for name in ("calls", "table", "slices", "profiler", "observed")),
+)
 
 _WARN = ["-std=gnu11", "-Wall", "-Wextra"]
 
@@ -53,13 +60,24 @@ def _compile(args: list[str], out: Path, what: str) -> Path:
     return out
 
 
-def build_tuner(out_dir: str | os.PathLike, *, cc: str | None = None,
-                extra_cflags: list[str] | tuple[str, ...] = ()) -> Path:
+def build_tuner(
+    out_dir: str | os.PathLike, *, cc: str | None = None, extra_cflags: list[str] | tuple[str, ...] = ()
+) -> Path:
     """Compiles the plugin (``ncclTunerPlugin_v3``-``_v6``, ``ncclProfiler_v1``-``_v6``) into ``out_dir``; returns its
     absolute path. Raises FileNotFoundError (no C compiler) or RuntimeError (the compiler failed, with its messages)."""
     out = Path(out_dir).resolve() / LIBRARY_NAME
-    args = [find_compiler(cc), *_WARN, "-O2", "-g", *extra_cflags, "-fPIC", "-shared",
-            "-fvisibility=hidden", *(str(src) for src in TUNER_SOURCES), "-ldl"]
+    args = [
+        find_compiler(cc),
+        *_WARN,
+        "-O2",
+        "-g",
+        *extra_cflags,
+        "-fPIC",
+        "-shared",
+        "-fvisibility=hidden",
+        *(str(src) for src in TUNER_SOURCES),
+        "-ldl",
+    ]
     return _compile(args, out, "the NCCL tuner plugin")
 
 
@@ -68,17 +86,19 @@ def usage_line(library: str | os.PathLike) -> str:
     import shlex
 
     lib = shlex.quote(str(library))
-    return (f"# use it with:  export NCCL_TUNER_PLUGIN={lib} NCCL_PROFILER_PLUGIN={lib} LAGOM_TUNER_CONFIG=TABLE.csv"
-            "  (TABLE.csv: lagom plan export PLAN --format nccl-tuner-csv --extended -o TABLE.csv)")
+    return (
+        f"# use it with:  export NCCL_TUNER_PLUGIN={lib} NCCL_PROFILER_PLUGIN={lib} LAGOM_TUNER_CONFIG=TABLE.csv"
+        "  (TABLE.csv: lagom plan export PLAN --format nccl-tuner-csv --extended -o TABLE.csv)"
+    )
 
 
-def build_harness(out_dir: str | os.PathLike, *, cc: str | None = None,
-                  extra_cflags: list[str] | tuple[str, ...] = ()) -> Path:
+def build_harness(
+    out_dir: str | os.PathLike, *, cc: str | None = None, extra_cflags: list[str] | tuple[str, ...] = ()
+) -> Path:
     """Compiles the C test harness to ``out_dir/test_plugin``; FileNotFoundError (no cc or sources), RuntimeError."""
     for source in HARNESS_SOURCES:
         if not source.is_file():
             raise FileNotFoundError(f"test harness source {source} is missing (not a source checkout)")
     out = Path(out_dir).resolve() / "test_plugin"
-    args = [find_compiler(cc), *_WARN, "-O1", "-g", *extra_cflags, *(str(src) for src in HARNESS_SOURCES),
-            "-ldl"]
+    args = [find_compiler(cc), *_WARN, "-O1", "-g", *extra_cflags, *(str(src) for src in HARNESS_SOURCES), "-ldl"]
     return _compile(args, out, "the tuner plugin test harness")

@@ -55,11 +55,19 @@ def _config(knobs: dict[str, Any]) -> CommConfig:
 
 
 def _time(sim: Any, state: dict[str, dict]) -> float:
-    return sim.run_iteration(iteration=0, assignment={sid: _config(k) for sid, k in state.items()}, noise=False).iteration_us
+    return sim.run_iteration(
+        iteration=0, assignment={sid: _config(k) for sid, k in state.items()}, noise=False
+    ).iteration_us
 
 
-def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_ROUNDS,
-           per_site: int = ORACLE_SITES, group_caps: dict[str, int] | None = None) -> tuple[dict[str, CommConfig], float, int]:
+def oracle(
+    sim: Any,
+    *,
+    caps: tuple[int, ...] = (2, 4, 8),
+    rounds: int = ORACLE_ROUNDS,
+    per_site: int = ORACLE_SITES,
+    group_caps: dict[str, int] | None = None,
+) -> tuple[dict[str, CommConfig], float, int]:
     """The oracle plan: (site id -> CommConfig, noise-free iteration us, iterations spent)."""
     doms = _domains(sim)
     rules = NcclRules(sim.cluster, backend="sim")
@@ -78,8 +86,14 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
     default = {sid: {k: None for k in KNOBS} for sid in doms}
     starts = [default]
     for cap in caps:
-        starts.append({sid: {**default[sid], "n_channels": min(cap, max(d["n_channels"]))} if len(d["n_channels"]) > 1
-                       else dict(default[sid]) for sid, d in doms.items()})
+        starts.append(
+            {
+                sid: {**default[sid], "n_channels": min(cap, max(d["n_channels"]))}
+                if len(d["n_channels"]) > 1
+                else dict(default[sid])
+                for sid, d in doms.items()
+            }
+        )
     if group_caps:
         site_of = {s.site_id: s for s in sim.sites}
         st = {}
@@ -136,8 +150,18 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
                 try_move(members, "high_priority_stream", True)
         if per_comm:  # one channel cap per communicator
             for members in comms.values():
-                for v in sorted({v for sid in members for v in rules.domains(op=sites[members[0]].op, n_nodes=sites[members[0]].n_nodes,
-                                                                             group_size=sites[members[0]].group_size)["n_channels"] if v}):
+                for v in sorted(
+                    {
+                        v
+                        for sid in members
+                        for v in rules.domains(
+                            op=sites[members[0]].op,
+                            n_nodes=sites[members[0]].n_nodes,
+                            group_size=sites[members[0]].group_size,
+                        )["n_channels"]
+                        if v
+                    }
+                ):
                     try_move(members, "n_channels", v)
         if best >= before * (1.0 - 1e-6):
             break
@@ -152,16 +176,22 @@ def oracle(sim: Any, *, caps: tuple[int, ...] = (2, 4, 8), rounds: int = ORACLE_
             continue
         cur = state[sid]["n_channels"]
         pos = dom.index(cur) if cur in dom else None
-        near = [dom[p] for p in ((pos - 1, pos + 1) if pos is not None else ()) if 0 <= p < len(dom)] if pos is not None else list(dom[:3])
+        near = (
+            [dom[p] for p in ((pos - 1, pos + 1) if pos is not None else ()) if 0 <= p < len(dom)]
+            if pos is not None
+            else list(dom[:3])
+        )
         for v in near:
             try_move(tied[sid], "n_channels", v)
     return {sid: _config(k) for sid, k in state.items()}, best, runs
 
 
 def _grid(proto: str, max_channels: int) -> dict[str, tuple]:
-    return {"n_channels": tuple(range(1, min(MAX_CHANNELS, max_channels) + 1)),
-            "n_threads": THREADS if proto != "LL128" else (640,),
-            "chunk_size": SIMPLE_CHUNKS if proto == "Simple" else (None,)}
+    return {
+        "n_channels": tuple(range(1, min(MAX_CHANNELS, max_channels) + 1)),
+        "n_threads": THREADS if proto != "LL128" else (640,),
+        "chunk_size": SIMPLE_CHUNKS if proto == "Simple" else (None,),
+    }
 
 
 def _cost(calls: list[float]) -> float:
@@ -270,8 +300,9 @@ def _subspaces(cluster: ClusterSpec, site: Any) -> list[tuple[str | None, str | 
     return [(a, p) for a in algs for p in protos]
 
 
-def autoccl(sim: Any, *, first_iteration: int, seed: int = 0,
-            steps: int = 1 + PRETRAIN_STEPS + TRAIN_STEPS) -> tuple[dict[str, CommConfig], int]:
+def autoccl(
+    sim: Any, *, first_iteration: int, seed: int = 0, steps: int = 1 + PRETRAIN_STEPS + TRAIN_STEPS
+) -> tuple[dict[str, CommConfig], int]:
     """AutoCCL's online tuning on ``sim``: (site id -> CommConfig for ``fork=True``, iterations spent)."""
     rules = NcclRules(sim.cluster, backend="sim")
     groups: dict[str, list[str]] = {}
@@ -279,8 +310,10 @@ def autoccl(sim: Any, *, first_iteration: int, seed: int = 0,
         groups.setdefault(members[0], members)
     sites = {s.site_id: s for s in sim.sites}
     rng = random.Random(seed)
-    jobs = {lead: _Workload(_subspaces(sim.cluster, sites[lead]), sim.gpu.max_channels, random.Random(rng.random()))
-            for lead in groups}
+    jobs = {
+        lead: _Workload(_subspaces(sim.cluster, sites[lead]), sim.gpu.max_channels, random.Random(rng.random()))
+        for lead in groups
+    }
     for it in range(steps):
         assign = {}
         for lead, job in jobs.items():
@@ -298,8 +331,16 @@ def autoccl(sim: Any, *, first_iteration: int, seed: int = 0,
     return out, steps
 
 
-def microbench(cluster: Any, *, op: str, nbytes: int, group_size: int, n_nodes: int, seed: int = 0,
-               steps: int = 1 + PRETRAIN_STEPS + TRAIN_STEPS) -> tuple[float, float, CommConfig]:
+def microbench(
+    cluster: Any,
+    *,
+    op: str,
+    nbytes: int,
+    group_size: int,
+    n_nodes: int,
+    seed: int = 0,
+    steps: int = 1 + PRETRAIN_STEPS + TRAIN_STEPS,
+) -> tuple[float, float, CommConfig]:
     """AutoCCL on one collective alone: (default GB/s, AutoCCL's GB/s, its choice); published 1.24-1.29x."""
     spec = ClusterSpec.load(cluster)
     gpu = Gpu.from_cluster(spec)

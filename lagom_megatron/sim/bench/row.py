@@ -35,8 +35,9 @@ def ub_applies(sim: Any) -> bool:
 
     from lagom_megatron.sim.channel_defaults import ub_ctas
 
-    return any(ub_ctas(sim.gpu, replace(c.coll, registered=True)) is not None for c in sim._prog.calls
-               if c.stream in UB_GROUPS)
+    return any(
+        ub_ctas(sim.gpu, replace(c.coll, registered=True)) is not None for c in sim._prog.calls if c.stream in UB_GROUPS
+    )
 
 
 def sweep_caps(sim: Any, *, passes: int = 2) -> dict[str, int]:
@@ -71,24 +72,35 @@ def shared(sim: Any) -> dict[str, Any]:
     tl = sim.last_timeline
     free = sim.run_iteration(iteration=0, noise=False, free_comm=True)
     caps = sweep_caps(sim)
-    return {"overlap_frac": tl.compute_overlapped_us / max(tl.compute_us, 1e-9),
-            "free_comm_bound": quiet.iteration_us / free.iteration_us, "caps": caps,
-            "oracle_plan": oracle(sim, group_caps=caps)[0], "ub": ub_applies(sim)}
+    return {
+        "overlap_frac": tl.compute_overlapped_us / max(tl.compute_us, 1e-9),
+        "free_comm_bound": quiet.iteration_us / free.iteration_us,
+        "caps": caps,
+        "oracle_plan": oracle(sim, group_caps=caps)[0],
+        "ub": ub_applies(sim),
+    }
 
 
-def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_iters: int,
-             verify_max_iters: int | None = None) -> dict[str, Any]:
+def one_seed(
+    sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_iters: int, verify_max_iters: int | None = None
+) -> dict[str, Any]:
     """Every method of the row under ``seed``."""
     from lagom_megatron.sim.backend import run_lifecycle
     from lagom_megatron.sim.bench.references import autoccl
 
     sim.seed = seed
     groups = frozenset(groups_of(sim))
-    row: dict[str, Any] = {"seed": seed, "overlap_frac": base["overlap_frac"], "free_comm_bound": base["free_comm_bound"]}
+    row: dict[str, Any] = {
+        "seed": seed,
+        "overlap_frac": base["overlap_frac"],
+        "free_comm_bound": base["free_comm_bound"],
+    }
     default = median_us(sim, iters=iters)
     row["default_ms"] = default / 1e3
     row["static_caps_ms"] = median_us(sim, iters=iters, group_caps=base["caps"]) / 1e3
-    row["nemo_yaml_ms"] = median_us(sim, iters=iters, group_caps={g: c for g, c in NEMO_CAPS.items() if g in groups}) / 1e3
+    row["nemo_yaml_ms"] = (
+        median_us(sim, iters=iters, group_caps={g: c for g, c in NEMO_CAPS.items() if g in groups}) / 1e3
+    )
     row["hp_stream_ms"] = median_us(sim, iters=iters, high_priority=groups) / 1e3
     row["nccl_ub_ms"] = median_us(sim, iters=iters, registered=UB_GROUPS) / 1e3 if base["ub"] else None
     auto, auto_iters = autoccl(sim, first_iteration=AUTOCCL_FIRST, seed=seed)
@@ -110,18 +122,33 @@ def one_seed(sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_it
     finally:
         sim.high_priority = frozenset()
     row["lagom_hp_kept_ms"] = hp_kept / 1e3
-    row.update(lagom_plan_ms=plan_us / 1e3, lagom_kept_ms=(plan_us if applied else default) / 1e3,
-               model_mape=r.tuner.model_mape, oracle_ms=oracle_us / 1e3, lagom_phase=r.tuner.phase.value,
-               lagom_candidate=(plan.stats.get("candidate") if plan is not None else None),
-               verify_text=str(r.tuner.reason or "")[:160], caps=" ".join(f"{g}:{c}" for g, c in sorted(base["caps"].items())),
-               lagom_hp_groups=" ".join(sorted({e.group for e in plan.entries.values() if e.config.high_priority_stream}))
-               if plan is not None else "",
-               autoccl_iterations=auto_iters)
+    row.update(
+        lagom_plan_ms=plan_us / 1e3,
+        lagom_kept_ms=(plan_us if applied else default) / 1e3,
+        model_mape=r.tuner.model_mape,
+        oracle_ms=oracle_us / 1e3,
+        lagom_phase=r.tuner.phase.value,
+        lagom_candidate=(plan.stats.get("candidate") if plan is not None else None),
+        verify_text=str(r.tuner.reason or "")[:160],
+        caps=" ".join(f"{g}:{c}" for g, c in sorted(base["caps"].items())),
+        lagom_hp_groups=" ".join(sorted({e.group for e in plan.entries.values() if e.config.high_priority_stream}))
+        if plan is not None
+        else "",
+        autoccl_iterations=auto_iters,
+    )
     return row
 
 
-def run_row(preset_name: str, cluster: str, *, seeds: list[int], iters: int, microbatches: int | None,
-            verify_iters: int, verify_max_iters: int | None = None) -> list[dict[str, Any]]:
+def run_row(
+    preset_name: str,
+    cluster: str,
+    *,
+    seeds: list[int],
+    iters: int,
+    microbatches: int | None,
+    verify_iters: int,
+    verify_max_iters: int | None = None,
+) -> list[dict[str, Any]]:
     """All seeds of one row."""
     from lagom_megatron.config.presets import load_preset
     from lagom_megatron.sim.backend import SimulatedCluster
@@ -135,7 +162,9 @@ def run_row(preset_name: str, cluster: str, *, seeds: list[int], iters: int, mic
     rows = []
     for seed in seeds:
         row = {"preset": preset_name, "cluster": sim.cluster.name, "microbatches": sim.workload.microbatches}
-        row.update(one_seed(sim, base, seed=seed, iters=iters, verify_iters=verify_iters, verify_max_iters=verify_max_iters))
+        row.update(
+            one_seed(sim, base, seed=seed, iters=iters, verify_iters=verify_iters, verify_max_iters=verify_max_iters)
+        )
         rows.append(row)
     for row in rows:
         row["wall_s"] = (time.perf_counter() - t0) / len(rows)

@@ -28,45 +28,95 @@ PAPER_VS_AUTOCCL = (1.03, 1.27)
 
 ROWS: tuple[tuple[str, str, int], ...] = (
     # the paper's regime: A40 nodes, PCIe (200 / 100 Gb/s) and NVLink-bridged (2 x 400 Gb/s); FSDP, TP, EP
-    ("llama2-7b-a40x16-fsdp", "a40-pcie-ib200", 2), ("llama2-7b-a40x16-fsdp", "a40-pcie-ib100", 2),
-    ("llama2-7b-a40x16-fsdp", "a40-nvlink-ib800", 2), ("gpt3-2.7b-a40x8-fsdp", "a40-pcie-ib200", 2),
-    ("gpt3-2.7b-a40x8-fsdp", "a40-nvlink-ib800", 1), ("llama2-7b-a40x16-tp8", "a40-pcie-ib200", 2),
-    ("llama2-7b-a40x16-tp8", "a40-nvlink-ib800", 1), ("moe-2b-8e-a40x8-ep8", "a40-pcie-ib200", 2),
-    ("moe-2b-8e-a40x8-ep8", "a40-nvlink-ib800", 2), ("gpt3-2.7b-a40x8-fsdp", "a40-pcie-ib100", 1),
+    ("llama2-7b-a40x16-fsdp", "a40-pcie-ib200", 2),
+    ("llama2-7b-a40x16-fsdp", "a40-pcie-ib100", 2),
+    ("llama2-7b-a40x16-fsdp", "a40-nvlink-ib800", 2),
+    ("gpt3-2.7b-a40x8-fsdp", "a40-pcie-ib200", 2),
+    ("gpt3-2.7b-a40x8-fsdp", "a40-nvlink-ib800", 1),
+    ("llama2-7b-a40x16-tp8", "a40-pcie-ib200", 2),
+    ("llama2-7b-a40x16-tp8", "a40-nvlink-ib800", 1),
+    ("moe-2b-8e-a40x8-ep8", "a40-pcie-ib200", 2),
+    ("moe-2b-8e-a40x8-ep8", "a40-nvlink-ib800", 2),
+    ("gpt3-2.7b-a40x8-fsdp", "a40-pcie-ib100", 1),
     # FSDP on NVSwitch clusters, one micro-batch
-    ("gpt3-2.7b-a40x8-fsdp", "h100-sxm-ib400", 1), ("llama2-7b-a40x16-fsdp", "h100-sxm-ib400", 1),
+    ("gpt3-2.7b-a40x8-fsdp", "h100-sxm-ib400", 1),
+    ("llama2-7b-a40x16-fsdp", "h100-sxm-ib400", 1),
     ("llama2-7b-a40x16-fsdp", "a100-ib100", 1),
     # the H100 / A100 presets
-    ("gpt3-13b-h100x64", "h100-sxm-ib400", 2), ("gpt3-13b-h100x64", "a100-ib100", 2),
-    ("llama3-8b-h100x8", "h100-sxm-ib400", 1), ("llama3-8b-h100x8", "h100-sxm-ib400", 2),
-    ("llama3-8b-h100x8", "a100-ib100", 2), ("llama3-70b-h100x64", "h100-sxm-ib400", 2),
-    ("mixtral-8x7b-h100x32", "h100-sxm-ib400", 2), ("llama2-7b-a100x32-ib100", "a100-ib100", 1),
+    ("gpt3-13b-h100x64", "h100-sxm-ib400", 2),
+    ("gpt3-13b-h100x64", "a100-ib100", 2),
+    ("llama3-8b-h100x8", "h100-sxm-ib400", 1),
+    ("llama3-8b-h100x8", "h100-sxm-ib400", 2),
+    ("llama3-8b-h100x8", "a100-ib100", 2),
+    ("llama3-70b-h100x64", "h100-sxm-ib400", 2),
+    ("mixtral-8x7b-h100x32", "h100-sxm-ib400", 2),
+    ("llama2-7b-a100x32-ib100", "a100-ib100", 1),
     ("llama2-7b-a100x32-ib100", "a100-ib100", 2),
 )
 SEEDS = (0, 1, 2, 3, 4)
 
 COLUMNS = (
-    "preset", "cluster", "microbatches", "seed", "overlap_frac", "free_comm_bound", "oracle", "default_ms",
-    "static_caps_ms", "nemo_yaml_ms", "hp_stream_ms", "nccl_ub_ms", "autoccl_ms", "lagom_plan_ms", "lagom_kept_ms",
+    "preset",
+    "cluster",
+    "microbatches",
+    "seed",
+    "overlap_frac",
+    "free_comm_bound",
+    "oracle",
+    "default_ms",
+    "static_caps_ms",
+    "nemo_yaml_ms",
+    "hp_stream_ms",
+    "nccl_ub_ms",
+    "autoccl_ms",
+    "lagom_plan_ms",
+    "lagom_kept_ms",
     "model_mape",
 )
 """Times in ms, medians; ``nccl_ub_ms`` empty where it does not apply."""
-DETAIL_COLUMNS = COLUMNS + ("oracle_ms", "lagom_hp_kept_ms", "lagom_phase", "lagom_candidate", "lagom_hp_groups", "caps",
-                            "verify_text", "autoccl_iterations", "wall_s")
+DETAIL_COLUMNS = COLUMNS + (
+    "oracle_ms",
+    "lagom_hp_kept_ms",
+    "lagom_phase",
+    "lagom_candidate",
+    "lagom_hp_groups",
+    "caps",
+    "verify_text",
+    "autoccl_iterations",
+    "wall_s",
+)
 BASELINES = ("default_ms", "static_caps_ms", "nemo_yaml_ms", "hp_stream_ms", "nccl_ub_ms", "autoccl_ms")
 MAPE_LIMIT = 5.0
 
 SENSITIVITY_ROWS: tuple[tuple[str, str, int], ...] = (
-    ("llama2-7b-a40x16-fsdp", "a40-pcie-ib200", 2), ("gpt3-2.7b-a40x8-fsdp", "a40-nvlink-ib800", 1),
-    ("llama2-7b-a40x16-tp8", "a40-pcie-ib200", 2), ("gpt3-2.7b-a40x8-fsdp", "h100-sxm-ib400", 1),
-    ("llama3-8b-h100x8", "h100-sxm-ib400", 1), ("llama2-7b-a100x32-ib100", "a100-ib100", 1),
+    ("llama2-7b-a40x16-fsdp", "a40-pcie-ib200", 2),
+    ("gpt3-2.7b-a40x8-fsdp", "a40-nvlink-ib800", 1),
+    ("llama2-7b-a40x16-tp8", "a40-pcie-ib200", 2),
+    ("gpt3-2.7b-a40x8-fsdp", "h100-sxm-ib400", 1),
+    ("llama3-8b-h100x8", "h100-sxm-ib400", 1),
+    ("llama2-7b-a100x32-ib100", "a100-ib100", 1),
 )
-SENSITIVITY_COLUMNS = ("constant", "end", "value", "preset", "cluster", "microbatches", "kept", "oracle",
-                       "best_static", "bound")
+SENSITIVITY_COLUMNS = (
+    "constant",
+    "end",
+    "value",
+    "preset",
+    "cluster",
+    "microbatches",
+    "kept",
+    "oracle",
+    "best_static",
+    "bound",
+)
 
 
-def select_rows(presets: list[str] | None, clusters: list[str] | None, microbatches: list[int | None],
-                verify_iters: int | None, verify_max_iters: int | None) -> list[tuple[str, str, int | None]]:
+def select_rows(
+    presets: list[str] | None,
+    clusters: list[str] | None,
+    microbatches: list[int | None],
+    verify_iters: int | None,
+    verify_max_iters: int | None,
+) -> list[tuple[str, str, int | None]]:
     """``ROWS`` (at ``microbatches`` where given), else ``presets`` x ``clusters`` x ``microbatches`` (default 2);
     micro-batches None: the preset's. ValueError or FileNotFoundError for a preset or cluster that is unknown or
     not a GPU one, or verification counts that do not fit a preset.
@@ -76,19 +126,28 @@ def select_rows(presets: list[str] | None, clusters: list[str] | None, microbatc
         rows = [(p, c, m) for p, c in pairs for m in microbatches] if microbatches else list(ROWS)
     else:
         presets = presets or list(dict.fromkeys(r[0] for r in ROWS))
-        pairs = [(p, c) for p in presets for c in clusters] if clusters else [
-            (p, c) for p in presets for c in (list(dict.fromkeys(r[1] for r in ROWS if r[0] == p))
-                                               or [load_preset(p).cluster])]
+        pairs = (
+            [(p, c) for p in presets for c in clusters]
+            if clusters
+            else [
+                (p, c)
+                for p in presets
+                for c in (list(dict.fromkeys(r[1] for r in ROWS if r[0] == p)) or [load_preset(p).cluster])
+            ]
+        )
         rows = [(p, c, m) for p, c in pairs for m in microbatches or [2]]
     for p, c, _ in rows:
         preset = load_preset(p)
         spec = ClusterSpec.load(c)
         if ClusterSpec.load(preset.cluster).backend != "nccl":
-            raise ValueError(f"preset {p!r} on cluster {c!r}: the simulator models GPU clusters (nccl); "
-                             f"CPU presets train for real with scripts/pretrain_gpt.py --preset {p} --lagom (README)")
+            raise ValueError(
+                f"preset {p!r} on cluster {c!r}: the simulator models GPU clusters (nccl); "
+                f"CPU presets train for real with scripts/pretrain_gpt.py --preset {p} --lagom (README)"
+            )
         if spec.backend != "nccl":
-            raise ValueError(f"cluster {c!r} is a CPU (gloo) cluster; the simulator models GPU clusters: "
-                             f"{', '.join(gpu_clusters())}")
+            raise ValueError(
+                f"cluster {c!r} is a CPU (gloo) cluster; the simulator models GPU clusters: {', '.join(gpu_clusters())}"
+            )
         try:
             verify_counts(preset, verify_iters, verify_max_iters)
         except ValueError as exc:
@@ -96,8 +155,17 @@ def select_rows(presets: list[str] | None, clusters: list[str] | None, microbatc
     return list(dict.fromkeys(rows))
 
 
-def run_table(rows: list[tuple[str, str, int | None]], out: Path, *, seeds: list[int], iters: int,
-              verify_iters: int | None, verify_max_iters: int | None, jobs: int = 1, plot_png: bool = True) -> int:
+def run_table(
+    rows: list[tuple[str, str, int | None]],
+    out: Path,
+    *,
+    seeds: list[int],
+    iters: int,
+    verify_iters: int | None,
+    verify_max_iters: int | None,
+    jobs: int = 1,
+    plot_png: bool = True,
+) -> int:
     """Simulates ``rows`` in ``jobs`` processes; writes simulated.csv, simulated_details.csv and (``plot_png``)
     simulated.png under ``out``; prints the table. Returns 1 when a row breaks ``must_show``, else 0.
     """
@@ -108,11 +176,13 @@ def run_table(rows: list[tuple[str, str, int | None]], out: Path, *, seeds: list
     def report(got: list[dict[str, Any]]) -> None:
         done.extend(got)
         r = got[0]
-        print(f"  {r['preset']:24s} {r['cluster']:16s} {r['microbatches']:3d} mb  bound x{r['free_comm_bound']:.3f}  "
-              f"oracle x{min(x['oracle'] for x in got):.3f}-{max(x['oracle'] for x in got):.3f}  "
-              f"kept x{min(x['default_ms'] / x['lagom_kept_ms'] for x in got):.3f}-"
-              f"{max(x['default_ms'] / x['lagom_kept_ms'] for x in got):.3f}  {sum(x['wall_s'] for x in got):.0f} s",
-              flush=True)
+        print(
+            f"  {r['preset']:24s} {r['cluster']:16s} {r['microbatches']:3d} mb  bound x{r['free_comm_bound']:.3f}  "
+            f"oracle x{min(x['oracle'] for x in got):.3f}-{max(x['oracle'] for x in got):.3f}  "
+            f"kept x{min(x['default_ms'] / x['lagom_kept_ms'] for x in got):.3f}-"
+            f"{max(x['default_ms'] / x['lagom_kept_ms'] for x in got):.3f}  {sum(x['wall_s'] for x in got):.0f} s",
+            flush=True,
+        )
 
     if jobs > 1 and len(work) > 1:
         import multiprocessing as mp
@@ -128,8 +198,11 @@ def run_table(rows: list[tuple[str, str, int | None]], out: Path, *, seeds: list
     if plot_png:
         plot(done, out / "simulated.png", PAPER_VS_NCCL)
     failures = print_table(done, must_show, PAPER_VS_NCCL, PAPER_VS_AUTOCCL)
-    print(f"\nwrote {out / 'simulated.csv'}" + (f" and {out / 'simulated.png'}" if plot_png else "") +
-          f" in {time.perf_counter() - t0:.0f} s")
+    print(
+        f"\nwrote {out / 'simulated.csv'}"
+        + (f" and {out / 'simulated.png'}" if plot_png else "")
+        + f" in {time.perf_counter() - t0:.0f} s"
+    )
     return 1 if failures else 0
 
 
@@ -161,7 +234,9 @@ def _median_by_row(rows: list[dict[str, Any]], key: str) -> dict[tuple, float]:
     groups: dict[tuple, list[float]] = {}
     for r in rows:
         if r.get(key) not in (None, ""):
-            groups.setdefault((r["preset"], r["cluster"], r["microbatches"]), []).append(float(r["default_ms"]) / float(r[key]))
+            groups.setdefault((r["preset"], r["cluster"], r["microbatches"]), []).append(
+                float(r["default_ms"]) / float(r[key])
+            )
     return {k: statistics.median(v) for k, v in groups.items()}
 
 
@@ -172,9 +247,15 @@ def plot(rows: list[dict[str, Any]], path: Path, paper: tuple[float, float]) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods = [("static_caps_ms", "best static caps"), ("hp_stream_ms", "high-priority stream"),
-               ("nccl_ub_ms", "NCCL UB"), ("autoccl_ms", "AutoCCL (online)"), ("oracle_ms", "oracle"),
-               ("lagom_plan_ms", "lagom plan"), ("lagom_kept_ms", "lagom (after verify)")]
+    methods = [
+        ("static_caps_ms", "best static caps"),
+        ("hp_stream_ms", "high-priority stream"),
+        ("nccl_ub_ms", "NCCL UB"),
+        ("autoccl_ms", "AutoCCL (online)"),
+        ("oracle_ms", "oracle"),
+        ("lagom_plan_ms", "lagom plan"),
+        ("lagom_kept_ms", "lagom (after verify)"),
+    ]
     keys = list(dict.fromkeys((r["preset"], r["cluster"], r["microbatches"]) for r in rows))
     labels = [f"{p}\n{c} {m}mb" for p, c, m in keys]
     fig, ax = plt.subplots(figsize=(max(9, 0.9 * len(keys)), 6.0))
@@ -186,9 +267,18 @@ def plot(rows: list[dict[str, Any]], path: Path, paper: tuple[float, float]) -> 
         values += [y for y in ys if y]
         ax.bar([i + (j - len(methods) / 2) * width for i in range(len(keys))], ys, width, label=name)
     bound = {(r["preset"], r["cluster"], r["microbatches"]): float(r["free_comm_bound"]) for r in rows}
-    ax.bar([i + (len(methods) / 2) * width for i in range(len(keys))], [bound[k] for k in keys], width, color="none",
-           edgecolor="black", hatch="//", label="free-comm bound")
-    ax.axhspan(*paper, color="grey", alpha=0.15, label=f"paper: {paper[0]}-{paper[1]}x over NCCL (measured, real clusters)")
+    ax.bar(
+        [i + (len(methods) / 2) * width for i in range(len(keys))],
+        [bound[k] for k in keys],
+        width,
+        color="none",
+        edgecolor="black",
+        hatch="//",
+        label="free-comm bound",
+    )
+    ax.axhspan(
+        *paper, color="grey", alpha=0.15, label=f"paper: {paper[0]}-{paper[1]}x over NCCL (measured, real clusters)"
+    )
     ax.axhline(1.0, color="black", linewidth=0.8)
     values += list(bound.values())
     ax.set_ylim(min(0.8, min(values) - 0.02), max(paper[1], max(values)) + 0.05)
@@ -204,25 +294,37 @@ def plot(rows: list[dict[str, Any]], path: Path, paper: tuple[float, float]) -> 
     tmp.replace(path)
 
 
-def print_table(rows: list[dict[str, Any]], must_show: Callable[[dict[str, Any]], list[str]],
-                paper_nccl: tuple[float, float], paper_autoccl: tuple[float, float]) -> int:
+def print_table(
+    rows: list[dict[str, Any]],
+    must_show: Callable[[dict[str, Any]], list[str]],
+    paper_nccl: tuple[float, float],
+    paper_autoccl: tuple[float, float],
+) -> int:
     """Prints the table; returns the number of ``must_show`` failures (each printed)."""
     print("\nSIMULATED iteration times (ms, median) -- from lagom_megatron's simulator, not real hardware")
-    hdr = (f"{'preset':22s} {'cluster':16s} {'mb':>2s} {'s':>1s} {'ovl':>4s} {'bound':>5s} {'oracle':>6s} {'default':>8s} "
-           f"{'caps':>8s} {'nemo':>8s} {'hp':>8s} {'ub':>8s} {'autoccl':>8s} {'plan':>8s} {'kept':>8s} {'mape':>4s}")
+    hdr = (
+        f"{'preset':22s} {'cluster':16s} {'mb':>2s} {'s':>1s} {'ovl':>4s} {'bound':>5s} {'oracle':>6s} {'default':>8s} "
+        f"{'caps':>8s} {'nemo':>8s} {'hp':>8s} {'ub':>8s} {'autoccl':>8s} {'plan':>8s} {'kept':>8s} {'mape':>4s}"
+    )
     print(hdr)
     for r in rows:
         ub = f"{r['nccl_ub_ms']:8.1f}" if r.get("nccl_ub_ms") is not None else f"{'':8s}"
-        print(f"{r['preset'][:22]:22s} {r['cluster'][:16]:16s} {r['microbatches']:2d} {r['seed']:1d} {r['overlap_frac']:4.2f} "
-              f"{r['free_comm_bound']:5.3f} {r['oracle']:6.3f} {r['default_ms']:8.1f} {r['static_caps_ms']:8.1f} "
-              f"{r['nemo_yaml_ms']:8.1f} {r['hp_stream_ms']:8.1f} {ub} {r['autoccl_ms']:8.1f} {r['lagom_plan_ms']:8.1f} "
-              f"{r['lagom_kept_ms']:8.1f} {r['model_mape']:4.1f}")
+        print(
+            f"{r['preset'][:22]:22s} {r['cluster'][:16]:16s} {r['microbatches']:2d} {r['seed']:1d} {r['overlap_frac']:4.2f} "
+            f"{r['free_comm_bound']:5.3f} {r['oracle']:6.3f} {r['default_ms']:8.1f} {r['static_caps_ms']:8.1f} "
+            f"{r['nemo_yaml_ms']:8.1f} {r['hp_stream_ms']:8.1f} {ub} {r['autoccl_ms']:8.1f} {r['lagom_plan_ms']:8.1f} "
+            f"{r['lagom_kept_ms']:8.1f} {r['model_mape']:4.1f}"
+        )
     bound = [r["free_comm_bound"] for r in rows]
     kept = [r["default_ms"] / r["lagom_kept_ms"] for r in rows]
     auto = [r["autoccl_ms"] / r["lagom_kept_ms"] for r in rows]
-    print(f"\nbound of any contention tuning (free-comm), simulated: {min(bound):.3f}-{max(bound):.3f}x   "
-          f"paper, lagom over NCCL (measured): {paper_nccl[0]}-{paper_nccl[1]}x, over AutoCCL {paper_autoccl[0]}-{paper_autoccl[1]}x")
-    print(f"lagom kept over NCCL defaults, simulated: {min(kept):.3f}-{max(kept):.3f}x; over AutoCCL {min(auto):.3f}-{max(auto):.3f}x")
+    print(
+        f"\nbound of any contention tuning (free-comm), simulated: {min(bound):.3f}-{max(bound):.3f}x   "
+        f"paper, lagom over NCCL (measured): {paper_nccl[0]}-{paper_nccl[1]}x, over AutoCCL {paper_autoccl[0]}-{paper_autoccl[1]}x"
+    )
+    print(
+        f"lagom kept over NCCL defaults, simulated: {min(kept):.3f}-{max(kept):.3f}x; over AutoCCL {min(auto):.3f}-{max(auto):.3f}x"
+    )
     failures = 0
     for r in rows:
         for f in must_show(r):
@@ -257,8 +359,9 @@ def must_show(row: dict[str, Any], *, noise: float | None = None) -> list[str]:
     return out
 
 
-def sensitivity_row(preset_name: str, cluster: str, mb: int | None, verify_iters: int | None,
-                    verify_max_iters: int | None = None) -> dict[str, float]:
+def sensitivity_row(
+    preset_name: str, cluster: str, mb: int | None, verify_iters: int | None, verify_max_iters: int | None = None
+) -> dict[str, float]:
     """Speed-ups over NCCL defaults of one row (seed 0)."""
     preset = load_preset(preset_name)
     vi, cap = verify_counts(preset, verify_iters, verify_max_iters)
@@ -266,9 +369,11 @@ def sensitivity_row(preset_name: str, cluster: str, mb: int | None, verify_iters
     base = shared(sim)
     groups = frozenset(groups_of(sim))
     default = median_us(sim, iters=5)
-    static = [median_us(sim, iters=5, group_caps=base["caps"]),
-              median_us(sim, iters=5, group_caps={g: c for g, c in NEMO_CAPS.items() if g in groups}),
-              median_us(sim, iters=5, high_priority=groups)]
+    static = [
+        median_us(sim, iters=5, group_caps=base["caps"]),
+        median_us(sim, iters=5, group_caps={g: c for g, c in NEMO_CAPS.items() if g in groups}),
+        median_us(sim, iters=5, high_priority=groups),
+    ]
     if base["ub"]:
         static.append(median_us(sim, iters=5, registered=UB_GROUPS))
     r = run_lifecycle(sim, method="priority", verify_iters=vi, verify_max_iters=cap, after_iters=0)
@@ -276,13 +381,24 @@ def sensitivity_row(preset_name: str, cluster: str, mb: int | None, verify_iters
     kept = default
     if plan is not None and r.tuner.phase.value == "applied":
         kept = median_us(sim, iters=5, assignment={k: e.config for k, e in plan.entries.items()})
-    return {"kept": default / kept, "oracle": default / median_us(sim, iters=5, assignment=base["oracle_plan"]),
-            "best_static": default / min(static), "bound": base["free_comm_bound"]}
+    return {
+        "kept": default / kept,
+        "oracle": default / median_us(sim, iters=5, assignment=base["oracle_plan"]),
+        "best_static": default / min(static),
+        "bound": base["free_comm_bound"],
+    }
 
 
-def run_sensitivity(out: Path, *, presets: list[str] | None, clusters: list[str] | None,
-                    microbatches: list[int | None], constants: list[str] | None, verify_iters: int | None,
-                    verify_max_iters: int | None) -> int:
+def run_sensitivity(
+    out: Path,
+    *,
+    presets: list[str] | None,
+    clusters: list[str] | None,
+    microbatches: list[int | None],
+    constants: list[str] | None,
+    verify_iters: int | None,
+    verify_max_iters: int | None,
+) -> int:
     """Runs ``SENSITIVITY_ROWS`` (or ``presets`` x ``clusters`` x ``microbatches``), writes ``sensitivity.csv`` and
     prints the tornado table; returns 0.
     """
@@ -292,22 +408,37 @@ def run_sensitivity(out: Path, *, presets: list[str] | None, clusters: list[str]
     else:
         presets = presets or list(dict.fromkeys(r[0] for r in ROWS))
         mbs = [m for m in microbatches or [2] if m is not None] or [None]
-        rows = [(p, c or next((r[1] for r in ROWS if r[0] == p), None), m) for p in presets for c in clusters or [None]
-                for m in mbs]
+        rows = [
+            (p, c or next((r[1] for r in ROWS if r[0] == p), None), m)
+            for p in presets
+            for c in clusters or [None]
+            for m in mbs
+        ]
         rows = [r for r in rows if r[1] is not None]
     names = constants or list(CONSTANTS)
     lines: list[dict[str, Any]] = []
     central = {r: sensitivity_row(*r, verify_iters, verify_max_iters) for r in rows}
     for r, v in central.items():
-        lines.append({"constant": "-", "end": "value", "value": "", "preset": r[0], "cluster": r[1], "microbatches": r[2], **v})
+        lines.append(
+            {"constant": "-", "end": "value", "value": "", "preset": r[0], "cluster": r[1], "microbatches": r[2], **v}
+        )
     for name in names:
         c = CONSTANTS[name]
         for end in ("low", "high"):
             x = getattr(c, end)
             with overridden({name: x}):
                 for r in rows:
-                    lines.append({"constant": name, "end": end, "value": x, "preset": r[0], "cluster": r[1],
-                                  "microbatches": r[2], **sensitivity_row(*r, verify_iters, verify_max_iters)})
+                    lines.append(
+                        {
+                            "constant": name,
+                            "end": end,
+                            "value": x,
+                            "preset": r[0],
+                            "cluster": r[1],
+                            "microbatches": r[2],
+                            **sensitivity_row(*r, verify_iters, verify_max_iters),
+                        }
+                    )
         print(f"  {name}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
     write_csv(lines, out / "sensitivity.csv", SENSITIVITY_COLUMNS)
     print_tornado(lines, rows)
@@ -322,8 +453,10 @@ def print_tornado(lines: list[dict[str, Any]], rows: list[tuple]) -> None:
         key = (r[0], r[1], r[2])
         mine = [ln for ln in lines if (ln["preset"], ln["cluster"], ln["microbatches"]) == key]
         c = next(ln for ln in mine if ln["end"] == "value")
-        print(f"\n{r[0]} on {r[1]}, {r[2]} micro-batch(es): bound {c['bound']:.3f}, kept {c['kept']:.3f}, "
-              f"oracle {c['oracle']:.3f}, best static {c['best_static']:.3f}")
+        print(
+            f"\n{r[0]} on {r[1]}, {r[2]} micro-batch(es): bound {c['bound']:.3f}, kept {c['kept']:.3f}, "
+            f"oracle {c['oracle']:.3f}, best static {c['best_static']:.3f}"
+        )
         print(f"  {'constant':18s} {'low..high':>13s}  {'kept':>13s}  {'oracle':>13s}  {'best static':>13s}")
         per: dict[str, dict[str, dict[str, Any]]] = {}
         for ln in mine:
@@ -331,5 +464,7 @@ def print_tornado(lines: list[dict[str, Any]], rows: list[tuple]) -> None:
                 per.setdefault(ln["constant"], {})[ln["end"]] = ln
         for name in sorted(per, key=lambda n: -abs(per[n]["high"]["kept"] - per[n]["low"]["kept"])):
             lo, hi, cst = per[name]["low"], per[name]["high"], CONSTANTS[name]
-            print(f"  {name:18s} {f'{cst.low:g}..{cst.high:g}':>13s}  " + "  ".join(
-                f"{lo[k]:.3f}->{hi[k]:.3f}" for k in ("kept", "oracle", "best_static")))
+            print(
+                f"  {name:18s} {f'{cst.low:g}..{cst.high:g}':>13s}  "
+                + "  ".join(f"{lo[k]:.3f}->{hi[k]:.3f}" for k in ("kept", "oracle", "best_static"))
+            )

@@ -62,12 +62,14 @@ def _finish_all_gather_fp8_blockwise(out, world_size, interleaved_rowwise_scale_
     """TE ``distributed.py:1226-1248``."""
     if interleaved_rowwise_scale_inv is not None:
         dim0 = out._rowwise_scale_inv.size(0)
-        _swap_first_dims(interleaved_rowwise_scale_inv.view(world_size, dim0, -1),
-                         out._rowwise_scale_inv.view(dim0, world_size, -1))
+        _swap_first_dims(
+            interleaved_rowwise_scale_inv.view(world_size, dim0, -1), out._rowwise_scale_inv.view(dim0, world_size, -1)
+        )
     if interleaved_columnwise_data is not None:
         dim0 = out._columnwise_data.size(0)
-        _swap_first_dims(interleaved_columnwise_data.view(world_size, dim0, -1),
-                         out._columnwise_data.view(dim0, world_size, -1))
+        _swap_first_dims(
+            interleaved_columnwise_data.view(world_size, dim0, -1), out._columnwise_data.view(dim0, world_size, -1)
+        )
     return out
 
 
@@ -82,23 +84,27 @@ def _start_all_gather_fp8_blockwise(inp, process_group, *, async_op=False, quant
     inp = quantizer(inp)
     out = quantizer.make_empty(out_shape, dtype=inp._dtype, device=device)
     interleaved_rowwise_scale_inv = interleaved_columnwise_data = None
-    with torch.distributed._coalescing_manager(group=process_group, device=_device(device),
-                                               async_ops=async_op) as coalescing_manager:
+    with torch.distributed._coalescing_manager(
+        group=process_group, device=_device(device), async_ops=async_op
+    ) as coalescing_manager:
         if quantizer.rowwise_usage:
             shape = list(inp._rowwise_scale_inv.size())
             shape[0] *= world_size
             interleaved_rowwise_scale_inv = torch.empty(shape, dtype=inp._rowwise_scale_inv.dtype, device=device)
-            torch.distributed.all_gather_into_tensor(interleaved_rowwise_scale_inv, inp._rowwise_scale_inv,
-                                                     group=process_group)
+            torch.distributed.all_gather_into_tensor(
+                interleaved_rowwise_scale_inv, inp._rowwise_scale_inv, group=process_group
+            )
             torch.distributed.all_gather_into_tensor(out._rowwise_data, inp._rowwise_data, group=process_group)
         if quantizer.columnwise_usage:
             shape = list(inp._columnwise_data.size())
             shape[0] *= world_size
             interleaved_columnwise_data = torch.empty(shape, dtype=inp._columnwise_data.dtype, device=device)
-            torch.distributed.all_gather_into_tensor(out._columnwise_scale_inv, inp._columnwise_scale_inv,
-                                                     group=process_group)
-            torch.distributed.all_gather_into_tensor(interleaved_columnwise_data, inp._columnwise_data,
-                                                     group=process_group)
+            torch.distributed.all_gather_into_tensor(
+                out._columnwise_scale_inv, inp._columnwise_scale_inv, group=process_group
+            )
+            torch.distributed.all_gather_into_tensor(
+                interleaved_columnwise_data, inp._columnwise_data, group=process_group
+            )
     args = (out, world_size, interleaved_rowwise_scale_inv, interleaved_columnwise_data)
     if async_op:
         return out, _AsyncHandle(coalescing_manager, _finish_all_gather_fp8_blockwise, args)
@@ -106,14 +112,16 @@ def _start_all_gather_fp8_blockwise(inp, process_group, *, async_op=False, quant
     return out, None
 
 
-def _post_process_nvfp4_gather(out, columnwise_data_interleaved, columnwise_scale_inv_interleaved, world_size,
-                               handle=None):
+def _post_process_nvfp4_gather(
+    out, columnwise_data_interleaved, columnwise_scale_inv_interleaved, world_size, handle=None
+):
     """TE ``distributed.py:1279-1296``: the gathered transposed data and scales back in order."""
     k = out._columnwise_data.size(0)
     _swap_first_dims(columnwise_data_interleaved.view(world_size, k, -1), out._columnwise_data.view(k, world_size, -1))
     cols = columnwise_scale_inv_interleaved.size(1)
-    out._columnwise_scale_inv[:k, :world_size * cols].copy_(
-        columnwise_scale_inv_interleaved.view(world_size, k, cols).transpose(0, 1).reshape(k, -1))
+    out._columnwise_scale_inv[:k, : world_size * cols].copy_(
+        columnwise_scale_inv_interleaved.view(world_size, k, cols).transpose(0, 1).reshape(k, -1)
+    )
 
 
 @dataclass
@@ -131,8 +139,9 @@ class _NVFP4AllGatherAsyncHandle:
         if self._synchronized:
             return
         self.async_handle.wait()
-        _post_process_nvfp4_gather(self.output, self.columnwise_data_interleaved,
-                                   self.columnwise_scale_inv_interleaved, self.world_size)
+        _post_process_nvfp4_gather(
+            self.output, self.columnwise_data_interleaved, self.columnwise_scale_inv_interleaved, self.world_size
+        )
         self._synchronized = True
 
 
@@ -140,27 +149,34 @@ def _quantize(inp, process_group, quantizer, out_shape):
     """What TE's MXFP8 and NVFP4 gathers do first: the input quantized, the output made empty."""
     device = inp.device
     q = quantizer(inp)
-    return (torch.distributed.get_world_size(process_group), device, math.prod(inp.shape[:-1]), q,
-            quantizer.make_empty(out_shape, dtype=q._dtype, device=device))
+    return (
+        torch.distributed.get_world_size(process_group),
+        device,
+        math.prod(inp.shape[:-1]),
+        q,
+        quantizer.make_empty(out_shape, dtype=q._dtype, device=device),
+    )
 
 
 def _all_gather_nvfp4(inp, process_group, *, async_op=False, quantizer, out_shape=None):
     """TE ``distributed.py:1324-1506``."""
     world_size, device, m, inp, out = _quantize(inp, process_group, quantizer, out_shape)
-    with torch.distributed._coalescing_manager(group=process_group, device=_device(device),
-                                               async_ops=async_op) as gather_coalescing_manager:
+    with torch.distributed._coalescing_manager(
+        group=process_group, device=_device(device), async_ops=async_op
+    ) as gather_coalescing_manager:
         if quantizer.rowwise_usage:
             in_scale_inv, out_scale_inv = inp._rowwise_scale_inv, out._rowwise_scale_inv
             if in_scale_inv.size(0) != m:  # the scale-inverses' row padding is not gathered
-                in_scale_inv, out_scale_inv = in_scale_inv[:m], out_scale_inv[:m * world_size]
+                in_scale_inv, out_scale_inv = in_scale_inv[:m], out_scale_inv[: m * world_size]
             torch.distributed.all_gather_into_tensor(out_scale_inv, in_scale_inv, group=process_group)
             torch.distributed.all_gather_into_tensor(out._rowwise_data, inp._rowwise_data, group=process_group)
             out._amax_rowwise = inp._amax_rowwise
         if quantizer.columnwise_usage:
             k, half_m = inp._columnwise_data.shape
-            in_scale_inv = inp._columnwise_scale_inv[:k, :half_m * 2 // 16].contiguous()
-            out_scale_inv = torch.empty([k * world_size, in_scale_inv.shape[1]], dtype=in_scale_inv.dtype,
-                                        device=device)
+            in_scale_inv = inp._columnwise_scale_inv[:k, : half_m * 2 // 16].contiguous()
+            out_scale_inv = torch.empty(
+                [k * world_size, in_scale_inv.shape[1]], dtype=in_scale_inv.dtype, device=device
+            )
             torch.distributed.all_gather_into_tensor(out_scale_inv, in_scale_inv, group=process_group)
             out_columnwise_data = torch.empty([k * world_size, half_m], dtype=inp._columnwise_data.dtype, device=device)
             torch.distributed.all_gather_into_tensor(out_columnwise_data, inp._columnwise_data, group=process_group)
@@ -176,17 +192,19 @@ def _all_gather_nvfp4(inp, process_group, *, async_op=False, quantizer, out_shap
 def _all_gather_mxfp8(inp, process_group, *, async_op=False, quantizer, out_shape=None):
     """TE ``distributed.py:1509-1637``."""
     world_size, device, m, inp, out = _quantize(inp, process_group, quantizer, out_shape)
-    with torch.distributed._coalescing_manager(group=process_group, device=_device(device),
-                                               async_ops=async_op) as coalescing_manager:
+    with torch.distributed._coalescing_manager(
+        group=process_group, device=_device(device), async_ops=async_op
+    ) as coalescing_manager:
         for usage, rows in (("rowwise", m), ("columnwise", m // 32)):
             if not getattr(quantizer, f"{usage}_usage"):
                 continue
             in_scale_inv, out_scale_inv = getattr(inp, f"_{usage}_scale_inv"), getattr(out, f"_{usage}_scale_inv")
             if in_scale_inv.size(0) != rows:  # the scale-inverses' row padding is not gathered
-                in_scale_inv, out_scale_inv = in_scale_inv[:rows], out_scale_inv[:rows * world_size]
+                in_scale_inv, out_scale_inv = in_scale_inv[:rows], out_scale_inv[: rows * world_size]
             torch.distributed.all_gather_into_tensor(out_scale_inv, in_scale_inv, group=process_group)
-            torch.distributed.all_gather_into_tensor(getattr(out, f"_{usage}_data"), getattr(inp, f"_{usage}_data"),
-                                                     group=process_group)
+            torch.distributed.all_gather_into_tensor(
+                getattr(out, f"_{usage}_data"), getattr(inp, f"_{usage}_data"), group=process_group
+            )
     return out, coalescing_manager if async_op else None
 
 
@@ -199,8 +217,9 @@ def gather_along_first_dim(inp, process_group, async_op=False, quantizer=None):
     out_shape = list(inp.size())
     out_shape[0] *= world_size
     if isinstance(inp, Float8BlockwiseQTensorStorage) or isinstance(quantizer, Float8BlockQuantizer):
-        return _start_all_gather_fp8_blockwise(inp, process_group, async_op=async_op, quantizer=quantizer,
-                                               out_shape=out_shape)
+        return _start_all_gather_fp8_blockwise(
+            inp, process_group, async_op=async_op, quantizer=quantizer, out_shape=out_shape
+        )
     if isinstance(inp, MXFP8TensorStorage) or isinstance(quantizer, MXFP8Quantizer):
         return _all_gather_mxfp8(inp, process_group, async_op=async_op, quantizer=quantizer, out_shape=out_shape)
     if isinstance(inp, NVFP4TensorStorage) or isinstance(quantizer, NVFP4Quantizer):

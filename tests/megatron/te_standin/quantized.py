@@ -100,8 +100,9 @@ class Quantizer:
         if self.rowwise_usage:
             buffers["rowwise_data"], buffers["rowwise_scale_inv"] = self._buffers(m, k, columnwise=False, device=device)
         if self.columnwise_usage:
-            buffers["columnwise_data"], buffers["columnwise_scale_inv"] = self._buffers(m, k, columnwise=True,
-                                                                                      device=device)
+            buffers["columnwise_data"], buffers["columnwise_scale_inv"] = self._buffers(
+                m, k, columnwise=True, device=device
+            )
         return self.STORAGE(shape, dtype, **buffers)
 
     def __call__(self, tensor):
@@ -124,8 +125,10 @@ class MXFP8Quantizer(Quantizer):
 
     def _buffers(self, m, k, *, columnwise, device):
         scale = (ru(m // 32, 4), ru(k, 128)) if columnwise else (ru(m, 128), ru(k // 32, 4))
-        return (torch.empty(m, k, dtype=torch.uint8, device=device),
-                torch.empty(scale, dtype=torch.uint8, device=device))
+        return (
+            torch.empty(m, k, dtype=torch.uint8, device=device),
+            torch.empty(scale, dtype=torch.uint8, device=device),
+        )
 
 
 class Float8BlockQuantizer(Quantizer):
@@ -136,8 +139,10 @@ class Float8BlockQuantizer(Quantizer):
     def _buffers(self, m, k, *, columnwise, device):
         data = (k, m) if columnwise else (m, k)
         scale = (math.ceil(m / 128), ru(k, 4)) if columnwise else (math.ceil(k / 128), ru(m, 4))
-        return (torch.empty(data, dtype=torch.uint8, device=device),
-                torch.empty(scale, dtype=torch.float32, device=device))
+        return (
+            torch.empty(data, dtype=torch.uint8, device=device),
+            torch.empty(scale, dtype=torch.float32, device=device),
+        )
 
     def _encode(self, codes, *, columnwise):
         return codes.t() if columnwise else codes
@@ -158,8 +163,10 @@ class NVFP4Quantizer(Quantizer):
     def _buffers(self, m, k, *, columnwise, device):
         data = (k, m // 2) if columnwise else (m, k // 2)
         scale = (ru(k, 128), ru(m // 16, 4)) if columnwise else (ru(m, 128), ru(k // 16, 4))
-        return (torch.empty(data, dtype=torch.uint8, device=device),
-                torch.empty(scale, dtype=torch.uint8, device=device))
+        return (
+            torch.empty(data, dtype=torch.uint8, device=device),
+            torch.empty(scale, dtype=torch.uint8, device=device),
+        )
 
     def _encode(self, codes, *, columnwise):
         c = codes.t().contiguous() if columnwise else codes

@@ -15,8 +15,9 @@ def linear_backward(ctx, grad_output, inputmat, weight):
                 quantizer.set_usage(rowwise=True, columnwise=False)
             else:
                 quantizer.set_usage(rowwise=False, columnwise=True)
-        inputmat_total, inputmat_total_work = gather_along_first_dim(inputmat, ctx.tp_group, async_op=True,
-                                                                     quantizer=quantizer)
+        inputmat_total, inputmat_total_work = gather_along_first_dim(
+            inputmat, ctx.tp_group, async_op=True, quantizer=quantizer
+        )
     else:
         inputmat_total = inputmat
     if ctx.parallel_mode == "row" and ctx.sequence_parallel:
@@ -73,8 +74,16 @@ class _Linear(torch.autograd.Function):
 class Linear(torch.nn.Module):
     """``transformer_engine.pytorch.Linear``: ``tp_group`` set at construction, read at forward."""
 
-    def __init__(self, in_features, out_features, *, tp_group=None, parallel_mode=None, sequence_parallel=False,
-                 input_quantizer=None):
+    def __init__(
+        self,
+        in_features,
+        out_features,
+        *,
+        tp_group=None,
+        parallel_mode=None,
+        sequence_parallel=False,
+        input_quantizer=None,
+    ):
         super().__init__()
         self.input_quantizer = input_quantizer  # an FP8 / FP4 recipe's quantizer of the input (TE ``quantizers``)
         self.tp_group = tp_group
@@ -83,8 +92,13 @@ class Linear(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.empty(out_features, in_features))
 
     def _args(self):
-        return {"tp_group": self.tp_group, "tp_size": self.tp_size, "parallel_mode": self.parallel_mode,
-                "sequence_parallel": self.sequence_parallel, "input_quantizer": self.input_quantizer}
+        return {
+            "tp_group": self.tp_group,
+            "tp_size": self.tp_size,
+            "parallel_mode": self.parallel_mode,
+            "sequence_parallel": self.sequence_parallel,
+            "input_quantizer": self.input_quantizer,
+        }
 
     def forward(self, inp):
         if torch.is_grad_enabled():

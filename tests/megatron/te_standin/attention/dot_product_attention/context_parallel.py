@@ -71,8 +71,9 @@ def flash_attn_a2a_communicate(a2a_inputs, cp_group, step_compute):
     for i in range(len(a2a_inputs) + 2):
         if 0 < i < len(a2a_inputs) + 1:
             outputs[i - 1] = torch.empty_like(a2a_inputs[i - 1])
-            reqs[i - 1] = torch.distributed.all_to_all_single(outputs[i - 1], a2a_inputs[i - 1], group=cp_group,
-                                                              async_op=True)
+            reqs[i - 1] = torch.distributed.all_to_all_single(
+                outputs[i - 1], a2a_inputs[i - 1], group=cp_group, async_op=True
+            )
             step_compute()
         if i > 1:
             reqs[i - 2].wait()
