@@ -14,7 +14,7 @@ from typing import Literal
 
 from lagom_megatron.engine.cluster import parse_version
 from lagom_megatron.nccl.env_vars import (
-    ALGORITHMS,
+    ALGORITHM_SINCE,
     CTA_POLICIES,
     FUNCTIONS,
     MAX_CGA_CLUSTER_SIZE,
@@ -67,7 +67,7 @@ def _check_selection(
     try:
         enabled = parse_selection(value, kind)
     except ValueError as exc:
-        allowed = ", ".join(ALGORITHMS if kind == "algorithm" else PROTOCOLS)
+        allowed = ", ".join(ALGORITHM_SINCE if kind == "algorithm" else PROTOCOLS)
         issues.append(
             EnvIssue(
                 "error",
@@ -97,7 +97,7 @@ def _check_selection(
         used = {canon for f in FUNCTIONS for canon in enabled[f]}
         if version is not None:
             for algo in sorted(used):
-                first = ALGORITHMS[algo]
+                first = ALGORITHM_SINCE[algo]
                 if version[:2] < first and algo.lower() in value.lower():
                     issues.append(
                         EnvIssue(

@@ -1,0 +1,179 @@
+"""lagom doctor as a command: its exit codes, the pretrain_gpt.py parser it reuses, its own options'
+checks, and the training script stopping on the doctor's errors."""
+
+import argparse
+
+import pytest
+
+from lagom_megatron.cli.main import main
+from tests.launch.test_doctor import BASE_ENV, base_args
+from tests.timeouts import COMMAND_S
+
+
+def test_command_line_exit_codes(capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    bad = [
+        "doctor",
+        "--world-size",
+        "8",
+        "--",
+        "--tensor-model-parallel-size",
+        "3",
+        "--num-attention-heads",
+        "32",
+        "--num-layers",
+        "4",
+    ]
+    assert main(bad) == 1
+    out = capsys.readouterr().out
+    assert "[world-size]" in out and "[heads-tp]" in out and "2 error(s)" in out
+    good = [
+        "doctor",
+        "--world-size",
+        "8",
+        "--",
+        "--tensor-model-parallel-size",
+        "2",
+        "--num-attention-heads",
+        "32",
+        "--num-layers",
+        "4",
+    ]
+    assert main(good) == 1  # pretrain_gpt.py would stop: no --hidden-size, ...
+    assert "error: [pretrain-args] --hidden-size is required" in capsys.readouterr().out
+    assert main(["doctor", "--megatron-lm", *good[1:], "--eval-interval", "10"]) == 0  # a Megatron-LM line
+    capsys.readouterr()
+    assert main(["doctor", "--megatron-lm", "--megatron-lm-release", "core_v0.18.2", *good[1:]]) == 1
+    assert (
+        "no --eval-interval: Megatron-LM core_v0.18.2 computes train_iters // eval_interval\n"
+        "    why: megatron/training/training.py:4136 raises TypeError"
+    ) in capsys.readouterr().out
+    full = ["doctor", "--world-size", "8", "--", "--preset", "cpu-tp2-dp2", "--mock-data"]
+    assert main(full) == 0
+
+
+@pytest.mark.parametrize(
+    "extra, what",
+    [
+        (
+            ["--lagom-method", "foo"],
+            "error: [command-line] argument --lagom-method: invalid choice: 'foo' "
+            "(choose from 'priority', 'autoccl', 'nccl-default')",
+        ),
+        (
+            ["--tensor-model-paralel-size", "2"],
+            "error: [command-line] unrecognized arguments: --tensor-model-paralel-size "
+            "(did you mean --tensor-model-parallel-size?) 2",
+        ),
+        (["--num-layers", "x"], "error: [command-line] argument --num-layers: invalid int value: 'x'"),
+    ],
+)
+def test_command_line_is_parsed_by_pretrain_gpt(capsys, extra, what):
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", *extra]) == 1
+    out = capsys.readouterr().out
+    assert what in out.splitlines()
+    assert "1 error(s)" in out
+
+
+def test_command_line_validate_args_and_data_warning(capsys):
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", "--lr", "0.1", "--min-lr", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "error: [pretrain-args] need --lr >= --min-lr >= 0; got --lr 0.1, --min-lr 1.0" in out
+    assert main(["doctor", "--preset", "cpu-tp2-dp2"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: [data] no training data: neither --mock-data nor --data-path is given" in out
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", "--mock-data"]) == 0
+    assert "0 error(s), 0 warning(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "option, what",
+    [
+        (["--world-size", "0"], "argument --world-size: 0 is not an integer in 1..1048576"),
+        (["--world-size", "-4"], "argument --world-size: -4 is not an integer in 1..1048576"),
+        (["--gpus-per-node", "0"], "argument --gpus-per-node: 0 is not an integer in 1..1024"),
+        # accepted before (rc 0, no error): twenty digits are no GPU count
+        (
+            ["--gpus-per-node", "99999999999999999999"],
+            "argument --gpus-per-node: 99999999999999999999 is not an integer in 1..1024",
+        ),
+    ],
+)
+def test_command_refuses_bad_own_options_as_usage(capsys, option, what):
+    # the doctor's own options are checked by argparse: a usage error (exit 2), nothing checked yet
+    assert main(["doctor", "--preset", "gpt3-13b-h100x64", *option]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and what in captured.err
+
+
+@pytest.mark.parametrize(
+    "option, what",
+    [
+        (["--gpus-per-node", "3"], "error: [gpus-per-node] world size 64 is not a multiple of the 3 GPUs per node"),
+        (
+            ["--gpus-per-node", "3"],
+            "error: [tp-node] --tensor-model-parallel-size 2 does not tile the 3 GPUs of a node",
+        ),
+    ],
+)
+def test_command_rejects_bad_node_shapes(capsys, option, what):
+    assert main(["doctor", "--cluster", "h100-sxm-ib400", "--preset", "gpt3-13b-h100x64", *option]) == 1
+    out = capsys.readouterr().out
+    assert what in out.splitlines()
+    assert "fix: " in out
+
+
+def test_missing_tuner_plugin_file_is_an_error(capsys, monkeypatch):
+    monkeypatch.setenv("NCCL_TUNER_PLUGIN", "/nonexist.so")
+    assert main(["doctor", "--cluster", "h100-sxm-ib400", "--preset", "llama3-70b-h100x64"]) == 1
+    out = capsys.readouterr().out
+    assert "error: [nccl-env] NCCL_TUNER_PLUGIN='/nonexist.so': the file does not exist" in out.splitlines()
+    assert "not lagom's plugin" not in out and "1 error(s), 0 warning(s)" in out
+
+
+def test_command_needs_input(capsys):
+    assert main(["doctor"]) == 2
+    assert "give --preset" in capsys.readouterr().err
+
+
+def test_detect_cluster_and_preflight_pretrain(capsys):
+    """Without CUDA the doctor checks against cpu-gloo; $LAGOM_CLUSTER wins when set."""
+    import torch
+
+    from lagom_megatron.launch.doctor import detect_cluster, preflight_pretrain
+
+    assert detect_cluster(environ={"LAGOM_CLUSTER": "a100-ib100"}).name == "a100-ib100"
+    if not torch.cuda.is_available():
+        assert detect_cluster(environ={}).backend == "gloo"
+    ns = argparse.Namespace(**base_args(), preset_name=None)
+    env = {**BASE_ENV, "WORLD_SIZE": "16", "RANK": "0", "LAGOM_CLUSTER": "h100-sxm-ib400"}
+    assert preflight_pretrain(ns, env) == []
+    with pytest.raises(SystemExit):
+        preflight_pretrain(argparse.Namespace(**base_args(num_layers=9)), env)
+    assert "[layers-pp]" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # another rank: stops silently
+        preflight_pretrain(argparse.Namespace(**base_args(num_layers=9)), {**env, "RANK": "3"})
+    assert capsys.readouterr().out == ""
+
+
+def test_pretrain_gpt_with_lagom_stops_on_doctor_errors():
+    """scripts/pretrain_gpt.py --lagom runs the doctor before creating any process group."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "pretrain_gpt.py"
+    env = {**os.environ, "WORLD_SIZE": "4", "RANK": "0", "LAGOM_CLUSTER": "cpu-gloo"}
+    proc = subprocess.run(
+        [sys.executable, str(script), "--preset", "cpu-tp2-dp2", "--mock-data", "--lagom", "--tp-comm-overlap"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=COMMAND_S,
+    )
+    # the shared pre-flight (preflight/) refuses bad input with exit code 2, one line on stderr
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "pretrain_gpt.py: error: --tp-comm-overlap is set on a CPU (gloo) cluster; it needs CUDA"
+    ]
