@@ -1,2 +1,1 @@
-"""The YAML under ``configs/``: schemas and loaders of model files and presets; cluster files are read by
-``engine.cluster``. docs/launching.md."""
+"""The YAML under ``configs/``: model file and preset schemas and loaders (clusters: ``engine.cluster``)."""

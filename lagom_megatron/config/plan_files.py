@@ -1,5 +1,4 @@
-"""Plan and profile files (JSON; ``engine.plan``, ``engine.profile``): one schema each, and the readers every such
-file goes through, the ``lagom`` commands' and the training run's alike."""
+"""Plan and profile files (JSON; ``engine.plan``, ``engine.profile``): one schema each, one reader for every user."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from lagom_megatron.engine.profile import BACKENDS, OPS, PROFILE_SCHEMA_VERSION,
 from lagom_megatron.engine.search import METHODS
 
 MAX_NBYTES = 1 << 40
-"""Largest message a site may hold, bytes (1 TiB)."""
 
 Op = Literal[OPS]  # type: ignore[valid-type]
 Backend = Literal[BACKENDS]  # type: ignore[valid-type]
@@ -58,7 +56,7 @@ def _parts(v: list[list[Any]]) -> list[list[Any]]:
 
 
 def _config(v: dict[str, Any]) -> dict[str, Any]:
-    CommConfig.from_dict(v)  # ValueError naming an unknown knob
+    CommConfig.from_dict(v)
     return v
 
 
@@ -79,7 +77,6 @@ class SiteSchema(_Strict):
     calls_per_iter: StrictInt = Field(default=1, ge=1)
     reduce_op: str | None = None
     parts: list[list[Any]] = Field(default_factory=list)
-    """(dtype, bytes) per tensor of a coalesced call."""
     registered: Literal[REGISTRATIONS] = ""  # type: ignore[valid-type]
 
     _check_parts = field_validator("parts")(lambda v: _parts(v))
@@ -95,9 +92,7 @@ class SampleSchema(_Strict):
     t_region_us: float = Field(ge=0)
     iteration: StrictInt = 0
     calls: list[tuple[float, float, float]] = Field(default_factory=list)
-    """Per call (t_comm_us, t_comp_us, t_region_us), optional."""
     t_comm_nccl_us: float = Field(default=math.nan, ge=0)
-    """NCCL's kernel timers, optional."""
     model_config = ConfigDict(extra="forbid", strict=False)
 
     _finite_times = field_validator("t_comm_us", "t_comp_us", "t_region_us", "t_comm_nccl_us")(_finite)
@@ -125,7 +120,7 @@ class SampleSchema(_Strict):
 
 
 class RunFingerprintSchema(BaseModel):
-    """A profile's fingerprint: the keys every run and the simulator write; other keys pass."""
+    """The keys every run and the simulator write; other keys pass."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     world_size: StrictInt = Field(ge=1)
@@ -231,7 +226,6 @@ def _one_line(exc: ValidationError, source: str) -> ValueError:
 
 
 def _check(schema: type[BaseModel], data: Any, source: str) -> None:
-    """ValueError (one line) when ``data`` is not valid under ``schema``."""
     if not isinstance(data, dict):
         raise ValueError(
             f"{source}: expected a JSON object (a {schema.__name__.removesuffix('Schema').lower()}); "
@@ -248,8 +242,7 @@ def _has_only(data: Any, key: str, other: str) -> bool:
 
 
 def load_plan(path: str | os.PathLike, command: str | None = None) -> Plan:
-    """Reads, checks and builds a plan; FileNotFoundError, or ValueError (one line: invalid JSON with its line and
-    column, or the first schema error) for an invalid one; with ``command``, ``<path> looks like a profile ...``."""
+    """Reads, checks and builds a plan; FileNotFoundError, or a one-line ValueError (JSON position, schema error)."""
     data = read_json(path)
     if command and _has_only(data, "samples", "entries"):
         raise ValueError(

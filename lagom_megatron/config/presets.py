@@ -1,5 +1,4 @@
-"""YAML presets (``configs/presets/``) and model files (``configs/models/``); section keys are Megatron-LM
-argparse destinations, so ``Preset.to_args()`` gives defaults that command-line flags override."""
+"""Presets (``configs/presets/``), model files (``configs/models/``): keys are Megatron-LM argparse destinations."""
 
 from __future__ import annotations
 
@@ -20,24 +19,20 @@ CONFIGS_DIR, CONFIGS_ORIGIN = configs_dir()
 
 
 class _Section(BaseModel):
-    # strict: a YAML value must have the field's type (a quoted "false" is a string, not a boolean;
-    # "4" is not an integer); only an integer may stand for a float
+    # strict: a quoted "false" is no boolean, "4" no integer; only an integer may stand for a float
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 class ModelSpec(_Section):
-    """Transformer dimensions, with Megatron-LM's argument names."""
+    """Transformer dimensions, with Megatron-LM's argument names and its meaning of None."""
 
     num_layers: int
     hidden_size: int
     num_attention_heads: int
     ffn_hidden_size: int | None = None
-    """Defaults to 4 * hidden_size, as in Megatron-LM."""
     num_query_groups: int | None = None
-    """None = multi-head attention (one group per head)."""
     max_position_embeddings: int | None = None
     vocab_size: int | None = None
-    """Padded vocabulary size of the tokenizer; None = the tokenizer's own."""
     num_experts: int | None = None
     moe_router_topk: int | None = None
     swiglu: bool = False
@@ -47,13 +42,10 @@ class ModelSpec(_Section):
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     kv_channels: int | None = None
-    """Projection size per attention head; None = hidden_size / num_attention_heads."""
     rotary_base: int | None = None
-    """RoPE base (theta); None = Megatron-LM's default (10000)."""
     add_bias_linear: bool = True
     """False = ``--disable-bias-linear``."""
     moe_ffn_hidden_size: int | None = None
-    """FFN hidden size of each expert; None = ffn_hidden_size."""
     moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] | None = None
     moe_grouped_gemm: bool = False
 
@@ -63,11 +55,9 @@ class ParallelSpec(_Section):
     pipeline_model_parallel_size: int = 1
     num_layers_per_virtual_pipeline_stage: int | None = None
     num_virtual_stages_per_pipeline_rank: int | None = None
-    """Model chunks per pipeline rank; exclusive with num_layers_per_virtual_pipeline_stage."""
     context_parallel_size: int = 1
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None
-    """None = tensor_model_parallel_size, as in Megatron-LM."""
     sequence_parallel: bool = False
 
 
@@ -130,13 +120,12 @@ class SlurmSpec(_Section):
 
 
 class Preset(_Section):
-    """A runnable combination: ``lagom_megatron.config.presets.load_preset('cpu-tp2-dp2')``."""
+    """A runnable combination (``load_preset('cpu-tp2-dp2')``); ``to_args()`` gives defaults that flags override."""
 
     description: str = ""
     model: str | ModelSpec
     cluster: str = "cpu-gloo"
     world_size: int = 1
-    """Ranks in the job: nodes x GPUs per node on a cluster, processes on CPU."""
     parallel: ParallelSpec = ParallelSpec()
     training: TrainingSpec = TrainingSpec()
     overlap: OverlapSpec = OverlapSpec()
@@ -146,7 +135,6 @@ class Preset(_Section):
     """Environment exported to every rank before launch (NCCL_*, CUDA_DEVICE_MAX_CONNECTIONS)."""
     slurm: SlurmSpec | None = None
     name: str = ""
-    """Filled in by load_preset from the file name."""
 
     def model_spec(self) -> ModelSpec:
         """The model dimensions, loading ``configs/models/<model>.yaml`` when ``model`` is a name."""
@@ -251,7 +239,6 @@ _BRANCHES = ("str", "ModelSpec")  # pydantic's location tags for the branches of
 
 
 def _the_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
-    """A ``model:`` mapping's own error, not the ``str`` branch's; an unknown key before the others."""
     first = errors[0]
     if first["loc"][-1:] == ("str",) and isinstance(first.get("input"), dict):
         errors = [
@@ -262,7 +249,6 @@ def _the_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _where(path: Path, loc: tuple) -> str:
-    """``file:line:col`` of the YAML value at ``loc`` (PyYAML node marks), or the file alone."""
     try:
         node = yaml.compose(path.read_text(), Loader=yaml.SafeLoader)
     except (yaml.YAMLError, OSError):
@@ -300,8 +286,7 @@ def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
 
 
 def load_preset(name_or_path: str | os.PathLike) -> Preset:
-    """Loads ``configs/presets/<name>.yaml`` or a path, model file included; raises ValueError (unknown
-    name or key, with the closest; a folder; bad YAML or type) or FileNotFoundError."""
+    """Loads ``configs/presets/<name>.yaml`` or a path, with its model; ValueError or FileNotFoundError."""
     path = _resolve("presets", name_or_path)
     preset = _validate(Preset, read_yaml(path), path)
     preset.name = path.stem

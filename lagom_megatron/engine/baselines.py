@@ -1,8 +1,6 @@
-"""Baseline searchers beside the priority search (docs/engine.md).
-
-``nccl-default``: NCCL's choice everywhere. ``autoccl``: each collective for its own T_comm as AutoCCL (NSDI'25),
-descent per (algorithm, protocol) pair; a move must gain ``AUTOCCL_MIN_GAIN``. ``exhaustive``: the joint optimum on
-the cost model over a superset of what priority can return, up to ``EXHAUSTIVE_LIMIT`` configurations."""
+"""Baselines beside the priority search (docs/engine.md): ``nccl-default``, NCCL's choice everywhere; ``autoccl``,
+each collective for its own T_comm as AutoCCL (NSDI'25), descent per (algorithm, protocol) pair, a move gaining
+``AUTOCCL_MIN_GAIN``; ``exhaustive``, the cost model's joint optimum over a superset of priority's space."""
 
 from __future__ import annotations
 
@@ -19,7 +17,6 @@ from lagom_megatron.engine.problem import SEARCH_KNOBS, SearchProblem, SearchRes
 AUTOCCL_MIN_GAIN = 0.01
 """Smallest relative T_comm gain the autoccl baseline acts on (below it, measurements cannot tell)."""
 EXHAUSTIVE_LIMIT = 2_000_000
-"""Largest joint product ``exhaustive`` accepts (its work is far less: a few thousand evaluations)."""
 
 
 @register("nccl-default")
@@ -85,7 +82,6 @@ def _take(dst, src, idx) -> None:
 
 
 def _site_values(problem: SearchProblem, st: State, i: int, knob: str) -> list[float]:
-    """Site ``i``'s values of a knob: its call-scope domain plus NCCL's choice, else ``st``'s value alone."""
     if problem.scope[knob] == "call" and problem.tunable[knob][i]:
         row = problem.vals[knob][i]
         values = list(row[~np.isnan(row)])
@@ -110,8 +106,7 @@ def _unit_settings(problem: SearchProblem, base: State, knob: str, governed: np.
 
 @dataclass
 class _Dim:
-    """One shared knob of the joint product: ``kind`` unit, peer (``p2p_knobs``) or hp (``stream_priority``);
-    ``settings[0]`` is NCCL's own, so ties keep it."""
+    """A shared knob of the joint product (``kind``: unit, peer, hp); ``settings[0]``: NCCL's own, so ties keep it."""
 
     kind: str
     knob: str | None
@@ -120,7 +115,6 @@ class _Dim:
 
 
 def _dims(problem: SearchProblem, base: State) -> list[_Dim]:
-    """Every shared knob of ``problem`` with its settings."""
     dims = [
         _Dim("unit", knob, governed, _unit_settings(problem, base, knob, governed))
         for knob, _key, governed in problem.shared_units()
@@ -137,7 +131,6 @@ def _dims(problem: SearchProblem, base: State) -> list[_Dim]:
 
 
 def _apply(problem: SearchProblem, st: State, dim: _Dim, j: int) -> None:
-    """Puts setting ``j`` of ``dim`` on ``st`` (a unit) or on the cost model (peer, hp)."""
     if dim.kind == "unit":
         st.get(dim.knob)[dim.governed] = dim.settings[j]
     elif dim.kind == "peer":
@@ -149,7 +142,6 @@ def _apply(problem: SearchProblem, st: State, dim: _Dim, j: int) -> None:
 def _best_of_set(
     problem: SearchProblem, st: State, idx: np.ndarray, per_site: list[list[list[float]]], count: Counter
 ) -> tuple[float, np.ndarray]:
-    """Least summed region of sites ``idx`` over one config of their grids, and that config (``SEARCH_KNOBS`` order)."""
     grids = []
     for i in idx:
         vals = [
@@ -171,8 +163,7 @@ def _best_of_set(
 
 @register("exhaustive")
 def exhaustive(problem: SearchProblem, *, limit: int = EXHAUSTIVE_LIMIT) -> SearchResult:
-    """Optimum of the joint product on the cost model: per tie set, the least region per setting of its shared
-    knobs, summed over all settings (ties keep NCCL's, then grid order); ValueError above ``limit`` configurations."""
+    """Joint optimum on the cost model, per tie set (ties keep NCCL's, then grid order); ValueError above ``limit``."""
     timer, count = Timer(), Counter()
     base = problem.default_state()
     model = problem.model

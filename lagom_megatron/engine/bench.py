@@ -1,7 +1,5 @@
-"""Search cost and quality on seeded synthetic problems (``lagom bench search``).
-
-``scaling_table``: evaluations and wall time of priority and autoccl for 10..10,000 sites (target: 10,000 sites
-in < 2 s on one core, linear). ``optimality``: how often priority is within 1% of exhaustive (target >= 95%)."""
+"""Search cost on seeded synthetic problems (``lagom bench search``): ``scaling_table`` (target 10,000 sites in < 2 s on
+one core, linear) and ``optimality`` (target: priority within 1% of exhaustive on >= 95% of small instances)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,6 @@ from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.engine.search import search
 
 SMALL_DOMAINS = {"n_channels": (2, 4, 8, 16, 32), "chunk_size": (None, 131072, 524288), "n_threads": (256, 512)}
-"""Knob domains of the small instances (exhaustive must enumerate their joint product)."""
 
 _KINDS = (
     # (group, op, group_size, n_nodes, log2 bytes low, high)
@@ -32,8 +29,7 @@ _KINDS = (
 def synthetic_problem(
     *, n_sites: int, seed: int, rules: KnobRules, domain_override: dict | None = None
 ) -> SearchProblem:
-    """A seeded synthetic SearchProblem of ``n_sites`` Megatron-like sites on ``rules.cluster``, model from priors:
-    compute = default T_comm x log-uniform [0.3, 3]; a, b = prior x log-uniform [0.3, 3]."""
+    """Seeded Megatron-like sites, priors' model: compute = default T_comm, a, b = prior, x log-uniform [0.3, 3]."""
     spec = rules.cluster
     rng = np.random.default_rng(seed)
     kinds = rng.integers(0, len(_KINDS), n_sites)

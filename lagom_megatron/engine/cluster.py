@@ -1,6 +1,5 @@
-"""Cluster descriptions (``configs/clusters/<name>.yaml``): the hardware facts behind the cost model's priors.
-
-Units in key names: ``*_gbps`` GB/s (bytes, as NCCL's bus bandwidth), ``*_us`` microseconds. Not a topology detector."""
+"""Cluster files (``configs/clusters/<name>.yaml``): the hardware facts behind the cost model's priors, not detected.
+Units in key names: ``*_gbps`` GB/s (bytes, as NCCL's bus bandwidth), ``*_us`` microseconds."""
 
 from __future__ import annotations
 
@@ -19,73 +18,56 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 """NCCL protocol names, as ``engine.knobs.PROTOCOLS`` (which imports this module; a test keeps them equal)."""
 MAX_GPUS_PER_NODE = 1024
 MAX_WORLD_SIZE = 1 << 20
-"""Bounds of a job's shape (``lagom doctor --gpus-per-node``, ``--world-size``, ``$WORLD_SIZE``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterSpec:
-    """One cluster: a node type, its interconnect and its NCCL version. On gloo: ``sms_per_gpu`` = CPU cores
-    the ranks share, ``hbm_gbps`` = DRAM, ``nvlink_gbps_per_gpu`` = loopback."""
+    """A node type, its interconnect and NCCL; gloo: ``sms_per_gpu`` = shared CPU cores, ``hbm_gbps`` = DRAM."""
 
     name: str
-    """Short name, also the YAML file's stem: ``h100-sxm-ib400``."""
     gpu: str
     sms_per_gpu: int
-    """Streaming multiprocessors per GPU (CPU cores on gloo): one NCCL CTA occupies one SM."""
     hbm_gbps: float
     nvlink_gbps_per_gpu: float
-    """Intra-node bandwidth per GPU and direction, GB/s (NVLink; loopback on gloo)."""
+    """Intra-node, per direction (loopback on gloo)."""
     gpus_per_node: int
     net_gbps_per_gpu: float
-    """Inter-node network bandwidth per GPU and direction, GB/s (400 Gb/s NIC = 50 GB/s)."""
+    """Per direction (a 400 Gb/s NIC per GPU = 50)."""
     peak_bf16_tflops: float
-    """Dense BF16 peak, TFLOP/s (compute-time lower bounds in the simulator)."""
     nccl_version: str
-    """NCCL runtime version, ``"2.27.5"``; ``"none"`` on gloo."""
     sm_arch: int
     """Compute capability times ten: 80 = Ampere, 90 = Hopper, 100 = Blackwell; 0 on CPU."""
     nvswitch: bool
     """NVSwitch in the node (needed, with sm90+, for the NVLS algorithms)."""
     backend: Literal["nccl", "gloo"] = "nccl"
     collnet: bool = False
-    """IB SHARP (CollNet) available in the network."""
     nvlink_latency_us: float = 1.0
-    """Latency of one algorithm step inside a node, microseconds (Simple protocol)."""
+    """One algorithm step (Simple protocol); ``net_latency_us`` across nodes."""
     intra_link: Literal["nvlink", "pcie"] = "nvlink"
     """``nvlink`` or ``pcie`` (then ``nvlink_gbps_per_gpu`` is PCIe GB/s per GPU and direction)."""
     nics_per_node: int | None = None
     """Network cards per node; None = one per GPU (DGX-class). NCCL runs one ring per NIC."""
     kappa_mem: float | None = None
-    """Simulator only: memory-bound kernels' queueing behind collective HBM traffic (``lagom calibrate contention``)."""
+    """Simulator only: memory- (``kappa_compute``: compute-) bound kernels' queueing behind collective HBM traffic."""
     kappa_compute: float | None = None
-    """Simulator only: the same for compute-bound kernels; None = the simulator's default."""
     net_latency_us: float = 5.0
-    """Latency of one algorithm step across nodes, microseconds (Simple protocol)."""
     nvlink_bridge_gbps: float | None = None
     """GB/s per direction of NVLink bridges between GPU pairs of a PCIe node (A40: 56.25); None = none."""
     coll_channels: int | None = None
     """NCCL's collective channels in one node, from its INFO log ("N coll channels"); None = the model's guess."""
     coll_channels_inter: int | None = None
     """The same across nodes; None = 16 on NVSwitch nodes (nccl#689), else ``coll_channels``."""
-    # Measured bandwidth shape, written by ``lagom calibrate bandwidth`` from nccl-tests sweeps
-    # (``sim.calibrate_bandwidth.fit_to_cluster_fields``); None or a protocol left out = the
-    # simulator's own tables (``sim.device``).
+    # fitted by ``lagom calibrate bandwidth`` (docs/simulator.md); None or a protocol left out: ``sim.device``'s
     per_channel_gbps: dict[str, float] | None = None
-    """GB/s of one Ring channel per protocol at 512 threads and NCCL's default chunk, before the link cap."""
     channel_thread_exponent: float | None = None
-    """Per-channel bandwidth scales as ``(threads / 512) ** exponent`` (Simple and LL)."""
     bw_saturation_p: float | None = None
-    """Sharpness ``p`` of the saturation ``bw = ((channels * per_channel)^-p + ceiling^-p)^(-1/p)``."""
     link_eff: dict[str, float] | None = None
-    """Per protocol: the Ring bus-bandwidth ceiling inside a node over ``nvlink_gbps_per_gpu``."""
     net_eff: dict[str, float] | None = None
-    """Per protocol: the Ring bus-bandwidth ceiling across nodes over ``net_gbps_per_gpu`` x ranks per node."""
     nvlink_domain_gpus: int | None = None
     """GPUs of one multi-node NVLink domain (GB200 NVL72: 72); None = the node's GPUs."""
 
     def nccl_nodes(self, hosts: int, group_size: int) -> int:
-        """Nodes NCCL counts for ``group_size`` ranks over ``hosts`` hosts: one per NVLink domain spanned
-        (NVIDIA/nccl v2.30.7 src/init.cc:1285-1297: an MNNVL clique is one ring node)."""
+        """Nodes NCCL counts: one per NVLink domain spanned (MNNVL clique, nccl v2.30.7 src/init.cc:1285-1297)."""
         if not self.nvlink_domain_gpus or self.nvlink_domain_gpus <= self.gpus_per_node:
             return int(hosts)
         hosts_per_domain = max(1, self.nvlink_domain_gpus // self.gpus_per_node)
@@ -186,8 +168,7 @@ class ClusterSpec:
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike | ClusterSpec) -> ClusterSpec:
-        """Loads ``configs/clusters/<name>.yaml`` or a YAML path (a ClusterSpec passes through); FileNotFoundError
-        if neither; ValueError naming the file for a folder, bad text or YAML (line, column), or an invalid cluster."""
+        """Loads ``configs/clusters/<name>.yaml`` or a YAML path; FileNotFoundError if neither, ValueError if bad."""
         if isinstance(name_or_path, ClusterSpec):
             return name_or_path
         path = Path(name_or_path)

@@ -1,9 +1,6 @@
-"""The unified cost model of an overlap region (docs/engine.md): evaluation; its fitting is ``fit.py``. Our design.
-
+"""Cost model of an overlap region (docs/engine.md; fit: ``fit.py``; ours), us, GB/s; gloo: threads = CTAs, DRAM = HBM.
     T_region = max(T_comm, T_comp + T_comm s / (1 + s));  T_comm = calls (alpha latency + beta wire_bytes / bw)
-    bw = softmin(n_eff per_channel_bw, link_bw);  s = a n_eff / (SMs - n_eff) + b hbm_bytes / T_comm / HBM bw
-
-Times in us, bandwidths GB/s; gloo: threads for CTAs, DRAM for HBM. ``_S`` per site, ``_SK`` sites x configs."""
+    bw = softmin(n_eff per_channel_bw, link_bw);  s = a n_eff / (SMs - n_eff) + b hbm_bytes / T_comm / HBM bw"""
 
 from __future__ import annotations
 
@@ -84,27 +81,21 @@ class CostModel:
     corr_SC: np.ndarray | None = None
     """Per site and channel count 0..64, a factor on s (``fit._channel_correction``); none if None."""
     queued_S: np.ndarray | None = None
-    """Sites whose collectives queue behind each other on their communicator (``mark_queues``)."""
     comp_levels_SL: np.ndarray | None = None
     """Shape (S, L), L <= ``MAX_CALL_LEVELS``: compute alone (us) of one call per level; None: one region per site."""
     comp_weights_SL: np.ndarray | None = None
-    """How many calls per iteration each level stands for (a row sums to the site's calls)."""
+    """Calls per iteration each level stands for (a row sums to the site's calls)."""
     slow_SL: np.ndarray | None = None
-    """Per site and level, a factor on s (``fit._level_factors``); 1 where not measured."""
     wait_S: np.ndarray | None = None
     """Per site, us per iteration its collectives wait for SMs at normal priority (in T_comm; ``queues``)."""
     offset_S: np.ndarray | None = None
     """Per site, us other groups' collectives add to its window (``cross.window_offsets``)."""
     hp_S: np.ndarray | None = None
-    """Per site, 1 on a high-priority stream (set by ``stream_priority`` while a plan is predicted); None = 0."""
     call_level: list = field(default_factory=list)
-    """Per site, int array: the level of each measured call, in issue order."""
     mape: float = float("nan")
-    """Mean absolute percentage error of T_region on the fitted samples, %."""
+    """T_region MAPE on the fitted samples, % (``mape_comm``: T_comm's; ``wape``: sum |error| / sum measured)."""
     mape_comm: float = float("nan")
-    """Same for T_comm, %."""
     wape: float = float("nan")
-    """Time-weighted T_region error on the fitted samples, %: sum |predicted - measured| / sum measured."""
     mape_floor: float = float("nan")
     """Lowest T_region MAPE this model form can reach on the fitted samples (``_indistinct_keys`` groups), %."""
     n_points: int = 0
@@ -119,16 +110,13 @@ class CostModel:
         self.nodes_S = np.array([float(s.n_nodes) for s in sites])
         self.calls_S = np.array([float(s.calls_per_iter) for s in sites])
         inter = self.nodes_S > 1
-        # Across nodes a ring crosses each node's network once per direction, so a collective's
-        # bus bandwidth is the node's NIC bandwidth (per-GPU share x the group's ranks per node),
-        # capped by the intra-node link; point-to-point calls get one GPU's share.
+        # bus bandwidth across nodes: NIC share x ranks per node, capped by the intra-node link; P2P: one GPU's share
         per_node = np.maximum(1.0, np.floor(self.n_S / np.maximum(self.nodes_S, 1.0)))
         p2p = np.isin(self.op_S, [_A2A, _SEND, _RECV])
         net = np.where(p2p, c.net_gbps_per_gpu, np.minimum(c.nvlink_gbps_per_gpu, c.net_gbps_per_gpu * per_node))
         self.link_S = np.where(inter, net, c.nvlink_gbps_per_gpu)
         self.hop_S = np.where(inter, c.net_latency_us, c.nvlink_latency_us)
         self.gloo = self.backend == "gloo"
-        # a per-channel figure measured on this cluster (``lagom calibrate bandwidth``) beats the per-arch prior
         measured = (getattr(c, "per_channel_gbps", None) or {}).get("Simple")
         self.pcb = (
             c.nvlink_gbps_per_gpu / 2.0
@@ -140,8 +128,6 @@ class CostModel:
         self.max_channels = max_channels(c)
         if self.gamma_S is None:
             self.gamma_S = np.ones(len(sites))
-        # point-to-point on NCCL: the channel code is the communicator's channel count (its CTA
-        # bounds), and the kernel's CTAs follow from it by NCCL's P2P rule (``engine.p2p``)
         self.p2p = P2PModel(
             c,
             op_p2p_S=p2p & (not self.gloo),
@@ -191,8 +177,6 @@ class CostModel:
         self.steps_SA = np.broadcast_to(steps, (len(self.sites), ALG_NONE + 1)).copy()
         self.wire_SA = np.broadcast_to(wire, (len(self.sites), ALG_NONE + 1)).copy()
 
-    # ---- defaults ---------------------------------------------------------------------------
-
     def default_codes(self) -> tuple[np.ndarray, ...]:
         """NCCL's own choice per site as codes ``(alg_S, proto_S, nc_S, nt_S, chunk_S)``: our approximation."""
         S = len(self.sites)
@@ -222,11 +206,10 @@ class CostModel:
         if getattr(c, "intra_link", "nvlink") == "pcie":
             cap = np.full(S, 2)  # one ring below 25 GB/s, not duplicated, doubled once (nccl#689: 2 SMs)
         one, many = getattr(c, "coll_channels", None), getattr(c, "coll_channels_inter", None)
-        if one is not None or many is not None:  # what NCCL logs on this cluster (ClusterSpec)
+        if one is not None or many is not None:
             cap = np.where(inter, many or one or cap, one or cap)
-        # NCCL's size rule drops a channel while bytes < channels x threads x threshold (threshold
-        # 64 B per thread for Simple, 8 for LL128 and 8 x ranks for Ring/LL; NCCL v2.30.7
-        # src/enqueue.cc:2093-2096, src/include/comm.h:49-51, src/graph/tuning.cc:593)
+        # NCCL drops a channel while bytes < channels x threads x (64 B Simple, 8 LL128, 8 x ranks Ring/LL)
+        # (NCCL v2.30.7 src/enqueue.cc:2093-2096, src/include/comm.h:49-51, src/graph/tuning.cc:593)
         per_ch = np.where(proto == _SIMPLE, 512.0 * 64, np.where(proto == _LL128, 640.0 * 8, 512.0 * 8 * self.n_S))
         nc = np.clip(np.floor(nb / per_ch), 1, np.minimum(cap, self.max_channels))
         # P2P: the communicator's own channel count (no size rule: p2pnChannels follows comm->nChannels)
@@ -268,11 +251,8 @@ class CostModel:
             chunk_size=int(chunk) or None,
         )
 
-    # ---- evaluation (vectorised) ------------------------------------------------------------
-
     def prior_parts(self, i, alg, proto, nc, nt, chunk):
-        """Per call under config codes (broadcast): latency (us), transfer time (us), effective channels (CTAs),
-        wire bytes, and HBM bytes per wire byte, before the fitted alpha / beta."""
+        """Per call under codes: latency us, transfer us, CTAs, wire bytes, HBM per wire byte (before alpha, beta)."""
         n, nb = self.n_S[i], self.nbytes_S[i]
         steps = self.steps_SA[i, alg]
         wire = self.wire_SA[i, alg]
@@ -283,35 +263,29 @@ class CostModel:
             bw = _softmin(n_eff * self.pcb * self.gamma_S[i], self.link_S[i])
             return lat, wire / (bw * 1e3), n_eff, wire, np.ones_like(n_eff)
         p = np.where(proto == PROTO_NONE, _SIMPLE, proto)
-        # NCCL's own chunk: 2 MiB for Ring / Simple (RING_SIMPLE_CHUNK_STEPS), one step otherwise
         own = _PROTO_DEFAULT_CHUNK[p] * np.where((p == _SIMPLE) & (alg == _RING), RING_SIMPLE_CHUNK_STEPS, 1)
         chunk_eff_bytes = np.where(chunk > 0, chunk, own)
         # An explicit chunk leaves channels idle when one loop (n ranks x chunk) covers the message.
         n_eff = np.where(chunk > 0, np.minimum(nc, np.maximum(1.0, np.ceil(nb / (n * np.maximum(chunk, 1.0))))), nc)
-        if self.p2p.any:  # a P2P kernel's CTAs follow from the communicator's channels (``engine.p2p``)
+        if self.p2p.any:
             n_eff = np.where(self.p2p.mask_S[i], self.p2p.ctas(i, nc), n_eff)
         half = _PROTO_CHUNK_HALF[p]
         chunk_eff = (chunk_eff_bytes / (chunk_eff_bytes + half)) / (own / (own + half))  # 1 at NCCL's own chunk
-        # NCCL_NTHREADS sets Ring and Tree with Simple or LL only (NCCL 2.30.7 src/graph/tuning.cc:246-254);
-        # LL128 has NCCL_LL128_NTHREADS, NVLS / CollNet run NCCL_MAX_NTHREADS (tuning.cc:250-252), P2P its own
+        # NCCL_NTHREADS sets Ring/Tree with Simple/LL only (NCCL 2.30.7 src/graph/tuning.cc:246-254); others: own
         threads_on = ((p == _LL) | (p == _SIMPLE)) & ((alg == _RING) | (alg == _TREE))
         nt_eff = np.where(threads_on, nt, DEFAULT_THREADS)
-        # Fewer threads per CTA move less per channel; never profiled (process scope), so the
-        # prior is deliberately pessimistic: throughput ~ threads^0.6.
+        # never profiled (process scope): a deliberately pessimistic prior, throughput ~ threads^0.6
         thr_eff = (nt_eff / DEFAULT_THREADS) ** 0.6
         alg_mult = np.where(
             np.isin(alg, [_NVLS, _NVLSTREE]) & (self.op_S[i] != _AR), NVLS_GATHER_MULT * (n - 1) / n, _ALG_CH_MULT[alg]
         )
         per_ch = self.pcb * self.gamma_S[i] * _PROTO_CH_EFF[p] * alg_mult * thr_eff * chunk_eff
-        # NVLS all-reduce reaches ~480 GB/s of bus bandwidth on 8 x H100 where Ring reaches ~370
-        # (nccl-tests#212): 1.3x the ring's ceiling; its gathers and reduce-scatters the ring's
+        # NVLS all-reduce ~480 GB/s bus bandwidth vs Ring ~370 on 8 x H100 (nccl-tests#212); gathers: Ring's
         link_mult = np.where((alg == _NVLS) & (self.op_S[i] == _AR), NVLS_ALLREDUCE_LINK, _ALG_LINK_EFF[alg])
         link = self.link_S[i] * link_mult * _PROTO_LINK_EFF[p]
         bw = _softmin(n_eff * per_ch, link)
         lat = NCCL_BASE_LATENCY_US * np.where(p == _SIMPLE, 1.0, 0.5) + steps * self.hop_S[i] * _PROTO_LAT[p]
-        # A CTA holds a whole SM whatever its thread count (NCCL CTAs do not share SMs, nccl#689).
-        # Smaller chunks stay in L2 between the steps of a channel: less of the collective's
-        # traffic reaches HBM (our design; Lagom's introduction: chunk size moves compute a lot).
+        # a CTA holds a whole SM (nccl#689); smaller chunks stay in L2, so less reaches HBM (our design, after Lagom)
         l2 = CHUNK_L2_FLOOR + (1.0 - CHUNK_L2_FLOOR) * np.sqrt(chunk_eff_bytes / own)
         return lat, wire / (bw * 1e3), n_eff, wire, _PROTO_HBM[p] * _ALG_HBM[alg] * l2
 
@@ -334,8 +308,7 @@ class CostModel:
         return self.wait_S[i] * (1.0 - np.asarray(hp, dtype=float))
 
     def evaluate(self, i, alg, proto, nc, nt, chunk, hp=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """T_comm (us), s, T_region (us) of sites ``i`` under config codes (broadcast); the search's hot path.
-        ``hp``: 1 on a high-priority stream (None = ``hp_S``); T_comm holds the dispatch wait (slows no compute)."""
+        """T_comm (us, with the dispatch wait), s, T_region (us) of sites ``i`` under codes; ``hp`` None = ``hp_S``."""
         lat, xfer, ctas, wire, hbm_mult = self.prior_parts(i, alg, proto, nc, nt, chunk)
         calls = self.calls_S[i]
         t_run = calls * (self.alpha_S[i] * lat + self.beta_S[i] * xfer)
@@ -343,7 +316,7 @@ class CostModel:
         t_comm = t_run + wait
         hbm_share = hbm_mult * (wire * calls / np.maximum(t_run, 1e-9)) * 1e-3 / self.cluster.hbm_gbps
         s = self.a_S[i] * sm_term(ctas, self.cluster.sms_per_gpu, self.gloo) + self.b_S[i] * hbm_share
-        if self.corr_SC is not None:  # measured shape of s over channel counts (``fit._channel_correction``)
+        if self.corr_SC is not None:
             s = s * self.corr_SC[i, np.clip(np.rint(ctas), 0, self.corr_SC.shape[1] - 1).astype(np.intp)]
         if self.comp_levels_SL is None:
             region = region_time_us(t_run, self.t_comp_us_S[i], s, wait)
@@ -356,13 +329,12 @@ class CostModel:
             )
         if self.queued_S is not None and self.queued_S.any():
             region = queues.queued_region(self, i, region, t_comm)
-        if self.offset_S is not None:  # other groups' collectives in the window (``cross``)
+        if self.offset_S is not None:
             region = region + self.offset_S[i]
         return t_comm, s, region
 
     def set_call_levels(self, per_call_us: Sequence[Sequence[float]]) -> None:
-        """One region per call instead of one per site (``cost_terms.call_levels``); resets ``slow_SL``, ``call_level``.
-        ``per_call_us``: per site, compute alone (us) per call, issue order; ValueError on a bad count or time."""
+        """One region per call, not per site; ``per_call_us``: per site, compute alone per call (us); ValueError."""
         if len(per_call_us) != len(self.sites):
             raise ValueError(f"per_call_us must have one entry per site ({len(self.sites)}); got {len(per_call_us)}")
         levels, weights, self.call_level = call_levels(
@@ -404,8 +376,6 @@ class CostModel:
     def _hp(cfg: CommConfig) -> float | None:
         return 1.0 if cfg.high_priority_stream else None
 
-    # ---- construction -----------------------------------------------------------------------
-
     @classmethod
     def from_priors(
         cls,
@@ -420,8 +390,7 @@ class CostModel:
         b=PRIOR_B,
         gamma=1.0,
     ) -> CostModel:
-        """A model from ClusterSpec priors only (synthetic problems, tests); ``alpha`` .. ``gamma``: scalar or per
-        site. ValueError if ``t_comp_us`` has not one value per site."""
+        """A model from ClusterSpec priors; ``alpha`` .. ``gamma`` scalar or per site; ValueError on a bad t_comp_us."""
         S = len(sites)
         if len(t_comp_us) != S:
             raise ValueError(f"t_comp_us must have one value per site ({S}); got {len(t_comp_us)}")

@@ -24,7 +24,6 @@ _AR, _AG, _RS, _A2A, _SEND, _RECV, _BCAST = (
 _PROTO_LAT = np.array([0.3, 0.5, 1.0, 1.0])
 """Latency of one step relative to Simple (LL and LL128 avoid the flag round trip)."""
 _PROTO_CH_EFF = np.array([0.6, 0.95, 1.0, 1.0])
-"""Per-channel throughput relative to Simple."""
 _PROTO_LINK_EFF = np.array([0.5, 0.9375, 1.0, 1.0])
 """Share of the link the protocol's payload can use: LL 8 of 16 bytes, LL128 120 of 128."""
 _PROTO_HBM = np.array([5.0, 2.7, 2.5, 2.0])
@@ -54,7 +53,6 @@ SOFTMIN_P = 8.0
 """Sharpness p of the saturation bw = (x^-p + y^-p)^(-1/p): channel sweeps reach the link within a few %."""
 DEFAULT_THREADS = 512
 NCCL_BASE_LATENCY_US = 3.0
-"""Kernel launch and setup of one NCCL call, microseconds."""
 PRIOR_A = 1.0
 PRIOR_B = 1.0
 CHUNK_L2_FLOOR = 0.6
@@ -66,9 +64,8 @@ GLOO_CALL_US = 100.0
 MAX_CALL_LEVELS = 8
 """Most per-call regions per site (FSDP: forward and backward windows, repeated per micro-batch)."""
 LEVEL_REL_TOL = 0.10
-"""Calls within this fraction (+ ``LEVEL_ABS_US``) of a level's shortest call join it: noise is no level."""
+"""Calls within this fraction (+ ``LEVEL_ABS_US``, a few launches) of a level's shortest call join it."""
 LEVEL_ABS_US = 10.0
-"""Absolute slack of a level, microseconds (a few kernel launches)."""
 
 
 def call_levels(
@@ -106,8 +103,7 @@ def call_levels(
 
 
 def region_time_us(t_comm_us: Any, t_comp_us: Any, s: Any, wait_us: Any = 0.0) -> Any:
-    """The region formula (docs/engine.md), elementwise, us: ``max(wait + t_comm, t_comp + t_comm s / (1 + s))``;
-    the dispatch wait delays the collective's end but slows no compute."""
+    """``max(wait + t_comm, t_comp + t_comm s / (1 + s))``, us, elementwise: the dispatch wait slows no compute."""
     return np.maximum(wait_us + t_comm_us, t_comp_us + t_comm_us * (s / (1.0 + s)))
 
 
@@ -137,9 +133,8 @@ def wire_bytes(op: str, nbytes: int, group_size: int) -> float:
 
 
 def mark_queues(model: Any, *, empty_share: float = 0.01, queue_share: float = 0.25) -> None:
-    """Flags the sites of every communicator where collectives queue behind each other: where >= ``queue_share``
-    of its sites have empty windows (compute < ``empty_share`` of default T_comm), T_comm beyond a site's share of
-    the slack (compute less default T_comm) delays the rest; a negative slack credits savings (``queued_region``)."""
+    """Flags communicators where >= ``queue_share`` of the sites have empty windows (compute < ``empty_share`` x default
+    T_comm): there T_comm beyond a site's share of the slack (compute - default T_comm) delays the rest."""
     S = len(model.sites)
     model.queued_S = None
     alg, proto, nc, nt, chunk = model.default_codes_cached()
@@ -169,12 +164,10 @@ def mark_queues(model: Any, *, empty_share: float = 0.01, queue_share: float = 0
 
 
 WAIT_SIGMAS = 2.0
-"""A shape group's dispatch wait counts only where its median exceeds this many standard errors."""
 
 
 def dispatch_waits(sites: list, by_site: dict[str, list], groups_S: np.ndarray, *, noise_rel: float) -> np.ndarray:
-    """Per site, us per iteration (>= 0) its collectives wait for SMs at normal priority, shape (S,): default
-    less high-priority-probe T_comm medians per shape group, where above ``WAIT_SIGMAS`` standard errors; else 0."""
+    """Per site (S,), us per iteration waiting for SMs at normal priority: default - high-priority T_comm medians."""
     diff = np.full(len(sites), np.nan)
     base = np.full(len(sites), np.nan)
     for i, site in enumerate(sites):
@@ -207,8 +200,7 @@ def _only_priority(config: Any) -> bool:
 
 
 def queued_region(model: Any, i: Any, region: Any, t_comm: Any) -> np.ndarray:
-    """Region of queued sites ``i``: ``region`` plus the queue's delay (or saving) beyond the site's slack share,
-    less what the window's own region already holds; an empty window's own region is the default one."""
+    """Region of queued sites ``i``: ``region`` plus the queue's delay (or saving) beyond the site's slack share."""
     extra = t_comm - model.t_comm_default_S[i]
     q, empty = model.queued_S[i], model.queue_empty_S[i]
     queue = np.maximum(extra - model.queue_free_S[i], -model.queue_excess_S[i])
@@ -219,12 +211,10 @@ def queued_region(model: Any, i: Any, region: Any, t_comm: Any) -> np.ndarray:
 
 
 OFFSET_SIGMAS = 2.0
-"""Standard errors a site's mean residual must exceed to become its offset."""
 
 
 def window_offsets(n_sites: int, i_J: np.ndarray, residual_J: np.ndarray, y_J: np.ndarray) -> np.ndarray:
-    """Per site, the offset (us) of its region over the own-config model, shape (S,): the 1 / y^2-weighted mean
-    ``residual_J`` (us, shape (J,)) where >= 3 samples and above ``OFFSET_SIGMAS`` standard errors; else 0."""
+    """Per site (S,), the 1 / y^2-weighted mean residual (us) where >= 3 samples and > ``OFFSET_SIGMAS`` se; else 0."""
     out = np.zeros(n_sites)
     w = 1.0 / np.maximum(np.asarray(y_J, dtype=float), 1e-9) ** 2
     for i in range(n_sites):

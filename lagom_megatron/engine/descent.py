@@ -29,8 +29,7 @@ def _objective(problem: SearchProblem, idx, alg, proto, nc, nt, lvl, objective: 
 def scan_knob(
     problem: SearchProblem, st: State, idx: np.ndarray, knob: str, objective: str, count: Counter, min_gain: float = 0.0
 ) -> bool:
-    """Scans ``knob`` for sites ``idx`` at once (others fixed), keeping a value that beats the current by more
-    than ``min_gain``; mutates ``st``, True on a change."""
+    """Scans ``knob`` over sites ``idx`` at once, taking values better by > ``min_gain``; mutates ``st``, True if so."""
     idx = idx[problem.tunable[knob][idx]]
     if idx.size == 0:
         return False
@@ -134,8 +133,7 @@ def decide_unit(
     if knob == "algorithm":
         codes["protocol"] = np.where(compat(codes["algorithm"], codes["protocol"]), codes["protocol"], SIMPLE)
     if lookahead:
-        # Each governed site answers every candidate value with one pass over its per-call knobs,
-        # so the value is judged by what the sites will make of it, not by their start configs.
+        # judge each value by what one pass of the sites' per-call knobs makes of it, not by their start configs
         call_knobs = tuple(kn for kn in SEARCH_KNOBS if problem.scope[kn] == "call")
         totals = np.empty(K)
         for j in range(K):

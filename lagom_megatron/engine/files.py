@@ -1,7 +1,4 @@
-"""Atomic file writing and JSON reading for every file lagom writes.
-
-A temporary file in the target folder, then ``os.replace``; mode 0666 less the umask (not mkstemp's 0600), so
-teammates can read plans and reports."""
+"""Atomic writes (temporary file, ``os.replace``; mode 0666 less the umask, not mkstemp's 0600) and JSON reading."""
 
 from __future__ import annotations
 
@@ -67,8 +64,7 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    """Reads a JSON file; FileNotFoundError if missing, ValueError for a folder, non-UTF-8 text or invalid JSON
-    (naming the file, line and column)."""
+    """Reads a JSON file; FileNotFoundError, or ValueError (file, line, column) for a folder, non-UTF-8 or bad JSON."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a folder; give a JSON file")

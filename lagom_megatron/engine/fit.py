@@ -1,6 +1,5 @@
-"""Fitting the cost model (``cost_model.CostModel``) to a profile: ``fit_cost_model``. Our design.
-
-Per shape group, ridge least squares pulled to the ClusterSpec priors for alpha, beta, gamma (T_comm) and a, b
+"""Fitting the cost model (``cost_model.CostModel``) to a profile. Our design. Per shape group (op, bytes, communicator,
+size, nodes; gloo: site), ridge least squares pulled to the ClusterSpec priors for alpha, beta, gamma (T_comm) and a, b
 (slowdown, per call level), then reweighted towards the least absolute relative error (MAPE)."""
 
 from __future__ import annotations
@@ -25,9 +24,7 @@ GAMMA_GRID = tuple(float(x) for x in np.round(np.geomspace(0.25, 8.0, 31), 4))
 RIDGE_GAMMA = 0.01
 """Pull of gamma towards 1, per unit of squared log."""
 IRLS_STEPS = 4
-"""Reweighting passes of the T_comm fit (weights 1/sqrt|relative residual|, i.e. towards L1)."""
 NOISE_REL = 0.02
-"""Relative timing noise assumed when weighting slowdown observations (2% of a region)."""
 
 
 def comm_time_us(sample: Any) -> float:
@@ -37,12 +34,10 @@ def comm_time_us(sample: Any) -> float:
 
 
 def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
-    """Fits alpha, beta (T_comm) and a, b (slowdown) per site; iteration 0 is dropped where a later one exists.
-    ValueError if the profile has no sites or a site has no usable sample."""
+    """Fits alpha, beta (T_comm), a, b (slowdown) per shape group; ValueError on no sites or a site without samples."""
     if not profile.sites:
         raise ValueError("profile has no collective sites to fit")
-    # A region is never shorter than its collective; a sample with a region time <= 0 is a
-    # failed measurement and would put a zero denominator into the MAPE.
+    # a region time <= 0 is a failed measurement (and a zero MAPE denominator)
     usable = [
         s
         for s in profile.samples
@@ -60,9 +55,7 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
             f"profile has no usable sample (finite t_comm_us > 0 and t_region_us > 0) for site(s) {missing[:5]}"
         )
     backend = "gloo" if profile.backend == "gloo" else cluster.backend
-    # T_comp: the compute measured alone (NaN in samples where it was not measured, e.g.
-    # iterations that did not serialise). A site never measured alone falls back to its
-    # shortest region, an upper bound (its slowdown is then not observable and stays prior).
+    # never measured alone: the shortest region, an upper bound (the slowdown then stays prior)
     t_comp = []
     for site in profile.sites:
         comp = [s.t_comp_us for s in by_site[site.site_id] if math.isfinite(s.t_comp_us)]
@@ -73,7 +66,6 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     model = CostModel.from_priors(profile.sites, t_comp, cluster, backend=backend)
     per_call = [_call_compute(by_site[site.site_id]) for site in profile.sites]
     model.set_call_levels(per_call)
-    # Flatten samples into arrays: j indexes samples.
     rows = [(i, smp) for i, site in enumerate(profile.sites) for smp in by_site[site.site_id]]
     i_J = np.array([i for i, _ in rows])
     codes = np.array([model.encode(i, smp.config) for i, smp in rows], dtype=float)
@@ -83,26 +75,19 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     y_comp = model.t_comp_us_S[i_J]
     S, calls = len(profile.sites), model.calls_S[i_J]
     gi, G = _shape_groups(model)
-    # T_comm is torch's duration, from the NCCL stream reaching the call: at normal priority it holds
-    # the wait for a running kernel's blocks (``queues.dispatch_waits``, measured against the
-    # high-priority probe); alpha, beta and the slowdown describe the collective's run without it
+    # torch's T_comm holds the wait for a running kernel's blocks at normal priority; the fit is of the run alone
     waits = queues.dispatch_waits(profile.sites, by_site, gi, noise_rel=NOISE_REL)
     model.wait_S = waits if waits.any() else None
     hp_J = np.array([1.0 if smp.config.high_priority_stream else 0.0 for _, smp in rows])
     wait_J = waits[i_J] * (1.0 - hp_J)
-    # the run: NCCL's own kernel time where the profile has it (its kernelCh timers start when the
-    # kernel runs, Sample.t_comm_nccl_us), else torch's time on NCCL's stream less the wait
+    # the run: NCCL's kernel time (kernelCh timers start when the kernel runs) if any, else torch's less the wait
     torch_J = np.array([max(smp.t_comm_us, 1e-6) for _, smp in rows])
     nccl_J = np.array([comm_time_us(smp) != smp.t_comm_us for _, smp in rows])
     y_comm = np.where(
         nccl_J, [max(comm_time_us(smp), 1e-6) for _, smp in rows], np.maximum(torch_J - wait_J, 0.5 * torch_J)
     )
-    y_meas = np.where(nccl_J, y_comm + wait_J, torch_J)  # what the model's T_comm (run + wait) is compared with
-    # T_comm: per gamma on the grid, minimise sum((alpha f1 + beta f2 - y)/y)^2 + ridge ((alpha/k-1)^2 +
-    # (beta/k-1)^2); keep per group the gamma of least error. gamma places the saturation knee.
-    # On gloo (ClusterSpec only an order-of-magnitude guess) k may also be the group's measured-to-prior
-    # scale, so the ridge pulls the latency/bandwidth shape, not the speed, towards the prior.
-    # Sites of one shape (op, bytes, communicator, size, nodes) share one fit on NCCL; gloo fits per site.
+    y_meas = np.where(nccl_J, y_comm + wait_J, torch_J)
+    # per gamma, ridge fit of alpha, beta towards k: on gloo k may be the measured-to-prior scale (shape, not speed)
     F_J = gi[i_J]
     best_err = np.full(G, np.inf)
     alpha, beta, gamma, scale_S = np.ones(G), np.ones(G), np.ones(G), np.ones(G)
@@ -125,8 +110,7 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
             )
     model.gamma_S = gamma[gi]
     lat, xfer, ctas, wire, hbm_mult = model.prior_parts(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J)
-    # Iteratively reweighted least squares towards the least absolute relative error (what
-    # MAPE measures): a few wild samples (CPU timings, a straggling rank) no longer drag the fit.
+    # IRLS towards least absolute relative error (MAPE): wild samples (a straggling rank) do not drag the fit
     f1, f2 = calls * lat / y_comm, calls * xfer / y_comm
     kJ = scale_S[F_J]
     for _ in range(IRLS_STEPS):
@@ -134,8 +118,7 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
         alpha, beta = _ridge2(F_J, G, w * kJ * f1, w * kJ * f2, w, RIDGE_COMM, 1.0, 1.0, lo=0.05)
         alpha, beta = alpha * scale_S, beta * scale_S
     model.alpha_S, model.beta_S = alpha[gi], beta[gi]
-    # Slowdown: observed only where the compute branch is active (region longer than comm), one
-    # region per call where the samples have calls (``_slowdown_rows``).
+    # s is observed only where the compute branch is active (region longer than comm)
     F_R, ctas_R, s_comm, s_comp, s_region, hbm_rate, L_R, I_R, s_wait = _slowdown_rows(
         rows, per_call, model.call_level, F_J, ctas, y_comm, y_comp, y_region, hbm_mult * wire, calls, wait_J
     )
@@ -148,8 +131,7 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     g1 = sm_term(ctas_R, model.cluster.sms_per_gpu, model.gloo)
     g2 = hbm_rate * 1e-3 / model.cluster.hbm_gbps
     w = observed.astype(float)
-    # Weight each point by how precisely it pins s: a timing error of NOISE_REL of the region
-    # moves r by NOISE_REL * region / T_comm and s by that / (1 - r)^2.
+    # weight = precision: a NOISE_REL timing error moves r by NOISE_REL region / T_comm, s by that / (1 - r)^2
     scale = NOISE_REL * (s_region / s_comm) / (1.0 - r) ** 2 + 0.05 * s_obs + 1e-3
     a_G, b_G = _ridge2(
         F_R,
@@ -164,7 +146,7 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
         ref=(np.bincount(F_R, g1 / scale, G), np.bincount(F_R, g2 / scale, G)),
     )
     k_R = np.ones(len(F_R))
-    if model.slow_SL is not None:  # the level factors, then (a, b) refined with them, then the factors again
+    if model.slow_SL is not None:
         k_R = _level_factors(model, gi, F_R, L_R, I_R, s_obs, a_G[F_R] * g1 + b_G[F_R] * g2, observed)
         a_G, b_G = _refine_slowdown(F_R, G, a_G, b_G, g1 * k_R, g2 * k_R, s_comm, s_comp, s_region, observed, s_wait)
         k_R = _level_factors(model, gi, F_R, L_R, I_R, s_obs, a_G[F_R] * g1 + b_G[F_R] * g2, observed)
@@ -173,18 +155,15 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     model.a_S, model.b_S = a_G[gi], b_G[gi]
     if not model.gloo:
         s_fit = (a_G[F_R] * g1 + b_G[F_R] * g2) * k_R
-        # only where a sample pins s: the collective a fifth of its region or more (a timing
-        # error of NOISE_REL of the region then moves s by at most ~10%)
+        # only samples that pin s: a NOISE_REL timing error then moves s by at most ~10%
         precise = observed & (s_comm >= CORR_MIN_COMM_SHARE * s_region)
         model.corr_SC = _channel_correction(F_R, G, gi, ctas_R, s_obs, s_fit, precise, model.max_channels)
     if not model.gloo:
         model.mark_queues()
-    # The fit error compares what each sample measured: its own region. The queue term of
-    # ``mark_queues`` is what a slower collective costs the ones queued behind it (other sites'
-    # regions), which the search counts but a site's own measurement never contains.
+    # the queue term lies in other sites' regions, never in a site's own measurement: the fit error leaves it out
     queued, model.queued_S = model.queued_S, None
     t_comm_hat, _, t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J, hp=hp_J)
-    if not model.gloo:  # compute of other groups' collectives in each window (``cross``): what the own model leaves
+    if not model.gloo:  # other groups' collectives in each window (``cross``): what the own model leaves
         offsets = cross.window_offsets(S, i_J, y_region - t_region_hat, y_region)
         model.offset_S = offsets if offsets.any() else None
         t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J, hp=hp_J)[2]
@@ -198,7 +177,6 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
 
 
 def _call_compute(samples: list) -> list[float]:
-    """A site's compute alone per call (us, issue order): medians over the samples with the most common call count."""
     timed = [smp.calls for smp in samples if smp.calls and all(math.isfinite(c[1]) for c in smp.calls)]
     if not timed:
         return []
@@ -210,7 +188,7 @@ def _call_compute(samples: list) -> list[float]:
 def _slowdown_rows(rows, per_call, call_level, F_J, ctas_J, y_comm, y_comp, y_region, hbm_per_call_J, calls_J, wait_J):
     """The slowdown fit's rows (one per call where calls match ``per_call``, else per sample), shape (R,): group,
     CTAs, T_comm, T_comp, T_region (us), HBM bytes per us, call level (-1: summed), site, dispatch wait (us)."""
-    out: list[tuple] = []  # (group, CTAs, T_comm, T_comp, T_region, rate, level, site, wait) per row
+    out: list[tuple] = []
     for j, (i, smp) in enumerate(rows):
         levels = per_call[i]
         if smp.calls and len(smp.calls) == len(levels) and all(c[0] > 0 and c[2] > 0 for c in smp.calls):
@@ -234,11 +212,9 @@ def _slowdown_rows(rows, per_call, call_level, F_J, ctas_J, y_comm, y_comp, y_re
 
 
 LEVEL_FACTOR_RANGE = (0.2, 5.0)
-"""Bounds of a call level's factor on s (``_level_factors``)."""
 
 
 def _level_factors(model: CostModel, gi, F_R, L_R, I_R, s_obs, s_fit, observed) -> np.ndarray:
-    """Sets ``model.slow_SL`` (per level, median measured / fitted s per shape group); returns each row's factor."""
     n_levels = (model.comp_weights_SL > 0).sum(axis=1)
     ok = observed & (s_fit > 1e-9) & (L_R >= 0)
     ratios: dict[tuple[int, int, int], list[float]] = {}
@@ -253,11 +229,9 @@ def _level_factors(model: CostModel, gi, F_R, L_R, I_R, s_obs, s_fit, observed) 
 
 
 REFINE_GRID = np.geomspace(0.5, 2.0, 13)
-"""Scales of (a, b) tried around the linear solution by ``_refine_slowdown``."""
 
 
 def _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observed, y_wait):
-    """Per group, the (a, b) scale on ``REFINE_GRID`` with least squared relative region error (else unchanged)."""
     obs = observed & (y_comm > 0)
     if not obs.any():
         return a_G, b_G
@@ -276,9 +250,7 @@ def _refine_slowdown(F_J, G, a_G, b_G, g1, g2, y_comm, y_comp, y_region, observe
 
 
 CORR_RANGE = (0.5, 2.0)
-"""Bounds of the per-channel-count correction of s (``_channel_correction``)."""
 CORR_MIN_COMM_SHARE = 0.2
-"""Samples whose collective is shorter than this share of their region do not shape the correction."""
 
 
 def _channel_correction(F_J, G, gi, ctas_J, s_obs, s_fit, observed, max_channels: int) -> np.ndarray | None:
@@ -305,7 +277,6 @@ def _channel_correction(F_J, G, gi, ctas_J, s_obs, s_fit, observed, max_channels
 
 
 def _shape_groups(model: CostModel) -> tuple[np.ndarray, int]:
-    """Per site the index of its shape group (see ``fit_cost_model``), and the number of groups."""
     if model.gloo:
         return np.arange(len(model.sites)), len(model.sites)
     keys = [(s.op, s.nbytes, s.group, s.group_size, s.n_nodes) for s in model.sites]
@@ -325,7 +296,6 @@ def _indistinct_keys(model: CostModel, i_J, nc_J, chunk_J, codes_JK) -> list[tup
 
 
 def _weighted_median_by_site(i_J: np.ndarray, S: int, v: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Per site, the median of ``v`` weighted by ``w`` (1 without samples): argmin_c sum_j w_j |c - v_j|."""
     out = np.ones(S)
     order = np.lexsort((v, i_J))
     i_o, v_o, w_o = i_J[order], v[order], w[order]

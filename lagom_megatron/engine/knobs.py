@@ -1,7 +1,5 @@
-"""The knob space: ``CommConfig`` (``None`` = NCCL's own choice), each knob's values, and ``KnobRules``.
-
-``KnobRules`` is how the applying layer (``nccl.rules.NcclRules``, ``megatron.gloo.GlooRules``) tells the engine
-which knobs it can set, at which scope; the engine searches the domain it gives."""
+"""The knob space: ``CommConfig`` (None = NCCL's own choice), each knob's values, and ``KnobRules``, by which the
+applying layer (``nccl.rules.NcclRules``, ``megatron.gloo.GlooRules``) gives the engine knobs, scopes, domains."""
 
 from __future__ import annotations
 
@@ -14,13 +12,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommConfig:
-    """One communication configuration; every field ``None`` = NCCL defaults. On gloo ``n_channels`` is worker
-    threads and ``chunk_size`` the piece size (bytes); the other knobs do not apply."""
+    """One communication config, None = NCCL's own; gloo: only ``n_channels`` (threads), ``chunk_size`` (piece)."""
 
     algorithm: str | None = None
-    """NCCL algorithm: Ring, Tree, NVLS, NVLSTree, CollNetDirect, CollNetChain, PAT."""
     protocol: str | None = None
-    """NCCL protocol: LL, LL128, Simple."""
     n_channels: int | None = None
     """Channels, one CTA each (1..64 from NCCL 2.25, 1..32 before)."""
     n_threads: int | None = None
@@ -28,12 +23,11 @@ class CommConfig:
     chunk_size: int | None = None
     """Bytes moved per step of a channel (tuner plugin v6 / NCCL 2.30+)."""
     cta_policy: str | None = None
-    """ncclConfig_t.CTAPolicy: DEFAULT, EFFICIENCY, ZERO (communicator scope)."""
+    """ncclConfig_t.CTAPolicy (communicator scope)."""
     cga_cluster_size: int | None = None
-    """ncclConfig_t.cgaClusterSize, 0..8 (communicator scope, sm90+)."""
+    """ncclConfig_t.cgaClusterSize, 0..8 (communicator scope, sm90+; NCCL clamps above 8)."""
     net_peer_channels: int | None = None
-    """Channels per network peer of P2P calls, a power of two: ncclConfig_t.nChannelsPerNetPeer (NCCL 2.28+)
-    or NCCL_NCHANNELS_PER_NET_PEER (process scope)."""
+    """P2P: ncclConfig_t.nChannelsPerNetPeer (NCCL 2.28+) or NCCL_NCHANNELS_PER_NET_PEER (process scope)."""
     high_priority_stream: bool | None = None
     """Run on a pool entry with a high-priority NCCL stream (``ProcessGroupNCCL.Options.is_high_priority_stream``)."""
 
@@ -58,12 +52,7 @@ class CommConfig:
 DEFAULT = CommConfig()
 
 
-# --------------------------------------------------------------------------------------------
-# The values each knob can take (NCCL's names and ranges; gloo's threads and pieces).
-#
-# Sources: NCCL's user guide (env.rst, api/types.rst), src/graph/tuning.cc and src/init.cc as
-# summarised in the project's research notes (NCCL mechanisms; ecosystem section 5).
-# --------------------------------------------------------------------------------------------
+# Knob values: NCCL's user guide (env.rst, api/types.rst), src/graph/tuning.cc, src/init.cc; gloo's threads, pieces.
 
 KNOB_ORDER: tuple[str, ...] = (
     "n_channels",
@@ -79,20 +68,17 @@ KNOB_ORDER: tuple[str, ...] = (
 """Knob-priority order of the search: channels and chunk size first, they move compute slowdown most (Lagom)."""
 
 ALGORITHMS: tuple[str, ...] = ("Ring", "Tree", "NVLS", "NVLSTree", "CollNetDirect", "CollNetChain", "PAT")
-"""NCCL algorithm names (NCCL_ALGO tokens, case as in NCCL's docs)."""
+"""NCCL_ALGO / NCCL_PROTO tokens, case as in NCCL's docs."""
 PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
-"""NCCL protocol names (NCCL_PROTO tokens)."""
 N_THREADS: tuple[int, ...] = (64, 128, 256, 512)
 """NCCL_NTHREADS values the docs allow (NCCL clamps others silently; nccl#698: 480 corrupts)."""
 CTA_POLICIES: tuple[str, ...] = ("DEFAULT", "EFFICIENCY", "ZERO")
 """ncclConfig_t.CTAPolicy names (NCCL 2.27+, ZERO usable from 2.28)."""
 CGA_CLUSTER_SIZES: tuple[int, ...] = tuple(range(0, 9))
-"""ncclConfig_t.cgaClusterSize, 0..8 (sm90+; NCCL clamps above 8)."""
 NET_PEER_CHANNELS: tuple[int, ...] = (1, 2, 4, 8, 16)
 """Values tried: NCCL rounds ``nChannelsPerNetPeer`` up to a power of two (v2.30.7 src/graph/paths.cc:988)."""
 
 COLLECTIVE_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-"""Ops that run an NCCL algorithm (the tuner plugin is consulted for them)."""
 P2P_OPS: tuple[str, ...] = ("send", "recv", "all_to_all")
 """Ops NCCL runs as point-to-point: no algorithm/protocol choice, CTAs not capped by the tuner (nccl#1598)."""
 
@@ -153,8 +139,7 @@ def invalid_value(knob: str, value: Any, allowed: Any, why: str = "") -> ValueEr
 
 
 class KnobRules(Protocol):
-    """What one mechanism can set on one cluster: the search domain handed to the engine. ``backend`` (nccl,
-    gloo, sim) labels profiles and plans; ``mechanism``: tuner, communicator, env or gloo."""
+    """What one mechanism (tuner, communicator, env or gloo) can set on one cluster: the engine's search domain."""
 
     cluster: ClusterSpec
     backend: str

@@ -1,8 +1,6 @@
-"""How many CTAs NCCL runs a point-to-point call on, from a communicator's channel bounds and net-peer channels.
-
-NCCL asks no tuner about send/recv (nor all-to-all, lowered to them). NVIDIA/nccl v2.30.7 unless said otherwise:
-1. ``comm->nChannels`` is cut to ``maxCTAs`` and duplicated to ``minCTAs`` (src/graph/connect.cc:494-505); then
-2. ``p2p_channels``, 3. ``peer_channels``, 4. ``task_channels``, 5. ``kernel_ctas``. Elementwise over numpy arrays."""
+"""CTAs NCCL runs a point-to-point call on (no tuner is asked; all-to-all is lowered to send/recv), elementwise;
+NVIDIA/nccl v2.30.7 unless said otherwise: 1. ``comm->nChannels`` is cut to ``maxCTAs`` and duplicated to ``minCTAs``
+(src/graph/connect.cc:494-505); 2. ``p2p_channels``, 3. ``peer_channels``, 4. ``task_channels``, 5. ``kernel_ctas``."""
 
 from __future__ import annotations
 
@@ -31,9 +29,8 @@ def pow2_up(x: Any) -> np.ndarray:
 def p2p_channels(
     comm_channels: Any, *, min_p2p: int = 1, max_p2p: int = MAXCHANNELS, rounded: bool = True
 ) -> np.ndarray:
-    """``comm->p2pnChannels``: ``comm_channels`` within ``NCCL_MIN/MAX_P2P_NCHANNELS``, rounded up to a power of
-    two unless ``rounded`` is False, <= 64 (src/graph/paths.cc:977-991; v2.27.5 paths.cc:842-866); channels above
-    ``nChannels`` serve P2P only (paths.cc:1007)."""
+    """``comm->p2pnChannels``: within ``NCCL_MIN/MAX_P2P_NCHANNELS``, power of two unless not ``rounded``, <= 64
+    (src/graph/paths.cc:977-991; v2.27.5 paths.cc:842-866); those above ``nChannels`` serve P2P only (:1007)."""
     c = np.maximum(np.minimum(np.asarray(comm_channels, dtype=float), float(max_p2p)), float(min_p2p))
     return np.minimum(pow2_up(c), float(MAXCHANNELS)) if rounded else c
 
@@ -87,8 +84,6 @@ def peer_channels(
         steps = np.maximum(0.0, np.ceil(np.log2(np.maximum(per * spread / np.maximum(p2p, 1.0), 1.0))))
         reduced = np.maximum(1.0, per / np.exp2(steps))
         return np.where(reduce, reduced, np.minimum(p2p, per))
-    # NCCL 2.21-2.28 (v2.27.5 paths.cc:798-867): 2 per network peer, 1 where 2 x nRanks > 4 x
-    # p2pnChannels (NCCL compares with the count before its power-of-two rounding), at least the NICs
     unrounded = p2p if comm_channels is None else p2p_channels(comm_channels, rounded=False)
     net_auto = np.where(2.0 * ranks > 4.0 * unrounded, 1.0, 2.0)
     net_auto = np.maximum(net_auto, float(nics_per_gpu))
@@ -127,8 +122,7 @@ def kernel_ctas(task_ch: Any, *, tasks: Any, p2p: Any) -> np.ndarray:
 
 
 class P2PModel:
-    """The P2P channel rule for the point-to-point sites of one cost model; ``net_peer_S`` (0 = unset), ``chunk_S``
-    (bytes). Nodes are NCCL's: one per NVLink domain (``ClusterSpec.nccl_nodes``; src/init.cc:830-837)."""
+    """The P2P rule for one cost model's sites; nodes are NCCL's, one per NVLink domain (src/init.cc:830-837)."""
 
     def __init__(
         self,
@@ -144,7 +138,7 @@ class P2PModel:
         self.any = bool(self.mask_S.any())
         self.cluster = cluster
         self.ranks_S = np.maximum(np.asarray(group_size_S, dtype=float), 1.0)
-        nccl_nodes = getattr(cluster, "nccl_nodes", None)  # NCCL's nodes: NVLink domains (P2PModel docstring)
+        nccl_nodes = getattr(cluster, "nccl_nodes", None)
         self.nodes_S = np.array(
             [
                 float(nccl_nodes(int(h), int(r)) if nccl_nodes else h)
@@ -163,7 +157,7 @@ class P2PModel:
         self.nic_gbps = float(cluster.net_gbps_per_gpu) * (gpn / int(nics) if nics else 1.0)
 
     def ctas(self, i: Any, comm_channels: Any) -> np.ndarray:
-        """CTAs of the P2P kernel of sites ``i`` on a communicator of ``comm_channels`` channels (broadcast)."""
+        """CTAs of the P2P kernel of sites ``i`` on a communicator of ``comm_channels`` channels."""
         c = self.cluster
         p2p = p2p_channels(comm_channels)
         per = peer_channels(

@@ -1,7 +1,5 @@
-"""Channels per network peer (``nChannelsPerNetPeer``), the P2P knob the per-site search does not scan.
-
-One value per process or communicator, decided after the search for its sites' summed region; NCCL's own
-unless a value is strictly faster. It sits on ``model.p2p.net_peer_S`` only while the plan is predicted."""
+"""Channels per network peer (``nChannelsPerNetPeer``): one per process or communicator, decided after the search
+(NCCL's own unless strictly faster); on ``model.p2p.net_peer_S`` only while a plan is predicted."""
 
 from __future__ import annotations
 

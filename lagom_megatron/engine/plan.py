@@ -1,7 +1,5 @@
-"""Plan files: the CommConfig each collective site gets, and what the plan was searched for.
-
-JSON (``PLAN_SCHEMA_VERSION``): fingerprint, per-site entries with predicted times, process-scope ``env``, stats.
-``Plan.digest()`` (sha256 of the canonical JSON without the wall-clock stats) is what ranks compare."""
+"""Plan files (JSON): each site's CommConfig and predicted times, process-scope ``env``, stats, and the fingerprint
+of what it was searched for. Ranks compare ``Plan.digest()``: sha256 of the canonical JSON without the stats."""
 
 from __future__ import annotations
 
@@ -29,10 +27,8 @@ FINGERPRINT_FIELDS: tuple[str, ...] = (
 """Fields a fingerprint usually holds; any other key is compared too."""
 
 NCCL_MECHANISMS: tuple[str, ...] = ("tuner", "communicator", "env")
-"""How a plan reaches NCCL (``nccl.rules``): lagom's tuner plugin (the default), ``ncclConfig_t`` per pool entry, or
-one value per job."""
+"""How a plan reaches NCCL (``nccl.rules``): tuner plugin (default), ``ncclConfig_t`` per pool entry, or job env."""
 MECHANISMS: dict[str, tuple[str, ...]] = {"nccl": NCCL_MECHANISMS, "sim": NCCL_MECHANISMS, "gloo": ("gloo",)}
-"""The mechanisms a plan of each backend may name."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,24 +37,18 @@ class PlanEntry:
 
     config: CommConfig
     predicted_t_comm_us: float
-    """Predicted collective time per iteration under ``config``, microseconds."""
+    """Per iteration."""
     predicted_t_region_us: float
-    """Predicted overlap-region time under ``config``, microseconds."""
     group: str
-    """Megatron process-group name of the site's communicator (dp, dp_cp, tp, pp, ep, cp, ...)."""
     op: str = "all_reduce"
     nbytes: int = 0
-    """Message size of one call, bytes (the tuner table's byte range)."""
+    """One call's; with ``group_size`` and ``n_nodes``: the tuner table's byte range, nRanks, nNodes."""
     group_size: int = 0
-    """Ranks in the communicator (the tuner table's nRanks)."""
     n_nodes: int = 1
-    """Nodes the communicator spans (the tuner table's nNodes)."""
     predicted_default_t_region_us: float = 0.0
-    """Predicted region time under NCCL's defaults, microseconds (for `plan show`)."""
     tunable: tuple[str, ...] = ()
     """Knobs the mechanism can change for this site, in priority order; empty = NCCL's choice whatever the plan."""
     note: str = ""
-    """Why a knob is out of reach, or how the site is applied; empty when nothing to say."""
     reduce_op: str | None = None
     parts: tuple[tuple[str, int], ...] = ()
     """(dtype, bytes) per tensor of a coalesced call: one tuner row per NCCL bin."""
@@ -109,10 +99,8 @@ class Plan:
     env: dict[str, str] = field(default_factory=dict)
     """Process-scope knobs as environment variables (NCCL_NTHREADS, ...) for the next launch."""
     stats: dict[str, Any] = field(default_factory=dict)
-    """Search statistics: model_evaluations, wall_time_s, predicted/default iteration time, ..."""
     backend: str = "nccl"
     mechanism: str = "tuner"
-    """How the plan is applied: one of ``MECHANISMS[backend]``."""
     schema_version: int = PLAN_SCHEMA_VERSION
 
     def to_dict(self, *, with_stats: bool = True) -> dict[str, Any]:
@@ -150,8 +138,7 @@ class Plan:
         )
 
     def fingerprint_mismatch(self, expected: dict[str, Any]) -> list[str]:
-        """Sorted names of ``expected``'s fields that differ in the plan's fingerprint; a field the plan lacks
-        differs unless ``expected`` holds None, and fields only the plan has are not compared."""
+        """Sorted keys of ``expected`` the fingerprint differs on (one it lacks differs unless expected None)."""
         return sorted(k for k in expected if self.fingerprint.get(k) != expected[k])
 
     def check_fingerprint(self, expected: dict[str, Any], *, source: str = "plan") -> None:
@@ -173,8 +160,7 @@ class Plan:
         return replace(self, stats={**self.stats, **stats})
 
     def with_defaults(self, site_ids: Any, *, note: str) -> Plan:
-        """A copy where ``site_ids`` keep NCCL's defaults, noted with ``note`` (``stats["sites_reverted"]``
-        accumulates); KeyError on a site the plan does not hold."""
+        """A copy with ``site_ids`` on NCCL's defaults, noted (``stats["sites_reverted"]``); KeyError if unknown."""
         entries = dict(self.entries)
         for sid in sorted(site_ids):
             if sid not in entries:

@@ -1,8 +1,6 @@
-"""The priority search (docs/engine.md): our reading of Lagom's "priority-based search".
-
-Sites by possible saving (default T_region - T_comp) scan knobs one at a time in priority order; a shared knob is
-decided once, by its first site. Static fixes (``NCCL_MAX_NCHANNELS``, per-group ``max_ctas``) refined by descent
-are candidates too; a site without predicted gain keeps NCCL's defaults. Linear in sites."""
+"""The priority search (docs/engine.md), our reading of Lagom's: sites by possible saving (default T_region - T_comp)
+scan knobs in priority order, a shared knob decided by its first site; static fixes (``NCCL_MAX_NCHANNELS``, per-group
+``max_ctas``) refined by descent compete; a site without predicted gain keeps NCCL's defaults. Linear in sites."""
 
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ def static_states(problem: SearchProblem, default_nc: np.ndarray) -> dict[str, S
 
 
 def capped_channels(problem: SearchProblem, idx: np.ndarray, default_nc: np.ndarray, cap: float) -> np.ndarray:
-    """Channel codes of sites ``idx`` under ``cap``: the domain's largest count <= min(``default_nc``, cap), else its
-    least; never above NCCL's choice. Shape (len(idx),)."""
+    """Channel codes (len(idx),) under ``cap``: the domain's largest <= min(default, cap), else least; <= NCCL's."""
     vals = problem.vals["n_channels"][idx]  # (B, K), NaN-padded
     top = np.max(np.where(np.isnan(vals), -np.inf, vals), axis=1)
     least = np.min(np.where(np.isnan(vals), np.inf, vals), axis=1)
@@ -40,7 +37,6 @@ def capped_channels(problem: SearchProblem, idx: np.ndarray, default_nc: np.ndar
 
 
 GROUP_CAPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-"""Per-group ``max_ctas`` values ``group_caps_state`` tries (the ones at or above NCCL's count change nothing)."""
 
 
 def group_caps_state(problem: SearchProblem, default_nc: np.ndarray, count: Counter, passes: int = 2) -> State:
@@ -98,12 +94,10 @@ def best_candidate(
 
 
 GAIN_TOL = 1e-6
-"""A site's predicted saving must exceed this fraction of its default region time to count as a gain."""
 
 
 def keep_defaults_without_gain(problem: SearchProblem, st: State, call_knobs: tuple[str, ...]) -> tuple[State, int]:
-    """``st`` with sites whose per-call knobs predict no gain back on NCCL's defaults; tie sets are judged and reset
-    together, shared knobs kept. Returns (state, sites reset)."""
+    """``st`` with sites whose per-call knobs gain nothing back on defaults (tie sets together); (state, n reset)."""
     st, _ = problem.tie_indistinguishable(st)
     default = problem.default_state()
     back = st.copy()
@@ -129,7 +123,7 @@ def keep_defaults_without_gain(problem: SearchProblem, st: State, call_knobs: tu
 
 @register("priority")
 def priority(problem: SearchProblem, *, rounds: int = 3) -> SearchResult:
-    """Lagom's priority search (module docstring); linear in the number of sites."""
+    """Lagom's priority search (module docstring)."""
     timer, count = Timer(), Counter()
     st = problem.default_state()
     default_nc = st.nc.copy()

@@ -1,5 +1,4 @@
 """The search problem every searcher takes: sites, fitted cost model, knob rules, knob domains as numpy arrays.
-
 Config codes: algorithm and protocol index (``ALG_NONE`` / ``PROTO_NONE``: P2P, gloo), n_channels, n_threads, chunk
 level (0 = NCCL's chunk, 1..4 = ``knobs.chunk_domain``). Suffixes: ``_S`` per site, ``_SK`` per site and value."""
 
@@ -70,13 +69,11 @@ class SearchResult:
 
     plan: Plan
     stats: dict[str, Any]
-    """model_evaluations, wall_time_s, predicted_iteration_us, default_iteration_us, n_sites, ..."""
 
 
 @dataclass
 class SearchProblem:
-    """Everything a searcher needs, built by ``from_profile`` or ``from_model``. ``domains_S[i][knob]``: site
-    i's values (``(None,)`` = not tunable); ``scope[knob]``: call, communicator, process or None."""
+    """Everything a searcher needs; ``domains_S[i][knob]``: site i's values, ``(None,)`` = not tunable."""
 
     model: CostModel
     rules: KnobRules
@@ -85,7 +82,6 @@ class SearchProblem:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     scope: dict[str, str | None] = field(default_factory=dict)
     notes_S: list[str] = field(default_factory=list)
-    """Per site, the rules' note on its domain (``KnobRules.site_domains``); copied to the plan."""
 
     def __post_init__(self) -> None:
         self.cluster: ClusterSpec = self.model.cluster
@@ -106,8 +102,7 @@ class SearchProblem:
         fingerprint: dict | None = None,
         domain_override: dict[str, tuple] | None = None,
     ) -> SearchProblem:
-        """A problem over ``model``'s sites under ``rules`` (ValueError: another cluster); ``domain_override`` narrows
-        site domains (empty keeps the first value); ``iteration_us`` defaults to the summed default regions."""
+        """A problem over ``model``'s sites (ValueError: another cluster); ``domain_override`` narrows domains."""
         if rules.cluster.name != model.cluster.name:
             raise ValueError(
                 f"knob rules are for cluster {rules.cluster.name!r} but the cost model is for {model.cluster.name!r}"
@@ -179,8 +174,6 @@ class SearchProblem:
         if changed:
             self._encode_domains()
 
-    # ---- encoded domains --------------------------------------------------------------------
-
     def _encode_domains(self) -> None:
         """vals[knob]: (S, K) float codes padded with NaN; tunable[knob]: (S,) bool."""
         S = len(self.sites)
@@ -241,8 +234,6 @@ class SearchProblem:
             t_region = np.where(bad, np.inf, t_region)
         return t_comm, s, t_region
 
-    # ---- shared-scope units -----------------------------------------------------------------
-
     def shared_units(self) -> list[tuple[str, str, np.ndarray]]:
         """(knob, unit key, site indices) per tunable knob of process (one unit) or communicator scope (one each)."""
         units = []
@@ -263,11 +254,8 @@ class SearchProblem:
                     units.append((knob, key, np.array([i for i, k in zip(governed, keys) if k == key])))
         return units
 
-    # ---- plan -------------------------------------------------------------------------------
-
     def tie_sets(self) -> list[np.ndarray]:
-        """Sets of site indices the mechanism cannot tell apart (sharing a key of the rules' optional ``call_keys``),
-        by first member; singletons otherwise (NCCL's tuner plugin sees only communicator, collective and bytes)."""
+        """Site index sets sharing a ``rules.call_keys`` key (NCCL's tuner sees only communicator, op and bytes)."""
         key_fn = getattr(self.rules, "call_keys", None)
         parent = list(range(len(self.sites)))
 
@@ -313,9 +301,7 @@ class SearchProblem:
         peer: dict[int, int] | None = None,
         fast: set[int] | None = None,
     ) -> Plan:
-        """A Plan from a final state (None = NCCL's choice everywhere); tie sets first get one config. Net-peer
-        channels (``peer``: site index -> value) and high-priority-stream sites (``fast``) are decided on the final
-        state (``p2p_knobs``, ``stream_priority``) unless given."""
+        """A Plan from a final state (None: NCCL's everywhere); ``peer`` and ``fast`` are decided on it unless given."""
         if st is not None:
             st, tied = self.tie_indistinguishable(st)
             if tied:
@@ -324,10 +310,10 @@ class SearchProblem:
         d_comm, _, d_region = self.evaluate(default)
         use = st if st is not None else default
         if peer is None:
-            peer = p2p_knobs.decide(self, st) if st is not None else {}  # channels per network peer
+            peer = p2p_knobs.decide(self, st) if st is not None else {}
         with p2p_knobs.applied(self, peer):
             if fast is None:
-                fast = stream_priority.decide(self, st) if st is not None else set()  # high-priority streams
+                fast = stream_priority.decide(self, st) if st is not None else set()
             with stream_priority.applied(self, fast):
                 t_comm, _, t_region = self.evaluate(use)
         configs = self._configs(st) if st is not None else [CommConfig()] * len(self.sites)
@@ -390,8 +376,7 @@ class SearchProblem:
         return [tuple(k for k in KNOB_ORDER if len(d.get(k, (None,))) > 1) for d in self.domains_S]
 
     def _configs(self, st: State) -> list[CommConfig]:
-        """One CommConfig per site: untunable knobs None; ``CommConfig()`` for a site left at the default (P2P:
-        at NCCL's own CTA count)."""
+        """Untunable knobs None; ``CommConfig()`` for a site left at the default (P2P: at NCCL's own CTA count)."""
         tun = {k: self.tunable[k].tolist() for k in SEARCH_KNOBS}
         chunk = self.chunk_bytes(st.proto, st.lvl).astype(np.int64).tolist()
         alg, proto, nc, nt = (x.astype(np.int64).tolist() for x in (st.alg, st.proto, st.nc, st.nt))

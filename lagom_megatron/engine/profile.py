@@ -1,7 +1,5 @@
 """Profile files: what the warm-up profiler (or the simulator) measured; all the search sees of the system.
-
-A ``Sample`` is one overlap region under one ``CommConfig`` (us, slowest rank): ``t_comm_us`` (the site's calls
-summed), ``t_comp_us`` (compute alone), ``t_region_us`` (collective start -> end of both), optional ``calls``."""
+A ``Sample``: one region under one config (us, slowest rank), ``t_region_us`` from collective start to end of both."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ BACKENDS: tuple[str, ...] = ("nccl", "gloo", "sim")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CollectiveSite:
-    """One place in Megatron-Core that issues an overlapped collective; ``site_id`` is stable across iterations
-    and ranks. ``nbytes``: one call's full message (all-gather: gathered output; reduce-scatter: input)."""
+    """An overlapped collective's call site, stable across iterations and ranks; ``nbytes``: AG output, RS input."""
 
     site_id: str
     op: str
@@ -33,15 +30,13 @@ class CollectiveSite:
     """Megatron process-group name: dp, dp_cp, tp, pp, ep, cp, ..."""
     group_size: int
     n_nodes: int = 1
-    """Nodes spanned by the group (1 = intra-node only)."""
     calls_per_iter: int = 1
     reduce_op: str | None = None
-    """Torch's reduction (``sum``, ``avg``, ...) or None; NCCL runs no NVLS for ``avg``."""
+    """NCCL runs no NVLS for ``avg``."""
     parts: tuple[tuple[str, int], ...] = ()
     """(dtype, bytes) per tensor of a coalesced call (NCCL bins them, ``nccl.bins``); empty = one of ``dtype``."""
     registered: str = ""
-    """NCCL buffer registration (``--use-nccl-ub``): "" none, ``pool``, ``symmetric`` (symmetric kernels ask no
-    tuner), ``fixed`` (the group's own communicator only)."""
+    """``--use-nccl-ub``: "" none, ``pool``, ``symmetric`` (asks no tuner), ``fixed`` (own communicator only)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", tuple((str(d), int(b)) for d, b in self.parts))
@@ -66,8 +61,7 @@ CallTimes = tuple[float, float, float]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Sample:
-    """One measurement of one overlap region under one config (us). ``calls``: per call (t_comm, t_comp, t_region),
-    issue order; ``t_comm_nccl_us``: NCCL's kernel timers (``megatron.kernel_time``), NaN if none (fit prefers it)."""
+    """One region under one config (us); ``calls`` in issue order; ``t_comm_nccl_us``: NCCL's kernel timers or NaN."""
 
     site_id: str
     config: CommConfig
@@ -84,15 +78,12 @@ class Profile:
     """Everything the search needs: sites, measured samples, and the iteration they belong to."""
 
     backend: str
-    """nccl, gloo or sim: selects the knob domains the search scans."""
     cluster: str
-    """Name of a ClusterSpec under configs/clusters/ (or a path to one)."""
     iteration_us: float
-    """Median measured iteration time under NCCL defaults, microseconds."""
+    """Median under NCCL defaults."""
     sites: list[CollectiveSite]
     samples: list[Sample]
     fingerprint: dict[str, Any] = field(default_factory=dict)
-    """What was profiled: model dims, parallel layout, world size, cluster, NCCL and lagom versions."""
     schema_version: int = PROFILE_SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,8 +111,7 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
-        """Builds a profile from ``to_dict`` output that ``config.plan_files.ProfileSchema`` accepts (which reads
-        files)."""
+        """Builds a profile from ``to_dict`` output that ``config.plan_files.ProfileSchema`` accepts."""
         samples = [
             Sample(
                 site_id=s["site_id"],

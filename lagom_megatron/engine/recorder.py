@@ -1,7 +1,5 @@
-"""``ProfileRecorder``: the warm-up's measurements, site by site, until they become the search's ``Profile``.
-
-A sample under another config than assigned, or a probe missing a site, excludes the site (NCCL defaults, warning);
-``build_profile`` gives samples the serialized iteration's T_comp (per call where the call counts match)."""
+"""``ProfileRecorder``: the warm-up's measurements until they become the search's ``Profile``. A sample under another
+config than assigned, or a probe missing a site, excludes the site (it keeps NCCL defaults)."""
 
 from __future__ import annotations
 
@@ -27,11 +25,10 @@ class ProfileRecorder:
         self.sites: dict[str, CollectiveSite] = {}
         self.default_us: list[float] = []
         self.t_comp_us: dict[str, float] = {}
-        """Site id -> its compute alone (the serialized iteration), microseconds."""
+        """Site id -> compute alone (the serialized iteration)."""
         self.t_comp_calls_us: dict[str, tuple[float, ...]] = {}
-        """Site id -> each call's compute alone (serialized iteration, us), where calls were timed."""
+        """The same per call, where calls were timed."""
         self.samples: list[Sample] = []
-        """Every kept sample, as measured (T_comp filled in by ``build_profile``)."""
         self.excluded: dict[str, str] = {}
         """Site id -> why it was left out of the profile (it keeps NCCL defaults)."""
 

@@ -11,7 +11,6 @@ from lagom_megatron.engine.problem import SEARCHERS, SearchProblem, SearchResult
 from lagom_megatron.engine.profile import Profile
 
 METHODS: tuple[str, ...] = ("priority", "autoccl", "exhaustive", "nccl-default")
-"""Methods accepted by ``search`` and ``lagom search --method``; the only list of them."""
 LAGOM_METHODS = tuple(m for m in METHODS if m != "exhaustive")
 """Values of ``--lagom-method`` and a preset's ``lagom_method`` (``exhaustive`` is for small offline instances only)."""
 
@@ -24,8 +23,7 @@ def search(
     model: CostModel | None = None,
     **options: Any,
 ) -> SearchResult:
-    """Searches a plan with ``method`` for a Profile (needs ``rules``; fitted unless ``model``) or a SearchProblem;
-    ``options`` go to the searcher. ValueError on an unknown method, a Profile without rules, a searcher's refusal."""
+    """A plan for a Profile (needs ``rules``; fitted unless ``model``) or a SearchProblem; ValueError if it cannot."""
     if method not in SEARCHERS:
         raise ValueError(f"method must be one of {sorted(SEARCHERS)}; got {method!r}")
     if isinstance(profile, SearchProblem):

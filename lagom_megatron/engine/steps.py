@@ -29,8 +29,7 @@ StepKind = Literal[
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Step:
-    """What the next iteration must do. ``assignment``: site id -> CommConfig (missing = NCCL defaults);
-    ``serialize``: wait on each collective at launch (T_comp); ``timed`` False: the measurement is ignored."""
+    """The next iteration's work; ``assignment``: missing = NCCL defaults; ``serialize``: wait per call (T_comp)."""
 
     iteration: int
     kind: StepKind
@@ -38,13 +37,11 @@ class Step:
     serialize: bool = False
     timed: bool = True
     probe_index: int | None = None
-    """Index into the probe configs for ``kind == "probe"``."""
 
 
 @dataclass(kw_only=True, slots=True)
 class IterationMeasurement:
-    """What a backend measured in one iteration (us): ``iteration_us`` of the slowest rank; one ``Sample`` per
-    site region (``t_comm_us`` summed over calls, ``t_comp_us`` NaN where not measured)."""
+    """One iteration, us: the slowest rank's ``iteration_us``, one ``Sample`` per site region (calls summed)."""
 
     iteration: int
     iteration_us: float

@@ -1,7 +1,5 @@
-"""High-priority NCCL stream per communicator, the knob the per-site search does not scan.
-
-Its only modelled effect removes the dispatch wait (``CostModel.wait_S``). Decided after the search per group:
-on where the summed region shrinks by more than ``GAIN_TOL``; on ``model.hp_S`` only while the plan is predicted."""
+"""High-priority NCCL stream per communicator: removes the dispatch wait (``CostModel.wait_S``). Decided after the
+search, on where the summed region shrinks by > ``GAIN_TOL``; on ``model.hp_S`` only while a plan is predicted."""
 
 from __future__ import annotations
 
@@ -11,7 +9,6 @@ import numpy as np
 
 KNOB = "high_priority_stream"
 GAIN_TOL = 1e-6
-"""A group's high-priority stream must save more than this share of its sites' region time."""
 
 
 def units(problem: Any) -> list[tuple[str, np.ndarray]]:

@@ -1,8 +1,5 @@
 """The tuning lifecycle: profile -> probe -> fit + search -> agree -> verify -> applied | fell back. Our design.
-
-A backend-agnostic state machine (Megatron on NCCL or gloo, ``sim``), one iteration at a time: ``start_iteration``,
-run ``step.assignment``, ``finish_iteration``. Schedule: ``warmup_iters`` untimed, one default, one serialized
-(T_comp), one per probe config; fit and search; plan and defaults alternate until ``verify.sequential_verdict``."""
+Iterations: ``warmup_iters`` untimed, default, serialized (T_comp), probes; then plan and defaults alternate."""
 
 from __future__ import annotations
 
@@ -22,20 +19,16 @@ from lagom_megatron.engine.verify import NOISE_RULES, NoiseRule, looks, sequenti
 MIN_ITERS = 1
 """Lower bound of each count of :class:`TunerConfig` (iteration 0 warms allocator and communicators: never timed)."""
 MAX_WARMUP_ITERS = 1000
-"""Upper bound of ``--lagom-warmup-iters``."""
 MAX_VERIFY_ITERS = 200
-"""Upper bound of ``--lagom-verify-iters`` and ``lagom simulate --verify-iters``."""
 MAX_VERIFY_MAX_ITERS = 1000
 """Upper bound of ``--lagom-verify-max-iters`` (a 0.3% gain at 1% noise takes a few hundred pairs)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TunerConfig:
-    """``Tuner.Config``: the one definition of the ``--lagom-*`` defaults (bounds: ``MIN_ITERS``, ``MAX_*_ITERS``)
-    and the verification rule; ValueError on a count < 1, a cap < ``verify_iters``, a bad method, rule, min_gain."""
+    """The ``--lagom-*`` defaults and the verification rule; ValueError on a bad count, cap, method, rule, min_gain."""
 
     warmup_iters: int = 4
-    """Untimed iterations under defaults before profiling."""
     verify_iters: int = 4
     """Timed iterations per arm (plan, defaults) at verification's first look."""
     verify_max_iters: int | None = None
@@ -45,7 +38,7 @@ class TunerConfig:
     """Smallest relative gain (fraction of the default median) a plan must show to be kept."""
     noise_rule: NoiseRule = "paired"
     probe_configs: list[CommConfig] | None = None
-    """Probe configs applied to all sites; None = ``rules.probe_configs()``."""
+    """Applied to all sites; None = ``rules.probe_configs()``."""
 
     def __post_init__(self) -> None:
         if self.warmup_iters < MIN_ITERS:
@@ -72,16 +65,15 @@ class TunerConfig:
         return looks(self.verify_iters, cap) if self.noise_rule == "paired" else (self.verify_iters,)
 
 
-DEFAULT_CONFIG = TunerConfig()  # read by argparse, presets, LagomController, sim.backend.run_lifecycle
+DEFAULT_CONFIG = TunerConfig()
 
 
 log = logging.getLogger("lagom.tuner")
 
 
 class Tuner:
-    """The lifecycle state machine, one per training run and rank; ValueError on an unknown ``rules.backend``.
-    ``agree(plan) -> plan`` (collective; e.g. broadcast rank 0's plan, check digests) runs once on the searched plan,
-    with ``None`` after a failed fit/search; raising makes the tuner fall back. Ranks must feed equal measurements."""
+    """One per run and rank, fed equal measurements on every rank. ``agree(plan) -> plan`` (collective) runs once on
+    the searched plan, with None after a failed fit/search; raising makes the tuner fall back."""
 
     Config = TunerConfig
 
@@ -103,14 +95,12 @@ class Tuner:
         self.agree = agree
         self.phase = Phase.PROFILING
         self.reason = ""
-        """Why the tuner ended APPLIED or FELL_BACK, one line."""
         self.plan: Any = None
         """The searched (and agreed) Plan; kept after a fall-back."""
         self.profile: Profile | None = None
         self.search_stats: dict[str, Any] = {}
         self.model_mape: float | None = None
         self.events: list[tuple[int, str, str]] = []
-        """(iteration, phase, message) per transition."""
         self._probes: list[CommConfig] | None = None
         self._rec = ProfileRecorder(backend=self.backend, cluster_name=self.cluster.name, fingerprint=self.fingerprint)
         self._verify_plan_us: list[float] = []
@@ -119,8 +109,6 @@ class Tuner:
         self._last_finished = -1
         self._n_finished = 0
         self._from_plan = False
-
-    # ------------------------------------------------------------------ schedule
 
     @property
     def probes(self) -> list[CommConfig]:
@@ -152,8 +140,7 @@ class Tuner:
         return (0 if self._from_plan else self.profiling_iters) + 1 + 2 * self.verify_looks[-1]
 
     def start_from_plan(self, plan: Any) -> None:
-        """Skips profiling and search: verifies ``plan`` (e.g. from ``lagom search``) against the defaults.
-        RuntimeError after the first iteration started, or if the plan tunes no site."""
+        """Verifies ``plan`` against the defaults, no profiling; RuntimeError once running or if it tunes no site."""
         if self._n_finished or self._started is not None or self.phase is not Phase.PROFILING:
             raise RuntimeError(
                 f"start_from_plan: the tuner already ran {self._n_finished} iteration(s), "
@@ -225,11 +212,8 @@ class Tuner:
             return {}
         return {sid: e.config for sid, e in self.plan.entries.items() if not e.config.is_default()}
 
-    # ------------------------------------------------------------------ iteration pairs
-
     def start_iteration(self, iteration: int) -> Step:
-        """Marks ``iteration`` as running and returns its ``Step`` (optional: ``assignment()`` alone works too).
-        RuntimeError if an iteration is unfinished or ``iteration`` is not after the last finished."""
+        """Marks ``iteration`` running (optional); RuntimeError if one is unfinished or it is not after the last."""
         if self._started is not None:
             raise RuntimeError(
                 f"start_iteration({iteration}): iteration {self._started.iteration} was started and not finished"
@@ -248,8 +232,7 @@ class Tuner:
         return self._started
 
     def finish_iteration(self, measurement: IterationMeasurement) -> Phase:
-        """Records one iteration's measurement and returns the phase after it; RuntimeError on a wrong iteration
-        number. Bad measurements never raise: the tuner falls back or excludes the site."""
+        """Records a measurement, returns the next phase; RuntimeError on a wrong iteration, never on bad values."""
         it = measurement.iteration
         if self._started is not None and it != self._started.iteration:
             raise RuntimeError(
@@ -273,8 +256,6 @@ class Tuner:
             self._verify_default_us.append(measurement.iteration_us)
         self._advance(it)
         return self.phase
-
-    # ------------------------------------------------------------------ recording
 
     def _record_default(self, m: IterationMeasurement) -> None:
         if not self._rec.record_default(m):
@@ -303,8 +284,6 @@ class Tuner:
         self._log(
             m.iteration, f"probe {k + 1}/{len(self.probes)} {cfg.to_dict()}: iteration {m.iteration_us / 1e3:.1f} ms"
         )
-
-    # ------------------------------------------------------------------ transitions
 
     def _advance(self, it: int) -> None:
         if self.phase is Phase.PROFILING and self._n_finished >= self.config.warmup_iters + 2:
@@ -374,7 +353,6 @@ class Tuner:
         )
 
     def _finish_verify(self, it: int) -> None:
-        """VERIFYING -> APPLIED | FELL_BACK at a decided look of ``verify_looks``; otherwise verification goes on."""
         assert self.phase is Phase.VERIFYING, f"verify finished in phase {self.phase.name}"
         points = self.verify_looks
         v = sequential_verdict(
@@ -406,8 +384,6 @@ class Tuner:
     def _log(self, it: int, msg: str) -> None:
         self.events.append((it, self.phase.value, msg))
         log.info("lagom [%s] iteration %d: %s", self.phase.value, it, msg)
-
-    # ------------------------------------------------------------------ report
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready state: phase, reason, iteration medians, gain, model error and search stats."""

@@ -1,5 +1,4 @@
 """The verification rule: keep a plan only when its measured gain beats the noise (docs/engine.md; ours).
-
 ``paired``: mean of default_k - plan_k above ``min_gain`` and its one-sided 95% Student-t bound (one pair:
 ``half-range``); ``half-range``: medians' gain above half the wider arm's range; ``none``: ``min_gain`` alone.
 Sequential ``paired``: verdicts at ``looks``, reject on futility or at the cap; 5% false-accept split over the looks."""
@@ -68,8 +67,7 @@ def t_quantile(p: float, dof: int) -> float:
 
 
 def looks(first: int, cap: int) -> tuple[int, ...]:
-    """Pair counts of the verdicts: ``first``, doubling, then ``cap``: ``looks(20, 160) == (20, 40, 80, 160)``.
-    ValueError unless 1 <= first <= cap."""
+    """Verdict pair counts: ``first``, doubling, ``cap`` (20, 40, 80, 160); ValueError unless 1 <= first <= cap."""
     if first < 1 or cap < first:
         raise ValueError(f"verification looks need 1 <= first <= cap; got first={first}, cap={cap}")
     out = []
@@ -82,8 +80,7 @@ def looks(first: int, cap: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """The outcome of verification (us); ``text``: one line in ms (Megatron's log unit) with the statistic
-    compared and the bound it had to beat."""
+    """Verification's outcome (us); ``text``: one line in ms (Megatron's log unit), the statistic and its bound."""
 
     keep: bool
     plan_us: float
@@ -96,7 +93,6 @@ class Verdict:
 
 
 def half_range(xs: list[float]) -> float:
-    """(max - min) / 2 of ``xs``; 0 for fewer than two values."""
     return (max(xs) - min(xs)) / 2.0 if len(xs) > 1 else 0.0
 
 
@@ -150,7 +146,6 @@ def verdict(
 
 
 def _paired(plan_us: list[float], default_us: list[float], *, min_gain: float, n_looks: int, final: bool) -> Verdict:
-    """The ``paired`` rule at one look (module docstring); ``n_looks >= 1``."""
     if n_looks < 1:
         raise ValueError(f"n_looks must be >= 1; got {n_looks}")
     n = len(plan_us)
@@ -184,8 +179,7 @@ def _paired(plan_us: list[float], default_us: list[float], *, min_gain: float, n
 def sequential_verdict(
     plan_us: list[float], default_us: list[float], *, min_gain: float, noise_rule: NoiseRule, first: int, cap: int
 ) -> Verdict | None:
-    """The verdict once both arms hold a look's count (``looks(first, cap)``; one look unless ``paired``), else
-    None. ValueError as ``looks`` or on an unknown noise rule."""
+    """The verdict once both arms hold a look's count (``looks``; one unless ``paired``), else None; ValueError."""
     points = looks(first, cap) if noise_rule == "paired" else (first,)
     n = min(len(plan_us), len(default_us))
     if len(plan_us) != len(default_us) or n not in points:
