@@ -1,2 +1,1 @@
-"""Launching a run: ``lagom doctor``, the SLURM / torchrun environment, presets as Megatron-LM command
-lines, and the hooks a patched Megatron-LM ``pretrain_gpt.py`` calls. docs/launching.md."""
+"""``lagom doctor``, SLURM / torchrun variables, presets as Megatron-LM lines, Megatron-LM hooks (docs/launching.md)."""

@@ -1,7 +1,4 @@
-"""``lagom doctor``: the pre-flight checks of a training run, for a target cluster.
-
-The checks are ``preflight.check.check_run``, which ``scripts/pretrain_gpt.py`` runs too; this module
-adds command-line parsing, a target cluster other than this machine, and a patched Megatron-LM's entry."""
+"""``lagom doctor``: ``preflight.check.check_run`` (also run by ``scripts/pretrain_gpt.py``) for a target cluster."""
 
 from __future__ import annotations
 
@@ -38,11 +35,8 @@ def run_doctor(
     preset_env: Mapping[str, str] | None = None,
     local: bool = False,
 ) -> list[Finding]:
-    """Runs every rule of the shared pre-flight (``preflight.check.run_rules``).
-
-    ``cluster``: a ClusterSpec, its name, a dict/object with ``gpus_per_node``, ``sm_arch``, ``nccl_version``,
-    ``backend``, or None (the preset's, else ``args.lagom_cluster``). ``local``: the run starts here (folders,
-    plan lock and port are checked). ValueError on an unknown preset or cluster, or an unsupported input type."""
+    """``preflight.check.run_rules``; ``cluster``: a ClusterSpec, its name, an object with its fields, or None (the
+    preset's, else ``args.lagom_cluster``); ``local``: also folders, lock, port. ValueError: unknown or bad input."""
     return run_rules(
         resolve(
             args_or_preset,
@@ -66,9 +60,7 @@ def check_command_line(
     preset_env: Mapping[str, str] | None = None,
     local: bool = False,
 ) -> list[Finding]:
-    """The verdict of ``scripts/pretrain_gpt.py`` on a command line: its parser, then ``check_run`` with its checks.
-
-    A line without a data source is checked as with ``--mock-data`` (a warning); ``world_size`` None: TP x PP x CP."""
+    """``scripts/pretrain_gpt.py``'s verdict on a line (no data: as ``--mock-data``; world_size None: TP x PP x CP)."""
     try:
         ns = parse_args(argv, exit_on_error=False)
     except (ValueError, FileNotFoundError) as exc:
@@ -80,7 +72,7 @@ def check_command_line(
             "fix the flag or value named (python scripts/pretrain_gpt.py --help lists them); "
             "a Megatron-LM checkout's line is checked with lagom doctor --megatron-lm",
         )
-        # the NCCL variables need nothing of the line: still named, so that one run finds both
+        # the NCCL variables need nothing of the line: still checked, so one run names both
         shape = resolve(
             {},
             environ,
@@ -124,9 +116,7 @@ def check_command_line(
 
 
 def plugin_abi_line(environ: Mapping[str, str], cluster: Any) -> str | None:
-    """``lagom doctor: <line>`` naming the tuner and profiler ABI NCCL will use with ``NCCL_TUNER_PLUGIN``.
-
-    None on gloo or when the variable names no loadable absolute path."""
+    """``lagom doctor: <line>`` naming the plugin ABIs NCCL will use; None on gloo or without a loadable path."""
     from lagom_megatron.nccl.plugin_launch import plugin_abi_report
 
     if cluster_field(cluster, "backend") == "gloo":
@@ -137,7 +127,6 @@ def plugin_abi_line(environ: Mapping[str, str], cluster: Any) -> str | None:
 
 
 def errors(findings: list[Finding]) -> list[Finding]:
-    """The findings of level "error"."""
     return [f for f in findings if f.level == "error"]
 
 

@@ -1,6 +1,4 @@
-"""Megatron-LM command lines <-> argparse destinations, without Megatron-LM's parser.
-
-Flag names are Megatron-LM's ``megatron/training/arguments.py``, checked for the GPU presets against core_v0.16."""
+"""Megatron-LM command lines <-> argparse destinations without its parser (flags of core_v0.16 ``arguments.py``)."""
 
 from __future__ import annotations
 
@@ -26,10 +24,7 @@ STORE_FALSE_FLAGS: dict[str, str] = {
 
 
 def args_to_argv(args: dict[str, Any]) -> list[str]:
-    """Argparse destinations as Megatron-LM flags, in the order of ``args``.
-
-    True: the bare flag; False: nothing or the ``STORE_FALSE_FLAGS`` flag; None: nothing; a list: the flag
-    and its items. ``num_query_groups`` adds ``--group-query-attention``, which Megatron-LM requires."""
+    """Argparse destinations as Megatron-LM flags, in order; ``num_query_groups`` adds ``--group-query-attention``."""
     argv: list[str] = []
     for dest, value in args.items():
         if value is None:
@@ -62,13 +57,10 @@ MEGATRON_LM_EVAL_ITERS_WITHOUT_EVAL = 1
 
 
 def preset_to_argv(preset: Any) -> list[str]:
-    """A preset as a Megatron-LM ``pretrain_gpt.py`` command line.
-
-    Adds ``--eval-interval <train_iters> --eval-iters 1`` when unset: Megatron-LM divides by it
-    (``megatron/training/training.py:3307`` @core_v0.16.1, :3547 @core_v0.17.1, :4136 @core_v0.18.2).
-    ``use_megatron_fsdp`` adds ``--ckpt-format fsdp_dtensor`` (``arguments.py:690`` @core_v0.16.1),
+    """A preset as a ``pretrain_gpt.py`` line; an eval interval (divided by: ``training.py:3307`` @core_v0.16.1, :3547
+    @core_v0.17.1, :4136 @core_v0.18.2); FSDP: ``--ckpt-format fsdp_dtensor`` (``arguments.py:690`` @core_v0.16.1),
     ``--use-distributed-optimizer`` (``docs/discussions/megatron-fsdp-user-guide/megatron-fsdp-user-guide.md:27-37``
-    @core_v0.16.1; forced at ``arguments.py:1113-1119`` @core_v0.18.2) and the sharding strategy (default varies)."""
+    @core_v0.16.1; forced at ``arguments.py:1113-1119`` @core_v0.18.2) and the sharding strategy."""
     args = preset.to_args()
     if args.get("max_position_embeddings") is None:
         args["max_position_embeddings"] = args.get("seq_length")
@@ -94,10 +86,7 @@ def _parse_value(text: str) -> Any:
 
 
 def argv_to_args(argv: Sequence[str]) -> dict[str, Any]:
-    """Parses a ``pretrain_gpt.py`` command line (ours or Megatron-LM's) into argparse destinations.
-
-    ``--preset NAME`` is loaded first and explicit flags override it (``_preset``: the loaded ``Preset``); a
-    bare flag is True, several values a list. ValueError: ``--preset`` without a name, or an unknown preset."""
+    """A ``pretrain_gpt.py`` line as destinations over ``--preset``'s (``_preset``: the Preset); ValueError: bad one."""
     pairs: list[tuple[str, list[str]]] = []
     current: tuple[str, list[str]] | None = None
     for word in argv:

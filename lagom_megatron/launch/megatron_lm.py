@@ -1,10 +1,6 @@
-"""``--lagom`` in a Megatron-LM checkout's ``pretrain_gpt.py`` (the code ``patches/`` adds calls this).
-
-Megatron-LM's ``train`` (``megatron/training/training.py``) has no callbacks, so lagom wraps ``train_step``,
-which ``train`` looks up as a module global each iteration (same leading parameters core_v0.16 to
-core_v0.19), and drives the callbacks of ``training.loop``. core_v0.18+: ``LagomHooks.parse_args``;
-core_v0.16/0.17: ``LagomHooks.pretrain``. The cluster is ``$LAGOM_CLUSTER``, else the local GPU.
-"""
+"""``--lagom`` in a Megatron-LM checkout's ``pretrain_gpt.py`` (called by what ``patches/`` adds). ``train``
+(``megatron/training/training.py``) has no callbacks but looks ``train_step`` up as a module global each iteration
+(same leading parameters core_v0.16 to core_v0.19): lagom wraps it. Cluster: ``$LAGOM_CLUSTER``, else the local GPU."""
 
 from __future__ import annotations
 
@@ -39,7 +35,7 @@ def _rank0_print(line: str) -> None:
 
 
 class LagomHooks:
-    """lagom's callbacks driven from Megatron-LM's ``train_step``."""
+    """lagom's callbacks around ``train_step`` (entry: core_v0.18+ ``parse_args``, core_v0.16/0.17 ``pretrain``)."""
 
     def __init__(self) -> None:
         self.active = False
@@ -52,11 +48,8 @@ class LagomHooks:
     def print_help_if_asked(
         self, extra_args_provider: ArgsProvider | None = None, argv: list[str] | None = None
     ) -> None:
-        """Answers ``-h`` / ``--help`` with Megatron-LM's help and lagom's flags, then SystemExit(0).
-
-        Must run before ``maybe_wrap_for_inprocess_restart``, whose pre-parse would print help without lagom's
-        flags (``megatron/training/inprocess_restart.py:128`` @core_v0.16.1, :133 @core_v0.18.2). Where
-        Megatron-LM's help raises ``ValueError`` (a bare ``%``, core_v0.18.2+), lagom's flags print alone."""
+        """Answers ``--help`` with Megatron-LM's and lagom's flags, then SystemExit(0); runs before the pre-parse
+        of ``maybe_wrap_for_inprocess_restart`` (``inprocess_restart.py:128`` @core_v0.16.1, :133 @core_v0.18.2)."""
         argv = sys.argv[1:] if argv is None else argv
         if not any(a in ("-h", "--help") for a in argv):
             return
@@ -64,7 +57,7 @@ class LagomHooks:
 
         try:
             parse_args(extra_args_provider=self.chained_provider(extra_args_provider))
-        except ValueError as exc:  # Megatron-LM's help text itself fails to format
+        except ValueError as exc:  # a bare % in Megatron-LM's help (core_v0.18.2+): lagom's flags alone
             from lagom_megatron.training.arguments import add_lagom_args
 
             parser = argparse.ArgumentParser(prog=os.path.basename(sys.argv[0]), add_help=False)
@@ -74,7 +67,7 @@ class LagomHooks:
         raise SystemExit(0)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)``, then :meth:`finish`, also when ``fn`` raises or calls ``sys.exit``."""
+        """``fn(*args, **kwargs)``, then :meth:`finish` (also on an exception or ``sys.exit``)."""
         try:
             return fn(*args, **kwargs)
         finally:
@@ -82,7 +75,6 @@ class LagomHooks:
 
     @staticmethod
     def chained_provider(extra_args_provider: ArgsProvider | None) -> ArgsProvider:
-        """``extra_args_provider`` followed by ``training.arguments.add_lagom_args``."""
         from lagom_megatron.training.arguments import add_lagom_args
 
         return chain_extra_args_providers(extra_args_provider, add_lagom_args)
@@ -115,17 +107,14 @@ class LagomHooks:
             self.finish()
 
     def start(self, args: Any, *, callbacks: list[Any] | None = None, cluster: Any = None) -> LagomHooks:
-        """Checks the run and installs the ``train_step`` wrapper when ``args.lagom`` is set; returns self.
-
-        SystemExit(1) when ``lagom doctor`` finds errors; SystemExit(2) when another run writes an output folder
-        of this one, or, without ``--lagom``, an option only ``--lagom`` reads is not at its default;
-        RuntimeError when already started."""
+        """Checks the run, wraps ``train_step`` with ``args.lagom``; SystemExit(1): doctor errors; SystemExit(2): an
+        output folder in use, or a ``--lagom``-only option without ``--lagom``; RuntimeError: already started."""
         if self.active:
             raise RuntimeError("lagom hooks are already installed around train_step")
         if not getattr(args, "lagom", False):
             from lagom_megatron.preflight.lagom_flags import lagom_flag_problems
 
-            problems = lagom_flag_problems(vars(args))  # e.g. --lagom-plan alone: refused, not ignored
+            problems = lagom_flag_problems(vars(args))
             if problems:
                 _rank0_print(f"lagom: error: {problems[0].what}")
                 raise SystemExit(2)
@@ -161,8 +150,7 @@ class LagomHooks:
         self._original = training.train_step
         training.train_step = self._wrap(training.train_step)
         self.active = True
-        # --exit-interval / --exit-duration-in-mins / --exit-signal-handler sys.exit() inside train(), past the
-        # patch's finish() (megatron/training/training.py:3030 @core_v0.16.1, :3821 @core_v0.18.2, :5084 @main)
+        # --exit-* exit in train(), past finish() (training.py:3030 @core_v0.16.1, :3821 @core_v0.18.2, :5084 @main)
         atexit.register(self.finish)
         _rank0_print(
             f"lagom: hooks around Megatron-LM's train_step | callbacks "
@@ -219,7 +207,7 @@ class LagomHooks:
                 fn(*args)
 
     def remove(self) -> None:
-        """Restores Megatron-LM's ``train_step``; safe to call twice."""
+        """Restores Megatron-LM's ``train_step``; idempotent."""
         if self._module is not None and self._original is not None:
             self._module.train_step = self._original
         self._module = self._original = None
@@ -234,20 +222,15 @@ class LagomHooks:
 
 
 def cpu_mode() -> bool:
-    """Installs the ``megatron_lm_cpu`` shims when CUDA is absent; True when installed.
-
-    Must precede Megatron-LM's parsing: ``validate_args`` asks for the GPU architecture."""
+    """Installs the ``megatron_lm_cpu`` shims without CUDA (before parsing: ``validate_args`` asks the GPU arch)."""
     from lagom_megatron.launch import megatron_lm_cpu
 
     return megatron_lm_cpu.apply()
 
 
 def enable_tuner_plugin(args: Any, environ: Any = None) -> str | None:
-    """Turns lagom's NCCL tuner plugin on for a plain ``torchrun`` start; returns the rank-0 note if it cannot.
-
-    NCCL reads ``NCCL_TUNER_PLUGIN`` at the first communicator; ``start`` precedes ``init_process_group``
-    (Megatron-LM ``training.py:768``, ``initialize.py:355`` @core_v0.16.1). A user's value is kept; without
-    the plugin lagom falls back to communicator mode."""
+    """Sets ``NCCL_TUNER_PLUGIN`` (a user's kept) before the first communicator (``training.py:768``,
+    ``initialize.py:355`` @core_v0.16.1); returns the rank-0 note when it cannot (communicator mode then)."""
     import torch
 
     if getattr(args, "distributed_backend", "nccl") != "nccl" or not torch.cuda.is_available():

@@ -1,28 +1,18 @@
-"""CPU mode of a patched Megatron-LM checkout: Megatron-LM's own ``pretrain_gpt.py`` loop on gloo.
-
-    torchrun --standalone --nproc-per-node 4 -m lagom_megatron.launch.megatron_lm_cpu pretrain_gpt.py \\
-        --distributed-backend gloo --transformer-impl local --no-gradient-accumulation-fusion \\
-        --no-persist-layer-norm --eval-interval 10 --eval-iters 1 <model, batch and data flags> --lagom
-
-When CUDA is absent, :func:`apply` adds to ``training.cpu_shims`` one shim per Megatron-LM GPU assumption
-below; ``-m`` also gives ``triton`` a stand-in. Lines @core_v0.16.1 / @core_v0.17.1 / @core_v0.18.2 / @main (2026-08):
-
-- ``allow_no_cuda``: ``initialize.py:62`` / ``:61`` / ``:58`` / ``:72`` asserts CUDA; ``pretrain`` never passes
-  ``allow_no_cuda=True`` (``training.py:768`` / ``:885`` / ``:1100`` / ``:1577``).
+"""CPU mode of a patched Megatron-LM checkout: its own ``pretrain_gpt.py`` loop on gloo (docs/launching.md).
+Without CUDA :func:`apply` shims each GPU assumption below (@core_v0.16.1 / 0.17.1 / 0.18.2 / @main 2026-08):
+- ``allow_no_cuda``: ``initialize.py:62`` / ``:61`` / ``:58`` / ``:72`` asserts CUDA; ``pretrain`` never passes it
+  (``training.py:768`` / ``:885`` / ``:1100`` / ``:1577``).
 - GPU architecture, answered 9 (Hopper): ``arguments.py:928`` / ``:1219`` / ``:1399`` / ``:1454`` with TP or CP > 1.
 - one device: ``initialize.py:319,330-331,360`` / ``:277,288-289`` / ``:250,261-262`` / ``:277,288-289`` run
-  ``initialize_model_parallel`` only when ``device_count() > 0``, after ``set_device``.
-- no ``nvcc``: ``initialize.py:224,228`` (core_v0.16.1 only) ``fused_kernels.load``; nothing training needs.
+  ``initialize_model_parallel`` only when ``device_count() > 0``; no ``nvcc``: ``initialize.py:224,228`` (0.16.1).
 - device literals: ``initialize.py:475-512`` / ``:476-513`` / ``:451-488`` / ``:532-570`` (``_warmup_jit_function``),
   ``rerun_state_machine.py:261,265`` / ``:264,268`` (x3), ``training.py`` (11 / 12 / 15 / 15 ``"cuda"`` sites).
-- no CUDA streams: ``training.py:1325-1344`` / ``:1481-1499`` / ``:1795-1817`` / ``:2523-2543`` and main
-  ``training/models/dist_utils.py:346`` build DDP in ``torch.cuda.stream(...)``.
-- dataset helper: ``core/datasets/utils.py:26`` runs ``make`` with the ``PATH`` ``python3``'s pybind11 and
-  suffix (``datasets/helpers.py:8`` then fails to import); rerun with this interpreter's values.
-- ``triton`` (``-m``): imported and ``@triton.jit`` used at import by ``batch_invariant_kernels.py:15``
-  (core_v0.16.1, via ``initialize.py:25``), ``moe/paged_stash.py:8`` (core_v0.18.2, via ``training.py:162``),
-  main ``moe/ops/paged_stash.py:4`` (via ``moe/paged_stash.py:12``, ``training.py:126``); core_v0.17.1 mocks it.
-"""
+- no CUDA streams: ``training.py:1325-1344`` / ``:1481-1499`` / ``:1795-1817`` / ``:2523-2543``, main
+  ``training/models/dist_utils.py:346``; dataset helper: ``core/datasets/utils.py:26`` builds with ``PATH``'s
+  ``python3`` (``datasets/helpers.py:8`` fails to import): rebuilt with this interpreter's pybind11 and suffix.
+- ``triton`` (``-m``): ``@triton.jit`` at import: ``batch_invariant_kernels.py:15`` (0.16.1, via ``initialize.py:25``),
+  ``moe/paged_stash.py:8`` (0.18.2, via ``training.py:162``), main ``moe/ops/paged_stash.py:4`` (via
+  ``moe/paged_stash.py:12``, ``training.py:126``); core_v0.17.1 mocks it."""
 
 from __future__ import annotations
 
@@ -41,7 +31,7 @@ from typing import Any
 from lagom_megatron.training import cpu_shims
 
 GPU_ARCH_VERSION = 9
-"""``get_device_arch_version`` on CPU: 9 (Hopper; 10 would be Blackwell)."""
+"""``get_device_arch_version`` on CPU (Hopper)."""
 
 _ORIGINALS: list[tuple[Any, str, Any]] = []
 _DEVICE_LITERAL_MODULES = (
@@ -49,9 +39,7 @@ _DEVICE_LITERAL_MODULES = (
     "megatron.training.training",
     "megatron.core.rerun_state_machine",
 )
-"""Megatron-LM modules that allocate on ``"cuda"``; each gets a torch proxy."""
-_LATER_MODULES = ("megatron.training.models.dist_utils",)
-"""Modules given the proxy too where the release has them (main: ``dist_utils.py:346``)."""
+_LATER_MODULES = ("megatron.training.models.dist_utils",)  # main only (dist_utils.py:346)
 
 
 def _set(owner: Any, name: str, value: Any) -> None:
@@ -59,7 +47,7 @@ def _set(owner: Any, name: str, value: Any) -> None:
 
 
 class _NoStream:
-    """``torch.cuda.Stream`` on CPU: gloo's work is synchronous, so waiting does nothing."""
+    """``torch.cuda.Stream`` on CPU: gloo's work is synchronous."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -105,9 +93,7 @@ def _megatron_lm_torch() -> types.ModuleType:
 
 
 def build_dataset_helpers() -> None:
-    """Megatron-LM's ``compile_helpers`` with this interpreter's pybind11 includes and extension suffix.
-
-    SystemExit(1) when ``make`` fails or pybind11 is missing, as ``core/datasets/utils.py:30`` exits."""
+    """``compile_helpers`` with this interpreter's pybind11 and suffix; SystemExit(1) as ``datasets/utils.py:30``."""
     import megatron.core.datasets as datasets
 
     try:
@@ -128,14 +114,11 @@ def build_dataset_helpers() -> None:
 
 
 def is_applied() -> bool:
-    """True while the Megatron-LM shims are installed."""
     return bool(_ORIGINALS)
 
 
 def apply(force: bool = False) -> bool:
-    """Installs megatron-core's CPU shims and the Megatron-LM ones of the module docstring; True when installed.
-
-    False on a machine with CUDA unless ``force`` (tests). Needs ``megatron.training`` importable."""
+    """Installs megatron-core's and the module docstring's shims (with CUDA only if ``force``); True when installed."""
     import torch
 
     if _ORIGINALS:
@@ -168,13 +151,13 @@ def apply(force: bool = False) -> bool:
 
 
 def remove() -> None:
-    """Restores every original of :func:`apply`, then megatron-core's shims (no-op when not applied)."""
+    """Undoes :func:`apply` (no-op when not applied)."""
     cpu_shims.restore(_ORIGINALS)
     cpu_shims.remove()
 
 
 def _passthrough_decorator(*args: Any, **kwargs: Any) -> Any:
-    """``@triton.jit`` and ``@triton.jit(...)`` alike: the function itself."""
+    """``@triton.jit`` and ``@triton.jit(...)`` alike."""
     if len(args) == 1 and not kwargs and callable(args[0]):
         return args[0]
     return lambda fn: fn
@@ -198,7 +181,6 @@ TRITON_IMPORTERS = (
     "megatron.core.transformer.moe.paged_stash",  # core_v0.18.2 :8
     "megatron.core.transformer.moe.ops.paged_stash",  # main :4
 )
-"""Megatron-LM modules that import triton unconditionally; those present are imported under the stand-in."""
 
 
 def _stand_in_modules() -> dict[str, types.ModuleType]:
@@ -214,9 +196,7 @@ def _stand_in_modules() -> dict[str, types.ModuleType]:
 
 
 def import_with_triton_stand_in(modules: tuple[str, ...] = TRITON_IMPORTERS) -> list[str]:
-    """Imports the existing ``modules`` under a stand-in ``triton`` when triton and CUDA are absent; returns them.
-
-    The stand-in leaves ``sys.modules`` afterwards, so torch (``has_triton_package``, cached first) never sees it."""
+    """Imports the existing ``modules`` under a stand-in ``triton`` (without triton and CUDA), then removes it."""
     if "triton" in sys.modules or importlib.util.find_spec("triton") is not None:
         return []
     import torch
@@ -226,8 +206,7 @@ def import_with_triton_stand_in(modules: tuple[str, ...] = TRITON_IMPORTERS) -> 
     from torch.utils._triton import has_triton_package
 
     has_triton_package()  # cached False before the stand-in exists
-    # megatron-core's jit_fuser is torch.compile: decorating imports torch's compiler stack (dynamo,
-    # inductor, inductor's triton_compat), which asks for triton; import it now, without the stand-in
+    # jit_fuser is torch.compile, whose stack (inductor's triton_compat) asks for triton: import it before the stand-in
     torch.compile(_passthrough_decorator)
 
     stand_ins = _stand_in_modules()
@@ -250,9 +229,7 @@ def import_with_triton_stand_in(modules: tuple[str, ...] = TRITON_IMPORTERS) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lagom_megatron.launch.megatron_lm_cpu SCRIPT [ARGS...]`` with the triton stand-in.
-
-    Runs SCRIPT as ``__main__``, its folder first on ``sys.path``; returns 2 when it is missing, else its exit code."""
+    """Runs SCRIPT [ARGS...] as ``__main__`` with the triton stand-in; 2 when it is missing, else its exit code."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") and len(argv) == 1:
         print(

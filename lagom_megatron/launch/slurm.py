@@ -1,13 +1,6 @@
 """Shell variables for the SLURM launch scripts, computed from a preset.
-
-    python -m lagom_megatron.launch.slurm --preset llama3-70b-h100x64 --layout per-node [--plan F]
-        [--megatron-lm DIR] [-- extra pretrain_gpt.py args]
-
-prints ``shlex``-quoted lines for ``eval`` in ``scripts/slurm/*.sbatch``: the preset's ``env`` and
-``LAGOM_CLUSTER`` exported (identical on every rank), the tuner plugin's variables (built under
-``$LAGOM_TUNER_DIR``, which the nodes must see), and ``LAGOM_*`` values (sizes, port, plan env file,
-``sbatch`` options, training command). Exit 2 with one line on bad input.
-"""
+Prints ``shlex``-quoted lines for ``eval`` in ``scripts/slurm/*.sbatch``: the preset's ``env``, ``LAGOM_CLUSTER``,
+the tuner plugin's variables (built under ``$LAGOM_TUNER_DIR``, seen by every node) and ``LAGOM_*`` values."""
 
 from __future__ import annotations
 
@@ -28,7 +21,7 @@ _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
 def _split_top(text: str) -> list[str]:
-    """Splits on commas outside brackets; raises ValueError on unbalanced or nested brackets."""
+    """Splits on commas outside brackets; ValueError on unbalanced or nested brackets."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch == "[":
@@ -95,10 +88,7 @@ def parse_tasks_per_node(text: str) -> list[int]:
 
 
 def check_allocation(environ: Mapping[str, str], *, nodes: int, tasks_per_node: int, name: str) -> None:
-    """Checks the allocation's node list and tasks per node; ValueError naming the variable, value and need.
-
-    Every node must run ``tasks_per_node`` (1: one torchrun per node, else one task per GPU); nothing is
-    checked outside an allocation."""
+    """Every node of the allocation runs ``tasks_per_node``; ValueError naming the variable, value and need."""
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if nodelist:
         hosts = expand_hostlist(nodelist)
@@ -144,14 +134,10 @@ PARALLEL_DEFAULTS = {
     "context_parallel_size": 1,
     "expert_model_parallel_size": 1,
 }
-"""Megatron-LM's defaults of the parallel sizes."""
 
 
 def plan_for_another_run(preset: Preset, plan: str, cluster: ClusterSpec, extra: Sequence[str]) -> str | None:
-    """Why the saved ``plan`` is not one this launch's run would reuse (one line), or None.
-
-    Compares the fingerprint fields the launch decides (preset with ``extra`` over it, world size, cluster,
-    backend; fields the plan does not state are skipped), then ``megatron.run_files.plan_problem``."""
+    """Why this launch would not reuse ``plan`` (fingerprint fields it states, then ``run_files.plan_problem``)."""
     from lagom_megatron.config.plan_files import load_plan
     from lagom_megatron.launch.megatron_args import argv_to_args
     from lagom_megatron.megatron.outputs.run_files import plan_problem
@@ -199,9 +185,7 @@ def plan_env_file(plan: str | None) -> Path | None:
 
 
 def sbatch_options(preset: Preset, layout: str) -> list[str]:
-    """``sbatch`` options for the preset's SLURM shape; ValueError when the preset has no ``slurm`` section.
-
-    ``layout``: "per-node" (one torchrun per node) or "per-gpu" (one task per GPU)."""
+    """``sbatch`` options for ``layout`` "per-node" (torchrun per node) or "per-gpu"; ValueError without ``slurm``."""
     slurm = _slurm(preset)
     tasks = 1 if layout == "per-node" else slurm.gpus_per_node
     opts = [
@@ -252,10 +236,8 @@ def shell_lines(
     environ: Mapping[str, str] | None = None,
     dry_run: bool = False,
 ) -> list[str]:
-    """The lines printed for the scripts' ``eval`` (``dry_run``: build nothing, the plugin is only located).
-
-    ValueError: no slurm section; world size != nodes x GPUs per node; an allocation of another shape
-    (``slurm_inputs.check_allocation``); an existing plan of another run."""
+    """The lines for ``eval`` (``dry_run``: build nothing); ValueError: no slurm section, world size != nodes x GPUs
+    per node, an allocation of another shape, a plan of another run."""
     environ = os.environ if environ is None else environ
     slurm = _slurm(preset)
     if slurm.nodes * slurm.gpus_per_node != preset.world_size:
@@ -303,7 +285,7 @@ def shell_lines(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m lagom_megatron.launch.slurm``; prints the lines, returns 0 or 2."""
+    """Prints the lines; returns 0, or 2 on bad input."""
     parser = argparse.ArgumentParser(prog="python -m lagom_megatron.launch.slurm", description=__doc__.split("\n")[0])
     parser.add_argument("--preset", required=True)
     parser.add_argument("--layout", choices=("per-node", "per-gpu"), default="per-node")

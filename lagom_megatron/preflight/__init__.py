@@ -1,4 +1,1 @@
-"""Pre-flight: the checks ``lagom doctor`` and ``pretrain_gpt.py`` run before any rank starts.
-
-Each rule reads a run's shape, flags and environment and returns findings; nothing here starts a process.
-"""
+"""Pre-flight: the rules ``lagom doctor`` and ``pretrain_gpt.py`` run on a run's shape before any rank starts."""

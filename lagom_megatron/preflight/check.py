@@ -1,5 +1,4 @@
-"""The one pre-flight validation of a run, shared by ``lagom doctor`` and ``scripts/pretrain_gpt.py``
-(:func:`check_run`; an error stops with exit code 2). ``docs/training.md`` tables every check and its source."""
+"""The pre-flight of ``lagom doctor`` and ``scripts/pretrain_gpt.py`` (docs/training.md tables every check)."""
 
 from __future__ import annotations
 
@@ -58,7 +57,7 @@ ARGUMENT_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_master_port,
     rule_versions,
 )
-"""The rules that read nothing of the cluster: training runs them before detecting the machine."""
+"""Rules that read nothing of the cluster (training runs them before detecting the machine)."""
 
 MACHINE_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_nodes,
@@ -70,7 +69,6 @@ MACHINE_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
 )
 
 RULES: tuple[Callable[[RunShape], list[Finding]], ...] = ARGUMENT_RULES + MACHINE_RULES
-"""Every rule after ``rule_positive``, in report order."""
 
 STOP = "the run stops here with exit code 2, before any rank starts"
 
@@ -97,8 +95,7 @@ def env_count(environ: Mapping[str, str], name: str, hi: int, default_of: str) -
 
 
 def detect_cluster(preset_name: str | None = None, environ: Mapping[str, str] | None = None) -> Any:
-    """The cluster a run without ``--lagom-cluster`` is checked against: a ``ClusterSpec``, or a dict for this
-    machine's GPU. Raises ValueError: an unknown ``$LAGOM_CLUSTER`` or preset."""
+    """The cluster without ``--lagom-cluster`` (a dict for this GPU); ValueError: bad ``$LAGOM_CLUSTER`` or preset."""
     return choose_cluster(preset_name, environ).cluster
 
 
@@ -112,9 +109,7 @@ def resolve(
     preset_env: Mapping[str, str] | None = None,
     local: bool = False,
 ) -> RunShape:
-    """Normalises a preset, namespace or dict into a ``RunShape`` (a preset's ``env`` over ``environ``; 0 or
-    negative sizes kept for the rules). ``local``: on this machine. Raises ValueError: an unknown preset or cluster,
-    or another input type."""
+    """A preset, namespace or dict as a ``RunShape`` (preset ``env`` over ``environ``); ValueError: unknown or bad."""
     from lagom_megatron.config.presets import Preset, load_preset
 
     environ = dict(os.environ if environ is None else environ)
@@ -163,8 +158,7 @@ def resolve(
 
 
 def run_rules(shape: RunShape, *, machine: bool = True) -> list[Finding]:
-    """``rule_positive`` (an error stops there: later rules divide by sizes), then :data:`RULES`
-    (``machine`` False: :data:`ARGUMENT_RULES`)."""
+    """``rule_positive`` (its errors stop there: later rules divide), then RULES (``machine`` False: ARGUMENT_RULES)."""
     findings = rule_positive(shape)
     if any(f.level == "error" for f in findings):
         return findings
@@ -186,9 +180,7 @@ def check_run(
     validate: Callable[[Any, int], Any] | None = None,
     installed: Callable[..., None] | None = None,
 ) -> list[Finding]:
-    """The verdict on one run, in rule order. ``validate(ns, world_size)`` and, local with ``machine``,
-    ``installed(ns, on_gpu=...)``: the trainer's own checks on a copy of ``args`` (ValueError, FileNotFoundError:
-    a ``pretrain-args`` error). ``machine`` False: :data:`ARGUMENT_RULES` only."""
+    """Findings, then ``validate`` / ``installed`` on a copy of ``args`` (their errors: ``pretrain-args``)."""
     shape = resolve(
         args, environ, cluster, world_size=world_size, gpus_per_node=gpus_per_node, preset_env=preset_env, local=local
     )

@@ -1,5 +1,4 @@
-"""Which cluster a run is checked against (:func:`choose_cluster`), one rule for ``lagom doctor`` and
-``pretrain_gpt.py``; imports torch only when CUDA may be present."""
+"""Which cluster a run is checked against, for ``lagom doctor`` and ``pretrain_gpt.py`` (torch only if CUDA may be)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ CPU_CLUSTER = "cpu-gloo"
 
 
 def load_cluster(name: str, source: str) -> Any:
-    """``ClusterSpec.load(name)``; raises ValueError ``<source>=<name>: ...`` (known names, or the file's error)."""
+    """``ClusterSpec.load(name)``; ValueError ``<source>=<name>: ...`` (known names, or the file's error)."""
     from lagom_megatron.engine.cluster import ClusterSpec, available_clusters
 
     try:
@@ -77,13 +76,12 @@ def cluster_field(cluster: Any, name: str) -> Any:
 
 @dataclass(frozen=True)
 class Machine:
-    """What this machine offers a run: a CUDA GPU or not, and its compute capability and NCCL."""
+    """This machine's CUDA GPU (or none), compute capability and NCCL."""
 
     cuda: bool
     sm_arch: int | None = None
     """Compute capability x 10 (90 = Hopper)."""
     nccl_version: str | None = None
-    """torch's NCCL, ``"2.27.5"``."""
 
     def describe(self) -> str:
         """``no CUDA GPU`` or ``a CUDA GPU of compute capability sm_90 (NCCL 2.27.5)``."""
@@ -93,7 +91,7 @@ class Machine:
 
 
 def this_machine() -> Machine:
-    """This machine's :class:`Machine`; a Python without torch sees no CUDA GPU."""
+    """This machine's :class:`Machine` (no torch: no CUDA GPU)."""
     if cuda_certainly_absent():
         return Machine(cuda=False)
     try:
@@ -114,14 +112,13 @@ def this_machine() -> Machine:
 
 @dataclass(frozen=True)
 class Target:
-    """The cluster a run is checked against and what chose it (:func:`choose_cluster`)."""
+    """The cluster a run is checked against and what chose it."""
 
     cluster: Any
-    """A ``ClusterSpec``, or for this machine's GPU a dict of its fields."""
+    """A ``ClusterSpec``, or a dict for this machine's GPU."""
     source: str
     """``flag``, ``env``, ``preset`` or ``machine``."""
     chosen_by: str
-    """In words: ``--cluster``, ``LAGOM_CLUSTER``, ``preset 'llama3-8b-h100x8'``, ``this machine``."""
 
     @property
     def name(self) -> str:
@@ -155,8 +152,7 @@ def choose_cluster(
     given_by: str = "--cluster",
     machine: Machine | None = None,
 ) -> Target:
-    """The first of: ``given`` (named by ``given_by``), ``$LAGOM_CLUSTER``, the preset's cluster, this machine
-    (``cpu-gloo`` without CUDA, else its GPU). Raises ValueError: an unknown cluster or preset."""
+    """``given``, else ``$LAGOM_CLUSTER``, the preset's, this machine (no CUDA: ``cpu-gloo``); ValueError if unknown."""
     environ = os.environ if environ is None else environ
     if given:
         return Target(load_cluster(given, given_by), "flag", given_by)
@@ -186,8 +182,7 @@ def choose_cluster(
 
 
 def mismatch(target: Target, machine: Machine) -> str | None:
-    """One line on why this machine cannot run ``target`` (an NCCL cluster without CUDA, or another
-    ``sm_arch``) and the flag that chooses another cluster; None when it can (gloo runs anywhere)."""
+    """Why this machine cannot run ``target`` (NCCL without CUDA, another ``sm_arch``) and the flag to use, or None."""
     if cluster_field(target.cluster, "backend") != "nccl":
         return None
     chosen = f"{target.chosen_by} is for" if target.source == "preset" else f"{target.chosen_by} chose"

@@ -1,5 +1,4 @@
-"""The environment rules of ``lagom doctor``: CUDA_DEVICE_MAX_CONNECTIONS (Megatron-LM's ``validate_args`` in
-``megatron/training/arguments.py``) and the NCCL variables (``nccl.env_check``)."""
+"""Environment rules: CUDA_DEVICE_MAX_CONNECTIONS (Megatron-LM ``arguments.py`` validate_args), NCCL variables."""
 
 from __future__ import annotations
 
@@ -82,8 +81,7 @@ def rule_cuda_device_max_connections(s: RunShape) -> list[Finding]:
 
 
 def rule_nccl_env(s: RunShape) -> list[Finding]:
-    """NCCL and TORCH_NCCL variables outside their grammars, a tuner plugin NCCL would not load and, with
-    --lagom, a profiler plugin variable that keeps lagom's profiler from loading."""
+    """NCCL / TORCH_NCCL variables outside their grammars, an unloadable tuner plugin, with --lagom a profiler one."""
     if s.backend == "gloo":
         return []
     issues = check_nccl_env(s.environ, nccl_version=s.nccl_version) + check_network_env(s.environ)
@@ -136,7 +134,6 @@ KEYS: dict[str, str] = {
     "min_ctas": "int",
     "net_name": "str",
 }
-"""The keys ``get_nccl_options`` reads and their YAML types."""
 
 NET_NAMES = ("IB", "Socket")
 

@@ -1,6 +1,5 @@
-"""Pre-flight rules for what a local run writes and binds: output folders and names, the folder lock (advisory
-``fcntl.lockf`` on :data:`LOCK_NAME`, one writer per realpath, NFS too), ``MASTER_PORT`` (``int()`` in
-``torch/distributed/rendezvous.py`` ``_env_rendezvous_handler``; a taken port: ``EADDRINUSE`` on rank 0)."""
+"""Rules for what a local run writes and binds: output folders, the folder lock (``fcntl.lockf`` on LOCK_NAME, also
+on NFS), ``MASTER_PORT`` (``int()`` in ``torch/distributed/rendezvous.py`` ``_env_rendezvous_handler``)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from typing import Any
 from lagom_megatron.preflight.types import Finding, RunShape
 
 DEFAULT_RUN_DIR = "lagom_out"
-"""Parent of the run directory without ``--lagom-plan``."""
 
 LOCK_NAME = ".lagom.lock"
 
@@ -26,8 +24,7 @@ _HELD: dict[str, Any] = {}
 
 
 def folder_problem(folder: Path) -> str | None:
-    """Why files cannot be written in ``folder`` (created if missing), or None; creates nothing (a
-    ``TemporaryFile``: ``os.access`` says yes to root on a read-only file system)."""
+    """Why files cannot be written in ``folder``, or None (a ``TemporaryFile``: ``os.access`` lies to root on r/o)."""
     probe = folder
     while not probe.exists():
         if probe.parent == probe:
@@ -97,8 +94,7 @@ def rule_output_folders(s: RunShape) -> list[Finding]:
 
 
 def output_name_problem(args: Mapping[str, Any]) -> str | None:
-    """Why two files of a ``--lagom`` run would be one file (``RunFiles.name_clash``, or :data:`LOCK_NAME`),
-    or None."""
+    """Why two files of a ``--lagom`` run would be one (``RunFiles.name_clash``, or LOCK_NAME), or None."""
     if not args.get("lagom"):
         return None
     from lagom_megatron.megatron.outputs.run_files import RunFiles
@@ -116,7 +112,6 @@ def output_name_problem(args: Mapping[str, Any]) -> str | None:
 
 
 def rule_output_names(s: RunShape) -> list[Finding]:
-    """Each file a ``--lagom`` run writes has its own name (:func:`output_name_problem`)."""
     problem = output_name_problem(s.args)
     if problem is None:
         return []
@@ -163,7 +158,7 @@ def _holder(environ: Mapping[str, str]) -> str:
 
 
 def _try_lock(path: Path) -> tuple[int | None, str]:
-    """Opens and locks ``path``; (fd, "") when locked, (None, holder text) when another process holds it."""
+    """(fd, "") when locked, (None, holder text) when another process holds ``path``."""
     import fcntl
 
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -189,7 +184,7 @@ def _in_use(flag: str, value: str, folder: Path, holder: str) -> str:
 
 
 def rule_plan_lock(s: RunShape) -> list[Finding]:
-    """No other run holds the lock of a folder this run writes (probed and released at once, on rank 0)."""
+    """No other run holds a folder this run writes (probed and released at once, on rank 0)."""
     if not s.local or s.environ.get("RANK", "0") != "0":
         return []  # rank 0 probes and then holds the locks; another rank's probe would race with it
     out = []
@@ -256,7 +251,6 @@ def hold_run_locks(args: Mapping[str, Any], environ: Mapping[str, str] | None = 
 
 
 def release_folder_lock(folder: str | os.PathLike) -> None:
-    """Releases a lock :func:`hold_folder_lock` took."""
     fd = _HELD.pop(_folder_key(folder), None)
     if fd is not None:
         os.close(fd)

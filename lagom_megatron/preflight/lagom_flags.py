@@ -1,5 +1,4 @@
-"""lagom's ``--lagom*`` flags (one definition for ``pretrain_gpt.py`` and the Megatron-LM patches) and the rule that
-refuses an option only ``--lagom`` reads without ``--lagom``. No torch."""
+"""lagom's ``--lagom*`` flags (for ``pretrain_gpt.py`` and the Megatron-LM patches) and their rule. No torch."""
 
 from __future__ import annotations
 
@@ -32,7 +31,6 @@ LAGOM_FLAGS: frozenset[str] = frozenset(
         "--lagom-cluster",
     }
 )
-"""The public ``--lagom*`` surface; ``tests/training/test_args.py`` freezes it."""
 
 
 def add_lagom_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -119,8 +117,7 @@ LAGOM_ONLY_FLAGS = (
 
 
 def lagom_value_problems(args: Mapping[str, Any]) -> list[Finding]:
-    """One ``lagom-flags`` error per ``--lagom-*-iters`` value outside ``MIN_ITERS``..its ``MAX_*`` bound, or a verify
-    cap below ``--lagom-verify-iters``."""
+    """``lagom-flags`` errors: a ``--lagom-*-iters`` outside MIN_ITERS..MAX_*, a verify cap below the verify iters."""
     out = []
     for flag, hi, why in (
         ("--lagom-warmup-iters", MAX_WARMUP_ITERS, "untimed iterations before profiling starts"),
@@ -164,8 +161,7 @@ def lagom_value_problems(args: Mapping[str, Any]) -> list[Finding]:
 
 
 def lagom_flag_problems(args: Mapping[str, Any]) -> list[Finding]:
-    """One ``lagom-flags`` error per :data:`LAGOM_ONLY_FLAGS` flag away from its default without ``--lagom``
-    (it would be ignored silently); with ``--lagom``, :func:`lagom_value_problems`."""
+    """An error per LAGOM_ONLY_FLAGS flag off its default without ``--lagom``; with it, :func:`lagom_value_problems`."""
     if args.get("lagom"):
         return lagom_value_problems(args)
     defaults = add_lagom_args(argparse.ArgumentParser(add_help=False))
@@ -188,5 +184,4 @@ def lagom_flag_problems(args: Mapping[str, Any]) -> list[Finding]:
 
 
 def rule_lagom_flags(s: RunShape) -> list[Finding]:
-    """:func:`lagom_flag_problems` on the run's arguments."""
     return lagom_flag_problems(s.args)

@@ -461,8 +461,7 @@ SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 
 
 def no_shard_finding(origin: str = "") -> Finding:
-    """The warning for Megatron-FSDP sharding nothing (``origin``: where no_shard came from); megatron-core 0.16.1
-    ``distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:425-426, 656-662``, ``param_and_grad_buffer.py:3224-3230``."""
+    """The warning for Megatron-FSDP sharding nothing (``origin``: where no_shard came from; sources in ``why``)."""
     return Finding(
         "warning",
         "fsdp-sharding",
@@ -475,8 +474,7 @@ def no_shard_finding(origin: str = "") -> Finding:
 
 
 def rule_fsdp_sharding(s: RunShape) -> list[Finding]:
-    """``--data-parallel-sharding-strategy`` one of :data:`SHARDING_STRATEGIES`; a warning for no_shard with
-    ``--use-megatron-fsdp`` and for a sharding strategy without it (only Megatron-FSDP reads it)."""
+    """``--data-parallel-sharding-strategy`` in SHARDING_STRATEGIES; warns on no_shard with FSDP, on any without it."""
     strategy = s.args.get("data_parallel_sharding_strategy")
     if strategy is None:
         return []
@@ -519,8 +517,7 @@ def _vpp(s: RunShape) -> bool:
 
 
 def rule_moe_overlap(s: RunShape) -> list[Finding]:
-    """``--overlap-moe-expert-parallel-comm``: the asserts of transformer_config.py:1852-1892, before the
-    process groups exist."""
+    """``--overlap-moe-expert-parallel-comm``: transformer_config.py:1852-1892's asserts, before process groups."""
     if not s.get("overlap_moe_expert_parallel_comm", False):
         return []
     flag = "--overlap-moe-expert-parallel-comm"
@@ -575,8 +572,7 @@ def rule_moe_overlap(s: RunShape) -> list[Finding]:
 
 
 def rule_uneven_pipeline(s: RunShape) -> list[Finding]:
-    """``--decoder-first/last-pipeline-num-layers``: megatron-core's uneven split (transformer_config.py:1359-1430;
-    arguments.py:530)."""
+    """``--decoder-first/last-pipeline-num-layers`` (transformer_config.py:1359-1430; arguments.py:530)."""
     first, last = s.get("decoder_first_pipeline_num_layers"), s.get("decoder_last_pipeline_num_layers")
     if first is None and last is None:
         return []

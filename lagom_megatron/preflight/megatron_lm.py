@@ -1,8 +1,5 @@
-"""What a Megatron-LM release fails on before (or at) its first iteration, for ``lagom doctor --megatron-lm``.
-
-Each rule names the release and its line of core_v0.16.1 / core_v0.17.1 / core_v0.18.2 (``*_LINE``,
-``PACKAGES``). Missing APEX and packages are errors for a local run, warnings for another cluster.
-"""
+"""What a Megatron-LM release (lines of core_v0.16.1 / 0.17.1 / 0.18.2: ``*_LINE``, ``PACKAGES``) fails on by its
+first iteration, for ``lagom doctor --megatron-lm``; missing APEX or packages: errors locally, else warnings."""
 
 from __future__ import annotations
 
@@ -93,10 +90,7 @@ def megatron_lm_traps(
     installed: Callable[[str], bool] = _installed,
     on_gpu: bool = True,
 ) -> list[Finding]:
-    """The release's failures (module docstring) that one Megatron-LM command line would meet, errors first.
-
-    ``args``: ``megatron_args.argv_to_args``'s; ``on_gpu`` False: no ``triton`` needed (``megatron_lm_cpu`` stands
-    in). ValueError on an unknown release."""
+    """Failures of ``release`` that ``args`` meets, errors first (``on_gpu`` False: no triton); ValueError: unknown."""
     key = release_key(release)
     out: list[Finding] = []
     get = args.get
@@ -181,7 +175,6 @@ def megatron_lm_traps(
 
 
 def _fsdp_traps(args: Mapping[str, Any], release: str, key: str) -> list[Finding]:
-    """Megatron-FSDP's findings (an explicit strategy's own checks: ``layout.rule_fsdp_sharding``)."""
     get = args.get
     out: list[Finding] = []
     if get("ckpt_format") == "fsdp_dtensor" and not get("use_megatron_fsdp"):

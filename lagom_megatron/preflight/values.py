@@ -93,7 +93,6 @@ ATTN_ENV = {"local": "000", "flash": "100", "fused": "010", "unfused": "001", "a
 
 
 def _layers_per_chunk(args: Mapping[str, Any]) -> int | None:
-    """Transformer layers of one model chunk for an even split, else None."""
     layers, pp = args.get("num_layers"), args.get("pipeline_model_parallel_size") or 1
     if (
         args.get("decoder_first_pipeline_num_layers")
@@ -267,7 +266,6 @@ def megatron_flag_problems(args: Mapping[str, Any], environ: Mapping[str, str] |
 
 
 def rule_megatron_flags(s: RunShape) -> list[Finding]:
-    """:func:`megatron_flag_problems` on the run's arguments and environment."""
     return megatron_flag_problems(s.args, s.environ)
 
 

@@ -51,7 +51,7 @@ class SimulatedCluster:
 
     @property
     def sites(self) -> list[CollectiveSite]:
-        """The collective sites the real hooks would report for this preset."""
+        """The sites the real hooks would report for this preset."""
         return list(self._sites)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -111,11 +111,9 @@ class SimulatedCluster:
         registered: frozenset[str] = frozenset(),
         fork: bool = False,
     ) -> IterationMeasurement:
-        """Simulates one iteration (from ``step``, or ``iteration`` / ``assignment`` / ``serialize``); times in us.
-
-        ``group_caps``: group -> ``ncclConfig_t.maxCTAs`` (NCCL v2.30.7 src/graph/connect.cc:503,
-        src/graph/paths.cc:984); ``free_comm``: collectives hold no SM and no HBM; ``fork``: per-call threads.
-        """
+        """One iteration (``step``, else ``iteration`` / ``assignment`` / ``serialize``), us. ``group_caps``: group ->
+        ``ncclConfig_t.maxCTAs`` (NCCL v2.30.7 src/graph/connect.cc:503, src/graph/paths.cc:984); ``free_comm``:
+        collectives hold no SM and no HBM; ``fork``: per-call threads."""
         if step is not None:
             iteration, assignment, serialize = step.iteration, step.assignment, step.serialize
         assignment = assignment or {}
@@ -190,8 +188,6 @@ def _min_cap(a: int | None, b: int | None) -> int | None:
 
 @dataclass(kw_only=True)
 class LifecycleResult:
-    """What ``run_lifecycle`` did: the tuner and each iteration."""
-
     tuner: Tuner
     steps: list[tuple[Step, float]] = field(default_factory=list)
     final_us: list[float] = field(default_factory=list)
@@ -216,13 +212,10 @@ def gpu_clusters() -> list[str]:
 
 
 def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
-    """``rules``' probes plus channels 4 and 12, NVLS at 16 and 24 (sm90 NVSwitch) and Tree at 16.
-
-    NVLS 24 lands on the right side of the GEMM-wave step (Llama-3 8B on 8 H100 gains at 24, not 16 or 32).
-    """
+    """``rules``' probes plus channels 4 and 12, NVLS at 16 and 24 (sm90 NVSwitch) and Tree at 16."""
     c = rules.cluster
     extra = [CommConfig(n_channels=4), CommConfig(n_channels=12)]  # points of the curve between 2, 8 and 16
-    if c.nvswitch and c.sm_arch >= 90:  # two points of NVLS's own channel curve (32 is Ring's default)
+    if c.nvswitch and c.sm_arch >= 90:  # NVLS 24: past the GEMM-wave step (Llama-3 8B, 8 H100: 24 gains, not 16 or 32)
         extra += [CommConfig(algorithm="NVLS", n_channels=16), CommConfig(algorithm="NVLS", n_channels=24)]
     extra.append(CommConfig(algorithm="Tree", n_channels=16))
     return list(rules.probe_configs()) + extra
@@ -231,7 +224,7 @@ def algorithm_probes(rules: NcclRules) -> list[CommConfig]:
 def verify_counts(
     preset: Any, verify_iters: int | None = None, verify_max_iters: int | None = None
 ) -> tuple[int, int | None]:
-    """Verification's (first look, cap): the options, else the preset's; ValueError for a cap below the first look."""
+    """(first look, cap) of verification: the options, else the preset's; ValueError for a cap below the first look."""
     first = verify_iters if verify_iters is not None else preset.lagom.lagom_verify_iters
     cap = (
         verify_max_iters

@@ -1,12 +1,8 @@
-"""The simulator's constants fitted on your GPUs: ``lagom calibrate contention`` and ``lagom calibrate bandwidth``.
-
-Contention, from ``scripts/gpu/contention_probe.py``'s CSV: f = min(1, peak / demand), share = demand_comm f / peak;
-memory-bound: slowdown = (1 + kappa_mem share) / f; GEMM: wave(ctas)(1 + kappa_compute share); ``l2`` rows check
-``wave_factor``. Medians; share < ``MIN_SHARE`` skipped.
-Bandwidth, from nccl-tests sweeps: per run ``t = latency + wire / bw`` (nccl-tests doc/PERFORMANCE.md); across runs
-Levenberg-Marquardt on log bw of ``sim.device.comm_cost``'s softmin shape. A parameter whose standard error at
-``NOISE_LOG`` exceeds ``MAX_STD`` is not identified and written nowhere.
-"""
+"""``lagom calibrate contention``: from ``scripts/gpu/contention_probe.py``'s CSV, f = min(1, peak / demand), share =
+demand_comm f / peak; memory-bound slowdown (1 + kappa_mem share) / f, GEMM wave(ctas)(1 + kappa_compute share);
+medians, share < MIN_SHARE skipped. ``lagom calibrate bandwidth``: from nccl-tests sweeps, per run t = latency + wire /
+bw (nccl-tests doc/PERFORMANCE.md), across runs Levenberg-Marquardt on log bw of ``comm_cost``'s softmin; a parameter
+whose standard error at NOISE_LOG exceeds MAX_STD is not identified and written nowhere."""
 
 from __future__ import annotations
 
@@ -63,7 +59,6 @@ class Fitted:
     rows: dict[str, int]
 
     def to_dict(self) -> dict[str, Any]:
-        """The YAML's body."""
         return {
             "gpu": self.gpu,
             "kappa_mem": self.kappa_mem,
@@ -172,7 +167,6 @@ class RunBandwidth:
 
     @property
     def kind(self) -> str:
-        """Its protocol (Ring) or ``P2P``."""
         return "P2P" if self.run.algorithm == "P2P" else self.run.protocol
 
     @property
@@ -199,8 +193,6 @@ class Curve:
 
 @dataclass(frozen=True)
 class BandwidthFit:
-    """Everything ``lagom calibrate bandwidth`` found."""
-
     curves: tuple[Curve, ...]
     saturation_p: float | None
     thread_exponent: float | None
@@ -416,7 +408,6 @@ def calibrated_cluster(base: dict[str, Any], fit: BandwidthFit, *, name: str, so
 
 
 def summary_lines(fit: BandwidthFit) -> list[str]:
-    """Human-readable lines: curves, shared exponents, notes."""
     fmt = lambda v, spec: "not identified" if v is None else format(v, spec)  # noqa: E731
     lines = []
     for c in fit.curves:

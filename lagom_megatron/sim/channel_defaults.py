@@ -1,11 +1,9 @@
-"""What NCCL runs by default on a simulated topology (algorithm, protocol, channels, threads): ``nccl.tuning_model``.
-
-NCCL v2.30.7 sources: PCIe Gen4 x16 = 24 GB/s (topo.cc:545-556); ring search 2 x 12 GB/s (search.cc:1198, 1245),
-CTAs doubled (connect.cc:460): PCIe 4 CTAs, bridged pairs 8; bridge 4 links x 12 GB/s (topo.h:23). Across nodes
-the GPU-NIC path caps each ring (100 Gb/s NIC: 2 CTAs, 256 threads, tuning.cc:244-245; nccl#689). NVSwitch:
-INFO logs 24 (DGX A100) / 32 (DGX H100) coll channels, ~16 across nodes (nccl#689); NVLS 16 (``nvlsChannels``
-sm90, 2.26+). Size rule: enqueue.cc:2093-2105; P2P: paths.cc:919-1004, enqueue.cc:918-925, 1143-1146.
-"""
+"""What NCCL v2.30.7 runs by default on a simulated topology (algorithm, protocol, channels, threads). PCIe Gen4 x16 =
+24 GB/s (topo.cc:545-556); ring search 2 x 12 GB/s (search.cc:1198, 1245), CTAs doubled (connect.cc:460): PCIe 4 CTAs,
+bridged pairs 8; bridge 4 links x 12 GB/s (topo.h:23). Across nodes the GPU-NIC path caps each ring (100 Gb/s NIC:
+2 CTAs, 256 threads, tuning.cc:244-245; nccl#689). NVSwitch: INFO logs 24 (DGX A100) / 32 (DGX H100) coll channels,
+~16 across nodes (nccl#689); NVLS 16 (``nvlsChannels`` sm90, 2.26+). Size rule: enqueue.cc:2093-2105; P2P:
+paths.cc:919-1004, enqueue.cc:918-925, 1143-1146."""
 
 from __future__ import annotations
 
@@ -43,7 +41,6 @@ def path(gpu: Any, c: Any) -> str:
 
 
 def nic_gbs(gpu: Any) -> float:
-    """One NIC's GB/s."""
     nics = gpu.nics_per_node or gpu.gpus_per_node
     return gpu.net_gbs * gpu.gpus_per_node / nics
 
@@ -76,12 +73,9 @@ def collective_ctas(gpu: Any, c: Any, algorithm: str) -> tuple[int, float]:
 
 
 def p2p_channels(gpu: Any, c: Any, *, cta_bound: int | None = None, net_peer: int | None = None) -> int:
-    """CTAs of one point-to-point call (send/recv, or one all-to-all) under NCCL's rule (``engine.p2p``).
-
-    NVIDIA/nccl v2.30.7 ``src/graph/paths.cc:918-1007``, ``src/enqueue.cc:915-925, 1141-1146``. ``cta_bound``: a pool
-    entry's ``minCTAs = maxCTAs``, so ``p2pnChannels = pow2Up(nChannels)`` follows it (paths.cc:984-990); None: NCCL's
-    own count. ``net_peer``: ``NCCL_NCHANNELS_PER_NET_PEER``. A bridged pair is all NVLink (``src/init.cc:830-837``).
-    """
+    """CTAs of one send/recv or all-to-all (``src/graph/paths.cc:918-1007``, ``src/enqueue.cc:915-925, 1141-1146``).
+    ``cta_bound``: a pool entry's ``minCTAs = maxCTAs`` (``p2pnChannels = pow2Up(nChannels)``, paths.cc:984-990);
+    ``net_peer``: ``NCCL_NCHANNELS_PER_NET_PEER``. A bridged pair is all NVLink (``src/init.cc:830-837``)."""
     comm = cta_bound if cta_bound is not None else collective_ctas(gpu, c, "Ring")[0]
     comm = min(max(1, int(comm)), gpu.max_channels)
     p2p = p2p_rule.p2p_channels(comm)
@@ -234,8 +228,5 @@ def algorithms(gpu: Any, c: Any) -> tuple[str, ...]:
 
 
 def cta_efficiency_applies(gpu: Any, c: Any) -> bool:
-    """Whether ``NCCL_CTA_POLICY=EFFICIENCY`` changes anything for ``c`` (``src/enqueue.cc:2152-2170``, NCCL 2.30.7).
-
-    Only registered all-gather / reduce-scatter with NVLS, no tuner plugin, no NCCL_ALGO / NCCL_PROTO.
-    """
+    """``NCCL_CTA_POLICY=EFFICIENCY`` acts: registered NVLS AG/RS; no tuner, ALGO, PROTO (src/enqueue.cc:2152-2170)."""
     return c.registered and nvls_ok(gpu, c) and c.op in ("all_gather", "reduce_scatter")

@@ -1,10 +1,6 @@
-"""Device model of the simulated GPU: kernel times alone and sharing one GPU (never seen by the engine).
-
-Compute: roofline, t = max(t_math, t_mem) + overlap_gamma * min(...), math slowed by SMs lost to comm CTAs
-(waves) and both by the HBM share comm draws. Communication holds ``n_channels`` SMs (nccl#689) at
-bw = softmin(n_channels * cta_gbs, link); each wire byte costs ``HBM_MULT`` HBM bytes (nccl#1428). Over-asked
-HBM is shared proportionally. NCCL's choices: ``sim.channel_defaults``; ranged constants: ``sim.constants``.
-"""
+"""The simulated GPU: compute t = max(t_math, t_mem) + overlap_gamma * min(...), math slowed by SMs lost to comm CTAs
+(waves), both by comm's HBM share; comm holds ``n_channels`` SMs (nccl#689) at softmin(n_channels * cta_gbs, link), a
+wire byte costing ``HBM_MULT`` HBM bytes (nccl#1428); over-asked HBM is shared proportionally."""
 
 from __future__ import annotations
 
@@ -66,7 +62,6 @@ class Gpu:
     """Point-to-point rule changed in 2.29 (``engine.p2p``)."""
     kappa_mem: float | None = None
     kappa_compute: float | None = None
-    """Fitted by ``lagom calibrate contention``."""
     per_channel: Mapping[str, float] = field(default_factory=dict)
     link_eff: Mapping[str, float] = field(default_factory=dict)
     """Intra-node ceiling / ``nvlink_gbs`` by protocol."""
@@ -76,7 +71,6 @@ class Gpu:
 
     @classmethod
     def from_cluster(cls, spec: Any) -> Gpu:
-        """Builds the device from a ``ClusterSpec``."""
         major, minor = (int(x) for x in str(spec.nccl_version).split(".")[:2])
 
         def opt(key: str) -> float | None:
@@ -120,28 +114,20 @@ class Gpu:
 
     @property
     def sat_p(self) -> float:
-        """The cluster's measured saturation sharpness, else ``sat_p``."""
         return get("sat_p") if self.fit_sat_p is None else self.fit_sat_p
 
     @property
     def thread_exponent(self) -> float:
-        """The cluster's measured thread exponent, else ``threads_exp``."""
         return get("threads_exp") if self.fit_thread_exponent is None else self.fit_thread_exponent
 
     def kappa(self, name: str) -> float:
-        """The cluster's fitted ``kappa_mem`` / ``kappa_compute``, else the simulator's."""
         v = getattr(self, name)
         return get(name) if v is None else v
 
 
-# ---------------------------------------------------------------------------------------- compute
-
-
 @dataclass(frozen=True, slots=True)
 class ComputeKernel:
-    """A compute kernel: ``flops``, ``hbm_bytes``, ``max_sms`` (None: all), ``tiles`` (CTAs per launch, 0: waves
-    do not matter), ``persistent`` (one CTA per SM looping over tiles, pytorch#143988).
-    """
+    """``tiles``: CTAs per launch (0: waves do not matter); ``persistent``: one CTA per SM looping (pytorch#143988)."""
 
     name: str
     kind: str
@@ -153,9 +139,7 @@ class ComputeKernel:
 
 
 def wave_factor(sms: int, sms_free: float, k: ComputeKernel) -> float:
-    """Math-time factor of ``k`` on ``sms_free`` of ``sms`` SMs: ``ceil(tiles / free) / ceil(tiles / sms)``;
-    persistent ``ceil(sms / free)`` (pytorch#143988); without tiles ``sms / free``.
-    """
+    """Math-time factor of ``k`` on ``sms_free`` of ``sms`` SMs (persistent kernels: pytorch#143988)."""
     free = max(1, int(math.floor(sms_free + 1e-9)))
     if free >= sms:
         return 1.0
@@ -191,12 +175,9 @@ def compute_time_us(
     return max(t_math, t_mem) + get("overlap_gamma") * min(t_math, t_mem) + 1.0
 
 
-# ---------------------------------------------------------------------------------- communication
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Collective:
-    """One collective call as the device sees it: op, full message bytes, group shape."""
+    """One collective call: op, full message bytes, group shape."""
 
     op: str
     nbytes: int
@@ -209,7 +190,7 @@ class Collective:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Resolved:
-    """A ``CommConfig`` with every knob decided (what NCCL would actually run)."""
+    """A ``CommConfig`` with every knob decided, as NCCL runs it."""
 
     algorithm: str
     protocol: str
@@ -223,9 +204,7 @@ DEFAULT_CHUNK = {"Simple": 512 * KIB, "LL128": 576000, "LL": 32 * KIB}
 
 
 def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
-    """What NCCL runs for ``c`` under ``cfg``: honoured knobs, else NCCL's model (``sim.channel_defaults``); knobs
-    NCCL cannot run are ignored, LL128 where not enabled too (tuning.cc:518-535).
-    """
+    """What NCCL runs for ``c``: ``cfg``'s knobs it can run, else its model (LL128 where enabled, tuning.cc:518-535)."""
     algs = nccl.algorithms(gpu, c)
     if algs == ("P2P",):
         alg = "P2P"
@@ -257,12 +236,9 @@ def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
 
 
 def cta_gbs(gpu: Gpu, algorithm: str, protocol: str, n_threads: int, chunk: int, n_nodes: int = 1) -> float:
-    """GB/s one CTA moves when the link is not the limit.
-
-    Simple: ``cta_gbs_sm*`` (or measured ``per_channel``) x ``(threads / most)^threads_exp`` (device.h:95-114); LL128
-    <= 0.92x and NCCL's per-channel cap / 2 (tuning.cc:328-329, 185-190); LL 0.5x (tuning.cc:327); Tree capped the
-    same way (tuning.cc:330-335). Chunks below default cost per-step overhead (half rate at 64 KiB; no source).
-    """
+    """GB/s one CTA moves when the link is not the limit: x ``(threads / most)^threads_exp`` (device.h:95-114); LL128
+    caps: tuning.cc:328-329, 185-190; LL: tuning.cc:327; Tree: tuning.cc:330-335. Chunks below default pay a per-step
+    overhead (half rate at 64 KiB; no source)."""
     simple = gpu.per_channel.get("Simple") or get(f"cta_gbs_sm{gpu.arch_key}")
     arch = gpu.table_key
     idx = 0 if n_nodes == 1 else (1 if n_nodes == 2 else 2)
@@ -277,7 +253,7 @@ def cta_gbs(gpu: Gpu, algorithm: str, protocol: str, n_threads: int, chunk: int,
     if protocol == "LL":
         base = simple * nm.LL_BUS_FACTOR
     if algorithm != "Tree" and gpu.per_channel.get(protocol):
-        base = gpu.per_channel[protocol]  # measured on this cluster (``lagom calibrate bandwidth``)
+        base = gpu.per_channel[protocol]  # measured (``lagom calibrate bandwidth``)
     threads = (min(n_threads, nm.MAX_THREADS[protocol]) / nm.MAX_THREADS[protocol]) ** gpu.thread_exponent
     ref = DEFAULT_CHUNK[protocol]
     step = (chunk / (chunk + 64 * KIB)) / (ref / (ref + 64 * KIB))
@@ -336,7 +312,7 @@ def _link_gbs(gpu: Gpu, c: Collective, algorithm: str, protocol: str) -> float:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommCost:
-    """A collective's standalone cost: latency (us), wire bytes per rank, GB/s, CTAs, HBM bytes per wire byte."""
+    """A collective's standalone cost (wire bytes per rank; hbm_mult: HBM bytes per wire byte)."""
 
     latency_us: float
     wire_bytes: float
@@ -350,7 +326,6 @@ class CommCost:
 
 
 def comm_cost(gpu: Gpu, c: Collective, r: Resolved) -> CommCost:
-    """Standalone cost of ``c`` run as ``r`` (no compute beside it)."""
     wire = busbw_factor(c.op, c.group_size) * c.nbytes
     link = _link_gbs(gpu, c, r.algorithm, r.protocol)
     proto = r.protocol

@@ -24,15 +24,11 @@ class Call:
 
 @dataclass(slots=True)
 class Program:
-    """The compute stream in issue order plus its collective calls.
-
-    ``ops``: ("K", ComputeKernel, microbatch) | ("L", call index) | ("W", call index) | ("I", us, microbatch).
-    """
+    """``ops``: ("K", ComputeKernel, microbatch) | ("L", call index) | ("W", call index) | ("I", us, microbatch)."""
 
     ops: list[tuple] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
     mb_start_op: dict[int, int] = field(default_factory=dict)
-    """Index of the first op of each micro-batch."""
 
     def kernel(self, k: ComputeKernel, mb: int) -> None:
         self.ops.append(("K", k, mb))

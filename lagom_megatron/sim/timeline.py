@@ -1,9 +1,6 @@
-"""Discrete-event timeline of one iteration on one GPU: a compute stream and one stream per process group.
-
-Rules: docs/simulator.md. ``cdmc1``: one queue, launch order (Megatron-LM#1468). A collective ready beside a kernel
-gets SMs after its last wave unless high-priority (CUDA stream priorities; nccl#1431, pytorch#143890). A call's
-window: kernels issued after its launch, before its wait or next launch; region = max(t_comm, window busy).
-"""
+"""Discrete-event timeline of one iteration on one GPU: a compute stream, a stream per group (docs/simulator.md).
+``cdmc1``: one queue, launch order (Megatron-LM#1468). A ready collective gets SMs after the running kernel's last wave
+unless high-priority (nccl#1431, pytorch#143890); a call's window: kernels from its launch to its wait / next launch."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ from lagom_megatron.sim.device import HBM_EFF, CommCost, ComputeKernel, Gpu, com
 from lagom_megatron.sim.program import Program
 
 WINDOW_CAP = 2000
-"""Most kernels a window scans (keeps window construction linear)."""
+"""Most kernels a window scans (keeps construction linear)."""
 
 
 @dataclass(slots=True)
@@ -36,8 +33,7 @@ class CallRecord:
 
     @property
     def dispatch_wait_us(self) -> float:
-        """Time (us) the call was ready but had no SMs."""
-        return self.start_us - self.ready_us
+            return self.start_us - self.ready_us
 
 
 @dataclass(slots=True)
@@ -52,7 +48,7 @@ class TimelineResult:
 
 
 def windows(prog: Program) -> list[list[int]]:
-    """For each call, the op indices of the kernels in its window."""
+    """Per call, the op indices of the kernels in its window."""
     out: list[list[int]] = [[] for _ in prog.calls]
     ops = prog.ops
     for p, op in enumerate(ops):
@@ -73,9 +69,7 @@ def windows(prog: Program) -> list[list[int]]:
 
 
 def last_wave_fraction(gpu: Gpu, k: ComputeKernel, sms_free: float) -> float | None:
-    """Fraction of ``k``'s work left once its last wave is dispatched (``1 / waves``; 0 if its CTAs hold their SMs
-    to the end); None when ``k`` leaves SMs free.
-    """
+    """``k``'s work left once its last wave is dispatched (0 if its CTAs hold their SMs); None if it leaves SMs free."""
     free = int(sms_free)
     if k.max_sms is not None and k.max_sms < free:
         return None
@@ -157,7 +151,6 @@ def run(
             active[i] = [c.latency_us, c.wire_bytes * max(0.2, 1.0 + rng.gauss(0.0, sigma_comm))]
 
     while True:
-        # advance the compute stream as far as it can go at time t
         progressed = True
         while progressed:
             progressed = False
@@ -187,7 +180,7 @@ def run(
             elif kind == "I":
                 cur = ("I", t + op[1])
                 pc += 1
-            else:  # kernel
+            else:
                 if cdmc1 and unstarted:
                     break
                 noise = max(0.2, 1.0 + rng.gauss(0.0, sigma_comp))
@@ -195,7 +188,6 @@ def run(
                 pc += 1
         if cur is None and pc >= len(ops) and not active and not unstarted:
             break
-        # rates
         ctas = sum(costs[i].ctas for i in active)
         comm_demand = {i: costs[i].bw_gbs * costs[i].hbm_mult for i, a in active.items() if a[0] <= 0.0}
         k_time = None
@@ -218,7 +210,6 @@ def run(
             )
         # compute's HBM draw also slows the collectives (kappa_comm, sim.constants)
         fc = f / (1.0 + kappa_comm * min(1.0, d_c * f / hbm))
-        # next event
         dt = float("inf")
         if cur is not None:
             dt = min(dt, cur[3] * k_time * cur[4]) if cur[0] == "K" else min(dt, cur[1] - t)
@@ -235,7 +226,6 @@ def run(
             raise RuntimeError(f"timeline deadlock at op {pc} ({ops[pc] if pc < len(ops) else 'end'}), t={t:.1f} us")
         dt = max(dt, 0.0)
         t += dt
-        # apply progress
         if cur is not None:
             if cur[0] == "K":
                 comp_us += dt

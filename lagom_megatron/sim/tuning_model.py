@@ -1,8 +1,6 @@
-"""NCCL's own tuning model, as the simulated NCCL uses it to choose its defaults.
-
-NVIDIA/nccl @v2.30.7-1 (file:line at that tag; the same values at v2.27.5-1 unless noted). What a CTA really moves is
-``sim.device``'s; P2P channel counts are ``engine.p2p``'s. Units: GB/s, microseconds, bytes. A "search channel" is a
-channel of NCCL's topology graph; NCCL launches two CTAs per search channel (``src/graph/connect.cc:460``)."""
+"""NCCL's own tuning model, which the simulated NCCL chooses its defaults with. NVIDIA/nccl @v2.30.7-1 ``src/`` (same
+values at v2.27.5-1 unless noted); GB/s, us, bytes. A "search channel" is a channel of NCCL's topology graph, run as
+two CTAs (``src/graph/connect.cc:460``)."""
 
 from __future__ import annotations
 
@@ -12,14 +10,13 @@ KIB = 1024
 MIB = 1024 * 1024
 PROTOS = ("LL", "LL128", "Simple")
 
-# --- src/graph/tuning.cc:148-211 (ncclTunerConstantsDefaults) -----------------------------------
 BASE_LATENCY_US: dict[str, tuple[float, float, float]] = {
     "Tree": (6.8, 14.0, 8.4),
     "Ring": (6.6, 14.0, 8.4),
     "NVLS": (0.0, 0.0, 0.0),
     "PAT": (8.0, 8.0, 8.0),
 }
-"""baseLatencies[algo][LL, LL128, Simple] (tuning.cc:150-155)."""
+"""baseLatencies[algo][LL, LL128, Simple] (ncclTunerConstantsDefaults, tuning.cc:148-211; :150-155)."""
 HW_LATENCY_US: dict[str, dict[str, tuple[float, float, float]]] = {
     "nvlink": {"Tree": (0.6, 1.25, 4.0), "Ring": (0.6, 1.9, 3.4), "NVLS": (0.0, 0.0, 25.0), "PAT": (0.0, 0.0, 4.0)},
     "pci": {"Tree": (1.0, 1.9, 4.0), "Ring": (1.0, 2.5, 5.7), "NVLS": (0.0, 0.0, 0.0), "PAT": (0.0, 0.0, 4.0)},
@@ -31,8 +28,7 @@ LL_MAX_BW: dict[int, tuple[float, float, float]] = {
     80: (87.7, 22.5, 19.0),
     90: (141.0, 45.0, 35.0),
 }
-"""llMaxBws (tuning.cc:178-183): one node indexes the GPU generation, several nodes the CPU (row 0
-Intel, which the simulator assumes); columns 1 node / 2 nodes / more (tuning.cc:267-272)."""
+"""llMaxBws (tuning.cc:178-183): row: GPU arch on 1 node, else CPU (0: Intel); columns 1 / 2 / more nodes (:267-272)."""
 PER_CH_MAX_RING_LL128: dict[int, float] = {80: 20.0, 90: 36.7}
 """perChMaxRingLL128Bws, per search channel, same for 1/2/4 nodes (tuning.cc:185-190)."""
 PER_CH_MAX_TREE_LL128: dict[int, tuple[float, float, float]] = {80: (20.0, 20.0, 20.0), 90: (36.7, 36.7, 29.0)}
@@ -46,7 +42,6 @@ LL128_BUS_FACTOR = 0.92
 LL_BUS_FACTOR = 0.5
 """Ring/LL bus bandwidth relative to Simple, half of each 8-byte word is a flag (tuning.cc:327)."""
 
-# --- src/graph/topo.h:19-25, topo.cc:545-556, search.cc:1051-1058 --------------------------------
 NVLINK_BW: dict[int, float] = {80: 20.0, 86: 12.0, 90: 20.6}
 """GB/s NCCL counts per NVLink link (SM80_NVLINK_BW, SM86_NVLINK_BW, SM90_NVLINK_BW; topo.h:21-23)."""
 NVLINK_LINK_GBS: dict[int, float] = {80: 25.0, 86: 14.0625, 90: 25.0}
@@ -66,29 +61,24 @@ SPEED_INTER: dict[int, tuple[float, ...]] = {
 }
 """speedArrayInter / sm90SpeedArrayInter (search.cc:1052-1053, 1058-1059)."""
 
-# --- src/include/comm.h:49-51, device.h:93-114, tuning.cc:244-257, 587-595 ----------------------
 THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
-"""Bytes per thread before NCCL adds a channel or threads (comm.h:49-51); Ring/LL is multiplied by
-the rank count (tuning.cc:593)."""
+"""Bytes per thread before NCCL adds channels or threads (comm.h:49-51); Ring/LL x ranks (tuning.cc:587-595)."""
 MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 """NCCL_LL_MAX_NTHREADS, NCCL_LL128_MAX_NTHREADS, NCCL_SIMPLE_MAX_NTHREADS (device.h:95-114)."""
-
-# --- point to point: NCCL's rule (paths.cc:918-1007, enqueue.cc:915-925, 1141-1146, init.cc:818-843)
-# is ``engine.p2p``, the one implementation the cost model and the simulator share.
+# point to point (paths.cc:918-1007, enqueue.cc:915-925, 1141-1146, init.cc:818-843): ``engine.p2p``
 
 
 def ll128_enabled(*, sm_arch: int, intra_nvlink: bool, n_nodes: int) -> bool:
     """Whether NCCL enables LL128 by default (tuning.cc:518-535): all intra-node hops NVLink (:531); the GPU-NIC path
     (:520-530) is PXB on every modelled cluster; mixed compute capabilities (:533) are not modelled."""
-    del n_nodes  # the GPU-NIC path type is PXB on every modelled cluster (docstring)
+    del n_nodes
     return intra_nvlink and sm_arch >= 70
 
 
 def ring_graph(capacity_gbs: float, *, sm_arch: int, inter: bool, max_bw: float | None = None) -> tuple[int, float]:
-    """(search channels >= 1, speed GB/s) of the ring graph NCCL's search finds when each ring costs a GPU its speed out
-    of ``capacity_gbs`` (NCCL's units): search.cc:1074-1265 for one capacity, pass 1 (:1170-1251; :457, :1198, :1245)
-    and ``ncclTopoDupChannels`` (:1036-1049). ``max_bw``: ``system->maxBw`` (:1170), None = the capacity; sm86 uses
-    the Ampere table (:1157)."""
+    """(search channels >= 1, speed) of NCCL's ring graph when a ring costs a GPU its speed of ``capacity_gbs``:
+    search.cc:1074-1265, pass 1 (:1170-1251; :457, :1198, :1245), ``ncclTopoDupChannels`` (:1036-1049); ``max_bw``:
+    ``system->maxBw`` (:1170), None = the capacity; sm86 uses the Ampere table (:1157)."""
     table = (SPEED_INTER if inter else SPEED_INTRA)[90 if sm_arch >= 90 else 80]
     top = capacity_gbs if max_bw is None else min(capacity_gbs, max_bw)
     i = next((k for k, s in enumerate(table) if s <= top + 1e-9), len(table) - 1)
@@ -122,8 +112,7 @@ def default_threads(protocol: str, algorithm: str, *, ring_busbw_gbs: float) -> 
 def size_rule(
     nbytes: int, *, channels: int, threads: int, protocol: str, algorithm: str, n_ranks: int
 ) -> tuple[int, int]:
-    """(channels, threads) NCCL runs a Ring / Tree call of ``nbytes`` with (enqueue.cc:2093-2105); ``nbytes``: the full
-    message (``ncclFuncMaxSendRecvCount``, enqueue.h:39-41)."""
+    """(channels, threads) of a Ring / Tree call (enqueue.cc:2093-2105); ``nbytes``: full message (enqueue.h:39-41)."""
     thr = THREAD_THRESHOLD[protocol] * (n_ranks if (protocol == "LL" and algorithm == "Ring") else 1)
     nc, nt = max(1, channels), threads
     while nbytes < nc * nt * thr and nc >= 2:

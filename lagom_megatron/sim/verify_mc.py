@@ -1,7 +1,4 @@
-"""Monte Carlo of lagom's paired verification verdict at the simulator's noise (``engine.verify``).
-
-Sets the presets' ``lagom_verify_iters`` / ``lagom_verify_max_iters`` and docs/simulator.md's table.
-"""
+"""Monte Carlo of lagom's paired verification at the simulator's noise; sets the presets' verify counts."""
 
 from __future__ import annotations
 
@@ -82,7 +79,6 @@ def accept_rate(
 
 
 def table(sigma: float, *, first: int, caps: tuple[int, ...], trials: int = 2000) -> dict[int, dict[float, Rates]]:
-    """``{cap: {gain: Rates}}`` for ``GAINS``, first look ``first``."""
     return {c: {g: rates(g, first, c, sigma=sigma, trials=trials, seed=c) for g in GAINS} for c in caps}
 
 
@@ -103,7 +99,6 @@ def choose_cap(sigma: float, first: int, *, trials: int = 2000) -> int:
 
 
 def main() -> None:
-    """Prints the table at the simulator's noise and the counts it chooses."""
     from lagom_megatron.sim.constants import get
 
     sigma = get("sigma_iteration")

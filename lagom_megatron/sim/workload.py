@@ -1,9 +1,6 @@
-"""One Megatron GPT training iteration on one representative rank, as the kernels and collectives it issues.
-
-The rank: first TP rank of the first PP stage (finishes backward last; DDP buckets only there, Megatron-LM
-``disable_bucketing=(model_chunk_idx > 0)``). Bubble: ``(pp - 1) (t_fwd + t_bwd) / v`` (Narayanan et al. 2021).
-Site ids: ``megatron.sites``. Not modelled: expert-DP grad sync, TE userbuffers beyond ``UB_SMS``, recompute, FP8.
-"""
+"""One Megatron GPT iteration of the first TP rank of the first PP stage (it finishes backward last) as kernels and
+collectives. Bubble: ``(pp - 1) (t_fwd + t_bwd) / v`` (Narayanan et al. 2021). Not modelled: expert-DP grad sync, TE
+userbuffers beyond ``UB_SMS``, recompute, FP8."""
 
 from __future__ import annotations
 
@@ -25,8 +22,6 @@ ADAM_BYTES_PER_PARAM = 28.0
 
 @dataclass(kw_only=True)
 class Workload(WorkloadShape):
-    """A preset turned into per-rank quantities; ``program()`` builds one iteration."""
-
     _counters: dict = field(default_factory=dict, repr=False)
 
     def _stream_id(self, group: str, kind: str) -> str:
@@ -45,10 +40,8 @@ class Workload(WorkloadShape):
             stride=self.strides.get(group, 1),
         )
 
-    # ------------------------------------------------------------------ sites
-
     def sites(self) -> list[CollectiveSite]:
-        """The collective sites of one iteration, with their calls per iteration."""
+        """The collective sites of one iteration with their calls per iteration."""
         prog = self.program()
         counts: dict[str, int] = {}
         first: dict[str, Call] = {}
@@ -81,10 +74,7 @@ class Workload(WorkloadShape):
             )
         return out
 
-    # ------------------------------------------------------------------ program
-
     def program(self) -> Program:
-        """One iteration of the representative rank (``prog_microbatches`` micro-batches)."""
         prog = Program()
         mbs = prog_microbatches(self)
         buckets = self.buckets()
@@ -115,7 +105,7 @@ class Workload(WorkloadShape):
                 self._backward_chunk(prog, c, mb, buckets[c] if mb == mbs - 1 else None, pending_send)
         for idx in pending_send.values():
             prog.wait(idx)
-        # finish_grad_sync: wait for every bucket, then the optimizer step
+        # finish_grad_sync, then the optimizer step
         for i, call in enumerate(prog.calls):
             if call.stream in ("dp", "dp_cp") and "grad" in (call.site_id or ""):
                 prog.wait(i)
@@ -142,7 +132,7 @@ class Workload(WorkloadShape):
         return prog
 
     def bubble_us(self) -> float:
-        """Pipeline bubble (us) per iteration from standalone kernel times."""
+        """Pipeline bubble (us) from standalone kernel times."""
         f = sum(compute_time_us(self.gpu, k) for k in self._layer_fwd_kernels()) * self.layers_per_chunk
         return (self.pp - 1) * 3.0 * f
 
@@ -198,7 +188,7 @@ class Workload(WorkloadShape):
                     prog.wait(ag_idx[(c, b)])
                     ag_done.add((c, b))
                     nxt = [bb for bb, _, _ in fwd_bucket_order if bb < b]
-                    if nxt and (c, nxt[0]) not in ag_idx:  # prefetch the next bucket
+                    if nxt and (c, nxt[0]) not in ag_idx:
                         ag_idx[(c, nxt[0])] = prog.launch(self._ag_call(c, nxt[0], buckets, mb))
             self._layer_forward(prog, c, li, mb)
         if self.pp > 1:
@@ -358,7 +348,6 @@ class Workload(WorkloadShape):
 
 
 def prog_microbatches(w: Workload) -> int:
-    """Micro-batches simulated explicitly (``MICROBATCH_CAP`` at most)."""
     return min(w.microbatches, MICROBATCH_CAP)
 
 
@@ -374,14 +363,11 @@ def _kernels(w: Workload, prog: Program, names: tuple[str, ...], mb: int) -> Non
 
 
 def combined_step(w: Workload, prog: Program, mb: int) -> None:
-    """Appends micro-batch ``mb``'s forward combined with ``mb - 1``'s backward, tagged ``mb``
-    (``overlap_moe_expert_parallel_comm``: Megatron-Core 0.16.1's combined 1F1B schedule without pipelining).
-
-    pipeline_parallel/schedules.py:598-599, combined_1f1b.py:51-108; forward layer j pairs with backward L-1-j
-    (models/common/model_chunk_schedule_plan.py:473-484), run as ``TransformerLayerSchedulePlan.run`` (:215-254):
-    comm ``combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd``, compute ``attn_fwd | mlp_bwd -> mlp_bwd_dw ->
-    mlp_fwd | attn_bwd``. The forward all-to-alls are the sites.
-    """
+    """Micro-batch ``mb``'s forward with ``mb - 1``'s backward, Megatron-Core 0.16.1's combined 1F1B
+    (pipeline_parallel/schedules.py:598-599, combined_1f1b.py:51-108): forward layer j with backward L-1-j
+    (models/common/model_chunk_schedule_plan.py:473-484) as ``TransformerLayerSchedulePlan.run`` (:215-254): comm
+    ``combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd``, compute ``attn_fwd | mlp_bwd -> mlp_bwd_dw ->
+    mlp_fwd | attn_bwd``; the forward all-to-alls are the sites."""
     L = w.layers_per_chunk
     prog.kernel(elementwise("embedding", w.tokens * w.hidden * 2 * 2), mb)
     T = w.tokens

@@ -1,15 +1,10 @@
-"""FSDP in the simulated iteration: Megatron-FSDP (per ``data_parallel_sharding_strategy``) and torch FSDP2.
-
-optim_grads_params (ZeRO-3; FSDP2): one unit per layer, gathered before forward and again before backward
-(one-unit prefetch), reduce-scattered after its backward, every micro-batch. Other strategies make no units
-(megatron-core 0.16.1 ``mcore_fsdp_adapter.py:96-99``; same in 0.17.1, 0.18.2): buckets of ``root_buckets``
-(``param_and_grad_buffer.py:1271-1414``). no_shard: no gathers (``megatron_fsdp.py:425-426``), all-reduce
-(``param_and_grad_buffer.py:3224-3230``) in the last micro-batch (``megatron_fsdp.py:270-273, 656-662``); optim:
-reduce-scatter (``:3231-3249``) likewise, gathers once per iteration in the first forward
-(``megatron_fsdp.py:1183-1209, 1102-1121``; prefetch ``param_and_grad_buffer.py:3447-3560``); optim_grads: also
-reduce-scatters every micro-batch. Not modelled: ``GradReducePipeline.wait_for_previous_grad_reduce``,
-per-tensor hooks, shard padding, expert parameters.
-"""
+"""Simulated FSDP (megatron-core 0.16.1; same in 0.17.1, 0.18.2). optim_grads_params (ZeRO-3; FSDP2): a unit
+per layer gathered before forward and backward (one-unit prefetch), reduce-scattered after backward each micro-batch.
+Others: no units (``mcore_fsdp_adapter.py:96-99``), ``root_buckets`` (``param_and_grad_buffer.py:1271-1414``); no_shard:
+no gathers (``megatron_fsdp.py:425-426``), all-reduce (``param_and_grad_buffer.py:3224-3230``) in the last micro-batch
+(``megatron_fsdp.py:270-273, 656-662``); optim: reduce-scatter (``:3231-3249``) likewise, gathers once in the first
+forward (``megatron_fsdp.py:1183-1209, 1102-1121``; prefetch ``param_and_grad_buffer.py:3447-3560``); optim_grads: RS
+every micro-batch. Not modelled: wait_for_previous_grad_reduce, per-tensor hooks, shard padding, expert parameters."""
 
 from __future__ import annotations
 
@@ -31,7 +26,7 @@ def unit_params(w: Any) -> list[float]:
 
 
 def every_microbatch(w: Any, site_id: str) -> bool:
-    """Whether FSDP site ``site_id`` is called every micro-batch (else once per iteration)."""
+    """Whether FSDP site ``site_id`` runs every micro-batch (else once per iteration)."""
     if w.fsdp_sharding == "optim_grads_params":
         return True
     return w.fsdp_sharding == "optim_grads" and "grad_" in site_id
@@ -88,10 +83,8 @@ def _sharded_params_microbatch(w: Any, prog: Program, mb: int) -> None:
 
 
 def layer_tensors(w: Any) -> list[float]:
-    """Elements of one layer's parameter tensors on this rank, in megatron-core's ``named_parameters`` order.
-
-    Local spec; experts: router only. With Transformer Engine a cut can shift by one norm (``hidden``).
-    """
+    """Elements of one layer's tensors here in ``named_parameters`` order (local spec; experts: router only; with
+    TE a cut can shift by one norm)."""
     h, tp, lb = w.hidden, w.tp, w.linear_bias
     norm = [h, h] if w.norm_bias else [h]
     qkv = (w.q_dim + 2 * w.kv_dim) / tp
@@ -103,11 +96,8 @@ def layer_tensors(w: Any) -> list[float]:
 
 
 def root_buckets(w: Any) -> list[tuple[int, int, float]]:
-    """Megatron-FSDP's buckets without units: (first tensor's layer, last tensor's layer, elements).
-
-    Filled to ``w.bucket_params`` (megatron-core 0.16.1 ``param_and_grad_buffer.py:1367-1414``); one bucket without
-    overlapped grad reduce (Megatron-LM ``training.py:1312-1322``).
-    """
+    """Megatron-FSDP's buckets without units, (first layer, last layer, elements), filled to ``w.bucket_params``
+    (``param_and_grad_buffer.py:1367-1414``); one without overlapped grad reduce (Megatron-LM training.py:1312-1322)."""
     L, h = w.layers_per_chunk, w.hidden
     tensors = [(-1, w.embedding_params())] + ([(-1, w.position_params)] if w.position_params else [])
     tensors += [(li, n) for li in range(L) for n in layer_tensors(w)]

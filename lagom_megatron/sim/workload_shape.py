@@ -11,7 +11,7 @@ from lagom_megatron.sim.program import group_nodes
 
 @dataclass(kw_only=True)
 class WorkloadShape:
-    """A preset's per-rank quantities; ``from_preset`` raises ValueError for a bad layout or an unmodelled flag."""
+    """A preset's per-rank quantities; ``from_preset``: ValueError for a bad layout or an unmodelled flag."""
 
     name: str
     gpu: Gpu
@@ -25,7 +25,7 @@ class WorkloadShape:
     sp: bool
     microbatches: int
     tokens: int
-    """Per micro-batch on this rank's sequence shard: micro_batch_size * seq_length / cp."""
+    """Per micro-batch on this rank's sequence shard."""
     seq: int
     hidden: int
     ffn: int
@@ -41,22 +41,19 @@ class WorkloadShape:
     overlap_p2p: bool
     tp_comm_overlap: bool
     fsdp: bool
-    """Megatron-FSDP or torch FSDP2 (``sim.workload_fsdp``)."""
     fsdp_sharding: str = "optim_grads_params"
-    """Megatron-FSDP's ``data_parallel_sharding_strategy`` (FSDP2: always optim_grads_params)."""
+    """FSDP2: always optim_grads_params."""
     tied_embeddings: bool = False
     position_params: float = 0.0
-    """Elements of a learned absolute position embedding (0 with RoPE; not split over TP)."""
+    """Elements of a learned absolute position embedding (not split over TP)."""
     linear_bias: bool = True
     norm_bias: bool = True
     ep_overlap: bool = False
-    """The combined 1F1B schedule (``workload.combined_step``)."""
     cdmc1: bool
     bucket_params: int
     nodes: dict[str, int]
     sizes: dict[str, int]
     strides: dict[str, int] = field(default_factory=dict)
-    """Rank stride of each group (tp 1, dp tp x cp, ...)."""
 
     @classmethod
     def from_preset(cls, preset: Any, gpu: Gpu) -> Self:
@@ -159,8 +156,7 @@ class WorkloadShape:
             swiglu=m.swiglu,
             experts=experts,
             topk=m.moe_router_topk or 1,
-            # with Megatron-FSDP the distributed optimizer issues no collectives of its own (megatron-core
-            # 0.16.1 optimizer/distrib_optimizer.py:2440-2443, 2609-2611 hand them to Megatron-FSDP)
+            # Megatron-FSDP issues the dist. optimizer's collectives (distrib_optimizer.py:2440-2443, 2609-2611 @0.16.1)
             dist_opt=o.use_distributed_optimizer and not fsdp,
             overlap_grad=o.overlap_grad_reduce,
             overlap_param=o.overlap_param_gather,
@@ -168,7 +164,7 @@ class WorkloadShape:
             tied_embeddings=not m.untie_embeddings_and_output_weights,
             position_params=float((m.max_position_embeddings or t.seq_length) * m.hidden_size)
             if m.position_embedding_type == "learned_absolute"
-            else 0.0,  # not split over TP
+            else 0.0,
             linear_bias=m.add_bias_linear,
             norm_bias=m.normalization == "LayerNorm",
             overlap_p2p=o.overlap_p2p_comm,
@@ -182,10 +178,7 @@ class WorkloadShape:
             strides=strides,
         )
 
-    # ------------------------------------------------------------------ sizes
-
     def layer_params(self) -> float:
-        """Parameters of one transformer layer on this rank."""
         h, tp = self.hidden, self.tp
         attn = h * (self.q_dim + 2 * self.kv_dim) / tp + self.q_dim * h / tp
         up = 2 if self.swiglu else 1
@@ -195,7 +188,7 @@ class WorkloadShape:
         return attn + mlp
 
     def output_params(self) -> float:
-        """Output-layer parameters on this rank (PP 1 only: else on the last stage)."""
+        """Output-layer parameters here (PP 1 only: else on the last stage)."""
         return self.vocab * self.hidden / self.tp if self.pp == 1 else 0.0
 
     def embedding_params(self) -> float:
@@ -206,10 +199,8 @@ class WorkloadShape:
         return chunk * self.pp * self.layers_per_chunk + i
 
     def buckets(self) -> list[list[tuple[int, list[int], float]]]:
-        """Per chunk: DDP buckets in backward order as (bucket id, local layer indices, params).
-
-        Chunk 0 splits at ``bucket_params``; later chunks are one bucket each (Megatron-LM ``disable_bucketing``).
-        """
+        """Per chunk: (bucket id, local layer indices, params) in backward order; past chunk 0 one bucket each
+        (Megatron-LM ``disable_bucketing=(model_chunk_idx > 0)``)."""
         out = []
         for c in range(self.chunks):
             order = list(range(self.layers_per_chunk - 1, -1, -1))

@@ -1,5 +1,4 @@
-"""Checks of ``scripts/pretrain_gpt.py``'s parsed arguments (after ``preflight.check_run``'s rules);
-imports neither torch nor Megatron."""
+"""Checks of ``scripts/pretrain_gpt.py``'s parsed arguments after ``preflight``'s rules; no torch, no Megatron."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ def _check(cond: bool, message: str) -> None:
 
 
 def _data_prefixes(data_path: list[str]) -> list[str]:
-    """The dataset prefixes of ``--data-path`` (``P1 P2`` or weighted ``W1 P1 W2 P2``)."""
+    """``--data-path``'s prefixes (``P1 P2`` or ``W1 P1 W2 P2``)."""
 
     def is_number(s: str) -> bool:
         try:
@@ -38,9 +37,8 @@ FLASH_ATTN_MODULES = ("flash_attn", "flash_attn_3")
 
 
 def check_installed(args: argparse.Namespace, *, on_gpu: bool = False) -> None:
-    """Checks that this machine has the libraries the arguments need; raises ValueError naming the flag and
-    what to install (APEX for GPU gradient accumulation fusion on local layers: megatron-core 0.16.1
-    ``tensor_parallel/layers.py:44-48, 924-933``)."""
+    """ValueError naming the flag and what to install when a library is missing (APEX for gradient accumulation
+    fusion on local GPU layers: megatron-core 0.16.1 ``tensor_parallel/layers.py:44-48, 924-933``)."""
     import importlib.util
 
     def installed(name: str) -> bool:
@@ -232,7 +230,7 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
             f"by --pipeline-model-parallel-size {pp}",
         )
 
-    apply_megatron_lm_defaults(args)  # ffn size (SwiGLU), fp32 grad reduction with bf16, recompute, WSD
+    apply_megatron_lm_defaults(args)
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
     if args.position_embedding_type == "learned_absolute":

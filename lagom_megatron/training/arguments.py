@@ -1,5 +1,4 @@
-"""Command-line arguments of ``scripts/pretrain_gpt.py``: Megatron-LM's flags (names, destinations, defaults of
-core_v0.16 ``megatron/training/arguments.py``), ``--preset``, the ByteLevel tokenizer, ``--lagom*``. No torch."""
+"""``scripts/pretrain_gpt.py``'s arguments: Megatron-LM's (core_v0.16 ``arguments.py``), ``--preset``, ``--lagom*``."""
 
 from __future__ import annotations
 
@@ -44,13 +43,11 @@ NO_EFFECT: dict[str, str] = {
     "fp8_amax_compute_algo": "no FP8 recipe in this script",
     "fp8_param_gather": "no FP8 recipe in this script",
 }
-"""Destination -> why it does not act in ``scripts/pretrain_gpt.py``."""
 
 NO_EFFECT_ON_CPU: dict[str, str] = {
     "cross_entropy_loss_fusion": "no fused kernels on CPU",
     "distributed_backend": "gloo is the only backend on CPU",
 }
-"""Destination -> why it does not act on CPU (it does on a GPU)."""
 
 REFUSED_HERE: dict[str, str] = {
     "train_samples": "sample-based training is not implemented here; give --train-iters",
@@ -250,9 +247,8 @@ def inactive_flags(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
 
 
 def refused_here(args: argparse.Namespace) -> str | None:
-    """The first refusal of these flags as one error line, else None. Sources: Megatron-LM core_v0.16.1
-    ``arguments.py:999-1000`` (no position embedding without RoPE), ``:767-769`` (warm-up fraction and iters);
-    megatron-core 0.16.1 ``transformer/torch_norm.py:26-28`` (layernorm-1p needs TE layers)."""
+    """The first refusal as one line, else None (Megatron-LM core_v0.16.1 ``arguments.py:999-1000``, ``:767-769``;
+    megatron-core 0.16.1 ``transformer/torch_norm.py:26-28``)."""
     defaults = {"lr_warmup_samples": 0, "calculate_per_token_loss": False}
     for dest, why in REFUSED_HERE.items():
         if getattr(args, dest, None) not in (defaults.get(dest), None):
@@ -274,19 +270,16 @@ def refused_here(args: argparse.Namespace) -> str | None:
 
 
 TOKENIZER_TYPES = ("ByteLevel", "NullTokenizer")
-"""Tokenizers that need no download."""
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 
 DEFAULT_SPLIT = "969,30,1"
-"""``--split`` when none is given (Megatron-LM's)."""
 
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 """Megatron-Core's ``transformer.enums.AttnBackend`` names (megatron-core 0.16.1 ``enums.py:60-67``; same in 0.18.2)."""
 
 DATA_PARALLEL_SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
-"""Megatron-LM core_v0.16.1-core_v0.18.2 ``arguments.py`` choices; Megatron-FSDP's
-(``megatron_fsdp/param_and_grad_buffer.py`` ``_init_each_parameter_group_buffers``)."""
+"""Megatron-LM core_v0.16.1-0.18.2 ``arguments.py`` choices (``param_and_grad_buffer.py`` Megatron-FSDP's)."""
 
 LAYOUT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size")
 """Flags that name the layout: given, a preset's world size need not be the job's."""
@@ -295,7 +288,6 @@ MEGATRON_LM_REFUSED: dict[str, str] = {
     "--overlap-p2p-communication": "Megatron-LM has no such flag: pipeline send/recv overlap is on by "
     "default (interleaved schedule); --no-overlap-p2p-communication turns it off",
 }
-"""Flags refused with what to use instead (names whose meaning would differ from Megatron-LM's)."""
 
 
 def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -432,9 +424,8 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         help="Wrap the model in Megatron-Core's Megatron-FSDP (GPU); what it shards is "
         "--data-parallel-sharding-strategy's choice (optim_grads_params for ZeRO-3).",
     )
-    # Megatron-LM core_v0.16.1 arguments.py:2307-2309 (core_v0.17.1 :2722-2724: the same); core_v0.18.2
-    # :2805-2807 defaults to optim_grads_params. Only Megatron-FSDP reads it (megatron-core's DDP and
-    # torch FSDP2 ignore it), so no_shard with --use-megatron-fsdp shards nothing (lagom doctor warns).
+    # arguments.py:2307-2309 @core_v0.16.1 (:2722-2724 @core_v0.17.1); :2805-2807 @core_v0.18.2 defaults to
+    # optim_grads_params. Only Megatron-FSDP reads it: no_shard with --use-megatron-fsdp shards nothing.
     g.add_argument(
         "--data-parallel-sharding-strategy",
         choices=DATA_PARALLEL_SHARDING_STRATEGIES,
@@ -482,8 +473,7 @@ def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         help="YAML of per-process-group NCCL options (Megatron-Core's format).",
     )
     g.add_argument("--distributed-timeout-minutes", type=int, default=10)
-    # Megatron-LM core_v0.16.1 arguments.py:2275; torch.distributed.launch passes --local-rank=N
-    # (torch >= 2.0) or --local_rank N (older); the rank is read from LOCAL_RANK either way
+    # arguments.py:2275 @core_v0.16.1; torch.distributed.launch passes --local-rank=N or (torch < 2) --local_rank N
     g.add_argument(
         "--local-rank",
         "--local_rank",
@@ -592,8 +582,7 @@ def default_ffn_hidden_size(hidden_size: int, swiglu: bool) -> int:
 
 
 def apply_megatron_lm_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Fills in what Megatron-LM's ``validate_args`` derives (fp32 grad reduction with ``--bf16``: core_v0.16.1
-    ``arguments.py:711-724``); raises ValueError, the first of ``preflight.values.megatron_flag_problems``."""
+    """Fills in ``validate_args``' derived values (--bf16: core_v0.16.1 ``arguments.py:711-724``); ValueError if bad."""
     from lagom_megatron.preflight.values import megatron_flag_problems
 
     if args.split is None:  # Megatron-LM core_v0.16.1 arguments.py:468-472 (with --data-path)
@@ -613,9 +602,7 @@ def _raise_usage_error(message: str) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None, *, exit_on_error: bool = True) -> argparse.Namespace:
-    """Parses a command line with ``--preset`` values as defaults; sets ``preset_name``, ``preset_world_size``,
-    ``layout_flags_given``. ``exit_on_error`` False: ValueError instead of exit 2. Raises ValueError (a bad preset
-    name, YAML or key), FileNotFoundError."""
+    """Parses with ``--preset``'s values as defaults; ValueError (also instead of exit 2), FileNotFoundError."""
     parser = build_parser()
     if not exit_on_error:
         parser.error = _raise_usage_error  # type: ignore[method-assign]
@@ -633,11 +620,11 @@ def parse_args(argv: Sequence[str] | None = None, *, exit_on_error: bool = True)
         defaults = preset.to_args()
         dests = {a.dest for a in parser._actions}
         missing = sorted(k for k in defaults if k not in dests)
-        if missing:  # a schema field without a flag is a bug of this module, not of the preset
+        if missing:  # a bug of this module, not of the preset
             raise ValueError(f"preset {preset_name!r}: keys without a command-line flag: {', '.join(missing)}")
         parser.set_defaults(**defaults)
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # argparse's own line, with the closest known flag named: the script and the doctor alike
+    if unknown:  # argparse's line with the closest known flag named
         import difflib
 
         flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]

@@ -1,5 +1,4 @@
-"""Shims that let Megatron-Core 0.16.1 train a GPTModel on CPU with gloo (checked with torch 2.13.0): process-global
-patches of ``torch.cuda`` / ``torch.Tensor``, to apply before the model, DDP wrapper or optimizer is built."""
+"""Process-global ``torch.cuda`` / ``torch.Tensor`` patches: Megatron-Core 0.16.1 on CPU with gloo (torch 2.13.0)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from typing import Any
 import torch
 
 _ORIGINALS: list[tuple[Any, str, Any]] = []
-"""(owner, attribute, original own value or _MISSING) in installation order; empty when not applied."""
+"""(owner, attribute, original own value or _MISSING) in installation order."""
 
 _DEVICE_LITERAL_MODULES = (
     "megatron.core.pipeline_parallel.schedules",  # total_num_tokens = torch.zeros([], device="cuda")
@@ -22,7 +21,6 @@ _DEVICE_LITERAL_MODULES = (
     "megatron.core.optimizer.grad_scaler",  # loss-scale tensors on "cuda"
     "megatron.core.utils",  # local_multi_tensor_l2_norm: torch.tensor(device="cuda")
 )
-"""Modules that pass ``device="cuda"`` literals to tensor factories; they get a torch proxy."""
 
 _CUDA_TYPE_CALLERS = frozenset(
     {
@@ -31,7 +29,6 @@ _CUDA_TYPE_CALLERS = frozenset(
         "megatron.core.optimizer.clip_grads",
     }
 )
-"""Modules whose ``tensor.type()`` calls get the CUDA type name of a CPU tensor."""
 
 
 def _cpu_device(device: Any) -> Any:
@@ -43,14 +40,12 @@ def _cpu_device(device: Any) -> Any:
 
 
 class _CpuTorch(types.ModuleType):
-    """``torch`` as seen by one Megatron module (:func:`make_cpu_torch`)."""
-
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
 
 
 def make_cpu_torch() -> _CpuTorch:
-    """A stand-in for ``torch`` whose tensor factories put a ``"cuda"`` / ``cuda:N`` device on the CPU."""
+    """``torch`` whose tensor factories put a ``"cuda"`` / ``cuda:N`` device on the CPU."""
     proxy = _CpuTorch("lagom_cpu_torch")
     for name in ("zeros", "empty", "ones", "tensor", "full", "arange", "rand", "randn", "randint"):
         factory = getattr(torch, name)
@@ -68,13 +63,10 @@ _MISSING = object()
 
 
 FORWARD_P2P_TAG = 1
-"""gloo tag of activations (send_next -> recv_prev)."""
 BACKWARD_P2P_TAG = 2
-"""gloo tag of gradients (send_prev -> recv_next)."""
 
 
 def _tagged_p2p_ops(*, as_dict: bool):
-    """``p2p_communication._batched_p2p_ops`` / ``_p2p_ops`` (``as_dict``) with one tag per direction."""
     import torch.distributed as dist
 
     def p2p_ops(
@@ -108,7 +100,7 @@ def set_recorded(originals: list, owner: Any, name: str, value: Any) -> None:
 
 
 def restore(originals: list) -> None:
-    """Undoes the :func:`set_recorded` calls of ``originals``, last first, and empties it."""
+    """Undoes the :func:`set_recorded` calls of ``originals``, last first."""
     while originals:
         owner, name, value = originals.pop()
         if value is _MISSING:
@@ -122,12 +114,11 @@ def _set(owner: Any, name: str, value: Any) -> None:
 
 
 def is_applied() -> bool:
-    """True while the shims are installed."""
     return bool(_ORIGINALS)
 
 
 def apply(force: bool = False) -> bool:
-    """Installs the CPU shims without CUDA (``force``: anyway, tests only); True if installed after the call."""
+    """Installs the shims without CUDA (``force``: anyway), before model, DDP or optimizer; True if installed."""
     if _ORIGINALS:
         return True
     if torch.cuda.is_available() and not force:
@@ -135,31 +126,23 @@ def apply(force: bool = False) -> bool:
     import megatron.core.tensor_parallel.random as mc_random
     from megatron.core.transformer import torch_norm
 
-    # model_parallel_cuda_manual_seed -> CudaRNGStatesTracker.add() calls torch.cuda.get_rng_state()
-    # and torch.cuda.manual_seed(); fork() (dropout inside tensor-parallel regions) calls
-    # _get_cuda_rng_state/_set_cuda_rng_state. Keep those RNG states in the CPU generator.
+    # CudaRNGStatesTracker.add() and fork() (TP-region dropout) use the CUDA RNG: keep it in the CPU generator
     _set(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
     _set(torch.cuda, "manual_seed", lambda seed: torch.manual_seed(seed))
     _set(mc_random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state())
     _set(mc_random, "_set_cuda_rng_state", lambda new_state, *a, **k: torch.set_rng_state(new_state))
 
-    # _ParamAndGradBuffer (DDP), p2p_communication recv buffers, tensor_parallel mappings/layers and
-    # GPTModel allocate with device=torch.cuda.current_device(); "cpu" is a valid device there.
+    # DDP buffers, p2p recv buffers, TP layers and GPTModel allocate on device=torch.cuda.current_device()
     _set(torch.cuda, "current_device", lambda: "cpu")
 
-    # P2PCommunicator._communicate calls torch.cuda.synchronize() after batch_isend_irecv when
-    # batch_p2p_sync is on (the default); gloo's wait() already synchronises.
+    # P2PCommunicator synchronizes after batch_isend_irecv (batch_p2p_sync); gloo's wait() already does
     _set(torch.cuda, "synchronize", lambda *a, **k: None)
 
-    # LanguageModule.setup_embeddings_and_output_layer moves the tied output weight with
-    # weight.data.cuda() when PP > 1; on CPU the tensor stays where it is.
+    # LanguageModule.setup_embeddings_and_output_layer: weight.data.cuda() of the tied output weight (PP > 1)
     _set(torch.Tensor, "cuda", lambda self, *a, **k: self)
 
-    # DistributedOptimizer._build_model_and_main_param_groups and
-    # Float16OptimizerWithFloat16Params.__init__ accept only params whose param.type() is
-    # 'torch.cuda.{Float,Half,BFloat16}Tensor', and clip_grad_by_total_norm_fp32 asserts
-    # grad.type() == 'torch.cuda.FloatTensor'. Answer with the CUDA name for calls made from those
-    # modules only; everyone else sees the true type.
+    # the (distributed) optimizers accept only 'torch.cuda.*Tensor' params and clip_grad_by_total_norm_fp32
+    # asserts 'torch.cuda.FloatTensor' grads: the CUDA name for calls from _CUDA_TYPE_CALLERS only
     original_type = torch.Tensor.type
 
     def tensor_type(self, *args, **kwargs):
@@ -177,9 +160,8 @@ def apply(force: bool = False) -> bool:
 
     _set(torch.Tensor, "type", tensor_type)
 
-    # WrappedTorchNorm.__new__ (the local layer spec's LayerNorm) asserts not
-    # config.sequence_parallel. Build it with SP off and mark its parameters sequence_parallel=True,
-    # which makes finalize_model_grads all-reduce their gradients over the TP group, as TE does.
+    # WrappedTorchNorm asserts no sequence_parallel: built with SP off, its params marked sequence_parallel so
+    # finalize_model_grads all-reduces their grads over TP, as with TE
     original_new = torch_norm.WrappedTorchNorm.__dict__["__new__"].__func__
 
     def norm_new(cls, config, hidden_size, eps=1e-5, *args, **kwargs):
@@ -195,15 +177,13 @@ def apply(force: bool = False) -> bool:
 
     _set(torch_norm.WrappedTorchNorm, "__new__", staticmethod(norm_new))
 
-    # P2PCommunicator._communicate posts untagged p2p; with PP = 2 previous and next stage are one rank,
-    # gloo matches untagged messages in posting order, and the interleaved schedule posts in different
-    # orders on the two ranks: a gradient can land in an activation buffer. One tag per direction.
+    # with PP = 2 the previous and next stage are one rank and gloo matches untagged p2p in posting order,
+    # which the interleaved schedule differs in across ranks: a gradient could land in an activation buffer
     from megatron.core.pipeline_parallel import p2p_communication
 
     _set(p2p_communication, "_batched_p2p_ops", _tagged_p2p_ops(as_dict=False))
     _set(p2p_communication, "_p2p_ops", _tagged_p2p_ops(as_dict=True))
 
-    # device="cuda" literals in the modules listed in _DEVICE_LITERAL_MODULES.
     proxy = make_cpu_torch()
     for module_name in _DEVICE_LITERAL_MODULES:
         _set(importlib.import_module(module_name), "torch", proxy)
@@ -211,5 +191,5 @@ def apply(force: bool = False) -> bool:
 
 
 def remove() -> None:
-    """Restores every original patched by :func:`apply` (no-op when not applied)."""
+    """Undoes :func:`apply` (no-op when not applied)."""
     restore(_ORIGINALS)

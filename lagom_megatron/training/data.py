@@ -1,5 +1,4 @@
-"""Training data: Megatron indexed datasets or mock data (``megatron.core.datasets``), and each DP rank's micro-batch
-order as Megatron-LM's ``MegatronPretrainingSampler`` (the same global batch for every DP size)."""
+"""Training data (``megatron.core.datasets``) and each DP rank's micro-batches as ``MegatronPretrainingSampler``'s."""
 
 from __future__ import annotations
 
@@ -29,8 +28,8 @@ def read_jsonl_texts(path: str | Path, *, key: str = "text") -> Iterator[str]:
 
 
 def write_indexed_dataset(texts: Iterable[str], output_prefix: str | Path, tokenizer=None) -> dict:
-    """Writes documents as ``PREFIX.bin`` / ``PREFIX.idx`` (Megatron-LM ``tools/preprocess_data.py --append-eod``;
-    uint16 tokens), via temporary names. Returns {"documents", "tokens", "bin", "idx"}; ValueError without documents."""
+    """``PREFIX.bin`` / ``.idx`` as ``tools/preprocess_data.py --append-eod`` (uint16); ValueError without documents.
+    Returns {"documents", "tokens", "bin", "idx"}."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     tokenizer = tokenizer or ByteLevelTokenizer()
@@ -45,8 +44,7 @@ def write_indexed_dataset(texts: Iterable[str], output_prefix: str | Path, token
             if ids.size == 0:
                 continue
             ids = np.append(ids, tokenizer.eod)
-            # add_document only runs numpy.array(x, dtype) on its input; an ndarray avoids numpy 2's
-            # __array__(copy=...) deprecation warning that a torch tensor triggers there.
+            # an ndarray: a torch tensor triggers numpy 2's __array__(copy=...) warning in add_document
             builder.add_document(ids, [ids.size])
             n_docs += 1
             n_tokens += int(ids.size)
@@ -56,8 +54,7 @@ def write_indexed_dataset(texts: Iterable[str], output_prefix: str | Path, token
         tmp_bin.replace(str(prefix) + ".bin")
         tmp_idx.replace(str(prefix) + ".idx")
     except BaseException:
-        # Any failure (a bad input line raised by ``texts``, a full disk, Ctrl-C) leaves no
-        # temporary file behind; a dataset already at PREFIX is left as it was.
+        # any failure leaves no temporary file, and a dataset already at PREFIX as it was
         if not builder.data_file.closed:
             builder.data_file.close()
         tmp_bin.unlink(missing_ok=True)
@@ -67,9 +64,8 @@ def write_indexed_dataset(texts: Iterable[str], output_prefix: str | Path, token
 
 
 def build_tokenizer(args):
-    """The tokenizer of ``--tokenizer-type``: library ``"null"`` in megatron-core 0.16
-    (``tokenizers/megatron_tokenizer.py:21,72``), ``"null-text"`` from 0.17 (``megatron_tokenizer.py:84``;
-    Megatron-LM core_v0.18.2 ``tokenizers/utils/build_tokenizer.py:88-101``)."""
+    """``--tokenizer-type``'s: library ``"null"`` in megatron-core 0.16 (``tokenizers/megatron_tokenizer.py:21,72``),
+    ``"null-text"`` from 0.17 (``:84``; Megatron-LM core_v0.18.2 ``tokenizers/utils/build_tokenizer.py:88-101``)."""
     if args.tokenizer_type == "NullTokenizer":
         from megatron.core.tokenizers import MegatronTokenizer, megatron_tokenizer
 
@@ -79,9 +75,8 @@ def build_tokenizer(args):
 
 
 def build_datasets(args, tokenizer, valid_samples: int = 0):
-    """(train, valid) from ``BlendedMegatronDatasetBuilder`` (torch.distributed initialised); samples hold int64 (seq,)
-    ``tokens``/``labels``/``position_ids``, float ``loss_mask``, bool ``attention_mask`` (1, seq, seq). valid is None
-    without ``valid_samples`` or documents. Raises ValueError: ``--split`` leaves no training documents."""
+    """(train, valid or None) from ``BlendedMegatronDatasetBuilder``: int64 (seq,) ``tokens``/``labels``/
+    ``position_ids``, float ``loss_mask``, bool ``attention_mask`` (1, seq, seq); ValueError: no training documents."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
     from megatron.core.datasets.utils import get_blend_from_list
@@ -112,8 +107,7 @@ def build_datasets(args, tokenizer, valid_samples: int = 0):
 def microbatch_indices(
     iteration: int, *, global_batch_size: int, micro_batch_size: int, data_parallel_size: int, data_parallel_rank: int
 ) -> list[list[int]]:
-    """Sample indices of each micro-batch of one DP rank in 0-based ``iteration``: rank r takes
-    [r*mbs, (r+1)*mbs) of each ``mbs x DP`` step (``MegatronPretrainingSampler``)."""
+    """Sample indices of one DP rank's micro-batches: r takes [r*mbs, (r+1)*mbs) of each ``mbs x DP`` step."""
     step = micro_batch_size * data_parallel_size
     base = iteration * global_batch_size
     start = base + data_parallel_rank * micro_batch_size
@@ -131,7 +125,7 @@ def microbatch_iterator(
     data_parallel_size: int,
     data_parallel_rank: int,
 ) -> Iterator[dict]:
-    """Yields this rank's micro-batches of stacked tensors (``tokens`` (mbs, seq) int64, ...) for all iterations."""
+    """This rank's micro-batches of stacked tensors (``tokens`` (mbs, seq) int64, ...)."""
     for iteration in range(train_iters):
         for indices in microbatch_indices(
             iteration,

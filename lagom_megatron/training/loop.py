@@ -1,7 +1,5 @@
-"""The training loop of ``scripts/pretrain_gpt.py``: Megatron-Core GPT pre-training (gloo on CPU, nccl on GPU).
-
-Callbacks may define ``on_setup(ctx)``, ``on_iteration_start(iteration)``, ``on_iteration_end(iteration,
-elapsed_s, loss)`` (1-based, seconds, mean lm loss, the same on every rank) and ``on_train_end()``."""
+"""The training loop of ``scripts/pretrain_gpt.py``. Callbacks may define ``on_setup(ctx)``, ``on_iteration_start(i)``,
+``on_iteration_end(i, elapsed_s, loss)`` (1-based, mean lm loss, same on every rank) and ``on_train_end()``."""
 
 from __future__ import annotations
 
@@ -59,29 +57,26 @@ def throughput_tflops_per_gpu(flops_per_iteration: float, seconds_per_iteration:
 
 @dataclass
 class TrainingContext:
-    """What a callback's ``on_setup`` gets: the live training objects of this rank."""
+    """What a callback's ``on_setup`` gets: this rank's training objects."""
 
     args: argparse.Namespace
     model: list
-    """One Megatron-Core DistributedDataParallel per virtual pipeline stage."""
+    """One DDP wrapper per virtual pipeline stage."""
     optimizer: Any
     ddp_config: Any
     pg_collection: Any
-    """Megatron-Core ``ProcessGroupCollection``, or None if unavailable."""
     forward_backward_func: Callable
     data_iterator: Any
-    """An iterator, or one per chunk."""
 
 
 @dataclass
 class TrainingResult:
-    """What :func:`pretrain` returns on every rank."""
+    """What :func:`pretrain` returns, the same on every rank."""
 
     losses: list[float] = field(default_factory=list)
     """Mean lm loss per iteration over micro-batches and DP ranks."""
     iteration_times_s: list[float] = field(default_factory=list)
     learning_rates: list[float] = field(default_factory=list)
-    """After each scheduler step (what Megatron-LM logs)."""
 
 
 def _log(message: str, *, rank: int, world_size: int) -> None:
@@ -107,8 +102,7 @@ def format_iteration_line(
     skipped_iters: int,
     nan_iters: int,
 ) -> str:
-    """One log line of Megatron-LM's ``training_log`` (core_v0.16.1 ``megatron/training/training.py``
-    lines 2031-2085; throughput only with ``--log-throughput``, line 2043), plus ``tokens per second``."""
+    """Megatron-LM's ``training_log`` line (core_v0.16.1 ``training.py:2031-2085``; throughput: :2043) + tokens/s."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     line = (
         f" [{stamp}] iteration {iteration:8d}/{train_iters:8d} |"
@@ -131,7 +125,6 @@ def format_iteration_line(
 
 
 def _lagom_callback(args: argparse.Namespace):
-    """lagom's controller (``megatron.controller.LagomController``) when ``--lagom`` is set, else None."""
     if not args.lagom:
         return None
     from lagom_megatron.megatron.control.controller import LagomController
@@ -147,8 +140,7 @@ def _call(callbacks: list, name: str, *a) -> None:
 
 
 def _forward_step(data_iterator, model):
-    """Megatron-Core forward step: (output, loss function); on the last stage the output is the per-token
-    loss (mbs, seq) and the loss function returns (mean over unmasked tokens, {"lm loss"})."""
+    """(output, loss fn); last stage: per-token loss (mbs, seq), fn -> (mean over unmasked tokens, {"lm loss"})."""
     batch = next(data_iterator)
     loss_mask = batch["loss_mask"].float()
     output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
@@ -167,8 +159,7 @@ def _on_device(batches, device):
 
 
 def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> TrainingResult:
-    """Trains a GPT from validated arguments under torchrun (``--lagom`` adds lagom's controller); the same
-    :class:`TrainingResult` on every rank. Raises ValueError: a value checked only after set-up."""
+    """Trains from validated arguments under torchrun; ValueError: a value checked only after set-up."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.num_microbatches_calculator import (
@@ -279,7 +270,7 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         optimizer = get_megatron_optimizer(opt_config, chunks)
         config.grad_scale_func = optimizer.scale_loss
         gbs = args.global_batch_size
-        # Megatron-LM counts LR steps in samples when --train-iters is given.
+        # Megatron-LM counts LR steps in samples when --train-iters is given
         scheduler = OptimizerParamScheduler(
             optimizer,
             init_lr=args.lr_warmup_init,
@@ -347,8 +338,7 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         try:
             result = _train_loop(args, ctx, scheduler, callbacks, log, evaluate)
         except BaseException:
-            # callbacks still close (lagom removes its patches: a later pretrain() in this process
-            # must not find them installed); the training error is the one that propagates
+            # callbacks still close (a later pretrain() must not find lagom's patches); the training error propagates
             try:
                 _call(callbacks, "on_train_end")
             except Exception:  # noqa: BLE001
@@ -397,8 +387,7 @@ def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log, eva
         if update_successful:
             scheduler.step(increment=gbs)
         lr = ctx.optimizer.param_groups[0]["lr"]  # after the step, as Megatron-LM's training_log reports it
-        # Mean lm loss over micro-batches and data-parallel ranks, computed on the last stage and
-        # sent to every rank so that callbacks see the same number everywhere.
+        # mean over micro-batches and DP on the last stage, broadcast: callbacks see one number everywhere
         loss = torch.zeros(1, dtype=torch.float64)
         if last_stage:
             loss[0] = sum(float(x["lm loss"]) for x in losses) / len(losses)
@@ -409,8 +398,7 @@ def _train_loop(args, ctx: TrainingContext, scheduler, callbacks: list, log, eva
         dist.broadcast(loss_dev, src=last_rank)
         loss_value = float(loss_dev.cpu()[0])
         elapsed = time.perf_counter() - t0
-        # Megatron-LM: a skipped update (fp16 loss-scale overflow) is counted, and counted as a nan
-        # iteration when its loss is not finite (training.py core_v0.16.1, training_log)
+        # a skipped update is counted, as nan too when its loss is not finite (training_log, core_v0.16.1)
         window_skipped += int(not update_successful)
         window_nan += int(not update_successful and not math.isfinite(loss_value))
         if not math.isfinite(loss_value):
@@ -486,8 +474,7 @@ def format_validation_lines(prefix: str, loss: float) -> list[str]:
 
 
 class Evaluator:
-    """Runs one evaluation of ``--eval-iters`` iterations per call; ``batches``: this rank's validation micro-batches
-    (one iterator, or one per model chunk)."""
+    """One evaluation of ``--eval-iters`` iterations per call (``batches``: an iterator, or one per chunk)."""
 
     def __init__(
         self,
@@ -500,7 +487,7 @@ class Evaluator:
         self.args, self.ctx, self.batches, self.forward_step, self.log = args, ctx, batches, forward_step, log
 
     def __call__(self, prefix: str) -> float:
-        """Evaluates and logs Megatron-LM's validation line; returns the loss, broadcast from the last stage."""
+        """Evaluates and logs Megatron-LM's validation lines; returns the loss on every rank."""
         import torch.distributed as dist
         from megatron.core import parallel_state
 

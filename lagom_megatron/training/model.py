@@ -1,7 +1,5 @@
-"""The GPT model of ``pretrain_gpt.py``: Megatron-Core ``GPTModel`` chunks in its DDP, from Megatron-LM arguments.
-
-Initialisation is layout-invariant (ours; Megatron-LM offsets the seed by pipeline rank): each layer reseeds from
-``--seed`` and its global number and CPU initialisation shards the full matrix, so TP, PP, DP runs match one process."""
+"""``pretrain_gpt.py``'s ``GPTModel`` chunks in DDP. Unlike Megatron-LM's, initialisation is layout-invariant: each
+layer reseeds from ``--seed`` and its global number, CPU init shards the full matrix (TP, PP, DP match one process)."""
 
 from __future__ import annotations
 
@@ -15,10 +13,9 @@ LAYER_SEED_STRIDE = 1009
 
 
 def te_available() -> bool:
-    """True when Transformer Engine's PyTorch extension imports."""
     try:
         import transformer_engine.pytorch  # noqa: F401
-    except Exception:  # ImportError, or a TE build that fails to load its CUDA library
+    except Exception:  # also a TE build that fails to load its CUDA library
         return False
     return True
 
@@ -90,8 +87,7 @@ def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
         recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers,
         attention_backend=AttnBackend[args.attention_backend],
-        # a gloo isend reads the tensor later from its own thread: on CPU Megatron's freeing of a
-        # stage's output after posting its send would send freed storage
+        # a gloo isend reads the tensor later from its own thread: freeing it after posting sends freed storage
         deallocate_pipeline_outputs=on_gpu,
         **fused,
         **_megatron_lm_fields(args, on_gpu=on_gpu),
@@ -171,8 +167,7 @@ def ddp_config(args: argparse.Namespace):
 
 
 def data_parallel_class(args: argparse.Namespace):
-    """The wrapper of each model chunk, as Megatron-LM's ``get_model`` chooses it (core_v0.16.1
-    ``training.py:1276-1283``)."""
+    """Each model chunk's wrapper, as Megatron-LM's ``get_model`` (core_v0.16.1 ``training.py:1276-1283``)."""
     if getattr(args, "use_torch_fsdp2", False):
         from megatron.core.distributed import TorchFullyShardedDataParallel
 
@@ -215,13 +210,10 @@ def build_model(args: argparse.Namespace, config, ddp_cfg, *, use_te: bool) -> l
         if torch.cuda.is_available():
             model.cuda(torch.cuda.current_device())
         if args.bf16 or args.fp16:
-            # As Megatron-LM's get_model: cast the module to the half dtype and the last stage's
-            # output back to fp32 (megatron.core.transformer.module.Float16Module).
             from megatron.core.transformer.module import Float16Module
 
             model = Float16Module(config, model)
-        # Megatron-LM wraps every chunk but the first without bucketing (their grads are reduced in
-        # finalize_model_grads, not overlapped with the backward of other chunks).
+        # as Megatron-LM: no bucketing past chunk 0 (reduced in finalize_model_grads, not overlapped)
         chunks.append(
             data_parallel_class(args)(config=config, ddp_config=ddp_cfg, module=model, disable_bucketing=vp_stage > 0)
         )

@@ -1,7 +1,4 @@
-"""``pretrain_gpt.py``: pre-train a GPT with Megatron-Core, optionally tuned by lagom; docs/training.md.
-
-torchrun --standalone --nproc-per-node 4 -m lagom_megatron.training.pretrain_gpt --preset cpu-tp2-dp2 --lagom
-"""
+"""``pretrain_gpt.py``: pre-train a GPT with Megatron-Core, optionally tuned by lagom (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -24,12 +21,11 @@ from lagom_megatron.training.arguments import LAYOUT_FLAGS, parse_args
 
 
 def _single_process_env() -> None:
-    """Lets ``python scripts/pretrain_gpt.py ...`` run as one process, as torchrun would start it."""
     if "RANK" in os.environ:
         return
     import socket
 
-    with socket.socket() as sock:  # a free port on loopback for the rendezvous of one process
+    with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     os.environ.update(
@@ -38,7 +34,6 @@ def _single_process_env() -> None:
 
 
 def _program() -> str:
-    """How this process was started, for a hint: the checkout's ``scripts/pretrain_gpt.py``, else the module."""
     started = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
     if started is not None and started.name == "pretrain_gpt.py" and started.parent.name == "scripts":
         return "scripts/pretrain_gpt.py"
@@ -46,7 +41,6 @@ def _program() -> str:
 
 
 def _launch_hint(args) -> str:
-    """The torchrun command line to suggest when a plain ``python`` run needs more processes."""
     n = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
     if args.preset:  # the preset's world size, unless flags changed the layout so it no longer fits
         from lagom_megatron.config.presets import load_preset
@@ -57,12 +51,10 @@ def _launch_hint(args) -> str:
 
 
 REFUSAL_GRACE_S = 120.0
-"""Seconds a rank other than 0 waits before exiting on a refused input, so that rank 0's error line comes first
-(torchrun stops every rank when one exits non-zero; rank 0 may be much later on a busy machine)."""
+"""Seconds ranks > 0 wait before exiting on a refused input, so rank 0's error precedes torchrun's stop."""
 
 
 def _refused(code: int, rank0: bool) -> int:
-    """Exit status ``code`` of a refused input, after ``REFUSAL_GRACE_S`` on ranks other than 0."""
     if not rank0:
         import time
 
@@ -71,8 +63,7 @@ def _refused(code: int, rank0: bool) -> int:
 
 
 def preset_world_problem(args: Any, world_size: int) -> Finding | None:
-    """A ``preset-world-size`` Finding when the job's world size differs from the preset's, else None:
-    an error (another layout would train silently), a warning when ``LAYOUT_FLAGS`` are on the command line."""
+    """A ``preset-world-size`` error (a warning with ``LAYOUT_FLAGS`` given) when the world is not the preset's."""
     want = getattr(args, "preset_world_size", None)
     if want is None or want == world_size:
         return None
@@ -118,8 +109,7 @@ def preset_world_problem(args: Any, world_size: int) -> Finding | None:
 def pretrain_preflight(
     args: Any, environ: Mapping[str, str] | None = None, *, log: Callable[[str], None] | None = None
 ) -> int:
-    """``pretrain_gpt.py``'s pre-flight before any process group: 0 = start, 2 = stop (rank 0 prints the first
-    error; with ``--lagom`` it locks every output folder). Sets ``args.lagom_cluster`` to a cluster file's name."""
+    """Pre-flight before any process group: 0 = start, 2 = stop (``--lagom``: folders locked); sets lagom_cluster."""
     environ = os.environ if environ is None else environ
     rank0 = environ.get("RANK", "0") == "0"
 
@@ -129,20 +119,19 @@ def pretrain_preflight(
 
     def refused(findings: list[Finding]) -> bool:
         bad = [f for f in findings if f.level == "error"]
-        if bad:  # one line: the first error; lagom doctor prints all of them with why and fix
+        if bad:  # the first error; lagom doctor prints all of them
             more = f" (and {len(bad) - 1} more error(s): lagom doctor lists them)" if len(bad) > 1 else ""
             say(f"pretrain_gpt.py: error: {bad[0].what}{more}")
         return bool(bad)
 
     try:
         world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "the job's world size") or 1
-        # what the arguments alone refuse first: the same line as the doctor's, and no torch import
-        # (detecting a GPU takes seconds) for a line that cannot start anyway
+        # the arguments alone first: no torch import (seconds) for a line that cannot start anyway
         if refused(
             check_run(args, environ, None, world_size=world_size, local=True, machine=False, validate=validate_args)
         ):
             return 2
-        preset_world = preset_world_problem(args, world_size)  # the arguments passed: they divide this world
+        preset_world = preset_world_problem(args, world_size)
         if preset_world is not None:
             if refused([preset_world]):
                 return 2
@@ -191,16 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     """Parses, checks and trains as one rank of a torchrun job: 0 trained, 2 refused input, 130 Ctrl-C."""
     rank0 = os.environ.get("RANK", "0") == "0"
     try:
-        if rank0:  # argparse prints usage and the error, and exits 2
+        if rank0:
             args = parse_args(argv)
         else:  # the same check, silent: one copy of the usage error, not one per rank
-            with contextlib.redirect_stdout(io.StringIO()):  # --help, printed by rank 0 only
+            with contextlib.redirect_stdout(io.StringIO()):
                 args = parse_args(argv, exit_on_error=False)
         for warning in check_versions(allow_untested=args.lagom_allow_untested_versions):
             if rank0:
                 print(f"pretrain_gpt.py: warning: {warning}", file=sys.stderr, flush=True)
     except (ValueError, FileNotFoundError, UntestedVersionError) as exc:
-        if rank0:  # one copy of the error, not one per rank
+        if rank0:
             print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
         return _refused(2, rank0)
 
@@ -211,18 +200,17 @@ def main(argv: list[str] | None = None) -> int:
             return message + _launch_hint(args)
         return message
 
-    # the pre-flight lagom doctor shares: every check before any process group exists
     code = pretrain_preflight(args, log=lambda line: print(hint(line), file=sys.stderr, flush=True))
     if code:
         return _refused(code, rank0)
-    args = validate_args(args, int(os.environ.get("WORLD_SIZE", "1")))  # fills Megatron-LM's derived defaults
+    args = validate_args(args, int(os.environ.get("WORLD_SIZE", "1")))
     _single_process_env()
     from lagom_megatron.training.loop import pretrain
 
     try:
         pretrain(args)
-    except KeyboardInterrupt:  # Ctrl-C: torchrun passes SIGINT to every rank; one line, not a traceback per rank
-        if rank0:  # lagom's report of the interrupted run is written by then (training.loop closes its callbacks)
+    except KeyboardInterrupt:  # torchrun passes SIGINT to every rank: one line, not a traceback per rank
+        if rank0:  # lagom's report is written by then (training.loop closes its callbacks)
             print("pretrain_gpt.py: interrupted", file=sys.stderr, flush=True)
         return 130
     return 0

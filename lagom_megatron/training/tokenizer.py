@@ -1,5 +1,4 @@
-"""Tokenizers that need no download (``ByteLevelTokenizer``: ``scripts/preprocess_data.py``'s), and Megatron-LM's
-vocabulary padding. Imports neither torch nor Megatron."""
+"""Tokenizers that need no download and Megatron-LM's vocabulary padding; no torch, no Megatron."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ BYTE_VOCAB_SIZE = 257
 
 
 class ByteLevelTokenizer:
-    """UTF-8 bytes as token ids (0-255), end-of-document = pad = 256; what ``GPTDatasetConfig`` reads."""
+    """UTF-8 bytes as token ids (0-255), end-of-document = pad = 256."""
 
     def __init__(self) -> None:
         self.vocab_size = BYTE_VOCAB_SIZE
@@ -27,14 +26,13 @@ class ByteLevelTokenizer:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
 
     def detokenize(self, ids) -> str:
-        """Decodes ids to text: end-of-document -> newline, padding ids dropped, invalid UTF-8 replaced."""
+        """End-of-document -> newline, padding dropped, invalid UTF-8 replaced."""
         data = bytes(10 if int(i) == self.eod else int(i) for i in ids if 0 <= int(i) <= self.eod)
         return data.decode("utf-8", errors="replace")
 
 
 def padded_vocab_size(orig_vocab_size: int, *, divisible_by: int = 128, tensor_model_parallel_size: int = 1) -> int:
-    """The smallest multiple of ``divisible_by x TP`` >= orig_vocab_size (Megatron-LM's
-    ``_vocab_size_with_padding``); ValueError on a non-positive argument."""
+    """Smallest multiple of ``divisible_by x TP`` >= orig_vocab_size (``_vocab_size_with_padding``); ValueError <= 0."""
     if orig_vocab_size < 1 or divisible_by < 1 or tensor_model_parallel_size < 1:
         raise ValueError(
             f"vocabulary padding needs positive sizes; got vocab {orig_vocab_size}, divisible_by "
@@ -49,19 +47,17 @@ NULL_TOKENIZER_EOD_INSIDE = (0, 18)
 
 
 def null_tokenizer_vocab_size(vocab_size: int, megatron_core_version: str | None) -> int:
-    """Ids of ``NullTokenizer(vocab_size)``, which Megatron-LM pads (core_v0.16.1 ``tokenizer.py:112``;
-    core_v0.18.2 ``core/tokenizers/utils/build_tokenizer.py:143``): vocab_size + 1 before megatron-core 0.18
+    """Ids of ``NullTokenizer(vocab_size)`` (padded: core_v0.16.1 ``tokenizer.py:112``, core_v0.18.2
+    ``core/tokenizers/utils/build_tokenizer.py:143``): vocab_size + 1 before megatron-core 0.18
     (``tokenizer.py:817,834-835``; mcore 0.16.1/0.17.1 ``tokenizers/text/libraries/null_tokenizer.py:17,50-52``),
-    vocab_size from 0.18 (mcore 0.18.2/0.19.0 ``null_tokenizer.py:19,60-62``). A None version reads as newest.
-    """
+    vocab_size from 0.18 (mcore 0.18.2/0.19.0 ``null_tokenizer.py:19,60-62``) and for a None version."""
     if megatron_core_version is not None and release(megatron_core_version)[:2] < NULL_TOKENIZER_EOD_INSIDE:
         return vocab_size + 1
     return vocab_size
 
 
 def resolve_vocab(args) -> tuple[int, int]:
-    """(tokenizer vocab size, padded vocab size); ``--vocab-size`` is NullTokenizer's argument, for ByteLevel the
-    padded size. Raises ValueError: a padded size below the tokenizer's or not divisible by TP."""
+    """(tokenizer, padded) vocab sizes (``--vocab-size``: NullTokenizer's N, ByteLevel's padded); ValueError if bad."""
     tp = args.tensor_model_parallel_size
     if args.tokenizer_type == "NullTokenizer":
         found = installed_megatron_core()

@@ -1,9 +1,6 @@
-"""``lagom bench simulated``'s references on the simulator: AutoCCL's online tuning and the ``oracle``.
-
-``autoccl``: AutoCCL's search per (communicator, collective, bytes) (``coordinate_descent_job.h``,
-``get_candidates.py``), channels up to ``MAX_CHANNELS``. ``oracle``: noise-free descent through the plan's
-mechanism; sites with one ``NcclRules.call_key`` move together (NCCL v2.30.7 ``src/include/tuner.h`` ``getCollInfo``).
-"""
+"""References of ``lagom bench simulated``: ``autoccl``, AutoCCL's search per (communicator, collective, bytes)
+(``coordinate_descent_job.h``, ``get_candidates.py``); ``oracle``, noise-free descent through the plan's mechanism,
+sites of one ``NcclRules.call_key`` moving together (NCCL v2.30.7 ``src/include/tuner.h`` ``getCollInfo``)."""
 
 from __future__ import annotations
 
@@ -148,7 +145,7 @@ def oracle(
         if hp_ok:  # a high-priority stream per communicator (pool entries of the group)
             for members in comms.values():
                 try_move(members, "high_priority_stream", True)
-        if per_comm:  # one channel cap per communicator
+        if per_comm:
             for members in comms.values():
                 for v in sorted(
                     {
@@ -165,7 +162,7 @@ def oracle(
                     try_move(members, "n_channels", v)
         if best >= before * (1.0 - 1e-6):
             break
-    # per site: neighbouring channel counts of the longest regions
+    # neighbouring channel counts of the longest regions' sites
     m = sim.run_iteration(iteration=0, assignment={sid: _config(k) for sid, k in state.items()}, noise=False)
     runs += 1
     longest = [] if per_comm else sorted(m.samples, key=lambda smp: -smp.t_region_us)[:per_site]

@@ -41,7 +41,6 @@ def ub_applies(sim: Any) -> bool:
 
 
 def sweep_caps(sim: Any, *, passes: int = 2) -> dict[str, int]:
-    """The best ``max_ctas`` per group, noise-free."""
     caps: dict[str, int] = {}
     best = sim.run_iteration(iteration=0, noise=False).iteration_us
     for _ in range(passes):
@@ -84,7 +83,6 @@ def shared(sim: Any) -> dict[str, Any]:
 def one_seed(
     sim: Any, base: dict[str, Any], *, seed: int, iters: int, verify_iters: int, verify_max_iters: int | None = None
 ) -> dict[str, Any]:
-    """Every method of the row under ``seed``."""
     from lagom_megatron.sim.backend import run_lifecycle
     from lagom_megatron.sim.bench.references import autoccl
 
@@ -149,7 +147,6 @@ def run_row(
     verify_iters: int,
     verify_max_iters: int | None = None,
 ) -> list[dict[str, Any]]:
-    """All seeds of one row."""
     from lagom_megatron.config.presets import load_preset
     from lagom_megatron.sim.backend import SimulatedCluster
 

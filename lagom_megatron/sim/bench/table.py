@@ -1,9 +1,6 @@
-"""``lagom bench simulated``'s comparison table on simulated clusters (the parser: ``cli/bench.py``).
-
-Median iteration ms per (preset, cluster, micro-batches) and seed under each baseline, AutoCCL and lagom;
-``--sensitivity``: speed-ups at each end of every ranged constant (tornado table, seed 0).
-SIMULATED (one representative rank per preset), not measurements.
-"""
+"""``lagom bench simulated``'s table: median iteration ms per (preset, cluster, micro-batches) and seed under each
+baseline, AutoCCL and lagom; ``--sensitivity``: speed-ups at each end of every ranged constant (tornado, seed 0).
+SIMULATED (one representative rank per preset), not measurements."""
 
 from __future__ import annotations
 
@@ -22,9 +19,8 @@ from lagom_megatron.sim.bench.row import NEMO_CAPS, UB_GROUPS, groups_of, median
 from lagom_megatron.sim.constants import CONSTANTS, get, overridden
 
 PAPER_VS_NCCL = (1.07, 1.33)
-"""Lagom (arXiv 2602.20656) abstract: measured speed-up over NCCL defaults."""
+"""Measured speed-ups over NCCL defaults (this) and AutoCCL (next): Lagom (arXiv 2602.20656) abstract."""
 PAPER_VS_AUTOCCL = (1.03, 1.27)
-"""Lagom (arXiv 2602.20656) abstract: measured speed-up over AutoCCL."""
 
 ROWS: tuple[tuple[str, str, int], ...] = (
     # the paper's regime: A40 nodes, PCIe (200 / 100 Gb/s) and NVLink-bridged (2 x 400 Gb/s); FSDP, TP, EP
@@ -38,11 +34,9 @@ ROWS: tuple[tuple[str, str, int], ...] = (
     ("moe-2b-8e-a40x8-ep8", "a40-pcie-ib200", 2),
     ("moe-2b-8e-a40x8-ep8", "a40-nvlink-ib800", 2),
     ("gpt3-2.7b-a40x8-fsdp", "a40-pcie-ib100", 1),
-    # FSDP on NVSwitch clusters, one micro-batch
     ("gpt3-2.7b-a40x8-fsdp", "h100-sxm-ib400", 1),
     ("llama2-7b-a40x16-fsdp", "h100-sxm-ib400", 1),
     ("llama2-7b-a40x16-fsdp", "a100-ib100", 1),
-    # the H100 / A100 presets
     ("gpt3-13b-h100x64", "h100-sxm-ib400", 2),
     ("gpt3-13b-h100x64", "a100-ib100", 2),
     ("llama3-8b-h100x8", "h100-sxm-ib400", 1),
@@ -117,10 +111,8 @@ def select_rows(
     verify_iters: int | None,
     verify_max_iters: int | None,
 ) -> list[tuple[str, str, int | None]]:
-    """``ROWS`` (at ``microbatches`` where given), else ``presets`` x ``clusters`` x ``microbatches`` (default 2);
-    micro-batches None: the preset's. ValueError or FileNotFoundError for a preset or cluster that is unknown or
-    not a GPU one, or verification counts that do not fit a preset.
-    """
+    """``ROWS``, else ``presets`` x ``clusters`` x ``microbatches`` (default 2; None: the preset's); ValueError or
+    FileNotFoundError for an unknown or non-GPU preset or cluster, or verify counts that do not fit a preset."""
     if presets is None and clusters is None:
         pairs = list(dict.fromkeys((p, c) for p, c, _ in ROWS))
         rows = [(p, c, m) for p, c in pairs for m in microbatches] if microbatches else list(ROWS)
@@ -166,9 +158,7 @@ def run_table(
     jobs: int = 1,
     plot_png: bool = True,
 ) -> int:
-    """Simulates ``rows`` in ``jobs`` processes; writes simulated.csv, simulated_details.csv and (``plot_png``)
-    simulated.png under ``out``; prints the table. Returns 1 when a row breaks ``must_show``, else 0.
-    """
+    """Simulates ``rows``, writes simulated*.csv (and .png) under ``out``, prints; 1 if a row breaks ``must_show``."""
     t0 = time.perf_counter()
     work = [(p, c, m, seeds, iters, verify_iters, verify_max_iters) for p, c, m in rows]
     done: list[dict[str, Any]] = []
@@ -241,7 +231,6 @@ def _median_by_row(rows: list[dict[str, Any]], key: str) -> dict[tuple, float]:
 
 
 def plot(rows: list[dict[str, Any]], path: Path, paper: tuple[float, float]) -> None:
-    """Bar chart of median speed-ups over NCCL defaults per row and method."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -335,14 +324,11 @@ def print_table(
 
 
 def best_baseline_ms(row: dict[str, Any]) -> float:
-    """The fastest baseline (``BASELINES``) of a row."""
     return min(float(row[k]) for k in BASELINES if row.get(k) not in (None, ""))
 
 
 def must_show(row: dict[str, Any], *, noise: float | None = None) -> list[str]:
-    """The row's claim failures: kept <= 1.005 x best baseline; plan gain >= 0.9 x oracle gain where the oracle's
-    exceeds 2 ``sigma_iteration``; ``model_mape < 5``.
-    """
+    """Claim failures: kept <= 1.005 x best baseline; plan gain >= 0.9 x oracle's (if > 2 sigma); model_mape < 5."""
     noise = get("sigma_iteration") if noise is None else noise
     out = []
     best = best_baseline_ms(row)
@@ -362,7 +348,6 @@ def must_show(row: dict[str, Any], *, noise: float | None = None) -> list[str]:
 def sensitivity_row(
     preset_name: str, cluster: str, mb: int | None, verify_iters: int | None, verify_max_iters: int | None = None
 ) -> dict[str, float]:
-    """Speed-ups over NCCL defaults of one row (seed 0)."""
     preset = load_preset(preset_name)
     vi, cap = verify_counts(preset, verify_iters, verify_max_iters)
     sim = SimulatedCluster(with_microbatches(preset, mb) if mb else preset, cluster, seed=0)
@@ -399,9 +384,7 @@ def run_sensitivity(
     verify_iters: int | None,
     verify_max_iters: int | None,
 ) -> int:
-    """Runs ``SENSITIVITY_ROWS`` (or ``presets`` x ``clusters`` x ``microbatches``), writes ``sensitivity.csv`` and
-    prints the tornado table; returns 0.
-    """
+    """Runs ``SENSITIVITY_ROWS`` (or the given cross product), writes ``sensitivity.csv``, prints the tornado."""
     t0 = time.perf_counter()
     if presets is None and clusters is None:
         rows = list(SENSITIVITY_ROWS)
@@ -447,7 +430,6 @@ def run_sensitivity(
 
 
 def print_tornado(lines: list[dict[str, Any]], rows: list[tuple]) -> None:
-    """Prints the tornado table per row."""
     print(f"\nSENSITIVITY (SIMULATED, seed 0, {len(rows)} rows): speed-up over NCCL defaults, low end -> high end")
     for r in rows:
         key = (r[0], r[1], r[2])
