@@ -25,12 +25,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def search_main(argv: list[str] | None = None) -> int:
-    """``lagom bench search``: ``engine.bench``'s scaling and optimality tables on synthetic NCCL problems.
-
-    Returns 0 when 10,000 sites take < 2 s and priority is within 1% of exhaustive on >= 95% of instances, else 1;
-    2 for a bad option or ``--cluster``.
-    """
-    from lagom_megatron.cli.main import LagomParser  # one-line usage errors, as every lagom command
+    """``lagom bench search``: ``engine.bench``'s tables; 0 when 10,000 sites take < 2 s and priority is within 1% of
+    exhaustive on >= 95% of instances, else 1; 2 for a bad option or ``--cluster``."""
+    from lagom_megatron.cli.main import LagomParser
     from lagom_megatron.cli.options import int_range
     from lagom_megatron.engine.bench import optimality, scaling_table
     from lagom_megatron.engine.cluster import ClusterSpec
@@ -51,7 +48,7 @@ def search_main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         try:
             rules = NcclRules(ClusterSpec.load(args.cluster))
-        except (ValueError, FileNotFoundError) as exc:  # unknown, malformed, or a gloo cluster
+        except (ValueError, FileNotFoundError) as exc:
             parser.error(str(exc))
     except SystemExit as exc:  # --help (0), or a usage error already printed on one line (2)
         return exc.code if isinstance(exc.code, int) else 2
@@ -80,10 +77,8 @@ def search_main(argv: list[str] | None = None) -> int:
 
 
 def simulated_main(argv: list[str] | None = None) -> int:
-    """``lagom bench simulated``: ``sim.bench.table``'s comparison table, or ``--sensitivity``'s tornado table.
-
-    Returns 1 when a row breaks ``must_show``, else 0; SystemExit(2) for a bad option, preset, cluster or ``--out``.
-    """
+    """``lagom bench simulated``: ``sim.bench.table``'s comparison or ``--sensitivity`` table; 1 when a row breaks
+    ``must_show``, else 0; SystemExit(2) for a bad option, preset, cluster or ``--out``."""
     import logging
     import os
     from pathlib import Path
@@ -185,7 +180,6 @@ def simulated_main(argv: list[str] | None = None) -> int:
 
 
 def _microbatches(text: str) -> int | None:
-    """``preset`` (None) or an integer >= 1; ValueError otherwise."""
     if text == "preset":
         return None
     try:

@@ -8,7 +8,6 @@ from lagom_megatron.cli.options import writable_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds ``-o/--out-dir`` and ``--cc``."""
     parser.add_argument(
         "-o",
         "--out-dir",

@@ -1,7 +1,4 @@
-"""``lagom calibrate contention | bandwidth``: fit simulator constants on the user's own hardware.
-
-Inputs: scripts/gpu/contention_probe.py's CSV (``sim.calibrate``); scripts/gpu/nccl_sweep.sh's nccl-tests output.
-"""
+"""``lagom calibrate contention | bandwidth``: fit simulator constants on the user's own hardware (scripts/gpu/)."""
 
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ from lagom_megatron.cli.options import (
 
 CALIBRATED_MARK = "calibrated by `lagom calibrate bandwidth`"
 MAX_PROBLEMS = 20
-"""Unreadable lines named in one error message at most."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,8 +1,5 @@
-"""``lagom doctor``: pre-flight checks (``preflight/``) of a preset or a ``pretrain_gpt.py`` command line.
-
-Exit 0 without errors, 1 with some, 2 on bad input. The cluster is ``preflight.cluster``'s; this machine
-is checked only when it can be one of its nodes. ``--megatron-lm``: ``preflight.megatron_lm``.
-"""
+"""``lagom doctor``: pre-flight checks (``preflight/``) of a preset or a ``pretrain_gpt.py`` command line; this machine
+is checked only when it can be one of the cluster's nodes."""
 
 from __future__ import annotations
 
@@ -102,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "--world-size")
     if gpus_per_node is None:
         env_count(environ, "LOCAL_WORLD_SIZE", MAX_GPUS_PER_NODE, "--gpus-per-node")  # the rules read it later
-    local = not args.cluster and not away  # this machine as training checks it, or the job on its cluster
+    local = not args.cluster and not away
     first = f"lagom doctor: checking {target.describe()}: {target.reason()}"
     if away:
         first += (

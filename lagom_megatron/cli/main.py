@@ -1,7 +1,4 @@
-"""The ``lagom`` command: dispatches to ``lagom_megatron.cli.<name>`` (``add_arguments``, ``run``).
-
-Subcommand modules import anything heavy inside ``run`` only (``lagom --help`` stays fast).
-"""
+"""The ``lagom`` command; subcommand modules (``add_arguments``, ``run``) import anything heavy in ``run`` only."""
 
 from __future__ import annotations
 
@@ -12,7 +9,6 @@ import sys
 
 from lagom_megatron import __version__
 
-# subcommand -> (module under lagom_megatron.cli, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "search": ("search", "search a plan from a profile file"),
     "plan": ("plan", "show, diff, validate or export plan files"),
@@ -84,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `lagom plan show plan.json | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, OSError) as exc:  # bad input, missing file, a folder where a file is due, ...
+    except (ValueError, OSError) as exc:
         print(f"lagom {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: files are written atomically, so nothing half-written is left

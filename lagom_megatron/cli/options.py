@@ -152,10 +152,7 @@ def first_line(prefix: str) -> Callable[[str], bool]:
 
 
 def refuse_large_exhaustive(sites, rules) -> None:
-    """ValueError when ``--method exhaustive``'s joint space surely exceeds ``EXHAUSTIVE_LIMIT``.
-
-    Lower bound: 2^(sites with a per-call knob of >= 2 values); per-communicator/process knobs are not counted.
-    """
+    """ValueError when ``--method exhaustive`` surely exceeds ``EXHAUSTIVE_LIMIT`` (2^sites with a per-call choice)."""
     from lagom_megatron.engine.baselines import EXHAUSTIVE_LIMIT
     from lagom_megatron.engine.problem import SEARCH_KNOBS
 

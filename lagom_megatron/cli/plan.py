@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lagom_megatron.config.plan_files import load_plan
 
-    command = f"lagom plan {args.plan_command}"  # a profile given here is named as one
+    command = f"lagom plan {args.plan_command}"
     if args.plan_command == "export" and args.extended and args.format != "nccl-tuner-csv":
         raise ValueError(f"--extended is for --format nccl-tuner-csv only; got --format {args.format}")
     if args.plan_command == "export":
@@ -144,7 +144,6 @@ def _validate(args, plan) -> int:
 
 
 def _check_entries(name, plan, cluster) -> None:
-    """Raises ValueError for the first entry ``cluster``'s knob rules reject, or an unknown mechanism."""
     from lagom_megatron.megatron.pool.comm_pool import rules_for
 
     try:
@@ -180,12 +179,12 @@ def _export(args, plan) -> int:
             cluster = None
     if cluster is not None and plan.backend != "gloo":
         _check_entries(args.plan, plan, cluster)  # never export a value NCCL would reject
-    if plan.backend == "gloo" and args.format != "env":  # the formats NCCL or Megatron-LM's NCCL groups read
+    if plan.backend == "gloo" and args.format != "env":
         raise ValueError(
             f"{args.plan}: a gloo plan has no {args.format} form (it sets no NCCL knob); export it with "
             "--format env, or give the plan itself to the training run (--lagom-plan)"
         )
-    if args.format == "nccl-tuner-csv" and plan.mechanism != "tuner":  # a table no plugin would read
+    if args.format == "nccl-tuner-csv" and plan.mechanism != "tuner":
         raise ValueError(
             f"{args.plan}: a plan of mechanism {plan.mechanism!r} has no tuner table"
             + (
@@ -206,7 +205,7 @@ def _export(args, plan) -> int:
     _warn_if_rejected(args.plan, plan)
     try:
         text = export_plan(plan, args.format, extended=args.extended, cluster=cluster)
-    except ValueError as exc:  # a site the format cannot hold: name the file too
+    except ValueError as exc:
         raise ValueError(f"{args.plan}: {exc}") from None
     if args.output:
         from lagom_megatron.engine.files import write_text_atomic

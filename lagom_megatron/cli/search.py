@@ -46,10 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_inputs(args: argparse.Namespace):
-    """Loads and checks (profile, cluster, rules), nothing fitted.
-
-    ValueError: a refused ``-o``, a bad profile or sample config, an unknown or wrong cluster, an unknown mechanism.
-    """
+    """Loads and checks (profile, cluster, rules), nothing fitted; ValueError: a refused ``-o`` or any bad input."""
     from lagom_megatron.config.plan_files import load_profile
     from lagom_megatron.engine.cluster import ClusterSpec
     from lagom_megatron.megatron.pool.comm_pool import rules_for

@@ -1,2 +1,1 @@
-"""Applying a plan on NCCL: knob scopes per mechanism and NCCL version, variable grammar and checks, the env file,
-``ncclConfig_t`` options and pool entries, the C tuner plugin, plan exports. Imports ``engine`` only (torch lazily)."""
+"""Applying a plan on NCCL (rules, variables, options, pool entries, plugin, exports); imports ``engine`` only."""

@@ -1,10 +1,5 @@
-"""What this process can apply on NCCL, gathered at start-up and agreed by every rank (ranks choosing differently for
-one collective hang, NVIDIA/nccl#1136).
-
-Recorded (NCCL 2.30): versions, bound ``ncclConfig_t`` fields, lagom's plugin as loaded, NVLS multicast
-(``src/transport/nvls.cc:262-277``), CollNet (``src/init.cc:63``; NVLS across nodes, ``src/enqueue.cc:2008``,
-``src/graph/tuning.cc:503-506``), hosts (``src/misc/utils.cc:117-135``), knob-fixing variables, also from conf files
-(``src/misc/param.cc:27-67``, ``src/os/linux.cc:106-108``). ``megatron.consensus.agree_capabilities`` compares them."""
+"""What this process can apply on NCCL, agreed by all ranks (else they hang, NVIDIA/nccl#1136); CollNet per
+``src/init.cc:63`` @2.30, variables also from conf files (``src/misc/param.cc:27-67``, ``src/os/linux.cc:106-108``)."""
 
 from __future__ import annotations
 
@@ -20,14 +15,12 @@ from lagom_megatron.engine.p2p import MAXCHANNELS, p2p_channels
 from lagom_megatron.nccl.options import KNOB_OVERRIDES, nccl_config_fields, runtime_nccl_version
 
 ALGORITHM_SWITCHES: tuple[str, ...] = ("NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE", "NCCL_PAT_ENABLE", "NCCL_NET_PLUGIN")
-"""Variables shaping the algorithm domain; under a ``NCCL_NET_PLUGIN`` NCCL may run no PAT
-(``src/graph/tuning.cc:215-221``)."""
+"""Variables shaping the algorithm domain (a ``NCCL_NET_PLUGIN`` may rule out PAT, ``src/graph/tuning.cc:215-221``)."""
 
 P2P_SWITCHES: tuple[str, ...] = ("NCCL_MIN_P2P_NCHANNELS", "NCCL_MAX_P2P_NCHANNELS")
 """Variables bounding P2P channels (``comm->p2pnChannels``, v2.30.7 ``src/graph/paths.cc:956-991``)."""
 
 ENV_FAULT = ("NCCL_MAX_CTAS", "4")
-"""The variable the ``env`` apply fault sets on one rank (``megatron.consensus.collective_step``)."""
 
 FAULT_ENV = "LAGOM_INJECT_CAPABILITY_FAULT"
 """``<rank>[:<field>]``: that rank perturbs its record before comparing (tests; default ``plugin_loaded``)."""
@@ -35,8 +28,7 @@ FAULT_ENV = "LAGOM_INJECT_CAPABILITY_FAULT"
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What one rank can apply (module docstring); ``host`` is never compared, ``n_nodes`` / ``ranks_per_node`` come
-    from ``with_topology``; ``plugin_abi`` 0 when not loaded, ``nvls_multicast`` None when unknown."""
+    """What one rank can apply; ``host`` is not compared, ``plugin_abi`` 0 unloaded, ``nvls_multicast`` None unknown."""
 
     torch_version: str
     nccl_version: tuple[int, int, int] | None
@@ -60,7 +52,6 @@ class Capabilities:
         "collnet",
         "overrides",
     )
-    """Fields every rank must hold equal."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (tuples become lists)."""
@@ -170,8 +161,7 @@ def host_id(environ: Mapping[str, str], boot_id_file: str = "/proc/sys/kernel/ra
 
 
 def multicast_supported(device: int = 0) -> bool | None:
-    """``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` (CUDA 12.1+) of ``device``, as ``src/transport/nvls.cc:273`` asks;
-    None if unknown."""
+    """``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` (CUDA 12.1+) as ``src/transport/nvls.cc:273`` asks; None: unknown."""
     import ctypes
 
     try:
@@ -205,8 +195,7 @@ def gather_local(
     multicast: bool | None | str = "detect",
     torch_version: str | None = None,
 ) -> Capabilities:
-    """This rank's ``Capabilities`` (arguments default to asking the process); call it after NCCL's first communicator,
-    which loads the plugin (``src/plugin/tuner.cc``)."""
+    """This rank's ``Capabilities``, after NCCL's first communicator has loaded the plugin (``src/plugin/tuner.cc``)."""
     from lagom_megatron.nccl.plugin_status import read_plugin_status
 
     env = os.environ if environ is None else environ
@@ -275,11 +264,9 @@ def fixed_knob_warning(knob: str, var: str) -> str:
 def restrict_domains(
     domains: dict[str, tuple], caps: Capabilities, *, op: str, n_nodes: int, mechanism: str
 ) -> tuple[dict[str, tuple], list[str]]:
-    """``domains`` cut to what ``mechanism`` applies under ``caps``, and a warning per knob a variable fixes.
-
-    Never ``n_threads`` (read once, ``src/graph/tuning.cc:14``); ``chunk_size`` only with plugin ABI v6; NVLS needs
-    support (``src/enqueue.cc:2004-2006``) and across nodes CollNet (:2008, ``tuning.cc:503-506``); no PAT with
-    ``NCCL_PAT_ENABLE=0`` (:215) or a net plugin (:220) unless it is 1 (:217-219)."""
+    """``domains`` cut to what ``mechanism`` applies under ``caps``, and a warning per fixed knob: never ``n_threads``
+    (read once, ``src/graph/tuning.cc:14``); NVLS needs support (``src/enqueue.cc:2004-2006``), across nodes CollNet
+    (:2008, ``tuning.cc:503-506``); no PAT with NCCL_PAT_ENABLE=0 (:215) or a net plugin (:220) unless =1 (:217-219)."""
     d = dict(domains)
     warnings = []
     for knob, var in sorted(caps.fixed_knobs().items()):

@@ -1,8 +1,6 @@
-"""Checks of NCCL environment variables against NCCL's documented domains, before NCCL sees them.
-
-NCCL takes most bad values silently (INFO log); bad ``NCCL_ALGO`` / ``NCCL_PROTO`` tokens fail the first collective
-(2.24+). Sources: NCCL ``docs/userguide/source/env.rst``, ``src/graph/tuning.cc``, ``src/init.cc``. lagom's policy:
-no forced LL128 (NCCL issues 786, 1261), Ring in a global algorithm list (NCCL issue 653, PyTorch PR 163063)."""
+"""Checks of NCCL variables against NCCL's domains (``docs/userguide/source/env.rst``, ``src/graph/tuning.cc``,
+``src/init.cc``), as NCCL ignores or clamps most bad values silently; lagom also forbids forced LL128 (NCCL issues 786,
+1261) and a global algorithm list without Ring (NCCL issue 653, PyTorch PR 163063)."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ Level = Literal["error", "warning"]
 
 @dataclass(frozen=True, slots=True)
 class EnvIssue:
-    """One problem with one variable: ``what`` is wrong, ``why`` (NCCL's behaviour, source), ``fix``; ``level`` "error"
-    (NCCL fails, ignores or clamps it, or lagom forbids it) or "warning" (legal, likely to defeat tuning)."""
+    """One variable's problem; "error": NCCL fails, ignores or clamps it, or lagom forbids it; "warning": legal."""
 
     level: Level
     variable: str
@@ -408,8 +405,7 @@ def _check_cta_policy(value: str, version, issues: list[EnvIssue]) -> None:
 
 
 def override_issues(environ: Mapping[str, str]) -> list[EnvIssue]:
-    """One warning per set variable that silently replaces lagom's per-communicator (``envConfigOverride``) or
-    tuner-plugin choices (NCCL issue 1661)."""
+    """A warning per set variable that silently replaces lagom's per-communicator or tuner choices (NCCL issue 1661)."""
     issues = []
     for var, field in PER_COMMUNICATOR_OVERRIDES.items():
         if environ.get(var) is not None:

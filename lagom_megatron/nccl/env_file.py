@@ -1,5 +1,4 @@
-"""Process-scope NCCL knobs of a plan as a validated shell env file (``plan.json`` -> ``plan.env``) that the launch
-sources: NCCL reads ``NCCL_NTHREADS`` / ``NCCL_BUFFSIZE`` once per process (``NCCL_PARAM``)."""
+"""A plan's process-scope NCCL knobs as the validated env file the launch sources (NCCL reads them once per process)."""
 
 from __future__ import annotations
 
@@ -26,7 +25,6 @@ PATH_VARS: dict[str, str] = {
     "LAGOM_TUNER_CONFIG": "path of the plan table the tuner plugin reads",
 }
 ALIASES = {"n_threads": "NCCL_NTHREADS", "buffsize": "NCCL_BUFFSIZE", "buffer_size": "NCCL_BUFFSIZE"}
-"""Knob names a plan's ``env`` section may use instead of the NCCL variable names."""
 
 
 def _int_value(name: str, value: Any) -> int:
@@ -39,8 +37,7 @@ def _int_value(name: str, value: Any) -> int:
 
 
 def validate_process_env(env: Mapping[str, Any]) -> dict[str, str]:
-    """Process-scope knobs (names or ``ALIASES``) checked against NCCL's domains, as strings, knobs first. Raises
-    ValueError: an unknown variable, a value outside its domain, an empty path, two names for one variable."""
+    """``env`` (names or ``ALIASES``) validated, as strings, knobs first; ValueError: unknown, doubled or bad entry."""
     out: dict[str, str] = {}
     for key, value in env.items():
         name = ALIASES.get(key, key)

@@ -18,13 +18,11 @@ PER_COMMUNICATOR_OVERRIDES: dict[str, str] = {
     "NCCL_MAX_NCHANNELS": "ncclConfig_t.maxCTAs (deprecated name)",
     "NCCL_NCHANNELS_PER_NET_PEER": "ncclConfig_t.nChannelsPerNetPeer (src/init.cc:2038-2047)",
 }
-"""Variable -> the per-communicator field it overrides in every communicator."""
 
 TUNER_OVERRIDES: dict[str, str] = {
     "NCCL_ALGO": "restricts the algorithms before the tuner plugin sees the cost table",
     "NCCL_PROTO": "restricts the protocols before the tuner plugin sees the cost table",
 }
-"""Variables that narrow what the tuner plugin can choose (set per communicator by the pool)."""
 
 
 def launch_nthreads(env: dict[str, str]) -> int | None:
@@ -38,8 +36,7 @@ def _split_list(value: str) -> list[str]:
 
 
 def validate_env(env: dict[str, str]) -> None:
-    """Checks NCCL variables against NCCL's and lagom's rules (no forced LL128, nccl#786; a global NCCL_ALGO keeps Ring,
-    pytorch#163063); ValueError names the variable, value and allowed set."""
+    """Checks lagom's variables: no forced LL128 (nccl#786), Ring in a global NCCL_ALGO (pytorch#163063); ValueError."""
     for key, value in env.items():
         value = str(value)
         if key == "NCCL_PROTO":
@@ -110,7 +107,6 @@ MAX_CGA_CLUSTER_SIZE = 8
 """NCCL_MAX_CGA_CLUSTER_SIZE in ``src/init.cc``: larger values are clamped to 8."""
 
 PER_FUNCTION_SYNTAX_VERSION = (2, 24)
-"""First NCCL release with the ``function:list;...`` form of NCCL_ALGO / NCCL_PROTO."""
 
 
 def max_ctas(nccl_version: str | None) -> int:
@@ -122,10 +118,7 @@ def max_ctas(nccl_version: str | None) -> int:
 
 
 def parse_selection(value: str, kind: Literal["algorithm", "protocol"]) -> dict[str, frozenset[str]]:
-    """Parses an ``NCCL_ALGO`` / ``NCCL_PROTO`` value as NCCL's ``parseList`` does: function name -> enabled tokens.
-
-    ``;``-separated ``[function:]list`` entries (only the first without prefix), ``^`` negates, case-insensitive.
-    Raises ValueError in NCCL's wording (a later entry without prefix, unknown token or prefix, empty value)."""
+    """``NCCL_ALGO``/``NCCL_PROTO`` as ``parseList`` reads it: function -> enabled tokens; ValueError, NCCL's words."""
     tokens = tuple(ALGORITHM_SINCE) if kind == "algorithm" else PROTOCOLS
     canon = {t.lower(): t for t in tokens}
     funcs = {f.lower(): f for f in FUNCTIONS}

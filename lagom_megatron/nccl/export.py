@@ -1,13 +1,7 @@
-"""Plan exporters: the formats stock NCCL and Megatron-LM read.
-
-- ``megatron-yaml``: Megatron-LM's ``--nccl-communicator-config-path`` file per process group: ``min_ctas`` 1 and
-  ``max_ctas`` (both: NCCL PR#2256), ``cga_cluster_size``, ``is_high_priority_stream`` (megatron-core 0.16.1
-  ``parallel_state.py:164``, :770-773); ``{}`` when empty (an empty file loads as None).
-- ``nccl-tuner-csv``: a row per (communicator, op, NCCL bin; nNodes -1); sites sharing a key must share a config. 10
-  columns: NCCL's example plugin, which reads -1 as ring / simple / 1 channel (``plugins/tuner/example/plugin.c``
-  @v2.30.7 :81-91, :107-112, :216, :236, :361, :406-409), so explicit values only; 12 (``extended``): lagom's plugin
-  only.
-- ``env``: shell-quoted ``export`` lines, checked by ``env_vars.validate_env``."""
+"""Plan exporters: the formats stock NCCL and Megatron-LM read. ``megatron-yaml``: megatron-core 0.16.1's
+``--nccl-communicator-config-path`` file (``parallel_state.py:164``, :770-773), both CTA ends (NCCL PR#2256), ``{}`` if
+empty (else None); ``nccl-tuner-csv``: 10 columns for NCCL's example plugin, which reads -1 as ring / simple / 1 channel
+(``plugins/tuner/example/plugin.c`` @v2.30.7 :81-91, :107-112, :216, :236, :361, :406-409), 12 for lagom's."""
 
 from __future__ import annotations
 
@@ -36,9 +30,7 @@ TUNER_COLUMNS: tuple[str, ...] = (
     "numPipeOps",
     "regBuff",
 )
-"""Columns of NCCL's example tuner plugin table, in order."""
 TUNER_EXTENDED_COLUMNS: tuple[str, ...] = TUNER_COLUMNS + ("chunkSize", "commTag")
-"""The two optional trailing columns lagom's own plugin understands."""
 
 TUNER_COLLECTIVE = {
     "broadcast": "broadcast",
@@ -98,9 +90,7 @@ def _megatron_yaml(plan: Plan, cluster) -> str:
             continue
         fields = {}
         if ch:
-            # maxCTAs caps every call of the communicator; NCCL (or the tuner plugin) picks within
-            # [1, max]. min_ctas stays 1 so that calls keep NCCL's own smaller counts, as the
-            # search assumed (a raised minimum would force every call up to it).
+            # min_ctas 1: calls keep NCCL's own smaller counts, as the search assumed; max_ctas caps them all
             lo, hi = 1, max(ch)
             validate_cta_range(lo, hi, cluster=cluster or _AnyNccl())
             fields["min_ctas"], fields["max_ctas"] = lo, hi
@@ -121,8 +111,7 @@ class TunerRow:
 
 
 def tuner_rows(plan: Plan, *, extended: bool) -> list[TunerRow]:
-    """The plan's tuner-table rows in file order (what the plugin's hit counters index). Raises ValueError: sites NCCL
-    cannot tell apart with different configs; for 10 columns, a knob left to NCCL or a chunk size."""
+    """Tuner-table rows in file order, as the plugin counts hits; ValueError: two configs for a key, a missing cell."""
     order = sorted(
         plan.entries.items(), key=lambda kv: -(kv[1].predicted_default_t_region_us - kv[1].predicted_t_region_us)
     )
@@ -153,12 +142,8 @@ def tuner_rows(plan: Plan, *, extended: bool) -> list[TunerRow]:
         )
         if extended:
             decision += (str(c.chunk_size if c.chunk_size is not None else -1),)
-        # one row per getCollInfo NCCL makes for the call (bins.nccl_bins: a coalesced bucket group
-        # is asked about once per (dtype, within-4x) aggregate), keyed by the search's key
-        # (tuner_call_key: one decision per key) and nRanks; the 10 columns have no tag, so every
-        # group counts as one. nNodes is -1: NCCL counts an NVLink domain as one node
-        # (src/init.cc:1285-1297), so on multi-node NVLink a host count would never match; the tag
-        # and nRanks identify the communicator.
+        # a row per getCollInfo (nccl_bins) by tuner_call_key and nRanks; nNodes -1, as NCCL counts an NVLink
+        # domain as one node (src/init.cc:1285-1297): a host count would never match on multi-node NVLink
         for nbytes in nccl_bins(e.parts, nbytes=e.nbytes, op=e.op):
             call = tuner_call_key(group=e.group if extended else "*", op=e.op, nbytes=nbytes)
             key = (*call, -1, e.group_size or -1)

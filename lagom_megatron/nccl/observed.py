@@ -1,10 +1,7 @@
-"""Applied = observed, on NCCL: does what NCCL reported it ran for a site's calls match the plan?
-
-Calls are found in the profiler records of the site's communicator by function and bytes (``op_bytes``); each planned
-knob is compared with its event field (docs/nccl.md; NVIDIA/nccl v2.30.7): ``algo`` / ``proto``
-(``src/collectives.cc:95-127``, ``src/plugin/profiler.cc:498-499``), ``nChannels`` (``src/enqueue.cc:701-704``; ABI
-v1-v3 the maximum, :2178; none for CollNet / multi-node NVLS, :624-654), ``nWarps``, the proxy ``chunkSize``
-(``src/plugin/profiler.cc:580``; network only). A site without records is ``unobserved``, never a mismatch."""
+"""Applied = observed, on NCCL: does what NCCL reported it ran for a site's calls match the plan? Records are matched
+by function and bytes; fields (docs/nccl.md; NVIDIA/nccl v2.30.7): ``algo``/``proto`` (``src/collectives.cc:95-127``,
+``src/plugin/profiler.cc:498-499``), ``nChannels`` (``src/enqueue.cc:701-704``; ABI v1-v3 the maximum, :2178; none for
+CollNet / multi-node NVLS, :624-654), ``nWarps``, the proxy ``chunkSize`` (``src/plugin/profiler.cc:580``; network)."""
 
 from __future__ import annotations
 
@@ -54,8 +51,7 @@ DTYPE_BYTES = {
 }
 """Element bytes per NCCL datatype name (``ncclTypeSize``, ``src/include/collectives.h:44-66``)."""
 PER_RANK_COUNT = ("AllGather", "ReduceScatter")
-"""Functions whose ``count`` is one rank's share: the plan counts the whole buffer (the all-gather's
-output, the reduce-scatter's input), ``nRanks`` x that (``ncclFuncMaxSendRecvCount``)."""
+"""Functions whose ``count`` is one rank's share; the plan counts ``nRanks`` x that (``ncclFuncMaxSendRecvCount``)."""
 
 
 def op_bytes(op: ObservedOp, n_ranks: int) -> int | None:
@@ -71,11 +67,10 @@ def _div_up(a: int, b: int) -> int:
 
 
 def nccl_coll_channels(op: ObservedOp, n_channels: int, n_ranks: int) -> int | None:
-    """Channels NCCL runs one collective on, alone in its launch, when its tuner gave ``n_channels`` (assuming the
-    communicator has that many); None where the record cannot tell. ``scheduleCollTasksToPlan`` (v2.30.7
-    ``src/enqueue.cc:576-704``; v2.27.3 :536-648, v2.28.9 :529-638): traffic per byte :91-102, :2790; LL x4 :461,
-    :658; minimum per channel (32 KiB from ABI v6, else 16) :585, :597; split :598-599, :618; cells :659-664,
-    :665-701. ValueError: ``n_channels`` or ``n_ranks`` < 1."""
+    """Channels NCCL runs one collective on, alone in its launch, given ``n_channels``; None where the record cannot
+    tell. ``scheduleCollTasksToPlan`` (v2.30.7 ``src/enqueue.cc:576-704``; v2.27.3 :536-648, v2.28.9 :529-638): traffic
+    per byte :91-102, :2790; LL x4 :461, :658; minimum per channel (32 KiB from ABI v6, else 16) :585, :597; split
+    :598-599, :618; cells :659-664, :665-701. ValueError: ``n_channels`` or ``n_ranks`` < 1."""
     if n_channels < 1 or n_ranks < 1:
         raise ValueError(f"n_channels ({n_channels}) and n_ranks ({n_ranks}) must be >= 1")
     size = DTYPE_BYTES.get(op.dtype)
@@ -109,9 +104,8 @@ def nccl_coll_channels(op: ObservedOp, n_channels: int, n_ranks: int) -> int | N
 
 
 def slice_steps(op: ObservedOp) -> int:
-    """Steps per slice (proxy chunk = chunk x this): 2 for ring / simple all-reduce, all-gather and reduce-scatter
-    (``src/enqueue.cc:2223-2224``, ``src/include/collectives.h:19-28``), else 1; 1 under ABI v1 (v2.23.4
-    ``src/misc/profiler.cc:361``; x slice steps from v2.24.3 :475)."""
+    """Steps per slice (proxy chunk = chunk x this; ``src/enqueue.cc:2223-2224``, ``src/include/collectives.h:19-28``);
+    1 under ABI v1 (v2.23.4 ``src/misc/profiler.cc:361``; x slice steps from v2.24.3 :475)."""
     if op.abi == 1:
         return 1
     ring_simple = op.algo == "RING" and op.proto == "SIMPLE"
@@ -197,7 +191,7 @@ def observe_site(
             split = {
                 o: nccl_coll_channels(o, planned.n_channels, o.n_ranks if o.n_ranks > 0 else group_size) for o in ops
             }
-            if all(s is None and o.abi >= 4 for o, s in split.items()):  # CollNet / multi-node NVLS
+            if all(s is None and o.abi >= 4 for o, s in split.items()):
                 del want["n_channels"], seen["n_channels"]
             elif any(o.channels not in (planned.n_channels, split[o]) for o in ops):
                 bad.append("n_channels")

@@ -1,8 +1,5 @@
-"""``ncclConfig_t`` options of one communicator: which ``CommConfig`` knob becomes which ``ProcessGroupNCCL.Options``
-attribute (torch binding it) or variable (docs/nccl.md): ``n_channels`` -> ``min_ctas = max_ctas`` (2.1+),
-``nvls_ctas`` (2.8+); ``cga_cluster_size`` (2.1+); ``cta_policy`` (2.8+; ZERO needs NCCL 2.28); ``algorithm`` /
-``protocol`` -> per-function NCCL_ALGO / NCCL_PROTO around an eager creation (NCCL 2.24+, re-read per communicator,
-``src/graph/tuning.cc``), not with the tuner plugin. torch is imported lazily."""
+"""``CommConfig`` knobs as ``ProcessGroupNCCL.Options`` attributes, or without the plugin per-function NCCL_ALGO and
+NCCL_PROTO around an eager creation (NCCL 2.24+, re-read per communicator, ``src/graph/tuning.cc``; docs/nccl.md)."""
 
 from __future__ import annotations
 
@@ -13,13 +10,11 @@ from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.nccl.env_vars import PER_COMMUNICATOR_OVERRIDES, TUNER_OVERRIDES
 
 TUNER_COMM_TAG_ENV = "LAGOM_TUNER_COMM_TAG"
-"""Read by the tuner plugin in ``init``: the tag of the communicator being created."""
 TUNER_CONFIG_ENV = "LAGOM_TUNER_CONFIG"
 """The plugin's plan table, read in ``init`` (``plugin.c`` ``lagomInit``); unset: ``NCCL_TUNER_CONFIG_FILE``."""
 TUNER_NO_TABLE = "none"
 """``LAGOM_TUNER_CONFIG`` value for "no table", as ``""`` (no fallback; ``LAGOM_TUNER_NO_TABLE``, ``lagom_tuner.h``)."""
 NONBLOCKING_ENV = "TORCH_NCCL_USE_COMM_NONBLOCKING"
-"""PyTorch switch for non-blocking communicators, whose creation runs in another thread."""
 
 KNOWN_CONFIG_FIELDS: frozenset[str] = frozenset(
     {
@@ -52,7 +47,6 @@ ALGORITHMS: dict[str, str] = {
     "nvlstree": "NVLSTree",
     "pat": "PAT",
 }
-"""Normalised name (lower case, no underscores) -> NCCL_ALGO spelling."""
 
 ALGORITHM_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "Ring": ("broadcast", "reduce", "allgather", "reducescatter", "allreduce"),
@@ -68,7 +62,6 @@ ALGORITHM_FUNCTIONS: dict[str, tuple[str, ...]] = {
 SIMPLE_ONLY_ALGORITHMS = frozenset({"CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"})
 
 PROTOCOLS: dict[str, str] = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
-"""Normalised name -> NCCL_PROTO spelling."""
 
 OP_FUNCTIONS: dict[str, str | None] = {
     "all_reduce": "allreduce",
@@ -80,7 +73,6 @@ OP_FUNCTIONS: dict[str, str | None] = {
     "send": None,
     "recv": None,
 }
-"""CollectiveSite.op -> NCCL function name (None: point-to-point, no algorithm/protocol choice)."""
 
 
 KNOB_OVERRIDES: dict[str, tuple[str, ...]] = {
@@ -101,10 +93,9 @@ KNOB_OVERRIDES: dict[str, tuple[str, ...]] = {
     "NCCL_NCHANNELS_PER_NET_PEER": ("net_peer_channels",),
     "TORCH_NCCL_HIGH_PRIORITY": ("high_priority_stream",),
 }
-"""Variable -> the knobs it fixes for every communicator (not searched, ``restrict_domains``): ``ncclConfig_t``
-overrides (``src/init.cc`` ``envConfigOverride``), NCCL_ALGO / NCCL_PROTO (``src/graph/tuning.cc:453-461``),
-NCCL_NTHREADS (``tuning.cc:14``), buffer sizes cap the chunk (``src/init.cc:810-824``), TORCH_NCCL_HIGH_PRIORITY
-(``initNCCLComm``: ``getStreamFromPool(options_->is_high_priority_stream || force_high)``)."""
+"""Variable -> knobs it fixes globally: ``ncclConfig_t`` overrides (``src/init.cc`` ``envConfigOverride``),
+NCCL_ALGO/NCCL_PROTO (``src/graph/tuning.cc:453-461``), NCCL_NTHREADS (``tuning.cc:14``), buffer sizes cap the chunk
+(``src/init.cc:810-824``), TORCH_NCCL_HIGH_PRIORITY (``initNCCLComm``: ``getStreamFromPool(... || force_high)``)."""
 
 
 def nccl_version_tuple(version: Any) -> tuple[int, int, int] | None:
@@ -159,10 +150,8 @@ def nccl_options_for(
     op: str | None = None,
     tag: str | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Maps ``config`` to one pool entry's NCCLConfig attributes and creation-time env: ``{"config": ..., "env": ...}``.
-    Ignores ``n_threads`` and ``chunk_size``; ``fields`` None = all known, ``nccl_version`` None = 2.28+. Raises
-    ValueError naming the value and what is allowed (domain, unbound field, a pair NCCL does not run, forced LL128, a
-    per-communicator algorithm before NCCL 2.24)."""
+    """``config`` as one pool entry's NCCLConfig attributes and creation-time env, without ``n_threads``/``chunk_size``
+    (``fields`` None = all known, ``nccl_version`` None = 2.28+); ValueError names the value and what is allowed."""
     fields = frozenset(KNOWN_CONFIG_FIELDS if fields is None else fields)
     version = nccl_version or (2, 99, 0)
     out: dict[str, Any] = {}
@@ -223,7 +212,6 @@ def nccl_options_for(
 
 
 def _algo_proto_env(config: CommConfig, *, op: str | None, version: tuple[int, int, int]) -> dict[str, str]:
-    """NCCL_ALGO / NCCL_PROTO for one communicator, per NCCL function (NCCL 2.24+ syntax)."""
     functions: tuple[str, ...] = ALGORITHM_FUNCTIONS["Ring"]
     if op is not None:
         if op not in OP_FUNCTIONS:
@@ -264,9 +252,8 @@ def _algo_proto_env(config: CommConfig, *, op: str | None, version: tuple[int, i
 def check_env_conflicts(
     environ: Mapping[str, str], *, use_tuner_plugin: bool, config: CommConfig | None = None, blocking_bound: bool = True
 ) -> None:
-    """Refuses (ValueError listing each variable, "" included) an environment that silently overrides a pool entry.
-    ``config``: only variables fixing a knob it sets count; ``blocking_bound``: the bound ``NCCLConfig.blocking``
-    wins over ``TORCH_NCCL_USE_COMM_NONBLOCKING`` (``ProcessGroupNCCL::useNonblocking``)."""
+    """ValueError listing each variable ("" too; with ``config``, those fixing its knobs) that silently overrides a
+    pool entry; a bound ``NCCLConfig.blocking`` beats ``NONBLOCKING_ENV`` (``ProcessGroupNCCL::useNonblocking``)."""
 
     def counts(var: str) -> bool:
         if var not in environ:

@@ -1,10 +1,9 @@
 """Reads the output of one nccl-tests run as ``scripts/gpu/nccl_sweep.sh`` saves it, for ``lagom calibrate bandwidth``.
-
 Follows NVIDIA/nccl-tests v2.19.6 (``src/util.cu:487-511, 623-640, 667-706, 744-760, 771-780``, ``common.cu:895-896,
-936-941, 1831``) and checks algbw = size / time and busbw = algbw x factor (doc/PERFORMANCE.md;
-``src/all_gather.cu:38-44``, ``all_reduce.cu:59-65``, ``reduce_scatter.cu:37-43``, ``alltoall.cu:48-54``,
-``sendrecv.cu:38-44``). The ``SWEEP_TAG`` line's settings must agree with NCCL v2.30.7's INFO lines
-(``src/init.cc:1646-1647``, ``src/graph/tuning.cc:455, 460``, ``src/misc/param.cc:100``, ``debug.cc:343-354``)."""
+936-941, 1831``), checks algbw = size / time, busbw = algbw x factor (doc/PERFORMANCE.md; ``src/all_gather.cu:38-44``,
+``all_reduce.cu:59-65``, ``reduce_scatter.cu:37-43``, ``alltoall.cu:48-54``, ``sendrecv.cu:38-44``), and ``SWEEP_TAG``
+against NCCL v2.30.7's INFO lines (``src/init.cc:1646-1647``, ``src/graph/tuning.cc:455, 460``,
+``src/misc/param.cc:100``, ``debug.cc:343-354``)."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ PERF_OPS: dict[str, str] = {
 """nccl-tests binary stem (``<op>_perf``) -> the algorithm the sweep pins (Ring; P2P for send/recv and all-to-all)."""
 PROTOCOL_NAMES = ("LL", "LL128", "Simple")
 MAX_CHANNELS = 64
-"""MAXCHANNELS (v2.30.7 src/include/device.h:91), where NCCL caps NCCL_MIN/MAX_NCHANNELS
-(src/graph/connect.cc:334-358)."""
+"""MAXCHANNELS (v2.30.7 src/include/device.h:91), capping NCCL_MIN/MAX_NCHANNELS (src/graph/connect.cc:334-358)."""
 WARP_SIZE = 32
 """NCCL_NTHREADS is a multiple of it, 64..512 for Simple and LL (tuning.cc:17-33, 244-256; device.h:90-97); LL128 and
 P2P kernels run 640 (tuning.cc:255-256; NCCL_MAX_NTHREADS, src/enqueue.cc:1135)."""
@@ -75,7 +73,6 @@ class PerfRun:
     path: str
     op: str
     algorithm: str
-    """Ring (NCCL_ALGO the sweep set) or P2P."""
     protocol: str
     channels: int
     """Channels NCCL logged, else ``asked_channels`` (P2P: next power of two, src/graph/paths.cc:984-990)."""
@@ -100,8 +97,7 @@ class PerfFormatError(ValueError):
 
 
 def read_perf_run(path: str | Path) -> PerfRun:
-    """Parses one run's saved output (module docstring); rows in file order. Raises PerfFormatError (every problem, each
-    as ``file:line: what; expected ...``) or OSError."""
+    """Parses one run's saved output, rows in file order; PerfFormatError (every ``file:line: problem``) or OSError."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -361,7 +357,6 @@ class _Parser:
 
 
 def _factor(op: str, n: int) -> float:
-    """PERFORMANCE.md's bus-bandwidth factor of ``op`` on ``n`` ranks."""
     if op == "all_reduce":
         return 2.0 * (n - 1) / n
     return 1.0 if op == "sendrecv" else (n - 1) / n

@@ -1,9 +1,5 @@
-"""Turns lagom's NCCL tuner plugin on for every rank at launch: locates or builds it and gives the variables to export.
-
-NCCL loads a tuner once per process, at the first communicator, from ``NCCL_TUNER_PLUGIN`` (v2.30.7
-``src/plugin/tuner.cc:37-60``; unset: never lagom's, :62-71), so every rank needs its absolute path first.
-``LAGOM_TUNER_CONFIG`` starts "" (no table); the pool names one per communicator. A user's value is never replaced.
-Without the plugin: communicator mode (NCCL 2.24+), else CTA bounds only (docs/nccl.md)."""
+"""Turns lagom's NCCL tuner plugin on for every rank at launch, before NCCL loads one from ``NCCL_TUNER_PLUGIN`` at
+the first communicator (v2.30.7 ``src/plugin/tuner.cc:37-60``; unset: never lagom's, :62-71)."""
 
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ PROFILER_VAR = "NCCL_PROFILER_PLUGIN"
 """Also NCCL's profiler plugin (read once per process, v2.30.7 ``src/plugin/profiler.cc:46-71``); a user's is kept."""
 TABLE_VAR = "LAGOM_TUNER_CONFIG"
 DIR_VAR = "LAGOM_TUNER_DIR"
-"""Where the library is looked for and built; default ``<source tree>/build/nccl-plugin``."""
 
 
 def plugin_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -34,8 +29,7 @@ def plugin_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def locate_or_build(environ: Mapping[str, str] | None = None) -> Path:
-    """Absolute path of an up-to-date library in ``plugin_dir``, built (atomically) when missing or stale. Raises
-    FileNotFoundError (no compiler and no library) or RuntimeError (the compiler failed)."""
+    """Absolute path of an up-to-date library in ``plugin_dir``, built when stale; FileNotFoundError, RuntimeError."""
     lib = built_library(environ)
     if lib is not None:
         return lib
@@ -61,8 +55,7 @@ def launch_env(
     nccl_version: str | None = None,
     build: bool = True,
 ) -> tuple[dict[str, str], str | None]:
-    """The variables to export to every rank to turn the plugin on, and a log note or None. Nothing below NCCL 2.22,
-    after a failed build, in a dry run (``build=False``) without a library, or for gloo; user-set ones stay."""
+    """Variables every rank needs for the plugin (user-set ones stay) and a note; none below NCCL 2.22 or for gloo."""
     environ = os.environ if environ is None else environ
     if backend != "nccl":
         return {}, None
@@ -123,15 +116,13 @@ TUNER_SYMBOLS_BY_NCCL: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
     ((2, 22), ("ncclTunerPlugin_v3", "ncclTunerPlugin_v2")),
     ((0, 0), ("ncclTunerPlugin_v2", "ncclTunerPlugin_v1")),
 )
-"""(first NCCL release, tuner structs it looks up, newest first): v2.22.3 ``src/misc/tuner.cc:199-202``, v2.24.3
-:216-222, v2.28.3 ``src/plugin/tuner.cc:72-80``, v2.30.3 (v6 first); 2.21 and older v2, v1
-(``src/include/nccl_tuner.h:58`` @v2.21.5)."""
+"""(first NCCL, tuner structs it looks up, newest first): v2.22.3 ``src/misc/tuner.cc:199-202``, v2.24.3 :216-222,
+v2.28.3 ``src/plugin/tuner.cc:72-80``, v2.30.3 (v6 first); older v2, v1 (``src/include/nccl_tuner.h:58`` @v2.21.5)."""
 
 ALL_TUNER_SYMBOLS = tuple(f"ncclTunerPlugin_v{v}" for v in (6, 5, 4, 3, 2, 1))
 
 NEWEST_TUNER_ABI = 6
-"""Newest tuner ABI lagom exports: NCCL v2.30.7 has ``tuner_v2.h`` .. ``tuner_v6.h`` (``src/include/plugin/tuner/``) and
-looks up ``ncclTunerPlugin_v6`` first (``src/plugin/tuner.cc:73``)."""
+"""Newest tuner ABI lagom exports = v2.30.7's (``src/include/plugin/tuner/tuner_v6.h``; ``src/plugin/tuner.cc:73``)."""
 
 PROFILER_SYMBOLS_BY_NCCL: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
     ((2, 29), tuple(f"ncclProfiler_v{v}" for v in (6, 5, 4, 3, 2, 1))),
@@ -211,8 +202,7 @@ def probe_library(
 def check_tuner_plugin(
     environ: Mapping[str, str] | None = None, *, nccl_version: str | None = None, probe: bool = True
 ) -> list[EnvIssue]:
-    """At most one error ``EnvIssue``: an ``NCCL_TUNER_PLUGIN`` that is ``none``, relative, unloadable or without a
-    struct ``nccl_version`` looks up. Unset is fine; a missing file is ``env_check``'s."""
+    """At most one error: an ``NCCL_TUNER_PLUGIN`` that is ``none``, relative, unloadable or without NCCL's struct."""
     environ = os.environ if environ is None else environ
     value = environ.get(VAR)
     if value is None:

@@ -1,8 +1,6 @@
-"""Reads, in this process, whether NCCL really loaded lagom's tuner plugin, and its row hit counts.
-
-Never from ``NCCL_TUNER_PLUGIN``'s text: the library mapped in ``/proc/self/maps`` is opened ``RTLD_NOLOAD`` and its
-``lagomTuner*`` exports (``nccl/plugin/status.c``) are called. NCCL loads it once per process (v2.30.7
-``src/os/linux.cc:52``, ``src/plugin/plugin_open.cc:41``, ``src/plugin/tuner.cc:39-56``)."""
+"""Whether NCCL really loaded lagom's tuner plugin in this process, and its row hits: the library in ``/proc/self/maps``
+(NCCL loads it once, v2.30.7 ``src/os/linux.cc:52``, ``src/plugin/plugin_open.cc:41``, ``src/plugin/tuner.cc:39-56``),
+opened ``RTLD_NOLOAD``, answers through its ``lagomTuner*`` exports (``nccl/plugin/status.c``)."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ LIBRARY_NAME = "libnccl-tuner-lagom.so"
 
 @dataclass(frozen=True)
 class PluginStatus:
-    """What lagom's plugin reports in this process: ``abi_version`` 3-6 (0 before a communicator), ``row_hits``:
-    ``getCollInfo`` matches per table row (empty without a table), ``table_failures`` (0 on old builds)."""
+    """lagom's plugin status here: ``abi_version`` 0 before a communicator; ``row_hits``: ``getCollInfo`` matches."""
 
     path: str
     abi_version: int
@@ -171,11 +168,10 @@ STATES = {0: "not initialised", 1: "lagom", 2: "foreign", 3: "none"}
 
 @dataclass(frozen=True)
 class ObservedOp:
-    """One bucket of a communicator's records: the calls NCCL ran with one shape and choice.
-
-    ``count``: elements of NCCL's task (all-gather: per rank; reduce-scatter: the output's; all-gather and broadcast
-    as ``ncclInt8`` bytes, ``src/enqueue.cc:2785-2789`` @v2.30.7); ``channels``: ABI v1-v3 NCCL's maximum, p2p before
-    v4 0; ``chunk``: largest proxy chunk, bytes; ``kernel_ns``: GPU time of the ``kernel_calls`` fully timed calls."""
+    """The calls NCCL ran with one shape and choice; ``count``: elements of NCCL's task (all-gather: per rank;
+    reduce-scatter: the output's; all-gather, broadcast: ``ncclInt8``, v2.30.7 ``src/enqueue.cc:2785-2789``);
+    ``channels``: ABI v1-v3 NCCL's maximum, p2p before v4 0; ``chunk``: largest proxy chunk, bytes; ``kernel_ns``: GPU
+    time of the ``kernel_calls`` fully timed calls."""
 
     kind: str
     func: str
@@ -196,8 +192,7 @@ class ObservedOp:
 
 @dataclass(frozen=True)
 class ObservedComm:
-    """One communicator's records; ``rank`` / ``n_ranks`` / ``n_nodes`` -1 and ``name`` None before ABI v4; ``dropped``:
-    calls without kernel time; ``overflow``: calls of shapes beyond the record's capacity."""
+    """A communicator's records (-1/None before ABI v4); ``dropped``: untimed calls; ``overflow``: untracked shapes."""
 
     comm_hash: int
     rank: int

@@ -1,8 +1,4 @@
-"""NCCL communicator-pool entries: process groups over the same ranks with their own NCCL config.
-
-Created eagerly, alike on every rank (``new_group`` is collective), with ``NCCL_ALGO`` / ``NCCL_PROTO``,
-``LAGOM_TUNER_COMM_TAG`` and ``LAGOM_TUNER_CONFIG`` set around the creation: the plugin reads them in its ``init``.
-torch is imported lazily."""
+"""NCCL communicator-pool entries: process groups over the same ranks with their own config, made on every rank."""
 
 from __future__ import annotations
 
@@ -57,11 +53,8 @@ def create_nccl_pool_entry(
     timeout: Any = None,
     inherited: Mapping[str, Any] | None = None,
 ) -> Any:
-    """Creates one pool entry: an NCCL process group over ``ranks`` with ``config`` applied; collective.
-
-    ``tag``: ``commTag``, ``group_desc``, ``commName``; ``inherited`` (``parent_options``): stream priority
-    (``config``'s wins; ``ProcessGroupNCCL::initNCCLComm``, ``getStreamFromPool``; ``ProcessGroupNCCL.hpp``), unset
-    ``ncclConfig_t`` fields. RuntimeError "NCCL is not available: ..."; ValueError: env conflict, bad config."""
+    """One pool entry (collective); ``tag``: its commTag, group_desc, commName; ``inherited``: unset ``ncclConfig_t``
+    fields, stream priority (``ProcessGroupNCCL.hpp`` ``initNCCLComm``); RuntimeError: no NCCL; ValueError."""
     torch, pg_nccl, dist = nccl_module_parts()
     if not torch.cuda.is_available():
         raise RuntimeError("NCCL is not available: no CUDA device is visible")
@@ -74,11 +67,10 @@ def create_nccl_pool_entry(
         config, tag=tag, use_tuner_plugin=use_tuner_plugin, op=op, fields=bound, nccl_version=runtime_nccl_version()
     )
     fields = dict((inherited or {}).get("config", {}))
-    fields.update(mapping["config"])  # the entry's own knobs win over the parent's
+    fields.update(mapping["config"])
     if "comm_name" in bound:
-        # ncclConfig_t.commName (NCCL 2.27+), where the torch release binds it (detected: torch
-        # init.cpp @ce00583b does not): NCCL hands it to the profiler's init (v2.30.7
-        # src/plugin/profiler.cc:250), whose records and the tuner's rows are then keyed by it
+        # ncclConfig_t.commName (2.27+; torch init.cpp @ce00583b binds none): NCCL gives it to the profiler's init
+        # (v2.30.7 src/plugin/profiler.cc:250), which keys its records, as the tuner's rows, by it
         fields["comm_name"] = tag
     if config.high_priority_stream is not None:
         high_priority_stream = bool(config.high_priority_stream)
@@ -114,8 +106,7 @@ def entry_options(
     nccl_version: tuple[int, int, int] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The checks of ``create_nccl_pool_entry`` that need no collective, run on every rank first so none fails alone;
-    ValueError names the value and the allowed set."""
+    """The checks of ``create_nccl_pool_entry`` needing no collective (run first on every rank); ValueError."""
     env = os.environ if environ is None else environ
     check_env_conflicts(env, use_tuner_plugin=use_tuner_plugin, config=config)
     return nccl_options_for(
@@ -124,8 +115,7 @@ def entry_options(
 
 
 def parent_options(group: Any) -> dict[str, Any] | None:
-    """``is_high_priority_stream`` and the non-default ``ncclConfig_t`` fields of a site's NCCL group (Megatron's
-    ``--nccl-communicator-config-path``), for its pool entries; None without an NCCL backend."""
+    """Stream priority and non-default ``ncclConfig_t`` fields of a Megatron NCCL group; None without NCCL."""
     try:
         torch, pg_nccl, _ = nccl_module_parts()
         backend = group._get_backend(torch.device("cuda"))
@@ -158,15 +148,13 @@ def pool_entry_tag(group: str, entry: str) -> str:
 
 @contextlib.contextmanager
 def comm_tag_scope(tag: str, environ: Any = None) -> Iterator[None]:
-    """Sets ``LAGOM_TUNER_COMM_TAG`` for communicators created eagerly in the ``with`` body (a lazy one is made outside
-    it); ValueError for a tag the plugin refuses."""
-    nccl_options_for(CommConfig(), tag=tag)  # validates the tag
+    """Sets ``LAGOM_TUNER_COMM_TAG`` for communicators created eagerly in the body; ValueError: a refused tag."""
+    nccl_options_for(CommConfig(), tag=tag)
     with scoped_env({TUNER_COMM_TAG_ENV: tag}, environ):
         yield
 
 
 def _group_from_desc(desc: str) -> tuple[str, str] | None:
-    """(group, entry) from CommPool's ``LAGOM_POOL_<GROUP>_<key...>`` with this backend's keys."""
     rest = desc[len("LAGOM_POOL_") :] if desc.startswith("LAGOM_POOL_") else None
     if not rest:
         return None
@@ -180,28 +168,23 @@ def _group_from_desc(desc: str) -> tuple[str, str] | None:
 
 
 RING_BUFFER_BYTES = 524_288 + 4_915_200 + 4_194_304
-"""Buffers of one ring connection (per channel per rank), bytes: LL + LL128 + Simple at NCCL's defaults (2.30
-``src/init.cc:810-824``, ``src/include/device.h:26, 97-98, 114-115``)."""
+"""Bytes per ring channel and rank: LL + LL128 + Simple (2.30 ``src/init.cc:810-824``,
+``src/include/device.h:26, 97-98, 114-115``)."""
 NVLS_BYTES_PER_CHANNEL_HEAD = 2 * 128 * 1024 * 8
 """NVLS buffers per channel and NVLS head, bytes (``src/transport/nvls.cc:425-430``; ``NCCL_NVLS_CHUNKSIZE`` :160)."""
 ASSUMED_CHANNELS = 32
-"""Channel count assumed for an entry without CTA bounds (NCCL picks it from the topology)."""
 
 
 def estimate_entry_bytes(n_channels: int | None, *, nvls_heads: int = 0) -> int:
-    """Device memory one entry's communicator may allocate, bytes: ring buffers, plus NVLS buffers when ``nvls_heads`` >
-    0 (``n_channels`` None = ``ASSUMED_CHANNELS``); tree, P2P and host memory are not counted."""
+    """Device bytes one entry's communicator may allocate: ring and NVLS buffers, not tree, P2P or host memory."""
     n = ASSUMED_CHANNELS if n_channels is None else int(n_channels)
     return n * RING_BUFFER_BYTES + (n * NVLS_BYTES_PER_CHANNEL_HEAD * nvls_heads if nvls_heads > 0 else 0)
 
 
 class NcclPoolBackend:
-    """``megatron.pool.comm_pool.PoolBackend`` on NCCL; the mechanism comes from the agreed capabilities.
-
-    With the plugin, per-call knobs come from the table, and a config setting channels gets an entry with ``min =
-    max`` CTAs = the group's largest planned count: NCCL caps the tuner's ``*nChannels`` at the communicator's
-    (v2.30.7 ``src/enqueue.cc:583``, :598-599; ``src/graph/connect.cc:503-505``); other configs keep NCCL's bounds,
-    as NCCL starts from ``comm->nChannels`` (``src/enqueue.cc:2070``). Without it, one entry per distinct config."""
+    """``megatron.pool.comm_pool.PoolBackend`` on NCCL: one entry per distinct config, or with the plugin per-call knobs
+    from its table and ``min = max`` CTAs = the group's largest planned count, as NCCL caps the tuner's ``*nChannels``
+    at the communicator's (v2.30.7 ``src/enqueue.cc:583``, :598-599; ``src/graph/connect.cc:503-505``)."""
 
     name = "nccl"
 
@@ -214,17 +197,13 @@ class NcclPoolBackend:
         self.use_tuner_plugin = bool(use_tuner_plugin)
         self.tuner_table = tuner_table
         self.table_id: str | None = None
-        """Table content id, equal on every rank; part of the entry key, so a new table gets new entries."""
         self.plugin_active = self.use_tuner_plugin
-        """Per-call knobs through the plan table (False: per-communicator entries, as for the warm-up probes)."""
         self.cta_bound: int | None = None
-        """CTA bounds of plugin-mode entries when no group applies; None = NCCL's."""
         self.cta_bounds: dict[str, int] = {}
-        """Group -> CTA bounds of its plugin-mode entries: the plan's largest channel count for its collective sites."""
+        """Group -> CTA bounds of its plugin-mode entries (``cta_bound`` where no group applies; None = NCCL's)."""
         self.p2p_configs: dict[str, set[CommConfig]] = {}
         """Group -> its P2P sites' configs (entries bounded at their own channel count, ``comm->p2pnChannels``)."""
         self.nvls_heads = 0
-        """Ranks of an NVLink domain when NVLS can run (agreed capabilities), for ``estimate_bytes``."""
         self.status_reader = status_reader
         self._inits_before: int | None = None
         self._failures_before = 0
@@ -246,8 +225,7 @@ class NcclPoolBackend:
         return self.use_tuner_plugin
 
     def set_cta_bounds(self, plan: Plan) -> bool:
-        """Plugin mode (else False, nothing set): the table's knobs again, each group's CTA bound the largest channel
-        count ``plan`` gives its collective sites; P2P entries keep their own count (NCCL never asks the plugin)."""
+        """Plugin mode (else False): each group's CTA bound its sites' largest planned count; P2P keeps its own."""
         if not self.use_tuner_plugin:
             return False
         self.plugin_active = True
@@ -263,9 +241,7 @@ class NcclPoolBackend:
         return True
 
     def load_table(self, plan: Plan, path: str | os.PathLike, text: str) -> bool:
-        """Plugin mode (else False, nothing written): ``set_cta_bounds(plan)``, then ``text`` (``plan`` as
-        ``nccl.export`` writes the plugin's table) at ``path`` for the entries created next. OSError: not writable
-        or not readable back."""
+        """Plugin mode (else False): ``set_cta_bounds(plan)`` and the table ``text`` written at ``path``; OSError."""
         if not self.set_cta_bounds(plan):
             return False
         write_text_atomic(path, text)
@@ -275,11 +251,9 @@ class NcclPoolBackend:
         return True
 
     def _entry_config(self, config: CommConfig, group: str | None = None) -> CommConfig:
-        if self.uses_table:  # per-call knobs travel through the plugin table
+        if self.uses_table:
             if config.n_channels is None:
-                # the row leaves channels to NCCL, which starts from comm->nChannels (src/enqueue.cc:2070):
-                # an entry with NCCL's own CTA bounds, so the site runs at the count NCCL would choose
-                bound = None
+                bound = None  # NCCL's own CTA bounds: it starts from comm->nChannels (src/enqueue.cc:2070)
             elif group is not None and config in self.p2p_configs.get(group, ()):
                 bound = config.n_channels  # P2P: the bound is the knob (engine.p2p), no row applies
             else:  # a group the plan gives no channel count keeps NCCL's own (None)
@@ -304,7 +278,7 @@ class NcclPoolBackend:
     def entry_key(self, config: CommConfig, group: str | None = None) -> tuple | None:
         """None if the group's own communicator serves ``config``, else its communicator-scope key (ValueError)."""
         entry = self._entry_config(config, group)
-        nccl_options_for(entry, use_tuner_plugin=self.uses_table)  # validates
+        nccl_options_for(entry, use_tuner_plugin=self.uses_table)
         if config.is_default() or (not self.uses_table and entry.is_default()):
             return None  # e.g. only chunk_size, which needs the plugin: nothing an entry can apply
 
@@ -370,10 +344,9 @@ class NcclPoolBackend:
                 f"{status.init_count}, {before} before)"
             )
         failures_before, self._failures_before = self._failures_before, 0
-        failed = before is not None and status.table_failures > failures_before  # only entries made now count
+        failed = before is not None and status.table_failures > failures_before
         if not status.table_loaded or failed:
-            # table_loaded says some table was loaded in this process (an earlier plan's, maybe);
-            # a failure counted since the preflight is this table's (plugin/table.c loadTable)
+            # table_loaded may be an earlier plan's; a failure since the preflight is this one's (plugin/table.c)
             raise RuntimeError(
                 f"lagom's plugin did not load the plan table {self.tuner_table or '(environment)'}"
                 f" ({status.table_failures - failures_before} failed load(s) in NCCL's log, 'LAGOM/tuner')"
@@ -400,9 +373,8 @@ class NcclPoolBackend:
         )
 
     def register_memory(self, group: Any, pools: list[tuple[Any, bool]]) -> None:
-        """Registers each (``MemPool``, symmetric) with ``group``'s NCCL backend as megatron-core does (core_v0.16.1
-        ``nccl_allocator.py:163-182``; ``torch/csrc/distributed/c10d/init.cpp``), so NCCL finds the buffers
-        registered (``ncclRegFind``, ``src/enqueue.cc:2141-2146``). RuntimeError: a refused registration."""
+        """Registers (``MemPool``, symmetric) pairs as megatron-core does (core_v0.16.1 ``nccl_allocator.py:163-182``;
+        c10d ``init.cpp``) for ``ncclRegFind`` (``src/enqueue.cc:2141-2146``); RuntimeError: a refused registration."""
         import torch
 
         backend = group._get_backend(torch.device("cuda", torch.cuda.current_device()))

@@ -1,9 +1,5 @@
-"""Which knob NCCL lets lagom set, at which scope, with which values: the search domain on NCCL.
-
-Mechanisms (docs/nccl.md): ``tuner`` (lagom's plugin: algorithm, protocol, channels per call from NCCL 2.22, chunk
-size from 2.30; ``ncclConfig_t`` the communicator-scope extras), ``communicator`` (``ncclConfig_t`` CTA bounds,
-``NCCL_ALGO`` / ``NCCL_PROTO`` per pool entry), ``env`` (one value per job). ``NcclRules`` offers only what the
-mechanism can apply; the simulator uses it too."""
+"""Which knob NCCL lets lagom set, at which scope, with which values: the search domain on NCCL (and the simulator's)
+under the mechanisms ``tuner``, ``communicator`` and ``env`` (docs/nccl.md)."""
 
 from __future__ import annotations
 
@@ -100,21 +96,17 @@ __all__ = [
 
 
 BACKENDS: tuple[str, ...] = ("nccl", "sim")
-"""Profile / plan labels these rules serve: real NCCL, and the simulated cluster that models it."""
 
 
 HIGH_PRIORITY_DOMAIN: tuple = (None, True)
 """A site's own group's stream (None) or a high-priority pool entry; a low priority could only delay."""
 
 P2P_CHANNEL_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-"""P2P CTA bounds worth trying: ``p2pnChannels`` rounds up to a power of two (v2.30.7
-``src/graph/paths.cc:977-991``)."""
+"""P2P CTA bounds worth trying: ``p2pnChannels`` is a power of two (v2.30.7 ``src/graph/paths.cc:977-991``)."""
 
 
 def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, int, int] = (2, 27, 5)) -> Scope | None:
-    """The widest unit a knob can differ over (``call``, ``communicator``, ``process``); None if the mechanism cannot
-    set it. Tuner ABI v3 (NCCL 2.22): algorithm, protocol, channels per call, v6 (2.30) chunk size; ``ncclConfig_t``
-    CTAs and CGA 2.17, CTAPolicy 2.27. ValueError: an unknown knob or mechanism."""
+    """Widest unit (call, communicator, process) a knob varies over; None if ``mechanism`` cannot set it; ValueError."""
     if knob not in KNOB_ORDER:
         raise ValueError(f"knob must be one of {list(KNOB_ORDER)}; got {knob!r}")
     if mechanism not in MECHANISMS:
@@ -127,14 +119,10 @@ def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, 
     if knob == "cga_cluster_size":
         return None if v < (2, 17, 0) else ("process" if mechanism == "env" else "communicator")
     if knob == "high_priority_stream":
-        # ProcessGroupNCCL.Options(is_high_priority_stream=...) of a pool entry: torch takes the NCCL
-        # stream of each process group from its stream pool at that priority (initNCCLComm,
-        # ``getStreamFromPool(options_->is_high_priority_stream || TORCH_NCCL_HIGH_PRIORITY)``);
-        # any NCCL version. Not a variable: the env mechanism has no process groups to make.
+        # a pool entry's option, any NCCL (torch initNCCLComm, getStreamFromPool); env makes no groups
         return None if mechanism == "env" else "communicator"
     if knob == "net_peer_channels":
-        # NCCL_NCHANNELS_PER_NET_PEER (2.12+, a cached NCCL_PARAM: one value per process); the
-        # ncclConfig_t field (2.28+) is per communicator only where torch binds it (NcclRules.scope)
+        # a cached NCCL_PARAM (2.12+); the ncclConfig_t field (2.28+) only where torch binds it (NcclRules.scope)
         return None if v < (2, 12, 0) else "process"
     if mechanism == "env":
         return None if knob == "chunk_size" else "process"
@@ -142,8 +130,7 @@ def knob_scope(knob: str, *, mechanism: str = "tuner", nccl_version: tuple[int, 
         if knob in ("algorithm", "protocol") and v < (2, 24, 0):
             return None  # per-function NCCL_ALGO / NCCL_PROTO syntax is 2.24+: CTA bounds only before
         return None if knob == "chunk_size" else "communicator"
-    # tuner plugin (lagom's implements ABI v3-v6): per call from v3; chunk size from v6. Below
-    # v3 the plugin does not load and the communicator pool sets these per communicator.
+    # lagom's plugin implements ABI v3-v6; below v3 it does not load and pool entries set these
     abi = tuner_abi(v)
     if knob == "chunk_size":
         return "call" if abi >= 6 else None
@@ -159,17 +146,14 @@ def domains(
     mechanism: str = "tuner",
     reduce_op: str | None = None,
 ) -> dict[str, tuple]:
-    """Values the search scans per knob of one site (``(None,)`` = NCCL's): short subsets of ``validate_config``'s
-    domain. ValueError: an unknown mechanism."""
+    """Values the search scans per knob of one site (``(None,)`` = NCCL's); ValueError: an unknown mechanism."""
     scope = {k: knob_scope(k, mechanism=mechanism, nccl_version=cluster.nccl) for k in KNOB_ORDER}
     out: dict[str, tuple] = {k: (None,) for k in KNOB_ORDER}
     cap = max_channels(cluster)
     if scope["high_priority_stream"] is not None:
         out["high_priority_stream"] = HIGH_PRIORITY_DOMAIN
     if op in P2P_OPS:
-        # NCCL's tuner is never asked about point-to-point; the communicator's CTA bounds set its
-        # P2P channels (a power of two, ``engine.p2p``), so only powers of two are distinct values;
-        # across nodes also the channels per network peer
+        # no tuner for P2P: CTA bounds set its channels, a power of two (engine.p2p), so only those differ
         out["n_channels"] = tuple(c for c in P2P_CHANNEL_GRID if c <= cap)
         if scope["net_peer_channels"] is not None and cluster.nccl_nodes(n_nodes, group_size) > 1:
             out["net_peer_channels"] = (None,) + NET_PEER_CHANNELS
@@ -195,15 +179,14 @@ def domains(
         else ("LL", "Simple")
     )
     if mechanism != "tuner":
-        protos = tuple(p for p in protos if p != "LL128")  # never force LL128 through NCCL_PROTO
+        protos = tuple(p for p in protos if p != "LL128")
     if scope["protocol"] is not None:
         out["protocol"] = protos
     return out
 
 
 def applicable(config: CommConfig, *, op: str) -> CommConfig:
-    """``config`` without the knobs NCCL does not apply to ``op``; P2P keeps channels, net-peer channels and stream
-    priority (its kernel runs ``NCCL_MAX_NTHREADS``, NVIDIA/nccl v2.30.7 ``src/enqueue.cc:1136``)."""
+    """``config`` less knobs NCCL ignores for ``op`` (P2P: ``NCCL_MAX_NTHREADS``, v2.30.7 ``src/enqueue.cc:1136``)."""
     if op in P2P_OPS:
         return CommConfig(
             n_channels=config.n_channels,
@@ -233,10 +216,10 @@ def probe_configs(cluster: ClusterSpec, *, mechanism: str = "tuner") -> list[Com
 
 
 def symmetric_kernels(cluster: ClusterSpec, site: Any) -> bool:
-    """Whether NCCL runs ``site`` (symmetric-window buffers) on symmetric kernels, which never ask the tuner: all-NVLink
-    and NCCL 2.28+ (``ncclMakeSymmetricTaskList``, v2.28.9 ``src/enqueue.cc:360-362``,
-    ``src/scheduler/symmetric_sched.cc:26-35``; v2.30.7 ``symmetric_sched.cc:66-215``,
-    ``src/sym_kernels.cc:591-597``), or 2.27 for one collective (v2.27.7 ``src/enqueue.cc:338-360``)."""
+    """Whether NCCL runs ``site`` (symmetric windows) on symmetric kernels, which ask no tuner: all-NVLink and 2.28+
+    (``ncclMakeSymmetricTaskList``, v2.28.9 ``src/enqueue.cc:360-362``, ``src/scheduler/symmetric_sched.cc:26-35``;
+    v2.30.7 ``symmetric_sched.cc:66-215``, ``src/sym_kernels.cc:591-597``), or 2.27 with one collective (v2.27.7
+    ``src/enqueue.cc:338-360``)."""
     if cluster.intra_link != "nvlink" or not cluster.nvswitch or cluster.nccl_nodes(site.n_nodes, site.group_size) > 1:
         return False
     v = cluster.nccl
@@ -244,9 +227,8 @@ def symmetric_kernels(cluster: ClusterSpec, site: Any) -> bool:
 
 
 def process_env(chosen: dict[str, list[int]]) -> dict[str, str]:
-    """NCCL's launch environment for a plan's process-scope knobs (``chosen``: knob -> values picked; the largest wins).
-    Both CTA ends (NCCL PR 2256); ``NCCL_NCHANNELS_PER_NET_PEER`` overrides every communicator (v2.30.7
-    ``src/init.cc:2038-2047``)."""
+    """NCCL's launch env for a plan's process-scope knobs (``chosen``: knob -> values; the largest wins); both CTA ends
+    (NCCL PR 2256); ``NCCL_NCHANNELS_PER_NET_PEER`` overrides every communicator (v2.30.7 ``src/init.cc:2038-2047``)."""
     env: dict[str, str] = {}
     if chosen.get("n_threads") and set(chosen["n_threads"]) != {512}:
         env["NCCL_NTHREADS"] = str(max(chosen["n_threads"]))
@@ -258,15 +240,13 @@ def process_env(chosen: dict[str, list[int]]) -> dict[str, str]:
 
 
 def tuner_call_key(*, group: str, op: str, nbytes: int) -> tuple[str, str, int]:
-    """What NCCL's tuner plugin can tell one call by: communicator tag, op, bytes (``getCollInfo``, NCCL v2.30.7
-    ``src/include/tuner.h``). Sites sharing a key get one table row and one decision."""
+    """What NCCL's tuner tells calls apart by (``getCollInfo``, v2.30.7 ``src/include/tuner.h``): one row per key."""
     return (group, op, int(nbytes))
 
 
 @dataclass(frozen=True)
 class NcclRules:
-    """``engine.knobs.KnobRules`` of one mechanism (None: ``default_mechanism``) on one NCCL cluster; ``backend``:
-    ``nccl`` or ``sim``. ValueError: a gloo cluster, an unknown mechanism or backend."""
+    """``KnobRules`` of one mechanism on one NCCL cluster; ValueError: a gloo cluster, unknown mechanism or backend."""
 
     cluster: ClusterSpec
     mechanism: str = None  # type: ignore[assignment]  # None: default_mechanism(cluster), set in __post_init__
@@ -276,7 +256,6 @@ class NcclRules:
     pool_budget_bytes: int | None = None
     """Pool memory budget per rank (``--lagom-pool-budget-mib``); None = unbounded. Caps channels (``nccl.budget``)."""
     nvls_heads: int = 0
-    """NVLS heads counted in an entry's estimate (ranks of an NVLink domain where NVLS runs)."""
     budget_groups: tuple[str, ...] = ()
     """Groups sharing the budget equally (set by ``for_sites``); empty = the whole budget per group."""
 

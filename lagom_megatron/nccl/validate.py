@@ -1,5 +1,4 @@
-"""Checks of knob values against NCCL's documented domains (``nccl.rules`` re-exports them). Where NCCL clamps silently
-(``NCCL_NTHREADS=480`` -> 512) lagom refuses: the cost model would predict a wrong value."""
+"""Knob values checked against NCCL's domains, refusing what NCCL clamps silently (``NCCL_NTHREADS=480`` -> 512)."""
 
 from __future__ import annotations
 
@@ -28,12 +27,10 @@ SORTER_UNIT_LOG2, SORTER_MAX_LOG2, SORTER_BITS_PER_POW2 = 10, 30, 2
 NVLS_SUM_MINMAX_DTYPES = frozenset({"int32", "uint32", "int64", "uint64", "float16", "bfloat16"})
 """dtypes (torch's names) NCCL reduces with NVLS for sum, min and max."""
 NVLS_SUM_DTYPES = frozenset({"float32", "float64"})
-"""dtypes (torch's names) NCCL reduces with NVLS for sum only."""
 AVERAGING_OPS = frozenset({"avg", "premul_sum"})
 """torch reductions NCCL runs as a scaled sum (``ncclDevPreMulSum`` / ``ncclDevSumPostDiv``)."""
 BYTE_OPS = frozenset({"all_gather", "broadcast"})
-"""Ops NCCL enqueues as ``ncclInt8`` bytes, so one bin whatever the dtypes (v2.30.7 ``src/enqueue.cc:2733-2737``,
-v2.27.7 :2360-2362)."""
+"""Ops NCCL enqueues as ``ncclInt8``: one bin (v2.30.7 ``src/enqueue.cc:2733-2737``, v2.27.7 :2360-2362)."""
 REDUCING_OPS = frozenset({"all_reduce", "reduce_scatter"})
 
 
@@ -50,7 +47,7 @@ def sorter_bin(traffic: int) -> int:
 def nccl_bins(parts: Iterable[tuple[str, int]], *, nbytes: int, op: str | None = None) -> list[int]:
     """``nBytes`` per ``getCollInfo`` for a call of ``op`` issuing ``parts`` ((dtype, bytes)), else ``[nbytes]``."""
     per_byte = 2 if op == "all_reduce" else 1  # ncclFuncTrafficPerByte over the site's bytes
-    as_bytes = op in BYTE_OPS  # enqueued as ncclInt8: one bin whatever the dtypes
+    as_bytes = op in BYTE_OPS
     by_dtype: dict[str, list[tuple[int, int]]] = {}
     for i, (dtype, b) in enumerate(parts):
         by_dtype.setdefault("int8" if as_bytes else str(dtype), []).append((i, int(b)))
@@ -96,7 +93,6 @@ ALGORITHM_SINCE: dict[str, tuple[int, int, int]] = {
     "CollNetChain": (2, 14, 0),
     "PAT": (2, 23, 0),
 }
-"""First NCCL release of each algorithm."""
 
 
 NVLS_MAX_ARITY = 32
@@ -125,7 +121,7 @@ def algorithms_for(
         if alg == "NVLS" and n_nodes > 1 and op != "all_reduce":
             continue  # NVLS all-gather / reduce-scatter are modelled inside one NVLink domain only
         if alg in ("NVLS", "NVLSTree") and op != "all_reduce" and group_size > NVLS_MAX_ARITY * max(1, n_nodes):
-            continue  # more local ranks than NCCL_MAX_NVLS_ARITY: NCCL skips NVLS but for all-reduce
+            continue
         if alg == "NVLS" and n_nodes > 1 and not cluster.collnet:
             continue  # NCCL disables NVLS across nodes without CollNet (2.30 src/enqueue.cc:2008)
         if alg.startswith("CollNet") and not (cluster.collnet and n_nodes > 1):
@@ -174,8 +170,7 @@ def validate_config(
     reduce_op: str | None = None,
     dtype: str | None = None,
 ) -> None:
-    """Checks every set knob of ``config`` against NCCL's domain for ``op`` on ``cluster`` (LL128 is never forced,
-    nccl#786/#1261); ValueError names the first bad knob, its value and the allowed set."""
+    """Checks each set knob of ``config`` for ``op`` on ``cluster`` (no forced LL128, nccl#786/#1261); ValueError."""
     mech = mechanism
     group_size = group_size or max(2, n_nodes * getattr(cluster, "gpus_per_node", 1))  # whole nodes
     c = config
@@ -299,8 +294,7 @@ def _check_chunk(chunk: int, protocol: str) -> None:
 
 
 def validate_cta_range(min_ctas: int | None, max_ctas: int | None, *, cluster: ClusterSpec) -> None:
-    """Checks a CTA range: both ends (NCCL PR#2256: a lone ``min_ctas`` fails), 1 <= min <= max <= 64 (32 before NCCL
-    2.25); ValueError names what breaks."""
+    """Checks a CTA range: both ends (NCCL PR#2256), 1 <= min <= max <= 64 (32 before NCCL 2.25); ValueError."""
     if (min_ctas is None) != (max_ctas is None):
         given, missing = ("min_ctas", "max_ctas") if max_ctas is None else ("max_ctas", "min_ctas")
         raise ValueError(

@@ -1,5 +1,4 @@
-"""Builds lagom's NCCL plugin (tuner and profiler halves) into one shared library with gcc; standard library only. Needs
-no CUDA or NCCL sources (``lagom_tuner.h`` declares the ABI)."""
+"""Builds lagom's NCCL plugin (tuner and profiler) into one shared library with gcc; no CUDA or NCCL sources needed."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ TUNER_SOURCES = (
     PLUGIN_DIR / "observed.c",
 )
 HEADERS = (PLUGIN_DIR / "lagom_tuner.h", PLUGIN_DIR / "lagom_profiler.h", PLUGIN_DIR / "plugin_internal.h")
-"""The headers; a change rebuilds the library (``plugin_launch.locate_or_build``)."""
 LIBRARY_NAME = "libnccl-tuner-lagom.so"
 """File name of the built plugin (NCCL also finds it as ``NCCL_TUNER_PLUGIN=lagom`` on the library path)."""
 HARNESS_SOURCE = PLUGIN_DIR / "test" / "test_plugin.c"
@@ -44,7 +42,6 @@ def find_compiler(cc: str | None = None) -> str:
 
 
 def _compile(args: list[str], out: Path, what: str) -> Path:
-    """Runs the compiler writing to a temporary file beside ``out``, then renames it (atomic)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     os.close(fd)
@@ -63,8 +60,7 @@ def _compile(args: list[str], out: Path, what: str) -> Path:
 def build_tuner(
     out_dir: str | os.PathLike, *, cc: str | None = None, extra_cflags: list[str] | tuple[str, ...] = ()
 ) -> Path:
-    """Compiles the plugin (``ncclTunerPlugin_v3``-``_v6``, ``ncclProfiler_v1``-``_v6``) into ``out_dir``; returns its
-    absolute path. Raises FileNotFoundError (no C compiler) or RuntimeError (the compiler failed, with its messages)."""
+    """Compiles the plugin (tuner v3-v6, profiler v1-v6) into ``out_dir``; FileNotFoundError, RuntimeError."""
     out = Path(out_dir).resolve() / LIBRARY_NAME
     args = [
         find_compiler(cc),
