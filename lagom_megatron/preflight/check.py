@@ -19,19 +19,21 @@ from lagom_megatron.preflight.files import rule_master_port, rule_output_folders
 from lagom_megatron.preflight.lagom_flags import rule_lagom_flags
 from lagom_megatron.preflight.layout import (
     rule_batch,
-    rule_ddp_bucket_size,
     rule_experts,
-    rule_fsdp_sharding,
     rule_heads,
     rule_layers,
-    rule_moe_overlap,
     rule_nodes,
-    rule_overlap_param_gather,
     rule_positive,
     rule_sequence,
-    rule_tp_comm_overlap,
     rule_uneven_pipeline,
     rule_world_size,
+)
+from lagom_megatron.preflight.overlap import (
+    rule_ddp_bucket_size,
+    rule_fsdp_sharding,
+    rule_moe_overlap,
+    rule_overlap_param_gather,
+    rule_tp_comm_overlap,
 )
 from lagom_megatron.preflight.types import Finding, RunShape
 from lagom_megatron.preflight.values import rule_megatron_flags, rule_values, rule_versions

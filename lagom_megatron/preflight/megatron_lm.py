@@ -7,7 +7,7 @@ import importlib.util
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lagom_megatron.preflight.layout import no_shard_finding
+from lagom_megatron.preflight.overlap import no_shard_finding
 from lagom_megatron.preflight.types import Finding
 
 RELEASES = ("core_v0.16", "core_v0.17", "core_v0.18")

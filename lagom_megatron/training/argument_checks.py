@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from lagom_megatron.preflight.lagom_flags import lagom_value_problems
-from lagom_megatron.training.arguments import apply_megatron_lm_defaults, refused_here
+from lagom_megatron.training.arguments import apply_megatron_lm_defaults
+from lagom_megatron.training.parity_flags import refused_here
 from lagom_megatron.training.tokenizer import resolve_vocab
 
 

@@ -173,7 +173,8 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
 
     from lagom_megatron.training import cpu_shims, data
     from lagom_megatron.training import model as model_mod
-    from lagom_megatron.training.arguments import build_parser, inactive_flags
+    from lagom_megatron.training.arguments import build_parser
+    from lagom_megatron.training.parity_flags import inactive_flags
 
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

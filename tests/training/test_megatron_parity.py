@@ -384,7 +384,7 @@ def test_every_flag_of_megatron_lms_gpt_examples_is_accepted(release):
 
 
 def test_flags_without_effect_are_named_and_those_that_would_differ_refused():
-    from lagom_megatron.training.arguments import inactive_flags
+    from lagom_megatron.training.parity_flags import inactive_flags
 
     line = SMALL + [
         "--eval-interval",
