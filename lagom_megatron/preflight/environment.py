@@ -6,7 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from lagom_megatron.nccl.env_check import check_nccl_env, check_network_env, override_issues
+from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
+from lagom_megatron.nccl.env_network import check_network_env
 from lagom_megatron.nccl.env_vars import MAX_CGA_CLUSTER_SIZE, max_ctas
 from lagom_megatron.nccl.plugin_launch import check_tuner_plugin, plugin_abi_report
 from lagom_megatron.preflight.types import Finding, RunShape

@@ -3,7 +3,7 @@ parsed with the grammar of the code that reads them (``nccl/env_check.py``)."""
 
 import pytest
 
-from lagom_megatron.nccl.env_check import check_network_env
+from lagom_megatron.nccl.env_network import check_network_env
 
 
 @pytest.mark.parametrize(
