@@ -1,8 +1,5 @@
-"""Rank consistency: all-gathered measurements, agreed capabilities and plan, collective apply steps
-(docs/engine.md); ``*_object`` collectives on the world group, a few KB per profiled iteration.
-Fault injection: ``LAGOM_INJECT_DIGEST_FAULT=<rank>``, ``LAGOM_INJECT_CAPABILITY_FAULT=<rank>[:<field>]``,
-``LAGOM_INJECT_APPLY_FAULT=<step>:<rank>[,...]``.
-"""
+"""Rank consistency (docs/engine.md) on the world group; faults: ``LAGOM_INJECT_DIGEST_FAULT=<rank>``,
+``LAGOM_INJECT_CAPABILITY_FAULT=<rank>[:<field>]``, ``LAGOM_INJECT_APPLY_FAULT=<step>:<rank>[,...]``."""
 
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ from typing import Any
 FAULT_ENV = "LAGOM_INJECT_DIGEST_FAULT"
 APPLY_FAULT_ENV = "LAGOM_INJECT_APPLY_FAULT"
 APPLY_STEPS = ("env", "pool-preflight", "pool-create", "table", "first-use", "first-call", "observed")
-"""Steps of applying, in order (``collective_step`` names)."""
 
 
 def fault_injected(step: str) -> bool:
@@ -47,8 +43,7 @@ def _injected(step: str, rank: int) -> bool:
 
 
 def collective_step(name: str, fn: Callable[[], Any]) -> Any:
-    """Runs ``fn`` on this rank and returns its result; raises ``ApplyFailed`` on every rank when it
-    raised on any (all-gathers each rank's error and host)."""
+    """``fn()`` on this rank; ``ApplyFailed`` on every rank (naming each rank's error, host) when it raised on any."""
     rank, _ = _world()
     try:
         fault = _injected(name, rank)
@@ -76,8 +71,7 @@ def agree_capabilities(
     differences: Callable[[list[Any]], list[tuple[int, str, Any, Any]]],
     perturb: Callable[[Any, str], Any] | None = None,
 ) -> tuple[Any, list[str]]:
-    """(Rank 0's capabilities with the job's topology, every rank's host); ``CapabilityDisagreement`` on
-    every rank when any field differs (names rank, host, field, both values)."""
+    """(Rank 0's capabilities with the job's topology, hosts); ``CapabilityDisagreement`` when any field differs."""
     from lagom_megatron.nccl.capabilities import FAULT_ENV as CAP_FAULT_ENV
 
     rank, _ = _world()
@@ -136,10 +130,8 @@ def merge_measurements(
     iteration_us: float,
     calls: dict[str, list[Times3]] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Times3], float, dict[str, tuple[Times3, ...]]]:
-    """All-gathers one iteration's (sites, timings, iteration_us, calls) and keeps the slowest rank (us).
-
-    Per call: the rank with the longest region, for sites every rank timed with the same call count;
-    such a site's timings are its calls' sums (t_comp_us NaN unless all finite)."""
+    """Slowest rank's (sites, timings, iteration_us, calls) of one iteration (us); per call the longest region where all
+    ranks timed as many calls, the site's timings then their sums (t_comp_us NaN unless all finite)."""
     gathered = all_gather((sites, timings, float(iteration_us), calls or {}))
     all_sites: dict[str, dict[str, Any]] = {}
     merged: dict[str, list[float]] = {}
@@ -189,9 +181,7 @@ def agree_plan(
     from_dict: Callable[[dict[str, Any]], Any],
     perturb: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Any:
-    """Broadcasts rank 0's plan, checks every rank's digest, returns the agreed plan. ``plan`` None: the
-    search failed here. ``perturb`` (fault injection) changes this rank's copy before the check.
-    ``PlanDisagreement`` on every rank when the search failed on some rank or a digest differs."""
+    """Rank 0's plan once every digest matches; ``PlanDisagreement`` when one differs or ``plan`` is None on a rank."""
     import torch.distributed as dist
 
     rank, world = _world()

@@ -6,8 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-# (name, parallel_state getter, kwargs): order matters, the first name found for a group wins, so
-# that a data-parallel group that doubles as the dp_cp group (context parallel 1) is called dp.
+# the first name found for a group wins: a dp group that doubles as dp_cp (context parallel 1) is called dp
 _GROUP_GETTERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("tp", "get_tensor_model_parallel_group", {}),
     ("pp", "get_pipeline_model_parallel_group", {}),
@@ -27,8 +26,7 @@ _GROUP_GETTERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 STAGE_LOCAL_GROUPS = frozenset({"tp", "dp", "dp_cp", "cp", "ep", "expt_tp", "expt_dp", "intra_dist_opt"})
 """Groups within one pipeline stage: under PP their site ids carry the stage (``tp.sp_all_gather[stage1.3]``)."""
 
-# A group whose ranks equal those of the named group is called by that name (context parallel 1,
-# one distributed-optimizer instance): the collectives are then the plain data-parallel ones.
+# a group with the ranks of the named one takes its name (context parallel 1, one distributed-optimizer instance)
 _SAME_AS = {"dp_cp": "dp", "intra_dist_opt": "dp_cp"}
 
 
@@ -52,8 +50,7 @@ class GroupInfo:
 
 
 class GroupNames:
-    """Maps process-group objects to Megatron's group names, by object identity, then by rank list.
-    ``local_world_size``: ranks per node, for ``n_nodes`` (default ``$LOCAL_WORLD_SIZE`` or 1)."""
+    """Process-group objects -> Megatron's group names, by identity, then by ranks; ``local_world_size``: ranks/node."""
 
     def __init__(self, *, local_world_size: int | None = None) -> None:
         self.local_world_size = int(local_world_size or os.environ.get("LOCAL_WORLD_SIZE", 0) or 1)
@@ -95,7 +92,7 @@ class GroupNames:
         ranks = _group_ranks(group)
         same = self._by_name.get(_SAME_AS.get(name, ""))
         if same is not None and same.ranks == ranks:
-            name = same.name  # e.g. the dp_cp group of a run without context parallelism is dp
+            name = same.name
         info = GroupInfo(name=name, ranks=ranks, n_nodes=len({r // self.local_world_size for r in ranks}))
         self._by_id[id(group)] = info
         self._by_ranks.setdefault(ranks, info)
@@ -104,8 +101,7 @@ class GroupNames:
         return info
 
     def add_partner(self, of: str, name: str, ranks: tuple[int, ...]) -> None:
-        """Registers ``name``, a group over ``ranks`` that carries part of group ``of``'s traffic
-        (PP=2: megatron-core posts one direction on WORLD); ``of``'s pool entries are made for it too."""
+        """``name`` over ``ranks`` takes part of ``of``'s traffic and pool entries (PP=2: one direction on WORLD)."""
         self._by_name.setdefault(
             name, GroupInfo(name=name, ranks=tuple(ranks), n_nodes=len({r // self.local_world_size for r in ranks}))
         )

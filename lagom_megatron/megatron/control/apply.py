@@ -1,6 +1,4 @@
-"""Applying configurations on every rank together, or on none: capabilities, pool entries, the plan
-table, first use, the memory budget and the revert (a failure on any rank reverts every rank).
-"""
+"""Applying capabilities, pool entries, the plan table and first use on every rank or none (a failure reverts all)."""
 
 from __future__ import annotations
 
@@ -33,13 +31,11 @@ class Applier:
         self.cluster = cluster
         self.capabilities: Any = None
         self.error: str | None = None
-        """Why applying was abandoned (None while nothing failed)."""
         self.table_plan: Any = None
-        """The plan whose tuner table the plugin loaded (with any sites reverted since)."""
+        """The plan whose tuner table the plugin loaded, sites reverted since included (hits count against it)."""
         self.observed = ObservedCheck(pool.backend.name)
         self.observed.attach(router)
 
-    # ------------------------------------------------------------------ capabilities
     def agree_capabilities(self, *, on_gpu: bool, gather: Callable[[], Any] | None = None) -> Any:
         """Gathers, agrees and returns the capabilities (None after a disagreement, logged)."""
         if on_gpu:
@@ -49,8 +45,7 @@ class Applier:
             # NCCL creates a communicator (and loads the plugin, or not) before its status is read
             dist.all_reduce(torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device())))
         try:
-            # gathering reads files, the driver and the plugin: a rank where it fails must not
-            # leave the others waiting in the comparison's all-gather
+            # a rank where gathering (files, driver, plugin) fails must not leave the others in the all-gather
             local = consensus.collective_step("capabilities", gather or caps_mod.gather_local)
             agreed, hosts = consensus.agree_capabilities(
                 local,
@@ -64,7 +59,7 @@ class Applier:
             say(f"lagom: ERROR: {exc}")
             return None
         self.capabilities = agreed
-        if on_gpu:  # the collectives' own times on NCCL's stream during profiling (profiler docstring)
+        if on_gpu:
             enable_comm_timing(self.pool.groups.objects())
         if isinstance(self.pool.backend, NcclPoolBackend):
             self.pool.backend.configure(agreed)
@@ -72,7 +67,6 @@ class Applier:
         return agreed
 
     def _check_nodes(self, hosts: list[str]) -> None:
-        """Raises ValueError unless every named group spans as many hosts as ``GroupNames`` counts nodes."""
         groups = self.pool.groups
         for name in groups.names():
             info = groups.by_name(name)
@@ -92,7 +86,6 @@ class Applier:
         d.pop("host", None)
         return {"capabilities": json.loads(json.dumps(d))}  # as a saved plan holds it (lists, not tuples)
 
-    # ------------------------------------------------------------------ apply / revert
     def _check_env_unchanged(self) -> None:
         if self.capabilities is None:
             return
@@ -128,12 +121,12 @@ class Applier:
         except consensus.ApplyFailed as exc:
             self.revert(f"applying {what} failed: {exc}")
             return False
-        if backend.name == "nccl":  # the profiler reads the entries' collective times on NCCL's stream
+        if backend.name == "nccl":
             enable_comm_timing(self.pool.entries())
         guard = getattr(self.router, "first_use", None)
-        if guard is not None:  # NCCL refuses some calls only when they are made (first_use)
+        if guard is not None:
             guard.arm()
-        if plan is not None:  # what NCCL (gloo) then runs is checked against the plan (observed)
+        if plan is not None:
             note = self.observed.arm()
             if note:
                 say(note)
@@ -154,8 +147,7 @@ class Applier:
         return True
 
     def check_observed(self, plan: Any) -> set[str]:
-        """The sites that ran other than ``plan`` on any rank (one all-gather), routed back to the defaults.
-        Empty, without a collective, until an iteration routed the plan."""
+        """Sites that ran other than ``plan`` on any rank (one all-gather, none before it was routed), now defaults."""
         check = self.observed
         if not check.armed or not getattr(self.router, "assignment", None):
             return set()
@@ -210,7 +202,6 @@ class Applier:
         return out
 
     def _check_mechanism(self, plan: Any) -> None:
-        """Raises ValueError when ``plan`` was searched for another mechanism than the agreed one."""
         backend = self.pool.backend
         if backend.name != "nccl" or self.capabilities is None:
             return
@@ -223,11 +214,11 @@ class Applier:
 
     def _load_table(self, plan: Any) -> None:
         backend = self.pool.backend
-        if isinstance(backend, NcclPoolBackend) and backend.use_tuner_plugin:  # else no table to write
+        if isinstance(backend, NcclPoolBackend) and backend.use_tuner_plugin:
             table = export_plan(plan, "nccl-tuner-csv", extended=True, cluster=self.cluster)
             backend.load_table(plan, self.files.tuner_table, table)
             self.pool.invalidate_keys()
-            self.table_plan = plan  # the rows the plugin loaded (hits are counted against them, observed.py)
+            self.table_plan = plan
 
     def revert(self, reason: str) -> None:
         """Every rank: NCCL's defaults for every site, every pool entry destroyed, one error logged."""
@@ -253,7 +244,6 @@ class Applier:
             "budget_mib": None if self.pool.budget_bytes is None else round(self.pool.budget_bytes / 2**20, 1),
         }
 
-    # ------------------------------------------------------------------ budget
     def fit_plan_to_budget(self, plan: Any) -> Any:
         """``plan`` with the entries of least predicted gain set to the defaults until the pool fits its budget."""
         budget, backend = self.pool.budget_bytes, self.pool.backend

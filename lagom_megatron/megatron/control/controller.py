@@ -28,9 +28,7 @@ from lagom_megatron.nccl.pool import NcclPoolBackend
 
 
 class LagomController:
-    """The ``--lagom`` training callback of one rank; arguments are the ``--lagom-*`` options (``cluster``
-    default: ``cpu-gloo`` on CPU, else ``$LAGOM_CLUSTER``, the preset's cluster or ``h100-sxm-ib400``). Implements
-    ``outputs.report.RunView``."""
+    """The ``--lagom`` training callback of one rank (a ``report.RunView``); arguments: ``--lagom-*`` options."""
 
     def __init__(
         self,
@@ -75,7 +73,6 @@ class LagomController:
         self.search_ms: float | None = None
         self.pool_budget_mib = pool_budget_mib
         self.backend: str | None = None
-        """nccl or gloo (``on_setup``)."""
         self.cluster: ClusterSpec | None = None
         self.pool: Any = None
         self.applier: Any = None
@@ -96,7 +93,6 @@ class LagomController:
             pool_budget_mib=getattr(args, "lagom_pool_budget_mib", None),
         )
 
-    # ------------------------------------------------------------------ setup
     def _resolve_cluster(self, on_gpu: bool) -> str:
         if self.cluster_name:
             return self.cluster_name
@@ -116,11 +112,11 @@ class LagomController:
         import torch
         from megatron.core import parallel_state
 
-        from lagom_megatron.megatron.hooks.router import SiteRouter  # imports torch
+        from lagom_megatron.megatron.hooks.router import SiteRouter
 
         args = ctx.args
         self.train_iters = getattr(args, "train_iters", None)
-        if self.rank != 0:  # one copy of the tuner's warnings, not one per rank
+        if self.rank != 0:
             logging.getLogger("lagom").setLevel(logging.ERROR)
         on_gpu = torch.cuda.is_available()
         self.backend = "nccl" if on_gpu else "gloo"
@@ -129,7 +125,6 @@ class LagomController:
         self.fingerprint = run_fingerprint(args, backend=self.backend, cluster=self.cluster.name)
         groups = GroupNames.from_parallel_state()
         pp = parallel_state.get_pipeline_model_parallel_world_size()
-        # DDP buffers in NCCL memory pools (--use-nccl-ub): pool entries of their group register them too
         pools = registered_pools(ctx.model, lambda g: groups.lookup(g).name)
         self.registry = SiteRegistry(
             groups,
@@ -156,7 +151,7 @@ class LagomController:
             f"backend {self.backend} | cluster {self.cluster.name} | run dir {self.files.run_dir}"
         )
         if self.applier.agree_capabilities(on_gpu=on_gpu) is None:
-            self.mode = "aborted"  # ranks could apply different things: nothing is tuned
+            self.mode = "aborted"
             return
         self.fingerprint.update(self.applier.fingerprint_part())
         if not self._try_reuse_plan():
@@ -165,8 +160,7 @@ class LagomController:
             self._warn_if_too_short(args.train_iters)
 
     def _try_reuse_plan(self) -> bool:
-        """Applies ``files``' saved plan if it matches ``fingerprint``; True when that decides the run's course (reused,
-        kept rejected, or aborted on disagreement), False when the controller should profile and search."""
+        """True when a saved plan matching ``fingerprint`` decides the run (reused, rejected, aborted); False: tune."""
         try:
             plan = self.files.saved_plan(self.fingerprint, self.cluster)
         except consensus.PlanDisagreement as exc:
@@ -177,7 +171,7 @@ class LagomController:
             return False
         self.plan = plan
         self.mode = "reuse"
-        if plan.method != self.method:  # whichever branch follows: applied, verified first, or kept rejected
+        if plan.method != self.method:
             say(
                 f"lagom: WARNING: --lagom-method {self.method} not used: plan {self.files.plan_path} was searched "
                 f"with {plan.method}; delete it or pass another --lagom-plan to search with {self.method}"
@@ -203,7 +197,6 @@ class LagomController:
                 self.mode = "aborted"
                 return True
         if plan.stats.get("verification") is None:
-            # never verified (``lagom search``, a short run): measure it against the defaults now
             self._start_tuner(plan)
             if not self._prepare_pool_for_plan(plan):
                 return True
@@ -225,12 +218,11 @@ class LagomController:
         return True
 
     def _start_tuner(self, plan: Any = None) -> None:
-        """Creates the tuner; with ``plan``, it only verifies that plan (no profiling or search)."""
         caps = self.applier.capabilities if self.backend == "nccl" else None
         rules = rules_for(
             self.backend,
             self.cluster,
-            capabilities=caps,  # the search knows the pool budget
+            capabilities=caps,
             pool_budget_bytes=self.pool.budget_bytes if self.backend == "nccl" else None,
         )
         for line in getattr(rules, "warnings", lambda: [])():
@@ -289,7 +281,6 @@ class LagomController:
             say(f"lagom: ERROR: {exc}")
             raise
 
-    # ------------------------------------------------------------------ iterations
     def on_iteration_start(self, iteration: int) -> None:
         """Applies this iteration's assignment and arms the profiler."""
         # a reused plan times iterations 2-4 for the report; the first is the slowest, with no call period yet
@@ -300,7 +291,7 @@ class LagomController:
         elif self.mode == "tune":
             step = self._step = self.tuner.start_iteration(iteration)
             self.router.set_assignment(step.assignment)
-            if self._nccl_timed(step):  # NCCL's kernel timers: a second source for the profile (KernelTimes)
+            if self._nccl_timed(step):
                 self.kernel_times.start()
             self.profiler.start_iteration(timed=step.timed, serialize=step.serialize)
         elif self.mode == "reuse":
@@ -315,7 +306,7 @@ class LagomController:
         self.last_iteration = iteration
         timed = self.profiler.timed  # the same on every rank: decides the collective calls below
         timings = self.profiler.finish_iteration()
-        if self.applier is not None and not self.applier.check_first_use():  # NCCL refused a first call on an entry
+        if self.applier is not None and not self.applier.check_first_use():
             self.mode = "aborted"
             if self.plan is not None and self.rank == 0:
                 self.files.save_plan(
@@ -395,8 +386,6 @@ class LagomController:
         phase: Phase,
         dt_ms: float,
     ) -> None:
-        """After one profiled or verified iteration; ``merged``: site id -> (t_comm, t_comp, t_region) in us, ``dt_ms``:
-        the tuner's step time."""
         tuner = self.tuner
         total = tuner.profiling_iters
         if step.kind == "default":
@@ -404,7 +393,6 @@ class LagomController:
             self.last_sites = {s.site_id: s for s in m.sites}
         if step.kind in ("warmup", "default", "serialized", "probe"):
             sites = f"sites {len(m.sites)}" if m.sites else "counting calls per stream"
-            # warmup i/n counts --lagom-warmup-iters; step k/total counts every profiling iteration
             of_kind = {"warmup": tuner.config.warmup_iters, "probe": len(tuner.probes), "default": 1, "serialized": 1}
             self._kind_steps[step.kind] = self._kind_steps.get(step.kind, 0) + 1
             say(
@@ -413,7 +401,6 @@ class LagomController:
                 f"iteration {m.iteration_us / 1e3:.1f} ms"
             )
         if step.kind == "default" and phase in (Phase.PROFILING, Phase.PROBING):
-            # the configs the router will route in the probe iterations (probes as each site's op allows)
             if not self.applier.apply_probes(tuner.probe_assignments(), m.sites):
                 self.mode = "aborted"
                 self.write_report()
@@ -435,7 +422,6 @@ class LagomController:
             self._on_done(phase)
 
     def _on_searched(self, phase: Phase, dt_ms: float) -> None:
-        """After the search: profile and plan saved on rank 0, the search line, the plan's pool entries on all ranks."""
         tuner = self.tuner
         if tuner.profile is not None and self.rank == 0:
             self.files.save_profile(tuner.profile)
@@ -471,9 +457,7 @@ class LagomController:
             )
 
     def _on_done(self, phase: Phase) -> None:
-        """Verification over (APPLIED or FELL_BACK): final assignment, phase line, plan saved with its verdict,
-        report."""
-        self.router.set_assignment(self.tuner.assignment())  # the plan (APPLIED) or {} (FELL_BACK), for good
+        self.router.set_assignment(self.tuner.assignment())
         s = self.tuner.summary()
         if phase is Phase.APPLIED:
             say(
@@ -516,7 +500,7 @@ class LagomController:
                 and self.pool.backend.uses_table
                 and self.plan is not None
             ):
-                table_plan = getattr(self.applier, "table_plan", None) or self.plan  # the rows the plugin loaded
+                table_plan = getattr(self.applier, "table_plan", None) or self.plan
                 # collective: the condition is the same on every rank
                 log_plan_hits(table_plan, getattr(self.pool, "groups", None))
             if not self._reported:
@@ -530,7 +514,6 @@ class LagomController:
             self.handle.remove()
             self.handle = None
 
-    # ------------------------------------------------------------------ report
     def summary(self) -> dict[str, Any]:
         """JSON-ready state of the run (``report.run_summary``)."""
         return run_summary(self)
@@ -550,7 +533,7 @@ class LagomController:
             return
         try:
             paths = write_report(path, run_rows(self), summary)
-        except OSError as exc:  # the report is not worth a training run
+        except OSError as exc:
             say(f"lagom: WARNING: report not written to {path}: {exc}")
             return
         say(f"lagom: report {', '.join(str(p) for p in paths)}")

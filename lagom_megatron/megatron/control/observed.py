@@ -1,9 +1,6 @@
-"""Applied = observed: what each rank's backend reports it ran for each planned site, against the plan;
-sites that differ on any rank go back to NCCL's defaults on every rank.
-Plugin hits say a row matched, not what NCCL ran (it may clamp channels or switch protocol). A site no
-record covers is ``unobserved``, never reverted: another ``NCCL_PROFILER_PLUGIN``, NCCL before 2.23,
-or (gloo) P2P, Megatron-FSDP and coalesced quantized-gather sites.
-"""
+"""Applied = observed: a planned site that ran otherwise on any rank reverts to NCCL's defaults everywhere. Plugin hits
+say a row matched, not what NCCL ran (it may clamp channels or switch protocol). ``unobserved``, never reverted: no
+record covers the site (another ``NCCL_PROFILER_PLUGIN``, NCCL < 2.23; gloo P2P, Megatron-FSDP, quantized gathers)."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ from lagom_megatron.nccl.observed import SiteObservation, matching_ops, observe_
 def observe_gloo_site(
     site_id: str, planned: CommConfig, *, op: str, nbytes: int, group_size: int, record: list | None
 ) -> SiteObservation:
-    """Compares ``planned`` with the gloo record ``[calls, threads seen, largest pieces seen]`` of the site;
-    a call no larger than one piece is expected whole (piece 0)."""
+    """``planned`` vs the gloo record ``[calls, threads seen, largest pieces seen]`` (piece 0: issued whole)."""
     if not record or not record[0]:
         return SiteObservation(site_id, "unobserved", note="no routed call of it was recorded")
     calls, threads, pieces = record
@@ -68,7 +64,6 @@ class ObservedCheck:
         self.results: dict[str, dict[str, Any]] = {}
         """Site id -> ``SiteObservation.to_dict`` plus ``rank``, the first rank that differed (or None)."""
         self.errors: list[str] = []
-        """``rank r: error`` of each rank whose check failed in the last ``check``."""
 
     def attach(self, router: Any) -> None:
         """Reads the gloo calls ``router`` notes (gloo only)."""
@@ -124,8 +119,7 @@ class ObservedCheck:
         return out
 
     def check(self, plan: Any, pool: Any) -> set[str]:
-        """Collective (one all-gather): the sites that differ on any rank; stops recording. Never raises:
-        a rank whose check failed counts as unobserved."""
+        """Collective (one all-gather): sites that differ on any rank; stops recording; a failed rank: unobserved."""
         try:
             mine: Any = [o.to_dict() for o in self.local(plan, pool)]
         except Exception as exc:  # noqa: BLE001 - still join the all-gather below
@@ -195,8 +189,7 @@ def log_plan_hits(plan: Any, groups: Any, *, status_reader: Callable[[], Any] | 
 
 
 def compare_shared_hits(plan: Any, groups: Any, *, status_reader: Callable[[], Any] | None = None) -> list[str]:
-    """Logs and returns the warning naming rows whose hit counts differ among one communicator's ranks.
-    Collective: one all-gather on every rank, also when reading fails. Never raises."""
+    """Logs, returns warnings on rows whose hits differ among a communicator's ranks; one all-gather, never raises."""
     from lagom_megatron.nccl import plugin_status
     from lagom_megatron.nccl.export import tuner_rows
 

@@ -1,8 +1,5 @@
-"""Every hook lagom puts on Megatron-Core's collectives and torch.distributed, in one removable set.
-
-``install(router)`` wraps the names it sets (megatron-core 0.16.x; names since 0.9) and ``te_targets``' TE / FSDP2 /
-Megatron-FSDP names to call ``router.SiteRouter``; wrappers only tag the call, pick its group, may split a tensor.
-"""
+"""Every hook lagom puts on Megatron-Core (0.16.x; names since 0.9), torch.distributed and ``te_targets``, in one
+removable set; wrappers call ``router.SiteRouter``, only tag the call, pick its group, may split a tensor."""
 
 from __future__ import annotations
 
@@ -101,17 +98,15 @@ def _quantized_gather_wrapper(router: Any, orig: Callable[..., Any]) -> Callable
     return wrapper
 
 
-# Scope wrappers give the collectives issued inside Transformer Engine, FSDP2 and MoE autograd code a site: each sets a
-# scope on the ``SiteRouter``; a backward reruns its forward's scope, so TE's backward SP collectives (v2.18
-# ``pytorch/module/linear.py:947-951,1064-1068``, ``layernorm_linear.py:764-768,881-885``) and ``_AllToAll.backward``
-# (mc0.16.1 ``tensor_parallel/mappings.py:453-460``) get their module. Autograd looks ``forward`` / ``backward`` up on
-# the class at call time (torch ``autograd/function.py``).
+# Scope wrappers give collectives in TE, FSDP2 and MoE autograd code a site; a backward reruns its forward's scope, so
+# TE's backward SP collectives (v2.18 ``pytorch/module/linear.py:947-951,1064-1068``,
+# ``layernorm_linear.py:764-768,881-885``) and ``_AllToAll.backward`` (mc0.16.1 ``tensor_parallel/mappings.py:453-460``)
+# get their module. Autograd looks ``forward`` / ``backward`` up on the class per call (torch ``autograd/function.py``).
 _CTX_ATTR = "_lagom_scope"
 
 
 def carry_forward(router: Any, orig: Callable[..., Any]) -> Any:
-    """``staticmethod`` replacing ``Function.forward(ctx, ...)``: keeps the router's scope on ``ctx`` (None when TE
-    v2.18 ``module/linear.py`` calls ``_Linear.forward(None, ...)`` without grad)."""
+    """``Function.forward`` keeping the scope on ``ctx`` (None in TE v2.18 ``module/linear.py`` without grad)."""
 
     @functools.wraps(orig)
     def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
@@ -150,8 +145,7 @@ def module_forward(router: Any, orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def named_method(router: Any, orig: Callable[..., Any], *, prefix: str, attr: str) -> Callable[..., Any]:
-    """Replacement of a method whose collectives, synchronous ones too (FSDP2's), are the sites
-    ``<group>.<prefix>_<op>[<self.attr or root>]``."""
+    """A method whose collectives, sync ones too (FSDP2's), are sites ``<group>.<prefix>_<op>[<self.attr or root>]``."""
 
     @functools.wraps(orig)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -181,11 +175,8 @@ def install(
     fsdp2: type | None | str = "auto",
     megatron_fsdp: list[Any] | str = "auto",
 ) -> PatchHandle:
-    """Installs every hook calling ``router`` (a ``SiteRouter``); RuntimeError when already installed.
-
-    ``te`` / ``fsdp2`` / ``megatron_fsdp``: ``"auto"`` finds them (``te_targets``), None / ``[]`` hooks none.
-    ``model_configs``: ``TransformerConfig``s whose ``finalize_model_grads_func`` to tag.
-    """
+    """Installs every hook calling ``router`` (RuntimeError if installed); ``te`` / ``fsdp2`` / ``megatron_fsdp``:
+    ``"auto"`` finds them, None / ``[]`` none; ``model_configs``: whose ``finalize_model_grads_func`` to tag."""
     global _INSTALLED
     if _INSTALLED is not None:
         raise RuntimeError("lagom patches are already installed; call remove() on the existing handle first")

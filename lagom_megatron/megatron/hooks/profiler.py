@@ -1,10 +1,8 @@
-"""Warm-up profiler: start and end of every collective site and the compute it overlaps.
-
-Per call (s): ``t_issue`` launch, ``t_end`` first seen complete, ``t_wait`` consumer's ``wait()``, ``t_serial`` end of
-the serialized wait. Per site (us): t_comm = t_end - t_issue (GPU: ``Work._get_duration()``, torch 2.13
-``WorkNCCL::getDuration``, on with ``enable_comm_timing`` or ``TORCH_NCCL_ENABLE_TIMING=1``), t_region = max(t_end,
-t_wait) - t_issue, t_comp = t_wait - t_serial less later calls' serialized comm (NaN unless serialized).
-"""
+"""Warm-up profiler: start and end of every collective site and the compute it overlaps. Per call (s): ``t_issue``
+launch, ``t_end`` first seen complete, ``t_wait`` consumer's ``wait()``, ``t_serial`` end of the serialized wait. Per
+site (us): t_comm = t_end - t_issue (GPU: ``Work._get_duration()``, torch 2.13 ``WorkNCCL::getDuration``, with
+``enable_comm_timing`` or ``TORCH_NCCL_ENABLE_TIMING=1``), t_region = max(t_end, t_wait) - t_issue, t_comp = t_wait -
+t_serial - later calls' serialized comm (NaN unless serialized)."""
 
 from __future__ import annotations
 
@@ -32,16 +30,15 @@ class CallTiming:
 
 
 def _inner_work(work: Any) -> Any:
-    """The torch handle inside TE's ``_AsyncHandle`` / ``_NVFP4AllGatherAsyncHandle`` (v2.18
-    ``pytorch/distributed.py:955-979,1300-1321``) or v2.5-v2.11's ``_FP8BlockwiseAllGatherAsyncHandle``
-    (``:1049-1063``)."""
+    """The torch handle in TE's ``_AsyncHandle`` / ``_NVFP4AllGatherAsyncHandle`` (v2.18 ``pytorch/distributed.py``
+    ``:955-979,1300-1321``) or v2.5-v2.11's ``_FP8BlockwiseAllGatherAsyncHandle`` (``:1049-1063``)."""
     inner = getattr(work, "async_handle", None)
     return work if inner is None else inner
 
 
 def _is_completed(work: Any) -> bool:
     work = _inner_work(work)
-    works = getattr(work, "works", None)  # torch's _CoalescingManager holds a list of Work
+    works = getattr(work, "works", None)
     if works is not None:
         return all(w is None or w.is_completed() for w in works)
     fn = getattr(work, "is_completed", None)
@@ -49,8 +46,7 @@ def _is_completed(work: Any) -> bool:
 
 
 def work_duration_us(work: Any) -> float | None:
-    """The collective's own GPU time (us) from ``Work._get_duration()`` (ms) summed over a coalescing manager's works;
-    None for gloo or when the group's timing is off."""
+    """GPU time (us) of ``Work._get_duration()`` (ms), summed over a coalescing manager's; None: gloo or timing off."""
     work = _inner_work(work)
     works = getattr(work, "works", None)
     items = [w for w in works if w is not None] if works is not None else [work]
@@ -250,8 +246,7 @@ class Profiler:
         )
 
     def finish_iteration(self) -> dict[str, tuple[float, float, float]]:
-        """Site id -> (t_comm_us, t_comp_us, t_region_us) summed over its calls; t_comp NaN for async sites unless
-        serialized, 0 for synchronous ones."""
+        """Site id -> (t_comm_us, t_comp_us, t_region_us) summed; t_comp NaN if async unless serialized, 0 if sync."""
         self.call_times = {}
         if not self.timed:
             return {}
@@ -321,8 +316,7 @@ class KernelTimes:
         self.on = bool((self.recorder or profiler_status.set_recording)(True, reset=True))
 
     def finish(self, records: dict[str, Any], assignment: dict[str, Any], pool: Any) -> dict[str, float]:
-        """Events off; site id -> NCCL kernel time (us, slowest rank) for the sites every rank timed.
-        Collective (one all-gather) whether or not this rank has records."""
+        """Events off; site id -> NCCL kernel time (us, slowest rank) of sites every rank timed; one all-gather."""
         from lagom_megatron.nccl import plugin_status as profiler_status
 
         local: dict[str, float] = {}

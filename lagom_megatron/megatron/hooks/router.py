@@ -1,9 +1,6 @@
-"""Site router: what every patched collective call does (identify its site, route it, time it).
-
-Per call: its site (``sites.SiteRegistry``), the pool entry and chunking assigned to it (``comm_pool.CommPool``), its
-timing (``profiler.Profiler``); mixins ``router_p2p``, ``router_coalesced``, ``router_fsdp``. Never changes which
-tensors move, their order or the bucket layout; a one-rank group is never a site.
-"""
+"""Site router: what every patched collective call does: its site (``sites.SiteRegistry``), pool entry and chunking
+(``comm_pool.CommPool``), timing (``profiler.Profiler``); mixins ``router_p2p``, ``router_coalesced``, ``router_fsdp``.
+Never changes which tensors move, their order or the bucket layout; a one-rank group is never a site."""
 
 from __future__ import annotations
 
@@ -34,18 +31,14 @@ from lagom_megatron.megatron.pool.comm_pool import CommPool
 from lagom_megatron.megatron.pool.first_use import FirstUse
 from lagom_megatron.megatron.pool.gloo import GlooRecord, chunked_call
 
-# Positional index of ``group`` in each torch.distributed function lagom wraps.
-# (all_gather: all_gather_into_tensor / all_gather_single; reduce_scatter: reduce_scatter_tensor /
-# reduce_scatter_single: the same positions in torch 2.4-2.13.)
+# index of ``group`` in the wrapped functions' args (the same in the *_tensor and *_single forms, torch 2.4-2.13)
 GROUP_ARG = {"all_reduce": 2, "all_gather": 2, "reduce_scatter": 3, "all_to_all": 4}
-# (keyword, position) of the tensor whose size is the call's message size, per op.
 _TENSOR_ARG = {
     "all_reduce": ("tensor", 0),
     "all_gather": ("output_tensor", 0),
     "reduce_scatter": ("input", 1),
     "all_to_all": ("input", 1),
 }
-# Stream kind of an async call outside any scope, by (group name, op).
 _ASYNC_KIND = {
     ("tp", "all_gather"): "sp_all_gather",
     ("tp", "reduce_scatter"): "sp_reduce_scatter",
@@ -55,12 +48,9 @@ _ASYNC_KIND = {
 
 
 def coalesce_state() -> dict:
-    """torch's record of the ``_coalescing_manager`` s open now (process group -> queued calls), bound once.
-
-    A call on a group in it keeps that group (``distributed_c10d.py`` torch 2.6 ``:3789,4227,2797``, 2.13
-    ``:4378,4928,3236``, 2.14 ``:5152,5908,3897``). Made once in ``_World.__init__`` (2.6 ``:598``, 2.13 ``:685``, 2.14
-    ``:1234``) for the global ``_world`` (2.6 ``:713``, 2.13 ``:805``, 2.14 ``:1356``), then only mutated in place.
-    """
+    """torch's open ``_coalescing_manager`` s (group -> queued calls): a call on a group in it keeps that group
+    (``distributed_c10d.py`` 2.6 ``:3789,4227,2797``, 2.13 ``:4378,4928,3236``, 2.14 ``:5152,5908,3897``); made in
+    ``_World.__init__`` (``:598``, ``:685``, ``:1234``) for ``_world`` (``:713``, ``:805``, ``:1356``), only mutated."""
     from torch.distributed import distributed_c10d as c10d
 
     state = getattr(getattr(c10d, "_world", None), "pg_coalesce_state", None)
@@ -74,8 +64,6 @@ def _arg(args: tuple, kwargs: dict, name: str, index: int, default: Any = None) 
 
 
 class _StreamCall:
-    """What a (group, op, scope) of unstructured calls resolves to once; ``site_id`` None for a ``Stream``."""
-
     __slots__ = ("info", "stream", "site_id", "tname", "tindex", "chunkable")
 
     def __init__(
@@ -112,23 +100,18 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         self.assignment: dict[str, CommConfig] = {}
         self.active = True
         self.calls_routed = 0
-        """Calls of a site that has a (non-default) configuration in the assignment."""
         self._scope: tuple[str, Any] | None = None
         self._routes: dict[str, tuple[CommConfig | None, Any, int]] = {}
         self._buckets: dict[tuple[int, str, bool], tuple[str, str, int, str, GroupInfo]] = {}
         self._streams: dict[tuple[int, str, Any], _StreamCall] = {}
         self._p2p_sites: dict[int, tuple[str, GroupInfo]] = {}
         self._p2p_world: Any = None
-        """Pool entry for the WORLD half of a routed PP=2 call while it runs (``router_p2p``)."""
         self._coalesce_state = coalesce_state()
         self._mfsdp: dict[int, Any] = {}
-        """Megatron-FSDP buffer id -> its buckets' sites (``router_fsdp``)."""
         self.first_use = FirstUse(self._coalesce_state)
         self.observe = GlooRecord() if split_chunks else None
-        """The record of routed gloo calls (``control.observed``); noted only while it is ``on``."""
         self._pieces: list[int] | None = None
 
-    # -------------------------------------------------------------- configuration
     def set_assignment(self, assignment: dict[str, CommConfig]) -> None:
         """Site id -> config for the coming iteration (missing = defaults)."""
         assignment = {k: v for k, v in assignment.items() if not v.is_default()}
@@ -137,7 +120,6 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
             self._routes = {}
 
     def _resolve(self, site_id: str, info: GroupInfo) -> tuple[CommConfig | None, Any, int]:
-        """(config, pool group or None, chunk bytes or 0 unless ``split_chunks``) of a site; cached in ``_routes``."""
         cfg = self.assignment.get(site_id)
         if cfg is None:
             route = _NO_ROUTE
@@ -154,7 +136,6 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
             self.calls_routed += 1
         return route
 
-    # -------------------------------------------------------------- DDP bucket groups
     def bucket_sync(self, bucket_group: Any, kind: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``start_grad_sync`` (kind ``grad``) or ``start_param_sync`` (kind ``param``) of a bucket group."""
         tag = self.registry.bucket_tag(bucket_group) if self.active else None
@@ -191,7 +172,7 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                 }
                 known = (f"{info.name}.{name}[{tag}]", op, tensor_nbytes(tensors), dtype_name(tensors), info, facts)
             self._buckets[key] = known
-        if known is ONE_RANK:  # data parallel 1: no data moves, never a site
+        if known is ONE_RANK:
             return orig(bucket_group, *args, **kwargs)
         site_id, op, nbytes, dtype, info, facts = known
         if self.registry.recording:
@@ -241,10 +222,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         """megatron-core's ``param_and_grad_buffer._coalescing_manager``, through ``FirstUse.coalescing``."""
         return self.first_use.coalescing(orig, args, kwargs)
 
-    # -------------------------------------------------------------- collectives
     def collective(self, op: str, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """A torch.distributed collective (or a Megatron alias) with ``op`` in GROUP_ARG; ``kwargs`` is the wrapper's
-        own dict, so a routed group is set in it. Per-site lookups are cached for the launch path's cold caches."""
+        """A torch.distributed collective or Megatron alias (``op`` in GROUP_ARG), routed by the group in ``kwargs``."""
         scope = self._scope
         gi = GROUP_ARG[op]
         async_op = kwargs.get("async_op", False) or (len(args) > gi + 1 and args[gi + 1])
@@ -315,12 +294,12 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                     else:  # the wrapper's own ``**kwargs`` dict (patches): nobody else holds it
                         kwargs["group"] = pool_group
                 chunk = route[2] if call.chunkable else 0
-                if self.observe is not None and self.observe.on:  # the gloo record (observed.py)
+                if self.observe is not None and self.observe.on:
                     note = self._note(op, call, pool_group if pool_group is not None else group, args, kwargs)
                     if not chunk:
                         note(0)
         profiler = self.profiler
-        if not profiler.timed:  # applied plan: route only
+        if not profiler.timed:
             if chunk:
                 return chunked_call(op, orig, args, kwargs, chunk, call.info.size, observe=note)
             return orig(*args, **kwargs)
@@ -348,7 +327,7 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
             return ONE_RANK
         if scope is None:
             stream: Stream | NamedSite = self.registry.stream(info, _ASYNC_KIND.get((info.name, op), f"async_{op}"))
-        elif scope[0] == "named":  # one site per module / FSDP unit and op
+        elif scope[0] == "named":
             name, prefix = scope[1][0], scope[1][1]
             kind = f"{prefix}_{op}" if prefix else _ASYNC_KIND.get((info.name, op), f"async_{op}")
             stream = self.registry.named_site(info, kind, name)
@@ -367,7 +346,6 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         finally:
             self._scope = prev
 
-    # -------------------------------------------------------------- named scopes (patches' scope wrappers)
     def current_scope(self) -> Any:
         """The scope collectives are tagged with now (kept by ``patches.carry_forward`` on a ctx)."""
         return self._scope
@@ -384,8 +362,7 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
 
     @contextmanager
     def named(self, name: str, *, prefix: str | None = None, tag_sync: bool = False) -> Iterator[None]:
-        """Collectives inside are the sites ``<group>.<kind>[<stage><name>]``, kind ``<prefix>_<op>`` (None: the group's
-        async kind); with ``tag_sync`` synchronous calls are sites too."""
+        """Sites ``<group>.<kind>[<stage><name>]`` (kind ``<prefix>_<op>``) inside; ``tag_sync``: sync calls too."""
         prev = self._scope
         self._scope = ("named", (name, prefix, tag_sync))
         try:

@@ -1,12 +1,9 @@
-"""Coalesced routing of the ``SiteRouter`` (a mixin): Transformer Engine's quantized sequence-parallel gathers.
-
-TE v2.18 gathers an MXFP8 / NVFP4 / FP8-block input as synchronous all-gathers in one ``_coalescing_manager``
-(``pytorch/distributed.py``: ``_start_all_gather_fp8_blockwise`` :1076-1223, manager :1156-1200, v2.3-v2.11
-``_all_gather_fp8_blockwise``; ``_all_gather_nvfp4`` :1324-1506, :1410-1494; ``_all_gather_mxfp8`` :1509-1637,
-:1584-1634; via ``gather_along_first_dim`` :1640-1790, :1709-1749). The backward's async call
-(``module/linear.py:947-951``, ``layernorm_linear.py:764-768``, ``layernorm_mlp.py:1189-1193``) is the site
-``tp.sp_all_gather[<module>]``, routed through ``process_group``; synchronous ones (``linear.py:372``) pass.
-"""
+"""Coalesced routing of the ``SiteRouter`` (a mixin): TE v2.18 gathers an MXFP8 / NVFP4 / FP8-block SP input as sync
+all-gathers in one ``_coalescing_manager`` (``pytorch/distributed.py``: ``_start_all_gather_fp8_blockwise`` :1076-1223,
+manager :1156-1200, v2.3-v2.11 ``_all_gather_fp8_blockwise``; ``_all_gather_nvfp4`` :1324-1506, :1410-1494;
+``_all_gather_mxfp8`` :1509-1637, :1584-1634; via ``gather_along_first_dim`` :1640-1790, :1709-1749). The backward's
+async call (``module/linear.py:947-951``, ``layernorm_linear.py:764-768``, ``layernorm_mlp.py:1189-1193``) is site
+``tp.sp_all_gather[<module>]``; sync ones (``linear.py:372``) pass."""
 
 from __future__ import annotations
 
@@ -17,8 +14,6 @@ from lagom_megatron.megatron.hooks.sites import ONE_RANK, dtype_name, tensor_nby
 
 
 class _Gathered:
-    """Bytes of the inner all-gathers of one coalesced call, and the dtype of the largest output."""
-
     __slots__ = ("nbytes", "dtype", "largest")
 
     def __init__(self) -> None:
@@ -44,15 +39,14 @@ class CoalescedRouting:
     _streams: dict
     _routes: dict
 
-    def _resolve(self, site_id: str, info: Any) -> tuple[Any, Any, int]:  # provided by SiteRouter
+    def _resolve(self, site_id: str, info: Any) -> tuple[Any, Any, int]:
         raise NotImplementedError
 
-    def _stream_call(self, group: Any, op: str, scope: Any) -> Any:  # provided by SiteRouter
+    def _stream_call(self, group: Any, op: str, scope: Any) -> Any:
         raise NotImplementedError
 
     def quantized_gather(self, orig: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """One of ``QUANTIZED_GATHERS`` ``(inp, process_group, *, async_op, quantizer, out_shape) -> (out, handle)``;
-        with ``async_op=True`` a site, routed and timed as a whole."""
+        """A ``QUANTIZED_GATHERS`` call ``(inp, process_group, *, async_op, ...) -> (out, handle)``; async: one site."""
         if not kwargs.get("async_op", False) or not self.active:
             return orig(*args, **kwargs)
         in_args = "process_group" not in kwargs

@@ -1,14 +1,11 @@
 """Megatron-FSDP routing of the ``SiteRouter`` (a mixin): per-unit parameter all-gathers and gradient reductions.
-
-``distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py`` of megatron-core 0.16.1 / 0.17.1 / 0.18.2
-(Megatron-FSDP 0.3.1 / 0.4.0 / 0.5.1; ``megatron-fsdp`` 0.6.1; ``distributed/fsdp/mcore_fsdp_adapter.py``), lines in
-that order: ``all_gather_params`` (``:3447-3627``, ``:3921-4107``, ``:3975-4163``; 0.16.1
-``megatron_fsdp.py:432,680-711,808-829``) opens a manager per bucket group (``:3605-3613``, ``:4085-4093``,
-``:4141-4149``) around ``async_bucket_gather`` (``:3718-3758``, ``:4206-4250``, ``:4263-4310``);
-``_bucket_group_gradient_reduce`` (``:3182-3341``, ``:3566-3815``, ``:3600-3849``); torch's ``_coalescing_manager``
-imported at ``:32``; ``get_fsdp_buffer`` (``:3705-3716``, ``:4190-4204``, ``:4247-4261``; ``:3175-3180``,
-``:3559-3564``, ``:3593-3598``) gives the groups, swapped only over the site's ranks.
-"""
+``distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py`` of megatron-core 0.16.1 / 0.17.1 / 0.18.2 (Megatron-FSDP
+0.3.1 / 0.4.0 / 0.5.1; ``megatron-fsdp`` 0.6.1; ``distributed/fsdp/mcore_fsdp_adapter.py``), lines in that order:
+``all_gather_params`` (``:3447-3627``, ``:3921-4107``, ``:3975-4163``; 0.16.1 ``megatron_fsdp.py:432,680-711,808-829``)
+opens a manager per bucket group (``:3605-3613``, ``:4085-4093``, ``:4141-4149``) around ``async_bucket_gather``
+(``:3718-3758``, ``:4206-4250``, ``:4263-4310``); ``_bucket_group_gradient_reduce`` (``:3182-3341``, ``:3566-3815``,
+``:3600-3849``); torch's ``_coalescing_manager`` at ``:32``; ``get_fsdp_buffer`` (``:3705-3716``, ``:4190-4204``,
+``:4247-4261``; ``:3175-3180``, ``:3559-3564``, ``:3593-3598``) gives the groups, swapped over the site's ranks only."""
 
 from __future__ import annotations
 
@@ -22,24 +19,17 @@ _UNSEEN: Any = object()
 
 
 class _Buffer:
-    """What the router keeps of one Megatron-FSDP ``ParamAndGradBuffer``: each bucket's sites."""
-
     __slots__ = ("tags", "gather", "reduce", "swaps", "swaps_for")
 
     def __init__(self, tags: list[str]) -> None:
         self.tags = tags
         self.gather: list | None = None
-        """Per bucket id: (site id, group info) of its all-gather, or ``ONE_RANK``."""
         self.reduce: list | None = None
-        """Per bucket id: (site id, group info) of its gradient reduction, or ``ONE_RANK``."""
         self.swaps: dict[bool, list[tuple[Any, Any]]] = {}
-        """``bwd`` -> (weight buffer, pool entry) of every routed all-gather under the routes ``swaps_for``."""
         self.swaps_for: Any = None
 
 
 class _Manager:
-    """One Megatron-FSDP call being routed: the bucket its manager serves and what the inner calls moved."""
-
     __slots__ = ("sites", "gather", "bucket", "done", "calls", "nbytes", "dtype", "reduce_op")
 
     def __init__(self, sites: list, *, gather: bool, bucket: int | None = None) -> None:
@@ -51,8 +41,6 @@ class _Manager:
 
 
 class _Coalesced:
-    """``_coalescing_manager`` of a site: opens torch's, times it, records it on exit."""
-
     __slots__ = ("router", "inner", "call", "t0", "handle", "async_ops")
 
     def __init__(self, router: Any, inner: Any, call: _Manager, async_ops: bool) -> None:
@@ -108,7 +96,7 @@ class FsdpRouting:
     _routes: dict
     _mfsdp: dict
 
-    def _resolve(self, site_id: str, info: Any) -> tuple[Any, Any, int]:  # provided by SiteRouter
+    def _resolve(self, site_id: str, info: Any) -> tuple[Any, Any, int]:
         raise NotImplementedError
 
     def _mfsdp_state(self, buffer: Any) -> _Buffer | None:
@@ -119,7 +107,7 @@ class FsdpRouting:
         return known
 
     def _mfsdp_sites(self, tags: list[str], buffers: list[Any], name: str) -> list:
-        """(site id, group info) per bucket after the group of its ``get_fsdp_buffer`` buffer, or ``ONE_RANK``."""
+        """Per bucket id: (site id, group info) after the group of its ``get_fsdp_buffer`` buffer, or ``ONE_RANK``."""
         lookup = self.registry.groups.lookup
         out = []
         for tag, buf in zip(tags, buffers):
@@ -143,7 +131,7 @@ class FsdpRouting:
             )
         bwd = bool(kwargs["bwd"] if "bwd" in kwargs else len(args) > 6 and args[6])
         routes = self._routes
-        if state.swaps_for is not routes:  # the weight buffers of every routed gather, once per assignment
+        if state.swaps_for is not routes:
             state.swaps, state.swaps_for = {}, routes
         swaps = state.swaps.get(bwd)
         if swaps is None:
@@ -161,7 +149,6 @@ class FsdpRouting:
             self._scope = prev
 
     def _mfsdp_swaps(self, pipeline: Any, state: _Buffer, bwd: bool) -> list[tuple[Any, Any]]:
-        """(buffer, pool entry) per routed bucket: ``get_fsdp_buffer(bucket)`` and, in backward, its transposed one."""
         swaps: list[tuple[Any, Any]] = []
         groups = pipeline.buffer.parameter_groups
         for i, site in enumerate(state.gather):
@@ -270,7 +257,7 @@ class FsdpRouting:
             self.calls_routed += 1
         if manager.t0 is None:
             return
-        if manager.handle is not None:  # asynchronous: the consumer's wait() ends the region
+        if manager.handle is not None:
             manager.handle.work = self.profiler.issue(site_id, manager.handle.work, manager.t0)
         else:
             self.profiler.sync(site_id, manager.t0)

@@ -1,11 +1,8 @@
-"""Point-to-point routing of the ``SiteRouter`` (a mixin): pipeline P2P and Transformer Engine's context-parallel ring.
-
+"""P2P routing of the ``SiteRouter`` (a mixin): pipeline P2P and TE's context-parallel ring.
 ``P2PCommunicator._communicate`` (mc0.16.1 ``pipeline_parallel/p2p_communication.py:254-389``) reads ``pp_group`` at
 ``:357``; ``_p2p_ops`` is ``:54-126``. TE reads ``cp_group`` at forward (v2.18
-``dot_product_attention.py:1737,1793,1824``) and keeps it on ``ctx`` for backward (``context_parallel.py:2148``), so
-one swap routes the whole CP exchange (not hierarchical ``a2a+p2p``); ``flash_attn_p2p_communicate`` is one ring
-step (``context_parallel.py:96-135``).
-"""
+``dot_product_attention.py:1737,1793,1824``), keeping it on ``ctx`` for backward (``context_parallel.py:2148``): one
+swap routes the whole CP exchange (not ``a2a+p2p``); ``flash_attn_p2p_communicate`` is one ring step (``:96-135``)."""
 
 from __future__ import annotations
 
@@ -63,8 +60,7 @@ class RequestProxy:
 
 
 def time_requests(profiler: Any, site_id: str, reqs: Any, t_issue: Any) -> Any:
-    """Registers posted requests (a list or dict of ``Work``) as one async call of ``site_id``; returns the same
-    container of ``RequestProxy`` (empty or None unchanged)."""
+    """Posted requests (a list or dict of ``Work``) as one async call of ``site_id``, in a like container of proxies."""
     if not reqs or not profiler.timed:
         return reqs
     works = list(reqs.values()) if isinstance(reqs, dict) else list(reqs)
@@ -74,8 +70,7 @@ def time_requests(profiler: Any, site_id: str, reqs: Any, t_issue: Any) -> Any:
     return [RequestProxy(v, timed) for v in reqs]
 
 
-# Per parity of the pipeline rank: the tensors Megatron-Core posts on group.WORLD, in its order
-# (p2p_communication.py:75-125: even ranks receive there, odd ranks send there).
+# per pipeline-rank parity, what Megatron-Core posts on WORLD, in order (p2p_communication.py:75-125: even ranks recv)
 _WORLD_HALF = {
     True: (
         ("tensor_recv_prev", "recv_prev", "prev_pipeline_rank"),
@@ -86,8 +81,7 @@ _WORLD_HALF = {
         ("tensor_send_prev", "send_prev", "prev_pipeline_rank"),
     ),
 }
-# A tag per direction (activations forward, gradients backward): NCCL ignores tags; gloo matches
-# messages between one pair of ranks by tag, and with two stages both directions join the same pair.
+# a tag per direction: NCCL ignores tags; gloo matches by tag, and with two stages both directions join one rank pair
 _TAGS = {"recv_prev": 1, "send_next": 1, "recv_next": 2, "send_prev": 2}
 
 
@@ -97,8 +91,7 @@ def uses_world_half(group: Any) -> bool:
 
 
 def split_world_direction(orig: Callable[..., dict], kwargs: dict, world_entry: Any) -> dict:
-    """``_p2p_ops(**kwargs)`` with the half it would post on WORLD posted on ``world_entry`` (global ranks as peers), in
-    Megatron's order so post orders match the partner's; returns the requests dict keyed as ``_p2p_ops`` keys it."""
+    """``_p2p_ops(**kwargs)`` with its WORLD half on ``world_entry``, in Megatron's order (as the partner posts)."""
     even = kwargs["group"].rank() % 2 == 0
     half = _WORLD_HALF[even]
     own = dict(kwargs)
@@ -129,12 +122,10 @@ class P2PRouting:
     _p2p_sites: dict
     _p2p_world: Any
 
-    def _route(self, site_id: str, info: GroupInfo) -> tuple[Any, Any, int]:  # provided by SiteRouter
+    def _route(self, site_id: str, info: GroupInfo) -> tuple[Any, Any, int]:
         raise NotImplementedError
 
-    # -------------------------------------------------------------- pipeline
     def _record_p2p(self, site_id: str, info: GroupInfo, communicator: Any, kwargs: dict) -> None:
-        """Records a ``_communicate`` call: bytes of the larger tensor sent, else of the shape received."""
         sent = [t for t in (kwargs.get("tensor_send_next"), kwargs.get("tensor_send_prev")) if t is not None]
         nbytes = max((tensor_nbytes(t) for t in sent), default=0)
         if not nbytes and kwargs.get("tensor_shape") is not None:
@@ -152,7 +143,7 @@ class P2PRouting:
             return orig(communicator, **kwargs)
         group = communicator.pp_group
         known = self._p2p_sites.get(id(group))
-        if known is None:  # one site per pipeline group, named once
+        if known is None:
             info = self.registry.groups.lookup(group)
             known = self._p2p_sites[id(group)] = (f"{info.name}.send_recv", info) if info.size > 1 else ONE_RANK
         if known is ONE_RANK:
@@ -193,7 +184,6 @@ class P2PRouting:
             return orig(**kwargs)
         return split_world_direction(orig, kwargs, world)
 
-    # -------------------------------------------------------------- context parallel (TE)
     def _cp_sites(self, module: Any, info: GroupInfo) -> tuple[str, str]:
         name = self.registry.module_name(module)
         return (
@@ -209,7 +199,7 @@ class P2PRouting:
         pool_group = None
         if self.assignment and group is not None and not isinstance(group, (list, tuple)):
             info = self.registry.groups.lookup(group)
-            if info.size > 1:  # a group of one rank is never a site
+            if info.size > 1:
                 ring, a2a = self._cp_sites(module, info)
                 site = ring if ring in self.assignment else a2a
                 pool_group = self._route(site, info)[1]
@@ -230,7 +220,7 @@ class P2PRouting:
             return orig(*args, **kwargs)
         group = kwargs["cp_group"] if "cp_group" in kwargs else args[5]
         info = self.registry.groups.lookup(group)
-        if info.size < 2:  # a group of one rank is never a site
+        if info.size < 2:
             return orig(*args, **kwargs)
         scope = self._scope
         if scope is not None and scope[0] == "named":

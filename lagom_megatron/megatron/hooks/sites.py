@@ -1,10 +1,6 @@
-"""Collective sites: stable ids and registry records for every overlapped collective of Megatron-Core.
-
-Ids derive from structure only, the same across iterations and ranks (``dp.grad_reduce_scatter[chunk0.bucket1]``,
-``tp.sp_all_gather[chunk0.decoder.layers.3.self_attention.linear_qkv]``, ``pp.send_recv``); other streams are
-numbered by call order within a micro-batch. Pipeline P2P is one site per pipeline so a send and its receive share
-a communicator (our design).
-"""
+"""Collective sites: stable ids and records of Megatron-Core's overlapped collectives, from structure only, alike
+across iterations and ranks (``dp.grad_reduce_scatter[chunk0.bucket1]``, ``pp.send_recv``: one per pipeline,
+``tp.sp_all_gather[chunk0.decoder.layers.3.self_attention.linear_qkv]``); other streams by order in a micro-batch."""
 
 from __future__ import annotations
 
@@ -43,7 +39,6 @@ class SiteRecord:
     group: GroupInfo
     calls: int = 0
     facts: dict | None = None
-    """The call's reduction, coalesced parts and buffer registration (``call_facts``); None: none recorded."""
 
     def to_site(self, *, calls_per_iter: int | None = None) -> CollectiveSite:
         return CollectiveSite(
@@ -112,11 +107,9 @@ class SiteRegistry:
         self.groups = groups
         self.num_microbatches = num_microbatches
         self.stage = f"stage{pp_stage}." if pp_stage is not None else ""
-        """Prefix of the ids of stage-local groups under pipeline parallelism (``stage1.``)."""
         self.records: dict[str, SiteRecord] = {}
         self.recording = True
         self.registered_pools = registered_pools or {}
-        """Group name -> the NCCL memory pools its DDP buffers are registered in (``registered_pools``)."""
         self._bucket_tags: dict[int, str] = {}
         self._fsdp_buffers: dict[int, int] = {}
         self._module_names: dict[int, str] = {}
@@ -124,15 +117,13 @@ class SiteRegistry:
         self._streams: dict[tuple[str, str, bool], Stream] = {}
         self._keep: list[Any] = []
 
-    # -------------------------------------------------------------- structure
     def bind_model(self, model_chunks: Iterable[Any]) -> int:
-        """Tags every DDP bucket group ``chunk{c}.bucket{i}`` / ``expert_bucket{i}``; returns the count (a Megatron-FSDP
-        chunk counts one, its buckets tagged by ``fsdp_bucket_tags``)."""
+        """Tags DDP bucket groups ``chunk{c}.bucket{i}`` / ``expert_bucket{i}``; the count (Megatron-FSDP chunk: 1)."""
         n = 0
         for c, chunk in enumerate(model_chunks):
             self.name_modules(chunk, prefix=f"chunk{c}.")
             buffer = getattr(chunk, "param_and_grad_buffer", None)
-            if buffer is not None and hasattr(buffer, "parameter_groups"):  # Megatron-FSDP
+            if buffer is not None and hasattr(buffer, "parameter_groups"):
                 self._fsdp_buffers[id(buffer)] = c
                 self._keep.append(buffer)
                 n += 1
@@ -176,13 +167,10 @@ class SiteRegistry:
         return site
 
     def fsdp_bucket_tags(self, buffer: Any) -> list[str] | None:
-        """Tag of each bucket of a Megatron-FSDP ``ParamAndGradBuffer`` (by bucket id), or None when not bound.
-
-        ``_get_parameter_groups`` makes one group per FSDP unit and kind (megatron-core 0.16.1
-        ``distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:1271-1502``, 0.17.1 / 0.18.2 ``:1349-1580``; key
-        0.16.1 ``:1475-1497``). Units in backward order as in ``sim/workload_fsdp.py``: ``{stage}chunk{c}.bucket{u}`` /
-        ``expert_bucket{u}``; buckets outside every unit ``chunk{c}.root_bucket{j}``.
-        """
+        """Tag per bucket of a bound Megatron-FSDP ``ParamAndGradBuffer``, else None. Units in backward order as in
+        ``sim/workload_fsdp.py``: ``{stage}chunk{c}.bucket{u}`` / ``expert_bucket{u}``, else ``chunk{c}.root_bucket{j}``
+        (``_get_parameter_groups``: a group per unit and kind; megatron-core 0.16.1 ``:1271-1502``, key ``:1475-1497``;
+        0.17.1 / 0.18.2 ``:1349-1580`` of ``distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py``)."""
         c = self._fsdp_buffers.get(id(buffer))
         if c is None:
             return None
@@ -204,7 +192,6 @@ class SiteRegistry:
         """The structural tag of a bucket group, or None when ``bind_model`` did not see it."""
         return self._bucket_tags.get(id(bucket_group))
 
-    # -------------------------------------------------------------- iterations
     def start_iteration(self, *, record: bool = True) -> None:
         """Forgets the previous iteration's records and restarts every call stream; ``record=False``: no records."""
         self.records = {}
@@ -219,7 +206,6 @@ class SiteRegistry:
                 m = self.num_microbatches if per_mb else 1
                 s.period = s.count // m if s.count % m == 0 else s.count
 
-    # -------------------------------------------------------------- ids
     def stream(self, group: GroupInfo, kind: str, *, per_microbatch: bool = True) -> Stream:
         """The call stream (group, kind), created on first use and never replaced."""
         key = (group.name, kind, per_microbatch)
@@ -278,7 +264,7 @@ def dtype_name(tensor: Any) -> str:
         tensor = tensor[0] if tensor else None
     dtype = getattr(tensor, "dtype", "unknown")
     name = _DTYPE_NAMES.get(dtype)
-    if name is None:  # formatted once per dtype
+    if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
     return name
 
@@ -332,8 +318,7 @@ def bucket_parts(tensors: list[Any]) -> tuple[tuple[str, int], ...]:
 
 
 def bucket_registration(bucket_group: Any, pools: list | None) -> str:
-    """``CollectiveSite.registered`` of a bucket group: ``""`` (no ``nccl_ub``), ``pool``, ``symmetric``,
-    or ``fixed`` (pools unknown: megatron-core before 0.18 keeps no handle)."""
+    """``registered`` of a bucket group: ``""`` (no ``nccl_ub``), ``pool``, ``symmetric``, ``fixed`` (mcore < 0.18)."""
     if not getattr(bucket_group.ddp_config, "nccl_ub", False):
         return ""
     if not pools:

@@ -1,12 +1,9 @@
-"""Where Transformer Engine, torch FSDP2 and Megatron-FSDP issue the collectives lagom hooks (names only; no patching).
-
-Checked against TE v2.18 and torch 2.6-2.14. TE ``_Linear`` / ``_LayerNormLinear`` / ``_LayerNormMLP`` backward
-issues async SP collectives (``linear.py:947-951,1064-1068``, ``layernorm_linear.py:764-768,881-885``,
-``layernorm_mlp.py:1189-1193,1587-1591``) via ``torch.distributed`` (``distributed.py:1784-1789,948-950``;
-all-reduce ``:2025``); quantized gathers are globals (``:1709-1749``); ``flash_attn_p2p_communicate``
-(``context_parallel.py:96-135``) is looked up at ``:1707,2469,2493``. mc0.16.1: ``extensions/transformer_engine.py``
-subclasses the modules; ``distributed/torch_fully_sharded_data_parallel.py:120-146`` applies FSDP2 ``fully_shard``.
-"""
+"""Where TE, FSDP2 and Megatron-FSDP issue the collectives lagom hooks (names only; TE v2.18, torch 2.6-2.14). TE's
+``_Linear`` / ``_LayerNormLinear`` / ``_LayerNormMLP`` backward: async SP collectives (``linear.py:947-951,1064-1068``,
+``layernorm_linear.py:764-768,881-885``, ``layernorm_mlp.py:1189-1193,1587-1591``) via ``torch.distributed``
+(``distributed.py:1784-1789,948-950``; all-reduce ``:2025``); quantized gathers: globals (``:1709-1749``); TE's
+``flash_attn_p2p_communicate`` (``context_parallel.py:96-135``) is looked up at ``:1707,2469,2493``. mc0.16.1
+``extensions/transformer_engine.py`` wraps them; FSDP2: ``distributed/torch_fully_sharded_data_parallel.py:120-146``."""
 
 from __future__ import annotations
 
@@ -52,7 +49,6 @@ _DPA_MODULES = ("attention.dot_product_attention.dot_product_attention", "attent
 
 
 def _import(name: str) -> ModuleType | None:
-    """``importlib.import_module(name)``; None when missing or failing (logged: TE whose CUDA libraries do not load)."""
     try:
         return importlib.import_module(name)
     except ImportError:
@@ -121,8 +117,7 @@ MEGATRON_FSDP_MODULES = (
     "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer",
     "megatron_fsdp.param_and_grad_buffer",
 )
-"""Megatron-FSDP in megatron-core (0.16.1-0.18.2; ``distributed/fsdp/mcore_fsdp_adapter.py:48``) and in
-``megatron-fsdp``."""
+"""Megatron-FSDP in megatron-core 0.16.1-0.18.2 (``distributed/fsdp/mcore_fsdp_adapter.py:48``) and megatron-fsdp."""
 
 
 def find_megatron_fsdp() -> list[ModuleType]:

@@ -1,10 +1,6 @@
-"""The torch and megatron-core versions lagom is tested with, and those this process would import.
-
-Ranges: ``make test-min`` / ``test-max`` (docs/training.md), equal to ``pyproject.toml``'s (``test_versions.py``).
-megatron-core 0.19.0 ``distributed/param_and_grad_buffer.py:632`` (main ``:638``) calls
-``torch.cuda.current_stream()`` in ``start_grad_sync``, failing every CPU test; torch 2.15 is untested. Versions are
-read from the source Python would import (a checkout on ``PYTHONPATH`` shadows pip's), without importing it.
-"""
+"""Tested torch / megatron-core ranges (``make test-min`` / ``test-max``, docs/training.md; ``pyproject.toml``) and the
+versions Python would import, read without importing. megatron-core 0.19.0 ``distributed/param_and_grad_buffer.py:632``
+(main ``:638``) calls ``torch.cuda.current_stream()`` in ``start_grad_sync``: CPU tests fail; torch 2.15 is untested."""
 
 from __future__ import annotations
 
@@ -19,15 +15,12 @@ TESTED_TORCH = ("2.6.0", "2.15")
 """torch versions lagom is tested with: ``>= [0]`` and ``< [1]`` (release part only)."""
 
 TESTED_MEGATRON_CORE = ("0.16.1", "0.19")
-"""megatron-core versions lagom is tested with: ``>= [0]`` and ``< [1]``."""
 
 ALLOW_UNTESTED_ENV = "LAGOM_ALLOW_UNTESTED_VERSIONS"
-"""Set to 1 to run with versions outside the tested ranges (as ``--lagom-allow-untested-versions``)."""
 
 
 def release(version: str) -> tuple[int, ...]:
-    """The release numbers of a version string: ``"2.8.0a0+nv25"`` -> (2, 8, 0); ValueError when it does not start with
-    a dotted number."""
+    """Release numbers: ``"2.8.0a0+nv25"`` -> (2, 8, 0); ValueError unless it starts with a dotted number."""
     m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
     if not m:
         raise ValueError(f"not a version number: {version!r}")
@@ -62,7 +55,7 @@ class InstalledVersion:
 def _module_dir(module: str) -> Path | None:
     try:
         spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):  # a parent package that is missing or broken
+    except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -70,7 +63,6 @@ def _module_dir(module: str) -> Path | None:
 
 
 def _assignments(path: Path) -> dict[str, object]:
-    """Top-level ``NAME = literal`` assignments of a Python file (without running it)."""
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
@@ -90,8 +82,7 @@ def _is_checkout(path: Path) -> bool:
 
 
 def installed_megatron_core() -> InstalledVersion | None:
-    """megatron-core as ``import megatron.core`` would load it (``MAJOR.MINOR.PATCH`` + ``PRE_RELEASE`` of its
-    ``package_info.py``, 0.16.1 to main), or None."""
+    """megatron-core as ``import megatron.core`` loads it (its ``package_info.py``, 0.16.1 to main), or None."""
     mdir = _module_dir("megatron.core")
     if mdir is None:
         return None
@@ -132,8 +123,8 @@ class UntestedVersionError(RuntimeError):
 
 
 def check_versions(*, allow_untested: bool = False) -> list[str]:
-    """Refuses a torch or megatron-core outside the tested ranges (UntestedVersionError naming each, where from, the
-    range and the override); with ``allow_untested`` or ``LAGOM_ALLOW_UNTESTED_VERSIONS=1`` returns them as warnings."""
+    """Refuses an untested torch / megatron-core (UntestedVersionError: each, its range, the override); with
+    ``allow_untested`` or ``LAGOM_ALLOW_UNTESTED_VERSIONS=1``, returns them as warnings."""
     problems = untested_versions()
     if not problems:
         return []

@@ -1,8 +1,5 @@
-"""The report's figure (``<report stem>.png``), in milliseconds.
-
-Top: each verification arm's median with its min-max range, predicted times as hollow markers, and a band from
-``defaults - needed`` to the defaults' median. Bottom: region times of the ``MAX_SITES`` sites that changed most.
-"""
+"""The report's figure (``<report stem>.png``, ms): arm medians with min-max ranges, predictions as hollow markers, a
+band from ``defaults - needed`` to the defaults' median; below, region times of the ``MAX_SITES`` most changed sites."""
 
 from __future__ import annotations
 
@@ -13,7 +10,6 @@ from typing import Any
 from lagom_megatron.engine.files import write_atomic
 
 MAX_SITES = 12
-"""Sites shown in the lower panel (the largest changes; the table lists every site)."""
 
 
 def _ms(v: Any) -> float:

@@ -1,8 +1,5 @@
-"""``--lagom-report``: what a ``--lagom`` run measured and decided, as a table and a figure (milliseconds).
-
-Iteration level (median per verification arm, half-range spread, gain vs the gain needed) and per-site region
-times, measured and predicted; ``.md`` / ``.csv`` / ``.json`` by suffix plus ``<stem>.png``, written atomically.
-"""
+"""``--lagom-report``: what a ``--lagom`` run measured and decided (ms), per verification arm (median, half-range
+spread, gain vs needed) and per site (region times); ``.md`` / ``.csv`` / ``.json`` by suffix, plus ``<stem>.png``."""
 
 from __future__ import annotations
 
@@ -148,8 +145,7 @@ def column_totals(rows: list[SiteRow], summary: dict[str, Any]) -> dict[str, tup
 def verdict_rule_text(
     noise_rule: str, n_pairs: int, min_gain: float, default_us: float, spread_us: float, n_looks: int = 1
 ) -> str:
-    """How ``engine.verify.verdict`` decided under ``noise_rule`` (after its fallback), in words and ms; inputs in us,
-    ``min_gain`` a fraction, ``n_looks`` the looks the 5% false-accept rate was split over."""
+    """How ``engine.verify.verdict`` decided under ``noise_rule``, in words, ms (inputs us, ``min_gain`` a fraction)."""
     floor = f"the minimum gain ({min_gain:.1%} of the defaults' median: {_ms(min_gain * default_us)} ms)"
     if noise_rule == "paired" and n_looks > 1:
         p = 1.0 - ALPHA / n_looks
@@ -177,11 +173,7 @@ def verdict_rule_text(
 def verdict_summary(
     plan_us: list[float], default_us: list[float], *, min_gain: float, noise_rule: str, n_looks: int = 1
 ) -> dict[str, Any]:
-    """The report's verdict fields, from ``engine.verify.verdict`` with the tuner's settings (times in us).
-
-    ``noise_rule`` is the rule applied (``paired`` falls back to ``half-range`` below two pairs). Raises what
-    ``engine.verify.verdict`` raises.
-    """
+    """Verdict fields (us) of ``engine.verify.verdict`` (may raise); ``paired`` under two pairs: ``half-range``."""
     v = verdict(plan_us, default_us, min_gain=min_gain, noise_rule=noise_rule, n_looks=n_looks)  # type: ignore[arg-type]
     n = min(len(plan_us), len(default_us))
     applied = "half-range" if noise_rule == "paired" and n < 2 else noise_rule
@@ -242,7 +234,7 @@ def render_markdown(rows: list[SiteRow], summary: dict[str, Any]) -> str:
             f"- sites tuned: {n_tuned} of {len(rows)} (config differs from the default: {default}); "
             f"{n_gain} with a predicted gain"
         )
-    else:  # the defaults ran (fell back, or tuning never finished): nothing is tuned
+    else:
         lines.append(
             f"- sites tuned: 0 of {len(rows)} (the defaults were kept: {default}); the plan would change "
             f"{n_tuned} ({n_gain} with a predicted gain), tuned 'not applied' below"
@@ -263,7 +255,7 @@ def render_markdown(rows: list[SiteRow], summary: dict[str, Any]) -> str:
     lines.append(
         f"| profiled default iteration (one iteration, profiler on) | {_ms(s.get('default_iteration_us'))} | |"
     )
-    if s.get("verdict_figures"):  # the verdict's own figures and the rule it applied (verdict_summary)
+    if s.get("verdict_figures"):
         lines += ["", f"- gain (defaults - plan): {s['verdict_figures']}", f"- rule: {s.get('verdict_rule')}"]
     else:
         lines += ["", "- gain (defaults - plan): - (no verification in this run)"]
@@ -336,8 +328,7 @@ def render_csv(rows: list[SiteRow], applied: bool = True) -> str:
 
 
 def report_path_for(path: str | os.PathLike, run_kind: str) -> Path:
-    """Where a run of ``run_kind`` writes its report: ``path`` when ``tuned``, else the first free
-    ``<stem>.<run_kind>-<n><suffix>``."""
+    """``path`` for a ``tuned`` run, else the first free ``<stem>.<run_kind>-<n><suffix>``."""
     path = Path(path)
     if run_kind == "tuned":
         return path
@@ -352,8 +343,7 @@ def report_path_for(path: str | os.PathLike, run_kind: str) -> Path:
 def write_report(
     path: str | os.PathLike, rows: list[SiteRow], summary: dict[str, Any], *, figure: bool = True
 ) -> list[Path]:
-    """Writes the report by ``path``'s suffix (.md, .csv, .json; else ValueError) and, with ``figure``, ``<stem>.png``;
-    returns the paths written."""
+    """Writes the report by ``path``'s suffix (.md, .csv, .json; else ValueError) and ``<stem>.png``; the paths."""
     path = Path(path)
     suffix = path.suffix.lower()
     applied = summary.get("phase") == "applied"
@@ -424,8 +414,7 @@ def run_kind(ctl: RunView) -> str:
 
 
 def run_summary(ctl: RunView) -> dict[str, Any]:
-    """JSON-ready state of the run for the report (us; paths only of existing files), verdict fields recomputed by
-    ``verdict_summary`` with the tuner's own settings."""
+    """JSON-ready state of the run for the report (us; paths of existing files only; verdict fields recomputed)."""
     tuner = ctl.tuner
     out: dict[str, Any] = tuner.summary() if tuner is not None else {"phase": ctl.mode, "method": ctl.method}
     kind = run_kind(ctl)
@@ -436,7 +425,7 @@ def run_summary(ctl: RunView) -> dict[str, Any]:
         backend=ctl.backend,
         cluster=ctl.cluster.name if ctl.cluster is not None else None,
     )
-    if ctl.applier is not None:  # pool counts, capabilities; a failed apply means defaults everywhere
+    if ctl.applier is not None:
         out.update(ctl.applier.summary_part())
     search = out.get("search") or {}
     for key in ("predicted_iteration_us", "predicted_default_iteration_us"):
@@ -483,7 +472,6 @@ def run_summary(ctl: RunView) -> dict[str, Any]:
             f"{'up to ' if len(tuner.verify_looks) > 1 else ''}{tuner.total_iters} iterations; "
             "defaults kept"
         )
-    # only files that exist: a run that never saved a plan or a profile does not name one
     out["plan_path"] = str(ctl.files.plan_path) if ctl.files.plan_path.is_file() else None
     out["profile_path"] = str(ctl.files.profile_path) if ctl.files.profile_path.is_file() else None
     if plan is not None:

@@ -1,9 +1,6 @@
-"""The files of one ``--lagom`` run, and lagom's log lines.
-
-Run directory: ``--lagom-plan``'s folder, else ``./lagom_out/<preset or run>``; rank 0 writes, ``consensus`` shares
-what it read. A plan this run cannot reuse is moved aside with every file it would overwrite, under one tag and
-never replacing a file; if it cannot be moved, this run writes none of them.
-"""
+"""The files of one ``--lagom`` run, and lagom's log lines. Run directory: ``--lagom-plan``'s folder, else
+``./lagom_out/<preset or run>``; rank 0 writes, ``consensus`` shares what it read. A plan this run cannot reuse moves
+aside with every file it would overwrite (one tag, never replacing a file), else this run writes none of them."""
 
 from __future__ import annotations
 
@@ -16,19 +13,16 @@ from typing import Any
 
 DEFAULT_RUN_DIR = "lagom_out"
 TUNER_TABLE = r"tuner_table\.rank\d+\.csv"
-"""Names of the tuner plugin's tables in the run directory, one per rank."""
 RUN_KINDS = ("tuned", "reused", "unfinished", "interrupted")
-"""How a run ended, which names its report: ``tuned``; ``reused``: a saved plan; ``unfinished``: ``--train-iters``
-ended first; ``interrupted``: an error or signal stopped training."""
+"""How a run ended (names its report): ``tuned``; ``reused``: a saved plan; ``unfinished``: ``--train-iters`` ended
+first; ``interrupted``: an error or signal."""
 STAYS = " (the other plan could not be moved aside: it stays, and this run saves no plan, profile or report over it)"
-"""End of the fingerprint warning when the other plan's files could not be moved (``keep_user_file``)."""
 
 
 def say(msg: str) -> None:
     """Prints a lagom log line on rank 0 (Megatron's style: one line, fields split by `` | ``)."""
     if int(os.environ.get("RANK", "0")) == 0:
-        # one write per line: under `python -u` print() writes the text and the newline apart, and
-        # another rank's line (the last rank logs iterations) can land in between
+        # one write: under `python -u` print() writes text and newline apart; another rank's line can land between
         sys.stdout.write(msg + "\n")
         sys.stdout.flush()
 
@@ -52,11 +46,8 @@ NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, err
 
 
 def rename_no_replace(src: Path, dst: Path) -> None:
-    """Renames ``src`` to ``dst`` (a symlink itself), never replacing ``dst``; nothing changes when it raises.
-
-    ``os.link`` + ``unlink``, or without hard links a checked ``os.rename`` (``training.preflight_files``' plan lock
-    keeps other writers out). Raises FileExistsError when ``dst`` exists, OSError when ``src`` cannot be moved.
-    """
+    """Renames ``src`` to ``dst`` (a symlink itself), never replacing, all or nothing: ``os.link`` + ``unlink``, or a
+    checked ``os.rename`` (``training.preflight_files`` lock). FileExistsError: ``dst`` exists; OSError: can't move."""
     try:
         os.link(src, dst, follow_symlinks=False)
     except FileExistsError:
@@ -99,8 +90,7 @@ def plan_problem(plan: Any, cluster: Any) -> str | None:
 
 
 class RunFiles:
-    """Paths of one run's files and reading / writing them (only ``rank`` 0 writes shared files); ``keep_user_file``:
-    a plan that could not be reused could not be moved aside either."""
+    """A run's file paths, read and written (shared ones by rank 0); ``keep_user_file``: a plan not moved aside."""
 
     def __init__(
         self,
@@ -114,7 +104,6 @@ class RunFiles:
         self.plan_path = Path(plan_path) if plan_path else self.run_dir / "plan.json"
         self.profile_path = self.run_dir / "profile.json"
         self.tuner_table = self.run_dir / f"tuner_table.rank{rank}.csv"
-        """This rank's copy of the plan as the tuner plugin reads it (``NcclPoolBackend.load_table`` writes it)."""
         self.report_path = Path(report_path) if report_path else self.run_dir / "report.md"
         self.plan_given = bool(plan_path)
         self.report_given = bool(report_path)
@@ -123,8 +112,7 @@ class RunFiles:
         self._held: set[Path] = set()
 
     def plan_files(self, *, existing: bool = True) -> list[Path]:
-        """The existing files that go with the plan (all fixed paths if not ``existing``), plan first: ``plan.env``, the
-        profile, the reports (``report.reused-<n>.md`` too) and their PNGs, the tuner tables."""
+        """Plan files, plan first (all paths unless ``existing``): plan.env, profile, reports + PNGs, tuner tables."""
         from lagom_megatron.nccl.env_file import env_file_path
 
         def named(folder: Path, pattern: str) -> list[Path]:
@@ -159,8 +147,7 @@ class RunFiles:
         ]
 
     def name_clash(self) -> str | None:
-        """Why two files of this run would be one file (same path, symlink or hard link; a given path named as a tuner
-        table or a numbered report), or None."""
+        """Why two of this run's files would be one (same path, symlink, hard link; named as tuner table / report)."""
 
         def same(a: Path, b: Path) -> bool:
             if os.path.realpath(a) == os.path.realpath(b):
@@ -168,8 +155,8 @@ class RunFiles:
             return a.exists() and b.exists() and os.path.samefile(a, b)
 
         outputs = self.outputs()
-        given = [(what, path) for what, path, why in reversed(outputs) if why is None]  # the report first: it
-        # is the one to rename when it names the plan (the plan may hold a search's result)
+        # the report first: it is the one to rename when it names the plan (the plan may hold a search's result)
+        given = [(what, path) for what, path, why in reversed(outputs) if why is None]
         for what, path in given:
             for other, other_path, why in outputs:
                 if other_path is path or (other == "the report's figure" and what == "--lagom-report"):
@@ -179,7 +166,7 @@ class RunFiles:
                         f"{what} {str(path)!r} is the same file as {other} {str(other_path)!r}"
                         f"{f' ({why})' if why else ''}: one would replace the other; give {what} another file name"
                     )
-        kinds = [k for k in RUN_KINDS if k != "tuned"]  # a tuning run's report is report_path itself
+        kinds = [k for k in RUN_KINDS if k != "tuned"]
         stem, suffix = self.report_path.stem, self.report_path.suffix
         numbered = rf"{re.escape(stem)}\.({'|'.join(kinds)})-\d+{re.escape(suffix)}"
         for what, path in given:
@@ -205,12 +192,8 @@ class RunFiles:
         return Path(path) not in self._held
 
     def saved_plan(self, fingerprint: dict[str, Any], cluster: Any = None) -> Any:
-        """The plan saved at ``plan_path`` if this run can reuse it, the same on every rank. Collective.
-
-        None when there is none or it cannot be reused; rank 0 moves it aside as ``plan.corrupt-<sha>.json``,
-        ``plan.invalid-<digest>.json`` (:func:`plan_problem`) or ``plan.<digest>.json`` (another fingerprint). Raises
-        ``consensus.PlanDisagreement`` when the ranks' copies differ.
-        """
+        """Collective: the saved plan if reusable, else None (rank 0 moves it to ``plan.corrupt-<sha>.json``,
+        ``plan.invalid-<digest>.json`` or ``plan.<digest>.json``); ``consensus.PlanDisagreement``: copies differ."""
         from lagom_megatron.config.plan_files import load_plan
         from lagom_megatron.engine.plan import Plan, shown
         from lagom_megatron.megatron import consensus
@@ -255,7 +238,6 @@ class RunFiles:
         return consensus.agree_plan(plan if plan is not None else Plan(entries={}), from_dict=Plan.from_dict)
 
     def _move_earlier_files(self) -> None:
-        """Without a plan at ``plan_path``: moves the other :meth:`plan_files` aside as ``earlier-<sha>`` (rank 0)."""
         sources = self.plan_files()
         if not sources:
             return
@@ -272,8 +254,7 @@ class RunFiles:
             )
 
     def _move_aside(self, tag: str) -> str | None:
-        """Moves the existing :meth:`plan_files` to ``<stem>.<tag>[-n]<suffix>``, all or nothing (rank 0); returns the
-        files moved for the log line, or None (then ``keep_user_file`` is set)."""
+        """Moves :meth:`plan_files` to ``<stem>.<tag>[-n]<suffix>``, all or none; None: ``keep_user_file``."""
         sources = self.plan_files()
         base, n = tag, 1
         while any(os.path.lexists(aside_name(p, tag)) for p in sources):
@@ -304,7 +285,7 @@ class RunFiles:
         once per process); a knob outside NCCL's domain is logged and left out."""
         from lagom_megatron.nccl.env_file import env_file_path, write_plan_env_file
 
-        if not self.may_write(self.plan_path):  # a plan that could not be moved aside is never overwritten
+        if not self.may_write(self.plan_path):
             say(f"lagom: WARNING: plan not saved: {self.plan_path} could not be reused nor moved aside")
             return
         plan.save(self.plan_path)
@@ -328,8 +309,7 @@ class RunFiles:
 
 
 def run_fingerprint(args: Any, *, backend: str, cluster: str) -> dict[str, Any]:
-    """The model and layout values of ``args`` plus world size, backend, cluster, torch and megatron-core
-    versions, as a JSON-ready dict."""
+    """The model and layout values of ``args`` plus world size, backend, cluster, torch and megatron-core versions."""
     import torch
 
     from lagom_megatron.megatron.hooks.versions import installed_megatron_core

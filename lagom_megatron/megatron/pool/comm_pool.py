@@ -1,6 +1,5 @@
-"""Communicator pool: process groups over the same ranks as a Megatron group, one per communicator-scope
-configuration (docs/nccl.md); created by every rank in one sorted order, as ``new_group`` requires.
-"""
+"""Communicator pool: process groups over the same ranks as a Megatron group, one per communicator-scope configuration
+(docs/nccl.md); created by every rank in one sorted order, as ``new_group`` requires."""
 
 from __future__ import annotations
 
@@ -88,14 +87,11 @@ class CommPool:
         self.budget_bytes = budget_bytes
         self._entries: dict[tuple[str, Hashable], Any] = {}
         self._created: dict[_EntryId, Any] = {}
-        """Every entry created on this rank's side (also those it is not a member of) -> its group."""
         self._names: dict[int, str] = {}
-        """id of each live member entry -> its communicator's name (``comm_key``)."""
         self._bytes: dict[_EntryId, int] = {}
         self._keys: dict[tuple[CommConfig, str | None], Hashable | None] = {}
         self.stats = {"created": 0, "destroyed": 0}
         self.registered = registered or {}
-        """Group name -> the NCCL memory pools its communicator registered; its entries register them too."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -259,8 +255,7 @@ class CommPool:
         return self._names.get(id(group))
 
     def group_for(self, info: GroupInfo, config: CommConfig) -> Any | None:
-        """The pool entry of ``info``'s group for ``config`` (None: the group itself); KeyError when
-        ``prepare`` did not create it."""
+        """``info``'s pool entry for ``config`` (None: the group itself); KeyError if ``prepare`` did not create it."""
         key = self.key(config, info.name)
         if key is None:
             return None
@@ -284,9 +279,8 @@ def rules_for(
     capabilities: Capabilities | None = None,
     pool_budget_bytes: int | None = None,
 ) -> KnobRules:
-    """The knob rules of ``backend`` (gloo, nccl, sim) on ``cluster``; with agreed ``capabilities`` (NCCL),
-    their mechanism and runtime NCCL version. ``pool_budget_bytes`` caps channel domains (``nccl.budget``).
-    ValueError for an unknown backend, a mechanism it does not have, or a cluster of another backend."""
+    """Knob rules of ``backend`` (gloo, nccl, sim) on ``cluster``, with agreed NCCL ``capabilities`` (mechanism,
+    version); ``pool_budget_bytes`` caps channels (``nccl.budget``). ValueError: bad backend, mechanism or cluster."""
     if backend == "gloo":
         return GlooRules(cluster, mechanism=mechanism or "gloo")
     if backend in ("nccl", "sim"):

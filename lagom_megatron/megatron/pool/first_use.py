@@ -1,10 +1,8 @@
-"""The first call of each site on a pool entry, guarded: NCCL refuses some algorithms only at enqueue.
-NVLS without a kernel for the reduction (NVIDIA/nccl v2.30.7 ``src/include/device.h:587-601``) or PAT
-under an offloading net plugin (``src/graph/tuning.cc:215-221``) leave no algorithm: ``ncclInvalidUsage`` /
-``ncclInternalError`` (``src/enqueue.cc:2052-2066``). A blocking communicator stays usable after it
-(``src/group.cc:395-453``). Only that refusal, the same on every rank, is re-issued on the own group;
-any other error propagates (re-issuing on one rank would hang).
-"""
+"""First call of each site on a pool entry, guarded: NCCL refuses some algorithms only at enqueue. NVLS without a kernel
+for the reduction (NVIDIA/nccl v2.30.7 ``src/include/device.h:587-601``) or PAT under an offloading net plugin
+(``src/graph/tuning.cc:215-221``) leave no algorithm: ``ncclInvalidUsage`` / ``ncclInternalError``
+(``src/enqueue.cc:2052-2066``); a blocking communicator stays usable (``src/group.cc:395-453``). Only that refusal,
+alike on every rank, is re-issued on the own group; other errors propagate."""
 
 from __future__ import annotations
 
@@ -20,15 +18,12 @@ REFUSALS: tuple[str, ...] = ("invalid usage", "internal error")
 
 
 def refusal(exc: BaseException) -> bool:
-    """Whether ``exc`` is NCCL's refusal of a call's algorithm as torch raises it: ``ProcessGroupNCCL``'s
-    ``C10D_NCCL_CHECK*``, or ``AutoNcclGroup``'s destructor at a coalescing manager's exit."""
+    """Whether ``exc`` is NCCL's refusal as torch raises it (``C10D_NCCL_CHECK*``, ``AutoNcclGroup``'s destructor)."""
     text = str(exc).lower()
     return any(r in text for r in REFUSALS)
 
 
 class _BucketCall:
-    """The guarded first call of a bucket group and the ``(fn, args, kwargs, group index)`` it queued."""
-
     __slots__ = ("site_id", "entry", "own", "calls")
 
     def __init__(self, site_id: str, entry: Any, own: Any) -> None:
@@ -37,8 +32,7 @@ class _BucketCall:
 
 
 class FirstUse:
-    """The first-use guard of one rank; ``armed`` is the same on every rank. ``queued``: torch's open
-    coalescing managers (group -> queued calls)."""
+    """The first-use guard of one rank (``armed`` alike on every rank); ``queued``: torch's open coalescing managers."""
 
     def __init__(self, queued: dict | None = None) -> None:
         self.armed = False
@@ -46,9 +40,7 @@ class FirstUse:
         self.refused: set[str] = set()
         """Sites whose first call NCCL refused: their calls go to their own group until the check."""
         self.failures: list[tuple[str, str]] = []
-        """(site id, error) of each refused first call this round."""
         self.pending: _BucketCall | None = None
-        """The bucket group whose guarded first call runs now, or None."""
         self.queued = {} if queued is None else queued
 
     def arm(self) -> None:
@@ -82,9 +74,8 @@ class FirstUse:
     def guard_bucket(
         self, site_id: str, orig: Callable[..., Any], owner: Any, attr: str, own: Any
     ) -> Callable[..., Any]:
-        """``start_grad_sync`` / ``start_param_sync`` of a bucket group routed by swapping ``owner.<attr>``.
-        Re-calling it would scale the gradients twice (core_v0.16.1 ``param_and_grad_buffer.py:382-392``;
-        core_v0.18.2 also copies ``main_grad``), so the first call guards its coalescing manager instead."""
+        """``start_*_sync`` of a bucket group routed by swapping ``owner.<attr>``; re-calling doubles the gradient
+        scaling (core_v0.16.1 ``param_and_grad_buffer.py:382-392``), so its manager is guarded."""
         if site_id in self.refused:
 
             def on_own(*a: Any, **k: Any) -> Any:
@@ -158,8 +149,7 @@ class FirstUse:
         self.failures.append((site_id, f"{type(exc).__name__}: {exc}"))
 
     def check(self, *, disarm: bool = True) -> None:
-        """Raises RuntimeError (names each site and NCCL's error) when a first call failed on this rank;
-        ``disarm`` ends the guarded round."""
+        """RuntimeError (naming each site and NCCL's error) when a first call failed here; ``disarm`` ends the round."""
         failures = self.failures
         if disarm or failures:
             self.armed, self.seen, self.failures, self.refused = False, set(), [], set()

@@ -1,8 +1,6 @@
-"""gloo (the CPU backend): knob rules, pool entries with more worker threads, calls split into pieces.
-``n_channels`` = worker threads (``ProcessGroupGloo`` options ``_threads``, torch default 2), per
-communicator; ``chunk_size`` = piece bytes, per call. Splitting is elementwise: bit-identical sums for
-two ranks, last-bit differences beyond. ``GlooRules`` needs no torch.
-"""
+"""gloo (the CPU backend): knob rules, pool entries with more worker threads, calls split into pieces. ``n_channels`` =
+worker threads (``ProcessGroupGloo`` ``_threads``, torch default 2) per communicator; ``chunk_size`` = piece bytes per
+call. Elementwise splits: bit-identical sums for two ranks, last-bit differences beyond. No torch for ``GlooRules``."""
 
 from __future__ import annotations
 
@@ -46,7 +44,6 @@ class GlooRules:
             )
 
     def scope(self, knob: str) -> Scope | None:
-        """``communicator`` for worker threads, ``call`` for chunk size, else None; ValueError for an unknown knob."""
         if knob not in KNOB_ORDER:
             raise ValueError(f"knob must be one of {list(KNOB_ORDER)}; got {knob!r}")
         return GLOO_SCOPES.get(knob)
@@ -54,26 +51,21 @@ class GlooRules:
     def domains(
         self, *, op: str, n_nodes: int = 1, group_size: int = 2, reduce_op: str | None = None
     ) -> dict[str, tuple]:
-        """1, 2 or 4 worker threads and three piece sizes (or no split), the same for every op."""
         out: dict[str, tuple] = {k: (None,) for k in KNOB_ORDER}
         out["n_channels"] = (1, 2, 4)
         out["chunk_size"] = (None,) + chunk_domain(None, "gloo")
         return out
 
     def site_domains(self, site: Any) -> tuple[dict[str, tuple], str]:
-        """``domains`` of the site's op (independent of reduction and dtype)."""
         return self.domains(op=site.op, n_nodes=site.n_nodes, group_size=site.group_size), ""
 
     def for_sites(self, sites: Any) -> GlooRules:
-        """Themselves: gloo's domains do not depend on the sites."""
         return self
 
     def probe_configs(self) -> list[CommConfig]:
-        """1 and 4 worker threads, and 2 threads with 1 MiB pieces."""
         return [CommConfig(n_channels=1), CommConfig(n_channels=4), CommConfig(n_channels=2, chunk_size=1048576)]
 
     def applicable(self, config: CommConfig, *, op: str) -> CommConfig:
-        """Only the worker threads and the chunk size of ``config``."""
         return CommConfig(n_channels=config.n_channels, chunk_size=config.chunk_size)
 
     def validate(
@@ -86,8 +78,6 @@ class GlooRules:
         reduce_op: str | None = None,
         dtype: str | None = None,
     ) -> None:
-        """Checks ``config``: 1..16 worker threads, chunks a multiple of 4 KiB, no other knob; ValueError
-        names the first knob gloo does not have or whose value is out of range."""
         c = config
         for knob in (
             "algorithm",
@@ -108,13 +98,11 @@ class GlooRules:
             raise invalid_value("chunk_size", c.chunk_size, f"a multiple of {GLOO_CHUNK_MIN} bytes")
 
     def process_env(self, chosen: dict[str, list[int]]) -> dict[str, str]:
-        """Nothing: gloo has no process-scope knob."""
         return {}
 
 
 class GlooPoolBackend:
-    """``comm_pool.PoolBackend`` on gloo: ``n_channels`` -> worker threads of a new gloo group; no device memory,
-    nothing to register or verify."""
+    """``comm_pool.PoolBackend`` on gloo: ``n_channels`` -> worker threads of a new gloo group; no device memory."""
 
     name = "gloo"
     MAX_THREADS = GLOO_MAX_THREADS
@@ -128,7 +116,7 @@ class GlooPoolBackend:
         if not 1 <= int(n) <= self.MAX_THREADS:
             raise ValueError(f"gloo n_channels (worker threads) must be in 1..{self.MAX_THREADS}; got {n}")
         if int(n) == self.DEFAULT_THREADS:
-            return None  # the group's own communicator already has that many threads
+            return None
         return ("threads", int(n))
 
     def estimate_bytes(self, config: CommConfig, group: str | None = None) -> int:
@@ -162,11 +150,8 @@ class GlooPoolBackend:
 
 @contextmanager
 def gloo_threads(n_threads: int) -> Iterator[None]:
-    """While active, gloo backends built by ``new_group`` get ``n_threads`` workers; ValueError when < 1.
-
-    torch 2.x's ``new_group`` ignores ``pg_options`` for gloo, so this swaps ``distributed_c10d.ProcessGroupGloo`` for a
-    subclass passing ``_threads`` (and torch 2.14's ``enable_reconfigure=``: 2.14.1 ``distributed_c10d.py:669-676``).
-    """
+    """While active, gloo groups from ``new_group`` get ``n_threads`` workers (ValueError < 1), by a
+    ``ProcessGroupGloo`` subclass (torch 2.x ignores gloo ``pg_options``; 2.14.1 ``distributed_c10d.py:669-676``)."""
     if n_threads < 1:
         raise ValueError(f"gloo worker threads must be >= 1; got {n_threads}")
     from torch.distributed import distributed_c10d as c10d
@@ -238,8 +223,7 @@ def in_coalescing(group: Any) -> bool:
 
 
 class GlooRecord:
-    """The gloo pool's own record of what ran (``observed``): worker threads each call ran on
-    (``options._threads``, read-only on ``ProcessGroupGloo``) and pieces issued; noted while ``on``."""
+    """What the gloo pool ran (``observed``) while ``on``: worker threads per call (``options._threads``), pieces."""
 
     def __init__(self) -> None:
         self.on = False
@@ -284,9 +268,8 @@ def chunked_call(
     group_size: int,
     observe: Callable[[int], None] | None = None,
 ) -> Any:
-    """Issues ``fn`` (a torch.distributed collective) as pieces of at most ``chunk_bytes`` bytes.
-    ``all_gather`` is not split in a coalescing manager (no place for the copy-back). Returns a
-    ``MultiWork`` when ``async_op``, else None; ``observe`` gets the largest piece's bytes (0: whole)."""
+    """Issues collective ``fn`` in pieces of at most ``chunk_bytes`` (``all_gather`` whole in a coalescing manager: no
+    copy-back); ``MultiWork`` if ``async_op``, else None; ``observe`` gets the largest piece (bytes, 0: whole)."""
 
     def whole() -> Any:
         if observe is not None:
