@@ -1,6 +1,6 @@
 """Cost model of an overlap region (docs/engine.md; fit: ``fit.py``; ours), us, GB/s; gloo: threads = CTAs, DRAM = HBM.
-    T_region = max(T_comm, T_comp + T_comm s / (1 + s));  T_comm = calls (alpha latency + beta wire_bytes / bw)
-    bw = softmin(n_eff per_channel_bw, link_bw);  s = a n_eff / (SMs - n_eff) + b hbm_bytes / T_comm / HBM bw"""
+T_region = max(T_comm, T_comp + T_comm s / (1 + s));  T_comm = calls (alpha latency + beta wire_bytes / bw)
+bw = softmin(n_eff per_channel_bw, link_bw);  s = a n_eff / (SMs - n_eff) + b hbm_bytes / T_comm / HBM bw"""
 
 from __future__ import annotations
 

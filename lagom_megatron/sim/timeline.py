@@ -33,7 +33,7 @@ class CallRecord:
 
     @property
     def dispatch_wait_us(self) -> float:
-            return self.start_us - self.ready_us
+        return self.start_us - self.ready_us
 
 
 @dataclass(slots=True)
