@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lagom_megatron.engine import cost_terms as queues
+from lagom_megatron.engine import cost_terms
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.cost_terms import (  # noqa: F401  (re-exported: the model's constants and terms)
     _A2A,
@@ -328,7 +328,7 @@ class CostModel:
                 self.comp_weights_SL[i] * region_time_us(t_call, self.comp_levels_SL[i], s_l, w_call), axis=-1
             )
         if self.queued_S is not None and self.queued_S.any():
-            region = queues.queued_region(self, i, region, t_comm)
+            region = cost_terms.queued_region(self, i, region, t_comm)
         if self.offset_S is not None:
             region = region + self.offset_S[i]
         return t_comm, s, region
@@ -348,8 +348,8 @@ class CostModel:
         self.slow_SL = np.ones_like(levels) if multi else None
 
     def mark_queues(self, empty_share: float = 0.01, queue_share: float = 0.25) -> None:
-        """Flags the sites of every communicator where collectives queue (``queues.mark_queues``)."""
-        queues.mark_queues(self, empty_share=empty_share, queue_share=queue_share)
+        """Flags the sites of every communicator where collectives queue (``cost_terms.mark_queues``)."""
+        cost_terms.mark_queues(self, empty_share=empty_share, queue_share=queue_share)
 
     def _site(self, site: CollectiveSite | str) -> int:
         key = site if isinstance(site, str) else site.site_id

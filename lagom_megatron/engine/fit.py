@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from lagom_megatron.engine import cost_terms as cross
-from lagom_megatron.engine import cost_terms as queues
+from lagom_megatron.engine import cost_terms
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.cost_model import PRIOR_A, PRIOR_B, CostModel, sm_term
 from lagom_megatron.engine.profile import Profile
@@ -76,7 +75,7 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     S, calls = len(profile.sites), model.calls_S[i_J]
     gi, G = _shape_groups(model)
     # torch's T_comm holds the wait for a running kernel's blocks at normal priority; the fit is of the run alone
-    waits = queues.dispatch_waits(profile.sites, by_site, gi, noise_rel=NOISE_REL)
+    waits = cost_terms.dispatch_waits(profile.sites, by_site, gi, noise_rel=NOISE_REL)
     model.wait_S = waits if waits.any() else None
     hp_J = np.array([1.0 if smp.config.high_priority_stream else 0.0 for _, smp in rows])
     wait_J = waits[i_J] * (1.0 - hp_J)
@@ -164,7 +163,7 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     queued, model.queued_S = model.queued_S, None
     t_comm_hat, _, t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J, hp=hp_J)
     if not model.gloo:  # other groups' collectives in each window (``cross``): what the own model leaves
-        offsets = cross.window_offsets(S, i_J, y_region - t_region_hat, y_region)
+        offsets = cost_terms.window_offsets(S, i_J, y_region - t_region_hat, y_region)
         model.offset_S = offsets if offsets.any() else None
         t_region_hat = model.evaluate(i_J, alg_J, proto_J, nc_J, nt_J, chunk_J, hp=hp_J)[2]
     model.queued_S = queued

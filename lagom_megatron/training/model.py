@@ -95,7 +95,7 @@ def transformer_config(args: argparse.Namespace, *, on_gpu: bool):
 
 
 def _megatron_lm_fields(args: argparse.Namespace, *, on_gpu: bool) -> dict:
-    """Fields of ``arguments_megatron_lm``'s flags (Megatron-LM core_v0.16.1 ``core_transformer_config_from_args``)."""
+    """Fields of ``parity_flags``' flags (Megatron-LM core_v0.16.1 ``core_transformer_config_from_args``)."""
     get = lambda name, default=None: getattr(args, name, default)  # noqa: E731
     return dict(
         layernorm_zero_centered_gamma=get("layernorm_zero_centered_gamma", False),

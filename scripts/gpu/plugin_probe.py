@@ -15,7 +15,7 @@ which NCCL and ProcessGroupNCCL read when the first communicator is created. It
 5. times an all-reduce with ``Work._get_duration()`` (milliseconds between the collective's CUDA
    events on NCCL's stream; torch ``WorkNCCL::getDuration`` needs timing enabled and a completed work);
 6. with ``NCCL_PROFILER_PLUGIN`` naming the same library (check.sh sets it), reads the profiler
-   half's state and records in-process (``nccl.profiler_status``): NCCL initialised it for the
+   half's state and records in-process (``nccl.plugin_status``): NCCL initialised it for the
    communicators; a 1-rank collective reaches no task event (a local copy), so the records list the
    communicators without calls on one GPU.
 
@@ -139,16 +139,16 @@ def main(argv: list[str] | None = None) -> int:
         checks["options_group_all_reduce"] = bool(torch.all(t2 == 2.0).item())
         result["options"] = {"is_high_priority_stream": True, "min_ctas": 1, "max_ctas": 4}
 
-        from lagom_megatron.nccl import plugin_status as profiler_status
+        from lagom_megatron.nccl import plugin_status
 
-        profiler_status.set_recording(True, reset=True)
+        plugin_status.set_recording(True, reset=True)
         t3 = torch.ones(1 << 24, device=dev)
         ms = timed_duration_ms(dist.all_reduce(t3, async_op=True))
         result["all_reduce_64MiB_duration_ms"] = ms
         checks["work_get_duration"] = ms > 0.0
-        profiler_status.set_recording(False)
-        state, foreign = profiler_status.profiler_state()
-        records = profiler_status.read_observed() or []
+        plugin_status.set_recording(False)
+        state, foreign = plugin_status.profiler_state()
+        records = plugin_status.read_observed() or []
         result["profiler"] = {"state": state, "foreign": foreign, "records": [dataclasses.asdict(c) for c in records]}
         if os.environ.get("NCCL_PROFILER_PLUGIN"):
             checks["profiler_initialised"] = state == "lagom" and len(records) >= 1

@@ -1,5 +1,5 @@
 """A high-priority stream as a communicator-scope knob: the dispatch wait the warm-up's probe measures
-(``queues.dispatch_waits``), the cost model's wait term and queue credit, and the per-group decision
+(``cost_terms.dispatch_waits``), the cost model's wait term and queue credit, and the per-group decision
 (``stream_priority``) that puts the knob on every site of the group in the plan."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from lagom_megatron.engine import cost_terms as queues
-from lagom_megatron.engine import stream_priority
+from lagom_megatron.engine import cost_terms, stream_priority
 from lagom_megatron.engine.fit import fit_cost_model
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.profile import Profile, Sample
@@ -75,7 +74,7 @@ def test_the_probe_measures_the_dispatch_wait_per_shape():
     no_probe.samples = [s for s in no_probe.samples if not s.config.high_priority_stream]
     assert fit_cost_model(no_probe, problem.cluster).wait_S is None
     assert (
-        queues.dispatch_waits(
+        cost_terms.dispatch_waits(
             problem.sites, {s.site_id: [] for s in problem.sites}, np.zeros(4, int), noise_rel=0.02
         ).tolist()
         == [0.0] * 4

@@ -210,9 +210,9 @@ def test_a_python_without_torch_sees_no_cuda_gpu(monkeypatch):
     machine check must then say "no CUDA GPU", not raise ImportError."""
     import sys
 
-    from lagom_megatron.preflight import cluster as target_cluster
+    from lagom_megatron.preflight import cluster
 
-    monkeypatch.setattr(target_cluster, "cuda_certainly_absent", lambda: False)
+    monkeypatch.setattr(cluster, "cuda_certainly_absent", lambda: False)
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
     assert this_machine() == Machine(cuda=False)
     assert this_machine().describe() == "no CUDA GPU"

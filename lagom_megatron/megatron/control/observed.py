@@ -75,10 +75,10 @@ class ObservedCheck:
             if self.gloo is not None:
                 self.gloo.start() if on else self.gloo.stop()
             return self.gloo is not None
-        from lagom_megatron.nccl import plugin_status as profiler_status
+        from lagom_megatron.nccl import plugin_status
 
-        switched = bool((self.recorder or profiler_status.set_recording)(on, reset=on))
-        state = (self.state_reader or profiler_status.profiler_state)()[0] if switched else "not loaded"
+        switched = bool((self.recorder or plugin_status.set_recording)(on, reset=on))
+        state = (self.state_reader or plugin_status.profiler_state)()[0] if switched else "not loaded"
         return switched and state == "lagom"
 
     def arm(self) -> str | None:
@@ -87,17 +87,17 @@ class ObservedCheck:
         on = self._record(True)
         if self.backend == "gloo" or on:
             return None
-        from lagom_megatron.nccl import plugin_status as profiler_status
+        from lagom_megatron.nccl import plugin_status
 
-        return profiler_status.not_recording_note(*(self.state_reader or profiler_status.profiler_state)())
+        return plugin_status.not_recording_note(*(self.state_reader or plugin_status.profiler_state)())
 
     def local(self, plan: Any, pool: Any) -> list[SiteObservation]:
         """This rank's verdict on every planned site it belongs to (not collective)."""
-        from lagom_megatron.nccl import plugin_status as profiler_status
+        from lagom_megatron.nccl import plugin_status
 
         comms = None
         if self.backend != "gloo":
-            comms = (self.reader or profiler_status.read_observed)() or []
+            comms = (self.reader or plugin_status.read_observed)() or []
         out = []
         for sid, e in sorted(plan.entries.items()):
             if e.config.is_default():

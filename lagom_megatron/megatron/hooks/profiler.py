@@ -311,19 +311,19 @@ class KernelTimes:
 
     def start(self) -> None:
         """Before a timed iteration: records reset, NCCL's events on."""
-        from lagom_megatron.nccl import plugin_status as profiler_status
+        from lagom_megatron.nccl import plugin_status
 
-        self.on = bool((self.recorder or profiler_status.set_recording)(True, reset=True))
+        self.on = bool((self.recorder or plugin_status.set_recording)(True, reset=True))
 
     def finish(self, records: dict[str, Any], assignment: dict[str, Any], pool: Any) -> dict[str, float]:
         """Events off; site id -> NCCL kernel time (us, slowest rank) of sites every rank timed; one all-gather."""
-        from lagom_megatron.nccl import plugin_status as profiler_status
+        from lagom_megatron.nccl import plugin_status
 
         local: dict[str, float] = {}
         if self.on:
-            (self.recorder or profiler_status.set_recording)(False)
+            (self.recorder or plugin_status.set_recording)(False)
             try:
-                comms = (self.reader or profiler_status.read_observed)() or []
+                comms = (self.reader or plugin_status.read_observed)() or []
                 for sid, rec in records.items():
                     key = comm_key(pool, rec.group, assignment.get(sid))
                     us = site_kernel_us(comms, key, rec.op, rec.nbytes, rec.group.size, rec.calls) if key else None

@@ -47,7 +47,7 @@ NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, err
 
 def rename_no_replace(src: Path, dst: Path) -> None:
     """Renames ``src`` to ``dst`` (a symlink itself), never replacing, all or nothing: ``os.link`` + ``unlink``, or a
-    checked ``os.rename`` (``training.preflight_files`` lock). FileExistsError: ``dst`` exists; OSError: can't move."""
+    checked ``os.rename`` (``preflight.files`` lock). FileExistsError: ``dst`` exists; OSError: can't move."""
     try:
         os.link(src, dst, follow_symlinks=False)
     except FileExistsError:

@@ -280,7 +280,7 @@ def rules_for(
     pool_budget_bytes: int | None = None,
 ) -> KnobRules:
     """Knob rules of ``backend`` (gloo, nccl, sim) on ``cluster``, with agreed NCCL ``capabilities`` (mechanism,
-    version); ``pool_budget_bytes`` caps channels (``nccl.budget``). ValueError: bad backend, mechanism or cluster."""
+    version); ``pool_budget_bytes`` caps channels (``nccl.pool``). ValueError: bad backend, mechanism or cluster."""
     if backend == "gloo":
         return GlooRules(cluster, mechanism=mechanism or "gloo")
     if backend in ("nccl", "sim"):
