@@ -1,4 +1,4 @@
-"""Each ``--lagom-*`` default and bound is defined once (aesthetics.md R6); every other module reads it.
+"""Each ``--lagom-*`` default and bound is defined once; every other module reads it.
 
 The definitions: ``engine.tuner.TunerConfig`` (iteration counts, method), ``engine.tuner``'s ``MIN_ITERS`` and
 ``MAX_*_ITERS`` (bounds), ``megatron.pool.comm_pool.DEFAULT_BUDGET_MIB`` (pool budget), ``engine.search.METHODS`` (the
