@@ -11,7 +11,7 @@ from typing import Any
 from lagom_megatron.engine.knobs import DEFAULT, CommConfig
 from lagom_megatron.engine.profile import CollectiveSite, Sample
 from lagom_megatron.engine.steps import IterationMeasurement, Phase, Step
-from lagom_megatron.engine.tuner import DEFAULT_CONFIG, Tuner
+from lagom_megatron.engine.tuner import DEFAULT_CONFIG, MIN_ITERS, Tuner
 from lagom_megatron.nccl.env_vars import launch_nthreads
 from lagom_megatron.nccl.rules import NcclRules
 from lagom_megatron.sim import timeline
@@ -241,7 +241,7 @@ def run_lifecycle(
     *,
     method: str = DEFAULT_CONFIG.method,
     verify_iters: int = DEFAULT_CONFIG.verify_iters,
-    warmup_iters: int = DEFAULT_CONFIG.warmup_iters,
+    warmup_iters: int = MIN_ITERS,  # nothing to warm in a simulation; more only shifts the seeded noise draws
     after_iters: int = 3,
     probe_configs: list[CommConfig] | None = None,
     first_iteration: int = 0,
