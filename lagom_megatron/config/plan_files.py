@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any, Literal
@@ -10,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from lagom_megatron.engine.files import read_json
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.engine.plan import MECHANISMS, PLAN_SCHEMA_VERSION, Plan
-from lagom_megatron.engine.profile import BACKENDS, OPS, PROFILE_SCHEMA_VERSION, REGISTRATIONS, Profile
+from lagom_megatron.engine.plan import MECHANISMS, PLAN_SCHEMA_VERSION, Plan, PlanEntry
+from lagom_megatron.engine.profile import BACKENDS, OPS, PROFILE_SCHEMA_VERSION, REGISTRATIONS, CollectiveSite, Profile
 from lagom_megatron.engine.search import METHODS
 
 MAX_NBYTES = 1 << 40
@@ -64,6 +65,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def _defaults(cls: type) -> dict[str, Any]:
+    """A dataclass's field defaults: an optional field of a schema takes its default from the class it builds."""
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
+_SITE, _ENTRY = _defaults(CollectiveSite), _defaults(PlanEntry)
+
+
 class SiteSchema(_Strict):
     """A profile's ``sites[]`` item (``engine.profile.CollectiveSite``)."""
 
@@ -73,11 +82,11 @@ class SiteSchema(_Strict):
     dtype: Dtype
     group: str = Field(min_length=1)
     group_size: StrictInt = Field(ge=2)
-    n_nodes: StrictInt = Field(default=1, ge=1)
-    calls_per_iter: StrictInt = Field(default=1, ge=1)
-    reduce_op: str | None = None
+    n_nodes: StrictInt = Field(default=_SITE["n_nodes"], ge=1)
+    calls_per_iter: StrictInt = Field(default=_SITE["calls_per_iter"], ge=1)
+    reduce_op: str | None = _SITE["reduce_op"]
     parts: list[list[Any]] = Field(default_factory=list)
-    registered: Literal[REGISTRATIONS] = ""  # type: ignore[valid-type]
+    registered: Literal[REGISTRATIONS] = _SITE["registered"]  # type: ignore[valid-type]
 
     _check_parts = field_validator("parts")(lambda v: _parts(v))
 
@@ -169,15 +178,15 @@ class EntrySchema(_Strict):
     config: dict[str, Any]
     predicted_t_comm_us: float = Field(ge=0)
     predicted_t_region_us: float = Field(ge=0)
-    predicted_default_t_region_us: float = Field(default=0.0, ge=0)
+    predicted_default_t_region_us: float = Field(default=_ENTRY["predicted_default_t_region_us"], ge=0)
     group: str = Field(min_length=1)
-    op: Op = "all_reduce"
-    nbytes: StrictInt = Field(default=0, ge=0, le=MAX_NBYTES)
-    group_size: StrictInt = Field(default=0, ge=0)
-    n_nodes: StrictInt = Field(default=1, ge=1)
+    op: Op = _ENTRY["op"]
+    nbytes: StrictInt = Field(default=_ENTRY["nbytes"], ge=0, le=MAX_NBYTES)
+    group_size: StrictInt = Field(default=_ENTRY["group_size"], ge=0)
+    n_nodes: StrictInt = Field(default=_ENTRY["n_nodes"], ge=1)
     tunable: list[str] = Field(default_factory=list)
-    note: str = ""
-    reduce_op: str | None = None
+    note: str = _ENTRY["note"]
+    reduce_op: str | None = _ENTRY["reduce_op"]
     parts: list[list[Any]] = Field(default_factory=list)
     model_config = ConfigDict(extra="forbid", strict=False)
 
