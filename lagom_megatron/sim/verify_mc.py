@@ -5,13 +5,14 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from lagom_megatron.engine.tuner import DEFAULT_CONFIG
 from lagom_megatron.engine.verify import looks, sequential_verdict
 
 GAINS = (-0.01, 0.0, 0.005, 0.01, 0.02)
 """True relative gains tabulated: 0 gives the false-accept rate."""
 CANDIDATE_ITERS = (4, 8, 12, 16, 20, 24, 32)
 CANDIDATE_CAPS = (1, 2, 4, 8, 16, 32)
-MIN_GAIN = 0.002
+MIN_GAIN = DEFAULT_CONFIG.min_gain
 """``Tuner.Config.min_gain`` default."""
 TARGET_KEEP_1PCT = 0.90
 """Share of a real 1% gain the presets' first look keeps."""
