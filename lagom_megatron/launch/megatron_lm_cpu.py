@@ -12,7 +12,9 @@ Without CUDA :func:`apply` shims each GPU assumption below (@core_v0.16.1 / 0.17
   ``python3`` (``datasets/helpers.py:8`` fails to import): rebuilt with this interpreter's pybind11 and suffix.
 - ``triton`` (``-m``): ``@triton.jit`` at import: ``batch_invariant_kernels.py:15`` (0.16.1, via ``initialize.py:25``),
   ``moe/paged_stash.py:8`` (0.18.2, via ``training.py:162``), main ``moe/ops/paged_stash.py:4`` (via
-  ``moe/paged_stash.py:12``, ``training.py:126``); core_v0.17.1 mocks it."""
+  ``moe/paged_stash.py:12``, ``training.py:126``); core_v0.17.1 mocks it.
+core_v0.19.0 keeps these targets (``initialize.py:66``, ``arguments.py:1414``, ``dist_utils.py:303``,
+``moe/ops/paged_stash.py:4``); its ``start_grad_sync`` asks for ``current_stream()``, which ``cpu_shims`` answers."""
 
 from __future__ import annotations
 
@@ -39,33 +41,15 @@ _DEVICE_LITERAL_MODULES = (
     "megatron.training.training",
     "megatron.core.rerun_state_machine",
 )
-_LATER_MODULES = ("megatron.training.models.dist_utils",)  # main only (dist_utils.py:346)
+_LATER_MODULES = ("megatron.training.models.dist_utils",)  # core_v0.19+ (dist_utils.py:303, main :346)
 
 
 def _set(owner: Any, name: str, value: Any) -> None:
     cpu_shims.set_recorded(_ORIGINALS, owner, name, value)
 
 
-class _NoStream:
-    """``torch.cuda.Stream`` on CPU: gloo's work is synchronous."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def wait_stream(self, other: Any) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-
-class _CpuCuda(types.ModuleType):
+class _CpuCuda(cpu_shims.CpuCuda):
     """``torch.cuda`` for the shimmed modules: one device, no streams, the rest ``torch.cuda``'s."""
-
-    def __getattr__(self, name: str) -> Any:
-        import torch
-
-        return getattr(torch.cuda, name)
 
     @staticmethod
     def device_count() -> int:
@@ -75,21 +59,11 @@ class _CpuCuda(types.ModuleType):
     def set_device(device: Any) -> None:
         pass
 
-    Stream = _NoStream
-
-    @staticmethod
-    def current_stream(device: Any = None) -> _NoStream:
-        return _NoStream()
+    Stream = cpu_shims.NoStream
 
     @staticmethod
     def stream(stream: Any) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
-
-
-def _megatron_lm_torch() -> types.ModuleType:
-    proxy = cpu_shims.make_cpu_torch()
-    proxy.cuda = _CpuCuda("lagom_cpu_torch.cuda")
-    return proxy
 
 
 def build_dataset_helpers() -> None:
@@ -141,7 +115,7 @@ def apply(force: bool = False) -> bool:
         _set(fused_kernels, "load", lambda args: None)
     datasets_utils = importlib.import_module("megatron.core.datasets.utils")
     _set(datasets_utils, "compile_helpers", build_dataset_helpers)
-    proxy = _megatron_lm_torch()
+    proxy = cpu_shims.make_cpu_torch(_CpuCuda)
     for name in _DEVICE_LITERAL_MODULES:
         _set(importlib.import_module(name), "torch", proxy)
     for name in _LATER_MODULES:

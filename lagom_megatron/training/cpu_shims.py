@@ -1,4 +1,4 @@
-"""Process-global ``torch.cuda`` / ``torch.Tensor`` patches: Megatron-Core 0.16.1 on CPU with gloo (torch 2.13.0)."""
+"""Process-global ``torch.cuda`` / ``torch.Tensor`` patches: Megatron-Core 0.16.1 to 0.20 (main) on CPU with gloo."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ _DEVICE_LITERAL_MODULES = (
     "megatron.core.utils",  # local_multi_tensor_l2_norm: torch.tensor(device="cuda")
 )
 
+_STREAM_MODULES = ("megatron.core.distributed.param_and_grad_buffer",)
+"""Modules that ask ``torch.cuda`` for the current stream without a CUDA check: ``start_grad_sync`` waits on
+``current_stream()`` for CUDA-graph events (``param_and_grad_buffer.py:632,638`` @core_v0.19.0, ``:638,644`` @main)."""
+
 _CUDA_TYPE_CALLERS = frozenset(
     {
         "megatron.core.optimizer.distrib_optimizer",
@@ -39,14 +43,43 @@ def _cpu_device(device: Any) -> Any:
     return device
 
 
+class NoStream:
+    """A CUDA stream on CPU (``torch.cuda.Stream`` / ``current_stream()``): gloo's work is synchronous, so waits
+    on other streams and events are no-ops."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class CpuCuda(types.ModuleType):
+    """``torch.cuda`` for the shimmed modules: ``current_stream()`` is a :class:`NoStream`, the rest torch.cuda's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cuda, name)
+
+    @staticmethod
+    def current_stream(device: Any = None) -> NoStream:
+        return NoStream()
+
+
 class _CpuTorch(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
 
 
-def make_cpu_torch() -> _CpuTorch:
-    """``torch`` whose tensor factories put a ``"cuda"`` / ``cuda:N`` device on the CPU."""
+def make_cpu_torch(cuda: type[CpuCuda] = CpuCuda) -> _CpuTorch:
+    """``torch`` whose tensor factories put a ``"cuda"`` / ``cuda:N`` device on the CPU, with ``cuda`` a ``cuda``."""
     proxy = _CpuTorch("lagom_cpu_torch")
+    proxy.cuda = cuda("lagom_cpu_torch.cuda")
     for name in ("zeros", "empty", "ones", "tensor", "full", "arange", "rand", "randn", "randint"):
         factory = getattr(torch, name)
 
@@ -185,7 +218,7 @@ def apply(force: bool = False) -> bool:
     _set(p2p_communication, "_p2p_ops", _tagged_p2p_ops(as_dict=True))
 
     proxy = make_cpu_torch()
-    for module_name in _DEVICE_LITERAL_MODULES:
+    for module_name in _DEVICE_LITERAL_MODULES + _STREAM_MODULES:
         _set(importlib.import_module(module_name), "torch", proxy)
     return True
 

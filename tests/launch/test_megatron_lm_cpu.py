@@ -65,3 +65,15 @@ def test_the_shims_apply_nothing_on_a_gpu_machine(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert megatron_lm_cpu.apply() is False and not megatron_lm_cpu.is_applied()
+
+
+def test_megatron_lm_torch_has_one_device_and_streams_that_never_wait():
+    from lagom_megatron.training import cpu_shims
+
+    cuda = cpu_shims.make_cpu_torch(megatron_lm_cpu._CpuCuda).cuda
+    assert cuda.device_count() == 1 and cuda.Stream is cpu_shims.NoStream
+    stream = cuda.Stream()
+    stream.wait_stream(cuda.current_stream())  # training.py's DDP stream (:1876-1879 @core_v0.19.0)
+    cuda.current_stream().wait_event(object())  # start_grad_sync (param_and_grad_buffer.py:638 @core_v0.19.0)
+    with cuda.stream(stream):
+        pass
