@@ -12,6 +12,7 @@ from typing import Any
 
 from lagom_megatron.engine.knobs import P2P_OPS
 from lagom_megatron.engine.p2p import MAXCHANNELS, p2p_channels
+from lagom_megatron.nccl.engine import runtime_engine
 from lagom_megatron.nccl.options import KNOB_OVERRIDES, nccl_config_fields, runtime_nccl_version
 
 ALGORITHM_SWITCHES: tuple[str, ...] = ("NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE", "NCCL_PAT_ENABLE", "NCCL_NET_PLUGIN")
@@ -41,6 +42,8 @@ class Capabilities:
     host: str = field(default="", compare=False)
     n_nodes: int = 1
     ranks_per_node: int = 1
+    nccl_engine: str | None = None
+    """``nccl.engine.NCCL2`` / ``LEGACY``: the class behind ``backend="nccl"``; None without NCCL."""
 
     COMPARED = (
         "torch_version",
@@ -51,6 +54,7 @@ class Capabilities:
         "nvls_multicast",
         "collnet",
         "overrides",
+        "nccl_engine",
     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,6 +198,7 @@ def gather_local(
     config_fields: tuple[str, ...] | None = None,
     multicast: bool | None | str = "detect",
     torch_version: str | None = None,
+    nccl_engine: str | None = "detect",
 ) -> Capabilities:
     """This rank's ``Capabilities``, after NCCL's first communicator has loaded the plugin (``src/plugin/tuner.cc``)."""
     from lagom_megatron.nccl.plugin_status import read_plugin_status
@@ -217,6 +222,8 @@ def gather_local(
 
             multicast = multicast_supported(torch.cuda.current_device())
     loaded = status is not None and status.init_count > 0 and status.abi_version >= 3
+    if nccl_engine == "detect":
+        nccl_engine = runtime_engine() if version is not None else None
     return Capabilities(
         torch_version=torch_version,
         nccl_version=tuple(version) if version is not None else None,
@@ -227,6 +234,7 @@ def gather_local(
         collnet=str(env.get("NCCL_COLLNET_ENABLE", "0")).strip() == "1",
         overrides=knob_overrides(env),
         host=host_id(env),
+        nccl_engine=nccl_engine,
     )
 
 

@@ -57,3 +57,37 @@ def test_without_the_profiler_half_no_site_gets_nccls_time():
     kt.start()
     rec = SiteRecord(site_id="s", op="all_reduce", nbytes=4096, dtype="float32", group=DP, calls=1)
     assert kt.finish({"s": rec}, {}, _Pool()) == {}
+
+
+class _TorchGroup:
+    """Stand-in for torch's ``ProcessGroup``: ``group_name`` (the name c10d registers, ``"7"`` for the eighth group)
+    and ``group_desc`` (Megatron passes one per group) are read-only properties there too."""
+
+    group_name = property(lambda self: "7")
+    group_desc = property(lambda self: "DATA_PARALLEL_GROUP")
+
+
+def _own_group_record(name: str) -> str:
+    return (
+        f"comm 0 hash=9 rank=0 nranks=8 nnodes=1 abi=6 tag=- name={name} dropped=0 overflow=0\n"
+        "coll 0 func=AllReduce count=1024 dtype=ncclFloat32 algo=RING proto=LL channels=2 warps=8 calls=1 "
+        "chunk=0 kernel_ns=900 kernel_calls=1\n"
+    )
+
+
+class _OwnPool:
+    def own_group(self, name):
+        return _TorchGroup()
+
+
+def test_megatrons_own_group_is_found_by_the_name_each_engine_gives_nccl():
+    """nccl2 names every communicator after the process group's ``group_name``; the legacy class writes
+    ``"<group_desc>:<group_name>"`` where it sets a name; a record under any other name is not this group's."""
+    rec = SiteRecord(site_id="dp.ar[0]", op="all_reduce", nbytes=4096, dtype="float32", group=DP, calls=1)
+    for name, want in (("7", {"dp.ar[0]": 0.9}), ("DATA_PARALLEL_GROUP:7", {"dp.ar[0]": 0.9}), ("8", {})):
+        kt = KernelTimes(
+            reader=lambda name=name: parse_snapshot(_own_group_record(name)),
+            recorder=lambda on, reset=False: True,
+        )
+        kt.start()
+        assert kt.finish({"dp.ar[0]": rec}, {}, _OwnPool()) == want, name

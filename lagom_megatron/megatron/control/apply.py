@@ -15,6 +15,7 @@ from lagom_megatron.megatron.control.observed import ObservedCheck, describe
 from lagom_megatron.megatron.hooks.profiler import enable_comm_timing
 from lagom_megatron.megatron.outputs.run_files import say
 from lagom_megatron.nccl import capabilities as caps_mod
+from lagom_megatron.nccl.engine import engine_lines
 from lagom_megatron.nccl.export import export_plan
 from lagom_megatron.nccl.pool import NcclPoolBackend
 
@@ -60,6 +61,8 @@ class Applier:
             return None
         self.capabilities = agreed
         if on_gpu:
+            for line in engine_lines():
+                say(line)
             enable_comm_timing(self.pool.groups.objects())
         if isinstance(self.pool.backend, NcclPoolBackend):
             self.pool.backend.configure(agreed)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lagom_megatron.megatron import consensus
+from lagom_megatron.nccl.engine import comm_names
 from lagom_megatron.nccl.observed import site_kernel_us
 
 
@@ -325,10 +326,11 @@ class KernelTimes:
             try:
                 comms = (self.reader or plugin_status.read_observed)() or []
                 for sid, rec in records.items():
-                    key = comm_key(pool, rec.group, assignment.get(sid))
-                    us = site_kernel_us(comms, key, rec.op, rec.nbytes, rec.group.size, rec.calls) if key else None
-                    if us is not None and math.isfinite(us) and us > 0:
-                        local[sid] = us
+                    for key in comm_keys(pool, rec.group, assignment.get(sid)):
+                        us = site_kernel_us(comms, key, rec.op, rec.nbytes, rec.group.size, rec.calls)
+                        if us is not None and math.isfinite(us) and us > 0:
+                            local[sid] = us
+                            break
             except Exception:  # noqa: BLE001 - a second source is not worth a training run: none this iteration
                 local = {}
         self.on = False
@@ -337,10 +339,13 @@ class KernelTimes:
         return {sid: max(g[sid] for g in gathered) for sid in common}
 
 
-def comm_key(pool: Any, info: Any, config: Any) -> str | None:
-    """The commName a site ran on: its pool entry's ``comm_key``, else its group's ``group_desc``."""
+def comm_keys(pool: Any, info: Any, config: Any) -> tuple[str, ...]:
+    """The names a site's communicator may have in NCCL's profiler records: its pool entry's ``comm_key``, else
+    its own group's names (``nccl.engine.comm_names``: torch's ``group_name`` on nccl2, ``"<group_desc>:<group_name>"``
+    where the legacy class writes it, ``group_desc`` on gloo)."""
     group = pool.group_for(info, config) if config is not None and pool is not None else None
     if group is not None:
-        return pool.comm_key(group)
+        key = pool.comm_key(group)
+        return (key,) if key else ()
     own = pool.own_group(info.name) if pool is not None else None
-    return getattr(own, "group_desc", None) or None
+    return comm_names(own) if own is not None else ()
