@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--megatron-lm-release",
         metavar="TAG",
-        help="with --megatron-lm: the Megatron-LM release, e.g. core_v0.16.1 (core_v0.16-0.18); "
-        "default: that of the importable megatron-core",
+        help="with --megatron-lm: the Megatron-LM release, e.g. core_v0.16.1 (core_v0.16-0.19 and main's 0.20 "
+        "are known; a newer one is checked with main's rules); default: that of the importable megatron-core",
     )
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument(
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     """Prints the findings; 0 without errors, 1 with some. ValueError: no input, unknown preset or cluster."""
     import sys
 
-    from lagom_megatron.launch.doctor import check_command_line, errors, plugin_abi_line, run_doctor
+    from lagom_megatron.launch.doctor import check_command_line, engine_line, errors, plugin_abi_line, run_doctor
     from lagom_megatron.launch.megatron_args import argv_to_args
     from lagom_megatron.preflight.check import env_count
     from lagom_megatron.preflight.cluster import choose_cluster, cluster_field, mismatch, this_machine
@@ -111,13 +111,13 @@ def run(args: argparse.Namespace) -> int:
     cluster = target.cluster
     if args.megatron_lm:
         from lagom_megatron.megatron.hooks.versions import installed_megatron_core
-        from lagom_megatron.preflight.megatron_lm import megatron_lm_traps
+        from lagom_megatron.preflight.megatron_lm import choose_release, megatron_lm_traps
 
-        release = args.megatron_lm_release
-        if release is None:
-            installed = installed_megatron_core()
-            release = f"core_v{installed.version}" if installed is not None else "core_v0.16.1"
-        traps = megatron_lm_traps(parsed, release, local=local, on_gpu=cluster_field(cluster, "backend") != "gloo")
+        installed = installed_megatron_core()
+        release, traps = choose_release(args.megatron_lm_release, installed.version if installed else None)
+        if release is not None:
+            on_gpu = cluster_field(cluster, "backend") != "gloo"
+            traps += megatron_lm_traps(parsed, release, local=local, on_gpu=on_gpu)
         findings = traps + run_doctor(
             parsed,
             environ,
@@ -126,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
             gpus_per_node=gpus_per_node,
             preset_env=preset_env,
             local=local,
+            megatron_lm=True,
         )
     elif args.megatron_lm_release:
         raise ValueError("--megatron-lm-release needs --megatron-lm")
@@ -144,9 +145,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         for f in findings:
             print(f)
-        abi = plugin_abi_line(environ, cluster)
-        if abi:
-            print(abi)
+        for line in (engine_line(environ, cluster), plugin_abi_line(environ, cluster)):
+            if line:
+                print(line)
         name = f"preset {preset.name}" if preset is not None else "command line"
         print(f"lagom doctor: {name}: {n_err} error(s), {len(findings) - n_err} warning(s)")
     return 1 if n_err else 0

@@ -34,9 +34,12 @@ def run_doctor(
     gpus_per_node: int | None = None,
     preset_env: Mapping[str, str] | None = None,
     local: bool = False,
+    megatron_lm: bool = False,
+    defaults: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
     """``preflight.check.run_rules``; ``cluster``: a ClusterSpec, its name, an object with its fields, or None (the
-    preset's, else ``args.lagom_cluster``); ``local``: also folders, lock, port. ValueError: unknown or bad input."""
+    preset's, else ``args.lagom_cluster``); ``local``: also folders, lock, port; ``megatron_lm``: a Megatron-LM line;
+    ``defaults``: its parser's defaults. ValueError: unknown or bad input."""
     return run_rules(
         resolve(
             args_or_preset,
@@ -46,6 +49,8 @@ def run_doctor(
             gpus_per_node=gpus_per_node,
             preset_env=preset_env,
             local=local,
+            megatron_lm=megatron_lm,
+            defaults=defaults,
         )
     )
 
@@ -126,15 +131,34 @@ def plugin_abi_line(environ: Mapping[str, str], cluster: Any) -> str | None:
     return f"lagom doctor: {line}" if line else None
 
 
+def engine_line(environ: Mapping[str, str], cluster: Any) -> str | None:
+    """``lagom doctor: NCCL engine: ...``: the class ``backend="nccl"`` will build with the torch Python imports here
+    and ``environ`` (``nccl.engine.predicted_engine``); None on gloo or without torch."""
+    from lagom_megatron.megatron.hooks.versions import installed_torch
+    from lagom_megatron.nccl.engine import predicted_engine
+
+    torch = installed_torch()
+    if cluster_field(cluster, "backend") == "gloo" or torch is None:
+        return None
+    return f"lagom doctor: {predicted_engine(torch.version, environ).describe()}"
+
+
 def errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.level == "error"]
 
 
 def preflight(
-    args: Any, environ: Mapping[str, str] | None = None, cluster: Any = None, *, log: Callable[[str], None] = print
+    args: Any,
+    environ: Mapping[str, str] | None = None,
+    cluster: Any = None,
+    *,
+    log: Callable[[str], None] = print,
+    megatron_lm: bool = False,
+    defaults: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
-    """Logs the doctor's findings for a training entry point; returns them, or raises SystemExit(1) on errors."""
-    findings = run_doctor(args, environ, cluster, local=True)
+    """Logs the doctor's findings for a training entry point (``megatron_lm``: Megatron-LM's, whose parser has
+    ``defaults``); returns them, or raises SystemExit(1) on errors."""
+    findings = run_doctor(args, environ, cluster, local=True, megatron_lm=megatron_lm, defaults=defaults)
     for f in findings:
         log(f"lagom doctor: {f}")
     n_err = len(errors(findings))

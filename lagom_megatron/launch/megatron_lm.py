@@ -1,6 +1,6 @@
 """``--lagom`` in a Megatron-LM checkout's ``pretrain_gpt.py`` (called by what ``patches/`` adds). ``train``
 (``megatron/training/training.py``) has no callbacks but looks ``train_step`` up as a module global each iteration
-(same leading parameters core_v0.16 to core_v0.19): lagom wraps it. Cluster: ``$LAGOM_CLUSTER``, else the local GPU."""
+(same leading parameters core_v0.16 to main 0.20): lagom wraps it. Cluster: ``$LAGOM_CLUSTER``, else the local GPU."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ class LagomHooks:
         self._original: Callable | None = None
         self._module: Any = None
         self._set_up = False
+        self._parser: argparse.ArgumentParser | None = None
 
     def print_help_if_asked(
         self, extra_args_provider: ArgsProvider | None = None, argv: list[str] | None = None
@@ -73,11 +74,20 @@ class LagomHooks:
         finally:
             self.finish()
 
-    @staticmethod
-    def chained_provider(extra_args_provider: ArgsProvider | None) -> ArgsProvider:
+    def chained_provider(self, extra_args_provider: ArgsProvider | None) -> ArgsProvider:
+        """``extra_args_provider``, then lagom's flags; keeps the parser, whose defaults the doctor reads."""
         from lagom_megatron.training.arguments import add_lagom_args
 
-        return chain_extra_args_providers(extra_args_provider, add_lagom_args)
+        def keep(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+            self._parser = parser
+            return parser
+
+        return chain_extra_args_providers(extra_args_provider, add_lagom_args, keep)
+
+    def parser_defaults(self, args: Any) -> dict[str, Any]:
+        """The defaults of Megatron-LM's parser for ``args``' names (empty before it was built)."""
+        parser = self._parser
+        return {} if parser is None else {name: parser.get_default(name) for name in vars(args)}
 
     def parse_args(
         self, parse_fn: Callable[..., Any], *args: Any, extra_args_provider: ArgsProvider | None = None, **kwargs: Any
@@ -107,11 +117,22 @@ class LagomHooks:
             self.finish()
 
     def start(self, args: Any, *, callbacks: list[Any] | None = None, cluster: Any = None) -> LagomHooks:
-        """Checks the run, wraps ``train_step`` with ``args.lagom``; SystemExit(1): doctor errors; SystemExit(2): an
-        output folder in use, or a ``--lagom``-only option without ``--lagom``; RuntimeError: already started."""
+        """Checks the versions (a warning without ``--lagom``), then with ``--lagom`` the run, and wraps ``train_step``;
+        SystemExit(1): doctor errors; SystemExit(2): untested versions with ``--lagom``, an output folder in use, or a
+        ``--lagom``-only option without ``--lagom``; RuntimeError: already started."""
         if self.active:
             raise RuntimeError("lagom hooks are already installed around train_step")
-        if not getattr(args, "lagom", False):
+        from lagom_megatron.megatron.hooks.versions import UntestedVersionError, check_versions
+
+        lagom = bool(getattr(args, "lagom", False))
+        allow = getattr(args, "lagom_allow_untested_versions", False)
+        try:  # without --lagom only the CPU shims are lagom's: a warning, as the user did not ask for lagom
+            for warning in check_versions(allow_untested=allow, refuse=lagom):
+                _rank0_print(f"lagom: warning: {warning}")
+        except UntestedVersionError as exc:
+            _rank0_print(f"lagom: error: {exc}")
+            raise SystemExit(2) from exc
+        if not lagom:
             from lagom_megatron.preflight.lagom_flags import lagom_flag_problems
 
             problems = lagom_flag_problems(vars(args))
@@ -119,17 +140,16 @@ class LagomHooks:
                 _rank0_print(f"lagom: error: {problems[0].what}")
                 raise SystemExit(2)
             return self
-        from lagom_megatron.megatron.hooks.versions import UntestedVersionError, check_versions
-
-        try:
-            for warning in check_versions(allow_untested=getattr(args, "lagom_allow_untested_versions", False)):
-                _rank0_print(f"lagom: warning: {warning}")
-        except UntestedVersionError as exc:
-            _rank0_print(f"lagom: error: {exc}")
-            raise SystemExit(2) from exc
         from lagom_megatron.launch.doctor import detect_cluster, preflight
 
-        preflight(args, os.environ, detect_cluster() if cluster is None else cluster, log=_rank0_print)
+        preflight(
+            args,
+            os.environ,
+            detect_cluster() if cluster is None else cluster,
+            log=_rank0_print,
+            megatron_lm=True,
+            defaults=self.parser_defaults(args),
+        )
         if int(os.environ.get("RANK", "0")) == 0:  # one writer per output folder, as our pretrain_gpt.py
             from lagom_megatron.preflight.files import hold_run_locks
 

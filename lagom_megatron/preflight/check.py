@@ -110,6 +110,8 @@ def resolve(
     gpus_per_node: int | None = None,
     preset_env: Mapping[str, str] | None = None,
     local: bool = False,
+    megatron_lm: bool = False,
+    defaults: Mapping[str, Any] | None = None,
 ) -> RunShape:
     """A preset, namespace or dict as a ``RunShape`` (preset ``env`` over ``environ``); ValueError: unknown or bad."""
     from lagom_megatron.config.presets import Preset, load_preset
@@ -156,6 +158,8 @@ def resolve(
         backend=str(cluster_field(cluster, "backend") or "nccl"),
         preset_env=preset_env,
         local=local,
+        megatron_lm=megatron_lm,
+        defaults=dict(defaults or {}),
     )
 
 

@@ -1,5 +1,6 @@
-"""What a Megatron-LM release (lines of core_v0.16.1 / 0.17.1 / 0.18.2: ``*_LINE``, ``PACKAGES``) fails on by its
-first iteration, for ``lagom doctor --megatron-lm``; missing APEX or packages: errors locally, else warnings."""
+"""What a Megatron-LM release (lines of core_v0.16.1 / 0.17.1 / 0.18.2 / 0.19.0 and main d98e8a6, whose
+``package_info`` says 0.20.0: ``*_LINE``, ``PACKAGES``) fails on by its first iteration, for ``lagom doctor
+--megatron-lm``; missing APEX or packages: errors locally, else warnings. A newer release gets the newest rules."""
 
 from __future__ import annotations
 
@@ -10,42 +11,61 @@ from typing import Any
 from lagom_megatron.preflight.overlap import no_shard_finding
 from lagom_megatron.preflight.types import Finding
 
-RELEASES = ("core_v0.16", "core_v0.17", "core_v0.18")
+RELEASES = ("core_v0.16", "core_v0.17", "core_v0.18", "core_v0.19", "core_v0.20")
+"""Oldest first; ``core_v0.20`` stands for main (no core_v0.20 tag yet)."""
 
 EVAL_INTERVAL_LINE = {
     "core_v0.16": "megatron/training/training.py:3307",
     "core_v0.17": "megatron/training/training.py:3547",
     "core_v0.18": "megatron/training/training.py:4136",
+    "core_v0.19": "megatron/training/training.py:4481",
+    "core_v0.20": "megatron/training/training.py:5436",
 }
 PERSIST_LAYER_NORM_LINE = {
     "core_v0.16": "megatron/core/transformer/torch_norm.py:30",
     "core_v0.17": "megatron/core/transformer/torch_norm.py:48",
     "core_v0.18": "megatron/core/transformer/torch_norm.py:48",
+    "core_v0.19": "megatron/core/transformer/torch_norm.py:48",
+    "core_v0.20": "megatron/core/transformer/torch_norm.py:50",
 }
 MASKED_SOFTMAX_LINE = dict.fromkeys(RELEASES, "megatron/core/fusions/fused_softmax.py:357")
 FSDP_CKPT_LINE = {
     "core_v0.16": "megatron/training/arguments.py:690",
     "core_v0.17": "megatron/training/arguments.py:971",
     "core_v0.18": "megatron/training/arguments.py:1142",
+    "core_v0.19": "megatron/training/arguments.py:1146",
+    "core_v0.20": "megatron/training/arguments.py:1169",
 }
 SHARDING_DEFAULT = {
     "core_v0.16": ("no_shard", "megatron/training/arguments.py:2307"),
     "core_v0.17": ("no_shard", "megatron/training/arguments.py:2722"),
     "core_v0.18": ("optim_grads_params", "megatron/training/arguments.py:2805"),
+    "core_v0.19": ("optim_grads_params", "megatron/training/arguments.py:3023"),
+    "core_v0.20": ("optim_grads_params", "megatron/training/arguments.py:3190"),
 }
 """Release -> (``--data-parallel-sharding-strategy``'s default, the parser line)."""
 WEIGHT_HASH_LINE = {
     "core_v0.16": "megatron/training/arguments.py:684",
     "core_v0.17": "megatron/training/arguments.py:965",
     "core_v0.18": "megatron/training/arguments.py:1136",
+    "core_v0.19": "megatron/training/arguments.py:1140",
+    "core_v0.20": "megatron/training/arguments.py:1163",
 }
 DTENSOR_WITHOUT_FSDP_LINE = {
     "core_v0.16": "megatron/training/arguments.py:1050",
     "core_v0.17": "megatron/training/arguments.py:1341",
     "core_v0.18": "megatron/training/arguments.py:1507",
+    "core_v0.19": "megatron/training/arguments.py:1621",
+    "core_v0.20": "megatron/training/arguments.py:1676",
 }
-META_DEVICE_NO_SHARD_LINE = {"core_v0.18": "megatron/training/arguments.py:1151"}
+META_DEVICE_NO_SHARD_LINE = {
+    "core_v0.18": "megatron/training/arguments.py:1151",
+    "core_v0.19": "megatron/training/arguments.py:1160",
+    "core_v0.20": "megatron/training/arguments.py:1183",
+}
 DISTOPT_FORCED_LINE = "core_v0.18.2 megatron/training/arguments.py:1113-1119"
+"""From core_v0.18 Megatron-LM turns --use-distributed-optimizer on for Megatron-FSDP (main: for its version 1)."""
+FSDP_V2_DISTOPT_LINE = {"core_v0.20": "megatron/training/arguments.py:1124-1126"}
 PACKAGES: dict[str, dict[str, str]] = {
     "core_v0.16": {
         "six": "megatron/training/tokenizer/bert_tokenization.py:25",
@@ -58,21 +78,79 @@ PACKAGES: dict[str, dict[str, str]] = {
         "pybind11": "megatron/core/datasets/Makefile (the dataset helper's build)",
         "triton": "megatron/core/transformer/moe/paged_stash.py:8",
     },
+    "core_v0.19": {
+        "pybind11": "megatron/core/datasets/Makefile (the dataset helper's build)",
+        "triton": "megatron/core/transformer/moe/ops/paged_stash.py:4",
+    },
+    "core_v0.20": {
+        "pybind11": "megatron/core/datasets/Makefile (the dataset helper's build)",
+        "triton": "megatron/core/transformer/moe/ops/paged_stash.py:4",
+    },
 }
 """Release -> {package: where Megatron-LM imports or needs it}."""
 
 
+def _known() -> str:
+    return ", ".join(r + ".x" for r in RELEASES) + " (core_v0.20: main), or newer"
+
+
+def _numbers(release: str) -> tuple[int, int] | None:
+    """(major, minor) of ``core_v0.19.1`` / ``0.19.1`` / ``core_v0.20.0rc1``; None when it names no release."""
+    parts = release.strip().removeprefix("core_v").removeprefix("v").split(".")
+    try:
+        return int(parts[0]), int(parts[1].split("rc")[0])
+    except (IndexError, ValueError):
+        return None
+
+
+_OLDEST, _NEWEST = _numbers(RELEASES[0]), _numbers(RELEASES[-1])
+
+
 def release_key(release: str) -> str:
-    """``core_v0.16.1`` / ``0.16.1`` / ``core_v0.16`` -> ``core_v0.16``; ValueError outside core_v0.16-0.18."""
-    text = release.strip().removeprefix("core_v").removeprefix("v")
-    parts = text.split(".")
-    key = f"core_v{parts[0]}.{parts[1]}" if len(parts) >= 2 else ""
-    if key not in RELEASES:
-        raise ValueError(
-            f"--megatron-lm-release {release!r} is not one of the releases the doctor knows "
-            f"({', '.join(r + '.x' for r in RELEASES)})"
-        )
-    return key
+    """``core_v0.16.1`` / ``0.16.1`` / ``core_v0.16`` -> ``core_v0.16``; newer than RELEASES -> the newest's rules;
+    ValueError naming ``release`` and the releases known when it is none of them."""
+    numbers = _numbers(release)
+    if numbers is None or numbers < _OLDEST:
+        raise ValueError(f"{release!r} is not one of the Megatron-LM releases the doctor knows ({_known()})")
+    return RELEASES[-1] if numbers > _NEWEST else f"core_v{numbers[0]}.{numbers[1]}"
+
+
+def choose_release(given: str | None, installed: str | None) -> tuple[str | None, list[Finding]]:
+    """The release whose traps check the line (None: no traps) and a warning when it is not a known one: ``given``
+    is ``--megatron-lm-release`` (ValueError naming the flag for a value not a release), else the importable
+    megatron-core's version; a newer release is checked with the newest rules, an older or unreadable one with none."""
+    if given is not None:
+        try:
+            release_key(given)
+        except ValueError as exc:
+            raise ValueError(f"--megatron-lm-release {exc}") from None
+        release = given
+    else:
+        release = f"core_v{installed}" if installed is not None else "core_v0.16.1"
+        try:
+            release_key(release)
+        except ValueError:
+            return None, [
+                Finding(
+                    "warning",
+                    "megatron-lm",
+                    f"Megatron-LM {release} (the importable megatron-core) is none of the releases the doctor knows "
+                    f"({_known()})",
+                    "its traps are unknown: only the layout and environment rules ran",
+                    "pass --megatron-lm-release TAG to check the line with that release's traps",
+                )
+            ]
+    if _numbers(release) > _NEWEST:
+        return release, [
+            Finding(
+                "warning",
+                "megatron-lm",
+                f"Megatron-LM {release} is newer than the releases the doctor knows ({_known()})",
+                f"its traps are checked with {RELEASES[-1]}'s (main's) rules and lines, which it may have changed",
+                "update lagom-megatron, or check that release's own failures yourself",
+            )
+        ]
+    return release, []
 
 
 def _installed(module: str) -> bool:
@@ -215,7 +293,17 @@ def _fsdp_traps(args: Mapping[str, Any], release: str, key: str) -> list[Finding
                 "drop --init-model-with-meta-device or shard (--data-parallel-sharding-strategy optim_grads_params)",
             )
         )
-    if key != "core_v0.18" and not get("use_distributed_optimizer"):
+    if get("megatron_fsdp_version") == 2 and key in FSDP_V2_DISTOPT_LINE and get("use_distributed_optimizer"):
+        out.append(
+            Finding(
+                "error",
+                "megatron-lm",
+                "--megatron-fsdp-version 2 with --use-distributed-optimizer",
+                f"Megatron-LM {release} asserts Megatron-FSDP v2 runs without it ({FSDP_V2_DISTOPT_LINE[key]})",
+                "drop --use-distributed-optimizer (Megatron-FSDP v2 shards the optimizer state itself)",
+            )
+        )
+    if RELEASES.index(key) < RELEASES.index("core_v0.18") and not get("use_distributed_optimizer"):
         out.append(
             Finding(
                 "warning",

@@ -149,7 +149,9 @@ def no_shard_finding(origin: str = "") -> Finding:
 
 
 def rule_fsdp_sharding(s: RunShape) -> list[Finding]:
-    """``--data-parallel-sharding-strategy`` in SHARDING_STRATEGIES; warns on no_shard with FSDP, on any without it."""
+    """``--data-parallel-sharding-strategy`` in SHARDING_STRATEGIES; warns on no_shard with FSDP, and without FSDP on
+    a strategy that is not the parser's default (Megatron-LM's is optim_grads_params from core_v0.18: ``arguments.py
+    :2805`` @core_v0.18.2, ``:3023`` @core_v0.19.0, ``:3190`` @main; ours no_shard)."""
     strategy = s.args.get("data_parallel_sharding_strategy")
     if strategy is None:
         return []
@@ -166,7 +168,7 @@ def rule_fsdp_sharding(s: RunShape) -> list[Finding]:
         ]
     if s.get("use_megatron_fsdp", False):
         return [no_shard_finding()] if strategy == "no_shard" else []
-    if strategy == "no_shard":
+    if strategy == "no_shard" or strategy == s.defaults.get("data_parallel_sharding_strategy"):
         return []
     return [
         Finding(

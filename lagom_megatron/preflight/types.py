@@ -31,7 +31,9 @@ class Finding:
 @dataclass(frozen=True, slots=True)
 class RunShape:
     """What the rules look at. None sizes are unknown (rules needing them skip); ``sm_arch`` is compute capability
-    x 10 (None: pre-Blackwell); ``local``: on this machine (file, port and library rules apply)."""
+    x 10 (None: pre-Blackwell); ``local``: on this machine (file, port and library rules apply); ``megatron_lm``: a
+    line for Megatron-LM's own ``pretrain_gpt.py``, whose loop is not lagom's without ``--lagom``; ``defaults``: the
+    parser's defaults, when ``args`` holds them (a value equal to its default need not be the user's)."""
 
     args: Mapping[str, Any]
     environ: Mapping[str, str]
@@ -42,6 +44,8 @@ class RunShape:
     backend: str
     preset_env: Mapping[str, str] = field(default_factory=dict)
     local: bool = False
+    megatron_lm: bool = False
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def get(self, name: str, default: Any = None) -> Any:
         value = self.args.get(name, default)

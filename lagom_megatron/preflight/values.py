@@ -270,7 +270,8 @@ def rule_megatron_flags(s: RunShape) -> list[Finding]:
 
 
 def rule_versions(s: RunShape) -> list[Finding]:
-    """Local runs: torch and megatron-core inside the tested ranges unless allowed; imports neither."""
+    """Local runs: torch and megatron-core inside the tested ranges unless allowed (a warning for a Megatron-LM line
+    without ``--lagom``, which Megatron-LM's loop runs as it would without lagom); imports neither."""
     from lagom_megatron.megatron.hooks.versions import ALLOW_UNTESTED_ENV, untested_versions
 
     if (
@@ -279,13 +280,16 @@ def rule_versions(s: RunShape) -> list[Finding]:
         or s.environ.get(ALLOW_UNTESTED_ENV, "") not in ("", "0")
     ):
         return []
+    if s.megatron_lm and not s.lagom:
+        level, why = "warning", "without --lagom Megatron-LM's loop runs with a warning (with --lagom it refuses: "
+    else:
+        level, why = "error", "training refuses to start ("
     return [
         Finding(
-            "error",
+            level,
             "versions",
             p,
-            "lagom hooks private names that move between releases (training "
-            "refuses to start; docs/training.md, Tested versions)",
+            f"lagom hooks private names that move between releases; {why}docs/training.md, Tested versions)",
             f"install a tested version, or pass --lagom-allow-untested-versions ({ALLOW_UNTESTED_ENV}=1)",
         )
         for p in untested_versions()

@@ -177,3 +177,44 @@ def test_pretrain_gpt_with_lagom_stops_on_doctor_errors():
     assert proc.stderr.splitlines() == [
         "pretrain_gpt.py: error: --tp-comm-overlap is set on a CPU (gloo) cluster; it needs CUDA"
     ]
+
+
+def test_megatron_lm_doctor_in_a_newer_checkout_warns_once_and_runs_the_layout_rules(capsys, monkeypatch):
+    """A checkout newer than the doctor knows (its megatron-core 0.21.0) is checked with main's rules after one
+    warning, never refused naming --megatron-lm-release, which the user did not give; the layout rules still run."""
+    from lagom_megatron.megatron.hooks import versions
+
+    fake = versions.InstalledVersion("megatron-core", "0.21.0", "/checkout/megatron/core", True)
+    monkeypatch.setattr(versions, "installed_megatron_core", lambda: fake)
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    line = ["--world-size", "8", "--", "--tensor-model-parallel-size", "3", "--num-attention-heads", "32"]
+    assert main(["doctor", "--megatron-lm", *line, "--num-layers", "4"]) == 1
+    out = capsys.readouterr().out
+    assert "--megatron-lm-release" not in out
+    assert out.count("warning: [megatron-lm] Megatron-LM core_v0.21.0 is newer than the releases the doctor knows") == 1
+    assert "[world-size]" in out and "[heads-tp]" in out  # layout rules
+    assert "megatron/training/training.py:5436 raises TypeError" in out  # main's --eval-interval line
+
+
+def test_a_bad_megatron_lm_release_given_is_named(capsys):
+    assert main(["doctor", "--megatron-lm", "--megatron-lm-release", "core_v0.9", "--", "--num-layers", "4"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--megatron-lm-release 'core_v0.9' is not one of the Megatron-LM releases the doctor knows (core_v0.16.x" in err
+    )
+
+
+def test_megatron_lm_line_with_untested_versions_is_refused_only_with_lagom(capsys, monkeypatch):
+    """As Megatron-LM's loop does (launch/megatron_lm.py): without --lagom a warning, with --lagom an error."""
+    from lagom_megatron.megatron.hooks import versions
+
+    line = "megatron-core 0.21.0 (checkout at /checkout/megatron/core) is outside the tested range >=0.16.1,<0.21"
+    monkeypatch.setattr(versions, "untested_versions", lambda: [line])
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    monkeypatch.delenv(versions.ALLOW_UNTESTED_ENV, raising=False)
+    good = ["doctor", "--megatron-lm", "--megatron-lm-release", "core_v0.19.1", "--world-size", "8", "--"]
+    good += ["--tensor-model-parallel-size", "2", "--num-attention-heads", "32", "--eval-interval", "10"]
+    assert main(good) == 0
+    assert f"warning: [versions] {line}" in capsys.readouterr().out
+    assert main([*good, "--lagom"]) == 1
+    assert f"error: [versions] {line}" in capsys.readouterr().out

@@ -142,19 +142,59 @@ def test_run_finishes_on_sys_exit(fake_training):
 
 
 def test_untested_megatron_core_stops_before_the_doctor(fake_training, monkeypatch, capsys):
-    fake = versions.InstalledVersion("megatron-core", "0.19.0", "/checkout/megatron/core", True)
+    fake = versions.InstalledVersion("megatron-core", "0.21.0", "/checkout/megatron/core", True)
     monkeypatch.setattr(versions, "installed_megatron_core", lambda: fake)
     monkeypatch.delenv(versions.ALLOW_UNTESTED_ENV, raising=False)
     with pytest.raises(SystemExit) as exc:
         LagomHooks().start(argparse.Namespace(lagom=True), callbacks=[Ends()])
     assert exc.value.code == 2
-    assert (
-        "lagom: error: megatron-core 0.19.0 (checkout at /checkout/megatron/core) is outside the tested range"
-        in capsys.readouterr().out
+    low, high = versions.TESTED_MEGATRON_CORE
+    assert capsys.readouterr().out.startswith(
+        f"lagom: error: megatron-core 0.21.0 (checkout at /checkout/megatron/core) is outside the tested range "
+        f">={low},<{high}. Install a tested version"
     )
     hooks = LagomHooks().start(argparse.Namespace(lagom=True, lagom_allow_untested_versions=True), callbacks=[Ends()])
     assert hooks.active and "running anyway" in capsys.readouterr().out
     hooks.finish()
+
+
+def test_untested_megatron_core_without_lagom_is_one_warning(fake_training, monkeypatch, capsys):
+    """Without --lagom the user asked Megatron-LM, not lagom, to train: the run goes on after one line that names
+    the range and what --lagom would need; no hooks are installed."""
+    fake = versions.InstalledVersion("megatron-core", "0.21.0", "/checkout/megatron/core", True)
+    monkeypatch.setattr(versions, "installed_megatron_core", lambda: fake)
+    monkeypatch.delenv(versions.ALLOW_UNTESTED_ENV, raising=False)
+    hooks = LagomHooks().start(argparse.Namespace(lagom=False), callbacks=[Ends()])
+    low, high = versions.TESTED_MEGATRON_CORE
+    assert not hooks.active and fake_training.train_step.__name__ != "lagom_train_step"
+    assert capsys.readouterr().out == (
+        f"lagom: warning: megatron-core 0.21.0 (checkout at /checkout/megatron/core) is outside the tested range "
+        f">={low},<{high} (running anyway without --lagom; with --lagom, pass --lagom-allow-untested-versions "
+        f"(or set {versions.ALLOW_UNTESTED_ENV}=1))\n"
+    )
+    monkeypatch.setattr(versions, "installed_megatron_core", lambda: None)
+    LagomHooks().start(argparse.Namespace(lagom=False))
+    assert capsys.readouterr().out == ""  # a tested (here: no) megatron-core: silent
+
+
+def _megatron_lm_parse(hooks, argv):
+    """Megatron-LM's parser from core_v0.18 on as to this flag (``arguments.py:3023`` @core_v0.19.0), then lagom's."""
+    parser = argparse.ArgumentParser(prog="pretrain_gpt.py")
+    parser.add_argument("--data-parallel-sharding-strategy", default="optim_grads_params")
+    parser.add_argument("--use-megatron-fsdp", action="store_true")
+    return hooks.chained_provider(None)(parser).parse_args(argv)
+
+
+@pytest.mark.parametrize("given, warned", [(None, False), ("optim", True)])
+def test_megatron_lms_sharding_default_is_no_finding(fake_training, capsys, given, warned):
+    """Megatron-LM's own default strategy is not a flag the user gave: no [fsdp-sharding] warning without FSDP."""
+    hooks = LagomHooks()
+    argv = ["--lagom"] + (["--data-parallel-sharding-strategy", given] if given else [])
+    hooks.start(_megatron_lm_parse(hooks, argv), callbacks=[Ends()])
+    hooks.finish()
+    out = capsys.readouterr().out
+    assert (f"[fsdp-sharding] --data-parallel-sharding-strategy {given} without --use-megatron-fsdp" in out) == warned
+    assert ("fsdp-sharding" in out) == warned, out
 
 
 def test_gpu_megatron_lm_check_script_parses_and_refuses_bad_usage(tmp_path):

@@ -1,10 +1,10 @@
 """lagom doctor --megatron-lm: what each Megatron-LM release stops on, named with the release and its line
-(the lines were read from core_v0.16.1, core_v0.17.1 and core_v0.18.2)."""
+(the lines were read from core_v0.16.1, core_v0.17.1, core_v0.18.2, core_v0.19.0 and main d98e8a6, 0.20.0)."""
 
 import pytest
 
 from lagom_megatron.launch.megatron_args import argv_to_args
-from lagom_megatron.preflight.megatron_lm import megatron_lm_traps, release_key
+from lagom_megatron.preflight.megatron_lm import RELEASES, choose_release, megatron_lm_traps, release_key
 
 LINE = [
     "--num-layers",
@@ -39,7 +39,13 @@ def whats(findings):
 
 @pytest.mark.parametrize(
     "release, line",
-    [("core_v0.16.1", "training.py:3307"), ("core_v0.17.1", "training.py:3547"), ("core_v0.18.2", "training.py:4136")],
+    [
+        ("core_v0.16.1", "training.py:3307"),
+        ("core_v0.17.1", "training.py:3547"),
+        ("core_v0.18.2", "training.py:4136"),
+        ("core_v0.19.1", "training.py:4481"),
+        ("core_v0.20.0", "training.py:5436"),
+    ],
 )
 def test_missing_eval_interval_names_the_release_and_line(release, line):
     found = megatron_lm_traps(argv_to_args(LINE), release, local=True, installed=everything)
@@ -122,12 +128,58 @@ def test_missing_packages_where_the_checkout_is_importable():
 
 def test_release_names():
     assert release_key("core_v0.16.1") == release_key("0.16.0") == "core_v0.16"
-    with pytest.raises(
-        ValueError,
-        match=r"--megatron-lm-release 'core_v0.19.0' is not one of the releases the doctor "
-        r"knows \(core_v0.16.x, core_v0.17.x, core_v0.18.x\)",
-    ):
-        release_key("core_v0.19.0")
+    assert release_key("core_v0.19.1") == "core_v0.19" and release_key("0.20.0rc1") == "core_v0.20"
+    assert release_key("core_v0.21.0") == release_key("1.0.0") == RELEASES[-1] == "core_v0.20"  # the newest rules
+    for bad in ("core_v0.15.3", "main", "0"):
+        with pytest.raises(ValueError, match=rf"^'{bad}' is not one of the Megatron-LM releases the doctor knows"):
+            release_key(bad)
+
+
+def test_an_unknown_release_given_is_named_with_the_known_ones():
+    with pytest.raises(ValueError) as err:
+        choose_release("core_v0.15.3", "0.19.2")
+    assert str(err.value) == (
+        "--megatron-lm-release 'core_v0.15.3' is not one of the Megatron-LM releases the doctor knows "
+        "(core_v0.16.x, core_v0.17.x, core_v0.18.x, core_v0.19.x, core_v0.20.x (core_v0.20: main), or newer)"
+    )
+
+
+def test_a_newer_release_gets_the_newest_rules_and_one_warning():
+    for given, installed in ((None, "0.21.0"), ("core_v0.22.1", "0.16.1")):
+        release, notes = choose_release(given, installed)
+        assert release == (given or "core_v0.21.0")
+        assert [(f.level, f.rule) for f in notes] == [("warning", "megatron-lm")]
+        assert notes[0].what.startswith(f"Megatron-LM {release} is newer than the releases the doctor knows")
+        found = megatron_lm_traps(argv_to_args(LINE), release, local=True, installed=everything)
+        assert [f.why for f in found] == [
+            "megatron/training/training.py:5436 raises TypeError before the first iteration"
+        ]
+    assert choose_release(None, "0.19.1") == ("core_v0.19.1", []) and choose_release("0.20.0", None) == ("0.20.0", [])
+    assert choose_release(None, None) == ("core_v0.16.1", [])  # no megatron-core here: the oldest rules
+
+
+def test_an_unreadable_installed_release_skips_the_traps_with_a_warning():
+    release, notes = choose_release(None, "unknown")
+    assert release is None and [(f.level, f.what) for f in notes] == [
+        (
+            "warning",
+            "Megatron-LM core_vunknown (the importable megatron-core) is none of the releases the doctor knows "
+            "(core_v0.16.x, core_v0.17.x, core_v0.18.x, core_v0.19.x, core_v0.20.x (core_v0.20: main), or newer)",
+        )
+    ]
+
+
+def test_megatron_fsdp_v2_refuses_the_distributed_optimizer_on_main():
+    args = argv_to_args(FSDP_LINE + ["--megatron-fsdp-version", "2"])
+    found = megatron_lm_traps(args, "core_v0.20.0", local=True, installed=everything)
+    assert [(f.level, f.why) for f in found] == [
+        (
+            "error",
+            "Megatron-LM core_v0.20.0 asserts Megatron-FSDP v2 runs without it "
+            "(megatron/training/arguments.py:1124-1126)",
+        )
+    ]
+    assert megatron_lm_traps(args, "core_v0.19.1", local=True, installed=everything) == []  # no v2 there
 
 
 FSDP_LINE = LINE + [
@@ -163,7 +215,13 @@ def test_megatron_fsdp_without_a_strategy_shards_nothing_before_core_v0_18(relea
 
 @pytest.mark.parametrize(
     "release, line",
-    [("core_v0.16.1", "arguments.py:684"), ("core_v0.17.1", "arguments.py:965"), ("core_v0.18.2", "arguments.py:1136")],
+    [
+        ("core_v0.16.1", "arguments.py:684"),
+        ("core_v0.17.1", "arguments.py:965"),
+        ("core_v0.18.2", "arguments.py:1136"),
+        ("core_v0.19.1", "arguments.py:1140"),
+        ("core_v0.20.0", "arguments.py:1163"),
+    ],
 )
 def test_weight_hash_check_with_full_sharding_is_asserted(release, line):
     args = argv_to_args(
@@ -189,13 +247,16 @@ def test_weight_hash_check_with_full_sharding_is_asserted(release, line):
     assert [f.level for f in megatron_lm_traps(implied, "core_v0.18.2", local=True, installed=everything)] == ["error"]
 
 
-def test_meta_device_with_no_shard_raises_in_core_v0_18_only():
+def test_meta_device_with_no_shard_raises_from_core_v0_18():
     args = argv_to_args(FSDP_LINE + ["--data-parallel-sharding-strategy", "no_shard", "--init-model-with-meta-device"])
     found = megatron_lm_traps(args, "core_v0.18.2", local=True, installed=everything)
     assert [(f.level, f.why) for f in found] == [
         ("error", "Megatron-LM core_v0.18.2 raises ValueError for it (megatron/training/arguments.py:1151)")
     ]
     assert megatron_lm_traps(args, "core_v0.16.1", local=True, installed=everything) == []  # no such check there
+    for release, line in (("core_v0.19.1", "arguments.py:1160"), ("core_v0.20.0", "arguments.py:1183")):
+        found = megatron_lm_traps(args, release, local=True, installed=everything)
+        assert [f.why for f in found] == [f"Megatron-LM {release} raises ValueError for it (megatron/training/{line})"]
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ def test_preset_passes_the_doctor_on_its_cluster(name, capsys):
     assert f"lagom doctor: preset {name}: 0 error(s)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("release", ["core_v0.16.1", "core_v0.17.1", "core_v0.18.2"])
+@pytest.mark.parametrize("release", ["core_v0.16.1", "core_v0.17.1", "core_v0.18.2", "core_v0.19.1", "core_v0.20.0"])
 @pytest.mark.parametrize("name", PRESETS)
 def test_presets_megatron_lm_line_passes_the_doctor(name, release, capsys):
     preset = load_preset(name)
@@ -61,7 +61,7 @@ def test_fsdp_presets_megatron_lm_line_shards_parameters_gradients_and_optimizer
         argv
     )
     assert argv.count("--data-parallel-sharding-strategy") == 1 and "--use-distributed-optimizer" in argv
-    for release in ("core_v0.16.1", "core_v0.17.1", "core_v0.18.2"):
+    for release in ("core_v0.16.1", "core_v0.17.1", "core_v0.18.2", "core_v0.19.1", "core_v0.20.0"):
         assert (
             main(
                 ["doctor", "--megatron-lm", "--megatron-lm-release", release, "--cluster", preset.cluster, "--", *argv]

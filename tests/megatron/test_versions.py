@@ -1,4 +1,4 @@
-"""Tested torch / megatron-core ranges: pyproject.toml and the Makefile agree with versions.py, the
+"""Tested torch / megatron-core ranges: pyproject.toml's lower bounds and the Makefile agree with versions.py, the
 installed versions are read from the code Python would import (a checkout shadows pip's copy),
 and an untested version stops the run with one message naming it and the range."""
 
@@ -7,9 +7,11 @@ import re
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from lagom_megatron.megatron.hooks import versions
 from lagom_megatron.megatron.hooks.versions import (
@@ -36,19 +38,25 @@ def test_release_numbers():
 
 
 def test_in_range_bounds():
-    assert in_range("0.16.1", TESTED_MEGATRON_CORE) and in_range("0.18.2", TESTED_MEGATRON_CORE)
-    assert not in_range("0.16.0", TESTED_MEGATRON_CORE)
-    assert not in_range("0.19.0", TESTED_MEGATRON_CORE) and not in_range("0.20.0", TESTED_MEGATRON_CORE)
+    # tested: megatron-core 0.16.1 to core_v0.19.x (package_info 0.19.1, wheel 0.19.2) and main (0.20.0)
+    for tested in ("0.16.1", "0.18.2", "0.19.1", "0.19.2", "0.20.0", "0.20.0rc1"):
+        assert in_range(tested, TESTED_MEGATRON_CORE), tested
+    assert not in_range("0.16.0", TESTED_MEGATRON_CORE) and not in_range("0.21.0", TESTED_MEGATRON_CORE)
     assert in_range("2.6.0", TESTED_TORCH) and in_range("2.14.1+cu130", TESTED_TORCH)
-    assert not in_range("2.5.1", TESTED_TORCH) and not in_range("2.15.0", TESTED_TORCH)
+    assert in_range("2.15.0+cu132", TESTED_TORCH) and in_range("2.15.0a0+nv25.10", TESTED_TORCH)
+    assert not in_range("2.5.1", TESTED_TORCH) and not in_range("2.16.0", TESTED_TORCH)
 
 
-def test_pyproject_declares_the_tested_ranges():
-    deps = re.findall(r'"(torch|megatron-core)([^"]*)"', (ROOT / "pyproject.toml").read_text())
-    assert dict(deps) == {
-        "torch": f">={TESTED_TORCH[0]},<{TESTED_TORCH[1]}",
-        "megatron-core": f">={TESTED_MEGATRON_CORE[0]},<{TESTED_MEGATRON_CORE[1]}",
-    }
+def test_pyproject_has_the_tested_lower_bounds_and_no_upper_bound():
+    """pip keeps the torch, megatron-core and transformer-engine a user's stack holds (never downgrades them);
+    the check when a run starts is the one guard above the lower bounds, which are versions.py's."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    listed = [Requirement(r) for r in project["dependencies"]]
+    listed += [Requirement(r) for extra in project["optional-dependencies"].values() for r in extra]
+    specifiers = {r.name: {(s.operator, s.version) for s in r.specifier} for r in listed}
+    assert specifiers["torch"] == {(">=", TESTED_TORCH[0])}
+    assert specifiers["megatron-core"] == {(">=", TESTED_MEGATRON_CORE[0])}
+    assert specifiers["transformer-engine"] == set()
 
 
 def test_makefile_matrix_runs_both_ends_of_the_ranges():
@@ -60,7 +68,10 @@ def test_makefile_matrix_runs_both_ends_of_the_ranges():
     torch_max, mcore_max = highest.groups()
     assert in_range(torch_max, TESTED_TORCH) and in_range(mcore_max, TESTED_MEGATRON_CORE)
     assert release(torch_max)[:2] == (release(TESTED_TORCH[1])[0], release(TESTED_TORCH[1])[1] - 1)
-    assert release(mcore_max)[:2] == (release(TESTED_MEGATRON_CORE[1])[0], release(TESTED_MEGATRON_CORE[1])[1] - 1)
+    # test-max takes the newest megatron-core wheel (0.19.x); the bound's last minor (0.20) is Megatron-LM main's,
+    # tested from a checkout by tests/launch/test_megatron_lm_real_loop.py (docs/training.md, Tested versions)
+    high = release(TESTED_MEGATRON_CORE[1])
+    assert release(mcore_max)[:2] == (high[0], high[1] - 2)
     assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "test_versions.sh")]).returncode == 0
 
 
@@ -95,7 +106,7 @@ def _fake_checkout(root: Path, minor: int) -> Path:
 def test_a_checkout_on_the_path_is_what_counts(tmp_path):
     # A Megatron-LM checkout on PYTHONPATH shadows the pip-installed megatron-core: its
     # package_info.py names the version, and the checkout is flagged as one.
-    _fake_checkout(tmp_path, 20)
+    _fake_checkout(tmp_path, 21)
     code = (
         "from lagom_megatron.megatron.hooks.versions import installed_megatron_core, untested_versions;"
         "v = installed_megatron_core(); print(v.version, v.checkout, v.path); print(untested_versions())"
@@ -103,31 +114,36 @@ def test_a_checkout_on_the_path_is_what_counts(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     first, second = out.splitlines()
-    assert first == f"0.20.0rc1 True {tmp_path / 'megatron' / 'core'}"
+    assert first == f"0.21.0rc1 True {tmp_path / 'megatron' / 'core'}"
     assert (
-        f"megatron-core 0.20.0rc1 (checkout at {tmp_path / 'megatron' / 'core'}) is outside the tested range "
+        f"megatron-core 0.21.0rc1 (checkout at {tmp_path / 'megatron' / 'core'}) is outside the tested range "
         f">={TESTED_MEGATRON_CORE[0]},<{TESTED_MEGATRON_CORE[1]}" in second
     )
 
 
 def test_untested_version_stops_with_one_message(monkeypatch):
-    fake = versions.InstalledVersion("megatron-core", "0.19.2", "/site-packages/megatron/core", False)
+    fake = versions.InstalledVersion("megatron-core", "0.21.0", "/site-packages/megatron/core", False)
     monkeypatch.setattr(versions, "installed_megatron_core", lambda: fake)
     monkeypatch.delenv(versions.ALLOW_UNTESTED_ENV, raising=False)
     with pytest.raises(UntestedVersionError) as err:
         check_versions()
     message = str(err.value)
     assert message.startswith(
-        f"megatron-core 0.19.2 is outside the tested range >={TESTED_MEGATRON_CORE[0]},<{TESTED_MEGATRON_CORE[1]}."
+        f"megatron-core 0.21.0 is outside the tested range >={TESTED_MEGATRON_CORE[0]},<{TESTED_MEGATRON_CORE[1]}."
     )
     assert "--lagom-allow-untested-versions" in message and versions.ALLOW_UNTESTED_ENV in message
     warnings = check_versions(allow_untested=True)
     assert warnings == [
-        f"megatron-core 0.19.2 is outside the tested range >={TESTED_MEGATRON_CORE[0]},"
+        f"megatron-core 0.21.0 is outside the tested range >={TESTED_MEGATRON_CORE[0]},"
         f"<{TESTED_MEGATRON_CORE[1]} (running anyway: untested versions allowed)"
     ]
+    assert check_versions(refuse=False) == [  # a Megatron-LM run without --lagom
+        f"megatron-core 0.21.0 is outside the tested range >={TESTED_MEGATRON_CORE[0]},"
+        f"<{TESTED_MEGATRON_CORE[1]} (running anyway without --lagom; with --lagom, pass "
+        f"--lagom-allow-untested-versions (or set {versions.ALLOW_UNTESTED_ENV}=1))"
+    ]
     monkeypatch.setenv(versions.ALLOW_UNTESTED_ENV, "1")
-    assert check_versions() == warnings
+    assert check_versions() == warnings == check_versions(refuse=False)
 
 
 def test_installed_versions_pass_the_check():
@@ -167,7 +183,8 @@ def test_fingerprint_tells_megatron_fsdp_strategies_apart():
 
 
 def test_script_refuses_an_untested_megatron_core(tmp_path):
-    _fake_checkout(tmp_path, 20)
+    """lagom's own loop refuses with or without --lagom (this line has none): the loop is lagom's code."""
+    _fake_checkout(tmp_path, 21)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
     env.pop(versions.ALLOW_UNTESTED_ENV, None)
     argv = [
@@ -192,5 +209,5 @@ def test_script_refuses_an_untested_megatron_core(tmp_path):
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 2
     assert (
-        proc.stderr.strip().splitlines()[-1].startswith("pretrain_gpt.py: error: megatron-core 0.20.0rc1 (checkout at ")
+        proc.stderr.strip().splitlines()[-1].startswith("pretrain_gpt.py: error: megatron-core 0.21.0rc1 (checkout at ")
     )
