@@ -7,10 +7,15 @@ The wheel goes into a fresh virtual environment that sees this environment's sit
 a ``.pth`` line (torch, megatron-core and the rest are reused, nothing is downloaded) but not the
 checkout: a path line of a ``.pth`` file does not run the ``.pth`` files found there, so the editable
 install's finder stays out, and every command runs from a folder outside the checkout.
+
+Installed beside a user's stack, the wheel's requirements keep the torch and megatron-core already there:
+pip resolves it (a dry run, offline, without this machine's pip settings) in an environment holding
+stand-ins of those versions, with older and newer releases on offer.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import site
@@ -20,6 +25,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from tests.timeouts import COMMAND_S, LAUNCH_S, run
 
@@ -78,11 +84,11 @@ def _setuptools_ok() -> bool:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(the fresh environment's python, its bin folder, a folder outside the checkout)."""
+def wheel(tmp_path_factory) -> Path:
+    """lagom-megatron's wheel, built from a copy of the repository, offline."""
     if not _setuptools_ok():
         pytest.skip("building the wheel offline needs setuptools >= 77 here (torch installs it)")
-    tmp = tmp_path_factory.mktemp("wheel")
+    tmp = tmp_path_factory.mktemp("build")
     src = tmp / "src"
     src.mkdir()
     for name in SOURCES:
@@ -108,7 +114,14 @@ def installed(tmp_path_factory):
         text=True,
     )
     assert built.returncode == 0, built.stdout + built.stderr
-    (wheel,) = (tmp / "dist").glob("lagom_megatron-*.whl")
+    (found,) = (tmp / "dist").glob("lagom_megatron-*.whl")
+    return found
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory):
+    """(the fresh environment's python, its bin folder, a folder outside the checkout)."""
+    tmp = tmp_path_factory.mktemp("wheel")
     names = set(zipfile.ZipFile(wheel).namelist())
     for path in (
         "lagom_megatron/configs/presets/cpu-tp2-dp2.yaml",
@@ -227,3 +240,83 @@ def test_torchrun_starts_training_from_the_installed_module(installed):
     iterations = [line for line in proc.stdout.splitlines() if " iteration " in line and "lm loss:" in line]
     assert len(iterations) == 2 and "iteration        2/       2" in iterations[-1], proc.stdout[-2000:]
     assert sorted(p.name for p in outside.iterdir()) in ([], ["plan.json"])  # nothing else written where it ran
+
+
+OFFERED = {"torch": ("2.14.1", "2.16.0"), "megatron-core": ("0.18.2", "0.21.0")}
+"""Beside lagom's wheel: releases below the stack's (an upper bound under it would take them) and above."""
+
+
+def _pip_alone() -> dict[str, str]:
+    """This environment without the user's, the site's or the machine's pip settings (config files,
+    ``PIP_CONSTRAINT``, ``PIP_FIND_LINKS``, ...): a resolution then follows lagom's metadata alone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+def _metadata(name: str, version: str) -> str:
+    return f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+
+
+def _standin_wheel(folder: Path, name: str, version: str) -> None:
+    dist = f"{name.replace('-', '_')}-{version}"
+    files = {
+        f"{dist}.dist-info/METADATA": _metadata(name, version),
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{dist}.dist-info/RECORD"] = "".join(f"{f},,\n" for f in [*files, f"{dist}.dist-info/RECORD"])
+    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as whl:
+        for path, text in files.items():
+            whl.writestr(path, text)
+
+
+def _installed_standin(purelib: Path, name: str, version: str) -> None:
+    info = purelib / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(_metadata(name, version))
+    (info / "INSTALLER").write_text("pip\n")
+    (info / "RECORD").write_text("")
+
+
+def _requirements(wheel: Path) -> list[Requirement]:
+    """The wheel's own requirements (not its extras')."""
+    with zipfile.ZipFile(wheel) as whl:
+        meta = whl.read(next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    listed = [Requirement(line.split(":", 1)[1]) for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+    return [r for r in listed if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+@pytest.mark.parametrize(
+    "held",
+    [{"torch": "2.15.0", "megatron-core": "0.19.2"}, {"torch": "2.15.0a0+nv25.10", "megatron-core": "0.20.0"}],
+    ids=["pypi-wheels", "ngc-container-megatron-lm-main"],
+)
+def test_pip_keeps_the_torch_and_megatron_core_of_the_users_stack(wheel, tmp_path, held):
+    venv = tmp_path / "venv"
+    made = run([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=COMMAND_S, text=True)
+    assert made.returncode == 0, made.stderr
+    python = venv / "bin" / "python"
+    purelib = run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], timeout=COMMAND_S, text=True
+    ).stdout.strip()
+    for req in _requirements(wheel):  # each at the stack's version, else at its lowest allowed
+        lowest = [s.version for s in req.specifier if s.operator == ">="]
+        _installed_standin(Path(purelib), req.name, held.get(req.name) or lowest[0])
+    links = tmp_path / "links"
+    links.mkdir()
+    shutil.copy2(wheel, links)
+    for name, versions in OFFERED.items():
+        for version in versions:
+            _standin_wheel(links, name, version)
+
+    def resolve(*extra: str) -> dict[str, str]:
+        report = tmp_path / "report.json"
+        argv = [sys.executable, "-m", "pip", "--python", str(python), "install", "--dry-run", "-q", "--no-index"]
+        argv += ["--find-links", str(links), "--report", str(report), "lagom-megatron", *extra]
+        proc = run(argv, timeout=COMMAND_S, text=True, env=_pip_alone())
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return {d["metadata"]["name"]: d["metadata"]["version"] for d in json.loads(report.read_text())["install"]}
+
+    lagom = {"lagom-megatron": wheel.name.split("-")[1]}
+    assert resolve() == lagom
+    # the stand-ins can be replaced: under the upper bounds pyproject.toml had before, pip takes the releases below
+    assert resolve("torch<2.15", "megatron-core<0.19") == {**lagom, "torch": "2.14.1", "megatron-core": "0.18.2"}
