@@ -1,10 +1,22 @@
 # The two commands a newcomer needs:  `make demo`  and  `make test`.
-# Each creates .venv on first use and installs the project into it (CPU torch 2.13.0 first, so
-# that the torch requirement never pulls a multi-GB CUDA build).
+# Each creates .venv on first use and installs the project into it, after a CPU torch (below).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lagom-installed
+
+# torch goes in first, as a CPU build, so that the project's torch requirement never pulls a CUDA build
+# (several GB) unasked; a torch already in $(VENV) is kept as it is, and the project is installed beside it.
+# pip's resolution of torch==$(TORCH_CPU) (--dry-run --report) tells the builds apart: a CUDA build brings
+# nvidia-* and cuda-* distributions. The configured package index is asked first (it has CPU wheels for
+# macOS and Windows; for Linux, PyPI's are CUDA builds), then PyTorch's CPU index; else make stops and
+# says what to do. TORCH_CUDA_OK=1 takes whatever the configured index offers.
+TORCH_CPU := 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_CUDA_OK ?=
+CPU_BUILD = -c 'import json, sys; names = [d["metadata"]["name"].lower() for d in json.load(sys.stdin)["install"]]; sys.exit("torch" not in names or any(n.startswith(("nvidia-", "cuda-")) for n in names))'
+TORCH_IN_VENV = -c 'import importlib.metadata as m; print(m.version("torch"))'
+PIP_FAILED = make: installing into $(VENV) failed (above); 'make clean' removes $(VENV), then run make again
 
 .PHONY: demo test lint install clean
 
@@ -21,8 +33,19 @@ $(STAMP): pyproject.toml
 	  echo "make: $(VENV) is broken or made with another Python ($$($(PY) $(PY_VERSION) 2>/dev/null || echo 'its python does not run')); removing it and creating it again" >&2; \
 	  rm -rf $(VENV); fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@{ $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q torch==2.13.0 && $(PY) -m pip install -q -e '.[test]'; } || { \
-	  echo "make: installing into $(VENV) failed (above); 'make clean' removes $(VENV), then run make again" >&2; exit 2; }
+	@$(PY) -m pip install -q --upgrade pip || { echo "$(PIP_FAILED)" >&2; exit 2; }
+	@if kept=$$($(PY) $(TORCH_IN_VENV) 2>/dev/null); then \
+	  echo "make: keeping torch $$kept, found in $(VENV)"; \
+	elif [ "$(TORCH_CUDA_OK)" = 1 ]; then \
+	  $(PY) -m pip install -q torch==$(TORCH_CPU); \
+	elif $(PY) -m pip install -q --dry-run --report - torch==$(TORCH_CPU) 2>/dev/null | $(PY) $(CPU_BUILD) 2>/dev/null; then \
+	  $(PY) -m pip install -q torch==$(TORCH_CPU); \
+	elif $(PY) -m pip install -q --dry-run --report - --index-url $(TORCH_CPU_INDEX) torch==$(TORCH_CPU) 2>/dev/null | $(PY) $(CPU_BUILD) 2>/dev/null; then \
+	  $(PY) -m pip install -q --index-url $(TORCH_CPU_INDEX) torch==$(TORCH_CPU); \
+	else \
+	  echo "make: no CPU build of torch $(TORCH_CPU) for Python $$($(PY) $(PY_VERSION)) (the package index offers a CUDA build or none, and $(TORCH_CPU_INDEX) cannot be reached or has none): install the torch you want into $(VENV) first ($(VENV)/bin/pip install ...) and run make again, or run make again with TORCH_CUDA_OK=1 to take the CUDA build (several GB)" >&2; exit 2; \
+	fi || { echo "$(PIP_FAILED)" >&2; exit 2; }
+	@$(PY) -m pip install -q -e '.[test]' "torch==$$($(PY) $(TORCH_IN_VENV))" || { echo "$(PIP_FAILED)" >&2; exit 2; }
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -53,4 +76,4 @@ PYTHON_MAX ?= python3.12
 test-min:
 	scripts/test_versions.sh .venv-min $(PYTHON_MIN) 2.6.0 0.16.1
 test-max:
-	scripts/test_versions.sh .venv-max $(PYTHON_MAX) 2.14.1 0.18.2
+	scripts/test_versions.sh .venv-max $(PYTHON_MAX) 2.15.0 0.19.2
