@@ -483,8 +483,12 @@ def test_untested_versions_same_verdict_and_override(monkeypatch, capsys):
 
 
 def test_cuda_absence_is_read_without_importing_torch(tmp_path):
-    """torch here is a CPU build (``cuda = None`` in torch/version.py): the pre-flight of a refused line, in a
-    fresh process, ends without importing torch, and training's verdict and line are unchanged."""
+    """The pre-flight of a refused line, in a fresh process, ends without importing torch, and training's
+    verdict and line are unchanged. CUDA is certainly absent for a CPU build (``cuda = None`` in
+    torch/version.py) and for a Linux CUDA build where ``libcuda.so.1`` does not load (a CUDA wheel on a
+    machine without a GPU driver), and then torch agrees: ``is_available()`` is False without a CUDA build,
+    and ``cudaGetDeviceCount`` finds no device without a driver (torch/cuda/__init__.py:230-241 @v2.15.0)."""
+    import ctypes
     import subprocess
     import sys
 
@@ -510,7 +514,15 @@ def test_cuda_absence_is_read_without_importing_torch(tmp_path):
 
     from lagom_megatron.preflight.cluster import cuda_certainly_absent
 
-    assert cuda_certainly_absent() == (torch.version.cuda is None and torch.version.hip is None)
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        driver = True
+    except OSError:
+        driver = False
+    cpu_build = torch.version.cuda is None and torch.version.hip is None
+    cuda_build_without_driver = torch.version.hip is None and sys.platform.startswith("linux") and not driver
+    assert cuda_certainly_absent() == (cpu_build or cuda_build_without_driver)
+    assert not (cuda_certainly_absent() and torch.cuda.is_available())
 
 
 def test_arguments_are_refused_before_the_machine_is_detected(monkeypatch, capsys):
