@@ -107,6 +107,7 @@ def enable_in_process(
 VAR = "NCCL_TUNER_PLUGIN"
 
 TUNER_SYMBOLS_BY_NCCL: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
+    ((2, 32), tuple(f"ncclTunerPlugin_v{v}" for v in (7, 6, 5, 4, 3, 2))),
     (
         (2, 30),
         ("ncclTunerPlugin_v6", "ncclTunerPlugin_v5", "ncclTunerPlugin_v4", "ncclTunerPlugin_v3", "ncclTunerPlugin_v2"),
@@ -117,14 +118,17 @@ TUNER_SYMBOLS_BY_NCCL: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
     ((0, 0), ("ncclTunerPlugin_v2", "ncclTunerPlugin_v1")),
 )
 """(first NCCL, tuner structs it looks up, newest first): v2.22.3 ``src/misc/tuner.cc:199-202``, v2.24.3 :216-222,
-v2.28.3 ``src/plugin/tuner.cc:72-80``, v2.30.3 (v6 first); older v2, v1 (``src/include/nccl_tuner.h:58`` @v2.21.5)."""
+v2.28.3 ``src/plugin/tuner.cc:72-80``, v2.30.3 (v6 first; still so in the 2.31.2 library), 2.32 code
+``src/plugin/tuner.cc:76-91`` @2449986f (v7 first; the 2.32.6 library names ``ncclTunerPlugin_v7``); older v2, v1
+(``src/include/nccl_tuner.h:58`` @v2.21.5)."""
 
-ALL_TUNER_SYMBOLS = tuple(f"ncclTunerPlugin_v{v}" for v in (6, 5, 4, 3, 2, 1))
+ALL_TUNER_SYMBOLS = tuple(f"ncclTunerPlugin_v{v}" for v in (7, 6, 5, 4, 3, 2, 1))
 
-NEWEST_TUNER_ABI = 6
-"""Newest tuner ABI lagom exports = v2.30.7's (``src/include/plugin/tuner/tuner_v6.h``; ``src/plugin/tuner.cc:73``)."""
+NEWEST_TUNER_ABI = 7
+"""Newest tuner ABI lagom exports = NCCL 2.32's (``src/include/plugin/tuner/tuner_v7.h:55-117`` @2449986f)."""
 
 PROFILER_SYMBOLS_BY_NCCL: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
+    ((2, 31), tuple(f"ncclProfiler_v{v}" for v in (7, 6, 5, 4, 3, 2, 1))),
     ((2, 29), tuple(f"ncclProfiler_v{v}" for v in (6, 5, 4, 3, 2, 1))),
     ((2, 28), tuple(f"ncclProfiler_v{v}" for v in (5, 4, 3, 2, 1))),
     ((2, 27), tuple(f"ncclProfiler_v{v}" for v in (4, 3, 2, 1))),
@@ -134,7 +138,10 @@ PROFILER_SYMBOLS_BY_NCCL: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = 
     ((0, 0), ()),
 )
 """(first NCCL release, profiler structs it looks up, newest first): v2.23.4 ``src/misc/profiler.cc:21,119``, v2.24.3
-and v2.25.1 :220-223; v2.26.2, v2.27.3, v2.28.3, v2.29.2 and v2.30.7 ``src/plugin/profiler.cc:73-88``."""
+and v2.25.1 :220-223; v2.26.2, v2.27.3, v2.28.3, v2.29.2 and v2.30.7 ``src/plugin/profiler.cc:73-88``; 2.31.2
+``src/plugin/profiler.cc:123-141`` @8898068. The 2.32.6 library also names ``ncclProfiler_v8`` (its header is not
+read, lagom exports no v8) besides v7 .. v1, so 2.32 is listed with 2.31's order: the struct it takes from lagom is
+v7."""
 
 ALL_PROFILER_SYMBOLS = PROFILER_SYMBOLS_BY_NCCL[0][1]
 
@@ -261,7 +268,7 @@ def check_tuner_plugin(
                 value,
                 f"{shown} has none of the symbols {need} looks up ({', '.join(wanted)})",
                 f"{has}; NCCL then reports the plugin unsupported at INFO level and keeps its internal "
-                "tuner (src/plugin/tuner.cc:73-88); lagom's plugin exports v3-v6, which NCCL 2.22+ reads",
+                "tuner (src/plugin/tuner.cc:73-88); lagom's plugin exports v3-v7, which NCCL 2.22+ reads",
                 f"point {VAR} at libnccl-tuner-lagom.so (lagom build-tuner)"
                 + (", and use NCCL 2.22 or newer" if "ncclTunerPlugin_v3" not in wanted else ""),
             )

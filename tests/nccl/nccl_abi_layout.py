@@ -2,8 +2,11 @@
 headers by compiling ``lagom_megatron/nccl/plugin/test/abi_layout.c`` against them: tuner v3-v6 from
 NVIDIA/nccl v2.30.7 ``src/include/plugin/tuner/tuner_v3.h`` .. ``tuner_v6.h`` and profiler v1-v6 from
 ``src/include/plugin/profiler/profiler_v1.h`` .. ``profiler_v6.h`` (v1 and v2 have the same layout in
-v2.23.4 / v2.25.1 ``src/include/nccl_profiler.h``). ``test_plugin_abi.py`` compares lagom's own
-declarations with this table, and with NCCL's headers themselves when a checkout is named."""
+v2.23.4 / v2.25.1 ``src/include/nccl_profiler.h``). Tuner v7 from ``src/include/plugin/tuner/tuner_v7.h:55-117``
+@2449986f (2.32 code; its ``makefiles/version.mk`` is not stored) and profiler v7 from
+``src/include/plugin/profiler/profiler_v7.h:13-173`` @8898068 (``makefiles/version.mk``: 2.31.2), each header
+compiled over v2.30.7's v6 headers it includes. ``test_plugin_abi.py`` compares lagom's own declarations with
+this table, and with NCCL's headers themselves when a checkout is named."""
 
 NCCL_ABI_LAYOUT: dict[str, int] = {
     "ncclTuner_v3_t": 32,
@@ -24,6 +27,11 @@ NCCL_ABI_LAYOUT: dict[str, int] = {
     "ncclTuner_v6_t.getCollInfo": 16,
     "ncclTuner_v6_t.finalize": 24,
     "ncclTuner_v6_t.getChunkSize": 32,
+    "ncclTuner_v7_t": 40,
+    "ncclTuner_v7_t.init": 8,
+    "ncclTuner_v7_t.getCollInfo": 16,
+    "ncclTuner_v7_t.finalize": 24,
+    "ncclTuner_v7_t.getChunkSize": 32,
     "ncclProfilerEventDescr_v1_t": 120,
     "ncclProfilerEventDescr_v1_t.type": 0,
     "ncclProfilerEventDescr_v1_t.parentObj": 8,
@@ -232,4 +240,54 @@ NCCL_ABI_LAYOUT: dict[str, int] = {
     "ncclProfiler_v6_t.stopEvent": 24,
     "ncclProfiler_v6_t.recordEventState": 32,
     "ncclProfiler_v6_t.finalize": 40,
+    "ncclProfilerEventDescr_v7_t": 136,
+    "ncclProfilerEventDescr_v7_t.type": 0,
+    "ncclProfilerEventDescr_v7_t.parentObj": 8,
+    "ncclProfilerEventDescr_v7_t.rank": 16,
+    "ncclProfilerEventDescr_v7_t.proxyOp.pid": 24,
+    "ncclProfilerEventDescr_v7_t.proxyOp.channelId": 28,
+    "ncclProfilerEventDescr_v7_t.proxyOp.peer": 32,
+    "ncclProfilerEventDescr_v7_t.proxyOp.nSteps": 36,
+    "ncclProfilerEventDescr_v7_t.proxyOp.chunkSize": 40,
+    "ncclProfilerEventDescr_v7_t.proxyOp.isSend": 44,
+    "ncclProfilerEventDescr_v7_t.proxyStep.step": 24,
+    "ncclProfilerEventDescr_v7_t.coll.seqNumber": 24,
+    "ncclProfilerEventDescr_v7_t.coll.func": 32,
+    "ncclProfilerEventDescr_v7_t.coll.count": 56,
+    "ncclProfilerEventDescr_v7_t.coll.datatype": 72,
+    "ncclProfilerEventDescr_v7_t.coll.nChannels": 80,
+    "ncclProfilerEventDescr_v7_t.coll.nWarps": 81,
+    "ncclProfilerEventDescr_v7_t.coll.algo": 88,
+    "ncclProfilerEventDescr_v7_t.coll.proto": 96,
+    "ncclProfilerEventDescr_v7_t.p2p.func": 24,
+    "ncclProfilerEventDescr_v7_t.p2p.datatype": 40,
+    "ncclProfilerEventDescr_v7_t.p2p.count": 48,
+    "ncclProfilerEventDescr_v7_t.p2p.peer": 56,
+    "ncclProfilerEventDescr_v7_t.p2p.nChannels": 60,
+    "ncclProfilerEventDescr_v7_t.kernelCh.channelId": 24,
+    "ncclProfilerEventDescr_v7_t.kernelCh.pTimer": 32,
+    "ncclProfilerEventDescr_v7_t.coll.parentGroup": 104,
+    "ncclProfilerEventDescr_v7_t.coll.kernelVariant": 112,
+    "ncclProfilerEventDescr_v7_t.coll.isSymColl": 120,
+    "ncclProfilerEventDescr_v7_t.coll.userTag": 128,
+    "ncclProfilerEventDescr_v7_t.p2p.parentGroup": 64,
+    "ncclProfilerEventDescr_v7_t.p2p.userTag": 72,
+    "ncclProfilerEventDescr_v7_t.collApi.graphCaptured": 64,
+    "ncclProfilerEventDescr_v7_t.collApi.userTag": 72,
+    "ncclProfilerEventDescr_v7_t.p2pApi.userTag": 64,
+    "ncclProfilerEventDescr_v7_t.ceColl.stream": 104,
+    "ncclProfilerEventDescr_v7_t.ceColl.userTag": 112,
+    "ncclProfilerEventDescr_v7_t.ceCollBatch.useIntraSync": 40,
+    "ncclProfilerEventDescr_v7_t.kernelPhase.channelId": 24,
+    "ncclProfilerEventDescr_v7_t.kernelPhase.phaseId": 25,
+    "ncclProfilerEventDescr_v7_t.kernelPhase.phaseName": 32,
+    "ncclProfilerEventDescr_v7_t.kernelPhase.pTimer": 40,
+    "ncclProfilerEventStateArgs_v7_t": 8,
+    "ncclProfilerEventStateArgs_v7_t.kernelCh.pTimer": 0,
+    "ncclProfiler_v7_t": 48,
+    "ncclProfiler_v7_t.init": 8,
+    "ncclProfiler_v7_t.startEvent": 16,
+    "ncclProfiler_v7_t.stopEvent": 24,
+    "ncclProfiler_v7_t.recordEventState": 32,
+    "ncclProfiler_v7_t.finalize": 40,
 }

@@ -50,7 +50,9 @@ def test_harness_passes_every_case(built):
     listed = subprocess.run([str(harness), str(lib), "--list"], capture_output=True, text=True, check=True)
     names = listed.stdout.split()
     assert {"several_comms", "malformed_tables", "empty_table", "missing_table", "older_abis"} <= set(names)
-    # the profiler half in NCCL's order for ABI v1-v6 (nccl/plugin/test/test_observed.c)
+    # tuner ABI v7 (NCCL 2.32) in NCCL's order (nccl/plugin/test/test_calls.c)
+    assert "tuner_v7" in names
+    # the profiler half in NCCL's order for ABI v1-v7 (nccl/plugin/test/test_observed.c)
     assert {
         "profiler_match_plan",
         "profiler_clamped_channels",
@@ -63,6 +65,7 @@ def test_harness_passes_every_case(built):
         "profiler_bounded",
         "profiler_small_call",
         "profiler_proxy_before_host_stop",
+        "profiler_v7_fields",
     } <= set(names)
     proc = subprocess.run([str(harness), str(lib)], capture_output=True, text=True, timeout=COMMAND_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -90,9 +93,9 @@ def test_harness_under_address_sanitizer(tmp_path):
 
 def test_exports_only_the_abi_structs_and_status(built):
     lib = ctypes.CDLL(str(built[0]))
-    for version in (3, 4, 5, 6):
+    for version in (3, 4, 5, 6, 7):
         assert hasattr(lib, f"ncclTunerPlugin_v{version}")
-    for version in (1, 2, 3, 4, 5, 6):
+    for version in (1, 2, 3, 4, 5, 6, 7):
         assert hasattr(lib, f"ncclProfiler_v{version}")
     for status in (
         "lagomTunerAbiVersion",
@@ -124,9 +127,10 @@ def test_exports_only_the_abi_structs_and_status(built):
 
 
 def test_nm_lists_the_profiler_and_tuner_symbols(built):
-    """The dynamic symbol table, as NCCL's dlsym sees it: ncclProfiler_v1..v6 and ncclTunerPlugin_v3
-    up to the newest tuner ABI NCCL's headers define (v6 at NCCL v2.30.7: no tuner_v7.h), and no
-    other ``nccl*`` symbol."""
+    """The dynamic symbol table, as NCCL's dlsym sees it: ncclProfiler_v1..v7 (v7: what NCCL 2.31.2 looks up
+    first, ``src/plugin/profiler.cc:123`` @8898068) and ncclTunerPlugin_v3 up to the newest tuner ABI lagom
+    declares (v7: NCCL 2.32's first lookup, ``src/plugin/tuner.cc:76`` @2449986f), and no other ``nccl*``
+    symbol: no ``ncclProfiler_v8`` (NCCL 2.32.6's, whose header lagom has not read)."""
     if shutil.which("nm") is None:
         pytest.skip("nm (binutils) is not installed")
     from lagom_megatron.nccl.plugin_launch import NEWEST_TUNER_ABI
@@ -136,10 +140,10 @@ def test_nm_lists_the_profiler_and_tuner_symbols(built):
     ).stdout
     names = {line.split()[-1] for line in out.splitlines() if line.strip()}
     nccl = {n for n in names if n.startswith("nccl")}
-    assert nccl == {f"ncclProfiler_v{v}" for v in range(1, 7)} | {
+    assert nccl == {f"ncclProfiler_v{v}" for v in range(1, 8)} | {
         f"ncclTunerPlugin_v{v}" for v in range(3, NEWEST_TUNER_ABI + 1)
     }
-    assert NEWEST_TUNER_ABI == 6
+    assert NEWEST_TUNER_ABI == 7
 
 
 def test_extended_table_per_communicator(built, tmp_path):
@@ -256,7 +260,10 @@ def test_gpu_check_script_fails_gracefully_without_a_gpu(tmp_path):
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "| build tuner plugin | ok | 4 ABI structs exported |" in summary
+    from lagom_megatron.nccl.plugin_launch import NEWEST_TUNER_ABI
+
+    # ncclTunerPlugin_v3 .. the newest lagom declares: five with v7
+    assert f"| build tuner plugin | ok | {NEWEST_TUNER_ABI - 2} ABI structs exported |" in summary
     assert "no CUDA device seen by torch" in summary
     assert "| NCCL pool + tuner plugin | skipped |" in summary
     assert "| plugin status + capabilities | skipped |" in summary

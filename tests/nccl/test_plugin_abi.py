@@ -1,12 +1,13 @@
-"""The plugin's ABI declarations have NCCL's sizes and offsets: every struct of tuner ABI v3-v6 and
-profiler ABI v1-v6 that lagom's library exports or reads.
+"""The plugin's ABI declarations have NCCL's sizes and offsets: every struct of tuner ABI v3-v7 and
+profiler ABI v1-v7 that lagom's library exports or reads.
 
 ``nccl/plugin/test/abi_layout.c`` prints them from lagom's own headers; they must equal the table
 read from NCCL's headers (``nccl_abi_layout.py``). With ``LAGOM_NCCL_SRC`` naming an NCCL source
-checkout (2.29 or newer: it has ``src/include/plugin/profiler/profiler_v1.h`` .. ``_v6.h`` and
+checkout (2.30 or newer: it has ``src/include/plugin/profiler/profiler_v1.h`` .. ``_v6.h`` and
 ``src/include/plugin/tuner/tuner_v3.h`` .. ``_v6.h``), the same program is also compiled against
-that checkout's headers, copied into a temporary folder, and the two outputs are compared; without
-it that check is skipped with the reason (NCCL's files are never kept in this repository).
+that checkout's headers, copied into a temporary folder, and the two outputs are compared, v7 too
+where the checkout has ``tuner_v7.h`` (2.32) or ``profiler_v7.h`` (2.31); without it that check is
+skipped with the reason (NCCL's files are never kept in this repository).
 """
 
 import ctypes
@@ -29,6 +30,7 @@ pytestmark = [
 PRELUDE = """\
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <sys/types.h>
 // What NCCL's plugin headers take from nccl.h, nccl_common.h and os.h.
 typedef enum { ncclSuccess = 0 } ncclResult_t;
@@ -40,10 +42,12 @@ typedef pid_t ncclPid_t;
 typedef int ncclProfilerEventState_t;
 typedef ncclProfilerEventState_t ncclProfilerEventState_v1_t, ncclProfilerEventState_v2_t,
     ncclProfilerEventState_v3_t, ncclProfilerEventState_v4_t, ncclProfilerEventState_v5_t,
-    ncclProfilerEventState_v6_t;
+    ncclProfilerEventState_v6_t, ncclProfilerEventState_v7_t;
 """
 TUNER_HEADERS = [f"plugin/tuner/tuner_v{v}.h" for v in (3, 4, 5, 6)]
 PROFILER_HEADERS = [f"plugin/profiler/profiler_v{v}.h" for v in (1, 2, 3, 4, 5, 6)]
+V7_HEADERS = {"plugin/tuner/tuner_v7.h": "LAGOM_ABI_TUNER_V7", "plugin/profiler/profiler_v7.h": "LAGOM_ABI_PROFILER_V7"}
+"""The v7 headers (NCCL 2.32 and 2.31) and the macro that has ``abi_layout.c`` print their structs."""
 
 
 def _layout(binary: Path) -> dict[str, int]:
@@ -72,9 +76,9 @@ def test_lagoms_declarations_have_nccls_layout(tmp_path):
 def test_table_covers_every_exported_version():
     """Every ABI version the library exports has its plugin struct and descriptor in the table (a
     version added to the plugin without a row here would go unchecked)."""
-    for v in range(1, 7):
+    for v in range(1, 8):
         assert f"ncclProfiler_v{v}_t" in NCCL_ABI_LAYOUT and f"ncclProfilerEventDescr_v{v}_t" in NCCL_ABI_LAYOUT
-    for v in range(3, 7):
+    for v in range(3, 8):
         assert f"ncclTuner_v{v}_t" in NCCL_ABI_LAYOUT
     # values counted by hand from the headers' member lists: the union starts at 24 (type, parentObj,
     # rank); v4 dropped name and commHash (16 bytes) before nChannels; v6's copy-engine members end
@@ -85,6 +89,12 @@ def test_table_covers_every_exported_version():
     assert NCCL_ABI_LAYOUT["ncclProfilerEventDescr_v3_t.coll.nMaxChannels"] == 96
     assert NCCL_ABI_LAYOUT["ncclProfilerEventDescr_v4_t.coll.nChannels"] == 80
     assert NCCL_ABI_LAYOUT["ncclTuner_v6_t.getChunkSize"] == 32
+    # v7 (profiler_v7.h:47-63 @8898068): coll appends kernelVariant (8), isSymColl (1, padded to 8) and
+    # userTag (8) after v6's parentGroup at 104, so coll and the descriptor end at 136; the tuner struct
+    # keeps v6's five pointers (tuner_v7.h:55-117 @2449986f)
+    assert NCCL_ABI_LAYOUT["ncclProfilerEventDescr_v7_t.coll.userTag"] == 128
+    assert NCCL_ABI_LAYOUT["ncclProfilerEventDescr_v7_t"] == 136
+    assert NCCL_ABI_LAYOUT["ncclTuner_v7_t"] == 40
 
 
 def test_live_against_nccls_own_headers(tmp_path):
@@ -97,19 +107,26 @@ def test_live_against_nccls_own_headers(tmp_path):
         pytest.skip(f"{include} lacks {', '.join(missing)} (an NCCL older than 2.29?)")
     if shutil.which("g++") is None:
         pytest.skip("g++ is not installed: NCCL's headers are C++")
+    v7 = [h for h in V7_HEADERS if (include / h).is_file()]
+    headers = TUNER_HEADERS + PROFILER_HEADERS + v7
     work = tmp_path / "inc"
-    for h in TUNER_HEADERS + PROFILER_HEADERS:  # copied into the temporary folder only
+    for h in headers:  # copied into the temporary folder only
         (work / h).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(include / h, work / h)
-    (work / "lagom_abi_nccl_prelude.h").write_text(
-        PRELUDE + "".join(f'#include "{h}"\n' for h in TUNER_HEADERS + PROFILER_HEADERS)
-    )
+    (work / "lagom_abi_nccl_prelude.h").write_text(PRELUDE + "".join(f'#include "{h}"\n' for h in headers))
     binary = tmp_path / "abi_nccl"
     proc = subprocess.run(
-        ["g++", "-x", "c++", "-DLAGOM_ABI_NCCL", f"-I{work}", "-o", str(binary), str(SOURCE)],
+        ["g++", "-x", "c++", "-DLAGOM_ABI_NCCL", *(f"-D{V7_HEADERS[h]}" for h in v7), f"-I{work}", "-o", str(binary)]
+        + [str(SOURCE)],
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 0, proc.stderr
     theirs = _layout(binary)
-    assert theirs == _ours(tmp_path)
+    header_of = {"ncclTuner_v7_t": "plugin/tuner/tuner_v7.h"}  # every other *_v7_t key: profiler_v7.h
+    kept = {
+        k: n
+        for k, n in _ours(tmp_path).items()
+        if "_v7_t" not in k or header_of.get(k.split(".")[0], "plugin/profiler/profiler_v7.h") in v7
+    }
+    assert theirs == kept

@@ -30,12 +30,13 @@ def libs(tmp_path_factory):
 
 
 def test_symbols_each_nccl_release_looks_up():
-    assert tuner_symbols_for("2.30.7")[0] == "ncclTunerPlugin_v6"
+    assert tuner_symbols_for("2.32.6")[0] == "ncclTunerPlugin_v7"
+    assert tuner_symbols_for("2.31.2")[0] == tuner_symbols_for("2.30.7")[0] == "ncclTunerPlugin_v6"
     assert tuner_symbols_for("2.29.3")[0] == "ncclTunerPlugin_v5"
     assert tuner_symbols_for("2.27.5") == ("ncclTunerPlugin_v4", "ncclTunerPlugin_v3", "ncclTunerPlugin_v2")
     assert tuner_symbols_for("2.22.3") == ("ncclTunerPlugin_v3", "ncclTunerPlugin_v2")
     assert tuner_symbols_for("2.21.5") == ("ncclTunerPlugin_v2", "ncclTunerPlugin_v1")
-    assert len(tuner_symbols_for(None)) == 6 and tuner_symbols_for("none") == tuner_symbols_for(None)
+    assert len(tuner_symbols_for(None)) == 7 and tuner_symbols_for("none") == tuner_symbols_for(None)
 
 
 def test_values_that_load_no_plugin():
@@ -54,7 +55,7 @@ def test_values_that_load_no_plugin():
 
 @needs_gcc
 def test_library_symbols(libs):
-    assert probe_library(str(libs["lagom"]))[0] == tuple(f"ncclTunerPlugin_v{v}" for v in (6, 5, 4, 3))
+    assert probe_library(str(libs["lagom"]))[0] == tuple(f"ncclTunerPlugin_v{v}" for v in (7, 6, 5, 4, 3))
     assert check_tuner_plugin({"NCCL_TUNER_PLUGIN": str(libs["lagom"])}, nccl_version="2.27.5") == []
     (foreign,) = check_tuner_plugin({"NCCL_TUNER_PLUGIN": str(libs["foreign"])})
     assert foreign.what.startswith(f"NCCL_TUNER_PLUGIN='{libs['foreign']}' has none of the symbols NCCL looks up")
@@ -114,7 +115,11 @@ def test_profiler_symbols_each_nccl_release_looks_up():
     assert profiler_symbols_for("2.27.5")[0] == "ncclProfiler_v4"
     assert profiler_symbols_for("2.28.3")[0] == "ncclProfiler_v5"
     assert profiler_symbols_for("2.30.7")[0] == profiler_symbols_for("2.29.2")[0] == "ncclProfiler_v6"
-    lagoms = [f"ncclTunerPlugin_v{v}" for v in range(3, 7)] + [f"ncclProfiler_v{v}" for v in range(1, 7)]
+    assert profiler_symbols_for("2.31.2")[0] == profiler_symbols_for("2.32.6")[0] == "ncclProfiler_v7"
+    lagoms = [f"ncclTunerPlugin_v{v}" for v in range(3, 8)] + [f"ncclProfiler_v{v}" for v in range(1, 8)]
+    assert abis_in_use(lagoms, "2.32.6") == ("ncclTunerPlugin_v7", "ncclProfiler_v7")
+    assert abis_in_use(lagoms, "2.31.2") == ("ncclTunerPlugin_v6", "ncclProfiler_v7")
+    assert abis_in_use(lagoms, "2.30.7") == ("ncclTunerPlugin_v6", "ncclProfiler_v6")
     assert abis_in_use(lagoms, "2.27.5") == ("ncclTunerPlugin_v4", "ncclProfiler_v4")
     assert abis_in_use(lagoms, "2.22.3") == ("ncclTunerPlugin_v3", None)
     assert abis_in_use(lagoms, "2.21.5") == (None, None)

@@ -1,18 +1,23 @@
 /*
- * lagom_profiler.h: the NCCL profiler-plugin ABI (versions 1 to 6) as lagom's plugin uses it.
+ * lagom_profiler.h: the NCCL profiler-plugin ABI (versions 1 to 7) as lagom's plugin uses it.
  *
  * Declared for this project from NCCL's profiler interface (NVIDIA/nccl v2.30.7
  * src/include/plugin/profiler/profiler_v1.h .. profiler_v6.h; v2.23.4 and v2.25.1
- * src/include/nccl_profiler.h for v1 and v2): the field order and types of every event
+ * src/include/nccl_profiler.h for v1 and v2; profiler_v7.h @8898068, NCCL 2.31.2): the field
+ * order and types of every event
  * descriptor, state-argument union and plugin struct, so that each has NCCL's size and offsets
  * (tests/nccl/test_plugin_abi.py compares them). This is not a copy of NCCL's headers: members
  * lagom never reads keep NCCL's types and order under their own names.
  *
  * NCCL dlopen()s the library named by NCCL_PROFILER_PLUGIN and looks up the newest struct it
- * knows, ncclProfiler_v6 down to _v1 (v2.30.7 src/plugin/profiler.cc:73-88). Versions by NCCL
- * release: v1 (2.23), v2 (2.24), v3 (2.26: kernelCh events), v4 (2.27: init gets commName, commHash,
- * nNodes, nRanks, rank, logger; descriptors lose name/commHash; coll.nChannels; kernelCh GPU
- * timers), v5 (2.28: commId first; API events), v6 (2.29: copy-engine events).
+ * knows, ncclProfiler_v6 down to _v1 (v2.30.7 src/plugin/profiler.cc:73-88), ncclProfiler_v7 first
+ * from 2.31 (src/plugin/profiler.cc:123-141 @8898068, 2.31.2). Versions by NCCL release: v1 (2.23),
+ * v2 (2.24), v3 (2.26: kernelCh events), v4 (2.27: init gets commName, commHash, nNodes, nRanks,
+ * rank, logger; descriptors lose name/commHash; coll.nChannels; kernelCh GPU timers), v5 (2.28:
+ * commId first; API events), v6 (2.29: copy-engine events), v7 (2.31: a per-call userTag in the
+ * collApi, p2pApi, coll, p2p and ceColl descriptors, coll.kernelVariant and coll.isSymColl, and
+ * kernelPhase sub-events under a kernelCh event). NCCL 2.32.6 also carries a v8, whose header
+ * lagom has not read: it is not declared here, and that NCCL still finds v7.
  */
 #ifndef LAGOM_PROFILER_H_
 #define LAGOM_PROFILER_H_
@@ -32,6 +37,8 @@
 #define LAGOM_PROFILE_PROXY_STEP (1 << 4)
 #define LAGOM_PROFILE_PROXY_CTRL (1 << 5)
 #define LAGOM_PROFILE_KERNEL_CH (1 << 6)
+/* v7's kernel-phase sub-event (nccl_profiler.h:29 @8898068): lagom never asks for it. */
+#define LAGOM_PROFILE_KERNEL_PHASE (1 << 15)
 /* The state NCCL records on a kernelCh event with its stop timer (nccl_profiler.h:61). */
 #define LAGOM_PROFILER_KERNEL_CH_STOP 22
 
@@ -334,6 +341,123 @@ typedef struct {
   };
 } lagomProfilerDescr_v6_t;
 
+/* ---- v7 (NCCL 2.31): per-call userTag, symmetric-kernel facts, kernelPhase sub-events ----
+ * NVIDIA/nccl src/include/plugin/profiler/profiler_v7.h:13-136 @8898068 (2.31.2). Every member
+ * before the ones v7 appends keeps v6's offset; coll and p2p grow past v6's end, so the
+ * descriptor is 136 bytes (v6: 112). */
+typedef struct {
+  uint64_t type;
+  void *parentObj;
+  int rank;
+  union {
+    struct {
+      bool graphCaptured;
+      int groupDepth;
+    } groupApi;
+    struct {
+      const char *func;
+      size_t count;
+      const char *datatype;
+      int root;
+      void *stream;
+      bool graphCaptured;
+      uint64_t userTag;
+    } collApi;
+    struct {
+      const char *func;
+      size_t count;
+      const char *datatype;
+      void *stream;
+      bool graphCaptured;
+      uint64_t userTag;
+    } p2pApi;
+    struct {
+      void *stream;
+    } kernelLaunch;
+    struct {
+      uint64_t seqNumber;
+      const char *func;
+      const void *sendBuff;
+      void *recvBuff;
+      size_t count;
+      int root;
+      const char *datatype;
+      uint8_t nChannels;
+      uint8_t nWarps;
+      const char *algo;  /* a symmetric kernel: the part of its variant name after '_' */
+      const char *proto; /* a symmetric kernel: "" */
+      void *parentGroup;
+      const char *kernelVariant; /* NULL unless isSymColl */
+      bool isSymColl;
+      uint64_t userTag;
+    } coll;
+    struct {
+      const char *func;
+      void *buff;
+      const char *datatype;
+      size_t count;
+      int peer;
+      uint8_t nChannels;
+      void *parentGroup;
+      uint64_t userTag;
+    } p2p;
+    struct {
+      pid_t pid;
+      uint8_t channelId;
+      int peer;
+      int nSteps;
+      int chunkSize;
+      int isSend;
+    } proxyOp;
+    struct {
+      int step;
+    } proxyStep;
+    struct {
+      uint8_t channelId;
+      uint64_t pTimer;
+    } kernelCh;
+    struct {
+      int64_t id;
+      void *data;
+    } netPlugin;
+    struct {
+      uint64_t seqNumber;
+      const char *func;
+      const void *sendBuff;
+      void *recvBuff;
+      size_t count;
+      int root;
+      const char *datatype;
+      const char *syncStrategy;
+      bool intraBatchSync;
+      uint32_t batchSize;
+      uint32_t numBatches;
+      uint32_t ceSeqNum;
+      void *stream;
+      uint64_t userTag;
+    } ceColl;
+    struct {
+      bool isComplete;
+      int nRanks;
+    } ceCollSync;
+    struct {
+      int numOps;
+      size_t totalBytes;
+      bool useIntraSync;
+    } ceCollBatch;
+    struct {
+      uint8_t channelId;
+      uint8_t phaseId;
+      const char *phaseName;
+      uint64_t pTimer;
+    } kernelPhase;
+  };
+} lagomProfilerDescr_v7_t;
+
+/* v7's state arguments have v4's members (profiler_v7.h:138-157 @8898068; a phase's stop timer
+ * travels in kernelCh.pTimer too). */
+typedef lagomProfilerStateArgs_v4_t lagomProfilerStateArgs_v7_t;
+
 /* ---- the plugin structs NCCL looks up by name ---- */
 #define LAGOM_PROFILER_COMMON_CALLS(DESCR, ARGS)                                                \
   ncclResult_t (*startEvent)(void *context, void **eHandle, DESCR *eDescr);                     \
@@ -379,5 +503,12 @@ typedef struct {
                        int nNodes, int nRanks, int rank, ncclDebugLogger_t logFn);
   LAGOM_PROFILER_COMMON_CALLS(lagomProfilerDescr_v6_t, lagomProfilerStateArgs_v4_t)
 } lagomProfiler_v6_t;
+
+typedef struct {
+  const char *name;
+  ncclResult_t (*init)(void **context, uint64_t commId, int *eActivationMask, const char *commName,
+                       int nNodes, int nRanks, int rank, ncclDebugLogger_t logFn);
+  LAGOM_PROFILER_COMMON_CALLS(lagomProfilerDescr_v7_t, lagomProfilerStateArgs_v7_t)
+} lagomProfiler_v7_t;
 
 #endif /* LAGOM_PROFILER_H_ */

@@ -1,10 +1,11 @@
 /*
- * lagom_tuner.h: the NCCL tuner-plugin ABI (versions 3 to 6) as lagom's plugin uses it.
+ * lagom_tuner.h: the NCCL tuner-plugin ABI (versions 3 to 7) as lagom's plugin uses it.
  *
  * Declared for this project from NCCL's documented tuner interface (the field order and argument
- * lists of ncclTunerPlugin_v3..v6 and the enum values NCCL passes in); this is not a copy of
+ * lists of ncclTunerPlugin_v3..v7 and the enum values NCCL passes in); this is not a copy of
  * NCCL's headers. The plugin never links against NCCL: NCCL dlopen()s the shared library and
- * looks up the exported structs by name, newest first (ncclTunerPlugin_v6, _v5, _v4, _v3).
+ * looks up the exported structs by name, newest first (ncclTunerPlugin_v7, _v6 .. _v2: NVIDIA/nccl
+ * src/plugin/tuner.cc:76-91 @2449986f, 2.32 code; v6 first in 2.30-2.31).
  *
  * Version history of the calls (NCCL release that introduced each version):
  *   v3 (2.22): init(nRanks, nNodes, logFn, &ctx); getCollInfo edits a cost table instead of
@@ -13,6 +14,9 @@
  *   v5 (2.28): init(&ctx, commId, nRanks, nNodes, logFn, nvlDomainInfo, constants);
  *              destroy is renamed finalize.
  *   v6 (2.30): optional getChunkSize(ctx, collType, nBytes, algo, proto, nChannels, &chunkSize).
+ *   v7 (2.32): v6's members and calls; only the constants init may edit grow a fifth
+ *              compute-capability row (Rubin: NCCL_NUM_COMPCAPS_V7 5, v5/v6 4; NVIDIA/nccl
+ *              src/include/plugin/tuner/tuner_v7.h:17, :19-29, struct :55-117 @2449986f).
  */
 #ifndef LAGOM_TUNER_H_
 #define LAGOM_TUNER_H_
@@ -82,8 +86,9 @@ typedef enum {
  * also caps a plugin's request at the channels the communicator set up. */
 #define LAGOM_MAX_CHANNELS 64
 
-/* The plugin never reads the NVLink-domain info or the tuning constants NCCL passes to v5/v6
- * init, so they are declared as incomplete types: a pointer is all that crosses the ABI. */
+/* The plugin never reads the NVLink-domain info or the tuning constants NCCL passes to v5-v7
+ * init, so they are declared as incomplete types: a pointer is all that crosses the ABI (which is
+ * why v7's larger constants table needs no code of its own). */
 typedef struct lagomNvlDomainInfo lagomNvlDomainInfo_t;
 typedef struct lagomTunerConstants lagomTunerConstants_t;
 
@@ -129,6 +134,9 @@ typedef struct {
   ncclResult_t (*getChunkSize)(void *context, ncclFunc_t collType, size_t nBytes, int algo,
                                int proto, int nChannels, size_t *chunkSize);
 } lagomTuner_v6_t;
+
+/* v7: the same members, types and order as v6 (tuner_v7.h:55-117 @2449986f). */
+typedef lagomTuner_v6_t lagomTuner_v7_t;
 
 /* Environment variables the plugin reads in init (once per communicator). */
 #define LAGOM_TUNER_CONFIG_ENV "LAGOM_TUNER_CONFIG"

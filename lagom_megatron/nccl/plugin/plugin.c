@@ -24,7 +24,7 @@
  * On a miss it writes nothing at all, so NCCL keeps its own choice (unlike NCCL's example plugin,
  * which first writes one channel). Every match adds one to the row's hit counter (status.c).
  *
- * Chunk size by slice (ABI v6, NCCL >= 2.30). NCCL does not ask getChunkSize about the
+ * Chunk size by slice (ABI v6+, NCCL >= 2.30). NCCL does not ask getChunkSize about the
  * collective it asked getCollInfo about, but about each channel slice of it (NCCL v2.30.7
  * src/enqueue.cc): ncclPrepareTasks calls getCollInfo once per collective, or per group of
  * same-(function, op, type) collectives within 4x of each other with their bytes summed
@@ -54,7 +54,9 @@
  * table never fails communicator creation.
  *
  * This file holds NCCL's entry points, the per-communicator state and the exported ABI structs
- * (v3 to v6); table.c reads and parses the plan table (its format is described there).
+ * (v3 to v7; v7, which NCCL 2.32 looks up first, behaves exactly as v6: its only change is the
+ * size of the constants table init receives, which lagom never touches); table.c reads and
+ * parses the plan table (its format is described there).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -128,7 +130,7 @@ static int rowMatchesCall(const LagomRow *row, int coll, size_t nBytes) {
   return row->coll == coll && nBytes >= row->minBytes && nBytes <= row->maxBytes;
 }
 
-/* Remembers a getCollInfo call until getChunkSize has seen all of its slices (ABI v6 only). */
+/* Remembers a getCollInfo call until getChunkSize has seen all of its slices (ABI v6 and v7). */
 static void rememberCall(LagomContext *ctx, int coll, size_t nBytes, const LagomRow *row) {
   if (ctx->abiVersion < 6 || nBytes == 0) return;
   if (ctx->sliced) { /* getChunkSize ran since the last getCollInfo: a new group starts */
@@ -280,7 +282,15 @@ static ncclResult_t lagomFinalize(void *context) {
   return ncclSuccess;
 }
 
-/* ABI adapters: v5 and v6 share lagomInit's argument order; v3/v4 have no commId. */
+/* ABI adapters: v5 to v7 share lagomInit's argument order; v3/v4 have no commId. */
+static ncclResult_t initV7(void **context, uint64_t commId, size_t nRanks, size_t nNodes,
+                           ncclDebugLogger_t logFn, lagomNvlDomainInfo_t *nvl,
+                           lagomTunerConstants_t *constants) {
+  (void)nvl;
+  (void)constants; /* five compute-capability rows from v7 on: left as they are, like v6's four */
+  return lagomInit(context, commId, nRanks, nNodes, logFn, 7);
+}
+
 static ncclResult_t initV6(void **context, uint64_t commId, size_t nRanks, size_t nNodes,
                            ncclDebugLogger_t logFn, lagomNvlDomainInfo_t *nvl,
                            lagomTunerConstants_t *constants) {
@@ -312,6 +322,14 @@ static ncclResult_t getCollInfoV3(void *context, ncclFunc_t collType, size_t nBy
   return lagomGetCollInfo(context, collType, nBytes, numPipeOps, collCostTable, numAlgo, numProto,
                           -1, nChannels);
 }
+
+LAGOM_EXPORT const lagomTuner_v7_t ncclTunerPlugin_v7 = {
+    .name = "lagom",
+    .init = initV7,
+    .getCollInfo = lagomGetCollInfo,
+    .finalize = lagomFinalize,
+    .getChunkSize = lagomGetChunkSize,
+};
 
 LAGOM_EXPORT const lagomTuner_v6_t ncclTunerPlugin_v6 = {
     .name = "lagom",

@@ -4,10 +4,10 @@
  * table-reading functions table.c provides to plugin.c.
  *
  *   table.c   reads and parses the plan table, keeps the rows that apply to a communicator.
- *   plugin.c  NCCL's entry points (init, getCollInfo, getChunkSize, finalize) and ABI v3-v6 structs.
+ *   plugin.c  NCCL's entry points (init, getCollInfo, getChunkSize, finalize) and ABI v3-v7 structs.
  *   status.c  process-wide status (ABI version, init count, per-row hit counters) and the
  *             lagomTuner* functions that export it to the process that loaded the plugin.
- *   profiler.c NCCL's profiler entry points and ABI v1-v6 structs (the same library).
+ *   profiler.c NCCL's profiler entry points and ABI v1-v7 structs (the same library).
  *   observed.c what the profiler events report, per communicator, and the lagomProfiler*
  *             functions that export it.
  *
@@ -62,7 +62,7 @@ typedef struct {
 typedef struct LagomTableHits LagomTableHits;
 
 /* A collective NCCL asked getCollInfo about in the current group; getChunkSize has not yet seen
- * slices for `remaining` of its bytes (ABI v6 only; see plugin.c). */
+ * slices for `remaining` of its bytes (ABI v6+; see plugin.c). */
 typedef struct {
   int coll;
   size_t remaining;
@@ -80,7 +80,7 @@ typedef struct {
   char tag[LAGOM_TAG_MAX];
   LagomRow *rows; /* only the rows that apply to this communicator */
   int nRows;
-  int abiVersion;         /* ABI version NCCL initialised this communicator with (3-6) */
+  int abiVersion;         /* ABI version NCCL initialised this communicator with (3-7) */
   LagomTableHits *hits;   /* counters of the loaded table, or NULL when none is loaded */
   LagomPending pending[LAGOM_PENDING_MAX]; /* getCollInfo calls of the current group */
   int nPending;

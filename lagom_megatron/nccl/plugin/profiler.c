@@ -9,13 +9,14 @@
  *
  * Loading (NVIDIA/nccl v2.30.7): NCCL opens the library named by NCCL_PROFILER_PLUGIN ("none"
  * disables profiler plugins, src/plugin/profiler.cc:58-60) once per process and looks up
- * ncclProfiler_v6, then _v5 .. _v1 (:73-88); NCCL 2.23 knows only ncclProfiler_v1 (v2.23.4
+ * ncclProfiler_v6, then _v5 .. _v1 (:73-88); 2.31 looks up ncclProfiler_v7 first (:123-141
+ * @8898068, 2.31.2); NCCL 2.23 knows only ncclProfiler_v1 (v2.23.4
  * src/misc/profiler.cc:21, :119), 2.24-2.25 v2 then v1 (v2.25.1 src/misc/profiler.cc:220-223).
  * It calls init once per communicator (ncclProfilerPluginInit, src/init.cc:1520, before the tuner's
  * init at :1641 with the same comm->commHash), with a pointer to the process's activation mask:
  *   v1-v3: init(&context, &mask)
  *   v4:    init(&context, &mask, commName, commHash, nNodes, nRanks, rank, logger)
- *   v5-v6: init(&context, commId, &mask, commName, nNodes, nRanks, rank, logger)
+ *   v5-v7: init(&context, commId, &mask, commName, nNodes, nRanks, rank, logger)
  * where commName is ncclConfig_t.commName (NCCL 2.27+; NULL when the creator set none). The
  * events then come as startEvent(context, &handle, descriptor) / recordEventState(handle, state,
  * args) / stopEvent(handle), in this order for one collective (src/enqueue.cc:1436-1445 and
@@ -34,6 +35,17 @@
  * datatype, algo and proto are enum values, named here as NCCL's own string functions name them
  * (src/collectives.cc:14-127 at v2.30.7). An init that fails to allocate returns success with a
  * NULL context: NCCL then passes NULL back and nothing is recorded for that communicator.
+ *
+ * ABI v7 (NVIDIA/nccl @8898068, 2.31.2) is read as v6 with three deliberate choices:
+ *   - userTag (ncclCollConfig_t's userProfilerTag, 0 when untagged) is ignored: lagom passes no
+ *     per-call config, and records are keyed by communicator, function and bytes;
+ *   - a collective NCCL ran on a symmetric kernel (coll.isSymColl) is recorded with its kernel
+ *     variant (coll.kernelVariant) as the algorithm and no protocol, since NCCL fills algo with part
+ *     of that name and proto with "" there (src/plugin/profiler.cc ncclProfilerStartTaskEvents
+ *     @8898068): no planned algorithm equals it, as the tuner never chose it;
+ *   - kernelPhase sub-events (parent: a kernelCh handle; src/plugin/profiler.cc, the phase loop
+ *     @8898068) are never asked for (the mask lacks LAGOM_PROFILE_KERNEL_PHASE); one that came
+ *     anyway gets a NULL handle, so NCCL records and stops nothing of it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +91,10 @@ static ncclResult_t initV5(void **ctx, uint64_t id, int *mask, const char *name,
 static ncclResult_t initV6(void **ctx, uint64_t id, int *mask, const char *name, int nNodes, int nRanks, int rank,
                            ncclDebugLogger_t logFn) {
   return initAny(ctx, 6, mask, id, name, nNodes, nRanks, rank, logFn);
+}
+static ncclResult_t initV7(void **ctx, uint64_t id, int *mask, const char *name, int nNodes, int nRanks, int rank,
+                           ncclDebugLogger_t logFn) {
+  return initAny(ctx, 7, mask, id, name, nNodes, nRanks, rank, logFn);
 }
 
 /* The members every version has at the same names: proxyOp's chunk size. */
@@ -149,7 +165,7 @@ static ncclResult_t startV3(void *context, void **handle, lagomProfilerDescr_v3_
   return start(context, handle, &e); /* v3 kernelCh events carry no timer: not requested */
 }
 
-/* v4-v6: the same coll/p2p/proxyOp/kernelCh members (v5 and v6 add members before and after). */
+/* v4-v7: the same coll/p2p/proxyOp/kernelCh members (v5-v7 add members before and after). */
 #define START_V4(e, d)                                                                          \
   do {                                                                                          \
     if ((d)->type == LAGOM_PROFILE_COLL) {                                                      \
@@ -191,6 +207,16 @@ static ncclResult_t startV6(void *context, void **handle, lagomProfilerDescr_v6_
   return start(context, handle, &e);
 }
 
+static ncclResult_t startV7(void *context, void **handle, lagomProfilerDescr_v7_t *d) {
+  LagomEvent e = {.type = (int)(d->type & 0x7fffffff), .parent = d->parentObj};
+  START_V4(e, d);
+  if (e.type == LAGOM_PROFILE_COLL && d->coll.isSymColl) {
+    e.algo = d->coll.kernelVariant ? d->coll.kernelVariant : d->coll.algo;
+    e.proto = NULL;
+  }
+  return start(context, handle, &e);
+}
+
 static ncclResult_t stopAny(void *handle) {
   observedStop(handle);
   return ncclSuccess;
@@ -223,6 +249,7 @@ static ncclResult_t finalizeAny(void *context) {
       .finalize = finalizeAny,                                                                  \
   }
 
+LAGOM_PROFILER(7, recordV4);
 LAGOM_PROFILER(6, recordV4);
 LAGOM_PROFILER(5, recordV4);
 LAGOM_PROFILER(4, recordV4);

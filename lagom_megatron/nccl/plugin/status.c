@@ -7,7 +7,7 @@
  * (lagom_megatron/nccl/plugin_status.py) opens the already mapped library with RTLD_NOLOAD and
  * calls them through ctypes:
  *
- *   int lagomTunerAbiVersion(void);   ABI version NCCL last initialised the plugin with (3-6),
+ *   int lagomTunerAbiVersion(void);   ABI version NCCL last initialised the plugin with (3-7),
  *                                     0 before any init
  *   int lagomTunerInitCount(void);    communicators NCCL initialised the plugin for
  *   int lagomTunerRowHits(unsigned long long *out, int capacity);

@@ -6,7 +6,9 @@
  *   - as C with lagom's own declarations (lagom_tuner.h, lagom_profiler.h): what the plugin uses;
  *   - with -DLAGOM_ABI_NCCL as C++ against NCCL's own headers (a source checkout named by the test,
  *     never kept in this repository), after a prelude the test writes that defines what those
- *     headers expect from nccl.h (ncclResult_t, ncclFunc_t, ncclDebugLogger_t, ncclPid_t).
+ *     headers expect from nccl.h (ncclResult_t, ncclFunc_t, ncclDebugLogger_t, ncclPid_t); the
+ *     test defines LAGOM_ABI_TUNER_V7 / LAGOM_ABI_PROFILER_V7 when the checkout has tuner_v7.h
+ *     (NCCL 2.32+) / profiler_v7.h (2.31+).
  * The two outputs, and the table the test keeps, must be identical.
  */
 #include <stddef.h>
@@ -19,6 +21,8 @@
 #include "../lagom_profiler.h"
 #include "../lagom_tuner.h"
 #define T(nccl, ours) ours
+#define LAGOM_ABI_TUNER_V7 1
+#define LAGOM_ABI_PROFILER_V7 1
 #endif
 
 #define SIZE(nccl, ours) printf("%s %zu\n", #nccl, sizeof(T(nccl, ours)))
@@ -43,6 +47,13 @@ static void tuners(void) {
   OFF(ncclTuner_v6_t, lagomTuner_v6_t, getCollInfo);
   OFF(ncclTuner_v6_t, lagomTuner_v6_t, finalize);
   OFF(ncclTuner_v6_t, lagomTuner_v6_t, getChunkSize);
+#ifdef LAGOM_ABI_TUNER_V7
+  SIZE(ncclTuner_v7_t, lagomTuner_v7_t);
+  OFF(ncclTuner_v7_t, lagomTuner_v7_t, init);
+  OFF(ncclTuner_v7_t, lagomTuner_v7_t, getCollInfo);
+  OFF(ncclTuner_v7_t, lagomTuner_v7_t, finalize);
+  OFF(ncclTuner_v7_t, lagomTuner_v7_t, getChunkSize);
+#endif
 }
 
 /* The plugin struct of one profiler version: name and the five calls. */
@@ -86,7 +97,7 @@ static void tuners(void) {
   OFF(N, O, p2p.count);                                                                         \
   OFF(N, O, p2p.peer)
 
-/* v4-v6 coll/p2p/kernelCh members lagom reads. */
+/* v4-v7 coll/p2p/kernelCh members lagom reads. */
 #define DESCR_V4_TASKS(N, O)                                                                    \
   OFF(N, O, coll.seqNumber);                                                                    \
   OFF(N, O, coll.func);                                                                         \
@@ -103,6 +114,33 @@ static void tuners(void) {
   OFF(N, O, p2p.nChannels);                                                                     \
   OFF(N, O, kernelCh.channelId);                                                                \
   OFF(N, O, kernelCh.pTimer)
+
+#ifdef LAGOM_ABI_PROFILER_V7
+/* v7: every member it appends or reads, and where its copy-engine and kernel-phase members sit. */
+static void profilerV7(void) {
+  DESCR_COMMON(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t);
+  DESCR_V4_TASKS(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, coll.parentGroup);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, coll.kernelVariant);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, coll.isSymColl);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, coll.userTag);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, p2p.parentGroup);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, p2p.userTag);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, collApi.graphCaptured);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, collApi.userTag);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, p2pApi.userTag);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, ceColl.stream);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, ceColl.userTag);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, ceCollBatch.useIntraSync);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, kernelPhase.channelId);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, kernelPhase.phaseId);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, kernelPhase.phaseName);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, kernelPhase.pTimer);
+  SIZE(ncclProfilerEventStateArgs_v7_t, lagomProfilerStateArgs_v7_t);
+  OFF(ncclProfilerEventStateArgs_v7_t, lagomProfilerStateArgs_v7_t, kernelCh.pTimer);
+  PLUGIN(ncclProfiler_v7_t, lagomProfiler_v7_t);
+}
+#endif
 
 static void profilers(void) {
   DESCR_COMMON(ncclProfilerEventDescr_v1_t, lagomProfilerDescr_v1_t);
@@ -141,6 +179,9 @@ static void profilers(void) {
   PLUGIN(ncclProfiler_v4_t, lagomProfiler_v4_t);
   PLUGIN(ncclProfiler_v5_t, lagomProfiler_v5_t);
   PLUGIN(ncclProfiler_v6_t, lagomProfiler_v6_t);
+#ifdef LAGOM_ABI_PROFILER_V7
+  profilerV7();
+#endif
 }
 
 int main(void) {

@@ -5,13 +5,13 @@
  *                  NCCL's logger, the table file, cost tables, init/getCollInfo the way NCCL calls
  *                  them).
  *   test_calls.c   NCCL's calls: several live communicators, cost-table edits, bounds, the
- *                  numPipeOps/regBuff match, a NULL context, chunk sizes and ABI v3/v4/v5.
+ *                  numPipeOps/regBuff match, a NULL context, chunk sizes and ABI v3/v4/v5/v7.
  *   test_table.c   the plan table: malformed, empty, missing and unset tables, the fallback
  *                  variable and the explicit no-table values, communicator tags and a
  *                  20,000-row table.
  *   test_slices.c  chunk size by channel slice in NCCL's calling order, and the status exports
  *                  (ABI version, init count, per-row hit counters, table failures).
- *   test_profiler.c the profiler half driven in NCCL's order for ABI v1-v6 (helpers below).
+ *   test_profiler.c the profiler half driven in NCCL's order for ABI v1-v7 (helpers below).
  *   test_observed.c its cases: what it records when NCCL ran the plan, fewer channels, another
  *                  algorithm, a P2P, a nameless communicator, a call NCCL's split puts on fewer
  *                  channels, proxy events before the host's stops, a user's own profiler plugin.
@@ -70,6 +70,7 @@ void test_bounds(void);
 void test_match_fields(void);
 void test_null_context(void);
 void test_older_abis(void);
+void test_tuner_v7(void);
 
 /* Tests (test_table.c). */
 void test_malformed_tables(void);
@@ -117,5 +118,7 @@ void test_profiler_comm_name_keys_rows(void);
 void test_profiler_activation_mask(void);
 void test_profiler_bounded(void);
 void test_profiler_user_plugin(void);
+void test_profiler_v7_fields(void);
+extern int gPhaseHandles;
 
 #endif /* LAGOM_TEST_HARNESS_H_ */

@@ -220,3 +220,41 @@ void test_older_abis(void) {
   CHECK(v3->destroy(ctx) == ncclSuccess && v3->destroy(ctx8) == ncclSuccess, "v3 destroy");
   unsetenv(LAGOM_TUNER_COMM_TAG_ENV);
 }
+
+/* ABI v7, the struct NCCL 2.32 looks up first (src/plugin/tuner.cc:76-91 @2449986f), in NCCL's
+ * order for one communicator: init with v7's constants (tuner_v7.h:19-29: latencies [7][3] and
+ * [3][7][3], then five [5 compute capabilities][3 scales] bandwidth tables, 159 doubles), then
+ * getCollInfo, getChunkSize on the call's slices (1 channel each), finalize. It behaves as v6, and
+ * the status reports ABI 7. */
+void test_tuner_v7(void) {
+  const lagomTuner_v7_t *v7 = dlsym(gLib, "ncclTunerPlugin_v7");
+  CHECK(v7 && !strcmp(v7->name, "lagom") && v7->init && v7->getCollInfo && v7->finalize && v7->getChunkSize,
+        "ncclTunerPlugin_v7 missing or incomplete");
+  int (*abi)(void) = (int (*)(void))dlsym(gLib, "lagomTunerAbiVersion");
+  writeTable("allreduce,4194304,4194304,ring,simple,4,-1,8,-1,-1,131072,dp\n");
+  enum { kConstants = 7 * 3 + 3 * 7 * 3 + 5 * 5 * 3 };
+  double constants[kConstants];
+  for (int i = 0; i < kConstants; i++) constants[i] = 1.5 * i;
+  int nvl[3] = {1, 8, 8};
+  void *ctx = NULL;
+  setenv(LAGOM_TUNER_COMM_TAG_ENV, "dp", 1);
+  CHECK(v7->init(&ctx, 0x77, 8, 1, mockLogger, (lagomNvlDomainInfo_t *)nvl, (lagomTunerConstants_t *)constants) ==
+            ncclSuccess && ctx, "v7 init");
+  unsetenv(LAGOM_TUNER_COMM_TAG_ENV);
+  for (int i = 0; i < kConstants; i++) CHECK(constants[i] == 1.5 * i, "constant %d changed to %f", i, constants[i]);
+  CHECK(abi() == 7, "abi %d after a v7 init", abi());
+  float t[NA][NP];
+  fillTable(t);
+  int nChannels = 0;
+  CHECK(v7->getCollInfo(ctx, ncclFuncAllReduce, 4194304, 1, (float **)t, NA, NP, 0, &nChannels) == ncclSuccess,
+        "getCollInfo");
+  CHECK(nChannels == 4 && t[LAGOM_ALGO_RING][LAGOM_PROTO_SIMPLE] == 0.0f && changedEntries(t) == 1,
+        "channels %d, ring/simple %f, %d entries changed", nChannels, t[LAGOM_ALGO_RING][LAGOM_PROTO_SIMPLE],
+        changedEntries(t));
+  for (int c = 0; c < 3; c++) { /* 4 channels of 1 MiB: lo, hi, then the middle share once for both */
+    size_t chunk = 262144;
+    v7->getChunkSize(ctx, ncclFuncAllReduce, 1048576, LAGOM_ALGO_RING, LAGOM_PROTO_SIMPLE, 1, &chunk);
+    CHECK(chunk == 131072, "slice %d: chunk %zu", c, chunk);
+  }
+  CHECK(v7->finalize(ctx) == ncclSuccess, "v7 finalize");
+}

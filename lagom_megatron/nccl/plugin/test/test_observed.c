@@ -1,5 +1,5 @@
 /*
- * Harness cases of the profiler half: what it records for each profiler ABI version (v1-v6),
+ * Harness cases of the profiler half: what it records for each profiler ABI version (v1-v7),
  * driven in NCCL's order by test_profiler.c, and the tuner half keyed by the profiler's commName.
  *
  * Every scenario plays one communicator "dp" of 8 ranks whose plan table row asks for ring /
@@ -27,8 +27,9 @@ static void *gProf; /* the scenario's profiler context, finalized by endScenario
 /* The channels NCCL runs a lone 64 KiB ring / simple all-reduce on (8 ranks) when the tuner gave it
  * 8: ABI v1-v3 report nMaxChannels, the tuner's 8 (v2.26.6 src/plugin/profiler.cc:251, src/enqueue.cc
  * :1826); NCCL 2.27-2.28 (v4, v5) cut its 128 KiB of traffic into 16 KiB cells, 8 of them, one
- * channel each (v2.28.9 src/enqueue.cc:529-638); 2.29+ (v6) into 32 KiB cells, so 4 channels
- * (v2.30.7 src/enqueue.cc:585, :659-704). */
+ * channel each (v2.28.9 src/enqueue.cc:529-638); 2.29-2.31 (v6, v7) into 32 KiB cells, so 4
+ * channels (v2.30.7 src/enqueue.cc:585, :659-704; 2.31.2 src/enqueue/enqueue.cc
+ * scheduleCollTasksToPlan @8898068, the same rule). */
 static int smallChannels(int v) { return v >= 6 ? 4 : 8; }
 
 /* The proxy's chunk of the plan's 256 KiB ring / simple chunk: NCCL 2.23 (ABI v1) reports the chunk
@@ -84,7 +85,7 @@ static const char *kernelOf(int v, int nChannels) {
 }
 
 static void checkScenario(const char *scenario, const char *line, int nChannels) {
-  for (int v = 1; v <= 6; v++) {
+  for (int v = 1; v <= 7; v++) {
     int hit = playScenario(v, scenario);
     const char *snap = snapshot();
     char want[512];
@@ -118,7 +119,7 @@ void test_profiler_clamped_channels(void) {
 }
 
 void test_profiler_small_call(void) {
-  for (int v = 1; v <= 6; v++) {
+  for (int v = 1; v <= 7; v++) {
     playScenario(v, "small");
     const char *snap = snapshot();
     char want[256];
@@ -135,7 +136,7 @@ void test_profiler_proxy_before_host_stop(void) {
   gProxyFirst = 1;
   checkScenario("match", "func=AllReduce count=1048576 dtype=ncclFloat32 algo=RING proto=SIMPLE channels=8 "
                 "warps=16 calls=1", 8);
-  for (int v = 4; v <= 6; v++) {
+  for (int v = 4; v <= 7; v++) {
     playScenario(v, "p2p");
     const char *snap = snapshot();
     CHECK(hasLine(snap, "p2p", "channels=2 calls=1 kernel_ns=4005 kernel_calls=1"), "v%d: p2p\n%s", v, snap);
@@ -150,7 +151,7 @@ void test_profiler_other_algorithm(void) {
 }
 
 void test_profiler_p2p(void) {
-  for (int v = 1; v <= 6; v++) {
+  for (int v = 1; v <= 7; v++) {
     playScenario(v, "p2p");
     const char *snap = snapshot();
     /* P2P channels are in the descriptor from v4 (p2p.nChannels); v1-v3 have none */
@@ -163,6 +164,42 @@ void test_profiler_p2p(void) {
   }
 }
 
+/* ABI v7 (NCCL 2.31.2): NCCL reports a collective it ran on a symmetric kernel with isSymColl set,
+ * its kernel variant, the part of that name after '_' as algo and "" as proto, and the kernelCh
+ * count on the task (src/plugin/profiler.cc ncclProfilerStartTaskEvents @8898068); lagom records
+ * the variant as the algorithm and no protocol. Two calls of one shape with different userTags
+ * fill one bucket; the kernel phases the driven channels send under their kernelCh get no handle
+ * and leave the kernel time as the kernelCh events give it. */
+void test_profiler_v7_fields(void) {
+  resetRecords();
+  setActive(1);
+  void *prof = profInit(7, 0x5e7, "dp", "dp");
+  const lagomProfiler_v7_t *p7 = profilerStruct(7);
+  for (uint64_t tag = 1; tag <= 2; tag++) {
+    lagomProfilerDescr_v7_t d = {.type = LAGOM_PROFILE_COLL, .rank = 3};
+    d.coll.func = "AllGather", d.coll.count = 4096, d.coll.datatype = "ncclInt8", d.coll.nChannels = 2;
+    d.coll.nWarps = 16, d.coll.kernelVariant = "AGxLL_R", d.coll.algo = "LL_R", d.coll.proto = "";
+    d.coll.isSymColl = true, d.coll.userTag = tag;
+    void *h = NULL;
+    p7->startEvent(prof, &h, &d);
+    CHECK(h != NULL, "the symmetric collective gets a task handle");
+    p7->stopEvent(h);
+  }
+  const char *snap = snapshot();
+  CHECK(hasLine(snap, "coll", "func=AllGather count=4096 dtype=ncclInt8 algo=AGxLL_R proto=- channels=2 calls=2"),
+        "symmetric kernel record:\n%s", snap);
+  resetRecords();
+  gPhaseHandles = 0;
+  driveColl(7, prof, 0x5e7, "AllReduce", 1 << 20, "RING", "SIMPLE", 8, 0);
+  snap = snapshot();
+  CHECK(gPhaseHandles == 0, "%d kernel-phase events got a handle", gPhaseHandles);
+  CHECK(hasLine(snap, "coll", "algo=RING proto=SIMPLE channels=8 calls=1 kernel_ns=4035 kernel_calls=1"),
+        "kernel time from the kernelCh events only:\n%s", snap);
+  resetRecords();
+  profFinalize(7, prof);
+  setActive(0);
+}
+
 void test_profiler_missing_comm_name(void) {
   checkScenario("no_name", "func=AllReduce algo=RING proto=SIMPLE channels=8 calls=1", 8);
 }
@@ -171,7 +208,7 @@ void test_profiler_missing_comm_name(void) {
  * and keys the communicator's rows by that name; a name that is no valid tag leaves the env tag. */
 void test_profiler_comm_name_keys_rows(void) {
   writeTable(kPlanRow);
-  for (int v = 5; v <= 6; v++) {
+  for (int v = 5; v <= 7; v++) {
     void *prof = profInit(v, 0xa11ce, "dp", NULL);
     resetLog();
     void *tuner = initComm("other", 8, 1, 0xa11ce); /* the env tag says "other", the name "dp" */
@@ -194,12 +231,13 @@ void test_profiler_comm_name_keys_rows(void) {
 
 /* The activation mask: 0 while lagom reads no records, the events lagom needs while it does. */
 void test_profiler_activation_mask(void) {
-  for (int v = 1; v <= 6; v++) {
+  for (int v = 1; v <= 7; v++) {
     gNcclMask = -1;
     setActive(0);
     void *prof = profInit(v, 0x77, NULL, NULL);
     CHECK(gNcclMask == 0, "v%d: mask %d after init while inactive; want 0 (no event at all)", v, gNcclMask);
     setActive(1);
+    /* never v7's kernel phases (LAGOM_PROFILE_KERNEL_PHASE): the kernelCh span is the kernel time */
     int want = LAGOM_PROFILE_COLL | LAGOM_PROFILE_P2P | LAGOM_PROFILE_PROXY_OP | (v >= 4 ? LAGOM_PROFILE_KERNEL_CH : 0);
     CHECK(gNcclMask == want, "v%d: mask %d while active; want %d", v, gNcclMask, want);
     setActive(0);

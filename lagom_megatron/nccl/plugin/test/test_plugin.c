@@ -2,7 +2,7 @@
  * Test harness for lagom's NCCL tuner plugin.
  *
  * Loads the built shared library with dlopen() and drives it the way NCCL does: looks up
- * ncclTunerPlugin_v6 (and v5, v4, v3), calls init once per communicator (several communicators
+ * ncclTunerPlugin_v6 (and v7, v5, v4, v3), calls init once per communicator (several communicators
  * alive at once, each with its own $LAGOM_TUNER_COMM_TAG read during init), getCollInfo on a
  * [numAlgo][numProto] cost table, getChunkSize (v6), then finalize/destroy.
  *
@@ -182,6 +182,7 @@ static const struct {
     {"bad_tag_env", test_bad_tag_env},
     {"null_context", test_null_context},
     {"older_abis", test_older_abis},
+    {"tuner_v7", test_tuner_v7},
     {"large_table", test_large_table},
     {"chunk_by_slice", test_chunk_by_slice},
     {"middle_slices", test_middle_slices_cover_every_middle_channel},
@@ -197,6 +198,7 @@ static const struct {
     {"profiler_activation_mask", test_profiler_activation_mask},
     {"profiler_bounded", test_profiler_bounded},
     {"profiler_user_plugin", test_profiler_user_plugin},
+    {"profiler_v7_fields", test_profiler_v7_fields},
 };
 
 int main(int argc, char **argv) {
@@ -234,9 +236,9 @@ int main(int argc, char **argv) {
   if (argc >= 3 && !strcmp(argv[2], "--snapshot")) {
     int v = argc == 5 ? atoi(argv[3]) : 0, known = 0;
     for (int i = 0; argc == 5 && i < 6; i++) known |= !strcmp(argv[4], kScenarios[i]);
-    if (v < 1 || v > 6 || !known) {
-      fprintf(stderr, "--snapshot needs a profiler ABI version 1-6 and one of match, clamped, other_algo, p2p, "
-              "no_name\n");
+    if (v < 1 || v > 7 || !known) {
+      fprintf(stderr, "--snapshot needs a profiler ABI version 1-7 and one of match, clamped, other_algo, p2p, "
+              "no_name, small\n");
       return 2;
     }
     int rc = printSnapshot(v, argv[4]);

@@ -53,12 +53,13 @@ void *profInit(int v, uint64_t hash, const char *commName, const char *tag) {
   if (v == 4) ((const lagomProfiler_v4_t *)p)->init(&ctx, mask, commName, hash, 1, 8, 3, mockLogger);
   if (v == 5) ((const lagomProfiler_v5_t *)p)->init(&ctx, hash, mask, commName, 1, 8, 3, mockLogger);
   if (v == 6) ((const lagomProfiler_v6_t *)p)->init(&ctx, hash, mask, commName, 1, 8, 3, mockLogger);
+  if (v == 7) ((const lagomProfiler_v7_t *)p)->init(&ctx, hash, mask, commName, 1, 8, 3, mockLogger);
   return ctx;
 }
 
 void profFinalize(int v, void *ctx) { ((const lagomProfiler_v1_t *)profilerStruct(v))->finalize(ctx); }
 
-/* All six structs have startEvent etc. at the same offsets; only the descriptor type differs. */
+/* All seven structs have startEvent etc. at the same offsets; only the descriptor type differs. */
 static void *startEv(int v, void *ctx, void *descr) {
   void *h = NULL;
   ((const lagomProfiler_v1_t *)profilerStruct(v))->startEvent(ctx, &h, descr);
@@ -111,6 +112,18 @@ static void *startTask(int v, void *ctx, void *group, uint64_t hash, const char 
     }
     return v == 2 ? startEv(v, ctx, &d2) : startEv(v, ctx, &d3);
   }
+  if (v == 7) { /* 2.31: a userTag NCCL passes through (lagom keys nothing by it), not a symmetric kernel */
+    lagomProfilerDescr_v7_t d = {.type = coll ? LAGOM_PROFILE_COLL : LAGOM_PROFILE_P2P, .parentObj = NULL, .rank = 3};
+    if (coll) {
+      d.coll.func = func, d.coll.count = count, d.coll.datatype = dtype, d.coll.nChannels = (uint8_t)nChannels;
+      d.coll.nWarps = (uint8_t)nWarps, d.coll.algo = algo, d.coll.proto = proto, d.coll.parentGroup = group;
+      d.coll.userTag = 0x7a9;
+    } else {
+      d.p2p.func = func, d.p2p.count = count, d.p2p.datatype = dtype, d.p2p.peer = 1;
+      d.p2p.nChannels = (uint8_t)nChannels, d.p2p.parentGroup = group, d.p2p.userTag = 0x7a9;
+    }
+    return startEv(v, ctx, &d);
+  }
   lagomProfilerDescr_v6_t d6 = {.type = coll ? LAGOM_PROFILE_COLL : LAGOM_PROFILE_P2P, .parentObj = NULL, .rank = 3};
   lagomProfilerDescr_v4_t d4 = {.type = (uint8_t)d6.type, .parentObj = group, .rank = 3};
   if (coll) {
@@ -126,8 +139,26 @@ static void *startTask(int v, void *ctx, void *group, uint64_t hash, const char 
   return startEv(v, ctx, &d6); /* v5's descriptor is v6's without the copy-engine members at its end */
 }
 
+/* Kernel-phase sub-events v7 could send under a kernelCh handle (src/plugin/profiler.cc, the
+ * phase loop @8898068: start with the kernelCh handle as parent, then, for a handle, the phase
+ * stop state and stop); counts the handles lagom gave them, which must stay 0. */
+int gPhaseHandles;
+static void phaseEvents(void *ctx, void *kernelCh, uint8_t channel) {
+  for (uint8_t i = 0; i < 2; i++) {
+    lagomProfilerDescr_v7_t d = {.type = LAGOM_PROFILE_KERNEL_PHASE, .parentObj = kernelCh};
+    d.kernelPhase.channelId = channel, d.kernelPhase.phaseId = i, d.kernelPhase.phaseName = "compute";
+    d.kernelPhase.pTimer = 10 + i; /* outside every kernelCh span: would change kernel_ns if counted */
+    void *h = startEv(7, ctx, &d);
+    if (!h) continue;
+    gPhaseHandles++;
+    lagomProfilerStateArgs_v7_t a = {.kernelCh = {.pTimer = 90000}};
+    ((const lagomProfiler_v7_t *)profilerStruct(7))->recordEventState(h, 31 /* ncclProfilerKernelPhaseStop */, &a);
+    stopEv(7, h);
+  }
+}
+
 /* The proxy thread's events of one task: a proxyOp with `chunk`, then per channel a kernelCh
- * start (timer 1000 + 10 c), KernelChStop (timer 5000 + 5 c) and stop. */
+ * start (timer 1000 + 10 c), KernelChStop (timer 5000 + 5 c) and stop (v7: kernel phases first). */
 static void proxyEvents(int v, void *ctx, void *task, int chunk, int nChannels) {
   if (v <= 3) {
     lagomProfilerDescr_v3_t op = {.type = LAGOM_PROFILE_PROXY_OP, .parentObj = task};
@@ -135,16 +166,18 @@ static void proxyEvents(int v, void *ctx, void *task, int chunk, int nChannels) 
     stopEv(v, startEv(v, ctx, &op)); /* v1 and v2 have proxyOp at the same offset as v3 */
     return;
   }
-  lagomProfilerDescr_v6_t op = {.type = LAGOM_PROFILE_PROXY_OP, .parentObj = task};
+  /* v5-v7 keep proxyOp and kernelCh at v4's offsets: one v7 descriptor (the largest) serves them */
+  lagomProfilerDescr_v7_t op = {.type = LAGOM_PROFILE_PROXY_OP, .parentObj = task};
   lagomProfilerDescr_v4_t op4 = {.type = LAGOM_PROFILE_PROXY_OP, .parentObj = task};
   op.proxyOp.chunkSize = op4.proxyOp.chunkSize = chunk;
   stopEv(v, startEv(v, ctx, v == 4 ? (void *)&op4 : (void *)&op));
   for (int c = 0; c < nChannels; c++) {
-    lagomProfilerDescr_v6_t k = {.type = LAGOM_PROFILE_KERNEL_CH, .parentObj = task};
+    lagomProfilerDescr_v7_t k = {.type = LAGOM_PROFILE_KERNEL_CH, .parentObj = task};
     lagomProfilerDescr_v4_t k4 = {.type = LAGOM_PROFILE_KERNEL_CH, .parentObj = task};
     k.kernelCh.channelId = k4.kernelCh.channelId = (uint8_t)c;
     k.kernelCh.pTimer = k4.kernelCh.pTimer = 1000 + 10 * (uint64_t)c;
     void *h = startEv(v, ctx, v == 4 ? (void *)&k4 : (void *)&k);
+    if (v == 7) phaseEvents(ctx, h, (uint8_t)c);
     lagomProfilerStateArgs_v4_t a = {.kernelCh = {.pTimer = 5000 + 5 * (uint64_t)c}};
     ((const lagomProfiler_v4_t *)profilerStruct(v))->recordEventState(h, LAGOM_PROFILER_KERNEL_CH_STOP, &a);
     stopEv(v, h);
@@ -153,7 +186,7 @@ static void proxyEvents(int v, void *ctx, void *task, int chunk, int nChannels) 
 
 void driveColl(int v, void *ctx, uint64_t hash, const char *func, size_t count, const char *algo,
                const char *proto, int nChannels, int chunk) {
-  lagomProfilerDescr_v6_t g = {.type = LAGOM_PROFILE_GROUP};
+  lagomProfilerDescr_v7_t g = {.type = LAGOM_PROFILE_GROUP};
   void *group = startEv(v, ctx, &g);
   void *task = startTask(v, ctx, group, hash, func, count, "ncclFloat32", algo, proto, nChannels, 16);
   if (gProxyFirst) proxyEvents(v, ctx, task, chunk, nChannels);
@@ -163,7 +196,7 @@ void driveColl(int v, void *ctx, uint64_t hash, const char *func, size_t count, 
 }
 
 void driveP2p(int v, void *ctx, uint64_t hash, const char *func, size_t count, int nChannels) {
-  lagomProfilerDescr_v6_t g = {.type = LAGOM_PROFILE_GROUP};
+  lagomProfilerDescr_v7_t g = {.type = LAGOM_PROFILE_GROUP};
   void *group = startEv(v, ctx, &g);
   void *task = startTask(v, ctx, group, hash, func, count, "ncclBfloat16", NULL, NULL, nChannels, 0);
   if (gProxyFirst) proxyEvents(v, ctx, task, 0, nChannels);
