@@ -1,7 +1,9 @@
 """Applied = observed, on NCCL: does what NCCL reported it ran for a site's calls match the plan? Records are matched
 by function and bytes; fields (docs/nccl.md; NVIDIA/nccl v2.30.7): ``algo``/``proto`` (``src/collectives.cc:95-127``,
 ``src/plugin/profiler.cc:498-499``), ``nChannels`` (``src/enqueue.cc:701-704``; ABI v1-v3 the maximum, :2178; none for
-CollNet / multi-node NVLS, :624-654), ``nWarps``, the proxy ``chunkSize`` (``src/plugin/profiler.cc:580``; network)."""
+CollNet / multi-node NVLS, :624-654), ``nWarps``, the proxy ``chunkSize`` (``src/plugin/profiler.cc:580``; network).
+Channel counts are judged by the scheduling rule of the NCCL version that ran (``CELL_RULES``); under a version whose
+rule lagom has not read they are reported but never make a site differ."""
 
 from __future__ import annotations
 
@@ -66,16 +68,68 @@ def _div_up(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def nccl_coll_channels(op: ObservedOp, n_channels: int, n_ranks: int) -> int | None:
-    """Channels NCCL runs one collective on, alone in its launch, given ``n_channels``; None where the record cannot
-    tell. ``scheduleCollTasksToPlan`` (v2.30.7 ``src/enqueue.cc:576-704``; v2.27.3 :536-648, v2.28.9 :529-638): traffic
-    per byte :91-102, :2790; LL x4 :461, :658; minimum per channel (32 KiB from ABI v6, else 16) :585, :597; split
-    :598-599, :618; cells :659-664, :665-701. ValueError: ``n_channels`` or ``n_ranks`` < 1."""
+NcclVersion = tuple[int, int, int]
+
+CELL_RULES: tuple[tuple[NcclVersion, NcclVersion, int, bool], ...] = (
+    ((2, 27, 0), (2, 28, 9), 16 << 10, False),
+    ((2, 29, 0), (2, 31, 2), 32 << 10, True),
+)
+"""How ``scheduleCollTasksToPlan`` cuts one collective into channels, per range of NCCL versions whose source was read:
+(first, last version, minimum traffic per channel in bytes, per-channel traffic rounded up to 16 bytes instead of
+raised to that minimum). 16 KiB, raised: v2.27.3 ``src/enqueue.cc:539``, :572 through v2.28.9 :529, :562 (every tag
+between). 32 KiB, rounded: v2.29.2 ``src/enqueue.cc:576``, :609 through v2.30.7 :585, :618 (every tag between), and
+2.31.2 ``src/enqueue/enqueue.cc`` ``scheduleCollTasksToPlan`` @8898068 (the same cells; new there only the per-call
+CTA bounds clamp a task's maximum before the split, no-ops without ``ncclCollConfig_t``). NCCL before 2.27 reports the
+tuner's maximum (ABI v1-v3), compared as it is."""
+
+NEWEST_RULE_READ: NcclVersion = CELL_RULES[-1][1]
+"""The newest NCCL whose channel rule lagom has read; newer ones' channel counts never make a site differ."""
+
+
+def _rule(nccl_version: NcclVersion | None) -> tuple[int, bool] | None:
+    for first, last, min_traffic, rounded in CELL_RULES:
+        if nccl_version is not None and first <= tuple(nccl_version) <= last:
+            return min_traffic, rounded
+    return None
+
+
+def channel_rule_read(nccl_version: NcclVersion | None) -> bool:
+    """True when lagom has read how NCCL ``nccl_version`` reports channels: before 2.27 (the tuner's maximum) or in a
+    ``CELL_RULES`` range; False for a newer or unknown (None) version."""
+    if nccl_version is None:
+        return False
+    return tuple(nccl_version) < CELL_RULES[0][0] or _rule(nccl_version) is not None
+
+
+def unread_rule_note(nccl_version: NcclVersion | None) -> str | None:
+    """The one log line for a run whose NCCL's channel rule lagom has not read; None when it has."""
+    if channel_rule_read(nccl_version):
+        return None
+    which = f"NCCL {'.'.join(map(str, nccl_version))}" if nccl_version is not None else "an NCCL of unknown version"
+    return (
+        f"lagom: note: the observed check runs on {which}; the newest NCCL whose channel scheduling lagom has read is "
+        f"{'.'.join(map(str, NEWEST_RULE_READ))}, so a site whose channel count differs is reported, never reverted "
+        "for it (algorithm, protocol, threads and chunk size are still checked)"
+    )
+
+
+UNREAD = " (not counted: this NCCL's channel rule is not read)"
+"""The end of a channel note under an NCCL whose rule lagom has not read (``unread_rule_note`` says which, once)."""
+
+
+def nccl_coll_channels(op: ObservedOp, n_channels: int, n_ranks: int, nccl_version: NcclVersion | None) -> int | None:
+    """Channels NCCL ``nccl_version`` runs one collective on, alone in its launch, given ``n_channels``; None where the
+    record cannot tell or the version's rule is not read (``CELL_RULES``). ``scheduleCollTasksToPlan`` (v2.30.7
+    ``src/enqueue.cc:576-704``; v2.27.3 :536-648, v2.28.9 :529-638): traffic per byte :91-102, :2790; LL x4 :461, :658;
+    minimum per channel :585, :597; split :598-599, :618; cells :659-664, :665-701. ValueError: ``n_channels`` or
+    ``n_ranks`` < 1."""
     if n_channels < 1 or n_ranks < 1:
         raise ValueError(f"n_channels ({n_channels}) and n_ranks ({n_ranks}) must be >= 1")
     size = DTYPE_BYTES.get(op.dtype)
+    rule = _rule(nccl_version)
     if (
         size is None
+        or rule is None
         or op.abi < 4
         or op.algo in ("COLLNET_DIRECT", "COLLNET_CHAIN")
         or (op.algo == "NVLS" and op.n_nodes > 1)
@@ -86,9 +140,9 @@ def nccl_coll_channels(op: ObservedOp, n_channels: int, n_ranks: int) -> int | N
         return 0
     per_byte = {"AllReduce": 2, "AllGather": n_ranks, "ReduceScatter": n_ranks}.get(op.func, 1)
     per_byte *= 4 if op.proto == "LL" else 1
-    min_traffic = (32 if op.abi >= 6 else 16) << 10
+    min_traffic, rounded = rule
     total = max(min_traffic, nbytes * per_byte)
-    if op.abi >= 6:
+    if rounded:
         per_channel = _div_up(total // n_channels, 16) * 16
     else:
         per_channel = max(min_traffic, total // n_channels)
@@ -154,9 +208,17 @@ def matching_ops(comms: Iterable[ObservedComm], key: str, op: str, nbytes: int, 
 
 
 def observe_site(
-    site_id: str, planned: CommConfig, *, op: str, nbytes: int, group_size: int, ops: list[ObservedOp]
+    site_id: str,
+    planned: CommConfig,
+    *,
+    op: str,
+    nbytes: int,
+    group_size: int,
+    ops: list[ObservedOp],
+    nccl_version: NcclVersion | None,
 ) -> SiteObservation:
-    """Compares ``planned`` (the plan's config for the site) with its calls' records ``ops`` (empty: unobserved)."""
+    """Compares ``planned`` (the plan's config for the site) with its calls' records ``ops`` (empty: unobserved), which
+    NCCL ``nccl_version`` (None: unknown) reported; its channel counts count only when ``channel_rule_read``."""
     if not ops:
         return SiteObservation(
             site_id,
@@ -180,18 +242,26 @@ def observe_site(
     if planned.n_channels is not None:
         channels = [o.channels for o in ops]
         want["n_channels"], seen["n_channels"] = planned.n_channels, _one(channels)
+        read = channel_rule_read(nccl_version)
         if p2p:
             bound = int(p2p_channels(planned.n_channels))
             if all(c == 0 for c in channels):  # p2p events carry no channel count before ABI v4
                 del want["n_channels"], seen["n_channels"]
             elif max(channels) > bound:
-                bad.append("n_channels")
-                notes.append(f"P2P ran on up to {max(channels)} channels, more than the {bound} its bound allows")
+                bad += ["n_channels"] if read else []
+                notes.append(
+                    f"P2P ran on up to {max(channels)} channels, more than the {bound} its bound allows"
+                    + ("" if read else UNREAD)
+                )
         else:
             split = {
-                o: nccl_coll_channels(o, planned.n_channels, o.n_ranks if o.n_ranks > 0 else group_size) for o in ops
+                o: nccl_coll_channels(o, planned.n_channels, o.n_ranks if o.n_ranks > 0 else group_size, nccl_version)
+                for o in ops
             }
-            if all(s is None and o.abi >= 4 for o, s in split.items()):
+            if not read:
+                if any(o.channels != planned.n_channels for o in ops):
+                    notes.append(f"NCCL ran {seen['n_channels']} of the {planned.n_channels} planned channels{UNREAD}")
+            elif all(s is None and o.abi >= 4 for o, s in split.items()):
                 del want["n_channels"], seen["n_channels"]
             elif any(o.channels not in (planned.n_channels, split[o]) for o in ops):
                 bad.append("n_channels")

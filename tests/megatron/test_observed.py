@@ -75,12 +75,13 @@ class _Router:
         self.assignment = dict(a)
 
 
-def _check(recorded, state=("lagom", "")):
+def _check(recorded, state=("lagom", ""), nccl=(2, 30, 7)):
     return ObservedCheck(
         "nccl",
         reader=lambda: parse_snapshot(SNAPSHOT),
         state_reader=lambda: state,
         recorder=lambda on, reset=False: recorded.append((on, reset)) or True,
+        version_reader=lambda: nccl,
     )
 
 
@@ -104,6 +105,25 @@ def test_nccl_records_against_the_plan():
         "dp.ag[0] (n_channels planned 8 observed 6; rank 0; clamped: NCCL ran 6 "
         "of the 8 planned channels (NCCL's split of the call gives 8))"
     )
+
+
+def test_under_an_unread_nccl_a_channel_count_alone_reverts_nothing_and_is_said_once(capsys):
+    """The same records under NCCL 2.32.6, newer than the newest NCCL whose channel scheduling lagom read
+    (2.31.2): dp.ag[0]'s 6 of 8 channels are reported, the site is not reverted, and the run's log says why
+    once, however many checks run."""
+    check = _check([], nccl=(2, 32, 6))
+    for _ in range(2):
+        check.arm()
+        assert check.check(PLAN, _Pool()) == set()
+    ag = check.results["dp.ag[0]"]
+    assert (ag["status"], ag["observed"]["n_channels"]) == ("applied", 6)
+    assert ag["note"] == "NCCL ran 6 of the 8 planned channels (not counted: this NCCL's channel rule is not read)"
+    said = [line for line in capsys.readouterr().out.splitlines() if "channel scheduling" in line]
+    assert said == [
+        "lagom: note: the observed check runs on NCCL 2.32.6; the newest NCCL whose channel scheduling lagom has "
+        "read is 2.31.2, so a site whose channel count differs is reported, never reverted for it (algorithm, "
+        "protocol, threads and chunk size are still checked)"
+    ]
 
 
 def test_applier_reverts_the_differing_sites_after_an_iteration_that_ran_the_plan(monkeypatch):

@@ -1,23 +1,35 @@
 """Applied = observed on NCCL, from the profiler half's own records: the C harness plays each scenario
-in NCCL's calling order for profiler ABI v1-v6 (``nccl/plugin/test/test_observed.c``), prints the
+in NCCL's calling order for profiler ABI v1-v7 (``nccl/plugin/test/test_observed.c``), prints the
 records it leaves, and the Python side (``profiler_status.parse_snapshot``, ``nccl.observed``)
 compares them with the plan the scenario's table row holds: all-reduce of 4 MiB on communicator
-``dp`` (8 ranks) with ring / simple, 8 channels, chunk 256 KiB."""
+``dp`` (8 ranks) with ring / simple, 8 channels, chunk 256 KiB. Each ABI runs under an NCCL release that
+looks it up first (``NCCL_OF_ABI``), whose channel rule the check applies."""
 
+import dataclasses
 import shutil
 import subprocess
 
 import pytest
 
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.nccl.observed import matching_ops, nccl_coll_channels, observe_site, op_bytes, site_kernel_us
+from lagom_megatron.nccl.observed import (
+    NEWEST_RULE_READ,
+    matching_ops,
+    nccl_coll_channels,
+    observe_site,
+    op_bytes,
+    site_kernel_us,
+    unread_rule_note,
+)
 from lagom_megatron.nccl.plugin import build_harness, build_tuner
 from lagom_megatron.nccl.plugin_status import ObservedOp, parse_snapshot, profiler_state, read_observed, set_recording
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed: the plugin is built with it")
 
 PLAN = CommConfig(algorithm="Ring", protocol="Simple", n_channels=8, chunk_size=262144)
-VERSIONS = range(1, 7)
+VERSIONS = range(1, 8)
+NCCL_OF_ABI = {1: (2, 23, 4), 2: (2, 25, 1), 3: (2, 26, 6), 4: (2, 27, 7), 5: (2, 28, 9), 6: (2, 30, 7), 7: (2, 31, 2)}
+"""A release whose source lagom read per profiler ABI it takes first (``plugin_launch.PROFILER_SYMBOLS_BY_NCCL``)."""
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +47,12 @@ def _records(built, version, scenario):
     return parse_snapshot(proc.stdout)
 
 
-def _site(comms, planned=PLAN, op="all_reduce", nbytes=4 << 20):
+def _site(comms, planned=PLAN, op="all_reduce", nbytes=4 << 20, nccl=None):
     ops = matching_ops(comms, "dp", op, nbytes, 8)
-    return observe_site("dp.grad_all_reduce[0]", planned, op=op, nbytes=nbytes, group_size=8, ops=ops)
+    version = nccl or NCCL_OF_ABI[comms[0].abi]
+    return observe_site(
+        "dp.grad_all_reduce[0]", planned, op=op, nbytes=nbytes, group_size=8, ops=ops, nccl_version=version
+    )
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -60,7 +75,7 @@ def test_clamped_channels_differ(built, version):
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_small_call_nccl_splits_over_fewer_channels_is_applied(built, version):
-    """64 KiB of float32 all-reduce on 8 ranks, 8 planned channels. NCCL 2.29+ (ABI v6) cuts its
+    """64 KiB of float32 all-reduce on 8 ranks, 8 planned channels. NCCL 2.29-2.31 (ABI v6, v7) cut its
     2 x 64 KiB of traffic into 32 KiB cells (v2.30.7 ``src/enqueue.cc:585``, :659-664), one channel
     per cell: 4 channels, NCCL's rule, not a refusal of the plan; 2.27-2.28 (v4, v5) use 16 KiB
     cells, 8 channels; v1-v3 report the tuner's ``nMaxChannels``, 8."""
@@ -95,7 +110,7 @@ def test_p2p_channels_against_the_bound(built, version):
         assert bound1.status == "applied" and bound1.observed == {}, "v1-v3 p2p events carry no channel count"
 
 
-@pytest.mark.parametrize("version", [4, 5, 6])
+@pytest.mark.parametrize("version", [4, 5, 6, 7])
 def test_a_nameless_communicator_is_found_by_its_tag(built, version):
     comms = _records(built, version, "no_name")
     assert [(c.tag, c.name) for c in comms] == [("dp", None)]
@@ -112,6 +127,7 @@ def test_records_of_another_communicator_or_shape_leave_the_site_unobserved(buil
             nbytes=4 << 20,
             group_size=8,
             ops=matching_ops(comms, "tp", "all_reduce", 4 << 20, 8),
+            nccl_version=(2, 30, 7),
         ).status
         == "unobserved"
     )
@@ -133,35 +149,41 @@ def _coll(func, count, dtype, proto="SIMPLE", abi=6, algo="RING", n_nodes=1):
 
 
 @pytest.mark.parametrize(
-    "op, planned, want",
+    "op, planned, nccl, want",
     [
         # 4 MiB: 8 MiB of traffic / 8 = 1 MiB per channel, 32 cells of 32 KiB each: all 8 channels
-        (_coll("AllReduce", 1 << 20, "ncclFloat32"), 8, 8),
+        (_coll("AllReduce", 1 << 20, "ncclFloat32"), 8, (2, 30, 7), 8),
         # 64 KiB: 128 KiB of traffic in 32 KiB cells: 4 cells, one per channel (2.29+)
-        (_coll("AllReduce", 16384, "ncclFloat32"), 8, 4),
+        (_coll("AllReduce", 16384, "ncclFloat32"), 8, (2, 30, 7), 4),
+        # the same under 2.31.2 (src/enqueue/enqueue.cc scheduleCollTasksToPlan @8898068: the same cells)
+        (_coll("AllReduce", 16384, "ncclFloat32", abi=7), 8, (2, 31, 2), 4),
         # the same call under 2.27-2.28 (ABI v4, v5): 16 KiB cells, 8 of them
-        (_coll("AllReduce", 16384, "ncclFloat32", abi=5), 8, 8),
+        (_coll("AllReduce", 16384, "ncclFloat32", abi=5), 8, (2, 28, 9), 8),
         # LL counts 4x the traffic (:461, :658): 512 KiB, 4 KiB cells, 2 per channel: 8 channels
-        (_coll("AllReduce", 16384, "ncclFloat32", proto="LL"), 8, 8),
+        (_coll("AllReduce", 16384, "ncclFloat32", proto="LL"), 8, (2, 30, 7), 8),
         # 17 cells of 16 KiB on 16 planned channels: 34816 B per channel -> 2 cells each -> 1 + 7 + 1
-        (_coll("AllReduce", 69632, "ncclFloat32"), 16, 9),
+        (_coll("AllReduce", 69632, "ncclFloat32"), 16, (2, 30, 7), 9),
         # a 4 KiB-per-rank all-gather on 8 ranks (NCCL counts its bytes as ncclInt8): one cell, 1 channel
-        (_coll("AllGather", 4096, "ncclInt8"), 8, 1),
+        (_coll("AllGather", 4096, "ncclInt8"), 8, (2, 30, 7), 1),
         # records that carry no channel count of NCCL's split: ABI v3, CollNet, multi-node NVLS
-        (_coll("AllReduce", 16384, "ncclFloat32", abi=3), 8, None),
-        (_coll("AllReduce", 16384, "ncclFloat32", algo="COLLNET_DIRECT"), 8, None),
-        (_coll("AllReduce", 16384, "ncclFloat32", algo="NVLS", n_nodes=2), 8, None),
+        (_coll("AllReduce", 16384, "ncclFloat32", abi=3), 8, (2, 26, 6), None),
+        (_coll("AllReduce", 16384, "ncclFloat32", algo="COLLNET_DIRECT"), 8, (2, 30, 7), None),
+        (_coll("AllReduce", 16384, "ncclFloat32", algo="NVLS", n_nodes=2), 8, (2, 30, 7), None),
+        # an NCCL whose scheduling was not read (2.32.6; 2.28.10 between two read ranges), or an unknown one
+        (_coll("AllReduce", 16384, "ncclFloat32", abi=7), 8, (2, 32, 6), None),
+        (_coll("AllReduce", 16384, "ncclFloat32", abi=5), 8, (2, 28, 10), None),
+        (_coll("AllReduce", 16384, "ncclFloat32"), 8, None, None),
     ],
 )
-def test_nccl_coll_channels_follows_nccls_split(op, planned, want):
+def test_nccl_coll_channels_follows_nccls_split(op, planned, nccl, want):
     """Expected numbers worked by hand from ``scheduleCollTasksToPlan`` (v2.30.7
     ``src/enqueue.cc:576-704``; v2.28.9 :529-638 for ABI v4/v5)."""
-    assert nccl_coll_channels(op, planned, 8) == want
+    assert nccl_coll_channels(op, planned, 8, nccl) == want
 
 
 def test_nccl_coll_channels_refuses_bad_counts():
     with pytest.raises(ValueError, match="n_channels \\(0\\) and n_ranks \\(8\\) must be >= 1"):
-        nccl_coll_channels(_coll("AllReduce", 16, "ncclFloat32"), 0, 8)
+        nccl_coll_channels(_coll("AllReduce", 16, "ncclFloat32"), 0, 8, (2, 30, 7))
 
 
 def test_multi_node_nvls_channels_are_not_compared():
@@ -172,8 +194,49 @@ def test_multi_node_nvls_channels_are_not_compared():
         nbytes=65536,
         group_size=8,
         ops=[_coll("AllReduce", 16384, "ncclFloat32", algo="NVLS", n_nodes=2)],
+        nccl_version=(2, 30, 7),
     )
     assert (site.status, site.observed) == ("applied", {})
+
+
+def _observe(planned, ops, nccl, op="all_reduce", nbytes=4 << 20):
+    return observe_site("s", planned, op=op, nbytes=nbytes, group_size=8, ops=ops, nccl_version=nccl)
+
+
+def test_a_channel_mismatch_reverts_only_under_an_nccl_whose_rule_was_read():
+    """4 MiB of all-reduce planned on 8 channels ran on 4 (NCCL's 32 KiB cells give 8, so 4 is no split of
+    NCCL's). Under 2.31.2, whose scheduling was read, the site differs; under 2.32.6 (newer than the newest
+    read) and an unknown NCCL it is applied with the count reported: a rule that may have changed never
+    reverts a site on channels alone."""
+    ran = dataclasses.replace(_coll("AllReduce", 1 << 20, "ncclFloat32", abi=7), channels=4)
+    planned = CommConfig(algorithm="Ring", protocol="Simple", n_channels=8)
+    read = _observe(planned, [ran], (2, 31, 2))
+    assert (read.status, read.knobs) == ("differs", ("n_channels",))
+    for nccl in ((2, 32, 6), None):
+        unread = _observe(planned, [ran], nccl)
+        assert (unread.status, unread.knobs, unread.observed["n_channels"]) == ("applied", (), 4), nccl
+        assert unread.note == "NCCL ran 4 of the 8 planned channels (not counted: this NCCL's channel rule is not read)"
+    send = ObservedOp("p2p", "Send", 65536, "ncclBfloat16", None, None, 2, 0, 1, 0, 0, 0, 7, 8, 1)
+    bound1 = CommConfig(n_channels=1)
+    assert _observe(bound1, [send], (2, 31, 2), op="send", nbytes=131072).status == "differs"
+    assert _observe(bound1, [send], (2, 32, 6), op="send", nbytes=131072).status == "applied"
+
+
+def test_algorithm_and_protocol_still_count_under_an_unread_nccl():
+    ran = _coll("AllReduce", 1 << 20, "ncclFloat32", abi=7, algo="TREE", proto="LL")
+    site = _observe(CommConfig(algorithm="Ring", protocol="Simple", n_channels=8), [ran], (2, 32, 6))
+    assert (site.status, site.knobs) == ("differs", ("algorithm", "protocol"))
+
+
+def test_the_unread_rule_note_names_both_versions():
+    assert NEWEST_RULE_READ == (2, 31, 2)
+    assert unread_rule_note((2, 31, 2)) is None and unread_rule_note((2, 23, 4)) is None
+    assert unread_rule_note((2, 32, 6)) == (
+        "lagom: note: the observed check runs on NCCL 2.32.6; the newest NCCL whose channel scheduling lagom has "
+        "read is 2.31.2, so a site whose channel count differs is reported, never reverted for it (algorithm, "
+        "protocol, threads and chunk size are still checked)"
+    )
+    assert "an NCCL of unknown version" in unread_rule_note(None)
 
 
 def test_plan_bytes_of_per_rank_counts():

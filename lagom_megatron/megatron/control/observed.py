@@ -10,7 +10,7 @@ from typing import Any
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.megatron import consensus
 from lagom_megatron.megatron.outputs.run_files import say
-from lagom_megatron.nccl.observed import SiteObservation, matching_ops, observe_site
+from lagom_megatron.nccl.observed import SiteObservation, matching_ops, observe_site, unread_rule_note
 
 
 def observe_gloo_site(
@@ -54,11 +54,15 @@ class ObservedCheck:
         reader: Callable[[], Any] | None = None,
         recorder: Callable[..., bool] | None = None,
         state_reader: Callable[[], Any] | None = None,
+        version_reader: Callable[[], tuple[int, int, int] | None] | None = None,
     ) -> None:
         self.backend = backend
         self.reader = reader
         self.recorder = recorder
         self.state_reader = state_reader
+        self.version_reader = version_reader
+        """The NCCL version that runs (default: ``torch.cuda.nccl.version()``), which picks the channel rule."""
+        self.rule_noted = False
         self.gloo = None
         self.armed = False
         self.results: dict[str, dict[str, Any]] = {}
@@ -96,8 +100,16 @@ class ObservedCheck:
         from lagom_megatron.nccl import plugin_status
 
         comms = None
+        version = None
         if self.backend != "gloo":
+            from lagom_megatron.nccl.options import runtime_nccl_version
+
             comms = (self.reader or plugin_status.read_observed)() or []
+            version = (self.version_reader or runtime_nccl_version)()
+            note = unread_rule_note(version)
+            if note and comms and not self.rule_noted:
+                self.rule_noted = True
+                say(note)
         out = []
         for sid, e in sorted(plan.entries.items()):
             if e.config.is_default():
@@ -112,7 +124,9 @@ class ObservedCheck:
                 obs = observe_gloo_site(sid, e.config, op=e.op, nbytes=e.nbytes, group_size=e.group_size, record=rec)
             else:
                 ops = matching_ops(comms, key, e.op, e.nbytes, e.group_size) if key else []
-                obs = observe_site(sid, e.config, op=e.op, nbytes=e.nbytes, group_size=e.group_size, ops=ops)
+                obs = observe_site(
+                    sid, e.config, op=e.op, nbytes=e.nbytes, group_size=e.group_size, ops=ops, nccl_version=version
+                )
             out.append(obs)
         if consensus.fault_injected("observed"):
             out = _perturbed(out)
