@@ -77,3 +77,61 @@ def test_megatron_lm_torch_has_one_device_and_streams_that_never_wait():
     cuda.current_stream().wait_event(object())  # start_grad_sync (param_and_grad_buffer.py:638 @core_v0.19.0)
     with cuda.stream(stream):
         pass
+
+
+def test_a_failed_real_loop_shows_the_ranks_traceback_not_torchruns_summary():
+    from tests.launch.test_megatron_lm_real_loop import rank_failure
+
+    log = "\n".join(
+        [
+            " [after dataloaders are built] ...",
+            "[rank1]: Traceback (most recent call last):",
+            "[rank0]: Traceback (most recent call last):",
+            '[rank1]:   File "param_and_grad_buffer.py", line 632, in start_grad_sync',
+            "W1206 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 11 closing signal SIGTERM",
+            "[rank1]:     current_stream = torch.cuda.current_stream()",
+            "[rank1]: RuntimeError: Found no NVIDIA driver on your system.",
+            "[rank0]:   File x",
+            *["E1206 failed (exitcode: -15) local_rank: 2 (pid: 12) of binary: python"] * 40,
+        ]
+    )
+    assert rank_failure(log) == "\n".join(
+        [
+            "the first rank's traceback:",
+            "[rank1]: Traceback (most recent call last):",
+            '[rank1]:   File "param_and_grad_buffer.py", line 632, in start_grad_sync',
+            "[rank1]:     current_stream = torch.cuda.current_stream()",
+            "[rank1]: RuntimeError: Found no NVIDIA driver on your system.",
+        ]
+    )
+    refused = "args dump\nlagom: error: megatron-core 0.21.0 is outside the tested range\nE1206 exitcode: 2"
+    assert rank_failure(refused) == "lagom refused:\nlagom: error: megatron-core 0.21.0 is outside the tested range"
+    assert rank_failure("a\nb") == "last lines:\na\nb"
+
+
+def test_the_docs_megatron_lm_cpu_line_is_the_real_loops_and_finishes_tuning():
+    """docs/launching.md's CPU line is what tests/launch/test_megatron_lm_real_loop.py trains (TP2 x DP2, --lagom),
+    and its --train-iters cover the iterations the tuner needs to reach a verdict on gloo."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from lagom_megatron.engine.tuner import Tuner
+    from lagom_megatron.megatron.pool.comm_pool import rules_for
+    from lagom_megatron.preflight.cluster import load_cluster
+    from tests.launch.test_megatron_lm_real_loop import LAGOM, LAYOUTS, TINY
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "launching.md").read_text()
+    block = next(b for b in re.findall(r"```\n(.*?)```", text, re.S) if "launch.megatron_lm_cpu pretrain_gpt.py" in b)
+    words = shlex.split(block.replace("\\\n", " "), comments=True)
+    argv = words[words.index("pretrain_gpt.py") + 1 :]
+    assert argv == TINY + LAYOUTS["tp2xdp2"] + LAGOM
+    warmup, verify = (int(argv[argv.index(flag) + 1]) for flag in ("--lagom-warmup-iters", "--lagom-verify-iters"))
+    tuner = Tuner(
+        Tuner.Config(warmup_iters=warmup, verify_iters=verify),
+        rules=rules_for("gloo", load_cluster("cpu-gloo", "cluster")),
+    )
+    assert int(argv[argv.index("--train-iters") + 1]) >= tuner.total_iters == warmup + 2 + 3 + 1 + 2 * verify
+    assert (
+        Tuner(Tuner.Config(), rules=rules_for("gloo", load_cluster("cpu-gloo", "cluster"))).total_iters == 18
+    )  # as the docs say

@@ -118,8 +118,30 @@ def _train(checkout: Path, argv: list[str], log: Path) -> str:
         cmd, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=LAUNCH_S
     )  # the whole launch's tree is killed at the limit
     log.write_text(proc.stdout)
-    assert proc.returncode == 0, f"exit {proc.returncode}; last lines:\n" + "\n".join(proc.stdout.splitlines()[-30:])
+    assert proc.returncode == 0, f"exit {proc.returncode} (whole log: {log}); " + rank_failure(proc.stdout)
     return proc.stdout
+
+
+def rank_failure(log: str) -> str:
+    """What stopped the launch: lagom's error lines and the first rank's traceback (torchrun's ``[rankN]:`` prefix
+    kept), not torchrun's SIGTERM summary; the last 30 lines when there is neither."""
+    lines = log.splitlines()
+    errors = [line for line in lines if line.startswith(("lagom: error", "lagom doctor: error"))]
+    start = next((i for i, line in enumerate(lines) if line.endswith("Traceback (most recent call last):")), None)
+    if start is None:
+        if errors:
+            return "lagom refused:\n" + "\n".join(errors)
+        return "last lines:\n" + "\n".join(lines[-30:])
+    prefix = lines[start][: -len("Traceback (most recent call last):")]
+    trace = [lines[start]]
+    for line in lines[start + 1 :]:
+        if not line.startswith(prefix):
+            continue  # another rank's or torchrun's line, interleaved
+        trace.append(line)
+        body = line[len(prefix) :]
+        if body and not body[0].isspace() and not body.startswith(("Traceback", "During handling", "The above")):
+            break  # the exception line
+    return "\n".join([*errors, "the first rank's traceback:", *trace])
 
 
 def _numbers(log: str) -> tuple[list[str], list[str]]:

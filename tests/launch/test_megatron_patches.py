@@ -377,3 +377,21 @@ def test_adapter_matches_the_controller_and_training_context():
     source = inspect.getsource(LagomHooks._on_setup)
     used = set(re.findall(r"\b(\w+)=", source.split("TrainingContext(")[1].split(")\n")[0]))
     assert used == set(inspect.signature(TrainingContext).parameters)
+
+
+@pytest.mark.skipif(not os.environ.get("MEGATRON_LM_DIR"), reason="MEGATRON_LM_DIR names no patched checkout")
+def test_the_checkout_holds_exactly_one_of_the_patches():
+    """The checkout's pretrain_gpt.py is a release's with one of ``patches/`` applied (``git apply --check -R``):
+    core_v0.16/0.17 take the first, core_v0.18, 0.19 and main the second."""
+    import subprocess
+
+    checkout = Path(os.environ["MEGATRON_LM_DIR"]).expanduser()
+    applied = [
+        name
+        for name in PATCH_FILES
+        if subprocess.run(
+            ["git", "apply", "--check", "--reverse", str(PATCHES / name)], cwd=checkout, capture_output=True
+        ).returncode
+        == 0
+    ]
+    assert len(applied) == 1, applied
