@@ -68,8 +68,9 @@ clean:
 
 ## test-min / test-max: the whole suite on the lowest / highest tested torch and megatron-core
 ## (each in its own virtual environment, .venv-min / .venv-max; PYTHON_MIN / PYTHON_MAX name the
-## interpreters: megatron-core 0.17+ needs Python >= 3.12). The versions are those of
-## lagom_megatron/megatron/hooks/versions.py; docs/training.md, "Tested versions".
+## interpreters: megatron-core 0.17+ needs Python >= 3.12). The ranges are those of
+## lagom_megatron/megatron/hooks/versions.py; test-max takes torch's top minor and the newest
+## megatron-core release in range (docs/training.md, "Tested versions").
 PYTHON_MIN ?= python3.11
 PYTHON_MAX ?= python3.12
 .PHONY: test-min test-max
