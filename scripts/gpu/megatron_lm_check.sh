@@ -12,8 +12,8 @@
 #      stop on (no --eval-interval, fused kernels without APEX, missing packages) fails here
 #   2. copy the checkout, apply the patch that applies (git apply --check); the checkout is never modified
 #   3. torchrun pretrain_gpt.py with that line (LIMIT_S)                  -> megatron_lm.log, plan.json
-# MEGATRON_LM_DIR is a Megatron-LM checkout (core_v0.16 to core_v0.18; later releases are outside
-# the tested megatron-core range and need LAGOM_ALLOW_UNTESTED_VERSIONS=1). Its Python needs
+# MEGATRON_LM_DIR is a Megatron-LM checkout (core_v0.16 to core_v0.19 and main's 0.20; later releases are
+# outside the tested megatron-core range and need LAGOM_ALLOW_UNTESTED_VERSIONS=1). Its Python needs
 # Megatron-LM's own dependencies (pip install 'lagom-megatron[megatron-lm]'; triton comes with CUDA torch).
 # --rehearse replaces the GPU-only parts: step 3 starts through python -m lagom_megatron.launch.megatron_lm_cpu
 # (Megatron-LM's loop on CPU) with --distributed-backend gloo added; without a checkout

@@ -1,5 +1,7 @@
-"""Every hook lagom puts on Megatron-Core (0.16.x; names since 0.9), torch.distributed and ``te_targets``, in one
-removable set; wrappers call ``router.SiteRouter``, only tag the call, pick its group, may split a tensor."""
+"""Every hook lagom puts on Megatron-Core (0.16.x to main's 0.20; names since 0.9), torch.distributed and
+``te_targets``, in one removable set; wrappers call ``router.SiteRouter``, only tag the call, pick its group, may split
+a tensor. core_v0.19.0 / main keep ``start_param_sync`` and ``start_grad_sync`` (``param_and_grad_buffer.py:377,594`` /
+``:383,600``) with the same groups, managers and aliases."""
 
 from __future__ import annotations
 

@@ -5,7 +5,10 @@
 opens a manager per bucket group (``:3605-3613``, ``:4085-4093``, ``:4141-4149``) around ``async_bucket_gather``
 (``:3718-3758``, ``:4206-4250``, ``:4263-4310``); ``_bucket_group_gradient_reduce`` (``:3182-3341``, ``:3566-3815``,
 ``:3600-3849``); torch's ``_coalescing_manager`` at ``:32``; ``get_fsdp_buffer`` (``:3705-3716``, ``:4190-4204``,
-``:4247-4261``; ``:3175-3180``, ``:3559-3564``, ``:3593-3598``) gives the groups, swapped over the site's ranks only."""
+``:4247-4261``; ``:3175-3180``, ``:3559-3564``, ``:3593-3598``) gives the groups, swapped over the site's ranks only.
+core_v0.19.0 / main keep these names and signatures (``all_gather_params`` ``:4380`` / ``:4388``, ``async_bucket_gather``
+``:4682`` / ``:4690``, ``_bucket_group_gradient_reduce`` ``:4005`` / ``:4013``, managers ``:4038,4132,4542,4561`` /
+``:4046,4140,4550,4569``); main's opt-in version 2 (``megatron_fsdp/experimental/``) is not hooked."""
 
 from __future__ import annotations
 

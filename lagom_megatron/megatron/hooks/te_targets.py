@@ -117,7 +117,8 @@ MEGATRON_FSDP_MODULES = (
     "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer",
     "megatron_fsdp.param_and_grad_buffer",
 )
-"""Megatron-FSDP in megatron-core 0.16.1-0.18.2 (``distributed/fsdp/mcore_fsdp_adapter.py:48``) and megatron-fsdp."""
+"""Megatron-FSDP in megatron-core 0.16.1 to main (``distributed/fsdp/mcore_fsdp_adapter.py:48`` @core_v0.18.2, ``:49``
+@core_v0.19.0, ``:47`` @main) and megatron-fsdp."""
 
 
 def find_megatron_fsdp() -> list[ModuleType]:
