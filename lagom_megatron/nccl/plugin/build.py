@@ -60,7 +60,7 @@ def _compile(args: list[str], out: Path, what: str) -> Path:
 def build_tuner(
     out_dir: str | os.PathLike, *, cc: str | None = None, extra_cflags: list[str] | tuple[str, ...] = ()
 ) -> Path:
-    """Compiles the plugin (tuner v3-v6, profiler v1-v6) into ``out_dir``; FileNotFoundError, RuntimeError."""
+    """Compiles the plugin (tuner v3-v7, profiler v1-v7) into ``out_dir``; FileNotFoundError, RuntimeError."""
     out = Path(out_dir).resolve() / LIBRARY_NAME
     args = [
         find_compiler(cc),
