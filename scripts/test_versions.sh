@@ -12,7 +12,7 @@
 # which runs the suite on CPU as well), then this project (editable, with its test extra, the two
 # versions held), then pytest runs the whole suite (or the given pytest arguments).
 # megatron-core 0.17 and newer need Python >= 3.12.
-# Exit status: pytest's, or 2 on bad usage.
+# Exit status: pytest's; 2 on bad usage; 1 when pip installed other versions than those asked for.
 set -euo pipefail
 
 usage="usage: $0 [--install-only] VENV PYTHON TORCH_VERSION MEGATRON_CORE_VERSION [pytest args...]"
