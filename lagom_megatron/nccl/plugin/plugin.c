@@ -4,9 +4,9 @@
  * NCCL calls init() once per communicator. init reads the plan table (a CSV exported by
  * `lagom plan export --format nccl-tuner-csv`) from $LAGOM_TUNER_CONFIG and keeps the rows that
  * apply to this communicator: its nRanks and
- * nNodes, and its tag: the communicator's name when NCCL gave the profiler half one for the same
- * commId (ABI v5+, observed.c), else $LAGOM_TUNER_COMM_TAG, which the Python side sets just before
- * it creates the communicator (init runs synchronously in that thread for blocking communicators).
+ * nNodes, and its tag: $LAGOM_TUNER_COMM_TAG, which the Python side sets just before it creates a
+ * pool entry (init runs synchronously in that thread for blocking communicators), else the
+ * communicator's name when NCCL gave the profiler half one for the same commId (ABI v5+, observed.c).
  * $LAGOM_TUNER_CONFIG set to "" or "none" means no table, explicitly: the communicator keeps
  * NCCL's tuning and $NCCL_TUNER_CONFIG_FILE is not read (lagom's launch and pool set one of them
  * for every communicator they create). Only with $LAGOM_TUNER_CONFIG unset is the table read from
@@ -85,25 +85,25 @@ static ncclResult_t lagomInit(void **context, uint64_t commId, size_t nRanks, si
   ctx->current = -1;
   char name[LAGOM_OBS_NAME];
   const char *tag = getenv(LAGOM_TUNER_COMM_TAG_ENV);
-  if (commId && observedNameFor(commId, name, sizeof(name))) {
-    /* the profiler half's init ran first for the same commHash (src/init.cc:1520 vs :1641) and
-     * NCCL gave it the communicator's name (ncclConfig_t.commName): rows are keyed by that name */
-    if (validTag(name)) {
-      strcpy(ctx->tag, name);
-      tag = NULL;
-    } else {
-      LOG_INIT(ctx, NCCL_LOG_INFO, "communicator name '%.80s' is not a valid tag (at most %d letters, digits and "
-          "_.:/*-[]); keying rows by %s", name, LAGOM_TAG_MAX - 1, LAGOM_TUNER_COMM_TAG_ENV);
-    }
-  }
   observedCheckProfiler(logFn);
   if (tag && *tag) {
+    /* lagom sets the tag only around the creation of its own pool entries; it wins over the name, which
+     * torch's nccl2 engine always sets to the process group's group_name (NCCLBootstrap::createNcclComm) */
     if (validTag(tag)) {
       strcpy(ctx->tag, tag);
     } else {
       LOG_INIT(ctx, NCCL_LOG_WARN, "ignoring %s='%.80s': longer than %d characters or has characters "
           "other than letters, digits and _.:/*-[]", LAGOM_TUNER_COMM_TAG_ENV, tag,
           LAGOM_TAG_MAX - 1);
+    }
+  } else if (commId && observedNameFor(commId, name, sizeof(name))) {
+    /* the profiler half's init ran first for the same commHash (src/init.cc:1520 vs :1641) and
+     * NCCL gave it the communicator's name (ncclConfig_t.commName): rows are keyed by that name */
+    if (validTag(name)) {
+      strcpy(ctx->tag, name);
+    } else {
+      LOG_INIT(ctx, NCCL_LOG_INFO, "communicator name '%.80s' is not a valid tag (at most %d letters, digits and "
+          "_.:/*-[]); only rows tagged '*' apply", name, LAGOM_TAG_MAX - 1);
     }
   }
   const char *path = getenv(LAGOM_TUNER_CONFIG_ENV);

@@ -204,25 +204,37 @@ void test_profiler_missing_comm_name(void) {
   checkScenario("no_name", "func=AllReduce algo=RING proto=SIMPLE channels=8 calls=1", 8);
 }
 
-/* ABI v5+: the tuner's init gets the commId the profiler's init got with the communicator's name,
- * and keys the communicator's rows by that name; a name that is no valid tag leaves the env tag. */
+/* ABI v5+: the tuner's init gets the commId the profiler's init got with the communicator's name.
+ * lagom's tag ($LAGOM_TUNER_COMM_TAG, set around a pool entry's creation, so both inits see it) keys
+ * the rows, also when NCCL's name differs: torch's nccl2 engine names every communicator after its
+ * process group's group_name ("17"). Without the tag the name keys them; a name that is no valid tag
+ * leaves only the rows tagged '*'. */
 void test_profiler_comm_name_keys_rows(void) {
   writeTable(kPlanRow);
   for (int v = 5; v <= 7; v++) {
-    void *prof = profInit(v, 0xa11ce, "dp", NULL);
-    resetLog();
-    void *tuner = initComm("other", 8, 1, 0xa11ce); /* the env tag says "other", the name "dp" */
     float t[NA][NP];
+    void *prof = profInit(v, 0xa11ce, "17", "dp");
+    resetLog();
+    void *tuner = initComm("dp", 8, 1, 0xa11ce);
     fillTable(t);
-    CHECK(collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 8, "v%d: rows keyed by the name dp:\n%s", v, gLog);
-    CHECK(strstr(gLog, "tag 'dp'"), "v%d: the tuner logs the name as its tag:\n%s", v, gLog);
+    CHECK(collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 8, "v%d: rows keyed by the tag dp:\n%s", v, gLog);
+    CHECK(strstr(gLog, "tag 'dp'"), "v%d: the tuner logs lagom's tag, not nccl2's name:\n%s", v, gLog);
     gV6->finalize(tuner);
     profFinalize(v, prof);
-    prof = profInit(v, 0xa11cf, "dp,tp", NULL);
+    prof = profInit(v, 0xa11cf, "dp", NULL);
     resetLog();
-    tuner = initComm("dp", 8, 1, 0xa11cf);
+    tuner = initComm(NULL, 8, 1, 0xa11cf);
     fillTable(t);
-    CHECK(collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 8, "v%d: env tag kept:\n%s", v, gLog);
+    CHECK(collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 8, "v%d: no tag: rows keyed by the name dp:\n%s", v,
+          gLog);
+    gV6->finalize(tuner);
+    profFinalize(v, prof);
+    prof = profInit(v, 0xa11d0, "dp,tp", NULL);
+    resetLog();
+    tuner = initComm(NULL, 8, 1, 0xa11d0);
+    fillTable(t);
+    CHECK(collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 0, "v%d: a name that is no tag keys nothing:\n%s", v,
+          gLog);
     CHECK(strstr(gLog, "is not a valid tag"), "v%d: says why the name was not used:\n%s", v, gLog);
     gV6->finalize(tuner);
     profFinalize(v, prof);
