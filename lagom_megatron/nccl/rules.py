@@ -42,6 +42,7 @@ def ll128_enabled(cluster: ClusterSpec, *, n_nodes: int = 1, group_size: int = 2
 
 
 TUNER_ABI_SINCE: tuple[tuple[tuple[int, int, int], int], ...] = (
+    ((2, 32, 6), 7),
     ((2, 30, 0), 6),
     ((2, 28, 0), 5),
     ((2, 24, 0), 4),
@@ -49,7 +50,8 @@ TUNER_ABI_SINCE: tuple[tuple[tuple[int, int, int], int], ...] = (
     ((2, 21, 0), 2),
     ((2, 19, 0), 1),
 )
-"""Newest tuner ABI per NCCL version: v3 edits the cost table, v4 adds regBuff, v5 per-comm constants, v6 chunk size."""
+"""Newest tuner ABI per NCCL version: v3 edits the cost table, v4 adds regBuff, v5 per-comm constants, v6 chunk size,
+v7 a fifth compute-capability row (Rubin); the 2.32.3 library still names v6 as its newest, 2.32.6 v7."""
 
 
 def tuner_abi(nccl_version: tuple[int, int, int]) -> int:
