@@ -4,6 +4,7 @@ Each part runs the real hooks (``patches.install``) on a real gloo process group
 communicator pool, and writes what it saw to ``<out_dir>/rank<r>.json``.
 """
 
+import dataclasses
 import json
 import os
 
@@ -11,6 +12,37 @@ import torch
 import torch.distributed as dist
 
 from tests.megatron.overlap_worker import WORLD, _iteration
+
+
+def fp32_gradients(config_cls: type) -> dict:
+    """Megatron-FSDP's own config for gradients kept and reduced in fp32: ``grad_reduce_in_fp32`` in megatron-core
+    0.16 (``megatron_fsdp/distributed_data_parallel_config.py:11`` @core_v0.16.1), ``megatron_fsdp_main_grads_dtype``
+    from 0.17 on (``:128`` @core_v0.17.1, ``:132`` @core_v0.18.2 to main; communication then in that dtype)."""
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    if "grad_reduce_in_fp32" in fields:
+        return {"grad_reduce_in_fp32": True}
+    return {"megatron_fsdp_main_grads_dtype": torch.float32}
+
+
+_SINGLES: list = []
+
+
+def fsdp_index(index_cls: type, group) -> object:
+    """Megatron-FSDP's ``FSDPDistributedIndex`` over ``group`` with a TP dimension of size 1, as Megatron's adapter
+    builds it: from megatron-core 0.17 ``make_fsdp_dtensor`` asks for the TP sub-mesh (``using_tensor_parallel``,
+    ``megatron_fsdp/utils.py:868`` @0.19.2), which raises without ``tp_dim``. Collective: every rank calls it."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not _SINGLES:
+        _SINGLES.extend(dist.new_group([r]) for r in range(dist.get_world_size()))
+    ranks = dist.get_process_group_ranks(group)
+    mesh = DeviceMesh.from_group(
+        [group, _SINGLES[dist.get_rank()]],
+        "cpu",
+        mesh=torch.tensor(ranks).reshape(-1, 1),
+        mesh_dim_names=("dp_cp", "tp"),
+    )
+    return index_cls(device_mesh=mesh, dp_shard_dim="dp_cp", tp_dim="tp")
 
 
 def _records(router):
@@ -151,21 +183,18 @@ def _megatron_fsdp_part(router, pool, groups, dp):
     from megatron.core.distributed.fsdp.src.megatron_fsdp.distributed_data_parallel_config import (
         DistributedDataParallelConfig,
     )
-    from torch.distributed.device_mesh import DeviceMesh
 
     from lagom_megatron.engine.knobs import CommConfig
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), _Layer(), _Layer(), torch.nn.Linear(8, 4))
-    index = FSDPDistributedIndex(
-        device_mesh=DeviceMesh.from_group(dp, "cpu", mesh_dim_names=("dp_cp",)), dp_shard_dim="dp_cp"
-    )
+    index = fsdp_index(FSDPDistributedIndex, dp)
     # gloo has no PREMUL_SUM: scale, then SUM (gradient_reduce_preprocessing, param_and_grad_buffer.py:3762-3777)
     config = DistributedDataParallelConfig(
         data_parallel_sharding_strategy="optim_grads_params",
         overlap_grad_reduce=True,
         overlap_param_gather=True,
-        grad_reduce_in_fp32=True,
+        **fp32_gradients(DistributedDataParallelConfig),
         gradient_reduce_div_fusion=False,
     )
     fsdp = MegatronFSDP(model, index, ddp_config=config, fsdp_unit_modules=[_Layer], device=torch.device("cpu"))
@@ -222,11 +251,10 @@ def _megatron_fsdp_part(router, pool, groups, dp):
     router.set_assignment({})
     # data parallel 1: Megatron-FSDP over a group of one rank has no sites
     solos = [dist.new_group([r]) for r in range(WORLD)]
-    mesh = DeviceMesh.from_group(solos[dist.get_rank()], "cpu", mesh_dim_names=("dp_cp",))
     torch.manual_seed(0)
     solo = MegatronFSDP(
         torch.nn.Sequential(_Layer(), _Layer()),
-        FSDPDistributedIndex(device_mesh=mesh, dp_shard_dim="dp_cp"),
+        fsdp_index(FSDPDistributedIndex, solos[dist.get_rank()]),
         ddp_config=config,
         fsdp_unit_modules=[_Layer],
         device=torch.device("cpu"),
@@ -256,7 +284,6 @@ def _megatron_fsdp_strategies_part(router, dp):
     from megatron.core.distributed.fsdp.src.megatron_fsdp.distributed_data_parallel_config import (
         DistributedDataParallelConfig,
     )
-    from torch.distributed.device_mesh import DeviceMesh
 
     out = {}
     gen = torch.Generator().manual_seed(40 + dist.get_rank())
@@ -264,14 +291,12 @@ def _megatron_fsdp_strategies_part(router, dp):
     for strategy in ("no_shard", "optim", "optim_grads"):
         torch.manual_seed(0)
         model = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)))
-        index = FSDPDistributedIndex(
-            device_mesh=DeviceMesh.from_group(dp, "cpu", mesh_dim_names=("dp_cp",)), dp_shard_dim="dp_cp"
-        )
+        index = fsdp_index(FSDPDistributedIndex, dp)
         config = DistributedDataParallelConfig(
             data_parallel_sharding_strategy=strategy,
             overlap_grad_reduce=True,
             overlap_param_gather=True,
-            grad_reduce_in_fp32=True,
+            **fp32_gradients(DistributedDataParallelConfig),
             gradient_reduce_div_fusion=False,
             bucket_size=8 * 8 + 8,
         )
