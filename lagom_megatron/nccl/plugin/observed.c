@@ -27,9 +27,20 @@
  * Chunk size. A proxyOp event (network transfers only) carries args->chunkSize x sliceSteps
  * (src/plugin/profiler.cc:580); the largest seen is kept per bucket.
  *
- * Cost. NCCL reads the activation mask the profiler's init was handed at each group it launches
- * (src/plugin/profiler.cc:280, enqueue.cc:2795); lagom keeps it at 0 (no event at all) except while
- * lagomProfilerSetActive(1) is in force, in the phases that read the records.
+ * Self send/recv. NCCL reports a P2P task to the rank itself (descriptor p2p.peer == rank) with
+ * nChannels >= 1 (src/enqueue.cc:914-922) but adds no proxy op for it (nProxyOps = selfSend ? 0 : 2,
+ * :882, so the loops at :1028 and :1065-1111 add none; src/proxy.cc:753 skips one to itself too), so
+ * no kernelCh event ever comes for it: such a task expects none, and its slot goes at the host stop.
+ * Every all-to-all has two such tasks per call (src/enqueue.cc:3070-3082), so a slot kept for them
+ * would leave the communicator with no free slot after LAGOM_OBS_SLOTS / 2 calls.
+ *
+ * Cost. NCCL copies the activation mask the profiler's init was handed into each task it enqueues
+ * (src/enqueue.cc:2643, :2795); lagom keeps it at 0 (no event at all) except while
+ * lagomProfilerSetActive(level > 0) is in force. Level 1 asks for what ran (coll, p2p, proxyOp):
+ * no profiler proxy op, no profiler proxy connection. Level 2 adds KernelCh, the GPU timers, which
+ * costs a profiler proxy op per channel of every task (src/enqueue.cc:651-653, :1110; src/proxy.cc
+ * :758-761) and, at the first such task of a communicator, 2 x MAXCHANNELS blocking proxy
+ * connections inside the enqueue (src/plugin/profiler.cc:753-776): never in timed iterations.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -46,8 +57,9 @@
 static LagomObsComm *gComms;    /* live communicators, newest first */
 static char gCommsLock;
 static int *gMaskPtr;           /* the mask NCCL handed the last init */
-static int gMaskBits;           /* the events lagom asks for when active */
-static int gActive;
+static int gMaskBits;           /* the events lagom asks for at level 2 */
+static int gActive;             /* lagomProfilerSetActive's level: 0, 1 or 2 */
+static int gApplied;            /* the mask lagom last handed NCCL */
 static int gInits;
 static int gProfilerAbi;
 static int gState;              /* LAGOM_PROFILER_STATE_* */
@@ -71,10 +83,12 @@ static void copyStr(char *dst, const char *src, size_t cap) {
 }
 
 static void applyMask(void) {
+  int level = __atomic_load_n(&gActive, __ATOMIC_RELAXED);
+  int bits = level ? __atomic_load_n(&gMaskBits, __ATOMIC_RELAXED) : 0;
+  if (level < 2) bits &= ~LAGOM_PROFILE_KERNEL_CH;
+  __atomic_store_n(&gApplied, bits, __ATOMIC_RELAXED);
   int *p = __atomic_load_n(&gMaskPtr, __ATOMIC_ACQUIRE);
-  if (p)
-    __atomic_store_n(p, __atomic_load_n(&gActive, __ATOMIC_RELAXED) ? __atomic_load_n(&gMaskBits, __ATOMIC_RELAXED) : 0,
-                     __ATOMIC_RELAXED);
+  if (p) __atomic_store_n(p, bits, __ATOMIC_RELAXED);
 }
 
 LagomObsComm *observedNewComm(int abi, int *mask, uint64_t commHash, const char *commName, int nNodes,
@@ -245,7 +259,11 @@ void *observedStart(LagomObsComm *c, const LagomEvent *e) {
     }
     int bucket = findBucket(c, e);
     if (bucket >= 0) __atomic_fetch_add(&c->buckets[bucket].calls, 1ULL, __ATOMIC_RELAXED);
-    int expect = (__atomic_load_n(&gMaskBits, __ATOMIC_RELAXED) & LAGOM_PROFILE_KERNEL_CH) && e->count > 0 ? e->nChannels : 0;
+    /* the mask in force is the one this task was enqueued with: the host starts the task events in
+     * the launch of the group that enqueued it. A P2P task of 0 bytes still runs one channel with one
+     * proxy op (src/enqueue.cc:916-917, :1073-1075); a self one has none (see the top). */
+    int timers = __atomic_load_n(&gApplied, __ATOMIC_RELAXED) & LAGOM_PROFILE_KERNEL_CH;
+    int expect = timers && !e->selfPeer && (e->type == LAGOM_PROFILE_P2P || e->count > 0) ? e->nChannels : 0;
     unsigned start = __atomic_fetch_add(&c->nextSlot, 1U, __ATOMIC_RELAXED);
     for (int i = 0; i < LAGOM_OBS_SLOTS; i++) {
       LagomSlot *s = &c->slots[(start + (unsigned)i) % LAGOM_OBS_SLOTS];
@@ -304,12 +322,16 @@ void observedRecord(void *h, int state, uint64_t pTimer) {
 
 /* ---- what lagom reads in-process (ctypes, nccl/plugin_status.py) ---- */
 
-/* 1: NCCL's events on (the phases that read the records); 0: activation mask 0, no event at all.
- * NCCL reads the mask at each group it launches, so calls already enqueued keep the old one. */
-LAGOM_EXPORT void lagomProfilerSetActive(int on) {
-  __atomic_store_n(&gActive, on ? 1 : 0, __ATOMIC_RELAXED);
+/* 0: activation mask 0, no event at all; 1: what ran (coll, p2p, proxyOp), no GPU timers; 2: also
+ * KernelCh, each task's GPU kernel time (see the top for its cost). NCCL copies the mask into each
+ * task it enqueues, so tasks already enqueued keep the old one. */
+LAGOM_EXPORT void lagomProfilerSetActive(int level) {
+  __atomic_store_n(&gActive, level < 0 ? 0 : level > 2 ? 2 : level, __ATOMIC_RELAXED);
   applyMask();
 }
+
+/* The activation mask lagom hands NCCL now (NCCL's ncclProfileEventMask bits). */
+LAGOM_EXPORT int lagomProfilerEventMask(void) { return __atomic_load_n(&gApplied, __ATOMIC_RELAXED); }
 
 /* Forgets every bucket of every live communicator and frees every task slot, so the next phase's
  * records start at zero (call it with no collective in flight: a channel event of a task started

@@ -129,6 +129,7 @@ typedef struct {
   const char *commName; /* v1-v3 coll/p2p only (NULL in every NCCL release lagom knows) */
   uint64_t pTimer;      /* kernelCh: GPU start timer, ns */
   int hasTimer;
+  int selfPeer;         /* p2p (v4+): a send or receive of the rank to itself */
 } LagomEvent;
 
 #define LAGOM_OBS_BUCKETS 64

@@ -181,6 +181,7 @@ static ncclResult_t startV3(void *context, void **handle, lagomProfilerDescr_v3_
       (e).dtype = (d)->p2p.datatype;                                                            \
       (e).count = (d)->p2p.count;                                                               \
       (e).nChannels = (d)->p2p.nChannels;                                                       \
+      (e).selfPeer = (d)->p2p.peer == (d)->rank;                                                \
     } else if ((d)->type == LAGOM_PROFILE_PROXY_OP) {                                           \
       PROXY_OP(e, d);                                                                           \
     } else if ((d)->type == LAGOM_PROFILE_KERNEL_CH) {                                          \

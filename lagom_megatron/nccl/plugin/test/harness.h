@@ -97,6 +97,11 @@ void profFinalize(int v, void *ctx);
 void driveColl(int v, void *ctx, uint64_t hash, const char *func, size_t count, const char *algo,
                const char *proto, int nChannels, int chunk);
 void driveP2p(int v, void *ctx, uint64_t hash, const char *func, size_t count, int nChannels);
+extern int gPeer;
+void *startTask(int v, void *ctx, void *group, uint64_t hash, const char *func, size_t count, const char *dtype,
+                const char *algo, const char *proto, int nChannels, int nWarps);
+void stopTask(int v, void *h);
+void proxyEvents(int v, void *ctx, void *task, int chunk, int nChannels);
 char *snapshot(void);
 void setActive(int on);
 void resetRecords(void);
@@ -117,6 +122,7 @@ void test_profiler_missing_comm_name(void);
 void test_profiler_comm_name_keys_rows(void);
 void test_profiler_activation_mask(void);
 void test_profiler_bounded(void);
+void test_profiler_self_p2p_releases_its_slot(void);
 void test_profiler_user_plugin(void);
 void test_profiler_v7_fields(void);
 extern int gPhaseHandles;

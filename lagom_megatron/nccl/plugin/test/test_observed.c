@@ -40,7 +40,7 @@ static int chunkOf(int v) { return v == 1 ? 262144 : 2 * 262144; }
 int playScenario(int v, const char *scenario) {
   writeTable(kPlanRow);
   resetRecords();
-  setActive(1);
+  setActive(2); /* the scenarios read kernel times too */
   uint64_t hash = 0x5eed00 + (uint64_t)v;
   int named = strcmp(scenario, "no_name") != 0;
   void *prof = gProf = profInit(v, hash, named ? "dp" : NULL, "dp");
@@ -172,7 +172,7 @@ void test_profiler_p2p(void) {
  * and leave the kernel time as the kernelCh events give it. */
 void test_profiler_v7_fields(void) {
   resetRecords();
-  setActive(1);
+  setActive(2);
   void *prof = profInit(7, 0x5e7, "dp", "dp");
   const lagomProfiler_v7_t *p7 = profilerStruct(7);
   for (uint64_t tag = 1; tag <= 2; tag++) {
@@ -241,27 +241,76 @@ void test_profiler_comm_name_keys_rows(void) {
   }
 }
 
-/* The activation mask: 0 while lagom reads no records, the events lagom needs while it does. */
+/* The activation mask: 0 while lagom reads no records; level 1 (what ran) without KernelCh, so NCCL
+ * adds no profiler proxy op and opens no profiler proxy connection (ncclProfilerNeedsProxy tests
+ * that bit, src/plugin/profiler.cc:771-775); level 2 adds KernelCh from ABI v4 (v3's kernelCh has no
+ * timer). lagomProfilerEventMask says what NCCL was handed. */
 void test_profiler_activation_mask(void) {
+  int (*handed)(void) = (int (*)(void))dlsym(gLib, "lagomProfilerEventMask");
   for (int v = 1; v <= 7; v++) {
     gNcclMask = -1;
     setActive(0);
     void *prof = profInit(v, 0x77, NULL, NULL);
     CHECK(gNcclMask == 0, "v%d: mask %d after init while inactive; want 0 (no event at all)", v, gNcclMask);
+    int calls = LAGOM_PROFILE_COLL | LAGOM_PROFILE_P2P | LAGOM_PROFILE_PROXY_OP;
     setActive(1);
+    CHECK(gNcclMask == calls && handed() == calls, "v%d: level 1 mask %d (said %d); want %d", v, gNcclMask, handed(),
+          calls);
+    setActive(2);
     /* never v7's kernel phases (LAGOM_PROFILE_KERNEL_PHASE): the kernelCh span is the kernel time */
-    int want = LAGOM_PROFILE_COLL | LAGOM_PROFILE_P2P | LAGOM_PROFILE_PROXY_OP | (v >= 4 ? LAGOM_PROFILE_KERNEL_CH : 0);
-    CHECK(gNcclMask == want, "v%d: mask %d while active; want %d", v, gNcclMask, want);
+    int want = calls | (v >= 4 ? LAGOM_PROFILE_KERNEL_CH : 0);
+    CHECK(gNcclMask == want && handed() == want, "v%d: level 2 mask %d; want %d", v, gNcclMask, want);
     setActive(0);
-    CHECK(gNcclMask == 0, "v%d: mask %d after deactivation", v, gNcclMask);
+    CHECK(gNcclMask == 0 && handed() == 0, "v%d: mask %d after deactivation", v, gNcclMask);
     profFinalize(v, prof);
+  }
+}
+
+/* One all-to-all of rank 3 on 8 ranks as NCCL enqueues it: a send and a receive task per peer, the
+ * rank itself included (src/enqueue.cc:3070-3082); the host starts every task event of the plan,
+ * starts the proxy, stops them (src/plugin/profiler.cc:476-560, src/enqueue.cc:1436-1445); then the
+ * proxy thread's events come for every task but the two to itself, which get no proxy op (:882). */
+static void driveAlltoAll(int v, void *ctx, size_t count, int nChannels) {
+  void *tasks[16];
+  for (int r = 0; r < 8; r++) {
+    gPeer = r;
+    tasks[2 * r] = startTask(v, ctx, NULL, 0, "Send", count, "ncclBfloat16", NULL, NULL, nChannels, 0);
+    tasks[2 * r + 1] = startTask(v, ctx, NULL, 0, "Recv", count, "ncclBfloat16", NULL, NULL, nChannels, 0);
+  }
+  gPeer = 1;
+  for (int i = 0; i < 16; i++) stopTask(v, tasks[i]);
+  for (int i = 0; i < 16; i++)
+    if (i / 2 != 3) proxyEvents(v, ctx, tasks[i], 0, nChannels);
+}
+
+/* Self send/recv keeps no slot: 300 all-to-alls (600 self tasks, more than the 256 slots) in one
+ * recording phase drop nothing, every other task's kernel time is kept, and so is a later
+ * collective's. */
+void test_profiler_self_p2p_releases_its_slot(void) {
+  for (int v = 4; v <= 7; v++) {
+    resetRecords();
+    setActive(2);
+    void *prof = profInit(v, 0x5e1f, "ep", "ep");
+    for (int i = 0; i < 300; i++) driveAlltoAll(v, prof, 4096, 2);
+    driveColl(v, prof, 0x5e1f, "AllReduce", 1 << 20, "RING", "SIMPLE", 8, 0);
+    const char *snap = snapshot();
+    CHECK(hasLine(snap, "comm", "dropped=0"), "v%d: no call dropped:\n%.400s", v, snap);
+    /* 7 of each call's 8 sends have channel events: 2100 x (5005 - 1000) ns */
+    CHECK(hasLine(snap, "p2p", "func=Send count=4096 channels=2 calls=2400 kernel_ns=8410500 kernel_calls=2100"),
+          "v%d: sends\n%.600s", v, snap);
+    CHECK(hasLine(snap, "p2p", "func=Recv count=4096 channels=2 calls=2400 kernel_calls=2100"), "v%d: recvs", v);
+    CHECK(hasLine(snap, "coll", "func=AllReduce calls=1 kernel_ns=4035 kernel_calls=1"),
+          "v%d: the later collective keeps its kernel time\n%.600s", v, snap);
+    resetRecords();
+    profFinalize(v, prof);
+    setActive(0);
   }
 }
 
 /* Memory stays bounded: 64 shapes per communicator, 256 tasks awaiting their channels. */
 void test_profiler_bounded(void) {
   resetRecords();
-  setActive(1);
+  setActive(2);
   void *prof = profInit(6, 0xb0, "dp", "dp");
   for (int i = 0; i < 70; i++) driveColl(6, prof, 0xb0, "AllGather", 1000 + (size_t)i, "RING", "LL", 1, 0);
   const char *snap = snapshot();

@@ -197,6 +197,7 @@ static const struct {
     {"profiler_comm_name_keys_rows", test_profiler_comm_name_keys_rows},
     {"profiler_activation_mask", test_profiler_activation_mask},
     {"profiler_bounded", test_profiler_bounded},
+    {"profiler_self_p2p_releases_its_slot", test_profiler_self_p2p_releases_its_slot},
     {"profiler_user_plugin", test_profiler_user_plugin},
     {"profiler_v7_fields", test_profiler_v7_fields},
 };

@@ -40,6 +40,9 @@ int gNcclMask = -1;
 /* 1: driveColl / driveP2p play the proxy thread's events before the host stops the task. */
 int gProxyFirst;
 
+/* The p2p.peer startTask gives a task; the descriptor's rank is 3, so 3 is a send/recv to itself. */
+int gPeer = 1;
+
 /* init of version v for one communicator, the way NCCL calls it. */
 void *profInit(int v, uint64_t hash, const char *commName, const char *tag) {
   int *mask = &gNcclMask;
@@ -68,6 +71,7 @@ static void *startEv(int v, void *ctx, void *descr) {
 static void stopEv(int v, void *h) {
   if (h) ((const lagomProfiler_v1_t *)profilerStruct(v))->stopEvent(h);
 }
+void stopTask(int v, void *h) { stopEv(v, h); }
 
 static int enumOf(const char *s, const char *const *names, int n) {
   for (int i = 0; i < n; i++)
@@ -76,7 +80,7 @@ static int enumOf(const char *s, const char *const *names, int n) {
 }
 
 /* A task event (coll when algo != NULL, else p2p) in version v's descriptor. */
-static void *startTask(int v, void *ctx, void *group, uint64_t hash, const char *func, size_t count,
+void *startTask(int v, void *ctx, void *group, uint64_t hash, const char *func, size_t count,
                        const char *dtype, const char *algo, const char *proto, int nChannels, int nWarps) {
   static const char *const funcs[] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce", "SendRecv", "Send", "Recv"};
   static const char *const types[] = {"ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32", "ncclInt64", "ncclUint64",
@@ -93,7 +97,7 @@ static void *startTask(int v, void *ctx, void *group, uint64_t hash, const char 
       d.coll.proto = (uint8_t)enumOf(proto, protos, 3);
     } else {
       d.p2p.commHash = hash, d.p2p.func = (uint8_t)enumOf(func, funcs, 8), d.p2p.count = count;
-      d.p2p.datatype = (uint8_t)enumOf(dtype, types, 10), d.p2p.peer = 1;
+      d.p2p.datatype = (uint8_t)enumOf(dtype, types, 10), d.p2p.peer = gPeer;
     }
     return startEv(v, ctx, &d);
   }
@@ -108,7 +112,7 @@ static void *startTask(int v, void *ctx, void *group, uint64_t hash, const char 
       d3.coll.proto = d2.coll.proto = proto;
     } else {
       d3.p2p.commHash = d2.p2p.commHash = hash, d3.p2p.func = d2.p2p.func = func;
-      d3.p2p.count = d2.p2p.count = count, d3.p2p.datatype = d2.p2p.datatype = dtype, d3.p2p.peer = d2.p2p.peer = 1;
+      d3.p2p.count = d2.p2p.count = count, d3.p2p.datatype = d2.p2p.datatype = dtype, d3.p2p.peer = d2.p2p.peer = gPeer;
     }
     return v == 2 ? startEv(v, ctx, &d2) : startEv(v, ctx, &d3);
   }
@@ -119,7 +123,7 @@ static void *startTask(int v, void *ctx, void *group, uint64_t hash, const char 
       d.coll.nWarps = (uint8_t)nWarps, d.coll.algo = algo, d.coll.proto = proto, d.coll.parentGroup = group;
       d.coll.userTag = 0x7a9;
     } else {
-      d.p2p.func = func, d.p2p.count = count, d.p2p.datatype = dtype, d.p2p.peer = 1;
+      d.p2p.func = func, d.p2p.count = count, d.p2p.datatype = dtype, d.p2p.peer = gPeer;
       d.p2p.nChannels = (uint8_t)nChannels, d.p2p.parentGroup = group, d.p2p.userTag = 0x7a9;
     }
     return startEv(v, ctx, &d);
@@ -133,7 +137,7 @@ static void *startTask(int v, void *ctx, void *group, uint64_t hash, const char 
     d6.coll.proto = d4.coll.proto = proto, d6.coll.parentGroup = group;
   } else {
     d6.p2p.func = d4.p2p.func = func, d6.p2p.count = d4.p2p.count = count, d6.p2p.datatype = d4.p2p.datatype = dtype;
-    d6.p2p.peer = d4.p2p.peer = 1, d6.p2p.nChannels = d4.p2p.nChannels = (uint8_t)nChannels, d6.p2p.parentGroup = group;
+    d6.p2p.peer = d4.p2p.peer = gPeer, d6.p2p.nChannels = d4.p2p.nChannels = (uint8_t)nChannels, d6.p2p.parentGroup = group;
   }
   if (v == 4) return startEv(v, ctx, &d4);
   return startEv(v, ctx, &d6); /* v5's descriptor is v6's without the copy-engine members at its end */
@@ -159,7 +163,7 @@ static void phaseEvents(void *ctx, void *kernelCh, uint8_t channel) {
 
 /* The proxy thread's events of one task: a proxyOp with `chunk`, then per channel a kernelCh
  * start (timer 1000 + 10 c), KernelChStop (timer 5000 + 5 c) and stop (v7: kernel phases first). */
-static void proxyEvents(int v, void *ctx, void *task, int chunk, int nChannels) {
+void proxyEvents(int v, void *ctx, void *task, int chunk, int nChannels) {
   if (v <= 3) {
     lagomProfilerDescr_v3_t op = {.type = LAGOM_PROFILE_PROXY_OP, .parentObj = task};
     op.proxyOp.chunkSize = chunk;
