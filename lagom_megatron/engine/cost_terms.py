@@ -46,9 +46,10 @@ NVLS_GATHER_MULT = 0.85
 _ALG_HBM = np.array([1.0, 1.0, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0])
 """HBM traffic per wire byte relative to ``_PROTO_HBM``: NVLS reduces in the switch (~1.2 vs 2.5-3, nccl#1428)."""
 
-PER_CHANNEL_PRIOR_GBS: dict[int, float] = {90: 22.0, 80: 15.0}
-"""One channel's Simple GB/s at 512 threads by SM arch: ~370 GB/s needs ~17 channels on 8 x H100
-(nccl-tests#212), ~230 ~16 on 8 x A100 (nccl-tests#149). Absolute: on PCIe one channel is most of the link."""
+PER_CHANNEL_PRIOR_GBS: dict[int, float] = {90: 15.0, 80: 10.0}
+"""One CTA's Simple GB/s at 512 threads by SM arch, as NCCL v2.30.7's ring graph asks of it: its fastest intra-node
+speed (60 sm90, 40 else; src/graph/search.cc:1051, 1057) halved by ncclTopoDupChannels (search.cc:1039, 1045), run
+by two CTAs per channel (src/graph/connect.cc:460); two CTAs per NVLink saturate it (nccl#1703)."""
 SOFTMIN_P = 8.0
 """Sharpness p of the saturation bw = (x^-p + y^-p)^(-1/p): channel sweeps reach the link within a few %."""
 DEFAULT_THREADS = 512

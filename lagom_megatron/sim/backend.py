@@ -72,7 +72,14 @@ class SimulatedCluster:
         }
 
     def _cost(
-        self, i: int, cfg: CommConfig, channel_cap: int | None, *, registered: bool = False, fork: bool = False
+        self,
+        i: int,
+        cfg: CommConfig,
+        channel_cap: int | None,
+        *,
+        registered: bool = False,
+        fork: bool = False,
+        channel_floor: int | None = None,
     ) -> CommCost:
         coll = self._prog.calls[i].coll
         if registered:
@@ -81,10 +88,12 @@ class SimulatedCluster:
         if not (fork and cfg.n_threads is not None):
             cfg = replace(cfg, n_threads=self.nthreads)
         cfg = replace(cfg, high_priority_stream=None)  # the stream's priority is the timeline's, not the kernel's
-        key = (coll, cfg, channel_cap)
+        key = (coll, cfg, channel_cap, channel_floor)
         hit = self._cost_cache.get(key)
         if hit is None:
             r = resolve_config(self.gpu, coll, cfg)
+            if channel_floor is not None and r.algorithm in ("Ring", "Tree") and r.n_channels < channel_floor:
+                r = replace(r, n_channels=min(channel_floor, self.gpu.max_channels))
             if channel_cap is not None and r.n_channels > channel_cap:
                 r = type(r)(
                     algorithm=r.algorithm,
@@ -106,14 +115,17 @@ class SimulatedCluster:
         channel_cap: int | None = None,
         noise: bool = True,
         free_comm: bool = False,
+        zero_comm: bool = False,
         group_caps: dict[str, int] | None = None,
+        group_floors: dict[str, int] | None = None,
         high_priority: frozenset[str] | None = None,
         registered: frozenset[str] = frozenset(),
         fork: bool = False,
     ) -> IterationMeasurement:
         """One iteration (``step``, else ``iteration`` / ``assignment`` / ``serialize``), us. ``group_caps``: group ->
-        ``ncclConfig_t.maxCTAs`` (NCCL v2.30.7 src/graph/connect.cc:503, src/graph/paths.cc:984); ``free_comm``:
-        collectives hold no SM and no HBM; ``fork``: per-call threads."""
+        ``ncclConfig_t.maxCTAs`` (NCCL v2.30.7 src/graph/connect.cc:503, src/graph/paths.cc:984); ``group_floors``:
+        group -> ``minCTAs`` (Ring / Tree CTAs raised to it); ``free_comm``: collectives hold no SM and no HBM;
+        ``zero_comm``: they also take no time; ``fork``: per-call threads."""
         if step is not None:
             iteration, assignment, serialize = step.iteration, step.assignment, step.serialize
         assignment = assignment or {}
@@ -121,16 +133,25 @@ class SimulatedCluster:
         if unknown:
             raise ValueError(f"assignment names {len(unknown)} unknown site(s), e.g. {unknown[:3]}")
         calls = self._prog.calls
-        caps = group_caps or {}
+        caps, floors = group_caps or {}, group_floors or {}
         configs = [assignment.get(c.site_id, DEFAULT) if c.site_id else DEFAULT for c in calls]
         costs = [
-            self._cost(i, cfg, _min_cap(channel_cap, caps.get(c.stream)), registered=c.stream in registered, fork=fork)
+            self._cost(
+                i,
+                cfg,
+                _min_cap(channel_cap, caps.get(c.stream)),
+                registered=c.stream in registered,
+                fork=fork,
+                channel_floor=floors.get(c.stream),
+            )
             for i, (c, cfg) in enumerate(zip(calls, configs))
         ]
         # a site routed to a pool entry made with is_high_priority_stream runs on that entry's stream
         hp_calls = frozenset(i for i, cfg in enumerate(configs) if cfg.high_priority_stream)
-        if free_comm:
+        if free_comm or zero_comm:
             costs = [replace(c, ctas=0, hbm_mult=0.0) for c in costs]
+        if zero_comm:
+            costs = [replace(c, latency_us=0.0, wire_bytes=0.0) for c in costs]
         seed = hash((self.seed, iteration)) & 0x7FFFFFFF
         sig = {} if noise else {"sigma_comp": 0.0, "sigma_comm": 0.0}
         res = timeline.run(

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from lagom_megatron.sim import tuning_model as nm
+
 
 @dataclass(frozen=True, slots=True)
 class Ranged:
@@ -19,41 +21,51 @@ class Ranged:
     source: str
 
 
+def _graph_cta_gbs(arch: int) -> float:
+    """GB/s NCCL's ring graph asks of one CTA on the fastest NVLink topology of ``arch`` (``cta_gbs_sm*``'s sources)."""
+    links = {90: 18, 80: 12, 86: 4}[arch]
+    return nm.ring_graph(links * nm.NVLINK_BW[arch], sm_arch=arch, inter=False)[1] / 2.0
+
+
 CONSTANTS: dict[str, Ranged] = {
     c.name: c
     for c in (
         Ranged(
             "cta_gbs_sm90",
-            30.0,
+            _graph_cta_gbs(90),
             11.6,
-            30.0,
+            20.0,
             "GB/s",
-            "one CTA of Ring/Simple at 512 threads on Hopper when the link is not the limit. NCCL's "
-            "search assigns one search channel at most 60 GB/s on sm90 (src/graph/search.cc:1057, "
-            "sm90SpeedArrayIntra) and runs two CTAs per search channel (src/graph/connect.cc:460): "
-            "30. Low end: NCCL's own model at its defaults, where its 32 CTAs exactly fill the "
-            "~370 GB/s NVLink ring (nccl-tests#212): 370/32",
+            "one CTA of Ring/Simple at 512 threads on Hopper when the link is not the limit: what NCCL's own ring "
+            "graph asks of it. On DGX H100 (18 NVLinks x 20.6, topo.h:23) the search settles at 6 channels of 60 GB/s "
+            "(sm90SpeedArrayIntra, search.cc:1057); ncclTopoDupChannels halves any speed >= 25 and doubles the "
+            "channels (search.cc:1039, 1045-1047): 12 at 30; connect.cc:460 runs two CTAs per channel: 24 CTAs at 15. "
+            "Maintainers: two CTAs per NVLink saturate it (nccl#1703, nccl#1225). Low end: NCCL's 32 CTAs exactly "
+            "filling the ~370 GB/s ring (nccl-tests#212): 370/32. High end: a 40 GB/s graph of more than 4 "
+            "channels, which search.cc:1040 leaves unduplicated: 40/2",
         ),
         Ranged(
             "cta_gbs_sm80",
-            20.0,
+            _graph_cta_gbs(80),
             9.5,
-            20.0,
+            12.5,
             "GB/s",
-            "the same on A100: at most 40 GB/s per search channel (search.cc:1051, speedArrayIntra) "
-            "over two CTAs: 20. Low end: 24 CTAs exactly filling ~228 GB/s (nccl-tests#149, #178)",
+            "the same on A100: 12 NVLinks x 20 (topo.h:21), 6 channels of 40 GB/s (speedArrayIntra, search.cc:1051), "
+            "duplicated to 12 of 20 (search.cc:1039, 1045), two CTAs each (connect.cc:460): 24 CTAs at 10, the 24 of "
+            "NCCL's DGX A100 logs (nccl#1225: 12 NVLinks, 24 CTAs). Low end: 24 CTAs exactly filling ~228 GB/s "
+            "(nccl-tests#149, #178). High end: two CTAs per 25 GB/s NVLink (nccl#1703; line rate, nccl-tests#149)",
         ),
         Ranged(
             "cta_gbs_sm86",
-            20.0,
+            _graph_cta_gbs(86),
             8.8,
-            20.0,
+            12.5,
             "GB/s",
-            "the same on A40 (GA102). NCCL treats sm86 with its Ampere tables (src/graph/tuning.cc:263-266; "
-            "only its NVLink link speed differs, src/graph/topo.h:23): 20. No measurement of one "
-            "CTA on GA102 found. Low end: A100's value scaled by DRAM bandwidth per SM "
-            "(696 GB/s / 84 SMs against 2039 GB/s / 108 SMs, datasheets): a latency-bound copy "
-            "loop moves what its share of the memory system returns",
+            "the same on A40 (GA102), which NCCL runs with its Ampere tables (src/graph/tuning.cc:263-266; "
+            "search.cc:1157): its fastest graph, a bridged pair (4 links x 12, topo.h:23), is 1 channel of 40 GB/s, "
+            "duplicated to 2 of 20 (search.cc:1039, 1045), two CTAs each: 10. No measurement of one CTA on GA102 "
+            "found. Low end: A100's graph value scaled by DRAM bandwidth per SM (696 GB/s / 84 SMs against "
+            "2039 GB/s / 108 SMs, datasheets). High end: A100's",
         ),
         Ranged(
             "pcie_link_eff",
@@ -100,12 +112,12 @@ CONSTANTS: dict[str, Ranged] = {
         Ranged(
             "kappa_mem",
             3.0,
-            2.0,
+            2.1,
             4.0,
             "factor",
             "memory-bound kernels' queueing behind a collective's HBM traffic: fitted on nccl#1428 "
             "(A100, element-wise 2.5x, attention 1.83x beside an all-gather); the range keeps the "
-            "1.8-2.5x window of that issue",
+            "1.76-2.5x window of that issue (at 24 A100 CTAs of 10 GB/s, 2.0 gives 1.75)",
         ),
         Ranged(
             "kappa_comm",
@@ -124,6 +136,39 @@ CONSTANTS: dict[str, Ranged] = {
             "bytes/byte",
             "HBM bytes per wire byte of NVLS (the switch reduces; each GPU reads its operand and "
             "writes its result). No measurement; ring reductions are 2-3 (nccl#1428 maintainer)",
+        ),
+        Ranged(
+            "nvls_gather_link_eff",
+            300.0 / 450.0,
+            0.6,
+            0.82,
+            "fraction",
+            "busbw ceiling of NVLS all-gather / reduce-scatter as a share of H100's 450 GB/s NVLink: 300 GB/s measured "
+            "at 1 GB on 8 x H100 against 350 for Ring (nccl#1506; a maintainer there: NVLS promises no bandwidth gain "
+            "for these, only fewer SMs). Low end: below the measured peak size (unmeasured); high end: the Ring "
+            "ceiling (nccl-tests#212, ~370)",
+        ),
+        Ranged(
+            "nvls_cta_mult",
+            2.0,
+            1.0,
+            2.0,
+            "x cta_gbs",
+            "one NVLS CTA's rate over a ring CTA's: ncclTopoDupChannels skips NVLS graphs (search.cc:1038), so NCCL's "
+            "graph asks an NVLS CTA twice what it asks a ring CTA; with it NCCL's 16 NVLS CTAs (nvls.cc:155) reach "
+            "nccl-tests#212's ~480 GB/s all-reduce. Low end: the ring CTA's rate (NVLS all-reduce then ~400 GB/s, "
+            "below that measurement)",
+        ),
+        Ranged(
+            "symk_link_mult",
+            1.5,
+            0.8,
+            1.5,
+            "x link",
+            "rate of the CTAs of a collective on registered buffers (NCCL 2.27+ symmetric kernels, Megatron-Core's "
+            "4-5 SMs) over the link ceiling: 1.5 fills the link (softmin), the baseline's most favourable reading. "
+            "No measurement of those SM counts found; low end: NVLS all-gather's measured share of the Ring ceiling "
+            "(nccl#1506: 300 of ~370 GB/s)",
         ),
         Ranged(
             "chunk_hbm_weight",
@@ -160,6 +205,25 @@ CONSTANTS: dict[str, Ranged] = {
             "elements",
             "GEMM output tile width (128 x N per CTA) for wave quantization: 128x256 is the Hopper "
             "CUTLASS default; Ampere kernels also run 128x128. No per-GPU source",
+        ),
+        Ranged(
+            "last_wave_wait",
+            1.0,
+            0.0,
+            1.0,
+            "fraction",
+            "how far into the running kernel's tail a ready collective on a normal-priority stream waits before it "
+            "gets SMs: 1 = until the kernel's last wave is dispatched (the CUDA block scheduler serves the pending "
+            "CTAs of the running grid first; a high-priority stream jumps the queue: nccl#1431, pytorch#143890), "
+            "0 = at once (stream priority then gains nothing). Nothing measured an NCCL kernel's wait behind a GEMM",
+        ),
+        Ranged(
+            "sigma_compute",
+            0.02,
+            0.01,
+            0.04,
+            "fraction",
+            "relative standard deviation of one compute kernel's duration. No source",
         ),
         Ranged(
             "sigma_iteration",

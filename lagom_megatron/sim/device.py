@@ -240,6 +240,11 @@ def cta_gbs(gpu: Gpu, algorithm: str, protocol: str, n_threads: int, chunk: int,
     caps: tuning.cc:328-329, 185-190; LL: tuning.cc:327; Tree: tuning.cc:330-335. Chunks below default pay a per-step
     overhead (half rate at 64 KiB; no source)."""
     simple = gpu.per_channel.get("Simple") or get(f"cta_gbs_sm{gpu.arch_key}")
+    if not gpu.per_channel.get("Simple"):
+        if algorithm == "NVLS":
+            simple *= get("nvls_cta_mult")
+        elif n_nodes > 1 and gpu.nvswitch:
+            simple = max(simple, net_graph_cta_gbs(gpu.sm_arch))
     arch = gpu.table_key
     idx = 0 if n_nodes == 1 else (1 if n_nodes == 2 else 2)
     if algorithm == "Tree":
@@ -258,6 +263,13 @@ def cta_gbs(gpu: Gpu, algorithm: str, protocol: str, n_threads: int, chunk: int,
     ref = DEFAULT_CHUNK[protocol]
     step = (chunk / (chunk + 64 * KIB)) / (ref / (ref + 64 * KIB))
     return base * threads * step
+
+
+def net_graph_cta_gbs(sm_arch: int) -> float:
+    """GB/s NCCL's ring graph asks of one CTA across NVSwitch nodes of one NIC per GPU: one channel per NIC at the inter
+    table's top speed (48, search.cc:1052, 1058) through ``ncclTopoDupChannels`` (8 channels: sm90 keeps 48,
+    :1040), two CTAs per channel (connect.cc:460): 24 sm90 (16 CTAs, nccl-tests#290's 46-48 GB/s per NIC), 12 sm80."""
+    return nm.dup_channels(8, nm.SPEED_INTER[90 if sm_arch >= 90 else 80][0], sm_arch=sm_arch)[1] / 2.0
 
 
 def softmin(rate: float, link: float, p: float | None = None) -> float:
@@ -296,8 +308,8 @@ def intra_link_gbs(gpu: Gpu, c: Collective, protocol: str) -> float:
 def _link_gbs(gpu: Gpu, c: Collective, algorithm: str, protocol: str) -> float:
     nvl = intra_link_gbs(gpu, c, protocol)
     if algorithm == "NVLS":
-        # all-reduce: nccl-tests#212's ~480 GB/s; gathers and reduce-scatters: no public figure, the ring's
-        nvl = gpu.nvlink_gbs * (NVLS_BUSBW_FACTOR if c.op == "all_reduce" else PROTOCOL_LINK_EFF[90])
+        # all-reduce: nccl-tests#212's ~480 GB/s; gathers and reduce-scatters: nccl#1506's ~300 (``nvls_gather_link_eff``)
+        nvl = gpu.nvlink_gbs * (NVLS_BUSBW_FACTOR if c.op == "all_reduce" else get("nvls_gather_link_eff"))
     if c.n_nodes <= 1:
         return nvl
     per_node = max(1, c.group_size // c.n_nodes)
@@ -330,8 +342,8 @@ def comm_cost(gpu: Gpu, c: Collective, r: Resolved) -> CommCost:
     link = _link_gbs(gpu, c, r.algorithm, r.protocol)
     proto = r.protocol
     rate = r.n_channels * cta_gbs(gpu, r.algorithm, proto, r.n_threads, r.chunk_size, c.n_nodes)
-    if r.algorithm == "SYMK":  # symmetric kernels on registered buffers: their CTAs fill the link (UB_CTAS)
-        rate = 1.5 * link
+    if r.algorithm == "SYMK":  # symmetric kernels on registered buffers (UB_CTAS): ``symk_link_mult`` x the link
+        rate = get("symk_link_mult") * link
     elif r.algorithm == "NVLS":
         # link speed x nvlsEfficiency, x2 for all-reduce, else x (ranks - 1) / ranks (tuning.cc:311-318)
         ppn = max(1, c.group_size // max(1, c.n_nodes))

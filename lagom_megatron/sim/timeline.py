@@ -81,6 +81,11 @@ def last_wave_fraction(gpu: Gpu, k: ComputeKernel, sms_free: float) -> float | N
     return 0.0
 
 
+def _gate(last_wave: float, wait: float) -> float:
+    """Share of the running kernel left when a gated collective starts: its last wave at ``last_wave_wait`` 1."""
+    return last_wave + (1.0 - wait) * (1.0 - last_wave)
+
+
 def run(
     prog: Program,
     gpu: Gpu,
@@ -89,7 +94,7 @@ def run(
     serialize: bool = False,
     cdmc1: bool = False,
     seed: int = 0,
-    sigma_comp: float = 0.02,
+    sigma_comp: float | None = None,
     sigma_comm: float | None = None,
     win: list[list[int]] | None = None,
     high_priority: frozenset[str] = frozenset(),
@@ -98,6 +103,8 @@ def run(
     """Simulates ``prog`` with ``costs[i]`` the standalone cost of call ``i``; times in us."""
     rng = random.Random(seed)
     sigma_comm = get("sigma_comm") if sigma_comm is None else sigma_comm
+    sigma_comp = get("sigma_compute") if sigma_comp is None else sigma_comp
+    wait = get("last_wave_wait")
     kappa_comm = get("kappa_comm")
     ops = prog.ops
     n_calls = len(prog.calls)
@@ -142,7 +149,7 @@ def run(
                 and i not in high_priority_calls
             ):
                 lw = last_wave_fraction(gpu, cur[2], gpu.sms - sum(costs[j].ctas for j in active))
-                if lw is not None and cur[3] > lw + 1e-9:
+                if lw is not None and cur[3] > _gate(lw, wait) + 1e-9:
                     gated = True
                     continue
             unstarted.remove(i)
@@ -214,7 +221,7 @@ def run(
         if cur is not None:
             dt = min(dt, cur[3] * k_time * cur[4]) if cur[0] == "K" else min(dt, cur[1] - t)
             if gated and cur[0] == "K":
-                lw = last_wave_fraction(gpu, cur[2], gpu.sms - ctas) or 0.0
+                lw = _gate(last_wave_fraction(gpu, cur[2], gpu.sms - ctas) or 0.0, wait)
                 if cur[3] > lw + 1e-9:
                     dt = min(dt, (cur[3] - lw) * k_time * cur[4])
         for i, a in active.items():

@@ -91,10 +91,15 @@ def ring_graph(capacity_gbs: float, *, sm_arch: int, inter: bool, max_bw: float 
         if best_n * best_s >= capacity_gbs - 1e-9 or i + 1 >= len(table) or table[i + 1] / best_s <= 0.49:
             break
         i += 1
-    best_n = max(1, best_n)
-    if best_s >= 25.0 and not (sm_arch > 80 and best_s < 50.0 and best_n > 4):
-        best_n, best_s = 2 * best_n, best_s / 2.0
-    return best_n, best_s
+    return dup_channels(max(1, best_n), best_s, sm_arch=sm_arch)
+
+
+def dup_channels(n: int, speed: float, *, sm_arch: int) -> tuple[int, float]:
+    """``ncclTopoDupChannels`` (search.cc:1036-1047): a ring graph of >= 25 GB/s gets twice the channels at half the
+    speed (:1039, :1045), unless sm > 80 and it is under 50 GB/s with more than 4 channels (:1040)."""
+    if speed >= 25.0 and not (sm_arch > 80 and speed < 50.0 and n > 4):
+        return 2 * n, speed / 2.0
+    return n, speed
 
 
 def comm_ctas(search_channels: int, *, max_channels: int = 64) -> int:

@@ -51,8 +51,9 @@ def test_channels_trade_communication_speed_for_compute_slowdown(h100):
     few, many = CommConfig(n_channels=2), CommConfig(n_channels=32)
     assert m.t_comm_us("tp.ag[0]", few) > 2 * m.t_comm_us("tp.ag[0]", many)
     assert m.slowdown("tp.ag[0]", few) < m.slowdown("tp.ag[0]", many)
-    # Bandwidth saturates at the NVLink: 64 channels are barely faster than 32.
-    assert m.t_comm_us("tp.ag[0]", CommConfig(n_channels=64)) > 0.95 * m.t_comm_us("tp.ag[0]", many)
+    # Bandwidth saturates at the NVLink: 32 CTAs at the 15 GB/s NCCL's graph asks of one (search.cc:1039, 1045,
+    # connect.cc:460) already ask 480 GB/s of a 450 GB/s link, so 64 channels are at most 10% faster.
+    assert m.t_comm_us("tp.ag[0]", CommConfig(n_channels=64)) > 0.90 * m.t_comm_us("tp.ag[0]", many)
     # Transfer time of a bandwidth-bound call is close to wire bytes / link bandwidth.
     ideal_us = wire_bytes("all_gather", 64 * 2**20, 8) / (h100.nvlink_gbps_per_gpu * 1e3)
     assert ideal_us < m.t_comm_us("tp.ag[0]", CommConfig(n_channels=64, protocol="Simple")) < 1.3 * ideal_us

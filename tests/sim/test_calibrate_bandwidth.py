@@ -185,7 +185,8 @@ def test_the_simulator_given_the_calibrated_cluster_reproduces_the_runs(tmp_path
         calls_per_iter=1,
     )
     assert CostModel.from_priors([site], [100.0], spec).pcb == spec.per_channel_gbps["Simple"]
-    assert CostModel.from_priors([site], [100.0], A40).pcb == 15.0  # the per-arch prior without a measurement
+    # the per-arch prior without a measurement: NCCL's Ampere graph asks 40 / 2 (search.cc:1045) / 2 CTAs of a CTA
+    assert CostModel.from_priors([site], [100.0], A40).pcb == 40.0 / 2 / 2
 
 
 def test_no_usable_row_is_refused(tmp_path):

@@ -29,33 +29,45 @@ def groups_of(sim: Any) -> list[str]:
     return list(dict.fromkeys(c.stream for c in sim._prog.calls))
 
 
-def ub_applies(sim: Any) -> bool:
-    """Whether ``--use-nccl-ub`` changes a collective of ``sim`` (``channel_defaults.ub_ctas``)."""
+def ub_applies(sim: Any, groups: frozenset[str] = UB_GROUPS) -> bool:
+    """Whether registering ``groups``' buffers (``--use-nccl-ub``) changes a collective (``channel_defaults.ub_ctas``)."""
     from dataclasses import replace
 
     from lagom_megatron.sim.channel_defaults import ub_ctas
 
     return any(
-        ub_ctas(sim.gpu, replace(c.coll, registered=True)) is not None for c in sim._prog.calls if c.stream in UB_GROUPS
+        ub_ctas(sim.gpu, replace(c.coll, registered=True)) is not None for c in sim._prog.calls if c.stream in groups
     )
 
 
-def sweep_caps(sim: Any, *, passes: int = 2) -> dict[str, int]:
-    caps: dict[str, int] = {}
-    best = sim.run_iteration(iteration=0, noise=False).iteration_us
+FLOORS = (4, 8, 16, 32, 64)
+"""``minCTAs`` values the raising sweep tries (``NCCL_MIN_CTAS``; at most NCCL's MAXCHANNELS, 64 from 2.25)."""
+
+
+def sweep_caps(
+    sim: Any, *, passes: int = 2, floors: bool = False, start: dict[str, int] | None = None
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Per group the best ``maxCTAs`` (and with ``floors`` the best ``minCTAs`` instead) by coordinate descent on the
+    noise-free iteration, from ``start`` caps; (caps, floors)."""
+    caps: dict[str, int] = dict(start or {})
+    low: dict[str, int] = {}
+    best = sim.run_iteration(iteration=0, noise=False, group_caps=caps).iteration_us
+    settings = [("max", c) for c in CAPS] + ([("min", f) for f in FLOORS] if floors else [])
     for _ in range(passes):
         changed = False
         for g in groups_of(sim):
-            for cap in CAPS:
-                if caps.get(g) == cap:
+            for kind, n in settings:
+                cur = ("max", caps[g]) if g in caps else (("min", low[g]) if g in low else None)
+                if cur == (kind, n):
                     continue
-                trial = {**caps, g: cap}
-                t = sim.run_iteration(iteration=0, noise=False, group_caps=trial).iteration_us
+                tc = {k: v for k, v in caps.items() if k != g} | ({g: n} if kind == "max" else {})
+                tf = {k: v for k, v in low.items() if k != g} | ({g: n} if kind == "min" else {})
+                t = sim.run_iteration(iteration=0, noise=False, group_caps=tc, group_floors=tf).iteration_us
                 if t < best * (1.0 - 1e-6):
-                    best, caps, changed = t, trial, True
+                    best, caps, low, changed = t, tc, tf, True
         if not changed:
             break
-    return caps
+    return caps, low
 
 
 def median_us(sim: Any, *, iters: int, **kw: Any) -> float:
@@ -69,14 +81,21 @@ def shared(sim: Any) -> dict[str, Any]:
 
     quiet = sim.run_iteration(iteration=0, noise=False)
     tl = sim.last_timeline
-    free = sim.run_iteration(iteration=0, noise=False, free_comm=True)
-    caps = sweep_caps(sim)
+    everyone = frozenset(groups_of(sim))
+    # no SM, no HBM, no dispatch wait: what contention tuning could at most win; no time at all: what any comm could
+    free = sim.run_iteration(iteration=0, noise=False, free_comm=True, high_priority=everyone)
+    zero = sim.run_iteration(iteration=0, noise=False, zero_comm=True, high_priority=everyone)
+    caps, _ = sweep_caps(sim)
+    raise_caps, raise_floors = sweep_caps(sim, floors=True, start=caps)
     return {
         "overlap_frac": tl.compute_overlapped_us / max(tl.compute_us, 1e-9),
-        "free_comm_bound": quiet.iteration_us / free.iteration_us,
+        "contention_bound": quiet.iteration_us / free.iteration_us,
+        "exposed_comm_bound": quiet.iteration_us / zero.iteration_us,
         "caps": caps,
+        "raise": (raise_caps, raise_floors),
         "oracle_plan": oracle(sim, group_caps=caps)[0],
         "ub": ub_applies(sim),
+        "ub_all": ub_applies(sim, everyone),
     }
 
 
@@ -91,7 +110,8 @@ def one_seed(
     row: dict[str, Any] = {
         "seed": seed,
         "overlap_frac": base["overlap_frac"],
-        "free_comm_bound": base["free_comm_bound"],
+        "contention_bound": base["contention_bound"],
+        "exposed_comm_bound": base["exposed_comm_bound"],
     }
     default = median_us(sim, iters=iters)
     row["default_ms"] = default / 1e3
@@ -100,16 +120,21 @@ def one_seed(
         median_us(sim, iters=iters, group_caps={g: c for g, c in NEMO_CAPS.items() if g in groups}) / 1e3
     )
     row["hp_stream_ms"] = median_us(sim, iters=iters, high_priority=groups) / 1e3
+    caps, floors = base["raise"]
+    row["caps_raise_ms"] = median_us(sim, iters=iters, group_caps=caps, group_floors=floors) / 1e3
     row["nccl_ub_ms"] = median_us(sim, iters=iters, registered=UB_GROUPS) / 1e3 if base["ub"] else None
+    row["nccl_ub_all_ms"] = median_us(sim, iters=iters, registered=groups) / 1e3 if base["ub_all"] else None
     auto, auto_iters = autoccl(sim, first_iteration=AUTOCCL_FIRST, seed=seed)
-    row["autoccl_ms"] = median_us(sim, iters=iters, assignment=auto, fork=True) / 1e3
+    row["autoccl_no_transport_ms"] = median_us(sim, iters=iters, assignment=auto, fork=True) / 1e3
     oracle_us = median_us(sim, iters=iters, assignment=base["oracle_plan"])
     row["oracle"] = default / oracle_us
     verify = {"verify_iters": verify_iters, "verify_max_iters": verify_max_iters}
     r = run_lifecycle(sim, method="priority", **verify, after_iters=0, first_iteration=LAGOM_FIRST)
     plan = r.tuner.plan
     assignment = {k: e.config for k, e in plan.entries.items()} if plan is not None else {}
-    plan_us = median_us(sim, iters=iters, assignment=assignment)
+    plan_us, held_out = held_out_error(sim, r.tuner, assignment, iters=iters)
+    stats = r.tuner.search_stats or {}
+    predicted = stats.get("predicted_default_iteration_us", 0.0) / (stats.get("predicted_iteration_us") or 1.0)
     applied = r.tuner.phase.value == "applied"
     # every group in --high-priority-stream-groups (pool entries inherit it, nccl/pool.py): a details column
     sim.high_priority = groups
@@ -124,17 +149,44 @@ def one_seed(
         lagom_plan_ms=plan_us / 1e3,
         lagom_kept_ms=(plan_us if applied else default) / 1e3,
         model_mape=r.tuner.model_mape,
+        model_oos_mape=held_out,
+        predicted_gain=predicted if plan is not None else None,
+        simulated_gain=default / plan_us if plan is not None else None,
         oracle_ms=oracle_us / 1e3,
         lagom_phase=r.tuner.phase.value,
         lagom_candidate=(plan.stats.get("candidate") if plan is not None else None),
         verify_text=str(r.tuner.reason or "")[:160],
         caps=" ".join(f"{g}:{c}" for g, c in sorted(base["caps"].items())),
+        caps_raise=" ".join(
+            [f"{g}:<={c}" for g, c in sorted(caps.items())] + [f"{g}:>={c}" for g, c in sorted(floors.items())]
+        ),
         lagom_hp_groups=" ".join(sorted({e.group for e in plan.entries.values() if e.config.high_priority_stream}))
         if plan is not None
         else "",
         autoccl_iterations=auto_iters,
     )
     return row
+
+
+def held_out_error(sim: Any, tuner: Any, assignment: dict[str, Any], *, iters: int) -> tuple[float, float | None]:
+    """(median iteration us under ``assignment``, the model's mean |error| % on the T_region of the sites it moved off
+    defaults): configurations never probed, iterations never fitted (from ``BASE``), before the per-site offsets."""
+    from lagom_megatron.engine.fit import fit_cost_model
+
+    runs = [sim.run_iteration(iteration=BASE + i, assignment=assignment) for i in range(iters)]
+    total = statistics.median(m.iteration_us for m in runs)
+    plan = tuner.plan
+    moved = [k for k, e in plan.entries.items() if not e.config.is_default()] if plan is not None else []
+    if not moved or tuner.profile is None:
+        return total, None
+    model = fit_cost_model(tuner.profile, tuner.cluster)
+    offset = model.offset_S if model.offset_S is not None else [0.0] * len(model.sites)
+    errs = []
+    for sid in moved:
+        got = statistics.mean(next(s.t_region_us for s in m.samples if s.site_id == sid) for m in runs)
+        pred = plan.entries[sid].predicted_t_region_us - float(offset[model.index[sid]])
+        errs.append(abs(pred - got) / max(got, 1e-9))
+    return total, 100.0 * statistics.mean(errs)
 
 
 def run_row(
