@@ -28,11 +28,12 @@ def _objective(problem: SearchProblem, idx, alg, proto, nc, nt, lvl, objective: 
 
 def scan_knob(
     problem: SearchProblem, st: State, idx: np.ndarray, knob: str, objective: str, count: Counter, min_gain: float = 0.0
-) -> bool:
-    """Scans ``knob`` over sites ``idx`` at once, taking values better by > ``min_gain``; mutates ``st``, True if so."""
+) -> np.ndarray:
+    """Scans ``knob`` over sites ``idx`` at once, taking values better by > ``min_gain``; mutates ``st``; the sites
+    it moved (empty: none)."""
     idx = idx[problem.tunable[knob][idx]]
     if idx.size == 0:
-        return False
+        return idx
     vals = problem.vals[knob][idx]  # (B, K)
     valid = ~np.isnan(vals)
     codes = {k: st.get(k)[idx][:, None] for k in SEARCH_KNOBS}  # (B, 1) each
@@ -83,7 +84,7 @@ def scan_knob(
         best = np.where(better | fewer, pick, best)
         better = better | fewer
     if not better.any():
-        return False
+        return idx[:0]
     rows = idx[better]
     chosen = cand[better, best[better]]
     if knob == "algorithm":
@@ -95,7 +96,7 @@ def scan_knob(
         st.lvl[rows] = chosen.astype(np.int64)
     else:
         st.get(knob)[rows] = chosen
-    return True
+    return rows
 
 
 def _resource(problem: SearchProblem, knob: str, values: np.ndarray, proto: np.ndarray) -> np.ndarray:
@@ -176,10 +177,40 @@ def descend(
     rounds: int,
     min_gain: float = 0.0,
 ) -> None:
-    """Coordinate descent of call-scope ``knobs`` for sites ``idx``: at most ``rounds`` passes, to a fixed point."""
+    """Coordinate descent of call-scope ``knobs`` for sites ``idx``: at most ``rounds`` passes, to a fixed point. A
+    site's objective depends on its own codes alone, so a site no pass moved is at its fixed point: later passes scan
+    only the sites the last one moved (same result as rescanning all)."""
     for _ in range(rounds):
-        changed = False
-        for knob in knobs:
-            changed |= scan_knob(problem, st, idx, knob, objective, count, min_gain)
-        if not changed:
+        moved = [scan_knob(problem, st, idx, knob, objective, count, min_gain) for knob in knobs]
+        idx = np.unique(np.concatenate(moved)) if moved else idx[:0]
+        if idx.size == 0:
             return
+
+
+class DescentMemo:
+    """Descents already run from whole states: a site that starts where it started in an earlier descent (same codes,
+    same knobs, rounds and objective) ends where it ended then, so only the other sites are descended again."""
+
+    def __init__(self) -> None:
+        self._runs: list[tuple[State, State, np.ndarray]] = []
+
+    def descend(
+        self,
+        problem: SearchProblem,
+        st: State,
+        idx: np.ndarray,
+        knobs: tuple[str, ...],
+        objective: str,
+        count: Counter,
+        rounds: int,
+    ) -> None:
+        start, todo = st.copy(), idx
+        for s0, s1, done in self._runs:
+            same = done[todo] & np.all([s0.get(k)[todo] == start.get(k)[todo] for k in SEARCH_KNOBS], axis=0)
+            for k in SEARCH_KNOBS:
+                st.get(k)[todo[same]] = s1.get(k)[todo[same]]
+            todo = todo[~same]
+        descend(problem, st, todo, knobs, objective, count, rounds)
+        done = np.zeros(len(problem.sites), dtype=bool)
+        done[idx] = True
+        self._runs.append((start, st.copy(), done))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lagom_megatron.engine.descent import Counter, decide_unit, descend, scan_knob
+from lagom_megatron.engine.descent import Counter, DescentMemo, decide_unit, descend, scan_knob
 from lagom_megatron.engine.problem import SEARCH_KNOBS, SearchProblem, SearchResult, State, Timer, register
 
 STATIC_CAPS: tuple[int, ...] = (2, 4, 8)
@@ -79,11 +79,12 @@ def best_candidate(
     everyone = np.arange(len(problem.sites))
     statics = static_states(problem, default_nc)
     statics["group-caps"] = group_caps_state(problem, default_nc, count)
+    memo = DescentMemo()
     for name, st in statics.items():
         cands.append((name, st))
         if call_knobs:
             refined = st.copy()
-            descend(problem, refined, everyone, call_knobs, "region", count, rounds)
+            memo.descend(problem, refined, everyone, call_knobs, "region", count, rounds)
             cands.append((f"{name}+descent", refined))
     totals = []
     for _, st in cands:
@@ -145,7 +146,7 @@ def priority(problem: SearchProblem, *, rounds: int = 3) -> SearchResult:
             changed = False
             for knob in SEARCH_KNOBS:
                 if problem.scope[knob] == "call":
-                    changed |= scan_knob(problem, st, one, knob, "region", count)
+                    changed |= scan_knob(problem, st, one, knob, "region", count).size > 0
                 for unit in [u for u in pending if u[0] == knob]:
                     decide_unit(problem, st, knob, unit[1], "region", count, default_nc, lookahead=True)
                     pending.remove(unit)

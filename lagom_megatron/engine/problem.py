@@ -281,11 +281,12 @@ class SearchProblem:
             return st, 0
         out, changed = st.copy(), 0
         for idx in self.tie_sets():
-            members = idx.tolist()
-            codes = np.stack([out.alg[idx], out.proto[idx], out.nc[idx], out.nt[idx], out.lvl[idx]], axis=1)
-            cands = np.unique(codes, axis=0)
-            if len(members) < 2 or len(cands) < 2:
+            if idx.size < 2:
                 continue
+            codes = np.stack([out.alg[idx], out.proto[idx], out.nc[idx], out.nt[idx], out.lvl[idx]], axis=1)
+            if np.array_equal(codes, np.broadcast_to(codes[0], codes.shape)):
+                continue
+            cands = np.unique(codes, axis=0)
             totals = [float(np.sum(self.evaluate_codes(idx, c[0], c[1], c[2], c[3], c[4])[2])) for c in cands]
             best = cands[int(np.argmin(totals))]
             changed += int(np.sum(np.any(codes != best, axis=1)))

@@ -27,10 +27,10 @@ def test_ties_go_to_the_fewest_channels(monkeypatch):
         return t, np.zeros(shape), t
 
     monkeypatch.setattr(problem, "evaluate_codes", flat)
-    assert scan_knob(problem, st, np.array([0]), "n_channels", "region", Counter())
+    assert scan_knob(problem, st, np.array([0]), "n_channels", "region", Counter()).tolist() == [0]
     assert st.nc[0] == 1.0
     # ...and threads the same way
-    assert scan_knob(problem, st, np.array([0]), "n_threads", "region", Counter())
+    assert scan_knob(problem, st, np.array([0]), "n_threads", "region", Counter()).tolist() == [0]
     assert st.nt[0] == 64.0
 
 
@@ -165,15 +165,27 @@ def test_model_follows_nccls_default_chunk_and_thread_rules():
 
 
 def test_per_channel_prior_is_absolute_not_a_share_of_the_link():
-    # On PCIe (24 GB/s) one channel moves ~15 GB/s (Ampere): 1 channel is clearly slower than 2,
-    # and 2 saturate. A link/16 prior (1.5 GB/s a channel) would need 11x more channels.
+    # On PCIe (24 GB/s) one channel moves 10 GB/s (Ampere): 1 channel is clearly slower than 2, and 4 saturate.
+    # A link/16 prior (1.5 GB/s a channel) would need 16x more channels.
     from lagom_megatron.engine.cost_model import PER_CHANNEL_PRIOR_GBS
 
     problem = build(sites=[site(nbytes=256 * 2**20)], cluster="a40-pcie-ib200")
     m = problem.model
-    assert m.pcb == PER_CHANNEL_PRIOR_GBS[80] == 15.0
-    t = {c: m.t_comm_us("tp.ag[0]", CommConfig(algorithm="Ring", protocol="Simple", n_channels=c)) for c in (1, 2, 4)}
-    assert t[1] > 1.3 * t[2] and t[2] < 1.1 * t[4]
+    assert m.pcb == PER_CHANNEL_PRIOR_GBS[80]
+    t = {
+        c: m.t_comm_us("tp.ag[0]", CommConfig(algorithm="Ring", protocol="Simple", n_channels=c)) for c in (1, 2, 4, 8)
+    }
+    assert t[1] > 1.3 * t[2] and t[4] < 1.1 * t[8]
+
+
+def test_per_channel_prior_is_what_nccls_ring_graph_asks_of_one_cta():
+    # NVIDIA/nccl v2.30.7-1: the ring search starts at 60 GB/s per channel on sm90, 40 before (src/graph/search.cc:1051,
+    # 1057); ncclTopoDupChannels halves a speed >= 25 and doubles the channels (:1039, :1045-1047; :1040 spares
+    # only sm > 80 graphs under 50 GB/s with more than 4 channels); connect.cc:460 runs two CTAs per channel.
+    from lagom_megatron.engine.cost_model import PER_CHANNEL_PRIOR_GBS
+
+    assert PER_CHANNEL_PRIOR_GBS[90] == 60.0 / 2 / 2 == 15.0
+    assert PER_CHANNEL_PRIOR_GBS[80] == 40.0 / 2 / 2 == 10.0
 
 
 def test_queued_communicator_charges_a_slower_collective_to_the_iteration():
