@@ -111,6 +111,7 @@ def _te_quantized_part(router, pool, groups, tp):
         router.active = True
         got, _ = _iteration(router, step)
         out[f"{name}_records"] = _records(router)
+        out[f"{name}_parts"] = router.registry.records["tp.sp_all_gather[chunk0.fc1]"].facts["parts"]
         out[f"{name}_same_hooked"] = all(torch.equal(a, b) for a, b in zip(reference, got))
         _, out[f"{name}_serialized"] = _iteration(router, step, timed=True, serialize=True)
         _, out[f"{name}_overlapped"] = _iteration(router, step, timed=True)
@@ -122,7 +123,28 @@ def _te_quantized_part(router, pool, groups, tp):
         out[f"{name}_routed_groups"] = spy.names(tp)
         out[f"{name}_same_routed"] = all(torch.equal(a, b) for a, b in zip(reference, got))
         router.set_assignment({})
+    out.update(_te_both_usages(router, tp))
     return out
+
+
+def _te_both_usages(router, tp):
+    """One MXFP8 gather with row- and column-wise usage, as ``gather_along_first_dim`` issues it (TE v2.18
+    ``distributed.py:1595-1634``): four inner gathers, recorded as the parts of one site."""
+    from tests.megatron.te_standin.distributed import gather_along_first_dim
+    from tests.megatron.te_standin.quantized import MXFP8Quantizer
+
+    x = (torch.arange(128 * 128, dtype=torch.float32).reshape(128, 128) * (dist.get_rank() + 1)) % 16
+
+    def step():
+        out, handle = gather_along_first_dim(x, tp, async_op=True, quantizer=MXFP8Quantizer())
+        handle.wait()
+        return out
+
+    out, _ = _iteration(router, step)
+    rec = router.registry.records["tp.sp_all_gather[0]"]
+    gathered = torch.cat([(torch.arange(128 * 128).reshape(128, 128) * (r + 1)) % 16 for r in range(WORLD)])
+    same = all(torch.equal(d.to(torch.float32), gathered) for d in (out._rowwise_data, out._columnwise_data))
+    return {"both_usages": [rec.op, rec.nbytes, rec.calls, rec.facts["parts"], same]}
 
 
 class _CudaStreamsOnCpu:

@@ -6,7 +6,8 @@ One launch of ``coalesced_worker.worker`` (2 processes, FileStore, no port) inst
 * TE's quantized sequence-parallel gathers (MXFP8, FP8 block scaling, NVFP4): the stand-in's
   column-parallel ``Linear`` with an input quantizer gathers its input in backward through
   ``gather_along_first_dim(..., async_op=True, quantizer=...)``, which calls the coalesced helper
-  exactly as TE v2.18 does (``te_standin/distributed.py``); the forward gather is synchronous.
+  exactly as TE v2.18 does (``te_standin/distributed.py``); the forward gather is synchronous. The
+  site's parts are its inner gathers, so the plan's tuner table has a row per bin NCCL asks about.
 * Megatron-FSDP: megatron-core 0.16.1's own ``MegatronFSDP`` (the copy ``--use-megatron-fsdp``
   uses), fully sharded, over two FSDP units and two root-level layers, with only its CUDA stream
   calls made no-ops (``coalesced_worker._CudaStreamsOnCpu``): per-unit gathers and
@@ -59,6 +60,60 @@ def test_te_quantized_backward_gather_is_the_module_site(ranks, recipe):
         assert comm > 0 and comp >= 0 and region > 0
         comm, comp, region = r[f"{recipe}_overlapped"]["tp.sp_all_gather[chunk0.fc1]"]
         assert math.isnan(comp) and region > 0  # timed as an overlapped call
+
+
+# NCCL's bins of those gathers: each enqueued as int8 bytes (v2.30.7 src/enqueue.cc:2733-2737), sorted by size and
+# aggregated while under 4x the smallest (:405-441), one getCollInfo per aggregate with its output bytes (:2127-2147).
+# Scale-inverses and data are 32x (MXFP8, FP8 blocks) and 8x (NVFP4) apart: never aggregated, two tuner calls.
+NCCL_BINS = {
+    "MXFP8Quantizer": [8 * 128, 256 * 128],
+    "Float8BlockQuantizer": [2 * 128 * 4, 256 * 128],
+    "NVFP4Quantizer": [256 * 8, 256 * 64],
+}
+
+
+def _tuner_rows(parts, nbytes):
+    """The extended tuner rows of a plan that tunes one TP all-gather site recorded with ``parts``."""
+    from lagom_megatron.engine.knobs import CommConfig
+    from lagom_megatron.engine.plan import Plan, PlanEntry
+    from lagom_megatron.nccl.export import tuner_rows
+
+    cfg = CommConfig(algorithm="Ring", protocol="Simple", n_channels=4)
+    entry = PlanEntry(
+        config=cfg,
+        predicted_t_comm_us=1.0,
+        predicted_t_region_us=1.0,
+        group="tp",
+        op="all_gather",
+        nbytes=nbytes,
+        group_size=2,
+        parts=tuple(map(tuple, parts)),
+    )
+    return tuner_rows(Plan(entries={"tp.sp_all_gather[chunk0.fc1]": entry}), extended=True)
+
+
+@pytest.mark.parametrize("recipe", sorted(GATHERED))
+def test_te_quantized_gather_gets_a_tuner_row_per_nccl_bin(ranks, recipe):
+    for r in ranks:
+        parts = r[f"{recipe}_parts"]
+        assert sum(b for _, b in parts) == GATHERED[recipe]  # the inner gathers, in TE's order: scales, then data
+        assert [b for _, b in parts] == NCCL_BINS[recipe]
+        rows = _tuner_rows(parts, GATHERED[recipe])
+        # min_bytes = max_bytes = the bytes NCCL's tuner is asked with; never the site's total
+        assert sorted(int(row.cells[1]) for row in rows) == NCCL_BINS[recipe]
+        assert all(row.cells[1] == row.cells[2] and row.cells[0] == "allgather" for row in rows)
+        assert all(row.sites == ("tp.sp_all_gather[chunk0.fc1]",) and row.cells[-1] == "tp" for row in rows)
+
+
+def test_te_gather_of_both_usages_is_two_nccl_bins_of_two_tasks_each(ranks):
+    """Row- and column-wise MXFP8 (128 x 128 per rank, 2 ranks): scale-inverses [256, 4] and [8, 128] uint8 (1,024 bytes
+    each), data [256, 128] twice. NCCL aggregates the two scales (1,024 < 4 x 1,024) and the two data (32,768 < 4 x
+    32,768), not across (32,768 >= 4 x 1,024): two tuner calls, 2,048 and 65,536 bytes."""
+    for r in ranks:
+        op, nbytes, calls, parts, same = r["both_usages"]
+        assert (op, nbytes, calls, same) == ("all_gather", 2 * 1024 + 2 * 32768, 1, True)
+        assert parts == [["uint8", 1024], ["uint8", 32768], ["uint8", 1024], ["uint8", 32768]]
+        assert sorted(int(row.cells[1]) for row in _tuner_rows(parts, nbytes)) == [2048, 65536]
 
 
 @pytest.mark.parametrize("recipe", sorted(GATHERED))

@@ -3,7 +3,10 @@ all-gathers in one ``_coalescing_manager`` (``pytorch/distributed.py``: ``_start
 manager :1156-1200, v2.3-v2.11 ``_all_gather_fp8_blockwise``; ``_all_gather_nvfp4`` :1324-1506, :1410-1494;
 ``_all_gather_mxfp8`` :1509-1637, :1584-1634; via ``gather_along_first_dim`` :1640-1790, :1709-1749). The backward's
 async call (``module/linear.py:947-951``, ``layernorm_linear.py:764-768``, ``layernorm_mlp.py:1189-1193``) is site
-``tp.sp_all_gather[<module>]``; sync ones (``linear.py:372``) pass."""
+``tp.sp_all_gather[<module>]``; sync ones (``linear.py:372``) pass. Its ``parts`` are the inner gathers' outputs, one
+NCCL group (torch 2.13 ``distributed_c10d.py:2909``): NCCL enqueues each as int8 bytes (v2.30.7 ``src/enqueue.cc:2733-
+2737``), aggregates those within 4x of the smallest and asks the tuner once per aggregate (``:405-441``, ``:2127-2147``):
+scale-inverses and data apart (``nccl.validate.nccl_bins``), a tuner row each."""
 
 from __future__ import annotations
 
@@ -13,19 +16,12 @@ from typing import Any
 from lagom_megatron.megatron.hooks.sites import ONE_RANK, dtype_name, tensor_nbytes
 
 
-class _Gathered:
-    __slots__ = ("nbytes", "dtype", "largest")
-
-    def __init__(self) -> None:
-        self.nbytes = 0
-        self.dtype = "uint8"
-        self.largest = -1
-
-    def add(self, out: Any) -> None:
-        n = tensor_nbytes(out)
-        self.nbytes += n
-        if n > self.largest:
-            self.largest, self.dtype = n, dtype_name(out)
+def _record_gathered(registry: Any, site_id: str, outputs: list[Any], group: Any) -> None:
+    """One call of ``site_id``: the bytes of all ``outputs``, the largest one's dtype, and the parts NCCL bins."""
+    parts = tuple((dtype_name(t), tensor_nbytes(t)) for t in outputs)
+    dtype = max(parts, key=lambda p: p[1])[0] if parts else "uint8"
+    facts = {"parts": parts} if len(parts) > 1 else None
+    registry.record(site_id, op="all_gather", nbytes=sum(b for _, b in parts), dtype=dtype, group=group, facts=facts)
 
 
 class CoalescedRouting:
@@ -67,7 +63,7 @@ class CoalescedRouting:
                     args = (args[0], route[1]) + args[2:]
                 else:
                     kwargs = dict(kwargs, process_group=route[1])
-        gathered = _Gathered() if self.registry.recording else None
+        gathered: list[Any] | None = [] if self.registry.recording else None
         profiler = self.profiler
         timed = profiler.timed
         if timed:
@@ -79,9 +75,7 @@ class CoalescedRouting:
         finally:
             self._scope = scope
         if gathered is not None:
-            self.registry.record(
-                site_id, op="all_gather", nbytes=gathered.nbytes, dtype=gathered.dtype, group=call.info
-            )
+            _record_gathered(self.registry, site_id, gathered, call.info)
         if timed:
             if handle is None:  # TE fell back to a synchronous high-precision gather (``:1127-1134``)
                 profiler.sync(site_id, t0)
@@ -93,5 +87,5 @@ class CoalescedRouting:
         """A collective inside ``quantized_gather``: all-gathers counted, passed through on the helper's group."""
         gathered = self._scope[1]
         if gathered is not None and op == "all_gather":
-            gathered.add(kwargs["output_tensor"] if "output_tensor" in kwargs else args[0])
+            gathered.append(kwargs["output_tensor"] if "output_tensor" in kwargs else args[0])
         return orig(*args, **kwargs)
