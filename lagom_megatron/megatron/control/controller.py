@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from typing import Any
@@ -19,7 +18,7 @@ from lagom_megatron.megatron import consensus
 from lagom_megatron.megatron.control.apply import Applier
 from lagom_megatron.megatron.control.observed import log_plan_hits
 from lagom_megatron.megatron.hooks import patches
-from lagom_megatron.megatron.hooks.profiler import KernelTimes, Profiler
+from lagom_megatron.megatron.hooks.profiler import Profiler
 from lagom_megatron.megatron.hooks.sites import GroupNames, SiteRegistry, registered_pools
 from lagom_megatron.megatron.outputs.report import is_tuned, report_path_for, run_rows, run_summary, write_report
 from lagom_megatron.megatron.outputs.run_files import RunFiles, num_microbatches, run_fingerprint, say
@@ -76,7 +75,6 @@ class LagomController:
         self.cluster: ClusterSpec | None = None
         self.pool: Any = None
         self.applier: Any = None
-        self.kernel_times = KernelTimes()
 
     @classmethod
     def from_args(cls, args: Any) -> LagomController:
@@ -291,8 +289,7 @@ class LagomController:
         elif self.mode == "tune":
             step = self._step = self.tuner.start_iteration(iteration)
             self.router.set_assignment(step.assignment)
-            if self._nccl_timed(step):
-                self.kernel_times.start()
+            # no NCCL kernel timers here: every step that feeds the fit is timed (KernelTimes)
             self.profiler.start_iteration(timed=step.timed, serialize=step.serialize)
         elif self.mode == "reuse":
             self.profiler.start_iteration(timed=reuse_timed)
@@ -339,11 +336,6 @@ class LagomController:
             )
         else:
             sites, merged, it_us, calls = {}, {}, elapsed_s * 1e6, {}
-        nccl_us = (
-            self.kernel_times.finish(self.registry.records, step.assignment, self.pool)
-            if self._nccl_timed(step)
-            else {}
-        )  # collective: the condition is the same on every rank
         samples = [
             Sample(
                 site_id=sid,
@@ -353,7 +345,6 @@ class LagomController:
                 t_region_us=t[2],
                 iteration=iteration,
                 calls=calls.get(sid, ()),
-                t_comm_nccl_us=nccl_us.get(sid, math.nan),
             )
             for sid, t in sorted(merged.items())
             if sid in sites
@@ -470,9 +461,6 @@ class LagomController:
         if self.plan is not None and self.rank == 0:
             self.files.save_plan(self.plan.with_stats(verification=phase.value, verification_reason=self.tuner.reason))
         self.write_report()
-
-    def _nccl_timed(self, step: Any) -> bool:
-        return self.backend == "nccl" and step.timed and step.kind in ("default", "serialized", "probe")
 
     def _check_observed(self) -> None:
         bad = self.applier.check_observed(self.plan)

@@ -303,7 +303,10 @@ class Profiler:
 
 
 class KernelTimes:
-    """Per-iteration NCCL kernel times of one rank; every method is called on every rank alike."""
+    """Per-iteration NCCL kernel times of one rank; every method is called on every rank alike. Only for an untimed
+    iteration: NCCL's KernelCh events add a profiler proxy op per channel of every task and, at a communicator's first
+    such task, 2 x MAXCHANNELS blocking proxy connections in the enqueue (v2.30.7 ``src/enqueue.cc:567-573``,
+    ``src/plugin/profiler.cc:753-776``), which production (mask 0) never runs."""
 
     def __init__(self, *, reader: Callable[[], Any] | None = None, recorder: Callable[..., bool] | None = None) -> None:
         self.reader = reader
@@ -311,10 +314,10 @@ class KernelTimes:
         self.on = False
 
     def start(self) -> None:
-        """Before a timed iteration: records reset, NCCL's events on."""
+        """Before an untimed iteration: records reset, NCCL's events with its kernel timers on."""
         from lagom_megatron.nccl import plugin_status
 
-        self.on = bool((self.recorder or plugin_status.set_recording)(True, reset=True))
+        self.on = bool((self.recorder or plugin_status.set_recording)(True, reset=True, kernel_times=True))
 
     def finish(self, records: dict[str, Any], assignment: dict[str, Any], pool: Any) -> dict[str, float]:
         """Events off; site id -> NCCL kernel time (us, slowest rank) of sites every rank timed; one all-gather."""
