@@ -215,3 +215,24 @@ def test_no_cuda_backend_means_no_engine_and_no_lines():
             raise RuntimeError("no backend for cuda")
 
     assert eng.runtime_engine(GlooOnly()) is None and eng.engine_lines(GlooOnly()) == []
+
+
+def test_the_doctor_names_the_engine_the_run_will_get(monkeypatch):
+    from lagom_megatron.launch import doctor
+    from lagom_megatron.megatron.hooks import versions
+
+    def torch_at(version):
+        monkeypatch.setattr(versions, "installed_torch", lambda: versions.InstalledVersion("torch", version, "", False))
+
+    gpu, gloo = {"backend": "nccl"}, {"backend": "gloo"}
+    torch_at("2.15.0+cu132")
+    assert doctor.engine_line({}, gpu) == (
+        "lagom doctor: NCCL engine: nccl2 (ProcessGroupNCCL2): the default of torch 2.15.0+cu132; "
+        "TORCH_DIST_USE_NCCL2=0 gives the legacy ProcessGroupNCCL"
+    )
+    assert "legacy ProcessGroupNCCL: torch 2.15.0+cu132 with TORCH_DIST_USE_NCCL2=0" in doctor.engine_line(
+        {"TORCH_DIST_USE_NCCL2": "0"}, gpu
+    )
+    assert doctor.engine_line({}, gloo) is None
+    torch_at("2.14.1")
+    assert "legacy ProcessGroupNCCL" in doctor.engine_line({}, gpu)
