@@ -7,9 +7,11 @@ rule lagom has not read they are reported but never make a site differ."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from lagom_megatron.engine.knobs import P2P_OPS, CommConfig
 from lagom_megatron.engine.p2p import p2p_channels
@@ -23,7 +25,6 @@ FUNC_OPS = {
     "Reduce": "reduce",
     "Send": "send",
     "Recv": "recv",
-    "AlltoAll": "all_to_all",
 }
 """NCCL's function names (``ncclFuncToString``, ``src/collectives.cc:14-45``) -> lagom's op names."""
 ALGORITHMS = {
@@ -196,15 +197,38 @@ def _one(values: Iterable[Any]) -> Any:
     return vals[0] if len(vals) == 1 else vals
 
 
-def matching_ops(comms: Iterable[ObservedComm], key: str, op: str, nbytes: int, group_size: int) -> list[ObservedOp]:
-    """Records of the communicator(s) known as ``key`` whose function is ``op`` and bytes the plan's ``nbytes``."""
+def matching_ops(
+    comms: Iterable[ObservedComm], key: str, op: str, nbytes: int, group_size: int, parts: Iterable[Any] = ()
+) -> list[ObservedOp]:
+    """Records of the communicator(s) known as ``key`` whose function is ``op`` and bytes the plan's ``nbytes``, or
+    one of its ``parts``' ((dtype, bytes): NCCL reports each tensor of a coalesced call as a task of its own). An
+    all-to-all is the send and receive tasks NCCL enqueues per peer (v2.30.7 ``src/enqueue.cc:3070-3082``): every
+    one on the communicator, whatever its split."""
+    sizes = {int(b) for _, b in parts} or {nbytes}
     out = []
     for comm in comms:
         if key not in comm.keys():
             continue
         n_ranks = comm.n_ranks if comm.n_ranks > 0 else group_size
-        out += [o for o in comm.ops if FUNC_OPS.get(o.func) == op and op_bytes(o, n_ranks) == nbytes]
+        if op == "all_to_all":
+            out += [o for o in comm.ops if o.kind == "p2p" and o.func in ("Send", "Recv")]
+        else:
+            out += [o for o in comm.ops if FUNC_OPS.get(o.func) == op and op_bytes(o, n_ranks) in sizes]
     return out
+
+
+def not_run(site_id: str) -> SiteObservation:
+    """A site the plan changed with no record of its calls while lagom's profiler recorded: the plan's config did not
+    run (a tuner row that matched nothing, a communicator it never reached), so it counts as differing."""
+    return SiteObservation(
+        site_id,
+        "differs",
+        {"calls": ">= 1"},
+        {"calls": 0},
+        ("calls",),
+        0,
+        "no record of its calls (function and bytes) on its communicator while lagom's profiler recorded",
+    )
 
 
 def observe_site(
@@ -216,9 +240,12 @@ def observe_site(
     group_size: int,
     ops: list[ObservedOp],
     nccl_version: NcclVersion | None,
+    p2p_expected: Callable[[ObservedOp], int | None] | None = None,
 ) -> SiteObservation:
     """Compares ``planned`` (the plan's config for the site) with its calls' records ``ops`` (empty: unobserved), which
-    NCCL ``nccl_version`` (None: unknown) reported; its channel counts count only when ``channel_rule_read``."""
+    NCCL ``nccl_version`` (None: unknown) reported; its channel counts count only when ``channel_rule_read``. A P2P
+    task must run on exactly ``p2p_expected(record)`` channels (``p2p_task_channels``); without it only on no more
+    than the bound gives."""
     if not ops:
         return SiteObservation(
             site_id,
@@ -245,8 +272,17 @@ def observe_site(
         read = channel_rule_read(nccl_version)
         if p2p:
             bound = int(p2p_channels(planned.n_channels))
+            expect = {o: p2p_expected(o) for o in ops} if p2p_expected is not None else {}
             if all(c == 0 for c in channels):  # p2p events carry no channel count before ABI v4
                 del want["n_channels"], seen["n_channels"]
+            elif expect and all(e is not None for e in expect.values()):
+                off = sorted({(o.channels, expect[o]) for o in ops if o.channels != expect[o]})
+                if off:
+                    bad += ["n_channels"] if read else []
+                    notes.append(
+                        f"P2P ran on {off[0][0]} channels where NCCL's rule gives {off[0][1]} for the planned bound "
+                        f"{planned.n_channels}" + ("" if read else UNREAD)
+                    )
             elif max(channels) > bound:
                 bad += ["n_channels"] if read else []
                 notes.append(
@@ -286,6 +322,30 @@ def observe_site(
     calls = sum(o.calls for o in ops)
     status = "differs" if bad else "applied"
     return SiteObservation(site_id, status, want, seen, tuple(bad), calls, "; ".join(notes))
+
+
+def p2p_task_channels(cluster: Any, op: ObservedOp, *, bound: int, group_size: int, n_nodes: int) -> int | None:
+    """Channels NCCL runs one P2P task of ``op`` on, on a communicator whose CTAs are bound to ``bound``, on ``cluster``
+    (its topology gives ``p2pnChannelsPerPeer``): the count the plan's cost model predicts for it (``engine.p2p``).
+    NCCL 2.27.3-2.30.7 (read; v2.30.7 cited): ``p2pnChannels`` from the bound (``src/graph/paths.cc:977-991``,
+    per peer :993-1003), ``nChannelsMin`` halved while it x nRanks > ``p2pnChannels`` (``src/enqueue.cc:1143-1146``),
+    the task's count from its bytes in parts of the P2P chunk / 8 .. x32 (/ 2 .. x1 across nodes) (:914-926), which
+    NCCL hands the profiler as ``p2p.nChannels`` (:929, ``src/plugin/profiler.cc:534``); a task to the rank itself
+    counts the same. None: unknown datatype."""
+    from lagom_megatron.engine.p2p import P2PModel
+
+    nbytes = op_bytes(op, 1)
+    if nbytes is None:
+        return None
+    model = P2PModel(
+        cluster,
+        op_p2p_S=np.array([True]),
+        a2a_S=np.array([False]),
+        nbytes_S=np.array([float(nbytes)]),
+        group_size_S=np.array([float(group_size)]),
+        n_nodes_S=np.array([float(n_nodes)]),
+    )
+    return int(np.asarray(model.ctas(0, float(bound))).item())  # one task: the kernel's CTAs are its channels
 
 
 def site_kernel_us(

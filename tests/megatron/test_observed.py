@@ -242,3 +242,91 @@ def test_report_lists_planned_vs_observed_per_knob():
     )
     assert "| `dp.rs[0]` | applied | algorithm | Ring | Ring | 0 |  |" in table
     assert "## Applied = observed" not in render_markdown([], {"phase": "applied"}), "no check ran: no section"
+
+
+UNMATCHED = Plan(
+    entries={
+        "dp.rs[0]": _entry(RING8, "reduce_scatter", 4 << 20),
+        "dp.ar[1]": _entry(RING8, "all_reduce", 2 << 20),  # changed, and no record of 2 MiB all-reduces
+        "dp.ar[0]": _entry(CommConfig(), "all_reduce", 1 << 20),  # NCCL's defaults: not checked
+    }
+)
+
+
+def test_a_changed_site_no_record_matched_did_not_run_as_planned():
+    check = _check([])
+    check.arm()
+    assert check.check(UNMATCHED, _Pool()) == {"dp.ar[1]"}
+    r = check.results["dp.ar[1]"]
+    assert (r["status"], r["knobs"], r["observed"]) == ("differs", ["calls"], {"calls": 0})
+    assert describe(check.results, {"dp.ar[1]"}).startswith(
+        "dp.ar[1] (calls planned >= 1 observed 0; rank 0; no record"
+    )
+    assert "dp.ar[0]" not in check.results
+
+
+def test_no_record_is_unobserved_only_where_nothing_could_be_seen():
+    """Profiler half absent (the arm note says so, once) or its communicator's name unknown: unobserved."""
+    absent = ObservedCheck("nccl", reader=lambda: [], recorder=lambda on, reset=False: False)
+    assert "not loaded by NCCL" in absent.arm()
+    assert absent.check(UNMATCHED, _Pool()) == set()
+    assert absent.results["dp.ar[1]"]["status"] == "unobserved"
+    nameless = _check([])
+    nameless.arm()
+    pool = _Pool()
+    pool.comm_key = lambda group: None
+    assert nameless.check(UNMATCHED, pool) == set()
+    assert {r["status"] for r in nameless.results.values()} == {"unobserved"}
+
+
+def _unmatched_worker(rank, store_path, out_path):
+    """Rank 0's records hold dp.ar[1]'s 2 MiB all-reduce as planned, rank 1's none: both ranks revert it."""
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    try:
+        mine = SNAPSHOT + (
+            "comm 2 hash=ef rank=0 nranks=8 nnodes=1 abi=6 tag=dp/plugin_any_any_8_t name=- dropped=0 overflow=0\n"
+            "coll 2 func=AllReduce count=524288 dtype=ncclFloat32 algo=RING proto=SIMPLE channels=8 warps=16 calls=1 "
+            "chunk=0 kernel_ns=0 kernel_calls=0\n"
+            if rank == 0
+            else ""
+        )
+        router = _Router({"dp.rs[0]": RING8, "dp.ar[1]": RING8})
+        applier = Applier(pool=_Pool(), router=router, files=None, cluster=None)
+        applier.observed = ObservedCheck(
+            "nccl",
+            reader=lambda: parse_snapshot(mine),
+            state_reader=lambda: ("lagom", ""),
+            recorder=lambda on, reset=False: True,
+            version_reader=lambda: (2, 30, 7),
+        )
+        applier.observed.arm()
+        own = applier.observed.local(UNMATCHED, _Pool())  # this rank's verdict, before the collective check
+        bad = applier.check_observed(UNMATCHED)
+        with open(f"{out_path}.{rank}", "w") as f:
+            json.dump(
+                {
+                    "bad": sorted(bad),
+                    "routed": sorted(router.assignment),
+                    "own": {o.site_id: o.status for o in own},
+                    "rank": applier.observed.results["dp.ar[1]"]["rank"],
+                },
+                f,
+            )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_changed_site_that_never_matched_on_one_rank_is_reverted_on_every_rank(tmp_path):
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.spawn(_unmatched_worker, args=(str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2, join=True)
+    got = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
+    assert got[0]["own"]["dp.ar[1]"] == "applied" and got[1]["own"]["dp.ar[1]"] == "differs"
+    for g in got:
+        assert g["bad"] == ["dp.ar[1]"] and g["routed"] == ["dp.rs[0]"] and g["rank"] == 1, g

@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.nccl.observed import (
     NEWEST_RULE_READ,
@@ -18,6 +19,7 @@ from lagom_megatron.nccl.observed import (
     nccl_coll_channels,
     observe_site,
     op_bytes,
+    p2p_task_channels,
     site_kernel_us,
     unread_rule_note,
 )
@@ -273,3 +275,116 @@ def test_in_process_reader_of_the_loaded_library(built):
     assert set_recording(True, reset=True, library=str(built[0])) and set_recording(False, library=str(built[0]))
     assert profiler_state(library=str(built[0])) == ("not initialised", "")
     assert read_observed(library="/no/such/libnccl-tuner-lagom.so") is None
+
+
+H200, PCIE = ClusterSpec.load("h200-sxm"), ClusterSpec.load("a40-pcie-ib100")
+
+
+def _send(nbytes, channels=0, n_ranks=2):
+    return ObservedOp("p2p", "Send", nbytes // 2, "ncclBfloat16", None, None, channels, 0, 1, 0, 0, 0, 7, n_ranks, 1)
+
+
+@pytest.mark.parametrize(
+    "cluster, group, nbytes, bound, want",
+    [
+        # NVLink on H200: 2 x (450 // 20.6) = 42 channels per peer, rounded up to 64 (paths.cc:918-954), so the
+        # bound decides: p2pnChannels 8, nChannelsMin 4 (4 x 2 ranks <= 8, enqueue.cc:1146); 128 KiB in parts of
+        # 512 KiB / 8 = 64 KiB (:920-922): 2 channels
+        (H200, 2, 131072, 8, 2),
+        # 8 ranks: nChannelsMin halved 8 -> 4 -> 2 -> 1 (8 x 1 <= 8): 1 channel
+        (H200, 8, 131072, 8, 1),
+        # bound 16: 16 -> 8 -> 4 -> 2 (2 x 8 <= 16): 2 channels
+        (H200, 8, 131072, 16, 2),
+        # 8 MiB: min(nChannelsMin, 128 parts) = nChannelsMin, 8 (bound 16) or 4 (bound 8); parts <= 16 MiB
+        (H200, 2, 8 << 20, 16, 8),
+        (H200, 2, 8 << 20, 8, 4),
+        # PCIe: 2 channels per peer whatever the bound (paths.cc:918-954); parts 4 MiB <= 128 KiB x 32
+        (PCIE, 2, 8 << 20, 16, 2),
+    ],
+)
+def test_p2p_task_channels_follow_nccls_rule(cluster, group, nbytes, bound, want):
+    """Worked by hand from NCCL v2.30.7 ``ncclTopoComputeP2pChannels`` (``src/graph/paths.cc:977-1003``),
+    ``scheduleP2pTasksToPlan`` (``src/enqueue.cc:1143-1146``) and ``addP2pToPlan`` (:914-929), P2P chunk 512 KiB on
+    NVLink and 128 KiB on PCIe (``src/init.cc:818-820``)."""
+    op = _send(nbytes, n_ranks=group)
+    assert p2p_task_channels(cluster, op, bound=bound, group_size=group, n_nodes=1) == want
+
+
+def test_a_p2p_site_that_ran_fewer_channels_than_planned_is_not_applied():
+    """An 8 MiB send planned on a bound of 16 runs on 8 channels by NCCL's rule on H200's NVLink; NCCL's record of
+    4 (a topology giving 4 per peer) is not the plan. Under an NCCL whose rule lagom read it differs; under 2.32.6
+    it is reported, never reverted for it; without the cluster only the upper bound (16) is tested. On PCIe the
+    same 2 channels are what the rule gives, so 2 there is applied."""
+    ran = _send(8 << 20, channels=4)
+    planned = CommConfig(n_channels=16)
+
+    def site(nccl, cluster=H200, op=ran):
+        expected = (
+            None if cluster is None else lambda o: p2p_task_channels(cluster, o, bound=16, group_size=2, n_nodes=1)
+        )
+        return observe_site(
+            "pp.send[0]",
+            planned,
+            op="send",
+            nbytes=8 << 20,
+            group_size=2,
+            ops=[op],
+            nccl_version=nccl,
+            p2p_expected=expected,
+        )
+
+    read = site((2, 30, 7))
+    assert (read.status, read.knobs, read.observed) == ("differs", ("n_channels",), {"n_channels": 4})
+    assert read.note == "P2P ran on 4 channels where NCCL's rule gives 8 for the planned bound 16"
+    unread = site((2, 32, 6))
+    assert (unread.status, unread.note) == (
+        "applied",
+        read.note + " (not counted: this NCCL's channel rule is not read)",
+    )
+    assert site((2, 30, 7), cluster=None).status == "applied"
+    assert site((2, 30, 7), op=dataclasses.replace(ran, channels=8)).status == "applied"
+    assert site((2, 30, 7), cluster=PCIE, op=dataclasses.replace(ran, channels=2)).status == "applied"
+
+
+@pytest.mark.parametrize("version", [4, 6, 7])
+def test_the_harness_p2p_record_against_nccls_exact_count(built, version):
+    """The harness's send of 64 Ki bf16 on 2 channels on an 8-rank communicator: a bound of 16 gives exactly 2 on
+    H200 (``test_p2p_task_channels_follow_nccls_rule``), a bound of 8 gives 1, which 2 is not."""
+    comms = _records(built, version, "p2p")
+
+    def check(bound):
+        ops = matching_ops(comms, "dp", "send", 131072, 8)
+        return observe_site(
+            "s",
+            CommConfig(n_channels=bound),
+            op="send",
+            nbytes=131072,
+            group_size=8,
+            ops=ops,
+            nccl_version=NCCL_OF_ABI[version],
+            p2p_expected=lambda o: p2p_task_channels(H200, o, bound=bound, group_size=8, n_nodes=1),
+        )
+
+    assert check(16).status == "applied"
+    assert (check(8).status, check(8).knobs) == ("differs", ("n_channels",))
+
+
+def test_an_all_to_all_is_its_send_and_receive_tasks_and_a_coalesced_call_its_parts():
+    """NCCL enqueues an all-to-all as a send and a receive per peer (v2.30.7 ``src/enqueue.cc:3070-3082``), and
+    reports each tensor of a coalesced call as a task of its own: neither has a record of the site's total bytes."""
+    comm = parse_snapshot(
+        "comm 0 hash=1 rank=0 nranks=4 nnodes=1 abi=6 tag=ep name=- dropped=0 overflow=0\n"
+        "p2p 0 func=Send count=1024 dtype=ncclBfloat16 algo=- proto=- channels=1 warps=0 calls=4 chunk=0 "
+        "kernel_ns=0 kernel_calls=0\n"
+        "p2p 0 func=Recv count=3072 dtype=ncclBfloat16 algo=- proto=- channels=1 warps=0 calls=4 chunk=0 "
+        "kernel_ns=0 kernel_calls=0\n"
+        "coll 0 func=AllReduce count=1000 dtype=ncclFloat32 algo=RING proto=LL channels=1 warps=8 calls=1 chunk=0 "
+        "kernel_ns=0 kernel_calls=0\n"
+        "coll 0 func=AllReduce count=500 dtype=ncclBfloat16 algo=RING proto=LL channels=1 warps=8 calls=1 chunk=0 "
+        "kernel_ns=0 kernel_calls=0\n"
+    )
+    a2a = matching_ops(comm, "ep", "all_to_all", 8192, 4)
+    assert [(o.func, o.count) for o in a2a] == [("Send", 1024), ("Recv", 3072)], "uneven splits included"
+    parts = (("float32", 4000), ("bfloat16", 1000))
+    assert [o.count for o in matching_ops(comm, "ep", "all_reduce", 5000, 4, parts)] == [1000, 500]
+    assert matching_ops(comm, "ep", "all_reduce", 5000, 4) == []

@@ -34,7 +34,7 @@ class Applier:
         self.error: str | None = None
         self.table_plan: Any = None
         """The plan whose tuner table the plugin loaded, sites reverted since included (hits count against it)."""
-        self.observed = ObservedCheck(pool.backend.name)
+        self.observed = ObservedCheck(pool.backend.name, cluster=cluster)
         self.observed.attach(router)
 
     def agree_capabilities(self, *, on_gpu: bool, gather: Callable[[], Any] | None = None) -> Any:

@@ -1,6 +1,7 @@
 """Applied = observed: a planned site that ran otherwise on any rank reverts to NCCL's defaults everywhere. Plugin hits
-say a row matched, not what NCCL ran (it may clamp channels or switch protocol). ``unobserved``, never reverted: no
-record covers the site (another ``NCCL_PROFILER_PLUGIN``, NCCL < 2.23; gloo P2P, Megatron-FSDP, quantized gathers)."""
+say a row matched, not what NCCL ran (it may clamp channels or switch protocol). A changed site with no record of its
+calls while lagom's profiler recorded did not run as planned: it differs. ``unobserved``, never reverted: nothing could
+be seen (another ``NCCL_PROFILER_PLUGIN``, NCCL < 2.23, its communicator's name unknown; gloo without a routed call)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from typing import Any
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.megatron import consensus
 from lagom_megatron.megatron.outputs.run_files import say
-from lagom_megatron.nccl.observed import SiteObservation, matching_ops, observe_site, unread_rule_note
+from lagom_megatron.nccl.observed import (
+    SiteObservation,
+    matching_ops,
+    not_run,
+    observe_site,
+    p2p_task_channels,
+    unread_rule_note,
+)
 
 
 def observe_gloo_site(
@@ -55,8 +63,13 @@ class ObservedCheck:
         recorder: Callable[..., bool] | None = None,
         state_reader: Callable[[], Any] | None = None,
         version_reader: Callable[[], tuple[int, int, int] | None] | None = None,
+        cluster: Any = None,
     ) -> None:
         self.backend = backend
+        self.cluster = cluster
+        """The ``ClusterSpec`` the plan was searched for: its topology gives a P2P task's expected channels."""
+        self.recording = False
+        """lagom's profiler half records on this rank since ``arm`` (NCCL only)."""
         self.reader = reader
         self.recorder = recorder
         self.state_reader = state_reader
@@ -88,7 +101,7 @@ class ObservedCheck:
     def arm(self) -> str | None:
         """Records what runs from now on; returns a note when lagom's profiler will record nothing."""
         self.armed = True
-        on = self._record(True)
+        on = self.recording = self._record(True)
         if self.backend == "gloo" or on:
             return None
         from lagom_megatron.nccl import plugin_status
@@ -123,14 +136,30 @@ class ObservedCheck:
                 rec = self.gloo.calls.get((e.group, key, e.op, e.nbytes)) if self.gloo is not None else None
                 obs = observe_gloo_site(sid, e.config, op=e.op, nbytes=e.nbytes, group_size=e.group_size, record=rec)
             else:
-                ops = matching_ops(comms, key, e.op, e.nbytes, e.group_size) if key else []
+                ops = matching_ops(comms, key, e.op, e.nbytes, e.group_size, e.parts) if key else []
                 obs = observe_site(
-                    sid, e.config, op=e.op, nbytes=e.nbytes, group_size=e.group_size, ops=ops, nccl_version=version
+                    sid,
+                    e.config,
+                    op=e.op,
+                    nbytes=e.nbytes,
+                    group_size=e.group_size,
+                    ops=ops,
+                    nccl_version=version,
+                    p2p_expected=self._p2p_expected(e),
                 )
+                if obs.status == "unobserved" and self.recording and key:
+                    obs = not_run(sid)
             out.append(obs)
         if consensus.fault_injected("observed"):
             out = _perturbed(out)
         return out
+
+    def _p2p_expected(self, e: Any) -> Callable[[Any], int | None] | None:
+        if self.cluster is None or e.config.n_channels is None:
+            return None
+        return lambda op: p2p_task_channels(
+            self.cluster, op, bound=e.config.n_channels, group_size=e.group_size, n_nodes=e.n_nodes
+        )
 
     def check(self, plan: Any, pool: Any) -> set[str]:
         """Collective (one all-gather): sites that differ on any rank; stops recording; a failed rank: unobserved."""
@@ -139,7 +168,7 @@ class ObservedCheck:
         except Exception as exc:  # noqa: BLE001 - still join the all-gather below
             mine = f"{type(exc).__name__}: {exc}"
         reports = consensus.all_gather(mine)
-        self.armed = False
+        self.armed = self.recording = False
         self._record(False)
         results: dict[str, dict[str, Any]] = {}
         for rank, report in enumerate(reports):
