@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             gpus_per_node = preset.slurm.gpus_per_node
     machine = this_machine()
     target = choose_cluster(
-        preset.name if preset is not None else None,
+        preset,
         environ,
         args.cluster or parsed.get("lagom_cluster"),
         "--cluster" if args.cluster else "--lagom-cluster",

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from lagom_megatron import configs_dir
 from lagom_megatron.engine.search import LAGOM_METHODS
@@ -135,6 +135,14 @@ class Preset(_Section):
     """Environment exported to every rank before launch (NCCL_*, CUDA_DEVICE_MAX_CONNECTIONS)."""
     slurm: SlurmSpec | None = None
     name: str = ""
+    _path: Path | None = PrivateAttr(None)
+
+    @property
+    def ref(self) -> str:
+        """What loads this preset again: its name when it is the shipped file of that name, else its file's path."""
+        if self._path is None or (CONFIGS_DIR / "presets" / f"{self.name}.yaml").resolve() == self._path.resolve():
+            return self.name
+        return str(self._path.resolve())
 
     def model_spec(self) -> ModelSpec:
         """The model dimensions, loading ``configs/models/<model>.yaml`` when ``model`` is a name."""
@@ -207,17 +215,48 @@ def available(kind: str) -> list[str]:
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Reads a YAML mapping; ValueError on malformed YAML (file, line, column) or a non-mapping."""
+    """Reads a YAML mapping; ValueError on malformed YAML (file, line, column), a non-mapping, or a YAML 1.1 word
+    (``yes``, ``off``, ...) read as a boolean (key and word named)."""
+    loader = yaml.SafeLoader(path.read_text())
     try:
-        data = yaml.safe_load(path.read_text())
+        node = loader.get_single_node()
+        word = next(_yaml11_booleans(node, ()), None)
+        if word is not None:
+            loc, scalar = word
+            read_as = "true" if scalar.value.lower() in ("yes", "on") else "false"
+            raise ValueError(
+                f"{path}:{scalar.start_mark.line + 1}:{scalar.start_mark.column + 1}: {'.'.join(loc)}: "
+                f"{scalar.value!r} is a YAML 1.1 word that PyYAML reads as {read_as}; allowed: true or false "
+                f"for a boolean, or the word in quotes for a string"
+            )
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ValueError(f"{path}: malformed YAML{where}: {problem}") from None
+    finally:
+        loader.dispose()
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping at the top level; got {type(data).__name__}")
     return data
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+
+
+def _yaml11_booleans(node: Any, loc: tuple[str, ...]):
+    """(key path, scalar) of each plain scalar the resolver tagged boolean whose text is not true/false."""
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            here = (*loc, str(key.value))
+            yield from _yaml11_booleans(key, here)
+            yield from _yaml11_booleans(value, here)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from _yaml11_booleans(item, (*loc, str(i)))
+    elif isinstance(node, yaml.ScalarNode) and node.tag == _BOOL_TAG and node.value.lower() not in ("true", "false"):
+        yield loc, node
 
 
 def _validate(cls: type[BaseModel], data: dict[str, Any], path: Path) -> Any:
@@ -228,11 +267,37 @@ def _validate(cls: type[BaseModel], data: dict[str, Any], path: Path) -> Any:
         err["loc"] = tuple(x for x in err["loc"] if x not in _BRANCHES)  # model.ModelSpec.num_layer -> model.num_layer
         loc = ".".join(str(x) for x in err["loc"])
         if err["type"] == "extra_forbidden":
-            valid = _valid_keys(cls, err["loc"][:-1])
-            close = difflib.get_close_matches(str(err["loc"][-1]), valid, n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(valid)}"
-            raise ValueError(f"{path}: unknown key {loc!r}{hint}") from None
-        raise ValueError(f"{_where(path, err['loc'])}: {loc}: {err['msg']} (got {err.get('input')!r})") from None
+            raise ValueError(f"{path}: unknown key {loc!r}; {_closest_key(cls, err['loc'])}") from None
+        allowed = "; allowed: true or false" if err["type"] == "bool_type" else ""
+        raise ValueError(
+            f"{_where(path, err['loc'])}: {loc}: {err['msg']} (got {err.get('input')!r}){allowed}"
+        ) from None
+
+
+def _closest_key(cls: type[BaseModel], loc: tuple) -> str:
+    """``did you mean`` the closest key of the same section, or of another one (``training.train_iters`` for a
+    top-level ``train_iter``) when that is closer; else the section's valid keys."""
+    valid = _valid_keys(cls, loc[:-1])
+    word = str(loc[-1])
+    scored = [(difflib.SequenceMatcher(None, word, k).ratio(), 1, k) for k in valid]
+    scored = [c for c in scored if c[0] >= 0.5]  # difflib.get_close_matches' cutoff, as a user's typo needs
+    for key in _dotted_keys(cls, ()):
+        if key[:-1] != tuple(loc[:-1]):
+            ratio = difflib.SequenceMatcher(None, word, key[-1]).ratio()
+            if ratio >= 0.8:  # another section's key: only a near-exact leaf
+                scored.append((ratio, 0, ".".join(key)))
+    if scored:
+        return f"did you mean {max(scored)[2]!r}?"
+    return f"valid keys: {', '.join(valid)}"
+
+
+def _dotted_keys(model: Any, prefix: tuple[str, ...]) -> list[tuple[str, ...]]:
+    out = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        inner = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        out += _dotted_keys(inner[0], (*prefix, name)) if inner else [(*prefix, name)]
+    return out
 
 
 _BRANCHES = ("str", "ModelSpec")  # pydantic's location tags for the branches of ``Preset.model``
@@ -290,5 +355,6 @@ def load_preset(name_or_path: str | os.PathLike) -> Preset:
     path = _resolve("presets", name_or_path)
     preset = _validate(Preset, read_yaml(path), path)
     preset.name = path.stem
+    preset._path = path
     preset.model_spec()  # fail now on a bad model reference
     return preset

@@ -178,5 +178,5 @@ def preflight_pretrain(args: Any, environ: Mapping[str, str] | None = None) -> l
         if environ.get("RANK", "0") == "0":
             print(line, flush=True)
 
-    cluster = detect_cluster(getattr(args, "preset_name", None), environ)
+    cluster = detect_cluster(getattr(args, "preset", None), environ)
     return preflight(args, environ, cluster, log=log)

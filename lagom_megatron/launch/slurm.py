@@ -145,7 +145,8 @@ def plan_for_another_run(preset: Preset, plan: str, cluster: ClusterSpec, extra:
     saved = load_plan(plan)
     args = {
         **PARALLEL_DEFAULTS,
-        **{k: v for k, v in argv_to_args(["--preset", preset.name, *extra]).items() if not k.startswith("_")},
+        **preset.to_args(),
+        **argv_to_args(extra),
     }
     want = {k: args.get(k) for k in FINGERPRINT_FROM_ARGS if args.get(k) is not None}
     want.update(world_size=preset.world_size, backend=cluster.backend, cluster=cluster.name)
@@ -219,7 +220,7 @@ def train_command(
     if megatron_lm:
         cmd = [str(Path(megatron_lm) / "pretrain_gpt.py"), *preset_to_argv(preset)]
     else:
-        cmd = [str(Path(root) / "scripts" / "pretrain_gpt.py"), "--preset", preset.name]
+        cmd = [str(Path(root) / "scripts" / "pretrain_gpt.py"), "--preset", preset.ref]
     if plan:
         cmd += ["--lagom-plan", plan]
     return cmd + list(extra)

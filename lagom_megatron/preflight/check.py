@@ -96,9 +96,10 @@ def env_count(environ: Mapping[str, str], name: str, hi: int, default_of: str) -
     return int(text)
 
 
-def detect_cluster(preset_name: str | None = None, environ: Mapping[str, str] | None = None) -> Any:
-    """The cluster without ``--lagom-cluster`` (a dict for this GPU); ValueError: bad ``$LAGOM_CLUSTER`` or preset."""
-    return choose_cluster(preset_name, environ).cluster
+def detect_cluster(preset: Any = None, environ: Mapping[str, str] | None = None) -> Any:
+    """The cluster without ``--lagom-cluster`` (a dict for this GPU); ``preset``: a ``Preset``, or its name or path
+    as given; ValueError: bad ``$LAGOM_CLUSTER`` or preset."""
+    return choose_cluster(preset, environ).cluster
 
 
 def resolve(

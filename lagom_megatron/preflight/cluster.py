@@ -146,22 +146,24 @@ class Target:
 
 
 def choose_cluster(
-    preset_name: str | None,
+    preset: Any,
     environ: Mapping[str, str] | None = None,
     given: str | None = None,
     given_by: str = "--cluster",
     machine: Machine | None = None,
 ) -> Target:
-    """``given``, else ``$LAGOM_CLUSTER``, the preset's, this machine (no CUDA: ``cpu-gloo``); ValueError if unknown."""
+    """``given``, else ``$LAGOM_CLUSTER``, the preset's (a loaded ``Preset``, or a name or path to load), this machine
+    (no CUDA: ``cpu-gloo``); ValueError if unknown."""
     environ = os.environ if environ is None else environ
     if given:
         return Target(load_cluster(given, given_by), "flag", given_by)
     if environ.get("LAGOM_CLUSTER"):
         return Target(load_cluster(environ["LAGOM_CLUSTER"], "LAGOM_CLUSTER"), "env", "LAGOM_CLUSTER")
-    if preset_name:
-        from lagom_megatron.config.presets import load_preset
+    if preset:
+        from lagom_megatron.config.presets import Preset, load_preset
 
-        preset = load_preset(preset_name)
+        if not isinstance(preset, Preset):
+            preset = load_preset(preset)
         return Target(
             load_cluster(preset.cluster, f"preset {preset.name!r} cluster"), "preset", f"preset {preset.name!r}"
         )

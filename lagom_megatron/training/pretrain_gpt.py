@@ -138,7 +138,7 @@ def pretrain_preflight(
             say(f"pretrain_gpt.py: warning: {preset_world.what}")
         machine = this_machine()
         target = choose_cluster(
-            getattr(args, "preset_name", None),
+            getattr(args, "preset", None),  # the name or path as given: a file's stem names no shipped preset
             environ,
             getattr(args, "lagom_cluster", None),
             "--lagom-cluster",
