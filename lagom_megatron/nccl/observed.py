@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from lagom_megatron.engine.knobs import P2P_OPS, CommConfig
-from lagom_megatron.engine.p2p import p2p_channels
+from lagom_megatron.engine.p2p import P2PModel, p2p_channels
 from lagom_megatron.nccl.plugin_status import ObservedComm, ObservedOp
 
 FUNC_OPS = {
@@ -327,13 +327,12 @@ def observe_site(
 def p2p_task_channels(cluster: Any, op: ObservedOp, *, bound: int, group_size: int, n_nodes: int) -> int | None:
     """Channels NCCL runs one P2P task of ``op`` on, on a communicator whose CTAs are bound to ``bound``, on ``cluster``
     (its topology gives ``p2pnChannelsPerPeer``): the count the plan's cost model predicts for it (``engine.p2p``).
-    NCCL 2.27.3-2.30.7 (read; v2.30.7 cited): ``p2pnChannels`` from the bound (``src/graph/paths.cc:977-991``,
-    per peer :993-1003), ``nChannelsMin`` halved while it x nRanks > ``p2pnChannels`` (``src/enqueue.cc:1143-1146``),
+    Read at v2.27.3, v2.28.9, v2.29.2 and v2.30.7 (cited): ``p2pnChannels`` from the bound
+    (``src/graph/paths.cc:977-991``, per peer :993-1003), ``nChannelsMin`` halved while it x nRanks >
+    ``p2pnChannels`` (``src/enqueue.cc:1143-1146``),
     the task's count from its bytes in parts of the P2P chunk / 8 .. x32 (/ 2 .. x1 across nodes) (:914-926), which
     NCCL hands the profiler as ``p2p.nChannels`` (:929, ``src/plugin/profiler.cc:534``); a task to the rank itself
     counts the same. None: unknown datatype."""
-    from lagom_megatron.engine.p2p import P2PModel
-
     nbytes = op_bytes(op, 1)
     if nbytes is None:
         return None

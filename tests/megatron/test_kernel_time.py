@@ -1,5 +1,5 @@
-"""NCCL's kernel time per site (``megatron.hooks.profiler.KernelTimes``): events on for an untimed iteration only, a site
-timed when the records tell it apart (its calls are all the calls of that shape on its
+"""NCCL's kernel time per site (``megatron.hooks.profiler.KernelTimes``): events on for an untimed iteration
+only, a site timed when the records tell it apart (its calls are all the calls of that shape on its
 communicator), none otherwise; one all-gather whatever the rank holds (a world of one here)."""
 
 import ctypes
@@ -103,11 +103,11 @@ def test_megatrons_own_group_is_found_by_the_name_each_engine_gives_nccl():
 
 
 KERNEL_CH, COLL = 1 << 6, 1 << 1
-"""``ncclProfileKernelCh`` and ``ncclProfileColl`` (NVIDIA/nccl v2.30.7 ``src/include/plugin/profiler/profiler_v6.h``)."""
+"""``ncclProfileKernelCh``, ``ncclProfileColl`` (NVIDIA/nccl v2.30.7 ``src/include/plugin/nccl_profiler.h:13-18``)."""
 
 
 class _ProfilerV6(ctypes.Structure):
-    """``ncclProfiler_v6_t``'s name and init, as NCCL reads the struct it looks up (``src/plugin/profiler.cc:73-88``)."""
+    """``ncclProfiler_v6_t``'s name and init, as NCCL reads them (``src/plugin/profiler.cc:73-88``)."""
 
     _fields_ = [
         ("name", ctypes.c_char_p),
