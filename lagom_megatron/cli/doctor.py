@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from lagom_megatron.launch.doctor import check_command_line, engine_line, errors, plugin_abi_line, run_doctor
-    from lagom_megatron.launch.megatron_args import argv_to_args
+    from lagom_megatron.launch.megatron_args import argv_to_args, megatron_lm_line
     from lagom_megatron.preflight.check import env_count
     from lagom_megatron.preflight.cluster import choose_cluster, cluster_field, mismatch, this_machine
 
@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give --preset NAME and/or a pretrain_gpt.py command line after --")
     parsed = argv_to_args(argv)
     preset = parsed.pop("_preset", None)
+    if args.megatron_lm and preset is not None:  # the line the SLURM launch runs for a Megatron-LM checkout
+        parsed = argv_to_args(megatron_lm_line(preset, argv))
     world_size = args.world_size
     gpus_per_node = args.gpus_per_node
     environ = dict(os.environ)

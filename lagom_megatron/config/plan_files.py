@@ -14,8 +14,11 @@ from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import MECHANISMS, PLAN_SCHEMA_VERSION, Plan, PlanEntry
 from lagom_megatron.engine.profile import BACKENDS, OPS, PROFILE_SCHEMA_VERSION, REGISTRATIONS, CollectiveSite, Profile
 from lagom_megatron.engine.search import METHODS
+from lagom_megatron.engine.steps import Phase
 
 MAX_NBYTES = 1 << 40
+VERIFICATION_STATES = (Phase.APPLIED.value, Phase.FELL_BACK.value)
+"""A plan's ``stats.verification``: what its run's verification decided (``fell_back``: kept off)."""
 
 Op = Literal[OPS]  # type: ignore[valid-type]
 Backend = Literal[BACKENDS]  # type: ignore[valid-type]
@@ -213,6 +216,16 @@ class PlanSchema(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     entries: dict[str, EntrySchema]
     stats: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _verification_state(self) -> PlanSchema:
+        state = self.stats.get("verification")
+        if state is not None and state not in VERIFICATION_STATES:
+            raise ValueError(
+                f"stats.verification must be one of {list(VERIFICATION_STATES)} or absent (never verified: a "
+                f"run measures it before applying it); got {state!r}, which a run would apply unmeasured"
+            )
+        return self
 
     @model_validator(mode="after")
     def _mechanism_of_backend(self) -> PlanSchema:

@@ -74,6 +74,20 @@ def preset_to_argv(preset: Any) -> list[str]:
     return args_to_argv(args)
 
 
+def megatron_lm_line(preset: Any, extra: Sequence[str]) -> list[str]:
+    """The flags a Megatron-LM checkout's ``pretrain_gpt.py`` runs a preset with (the SLURM launch's and the
+    doctor's one line): ``preset_to_argv``, then ``extra`` (a ``--preset`` in it dropped), which overrides it."""
+    rest, skip = [], False
+    for word in extra:
+        if skip:
+            skip = False
+        elif word == "--preset":
+            skip = True
+        elif not word.startswith("--preset="):
+            rest.append(word)
+    return [*preset_to_argv(preset), *rest]
+
+
 def _parse_value(text: str) -> Any:
     for cast in (int, float):
         try:

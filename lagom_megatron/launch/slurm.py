@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lagom_megatron.config.presets import Preset, load_preset
 from lagom_megatron.engine.cluster import ClusterSpec
-from lagom_megatron.launch.megatron_args import preset_to_argv
+from lagom_megatron.launch.megatron_args import megatron_lm_line
 from lagom_megatron.nccl.plugin_launch import launch_env
 
 _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -218,12 +218,12 @@ def train_command(
 ) -> list[str]:
     """The training script and its arguments (no python/torchrun in front); ``extra`` last, so it overrides."""
     if megatron_lm:
-        cmd = [str(Path(megatron_lm) / "pretrain_gpt.py"), *preset_to_argv(preset)]
+        cmd = [str(Path(megatron_lm) / "pretrain_gpt.py")]
     else:
         cmd = [str(Path(root) / "scripts" / "pretrain_gpt.py"), "--preset", preset.ref]
     if plan:
-        cmd += ["--lagom-plan", plan]
-    return cmd + list(extra)
+        extra = ["--lagom-plan", plan, *extra]
+    return cmd + (megatron_lm_line(preset, extra) if megatron_lm else list(extra))
 
 
 def shell_lines(

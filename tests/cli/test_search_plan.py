@@ -172,3 +172,21 @@ def test_a_profile_given_as_a_plan_and_a_plan_given_as_a_profile_are_named_as_su
     assert (
         capsys.readouterr().err.strip() == f"lagom plan: error: {tmp_path / 'odd.json'}: schema_version: Field required"
     )
+
+
+def test_validate_refuses_a_verification_state_lagom_never_writes(tmp_path, capsys):
+    """``verification: "rejected"`` (a user's way to keep a plan off) was ``valid`` and then applied unmeasured."""
+    prof = _profile(tmp_path)
+    plan_path = tmp_path / "plan.json"
+    assert main(["search", "--profile", str(prof), "-o", str(plan_path)]) == 0
+    data = json.loads(plan_path.read_text())
+    data["stats"]["verification"] = "rejected"
+    plan_path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["plan", "validate", str(plan_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"lagom plan: error: {plan_path}: stats.verification must be one of ['applied', 'fell_back'] or absent "
+        "(never verified: a run measures it before applying it); got 'rejected', which a run would apply unmeasured"
+    )
+    assert json.loads(plan_path.read_text()) == data

@@ -84,3 +84,40 @@ def test_a_sample_of_an_unlisted_site_is_refused(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"^.*p\.json: sample for unknown site 'tp\.nowhere\[0\]'$"):
         load_profile(path)
+
+
+@pytest.mark.parametrize("state", ["bogus", "rejected", "verifying", ""])
+def test_a_verification_state_lagom_never_writes_is_refused(tmp_path, state):
+    """``"bogus"`` or ``"rejected"`` (a user keeping a plan off) passed ``plan validate`` and the reuse path applied
+    the plan from iteration 1 unmeasured: only ``fell_back`` kept it off."""
+    path = _plan_file(tmp_path, lambda d: d["stats"].update(verification=state))
+    before = path.read_text()
+    with pytest.raises(ValueError) as info:
+        load_plan(path)
+    assert str(info.value) == (
+        f"{path}: stats.verification must be one of ['applied', 'fell_back'] or absent (never verified: a run "
+        f"measures it before applying it); got {state!r}, which a run would apply unmeasured"
+    )
+    assert path.read_text() == before
+
+
+@pytest.mark.parametrize("state", ["applied", "fell_back", None])
+def test_the_states_lagom_writes_load(tmp_path, state):
+    path = _plan_file(tmp_path, lambda d: d["stats"].update(verification=state) if state else None)
+    assert load_plan(path).stats.get("verification") == state
+
+
+def test_a_training_run_does_not_reuse_a_plan_of_an_unknown_state(tmp_path, capsys):
+    """The run's reuse path reads the plan through the same schema: moved aside (kept, byte for byte), searched anew."""
+    from lagom_megatron.megatron.outputs.run_files import RunFiles
+
+    path = _plan_file(tmp_path, lambda d: d["stats"].update(verification="rejected"))
+    before = path.read_bytes()
+    files = RunFiles(plan_path=str(path))
+    assert files.saved_plan({}) is None
+    out = capsys.readouterr().out
+    assert f"lagom: WARNING: cannot reuse plan {path}: {path}: stats.verification must be one of" in out
+    assert "; searching a new one" in out
+    assert not path.exists()
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("p.corrupt-")]
+    assert len(kept) == 1 and kept[0].read_bytes() == before

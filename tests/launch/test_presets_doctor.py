@@ -43,6 +43,35 @@ def test_presets_megatron_lm_line_passes_the_doctor(name, release, capsys):
     assert "--eval-interval" in preset_to_argv(preset)
 
 
+@pytest.mark.parametrize("name", PRESETS)
+def test_the_doctors_megatron_lm_preset_is_the_line_the_slurm_launch_runs(name, capsys, monkeypatch):
+    """``lagom doctor --megatron-lm --preset P`` with no line after it failed on its own ``--eval-interval`` rule
+    for shipped presets: the SLURM launch adds the flag (``megatron_args.preset_to_argv``), the doctor did not."""
+    from lagom_megatron.launch import megatron_args
+    from lagom_megatron.launch.slurm import train_command
+
+    monkeypatch.delenv("LAGOM_CLUSTER", raising=False)
+    preset = load_preset(name)
+    seen = []
+    real = megatron_args.argv_to_args
+    monkeypatch.setattr(megatron_args, "argv_to_args", lambda argv: seen.append(list(argv)) or real(argv))
+    code = main(["doctor", "--megatron-lm", "--preset", name, "--cluster", preset.cluster])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.splitlines()[-1] == f"lagom doctor: preset {name}: 0 error(s), 0 warning(s)"
+    launched = train_command(preset, root="/lagom", plan=None, megatron_lm="/megatron-lm", extra=[])
+    assert seen[-1] == launched[1:]  # the doctor checked the very line srun runs
+
+
+def test_flags_after_the_preset_override_its_megatron_lm_line(capsys, monkeypatch):
+    monkeypatch.delenv("LAGOM_CLUSTER", raising=False)
+    argv = ["doctor", "--megatron-lm", "--preset", "llama3-8b-h100x8", "--cluster", "h100-sxm-ib400"]
+    assert main([*argv, "--", "--tensor-model-parallel-size", "3"]) == 1
+    out = capsys.readouterr().out
+    assert "error: [heads-tp] --num-attention-heads 32 is not a multiple of --tensor-model-parallel-size 3" in out
+    assert out.splitlines()[-1].startswith("lagom doctor: preset llama3-8b-h100x8: 4 error(s)")
+
+
 FSDP_PRESETS = ["gpt3-2.7b-a40x8-fsdp", "llama2-7b-a40x16-fsdp"]
 
 
