@@ -197,3 +197,26 @@ def test_userbuffers_are_flagged_at_install_as_not_nccl(caplog):
         handle.remove()
     text = " ".join(r.getMessage() for r in caplog.records)
     assert "--tp-comm-overlap" in text and "outside NCCL" in text and "SMs" in text
+
+
+def test_megatrons_fp32_reduce_scatter_is_left_unwrapped_and_kept_after_remove(monkeypatch):
+    """``--ddp-reduce-scatter-with-fp32-accumulation``: a bucket group's ``__init__`` rebinds the module's
+    ``dist_reduce_scatter_func`` (core_v0.16.1 ``param_and_grad_buffer.py:163-165``); its ``all_to_all_single`` is the
+    collective. Restoring torch's reduce-scatter on ``remove()`` would hand Megatron's fp32 path an ``_IllegalWork``."""
+    monkeypatch.setattr(pgb, "dist_reduce_scatter_func", pgb.dist_reduce_scatter_func)  # undone after the test
+    fp32 = pgb.reduce_scatter_with_fp32_accumulation
+    handle = patches.install(Recorder(), te=None, fsdp2=None, megatron_fsdp=[])
+    try:
+        assert pgb.dist_reduce_scatter_func is not dist.reduce_scatter_tensor  # wrapped: torch's reduce-scatter
+        pgb.dist_reduce_scatter_func = fp32  # what a bucket group built now does (``global dist_reduce_scatter_func``)
+    finally:
+        handle.remove()
+    assert pgb.dist_reduce_scatter_func is fp32
+    handle = patches.install(Recorder(), te=None, fsdp2=None, megatron_fsdp=[])
+    try:
+        assert pgb.dist_reduce_scatter_func is fp32  # no collective of its own: not a reduce-scatter site
+        assert "dist_reduce_scatter_func" in [n.split(".")[-1] for n in handle.patched]  # layers' alias still is
+        assert dist.all_to_all_single("o", "i", group="g") == "routed"  # the call it makes reaches the router
+    finally:
+        handle.remove()
+    assert pgb.dist_reduce_scatter_func is fp32

@@ -151,3 +151,21 @@ def test_megatron_fsdp_site_ids_are_the_simulators(preset):
         "dp.param_all_gather[chunk0.root_bucket0]",
         "dp.param_all_gather[chunk0.root_bucket1]",
     ]
+
+
+def test_grad_all_to_all_follows_megatrons_module_function(monkeypatch):
+    """Any bucket group's ``__init__`` with fp32 accumulation rebinds the module global every group then calls
+    (core_v0.16.1 ``param_and_grad_buffer.py:163-165``, ``:443``), so the module's value decides, not one config."""
+    pytest.importorskip("megatron.core")
+    import types
+
+    from megatron.core.distributed import param_and_grad_buffer as pgb
+
+    from lagom_megatron.megatron.hooks.sites import FP32_ALL_TO_ALL, grad_all_to_all
+
+    bg = object.__new__(pgb._ParamAndGradBucketGroup)
+    assert callable(getattr(pgb, FP32_ALL_TO_ALL))  # the name megatron-core imports it by
+    assert not grad_all_to_all(bg)
+    monkeypatch.setattr(pgb, "dist_reduce_scatter_func", pgb.reduce_scatter_with_fp32_accumulation)
+    assert grad_all_to_all(bg)
+    assert not grad_all_to_all(types.SimpleNamespace(ddp_config=None))  # not a megatron-core bucket group

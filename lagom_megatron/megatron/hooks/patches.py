@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from lagom_megatron.megatron.hooks.sites import FP32_ALL_TO_ALL
 from lagom_megatron.megatron.hooks.te_targets import (
     TeTargets,
     find_fsdp2_param_group,
@@ -35,30 +36,36 @@ _INSTALLED: PatchHandle | None = None
 _INHERITED = object()
 
 
+def _raw(owner: Any, name: str) -> Any:
+    # on a class, the raw attribute (a staticmethod stays one; an inherited name is deleted again)
+    return owner.__dict__.get(name, _INHERITED) if isinstance(owner, type) else getattr(owner, name)
+
+
 class PatchHandle:
-    """The installed patches; ``remove()`` restores every original (idempotent)."""
+    """The installed patches; ``remove()`` restores every original (idempotent) that nobody replaced since."""
 
     def __init__(self) -> None:
-        self._undo: list[tuple[Any, str, Any]] = []
+        self._undo: list[tuple[Any, str, Any, Any]] = []
         self.removed = False
 
     def _set(self, owner: Any, name: str, value: Any) -> None:
-        # on a class, the raw attribute (a staticmethod stays one; an inherited name is deleted again)
-        original = owner.__dict__.get(name, _INHERITED) if isinstance(owner, type) else getattr(owner, name)
-        self._undo.append((owner, name, original))
+        self._undo.append((owner, name, _raw(owner, name), value))
         setattr(owner, name, value)
 
     @property
     def patched(self) -> list[str]:
         """``owner.name`` of every patched attribute, in installation order."""
-        return [f"{getattr(o, '__name__', type(o).__name__)}.{n}" for o, n, _ in self._undo]
+        return [f"{getattr(o, '__name__', type(o).__name__)}.{n}" for o, n, _, _ in self._undo]
 
     def remove(self) -> None:
-        """Restores every original in reverse order and allows a new ``install``."""
+        """Restores every original in reverse order and allows a new ``install``. A name rebound after ``install``
+        keeps its new value: megatron-core's bucket groups rebind ``dist_reduce_scatter_func`` (``sites.grad_all_to_all``)."""
         global _INSTALLED
         if self.removed:
             return
-        for owner, name, original in reversed(self._undo):
+        for owner, name, original, value in reversed(self._undo):
+            if _raw(owner, name) is not value:
+                continue
             if original is _INHERITED:
                 delattr(owner, name)
             else:
@@ -210,8 +217,10 @@ def install(
 
         for module in (pgb, layers, mc_utils):  # aliases bound at import: patching torch.distributed misses them
             for alias, op in (("dist_reduce_scatter_func", "reduce_scatter"), ("dist_all_gather_func", "all_gather")):
-                if hasattr(module, alias):
-                    handle._set(module, alias, _collective_wrapper(router, op, getattr(module, alias)))
+                fn = getattr(module, alias, None)
+                # the fp32-accumulating reduce-scatter is no collective: its all_to_all_single is, hooked below
+                if fn is not None and fn is not getattr(module, FP32_ALL_TO_ALL, None):
+                    handle._set(module, alias, _collective_wrapper(router, op, fn))
         for name, op in _DIST_COLLECTIVES:
             if hasattr(dist, name):
                 handle._set(dist, name, _collective_wrapper(router, op, getattr(dist, name)))

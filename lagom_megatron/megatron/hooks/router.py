@@ -25,6 +25,7 @@ from lagom_megatron.megatron.hooks.sites import (
     bucket_registration,
     call_reduce_op,
     dtype_name,
+    grad_all_to_all,
     tensor_nbytes,
 )
 from lagom_megatron.megatron.pool.comm_pool import CommPool
@@ -152,7 +153,8 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         attr = "intra_distributed_optimizer_instance_group" if distopt else "data_parallel_group"
         group = getattr(bucket_group, attr)
         rs = kind == "grad" and distopt and not force_all_reduce
-        key = (id(bucket_group), kind, rs)
+        a2a = rs and grad_all_to_all(bucket_group)
+        key = (id(bucket_group), kind, rs, a2a)
         known = self._buckets.get(key)
         if known is None:  # bucket layout and buffers are fixed after DDP construction: describe them once
             info = self.registry.groups.lookup(group)
@@ -160,13 +162,15 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
                 known = ONE_RANK
             elif kind == "grad":
                 op, name = ("reduce_scatter", "grad_reduce_scatter") if rs else ("all_reduce", "grad_all_reduce")
+                if a2a:  # the input's bytes, summed locally after the call: no reduction in NCCL
+                    op, name = "all_to_all", "grad_all_to_all"
                 tensors = [b.grad_data for b in bucket_group.buckets]
             else:
                 op, name = "all_gather", "param_all_gather"
                 tensors = [b.param_data for b in bucket_group.buckets]
             if known is None:
                 facts = {
-                    "reduce_op": bucket_reduce_op(bucket_group, kind),
+                    "reduce_op": None if a2a else bucket_reduce_op(bucket_group, kind),
                     "parts": bucket_parts(tensors),
                     "registered": bucket_registration(bucket_group, self.registry.registered_pools.get(info.name)),
                 }

@@ -4,6 +4,7 @@ across iterations and ranks (``dp.grad_reduce_scatter[chunk0.bucket1]``, ``pp.se
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -307,6 +308,22 @@ def bucket_reduce_op(bucket_group: Any, kind: str) -> str | None:
     if kind != "grad":
         return None
     return "avg" if getattr(bucket_group.ddp_config, "average_in_collective", False) else "sum"
+
+
+FP32_ALL_TO_ALL = "reduce_scatter_with_fp32_accumulation"
+"""megatron-core's reduce-scatter by all-to-all, as ``param_and_grad_buffer`` imports it (``:29`` @core_v0.16.1, ``:44``
+@core_v0.19.0)."""
+
+
+def grad_all_to_all(bucket_group: Any) -> bool:
+    """Whether the gradients' reduce-scatter of ``bucket_group`` is megatron-core's all-to-all with fp32 accumulation:
+    ``--ddp-reduce-scatter-with-fp32-accumulation`` makes any bucket group's ``__init__`` rebind its module's
+    ``dist_reduce_scatter_func`` (core_v0.16.1 ``param_and_grad_buffer.py:163-165``, core_v0.19.0 ``:247-249``, read at
+    ``:443`` / ``:712``) to a function that calls ``all_to_all_single`` and sums locally
+    (``reduce_scatter_with_fp32_accumulation.py:78`` @core_v0.16.1 to core_v0.19.0): NCCL runs it as send/recv."""
+    module = sys.modules.get(type(bucket_group).__module__)
+    fn = getattr(module, "dist_reduce_scatter_func", None)
+    return fn is not None and getattr(fn, "__wrapped__", fn) is getattr(module, FP32_ALL_TO_ALL, None)
 
 
 def bucket_parts(tensors: list[Any]) -> tuple[tuple[str, int], ...]:
