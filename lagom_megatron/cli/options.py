@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -70,19 +69,11 @@ def writable_dir(text: str) -> str:
 
 
 def _check_folder(folder: Path, text: str) -> None:
-    existing = folder
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if not existing.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: {existing} is not a folder")
-    # try a real temporary file: os.access says yes to root on a read-only or immutable folder
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        raise argparse.ArgumentTypeError(f"{text}: cannot write in {existing} ({exc.strerror or exc})") from None
+    from lagom_megatron.preflight.files import folder_problem
+
+    problem = folder_problem(folder)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
 
 
 def refuse_overwriting_an_input(output: str | None, output_flag: str, inputs: dict[str, str | None]) -> None:

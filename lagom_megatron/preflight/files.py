@@ -9,7 +9,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,59 @@ def folder_problem(folder: Path) -> str | None:
         what = "written" if probe == folder else f"created ({probe} is not writable)"
         return f"{folder} cannot be {what}: {exc.strerror}"
     return None
+
+
+NEW_FOLDER = "give a new or empty folder (nothing in this one is replaced or removed)"
+"""What to do about a refused output folder (``output_folder_problem``'s default advice)."""
+
+
+def output_folder_problem(
+    folder: str | os.PathLike, *, allowed: Callable[[Path], bool] | None = None, advice: str = NEW_FOLDER
+) -> str | None:
+    """Why a script may not write its files into ``folder``, or None: ``folder_problem``, or an entry there that
+    ``allowed(path)`` does not accept (the script's own earlier output, or a name it never writes); by default no
+    entry is accepted: the folder must be new or empty. Nothing is written, replaced or removed."""
+    folder = Path(folder)
+    problem = folder_problem(folder)
+    if problem or not folder.is_dir():
+        return problem
+    try:
+        names = sorted(p.name for p in folder.iterdir() if allowed is None or not allowed(p))
+    except OSError as exc:
+        return f"{folder} cannot be read: {exc.strerror}"
+    if not names:
+        return None
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{folder} already holds {shown}: {advice}"
+
+
+def first_line_is(prefix: str) -> Callable[[Path], bool]:
+    """``allowed`` of ``output_folder_problem``: a regular file whose first line starts with ``prefix``."""
+
+    def starts_so(path: Path) -> bool:
+        if not path.is_file() or path.is_symlink():  # never open a pipe (it blocks) nor follow a link out
+            return False
+        try:
+            with path.open("rb") as f:
+                return f.readline().startswith(prefix.encode())
+        except OSError:
+            return False
+
+    return starts_so
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lagom_megatron.preflight.files FOLDER [OWN_FIRST_LINE [ADVICE]]`` (the shell scripts' check):
+    prints ``output_folder_problem`` (files starting with OWN_FIRST_LINE allowed) and returns 1, or returns 0."""
+    args = sys.argv[1:] if argv is None else argv
+    if not 1 <= len(args) <= 3:
+        print("usage: python -m lagom_megatron.preflight.files FOLDER [OWN_FIRST_LINE [ADVICE]]", file=sys.stderr)
+        return 2
+    allowed = first_line_is(args[1]) if len(args) > 1 and args[1] else None
+    problem = output_folder_problem(args[0], allowed=allowed, **({"advice": args[2]} if len(args) > 2 else {}))
+    if problem:
+        print(problem)
+    return 1 if problem else 0
 
 
 def output_paths(args: Mapping[str, Any]) -> list[tuple[str, str, Path]]:
@@ -332,3 +385,7 @@ def rule_master_port(s: RunShape) -> list[Finding]:
             "export another MASTER_PORT, or stop the process that holds it",
         )
     ]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

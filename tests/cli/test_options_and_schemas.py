@@ -63,7 +63,7 @@ def test_unwritable_outputs_are_refused_before_the_run(tmp_path, capsys):
         ["build-tuner", "-o", str(blocker / "sub")],
     ):
         assert main(argv) == 2
-        assert f"{blocker} is not a folder" in _one_error(capsys)
+        assert f"{blocker} is a file, not a folder" in _one_error(capsys)
 
 
 def _bad_profile(tmp_path: Path, edit) -> str:
