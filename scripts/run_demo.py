@@ -10,11 +10,13 @@
    it (no profiling or search; a plan its verification rejected keeps the defaults), and writes
    its own ``report.reused-<n>.md`` beside the tuning run's ``report.md``.
 
-lagom writes its plan, profile and reports under ``runs/demo/<preset>/``, emptied at the start
-of each demo so that every demo searches afresh; a folder another run is writing (its lock is
-held: ``lagom_megatron.preflight.files``) stops the demo before anything is built or removed. Each run's log streams through; at the end the
-mean lm loss of the first and last 10 iterations of each tuning run is printed. Exits non-zero if
-a run fails or its loss did not go down, 130 when interrupted.
+lagom writes its plan, profile and reports under ``runs/demo/<preset>/``. The demo lists what it wrote
+there in ``DEMO_FILES`` and removes those files at the start of the next demo, so that every demo
+searches afresh; it never removes anything else. A folder that holds a file no demo wrote, or one
+another run is writing (its lock is held), stops the demo before anything is built or removed
+(``lagom_megatron.preflight.files``). Each run's log streams through; at the end the mean lm loss of
+the first and last 10 iterations of each tuning run is printed. Exits non-zero if a run fails or its
+loss did not go down, 2 when a folder stops it, 130 when interrupted.
 """
 
 import argparse
@@ -32,6 +34,52 @@ PRESETS = ("cpu-tp2-dp2", "cpu-pp2-dp2")
 LOSS = re.compile(r" iteration\s+\d+/\s*\d+ \|.* lm loss: ([0-9.E+-]+) \|")
 REUSE_ITERS = 10
 """Iterations of the plan-reuse run (step 3)."""
+DEMO_FILES = ".run_demo-files"
+"""In each ``runs/demo/<preset>/``: the names the demo wrote there, one a line (the next demo removes those only)."""
+
+
+def _written(run_dir: Path) -> set[str]:
+    """The names an earlier demo listed in ``run_dir`` (with the list itself); empty without a list."""
+    listed = run_dir / DEMO_FILES
+    if not listed.is_file():
+        return set()
+    return {line for line in listed.read_text().splitlines() if line and "/" not in line} | {DEMO_FILES}
+
+
+def folder_problem(run_dir: Path) -> str | None:
+    """Why the demo may not use ``run_dir``: it cannot be written, or holds a name no earlier demo wrote; or None."""
+    from lagom_megatron.preflight.files import output_folder_problem
+
+    written = _written(run_dir)
+    return output_folder_problem(
+        run_dir,
+        allowed=lambda p: p.name in written,
+        advice="the demo removes only what an earlier demo wrote there; move the rest elsewhere, then run it again",
+    )
+
+
+def clear(run_dir: Path) -> None:
+    """Removes what an earlier demo listed in ``run_dir`` (``folder_problem`` said nothing else is there)."""
+    for name in sorted(_written(run_dir) - {DEMO_FILES}) + [DEMO_FILES]:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            path.unlink()
+
+
+def record(run_dir: Path, before: set[str]) -> None:
+    """Adds to ``run_dir``'s list what appeared there since ``before`` (the names present when the run started)."""
+    from lagom_megatron.engine.files import write_text_atomic
+
+    if not run_dir.is_dir():
+        return
+    names = (_written(run_dir) | {p.name for p in run_dir.iterdir()} - before) - {DEMO_FILES}
+    write_text_atomic(run_dir / DEMO_FILES, "".join(f"{n}\n" for n in sorted(names)))
+
+
+def _listing(run_dir: Path) -> set[str]:
+    return {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
 
 
 def run(cmd: list[str], env: dict) -> tuple[int, list[float]]:
@@ -86,14 +134,19 @@ def _main() -> int:
     from lagom_megatron.preflight.files import folder_in_use
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    for preset in PRESETS:  # emptied below: never under a run that is writing there
-        holder = folder_in_use(ROOT / "runs" / "demo" / preset)
+    for preset in PRESETS:  # cleared below: never under a run that is writing there, never a file no demo wrote
+        run_dir = ROOT / "runs" / "demo" / preset
+        holder = folder_in_use(run_dir)
         if holder:
             print(
                 f"run_demo: runs/demo/{preset} is in use by another run ({holder}); wait for it to finish, "
                 "then run the demo again",
                 file=sys.stderr,
             )
+            return 2
+        problem = folder_problem(run_dir)
+        if problem:
+            print(f"run_demo: {problem}", file=sys.stderr)
             return 2
     if not (DATA_PREFIX.with_suffix(".bin").is_file() and DATA_PREFIX.with_suffix(".idx").is_file()):
         code, _ = run(
@@ -106,11 +159,15 @@ def _main() -> int:
     summary = []
     for preset in PRESETS:
         run_dir = ROOT / "runs" / "demo" / preset  # lagom's plan, profile and report; fresh each demo
-        shutil.rmtree(run_dir, ignore_errors=True)
+        clear(run_dir)
         cmd = train_command(preset, run_dir)
         print(f"\n=== {preset}: {' '.join(cmd[1:])}", flush=True)
         start = time.perf_counter()
-        code, losses = run(cmd, env)
+        before = _listing(run_dir)
+        try:
+            code, losses = run(cmd, env)
+        finally:
+            record(run_dir, before)
         wall = time.perf_counter() - start
         if code:
             print(
@@ -127,7 +184,11 @@ def _main() -> int:
     cmd = train_command(preset, ROOT / "runs" / "demo" / preset, "--train-iters", str(REUSE_ITERS))
     print(f"\n=== {preset} again, reusing its plan: {' '.join(cmd[1:])}", flush=True)
     start = time.perf_counter()
-    code, _ = run(cmd, env)
+    before = _listing(ROOT / "runs" / "demo" / preset)
+    try:
+        code, _ = run(cmd, env)
+    finally:
+        record(ROOT / "runs" / "demo" / preset, before)
     if code:
         print(
             f"run_demo: {preset} (plan reuse) {'interrupted' if code < 0 or code == 130 else 'failed'} (exit {code})",

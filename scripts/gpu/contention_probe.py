@@ -13,13 +13,14 @@ and while a copy / reduce kernel runs on another stream holding ``ctas`` persist
 The grid: CTAs 1-64; the same total bytes spread over 2-32 CTAs; chunk sizes (bytes each CTA
 handles between barriers, like NCCL's chunk) 32 KiB-4 MiB; 64-512 threads per CTA. Each row holds
 what ``lagom calibrate contention`` needs (``lagom_megatron.sim.calibrate.COLUMNS``). A time
-guard (``--budget-s``, default 270 s) stops the sweep and writes what was measured; the CSV is
-written atomically at the end.
+guard (``--budget-s``, default 120 s) stops the sweep and writes what was measured; the CSV is
+written atomically at the end, at a new name only: an existing file (an earlier measurement
+included) is never replaced.
 
-    python scripts/gpu/contention_probe.py --out contention_h200.csv --budget-s 270
+    python scripts/gpu/contention_probe.py --out contention_h200.csv --budget-s 120
     lagom calibrate contention contention_h200.csv
 
-Without a CUDA GPU (or without torch / Triton) it prints why and exits with status 0.
+Without a CUDA GPU (or without torch / Triton) it prints why and exits with status 1.
 Single-GPU emulation: no NVLink, NIC or proxy traffic, so it calibrates the compute side only.
 
 ``--rehearse`` (``check.sh --rehearse``) runs the same command line without a GPU: the sweep's
@@ -33,30 +34,14 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import sys
 import time
 from pathlib import Path
 
-COLUMNS = (
-    "gpu",
-    "sms",
-    "peak_hbm_gbs",
-    "kernel",
-    "kind",
-    "tiles",
-    "persistent",
-    "mode",
-    "ctas",
-    "threads",
-    "chunk_bytes",
-    "total_bytes",
-    "t_alone_us",
-    "t_overlap_us",
-    "kernel_hbm_bytes",
-    "comm_hbm_gbs",
-)
-"""Same as ``lagom_megatron.sim.calibrate.COLUMNS`` (kept here so the probe runs without the package)."""
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from lagom_megatron.sim.calibrate import COLUMNS  # noqa: E402 - the columns `lagom calibrate contention` reads
+
 MIB = 1 << 20
 GEMM_N = 8192
 COMPUTE_KERNELS = (  # (name, kind, HBM bytes, tiles): the compute side of every row
@@ -172,10 +157,10 @@ def _kernels():
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the sweep and writes the CSV. Returns 0 (also when there is no GPU), 2 on bad options."""
+    """Runs the sweep and writes the CSV. Returns 0; 1 without a GPU (nothing written); 2 on bad options."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="CSV to write (atomically)")
-    ap.add_argument("--budget-s", type=float, default=270.0, help="stop the sweep after this many seconds")
+    ap.add_argument("--out", required=True, help="CSV to write (atomically; a new file: an existing one is kept)")
+    ap.add_argument("--budget-s", type=float, default=120.0, help="stop the sweep after this many seconds")
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions per point (median)")
     ap.add_argument(
         "--rehearse", action="store_true", help="no GPU: write the sweep's CSV with stand-in times (module docstring)"
@@ -186,20 +171,25 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
         ap.error(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
+    if out.exists() or out.is_symlink():
+        ap.error(f"--out {str(out)!r} exists: give a new file name (an existing file is never replaced)")
     if args.rehearse:
         rows = rehearsal_rows()
     else:
         why = _available()
         if why:
             print(f"contention_probe: {why}; nothing measured, no CSV written")
-            return 0
+            return 1
         rows = _sweep(args.budget_s, args.reps)
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, out)
+    from lagom_megatron.engine.files import write_atomic
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows(rows)
+
+    write_atomic(out, write)
     print(f"contention_probe: {len(rows)} rows -> {out}")
     return 0
 

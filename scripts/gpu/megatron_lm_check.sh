@@ -18,9 +18,10 @@
 # --rehearse replaces the GPU-only parts: step 3 starts through python -m lagom_megatron.launch.megatron_lm_cpu
 # (Megatron-LM's loop on CPU) with --distributed-backend gloo added; without a checkout
 # ($MEGATRON_LM_DIR or the argument) steps 2-3 are skipped.
-# Writes OUT_DIR/doctor.log, OUT_DIR/megatron_lm.log, OUT_DIR/plan.json and OUT_DIR/summary.md. Exit
-# status: 0 when every step that ran passed (the run reached its last iteration with lagom's hooks
-# installed and wrote a plan), 1 otherwise, 2 on bad usage.
+# Writes OUT_DIR/doctor.log, OUT_DIR/megatron_lm.log, OUT_DIR/plan.json and OUT_DIR/summary.md; OUT_DIR
+# must be new or empty (a folder holding anything is refused, nothing in it touched). Exit status: 0 when
+# every step that ran passed (the run reached its last iteration with lagom's hooks installed and wrote a
+# plan), 1 otherwise, 2 on bad usage or a refused OUT_DIR.
 set -u -o pipefail
 
 usage() {
@@ -46,11 +47,20 @@ if [ -n "$SRC_ARG" ] && [ ! -f "$SRC_ARG/pretrain_gpt.py" ]; then
   echo "$0: MEGATRON_LM_DIR $SRC_ARG holds no pretrain_gpt.py (give a Megatron-LM checkout)" >&2
   exit 2
 fi
-OUT=$(mkdir -p "$OUT_ARG" && cd "$OUT_ARG" && pwd) || { echo "$0: cannot create OUT_DIR $OUT_ARG" >&2; exit 2; }
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PY=${PYTHON:-python3}
 [ -z "${PYTHON:-}" ] && [ -x "$REPO/.venv/bin/python" ] && PY="$REPO/.venv/bin/python"
+# OUT_DIR: new or empty (lagom_megatron.preflight.files.output_folder_problem): an earlier run's files are kept
+problem=$(PYTHONPATH="$REPO" "$PY" -m lagom_megatron.preflight.files "$OUT_ARG" 2>&1)
+case $? in
+  0) ;;
+  1) echo "$0: OUT_DIR $problem" >&2; exit 2 ;;
+  *) echo "$0: cannot check OUT_DIR $OUT_ARG with $PY: $problem" >&2; exit 2 ;;
+esac
+OUT=$(mkdir -p "$OUT_ARG" && cd "$OUT_ARG" && pwd) || { echo "$0: cannot create OUT_DIR $OUT_ARG" >&2; exit 2; }
 LIMIT_S=${LIMIT_S:-300}
+DOCTOR_S=90       # each doctor run; the copy of the checkout has COPY_S: 90 + 60 + LIMIT_S stays under 540 s
+COPY_S=60
 ITERS=6
 SUMMARY="$OUT/summary.md"
 # Megatron-LM stops without --eval-interval (training.py:3307 in core_v0.16.1); without APEX the
@@ -77,7 +87,7 @@ for rel in "${RELEASES[@]}"; do
   opt=()
   [ -n "$rel" ] && opt=(--megatron-lm-release "$rel")
   PYTHONPATH="${SRC:+$SRC:}$REPO${PYTHONPATH:+:$PYTHONPATH}" WORLD_SIZE=1 \
-    timeout 120 "$PY" -m lagom_megatron.cli doctor --megatron-lm "${opt[@]}" -- "${FLAGS[@]}" >> "$OUT/doctor.log" 2>&1 \
+    timeout "$DOCTOR_S" "$PY" -m lagom_megatron.cli doctor --megatron-lm "${opt[@]}" -- "${FLAGS[@]}" >> "$OUT/doctor.log" 2>&1 \
     || doctor_ok=0
 done
 record "lagom doctor --megatron-lm (${RELEASES[*]:-release of the checkout})" "$([ $doctor_ok = 1 ] && echo ok || echo FAILED: see doctor.log)"
@@ -90,7 +100,7 @@ if [ -z "$SRC" ]; then
 else
   WORK=$(mktemp -d)
   trap 'rm -rf "$WORK"' EXIT
-  cp -r "$SRC" "$WORK/mlm"
+  timeout "$COPY_S" cp -r "$SRC" "$WORK/mlm" || { echo "$0: copying $SRC failed or took over $COPY_S s" >&2; exit 1; }
   cd "$WORK/mlm" || exit 1
   test -d .git || git init -q
   for p in "$REPO"/patches/megatron-lm-core_v0.18+.patch "$REPO"/patches/megatron-lm-core_v0.16-0.17.patch; do
@@ -143,6 +153,6 @@ fi
   echo '```'
   tail -n 20 "$OUT/megatron_lm.log" 2>/dev/null || tail -n 20 "$OUT/doctor.log"
   echo '```'
-} > "$SUMMARY"
+} > "$SUMMARY.tmp" && mv -f "$SUMMARY.tmp" "$SUMMARY"
 cat "$SUMMARY"
 [ $ok = 1 ]

@@ -32,7 +32,7 @@ from single_rank import finish, init_single_rank, no_gpu, parse_out_dir, rehears
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = parse_out_dir(argv, __doc__)
+    opts = parse_out_dir(argv, __doc__, ("nccl.json", "filestore"))
     out = opts.out_dir
     result: dict = {"status": "failed", "checks": {}}
     if opts.rehearse:

@@ -34,7 +34,8 @@
 #   -b SIZE -e SIZE     nccl-tests sizes (default -b 1M -e 512M; suffixes K, M, G)
 #   -f N -n N -w N -c N nccl-tests step factor, iterations, warm-up iterations, checks (2, 20, 5, 1)
 #   --timeout S         seconds per run (default 600)
-#   --overwrite         replace run files an earlier sweep left in OUT_DIR (refused otherwise)
+#   --overwrite         replace run files an earlier sweep left in OUT_DIR (OUT_DIR must otherwise be new
+#                       or empty; anything else in it stops the sweep, untouched)
 #   --dry-run           print every command and its output file; run and write nothing
 #   -h, --help          this text
 # Exit status: 0 every run passed, 1 a run failed, 2 bad usage (nothing run).
@@ -94,9 +95,20 @@ if [ "$DRY" -eq 0 ]; then
   for op in $(split "$OPS"); do
     [ -x "$TESTS_DIR/${op}_perf" ] || die "$TESTS_DIR/${op}_perf: missing or not executable (--tests-dir: nccl-tests' build folder)"
   done
-  if [ -d "$OUT" ] && compgen -G "$OUT/*.txt" >/dev/null && [ "$OVERWRITE" -eq 0 ]; then
-    die "$OUT already holds run files (*.txt); give a new folder or --overwrite"
+  # OUT_DIR: new or empty; with --overwrite it may hold an earlier sweep's run files, which are replaced
+  # (lagom_megatron.preflight.files.output_folder_problem; anything else there stops the sweep, untouched)
+  REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  if [ "$OVERWRITE" -eq 1 ]; then
+    own=("# lagom-sweep " "give a new or empty folder: --overwrite replaces only an earlier sweep's run files (first line '# lagom-sweep'), nothing else")
+  else
+    own=("" "give a new or empty folder, or --overwrite to replace an earlier sweep's run files (nothing else is replaced or removed)")
   fi
+  problem=$(PYTHONPATH="$REPO" "${PYTHON:-python3}" -m lagom_megatron.preflight.files "$OUT" "${own[@]}" 2>&1)
+  case $? in
+    0) ;;
+    1) die "OUT_DIR $problem" ;;
+    *) die "cannot check OUT_DIR $OUT with ${PYTHON:-python3}: $problem" ;;
+  esac
   mkdir -p "$OUT" || die "cannot create $OUT"
 fi
 

@@ -1,8 +1,8 @@
 """One-GPU probe of what lagom applies through NCCL, read in-process (run by check.sh).
 
-check.sh starts it with ``NCCL_TUNER_PLUGIN`` (absolute path of the built plugin),
-``LAGOM_TUNER_CONFIG`` (a small plan table) and ``TORCH_NCCL_ENABLE_TIMING=1`` in the environment,
-which NCCL and ProcessGroupNCCL read when the first communicator is created. It
+check.sh starts it with ``NCCL_TUNER_PLUGIN`` (absolute path of the built plugin) and
+``LAGOM_TUNER_CONFIG`` (a small plan table) in the environment, which NCCL reads when the first
+communicator is created, and without ``TORCH_NCCL_ENABLE_TIMING``. It
 
 1. creates a 1-rank NCCL default group (FileStore, no network port) and all-reduces on it;
 2. reads lagom's plugin status in-process (``nccl.plugin_status.read_plugin_status``: the library
@@ -12,8 +12,9 @@ which NCCL and ProcessGroupNCCL read when the first communicator is created. It
 3. prints the capabilities probe (``nccl.capabilities.gather_local``) when this checkout has it;
 4. creates a group with a real ``ProcessGroupNCCL.Options`` (high-priority stream, min/max CTAs)
    and checks that its all-reduce runs and is right;
-5. times an all-reduce with ``Work._get_duration()`` (milliseconds between the collective's CUDA
-   events on NCCL's stream; torch ``WorkNCCL::getDuration`` needs timing enabled and a completed work);
+5. turns collective timing on as lagom does (:func:`timing_as_lagom`): an all-reduce before has no
+   duration, ``enable_comm_timing`` on the existing default group, then a 64 MiB all-reduce's
+   ``Work._get_duration()`` through ``work_duration_us`` (``lagom_megatron.megatron.hooks.profiler``);
 6. with ``NCCL_PROFILER_PLUGIN`` naming the same library (check.sh sets it), reads the profiler
    half's state and records in-process (``nccl.plugin_status``): NCCL initialised it for the
    communicators; a 1-rank collective reaches no task event (a local copy), so the records list the
@@ -53,28 +54,60 @@ def status_checks(status) -> dict[str, bool]:
     }
 
 
-def timed_duration_ms(work) -> float:
-    """``work._get_duration()`` after ``work.wait()`` and a device synchronize; milliseconds.
+def timing_as_lagom(group, issue) -> tuple[dict, dict[str, bool]]:
+    """Collective timing the way lagom's profiler turns it on and reads it (``enable_comm_timing``, then
+    ``work_duration_us`` on each Work): ``issue()`` runs one collective on ``group`` and returns its finished Work.
 
-    Raises:
-        RuntimeError: from torch when timing was not enabled (``TORCH_NCCL_ENABLE_TIMING``) or the
-            work has no CUDA events.
-        ValueError: a duration that is not a finite positive number.
+    torch's ``ProcessGroupNCCL::enableCollectivesTiming`` sets the flag each ``WorkNCCL`` reads when it is created,
+    and ``WorkNCCL::getDuration`` refuses a Work created without it (``ProcessGroupNCCL.cpp``); so a Work issued
+    before the call has no duration, one issued after has its CUDA events' time.
+
+    Returns:
+        (the times in microseconds, checks): timing_off_before_enable, timing_enabled_on_group, work_get_duration.
     """
     import math
 
-    work.wait()
-    sync = getattr(work, "synchronize", None)
-    if sync is not None:
-        sync()
-    ms = float(work._get_duration())
-    if not math.isfinite(ms) or ms <= 0.0:
-        raise ValueError(f"Work._get_duration() gave {ms!r} ms; expected a positive time")
-    return ms
+    from lagom_megatron.megatron.hooks.profiler import enable_comm_timing, work_duration_us
+
+    before = work_duration_us(issue())
+    accepted = enable_comm_timing([group])
+    after = work_duration_us(issue())
+    times = {"before_enable_us": before, "groups_accepted": accepted, "after_enable_us": after}
+    checks = {
+        "timing_off_before_enable": before is None,
+        "timing_enabled_on_group": accepted == 1,
+        "work_get_duration": after is not None and math.isfinite(after) and after > 0.0,
+    }
+    return times, checks
+
+
+class StandInWork:
+    """A finished ``WorkNCCL`` as far as timing goes: ``_get_duration`` (ms) raises unless timing was on at creation."""
+
+    def __init__(self, timed: bool) -> None:
+        self._timed = timed
+
+    def _get_duration(self) -> float:
+        if not self._timed:
+            raise RuntimeError("getDuration only works if timing was enabled")
+        return 0.25
+
+
+class StandInGroup:
+    """A ``ProcessGroup`` as far as timing goes: ``_enable_collectives_timing`` turns it on for later Works."""
+
+    def __init__(self) -> None:
+        self.timing = False
+
+    def _enable_collectives_timing(self) -> None:
+        self.timing = True
+
+    def all_reduce(self) -> StandInWork:
+        return StandInWork(self.timing)
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = parse_out_dir(argv, __doc__)
+    opts = parse_out_dir(argv, __doc__, ("plugin_probe.json", "probe_filestore"))
     out = opts.out_dir
     result: dict = {"status": "failed", "checks": {}}
     if opts.rehearse:  # the library is loaded by rehearse_inputs, as NCCL would: the status reader then finds it
@@ -88,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         from lagom_megatron.nccl.plugin_status import profiler_state, read_observed
 
         checks["profiler_readable"] = profiler_state() == ("not initialised", "") and read_observed() == []
-        checks["timing_enabled"] = os.environ.get("TORCH_NCCL_ENABLE_TIMING") == "1"
+        group = StandInGroup()
+        result["timing"], timing_checks = timing_as_lagom(group, group.all_reduce)
+        checks.update(timing_checks)
+        checks["timing_env_unset"] = "TORCH_NCCL_ENABLE_TIMING" not in os.environ
         return _finish(out, result, 0 if all(checks.values()) else 1)
     checks = result["checks"]
     try:
@@ -143,9 +179,17 @@ def main(argv: list[str] | None = None) -> int:
 
         plugin_status.set_recording(True, reset=True)
         t3 = torch.ones(1 << 24, device=dev)
-        ms = timed_duration_ms(dist.all_reduce(t3, async_op=True))
-        result["all_reduce_64MiB_duration_ms"] = ms
-        checks["work_get_duration"] = ms > 0.0
+
+        def issue():
+            work = dist.all_reduce(t3, async_op=True)
+            work.wait()
+            torch.cuda.synchronize()
+            return work
+
+        result["timing"], timing_checks = timing_as_lagom(dist.group.WORLD, issue)
+        checks.update(timing_checks)
+        after = result["timing"]["after_enable_us"]
+        result["all_reduce_64MiB_duration_ms"] = after / 1000.0 if after is not None else None
         plugin_status.set_recording(False)
         state, foreign = plugin_status.profiler_state()
         records = plugin_status.read_observed() or []

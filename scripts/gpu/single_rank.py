@@ -20,10 +20,13 @@ TABLE_COLUMNS = 12
 """Columns of a plan table row of lagom's plugin (``# collective_type,...,commTag`` in check.sh)."""
 
 
-def parse_out_dir(argv: list[str] | None, doc: str) -> argparse.Namespace:
-    """``OUT_DIR [--rehearse]`` of both check scripts (``--help`` prints the usage, exit 0)."""
+def parse_out_dir(argv: list[str] | None, doc: str, outputs: tuple[str, ...]) -> argparse.Namespace:
+    """``OUT_DIR [--rehearse]`` of both check scripts (``--help`` prints the usage, exit 0). ``outputs``: the names
+    the script writes in OUT_DIR; a folder holding one of them is refused (exit 2), whatever else it holds stays."""
+    from lagom_megatron.preflight.files import output_folder_problem
+
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("out_dir", type=Path, help="folder for the JSON result (and NCCL's debug logs)")
+    parser.add_argument("out_dir", type=Path, help=f"folder for {', '.join(outputs)} (names it must not hold yet)")
     parser.add_argument(
         "--rehearse",
         action="store_true",
@@ -31,6 +34,13 @@ def parse_out_dir(argv: list[str] | None, doc: str) -> argparse.Namespace:
         "with the NCCL checks marked not run (check.sh --rehearse)",
     )
     args = parser.parse_args(argv)
+    problem = output_folder_problem(
+        args.out_dir,
+        allowed=lambda p: p.name not in outputs,
+        advice=f"give a folder without {', '.join(outputs)} (an existing file is never replaced)",
+    )
+    if problem:
+        parser.error(f"OUT_DIR {problem}")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     return args
 
@@ -114,8 +124,10 @@ def world_all_reduce_ok(dev: Any, numel: int) -> bool:
 
 
 def finish(path: Path, result: dict, code: int) -> int:
-    """Writes ``result`` as JSON to ``path``, prints it without its traceback, returns ``code``."""
-    path.write_text(json.dumps(result, indent=2, default=str))
+    """Writes ``result`` as JSON to ``path`` (atomically), prints it without its traceback, returns ``code``."""
+    from lagom_megatron.engine.files import write_text_atomic
+
+    write_text_atomic(path, json.dumps(result, indent=2, default=str))
     print(json.dumps({k: v for k, v in result.items() if k != "traceback"}, indent=2, default=str))
     return code
 

@@ -169,5 +169,11 @@ def test_a_failed_run_is_kept_apart_and_an_old_sweep_is_not_replaced(tmp_path):
     ]
     assert "Test NCCL failure" in (out / "sendrecv.P2P.c2.t640.failed").read_text()
     r = sweep(*args)
-    assert r.returncode == 2 and f"{out} already holds run files (*.txt); give a new folder or --overwrite" in r.stderr
+    assert r.returncode == 2 and f"OUT_DIR {out} already holds all_gather.Simple.c2.t512.txt," in r.stderr
+    assert "or --overwrite to replace an earlier sweep's run files" in r.stderr
     assert sweep(*args, "--overwrite").returncode == 1
+    # a user's file in the folder: refused with --overwrite too, the file kept byte for byte
+    (out / "notes.txt").write_bytes(b"my notes\n\x00\xff")
+    r = sweep(*args, "--overwrite")
+    assert r.returncode == 2 and f"OUT_DIR {out} already holds notes.txt: give a new or empty folder" in r.stderr
+    assert (out / "notes.txt").read_bytes() == b"my notes\n\x00\xff"

@@ -1,5 +1,6 @@
-"""scripts/gpu/plugin_probe.py on CPU: its checks on stand-ins (a plugin status, a fake Work with
-torch's _get_duration contract) and its skip without a GPU; check.sh that runs it parses."""
+"""scripts/gpu/plugin_probe.py on CPU: its checks on stand-ins (a plugin status; a fake group and Work with
+torch's _enable_collectives_timing / _get_duration contract, driven through lagom's own timing calls) and its skip
+without a GPU; check.sh that runs it parses."""
 
 import importlib.util
 import json
@@ -61,12 +62,35 @@ class FakeWork:
         return self.ms
 
 
-def test_timed_duration(probe):
-    assert probe.timed_duration_ms(FakeWork(1.25)) == 1.25
-    with pytest.raises(RuntimeError, match="timing was enabled"):
-        probe.timed_duration_ms(FakeWork(1.0, timing=False))
-    with pytest.raises(ValueError, match="gave 0.0 ms"):
-        probe.timed_duration_ms(FakeWork(0.0))
+class FakeGroup:
+    """Stands in for a ProcessGroup: ``_enable_collectives_timing`` (torch ``ProcessGroupNCCL::enableCollectivesTiming``)
+    turns timing on for the works issued after it, as torch's flag is read when a WorkNCCL is created."""
+
+    def __init__(self, timing=False):
+        self.timing, self.enabled = timing, 0
+
+    def _enable_collectives_timing(self):
+        self.enabled += 1
+        self.timing = True
+
+    def issue(self):
+        work = FakeWork(1.25, timing=self.timing)
+        work.wait()
+        return work
+
+
+def test_timing_is_turned_on_as_lagom_does(probe):
+    group = FakeGroup()
+    times, checks = probe.timing_as_lagom(group, group.issue)
+    assert times == {"before_enable_us": None, "groups_accepted": 1, "after_enable_us": 1250.0}
+    assert all(checks.values()) and group.enabled == 1
+    # timing already on before the call (TORCH_NCCL_ENABLE_TIMING=1 left in the environment): not lagom's path
+    times, checks = probe.timing_as_lagom(FakeGroup(timing=True), FakeGroup(timing=True).issue)
+    assert times["before_enable_us"] == 1250.0 and checks["timing_off_before_enable"] is False
+    # a group without the method and works without _get_duration: nothing accepted, no duration
+    times, checks = probe.timing_as_lagom(object(), object)
+    assert times == {"before_enable_us": None, "groups_accepted": 0, "after_enable_us": None}
+    assert checks == {"timing_off_before_enable": True, "timing_enabled_on_group": False, "work_get_duration": False}
 
 
 def test_probe_skips_without_a_gpu(tmp_path):
