@@ -58,8 +58,8 @@ class PatchHandle:
         return [f"{getattr(o, '__name__', type(o).__name__)}.{n}" for o, n, _, _ in self._undo]
 
     def remove(self) -> None:
-        """Restores every original in reverse order and allows a new ``install``. A name rebound after ``install``
-        keeps its new value: megatron-core's bucket groups rebind ``dist_reduce_scatter_func`` (``sites.grad_all_to_all``)."""
+        """Restores every original in reverse order and allows a new ``install``; a name rebound after ``install``
+        keeps its new value (bucket groups rebind ``dist_reduce_scatter_func``, ``sites.grad_all_to_all``)."""
         global _INSTALLED
         if self.removed:
             return

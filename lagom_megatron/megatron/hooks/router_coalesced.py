@@ -4,9 +4,9 @@ manager :1156-1200, v2.3-v2.11 ``_all_gather_fp8_blockwise``; ``_all_gather_nvfp
 ``_all_gather_mxfp8`` :1509-1637, :1584-1634; via ``gather_along_first_dim`` :1640-1790, :1709-1749). The backward's
 async call (``module/linear.py:947-951``, ``layernorm_linear.py:764-768``, ``layernorm_mlp.py:1189-1193``) is site
 ``tp.sp_all_gather[<module>]``; sync ones (``linear.py:372``) pass. Its ``parts`` are the inner gathers' outputs, one
-NCCL group (torch 2.13 ``distributed_c10d.py:2909``): NCCL enqueues each as int8 bytes (v2.30.7 ``src/enqueue.cc:2733-
-2737``), aggregates those within 4x of the smallest and asks the tuner once per aggregate (``:405-441``, ``:2127-2147``):
-scale-inverses and data apart (``nccl.validate.nccl_bins``), a tuner row each."""
+NCCL group (torch 2.13 ``distributed_c10d.py:2909``): NCCL enqueues each as int8 bytes (v2.30.7
+``src/enqueue.cc:2733-2737``), aggregates those within 4x of the smallest and asks the tuner once per aggregate
+(``:405-441``, ``:2127-2147``): scale-inverses and data apart (``nccl.validate.nccl_bins``), a tuner row each."""
 
 from __future__ import annotations
 
