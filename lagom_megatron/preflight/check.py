@@ -16,7 +16,7 @@ from lagom_megatron.preflight.environment import (
     rule_nccl_overrides,
 )
 from lagom_megatron.preflight.files import rule_master_port, rule_output_folders, rule_output_names, rule_plan_lock
-from lagom_megatron.preflight.lagom_flags import rule_lagom_flags
+from lagom_megatron.preflight.lagom_flags import rule_lagom_flags, rule_tuning_iterations
 from lagom_megatron.preflight.layout import (
     rule_batch,
     rule_experts,
@@ -68,6 +68,7 @@ MACHINE_RULES: tuple[Callable[[RunShape], list[Finding]], ...] = (
     rule_cuda_device_max_connections,
     rule_nccl_env,
     rule_nccl_overrides,
+    rule_tuning_iterations,
 )
 
 RULES: tuple[Callable[[RunShape], list[Finding]], ...] = ARGUMENT_RULES + MACHINE_RULES
@@ -161,6 +162,7 @@ def resolve(
         local=local,
         megatron_lm=megatron_lm,
         defaults=dict(defaults or {}),
+        cluster=cluster,
     )
 
 

@@ -185,3 +185,67 @@ def lagom_flag_problems(args: Mapping[str, Any]) -> list[Finding]:
 
 def rule_lagom_flags(s: RunShape) -> list[Finding]:
     return lagom_flag_problems(s.args)
+
+
+def tuning_iterations(args: Mapping[str, Any], cluster: Any) -> tuple[int, int, int, int] | None:
+    """(probes, iterations to the search, to the first verdict, to the last) of a ``--lagom`` run on ``cluster``, as
+    its ``engine.tuner.Tuner`` counts them (no capabilities yet: the cluster's probes); None without a ClusterSpec."""
+    from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.engine.tuner import Tuner, TunerConfig
+    from lagom_megatron.megatron.pool.comm_pool import rules_for
+
+    if not isinstance(cluster, ClusterSpec):
+        return None
+    counts = {
+        key: args.get(f"lagom_{key}") if args.get(f"lagom_{key}") is not None else getattr(DEFAULT_CONFIG, key)
+        for key in ("warmup_iters", "verify_iters", "verify_max_iters")
+    }
+    try:
+        tuner = Tuner(TunerConfig(**counts), rules=rules_for(cluster.backend, cluster))
+    except (TypeError, ValueError):  # a bad count: lagom_value_problems names it
+        return None
+    looks = tuner.verify_looks
+    return len(tuner.probes), tuner.profiling_iters, tuner.total_iters - 2 * (looks[-1] - looks[0]), tuner.total_iters
+
+
+def rule_tuning_iterations(s: RunShape) -> list[Finding]:
+    """A ``--lagom`` run whose ``--train-iters`` ends before the plan is searched (none is saved) or verified (it is
+    saved never verified). A plan file that exists may be reused, which needs fewer: not judged here."""
+    from pathlib import Path
+
+    train_iters = s.args.get("train_iters")
+    plan = s.args.get("lagom_plan")
+    if not s.args.get("lagom") or not isinstance(train_iters, int) or (plan and Path(str(plan)).is_file()):
+        return []
+    counts = tuning_iterations(s.args, s.cluster)
+    if counts is None:
+        return []
+    probes, searched, verified, _ = counts
+    if train_iters >= verified:
+        return []
+    warmup = searched - 2 - probes
+    profile = f"{searched} to profile: {warmup} warm-up, 1 at the defaults, 1 serialized, {probes} probe(s)"
+    first = (verified - searched - 1) // 2
+    if train_iters < searched:
+        what = (
+            f"--train-iters {train_iters} ends before lagom's profiling does: no plan will be searched or saved "
+            f"(lagom needs {profile}; {verified} for a verified plan)"
+        )
+        fix = f"give --train-iters {verified} or more (fewer --lagom-warmup-iters lower it), or drop --lagom"
+    else:
+        what = (
+            f"--train-iters {train_iters} ends before lagom's verification does: the plan is searched after "
+            f"{searched} iterations and saved never verified (a later run measures it before applying it); a "
+            f"verdict needs {verified} ({profile}; then 1 + 2 x {first} to verify)"
+        )
+        fix = f"give --train-iters {verified} or more (fewer --lagom-verify-iters lower it)"
+    return [
+        Finding(
+            "warning",
+            "lagom-iterations",
+            what,
+            "lagom profiles, searches, then alternates plan and defaults (engine.tuner); the run's last iteration "
+            "ends it wherever it is",
+            fix,
+        )
+    ]

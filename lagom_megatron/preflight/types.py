@@ -46,6 +46,8 @@ class RunShape:
     local: bool = False
     megatron_lm: bool = False
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    cluster: Any = None
+    """The target cluster: a ``ClusterSpec``, a dict for a GPU without a cluster file, or None."""
 
     def get(self, name: str, default: Any = None) -> Any:
         value = self.args.get(name, default)

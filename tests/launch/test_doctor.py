@@ -419,6 +419,7 @@ CASES = [
         "error",
     ),
     ("pool-budget-inf", dict(lagom_pool_budget_mib=float("inf")), None, H100, 16, "pool-budget", "error"),
+    ("lagom-train-iters-too-short", dict(train_iters=10), None, "h100-sxm-ib400", 16, "lagom-iterations", "warning"),
     (
         "lagom-plan-without-lagom",
         dict(lagom=False, lagom_plan="runs/x/plan.json"),
@@ -443,7 +444,7 @@ def test_rule_triggers(case):
 def test_every_rule_has_a_case():
     rule_ids = {c[5] for c in CASES}
     assert len(rule_ids) >= 14
-    assert len(RULES) == 25  # a new rule needs a case here or in tests/training (output-names: test_run_folders.py)
+    assert len(RULES) == 26  # a new rule needs a case here or in tests/training (output-names: test_run_folders.py)
 
 
 def test_megatron_fsdp_sharding_findings_name_the_strategy_and_megatron_fsdps_lines():

@@ -243,17 +243,11 @@ class LagomController:
         self.mode = "tune"
 
     def _warn_if_too_short(self, train_iters: int) -> None:
+        # a run that ends before the first verdict is named before it starts (preflight rule_tuning_iterations)
         needed = self.tuner.total_iters
         points = self.tuner.verify_looks
         soonest = needed - 2 * (points[-1] - points[0])
-        if train_iters < soonest:
-            verify = 1 + 2 * points[0]
-            say(
-                f"lagom: WARNING: --train-iters {train_iters} ends before tuning does: lagom needs {soonest} "
-                f"iterations ({soonest - verify} to profile, then 1 + 2 x {points[0]} "
-                f"to verify); the plan will be saved unverified"
-            )
-        elif train_iters < needed:
+        if soonest <= train_iters < needed:
             say(
                 f"lagom: WARNING: --train-iters {train_iters} may end before tuning does: the verdict comes "
                 f"after {soonest} iterations, or up to {needed} when it is undecided (--lagom-verify-max-iters "
