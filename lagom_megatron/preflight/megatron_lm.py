@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from lagom_megatron.preflight.overlap import no_shard_finding
@@ -153,11 +154,24 @@ def choose_release(given: str | None, installed: str | None) -> tuple[str | None
     return release, []
 
 
+CHECKOUT = "megatron.training"
+"""Importable from a Megatron-LM checkout, not from site-packages: megatron-core wheels ship ``megatron.training``
+from 0.19 on, but they build no dataset helper at start (the wheel has no ``megatron/core/datasets/Makefile`` for
+``compile_helpers``, ``megatron/training/initialize.py:173-178`` @core_v0.19.0), so a wheel's packages say nothing
+about the checkout a Megatron-LM user runs."""
+
+
 def _installed(module: str) -> bool:
     try:
-        return importlib.util.find_spec(module) is not None
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return False
+    if spec is None:
+        return False
+    if module == CHECKOUT:
+        where = next(iter(spec.submodule_search_locations or ()), spec.origin or "")
+        return not any(part in ("site-packages", "dist-packages") for part in Path(where).resolve().parts)
+    return True
 
 
 def megatron_lm_traps(
@@ -230,7 +244,7 @@ def megatron_lm_traps(
             )
         )
     out += _fsdp_traps(args, release, key)
-    checkout_here = installed("megatron.training")
+    checkout_here = installed(CHECKOUT)
     missing = [
         (p, site)
         for p, site in PACKAGES[key].items()

@@ -296,3 +296,27 @@ def test_megatron_fsdp_without_the_distributed_optimizer_is_named_before_core_v0
     ]
     assert "core_v0.18.2 megatron/training/arguments.py:1113-1119 turns it on itself" in found[0].why
     assert megatron_lm_traps(argv_to_args(line), "core_v0.18.2", local=True, installed=everything) == []
+
+
+@pytest.mark.parametrize("folder, checkout", [("site-packages", False), ("Megatron-LM", True)])
+def test_only_a_checkouts_megatron_training_asks_for_its_packages(tmp_path, monkeypatch, folder, checkout):
+    """megatron-core wheels ship ``megatron.training`` from 0.19 on; only a checkout's counts (it builds the dataset
+    helper at start with pybind11, a wheel has no Makefile to build)."""
+    import sys
+
+    from lagom_megatron.preflight.megatron_lm import CHECKOUT, _installed
+
+    root = tmp_path / folder
+    (root / "megatron" / "training").mkdir(parents=True)
+    (root / "megatron" / "__init__.py").write_text("")
+    (root / "megatron" / "training" / "__init__.py").write_text("")
+    saved = {m: mod for m, mod in sys.modules.items() if m == "megatron" or m.startswith("megatron.")}
+    for name in saved:
+        del sys.modules[name]
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        assert _installed(CHECKOUT) is checkout
+    finally:  # the stand-in package must not outlive the test, nor hide the real one
+        for name in [m for m in sys.modules if m == "megatron" or m.startswith("megatron.")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
