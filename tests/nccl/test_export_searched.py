@@ -81,12 +81,25 @@ def test_budget_fit_bounds_each_groups_entries_by_its_own_channels(plan, capsys)
     from lagom_megatron.megatron.pool.comm_pool import CommPool
     from lagom_megatron.nccl.pool import NcclPoolBackend, estimate_entry_bytes
 
+    # the searched plan, with tp's tuned collectives at a channel count of their own: the groups' bounds then
+    # differ whatever the search chose, and one plan-wide bound would be wrong for one of them
+    dp_channels = max(e.config.n_channels or 0 for e in plan.entries.values() if e.group == "dp")
+    tp_channels = 4 if dp_channels != 4 else 6
+    plan = dataclasses.replace(
+        plan,
+        entries={
+            sid: dataclasses.replace(e, config=dataclasses.replace(e.config, n_channels=tp_channels))
+            if e.group == "tp" and e.op not in P2P_OPS and not e.config.is_default()
+            else e
+            for sid, e in plan.entries.items()
+        },
+    )
     tuned = [e for e in plan.entries.values() if not e.config.is_default()]
     collective = [e for e in tuned if e.op not in P2P_OPS]
     own = {}
     for e in collective:
         own[e.group] = max(own.get(e.group, 0), e.config.n_channels or 0)
-    assert set(own) == {"tp", "dp"} and own["tp"] != own["dp"]  # one plan-wide bound would be wrong for one of them
+    assert set(own) == {"tp", "dp"} and own["tp"] != own["dp"]
     pool = CommPool(NcclPoolBackend(use_tuner_plugin=True), GroupNames(local_world_size=8))
     fitted = Applier(pool=pool, router=None, files=None, cluster=None).fit_plan_to_budget(plan)
     assert pool.backend.cta_bounds == own
