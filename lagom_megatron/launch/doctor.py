@@ -127,7 +127,7 @@ def plugin_abi_line(environ: Mapping[str, str], cluster: Any) -> str | None:
     if cluster_field(cluster, "backend") == "gloo":
         return None
     version = cluster_field(cluster, "nccl_version")
-    line, _ = plugin_abi_report(environ, nccl_version=str(version) if version else None)
+    line = plugin_abi_report(environ, nccl_version=str(version) if version else None)
     return f"lagom doctor: {line}" if line else None
 
 

@@ -14,12 +14,11 @@ from lagom_megatron.nccl.env_vars import (
     ALGORITHM_SINCE,
     CTA_POLICIES,
     FUNCTIONS,
+    LAGOM_VARIABLES,
     MAX_CGA_CLUSTER_SIZE,
     NTHREADS_ALLOWED,
-    PER_COMMUNICATOR_OVERRIDES,
     PER_FUNCTION_SYNTAX_VERSION,
     PROTOCOLS,
-    TUNER_OVERRIDES,
     max_ctas,
     parse_selection,
 )
@@ -404,45 +403,124 @@ def _check_cta_policy(value: str, version, issues: list[EnvIssue]) -> None:
 
 
 def override_issues(environ: Mapping[str, str]) -> list[EnvIssue]:
-    """A warning per set variable that silently replaces lagom's per-communicator or tuner choices (NCCL issue 1661)."""
+    """A warning per set ``LAGOM_VARIABLES`` variable that silently replaces lagom's choices (NCCL issue 1661), removes
+    a knob from its search, hides what NCCL ran from it, or sends NCCL's lines where no rank can read them apart."""
     issues = []
-    for var, field in PER_COMMUNICATOR_OVERRIDES.items():
-        if environ.get(var) is not None:
-            issues.append(
-                EnvIssue(
-                    "warning",
-                    var,
-                    environ[var],
-                    f"{var} is set and overrides lagom's per-communicator choice",
-                    f"NCCL copies it into {field} of every communicator (src/init.cc, envConfigOverride), "
-                    "so the plan's per-collective settings for this knob are silently ignored",
-                    f"unset {var} and let lagom set it per communicator",
-                )
-            )
-    for var, what in TUNER_OVERRIDES.items():
-        if environ.get(var) is not None:
-            issues.append(
-                EnvIssue(
-                    "warning",
-                    var,
-                    environ[var],
-                    f"{var} is set and limits lagom's tuner plugin",
-                    f"it {what}; the plan's choices outside it are silently dropped",
-                    f"unset {var}; lagom chooses per collective",
-                )
-            )
-    plugin = environ.get("NCCL_TUNER_PLUGIN")
-    if plugin is not None and "lagom" not in plugin.lower() and not plugin_path_missing(plugin):
-        # a missing file is check_nccl_env's error
-        issues.append(
-            EnvIssue(
-                "warning",
-                "NCCL_TUNER_PLUGIN",
-                plugin,
-                f"NCCL_TUNER_PLUGIN={plugin!r} is not lagom's plugin",
-                "NCCL loads one tuner plugin per process; another plugin replaces lagom's per-collective "
-                "algorithm, protocol and channel choices",
-                "unset NCCL_TUNER_PLUGIN (lagom sets it when a plan needs its plugin)",
-            )
-        )
+    for var, (effect, what) in LAGOM_VARIABLES.items():
+        value = environ.get(var)
+        issue = None if value is None else _OVERRIDES[effect](var, value, what, environ)
+        if issue is not None:
+            issues.append(issue)
     return issues
+
+
+def _per_communicator(var: str, value: str, field: str, environ: Mapping[str, str]) -> EnvIssue:
+    return EnvIssue(
+        "warning",
+        var,
+        value,
+        f"{var} is set and overrides lagom's per-communicator choice",
+        f"NCCL copies it into {field} of every communicator (src/init.cc, envConfigOverride), "
+        "so the plan's per-collective settings for this knob are silently ignored",
+        f"unset {var} and let lagom set it per communicator",
+    )
+
+
+def _tuner(var: str, value: str, what: str, environ: Mapping[str, str]) -> EnvIssue:
+    return EnvIssue(
+        "warning",
+        var,
+        value,
+        f"{var} is set and limits lagom's tuner plugin",
+        f"it {what}; the plan's choices outside it are silently dropped",
+        f"unset {var}; lagom chooses per collective",
+    )
+
+
+def _tuner_plugin(var: str, value: str, what: str, environ: Mapping[str, str]) -> EnvIssue | None:
+    if "lagom" in value.lower() or plugin_path_missing(value):  # a missing file is check_nccl_env's error
+        return None
+    return EnvIssue(
+        "warning",
+        var,
+        value,
+        f"{var}={value!r} is not lagom's plugin",
+        f"NCCL loads {what}; another plugin replaces lagom's per-collective algorithm, protocol and channel choices",
+        f"unset {var} (lagom sets it when a plan needs its plugin)",
+    )
+
+
+def _p2p_channels(var: str, value: str, what: str, environ: Mapping[str, str]) -> EnvIssue:
+    return EnvIssue(
+        "warning",
+        var,
+        value,
+        f"{var}={value!r} bounds the channels of every send/recv: lagom's n_channels knob for the send/recv sites "
+        "keeps only the values NCCL can still run, and leaves the search when one is left",
+        f"NCCL sets it as {what} for the whole process, over any per-collective choice "
+        "(nccl.capabilities._p2p_bounds keeps the n_channels values that still differ)",
+        f"unset {var} to let lagom search the send/recv channels",
+    )
+
+
+def _observed(var: str, value: str, what: str, environ: Mapping[str, str]) -> EnvIssue | None:
+    tuner = environ.get("NCCL_TUNER_PLUGIN", "")
+    ours = "lagom" in os.path.basename(value).lower() or (
+        os.path.isabs(value) and os.path.isabs(tuner) and os.path.realpath(value) == os.path.realpath(tuner)
+    )
+    if ours:
+        return None
+    said = (
+        f"{var}='none' disables profiler plugins"
+        if value.strip().lower() == "none"
+        else f"{var}={value!r} names another profiler plugin, which lagom never replaces"
+    )
+    return EnvIssue(
+        "warning",
+        var,
+        value,
+        f"{said}: lagom checks only the tuner's row hits, not what NCCL ran",
+        f"NCCL loads {what}; the observed check reads lagom's own profiler records (docs/nccl.md, 'Applied = observed')",
+        f"keep it, or unset {var} (lagom's launch then names its own library) to check what NCCL ran",
+    )
+
+
+def _log_file(var: str, value: str, what: str, environ: Mapping[str, str]) -> EnvIssue | None:
+    level = environ.get("NCCL_DEBUG", "").strip().upper()
+    if level not in ("WARN", "INFO", "ABORT", "TRACE"):
+        return EnvIssue(
+            "warning",
+            var,
+            value,
+            f"{var}={value!r} has no effect: NCCL_DEBUG is {repr(environ['NCCL_DEBUG']) if 'NCCL_DEBUG' in environ else 'unset'}, "
+            "and NCCL opens the file only at NCCL_DEBUG=WARN, INFO, ABORT or TRACE",
+            f"the file is {what}",
+            f"set NCCL_DEBUG=INFO (or WARN) with it, or unset {var}",
+        )
+    missing = [part for part in ("%h", "%p") if part not in value.replace("%%", "")]
+    if not missing:
+        return None
+    return EnvIssue(
+        "warning",
+        var,
+        value,
+        f"{var}={value!r} has no {' or '.join(missing)}: the ranks write NCCL's lines to one file, each truncating "
+        "it when it starts, so the channels and algorithms NCCL ran are lost for all but the last",
+        f"the file is {what}; %h is the host name, %p the process id",
+        f"name one file per process, e.g. {var}={_per_process(value)}",
+    )
+
+
+def _per_process(value: str) -> str:
+    stem, dot, suffix = value.rpartition(".")
+    return f"{stem}.%h.%p.{suffix}" if dot and "/" not in suffix else f"{value}.%h.%p"
+
+
+_OVERRIDES = {
+    "per-communicator": _per_communicator,
+    "tuner": _tuner,
+    "tuner-plugin": _tuner_plugin,
+    "p2p-channels": _p2p_channels,
+    "observed": _observed,
+    "log-file": _log_file,
+}

@@ -1,5 +1,5 @@
-"""NCCL variables that matter to lagom; ``validate_env`` checks those lagom writes (``env_check``: the user's). A set
-override replaces its ``ncclConfig_t`` field in every communicator (``src/init.cc`` ``envConfigOverride``)."""
+"""NCCL variables that matter to lagom (``LAGOM_VARIABLES``, the one table of them); ``validate_env`` checks those lagom
+writes (``env_check``: the user's)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,46 @@ from typing import Literal
 from lagom_megatron.engine.cluster import parse_version
 from lagom_megatron.engine.knobs import ALGORITHMS, N_THREADS, PROTOCOLS, invalid_value
 
-PER_COMMUNICATOR_OVERRIDES: dict[str, str] = {
-    "NCCL_MIN_CTAS": "ncclConfig_t.minCTAs",
-    "NCCL_MAX_CTAS": "ncclConfig_t.maxCTAs",
-    "NCCL_CGA_CLUSTER_SIZE": "ncclConfig_t.cgaClusterSize",
-    "NCCL_CTA_POLICY": "ncclConfig_t.CTAPolicy",
-    "NCCL_NVLS_NCHANNELS": "ncclConfig_t.nvlsCTAs",
-    "NCCL_MIN_NCHANNELS": "ncclConfig_t.minCTAs (deprecated name)",
-    "NCCL_MAX_NCHANNELS": "ncclConfig_t.maxCTAs (deprecated name)",
-    "NCCL_NCHANNELS_PER_NET_PEER": "ncclConfig_t.nChannelsPerNetPeer (src/init.cc:2038-2047)",
-}
+LagomEffect = Literal["per-communicator", "tuner", "tuner-plugin", "p2p-channels", "observed", "log-file"]
 
-TUNER_OVERRIDES: dict[str, str] = {
-    "NCCL_ALGO": "restricts the algorithms before the tuner plugin sees the cost table",
-    "NCCL_PROTO": "restricts the protocols before the tuner plugin sees the cost table",
+LAGOM_VARIABLES: dict[str, tuple[LagomEffect, str]] = {
+    "NCCL_MIN_CTAS": ("per-communicator", "ncclConfig_t.minCTAs"),
+    "NCCL_MAX_CTAS": ("per-communicator", "ncclConfig_t.maxCTAs"),
+    "NCCL_CGA_CLUSTER_SIZE": ("per-communicator", "ncclConfig_t.cgaClusterSize"),
+    "NCCL_CTA_POLICY": ("per-communicator", "ncclConfig_t.CTAPolicy"),
+    "NCCL_NVLS_NCHANNELS": ("per-communicator", "ncclConfig_t.nvlsCTAs"),
+    "NCCL_MIN_NCHANNELS": ("per-communicator", "ncclConfig_t.minCTAs (deprecated name)"),
+    "NCCL_MAX_NCHANNELS": ("per-communicator", "ncclConfig_t.maxCTAs (deprecated name)"),
+    "NCCL_NCHANNELS_PER_NET_PEER": ("per-communicator", "ncclConfig_t.nChannelsPerNetPeer (src/init.cc:2038-2047)"),
+    "NCCL_ALGO": ("tuner", "restricts the algorithms before the tuner plugin sees the cost table"),
+    "NCCL_PROTO": ("tuner", "restricts the protocols before the tuner plugin sees the cost table"),
+    "NCCL_TUNER_PLUGIN": ("tuner-plugin", "one tuner plugin per process"),
+    "NCCL_MIN_P2P_NCHANNELS": (
+        "p2p-channels",
+        "the lower bound of p2pnChannels (src/graph/paths.cc:957, :980-985 @v2.30.7-1)",
+    ),
+    "NCCL_MAX_P2P_NCHANNELS": (
+        "p2p-channels",
+        "the upper bound of p2pnChannels (src/graph/paths.cc:958, :980-985 @v2.30.7-1)",
+    ),
+    "NCCL_PROFILER_PLUGIN": (
+        "observed",
+        "one profiler plugin per process, none for 'none' (src/plugin/profiler.cc:58-60)",
+    ),
+    "NCCL_DEBUG_FILE": (
+        "log-file",
+        'opened with fopen(path, "w") by every process, %h and %p expanded, only when NCCL_DEBUG is above VERSION '
+        "(src/debug.cc:201-237 @v2.30.7-1)",
+    ),
 }
+"""Every NCCL variable that changes what lagom tunes (per-communicator fields, the tuner's table, the send/recv channel
+knob), what it can see (the observed check) or where NCCL writes: ``env_check.override_issues`` names each one set."""
+
+PER_COMMUNICATOR_OVERRIDES: dict[str, str] = {
+    var: what for var, (effect, what) in LAGOM_VARIABLES.items() if effect == "per-communicator"
+}
+"""A set override replaces its ``ncclConfig_t`` field in every communicator (``src/init.cc`` ``envConfigOverride``)."""
+TUNER_OVERRIDES: dict[str, str] = {var: what for var, (effect, what) in LAGOM_VARIABLES.items() if effect == "tuner"}
 
 
 def launch_nthreads(env: dict[str, str]) -> int | None:

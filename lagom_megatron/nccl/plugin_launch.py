@@ -278,42 +278,26 @@ def check_tuner_plugin(
 
 def plugin_abi_report(
     environ: Mapping[str, str] | None = None, *, nccl_version: str | None = None, probe: bool = True
-) -> tuple[str | None, list[EnvIssue]]:
-    """(a line on the ABIs NCCL will use with the plugin library, or None; a warning when ``NCCL_PROFILER_PLUGIN`` is
-    ``none`` (``src/plugin/profiler.cc:58-60``) or another library: lagom then checks only row hits)."""
+) -> str | None:
+    """A line on the ABIs NCCL will use with the plugin library, or None (a user's own ``NCCL_PROFILER_PLUGIN`` is
+    warned of by ``env_check.override_issues``)."""
     environ = os.environ if environ is None else environ
     tuner_lib = environ.get(VAR, "")
     if not probe or not os.path.isabs(tuner_lib) or plugin_path_missing(tuner_lib):
-        return None, []
+        return None
     exported, error = probe_library(tuner_lib, ALL_TUNER_SYMBOLS + ALL_PROFILER_SYMBOLS)
     if error is not None:
-        return None, []  # check_tuner_plugin reports it
+        return None  # check_tuner_plugin reports it
     tuner, profiler = abis_in_use(exported, nccl_version)
     nccl = f"NCCL {nccl_version}" if nccl_version else "NCCL (version unknown: newest lookup order)"
-    issues: list[EnvIssue] = []
     value = environ.get(PROFILER_VAR)
     same = not value or (os.path.isabs(value) and os.path.realpath(value) == os.path.realpath(tuner_lib))
     abi = f"{profiler} (profiler ABI v{profiler.rsplit('v', 1)[1]})" if profiler else "no profiler struct"
     if profiler is not None and not same:
-        why = (
-            f"{PROFILER_VAR}='none' disables profiler plugins"
-            if value.strip().lower() == "none"
-            else f"{PROFILER_VAR}={value!r} names another profiler plugin, which lagom never replaces"
-        )
-        issues.append(
-            EnvIssue(
-                "warning",
-                PROFILER_VAR,
-                value,
-                f"{why}: lagom checks only the tuner's row hits, not what NCCL ran",
-                "the observed check reads lagom's own profiler records (docs/nccl.md, 'Applied = observed')",
-                f"keep it, or set {PROFILER_VAR}={tuner_lib} to check what NCCL ran",
-            )
-        )
         profiler_used = f"no profiler of lagom's ({PROFILER_VAR}={value})"
     elif profiler is not None and not value:
         profiler_used = f"{abi}, once {PROFILER_VAR} names it (lagom's launch sets it when unset)"
     else:
         profiler_used = abi
     tuner_used = f"{tuner} (tuner ABI v{tuner.rsplit('v', 1)[1]})" if tuner else "no tuner struct"
-    return f"{nccl} will use, of {tuner_lib}: {tuner_used}; {profiler_used}", issues
+    return f"{nccl} will use, of {tuner_lib}: {tuner_used}; {profiler_used}"

@@ -9,7 +9,7 @@ import yaml
 from lagom_megatron.nccl.env_check import check_nccl_env, override_issues
 from lagom_megatron.nccl.env_network import check_network_env
 from lagom_megatron.nccl.env_vars import MAX_CGA_CLUSTER_SIZE, max_ctas
-from lagom_megatron.nccl.plugin_launch import check_tuner_plugin, plugin_abi_report
+from lagom_megatron.nccl.plugin_launch import check_tuner_plugin
 from lagom_megatron.preflight.types import Finding, RunShape
 
 BLACKWELL_SM_ARCH = 100
@@ -82,20 +82,18 @@ def rule_cuda_device_max_connections(s: RunShape) -> list[Finding]:
 
 
 def rule_nccl_env(s: RunShape) -> list[Finding]:
-    """NCCL / TORCH_NCCL variables outside their grammars, an unloadable tuner plugin, with --lagom a profiler one."""
+    """NCCL / TORCH_NCCL variables outside their grammars, an unloadable tuner plugin."""
     if s.backend == "gloo":
         return []
     issues = check_nccl_env(s.environ, nccl_version=s.nccl_version) + check_network_env(s.environ)
     plugin = check_tuner_plugin(s.environ, nccl_version=s.nccl_version)
     if plugin:  # one error line per variable: the plugin check's reason replaces 'file does not exist'
         issues = [i for i in issues if i.variable != plugin[0].variable] + plugin
-    elif s.lagom:  # the profiler half lagom checks what NCCL ran with (a user's own is left in place)
-        issues += plugin_abi_report(s.environ, nccl_version=s.nccl_version)[1]
     return [Finding(i.level, "nccl-env", i.what, i.why, i.fix) for i in issues]
 
 
 def rule_nccl_overrides(s: RunShape) -> list[Finding]:
-    """With --lagom: NCCL variables that silently override lagom's choices."""
+    """With --lagom: each set variable of ``nccl.env_vars.LAGOM_VARIABLES`` (what it changes of lagom, once)."""
     if s.backend == "gloo" or not s.lagom:
         return []
     return [Finding(i.level, "nccl-override", i.what, i.why, i.fix) for i in override_issues(s.environ)]

@@ -141,7 +141,7 @@ def test_doctor_reports_the_abis_nccl_will_use(libs, capsys, monkeypatch):
     assert main(["doctor", "--preset", "llama3-70b-h100x64", "--cluster", "h100-sxm-ib400"]) == 0
     out = capsys.readouterr().out
     assert (
-        "warning: [nccl-env] NCCL_PROFILER_PLUGIN='/opt/site/libnccl-profiler-user.so' names another profiler "
+        "warning: [nccl-override] NCCL_PROFILER_PLUGIN='/opt/site/libnccl-profiler-user.so' names another profiler "
         "plugin, which lagom never replaces: lagom checks only the tuner's row hits, not what NCCL ran"
     ) in out
     assert "ncclTunerPlugin_v4 (tuner ABI v4); no profiler of lagom's (NCCL_PROFILER_PLUGIN=/opt/site/" in out
