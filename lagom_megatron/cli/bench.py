@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 MAX_SITES = 100_000
 """Largest ``--sizes`` value (10x the 10,000-site target); arrays grow per site, 1e11 sites would need 745 GiB."""
@@ -81,10 +82,10 @@ def simulated_main(argv: list[str] | None = None) -> int:
     ``must_show``, else 0; SystemExit(2) for a bad option, preset, cluster or ``--out``."""
     import logging
     import os
-    from pathlib import Path
 
     from lagom_megatron.cli.main import LagomParser
     from lagom_megatron.cli.options import int_range
+    from lagom_megatron.preflight.files import output_folder_problem
     from lagom_megatron.sim.bench.table import SEEDS, run_sensitivity, run_table, select_rows
     from lagom_megatron.sim.constants import CONSTANTS
 
@@ -152,6 +153,11 @@ def simulated_main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         ap.error(f"--out {str(out)!r} is a file; give a folder")
+    problem = output_folder_problem(
+        out, allowed=_not_a_bench_file_or_ours, advice="lagom bench writes beside other files, never over them"
+    )
+    if problem:
+        ap.error(f"--out {problem}")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -177,6 +183,21 @@ def simulated_main(argv: list[str] | None = None) -> int:
         )
     finally:
         tuner_log.setLevel(level)
+
+
+BENCH_FILES = {"simulated.csv": "preset,", "simulated_details.csv": "preset,", "sensitivity.csv": "constant,"}
+"""The tables ``lagom bench simulated`` writes and how each begins (its header); ``simulated.png`` goes with the first."""
+
+
+def _not_a_bench_file_or_ours(path: Path) -> bool:
+    """True unless ``path`` has a name the bench writes and is not an earlier bench output (a table with the bench's
+    header; the figure only beside such a ``simulated.csv``)."""
+    from lagom_megatron.preflight.files import first_line_is
+
+    if path.name == "simulated.png":
+        return path.is_file() and first_line_is(BENCH_FILES["simulated.csv"])(path.parent / "simulated.csv")
+    header = BENCH_FILES.get(path.name)
+    return header is None or first_line_is(header)(path)
 
 
 def _microbatches(text: str) -> int | None:

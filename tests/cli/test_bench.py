@@ -123,3 +123,32 @@ def test_unwritable_out_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         simulated_main(["--out", str(f / "sub"), "--presets", "mixtral-8x7b-h100x32"])
     assert "--out" in capsys.readouterr().err
+
+
+def test_out_never_overwrites_a_file_the_bench_did_not_write(tmp_path, capsys):
+    """A user's own simulated.csv stops the run before anything is simulated (exit 2, the file unchanged); other
+    files are written beside; an earlier bench output (the bench's header) may be replaced."""
+    from lagom_megatron.cli.bench import _not_a_bench_file_or_ours
+
+    out = tmp_path / "results"
+    out.mkdir()
+    mine = out / "simulated.csv"
+    mine.write_bytes(b"my own numbers\n1,2,3\n")
+    with pytest.raises(SystemExit) as exc:
+        simulated_main(["--out", str(out), "--presets", "moe-2b-8e-a40x8-ep8", "--no-plot"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} already holds simulated.csv" in err and "never over them" in err
+    assert mine.read_bytes() == b"my own numbers\n1,2,3\n" and sorted(p.name for p in out.iterdir()) == [
+        "simulated.csv"
+    ]
+
+    notes, figure = out / "README.md", out / "simulated.png"
+    notes.write_text("# my notes\n")
+    figure.write_bytes(b"\x89PNG")
+    assert _not_a_bench_file_or_ours(notes)  # written beside
+    assert not _not_a_bench_file_or_ours(figure)  # a figure beside a user's table is the user's
+    mine.write_text(",".join(bench.COLUMNS) + "\n")  # an earlier bench table: the bench's header
+    assert _not_a_bench_file_or_ours(mine) and _not_a_bench_file_or_ours(figure)
+    (out / "sensitivity.csv").write_text("constant,end\n")
+    assert _not_a_bench_file_or_ours(out / "sensitivity.csv")
