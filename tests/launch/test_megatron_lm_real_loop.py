@@ -20,15 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch.megatron_checkout import megatron_lm_checkout
 from tests.timeouts import LAUNCH_S, SCALE, run
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKOUT = os.environ.get("MEGATRON_LM_DIR")
+CHECKOUT, NOT_A_CHECKOUT = megatron_lm_checkout()
 MISSING = [m for m in ("six", "regex", "pybind11") if importlib.util.find_spec(m) is None]
 
 pytestmark = [
     pytest.mark.distributed,
-    pytest.mark.skipif(not CHECKOUT, reason="MEGATRON_LM_DIR is not set: it names a patched Megatron-LM checkout"),
+    pytest.mark.skipif(CHECKOUT is None, reason=NOT_A_CHECKOUT),
     pytest.mark.skipif(bool(MISSING), reason=f"the megatron-lm extra is not installed (missing: {', '.join(MISSING)})"),
 ]
 
@@ -85,9 +86,8 @@ LAGOM = ["--lagom", "--lagom-warmup-iters", "2", "--lagom-verify-iters", "2"]
 
 
 def _patched_checkout() -> Path:
-    path = Path(CHECKOUT).expanduser().resolve()
+    path = CHECKOUT
     script = path / "pretrain_gpt.py"
-    assert script.is_file(), f"MEGATRON_LM_DIR={CHECKOUT!r} has no pretrain_gpt.py"
     assert "LagomHooks" in script.read_text(), (
         f"{script} is not patched: git apply {ROOT}/patches/<the patch for its release> in the checkout"
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from lagom_megatron.launch.megatron_lm import LagomHooks, chain_extra_args_providers
+from tests.launch.megatron_checkout import megatron_lm_checkout
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
 PATCH_FILES = {"megatron-lm-core_v0.16-0.17.patch": "pretrain", "megatron-lm-core_v0.18+.patch": "parse_args"}
@@ -379,13 +380,13 @@ def test_adapter_matches_the_controller_and_training_context():
     assert used == set(inspect.signature(TrainingContext).parameters)
 
 
-@pytest.mark.skipif(not os.environ.get("MEGATRON_LM_DIR"), reason="MEGATRON_LM_DIR names no patched checkout")
+@pytest.mark.skipif(megatron_lm_checkout()[0] is None, reason=megatron_lm_checkout()[1])
 def test_the_checkout_holds_exactly_one_of_the_patches():
     """The checkout's pretrain_gpt.py is a release's with one of ``patches/`` applied (``git apply --check -R``):
     core_v0.16/0.17 take the first, core_v0.18, 0.19 and main the second."""
     import subprocess
 
-    checkout = Path(os.environ["MEGATRON_LM_DIR"]).expanduser()
+    checkout = megatron_lm_checkout()[0]
     applied = [
         name
         for name in PATCH_FILES
