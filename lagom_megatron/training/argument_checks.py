@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
+import importlib.util
 from pathlib import Path
 
 from lagom_megatron.preflight.lagom_flags import lagom_value_problems
 from lagom_megatron.training.arguments import apply_megatron_lm_defaults
-from lagom_megatron.training.parity_flags import refused_here
+from lagom_megatron.training.data import DATASET_HINT, check_data_path
+from lagom_megatron.training.parity_flags import implementation_refusals, refusals
 from lagom_megatron.training.tokenizer import resolve_vocab
 
 
@@ -17,19 +18,24 @@ def _check(cond: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _data_prefixes(data_path: list[str]) -> list[str]:
-    """``--data-path``'s prefixes (``P1 P2`` or ``W1 P1 W2 P2``)."""
+def one_line(problems: list[str]) -> str:
+    """The refusal of a line as one line: the problem, or each of several numbered."""
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems with this line: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
 
-    def is_number(s: str) -> bool:
-        try:
-            float(s)
-            return True
-        except ValueError:
-            return False
 
-    if len(data_path) % 2 == 0 and all(is_number(w) for w in data_path[0::2]):
-        return list(data_path[1::2])
-    return list(data_path)
+def _installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def local_layers(args: argparse.Namespace, *, on_gpu: bool) -> bool:
+    """Whether megatron-core's local layers run: ``--transformer-impl`` as ``model.use_transformer_engine`` resolves
+    it (its default None: Transformer Engine with a CUDA GPU and TE installed, else local)."""
+    impl = getattr(args, "transformer_impl", None)
+    if impl is not None:
+        return impl == "local"
+    return not (on_gpu and _installed("transformer_engine"))
 
 
 FLASH_ATTN_MODULES = ("flash_attn", "flash_attn_3")
@@ -37,17 +43,13 @@ FLASH_ATTN_MODULES = ("flash_attn", "flash_attn_3")
 (megatron-core 0.16.1 ``transformer/attention.py:62``)."""
 
 
-def check_installed(args: argparse.Namespace, *, on_gpu: bool = False) -> None:
-    """ValueError naming the flag and what to install when a library is missing (APEX for gradient accumulation
-    fusion on local GPU layers: megatron-core 0.16.1 ``tensor_parallel/layers.py:44-48, 924-933``)."""
-    import importlib.util
-
-    def installed(name: str) -> bool:
-        return importlib.util.find_spec(name) is not None
-
+def install_problems(args: argparse.Namespace, *, on_gpu: bool) -> list[str]:
+    """What this machine's libraries cannot run, naming the flag and what to install (APEX for gradient
+    accumulation fusion on local GPU layers: megatron-core 0.16.1 ``tensor_parallel/layers.py:44-48, 924-933``)."""
+    out = []
     cp = args.context_parallel_size
-    if cp > 1 and not installed("transformer_engine"):
-        raise ValueError(
+    if cp > 1 and not _installed("transformer_engine"):
+        out.append(
             f"--context-parallel-size {cp} needs Transformer Engine (megatron-core runs context-parallel "
             "attention in TEDotProductAttention), which is not installed; install transformer_engine "
             "or use --context-parallel-size 1"
@@ -60,8 +62,8 @@ def check_installed(args: argparse.Namespace, *, on_gpu: bool = False) -> None:
         )
         if on
     ]
-    if flash and not any(installed(m) for m in FLASH_ATTN_MODULES):
-        raise ValueError(
+    if flash and not any(_installed(m) for m in FLASH_ATTN_MODULES):
+        out.append(
             f"{flash[0]} needs FlashAttention (the flash-attn package: module flash_attn or "
             "flash_attn_3), which is not installed; install flash-attn, or use --attention-backend "
             "auto (Transformer Engine picks an installed kernel) without --use-flash-attn"
@@ -75,33 +77,53 @@ def check_installed(args: argparse.Namespace, *, on_gpu: bool = False) -> None:
         if on
     ]
     if fsdp and not on_gpu:  # Megatron-FSDP builds its buffers on f"cuda:{current_device()}" (megatron-core 0.16.1)
-        raise ValueError(
+        out.append(
             f"{fsdp[0]} needs CUDA GPUs (megatron-core's FSDP wrappers allocate on the CUDA device); "
             "on CPU use --use-distributed-optimizer for sharded optimizer state"
         )
-    if fsdp == ["--use-megatron-fsdp"] and not installed("einops"):
-        raise ValueError(
+    if fsdp == ["--use-megatron-fsdp"] and not _installed("einops"):
+        out.append(
             "--use-megatron-fsdp needs einops (megatron-core's distributed/fsdp/mcore_fsdp_adapter.py "
             "asserts it): pip install einops"
         )
+    local = local_layers(args, on_gpu=on_gpu)
     impl = getattr(args, "transformer_impl", None)
-    local_layers = impl == "local" or (impl is None and not installed("transformer_engine"))
     if (
         on_gpu
         and getattr(args, "gradient_accumulation_fusion", False)
-        and local_layers
-        and not installed("fused_weight_gradient_mlp_cuda")
+        and local
+        and not _installed("fused_weight_gradient_mlp_cuda")
     ):
-        raise ValueError(
+        out.append(
             "gradient accumulation fusion (on by default) with the local layers (--transformer-impl "
             f"{impl or 'local: Transformer Engine is not installed'}) needs APEX's fused_weight_gradient_"
             "mlp_cuda extension, which is not installed; pass --no-gradient-accumulation-fusion or "
             "install APEX with its CUDA extensions"
         )
+    return out + implementation_refusals(args, local_layers=local, on_gpu=on_gpu)
 
 
-def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
-    """Checks the arguments and fills in Megatron-LM's derived defaults in place; ValueError names the bad value."""
+def check_installed(args: argparse.Namespace, *, on_gpu: bool = False) -> None:
+    """ValueError listing every :func:`install_problems` in one line."""
+    problems = install_problems(args, on_gpu=on_gpu)
+    _check(not problems, one_line(problems))
+
+
+def validate_args(
+    args: argparse.Namespace, world_size: int, *, on_gpu: bool | None = None, refuse: bool = True
+) -> argparse.Namespace:
+    """Checks the arguments and fills in Megatron-LM's derived defaults in place; ValueError names the bad value.
+    Every refused flag is named in one error: with ``on_gpu`` (this machine's) also what its libraries cannot run;
+    ``refuse`` False leaves them to a later call that knows the machine (and checks nothing else while any is given)."""
+    refused = refusals(args)
+    if not refuse:
+        if refused:  # the later call names them, with the rest of the line's checks
+            return args
+    elif on_gpu is None and getattr(args, "transformer_impl", None) == "local":
+        refused += implementation_refusals(args, local_layers=True, on_gpu=None)
+    elif on_gpu is not None:
+        refused += install_problems(args, on_gpu=on_gpu)
+    _check(not refused, one_line(refused))
     for flag in (
         "num_layers",
         "hidden_size",
@@ -273,8 +295,10 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
         ("--exit-duration-in-mins", args.exit_duration_in_mins, 1),
     ):
         _check(value is None or value >= low, f"{flag} must be an integer >= {low}; got {value}")
-    refusal = refused_here(args)
-    _check(refusal is None, refusal or "")
+    _check(
+        not getattr(args, "fp8_param_gather", False) or args.use_distributed_optimizer or args.use_megatron_fsdp,
+        "--fp8-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp (Megatron-LM asserts it)",
+    )  # Megatron-LM core_v0.16.1 arguments.py:655-657
     decay_default = args.lr_decay_iters is None
     if decay_default:
         args.lr_decay_iters = args.train_iters
@@ -313,19 +337,9 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
 
     _check(
         args.mock_data or args.data_path,
-        "no training data: pass --mock-data or --data-path PREFIX (PREFIX.bin and PREFIX.idx)",
+        f"no training data: pass --mock-data or --data-path PREFIX ({DATASET_HINT})",
     )
     _check(not (args.mock_data and args.data_path), "pass either --mock-data or --data-path, not both")
-    if args.data_path:
-        for prefix in _data_prefixes(args.data_path):
-            for suffix in (".bin", ".idx"):
-                path = Path(prefix + suffix)
-                _check(
-                    path.is_file(),
-                    f"--data-path {prefix!r}: {path} does not exist (expected an indexed dataset "
-                    "PREFIX.bin + PREFIX.idx, e.g. from scripts/preprocess_data.py)",
-                )
-                _check(os.access(path, os.R_OK), f"--data-path {prefix!r}: {path} is not readable")
     if args.tokenizer_type is None:
         args.tokenizer_type = "NullTokenizer" if args.mock_data and args.vocab_size else "ByteLevel"
     if args.tokenizer_type == "NullTokenizer":
@@ -334,6 +348,8 @@ def validate_args(args: argparse.Namespace, world_size: int) -> argparse.Namespa
             "--tokenizer-type NullTokenizer needs --vocab-size >= 2",
         )
     args.orig_vocab_size, args.padded_vocab_size = resolve_vocab(args)
+    if args.data_path:
+        check_data_path(args.data_path, args.orig_vocab_size, args.tokenizer_type)
     if args.nccl_communicator_config_path is not None:
         _check(
             Path(args.nccl_communicator_config_path).is_file(),

@@ -336,12 +336,16 @@ def apply_megatron_lm_defaults(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+class UsageError(ValueError):
+    """argparse's error (an unknown flag, a bad value) when ``parse_args`` does not exit."""
+
+
 def _raise_usage_error(message: str) -> None:
-    raise ValueError(message)
+    raise UsageError(message)
 
 
 def parse_args(argv: Sequence[str] | None = None, *, exit_on_error: bool = True) -> argparse.Namespace:
-    """Parses with ``--preset``'s values as defaults; ValueError (also instead of exit 2), FileNotFoundError."""
+    """Parses with ``--preset``'s values as defaults; ValueError (UsageError instead of exit 2), FileNotFoundError."""
     parser = build_parser()
     if not exit_on_error:
         parser.error = _raise_usage_error  # type: ignore[method-assign]

@@ -1,15 +1,179 @@
-"""Training data (``megatron.core.datasets``) and each DP rank's micro-batches as ``MegatronPretrainingSampler``'s."""
+"""Training data (``megatron.core.datasets``): ``--data-path``'s datasets checked before any rank starts (no torch),
+written from JSONL, and each DP rank's micro-batches as ``MegatronPretrainingSampler``'s."""
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from lagom_megatron.training.tokenizer import ByteLevelTokenizer
+
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+"""First bytes of an indexed dataset's ``.idx``, then version 1 (``<Q``), the dtype code (``<B``), the sequence and
+document counts (``<Q`` each): megatron-core 0.16.1 ``datasets/indexed_dataset.py:47, 147-151, 193-198, 264-276``."""
+
+INDEX_DTYPES: dict[int, type] = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
+"""``DType`` codes of the ``.idx`` header (megatron-core 0.16.1 ``indexed_dataset.py:50-60``)."""
+
+DATA_SCAN_BYTES = 256 << 20
+"""Bytes of a ``.bin`` read for its largest token id: all of a smaller file, evenly spaced windows of a larger one."""
+
+SCAN_WINDOWS = 64
+"""Windows a ``.bin`` over DATA_SCAN_BYTES is read in (DATA_SCAN_BYTES in all)."""
+
+_SCANNED: dict[tuple, tuple[int, int]] = {}
+"""(realpath, size, mtime_ns) of a ``.bin`` -> (largest token id, bytes read): each rank checks three times."""
+
+DATASET_HINT = "an indexed dataset PREFIX.bin + PREFIX.idx, e.g. from scripts/preprocess_data.py"
+
+
+def _is_weight(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return not Path(word + ".bin").exists()
+
+
+def data_path_prefixes(data_path: list[str]) -> list[str]:
+    """``--data-path``'s prefixes (``P1 P2 ...`` or ``W1 P1 W2 P2 ...``, as ``get_blend_from_list`` reads them:
+    megatron-core 0.16.1 ``datasets/utils.py:49-88``); ValueError: a blend whose weights and paths are not paired."""
+    given = " ".join(data_path)
+    weights = [i for i, word in enumerate(data_path) if _is_weight(word)]
+    if not weights:
+        return list(data_path)
+    pairs = "a blend pairs each weight with the dataset prefix after it: --data-path W1 PREFIX1 W2 PREFIX2 ..."
+    if len(data_path) % 2:
+        raise ValueError(
+            f"--data-path {given}: {len(data_path)} values, {len(weights)} of them weights; {pairs} "
+            "(or prefixes alone, without weights)"
+        )
+    misplaced = [i for i in range(len(data_path)) if (i in weights) != (i % 2 == 0)]
+    if misplaced:
+        i = misplaced[0]
+        place = "a weight's" if i % 2 == 0 else "a prefix's"
+        raise ValueError(f"--data-path {given}: {data_path[i]!r} stands in {place} place; {pairs}")
+    for i in weights:
+        value = float(data_path[i])
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"--data-path {given}: weight {data_path[i]} must be a finite number >= 0")
+    if not any(float(data_path[i]) > 0 for i in weights):
+        raise ValueError(f"--data-path {given}: every weight is 0; give at least one dataset a weight > 0")
+    return list(data_path[1::2])
+
+
+def _index_bin_bytes(idx: Path) -> tuple[int, type, int]:
+    """(bytes of ``.bin`` the ``.idx`` indexes, token dtype, token count); ValueError naming the ``.idx``."""
+    size = idx.stat().st_size
+    with idx.open("rb") as f:
+        head = f.read(34)
+    if len(head) < 34 or head[:9] != INDEX_HEADER:
+        raise ValueError(f"{idx} is not an indexed-dataset index (it does not start with {INDEX_HEADER!r})")
+    version, code, n_seq, n_doc = struct.unpack("<QBQQ", head[9:])
+    if version != 1 or code not in INDEX_DTYPES:
+        raise ValueError(
+            f"{idx}: index version {version}, dtype code {code}; megatron-core reads version 1, codes 1..8"
+        )
+    # int32 lengths, int64 pointers, int64 document indices (indexed_dataset.py:200-207, 284-310)
+    need = 34 + n_seq * (4 + 8) + n_doc * 8
+    if size < need:
+        raise ValueError(
+            f"{idx} has {size} bytes but its header announces {n_seq} sequences and {n_doc} documents "
+            f"({need} bytes): truncated"
+        )
+    dtype = INDEX_DTYPES[code]
+    if n_seq == 0:
+        return 0, dtype, 0
+    lengths = np.memmap(idx, dtype=np.int32, mode="r", offset=34, shape=(n_seq,))
+    pointers = np.memmap(idx, dtype=np.int64, mode="r", offset=34 + 4 * n_seq, shape=(n_seq,))
+    # the reader takes sequence i at pointers[i], lengths[i] tokens (indexed_dataset.py:213-230, 419)
+    itemsize = np.dtype(dtype).itemsize
+    return int(pointers[-1]) + int(lengths[-1]) * itemsize, dtype, int(lengths.sum(dtype=np.int64))
+
+
+def largest_token_id(bin_path: Path, dtype: type) -> tuple[int, int]:
+    """(largest token id, bytes read) of a ``.bin``: all of it up to DATA_SCAN_BYTES, else SCAN_WINDOWS windows."""
+    stat = bin_path.stat()
+    key = (os.path.realpath(bin_path), stat.st_size, stat.st_mtime_ns)
+    if key not in _SCANNED:
+        tokens = np.memmap(bin_path, dtype=dtype, mode="r") if stat.st_size else np.zeros(0, dtype)
+        if tokens.nbytes <= DATA_SCAN_BYTES:
+            windows = [tokens]
+        else:
+            step = len(tokens) // SCAN_WINDOWS
+            width = DATA_SCAN_BYTES // SCAN_WINDOWS // tokens.itemsize
+            windows = [tokens[i * step : i * step + width] for i in range(SCAN_WINDOWS)]
+        highest = max((int(w.max()) for w in windows if w.size), default=-1)
+        _SCANNED[key] = (highest, sum(int(w.nbytes) for w in windows))
+    return _SCANNED[key]
+
+
+def dataset_problem(prefix: str) -> str | None:
+    """Why ``prefix`` is not an indexed dataset megatron-core can read whole, in one line naming what to give."""
+    path = Path(prefix)
+    if path.suffix in (".bin", ".idx") and not Path(prefix + ".bin").exists():
+        stem = str(path.with_suffix(""))
+        return (
+            f"--data-path {prefix!r} names the dataset's {path.suffix} file; give its prefix without the suffix: "
+            f"--data-path {stem}"
+        )
+    if path.is_dir() and not Path(prefix + ".bin").exists():  # a folder beside its PREFIX.bin is no mistake
+        found = sorted(str(p.with_suffix("")) for p in path.glob("*.idx") if p.with_suffix(".bin").is_file())
+        inside = f", e.g. {', '.join(found[:3])}" if found else f" ({path} holds no PREFIX.bin + PREFIX.idx pair)"
+        return f"--data-path {prefix!r} is a folder; give the prefix of a dataset in it{inside}"
+    bin_path, idx = Path(prefix + ".bin"), Path(prefix + ".idx")
+    for file in (bin_path, idx):
+        if not file.is_file():
+            return f"--data-path {prefix!r}: {file} does not exist (expected {DATASET_HINT})"
+        if not os.access(file, os.R_OK):
+            return f"--data-path {prefix!r}: {file} is not readable"
+    try:
+        want, dtype, n_tokens = _index_bin_bytes(idx)
+    except ValueError as exc:
+        return f"--data-path {prefix!r}: {exc}"
+    have = bin_path.stat().st_size
+    if have != want:
+        return (
+            f"--data-path {prefix!r}: {bin_path} has {have} bytes but {idx} indexes {want} "
+            f"({n_tokens} tokens of {np.dtype(dtype).name}): truncated, or the two files are of different "
+            "datasets; copy both whole, or make them again with scripts/preprocess_data.py"
+        )
+    return None
+
+
+def check_data_path(data_path: list[str], vocab_size: int, tokenizer: str) -> None:
+    """ValueError (one line) for the first ``--data-path`` dataset megatron-core could not read whole, or whose
+    token ids reach ``vocab_size`` (the embedding would index past the tokenizer's vocabulary)."""
+    for prefix in data_path_prefixes(data_path):
+        problem = dataset_problem(prefix)
+        if problem:
+            raise ValueError(problem)
+        _, dtype, _ = _index_bin_bytes(Path(prefix + ".idx"))
+        highest, read = largest_token_id(Path(prefix + ".bin"), dtype)
+        if highest >= vocab_size:
+            whole = read >= Path(prefix + ".bin").stat().st_size
+            where = "" if whole else f" (in the {read >> 20} MiB of it read)"
+            raise ValueError(
+                f"--data-path {prefix!r}: token id {highest} in {prefix}.bin{where} but the {tokenizer} tokenizer "
+                f"has {vocab_size} ids (0..{vocab_size - 1}): the dataset was tokenized with another tokenizer; "
+                f"tokenize it again with scripts/preprocess_data.py, or give --tokenizer-type NullTokenizer "
+                f"--vocab-size {highest + 1} (or more)"
+            )
 
 
 def read_jsonl_texts(path: str | Path, *, key: str = "text") -> Iterator[str]:
@@ -126,6 +290,8 @@ def microbatch_iterator(
     data_parallel_rank: int,
 ) -> Iterator[dict]:
     """This rank's micro-batches of stacked tensors (``tokens`` (mbs, seq) int64, ...)."""
+    import torch
+
     for iteration in range(train_iters):
         for indices in microbatch_indices(
             iteration,

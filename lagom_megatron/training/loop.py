@@ -214,6 +214,7 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
             expert_tensor_parallel_size=args.expert_tensor_parallel_size,
             nccl_communicator_config_path=comm_config,
             distributed_timeout_minutes=args.distributed_timeout_minutes,
+            high_priority_stream_groups=model_mod.high_priority_stream_groups(args) if on_gpu else None,
         )
         init_num_microbatches_calculator(
             rank, None, args.global_batch_size, args.micro_batch_size, args.data_parallel_size
@@ -244,7 +245,7 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
             log(f"pretrain_gpt: accepted without effect here: {', '.join(inactive)}")
 
         config = model_mod.transformer_config(args, on_gpu=on_gpu)
-        ddp_cfg = model_mod.ddp_config(args)
+        ddp_cfg = model_mod.ddp_config(args, on_gpu=on_gpu)
         chunks = model_mod.build_model(args, config, ddp_cfg, use_te=use_te)
         n_params = sum(p.numel() for c in chunks for p in c.parameters())
         log(

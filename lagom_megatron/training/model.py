@@ -109,6 +109,12 @@ def _megatron_lm_fields(args: argparse.Namespace, *, on_gpu: bool) -> dict:
         num_layers_in_first_pipeline_stage=get("decoder_first_pipeline_num_layers"),
         num_layers_in_last_pipeline_stage=get("decoder_last_pipeline_num_layers"),
         cross_entropy_loss_fusion=get("cross_entropy_loss_fusion", False) and on_gpu,
+        # FP8 in Transformer Engine's layers (argument_checks refuses it with the local ones); fp8_param as
+        # Megatron-LM core_v0.16.1 arguments.py:1331, the rest by name (:1320-1323)
+        fp8=get("fp8"),
+        fp8_amax_history_len=get("fp8_amax_history_len", 1),
+        fp8_amax_compute_algo=get("fp8_amax_compute_algo", "most_recent"),
+        fp8_param=get("fp8_param_gather", False),
     )
 
 
@@ -147,8 +153,9 @@ def seeded_layer_class(layer_cls: type, seed: int) -> type:
     return SeededLayer
 
 
-def ddp_config(args: argparse.Namespace):
-    """Megatron-Core's DDP (or FSDP2) config, as Megatron-LM core_v0.16.1 ``training.py:1287-1295`` builds it."""
+def ddp_config(args: argparse.Namespace, *, on_gpu: bool = True):
+    """Megatron-Core's DDP (or FSDP2) config, as Megatron-LM core_v0.16.1 ``training.py:1287-1295`` builds it (its
+    fields by name: ``--use-nccl-ub`` is ``nccl_ub``, only with NCCL)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
     if getattr(args, "use_torch_fsdp2", False):  # Megatron-LM core_v0.16.1 training.py:1287-1289
@@ -163,7 +170,23 @@ def ddp_config(args: argparse.Namespace):
         use_megatron_fsdp=getattr(args, "use_megatron_fsdp", False),
         data_parallel_sharding_strategy=getattr(args, "data_parallel_sharding_strategy", "no_shard"),
         bucket_size=args.ddp_bucket_size,
+        fp8_param_gather=getattr(args, "fp8_param_gather", False),
+        nccl_ub=getattr(args, "nccl_ub", False) and on_gpu,
     )
+
+
+def high_priority_stream_groups(args: argparse.Namespace, arch_major: int | None = None) -> list[str]:
+    """``--high-priority-stream-groups`` and the groups Megatron-LM adds (core_v0.16.1 ``arguments.py:955-962``,
+    core_v0.19.0 ``:1441-1448``): dp_cp, and ep_dp with expert parallelism, for torch FSDP2 and, on compute
+    capability major >= 10 (``training/utils.py:446-448``), for Megatron-FSDP."""
+    groups = list(getattr(args, "high_priority_stream_groups", None) or [])
+    if arch_major is None and getattr(args, "use_megatron_fsdp", False):
+        arch_major = torch.cuda.get_device_properties(torch.device("cuda:0")).major
+    if getattr(args, "use_torch_fsdp2", False) or (getattr(args, "use_megatron_fsdp", False) and arch_major >= 10):
+        for name, wanted in (("dp_cp", True), ("ep_dp", args.expert_model_parallel_size > 1)):
+            if wanted and name not in groups:
+                groups.append(name)
+    return groups
 
 
 def data_parallel_class(args: argparse.Namespace):

@@ -31,20 +31,30 @@ NO_EFFECT: dict[str, str] = {
     "bias_swiglu_fusion": "fused kernels: off on CPU, Megatron-Core's defaults on a GPU",
     "bias_dropout_fusion": "fused kernels: off on CPU, Megatron-Core's defaults on a GPU",
     "apply_rope_fusion": "fused kernels: off on CPU, Megatron-Core's defaults on a GPU",
-    "vocab_file": "tokenizers: ByteLevel and NullTokenizer only",
-    "merge_file": "tokenizers: ByteLevel and NullTokenizer only",
-    "tokenizer_model": "tokenizers: ByteLevel and NullTokenizer only",
     "tiktoken_pattern": "tokenizers: ByteLevel and NullTokenizer only",
-    "fp8": "no FP8 recipe in this script",
-    "fp8_amax_history_len": "no FP8 recipe in this script",
-    "fp8_amax_compute_algo": "no FP8 recipe in this script",
-    "fp8_param_gather": "no FP8 recipe in this script",
 }
 
 NO_EFFECT_ON_CPU: dict[str, str] = {
     "cross_entropy_loss_fusion": "no fused kernels on CPU",
     "distributed_backend": "gloo is the only backend on CPU",
+    "high_priority_stream_groups": "gloo has no NCCL streams",
+    "nccl_ub": "gloo has no NCCL user buffers",
 }
+
+FP8_FLAGS: dict[str, object] = {
+    "fp8": None,
+    "fp8_amax_history_len": 1,
+    "fp8_amax_compute_algo": "most_recent",
+    "fp8_param_gather": False,
+}
+"""Destination -> default of the FP8 flags (Megatron-LM core_v0.16.1 ``arguments.py:1370-1400``): they act in
+Transformer Engine's layers only (megatron-core 0.16.1 ``transformer/transformer_config.py:429-470``)."""
+
+GPT2_BPE_HINT = (
+    "megatron-core's GPT-2 BPE tokenizer needs the transformers package, which this script does not use; its "
+    "tokenizers are ByteLevel and NullTokenizer (a dataset tokenized with GPT-2 BPE trains with --tokenizer-type "
+    "NullTokenizer --vocab-size 50257)"
+)
 
 REFUSED_HERE: dict[str, str] = {
     "train_samples": "sample-based training is not implemented here; give --train-iters",
@@ -54,6 +64,10 @@ REFUSED_HERE: dict[str, str] = {
     "calculate_per_token_loss": "the loss is averaged per micro-batch here",
     "decoupled_lr": "one learning rate for all parameters here",
     "decoupled_min_lr": "one learning rate for all parameters here",
+    "vocab_file": GPT2_BPE_HINT,
+    "merge_file": GPT2_BPE_HINT,
+    "tokenizer_model": "SentencePiece and HuggingFace tokenizers are not built here; its tokenizers are ByteLevel "
+    "and NullTokenizer (--tokenizer-type NullTokenizer --vocab-size N trains a dataset of ids below N)",
 }
 """Destination -> why a non-default value is refused (training would differ from Megatron-LM's)."""
 
@@ -90,6 +104,23 @@ def add_megatron_lm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         choices=[0, 1, 2],
         default=0,
         help="Accepted; the CUDA cache is not emptied.",
+    )
+
+    # Megatron-LM core_v0.16.1 arguments.py:2095-2096 (nargs "*"), :2285-2288; core_v0.19.0 builds the first from
+    # training/config/common_config.py:124 (nargs "+", arguments.py:2937-2940) and keeps :3010
+    g = parser.add_argument_group("NCCL communicators (GPU)")
+    g.add_argument(
+        "--high-priority-stream-groups",
+        nargs="*",
+        default=[],
+        help="Process groups (Megatron-Core names: dp_cp, ep_dp, tp, ...) whose NCCL communicators run on "
+        "high-priority CUDA streams; passed to initialize_model_parallel.",
+    )
+    g.add_argument(
+        "--use-nccl-ub",
+        dest="nccl_ub",
+        action="store_true",
+        help="Register the DP/FSDP communication buffers with NCCL (user buffers); Megatron-Core's DDP config.",
     )
 
     g = parser.add_argument_group("checkpoints (accepted; this script writes and loads none)")
@@ -195,21 +226,27 @@ def add_megatron_lm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         action="store_true",
         help="Accepted (deprecated in Megatron-LM); always Megatron-Core.",
     )
-    g.add_argument("--fp8-amax-history-len", type=int, default=1, help="Accepted; no FP8 recipe here.")
+    fp8 = "Transformer Engine's layers only (refused with the local layers)"
+    g.add_argument("--fp8-amax-history-len", type=int, default=1, help=f"FP8 amax history length; {fp8}.")
     g.add_argument(
-        "--fp8-format", dest="fp8", choices=["e4m3", "hybrid"], default=None, help="Accepted; no FP8 recipe here."
+        "--fp8-format", dest="fp8", choices=["e4m3", "hybrid"], default=None, help=f"FP8 (delayed scaling); {fp8}."
     )
     g.add_argument(
         "--fp8-amax-compute-algo",
         choices=["most_recent", "max"],
         default="most_recent",
-        help="Accepted; no FP8 recipe here.",
+        help=f"FP8 amax of the history window; {fp8}.",
     )
-    g.add_argument("--fp8-param-gather", action="store_true", help="Accepted; no FP8 recipe here.")
+    g.add_argument(
+        "--fp8-param-gather",
+        action="store_true",
+        help=f"Keep weights in FP8 and all-gather them in FP8 (needs --use-distributed-optimizer); {fp8}.",
+    )
 
-    g = parser.add_argument_group("data and tokenizer (accepted; see --tokenizer-type)")
-    for dest in ("vocab_file", "merge_file", "tokenizer_model", "tiktoken_pattern"):
-        g.add_argument("--" + dest.replace("_", "-"), default=None, help=f"Accepted; {NO_EFFECT[dest]}.")
+    g = parser.add_argument_group("data and tokenizer (see --tokenizer-type)")
+    for dest in ("vocab_file", "merge_file", "tokenizer_model"):
+        g.add_argument("--" + dest.replace("_", "-"), default=None, help=f"Refused: {REFUSED_HERE[dest]}.")
+    g.add_argument("--tiktoken-pattern", default=None, help=f"Accepted; {NO_EFFECT['tiktoken_pattern']}.")
     g.add_argument("--num-workers", type=int, default=2, help=f"Accepted; {NO_EFFECT['num_workers']}.")
     g.add_argument(
         "--no-mmap-bin-files",
@@ -243,24 +280,69 @@ def inactive_flags(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
     return out
 
 
-def refused_here(args: argparse.Namespace) -> str | None:
-    """The first refusal as one line, else None (Megatron-LM core_v0.16.1 ``arguments.py:999-1000``, ``:767-769``;
-    megatron-core 0.16.1 ``transformer/torch_norm.py:26-28``)."""
+def _shown(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def refusals(args: argparse.Namespace) -> list[str]:
+    """Every flag of ``args`` refused on any machine, one sentence each (Megatron-LM core_v0.16.1
+    ``arguments.py:999-1000``, ``:767-769``)."""
     defaults = {"lr_warmup_samples": 0, "calculate_per_token_loss": False}
+    given: dict[str, list[str]] = {}  # why -> the flags it refuses (one sentence for --vocab-file and --merge-file)
     for dest, why in REFUSED_HERE.items():
-        if getattr(args, dest, None) not in (defaults.get(dest), None):
-            return (
-                f"--{dest.replace('_', '-')} {getattr(args, dest)!r} is not accepted by scripts/pretrain_gpt.py: {why}"
-            )
+        value = getattr(args, dest, None)
+        if value not in (defaults.get(dest), None):
+            flag = "--" + dest.replace("_", "-")
+            given.setdefault(why, []).append(flag if value is True else f"{flag} {_shown(value)}")
+    out = [
+        f"{', '.join(flags)} {'is' if len(flags) == 1 else 'are'} not accepted by scripts/pretrain_gpt.py: {why}"
+        for why, flags in given.items()
+    ]
     if not getattr(args, "add_position_embedding", True) and args.position_embedding_type != "rope":
-        return (
+        out.append(
             "--no-position-embedding is deprecated (Megatron-LM refuses it without RoPE): use --position-embedding-type"
         )
     if getattr(args, "lr_warmup_fraction", None) is not None and args.lr_warmup_iters:
-        return "pass one of --lr-warmup-fraction and --lr-warmup-iters, not both"
-    if getattr(args, "layernorm_zero_centered_gamma", False) and args.transformer_impl == "local":
-        return (
-            "--apply-layernorm-1p needs Transformer Engine layers (megatron-core's local LayerNorm has no "
-            "zero-centred weights): use --transformer-impl transformer_engine"
+        out.append("pass one of --lr-warmup-fraction and --lr-warmup-iters, not both")
+    return out
+
+
+def implementation_refusals(args: argparse.Namespace, *, local_layers: bool, on_gpu: bool | None) -> list[str]:
+    """The flags the chosen layers cannot run (``local_layers``: megatron-core's local spec; ``on_gpu`` None: not
+    known). megatron-core 0.16.1 ``transformer/torch_norm.py:26-28`` asserts no zero-centred gamma; FP8 runs in
+    Transformer Engine's modules only (``transformer_config.py:429-470``)."""
+    impl = getattr(args, "transformer_impl", None)
+    out = []
+    if impl == "transformer_engine" and on_gpu is False:
+        out.append(
+            "--transformer-impl transformer_engine needs a CUDA GPU and this machine has none; use "
+            "--transformer-impl local (the default without a GPU)"
         )
-    return None
+    if not local_layers:
+        return out
+    if impl == "local":
+        layers, fix = "--transformer-impl local", "use --transformer-impl transformer_engine, or drop {}"
+    elif on_gpu is False:
+        layers, fix = "this machine has no CUDA GPU, so the local layers run", "drop {} to run on CPU"
+    else:
+        layers, fix = "Transformer Engine is not installed, so the local layers run", "install it, or drop {}"
+    if getattr(args, "layernorm_zero_centered_gamma", False):
+        out.append(
+            f"--apply-layernorm-1p needs Transformer Engine layers (megatron-core's local LayerNorm has no "
+            f"zero-centred weights) but {layers}: {fix.format('it')}"
+        )
+    fp8 = [
+        f"{action} {_shown(getattr(args, dest))}" if not isinstance(default, bool) else action
+        for dest, default, action in (
+            (d, v, "--fp8-format" if d == "fp8" else "--" + d.replace("_", "-")) for d, v in FP8_FLAGS.items()
+        )
+        if getattr(args, dest, default) != default
+    ]
+    if fp8:
+        out.append(
+            f"{', '.join(fp8)}: FP8 runs in Transformer Engine's layers only but {layers}: "
+            f"{fix.format('the FP8 flags')}"
+        )
+    return out
