@@ -316,7 +316,7 @@ def test_bench_simulated_out_that_is_a_file_is_one_line(tmp_path, capsys):
     afile.write_text("mine\n")
     for out, message in (
         (afile, f"--out {str(afile)!r} is a file; give a folder"),
-        (afile / "sub", f"--out {str(afile / 'sub')!r} cannot be created: Not a directory"),
+        (afile / "sub", f"--out {afile} is a file, not a folder, so {afile / 'sub'} cannot be created"),
     ):
         with pytest.raises(SystemExit) as exc:
             main(["bench", "simulated", "--presets", "llama3-8b-h100x8", "--out", str(out)])
