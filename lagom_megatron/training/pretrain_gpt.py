@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import sys
@@ -17,7 +18,7 @@ from lagom_megatron.preflight.cluster import choose_cluster, mismatch, this_mach
 from lagom_megatron.preflight.files import hold_run_locks
 from lagom_megatron.preflight.types import Finding
 from lagom_megatron.training.argument_checks import check_installed, validate_args
-from lagom_megatron.training.arguments import LAYOUT_FLAGS, parse_args
+from lagom_megatron.training.arguments import LAYOUT_FLAGS, UsageError, build_parser, parse_args
 
 
 def _single_process_env() -> None:
@@ -53,12 +54,86 @@ def _launch_hint(args) -> str:
 REFUSAL_GRACE_S = 120.0
 """Seconds ranks > 0 wait before exiting on a refused input, so rank 0's error precedes torchrun's stop."""
 
+REPEAT_LIMIT_S = 300.0
+"""Seconds the copy of a refused run's line waits for torchrun's agent to exit; then it gives up, silent."""
 
-def _refused(code: int, rank0: bool) -> int:
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie counts: its output is complete)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def repeat_after_exit(pid: int | str, line: str, limit_s: float | str = REPEAT_LIMIT_S) -> bool:
+    """Writes ``line`` to stderr once process ``pid`` has exited (a pidfd, else polling); False: it still ran after
+    ``limit_s`` seconds, nothing written."""
+    import select
+    import time
+
+    pid, deadline = int(pid), time.monotonic() + float(limit_s)
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        fd = None
+    except (AttributeError, OSError):  # not Linux >= 5.3
+        fd = -1
+    if fd is not None and fd >= 0:
+        with contextlib.closing(io.FileIO(fd)):
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return False
+    elif fd == -1:
+        while not _gone(pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+    os.write(2, line.encode() + b"\n")
+    return True
+
+
+def _repeat_after_torchrun(line: str) -> None:
+    """Under torchrun (``TORCHELASTIC_RUN_ID``, on its last restart: torch 2.13 ``elastic/agent/server/
+    local_elastic_agent.py:426-428``), a process of its own session (the agent's ``os.killpg`` of a worker's
+    session leaves it: ``subprocess_handler.py:66, 85``) repeats ``line`` once the agent, this rank's parent, has
+    printed its ``ChildFailedError`` summary (``launcher/api.py:378-386``) and exited: the last line the user sees."""
+    env = os.environ
+    if "TORCHELASTIC_RUN_ID" not in env or env.get("TORCHELASTIC_RESTART_COUNT") != env.get(
+        "TORCHELASTIC_MAX_RESTARTS"
+    ):
+        return
+    import subprocess
+
+    code = (
+        "import sys; from lagom_megatron.training.pretrain_gpt import repeat_after_exit; "
+        "repeat_after_exit(*sys.argv[1:])"
+    )
+    try:
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(os.getppid()), line],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError:
+        pass  # the line was printed once already
+
+
+def _refused(code: int, rank0: bool, line: str | None = None) -> int:
     if not rank0:
         import time
 
         time.sleep(REFUSAL_GRACE_S)
+    elif line:
+        _repeat_after_torchrun(line)
     return code
 
 
@@ -126,9 +201,18 @@ def pretrain_preflight(
 
     try:
         world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "the job's world size") or 1
-        # the arguments alone first: no torch import (seconds) for a line that cannot start anyway
+        # the arguments alone first: no torch import (seconds) for a line that cannot start anyway; the refused
+        # flags wait for the machine, which adds what its layers cannot run (every refusal in one run)
         if refused(
-            check_run(args, environ, None, world_size=world_size, local=True, machine=False, validate=validate_args)
+            check_run(
+                args,
+                environ,
+                None,
+                world_size=world_size,
+                local=True,
+                machine=False,
+                validate=functools.partial(validate_args, refuse=False),
+            )
         ):
             return 2
         preset_world = preset_world_problem(args, world_size)
@@ -154,7 +238,7 @@ def pretrain_preflight(
             target.cluster,
             world_size=world_size,
             local=True,
-            validate=validate_args,
+            validate=functools.partial(validate_args, on_gpu=machine.cuda),
             installed=check_installed,
         )
         if not isinstance(target.cluster, Mapping):  # lagom's cost model starts from the same cluster
@@ -179,9 +263,20 @@ def pretrain_preflight(
 def main(argv: list[str] | None = None) -> int:
     """Parses, checks and trains as one rank of a torchrun job: 0 trained, 2 refused input, 130 Ctrl-C."""
     rank0 = os.environ.get("RANK", "0") == "0"
+    error: list[str] = []  # rank 0's refusal, repeated after torchrun's summary
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+        if line.startswith("pretrain_gpt.py: error:"):
+            error[:] = [line]
+
     try:
         if rank0:
-            args = parse_args(argv)
+            try:
+                args = parse_args(argv, exit_on_error=False)
+            except UsageError:
+                build_parser().print_usage(sys.stderr)
+                raise
         else:  # the same check, silent: one copy of the usage error, not one per rank
             with contextlib.redirect_stdout(io.StringIO()):
                 args = parse_args(argv, exit_on_error=False)
@@ -190,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"pretrain_gpt.py: warning: {warning}", file=sys.stderr, flush=True)
     except (ValueError, FileNotFoundError, UntestedVersionError) as exc:
         if rank0:
-            print(f"pretrain_gpt.py: error: {exc}", file=sys.stderr, flush=True)
-        return _refused(2, rank0)
+            say(f"pretrain_gpt.py: error: {exc}")
+        return _refused(2, rank0, error[0] if error else None)
 
     def hint(message: str) -> str:
         if "WORLD_SIZE" not in os.environ and message.startswith(
@@ -200,9 +295,9 @@ def main(argv: list[str] | None = None) -> int:
             return message + _launch_hint(args)
         return message
 
-    code = pretrain_preflight(args, log=lambda line: print(hint(line), file=sys.stderr, flush=True))
+    code = pretrain_preflight(args, log=lambda line: say(hint(line)))
     if code:
-        return _refused(code, rank0)
+        return _refused(code, rank0, error[0] if error else None)
     args = validate_args(args, int(os.environ.get("WORLD_SIZE", "1")))
     _single_process_env()
     from lagom_megatron.training.loop import pretrain

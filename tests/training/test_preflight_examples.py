@@ -487,10 +487,13 @@ def test_torchrun_refused_input_starts_no_rank():
         timeout=LAUNCH_S,
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert [line for line in out.splitlines() if "pretrain_gpt.py: error:" in line] == [
+    line = (
         "pretrain_gpt.py: error: --ddp-bucket-size -5 is not a positive integer; allowed: a number of parameters >= 1"
-    ]
+    )
+    assert proc.returncode != 0
+    # printed by rank 0, then repeated after torchrun's ChildFailedError summary: the last line the user sees
+    assert [text for text in out.splitlines() if "pretrain_gpt.py: error:" in text] == [line, line]
+    assert [text for text in proc.stderr.splitlines() if text.strip()][-1] == line
     assert "pretrain_gpt: preset=" not in out and "iteration" not in out
 
 
