@@ -104,10 +104,9 @@ class SampleSchema(_Strict):
     t_region_us: float = Field(ge=0)
     iteration: StrictInt = 0
     calls: list[tuple[float, float, float]] = Field(default_factory=list)
-    t_comm_nccl_us: float = Field(default=math.nan, ge=0)
     model_config = ConfigDict(extra="forbid", strict=False)
 
-    _finite_times = field_validator("t_comm_us", "t_comp_us", "t_region_us", "t_comm_nccl_us")(_finite)
+    _finite_times = field_validator("t_comm_us", "t_comp_us", "t_region_us")(_finite)
     _check_config = field_validator("config")(_config)
 
     @field_validator("calls", mode="before")

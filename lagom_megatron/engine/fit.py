@@ -5,7 +5,6 @@ size, nodes; gloo: site), ridge least squares pulled to the ClusterSpec priors f
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -24,12 +23,6 @@ RIDGE_GAMMA = 0.01
 """Pull of gamma towards 1, per unit of squared log."""
 IRLS_STEPS = 4
 NOISE_REL = 0.02
-
-
-def comm_time_us(sample: Any) -> float:
-    """A sample's communication time for the fit, us: ``t_comm_nccl_us`` (NCCL's timers) if > 0, else ``t_comm_us``."""
-    nccl = getattr(sample, "t_comm_nccl_us", math.nan)
-    return float(nccl) if math.isfinite(nccl) and nccl > 0 else float(sample.t_comm_us)
 
 
 def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
@@ -79,13 +72,10 @@ def fit_cost_model(profile: Profile, cluster: ClusterSpec) -> CostModel:
     model.wait_S = waits if waits.any() else None
     hp_J = np.array([1.0 if smp.config.high_priority_stream else 0.0 for _, smp in rows])
     wait_J = waits[i_J] * (1.0 - hp_J)
-    # the run: NCCL's kernel time (kernelCh timers start when the kernel runs) if any, else torch's less the wait
+    # the run: torch's duration (one clock for defaults and probes alike) less the wait
     torch_J = np.array([max(smp.t_comm_us, 1e-6) for _, smp in rows])
-    nccl_J = np.array([comm_time_us(smp) != smp.t_comm_us for _, smp in rows])
-    y_comm = np.where(
-        nccl_J, [max(comm_time_us(smp), 1e-6) for _, smp in rows], np.maximum(torch_J - wait_J, 0.5 * torch_J)
-    )
-    y_meas = np.where(nccl_J, y_comm + wait_J, torch_J)
+    y_comm = np.maximum(torch_J - wait_J, 0.5 * torch_J)
+    y_meas = torch_J
     # per gamma, ridge fit of alpha, beta towards k: on gloo k may be the measured-to-prior scale (shape, not speed)
     F_J = gi[i_J]
     best_err = np.full(G, np.inf)

@@ -3,7 +3,6 @@ A ``Sample``: one region under one config (us, slowest rank), ``t_region_us`` fr
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +60,7 @@ CallTimes = tuple[float, float, float]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Sample:
-    """One region under one config (us); ``calls`` in issue order; ``t_comm_nccl_us``: NCCL's kernel timers or NaN."""
+    """One region under one config (us); ``calls`` in issue order."""
 
     site_id: str
     config: CommConfig
@@ -70,7 +69,6 @@ class Sample:
     t_region_us: float
     iteration: int = 0
     calls: tuple[CallTimes, ...] = ()
-    t_comm_nccl_us: float = math.nan
 
 
 @dataclass(kw_only=True, slots=True)
@@ -103,7 +101,6 @@ class Profile:
                     "t_region_us": s.t_region_us,
                     "iteration": s.iteration,
                     **({"calls": [list(c) for c in s.calls]} if s.calls else {}),
-                    **({"t_comm_nccl_us": s.t_comm_nccl_us} if math.isfinite(s.t_comm_nccl_us) else {}),
                 }
                 for s in self.samples
             ],
@@ -121,7 +118,6 @@ class Profile:
                 t_region_us=float(s["t_region_us"]),
                 iteration=s.get("iteration", 0),
                 calls=tuple(tuple(map(float, c)) for c in s.get("calls", ())),
-                t_comm_nccl_us=float(s.get("t_comm_nccl_us", math.nan)),
             )
             for s in data["samples"]
         ]

@@ -116,7 +116,6 @@ class ProfileRecorder:
                 t_region_us=s.t_region_us,
                 iteration=s.iteration,
                 calls=self._calls_with_compute(s),
-                t_comm_nccl_us=s.t_comm_nccl_us,
             )
             for s in self.samples
             if s.site_id in usable

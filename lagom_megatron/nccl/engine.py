@@ -106,23 +106,6 @@ def missing_calls(backend: Any) -> tuple[str, ...]:
     return tuple(name for name in BACKEND_CALLS if not hasattr(type(backend), name) and not hasattr(backend, name))
 
 
-def comm_names(group: Any, *, own_name: str | None = None) -> tuple[str, ...]:
-    """The names NCCL's profiler may know ``group``'s communicator by, most specific first.
-
-    ``own_name``: the ``NCCLConfig.comm_name`` lagom gave it (pool entries, legacy engine). Then the nccl2 form
-    (``group_name``) and the legacy form (``"<group_desc>:<group_name>"``); ``group_desc`` last (gloo entries)."""
-    names: list[str] = [own_name] if own_name else []
-    name = getattr(group, "group_name", None)
-    desc = getattr(group, "group_desc", None)
-    if name:
-        names.append(str(name))
-        if desc:
-            names.append(f"{desc}:{name}")
-    if desc:
-        names.append(str(desc))
-    return tuple(dict.fromkeys(names))
-
-
 def _default_group() -> Any | None:
     try:
         import torch.distributed as dist

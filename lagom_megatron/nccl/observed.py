@@ -345,13 +345,3 @@ def p2p_task_channels(cluster: Any, op: ObservedOp, *, bound: int, group_size: i
         n_nodes_S=np.array([float(n_nodes)]),
     )
     return int(np.asarray(model.ctas(0, float(bound))).item())  # one task: the kernel's CTAs are its channels
-
-
-def site_kernel_us(
-    comms: Iterable[ObservedComm], key: str, op: str, nbytes: int, group_size: int, calls: int
-) -> float | None:
-    """The site's NCCL kernel time, us summed over ``calls``; None unless the records tell it apart (ABI v4+)."""
-    ops = matching_ops(comms, key, op, nbytes, group_size)
-    if not ops or calls <= 0 or sum(o.calls for o in ops) != calls or sum(o.kernel_calls for o in ops) != calls:
-        return None
-    return sum(o.kernel_ns for o in ops) / 1e3

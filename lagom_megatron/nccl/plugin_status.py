@@ -293,15 +293,16 @@ def read_observed(library: str | None = None) -> list[ObservedComm] | None:
         size = n + 4096  # records grew between the calls at most by a little
 
 
-def set_recording(on: bool, *, reset: bool = False, kernel_times: bool = False, library: str | None = None) -> bool:
-    """Turns lagom's profiler events on (what NCCL ran; with ``kernel_times`` also KernelCh, never in a timed
-    iteration: ``nccl/plugin/observed.c``) or off, optionally resetting the records; False if the library is absent."""
+def set_recording(on: bool, *, reset: bool = False, library: str | None = None) -> bool:
+    """Turns lagom's profiler events on (what NCCL ran, level 1: coll, p2p and proxyOp, never KernelCh, whose proxy ops
+    would change what is timed: ``nccl/plugin/observed.c``) or off, optionally resetting the records; False if the
+    library is absent."""
     lib = _library(library)
     if lib is None:
         return False
     if reset:
         lib.lagomProfilerReset()
-    lib.lagomProfilerSetActive(ctypes.c_int(0 if not on else 2 if kernel_times else 1))
+    lib.lagomProfilerSetActive(ctypes.c_int(1 if on else 0))
     return True
 
 

@@ -66,12 +66,9 @@ def test_a_plan_given_as_a_list_or_a_profile_is_named_as_such(tmp_path):
 def test_what_lagom_writes_is_what_it_reads(tmp_path):
     prof = profile_from(build(sites=[site(), site(site_id="dp.rs[0]", op="reduce_scatter", group="dp")]))
     prof.fingerprint.update(world_size=8, backend=prof.backend, cluster=prof.cluster)
-    smp = prof.samples[0]
-    # NCCL's kernel timers (a GPU run with the profiler plugin) travel in the sample
-    prof.samples[0] = type(smp)(**{**{k: getattr(smp, k) for k in smp.__slots__}, "t_comm_nccl_us": 12.5})
     prof.save(tmp_path / "profile.json")
     back = load_profile(tmp_path / "profile.json")
-    assert back.to_dict() == prof.to_dict() and back.samples[0].t_comm_nccl_us == 12.5
+    assert back.to_dict() == prof.to_dict()
     plan = Plan.from_dict(json.loads(_plan_file(tmp_path, lambda d: None).read_text()))
     plan.save(tmp_path / "plan.json")
     assert load_plan(tmp_path / "plan.json").digest() == plan.digest()

@@ -14,7 +14,6 @@ from lagom_megatron.config.plan_files import load_profile
 from lagom_megatron.engine.cost_model import CostModel, region_time_us, wire_bytes
 from lagom_megatron.engine.fit import fit_cost_model, mape_floor
 from lagom_megatron.engine.knobs import CommConfig
-from lagom_megatron.engine.profile import Profile
 
 from .factory import build, profile_from, site
 
@@ -230,25 +229,3 @@ def test_fit_leaves_out_samples_with_a_region_of_zero():
     prof.samples.append(replace(prof.samples[1], t_region_us=0.0, iteration=9))
     fitted = fit_cost_model(prof, truth.cluster)
     assert fitted.n_points == 5 and fitted.mape < 1.0
-
-
-def test_fit_uses_nccls_kernel_time_when_the_profile_has_it():
-    """The profile records both sources (``t_comm_us`` from torch's events, ``t_comm_nccl_us`` from
-    NCCL's kernel timers); the fit's T_comm follows NCCL's where present: a profile whose torch
-    times are all twice the truth but whose NCCL times are the truth fits as the true one does."""
-    import math
-
-    truth = build(sites=[site(site_id=f"tp.ag[{i}]", nbytes=(4 + 8 * i) * 2**20) for i in range(3)], comp_ratio=1.2)
-    exact = profile_from(truth)
-    both = profile_from(truth)
-    both.samples = [replace(s, t_comm_us=2 * s.t_comm_us, t_comm_nccl_us=s.t_comm_us) for s in both.samples]
-    torch_only = profile_from(truth)
-    torch_only.samples = [replace(s, t_comm_us=2 * s.t_comm_us) for s in torch_only.samples]
-    cfg = CommConfig(n_channels=8)
-    want = fit_cost_model(exact, truth.cluster).t_comm_us("tp.ag[1]", cfg)
-    assert fit_cost_model(both, truth.cluster).t_comm_us("tp.ag[1]", cfg) == pytest.approx(want, rel=1e-9)
-    assert fit_cost_model(torch_only, truth.cluster).t_comm_us("tp.ag[1]", cfg) > 1.5 * want
-    back = Profile.from_dict(both.to_dict())
-    assert [s.t_comm_nccl_us for s in back.samples] == [s.t_comm_nccl_us for s in both.samples]
-    assert "t_comm_nccl_us" not in exact.to_dict()["samples"][0], "absent where NCCL reported none"
-    assert math.isnan(Profile.from_dict(exact.to_dict()).samples[0].t_comm_nccl_us)

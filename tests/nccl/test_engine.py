@@ -196,19 +196,6 @@ def test_a_backend_without_a_call_gets_one_warning_naming_the_variable(monkeypat
     assert "WARNING" in warning and "register_mem_pool" in warning and f"{eng.ENGINE_ENV}=0" in warning
 
 
-def test_names_nccl_may_give_a_communicator_per_engine():
-    group = _Group(None, name="12", desc="TENSOR_MODEL_PARALLEL_GROUP")
-    # a pool entry: lagom's own comm_name first; then nccl2's group_name, the legacy "<desc>:<name>", gloo's desc
-    assert eng.comm_names(group, own_name="tp/e1") == (
-        "tp/e1",
-        "12",
-        "TENSOR_MODEL_PARALLEL_GROUP:12",
-        "TENSOR_MODEL_PARALLEL_GROUP",
-    )
-    assert eng.comm_names(types.SimpleNamespace(group_desc="LAGOM_POOL_DP")) == ("LAGOM_POOL_DP",)
-    assert eng.comm_names(object()) == ()
-
-
 def test_no_cuda_backend_means_no_engine_and_no_lines():
     class GlooOnly:
         def _get_backend(self, device):

@@ -20,7 +20,6 @@ from lagom_megatron.nccl.observed import (
     observe_site,
     op_bytes,
     p2p_task_channels,
-    site_kernel_us,
     unread_rule_note,
 )
 from lagom_megatron.nccl.plugin import build_harness, build_tuner
@@ -135,15 +134,6 @@ def test_records_of_another_communicator_or_shape_leave_the_site_unobserved(buil
     )
     assert _site(comms, nbytes=2 << 20).status == "unobserved"
     assert _site(comms, op="all_gather").status == "unobserved"
-
-
-@pytest.mark.parametrize("version, want", [(1, None), (3, None), (4, 4.035), (6, 4.035)])
-def test_nccl_kernel_time_is_a_second_source(built, version, want):
-    """driveColl's channel c starts at 1000 + 10c ns and stops at 5000 + 5c ns: 8 channels span
-    5035 - 1000 = 4035 ns; ABI v1-v3 have no GPU timer."""
-    comms = _records(built, version, "match")
-    assert site_kernel_us(comms, "dp", "all_reduce", 4 << 20, 8, calls=1) == want
-    assert site_kernel_us(comms, "dp", "all_reduce", 4 << 20, 8, calls=2) is None, "another site shares the shape"
 
 
 def _coll(func, count, dtype, proto="SIMPLE", abi=6, algo="RING", n_nodes=1):

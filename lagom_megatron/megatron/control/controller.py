@@ -283,7 +283,7 @@ class LagomController:
         elif self.mode == "tune":
             step = self._step = self.tuner.start_iteration(iteration)
             self.router.set_assignment(step.assignment)
-            # no NCCL kernel timers here: every step that feeds the fit is timed (KernelTimes)
+            # no NCCL kernel timers here (KernelCh): every step that feeds the fit is timed
             self.profiler.start_iteration(timed=step.timed, serialize=step.serialize)
         elif self.mode == "reuse":
             self.profiler.start_iteration(timed=reuse_timed)

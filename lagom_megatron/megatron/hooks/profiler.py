@@ -12,10 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lagom_megatron.megatron import consensus
-from lagom_megatron.nccl.engine import comm_names
-from lagom_megatron.nccl.observed import site_kernel_us
-
 
 @dataclass(slots=True)
 class CallTiming:
@@ -300,55 +296,3 @@ class Profiler:
         ]:
             del self.call_times[sid]  # a call never waited on (no CUDA event): not timed call by call
         return {k: (v[0], v[1], v[2]) for k, v in out.items()}
-
-
-class KernelTimes:
-    """Per-iteration NCCL kernel times of one rank; every method is called on every rank alike. Only for an untimed
-    iteration: NCCL's KernelCh events add a profiler proxy op per channel of every task and, at a communicator's first
-    such task, 2 x MAXCHANNELS blocking proxy connections in the enqueue (v2.30.7 ``src/enqueue.cc:567-573``,
-    ``src/plugin/profiler.cc:753-776``), which production (mask 0) never runs."""
-
-    def __init__(self, *, reader: Callable[[], Any] | None = None, recorder: Callable[..., bool] | None = None) -> None:
-        self.reader = reader
-        self.recorder = recorder
-        self.on = False
-
-    def start(self) -> None:
-        """Before an untimed iteration: records reset, NCCL's events with its kernel timers on."""
-        from lagom_megatron.nccl import plugin_status
-
-        self.on = bool((self.recorder or plugin_status.set_recording)(True, reset=True, kernel_times=True))
-
-    def finish(self, records: dict[str, Any], assignment: dict[str, Any], pool: Any) -> dict[str, float]:
-        """Events off; site id -> NCCL kernel time (us, slowest rank) of sites every rank timed; one all-gather."""
-        from lagom_megatron.nccl import plugin_status
-
-        local: dict[str, float] = {}
-        if self.on:
-            (self.recorder or plugin_status.set_recording)(False)
-            try:
-                comms = (self.reader or plugin_status.read_observed)() or []
-                for sid, rec in records.items():
-                    for key in comm_keys(pool, rec.group, assignment.get(sid)):
-                        us = site_kernel_us(comms, key, rec.op, rec.nbytes, rec.group.size, rec.calls)
-                        if us is not None and math.isfinite(us) and us > 0:
-                            local[sid] = us
-                            break
-            except Exception:  # noqa: BLE001 - a second source is not worth a training run: none this iteration
-                local = {}
-        self.on = False
-        gathered = consensus.all_gather(local)
-        common = set(gathered[0]).intersection(*gathered[1:]) if gathered else set()
-        return {sid: max(g[sid] for g in gathered) for sid in common}
-
-
-def comm_keys(pool: Any, info: Any, config: Any) -> tuple[str, ...]:
-    """The names a site's communicator may have in NCCL's profiler records: its pool entry's ``comm_key``, else
-    its own group's names (``nccl.engine.comm_names``: torch's ``group_name`` on nccl2, ``"<group_desc>:<group_name>"``
-    where the legacy class writes it, ``group_desc`` on gloo)."""
-    group = pool.group_for(info, config) if config is not None and pool is not None else None
-    if group is not None:
-        key = pool.comm_key(group)
-        return (key,) if key else ()
-    own = pool.own_group(info.name) if pool is not None else None
-    return comm_names(own) if own is not None else ()
