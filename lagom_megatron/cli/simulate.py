@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         verify_iters, verify_max_iters = verify_counts(preset, args.verify_iters, args.verify_max_iters)
     except ValueError as e:
-        raise SystemExit(f"lagom simulate: error: --verify-max-iters: {e}") from None
+        raise ValueError(f"--verify-max-iters: {e}") from None  # bad usage: exit 2 (docs/cli.md)
     if args.method == "exhaustive":
         from lagom_megatron.nccl.rules import NcclRules
 

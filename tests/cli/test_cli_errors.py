@@ -395,3 +395,13 @@ def test_calibrate_contention_keeps_a_file_it_did_not_write(tmp_path, capsys):
     assert _error_line(capsys).endswith(
         f"--out {src} is the same file as csv {src}: one would replace the other; give another file name"
     )
+
+
+def test_simulate_verify_max_iters_below_verify_iters_is_usage_exit_2(tmp_path, capsys):
+    plan_out = tmp_path / "plan.json"
+    argv = ["simulate", "--preset", "gpt3-13b-h100x64", "--verify-iters", "50", "--verify-max-iters", "10"]
+    assert main([*argv, "--plan-out", str(plan_out)]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("lagom simulate: error: --verify-max-iters:"), line
+    assert "10 is below verify_iters 50" in line and "allowed: 50 or more" in line, line
+    assert not plan_out.exists()
