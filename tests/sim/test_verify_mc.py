@@ -10,11 +10,13 @@ import pytest
 from lagom_megatron.config.presets import load_preset
 from lagom_megatron.sim.constants import get
 from lagom_megatron.sim.verify_mc import (
+    CANDIDATE_CAPS,
     TARGET_KEEP_1PCT,
     TARGET_KEEP_HALF_PCT,
     accept_rate,
     choose_cap,
     choose_iters,
+    main,
     rates,
 )
 
@@ -52,3 +54,29 @@ def test_bad_arguments_are_refused():
         accept_rate(0.01, 0, sigma=0.01)
     with pytest.raises(ValueError, match="first=20, cap=10"):
         rates(0.01, 20, 10, sigma=0.01)
+
+
+def test_help_prints_usage_and_run_time_without_running(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m lagom_megatron.sim.verify_mc") and "--trials" in out
+    assert "takes about 12 s" in " ".join(out.split()) and "cap/arm" not in out  # no table: nothing ran
+
+
+def test_bad_trials_is_one_line_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--trials", "0"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("argument --trials: '0': allowed: a whole number of trials, 1 or more"), err
+
+
+def test_few_trials_print_the_table_with_every_cap(capsys):
+    main(["--trials", "30"])
+    lines = capsys.readouterr().out.splitlines()
+    caps = [int(line.split()[0]) for line in lines[2:-1]]
+    first = int(lines[0].split("first look ")[1].split()[0])
+    assert caps == [first * m for m in CANDIDATE_CAPS]
+    assert lines[-1].startswith(f"chosen: first look {first} iterations per arm")
