@@ -64,16 +64,16 @@ def writable_dir(text: str) -> str:
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: is a file; give a folder")
-    _check_folder(path, text)
+    _check_folder(path)
     return text
 
 
-def _check_folder(folder: Path, text: str) -> None:
+def _check_folder(folder: Path, file: str | None = None) -> None:
     from lagom_megatron.preflight.files import folder_problem
 
     problem = folder_problem(folder)
     if problem:
-        raise argparse.ArgumentTypeError(f"{text}: {problem}")
+        raise argparse.ArgumentTypeError(f"{file}: {problem}" if file else problem)  # the problem names the folder
 
 
 def refuse_overwriting_an_input(output: str | None, output_flag: str, inputs: dict[str, str | None]) -> None:

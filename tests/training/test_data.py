@@ -234,8 +234,8 @@ def test_sample_corpus_refuses_an_unwritable_folder_before_reading_anything(monk
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert (
         line.startswith(
-            "make_sample_corpus.py: error: argument --output-dir: /sys/kernel/lagom-corpus: cannot "
-            "write in /sys/kernel ("
+            "make_sample_corpus.py: error: argument --output-dir: /sys/kernel/lagom-corpus cannot be created "
+            "(/sys/kernel is not writable): "
         )
         and ".tmp" not in line
     )
