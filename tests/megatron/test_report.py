@@ -287,3 +287,27 @@ def test_the_report_says_what_the_plan_cannot_change_and_why():
     ) in text
     assert f"- {bins}: `dp.param_all_gather[chunk0.bucket0]`" in text
     assert "What the plan cannot change" not in render_markdown(rows, summary)  # no notes, no section
+
+
+def test_a_figure_that_cannot_be_written_names_the_png_and_keeps_the_table(tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    from lagom_megatron.megatron.outputs import figure
+
+    real_write_atomic = figure.write_atomic
+
+    def disk_full(path, write):  # the disk fills while savefig writes the temporary file
+        def fill(tmp):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
+
+        return real_write_atomic(path, fill)
+
+    monkeypatch.setattr(figure, "write_atomic", disk_full)
+    rows, summary = _fixture()
+    path = tmp_path / "report.md"
+    assert write_report(path, rows, summary) == [path]
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]  # no PNG, no temporary file left
+    assert "sites tuned:" in path.read_text()
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"lagom: WARNING: {tmp_path / 'report.png'} not written (No space left on device); {path} written"]

@@ -19,7 +19,7 @@ from lagom_megatron.engine.plan import Plan
 from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.engine.tuner import Tuner
 from lagom_megatron.engine.verify import ALPHA, half_range, t_95, t_quantile, verdict
-from lagom_megatron.megatron.outputs.run_files import RunFiles
+from lagom_megatron.megatron.outputs.run_files import RunFiles, say
 
 COLUMNS = (
     "site_id",
@@ -343,7 +343,8 @@ def report_path_for(path: str | os.PathLike, run_kind: str) -> Path:
 def write_report(
     path: str | os.PathLike, rows: list[SiteRow], summary: dict[str, Any], *, figure: bool = True
 ) -> list[Path]:
-    """Writes the report by ``path``'s suffix (.md, .csv, .json; else ValueError) and ``<stem>.png``; the paths."""
+    """Writes the report by ``path``'s suffix (.md, .csv, .json; else ValueError) and ``<stem>.png``; the paths
+    written (a PNG that could not be written is warned about and left out; OSError for the table)."""
     path = Path(path)
     suffix = path.suffix.lower()
     applied = summary.get("phase") == "applied"
@@ -371,8 +372,12 @@ def write_report(
         png = path.with_suffix(".png")
         from lagom_megatron.megatron.outputs.figure import plot_report
 
-        plot_report(png, rows, summary)
-        written.append(png)
+        try:
+            plot_report(png, rows, summary)
+        except OSError as exc:  # the table is written: name the one file that is not
+            say(f"lagom: WARNING: {png} not written ({exc.strerror or exc}); {path} written")
+        else:
+            written.append(png)
     return written
 
 
