@@ -120,6 +120,7 @@ def _validate(args, plan) -> int:
             f"{args.plan}: a {plan.backend} plan cannot be checked against {cluster.backend} cluster {cluster.name!r}"
         )
     _check_entries(args.plan, plan, cluster)
+    _check_env(args.plan, plan, cluster.nccl_version if cluster.backend != "gloo" else None)
     validate_env(plan.env)
     _warn_if_rejected(args.plan, plan)
     if args.profile:
@@ -157,6 +158,25 @@ def _check_entries(name, plan, cluster) -> None:
             raise ValueError(f"{name}: entry {site_id!r}: {exc}") from None
 
 
+def _check_env(name, plan, nccl_version: str | None) -> None:
+    """ValueError for the first ``env`` entry a launch must not get: any on gloo (it reads no NCCL variable), a
+    name that is not NCCL's, or a value the doctor's ``nccl-env`` grammar refuses (``nccl.env_check``)."""
+    if plan.backend == "gloo" and plan.env:
+        raise ValueError(
+            f"{name}: env: {', '.join(sorted(plan.env))}: a gloo plan sets no variable (gloo reads no NCCL_* "
+            "variable; its knob is the worker threads of each group); allowed: an empty env"
+        )
+    for key in plan.env:
+        if not key.startswith("NCCL_"):
+            raise ValueError(f"{name}: env: {key!r} is not an NCCL variable; allowed: NCCL_* variables only")
+    from lagom_megatron.nccl.env_check import check_nccl_env
+    from lagom_megatron.nccl.env_network import check_network_env
+
+    for issue in check_nccl_env(plan.env, nccl_version=nccl_version) + check_network_env(plan.env):
+        if issue.level == "error":
+            raise ValueError(f"{name}: env: {issue.what}; {issue.why}")
+
+
 def _warn_if_rejected(name, plan) -> None:
     if plan.rejected:
         print(
@@ -179,6 +199,7 @@ def _export(args, plan) -> int:
             cluster = None
     if cluster is not None and plan.backend != "gloo":
         _check_entries(args.plan, plan, cluster)  # never export a value NCCL would reject
+    _check_env(args.plan, plan, cluster.nccl_version if cluster is not None and cluster.backend != "gloo" else None)
     if plan.backend == "gloo" and args.format != "env":
         raise ValueError(
             f"{args.plan}: a gloo plan has no {args.format} form (it sets no NCCL knob); export it with "

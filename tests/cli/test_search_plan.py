@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from lagom_megatron.cli.bench import search_main as bench_main
@@ -192,3 +193,56 @@ def test_validate_refuses_a_verification_state_lagom_never_writes(tmp_path, caps
         "(never verified: a run measures it before applying it); got 'rejected', which a run would apply unmeasured"
     )
     assert json.loads(plan_path.read_text()) == data
+
+
+def _plan_with_env(tmp_path, capsys, cluster: str, env: dict[str, str]):
+    prof = profile_from(build(cluster=cluster, sites=[site(group_size=2)]))
+    prof.save(tmp_path / "profile.json")
+    plan_path = tmp_path / "plan.json"
+    assert main(["search", "--profile", str(tmp_path / "profile.json"), "-o", str(plan_path)]) == 0
+    data = json.loads(plan_path.read_text())
+    data["env"] = env
+    plan_path.write_text(json.dumps(data))
+    capsys.readouterr()
+    return plan_path, data
+
+
+@pytest.mark.parametrize(
+    "cluster, env, expected",
+    [
+        (
+            "h100-sxm-ib400",
+            {"NCCL_DEBUG": "INFO; rm -rf ~"},
+            "env: NCCL_DEBUG='INFO; rm -rf ~' is not one of VERSION, WARN, INFO, ABORT, TRACE; NCCL ignores",
+        ),
+        ("h100-sxm-ib400", {"NCCL_DEBUG": "INFOO"}, "env: NCCL_DEBUG='INFOO' is not one of VERSION, WARN, INFO"),
+        ("h100-sxm-ib400", {"LD_PRELOAD": "x.so"}, "env: 'LD_PRELOAD' is not an NCCL variable; allowed: NCCL_*"),
+        (
+            "cpu-gloo",
+            {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"},
+            "env: NCCL_ALGO, NCCL_PROTO: a gloo plan sets no variable (gloo reads no NCCL_* variable; its knob is "
+            "the worker threads of each group); allowed: an empty env",
+        ),
+    ],
+    ids=["nccl-debug-injection", "nccl-debug-typo", "not-nccl", "gloo-with-nccl-env"],
+)
+def test_validate_and_export_refuse_a_plan_env_no_launch_may_get(tmp_path, capsys, cluster, env, expected):
+    plan_path, data = _plan_with_env(tmp_path, capsys, cluster, env)
+    assert main(["plan", "validate", str(plan_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"lagom plan: error: {plan_path}: {expected}"), err
+    out = tmp_path / "plan.env"
+    assert main(["plan", "export", str(plan_path), "--format", "env", "-o", str(out)]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"lagom plan: error: {plan_path}: {expected}")
+    assert not out.exists() and json.loads(plan_path.read_text()) == data
+
+
+def test_validate_accepts_the_env_lagom_writes(tmp_path, capsys):
+    plan_path, _ = _plan_with_env(
+        tmp_path,
+        capsys,
+        "h100-sxm-ib400",
+        {"NCCL_NTHREADS": "256", "NCCL_MIN_CTAS": "1", "NCCL_MAX_CTAS": "8", "NCCL_NCHANNELS_PER_NET_PEER": "2"},
+    )
+    assert main(["plan", "validate", str(plan_path)]) == 0
+    assert "valid (1 entries" in capsys.readouterr().out
