@@ -109,6 +109,13 @@ def _bandwidth(args: argparse.Namespace) -> int:
     from lagom_megatron.sim.calibrate import calibrated_cluster, fit_bandwidth, fit_to_cluster_fields, summary_lines
 
     spec = ClusterSpec.load(args.cluster)
+    if spec.backend != "nccl":  # as simulate and bench: NCCL bandwidth fits mean nothing to gloo
+        from lagom_megatron.sim.backend import gpu_clusters
+
+        raise ValueError(
+            f"--cluster {args.cluster}: {spec.name!r} is a {spec.backend} cluster; NCCL bandwidths are fitted into "
+            f"a GPU cluster (nccl): one of {gpu_clusters()} or a GPU cluster YAML"
+        )
     files = _run_files(args.inputs)
     first = Path(args.inputs[0])
     out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / f"{spec.name}.calibrated.yaml"

@@ -208,3 +208,15 @@ def test_an_existing_file_it_did_not_write_is_kept_unless_force(tmp_path, capsys
     capsys.readouterr()
     assert main(argv) == 0  # its own output: replaced without --force
     assert mine.read_text().splitlines()[1:] == first.splitlines()[1:]
+
+
+def test_a_gloo_cluster_is_refused_as_simulate_refuses_it(tmp_path, capsys):
+    sweep = _sweep(tmp_path / "sweep")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    out = tmp_path / "gloo.yaml"
+    assert main(["calibrate", "bandwidth", str(sweep), "--cluster", "cpu-gloo", "--out", str(out)]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("lagom calibrate: error: --cluster cpu-gloo: 'cpu-gloo' is a gloo cluster; "), line
+    allowed = line.split("a GPU cluster (nccl): one of ")[1]
+    assert "'a40-pcie-ib100'" in allowed and "'cpu-gloo'" not in allowed
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
