@@ -293,6 +293,19 @@ def read_observed(library: str | None = None) -> list[ObservedComm] | None:
         size = n + 4096  # records grew between the calls at most by a little
 
 
+def set_next_comm(tag: str | None, table: str | None, library: str | None = None) -> bool:
+    """Names the communicators NCCL creates next in this process for lagom's plugin (``tag`` keys their rows,
+    ``table`` is the plan table or ``"none"``) until called with two Nones, through the mapped library's
+    ``lagomSetNextComm`` rather than the environment: ``setenv`` races with ``getenv`` in torch's and NCCL's threads.
+    False when the library is not mapped here (NCCL loaded no lagom plugin) or refused a value longer than it keeps."""
+    lib = open_loaded(library)
+    fn = getattr(lib, "lagomSetNextComm", None) if lib is not None else None
+    if fn is None:
+        return False
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p]
+    return fn(*(v.encode() if v is not None else None for v in (tag, table))) == 0
+
+
 def set_recording(on: bool, *, reset: bool = False, library: str | None = None) -> bool:
     """Turns lagom's profiler events on (what NCCL ran, level 1: coll, p2p and proxyOp, never KernelCh, whose proxy ops
     would change what is timed: ``nccl/plugin/observed.c``) or off, optionally resetting the records; False if the

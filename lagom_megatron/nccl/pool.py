@@ -52,9 +52,11 @@ def create_nccl_pool_entry(
     high_priority_stream: bool = False,
     timeout: Any = None,
     inherited: Mapping[str, Any] | None = None,
+    next_comm: Callable[[str | None, str | None], bool] | None = None,
 ) -> Any:
     """One pool entry (collective); ``tag``: its commTag, group_desc, commName; ``inherited``: unset ``ncclConfig_t``
-    fields, stream priority (``ProcessGroupNCCL.hpp`` ``initNCCLComm``); RuntimeError: no NCCL; ValueError."""
+    fields, stream priority (``ProcessGroupNCCL.hpp`` ``initNCCLComm``); ``next_comm``: ``plugin_status.set_next_comm``
+    (tests stand in); RuntimeError: no NCCL; ValueError."""
     torch, pg_nccl, dist = nccl_module_parts()
     if not torch.cuda.is_available():
         raise RuntimeError("NCCL is not available: no CUDA device is visible")
@@ -78,7 +80,13 @@ def create_nccl_pool_entry(
         high_priority_stream = bool(inherited.get("is_high_priority_stream", high_priority_stream))
     opts = build_options(fields, options_cls=pg_nccl.Options, high_priority_stream=high_priority_stream)
     env = dict(mapping["env"])
-    env[TUNER_CONFIG_ENV] = TUNER_NO_TABLE if tuner_table is None else os.fspath(tuner_table)
+    table = TUNER_NO_TABLE if tuner_table is None else os.fspath(tuner_table)
+    # the plugin, mapped since NCCL's first communicator, takes the tag and table in-process (no setenv, N11)
+    in_process = (next_comm or _set_next_comm)(env.get(TUNER_COMM_TAG_ENV, ""), table)
+    if in_process:
+        env.pop(TUNER_COMM_TAG_ENV, None)
+    else:
+        env[TUNER_CONFIG_ENV] = table
     device = torch.device("cuda", torch.cuda.current_device())
     kwargs: dict[str, Any] = {"ranks": sorted(ranks), "backend": "nccl", "pg_options": opts, "timeout": timeout}
     params = inspect.signature(dist.new_group).parameters
@@ -86,13 +94,17 @@ def create_nccl_pool_entry(
         kwargs["group_desc"] = tag
     if "device_id" in params:
         kwargs["device_id"] = device
-    with scoped_env(env):
-        group = dist.new_group(**kwargs)
-        if dist.get_rank() in ranks:
-            # Force the communicator into existence while the environment is set.
-            probe = torch.zeros(1, device=device)
-            dist.all_reduce(probe, group=group)
-            torch.cuda.synchronize(device)
+    try:
+        with scoped_env(env):
+            group = dist.new_group(**kwargs)
+            if dist.get_rank() in ranks:
+                # Force the communicator into existence while its names are set.
+                probe = torch.zeros(1, device=device)
+                dist.all_reduce(probe, group=group)
+                torch.cuda.synchronize(device)
+    finally:
+        if in_process:
+            (next_comm or _set_next_comm)(None, None)
     return group
 
 
@@ -389,6 +401,12 @@ class NcclPoolBackend:
         import torch.distributed as dist
 
         dist.destroy_process_group(group)
+
+
+def _set_next_comm(tag: str | None, table: str | None) -> bool:
+    from lagom_megatron.nccl.plugin_status import set_next_comm
+
+    return set_next_comm(tag, table)
 
 
 def _read_status() -> Any:

@@ -507,3 +507,44 @@ def test_every_entry_is_created_with_an_explicit_table(monkeypatch):
     assert [c["tag"] for c in calls] == ["dp/env_8_any_any_any_any", "dp/plugin_x", "tp/env_4"]
     assert os.environ["LAGOM_TUNER_CONFIG"] == "/runs/user_plan.csv"
     assert os.environ["NCCL_TUNER_CONFIG_FILE"] == "/runs/example_plugin.csv"
+
+
+def test_the_plugin_takes_the_tag_and_table_in_process_not_from_the_environment(monkeypatch):
+    """With lagom's plugin mapped (NCCL loaded it for its first communicator), the entry's tag and plan table go
+    through ``lagomSetNextComm`` and the environment holds neither while NCCL creates the communicator (N11:
+    ``setenv`` races with ``getenv`` in torch's and NCCL's threads); they are cleared after, also on a failure."""
+    calls, named = [], []
+    _fake_nccl(monkeypatch, calls)
+    monkeypatch.delenv("LAGOM_TUNER_CONFIG", raising=False)
+    monkeypatch.delenv("LAGOM_TUNER_COMM_TAG", raising=False)
+    plugin = lambda tag, table: named.append((tag, table)) or True  # noqa: E731
+    create_nccl_pool_entry(
+        [0, 1],
+        CommConfig(n_channels=8),
+        tag="dp/e1",
+        use_tuner_plugin=True,
+        tuner_table="/runs/plan.csv",
+        next_comm=plugin,
+    )
+    assert named == [("dp/e1", "/runs/plan.csv"), (None, None)]
+    assert (calls[0]["tag"], calls[0]["table"]) == (None, None), "nothing was set in the environment"
+
+    from lagom_megatron.nccl import pool as pool_mod
+
+    def refused(**kwargs):
+        raise RuntimeError("NCCL error: unhandled system error")
+
+    torch_, pg, _ = pool_mod.nccl_module_parts()
+    monkeypatch.setattr(pool_mod, "nccl_module_parts", lambda: (torch_, pg, _Dist(refused)))
+    named.clear()
+    with pytest.raises(RuntimeError, match="unhandled system error"):
+        create_nccl_pool_entry([0, 1], CommConfig(n_channels=8), tag="dp/e2", use_tuner_plugin=True, next_comm=plugin)
+    assert named == [("dp/e2", "none"), (None, None)]
+
+
+class _Dist:
+    def __init__(self, new_group):
+        self.new_group = new_group
+
+    def is_initialized(self):
+        return True

@@ -144,5 +144,6 @@ typedef lagomTuner_v6_t lagomTuner_v7_t;
 #define LAGOM_TUNER_NO_TABLE "none" /* $LAGOM_TUNER_CONFIG value (like ""): no table, no fallback */
 #define LAGOM_TUNER_COMM_TAG_ENV "LAGOM_TUNER_COMM_TAG"
 #define LAGOM_TAG_MAX 64
+#define LAGOM_TABLE_PATH_MAX 4096 /* longest plan-table path lagomSetNextComm takes, with its NUL */
 
 #endif /* LAGOM_TUNER_H_ */

@@ -113,7 +113,10 @@ LagomObsComm *observedNewComm(int abi, int *mask, uint64_t commHash, const char 
   c->rank = rank;
   c->logFn = logFn;
   if (commName && *commName) copyStr(c->name, commName, sizeof(c->name));
-  const char *tag = getenv(LAGOM_TUNER_COMM_TAG_ENV);
+  char nextTag[LAGOM_TAG_MAX], nextTable[LAGOM_TABLE_PATH_MAX];
+  const char *tag = nextCommSettings(nextTag, sizeof(nextTag), nextTable, sizeof(nextTable))
+                        ? nextTag
+                        : getenv(LAGOM_TUNER_COMM_TAG_ENV);
   if (tag && validTag(tag)) copyStr(c->tag, tag, sizeof(c->tag));
   for (int i = 0; i < LAGOM_OBS_SLOTS; i++) {
     c->slots[i].kind = LAGOM_HANDLE_TASK;

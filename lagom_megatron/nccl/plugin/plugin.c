@@ -83,8 +83,9 @@ static ncclResult_t lagomInit(void **context, uint64_t commId, size_t nRanks, si
   ctx->nRanks = nRanks;
   ctx->nNodes = nNodes;
   ctx->current = -1;
-  char name[LAGOM_OBS_NAME];
-  const char *tag = getenv(LAGOM_TUNER_COMM_TAG_ENV);
+  char name[LAGOM_OBS_NAME], nextTag[LAGOM_TAG_MAX], nextTable[LAGOM_TABLE_PATH_MAX];
+  const int inProcess = nextCommSettings(nextTag, sizeof(nextTag), nextTable, sizeof(nextTable));
+  const char *tag = inProcess ? nextTag : getenv(LAGOM_TUNER_COMM_TAG_ENV);
   observedCheckProfiler(logFn);
   if (tag && *tag) {
     /* lagom sets the tag only around the creation of its own pool entries; it wins over the name, which
@@ -106,8 +107,8 @@ static ncclResult_t lagomInit(void **context, uint64_t commId, size_t nRanks, si
           "_.:/*-[]); only rows tagged '*' apply", name, LAGOM_TAG_MAX - 1);
     }
   }
-  const char *path = getenv(LAGOM_TUNER_CONFIG_ENV);
-  const char *var = LAGOM_TUNER_CONFIG_ENV;
+  const char *path = inProcess ? nextTable : getenv(LAGOM_TUNER_CONFIG_ENV);
+  const char *var = inProcess ? "lagomSetNextComm" : LAGOM_TUNER_CONFIG_ENV;
   if (!path) {
     path = getenv(LAGOM_TUNER_CONFIG_FALLBACK_ENV);
     var = LAGOM_TUNER_CONFIG_FALLBACK_ENV;

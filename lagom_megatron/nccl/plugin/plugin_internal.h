@@ -111,6 +111,11 @@ LAGOM_INTERNAL LagomTableHits *statusTableHits(const char *path, int fd, int nRo
 LAGOM_INTERNAL void statusCountHit(LagomTableHits *hits, int index);
 LAGOM_INTERNAL void statusNoteTableFailure(void);
 
+/* The tag and plan table of the communicators created next, as lagomSetNextComm (status.c) set them:
+ * 1 with both copied (tag may be ""), 0 when none is set and the environment applies. The Python side
+ * sets them through ctypes rather than setenv, which races with getenv in torch's and NCCL's threads. */
+LAGOM_INTERNAL int nextCommSettings(char *tag, size_t tagCap, char *table, size_t tableCap);
+
 /* ---- the profiler half (profiler.c, observed.c) ---- */
 
 /* One event as every profiler ABI version describes it (profiler.c converts each descriptor). */

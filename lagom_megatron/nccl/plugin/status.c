@@ -23,6 +23,7 @@
  * (new inode, size or mtime) starts new counters; the old ones stay valid for the communicators
  * that still use them and are freed when the library is unloaded (a few bytes per row).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -104,6 +105,33 @@ LagomTableHits *statusTableHits(const char *path, int fd, int nRows) {
 void statusCountHit(LagomTableHits *hits, int index) {
   if (hits && index >= 0 && index < hits->nRows)
     __atomic_fetch_add(&hits->counts[index], 1ULL, __ATOMIC_RELAXED);
+}
+
+static char gNextTag[LAGOM_TAG_MAX];
+static char gNextTable[LAGOM_TABLE_PATH_MAX];
+static int gNextSet; /* guarded by gLock, like gTables: taken at communicator creation only */
+
+/* Names the communicators created from now on (tag: their rows' key; table: the plan table, "none" for
+ * none) until called with two NULLs; -1 (nothing changed) for a value that does not fit. */
+LAGOM_EXPORT int lagomSetNextComm(const char *tag, const char *table) {
+  if ((tag && strlen(tag) >= sizeof(gNextTag)) || (table && strlen(table) >= sizeof(gNextTable))) return -1;
+  lock();
+  gNextSet = tag != NULL || table != NULL;
+  snprintf(gNextTag, sizeof(gNextTag), "%s", tag ? tag : "");
+  snprintf(gNextTable, sizeof(gNextTable), "%s", table ? table : "");
+  unlock();
+  return 0;
+}
+
+int nextCommSettings(char *tag, size_t tagCap, char *table, size_t tableCap) {
+  lock();
+  int set = gNextSet;
+  if (set) {
+    snprintf(tag, tagCap, "%s", gNextTag);
+    snprintf(table, tableCap, "%s", gNextTable);
+  }
+  unlock();
+  return set;
 }
 
 LAGOM_EXPORT int lagomTunerAbiVersion(void) { return __atomic_load_n(&gAbiVersion, __ATOMIC_RELAXED); }

@@ -120,6 +120,7 @@ void test_profiler_other_algorithm(void);
 void test_profiler_p2p(void);
 void test_profiler_missing_comm_name(void);
 void test_profiler_comm_name_keys_rows(void);
+void test_next_comm_set_in_process(void);
 void test_profiler_activation_mask(void);
 void test_profiler_bounded(void);
 void test_profiler_self_p2p_releases_its_slot(void);

@@ -241,6 +241,42 @@ void test_profiler_comm_name_keys_rows(void) {
   }
 }
 
+/* lagomSetNextComm names the next communicators without setenv (which races with getenv in torch's and
+ * NCCL's threads): both halves take its tag, the tuner its table, over the environment's; cleared, the
+ * environment applies again. */
+void test_next_comm_set_in_process(void) {
+  int (*setNext)(const char *, const char *) = (int (*)(const char *, const char *))dlsym(gLib, "lagomSetNextComm");
+  CHECK(setNext != NULL, "lagomSetNextComm is exported");
+  if (!setNext) return;
+  writeTable(kPlanRow);
+  unsetenv(LAGOM_TUNER_CONFIG_ENV); /* only the in-process table names the file */
+  CHECK(setNext("dp", gTablePath) == 0, "set");
+  resetRecords();
+  setActive(1);
+  void *prof = profInit(6, 0xa11d1, "17", NULL);
+  resetLog();
+  void *tuner = initComm(NULL, 8, 1, 0xa11d1);
+  float t[NA][NP];
+  fillTable(t);
+  CHECK(collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 8, "rows of the in-process table, keyed dp:\n%s", gLog);
+  CHECK(strstr(gLog, "tag 'dp'"), "the tuner's tag is the in-process one:\n%s", gLog);
+  CHECK(hasLine(snapshot(), "comm", "tag=dp name=17"), "the profiler half's record:\n%s", snapshot());
+  gV6->finalize(tuner);
+  profFinalize(6, prof);
+  char tooLong[LAGOM_TABLE_PATH_MAX + 1];
+  memset(tooLong, 'x', sizeof(tooLong) - 1);
+  tooLong[sizeof(tooLong) - 1] = 0;
+  CHECK(setNext("dp", tooLong) == -1, "a path that does not fit is refused");
+  CHECK(setNext(NULL, NULL) == 0, "cleared");
+  resetLog();
+  tuner = initComm(NULL, 8, 1, 0xa11d2);
+  fillTable(t);
+  CHECK(collInfo(tuner, ncclFuncAllReduce, 4 << 20, t) == 0, "cleared: the environment (no table) applies:\n%s", gLog);
+  gV6->finalize(tuner);
+  resetRecords();
+  setActive(0);
+}
+
 /* The activation mask: 0 while lagom reads no records; level 1 (what ran) without KernelCh, so NCCL
  * adds no profiler proxy op and opens no profiler proxy connection (ncclProfilerNeedsProxy tests
  * that bit, src/plugin/profiler.cc:771-775); level 2 adds KernelCh from ABI v4 (v3's kernelCh has no

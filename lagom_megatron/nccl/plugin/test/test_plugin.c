@@ -195,6 +195,7 @@ static const struct {
     {"profiler_p2p", test_profiler_p2p},
     {"profiler_missing_comm_name", test_profiler_missing_comm_name},
     {"profiler_comm_name_keys_rows", test_profiler_comm_name_keys_rows},
+    {"next_comm_set_in_process", test_next_comm_set_in_process},
     {"profiler_activation_mask", test_profiler_activation_mask},
     {"profiler_bounded", test_profiler_bounded},
     {"profiler_self_p2p_releases_its_slot", test_profiler_self_p2p_releases_its_slot},
