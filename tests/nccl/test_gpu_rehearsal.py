@@ -88,6 +88,10 @@ def test_check_rehearsal_writes_what_the_next_steps_read(tmp_path):
     summary = (out / "summary.md").read_text()
     results = _results(summary)
     assert list(results) == [*STEPS, "rehearsal outputs"] and set(results.values()) == {"ok"}, results
+    from lagom_megatron.nccl.plugin_launch import NEWEST_TUNER_ABI
+
+    # ncclTunerPlugin_v3 .. the newest lagom declares: five with v7
+    assert f"| build tuner plugin | ok | {NEWEST_TUNER_ABI - 2} ABI structs exported |" in summary
     total = _declared((GPU / "check.sh").read_text())["TOTAL_S"]
     took = re.search(r"^Total: (\d+) s \(limit TOTAL_S = (\d+) s\)\.$", summary, re.M)
     assert int(took.group(2)) == total < 540 and int(took.group(1)) <= wall + 1
