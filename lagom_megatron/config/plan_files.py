@@ -173,6 +173,23 @@ class ProfileSchema(_Strict):
                 raise ValueError(f"sample for unknown site {smp.site_id!r}")
         return self
 
+    @model_validator(mode="after")
+    def _sizes_within_the_run(self) -> ProfileSchema:
+        for s in self.sites:  # each node of a group holds at least one of its ranks
+            if s.n_nodes > s.group_size:
+                raise ValueError(
+                    f"site {s.site_id!r}: n_nodes {s.n_nodes} exceeds its group_size {s.group_size}; "
+                    f"allowed: 1..{s.group_size} (each node holds at least one rank of the group)"
+                )
+        for k, smp in enumerate(self.samples):  # a region's compute is part of one iteration
+            if smp.t_comp_us > self.iteration_us:
+                raise ValueError(
+                    f"samples[{k}] (site {smp.site_id!r}): t_comp_us {smp.t_comp_us:g} exceeds the profile's "
+                    f"iteration_us {self.iteration_us:g}; allowed: 0..{self.iteration_us:g} (a region's compute "
+                    "is part of one iteration)"
+                )
+        return self
+
 
 class EntrySchema(_Strict):
     """A plan's ``entries{}`` value (``engine.plan.PlanEntry``)."""

@@ -196,7 +196,7 @@ def test_validate_refuses_a_verification_state_lagom_never_writes(tmp_path, caps
 
 
 def _plan_with_env(tmp_path, capsys, cluster: str, env: dict[str, str]):
-    prof = profile_from(build(cluster=cluster, sites=[site(group_size=2)]))
+    prof = profile_from(build(cluster=cluster, sites=[site(group_size=2)]), iteration_us=1e6)
     prof.save(tmp_path / "profile.json")
     plan_path = tmp_path / "plan.json"
     assert main(["search", "--profile", str(tmp_path / "profile.json"), "-o", str(plan_path)]) == 0

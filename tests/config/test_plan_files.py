@@ -118,3 +118,32 @@ def test_a_training_run_does_not_reuse_a_plan_of_an_unknown_state(tmp_path, caps
     assert not path.exists()
     kept = [p for p in tmp_path.iterdir() if p.name.startswith("p.corrupt-")]
     assert len(kept) == 1 and kept[0].read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (
+            lambda d: d["sites"][0].update(n_nodes=5),
+            "site 'dp.grad_reduce_scatter[chunk0.bucket0]': n_nodes 5 exceeds its group_size 2; allowed: 1..2 "
+            "(each node holds at least one rank of the group)",
+        ),
+        (
+            lambda d: d["samples"][3].update(t_comp_us=1e12),
+            "samples[3] (site 'tp.sp_all_gather[0]'): t_comp_us 1e+12 exceeds the profile's iteration_us "
+            "380286; allowed: 0..380286 (a region's compute is part of one iteration)",
+        ),
+    ],
+    ids=["n_nodes-above-group", "t_comp-above-iteration"],
+)
+def test_a_measured_profile_with_an_impossible_size_is_refused_by_search(tmp_path, capsys, mutate, message):
+    from lagom_megatron.cli.main import main
+
+    data = json.loads((DATA / "gloo_tp2_dp2_profile.json").read_text())
+    assert load_profile(DATA / "gloo_tp2_dp2_profile.json").iteration_us == pytest.approx(380286.483)
+    mutate(data)
+    path, out = tmp_path / "p.json", tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    assert main(["search", "--profile", str(path), "-o", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"lagom search: error: {path}: {message}"]
+    assert not out.exists() and json.loads(path.read_text()) == data
