@@ -136,6 +136,7 @@ def _validate(args, plan) -> int:
                     file=sys.stderr,
                 )
             return 1
+    _note_if_training_will_not_reuse(args.plan, plan)
     version = f"NCCL {cluster.nccl_version}" if cluster.backend != "gloo" else "gloo"
     print(
         f"{args.plan}: valid ({len(plan.entries)} entries, cluster {cluster.name}, {version}; "
@@ -175,6 +176,26 @@ def _check_env(name, plan, nccl_version: str | None) -> None:
     for issue in check_nccl_env(plan.env, nccl_version=nccl_version) + check_network_env(plan.env):
         if issue.level == "error":
             raise ValueError(f"{name}: env: {issue.what}; {issue.why}")
+
+
+def _note_if_training_will_not_reuse(name, plan) -> None:
+    """A training run reuses a plan only when its fingerprint matches the run's (``RunFiles.saved_plan``)."""
+    from lagom_megatron.megatron.outputs.run_files import RUN_KEYS
+
+    missing = [k for k in RUN_KEYS if plan.fingerprint.get(k) is None]
+    if not plan.fingerprint:
+        why = "it has no fingerprint"
+    elif missing:
+        why = f"its fingerprint lacks {', '.join(missing)}, which every run sets"
+    elif plan.fingerprint.get("backend") not in ("nccl", "gloo"):
+        why = f"its fingerprint's backend is {plan.fingerprint['backend']!r} (a simulated run), not nccl or gloo"
+    else:
+        return
+    print(
+        f"note: a training run will not reuse {name}: {why}; given as --lagom-plan, the run moves it aside and "
+        "searches a new plan (lagom plan export gives its values to a launch)",
+        file=sys.stderr,
+    )
 
 
 def _warn_if_rejected(name, plan) -> None:

@@ -246,3 +246,52 @@ def test_validate_accepts_the_env_lagom_writes(tmp_path, capsys):
     )
     assert main(["plan", "validate", str(plan_path)]) == 0
     assert "valid (1 entries" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "fingerprint, why",
+    [
+        ({}, "it has no fingerprint"),
+        (
+            {"backend": "nccl", "cluster": "h100-sxm-ib400", "world_size": 16, "lagom_version": "0.1.0"},
+            "its fingerprint lacks torch, megatron_core, which every run sets",
+        ),
+        (
+            {"backend": "sim", "cluster": "h100-sxm-ib400", "world_size": 16, "torch": "2.13.0", "megatron_core": "x"},
+            "its fingerprint's backend is 'sim' (a simulated run), not nccl or gloo",
+        ),
+    ],
+    ids=["none", "cut", "simulated"],
+)
+def test_validate_says_a_training_run_will_not_reuse_a_plan_without_a_run_s_fingerprint(
+    tmp_path, capsys, fingerprint, why
+):
+    from lagom_megatron.megatron.outputs.run_files import RUN_KEYS
+
+    plan_path, data = _plan_with_env(tmp_path, capsys, "h100-sxm-ib400", {})
+    data["fingerprint"] = fingerprint
+    plan_path.write_text(json.dumps(data))
+    assert main(["plan", "validate", str(plan_path), "--cluster", "h100-sxm-ib400"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"{plan_path}: valid (1 entries")
+    assert captured.err.strip().splitlines() == [
+        f"note: a training run will not reuse {plan_path}: {why}; given as --lagom-plan, the run moves it aside "
+        "and searches a new plan (lagom plan export gives its values to a launch)"
+    ]
+    run_like = {"backend": "gloo", "cluster": "cpu-gloo", "world_size": 4, "torch": "2.13.0", "megatron_core": "0.16.1"}
+    assert set(run_like) == set(RUN_KEYS)
+    data["fingerprint"] = {**fingerprint, **run_like, "backend": "nccl", "cluster": "h100-sxm-ib400"}
+    plan_path.write_text(json.dumps(data))
+    assert main(["plan", "validate", str(plan_path)]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_run_fingerprint_sets_every_run_key(monkeypatch):
+    from types import SimpleNamespace
+
+    from lagom_megatron.megatron.outputs.run_files import RUN_KEYS, run_fingerprint
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    fp = run_fingerprint(SimpleNamespace(), backend="gloo", cluster="cpu-gloo")
+    assert {k: fp[k] for k in RUN_KEYS[:3]} == {"world_size": 4, "backend": "gloo", "cluster": "cpu-gloo"}
+    assert all(fp[k] for k in RUN_KEYS)

@@ -347,14 +347,13 @@ def run_fingerprint(args: Any, *, backend: str, cluster: str) -> dict[str, Any]:
     fp["data_parallel_sharding_strategy"] = (
         getattr(args, "data_parallel_sharding_strategy", None) if getattr(args, "use_megatron_fsdp", False) else None
     )
-    fp.update(
-        world_size=int(os.environ.get("WORLD_SIZE", "1")),
-        backend=backend,
-        cluster=cluster,
-        torch=torch.__version__.split("+")[0],
-        megatron_core=mcore,
-    )
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    fp.update(zip(RUN_KEYS, (world_size, backend, cluster, torch.__version__.split("+")[0], mcore), strict=True))
     return fp
+
+
+RUN_KEYS = ("world_size", "backend", "cluster", "torch", "megatron_core")
+"""Fingerprint keys every training run sets, never None: a plan lacking one is never reused (``saved_plan``)."""
 
 
 def num_microbatches(args: Any) -> int:
