@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--world-size",
         type=int_range(1, MAX_WORLD_SIZE),
-        help="ranks in the job; default: the preset's, else $WORLD_SIZE, else TP x PP x CP",
+        help="ranks in the job; default as training counts them: $WORLD_SIZE, else the preset's, else TP x PP x CP",
     )
     parser.add_argument(
         "--gpus-per-node",
@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     world_size = args.world_size
     gpus_per_node = args.gpus_per_node
     environ = dict(os.environ)
+    if world_size is None:  # as training counts the job: WORLD_SIZE first (read strictly: abc or 0 is refused)
+        world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "--world-size")
     preset_env: dict[str, str] = {}
     if preset is not None:
         preset_env = dict(preset.env)
@@ -97,8 +99,6 @@ def run(args: argparse.Namespace) -> int:
         machine,
     )
     away = mismatch(target, machine) is not None
-    if world_size is None:  # read strictly: a WORLD_SIZE of abc or 0 was ignored without a word
-        world_size = env_count(environ, "WORLD_SIZE", MAX_WORLD_SIZE, "--world-size")
     if gpus_per_node is None:
         env_count(environ, "LOCAL_WORLD_SIZE", MAX_GPUS_PER_NODE, "--gpus-per-node")  # the rules read it later
     local = not args.cluster and not away

@@ -11,6 +11,7 @@ from lagom_megatron.preflight.environment import rule_nccl_env
 from lagom_megatron.preflight.types import Finding
 from lagom_megatron.training.argument_checks import check_installed, validate_args
 from lagom_megatron.training.arguments import parse_args
+from lagom_megatron.training.pretrain_gpt import preset_world_problem
 
 __all__ = [
     "RULES",
@@ -107,6 +108,9 @@ def check_command_line(
             for f in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
         ]
         world_size = sizes[0] * sizes[1] * sizes[2] if all(isinstance(v, int) and v >= 1 for v in sizes) else 1
+    preset_world = preset_world_problem(ns, world_size)  # training's verdict on the preset's world size
+    if preset_world is not None:
+        out.append(preset_world)
     return out + check_run(
         ns,
         environ,

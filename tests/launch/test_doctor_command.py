@@ -49,7 +49,9 @@ def test_command_line_exit_codes(capsys, monkeypatch):
         "    why: megatron/training/training.py:4136 raises TypeError"
     ) in capsys.readouterr().out
     full = ["doctor", "--world-size", "8", "--", "--preset", "cpu-tp2-dp2", "--mock-data"]
-    assert main(full) == 0
+    assert main(full) == 1  # training refuses 8 processes for a preset of 4
+    assert "error: [preset-world-size] preset 'cpu-tp2-dp2' is for world size 4" in capsys.readouterr().out
+    assert main(["doctor", "--world-size", "4", *full[3:]]) == 0
 
 
 @pytest.mark.parametrize(
@@ -218,3 +220,35 @@ def test_megatron_lm_line_with_untested_versions_is_refused_only_with_lagom(caps
     assert f"warning: [versions] {line}" in capsys.readouterr().out
     assert main([*good, "--lagom"]) == 1
     assert f"error: [versions] {line}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, env", [(["--world-size", "2"], {}), (["--", "--mock-data"], {"WORLD_SIZE": "2"})], ids=["option", "env"]
+)
+def test_a_preset_on_another_world_size_gets_training_s_refusal(capsys, monkeypatch, tmp_path, argv, env):
+    import os
+
+    from lagom_megatron.training.arguments import parse_args
+    from lagom_megatron.training.pretrain_gpt import pretrain_preflight
+
+    monkeypatch.chdir(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", *argv]) == 1
+    out = capsys.readouterr().out.splitlines()
+    said: list[str] = []
+    args = parse_args(["--preset", "cpu-tp2-dp2", "--mock-data"])
+    assert pretrain_preflight(args, {**os.environ, "WORLD_SIZE": "2", "RANK": "0"}, log=said.append) == 2
+    refusal = said[0].removeprefix("pretrain_gpt.py: error: ")
+    assert "is for world size 4 but this job has 2 processes" in refusal
+    assert f"error: [preset-world-size] {refusal}" in out
+    assert out[-1].startswith("lagom doctor: preset cpu-tp2-dp2: 1 error(s)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_preset_s_own_world_size_has_no_preset_world_size_finding(capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", "--mock-data"]) == 0
+    assert "preset-world-size" not in capsys.readouterr().out
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", "--mock-data"]) == 0
