@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     away = mismatch(target, machine) is not None
     if gpus_per_node is None:
         env_count(environ, "LOCAL_WORLD_SIZE", MAX_GPUS_PER_NODE, "--gpus-per-node")  # the rules read it later
-    local = not args.cluster and not away
+    local = not away  # --cluster or --lagom-cluster: one target, one verdict, this machine checked when it is a node
     first = f"lagom doctor: checking {target.describe()}: {target.reason()}"
     if away:
         first += (

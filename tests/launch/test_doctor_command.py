@@ -252,3 +252,24 @@ def test_the_preset_s_own_world_size_has_no_preset_world_size_finding(capsys, mo
     assert "preset-world-size" not in capsys.readouterr().out
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert main(["doctor", "--preset", "cpu-tp2-dp2", "--", "--mock-data"]) == 0
+
+
+def test_cluster_option_and_lagom_cluster_flag_give_one_verdict_on_this_machine(capsys, monkeypatch, tmp_path):
+    """``--cluster cpu-gloo`` on a CPU machine checks this machine's libraries as ``--lagom-cluster`` does."""
+    from lagom_megatron.preflight.cluster import this_machine
+
+    if this_machine().cuda:
+        pytest.skip("a CUDA machine is not a cpu-gloo node")
+    monkeypatch.chdir(tmp_path)
+    verdicts = []
+    for argv in (["--cluster", "cpu-gloo"], ["--", "--lagom-cluster", "cpu-gloo"]):
+        code = main(["doctor", "--preset", "llama3-8b-h100x8", *argv])
+        out = capsys.readouterr().out.splitlines()
+        verdicts.append((code, [line for line in out if line.startswith(("error:", "warning:"))], out[-1]))
+    assert verdicts[0] == verdicts[1]
+    assert list(tmp_path.iterdir()) == []
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:  # context parallelism needs Transformer Engine: the preset has CP=2
+        assert verdicts[0][0] == 1
+        assert any("--context-parallel-size 2 needs Transformer Engine" in line for line in verdicts[0][1])
