@@ -25,7 +25,13 @@ MIN_PY := $(shell sed -n 's/^requires-python *= *">= *\([0-9.]*\)".*/\1/p' pypro
 PY_OK = -c 'import sys; sys.exit(0 if sys.version_info[:2] >= tuple(map(int, "$(MIN_PY)".split("."))) else 1)'
 PY_VERSION = -c 'import platform; print(platform.python_version())'
 
-$(STAMP): pyproject.toml
+# A $(VENV) whose python no longer runs (deleted, or its interpreter gone) or is too old is repaired by the
+# rule below however new its stamp is: the stamp then depends on a target that is always out of date.
+VENV_OK := $(shell [ ! -e $(STAMP) ] || $(PY) $(PY_OK) 2>/dev/null && echo ok)
+.PHONY: venv-broken
+venv-broken: ;
+
+$(STAMP): pyproject.toml $(if $(VENV_OK),,venv-broken)
 	@$(PYTHON) $(PY_OK) 2>/dev/null || { \
 	  found=$$($(PYTHON) $(PY_VERSION) 2>/dev/null) && found="is Python $$found" || found="does not run (not found, or not a Python)"; \
 	  echo "make: $(PYTHON) $$found; lagom-megatron needs Python >= $(MIN_PY) (pyproject.toml): run make again with PYTHON=python$(MIN_PY) (or newer)" >&2; exit 2; }

@@ -191,3 +191,45 @@ def test_test_max_names_an_interpreter_that_does_not_run(tmp_path):
         "(megatron-core >= 0.17 needs Python >= 3.12)"
     )
     assert not (tmp_path / "python3.12").exists()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize("target", ["test", "demo"])
+def test_a_venv_whose_python_was_removed_is_recreated_before_test_or_demo(tmp_path, target):
+    """``rm .venv/bin/python; make test`` stopped with Error 127: the stamp was newer than pyproject.toml."""
+    tree = _tree(tmp_path)
+    python = _fake(tmp_path / "py311", "3.11.7")
+    assert _make(tree, python).returncode == 0
+    (tree / "venv" / "bin" / "python").unlink()
+    (tree / "pip.log").unlink()
+    proc = subprocess.run(
+        ["make", target, f"PYTHON={python}", "VENV=venv"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_S,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[0] == (
+        "make: venv is broken or made with another Python (its python does not run); removing it and creating it again"
+    )
+    assert "3.11.7" in (tree / "venv" / "bin" / "python").read_text()
+    assert (tree / "pip.log").read_text().splitlines() == [
+        *INDEX_CALLS,
+        "-m pip install -q torch==2.13.0",
+        "-m pip install -q -e .[test] torch==2.13.0",
+    ]
+    assert (tree / "Makefile").read_bytes() == (ROOT / "Makefile").read_bytes()  # nothing else touched
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_a_working_venv_is_not_reinstalled(tmp_path):
+    tree = _tree(tmp_path)
+    python = _fake(tmp_path / "py311", "3.11.7")
+    assert _make(tree, python).returncode == 0
+    (tree / "pip.log").unlink()
+    proc = subprocess.run(
+        ["make", "test", f"PYTHON={python}", "VENV=venv"], cwd=tree, capture_output=True, text=True, timeout=COMMAND_S
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not (tree / "pip.log").exists() and proc.stderr == ""
