@@ -269,7 +269,6 @@ MAX_LINES = 600
 MIN_LINES = 100
 SMALL_MODULES: dict[str, str] = {
     "cli/build_tuner.py": "entry point: lagom build-tuner",
-    "cli/main.py": "entry point: the lagom dispatcher, kept small so that lagom --help imports little",
     "engine/files.py": "the one atomic writer and JSON reader every room uses",
     "engine/p2p_knobs.py": "one plugin of the post-search knob interface (net-peer channels)",
     "engine/search.py": "registry: METHODS and the searchers, the one entry point of the search",

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Iterable
 
 from lagom_megatron import __version__
 
@@ -46,8 +47,8 @@ def _load(module: str):
     return importlib.import_module(f"lagom_megatron.cli.{module}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser; each subcommand module adds its own arguments."""
+def build_parser(commands: Iterable[str] = tuple(SUBCOMMANDS)) -> argparse.ArgumentParser:
+    """The top-level parser; the subcommands in ``commands`` get their module's arguments (each imports it)."""
     parser = LagomParser(
         prog="lagom",
         description="Lagom for Megatron-Core: per-collective NCCL configurations for overlapped communication.",
@@ -55,11 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lagom-megatron {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=LagomParser, required=True)
     for name, (module, help_text) in SUBCOMMANDS.items():
-        mod = _load(module)
         p = sub.add_parser(name, help=help_text, description=help_text)
-        mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        if name in commands:
+            mod = _load(module)
+            mod.add_arguments(p)
+            p.set_defaults(_run=mod.run)
     return parser
+
+
+def _command(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (``lagom`` has no option with a value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def one_line(message: str) -> str:
@@ -70,11 +77,22 @@ def one_line(message: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``lagom``: 0 done, 1 the thing checked failed, 2 bad usage or input, 130 interrupted."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version, or a usage error already printed on one line
-        return exc.code if isinstance(exc.code, int) else 2
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = _command(argv)
+    try:  # Ctrl-C at any point, start-up included: files are written atomically, so nothing half-written is left
+        # only the named subcommand's module is imported: `lagom --help` and `--version` import none
+        parser = build_parser([command] if command in SUBCOMMANDS else [])
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help, --version, or a usage error already printed on one line
+            return exc.code if isinstance(exc.code, int) else 2
+        return _run(args)
+    except KeyboardInterrupt:
+        print(f"lagom{' ' + command if command in SUBCOMMANDS else ''}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args._run(args) or 0)
     except BrokenPipeError:  # e.g. `lagom plan show plan.json | head`: the reader left, not an error
@@ -83,9 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"lagom {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: files are written atomically, so nothing half-written is left
-        print(f"lagom {args.command}: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import lagom_megatron
 from lagom_megatron.cli.main import main
 from tests.timeouts import COMMAND_S
@@ -107,3 +109,38 @@ def test_a_missing_command_is_a_usage_error_naming_the_choices(capsys):
         assert (captured.out, captured.err) == ("", line + "\n"), argv
     assert main(["--help"]) == 0
     assert "usage: lagom" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv", [["calibrate", "bandwidth", "x"], ["--version"], []], ids=["command", "version", "none"]
+)
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(argv, tmp_path):
+    """A real SIGINT while the parser is built (the subcommand's module imported): no traceback."""
+    code = (
+        "import os, signal, sys\n"
+        "from lagom_megatron.cli import main as m\n"
+        "m.build_parser = lambda commands, build=m.build_parser: (os.kill(os.getpid(), signal.SIGINT), build(commands))[1]\n"
+        f"sys.exit(m.main({argv!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=COMMAND_S, cwd=tmp_path)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == (
+        "lagom calibrate: interrupted\n" if argv and argv[0] == "calibrate" else "lagom: interrupted\n"
+    )
+    assert proc.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_help_and_version_import_no_subcommand_module():
+    """Only the named subcommand's module is imported; ``--help`` and ``--version`` import none (nor numpy)."""
+    code = (
+        "import sys; from lagom_megatron.cli.main import main; main([sys.argv[1]]); "
+        "print(*sorted(m for m in sys.modules if m.startswith(('lagom_megatron.cli.', 'numpy'))))"
+    )
+    for flag in ("--help", "--version"):
+        proc = subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True, timeout=COMMAND_S)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines()[-1] == "lagom_megatron.cli.main", proc.stdout
+    code = "import sys; from lagom_megatron.cli.main import main; main(['plan', '--help']); print(sorted(sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=COMMAND_S)
+    loaded = proc.stdout.splitlines()[-1]
+    assert "'lagom_megatron.cli.plan'" in loaded and "'lagom_megatron.cli.search'" not in loaded
