@@ -42,9 +42,17 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         check_paths(args.input, args.output_prefix)
-        # Imported only after the arguments are checked: Megatron-Core prints Transformer Engine /
-        # Apex warnings on import, which --help and a bad argument should not show.
-        from lagom_megatron.training.data import read_jsonl_texts, write_indexed_dataset
+        from lagom_megatron.preflight.files import folder_problem
+        from lagom_megatron.training.data import read_jsonl_texts
+
+        problem = folder_problem(Path(args.output_prefix).parent)
+        if problem:
+            raise ValueError(f"--output-prefix {args.output_prefix}: {problem}")
+        # the whole input is read once before megatron-core is imported (tens of seconds and its warnings):
+        # a bad line, an empty file or a binary one is named at once, not after the import
+        if not sum(1 for text in read_jsonl_texts(args.input, key=args.json_key) if text):
+            raise ValueError(f"--input {args.input}: no document with a non-empty {args.json_key!r} field")
+        from lagom_megatron.training.data import write_indexed_dataset
 
         stats = write_indexed_dataset(read_jsonl_texts(args.input, key=args.json_key), args.output_prefix)
     except (ValueError, OSError) as exc:

@@ -177,9 +177,19 @@ def check_data_path(data_path: list[str], vocab_size: int, tokenizer: str) -> No
 
 
 def read_jsonl_texts(path: str | Path, *, key: str = "text") -> Iterator[str]:
-    """Yields the ``key`` field of each non-empty JSONL line; ValueError (file:line) on any other line."""
+    """Yields the ``key`` field of each non-empty JSONL line; ValueError (file:line) on any other line or on bytes that
+    are not UTF-8."""
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+        lines = enumerate(f, 1)
+        while True:
+            try:
+                lineno, line = next(lines)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"{path}: not a UTF-8 text file ({exc.reason}: byte 0x{exc.object[exc.start]:02x})"
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -239,3 +239,46 @@ def test_sample_corpus_refuses_an_unwritable_folder_before_reading_anything(monk
         )
         and ".tmp" not in line
     )
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b'{"text": "ok"}\n{"body": "x"}\n', "bad.jsonl:2: expected a JSON object with a string 'text' field"),
+        (b'{"text": "ok"}\n{"text": "cut', "bad.jsonl:2: not valid JSON"),
+        (b"\n\n", "--input {src}: no document with a non-empty 'text' field"),
+        (b'{"text": ""}\n', "--input {src}: no document with a non-empty 'text' field"),
+        (
+            b'{"text": "ok"}\n' + bytes(range(128, 256)),
+            "bad.jsonl: not a UTF-8 text file (invalid start byte: byte 0x80)",
+        ),
+    ],
+)
+def test_preprocess_reads_its_input_before_megatron_core_is_imported(tmp_path, content, message):
+    """A bad line, an empty or a binary input is named at once: megatron-core (tens of seconds to import, and its
+    warnings) is imported only for an input that will be written."""
+    src = tmp_path / "bad.jsonl"
+    src.write_bytes(content)
+    script = str(ROOT / "scripts" / "preprocess_data.py")
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", script, "--input", str(src), "--output-prefix", str(tmp_path / "o" / "d")],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_S,
+    )
+    assert proc.returncode == 2 and " megatron.core" not in proc.stderr and "torch" not in proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if not x.startswith("import time:")]
+    assert line.startswith("preprocess_data.py: error: ") and message.format(src=src) in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
+
+
+def test_preprocess_names_the_prefix_whose_folder_cannot_be_written(tmp_path, capsys):
+    src = tmp_path / "docs.jsonl"
+    write_jsonl(src, DOCS)
+    blocker = tmp_path / "file"
+    blocker.write_text("mine\n")
+    prefix = blocker / "d"
+    assert load_script("preprocess_data").main(["--input", str(src), "--output-prefix", str(prefix)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"preprocess_data.py: error: --output-prefix {prefix}: {blocker} is a file, not a folder"
+    assert blocker.read_text() == "mine\n"
