@@ -438,6 +438,8 @@ def _fake_nccl(monkeypatch, calls):
     pg = types.SimpleNamespace(Options=options_cls)
     monkeypatch.setattr(pool_mod, "nccl_module_parts", lambda: (torch_, pg, dist_))
     monkeypatch.setattr(pool_mod, "runtime_nccl_version", lambda: (2, 27, 5))
+    # no lagom library mapped in this process (another test may have loaded one): names go through the environment
+    monkeypatch.setattr(pool_mod, "_set_next_comm", lambda tag, table: False)
     return options_cls
 
 
