@@ -231,6 +231,11 @@ def _embedding_wgrad_part(router, tp):
     return out
 
 
+FSDP2_ON_CPU = hasattr(torch.cpu.Stream, "record_event")
+"""FSDP2 records events on its CPU streams (torch 2.13 ``fsdp/_fully_shard/_fsdp_collectives.py:370``); torch 2.6's
+``torch.cpu.Stream`` has no ``record_event``, so FSDP2 cannot run on CPU there (``:171`` @2.6.0)."""
+
+
 def _fsdp_part(router, pool, groups, dp):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
@@ -296,7 +301,8 @@ def worker(rank: int, store_path: str, out_dir: str) -> None:
         out.update(_pp_part(router, router.pool, groups, named["pp"]))
         out.update(_moe_part(router, named["ep"]))
         out.update(_embedding_wgrad_part(router, named["tp"]))
-        out.update(_fsdp_part(router, router.pool, groups, named["dp"]))
+        if FSDP2_ON_CPU:
+            out.update(_fsdp_part(router, router.pool, groups, named["dp"]))
     finally:
         handle.remove()
         cpu_shims.remove()

@@ -120,6 +120,8 @@ def test_deferred_embedding_wgrad_all_gathers_are_one_iteration_stream(ranks):
 
 
 def test_fsdp2_units_are_sites_profiled_and_routed(ranks):
+    if "fsdp_records" not in ranks[0]:
+        pytest.skip(f"FSDP2 cannot run on CPU with torch {torch.__version__} (torch.cpu.Stream has no record_event)")
     for r in ranks:
         rec = r["fsdp_records"]
         # Linear(8, 8) + bias: 72 floats, gathered whole: forward and backward re-gather (reshard after forward)

@@ -58,6 +58,10 @@ def test_entries_load_the_rows_plan_hit_summary_reads_under_the_rows_tags(world,
 
     monkeypatch.setattr(nccl_pool, "create_nccl_pool_entry", fake_create)
     monkeypatch.setattr(nccl_pool, "runtime_nccl_version", lambda: (2, 30, 3))
+    # a torch that binds every NCCLConfig field (2.8+), whatever torch runs the test (2.6 binds no cta_policy)
+    from lagom_megatron.nccl.options import KNOWN_CONFIG_FIELDS
+
+    monkeypatch.setattr(nccl_pool, "nccl_config_fields", lambda options_cls=None: frozenset(KNOWN_CONFIG_FIELDS))
     inits = {"n": 0}
 
     def status():
