@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+from typing import Any
 
 
 def _scale() -> float:
@@ -112,3 +114,16 @@ def run(
     if check and proc.returncode:
         raise subprocess.CalledProcessError(proc.returncode, argv, out, err)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def exit_after(rank: int, worker: Any, *args: Any) -> None:
+    """An ``mp.spawn`` target: runs ``worker(rank, *args)``, then leaves the process with ``os._exit(0)``.
+
+    A rank's process groups are freed when its frames are: torch 2.6's ``~ProcessGroupGloo`` joins its worker
+    threads while holding the GIL, and a thread still freeing an ``AsyncBarrierWork`` that holds Python tensors
+    waits for the GIL, so the rank never exits (seen as a hung spawn). A worker's results are in its files
+    by then; an exception still reaches ``mp.spawn`` as before."""
+    worker(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

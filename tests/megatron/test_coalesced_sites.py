@@ -26,6 +26,8 @@ pytest.importorskip("megatron.core")
 
 import torch.multiprocessing as mp  # noqa: E402
 
+from tests.timeouts import exit_after  # noqa: E402
+
 from .coalesced_worker import worker  # noqa: E402
 
 # Bytes one coalesced backward gather moves (2 ranks, 128 x 128 per rank, column-wise usage only):
@@ -42,7 +44,7 @@ GATHERED = {
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("coalesced")
-    mp.spawn(worker, args=(str(out / "store"), str(out)), nprocs=2)
+    mp.spawn(exit_after, args=(worker, str(out / "store"), str(out)), nprocs=2)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 

@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.megatron.pool.gloo import GlooPoolBackend, MultiWork, gloo_threads, piece_ranges
+from tests.timeouts import exit_after  # noqa: E402
 
 WORLD = 2
 
@@ -104,7 +105,7 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pool")
-    mp.start_processes(_worker, args=(str(tmp / "store"), str(tmp)), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(exit_after, args=(_worker, str(tmp / "store"), str(tmp)), nprocs=WORLD, start_method="spawn")
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

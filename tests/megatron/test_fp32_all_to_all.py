@@ -21,6 +21,8 @@ pytest.importorskip("megatron.core")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from tests.timeouts import exit_after  # noqa: E402
+
 if "work = None" not in inspect.getsource(dist.distributed_c10d._coalescing_manager):
     # torch 2.6's manager ends one that recorded no fast-path op (Megatron's all_to_all_single) with ``work``
     # unbound when no device is given, so Megatron's fp32-accumulation path raises there, with or without lagom
@@ -149,7 +151,7 @@ def worker(rank: int, store_path: str, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("fp32_a2a")
-    mp.spawn(worker, args=(str(out / "store"), str(out)), nprocs=WORLD)
+    mp.spawn(exit_after, args=(worker, str(out / "store"), str(out)), nprocs=WORLD)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.nccl.plugin_status import PluginStatus, describe_mismatches, shared_hit_mismatches
+from tests.timeouts import exit_after  # noqa: E402
 
 
 def _entry(group, op, nbytes, gain):
@@ -86,7 +87,7 @@ def _worker(rank, store_path, out_path):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hits")
-    mp.spawn(_worker, args=(str(tmp / "store"), str(tmp / "out")), nprocs=2, join=True)
+    mp.spawn(exit_after, args=(_worker, str(tmp / "store"), str(tmp / "out")), nprocs=2, join=True)
     return [json.loads((tmp / f"out.{r}").read_text()) for r in (0, 1)]
 
 

@@ -12,6 +12,7 @@ from lagom_megatron.megatron.control.observed import ObservedCheck, describe, ob
 from lagom_megatron.megatron.hooks.sites import GroupInfo
 from lagom_megatron.megatron.pool.gloo import GlooRecord, chunked_call
 from lagom_megatron.nccl.plugin_status import parse_snapshot
+from tests.timeouts import exit_after  # noqa: E402
 
 RING8 = CommConfig(algorithm="Ring", protocol="Simple", n_channels=8)
 SNAPSHOT = """\
@@ -325,7 +326,7 @@ def test_a_changed_site_that_never_matched_on_one_rank_is_reverted_on_every_rank
 
     import torch.multiprocessing as mp
 
-    mp.spawn(_unmatched_worker, args=(str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2, join=True)
+    mp.spawn(exit_after, args=(_unmatched_worker, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2, join=True)
     got = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
     assert got[0]["own"]["dp.ar[1]"] == "applied" and got[1]["own"]["dp.ar[1]"] == "differs"
     for g in got:

@@ -27,13 +27,15 @@ pytest.importorskip("megatron.core")
 
 import torch.multiprocessing as mp  # noqa: E402
 
+from tests.timeouts import exit_after  # noqa: E402
+
 from .overlap_worker import SLEEP, worker  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("overlap")
-    mp.spawn(worker, args=(str(out / "store"), str(out)), nprocs=2)
+    mp.spawn(exit_after, args=(worker, str(out / "store"), str(out)), nprocs=2)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 

@@ -12,6 +12,7 @@ from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.megatron.pool.gloo import GlooPoolBackend
 from lagom_megatron.nccl.pool import RING_BUFFER_BYTES, NcclPoolBackend
+from tests.timeouts import exit_after  # noqa: E402
 
 C3, C4, C8 = CommConfig(n_channels=3), CommConfig(n_channels=4), CommConfig(n_channels=8)
 
@@ -68,7 +69,7 @@ def _worker(rank, store_path, out_path):
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("budget")
-    mp.spawn(_worker, args=(str(tmp / "store"), str(tmp / "out.json")), nprocs=1, join=True)
+    mp.spawn(exit_after, args=(_worker, str(tmp / "store"), str(tmp / "out.json")), nprocs=1, join=True)
     return json.loads((tmp / "out.json").read_text())
 
 

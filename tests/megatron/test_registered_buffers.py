@@ -25,6 +25,7 @@ from lagom_megatron.engine.profile import CollectiveSite
 from lagom_megatron.megatron.hooks.sites import bucket_registration, registered_pools
 from lagom_megatron.nccl.pool import NcclPoolBackend
 from lagom_megatron.nccl.rules import NcclRules
+from tests.timeouts import exit_after  # noqa: E402
 
 
 def _buffer(group, *, pool, ub=True, symmetric_off=False):
@@ -174,7 +175,7 @@ def _worker(rank, store_path, out_path):
 
 
 def test_the_pool_registers_only_the_entries_of_the_registered_group(tmp_path):
-    mp.spawn(_worker, args=(str(tmp_path / "store"), str(tmp_path / "out.json")), nprocs=1, join=True)
+    mp.spawn(exit_after, args=(_worker, str(tmp_path / "store"), str(tmp_path / "out.json")), nprocs=1, join=True)
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["entries"] == 2 and out["calls"] == [["ProcessGroup", [["pool-a", True]]]]
 
