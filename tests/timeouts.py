@@ -119,10 +119,23 @@ def run(
 def exit_after(rank: int, worker: Any, *args: Any) -> None:
     """An ``mp.spawn`` target: runs ``worker(rank, *args)``, then leaves the process with ``os._exit(0)``.
 
-    A rank's process groups are freed when its frames are: torch 2.6's ``~ProcessGroupGloo`` joins its worker
-    threads while holding the GIL, and a thread still freeing an ``AsyncBarrierWork`` that holds Python tensors
-    waits for the GIL, so the rank never exits (seen as a hung spawn). A worker's results are in its files
-    by then; an exception still reaches ``mp.spawn`` as before."""
+    torch 2.6's ``~ProcessGroupGloo`` joins its worker threads holding the GIL, while a thread that still frees
+    its last work (an ``AsyncBarrierWork`` holding Python tensors) waits for the GIL: ``destroy_process_group``
+    then never returns (py-spy: the worker's ``dist.destroy_process_group()``; gdb: ``~ProcessGroupGloo`` in
+    ``thread::join``, a gloo thread in ``take_gil``). Here every destroy first sleeps, which releases the GIL for
+    those threads, and the process ends without its frames' teardown, which frees the rest; an exception still
+    reaches ``mp.spawn``."""
+    import time
+
+    import torch.distributed as dist
+
+    destroy = dist.destroy_process_group
+
+    def destroy_after_gloo_threads(*a: Any, **kw: Any) -> Any:
+        time.sleep(0.2)
+        return destroy(*a, **kw)
+
+    dist.destroy_process_group = destroy_after_gloo_threads
     worker(rank, *args)
     sys.stdout.flush()
     sys.stderr.flush()
