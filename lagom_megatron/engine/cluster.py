@@ -4,6 +4,7 @@ Units in key names: ``*_gbps`` GB/s (bytes, as NCCL's bus bandwidth), ``*_us`` m
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -213,6 +214,14 @@ def required_keys() -> list[str]:
 def available_clusters() -> list[str]:
     """Names of the cluster files under ``configs/clusters``."""
     return sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml")) if CLUSTERS_DIR.is_dir() else []
+
+
+def release(version: str) -> tuple[int, ...]:
+    """Release numbers: ``"2.8.0a0+nv25"`` -> (2, 8, 0); ValueError unless it starts with a dotted number."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    if not m:
+        raise ValueError(f"not a version number: {version!r}")
+    return tuple(int(p) for p in m.group(1).split("."))
 
 
 def parse_version(version: str) -> tuple[int, int, int]:

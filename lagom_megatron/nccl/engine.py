@@ -22,10 +22,11 @@ class keeps ``comm_name`` where torch binds it and otherwise may write ``"<group
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from lagom_megatron.engine.cluster import release as version_release
 
 ENGINE_ENV = "TORCH_DIST_USE_NCCL2"
 """The variable that picks the engine behind ``backend="nccl"`` (read when "nccl" is first used)."""
@@ -54,11 +55,6 @@ class EngineChoice:
         return f"NCCL engine: {name}: {self.reason}; {other}"
 
 
-def _release(version: str) -> tuple[int, int]:
-    m = re.match(r"\s*v?(\d+)\.(\d+)", str(version))
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
-
 def predicted_engine(torch_version: str, environ: Mapping[str, str] | None = None) -> EngineChoice:
     """The engine ``backend="nccl"`` will build under ``torch_version`` with ``environ`` (before any group exists).
 
@@ -66,7 +62,10 @@ def predicted_engine(torch_version: str, environ: Mapping[str, str] | None = Non
     torch compares it: exactly ``"1"`` on 2.14, exactly ``"0"`` on 2.15 and newer."""
     env = os.environ if environ is None else environ
     value = env.get(ENGINE_ENV)
-    release = _release(torch_version)
+    try:
+        release = version_release(torch_version)[:2]
+    except ValueError:  # "unknown": no version in torch's source
+        release = (0, 0)
     if release >= (2, 15):
         if value == "0":
             return EngineChoice(LEGACY, f"torch {torch_version} with {ENGINE_ENV}=0")

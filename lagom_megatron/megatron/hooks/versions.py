@@ -7,9 +7,10 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from lagom_megatron.engine.cluster import release
 
 TESTED_TORCH = ("2.6.0", "2.16")
 """torch versions lagom is tested with: ``>= [0]`` and ``< [1]`` (release part only)."""
@@ -17,14 +18,6 @@ TESTED_TORCH = ("2.6.0", "2.16")
 TESTED_MEGATRON_CORE = ("0.16.1", "0.21")
 
 ALLOW_UNTESTED_ENV = "LAGOM_ALLOW_UNTESTED_VERSIONS"
-
-
-def release(version: str) -> tuple[int, ...]:
-    """Release numbers: ``"2.8.0a0+nv25"`` -> (2, 8, 0); ValueError unless it starts with a dotted number."""
-    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
-    if not m:
-        raise ValueError(f"not a version number: {version!r}")
-    return tuple(int(p) for p in m.group(1).split("."))
 
 
 def in_range(version: str, bounds: tuple[str, str]) -> bool:
