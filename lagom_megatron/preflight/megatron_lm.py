@@ -169,8 +169,9 @@ def _installed(module: str) -> bool:
     if spec is None:
         return False
     if module == CHECKOUT:
-        where = next(iter(spec.submodule_search_locations or ()), spec.origin or "")
-        return not any(part in ("site-packages", "dist-packages") for part in Path(where).resolve().parts)
+        from lagom_megatron.megatron.hooks.versions import is_checkout
+
+        return is_checkout(Path(next(iter(spec.submodule_search_locations or ()), spec.origin or "")))
     return True
 
 

@@ -70,7 +70,7 @@ def _assignments(path: Path) -> dict[str, object]:
     return out
 
 
-def _is_checkout(path: Path) -> bool:
+def is_checkout(path: Path) -> bool:
     return not any(part in ("site-packages", "dist-packages") for part in path.resolve().parts)
 
 
@@ -84,7 +84,7 @@ def installed_megatron_core() -> InstalledVersion | None:
         version = f"{info['MAJOR']}.{info['MINOR']}.{info['PATCH']}{info.get('PRE_RELEASE', '') or ''}"
     except KeyError:
         version = "unknown"
-    return InstalledVersion("megatron-core", version, str(mdir), _is_checkout(mdir))
+    return InstalledVersion("megatron-core", version, str(mdir), is_checkout(mdir))
 
 
 def installed_torch() -> InstalledVersion | None:
@@ -93,7 +93,7 @@ def installed_torch() -> InstalledVersion | None:
     if tdir is None:
         return None
     version = _assignments(tdir / "version.py").get("__version__")
-    return InstalledVersion("torch", str(version) if version else "unknown", str(tdir), _is_checkout(tdir))
+    return InstalledVersion("torch", str(version) if version else "unknown", str(tdir), is_checkout(tdir))
 
 
 def untested_versions() -> list[str]:
