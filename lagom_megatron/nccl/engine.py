@@ -32,6 +32,7 @@ ENGINE_ENV = "TORCH_DIST_USE_NCCL2"
 """The variable that picks the engine behind ``backend="nccl"`` (read when "nccl" is first used)."""
 NCCL2 = "nccl2"
 LEGACY = "legacy"
+ENGINE_NAMES = {NCCL2: "nccl2 (ProcessGroupNCCL2)", LEGACY: "legacy ProcessGroupNCCL"}
 
 BACKEND_CALLS = ("options", "register_mem_pool", "_enable_collectives_timing")
 """Attributes of a process group's CUDA backend that lagom uses (``nccl.pool``, ``megatron.hooks.profiler``)."""
@@ -51,7 +52,7 @@ class EngineChoice:
             if self.engine == NCCL2
             else f"{ENGINE_ENV}=1 gives nccl2 on torch 2.14, nccl2 is the default from torch 2.15"
         )
-        name = "nccl2 (ProcessGroupNCCL2)" if self.engine == NCCL2 else "legacy ProcessGroupNCCL"
+        name = ENGINE_NAMES[self.engine]
         return f"NCCL engine: {name}: {self.reason}; {other}"
 
 
@@ -128,7 +129,7 @@ def engine_lines(group: Any = None) -> list[str]:
     engine = backend_engine(backend)
     if engine is None:
         return []
-    name = "nccl2 (ProcessGroupNCCL2)" if engine == NCCL2 else "legacy ProcessGroupNCCL"
+    name = ENGINE_NAMES[engine]
     switch = f"{ENGINE_ENV}=0 gives the legacy class" if engine == NCCL2 else f"{ENGINE_ENV} picks the engine"
     lines = [f"lagom: NCCL engine {name} ({switch})"]
     missing = missing_calls(backend)
