@@ -232,6 +232,18 @@ class PlanSchema(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     entries: dict[str, EntrySchema]
     stats: dict[str, Any] = Field(default_factory=dict)
+    registered_groups: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _registered_groups(self) -> PlanSchema:
+        groups = {e.group for e in self.entries.values()}
+        bad = [g for g in self.registered_groups if g not in groups]
+        if bad or len(set(self.registered_groups)) != len(self.registered_groups):
+            raise ValueError(
+                f"registered_groups must name distinct process groups of the plan's entries {sorted(groups)}; "
+                f"got {self.registered_groups}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _verification_state(self) -> PlanSchema:

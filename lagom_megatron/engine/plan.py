@@ -101,6 +101,10 @@ class Plan:
     stats: dict[str, Any] = field(default_factory=dict)
     backend: str = "nccl"
     mechanism: str = "tuner"
+    registered_groups: tuple[str, ...] = ()
+    """Process groups whose buffers the plan registers (Megatron's ``--use-nccl-ub``): NCCL's symmetric kernels and
+    copy-engine collectives need it. Registration happens when Megatron builds its buffers, so it applies from the
+    next launch that reuses the plan; sorted, no repeats."""
     schema_version: int = PLAN_SCHEMA_VERSION
 
     def to_dict(self, *, with_stats: bool = True) -> dict[str, Any]:
@@ -113,6 +117,8 @@ class Plan:
             "env": dict(self.env),
             "entries": {k: e.to_dict() for k, e in self.entries.items()},
         }
+        if self.registered_groups:  # absent when empty: older plans keep their digest
+            out["registered_groups"] = list(self.registered_groups)
         if with_stats:
             out["stats"] = self.stats
         return out
@@ -135,6 +141,7 @@ class Plan:
             fingerprint=dict(data.get("fingerprint", {})),
             env=dict(data.get("env", {})),
             stats=dict(data.get("stats", {})),
+            registered_groups=tuple(sorted(set(data.get("registered_groups", ())))),
         )
 
     def fingerprint_mismatch(self, expected: dict[str, Any]) -> list[str]:

@@ -42,6 +42,11 @@ def _plan_file(tmp_path, mutate) -> Path:
             "entries.tp.ag[0].tunable: Input should be a valid list; got 'n_channels'",
         ),
         (lambda d: d.update(env={"NCCL_NTHREADS": 256}), "env.NCCL_NTHREADS: Input should be a valid string; got 256"),
+        (
+            lambda d: d.update(registered_groups=["dp"]),
+            "registered_groups must name distinct process groups of the plan's entries ['tp']; got ['dp']",
+        ),
+        (lambda d: d.update(registered_groups=["tp", "tp"]), "registered_groups must name distinct process groups"),
     ],
 )
 def test_a_bad_plan_is_one_line_naming_the_file_and_field(tmp_path, mutate, message):

@@ -48,6 +48,16 @@ def test_digest_covers_configs_but_not_statistics():
     assert diff_plans(plan, changed) == [f"tp.ag[0]: {e.config.to_dict()} -> {{'n_channels': 3}}"]
 
 
+def test_registered_groups_round_trip_and_enter_the_digest(tmp_path):
+    plan = _plan()
+    assert "registered_groups" not in plan.to_dict()  # absent when empty: plans written before keep their digest
+    registered = Plan(**{**plan.__dict__, "registered_groups": ("tp",)})
+    assert registered.digest() != plan.digest()
+    registered.save(tmp_path / "plan.json")
+    loaded = load_plan(tmp_path / "plan.json")
+    assert loaded.registered_groups == ("tp",) and loaded.digest() == registered.digest()
+
+
 def test_fingerprint_mismatch_names_the_fields():
     plan = _plan()
     expected = dict(plan.fingerprint)
