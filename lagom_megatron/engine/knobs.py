@@ -138,6 +138,17 @@ def invalid_value(knob: str, value: Any, allowed: Any, why: str = "") -> ValueEr
     return ValueError(f"{knob} {value!r} is not allowed{why}; allowed: {allowed}")
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Registration:
+    """What registering one site's buffers (Megatron's ``--use-nccl-ub``, from the next launch) lets NCCL run; given
+    by ``KnobRules.registration`` for a site whose buffers can be registered here."""
+
+    symmetric_kernels: bool
+    """NCCL's symmetric-kernel picker runs the call on the registered window (all-NVLink; ``sym_kernels.cc``)."""
+    copy_engine: bool
+    """A pool entry with ``cta_policy`` ZERO runs it on copy engines, no SM (``ce_coll.cc`` ``ncclCeAvailable``)."""
+
+
 class KnobRules(Protocol):
     """What one mechanism (tuner, communicator, env or gloo) can set on one cluster: the engine's search domain."""
 
@@ -158,6 +169,10 @@ class KnobRules(Protocol):
 
     def for_sites(self, sites: Any) -> KnobRules:
         """These rules for a search over ``sites``: a specialised copy where domains depend on all sites, else self."""
+
+    def registration(self, site: Any) -> Registration | None:
+        """What registering ``site``'s buffers at the next launch would let NCCL run; None where they cannot be
+        registered here (a group Megatron does not register, the versions, the hardware, the mechanism)."""
 
     def probe_configs(self) -> list[CommConfig]:
         """The few configs the warm-up applies to every site at once, one per probe iteration."""

@@ -14,6 +14,7 @@ from lagom_megatron.engine.knobs import (
     NET_PEER_CHANNELS,
     P2P_OPS,
     CommConfig,
+    Registration,
     Scope,
     chunk_domain,
     invalid_value,
@@ -343,6 +344,10 @@ class NcclRules:
         if len(bins) > 1 and self.mechanism == "tuner" and any(len(v) > 1 for v in d.values()):
             notes.append(f"{len(bins)} tuner rows, one per NCCL bin of its tensors ({', '.join(map(str, bins))} bytes)")
         return d, "; ".join(notes)
+
+    def registration(self, site: Any) -> Registration | None:
+        """``KnobRules.registration``: none yet."""
+        return None
 
     def channel_cap(self) -> int | None:
         """Largest channel count one group's pool entry may have under the budget; None = no cap."""

@@ -62,6 +62,10 @@ class GlooRules:
     def for_sites(self, sites: Any) -> GlooRules:
         return self
 
+    def registration(self, site: Any) -> None:
+        """gloo registers no buffers."""
+        return None
+
     def probe_configs(self) -> list[CommConfig]:
         return [CommConfig(n_channels=1), CommConfig(n_channels=4), CommConfig(n_channels=2, chunk_size=1048576)]
 
