@@ -309,10 +309,14 @@ class CostModel:
 
     def evaluate(self, i, alg, proto, nc, nt, chunk, hp=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """T_comm (us, with the dispatch wait), s, T_region (us) of sites ``i`` under codes; ``hp`` None = ``hp_S``."""
-        lat, xfer, ctas, wire, hbm_mult = self.prior_parts(i, alg, proto, nc, nt, chunk)
+        return self.combine(i, *self.prior_parts(i, alg, proto, nc, nt, chunk), hp=hp)
+
+    def combine(self, i, lat, xfer, ctas, wire, hbm_mult, hp=None, sm_free=False):
+        """T_comm, s, T_region of sites ``i`` from one call's parts (``prior_parts``, or NCCL's own model of a path
+        the warm-up cannot probe, ``engine.registered``); ``sm_free``: the call holds no SM, so it never waits."""
         calls = self.calls_S[i]
         t_run = calls * (self.alpha_S[i] * lat + self.beta_S[i] * xfer)
-        wait = self.dispatch_wait(i, hp)
+        wait = 0.0 if sm_free else self.dispatch_wait(i, hp)
         t_comm = t_run + wait
         hbm_share = hbm_mult * (wire * calls / np.maximum(t_run, 1e-9)) * 1e-3 / self.cluster.hbm_gbps
         s = self.a_S[i] * sm_term(ctas, self.cluster.sms_per_gpu, self.gloo) + self.b_S[i] * hbm_share

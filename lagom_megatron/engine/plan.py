@@ -166,6 +166,29 @@ class Plan:
         """A copy with ``stats`` updated (plans are not mutated by searchers)."""
         return replace(self, stats={**self.stats, **stats})
 
+    def pending_groups(self, registered_now: Any = ()) -> tuple[str, ...]:
+        """``registered_groups`` whose buffers this launch did not register (``registered_now``: those it did)."""
+        return tuple(g for g in self.registered_groups if g not in set(registered_now))
+
+    def for_launch(self, registered_now: Any = ()) -> Plan:
+        """What this launch can apply: the sites of groups whose registration is still pending on NCCL's defaults
+        (their entries need registered buffers, which exist from the next launch)."""
+        pending = set(self.pending_groups(registered_now))
+        if not pending:
+            return self
+        sites = [sid for sid, e in self.entries.items() if e.group in pending and not e.config.is_default()]
+        return replace(self.with_defaults(sites, note="registered buffers from the next launch"), stats=self.stats)
+
+    def verdict(self, phase: str, reason: str | None, *, registered_now: Any = ()) -> Plan:
+        """This plan with its verification's outcome in ``stats``. While a registration is pending, this launch
+        verified only part of it: the verdict goes to ``verification_unregistered`` and the plan stays unverified,
+        so the next launch, with the buffers registered, verifies all of it."""
+        if self.pending_groups(registered_now):
+            return self.with_stats(
+                verification=None, verification_unregistered=phase, verification_unregistered_reason=reason
+            )
+        return self.with_stats(verification=phase, verification_reason=reason)
+
     def with_defaults(self, site_ids: Any, *, note: str) -> Plan:
         """A copy with ``site_ids`` on NCCL's defaults, noted (``stats["sites_reverted"]``); KeyError if unknown."""
         entries = dict(self.entries)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lagom_megatron.engine import registered
 from lagom_megatron.engine.descent import Counter, DescentMemo, decide_unit, descend, scan_knob
 from lagom_megatron.engine.problem import SEARCH_KNOBS, SearchProblem, SearchResult, State, Timer, register
 
@@ -164,5 +165,5 @@ def priority(problem: SearchProblem, *, rounds: int = 3) -> SearchResult:
         "candidate": chosen,
         "zero_gain_sites_reset": reset,
     }
-    plan = problem.make_plan(st, method="priority", stats=stats)
+    plan = registered.choose(problem, problem.make_plan(st, method="priority", stats=stats))
     return SearchResult(plan=plan, stats=plan.stats)

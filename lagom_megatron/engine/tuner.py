@@ -84,6 +84,7 @@ class Tuner:
         rules: KnobRules,
         fingerprint: dict[str, Any] | None = None,
         agree: Callable[[Any], Any] | None = None,
+        registered_now: Any = (),
     ) -> None:
         if rules.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}; got {rules.backend!r}")
@@ -93,6 +94,8 @@ class Tuner:
         self.backend = rules.backend
         self.fingerprint = dict(fingerprint or {})
         self.agree = agree
+        self.registered_now = frozenset(registered_now)
+        """Groups whose buffers this launch registered: a plan's other ``registered_groups`` wait for the next."""
         self.phase = Phase.PROFILING
         self.reason = ""
         self.plan: Any = None
@@ -146,7 +149,12 @@ class Tuner:
                 f"start_from_plan: the tuner already ran {self._n_finished} iteration(s), "
                 f"phase {self.phase.name}; call it before the first iteration"
             )
-        if not any(not e.config.is_default() for e in plan.entries.values()):
+        if not any(not e.config.is_default() for e in plan.for_launch(self.registered_now).entries.values()):
+            if plan.registered_groups and not plan.pending_groups(self.registered_now):
+                self.plan, self.phase, self._from_plan = plan, Phase.APPLIED, True
+                self.reason = f"registered buffers of {', '.join(plan.registered_groups)}: NCCL's own choice, no verify"
+                self._log(self._last_finished, f"applied: {self.reason}")
+                return
             raise RuntimeError("start_from_plan: the plan keeps NCCL defaults for every site; nothing to verify")
         self.plan = plan
         self.phase = Phase.SEARCHED
@@ -210,7 +218,8 @@ class Tuner:
     def _plan_assignment(self) -> dict[str, CommConfig]:
         if self.plan is None:
             return {}
-        return {sid: e.config for sid, e in self.plan.entries.items() if not e.config.is_default()}
+        plan = self.plan.for_launch(self.registered_now)
+        return {sid: e.config for sid, e in plan.entries.items() if not e.config.is_default()}
 
     def start_iteration(self, iteration: int) -> Step:
         """Marks ``iteration`` running (optional); RuntimeError if one is unfinished or it is not after the last."""
@@ -339,8 +348,16 @@ class Tuner:
                 self._fall_back(it, f"rank agreement failed: {exc}")
                 return
         self.plan = plan
-        n_tuned = sum(1 for e in plan.entries.values() if not e.config.is_default())
+        n_tuned = sum(1 for e in plan.for_launch(self.registered_now).entries.values() if not e.config.is_default())
         if n_tuned == 0:
+            pending = plan.pending_groups(self.registered_now)
+            if pending:
+                self._fall_back(
+                    it,
+                    f"nothing to apply at this launch: the plan registers the buffers of {', '.join(pending)} "
+                    "(--use-nccl-ub) from the next launch that reuses it",
+                )
+                return
             self._fall_back(it, f"search ({self.config.method}) kept the defaults for every site")
             return
         self.phase = Phase.SEARCHED

@@ -67,6 +67,12 @@ class _Plan:
     def digest(self) -> str:
         return "fake"
 
+    def for_launch(self, registered_now=()):
+        return self  # registers no group
+
+    def pending_groups(self, registered_now=()):
+        return ()
+
 
 @pytest.fixture
 def fake_engine(monkeypatch):
