@@ -23,7 +23,7 @@ HARNESS_SOURCE = PLUGIN_DIR / "test" / "test_plugin.c"
 """The C test harness's main source (in a source checkout, not in an installed wheel)."""
 HARNESS_SOURCES = (
     HARNESS_SOURCE,
-    *(PLUGIN_DIR / "test" / f"test_{name}.c" for name in ("calls", "table", "slices", "profiler", "observed")),
+    *(PLUGIN_DIR / "test" / f"test_{name}.c" for name in ("calls", "table", "slices", "profiler", "observed", "ce")),
 )
 
 _WARN = ["-std=gnu11", "-Wall", "-Wextra"]

@@ -37,6 +37,11 @@
 #define LAGOM_PROFILE_PROXY_STEP (1 << 4)
 #define LAGOM_PROFILE_PROXY_CTRL (1 << 5)
 #define LAGOM_PROFILE_KERNEL_CH (1 << 6)
+/* v6's copy-engine (CE) collective and its two children, a CE sync and a CE batch of copies
+ * (v2.30.7 src/include/plugin/nccl_profiler.h:24-27; NCCL 2.29+). */
+#define LAGOM_PROFILE_CE_COLL (1 << 12)
+#define LAGOM_PROFILE_CE_SYNC (1 << 13)
+#define LAGOM_PROFILE_CE_BATCH (1 << 14)
 /* v7's kernel-phase sub-event (nccl_profiler.h:29 @8898068): lagom never asks for it. */
 #define LAGOM_PROFILE_KERNEL_PHASE (1 << 15)
 /* The state NCCL records on a kernelCh event with its stop timer (nccl_profiler.h:61). */

@@ -24,6 +24,12 @@
  * counted, its kernel time is not). Child events carry the slot's address with a tag in its low
  * bits as their handle.
  *
+ * Copy engines. A copy-engine collective (ABI v6+, profiler.c says when NCCL runs one) adds one call
+ * to a bucket of kind LAGOM_PROFILE_CE_COLL with algorithm "CE", no protocol, 0 channels and warps;
+ * it takes a slot from its start to its stop so that its ceBatch children (parent: its handle,
+ * between the two on the host thread) add their copies and bytes to that bucket. The mask asks
+ * for ceColl and ceBatch at level 1 (no ceSync: it carries nothing lagom reads).
+ *
  * Chunk size. A proxyOp event (network transfers only) carries args->chunkSize x sliceSteps
  * (src/plugin/profiler.cc:580); the largest seen is kept per bucket.
  *
@@ -53,6 +59,9 @@
 #include "plugin_internal.h"
 
 #define LAGOM_EXPORT __attribute__((visibility("default")))
+
+/* The CE events lagom asks for from ABI v6: ceColl and ceBatch (its copies), not ceSync. */
+#define LAGOM_CE_EVENTS (LAGOM_PROFILE_CE_COLL | LAGOM_PROFILE_CE_BATCH)
 
 static LagomObsComm *gComms;    /* live communicators, newest first */
 static char gCommsLock;
@@ -96,9 +105,10 @@ LagomObsComm *observedNewComm(int abi, int *mask, uint64_t commHash, const char 
   __atomic_fetch_add(&gInits, 1, __ATOMIC_RELAXED);
   __atomic_store_n(&gProfilerAbi, abi, __ATOMIC_RELAXED);
   __atomic_store_n(&gState, LAGOM_PROFILER_STATE_LAGOM, __ATOMIC_RELAXED);
-  /* kernelCh events carry GPU timers from v4; v1/v2 have none and v3's carry no timer */
+  /* kernelCh events carry GPU timers from v4; v1/v2 have none and v3's carry no timer; CE events
+   * come from v6 (see the top) */
   __atomic_store_n(&gMaskBits, LAGOM_PROFILE_COLL | LAGOM_PROFILE_P2P | LAGOM_PROFILE_PROXY_OP |
-                   (abi >= 4 ? LAGOM_PROFILE_KERNEL_CH : 0), __ATOMIC_RELAXED);
+                   (abi >= 4 ? LAGOM_PROFILE_KERNEL_CH : 0) | (abi >= 6 ? LAGOM_CE_EVENTS : 0), __ATOMIC_RELAXED);
   if (mask) {
     __atomic_store_n(&gMaskPtr, mask, __ATOMIC_RELEASE);
     applyMask();
@@ -253,7 +263,7 @@ static LagomSlot *taskOf(void *parent, int live) {
 void *observedStart(LagomObsComm *c, const LagomEvent *e) {
   if (!c) return NULL;
   if (e->type == LAGOM_PROFILE_GROUP) return &c->group; /* NCCL < 2.27 starts task events only inside one */
-  if (e->type == LAGOM_PROFILE_COLL || e->type == LAGOM_PROFILE_P2P) {
+  if (e->type == LAGOM_PROFILE_COLL || e->type == LAGOM_PROFILE_P2P || e->type == LAGOM_PROFILE_CE_COLL) {
     if (!__atomic_load_n(&c->commHash, __ATOMIC_RELAXED) && (e->commHash || (e->commName && *e->commName))) {
       lock(&c->lock); /* v1-v3 give these here, not in init (once: the first task event) */
       if (!c->commHash) __atomic_store_n(&c->commHash, e->commHash, __ATOMIC_RELAXED);
@@ -267,6 +277,7 @@ void *observedStart(LagomObsComm *c, const LagomEvent *e) {
      * proxy op (src/enqueue.cc:916-917, :1073-1075); a self one has none (see the top). */
     int timers = __atomic_load_n(&gApplied, __ATOMIC_RELAXED) & LAGOM_PROFILE_KERNEL_CH;
     int expect = timers && !e->selfPeer && (e->type == LAGOM_PROFILE_P2P || e->count > 0) ? e->nChannels : 0;
+    /* a CE collective has nChannels 0: no kernelCh; its slot goes at its stop, after its children */
     unsigned start = __atomic_fetch_add(&c->nextSlot, 1U, __ATOMIC_RELAXED);
     for (int i = 0; i < LAGOM_OBS_SLOTS; i++) {
       LagomSlot *s = &c->slots[(start + (unsigned)i) % LAGOM_OBS_SLOTS];
@@ -281,8 +292,16 @@ void *observedStart(LagomObsComm *c, const LagomEvent *e) {
     __atomic_fetch_add(&c->dropped, 1ULL, __ATOMIC_RELAXED);
     return NULL;
   }
-  LagomSlot *s = taskOf(e->parent, e->type == LAGOM_PROFILE_KERNEL_CH);
+  LagomSlot *s = taskOf(e->parent, e->type == LAGOM_PROFILE_KERNEL_CH || e->type == LAGOM_PROFILE_CE_BATCH);
   if (!s) return NULL;
+  if (e->type == LAGOM_PROFILE_CE_BATCH) { /* between its ceColl's start and stop, on the host thread */
+    if (s->bucket >= 0) {
+      LagomBucket *b = &c->buckets[s->bucket];
+      __atomic_fetch_add(&b->copies, (unsigned long long)(e->copies > 0 ? e->copies : 0), __ATOMIC_RELAXED);
+      __atomic_fetch_add(&b->copyBytes, (unsigned long long)e->copyBytes, __ATOMIC_RELAXED);
+    }
+    return NULL; /* nothing to do at its stop; a ceSync gets NULL too (below) */
+  }
   if (e->type == LAGOM_PROFILE_PROXY_OP) { /* often after the host stopped the task */
     if (s->bucket >= 0 && e->chunkSize > 0) {
       int *chunk = &c->buckets[s->bucket].chunk;
@@ -368,10 +387,12 @@ LAGOM_EXPORT const char *lagomProfilerForeign(void) { return gForeign; }
 /* Writes the records as text lines into buf (NUL-terminated, cut at capacity) and returns the
  * length of the whole text, so a caller whose buffer was too small calls again with more:
  *   comm <i> hash=<hex> rank=<r> nranks=<n> nnodes=<n> abi=<v> tag=<tag|-> name=<name|-> dropped=<n> overflow=<n>
- *   coll|p2p <i> func=<s> count=<n> dtype=<s> algo=<s> proto=<s> channels=<n> warps=<n> calls=<n>
- *            chunk=<bytes|0> kernel_ns=<n> kernel_calls=<n>
+ *   coll|p2p|ce <i> func=<s> count=<n> dtype=<s> algo=<s> proto=<s> channels=<n> warps=<n> calls=<n>
+ *            chunk=<bytes|0> kernel_ns=<n> kernel_calls=<n> [ce: copies=<n> copy_bytes=<n>]
  * `func`, `dtype`, `algo` and `proto` are NCCL's strings (ncclFuncToString and its kin,
- * src/collectives.cc); `-` where the event has none (p2p has no algorithm or protocol). */
+ * src/collectives.cc); `-` where the event has none (p2p has no algorithm or protocol). A `ce` line
+ * is a copy-engine collective (ABI v6+): algo=CE proto=- channels=0 warps=0, no kernel time, and the
+ * copies and bytes of its ceBatch children. */
 LAGOM_EXPORT int lagomProfilerSnapshot(char *buf, int capacity) {
   size_t cap = capacity > 0 ? (size_t)capacity : 0, len = 0;
   char line[512];
@@ -388,12 +409,17 @@ LAGOM_EXPORT int lagomProfilerSnapshot(char *buf, int capacity) {
       if (buf && len + (size_t)n < cap) memcpy(buf + len, line, (size_t)n + 1);
       len += (size_t)n;
       const LagomBucket *b = &c->buckets[k];
+      int ce = b->kind == LAGOM_PROFILE_CE_COLL;
       n = snprintf(line, sizeof(line), "%s %d func=%s count=%zu dtype=%s algo=%s proto=%s channels=%d warps=%d "
-                   "calls=%llu chunk=%d kernel_ns=%llu kernel_calls=%llu\n",
-                   b->kind == LAGOM_PROFILE_P2P ? "p2p" : "coll", i, b->func, b->count, b->dtype, b->algo, b->proto,
-                   b->nChannels, b->nWarps, __atomic_load_n(&b->calls, __ATOMIC_RELAXED),
+                   "calls=%llu chunk=%d kernel_ns=%llu kernel_calls=%llu",
+                   ce ? "ce" : b->kind == LAGOM_PROFILE_P2P ? "p2p" : "coll", i, b->func, b->count, b->dtype, b->algo,
+                   b->proto, b->nChannels, b->nWarps, __atomic_load_n(&b->calls, __ATOMIC_RELAXED),
                    __atomic_load_n(&b->chunk, __ATOMIC_RELAXED), __atomic_load_n(&b->kernelNs, __ATOMIC_RELAXED),
                    __atomic_load_n(&b->kernelCalls, __ATOMIC_RELAXED));
+      if (n > 0 && (size_t)n < sizeof(line))
+        n += snprintf(line + n, sizeof(line) - (size_t)n, ce ? " copies=%llu copy_bytes=%llu\n" : "\n",
+                      __atomic_load_n(&b->copies, __ATOMIC_RELAXED), __atomic_load_n(&b->copyBytes, __ATOMIC_RELAXED));
+      if (n >= (int)sizeof(line)) n = (int)sizeof(line) - 1; /* never: every field is bounded */
     }
     unlock(&c->lock);
     if (n > 0) {

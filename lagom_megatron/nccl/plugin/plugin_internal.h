@@ -135,7 +135,12 @@ typedef struct {
   uint64_t pTimer;      /* kernelCh: GPU start timer, ns */
   int hasTimer;
   int selfPeer;         /* p2p (v4+): a send or receive of the rank to itself */
+  int copies;           /* ceBatch (v6+): the copies of the batch (numOps) */
+  size_t copyBytes;     /* ceBatch (v6+): their bytes (totalBytes) */
 } LagomEvent;
+
+/* The algorithm a copy-engine collective is recorded with (no channel, no protocol). */
+#define LAGOM_CE_ALGO "CE"
 
 #define LAGOM_OBS_BUCKETS 64
 #define LAGOM_OBS_SLOTS 256
@@ -154,7 +159,7 @@ typedef struct {
 #define LAGOM_PROFILER_STATE_NONE 3    /* NCCL_PROFILER_PLUGIN=none, or unset: no profiler of lagom's */
 
 typedef struct {
-  int kind; /* LAGOM_PROFILE_COLL or LAGOM_PROFILE_P2P */
+  int kind; /* LAGOM_PROFILE_COLL, LAGOM_PROFILE_P2P or LAGOM_PROFILE_CE_COLL */
   char func[LAGOM_OBS_STR];
   char dtype[LAGOM_OBS_STR];
   char algo[LAGOM_OBS_STR];
@@ -166,6 +171,8 @@ typedef struct {
   unsigned long long kernelNs;
   unsigned long long kernelCalls;
   int chunk;
+  unsigned long long copies;    /* CE: copies of its batches (ceBatch numOps) */
+  unsigned long long copyBytes; /* CE: their bytes (ceBatch totalBytes) */
 } LagomBucket;
 
 struct LagomObsComm;

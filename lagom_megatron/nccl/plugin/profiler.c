@@ -46,6 +46,24 @@
  *   - kernelPhase sub-events (parent: a kernelCh handle; src/plugin/profiler.cc, the phase loop
  *     @8898068) are never asked for (the mask lacks LAGOM_PROFILE_KERNEL_PHASE); one that came
  *     anyway gets a NULL handle, so NCCL records and stops nothing of it.
+ *
+ * Copy-engine collectives (ABI v6+, NCCL 2.29+). A communicator created with CTAPolicy ZERO runs an
+ * all-gather or all-to-all on copy engines when its buffers are in a symmetric window, every rank
+ * is in the NVLink (LSA) team and the CUDA driver is 12.5+ (v2.30.7 src/enqueue.cc:3054,
+ * src/ce_coll.cc:93-131), and on SM kernels otherwise, silently. Such a call has no coll event: its
+ * plan takes the task off the kernel queues (src/ce_coll.cc:1412-1442) and is launched by
+ * ncclLaunchCeColl instead of a kernel (src/group.cc:358-359). It reports, on the host thread, in
+ * this order (src/ce_coll.cc:1361-1410 and :497-547 for an all-gather in one NVLink domain;
+ * src/plugin/profiler.cc:823-938): startEvent ceColl (when the mask has any CE bit, :826-827; parent
+ * the collApi handle, NULL unless asked for, :830; seqNumber and ceSeqNum the communicator's CE sync
+ * count, :833, :845; func, count = the call's count, per rank for an all-gather, datatype, root,
+ * :834-839), then as its children (parentObj = the ceColl handle): a ceSync start/stop (when the
+ * mask has CeSync, :873) before the copies, a ceBatch start (numOps, totalBytes, useIntraSync;
+ * when the mask has CeBatch, :908-921) / stop around them, a ceSync after them, and stopEvent ceColl
+ * (:857-865); no recordEventState for any of them (src/include/plugin/profiler/profiler_v6.h:124-125).
+ * The v7 descriptor has the same ceColl members plus userTag (profiler_v7.h ceColl @8898068, filled
+ * in ncclProfilerStartCeCollEvent). NCCL 2.28 (ABI v5) already runs CE collectives (v2.28.9
+ * src/ce_coll.cc ncclLaunchCeColl) but has no CE event at all, so there they leave no record.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -202,15 +220,33 @@ static ncclResult_t startV5(void *context, void **handle, lagomProfilerDescr_v5_
   return start(context, handle, &e);
 }
 
+/* v6-v7: a copy-engine collective (ceColl, the same members at the same offsets in both; v7 appends
+ * userTag, ignored as for coll) is recorded as a collective NCCL ran on no channel with algorithm
+ * LAGOM_CE_ALGO; a ceBatch child adds its copies; a ceSync child carries nothing lagom reads. */
+#define START_CE(e, d)                                                                          \
+  do {                                                                                          \
+    if ((d)->type == LAGOM_PROFILE_CE_COLL) {                                                   \
+      (e).func = (d)->ceColl.func;                                                              \
+      (e).dtype = (d)->ceColl.datatype;                                                         \
+      (e).algo = LAGOM_CE_ALGO;                                                                 \
+      (e).count = (d)->ceColl.count;                                                            \
+    } else if ((d)->type == LAGOM_PROFILE_CE_BATCH) {                                           \
+      (e).copies = (d)->ceCollBatch.numOps;                                                     \
+      (e).copyBytes = (d)->ceCollBatch.totalBytes;                                              \
+    }                                                                                           \
+  } while (0)
+
 static ncclResult_t startV6(void *context, void **handle, lagomProfilerDescr_v6_t *d) {
   LagomEvent e = {.type = (int)(d->type & 0x7fffffff), .parent = d->parentObj};
   START_V4(e, d);
+  START_CE(e, d);
   return start(context, handle, &e);
 }
 
 static ncclResult_t startV7(void *context, void **handle, lagomProfilerDescr_v7_t *d) {
   LagomEvent e = {.type = (int)(d->type & 0x7fffffff), .parent = d->parentObj};
   START_V4(e, d);
+  START_CE(e, d);
   if (e.type == LAGOM_PROFILE_COLL && d->coll.isSymColl) {
     e.algo = d->coll.kernelVariant ? d->coll.kernelVariant : d->coll.algo;
     e.proto = NULL;

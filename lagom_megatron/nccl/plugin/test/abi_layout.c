@@ -129,8 +129,13 @@ static void profilerV7(void) {
   OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, collApi.graphCaptured);
   OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, collApi.userTag);
   OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, p2pApi.userTag);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, ceColl.func);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, ceColl.count);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, ceColl.datatype);
   OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, ceColl.stream);
   OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, ceColl.userTag);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, ceCollBatch.numOps);
+  OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, ceCollBatch.totalBytes);
   OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, ceCollBatch.useIntraSync);
   OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, kernelPhase.channelId);
   OFF(ncclProfilerEventDescr_v7_t, lagomProfilerDescr_v7_t, kernelPhase.phaseId);
@@ -163,7 +168,12 @@ static void profilers(void) {
   DESCR_COMMON(ncclProfilerEventDescr_v6_t, lagomProfilerDescr_v6_t);
   DESCR_V4_TASKS(ncclProfilerEventDescr_v6_t, lagomProfilerDescr_v6_t);
   OFF(ncclProfilerEventDescr_v6_t, lagomProfilerDescr_v6_t, coll.parentGroup);
+  OFF(ncclProfilerEventDescr_v6_t, lagomProfilerDescr_v6_t, ceColl.func);
+  OFF(ncclProfilerEventDescr_v6_t, lagomProfilerDescr_v6_t, ceColl.count);
+  OFF(ncclProfilerEventDescr_v6_t, lagomProfilerDescr_v6_t, ceColl.datatype);
   OFF(ncclProfilerEventDescr_v6_t, lagomProfilerDescr_v6_t, ceColl.stream);
+  OFF(ncclProfilerEventDescr_v6_t, lagomProfilerDescr_v6_t, ceCollBatch.numOps);
+  OFF(ncclProfilerEventDescr_v6_t, lagomProfilerDescr_v6_t, ceCollBatch.totalBytes);
   OFF(ncclProfilerEventDescr_v6_t, lagomProfilerDescr_v6_t, ceCollBatch.useIntraSync);
 
   SIZE(ncclProfilerEventStateArgs_v1_t, lagomProfilerStateArgs_v1_t);

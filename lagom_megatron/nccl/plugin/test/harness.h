@@ -15,6 +15,7 @@
  *   test_observed.c its cases: what it records when NCCL ran the plan, fewer channels, another
  *                  algorithm, a P2P, a nameless communicator, a call NCCL's split puts on fewer
  *                  channels, proxy events before the host's stops, a user's own profiler plugin.
+ *   test_ce.c      copy-engine collectives (ABI v6-v7) in NCCL's order, and their SM fallback.
  */
 #ifndef LAGOM_TEST_HARNESS_H_
 #define LAGOM_TEST_HARNESS_H_
@@ -127,5 +128,10 @@ void test_profiler_self_p2p_releases_its_slot(void);
 void test_profiler_user_plugin(void);
 void test_profiler_v7_fields(void);
 extern int gPhaseHandles;
+
+/* Copy-engine collectives, ABI v6-v7 (test_ce.c). */
+void *driveCeAllGather(int v, void *ctx, size_t bytes);
+int printCeSnapshot(int v, const char *scenario);
+void test_profiler_ce_allgather(void);
 
 #endif /* LAGOM_TEST_HARNESS_H_ */

@@ -288,7 +288,9 @@ void test_profiler_activation_mask(void) {
     setActive(0);
     void *prof = profInit(v, 0x77, NULL, NULL);
     CHECK(gNcclMask == 0, "v%d: mask %d after init while inactive; want 0 (no event at all)", v, gNcclMask);
-    int calls = LAGOM_PROFILE_COLL | LAGOM_PROFILE_P2P | LAGOM_PROFILE_PROXY_OP;
+    /* from v6 also the copy-engine collective and its batches (test_ce.c) */
+    int calls = LAGOM_PROFILE_COLL | LAGOM_PROFILE_P2P | LAGOM_PROFILE_PROXY_OP |
+                (v >= 6 ? LAGOM_PROFILE_CE_COLL | LAGOM_PROFILE_CE_BATCH : 0);
     setActive(1);
     CHECK(gNcclMask == calls && handed() == calls, "v%d: level 1 mask %d (said %d); want %d", v, gNcclMask, handed(),
           calls);

@@ -14,7 +14,8 @@
  *       where every entry is enabled (-1 = NCCL's choice kept), and the plugin's log on stderr.
  *   test_plugin LIB.so --snapshot VERSION SCENARIO
  *       plays one profiler scenario of test_observed.c on profiler ABI VERSION and prints the
- *       records it leaves (lagomProfilerSnapshot's text).
+ *       records it leaves (lagomProfilerSnapshot's text); with VERSION 6 or 7 also SCENARIO ce or
+ *       ce_fallback (test_ce.c: a CE all-gather, or the same call on SM kernels).
  * Exit status: 0 when every selected test passed.
  *
  * This file holds main(), the list of tests, --query and the shared helpers; the tests are in
@@ -201,6 +202,7 @@ static const struct {
     {"profiler_self_p2p_releases_its_slot", test_profiler_self_p2p_releases_its_slot},
     {"profiler_user_plugin", test_profiler_user_plugin},
     {"profiler_v7_fields", test_profiler_v7_fields},
+    {"profiler_ce_allgather", test_profiler_ce_allgather},
 };
 
 int main(int argc, char **argv) {
@@ -237,10 +239,15 @@ int main(int argc, char **argv) {
   }
   if (argc >= 3 && !strcmp(argv[2], "--snapshot")) {
     int v = argc == 5 ? atoi(argv[3]) : 0, known = 0;
+    if (argc == 5 && (v == 6 || v == 7) && (!strcmp(argv[4], "ce") || !strcmp(argv[4], "ce_fallback"))) {
+      int rc = printCeSnapshot(v, argv[4]); /* test_ce.c: copy engines need ABI v6+ */
+      unlink(gTablePath);
+      return rc;
+    }
     for (int i = 0; argc == 5 && i < 6; i++) known |= !strcmp(argv[4], kScenarios[i]);
     if (v < 1 || v > 7 || !known) {
       fprintf(stderr, "--snapshot needs a profiler ABI version 1-7 and one of match, clamped, other_algo, p2p, "
-              "no_name, small\n");
+              "no_name, small (6-7: also ce, ce_fallback)\n");
       return 2;
     }
     int rc = printSnapshot(v, argv[4]);
