@@ -3,7 +3,9 @@ by function and bytes; fields (docs/nccl.md; NVIDIA/nccl v2.30.7): ``algo``/``pr
 ``src/plugin/profiler.cc:498-499``), ``nChannels`` (``src/enqueue.cc:701-704``; ABI v1-v3 the maximum, :2178; none for
 CollNet / multi-node NVLS, :624-654), ``nWarps``, the proxy ``chunkSize`` (``src/plugin/profiler.cc:580``; network).
 Channel counts are judged by the scheduling rule of the NCCL version that ran (``CELL_RULES``); under a version whose
-rule lagom has not read they are reported but never make a site differ."""
+rule lagom has not read they are reported but never make a site differ. A site planned on copy engines (CTA policy
+ZERO) is applied only when NCCL's copy-engine events (profiler ABI v6+, ``src/plugin/profiler.cc:823-938``) report its
+calls: NCCL falls back to SM kernels silently (``observe_site``)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,17 @@ FUNC_OPS = {
     "Recv": "recv",
 }
 """NCCL's function names (``ncclFuncToString``, ``src/collectives.cc:14-45``) -> lagom's op names."""
+CE_FALLBACK = "no symmetric window or no NVLink domain (or a CUDA driver before 12.5)"
+"""Why NCCL runs a CTA-policy-ZERO call on SMs instead of copy engines, silently: ``ncclCeAvailable`` wants a CUDA
+driver >= 12.5, every rank in the NVLink (LSA) team, symmetric support and the receive buffer in a symmetric window
+(v2.30.7 ``src/ce_coll.cc:93-131``), and neither buffer in system memory (``src/enqueue.cc:3054``); otherwise the call
+is enqueued as a kernel collective (:3057-3116)."""
+CE_UNPLANNED = (
+    "NCCL ran copy engines, which the plan did not ask for (no CTA policy ZERO); NCCL picks them itself for an "
+    "all-gather of more than NCCL_SYM_CE_THRESHOLD elements on an all-NVLink Blackwell with symmetric buffers"
+)
+"""A site planned without ZERO that shows copy-engine records (v2.30.7 ``src/enqueue.cc:3110-3113``, threshold 8 Mi
+elements, :31)."""
 ALGORITHMS = {
     "TREE": "Tree",
     "RING": "Ring",
@@ -203,18 +216,56 @@ def matching_ops(
     """Records of the communicator(s) known as ``key`` whose function is ``op`` and bytes the plan's ``nbytes``, or
     one of its ``parts``' ((dtype, bytes): NCCL reports each tensor of a coalesced call as a task of its own). An
     all-to-all is the send and receive tasks NCCL enqueues per peer (v2.30.7 ``src/enqueue.cc:3070-3082``): every
-    one on the communicator, whatever its split."""
+    one on the communicator, whatever its split; on copy engines (CTA policy ZERO) its ``ce`` record of function
+    ``AlltoAll`` (v2.30.7 ``src/plugin/profiler.cc:834``)."""
     sizes = {int(b) for _, b in parts} or {nbytes}
     out = []
     for comm in comms:
         if key not in comm.keys():
             continue
         n_ranks = comm.n_ranks if comm.n_ranks > 0 else group_size
-        if op == "all_to_all":
-            out += [o for o in comm.ops if o.kind == "p2p" and o.func in ("Send", "Recv")]
+        if op == "all_to_all":  # on copy engines: one AlltoAll record per call (``ncclFuncToString``)
+            out += [
+                o
+                for o in comm.ops
+                if (o.kind == "p2p" and o.func in ("Send", "Recv")) or (o.kind == "ce" and o.func == "AlltoAll")
+            ]
         else:
             out += [o for o in comm.ops if FUNC_OPS.get(o.func) == op and op_bytes(o, n_ranks) in sizes]
     return out
+
+
+def _ctas(n: int) -> str:
+    return f"{n} CTA" + ("" if n == 1 else "s")
+
+
+def _sm_run(ops: list[ObservedOp]) -> str:
+    """What NCCL ran on SMs, for a note: ``RING/SIMPLE on 8 CTAs`` per distinct coll record, send/receive tasks."""
+    shapes = sorted({(o.algo or "-", o.proto or "-", o.channels) for o in ops if o.kind == "coll"})
+    parts = [f"{a}/{p} on {_ctas(n)}" for a, p, n in shapes]
+    p2p = [o.channels for o in ops if o.kind == "p2p"]
+    if p2p:
+        parts.append(f"send/receive tasks on up to {_ctas(max(p2p))}")
+    return ", ".join(parts)
+
+
+def _engine(planned: CommConfig, ops: list[ObservedOp]) -> tuple[str, str, str] | None:
+    """(planned engine, observed engine(s), note) when the plan asks for copy engines (CTA policy ZERO) or any record
+    is a copy-engine one; the note is "" when they agree. None when neither: the site is judged on SM knobs alone."""
+    zero = str(planned.cta_policy or "").upper() == "ZERO"
+    ce = [o for o in ops if o.kind == "ce"]
+    if not zero and not ce:
+        return None
+    sm = [o for o in ops if o.kind != "ce"]
+    seen = _one("CE" if o.kind == "ce" else "SM" for o in ops)
+    if zero and sm:
+        share = f" for {sum(o.calls for o in sm)} of {sum(o.calls for o in ops)} calls" if ce else ""
+        note = f"planned copy engines (CTA policy ZERO), NCCL ran {_sm_run(sm)}{share}: {CE_FALLBACK}"
+    elif ce and not zero:
+        note = f"{CE_UNPLANNED} ({sum(o.calls for o in ce)} calls)"
+    else:
+        note = ""
+    return ("CE" if zero else "SM"), seen, note
 
 
 def not_run(site_id: str) -> SiteObservation:
@@ -245,7 +296,14 @@ def observe_site(
     """Compares ``planned`` (the plan's config for the site) with its calls' records ``ops`` (empty: unobserved), which
     NCCL ``nccl_version`` (None: unknown) reported; its channel counts count only when ``channel_rule_read``. A P2P
     task must run on exactly ``p2p_expected(record)`` channels (``p2p_task_channels``); without it only on no more
-    than the bound gives."""
+    than the bound gives.
+
+    Copy engines: a site planned with ``cta_policy`` ZERO is applied only when every record of its calls is a
+    copy-engine (``ce``) one; an SM record means NCCL fell back to SM kernels (``CE_FALLBACK``), so it differs on
+    ``cta_policy`` (``engine``: planned ``CE``, observed ``SM``), and its other knobs, which copy engines ignore, are
+    not judged. A site planned without ZERO that shows ``ce`` records differs on ``cta_policy`` too (``CE_UNPLANNED``),
+    its SM records judged as usual. NCCL reports copy engines from profiler ABI v6 (NCCL 2.29); NCCL 2.28 runs them
+    with no event at all, so such a site is unobserved there."""
     if not ops:
         return SiteObservation(
             site_id,
@@ -257,6 +315,15 @@ def observe_site(
     seen: dict[str, Any] = {}
     bad: list[str] = []
     notes: list[str] = []
+    calls = sum(o.calls for o in ops)
+    engine = _engine(planned, ops)
+    if engine is not None:
+        want["engine"], seen["engine"], note = engine
+        bad += ["cta_policy"] if note else []
+        notes += [note] if note else []
+        ops = [o for o in ops if o.kind != "ce"]
+        if want["engine"] == "CE" or not ops:
+            return SiteObservation(site_id, "differs" if bad else "applied", want, seen, tuple(bad), calls, note)
     if planned.algorithm is not None and not p2p:
         want["algorithm"], seen["algorithm"] = (
             planned.algorithm,
@@ -319,7 +386,6 @@ def observe_site(
     if planned.chunk_size is not None and chunks:
         want["chunk_size"], seen["chunk_size"] = planned.chunk_size, _one(chunks)
         bad += ["chunk_size"] if any(c != planned.chunk_size for c in chunks) else []
-    calls = sum(o.calls for o in ops)
     status = "differs" if bad else "applied"
     return SiteObservation(site_id, status, want, seen, tuple(bad), calls, "; ".join(notes))
 

@@ -168,10 +168,12 @@ STATES = {0: "not initialised", 1: "lagom", 2: "foreign", 3: "none"}
 
 @dataclass(frozen=True)
 class ObservedOp:
-    """The calls NCCL ran with one shape and choice; ``count``: elements of NCCL's task (all-gather: per rank;
-    reduce-scatter: the output's; all-gather, broadcast: ``ncclInt8``, v2.30.7 ``src/enqueue.cc:2785-2789``);
-    ``channels``: ABI v1-v3 NCCL's maximum, p2p before v4 0; ``chunk``: largest proxy chunk, bytes; ``kernel_ns``: GPU
-    time of the ``kernel_calls`` fully timed calls."""
+    """The calls NCCL ran with one shape and choice; ``kind``: ``coll`` or ``p2p`` (SM kernels) or ``ce`` (copy
+    engines, ABI v6+: ``algo`` ``CE``, no protocol, 0 channels and warps, no kernel time; ``copies`` and
+    ``copy_bytes``: the copies of its batches, ``nccl/plugin/observed.c``); ``count``: elements of NCCL's task
+    (all-gather: per rank; reduce-scatter: the output's; all-gather, broadcast: ``ncclInt8``, v2.30.7
+    ``src/enqueue.cc:2785-2789``, the same for a CE all-gather); ``channels``: ABI v1-v3 NCCL's maximum, p2p before v4
+    0; ``chunk``: largest proxy chunk, bytes; ``kernel_ns``: GPU time of the ``kernel_calls`` fully timed calls."""
 
     kind: str
     func: str
@@ -188,6 +190,8 @@ class ObservedOp:
     abi: int = 0
     n_ranks: int = 0
     n_nodes: int = 0
+    copies: int = 0
+    copy_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -241,7 +245,7 @@ def parse_snapshot(text: str) -> list[ObservedComm]:
                         "ops": [],
                     }
                 )
-            elif kind in ("coll", "p2p"):
+            elif kind in ("coll", "p2p", "ce"):
                 if not comms:
                     raise ValueError("an op line before any comm line")
                 comms[-1]["ops"].append(
@@ -261,10 +265,12 @@ def parse_snapshot(text: str) -> list[ObservedComm]:
                         abi=comms[-1]["abi"],
                         n_ranks=comms[-1]["n_ranks"],
                         n_nodes=comms[-1]["n_nodes"],
+                        copies=int(kv.get("copies", 0)),
+                        copy_bytes=int(kv.get("copy_bytes", 0)),
                     )
                 )
             else:
-                raise ValueError(f"unknown record kind {kind!r} (comm, coll or p2p)")
+                raise ValueError(f"unknown record kind {kind!r} (comm, coll, p2p or ce)")
         except KeyError as exc:
             raise ValueError(f"profiler snapshot line {n}: missing field {exc.args[0]!r} in {line!r}") from None
         except ValueError as exc:
@@ -307,9 +313,9 @@ def set_next_comm(tag: str | None, table: str | None, library: str | None = None
 
 
 def set_recording(on: bool, *, reset: bool = False, library: str | None = None) -> bool:
-    """Turns lagom's profiler events on (what NCCL ran, level 1: coll, p2p and proxyOp, never KernelCh, whose proxy ops
-    would change what is timed: ``nccl/plugin/observed.c``) or off, optionally resetting the records; False if the
-    library is absent."""
+    """Turns lagom's profiler events on (what NCCL ran, level 1: coll, p2p, proxyOp and, ABI v6+, the copy-engine
+    collectives and their batches; never KernelCh, whose proxy ops would change what is timed:
+    ``nccl/plugin/observed.c``) or off, optionally resetting the records; False if the library is absent."""
     lib = _library(library)
     if lib is None:
         return False

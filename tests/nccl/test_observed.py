@@ -378,3 +378,108 @@ def test_an_all_to_all_is_its_send_and_receive_tasks_and_a_coalesced_call_its_pa
     parts = (("float32", 4000), ("bfloat16", 1000))
     assert [o.count for o in matching_ops(comm, "ep", "all_reduce", 5000, 4, parts)] == [1000, 500]
     assert matching_ops(comm, "ep", "all_reduce", 5000, 4) == []
+
+
+ZERO = CommConfig(cta_policy="ZERO")
+CE_NOTE = "no symmetric window or no NVLink domain (or a CUDA driver before 12.5)"
+
+
+def _all_gather(comms, planned, nbytes=8 << 20):
+    """The harness's communicator ``dp`` (8 ranks): an all-gather of 1 MiB per rank is 8 MiB as the plan counts it."""
+    ops = matching_ops(comms, "dp", "all_gather", nbytes, 8)
+    return observe_site(
+        "dp.param_all_gather[0]",
+        planned,
+        op="all_gather",
+        nbytes=nbytes,
+        group_size=8,
+        ops=ops,
+        nccl_version=NCCL_OF_ABI[comms[0].abi],
+    )
+
+
+@pytest.mark.parametrize("version", [6, 7])
+def test_a_zero_site_nccl_ran_on_copy_engines_is_applied(built, version):
+    """The harness plays two CE all-gathers of 1 MiB per rank in NCCL's order (``test_ce.c``): NCCL enqueues the
+    count in bytes as ncclInt8 (v2.30.7 ``src/enqueue.cc:2785-2788``), and each call's batch is 8 copies of 1 MiB
+    (the rank's own share, then one per peer: ``src/ce_coll.cc:514-530``), so 16 copies, 16 MiB."""
+    comms = _records(built, version, "ce")
+    (op,) = comms[0].ops
+    assert (op.kind, op.func, op.count, op.dtype, op.algo, op.proto, op.channels, op.warps) == (
+        "ce",
+        "AllGather",
+        1 << 20,
+        "ncclInt8",
+        "CE",
+        None,
+        0,
+        0,
+    )
+    assert (op.calls, op.copies, op.copy_bytes, op.kernel_ns) == (2, 16, 16 << 20, 0)
+    assert op_bytes(op, 8) == 8 << 20
+    obs = _all_gather(comms, ZERO)
+    assert (obs.status, obs.knobs, obs.calls, obs.note) == ("applied", (), 2, "")
+    assert (obs.planned, obs.observed) == ({"engine": "CE"}, {"engine": "CE"})
+
+
+@pytest.mark.parametrize("version", [6, 7])
+def test_a_zero_site_nccl_ran_on_sms_differs(built, version):
+    """The same calls as an SM ring / simple kernel on 8 channels: NCCL fell back (``ncclCeAvailable`` false,
+    ``src/enqueue.cc:3054``), so the ZERO site differs on ``cta_policy`` and is reverted."""
+    obs = _all_gather(_records(built, version, "ce_fallback"), ZERO)
+    assert (obs.status, obs.knobs, obs.calls) == ("differs", ("cta_policy",), 2)
+    assert (obs.planned, obs.observed) == ({"engine": "CE"}, {"engine": "SM"})
+    assert obs.note == f"planned copy engines (CTA policy ZERO), NCCL ran RING/SIMPLE on 8 CTAs: {CE_NOTE}"
+
+
+def test_copy_engines_the_plan_did_not_ask_for_differ(built):
+    """A site planned as ring / simple on 8 channels whose calls NCCL ran on copy engines differs on
+    ``cta_policy`` alone: the CE record's 0 channels and algorithm CE are not judged as SM knobs."""
+    obs = _all_gather(_records(built, 7, "ce"), CommConfig(algorithm="Ring", protocol="Simple", n_channels=8))
+    assert (obs.status, obs.knobs, obs.calls) == ("differs", ("cta_policy",), 2)
+    assert (obs.planned, obs.observed) == ({"engine": "SM"}, {"engine": "CE"})
+    assert obs.note.startswith("NCCL ran copy engines, which the plan did not ask for (no CTA policy ZERO)")
+    assert obs.note.endswith(" (2 calls)")
+    sm = _all_gather(_records(built, 7, "ce_fallback"), CommConfig(algorithm="Ring", protocol="Simple", n_channels=8))
+    assert (sm.status, sm.observed) == ("applied", {"algorithm": "Ring", "protocol": "Simple", "n_channels": 8})
+
+
+def test_a_zero_site_some_of_whose_calls_fell_back_differs():
+    comm = parse_snapshot(
+        "comm 0 hash=ce rank=0 nranks=8 nnodes=1 abi=6 tag=dp name=dp dropped=0 overflow=0\n"
+        "ce 0 func=AllGather count=1048576 dtype=ncclInt8 algo=CE proto=- channels=0 warps=0 calls=2 chunk=0 "
+        "kernel_ns=0 kernel_calls=0 copies=16 copy_bytes=16777216\n"
+        "coll 0 func=AllGather count=1048576 dtype=ncclInt8 algo=NVLS proto=SIMPLE channels=16 warps=16 calls=1 "
+        "chunk=0 kernel_ns=0 kernel_calls=0\n"
+    )
+    assert [o.copies for o in comm[0].ops] == [16, 0], "a coll line has no copies"
+    obs = _all_gather(comm, ZERO)
+    assert (obs.status, obs.knobs, obs.calls, obs.observed) == ("differs", ("cta_policy",), 3, {"engine": ("CE", "SM")})
+    assert (
+        obs.note
+        == f"planned copy engines (CTA policy ZERO), NCCL ran NVLS/SIMPLE on 16 CTAs for 1 of 3 calls: {CE_NOTE}"
+    )
+
+
+def test_an_all_to_all_on_copy_engines_is_its_alltoall_record():
+    """On copy engines an all-to-all is one ``AlltoAll`` record per call (``ncclFuncToString``, v2.30.7
+    ``src/collectives.cc:20-21``; ``src/plugin/profiler.cc:834``); on SMs its send and receive tasks."""
+    comm = parse_snapshot(
+        "comm 0 hash=1 rank=0 nranks=4 nnodes=1 abi=7 tag=ep name=- dropped=0 overflow=0\n"
+        "ce 0 func=AlltoAll count=1024 dtype=ncclBfloat16 algo=CE proto=- channels=0 warps=0 calls=3 chunk=0 "
+        "kernel_ns=0 kernel_calls=0 copies=12 copy_bytes=24576\n"
+        "p2p 0 func=Send count=1024 dtype=ncclBfloat16 algo=- proto=- channels=1 warps=0 calls=4 chunk=0 "
+        "kernel_ns=0 kernel_calls=0\n"
+    )
+    ops = matching_ops(comm, "ep", "all_to_all", 8192, 4)
+    assert [(o.kind, o.func) for o in ops] == [("ce", "AlltoAll"), ("p2p", "Send")]
+    obs = observe_site("ep.a2a[0]", ZERO, op="all_to_all", nbytes=8192, group_size=4, ops=ops, nccl_version=(2, 31, 2))
+    assert (obs.status, obs.calls) == ("differs", 7)
+    assert (
+        obs.note
+        == f"planned copy engines (CTA policy ZERO), NCCL ran send/receive tasks on up to 1 CTA for 4 of 7 calls: {CE_NOTE}"
+    )
+    only_ce = observe_site(
+        "ep.a2a[0]", ZERO, op="all_to_all", nbytes=8192, group_size=4, ops=ops[:1], nccl_version=(2, 31, 2)
+    )
+    assert (only_ce.status, only_ce.calls) == ("applied", 3)
