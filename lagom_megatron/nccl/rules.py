@@ -23,6 +23,8 @@ from lagom_megatron.engine.knobs import (
 from lagom_megatron.engine.plan import NCCL_MECHANISMS as MECHANISMS
 from lagom_megatron.nccl.capabilities import Capabilities, fixed_knob_warning, restrict_domains
 from lagom_megatron.nccl.pool import channel_cap, group_share
+from lagom_megatron.nccl.registration import copy_engine_problem, symmetric_kernel_problem
+from lagom_megatron.nccl.registration import registration as registration_for
 from lagom_megatron.nccl.validate import (
     CHUNK_RULES,
     algorithms_for,
@@ -223,10 +225,7 @@ def symmetric_kernels(cluster: ClusterSpec, site: Any) -> bool:
     (``ncclMakeSymmetricTaskList``, v2.28.9 ``src/enqueue.cc:360-362``, ``src/scheduler/symmetric_sched.cc:26-35``;
     v2.30.7 ``symmetric_sched.cc:66-215``, ``src/sym_kernels.cc:591-597``), or 2.27 with one collective (v2.27.7
     ``src/enqueue.cc:338-360``)."""
-    if cluster.intra_link != "nvlink" or not cluster.nvswitch or cluster.nccl_nodes(site.n_nodes, site.group_size) > 1:
-        return False
-    v = cluster.nccl
-    return v >= (2, 28, 0) or (v >= (2, 27, 0) and len(site.parts) < 2)
+    return symmetric_kernel_problem(cluster, site) is None  # the reasons, and ncclSymkImplemented's ops: there
 
 
 def process_env(chosen: dict[str, list[int]]) -> dict[str, str]:
@@ -346,8 +345,8 @@ class NcclRules:
         return d, "; ".join(notes)
 
     def registration(self, site: Any) -> Registration | None:
-        """``KnobRules.registration``: none yet."""
-        return None
+        """``KnobRules.registration``: ``nccl.registration.registration`` under this mechanism and capabilities."""
+        return registration_for(self.cluster, site, cta_scope=self.scope("cta_policy"), capabilities=self.capabilities)
 
     def channel_cap(self) -> int | None:
         """Largest channel count one group's pool entry may have under the budget; None = no cap."""
@@ -444,9 +443,22 @@ class NcclRules:
             reduce_op=reduce_op,
             dtype=dtype,
         )
+        if config.cta_policy == "ZERO":
+            why = copy_engine_problem(
+                self.cluster,
+                op=op,
+                n_nodes=n_nodes,
+                group_size=group_size,
+                cta_scope=self.scope("cta_policy"),
+                capabilities=self.capabilities,
+            )
+            if why:
+                raise invalid_value("cta_policy", "ZERO", [None, "DEFAULT", "EFFICIENCY"], why)
         if self.capabilities is not None:
             d = self.domains(op=op, n_nodes=n_nodes, group_size=group_size or 2, reduce_op=reduce_op)
             for knob, value in config.to_dict().items():
+                if knob == "cta_policy" and value == "ZERO":
+                    continue  # copy engines: allowed above
                 if knob in d and (d[knob] == (None,) or (knob == "algorithm" and value not in d[knob])):
                     raise invalid_value(
                         knob,
