@@ -87,7 +87,7 @@ def verification_state(plan) -> str:
 
 
 def _show(plan) -> int:
-    from lagom_megatron.megatron.outputs.report import default_config_text
+    from lagom_megatron.megatron.outputs.report import default_config_text, registration_text
 
     print(
         f"method {plan.method}, backend {plan.backend}, mechanism {plan.mechanism}, digest {plan.digest()[:12]}, "
@@ -96,6 +96,8 @@ def _show(plan) -> int:
     print("fingerprint: " + json.dumps(plan.fingerprint, sort_keys=True))
     print("stats: " + json.dumps(plan.stats, sort_keys=True))
     print("env: " + (" ".join(f"{k}={v}" for k, v in sorted(plan.env.items())) or "(none)"))
+    if plan.registered_groups:  # a plan file at rest: no launch has registered them for it yet
+        print(registration_text(plan.registered_groups, registered_now=False))
     default = f"default ({default_config_text(plan.backend)})"
     print(f"{'site':<44} {'group':<6} {'op':<15} {'bytes':>11} {'default ms':>11} {'planned ms':>11}  config")
     for site_id, e in plan.entries.items():
@@ -157,6 +159,11 @@ def _check_entries(name, plan, cluster) -> None:
             rules.validate(e.config, op=e.op, n_nodes=e.n_nodes, group_size=e.group_size or None)
         except ValueError as exc:
             raise ValueError(f"{name}: entry {site_id!r}: {exc}") from None
+    from lagom_megatron.nccl.registration import plan_registration_problem
+
+    problem = plan_registration_problem(plan, rules)
+    if problem is not None:
+        raise ValueError(f"{name}: {problem}")
 
 
 def _check_env(name, plan, nccl_version: str | None) -> None:

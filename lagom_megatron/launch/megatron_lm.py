@@ -110,16 +110,20 @@ class LagomHooks:
 
         provider = self.chained_provider(extra_args_provider)
         cpu_mode()
-        self.start(parse_args(extra_args_provider=provider))
+        self.start(parse_args(extra_args_provider=provider), reparsed=True)
         try:
             return pretrain_fn(*args, extra_args_provider=provider, **kwargs)
         finally:
             self.finish()
 
-    def start(self, args: Any, *, callbacks: list[Any] | None = None, cluster: Any = None) -> LagomHooks:
+    def start(
+        self, args: Any, *, callbacks: list[Any] | None = None, cluster: Any = None, reparsed: bool = False
+    ) -> LagomHooks:
         """Checks the versions (a warning without ``--lagom``), then with ``--lagom`` the run, and wraps ``train_step``;
-        SystemExit(1): doctor errors; SystemExit(2): untested versions with ``--lagom``, an output folder in use, or a
-        ``--lagom``-only option without ``--lagom``; RuntimeError: already started."""
+        SystemExit(1): doctor errors; SystemExit(2): untested versions with ``--lagom``, an output folder in use, a
+        ``--lagom``-only option without ``--lagom``, or a reused plan's registration this launch cannot make
+        (``plan_registration``; ``reparsed``: ``pretrain`` parses the command line again); RuntimeError: already
+        started."""
         if self.active:
             raise RuntimeError("lagom hooks are already installed around train_step")
         from lagom_megatron.megatron.hooks.versions import UntestedVersionError, check_versions
@@ -158,6 +162,12 @@ class LagomHooks:
             except ValueError as exc:
                 _rank0_print(f"lagom: error: {exc}")
                 raise SystemExit(2) from exc
+        found = plan_registration(args, reparsed=reparsed)
+        if found is not None and found.missing is not None:
+            _rank0_print(f"lagom: error: {found.refusal()}")
+            raise SystemExit(2)
+        if found is not None and found.turns_on:
+            _rank0_print(found.applied_line())
         enable_tuner_plugin(args)
         if callbacks is None:
             from lagom_megatron.megatron.control.controller import LagomController
@@ -239,6 +249,39 @@ class LagomHooks:
             self._call("on_train_end")
         self.remove()
         atexit.unregister(self.finish)
+
+
+LATE_FOR_FSDP = (
+    "Megatron-LM derived Megatron-FSDP's buffer settings from --use-nccl-ub when it validated the arguments "
+    "(megatron/training/arguments.py:1149-1154 @core_v0.19.0), before lagom's hook ran"
+)
+
+
+def plan_registration(args: Any, *, reparsed: bool, on_gpu: bool | None = None, **checks: Any) -> Any:
+    """``--lagom``: what the plan this run will reuse registers (``preflight.registration``), and ``nccl_ub`` on
+    when lagom turns it on. The hook runs before Megatron-LM's ``pretrain`` builds the model: core_v0.18+ in
+    ``parse_and_validate_args``, whose ``args`` are the global ones (``arguments.py:111`` @core_v0.19.0) that
+    ``pretrain_cfg_container_from_args`` (``argument_utils.py:560``) and ``get_model`` (``training.py:1847``, by
+    field name :1985-1987) read into the DDP config, before ``setup_model_and_optimizer`` (``training.py:1228``);
+    core_v0.16/0.17 (``reparsed``) before ``pretrain``, whose ``initialize_megatron`` parses the command line again
+    (``initialize.py:64-66`` @core_v0.16.1, ``training.py:768``, model at :903): there ``--use-nccl-ub`` joins
+    ``sys.argv``. Megatron-FSDP's settings are derived in validation, already done on core_v0.18+: refused there
+    with the flag as the way out."""
+    if not getattr(args, "lagom", False):
+        return None
+    from lagom_megatron.preflight.registration import REGISTRATION_FLAG, planned_registration
+
+    if on_gpu is None:
+        import torch
+
+        on_gpu = torch.cuda.is_available()
+    late = LATE_FOR_FSDP if getattr(args, "use_megatron_fsdp", False) and not reparsed else None
+    found = planned_registration(args, on_gpu=on_gpu, late_flag=late, **checks)
+    if found is not None and found.turns_on:
+        args.nccl_ub = True
+        if reparsed and REGISTRATION_FLAG not in sys.argv:
+            sys.argv.append(REGISTRATION_FLAG)
+    return found
 
 
 def cpu_mode() -> bool:

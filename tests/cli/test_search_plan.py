@@ -295,3 +295,20 @@ def test_run_fingerprint_sets_every_run_key(monkeypatch):
     fp = run_fingerprint(SimpleNamespace(), backend="gloo", cluster="cpu-gloo")
     assert {k: fp[k] for k in RUN_KEYS[:3]} == {"world_size": 4, "backend": "gloo", "cluster": "cpu-gloo"}
     assert all(fp[k] for k in RUN_KEYS)
+
+
+def test_show_says_when_a_plans_registered_buffers_apply(tmp_path, capsys):
+    from lagom_megatron.engine.knobs import CommConfig
+    from lagom_megatron.engine.plan import Plan, PlanEntry
+
+    entry = PlanEntry(
+        config=CommConfig(), predicted_t_comm_us=40.0, predicted_t_region_us=50.0, group="dp", op="reduce_scatter"
+    )
+    path = tmp_path / "plan.json"
+    Plan(entries={"dp.rs[0]": entry}, registered_groups=("dp",)).save(path)
+    assert main(["plan", "show", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "registered buffers for dp (--use-nccl-ub): applied from the next launch that reuses this plan" in lines
+    Plan(entries={"dp.rs[0]": entry}).save(path)
+    assert main(["plan", "show", str(path)]) == 0
+    assert "registered buffers" not in capsys.readouterr().out

@@ -191,6 +191,18 @@ def verdict_summary(
     )
 
 
+def registration_text(groups: Any, registered_now: bool) -> str:
+    """What a plan's ``registered_groups`` (Megatron's ``--use-nccl-ub``) came to: registered when the buffers were
+    built, or left to the next launch that reuses the plan (buffers are registered only when they are built)."""
+    when = "registered at this launch" if registered_now else "applied from the next launch that reuses this plan"
+    return f"registered buffers for {', '.join(groups)} (--use-nccl-ub): {when}"
+
+
+def registered_this_launch(ctl: Any) -> bool:
+    """Whether this launch's DDP buffers are registered with NCCL (``nccl_ub`` pools the site registry found)."""
+    return bool(getattr(getattr(ctl, "registry", None), "registered_pools", None))
+
+
 def _bytes_text(n: int) -> str:
     for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
@@ -226,6 +238,8 @@ def render_markdown(rows: list[SiteRow], summary: dict[str, Any]) -> str:
         lines.append(f"- {label}: {s[key]}" if s.get(key) else f"- {label}: none written by this run")
     if s.get("plan_digest"):
         lines.append(f"- plan digest: {s['plan_digest'][:12]}")
+    if s.get("registered_groups"):
+        lines.append(f"- {registration_text(s['registered_groups'], bool(s.get('registered_this_launch')))}")
     n_tuned = sum(r.tuned for r in rows)
     n_gain = sum(r.tuned and r.predicted_plan_us < r.predicted_default_us for r in rows)
     default = default_config_text(s.get("backend", "nccl"))
@@ -481,6 +495,9 @@ def run_summary(ctl: RunView) -> dict[str, Any]:
     out["profile_path"] = str(ctl.files.profile_path) if ctl.files.profile_path.is_file() else None
     if plan is not None:
         out["plan_digest"] = plan.digest()
+        if plan.registered_groups:
+            out["registered_groups"] = list(plan.registered_groups)
+            out["registered_this_launch"] = registered_this_launch(ctl)
     return out
 
 

@@ -194,7 +194,6 @@ class RunFiles:
     def saved_plan(self, fingerprint: dict[str, Any], cluster: Any = None) -> Any:
         """Collective: the saved plan if reusable, else None (rank 0 moves it to ``plan.corrupt-<sha>.json``,
         ``plan.invalid-<digest>.json`` or ``plan.<digest>.json``); ``consensus.PlanDisagreement``: copies differ."""
-        from lagom_megatron.config.plan_files import load_plan
         from lagom_megatron.engine.plan import Plan, shown
         from lagom_megatron.megatron import consensus
 
@@ -204,15 +203,9 @@ class RunFiles:
             return None
         plan, error, kept = None, None, None
         if self.rank == 0:
-            try:
-                plan = load_plan(self.plan_path)
-            except (ValueError, OSError) as exc:
-                error, kept = str(exc), self._move_aside("corrupt-" + _file_sha(self.plan_path))
-            if plan is not None and cluster is not None:
-                problem = plan_problem(plan, cluster)
-                if problem is not None:
-                    error, kept = problem, self._move_aside("invalid-" + plan.digest()[:12])
-                    plan = None
+            plan, error, tag = self.read_plan(cluster)
+            if tag is not None:
+                kept = self._move_aside(tag)
         error, kept = consensus.broadcast_object((error, kept))
         if error is not None:
             say(
@@ -236,6 +229,32 @@ class RunFiles:
             )
             return None
         return consensus.agree_plan(plan if plan is not None else Plan(entries={}), from_dict=Plan.from_dict)
+
+    def read_plan(self, cluster: Any = None) -> tuple[Any, str | None, str | None]:
+        """Reads the plan file, moving nothing: ``(plan, None, None)``, or ``(None, why, tag)`` where ``tag`` is the
+        name :meth:`saved_plan` moves it aside under (``corrupt-<sha>``: unreadable; ``invalid-<digest>``: a plan
+        ``plan_problem`` rejects for ``cluster``)."""
+        from lagom_megatron.config.plan_files import load_plan
+
+        try:
+            plan = load_plan(self.plan_path)
+        except (ValueError, OSError) as exc:
+            return None, str(exc), "corrupt-" + _file_sha(self.plan_path)
+        problem = plan_problem(plan, cluster) if cluster is not None else None
+        if problem is not None:
+            return None, problem, "invalid-" + plan.digest()[:12]
+        return plan, None, None
+
+    def plan_to_reuse(self, fingerprint: dict[str, Any], cluster: Any = None) -> Any:
+        """This rank's view, before any process group, of the plan :meth:`saved_plan` will reuse: the plan file if
+        it reads, ``cluster`` accepts it and its fingerprint matches ``fingerprint``'s keys, else None. Reads only;
+        ``saved_plan`` decides later with the whole fingerprint (the agreed capabilities too)."""
+        if not self.plan_path.is_file():
+            return None
+        plan, _, _ = self.read_plan(cluster)
+        if plan is None or plan.fingerprint_mismatch(fingerprint):
+            return None
+        return plan
 
     def _move_earlier_files(self) -> None:
         sources = self.plan_files()
