@@ -311,11 +311,12 @@ class CostModel:
         """T_comm (us, with the dispatch wait), s, T_region (us) of sites ``i`` under codes; ``hp`` None = ``hp_S``."""
         return self.combine(i, *self.prior_parts(i, alg, proto, nc, nt, chunk), hp=hp)
 
-    def combine(self, i, lat, xfer, ctas, wire, hbm_mult, hp=None, sm_free=False):
+    def combine(self, i, lat, xfer, ctas, wire, hbm_mult, hp=None, sm_free=False, fitted=True):
         """T_comm, s, T_region of sites ``i`` from one call's parts (``prior_parts``, or NCCL's own model of a path
-        the warm-up cannot probe, ``engine.registered``); ``sm_free``: the call holds no SM, so it never waits."""
+        the warm-up cannot probe, ``engine.registered``: ``fitted`` False, no alpha / beta fitted on another path);
+        ``sm_free``: the call holds no SM, so it never waits for one."""
         calls = self.calls_S[i]
-        t_run = calls * (self.alpha_S[i] * lat + self.beta_S[i] * xfer)
+        t_run = calls * ((self.alpha_S[i] * lat + self.beta_S[i] * xfer) if fitted else (lat + xfer))
         wait = 0.0 if sm_free else self.dispatch_wait(i, hp)
         t_comm = t_run + wait
         hbm_share = hbm_mult * (wire * calls / np.maximum(t_run, 1e-9)) * 1e-3 / self.cluster.hbm_gbps

@@ -50,6 +50,8 @@ class LowSmPath:
     kernel: str
     time_us: float
     ctas: int
+    latency_us: float = 0.0
+    """The part of ``time_us`` that moves no data (the kernel's base latency; the copy engines' floor)."""
 
 
 def _symk_kernels(op: str, n: int, nbytes: int, *, multicast: bool, ll: bool) -> list[tuple[str, float, float, bool]]:
@@ -113,7 +115,7 @@ def symmetric_kernel(
                 blocks, time_us = b, t(b)
                 break
         if best is None or time_us * (1 + SYMK_SM_PENALTY * blocks) < best.time_us * (1 + SYMK_SM_PENALTY * best.ctas):
-            best = LowSmPath(name, time_us, blocks)
+            best = LowSmPath(name, time_us, blocks, min(base, time_us))
     return best
 
 
@@ -127,9 +129,10 @@ def copy_engine_all_gather(*, n_ranks: int, nbytes: int, sm_arch: int, multicast
     best: LowSmPath | None = None
     for mc in (False, True) if multicast else (False,):
         base, per = CE_AG_FLOOR_US[arch][mc]
-        t = base + per * n + per_rank * (n if mc else n - 1) / CE_NVLINK_GBS[arch] / 1e3
+        floor = base + per * n
+        t = floor + per_rank * (n if mc else n - 1) / CE_NVLINK_GBS[arch] / 1e3
         if best is None or t < best.time_us:
-            best = LowSmPath("CE_AllGather_MC" if mc else "CE_AllGather", t, 0)
+            best = LowSmPath("CE_AllGather_MC" if mc else "CE_AllGather", t, 0, floor)
     assert best is not None
     return best
 
@@ -140,15 +143,23 @@ a relaunch, and a gain inside the model's error would not be measurable."""
 
 
 def _option_region(model: Any, i: int, path: LowSmPath) -> tuple[float, float]:
-    """(T_comm, T_region) of site ``i`` on ``path``: NCCL's time per call, the fitted slowdown at its CTAs and the HBM
-    traffic of a Ring/Simple call (the bytes every path reads and writes); copy engines hold no SM, so never wait."""
+    """(T_comm, T_region) of site ``i`` on ``path``: NCCL's own time per call (no alpha / beta: those were fitted on
+    another path), the fitted slowdown at its CTAs and the HBM traffic of a Ring/Simple call (the bytes every path
+    reads and writes); copy engines hold no SM, so never wait for one."""
     from lagom_megatron.engine.cost_terms import _ALG_HBM, _PROTO_HBM, _RING, _SIMPLE
 
     idx = np.array([i])
     wire = model.wire_SA[idx, _RING]
     hbm = np.full(1, _PROTO_HBM[_SIMPLE] * _ALG_HBM[_RING])
     t_comm, _, region = model.combine(
-        idx, np.zeros(1), np.full(1, path.time_us), np.full(1, float(path.ctas)), wire, hbm, sm_free=path.ctas == 0
+        idx,
+        np.zeros(1),
+        np.full(1, path.time_us),
+        np.full(1, float(path.ctas)),
+        wire,
+        hbm,
+        sm_free=path.ctas == 0,
+        fitted=False,
     )
     return float(t_comm[0]), float(region[0])
 

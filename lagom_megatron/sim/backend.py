@@ -48,6 +48,8 @@ class SimulatedCluster:
         self._cost_cache: dict[tuple, CommCost] = {}
         self.high_priority: frozenset[str] = frozenset()
         """Groups on high-priority streams by default (``--high-priority-stream-groups``)."""
+        self.registered: frozenset[str] = frozenset()
+        """Groups whose buffers this launch registers by default (``--use-nccl-ub``)."""
 
     @property
     def sites(self) -> list[CollectiveSite]:
@@ -95,13 +97,7 @@ class SimulatedCluster:
             if channel_floor is not None and r.algorithm in ("Ring", "Tree") and r.n_channels < channel_floor:
                 r = replace(r, n_channels=min(channel_floor, self.gpu.max_channels))
             if channel_cap is not None and r.n_channels > channel_cap:
-                r = type(r)(
-                    algorithm=r.algorithm,
-                    protocol=r.protocol,
-                    n_channels=channel_cap,
-                    n_threads=r.n_threads,
-                    chunk_size=r.chunk_size,
-                )
+                r = replace(r, n_channels=channel_cap)
             hit = self._cost_cache[key] = comm_cost(self.gpu, coll, r)
         return hit
 
@@ -119,7 +115,7 @@ class SimulatedCluster:
         group_caps: dict[str, int] | None = None,
         group_floors: dict[str, int] | None = None,
         high_priority: frozenset[str] | None = None,
-        registered: frozenset[str] = frozenset(),
+        registered: frozenset[str] | None = None,
         fork: bool = False,
     ) -> IterationMeasurement:
         """One iteration (``step``, else ``iteration`` / ``assignment`` / ``serialize``), us. ``group_caps``: group ->
@@ -134,6 +130,7 @@ class SimulatedCluster:
             raise ValueError(f"assignment names {len(unknown)} unknown site(s), e.g. {unknown[:3]}")
         calls = self._prog.calls
         caps, floors = group_caps or {}, group_floors or {}
+        registered = self.registered if registered is None else registered
         configs = [assignment.get(c.site_id, DEFAULT) if c.site_id else DEFAULT for c in calls]
         costs = [
             self._cost(
@@ -268,8 +265,10 @@ def run_lifecycle(
     first_iteration: int = 0,
     pool_budget_bytes: int | None = None,
     verify_max_iters: int | None = DEFAULT_CONFIG.verify_max_iters,
+    plan: Any = None,
 ) -> LifecycleResult:
-    """Runs the whole lifecycle on ``sim`` with the real ``Tuner``, then ``after_iters`` iterations more."""
+    """Runs the whole lifecycle on ``sim`` with the real ``Tuner``, then ``after_iters`` iterations more; with
+    ``plan``, a later launch reusing it (``sim.registered``: the groups that launch registers), verified, unprofiled."""
     rules = NcclRules(sim.cluster, backend="sim", pool_budget_bytes=pool_budget_bytes)
     cfg = Tuner.Config(
         warmup_iters=warmup_iters,
@@ -278,7 +277,9 @@ def run_lifecycle(
         method=method,
         probe_configs=probe_configs if probe_configs is not None else algorithm_probes(rules),
     )
-    tuner = Tuner(cfg, rules=rules, fingerprint=sim.fingerprint())
+    tuner = Tuner(cfg, rules=rules, fingerprint=sim.fingerprint(), registered_now=sim.registered)
+    if plan is not None:
+        tuner.start_from_plan(plan)
     out = LifecycleResult(tuner=tuner)
     it = first_iteration
     while not tuner.done:

@@ -185,15 +185,21 @@ def default_channels(gpu: Any, c: Any, algorithm: str, protocol: str, threads: i
     )
 
 
-UB_CTAS = {(1, "all_gather"): 4, (1, "reduce_scatter"): 5, (2, "all_gather"): 16, (2, "reduce_scatter"): 16}
-"""SMs on registered buffers by (NVL 1 | NVL + IB 2, op): Megatron-Core ``DistributedDataParallelConfig.nccl_ub``."""
+def low_sm_path(gpu: Any, c: Any, *, copy_engine: bool = False) -> Any:
+    """What NCCL runs ``c`` on when its buffers are registered (``engine.registered``: NCCL's own estimates): with
+    ``copy_engine`` (CTA policy ZERO) an all-gather inside one NVSwitch node runs on copy engines (NCCL 2.28+,
+    ``ce_coll.cc:93-131`` @v2.30.7); otherwise NCCL's symmetric kernel on an sm90+ NVSwitch node (2.27+,
+    ``sym_kernels.cc:591-597``; across nodes they need GIN kernels, not modelled). None: NCCL's usual algorithms."""
+    from lagom_megatron.engine.registered import copy_engine_all_gather, symmetric_kernel
 
-
-def ub_ctas(gpu: Any, c: Any) -> int | None:
-    """CTAs of ``c`` on registered buffers; None without NCCL 2.27+'s symmetric kernels (sm90 NVSwitch AG / RS)."""
-    if not (c.registered and gpu.nvswitch and gpu.sm_arch >= 90 and c.op in ("all_gather", "reduce_scatter")):
+    if not (c.registered and gpu.nvswitch and c.n_nodes == 1 and gpu.nccl >= (2, 27, 0)):
         return None
-    return UB_CTAS[(1 if c.n_nodes == 1 else 2, c.op)]
+    multicast = gpu.sm_arch >= 90 and c.group_size > 2
+    if copy_engine and c.op == "all_gather" and gpu.nccl >= (2, 28, 0):
+        return copy_engine_all_gather(n_ranks=c.group_size, nbytes=c.nbytes, sm_arch=gpu.sm_arch, multicast=multicast)
+    if gpu.sm_arch < 90 or c.op not in ("all_reduce", "all_gather", "reduce_scatter"):
+        return None
+    return symmetric_kernel(c.op, n_ranks=c.group_size, nbytes=c.nbytes, sm_arch=gpu.sm_arch, multicast=multicast)
 
 
 def latency_us(gpu: Any, c: Any, algorithm: str, protocol: str) -> float:

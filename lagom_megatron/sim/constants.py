@@ -160,17 +160,6 @@ CONSTANTS: dict[str, Ranged] = {
             "below that measurement)",
         ),
         Ranged(
-            "symk_link_mult",
-            1.5,
-            0.8,
-            1.5,
-            "x link",
-            "rate of the CTAs of a collective on registered buffers (NCCL 2.27+ symmetric kernels, Megatron-Core's "
-            "4-5 SMs) over the link ceiling: 1.5 fills the link (softmin), the baseline's most favourable reading. "
-            "No measurement of those SM counts found; low end: NVLS all-gather's measured share of the Ring ceiling "
-            "(nccl#1506: 300 of ~370 GB/s)",
-        ),
-        Ranged(
             "chunk_hbm_weight",
             0.25,
             0.0,

@@ -197,6 +197,8 @@ class Resolved:
     n_channels: int
     n_threads: int
     chunk_size: int
+    path: Any = None
+    """``engine.registered.LowSmPath`` when NCCL runs its symmetric kernel or copy engines (SYMK, CE)."""
 
 
 DEFAULT_CHUNK = {"Simple": 512 * KIB, "LL128": 576000, "LL": 32 * KIB}
@@ -219,6 +221,16 @@ def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
     nt = cfg.n_threads
     threads = nt if (nt and nt % 32 == 0 and 64 <= nt <= nm.MAX_THREADS[proto] and proto != "LL128") else None
     chunk = cfg.chunk_size if cfg.chunk_size and proto == "Simple" else DEFAULT_CHUNK[proto]
+    path = nccl.low_sm_path(gpu, c, copy_engine=cfg.cta_policy == "ZERO")
+    if path is not None and (path.ctas == 0 or cfg.is_default()):  # NCCL's symmetric kernels ask no tuner
+        return Resolved(
+            algorithm="CE" if path.ctas == 0 else "SYMK",
+            protocol="Simple",
+            n_channels=path.ctas,
+            n_threads=512,
+            chunk_size=chunk,
+            path=path,
+        )
     if alg == "P2P":
         channels = nccl.p2p_channels(gpu, c, cta_bound=cfg.n_channels, net_peer=cfg.net_peer_channels)
         threads = threads or nm.MAX_THREADS["Simple"]  # as channel_defaults.default_channels for P2P
@@ -228,8 +240,6 @@ def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
     elif cfg.cta_policy == "EFFICIENCY" and nccl.cta_efficiency_applies(gpu, c):
         alg, proto = "NVLS", "Simple"
         channels, threads = nccl.default_channels(gpu, c, "NVLS", "Simple", threads)
-    elif cfg.is_default() and nccl.ub_ctas(gpu, c) is not None:
-        alg, proto, channels, threads = "SYMK", "Simple", nccl.ub_ctas(gpu, c), 512
     else:
         channels, threads = nccl.default_channels(gpu, c, alg, proto, threads)
     return Resolved(algorithm=alg, protocol=proto, n_channels=channels, n_threads=threads, chunk_size=chunk)
@@ -342,9 +352,17 @@ def comm_cost(gpu: Gpu, c: Collective, r: Resolved) -> CommCost:
     link = _link_gbs(gpu, c, r.algorithm, r.protocol)
     proto = r.protocol
     rate = r.n_channels * cta_gbs(gpu, r.algorithm, proto, r.n_threads, r.chunk_size, c.n_nodes)
-    if r.algorithm == "SYMK":  # symmetric kernels on registered buffers (UB_CTAS): ``symk_link_mult`` x the link
-        rate = get("symk_link_mult") * link
-    elif r.algorithm == "NVLS":
+    if r.path is not None:  # registered buffers: NCCL's own estimate of its symmetric kernel or copy engines
+        moving = max(r.path.time_us - r.path.latency_us, 1e-3)
+        kind = "reduce" if c.op in ("all_reduce", "reduce_scatter") else "copy"
+        return CommCost(
+            latency_us=r.path.latency_us,
+            wire_bytes=wire,
+            bw_gbs=wire / (moving * 1e3),
+            ctas=r.n_channels,
+            hbm_mult=HBM_MULT[kind]["Simple"],
+        )
+    if r.algorithm == "NVLS":
         # link speed x nvlsEfficiency, x2 for all-reduce, else x (ranks - 1) / ranks (tuning.cc:311-318)
         ppn = max(1, c.group_size // max(1, c.n_nodes))
         rate *= nm.NVLS_EFFICIENCY[90] * (2.0 if c.op == "all_reduce" else (ppn - 1) / ppn)

@@ -147,6 +147,7 @@ def run(
                 and cur[0] == "K"
                 and prog.calls[i].stream not in high_priority
                 and i not in high_priority_calls
+                and costs[i].ctas > 0  # copy engines need no SM, so wait for no wave
             ):
                 lw = last_wave_fraction(gpu, cur[2], gpu.sms - sum(costs[j].ctas for j in active))
                 if lw is not None and cur[3] > _gate(lw, wait) + 1e-9:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
+
+from lagom_megatron.sim.channel_defaults import low_sm_path
 
 CAPS = (1, 2, 4, 8, 16, 32)
 NEMO_CAPS = {"dp": 8, "dp_cp": 8, "pp": 2, "tp": 8}
@@ -30,14 +33,27 @@ def groups_of(sim: Any) -> list[str]:
 
 
 def ub_applies(sim: Any, groups: frozenset[str] = UB_GROUPS) -> bool:
-    """Whether registering ``groups``' buffers (``--use-nccl-ub``) changes a collective (``channel_defaults.ub_ctas``)."""
-    from dataclasses import replace
-
-    from lagom_megatron.sim.channel_defaults import ub_ctas
-
+    """Whether registering ``groups``' buffers (``--use-nccl-ub``) changes a collective (``low_sm_path``)."""
     return any(
-        ub_ctas(sim.gpu, replace(c.coll, registered=True)) is not None for c in sim._prog.calls if c.stream in groups
+        low_sm_path(sim.gpu, replace(c.coll, registered=True)) is not None
+        for c in sim._prog.calls
+        if c.stream in groups
     )
+
+
+def cta_zero_assignment(sim: Any) -> tuple[frozenset[str], dict[str, Any]]:
+    """(groups to register, site -> CTA policy ZERO) for every all-gather copy engines can run when its group's buffers
+    are registered (``low_sm_path``); empty where none can."""
+    from lagom_megatron.engine.knobs import CommConfig
+
+    ce = {
+        c.site_id: c.stream
+        for c in sim._prog.calls
+        if c.site_id is not None
+        and (p := low_sm_path(sim.gpu, replace(c.coll, registered=True), copy_engine=True)) is not None
+        and p.ctas == 0
+    }
+    return frozenset(ce.values()), {sid: CommConfig(cta_policy="ZERO") for sid in ce}
 
 
 FLOORS = (4, 8, 16, 32, 64)
@@ -124,6 +140,8 @@ def one_seed(
     row["caps_raise_ms"] = median_us(sim, iters=iters, group_caps=caps, group_floors=floors) / 1e3
     row["nccl_ub_ms"] = median_us(sim, iters=iters, registered=UB_GROUPS) / 1e3 if base["ub"] else None
     row["nccl_ub_all_ms"] = median_us(sim, iters=iters, registered=groups) / 1e3 if base["ub_all"] else None
+    zero_groups, zero = cta_zero_assignment(sim)
+    row["cta_zero_ms"] = median_us(sim, iters=iters, registered=zero_groups, assignment=zero) / 1e3 if zero else None
     auto, auto_iters = autoccl(sim, first_iteration=AUTOCCL_FIRST, seed=seed)
     row["autoccl_no_transport_ms"] = median_us(sim, iters=iters, assignment=auto, fork=True) / 1e3
     oracle_us = median_us(sim, iters=iters, assignment=base["oracle_plan"])
@@ -131,11 +149,13 @@ def one_seed(
     verify = {"verify_iters": verify_iters, "verify_max_iters": verify_max_iters}
     r = run_lifecycle(sim, method="priority", **verify, after_iters=0, first_iteration=LAGOM_FIRST)
     plan = r.tuner.plan
-    assignment = {k: e.config for k, e in plan.entries.items()} if plan is not None else {}
-    plan_us, held_out = held_out_error(sim, r.tuner, assignment, iters=iters)
+    launch = plan.for_launch(()) if plan is not None else None
+    assignment = {k: e.config for k, e in launch.entries.items()} if launch is not None else {}
+    plan_us, held_out = held_out_error(sim, r.tuner, assignment, iters=iters, plan=launch)
+    kept_us = lagom_kept_us(sim, r, default_us=default, plan_us=plan_us, iters=iters, verify=verify)
+    registered = plan.registered_groups if plan is not None else ()
     stats = r.tuner.search_stats or {}
     predicted = stats.get("predicted_default_iteration_us", 0.0) / (stats.get("predicted_iteration_us") or 1.0)
-    applied = r.tuner.phase.value == "applied"
     # every group in --high-priority-stream-groups (pool entries inherit it, nccl/pool.py): a details column
     sim.high_priority = groups
     try:
@@ -147,7 +167,8 @@ def one_seed(
     row["lagom_hp_kept_ms"] = hp_kept / 1e3
     row.update(
         lagom_plan_ms=plan_us / 1e3,
-        lagom_kept_ms=(plan_us if applied else default) / 1e3,
+        lagom_kept_ms=kept_us / 1e3,
+        lagom_registered=" ".join(registered),
         model_mape=r.tuner.model_mape,
         model_oos_mape=held_out,
         predicted_gain=predicted if plan is not None else None,
@@ -168,14 +189,41 @@ def one_seed(
     return row
 
 
-def held_out_error(sim: Any, tuner: Any, assignment: dict[str, Any], *, iters: int) -> tuple[float, float | None]:
+def lagom_kept_us(
+    sim: Any, r: Any, *, default_us: float, plan_us: float | None = None, iters: int, verify: dict[str, Any]
+) -> float:
+    """Median iteration us lagom keeps after lifecycle ``r``: its plan if verification kept it, else the defaults
+    (``plan_us``: the plan's median, measured here when None). A plan that registers groups is then reused by the next
+    launch with those buffers registered and verified whole there: what that launch keeps."""
+    from lagom_megatron.sim.backend import run_lifecycle
+
+    plan = r.tuner.plan
+    if plan is None:
+        return default_us
+    if r.tuner.phase.value == "applied" and plan_us is None:
+        launch = plan.for_launch(())
+        plan_us = median_us(sim, iters=iters, assignment={k: e.config for k, e in launch.entries.items()})
+    kept = plan_us if r.tuner.phase.value == "applied" else default_us
+    if plan.registered_groups:
+        sim.registered = frozenset(plan.registered_groups)
+        try:
+            r2 = run_lifecycle(sim, method="priority", **verify, after_iters=0, first_iteration=LAGOM_FIRST, plan=plan)
+            assignment = {k: e.config for k, e in plan.entries.items()} if r2.tuner.phase.value == "applied" else {}
+            kept = median_us(sim, iters=iters, assignment=assignment)
+        finally:
+            sim.registered = frozenset()
+    return kept
+
+
+def held_out_error(
+    sim: Any, tuner: Any, assignment: dict[str, Any], *, iters: int, plan: Any = None
+) -> tuple[float, float | None]:
     """(median iteration us under ``assignment``, the model's mean |error| % on the T_region of the sites it moved off
     defaults): configurations never probed, iterations never fitted (from ``BASE``), before the per-site offsets."""
     from lagom_megatron.engine.fit import fit_cost_model
 
     runs = [sim.run_iteration(iteration=BASE + i, assignment=assignment) for i in range(iters)]
     total = statistics.median(m.iteration_us for m in runs)
-    plan = tuner.plan
     moved = [k for k, e in plan.entries.items() if not e.config.is_default()] if plan is not None else []
     if not moved or tuner.profile is None:
         return total, None

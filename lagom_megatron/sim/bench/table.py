@@ -15,7 +15,17 @@ from typing import Any
 from lagom_megatron.config.presets import load_preset
 from lagom_megatron.engine.cluster import ClusterSpec
 from lagom_megatron.sim.backend import SimulatedCluster, gpu_clusters, run_lifecycle, verify_counts
-from lagom_megatron.sim.bench.row import NEMO_CAPS, UB_GROUPS, groups_of, median_us, run_row, shared, with_microbatches
+from lagom_megatron.sim.bench.row import (
+    NEMO_CAPS,
+    UB_GROUPS,
+    cta_zero_assignment,
+    groups_of,
+    lagom_kept_us,
+    median_us,
+    run_row,
+    shared,
+    with_microbatches,
+)
 from lagom_megatron.sim.constants import CONSTANTS, get, overridden
 
 PAPER_VS_NCCL = (1.07, 1.33)
@@ -65,6 +75,7 @@ COLUMNS = (
     "hp_stream_ms",
     "nccl_ub_ms",
     "nccl_ub_all_ms",
+    "cta_zero_ms",
     "autoccl_no_transport_ms",
     "lagom_plan_ms",
     "lagom_kept_ms",
@@ -73,12 +84,14 @@ COLUMNS = (
     "predicted_gain",
     "simulated_gain",
 )
-"""Times in ms, medians; ``nccl_ub_ms`` / ``nccl_ub_all_ms`` empty where registration changes nothing. Bounds: the
+"""Times in ms, medians; ``nccl_ub_ms`` / ``nccl_ub_all_ms`` empty where registration changes nothing, ``cta_zero_ms``
+where no all-gather can run on copy engines. Bounds: the
 speed-up with collectives holding no SM, HBM or dispatch wait (contention) and taking no time (exposed).
 ``model_mape``: in-sample; ``model_oos_mape``: moved sites, held-out iterations, no per-site offset."""
 DETAIL_COLUMNS = COLUMNS + (
     "oracle_ms",
     "caps_raise",
+    "lagom_registered",
     "lagom_hp_kept_ms",
     "lagom_phase",
     "lagom_candidate",
@@ -96,6 +109,7 @@ BASELINES = (
     "hp_stream_ms",
     "nccl_ub_ms",
     "nccl_ub_all_ms",
+    "cta_zero_ms",
     "autoccl_no_transport_ms",
 )
 MAPE_LIMIT = 5.0
@@ -395,11 +409,12 @@ def sensitivity_row(
         static.append(median_us(sim, iters=5, registered=UB_GROUPS))
     if base["ub_all"]:
         static.append(median_us(sim, iters=5, registered=groups))
-    r = run_lifecycle(sim, method="priority", verify_iters=vi, verify_max_iters=cap, after_iters=0)
-    plan = r.tuner.plan
-    kept = default
-    if plan is not None and r.tuner.phase.value == "applied":
-        kept = median_us(sim, iters=5, assignment={k: e.config for k, e in plan.entries.items()})
+    zero_groups, zero = cta_zero_assignment(sim)
+    if zero:
+        static.append(median_us(sim, iters=5, registered=zero_groups, assignment=zero))
+    verify = {"verify_iters": vi, "verify_max_iters": cap}
+    r = run_lifecycle(sim, method="priority", **verify, after_iters=0)
+    kept = lagom_kept_us(sim, r, default_us=default, iters=5, verify=verify)
     return {
         "kept": default / kept,
         "oracle": default / median_us(sim, iters=5, assignment=base["oracle_plan"]),
