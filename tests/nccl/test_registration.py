@@ -225,7 +225,9 @@ def test_the_rules_answer_the_engine_s_question():
     assert NcclRules(_at(H100, "2.28.9"), mechanism="env").registration(_site("all_gather")) == Registration(
         symmetric_kernels=True, copy_engine=False
     )
-    assert NcclRules(H100).registration(_site("all_gather")) == Registration(symmetric_kernels=True, copy_engine=False)
+    assert NcclRules(_at(H100, "2.27.5")).registration(_site("all_gather")) == Registration(
+        symmetric_kernels=True, copy_engine=False
+    )
     assert NcclRules(A40_PCIE).registration(_site("all_gather")) == Registration(
         symmetric_kernels=False, copy_engine=False
     )
@@ -273,28 +275,29 @@ def test_a_plan_that_chooses_cta_policy_zero_refused_on_a_pcie_cluster(tmp_path,
 
 
 def test_a_plan_with_copy_engines_accepted_on_h100_where_its_group_is_registered(tmp_path, capsys):
-    """h100-sxm-ib400's hardware with NCCL 2.28.9 (the preset pins 2.27.5, which has no copy engines)."""
-    spec = {k: v for k, v in _at(H100, "2.28.9").to_dict().items() if v is not None}
-    newer = tmp_path / "h100-nccl228.yaml"
-    newer.write_text(yaml.safe_dump(spec))
-    h100 = _at(H100, "2.28.9")
-    rc, out = _validate(tmp_path, capsys, _plan(h100), str(newer))
+    """The h100-sxm-ib400 preset: NVSwitch, NCCL 2.30.7 (torch 2.15's)."""
+    assert H100.nccl_version == "2.30.7"
+    rc, out = _validate(tmp_path, capsys, _plan(H100), "h100-sxm-ib400")
     assert rc == 0 and out.endswith(
-        "valid (1 entries, cluster h100-sxm-ib400, NCCL 2.28.9; verification: never verified)"
+        "valid (1 entries, cluster h100-sxm-ib400, NCCL 2.30.7; verification: never verified)"
     )
-    rc, err = _validate(tmp_path, capsys, _plan(h100, registered=()), str(newer))
+    rc, err = _validate(tmp_path, capsys, _plan(H100, registered=()), "h100-sxm-ib400")
     assert rc != 0 and err.endswith(
         "entry 'dp.param_all_gather[chunk0.bucket0]': cta_policy 'ZERO': the plan does not register group 'dp' "
         "(copy engines need its buffers registered); allowed: 'dp' in registered_groups (now [])"
     )
-    rc, err = _validate(tmp_path, capsys, _plan(h100, op="reduce_scatter"), str(newer))
+    rc, err = _validate(tmp_path, capsys, _plan(H100, op="reduce_scatter"), "h100-sxm-ib400")
     assert rc != 0 and err.endswith(
         "entry 'dp.param_reduce_scatter[chunk0.bucket0]': cta_policy 'ZERO' is not allowed (op 'reduce_scatter' "
         "has no copy-engine collective (ncclCeImplemented); allowed: ['all_gather', 'all_to_all']); "
         "allowed: [None, 'DEFAULT', 'EFFICIENCY']"
     )
-    rc, err = _validate(tmp_path, capsys, _plan(h100, nodes=2), str(newer))
-    assert rc != 0 and "group spans 2 NCCL nodes: hierarchical copy engines need NCCL >= 2.30.7" in err
+    rc, err = _validate(tmp_path, capsys, _plan(H100, nodes=2), "h100-sxm-ib400")
+    assert rc != 0 and "group spans 2 NCCL nodes: NCCL 2.30.7's hierarchical copy engines need a host RMA proxy" in err
+    older = tmp_path / "h100-nccl2275.yaml"  # the same hardware on torch 2.9's NCCL 2.27.5
+    older.write_text(yaml.safe_dump({k: v for k, v in _at(H100, "2.27.5").to_dict().items() if v is not None}))
+    rc, err = _validate(tmp_path, capsys, _plan(_at(H100, "2.27.5")), str(older))
+    assert rc != 0 and "(NCCL 2.27.5 has no copy-engine collectives; allowed: NCCL >= 2.28)" in err
 
 
 def test_registered_groups_naming_a_group_megatron_core_does_not_register_refused():

@@ -58,7 +58,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
         (
             CommConfig(chunk_size=131072),
             "all_reduce",
-            "h100-sxm-ib400",
+            "a40-pcie-ib200",  # NCCL 2.27.5
             None,
             ["chunk_size", "131072", "2.30", "[None]"],
         ),
