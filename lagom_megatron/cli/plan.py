@@ -148,20 +148,9 @@ def _validate(args, plan) -> int:
 
 
 def _check_entries(name, plan, cluster) -> None:
-    from lagom_megatron.megatron.pool.comm_pool import rules_for
+    from lagom_megatron.megatron.outputs.run_files import entries_problem
 
-    try:
-        rules = rules_for(cluster.backend, cluster, plan.mechanism)
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from None
-    for site_id, e in plan.entries.items():
-        try:
-            rules.validate(e.config, op=e.op, n_nodes=e.n_nodes, group_size=e.group_size or None)
-        except ValueError as exc:
-            raise ValueError(f"{name}: entry {site_id!r}: {exc}") from None
-    from lagom_megatron.nccl.registration import plan_registration_problem
-
-    problem = plan_registration_problem(plan, rules)
+    problem = entries_problem(plan, cluster)
     if problem is not None:
         raise ValueError(f"{name}: {problem}")
 

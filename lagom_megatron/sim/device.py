@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lagom_megatron.engine.knobs import CommConfig
@@ -222,7 +222,9 @@ def resolve_config(gpu: Gpu, c: Collective, cfg: CommConfig) -> Resolved:
     threads = nt if (nt and nt % 32 == 0 and 64 <= nt <= nm.MAX_THREADS[proto] and proto != "LL128") else None
     chunk = cfg.chunk_size if cfg.chunk_size and proto == "Simple" else DEFAULT_CHUNK[proto]
     path = nccl.low_sm_path(gpu, c, copy_engine=cfg.cta_policy == "ZERO")
-    if path is not None and (path.ctas == 0 or cfg.is_default()):  # NCCL's symmetric kernels ask no tuner
+    efficiency = cfg.cta_policy == "EFFICIENCY" and nccl.cta_efficiency_applies(gpu, c)
+    plain = replace(cfg, cta_policy=None).is_default() and not efficiency  # symmetric kernels ask no tuner
+    if path is not None and (path.ctas == 0 or plain):
         return Resolved(
             algorithm="CE" if path.ctas == 0 else "SYMK",
             protocol="Simple",

@@ -77,15 +77,41 @@ def test_nvlink_bridges_double_a_pcie_ring():
     assert 18.0 <= pcie <= 22.0  # NCCL runs a Gen4 x16 ring at 20 GB/s (search.cc:1051), range of pcie_link_eff
 
 
-def test_registered_buffers_gather_with_megatrons_sm_counts():
-    # Megatron-Core's nccl_ub docstring: NVL 4 / 5 SMs for all-gather / reduce-scatter
+def test_registered_buffers_run_the_symmetric_kernel_nccls_picker_takes():
+    # NCCL v2.30.7 src/sym_kernels.cc, sm90, 8 ranks, 256 MiB gathered (32 MiB per rank), NVLS multimem:
+    # model(): bw = softmin(blocks x 44 GBps x mult, 320 GBps, 44 GBps), t = 7.8 + softplus(busBytes / bw - 1)
+    # with GBps = 2^30 / 1e6 bytes per us and busBytes = 7 x 32 MiB.
+    #   AllGather_STMC: mult 0.55 x 8 = 4.4, at most divUp(16, 8) = 2 blocks: softmin(387.2, 320, 44) = 311.35 GBps,
+    #     t = 7.8 + 234881024 / (311.35 x 1073.74) - 1 + ... = 709.4 us on 2 blocks
+    #   AllGather_ST: 64 blocks 691 us; the fewest within 2.5% (<= 708.6) is 9 blocks, 707.1 us
+    #   picker (2.5% per SM): STMC 709.4 x 1.05 = 744.9 < ST 707.1 x 1.225 = 866.2; LL kernels move 9x the bytes
     g = _gpu("h100-sxm-ib400")
     ag = Collective(op="all_gather", nbytes=256 * MIB, group_size=8, registered=True)
-    rs = replace(ag, op="reduce_scatter")
-    assert resolve_config(g, ag, CommConfig()).n_channels == 4 and resolve_config(g, rs, CommConfig()).n_channels == 5
-    # at (about) the bandwidth of the ring it replaces
-    assert busbw_gbs(g, ag) >= 0.9 * busbw_gbs(g, replace(ag, registered=False))
-    assert resolve_config(_gpu("a40-pcie-ib200"), ag, CommConfig()).n_channels == 4  # no symmetric kernels there
+    r = resolve_config(g, ag, CommConfig())
+    assert (r.algorithm, r.n_channels, r.path.kernel) == ("SYMK", 2, "AllGather_STMC")
+    assert r.path.time_us == pytest.approx(709.4, abs=0.2)
+    rs = resolve_config(g, replace(ag, op="reduce_scatter"), CommConfig())  # LDMC: the same bus bytes and blocks
+    assert (rs.n_channels, rs.path.kernel) == (2, "ReduceScatter_LDMC")
+    # a plan's channels do not reach it (symmetric kernels ask no tuner); no symmetric kernels on PCIe
+    assert resolve_config(g, ag, CommConfig(n_channels=8)).algorithm != "SYMK"
+    assert resolve_config(_gpu("a40-pcie-ib200"), ag, CommConfig()).algorithm == "Ring"
+
+
+def test_cta_policy_zero_runs_an_all_gather_on_copy_engines_at_nccls_estimate():
+    # NVIDIA/nccl src/tuning/ce_model.cc @8898068, sm90, outside graphs, in place, 8 ranks, 32 MiB per rank:
+    # unicast 17.50 + 1.957 x 8 = 33.16 us + 7 x 33554432 B / 392 GB/s = 599.2 us -> 632.4 us;
+    # multicast 14.90 + 0.726 x 8 = 20.71 us + 8 x 33554432 / 392 = 684.8 us -> 705.5 us: unicast is taken
+    g = _gpu("h100-sxm-ib400")
+    ag = Collective(op="all_gather", nbytes=256 * MIB, group_size=8, registered=True)
+    r = resolve_config(g, ag, CommConfig(cta_policy="ZERO"))
+    assert (r.algorithm, r.n_channels, r.path.kernel) == ("CE", 0, "CE_AllGather")
+    assert r.path.time_us == pytest.approx(632.4, abs=0.1)
+    # none without registration, for a reduce-scatter, on PCIe, or before NCCL 2.28: NCCL's SM kernels run
+    assert resolve_config(g, replace(ag, registered=False), CommConfig(cta_policy="ZERO")).algorithm != "CE"
+    assert resolve_config(g, replace(ag, op="reduce_scatter"), CommConfig(cta_policy="ZERO")).algorithm != "CE"
+    assert resolve_config(_gpu("a40-pcie-ib200"), ag, CommConfig(cta_policy="ZERO")).algorithm != "CE"
+    old = Gpu.from_cluster(replace(ClusterSpec.load("h100-sxm-ib400"), nccl_version="2.27.5"))
+    assert resolve_config(old, ag, CommConfig(cta_policy="ZERO")).algorithm != "CE"
 
 
 def test_cta_policy_efficiency_changes_only_registered_nvls_gathers():

@@ -50,6 +50,8 @@ class LagomController:
         self.preset_name = preset_name
         self.tuner: Any = None
         self.plan: Any = None
+        self.registered_now: frozenset[str] = frozenset()
+        """Groups whose buffers Megatron registered at this launch (``--use-nccl-ub``)."""
         self.mode = "off"
         """off (not set up), tune (tuner running), reuse (saved plan applied), aborted (error)."""
         self.handle: Any = None
@@ -124,6 +126,7 @@ class LagomController:
         groups = GroupNames.from_parallel_state()
         pp = parallel_state.get_pipeline_model_parallel_world_size()
         pools = registered_pools(ctx.model, lambda g: groups.lookup(g).name)
+        self.registered_now = frozenset(g for g, p in pools.items() if p)
         self.registry = SiteRegistry(
             groups,
             num_microbatches=num_microbatches(args),
@@ -206,7 +209,8 @@ class LagomController:
             return True
         if not self._prepare_pool_for_plan(plan):
             return True
-        assignment = {sid: e.config for sid, e in plan.entries.items() if not e.config.is_default()}
+        launch = plan.for_launch(self.registered_now)
+        assignment = {sid: e.config for sid, e in launch.entries.items() if not e.config.is_default()}
         self.router.set_assignment(assignment)
         tuned = sum(is_tuned(c.to_dict(), self.backend) for c in assignment.values())
         say(
@@ -235,6 +239,7 @@ class LagomController:
             rules=rules,
             fingerprint=self.fingerprint,
             agree=self._agree,
+            registered_now=self.registered_now,
         )
         if plan is not None:
             self.tuner.start_from_plan(plan)
@@ -453,7 +458,7 @@ class LagomController:
             live = self.pool.live
             say(f"lagom: phase fell_back | {self.tuner.reason} | {self.pool.destroy()}/{live} pool entries destroyed")
         if self.plan is not None and self.rank == 0:
-            self.files.save_plan(self.plan.with_stats(verification=phase.value, verification_reason=self.tuner.reason))
+            self.files.save_plan(self.plan.verdict(phase.value, self.tuner.reason, registered_now=self.registered_now))
         self.write_report()
 
     def _check_observed(self) -> None:

@@ -66,13 +66,12 @@ def rename_no_replace(src: Path, dst: Path) -> None:
         raise
 
 
-def plan_problem(plan: Any, cluster: Any) -> str | None:
-    """Why ``lagom plan validate`` (``cli/plan.py``) would reject ``plan`` for ``cluster`` in one line, or None."""
+def entries_problem(plan: Any, cluster: Any) -> str | None:
+    """Why ``plan``'s entries and registered groups cannot run on ``cluster`` under its mechanism, in one line, or
+    None: each entry's config (``rules.validate``), then what it registers (``nccl.registration``)."""
     from lagom_megatron.megatron.pool.comm_pool import rules_for
-    from lagom_megatron.nccl.env_vars import validate_env
+    from lagom_megatron.nccl.registration import plan_registration_problem
 
-    if plan.backend == "gloo" and cluster.backend != "gloo":
-        return f"a gloo plan cannot be used on NCCL cluster {cluster.name!r}"
     try:
         rules = rules_for(cluster.backend, cluster, plan.mechanism)
     except ValueError as exc:
@@ -82,6 +81,18 @@ def plan_problem(plan: Any, cluster: Any) -> str | None:
             rules.validate(e.config, op=e.op, n_nodes=e.n_nodes, group_size=e.group_size or None)
         except ValueError as exc:
             return f"entry {site_id!r}: {exc}"
+    return plan_registration_problem(plan, rules)
+
+
+def plan_problem(plan: Any, cluster: Any) -> str | None:
+    """Why ``lagom plan validate`` (``cli/plan.py``) would reject ``plan`` for ``cluster`` in one line, or None."""
+    from lagom_megatron.nccl.env_vars import validate_env
+
+    if plan.backend == "gloo" and cluster.backend != "gloo":
+        return f"a gloo plan cannot be used on NCCL cluster {cluster.name!r}"
+    problem = entries_problem(plan, cluster)
+    if problem is not None:
+        return problem
     try:
         validate_env(plan.env)
     except ValueError as exc:
