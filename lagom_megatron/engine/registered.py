@@ -137,11 +137,6 @@ def copy_engine_all_gather(*, n_ranks: int, nbytes: int, sm_arch: int, multicast
     return best
 
 
-MIN_GAIN_SHARE = 0.001
-"""Registering a group must win at least this share of the iteration in the model (chosen: a tie-breaker, since no
-launch can measure the registered and the unregistered iteration side by side; registration costs memory)."""
-
-
 def _option_region(model: Any, i: int, path: LowSmPath) -> tuple[float, float]:
     """(T_comm, T_region) of site ``i`` on ``path``: NCCL's own time per call (no alpha / beta: those were fitted on
     another path), the fitted slowdown at its CTAs and the HBM traffic of a Ring/Simple call (the bytes every path
@@ -212,7 +207,7 @@ def choose(problem: Any, plan: Any) -> Any:
             before += e.predicted_t_region_us
             after += region
             picks.append((i, cfg, p, t_comm, region))
-        if before - after <= MIN_GAIN_SHARE * problem.iteration_us:
+        if after >= before:  # no tolerance: NCCL's own estimates, and no launch can time both side by side
             continue
         chosen.append(group)
         gains[group] = round(before - after, 3)
