@@ -195,6 +195,7 @@ def choose(problem: Any, plan: Any) -> Any:
         if opts:
             by_group.setdefault(s.group, []).append((i, opts))
     entries, chosen, gains = dict(plan.entries), [], {}
+    evals = sum(len(opts) for sites in by_group.values() for _, opts in sites)
     for group, sites in by_group.items():
         before = after = 0.0
         picks = []
@@ -224,6 +225,8 @@ def choose(problem: Any, plan: Any) -> Any:
                 predicted_t_region_us=round(region, 3),
                 note="; ".join(x for x in (entries[sid].note, note) if x),
             )
+    if evals:
+        plan = plan.with_stats(model_evaluations=plan.stats.get("model_evaluations", 0) + evals)
     if not chosen:
         return plan
     predicted = plan.stats["predicted_iteration_us"] - sum(gains.values())
