@@ -46,13 +46,13 @@ def test_the_rule_in_order():
 def test_a_machine_that_is_not_a_node_of_the_cluster():
     preset = choose_cluster("llama3-8b-h100x8", {}, machine=NO_CUDA)
     assert mismatch(preset, NO_CUDA) == (
-        "preset 'llama3-8b-h100x8' is for cluster 'h100-sxm-ib400' (NCCL 2.27.5, sm_90 GPUs) but this machine has "
+        "preset 'llama3-8b-h100x8' is for cluster 'h100-sxm-ib400' (NCCL 2.30.7, sm_90 GPUs) but this machine has "
         "no CUDA GPU (cpu-gloo); run it on that cluster (lagom doctor checks it from here), or to run it on CPU "
         "anyway add --lagom-cluster cpu-gloo"
     )
     assert mismatch(preset, HOPPER) is None
     assert mismatch(preset, AMPERE) == (
-        "preset 'llama3-8b-h100x8' is for cluster 'h100-sxm-ib400' (NCCL 2.27.5, sm_90 GPUs) but this machine has "
+        "preset 'llama3-8b-h100x8' is for cluster 'h100-sxm-ib400' (NCCL 2.30.7, sm_90 GPUs) but this machine has "
         "a CUDA GPU of compute capability sm_80 (NCCL 2.21.5); name a cluster of this GPU with --lagom-cluster "
         "(a100-ib100 or a cluster YAML)"
     )

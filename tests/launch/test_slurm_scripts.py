@@ -544,10 +544,16 @@ def test_a_dry_run_off_the_cluster_says_what_it_checked_and_passes(fake, preset)
     assert proc.returncode == 0, proc.stderr
     err = proc.stderr.splitlines()
     assert (
-        "lagom doctor: checking cluster 'h100-sxm-ib400' (NCCL 2.27.5, sm_90 GPUs): named by $LAGOM_CLUSTER "
+        "lagom doctor: checking cluster 'h100-sxm-ib400' (NCCL 2.30.7, sm_90 GPUs): named by $LAGOM_CLUSTER "
         "(--cluster checks another); this machine (no CUDA GPU) is not one of its nodes, so the command line, "
         "layout and environment are checked for its nodes but not this machine's files, port and libraries "
         "(training checks those on each node before it starts)"
+    ) in err
+    # NCCL 2.30.7 tries getNcclTuner_v6 and getNcclProfiler_v6 first (src/plugin/tuner.cc:73,
+    # src/plugin/profiler.cc:73 @v2.30.7-1; no v7 header in that tree)
+    assert (
+        f"lagom doctor: NCCL 2.30.7 will use, of {fake.plugin}: ncclTunerPlugin_v6 (tuner ABI v6); "
+        "ncclProfiler_v6 (profiler ABI v6)"
     ) in err
     assert f"lagom doctor: preset {preset}: 0 error(s), 0 warning(s)" in err
     assert proc.stdout.splitlines()[-1].startswith("srun --kill-on-bad-exit=1 --nodes=8 ")

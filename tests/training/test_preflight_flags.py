@@ -562,7 +562,7 @@ def test_a_cluster_named_by_the_flag_gets_another_value_for_that_flag(monkeypatc
         t = train([*CPU, "--lagom-cluster", "h100-sxm-ib400"], monkeypatch, capsys)
         assert (t.code, t.started) == (2, False)
         assert t.errors == [
-            "pretrain_gpt.py: error: --lagom-cluster chose cluster 'h100-sxm-ib400' (NCCL 2.27.5, "
+            "pretrain_gpt.py: error: --lagom-cluster chose cluster 'h100-sxm-ib400' (NCCL 2.30.7, "
             "sm_90 GPUs) but this machine has no CUDA GPU (cpu-gloo); run it on that cluster (lagom "
             "doctor checks it from here), or to run it on CPU anyway use --lagom-cluster cpu-gloo "
             "instead of --lagom-cluster h100-sxm-ib400"
