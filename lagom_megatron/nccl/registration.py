@@ -123,6 +123,10 @@ def symmetric_kernel_problem(cluster: ClusterSpec, site: Any) -> str | None:
         )
     if v < SYMK_NCCL:
         return f"NCCL {cluster.nccl_version} has no symmetric kernels; allowed: NCCL >= {_v(SYMK_NCCL)}"
+    if (
+        cluster.sm_arch < 90
+    ):  # every kernel is built under __CUDA_ARCH__ >= 900 (v2.30.7-1 src/device/symmetric/generate.py:176)
+        return f"sm_{cluster.sm_arch} GPUs have no symmetric kernels (NCCL builds them for sm_90+); allowed: sm_90+"
     nodes = cluster.nccl_nodes(site.n_nodes, site.group_size)
     if nodes > 1:
         return (
