@@ -132,3 +132,21 @@ def test_gpt3_175b_model_flop_utilization_on_h100():
     us = sim.run_iteration(iteration=1).iteration_us
     mfu = flops / (us * 1e-6 * preset.world_size * sim.gpu.peak_tflops * 1e12)
     assert 0.40 <= mfu <= 0.50, f"MFU {mfu:.1%}"
+
+
+def test_the_per_cta_rate_is_what_nccls_ring_graph_asks_on_dgx_a100_and_dgx_h100():
+    # NVIDIA/nccl v2.30.7-1, worked by hand:
+    # DGX H100: 18 NVLinks x 20.6 GB/s (src/graph/topo.h:23) = 370.8 per GPU. The ring search starts at the first
+    #   sm90 intra speed <= that, 60 (search.cc:1057): floor(370.8 / 60) = 6 channels, 360 GB/s. 6 x 60 >= 25 and
+    #   not (sm > 80, < 50 GB/s, > 4 channels) (:1039-1040), so ncclTopoDupChannels doubles the channels and halves
+    #   the speed (:1045-1047): 12 x 30. connect.cc:460 runs two CTAs per channel: 24 CTAs, each asked 30 / 2 = 15.
+    # DGX A100: 12 NVLinks x 20 (topo.h:21) = 240: 6 x 40 (search.cc:1051), duplicated to 12 x 20, 24 CTAs at 10.
+    # The exception at :1040: an sm90 graph of 6 channels at 40 GB/s stays as it is.
+    from lagom_megatron.sim import tuning_model as nm
+    from lagom_megatron.sim.constants import get
+
+    assert nm.ring_graph(18 * 20.6, sm_arch=90, inter=False) == (12, 30.0)
+    assert nm.ring_graph(12 * 20.0, sm_arch=80, inter=False) == (12, 20.0)
+    assert nm.dup_channels(6, 40.0, sm_arch=90) == (6, 40.0)
+    assert nm.comm_ctas(12) == 24
+    assert get("cta_gbs_sm90") == 30.0 / 2 and get("cta_gbs_sm80") == 20.0 / 2
