@@ -71,7 +71,10 @@ def test_fit_recovers_hidden_parameters_from_warmup_samples():
         b=[2.0, 0.4, 1.0, 1.5],
     )
     fitted = fit_cost_model(profile_from(truth), truth.cluster)
-    assert fitted.n_points == 4 * (1 + 4)  # defaults + 2, 8 and 16 channels + the high-priority stream
+    # Defaults + 2, 8 and 16 channels + 4 channels at a 128 KiB chunk + the high-priority stream: the preset's NCCL
+    # 2.30.7 has tuner ABI v6, whose getChunkSize makes chunk size a knob (v2.30.7 src/include/plugin/tuner/
+    # tuner_v6.h:66-80), so nccl.rules.probe_configs adds the chunk probe from 2.30 on.
+    assert fitted.n_points == 4 * (1 + 5)
     assert fitted.wait_S is None  # the truth has no dispatch wait: the probe finds none
     assert fitted.mape < 1.0, f"got MAPE {fitted.mape:.3f}% on noise-free samples but should be < 1%"
     # Held-out configs (never profiled) are predicted close to the truth.
@@ -137,7 +140,8 @@ def test_fit_tolerates_unmeasured_compute_and_failed_samples():
     prof.samples.append(replace(prof.samples[1], t_comm_us=nan, iteration=9))
     fitted = fit_cost_model(prof, truth.cluster)
     assert fitted.t_comp_us_S[0] == pytest.approx(truth.model.t_comp_us_S[0])
-    assert fitted.n_points == 5 and fitted.mape < 1.0
+    # The default iteration and 5 probes (2.30.7's chunk-size probe among them); the NaN sample is left out.
+    assert fitted.n_points == 6 and fitted.mape < 1.0
 
 
 def test_engine_imports_without_torch_or_megatron():
@@ -228,4 +232,5 @@ def test_fit_leaves_out_samples_with_a_region_of_zero():
     prof = profile_from(truth)
     prof.samples.append(replace(prof.samples[1], t_region_us=0.0, iteration=9))
     fitted = fit_cost_model(prof, truth.cluster)
-    assert fitted.n_points == 5 and fitted.mape < 1.0
+    # The default iteration and 5 probes (2.30.7's chunk-size probe among them); the zero-region sample is left out.
+    assert fitted.n_points == 6 and fitted.mape < 1.0

@@ -104,7 +104,7 @@ def test_symmetric_windows_leave_the_site_to_nccl_where_its_symmetric_kernels_ta
     bg = types.SimpleNamespace(ddp_config=types.SimpleNamespace(nccl_ub=True))
     assert bucket_registration(bg, [("pool-a", True)]) == "symmetric"
     assert bucket_registration(bg, [("pool-a", False)]) == "pool"
-    h100 = ClusterSpec.load("h100-sxm-ib400")  # NVSwitch, NCCL 2.27.5
+    h100 = dataclasses.replace(ClusterSpec.load("h100-sxm-ib400"), nccl_version="2.27.5")  # NVSwitch; 2.27's rule
     one = _site("symmetric")
     two = dataclasses.replace(one, parts=(("bfloat16", 128 << 20), ("bfloat16", 128 << 20)))
     for cluster, site, movable in (

@@ -77,9 +77,10 @@ def test_library_symbols(libs):
         ),
         ("relative", "error: [nccl-env] NCCL_TUNER_PLUGIN='./libnccl-tuner-lagom.so' is a relative path"),
         (
+            # h100-sxm-ib400 carries NCCL 2.30.7, which tries v6 down to v2 (v2.30.7 src/plugin/tuner.cc:73-85)
             "foreign",
-            "error: [nccl-env] NCCL_TUNER_PLUGIN='{foreign}' has none of the symbols NCCL 2.27.5 looks up "
-            "(ncclTunerPlugin_v4, ncclTunerPlugin_v3, ncclTunerPlugin_v2)",
+            "error: [nccl-env] NCCL_TUNER_PLUGIN='{foreign}' has none of the symbols NCCL 2.30.7 looks up "
+            "(ncclTunerPlugin_v6, ncclTunerPlugin_v5, ncclTunerPlugin_v4, ncclTunerPlugin_v3, ncclTunerPlugin_v2)",
         ),
         ("none", "error: [nccl-env] NCCL_TUNER_PLUGIN='none' disables the tuner plugin"),
     ],
@@ -132,10 +133,12 @@ def test_doctor_reports_the_abis_nccl_will_use(libs, capsys, monkeypatch):
     monkeypatch.setenv("NCCL_TUNER_PLUGIN", lib)
     monkeypatch.setenv("NCCL_PROFILER_PLUGIN", lib)
     assert main(["doctor", "--preset", "llama3-70b-h100x64", "--cluster", "h100-sxm-ib400"]) == 0
-    out = capsys.readouterr().out.splitlines()  # h100-sxm-ib400 pins NCCL 2.27.5
+    # h100-sxm-ib400 pins NCCL 2.30.7: it takes the newest struct lagom's plugin exports that it knows, tuner v6
+    # (v2.30.7 src/plugin/tuner.cc:73) and profiler v6 (v2.30.7 src/plugin/profiler.cc:73)
+    out = capsys.readouterr().out.splitlines()
     assert (
-        f"lagom doctor: NCCL 2.27.5 will use, of {lib}: ncclTunerPlugin_v4 (tuner ABI v4); ncclProfiler_v4 "
-        "(profiler ABI v4)"
+        f"lagom doctor: NCCL 2.30.7 will use, of {lib}: ncclTunerPlugin_v6 (tuner ABI v6); ncclProfiler_v6 "
+        "(profiler ABI v6)"
     ) in out
     monkeypatch.setenv("NCCL_PROFILER_PLUGIN", "/opt/site/libnccl-profiler-user.so")
     assert main(["doctor", "--preset", "llama3-70b-h100x64", "--cluster", "h100-sxm-ib400"]) == 0
@@ -144,7 +147,7 @@ def test_doctor_reports_the_abis_nccl_will_use(libs, capsys, monkeypatch):
         "warning: [nccl-override] NCCL_PROFILER_PLUGIN='/opt/site/libnccl-profiler-user.so' names another profiler "
         "plugin, which lagom never replaces: lagom checks only the tuner's row hits, not what NCCL ran"
     ) in out
-    assert "ncclTunerPlugin_v4 (tuner ABI v4); no profiler of lagom's (NCCL_PROFILER_PLUGIN=/opt/site/" in out
+    assert "ncclTunerPlugin_v6 (tuner ABI v6); no profiler of lagom's (NCCL_PROFILER_PLUGIN=/opt/site/" in out
 
 
 @needs_gcc
