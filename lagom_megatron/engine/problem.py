@@ -307,6 +307,9 @@ class SearchProblem:
             st, tied = self.tie_indistinguishable(st)
             if tied:
                 stats = {**stats, "tied_sites": tied}
+            st, over = self.within_channel_cap(st)
+            if over:
+                stats = {**stats, "sites_reset_over_channel_cap": over}
         default = self.default_state()
         d_comm, _, d_region = self.evaluate(default)
         use = st if st is not None else default
@@ -372,6 +375,28 @@ class SearchProblem:
             mechanism=self.mechanism,
         )
 
+    def within_channel_cap(self, st: State) -> tuple[State, int]:
+        """``st`` with no site that moved other knobs while keeping NCCL's own channel count above the rules'
+        ``channel_cap`` (the pool budget): its pool entry would hold NCCL's own channels, which the budget never
+        allowed. Each such site takes the largest channel count its domain allows, or NCCL's defaults where that
+        predicts a longer region; (state, sites changed)."""
+        cap = getattr(self.rules, "channel_cap", lambda: None)()
+        if cap is None:
+            return st, 0
+        d = self.default_state()
+        moved = np.zeros(len(self.sites), dtype=bool)
+        for knob in SEARCH_KNOBS:
+            moved |= st.get(knob) != d.get(knob)
+        over = np.flatnonzero(moved & (st.nc == d.nc) & (d.nc > cap) & self.tunable["n_channels"])
+        if over.size == 0:
+            return st, 0
+        capped = st.copy()
+        capped.nc[over] = [max(n for n in self.domains_S[i]["n_channels"] if n is not None) for i in over]
+        worse = over[self.evaluate(capped)[2][over] > self.evaluate(d)[2][over]]
+        for knob in SEARCH_KNOBS:
+            capped.get(knob)[worse] = d.get(knob)[worse]
+        return capped, int(over.size)
+
     def tunable_knobs(self) -> list[tuple[str, ...]]:
         """Per site, the knobs whose domain holds more than NCCL's own value, in ``KNOB_ORDER``."""
         return [tuple(k for k in KNOB_ORDER if len(d.get(k, (None,))) > 1) for d in self.domains_S]
@@ -388,6 +413,9 @@ class SearchProblem:
             # a P2P bound that gives the kernel NCCL's own CTAs changes nothing: no entry for it
             idx = np.arange(len(self.sites))
             same_nc |= p2p.mask_S & (p2p.ctas(idx, st.nc) == p2p.ctas(idx, d.nc))
+        # NCCL's own channels under NCCL's own algorithm and protocol: left to NCCL (a site that moved only its chunk
+        # or threads must not pin a channel count its group's pool budget never allowed)
+        own_nc = (same_nc & (st.alg == d.alg) & (st.proto == d.proto)).tolist()
         unchanged = ((st.alg == d.alg) & (st.proto == d.proto) & same_nc & (st.nt == d.nt) & (st.lvl == d.lvl)).tolist()
         out = []
         for i in range(len(self.sites)):
@@ -398,7 +426,7 @@ class SearchProblem:
                 CommConfig(
                     algorithm=ALGORITHMS[alg[i]] if tun["algorithm"][i] and alg[i] != ALG_NONE else None,
                     protocol=PROTOCOLS[proto[i]] if tun["protocol"][i] and proto[i] != PROTO_NONE else None,
-                    n_channels=nc[i] if tun["n_channels"][i] else None,
+                    n_channels=nc[i] if tun["n_channels"][i] and not own_nc[i] else None,
                     n_threads=nt[i] if tun["n_threads"][i] else None,
                     chunk_size=chunk[i] if tun["chunk_size"][i] and chunk[i] > 0 else None,
                 )

@@ -135,9 +135,13 @@ def test_the_search_respects_a_small_pool_budget():
     sim = SimulatedCluster(load_preset("gpt3-13b-h100x64"), seed=3)
     small = run_lifecycle(sim, verify_iters=1, after_iters=0, pool_budget_bytes=budget).tuner.plan
     tuned = [e for e in small.entries.values() if not e.config.is_default()]
-    assert len(tuned) > 50  # still a tuned plan
-    channels = {e.config.n_channels for e in tuned if e.config.n_channels is not None}
-    assert channels and max(channels) <= 5
+    assert len(tuned) > 30  # still a tuned plan
+    # every tuned site names its channels: one that moved only its chunk would keep NCCL's own 16-32 channels in its
+    # pool entry, over the cap (NCCL 2.30.7 makes chunk a knob); such sites take the cap or go back to defaults
+    assert all(e.config.n_channels is not None for e in tuned)
+    assert small.stats["sites_reset_over_channel_cap"] > 0
+    channels = {e.config.n_channels for e in tuned}
+    assert max(channels) <= 5
     assert all(estimate_entry_bytes(n) <= budget // 3 for n in channels)
     pool = CommPool(NcclPoolBackend(use_tuner_plugin=True), GroupNames(local_world_size=8), budget_bytes=budget)
     fitted = Applier(pool=pool, router=None, files=None, cluster=None).fit_plan_to_budget(small)
