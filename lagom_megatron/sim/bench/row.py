@@ -152,7 +152,7 @@ def one_seed(
     launch = plan.for_launch(()) if plan is not None else None
     assignment = {k: e.config for k, e in launch.entries.items()} if launch is not None else {}
     plan_us, held_out = held_out_error(sim, r.tuner, assignment, iters=iters, plan=launch)
-    kept_us = lagom_kept_us(sim, r, default_us=default, plan_us=plan_us, iters=iters, verify=verify)
+    kept_us, plan_us = lagom_kept_us(sim, r, default_us=default, plan_us=plan_us, iters=iters, verify=verify)
     registered = plan.registered_groups if plan is not None else ()
     stats = r.tuner.search_stats or {}
     predicted = stats.get("predicted_default_iteration_us", 0.0) / (stats.get("predicted_iteration_us") or 1.0)
@@ -191,28 +191,31 @@ def one_seed(
 
 def lagom_kept_us(
     sim: Any, r: Any, *, default_us: float, plan_us: float | None = None, iters: int, verify: dict[str, Any]
-) -> float:
-    """Median iteration us lagom keeps after lifecycle ``r``: its plan if verification kept it, else the defaults
-    (``plan_us``: the plan's median, measured here when None). A plan that registers groups is then reused by the next
-    launch with those buffers registered and verified whole there: what that launch keeps."""
+) -> tuple[float, float]:
+    """(median iteration us lagom keeps after lifecycle ``r``, its plan's median in the launch that runs all of it).
+    Kept: the plan if verification kept it, else the defaults (``plan_us``: the plan's median in this launch, measured
+    here when None). A plan that registers groups is reused by the next launch with those buffers registered and
+    verified whole there: that launch runs all of it, and what it keeps is kept."""
     from lagom_megatron.sim.backend import run_lifecycle
 
     plan = r.tuner.plan
     if plan is None:
-        return default_us
-    if r.tuner.phase.value == "applied" and plan_us is None:
+        return default_us, default_us
+    if plan_us is None:
         launch = plan.for_launch(())
         plan_us = median_us(sim, iters=iters, assignment={k: e.config for k, e in launch.entries.items()})
     kept = plan_us if r.tuner.phase.value == "applied" else default_us
-    if plan.registered_groups:
-        sim.registered = frozenset(plan.registered_groups)
-        try:
-            r2 = run_lifecycle(sim, method="priority", **verify, after_iters=0, first_iteration=LAGOM_FIRST, plan=plan)
-            assignment = {k: e.config for k, e in plan.entries.items()} if r2.tuner.phase.value == "applied" else {}
-            kept = median_us(sim, iters=iters, assignment=assignment)
-        finally:
-            sim.registered = frozenset()
-    return kept
+    if not plan.registered_groups:
+        return kept, plan_us
+    sim.registered = frozenset(plan.registered_groups)
+    try:
+        whole = {k: e.config for k, e in plan.entries.items()}
+        r2 = run_lifecycle(sim, method="priority", **verify, after_iters=0, first_iteration=LAGOM_FIRST, plan=plan)
+        whole_us = median_us(sim, iters=iters, assignment=whole)
+        kept = whole_us if r2.tuner.phase.value == "applied" else median_us(sim, iters=iters)
+    finally:
+        sim.registered = frozenset()
+    return kept, whole_us
 
 
 def held_out_error(

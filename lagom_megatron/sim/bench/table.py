@@ -414,7 +414,7 @@ def sensitivity_row(
         static.append(median_us(sim, iters=5, registered=zero_groups, assignment=zero))
     verify = {"verify_iters": vi, "verify_max_iters": cap}
     r = run_lifecycle(sim, method="priority", **verify, after_iters=0)
-    kept = lagom_kept_us(sim, r, default_us=default, iters=5, verify=verify)
+    kept, _ = lagom_kept_us(sim, r, default_us=default, iters=5, verify=verify)
     return {
         "kept": default / kept,
         "oracle": default / median_us(sim, iters=5, assignment=base["oracle_plan"]),
