@@ -101,6 +101,18 @@ def registration_missing(
     return None
 
 
+def registration_disagreement(flags: list[bool]) -> str | None:
+    """One line when ranks disagree on ``--use-nccl-ub`` (``flags``: each rank's, in rank order), else None. Each rank
+    decides from its own read of the plan file before any process group exists, so a plan folder that not every node
+    sees would register the buffers on some ranks only."""
+    if not any(flags) or all(flags):
+        return None
+    return (
+        f"--use-nccl-ub is on for {sum(flags)} of {len(flags)} ranks (off on rank {flags.index(False)}): every rank "
+        "must read the same --lagom-plan file (a folder all nodes share), or pass --use-nccl-ub on every rank"
+    )
+
+
 def ddp_config_fields() -> tuple[str, ...]:
     """The field names of the installed megatron-core's ``DistributedDataParallelConfig`` (empty without it)."""
     import dataclasses
@@ -129,7 +141,7 @@ def plan_to_reuse(args: Any, *, on_gpu: bool) -> tuple[Path | None, Any]:
         cluster=getattr(args, "lagom_cluster", None),
         preset_name=getattr(args, "preset_name", None),
     )
-    name = controller._resolve_cluster(on_gpu)  # the controller's choice in on_setup
+    name = controller.resolve_cluster(on_gpu)  # the controller's choice in on_setup
     try:
         cluster = ClusterSpec.load(name)
     except (ValueError, FileNotFoundError):

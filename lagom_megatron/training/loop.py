@@ -202,6 +202,13 @@ def pretrain(args: argparse.Namespace, callbacks: list | None = None) -> Trainin
         timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes),
     )
     try:
+        if getattr(args, "lagom", False):
+            from lagom_megatron.megatron.consensus import all_gather
+            from lagom_megatron.preflight.registration import registration_disagreement
+
+            problem = registration_disagreement(all_gather(bool(getattr(args, "nccl_ub", False))))
+            if problem:
+                raise SystemExit(f"pretrain_gpt.py: error: {problem}")
         comm_config = args.nccl_communicator_config_path if on_gpu else None
         if args.nccl_communicator_config_path and not on_gpu:
             log("note: --nccl-communicator-config-path ignored on CPU (gloo has no NCCL options)")

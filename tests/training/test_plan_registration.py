@@ -41,19 +41,20 @@ def _save_plan(path, args, *, backend, cluster, groups=GROUPS, **fingerprint):
     return plan
 
 
-def test_the_cpu_run_refuses_a_plan_that_registers_buffers(tmp_path, monkeypatch, capsys):
+def test_the_cpu_run_never_reuses_a_plan_that_registers_buffers(tmp_path, monkeypatch, capsys):
+    from lagom_megatron.engine.cluster import ClusterSpec
+    from lagom_megatron.megatron.outputs.run_files import plan_problem
+
     path = tmp_path / "plan.json"
     argv = [*CPU, "--lagom-cluster", "cpu-gloo", "--lagom-plan", str(path)]
     plan = _save_plan(path, _args(argv, monkeypatch), backend="gloo", cluster="cpu-gloo")
+    # the one check every reader of a plan makes: gloo registers nothing, so such a plan is never reused on it
+    assert plan_problem(plan, ClusterSpec.load("cpu-gloo")) == (
+        "registered_groups ['dp', 'dp_cp']: gloo cluster 'cpu-gloo' registers no NCCL buffers; allowed: none"
+    )
     t = train(argv, monkeypatch, capsys)
-    assert (t.code, t.started) == (2, False)
-    assert t.errors == [
-        f"pretrain_gpt.py: error: plan {path} (digest {plan.digest()[:12]}) registers the buffers of dp, dp_cp "
-        "(--use-nccl-ub), which this launch cannot: it runs on gloo, which has no NCCL memory pool to register "
-        "buffers with (NCCL on GPUs only); pass --lagom-plan with another file to search a plan for this launch "
-        "(lagom deletes no file: the plan stays for a launch that can register its buffers)"
-    ]
-    assert path.is_file()  # nothing moved, nothing deleted
+    assert (t.code, t.started, t.errors) == (0, True, [])  # nothing to register: the run searches its own plan
+    assert path.is_file()  # nothing moved, nothing deleted before the run
 
 
 def test_a_plan_for_another_run_registers_nothing_here(tmp_path, monkeypatch, capsys):
@@ -121,3 +122,14 @@ def test_what_registration_needs(kwargs, missing):
     given = dict(backend="nccl", ddp_fields=("nccl_ub",), torch_version="2.13.0", environ={})
     got = registration_missing(**{**given, **kwargs})
     assert (got is None) if missing is None else got.startswith(missing)
+
+
+def test_ranks_that_disagree_on_registration_are_named_before_any_buffer_is_built():
+    from lagom_megatron.preflight.registration import registration_disagreement
+
+    assert registration_disagreement([True, True, True, True]) is None
+    assert registration_disagreement([False, False]) is None
+    assert registration_disagreement([True, True, False, True]) == (
+        "--use-nccl-ub is on for 3 of 4 ranks (off on rank 2): every rank must read the same --lagom-plan file "
+        "(a folder all nodes share), or pass --use-nccl-ub on every rank"
+    )

@@ -93,7 +93,7 @@ class LagomController:
             pool_budget_mib=getattr(args, "lagom_pool_budget_mib", None),
         )
 
-    def _resolve_cluster(self, on_gpu: bool) -> str:
+    def resolve_cluster(self, on_gpu: bool) -> str:
         if self.cluster_name:
             return self.cluster_name
         if not on_gpu:
@@ -120,7 +120,7 @@ class LagomController:
             logging.getLogger("lagom").setLevel(logging.ERROR)
         on_gpu = torch.cuda.is_available()
         self.backend = "nccl" if on_gpu else "gloo"
-        cluster_name = self._resolve_cluster(on_gpu)
+        cluster_name = self.resolve_cluster(on_gpu)
         self.cluster = ClusterSpec.load(cluster_name)
         self.fingerprint = run_fingerprint(args, backend=self.backend, cluster=self.cluster.name)
         groups = GroupNames.from_parallel_state()
