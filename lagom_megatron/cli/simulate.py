@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         tuner.profile.save(args.profile_out)
     if args.plan_out and tuner.plan is not None:
         # with its verdict, as a training run saves it: a rejected plan is not applied blind later
-        tuner.plan.with_stats(verification=tuner.phase.value, verification_reason=tuner.reason).save(args.plan_out)
+        tuner.plan.verdict(tuner.phase.value, tuner.reason).save(args.plan_out)
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
         return 0
@@ -113,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"    later iterations, plan (median): {result.final_median_us / 1e3:7.1f} ms")
     else:  # the defaults were kept: a later sample of them is noise, not a gain
         print("    after tuning                 : the defaults (fell_back); no gain")
+    if tuner.plan is not None and tuner.plan.registered_groups:
+        _next_launch(sim, tuner.plan, args.method, verify_iters, verify_max_iters)
     if args.show > 0 and tuner.plan is not None:
         _print_top_sites(tuner.plan, args.show)
     if summary.get("model_mape_pct") is not None:
@@ -120,6 +122,26 @@ def run(args: argparse.Namespace) -> int:
     print(f"  result: {tuner.phase.value}: {tuner.reason}")
     print(f"  wall time {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _next_launch(sim, plan, method: str, verify_iters: int, verify_max_iters: int | None) -> None:
+    """The launch that reuses ``plan`` with its groups' buffers registered (``--use-nccl-ub``), verified whole there."""
+    from lagom_megatron.sim.backend import run_lifecycle
+
+    groups = ", ".join(plan.registered_groups)
+    sim.registered = frozenset(plan.registered_groups)
+    try:
+        nxt = run_lifecycle(sim, method=method, verify_iters=verify_iters, verify_max_iters=verify_max_iters, plan=plan)
+    finally:
+        sim.registered = frozenset()
+    s = nxt.tuner.summary()
+    print(f"  next launch, reusing the plan with the buffers of {groups} registered (--use-nccl-ub):")
+    if "measured_plan_us" in s:
+        print(
+            f"    measured, plan / defaults    : {s['measured_plan_us'] / 1e3:10.1f} / "
+            f"{s['measured_default_us'] / 1e3:.1f} ms (registered defaults: NCCL's symmetric kernels)"
+        )
+    print(f"    later iterations (median)    : {nxt.final_median_us / 1e3:10.1f} ms  ({nxt.tuner.phase.value})")
 
 
 def _print_top_sites(plan, n: int) -> None:

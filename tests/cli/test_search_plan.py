@@ -317,3 +317,21 @@ def test_show_says_when_a_plans_registered_buffers_apply(tmp_path, capsys):
     Plan(entries={"dp.rs[0]": entry}).save(path)
     assert main(["plan", "show", str(path)]) == 0
     assert "registered buffers" not in capsys.readouterr().out
+
+
+def test_simulate_follows_a_registering_plan_into_its_next_launch(tmp_path, capsys):
+    # GPT-3 2.7B FSDP on one H100 node (NCCL 2.30.7): the model registers dp's buffers, whose all-gathers then run on
+    # copy engines; this launch can apply none of it, the next one (buffers registered) verifies it whole
+    plan_path = tmp_path / "plan.json"
+    argv = ["simulate", "--preset", "gpt3-2.7b-a40x8-fsdp", "--cluster", "h100-sxm-ib400", "--show", "0"]
+    assert main([*argv, "--plan-out", str(plan_path)]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to apply at this launch: the plan registers the buffers of dp (--use-nccl-ub)" in out
+    assert "next launch, reusing the plan with the buffers of dp registered (--use-nccl-ub):" in out
+    plan = load_plan(plan_path)
+    assert plan.registered_groups == ("dp",)
+    assert plan.stats["verification"] is None and plan.stats["verification_unregistered"] == "fell_back"
+    zero = [e for e in plan.entries.values() if e.config.cta_policy == "ZERO"]
+    assert zero and all(e.op == "all_gather" and e.group == "dp" for e in zero)
+    assert main(["plan", "show", str(plan_path)]) == 0
+    assert "registered buffers for dp (--use-nccl-ub): applied from the next launch" in capsys.readouterr().out
