@@ -366,3 +366,63 @@ def test_a_reused_plan_is_fitted_to_the_pool_budget_before_it_is_applied(tmp_pat
     )
     assert ctl._try_reuse_plan() is True and ctl.mode == "aborted"
     assert "cannot be fitted to the pool budget: n_channels must be" in capsys.readouterr().out
+
+
+def _registering_plan(config):
+    entry = PlanEntry(
+        config=config,
+        predicted_t_comm_us=10.0,
+        predicted_t_region_us=12.0,
+        group="dp",
+        op="all_gather",
+        nbytes=256 * 2**20,
+        group_size=8,
+    )
+    fp = dict(FP, backend="nccl")
+    plan = Plan(entries={"dp.param_all_gather[chunk0.bucket0]": entry}, fingerprint=fp, registered_groups=("dp",))
+    return plan, fp
+
+
+def _nccl_controller(path, fp, registered_now):
+    import types
+
+    from lagom_megatron.engine.cluster import ClusterSpec
+
+    ctl = LagomController(plan_path=str(path), verify_iters=2)
+    ctl.fingerprint, ctl.cluster, ctl.backend = fp, ClusterSpec.load("h100-sxm-ib400"), "nccl"
+    ctl.applier = types.SimpleNamespace(capabilities=None, fit_plan_to_budget=lambda plan: plan)
+    ctl.pool = types.SimpleNamespace(budget_bytes=None)
+    ctl.registered_now = frozenset(registered_now)
+    return ctl
+
+
+def test_a_plan_of_registered_buffers_only_is_applied_where_they_are_registered(tmp_path, capsys):
+    # every entry on NCCL's defaults: on the registered window NCCL runs its own symmetric kernels, nothing to verify
+    path = tmp_path / "plan.json"
+    plan, fp = _registering_plan(CommConfig())
+    plan.save(path)
+    ctl = _nccl_controller(path, fp, {"dp"})
+    assert ctl._try_reuse_plan() is True
+    out = capsys.readouterr().out
+    assert "phase applied" in out and "registered buffers of dp: NCCL's own choice, no verify" in out, out
+    assert load_plan(path).stats["verification"] == "applied"
+
+
+def test_a_copy_engine_plan_is_verified_whole_where_its_buffers_are_registered(tmp_path, capsys, monkeypatch):
+    from lagom_megatron.engine.steps import Phase
+
+    path = tmp_path / "plan.json"
+    plan, fp = _registering_plan(CommConfig(cta_policy="ZERO"))
+    plan.save(path)
+    ctl = _nccl_controller(path, fp, {"dp"})
+    monkeypatch.setattr(ctl, "_prepare_pool_for_plan", lambda plan: True)
+    assert ctl._try_reuse_plan() is True
+    assert "phase verifying" in capsys.readouterr().out
+    assert ctl.tuner.phase is Phase.SEARCHED
+    assert ctl.tuner.next_step().assignment == {"dp.param_all_gather[chunk0.bucket0]": CommConfig(cta_policy="ZERO")}
+    # a launch without the registration could run none of it: the copy-engine site stays on NCCL's defaults
+    other = _nccl_controller(path, fp, ())
+    assert other._try_reuse_plan() is True and other.tuner is None
+    out = capsys.readouterr().out
+    assert "registers the buffers of dp (--use-nccl-ub), which this launch did not register" in out, out
+    assert "phase fell_back | nothing else in the plan to apply" in out

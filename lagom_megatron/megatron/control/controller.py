@@ -197,8 +197,27 @@ class LagomController:
                 )
                 self.mode = "aborted"
                 return True
+        pending = plan.pending_groups(self.registered_now)
+        if pending:  # the pre-launch step turns --use-nccl-ub on; here it did not take (e.g. buffers it cannot see)
+            say(
+                f"lagom: WARNING: plan {self.files.plan_path} registers the buffers of {', '.join(pending)} "
+                "(--use-nccl-ub), which this launch did not register: their sites keep NCCL's defaults"
+            )
+            if all(e.config.is_default() for e in plan.for_launch(self.registered_now).entries.values()):
+                say("lagom: phase fell_back | nothing else in the plan to apply | NCCL defaults kept")
+                return True
         if plan.stats.get("verification") is None:
             self._start_tuner(plan)
+            if self.tuner.done:  # only registered buffers, on NCCL's own kernels: nothing this launch can compare
+                if self.rank == 0:
+                    self.files.save_plan(
+                        plan.verdict(self.tuner.phase.value, self.tuner.reason, registered_now=self.registered_now)
+                    )
+                say(
+                    f"lagom: phase applied | plan {self.files.plan_path} reused (digest {plan.digest()[:12]}) | "
+                    f"{self.tuner.reason} | profiling and search skipped"
+                )
+                return True
             if not self._prepare_pool_for_plan(plan):
                 return True
             up_to = "up to " if len(self.tuner.verify_looks) > 1 else ""
@@ -430,6 +449,8 @@ class LagomController:
             f"lagom: phase searching | searched {n} sites in {wall_ms:.1f} ms ({tuner.config.method}, "
             f"{stats.get('model_evaluations', '?')} evaluations){pred_txt}{mape}"
         )
+        if tuner.plan is not None and phase is Phase.FELL_BACK and tuner.plan.pending_groups(self.registered_now):
+            self.plan = tuner.plan  # nothing for this launch; _on_done saves it unverified for the registering one
         if tuner.plan is not None and phase is not Phase.FELL_BACK:
             self.plan = tuner.plan
             if self.rank == 0:
