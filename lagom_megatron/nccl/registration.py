@@ -45,6 +45,9 @@ SYMK_REDUCTIONS: tuple[str, ...] = ("sum", "avg")
 CE_NCCL = (2, 28, 0)
 """Copy-engine collectives appear in NCCL 2.28 (v2.28.9-1 ``src/enqueue.cc:2577-2581``; ``src/ce_coll.cc`` absent at
 v2.27.7-1)."""
+CE_OBSERVED_NCCL = (2, 29, 0)
+"""First NCCL whose profiler reports a copy-engine collective (``ceColl`` events, profiler ABI v6: v2.30.7-1
+``src/plugin/profiler.cc:823-850``): lagom offers copy engines only where its observed check can see them run."""
 CE_OPS: tuple[str, ...] = ("all_gather", "all_to_all")
 """lagom's ops among ``ncclCeImplemented``'s AllGather, AlltoAll, Scatter, Gather (v2.30.7-1 ``src/ce_coll.cc:93-110``)."""
 CE_DRIVER = 12050
@@ -177,6 +180,11 @@ def copy_engine_problem(
         )
     if v < CE_NCCL:
         return f"NCCL {cluster.nccl_version} has no copy-engine collectives; allowed: NCCL >= {_v(CE_NCCL)}"
+    if v < CE_OBSERVED_NCCL:
+        return (
+            f"NCCL {cluster.nccl_version} runs copy engines but reports no profiler event for them, so lagom could "
+            f"not tell that they ran (silent fallback to SMs); allowed: NCCL >= {_v(CE_OBSERVED_NCCL)}"
+        )
     nodes = cluster.nccl_nodes(n_nodes, group_size or max(2, n_nodes * cluster.gpus_per_node))
     if nodes > 1:
         hier = (

@@ -132,16 +132,20 @@ def test_symmetric_kernels_only_for_the_ops_types_and_calls_nccl_implements():
     assert symmetric_kernel_problem(_at(H100, "2.28.9"), two) is None
 
 
+NO_CE_EVENTS = "NCCL 2.28.9 runs copy engines but reports no profiler event for them, so lagom could not tell that they ran (silent fallback to SMs); allowed: NCCL >= 2.29"
+
+
 @pytest.mark.parametrize(
     "cluster, version, nodes, reason",
     [
         (H100, "2.26.6", 1, "NCCL 2.26.6 has no copy-engine collectives; allowed: NCCL >= 2.28"),
         (H100, "2.27.5", 1, "NCCL 2.27.5 has no copy-engine collectives; allowed: NCCL >= 2.28"),
-        (H100, "2.28.9", 1, None),
+        (H100, "2.28.9", 1, NO_CE_EVENTS),
+        (H100, "2.29.2", 1, None),
         (H100, "2.30.7", 1, None),
         (
             H100,
-            "2.28.9",
+            "2.29.2",
             2,
             "group spans 2 NCCL nodes: hierarchical copy engines need NCCL >= 2.30.7 and a host RMA proxy; "
             "allowed: a group within one node or NVLink domain",
@@ -154,7 +158,7 @@ def test_symmetric_kernels_only_for_the_ops_types_and_calls_nccl_implements():
             "cluster file does not record; allowed: a group within one node or NVLink domain",
         ),
         (A100, "2.27.5", 1, "NCCL 2.27.5 has no copy-engine collectives; allowed: NCCL >= 2.28"),
-        (A100, "2.28.9", 1, None),
+        (A100, "2.29.2", 1, None),
         (A40_PCIE, "2.26.6", 1, NO_CE_PCIE),
         (A40_PCIE, "2.30.7", 1, NO_CE_PCIE),
         (A40_BRIDGED, "2.28.9", 1, NO_CE_BRIDGED),
@@ -215,13 +219,13 @@ def test_which_buffers_megatron_core_registers():
 
 
 def test_the_rules_answer_the_engine_s_question():
-    h100 = NcclRules(_at(H100, "2.28.9"))
+    h100 = NcclRules(_at(H100, "2.29.2"))
     assert h100.registration(_site("all_gather")) == Registration(symmetric_kernels=True, copy_engine=True)
     assert h100.registration(_site("reduce_scatter")) == Registration(symmetric_kernels=True, copy_engine=False)
     assert h100.registration(_site("all_gather", nodes=2)) == Registration(symmetric_kernels=False, copy_engine=False)
     assert h100.registration(_site("all_gather", group="tp")) is None
     assert h100.registration(_site("all_to_all")) is None
-    assert NcclRules(_at(H100, "2.28.9"), mechanism="env").registration(_site("all_gather")) == Registration(
+    assert NcclRules(_at(H100, "2.29.2"), mechanism="env").registration(_site("all_gather")) == Registration(
         symmetric_kernels=True, copy_engine=False
     )
     assert NcclRules(_at(H100, "2.27.5")).registration(_site("all_gather")) == Registration(
@@ -230,7 +234,7 @@ def test_the_rules_answer_the_engine_s_question():
     assert NcclRules(A40_PCIE).registration(_site("all_gather")) == Registration(
         symmetric_kernels=False, copy_engine=False
     )
-    old_torch = NcclRules(_at(H100, "2.28.9"), capabilities=_caps(torch="2.8.0"))
+    old_torch = NcclRules(_at(H100, "2.29.2"), capabilities=_caps(torch="2.8.0"))
     assert old_torch.registration(_site("all_gather")) == Registration(symmetric_kernels=False, copy_engine=False)
     assert GlooRules(ClusterSpec.load("cpu-gloo")).registration(_site("all_gather")) is None
 
