@@ -274,6 +274,7 @@ def plot(rows: list[dict[str, Any]], path: Path, paper: tuple[float, float]) -> 
         ("nccl_ub_ms", "NCCL UB"),
         ("caps_raise_ms", "best caps, raise or lower"),
         ("nccl_ub_all_ms", "NCCL UB, every group"),
+        ("cta_zero_ms", "CTA policy ZERO, gathers"),
         ("autoccl_no_transport_ms", "AutoCCL's search, no transport subspace"),
         ("oracle_ms", "oracle"),
         ("lagom_plan_ms", "lagom plan"),
@@ -327,7 +328,7 @@ def print_table(
     print("\nSIMULATED iteration times (ms, median) -- from lagom_megatron's simulator, not real hardware")
     hdr = (
         f"{'preset':22s} {'cluster':16s} {'mb':>2s} {'s':>1s} {'ovl':>4s} {'cont':>5s} {'expo':>5s} {'oracle':>6s} "
-        f"{'default':>8s} {'caps':>8s} {'raise':>8s} {'nemo':>8s} {'hp':>8s} {'ub':>8s} {'ub_all':>8s} "
+        f"{'default':>8s} {'caps':>8s} {'raise':>8s} {'nemo':>8s} {'hp':>8s} {'ub':>8s} {'ub_all':>8s} {'ce':>8s} "
         f"{'ac-notr':>8s} {'plan':>8s} {'kept':>8s} {'mape':>4s} {'oos':>4s}"
     )
     print(hdr)
@@ -341,7 +342,8 @@ def print_table(
             f"{r['preset'][:22]:22s} {r['cluster'][:16]:16s} {r['microbatches']:2d} {r['seed']:1d} {r['overlap_frac']:4.2f} "
             f"{r['contention_bound']:5.3f} {r['exposed_comm_bound']:5.3f} {r['oracle']:6.3f} {r['default_ms']:8.1f} "
             f"{ms(r['static_caps_ms'])} {ms(r['caps_raise_ms'])} {ms(r['nemo_yaml_ms'])} {ms(r['hp_stream_ms'])} "
-            f"{ms(r.get('nccl_ub_ms'))} {ms(r.get('nccl_ub_all_ms'))} {ms(r['autoccl_no_transport_ms'])} "
+            f"{ms(r.get('nccl_ub_ms'))} {ms(r.get('nccl_ub_all_ms'))} {ms(r.get('cta_zero_ms'))} "
+            f"{ms(r['autoccl_no_transport_ms'])} "
             f"{r['lagom_plan_ms']:8.1f} {r['lagom_kept_ms']:8.1f} {r['model_mape']:4.1f} "
             + (f"{oos:4.1f}" if oos is not None else f"{'-':>4s}")
         )
