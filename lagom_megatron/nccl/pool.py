@@ -385,8 +385,14 @@ class NcclPoolBackend:
         )
 
     def register_memory(self, group: Any, pools: list[tuple[Any, bool]]) -> None:
-        """Registers (``MemPool``, symmetric) pairs as megatron-core does (core_v0.16.1 ``nccl_allocator.py:163-182``;
-        c10d ``init.cpp``) for ``ncclRegFind`` (``src/enqueue.cc:2141-2146``); RuntimeError: a refused registration."""
+        """Registers (``MemPool``, symmetric) pairs on this entry's own communicator as megatron-core does on its group
+        (core_v0.16.1 ``nccl_allocator.py:163-182``); RuntimeError: a refused registration. The tuner sees local
+        registrations through ``ncclRegFind`` (v2.30.7-1 ``src/enqueue.cc:2141-2146``); copy engines and symmetric
+        kernels need a ``NCCL_WIN_COLL_SYMMETRIC`` window of this communicator (``ncclDevrFindWindow``,
+        ``ncclGetSymRegType``: ``src/enqueue.cc:3044-3055``, ``src/sym_kernels.cc:675-692``), which only ``symm=True``
+        makes. The ``TypeError`` fallback and torch's nccl2 engine on a communicator without symmetric support
+        (a warning, no error: ``nccl2/ProcessGroupNCCLUtils.cpp`` ``registerMemPool`` @02514e9) leave a plain
+        registration, on which NCCL runs a ZERO entry's all-gather on SMs: the observed check reverts it."""
         import torch
 
         backend = group._get_backend(torch.device("cuda", torch.cuda.current_device()))

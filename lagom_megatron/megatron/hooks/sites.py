@@ -345,7 +345,11 @@ def bucket_registration(bucket_group: Any, pools: list | None) -> str:
 
 def registered_pools(model_chunks: Any, name_of: Any) -> dict[str, list[tuple[Any, bool]]]:
     """Group name -> [(NCCL memory pool, symmetric)] of the ``nccl_ub`` DDP buffers of ``model_chunks``;
-    symmetric needs torch 2.9+ (core_v0.16.1 ``nccl_allocator.py:111-122, 244-263``)."""
+    symmetric needs torch 2.9+ (core_v0.16.1 ``nccl_allocator.py:111-122, 244-263``) and no
+    ``--disable-symmetric-registration`` (core_v0.19.0 ``param_and_grad_buffer.py:1132-1140``). The pool holds
+    ``param_data`` and ``grad_data`` (``:1152-1188``), so a bucket's in-place all-gather into ``bucket.param_data``
+    (``:502-520``) has both buffers in it; ``nccl_mem_pool`` is kept from core 0.18 (core_v0.19.0 ``:1127, 1135``):
+    before it a group is left out. A buffer that ``reload_from_cpu`` re-grows (``:1634-1647``) lies outside the pool."""
     symm = _torch_at_least(2, 9)
     out: dict[str, list[tuple[Any, bool]]] = {}
     lost: set[str] = set()
