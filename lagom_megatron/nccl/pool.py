@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -23,6 +24,8 @@ from lagom_megatron.nccl.options import (
     nccl_options_for,
     runtime_nccl_version,
 )
+
+log = logging.getLogger("lagom.pool")
 
 
 @contextlib.contextmanager
@@ -400,6 +403,8 @@ class NcclPoolBackend:
             try:
                 backend.register_mem_pool(pool, symm=symmetric)
             except TypeError:  # a torch whose register_mem_pool has no symm argument
+                if symmetric:
+                    log.warning("this torch registers memory pools without symmetric windows: copy engines cannot run")
                 backend.register_mem_pool(pool)
 
     def destroy_group(self, group: Any) -> None:

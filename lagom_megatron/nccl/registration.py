@@ -216,6 +216,11 @@ def copy_engine_problem(
             "megatron-core keeps no handle on its NCCL memory pool (before 0.18; core_v0.18.0 "
             "param_and_grad_buffer.py:1074), so a pool entry cannot register it; allowed: megatron-core >= 0.18"
         )
+    if registered == "pool":  # registered, but not in a window: NCCL would run the call on SMs (ce_coll.cc:126-129)
+        return (
+            "megatron-core registered the buffers without symmetric windows (--disable-symmetric-registration or "
+            "torch < 2.9), which copy engines need; allowed: symmetric registration"
+        )
     return None
 
 

@@ -77,6 +77,7 @@ def registration_missing(
     torch_version: str,
     environ: Mapping[str, str],
     torch_fsdp2: bool = False,
+    no_symmetric: bool = False,
 ) -> str | None:
     """Why a launch on ``backend`` cannot register DDP buffers (the rules of the module docstring), or None."""
     from lagom_megatron.engine.cluster import release
@@ -95,6 +96,11 @@ def registration_missing(
         return (
             f"torch {torch_version} is older than {'.'.join(map(str, SYMMETRIC_TORCH))}, below which megatron-core "
             "registers without the symmetric windows the plan's NCCL kernels need"
+        )
+    if no_symmetric:
+        return (
+            "--disable-symmetric-registration keeps the buffers out of symmetric windows, which the plan's symmetric "
+            "kernels and copy engines need (core_v0.19.0 distributed/param_and_grad_buffer.py:1132-1140)"
         )
     if "expandable_segments:True" in environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(","):
         return "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True, which megatron-core refuses with nccl_ub"
@@ -176,6 +182,7 @@ def planned_registration(
         torch_version=torch_version,
         environ=os.environ if environ is None else environ,
         torch_fsdp2=bool(getattr(args, "use_torch_fsdp2", False)),
+        no_symmetric=bool(getattr(args, "disable_symmetric_registration", False)),
     )
     user_flag = bool(getattr(args, "nccl_ub", False))
     way_out = OTHER_PLAN

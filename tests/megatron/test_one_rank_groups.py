@@ -144,3 +144,24 @@ def test_pipeline_and_context_parallel_p2p_of_one_rank_are_never_sites():
     ring = router.ring_exchange(lambda *a: ["req"], (0, torch.zeros(2), 0, torch.zeros(2), 0, groups["cp"], True), {})
     assert seen == [groups["pp"]] and ring == ["req"]
     assert router.registry.records == {} and router.calls_routed == 0 and router.pool.lookups == 0
+
+
+def test_the_layer_wise_optimizers_param_sync_is_never_a_site():
+    # without the distributed optimizer, core_v0.19.0's param sync (layer-wise optimizer) has no param_data and
+    # gathers uneven grad_data slices through torch's all_gather, which NCCL runs as grouped send/recv
+    # (param_and_grad_buffer.py:404-473, :409-412): nothing lagom could tune or see as an all-gather
+    router, groups = _router(("dp", 2))
+    bg = _BucketGroup(groups["dp"])
+    for b in bg.buckets:
+        b.param_data = None
+    router.registry.bind_model([types.SimpleNamespace(bucket_groups=[bg])])
+    seen = []
+
+    def start_param_sync(self, *a, **k):
+        seen.append(self.data_parallel_group)
+
+    _assign_everything(router, ["dp.param_all_gather[chunk0.bucket0]"])
+    router.registry.start_iteration()
+    router.bucket_sync(bg, "param", start_param_sync, (), {})
+    assert list(router.registry.records) == [] and router.calls_routed == 0
+    assert seen == [groups["dp"]]  # Megatron's own call, on its own group

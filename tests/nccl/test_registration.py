@@ -200,6 +200,12 @@ def test_copy_engines_for_the_ops_the_mechanism_and_the_run_that_allow_them():
         "megatron-core keeps no handle on its NCCL memory pool (before 0.18; core_v0.18.0 "
         "param_and_grad_buffer.py:1074), so a pool entry cannot register it; allowed: megatron-core >= 0.18"
     )
+    # registered without a window (--disable-symmetric-registration): NCCL sees no symmetric receive buffer
+    assert copy_engine_problem(c, op="all_gather", group_size=8, registered="pool") == (
+        "megatron-core registered the buffers without symmetric windows (--disable-symmetric-registration or "
+        "torch < 2.9), which copy engines need; allowed: symmetric registration"
+    )
+    assert copy_engine_problem(c, op="all_gather", group_size=8, registered="symmetric") is None
 
 
 def test_which_buffers_megatron_core_registers():

@@ -114,6 +114,8 @@ def test_without_lagom_or_without_groups_nothing_is_read(tmp_path, monkeypatch):
             "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True",
         ),
         (dict(torch_fsdp2=True), "--use-torch-fsdp2's data-parallel config has no nccl_ub"),
+        # core_v0.19.0 param_and_grad_buffer.py:1132-1140: the pool is then created and registered without windows
+        (dict(no_symmetric=True), "--disable-symmetric-registration keeps the buffers out of symmetric windows"),
         (dict(torch_version="2.9.0a0+nv25.08"), None),
         (dict(environ={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}), None),
     ],

@@ -150,6 +150,10 @@ class SiteRouter(P2PRouting, CoalescedRouting, FsdpRouting):
         elif _arg(args, kwargs, "force_sync", 0, False) and bucket_group.param_gather_handle is not None:
             return orig(bucket_group, *args, **kwargs)  # only waits for the outstanding gather
         distopt = bucket_group.ddp_config.use_distributed_optimizer
+        if kind == "param" and not distopt:
+            # the layer-wise optimizer (core_v0.19.0 param_and_grad_buffer.py:404-473): param_data is None, torch's
+            # all_gather of uneven grad_data slices becomes grouped send/recv (:409-412): no NCCL all-gather to tune
+            return orig(bucket_group, *args, **kwargs)
         attr = "intra_distributed_optimizer_instance_group" if distopt else "data_parallel_group"
         group = getattr(bucket_group, attr)
         rs = kind == "grad" and distopt and not force_all_reduce
