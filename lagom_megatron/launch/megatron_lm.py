@@ -267,20 +267,12 @@ def plan_registration(args: Any, *, reparsed: bool, on_gpu: bool | None = None, 
     (``initialize.py:64-66`` @core_v0.16.1, ``training.py:768``, model at :903): there ``--use-nccl-ub`` joins
     ``sys.argv``. Megatron-FSDP's settings are derived in validation, already done on core_v0.18+: refused there
     with the flag as the way out."""
-    if not getattr(args, "lagom", False):
-        return None
-    from lagom_megatron.preflight.registration import REGISTRATION_FLAG, planned_registration
+    from lagom_megatron.preflight import registration
 
-    if on_gpu is None:
-        import torch
-
-        on_gpu = torch.cuda.is_available()
     late = LATE_FOR_FSDP if getattr(args, "use_megatron_fsdp", False) and not reparsed else None
-    found = planned_registration(args, on_gpu=on_gpu, late_flag=late, **checks)
-    if found is not None and found.turns_on:
-        args.nccl_ub = True
-        if reparsed and REGISTRATION_FLAG not in sys.argv:
-            sys.argv.append(REGISTRATION_FLAG)
+    found = registration.plan_registration(args, on_gpu=on_gpu, late_flag=late, **checks)
+    if found is not None and found.turns_on and reparsed and registration.REGISTRATION_FLAG not in sys.argv:
+        sys.argv.append(registration.REGISTRATION_FLAG)
     return found
 
 

@@ -196,3 +196,20 @@ def planned_registration(
         missing=missing,
         way_out=way_out,
     )
+
+
+def plan_registration(args: Any, *, on_gpu: bool | None = None, **checks: Any) -> PlanRegistration | None:
+    """``--lagom``: what the plan this run will reuse registers (:func:`planned_registration`, ``checks`` its keyword
+    arguments), before the model is built; sets ``args.nccl_ub`` when lagom turns it on (``training.model.ddp_config``
+    and Megatron-LM's ``get_model`` pass it to ``DistributedDataParallelConfig``). None: nothing to register;
+    ``.missing``: the launch must refuse."""
+    if not getattr(args, "lagom", False):
+        return None
+    if on_gpu is None:
+        import torch
+
+        on_gpu = torch.cuda.is_available()
+    found = planned_registration(args, on_gpu=on_gpu, **checks)
+    if found is not None and found.turns_on:
+        args.nccl_ub = True
+    return found

@@ -260,23 +260,6 @@ def pretrain_preflight(
     return 0
 
 
-def plan_registration(args: Any, *, on_gpu: bool | None = None, **checks: Any) -> Any:
-    """``--lagom``: what the plan this run will reuse registers (``preflight.registration``), before the model is
-    built; sets ``args.nccl_ub`` when lagom turns it on. None: nothing to register; ``.missing``: refuse."""
-    if not getattr(args, "lagom", False):
-        return None
-    from lagom_megatron.preflight.registration import planned_registration
-
-    if on_gpu is None:
-        import torch
-
-        on_gpu = torch.cuda.is_available()
-    found = planned_registration(args, on_gpu=on_gpu, **checks)
-    if found is not None and found.turns_on:
-        args.nccl_ub = True  # training.model.ddp_config passes it to DistributedDataParallelConfig
-    return found
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parses, checks and trains as one rank of a torchrun job: 0 trained, 2 refused input, 130 Ctrl-C."""
     rank0 = os.environ.get("RANK", "0") == "0"
@@ -316,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     if code:
         return _refused(code, rank0, error[0] if error else None)
     args = validate_args(args, int(os.environ.get("WORLD_SIZE", "1")))
+    from lagom_megatron.preflight.registration import plan_registration
+
     registration = plan_registration(args)  # every rank reads the plan: each builds its own DDP buffers
     if registration is not None and registration.missing is not None:
         if rank0:

@@ -8,11 +8,10 @@ import pytest
 from lagom_megatron.engine.knobs import CommConfig
 from lagom_megatron.engine.plan import Plan, PlanEntry
 from lagom_megatron.megatron.outputs.run_files import run_fingerprint
-from lagom_megatron.preflight.registration import ddp_config_fields, registration_missing
+from lagom_megatron.preflight.registration import ddp_config_fields, plan_registration, registration_missing
 from lagom_megatron.training import model
 from lagom_megatron.training.argument_checks import validate_args
 from lagom_megatron.training.arguments import parse_args
-from lagom_megatron.training.pretrain_gpt import plan_registration
 from tests.training.preflight_harness import train
 
 CPU = ["--preset", "cpu-tp2-dp2", "--mock-data", "--lagom"]
