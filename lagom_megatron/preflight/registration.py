@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lagom_megatron.nccl.registration import SYMMETRIC_TORCH
+
 REGISTRATION_FLAG = "--use-nccl-ub"
-SYMMETRIC_TORCH = (2, 9)
-"""torch release from which Megatron-Core registers symmetrically (``is_torch_min_version("2.9.0a0")``)."""
 OTHER_PLAN = (
     "pass --lagom-plan with another file to search a plan for this launch (lagom deletes no file: the plan stays "
     "for a launch that can register its buffers)"
