@@ -135,7 +135,10 @@ def wire_bytes(op: str, nbytes: int, group_size: int) -> float:
 
 def mark_queues(model: Any, *, empty_share: float = 0.01, queue_share: float = 0.25) -> None:
     """Flags communicators where >= ``queue_share`` of the sites have empty windows (compute < ``empty_share`` x default
-    T_comm): there T_comm beyond a site's share of the slack (compute - default T_comm) delays the rest."""
+    T_comm): there T_comm beyond a site's share of the slack (compute - default T_comm) delays the rest. An empty
+    window's site has no share: its collective (FSDP's backward reduce-scatter, launched right before the wait on the
+    next gather) has no compute of its own, and the communicator's slack lies in other windows, often another pass
+    (the forward's gathers), so its extra time is charged whole."""
     S = len(model.sites)
     model.queued_S = None
     alg, proto, nc, nt, chunk = model.default_codes_cached()
@@ -159,7 +162,7 @@ def mark_queues(model: Any, *, empty_share: float = 0.01, queue_share: float = 0
         m = groups == g
         share = t_def[m] / max(float(t_def[m].sum()), 1e-9)
         slack = float(model.t_comp_us_S[m].sum() - t_def[m].sum())
-        model.queue_free_S[m] = max(0.0, slack) * share
+        model.queue_free_S[m] = max(0.0, slack) * share * (1.0 - empty[m])
         model.queue_excess_S[m] = max(0.0, -slack) * share
     model.queued_S = flag if flag.any() else None
 
