@@ -129,11 +129,8 @@ def _next_launch(sim, plan, method: str, verify_iters: int, verify_max_iters: in
     from lagom_megatron.sim.backend import run_lifecycle
 
     groups = ", ".join(plan.registered_groups)
-    sim.registered = frozenset(plan.registered_groups)
-    try:
+    with sim.registering(plan.registered_groups):
         nxt = run_lifecycle(sim, method=method, verify_iters=verify_iters, verify_max_iters=verify_max_iters, plan=plan)
-    finally:
-        sim.registered = frozenset()
     s = nxt.tuner.summary()
     print(f"  next launch, reusing the plan with the buffers of {groups} registered (--use-nccl-ub):")
     if "measured_plan_us" in s:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,6 +52,16 @@ class SimulatedCluster:
         """Groups on high-priority streams by default (``--high-priority-stream-groups``)."""
         self.registered: frozenset[str] = frozenset()
         """Groups whose buffers this launch registers by default (``--use-nccl-ub``)."""
+
+    @contextlib.contextmanager
+    def registering(self, groups: Any) -> Iterator[None]:
+        """A launch that registers ``groups``' buffers (``--use-nccl-ub``), such as the next one that reuses a plan
+        of ``registered_groups``: iterations and lifecycles inside run with them registered."""
+        before, self.registered = self.registered, frozenset(groups)
+        try:
+            yield
+        finally:
+            self.registered = before
 
     @property
     def sites(self) -> list[CollectiveSite]:

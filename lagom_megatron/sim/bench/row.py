@@ -207,14 +207,11 @@ def lagom_kept_us(
     kept = plan_us if r.tuner.phase.value == "applied" else default_us
     if not plan.registered_groups:
         return kept, plan_us
-    sim.registered = frozenset(plan.registered_groups)
-    try:
+    with sim.registering(plan.registered_groups):
         whole = {k: e.config for k, e in plan.entries.items()}
         r2 = run_lifecycle(sim, method="priority", **verify, after_iters=0, first_iteration=LAGOM_FIRST, plan=plan)
         whole_us = median_us(sim, iters=iters, assignment=whole)
         kept = whole_us if r2.tuner.phase.value == "applied" else median_us(sim, iters=iters)
-    finally:
-        sim.registered = frozenset()
     return kept, whole_us
 
 
